@@ -1,0 +1,35 @@
+# Two entry points: `make run` trains the bundled default, `make test` runs lint and tests.
+# Both create .venv when missing. torch is pinned first so that pip takes the CPU wheel on disk
+# instead of resolving `torch>=2.4` to a multi-GB CUDA build.
+PY := .venv/bin/python
+PIP := $(PY) -m pip
+
+.PHONY: run test lint install install-test clean
+
+.venv/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e .
+	touch $@
+
+.venv/.installed-test: .venv/.installed pyproject.toml
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+install: .venv/.installed
+
+install-test: .venv/.installed-test
+
+run: .venv/.installed
+	.venv/bin/oncurve train
+
+lint: .venv/.installed-test
+	.venv/bin/ruff check src tests benchmarks
+	.venv/bin/ruff format --check src tests benchmarks
+
+test: lint
+	$(PY) -m pytest
+
+clean:
+	rm -rf .venv build src/*.egg-info

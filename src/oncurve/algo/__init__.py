@@ -1,0 +1,1 @@
+"""Per-token GRPO math: pure torch functions, no config objects, no I/O."""

@@ -1,0 +1,130 @@
+"""Per-token log-probabilities and entropy of chosen tokens.
+
+The naive path, `log_softmax(hidden @ W.T / temperature)`, materialises `[N, T, vocab]` logits
+(and keeps them for backward): for a 150k vocabulary that tensor, not the model, is the peak of
+a GRPO step. `logprobs_from_hidden` instead walks over chunks of rows, keeps only one row's
+log-sum-exp for backward, and recomputes a chunk's logits there, so at most `[chunk, vocab]`
+logits exist at any time. Logits are computed in float32 whatever the model's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def logprobs_from_logits(
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """log softmax(logits / temperature)[label], the unchunked reference.
+
+    Args:
+        logits: `[..., V]`.
+        labels: `[...]` token ids.
+    Returns:
+        `[...]` float32 log-probabilities.
+    """
+    logp = F.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy `-sum_v p_v log p_v` of softmax(logits / temperature): `[..., V]` -> `[...]`."""
+    logp = F.log_softmax(logits.float() / temperature, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+class _ChunkedLogprobs(torch.autograd.Function):
+    """Autograd for log softmax(h W^T + b)[y] / T over row chunks; see the module docstring.
+
+    d logp / d logits = (onehot(y) - softmax) / temperature, so backward needs only the saved
+    log-sum-exp per row and one recomputed chunk of logits.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, temperature, chunk_size, with_entropy):  # type: ignore[override]
+        rows = hidden.shape[0]
+        logprobs = hidden.new_empty(rows, dtype=torch.float32)
+        lse = hidden.new_empty(rows, dtype=torch.float32)
+        entropy = hidden.new_empty(rows if with_entropy else 0, dtype=torch.float32)
+        for start in range(0, rows, chunk_size):
+            part = slice(start, start + chunk_size)
+            logits = _chunk_logits(hidden[part], weight, bias, temperature)
+            lse[part] = torch.logsumexp(logits, dim=-1)
+            logprobs[part] = logits.gather(-1, labels[part].unsqueeze(-1)).squeeze(-1) - lse[part]
+            if with_entropy:
+                probs = (logits - lse[part].unsqueeze(-1)).exp_()
+                entropy[part] = lse[part] - (probs * logits).sum(-1)
+        ctx.save_for_backward(hidden, weight, bias, labels, lse)
+        ctx.temperature = temperature
+        ctx.chunk_size = chunk_size
+        ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, _grad_entropy):  # type: ignore[override]
+        hidden, weight, bias, labels, lse = ctx.saved_tensors
+        temperature, chunk_size = ctx.temperature, ctx.chunk_size
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_hidden = torch.zeros_like(hidden) if need_h else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
+        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
+        for start in range(0, hidden.shape[0], chunk_size):
+            part = slice(start, start + chunk_size)
+            logits = _chunk_logits(hidden[part], weight, bias, temperature)
+            g = grad_logprobs[part].float().unsqueeze(-1)
+            grad_logits = -(logits - lse[part].unsqueeze(-1)).exp_() * g
+            grad_logits.scatter_add_(-1, labels[part].unsqueeze(-1), g)
+            grad_logits /= temperature
+            if need_h:
+                grad_hidden[part] = (grad_logits @ weight.float()).to(hidden.dtype)
+            if need_w:
+                grad_weight += grad_logits.T @ hidden[part].float()
+            if need_b:
+                grad_bias += grad_logits.sum(0)
+        if need_w:
+            grad_weight = grad_weight.to(weight.dtype)
+        if need_b:
+            grad_bias = grad_bias.to(bias.dtype)
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None
+
+
+def _chunk_logits(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
+) -> torch.Tensor:
+    logits = hidden.float() @ weight.float().T
+    if bias is not None:
+        logits += bias.float()
+    return logits / temperature
+
+
+def logprobs_from_hidden(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    bias: torch.Tensor | None = None,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log softmax((hidden @ weight.T + bias) / temperature)[labels], chunked over rows.
+
+    Args:
+        hidden: `[N, T, H]` final hidden states at the positions that predict `labels`.
+        weight: `[V, H]` output-embedding (lm_head) weight.
+        labels: `[N, T]` token ids whose log-probability is wanted.
+        temperature: divides the logits, as in sampling.
+        chunk_size: rows of N*T per chunk; peak extra memory is `chunk_size * V` floats.
+        bias: optional `[V]` lm_head bias.
+        with_entropy: also return the entropy of each position's distribution (no gradient).
+    Returns:
+        (`[N, T]` float32 log-probabilities, differentiable in hidden/weight/bias;
+        `[N, T]` entropy or None).
+    """
+    n, t, h = hidden.shape
+    flat_hidden = hidden.reshape(n * t, h)
+    flat_labels = labels.reshape(n * t)
+    logprobs, entropy = _ChunkedLogprobs.apply(
+        flat_hidden, weight, bias, flat_labels, temperature, chunk_size, with_entropy
+    )
+    return logprobs.view(n, t), entropy.view(n, t) if with_entropy else None

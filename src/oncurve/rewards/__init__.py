@@ -1,0 +1,1 @@
+"""Reward functions: fn(prompts, completions, **columns) -> list[float | None]."""

@@ -1,0 +1,1 @@
+"""Group sampling: the Sampler protocol and its torch backend."""

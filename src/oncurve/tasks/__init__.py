@@ -1,0 +1,1 @@
+"""Built-in procedural tasks and dataset loaders."""

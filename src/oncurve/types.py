@@ -1,0 +1,123 @@
+"""Typed containers that flow between the stages of one training step.
+
+Shapes use N = B*G rows (B prompts, G completions each, a group's rows contiguous), P prompt
+positions (left-padded) and T completion positions (right-padded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+FINISH_REASONS = ("eos", "stop", "length")
+
+
+@dataclass
+class RolloutBatch:
+    """What a sampler returns for B prompts x G completions.
+
+    Attributes:
+        prompt_ids: `[N, P]` prompt tokens, left-padded with the pad id; row i*G+g repeats prompt i.
+        prompt_mask: `[N, P]` 1 on real prompt tokens, 0 on left padding.
+        completion_ids: `[N, T]` sampled tokens, right-padded with the pad id after the end.
+        completion_mask: `[N, T]` 1 on sampled tokens (the EOS or stop token that ended a row
+            included), 0 on padding.
+        logprobs: `[N, T]` log pi(token) under softmax(logits / temperature) over the full
+            vocabulary (before top-p/top-k/min-p filtering), the quantity the trainer's forward
+            recomputes; 0 on padding.
+        texts: N decoded completions (special tokens skipped, cut after a stop string).
+        finish_reasons: N of "eos", "stop" (a stop string) or "length" (max_new_tokens reached).
+        group_size: G.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    logprobs: torch.Tensor
+    texts: list[str]
+    finish_reasons: list[str]
+    group_size: int
+
+    @property
+    def num_rows(self) -> int:
+        """N = B*G."""
+        return self.completion_ids.shape[0]
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """`[N, P+T]` prompt and completion, the trainer's forward input."""
+        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """`[N, P+T]` 1 on every real token (prompt or completion)."""
+        return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
+
+    @property
+    def completion_lengths(self) -> torch.Tensor:
+        """`[N]` number of sampled tokens in each row."""
+        return self.completion_mask.sum(dim=1)
+
+    def select(self, rows: torch.Tensor) -> RolloutBatch:
+        """The batch restricted to `rows` (a 1-D index tensor of whole groups), same group size."""
+        index = rows.tolist()
+        return RolloutBatch(
+            prompt_ids=self.prompt_ids[rows],
+            prompt_mask=self.prompt_mask[rows],
+            completion_ids=self.completion_ids[rows],
+            completion_mask=self.completion_mask[rows],
+            logprobs=self.logprobs[rows],
+            texts=[self.texts[i] for i in index],
+            finish_reasons=[self.finish_reasons[i] for i in index],
+            group_size=self.group_size,
+        )
+
+
+@dataclass
+class TrainBatch:
+    """A scored rollout, ready for the policy update.
+
+    Attributes:
+        input_ids: `[N, P+T]` prompt and completion tokens.
+        attention_mask: `[N, P+T]` 1 on real tokens.
+        completion_mask: `[N, T]` 1 on tokens that count in the loss.
+        advantages: `[N]` one advantage per completion, given to each of its tokens.
+        old_logprobs: `[N, T]` pi_old, or None when mu = 1 (the update's own detached logprobs).
+        ref_logprobs: `[N, T]` pi_ref, or None when beta = 0.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    completion_mask: torch.Tensor
+    advantages: torch.Tensor
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.input_ids.shape[0]
+
+    def rows(self, index: slice) -> TrainBatch:
+        """A minibatch of consecutive rows."""
+
+        def part(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[index]
+
+        return TrainBatch(
+            input_ids=self.input_ids[index],
+            attention_mask=self.attention_mask[index],
+            completion_mask=self.completion_mask[index],
+            advantages=self.advantages[index],
+            old_logprobs=part(self.old_logprobs),
+            ref_logprobs=part(self.ref_logprobs),
+        )
+
+
+@dataclass
+class StepMetrics:
+    """Scalars logged for one step; `values` holds them by name, in insertion order."""
+
+    step: int
+    values: dict[str, float] = field(default_factory=dict)
