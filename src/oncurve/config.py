@@ -1,0 +1,447 @@
+"""Run configuration: nested dataclasses, YAML loading, dotted overrides and validation.
+
+Precedence, lowest first: field defaults, the algorithm preset named by `algo.preset`, the YAML
+file, then command-line overrides (`algo.beta=0.0`). Every field documents itself through its
+`help` metadata; `describe()` prints them all. Errors are one line naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from oncurve.errors import UserError
+
+Check = Callable[[Any], str | None]
+
+
+def _opt(default: Any, help: str, check: Check | None = None, choices: tuple | None = None):
+    meta = {"help": help, "check": check, "choices": choices}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _range(low: float | None, high: float | None, low_open: bool = False, high_open: bool = False):
+    """A check that a number lies in an interval, with the interval in its message."""
+    text = (
+        f"{'(' if low_open else '['}{'-inf' if low is None else low}, "
+        f"{'inf' if high is None else high}{')' if high_open or high is None else ']'}"
+    )
+
+    def check(value: Any) -> str | None:
+        if value is None:
+            return None
+        too_low = low is not None and (value <= low if low_open else value < low)
+        too_high = high is not None and (value >= high if high_open else value > high)
+        return f"must be in {text}" if too_low or too_high else None
+
+    return check
+
+
+POSITIVE = _range(0, None, low_open=True)
+NON_NEGATIVE = _range(0, None)
+UNIT_OPEN = _range(0, 1, low_open=True, high_open=True)
+
+
+@dataclass
+class ModelConfig:
+    path: str = _opt("default", "local Hugging Face model directory, or `default` (bundled model)")
+    dtype: str = _opt("float32", "weights and compute dtype", choices=("float32", "bfloat16"))
+    trust_remote_code: bool = _opt(False, "allow custom modelling code shipped with the model")
+    gradient_checkpointing: bool = _opt(False, "recompute activations in backward to save memory")
+    logprob_chunk_size: int = _opt(
+        1024, "rows per chunk when forming logits, bounding the [rows, vocab] peak", POSITIVE
+    )
+
+
+@dataclass
+class DataConfig:
+    task: str | None = _opt(
+        "arith", "built-in task (arith, countdown, gym:<name>); its generator and rewards"
+    )
+    path: str | None = _opt(None, "JSONL/CSV/Parquet file or saved dataset dir; overrides task")
+    prompt_field: str = _opt("prompt", "column holding the prompt text")
+    answer_field: str = _opt("answer", "column holding the reference answer")
+    prompts_per_step: int = _opt(16, "prompts (groups) per training step, B", POSITIVE)
+    num_train: int = _opt(20000, "examples a built-in task generates for training", POSITIVE)
+    system_prompt: str | None = _opt(None, "system message placed before each prompt")
+    chat_template: bool = _opt(False, "format prompts with the tokenizer's chat template")
+    max_prompt_tokens: int = _opt(512, "longest prompt accepted; longer is an error", POSITIVE)
+
+
+@dataclass
+class RewardConfig:
+    name: str = _opt("correct", "built-in reward name or `module:function` import path")
+    weight: float = _opt(1.0, "weight of this reward in the sum")
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = _opt(8, "completions sampled per prompt, G", _range(2, None))
+    max_new_tokens: int = _opt(64, "longest completion; longer ones are cut", POSITIVE)
+    min_new_tokens: int = _opt(0, "EOS is suppressed until this many tokens", NON_NEGATIVE)
+    temperature: float = _opt(1.0, "sampling temperature (also scales training logprobs)", POSITIVE)
+    top_p: float = _opt(1.0, "nucleus sampling mass", _range(0, 1, low_open=True))
+    top_k: int = _opt(0, "keep the k most likely tokens; 0 keeps all", NON_NEGATIVE)
+    min_p: float = _opt(0.0, "drop tokens below min_p x the top probability", _range(0, 1))
+    stop: list[str] = _opt([], "stop strings that end a completion")
+
+
+@dataclass
+class AlgoConfig:
+    preset: str = _opt(
+        "grpo",
+        "named bundle of the fields below: grpo (DeepSeekMath), dr_grpo, dapo, gspo, ppo",
+        choices=("grpo", "dr_grpo", "dapo", "gspo", "ppo"),
+    )
+    estimator: str = _opt(
+        "grpo", "advantage estimator: grpo (group z-score), rloo, gae (PPO with a critic)"
+    )
+    adv_scale: str = _opt(
+        "group",
+        "divide advantages by the group std, the batch std, or not at all",
+        choices=("group", "batch", "none"),
+    )
+    adv_eps: float = _opt(1e-6, "added to the std before dividing", POSITIVE)
+    loss: str = _opt("ppo_clip", "per-token policy loss: ppo_clip, gspo, cispo")
+    loss_agg: str = _opt(
+        "seq-mean-token-mean",
+        "how token losses become one number",
+        choices=("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"),
+    )
+    epsilon: float = _opt(0.2, "clip range below 1 (and above, unless epsilon_high)", UNIT_OPEN)
+    epsilon_high: float | None = _opt(None, "clip range above 1 (DAPO clip-higher)", UNIT_OPEN)
+    dual_clip: float | None = _opt(
+        None, "dual-clip constant c > 1 bounding negative-A loss", _range(1, None, low_open=True)
+    )
+    beta: float = _opt(
+        0.04, "weight of KL(pi || pi_ref) in the loss; 0 loads no reference", NON_NEGATIVE
+    )
+    kl_estimator: str = _opt("k3", "per-token KL estimator", choices=("k1", "k2", "k3"))
+    mu: int = _opt(1, "optimisation passes over each sampled batch", POSITIVE)
+    minibatches: int = _opt(1, "optimizer steps per pass (the batch split in this many)", POSITIVE)
+    norm_len: int | None = _opt(
+        None, "Dr.GRPO constant length normaliser; default max_new_tokens", POSITIVE
+    )
+    ref_sync_every: int = _opt(
+        0, "copy the policy into the reference every N steps; 0 never", NON_NEGATIVE
+    )
+    dynamic_sampling: bool = _opt(False, "DAPO: drop all-equal groups and sample more")
+    max_resample: int = _opt(4, "dynamic sampling: extra sampling rounds at most", NON_NEGATIVE)
+    overlong_buffer: int = _opt(
+        0, "DAPO soft overlong penalty window in tokens; 0 off", NON_NEGATIVE
+    )
+    overlong_penalty: float = _opt(1.0, "DAPO overlong penalty at max length", NON_NEGATIVE)
+    gamma: float = _opt(1.0, "PPO/GAE discount", _range(0, 1))
+    lam: float = _opt(0.95, "PPO/GAE lambda", _range(0, 1))
+    value_clip: float = _opt(0.2, "PPO value-loss clip range", POSITIVE)
+    value_coef: float = _opt(0.5, "PPO value-loss weight", POSITIVE)
+    value_lr: float | None = _opt(None, "critic learning rate; default optim.lr", POSITIVE)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = _opt(2e-4, "AdamW learning rate", POSITIVE)
+    weight_decay: float = _opt(0.0, "AdamW weight decay", NON_NEGATIVE)
+    beta1: float = _opt(0.9, "AdamW beta1", _range(0, 1, high_open=True))
+    beta2: float = _opt(0.99, "AdamW beta2", _range(0, 1, high_open=True))
+    grad_clip: float = _opt(1.0, "clip the global gradient norm to this; 0 off", NON_NEGATIVE)
+    schedule: str = _opt("constant", "LR schedule", choices=("constant", "cosine"))
+    warmup_steps: int = _opt(0, "linear warmup steps", NON_NEGATIVE)
+    microbatch_size: int = _opt(64, "rows per forward/backward (gradient accumulation)", POSITIVE)
+
+
+@dataclass
+class EvalConfig:
+    every: int = _opt(
+        0, "evaluate on held-out prompts every N steps; 0 only at start and end", NON_NEGATIVE
+    )
+    num_prompts: int = _opt(500, "held-out prompts per evaluation", NON_NEGATIVE)
+    samples: int = _opt(
+        1, "completions per prompt for mean@K (K > 1 samples at temperature)", POSITIVE
+    )
+    at_start_end: bool = _opt(True, "evaluate before the first and after the last step")
+
+
+@dataclass
+class LogConfig:
+    tensorboard: bool = _opt(False, "also write TensorBoard scalars (extra `tb`)")
+    samples_per_step: int = _opt(4, "completions per step written to samples.jsonl", NON_NEGATIVE)
+
+
+@dataclass
+class RunConfig:
+    steps: int = _opt(100, "training steps", POSITIVE)
+    seed: int = _opt(0, "seed for data order, sampling and initialisation")
+    dir: str | None = _opt(None, "run directory; default runs/<timestamp>")
+    save_every: int = _opt(
+        0, "checkpoint every N steps (and at the end); 0 only at the end", NON_NEGATIVE
+    )
+    keep_last: int = _opt(
+        2, "checkpoints kept; older ones deleted after a new one completes", POSITIVE
+    )
+    resume: str | None = _opt(None, "`auto` (newest checkpoint of run.dir) or a checkpoint path")
+    overwrite: bool = _opt(False, "allow starting a fresh run in a non-empty run directory")
+    max_skipped_steps: int = _opt(
+        3, "stop after this many consecutive non-finite updates", POSITIVE
+    )
+    device: str = _opt("auto", "cpu, cuda, or auto")
+    threads: int = _opt(0, "torch CPU threads; 0 leaves torch's default", NON_NEGATIVE)
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rewards: list[RewardConfig] = field(
+        default_factory=list,
+        metadata={"help": "reward functions with weights; empty uses the task's own rewards"},
+    )
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    @property
+    def epsilon_high(self) -> float:
+        return self.algo.epsilon if self.algo.epsilon_high is None else self.algo.epsilon_high
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # DeepSeekMath: group z-score, per-sequence token mean, k3 KL in the loss, symmetric clip.
+    "grpo": {
+        "estimator": "grpo",
+        "adv_scale": "group",
+        "loss": "ppo_clip",
+        "loss_agg": "seq-mean-token-mean",
+        "beta": 0.04,
+        "epsilon": 0.2,
+    },
+    # Dr.GRPO: no std division, constant length normaliser, no KL.
+    "dr_grpo": {
+        "estimator": "grpo",
+        "adv_scale": "none",
+        "loss": "ppo_clip",
+        "loss_agg": "seq-mean-token-sum-norm",
+        "beta": 0.0,
+        "epsilon": 0.2,
+    },
+    # DAPO: token-level loss, clip-higher, dynamic sampling, soft overlong penalty, no KL.
+    "dapo": {
+        "estimator": "grpo",
+        "adv_scale": "group",
+        "loss": "ppo_clip",
+        "loss_agg": "token-mean",
+        "beta": 0.0,
+        "epsilon": 0.2,
+        "epsilon_high": 0.28,
+        "dynamic_sampling": True,
+        "overlong_buffer": 16,
+    },
+    # GSPO: sequence-level ratio with its much smaller clip range.
+    "gspo": {
+        "estimator": "grpo",
+        "adv_scale": "group",
+        "loss": "gspo",
+        "loss_agg": "seq-mean-token-mean",
+        "beta": 0.0,
+        "epsilon": 3e-4,
+        "epsilon_high": 4e-4,
+    },
+    # PPO with a learned critic (the baseline GRPO is measured against).
+    "ppo": {
+        "estimator": "gae",
+        "adv_scale": "none",
+        "loss": "ppo_clip",
+        "loss_agg": "token-mean",
+        "beta": 0.04,
+        "epsilon": 0.2,
+    },
+}
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Config from defaults, the preset, an optional YAML file and `key=value` overrides."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = _read_yaml(Path(path))
+    for item in overrides or []:
+        key, value = _parse_override(item)
+        _set_dotted(raw, key, value)
+    return build_config(raw)
+
+
+def build_config(raw: dict[str, Any]) -> Config:
+    """Config from a nested dict (YAML layout), with the preset applied below the user's keys."""
+    if not isinstance(raw, dict):
+        raise UserError(f"config must be a mapping of sections, got {type(raw).__name__}")
+    algo = raw.get("algo")
+    preset = algo.get("preset", "grpo") if isinstance(algo, dict) else "grpo"
+    if preset not in PRESETS:
+        raise UserError(f"algo.preset must be one of {', '.join(PRESETS)}, got {preset!r}")
+    merged = {"algo": dict(PRESETS[preset])}
+    for section, values in raw.items():
+        if section == "algo" and isinstance(values, dict):
+            merged["algo"].update(values)
+        else:
+            merged[section] = values
+    config = _from_dict(Config, merged, "")
+    _check_cross_fields(config)
+    return config
+
+
+def to_dict(config: Config) -> dict[str, Any]:
+    """Plain nested dict of every field (what `config.yaml` in a run directory holds)."""
+    return dataclasses.asdict(config)
+
+
+def save_config(config: Config, path: Path) -> None:
+    path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def describe() -> str:
+    """Every field with its default and help text, one per line."""
+    lines = []
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = _hints(cls)
+        for f in dataclasses.fields(cls):
+            name = f"{prefix}{f.name}"
+            hint = hints[f.name]
+            if dataclasses.is_dataclass(hint):
+                walk(hint, name + ".")
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            lines.append(f"{name} = {default!r}  # {f.metadata.get('help', '')}")
+
+    walk(Config, "")
+    return "\n".join(lines)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise UserError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"config file {path}{where} is not valid YAML") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file {path} must hold a mapping of sections")
+    return data
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise UserError(f"override {item!r} must look like section.key=value")
+    try:
+        value = yaml.safe_load(text) if text else ""
+    except yaml.YAMLError:
+        value = text
+    return key.strip(), value
+
+
+def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise UserError(f"{key}: {part} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _from_dict(cls: type, raw: Any, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "config"
+    if not isinstance(raw, dict):
+        raise UserError(f"{where} must be a mapping, got {type(raw).__name__}")
+    hints = _hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in known:
+            choices = ", ".join(known)
+            raise UserError(f"unknown key {prefix}{key}; {where} has: {choices}")
+    values = {}
+    for name, value in raw.items():
+        values[name] = _coerce(hints[name], value, f"{prefix}{name}", known[name])
+    return cls(**values)
+
+
+def _coerce(hint: Any, value: Any, name: str, spec: dataclasses.Field) -> Any:
+    if dataclasses.is_dataclass(hint):
+        if isinstance(value, str) and hint is RewardConfig:
+            value = {"name": value}
+        return _from_dict(hint, value if value is not None else {}, name + ".")
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None:
+            return None
+        hint = options[0]
+        origin = typing.get_origin(hint)
+    if origin is list:
+        (item_hint,) = typing.get_args(hint)
+        if isinstance(value, str | dict) or not isinstance(value, list):
+            value = [value]
+        return [_coerce(item_hint, v, f"{name}[{i}]", spec) for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(hint):
+        return _coerce(hint, value, name, spec)
+    value = _scalar(hint, value, name)
+    choices = spec.metadata.get("choices")
+    if choices and value not in choices:
+        raise UserError(f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
+    check = spec.metadata.get("check")
+    problem = check(value) if check else None
+    if problem:
+        raise UserError(f"{name} {problem}, got {value!r}")
+    return value
+
+
+def _scalar(hint: type, value: Any, name: str) -> Any:
+    if hint is float and isinstance(value, str):
+        # YAML 1.1 reads `1e-5` (no dot) as a string; users mean the number.
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is str and isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
+        raise UserError(f"{name} must be {hint.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _check_cross_fields(config: Config) -> None:
+    if config.data.task is None and config.data.path is None:
+        raise UserError("data.task or data.path must be set")
+    if config.algo.minibatches > config.data.prompts_per_step:
+        raise UserError(
+            f"algo.minibatches must be at most data.prompts_per_step "
+            f"({config.data.prompts_per_step}), got {config.algo.minibatches}"
+        )
+    if config.rollout.min_new_tokens > config.rollout.max_new_tokens:
+        raise UserError(
+            f"rollout.min_new_tokens must be at most rollout.max_new_tokens "
+            f"({config.rollout.max_new_tokens}), got {config.rollout.min_new_tokens}"
+        )

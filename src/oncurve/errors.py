@@ -1,0 +1,5 @@
+"""Errors the command line reports as one line with exit code 2 (the user's input is wrong)."""
+
+
+class UserError(ValueError):
+    """Bad input from the user: a config value, a path, a data file, a reward import path."""

@@ -1,0 +1,83 @@
+import pytest
+
+from oncurve.config import PRESETS, build_config, load_config, save_config, to_dict
+from oncurve.errors import UserError
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algo.epsilon=1.5"], "algo.epsilon must be in (0, 1), got 1.5"),
+        (["optim.lr=-1"], "optim.lr must be in (0, inf), got -1.0"),
+        (["algo.beta=-0.1"], "algo.beta must be in [0, inf), got -0.1"),
+        (["rollout.group_size=1"], "rollout.group_size must be in [2, inf), got 1"),
+        (["rollout.group_size=abc"], "rollout.group_size must be int, got str 'abc'"),
+        (["model.trust_remote_code=1"], "model.trust_remote_code must be bool, got int 1"),
+        (["algo.loss_agg=mean"], "algo.loss_agg must be one of seq-mean-token-mean, token-mean"),
+        (["algo.preset=ppo2"], "algo.preset must be one of grpo, dr_grpo, dapo, gspo, ppo"),
+        (["algo.foo=1"], "unknown key algo.foo; algo has: preset,"),
+        (["solver.lr=1"], "unknown key solver; config has: model,"),
+        (["rewards=[{nme: x}]"], "unknown key rewards[0].nme"),
+        (["algo=3"], "algo must be a mapping, got int"),
+        (["algo.beta"], "override 'algo.beta' must look like section.key=value"),
+        (["rollout.min_new_tokens=80"], "rollout.min_new_tokens must be at most"),
+    ],
+)
+def test_invalid_values_give_one_line_naming_the_field(overrides, message):
+    with pytest.raises(UserError) as err:
+        load_config(None, overrides)
+    text = str(err.value)
+    assert text.startswith(message)
+    assert "\n" not in text
+
+
+def test_overrides_are_typed_from_yaml_syntax():
+    config = load_config(None, ["algo.beta=0.0", "rollout.stop=[</answer>]", "optim.lr=1e-5"])
+    assert config.algo.beta == 0.0
+    assert config.rollout.stop == ["</answer>"]
+    assert config.optim.lr == pytest.approx(1e-5)
+
+
+def test_rewards_accept_names_and_weighted_mappings():
+    config = load_config(None, ["rewards=[correct, {name: 'pkg.mod:fn', weight: 0.5}]"])
+    assert [(r.name, r.weight) for r in config.rewards] == [("correct", 1.0), ("pkg.mod:fn", 0.5)]
+
+
+def test_preset_sets_fields_and_explicit_values_win(tmp_path):
+    config = load_config(None, ["algo.preset=dapo"])
+    for key, value in PRESETS["dapo"].items():
+        assert getattr(config.algo, key) == value
+    path = tmp_path / "c.yaml"
+    path.write_text("algo:\n  preset: dapo\n  epsilon_high: 0.3\n")
+    config = load_config(path, ["algo.beta=0.01"])
+    assert config.algo.epsilon_high == 0.3
+    assert config.algo.beta == 0.01
+    assert config.algo.loss_agg == "token-mean"
+
+
+def test_default_preset_is_deepseekmath():
+    config = load_config()
+    assert (config.algo.beta, config.algo.epsilon, config.epsilon_high) == (0.04, 0.2, 0.2)
+    assert (config.algo.adv_scale, config.algo.loss_agg, config.algo.kl_estimator) == (
+        "group",
+        "seq-mean-token-mean",
+        "k3",
+    )
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_yaml_round_trip_gives_the_same_config(tmp_path, preset):
+    config = load_config(None, [f"algo.preset={preset}", "rewards=[correct]", "run.dir=x"])
+    path = tmp_path / "config.yaml"
+    save_config(config, path)
+    assert load_config(path) == config
+    assert build_config(to_dict(config)) == config
+
+
+def test_bad_yaml_file_names_the_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("algo: [\n")
+    with pytest.raises(UserError, match="bad.yaml.*not valid YAML"):
+        load_config(path)
+    with pytest.raises(UserError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
