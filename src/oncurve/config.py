@@ -168,6 +168,7 @@ class EvalConfig:
     samples: int = _opt(
         1, "completions per prompt for mean@K (K > 1 samples at temperature)", POSITIVE
     )
+    path: str | None = _opt(None, "held-out JSONL/CSV/Parquet file when data.path is used")
     at_start_end: bool = _opt(True, "evaluate before the first and after the last step")
 
 
@@ -192,6 +193,12 @@ class RunConfig:
     overwrite: bool = _opt(False, "allow starting a fresh run in a non-empty run directory")
     max_skipped_steps: int = _opt(
         3, "stop after this many consecutive non-finite updates", POSITIVE
+    )
+    reward_timeout: float | None = _opt(
+        10.0, "seconds a reward call may take before it is stopped; null waits forever", POSITIVE
+    )
+    reward_errors: str = _opt(
+        "raise", "a reward fn that raises: stop the run, or score None", choices=("raise", "none")
     )
     device: str = _opt("auto", "cpu, cuda, or auto")
     threads: int = _opt(0, "torch CPU threads; 0 leaves torch's default", NON_NEGATIVE)

@@ -5,9 +5,13 @@ No I/O and no optimizer here; the trainer owns those.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from oncurve.algo.logprobs import logprobs_from_hidden
+from oncurve.types import TrainBatch
 
 
 def completion_logprobs(
@@ -48,3 +52,155 @@ def completion_logprobs(
     return logprobs_from_hidden(
         hidden, head.weight, labels, temperature, chunk_size, head.bias, with_entropy
     )
+
+
+@dataclass(frozen=True)
+class LossFns:
+    """The pieces of the per-token objective, looked up by name from `oncurve.algo.registry`.
+
+    Attributes:
+        policy_loss: `fn(logprobs, old_logprobs, advantages, mask, *, eps_low, eps_high,
+            dual_clip) -> ([N, T] loss, metrics)`.
+        aggregate: `fn(per_token, mask, *, num_seqs, num_tokens, norm_len) -> scalar`.
+        kl: `fn(logprobs, ref_logprobs) -> [N, T]`, used when beta > 0.
+    """
+
+    policy_loss: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+    aggregate: Callable[..., torch.Tensor]
+    kl: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    beta: float
+    eps_low: float
+    eps_high: float
+    dual_clip: float | None
+    temperature: float
+    norm_len: float
+    chunk_size: int
+
+
+def trim_padding(batch: TrainBatch) -> TrainBatch:
+    """Drop the columns that are padding in every row: left of the longest prompt and right of
+    the longest completion, so a microbatch of short sequences costs what its tokens cost."""
+    completion_len = batch.completion_mask.shape[1]
+    prompt_len = batch.input_ids.shape[1] - completion_len
+    prompt_mask = batch.attention_mask[:, :prompt_len]
+    longest_prompt = int(prompt_mask.sum(1).max())
+    longest_completion = max(int(batch.completion_mask.sum(1).max()), 1)
+    keep = slice(prompt_len - longest_prompt, prompt_len + longest_completion)
+
+    def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t[:, :longest_completion]
+
+    return TrainBatch(
+        input_ids=batch.input_ids[:, keep],
+        attention_mask=batch.attention_mask[:, keep],
+        completion_mask=batch.completion_mask[:, :longest_completion],
+        advantages=batch.advantages,
+        old_logprobs=cut(batch.old_logprobs),
+        ref_logprobs=cut(batch.ref_logprobs),
+        sample_logprobs=cut(batch.sample_logprobs),
+    )
+
+
+def accumulate_gradients(
+    model: torch.nn.Module,
+    minibatch: TrainBatch,
+    fns: LossFns,
+    *,
+    num_seqs: float,
+    num_tokens: float,
+    microbatch_size: int,
+) -> dict[str, float]:
+    """Forward and backward over `minibatch` in microbatches, adding into `.grad`.
+
+    `num_seqs` and `num_tokens` are the counts of the whole optimizer step (every microbatch and,
+    under data parallelism, every rank): with them the aggregations make the sum of microbatch
+    losses equal the loss of one big batch, so gradient accumulation changes nothing.
+    When `minibatch.old_logprobs` is None (mu = 1) pi_old is the forward's own detached
+    logprobs: the ratio is exactly 1 and its gradient is the policy gradient.
+
+    Returns:
+        the step's loss (sum over microbatches) and token-weighted means of kl, entropy, clip
+        fractions and the ratio, plus the ratio's min and max and the largest gap between pi_old
+        and the sampler's logprobs (`logprob_diff/max`, the sampler/trainer health check).
+    """
+    totals: dict[str, float] = {"loss/policy": 0.0}
+    weighted: dict[str, float] = {}
+    ratio_min, ratio_max = float("inf"), float("-inf")
+    tokens_seen = 0.0
+    sampler_gap = 0.0
+    for start in range(0, minibatch.num_rows, microbatch_size):
+        micro = trim_padding(minibatch.rows(slice(start, start + microbatch_size)))
+        mask = micro.completion_mask.to(torch.float32)
+        logprobs, entropy = completion_logprobs(
+            model,
+            micro.input_ids,
+            micro.attention_mask,
+            mask.shape[1],
+            fns.temperature,
+            fns.chunk_size,
+            with_entropy=True,
+        )
+        old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
+        if micro.sample_logprobs is not None:
+            gap = ((old - micro.sample_logprobs).abs() * mask).max()
+            sampler_gap = max(sampler_gap, float(gap))
+        advantages = micro.advantages.unsqueeze(1).expand_as(logprobs)
+        per_token, stats = fns.policy_loss(
+            logprobs,
+            old,
+            advantages,
+            mask,
+            eps_low=fns.eps_low,
+            eps_high=fns.eps_high,
+            dual_clip=fns.dual_clip,
+        )
+        tokens = float(mask.sum())
+        if fns.beta > 0:
+            kl = fns.kl(logprobs, micro.ref_logprobs)
+            per_token = per_token + fns.beta * kl
+            stats = {**stats, "kl": masked_mean(kl.detach(), mask)}
+        stats["entropy"] = masked_mean(entropy, mask)
+        loss = fns.aggregate(
+            per_token, mask, num_seqs=num_seqs, num_tokens=num_tokens, norm_len=fns.norm_len
+        )
+        loss.backward()
+        totals["loss/policy"] += float(loss.detach())
+        ratio_min = min(ratio_min, float(stats.pop("ratio/min")))
+        ratio_max = max(ratio_max, float(stats.pop("ratio/max")))
+        for key, value in stats.items():
+            weighted[key] = weighted.get(key, 0.0) + float(value) * tokens
+        tokens_seen += tokens
+    totals.update({key: value / max(tokens_seen, 1.0) for key, value in weighted.items()})
+    totals["ratio/min"], totals["ratio/max"] = ratio_min, ratio_max
+    totals["logprob_diff/max"] = sampler_gap
+    return totals
+
+
+@torch.no_grad()
+def batch_logprobs(
+    model: torch.nn.Module, batch: TrainBatch, temperature: float, chunk_size: int, rows: int
+) -> torch.Tensor:
+    """`[N, T]` logprobs of the completions under `model` (pi_old or pi_ref), no graph kept,
+    computed `rows` at a time with the same forward as training; 0 on padding."""
+    completion_len = batch.completion_mask.shape[1]
+    out = torch.zeros(
+        batch.completion_mask.shape, dtype=torch.float32, device=batch.input_ids.device
+    )
+    for start in range(0, batch.num_rows, rows):
+        micro = trim_padding(batch.rows(slice(start, start + rows)))
+        logprobs, _ = completion_logprobs(
+            model,
+            micro.input_ids,
+            micro.attention_mask,
+            micro.completion_mask.shape[1],
+            temperature,
+            chunk_size,
+        )
+        width = logprobs.shape[1]
+        out[start : start + rows, :width] = logprobs * micro.completion_mask
+    return out[:, :completion_len]
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of `values` over positions where `mask` is 1 (0 when the mask is empty)."""
+    return (values * mask).sum() / mask.sum().clamp(min=1)

@@ -60,6 +60,30 @@ class RolloutBatch:
         """`[N]` number of sampled tokens in each row."""
         return self.completion_mask.sum(dim=1)
 
+    @staticmethod
+    def concat(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+        """Stack batches of one group size: prompts left-padded, completions right-padded to
+        the widest."""
+        width_p = max(b.prompt_ids.shape[1] for b in batches)
+        width_t = max(b.completion_ids.shape[1] for b in batches)
+
+        def pad(t: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
+            extra = width - t.shape[1]
+            return torch.nn.functional.pad(t, (extra, 0) if left else (0, extra), value=value)
+
+        return RolloutBatch(
+            prompt_ids=torch.cat([pad(b.prompt_ids, width_p, pad_id, True) for b in batches]),
+            prompt_mask=torch.cat([pad(b.prompt_mask, width_p, 0, True) for b in batches]),
+            completion_ids=torch.cat(
+                [pad(b.completion_ids, width_t, pad_id, False) for b in batches]
+            ),
+            completion_mask=torch.cat([pad(b.completion_mask, width_t, 0, False) for b in batches]),
+            logprobs=torch.cat([pad(b.logprobs, width_t, 0.0, False) for b in batches]),
+            texts=[text for b in batches for text in b.texts],
+            finish_reasons=[r for b in batches for r in b.finish_reasons],
+            group_size=batches[0].group_size,
+        )
+
     def select(self, rows: torch.Tensor) -> RolloutBatch:
         """The batch restricted to `rows` (a 1-D index tensor of whole groups), same group size."""
         index = rows.tolist()
@@ -86,6 +110,7 @@ class TrainBatch:
         advantages: `[N]` one advantage per completion, given to each of its tokens.
         old_logprobs: `[N, T]` pi_old, or None when mu = 1 (the update's own detached logprobs).
         ref_logprobs: `[N, T]` pi_ref, or None when beta = 0.
+        sample_logprobs: `[N, T]` the sampler's logprobs, compared with pi_old as a health check.
     """
 
     input_ids: torch.Tensor
@@ -94,6 +119,7 @@ class TrainBatch:
     advantages: torch.Tensor
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    sample_logprobs: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -112,6 +138,7 @@ class TrainBatch:
             advantages=self.advantages[index],
             old_logprobs=part(self.old_logprobs),
             ref_logprobs=part(self.ref_logprobs),
+            sample_logprobs=part(self.sample_logprobs),
         )
 
 

@@ -1,0 +1,177 @@
+"""`oncurve train | eval | sample | warmstart | tasks export | report`.
+
+User errors (config, paths, data, reward import paths) print one line and exit 2; anything
+else is a bug in oncurve and keeps its traceback (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from oncurve.errors import UserError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except UserError as err:
+        print(f"oncurve: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _train(args: argparse.Namespace) -> int:
+    from oncurve.config import describe, load_config
+    from oncurve.trainer import train
+
+    if args.help_config:
+        print(describe())
+        return 0
+    config_path, overrides = _split_config_args(args.args)
+    result = train(load_config(config_path, overrides), quiet=args.quiet)
+    summary = {"run_dir": str(result.run_dir), "steps": result.steps}
+    if result.eval_before and result.eval_after:
+        summary["accuracy_before"] = result.eval_before["accuracy"]
+        summary["accuracy_after"] = result.eval_after["accuracy"]
+    print(json.dumps(summary))
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from oncurve.config import DataConfig
+    from oncurve.data import load_rows
+    from oncurve.evaluate import evaluate
+    from oncurve.inputs import PromptData
+    from oncurve.tasks import get_task
+
+    sampler = _load_sampler(args)
+    rows = PromptData(load_rows(args.data), sampler.tokenizer, DataConfig(), seed=0).rows
+    result = evaluate(
+        sampler,
+        rows,
+        get_task(args.task).reward_fns()["correct"],
+        max_new_tokens=args.max_new_tokens,
+        samples=args.samples,
+        temperature=args.temperature,
+        seed=args.seed,
+    )
+    print(json.dumps({"n": len(rows), **result}))
+    return 0
+
+
+def _sample(args: argparse.Namespace) -> int:
+    from oncurve.rollout import SamplingParams
+
+    sampler = _load_sampler(args)
+    params = SamplingParams(args.max_new_tokens, temperature=args.temperature, seed=args.seed)
+    batch = sampler.generate([args.prompt], args.n, params)
+    for text, reason in zip(batch.texts, batch.finish_reasons, strict=True):
+        print(json.dumps({"completion": text, "finish_reason": reason}))
+    return 0
+
+
+def _warmstart(args: argparse.Namespace) -> int:
+    from oncurve.warmstart import warmstart
+
+    warmstart(Path(args.out), steps=args.steps, seed=args.seed)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from oncurve.tasks import get_task
+
+    rows = get_task(args.name).examples(args.split, args.n, args.seed)
+    lines = "".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n" for r in rows)
+    if args.output:
+        Path(args.output).write_text(lines)
+    else:
+        sys.stdout.write(lines)
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from oncurve.report import write_report
+
+    path = write_report([Path(d) for d in args.run_dirs], Path(args.out) if args.out else None)
+    print(path)
+    return 0
+
+
+def _load_sampler(args: argparse.Namespace):
+    from oncurve.models import load_model, load_tokenizer, resolve_model_path
+    from oncurve.rollout import TorchSampler
+
+    path = resolve_model_path(args.model)
+    tokenizer = load_tokenizer(path, args.trust_remote_code)
+    model = load_model(path, trust_remote_code=args.trust_remote_code)
+    return TorchSampler(model, tokenizer)
+
+
+def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
+    """The first argument may be a YAML file; every other one is a key=value override."""
+    if items and "=" not in items[0]:
+        return items[0], items[1:]
+    for item in items:
+        if "=" not in item:
+            raise UserError(f"argument {item!r} must be key=value (only the first may be a file)")
+    return None, items
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="oncurve", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    train = commands.add_parser("train", help="train with GRPO (no arguments: the default job)")
+    train.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
+    train.add_argument("--quiet", action="store_true", help="log lines instead of a progress bar")
+    train.add_argument("--help-config", action="store_true", help="list every config key")
+    train.set_defaults(run=_train)
+
+    def model_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--model", required=True, help="model directory, or `default`")
+        p.add_argument("--max-new-tokens", type=int, default=64)
+        p.add_argument("--temperature", type=float, default=1.0)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--trust-remote-code", action="store_true")
+
+    ev = commands.add_parser("eval", help="accuracy, mean@K and pass@K on a JSONL file")
+    model_args(ev)
+    ev.add_argument("--data", required=True, help="JSONL with prompt and answer fields")
+    ev.add_argument("--samples", type=int, default=1, help="K completions per prompt")
+    ev.add_argument("--task", default="arith", help="task whose reward decides correctness")
+    ev.set_defaults(run=_eval)
+
+    sample = commands.add_parser("sample", help="print completions of one prompt")
+    model_args(sample)
+    sample.add_argument("--prompt", required=True)
+    sample.add_argument("-n", type=int, default=4)
+    sample.set_defaults(run=_sample)
+
+    warm = commands.add_parser("warmstart", help="the supervised recipe of the bundled model")
+    warm.add_argument("--out", required=True)
+    warm.add_argument("--steps", type=int, default=None)
+    warm.add_argument("--seed", type=int, default=0)
+    warm.set_defaults(run=_warmstart)
+
+    tasks = commands.add_parser("tasks", help="built-in tasks").add_subparsers(required=True)
+    export = tasks.add_parser("export", help="write a task's prompts and answers as JSONL")
+    export.add_argument("name")
+    export.add_argument("--split", choices=("train", "test"), default="test")
+    export.add_argument("--seed", type=int, default=0)
+    export.add_argument("-n", type=int, default=500)
+    export.add_argument("-o", "--output")
+    export.set_defaults(run=_export)
+
+    report = commands.add_parser("report", help="plots and an HTML page of one or more runs")
+    report.add_argument("run_dirs", nargs="+")
+    report.add_argument("--out")
+    report.set_defaults(run=_report)
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Held-out accuracy: greedy accuracy, and mean@K / pass@K over K samples per prompt."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from oncurve.rewards.registry import RewardFn
+from oncurve.rollout import SamplingParams, TorchSampler
+
+
+def evaluate(
+    sampler: TorchSampler,
+    rows: list[dict],
+    correct: RewardFn,
+    *,
+    max_new_tokens: int,
+    samples: int = 1,
+    temperature: float = 1.0,
+    seed: int = 0,
+    batch_size: int = 256,
+) -> dict[str, float]:
+    """Score `rows` ({"prompt", "prompt_ids", "answer", ...}) with the `correct` reward.
+
+    Returns:
+        {"accuracy": greedy fraction correct} and, when samples > 1, {"mean@K": mean correct
+        over K samples at `temperature`, "pass@K": fraction of prompts with one correct}.
+    """
+    greedy = _scores(
+        sampler, rows, correct, 1, SamplingParams(max_new_tokens, temperature=0.0), batch_size
+    )
+    result = {"accuracy": float(greedy.mean())}
+    if samples > 1:
+        params = SamplingParams(max_new_tokens, temperature=temperature, seed=seed)
+        sampled = _scores(sampler, rows, correct, samples, params, batch_size)
+        result[f"mean@{samples}"] = float(sampled.mean())
+        result[f"pass@{samples}"] = float((sampled > 0).any(1).float().mean())
+    return result
+
+
+def _scores(
+    sampler: TorchSampler,
+    rows: list[dict],
+    correct: RewardFn,
+    group_size: int,
+    params: SamplingParams,
+    batch_size: int,
+) -> torch.Tensor:
+    """`[len(rows), group_size]` 1.0 where a completion is correct."""
+    per_call = max(1, batch_size // group_size)
+    scores = []
+    for start in range(0, len(rows), per_call):
+        chunk = rows[start : start + per_call]
+        rollout = sampler.generate_ids([r["prompt_ids"] for r in chunk], group_size, params)
+        columns: dict[str, list[Any]] = {
+            key: [r[key] for r in chunk for _ in range(group_size)]
+            for key in chunk[0]
+            if key not in ("prompt", "prompt_ids")
+        }
+        prompts = [r["prompt"] for r in chunk for _ in range(group_size)]
+        values = correct(prompts, rollout.texts, **columns)
+        scores.append(torch.tensor([1.0 if (v or 0) > 0.5 else 0.0 for v in values]))
+    return torch.cat(scores).view(len(rows), group_size)

@@ -1,0 +1,121 @@
+"""What a run consumes: prompts (from a built-in task or a local file) and reward functions."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from oncurve.config import Config, DataConfig
+from oncurve.data import load_rows
+from oncurve.errors import UserError
+from oncurve.rewards.registry import RewardFn, overlong_penalty, resolve_reward
+from oncurve.rewards.runner import RewardRunner
+from oncurve.tasks import get_task
+from oncurve.tasks.base import Task
+
+
+def load_prompts(config: Config) -> tuple[list[dict], list[dict], Task | None]:
+    """(train rows, held-out rows, task or None); rows hold "prompt", "answer" and any other
+    columns, which reach the reward functions by name."""
+    data = config.data
+    task = get_task(data.task) if data.task and data.path is None else None
+    if task is not None:
+        train = task.examples("train", data.num_train, config.run.seed)
+        held_out = task.examples("test", config.eval.num_prompts, config.run.seed)
+        return train, held_out, task
+    train = load_rows(data.path, data.prompt_field, data.answer_field)
+    held_out = (
+        load_rows(config.eval.path, data.prompt_field, data.answer_field)
+        if config.eval.path
+        else []
+    )
+    return train, held_out, None
+
+
+class PromptData:
+    """Rows with their prompts formatted and tokenized once, served in a seeded order.
+
+    The order is a permutation per epoch drawn from a generator seeded by (seed, epoch), so the
+    prompts of step k are a pure function of k: resuming needs no sampler state.
+    """
+
+    def __init__(self, rows: list[dict], tokenizer: Any, data: DataConfig, seed: int) -> None:
+        if not rows:
+            raise UserError("the dataset has no rows")
+        self.rows = [
+            {**row, "prompt_ids": encode_prompt(tokenizer, row["prompt"], data, index)}
+            for index, row in enumerate(rows)
+        ]
+        self.seed = seed
+        self._order_cache: tuple[int, list[int]] | None = None
+
+    def batch(self, step: int, size: int, round_: int = 0, rounds_per_step: int = 1) -> list[dict]:
+        """The `size` rows of training step `step` (1-based) in sampling round `round_` of at
+        most `rounds_per_step` (dynamic sampling draws fresh prompts each round)."""
+        position = ((step - 1) * rounds_per_step + round_) * size
+        picks = []
+        for offset in range(position, position + size):
+            epoch, index = divmod(offset, len(self.rows))
+            picks.append(self.rows[self._order(epoch)[index]])
+        return picks
+
+    def _order(self, epoch: int) -> list[int]:
+        if self._order_cache is None or self._order_cache[0] != epoch:
+            generator = torch.Generator().manual_seed(self.seed * 7919 + epoch)
+            self._order_cache = (
+                epoch,
+                torch.randperm(len(self.rows), generator=generator).tolist(),
+            )
+        return self._order_cache[1]
+
+
+def encode_prompt(tokenizer: Any, prompt: str, data: DataConfig, index: int) -> list[int]:
+    """Token ids of a prompt after the optional system prompt and chat template."""
+    if data.chat_template:
+        messages = [{"role": "user", "content": prompt}]
+        if data.system_prompt:
+            messages.insert(0, {"role": "system", "content": data.system_prompt})
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    else:
+        text = f"{data.system_prompt}\n\n{prompt}" if data.system_prompt else prompt
+        ids = tokenizer(text)["input_ids"]
+    if len(ids) > data.max_prompt_tokens:
+        raise UserError(
+            f"row {index}: prompt has {len(ids)} tokens, more than data.max_prompt_tokens="
+            f"{data.max_prompt_tokens}"
+        )
+    return ids
+
+
+def build_rewards(config: Config, task: Task | None) -> RewardRunner:
+    """The configured reward functions, or the task's own when `rewards` is empty; DAPO's soft
+    overlong penalty is added when `algo.overlong_buffer` > 0."""
+    fns: list[tuple[str, RewardFn, float]] = []
+    if config.rewards:
+        for spec in config.rewards:
+            name, fn = resolve_reward(spec.name)
+            fns.append((name, fn, spec.weight))
+    elif task is not None:
+        weights = getattr(task, "reward_weights", {})
+        fns = [(name, fn, weights.get(name, 1.0)) for name, fn in task.reward_fns().items()]
+    else:
+        raise UserError("rewards must name at least one reward function when data.path is used")
+    if config.algo.overlong_buffer:
+        penalty = functools.partial(
+            overlong_penalty,
+            max_len=config.rollout.max_new_tokens,
+            buffer=config.algo.overlong_buffer,
+            factor=config.algo.overlong_penalty,
+        )
+        fns.append(("overlong", penalty, 1.0))
+    return RewardRunner(fns, timeout_s=config.run.reward_timeout, on_error=config.run.reward_errors)
+
+
+def correctness_fn(config: Config, task: Task | None) -> RewardFn:
+    """The reward that decides whether an answer is right, for held-out accuracy."""
+    if task is not None and "correct" in task.reward_fns():
+        return task.reward_fns()["correct"]
+    return resolve_reward("correct")[1]

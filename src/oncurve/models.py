@@ -1,0 +1,83 @@
+"""Loading a causal LM and its tokenizer from a local directory, and saving the trained one."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from importlib import resources
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from oncurve.errors import UserError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def resolve_model_path(path: str) -> Path:
+    """`default` names the bundled model; anything else must be an existing local directory."""
+    if path == "default":
+        return Path(str(resources.files("oncurve") / "assets" / "default"))
+    resolved = Path(path).expanduser()
+    if not resolved.is_dir():
+        raise UserError(f"model.path {path} is not a directory (a local Hugging Face model)")
+    if not (resolved / "config.json").is_file():
+        raise UserError(f"model.path {path} has no config.json (not a Hugging Face model dir)")
+    return resolved
+
+
+def load_tokenizer(path: Path, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """The tokenizer of a model directory, with a pad token and left padding for prompts."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise UserError(
+            f"cannot load a tokenizer from {path}: {str(err).splitlines()[0]}"
+        ) from None
+    if tokenizer.eos_token_id is None:
+        raise UserError(f"tokenizer in {path} has no EOS token; completions could never end")
+    if tokenizer.pad_token_id is None:
+        print(f"note: tokenizer in {path} has no pad token; using EOS for padding", file=sys.stderr)
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_model(
+    path: Path, dtype: str = "float32", device: str = "cpu", trust_remote_code: bool = False
+) -> torch.nn.Module:
+    """A causal LM in eval mode (dropout off: RL's ratio must compare like with like)."""
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot load a model from {path}: {str(err).splitlines()[0]}") from None
+    return model.to(device).eval()
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy with no gradients, for the reference policy."""
+    reference = copy.deepcopy(model).eval()
+    reference.requires_grad_(False)
+    return reference
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute activations in backward. HF only checkpoints in train mode, so the model goes
+    to train mode with every dropout probability set to zero."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    for name in ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop"):
+        if hasattr(model.config, name):
+            setattr(model.config, name, 0.0)
+
+
+def save_final(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out: Path) -> None:
+    """A directory that `AutoModelForCausalLM.from_pretrained` loads as is (safetensors)."""
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)

@@ -1,0 +1,512 @@
+"""The GRPO loop: sample groups, score, standardise within groups, update with clipped ratios.
+
+`training_step` is the algorithm, one call per stage; `train` wraps it with set-up, logging,
+evaluation, checkpoints and signals. Everything it calls is testable alone.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from oncurve import checkpoint
+from oncurve.algo.registry import (
+    ADVANTAGE_ESTIMATORS,
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    lookup,
+)
+from oncurve.config import Config, save_config
+from oncurve.errors import UserError
+from oncurve.evaluate import evaluate
+from oncurve.inputs import PromptData, build_rewards, correctness_fn, load_prompts
+from oncurve.metrics import MetricsLogger, truncate_after
+from oncurve.models import (
+    enable_gradient_checkpointing,
+    frozen_copy,
+    load_model,
+    load_tokenizer,
+    resolve_model_path,
+    save_final,
+)
+from oncurve.progress import Progress
+from oncurve.rewards.runner import RewardRunner
+from oncurve.rollout import SamplingParams, TorchSampler
+from oncurve.train_step import LossFns, accumulate_gradients, batch_logprobs
+from oncurve.types import RolloutBatch, TrainBatch
+
+
+@dataclass
+class Session:
+    """Everything one run holds between steps."""
+
+    config: Config
+    run_dir: Path
+    model: torch.nn.Module
+    reference: torch.nn.Module | None
+    tokenizer: Any
+    sampler: TorchSampler
+    data: PromptData
+    eval_data: PromptData | None
+    rewards: RewardRunner
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    loss_fns: LossFns
+    logger: MetricsLogger
+    start_step: int = 0
+    skipped_in_a_row: int = 0
+    stop_requested: bool = False
+    correct: Any = None
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps: int
+    eval_before: dict[str, float] | None
+    eval_after: dict[str, float] | None
+
+
+def training_step(s: Session, step: int) -> dict[str, float]:
+    """One GRPO step; returns its metrics. The stages, in order, as in DESIGN.md."""
+    cfg = s.config
+    timer = _Timer()
+    rollout, rewards, reward_metrics, rows = sample_groups(s, step, timer)
+    advantages = lookup(ADVANTAGE_ESTIMATORS, cfg.algo.estimator)(
+        rewards, rollout.group_size, scale=cfg.algo.adv_scale, eps=cfg.algo.adv_eps
+    )
+    batch = TrainBatch(
+        input_ids=rollout.input_ids,
+        attention_mask=rollout.attention_mask,
+        completion_mask=rollout.completion_mask,
+        advantages=advantages,
+        sample_logprobs=rollout.logprobs,
+    )
+    with timer("train"):
+        rows_per_pass = cfg.optim.microbatch_size
+        temperature, chunk = cfg.rollout.temperature, cfg.model.logprob_chunk_size
+        if s.reference is not None:
+            batch.ref_logprobs = batch_logprobs(
+                s.reference, batch, temperature, chunk, rows_per_pass
+            )
+        if cfg.algo.mu * cfg.algo.minibatches > 1:
+            batch.old_logprobs = batch_logprobs(s.model, batch, temperature, chunk, rows_per_pass)
+        update = optimise(s, batch)
+    metrics = {
+        **reward_metrics,
+        **rollout_metrics(rollout, rewards, advantages),
+        **update,
+        "lr": s.scheduler.get_last_lr()[0],
+        **{f"time/{k}": v for k, v in timer.seconds.items()},
+    }
+    metrics["time/step"] = sum(timer.seconds.values())
+    metrics["tokens_per_s"] = float(rollout.completion_mask.sum()) / metrics["time/step"]
+    _log_samples(s, step, rollout, rewards, rows)
+    return metrics
+
+
+def sample_groups(
+    s: Session, step: int, timer: _Timer
+) -> tuple[RolloutBatch, torch.Tensor, dict[str, float], list[dict]]:
+    """B prompts x G completions, scored. With dynamic sampling (DAPO), groups whose rewards
+    are all equal are dropped and more prompts sampled, up to `algo.max_resample` rounds."""
+    cfg = s.config
+    want = cfg.data.prompts_per_step
+    kept: list[tuple[RolloutBatch, torch.Tensor, list[dict]]] = []
+    reward_metrics: dict[str, float] = {}
+    dropped = rounds = 0
+    kept_groups = 0
+    rounds_per_step = 1 + cfg.algo.max_resample if cfg.algo.dynamic_sampling else 1
+    while kept_groups < want and rounds <= cfg.algo.max_resample:
+        rows = s.data.batch(step, want, rounds, rounds_per_step)
+        params = _sampling_params(cfg, seed=_step_seed(cfg.run.seed, step, rounds))
+        with timer("rollout"):
+            rollout = s.sampler.generate_ids(
+                [r["prompt_ids"] for r in rows], cfg.rollout.group_size, params
+            )
+        with timer("reward"):
+            scored = s.rewards.score(*_reward_inputs(rows, rollout, cfg.rollout.group_size))
+        if not cfg.algo.dynamic_sampling:
+            return rollout, scored.total, dict(scored.metrics), rows
+        reward_metrics = reward_metrics or dict(scored.metrics)
+        informative = _informative_groups(scored.total, cfg.rollout.group_size)
+        dropped += int((~informative).sum())
+        keep = informative.nonzero().flatten()[: want - kept_groups]
+        index = keep[:, None] * cfg.rollout.group_size + torch.arange(cfg.rollout.group_size)
+        index = index.flatten()
+        if len(keep):
+            kept.append((rollout.select(index), scored.total[index], [rows[i] for i in keep]))
+            kept_groups += len(keep)
+        rounds += 1
+    if not kept:
+        raise RuntimeError(
+            "dynamic sampling found no group with different rewards; "
+            "raise algo.max_resample or check the reward"
+        )
+    reward_metrics.update(
+        {"groups/dropped": float(dropped), "groups/sampling_rounds": float(rounds)}
+    )
+    return (
+        RolloutBatch.concat([b for b, _, _ in kept], s.tokenizer.pad_token_id),
+        torch.cat([r for _, r, _ in kept]),
+        reward_metrics,
+        [row for _, _, rs in kept for row in rs],
+    )
+
+
+def optimise(s: Session, batch: TrainBatch) -> dict[str, float]:
+    """mu passes over the batch, each split into `minibatches` optimizer steps; gradient
+    accumulation inside `accumulate_gradients`. Non-finite updates are skipped and counted."""
+    cfg = s.config
+    groups = batch.num_rows // s.config.rollout.group_size
+    per_minibatch = math.ceil(groups / cfg.algo.minibatches) * cfg.rollout.group_size
+    results: list[dict[str, float]] = []
+    skipped = 0
+    for _ in range(cfg.algo.mu):
+        for start in range(0, batch.num_rows, per_minibatch):
+            minibatch = batch.rows(slice(start, start + per_minibatch))
+            stats = accumulate_gradients(
+                s.model,
+                minibatch,
+                s.loss_fns,
+                num_seqs=float(minibatch.num_rows),
+                num_tokens=float(minibatch.completion_mask.sum()),
+                microbatch_size=cfg.optim.microbatch_size,
+            )
+            max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(s.model.parameters(), max_norm))
+            if math.isfinite(grad_norm) and math.isfinite(stats["loss/policy"]):
+                s.optimizer.step()
+                s.skipped_in_a_row = 0
+            else:
+                skipped += 1
+                s.skipped_in_a_row += 1
+            s.optimizer.zero_grad(set_to_none=True)
+            results.append({**stats, "grad_norm": grad_norm})
+    s.scheduler.step()
+    merged = {key: sum(r[key] for r in results) / len(results) for key in results[0]}
+    merged["ratio/min"] = min(r["ratio/min"] for r in results)
+    merged["ratio/max"] = max(r["ratio/max"] for r in results)
+    merged["updates/skipped"] = float(skipped)
+    if s.skipped_in_a_row >= cfg.run.max_skipped_steps:
+        raise RuntimeError(
+            f"{s.skipped_in_a_row} consecutive updates had a non-finite loss or gradient norm; "
+            "stopping (lower optim.lr, check the rewards, or raise run.max_skipped_steps)"
+        )
+    return merged
+
+
+def rollout_metrics(
+    rollout: RolloutBatch, rewards: torch.Tensor, advantages: torch.Tensor
+) -> dict[str, float]:
+    """Reward, group and length statistics of a scored rollout."""
+    finite = rewards[torch.isfinite(rewards)]
+    lengths = rollout.completion_lengths.float()
+    return {
+        "reward/mean": float(finite.mean()) if len(finite) else float("nan"),
+        "reward/std": float(finite.std(unbiased=False)) if len(finite) else float("nan"),
+        "groups/all_equal_frac": float(
+            (~_informative_groups(rewards, rollout.group_size)).float().mean()
+        ),
+        "adv/abs_mean": float(advantages.abs().mean()),
+        "length/mean": float(lengths.mean()),
+        "length/max": float(lengths.max()),
+        "length/truncated_frac": sum(r == "length" for r in rollout.finish_reasons)
+        / rollout.num_rows,
+    }
+
+
+def train(config: Config, *, quiet: bool = False) -> TrainResult:
+    """Run GRPO as configured; returns the run directory and held-out accuracy before/after."""
+    s = setup(config)
+    cfg = s.config
+    eval_before = eval_after = None
+    if s.eval_data is not None and cfg.eval.at_start_end and s.start_step == 0:
+        eval_before = _evaluate(s, step=0)
+    with _stop_on_signals(s), Progress(cfg.run.steps, s.start_step, quiet) as progress:
+        for step in range(s.start_step + 1, cfg.run.steps + 1):
+            metrics = training_step(s, step)
+            s.logger.log(step, metrics)
+            progress.update(step, metrics)
+            if (
+                s.eval_data is not None
+                and cfg.eval.every
+                and step % cfg.eval.every == 0
+                and step < cfg.run.steps
+            ):
+                _evaluate(s, step)
+            if (
+                step == cfg.run.steps
+                or s.stop_requested
+                or (cfg.run.save_every and step % cfg.run.save_every == 0)
+            ):
+                _save(s, step)
+            if s.stop_requested:
+                print(
+                    f"stopped at step {step} on request; resume with run.resume=auto "
+                    f"run.dir={s.run_dir}",
+                    file=sys.stderr,
+                )
+                s.logger.close()
+                return TrainResult(s.run_dir, step, eval_before, None)
+    if s.eval_data is not None and cfg.eval.at_start_end:
+        eval_after = _evaluate(s, step=cfg.run.steps)
+    save_final(s.model, s.tokenizer, s.run_dir / "final")
+    s.logger.close()
+    if eval_before and eval_after:
+        print(
+            f"held-out greedy accuracy: {eval_before['accuracy']:.1%} before, "
+            f"{eval_after['accuracy']:.1%} after {cfg.run.steps} steps",
+            file=sys.stderr,
+        )
+    return TrainResult(s.run_dir, cfg.run.steps, eval_before, eval_after)
+
+
+def setup(config: Config) -> Session:
+    """Build the session: run directory, model(s), data, rewards, optimizer; resume if asked."""
+    run_dir, resume_from = _prepare_run_dir(config)
+    if config.run.threads:
+        torch.set_num_threads(config.run.threads)
+    torch.manual_seed(config.run.seed)
+    device = config.run.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    model_path = resolve_model_path(config.model.path)
+    tokenizer = load_tokenizer(model_path, config.model.trust_remote_code)
+    model = load_model(model_path, config.model.dtype, device, config.model.trust_remote_code)
+    if config.model.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    reference = frozen_copy(model) if config.algo.beta > 0 else None
+    train_rows, eval_rows, task = load_prompts(config)
+    data = PromptData(train_rows, tokenizer, config.data, seed=config.run.seed)
+    eval_data = (
+        PromptData(eval_rows, tokenizer, config.data, seed=config.run.seed) if eval_rows else None
+    )
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=config.optim.lr,
+        betas=(config.optim.beta1, config.optim.beta2),
+        weight_decay=config.optim.weight_decay,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(config))
+    loss_fns = LossFns(
+        policy_loss=lookup(POLICY_LOSSES, config.algo.loss),
+        aggregate=lookup(AGGREGATIONS, config.algo.loss_agg),
+        kl=lookup(KL_ESTIMATORS, config.algo.kl_estimator),
+        beta=config.algo.beta,
+        eps_low=config.algo.epsilon,
+        eps_high=config.epsilon_high,
+        dual_clip=config.algo.dual_clip,
+        temperature=config.rollout.temperature,
+        norm_len=float(config.algo.norm_len or config.rollout.max_new_tokens),
+        chunk_size=config.model.logprob_chunk_size,
+    )
+    s = Session(
+        config=config,
+        run_dir=run_dir,
+        model=model,
+        reference=reference,
+        tokenizer=tokenizer,
+        sampler=TorchSampler(model, tokenizer),
+        data=data,
+        eval_data=eval_data,
+        rewards=build_rewards(config, task),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        loss_fns=loss_fns,
+        logger=MetricsLogger(run_dir, tensorboard=config.log.tensorboard),
+        correct=correctness_fn(config, task),
+    )
+    if resume_from is not None:
+        state = checkpoint.load_checkpoint(
+            resume_from, model, optimizer, scheduler, modules=_extra_modules(s)
+        )
+        s.start_step = int(state["step"])
+        truncate_after(run_dir, s.start_step)
+    save_config(config, run_dir / "config.yaml")
+    return s
+
+
+def _save(s: Session, step: int) -> None:
+    checkpoint.save_checkpoint(
+        s.run_dir,
+        step,
+        s.model,
+        s.optimizer,
+        s.scheduler,
+        {"step": step, "world_size": 1},
+        keep_last=s.config.run.keep_last,
+        modules=_extra_modules(s),
+    )
+
+
+def _extra_modules(s: Session) -> dict[str, torch.nn.Module]:
+    # The reference only differs from the initial weights once it has been synced.
+    if s.reference is not None and s.config.algo.ref_sync_every:
+        return {"reference": s.reference}
+    return {}
+
+
+def _evaluate(s: Session, step: int) -> dict[str, float]:
+    cfg = s.config
+    result = evaluate(
+        s.sampler,
+        s.eval_data.rows[: cfg.eval.num_prompts],
+        s.correct,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        samples=cfg.eval.samples,
+        temperature=cfg.rollout.temperature,
+        seed=cfg.run.seed,
+    )
+    s.logger.log(step, {f"eval/{k}": v for k, v in result.items()})
+    return result
+
+
+def _prepare_run_dir(config: Config) -> tuple[Path, Path | None]:
+    resume = config.run.resume
+    if resume not in (None, "auto"):
+        path = Path(resume)
+        if not (path / "COMPLETE").is_file():
+            raise UserError(f"run.resume {resume} is not a complete checkpoint directory")
+        run_dir = Path(config.run.dir) if config.run.dir else path.parent.parent
+        return run_dir, path
+    if config.run.dir is None:
+        if resume == "auto":
+            raise UserError("run.resume=auto needs run.dir (the run to continue)")
+        run_dir = Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    else:
+        run_dir = Path(config.run.dir)
+    if resume == "auto":
+        found = checkpoint.latest_checkpoint(run_dir) if run_dir.exists() else None
+        if found is not None:
+            return run_dir, found
+        print(f"note: no checkpoint in {run_dir}; starting a new run", file=sys.stderr)
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not config.run.overwrite and resume != "auto":
+            raise UserError(
+                f"run.dir {run_dir} is not empty; pass run.resume=auto to continue it "
+                "or run.overwrite=true to start over"
+            )
+        shutil.rmtree(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"run.dir {run_dir} cannot be created: {err.strerror}") from None
+    return run_dir, None
+
+
+def _lr_lambda(config: Config):
+    warmup, total = config.optim.warmup_steps, config.run.steps
+    cosine = config.optim.schedule == "cosine"
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if not cosine:
+            return 1.0
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+    return factor
+
+
+def _sampling_params(config: Config, seed: int) -> SamplingParams:
+    r = config.rollout
+    return SamplingParams(
+        max_new_tokens=r.max_new_tokens,
+        min_new_tokens=r.min_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        min_p=r.min_p,
+        stop=tuple(r.stop),
+        seed=seed,
+    )
+
+
+def _step_seed(seed: int, step: int, round_: int) -> int:
+    # A pure function of (seed, step, round): resuming at step k samples exactly what an
+    # uninterrupted run samples there, without saving any sampler state.
+    return (seed * 1_000_003 + step * 1_009 + round_) % (2**63)
+
+
+def _reward_inputs(
+    rows: list[dict], rollout: RolloutBatch, group_size: int
+) -> tuple[list[str], list[str], dict[str, list]]:
+    prompts = [row["prompt"] for row in rows for _ in range(group_size)]
+    columns: dict[str, list] = {}
+    for key in rows[0]:
+        if key not in ("prompt", "prompt_ids"):
+            columns[key] = [row[key] for row in rows for _ in range(group_size)]
+    columns["completion_lengths"] = rollout.completion_lengths.tolist()
+    return prompts, rollout.texts, columns
+
+
+def _informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """`[B]` True where a group's finite rewards are not all equal (it has a gradient)."""
+    grouped = rewards.view(-1, group_size)
+    finite = torch.isfinite(grouped)
+    high = torch.where(finite, grouped, -torch.inf).max(1).values
+    low = torch.where(finite, grouped, torch.inf).min(1).values
+    return high > low
+
+
+def _log_samples(
+    s: Session, step: int, rollout: RolloutBatch, rewards: torch.Tensor, rows: list[dict]
+) -> None:
+    count = min(s.config.log.samples_per_step, rollout.num_rows)
+    if not count:
+        return
+    group_size = rollout.group_size
+    picks = torch.linspace(0, rollout.num_rows - 1, count).long().tolist()
+    s.logger.log_samples(
+        step,
+        [
+            {
+                "prompt": rows[i // group_size]["prompt"],
+                "completion": rollout.texts[i],
+                "reward": float(rewards[i]),
+                "answer": rows[i // group_size].get("answer"),
+            }
+            for i in picks
+        ],
+    )
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+@contextmanager
+def _stop_on_signals(s: Session):
+    """SIGTERM/SIGINT finish the current step, then save and exit cleanly."""
+
+    def request_stop(signum: int, _frame: Any) -> None:
+        s.stop_requested = True
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
