@@ -1,0 +1,75 @@
+"""Built-in reward functions by name, and `module:function` import paths.
+
+Every reward follows one protocol: `fn(prompts, completions, **columns) -> list[float | None]`,
+where `columns` are the dataset's other fields, repeated per completion (e.g. `answer`), plus
+`completion_lengths` (tokens) from the trainer. None means "does not apply to this row".
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from oncurve.errors import UserError
+from oncurve.rewards.answers import answers_match, extract_answer
+from oncurve.rewards.countdown import countdown_reward
+from oncurve.rewards.format import (
+    format_reward,
+    length_penalty,
+    overlong_penalty,
+    tags_format_reward,
+)
+
+RewardFn = Callable[..., list[float | None]]
+
+
+def correct_reward(
+    prompts: list[str], completions: list[str], *, answer: list[Any] | None = None, **columns: Any
+) -> list[float | None]:
+    """1.0 when the extracted answer (`extract_answer(style="auto")`) matches the `answer`
+    column, else 0.0; None for a row whose reference answer is missing or empty."""
+    if answer is None:
+        raise UserError("reward 'correct' needs an 'answer' column in the data")
+    scores: list[float | None] = []
+    for completion, gold in zip(completions, answer, strict=True):
+        if gold is None or str(gold).strip() == "":
+            scores.append(None)
+        else:
+            scores.append(1.0 if answers_match(extract_answer(completion), str(gold)) else 0.0)
+    return scores
+
+
+BUILTINS: dict[str, RewardFn] = {
+    "correct": correct_reward,
+    "format": format_reward,
+    "tags_format": tags_format_reward,
+    "overlong": overlong_penalty,
+    "length": length_penalty,
+    "countdown": countdown_reward,
+}
+
+
+def resolve_reward(spec: str) -> tuple[str, RewardFn]:
+    """(metric name, function) for a built-in name or a `package.module:function` path; the
+    metric name of an import path is the function's name."""
+    if spec in BUILTINS:
+        return spec, BUILTINS[spec]
+    if ":" not in spec:
+        raise UserError(
+            f"reward {spec!r}: not a built-in ({', '.join(BUILTINS)}) "
+            "and not a `module:function` import path"
+        )
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UserError(f"reward {spec!r}: cannot import module {module_name!r} ({e})") from None
+    fn = module
+    for part in attr.split("."):
+        fn = getattr(fn, part, None)
+        if fn is None:
+            raise UserError(f"reward {spec!r}: module {module_name!r} has no attribute {attr!r}")
+    if not callable(fn):
+        raise UserError(f"reward {spec!r}: {attr!r} is not callable")
+    return attr.rsplit(".", 1)[-1], fn
