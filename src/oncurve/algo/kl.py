@@ -1,0 +1,28 @@
+"""Per-token estimators of KL(pi || pi_ref) from samples of pi (Schulman, "Approximating KL
+divergence", 2020), with `d = logp - logp_ref`: `fn(logprobs [N, T], ref_logprobs [N, T]) -> [N, T]`.
+Mask and aggregate them like the policy loss."""
+
+from __future__ import annotations
+
+import torch
+
+# exp(20) ~ 5e8: bounds k3 so that a padding position with unrelated logprobs cannot overflow to
+# inf, which a mask multiply would turn into NaN.
+_MAX_LOG_RATIO = 20.0
+
+
+def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """k1 = d: unbiased, high variance, can be negative."""
+    return logprobs - ref_logprobs
+
+
+def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """k2 = d^2 / 2: biased, low variance, >= 0."""
+    return 0.5 * (logprobs - ref_logprobs).square()
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """k3 = exp(-d) - (-d) - 1 = pi_ref/pi - log(pi_ref/pi) - 1: unbiased, >= 0, 0 iff equal
+    (DeepSeekMath's choice). `-d` is clamped to +-20 against overflow."""
+    log_ratio = (ref_logprobs - logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    return log_ratio.exp() - log_ratio - 1
