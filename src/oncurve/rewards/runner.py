@@ -1,0 +1,251 @@
+"""Run weighted reward functions over a batch, with timeouts and an error policy.
+
+How a batch is scored, per function:
+  1. one call on the whole batch;
+  2. only if that call raised or timed out: one call per row (1-element lists), to find the
+     rows at fault. A row that raises stops the run (`on_error="raise"`, a `RewardError` naming
+     the function and the sample index) or scores None and is counted (`on_error="none"`); a row
+     that times out scores `timeout_score` and is counted. Functions that need the whole batch
+     (group-wise scores) get no per-row rescue: their rows are scored one by one in step 2.
+
+Timeouts need a process: a Python thread cannot be stopped, so a hung verifier in a thread would
+hang training. With `timeout_s` set, the calls run in a forked child process (fork inherits the
+functions and the batch without pickling them, so closures and lambdas work, and costs about a
+millisecond per batch) which streams each result back; the parent waits at most `timeout_s`
+per call, kills the child on a hang and forks a fresh one for the remaining calls. With
+`timeout_s=None` everything runs in-process. Reward functions must not rely on CUDA or on
+threads of the parent inside the child.
+
+Summing: `total` is the weighted sum over functions; a None from one function counts as 0 when
+another function scored that row, and the row's total is NaN when every function returned None
+(the trainer leaves NaN rows out of group statistics). NaN and inf values are treated as None.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from oncurve.errors import UserError
+from oncurve.rewards.registry import RewardFn
+
+# A job is (function index, row index or None for the whole batch). An outcome is
+# (kind, payload, exception): ("ok", values, None), ("error", message, exc | None),
+# ("fatal", message, None) for a wrong return value, ("timeout", None, None).
+_Job = tuple[int, int | None]
+_Outcome = tuple[str, Any, BaseException | None]
+
+
+class RewardError(UserError):
+    """A reward function raised, or returned something other than one number/None per row."""
+
+
+@dataclass
+class RewardResult:
+    total: torch.Tensor  # [N] weighted sum; NaN where every function returned None
+    per_fn: torch.Tensor  # [N, n_fns] each function's score; NaN for None
+    metrics: dict[str, float]  # reward/<name> (mean over non-None), reward/timeouts, reward/errors
+
+
+class RewardRunner:
+    """Scores completions with `fns`, a list of (name, fn, weight)."""
+
+    def __init__(
+        self,
+        fns: list[tuple[str, RewardFn, float]],
+        timeout_s: float | None = 10.0,
+        on_error: str = "raise",
+        timeout_score: float | None = None,
+    ) -> None:
+        if not fns:
+            raise UserError("at least one reward function is needed")
+        if on_error not in ("raise", "none"):
+            raise UserError(f"reward on_error must be 'raise' or 'none', got {on_error!r}")
+        if timeout_s is not None and timeout_s <= 0:
+            raise UserError(f"reward timeout must be positive or None, got {timeout_s}")
+        names = [name for name, _, _ in fns]
+        if len(set(names)) != len(names):
+            raise UserError(f"reward names must be unique, got {names}")
+        self.fns = fns
+        self.timeout_s = timeout_s
+        self.on_error = on_error
+        self.timeout_score = timeout_score
+
+    def score(
+        self, prompts: list[str], completions: list[str], columns: dict[str, Sequence[Any]]
+    ) -> RewardResult:
+        """Score N completions; `columns` are the dataset's other fields, N values each."""
+        n = len(completions)
+        if len(prompts) != n:
+            raise ValueError(f"{len(prompts)} prompts for {n} completions")
+        for key, values in columns.items():
+            if len(values) != n:
+                raise ValueError(f"column {key!r} has {len(values)} values for {n} completions")
+        batch = (prompts, completions, columns)
+        per_fn = torch.full((n, len(self.fns)), math.nan)
+        counts = {"timeouts": 0, "errors": 0}
+        retry: list[int] = []
+        whole = [(f, None) for f in range(len(self.fns))]
+        with contextlib.closing(self._run(whole, batch)) as outcomes:
+            for (f, _), (kind, payload, _) in zip(whole, outcomes, strict=True):
+                if kind == "ok":
+                    per_fn[:, f] = _as_column(payload)
+                elif kind == "fatal":
+                    raise RewardError(payload)
+                else:
+                    retry.append(f)
+        for f in retry:
+            per_fn[:, f] = self._score_rows(f, batch, counts)
+        return _result(per_fn, self.fns, counts)
+
+    def _score_rows(self, f: int, batch: tuple, counts: dict[str, int]) -> torch.Tensor:
+        """`[N]` scores of function `f` called one row at a time."""
+        name = self.fns[f][0]
+        n = len(batch[1])
+        jobs = [(f, i) for i in range(n)]
+        column = torch.full((n,), math.nan)
+        with contextlib.closing(self._run(jobs, batch)) as outcomes:
+            for (_, i), (kind, payload, exc) in zip(jobs, outcomes, strict=True):
+                if kind == "ok":
+                    column[i] = _as_column(payload)[0]
+                elif kind == "fatal":
+                    raise RewardError(payload)
+                elif kind == "timeout":
+                    counts["timeouts"] += 1
+                    if self.timeout_score is not None:
+                        column[i] = self.timeout_score
+                elif self.on_error == "raise":
+                    raise RewardError(f"reward {name!r} failed on sample {i}: {payload}") from exc
+                else:
+                    counts["errors"] += 1
+        return column
+
+    def _run(self, jobs: list[_Job], batch: tuple) -> Iterator[_Outcome]:
+        """One outcome per job, in order; in a forked child when a timeout is set."""
+        if self.timeout_s is None:
+            for job in jobs:
+                yield _run_job(self.fns, job, batch)
+            return
+        context = multiprocessing.get_context("fork")
+        start = 0
+        while start < len(jobs):
+            receiver, sender = context.Pipe(duplex=False)
+            child = context.Process(
+                target=_child, args=(sender, self.fns, jobs[start:], batch), daemon=True
+            )
+            child.start()
+            sender.close()
+            try:
+                for _ in jobs[start:]:
+                    start += 1
+                    if not receiver.poll(self.timeout_s):
+                        yield ("timeout", None, None)
+                        break
+                    try:
+                        outcome = receiver.recv()
+                    except EOFError:
+                        child.join(1.0)
+                        yield ("error", f"worker process died (exit code {child.exitcode})", None)
+                        break
+                    yield outcome
+            finally:
+                if child.is_alive():
+                    child.kill()
+                child.join()
+                receiver.close()
+
+
+def _child(sender: Any, fns: list, jobs: list[_Job], batch: tuple) -> None:
+    for job in jobs:
+        kind, payload, exc = _run_job(fns, job, batch)
+        sender.send((kind, payload, None) if exc is None else (kind, payload, _picklable(exc)))
+    sender.close()
+
+
+def _picklable(exc: BaseException) -> BaseException | None:
+    # the message already carries the type and text; the object is only for `raise ... from`
+    import pickle
+
+    try:
+        pickle.dumps(exc)
+    except Exception:
+        return None
+    return exc
+
+
+def _run_job(fns: list[tuple[str, RewardFn, float]], job: _Job, batch: tuple) -> _Outcome:
+    f, row = job
+    name, fn, _ = fns[f]
+    prompts, completions, columns = batch
+    if row is not None:
+        prompts, completions = prompts[row : row + 1], completions[row : row + 1]
+        columns = {key: values[row : row + 1] for key, values in columns.items()}
+    try:
+        values = fn(prompts, completions, **columns)
+    except Exception as e:
+        return ("error", f"{type(e).__name__}: {e}", e)
+    try:
+        return ("ok", _check_values(name, values, len(completions), row), None)
+    except RewardError as e:
+        return ("fatal", str(e), None)
+
+
+def _check_values(name: str, values: Any, n: int, row: int | None) -> list[float | None]:
+    """Plain floats (None for None, NaN or inf); RewardError for anything else."""
+    where = "" if row is None else f" for sample {row} alone"
+    try:
+        if isinstance(values, str | bytes | dict):
+            raise TypeError
+        values = list(values)
+    except TypeError:
+        raise RewardError(
+            f"reward {name!r} returned {type(values).__name__}{where}; expected a list of "
+            f"{n} floats or None"
+        ) from None
+    if len(values) != n:
+        raise RewardError(
+            f"reward {name!r} returned {len(values)} values for {n} completions{where}"
+        )
+    checked: list[float | None] = []
+    for i, value in enumerate(values):
+        if value is None:
+            checked.append(None)
+            continue
+        try:
+            number = None if isinstance(value, str | bytes) else float(value)
+        except (TypeError, ValueError):
+            number = None
+        if number is None:
+            sample = i if row is None else row
+            raise RewardError(
+                f"reward {name!r} returned {value!r} ({type(value).__name__}) for sample "
+                f"{sample}; expected a float or None"
+            )
+        checked.append(number if math.isfinite(number) else None)
+    return checked
+
+
+def _as_column(values: list[float | None]) -> torch.Tensor:
+    return torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float32)
+
+
+def _result(
+    per_fn: torch.Tensor, fns: list[tuple[str, RewardFn, float]], counts: dict[str, int]
+) -> RewardResult:
+    weights = torch.tensor([w for _, _, w in fns], dtype=torch.float32)
+    scored = ~torch.isnan(per_fn)  # [N, n_fns]
+    total = (torch.where(scored, per_fn, 0.0) * weights).sum(1)
+    total = torch.where(scored.any(1), total, math.nan)
+    metrics = {
+        f"reward/{name}": float(per_fn[scored[:, f], f].mean()) if scored[:, f].any() else math.nan
+        for f, (name, _, _) in enumerate(fns)
+    }
+    metrics["reward/timeouts"] = float(counts["timeouts"])
+    metrics["reward/errors"] = float(counts["errors"])
+    return RewardResult(total=total, per_fn=per_fn, metrics=metrics)
