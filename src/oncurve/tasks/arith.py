@@ -1,0 +1,118 @@
+"""`arith`: multi-digit addition with a column-by-column scratchpad, the bundled default task.
+
+A prompt is `485+37=`; its reference completion lists the column sums from the units up, each
+as two digits (carry, digit) and including the carry coming in, then the answer in tags:
+
+    485+37= 12 12 05 <answer>522</answer>
+
+(5+7 = 12; 8+3+1 = 12; 4+0+1 = 05). Every step of the procedure is a short lookup, so a small
+model learns it in minutes and its mistakes are local (a wrong carry, a misread digit): the
+kind that reward, not more supervision, can fix.
+
+Operands have 1 to `max_digits` digits (the count drawn uniformly for each). Train and test
+come from disjoint halves of the problem space: a problem belongs to the test split when a
+stable hash of its prompt falls in one bucket of `_BUCKETS`, whatever the seed, so no seed of
+one split ever yields a prompt of the other.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import zlib
+from typing import Any
+
+from oncurve.rewards.answers import answers_match, extract_answer
+from oncurve.rewards.registry import RewardFn
+
+SPLITS = ("train", "test")
+_BUCKETS = 10  # 1 in 10 problems is held out for the test split
+_WELL_FORMED_RE = re.compile(r"[^<]*<answer>-?\d+</answer>\s*")
+
+
+def solution(a: int, b: int) -> str:
+    """The reference completion of `a+b=` (without EOS): column sums, then the tagged answer."""
+    if a < 0 or b < 0:
+        raise ValueError(f"arith: operands must be non-negative, got {a} and {b}")
+    columns, carry = [], 0
+    for i in range(max(len(str(a)), len(str(b)))):
+        total = (a // 10**i) % 10 + (b // 10**i) % 10 + carry
+        columns.append(f"{total:02d}")
+        carry = total // 10
+    return f" {' '.join(columns)} <answer>{a + b}</answer>"
+
+
+def is_test_problem(prompt: str) -> bool:
+    """The split a prompt belongs to, from a hash that does not depend on any seed."""
+    return zlib.crc32(prompt.encode()) % _BUCKETS == 0
+
+
+def correct_reward(
+    prompts: list[str], completions: list[str], *, answer: list[Any], **columns: Any
+) -> list[float]:
+    """1.0 when the last `<answer>...</answer>` holds the sum, else 0.0 (an untagged number,
+    even the right one, earns nothing: the task asks for the tags)."""
+    return [
+        1.0 if answers_match(extract_answer(c, style="tags"), str(gold)) else 0.0
+        for c, gold in zip(completions, answer, strict=True)
+    ]
+
+
+def format_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
+    """1.0 when the completion has one `<answer>` pair, holding an integer, and nothing after
+    it but whitespace (a completion that runs on past its answer is not well formed)."""
+    return [1.0 if _WELL_FORMED_RE.fullmatch(c) else 0.0 for c in completions]
+
+
+class ArithTask:
+    """Addition of two numbers of 1 to `max_digits` digits each; satisfies `Task`.
+
+    Rewards: "correct" (weight 1.0) and "format" (weight 0.1). The format term is small so a
+    well-formed wrong answer (0.1) stays far below a right one (1.1); it only matters for a
+    policy that breaks its tags, where it ranks tidy completions above broken ones in a group
+    whose answers are all wrong.
+    """
+
+    name = "arith"
+    reward_weights = {"correct": 1.0, "format": 0.1}
+
+    def __init__(self, max_digits: int = 4) -> None:
+        if max_digits < 1:
+            raise ValueError(f"arith: max_digits must be at least 1, got {max_digits}")
+        self.max_digits = max_digits
+
+    def examples(self, split: str, n: int, seed: int) -> list[dict[str, str]]:
+        """`n` distinct problems of `split` ("train" or "test") drawn with `seed`:
+        rows {"prompt", "answer", "solution"}."""
+        if split not in SPLITS:
+            raise ValueError(f"arith: split must be one of {', '.join(SPLITS)}, got {split!r}")
+        if n < 0:
+            raise ValueError(f"arith: n must be non-negative, got {n}")
+        rng = random.Random(f"arith:{split}:{self.max_digits}:{seed}")
+        want_test = split == "test"
+        rows, seen = [], set()
+        # The smallest problems run out first (there are 45 distinct 1-digit + 1-digit test
+        # problems at most), so a draw may repeat; the attempt budget keeps an impossible `n`
+        # from looping forever.
+        for _ in range(100 * n + 1000):
+            if len(rows) == n:
+                break
+            a, b = self._operand(rng), self._operand(rng)
+            prompt = f"{a}+{b}="
+            if prompt in seen or is_test_problem(prompt) != want_test:
+                continue
+            seen.add(prompt)
+            rows.append({"prompt": prompt, "answer": str(a + b), "solution": solution(a, b)})
+        if len(rows) < n:
+            raise ValueError(
+                f"arith: only {len(rows)} distinct {split} problems with max_digits="
+                f"{self.max_digits}, asked for {n}"
+            )
+        return rows
+
+    def reward_fns(self) -> dict[str, RewardFn]:
+        return {"correct": correct_reward, "format": format_reward}
+
+    def _operand(self, rng: random.Random) -> int:
+        digits = rng.randint(1, self.max_digits)
+        return rng.randint(0 if digits == 1 else 10 ** (digits - 1), 10**digits - 1)
