@@ -1,0 +1,156 @@
+"""Per-step metrics and sample completions as JSON lines, optionally mirrored to TensorBoard.
+
+`RUN/metrics.jsonl` holds one row per training step, {"step": 3, "reward/mean": 0.4, ...}, plus
+rows of evaluation metrics ({"step": 10, "eval/accuracy": ...}) that share the step they follow.
+`RUN/samples.jsonl` holds a few completions per step, {"step", "prompt", "completion", "reward",
+"answer"}. JSON has no NaN or infinity: non-finite floats are written as `null`.
+
+Every call opens, appends and closes the file, so a crash loses nothing already logged and a
+file rewritten by `truncate_after` (resume) is the one the next row goes to.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from oncurve.errors import UserError
+
+METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"
+
+
+class MetricsLogger:
+    """Appends metric rows to `run_dir/metrics.jsonl` and sample rows to `run_dir/samples.jsonl`.
+
+    With `enabled=False` (ranks other than 0) every call does nothing and no file is created.
+    """
+
+    def __init__(self, run_dir: Path, tensorboard: bool = False, enabled: bool = True) -> None:
+        self.run_dir = Path(run_dir)
+        self.enabled = enabled
+        self._writer = None
+        if not enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if tensorboard:
+            self._writer = _summary_writer(self.run_dir / "tensorboard")
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        """Append {"step": step, **values}; non-finite values become null."""
+        if not self.enabled:
+            return
+        row = {"step": int(step), **{key: _finite(key, value) for key, value in values.items()}}
+        _append(self.run_dir / METRICS_FILE, [row])
+        if self._writer is not None:
+            for key, value in row.items():
+                if key != "step" and value is not None:
+                    self._writer.add_scalar(key, value, global_step=row["step"])
+            self._writer.flush()
+
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        """Append one row per sample, {"step": step, **row}; non-finite floats become null."""
+        if not self.enabled or not rows:
+            return
+        _append(
+            self.run_dir / SAMPLES_FILE,
+            [{"step": int(step), **{k: _json_value(v) for k, v in row.items()}} for row in rows],
+        )
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """All rows of a JSON-lines file. A bad line raises UserError naming the file and line.
+
+    A last line without its newline is a row still being written (or cut by a crash) and is
+    skipped, so a report can read the files of a run in progress.
+    """
+    return list(iter_jsonl(path))
+
+
+def iter_jsonl(path: Path) -> Iterator[dict]:
+    """The rows of `read_jsonl` one at a time, for files too large to hold."""
+    for _, row in _iter_lines(Path(path)):
+        yield row
+
+
+def truncate_after(run_dir: Path, step: int) -> None:
+    """Drop the rows with "step" > `step` from metrics.jsonl and samples.jsonl (atomic rewrite).
+
+    Resuming from the checkpoint of `step` then continues the files exactly where an
+    uninterrupted run would be. Missing files are left missing.
+    """
+    for name in (METRICS_FILE, SAMPLES_FILE):
+        path = Path(run_dir) / name
+        if not path.is_file():
+            continue
+        kept = [line for line, row in _iter_lines(path) if row["step"] <= step]
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.writelines(kept)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def _iter_lines(path: Path) -> Iterator[tuple[str, dict]]:
+    """(line with its newline, parsed row) for every complete line; blank lines are skipped."""
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                if not line.endswith("\n"):
+                    return
+                raise UserError(f"{path}:{number}: not a JSON row ({err.msg})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                if not line.endswith("\n"):
+                    return
+                raise UserError(f'{path}:{number}: expected an object with an integer "step"')
+            yield (line if line.endswith("\n") else line + "\n", row)
+
+
+def _append(path: Path, rows: list[dict]) -> None:
+    text = "".join(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n" for row in rows)
+    # One write per call: a row is either complete on disk or an unterminated last line.
+    with path.open("a", encoding="utf-8") as f:
+        f.write(text)
+
+
+def _finite(key: str, value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"metric {key!r} must be a number, got {type(value).__name__}") from None
+    return number if math.isfinite(number) else None
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _summary_writer(log_dir: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise UserError(
+            "log.tensorboard=true needs the tensorboard package: pip install 'oncurve[tb]'"
+        ) from None
+    return SummaryWriter(log_dir=str(log_dir))
