@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Protocol
 
 from oncurve.rewards.registry import RewardFn
@@ -22,3 +23,10 @@ class Task(Protocol):
     def reward_fns(self) -> dict[str, RewardFn]:
         """Reward functions by metric name: fn(prompts, completions, **columns)."""
         ...
+
+
+def hash_split(key: str, test_percent: int = 10) -> str:
+    """ "train" or "test" from a fixed hash of `key` (a problem's identity), so generated splits
+    never share a problem whatever the seed."""
+    bucket = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % 100
+    return "test" if bucket < test_percent else "train"
