@@ -1,0 +1,233 @@
+import base64
+import random
+import re
+import struct
+
+import numpy as np
+import pytest
+import yaml
+
+from oncurve.errors import UserError
+from oncurve.metrics import MetricsLogger
+from oncurve.report import FIGURES, auto_smoothing, ema, load_run, render_figures, write_report
+
+FIGURE_NAMES = [
+    "reward",
+    "eval",
+    "kl",
+    "entropy",
+    "clip",
+    "groups",
+    "length",
+    "time",
+    "throughput",
+    "optim",
+]
+
+
+def make_run(run_dir, seed=0, steps=30, eval_every=10, beta=0.04, loss_agg="seq-mean-token-mean"):
+    """A fake finished run: every metric of the trainer, eval rows, samples, config.yaml."""
+    rng = random.Random(seed)
+    logger = MetricsLogger(run_dir)
+    logged = []
+    for step in range(1, steps + 1):
+        p = step / steps
+        row = {
+            "reward/mean": p + rng.gauss(0, 0.1),
+            "reward/std": 0.3 * rng.random(),
+            "reward/correct": p + rng.gauss(0, 0.1),
+            "reward/format": 0.5 * p,
+            "reward/timeouts": 0.0,
+            "reward/errors": 0.0,
+            "groups/all_equal_frac": 0.5 * (1 - p),
+            "adv/abs_mean": 0.8,
+            "loss/policy": rng.gauss(0, 0.01),
+            "entropy": 1.5 - p,
+            "clip/low_frac": 0.01 * rng.random(),
+            "clip/high_frac": 0.02 * rng.random(),
+            "ratio/mean": 1.0,
+            "ratio/min": 0.8,
+            "ratio/max": 1.2,
+            "grad_norm": 1 + rng.random(),
+            "lr": 1e-5,
+            "length/mean": 40 + 20 * p,
+            "length/max": 64.0,
+            "length/truncated_frac": 0.1 * p,
+            "time/rollout": 2 + rng.random(),
+            "time/reward": 0.1,
+            "time/train": 1 + rng.random(),
+            "tokens_per_s": 300 + 10 * rng.random(),
+            "logprob_diff/max": 0.0,
+        }
+        if beta:
+            row["kl"] = 0.01 * p
+        row["time/step"] = row["time/rollout"] + row["time/reward"] + row["time/train"]
+        logger.log(step, row)
+        logged.append(row)
+        logger.log_samples(
+            step,
+            [
+                {
+                    "prompt": f"What is {step} + {k}? <b>",
+                    "completion": f"completion of step {step}\n<script>x</script>",
+                    "reward": float(k % 2),
+                    "answer": str(step + k),
+                }
+                for k in range(6)
+            ],
+        )
+        if eval_every and step % eval_every == 0:
+            logger.log(step, {"eval/accuracy": 0.2 + 0.5 * p, "eval/mean@4": 0.1 + 0.4 * p})
+    logger.close()
+    config = {"algo": {"beta": beta, "loss_agg": loss_agg}, "run": {"steps": steps}}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    return logged
+
+
+def png_size(data):
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def legend_texts(ax):
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_figure_list_is_the_one_tested():
+    assert [spec.name for spec in FIGURES] == FIGURE_NAMES
+
+
+def test_report_of_one_run_has_every_figure_and_the_samples(tmp_path):
+    run = tmp_path / "grpo"
+    make_run(run)
+    path = write_report([run])
+    assert path == run / "report" / "report.html"
+    page = path.read_text()
+    for name in FIGURE_NAMES:
+        png = (run / "report" / f"{name}.png").read_bytes()
+        width, height = png_size(png)
+        assert width >= 800 and height >= 350, name
+        assert len(png) > 10_000, name
+        section = re.search(f'<section id="{name}">(.*?)</section>', page, re.S)
+        assert section, name
+        embedded = re.search(r'src="data:image/png;base64,([^"]+)"', section.group(1))
+        assert base64.b64decode(embedded.group(1)) == png, name
+    # Opens with no network: every reference is embedded data or an in-page anchor.
+    assert "http://" not in page and "https://" not in page
+    assert all(ref.startswith(("data:", "#")) for ref in re.findall(r'(?:src|href)="([^"]*)', page))
+    assert "<link" not in page and "<script" not in page
+    # Early, middle and late steps, escaped, at most 4 rows each.
+    samples = re.search('<section id="samples">(.*?)</section>', page, re.S).group(1)
+    shown = re.findall(r"completion of step (\d+)", samples)
+    assert shown == ["1"] * 4 + ["16"] * 4 + ["30"] * 4
+    assert "&lt;script&gt;x&lt;/script&gt;" in samples and "&lt;b&gt;" in samples
+    assert "<td>ANSWER</td>".replace("ANSWER", "31") in samples  # answer of step 30, k=1
+
+
+def test_plotted_values_are_the_logged_ones(tmp_path):
+    logged = make_run(tmp_path / "run")
+    figures = {spec.name: fig for spec, fig in render_figures([load_run(tmp_path / "run")], 0.0)}
+    steps = np.arange(1, 31)
+
+    lines = {line.get_label(): line for line in figures["reward"].axes[0].get_lines()}
+    assert sorted(lines) == ["reward/correct", "reward/format", "reward/mean"]
+    np.testing.assert_array_equal(lines["reward/mean"].get_xdata(), steps)
+    np.testing.assert_array_equal(
+        lines["reward/mean"].get_ydata(), [r["reward/mean"] for r in logged]
+    )
+
+    accuracy = {line.get_label(): line for line in figures["eval"].axes[0].get_lines()}
+    assert sorted(accuracy) == ["eval/accuracy", "eval/mean@4"]
+    np.testing.assert_array_equal(accuracy["eval/accuracy"].get_xdata(), [10, 20, 30])
+    np.testing.assert_allclose(
+        accuracy["eval/accuracy"].get_ydata(), [0.2 + 0.5 * p for p in (1 / 3, 2 / 3, 1)]
+    )
+
+    # Stacked time: the top of the stack is the whole step.
+    (time_ax,) = figures["time"].axes
+    assert legend_texts(time_ax) == ["time/rollout", "time/reward", "time/train"]
+    top = time_ax.collections[-1].get_paths()[0].vertices[:, 1].max()
+    assert top == pytest.approx(max(r["time/step"] for r in logged), rel=1e-12)
+
+    length_axes = figures["length"].axes
+    assert [ax.get_ylabel() for ax in length_axes] == ["tokens", "fraction truncated"]
+    assert all(ax.get_xlabel() == "step" for fig in figures.values() for ax in fig.axes)
+
+
+def test_two_runs_overlay_with_a_legend_by_run_name(tmp_path, monkeypatch):
+    make_run(tmp_path / "grpo", seed=0)
+    make_run(tmp_path / "dr_grpo", seed=1, loss_agg="seq-mean-token-sum-norm")
+    runs = [load_run(tmp_path / "grpo"), load_run(tmp_path / "dr_grpo")]
+    figures = dict(render_figures(runs))
+    for spec, fig in figures.items():
+        if spec.name == "time":  # stacked areas do not overlay: one axes per run, same scale
+            assert [ax.get_title() for ax in fig.axes] == ["grpo", "dr_grpo"]
+            assert fig.axes[0].get_ylim() == fig.axes[1].get_ylim()
+            continue
+        for ax in fig.axes:
+            texts = " ".join(legend_texts(ax))
+            assert "grpo" in texts.replace("dr_grpo", "") and "dr_grpo" in texts, spec.name
+    assert legend_texts(figures[FIGURES[1]].axes[0]) == [
+        "grpo: eval/accuracy",
+        "grpo: eval/mean@4",
+        "dr_grpo: eval/accuracy",
+        "dr_grpo: eval/mean@4",
+    ]
+
+    monkeypatch.chdir(tmp_path)
+    path = write_report([tmp_path / "grpo", tmp_path / "dr_grpo"])
+    assert path.resolve() == tmp_path / "report" / "report.html"
+    config = re.search('<section id="config">(.*?)</section>', path.read_text(), re.S).group(1)
+    assert "algo.loss_agg" in config and "seq-mean-token-sum-norm" in config
+    assert "algo.beta" not in config  # only the settings that differ
+
+
+def test_figures_without_data_are_skipped_with_a_note(tmp_path):
+    run = tmp_path / "run"
+    make_run(run, eval_every=0, beta=0.0)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "eval.png").write_bytes(b"stale")
+    page = write_report([run], out).read_text()
+    for name in ("eval", "kl"):
+        assert not (out / f"{name}.png").exists()
+        section = re.search(f'<section id="{name}">(.*?)</section>', page, re.S).group(1)
+        assert "figure skipped" in section and "<img" not in section
+    assert (out / "reward.png").is_file()
+
+
+def test_runs_with_the_same_name_are_told_apart(tmp_path):
+    make_run(tmp_path / "a" / "run")
+    make_run(tmp_path / "b" / "run", seed=1)
+    page = write_report(
+        [tmp_path / "a" / "run", tmp_path / "b" / "run"], tmp_path / "out"
+    ).read_text()
+    assert "<td>a/run</td>" in page and "<td>b/run</td>" in page
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda d: None, "no such run directory"),
+        (lambda d: d.mkdir(), "no metrics.jsonl"),
+        (
+            lambda d: (d.mkdir(), (d / "metrics.jsonl").write_text("")),
+            "metrics.jsonl has no metrics yet",
+        ),
+    ],
+)
+def test_run_without_metrics_gives_a_one_line_error(tmp_path, setup, message):
+    run = tmp_path / "myrun"
+    setup(run)
+    with pytest.raises(UserError) as err:
+        write_report([run])
+    assert str(err.value).startswith(f"{run}: {message}")
+    assert "\n" not in str(err.value)
+
+
+def test_ema_is_debiased():
+    np.testing.assert_allclose(ema(np.full(5, 2.0), 0.9), np.full(5, 2.0))
+    np.testing.assert_allclose(ema(np.array([1.0, 3.0]), 0.5), [1.0, 7 / 3])
+    np.testing.assert_array_equal(ema(np.array([1.0, 3.0]), 0.0), [1.0, 3.0])
+    assert auto_smoothing(30) == 0.0
+    assert auto_smoothing(400) == pytest.approx(1 - 2 / 17)
