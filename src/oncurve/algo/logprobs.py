@@ -73,7 +73,8 @@ class _ChunkedLogprobs(torch.autograd.Function):
             part = slice(start, start + chunk_size)
             logits = _chunk_logits(hidden[part], weight, bias, temperature)
             g = grad_logprobs[part].float().unsqueeze(-1)
-            grad_logits = -(logits - lse[part].unsqueeze(-1)).exp_() * g
+            # in place: one [chunk, V] buffer holds logits, then softmax, then the gradient
+            grad_logits = logits.sub_(lse[part].unsqueeze(-1)).exp_().mul_(-g)
             grad_logits.scatter_add_(-1, labels[part].unsqueeze(-1), g)
             grad_logits /= temperature
             if need_h:
@@ -95,7 +96,7 @@ def _chunk_logits(
     logits = hidden.float() @ weight.float().T
     if bias is not None:
         logits += bias.float()
-    return logits / temperature
+    return logits.div_(temperature)
 
 
 def logprobs_from_hidden(
