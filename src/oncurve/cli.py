@@ -17,6 +17,9 @@ from oncurve.errors import UserError
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     try:
         return args.run(args)
     except UserError as err:

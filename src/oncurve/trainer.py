@@ -93,6 +93,7 @@ def training_step(s: Session, step: int) -> dict[str, float]:
         advantages=advantages,
         sample_logprobs=rollout.logprobs,
     )
+    lr = s.scheduler.get_last_lr()[0]
     with timer("train"):
         rows_per_pass = cfg.optim.microbatch_size
         temperature, chunk = cfg.rollout.temperature, cfg.model.logprob_chunk_size
@@ -107,7 +108,7 @@ def training_step(s: Session, step: int) -> dict[str, float]:
         **reward_metrics,
         **rollout_metrics(rollout, rewards, advantages),
         **update,
-        "lr": s.scheduler.get_last_lr()[0],
+        "lr": lr,
         **{f"time/{k}": v for k, v in timer.seconds.items()},
     }
     metrics["time/step"] = sum(timer.seconds.values())

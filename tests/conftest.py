@@ -1,0 +1,40 @@
+"""Shared fixtures: tiny models built from a config, saved like a user's local model dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from oncurve.tokenizer import char_tokenizer
+
+
+def tiny_qwen2(vocab_size: int, seed: int = 0) -> transformers.PreTrainedModel:
+    torch.manual_seed(seed)
+    config = transformers.Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+    )
+    return transformers.Qwen2ForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random ~50k-parameter Qwen2-style model and the char tokenizer, saved to a directory."""
+    path = tmp_path_factory.mktemp("tiny-model")
+    tokenizer = char_tokenizer()
+    model = tiny_qwen2(len(tokenizer))
+    model.config.eos_token_id = tokenizer.eos_token_id
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.config.bos_token_id = tokenizer.bos_token_id
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path

@@ -1,0 +1,10 @@
+"""Reward functions that tests name by import path (`rewards_for_tests:...`)."""
+
+
+def count_digits(prompts, completions, **columns):
+    """Fraction of digit characters: varied on random text, so groups have advantages."""
+    return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
+
+
+def constant(prompts, completions, **columns):
+    return [0.5 for _ in completions]
