@@ -89,16 +89,16 @@ def test_gspo_ratio_is_constant_within_a_sequence():
     old = logp.detach() + 0.3 * torch.randn(3, 6, generator=gen, dtype=torch.float64)
     old[:, -1] = -1000.0  # padding: unrelated values must not leak in
     mask = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0]])
-    adv = -torch.ones(3, 6, dtype=torch.float64)
-    # A = -1 and a wide clip range: the loss is the ratio itself
+    adv = -1 - torch.rand(3, 6, generator=gen, dtype=torch.float64)  # per-token, negative
+    # A < 0 and a wide clip range: the loss is -A times the ratio
     loss, metrics = gspo(logp, old, adv, mask, eps_low=0.99, eps_high=100.0)
     loss.sum().backward()
     for i in range(3):
         on = mask[i].bool()
         s_i = math.exp((logp[i, on] - old[i, on]).mean().item())
-        torch.testing.assert_close(loss[i, on], torch.full((int(on.sum()),), s_i).double())
-        # the gradient per token is the sequence ratio (GSPO-token form), 0 on padding
-        torch.testing.assert_close(logp.grad[i, on], torch.full_like(loss[i, on], s_i))
+        torch.testing.assert_close(loss[i, on] / -adv[i, on], torch.full_like(loss[i, on], s_i))
+        # token form: d loss_t / d logp_t = -A_t s_i, with no cross-token terms; 0 on padding
+        torch.testing.assert_close(logp.grad[i, on], -adv[i, on] * s_i)
         assert (loss[i, ~on] == 0).all() and (logp.grad[i, ~on] == 0).all()
     assert metrics["ratio/min"] <= metrics["ratio/max"] and torch.isfinite(metrics["ratio/max"])
 

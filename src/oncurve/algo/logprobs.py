@@ -115,7 +115,8 @@ def logprobs_from_hidden(
         weight: `[V, H]` output-embedding (lm_head) weight.
         labels: `[N, T]` token ids whose log-probability is wanted.
         temperature: divides the logits, as in sampling.
-        chunk_size: rows of N*T per chunk; peak extra memory is `chunk_size * V` floats.
+        chunk_size: rows of N*T per chunk; peak extra memory is about `3 * chunk_size * V`
+            float32 values (a chunk's logits and the log-sum-exp temporaries).
         bias: optional `[V]` lm_head bias.
         with_entropy: also return the entropy of each position's distribution (no gradient).
     Returns:
