@@ -29,13 +29,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from oncurve.config import describe, load_config
-    from oncurve.trainer import train
 
     if args.help_config:
         print(describe())
         return 0
     config_path, overrides = _split_config_args(args.args)
-    result = train(load_config(config_path, overrides), quiet=args.quiet)
+    config = load_config(config_path, overrides)
+    from oncurve.trainer import train
+
+    result = train(config, quiet=args.quiet)
     summary = {"run_dir": str(result.run_dir), "steps": result.steps}
     if result.eval_before and result.eval_after:
         summary["accuracy_before"] = result.eval_before["accuracy"]

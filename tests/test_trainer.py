@@ -1,0 +1,208 @@
+"""The training loop end to end on a tiny random model, checked against hand-assembled math."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from oncurve import trainer
+from oncurve.algo import group_advantages, kl_k3, ppo_clip, seq_mean_token_mean
+from oncurve.algo.logprobs import logprobs_from_logits
+from oncurve.config import load_config
+from oncurve.trainer import setup, train, training_step
+
+
+@pytest.fixture
+def data_file(tmp_path: Path) -> Path:
+    path = tmp_path / "data.jsonl"
+    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(40)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def make_config(model_dir: Path, data_file: Path, run_dir: Path, *extra: str):
+    return load_config(
+        None,
+        [
+            f"model.path={model_dir}",
+            f"data.path={data_file}",
+            "data.prompts_per_step=4",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=8",
+            "rewards=[rewards_for_tests:count_digits]",
+            "run.steps=3",
+            f"run.dir={run_dir}",
+            "run.reward_timeout=null",
+            "optim.lr=1e-3",
+            *extra,
+        ],
+    )
+
+
+def test_three_steps_write_finite_metrics_samples_and_a_loadable_final_model(
+    tiny_model_dir, data_file, tmp_path
+):
+    run_dir = tmp_path / "run"
+    result = train(make_config(tiny_model_dir, data_file, run_dir), quiet=True)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for key in (
+        "reward/mean",
+        "reward/std",
+        "reward/count_digits",
+        "groups/all_equal_frac",
+        "adv/abs_mean",
+        "loss/policy",
+        "kl",
+        "entropy",
+        "clip/low_frac",
+        "clip/high_frac",
+        "ratio/min",
+        "ratio/max",
+        "grad_norm",
+        "lr",
+        "length/mean",
+        "length/max",
+        "length/truncated_frac",
+        "time/rollout",
+        "time/reward",
+        "time/train",
+        "tokens_per_s",
+        "logprob_diff/max",
+    ):
+        assert all(math.isfinite(r[key]) for r in rows), key
+    assert all(r["logprob_diff/max"] < 1e-4 for r in rows)
+    assert (run_dir / "samples.jsonl").read_text().count("\n") == 3 * 4
+    assert result.steps == 3
+
+    final = transformers.AutoModelForCausalLM.from_pretrained(run_dir / "final")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(run_dir / "final")
+    initial = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    changed = [
+        not torch.equal(p, q) for p, q in zip(final.parameters(), initial.parameters(), strict=True)
+    ]
+    assert any(changed)
+    prompt = tokenizer(["1+1="], return_tensors="pt")
+    out = final.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    assert out.shape == (1, prompt["input_ids"].shape[1] + 4)
+
+
+def test_first_step_matches_hand_assembled_grpo(tiny_model_dir, data_file, tmp_path):
+    config = make_config(
+        tiny_model_dir, data_file, tmp_path / "run", "optim.grad_clip=0", "algo.beta=0.04"
+    )
+    s = setup(config)
+    initial = copy.deepcopy(s.model)
+    captured: dict = {}
+    generate = s.sampler.generate_ids
+
+    def capture_rollout(*args, **kwargs):
+        captured["rollout"] = generate(*args, **kwargs)
+        return captured["rollout"]
+
+    def capture_grads():
+        captured["grads"] = {n: p.grad.clone() for n, p in s.model.named_parameters()}
+
+    s.sampler.generate_ids = capture_rollout
+    s.optimizer.register_step_pre_hook(lambda *_: capture_grads())
+    metrics = training_step(s, 1)
+
+    rollout = captured["rollout"]
+    from rewards_for_tests import count_digits
+
+    rewards = torch.tensor(count_digits(None, rollout.texts))
+    advantages = group_advantages(rewards, 4, scale="group", eps=1e-6)
+    mask = rollout.completion_mask.float()
+    ids, attention = rollout.input_ids, rollout.attention_mask
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    t = mask.shape[1]
+
+    def logprobs(model):
+        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
+        return logprobs_from_logits(logits[:, -t - 1 : -1], ids[:, -t:])
+
+    with torch.no_grad():
+        ref = logprobs(initial)
+    logp = logprobs(initial)
+    per_token, _ = ppo_clip(
+        logp, logp.detach(), advantages[:, None].expand_as(logp), mask, eps_low=0.2, eps_high=0.2
+    )
+    per_token = per_token + 0.04 * kl_k3(logp, ref)
+    loss = seq_mean_token_mean(
+        per_token, mask, num_seqs=16, num_tokens=float(mask.sum()), norm_len=8.0
+    )
+    loss.backward()
+    assert metrics["loss/policy"] == pytest.approx(float(loss.detach()), abs=1e-6)
+    for name, param in initial.named_parameters():
+        torch.testing.assert_close(captured["grads"][name], param.grad, atol=1e-6, rtol=1e-5)
+    assert metrics["ratio/min"] == metrics["ratio/max"] == 1.0
+
+
+def test_beta_zero_never_builds_a_reference(tiny_model_dir, data_file, tmp_path, monkeypatch):
+    copies = []
+    monkeypatch.setattr(trainer, "frozen_copy", lambda m: copies.append(m) or m)
+    s = setup(make_config(tiny_model_dir, data_file, tmp_path / "run", "algo.beta=0.0"))
+    assert s.reference is None and copies == []
+
+
+def test_mu_two_computes_pi_old_once_and_the_second_pass_moves_the_ratio(
+    tiny_model_dir, data_file, tmp_path, monkeypatch
+):
+    s = setup(
+        make_config(
+            tiny_model_dir,
+            data_file,
+            tmp_path / "run",
+            "algo.mu=2",
+            "algo.beta=0.0",
+            "optim.lr=1e-2",
+        )
+    )
+    calls = []
+    real = trainer.batch_logprobs
+    monkeypatch.setattr(
+        trainer, "batch_logprobs", lambda model, *a: calls.append(model) or real(model, *a)
+    )
+    metrics = training_step(s, 1)
+    assert calls == [s.model]
+    assert metrics["ratio/min"] < 1.0 < metrics["ratio/max"]
+
+
+def test_constant_reward_gives_zero_advantage_and_leaves_weights_unchanged(
+    tiny_model_dir, data_file, tmp_path
+):
+    config = make_config(
+        tiny_model_dir,
+        data_file,
+        tmp_path / "run",
+        "algo.beta=0.0",
+        "optim.weight_decay=0.0",
+        "rewards=[rewards_for_tests:constant]",
+    )
+    s = setup(config)
+    before = {n: p.detach().clone() for n, p in s.model.named_parameters()}
+    metrics = training_step(s, 1)
+    assert metrics["adv/abs_mean"] == 0.0
+    assert metrics["groups/all_equal_frac"] == 1.0
+    for name, param in s.model.named_parameters():
+        assert torch.equal(param, before[name]), name
+
+
+def test_cli_rejects_an_unknown_key_with_one_line_and_exit_2():
+    proc = subprocess.run(
+        [sys.executable, "-m", "oncurve", "train", "algo.betta=0.1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2
+    assert len(lines) == 1 and "unknown key algo.betta" in lines[0]
