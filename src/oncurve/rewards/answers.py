@@ -73,7 +73,7 @@ def normalize_answer(text: str) -> str:
     text = re.sub(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}", r"\1", text)
     text = re.sub(r"\\left|\\right|\\[,;:! ]|\\displaystyle", "", text)
     text = re.sub(r"\^\{?\\circ\}?|\\%|%", "", text)
-    text = text.replace("$", "")
+    text = text.replace("\\$", "").replace("$", "")
     text = re.sub(r"\s+", "", text)
     text = re.sub(r"^[a-zA-Z]=(?!=)", "", text)
     return text.rstrip(".")

@@ -1,0 +1,148 @@
+"""Local dataset files -> rows of {"prompt", "answer", other columns...}.
+
+Kinds, by extension: `.jsonl` / `.json` (one JSON object per line), `.csv` (header row),
+`.parquet` (pyarrow, extra `data`), and a directory written by `datasets.save_to_disk` (extra
+`data`; a DatasetDict uses its "train" split, or its only split). Nothing is downloaded.
+Every problem is reported in one line naming the file, the line (or row) and the field.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from oncurve.errors import UserError
+
+Record = tuple[str, dict[str, Any]]  # (location such as "line 3" or "row 3", raw record)
+
+
+def load_rows(
+    path: str,
+    prompt_field: str = "prompt",
+    answer_field: str = "answer",
+    max_prompt_chars: int | None = None,
+) -> list[dict[str, Any]]:
+    """Rows with the prompt under "prompt" and the answer (as a string) under "answer"; other
+    columns are kept and reach the reward functions by name."""
+    rows = []
+    for where, record in read_records(path):
+        for field in (prompt_field, answer_field):
+            if field not in record:
+                present = ", ".join(record) or "none"
+                raise UserError(f"{path} {where}: missing field {field!r} (fields: {present})")
+        prompt = record.pop(prompt_field)
+        answer = record.pop(answer_field)
+        if not isinstance(prompt, str):
+            raise UserError(
+                f"{path} {where}: field {prompt_field!r} must be a string, got "
+                f"{type(prompt).__name__}"
+            )
+        if max_prompt_chars is not None and len(prompt) > max_prompt_chars:
+            raise UserError(
+                f"{path} {where}: field {prompt_field!r} has {len(prompt)} characters, more "
+                f"than the maximum {max_prompt_chars}"
+            )
+        rows.append({**record, "prompt": prompt, "answer": None if answer is None else str(answer)})
+    return rows
+
+
+def read_records(path: str) -> list[Record]:
+    """The raw records of a local dataset file or saved-dataset directory, each with its
+    location for error messages; an error if there are none."""
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"{path}: no such file or directory")
+    if p.is_dir():
+        records = list(_saved_dataset(p))
+    elif p.suffix in (".jsonl", ".json"):
+        records = list(_jsonl(p))
+    elif p.suffix == ".csv":
+        records = list(_csv(p))
+    elif p.suffix == ".parquet":
+        records = list(_parquet(p))
+    else:
+        raise UserError(
+            f"{path}: unknown data file kind {p.suffix!r}; use .jsonl, .csv, .parquet or a "
+            "directory saved by datasets.save_to_disk"
+        )
+    if not records:
+        raise UserError(f"{path}: empty, no rows")
+    return records
+
+
+def write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
+    """One JSON object per line, UTF-8."""
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _text(p: Path) -> str:
+    data = p.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise UserError(f"{p} line {line}: not valid UTF-8 (byte {e.start})") from None
+
+
+def _jsonl(p: Path) -> Iterator[Record]:
+    for number, line in enumerate(_text(p).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{p} line {number}: invalid JSON ({e.msg})") from None
+        if not isinstance(record, dict):
+            raise UserError(
+                f"{p} line {number}: expected a JSON object, got {type(record).__name__}"
+            )
+        yield f"line {number}", record
+
+
+def _csv(p: Path) -> Iterator[Record]:
+    reader = csv.DictReader(io.StringIO(_text(p), newline=""))
+    for record in reader:
+        if None in record:
+            raise UserError(f"{p} line {reader.line_num}: more values than header columns")
+        yield f"line {reader.line_num}", dict(record)
+
+
+def _parquet(p: Path) -> Iterator[Record]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UserError(
+            f"{p}: reading Parquet needs pyarrow (pip install 'oncurve[data]')"
+        ) from None
+    for number, record in enumerate(pq.read_table(p).to_pylist(), start=1):
+        yield f"row {number}", record
+
+
+def _saved_dataset(p: Path) -> Iterator[Record]:
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(
+            f"{p}: reading a saved dataset directory needs the datasets package "
+            "(pip install 'oncurve[data]')"
+        ) from None
+    try:
+        data = datasets.load_from_disk(str(p))
+    except FileNotFoundError as e:
+        raise UserError(f"{p}: not a directory saved by datasets.save_to_disk ({e})") from None
+    if isinstance(data, datasets.DatasetDict):
+        splits = list(data)
+        if "train" in data:
+            data = data["train"]
+        elif len(splits) == 1:
+            data = data[splits[0]]
+        else:
+            raise UserError(f"{p}: dataset has splits {splits} and none is 'train'; save one split")
+    for number, record in enumerate(data, start=1):
+        yield f"row {number}", dict(record)

@@ -1,0 +1,159 @@
+import pytest
+
+from oncurve.rewards import answers_match, extract_answer, resolve_reward
+from oncurve.rewards.format import (
+    format_reward,
+    length_penalty,
+    overlong_penalty,
+    tags_format_reward,
+)
+from oncurve.rewards.math import has_math_verify
+
+EXTRACT_CASES = [
+    # (text, style, expected)
+    ("<answer>42</answer>", "auto", "42"),
+    ("<think>maybe 3</think><answer> 7 </answer>", "auto", "7"),
+    ("<answer>1</answer> then <answer>2</answer>", "tags", "2"),
+    ("<ANSWER>5</ANSWER>", "tags", "5"),
+    ("<answer>unterminated 5", "tags", None),
+    ("<answer>\\boxed{12}</answer>", "auto", "12"),
+    ("so the answer is \\boxed{\\frac{1}{2}}.", "auto", "\\frac{1}{2}"),
+    ("\\boxed{\\boxed{5}}", "boxed", "5"),
+    ("\\boxed{x^{2}+\\frac{1}{\\sqrt{2}}}", "boxed", "x^{2}+\\frac{1}{\\sqrt{2}}"),
+    ("first \\boxed{1}, finally \\boxed{2}", "boxed", "2"),
+    ("\\boxed{a + \\boxed{b}}", "boxed", "a + \\boxed{b}"),
+    ("\\boxed {3}", "boxed", "3"),
+    ("the answer is \\boxed 7.", "boxed", "7"),
+    ("\\fbox{9}", "boxed", "9"),
+    ("\\boxed{unbalanced", "boxed", None),
+    ("no box here 5", "boxed", None),
+    ("Natalia sold 48+24 = 72 clips.\n#### 72", "gsm8k", "72"),
+    ("#### 1,000\nextra", "gsm8k", "1,000"),
+    ("#### -5", "auto", "-5"),
+    ("####   \n", "gsm8k", None),
+    ("The total is 1,234,567 dollars.", "last_number", "1,234,567"),
+    ("values 1,2,3", "last_number", "3"),
+    ("It is -3.5.", "last_number", "-3.5"),
+    ("x is 3/4 of y", "last_number", "3/4"),
+    ("first 10 then 20", "auto", "20"),
+    ("a .5 chance", "last_number", ".5"),
+    ("version v2 and x3", "last_number", None),
+    ("no digits at all", "auto", None),
+    ("", "auto", None),
+]
+
+
+@pytest.mark.parametrize(("text", "style", "expected"), EXTRACT_CASES)
+def test_extract_answer(text: str, style: str, expected: str | None) -> None:
+    assert extract_answer(text, style) == expected
+
+
+def test_extract_answer_rejects_unknown_style() -> None:
+    with pytest.raises(ValueError, match="style must be one of"):
+        extract_answer("1", "xml")
+
+
+MATCH_CASES = [
+    # (predicted, gold, expected)
+    ("42", "42", True),
+    ("1,000", "1000", True),
+    ("1000.0", "1000", True),
+    ("1000.00", "1,000", True),
+    ("1,000", "100", False),
+    ("3/4", "\\frac{3}{4}", True),
+    ("0.75", "\\dfrac{3}{4}", True),
+    ("\\tfrac34", "0.75", True),
+    ("-\\frac{3}{4}", "-0.75", True),
+    ("\\frac{-3}{4}", "-3/4", True),
+    ("-5", "5", False),
+    ("-5", "-5.0", True),
+    ("5.", "5", True),
+    ("$5$", "5", True),
+    ("\\$18", "18", True),
+    (" 18 ", "18", True),
+    ("x = 5", "5", True),
+    ("50\\%", "50", True),
+    ("90^\\circ", "90", True),
+    ("\\text{(B)}", "(B)", True),
+    ("b", "B", True),
+    ("\\boxed{7}", "7", True),
+    ("0.333", "1/3", False),
+    ("1e3", "1000", True),
+    ("2", "3", False),
+    (None, "3", False),
+    ("", "0", False),
+    ("1/0", "1", False),
+]
+
+
+@pytest.mark.parametrize(("predicted", "gold", "expected"), MATCH_CASES)
+def test_answers_match(predicted: str | None, gold: str, expected: bool) -> None:
+    assert answers_match(predicted, gold) is expected
+
+
+SYMBOLIC_CASES = [
+    ("\\frac{\\sqrt{2}}{2}", "\\sqrt{2}/2", True),
+    ("(x+1)^2", "x^2+2x+1", True),
+    ("\\pi", "3.14", False),
+    ("2\\sqrt{3}", "\\sqrt{12}", True),
+]
+
+
+@pytest.mark.skipif(not has_math_verify(), reason="math-verify (extra `math`) not installed")
+@pytest.mark.parametrize(("predicted", "gold", "expected"), SYMBOLIC_CASES)
+def test_answers_match_symbolic(predicted: str, gold: str, expected: bool) -> None:
+    assert answers_match(predicted, gold) is expected
+
+
+def test_correct_reward_scores_and_skips_missing_gold() -> None:
+    name, fn = resolve_reward("correct")
+    completions = ["<answer>1,000</answer>", "#### 7", "I think 3", "nothing"]
+    scores = fn(["p"] * 4, completions, answer=["1000", "8", "", "1"])
+    assert name == "correct"
+    assert scores == [1.0, 0.0, None, 0.0]
+
+
+def test_correct_reward_needs_answer_column() -> None:
+    with pytest.raises(ValueError, match="'answer' column"):
+        resolve_reward("correct")[1](["p"], ["1"], numbers=["1"])
+
+
+def test_format_rewards() -> None:
+    good = "<think>\nwork\n</think>\n<answer>4</answer>\n"
+    completions = [good, "<answer>4</answer>", "<think>w</think><answer>4</answer> extra", "x"]
+    assert format_reward(["p"] * 4, completions) == [1.0, 0.0, 0.0, 0.0]
+    assert tags_format_reward(["p"] * 4, completions) == [1.0, 1.0, 1.0, 0.0]
+    # the R1-Zero template opens <think> in the prompt
+    assert format_reward(["Assistant: <think>"], ["w</think><answer>4</answer>"]) == [1.0]
+
+
+def test_overlong_penalty_matches_dapo() -> None:
+    lengths = [0, 12, 13, 14, 16, 20]
+    scores = overlong_penalty(
+        [""] * 6, [""] * 6, max_len=16, buffer=4, factor=1.0, completion_lengths=lengths
+    )
+    assert scores == [0.0, 0.0, -0.25, -0.5, -1.0, -1.0]
+    # character lengths when the trainer's token lengths are absent
+    assert overlong_penalty(["", ""], ["abc", "abcdef"], max_len=6, buffer=2, factor=0.5) == [
+        0.0,
+        -0.5,
+    ]
+    with pytest.raises(ValueError, match="buffer"):
+        overlong_penalty([""], [""], max_len=4, buffer=8)
+
+
+def test_length_penalty() -> None:
+    scores = length_penalty([""] * 3, [""] * 3, max_len=10, completion_lengths=[0, 5, 30])
+    assert scores == [0.0, -0.5, -1.0]
+
+
+def test_resolve_reward_import_path_and_errors() -> None:
+    name, fn = resolve_reward("oncurve.rewards.format:tags_format_reward")
+    assert name == "tags_format_reward"
+    assert fn is tags_format_reward
+    with pytest.raises(ValueError, match="cannot import module 'no_such_mod'"):
+        resolve_reward("no_such_mod:f")
+    with pytest.raises(ValueError, match="has no attribute 'nope'"):
+        resolve_reward("oncurve.rewards.format:nope")
+    with pytest.raises(ValueError, match="not a built-in"):
+        resolve_reward("corect")

@@ -1,0 +1,144 @@
+import json
+
+import pytest
+
+from oncurve.data import load_rows
+from oncurve.rewards import answers_match, extract_answer
+from oncurve.tasks.convert import gsm8k_rows, main, math_rows
+
+ROWS = [
+    {"question": "1+1?", "result": 2, "level": "easy"},
+    {"question": "2*3?", "result": 6, "level": "hard"},
+]
+EXPECTED = [
+    {"level": "easy", "prompt": "1+1?", "answer": "2"},
+    {"level": "hard", "prompt": "2*3?", "answer": "6"},
+]
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+def test_jsonl_with_field_mapping(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(ROWS[0]) + "\n\n" + json.dumps(ROWS[1]) + "\n", encoding="utf-8")
+    assert load_rows(str(path), "question", "result") == EXPECTED
+
+
+def test_csv(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text('question,result,level\n1+1?,2,easy\n"2*3?",6,hard\n', encoding="utf-8")
+    assert load_rows(str(path), "question", "result") == EXPECTED
+
+
+def test_parquet(tmp_path):
+    pa = pytest.importorskip("pyarrow", reason="pyarrow (extra `data`) not installed")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(ROWS), path)
+    assert load_rows(str(path), "question", "result") == EXPECTED
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_saved_dataset_directory(tmp_path, as_dict):
+    datasets = pytest.importorskip("datasets", reason="datasets (extra `data`) not installed")
+    data = datasets.Dataset.from_list(ROWS)
+    if as_dict:
+        data = datasets.DatasetDict({"train": data, "test": data.select([0])})
+    data.save_to_disk(str(tmp_path / "saved"))
+    assert load_rows(str(tmp_path / "saved"), "question", "result") == EXPECTED
+
+
+def test_bad_files(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"empty.jsonl: empty, no rows"):
+        load_rows(str(empty))
+
+    missing = _write_jsonl(tmp_path / "missing.jsonl", [{"prompt": "a", "answer": "1"}, {"q": 1}])
+    with pytest.raises(ValueError, match=r"missing.jsonl line 2: missing field 'prompt'"):
+        load_rows(missing)
+    with pytest.raises(ValueError, match=r"line 1: missing field 'result'"):
+        load_rows(missing, answer_field="result")
+
+    binary = tmp_path / "latin1.jsonl"
+    binary.write_bytes(b'{"prompt": "a", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "2"}\n')
+    with pytest.raises(ValueError, match=r"latin1.jsonl line 2: not valid UTF-8"):
+        load_rows(str(binary))
+
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": \n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"broken.jsonl line 2: invalid JSON"):
+        load_rows(str(broken))
+
+    long = _write_jsonl(tmp_path / "long.jsonl", [{"prompt": "ab", "answer": "1"}] * 2)
+    assert len(load_rows(long, max_prompt_chars=2)) == 2
+    with pytest.raises(ValueError, match=r"line 1: field 'prompt' has 2 characters, more than"):
+        load_rows(long, max_prompt_chars=1)
+
+    csv_path = tmp_path / "d.csv"
+    csv_path.write_text("prompt,answer\na,1\nb,2,extra\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"d.csv line 3: more values than header columns"):
+        load_rows(str(csv_path))
+
+    with pytest.raises(ValueError, match=r"no such file"):
+        load_rows(str(tmp_path / "nope.jsonl"))
+    with pytest.raises(ValueError, match=r"unknown data file kind '.txt'"):
+        (tmp_path / "d.txt").write_text("x")
+        load_rows(str(tmp_path / "d.txt"))
+
+
+def test_gsm8k_converter(tmp_path):
+    source = _write_jsonl(
+        tmp_path / "train.jsonl",
+        [
+            {"question": "Q1", "answer": "She has 2 + 3 = <<2+3=5>>5.\n#### 5"},
+            {"question": "Q2", "answer": "Total 1,200 + 34 = 1,234\n#### 1,234"},
+        ],
+    )
+    rows = gsm8k_rows(source)
+    assert [r["answer"] for r in rows] == ["5", "1234"]
+    assert rows[0]["prompt"].startswith("Q1\n") and "\\boxed{}" in rows[0]["prompt"]
+    # the prompt's answer format is what the `correct` reward extracts
+    assert answers_match(extract_answer("so \\boxed{1,234}."), rows[1]["answer"])
+
+    dest = tmp_path / "out.jsonl"
+    assert main(["gsm8k", source, str(dest)]) == 0
+    assert load_rows(str(dest)) == rows
+
+    bad = _write_jsonl(tmp_path / "bad.jsonl", [{"question": "Q", "answer": "no marker"}])
+    with pytest.raises(ValueError, match=r"bad.jsonl line 1: field 'answer' has no '####"):
+        gsm8k_rows(bad)
+
+
+def test_math_converter_file_and_directory(tmp_path):
+    problems = [
+        {
+            "problem": "P1",
+            "solution": "So $x = \\boxed{\\frac{1}{2}}$.",
+            "level": "Level 2",
+            "type": "Algebra",
+        },
+        {
+            "problem": "P2",
+            "solution": "Thus \\boxed{\\{1, 2\\}}.",
+            "level": "Level 5",
+            "type": "Counting",
+        },
+    ]
+    from_file = math_rows(_write_jsonl(tmp_path / "math.jsonl", problems))
+    assert [r["answer"] for r in from_file] == ["\\frac{1}{2}", "\\{1, 2\\}"]
+    assert from_file[1]["level"] == "Level 5" and from_file[1]["type"] == "Counting"
+
+    tree = tmp_path / "MATH" / "train" / "algebra"
+    tree.mkdir(parents=True)
+    for i, problem in enumerate(problems):
+        (tree / f"{i}.json").write_text(json.dumps(problem), encoding="utf-8")
+    assert math_rows(str(tmp_path / "MATH")) == from_file
+
+    bad = _write_jsonl(tmp_path / "bad.jsonl", [{"problem": "P", "solution": "no box"}])
+    with pytest.raises(ValueError, match=r"line 1: field 'solution' has no \\boxed"):
+        math_rows(bad)

@@ -1,0 +1,41 @@
+import pytest
+
+from oncurve.rewards.runner import RewardRunner
+from oncurve.tasks import get_task
+
+pytest.importorskip("reasoning_gym", reason="reasoning-gym (extra `gym`) not installed")
+
+
+@pytest.mark.parametrize("dataset", ["basic_arithmetic", "leg_counting"])
+def test_gym_task_scores_with_dataset_scorer(dataset):
+    task = get_task(f"gym:{dataset}")
+    train = task.examples("train", 40, seed=0)
+    test = task.examples("test", 10, seed=0)
+    assert len(train) == 40 and len(test) == 10
+    assert train == task.examples("train", 40, seed=0)
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
+    assert all("<answer>" in r["prompt"] for r in train)
+
+    rows = train[:4]
+    completions = [
+        f"<think>ok</think><answer>{rows[0]['answer']}</answer>",
+        f"<answer>{rows[1]['answer']}</answer>",
+        f"the answer is {rows[2]['answer']}",  # untagged: the dataset's scorer gets None
+        "<answer>not a number</answer>",
+    ]
+    columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
+    runner = RewardRunner([(n, fn, 1.0) for n, fn in task.reward_fns().items()], timeout_s=5.0)
+    result = runner.score([r["prompt"] for r in rows], completions, columns)
+    assert result.total.tolist() == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_unknown_gym_dataset_lists_choices():
+    with pytest.raises(
+        ValueError, match=r"gym:no_such_set: unknown reasoning-gym dataset; .*leg_counting"
+    ):
+        get_task("gym:no_such_set")
+
+
+def test_unknown_task_lists_choices():
+    with pytest.raises(ValueError, match=r"unknown task 'nope'; choices: arith, countdown, gym:"):
+        get_task("nope")

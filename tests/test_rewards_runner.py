@@ -1,0 +1,127 @@
+import math
+import time
+
+import pytest
+import torch
+
+from oncurve.rewards.runner import RewardError, RewardRunner
+
+NAN = math.nan
+
+
+def ones(prompts, completions, **columns):
+    return [1.0] * len(completions)
+
+
+def by_text(prompts, completions, **columns):
+    """len(text) per row; "hang" loops forever, "boom" raises, "none" is None."""
+    out = []
+    for text in completions:
+        if text == "hang":
+            while True:
+                time.sleep(0.01)
+        if text == "boom":
+            raise KeyError("bad row")
+        out.append(None if text == "none" else float(len(text)))
+    return out
+
+
+def _score(runner, completions, **columns):
+    return runner.score(["p"] * len(completions), completions, columns)
+
+
+def _close(actual, expected):
+    torch.testing.assert_close(actual, torch.tensor(expected), equal_nan=True, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])
+def test_weighted_sum_nones_and_metrics(timeout_s):
+    def half(prompts, completions, answer):
+        return [0.5 if a == "y" else None for a in answer]
+
+    runner = RewardRunner([("ones", ones, 2.0), ("half", half, 4.0)], timeout_s=timeout_s)
+    result = _score(runner, ["a", "b", "c"], answer=["y", "n", "y"])
+    _close(result.per_fn, [[1.0, 0.5], [1.0, NAN], [1.0, 0.5]])
+    # a None among several functions counts 0 in the sum
+    _close(result.total, [4.0, 2.0, 4.0])
+    assert result.metrics == {
+        "reward/ones": 1.0,
+        "reward/half": 0.5,
+        "reward/timeouts": 0.0,
+        "reward/errors": 0.0,
+    }
+
+
+def test_all_none_row_is_nan_and_nan_inf_are_none():
+    def odd(prompts, completions, **columns):
+        return [None, math.nan, math.inf, 2]
+
+    result = _score(RewardRunner([("odd", odd, 1.0)], timeout_s=None), ["a", "b", "c", "d"])
+    _close(result.total, [NAN, NAN, NAN, 2.0])
+    assert result.metrics["reward/odd"] == 2.0
+
+
+def test_closures_work_in_the_forked_child():
+    offset = 3.0
+    runner = RewardRunner([("shift", lambda p, c, **k: [offset + len(t) for t in c], 1.0)])
+    _close(_score(runner, ["ab", "abcd"]).total, [5.0, 7.0])
+
+
+def test_hung_row_is_stopped_scored_and_counted():
+    runner = RewardRunner([("by_text", by_text, 1.0)], timeout_s=0.5, timeout_score=-1.0)
+    start = time.perf_counter()
+    result = _score(runner, ["ab", "hang", "abc"])
+    # the batch call and the hung row each wait one timeout; the other rows are still scored
+    assert time.perf_counter() - start < 5.0
+    _close(result.per_fn[:, 0], [2.0, -1.0, 3.0])
+    assert result.metrics["reward/timeouts"] == 1.0
+
+
+def test_timeout_score_none_leaves_row_out():
+    runner = RewardRunner([("ones", ones, 1.0), ("by_text", by_text, 1.0)], timeout_s=0.5)
+    result = _score(runner, ["hang", "abc"])
+    _close(result.per_fn, [[1.0, NAN], [1.0, 3.0]])
+    assert result.metrics["reward/by_text"] == 3.0
+    assert result.metrics["reward/timeouts"] == 1.0
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])
+def test_exception_stops_naming_function_and_sample(timeout_s):
+    runner = RewardRunner([("by_text", by_text, 1.0)], timeout_s=timeout_s)
+    with pytest.raises(RewardError, match=r"reward 'by_text' failed on sample 2: KeyError"):
+        _score(runner, ["a", "b", "boom", "c"])
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])
+def test_exception_scored_none_and_counted(timeout_s):
+    runner = RewardRunner([("by_text", by_text, 1.0)], timeout_s=timeout_s, on_error="none")
+    result = _score(runner, ["a", "boom", "abc", "boom"])
+    _close(result.total, [1.0, NAN, 3.0, NAN])
+    assert result.metrics["reward/errors"] == 2.0
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])
+@pytest.mark.parametrize(
+    ("returned", "message"),
+    [
+        ([1.0], r"returned 1 values for 2 completions"),
+        ([1.0, "high"], r"returned 'high' \(str\) for sample 1; expected a float or None"),
+        ([1.0, [2.0]], r"returned \[2.0\] \(list\) for sample 1"),
+        (0.5, r"returned float; expected a list of 2 floats or None"),
+        ("11", r"returned str"),
+    ],
+)
+def test_bad_return_values_stop_with_clear_message(timeout_s, returned, message):
+    runner = RewardRunner([("bad", lambda p, c, **k: returned, 1.0)], timeout_s=timeout_s)
+    with pytest.raises(RewardError, match="reward 'bad' " + message):
+        _score(runner, ["a", "b"])
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="on_error"):
+        RewardRunner([("ones", ones, 1.0)], on_error="skip")
+    with pytest.raises(ValueError, match="unique"):
+        RewardRunner([("ones", ones, 1.0), ("ones", ones, 1.0)])
+    runner = RewardRunner([("ones", ones, 1.0)], timeout_s=None)
+    with pytest.raises(ValueError, match="column 'answer' has 1 values for 2 completions"):
+        _score(runner, ["a", "b"], answer=["1"])
