@@ -121,7 +121,10 @@ def test_report_of_one_run_has_every_figure_and_the_samples(tmp_path):
     shown = re.findall(r"completion of step (\d+)", samples)
     assert shown == ["1"] * 4 + ["16"] * 4 + ["30"] * 4
     assert "&lt;script&gt;x&lt;/script&gt;" in samples and "&lt;b&gt;" in samples
-    assert "<td>ANSWER</td>".replace("ANSWER", "31") in samples  # answer of step 30, k=1
+    assert "<td>31</td>" in samples  # the answer of step 30, k=1
+    config = re.search('<section id="config">(.*?)</section>', page, re.S).group(1)
+    assert "<summary>Resolved config (3 settings)</summary>" in config
+    assert "<td><code>algo.beta</code></td><td>0.04</td>" in config
 
 
 def test_plotted_values_are_the_logged_ones(tmp_path):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -65,7 +66,7 @@ FIGURES = (
                 band="reward/std",
             ),
         ),
-        "Mean training reward per step (band: +- std over the batch) and the mean of each "
+        "Mean training reward per step (band: ± std over the batch) and the mean of each "
         "reward function (reward/<name>).",
     ),
     FigureSpec(
@@ -463,11 +464,22 @@ def _config_section(runs: list[Run]) -> str:
     head = "<tr><th>setting</th>" + "".join(f"<th>{html.escape(n)}</th>" for n in configs) + "</tr>"
     body = "".join(
         f"<tr><td><code>{html.escape(k)}</code></td>"
-        + "".join(f"<td>{_cell(c.get(k))}</td>" for c in configs.values())
+        + "".join(f"<td>{_config_value(c, k)}</td>" for c in configs.values())
         + "</tr>"
         for k in keys
     )
-    return f'<table class="config">{head}{body}</table>'
+    table = f'<table class="config">{head}{body}</table>'
+    if len(configs) > 1:
+        return "<p>Settings that differ between the runs.</p>" + table
+    return f"<details><summary>Resolved config ({len(keys)} settings)</summary>{table}</details>"
+
+
+def _config_value(config: dict, key: str) -> str:
+    if key not in config:
+        return "&ndash;"
+    value = config[key]
+    # As YAML spells them (null, false), so that values can be pasted back as overrides.
+    return html.escape(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
 
 
 def _flatten(tree, prefix: str = "") -> dict:
@@ -495,6 +507,7 @@ td.num { text-align: right; white-space: nowrap; }
 .phase { color: #777; font-size: 0.85em; }
 table.samples { width: 100%; table-layout: fixed; }
 table.samples th:nth-child(-n+3) { width: 6em; }
+table.samples th:nth-child(4) { width: 30%; }
 .text { white-space: pre-wrap; word-break: break-word; font-family: ui-monospace, monospace;
         font-size: 0.85em; max-height: 16em; overflow: auto; }
 """
