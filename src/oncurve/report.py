@@ -316,7 +316,7 @@ def _draw_lines(
         weight = _weight(panel, len(steps), smoothing)
         line = values
         if weight > 0:
-            ax.plot(steps, values, color=color, linestyle=style, linewidth=0.8, alpha=0.3)
+            ax.plot(steps, values, color=color, linestyle=style, linewidth=0.6, alpha=0.2)
             line = ema(values, weight)
         ax.plot(
             steps,
