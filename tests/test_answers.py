@@ -96,6 +96,8 @@ SYMBOLIC_CASES = [
     ("(x+1)^2", "x^2+2x+1", True),
     ("\\pi", "3.14", False),
     ("2\\sqrt{3}", "\\sqrt{12}", True),
+    ("x^2 + 2xy + y^2", "(x+y)^2", True),
+    ("2^{10}", "1,024", True),
 ]
 
 
@@ -103,6 +105,19 @@ SYMBOLIC_CASES = [
 @pytest.mark.parametrize(("predicted", "gold", "expected"), SYMBOLIC_CASES)
 def test_answers_match_symbolic(predicted: str, gold: str, expected: bool) -> None:
     assert answers_match(predicted, gold) is expected
+
+
+def test_prose_is_not_sent_to_math_verify(monkeypatch) -> None:
+    import oncurve.rewards.math
+
+    def fail(*args):
+        raise AssertionError("symbolic_equal called")
+
+    monkeypatch.setattr(oncurve.rewards.math, "symbolic_equal", fail)
+    assert answers_match("the answer is forty two", "42") is False
+    assert answers_match("x" * 101, "x") is False
+    with pytest.raises(AssertionError, match="symbolic_equal called"):
+        answers_match("\\sqrt{4}", "2")
 
 
 def test_correct_reward_scores_and_skips_missing_gold() -> None:

@@ -11,7 +11,8 @@ Extraction styles (`extract_answer`):
 Matching (`answers_match`) is exact after normalisation (whitespace, `$`, a trailing period,
 `\\text{}`, `\\left`/`\\right`, a leading `x =`), then numeric with exact rationals (`1,000` =
 `1000` = `1000.0`, `0.75` = `3/4` = `\\frac{3}{4}`), then symbolic through `math-verify` when
-that optional extra is installed and either side is not a plain number.
+that optional extra is installed, either side is not a plain number, and both look like math
+(at most 100 characters, no run of 4+ letters outside LaTeX commands).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ _GSM8K_RE = re.compile(r"####\s*([^\n]*)")
 # Thousands groups must be exact (`1,000`, not `1,00`), so a list like `1,2,3` gives `3`.
 _NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+"
 _NUMBER_RE = re.compile(rf"(?<![\w.])(?:{_NUMBER})(?![\w])")
+MAX_SYMBOLIC_CHARS = 100
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 
 
@@ -59,6 +61,8 @@ def answers_match(predicted: str | None, gold: str) -> bool:
     pred_num, ref_num = parse_number(pred), parse_number(ref)
     if pred_num is not None and ref_num is not None:
         return pred_num == ref_num
+    if not (_looks_symbolic(pred) and _looks_symbolic(ref)):
+        return False
     from oncurve.rewards.math import symbolic_equal
 
     return bool(symbolic_equal(pred, ref))
@@ -101,6 +105,14 @@ def parse_number(text: str) -> Fraction | None:
     if not re.fullmatch(r"(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?", text):
         return None
     return sign * Fraction(text)
+
+
+def _looks_symbolic(text: str) -> bool:
+    """Worth a symbolic comparison: short, and no words outside LaTeX commands. Prose costs
+    math-verify tens of milliseconds per row and never matches."""
+    return len(text) <= MAX_SYMBOLIC_CHARS and not re.search(
+        r"[a-zA-Z]{4,}", re.sub(r"\\[a-zA-Z]+", "", text)
+    )
 
 
 def _last_tag(text: str) -> str | None:
