@@ -1,0 +1,364 @@
+"""Checkpoints that survive crashes: atomic save, exact resume, keep-last-N.
+
+One checkpoint is a directory `run_dir/checkpoints/step-000010/` holding
+  model.safetensors    the policy weights (tied weights stored once: safetensors' save_model)
+  <name>.safetensors   each extra module, e.g. `reference` (once synced) or `value` (PPO critic)
+  optimizer.pt         {"optimizer": state_dict, "scheduler": state_dict | None,
+                        "optimizers": {name: state_dict}}: tensors and plain data only, read back
+                        with `torch.load(weights_only=True)`, so a crafted file cannot run code
+  rng-rank{R}.json     the python, numpy and torch CPU (+ CUDA) generator states of rank R
+  state.json           the trainer's counters (step, data position, tokens, world size...)
+  COMPLETE             written last; a directory without it is never loaded
+and `run_dir/checkpoints/latest` names the newest complete one.
+
+Save protocol: every file goes into `checkpoints/.tmp-step-000010-<pid>/` and is fsynced; the
+directory is fsynced and renamed to its final name; `latest` is replaced atomically; only then
+are checkpoints beyond `keep_last` removed. A process killed anywhere in between leaves `latest`
+on a complete checkpoint. Leftover `.tmp-*` / `.trash-*` entries of a killed save are ignored by
+`latest_checkpoint` and removed by the next save. One process saves into a run directory at a
+time (rank 0 in a distributed run).
+"""
+
+import json
+import os
+import pickle
+import random
+import re
+import shutil
+import sys
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from safetensors import SafetensorError
+from safetensors.torch import load_model, save_model
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+from oncurve.errors import UserError
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+COMPLETE = "COMPLETE"
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+STATE_FILE = "state.json"
+_STEP_DIR = re.compile(r"step-(\d+)")
+_LEFTOVER_PREFIXES = (".tmp-", ".trash-")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written (disk full, unwritable directory).
+
+    The previous checkpoint and the `latest` pointer are left as they were.
+    """
+
+
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: Optimizer,
+    scheduler: LRScheduler | None,
+    state: dict,
+    *,
+    keep_last: int = 2,
+    modules: dict[str, nn.Module] | None = None,
+    optimizers: dict[str, Optimizer] | None = None,
+) -> Path:
+    """Write the checkpoint of `step` atomically and return its directory.
+
+    `state` must be JSON-able. `modules` / `optimizers` are extra models and optimizers saved
+    under their names. Keeps the new checkpoint plus the `keep_last - 1` newest ones of earlier
+    steps; later steps (an abandoned run resumed from an older checkpoint) are removed too.
+    Pass the unwrapped model (not the DDP wrapper). In a distributed run every rank must call
+    this (the RNG states of all ranks are gathered); rank 0 writes. Raises `CheckpointError`
+    on an OS error, leaving the previous checkpoint intact.
+    """
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+    modules, optimizers = modules or {}, optimizers or {}
+    if "model" in modules:
+        raise ValueError("modules: the name 'model' is taken by the policy model")
+    state_text = json.dumps(state)  # not JSON-able -> fail before anything touches the disk
+    rank, world = _rank_and_world()
+    rng_states = [_rng_state()]
+    if world > 1:
+        local_rng, rng_states = rng_states[0], [None] * world
+        dist.all_gather_object(rng_states, local_rng)
+    root = Path(run_dir) / CHECKPOINTS
+    final = root / f"step-{step:06d}"
+    error = None
+    if rank == 0:
+        try:
+            _write_checkpoint(
+                root, final, step, model, optimizer, scheduler, state_text, rng_states,
+                modules, optimizers,
+            )  # fmt: skip
+        except (OSError, SafetensorError) as err:
+            reason = str(err).replace("\n", " ")
+            error = f"cannot save checkpoint {final}: {reason}; the previous checkpoint is kept"
+    if world > 1:
+        shared = [error]
+        dist.broadcast_object_list(shared, src=0)
+        error = shared[0]
+    if error is not None:
+        raise CheckpointError(error)
+    if rank == 0:
+        _prune(root, final, keep_last)
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of `run_dir`, or None when there is none.
+
+    Follows the `latest` pointer; when it is missing or names a directory that is not complete,
+    falls back to the complete `step-*` directory with the highest step.
+    """
+    root = Path(run_dir) / CHECKPOINTS
+    pointer = root / LATEST
+    if pointer.is_file():
+        name = pointer.read_text(encoding="utf-8").strip()
+        if _STEP_DIR.fullmatch(name) and (root / name / COMPLETE).is_file():
+            return root / name
+    complete = _complete_checkpoints(root)
+    return complete[-1] if complete else None
+
+
+def load_checkpoint(
+    path: Path,
+    model: nn.Module,
+    optimizer: Optimizer,
+    scheduler: LRScheduler | None,
+    *,
+    modules: dict[str, nn.Module] | None = None,
+    optimizers: dict[str, Optimizer] | None = None,
+) -> dict:
+    """Restore weights, optimizer, scheduler and this rank's RNG states; return `state`.
+
+    Raises `UserError` naming the file when the checkpoint is incomplete, a file is missing or
+    does not match the model/optimizer, or `optimizer.pt` holds anything but tensors and plain
+    data (it is never unpickled beyond what `weights_only=True` allows).
+    """
+    path = Path(path)
+    if not (path / COMPLETE).is_file():
+        raise UserError(f"checkpoint {path} is not complete (no {COMPLETE} marker); not loaded")
+    _load_weights(path / MODEL_FILE, model)
+    for name, module in (modules or {}).items():
+        _load_weights(path / f"{name}.safetensors", module)
+    opt_file = path / OPTIMIZER_FILE
+    saved = _load_torch_file(opt_file)
+    try:
+        optimizer.load_state_dict(saved["optimizer"])
+        for name, extra in (optimizers or {}).items():
+            extra.load_state_dict(saved["optimizers"][name])
+        if scheduler is not None:
+            scheduler.load_state_dict(saved["scheduler"])
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        what = f"missing entry {err}" if isinstance(err, KeyError) else str(err)
+        raise UserError(
+            f"checkpoint file {opt_file} does not match the optimizer: {what}"
+        ) from None
+    rank, _ = _rank_and_world()
+    _set_rng_state(_read_json(path / f"rng-rank{rank}.json"))
+    return _read_json(path / STATE_FILE)
+
+
+# -- saving ----------------------------------------------------------------------------------
+
+
+def _write_checkpoint(
+    root: Path,
+    final: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: Optimizer,
+    scheduler: LRScheduler | None,
+    state_text: str,
+    rng_states: list[dict],
+    modules: dict[str, nn.Module],
+    optimizers: dict[str, Optimizer],
+) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(root)
+    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    trash = root / f".trash-{final.name}-{os.getpid()}"
+    try:
+        tmp.mkdir()
+        _write(tmp / MODEL_FILE, partial(save_model, model))
+        for name, module in modules.items():
+            _write(tmp / f"{name}.safetensors", partial(save_model, module))
+        opt_state = {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "optimizers": {name: opt.state_dict() for name, opt in optimizers.items()},
+        }
+        _write(tmp / OPTIMIZER_FILE, partial(torch.save, opt_state))
+        for rank, rng in enumerate(rng_states):
+            _write(tmp / f"rng-rank{rank}.json", partial(_write_text, json.dumps(rng)))
+        _write(tmp / STATE_FILE, partial(_write_text, state_text))
+        _write(tmp / COMPLETE, partial(_write_text, f"{step}\n"))
+        _fsync(tmp)
+        # Saving a step again (e.g. after resuming from it): a directory cannot be renamed onto
+        # a non-empty one, so the old copy steps aside for the two renames.
+        if final.exists():
+            _replace(final, trash)
+        _replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if trash.exists() and not final.exists():
+            os.replace(trash, final)
+        raise
+    pointer_tmp = root / f".tmp-{LATEST}-{os.getpid()}"
+    try:
+        _write(pointer_tmp, partial(_write_text, f"{final.name}\n"))
+        _replace(pointer_tmp, root / LATEST)
+    except BaseException:
+        pointer_tmp.unlink(missing_ok=True)
+        raise
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _prune(root: Path, newest: Path, keep_last: int) -> None:
+    """Remove complete checkpoints beyond `keep_last`, never `newest`; failures only warn."""
+    step = _step_of(newest)
+    older = [d for d in _complete_checkpoints(root) if _step_of(d) < step]
+    later = [d for d in _complete_checkpoints(root) if _step_of(d) > step]
+    for old in later + older[: len(older) - (keep_last - 1)]:
+        # Renamed first so that a kill mid-deletion cannot leave a half-deleted step directory.
+        trash = root / f".trash-{old.name}-{os.getpid()}"
+        try:
+            os.replace(old, trash)
+            shutil.rmtree(trash)
+        except OSError as err:
+            print(f"warning: could not remove old checkpoint {old}: {err}", file=sys.stderr)
+
+
+def _remove_leftovers(root: Path) -> None:
+    for entry in root.iterdir():
+        if entry.name.startswith(_LEFTOVER_PREFIXES):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
+def _write(path: Path, dump: Callable[[Path], Any]) -> None:
+    """Create one file with `dump(path)` and fsync it; every checkpoint file is written here."""
+    dump(path)
+    _fsync(path)
+
+
+def _replace(src: Path, dst: Path) -> None:
+    """Rename `src` to `dst` and fsync their directory so that the rename itself is durable."""
+    os.replace(src, dst)
+    _fsync(dst.parent)
+
+
+def _write_text(text: str, path: Path) -> None:
+    path.write_text(text, encoding="utf-8")
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- loading ---------------------------------------------------------------------------------
+
+
+def _load_weights(file: Path, module: nn.Module) -> None:
+    if not file.is_file():
+        raise UserError(f"checkpoint file {file} is missing")
+    param = next(module.parameters(), None)
+    device = str(param.device) if param is not None else "cpu"
+    try:
+        missing, unexpected = load_model(module, file, strict=False, device=device)
+    except (RuntimeError, SafetensorError) as err:
+        reason = " ".join(str(err).split())
+        raise UserError(f"checkpoint file {file} does not match the model: {reason}") from None
+    if missing or unexpected:
+        raise UserError(
+            f"checkpoint file {file} does not match the model: missing {missing}, "
+            f"unexpected {unexpected}"
+        )
+
+
+def _load_torch_file(file: Path) -> dict:
+    if not file.is_file():
+        raise UserError(f"checkpoint file {file} is missing")
+    try:
+        saved = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise UserError(
+            f"checkpoint file {file} holds objects other than tensors and plain data; "
+            "refused to load it (it could run code)"
+        ) from None
+    except (RuntimeError, EOFError) as err:
+        reason = " ".join(str(err).split())
+        raise UserError(f"checkpoint file {file} is not a readable torch file: {reason}") from None
+    if not isinstance(saved, dict):
+        raise UserError(f"checkpoint file {file} must hold a dict, got {type(saved).__name__}")
+    return saved
+
+
+def _read_json(file: Path) -> Any:
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"checkpoint file {file} is missing") from None
+    except json.JSONDecodeError as err:
+        raise UserError(f"checkpoint file {file} is not valid JSON: {err}") from None
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _complete_checkpoints(root: Path) -> list[Path]:
+    """The complete `step-*` directories of `root`, oldest step first."""
+    if not root.is_dir():
+        return []
+    found = [d for d in root.iterdir() if _STEP_DIR.fullmatch(d.name) and (d / COMPLETE).is_file()]
+    return sorted(found, key=_step_of)
+
+
+def _step_of(directory: Path) -> int:
+    return int(_STEP_DIR.fullmatch(directory.name).group(1))
+
+
+def _rank_and_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _rng_state() -> dict:
+    version, internal, gauss_next = random.getstate()
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    state = {
+        "python": [version, list(internal), gauss_next],
+        "numpy": [kind, keys.tolist(), pos, has_gauss, cached_gaussian],
+        "torch": torch.get_rng_state().tolist(),
+    }
+    # Only when CUDA is in use: asking for its state would otherwise initialise it.
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    kind, keys, pos, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])

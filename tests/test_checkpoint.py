@@ -1,0 +1,448 @@
+"""Checkpoints: bit-exact round trip, atomic saves under SIGKILL and OS errors, safe loading."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pickle
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from oncurve import checkpoint
+from oncurve.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from oncurve.errors import UserError
+
+TESTS_DIR = Path(__file__).parent
+
+
+class TiedLM(nn.Module):
+    """Embedding and output head share one weight, as in most small causal LMs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(8, 4)
+        self.mid = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 8, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.mid(self.embed(ids))))
+
+
+def make_setup(seed: int) -> tuple[TiedLM, torch.optim.Optimizer, LambdaLR]:
+    torch.manual_seed(seed)
+    model = TiedLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 4))
+    return model, optimizer, scheduler
+
+
+def train(model: nn.Module, optimizer, scheduler, steps: int) -> None:
+    """A few updates on random token ids (drawn from the torch RNG, so RNG state matters)."""
+    for _ in range(steps):
+        ids = torch.randint(0, 8, (3, 5))
+        loss = nn.functional.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+
+
+def draw() -> list:
+    return [
+        random.random(),
+        random.gauss(0, 1),
+        np.random.rand(2).tolist(),
+        float(np.random.randn()),
+        torch.rand(3).tolist(),
+    ]
+
+
+def assert_same_tensors(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], dict):
+            assert_same_tensors(a[key], b[key])
+        elif isinstance(a[key], torch.Tensor):
+            assert torch.equal(a[key], b[key]), key
+        else:
+            assert a[key] == b[key], key
+
+
+def saved_run(tmp_path: Path, steps: tuple[int, ...] = (1,), keep_last: int = 2) -> Path:
+    model, optimizer, scheduler = make_setup(0)
+    for step in steps:
+        train(model, optimizer, scheduler, 1)
+        save_checkpoint(
+            tmp_path, step, model, optimizer, scheduler, {"step": step}, keep_last=keep_last
+        )
+    return tmp_path
+
+
+def step_dirs(run: Path) -> list[str]:
+    return sorted(p.name for p in (run / "checkpoints").iterdir())
+
+
+def test_round_trip_is_bit_exact(tmp_path: Path) -> None:
+    model, optimizer, scheduler = make_setup(0)
+    value = nn.Linear(4, 1)
+    value_opt = torch.optim.SGD(value.parameters(), lr=0.1, momentum=0.9)
+    train(model, optimizer, scheduler, 3)
+    value(torch.randn(2, 4)).sum().backward()
+    value_opt.step()
+    random.gauss(0, 1)  # leaves a cached gaussian in the python and numpy states
+    np.random.randn()
+    state = {"step": 3, "data_position": [2, 17], "tokens": 1234, "world_size": 1}
+    extra = {"modules": {"value": value}, "optimizers": {"value": value_opt}}
+    path = save_checkpoint(tmp_path, 3, model, optimizer, scheduler, state, **extra)
+    at_save = draw()
+
+    model2, optimizer2, scheduler2 = make_setup(1)
+    value2 = nn.Linear(4, 1)
+    value_opt2 = torch.optim.SGD(value2.parameters(), lr=0.1, momentum=0.9)
+    train(model2, optimizer2, scheduler2, 1)
+    random.seed(5), np.random.seed(5), torch.manual_seed(5)
+    extra2 = {"modules": {"value": value2}, "optimizers": {"value": value_opt2}}
+    loaded = load_checkpoint(path, model2, optimizer2, scheduler2, **extra2)
+
+    assert loaded == state
+    assert draw() == at_save
+    assert model2.head.weight is model2.embed.weight
+    assert_same_tensors(model.state_dict(), model2.state_dict())
+    assert_same_tensors(value.state_dict(), value2.state_dict())
+    assert_same_tensors(optimizer.state_dict(), optimizer2.state_dict())
+    assert_same_tensors(value_opt.state_dict(), value_opt2.state_dict())
+    assert scheduler2.state_dict() == scheduler.state_dict()
+    # Continuing both on the same data gives the same weights: moments and LR schedule match.
+    data_rng = torch.get_rng_state()
+    train(model, optimizer, scheduler, 2)
+    torch.set_rng_state(data_rng)
+    train(model2, optimizer2, scheduler2, 2)
+    assert_same_tensors(model.state_dict(), model2.state_dict())
+    with safe_open(path / "model.safetensors", "pt") as f:  # the tied weight is stored once
+        assert sorted(f.keys()) == ["embed.weight", "mid.bias", "mid.weight"]
+
+
+def test_latest_pointer_and_keep_last(tmp_path: Path) -> None:
+    model, optimizer, scheduler = make_setup(0)
+    save_checkpoint(tmp_path, 1, model, optimizer, None, {"step": 1})
+    save_checkpoint(tmp_path, 2, model, optimizer, None, {"step": 2})
+    seen = []
+    original = checkpoint._write
+
+    def watching(path, dump):
+        seen.append((path.name, (tmp_path / "checkpoints/step-000001").is_dir()))
+        original(path, dump)
+
+    checkpoint._write = watching
+    try:
+        save_checkpoint(tmp_path, 3, model, optimizer, None, {"step": 3}, keep_last=2)
+    finally:
+        checkpoint._write = original
+    # step 1 survived every write of step 3, including the `latest` pointer, and went after.
+    assert [name for name, _ in seen][-2:] == ["COMPLETE", f".tmp-latest-{os.getpid()}"]
+    assert all(exists for _, exists in seen)
+    assert step_dirs(tmp_path) == ["latest", "step-000002", "step-000003"]
+    assert (tmp_path / "checkpoints/latest").read_text() == "step-000003\n"
+    assert latest_checkpoint(tmp_path) == tmp_path / "checkpoints/step-000003"
+
+
+def test_latest_falls_back_to_newest_complete_and_ignores_partial(tmp_path: Path) -> None:
+    saved_run(tmp_path, (1, 2, 3), keep_last=3)
+    root = tmp_path / "checkpoints"
+    (root / "step-000003/COMPLETE").unlink()  # as if a user copied a half checkpoint
+    (root / ".tmp-step-000009-4242").mkdir()
+    (root / ".tmp-step-000009-4242/COMPLETE").write_text("9\n")
+    assert latest_checkpoint(tmp_path) == root / "step-000002"  # pointer names an incomplete one
+    (root / "latest").unlink()
+    assert latest_checkpoint(tmp_path) == root / "step-000002"
+    assert latest_checkpoint(tmp_path / "nothing-here") is None
+
+
+def test_stale_temp_dirs_are_removed_by_next_save(tmp_path: Path) -> None:
+    saved_run(tmp_path, (1,))
+    root = tmp_path / "checkpoints"
+    (root / ".tmp-step-000002-99999").mkdir()
+    (root / ".tmp-step-000002-99999/model.safetensors").write_bytes(b"partial")
+    (root / ".tmp-latest-99999").write_text("step-000002\n")
+    assert latest_checkpoint(tmp_path) == root / "step-000001"
+    saved_run(tmp_path, (2,))
+    assert step_dirs(tmp_path) == ["latest", "step-000001", "step-000002"]
+
+
+def test_saving_the_same_step_again_replaces_it(tmp_path: Path) -> None:
+    saved_run(tmp_path, (1, 2), keep_last=1)
+    model, optimizer, _ = make_setup(3)
+    save_checkpoint(tmp_path, 2, model, optimizer, None, {"step": 2, "again": True}, keep_last=1)
+    assert step_dirs(tmp_path) == ["latest", "step-000002"]
+    state = json.loads((tmp_path / "checkpoints/step-000002/state.json").read_text())
+    assert state == {"step": 2, "again": True}
+
+
+def test_resumed_older_checkpoint_drops_the_abandoned_later_ones(tmp_path: Path) -> None:
+    saved_run(tmp_path, (1, 2, 3), keep_last=3)
+    model, optimizer, _ = make_setup(0)
+    save_checkpoint(tmp_path, 2, model, optimizer, None, {"step": 2}, keep_last=2)
+    assert step_dirs(tmp_path) == ["latest", "step-000001", "step-000002"]
+
+
+@pytest.mark.parametrize("failing", ["model.safetensors", "optimizer.pt", "COMPLETE", "latest"])
+def test_disk_full_keeps_previous_checkpoint(tmp_path: Path, monkeypatch, failing: str) -> None:
+    saved_run(tmp_path, (1,), keep_last=1)
+    original = checkpoint._write
+
+    def disk_full(path: Path, dump) -> None:
+        if path.name == failing or path.name.startswith(f".tmp-{failing}"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        original(path, dump)
+
+    monkeypatch.setattr(checkpoint, "_write", disk_full)
+    model, optimizer, scheduler = make_setup(1)
+    with pytest.raises(CheckpointError) as info:
+        save_checkpoint(tmp_path, 2, model, optimizer, scheduler, {"step": 2}, keep_last=1)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "No space left on device" in message
+    assert str(tmp_path / "checkpoints/step-000002") in message
+    root = tmp_path / "checkpoints"
+    assert latest_checkpoint(tmp_path) == root / "step-000001"
+    assert (root / "latest").read_text() == "step-000001\n"
+    assert not [p for p in root.iterdir() if p.name.startswith(".tmp-")]
+    model, optimizer, scheduler = make_setup(1)
+    assert load_checkpoint(root / "step-000001", model, optimizer, scheduler) == {"step": 1}
+
+
+def test_unwritable_run_dir_raises_checkpoint_error(tmp_path: Path) -> None:
+    (tmp_path / "checkpoints").write_text("a file where the directory should be")
+    model, optimizer, _ = make_setup(0)
+    with pytest.raises(
+        CheckpointError, match=r"cannot save checkpoint .*step-000001: .*File exists"
+    ):
+        save_checkpoint(tmp_path, 1, model, optimizer, None, {"step": 1})
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_read_only_checkpoints_dir_keeps_previous(tmp_path: Path) -> None:
+    saved_run(tmp_path, (1,), keep_last=1)
+    root = tmp_path / "checkpoints"
+    root.chmod(0o555)
+    try:
+        model, optimizer, _ = make_setup(0)
+        with pytest.raises(CheckpointError, match="Permission denied"):
+            save_checkpoint(tmp_path, 2, model, optimizer, None, {"step": 2}, keep_last=1)
+    finally:
+        root.chmod(0o755)
+    assert step_dirs(tmp_path) == ["latest", "step-000001"]
+
+
+# Saves step 2 over a copy of a run holding step 1 (keep_last=1), in a forked child that SIGKILLs
+# itself right after its k-th file write or rename, for k = 1, 2, ... until a save completes.
+KILL_SCRIPT = r"""
+import json, os, shutil, signal, sys
+from pathlib import Path
+import torch
+torch.set_num_threads(1)  # no thread pool exists when forking
+sys.path.insert(0, sys.argv[1])
+from test_checkpoint import make_setup, train
+from oncurve import checkpoint
+work = Path(sys.argv[2])
+model, optimizer, scheduler = make_setup(0)
+train(model, optimizer, scheduler, 1)
+checkpoint.save_checkpoint(work / "base", 1, model, optimizer, scheduler, {"step": 1}, keep_last=1)
+train(model, optimizer, scheduler, 1)
+events, kill_at = [], 0
+def hooked(kind, original):
+    def run(*args):
+        original(*args)
+        events.append([kind, args[-1 if kind == "replace" else 0].name])
+        if len(events) == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return run
+checkpoint._write = hooked("write", checkpoint._write)
+checkpoint._replace = hooked("replace", checkpoint._replace)
+outcomes = []
+for kill_at in range(1, 30):
+    run_dir = work / f"run-{kill_at}"
+    shutil.copytree(work / "base", run_dir)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            checkpoint.save_checkpoint(run_dir, 2, model, optimizer, scheduler, {"step": 2}, keep_last=1)
+            (work / "events.json").write_text(json.dumps(events))
+        finally:
+            os._exit(0)
+    status = os.waitpid(pid, 0)[1]
+    outcomes.append(os.WTERMSIG(status) if os.WIFSIGNALED(status) else -os.WEXITSTATUS(status))
+    if not os.WIFSIGNALED(status):
+        break
+(work / "outcomes.json").write_text(json.dumps(outcomes))
+"""
+
+
+def test_sigkill_at_every_write_leaves_latest_on_a_complete_checkpoint(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-c", KILL_SCRIPT, str(TESTS_DIR), str(tmp_path)], check=True, timeout=120
+    )
+    events = json.loads((tmp_path / "events.json").read_text())
+    outcomes = json.loads((tmp_path / "outcomes.json").read_text())
+    names = [name.split("-")[0] if name.startswith(".tmp-") else name for _, name in events]
+    assert names == [
+        "model.safetensors",
+        "optimizer.pt",
+        "rng-rank0.json",
+        "state.json",
+        "COMPLETE",
+        "step-000002",
+        ".tmp",
+        "latest",
+    ]
+    assert outcomes == [signal.SIGKILL] * len(events) + [0]
+    for kill_at in range(1, len(events) + 2):
+        run = tmp_path / f"run-{kill_at}"
+        expected = 2 if kill_at >= len(events) else 1  # once the `latest` rename has happened
+        found = latest_checkpoint(run)
+        assert found == run / f"checkpoints/step-{expected:06d}", kill_at
+        assert (run / "checkpoints/latest").read_text() == f"step-{expected:06d}\n"
+        model, optimizer, scheduler = make_setup(1)
+        assert load_checkpoint(found, model, optimizer, scheduler) == {"step": expected}
+        # The next save cleans whatever the killed one left behind.
+        save_checkpoint(run, 3, model, optimizer, scheduler, {"step": 3}, keep_last=1)
+        assert step_dirs(run) == ["latest", "step-000003"], kill_at
+
+
+def test_incomplete_checkpoint_is_refused(tmp_path: Path) -> None:
+    path = saved_run(tmp_path) / "checkpoints/step-000001"
+    (path / "COMPLETE").unlink()
+    model, optimizer, scheduler = make_setup(0)
+    with pytest.raises(UserError, match=r"step-000001 is not complete \(no COMPLETE marker\)"):
+        load_checkpoint(path, model, optimizer, scheduler)
+
+
+def test_mismatched_model_is_refused_with_file_name(tmp_path: Path) -> None:
+    path = saved_run(tmp_path) / "checkpoints/step-000001"
+    other = nn.Linear(4, 4)
+    with pytest.raises(UserError, match=r"model\.safetensors does not match the model"):
+        load_checkpoint(path, other, torch.optim.SGD(other.parameters(), lr=0.1), None)
+
+
+class Payload:
+    """Unpickling this runs code that creates a file."""
+
+    def __init__(self, sentinel: Path) -> None:
+        self.sentinel = sentinel
+
+    def __reduce__(self):
+        return (exec, (f"open({str(self.sentinel)!r}, 'w').close()",))
+
+
+@pytest.mark.parametrize("fmt", ["torch-zip", "raw-pickle"])
+def test_pickle_payload_in_optimizer_file_is_refused(tmp_path: Path, fmt: str) -> None:
+    path = saved_run(tmp_path / "run") / "checkpoints/step-000001"
+    proof, sentinel = tmp_path / "payload-works", tmp_path / "payload-ran"
+
+    def write(target: Path, sentinel_path: Path) -> None:
+        crafted = {"optimizer": Payload(sentinel_path), "scheduler": None, "optimizers": {}}
+        if fmt == "torch-zip":
+            torch.save(crafted, target)
+        else:
+            target.write_bytes(pickle.dumps(crafted, protocol=2))
+
+    write(tmp_path / "proof.pt", proof)  # the payload does run when unpickled unsafely
+    if fmt == "torch-zip":
+        torch.load(tmp_path / "proof.pt", weights_only=False)
+    else:
+        pickle.loads((tmp_path / "proof.pt").read_bytes())
+    assert proof.exists()
+    write(path / "optimizer.pt", sentinel)
+    model, optimizer, scheduler = make_setup(0)
+    with pytest.raises(UserError, match=r"optimizer\.pt holds objects other than tensors") as info:
+        load_checkpoint(path, model, optimizer, scheduler)
+    assert "\n" not in str(info.value)
+    assert not sentinel.exists()
+
+
+# Two gloo ranks with different RNG streams save one checkpoint; each restores its own stream.
+# Then rank 0 hits a full disk and both ranks raise the same CheckpointError.
+DIST_SCRIPT = r"""
+import errno, json, os, sys, traceback
+from pathlib import Path
+import torch
+import torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+from test_checkpoint import make_setup
+from oncurve import checkpoint
+work = Path(sys.argv[2])
+pids = []
+for rank in range(2):
+    pid = os.fork()
+    if pid:
+        pids.append(pid)
+        continue
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"file://{work}/store", rank=rank, world_size=2)
+        model, optimizer, scheduler = make_setup(0)
+        torch.manual_seed(100 + rank)
+        path = checkpoint.save_checkpoint(work / "run", 1, model, optimizer, scheduler, {"step": 1})
+        expected = torch.rand(4).tolist()
+        torch.manual_seed(7)
+        checkpoint.load_checkpoint(path, model, optimizer, scheduler)
+        got = torch.rand(4).tolist()
+        if rank == 0:
+            def disk_full(path, dump):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+            checkpoint._write = disk_full
+        try:
+            checkpoint.save_checkpoint(work / "run", 2, model, optimizer, scheduler, {"step": 2})
+            error = None
+        except checkpoint.CheckpointError as err:
+            error = str(err)
+        result = {"expected": expected, "got": got, "error": error}
+        (work / f"result-{rank}.json").write_text(json.dumps(result))
+        dist.destroy_process_group()
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    os._exit(code)
+sys.exit(int(any(os.waitpid(pid, 0)[1] for pid in pids)))
+"""
+
+
+def test_distributed_ranks_save_and_restore_their_own_rng(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-c", DIST_SCRIPT, str(TESTS_DIR), str(tmp_path)], check=True, timeout=120
+    )
+    results = [json.loads((tmp_path / f"result-{r}.json").read_text()) for r in range(2)]
+    for result in results:
+        assert result["got"] == result["expected"]
+        assert "No space left on device" in result["error"]
+    assert results[0]["expected"] != results[1]["expected"]
+    assert results[0]["error"] == results[1]["error"]
+    files = sorted(p.name for p in (tmp_path / "run/checkpoints/step-000001").iterdir())
+    assert files == [
+        "COMPLETE",
+        "model.safetensors",
+        "optimizer.pt",
+        "rng-rank0.json",
+        "rng-rank1.json",
+        "state.json",
+    ]
+    assert latest_checkpoint(tmp_path / "run") == tmp_path / "run/checkpoints/step-000001"
