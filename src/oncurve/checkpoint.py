@@ -91,15 +91,19 @@ def save_checkpoint(
     if world > 1:
         local_rng, rng_states = rng_states[0], [None] * world
         dist.all_gather_object(rng_states, local_rng)
+    opt_state = {
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "optimizers": {name: opt.state_dict() for name, opt in optimizers.items()},
+    }
     root = Path(run_dir) / CHECKPOINTS
     final = root / f"step-{step:06d}"
     error = None
     if rank == 0:
         try:
             _write_checkpoint(
-                root, final, step, model, optimizer, scheduler, state_text, rng_states,
-                modules, optimizers,
-            )  # fmt: skip
+                final, step, {"model": model, **modules}, opt_state, rng_states, state_text
+            )
         except (OSError, SafetensorError) as err:
             reason = str(err).replace("\n", " ")
             error = f"cannot save checkpoint {final}: {reason}; the previous checkpoint is kept"
@@ -173,31 +177,23 @@ def load_checkpoint(
 
 
 def _write_checkpoint(
-    root: Path,
     final: Path,
     step: int,
-    model: nn.Module,
-    optimizer: Optimizer,
-    scheduler: LRScheduler | None,
-    state_text: str,
-    rng_states: list[dict],
     modules: dict[str, nn.Module],
-    optimizers: dict[str, Optimizer],
+    opt_state: dict,
+    rng_states: list[dict],
+    state_text: str,
 ) -> None:
+    """Write every file into a temp dir, rename it to `final`, then point `latest` at it."""
+    root = final.parent
     root.mkdir(parents=True, exist_ok=True)
     _remove_leftovers(root)
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     trash = root / f".trash-{final.name}-{os.getpid()}"
     try:
         tmp.mkdir()
-        _write(tmp / MODEL_FILE, partial(save_model, model))
         for name, module in modules.items():
             _write(tmp / f"{name}.safetensors", partial(save_model, module))
-        opt_state = {
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "optimizers": {name: opt.state_dict() for name, opt in optimizers.items()},
-        }
         _write(tmp / OPTIMIZER_FILE, partial(torch.save, opt_state))
         for rank, rng in enumerate(rng_states):
             _write(tmp / f"rng-rank{rank}.json", partial(_write_text, json.dumps(rng)))
