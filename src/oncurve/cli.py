@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from oncurve.checkpoint import CheckpointError
 from oncurve.errors import UserError
 
 
@@ -25,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"oncurve: error: {err}", file=sys.stderr)
         return 2
+    except CheckpointError as err:
+        print(f"oncurve: error: {err}", file=sys.stderr)
+        return 1
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -205,6 +205,15 @@ class RunConfig:
 
 
 @dataclass
+class DistConfig:
+    nproc: int = _opt(
+        1, "ranks to launch with torchrun from `oncurve train` (data parallel)", POSITIVE
+    )
+    fsdp: bool = _opt(False, "shard weights, gradients and optimizer state with FSDP2")
+    timeout_s: float = _opt(300.0, "seconds a collective may wait before the job fails", POSITIVE)
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -218,6 +227,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
 
     @property
     def epsilon_high(self) -> float:

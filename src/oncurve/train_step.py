@@ -5,6 +5,7 @@ No I/O and no optimizer here; the trainer owns those.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -52,6 +53,34 @@ def completion_logprobs(
     return logprobs_from_hidden(
         hidden, head.weight, labels, temperature, chunk_size, head.bias, with_entropy
     )
+
+
+class PolicyLogprobs(torch.nn.Module):
+    """`completion_logprobs` as a module, so that DDP or FSDP2 can wrap the training forward
+    (their gradient hooks are armed by the wrapper's forward)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        completion_len: int,
+        temperature: float = 1.0,
+        chunk_size: int = 1024,
+        with_entropy: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return completion_logprobs(
+            self.model,
+            input_ids,
+            attention_mask,
+            completion_len,
+            temperature,
+            chunk_size,
+            with_entropy,
+        )
 
 
 @dataclass(frozen=True)
@@ -102,7 +131,7 @@ def trim_padding(batch: TrainBatch) -> TrainBatch:
 
 
 def accumulate_gradients(
-    model: torch.nn.Module,
+    policy: torch.nn.Module,
     minibatch: TrainBatch,
     fns: LossFns,
     *,
@@ -112,9 +141,11 @@ def accumulate_gradients(
 ) -> dict[str, float]:
     """Forward and backward over `minibatch` in microbatches, adding into `.grad`.
 
-    `num_seqs` and `num_tokens` are the counts of the whole optimizer step (every microbatch and,
-    under data parallelism, every rank): with them the aggregations make the sum of microbatch
-    losses equal the loss of one big batch, so gradient accumulation changes nothing.
+    `policy` is a `PolicyLogprobs`, possibly wrapped by DDP. `num_seqs` and `num_tokens` are
+    the counts of the whole optimizer step (every microbatch; under data parallelism, every
+    rank's, divided by the number of ranks because DDP averages gradients): with them the
+    aggregations make the sum of microbatch losses equal the loss of one big batch, so gradient
+    accumulation and data parallelism change nothing.
     When `minibatch.old_logprobs` is None (mu = 1) pi_old is the forward's own detached
     logprobs: the ratio is exactly 1 and its gradient is the policy gradient.
 
@@ -123,57 +154,73 @@ def accumulate_gradients(
         fractions and the ratio, plus the ratio's min and max and the largest gap between pi_old
         and the sampler's logprobs (`logprob_diff/max`, the sampler/trainer health check).
     """
-    totals: dict[str, float] = {"loss/policy": 0.0}
+    totals: dict[str, float] = {"loss/policy": 0.0, "logprob_diff/max": 0.0}
     weighted: dict[str, float] = {}
     ratio_min, ratio_max = float("inf"), float("-inf")
     tokens_seen = 0.0
-    sampler_gap = 0.0
-    for start in range(0, minibatch.num_rows, microbatch_size):
+    starts = range(0, minibatch.num_rows, microbatch_size)
+    for start in starts:
         micro = trim_padding(minibatch.rows(slice(start, start + microbatch_size)))
-        mask = micro.completion_mask.to(torch.float32)
-        logprobs, entropy = completion_logprobs(
-            model,
-            micro.input_ids,
-            micro.attention_mask,
-            mask.shape[1],
-            fns.temperature,
-            fns.chunk_size,
-            with_entropy=True,
-        )
-        old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
-        if micro.sample_logprobs is not None:
-            gap = ((old - micro.sample_logprobs).abs() * mask).max()
-            sampler_gap = max(sampler_gap, float(gap))
-        advantages = micro.advantages.unsqueeze(1).expand_as(logprobs)
-        per_token, stats = fns.policy_loss(
-            logprobs,
-            old,
-            advantages,
-            mask,
-            eps_low=fns.eps_low,
-            eps_high=fns.eps_high,
-            dual_clip=fns.dual_clip,
-        )
-        tokens = float(mask.sum())
-        if fns.beta > 0:
-            kl = fns.kl(logprobs, micro.ref_logprobs)
-            per_token = per_token + fns.beta * kl
-            stats = {**stats, "kl": masked_mean(kl.detach(), mask)}
-        stats["entropy"] = masked_mean(entropy, mask)
-        loss = fns.aggregate(
-            per_token, mask, num_seqs=num_seqs, num_tokens=num_tokens, norm_len=fns.norm_len
-        )
-        loss.backward()
+        # DDP all-reduces gradients in the last microbatch's backward only.
+        defer_sync = start != starts[-1] and hasattr(policy, "no_sync")
+        with policy.no_sync() if defer_sync else contextlib.nullcontext():
+            loss, stats = microbatch_loss(policy, micro, fns, num_seqs, num_tokens)
+            loss.backward()
+        tokens = float(micro.completion_mask.sum())
         totals["loss/policy"] += float(loss.detach())
-        ratio_min = min(ratio_min, float(stats.pop("ratio/min")))
-        ratio_max = max(ratio_max, float(stats.pop("ratio/max")))
+        totals["logprob_diff/max"] = max(totals["logprob_diff/max"], stats.pop("sampler_gap"))
+        ratio_min = min(ratio_min, stats.pop("ratio/min"))
+        ratio_max = max(ratio_max, stats.pop("ratio/max"))
         for key, value in stats.items():
-            weighted[key] = weighted.get(key, 0.0) + float(value) * tokens
+            weighted[key] = weighted.get(key, 0.0) + value * tokens
         tokens_seen += tokens
     totals.update({key: value / max(tokens_seen, 1.0) for key, value in weighted.items()})
     totals["ratio/min"], totals["ratio/max"] = ratio_min, ratio_max
-    totals["logprob_diff/max"] = sampler_gap
     return totals
+
+
+def microbatch_loss(
+    policy: torch.nn.Module,
+    micro: TrainBatch,
+    fns: LossFns,
+    num_seqs: float,
+    num_tokens: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The aggregated loss of one microbatch (policy term + beta * KL) and its statistics."""
+    mask = micro.completion_mask.to(torch.float32)
+    logprobs, entropy = policy(
+        micro.input_ids,
+        micro.attention_mask,
+        mask.shape[1],
+        fns.temperature,
+        fns.chunk_size,
+        with_entropy=True,
+    )
+    old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
+    advantages = micro.advantages.unsqueeze(1).expand_as(logprobs)
+    per_token, stats = fns.policy_loss(
+        logprobs,
+        old,
+        advantages,
+        mask,
+        eps_low=fns.eps_low,
+        eps_high=fns.eps_high,
+        dual_clip=fns.dual_clip,
+    )
+    if fns.beta > 0:
+        kl = fns.kl(logprobs, micro.ref_logprobs)
+        per_token = per_token + fns.beta * kl
+        stats["kl"] = masked_mean(kl.detach(), mask)
+    stats["entropy"] = masked_mean(entropy, mask)
+    stats["sampler_gap"] = (
+        ((old - micro.sample_logprobs).abs() * mask).max()
+        if micro.sample_logprobs is not None
+        else torch.tensor(0.0)
+    )
+    loss = fns.aggregate(
+        per_token, mask, num_seqs=num_seqs, num_tokens=num_tokens, norm_len=fns.norm_len
+    )
+    return loss, {key: float(value) for key, value in stats.items()}
 
 
 @torch.no_grad()

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from oncurve import checkpoint
+from oncurve import checkpoint, distributed
 from oncurve.algo.registry import (
     ADVANTAGE_ESTIMATORS,
     AGGREGATIONS,
@@ -43,7 +43,7 @@ from oncurve.models import (
 from oncurve.progress import Progress
 from oncurve.rewards.runner import RewardRunner
 from oncurve.rollout import SamplingParams, TorchSampler
-from oncurve.train_step import LossFns, accumulate_gradients, batch_logprobs
+from oncurve.train_step import LossFns, PolicyLogprobs, accumulate_gradients, batch_logprobs
 from oncurve.types import RolloutBatch, TrainBatch
 
 
@@ -54,6 +54,7 @@ class Session:
     config: Config
     run_dir: Path
     model: torch.nn.Module
+    policy: torch.nn.Module
     reference: torch.nn.Module | None
     tokenizer: Any
     sampler: TorchSampler
@@ -67,6 +68,8 @@ class Session:
     start_step: int = 0
     skipped_in_a_row: int = 0
     stop_requested: bool = False
+    rank: int = 0
+    world_size: int = 1
     correct: Any = None
 
 
@@ -84,7 +87,11 @@ def training_step(s: Session, step: int) -> dict[str, float]:
     timer = _Timer()
     rollout, rewards, reward_metrics, rows = sample_groups(s, step, timer)
     advantages = lookup(ADVANTAGE_ESTIMATORS, cfg.algo.estimator)(
-        rewards, rollout.group_size, scale=cfg.algo.adv_scale, eps=cfg.algo.adv_eps
+        rewards,
+        rollout.group_size,
+        scale=cfg.algo.adv_scale,
+        eps=cfg.algo.adv_eps,
+        batch_std=distributed.batch_std(rewards) if s.world_size > 1 else None,
     )
     batch = TrainBatch(
         input_ids=rollout.input_ids,
@@ -131,7 +138,8 @@ def sample_groups(
     rounds_per_step = 1 + cfg.algo.max_resample if cfg.algo.dynamic_sampling else 1
     while kept_groups < want and rounds <= cfg.algo.max_resample:
         rows = s.data.batch(step, want, rounds, rounds_per_step)
-        params = _sampling_params(cfg, seed=_step_seed(cfg.run.seed, step, rounds))
+        rows = rows[distributed.shard(want, s.rank, s.world_size)]
+        params = _sampling_params(cfg, seed=_step_seed(cfg.run.seed, step, rounds, s.rank))
         with timer("rollout"):
             rollout = s.sampler.generate_ids(
                 [r["prompt_ids"] for r in rows], cfg.rollout.group_size, params
@@ -177,12 +185,16 @@ def optimise(s: Session, batch: TrainBatch) -> dict[str, float]:
     for _ in range(cfg.algo.mu):
         for start in range(0, batch.num_rows, per_minibatch):
             minibatch = batch.rows(slice(start, start + per_minibatch))
+            # Global counts over ranks, divided by the ranks because DDP averages gradients.
+            seqs, tokens = distributed.all_sum(
+                [float(minibatch.num_rows), float(minibatch.completion_mask.sum())]
+            )
             stats = accumulate_gradients(
-                s.model,
+                s.policy,
                 minibatch,
                 s.loss_fns,
-                num_seqs=float(minibatch.num_rows),
-                num_tokens=float(minibatch.completion_mask.sum()),
+                num_seqs=seqs / s.world_size,
+                num_tokens=tokens / s.world_size,
                 microbatch_size=cfg.optim.microbatch_size,
             )
             max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
@@ -235,11 +247,14 @@ def train(config: Config, *, quiet: bool = False) -> TrainResult:
     eval_before = eval_after = None
     if s.eval_data is not None and cfg.eval.at_start_end and s.start_step == 0:
         eval_before = _evaluate(s, step=0)
+    quiet = quiet or s.rank != 0
     with _stop_on_signals(s), Progress(cfg.run.steps, s.start_step, quiet) as progress:
         for step in range(s.start_step + 1, cfg.run.steps + 1):
-            metrics = training_step(s, step)
+            metrics = distributed.all_mean(training_step(s, step))
             s.logger.log(step, metrics)
             progress.update(step, metrics)
+            # Every rank must agree to stop at the same step, or the next collective hangs.
+            s.stop_requested = distributed.all_sum([float(s.stop_requested)])[0] > 0
             if (
                 s.eval_data is not None
                 and cfg.eval.every
@@ -263,7 +278,8 @@ def train(config: Config, *, quiet: bool = False) -> TrainResult:
                 return TrainResult(s.run_dir, step, eval_before, None)
     if s.eval_data is not None and cfg.eval.at_start_end:
         eval_after = _evaluate(s, step=cfg.run.steps)
-    save_final(s.model, s.tokenizer, s.run_dir / "final")
+    if s.rank == 0:
+        save_final(s.model, s.tokenizer, s.run_dir / "final")
     s.logger.close()
     if eval_before and eval_after:
         print(
@@ -276,13 +292,15 @@ def train(config: Config, *, quiet: bool = False) -> TrainResult:
 
 def setup(config: Config) -> Session:
     """Build the session: run directory, model(s), data, rewards, optimizer; resume if asked."""
-    run_dir, resume_from = _prepare_run_dir(config)
-    if config.run.threads:
-        torch.set_num_threads(config.run.threads)
-    torch.manual_seed(config.run.seed)
     device = config.run.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    rank, world_size = distributed.init_distributed(device, config.dist.timeout_s)
+    distributed.shard(config.data.prompts_per_step, rank, world_size)
+    run_dir, resume_from = _prepare_run_dir(config, rank)
+    if config.run.threads:
+        torch.set_num_threads(config.run.threads)
+    torch.manual_seed(config.run.seed)
     model_path = resolve_model_path(config.model.path)
     tokenizer = load_tokenizer(model_path, config.model.trust_remote_code)
     model = load_model(model_path, config.model.dtype, device, config.model.trust_remote_code)
@@ -317,6 +335,7 @@ def setup(config: Config) -> Session:
         config=config,
         run_dir=run_dir,
         model=model,
+        policy=distributed.wrap(PolicyLogprobs(model), device, config.dist.fsdp),
         reference=reference,
         tokenizer=tokenizer,
         sampler=TorchSampler(model, tokenizer),
@@ -326,16 +345,25 @@ def setup(config: Config) -> Session:
         optimizer=optimizer,
         scheduler=scheduler,
         loss_fns=loss_fns,
-        logger=MetricsLogger(run_dir, tensorboard=config.log.tensorboard),
+        logger=MetricsLogger(run_dir, tensorboard=config.log.tensorboard, enabled=rank == 0),
         correct=correctness_fn(config, task),
+        rank=rank,
+        world_size=world_size,
     )
     if resume_from is not None:
         state = checkpoint.load_checkpoint(
             resume_from, model, optimizer, scheduler, modules=_extra_modules(s)
         )
+        if state.get("world_size", 1) != world_size:
+            raise UserError(
+                f"checkpoint {resume_from} was written by {state.get('world_size', 1)} ranks; "
+                f"resume it with the same number, not {world_size}"
+            )
         s.start_step = int(state["step"])
-        truncate_after(run_dir, s.start_step)
-    save_config(config, run_dir / "config.yaml")
+        if rank == 0:
+            truncate_after(run_dir, s.start_step)
+    if rank == 0:
+        save_config(config, run_dir / "config.yaml")
     return s
 
 
@@ -346,7 +374,7 @@ def _save(s: Session, step: int) -> None:
         s.model,
         s.optimizer,
         s.scheduler,
-        {"step": step, "world_size": 1},
+        {"step": step, "world_size": s.world_size},
         keep_last=s.config.run.keep_last,
         modules=_extra_modules(s),
     )
@@ -374,7 +402,18 @@ def _evaluate(s: Session, step: int) -> dict[str, float]:
     return result
 
 
-def _prepare_run_dir(config: Config) -> tuple[Path, Path | None]:
+def _prepare_run_dir(config: Config, rank: int) -> tuple[Path, Path | None]:
+    """The run directory and the checkpoint to resume from. Rank 0 checks and creates it; the
+    other ranks wait for that (a barrier) and then only read."""
+    run_dir, resume_from = _claim_run_dir(config) if rank == 0 else (None, None)
+    if distributed.world()[1] > 1:
+        shared = [str(run_dir), str(resume_from) if resume_from else ""]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        run_dir, resume_from = Path(shared[0]), Path(shared[1]) if shared[1] else None
+    return run_dir, resume_from
+
+
+def _claim_run_dir(config: Config) -> tuple[Path, Path | None]:
     resume = config.run.resume
     if resume not in (None, "auto"):
         path = Path(resume)
@@ -436,10 +475,10 @@ def _sampling_params(config: Config, seed: int) -> SamplingParams:
     )
 
 
-def _step_seed(seed: int, step: int, round_: int) -> int:
-    # A pure function of (seed, step, round): resuming at step k samples exactly what an
+def _step_seed(seed: int, step: int, round_: int, rank: int) -> int:
+    # A pure function of (seed, step, round, rank): resuming at step k samples exactly what an
     # uninterrupted run samples there, without saving any sampler state.
-    return (seed * 1_000_003 + step * 1_009 + round_) % (2**63)
+    return (seed * 1_000_003 + step * 1_009 + round_ * 101 + rank * 7_919_993) % (2**63)
 
 
 def _reward_inputs(

@@ -1,0 +1,109 @@
+"""Data parallelism on torch.distributed: init, sharding of prompt groups, reductions, wrapping.
+
+`torchrun` sets RANK / WORLD_SIZE / LOCAL_RANK; without them everything here is a no-op and
+the single-process path runs unchanged. Each rank samples and scores whole groups, so
+advantages need no communication; what is reduced is only what a loss normaliser or a
+batch-level statistic needs (token and sequence counts, the batch reward std) and the gradients.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from oncurve.errors import UserError
+
+
+def init_distributed(device: str, timeout_s: float = 300.0) -> tuple[int, int]:
+    """(rank, world size); joins the process group when launched by torchrun. gloo on CPU,
+    nccl on CUDA. The timeout bounds every collective, so a dead rank fails the job instead of
+    hanging it."""
+    if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
+        return 0, 1
+    if not dist.is_initialized():
+        backend = "nccl" if device == "cuda" else "gloo"
+        if device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) of the current process group, (0, 1) without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def shard(total: int, rank: int, world_size: int, what: str = "data.prompts_per_step") -> slice:
+    """The contiguous share of `total` whole groups that `rank` samples."""
+    if total % world_size:
+        raise UserError(f"{what} ({total}) must be divisible by the number of ranks ({world_size})")
+    size = total // world_size
+    return slice(rank * size, (rank + 1) * size)
+
+
+def all_sum(values: list[float]) -> list[float]:
+    """Element-wise sum over ranks (identity on one process)."""
+    if world()[1] == 1:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(tensor)
+    return tensor.tolist()
+
+
+def all_mean(metrics: dict[str, float]) -> dict[str, float]:
+    """Mean over ranks of each metric (min/max for keys ending so), for rank 0's log."""
+    _, world_size = world()
+    if world_size == 1:
+        return metrics
+    keys = sorted(metrics)
+    tensor = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
+    low, high, total = tensor.clone(), tensor.clone(), tensor.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    dist.all_reduce(high, op=dist.ReduceOp.MAX)
+    dist.all_reduce(total)
+    out = {}
+    for i, key in enumerate(keys):
+        if key.endswith("/min"):
+            out[key] = float(low[i])
+        elif key.endswith("/max"):
+            out[key] = float(high[i])
+        else:
+            out[key] = float(total[i]) / world_size
+    return out
+
+
+def batch_std(rewards: torch.Tensor) -> torch.Tensor:
+    """Population std of the finite rewards of the global batch (all ranks)."""
+    finite = rewards[torch.isfinite(rewards)].double()
+    count, total, squares = all_sum(
+        [float(len(finite)), float(finite.sum()), float((finite**2).sum())]
+    )
+    mean = total / max(count, 1.0)
+    return torch.tensor(max(squares / max(count, 1.0) - mean**2, 0.0) ** 0.5)
+
+
+def wrap(module: torch.nn.Module, device: str, fsdp: bool) -> torch.nn.Module:
+    """DDP (or FSDP2's fully_shard) around the training forward; unchanged on one process."""
+    if world()[1] == 1:
+        return module
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in _decoder_layers(module):
+            fully_shard(layer)
+        return fully_shard(module)
+    ids = [torch.cuda.current_device()] if device == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids)
+
+
+def _decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
+    layers = []
+    for child in module.modules():
+        if isinstance(child, torch.nn.ModuleList):
+            layers.extend(child)
+    return layers
