@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from oncurve.checkpoint import CheckpointError
-from oncurve.errors import UserError
+from oncurve.errors import TrainingError, UserError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"oncurve: error: {err}", file=sys.stderr)
         return 2
-    except CheckpointError as err:
+    except (CheckpointError, TrainingError) as err:
         print(f"oncurve: error: {err}", file=sys.stderr)
         return 1
 

@@ -6,11 +6,13 @@ No I/O and no optimizer here; the trainer owns those.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from oncurve import distributed
 from oncurve.algo.logprobs import logprobs_from_hidden
 from oncurve.types import TrainBatch
 
@@ -221,6 +223,43 @@ def microbatch_loss(
         per_token, mask, num_seqs=num_seqs, num_tokens=num_tokens, norm_len=fns.norm_len
     )
     return loss, {key: float(value) for key, value in stats.items()}
+
+
+def optimizer_step(
+    policy: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    minibatch: TrainBatch,
+    fns: LossFns,
+    *,
+    microbatch_size: int,
+    grad_clip: float,
+) -> dict[str, float]:
+    """One optimizer step on `minibatch` (this rank's rows of it): accumulate gradients over
+    microbatches, clip the global norm, step, zero. An update whose loss or gradient norm is
+    not finite is skipped (`updates/skipped` = 1) and the weights stay as they were."""
+    _, world_size = distributed.world()
+    # Global counts over ranks, divided by the ranks because DDP averages gradients.
+    seqs, tokens = distributed.all_sum(
+        [float(minibatch.num_rows), float(minibatch.completion_mask.sum())]
+    )
+    stats = accumulate_gradients(
+        policy,
+        minibatch,
+        fns,
+        num_seqs=seqs / world_size,
+        num_tokens=tokens / world_size,
+        microbatch_size=microbatch_size,
+    )
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    max_norm = grad_clip if grad_clip > 0 else float("inf")
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    # Every rank must take the same decision, or their weights drift apart.
+    bad_loss = distributed.all_sum([float(not math.isfinite(stats["loss/policy"]))])[0]
+    skip = bad_loss > 0 or not math.isfinite(grad_norm)
+    if not skip:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {**stats, "grad_norm": grad_norm, "updates/skipped": float(skip)}
 
 
 @torch.no_grad()

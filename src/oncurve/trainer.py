@@ -28,7 +28,7 @@ from oncurve.algo.registry import (
     lookup,
 )
 from oncurve.config import Config, save_config
-from oncurve.errors import UserError
+from oncurve.errors import TrainingError, UserError
 from oncurve.evaluate import evaluate
 from oncurve.inputs import PromptData, build_rewards, correctness_fn, load_prompts
 from oncurve.metrics import MetricsLogger, truncate_after
@@ -43,7 +43,7 @@ from oncurve.models import (
 from oncurve.progress import Progress
 from oncurve.rewards.runner import RewardRunner
 from oncurve.rollout import SamplingParams, TorchSampler
-from oncurve.train_step import LossFns, PolicyLogprobs, accumulate_gradients, batch_logprobs
+from oncurve.train_step import LossFns, PolicyLogprobs, batch_logprobs, optimizer_step
 from oncurve.types import RolloutBatch, TrainBatch
 
 
@@ -159,7 +159,7 @@ def sample_groups(
             kept_groups += len(keep)
         rounds += 1
     if not kept:
-        raise RuntimeError(
+        raise TrainingError(
             "dynamic sampling found no group with different rewards; "
             "raise algo.max_resample or check the reward"
         )
@@ -181,39 +181,25 @@ def optimise(s: Session, batch: TrainBatch) -> dict[str, float]:
     groups = batch.num_rows // s.config.rollout.group_size
     per_minibatch = math.ceil(groups / cfg.algo.minibatches) * cfg.rollout.group_size
     results: list[dict[str, float]] = []
-    skipped = 0
     for _ in range(cfg.algo.mu):
         for start in range(0, batch.num_rows, per_minibatch):
-            minibatch = batch.rows(slice(start, start + per_minibatch))
-            # Global counts over ranks, divided by the ranks because DDP averages gradients.
-            seqs, tokens = distributed.all_sum(
-                [float(minibatch.num_rows), float(minibatch.completion_mask.sum())]
-            )
-            stats = accumulate_gradients(
+            stats = optimizer_step(
                 s.policy,
-                minibatch,
+                s.optimizer,
+                batch.rows(slice(start, start + per_minibatch)),
                 s.loss_fns,
-                num_seqs=seqs / s.world_size,
-                num_tokens=tokens / s.world_size,
                 microbatch_size=cfg.optim.microbatch_size,
+                grad_clip=cfg.optim.grad_clip,
             )
-            max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(s.model.parameters(), max_norm))
-            if math.isfinite(grad_norm) and math.isfinite(stats["loss/policy"]):
-                s.optimizer.step()
-                s.skipped_in_a_row = 0
-            else:
-                skipped += 1
-                s.skipped_in_a_row += 1
-            s.optimizer.zero_grad(set_to_none=True)
-            results.append({**stats, "grad_norm": grad_norm})
+            s.skipped_in_a_row = s.skipped_in_a_row + 1 if stats["updates/skipped"] else 0
+            results.append(stats)
     s.scheduler.step()
     merged = {key: sum(r[key] for r in results) / len(results) for key in results[0]}
     merged["ratio/min"] = min(r["ratio/min"] for r in results)
     merged["ratio/max"] = max(r["ratio/max"] for r in results)
-    merged["updates/skipped"] = float(skipped)
+    merged["updates/skipped"] = sum(r["updates/skipped"] for r in results)
     if s.skipped_in_a_row >= cfg.run.max_skipped_steps:
-        raise RuntimeError(
+        raise TrainingError(
             f"{s.skipped_in_a_row} consecutive updates had a non-finite loss or gradient norm; "
             "stopping (lower optim.lr, check the rewards, or raise run.max_skipped_steps)"
         )
