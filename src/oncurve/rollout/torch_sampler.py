@@ -1,0 +1,310 @@
+"""Group sampling with a KV cache for any Hugging Face causal LM.
+
+Each of the B prompts is prefilled once and its cache copied into the G rows of its group.
+Decoding then feeds one token per active row per step into a preallocated cache; rows that end
+(EOS, a stop string) are dropped from the batch once they make up a quarter of it, so finished
+rows stop costing compute without copying the cache at every ending. Llama-family models decode
+through `decode_llama.LlamaDecoder` (the same arithmetic without HF's per-step overhead); every
+other model through `HFDecoder`, the HF forward with a `transformers.StaticCache`.
+
+Per step the work is a fixed number of tensor ops whatever the batch size; the only Python loop
+over rows is the stop-string check, and it visits only rows whose new token could end a stop
+string (see `_stop_candidates`).
+"""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+from oncurve.rollout import decode_llama
+from oncurve.rollout.base import SamplingParams
+from oncurve.types import RolloutBatch
+
+# Finished rows are compacted away once they are this fraction of the batch: compaction copies
+# the live cache, so doing it at every ending would cost more than decoding the dead rows.
+_COMPACT_FRACTION = 0.25
+_REASONS = ("eos", "stop", "length")
+_EOS, _STOP, _LENGTH = range(3)
+
+
+class HFDecoder:
+    """Decoding state for N rows through the model's own forward and a `StaticCache`.
+
+    Same layout as `LlamaDecoder`: prompts left-padded to P, then one cache column per step.
+    """
+
+    def __init__(self, model: transformers.PreTrainedModel, rows: int, width: int, new: int):
+        self.model = model
+        device = model.get_output_embeddings().weight.device
+        self.cache = transformers.StaticCache(config=model.config, max_cache_len=width + new)
+        self.mask = torch.ones(rows, width + new, dtype=torch.long, device=device)
+        self.positions = torch.empty(rows, dtype=torch.long, device=device)
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor):
+        out = self.model.base_model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        head = self.model.get_output_embeddings()
+        logits = out.last_hidden_state[:, -1].float() @ head.weight.float().T
+        if head.bias is not None:
+            logits += head.bias.float()
+        return logits
+
+    def prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int):
+        """Forward the B prompts `[B, P]`, then repeat each one's cache G times.
+        Returns `[B*G, V]` float32 next-token logits."""
+        width = prompt_ids.shape[1]
+        self.mask[:, :width] = prompt_mask.repeat_interleave(group_size, 0)
+        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        # The static cache sizes its masks to the whole cache; the columns after the prompt are
+        # not yet written and the causal part of the mask hides them.
+        full_mask = self.mask[::group_size]
+        logits = self._forward(prompt_ids, full_mask, positions)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.repeat_interleave(group_size, 0)
+            layer.values = layer.values.repeat_interleave(group_size, 0)
+        self.positions.copy_(prompt_mask.sum(-1).repeat_interleave(group_size))
+        return logits.repeat_interleave(group_size, 0)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed `[n]` tokens and return `[n, V]` float32 next-token logits."""
+        n = tokens.shape[0]
+        positions = self.positions[:n]
+        logits = self._forward(tokens[:, None], self.mask[:n], positions[:, None])
+        positions += 1
+        return logits
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep only rows `index` (ascending), moved to the front."""
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[index]
+            layer.values = layer.values[index]
+        n = index.shape[0]
+        self.mask[:n] = self.mask[index]
+        self.positions[:n] = self.positions[index]
+
+
+class TorchSampler:
+    """Samples G completions per prompt from `model`; see the module docstring.
+
+    Args:
+        model: a Hugging Face causal LM (`base_model` trunk + output embeddings).
+        tokenizer: its tokenizer; the pad id (or EOS when there is none) fills padding, and EOS
+            ids are the tokenizer's plus the model's generation config's.
+        fast: use `LlamaDecoder` when the model supports it (False forces the generic path).
+    """
+
+    def __init__(self, model: transformers.PreTrainedModel, tokenizer, fast: bool = True) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.fast = fast
+        eos = {tokenizer.eos_token_id}
+        generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        eos |= set(generation_eos) if isinstance(generation_eos, list) else {generation_eos}
+        self.eos_ids = sorted(e for e in eos if e is not None)
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
+        self._stop_tables: dict[tuple[str, ...], torch.Tensor] = {}
+
+    def generate(self, prompts: list[str], group_size: int, params: SamplingParams) -> RolloutBatch:
+        """Tokenize `prompts` (with the tokenizer's special tokens) and sample."""
+        if isinstance(prompts, str):
+            raise ValueError("prompts must be a list of strings, not one string")
+        ids = self.tokenizer(list(prompts))["input_ids"]
+        return self.generate_ids(ids, group_size, params)
+
+    @torch.inference_mode()
+    def generate_ids(
+        self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams
+    ) -> RolloutBatch:
+        """Sample `group_size` completions of each tokenized prompt.
+
+        Returns:
+            a `RolloutBatch` with N = len(prompt_ids) * group_size rows, a prompt's G rows
+            contiguous; completions right-padded to the longest one.
+        """
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty: nothing to sample from")
+        if any(len(p) == 0 for p in prompt_ids):
+            raise ValueError("prompt_ids: every prompt needs at least one token")
+        width, new = max(len(p) for p in prompt_ids), params.max_new_tokens
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit is not None and width + new > limit:
+            raise ValueError(
+                f"prompt length {width} + max_new_tokens {new} exceeds the model's "
+                f"max_position_embeddings {limit}"
+            )
+        device = self.model.get_output_embeddings().weight.device
+        batch, rows = len(prompt_ids), len(prompt_ids) * group_size
+        ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((batch, width), dtype=torch.long)
+        for i, p in enumerate(prompt_ids):
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+
+        fast = self.fast and decode_llama.supports(self.model, width + new)
+        decoder_cls = decode_llama.LlamaDecoder if fast else HFDecoder
+        decoder = decoder_cls(self.model, rows, width, new)
+        logits = decoder.prefill(ids, mask, group_size)
+        completion, logprobs, ends, reasons = self._decode(decoder, logits, rows, params, device)
+
+        positions = torch.arange(completion.shape[1], device=device)
+        completion_mask = (positions[None] < ends[:, None]).long()
+        completion = completion.masked_fill(completion_mask == 0, self.pad_id)
+        logprobs = logprobs * completion_mask
+        finish = [_REASONS[r] for r in reasons.tolist()]
+        texts = self._texts(completion, ends, finish, params.stop)
+        return RolloutBatch(
+            prompt_ids=ids.repeat_interleave(group_size, 0),
+            prompt_mask=mask.repeat_interleave(group_size, 0),
+            completion_ids=completion,
+            completion_mask=completion_mask,
+            logprobs=logprobs,
+            texts=texts,
+            finish_reasons=finish,
+            group_size=group_size,
+        )
+
+    def _decode(
+        self,
+        decoder: HFDecoder | decode_llama.LlamaDecoder,
+        logits: torch.Tensor,
+        rows: int,
+        params: SamplingParams,
+        device: torch.device,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decode loop. Returns completion ids `[N, t]` and logprobs `[N, t]` (garbage past
+        a row's end), `[N]` lengths and `[N]` finish reason codes."""
+        new = params.max_new_tokens
+        vocab = logits.shape[-1]
+        generator = torch.Generator(device=device)
+        if params.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(params.seed)
+        is_eos = torch.zeros(vocab, dtype=torch.bool, device=device)
+        is_eos[[e for e in self.eos_ids if e < vocab]] = True
+        eos_index = is_eos.nonzero().squeeze(1)
+        stop_table = self._stop_table(params.stop, vocab, device) if params.stop else None
+        window = 4 * max((len(s) for s in params.stop), default=0) + 2
+
+        completion = torch.full((rows, new), self.pad_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros((rows, new), dtype=torch.float32, device=device)
+        ends = torch.full((rows,), new, dtype=torch.long, device=device)
+        reasons = torch.full((rows,), _LENGTH, dtype=torch.long, device=device)
+        active = torch.arange(rows, device=device)  # output row of each decoder row
+        alive = torch.ones(rows, dtype=torch.bool, device=device)
+        for t in range(new):
+            suppress = eos_index if t < params.min_new_tokens else None
+            tokens, token_logprobs = sample_tokens(logits, params, generator, suppress)
+            completion[active, t] = tokens
+            logprobs[active, t] = token_logprobs
+            eos_hit = alive & is_eos[tokens]
+            stop_hit = torch.zeros_like(alive)
+            if stop_table is not None:
+                candidates = (alive & ~eos_hit & stop_table[tokens]).nonzero().squeeze(1)
+                for i in candidates.tolist():
+                    tail = completion[active[i], max(0, t + 1 - window) : t + 1].tolist()
+                    text = self.tokenizer.decode(tail, skip_special_tokens=True)
+                    stop_hit[i] = any(s in text for s in params.stop)
+            ended = eos_hit | stop_hit
+            if bool(ended.any()):
+                finished = active[ended]
+                ends[finished] = t + 1
+                reasons[finished] = torch.where(eos_hit[ended], _EOS, _STOP)
+                alive &= ~ended
+            n_alive = int(alive.sum())
+            if n_alive == 0 or t == new - 1:
+                break
+            if alive.shape[0] - n_alive >= _COMPACT_FRACTION * alive.shape[0]:
+                index = alive.nonzero().squeeze(1)
+                decoder.keep(index)
+                active, tokens, alive = active[index], tokens[index], alive[index]
+            logits = decoder.step(tokens)
+        width = int(ends.max())
+        return completion[:, :width], logprobs[:, :width], ends, reasons
+
+    def _stop_table(self, stops: tuple[str, ...], vocab: int, device: torch.device) -> torch.Tensor:
+        """`[V]` True for tokens that could complete one of `stops`, cached per stop tuple."""
+        if stops not in self._stop_tables:
+            self._stop_tables[stops] = _stop_candidates(self.tokenizer, stops, vocab).to(device)
+        return self._stop_tables[stops]
+
+    def _texts(
+        self, completion: torch.Tensor, ends: torch.Tensor, finish: list[str], stops: tuple
+    ) -> list[str]:
+        rows = [ids[:end] for ids, end in zip(completion.tolist(), ends.tolist(), strict=True)]
+        texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+        for i, reason in enumerate(finish):
+            if reason == "stop":
+                cuts = [texts[i].find(s) + len(s) for s in stops if s in texts[i]]
+                if cuts:
+                    texts[i] = texts[i][: min(cuts)]
+        return texts
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator,
+    suppress: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row and its logprob under softmax(logits / temperature).
+
+    Filtering (top-k, then top-p, then min-p, as in transformers) and EOS suppression change
+    what is drawn, not the returned logprob, which is over the full vocabulary as the trainer
+    computes it. Temperature 0 takes the argmax and returns logprobs at temperature 1.
+
+    Args:
+        logits: `[n, V]` float32 next-token logits.
+        suppress: token ids that must not be drawn (EOS before min_new_tokens).
+    Returns:
+        (`[n]` token ids, `[n]` float32 logprobs).
+    """
+    scaled = logits / params.temperature if params.temperature > 0 else logits
+    lse = torch.logsumexp(scaled, dim=-1)
+    work = scaled if suppress is None else scaled.index_fill(1, suppress, float("-inf"))
+    if params.temperature == 0:
+        tokens = work.argmax(-1)
+    else:
+        if 0 < params.top_k < work.shape[-1]:
+            kth = work.topk(params.top_k, dim=-1).values[:, -1:]
+            work = work.masked_fill(work < kth, float("-inf"))
+        probs = work.softmax(-1)
+        if params.top_p < 1:
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            # drop a token when the more likely ones already hold top_p of the mass
+            drop = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
+            probs.masked_fill_(drop.scatter(1, order, drop), 0.0)
+        if params.min_p > 0:
+            floor = params.min_p * probs.max(dim=-1, keepdim=True).values
+            probs.masked_fill_(probs < floor, 0.0)
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    chosen = scaled.gather(1, tokens[:, None]).squeeze(1)
+    return tokens, chosen - lse
+
+
+def _stop_candidates(tokenizer, stops: tuple[str, ...], vocab: int) -> torch.Tensor:
+    """`[V]` True for tokens whose text, in context, can hold the last character of a stop
+    string, and for tokens that decode to a partial character: only after such a token can a
+    stop string have just been completed. Decoded after an anchor token so that leading spaces
+    that a lone-token decode drops (SentencePiece) are seen."""
+    anchor = tokenizer.encode("a", add_special_tokens=False)[:1]
+    prefix = tokenizer.decode(anchor)
+    pieces = tokenizer.batch_decode([anchor + [v] for v in range(vocab)])
+    lasts = {s[-1] for s in stops}
+    special = set(tokenizer.all_special_ids)
+    flags = []
+    for v, piece in enumerate(pieces):
+        text = piece[len(prefix) :] if piece.startswith(prefix) else piece
+        partial = "\ufffd" in text or (text == "" and v not in special)
+        flags.append(partial or any(c in text for c in lasts))
+    return torch.tensor(flags, dtype=torch.bool)
