@@ -1,0 +1,85 @@
+import pytest
+
+from oncurve.tasks import get_task
+from oncurve.tasks.arith import ArithTask, is_test_problem, solution
+from oncurve.tokenizer import char_tokenizer
+
+
+def test_solution_writes_column_sums_with_carries():
+    assert solution(485, 37) == " 12 12 05 <answer>522</answer>"
+    assert solution(999, 1) == " 10 10 10 <answer>1000</answer>"
+    assert solution(0, 0) == " 00 <answer>0</answer>"
+
+
+def test_examples_are_seeded_distinct_and_correct():
+    task = ArithTask()
+    rows = task.examples("train", 300, seed=3)
+    assert rows == task.examples("train", 300, seed=3)
+    assert rows != task.examples("train", 300, seed=4)
+    assert len({r["prompt"] for r in rows}) == 300
+    for row in rows:
+        a, b = (int(x) for x in row["prompt"].rstrip("=").split("+"))
+        assert row["answer"] == str(a + b)
+        assert row["solution"] == solution(a, b)
+        assert max(len(str(a)), len(str(b))) <= task.max_digits
+
+
+def test_train_and_test_never_overlap_across_seeds():
+    task = ArithTask()
+    train = {r["prompt"] for seed in range(3) for r in task.examples("train", 3000, seed)}
+    test = {r["prompt"] for seed in range(3) for r in task.examples("test", 500, seed)}
+    assert train.isdisjoint(test)
+    assert all(is_test_problem(p) for p in test)
+    assert not any(is_test_problem(p) for p in train)
+
+
+def test_completions_fit_the_default_rollout_budget():
+    # The default run samples at most 64 new tokens; the reference completion plus EOS must fit
+    # with room for a longer wrong attempt.
+    rows = ArithTask().examples("train", 2000, seed=0)
+    assert max(len(r["solution"]) for r in rows) + 1 <= 48
+
+
+def test_tokenizer_round_trips_every_character_the_task_emits():
+    tokenizer = char_tokenizer()
+    rows = ArithTask().examples("test", 200, seed=0)
+    for row in rows:
+        text = row["prompt"] + row["solution"]
+        ids = tokenizer(text)["input_ids"]
+        assert ids[0] == tokenizer.bos_token_id
+        assert len(ids) == len(text) + 1  # one token per character
+        assert tokenizer.unk_token_id not in ids
+        assert tokenizer.decode(ids, skip_special_tokens=True) == text
+
+
+def test_rewards_score_known_completions():
+    fns = get_task("arith").reward_fns()
+    prompts = ["485+37="] * 4
+    completions = [
+        " 12 12 05 <answer>522</answer>",  # right
+        " 12 11 05 <answer>512</answer>",  # wrong answer, well formed
+        " 12 12 05 522",  # right number, no tags
+        " 12 12 05 <answer>522</answer> 12 <answer>1",  # runs on past the answer
+    ]
+    answers = ["522"] * 4
+    assert fns["correct"](prompts, completions, answer=answers) == [1.0, 0.0, 0.0, 1.0]
+    assert fns["format"](prompts, completions, answer=answers) == [1.0, 1.0, 0.0, 0.0]
+    assert ArithTask.reward_weights == {"correct": 1.0, "format": 0.1}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"split": "valid", "n": 1, "seed": 0}, "split must be one of train, test"),
+        ({"split": "train", "n": -1, "seed": 0}, "n must be non-negative"),
+    ],
+)
+def test_bad_arguments_name_the_field(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ArithTask().examples(**kwargs)
+
+
+def test_impossible_request_is_an_error():
+    # Only 100 one-digit problems exist, about 90 of them in the train split.
+    with pytest.raises(ValueError, match="only .* distinct train problems"):
+        ArithTask(max_digits=1).examples("train", 100, seed=0)
