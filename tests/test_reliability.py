@@ -1,0 +1,250 @@
+"""Issue 6 end to end: exact resume after SIGKILL, clean stop on SIGTERM/SIGINT, skipped
+non-finite updates, failed saves, run-directory rules, one-line errors for bad input, and
+memory that does not creep."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from oncurve import checkpoint, trainer
+from oncurve.cli import main
+from oncurve.config import load_config
+from oncurve.trainer import setup, train, training_step
+
+TESTS_DIR = Path(__file__).parent
+STEPS = 6  # the uninterrupted run; the interrupted ones stop near STEPS // 2
+
+
+def cli_args(model_dir: Path, data_file: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [
+        f"model.path={model_dir}",
+        f"data.path={data_file}",
+        "data.prompts_per_step=2",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=8",
+        "rewards=[rewards_for_tests:count_digits]",
+        f"run.steps={STEPS}",
+        f"run.dir={run_dir}",
+        "run.reward_timeout=null",
+        "run.threads=1",
+        "optim.lr=1e-2",
+        "algo.beta=0.04",
+        *extra,
+    ]
+
+
+def train_process(*args: str) -> subprocess.Popen:
+    """`python -m oncurve train --quiet ARGS` with the test rewards importable."""
+    paths = [str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "oncurve", "train", "--quiet", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen) -> tuple[int, str]:
+    _, err = proc.communicate(timeout=180)
+    return proc.returncode, err
+
+
+def wait_for(condition, proc: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + 120
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended before {what}: {proc.stderr.read()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def latest_step(run_dir: Path) -> int:
+    pointer = run_dir / "checkpoints" / "latest"
+    try:
+        return int(pointer.read_text().strip().removeprefix("step-") or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def metric_rows(run_dir: Path) -> list[dict]:
+    """Per-step rows without the wall-clock timings, which differ between runs."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in row.items() if not k.startswith("time/") and k != "tokens_per_s"}
+        for row in rows
+    ]
+
+
+def assert_same_run(run_dir: Path, reference: Path) -> None:
+    got = load_file(run_dir / "final" / "model.safetensors")
+    want = load_file(reference / "final" / "model.safetensors")
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    rows = metric_rows(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert rows == metric_rows(reference)
+    samples = (run_dir / "samples.jsonl").read_text()
+    assert samples == (reference / "samples.jsonl").read_text()
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "data.jsonl"
+    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(40)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference_run(tiny_model_dir, data_file, tmp_path_factory) -> Path:
+    """An uninterrupted run of STEPS steps through the CLI."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    code, err = finish(train_process(*cli_args(tiny_model_dir, data_file, run_dir)))
+    assert code == 0, err
+    return run_dir
+
+
+def test_sigkill_then_resume_auto_is_bit_identical_to_an_uninterrupted_run(
+    tiny_model_dir, data_file, reference_run, tmp_path
+):
+    run_dir = tmp_path / "run"
+    args = cli_args(tiny_model_dir, data_file, run_dir, "run.save_every=1", "run.keep_last=1")
+    proc = train_process(*args)
+    wait_for(lambda: latest_step(run_dir) >= STEPS // 2, proc, f"checkpoint {STEPS // 2}")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    killed_at = latest_step(run_dir)
+    assert killed_at < STEPS and not (run_dir / "final").exists()
+
+    code, err = finish(train_process(*args, "run.resume=auto"))
+    assert code == 0, err
+    assert_same_run(run_dir, reference_run)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_finishes_the_step_saves_and_exits_0_and_the_run_resumes_exactly(
+    tiny_model_dir, data_file, reference_run, tmp_path, signum
+):
+    run_dir = tmp_path / "run"
+    args = cli_args(tiny_model_dir, data_file, run_dir)
+    proc = train_process(*args)
+    wait_for(lambda: (run_dir / "metrics.jsonl").is_file(), proc, "the first step")
+    proc.send_signal(signum)
+    code, err = finish(proc)
+    assert code == 0, err
+    stopped_at = latest_step(run_dir)
+    assert 1 <= stopped_at < STEPS
+    assert f"stopped at step {stopped_at} on request" in err
+    assert [r["step"] for r in metric_rows(run_dir)] == list(range(1, stopped_at + 1))
+
+    code, err = finish(train_process(*args, "run.resume=auto"))
+    assert code == 0, err
+    assert_same_run(run_dir, reference_run)
+
+
+def make_config(model_dir: Path, data_file: Path, run_dir: Path, *extra: str):
+    return load_config(None, cli_args(model_dir, data_file, run_dir, "run.steps=3", *extra))
+
+
+def test_sigint_in_process_stops_after_the_current_step_with_a_checkpoint(
+    tiny_model_dir, data_file, tmp_path, monkeypatch, capsys
+):
+    run_dir = tmp_path / "run"
+    real_step = trainer.training_step
+
+    def step_then_interrupt(s, step):
+        metrics = real_step(s, step)
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return metrics
+
+    monkeypatch.setattr(trainer, "training_step", step_then_interrupt)
+    result = train(make_config(tiny_model_dir, data_file, run_dir, "run.steps=5"), quiet=True)
+    assert result.steps == 2
+    assert checkpoint.latest_checkpoint(run_dir) == run_dir / "checkpoints" / "step-000002"
+    assert not (run_dir / "final").exists()
+    assert "stopped at step 2 on request" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_non_finite_updates_are_skipped_counted_and_stop_the_run_after_k_in_a_row(
+    tiny_model_dir, data_file, tmp_path
+):
+    s = setup(make_config(tiny_model_dir, data_file, tmp_path / "run", "run.max_skipped_steps=3"))
+    finite_loss = s.loss_fns
+
+    def nan_policy_loss(*args, **kwargs):
+        per_token, stats = finite_loss.policy_loss(*args, **kwargs)
+        return per_token * float("nan"), stats
+
+    def weights():
+        return {n: p.detach().clone() for n, p in s.model.named_parameters()}
+
+    nan_loss = dataclasses.replace(finite_loss, policy_loss=nan_policy_loss)
+    before = weights()
+    s.loss_fns = nan_loss
+    assert training_step(s, 1)["updates/skipped"] == 1.0
+    # A finite loss whose gradient is not: one parameter's gradient becomes infinite.
+    s.loss_fns = finite_loss
+    hook = s.model.get_output_embeddings().weight.register_hook(lambda g: g * float("inf"))
+    metrics = training_step(s, 2)
+    hook.remove()
+    assert metrics["updates/skipped"] == 1.0 and metrics["grad_norm"] == float("inf")
+    assert s.skipped_in_a_row == 2
+    for name, value in weights().items():
+        assert torch.equal(value, before[name]), name
+    assert not s.optimizer.state  # AdamW never stepped: no moments were built
+
+    metrics = training_step(s, 3)
+    assert metrics["updates/skipped"] == 0.0 and s.skipped_in_a_row == 0
+    assert any(not torch.equal(v, before[n]) for n, v in weights().items())
+
+    s.loss_fns = nan_loss
+    training_step(s, 4)
+    training_step(s, 5)
+    with pytest.raises(RuntimeError, match="3 consecutive updates had a non-finite loss"):
+        training_step(s, 6)
+
+
+def test_a_save_that_hits_a_full_disk_keeps_the_previous_checkpoint_and_exits_1(
+    tiny_model_dir, data_file, tmp_path, monkeypatch, capsys
+):
+    run_dir = tmp_path / "run"
+    args = cli_args(tiny_model_dir, data_file, run_dir, "run.steps=3", "run.save_every=1")
+    real_write = checkpoint._write
+
+    def disk_full_at_step_2(path: Path, dump) -> None:
+        if path.name == "optimizer.pt" and "step-000002" in path.parent.name:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real_write(path, dump)
+
+    monkeypatch.setattr(checkpoint, "_write", disk_full_at_step_2)
+    assert main(["train", "--quiet", *args, "run.keep_last=1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "cannot save checkpoint" in err[0] and "No space left on device" in err[0]
+    assert "the previous checkpoint is kept" in err[0]
+    checkpoints = run_dir / "checkpoints"
+    assert checkpoint.latest_checkpoint(run_dir) == checkpoints / "step-000001"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step-000001"]
+
+    monkeypatch.setattr(checkpoint, "_write", real_write)
+    assert main(["train", "--quiet", *args, "run.resume=auto"]) == 0
+    assert [r["step"] for r in metric_rows(run_dir)] == [1, 2, 3]
