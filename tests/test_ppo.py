@@ -308,6 +308,12 @@ def test_ppo_resume_restores_the_critic(tiny_model_dir, data_file, tmp_path):
     assert float(resumed.critic.optimizer.state[first]["step"]) == 2.0
 
 
+def test_the_ppo_config_file_selects_the_critic_and_the_kl_in_the_reward():
+    config = load_config(Path(__file__).parent.parent / "configs" / "ppo.yaml")
+    assert config.algo.estimator == "gae" and config.algo.kl_in_reward
+    assert config.algo.kl_estimator == "k1" and config.algo.loss_agg == "token-mean"
+
+
 def test_kl_in_reward_without_a_critic_is_rejected():
     with pytest.raises(ValueError, match="algo.kl_in_reward needs algo.estimator=gae"):
         load_config(None, ["algo.kl_in_reward=true"])
