@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
+import math
 import sys
 from importlib import resources
 from pathlib import Path
@@ -35,13 +37,28 @@ def load_tokenizer(path: Path, trust_remote_code: bool = False) -> PreTrainedTok
         raise UserError(
             f"cannot load a tokenizer from {path}: {str(err).splitlines()[0]}"
         ) from None
-    if tokenizer.eos_token_id is None:
+    vocab = _model_vocab_size(path)
+    if tokenizer.eos_token_id is None or tokenizer.eos_token_id >= vocab:
         raise UserError(f"tokenizer in {path} has no EOS token; completions could never end")
-    if tokenizer.pad_token_id is None:
+    if tokenizer.pad_token_id is None or tokenizer.pad_token_id >= vocab:
         print(f"note: tokenizer in {path} has no pad token; using EOS for padding", file=sys.stderr)
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return tokenizer
+
+
+def _model_vocab_size(path: Path) -> float:
+    """The model's embedding rows from its config.json (inf when it does not say).
+
+    Transformers picks the tokenizer class from the model type and fills in that class's default
+    EOS and pad tokens (Qwen2: `<|endoftext|>`) when the tokenizer files name none, adding them
+    at an id the model cannot embed; such a token counts as missing.
+    """
+    try:
+        vocab = json.loads((path / "config.json").read_text(encoding="utf-8")).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return math.inf
+    return vocab if isinstance(vocab, int) else math.inf
 
 
 def load_model(
