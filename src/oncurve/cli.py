@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from oncurve.errors import TrainingError, UserError
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -39,6 +42,8 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     config_path, overrides = _split_config_args(args.args)
     config = load_config(config_path, overrides)
+    if config.dist.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        return _launch_torchrun(config.dist.nproc, args.argv)
     from oncurve.trainer import train
 
     result = train(config, quiet=args.quiet)
@@ -48,6 +53,21 @@ def _train(args: argparse.Namespace) -> int:
         summary["accuracy_after"] = result.eval_after["accuracy"]
     print(json.dumps(summary))
     return 0
+
+
+def _launch_torchrun(nproc: int, argv: list[str]) -> int:
+    """`oncurve train dist.nproc=N ...` is `torchrun --nproc-per-node N -m oncurve train ...`."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "oncurve",
+        *argv,
+    ]
+    return subprocess.run(command, check=False).returncode
 
 
 def _eval(args: argparse.Namespace) -> int:
