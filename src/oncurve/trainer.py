@@ -399,6 +399,9 @@ def _prepare_run_dir(config: Config, rank: int) -> tuple[Path, Path | None]:
     return run_dir, resume_from
 
 
+_RUN_FILES = {"config.yaml", "metrics.jsonl", "samples.jsonl", "checkpoints", "tensorboard"}
+
+
 def _claim_run_dir(config: Config) -> tuple[Path, Path | None]:
     resume = config.run.resume
     if resume not in (None, "auto"):
@@ -419,10 +422,18 @@ def _claim_run_dir(config: Config) -> tuple[Path, Path | None]:
             return run_dir, found
         print(f"note: no checkpoint in {run_dir}; starting a new run", file=sys.stderr)
     if run_dir.exists() and any(run_dir.iterdir()):
-        if not config.run.overwrite and resume != "auto":
+        # resume=auto restarts a run killed before its first checkpoint, but never deletes
+        # files that no run wrote (run.dir pointed at the wrong directory).
+        restart = resume == "auto" and all(p.name in _RUN_FILES for p in run_dir.iterdir())
+        if not (config.run.overwrite or restart):
             raise UserError(
-                f"run.dir {run_dir} is not empty; pass run.resume=auto to continue it "
-                "or run.overwrite=true to start over"
+                f"run.dir {run_dir} is not empty; "
+                + (
+                    "it has no checkpoint and holds files no run wrote; pass run.overwrite=true "
+                    "to start over"
+                    if resume == "auto"
+                    else "pass run.resume=auto to continue it or run.overwrite=true to start over"
+                )
             )
         shutil.rmtree(run_dir)
     try:
