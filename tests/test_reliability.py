@@ -8,6 +8,7 @@ import dataclasses
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from safetensors.torch import load_file
 from oncurve import checkpoint, trainer
 from oncurve.cli import main
 from oncurve.config import load_config
+from oncurve.errors import UserError
 from oncurve.trainer import setup, train, training_step
 
 TESTS_DIR = Path(__file__).parent
@@ -248,3 +250,141 @@ def test_a_save_that_hits_a_full_disk_keeps_the_previous_checkpoint_and_exits_1(
     monkeypatch.setattr(checkpoint, "_write", real_write)
     assert main(["train", "--quiet", *args, "run.resume=auto"]) == 0
     assert [r["step"] for r in metric_rows(run_dir)] == [1, 2, 3]
+
+
+def test_a_non_empty_run_dir_is_refused_without_resume_or_overwrite(
+    tiny_model_dir, data_file, tmp_path, capsys
+):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("mine")
+    assert main(["train", *cli_args(tiny_model_dir, data_file, run_dir)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"oncurve: error: run.dir {run_dir} is not empty; pass run.resume=auto to continue it "
+        "or run.overwrite=true to start over"
+    ]
+    assert (run_dir / "notes.txt").read_text() == "mine"
+
+
+def test_resume_auto_without_a_checkpoint_starts_fresh_but_never_deletes_foreign_files(
+    tiny_model_dir, data_file, tmp_path, capsys
+):
+    # What a run killed before its first checkpoint leaves behind: it is started over.
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "kl": 0.5}\n')
+    (run_dir / "checkpoints").mkdir()
+    s = setup(make_config(tiny_model_dir, data_file, run_dir, "run.resume=auto"))
+    assert s.start_step == 0
+    assert f"note: no checkpoint in {run_dir}; starting a new run" in capsys.readouterr().err
+    assert not (run_dir / "metrics.jsonl").exists()
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="not empty"):
+        setup(make_config(tiny_model_dir, data_file, other, "run.resume=auto"))
+    assert (other / "notes.txt").read_text() == "mine"
+
+
+def test_resume_from_a_given_checkpoint_and_refuse_another_world_size(
+    tiny_model_dir, data_file, tmp_path
+):
+    run_dir = tmp_path / "run"
+    train(make_config(tiny_model_dir, data_file, run_dir, "run.save_every=1", "run.keep_last=3"))
+    first = run_dir / "checkpoints" / "step-000001"
+    s = setup(make_config(tiny_model_dir, data_file, run_dir, f"run.resume={first}"))
+    assert s.start_step == 1
+    assert [r["step"] for r in metric_rows(run_dir)] == [1]
+    saved = load_file(first / "model.safetensors")
+    for name, value in s.model.state_dict().items():
+        if name in saved:
+            assert torch.equal(value, saved[name]), name
+
+    other = tmp_path / "two-ranks"
+    checkpoint.save_checkpoint(
+        other, 1, s.model, s.optimizer, s.scheduler, {"step": 1, "world_size": 2}
+    )
+    with pytest.raises(UserError, match="written by 2 ranks; resume it with the same number"):
+        setup(make_config(tiny_model_dir, data_file, other, "run.resume=auto"))
+
+
+def without_token(model_dir: Path, out: Path, *keys: str) -> Path:
+    shutil.copytree(model_dir, out)
+    config_file = out / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    for key in keys:
+        config.pop(key)
+    config_file.write_text(json.dumps(config))
+    return out
+
+
+def test_a_tokenizer_without_pad_falls_back_to_eos_with_a_notice_and_trains(
+    tiny_model_dir, data_file, tmp_path, capsys
+):
+    model_dir = without_token(tiny_model_dir, tmp_path / "model", "pad_token")
+    args = cli_args(model_dir, data_file, tmp_path / "run", "run.steps=1")
+    assert main(["train", "--quiet", *args]) == 0
+    err = capsys.readouterr().err
+    assert f"note: tokenizer in {model_dir} has no pad token; using EOS for padding" in err
+    assert [r["step"] for r in metric_rows(tmp_path / "run")] == [1]
+
+
+def bad_model(kind: str, model_dir: Path, tmp_path: Path) -> Path:
+    if kind == "missing":
+        return tmp_path / "missing"
+    if kind == "no config.json":
+        shutil.copytree(model_dir, tmp_path / "model")
+        (tmp_path / "model" / "config.json").unlink()
+        return tmp_path / "model"
+    return without_token(model_dir, tmp_path / "model", "pad_token", "eos_token")
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("missing", "is not a directory (a local Hugging Face model)"),
+        ("no config.json", "has no config.json"),
+        ("no EOS", "has no EOS token; completions could never end"),
+    ],
+)
+def test_a_bad_model_dir_exits_2_with_one_line(
+    tiny_model_dir, data_file, tmp_path, capsys, kind, message
+):
+    model_dir = bad_model(kind, tiny_model_dir, tmp_path)
+    assert main(["train", *cli_args(model_dir, data_file, tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("oncurve: error: ") and message in err[0], err
+    assert str(model_dir) in err[0]
+
+
+@pytest.mark.parametrize(
+    ("data", "override", "message"),
+    [
+        (None, "rollout.group_size=0", "rollout.group_size must be in [2, inf), got 0"),
+        (None, "optim.lr=fast", "optim.lr must be float, got str 'fast'"),
+        ("", None, "data.jsonl: empty, no rows"),
+        ('{"question": "1+1=", "answer": "2"}\n', None, "line 1: missing field 'prompt'"),
+        ('{"prompt": "1+1="', None, "line 1: invalid JSON"),
+        (
+            None,
+            "rewards=[no_such_module_xyz:fn]",
+            "reward 'no_such_module_xyz:fn': cannot import module 'no_such_module_xyz'",
+        ),
+        (
+            None,
+            "rewards=[rewards_for_tests:no_such_fn]",
+            "module 'rewards_for_tests' has no attribute 'no_such_fn'",
+        ),
+    ],
+)
+def test_bad_config_data_or_reward_path_exits_2_with_one_line(
+    tiny_model_dir, data_file, tmp_path, capsys, data, override, message
+):
+    if data is not None:
+        data_file = tmp_path / "data.jsonl"
+        data_file.write_text(data)
+    args = cli_args(tiny_model_dir, data_file, tmp_path / "run", *filter(None, [override]))
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("oncurve: error: ") and message in err[0], err
