@@ -52,6 +52,18 @@ UNIT_OPEN = _range(0, 1, low_open=True, high_open=True)
 
 
 @dataclass
+class LoraConfig:
+    r: int = _opt(0, "LoRA rank; 0 trains every weight (extra `lora` installs peft)", NON_NEGATIVE)
+    alpha: float = _opt(16.0, "LoRA scaling numerator (scale = alpha / r)", POSITIVE)
+    dropout: float = _opt(0.0, "dropout on the LoRA input", _range(0, 1, high_open=True))
+    target_modules: list[str] = _opt(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        "module names that get adapters",
+    )
+    save_adapter: bool = _opt(False, "also write the adapter alone to final/adapter")
+
+
+@dataclass
 class ModelConfig:
     path: str = _opt("default", "local Hugging Face model directory, or `default` (bundled model)")
     dtype: str = _opt("float32", "weights and compute dtype", choices=("float32", "bfloat16"))
@@ -60,6 +72,7 @@ class ModelConfig:
     logprob_chunk_size: int = _opt(
         1024, "rows per chunk when forming logits, bounding the [rows, vocab] peak", POSITIVE
     )
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass

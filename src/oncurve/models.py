@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from oncurve.config import LoraConfig
 from oncurve.errors import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -98,3 +99,39 @@ def save_final(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out: 
     """A directory that `AutoModelForCausalLM.from_pretrained` loads as is (safetensors)."""
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+
+
+def add_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
+    """Wrap `model` with LoRA adapters (peft); only the adapters train.
+
+    Returns the peft wrapper. Its `get_base_model()` is the same HF causal LM with adapter
+    layers injected, which the sampler and the training forward use as any other model; the
+    wrapper's `disable_adapter()` turns it back into the frozen base, the reference policy,
+    without a second copy of the weights.
+    """
+    try:
+        import peft
+    except ImportError:
+        raise UserError("model.lora.r > 0 needs peft: pip install 'oncurve[lora]'") from None
+    config = peft.LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    try:
+        return peft.get_peft_model(model, config)
+    except ValueError as err:
+        raise UserError(f"model.lora.target_modules: {str(err).splitlines()[0]}") from None
+
+
+def save_lora_final(
+    peft_model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out: Path, adapter: bool
+) -> None:
+    """`out` gets the merged model (base + adapter), loadable without peft; `out/adapter` the
+    adapter alone when asked."""
+    if adapter:
+        peft_model.save_pretrained(out / "adapter")
+    merged = copy.deepcopy(peft_model).merge_and_unload()
+    save_final(merged, tokenizer, out)

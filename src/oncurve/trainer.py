@@ -33,12 +33,14 @@ from oncurve.evaluate import evaluate
 from oncurve.inputs import PromptData, build_rewards, correctness_fn, load_prompts
 from oncurve.metrics import MetricsLogger, truncate_after
 from oncurve.models import (
+    add_lora,
     enable_gradient_checkpointing,
     frozen_copy,
     load_model,
     load_tokenizer,
     resolve_model_path,
     save_final,
+    save_lora_final,
 )
 from oncurve.progress import Progress
 from oncurve.rewards.runner import RewardRunner
@@ -56,6 +58,7 @@ class Session:
     model: torch.nn.Module
     policy: torch.nn.Module
     reference: torch.nn.Module | None
+    peft_model: torch.nn.Module | None
     tokenizer: Any
     sampler: TorchSampler
     data: PromptData
@@ -102,14 +105,16 @@ def training_step(s: Session, step: int) -> dict[str, float]:
     )
     lr = s.scheduler.get_last_lr()[0]
     with timer("train"):
-        rows_per_pass = cfg.optim.microbatch_size
-        temperature, chunk = cfg.rollout.temperature, cfg.model.logprob_chunk_size
-        if s.reference is not None:
-            batch.ref_logprobs = batch_logprobs(
-                s.reference, batch, temperature, chunk, rows_per_pass
-            )
+        if cfg.algo.beta > 0:
+            batch.ref_logprobs = reference_logprobs(s, batch)
         if cfg.algo.mu * cfg.algo.minibatches > 1:
-            batch.old_logprobs = batch_logprobs(s.model, batch, temperature, chunk, rows_per_pass)
+            batch.old_logprobs = batch_logprobs(
+                s.model,
+                batch,
+                cfg.rollout.temperature,
+                cfg.model.logprob_chunk_size,
+                cfg.optim.microbatch_size,
+            )
         update = optimise(s, batch)
     metrics = {
         **reward_metrics,
@@ -122,6 +127,17 @@ def training_step(s: Session, step: int) -> dict[str, float]:
     metrics["tokens_per_s"] = float(rollout.completion_mask.sum()) / metrics["time/step"]
     _log_samples(s, step, rollout, rewards, rows)
     return metrics
+
+
+def reference_logprobs(s: Session, batch: TrainBatch) -> torch.Tensor:
+    """`[N, T]` logprobs under pi_ref: the frozen copy, or with LoRA the same weights with the
+    adapter switched off."""
+    cfg = s.config
+    args = (batch, cfg.rollout.temperature, cfg.model.logprob_chunk_size, cfg.optim.microbatch_size)
+    if s.peft_model is None:
+        return batch_logprobs(s.reference, *args)
+    with s.peft_model.disable_adapter():
+        return batch_logprobs(s.model, *args)
 
 
 def sample_groups(
@@ -265,7 +281,12 @@ def train(config: Config, *, quiet: bool = False) -> TrainResult:
     if s.eval_data is not None and cfg.eval.at_start_end:
         eval_after = _evaluate(s, step=cfg.run.steps)
     if s.rank == 0:
-        save_final(s.model, s.tokenizer, s.run_dir / "final")
+        if s.peft_model is None:
+            save_final(s.model, s.tokenizer, s.run_dir / "final")
+        else:
+            save_lora_final(
+                s.peft_model, s.tokenizer, s.run_dir / "final", cfg.model.lora.save_adapter
+            )
     s.logger.close()
     if eval_before and eval_after:
         print(
@@ -290,9 +311,12 @@ def setup(config: Config) -> Session:
     model_path = resolve_model_path(config.model.path)
     tokenizer = load_tokenizer(model_path, config.model.trust_remote_code)
     model = load_model(model_path, config.model.dtype, device, config.model.trust_remote_code)
+    peft_model = add_lora(model, config.model.lora) if config.model.lora.r else None
+    if peft_model is not None:
+        model = peft_model.get_base_model()
     if config.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)
-    reference = frozen_copy(model) if config.algo.beta > 0 else None
+    reference = frozen_copy(model) if config.algo.beta > 0 and peft_model is None else None
     train_rows, eval_rows, task = load_prompts(config)
     data = PromptData(train_rows, tokenizer, config.data, seed=config.run.seed)
     eval_data = (
@@ -323,6 +347,7 @@ def setup(config: Config) -> Session:
         model=model,
         policy=distributed.wrap(PolicyLogprobs(model), device, config.dist.fsdp),
         reference=reference,
+        peft_model=peft_model,
         tokenizer=tokenizer,
         sampler=TorchSampler(model, tokenizer),
         data=data,
