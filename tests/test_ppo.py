@@ -273,6 +273,18 @@ def test_ppo_setup_has_a_critic_and_puts_the_kl_in_the_reward(tiny_model_dir, da
     assert not policy_storage & {p.data_ptr() for p in s.critic.model.parameters()}
 
 
+def test_ppo_can_keep_the_kl_in_the_loss(tiny_model_dir, data_file, tmp_path):
+    config = _ppo_config(
+        tiny_model_dir,
+        data_file,
+        tmp_path / "run",
+        "algo.kl_in_reward=false",
+        "algo.kl_estimator=k3",
+    )
+    s = setup(config)
+    assert s.critic is not None and s.loss_fns.beta == 0.04
+
+
 def test_two_ppo_steps_train_the_critic_and_checkpoint_it(tiny_model_dir, data_file, tmp_path):
     run_dir = tmp_path / "run"
     train(_ppo_config(tiny_model_dir, data_file, run_dir), quiet=True)
