@@ -287,7 +287,10 @@ def sample_tokens(
         if params.min_p > 0:
             floor = params.min_p * probs.max(dim=-1, keepdim=True).values
             probs.masked_fill_(probs < floor, 0.0)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        # inverse-CDF draw: one uniform per row (multinomial draws one exponential per token)
+        cdf = probs.cumsum_(-1)
+        u = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device) * cdf[:, -1:]
+        tokens = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
     chosen = scaled.gather(1, tokens[:, None]).squeeze(1)
     return tokens, chosen - lse
 
@@ -299,7 +302,7 @@ def _stop_candidates(tokenizer, stops: tuple[str, ...], vocab: int) -> torch.Ten
     that a lone-token decode drops (SentencePiece) are seen."""
     anchor = tokenizer.encode("a", add_special_tokens=False)[:1]
     prefix = tokenizer.decode(anchor)
-    pieces = tokenizer.batch_decode([anchor + [v] for v in range(vocab)])
+    pieces = tokenizer.batch_decode([anchor + [v] for v in range(vocab)], skip_special_tokens=True)
     lasts = {s[-1] for s in stops}
     special = set(tokenizer.all_special_ids)
     flags = []

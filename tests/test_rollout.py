@@ -1,0 +1,228 @@
+"""TorchSampler: shapes and masks, finish reasons, stop strings, determinism, logprob equality
+with the trainer's forward, and the fast Llama-family decode step against the HF forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from oncurve.rollout import SamplingParams, TorchSampler, decode_llama
+from oncurve.rollout.torch_sampler import _stop_candidates, sample_tokens
+from oncurve.tokenizer import char_tokenizer
+from oncurve.train_step import completion_logprobs
+
+TOKENIZER = char_tokenizer()
+VOCAB = len(TOKENIZER)
+EOS = TOKENIZER.eos_token_id
+PROMPTS = ["12+34=", "x", "hello world"]
+
+
+def make_model(kind: str, eos_bias: float | None = None) -> transformers.PreTrainedModel:
+    """A random ~30k-parameter model; `eos_bias` adds an lm_head bias on EOS only."""
+    torch.manual_seed(0)
+    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+    heads = dict(num_attention_heads=4, max_position_embeddings=128)
+    if kind == "qwen2":
+        model = transformers.Qwen2ForCausalLM(
+            transformers.Qwen2Config(**common, **heads, num_key_value_heads=2)
+        )
+    elif kind == "llama":
+        model = transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(**common, **heads, num_key_value_heads=4)
+        )
+    elif kind == "mistral":
+        model = transformers.MistralForCausalLM(
+            transformers.MistralConfig(**common, **heads, num_key_value_heads=1)
+        )
+    else:
+        config = transformers.GPT2Config(
+            vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=128
+        )
+        model = transformers.GPT2LMHeadModel(config)
+    model.config.eos_token_id = EOS
+    model.generation_config.eos_token_id = EOS
+    if eos_bias is not None:
+        old = model.get_output_embeddings()
+        head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+        with torch.no_grad():
+            head.weight.copy_(old.weight)
+            head.bias.zero_()
+            head.bias[EOS] = eos_bias
+        model.set_output_embeddings(head)
+    return model.eval()
+
+
+def sample(model, group=2, fast=True, prompts=PROMPTS, **params):
+    return TorchSampler(model, TOKENIZER, fast=fast).generate(
+        prompts, group, SamplingParams(**params)
+    )
+
+
+@pytest.mark.parametrize(
+    "kind,fast",
+    [("llama", True), ("qwen2", True), ("mistral", True), ("qwen2", False), ("gpt2", False)],
+)
+def test_logprobs_equal_training_forward(kind: str, fast: bool) -> None:
+    # EOS made likely (bias 0.5, then top-k 20) so rows end at different steps and the batch gets compacted.
+    model = make_model(kind, eos_bias=0.5)
+    batch = sample(model, group=3, fast=fast, max_new_tokens=12, temperature=0.7, top_k=20, seed=1)
+    assert {"eos", "length"} <= set(batch.finish_reasons)
+    assert len(set(batch.completion_lengths.tolist())) >= 3
+    logprobs, _ = completion_logprobs(
+        model, batch.input_ids, batch.attention_mask, batch.completion_ids.shape[1], 0.7
+    )
+    mask = batch.completion_mask.bool()
+    assert torch.allclose(logprobs[mask], batch.logprobs[mask], atol=1e-5, rtol=0)
+    assert (batch.logprobs[~mask] == 0).all()
+
+
+def test_greedy_logprobs_are_at_temperature_one() -> None:
+    model = make_model("qwen2")
+    batch = sample(model, max_new_tokens=6, temperature=0.0)
+    logprobs, _ = completion_logprobs(model, batch.input_ids, batch.attention_mask, 6, 1.0)
+    assert torch.allclose(logprobs, batch.logprobs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
+def test_fast_decode_step_matches_hf_logits(kind: str) -> None:
+    model = make_model(kind)
+    assert decode_llama.supports(model, 40)
+    ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
+    mask = (ids != 0).long()
+    decoder = decode_llama.LlamaDecoder(model, rows=4, width=5, new=3)
+    with torch.inference_mode():
+        logits = decoder.prefill(ids, mask, group_size=2)
+        steps = [logits]
+        new = torch.tensor([[20, 21, 22, 23], [30, 31, 32, 33]])
+        for t in range(2):
+            steps.append(decoder.step(new[t]))
+        full_ids = torch.cat([ids.repeat_interleave(2, 0), new.T], dim=1)
+        full_mask = torch.cat([mask.repeat_interleave(2, 0), torch.ones(4, 2, dtype=torch.long)], 1)
+        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
+        reference = model(input_ids=full_ids, attention_mask=full_mask, position_ids=positions)
+    for t, logits in enumerate(steps):
+        assert torch.allclose(logits, reference.logits[:, 4 + t], atol=1e-5, rtol=0)
+
+
+def test_fast_path_declined_for_gpt2_and_short_windows() -> None:
+    assert not decode_llama.supports(make_model("gpt2"), 10)
+    mistral = make_model("mistral")
+    mistral.config.sliding_window = 8
+    assert not decode_llama.supports(mistral, 10)
+    assert decode_llama.supports(mistral, 8)
+
+
+def test_shapes_masks_and_group_layout() -> None:
+    batch = sample(make_model("qwen2"), group=3, max_new_tokens=5, seed=0)
+    lengths = [len(TOKENIZER(p)["input_ids"]) for p in PROMPTS]
+    width = max(lengths)
+    assert batch.prompt_ids.shape == (9, width) and batch.group_size == 3
+    assert batch.prompt_mask.sum(1).tolist() == [n for n in lengths for _ in range(3)]
+    for i, prompt in enumerate(PROMPTS):
+        expected = TOKENIZER(prompt)["input_ids"]
+        for row in range(3 * i, 3 * i + 3):  # a prompt's G rows are contiguous
+            assert batch.prompt_ids[row, width - len(expected) :].tolist() == expected
+            assert (batch.prompt_ids[row, : width - len(expected)] == TOKENIZER.pad_token_id).all()
+    n = batch.completion_lengths
+    positions = torch.arange(batch.completion_ids.shape[1])
+    assert torch.equal(batch.completion_mask.bool(), positions[None] < n[:, None])
+    assert (batch.completion_ids[~batch.completion_mask.bool()] == TOKENIZER.pad_token_id).all()
+    assert len(batch.texts) == len(batch.finish_reasons) == 9
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_every_row_ends_at_once_on_eos(fast: bool) -> None:
+    batch = sample(make_model("llama", eos_bias=100.0), fast=fast, max_new_tokens=8, seed=0)
+    assert batch.finish_reasons == ["eos"] * 6
+    assert batch.completion_ids.tolist() == [[EOS]] * 6
+    assert batch.completion_mask.tolist() == [[1]] * 6
+    assert batch.texts == [""] * 6
+
+
+def test_min_new_tokens_suppresses_eos() -> None:
+    batch = sample(make_model("llama", eos_bias=100.0), max_new_tokens=8, min_new_tokens=3, seed=0)
+    assert batch.finish_reasons == ["eos"] * 6
+    assert batch.completion_lengths.tolist() == [4] * 6
+    assert (batch.completion_ids[:, 3] == EOS).all() and (batch.completion_ids[:, :3] != EOS).all()
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_no_row_ends_truncated_at_max_length(fast: bool) -> None:
+    batch = sample(make_model("qwen2", eos_bias=-100.0), fast=fast, max_new_tokens=7, seed=3)
+    assert batch.finish_reasons == ["length"] * 6
+    assert batch.completion_mask.shape == (6, 7) and batch.completion_mask.all()
+    assert batch.texts == TOKENIZER.batch_decode(batch.completion_ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_stop_string_ends_row_and_cuts_text(fast: bool) -> None:
+    model = make_model("qwen2", eos_bias=-100.0)
+    plain = sample(model, group=1, fast=fast, max_new_tokens=16, temperature=0.0)
+    stop = plain.texts[0][4:6]  # ends the first row at its 6th token at the latest
+    cut = plain.texts[0].find(stop) + len(stop)
+    stopped = sample(model, group=1, fast=fast, max_new_tokens=16, temperature=0.0, stop=(stop,))
+    assert stopped.finish_reasons[0] == "stop"
+    assert stopped.texts[0] == plain.texts[0][:cut]
+    assert stopped.completion_lengths[0] == cut
+    assert torch.equal(stopped.completion_ids[0, :cut], plain.completion_ids[0, :cut])
+    for i in (1, 2):  # rows whose text never holds the stop string are unchanged
+        if stop not in plain.texts[i]:
+            assert stopped.texts[i] == plain.texts[i] and stopped.finish_reasons[i] == "length"
+
+
+def test_stop_candidates_are_tokens_holding_the_last_character() -> None:
+    table = _stop_candidates(TOKENIZER, ("</a>", "##"), VOCAB)
+    flagged = {TOKENIZER.convert_ids_to_tokens(i) for i in table.nonzero().flatten().tolist()}
+    assert flagged == {">", "#"}
+
+
+def test_seed_determinism_and_global_rng_untouched() -> None:
+    model = make_model("qwen2")
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    first = sample(model, max_new_tokens=10, seed=7)
+    assert torch.equal(torch.get_rng_state(), state)
+    again = sample(model, max_new_tokens=10, seed=7)
+    other = sample(model, max_new_tokens=10, seed=8)
+    assert torch.equal(first.completion_ids, again.completion_ids)
+    assert torch.equal(first.logprobs, again.logprobs)
+    assert not torch.equal(first.completion_ids, other.completion_ids)
+
+
+def test_fast_and_generic_paths_agree_greedy() -> None:
+    model = make_model("mistral", eos_bias=2.0)
+    fast = sample(model, max_new_tokens=10, temperature=0.0)
+    generic = sample(model, fast=False, max_new_tokens=10, temperature=0.0)
+    assert torch.equal(fast.completion_ids, generic.completion_ids)
+    assert fast.finish_reasons == generic.finish_reasons
+
+
+def test_filters_that_keep_one_token_are_greedy() -> None:
+    model = make_model("llama")
+    greedy = sample(model, max_new_tokens=6, temperature=0.0).completion_ids
+    for filters in ({"top_k": 1}, {"top_p": 1e-6}, {"min_p": 1.0}):
+        batch = sample(model, max_new_tokens=6, temperature=1.5, seed=0, **filters)
+        assert torch.equal(batch.completion_ids, greedy), filters
+
+
+def test_sample_tokens_top_p_keeps_the_nucleus() -> None:
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().expand(4000, 4)
+    generator = torch.Generator().manual_seed(0)
+    tokens, logprobs = sample_tokens(logits, SamplingParams(top_p=0.7), generator)
+    counts = torch.bincount(tokens, minlength=4)
+    assert counts[2:].sum() == 0  # 0.5 + 0.3 already reach 0.7
+    assert abs(counts[0] / 4000 - 0.5 / 0.8) < 0.03
+    assert torch.allclose(logprobs, logits.gather(1, tokens[:, None]).squeeze(1), atol=1e-6)
+
+
+def test_invalid_input_is_reported() -> None:
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1.0)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    sampler = TorchSampler(make_model("qwen2"), TOKENIZER)
+    with pytest.raises(ValueError, match="at least one token"):
+        sampler.generate_ids([[5], []], 2, SamplingParams())
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        sampler.generate_ids([[5]], 2, SamplingParams(max_new_tokens=200))
