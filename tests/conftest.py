@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -37,4 +38,13 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model.config.bos_token_id = tokenizer.bos_token_id
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def data_file(tmp_path: Path) -> Path:
+    """40 JSONL rows `{"prompt": "i+i=", "answer": "2i"}`."""
+    path = tmp_path / "data.jsonl"
+    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(40)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

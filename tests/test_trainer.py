@@ -20,14 +20,6 @@ from oncurve.config import load_config
 from oncurve.trainer import setup, train, training_step
 
 
-@pytest.fixture
-def data_file(tmp_path: Path) -> Path:
-    path = tmp_path / "data.jsonl"
-    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(40)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def make_config(model_dir: Path, data_file: Path, run_dir: Path, *extra: str):
     return load_config(
         None,

@@ -1,0 +1,71 @@
+"""LoRA through peft: only adapters train, the reference is the adapter switched off, and the
+merged final model behaves as the adapted one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from test_trainer import make_config
+
+from oncurve.rollout import SamplingParams
+from oncurve.train_step import batch_logprobs
+from oncurve.trainer import reference_logprobs, setup, train, training_step
+from oncurve.types import TrainBatch
+
+pytest.importorskip("peft", reason="the lora extra (peft) is not installed")
+
+LORA = ("model.lora.r=4", "model.lora.alpha=8", "optim.lr=5e-2", "algo.beta=0.04")
+
+
+def test_only_adapter_weights_change(tiny_model_dir, data_file, tmp_path):
+    s = setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *LORA))
+    before = {n: p.detach().clone() for n, p in s.model.named_parameters()}
+    for step in (1, 2):
+        training_step(s, step)
+    changed = {n for n, p in s.model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("lora_" in n for n in changed)
+    trainable = {n for n, p in s.model.named_parameters() if p.requires_grad}
+    assert trainable == {n for n in before if "lora_" in n}
+
+
+def test_reference_is_the_base_model_with_the_adapter_off(tiny_model_dir, data_file, tmp_path):
+    s = setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *LORA))
+    assert s.reference is None
+    training_step(s, 1)  # the adapter's B matrices start at 0; one step makes them matter
+    rows = s.data.batch(1, 3)
+    rollout = s.sampler.generate_ids(
+        [r["prompt_ids"] for r in rows], 2, SamplingParams(max_new_tokens=6, seed=3)
+    )
+    batch = TrainBatch(
+        rollout.input_ids,
+        rollout.attention_mask,
+        rollout.completion_mask,
+        advantages=torch.zeros(rollout.num_rows),
+    )
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    expected = batch_logprobs(base, batch, 1.0, 64, 8)
+    adapted = batch_logprobs(s.model, batch, 1.0, 64, 8)
+    torch.testing.assert_close(reference_logprobs(s, batch), expected, atol=1e-6, rtol=0)
+    assert float((adapted - expected).abs().max()) > 1e-4
+
+
+def test_merged_final_generates_what_the_adapted_model_generates(
+    tiny_model_dir,
+    data_file,
+    tmp_path,
+):
+    run_dir = tmp_path / "run"
+    config = make_config(tiny_model_dir, data_file, run_dir, *LORA, "model.lora.save_adapter=true")
+    train(config, quiet=True)
+    merged = transformers.AutoModelForCausalLM.from_pretrained(run_dir / "final").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(run_dir / "final")
+    peft = pytest.importorskip("peft")
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    adapted = peft.PeftModel.from_pretrained(base, run_dir / "final" / "adapter").eval()
+    prompt = tokenizer(["3+4=", "12+9="], return_tensors="pt", padding=True)
+    settings = {"max_new_tokens": 8, "min_new_tokens": 8, "do_sample": False}
+    assert torch.equal(
+        merged.generate(**prompt, **settings), adapted.generate(**prompt, **settings)
+    )
+    assert not any("lora" in name for name in merged.state_dict())
