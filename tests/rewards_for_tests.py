@@ -8,3 +8,11 @@ def count_digits(prompts, completions, **columns):
 
 def constant(prompts, completions, **columns):
     return [0.5 for _ in completions]
+
+
+def fails_on_rank_1(prompts, completions, **columns):
+    import os
+
+    if os.environ.get("RANK") == "1":
+        raise RuntimeError("boom on rank 1")
+    return [0.0 for _ in completions]

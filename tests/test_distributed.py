@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -124,3 +127,73 @@ def test_fsdp2_on_two_ranks_matches_the_data_parallel_update(tmp_path):
 def test_shard_refuses_groups_that_do_not_divide(tmp_path: Path):
     with pytest.raises(ValueError, match="must be divisible by the number of ranks"):
         distributed.shard(5, 0, 2)
+
+
+def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    return subprocess.run(
+        [sys.executable, "-m", "oncurve", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def test_two_rank_run_writes_one_log_one_checkpoint_set_and_resumes(
+    tiny_model_dir, data_file, tmp_path
+):
+    run_dir = tmp_path / "run"
+    common = [
+        "train",
+        f"model.path={tiny_model_dir}",
+        f"data.path={data_file}",
+        "data.prompts_per_step=4",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=8",
+        "rewards=[rewards_for_tests:count_digits]",
+        "run.reward_timeout=null",
+        f"run.dir={run_dir}",
+        "run.save_every=1",
+        "run.keep_last=5",
+        "dist.nproc=2",
+    ]
+    first = run_cli(*common, "run.steps=3")
+    assert first.returncode == 0, first.stderr[-2000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").glob("step-*"))
+    assert checkpoints == ["step-000001", "step-000002", "step-000003"]
+    assert sorted(p.name for p in (run_dir / "checkpoints" / "step-000003").glob("rng-*")) == [
+        "rng-rank0.json",
+        "rng-rank1.json",
+    ]
+    resumed = run_cli(*common, "run.steps=4", "run.resume=auto")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    refused = run_cli(*common[:-1], "dist.nproc=1", "run.steps=5", "run.resume=auto")
+    assert refused.returncode == 2
+    assert "written by 2 ranks" in refused.stderr
+
+
+def test_a_rank_that_raises_fails_the_job_instead_of_hanging(tiny_model_dir, data_file, tmp_path):
+    # rank 1's reward raises on its first call; rank 0 waits in the next collective until the
+    # process group sees the peer gone (or dist.timeout_s), then torchrun exits non-zero.
+    proc = run_cli(
+        "train",
+        f"model.path={tiny_model_dir}",
+        f"data.path={data_file}",
+        "data.prompts_per_step=4",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=8",
+        "rewards=[rewards_for_tests:fails_on_rank_1]",
+        "run.reward_timeout=null",
+        f"run.dir={tmp_path / 'run'}",
+        "run.steps=3",
+        "dist.nproc=2",
+        "dist.timeout_s=30",
+        timeout=180,
+    )
+    assert proc.returncode != 0
+    assert "reward 'fails_on_rank_1' failed" in proc.stderr

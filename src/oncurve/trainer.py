@@ -445,7 +445,6 @@ def _claim_run_dir(config: Config) -> tuple[Path, Path | None]:
         found = checkpoint.latest_checkpoint(run_dir) if run_dir.exists() else None
         if found is not None:
             return run_dir, found
-        print(f"note: no checkpoint in {run_dir}; starting a new run", file=sys.stderr)
     if run_dir.exists() and any(run_dir.iterdir()):
         # resume=auto restarts a run killed before its first checkpoint, but never deletes
         # files that no run wrote (run.dir pointed at the wrong directory).
@@ -461,6 +460,8 @@ def _claim_run_dir(config: Config) -> tuple[Path, Path | None]:
                 )
             )
         shutil.rmtree(run_dir)
+    if resume == "auto":
+        print(f"note: no checkpoint in {run_dir}; starting a new run", file=sys.stderr)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
