@@ -158,6 +158,11 @@ class AlgoConfig:
     value_clip: float = _opt(0.2, "PPO value-loss clip range", POSITIVE)
     value_coef: float = _opt(0.5, "PPO value-loss weight", POSITIVE)
     value_lr: float | None = _opt(None, "critic learning rate; default optim.lr", POSITIVE)
+    kl_in_reward: bool = _opt(
+        False,
+        "PPO: subtract beta x per-token KL (kl_estimator) from the reward instead of adding it "
+        "to the loss",
+    )
 
 
 @dataclass
@@ -296,6 +301,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "loss_agg": "token-mean",
         "beta": 0.04,
         "epsilon": 0.2,
+        # The classic RLHF penalty: -beta * log(pi/pi_ref) on every token's reward.
+        "kl_in_reward": True,
+        "kl_estimator": "k1",
     },
 }
 
@@ -463,6 +471,10 @@ def _scalar(hint: type, value: Any, name: str) -> Any:
 
 
 def _check_cross_fields(config: Config) -> None:
+    if config.algo.kl_in_reward and config.algo.estimator != "gae":
+        raise UserError(
+            f"algo.kl_in_reward needs algo.estimator=gae (a critic), got {config.algo.estimator!r}"
+        )
     if config.data.task is None and config.data.path is None:
         raise UserError("data.task or data.path must be set")
     if config.algo.minibatches > config.data.prompts_per_step:

@@ -125,7 +125,7 @@ def trim_padding(batch: TrainBatch) -> TrainBatch:
         input_ids=batch.input_ids[:, keep],
         attention_mask=batch.attention_mask[:, keep],
         completion_mask=batch.completion_mask[:, :longest_completion],
-        advantages=batch.advantages,
+        advantages=batch.advantages if batch.advantages.dim() == 1 else cut(batch.advantages),
         old_logprobs=cut(batch.old_logprobs),
         ref_logprobs=cut(batch.ref_logprobs),
         sample_logprobs=cut(batch.sample_logprobs),
@@ -199,7 +199,9 @@ def microbatch_loss(
         with_entropy=True,
     )
     old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
-    advantages = micro.advantages.unsqueeze(1).expand_as(logprobs)
+    advantages = micro.advantages
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1).expand_as(logprobs)
     per_token, stats = fns.policy_loss(
         logprobs,
         old,

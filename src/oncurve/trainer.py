@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from oncurve import checkpoint, distributed
+from oncurve import checkpoint, distributed, ppo
 from oncurve.algo.registry import (
     ADVANTAGE_ESTIMATORS,
     AGGREGATIONS,
@@ -45,7 +45,13 @@ from oncurve.models import (
 from oncurve.progress import Progress
 from oncurve.rewards.runner import RewardRunner
 from oncurve.rollout import SamplingParams, TorchSampler
-from oncurve.train_step import LossFns, PolicyLogprobs, batch_logprobs, optimizer_step
+from oncurve.train_step import (
+    LossFns,
+    PolicyLogprobs,
+    batch_logprobs,
+    masked_mean,
+    optimizer_step,
+)
 from oncurve.types import RolloutBatch, TrainBatch
 
 
@@ -74,6 +80,7 @@ class Session:
     rank: int = 0
     world_size: int = 1
     correct: Any = None
+    critic: ppo.Critic | None = None
 
 
 @dataclass
@@ -85,17 +92,22 @@ class TrainResult:
 
 
 def training_step(s: Session, step: int) -> dict[str, float]:
-    """One GRPO step; returns its metrics. The stages, in order, as in DESIGN.md."""
+    """One GRPO step (PPO when there is a critic); returns its metrics. The stages, in order,
+    as in DESIGN.md."""
     cfg = s.config
     timer = _Timer()
     rollout, rewards, reward_metrics, rows = sample_groups(s, step, timer)
-    advantages = lookup(ADVANTAGE_ESTIMATORS, cfg.algo.estimator)(
-        rewards,
-        rollout.group_size,
-        scale=cfg.algo.adv_scale,
-        eps=cfg.algo.adv_eps,
-        batch_std=distributed.batch_std(rewards) if s.world_size > 1 else None,
-    )
+    if s.critic is None:
+        advantages = lookup(ADVANTAGE_ESTIMATORS, cfg.algo.estimator)(
+            rewards,
+            rollout.group_size,
+            scale=cfg.algo.adv_scale,
+            eps=cfg.algo.adv_eps,
+            batch_std=distributed.batch_std(rewards) if s.world_size > 1 else None,
+        )
+    else:
+        # Per token, set below from the critic's values once pi_ref's logprobs are known.
+        advantages = torch.zeros_like(rollout.logprobs)
     batch = TrainBatch(
         input_ids=rollout.input_ids,
         attention_mask=rollout.attention_mask,
@@ -104,6 +116,7 @@ def training_step(s: Session, step: int) -> dict[str, float]:
         sample_logprobs=rollout.logprobs,
     )
     lr = s.scheduler.get_last_lr()[0]
+    critic_metrics: dict[str, float] = {}
     with timer("train"):
         if cfg.algo.beta > 0:
             batch.ref_logprobs = reference_logprobs(s, batch)
@@ -115,11 +128,36 @@ def training_step(s: Session, step: int) -> dict[str, float]:
                 cfg.model.logprob_chunk_size,
                 cfg.optim.microbatch_size,
             )
+        if s.critic is not None:
+            batch.advantages, targets, critic_metrics = ppo.estimate_advantages(
+                s.critic,
+                batch,
+                rewards,
+                kl_coef=cfg.algo.beta if cfg.algo.kl_in_reward else 0.0,
+                kl_fn=s.loss_fns.kl,
+                rows=cfg.optim.microbatch_size,
+            )
         update = optimise(s, batch)
+        if (
+            s.reference is not None
+            and cfg.algo.ref_sync_every
+            and step % cfg.algo.ref_sync_every == 0
+        ):
+            s.reference.load_state_dict(s.model.state_dict())
+        if s.critic is not None:
+            critic_metrics |= ppo.optimise_critic(
+                s.critic,
+                batch,
+                targets,
+                passes=cfg.algo.mu,
+                minibatch_rows=_minibatch_rows(cfg, batch.num_rows),
+                microbatch_size=cfg.optim.microbatch_size,
+            )
     metrics = {
         **reward_metrics,
-        **rollout_metrics(rollout, rewards, advantages),
+        **rollout_metrics(rollout, rewards, batch.advantages),
         **update,
+        **critic_metrics,
         "lr": lr,
         **{f"time/{k}": v for k, v in timer.seconds.items()},
     }
@@ -194,8 +232,7 @@ def optimise(s: Session, batch: TrainBatch) -> dict[str, float]:
     """mu passes over the batch, each split into `minibatches` optimizer steps; gradient
     accumulation inside `accumulate_gradients`. Non-finite updates are skipped and counted."""
     cfg = s.config
-    groups = batch.num_rows // s.config.rollout.group_size
-    per_minibatch = math.ceil(groups / cfg.algo.minibatches) * cfg.rollout.group_size
+    per_minibatch = _minibatch_rows(cfg, batch.num_rows)
     results: list[dict[str, float]] = []
     for _ in range(cfg.algo.mu):
         for start in range(0, batch.num_rows, per_minibatch):
@@ -222,11 +259,22 @@ def optimise(s: Session, batch: TrainBatch) -> dict[str, float]:
     return merged
 
 
+def _minibatch_rows(cfg: Config, num_rows: int) -> int:
+    """Rows per optimizer step: whole groups, `algo.minibatches` steps per pass."""
+    groups = num_rows // cfg.rollout.group_size
+    return math.ceil(groups / cfg.algo.minibatches) * cfg.rollout.group_size
+
+
 def rollout_metrics(
     rollout: RolloutBatch, rewards: torch.Tensor, advantages: torch.Tensor
 ) -> dict[str, float]:
-    """Reward, group and length statistics of a scored rollout."""
+    """Reward, group and length statistics of a scored rollout; `advantages` is `[N]` or, from
+    a critic, `[N, T]` (then averaged over completion tokens)."""
     finite = rewards[torch.isfinite(rewards)]
+    if advantages.dim() == 2:
+        adv_abs_mean = float(masked_mean(advantages.abs(), rollout.completion_mask))
+    else:
+        adv_abs_mean = float(advantages.abs().mean())
     lengths = rollout.completion_lengths.float()
     return {
         "reward/mean": float(finite.mean()) if len(finite) else float("nan"),
@@ -234,7 +282,7 @@ def rollout_metrics(
         "groups/all_equal_frac": float(
             (~_informative_groups(rewards, rollout.group_size)).float().mean()
         ),
-        "adv/abs_mean": float(advantages.abs().mean()),
+        "adv/abs_mean": adv_abs_mean,
         "length/mean": float(lengths.mean()),
         "length/max": float(lengths.max()),
         "length/truncated_frac": sum(r == "length" for r in rollout.finish_reasons)
@@ -317,6 +365,7 @@ def setup(config: Config) -> Session:
     if config.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     reference = frozen_copy(model) if config.algo.beta > 0 and peft_model is None else None
+    critic = ppo.build_critic(model, config, device) if config.algo.estimator == "gae" else None
     train_rows, eval_rows, task = load_prompts(config)
     data = PromptData(train_rows, tokenizer, config.data, seed=config.run.seed)
     eval_data = (
@@ -333,7 +382,7 @@ def setup(config: Config) -> Session:
         policy_loss=lookup(POLICY_LOSSES, config.algo.loss),
         aggregate=lookup(AGGREGATIONS, config.algo.loss_agg),
         kl=lookup(KL_ESTIMATORS, config.algo.kl_estimator),
-        beta=config.algo.beta,
+        beta=0.0 if config.algo.kl_in_reward else config.algo.beta,
         eps_low=config.algo.epsilon,
         eps_high=config.epsilon_high,
         dual_clip=config.algo.dual_clip,
@@ -360,10 +409,16 @@ def setup(config: Config) -> Session:
         correct=correctness_fn(config, task),
         rank=rank,
         world_size=world_size,
+        critic=critic,
     )
     if resume_from is not None:
         state = checkpoint.load_checkpoint(
-            resume_from, model, optimizer, scheduler, modules=_extra_modules(s)
+            resume_from,
+            model,
+            optimizer,
+            scheduler,
+            modules=_extra_modules(s),
+            optimizers=_extra_optimizers(s),
         )
         if state.get("world_size", 1) != world_size:
             raise UserError(
@@ -388,14 +443,22 @@ def _save(s: Session, step: int) -> None:
         {"step": step, "world_size": s.world_size},
         keep_last=s.config.run.keep_last,
         modules=_extra_modules(s),
+        optimizers=_extra_optimizers(s),
     )
 
 
 def _extra_modules(s: Session) -> dict[str, torch.nn.Module]:
+    modules: dict[str, torch.nn.Module] = {}
     # The reference only differs from the initial weights once it has been synced.
     if s.reference is not None and s.config.algo.ref_sync_every:
-        return {"reference": s.reference}
-    return {}
+        modules["reference"] = s.reference
+    if s.critic is not None:
+        modules["value"] = s.critic.model
+    return modules
+
+
+def _extra_optimizers(s: Session) -> dict[str, torch.optim.Optimizer]:
+    return {"value": s.critic.optimizer} if s.critic is not None else {}
 
 
 def _evaluate(s: Session, step: int) -> dict[str, float]:

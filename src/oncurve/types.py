@@ -107,7 +107,8 @@ class TrainBatch:
         input_ids: `[N, P+T]` prompt and completion tokens.
         attention_mask: `[N, P+T]` 1 on real tokens.
         completion_mask: `[N, T]` 1 on tokens that count in the loss.
-        advantages: `[N]` one advantage per completion, given to each of its tokens.
+        advantages: `[N]` one advantage per completion, given to each of its tokens, or `[N, T]`
+            one per token (PPO's GAE).
         old_logprobs: `[N, T]` pi_old, or None when mu = 1 (the update's own detached logprobs).
         ref_logprobs: `[N, T]` pi_ref, or None when beta = 0.
         sample_logprobs: `[N, T]` the sampler's logprobs, compared with pi_old as a health check.
