@@ -7,6 +7,8 @@ config with the bundled character tokenizer; `default` is the bundled model once
 
 from __future__ import annotations
 
+import os
+import resource
 import threading
 import time
 from collections.abc import Callable
@@ -86,9 +88,15 @@ def _rss_bytes() -> int:
 
 
 def peak_memory(fn: Callable[[], Any], interval: float = 0.0005) -> tuple[Any, float]:
-    """Run `fn` and return (its result, peak resident memory above the start, in MB), sampled
-    by a thread every `interval` seconds (large torch tensors are mmap'd, so RSS follows them)."""
+    """Run `fn` and return (its result, peak resident memory above the start, in MB).
+
+    RSS is sampled by a thread every `interval` seconds, and the process's lifetime peak
+    (`ru_maxrss`) counts too when `fn` raised it. RSS follows torch tensors only when freed
+    memory goes back to the OS: run this in a fresh process started with
+    `MALLOC_MMAP_THRESHOLD_` set low (see `isolated_env`), after a small warm-up call.
+    """
     base = _rss_bytes()
+    lifetime_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     peak = base
     done = threading.Event()
 
@@ -105,8 +113,21 @@ def peak_memory(fn: Callable[[], Any], interval: float = 0.0005) -> tuple[Any, f
     finally:
         done.set()
         thread.join()
-    peak = max(peak, _rss_bytes())
+    lifetime = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = max(peak, _rss_bytes(), lifetime if lifetime > lifetime_before else 0)
     return result, (peak - base) / 2**20
+
+
+def isolated_env() -> dict[str, str]:
+    """Environment for a memory-measuring child: glibc returns every allocation over 64 KB to
+    the OS when freed, so RSS is the live memory rather than the heap's high-water mark."""
+    return {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
+def load_note() -> str:
+    """This machine's load, printed with results: other work on the cores slows every sampler."""
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} / {five:.1f} (1 / 5 min) on {os.cpu_count()} cores"
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:

@@ -2,9 +2,10 @@
 
 Same model, prompts and sampling settings (temperature 1, no top-k/top-p); the samplers run
 alternately, several repeats, after one warm-up call each; the table gives the median time, the
-tokens/s, the ratio to `model.generate`, the FLOP floor (2 x parameters x generated tokens at
+median tokens/s, the ratio to `model.generate`, the FLOP floor (2 x parameters x generated tokens at
 this machine's fp32 matmul rate, measured at the decode's largest matmul shape) and how far above
-it each sampler is, and the peak memory of one call (RSS above the start, in a separate pass).
+it each sampler is, and the peak memory of one call (RSS above the start, each sampler in a
+fresh process after a small warm-up call; see `common.peak_memory`).
 
     python benchmarks/rollout.py                 # both scenarios of issue 3
     python benchmarks/rollout.py --model 30m     # one scenario: tiny|default|30m|PATH
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,7 +23,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import load_model, markdown_table, matmul_gflops, peak_memory  # noqa: E402
+from common import (  # noqa: E402
+    isolated_env,
+    load_model,
+    load_note,
+    markdown_table,
+    matmul_gflops,
+    peak_memory,
+)
 
 from oncurve.rollout import SamplingParams, TorchSampler  # noqa: E402
 
@@ -57,20 +66,49 @@ def hf_generate(model, tokenizer, prompts, group, new, force):
     return int(lengths.sum())
 
 
-def run_scenario(name: str, repeats: int, generic: bool) -> tuple[str, list[float]]:
+def make_calls(name: str, generic: bool) -> tuple[dict, object, tuple]:
+    """The samplers of one scenario as zero-argument calls returning tokens generated, and
+    a warm-up call per sampler on a tiny job (imports, first-call allocations)."""
     prompts_n, group, new, force = SCENARIOS.get(name, SCENARIOS["30m"])
     model, tokenizer = load_model(name)
     prompts = make_prompts(prompts_n)
-    params = SamplingParams(max_new_tokens=new, min_new_tokens=new if force else 0)
+
+    def ours(sampler, prompts, group, new):
+        params = SamplingParams(max_new_tokens=new, min_new_tokens=new if force else 0)
+        return lambda: int(sampler.generate(prompts, group, params).completion_mask.sum())
+
+    def generate(prompts, group, new):
+        return lambda: hf_generate(model, tokenizer, prompts, group, new, force)
+
     samplers = {"oncurve": TorchSampler(model, tokenizer)}
     if generic:
         samplers["oncurve (generic HF step)"] = TorchSampler(model, tokenizer, fast=False)
+    calls = {label: ours(s, prompts, group, new) for label, s in samplers.items()}
+    calls["model.generate"] = generate(prompts, group, new)
+    small = {label: ours(s, prompts[:1], 1, 2) for label, s in samplers.items()}
+    small["model.generate"] = generate(prompts[:1], 1, 2)
+    return calls, small, (model, prompts_n, group, new, force)
 
-    def ours(sampler):
-        return lambda: int(sampler.generate(prompts, group, params).completion_mask.sum())
 
-    calls = {label: ours(s) for label, s in samplers.items()}
-    calls["model.generate"] = lambda: hf_generate(model, tokenizer, prompts, group, new, force)
+def child_memory(name: str, label: str, generic: bool) -> float:
+    """Peak MB of one call of sampler `label`, measured in a fresh process."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--model", name, "--memory-of", label]
+        + ([] if generic else ["--no-generic"]),
+        env=isolated_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def run_scenario(name: str, repeats: int, generic: bool) -> tuple[str, list[float]]:
+    calls, small, (model, prompts_n, group, new, force) = make_calls(name, generic)
+    config = model.config
+    shape = (prompts_n * group, config.hidden_size, config.intermediate_size)
+    rate = matmul_gflops(*shape)
+    load_before = load_note()
     for call in calls.values():  # warm-up
         call()
     times: dict[str, list[float]] = {label: [] for label in calls}
@@ -80,16 +118,19 @@ def run_scenario(name: str, repeats: int, generic: bool) -> tuple[str, list[floa
             start = time.perf_counter()
             tokens[label].append(call())
             times[label].append(time.perf_counter() - start)
-    memory = {label: peak_memory(call)[1] for label, call in calls.items()}
+    rate = max(rate, matmul_gflops(*shape))
+    load_after = load_note()
+    memory = {label: child_memory(name, label, generic) for label in calls}
 
-    config = model.config
-    rate = matmul_gflops(prompts_n * group, config.hidden_size, config.intermediate_size)
+    def median_tps(label: str) -> float:
+        return statistics.median(n / s for n, s in zip(tokens[label], times[label], strict=True))
+
     params_n = model.num_parameters()
-    base_tps = sum(tokens["model.generate"]) / sum(times["model.generate"])
+    base_tps = median_tps("model.generate")
     rows, ratios = [], []
     for label in calls:
         seconds = statistics.median(times[label])
-        tps = sum(tokens[label]) / sum(times[label])
+        tps = median_tps(label)
         mean_tokens = statistics.mean(tokens[label])
         floor = 2 * params_n * mean_tokens / (rate * 1e9)
         ratio = tps / base_tps
@@ -120,9 +161,9 @@ def run_scenario(name: str, repeats: int, generic: bool) -> tuple[str, list[floa
     title = (
         f"### {name}: {params_n / 1e6:.2f}M params, {prompts_n} prompts x G={group}, "
         f"{new} new tokens{' (forced full length)' if force else ''}, {repeats} repeats\n\n"
-        f"fp32 matmul rate at [{prompts_n * group}, {config.hidden_size}] x "
-        f"[{config.hidden_size}, {config.intermediate_size}]: {rate:.1f} GFLOP/s; "
-        f"torch threads: {torch.get_num_threads()}\n\n"
+        f"fp32 matmul rate at [{shape[0]}, {shape[1]}] x [{shape[1]}, {shape[2]}]: "
+        f"{rate:.1f} GFLOP/s (best of two measurements); torch threads: "
+        f"{torch.get_num_threads()}; before: {load_before}; after: {load_after}\n\n"
     )
     return title + markdown_table(header, rows) + "\n", ratios
 
@@ -132,7 +173,13 @@ def main() -> None:
     parser.add_argument("--model", help="tiny | default | 30m | PATH (default: tiny and 30m)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-generic", action="store_true", help="skip the generic HF path")
+    parser.add_argument("--memory-of", help=argparse.SUPPRESS)  # child: one sampler's peak MB
     args = parser.parse_args()
+    if args.memory_of:
+        calls, small, _ = make_calls(args.model, not args.no_generic)
+        small[args.memory_of]()
+        print(peak_memory(calls[args.memory_of])[1])
+        return
     names = [args.model] if args.model else ["tiny", "30m"]
     sections = []
     for name in names:

@@ -84,13 +84,19 @@ def test_greedy_logprobs_are_at_temperature_one() -> None:
     assert torch.allclose(logprobs, batch.logprobs, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
-def test_fast_decode_step_matches_hf_logits(kind: str) -> None:
+@pytest.mark.parametrize(
+    "kind,fuse", [("llama", True), ("qwen2", True), ("qwen2", False), ("mistral", True)]
+)
+def test_fast_decode_step_matches_hf_logits(
+    kind: str, fuse: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(decode_llama, "FUSE_MAX_BYTES", 2**30 if fuse else 0)
     model = make_model(kind)
     assert decode_llama.supports(model, 40)
     ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
     mask = (ids != 0).long()
     decoder = decode_llama.LlamaDecoder(model, rows=4, width=5, new=3)
+    assert decoder.layers[0].fused is fuse
     with torch.inference_mode():
         logits = decoder.prefill(ids, mask, group_size=2)
         steps = [logits]

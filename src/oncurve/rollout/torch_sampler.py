@@ -152,7 +152,8 @@ class TorchSampler:
 
         fast = self.fast and decode_llama.supports(self.model, width + new)
         decoder_cls = decode_llama.LlamaDecoder if fast else HFDecoder
-        decoder = decoder_cls(self.model, rows, width, new)
+        # the last sampled token is never fed back, so the cache needs new - 1 columns
+        decoder = decoder_cls(self.model, rows, width, new - 1)
         logits = decoder.prefill(ids, mask, group_size)
         completion, logprobs, ends, reasons = self._decode(decoder, logits, rows, params, device)
 
@@ -269,7 +270,7 @@ def sample_tokens(
     Returns:
         (`[n]` token ids, `[n]` float32 logprobs).
     """
-    scaled = logits / params.temperature if params.temperature > 0 else logits
+    scaled = logits / params.temperature if params.temperature not in (0, 1) else logits
     lse = torch.logsumexp(scaled, dim=-1)
     work = scaled if suppress is None else scaled.index_fill(1, suppress, float("-inf"))
     if params.temperature == 0:
