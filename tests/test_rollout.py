@@ -7,6 +7,7 @@ import pytest
 import torch
 import transformers
 
+from oncurve.models import enable_gradient_checkpointing
 from oncurve.rollout import SamplingParams, TorchSampler, decode_llama
 from oncurve.rollout.torch_sampler import _stop_candidates, sample_tokens
 from oncurve.tokenizer import char_tokenizer
@@ -75,6 +76,18 @@ def test_logprobs_equal_training_forward(kind: str, fast: bool) -> None:
     mask = batch.completion_mask.bool()
     assert torch.allclose(logprobs[mask], batch.logprobs[mask], atol=1e-5, rtol=0)
     assert (batch.logprobs[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_sampling_under_gradient_checkpointing_in_train_mode(fast: bool) -> None:
+    # The trainer's setting: HF would silently drop the KV cache in train mode.
+    model = make_model("qwen2")
+    reference = sample(model, fast=fast, max_new_tokens=6, seed=4)
+    enable_gradient_checkpointing(model)
+    batch = sample(model, fast=fast, max_new_tokens=6, seed=4)
+    assert model.training
+    assert torch.equal(batch.completion_ids, reference.completion_ids)
+    assert torch.allclose(batch.logprobs, reference.logprobs, atol=1e-6, rtol=0)
 
 
 def test_greedy_logprobs_are_at_temperature_one() -> None:

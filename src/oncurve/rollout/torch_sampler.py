@@ -152,10 +152,19 @@ class TorchSampler:
 
         fast = self.fast and decode_llama.supports(self.model, width + new)
         decoder_cls = decode_llama.LlamaDecoder if fast else HFDecoder
-        # the last sampled token is never fed back, so the cache needs new - 1 columns
-        decoder = decoder_cls(self.model, rows, width, new - 1)
-        logits = decoder.prefill(ids, mask, group_size)
-        completion, logprobs, ends, reasons = self._decode(decoder, logits, rows, params, device)
+        # Eval mode while sampling: HF turns the KV cache off in train mode under gradient
+        # checkpointing (the trainer's setting), and dropout must be off anyway.
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            # the last sampled token is never fed back, so the cache needs new - 1 columns
+            decoder = decoder_cls(self.model, rows, width, new - 1)
+            logits = decoder.prefill(ids, mask, group_size)
+            completion, logprobs, ends, reasons = self._decode(
+                decoder, logits, rows, params, device
+            )
+        finally:
+            self.model.train(was_training)
 
         positions = torch.arange(completion.shape[1], device=device)
         completion_mask = (positions[None] < ends[:, None]).long()
