@@ -65,7 +65,7 @@ def sample(model, group=2, fast=True, prompts=PROMPTS, **params):
     [("llama", True), ("qwen2", True), ("mistral", True), ("qwen2", False), ("gpt2", False)],
 )
 def test_logprobs_equal_training_forward(kind: str, fast: bool) -> None:
-    # EOS made likely (bias 0.5, then top-k 20) so rows end at different steps and the batch gets compacted.
+    # EOS made likely (bias 0.5, then top-k 20): rows end at different steps, the batch compacts.
     model = make_model(kind, eos_bias=0.5)
     batch = sample(model, group=3, fast=fast, max_new_tokens=12, temperature=0.7, top_k=20, seed=1)
     assert {"eos", "length"} <= set(batch.finish_reasons)
@@ -194,6 +194,8 @@ def test_stop_candidates_are_tokens_holding_the_last_character() -> None:
     table = _stop_candidates(TOKENIZER, ("</a>", "##"), VOCAB)
     flagged = {TOKENIZER.convert_ids_to_tokens(i) for i in table.nonzero().flatten().tolist()}
     assert flagged == {">", "#"}
+    padded = _stop_candidates(TOKENIZER, ("</a>",), VOCAB + 3)  # lm_head wider than tokenizer
+    assert padded.shape == (VOCAB + 3,) and not padded[VOCAB:].any()
 
 
 def test_seed_determinism_and_global_rng_untouched() -> None:

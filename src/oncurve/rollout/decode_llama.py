@@ -205,7 +205,7 @@ class LlamaDecoder:
             qkv = layer.qkv(h).view(n, heads + 2 * kv, d)
             qk = qkv[:, : heads + kv]
             flipped = qk.unflatten(-1, (2, d // 2)).flip(-2).flatten(-2)
-            qk = qk * cos + flipped * sin
+            qk = torch.addcmul(qk * cos, flipped, sin)
             self.keys[i, :n, :, col] = qk[:, heads:]
             self.values[i, :n, :, col] = qkv[:, heads + kv :]
             q = qk[:, :heads].view(n, kv, heads // kv, d)

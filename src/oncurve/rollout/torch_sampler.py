@@ -312,7 +312,9 @@ def _stop_candidates(tokenizer, stops: tuple[str, ...], vocab: int) -> torch.Ten
     that a lone-token decode drops (SentencePiece) are seen."""
     anchor = tokenizer.encode("a", add_special_tokens=False)[:1]
     prefix = tokenizer.decode(anchor)
-    pieces = tokenizer.batch_decode([anchor + [v] for v in range(vocab)], skip_special_tokens=True)
+    # the model's vocabulary may be padded past the tokenizer's; those ids never decode
+    known = min(vocab, len(tokenizer))
+    pieces = tokenizer.batch_decode([anchor + [v] for v in range(known)], skip_special_tokens=True)
     lasts = {s[-1] for s in stops}
     special = set(tokenizer.all_special_ids)
     flags = []
@@ -320,4 +322,4 @@ def _stop_candidates(tokenizer, stops: tuple[str, ...], vocab: int) -> torch.Ten
         text = piece[len(prefix) :] if piece.startswith(prefix) else piece
         partial = "\ufffd" in text or (text == "" and v not in special)
         flags.append(partial or any(c in text for c in lasts))
-    return torch.tensor(flags, dtype=torch.bool)
+    return torch.tensor(flags + [False] * (vocab - known), dtype=torch.bool)
