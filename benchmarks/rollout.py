@@ -168,6 +168,19 @@ def run_scenario(name: str, repeats: int, generic: bool) -> tuple[str, list[floa
     return title + markdown_table(header, rows) + "\n", ratios
 
 
+def write_results(sections: dict[str, str]) -> None:
+    """Replace the sections of the scenarios just run in `RESULTS`, keeping the others."""
+    old = RESULTS.read_text().split("\n### ")[1:] if RESULTS.exists() else []
+    kept = {part.split(":", 1)[0]: "### " + part for part in old}
+    kept.update(sections)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    body = "\n".join(section.rstrip("\n") + "\n" for section in kept.values())
+    RESULTS.write_text(
+        "# Rollout benchmark\n\nWritten by `python benchmarks/rollout.py [--model NAME]`; "
+        "each run replaces the sections of the models it ran.\n\n" + body
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="tiny | default | 30m | PATH (default: tiny and 30m)")
@@ -181,18 +194,11 @@ def main() -> None:
         print(peak_memory(calls[args.memory_of])[1])
         return
     names = [args.model] if args.model else ["tiny", "30m"]
-    sections = []
+    sections = {}
     for name in names:
-        section, _ = run_scenario(name, args.repeats, not args.no_generic)
-        print(section, flush=True)
-        sections.append(section)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        "# Rollout benchmark\n\nWritten by `python benchmarks/rollout.py"
-        + (f" --model {args.model}" if args.model else "")
-        + "`.\n\n"
-        + "\n".join(sections)
-    )
+        sections[name], _ = run_scenario(name, args.repeats, not args.no_generic)
+        print(sections[name], flush=True)
+    write_results(sections)
     print(f"wrote {RESULTS}")
 
 
