@@ -11,12 +11,12 @@ def test_solution_writes_column_sums_with_carries():
     assert solution(0, 0) == " 00 <answer>0</answer>"
 
 
-def test_examples_are_seeded_distinct_and_correct():
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_examples_are_seeded_and_correct(split):
     task = ArithTask()
-    rows = task.examples("train", 300, seed=3)
-    assert rows == task.examples("train", 300, seed=3)
-    assert rows != task.examples("train", 300, seed=4)
-    assert len({r["prompt"] for r in rows}) == 300
+    rows = task.examples(split, 300, seed=3)
+    assert rows == task.examples(split, 300, seed=3)
+    assert rows != task.examples(split, 300, seed=4)
     for row in rows:
         a, b = (int(x) for x in row["prompt"].rstrip("=").split("+"))
         assert row["answer"] == str(a + b)
@@ -79,7 +79,11 @@ def test_bad_arguments_name_the_field(kwargs, message):
         ArithTask().examples(**kwargs)
 
 
-def test_impossible_request_is_an_error():
-    # Only 100 one-digit problems exist, about 90 of them in the train split.
-    with pytest.raises(ValueError, match="only .* distinct train problems"):
-        ArithTask(max_digits=1).examples("train", 100, seed=0)
+def test_test_problems_are_distinct_and_train_problems_may_repeat():
+    # Only 100 one-digit sums exist, about 10 of them in the test split.
+    task = ArithTask(max_digits=1)
+    assert len(task.examples("train", 500, seed=0)) == 500
+    with pytest.raises(ValueError, match="only .* distinct test problems"):
+        task.examples("test", 50, seed=0)
+    rows = ArithTask().examples("test", 500, seed=0)
+    assert len({r["prompt"] for r in rows}) == 500

@@ -82,8 +82,10 @@ class ArithTask:
         self.max_digits = max_digits
 
     def examples(self, split: str, n: int, seed: int) -> list[dict[str, str]]:
-        """`n` distinct problems of `split` ("train" or "test") drawn with `seed`:
-        rows {"prompt", "answer", "solution"}."""
+        """`n` problems of `split` ("train" or "test") drawn with `seed`: rows {"prompt",
+        "answer", "solution"}. Test problems are distinct, so each counts once in an accuracy;
+        train problems may repeat, so that small problems (there are only 100 one-digit sums)
+        keep their share of the stream however long it is."""
         if split not in SPLITS:
             raise ValueError(f"arith: split must be one of {', '.join(SPLITS)}, got {split!r}")
         if n < 0:
@@ -91,21 +93,20 @@ class ArithTask:
         rng = random.Random(f"arith:{split}:{self.max_digits}:{seed}")
         want_test = split == "test"
         rows, seen = [], set()
-        # The smallest problems run out first (there are 45 distinct 1-digit + 1-digit test
-        # problems at most), so a draw may repeat; the attempt budget keeps an impossible `n`
-        # from looping forever.
+        # The attempt budget keeps an impossible `n` (more test problems than exist) from
+        # looping forever.
         for _ in range(100 * n + 1000):
             if len(rows) == n:
                 break
             a, b = self._operand(rng), self._operand(rng)
             prompt = f"{a}+{b}="
-            if prompt in seen or is_test_problem(prompt) != want_test:
+            if is_test_problem(prompt) != want_test or (want_test and prompt in seen):
                 continue
             seen.add(prompt)
             rows.append({"prompt": prompt, "answer": str(a + b), "solution": solution(a, b)})
         if len(rows) < n:
             raise ValueError(
-                f"arith: only {len(rows)} distinct {split} problems with max_digits="
+                f"arith: only {len(rows)} distinct test problems with max_digits="
                 f"{self.max_digits}, asked for {n}"
             )
         return rows

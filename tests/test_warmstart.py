@@ -1,0 +1,95 @@
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from oncurve.tokenizer import char_tokenizer
+from oncurve.warmstart import encode_sft, warmstart
+
+TINY = {
+    "batch_size": 16,
+    "lr": 3e-3,
+    "warmup_steps": 5,
+    "hidden_size": 32,
+    "num_layers": 2,
+    "intermediate_size": 64,
+    "eval_prompts": 8,
+    "log": lambda line: None,
+}
+
+
+def test_encode_sft_puts_the_loss_on_the_completion_and_eos_only():
+    tokenizer = char_tokenizer()
+    rows = [
+        {"prompt": "1+2=", "solution": " 03 <answer>3</answer>"},
+        {"prompt": "10+25=", "solution": " 05 03 <answer>35</answer>"},
+    ]
+    input_ids, attention_mask, labels = encode_sft(tokenizer, rows)
+    for i, row in enumerate(rows):
+        n_prompt = len(row["prompt"]) + 1  # <bos>
+        n = n_prompt + len(row["solution"]) + 1  # <eos>
+        assert input_ids[i, 0] == tokenizer.bos_token_id
+        assert input_ids[i, n - 1] == tokenizer.eos_token_id
+        assert attention_mask[i].sum() == n
+        assert (labels[i, :n_prompt] == -100).all()
+        assert torch.equal(labels[i, n_prompt:n], input_ids[i, n_prompt:n])
+        assert (labels[i, n:] == -100).all()
+        assert tokenizer.decode(labels[i, n_prompt : n - 1]) == row["solution"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # A model this small runs ~50x slower on 2 OpenMP threads when other jobs share the cores.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("warm")
+    return out, warmstart(out, steps=20, seed=1, **TINY)
+
+
+def test_recipe_output_loads_and_its_loss_fell(tiny_run):
+    out, result = tiny_run
+    assert len(result.losses) == 20
+    first, last = sum(result.losses[:5]) / 5, sum(result.losses[-5:]) / 5
+    assert last < 0.8 * first
+    assert 0.0 <= result.accuracy <= 1.0
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert model.config.model_type == "qwen2"
+    assert model.config.vocab_size == len(tokenizer)
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id
+    assert tokenizer.pad_token_id is not None and tokenizer.bos_token_id is not None
+    assert (out / "model.safetensors").is_file()
+    prompt = tokenizer(["12+34="], return_tensors="pt")["input_ids"]
+    generated = model.generate(prompt, do_sample=False, max_new_tokens=4)
+    assert torch.equal(generated[:, : prompt.shape[1]], prompt)
+
+
+def test_card_records_the_command_and_the_measured_accuracy(tiny_run):
+    out, result = tiny_run
+    card = (out / "README.md").read_text()
+    assert "oncurve warmstart --out src/oncurve/assets/default --steps 20 --seed 1" in card
+    recipe = json.loads(card.split("Recipe: ", 1)[1])
+    assert recipe["test_accuracy"] == result.accuracy
+    assert recipe["final_loss"] == result.losses[-1]
+
+
+def test_same_seed_rebuilds_the_same_weights(tiny_run, tmp_path):
+    out, result = tiny_run
+    again = warmstart(tmp_path, steps=20, seed=1, **TINY)
+    assert again.losses == result.losses
+    first, second = load_file(out / "model.safetensors"), load_file(tmp_path / "model.safetensors")
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_bad_budget_is_rejected(tmp_path):
+    with pytest.raises(ValueError, match="steps must be at least 1"):
+        warmstart(tmp_path, steps=0, **TINY)
