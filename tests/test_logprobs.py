@@ -103,5 +103,7 @@ def test_chunked_peak_memory_below_a_quarter_of_unchunked():
     }
     peak = {mode: int(run.communicate()[0]) for mode, run in runs.items()}
     assert all(run.returncode == 0 for run in runs.values())
-    assert peak["full"] > 500_000  # KiB: the unchunked path holds several [2048, 32000] tensors
+    # The measurement must see at least the one [2048, 32000] float32 logits tensor (256,000 KiB);
+    # how many more copies show up depends on what the import had already touched.
+    assert peak["full"] > 2048 * 32000 * 4 // 1024, peak
     assert peak["chunked"] < peak["full"] / 4, peak
