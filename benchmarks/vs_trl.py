@@ -467,8 +467,8 @@ def report(
     """The markdown section of one model: summary table, targets, phases, runs, unmatched."""
     rate = machine["rate"]
 
-    def steady(label: str, key: str = "seconds") -> list[float]:
-        return [s for r in results[label] for s in r[key][1:]]
+    def steady(label: str) -> list[float]:
+        return [s for r in results[label] for s in r["seconds"][1:]]
 
     stats = {}
     for label, runs in results.items():
@@ -518,10 +518,15 @@ def report(
     target = TARGETS.get(name, 0.8)
     ratio = stats["oncurve"]["seconds"] / base["seconds"]
     memory = stats["oncurve"]["rss"] / base["rss"]
+    accuracy = (stats["oncurve"]["accuracy"], base["accuracy"])
+    p = sum(accuracy) / 2
+    noise = 2 * (p * (1 - p) / args.eval_n) ** 0.5
     verdict = (
         f"Targets: oncurve s/step <= {target}x TRL's: **{ratio:.2f}x, "
         f"{'met' if ratio <= target else 'missed'}**; peak RSS <= TRL's: **{memory:.2f}x, "
-        f"{'met' if memory <= 1 else 'missed'}**."
+        f"{'met' if memory <= 1 else 'missed'}**; held-out accuracy {accuracy[0]:.1%} vs "
+        f"{accuracy[1]:.1%} (two binomial standard errors of one {args.eval_n}-prompt "
+        f"evaluation: {noise:.1%})."
     )
     phase_rows = []
     for label in results:
