@@ -134,3 +134,20 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def write_section(path: Path, title: str, key: str, section: str) -> None:
+    """Replace the section named `key` of the markdown file `path` (other sections stay),
+    under a `# title` heading. Sections are delimited by `<!-- model: key -->` markers."""
+    sections: dict[str, str] = {}
+    if path.is_file():
+        for chunk in path.read_text().split("<!-- model: ")[1:]:
+            name, _, body = chunk.partition(" -->\n")
+            sections[name] = body
+    sections[key] = section
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f"# {title}\n\n"
+        + "\n".join(f"<!-- model: {name} -->\n{body}" for name, body in sections.items())
+    )
+    print(f"wrote {path} (section {key})")

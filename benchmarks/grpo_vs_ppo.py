@@ -1,0 +1,469 @@
+"""GRPO against PPO with a critic on the same job: peak memory, seconds per step, and held-out
+greedy accuracy after the same number of steps and after the same wall-clock time.
+
+Both trainers are oncurve (`algo.preset=grpo` and `algo.preset=ppo`, the library's PPO: a value
+model that is a second copy of the policy's trunk with a scalar head, its own AdamW, GAE, the
+k1 KL to the reference in the reward) on the same model, task (`arith`), prompts per step, G,
+completion length, learning rate (passed explicitly, so both use this script's `--lr`), beta,
+epsilon, mu, microbatch and steps. They alternate (GRPO, PPO, GRPO, PPO, ...), each run a fresh
+subprocess (this script with `--child`, which calls `oncurve.trainer.train`), so the peak
+memory is that process's alone: `ru_maxrss` from `os.wait4` (including the Python, torch and
+transformers start-up every user pays), and on CUDA `torch.cuda.max_memory_allocated`.
+
+Same wall-clock time: both runs save a checkpoint every `--save-every` steps. The budget is the
+faster trainer's training time for all its steps (the sum of its `time/step`: rollout, reward
+and update, without start-up, saving or logging); the slower trainer is scored at its newest
+checkpoint whose cumulative `time/step` fits in that budget (at most one save interval short
+of the exact point, so the comparison never favours the slower trainer).
+
+    .venv/bin/python benchmarks/grpo_vs_ppo.py --model 30m     # ~30M params, 8 x 8, 128 tokens
+    .venv/bin/python benchmarks/grpo_vs_ppo.py                 # the bundled default, 100 steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from common import load_note, markdown_table, write_section  # noqa: E402
+from vs_trl import cpu_name, greedy_accuracy, model_dir, run_child, torch_threads  # noqa: E402
+
+CACHE = HERE / ".cache" / "grpo_vs_ppo"
+RESULTS = HERE / "results" / "grpo_vs_ppo.md"
+TITLE = (
+    "GRPO vs PPO with a critic\n\nWritten by `benchmarks/grpo_vs_ppo.py`, one section per model "
+    "and setting."
+)
+TRAINERS = ("GRPO", "PPO")
+PRESET = {"GRPO": "grpo", "PPO": "ppo"}
+
+
+@dataclass
+class Job:
+    """The settings both trainers are given."""
+
+    model_dir: str
+    prompts: int
+    group: int
+    tokens: int
+    force_length: bool  # suppress EOS until `tokens` (random weights: every completion full)
+    lr: float
+    beta: float
+    epsilon: float
+    mu: int
+    steps: int
+    save_every: int
+    microbatch: int
+    gradient_checkpointing: bool
+
+
+# model -> (prompts per step, G, completion tokens, force full length, steps, save every)
+SCENARIOS = {
+    "default": (16, 8, 64, False, 100, 5),
+    "tiny": (16, 8, 64, False, 8, 2),
+    "30m": (8, 8, 128, True, 3, 1),
+}
+TARGET = 0.70  # GRPO peak memory <= TARGET x PPO's (issue 7, on the ~30M model)
+
+
+def overrides(job: Job, trainer: str, seed: int, run_dir: Path) -> dict[str, object]:
+    """`oncurve train` settings of one run; only the preset differs between the trainers."""
+    return {
+        "model.path": job.model_dir,
+        "model.gradient_checkpointing": job.gradient_checkpointing,
+        "data.task": "arith",
+        "data.prompts_per_step": job.prompts,
+        "rollout.group_size": job.group,
+        "rollout.max_new_tokens": job.tokens,
+        "rollout.min_new_tokens": job.tokens if job.force_length else 0,
+        "rollout.temperature": 1.0,
+        "algo.preset": PRESET[trainer],
+        "algo.beta": job.beta,
+        "algo.epsilon": job.epsilon,
+        "algo.mu": job.mu,
+        "optim.lr": job.lr,
+        "optim.schedule": "constant",
+        "optim.microbatch_size": job.microbatch,
+        "eval.at_start_end": False,
+        "log.samples_per_step": 0,
+        "run.steps": job.steps,
+        "run.seed": seed,
+        "run.save_every": job.save_every,
+        "run.keep_last": job.steps // job.save_every + 1,
+        "run.dir": str(run_dir),
+        "run.overwrite": True,
+    }
+
+
+def child(out: Path) -> None:
+    """Train one run as `out/overrides.json` says; write the CUDA peak (if any) to `out`."""
+    import torch
+
+    from oncurve.config import load_config
+    from oncurve.trainer import train
+
+    settings = json.loads((out / "overrides.json").read_text())
+    flags = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items()]
+    train(load_config(None, flags), quiet=True)
+    cuda = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
+    (out / "child.json").write_text(json.dumps({"cuda_peak_mb": cuda}))
+
+
+def run(job: Job, trainer: str, seed: int, out: Path) -> dict:
+    """One training run in a fresh process; its peak memory, per-step times and metrics."""
+    from oncurve.metrics import read_jsonl
+
+    run_dir = out / "run"
+    (out / "overrides.json").write_text(json.dumps(overrides(job, trainer, seed, run_dir)))
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", str(out)]
+    wall, rss = run_child(command, dict(os.environ), out / "log.txt")
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "time/step" in r]
+    phases = ("rollout", "reward", "train")
+    return {
+        "wall": wall,
+        "rss": rss,
+        "cuda": json.loads((out / "child.json").read_text())["cuda_peak_mb"],
+        "run_dir": str(run_dir),
+        "seconds": [r["time/step"] for r in rows],
+        "phases": {k: [r[f"time/{k}"] for r in rows] for k in phases},
+        "reward": [r["reward/mean"] for r in rows],
+        "length": [r["length/mean"] for r in rows],
+        "explained_var": [r.get("value/explained_var") for r in rows],
+    }
+
+
+def checkpoint_model(base_dir: str, checkpoint: Path, out: Path) -> Path:
+    """A loadable model directory holding a checkpoint's policy weights (the checkpoint keeps
+    only weights; config and tokenizer come from the starting model)."""
+    from safetensors.torch import load_model as load_weights
+
+    from oncurve.models import load_model, load_tokenizer, save_final
+
+    model = load_model(Path(base_dir))
+    load_weights(model, checkpoint / "model.safetensors")
+    save_final(model, load_tokenizer(Path(base_dir)), out)
+    return out
+
+
+def equal_time_step(fast: dict, slow: dict, save_every: int, steps: int) -> tuple[float, int]:
+    """(budget in seconds, the slower run's newest saved step that fits in it; 0 if none)."""
+    budget = sum(fast["seconds"])
+    elapsed, best = 0.0, 0
+    for step, seconds in enumerate(slow["seconds"], start=1):
+        elapsed += seconds
+        if elapsed > budget:
+            break
+        if step % save_every == 0 or step == steps:
+            best = step
+    return budget, best
+
+
+def score_equal_time(job: Job, pair: dict[str, dict], test_file: Path, work: Path, start: float):
+    """Held-out accuracy of both trainers at the faster one's training time (see module doc)."""
+    total = {t: sum(pair[t]["seconds"]) for t in TRAINERS}
+    fast, slow = sorted(TRAINERS, key=total.get)
+    budget, step = equal_time_step(pair[fast], pair[slow], job.save_every, job.steps)
+    if step == job.steps:
+        accuracy = pair[slow]["accuracy"]
+    elif step == 0:
+        accuracy = start
+    else:
+        checkpoint = Path(pair[slow]["run_dir"]) / "checkpoints" / f"step-{step:06d}"
+        directory = checkpoint_model(job.model_dir, checkpoint, work / f"{slow}-step{step}")
+        accuracy = greedy_accuracy(str(directory), test_file, job.tokens)
+    pair[fast]["equal_time"] = {"step": job.steps, "accuracy": pair[fast]["accuracy"]}
+    pair[slow]["equal_time"] = {"step": step, "accuracy": accuracy}
+    for trainer in TRAINERS:
+        pair[trainer]["equal_time"]["budget"] = budget
+
+
+def runtime_floor() -> float:
+    """Peak RSS in MB of a process that only imports torch, transformers and oncurve's trainer:
+    the fixed cost inside every run's peak."""
+    code = "import torch, transformers, oncurve.trainer"
+    process = subprocess.Popen([sys.executable, "-c", code])
+    _, status, usage = os.wait4(process.pid, 0)
+    if os.waitstatus_to_exitcode(status):
+        raise SystemExit("importing oncurve failed")
+    return usage.ru_maxrss / 1024
+
+
+def benchmark(name: str, args: argparse.Namespace) -> str:
+    import transformers
+
+    prompts, group, tokens, force, steps, save_every = SCENARIOS.get(name, SCENARIOS["default"])
+    path = model_dir(name)
+    job = Job(
+        model_dir=str(path),
+        prompts=args.prompts or prompts,
+        group=args.group or group,
+        tokens=args.tokens or tokens,
+        force_length=force,
+        lr=args.lr,
+        beta=args.beta,
+        epsilon=args.epsilon,
+        mu=args.mu,
+        steps=args.steps or steps,
+        save_every=args.save_every or save_every,
+        microbatch=args.microbatch,
+        gradient_checkpointing=args.gradient_checkpointing,
+    )
+    key = name + ("-gc" if job.gradient_checkpointing else "")
+    work = CACHE / "runs" / key
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    test_file = work / "test.jsonl"
+    subprocess.run(
+        [sys.executable, "-m", "oncurve", "tasks", "export", "arith", "--split", "test"]
+        + ["-n", str(args.eval_n), "-o", str(test_file)],
+        check=True,
+    )
+    config = transformers.AutoConfig.from_pretrained(path)
+    params = transformers.AutoModelForCausalLM.from_config(config).num_parameters()
+    load_before = load_note()
+    floor = runtime_floor()
+    start = greedy_accuracy(str(path), test_file, job.tokens)
+    print(f"[{key}] runtime floor {floor:.0f} MB; starting accuracy {start:.1%}", flush=True)
+    pairs: list[dict[str, dict]] = []
+    for index in range(args.runs):
+        pair: dict[str, dict] = {}
+        for trainer in TRAINERS:
+            out = work / f"{trainer}-{index}"
+            out.mkdir()
+            print(f"[{key}] run {index + 1}/{args.runs}: {trainer} ...", flush=True)
+            result = run(job, trainer, index, out)
+            result["accuracy"] = greedy_accuracy(
+                str(Path(result["run_dir"]) / "final"), test_file, job.tokens
+            )
+            median = statistics.median(result["seconds"][1:] or result["seconds"])
+            print(
+                f"  {median:.2f} s/step, peak RSS {result['rss']:.0f} MB, "
+                f"final reward {result['reward'][-1]:.3f}, accuracy {result['accuracy']:.1%}",
+                flush=True,
+            )
+            pair[trainer] = result
+        score_equal_time(job, pair, test_file, work, start)
+        pairs.append(pair)
+    machine = {
+        "load": f"{load_before} before, {load_note()} after",
+        "floor": floor,
+        "date": time.strftime("%Y-%m-%d"),
+        "cpu": f"{cpu_name()}, {os.cpu_count()} cores, torch threads {torch_threads()}",
+    }
+    raw = {"job": asdict(job), "params": params, "machine": machine, "start": start}
+    (work / "results.json").write_text(json.dumps({**raw, "pairs": pairs, "args": vars(args)}))
+    return report(key, job, params, machine, start, pairs, args)
+
+
+def report(
+    key: str,
+    job: Job,
+    params: int,
+    machine: dict,
+    start: float,
+    pairs: list[dict[str, dict]],
+    args: argparse.Namespace,
+) -> str:
+    """The markdown section of one model and setting."""
+    stats = {}
+    for trainer in TRAINERS:
+        runs = [pair[trainer] for pair in pairs]
+        cuda = [r["cuda"] for r in runs if r["cuda"] is not None]
+        stats[trainer] = {
+            "seconds": statistics.median(s for r in runs for s in r["seconds"][1:] or r["seconds"]),
+            "rss": max(r["rss"] for r in runs),
+            "cuda": max(cuda) if cuda else None,
+            "reward": statistics.mean(x for r in runs for x in r["reward"]),
+            "accuracy": statistics.mean(r["accuracy"] for r in runs),
+            "equal_step": statistics.mean(r["equal_time"]["step"] for r in runs),
+            "equal_acc": statistics.mean(r["equal_time"]["accuracy"] for r in runs),
+        }
+    base = stats["PPO"]
+    header = ["trainer", "peak RSS MB", "vs PPO"]
+    if base["cuda"] is not None:
+        header += ["peak CUDA MB", "vs PPO"]
+    header += [
+        "median s/step",
+        "vs PPO",
+        "mean reward, all steps",
+        f"greedy acc. after {job.steps} steps",
+        "step at equal time",
+        "greedy acc. at equal time",
+    ]
+    rows = []
+    for trainer, s in stats.items():
+        row = [trainer, f"{s['rss']:,.0f}", f"{s['rss'] / base['rss']:.2f}x"]
+        if base["cuda"] is not None:
+            row += [f"{s['cuda']:,.0f}", f"{s['cuda'] / base['cuda']:.2f}x"]
+        row += [
+            f"{s['seconds']:.3f}",
+            f"{s['seconds'] / base['seconds']:.2f}x",
+            f"{s['reward']:.3f}",
+            f"{s['accuracy']:.1%}",
+            f"{s['equal_step']:g}",
+            f"{s['equal_acc']:.1%}",
+        ]
+        rows.append(row)
+    memory = stats["GRPO"]["rss"] / base["rss"]
+    p = max(min((stats["GRPO"]["accuracy"] + base["accuracy"]) / 2, 1.0), 0.0)
+    noise = 2 * (p * (1 - p) / args.eval_n) ** 0.5
+    if key.startswith("30m"):
+        target = f"target <= {TARGET}x: **{'met' if memory <= TARGET else 'missed'}**"
+    else:
+        target = f"reported only (the {TARGET}x target is for the ~30M model)"
+    verdict = (
+        f"Peak memory (process peak RSS, runtime included): GRPO **{memory:.2f}x** PPO's; "
+        f"{target}. Held-out greedy accuracy ({args.eval_n} prompts, starting model {start:.1%}; two "
+        f"binomial standard errors {noise:.1%})."
+    )
+    if start == 0 and all(s["accuracy"] == 0 for s in stats.values()):
+        verdict += (
+            " Random weights: accuracy is 0 for both after so few steps; the accuracy comparison "
+            "is the bundled default's."
+        )
+    budget = statistics.mean(pair["GRPO"]["equal_time"]["budget"] for pair in pairs)
+    equal_time = (
+        f"Equal wall-clock time: the budget is the faster trainer's training time for {job.steps} "
+        f"steps (sum of `time/step`, mean {budget:.0f} s); the slower trainer is scored at its "
+        f"newest checkpoint (saved every {job.save_every} steps) whose cumulative `time/step` "
+        "fits in it (step 0 = the starting model)."
+    )
+    breakdown = memory_breakdown(job, params, machine["floor"], stats)
+    phase_rows = []
+    for trainer in TRAINERS:
+        for phase in pairs[0][trainer]["phases"]:
+            values = [x for pair in pairs for x in pair[trainer]["phases"][phase][1:]]
+            median = statistics.median(values or pairs[0][trainer]["phases"][phase])
+            share = median / stats[trainer]["seconds"]
+            phase_rows.append([trainer, phase, f"{median:.3f}", f"{share:.0%}"])
+    per_run = [
+        [
+            trainer,
+            str(i + 1),
+            " ".join(f"{s:.2f}" for s in r["seconds"]) if len(r["seconds"]) <= 10 else "...",
+            f"{sum(r['seconds']):.0f}",
+            f"{r['rss']:,.0f}",
+            f"{r['wall']:.0f}",
+            f"{r['accuracy']:.1%}",
+            f"{r['equal_time']['step']} / {r['equal_time']['accuracy']:.1%}",
+        ]
+        for i, pair in enumerate(pairs)
+        for trainer in TRAINERS
+        for r in [pair[trainer]]
+    ]
+    command = (
+        f"python benchmarks/grpo_vs_ppo.py --model {key.removesuffix('-gc')} --steps {job.steps} "
+        f"--runs {args.runs} --lr {job.lr} --eval-n {args.eval_n}"
+        + (" --gradient-checkpointing" if job.gradient_checkpointing else "")
+    )
+    forced = ", forced to full length" if job.force_length else ""
+    return (
+        f"### {key}: {params / 1e6:.2f}M params, {job.prompts} prompts x G={job.group}, "
+        f"{job.tokens} tokens{forced}, {job.steps} steps x {args.runs} runs per trainer\n\n"
+        f"Measured {machine['date']} on {machine['cpu']}; `{command}`; lr {job.lr} (both; PPO's critic too), beta "
+        f"{job.beta} (GRPO: k3 in the loss; PPO: k1 in the reward), epsilon {job.epsilon}, mu "
+        f"{job.mu}, microbatch {job.microbatch} rows, gradient checkpointing "
+        f"{'on' if job.gradient_checkpointing else 'off'}, fp32; {machine['load']}.\n\n"
+        + markdown_table(header, rows)
+        + f"\n\n{verdict}\n\n{equal_time}\n\n"
+        + "Where the peak comes from (MB; states computed from parameter counts, runtime "
+        "measured as the peak RSS of a process that only imports torch, transformers and "
+        "oncurve; the rest is activations, logits, the rollout's cache and allocator slack):\n\n"
+        + breakdown
+        + "\n\nMedian seconds per phase (steps after the first; PPO's `train` includes the "
+        "critic's value forward and its update):\n\n"
+        + markdown_table(["trainer", "phase", "median s", "share of step"], phase_rows)
+        + "\n\nPer run (steps in order; wall includes start-up, saving and logging):\n\n"
+        + markdown_table(
+            [
+                "trainer",
+                "run",
+                "s per step",
+                "train s",
+                "peak RSS MB",
+                "wall s",
+                "acc.",
+                "equal time: step / acc.",
+            ],
+            per_run,
+        )
+        + "\n"
+    )
+
+
+def memory_breakdown(job: Job, params: int, floor: float, stats: dict) -> str:
+    """The peaks split into the runtime's fixed cost, the models' states and the rest, plus the
+    ratio the two trainers would have with no activations at all (the best case for GRPO)."""
+    size = params * 4 / 2**20  # MB of one fp32 copy; the critic (trunk + scalar head, tied
+    # embeddings) has the policy's count to within its head
+    reference = size if job.beta > 0 else 0.0
+    # Gradients are freed after each optimizer step, so one model's gradients exist at a time.
+    states = {
+        "GRPO": {"policy": 3 * size, "reference": reference, "critic": 0.0, "gradients": size},
+        "PPO": {"policy": 3 * size, "reference": reference, "critic": 3 * size, "gradients": size},
+    }
+    header = ["trainer", "peak RSS", "runtime", "policy + AdamW", "reference", "critic + AdamW"]
+    header += ["gradients", "rest"]
+    rows = []
+    for trainer in TRAINERS:
+        parts = states[trainer]
+        rest = stats[trainer]["rss"] - floor - sum(parts.values())
+        values = [stats[trainer]["rss"], floor, *parts.values(), rest]
+        rows.append([trainer] + [f"{x:,.0f}" for x in values])
+    best = (floor + sum(states["GRPO"].values())) / (floor + sum(states["PPO"].values()))
+    return markdown_table(header, rows) + (
+        "\n\nWith no activations at all the ratio would be (runtime + GRPO's states) / (runtime "
+        f"+ PPO's states) = **{best:.2f}x**: the lowest this model, with the runtime counted, can "
+        "show."
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="default", help="default | tiny | 30m | PATH")
+    parser.add_argument("--steps", type=int, help="steps per run (default: per model)")
+    parser.add_argument("--runs", type=int, default=1, help="runs per trainer, alternating")
+    parser.add_argument("--prompts", type=int, help="prompts per step (default: per model)")
+    parser.add_argument("--group", type=int, help="G (default: per model)")
+    parser.add_argument("--tokens", type=int, help="completion tokens (default: per model)")
+    parser.add_argument("--save-every", type=int, help="checkpoint interval (default: per model)")
+    parser.add_argument("--lr", type=float, default=1e-4, help="both policies and the critic")
+    parser.add_argument("--beta", type=float, default=0.04)
+    parser.add_argument("--epsilon", type=float, default=0.2)
+    parser.add_argument("--mu", type=int, default=1)
+    parser.add_argument("--microbatch", type=int, default=64, help="rows per forward/backward")
+    parser.add_argument("--eval-n", type=int, default=200, help="held-out prompts scored")
+    parser.add_argument("--gradient-checkpointing", action="store_true", help="on in both")
+    parser.add_argument(
+        "--report-from", help="write the section again from a run's results.json, no training"
+    )
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # train one run into this dir
+    args = parser.parse_args()
+    if args.child:
+        child(Path(args.child))
+        return
+    if args.report_from:
+        raw = json.loads(Path(args.report_from).read_text())
+        args = argparse.Namespace(**raw["args"])
+        job = Job(**raw["job"])
+        key = args.model + ("-gc" if args.gradient_checkpointing else "")
+        section = report(key, job, raw["params"], raw["machine"], raw["start"], raw["pairs"], args)
+    else:
+        key = args.model + ("-gc" if args.gradient_checkpointing else "")
+        section = benchmark(args.model, args)
+    print("\n" + section, flush=True)
+    write_section(RESULTS, TITLE, key, section)
+
+
+if __name__ == "__main__":
+    main()
