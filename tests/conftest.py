@@ -41,10 +41,10 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture
-def data_file(tmp_path: Path) -> Path:
-    """40 JSONL rows `{"prompt": "i+i=", "answer": "2i"}`."""
-    path = tmp_path / "data.jsonl"
+@pytest.fixture(scope="session")
+def data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """40 JSONL rows `{"prompt": "i+i=", "answer": "2i"}` (shared: tests must not modify it)."""
+    path = tmp_path_factory.mktemp("data") / "data.jsonl"
     rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(40)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

@@ -236,14 +236,6 @@ def test_critic_microbatches_and_minibatches_match_one_batch(policy):
     assert two["value/loss"] < b["value/loss"]
 
 
-@pytest.fixture
-def data_file(tmp_path: Path) -> Path:
-    path = tmp_path / "data.jsonl"
-    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(40)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def _ppo_config(model_dir: Path, data_file: Path, run_dir: Path, *extra: str):
     return load_config(
         None,

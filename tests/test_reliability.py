@@ -111,14 +111,6 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "data.jsonl"
-    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(40)]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-@pytest.fixture(scope="module")
 def reference_run(tiny_model_dir, data_file, tmp_path_factory) -> Iterator[Callable[[], Path]]:
     """An uninterrupted run of STEPS steps through the CLI, started at once so that it overlaps
     the interrupted runs; calling the fixture waits for it and returns its directory."""
