@@ -376,6 +376,9 @@ def setup(config: Config) -> Session:
         lr=config.optim.lr,
         betas=(config.optim.beta1, config.optim.beta2),
         weight_decay=config.optim.weight_decay,
+        # One kernel per parameter instead of a dozen elementwise passes: 4-5x faster steps on
+        # CPU (1-3 s a step on a 30M model). FSDP2's sharded parameters keep the plain loop.
+        fused=not config.dist.fsdp,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(config))
     loss_fns = LossFns(
