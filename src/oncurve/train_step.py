@@ -132,6 +132,18 @@ def trim_padding(batch: TrainBatch) -> TrainBatch:
     )
 
 
+def length_order(batch: TrainBatch) -> torch.Tensor:
+    """`[N]` row indices, longest sequence (prompt + completion tokens) first.
+
+    Microbatches cut from this order hold rows of similar length, so `trim_padding` removes
+    most of their padding (a third of the tokens of a 64-row microbatch of the default job
+    when cut in sampling order). The longest rows come first, so the first microbatch sets the
+    peak memory, no higher than in sampling order. The sort is stable: the same batch always
+    gives the same microbatches, which keeps pi_old bitwise equal to the first pass's logprobs.
+    """
+    return torch.argsort(batch.attention_mask.sum(1), descending=True, stable=True)
+
+
 def accumulate_gradients(
     policy: torch.nn.Module,
     minibatch: TrainBatch,
@@ -160,9 +172,10 @@ def accumulate_gradients(
     weighted: dict[str, float] = {}
     ratio_min, ratio_max = float("inf"), float("-inf")
     tokens_seen = 0.0
+    order = length_order(minibatch)
     starts = range(0, minibatch.num_rows, microbatch_size)
     for start in starts:
-        micro = trim_padding(minibatch.rows(slice(start, start + microbatch_size)))
+        micro = trim_padding(minibatch.rows(order[start : start + microbatch_size]))
         # DDP all-reduces gradients in the last microbatch's backward only.
         defer_sync = start != starts[-1] and hasattr(policy, "no_sync")
         with policy.no_sync() if defer_sync else contextlib.nullcontext():
@@ -269,13 +282,16 @@ def batch_logprobs(
     model: torch.nn.Module, batch: TrainBatch, temperature: float, chunk_size: int, rows: int
 ) -> torch.Tensor:
     """`[N, T]` logprobs of the completions under `model` (pi_old or pi_ref), no graph kept,
-    computed `rows` at a time with the same forward as training; 0 on padding."""
+    computed `rows` at a time in `length_order` with the same forward as training; 0 on
+    padding."""
     completion_len = batch.completion_mask.shape[1]
     out = torch.zeros(
         batch.completion_mask.shape, dtype=torch.float32, device=batch.input_ids.device
     )
+    order = length_order(batch)
     for start in range(0, batch.num_rows, rows):
-        micro = trim_padding(batch.rows(slice(start, start + rows)))
+        index = order[start : start + rows]
+        micro = trim_padding(batch.rows(index))
         logprobs, _ = completion_logprobs(
             model,
             micro.input_ids,
@@ -285,7 +301,7 @@ def batch_logprobs(
             chunk_size,
         )
         width = logprobs.shape[1]
-        out[start : start + rows, :width] = logprobs * micro.completion_mask
+        out[index, :width] = logprobs * micro.completion_mask
     return out[:, :completion_len]
 
 

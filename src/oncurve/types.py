@@ -126,8 +126,8 @@ class TrainBatch:
     def num_rows(self) -> int:
         return self.input_ids.shape[0]
 
-    def rows(self, index: slice) -> TrainBatch:
-        """A minibatch of consecutive rows."""
+    def rows(self, index: slice | torch.Tensor) -> TrainBatch:
+        """A minibatch of consecutive rows (a slice) or of any rows (a 1-D index tensor)."""
 
         def part(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t[index]
