@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -116,7 +117,23 @@ def child(out: Path) -> None:
     flags = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items()]
     train(load_config(None, flags), quiet=True)
     cuda = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
-    (out / "child.json").write_text(json.dumps({"cuda_peak_mb": cuda}))
+    (out / "child.json").write_text(json.dumps({"cuda_peak_mb": cuda, "rss_mb": own_peak_rss()}))
+
+
+def own_peak_rss() -> float | None:
+    """This process's peak RSS in MB (Linux `VmHWM`), None elsewhere.
+
+    Not `ru_maxrss` as the parent's `wait4` reports it: Python starts children with vfork, and
+    Linux carries the parent's high-water mark into the child's `ru_maxrss` at exec, so a child
+    smaller than its parent would show the parent's peak. `VmHWM` belongs to the process's own
+    address space, created at exec.
+    """
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    match = re.search(r"VmHWM:\s+(\d+) kB", status)
+    return int(match.group(1)) / 1024 if match else None
 
 
 def run(job: Job, trainer: str, seed: int, out: Path) -> dict:
@@ -127,12 +144,13 @@ def run(job: Job, trainer: str, seed: int, out: Path) -> dict:
     (out / "overrides.json").write_text(json.dumps(overrides(job, trainer, seed, run_dir)))
     command = [sys.executable, str(Path(__file__).resolve()), "--child", str(out)]
     wall, rss = run_child(command, dict(os.environ), out / "log.txt")
+    reported = json.loads((out / "child.json").read_text())
     rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "time/step" in r]
     phases = ("rollout", "reward", "train")
     return {
         "wall": wall,
-        "rss": rss,
-        "cuda": json.loads((out / "child.json").read_text())["cuda_peak_mb"],
+        "rss": reported["rss_mb"] or rss,
+        "cuda": reported["cuda_peak_mb"],
         "run_dir": str(run_dir),
         "seconds": [r["time/step"] for r in rows],
         "phases": {k: [r[f"time/{k}"] for r in rows] for k in phases},
@@ -190,12 +208,19 @@ def score_equal_time(job: Job, pair: dict[str, dict], test_file: Path, work: Pat
 def runtime_floor() -> float:
     """Peak RSS in MB of a process that only imports torch, transformers and oncurve's trainer:
     the fixed cost inside every run's peak."""
-    code = "import torch, transformers, oncurve.trainer"
-    process = subprocess.Popen([sys.executable, "-c", code])
-    _, status, usage = os.wait4(process.pid, 0)
-    if os.waitstatus_to_exitcode(status):
-        raise SystemExit("importing oncurve failed")
-    return usage.ru_maxrss / 1024
+    here = str(Path(__file__).resolve().parent)
+    code = (
+        f"import sys; sys.path.insert(0, {here!r}); import torch, transformers, oncurve.trainer; "
+        "from grpo_vs_ppo import own_peak_rss; print(own_peak_rss())"
+    )
+    # The first import in a fresh tree also compiles every module to bytecode, a peak no
+    # training run pays; the second process measures a warm import.
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        if out.returncode:
+            raise SystemExit(f"importing oncurve failed:\n{out.stderr[-2000:]}")
+    value = out.stdout.strip().splitlines()[-1]
+    return float(value) if value != "None" else 0.0  # no /proc: the breakdown shows no runtime
 
 
 def benchmark(name: str, args: argparse.Namespace) -> str:
