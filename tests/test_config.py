@@ -1,6 +1,18 @@
+import dataclasses
+import typing
+
 import pytest
 
-from oncurve.config import PRESETS, build_config, load_config, save_config, to_dict
+from oncurve.config import (
+    PRESETS,
+    Config,
+    RewardConfig,
+    build_config,
+    describe,
+    load_config,
+    save_config,
+    to_dict,
+)
 from oncurve.errors import UserError
 
 
@@ -81,3 +93,27 @@ def test_bad_yaml_file_names_the_file(tmp_path):
         load_config(path)
     with pytest.raises(UserError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")
+
+
+def leaf_fields(cls: type, prefix: str = "") -> list[tuple[str, dataclasses.Field]]:
+    """(dotted name, field) of every setting; sections are walked, not listed."""
+    out = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out += leaf_fields(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            out.append((f"{prefix}{f.name}", f))
+    return out
+
+
+def test_every_setting_has_help_text_and_a_default():
+    fields = leaf_fields(Config) + leaf_fields(RewardConfig, "rewards[].")
+    assert len(fields) > 80
+    listing = describe().splitlines()
+    for name, f in fields:
+        assert f.metadata.get("help", "").strip(), f"{name} has no help text"
+        has_default = f.default is not dataclasses.MISSING
+        assert has_default or f.default_factory is not dataclasses.MISSING, name
+        if not name.startswith("rewards[]."):
+            assert any(line.startswith(f"{name} = ") for line in listing), name
