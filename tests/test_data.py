@@ -2,9 +2,12 @@ import json
 
 import pytest
 
+from oncurve.config import DataConfig
 from oncurve.data import load_rows
+from oncurve.inputs import PromptData
 from oncurve.rewards import answers_match, extract_answer
 from oncurve.tasks.convert import gsm8k_rows, main, math_rows
+from oncurve.tokenizer import char_tokenizer
 
 ROWS = [
     {"question": "1+1?", "result": 2, "level": "easy"},
@@ -74,11 +77,6 @@ def test_bad_files(tmp_path):
     with pytest.raises(ValueError, match=r"broken.jsonl line 2: invalid JSON"):
         load_rows(str(broken))
 
-    long = _write_jsonl(tmp_path / "long.jsonl", [{"prompt": "ab", "answer": "1"}] * 2)
-    assert len(load_rows(long, max_prompt_chars=2)) == 2
-    with pytest.raises(ValueError, match=r"line 1: field 'prompt' has 2 characters, more than"):
-        load_rows(long, max_prompt_chars=1)
-
     csv_path = tmp_path / "d.csv"
     csv_path.write_text("prompt,answer\na,1\nb,2,extra\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"d.csv line 3: more values than header columns"):
@@ -89,6 +87,32 @@ def test_bad_files(tmp_path):
     with pytest.raises(ValueError, match=r"unknown data file kind '.txt'"):
         (tmp_path / "d.txt").write_text("x")
         load_rows(str(tmp_path / "d.txt"))
+
+
+def test_a_prompt_over_max_prompt_tokens_names_file_line_and_field(tmp_path):
+    path = tmp_path / "long.jsonl"
+    lines = [{"q": "ab", "a": "1"}, {"q": "abc", "a": "2"}, {"q": "abcd", "a": "3"}]
+    # a blank line, so the reported line is the file's, not the row's index
+    path.write_text("\n".join(json.dumps(r) for r in lines[:2]) + "\n\n" + json.dumps(lines[2]))
+    rows = load_rows(str(path), "q", "a")
+    tokenizer = char_tokenizer()  # <bos> + one token per character
+    fits = DataConfig(prompt_field="q", answer_field="a", max_prompt_tokens=5)
+    lengths = [len(r["prompt_ids"]) for r in PromptData(rows, tokenizer, fits, seed=0).rows]
+    assert lengths == [3, 4, 5]
+    short = DataConfig(prompt_field="q", answer_field="a", max_prompt_tokens=4)
+    with pytest.raises(ValueError) as err:
+        PromptData(rows, tokenizer, short, seed=0)
+    assert str(err.value) == (
+        f"{path} line 4: field 'q' has 5 tokens, more than data.max_prompt_tokens=4"
+    )
+    # rows from a built-in task have no file: they are named by their index
+    with pytest.raises(ValueError, match=r"^row 1: field 'prompt' has 4 tokens"):
+        PromptData(
+            [{"prompt": "a", "answer": "1"}, {"prompt": "abc", "answer": "2"}],
+            tokenizer,
+            DataConfig(max_prompt_tokens=3),
+            seed=0,
+        )
 
 
 def test_gsm8k_converter(tmp_path):

@@ -20,14 +20,18 @@ from oncurve.errors import UserError
 Record = tuple[str, dict[str, Any]]  # (location such as "line 3" or "row 3", raw record)
 
 
+class Row(dict):
+    """A dataset row; `where` ("data.jsonl line 3") locates it for errors found later, such as
+    a prompt longer than `data.max_prompt_tokens`, which takes the tokenizer to see."""
+
+    where: str = ""
+
+
 def load_rows(
-    path: str,
-    prompt_field: str = "prompt",
-    answer_field: str = "answer",
-    max_prompt_chars: int | None = None,
+    path: str, prompt_field: str = "prompt", answer_field: str = "answer"
 ) -> list[dict[str, Any]]:
-    """Rows with the prompt under "prompt" and the answer (as a string) under "answer"; other
-    columns are kept and reach the reward functions by name."""
+    """Rows (`Row`s) with the prompt under "prompt" and the answer (as a string) under "answer";
+    other columns are kept and reach the reward functions by name."""
     rows = []
     for where, record in read_records(path):
         for field in (prompt_field, answer_field):
@@ -41,12 +45,9 @@ def load_rows(
                 f"{path} {where}: field {prompt_field!r} must be a string, got "
                 f"{type(prompt).__name__}"
             )
-        if max_prompt_chars is not None and len(prompt) > max_prompt_chars:
-            raise UserError(
-                f"{path} {where}: field {prompt_field!r} has {len(prompt)} characters, more "
-                f"than the maximum {max_prompt_chars}"
-            )
-        rows.append({**record, "prompt": prompt, "answer": None if answer is None else str(answer)})
+        row = Row(record, prompt=prompt, answer=None if answer is None else str(answer))
+        row.where = f"{path} {where}"
+        rows.append(row)
     return rows
 
 

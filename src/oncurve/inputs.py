@@ -45,7 +45,12 @@ class PromptData:
         if not rows:
             raise UserError("the dataset has no rows")
         self.rows = [
-            {**row, "prompt_ids": encode_prompt(tokenizer, row["prompt"], data, index)}
+            {
+                **row,
+                "prompt_ids": encode_prompt(
+                    tokenizer, row["prompt"], data, getattr(row, "where", "") or f"row {index}"
+                ),
+            }
             for index, row in enumerate(rows)
         ]
         self.seed = seed
@@ -71,8 +76,9 @@ class PromptData:
         return self._order_cache[1]
 
 
-def encode_prompt(tokenizer: Any, prompt: str, data: DataConfig, index: int) -> list[int]:
-    """Token ids of a prompt after the optional system prompt and chat template."""
+def encode_prompt(tokenizer: Any, prompt: str, data: DataConfig, where: str) -> list[int]:
+    """Token ids of a prompt after the optional system prompt and chat template; `where`
+    locates the row in the error for a prompt over `data.max_prompt_tokens`."""
     if data.chat_template:
         messages = [{"role": "user", "content": prompt}]
         if data.system_prompt:
@@ -84,8 +90,8 @@ def encode_prompt(tokenizer: Any, prompt: str, data: DataConfig, index: int) -> 
         ids = tokenizer(text)["input_ids"]
     if len(ids) > data.max_prompt_tokens:
         raise UserError(
-            f"row {index}: prompt has {len(ids)} tokens, more than data.max_prompt_tokens="
-            f"{data.max_prompt_tokens}"
+            f"{where}: field {data.prompt_field!r} has {len(ids)} tokens, more than "
+            f"data.max_prompt_tokens={data.max_prompt_tokens}"
         )
     return ids
 
