@@ -332,6 +332,34 @@ def test_resume_from_a_given_checkpoint_and_refuse_another_world_size(
         setup(make_config(tiny_model_dir, data_file, other, "run.resume=auto"))
 
 
+def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_synced_reference_is_checkpointed_and_restored(tiny_model_dir, data_file, tmp_path):
+    run_dir = tmp_path / "run"
+    sync = ("run.save_every=1", "run.keep_last=3", "algo.ref_sync_every=1")
+    train(make_config(tiny_model_dir, data_file, run_dir, "run.steps=2", *sync))
+    first, second = (run_dir / "checkpoints" / f"step-00000{k}" for k in (1, 2))
+    reference = load_file(first / "reference.safetensors")
+    # synced after each update: the reference of step k is the policy of step k
+    assert same_weights(reference, load_file(first / "model.safetensors"))
+    assert same_weights(
+        load_file(second / "reference.safetensors"), load_file(second / "model.safetensors")
+    )
+    assert not same_weights(reference, load_file(second / "model.safetensors"))
+
+    s = setup(make_config(tiny_model_dir, data_file, run_dir, f"run.resume={first}", *sync))
+    restored = s.reference.state_dict()
+    for name, value in reference.items():
+        assert torch.equal(restored[name], value), name
+
+    # never synced: the reference is the initial model, which the run rebuilds from model.path
+    plain = tmp_path / "plain"
+    train(make_config(tiny_model_dir, data_file, plain, "run.steps=1"))
+    assert not (plain / "checkpoints" / "step-000001" / "reference.safetensors").exists()
+
+
 def without_token(model_dir: Path, out: Path, *keys: str) -> Path:
     shutil.copytree(model_dir, out)
     config_file = out / "tokenizer_config.json"
