@@ -124,6 +124,39 @@ def test_fsdp2_on_two_ranks_matches_the_data_parallel_update(tmp_path):
         torch.testing.assert_close(sharded[name], tensor, atol=1e-5, rtol=0)
 
 
+def _batch_scale_rank(rank: int, world_size: int, port: int, rewards: torch.Tensor, out: str):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        rows = distributed.shard(rewards.numel() // G, rank, world_size)
+        local = rewards[rows.start * G : rows.stop * G]
+        std = distributed.batch_std(local)
+        adv = group_advantages(local, G, "batch", batch_std=std)
+        save_file({"adv": adv, "std": std.reshape(1)}, f"{out}.rank{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_batch_scaled_advantages_on_two_ranks_equal_one_rank(tmp_path):
+    """scale="batch" divides by the std of the GLOBAL batch, reduced across ranks."""
+    g = torch.Generator().manual_seed(2)
+    rewards = torch.randint(0, 4, (GROUPS * G,), generator=g).float()
+    rewards[:G] += 10.0  # only on rank 0: each rank's own std is far from the batch's
+    rewards[[1, 7]] = float("nan")  # one per rank, left out of the std
+    out = str(tmp_path / "scale")
+    mp.spawn(_batch_scale_rank, args=(2, _free_port(), rewards, out), nprocs=2, join=True)
+    ranks = [load_file(f"{out}.rank{r}") for r in range(2)]
+    finite = rewards[torch.isfinite(rewards)]
+    for saved in ranks:
+        assert saved["std"].item() == pytest.approx(finite.std(unbiased=False).item(), rel=1e-6)
+    full = group_advantages(rewards, G, "batch")
+    got = torch.cat([saved["adv"] for saved in ranks])
+    torch.testing.assert_close(got, full, atol=1e-6, rtol=0)
+    # without the reduction rank 1 would divide by its own std, a fraction of the global one
+    rank1 = rewards[GROUPS * G // 2 :]
+    assert rank1[torch.isfinite(rank1)].std(unbiased=False) < 0.5 * ranks[1]["std"].item()
+
+
 def test_shard_refuses_groups_that_do_not_divide(tmp_path: Path):
     with pytest.raises(ValueError, match="must be divisible by the number of ranks"):
         distributed.shard(5, 0, 2)
