@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from safetensors.torch import load_file
 from test_trainer import make_config
 
 from oncurve.rollout import SamplingParams
@@ -69,3 +70,24 @@ def test_merged_final_generates_what_the_adapted_model_generates(
         merged.generate(**prompt, **settings), adapted.generate(**prompt, **settings)
     )
     assert not any("lora" in name for name in merged.state_dict())
+
+
+def test_checkpoints_hold_the_adapter_and_resume_restores_it(tiny_model_dir, data_file, tmp_path):
+    run_dir = tmp_path / "run"
+    config = make_config(
+        tiny_model_dir, data_file, run_dir, *LORA, "run.save_every=1", "run.keep_last=3"
+    )
+    train(config, quiet=True)
+    first = run_dir / "checkpoints" / "step-000001"
+    saved = load_file(first / "model.safetensors")
+    adapter = {name for name in saved if "lora_" in name}
+    assert adapter and all(saved[n].abs().sum() > 0 for n in adapter if "lora_B" in n)
+    resumed = setup(make_config(tiny_model_dir, data_file, run_dir, *LORA, f"run.resume={first}"))
+    assert resumed.start_step == 1
+    state = resumed.model.state_dict()
+    for name in adapter:
+        assert torch.equal(state[name], saved[name]), name
+    # AdamW moments exist for the adapter parameters only
+    moments = [resumed.optimizer.state[p] for p in resumed.model.parameters() if p.requires_grad]
+    assert all(float(m["step"]) == 1.0 for m in moments)
+    assert len(resumed.optimizer.state) == len(moments)
