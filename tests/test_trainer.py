@@ -188,6 +188,30 @@ def test_constant_reward_gives_zero_advantage_and_leaves_weights_unchanged(
         assert torch.equal(param, before[name]), name
 
 
+def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir, data_file, tmp_path):
+    """Recomputing activations in backward saves memory and changes nothing else."""
+    weights = []
+    for flag in ("false", "true"):
+        config = make_config(
+            tiny_model_dir,
+            data_file,
+            tmp_path / flag,
+            f"model.gradient_checkpointing={flag}",
+            "optim.lr=1e-2",
+        )
+        s = setup(config)
+        enabled = any(getattr(m, "gradient_checkpointing", False) for m in s.model.modules())
+        assert enabled == (flag == "true")
+        training_step(s, 1)
+        training_step(s, 2)
+        weights.append({n: p.detach().clone() for n, p in s.model.named_parameters()})
+    initial = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    plain, checkpointed = weights
+    assert max(float((plain[n] - initial[n]).abs().max()) for n in plain) > 1e-3
+    for name, value in plain.items():
+        torch.testing.assert_close(checkpointed[name], value, atol=1e-6, rtol=0)
+
+
 def test_cli_rejects_an_unknown_key_with_one_line_and_exit_2():
     proc = subprocess.run(
         [sys.executable, "-m", "oncurve", "train", "algo.betta=0.1"],
