@@ -1,4 +1,5 @@
 import base64
+import json
 import random
 import re
 import struct
@@ -7,9 +8,11 @@ import numpy as np
 import pytest
 import yaml
 
+from oncurve.cli import main
 from oncurve.errors import UserError
 from oncurve.metrics import MetricsLogger
 from oncurve.report import FIGURES, auto_smoothing, ema, load_run, render_figures, write_report
+from oncurve.trainer import train
 
 FIGURE_NAMES = [
     "reward",
@@ -91,6 +94,36 @@ def png_size(data):
 
 def legend_texts(ax):
     return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_a_real_run_evaluates_every_n_steps_and_its_report_has_every_figure(
+    tiny_model_dir, data_file, tmp_path, capsys
+):
+    from test_trainer import make_config
+
+    run = tmp_path / "run"
+    evals = ("eval.every=2", f"eval.path={data_file}", "eval.num_prompts=6", "eval.samples=3")
+    train(make_config(tiny_model_dir, data_file, run, "run.steps=5", *evals), quiet=True)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [r for r in rows if "eval/accuracy" in r]
+    # before the first step, every 2 steps, and after the last
+    assert [r["step"] for r in evaluated] == [0, 2, 4, 5]
+    for r in evaluated:
+        # 6 prompts, greedy: a multiple of 1/6; 3 samples each: a multiple of 1/18
+        assert r["eval/accuracy"] * 6 == pytest.approx(round(r["eval/accuracy"] * 6))
+        assert r["eval/mean@3"] * 18 == pytest.approx(round(r["eval/mean@3"] * 18))
+        assert 0 <= r["eval/accuracy"] <= 1 and 0 <= r["eval/mean@3"] <= r["eval/pass@3"] <= 1
+
+    out = tmp_path / "report"
+    assert main(["report", str(run), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out / "report.html")
+    page = (out / "report.html").read_text()
+    for name in FIGURE_NAMES:
+        assert (out / f"{name}.png").is_file(), name
+        section = re.search(f'<section id="{name}">(.*?)</section>', page, re.S).group(1)
+        assert "data:image/png;base64," in section, name
+    samples = re.search('<section id="samples">(.*?)</section>', page, re.S).group(1)
+    assert len(re.findall(r">\d+\+\d+=<", samples)) == 3 * 4  # early, middle, late steps
 
 
 def test_figure_list_is_the_one_tested():
