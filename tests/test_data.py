@@ -115,6 +115,25 @@ def test_a_prompt_over_max_prompt_tokens_names_file_line_and_field(tmp_path):
         )
 
 
+def test_system_prompt_and_chat_template():
+    tokenizer = char_tokenizer()
+    tokenizer.chat_template = (
+        "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant]{% endif %}"
+    )
+    rows = [{"prompt": "1+1=", "answer": "2"}]
+
+    def text(data: DataConfig) -> str:
+        return tokenizer.decode(PromptData(rows, tokenizer, data, seed=0).rows[0]["prompt_ids"])
+
+    assert text(DataConfig()) == "<bos>1+1="
+    assert text(DataConfig(system_prompt="Add.")) == "<bos>Add.\n\n1+1="
+    assert text(DataConfig(chat_template=True)) == "[user]1+1=\n[assistant]"
+    assert text(DataConfig(chat_template=True, system_prompt="Add.")) == (
+        "[system]Add.\n[user]1+1=\n[assistant]"
+    )
+
+
 def test_gsm8k_converter(tmp_path):
     source = _write_jsonl(
         tmp_path / "train.jsonl",

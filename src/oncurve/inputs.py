@@ -83,8 +83,11 @@ def encode_prompt(tokenizer: Any, prompt: str, data: DataConfig, where: str) -> 
         messages = [{"role": "user", "content": prompt}]
         if data.system_prompt:
             messages.insert(0, {"role": "system", "content": data.system_prompt})
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        # transformers 5 returns a BatchEncoding (a Mapping, not a dict) unless told otherwise
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        ids = list(ids)
     else:
         text = f"{data.system_prompt}\n\n{prompt}" if data.system_prompt else prompt
         ids = tokenizer(text)["input_ids"]
