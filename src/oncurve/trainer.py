@@ -309,7 +309,8 @@ def train(config: Config, *, quiet: bool = False) -> TrainResult:
                 s.eval_data is not None
                 and cfg.eval.every
                 and step % cfg.eval.every == 0
-                and step < cfg.run.steps
+                # the last step's evaluation is at_start_end's, when that is on
+                and (step < cfg.run.steps or not cfg.eval.at_start_end)
             ):
                 _evaluate(s, step)
             if (
