@@ -114,6 +114,15 @@ def test_a_real_run_evaluates_every_n_steps_and_its_report_has_every_figure(
         assert r["eval/mean@3"] * 18 == pytest.approx(round(r["eval/mean@3"] * 18))
         assert 0 <= r["eval/accuracy"] <= 1 and 0 <= r["eval/mean@3"] <= r["eval/pass@3"] <= 1
 
+    # without the start/end evaluations, eval.every still gives the last step its point
+    only_every = tmp_path / "only_every"
+    config = make_config(
+        tiny_model_dir, data_file, only_every, "run.steps=4", *evals, "eval.at_start_end=false"
+    )
+    train(config, quiet=True)
+    rows = [json.loads(line) for line in (only_every / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "eval/accuracy" in r] == [2, 4]
+
     out = tmp_path / "report"
     assert main(["report", str(run), "--out", str(out)]) == 0
     assert capsys.readouterr().out.strip() == str(out / "report.html")
