@@ -1,14 +1,22 @@
 import pytest
 
 from oncurve.tasks import get_task
-from oncurve.tasks.arith import ArithTask, is_test_problem, solution
+from oncurve.tasks.arith import ArithTask, is_test_problem, prompt, solution
 from oncurve.tokenizer import char_tokenizer
 
 
 def test_solution_writes_column_sums_with_carries():
-    assert solution(485, 37) == " 12 12 05 <answer>522</answer>"
-    assert solution(999, 1) == " 10 10 10 <answer>1000</answer>"
-    assert solution(0, 0) == " 00 <answer>0</answer>"
+    assert solution(485, 37, 4) == " 12 12 05 00 <answer>522</answer>"
+    assert solution(9999, 1, 4) == " 10 10 10 10 <answer>10000</answer>"
+    assert solution(0, 0, 1) == " 00 <answer>0</answer>"
+    with pytest.raises(ValueError, match="do not fit in 3 digits"):
+        solution(1000, 1, 3)
+
+
+def test_prompts_pad_both_operands_to_the_same_width():
+    assert prompt(485, 37, 4) == "0485+0037="
+    rows = ArithTask(max_digits=3).examples("train", 200, seed=0)
+    assert {len(r["prompt"]) for r in rows} == {len("000+000=")}
 
 
 @pytest.mark.parametrize("split", ["train", "test"])
@@ -20,8 +28,8 @@ def test_examples_are_seeded_and_correct(split):
     for row in rows:
         a, b = (int(x) for x in row["prompt"].rstrip("=").split("+"))
         assert row["answer"] == str(a + b)
-        assert row["solution"] == solution(a, b)
-        assert max(len(str(a)), len(str(b))) <= task.max_digits
+        assert row["solution"] == solution(a, b, task.max_digits)
+        assert row["prompt"] == prompt(a, b, task.max_digits)
 
 
 def test_train_and_test_never_overlap_across_seeds():
@@ -54,7 +62,7 @@ def test_tokenizer_round_trips_every_character_the_task_emits():
 
 def test_rewards_score_known_completions():
     fns = get_task("arith").reward_fns()
-    prompts = ["485+37="] * 4
+    prompts = ["0485+0037="] * 4
     completions = [
         " 12 12 05 <answer>522</answer>",  # right
         " 12 11 05 <answer>512</answer>",  # wrong answer, well formed

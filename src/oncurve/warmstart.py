@@ -7,7 +7,7 @@ mostly the right procedure, but misreads digits and carries often enough that gr
 on the test split sits in the 20-50% band. That leaves the headroom that GRPO then closes
 with reward alone. Everything is seeded, so the same command rebuilds the same weights:
 
-    oncurve warmstart --out src/oncurve/assets/default --steps 650 --seed 0
+    oncurve warmstart --out src/oncurve/assets/default --steps 350 --seed 0
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase, Qwen2Config,
 from oncurve.tasks.arith import ArithTask
 from oncurve.tokenizer import char_tokenizer
 
-DEFAULT_STEPS = 650
+DEFAULT_STEPS = 350
 DEFAULT_SEED = 0
 MAX_NEW_TOKENS = 64  # the trainer's default rollout length, also used for the accuracy check
 

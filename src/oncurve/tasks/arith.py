@@ -1,15 +1,20 @@
 """`arith`: multi-digit addition with a column-by-column scratchpad, the bundled default task.
 
-A prompt is `485+37=`; its reference completion lists the column sums from the units up, each
-as two digits (carry, digit) and including the carry coming in, then the answer in tags:
+Operands are written zero-padded to `max_digits` digits, so a prompt is `0485+0037=`; its
+reference completion lists the column sums from the units up, each as two digits (carry,
+digit) and including the carry coming in, then the answer in tags:
 
-    485+37= 12 12 05 <answer>522</answer>
+    0485+0037= 12 12 05 00 <answer>522</answer>
 
-(5+7 = 12; 8+3+1 = 12; 4+0+1 = 05). Every step of the procedure is a short lookup, so a small
+(5+7 = 12; 8+3+1 = 12; 4+0+1 = 05; 0+0 = 00). The padding puts every column at the same
+offsets in every prompt: without it a model must also find which digits line up when the
+operands differ in length, a positional skill that tiny models learn slowly and that reward
+cannot teach (a model that misaligns a length pattern gets every sample of it wrong, so its
+group carries no signal). With it, every step of the procedure is a short lookup, so a small
 model learns it in minutes and its mistakes are local (a wrong carry, a misread digit): the
 kind that reward, not more supervision, can fix.
 
-Operands have 1 to `max_digits` digits (the count drawn uniformly for each). Train and test
+Operand values have 1 to `max_digits` digits (the count drawn uniformly for each). Train and test
 come from disjoint halves of the problem space: a problem belongs to the test split when a
 stable hash of its prompt falls in one bucket of `_BUCKETS`, whatever the seed, so no seed of
 one split ever yields a prompt of the other.
@@ -30,12 +35,20 @@ _BUCKETS = 10  # 1 in 10 problems is held out for the test split
 _WELL_FORMED_RE = re.compile(r"[^<]*<answer>-?\d+</answer>\s*")
 
 
-def solution(a: int, b: int) -> str:
-    """The reference completion of `a+b=` (without EOS): column sums, then the tagged answer."""
+def prompt(a: int, b: int, width: int) -> str:
+    """`a+b=` with both operands zero-padded to `width` digits."""
+    return f"{a:0{width}d}+{b:0{width}d}="
+
+
+def solution(a: int, b: int, width: int) -> str:
+    """The reference completion of `prompt(a, b, width)` (without EOS): one column sum per
+    digit of the padded operands, then the tagged answer."""
     if a < 0 or b < 0:
         raise ValueError(f"arith: operands must be non-negative, got {a} and {b}")
+    if max(a, b) >= 10**width:
+        raise ValueError(f"arith: operands {a} and {b} do not fit in {width} digits")
     columns, carry = [], 0
-    for i in range(max(len(str(a)), len(str(b)))):
+    for i in range(width):
         total = (a // 10**i) % 10 + (b // 10**i) % 10 + carry
         columns.append(f"{total:02d}")
         carry = total // 10
@@ -65,7 +78,8 @@ def format_reward(prompts: list[str], completions: list[str], **columns: Any) ->
 
 
 class ArithTask:
-    """Addition of two numbers of 1 to `max_digits` digits each; satisfies `Task`.
+    """Addition of two numbers of 1 to `max_digits` digits each, written `max_digits` wide;
+    satisfies `Task`.
 
     Rewards: "correct" (weight 1.0) and "format" (weight 0.1). The format term is small so a
     well-formed wrong answer (0.1) stays far below a right one (1.1); it only matters for a
@@ -99,11 +113,17 @@ class ArithTask:
             if len(rows) == n:
                 break
             a, b = self._operand(rng), self._operand(rng)
-            prompt = f"{a}+{b}="
-            if is_test_problem(prompt) != want_test or (want_test and prompt in seen):
+            text = prompt(a, b, self.max_digits)
+            if is_test_problem(text) != want_test or (want_test and text in seen):
                 continue
-            seen.add(prompt)
-            rows.append({"prompt": prompt, "answer": str(a + b), "solution": solution(a, b)})
+            seen.add(text)
+            rows.append(
+                {
+                    "prompt": text,
+                    "answer": str(a + b),
+                    "solution": solution(a, b, self.max_digits),
+                }
+            )
         if len(rows) < n:
             raise ValueError(
                 f"arith: only {len(rows)} distinct test problems with max_digits="
