@@ -167,13 +167,13 @@ class AlgoConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = _opt(2e-4, "AdamW learning rate", POSITIVE)
+    lr: float = _opt(1e-4, "AdamW learning rate", POSITIVE)
     weight_decay: float = _opt(0.0, "AdamW weight decay", NON_NEGATIVE)
     beta1: float = _opt(0.9, "AdamW beta1", _range(0, 1, high_open=True))
     beta2: float = _opt(0.99, "AdamW beta2", _range(0, 1, high_open=True))
     grad_clip: float = _opt(1.0, "clip the global gradient norm to this; 0 off", NON_NEGATIVE)
     schedule: str = _opt("constant", "LR schedule", choices=("constant", "cosine"))
-    warmup_steps: int = _opt(0, "linear warmup steps", NON_NEGATIVE)
+    warmup_steps: int = _opt(10, "linear warmup steps", NON_NEGATIVE)
     microbatch_size: int = _opt(64, "rows per forward/backward (gradient accumulation)", POSITIVE)
 
 
