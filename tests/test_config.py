@@ -3,8 +3,10 @@ import typing
 
 import pytest
 
+from oncurve.algo.registry import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from oncurve.config import (
     PRESETS,
+    AlgoConfig,
     Config,
     RewardConfig,
     build_config,
@@ -27,6 +29,8 @@ from oncurve.errors import UserError
         (["model.trust_remote_code=1"], "model.trust_remote_code must be bool, got int 1"),
         (["algo.loss_agg=mean"], "algo.loss_agg must be one of seq-mean-token-mean, token-mean"),
         (["algo.preset=ppo2"], "algo.preset must be one of grpo, dr_grpo, dapo, gspo, ppo"),
+        (["algo.estimator=gea"], "algo.estimator must be one of grpo, rloo, gae, got 'gea'"),
+        (["algo.loss=ppo"], "algo.loss must be one of ppo_clip, gspo, cispo, got 'ppo'"),
         (["algo.foo=1"], "unknown key algo.foo; algo has: preset,"),
         (["solver.lr=1"], "unknown key solver; config has: model,"),
         (["rewards=[{nme: x}]"], "unknown key rewards[0].nme"),
@@ -117,3 +121,11 @@ def test_every_setting_has_help_text_and_a_default():
         assert has_default or f.default_factory is not dataclasses.MISSING, name
         if not name.startswith("rewards[]."):
             assert any(line.startswith(f"{name} = ") for line in listing), name
+
+
+def test_algorithm_choices_are_the_registry_names():
+    choices = {f.name: f.metadata["choices"] for f in dataclasses.fields(AlgoConfig)}
+    assert set(choices["estimator"]) == set(ADVANTAGE_ESTIMATORS) | {"gae"}  # gae: the critic
+    assert set(choices["loss"]) == set(POLICY_LOSSES)
+    assert set(choices["loss_agg"]) == set(AGGREGATIONS)
+    assert set(choices["kl_estimator"]) == set(KL_ESTIMATORS)

@@ -116,7 +116,9 @@ class AlgoConfig:
         choices=("grpo", "dr_grpo", "dapo", "gspo", "ppo"),
     )
     estimator: str = _opt(
-        "grpo", "advantage estimator: grpo (group z-score), rloo, gae (PPO with a critic)"
+        "grpo",
+        "advantage estimator: grpo (group z-score), rloo, gae (PPO with a critic)",
+        choices=("grpo", "rloo", "gae"),
     )
     adv_scale: str = _opt(
         "group",
@@ -124,7 +126,7 @@ class AlgoConfig:
         choices=("group", "batch", "none"),
     )
     adv_eps: float = _opt(1e-6, "added to the std before dividing", POSITIVE)
-    loss: str = _opt("ppo_clip", "per-token policy loss: ppo_clip, gspo, cispo")
+    loss: str = _opt("ppo_clip", "per-token policy loss", choices=("ppo_clip", "gspo", "cispo"))
     loss_agg: str = _opt(
         "seq-mean-token-mean",
         "how token losses become one number",
@@ -214,6 +216,9 @@ class RunConfig:
     )
     reward_timeout: float | None = _opt(
         10.0, "seconds a reward call may take before it is stopped; null waits forever", POSITIVE
+    )
+    reward_timeout_score: float | None = _opt(
+        None, "score of a reward call stopped by run.reward_timeout; null leaves the row out"
     )
     reward_errors: str = _opt(
         "raise", "a reward fn that raises: stop the run, or score None", choices=("raise", "none")
