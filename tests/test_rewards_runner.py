@@ -4,6 +4,8 @@ import time
 import pytest
 import torch
 
+from oncurve.config import load_config
+from oncurve.inputs import build_rewards
 from oncurve.rewards.runner import RewardError, RewardRunner
 
 NAN = math.nan
@@ -82,6 +84,15 @@ def test_timeout_score_none_leaves_row_out():
     result = _score(runner, ["hang", "abc"])
     _close(result.per_fn, [[1.0, NAN], [1.0, 3.0]])
     assert result.metrics["reward/by_text"] == 3.0
+    assert result.metrics["reward/timeouts"] == 1.0
+
+
+def test_the_config_sets_the_timeout_and_the_score_of_a_hung_row():
+    overrides = ["data.path=d.jsonl", "rewards=[test_rewards_runner:by_text]"]
+    overrides += ["run.reward_timeout=0.5", "run.reward_timeout_score=-1"]
+    runner = build_rewards(load_config(None, overrides), task=None)
+    result = _score(runner, ["ab", "hang"])
+    _close(result.per_fn[:, 0], [2.0, -1.0])
     assert result.metrics["reward/timeouts"] == 1.0
 
 

@@ -120,7 +120,12 @@ def build_rewards(config: Config, task: Task | None) -> RewardRunner:
             factor=config.algo.overlong_penalty,
         )
         fns.append(("overlong", penalty, 1.0))
-    return RewardRunner(fns, timeout_s=config.run.reward_timeout, on_error=config.run.reward_errors)
+    return RewardRunner(
+        fns,
+        timeout_s=config.run.reward_timeout,
+        timeout_score=config.run.reward_timeout_score,
+        on_error=config.run.reward_errors,
+    )
 
 
 def correctness_fn(config: Config, task: Task | None) -> RewardFn:
