@@ -468,3 +468,25 @@ def test_resident_memory_and_live_objects_hold_steady_after_warm_up(
     growth = sum(rss_mb[29:40]) / 11 - sum(rss_mb[9:20]) / 11
     assert growth < 4.0, rss_mb
     assert live_objects[40] - live_objects[20] < 20
+
+
+def test_overwrite_replaces_a_previous_run_but_never_deletes_foreign_files(
+    tiny_model_dir, data_file, tmp_path, capsys
+):
+    run_dir = tmp_path / "run"
+    args = cli_args(tiny_model_dir, data_file, run_dir)
+    assert main(["train", "--quiet", *args, "run.steps=1"]) == 0
+    first = (run_dir / "metrics.jsonl").read_text()
+    assert main(["train", "--quiet", *args, "run.steps=2", "run.overwrite=true"]) == 0
+    assert [r["step"] for r in metric_rows(run_dir)] == [1, 2]
+    assert (run_dir / "metrics.jsonl").read_text() != first
+
+    (run_dir / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert main(["train", "--quiet", *args, "run.overwrite=true"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"oncurve: error: run.dir {run_dir} holds files no run wrote (notes.txt); "
+        "run.overwrite only replaces a previous run, pick another run.dir"
+    ]
+    assert (run_dir / "notes.txt").read_text() == "mine"
+    assert (run_dir / "final").is_dir()

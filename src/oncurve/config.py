@@ -210,7 +210,9 @@ class RunConfig:
         2, "checkpoints kept; older ones deleted after a new one completes", POSITIVE
     )
     resume: str | None = _opt(None, "`auto` (newest checkpoint of run.dir) or a checkpoint path")
-    overwrite: bool = _opt(False, "allow starting a fresh run in a non-empty run directory")
+    overwrite: bool = _opt(
+        False, "start a fresh run in the directory of a previous one (deletes only its files)"
+    )
     max_skipped_steps: int = _opt(
         3, "stop after this many consecutive non-finite updates", POSITIVE
     )

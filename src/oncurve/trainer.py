@@ -298,7 +298,7 @@ def train(config: Config, *, quiet: bool = False) -> TrainResult:
     if s.eval_data is not None and cfg.eval.at_start_end and s.start_step == 0:
         eval_before = _evaluate(s, step=0)
     quiet = quiet or s.rank != 0
-    with _stop_on_signals(s), Progress(cfg.run.steps, s.start_step, quiet) as progress:
+    with s.rewards, _stop_on_signals(s), Progress(cfg.run.steps, s.start_step, quiet) as progress:
         for step in range(s.start_step + 1, cfg.run.steps + 1):
             metrics = distributed.all_mean(training_step(s, step))
             s.logger.log(step, metrics)
@@ -491,7 +491,16 @@ def _prepare_run_dir(config: Config, rank: int) -> tuple[Path, Path | None]:
     return run_dir, resume_from
 
 
-_RUN_FILES = {"config.yaml", "metrics.jsonl", "samples.jsonl", "checkpoints", "tensorboard"}
+# What a run (and `oncurve report` on it) writes: the only names a new run may delete.
+_RUN_FILES = {
+    "config.yaml",
+    "metrics.jsonl",
+    "samples.jsonl",
+    "checkpoints",
+    "tensorboard",
+    "final",
+    "report",
+}
 
 
 def _claim_run_dir(config: Config) -> tuple[Path, Path | None]:
@@ -513,9 +522,15 @@ def _claim_run_dir(config: Config) -> tuple[Path, Path | None]:
         if found is not None:
             return run_dir, found
     if run_dir.exists() and any(run_dir.iterdir()):
-        # resume=auto restarts a run killed before its first checkpoint, but never deletes
-        # files that no run wrote (run.dir pointed at the wrong directory).
-        restart = resume == "auto" and all(p.name in _RUN_FILES for p in run_dir.iterdir())
+        # Neither resume=auto (restarting a run killed before its first checkpoint) nor
+        # run.overwrite deletes files that no run wrote: run.dir may point at the wrong directory.
+        foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in _RUN_FILES)
+        restart = resume == "auto" and not foreign
+        if config.run.overwrite and foreign:
+            raise UserError(
+                f"run.dir {run_dir} holds files no run wrote ({', '.join(foreign[:3])}); "
+                "run.overwrite only replaces a previous run, pick another run.dir"
+            )
         if not (config.run.overwrite or restart):
             raise UserError(
                 f"run.dir {run_dir} is not empty; "
