@@ -1,7 +1,9 @@
 """Checkpoints that survive crashes: atomic save, exact resume, keep-last-N.
 
 One checkpoint is a directory `run_dir/checkpoints/step-000010/` holding
-  model.safetensors    the policy weights (tied weights stored once: safetensors' save_model)
+  model.safetensors    the policy weights (tied weights stored once: safetensors' save_model);
+                       with `trainable_only` (LoRA) only the trainable tensors: the frozen base
+                       weights are the same in every checkpoint and come from the model path
   <name>.safetensors   each extra module, e.g. `reference` (once synced) or `value` (PPO critic)
   optimizer.pt         {"optimizer": state_dict, "scheduler": state_dict | None,
                         "optimizers": {name: state_dict}}: tensors and plain data only, read back
@@ -35,7 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from safetensors import SafetensorError
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
@@ -70,11 +72,14 @@ def save_checkpoint(
     keep_last: int = 2,
     modules: dict[str, nn.Module] | None = None,
     optimizers: dict[str, Optimizer] | None = None,
+    trainable_only: bool = False,
 ) -> Path:
     """Write the checkpoint of `step` atomically and return its directory.
 
     `state` must be JSON-able. `modules` / `optimizers` are extra models and optimizers saved
-    under their names. Keeps the new checkpoint plus the `keep_last - 1` newest ones of earlier
+    under their names. `trainable_only` stores only the policy's parameters that require grad
+    (a LoRA adapter: megabytes instead of the base model); load with the same flag into a model
+    rebuilt from the same base. Keeps the new checkpoint plus the `keep_last - 1` newest ones of earlier
     steps; later steps (an abandoned run resumed from an older checkpoint) are removed too.
     Pass the unwrapped model (not the DDP wrapper). In a distributed run every rank must call
     this (the RNG states of all ranks are gathered); rank 0 writes. Raises `CheckpointError`
@@ -101,9 +106,16 @@ def save_checkpoint(
     error = None
     if rank == 0:
         try:
-            _write_checkpoint(
-                final, step, {"model": model, **modules}, opt_state, rng_states, state_text
+            policy_dump = (
+                partial(save_file, _trainable_tensors(model))
+                if trainable_only
+                else partial(save_model, model)
             )
+            dumps = {
+                "model": policy_dump,
+                **{n: partial(save_model, m) for n, m in modules.items()},
+            }
+            _write_checkpoint(final, step, dumps, opt_state, rng_states, state_text)
         except (OSError, SafetensorError) as err:
             reason = str(err).replace("\n", " ")
             error = f"cannot save checkpoint {final}: {reason}; the previous checkpoint is kept"
@@ -142,6 +154,7 @@ def load_checkpoint(
     *,
     modules: dict[str, nn.Module] | None = None,
     optimizers: dict[str, Optimizer] | None = None,
+    trainable_only: bool = False,
 ) -> dict:
     """Restore weights, optimizer, scheduler and this rank's RNG states; return `state`.
 
@@ -152,7 +165,10 @@ def load_checkpoint(
     path = Path(path)
     if not (path / COMPLETE).is_file():
         raise UserError(f"checkpoint {path} is not complete (no {COMPLETE} marker); not loaded")
-    _load_weights(path / MODEL_FILE, model)
+    if trainable_only:
+        _load_trainable(path / MODEL_FILE, model)
+    else:
+        _load_weights(path / MODEL_FILE, model)
     for name, module in (modules or {}).items():
         _load_weights(path / f"{name}.safetensors", module)
     opt_file = path / OPTIMIZER_FILE
@@ -179,7 +195,7 @@ def load_checkpoint(
 def _write_checkpoint(
     final: Path,
     step: int,
-    modules: dict[str, nn.Module],
+    weights: dict[str, Callable[[Path], Any]],
     opt_state: dict,
     rng_states: list[dict],
     state_text: str,
@@ -192,8 +208,8 @@ def _write_checkpoint(
     trash = root / f".trash-{final.name}-{os.getpid()}"
     try:
         tmp.mkdir()
-        for name, module in modules.items():
-            _write(tmp / f"{name}.safetensors", partial(save_model, module))
+        for name, dump in weights.items():
+            _write(tmp / f"{name}.safetensors", dump)
         _write(tmp / OPTIMIZER_FILE, partial(torch.save, opt_state))
         for rank, rng in enumerate(rng_states):
             _write(tmp / f"rng-rank{rank}.json", partial(_write_text, json.dumps(rng)))
@@ -286,6 +302,28 @@ def _load_weights(file: Path, module: nn.Module) -> None:
             f"checkpoint file {file} does not match the model: missing {missing}, "
             f"unexpected {unexpected}"
         )
+
+
+def _trainable_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {
+        name: p.detach().contiguous() for name, p in module.named_parameters() if p.requires_grad
+    }
+
+
+def _load_trainable(file: Path, module: nn.Module) -> None:
+    if not file.is_file():
+        raise UserError(f"checkpoint file {file} is missing")
+    expected = _trainable_tensors(module)
+    try:
+        saved = load_file(file, device=str(next(iter(expected.values())).device))
+    except SafetensorError as err:
+        raise UserError(f"checkpoint file {file} cannot be read: {err}") from None
+    if saved.keys() != expected.keys() or any(saved[k].shape != expected[k].shape for k in saved):
+        raise UserError(
+            f"checkpoint file {file} does not match the model's trainable parameters "
+            f"({len(saved)} tensors saved, {len(expected)} trainable)"
+        )
+    module.load_state_dict(saved, strict=False)
 
 
 def _load_torch_file(file: Path) -> dict:

@@ -423,6 +423,7 @@ def setup(config: Config) -> Session:
             scheduler,
             modules=_extra_modules(s),
             optimizers=_extra_optimizers(s),
+            trainable_only=config.model.lora.r > 0,
         )
         if state.get("world_size", 1) != world_size:
             raise UserError(
@@ -448,6 +449,7 @@ def _save(s: Session, step: int) -> None:
         keep_last=s.config.run.keep_last,
         modules=_extra_modules(s),
         optimizers=_extra_optimizers(s),
+        trainable_only=s.config.model.lora.r > 0,
     )
 
 
