@@ -121,3 +121,19 @@ def test_tensorboard_gets_every_finite_scalar(tmp_path, monkeypatch):
         "close",
     ]
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["entropy"] is None
+
+
+def test_real_tensorboard_event_files_hold_the_scalars(tmp_path):
+    event_accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator",
+        reason="the tb extra (tensorboard) is not installed",
+    )
+    logger = MetricsLogger(tmp_path, tensorboard=True)
+    logger.log(1, {"kl": 0.25, "entropy": float("inf")})
+    logger.log(2, {"kl": 0.5, "entropy": 1.5})
+    logger.close()
+    events = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert sorted(events.Tags()["scalars"]) == ["entropy", "kl"]
+    assert [(e.step, e.value) for e in events.Scalars("kl")] == [(1, 0.25), (2, 0.5)]
+    assert [(e.step, e.value) for e in events.Scalars("entropy")] == [(2, 1.5)]
