@@ -1,4 +1,5 @@
 import math
+import os
 import time
 
 import pytest
@@ -136,3 +137,84 @@ def test_bad_arguments():
     runner = RewardRunner([("ones", ones, 1.0)], timeout_s=None)
     with pytest.raises(ValueError, match="column 'answer' has 1 values for 2 completions"):
         _score(runner, ["a", "b"], answer=["1"])
+
+
+def _counting(calls):
+    """A reward whose score is how many batches this process has scored, kept in `calls`."""
+
+    def fn(prompts, completions, **columns):
+        calls.append(len(completions))
+        return [float(len(calls))] * len(completions)
+
+    return fn
+
+
+def test_the_worker_keeps_its_state_across_batches_and_is_replaced_after_a_hang():
+    calls = []  # grows in the worker only; the parent's list stays empty
+    runner = RewardRunner(
+        [("calls", _counting(calls), 1.0), ("by_text", by_text, 1.0)], timeout_s=0.5
+    )
+    with runner:
+        _close(_score(runner, ["a"]).per_fn, [[1.0, 1.0]])
+        _close(_score(runner, ["ab", "c"]).per_fn, [[2.0, 2.0], [2.0, 1.0]])
+        # the hang kills the worker after "calls" scored the batch, and each worker forked
+        # for the per-row calls starts from the parent's empty list
+        hung = _score(runner, ["hang", "abc"])
+        _close(hung.per_fn, [[3.0, NAN], [3.0, 3.0]])
+        assert hung.metrics["reward/timeouts"] == 1.0
+        _close(_score(runner, ["abcd"]).per_fn, [[1.0, 4.0]])
+        _close(_score(runner, ["ab"]).per_fn, [[2.0, 2.0]])
+    assert calls == []
+
+
+def test_a_batch_stopped_by_an_error_leaves_no_outcomes_for_the_next():
+    def bad_on_x(prompts, completions, **columns):
+        return ["x"] if completions == ["x"] else [1.0] * len(completions)
+
+    with RewardRunner([("bad", bad_on_x, 1.0), ("by_text", by_text, 1.0)]) as runner:
+        with pytest.raises(RewardError, match="reward 'bad' returned 'x'"):
+            _score(runner, ["x"])
+        _close(_score(runner, ["abc", "de"]).per_fn, [[1.0, 3.0], [1.0, 2.0]])
+
+
+def _pid_is_running(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_close_stops_the_worker_and_a_later_score_forks_a_new_one():
+    runner = RewardRunner([("pid", lambda p, c, **k: [float(os.getpid())] * len(c), 1.0)])
+    with runner:
+        first = int(_score(runner, ["a"]).total[0])
+        assert first != os.getpid()
+        assert int(_score(runner, ["b", "c"]).total[1]) == first
+        assert _pid_is_running(first)
+    assert not _pid_is_running(first)
+    second = int(_score(runner, ["a"]).total[0])
+    assert second not in (first, os.getpid())
+    runner.close()
+    assert not _pid_is_running(second)
+    runner.close()  # closing twice is harmless
+
+
+def exits_on_die(prompts, completions, **columns):
+    if "die" in completions:
+        os._exit(3)
+    return [float(len(text)) for text in completions]
+
+
+def test_a_dead_worker_fails_its_row_and_is_replaced():
+    with RewardRunner([("exits", exits_on_die, 1.0)], on_error="none") as runner:
+        result = _score(runner, ["ab", "die", "abc"])
+        _close(result.total, [2.0, NAN, 3.0])
+        assert result.metrics["reward/errors"] == 1.0
+        _close(_score(runner, ["abcd"]).total, [4.0])
+    died = r"'exits' failed on sample 1: worker process died \(exit code 3\)"
+    with (
+        RewardRunner([("exits", exits_on_die, 1.0)]) as runner,
+        pytest.raises(RewardError, match=died),
+    ):
+        _score(runner, ["ab", "die"])

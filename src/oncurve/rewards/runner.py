@@ -9,12 +9,22 @@ How a batch is scored, per function:
      (group-wise scores) get no per-row rescue: their rows are scored one by one in step 2.
 
 Timeouts need a process: a Python thread cannot be stopped, so a hung verifier in a thread would
-hang training. With `timeout_s` set, the calls run in a forked child process (fork inherits the
-functions and the batch without pickling them, so closures and lambdas work, and costs about a
-millisecond per batch) which streams each result back; the parent waits at most `timeout_s`
-per call, kills the child on a hang and forks a fresh one for the remaining calls. With
-`timeout_s=None` everything runs in-process. Reward functions must not rely on CUDA or on
-threads of the parent inside the child.
+hang training. With `timeout_s` set, the calls run in one persistent worker process, forked at
+the first `score()` and kept until `close()` (or the end of a `with` block). Each batch (prompts,
+completions, columns: plain picklable data) goes to the worker over a pipe and the results stream
+back; the functions themselves are inherited through fork, so closures and lambdas work. The
+parent waits at most `timeout_s` per call, kills the worker on a hang (or finds it dead) and forks
+a fresh one for the remaining calls.
+
+Why one worker and not a fork per batch: whatever a reward function loads lazily (math-verify
+and sympy take ~0.6 s to import) or caches survives from one batch to the next instead of being
+paid again every step, and the fork is paid once. The parent's objects are frozen out of the
+garbage collector while forking (`gc.freeze`), so the worker's collections do not walk the
+trainer's hundreds of thousands of objects and copy their memory pages on write. A consequence
+of forking once: a reward function sees the parent's module state as it was at the fork (the
+first batch, or the first after a hang); what changes during training must reach it through the
+columns. Reward functions must not rely on CUDA or on threads of the parent inside the worker.
+With `timeout_s=None` everything runs in-process.
 
 Summing: `total` is the weighted sum over functions; a None from one function counts as 0 when
 another function scored that row, and the row's total is NaN when every function returned None
@@ -24,8 +34,10 @@ another function scored that row, and the row's total is NaN when every function
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import multiprocessing
+import signal
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +66,8 @@ class RewardResult:
 
 
 class RewardRunner:
-    """Scores completions with `fns`, a list of (name, fn, weight)."""
+    """Scores completions with `fns`, a list of (name, fn, weight). With a timeout it owns a
+    worker process: `close()` it, or use it as a context manager."""
 
     def __init__(
         self,
@@ -76,6 +89,19 @@ class RewardRunner:
         self.timeout_s = timeout_s
         self.on_error = on_error
         self.timeout_score = timeout_score
+        self._worker: _Worker | None = None
+
+    def close(self) -> None:
+        """Stop the worker process, if one runs; a later `score()` forks a new one."""
+        if self._worker is not None:
+            self._worker.stop(wait_s=1.0)
+            self._worker = None
+
+    def __enter__(self) -> RewardRunner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def score(
         self, prompts: list[str], completions: list[str], columns: dict[str, Sequence[Any]]
@@ -127,45 +153,103 @@ class RewardRunner:
         return column
 
     def _run(self, jobs: list[_Job], batch: tuple) -> Iterator[_Outcome]:
-        """One outcome per job, in order; in a forked child when a timeout is set."""
+        """One outcome per job, in order; in the worker process when a timeout is set."""
         if self.timeout_s is None:
             for job in jobs:
                 yield _run_job(self.fns, job, batch)
             return
-        context = multiprocessing.get_context("fork")
         start = 0
-        while start < len(jobs):
-            receiver, sender = context.Pipe(duplex=False)
-            child = context.Process(
-                target=_child, args=(sender, self.fns, jobs[start:], batch), daemon=True
-            )
-            child.start()
-            sender.close()
-            try:
+        try:
+            while start < len(jobs):
+                if self._worker is None or not self._worker.process.is_alive():
+                    self.close()
+                    self._worker = _Worker(self.fns)
+                worker = self._worker
+                with contextlib.suppress(BrokenPipeError):  # dead: receiving reports it
+                    worker.requests.send((jobs[start:], batch))
                 for _ in jobs[start:]:
                     start += 1
-                    if not receiver.poll(self.timeout_s):
-                        yield ("timeout", None, None)
-                        break
-                    try:
-                        outcome = receiver.recv()
-                    except EOFError:
-                        child.join(1.0)
-                        yield ("error", f"worker process died (exit code {child.exitcode})", None)
-                        break
+                    outcome = self._receive(worker)
                     yield outcome
-            finally:
-                if child.is_alive():
-                    child.kill()
-                child.join()
-                receiver.close()
+                    if self._worker is not worker:
+                        break
+        finally:
+            # Stopped early (a RewardError, an interrupt): the worker still owes outcomes that
+            # the next batch would read as its own.
+            if start < len(jobs):
+                self.close()
+
+    def _receive(self, worker: _Worker) -> _Outcome:
+        """The worker's next outcome; on a timeout or a death the worker is stopped."""
+        if not worker.outcomes.poll(self.timeout_s):
+            worker.stop(wait_s=0.0)
+            self._worker = None
+            return ("timeout", None, None)
+        try:
+            return worker.outcomes.recv()
+        except (EOFError, OSError):
+            exit_code = worker.stop(wait_s=1.0)
+            self._worker = None
+            return ("error", f"worker process died (exit code {exit_code})", None)
 
 
-def _child(sender: Any, fns: list, jobs: list[_Job], batch: tuple) -> None:
-    for job in jobs:
-        kind, payload, exc = _run_job(fns, job, batch)
-        sender.send((kind, payload, None) if exc is None else (kind, payload, _picklable(exc)))
-    sender.close()
+class _Worker:
+    """A forked process that runs (jobs, batch) requests and sends back one outcome per job."""
+
+    def __init__(self, fns: list[tuple[str, RewardFn, float]]) -> None:
+        context = multiprocessing.get_context("fork")
+        job_reader, self.requests = context.Pipe(duplex=False)
+        self.outcomes, outcome_writer = context.Pipe(duplex=False)
+        self.process = context.Process(
+            target=_serve,
+            args=(job_reader, outcome_writer, (self.requests, self.outcomes), fns),
+            name="oncurve-reward-worker",
+            daemon=True,
+        )
+        # Frozen objects are invisible to the worker's garbage collector, which would otherwise
+        # walk every object inherited from the trainer and copy their pages on write.
+        gc.freeze()
+        try:
+            self.process.start()
+        finally:
+            gc.unfreeze()
+        job_reader.close()
+        outcome_writer.close()
+
+    def stop(self, wait_s: float) -> int | None:
+        """Close the pipes (an idle worker then exits), kill the process if it has not exited
+        after `wait_s`; the exit code it had before any kill (None if it was still running)."""
+        self.requests.close()
+        self.process.join(wait_s)
+        exit_code = self.process.exitcode
+        if exit_code is None:
+            self.process.kill()
+            self.process.join()
+        self.outcomes.close()
+        return exit_code
+
+
+def _serve(requests: Any, outcomes: Any, parent_ends: tuple, fns: list) -> None:
+    # Ctrl-C reaches the whole process group; the parent decides when the worker stops. SIGTERM
+    # must stop it (multiprocessing terminates daemon children at exit), not run the trainer's
+    # inherited stop handler.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Without the parent's ends open here, the parent's exit, however abrupt, ends recv() below.
+    for end in parent_ends:
+        end.close()
+    while True:
+        try:
+            jobs, batch = requests.recv()
+        except EOFError:
+            return
+        for job in jobs:
+            kind, payload, exc = _run_job(fns, job, batch)
+            outcome = (kind, payload, None if exc is None else _picklable(exc))
+            try:
+                outcomes.send(outcome)
+            except BrokenPipeError:
+                return
 
 
 def _picklable(exc: BaseException) -> BaseException | None:
