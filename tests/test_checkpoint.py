@@ -140,6 +140,15 @@ def test_round_trip_is_bit_exact(tmp_path: Path) -> None:
         assert sorted(f.keys()) == ["embed.weight", "mid.bias", "mid.weight"]
 
 
+@pytest.mark.parametrize("keep_last", [1, 2, 3, 4, 6])
+def test_keep_last_keeps_the_newest_n_while_fewer_exist(tmp_path: Path, keep_last: int) -> None:
+    model, optimizer, _ = make_setup(0)
+    for step in range(1, 6):
+        save_checkpoint(tmp_path, step, model, optimizer, None, {"step": step}, keep_last=keep_last)
+        kept = range(max(1, step - keep_last + 1), step + 1)
+        assert step_dirs(tmp_path) == ["latest", *(f"step-{k:06d}" for k in kept)], step
+
+
 def test_latest_pointer_and_keep_last(tmp_path: Path) -> None:
     model, optimizer, scheduler = make_setup(0)
     save_checkpoint(tmp_path, 1, model, optimizer, None, {"step": 1})

@@ -241,7 +241,7 @@ def _prune(root: Path, newest: Path, keep_last: int) -> None:
     step = _step_of(newest)
     older = [d for d in _complete_checkpoints(root) if _step_of(d) < step]
     later = [d for d in _complete_checkpoints(root) if _step_of(d) > step]
-    for old in later + older[: len(older) - (keep_last - 1)]:
+    for old in later + older[: max(0, len(older) - (keep_last - 1))]:
         # Renamed first so that a kill mid-deletion cannot leave a half-deleted step directory.
         trash = root / f".trash-{old.name}-{os.getpid()}"
         try:
