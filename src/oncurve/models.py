@@ -85,7 +85,12 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     """Recompute activations in backward. HF only checkpoints in train mode, so the model goes
     to train mode with every dropout probability set to zero."""
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # transformers 5 renamed the method and deprecates the old name; older releases only have it.
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):

@@ -11,6 +11,7 @@ import shutil
 import signal
 import sys
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -246,7 +247,13 @@ def optimise(s: Session, batch: TrainBatch) -> dict[str, float]:
             )
             s.skipped_in_a_row = s.skipped_in_a_row + 1 if stats["updates/skipped"] else 0
             results.append(stats)
-    s.scheduler.step()
+    with warnings.catch_warnings():
+        # The schedule counts training steps, skipped updates included, so that a resumed run
+        # and an uninterrupted one agree; torch warns when the first optimizer step was skipped.
+        warnings.filterwarnings(
+            "ignore", message="Detected call of `lr_scheduler.step", category=UserWarning
+        )
+        s.scheduler.step()
     merged = {key: sum(r[key] for r in results) / len(results) for key in results[0]}
     merged["ratio/min"] = min(r["ratio/min"] for r in results)
     merged["ratio/max"] = max(r["ratio/max"] for r in results)
