@@ -33,11 +33,18 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from common import load_model, load_note, markdown_table, matmul_gflops  # noqa: E402
+from common import (  # noqa: E402
+    load_model,
+    load_note,
+    markdown_table,
+    matmul_gflops,
+    write_section,
+)
 
 TRL_VENV = HERE / ".venv-trl"
 CACHE = HERE / ".cache" / "vs_trl"
 RESULTS = HERE / "results" / "vs_trl.md"
+TITLE = "oncurve vs TRL's GRPOTrainer\n\nWritten by `benchmarks/vs_trl.py`, one section per model."
 TORCH_PIN = "torch==2.13.0"  # the CPU wheel on disk; a loose torch pulls a multi-GB CUDA build
 
 
@@ -609,23 +616,6 @@ def torch_threads() -> int:
     return torch.get_num_threads()
 
 
-def write_section(name: str, section: str) -> None:
-    """Replace this model's section of the results file (other models' sections stay)."""
-    marker = f"<!-- model: {name} -->"
-    sections: dict[str, str] = {}
-    if RESULTS.is_file():
-        for chunk in RESULTS.read_text().split("<!-- model: ")[1:]:
-            key, _, body = chunk.partition(" -->\n")
-            sections[key] = body
-    sections[name] = section
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        "# oncurve vs TRL's GRPOTrainer\n\nWritten by `benchmarks/vs_trl.py`, one section per "
-        "model.\n\n" + "\n".join(f"<!-- model: {key} -->\n{body}" for key, body in sections.items())
-    )
-    print(f"wrote {RESULTS} ({marker})")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="default", help="default | tiny | 30m | PATH")
@@ -650,7 +640,7 @@ def main() -> None:
         return
     section = benchmark(args.model, args)
     print("\n" + section, flush=True)
-    write_section(args.model, section)
+    write_section(RESULTS, TITLE, args.model, section)
 
 
 if __name__ == "__main__":
