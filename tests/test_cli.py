@@ -1,0 +1,91 @@
+"""`oncurve tasks export`, `oncurve eval` and `oncurve sample` through `cli.main` on the bundled
+model, checked against transformers' own greedy `generate`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import transformers
+
+from oncurve.cli import main
+from oncurve.models import resolve_model_path
+from oncurve.rewards import extract_answer
+
+MAX_NEW_TOKENS = 48
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> list[dict]:
+    """Run one command; its stdout as JSON lines."""
+    assert main(list(argv)) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def reference_greedy_answers(prompts: list[str]) -> list[str | None]:
+    """The bundled model's greedy answers from transformers' `generate`, not oncurve's sampler."""
+    path = resolve_model_path("default")
+    model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    answers = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+        out = model.generate(ids, do_sample=False, max_new_tokens=MAX_NEW_TOKENS)
+        text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+        answers.append(extract_answer(text, style="tags"))
+    return answers
+
+
+def test_export_writes_correct_answers_and_the_same_file_for_the_same_seed(capsys, tmp_path):
+    rows = run_cli(capsys, "tasks", "export", "arith", "--split", "test", "--seed", "5", "-n", "20")
+    assert len(rows) == 20
+    for row in rows:
+        left, right = row["prompt"].removesuffix("=").split("+")
+        assert int(row["answer"]) == int(left) + int(right)
+    out = tmp_path / "test.jsonl"
+    run_cli(capsys, "tasks", "export", "arith", "--seed", "5", "-n", "20", "-o", str(out))
+    assert [json.loads(line) for line in out.read_text().splitlines()] == rows
+    other_seed = run_cli(capsys, "tasks", "export", "arith", "--seed", "6", "-n", "20")
+    assert other_seed != rows
+
+
+def test_eval_gives_the_known_accuracy_of_a_file_built_from_the_models_own_answers(
+    capsys, tmp_path
+):
+    prompts = [r["prompt"] for r in run_cli(capsys, "tasks", "export", "arith", "-n", "16")]
+    answers = reference_greedy_answers(prompts)
+    answered = [(p, a) for p, a in zip(prompts, answers, strict=True) if a is not None][:8]
+    assert len(answered) == 8
+    # 5 rows carry the model's own greedy answer (correct by construction), 3 a different one
+    rows = [{"prompt": p, "answer": a} for p, a in answered[:5]]
+    rows += [{"prompt": p, "answer": str(int(a) + 1)} for p, a in answered[5:]]
+    data = tmp_path / "known.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    (result,) = run_cli(
+        capsys, "eval", "--model", "default", "--data", str(data),
+        "--max-new-tokens", str(MAX_NEW_TOKENS), "--samples", "4",
+    )  # fmt: skip
+    assert result["n"] == 8
+    assert result["accuracy"] == 5 / 8
+    assert 0 <= result["mean@4"] <= result["pass@4"] <= 1
+    assert result["mean@4"] * 32 == pytest.approx(round(result["mean@4"] * 32))
+
+
+def test_sample_prints_n_completions_and_greedy_ones_are_transformers_greedy(capsys):
+    prompt = "0012+0034="
+    rows = run_cli(
+        capsys, "sample", "--model", "default", "--prompt", prompt, "-n", "3",
+        "--temperature", "0", "--max-new-tokens", str(MAX_NEW_TOKENS),
+    )  # fmt: skip
+    assert len(rows) == 3
+    assert {r["finish_reason"] for r in rows} <= {"eos", "stop", "length"}
+    (expected,) = reference_greedy_answers([prompt])
+    assert [extract_answer(r["completion"], style="tags") for r in rows] == [expected] * 3
+
+
+def test_eval_of_a_missing_file_is_a_one_line_user_error(capsys, tmp_path: Path):
+    missing = tmp_path / "nope.jsonl"
+    assert main(["eval", "--model", "default", "--data", str(missing)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "nope.jsonl" in err
