@@ -124,6 +124,36 @@ def test_fast_decode_step_matches_hf_logits(
         assert torch.allclose(logits, reference.logits[:, 4 + t], atol=1e-5, rtol=0)
 
 
+def test_cache_growth_and_dropped_rows_keep_the_logits_exact(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(decode_llama, "_GROW_COLUMNS", 4)
+    model = make_model("qwen2")
+    ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
+    mask = (ids != 0).long()
+    decoder = decode_llama.LlamaDecoder(model, rows=4, width=5, new=12)
+    assert decoder.keys[0].shape[2] == 9  # the prompt and _GROW_COLUMNS, not all 17
+    fed = torch.randint(3, VOCAB, (4, 12), generator=torch.Generator().manual_seed(0))
+    rows = torch.arange(4)
+    with torch.inference_mode():
+        decoder.prefill(ids, mask, group_size=2)
+        for t in range(12):
+            if t == 6:  # rows 1 and 2 end between the two growths; 0 and 3 move to the front
+                decoder.keep(torch.tensor([0, 3]))
+                rows = rows[[0, 3]]
+            logits = decoder.step(fed[rows, t])
+        full_ids = torch.cat([ids.repeat_interleave(2, 0), fed], dim=1)[rows]
+        full_mask = torch.cat(
+            [mask.repeat_interleave(2, 0), torch.ones(4, 12, dtype=torch.long)], 1
+        )
+        full_mask = full_mask[rows]
+        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
+        reference = model(input_ids=full_ids, attention_mask=full_mask, position_ids=positions)
+    # grown 9 -> 13 columns with 4 rows, then 13 -> 17 with the 2 live rows only
+    assert decoder.keys[0].shape[:3] == (2, 2, 17)
+    assert torch.allclose(logits, reference.logits[:, -1], atol=1e-5, rtol=0)
+
+
 def test_fast_path_declined_for_gpt2_and_short_windows() -> None:
     assert not decode_llama.supports(make_model("gpt2"), 10)
     mistral = make_model("mistral")

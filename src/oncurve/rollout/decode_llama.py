@@ -3,7 +3,7 @@
 A generic Hugging Face forward for one token costs several times its matmuls on CPU at the sizes
 GRPO samples with: mask construction, cache bookkeeping, module dispatch. This decoder does the
 same arithmetic in plain torch ops: q, k, v in one matmul (for small models), rotary tables
-computed once per call, a preallocated `[layers, rows, kv_heads, width, head_dim]` cache, and an
+computed once per call, a `[rows, kv_heads, width, head_dim]` cache per layer that grows with the longest row, and an
 additive padding bias instead of a 4-D mask. The prompt is prefilled by the HF forward itself,
 so only the one-token step is reimplemented; `tests/test_rollout.py` checks its logits against
 the HF forward's to 1e-5. What it simplifies: no dropout (sampling runs the model as in eval),
@@ -25,6 +25,11 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 FUSE_MAX_BYTES = 4 * 2**20
 # rows moved per copy when finished rows are dropped from the cache
 _KEEP_CHUNK = 16
+# The cache starts with room for the prompt and `reserve` tokens and grows by a quarter (at
+# least this many columns) when the longest live row reaches its end, so that its size follows
+# the lengths sampled, not max_new_tokens: GRPO budgets are often several times the typical
+# completion. Growth moves one layer at a time, so it briefly costs one layer's cache extra.
+_GROW_COLUMNS = 16
 
 
 def supports(model: torch.nn.Module, total_len: int) -> bool:
@@ -126,8 +131,16 @@ class LlamaDecoder:
     Position ids count real tokens only, as in `oncurve.train_step.completion_logprobs`.
     """
 
-    def __init__(self, model: transformers.PreTrainedModel, rows: int, width: int, new: int):
-        """Room for `rows` rows of a `width`-token prompt and `new` fed-back tokens."""
+    def __init__(
+        self,
+        model: transformers.PreTrainedModel,
+        rows: int,
+        width: int,
+        new: int,
+        reserve: int = 0,
+    ):
+        """Room for `rows` rows of a `width`-token prompt and up to `new` fed-back tokens, of
+        which `reserve` (e.g. min_new_tokens, known to be needed) are allocated up front."""
         base = model.base_model
         config = model.config
         self.model = model
@@ -145,10 +158,13 @@ class LlamaDecoder:
         self.kv_heads = config.num_key_value_heads
         self.width = width
         self.column = width  # next cache column to write
+        self.max_columns = width + new
         param = self.embed
-        shape = (len(self.layers), rows, self.kv_heads, width + new, self.head_dim)
-        self.keys = torch.empty(shape, dtype=param.dtype, device=param.device)
-        self.values = torch.empty(shape, dtype=param.dtype, device=param.device)
+        columns = min(self.max_columns, width + max(reserve, _GROW_COLUMNS))
+        shape = (rows, self.kv_heads, columns, self.head_dim)
+        # one tensor per layer, `[rows, kv_heads, columns, head_dim]`, so growth is per layer
+        self.keys = [param.new_empty(shape) for _ in self.layers]
+        self.values = [param.new_empty(shape) for _ in self.layers]
         self.bias = torch.zeros(rows, width + new, dtype=param.dtype, device=param.device)
         # cos/sin for every position this call can reach, from the model's own rotary module
         # (so RoPE scaling variants and attention_scaling come along).
@@ -175,8 +191,8 @@ class LlamaDecoder:
         )
         for i, layer in enumerate(cache.layers):
             shape = (batch, group_size, self.kv_heads, width, self.head_dim)
-            self.keys[i, :, :, :width].view(shape).copy_(layer.keys[:, None])
-            self.values[i, :, :, :width].view(shape).copy_(layer.values[:, None])
+            self.keys[i][:, :, :width].view(shape).copy_(layer.keys[:, None])
+            self.values[i][:, :, :width].view(shape).copy_(layer.values[:, None])
         pad = prompt_mask.repeat_interleave(group_size, 0) == 0
         self.bias[:, :width].masked_fill_(pad, float("-inf"))
         self.positions.copy_(prompt_mask.sum(-1).repeat_interleave(group_size))
@@ -199,6 +215,8 @@ class LlamaDecoder:
         cos = self.cos[positions][:, None]  # [n, 1, d]
         sin = self.sin[positions][:, None]
         bias = self.bias[:n, None, None, :end]  # [n, 1, 1, end]
+        if col == self.keys[0].shape[2]:
+            self._grow(n)
         x = F.embedding(tokens, self.embed)
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.norm_in)
@@ -206,18 +224,29 @@ class LlamaDecoder:
             qk = qkv[:, : heads + kv]
             flipped = qk.unflatten(-1, (2, d // 2)).flip(-2).flatten(-2)
             qk = torch.addcmul(qk * cos, flipped, sin)
-            self.keys[i, :n, :, col] = qk[:, heads:]
-            self.values[i, :n, :, col] = qkv[:, heads + kv :]
+            keys, values = self.keys[i][:n], self.values[i][:n]
+            keys[:, :, col] = qk[:, heads:]
+            values[:, :, col] = qkv[:, heads + kv :]
             q = qk[:, :heads].view(n, kv, heads // kv, d)
-            scores = torch.matmul(q, self.keys[i, :n, :, :end].transpose(-1, -2))
+            scores = torch.matmul(q, keys[:, :, :end].transpose(-1, -2))
             scores = (scores + bias).softmax(-1)
-            attn = torch.matmul(scores, self.values[i, :n, :, :end]).view(n, heads * d)
+            attn = torch.matmul(scores, values[:, :, :end]).view(n, heads * d)
             x = _add_linear(x, attn, layer.o_proj)
             h = _rms_norm(x, layer.norm_post)
             x = _add_linear(x, layer.mlp(h), layer.down_proj)
         self.column = end
         positions += 1
         return self._logits(_rms_norm(x, self.norm))
+
+    def _grow(self, n: int) -> None:
+        """More cache columns for the first `n` rows (the live ones; the rest are dropped)."""
+        columns = self.keys[0].shape[2]
+        grown = min(self.max_columns, max(columns + _GROW_COLUMNS, columns * 5 // 4))
+        for cache in (self.keys, self.values):
+            for i, old in enumerate(cache):
+                new = old.new_empty((n, self.kv_heads, grown, self.head_dim))
+                new[:, :, : self.column] = old[:n, :, : self.column]
+                cache[i] = new
 
     def keep(self, index: torch.Tensor) -> None:
         """Keep only rows `index` (ascending), moved to the front; later steps see len(index)."""
@@ -227,8 +256,8 @@ class LlamaDecoder:
         for start in range(0, index.shape[0], _KEEP_CHUNK):
             rows = index[start : start + _KEEP_CHUNK]
             end = start + rows.shape[0]
-            self.keys[:, start:end, :, :filled] = self.keys[:, rows, :, :filled]
-            self.values[:, start:end, :, :filled] = self.values[:, rows, :, :filled]
+            for cache in (*self.keys, *self.values):
+                cache[start:end, :, :filled] = cache[rows, :, :filled]
         n = index.shape[0]
         self.bias[:n] = self.bias[index]
         self.positions[:n] = self.positions[index]

@@ -1,7 +1,7 @@
 """Group sampling with a KV cache for any Hugging Face causal LM.
 
 Each of the B prompts is prefilled once and its cache copied into the G rows of its group.
-Decoding then feeds one token per active row per step into a preallocated cache; rows that end
+Decoding then feeds one token per active row per step into a KV cache; rows that end
 (EOS, a stop string) are dropped from the batch once they make up a quarter of it, so finished
 rows stop costing compute without copying the cache at every ending. Llama-family models decode
 through `decode_llama.LlamaDecoder` (the same arithmetic without HF's per-step overhead); every
@@ -151,14 +151,17 @@ class TorchSampler:
         ids, mask = ids.to(device), mask.to(device)
 
         fast = self.fast and decode_llama.supports(self.model, width + new)
-        decoder_cls = decode_llama.LlamaDecoder if fast else HFDecoder
         # Eval mode while sampling: HF turns the KV cache off in train mode under gradient
         # checkpointing (the trainer's setting), and dropout must be off anyway.
         was_training = self.model.training
         self.model.eval()
         try:
             # the last sampled token is never fed back, so the cache needs new - 1 columns
-            decoder = decoder_cls(self.model, rows, width, new - 1)
+            if fast:
+                reserve = params.min_new_tokens - 1
+                decoder = decode_llama.LlamaDecoder(self.model, rows, width, new - 1, reserve)
+            else:
+                decoder = HFDecoder(self.model, rows, width, new - 1)
             logits = decoder.prefill(ids, mask, group_size)
             completion, logprobs, ends, reasons = self._decode(
                 decoder, logits, rows, params, device
