@@ -72,6 +72,10 @@ def test_three_steps_write_finite_metrics_samples_and_a_loadable_final_model(
     ):
         assert all(math.isfinite(r[key]) for r in rows), key
     assert all(r["logprob_diff/max"] < 1e-4 for r in rows)
+    # 16 completions a step; the running total grows by exactly the tokens each step sampled
+    totals = [0.0] + [r["tokens/total"] for r in rows]
+    for r, before, after in zip(rows, totals, totals[1:], strict=False):
+        assert after - before == pytest.approx(16 * r["length/mean"], abs=1e-3)
     assert (run_dir / "samples.jsonl").read_text().count("\n") == 3 * 4
     assert result.steps == 3
 

@@ -9,7 +9,8 @@ One checkpoint is a directory `run_dir/checkpoints/step-000010/` holding
                         "optimizers": {name: state_dict}}: tensors and plain data only, read back
                         with `torch.load(weights_only=True)`, so a crafted file cannot run code
   rng-rank{R}.json     the python, numpy and torch CPU (+ CUDA) generator states of rank R
-  state.json           the trainer's counters (step, data position, tokens, world size...)
+  state.json           the trainer's counters (step, completion tokens, world size; the data
+                       position follows from the step)
   COMPLETE             written last; a directory without it is never loaded
 and `run_dir/checkpoints/latest` names the newest complete one.
 

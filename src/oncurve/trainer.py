@@ -76,6 +76,7 @@ class Session:
     loss_fns: LossFns
     logger: MetricsLogger
     start_step: int = 0
+    completion_tokens: int = 0  # sampled so far, every rank's, checkpointed with the step
     skipped_in_a_row: int = 0
     stop_requested: bool = False
     rank: int = 0
@@ -163,7 +164,10 @@ def training_step(s: Session, step: int) -> dict[str, float]:
         **{f"time/{k}": v for k, v in timer.seconds.items()},
     }
     metrics["time/step"] = sum(timer.seconds.values())
-    metrics["tokens_per_s"] = float(rollout.completion_mask.sum()) / metrics["time/step"]
+    sampled = float(rollout.completion_mask.sum())
+    metrics["tokens_per_s"] = sampled / metrics["time/step"]
+    s.completion_tokens += int(distributed.all_sum([sampled])[0])
+    metrics["tokens/total"] = float(s.completion_tokens)
     _log_samples(s, step, rollout, rewards, rows)
     return metrics
 
@@ -438,6 +442,7 @@ def setup(config: Config) -> Session:
                 f"resume it with the same number, not {world_size}"
             )
         s.start_step = int(state["step"])
+        s.completion_tokens = int(state.get("completion_tokens", 0))
         if rank == 0:
             truncate_after(run_dir, s.start_step)
     if rank == 0:
@@ -452,7 +457,7 @@ def _save(s: Session, step: int) -> None:
         s.model,
         s.optimizer,
         s.scheduler,
-        {"step": step, "world_size": s.world_size},
+        {"step": step, "completion_tokens": s.completion_tokens, "world_size": s.world_size},
         keep_last=s.config.run.keep_last,
         modules=_extra_modules(s),
         optimizers=_extra_optimizers(s),
