@@ -90,6 +90,9 @@ def _rank_main(
         weights = one_step(aggregation, slice(rows.start * G, rows.stop * G), fsdp)
         if rank == 0:
             save_file({k: v.contiguous() for k, v in weights.items()}, out)
+        # both ranks done before either tears gloo down (a rank leaving first was seen to abort
+        # its peer in one full-suite run)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -69,6 +69,11 @@ class ModelConfig:
     dtype: str = _opt("float32", "weights and compute dtype", choices=("float32", "bfloat16"))
     trust_remote_code: bool = _opt(False, "allow custom modelling code shipped with the model")
     gradient_checkpointing: bool = _opt(False, "recompute activations in backward to save memory")
+    share_prompt_forward: bool = _opt(
+        True,
+        "in the update and the reference pass, run each group's prompt once and share its KV "
+        "cache with the group's completions (not under gradient checkpointing or FSDP)",
+    )
     logprob_chunk_size: int = _opt(
         1024, "rows per chunk when forming logits, bounding the [rows, vocab] peak", POSITIVE
     )

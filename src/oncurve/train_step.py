@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import transformers
 
 from oncurve import distributed
 from oncurve.algo.logprobs import logprobs_from_hidden
@@ -25,6 +26,7 @@ def completion_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     with_entropy: bool = False,
+    prompt_index: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of the last `completion_len` tokens of each row under `model`.
 
@@ -33,28 +35,76 @@ def completion_logprobs(
     prompt sees the same positions as an unpadded one; the sampler uses the same convention,
     which is what makes its logprobs equal these.
 
+    With `prompt_index`, rows that share a prompt share its forward: each distinct prompt runs
+    once and its KV cache (with its autograd graph) is expanded to its rows, which then run only
+    their completion tokens. The G completions of a GRPO group have one prompt, so this saves
+    (G - 1) / G of the prompt tokens' forward and backward; the result equals the plain forward
+    up to float rounding (`tests/test_train_step.py`).
+
     Args:
         model: a Hugging Face causal LM (`base_model` trunk + output embeddings).
         input_ids: `[N, P+T]` left-padded prompt followed by right-padded completion.
         attention_mask: `[N, P+T]` 1 on real tokens.
         completion_len: T.
+        prompt_index: `[N]` equal for rows whose P prompt columns are equal, or None.
     Returns:
         (`[N, T]` float32 logprobs, `[N, T]` entropy or None); values on padding are meaningless
         and must be masked by the caller.
     """
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    trunk = model.base_model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-    )
-    hidden = trunk.last_hidden_state[:, -completion_len - 1 : -1]
+    if prompt_index is None:
+        trunk = model.base_model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+        )
+        hidden = trunk.last_hidden_state[:, -completion_len - 1 : -1]
+    else:
+        hidden = _shared_prompt_hidden(
+            model, input_ids, attention_mask, position_ids, completion_len, prompt_index
+        )
     labels = input_ids[:, -completion_len:]
     head = model.get_output_embeddings()
     return logprobs_from_hidden(
         hidden, head.weight, labels, temperature, chunk_size, head.bias, with_entropy
     )
+
+
+def _shared_prompt_hidden(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    completion_len: int,
+    prompt_index: torch.Tensor,
+) -> torch.Tensor:
+    """`[N, T, H]` hidden states before each completion token, each distinct prompt run once."""
+    prompt_len = input_ids.shape[1] - completion_len
+    _, row_prompt = torch.unique(prompt_index, return_inverse=True)
+    rows = torch.arange(row_prompt.shape[0], device=row_prompt.device)
+    first_row = torch.full_like(row_prompt[: int(row_prompt.max()) + 1], rows.shape[0])
+    first_row = first_row.scatter_reduce(0, row_prompt, rows, reduce="amin")
+    cache = transformers.DynamicCache(config=model.config)
+    prompt = model.base_model(
+        input_ids=input_ids[first_row, :prompt_len],
+        attention_mask=attention_mask[first_row, :prompt_len],
+        position_ids=position_ids[first_row, :prompt_len],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    for layer in cache.layers:
+        layer.keys = layer.keys[row_prompt]
+        layer.values = layer.values[row_prompt]
+    completion = model.base_model(
+        input_ids=input_ids[:, prompt_len:],
+        attention_mask=attention_mask,
+        position_ids=position_ids[:, prompt_len:],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    last_prompt = prompt.last_hidden_state[row_prompt, -1:]
+    return torch.cat([last_prompt, completion.last_hidden_state[:, :-1]], dim=1)
 
 
 class PolicyLogprobs(torch.nn.Module):
@@ -73,6 +123,7 @@ class PolicyLogprobs(torch.nn.Module):
         temperature: float = 1.0,
         chunk_size: int = 1024,
         with_entropy: bool = False,
+        prompt_index: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return completion_logprobs(
             self.model,
@@ -82,6 +133,7 @@ class PolicyLogprobs(torch.nn.Module):
             temperature,
             chunk_size,
             with_entropy,
+            prompt_index,
         )
 
 
@@ -129,6 +181,7 @@ def trim_padding(batch: TrainBatch) -> TrainBatch:
         old_logprobs=cut(batch.old_logprobs),
         ref_logprobs=cut(batch.ref_logprobs),
         sample_logprobs=cut(batch.sample_logprobs),
+        prompt_index=batch.prompt_index,
     )
 
 
@@ -210,6 +263,7 @@ def microbatch_loss(
         fns.temperature,
         fns.chunk_size,
         with_entropy=True,
+        prompt_index=micro.prompt_index,
     )
     old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
     advantages = micro.advantages
@@ -299,6 +353,7 @@ def batch_logprobs(
             micro.completion_mask.shape[1],
             temperature,
             chunk_size,
+            prompt_index=micro.prompt_index,
         )
         width = logprobs.shape[1]
         out[index, :width] = logprobs * micro.completion_mask

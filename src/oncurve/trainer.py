@@ -116,6 +116,7 @@ def training_step(s: Session, step: int) -> dict[str, float]:
         completion_mask=rollout.completion_mask,
         advantages=advantages,
         sample_logprobs=rollout.logprobs,
+        prompt_index=_prompt_index(cfg, rollout),
     )
     lr = s.scheduler.get_last_lr()[0]
     critic_metrics: dict[str, float] = {}
@@ -610,6 +611,17 @@ def _reward_inputs(
             columns[key] = [row[key] for row in rows for _ in range(group_size)]
     columns["completion_lengths"] = rollout.completion_lengths.tolist()
     return prompts, rollout.texts, columns
+
+
+def _prompt_index(cfg: Config, rollout: RolloutBatch) -> torch.Tensor | None:
+    """`[N]` group number of each row (a group's rows share a prompt), or None when the
+    prompt forward is not shared: HF drops the KV cache under gradient checkpointing, and
+    FSDP's hooks expect one forward per module per step."""
+    m = cfg.model
+    if not m.share_prompt_forward or m.gradient_checkpointing or cfg.dist.fsdp:
+        return None
+    rows = torch.arange(rollout.num_rows, device=rollout.input_ids.device)
+    return rows // rollout.group_size
 
 
 def _informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

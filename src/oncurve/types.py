@@ -112,6 +112,8 @@ class TrainBatch:
         old_logprobs: `[N, T]` pi_old, or None when mu = 1 (the update's own detached logprobs).
         ref_logprobs: `[N, T]` pi_ref, or None when beta = 0.
         sample_logprobs: `[N, T]` the sampler's logprobs, compared with pi_old as a health check.
+        prompt_index: `[N]` equal for rows with the same prompt (a group), so that the forward
+            can run each prompt once; None to run every row whole.
     """
 
     input_ids: torch.Tensor
@@ -121,6 +123,7 @@ class TrainBatch:
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     sample_logprobs: torch.Tensor | None = None
+    prompt_index: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -140,6 +143,7 @@ class TrainBatch:
             old_logprobs=part(self.old_logprobs),
             ref_logprobs=part(self.ref_logprobs),
             sample_logprobs=part(self.sample_logprobs),
+            prompt_index=part(self.prompt_index),
         )
 
 

@@ -1,0 +1,116 @@
+"""Sharing a group's prompt forward: the same logprobs, entropy and gradients as running every
+row whole, and the trainer uses it exactly when it applies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_rollout import make_model
+from test_trainer import make_config
+
+from oncurve import train_step
+from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from oncurve.train_step import LossFns, accumulate_gradients, completion_logprobs
+from oncurve.trainer import setup, training_step
+from oncurve.types import TrainBatch
+
+GROUP, PROMPTS, PROMPT_LEN, COMPLETION_LEN = 3, 4, 6, 7
+
+
+def grouped_rows(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """8 of 12 rows (4 prompts x 3) in shuffled order, so the rows cut through groups: left-padded
+    prompts, right-padded completions. Returns input_ids, attention_mask, completion mask and
+    each row's prompt number."""
+    g = torch.Generator().manual_seed(seed)
+    rows = PROMPTS * GROUP
+    prompts = torch.randint(3, 50, (PROMPTS, PROMPT_LEN), generator=g)
+    prompt_mask = torch.ones(PROMPTS, PROMPT_LEN, dtype=torch.long)
+    prompt_mask[0, :3] = 0
+    prompt_mask[2, :1] = 0
+    completions = torch.randint(3, 50, (rows, COMPLETION_LEN), generator=g)
+    completion_mask = torch.ones(rows, COMPLETION_LEN, dtype=torch.long)
+    completion_mask[::2, 4:] = 0
+    ids = torch.cat([prompts.repeat_interleave(GROUP, 0), completions], 1)
+    mask = torch.cat([prompt_mask.repeat_interleave(GROUP, 0), completion_mask], 1)
+    pick = torch.randperm(rows, generator=g)[:8]
+    index = torch.arange(rows) // GROUP
+    return ids[pick], mask[pick], completion_mask[pick], index[pick]
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama", "mistral", "gpt2"])
+def test_shared_prompt_forward_equals_the_plain_forward(kind: str) -> None:
+    model = make_model(kind)
+    ids, mask, completion_mask, index = grouped_rows()
+    results = []
+    for prompt_index in (None, index):
+        logprobs, entropy = completion_logprobs(
+            model, ids, mask, COMPLETION_LEN, with_entropy=True, prompt_index=prompt_index
+        )
+        objective = ((logprobs + entropy) * completion_mask).sum()
+        grads = torch.autograd.grad(objective, list(model.parameters()))
+        real = completion_mask.bool()
+        results.append((logprobs[real], entropy[real], grads))
+    (plain_lp, plain_ent, plain_grads), (shared_lp, shared_ent, shared_grads) = results
+    torch.testing.assert_close(shared_lp, plain_lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(shared_ent, plain_ent, atol=1e-5, rtol=0)
+    for shared, plain in zip(shared_grads, plain_grads, strict=True):
+        torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
+    assert max(float(g.abs().max()) for g in plain_grads) > 1e-2  # the gradients are not ~0
+
+
+def test_accumulated_gradients_are_the_same_with_the_shared_prompt_forward() -> None:
+    model = make_model("qwen2")
+    policy = train_step.PolicyLogprobs(model)
+    ids, mask, completion_mask, index = grouped_rows(seed=1)
+    fns = LossFns(
+        policy_loss=POLICY_LOSSES["ppo_clip"],
+        aggregate=AGGREGATIONS["seq-mean-token-mean"],
+        kl=KL_ESTIMATORS["k3"],
+        beta=0.04,
+        eps_low=0.2,
+        eps_high=0.2,
+        dual_clip=None,
+        temperature=1.0,
+        norm_len=float(COMPLETION_LEN),
+        chunk_size=1024,
+    )
+    advantages = torch.linspace(-1.5, 1.5, ids.shape[0])
+    ref = torch.full(completion_mask.shape, -3.0)
+    grads = []
+    for prompt_index in (None, index):
+        batch = TrainBatch(ids, mask, completion_mask, advantages, ref_logprobs=ref)
+        batch.prompt_index = prompt_index
+        accumulate_gradients(
+            policy, batch, fns, num_seqs=8.0, num_tokens=float(completion_mask.sum()),
+            microbatch_size=3,
+        )  # fmt: skip
+        grads.append([p.grad.clone() for p in model.parameters()])
+        model.zero_grad(set_to_none=True)
+    for shared, plain in zip(*grads, strict=True):
+        torch.testing.assert_close(shared, plain, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "overrides,shared",
+    [
+        ((), True),
+        (("model.share_prompt_forward=false",), False),
+        (("model.gradient_checkpointing=true",), False),
+    ],
+)
+def test_the_trainer_shares_the_prompt_forward_when_it_applies(
+    tiny_model_dir, data_file, tmp_path, monkeypatch, overrides, shared
+) -> None:
+    calls = []
+    original = train_step._shared_prompt_hidden
+
+    def counting(*args, **kwargs):
+        calls.append(args[1].shape[0])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(train_step, "_shared_prompt_hidden", counting)
+    s = setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *overrides))
+    with s.rewards:
+        training_step(s, 1)
+    # 16 rows: the reference pass and the update, one microbatch each
+    assert calls == ([16, 16] if shared else [])
