@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_distributed import loss_fns
 from test_rollout import make_model
 from test_trainer import make_config
 
 from oncurve import train_step
-from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-from oncurve.train_step import LossFns, accumulate_gradients, completion_logprobs
+from oncurve.train_step import accumulate_gradients, completion_logprobs
 from oncurve.trainer import setup, training_step
 from oncurve.types import TrainBatch
 
@@ -62,18 +62,7 @@ def test_accumulated_gradients_are_the_same_with_the_shared_prompt_forward() -> 
     model = make_model("qwen2")
     policy = train_step.PolicyLogprobs(model)
     ids, mask, completion_mask, index = grouped_rows(seed=1)
-    fns = LossFns(
-        policy_loss=POLICY_LOSSES["ppo_clip"],
-        aggregate=AGGREGATIONS["seq-mean-token-mean"],
-        kl=KL_ESTIMATORS["k3"],
-        beta=0.04,
-        eps_low=0.2,
-        eps_high=0.2,
-        dual_clip=None,
-        temperature=1.0,
-        norm_len=float(COMPLETION_LEN),
-        chunk_size=1024,
-    )
+    fns = loss_fns("seq-mean-token-mean")
     advantages = torch.linspace(-1.5, 1.5, ids.shape[0])
     ref = torch.full(completion_mask.shape, -3.0)
     grads = []

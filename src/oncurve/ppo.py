@@ -32,7 +32,7 @@ from torch import nn
 from oncurve import distributed
 from oncurve.algo.advantages import clipped_value_loss, gae
 from oncurve.config import Config
-from oncurve.train_step import masked_mean, trim_padding
+from oncurve.train_step import completion_hidden, masked_mean, trim_padding
 from oncurve.types import TrainBatch
 
 
@@ -61,8 +61,8 @@ class ValueModel(nn.Module):
     ) -> torch.Tensor:
         """Values of the states before each of the last `completion_len` tokens.
 
-        Same inputs and position ids as `oncurve.train_step.completion_logprobs` (real tokens
-        counted only), so value t sees exactly the prefix that produced completion token t.
+        The same trunk forward as `oncurve.train_step.completion_logprobs` (real tokens
+        counted in the position ids), so value t sees exactly the prefix that produced completion token t.
 
         Args:
             input_ids: `[N, P+T]` left-padded prompt followed by right-padded completion.
@@ -71,14 +71,7 @@ class ValueModel(nn.Module):
         Returns:
             `[N, T]` float32 values; meaningless on padding (mask them).
         """
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        out = self.trunk(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=False,
-        )
-        hidden = out.last_hidden_state[:, -completion_len - 1 : -1]
+        hidden = completion_hidden(self.trunk, input_ids, attention_mask, completion_len)
         return self.head(hidden.float()).squeeze(-1)
 
 

@@ -51,19 +51,9 @@ def completion_logprobs(
         (`[N, T]` float32 logprobs, `[N, T]` entropy or None); values on padding are meaningless
         and must be masked by the caller.
     """
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    if prompt_index is None:
-        trunk = model.base_model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=False,
-        )
-        hidden = trunk.last_hidden_state[:, -completion_len - 1 : -1]
-    else:
-        hidden = _shared_prompt_hidden(
-            model, input_ids, attention_mask, position_ids, completion_len, prompt_index
-        )
+    hidden = completion_hidden(
+        model.base_model, input_ids, attention_mask, completion_len, prompt_index
+    )
     labels = input_ids[:, -completion_len:]
     head = model.get_output_embeddings()
     return logprobs_from_hidden(
@@ -71,8 +61,32 @@ def completion_logprobs(
     )
 
 
+def completion_hidden(
+    trunk: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    completion_len: int,
+    prompt_index: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`[N, T, H]` hidden states of a decoder `trunk` before each of the last `completion_len`
+    tokens, position ids counting real tokens only; with `prompt_index`, each distinct prompt
+    runs once (see `completion_logprobs`)."""
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    if prompt_index is None:
+        out = trunk(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+        )
+        return out.last_hidden_state[:, -completion_len - 1 : -1]
+    return _shared_prompt_hidden(
+        trunk, input_ids, attention_mask, position_ids, completion_len, prompt_index
+    )
+
+
 def _shared_prompt_hidden(
-    model: torch.nn.Module,
+    trunk: torch.nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
@@ -85,8 +99,8 @@ def _shared_prompt_hidden(
     rows = torch.arange(row_prompt.shape[0], device=row_prompt.device)
     first_row = torch.full_like(row_prompt[: int(row_prompt.max()) + 1], rows.shape[0])
     first_row = first_row.scatter_reduce(0, row_prompt, rows, reduce="amin")
-    cache = transformers.DynamicCache(config=model.config)
-    prompt = model.base_model(
+    cache = transformers.DynamicCache(config=trunk.config)
+    prompt = trunk(
         input_ids=input_ids[first_row, :prompt_len],
         attention_mask=attention_mask[first_row, :prompt_len],
         position_ids=position_ids[first_row, :prompt_len],
@@ -96,7 +110,7 @@ def _shared_prompt_hidden(
     for layer in cache.layers:
         layer.keys = layer.keys[row_prompt]
         layer.values = layer.values[row_prompt]
-    completion = model.base_model(
+    completion = trunk(
         input_ids=input_ids[:, prompt_len:],
         attention_mask=attention_mask,
         position_ids=position_ids[:, prompt_len:],
