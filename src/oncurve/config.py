@@ -373,6 +373,9 @@ def describe() -> str:
                 continue
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             lines.append(f"{name} = {default!r}  # {f.metadata.get('help', '')}")
+            item = typing.get_args(hint)
+            if item and dataclasses.is_dataclass(item[0]):  # the keys of each list entry
+                walk(item[0], f"{name}[].")
 
     walk(Config, "")
     return "\n".join(lines)
