@@ -169,6 +169,32 @@ def test_report_of_one_run_has_every_figure_and_the_samples(tmp_path):
     assert "<td><code>algo.beta</code></td><td>0.04</td>" in config
 
 
+def test_a_series_equal_to_another_is_not_drawn_twice(tmp_path):
+    """A lone reward function (weight 1) is reward/mean: its line would hide under the mean's."""
+    logger = MetricsLogger(tmp_path / "run")
+    for step in range(1, 6):
+        mean = 0.1 * step
+        logger.log(step, {"reward/mean": mean, "reward/std": 0.1, "reward/correct": mean})
+    logger.log(6, {"reward/mean": 0.7, "reward/std": 0.1, "reward/correct": 0.6})
+    logger.close()
+    (tmp_path / "run" / "config.yaml").write_text("run: {steps: 6}\n")
+    figures = {spec.name: fig for spec, fig in render_figures([load_run(tmp_path / "run")], 0.0)}
+    labels = sorted(line.get_label() for line in figures["reward"].axes[0].get_lines())
+    assert labels == ["reward/correct", "reward/mean"]  # one step differs: both drawn
+
+    other = tmp_path / "same"
+    logger = MetricsLogger(other)
+    for step in range(1, 6):
+        logger.log(
+            step, {"reward/mean": 0.1 * step, "reward/std": 0.1, "reward/correct": 0.1 * step}
+        )
+    logger.close()
+    (other / "config.yaml").write_text("run: {steps: 5}\n")
+    figures = {spec.name: fig for spec, fig in render_figures([load_run(other)], 0.0)}
+    labels = sorted(line.get_label() for line in figures["reward"].axes[0].get_lines())
+    assert labels == ["reward/mean"]
+
+
 def test_plotted_values_are_the_logged_ones(tmp_path):
     logged = make_run(tmp_path / "run")
     figures = {spec.name: fig for spec, fig in render_figures([load_run(tmp_path / "run")], 0.0)}

@@ -347,7 +347,18 @@ def _draw_lines(
 
 
 def _all_keys(panel: Panel, run: Run) -> list[str]:
-    return [k for pattern in panel.keys for k in run.keys(pattern)]
+    """The run's series of this panel, less any that equals one already listed: it would lie
+    hidden under it (a lone reward function with weight 1 is `reward/mean`)."""
+    keys: list[str] = []
+    for key in (k for pattern in panel.keys for k in run.keys(pattern)):
+        steps, values = run.series[key]
+        if not any(
+            np.array_equal(steps, run.series[kept][0])
+            and np.array_equal(values, run.series[kept][1], equal_nan=True)
+            for kept in keys
+        ):
+            keys.append(key)
+    return keys
 
 
 def _draw_stacked(ax, panel: Panel, run: Run, smoothing: float | None) -> None:
