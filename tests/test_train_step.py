@@ -85,6 +85,7 @@ def test_accumulated_gradients_are_the_same_with_the_shared_prompt_forward() -> 
         ((), True),
         (("model.share_prompt_forward=false",), False),
         (("model.gradient_checkpointing=true",), False),
+        (("optim.microbatch_size=1",), False),  # one row a microbatch: nothing to share
     ],
 )
 def test_the_trainer_shares_the_prompt_forward_when_it_applies(

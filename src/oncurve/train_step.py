@@ -72,7 +72,11 @@ def completion_hidden(
     tokens, position ids counting real tokens only; with `prompt_index`, each distinct prompt
     runs once (see `completion_logprobs`)."""
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    if prompt_index is None:
+    row_prompt = None
+    if prompt_index is not None:
+        _, row_prompt = torch.unique(prompt_index, return_inverse=True)
+    # rows that all have prompts of their own (G = 1) gain nothing from a second forward
+    if row_prompt is None or int(row_prompt.max()) + 1 == row_prompt.shape[0]:
         out = trunk(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -81,7 +85,7 @@ def completion_hidden(
         )
         return out.last_hidden_state[:, -completion_len - 1 : -1]
     return _shared_prompt_hidden(
-        trunk, input_ids, attention_mask, position_ids, completion_len, prompt_index
+        trunk, input_ids, attention_mask, position_ids, completion_len, row_prompt
     )
 
 
@@ -91,11 +95,11 @@ def _shared_prompt_hidden(
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
     completion_len: int,
-    prompt_index: torch.Tensor,
+    row_prompt: torch.Tensor,
 ) -> torch.Tensor:
-    """`[N, T, H]` hidden states before each completion token, each distinct prompt run once."""
+    """`[N, T, H]` hidden states before each completion token, each distinct prompt run once;
+    `row_prompt` `[N]` numbers the distinct prompts 0, 1, ... by row."""
     prompt_len = input_ids.shape[1] - completion_len
-    _, row_prompt = torch.unique(prompt_index, return_inverse=True)
     rows = torch.arange(row_prompt.shape[0], device=row_prompt.device)
     first_row = torch.full_like(row_prompt[: int(row_prompt.max()) + 1], rows.shape[0])
     first_row = first_row.scatter_reduce(0, row_prompt, rows, reduce="amin")
