@@ -3,6 +3,9 @@ row whole, and the trainer uses it exactly when it applies."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from test_distributed import loss_fns
@@ -104,3 +107,39 @@ def test_the_trainer_shares_the_prompt_forward_when_it_applies(
         training_step(s, 1)
     # 16 rows: the reference pass and the update, one microbatch each
     assert calls == ([16, 16] if shared else [])
+
+
+REPEAT_SCRIPT = """
+import hashlib, torch, transformers
+from oncurve.models import resolve_model_path
+from oncurve.train_step import completion_logprobs
+torch.manual_seed(0)
+model = transformers.AutoModelForCausalLM.from_pretrained(resolve_model_path("default"))
+rows, group = 64, 8
+ids = torch.randint(3, 100, (rows // group, 11)).repeat_interleave(group, 0)
+ids = torch.cat([ids, torch.randint(3, 100, (rows, 34))], dim=1)
+mask = torch.ones_like(ids)
+mask[: 3 * group, :4] = 0
+mask[::3, -9:] = 0
+order = torch.randperm(rows)
+logprobs, _ = completion_logprobs(
+    model, ids[order], mask[order], 34, prompt_index=(torch.arange(rows) // group)[order]
+)
+objective = (logprobs * mask[order][:, -34:]).sum()
+digest = hashlib.sha256()
+for grad in torch.autograd.grad(objective, list(model.parameters())):
+    digest.update(grad.numpy().tobytes())
+print(digest.hexdigest())
+"""
+
+
+def test_the_shared_prompt_backward_is_bitwise_the_same_in_every_process() -> None:
+    """A seed must give one run, not a family: gathering the prompt cache by indexing made the
+    gradients differ between processes (left-padded prompts, rows out of group order)."""
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", REPEAT_SCRIPT], capture_output=True, text=True, check=True
+        ).stdout.split()[-1]
+        for _ in range(3)
+    }
+    assert len(digests) == 1

@@ -111,9 +111,13 @@ def _shared_prompt_hidden(
         past_key_values=cache,
         use_cache=True,
     )
+    # Rows take their prompt's cache through a one-hot matmul, not indexing: the backward of an
+    # index adds the G rows' gradients in a thread-dependent order, which made two runs of the
+    # same seed differ by 1e-7 and drift apart; a matmul sums in a fixed order.
+    select = torch.nn.functional.one_hot(row_prompt)
     for layer in cache.layers:
-        layer.keys = layer.keys[row_prompt]
-        layer.values = layer.values[row_prompt]
+        layer.keys = _rows_of(select, layer.keys)
+        layer.values = _rows_of(select, layer.values)
     completion = trunk(
         input_ids=input_ids[:, prompt_len:],
         attention_mask=attention_mask,
@@ -121,8 +125,15 @@ def _shared_prompt_hidden(
         past_key_values=cache,
         use_cache=True,
     )
-    last_prompt = prompt.last_hidden_state[row_prompt, -1:]
+    last_prompt = _rows_of(select, prompt.last_hidden_state[:, -1:])
     return torch.cat([last_prompt, completion.last_hidden_state[:, :-1]], dim=1)
+
+
+def _rows_of(select: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """`[N, ...]` row n of `values` `[U, ...]` picked by the one-hot `select` `[N, U]` (exact:
+    a product with one 1 and zeros)."""
+    picked = select.to(values.dtype) @ values.flatten(1)
+    return picked.view(select.shape[0], *values.shape[1:])
 
 
 class PolicyLogprobs(torch.nn.Module):
