@@ -205,7 +205,7 @@ class LogConfig:
 
 @dataclass
 class RunConfig:
-    steps: int = _opt(100, "training steps", POSITIVE)
+    steps: int = _opt(150, "training steps", POSITIVE)
     seed: int = _opt(0, "seed for data order, sampling and initialisation")
     dir: str | None = _opt(None, "run directory; default runs/<timestamp>")
     save_every: int = _opt(
