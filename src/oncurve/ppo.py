@@ -62,7 +62,8 @@ class ValueModel(nn.Module):
         """Values of the states before each of the last `completion_len` tokens.
 
         The same trunk forward as `oncurve.train_step.completion_logprobs` (real tokens
-        counted in the position ids), so value t sees exactly the prefix that produced completion token t.
+        counted in the position ids), so value t sees exactly the prefix that produced
+        completion token t.
 
         Args:
             input_ids: `[N, P+T]` left-padded prompt followed by right-padded completion.

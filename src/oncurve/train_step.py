@@ -72,21 +72,21 @@ def completion_hidden(
     tokens, position ids counting real tokens only; with `prompt_index`, each distinct prompt
     runs once (see `completion_logprobs`)."""
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    row_prompt = None
     if prompt_index is not None:
-        _, row_prompt = torch.unique(prompt_index, return_inverse=True)
-    # rows that all have prompts of their own (G = 1) gain nothing from a second forward
-    if row_prompt is None or int(row_prompt.max()) + 1 == row_prompt.shape[0]:
-        out = trunk(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=False,
-        )
-        return out.last_hidden_state[:, -completion_len - 1 : -1]
-    return _shared_prompt_hidden(
-        trunk, input_ids, attention_mask, position_ids, completion_len, row_prompt
+        prompts, row_prompt = torch.unique(prompt_index, return_inverse=True)
+        # rows whose prompts are all distinct gain nothing from a second forward
+        if len(prompts) < len(row_prompt):
+            select = torch.nn.functional.one_hot(row_prompt, len(prompts))
+            return _shared_prompt_hidden(
+                trunk, input_ids, attention_mask, position_ids, completion_len, select
+            )
+    out = trunk(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
     )
+    return out.last_hidden_state[:, -completion_len - 1 : -1]
 
 
 def _shared_prompt_hidden(
@@ -95,14 +95,12 @@ def _shared_prompt_hidden(
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
     completion_len: int,
-    row_prompt: torch.Tensor,
+    select: torch.Tensor,
 ) -> torch.Tensor:
     """`[N, T, H]` hidden states before each completion token, each distinct prompt run once;
-    `row_prompt` `[N]` numbers the distinct prompts 0, 1, ... by row."""
+    `select` `[N, U]` is one-hot: row n has prompt u."""
     prompt_len = input_ids.shape[1] - completion_len
-    rows = torch.arange(row_prompt.shape[0], device=row_prompt.device)
-    first_row = torch.full_like(row_prompt[: int(row_prompt.max()) + 1], rows.shape[0])
-    first_row = first_row.scatter_reduce(0, row_prompt, rows, reduce="amin")
+    first_row = select.argmax(0)  # argmax takes the first of equal maxima: a prompt's first row
     cache = transformers.DynamicCache(config=trunk.config)
     prompt = trunk(
         input_ids=input_ids[first_row, :prompt_len],
@@ -112,9 +110,9 @@ def _shared_prompt_hidden(
         use_cache=True,
     )
     # Rows take their prompt's cache through a one-hot matmul, not indexing: the backward of an
-    # index adds the G rows' gradients in a thread-dependent order, which made two runs of the
-    # same seed differ by 1e-7 and drift apart; a matmul sums in a fixed order.
-    select = torch.nn.functional.one_hot(row_prompt)
+    # index adds the G rows' gradients in an order that differs between processes, which made
+    # two runs of one seed differ by 1e-7 and drift apart; a matmul sums in a fixed order.
+    select = select.to(prompt.last_hidden_state.dtype)
     for layer in cache.layers:
         layer.keys = _rows_of(select, layer.keys)
         layer.values = _rows_of(select, layer.values)
@@ -132,7 +130,7 @@ def _shared_prompt_hidden(
 def _rows_of(select: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """`[N, ...]` row n of `values` `[U, ...]` picked by the one-hot `select` `[N, U]` (exact:
     a product with one 1 and zeros)."""
-    picked = select.to(values.dtype) @ values.flatten(1)
+    picked = select @ values.flatten(1)
     return picked.view(select.shape[0], *values.shape[1:])
 
 

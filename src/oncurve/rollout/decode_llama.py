@@ -3,11 +3,12 @@
 A generic Hugging Face forward for one token costs several times its matmuls on CPU at the sizes
 GRPO samples with: mask construction, cache bookkeeping, module dispatch. This decoder does the
 same arithmetic in plain torch ops: q, k, v in one matmul (for small models), rotary tables
-computed once per call, a `[rows, kv_heads, width, head_dim]` cache per layer that grows with the longest row, and an
-additive padding bias instead of a 4-D mask. The prompt is prefilled by the HF forward itself,
-so only the one-token step is reimplemented; `tests/test_rollout.py` checks its logits against
-the HF forward's to 1e-5. What it simplifies: no dropout (sampling runs the model as in eval),
-no sliding window (declined when the window is shorter than the sequence), no dynamic RoPE.
+computed once per call, a `[rows, kv_heads, width, head_dim]` cache per layer that grows with
+the longest row, and an additive padding bias instead of a 4-D mask. The prompt is prefilled by
+the HF forward itself, so only the one-token step is reimplemented; `tests/test_rollout.py`
+checks its logits against the HF forward's to 1e-5. What it simplifies: no dropout (sampling
+runs the model as in eval), no sliding window (declined when the window is shorter than the
+sequence), no dynamic RoPE.
 """
 
 from __future__ import annotations
