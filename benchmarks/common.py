@@ -67,18 +67,20 @@ def load_model(name: str) -> tuple[transformers.PreTrainedModel, Any]:
 
 def matmul_gflops(rows: int, inner: int, cols: int, seconds: float = 0.5) -> float:
     """fp32 GFLOP/s of torch's `[rows, inner] @ [inner, cols]` on this machine, best of a few
-    timed batches (the floor a decode step's matmuls could reach at this shape)."""
-    a, b = torch.randn(rows, inner), torch.randn(inner, cols)
-    out = torch.empty(rows, cols)
+    timed batches and of both orientations (the product or its transpose, `[cols, inner] @
+    [inner, rows]`: MKL is faster one way or the other depending on the shape, and a decode
+    step with few rows uses the faster one), i.e. the floor those matmuls could reach."""
     flops = 2 * rows * inner * cols
     reps = max(1, int(2e8 / flops))
     best = float("inf")
-    deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or best == float("inf"):
-        start = time.perf_counter()
-        for _ in range(reps):
-            torch.matmul(a, b, out=out)
-        best = min(best, (time.perf_counter() - start) / reps)
+    for m, n in ((rows, cols), (cols, rows)):
+        a, b, out = torch.randn(m, inner), torch.randn(inner, n), torch.empty(m, n)
+        deadline = time.perf_counter() + seconds / 2
+        while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            for _ in range(reps):
+                torch.matmul(a, b, out=out)
+            best = min(best, (time.perf_counter() - start) / reps)
     return flops / best / 1e9
 
 

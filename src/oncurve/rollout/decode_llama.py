@@ -56,12 +56,13 @@ def supports(model: torch.nn.Module, total_len: int) -> bool:
 
 
 def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+    """RMSNorm of features-first `[H, n]` activations (see `LlamaDecoder.step`); `[H, n]`."""
     if x.dtype == torch.float32:  # one fused op; the same arithmetic as below in float32
-        return F.rms_norm(x, norm.weight.shape, norm.weight, norm.variance_epsilon)
+        return F.rms_norm(x.T, norm.weight.shape, norm.weight, norm.variance_epsilon).T
     # The HF order: normalise in float32, cast back, then scale by the weight.
     h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * h.to(x.dtype)
+    h = h * torch.rsqrt(h.pow(2).mean(0, keepdim=True) + norm.variance_epsilon)
+    return norm.weight[:, None] * h.to(x.dtype)
 
 
 def _projections(layer: torch.nn.Module) -> list[torch.Tensor]:
@@ -69,11 +70,19 @@ def _projections(layer: torch.nn.Module) -> list[torch.Tensor]:
     return [m.weight for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
 
 
+def _linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`weight @ h (+ bias)` for features-first `[in, n]` -> `[out, n]`."""
+    if bias is None:
+        return torch.mm(weight, h)
+    return torch.addmm(bias[:, None], weight, h)
+
+
 def _add_linear(x: torch.Tensor, h: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
-    """x + linear(h), the residual add fused into the matmul when there is no bias."""
-    if linear.bias is None:
-        return torch.addmm(x, h, linear.weight.T)
-    return x + F.linear(h, linear.weight, linear.bias)
+    """x + linear(h), features first; the residual add fused into the matmul."""
+    out = torch.addmm(x, linear.weight, h)
+    if linear.bias is not None:
+        out += linear.bias[:, None]
+    return out
 
 
 def _cat_bias(*linears: torch.nn.Linear) -> torch.Tensor | None:
@@ -114,14 +123,17 @@ class _Layer:
         self.norm_post = layer.post_attention_layernorm
 
     def qkv(self, h: torch.Tensor) -> torch.Tensor:
-        """`[n, H]` -> `[n, (heads + 2 kv_heads) * head_dim]`, queries already scaled."""
+        """`[H, n]` -> `[(heads + 2 kv_heads) * head_dim, n]`, queries already scaled."""
         if self.fused:
-            return F.linear(h, self.qkv_weight, self.qkv_bias)
-        q = F.linear(h, self.q.weight, self.q.bias) * self.scaling
-        return torch.cat([q, self.k(h), self.v(h)], dim=-1)
+            return _linear(h, self.qkv_weight, self.qkv_bias)
+        q = _linear(h, self.q.weight, self.q.bias) * self.scaling
+        k = _linear(h, self.k.weight, self.k.bias)
+        return torch.cat([q, k, _linear(h, self.v.weight, self.v.bias)])
 
     def mlp(self, h: torch.Tensor) -> torch.Tensor:
-        return self.act(self.gate(h)) * self.up(h)
+        """`[H, n]` -> `[intermediate, n]`."""
+        gate = _linear(h, self.gate.weight, self.gate.bias)
+        return self.act(gate).mul_(_linear(h, self.up.weight, self.up.bias))
 
 
 class LlamaDecoder:
@@ -172,9 +184,9 @@ class LlamaDecoder:
         positions = torch.arange(width + new, device=param.device)[None]
         cos, sin = base.rotary_emb(self.embed[:1], positions)
         half = self.head_dim // 2
-        self.cos = cos[0]
+        self.cos = cos[0].T.contiguous()  # [head_dim, positions]
         # rotate_half(x) * sin == flip_halves(x) * [-sin_1, sin_2]
-        self.sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+        self.sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1).T.contiguous()
         self.positions = torch.empty(rows, dtype=torch.long, device=param.device)
 
     def prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int):
@@ -207,37 +219,43 @@ class LlamaDecoder:
         return logits
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed `[n]` tokens (one per active row) and return `[n, V]` float32 next logits."""
+        """Feed `[n]` tokens (one per active row) and return `[n, V]` float32 next logits.
+
+        Activations run features first, `[H, n]`, so every matmul is `weight @ h`: with the few
+        rows of a decode step MKL runs that form 1.2-1.6x faster than `h @ weight.T` (e.g. 64
+        rows through a 512 -> 1536 projection: 0.65 against 0.77 ms), while the training
+        forward's thousands of rows prefer the usual form.
+        """
         n = tokens.shape[0]
         heads, kv, d = self.heads, self.kv_heads, self.head_dim
         col = self.column
         end = col + 1
         positions = self.positions[:n]
-        cos = self.cos[positions][:, None]  # [n, 1, d]
-        sin = self.sin[positions][:, None]
+        cos = self.cos[:, positions]  # [d, n]
+        sin = self.sin[:, positions]
         bias = self.bias[:n, None, None, :end]  # [n, 1, 1, end]
         if col == self.keys[0].shape[2]:
             self._grow(n)
-        x = F.embedding(tokens, self.embed)
+        x = F.embedding(tokens, self.embed).T.contiguous()
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.norm_in)
-            qkv = layer.qkv(h).view(n, heads + 2 * kv, d)
-            qk = qkv[:, : heads + kv]
-            flipped = qk.unflatten(-1, (2, d // 2)).flip(-2).flatten(-2)
+            qkv = layer.qkv(h).view(heads + 2 * kv, d, n)
+            qk = qkv[: heads + kv]
+            flipped = qk.unflatten(1, (2, d // 2)).flip(1).flatten(1, 2)
             qk = torch.addcmul(qk * cos, flipped, sin)
             keys, values = self.keys[i][:n], self.values[i][:n]
-            keys[:, :, col] = qk[:, heads:]
-            values[:, :, col] = qkv[:, heads + kv :]
-            q = qk[:, :heads].view(n, kv, heads // kv, d)
+            keys[:, :, col] = qk[heads:].permute(2, 0, 1)
+            values[:, :, col] = qkv[heads + kv :].permute(2, 0, 1)
+            q = qk[:heads].permute(2, 0, 1).reshape(n, kv, heads // kv, d)
             scores = torch.matmul(q, keys[:, :, :end].transpose(-1, -2))
             scores = (scores + bias).softmax(-1)
             attn = torch.matmul(scores, values[:, :, :end]).view(n, heads * d)
-            x = _add_linear(x, attn, layer.o_proj)
+            x = _add_linear(x, attn.T, layer.o_proj)
             h = _rms_norm(x, layer.norm_post)
             x = _add_linear(x, layer.mlp(h), layer.down_proj)
         self.column = end
         positions += 1
-        return self._logits(_rms_norm(x, self.norm))
+        return self._logits(_rms_norm(x, self.norm).T)
 
     def _grow(self, n: int) -> None:
         """More cache columns for the first `n` rows (the live ones; the rest are dropped)."""
