@@ -2,7 +2,8 @@
 
 Same model, prompts and sampling settings (temperature 1, no top-k/top-p); the samplers run
 alternately, several repeats, after one warm-up call each. The table gives the median time and
-tokens/s, the ratio to `model.generate`, the FLOP floor (2 x parameters x generated tokens at
+tokens/s, the ratio to `model.generate` (of the medians, and the median of the ratios within a
+repeat, which a machine whose speed drifts between repeats moves less), the FLOP floor (2 x parameters x generated tokens at
 this machine's fp32 matmul rate, measured at the decode's largest matmul shape) and how far
 above it each sampler is, and the peak memory of one call (RSS above the start, each sampler in
 a fresh process after a small warm-up call; see `common.peak_memory`).
@@ -125,6 +126,18 @@ def run_scenario(name: str, repeats: int, generic: bool) -> tuple[str, list[floa
     def median_tps(label: str) -> float:
         return statistics.median(n / s for n, s in zip(tokens[label], times[label], strict=True))
 
+    def paired_ratio(label: str) -> float:
+        """Median over repeats of this sampler's tokens/s over `model.generate`'s in the same
+        repeat: the two ran seconds apart, so a machine whose speed drifts moves both."""
+        per_repeat = zip(
+            tokens[label],
+            times[label],
+            tokens["model.generate"],
+            times["model.generate"],
+            strict=True,
+        )
+        return statistics.median((n / s) / (gn / gs) for n, s, gn, gs in per_repeat)
+
     params_n = model.num_parameters()
     base_tps = median_tps("model.generate")
     rows, ratios = [], []
@@ -143,6 +156,7 @@ def run_scenario(name: str, repeats: int, generic: bool) -> tuple[str, list[floa
                 f"{seconds:.3f}",
                 f"{tps:,.0f}",
                 f"{ratio:.2f}x",
+                f"{paired_ratio(label):.2f}x",
                 f"{floor * 1e3:.1f} ms",
                 f"{seconds / floor:.1f}x",
                 f"{memory[label]:.1f}",
@@ -154,6 +168,7 @@ def run_scenario(name: str, repeats: int, generic: bool) -> tuple[str, list[floa
         "median s",
         "tokens/s",
         "vs generate",
+        "same repeat",
         "FLOP floor",
         "x floor",
         "peak MB",
