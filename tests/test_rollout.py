@@ -97,6 +97,26 @@ def test_greedy_logprobs_are_at_temperature_one() -> None:
     assert torch.allclose(logprobs, batch.logprobs, atol=1e-5, rtol=0)
 
 
+def decode_against_hf(
+    model: transformers.PreTrainedModel,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(LlamaDecoder's, the HF forward's) `[4, V]` next-token logits after the prefill of two
+    prompts of different lengths (G=2) and after each of two decode steps."""
+    ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
+    mask = (ids != 0).long()
+    decoder = decode_llama.LlamaDecoder(model, rows=4, width=5, new=3)
+    with torch.inference_mode():
+        steps = [decoder.prefill(ids, mask, group_size=2)]
+        new = torch.tensor([[20, 21, 22, 23], [30, 31, 32, 33]])
+        for t in range(2):
+            steps.append(decoder.step(new[t]))
+        full_ids = torch.cat([ids.repeat_interleave(2, 0), new.T], dim=1)
+        full_mask = torch.cat([mask.repeat_interleave(2, 0), torch.ones(4, 2, dtype=torch.long)], 1)
+        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
+        reference = model(input_ids=full_ids, attention_mask=full_mask, position_ids=positions)
+    return [(logits, reference.logits[:, 4 + t].float()) for t, logits in enumerate(steps)]
+
+
 @pytest.mark.parametrize(
     "kind,fuse", [("llama", True), ("qwen2", True), ("qwen2", False), ("mistral", True)]
 )
@@ -106,22 +126,18 @@ def test_fast_decode_step_matches_hf_logits(
     monkeypatch.setattr(decode_llama, "FUSE_MAX_BYTES", 2**30 if fuse else 0)
     model = make_model(kind)
     assert decode_llama.supports(model, 40)
-    ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
-    mask = (ids != 0).long()
-    decoder = decode_llama.LlamaDecoder(model, rows=4, width=5, new=3)
-    assert decoder.layers[0].fused is fuse
-    with torch.inference_mode():
-        logits = decoder.prefill(ids, mask, group_size=2)
-        steps = [logits]
-        new = torch.tensor([[20, 21, 22, 23], [30, 31, 32, 33]])
-        for t in range(2):
-            steps.append(decoder.step(new[t]))
-        full_ids = torch.cat([ids.repeat_interleave(2, 0), new.T], dim=1)
-        full_mask = torch.cat([mask.repeat_interleave(2, 0), torch.ones(4, 2, dtype=torch.long)], 1)
-        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
-        reference = model(input_ids=full_ids, attention_mask=full_mask, position_ids=positions)
-    for t, logits in enumerate(steps):
-        assert torch.allclose(logits, reference.logits[:, 4 + t], atol=1e-5, rtol=0)
+    assert decode_llama.LlamaDecoder(model, rows=4, width=5, new=3).layers[0].fused is fuse
+    for logits, reference in decode_against_hf(model):
+        assert torch.allclose(logits, reference, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_fast_decode_step_matches_hf_logits_in_bfloat16(kind: str) -> None:
+    # These logits are ~0.3 in size; bf16 rounding in a different order leaves ~2e-3, while
+    # normalising over the wrong axis (the features-first layout's easy mistake) is off by 0.1.
+    model = make_model(kind).to(torch.bfloat16)
+    for logits, reference in decode_against_hf(model):
+        assert torch.allclose(logits, reference, atol=1e-2, rtol=0)
 
 
 def test_cache_growth_and_dropped_rows_keep_the_logits_exact(
