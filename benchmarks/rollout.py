@@ -2,11 +2,12 @@
 
 Same model, prompts and sampling settings (temperature 1, no top-k/top-p); the samplers run
 alternately, several repeats, after one warm-up call each. The table gives the median time and
-tokens/s, the ratio to `model.generate` (of the medians, and the median of the ratios within a
-repeat, which a machine whose speed drifts between repeats moves less), the FLOP floor (2 x parameters x generated tokens at
-this machine's fp32 matmul rate, measured at the decode's largest matmul shape) and how far
-above it each sampler is, and the peak memory of one call (RSS above the start, each sampler in
-a fresh process after a small warm-up call; see `common.peak_memory`).
+tokens/s; the ratio to `model.generate`, both of the medians and as the median of the ratios
+within a repeat (which drift in the machine's speed between repeats moves less); the FLOP floor
+(2 x parameters x generated tokens at this machine's fp32 matmul rate, measured at the decode's
+largest matmul shape) and how far above it each sampler is; and the peak memory of one call
+(RSS above the start, each sampler in a fresh process after a small warm-up call; see
+`common.peak_memory`).
 
     python benchmarks/rollout.py                 # both scenarios of issue 3
     python benchmarks/rollout.py --model 30m     # one scenario: tiny|default|30m|PATH

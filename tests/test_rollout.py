@@ -97,24 +97,32 @@ def test_greedy_logprobs_are_at_temperature_one() -> None:
     assert torch.allclose(logprobs, batch.logprobs, atol=1e-5, rtol=0)
 
 
-def decode_against_hf(
-    model: transformers.PreTrainedModel,
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(LlamaDecoder's, the HF forward's) `[4, V]` next-token logits after the prefill of two
-    prompts of different lengths (G=2) and after each of two decode steps."""
+def hf_logits(model, ids: torch.Tensor, mask: torch.Tensor, fed: torch.Tensor) -> torch.Tensor:
+    """`[B*G, P+t, V]` float32 logits of the HF forward over the `[B, P]` left-padded prompts,
+    each repeated G times, followed by the `[B*G, t]` tokens `fed`."""
+    group = fed.shape[0] // ids.shape[0]
+    full_ids = torch.cat([ids.repeat_interleave(group, 0), fed], dim=1)
+    full_mask = torch.cat([mask.repeat_interleave(group, 0), torch.ones_like(fed)], dim=1)
+    positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        return model(
+            input_ids=full_ids, attention_mask=full_mask, position_ids=positions
+        ).logits.float()
+
+
+def decode_against_hf(model: transformers.PreTrainedModel):
+    """The decoder, and (its, the HF forward's) `[4, V]` next-token logits after the prefill of
+    two prompts of different lengths (G=2) and after each of two decode steps."""
     ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
     mask = (ids != 0).long()
+    fed = torch.tensor([[20, 30], [21, 31], [22, 32], [23, 33]])
     decoder = decode_llama.LlamaDecoder(model, rows=4, width=5, new=3)
     with torch.inference_mode():
         steps = [decoder.prefill(ids, mask, group_size=2)]
-        new = torch.tensor([[20, 21, 22, 23], [30, 31, 32, 33]])
         for t in range(2):
-            steps.append(decoder.step(new[t]))
-        full_ids = torch.cat([ids.repeat_interleave(2, 0), new.T], dim=1)
-        full_mask = torch.cat([mask.repeat_interleave(2, 0), torch.ones(4, 2, dtype=torch.long)], 1)
-        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
-        reference = model(input_ids=full_ids, attention_mask=full_mask, position_ids=positions)
-    return [(logits, reference.logits[:, 4 + t].float()) for t, logits in enumerate(steps)]
+            steps.append(decoder.step(fed[:, t]))
+    reference = hf_logits(model, ids, mask, fed)
+    return decoder, [(logits, reference[:, 4 + t]) for t, logits in enumerate(steps)]
 
 
 @pytest.mark.parametrize(
@@ -126,8 +134,9 @@ def test_fast_decode_step_matches_hf_logits(
     monkeypatch.setattr(decode_llama, "FUSE_MAX_BYTES", 2**30 if fuse else 0)
     model = make_model(kind)
     assert decode_llama.supports(model, 40)
-    assert decode_llama.LlamaDecoder(model, rows=4, width=5, new=3).layers[0].fused is fuse
-    for logits, reference in decode_against_hf(model):
+    decoder, pairs = decode_against_hf(model)
+    assert decoder.layers[0].fused is fuse
+    for logits, reference in pairs:
         assert torch.allclose(logits, reference, atol=1e-5, rtol=0)
 
 
@@ -136,7 +145,7 @@ def test_fast_decode_step_matches_hf_logits_in_bfloat16(kind: str) -> None:
     # These logits are ~0.3 in size; bf16 rounding in a different order leaves ~2e-3, while
     # normalising over the wrong axis (the features-first layout's easy mistake) is off by 0.1.
     model = make_model(kind).to(torch.bfloat16)
-    for logits, reference in decode_against_hf(model):
+    for logits, reference in decode_against_hf(model)[1]:
         assert torch.allclose(logits, reference, atol=1e-2, rtol=0)
 
 
@@ -158,16 +167,10 @@ def test_cache_growth_and_dropped_rows_keep_the_logits_exact(
                 decoder.keep(torch.tensor([0, 3]))
                 rows = rows[[0, 3]]
             logits = decoder.step(fed[rows, t])
-        full_ids = torch.cat([ids.repeat_interleave(2, 0), fed], dim=1)[rows]
-        full_mask = torch.cat(
-            [mask.repeat_interleave(2, 0), torch.ones(4, 12, dtype=torch.long)], 1
-        )
-        full_mask = full_mask[rows]
-        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
-        reference = model(input_ids=full_ids, attention_mask=full_mask, position_ids=positions)
+    reference = hf_logits(model, ids, mask, fed)[rows, -1]
     # grown 9 -> 13 columns with 4 rows, then 13 -> 17 with the 2 live rows only
     assert decoder.keys[0].shape[:3] == (2, 2, 17)
-    assert torch.allclose(logits, reference.logits[:, -1], atol=1e-5, rtol=0)
+    assert torch.allclose(logits, reference, atol=1e-5, rtol=0)
 
 
 def test_fast_path_declined_for_gpt2_and_short_windows() -> None:

@@ -57,7 +57,7 @@ def supports(model: torch.nn.Module, total_len: int) -> bool:
 
 def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
     """RMSNorm of features-first `[H, n]` activations (see `LlamaDecoder.step`); `[H, n]`."""
-    if x.dtype == torch.float32:  # one fused op; the same arithmetic as below in float32
+    if x.dtype == torch.float32:  # one op (over the transpose); the arithmetic below in float32
         return F.rms_norm(x.T, norm.weight.shape, norm.weight, norm.variance_epsilon).T
     # The HF order: normalise in float32, cast back, then scale by the weight.
     h = x.float()
