@@ -145,11 +145,12 @@ def write_section(path: Path, title: str, key: str, section: str) -> None:
     if path.is_file():
         for chunk in path.read_text().split("<!-- model: ")[1:]:
             name, _, body = chunk.partition(" -->\n")
-            sections[name] = body
-    sections[key] = section
+            sections[name] = body.strip("\n")
+    sections[key] = section.strip("\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         f"# {title}\n\n"
-        + "\n".join(f"<!-- model: {name} -->\n{body}" for name, body in sections.items())
+        + "\n\n".join(f"<!-- model: {name} -->\n{body}" for name, body in sections.items())
+        + "\n"
     )
     print(f"wrote {path} (section {key})")

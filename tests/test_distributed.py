@@ -80,6 +80,25 @@ def one_step(aggregation: str, rows: slice | None, fsdp: bool = False) -> dict[s
     }
 
 
+def test_each_optimizer_step_applies_only_its_own_gradient() -> None:
+    """Two steps in a row equal a fresh optimizer's one step from the first step's weights:
+    the gradients kept between steps (zeroed in place, not freed) carry nothing over."""
+    model = tiny_qwen2(VOCAB, seed=0)
+    batch, fns = fixed_batch(model), loss_fns("seq-mean-token-mean")
+
+    def step(net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        optimizer_step(PolicyLogprobs(net), optimizer, batch, fns, microbatch_size=4, grad_clip=0)
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    step(model, optimizer)
+    fresh = tiny_qwen2(VOCAB, seed=0)
+    fresh.load_state_dict(model.state_dict())
+    step(model, optimizer)
+    step(fresh, torch.optim.SGD(fresh.parameters(), lr=0.5))
+    for name, value in fresh.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], value, atol=1e-6, rtol=0, msg=name)
+
+
 def _rank_main(
     rank: int, world_size: int, port: int, aggregation: str, out: str, fsdp: bool
 ) -> None:
