@@ -37,6 +37,7 @@ from oncurve.errors import UserError
         (["algo=3"], "algo must be a mapping, got int"),
         (["algo.beta"], "override 'algo.beta' must look like section.key=value"),
         (["rollout.min_new_tokens=80"], "rollout.min_new_tokens must be at most"),
+        (["dist.fsdp=true"], "dist.fsdp=true is not supported by the trainer yet"),
     ],
 )
 def test_invalid_values_give_one_line_naming_the_field(overrides, message):

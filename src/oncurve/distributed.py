@@ -87,7 +87,7 @@ def batch_std(rewards: torch.Tensor) -> torch.Tensor:
     return torch.tensor(max(squares / max(count, 1.0) - mean**2, 0.0) ** 0.5)
 
 
-def wrap(module: torch.nn.Module, device: str, fsdp: bool) -> torch.nn.Module:
+def wrap(module: torch.nn.Module, device: str, fsdp: bool = False) -> torch.nn.Module:
     """DDP (or FSDP2's fully_shard) around the training forward; unchanged on one process."""
     if world()[1] == 1:
         return module

@@ -119,11 +119,11 @@ def build_critic(policy: nn.Module, config: Config, device: str) -> Critic:
         lr=algo.value_lr if algo.value_lr is not None else optim.lr,
         betas=(optim.beta1, optim.beta2),
         weight_decay=optim.weight_decay,
-        fused=not config.dist.fsdp,  # as the policy's (see `trainer.setup`)
+        fused=True,  # as the policy's (see `trainer.setup`)
     )
     return Critic(
         model=model,
-        train_forward=distributed.wrap(model, device, config.dist.fsdp),
+        train_forward=distributed.wrap(model, device),
         optimizer=optimizer,
         gamma=algo.gamma,
         lam=algo.lam,
