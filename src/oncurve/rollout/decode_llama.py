@@ -56,10 +56,11 @@ def supports(model: torch.nn.Module, total_len: int) -> bool:
 
 
 def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
-    """RMSNorm of features-first `[H, n]` activations (see `LlamaDecoder.step`); `[H, n]`."""
-    if x.dtype == torch.float32:  # one op (over the transpose); the arithmetic below in float32
-        return F.rms_norm(x.T, norm.weight.shape, norm.weight, norm.variance_epsilon).T
-    # The HF order: normalise in float32, cast back, then scale by the weight.
+    """RMSNorm of features-first `[H, n]` activations (see `LlamaDecoder.step`); `[H, n]`.
+
+    In the HF order: normalise in float32, cast back, then scale by the weight. (`F.rms_norm`
+    over the transpose was no faster: rollout time 0.96-1.02x on the default model, 1.00x at
+    30M.)"""
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(0, keepdim=True) + norm.variance_epsilon)
     return norm.weight[:, None] * h.to(x.dtype)
