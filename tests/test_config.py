@@ -37,7 +37,7 @@ from oncurve.errors import UserError
         (["algo=3"], "algo must be a mapping, got int"),
         (["algo.beta"], "override 'algo.beta' must look like section.key=value"),
         (["rollout.min_new_tokens=80"], "rollout.min_new_tokens must be at most"),
-        (["dist.fsdp=true"], "dist.fsdp=true is not supported by the trainer yet"),
+        (["dist.fsdp=true", "model.lora.r=4"], "dist.fsdp=true with model.lora.r > 0"),
     ],
 )
 def test_invalid_values_give_one_line_naming_the_field(overrides, message):

@@ -232,6 +232,54 @@ def test_two_rank_run_writes_one_log_one_checkpoint_set_and_resumes(
     assert "written by 2 ranks" in refused.stderr
 
 
+def test_fsdp2_run_equals_the_data_parallel_run_and_resumes_exactly(
+    tiny_model_dir, data_file, tmp_path
+):
+    """`oncurve train dist.fsdp=true` on 2 ranks: the same weights and metrics as DDP after 3
+    steps (sampling reads the gathered copy, the update the shards), a checkpoint in the
+    single-process format, and a resume from step 2 that reproduces step 3."""
+    common = [
+        "train",
+        f"model.path={tiny_model_dir}",
+        f"data.path={data_file}",
+        "data.prompts_per_step=4",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=8",
+        "rewards=[rewards_for_tests:count_digits]",
+        "run.reward_timeout=null",
+        "run.save_every=1",
+        "run.keep_last=5",
+        "run.steps=3",
+        "dist.nproc=2",
+    ]
+    sharded, replicated = tmp_path / "fsdp", tmp_path / "ddp"
+    for run_dir, fsdp in ((sharded, "true"), (replicated, "false")):
+        proc = run_cli(*common, f"run.dir={run_dir}", f"dist.fsdp={fsdp}")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    final = load_file(sharded / "final" / "model.safetensors")
+    initial = load_file(tiny_model_dir / "model.safetensors")
+    for name, value in load_file(replicated / "final" / "model.safetensors").items():
+        assert float((final[name] - initial[name]).abs().max()) > 1e-5, name  # it trained
+        torch.testing.assert_close(final[name], value, atol=1e-6, rtol=0, msg=name)
+    norms = {}
+    for run_dir in (sharded, replicated):
+        rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+        norms[run_dir] = [json.loads(row)["grad_norm"] for row in rows]
+    assert norms[sharded] == pytest.approx(norms[replicated], rel=1e-5)
+    assert min(norms[sharded]) > 0
+
+    resume_from = sharded / "checkpoints" / "step-000002"
+    saved = torch.load(resume_from / "optimizer.pt", weights_only=True)["optimizer"]
+    shapes = sorted(tuple(s["exp_avg"].shape) for s in saved["state"].values())
+    assert shapes == sorted(tuple(v.shape) for v in initial.values())  # whole, not shards
+
+    resume = [f"run.dir={sharded}", "dist.fsdp=true", f"run.resume={resume_from}"]
+    proc = run_cli(*common, *resume)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name, value in load_file(sharded / "final" / "model.safetensors").items():
+        torch.testing.assert_close(value, final[name], atol=1e-7, rtol=0, msg=name)
+
+
 def test_a_rank_that_raises_fails_the_job_instead_of_hanging(tiny_model_dir, data_file, tmp_path):
     # rank 1's reward raises on its first call; rank 0 waits in the next collective until the
     # process group sees the peer gone (or dist.timeout_s), then torchrun exits non-zero.

@@ -7,7 +7,8 @@ One checkpoint is a directory `run_dir/checkpoints/step-000010/` holding
   <name>.safetensors   each extra module, e.g. `reference` (once synced) or `value` (PPO critic)
   optimizer.pt         {"optimizer": state_dict, "scheduler": state_dict | None,
                         "optimizers": {name: state_dict}}: tensors and plain data only, read back
-                        with `torch.load(weights_only=True)`, so a crafted file cannot run code
+                        with `torch.load(weights_only=True)`, so a crafted file cannot run code;
+                        whole tensors also under FSDP2 (gathered to save, sharded again on load)
   rng-rank{R}.json     the python, numpy and torch CPU (+ CUDA) generator states of rank R
   state.json           the trainer's counters (step, completion tokens, world size; the data
                        position follows from the step)
@@ -43,6 +44,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from oncurve import distributed
 from oncurve.errors import UserError
 
 CHECKPOINTS = "checkpoints"
@@ -82,7 +84,8 @@ def save_checkpoint(
     (a LoRA adapter: megabytes instead of the base model); load with the same flag into a model
     rebuilt from the same base. Keeps the new checkpoint plus the `keep_last - 1` newest ones of earlier
     steps; later steps (an abandoned run resumed from an older checkpoint) are removed too.
-    Pass the unwrapped model (not the DDP wrapper). In a distributed run every rank must call
+    Pass an unwrapped model with whole weights (not the DDP wrapper, not FSDP2 shards; the
+    optimizer's state may be sharded). In a distributed run every rank must call
     this (the RNG states of all ranks are gathered); rank 0 writes. Raises `CheckpointError`
     on an OS error, leaving the previous checkpoint intact.
     """
@@ -97,10 +100,13 @@ def save_checkpoint(
     if world > 1:
         local_rng, rng_states = rng_states[0], [None] * world
         dist.all_gather_object(rng_states, local_rng)
+    # whole tensors, also of FSDP2's sharded state, so the file is the same for every layout
     opt_state = {
-        "optimizer": optimizer.state_dict(),
+        "optimizer": distributed.gathered(optimizer.state_dict()),
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
-        "optimizers": {name: opt.state_dict() for name, opt in optimizers.items()},
+        "optimizers": {
+            name: distributed.gathered(opt.state_dict()) for name, opt in optimizers.items()
+        },
     }
     root = Path(run_dir) / CHECKPOINTS
     final = root / f"step-{step:06d}"
@@ -176,8 +182,10 @@ def load_checkpoint(
     saved = _load_torch_file(opt_file)
     try:
         optimizer.load_state_dict(saved["optimizer"])
+        distributed.shard_optimizer_state(optimizer)
         for name, extra in (optimizers or {}).items():
             extra.load_state_dict(saved["optimizers"][name])
+            distributed.shard_optimizer_state(extra)
         if scheduler is not None:
             scheduler.load_state_dict(saved["scheduler"])
     except (KeyError, TypeError, ValueError, AttributeError) as err:

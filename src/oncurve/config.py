@@ -239,7 +239,7 @@ class DistConfig:
     nproc: int = _opt(
         1, "ranks to launch with torchrun from `oncurve train` (data parallel)", POSITIVE
     )
-    fsdp: bool = _opt(False, "FSDP2 sharding; the trainer refuses it for now (docs/scaling.md)")
+    fsdp: bool = _opt(False, "FSDP2: shard weights, gradients and AdamW state across ranks")
     timeout_s: float = _opt(300.0, "seconds a collective may wait before the job fails", POSITIVE)
 
 
@@ -497,13 +497,8 @@ def _check_cross_fields(config: Config) -> None:
             f"algo.minibatches must be at most data.prompts_per_step "
             f"({config.data.prompts_per_step}), got {config.algo.minibatches}"
         )
-    if config.dist.fsdp:
-        # FSDP2 runs the update (`train_step`, tests/test_distributed.py), but the sampler, the
-        # reference sync and the checkpoints read whole weights and do not gather the shards.
-        raise UserError(
-            "dist.fsdp=true is not supported by the trainer yet (sampling and checkpoints do not "
-            "gather the sharded weights); use data parallelism, dist.fsdp=false"
-        )
+    if config.dist.fsdp and config.model.lora.r:
+        raise UserError("dist.fsdp=true with model.lora.r > 0 is not supported; use one of them")
     if config.rollout.min_new_tokens > config.rollout.max_new_tokens:
         raise UserError(
             f"rollout.min_new_tokens must be at most rollout.max_new_tokens "

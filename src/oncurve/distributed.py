@@ -101,6 +101,60 @@ def wrap(module: torch.nn.Module, device: str, fsdp: bool = False) -> torch.nn.M
     return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids)
 
 
+def gather_weights(sharded: torch.nn.Module, full: torch.nn.Module) -> None:
+    """Copy the parameters of `sharded` (FSDP2 DTensor shards, or whole tensors) into the
+    same-named parameters of the unsharded `full`. A collective: every rank calls it."""
+    targets = dict(full.named_parameters())
+    with torch.no_grad():
+        for name, param in sharded.named_parameters():
+            targets[name].copy_(_whole(param))
+
+
+def scatter_weights(full: torch.nn.Module, sharded: torch.nn.Module) -> None:
+    """The inverse of `gather_weights`: each rank keeps its shard of `full`'s parameters (the
+    same on every rank) in the same-named parameters of `sharded`."""
+    sources = dict(full.named_parameters())
+    with torch.no_grad():
+        for name, param in sharded.named_parameters():
+            param.copy_(_shard_like(sources[name], param))
+
+
+def gathered(state: object) -> object:
+    """`state` (a state dict, nested dicts and lists) with every DTensor replaced by its whole
+    tensor, so that one rank can write what all ranks hold. A collective when there are
+    DTensors: every rank calls it."""
+    if isinstance(state, dict):
+        return {key: gathered(value) for key, value in state.items()}
+    if isinstance(state, list):
+        return [gathered(value) for value in state]
+    return _whole(state) if isinstance(state, torch.Tensor) else state
+
+
+def shard_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """After `optimizer.load_state_dict` of a `gathered` state: turn each whole state tensor of
+    a sharded (DTensor) parameter back into that parameter's shard."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param, {})
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.shape == param.shape:
+                    state[key] = _shard_like(value, param)
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def _shard_like(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(like, DTensor) or isinstance(whole, DTensor):
+        return whole
+    return distribute_tensor(whole.to(like.device), like.device_mesh, like.placements)
+
+
 def _decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
     layers = []
     for child in module.modules():

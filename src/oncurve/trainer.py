@@ -62,7 +62,8 @@ class Session:
 
     config: Config
     run_dir: Path
-    model: torch.nn.Module
+    model: torch.nn.Module  # the trained HF model; under FSDP2 its parameters are shards
+    full_model: torch.nn.Module  # whole weights: `model` itself, or its copy under FSDP2
     policy: torch.nn.Module
     reference: torch.nn.Module | None
     peft_model: torch.nn.Module | None
@@ -141,12 +142,14 @@ def training_step(s: Session, step: int) -> dict[str, float]:
                 rows=cfg.optim.microbatch_size,
             )
         update = optimise(s, batch)
+        if s.full_model is not s.model:
+            distributed.gather_weights(s.model, s.full_model)
         if (
             s.reference is not None
             and cfg.algo.ref_sync_every
             and step % cfg.algo.ref_sync_every == 0
         ):
-            s.reference.load_state_dict(s.model.state_dict())
+            s.reference.load_state_dict(s.full_model.state_dict())
         if s.critic is not None:
             # The policy's gradients (kept between its steps) would be dead weight at the
             # critic's backward, which is PPO's peak.
@@ -346,7 +349,7 @@ def train(config: Config, *, quiet: bool = False) -> TrainResult:
         eval_after = _evaluate(s, step=cfg.run.steps)
     if s.rank == 0:
         if s.peft_model is None:
-            save_final(s.model, s.tokenizer, s.run_dir / "final")
+            save_final(s.full_model, s.tokenizer, s.run_dir / "final")
         else:
             save_lora_final(
                 s.peft_model, s.tokenizer, s.run_dir / "final", cfg.model.lora.save_adapter
@@ -382,6 +385,13 @@ def setup(config: Config) -> Session:
         enable_gradient_checkpointing(model)
     reference = frozen_copy(model) if config.algo.beta > 0 and peft_model is None else None
     critic = ppo.build_critic(model, config, device) if config.algo.estimator == "gae" else None
+    fsdp = config.dist.fsdp and world_size > 1
+    # Under FSDP2 each rank holds shards of the trained weights; sampling, evaluation,
+    # checkpoints and the final model read whole weights from a copy that every update
+    # refreshes, as an inference engine would hold its own.
+    full_model = frozen_copy(model) if fsdp else model
+    # before the optimizer: fully_shard replaces the parameters with sharded ones
+    policy = distributed.wrap(PolicyLogprobs(model), device, fsdp=fsdp)
     train_rows, eval_rows, task = load_prompts(config)
     data = PromptData(train_rows, tokenizer, config.data, seed=config.run.seed)
     eval_data = (
@@ -419,11 +429,12 @@ def setup(config: Config) -> Session:
         config=config,
         run_dir=run_dir,
         model=model,
-        policy=distributed.wrap(PolicyLogprobs(model), device),
+        full_model=full_model,
+        policy=policy,
         reference=reference,
         peft_model=peft_model,
         tokenizer=tokenizer,
-        sampler=TorchSampler(model, tokenizer),
+        sampler=TorchSampler(full_model, tokenizer),
         data=data,
         eval_data=eval_data,
         rewards=build_rewards(config, task),
@@ -439,7 +450,7 @@ def setup(config: Config) -> Session:
     if resume_from is not None:
         state = checkpoint.load_checkpoint(
             resume_from,
-            model,
+            full_model,
             optimizer,
             scheduler,
             modules=_extra_modules(s),
@@ -451,6 +462,8 @@ def setup(config: Config) -> Session:
                 f"checkpoint {resume_from} was written by {state.get('world_size', 1)} ranks; "
                 f"resume it with the same number, not {world_size}"
             )
+        if fsdp:
+            distributed.scatter_weights(full_model, model)
         s.start_step = int(state["step"])
         s.completion_tokens = int(state.get("completion_tokens", 0))
         if rank == 0:
@@ -464,7 +477,7 @@ def _save(s: Session, step: int) -> None:
     checkpoint.save_checkpoint(
         s.run_dir,
         step,
-        s.model,
+        s.full_model,
         s.optimizer,
         s.scheduler,
         {"step": step, "completion_tokens": s.completion_tokens, "world_size": s.world_size},
@@ -624,9 +637,10 @@ def _reward_inputs(
 
 def _prompt_index(cfg: Config, rollout: RolloutBatch) -> torch.Tensor | None:
     """`[N]` group number of each row (a group's rows share a prompt), or None when the
-    prompt forward is not shared: HF drops the KV cache under gradient checkpointing."""
+    prompt forward is not shared: HF drops the KV cache under gradient checkpointing, and
+    FSDP2's hooks expect one forward of each module per backward."""
     m = cfg.model
-    if not m.share_prompt_forward or m.gradient_checkpointing:
+    if not m.share_prompt_forward or m.gradient_checkpointing or cfg.dist.fsdp:
         return None
     rows = torch.arange(rollout.num_rows, device=rollout.input_ids.device)
     return rows // rollout.group_size

@@ -42,11 +42,14 @@ class _ChunkedLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, chunk_size, with_entropy):  # type: ignore[override]
+    def forward(ctx, hidden, weight, bias, labels, temperature, chunk_size, with_entropy, shape):  # type: ignore[override]
         rows = hidden.shape[0]
-        logprobs = hidden.new_empty(rows, dtype=torch.float32)
+        # Outputs are made in their final `shape` and written through flat views: a returned
+        # view is one that FSDP2 warns could lose its pre-backward hook to an in-place op.
+        logprobs_out = hidden.new_empty(shape, dtype=torch.float32)
+        entropy_out = hidden.new_empty(shape if with_entropy else (0,), dtype=torch.float32)
+        logprobs, entropy = logprobs_out.view(-1), entropy_out.view(-1)
         lse = hidden.new_empty(rows, dtype=torch.float32)
-        entropy = hidden.new_empty(rows if with_entropy else 0, dtype=torch.float32)
         for start in range(0, rows, chunk_size):
             part = slice(start, start + chunk_size)
             logits = _chunk_logits(hidden[part], weight, bias, temperature)
@@ -58,13 +61,14 @@ class _ChunkedLogprobs(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, bias, labels, lse)
         ctx.temperature = temperature
         ctx.chunk_size = chunk_size
-        ctx.mark_non_differentiable(entropy)
-        return logprobs, entropy
+        ctx.mark_non_differentiable(entropy_out)
+        return logprobs_out, entropy_out
 
     @staticmethod
     def backward(ctx, grad_logprobs, _grad_entropy):  # type: ignore[override]
         hidden, weight, bias, labels, lse = ctx.saved_tensors
         temperature, chunk_size = ctx.temperature, ctx.chunk_size
+        grad_logprobs = grad_logprobs.reshape(-1)
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_hidden = torch.zeros_like(hidden) if need_h else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
@@ -87,7 +91,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
             grad_weight = grad_weight.to(weight.dtype)
         if need_b:
             grad_bias = grad_bias.to(bias.dtype)
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 
 def _chunk_logits(
@@ -127,6 +131,6 @@ def logprobs_from_hidden(
     flat_hidden = hidden.reshape(n * t, h)
     flat_labels = labels.reshape(n * t)
     logprobs, entropy = _ChunkedLogprobs.apply(
-        flat_hidden, weight, bias, flat_labels, temperature, chunk_size, with_entropy
+        flat_hidden, weight, bias, flat_labels, temperature, chunk_size, with_entropy, (n, t)
     )
-    return logprobs.view(n, t), entropy.view(n, t) if with_entropy else None
+    return logprobs, entropy if with_entropy else None
