@@ -215,6 +215,9 @@ def test_two_rank_run_writes_one_log_one_checkpoint_set_and_resumes(
     ]
     first = run_cli(*common, "run.steps=3")
     assert first.returncode == 0, first.stderr[-2000:]
+    # rank 0 alone reports: one progress line for the last step, one summary
+    assert first.stderr.count("step 3/3") == 1
+    assert len(first.stdout.strip().splitlines()) == 1
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").glob("step-*"))

@@ -51,7 +51,8 @@ def _train(args: argparse.Namespace) -> int:
     if result.eval_before and result.eval_after:
         summary["accuracy_before"] = result.eval_before["accuracy"]
         summary["accuracy_after"] = result.eval_after["accuracy"]
-    print(json.dumps(summary))
+    if os.environ.get("RANK", "0") == "0":  # one summary for a torchrun job
+        print(json.dumps(summary))
     return 0
 
 

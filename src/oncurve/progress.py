@@ -13,10 +13,14 @@ LOG_EVERY = 10
 
 
 class Progress:
-    """`with Progress(total, start, quiet) as p: p.update(step, metrics)`."""
+    """`with Progress(total, start, quiet) as p: p.update(step, metrics)`: a live bar, or log
+    lines when `quiet` or stderr is not a terminal; nothing when not `enabled` (ranks > 0)."""
 
-    def __init__(self, total: int, start: int = 0, quiet: bool = False) -> None:
+    def __init__(
+        self, total: int, start: int = 0, quiet: bool = False, enabled: bool = True
+    ) -> None:
         self.total = total
+        self.enabled = enabled
         self.quiet = quiet or not sys.stderr.isatty()
         self._bar: RichProgress | None = None
         self._task = None
@@ -24,7 +28,7 @@ class Progress:
         self._began = time.perf_counter()
 
     def __enter__(self) -> Progress:
-        if not self.quiet:
+        if self.enabled and not self.quiet:
             self._bar = RichProgress(
                 TextColumn("[bold]train"),
                 BarColumn(),
@@ -47,7 +51,7 @@ class Progress:
         )
         if self._bar is not None:
             self._bar.update(self._task, completed=step, stats=stats)
-        elif step % LOG_EVERY == 0 or step == self.total:
+        elif self.enabled and (step % LOG_EVERY == 0 or step == self.total):
             elapsed = time.perf_counter() - self._began
             print(f"step {step}/{self.total}  {stats}  {elapsed:.0f}s", file=sys.stderr, flush=True)
 

@@ -315,8 +315,8 @@ def train(config: Config, *, quiet: bool = False) -> TrainResult:
     eval_before = eval_after = None
     if s.eval_data is not None and cfg.eval.at_start_end and s.start_step == 0:
         eval_before = _evaluate(s, step=0)
-    quiet = quiet or s.rank != 0
-    with s.rewards, _stop_on_signals(s), Progress(cfg.run.steps, s.start_step, quiet) as progress:
+    progress = Progress(cfg.run.steps, s.start_step, quiet, enabled=s.rank == 0)
+    with s.rewards, _stop_on_signals(s), progress:
         for step in range(s.start_step + 1, cfg.run.steps + 1):
             metrics = distributed.all_mean(training_step(s, step))
             s.logger.log(step, metrics)
