@@ -102,10 +102,10 @@ def save_checkpoint(
         dist.all_gather_object(rng_states, local_rng)
     # whole tensors, also of FSDP2's sharded state, so the file is the same for every layout
     opt_state = {
-        "optimizer": distributed.gathered(optimizer.state_dict()),
+        "optimizer": distributed.whole_state(optimizer.state_dict()),
         "scheduler": scheduler.state_dict() if scheduler is not None else None,
         "optimizers": {
-            name: distributed.gathered(opt.state_dict()) for name, opt in optimizers.items()
+            name: distributed.whole_state(opt.state_dict()) for name, opt in optimizers.items()
         },
     }
     root = Path(run_dir) / CHECKPOINTS

@@ -9,6 +9,8 @@ batch-level statistic needs (token and sequence counts, the batch reward std) an
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import torch
@@ -101,6 +103,32 @@ def wrap(module: torch.nn.Module, device: str, fsdp: bool = False) -> torch.nn.M
     return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids)
 
 
+@contextmanager
+def gathered(sharded: torch.nn.Module, full: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Yield a module with whole weights: `sharded` itself when `full` is it; else `full`,
+    filled with `sharded`'s gathered weights for the duration (a collective: every rank enters)
+    and emptied after (see `release`)."""
+    if full is sharded:
+        yield sharded
+        return
+    for param in full.parameters():
+        storage = param.untyped_storage()
+        if storage.size() == 0:
+            storage.resize_(param.numel() * param.element_size())
+    gather_weights(sharded, full)
+    try:
+        yield full
+    finally:
+        release(full)
+
+
+def release(module: torch.nn.Module) -> None:
+    """Free the memory of `module`'s parameters, keeping the parameter objects (so tied weights
+    stay tied): their storage is resized to nothing until `gathered` fills it again."""
+    for param in module.parameters():
+        param.untyped_storage().resize_(0)
+
+
 def gather_weights(sharded: torch.nn.Module, full: torch.nn.Module) -> None:
     """Copy the parameters of `sharded` (FSDP2 DTensor shards, or whole tensors) into the
     same-named parameters of the unsharded `full`. A collective: every rank calls it."""
@@ -119,19 +147,19 @@ def scatter_weights(full: torch.nn.Module, sharded: torch.nn.Module) -> None:
             param.copy_(_shard_like(sources[name], param))
 
 
-def gathered(state: object) -> object:
+def whole_state(state: object) -> object:
     """`state` (a state dict, nested dicts and lists) with every DTensor replaced by its whole
     tensor, so that one rank can write what all ranks hold. A collective when there are
     DTensors: every rank calls it."""
     if isinstance(state, dict):
-        return {key: gathered(value) for key, value in state.items()}
+        return {key: whole_state(value) for key, value in state.items()}
     if isinstance(state, list):
-        return [gathered(value) for value in state]
+        return [whole_state(value) for value in state]
     return _whole(state) if isinstance(state, torch.Tensor) else state
 
 
 def shard_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
-    """After `optimizer.load_state_dict` of a `gathered` state: turn each whole state tensor of
+    """After `optimizer.load_state_dict` of a `whole_state`: turn each whole state tensor of
     a sharded (DTensor) parameter back into that parameter's shard."""
     for group in optimizer.param_groups:
         for param in group["params"]:

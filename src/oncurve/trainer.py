@@ -12,7 +12,7 @@ import signal
 import sys
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -63,7 +63,8 @@ class Session:
     config: Config
     run_dir: Path
     model: torch.nn.Module  # the trained HF model; under FSDP2 its parameters are shards
-    full_model: torch.nn.Module  # whole weights: `model` itself, or its copy under FSDP2
+    # whole weights: `model` itself, or under FSDP2 a copy that holds them only inside `_whole`
+    full_model: torch.nn.Module
     policy: torch.nn.Module
     reference: torch.nn.Module | None
     peft_model: torch.nn.Module | None
@@ -99,7 +100,8 @@ def training_step(s: Session, step: int) -> dict[str, float]:
     as in DESIGN.md."""
     cfg = s.config
     timer = _Timer()
-    rollout, rewards, reward_metrics, rows = sample_groups(s, step, timer)
+    with _whole(s):
+        rollout, rewards, reward_metrics, rows = sample_groups(s, step, timer)
     if s.critic is None:
         advantages = lookup(ADVANTAGE_ESTIMATORS, cfg.algo.estimator)(
             rewards,
@@ -142,14 +144,13 @@ def training_step(s: Session, step: int) -> dict[str, float]:
                 rows=cfg.optim.microbatch_size,
             )
         update = optimise(s, batch)
-        if s.full_model is not s.model:
-            distributed.gather_weights(s.model, s.full_model)
         if (
             s.reference is not None
             and cfg.algo.ref_sync_every
             and step % cfg.algo.ref_sync_every == 0
         ):
-            s.reference.load_state_dict(s.full_model.state_dict())
+            with _whole(s) as policy:
+                s.reference.load_state_dict(policy.state_dict())
         if s.critic is not None:
             # The policy's gradients (kept between its steps) would be dead weight at the
             # critic's backward, which is PPO's peak.
@@ -347,13 +348,12 @@ def train(config: Config, *, quiet: bool = False) -> TrainResult:
                 return TrainResult(s.run_dir, step, eval_before, None)
     if s.eval_data is not None and cfg.eval.at_start_end:
         eval_after = _evaluate(s, step=cfg.run.steps)
-    if s.rank == 0:
-        if s.peft_model is None:
-            save_final(s.full_model, s.tokenizer, s.run_dir / "final")
-        else:
-            save_lora_final(
-                s.peft_model, s.tokenizer, s.run_dir / "final", cfg.model.lora.save_adapter
-            )
+    if s.peft_model is None:
+        with _whole(s) as policy:
+            if s.rank == 0:
+                save_final(policy, s.tokenizer, s.run_dir / "final")
+    elif s.rank == 0:
+        save_lora_final(s.peft_model, s.tokenizer, s.run_dir / "final", cfg.model.lora.save_adapter)
     s.logger.close()
     if eval_before and eval_after:
         print(
@@ -387,8 +387,8 @@ def setup(config: Config) -> Session:
     critic = ppo.build_critic(model, config, device) if config.algo.estimator == "gae" else None
     fsdp = config.dist.fsdp and world_size > 1
     # Under FSDP2 each rank holds shards of the trained weights; sampling, evaluation,
-    # checkpoints and the final model read whole weights from a copy that every update
-    # refreshes, as an inference engine would hold its own.
+    # checkpoints and the final model read whole weights from a copy gathered for them and
+    # emptied after (`_whole`), so the update's peak does not hold it.
     full_model = frozen_copy(model) if fsdp else model
     # before the optimizer: fully_shard replaces the parameters with sharded ones
     policy = distributed.wrap(PolicyLogprobs(model), device, fsdp=fsdp)
@@ -468,24 +468,32 @@ def setup(config: Config) -> Session:
         s.completion_tokens = int(state.get("completion_tokens", 0))
         if rank == 0:
             truncate_after(run_dir, s.start_step)
+    if fsdp:
+        distributed.release(full_model)
     if rank == 0:
         save_config(config, run_dir / "config.yaml")
     return s
 
 
+def _whole(s: Session) -> AbstractContextManager[torch.nn.Module]:
+    """The policy with whole weights, for the duration (see `distributed.gathered`)."""
+    return distributed.gathered(s.model, s.full_model)
+
+
 def _save(s: Session, step: int) -> None:
-    checkpoint.save_checkpoint(
-        s.run_dir,
-        step,
-        s.full_model,
-        s.optimizer,
-        s.scheduler,
-        {"step": step, "completion_tokens": s.completion_tokens, "world_size": s.world_size},
-        keep_last=s.config.run.keep_last,
-        modules=_extra_modules(s),
-        optimizers=_extra_optimizers(s),
-        trainable_only=s.config.model.lora.r > 0,
-    )
+    with _whole(s) as policy:
+        checkpoint.save_checkpoint(
+            s.run_dir,
+            step,
+            policy,
+            s.optimizer,
+            s.scheduler,
+            {"step": step, "completion_tokens": s.completion_tokens, "world_size": s.world_size},
+            keep_last=s.config.run.keep_last,
+            modules=_extra_modules(s),
+            optimizers=_extra_optimizers(s),
+            trainable_only=s.config.model.lora.r > 0,
+        )
 
 
 def _extra_modules(s: Session) -> dict[str, torch.nn.Module]:
@@ -504,15 +512,16 @@ def _extra_optimizers(s: Session) -> dict[str, torch.optim.Optimizer]:
 
 def _evaluate(s: Session, step: int) -> dict[str, float]:
     cfg = s.config
-    result = evaluate(
-        s.sampler,
-        s.eval_data.rows[: cfg.eval.num_prompts],
-        s.correct,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        samples=cfg.eval.samples,
-        temperature=cfg.rollout.temperature,
-        seed=cfg.run.seed,
-    )
+    with _whole(s):
+        result = evaluate(
+            s.sampler,
+            s.eval_data.rows[: cfg.eval.num_prompts],
+            s.correct,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            samples=cfg.eval.samples,
+            temperature=cfg.rollout.temperature,
+            seed=cfg.run.seed,
+        )
     s.logger.log(step, {f"eval/{k}": v for k, v in result.items()})
     return result
 
