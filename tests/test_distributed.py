@@ -43,7 +43,7 @@ def fixed_batch(model: torch.nn.Module) -> TrainBatch:
         completion_mask=completion_mask,
         advantages=group_advantages(rewards, G),
     )
-    batch.ref_logprobs = batch_logprobs(model, batch, 1.0, 16, rows=n) + 0.05
+    batch.ref_logprobs = batch_logprobs(PolicyLogprobs(model), batch, 1.0, 16, rows=n) + 0.05
     return batch
 
 
@@ -239,8 +239,9 @@ def test_fsdp2_run_equals_the_data_parallel_run_and_resumes_exactly(
     tiny_model_dir, data_file, tmp_path
 ):
     """`oncurve train dist.fsdp=true` on 2 ranks: the same weights and metrics as DDP after 3
-    steps (sampling reads the gathered copy, the update the shards), a checkpoint in the
-    single-process format, and a resume from step 2 that reproduces step 3."""
+    steps (sampling reads the gathered copy; the update and the pi_old pass of mu = 2 read the
+    shards), a checkpoint in the single-process format, and a resume from step 2 that reproduces
+    step 3."""
     common = [
         "train",
         f"model.path={tiny_model_dir}",
@@ -253,6 +254,7 @@ def test_fsdp2_run_equals_the_data_parallel_run_and_resumes_exactly(
         "run.save_every=1",
         "run.keep_last=5",
         "run.steps=3",
+        "algo.mu=2",
         "dist.nproc=2",
     ]
     sharded, replicated = tmp_path / "fsdp", tmp_path / "ddp"

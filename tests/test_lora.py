@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from test_trainer import make_config
 
 from oncurve.rollout import SamplingParams
-from oncurve.train_step import batch_logprobs
+from oncurve.train_step import PolicyLogprobs, batch_logprobs
 from oncurve.trainer import reference_logprobs, setup, train, training_step
 from oncurve.types import TrainBatch
 
@@ -45,8 +45,8 @@ def test_reference_is_the_base_model_with_the_adapter_off(tiny_model_dir, data_f
         advantages=torch.zeros(rollout.num_rows),
     )
     base = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-    expected = batch_logprobs(base, batch, 1.0, 64, 8)
-    adapted = batch_logprobs(s.model, batch, 1.0, 64, 8)
+    expected = batch_logprobs(PolicyLogprobs(base), batch, 1.0, 64, 8)
+    adapted = batch_logprobs(s.policy, batch, 1.0, 64, 8)
     torch.testing.assert_close(reference_logprobs(s, batch), expected, atol=1e-6, rtol=0)
     assert float((adapted - expected).abs().max()) > 1e-4
 

@@ -168,7 +168,7 @@ def test_mu_two_computes_pi_old_once_and_the_second_pass_moves_the_ratio(
         trainer, "batch_logprobs", lambda model, *a: calls.append(model) or real(model, *a)
     )
     metrics = training_step(s, 1)
-    assert calls == [s.model]
+    assert calls == [s.policy]
     assert metrics["ratio/min"] < 1.0 < metrics["ratio/max"]
 
 

@@ -362,9 +362,10 @@ def optimizer_step(
 
 @torch.no_grad()
 def batch_logprobs(
-    model: torch.nn.Module, batch: TrainBatch, temperature: float, chunk_size: int, rows: int
+    policy: torch.nn.Module, batch: TrainBatch, temperature: float, chunk_size: int, rows: int
 ) -> torch.Tensor:
-    """`[N, T]` logprobs of the completions under `model` (pi_old or pi_ref), no graph kept,
+    """`[N, T]` logprobs of the completions under `policy`, a `PolicyLogprobs` of pi_old or
+    pi_ref (or its DDP / FSDP2 wrapper, whose forward gathers sharded weights), no graph kept,
     computed `rows` at a time in `length_order` with the same forward as training; 0 on
     padding."""
     completion_len = batch.completion_mask.shape[1]
@@ -375,8 +376,7 @@ def batch_logprobs(
     for start in range(0, batch.num_rows, rows):
         index = order[start : start + rows]
         micro = trim_padding(batch.rows(index))
-        logprobs, _ = completion_logprobs(
-            model,
+        logprobs, _ = policy(
             micro.input_ids,
             micro.attention_mask,
             micro.completion_mask.shape[1],

@@ -128,7 +128,7 @@ def training_step(s: Session, step: int) -> dict[str, float]:
             batch.ref_logprobs = reference_logprobs(s, batch)
         if cfg.algo.mu * cfg.algo.minibatches > 1:
             batch.old_logprobs = batch_logprobs(
-                s.model,
+                s.policy,
                 batch,
                 cfg.rollout.temperature,
                 cfg.model.logprob_chunk_size,
@@ -186,9 +186,9 @@ def reference_logprobs(s: Session, batch: TrainBatch) -> torch.Tensor:
     cfg = s.config
     args = (batch, cfg.rollout.temperature, cfg.model.logprob_chunk_size, cfg.optim.microbatch_size)
     if s.peft_model is None:
-        return batch_logprobs(s.reference, *args)
+        return batch_logprobs(PolicyLogprobs(s.reference), *args)
     with s.peft_model.disable_adapter():
-        return batch_logprobs(s.model, *args)
+        return batch_logprobs(s.policy, *args)
 
 
 def sample_groups(
