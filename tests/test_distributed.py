@@ -235,16 +235,14 @@ def test_two_rank_run_writes_one_log_one_checkpoint_set_and_resumes(
     assert "written by 2 ranks" in refused.stderr
 
 
-def test_fsdp2_run_equals_the_data_parallel_run_and_resumes_exactly(
-    tiny_model_dir, data_file, tmp_path
-):
-    """`oncurve train dist.fsdp=true` on 2 ranks: the same weights and metrics as DDP after 3
-    steps (sampling reads the gathered copy; the update and the pi_old pass of mu = 2 read the
-    shards), a checkpoint in the single-process format, and a resume from step 2 that reproduces
-    step 3."""
+def sharded_and_replicated_runs(
+    model_dir: Path, data_file: Path, tmp_path: Path, *overrides: str
+) -> tuple[Path, Path, list[str]]:
+    """The same 2-rank `oncurve train` job with dist.fsdp=true and false: (FSDP2 run dir, DDP
+    run dir, the shared arguments), after checking that both trained their weights alike."""
     common = [
         "train",
-        f"model.path={tiny_model_dir}",
+        f"model.path={model_dir}",
         f"data.path={data_file}",
         "data.prompts_per_step=4",
         "rollout.group_size=4",
@@ -253,16 +251,15 @@ def test_fsdp2_run_equals_the_data_parallel_run_and_resumes_exactly(
         "run.reward_timeout=null",
         "run.save_every=1",
         "run.keep_last=5",
-        "run.steps=3",
-        "algo.mu=2",
         "dist.nproc=2",
+        *overrides,
     ]
     sharded, replicated = tmp_path / "fsdp", tmp_path / "ddp"
     for run_dir, fsdp in ((sharded, "true"), (replicated, "false")):
         proc = run_cli(*common, f"run.dir={run_dir}", f"dist.fsdp={fsdp}")
         assert proc.returncode == 0, proc.stderr[-2000:]
     final = load_file(sharded / "final" / "model.safetensors")
-    initial = load_file(tiny_model_dir / "model.safetensors")
+    initial = load_file(model_dir / "model.safetensors")
     for name, value in load_file(replicated / "final" / "model.safetensors").items():
         assert float((final[name] - initial[name]).abs().max()) > 1e-5, name  # it trained
         torch.testing.assert_close(final[name], value, atol=1e-6, rtol=0, msg=name)
@@ -272,17 +269,44 @@ def test_fsdp2_run_equals_the_data_parallel_run_and_resumes_exactly(
         norms[run_dir] = [json.loads(row)["grad_norm"] for row in rows]
     assert norms[sharded] == pytest.approx(norms[replicated], rel=1e-5)
     assert min(norms[sharded]) > 0
+    return sharded, replicated, common
 
+
+def test_fsdp2_run_equals_the_data_parallel_run_and_resumes_exactly(
+    tiny_model_dir, data_file, tmp_path
+):
+    """`oncurve train dist.fsdp=true` on 2 ranks: the same weights and metrics as DDP after 3
+    steps (sampling reads the gathered copy; the update and the pi_old pass of mu = 2 read the
+    shards), a checkpoint in the single-process format, and a resume from step 2 that reproduces
+    step 3."""
+    sharded, _, common = sharded_and_replicated_runs(
+        tiny_model_dir, data_file, tmp_path, "run.steps=3", "algo.mu=2"
+    )
+    final = load_file(sharded / "final" / "model.safetensors")
     resume_from = sharded / "checkpoints" / "step-000002"
     saved = torch.load(resume_from / "optimizer.pt", weights_only=True)["optimizer"]
     shapes = sorted(tuple(s["exp_avg"].shape) for s in saved["state"].values())
-    assert shapes == sorted(tuple(v.shape) for v in initial.values())  # whole, not shards
+    assert shapes == sorted(tuple(v.shape) for v in final.values())  # whole, not shards
 
     resume = [f"run.dir={sharded}", "dist.fsdp=true", f"run.resume={resume_from}"]
     proc = run_cli(*common, *resume)
     assert proc.returncode == 0, proc.stderr[-2000:]
     for name, value in load_file(sharded / "final" / "model.safetensors").items():
         torch.testing.assert_close(value, final[name], atol=1e-7, rtol=0, msg=name)
+
+
+def test_ppo_under_fsdp2_equals_ppo_under_data_parallelism(tiny_model_dir, data_file, tmp_path):
+    """PPO's policy sharded by FSDP2, its critic replicated by DDP: the policy (checked by the
+    helper) and the critic end as in the all-DDP run."""
+    sharded, replicated, _ = sharded_and_replicated_runs(
+        tiny_model_dir, data_file, tmp_path, "run.steps=2", "algo.preset=ppo"
+    )
+    critic_file = Path("checkpoints") / "step-000002" / "value.safetensors"
+    critic = load_file(sharded / critic_file)
+    earlier = load_file(sharded / "checkpoints" / "step-000001" / "value.safetensors")
+    assert max(float((critic[k] - earlier[k]).abs().max()) for k in critic) > 1e-5  # it trained
+    for name, value in load_file(replicated / critic_file).items():
+        torch.testing.assert_close(critic[name], value, atol=1e-6, rtol=0, msg=name)
 
 
 def test_a_rank_that_raises_fails_the_job_instead_of_hanging(tiny_model_dir, data_file, tmp_path):
