@@ -195,24 +195,26 @@ def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     )
 
 
-def test_two_rank_run_writes_one_log_one_checkpoint_set_and_resumes(
-    tiny_model_dir, data_file, tmp_path
-):
-    run_dir = tmp_path / "run"
-    common = [
+def tiny_job(model_dir: Path, data_file: Path) -> list[str]:
+    """`oncurve train` arguments of a small job that learns something (ranks not set)."""
+    return [
         "train",
-        f"model.path={tiny_model_dir}",
+        f"model.path={model_dir}",
         f"data.path={data_file}",
         "data.prompts_per_step=4",
         "rollout.group_size=4",
         "rollout.max_new_tokens=8",
         "rewards=[rewards_for_tests:count_digits]",
         "run.reward_timeout=null",
-        f"run.dir={run_dir}",
-        "run.save_every=1",
-        "run.keep_last=5",
-        "dist.nproc=2",
     ]
+
+
+def test_two_rank_run_writes_one_log_one_checkpoint_set_and_resumes(
+    tiny_model_dir, data_file, tmp_path
+):
+    run_dir = tmp_path / "run"
+    common = [*tiny_job(tiny_model_dir, data_file), f"run.dir={run_dir}", "run.save_every=1"]
+    common += ["run.keep_last=5", "dist.nproc=2"]
     first = run_cli(*common, "run.steps=3")
     assert first.returncode == 0, first.stderr[-2000:]
     # rank 0 alone reports: one progress line for the last step, one summary
@@ -240,20 +242,8 @@ def sharded_and_replicated_runs(
 ) -> tuple[Path, Path, list[str]]:
     """The same 2-rank `oncurve train` job with dist.fsdp=true and false: (FSDP2 run dir, DDP
     run dir, the shared arguments), after checking that both trained their weights alike."""
-    common = [
-        "train",
-        f"model.path={model_dir}",
-        f"data.path={data_file}",
-        "data.prompts_per_step=4",
-        "rollout.group_size=4",
-        "rollout.max_new_tokens=8",
-        "rewards=[rewards_for_tests:count_digits]",
-        "run.reward_timeout=null",
-        "run.save_every=1",
-        "run.keep_last=5",
-        "dist.nproc=2",
-        *overrides,
-    ]
+    common = [*tiny_job(model_dir, data_file), "run.save_every=1", "run.keep_last=5"]
+    common += ["dist.nproc=2", *overrides]
     sharded, replicated = tmp_path / "fsdp", tmp_path / "ddp"
     for run_dir, fsdp in ((sharded, "true"), (replicated, "false")):
         proc = run_cli(*common, f"run.dir={run_dir}", f"dist.fsdp={fsdp}")
