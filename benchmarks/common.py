@@ -8,6 +8,7 @@ config with the bundled character tokenizer; `default` is the bundled model once
 from __future__ import annotations
 
 import os
+import re
 import resource
 import threading
 import time
@@ -118,6 +119,22 @@ def peak_memory(fn: Callable[[], Any], interval: float = 0.0005) -> tuple[Any, f
     lifetime = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     peak = max(peak, _rss_bytes(), lifetime if lifetime > lifetime_before else 0)
     return result, (peak - base) / 2**20
+
+
+def own_peak_rss() -> float | None:
+    """This process's peak RSS in MB (Linux `VmHWM`), None elsewhere.
+
+    Not `ru_maxrss` as the parent's `wait4` reports it: Python starts children with vfork, and
+    Linux carries the parent's high-water mark into the child's `ru_maxrss` at exec, so a child
+    smaller than its parent would show the parent's peak. `VmHWM` belongs to the process's own
+    address space, created at exec.
+    """
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    match = re.search(r"VmHWM:\s+(\d+) kB", status)
+    return int(match.group(1)) / 1024 if match else None
 
 
 def isolated_env() -> dict[str, str]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import load_note, markdown_table, write_section  # noqa: E402
+from common import load_note, markdown_table, own_peak_rss, write_section  # noqa: E402
 from vs_trl import cpu_name, model_dir  # noqa: E402
 
 CACHE = HERE / ".cache" / "fsdp_memory"
@@ -43,9 +42,8 @@ def child(out: Path, overrides: list[str]) -> None:
     from oncurve.trainer import train
 
     train(load_config(None, overrides), quiet=True)
-    peak = re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text())
     rank = os.environ.get("RANK", "0")
-    (out / f"rank{rank}.json").write_text(json.dumps({"rss_mb": int(peak.group(1)) / 1024}))
+    (out / f"rank{rank}.json").write_text(json.dumps({"rss_mb": own_peak_rss()}))
 
 
 def run(args: argparse.Namespace, fsdp: bool) -> tuple[list[float], float]:

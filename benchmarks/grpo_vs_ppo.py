@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -36,7 +35,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import load_note, markdown_table, write_section  # noqa: E402
+from common import load_note, markdown_table, own_peak_rss, write_section  # noqa: E402
 from vs_trl import cpu_name, greedy_accuracy, model_dir, run_child, torch_threads  # noqa: E402
 
 CACHE = HERE / ".cache" / "grpo_vs_ppo"
@@ -120,22 +119,6 @@ def child(out: Path) -> None:
     (out / "child.json").write_text(json.dumps({"cuda_peak_mb": cuda, "rss_mb": own_peak_rss()}))
 
 
-def own_peak_rss() -> float | None:
-    """This process's peak RSS in MB (Linux `VmHWM`), None elsewhere.
-
-    Not `ru_maxrss` as the parent's `wait4` reports it: Python starts children with vfork, and
-    Linux carries the parent's high-water mark into the child's `ru_maxrss` at exec, so a child
-    smaller than its parent would show the parent's peak. `VmHWM` belongs to the process's own
-    address space, created at exec.
-    """
-    try:
-        status = Path("/proc/self/status").read_text()
-    except OSError:
-        return None
-    match = re.search(r"VmHWM:\s+(\d+) kB", status)
-    return int(match.group(1)) / 1024 if match else None
-
-
 def run(job: Job, trainer: str, seed: int, out: Path) -> dict:
     """One training run in a fresh process; its peak memory, per-step times and metrics."""
     from oncurve.metrics import read_jsonl
@@ -211,7 +194,7 @@ def runtime_floor() -> float:
     here = str(Path(__file__).resolve().parent)
     code = (
         f"import sys; sys.path.insert(0, {here!r}); import torch, transformers, oncurve.trainer; "
-        "from grpo_vs_ppo import own_peak_rss; print(own_peak_rss())"
+        "from common import own_peak_rss; print(own_peak_rss())"
     )
     # The first import in a fresh tree also compiles every module to bytecode, a peak no
     # training run pays; the second process measures a warm import.
