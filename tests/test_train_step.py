@@ -13,7 +13,12 @@ from test_rollout import make_model
 from test_trainer import make_config
 
 from oncurve import train_step
-from oncurve.train_step import accumulate_gradients, completion_logprobs
+from oncurve.train_step import (
+    accumulate_gradients,
+    completion_logprobs,
+    microbatches,
+    trim_padding,
+)
 from oncurve.trainer import setup, training_step
 from oncurve.types import TrainBatch
 
@@ -80,6 +85,61 @@ def test_accumulated_gradients_are_the_same_with_the_shared_prompt_forward() -> 
         model.zero_grad(set_to_none=True)
     for shared, plain in zip(*grads, strict=True):
         torch.testing.assert_close(shared, plain, atol=1e-6, rtol=1e-5)
+
+
+def lengths_batch(prompts: list[int], completions: list[int]) -> TrainBatch:
+    """Rows with these real prompt (left-padded to 4) and completion (right-padded to 5)
+    lengths."""
+    rows = len(prompts)
+    prompt_mask = (torch.arange(4) >= 4 - torch.tensor(prompts)[:, None]).long()
+    completion_mask = (torch.arange(5) < torch.tensor(completions)[:, None]).long()
+    mask = torch.cat([prompt_mask, completion_mask], 1)
+    return TrainBatch(
+        torch.randint(3, 50, (rows, 9)) * mask, mask, completion_mask, torch.ones(rows)
+    )
+
+
+@pytest.mark.parametrize(
+    "max_rows,max_tokens,expected",
+    [
+        # rows 0, 2, 3, 4, 1 hold 9, 8, 6, 6, 3 tokens (prompt + completion)
+        (8, 16, [[0], [2], [3], [4, 1]]),  # rows 3 and 4 hold 12 tokens but pad to 2 x 9
+        (8, 18, [[0, 2], [3, 4], [1]]),
+        (3, 0, [[0, 2, 3], [4, 1]]),  # rows only
+        (8, 5, [[0], [2], [3], [4], [1]]),  # each row over the budget goes alone
+    ],
+)
+def test_microbatches_cut_the_length_order_within_rows_and_padded_tokens(
+    max_rows, max_tokens, expected
+) -> None:
+    batch = lengths_batch(prompts=[4, 2, 3, 4, 1], completions=[5, 1, 5, 2, 5])
+    cuts = microbatches(batch, max_rows, max_tokens)
+    assert [cut.tolist() for cut in cuts] == expected
+    for cut in cuts:
+        if max_tokens and len(cut) > 1:
+            assert trim_padding(batch.rows(cut)).input_ids.numel() <= max_tokens
+
+
+def test_a_token_budget_changes_no_gradient() -> None:
+    model = make_model("qwen2")
+    policy = train_step.PolicyLogprobs(model)
+    ids, mask, completion_mask, _ = grouped_rows(seed=2)
+    fns = loss_fns("seq-mean-token-mean")
+    advantages = torch.linspace(-1.5, 1.5, ids.shape[0])
+    ref = torch.full(completion_mask.shape, -3.0)
+    batch = TrainBatch(ids, mask, completion_mask, advantages, ref_logprobs=ref)
+    assert len(microbatches(batch, 8, 30)) >= 3  # the budget does split this batch
+    grads = []
+    for max_tokens in (0, 30):
+        accumulate_gradients(
+            policy, batch, fns, num_seqs=8.0, num_tokens=float(completion_mask.sum()),
+            microbatch_size=8, microbatch_tokens=max_tokens,
+        )  # fmt: skip
+        grads.append([p.grad.clone() for p in model.parameters()])
+        model.zero_grad(set_to_none=True)
+    for split, whole in zip(*grads, strict=True):
+        torch.testing.assert_close(split, whole, atol=1e-6, rtol=1e-5)
+    assert max(float(g.abs().max()) for g in grads[0]) > 1e-3
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ from torch import nn
 from oncurve import distributed
 from oncurve.algo.advantages import clipped_value_loss, gae
 from oncurve.config import Config
-from oncurve.train_step import completion_hidden, masked_mean, trim_padding
+from oncurve.train_step import completion_hidden, masked_mean, microbatches, trim_padding
 from oncurve.types import TrainBatch
 
 
@@ -184,16 +184,19 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 
 
 @torch.no_grad()
-def batch_values(model: ValueModel, batch: TrainBatch, rows: int) -> torch.Tensor:
-    """`[N, T]` values of every completion state, `rows` at a time, no graph; 0 on padding."""
+def batch_values(
+    model: ValueModel, batch: TrainBatch, rows: int, max_tokens: int = 0
+) -> torch.Tensor:
+    """`[N, T]` values of every completion state in the `microbatches` of (`rows`,
+    `max_tokens`), no graph; 0 on padding."""
     completion_len = batch.completion_mask.shape[1]
     out = torch.zeros(
         batch.completion_mask.shape, dtype=torch.float32, device=batch.input_ids.device
     )
-    for start in range(0, batch.num_rows, rows):
-        micro = trim_padding(batch.rows(slice(start, start + rows)))
+    for index in microbatches(batch, rows, max_tokens):
+        micro = trim_padding(batch.rows(index))
         values = model(micro.input_ids, micro.attention_mask, micro.completion_mask.shape[1])
-        out[start : start + rows, : values.shape[1]] = values * micro.completion_mask
+        out[index, : values.shape[1]] = values * micro.completion_mask
     return out[:, :completion_len]
 
 
@@ -205,6 +208,7 @@ def estimate_advantages(
     kl_coef: float,
     kl_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     rows: int,
+    max_tokens: int = 0,
 ) -> tuple[torch.Tensor, CriticTargets, dict[str, float]]:
     """Per-token advantages and the critic's targets for a scored rollout.
 
@@ -218,14 +222,14 @@ def estimate_advantages(
         batch: the rollout, `[N, P+T]` ids and masks.
         rewards: `[N]` verifier rewards, NaN where missing.
         kl_coef: beta of the in-reward KL penalty; 0 for none.
-        rows: rows per critic forward.
+        rows, max_tokens: rows and tokens per critic forward at most (`microbatches`).
     Returns:
         (`[N, T]` whitened advantages, targets, metrics `value/mean`, `value/explained_var`,
         `returns/mean`, and `kl` when `kl_coef > 0`).
     """
     finite = torch.isfinite(rewards)
     mask = batch.completion_mask.float() * finite[:, None]
-    old_values = batch_values(critic.model, batch, rows) * mask
+    old_values = batch_values(critic.model, batch, rows, max_tokens) * mask
     token_rewards = last_token_rewards(torch.where(finite, rewards, 0.0), mask)
     metrics: dict[str, float] = {}
     if kl_coef > 0:
@@ -266,10 +270,12 @@ def optimise_critic(
     passes: int,
     minibatch_rows: int,
     microbatch_size: int,
+    microbatch_tokens: int = 0,
 ) -> dict[str, float]:
     """`passes` x (N / minibatch_rows) AdamW steps on `coef * token-mean clipped value loss`.
 
-    Microbatches of `microbatch_size` rows accumulate gradients; each microbatch's loss is
+    The `microbatches` of (`microbatch_size`, `microbatch_tokens`), the policy's, accumulate
+    gradients; each microbatch's loss is
     divided by its minibatch's token count (over all ranks, divided by the ranks because DDP
     averages gradients), so accumulation and data parallelism change nothing. A step whose
     gradient norm is not finite is skipped.
@@ -288,14 +294,13 @@ def optimise_critic(
             mask_mb = targets.mask[rows]
             num_tokens = distributed.all_sum([float(mask_mb.sum())])[0] / world_size
             total = 0.0
-            starts = range(0, minibatch.num_rows, microbatch_size)
-            for offset in starts:
-                part = slice(offset, offset + microbatch_size)
+            parts = microbatches(minibatch, microbatch_size, microbatch_tokens)
+            for i, part in enumerate(parts):
                 micro = trim_padding(minibatch.rows(part))
                 width = micro.completion_mask.shape[1]
                 mask = mask_mb[part, :width]
                 # DDP all-reduces gradients in the last microbatch's backward only.
-                defer_sync = offset != starts[-1] and hasattr(forward, "no_sync")
+                defer_sync = i < len(parts) - 1 and hasattr(forward, "no_sync")
                 with forward.no_sync() if defer_sync else contextlib.nullcontext():
                     values = forward(micro.input_ids, micro.attention_mask, width)
                     per_token = clipped_value_loss(

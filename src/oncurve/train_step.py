@@ -224,6 +224,38 @@ def length_order(batch: TrainBatch) -> torch.Tensor:
     return torch.argsort(batch.attention_mask.sum(1), descending=True, stable=True)
 
 
+def microbatches(batch: TrainBatch, max_rows: int, max_tokens: int = 0) -> list[torch.Tensor]:
+    """Row indices of each microbatch of `batch`: consecutive runs of `length_order`, each of at
+    most `max_rows` rows and, when `max_tokens` > 0, at most `max_tokens` tokens once
+    `trim_padding` has cut it (rows x (longest prompt + longest completion)); a row longer than
+    that goes alone.
+
+    A token budget keeps every microbatch's activations about one size, whatever the lengths
+    sampled: short completions pack many rows, long ones few. On CPU that size decides the
+    speed: glibc maps each block over 32 MB afresh and the kernel zeroes every page of it, so
+    on the 30M benchmark model (`benchmarks/common.py`) 64 rows of 144 tokens took 1.6x the
+    forward and backward time of the same rows 16 at a time.
+    """
+    order = length_order(batch)
+    completion_len = batch.completion_mask.shape[1]
+    prompt_len = batch.input_ids.shape[1] - completion_len
+    prompts = batch.attention_mask[:, :prompt_len].sum(1)[order].tolist()
+    completions = batch.completion_mask.sum(1)[order].tolist()
+    cuts: list[torch.Tensor] = []
+    start = 0
+    while start < len(order):
+        end, longest_prompt, longest_completion = start + 1, prompts[start], completions[start]
+        while end < len(order) and end - start < max_rows:
+            grown = (max(longest_prompt, prompts[end]), max(longest_completion, completions[end]))
+            if max_tokens > 0 and (end - start + 1) * sum(grown) > max_tokens:
+                break
+            longest_prompt, longest_completion = grown
+            end += 1
+        cuts.append(order[start:end])
+        start = end
+    return cuts
+
+
 def accumulate_gradients(
     policy: torch.nn.Module,
     minibatch: TrainBatch,
@@ -232,8 +264,9 @@ def accumulate_gradients(
     num_seqs: float,
     num_tokens: float,
     microbatch_size: int,
+    microbatch_tokens: int = 0,
 ) -> dict[str, float]:
-    """Forward and backward over `minibatch` in microbatches, adding into `.grad`.
+    """Forward and backward over `minibatch` in `microbatches`, adding into `.grad`.
 
     `policy` is a `PolicyLogprobs`, possibly wrapped by DDP. `num_seqs` and `num_tokens` are
     the counts of the whole optimizer step (every microbatch; under data parallelism, every
@@ -252,12 +285,11 @@ def accumulate_gradients(
     weighted: dict[str, float] = {}
     ratio_min, ratio_max = float("inf"), float("-inf")
     tokens_seen = 0.0
-    order = length_order(minibatch)
-    starts = range(0, minibatch.num_rows, microbatch_size)
-    for start in starts:
-        micro = trim_padding(minibatch.rows(order[start : start + microbatch_size]))
+    parts = microbatches(minibatch, microbatch_size, microbatch_tokens)
+    for i, index in enumerate(parts):
+        micro = trim_padding(minibatch.rows(index))
         # DDP all-reduces gradients in the last microbatch's backward only.
-        defer_sync = start != starts[-1] and hasattr(policy, "no_sync")
+        defer_sync = i < len(parts) - 1 and hasattr(policy, "no_sync")
         with policy.no_sync() if defer_sync else contextlib.nullcontext():
             loss, stats = microbatch_loss(policy, micro, fns, num_seqs, num_tokens)
             loss.backward()
@@ -328,6 +360,7 @@ def optimizer_step(
     fns: LossFns,
     *,
     microbatch_size: int,
+    microbatch_tokens: int = 0,
     grad_clip: float,
 ) -> dict[str, float]:
     """One optimizer step on `minibatch` (this rank's rows of it): accumulate gradients over
@@ -345,6 +378,7 @@ def optimizer_step(
         num_seqs=seqs / world_size,
         num_tokens=tokens / world_size,
         microbatch_size=microbatch_size,
+        microbatch_tokens=microbatch_tokens,
     )
     params = [p for group in optimizer.param_groups for p in group["params"]]
     max_norm = grad_clip if grad_clip > 0 else float("inf")
@@ -362,19 +396,22 @@ def optimizer_step(
 
 @torch.no_grad()
 def batch_logprobs(
-    policy: torch.nn.Module, batch: TrainBatch, temperature: float, chunk_size: int, rows: int
+    policy: torch.nn.Module,
+    batch: TrainBatch,
+    temperature: float,
+    chunk_size: int,
+    rows: int,
+    max_tokens: int = 0,
 ) -> torch.Tensor:
     """`[N, T]` logprobs of the completions under `policy`, a `PolicyLogprobs` of pi_old or
     pi_ref (or its DDP / FSDP2 wrapper, whose forward gathers sharded weights), no graph kept,
-    computed `rows` at a time in `length_order` with the same forward as training; 0 on
-    padding."""
+    computed in the `microbatches` of (`rows`, `max_tokens`) with the same forward as training;
+    0 on padding."""
     completion_len = batch.completion_mask.shape[1]
     out = torch.zeros(
         batch.completion_mask.shape, dtype=torch.float32, device=batch.input_ids.device
     )
-    order = length_order(batch)
-    for start in range(0, batch.num_rows, rows):
-        index = order[start : start + rows]
+    for index in microbatches(batch, rows, max_tokens):
         micro = trim_padding(batch.rows(index))
         logprobs, _ = policy(
             micro.input_ids,

@@ -133,6 +133,7 @@ def training_step(s: Session, step: int) -> dict[str, float]:
                 cfg.rollout.temperature,
                 cfg.model.logprob_chunk_size,
                 cfg.optim.microbatch_size,
+                cfg.optim.microbatch_tokens,
             )
         if s.critic is not None:
             batch.advantages, targets, critic_metrics = ppo.estimate_advantages(
@@ -142,6 +143,7 @@ def training_step(s: Session, step: int) -> dict[str, float]:
                 kl_coef=cfg.algo.beta if cfg.algo.kl_in_reward else 0.0,
                 kl_fn=s.loss_fns.kl,
                 rows=cfg.optim.microbatch_size,
+                max_tokens=cfg.optim.microbatch_tokens,
             )
         update = optimise(s, batch)
         if (
@@ -162,6 +164,7 @@ def training_step(s: Session, step: int) -> dict[str, float]:
                 passes=cfg.algo.mu,
                 minibatch_rows=_minibatch_rows(cfg, batch.num_rows),
                 microbatch_size=cfg.optim.microbatch_size,
+                microbatch_tokens=cfg.optim.microbatch_tokens,
             )
     metrics = {
         **reward_metrics,
@@ -184,7 +187,13 @@ def reference_logprobs(s: Session, batch: TrainBatch) -> torch.Tensor:
     """`[N, T]` logprobs under pi_ref: the frozen copy, or with LoRA the same weights with the
     adapter switched off."""
     cfg = s.config
-    args = (batch, cfg.rollout.temperature, cfg.model.logprob_chunk_size, cfg.optim.microbatch_size)
+    args = (
+        batch,
+        cfg.rollout.temperature,
+        cfg.model.logprob_chunk_size,
+        cfg.optim.microbatch_size,
+        cfg.optim.microbatch_tokens,
+    )
     if s.peft_model is None:
         return batch_logprobs(PolicyLogprobs(s.reference), *args)
     with s.peft_model.disable_adapter():
@@ -255,6 +264,7 @@ def optimise(s: Session, batch: TrainBatch) -> dict[str, float]:
                 batch.rows(slice(start, start + per_minibatch)),
                 s.loss_fns,
                 microbatch_size=cfg.optim.microbatch_size,
+                microbatch_tokens=cfg.optim.microbatch_tokens,
                 grad_clip=cfg.optim.grad_clip,
             )
             s.skipped_in_a_row = s.skipped_in_a_row + 1 if stats["updates/skipped"] else 0
