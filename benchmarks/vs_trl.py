@@ -387,7 +387,7 @@ def flops_per_step(params: int, job: Job, prompt_tokens: float, mean_length: flo
 def benchmark(name: str, args: argparse.Namespace) -> str:
     import transformers
 
-    from oncurve.models import load_tokenizer
+    from oncurve.models import load_tokenizer, microbatch_tokens
 
     prompts, group, tokens, force, steps, microbatch = SCENARIOS.get(name, SCENARIOS["default"])
     path = model_dir(name)
@@ -421,7 +421,9 @@ def benchmark(name: str, args: argparse.Namespace) -> str:
         check=True,
     )
     config = transformers.AutoConfig.from_pretrained(path)
-    params = transformers.AutoModelForCausalLM.from_config(config).num_parameters()
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    params = model.num_parameters()
+    token_cap = microbatch_tokens(model, None)
     tokenizer = load_tokenizer(path)
     prompt_tokens = [
         sum(len(r["prompt_ids"]) for r in step_rows(Job(**{**asdict(job), "seed": run}), tokenizer))
@@ -460,6 +462,7 @@ def benchmark(name: str, args: argparse.Namespace) -> str:
     machine = {
         "rate": rate,
         "shapes": rate_shapes,
+        "token_cap": token_cap,
         "trl": trl_versions,
         "load": f"{load_before} before, {load_note()} after",
     }
@@ -580,8 +583,8 @@ def report(
         "optimizer step); neither includes logging",
         f"microbatch: {min(job.microbatch, job.prompts * job.group)} rows per forward/backward "
         "in both (TRL: per_device_train_batch_size with gradient accumulation); oncurve also "
-        "caps a microbatch at its default optim.microbatch_tokens=2048 padded tokens (at 30M, "
-        "64 rows of 144 tokens go 14+14+14+14+8), TRL has no token cap",
+        f"caps a microbatch at {machine['token_cap']:,} padded tokens (its CPU default, 16 MB "
+        "per activation of this model's width), TRL has no token cap",
     ]
     if job.force_length:
         unmatched.append(

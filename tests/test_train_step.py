@@ -13,6 +13,7 @@ from test_rollout import make_model
 from test_trainer import make_config
 
 from oncurve import train_step
+from oncurve.models import microbatch_tokens
 from oncurve.train_step import (
     accumulate_gradients,
     completion_logprobs,
@@ -118,6 +119,23 @@ def test_microbatches_cut_the_length_order_within_rows_and_padded_tokens(
     for cut in cuts:
         if max_tokens and len(cut) > 1:
             assert trim_padding(batch.rows(cut)).input_ids.numel() <= max_tokens
+
+
+@pytest.mark.parametrize(
+    "kind,dtype,configured,expected",
+    [
+        ("qwen2", torch.float32, None, 2**24 // (64 * 4)),  # intermediate 64 > hidden 32
+        ("qwen2", torch.bfloat16, None, 2**24 // (64 * 2)),
+        ("gpt2", torch.float32, None, 2**24 // (4 * 32 * 4)),  # GPT-2's MLP is 4 x hidden
+        ("qwen2", torch.float32, 0, 0),
+        ("qwen2", torch.float32, 300, 300),
+    ],
+)
+def test_the_default_token_cap_keeps_a_layers_widest_activation_at_16_mb_on_cpu(
+    kind, dtype, configured, expected
+) -> None:
+    model = make_model(kind).to(dtype)
+    assert microbatch_tokens(model, configured) == expected
 
 
 def test_a_token_budget_changes_no_gradient() -> None:

@@ -182,11 +182,11 @@ class OptimConfig:
     schedule: str = _opt("constant", "LR schedule", choices=("constant", "cosine"))
     warmup_steps: int = _opt(10, "linear warmup steps", NON_NEGATIVE)
     microbatch_size: int = _opt(64, "rows per forward/backward (gradient accumulation)", POSITIVE)
-    microbatch_tokens: int = _opt(
-        2048,
-        "at most this many tokens (rows x padded length) per forward/backward, so activations "
-        "stay one size whatever the lengths (on CPU, blocks over 32 MB cost a page fault per "
-        "4 KB); raise it on a GPU; 0 counts rows only",
+    microbatch_tokens: int | None = _opt(
+        None,
+        "at most this many tokens (rows x padded length) per forward/backward; default: on CPU "
+        "as many as keep a layer's widest activation within 16 MB (larger blocks are mapped "
+        "afresh and every page zeroed), no cap on GPU; 0 counts rows only",
         NON_NEGATIVE,
     )
 

@@ -39,6 +39,7 @@ from oncurve.models import (
     frozen_copy,
     load_model,
     load_tokenizer,
+    microbatch_tokens,
     resolve_model_path,
     save_final,
     save_lora_final,
@@ -85,6 +86,7 @@ class Session:
     world_size: int = 1
     correct: Any = None
     critic: ppo.Critic | None = None
+    microbatch_tokens: int = 0  # `optim.microbatch_tokens` resolved for the model; 0 no cap
 
 
 @dataclass
@@ -133,7 +135,7 @@ def training_step(s: Session, step: int) -> dict[str, float]:
                 cfg.rollout.temperature,
                 cfg.model.logprob_chunk_size,
                 cfg.optim.microbatch_size,
-                cfg.optim.microbatch_tokens,
+                s.microbatch_tokens,
             )
         if s.critic is not None:
             batch.advantages, targets, critic_metrics = ppo.estimate_advantages(
@@ -143,7 +145,7 @@ def training_step(s: Session, step: int) -> dict[str, float]:
                 kl_coef=cfg.algo.beta if cfg.algo.kl_in_reward else 0.0,
                 kl_fn=s.loss_fns.kl,
                 rows=cfg.optim.microbatch_size,
-                max_tokens=cfg.optim.microbatch_tokens,
+                max_tokens=s.microbatch_tokens,
             )
         update = optimise(s, batch)
         if (
@@ -164,7 +166,7 @@ def training_step(s: Session, step: int) -> dict[str, float]:
                 passes=cfg.algo.mu,
                 minibatch_rows=_minibatch_rows(cfg, batch.num_rows),
                 microbatch_size=cfg.optim.microbatch_size,
-                microbatch_tokens=cfg.optim.microbatch_tokens,
+                microbatch_tokens=s.microbatch_tokens,
             )
     metrics = {
         **reward_metrics,
@@ -192,7 +194,7 @@ def reference_logprobs(s: Session, batch: TrainBatch) -> torch.Tensor:
         cfg.rollout.temperature,
         cfg.model.logprob_chunk_size,
         cfg.optim.microbatch_size,
-        cfg.optim.microbatch_tokens,
+        s.microbatch_tokens,
     )
     if s.peft_model is None:
         return batch_logprobs(PolicyLogprobs(s.reference), *args)
@@ -264,7 +266,7 @@ def optimise(s: Session, batch: TrainBatch) -> dict[str, float]:
                 batch.rows(slice(start, start + per_minibatch)),
                 s.loss_fns,
                 microbatch_size=cfg.optim.microbatch_size,
-                microbatch_tokens=cfg.optim.microbatch_tokens,
+                microbatch_tokens=s.microbatch_tokens,
                 grad_clip=cfg.optim.grad_clip,
             )
             s.skipped_in_a_row = s.skipped_in_a_row + 1 if stats["updates/skipped"] else 0
@@ -456,6 +458,7 @@ def setup(config: Config) -> Session:
         rank=rank,
         world_size=world_size,
         critic=critic,
+        microbatch_tokens=microbatch_tokens(model, config.optim.microbatch_tokens),
     )
     if resume_from is not None:
         state = checkpoint.load_checkpoint(
