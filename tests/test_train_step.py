@@ -67,25 +67,29 @@ def test_shared_prompt_forward_equals_the_plain_forward(kind: str) -> None:
     assert max(float(g.abs().max()) for g in plain_grads) > 1e-2  # the gradients are not ~0
 
 
-def test_accumulated_gradients_are_the_same_with_the_shared_prompt_forward() -> None:
+def accumulated_grads(
+    seed: int, share_prompt: bool, microbatch_size: int, microbatch_tokens: int = 0
+) -> list[torch.Tensor]:
+    """The GRPO loss's gradients over `grouped_rows(seed)`, accumulated over microbatches."""
     model = make_model("qwen2")
-    policy = train_step.PolicyLogprobs(model)
-    ids, mask, completion_mask, index = grouped_rows(seed=1)
-    fns = loss_fns("seq-mean-token-mean")
+    ids, mask, completion_mask, index = grouped_rows(seed)
     advantages = torch.linspace(-1.5, 1.5, ids.shape[0])
     ref = torch.full(completion_mask.shape, -3.0)
-    grads = []
-    for prompt_index in (None, index):
-        batch = TrainBatch(ids, mask, completion_mask, advantages, ref_logprobs=ref)
-        batch.prompt_index = prompt_index
-        accumulate_gradients(
-            policy, batch, fns, num_seqs=8.0, num_tokens=float(completion_mask.sum()),
-            microbatch_size=3,
-        )  # fmt: skip
-        grads.append([p.grad.clone() for p in model.parameters()])
-        model.zero_grad(set_to_none=True)
-    for shared, plain in zip(*grads, strict=True):
-        torch.testing.assert_close(shared, plain, atol=1e-6, rtol=1e-5)
+    batch = TrainBatch(ids, mask, completion_mask, advantages, ref_logprobs=ref)
+    batch.prompt_index = index if share_prompt else None
+    accumulate_gradients(
+        train_step.PolicyLogprobs(model), batch, loss_fns("seq-mean-token-mean"),
+        num_seqs=8.0, num_tokens=float(completion_mask.sum()),
+        microbatch_size=microbatch_size, microbatch_tokens=microbatch_tokens,
+    )  # fmt: skip
+    return [p.grad for p in model.parameters()]
+
+
+def test_accumulated_gradients_are_the_same_with_the_shared_prompt_forward() -> None:
+    plain = accumulated_grads(seed=1, share_prompt=False, microbatch_size=3)
+    shared = accumulated_grads(seed=1, share_prompt=True, microbatch_size=3)
+    for a, b in zip(shared, plain, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
 def lengths_batch(prompts: list[int], completions: list[int]) -> TrainBatch:
@@ -139,25 +143,14 @@ def test_the_default_token_cap_keeps_a_layers_widest_activation_at_16_mb_on_cpu(
 
 
 def test_a_token_budget_changes_no_gradient() -> None:
-    model = make_model("qwen2")
-    policy = train_step.PolicyLogprobs(model)
     ids, mask, completion_mask, _ = grouped_rows(seed=2)
-    fns = loss_fns("seq-mean-token-mean")
-    advantages = torch.linspace(-1.5, 1.5, ids.shape[0])
-    ref = torch.full(completion_mask.shape, -3.0)
-    batch = TrainBatch(ids, mask, completion_mask, advantages, ref_logprobs=ref)
+    batch = TrainBatch(ids, mask, completion_mask, torch.zeros(ids.shape[0]))
     assert len(microbatches(batch, 8, 30)) >= 3  # the budget does split this batch
-    grads = []
-    for max_tokens in (0, 30):
-        accumulate_gradients(
-            policy, batch, fns, num_seqs=8.0, num_tokens=float(completion_mask.sum()),
-            microbatch_size=8, microbatch_tokens=max_tokens,
-        )  # fmt: skip
-        grads.append([p.grad.clone() for p in model.parameters()])
-        model.zero_grad(set_to_none=True)
-    for split, whole in zip(*grads, strict=True):
-        torch.testing.assert_close(split, whole, atol=1e-6, rtol=1e-5)
-    assert max(float(g.abs().max()) for g in grads[0]) > 1e-3
+    whole = accumulated_grads(seed=2, share_prompt=False, microbatch_size=8)
+    split = accumulated_grads(seed=2, share_prompt=False, microbatch_size=8, microbatch_tokens=30)
+    for a, b in zip(split, whole, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    assert max(float(g.abs().max()) for g in whole) > 1e-3
 
 
 @pytest.mark.parametrize(
