@@ -274,11 +274,10 @@ def optimise_critic(
 ) -> dict[str, float]:
     """`passes` x (N / minibatch_rows) AdamW steps on `coef * token-mean clipped value loss`.
 
-    The `microbatches` of (`microbatch_size`, `microbatch_tokens`), the policy's, accumulate
-    gradients; each microbatch's loss is
-    divided by its minibatch's token count (over all ranks, divided by the ranks because DDP
-    averages gradients), so accumulation and data parallelism change nothing. A step whose
-    gradient norm is not finite is skipped.
+    The `microbatches` of (`microbatch_size`, `microbatch_tokens`), as the policy's, accumulate
+    gradients; each microbatch's loss is divided by its minibatch's token count (over all ranks,
+    divided by the ranks because DDP averages gradients), so accumulation and data parallelism
+    change nothing. A step whose gradient norm is not finite is skipped.
 
     Returns:
         `value/loss` (token-mean clipped loss before `coef`, averaged over the steps) and

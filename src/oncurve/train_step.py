@@ -230,11 +230,9 @@ def microbatches(batch: TrainBatch, max_rows: int, max_tokens: int = 0) -> list[
     `trim_padding` has cut it (rows x (longest prompt + longest completion)); a row longer than
     that goes alone.
 
-    A token budget keeps every microbatch's activations about one size, whatever the lengths
-    sampled: short completions pack many rows, long ones few. On CPU that size decides the
-    speed: glibc maps each block over 32 MB afresh and the kernel zeroes every page of it, so
-    on the 30M benchmark model (`benchmarks/common.py`) 64 rows of 144 tokens took 1.6x the
-    forward and backward time of the same rows 16 at a time.
+    A token budget keeps every microbatch's activations about one size whatever the lengths
+    sampled (short completions pack many rows, long ones few); `models.microbatch_tokens` says
+    why that size matters on CPU.
     """
     order = length_order(batch)
     completion_len = batch.completion_mask.shape[1]
