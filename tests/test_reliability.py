@@ -457,7 +457,7 @@ def test_resident_memory_and_live_objects_hold_steady_after_warm_up(
     def measured_step(s, step):
         metrics = real_step(s, step)
         rss_mb.append(int(Path("/proc/self/statm").read_text().split()[1]) * page / 2**20)
-        if step in (20, 40):
+        if step in (20, 30, 40):
             gc.collect()
             live_objects[step] = len(gc.get_objects())
         return metrics
@@ -467,7 +467,10 @@ def test_resident_memory_and_live_objects_hold_steady_after_warm_up(
     # Measured: +0.1 MB and +0 objects; keeping one step's autograd graph adds ~2 MB per step.
     growth = sum(rss_mb[29:40]) / 11 - sum(rss_mb[9:20]) / 11
     assert growth < 4.0, rss_mb
-    assert live_objects[40] - live_objects[20] < 20
+    # Once in a run, at a step that moves with the machine's load (steps 10-20 on a quiet one,
+    # later on a busy one), ~100 objects appear for good (50 weakrefs, 27 builtin methods, 21
+    # sets; no thread starts); a leak of even one object a step grows both 10-step spans.
+    assert min(live_objects[30] - live_objects[20], live_objects[40] - live_objects[30]) < 5
 
 
 def test_overwrite_replaces_a_previous_run_but_never_deletes_foreign_files(
