@@ -3,11 +3,13 @@ with the trainer's forward, and the fast Llama-family decode step against the HF
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import transformers
 
-from oncurve.models import enable_gradient_checkpointing
+from oncurve.models import cache_argument, enable_gradient_checkpointing
 from oncurve.rollout import SamplingParams, TorchSampler, decode_llama
 from oncurve.rollout.torch_sampler import _stop_candidates, sample_tokens
 from oncurve.tokenizer import char_tokenizer
@@ -296,3 +298,26 @@ def test_invalid_input_is_reported() -> None:
         sampler.generate_ids([[5], []], 2, SamplingParams())
     with pytest.raises(ValueError, match="max_position_embeddings"):
         sampler.generate_ids([[5]], 2, SamplingParams(max_new_tokens=200))
+
+
+class _OldForward(torch.nn.Module):
+    def forward(self, input_ids, past_key_values=None): ...
+
+
+class _NewForward(torch.nn.Module):
+    def forward(self, input_ids, cache=None): ...
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_kv_cache_goes_by_the_name_the_installed_forward_takes(fast: bool) -> None:
+    """transformers 5.24 renamed `past_key_values` to `cache` and warns on the old name at every
+    call; both names must keep working."""
+    assert cache_argument(_OldForward(), "kv") == {"past_key_values": "kv"}
+    assert cache_argument(_NewForward(), "kv") == {"cache": "kv"}
+    model = make_model("qwen2")
+    ids = torch.tensor([[5, 6, 7, 8], [5, 6, 9, 10]])  # one prompt (5, 6), two completions
+    mask = torch.ones_like(ids)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sample(model, fast=fast, max_new_tokens=4, seed=0)
+        completion_logprobs(model, ids, mask, 2, prompt_index=torch.tensor([0, 0]))

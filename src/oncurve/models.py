@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import json
 import math
 import sys
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
@@ -32,6 +35,19 @@ def resolve_model_path(path: str) -> Path:
     if not (resolved / "config.json").is_file():
         raise UserError(f"model.path {path} has no config.json (not a Hugging Face model dir)")
     return resolved
+
+
+def cache_argument(trunk: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """`{name: cache}` for `trunk`'s forward: transformers 5.24 renamed `past_key_values` to
+    `cache` (the old name warns on every call and goes in 5.40); earlier releases and remote
+    code know only the old name."""
+    return {_cache_parameter(type(trunk)): cache}
+
+
+@functools.cache
+def _cache_parameter(trunk_class: type) -> str:
+    parameters = inspect.signature(trunk_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def microbatch_tokens(model: torch.nn.Module, configured: int | None) -> int:

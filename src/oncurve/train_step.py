@@ -15,6 +15,7 @@ import transformers
 
 from oncurve import distributed
 from oncurve.algo.logprobs import logprobs_from_hidden
+from oncurve.models import cache_argument
 from oncurve.types import TrainBatch
 
 
@@ -106,8 +107,8 @@ def _shared_prompt_hidden(
         input_ids=input_ids[first_row, :prompt_len],
         attention_mask=attention_mask[first_row, :prompt_len],
         position_ids=position_ids[first_row, :prompt_len],
-        past_key_values=cache,
         use_cache=True,
+        **cache_argument(trunk, cache),
     )
     # Rows take their prompt's cache through a one-hot matmul, not indexing: the backward of an
     # index adds the G rows' gradients in an order that differs between processes, which made
@@ -120,8 +121,8 @@ def _shared_prompt_hidden(
         input_ids=input_ids[:, prompt_len:],
         attention_mask=attention_mask,
         position_ids=position_ids[:, prompt_len:],
-        past_key_values=cache,
         use_cache=True,
+        **cache_argument(trunk, cache),
     )
     last_prompt = _rows_of(select, prompt.last_hidden_state[:, -1:])
     return torch.cat([last_prompt, completion.last_hidden_state[:, :-1]], dim=1)

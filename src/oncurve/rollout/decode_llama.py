@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 import transformers
 
+from oncurve.models import cache_argument
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 # Fusing q/k/v saves three ops per layer and step, which matters for small models where per-op
 # overhead dominates; the copy costs memory, which matters for large ones (where the matmuls
@@ -200,8 +202,8 @@ class LlamaDecoder:
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
             position_ids=positions,
-            past_key_values=cache,
             use_cache=True,
+            **cache_argument(self.model.base_model, cache),
         )
         for i, layer in enumerate(cache.layers):
             shape = (batch, group_size, self.kv_heads, width, self.head_dim)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import transformers
 
+from oncurve.models import cache_argument
 from oncurve.rollout import decode_llama
 from oncurve.rollout.base import SamplingParams
 from oncurve.types import RolloutBatch
@@ -46,8 +47,8 @@ class HFDecoder:
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=self.cache,
             use_cache=True,
+            **cache_argument(self.model.base_model, self.cache),
         )
         head = self.model.get_output_embeddings()
         logits = out.last_hidden_state[:, -1].float() @ head.weight.float().T
