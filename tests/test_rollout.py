@@ -11,7 +11,12 @@ import transformers
 
 from oncurve.models import cache_argument, enable_gradient_checkpointing
 from oncurve.rollout import SamplingParams, TorchSampler, decode_llama
-from oncurve.rollout.torch_sampler import _stop_candidates, sample_tokens
+from oncurve.rollout.torch_sampler import (
+    HFDecoder,
+    _GrowingLayer,
+    _stop_candidates,
+    sample_tokens,
+)
 from oncurve.tokenizer import char_tokenizer
 from oncurve.train_step import completion_logprobs
 
@@ -173,6 +178,46 @@ def test_cache_growth_and_dropped_rows_keep_the_logits_exact(
     # grown 9 -> 13 columns with 4 rows, then 13 -> 17 with the 2 live rows only
     assert decoder.keys[0].shape[:3] == (2, 2, 17)
     assert torch.allclose(logits, reference, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind,heads", [("gpt2", 4), ("qwen2", 2)])
+def test_generic_cache_growth_and_dropped_rows_keep_the_logits_exact(
+    kind: str, heads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(decode_llama, "_GROW_COLUMNS", 4)
+    model = make_model(kind)
+    ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
+    mask = (ids != 0).long()
+    decoder = HFDecoder(model, rows=4, width=5, new=12, reserve=0)
+    fed = torch.randint(3, VOCAB, (4, 12), generator=torch.Generator().manual_seed(0))
+    rows = torch.arange(4)
+    with torch.inference_mode():
+        decoder.prefill(ids, mask, group_size=2)
+        layer = decoder.cache.layers[0]
+        assert isinstance(layer, _GrowingLayer)
+        assert layer.storage[0].shape[:3] == (4, heads, 9)  # the prompt and _GROW_COLUMNS
+        for t in range(12):
+            if t == 6:  # rows 1 and 2 end between the two growths; 0 and 3 move to the front
+                decoder.keep(torch.tensor([0, 3]))
+                rows = rows[[0, 3]]
+            logits = decoder.step(fed[rows, t])
+    reference = hf_logits(model, ids, mask, fed)[rows, -1]
+    # grown 9 -> 13 columns with 4 rows, then 13 -> 17 with the 2 live rows only
+    assert layer.storage[0].shape[:3] == (2, heads, 17) and layer.keys.shape[2] == 17
+    assert torch.allclose(logits, reference, atol=1e-5, rtol=0)
+
+
+def test_generic_path_keeps_hf_sliding_window_layers_exact() -> None:
+    model = make_model("mistral", eos_bias=0.5)
+    model.config.sliding_window = 8
+    assert not decode_llama.supports(model, 20)
+    batch = sample(model, group=3, max_new_tokens=12, temperature=0.7, top_k=20, seed=1)
+    assert max(batch.prompt_mask.sum(1)) + max(batch.completion_lengths) > 8  # the window slides
+    logprobs, _ = completion_logprobs(
+        model, batch.input_ids, batch.attention_mask, batch.completion_ids.shape[1], 0.7
+    )
+    mask = batch.completion_mask.bool()
+    assert torch.allclose(logprobs[mask], batch.logprobs[mask], atol=1e-5, rtol=0)
 
 
 def test_fast_path_declined_for_gpt2_and_short_windows() -> None:

@@ -35,6 +35,17 @@ _KEEP_CHUNK = 16
 _GROW_COLUMNS = 16
 
 
+def first_columns(width: int, reserve: int, limit: int) -> int:
+    """Cache columns to allocate up front: the prompt's `width`, then `reserve` (at least
+    `_GROW_COLUMNS`) of the at most `limit` in all."""
+    return min(limit, width + max(reserve, _GROW_COLUMNS))
+
+
+def grown_columns(columns: int, limit: int) -> int:
+    """Cache columns after a growth from `columns`: a quarter more, at least `_GROW_COLUMNS`."""
+    return min(limit, max(columns + _GROW_COLUMNS, columns * 5 // 4))
+
+
 def supports(model: torch.nn.Module, total_len: int) -> bool:
     """Whether `LlamaDecoder` reproduces `model`'s forward for sequences of `total_len` tokens:
     a plain (not adapter-wrapped) Llama/Qwen2/Mistral with static RoPE and no active window."""
@@ -176,8 +187,12 @@ class LlamaDecoder:
         self.column = width  # next cache column to write
         self.max_columns = width + new
         param = self.embed
-        columns = min(self.max_columns, width + max(reserve, _GROW_COLUMNS))
-        shape = (rows, self.kv_heads, columns, self.head_dim)
+        shape = (
+            rows,
+            self.kv_heads,
+            first_columns(width, reserve, self.max_columns),
+            self.head_dim,
+        )
         # one tensor per layer, `[rows, kv_heads, columns, head_dim]`, so growth is per layer
         self.keys = [param.new_empty(shape) for _ in self.layers]
         self.values = [param.new_empty(shape) for _ in self.layers]
@@ -262,8 +277,7 @@ class LlamaDecoder:
 
     def _grow(self, n: int) -> None:
         """More cache columns for the first `n` rows (the live ones; the rest are dropped)."""
-        columns = self.keys[0].shape[2]
-        grown = min(self.max_columns, max(columns + _GROW_COLUMNS, columns * 5 // 4))
+        grown = grown_columns(self.keys[0].shape[2], self.max_columns)
         for cache in (self.keys, self.values):
             for i, old in enumerate(cache):
                 new = old.new_empty((n, self.kv_heads, grown, self.head_dim))

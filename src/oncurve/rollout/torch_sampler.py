@@ -5,7 +5,8 @@ Decoding then feeds one token per active row per step into a KV cache; rows that
 (EOS, a stop string) are dropped from the batch once they make up a quarter of it, so finished
 rows stop costing compute without copying the cache at every ending. Llama-family models decode
 through `decode_llama.LlamaDecoder` (the same arithmetic without HF's per-step overhead); every
-other model through `HFDecoder`, the HF forward with a `transformers.StaticCache`.
+other model through `HFDecoder`, the HF forward with a KV cache whose columns are allocated
+ahead and grown as the longest row needs them (`_GrowingLayer`).
 
 Per step the work is a fixed number of tensor ops whatever the batch size; the only Python loop
 over rows is the stop-string check, and it visits only rows whose new token could end a stop
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import torch
 import transformers
+from transformers.cache_utils import DynamicLayer
 
 from oncurve.models import cache_argument
 from oncurve.rollout import decode_llama
@@ -29,18 +31,69 @@ _REASONS = ("eos", "stop", "length")
 _EOS, _STOP, _LENGTH = range(3)
 
 
+class _GrowingLayer(DynamicLayer):
+    """A `DynamicLayer` whose columns are allocated ahead and grown as `LlamaDecoder`'s are:
+    HF's own layer concatenates, copying the whole cache at every step, and a `StaticLayer`
+    attends over every column it holds, written or not (with GRPO's budgets, mostly not: the
+    30M model spent 56 against 42 ms a step attending over 311 instead of 75 columns).
+    `keys` and `values` are views of the written columns, as HF's layer would hold them."""
+
+    def __init__(self, reserve: int, limit: int) -> None:
+        super().__init__()
+        self.reserve, self.limit = reserve, limit
+        self.length = 0
+        self.storage: list[torch.Tensor] = []
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        end = self.length + key_states.shape[-2]
+        if not self.storage:
+            columns = decode_llama.first_columns(end, self.reserve, self.limit)
+            self.storage = [
+                states.new_empty((*states.shape[:2], columns, states.shape[3]))
+                for states in (key_states, value_states)
+            ]
+            self.device, self.is_initialized = key_states.device, True
+        elif end > self.storage[0].shape[2]:
+            self._resize(decode_llama.grown_columns(self.storage[0].shape[2], self.limit))
+        for cache, states in zip(self.storage, (key_states, value_states), strict=True):
+            cache[:, :, self.length : end] = states
+        self.length = end
+        self.keys, self.values = (cache[:, :, :end] for cache in self.storage)
+        return self.keys, self.values
+
+    def _resize(self, columns: int) -> None:
+        for i, old in enumerate(self.storage):
+            self.storage[i] = old.new_empty((*old.shape[:2], columns, old.shape[3]))
+            self.storage[i][:, :, : self.length] = old[:, :, : self.length]
+
+    def rows(self, index: torch.Tensor) -> None:
+        """Keep rows `index` (which may repeat one, e.g. a prompt's for its G completions)."""
+        self.storage = [cache[index] for cache in self.storage]
+        self.keys, self.values = (cache[:, :, : self.length] for cache in self.storage)
+
+
 class HFDecoder:
-    """Decoding state for N rows through the model's own forward and a `StaticCache`.
+    """Decoding state for N rows through the model's own forward and a `DynamicCache` whose
+    full-attention layers are `_GrowingLayer`s (sliding-window ones stay HF's own).
 
     Same layout as `LlamaDecoder`: prompts left-padded to P, then one cache column per step.
     """
 
-    def __init__(self, model: transformers.PreTrainedModel, rows: int, width: int, new: int):
+    def __init__(
+        self, model: transformers.PreTrainedModel, rows: int, width: int, new: int, reserve: int
+    ):
+        """Room for `rows` rows of a `width`-token prompt and up to `new` fed-back tokens, of
+        which `reserve` are allocated up front."""
         self.model = model
         device = model.get_output_embeddings().weight.device
-        self.cache = transformers.StaticCache(config=model.config, max_cache_len=width + new)
+        self.cache = transformers.DynamicCache(config=model.config)
+        self.cache.layers = [
+            _GrowingLayer(reserve, width + new) if type(layer) is DynamicLayer else layer
+            for layer in self.cache.layers
+        ]
         self.mask = torch.ones(rows, width + new, dtype=torch.long, device=device)
         self.positions = torch.empty(rows, dtype=torch.long, device=device)
+        self.column = width  # next cache column to write
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor):
         out = self.model.base_model(
@@ -62,13 +115,10 @@ class HFDecoder:
         width = prompt_ids.shape[1]
         self.mask[:, :width] = prompt_mask.repeat_interleave(group_size, 0)
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-        # The static cache sizes its masks to the whole cache; the columns after the prompt are
-        # not yet written and the causal part of the mask hides them.
-        full_mask = self.mask[::group_size]
-        logits = self._forward(prompt_ids, full_mask, positions)
-        for layer in self.cache.layers:
-            layer.keys = layer.keys.repeat_interleave(group_size, 0)
-            layer.values = layer.values.repeat_interleave(group_size, 0)
+        logits = self._forward(prompt_ids, prompt_mask, positions)
+        self._rows(
+            torch.arange(prompt_ids.shape[0], device=logits.device).repeat_interleave(group_size)
+        )
         self.positions.copy_(prompt_mask.sum(-1).repeat_interleave(group_size))
         return logits.repeat_interleave(group_size, 0)
 
@@ -76,18 +126,25 @@ class HFDecoder:
         """Feed `[n]` tokens and return `[n, V]` float32 next-token logits."""
         n = tokens.shape[0]
         positions = self.positions[:n]
-        logits = self._forward(tokens[:, None], self.mask[:n], positions[:, None])
+        mask = self.mask[:n, : self.column + 1]
+        logits = self._forward(tokens[:, None], mask, positions[:, None])
+        self.column += 1
         positions += 1
         return logits
 
     def keep(self, index: torch.Tensor) -> None:
         """Keep only rows `index` (ascending), moved to the front."""
-        for layer in self.cache.layers:
-            layer.keys = layer.keys[index]
-            layer.values = layer.values[index]
+        self._rows(index)
         n = index.shape[0]
         self.mask[:n] = self.mask[index]
         self.positions[:n] = self.positions[index]
+
+    def _rows(self, index: torch.Tensor) -> None:
+        for layer in self.cache.layers:
+            if isinstance(layer, _GrowingLayer):
+                layer.rows(index)
+            else:
+                layer.keys, layer.values = layer.keys[index], layer.values[index]
 
 
 class TorchSampler:
@@ -158,11 +215,11 @@ class TorchSampler:
         self.model.eval()
         try:
             # the last sampled token is never fed back, so the cache needs new - 1 columns
+            reserve = params.min_new_tokens - 1
             if fast:
-                reserve = params.min_new_tokens - 1
                 decoder = decode_llama.LlamaDecoder(self.model, rows, width, new - 1, reserve)
             else:
-                decoder = HFDecoder(self.model, rows, width, new - 1)
+                decoder = HFDecoder(self.model, rows, width, new - 1, reserve)
             logits = decoder.prefill(ids, mask, group_size)
             completion, logprobs, ends, reasons = self._decode(
                 decoder, logits, rows, params, device
