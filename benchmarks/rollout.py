@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
@@ -179,7 +180,9 @@ def run_scenario(name: str, repeats: int, generic: bool) -> tuple[str, list[floa
         f"{new} new tokens{' (forced full length)' if force else ''}, {repeats} repeats\n\n"
         f"fp32 matmul rate at [{shape[0]}, {shape[1]}] x [{shape[1]}, {shape[2]}]: "
         f"{rate:.1f} GFLOP/s (best of two measurements); torch threads: "
-        f"{torch.get_num_threads()}; before: {load_before}; after: {load_after}\n\n"
+        f"{torch.get_num_threads()}; before: {load_before}; after: {load_after}; measured "
+        f"{time.strftime('%Y-%m-%d')} with torch {torch.__version__}, "
+        f"transformers {transformers.__version__}\n\n"
     )
     return title + markdown_table(header, rows) + "\n", ratios
 
