@@ -89,3 +89,23 @@ def test_eval_of_a_missing_file_is_a_one_line_user_error(capsys, tmp_path: Path)
     assert main(["eval", "--model", "default", "--data", str(missing)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "nope.jsonl" in err
+
+
+def test_sample_beyond_the_models_positions_is_a_one_line_user_error(capsys):
+    # the bundled model has 256 positions; "12+34=" is 7 tokens with <bos>
+    assert (
+        main(["sample", "--model", "default", "--prompt", "12+34=", "--max-new-tokens", "250"]) == 2
+    )
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "oncurve: error: --max-new-tokens=250 does not fit: the longest prompt has 7 tokens and "
+        "the model's max_position_embeddings is 256, which leaves room for 249 new tokens"
+    )
+
+
+def test_train_checks_the_longest_prompt_fits_before_the_first_step(capsys, tmp_path: Path):
+    run_dir = tmp_path / "run"
+    assert main(["train", "rollout.max_new_tokens=250", f"run.dir={run_dir}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("oncurve: error: rollout.max_new_tokens=250 does not fit: the longest")
+    assert "\n" not in err and not (run_dir / "metrics.jsonl").exists()

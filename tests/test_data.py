@@ -1,10 +1,11 @@
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from oncurve.config import DataConfig
 from oncurve.data import load_rows
-from oncurve.inputs import PromptData
+from oncurve.inputs import PromptData, check_room
 from oncurve.rewards import answers_match, extract_answer
 from oncurve.tasks.convert import gsm8k_rows, main, math_rows
 from oncurve.tokenizer import char_tokenizer
@@ -113,6 +114,20 @@ def test_a_prompt_over_max_prompt_tokens_names_file_line_and_field(tmp_path):
             DataConfig(max_prompt_tokens=3),
             seed=0,
         )
+
+
+def test_the_longest_prompt_and_max_new_tokens_must_fit_the_models_positions():
+    positions = SimpleNamespace(max_position_embeddings=16)
+    check_room(7, 9, positions)  # fits exactly
+    check_room(7, 10**6, SimpleNamespace())  # a model without a position limit
+    with pytest.raises(ValueError) as err:
+        check_room(7, 10, positions)
+    assert str(err.value) == (
+        "rollout.max_new_tokens=10 does not fit: the longest prompt has 7 tokens and the "
+        "model's max_position_embeddings is 16, which leaves room for 9 new tokens"
+    )
+    with pytest.raises(ValueError, match=r"^--max-new-tokens=20 does not fit"):
+        check_room(7, 20, positions, "--max-new-tokens")
 
 
 def test_system_prompt_and_chat_template():

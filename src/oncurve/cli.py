@@ -75,11 +75,13 @@ def _eval(args: argparse.Namespace) -> int:
     from oncurve.config import DataConfig
     from oncurve.data import load_rows
     from oncurve.evaluate import evaluate
-    from oncurve.inputs import PromptData
+    from oncurve.inputs import PromptData, check_room
     from oncurve.tasks import get_task
 
     sampler = _load_sampler(args)
     rows = PromptData(load_rows(args.data), sampler.tokenizer, DataConfig(), seed=0).rows
+    longest = max(len(row["prompt_ids"]) for row in rows)
+    check_room(longest, args.max_new_tokens, sampler.model.config, "--max-new-tokens")
     result = evaluate(
         sampler,
         rows,
@@ -94,9 +96,12 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _sample(args: argparse.Namespace) -> int:
+    from oncurve.inputs import check_room
     from oncurve.rollout import SamplingParams
 
     sampler = _load_sampler(args)
+    longest = len(sampler.tokenizer(args.prompt)["input_ids"])
+    check_room(longest, args.max_new_tokens, sampler.model.config, "--max-new-tokens")
     params = SamplingParams(args.max_new_tokens, temperature=args.temperature, seed=args.seed)
     batch = sampler.generate([args.prompt], args.n, params)
     for text, reason in zip(batch.texts, batch.finish_reasons, strict=True):

@@ -31,7 +31,7 @@ from oncurve.algo.registry import (
 from oncurve.config import Config, save_config
 from oncurve.errors import TrainingError, UserError
 from oncurve.evaluate import evaluate
-from oncurve.inputs import PromptData, build_rewards, correctness_fn, load_prompts
+from oncurve.inputs import PromptData, build_rewards, check_room, correctness_fn, load_prompts
 from oncurve.metrics import MetricsLogger, truncate_after
 from oncurve.models import (
     add_lora,
@@ -409,6 +409,9 @@ def setup(config: Config) -> Session:
     eval_data = (
         PromptData(eval_rows, tokenizer, config.data, seed=config.run.seed) if eval_rows else None
     )
+    prompts = data.rows + (eval_data.rows if eval_data is not None else [])
+    longest = max(len(row["prompt_ids"]) for row in prompts)
+    check_room(longest, config.rollout.max_new_tokens, model.config)
     trainable = [p for p in model.parameters() if p.requires_grad]
     # Gradients exist from the start, before any activation, and are zeroed in place after each
     # step (`train_step.optimizer_step`): made afresh amid each backward's activations they
