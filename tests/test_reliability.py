@@ -388,6 +388,11 @@ def bad_model(kind: str, model_dir: Path, tmp_path: Path) -> Path:
         shutil.copytree(model_dir, tmp_path / "model")
         (tmp_path / "model" / "config.json").unlink()
         return tmp_path / "model"
+    if kind == "no tokenizer files":
+        shutil.copytree(model_dir, tmp_path / "model")
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            (tmp_path / "model" / name).unlink(missing_ok=True)
+        return tmp_path / "model"
     return without_token(model_dir, tmp_path / "model", "pad_token", "eos_token")
 
 
@@ -397,6 +402,7 @@ def bad_model(kind: str, model_dir: Path, tmp_path: Path) -> Path:
         ("missing", "is not a directory (a local Hugging Face model)"),
         ("no config.json", "has no config.json"),
         ("no EOS", "has no EOS token; completions could never end"),
+        ("no tokenizer files", "encodes text to no tokens: no tokenizer files there?"),
     ],
 )
 def test_a_bad_model_dir_exits_2_with_one_line(
@@ -439,6 +445,19 @@ def test_bad_config_data_or_reward_path_exits_2_with_one_line(
     assert main(["train", *args]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("oncurve: error: ") and message in err[0], err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asks for CUDA where there is none")
+def test_cuda_device_without_cuda_exits_2_with_one_line(
+    tiny_model_dir, data_file, tmp_path, capsys
+):
+    args = cli_args(tiny_model_dir, data_file, tmp_path / "run", "run.device=cuda")
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "oncurve: error: run.device=cuda, but this torch ("
+    ), err
+    assert err[0].endswith(") sees no CUDA device; use run.device=cpu or auto")
 
 
 def test_resident_memory_and_live_objects_hold_steady_after_warm_up(

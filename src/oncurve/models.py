@@ -79,6 +79,10 @@ def load_tokenizer(path: Path, trust_remote_code: bool = False) -> PreTrainedTok
         raise UserError(
             f"cannot load a tokenizer from {path}: {str(err).splitlines()[0]}"
         ) from None
+    # With no tokenizer files transformers 5 builds the model type's tokenizer class with an
+    # empty vocabulary, which encodes every prompt to nothing.
+    if not tokenizer("a 1", add_special_tokens=False)["input_ids"]:
+        raise UserError(f"tokenizer in {path} encodes text to no tokens: no tokenizer files there?")
     vocab = _model_vocab_size(path)
     if tokenizer.eos_token_id is None or tokenizer.eos_token_id >= vocab:
         raise UserError(f"tokenizer in {path} has no EOS token; completions could never end")

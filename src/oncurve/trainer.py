@@ -381,6 +381,11 @@ def setup(config: Config) -> Session:
     device = config.run.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(
+            f"run.device={device}, but this torch ({torch.__version__}) sees no CUDA device; "
+            "use run.device=cpu or auto"
+        )
     rank, world_size = distributed.init_distributed(device, config.dist.timeout_s)
     distributed.shard(config.data.prompts_per_step, rank, world_size)
     run_dir, resume_from = _prepare_run_dir(config, rank)
