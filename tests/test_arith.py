@@ -75,6 +75,19 @@ def test_rewards_score_known_completions():
     assert ArithTask.reward_weights == {"correct": 1.0, "format": 0.1}
 
 
+def test_correct_reward_pays_only_the_integer_sum():
+    correct = get_task("arith").reward_fns()["correct"]
+    completions = [
+        " <answer>0522</answer>",  # leading zeros: still the number
+        " <answer>0485+0037</answer>",  # the question copied: equal to the sum, not the sum
+        " <answer>522.0</answer>",
+        " <answer>5 22</answer>",
+        " <answer>1044/2</answer>",
+    ]
+    n = len(completions)
+    assert correct(["0485+0037="] * n, completions, answer=["522"] * n) == [1.0] + [0.0] * 4
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

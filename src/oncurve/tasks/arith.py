@@ -27,11 +27,12 @@ import re
 import zlib
 from typing import Any
 
-from oncurve.rewards.answers import answers_match, extract_answer
+from oncurve.rewards.answers import extract_answer
 from oncurve.rewards.registry import RewardFn
 
 SPLITS = ("train", "test")
 _BUCKETS = 10  # 1 in 10 problems is held out for the test split
+_INTEGER_RE = re.compile(r"-?\d+")
 _WELL_FORMED_RE = re.compile(r"[^<]*<answer>-?\d+</answer>\s*")
 
 
@@ -63,12 +64,17 @@ def is_test_problem(prompt: str) -> bool:
 def correct_reward(
     prompts: list[str], completions: list[str], *, answer: list[Any], **columns: Any
 ) -> list[float]:
-    """1.0 when the last `<answer>...</answer>` holds the sum, else 0.0 (an untagged number,
-    even the right one, earns nothing: the task asks for the tags)."""
-    return [
-        1.0 if answers_match(extract_answer(c, style="tags"), str(gold)) else 0.0
-        for c, gold in zip(completions, answer, strict=True)
-    ]
+    """1.0 when the last `<answer>...</answer>` holds the sum as an integer, else 0.0. An
+    untagged number, even the right one, earns nothing (the task asks for the tags), and so
+    does an expression equal to the sum: a general matcher's symbolic equality would pay for
+    the question copied into the tags (`<answer>0485+0037</answer>`), a hack far easier to
+    learn than addition."""
+    scores = []
+    for completion, gold in zip(completions, answer, strict=True):
+        found = extract_answer(completion, style="tags")
+        right = found is not None and _INTEGER_RE.fullmatch(found) and int(found) == int(gold)
+        scores.append(1.0 if right else 0.0)
+    return scores
 
 
 def format_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
