@@ -234,6 +234,13 @@ class StepTimes:
 # --- the parent (runs in oncurve's .venv) ------------------------------------------------------
 
 
+def transformers_version() -> str:
+    """The transformers oncurve runs on (this interpreter's; TRL's venv has its own)."""
+    import transformers
+
+    return transformers.__version__
+
+
 def ensure_trl_venv() -> str:
     """The TRL venv's python, creating the venv on first use; returns the versions line."""
     python = TRL_VENV / "bin" / "python"
@@ -600,7 +607,8 @@ def report(
         f"### {name}: {params / 1e6:.2f}M params, {job.prompts} prompts x G={job.group}, "
         f"{job.tokens} tokens, {job.steps} steps x {args.runs} runs per trainer\n\n"
         f"Measured {time.strftime('%Y-%m-%d')} on {cpu_name()}, {os.cpu_count()} cores, torch "
-        f"threads {torch_threads()}; `{command}`; {machine['trl']}; lr {job.lr}, beta {job.beta}, "
+        f"threads {torch_threads()}; `{command}`; TRL's venv: {machine['trl']}; oncurve's: "
+        f"transformers {transformers_version()}; lr {job.lr}, beta {job.beta}, "
         f"epsilon {job.epsilon}, mu {job.mu}, fp32. FLOP floor at {rate:.1f} GFLOP/s (fp32 "
         f"matmul, best of [m, k] x [k, n] at {shapes}); {machine['load']}.\n\n"
         + markdown_table(header, rows)
