@@ -156,46 +156,34 @@ def test_fast_decode_step_matches_hf_logits_in_bfloat16(kind: str) -> None:
         assert torch.allclose(logits, reference, atol=1e-2, rtol=0)
 
 
+def cache_shape(decoder) -> tuple[int, ...]:
+    """`(rows, kv heads, columns)` allocated in the decoder's first cache layer."""
+    if isinstance(decoder, HFDecoder):
+        layer = decoder.cache.layers[0]
+        assert isinstance(layer, _GrowingLayer)
+        return tuple(layer.storage[0].shape[:3])
+    return tuple(decoder.keys[0].shape[:3])
+
+
+@pytest.mark.parametrize(
+    "kind,generic,heads", [("qwen2", False, 2), ("gpt2", True, 4), ("qwen2", True, 2)]
+)
 def test_cache_growth_and_dropped_rows_keep_the_logits_exact(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(decode_llama, "_GROW_COLUMNS", 4)
-    model = make_model("qwen2")
-    ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
-    mask = (ids != 0).long()
-    decoder = decode_llama.LlamaDecoder(model, rows=4, width=5, new=12)
-    assert decoder.keys[0].shape[2] == 9  # the prompt and _GROW_COLUMNS, not all 17
-    fed = torch.randint(3, VOCAB, (4, 12), generator=torch.Generator().manual_seed(0))
-    rows = torch.arange(4)
-    with torch.inference_mode():
-        decoder.prefill(ids, mask, group_size=2)
-        for t in range(12):
-            if t == 6:  # rows 1 and 2 end between the two growths; 0 and 3 move to the front
-                decoder.keep(torch.tensor([0, 3]))
-                rows = rows[[0, 3]]
-            logits = decoder.step(fed[rows, t])
-    reference = hf_logits(model, ids, mask, fed)[rows, -1]
-    # grown 9 -> 13 columns with 4 rows, then 13 -> 17 with the 2 live rows only
-    assert decoder.keys[0].shape[:3] == (2, 2, 17)
-    assert torch.allclose(logits, reference, atol=1e-5, rtol=0)
-
-
-@pytest.mark.parametrize("kind,heads", [("gpt2", 4), ("qwen2", 2)])
-def test_generic_cache_growth_and_dropped_rows_keep_the_logits_exact(
-    kind: str, heads: int, monkeypatch: pytest.MonkeyPatch
+    kind: str, generic: bool, heads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(decode_llama, "_GROW_COLUMNS", 4)
     model = make_model(kind)
     ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
     mask = (ids != 0).long()
-    decoder = HFDecoder(model, rows=4, width=5, new=12, reserve=0)
+    if generic:
+        decoder = HFDecoder(model, rows=4, width=5, new=12, reserve=0)
+    else:
+        decoder = decode_llama.LlamaDecoder(model, rows=4, width=5, new=12)
     fed = torch.randint(3, VOCAB, (4, 12), generator=torch.Generator().manual_seed(0))
     rows = torch.arange(4)
     with torch.inference_mode():
         decoder.prefill(ids, mask, group_size=2)
-        layer = decoder.cache.layers[0]
-        assert isinstance(layer, _GrowingLayer)
-        assert layer.storage[0].shape[:3] == (4, heads, 9)  # the prompt and _GROW_COLUMNS
+        assert cache_shape(decoder) == (4, heads, 9)  # the prompt and _GROW_COLUMNS, not all 17
         for t in range(12):
             if t == 6:  # rows 1 and 2 end between the two growths; 0 and 3 move to the front
                 decoder.keep(torch.tensor([0, 3]))
@@ -203,7 +191,7 @@ def test_generic_cache_growth_and_dropped_rows_keep_the_logits_exact(
             logits = decoder.step(fed[rows, t])
     reference = hf_logits(model, ids, mask, fed)[rows, -1]
     # grown 9 -> 13 columns with 4 rows, then 13 -> 17 with the 2 live rows only
-    assert layer.storage[0].shape[:3] == (2, heads, 17) and layer.keys.shape[2] == 17
+    assert cache_shape(decoder) == (2, heads, 17)
     assert torch.allclose(logits, reference, atol=1e-5, rtol=0)
 
 
