@@ -188,13 +188,20 @@ def score_equal_time(job: Job, pair: dict[str, dict], test_file: Path, work: Pat
         pair[trainer]["equal_time"]["budget"] = budget
 
 
-def runtime_floor() -> float:
-    """Peak RSS in MB of a process that only imports torch, transformers and oncurve's trainer:
-    the fixed cost inside every run's peak."""
+def runtime_floor(model_dir: str) -> float:
+    """Peak RSS in MB of a process that imports torch, transformers and oncurve's trainer and
+    builds `model_dir`'s model class on the meta device (no weights): the fixed cost inside
+    every run's peak. The model class matters: transformers' model code and loading machinery
+    import ~1,100 more modules (torch.distributed.tensor, sympy, dynamo), 87 MB at 30M."""
     here = str(Path(__file__).resolve().parent)
     code = (
-        f"import sys; sys.path.insert(0, {here!r}); import torch, transformers, oncurve.trainer; "
-        "from common import own_peak_rss; print(own_peak_rss())"
+        f"import sys; sys.path.insert(0, {here!r})\n"
+        "import torch, transformers, oncurve.trainer\n"
+        "from common import own_peak_rss\n"
+        f"config = transformers.AutoConfig.from_pretrained({model_dir!r})\n"
+        "with torch.device('meta'):\n"
+        "    transformers.AutoModelForCausalLM.from_config(config)\n"
+        "print(own_peak_rss())\n"
     )
     # The first import in a fresh tree also compiles every module to bytecode, a peak no
     # training run pays; the second process measures a warm import.
@@ -239,7 +246,7 @@ def benchmark(name: str, args: argparse.Namespace) -> str:
     config = transformers.AutoConfig.from_pretrained(path)
     params = transformers.AutoModelForCausalLM.from_config(config).num_parameters()
     load_before = load_note()
-    floor = runtime_floor()
+    floor = runtime_floor(job.model_dir)
     start = greedy_accuracy(str(path), test_file, job.tokens)
     print(f"[{key}] runtime floor {floor:.0f} MB; starting accuracy {start:.1%}", flush=True)
     pairs: list[dict[str, dict]] = []
@@ -385,8 +392,9 @@ def report(
         + markdown_table(header, rows)
         + f"\n\n{verdict}\n\n{equal_time}\n\n"
         + "Where the peak comes from (MB; states computed from parameter counts, runtime "
-        "measured as the peak RSS of a process that only imports torch, transformers and "
-        "oncurve; the rest is activations, logits, the rollout's cache and allocator slack):\n\n"
+        "measured as the peak RSS of a process that imports torch, transformers and oncurve "
+        "and builds the model class without weights; the rest is activations, logits, the "
+        "rollout's cache and allocator slack):\n\n"
         + breakdown
         + "\n\nMedian seconds per phase (steps after the first; PPO's `train` includes the "
         "critic's value forward and its update):\n\n"
