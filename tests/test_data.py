@@ -5,8 +5,9 @@ import pytest
 
 from oncurve.config import DataConfig
 from oncurve.data import load_rows
-from oncurve.inputs import PromptData, check_room
+from oncurve.inputs import PromptData
 from oncurve.rewards import answers_match, extract_answer
+from oncurve.rollout.base import check_room
 from oncurve.tasks.convert import gsm8k_rows, main, math_rows
 from oncurve.tokenizer import char_tokenizer
 

@@ -75,7 +75,8 @@ def _eval(args: argparse.Namespace) -> int:
     from oncurve.config import DataConfig
     from oncurve.data import load_rows
     from oncurve.evaluate import evaluate
-    from oncurve.inputs import PromptData, check_room
+    from oncurve.inputs import PromptData
+    from oncurve.rollout.base import check_room
     from oncurve.tasks import get_task
 
     sampler = _load_sampler(args)
@@ -96,8 +97,8 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _sample(args: argparse.Namespace) -> int:
-    from oncurve.inputs import check_room
     from oncurve.rollout import SamplingParams
+    from oncurve.rollout.base import check_room
 
     sampler = _load_sampler(args)
     longest = len(sampler.tokenizer(args.prompt)["input_ids"])

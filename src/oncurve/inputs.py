@@ -76,24 +76,6 @@ class PromptData:
         return self._order_cache[1]
 
 
-def check_room(
-    longest_prompt: int,
-    max_new_tokens: int,
-    model_config: Any,
-    name: str = "rollout.max_new_tokens",
-) -> None:
-    """A one-line error, naming the setting `name`, when the longest prompt (in tokens) plus
-    `max_new_tokens` exceeds the model's `max_position_embeddings` (when it has one): caught up
-    front, not by the sampler at whichever step first draws that prompt."""
-    limit = getattr(model_config, "max_position_embeddings", None)
-    if limit is not None and longest_prompt + max_new_tokens > limit:
-        raise UserError(
-            f"{name}={max_new_tokens} does not fit: the longest prompt has {longest_prompt} "
-            f"tokens and the model's max_position_embeddings is {limit}, which leaves room for "
-            f"{max(limit - longest_prompt, 0)} new tokens"
-        )
-
-
 def encode_prompt(tokenizer: Any, prompt: str, data: DataConfig, where: str) -> list[int]:
     """Token ids of a prompt after the optional system prompt and chat template; `where`
     locates the row in the error for a prompt over `data.max_prompt_tokens`."""

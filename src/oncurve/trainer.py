@@ -31,7 +31,7 @@ from oncurve.algo.registry import (
 from oncurve.config import Config, save_config
 from oncurve.errors import TrainingError, UserError
 from oncurve.evaluate import evaluate
-from oncurve.inputs import PromptData, build_rewards, check_room, correctness_fn, load_prompts
+from oncurve.inputs import PromptData, build_rewards, correctness_fn, load_prompts
 from oncurve.metrics import MetricsLogger, truncate_after
 from oncurve.models import (
     add_lora,
@@ -47,6 +47,7 @@ from oncurve.models import (
 from oncurve.progress import Progress
 from oncurve.rewards.runner import RewardRunner
 from oncurve.rollout import SamplingParams, TorchSampler
+from oncurve.rollout.base import check_room
 from oncurve.train_step import (
     LossFns,
     PolicyLogprobs,

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
+from oncurve.errors import UserError
 from oncurve.types import RolloutBatch
 
 
@@ -51,6 +52,25 @@ class SamplingParams:
                 raise ValueError(f"SamplingParams: {message}")
         # A list given for `stop` (e.g. from YAML) would make the frozen dataclass unhashable.
         object.__setattr__(self, "stop", tuple(self.stop))
+
+
+def check_room(
+    longest_prompt: int,
+    max_new_tokens: int,
+    model_config: Any,
+    name: str = "rollout.max_new_tokens",
+) -> None:
+    """A one-line error, naming the setting `name`, when the longest prompt (in tokens) plus
+    `max_new_tokens` exceeds the model's `max_position_embeddings` (when it has one). The
+    sampler checks each call; the trainer and the CLI check all prompts up front, so a run
+    fails at start, not at whichever step first draws the longest prompt."""
+    limit = getattr(model_config, "max_position_embeddings", None)
+    if limit is not None and longest_prompt + max_new_tokens > limit:
+        raise UserError(
+            f"{name}={max_new_tokens} does not fit: the longest prompt has {longest_prompt} "
+            f"tokens and the model's max_position_embeddings is {limit}, which leaves room for "
+            f"{max(limit - longest_prompt, 0)} new tokens"
+        )
 
 
 class Sampler(Protocol):

@@ -21,7 +21,7 @@ from transformers.cache_utils import DynamicLayer
 
 from oncurve.models import cache_argument
 from oncurve.rollout import decode_llama
-from oncurve.rollout.base import SamplingParams
+from oncurve.rollout.base import SamplingParams, check_room
 from oncurve.types import RolloutBatch
 
 # Finished rows are compacted away once they are this fraction of the batch: compaction copies
@@ -193,12 +193,7 @@ class TorchSampler:
         if any(len(p) == 0 for p in prompt_ids):
             raise ValueError("prompt_ids: every prompt needs at least one token")
         width, new = max(len(p) for p in prompt_ids), params.max_new_tokens
-        limit = getattr(self.model.config, "max_position_embeddings", None)
-        if limit is not None and width + new > limit:
-            raise ValueError(
-                f"prompt length {width} + max_new_tokens {new} exceeds the model's "
-                f"max_position_embeddings {limit}"
-            )
+        check_room(width, new, self.model.config, "max_new_tokens")
         device = self.model.get_output_embeddings().weight.device
         batch, rows = len(prompt_ids), len(prompt_ids) * group_size
         ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
