@@ -268,26 +268,28 @@ class TorchSampler:
         reasons = torch.full((rows,), _LENGTH, dtype=torch.long, device=device)
         active = torch.arange(rows, device=device)  # output row of each decoder row
         alive = torch.ones(rows, dtype=torch.bool, device=device)
+        n_alive = rows
         for t in range(new):
             suppress = eos_index if t < params.min_new_tokens else None
             tokens, token_logprobs = sample_tokens(logits, params, generator, suppress)
             completion[active, t] = tokens
             logprobs[active, t] = token_logprobs
             eos_hit = alive & is_eos[tokens]
-            stop_hit = torch.zeros_like(alive)
+            ended = eos_hit
             if stop_table is not None:
+                stop_hit = torch.zeros_like(alive)
                 candidates = (alive & ~eos_hit & stop_table[tokens]).nonzero().squeeze(1)
                 for i in candidates.tolist():
                     tail = completion[active[i], max(0, t + 1 - window) : t + 1].tolist()
                     text = self.tokenizer.decode(tail, skip_special_tokens=True)
                     stop_hit[i] = any(s in text for s in params.stop)
-            ended = eos_hit | stop_hit
+                ended = eos_hit | stop_hit
             if bool(ended.any()):
                 finished = active[ended]
                 ends[finished] = t + 1
                 reasons[finished] = torch.where(eos_hit[ended], _EOS, _STOP)
                 alive &= ~ended
-            n_alive = int(alive.sum())
+                n_alive -= len(finished)
             if n_alive == 0 or t == new - 1:
                 break
             if alive.shape[0] - n_alive >= _COMPACT_FRACTION * alive.shape[0]:
