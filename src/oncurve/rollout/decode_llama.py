@@ -262,6 +262,7 @@ class LlamaDecoder:
         """
         n = tokens.shape[0]
         heads, kv, d = self.heads, self.kv_heads, self.head_dim
+        group = heads // kv
         col = self.column
         end = col + 1
         positions = self.positions[:n]
@@ -280,10 +281,12 @@ class LlamaDecoder:
             keys, values = self.keys[i][:n], self.values[i][:n]
             keys[:, :, col] = qk[heads:].permute(2, 0, 1)
             values[:, :, col] = qkv[heads + kv :].permute(2, 0, 1)
-            q = qk[:heads].permute(2, 0, 1).reshape(n, kv, heads // kv, d)
-            scores = torch.matmul(q, keys[:, :, :end].transpose(-1, -2))
-            scores = (scores + bias).softmax(-1)
-            attn = torch.matmul(scores, values[:, :, :end]).view(n, heads * d)
+            # one (row, kv head) pair per matrix; bmm on 3-D views skips matmul's broadcasting
+            q = qk[:heads].permute(2, 0, 1).reshape(n * kv, group, d)
+            scores = torch.bmm(q, keys.view(n * kv, -1, d)[:, :end].transpose(1, 2))
+            scores = scores.view(n, kv, group, end).add_(bias).softmax(-1)
+            attn = torch.bmm(scores.view(n * kv, group, end), values.view(n * kv, -1, d)[:, :end])
+            attn = attn.view(n, heads * d)
             x = _add_linear(x, attn.T, layer.o_proj)
             h = _rms_norm(x, layer.norm_post, self.mean_row)
             x = _add_linear(x, layer.mlp(h), layer.down_proj)
