@@ -159,7 +159,7 @@ def trl_child(job: Job, out_dir: Path) -> None:
     seen: list[list[str]] = []  # the prompts each reward call scored, checked by the parent
     trainer = GRPOTrainer(
         model=job.model_dir,
-        reward_funcs=[trl_reward(name, fn, seen) for name, fn in fns.items()],
+        reward_funcs=[trl_reward(name, fn, job.group, seen) for name, fn in fns.items()],
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
@@ -183,13 +183,14 @@ def trl_child(job: Job, out_dir: Path) -> None:
     (out_dir / "result.json").write_text(json.dumps(result))
 
 
-def trl_reward(name: str, fn, seen: list[list[str]]):
+def trl_reward(name: str, fn, group: int, seen: list[list[str]]):
     """An oncurve reward fn as TRL calls it: keyword arguments, the dataset's columns included
     (TRL also passes `completion_ids`, `trainer_state`, ...: the fn's **columns absorbs them).
-    Appends the distinct prompts of each call to `seen`."""
+    Appends the prompt of each group of `group` rows of a call to `seen` (one per group, not
+    the distinct ones: a step may draw one prompt text twice)."""
 
     def reward(prompts: list[str], completions: list[str], **columns) -> list[float | None]:
-        seen.append(list(dict.fromkeys(prompts)))
+        seen.append(prompts[::group])
         return fn(prompts, completions, **columns)
 
     reward.__name__ = name  # TRL logs rewards/<__name__>

@@ -4,6 +4,8 @@ model, checked against transformers' own greedy `generate`."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,27 @@ def test_train_checks_the_longest_prompt_fits_before_the_first_step(capsys, tmp_
     err = capsys.readouterr().err.strip()
     assert err.startswith("oncurve: error: rollout.max_new_tokens=250 does not fit: the longest")
     assert "\n" not in err and not (run_dir / "metrics.jsonl").exists()
+
+
+def test_the_public_api_imports_from_the_package_and_import_oncurve_stays_light():
+    import oncurve
+    import oncurve.config
+    import oncurve.rollout
+    import oncurve.trainer
+
+    homes = {
+        "Config": oncurve.config,
+        "load_config": oncurve.config,
+        "SamplingParams": oncurve.rollout,
+        "TorchSampler": oncurve.rollout,
+        "TrainResult": oncurve.trainer,
+        "train": oncurve.trainer,
+    }
+    assert sorted(oncurve.__all__) == sorted(homes)
+    for name, home in homes.items():
+        assert getattr(oncurve, name) is getattr(home, name)
+    with pytest.raises(AttributeError, match="no attribute 'trian'"):
+        oncurve.trian  # noqa: B018
+    probe = "import sys, oncurve; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
