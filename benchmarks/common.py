@@ -171,3 +171,10 @@ def write_section(path: Path, title: str, key: str, section: str) -> None:
         + "\n"
     )
     print(f"wrote {path} (section {key})")
+
+
+def step_phases(rows: list[dict]) -> dict[str, list[float]]:
+    """Seconds per phase of each step, from an oncurve run's metrics rows: the `time/<phase>`
+    keys the trainer wrote (reference only when beta > 0), in the order a step runs them."""
+    names = [k for k in ("rollout", "reward", "reference", "train") if f"time/{k}" in rows[0]]
+    return {k: [r[f"time/{k}"] for r in rows] for k in names}

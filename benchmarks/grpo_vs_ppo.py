@@ -11,10 +11,10 @@ memory is that process's alone: `ru_maxrss` from `os.wait4` (including the Pytho
 transformers start-up every user pays), and on CUDA `torch.cuda.max_memory_allocated`.
 
 Same wall-clock time: both runs save a checkpoint every `--save-every` steps. The budget is the
-faster trainer's training time for all its steps (the sum of its `time/step`: rollout, reward
-and update, without start-up, saving or logging); the slower trainer is scored at its newest
-checkpoint whose cumulative `time/step` fits in that budget (at most one save interval short
-of the exact point, so the comparison never favours the slower trainer).
+faster trainer's training time for all its steps (the sum of its `time/step`: rollout, reward,
+reference forward and update, without start-up, saving or logging); the slower trainer is
+scored at its newest checkpoint whose cumulative `time/step` fits in that budget (at most one
+save interval short of the exact point, so the comparison never favours the slower trainer).
 
     .venv/bin/python benchmarks/grpo_vs_ppo.py --model 30m     # ~30M params, 8 x 8, 128 tokens
     .venv/bin/python benchmarks/grpo_vs_ppo.py                 # the bundled default, 100 steps
@@ -35,7 +35,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import load_note, markdown_table, own_peak_rss, write_section  # noqa: E402
+from common import (  # noqa: E402
+    load_note,
+    markdown_table,
+    own_peak_rss,
+    step_phases,
+    write_section,
+)
 from vs_trl import cpu_name, greedy_accuracy, model_dir, run_child, torch_threads  # noqa: E402
 
 CACHE = HERE / ".cache" / "grpo_vs_ppo"
@@ -129,14 +135,13 @@ def run(job: Job, trainer: str, seed: int, out: Path) -> dict:
     wall, rss = run_child(command, dict(os.environ), out / "log.txt")
     reported = json.loads((out / "child.json").read_text())
     rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "time/step" in r]
-    phases = ("rollout", "reward", "train")
     return {
         "wall": wall,
         "rss": reported["rss_mb"] or rss,
         "cuda": reported["cuda_peak_mb"],
         "run_dir": str(run_dir),
         "seconds": [r["time/step"] for r in rows],
-        "phases": {k: [r[f"time/{k}"] for r in rows] for k in phases},
+        "phases": step_phases(rows),
         "reward": [r["reward/mean"] for r in rows],
         "length": [r["length/mean"] for r in rows],
         "explained_var": [r.get("value/explained_var") for r in rows],

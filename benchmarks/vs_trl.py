@@ -38,6 +38,7 @@ from common import (  # noqa: E402
     load_note,
     markdown_table,
     matmul_gflops,
+    step_phases,
     write_section,
 )
 
@@ -164,8 +165,9 @@ def trl_child(job: Job, out_dir: Path) -> None:
         train_dataset=dataset,
         processing_class=tokenizer,
     )
-    phases: dict[str, list[float]] = {"generate": [], "prepare": []}
+    phases: dict[str, list[float]] = {"generate": [], "reward": [], "prepare": []}
     timed(trainer, "_generate_single_turn", phases["generate"])
+    timed(trainer, "_calculate_rewards", phases["reward"])
     timed(trainer, "_generate_and_score_completions", phases["prepare"])
     steps = StepTimes()
     trainer.add_callback(steps.callback(TrainerCallback))
@@ -175,6 +177,7 @@ def trl_child(job: Job, out_dir: Path) -> None:
     result = {
         "seconds": steps.seconds,
         "generate": phases["generate"],
+        "reward_seconds": phases["reward"],
         "prepare": phases["prepare"],
         "reward": [entry["reward"] for entry in logs],
         "length": [entry["completions/mean_length"] for entry in logs],
@@ -330,7 +333,7 @@ def run_oncurve(job: Job, out: Path) -> dict:
         "rss": rss,
         "final": str(out / "run" / "final"),
         "seconds": [r["time/step"] for r in rows],
-        "phases": {k: [r[f"time/{k}"] for r in rows] for k in ("rollout", "reward", "train")},
+        "phases": step_phases(rows),
         "reward": [r["reward/mean"] for r in rows],
         "length": [r["length/mean"] for r in rows],
     }
@@ -357,7 +360,7 @@ def run_trl(job: Job, out: Path, trl_python: str) -> dict:
     expected = [rows[i : i + job.prompts] for i in range(0, len(rows), job.prompts)]
     if result["prompts"] != expected:
         raise SystemExit(f"TRL trained on other prompts than oncurve; see {out / 'result.json'}")
-    prepare, generate = result["prepare"], result["generate"]
+    prepare, generate, reward = result["prepare"], result["generate"], result["reward_seconds"]
     return {
         "wall": wall,
         "rss": rss,
@@ -365,7 +368,10 @@ def run_trl(job: Job, out: Path, trl_python: str) -> dict:
         "seconds": result["seconds"],
         "phases": {
             "generate": generate,
-            "reward + ref + old logprobs": [p - g for p, g in zip(prepare, generate, strict=True)],
+            "reward": reward,
+            # The rest of TRL's preparation: the reference forward (no old-logprob pass at
+            # mu = 1), with its tokenising and advantage bookkeeping.
+            "reference": [p - g - r for p, g, r in zip(prepare, generate, reward, strict=True)],
             "train": [s - p for s, p in zip(result["seconds"], prepare, strict=True)],
         },
         "reward": result["reward"],
@@ -382,14 +388,26 @@ def greedy_accuracy(final: str, test_file: Path, tokens: int) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])["accuracy"]
 
 
-def flops_per_step(params: int, job: Job, prompt_tokens: float, mean_length: float) -> float:
-    """2N per generated token + 2N per reference token (beta > 0) + 6N per trained token (mu
-    passes); the reference and training forwards see prompt and completion tokens."""
+def phase_flops(params: int, job: Job, prompt_tokens: float, mean_length: float) -> dict:
+    """The FLOP floor of each phase of a step that has one: 2N per generated token, 2N per
+    reference token (beta > 0), 6N per trained token (mu passes); the reference and training
+    forwards see prompt and completion tokens. Keyed by both trainers' phase names."""
     rows = job.prompts * job.group
     generated = rows * mean_length
     sequence = prompt_tokens + generated
-    reference = sequence if job.beta > 0 else 0.0
-    return 2 * params * generated + 2 * params * reference + 6 * params * sequence * job.mu
+    generation = 2 * params * generated
+    return {
+        "rollout": generation,
+        "generate": generation,
+        "reference": 2 * params * sequence if job.beta > 0 else 0.0,
+        "train": 6 * params * sequence * job.mu,
+    }
+
+
+def flops_per_step(params: int, job: Job, prompt_tokens: float, mean_length: float) -> float:
+    """The FLOP floor of a whole step: the sum of `phase_flops` (generation counted once)."""
+    phases = phase_flops(params, job, prompt_tokens, mean_length)
+    return phases["rollout"] + phases["reference"] + phases["train"]
 
 
 def benchmark(name: str, args: argparse.Namespace) -> str:
@@ -497,6 +515,10 @@ def report(
         length = statistics.mean(x for r in runs for x in r["length"])
         prompt_tokens = statistics.mean(r["prompt_tokens"] for r in runs)
         floor = flops_per_step(params, job, prompt_tokens, length) / (rate * 1e9)
+        phase_floors = {
+            phase: flops / (rate * 1e9)
+            for phase, flops in phase_flops(params, job, prompt_tokens, length).items()
+        }
         stats[label] = {
             "seconds": seconds,
             "rss": max(r["rss"] for r in runs),
@@ -505,6 +527,7 @@ def report(
             "accuracy": statistics.mean(r["accuracy"] for r in runs),
             "length": length,
             "floor": floor,
+            "phase_floors": phase_floors,
         }
     header = [
         "trainer",
@@ -554,8 +577,15 @@ def report(
         for phase in results[label][0]["phases"]:
             values = [x for r in results[label] for x in r["phases"][phase][1:]]
             median = statistics.median(values)
+            floor = stats[label]["phase_floors"].get(phase)
             phase_rows.append(
-                [label, phase, f"{median:.3f}", f"{median / stats[label]['seconds']:.0%}"]
+                [
+                    label,
+                    phase,
+                    f"{median:.3f}",
+                    f"{median / stats[label]['seconds']:.0%}",
+                    f"{median / floor:.1f}x" if floor else "",
+                ]
             )
     per_run = [
         [
@@ -586,7 +616,7 @@ def report(
         "population std with eps 1e-6: advantages differ by a constant factor sqrt((G-1)/G)",
         "KL: both k3 in the loss with beta; TRL's per-token KL and oncurve's are the same "
         "estimator",
-        "step time: oncurve's time/step (rollout + reward + train, from metrics.jsonl); TRL's "
+        "step time: oncurve's time/step (rollout + reward + reference + train, from metrics.jsonl); TRL's "
         "on_step_begin to on_step_end (generation, reward, reference forward, microbatches, "
         "optimizer step); neither includes logging",
         f"microbatch: {min(job.microbatch, job.prompts * job.group)} rows per forward/backward "
@@ -613,8 +643,9 @@ def report(
         f"epsilon {job.epsilon}, mu {job.mu}, fp32. FLOP floor at {rate:.1f} GFLOP/s (fp32 "
         f"matmul, best of [m, k] x [k, n] at {shapes}); {machine['load']}.\n\n"
         + markdown_table(header, rows)
-        + f"\n\n{verdict}\n\nMedian seconds per phase (steps after the first):\n\n"
-        + markdown_table(["trainer", "phase", "median s", "share of step"], phase_rows)
+        + f"\n\n{verdict}\n\nMedian seconds per phase (steps after the first), and each "
+        "phase over its own FLOP floor (generation 2N, reference 2N, train 6N per token):\n\n"
+        + markdown_table(["trainer", "phase", "median s", "share of step", "x floor"], phase_rows)
         + "\n\nPer run (steps in order; wall includes start-up and saving):\n\n"
         + markdown_table(["trainer", "run", "s per step", "peak RSS MB", "wall s", "acc."], per_run)
         + "\n\nSettings that cannot be matched or are matched by hand:\n\n"

@@ -64,7 +64,8 @@ def make_run(run_dir, seed=0, steps=30, eval_every=10, beta=0.04, loss_agg="seq-
         }
         if beta:
             row["kl"] = 0.01 * p
-        row["time/step"] = row["time/rollout"] + row["time/reward"] + row["time/train"]
+            row["time/reference"] = 0.5 + 0.1 * rng.random()
+        row["time/step"] = sum(v for k, v in row.items() if k.startswith("time/"))
         logger.log(step, row)
         logged.append(row)
         logger.log_samples(
@@ -216,7 +217,7 @@ def test_plotted_values_are_the_logged_ones(tmp_path):
 
     # Stacked time: the top of the stack is the whole step.
     (time_ax,) = figures["time"].axes
-    assert legend_texts(time_ax) == ["time/rollout", "time/reward", "time/train"]
+    assert legend_texts(time_ax) == ["time/rollout", "time/reward", "time/reference", "time/train"]
     top = time_ax.collections[-1].get_paths()[0].vertices[:, 1].max()
     assert top == pytest.approx(max(r["time/step"] for r in logged), rel=1e-12)
 

@@ -66,12 +66,16 @@ def test_three_steps_write_finite_metrics_samples_and_a_loadable_final_model(
         "length/truncated_frac",
         "time/rollout",
         "time/reward",
+        "time/reference",
         "time/train",
         "tokens_per_s",
         "logprob_diff/max",
     ):
         assert all(math.isfinite(r[key]) for r in rows), key
     assert all(r["logprob_diff/max"] < 1e-4 for r in rows)
+    phases = ("rollout", "reward", "reference", "train")
+    for r in rows:
+        assert r["time/step"] == pytest.approx(sum(r[f"time/{k}"] for k in phases), rel=1e-12)
     # 16 completions a step; the running total grows by exactly the tokens each step sampled
     totals = [0.0] + [r["tokens/total"] for r in rows]
     for r, before, after in zip(rows, totals, totals[1:], strict=False):

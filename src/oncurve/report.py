@@ -121,8 +121,15 @@ FIGURES = (
     FigureSpec(
         "time",
         "Time per step",
-        (Panel("seconds", ("time/rollout", "time/reward", "time/train"), stacked=True),),
-        "Wall-clock seconds per step, split into rollout (sampling), reward and train.",
+        (
+            Panel(
+                "seconds",
+                ("time/rollout", "time/reward", "time/reference", "time/train"),
+                stacked=True,
+            ),
+        ),
+        "Wall-clock seconds per step, split into rollout (sampling), reward, the reference "
+        "model's forward (when beta > 0) and train.",
     ),
     FigureSpec(
         "throughput",

@@ -126,9 +126,10 @@ def training_step(s: Session, step: int) -> dict[str, float]:
     )
     lr = s.scheduler.get_last_lr()[0]
     critic_metrics: dict[str, float] = {}
-    with timer("train"):
-        if cfg.algo.beta > 0:
+    if cfg.algo.beta > 0:
+        with timer("reference"):
             batch.ref_logprobs = reference_logprobs(s, batch)
+    with timer("train"):
         if cfg.algo.mu * cfg.algo.minibatches > 1:
             batch.old_logprobs = batch_logprobs(
                 s.policy,
