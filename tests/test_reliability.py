@@ -27,6 +27,7 @@ from oncurve.algo.registry import POLICY_LOSSES
 from oncurve.cli import main
 from oncurve.config import load_config
 from oncurve.errors import TrainingError, UserError
+from oncurve.models import load_model, load_tokenizer
 from oncurve.trainer import setup, train, training_step
 
 TESTS_DIR = Path(__file__).parent
@@ -413,6 +414,20 @@ def test_a_bad_model_dir_exits_2_with_one_line(
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("oncurve: error: ") and message in err[0], err
     assert str(model_dir) in err[0]
+
+
+def test_model_and_tokenizer_load_from_a_str_path_as_from_a_path(tiny_model_dir):
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    assert tokenizer("12+3=")["input_ids"] == load_tokenizer(tiny_model_dir)("12+3=")["input_ids"]
+    assert tokenizer.padding_side == "left"
+    model = load_model(str(tiny_model_dir))
+    reference = load_model(tiny_model_dir)
+    assert not model.training
+    assert all(
+        torch.equal(p, q) for p, q in zip(model.parameters(), reference.parameters(), strict=True)
+    )
+    with pytest.raises(UserError, match="cannot load a tokenizer from /no/such/dir"):
+        load_tokenizer("/no/such/dir")
 
 
 @pytest.mark.parametrize(

@@ -71,8 +71,9 @@ def microbatch_tokens(model: torch.nn.Module, configured: int | None) -> int:
     return max(1, CPU_ACTIVATION_BYTES // (widest * weight.element_size()))
 
 
-def load_tokenizer(path: Path, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """The tokenizer of a model directory, with a pad token and left padding for prompts."""
+    path = Path(path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
@@ -108,7 +109,7 @@ def _model_vocab_size(path: Path) -> float:
 
 
 def load_model(
-    path: Path, dtype: str = "float32", device: str = "cpu", trust_remote_code: bool = False
+    path: str | Path, dtype: str = "float32", device: str = "cpu", trust_remote_code: bool = False
 ) -> torch.nn.Module:
     """A causal LM in eval mode (dropout off: RL's ratio must compare like with like)."""
     try:
