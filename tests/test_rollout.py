@@ -3,6 +3,8 @@ with the trainer's forward, and the fast Llama-family decode step against the HF
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import warnings
 
 import pytest
@@ -85,6 +87,54 @@ def test_logprobs_equal_training_forward(kind: str, fast: bool) -> None:
     assert (batch.logprobs[~mask] == 0).all()
 
 
+def test_packed_decode_returns_the_weights_bit_for_bit_and_trainable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    use_layout("packed", monkeypatch)
+    model = make_model("qwen2", eos_bias=0.5)
+    before = copy.deepcopy(model)
+    batch = sample(model, group=3, max_new_tokens=12, temperature=0.7, top_k=20, seed=1)
+    assert len(set(batch.completion_lengths.tolist())) >= 3  # rows ended, the batch compacted
+    for (name, param), original in zip(model.named_parameters(), before.parameters(), strict=True):
+        assert torch.equal(param, original), name
+        assert param.requires_grad and not param.is_inference(), name
+        assert param.is_contiguous(), name
+    attn = model.model.layers[0].self_attn
+    storages = {p.untyped_storage().data_ptr() for p in (attn.q_proj.weight, attn.k_proj.weight)}
+    assert len(storages) == 2  # not views of one concatenated tensor
+    logprobs, _ = completion_logprobs(
+        model, batch.input_ids, batch.attention_mask, batch.completion_ids.shape[1], 0.7
+    )
+    mask = batch.completion_mask.bool()
+    assert torch.allclose(logprobs[mask], batch.logprobs[mask], atol=1e-5, rtol=0)
+    logprobs[mask].sum().backward()
+    assert attn.q_proj.weight.grad is not None and attn.q_proj.weight.grad.abs().sum() > 0
+
+
+def test_packed_decode_restores_the_weights_when_a_step_raises(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    use_layout("packed", monkeypatch)
+    model = make_model("llama")
+    before = copy.deepcopy(model)
+    real_step = decode_llama.LlamaDecoder.step
+    steps = []
+
+    def failing_step(self, tokens):
+        assert not self.layers[0].q.weight.numel()  # the plain weights are swapped out
+        steps.append(tokens.shape[0])
+        if len(steps) == 3:
+            raise RuntimeError("interrupted")
+        return real_step(self, tokens)
+
+    monkeypatch.setattr(decode_llama.LlamaDecoder, "step", failing_step)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        sample(model, max_new_tokens=8, min_new_tokens=8)
+    assert len(steps) == 3
+    for param, original in zip(model.parameters(), before.parameters(), strict=True):
+        assert torch.equal(param, original)
+
+
 @pytest.mark.parametrize("fast", [True, False])
 def test_sampling_under_gradient_checkpointing_in_train_mode(fast: bool) -> None:
     # The trainer's setting: HF would silently drop the KV cache in train mode.
@@ -126,23 +176,42 @@ def decode_against_hf(model: transformers.PreTrainedModel):
     decoder = decode_llama.LlamaDecoder(model, rows=4, width=5, new=3)
     with torch.inference_mode():
         steps = [decoder.prefill(ids, mask, group_size=2)]
-        for t in range(2):
-            steps.append(decoder.step(fed[:, t]))
+        with decoder.decoding():
+            for t in range(2):
+                steps.append(decoder.step(fed[:, t]))
     reference = hf_logits(model, ids, mask, fed)
     return decoder, [(logits, reference[:, 4 + t]) for t, logits in enumerate(steps)]
 
 
+def use_layout(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make `LlamaDecoder` run `fused` (features first, q/k/v one copy), `plain` (features
+    first on the model's weights) or `packed` (rows first on oneDNN's reordered weights)."""
+    monkeypatch.setattr(decode_llama, "FUSE_MAX_BYTES", 2**30 if layout == "fused" else 0)
+    if layout == "plain":
+        monkeypatch.setattr(decode_llama, "_reorder_linear_weight", None)
+    elif layout == "packed" and not decode_llama.can_pack(torch.zeros(1)):
+        pytest.skip("this torch build has no oneDNN linear")
+
+
 @pytest.mark.parametrize(
-    "kind,fuse", [("llama", True), ("qwen2", True), ("qwen2", False), ("mistral", True)]
+    "kind,layout",
+    [
+        ("llama", "fused"),
+        ("qwen2", "fused"),
+        ("qwen2", "plain"),
+        ("qwen2", "packed"),
+        ("llama", "packed"),
+        ("mistral", "fused"),
+    ],
 )
 def test_fast_decode_step_matches_hf_logits(
-    kind: str, fuse: bool, monkeypatch: pytest.MonkeyPatch
+    kind: str, layout: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(decode_llama, "FUSE_MAX_BYTES", 2**30 if fuse else 0)
+    use_layout(layout, monkeypatch)
     model = make_model(kind)
     assert decode_llama.supports(model, 40)
     decoder, pairs = decode_against_hf(model)
-    assert decoder.layers[0].fused is fuse
+    assert (decoder.layers[0].fused, decoder.packs) == (layout == "fused", layout == "packed")
     for logits, reference in pairs:
         assert torch.allclose(logits, reference, atol=1e-5, rtol=0)
 
@@ -166,12 +235,20 @@ def cache_shape(decoder) -> tuple[int, ...]:
 
 
 @pytest.mark.parametrize(
-    "kind,generic,heads", [("qwen2", False, 2), ("gpt2", True, 4), ("qwen2", True, 2)]
+    "kind,generic,heads,layout",
+    [
+        ("qwen2", False, 2, "fused"),
+        ("qwen2", False, 2, "packed"),
+        ("gpt2", True, 4, None),
+        ("qwen2", True, 2, None),
+    ],
 )
 def test_cache_growth_and_dropped_rows_keep_the_logits_exact(
-    kind: str, generic: bool, heads: int, monkeypatch: pytest.MonkeyPatch
+    kind: str, generic: bool, heads: int, layout: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(decode_llama, "_GROW_COLUMNS", 4)
+    if layout:
+        use_layout(layout, monkeypatch)
     model = make_model(kind)
     ids = torch.tensor([[0, 0, 5, 6, 7], [8, 9, 10, 11, 12]])
     mask = (ids != 0).long()
@@ -186,14 +263,15 @@ def test_cache_growth_and_dropped_rows_keep_the_logits_exact(
         assert cache_shape(decoder) == (4, heads, 9)  # the prompt and _GROW_COLUMNS, not all 17
         if generic:  # HF's attention reads `keys`: a view of the 5 written columns, not all 9
             assert decoder.cache.layers[0].keys.shape[2] == 5
-        for t in range(12):
-            if t == 6:  # rows 1 and 2 end between the two growths; 0 and 3 move to the front
-                decoder.keep(torch.tensor([0, 3]))
-                rows = rows[[0, 3]]
-            logits = decoder.step(fed[rows, t])
+        with contextlib.nullcontext() if generic else decoder.decoding():
+            for t in range(12):
+                if t == 6:  # rows 1 and 2 end between the two growths; 0 and 3 move up front
+                    decoder.keep(torch.tensor([0, 3]))
+                    rows = rows[[0, 3]]
+                logits = decoder.step(fed[rows, t])
+            # grown 9 -> 13 columns with 4 rows, then 13 -> 17 with the 2 live rows only
+            assert cache_shape(decoder) == (2, heads, 17)
     reference = hf_logits(model, ids, mask, fed)[rows, -1]
-    # grown 9 -> 13 columns with 4 rows, then 13 -> 17 with the 2 live rows only
-    assert cache_shape(decoder) == (2, heads, 17)
     assert torch.allclose(logits, reference, atol=1e-5, rtol=0)
 
 

@@ -17,6 +17,7 @@ from oncurve import trainer
 from oncurve.algo import group_advantages, kl_k3, ppo_clip, seq_mean_token_mean
 from oncurve.algo.logprobs import logprobs_from_logits
 from oncurve.config import load_config
+from oncurve.rollout import decode_llama
 from oncurve.trainer import setup, train, training_step
 
 
@@ -39,11 +40,25 @@ def make_config(model_dir: Path, data_file: Path, run_dir: Path, *extra: str):
     )
 
 
+@pytest.mark.parametrize("packed", [False, True])
 def test_three_steps_write_finite_metrics_samples_and_a_loadable_final_model(
-    tiny_model_dir, data_file, tmp_path
+    tiny_model_dir, data_file, tmp_path, monkeypatch, packed
 ):
+    if packed:  # the decode a larger model gets: oneDNN weights swapped in for each rollout
+        if not decode_llama.can_pack(torch.zeros(1)):
+            pytest.skip("this torch build has no oneDNN linear")
+        monkeypatch.setattr(decode_llama, "FUSE_MAX_BYTES", 0)
+        swaps = []
+        real_decoding = decode_llama.LlamaDecoder.decoding
+        monkeypatch.setattr(
+            decode_llama.LlamaDecoder,
+            "decoding",
+            lambda self: swaps.append(self.packs) or real_decoding(self),
+        )
     run_dir = tmp_path / "run"
     result = train(make_config(tiny_model_dir, data_file, run_dir), quiet=True)
+    if packed:
+        assert swaps == [True] * 3
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     for key in (

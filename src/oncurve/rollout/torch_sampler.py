@@ -15,6 +15,8 @@ string (see `_stop_candidates`).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import transformers
 from transformers.cache_utils import DynamicLayer
@@ -216,9 +218,10 @@ class TorchSampler:
             else:
                 decoder = HFDecoder(self.model, rows, width, new - 1, reserve)
             logits = decoder.prefill(ids, mask, group_size)
-            completion, logprobs, ends, reasons = self._decode(
-                decoder, logits, rows, params, device
-            )
+            with decoder.decoding() if fast else contextlib.nullcontext():
+                completion, logprobs, ends, reasons = self._decode(
+                    decoder, logits, rows, params, device
+                )
         finally:
             self.model.train(was_training)
 
