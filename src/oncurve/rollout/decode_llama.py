@@ -16,6 +16,7 @@ sequence), no dynamic RoPE.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from collections.abc import Iterator
 
 import torch
@@ -38,6 +39,13 @@ FUSE_MAX_BYTES = 4 * 2**20
 # (a reorder only moves values).
 _linear_pointwise = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 _reorder_linear_weight = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
+# glibc's, where there is one. Freeing the plain weights raises glibc's mmap threshold, so the
+# packed and rebuilt weights come from its heap, which keeps what they free: without a trim
+# after each swap a 30M model's training process peaked 65 MB higher.
+try:
+    _malloc_trim = ctypes.CDLL(None).malloc_trim
+except (AttributeError, OSError):
+    _malloc_trim = None
 # rows moved per copy when finished rows are dropped from the cache
 _KEEP_CHUNK = 16
 # The cache starts with room for the prompt and `reserve` tokens and grows by a quarter (at
@@ -421,14 +429,13 @@ class LlamaDecoder:
                     packed, linears = swapped.pop()
                     plain = packed.to_dense()
                     del packed
-                    if len(linears) == 1:
-                        linears[0].weight.data = plain
-                        continue
-                    start = 0
-                    for lin in linears:  # own storage each: a checkpoint saves them apart
-                        stop = start + lin.out_features
-                        lin.weight.data = plain[start:stop].clone()
-                        start = stop
+                    # each its own storage, as loaded: a checkpoint saves them apart
+                    parts = plain.split([lin.out_features for lin in linears])
+                    for lin, part in zip(linears, parts, strict=True):
+                        lin.weight.data = part if len(linears) == 1 else part.clone()
+                    del plain, parts
+            if _malloc_trim is not None:
+                _malloc_trim(0)
 
     def _grow(self, n: int) -> None:
         """More cache columns for the first `n` rows (the live ones; the rest are dropped)."""
