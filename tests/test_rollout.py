@@ -28,10 +28,14 @@ EOS = TOKENIZER.eos_token_id
 PROMPTS = ["12+34=", "x", "hello world"]
 
 
-def make_model(kind: str, eos_bias: float | None = None) -> transformers.PreTrainedModel:
-    """A random ~30k-parameter model; `eos_bias` adds an lm_head bias on EOS only."""
+def make_model(
+    kind: str, eos_bias: float | None = None, hidden: int = 32
+) -> transformers.PreTrainedModel:
+    """A random ~30k-parameter model (at `hidden` 32); `eos_bias` adds an lm_head bias on EOS
+    only."""
     torch.manual_seed(0)
-    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+    sizes = dict(hidden_size=hidden, intermediate_size=2 * hidden)
+    common = dict(vocab_size=VOCAB, **sizes, num_hidden_layers=2)
     heads = dict(num_attention_heads=4, max_position_embeddings=128)
     if kind == "qwen2":
         model = transformers.Qwen2ForCausalLM(
@@ -91,9 +95,11 @@ def test_packed_decode_returns_the_weights_bit_for_bit_and_trainable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     use_layout("packed", monkeypatch)
-    model = make_model("qwen2", eos_bias=0.5)
+    model = make_model("qwen2", eos_bias=0.5, hidden=256)  # weights of many whole pages
     before = copy.deepcopy(model)
+    addresses = [p.data_ptr() for p in model.parameters()]
     batch = sample(model, group=3, max_new_tokens=12, temperature=0.7, top_k=20, seed=1)
+    assert [p.data_ptr() for p in model.parameters()] == addresses  # refilled in place
     assert len(set(batch.completion_lengths.tolist())) >= 3  # rows ended, the batch compacted
     for (name, param), original in zip(model.named_parameters(), before.parameters(), strict=True):
         assert torch.equal(param, original), name
@@ -111,17 +117,29 @@ def test_packed_decode_returns_the_weights_bit_for_bit_and_trainable(
     assert attn.q_proj.weight.grad is not None and attn.q_proj.weight.grad.abs().sum() > 0
 
 
+def test_released_pages_read_as_zeros_and_refill_in_place() -> None:
+    if not decode_llama.can_pack(torch.zeros(1)):
+        pytest.skip("packing needs Linux and oneDNN")
+    weight = torch.arange(2**18, dtype=torch.float32)  # 1 MB: whole pages inside it
+    decode_llama._release_pages(weight)
+    zeros = weight == 0
+    assert zeros.float().mean() > 0.98  # all but the partial pages at either end
+    assert zeros[2**17]  # a page in the middle was given back
+    weight.copy_(torch.arange(2**18, dtype=torch.float32))
+    assert torch.equal(weight, torch.arange(2**18, dtype=torch.float32))
+
+
 def test_packed_decode_restores_the_weights_when_a_step_raises(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     use_layout("packed", monkeypatch)
-    model = make_model("llama")
+    model = make_model("llama", hidden=256)
     before = copy.deepcopy(model)
     real_step = decode_llama.LlamaDecoder.step
     steps = []
 
     def failing_step(self, tokens):
-        assert not self.layers[0].q.weight.numel()  # the plain weights are swapped out
+        assert len(self.layers[0].packed) == 4  # q/k/v, o, gate/up, down stand in
         steps.append(tokens.shape[0])
         if len(steps) == 3:
             raise RuntimeError("interrupted")

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import mmap
+import sys
 from collections.abc import Iterator
 
 import torch
@@ -35,17 +37,19 @@ FUSE_MAX_BYTES = 4 * 2**20
 # Models too large to fuse decode rows first through oneDNN's linear on weights reordered for
 # it, where available: at 30M parameters and 64 rows, 0.79-0.82x the step time of MKL on the
 # plain weights. The reordered copies would double the weights' memory, so they stand in for
-# the model's own during the decode: the plain weights are freed and rebuilt after it, exactly
-# (a reorder only moves values).
+# the model's own during the decode: the pages of the plain weights are handed back to the OS
+# (Linux `madvise`) and refilled after it, exactly (a reorder only moves values). The weights
+# keep their storage, so nothing that holds them (optimizer, FSDP's gathered copy) notices; the
+# packed copies, allocated and freed at every rollout, are trimmed from glibc's heap after it.
 _linear_pointwise = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
 _reorder_linear_weight = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
-# glibc's, where there is one. Freeing the plain weights raises glibc's mmap threshold, so the
-# packed and rebuilt weights come from its heap, which keeps what they free: without a trim
-# after each swap a 30M model's training process peaked 65 MB higher.
+_MADV_DONTNEED = 4  # Linux: the pages read as zeros until written again
 try:
-    _malloc_trim = ctypes.CDLL(None).malloc_trim
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _madvise, _malloc_trim = _libc.madvise, _libc.malloc_trim
+    _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 except (AttributeError, OSError):
-    _malloc_trim = None
+    _madvise = _malloc_trim = None
 # rows moved per copy when finished rows are dropped from the cache
 _KEEP_CHUNK = 16
 # The cache starts with room for the prompt and `reserve` tokens and grows by a quarter (at
@@ -116,16 +120,28 @@ def _rotate(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dim: int)
 
 
 def can_pack(weight: torch.Tensor) -> bool:
-    """Whether oneDNN's linear on a reordered copy can stand in for `weight`: float32 on a CPU
-    build with oneDNN, and a plain tensor (not an FSDP shard or another tensor subclass)."""
+    """Whether oneDNN's linear on a reordered copy can stand in for `weight`: float32 on a Linux
+    CPU build with oneDNN, and a plain tensor (not an FSDP shard or another tensor subclass)."""
     return (
         _reorder_linear_weight is not None
         and _linear_pointwise is not None
+        and _madvise is not None
+        and sys.platform.startswith("linux")
         and torch.backends.mkldnn.is_available()
         and weight.device.type == "cpu"
         and weight.dtype == torch.float32
         and type(weight.data) is torch.Tensor
     )
+
+
+def _release_pages(weight: torch.Tensor) -> None:
+    """Hand the whole pages inside `weight`'s memory back to the OS; they read as zeros until
+    written. The allocation itself stays, so the tensor can be refilled in place."""
+    start = -(-weight.data_ptr() // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (weight.data_ptr() + weight.numel() * weight.element_size()) // mmap.PAGESIZE
+    end *= mmap.PAGESIZE
+    if end > start and _madvise(start, end - start, _MADV_DONTNEED) != 0:
+        raise OSError(ctypes.get_errno(), "madvise failed on a weight's pages")
 
 
 def _packed_linear(
@@ -171,7 +187,7 @@ class _Layer:
     take one matmul, and the attention scale is folded into the query rows (equal to
     scaling the scores up to float rounding). Unfused, `packed` holds oneDNN's reordered
     weights of `packed_groups` (each group concatenated) while `LlamaDecoder.decoding` has
-    swapped them in."""
+    them stand in for the model's."""
 
     def __init__(self, layer: torch.nn.Module, fuse: bool) -> None:
         attn, mlp = layer.self_attn, layer.mlp
@@ -400,39 +416,38 @@ class LlamaDecoder:
     @contextlib.contextmanager
     def decoding(self) -> Iterator[None]:
         """Wraps the decode steps, after `prefill` (which runs the HF forward on the model's own
-        weights). With packed layers, the model's linear weights are swapped for oneDNN's
-        reordered copies meanwhile, one group at a time so that memory never holds both of
-        more than one; on exit, whatever raised, the cache is dropped (the decoder is spent)
-        and the weights are rebuilt bit for bit."""
+        weights). With packed layers, oneDNN's reordered copies stand in for the model's linear
+        weights meanwhile, whose pages go back to the OS group by group, so that memory never
+        holds both of more than one group; on exit, whatever raised, the cache is dropped (the
+        decoder is spent) and the weights are refilled in place, bit for bit."""
         if not self.packs:
             yield
             return
-        swapped: list[tuple[torch.Tensor, tuple[torch.nn.Linear, ...]]] = []
+        released: list[tuple[torch.Tensor, tuple[torch.nn.Linear, ...]]] = []
         try:
-            # Parameters must not take inference tensors as their data: training follows.
+            # Not inference tensors: the packed copies outlive nothing, but stay ordinary.
             with torch.inference_mode(False):
                 for layer in self.layers:
                     for linears in layer.packed_groups:
                         plain = torch.cat([lin.weight.detach() for lin in linears])
                         layer.packed.append(_reorder_linear_weight(plain, self.keys[0].shape[0]))
-                        swapped.append((layer.packed[-1], linears))
                         del plain
+                        released.append((layer.packed[-1], linears))
                         for lin in linears:
-                            lin.weight.data = lin.weight.new_empty(0)
+                            _release_pages(lin.weight)
             yield
         finally:
             self.keys, self.values = [], []
             for layer in self.layers:
                 layer.packed = []
-            with torch.inference_mode(False):
-                while swapped:
-                    packed, linears = swapped.pop()
+            with torch.inference_mode(False), torch.no_grad():
+                while released:
+                    packed, linears = released.pop()
                     plain = packed.to_dense()
                     del packed
-                    # each its own storage, as loaded: a checkpoint saves them apart
                     parts = plain.split([lin.out_features for lin in linears])
                     for lin, part in zip(linears, parts, strict=True):
-                        lin.weight.data = part if len(linears) == 1 else part.clone()
+                        lin.weight.copy_(part)
                     del plain, parts
             if _malloc_trim is not None:
                 _malloc_trim(0)
