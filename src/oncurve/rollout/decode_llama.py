@@ -429,9 +429,10 @@ class LlamaDecoder:
             with torch.inference_mode(False):
                 for layer in self.layers:
                     for linears in layer.packed_groups:
-                        plain = torch.cat([lin.weight.detach() for lin in linears])
+                        weights = [lin.weight.detach() for lin in linears]
+                        plain = torch.cat(weights) if len(weights) > 1 else weights[0]
                         layer.packed.append(_reorder_linear_weight(plain, self.keys[0].shape[0]))
-                        del plain
+                        del plain, weights
                         released.append((layer.packed[-1], linears))
                         for lin in linears:
                             _release_pages(lin.weight)
