@@ -8,9 +8,9 @@ the longest row, and an additive padding bias instead of a 4-D mask. The prompt 
 the HF forward itself, so only the one-token step is reimplemented; `tests/test_rollout.py`
 checks its logits against the HF forward's to 1e-5. Small models run the step features first
 through MKL with q/k/v fused; larger ones on CPU run it rows first through oneDNN on weights
-reordered for its kernels, which replace the model's own for the decode (see `decoding`). What it simplifies: no dropout (sampling
-runs the model as in eval), no sliding window (declined when the window is shorter than the
-sequence), no dynamic RoPE.
+reordered for its kernels, which stand in for the model's own during the decode (see
+`LlamaDecoder.decoding`). What it simplifies: no dropout (sampling runs the model as in eval), no
+sliding window (declined when the window is shorter than the sequence), no dynamic RoPE.
 """
 
 from __future__ import annotations
@@ -425,23 +425,21 @@ class LlamaDecoder:
             return
         released: list[tuple[torch.Tensor, tuple[torch.nn.Linear, ...]]] = []
         try:
-            # Not inference tensors: the packed copies outlive nothing, but stay ordinary.
-            with torch.inference_mode(False):
-                for layer in self.layers:
-                    for linears in layer.packed_groups:
-                        weights = [lin.weight.detach() for lin in linears]
-                        plain = torch.cat(weights) if len(weights) > 1 else weights[0]
-                        layer.packed.append(_reorder_linear_weight(plain, self.keys[0].shape[0]))
-                        del plain, weights
-                        released.append((layer.packed[-1], linears))
-                        for lin in linears:
-                            _release_pages(lin.weight)
+            for layer in self.layers:
+                for linears in layer.packed_groups:
+                    weights = [lin.weight.detach() for lin in linears]
+                    plain = torch.cat(weights) if len(weights) > 1 else weights[0]
+                    layer.packed.append(_reorder_linear_weight(plain, self.keys[0].shape[0]))
+                    del plain, weights
+                    released.append((layer.packed[-1], linears))
+                    for lin in linears:
+                        _release_pages(lin.weight)
             yield
         finally:
             self.keys, self.values = [], []
             for layer in self.layers:
                 layer.packed = []
-            with torch.inference_mode(False), torch.no_grad():
+            with torch.no_grad():
                 while released:
                     packed, linears = released.pop()
                     plain = packed.to_dense()
