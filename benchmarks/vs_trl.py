@@ -616,9 +616,9 @@ def report(
         "population std with eps 1e-6: advantages differ by a constant factor sqrt((G-1)/G)",
         "KL: both k3 in the loss with beta; TRL's per-token KL and oncurve's are the same "
         "estimator",
-        "step time: oncurve's time/step (rollout + reward + reference + train, from metrics.jsonl); TRL's "
-        "on_step_begin to on_step_end (generation, reward, reference forward, microbatches, "
-        "optimizer step); neither includes logging",
+        "step time: oncurve's time/step (rollout + reward + reference + train, from "
+        "metrics.jsonl); TRL's on_step_begin to on_step_end (generation, reward, reference "
+        "forward, microbatches, optimizer step); neither includes logging",
         f"microbatch: {min(job.microbatch, job.prompts * job.group)} rows per forward/backward "
         "in both (TRL: per_device_train_batch_size with gradient accumulation); oncurve also "
         f"caps a microbatch at {machine['token_cap']:,} padded tokens (its CPU default, 16 MB "
