@@ -135,3 +135,42 @@ def test_the_public_api_imports_from_the_package_and_import_oncurve_stays_light(
     probe = "import sys, oncurve; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize(
+    "argv, expected_file, expected_overrides",
+    [
+        (["--quiet", "run.steps=5"], None, ["run.steps=5"]),
+        (["run.steps=5", "--quiet"], None, ["run.steps=5"]),
+        (["cfg.yaml", "--quiet", "algo.beta=0"], "cfg.yaml", ["algo.beta=0"]),
+        (["run.steps=5", "--quiet", "algo.beta=0"], None, ["run.steps=5", "algo.beta=0"]),
+    ],
+)
+def test_train_takes_overrides_and_flags_in_any_order(
+    monkeypatch, argv, expected_file, expected_overrides
+):
+    import oncurve.config
+    import oncurve.trainer
+
+    seen = {}
+    load_config = oncurve.config.load_config
+
+    def fake_load_config(path, overrides):
+        seen["path"], seen["overrides"] = path, overrides
+        return load_config(None, ["run.steps=1"])
+
+    def fake_train(config, quiet):
+        seen["quiet"] = quiet
+        return oncurve.trainer.TrainResult(Path("x"), 1, None, None)
+
+    monkeypatch.setattr(oncurve.config, "load_config", fake_load_config)
+    monkeypatch.setattr(oncurve.trainer, "train", fake_train)
+    assert main(["train", *argv]) == 0
+    assert seen == {"path": expected_file, "overrides": expected_overrides, "quiet": True}
+
+
+def test_an_unknown_flag_after_overrides_is_still_an_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "run.steps=5", "--quite"])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --quite" in capsys.readouterr().err

@@ -107,3 +107,34 @@ def test_chunked_peak_memory_below_a_quarter_of_unchunked():
     # how many more copies show up depends on what the import had already touched.
     assert peak["full"] > 2048 * 32000 * 4 // 1024, peak
     assert peak["chunked"] < peak["full"] / 4, peak
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bfloat16_head_in_vocabulary_blocks_equals_its_float32_copy(monkeypatch, with_bias):
+    """A bfloat16 head is made float32 a block of rows at a time (here 16 of 50, so the last
+    block is short and labels fall in every block); values and gradients are those of the
+    whole float32 copy."""
+    import oncurve.algo.logprobs as logprobs_module
+
+    monkeypatch.setattr(logprobs_module, "HEAD_BLOCK_ROWS", 16)
+    hidden, weight, bias, labels, upstream = inputs(with_bias, n=4, t=6)
+    hidden16 = hidden.detach().bfloat16().requires_grad_()
+    weight16 = weight.detach().bfloat16().requires_grad_()
+    bias16 = None if bias is None else bias.detach().bfloat16().requires_grad_()
+    labels[0, 0] = 49  # the short last block
+    assert {int(y) // 16 for y in labels.flatten()} == {0, 1, 2, 3}
+    got, entropy = logprobs_from_hidden(hidden16, weight16, labels, 0.7, 5, bias16, True)
+    hidden32 = hidden16.detach().float().requires_grad_()
+    weight32 = weight16.detach().float().requires_grad_()
+    bias32 = None if bias16 is None else bias16.detach().float().requires_grad_()
+    want, logits = reference(hidden32, weight32, bias32, labels, 0.7)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        entropy, entropy_from_logits(logits.detach(), 0.7), rtol=0, atol=1e-5
+    )
+    got_grads = grads(got, upstream, [hidden16, weight16, bias16])
+    want_grads = grads(want, upstream, [hidden32, weight32, bias32])
+    for g, w in zip(got_grads, want_grads, strict=True):
+        assert g.dtype == torch.bfloat16
+        # the bfloat16 rounding of the float32 gradient, nothing more
+        torch.testing.assert_close(g, w.bfloat16(), rtol=0, atol=0)

@@ -195,7 +195,12 @@ def load_checkpoint(
         ) from None
     rank, _ = _rank_and_world()
     _set_rng_state(_read_json(path / f"rng-rank{rank}.json"))
-    return _read_json(path / STATE_FILE)
+    return read_state(path)
+
+
+def read_state(path: Path) -> dict:
+    """The trainer's counters of a complete checkpoint (`state.json`), without loading it."""
+    return _read_json(Path(path) / STATE_FILE)
 
 
 # -- saving ----------------------------------------------------------------------------------

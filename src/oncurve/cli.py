@@ -19,7 +19,13 @@ from oncurve.errors import TrainingError, UserError
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    # `train`'s overrides may come before, between or after its flags; argparse alone stops
+    # filling a positional list at the first flag.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if getattr(args, "run", None) is not _train or any(e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.args = [*args.args, *extra]
     args.argv = sys.argv[1:] if argv is None else list(argv)
     from transformers.utils import logging as hf_logging
 

@@ -47,6 +47,15 @@ def _range(low: float | None, high: float | None, low_open: bool = False, high_o
 
 
 POSITIVE = _range(0, None, low_open=True)
+
+
+def _device_check(value: str) -> str | None:
+    kind, _, index = value.partition(":")
+    if kind in ("cpu", "auto") and not index or kind == "cuda" and (not index or index.isdigit()):
+        return None
+    return "must be cpu, cuda, cuda:N or auto"
+
+
 NON_NEGATIVE = _range(0, None)
 UNIT_OPEN = _range(0, 1, low_open=True, high_open=True)
 
@@ -66,16 +75,27 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     path: str = _opt("default", "local Hugging Face model directory, or `default` (bundled model)")
-    dtype: str = _opt("float32", "weights and compute dtype", choices=("float32", "bfloat16"))
+    dtype: str = _opt(
+        "auto",
+        "weights and compute dtype; auto: bfloat16 on a GPU that supports it, else float32",
+        choices=("auto", "float32", "bfloat16"),
+    )
     trust_remote_code: bool = _opt(False, "allow custom modelling code shipped with the model")
-    gradient_checkpointing: bool = _opt(False, "recompute activations in backward to save memory")
+    gradient_checkpointing: bool | None = _opt(
+        None,
+        "recompute activations in backward to save memory; null: off on CPU, from the memory "
+        "plan on CUDA",
+    )
     share_prompt_forward: bool = _opt(
         True,
         "in the update and the reference pass, run each group's prompt once and share its KV "
         "cache with the group's completions (not under gradient checkpointing or FSDP)",
     )
-    logprob_chunk_size: int = _opt(
-        1024, "rows per chunk when forming logits, bounding the [rows, vocab] peak", POSITIVE
+    logprob_chunk_size: int | None = _opt(
+        None,
+        "positions per chunk when forming logits, bounding the [chunk, vocab] peak; null: 1024, "
+        "on CUDA fewer where a chunk's float32 logits would pass 256 MiB",
+        POSITIVE,
     )
     lora: LoraConfig = field(default_factory=LoraConfig)
 
@@ -181,12 +201,17 @@ class OptimConfig:
     grad_clip: float = _opt(1.0, "clip the global gradient norm to this; 0 off", NON_NEGATIVE)
     schedule: str = _opt("constant", "LR schedule", choices=("constant", "cosine"))
     warmup_steps: int = _opt(10, "linear warmup steps", NON_NEGATIVE)
-    microbatch_size: int = _opt(64, "rows per forward/backward (gradient accumulation)", POSITIVE)
+    microbatch_size: int | None = _opt(
+        None,
+        "rows per forward/backward (gradient accumulation); null: 64 on CPU, from the memory "
+        "plan on CUDA",
+        POSITIVE,
+    )
     microbatch_tokens: int | None = _opt(
         None,
         "at most this many tokens (rows x padded length) per forward/backward; default: on CPU "
         "as many as keep a layer's widest activation within 16 MB (larger blocks are mapped "
-        "afresh and every page zeroed), no cap on GPU; 0 counts rows only",
+        "afresh and every page zeroed), from the memory plan on CUDA; 0 counts rows only",
         NON_NEGATIVE,
     )
 
@@ -237,7 +262,15 @@ class RunConfig:
     reward_errors: str = _opt(
         "raise", "a reward fn that raises: stop the run, or score None", choices=("raise", "none")
     )
-    device: str = _opt("auto", "cpu, cuda, or auto")
+    device: str = _opt(
+        "auto", "cpu, cuda, cuda:N, or auto (cuda when torch sees a GPU)", _device_check
+    )
+    gpu_memory_gb: float | None = _opt(
+        None,
+        "GiB of GPU memory this run may use: the memory plan fits it and torch is capped at it "
+        "(to run as on a smaller card); null: the device's free memory",
+        POSITIVE,
+    )
     threads: int = _opt(0, "torch CPU threads; 0 leaves torch's default", NON_NEGATIVE)
 
 

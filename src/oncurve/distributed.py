@@ -48,11 +48,18 @@ def shard(total: int, rank: int, world_size: int, what: str = "data.prompts_per_
     return slice(rank * size, (rank + 1) * size)
 
 
+def _collective_device() -> torch.device:
+    """Where the tensors of a collective must live: NCCL reduces only CUDA tensors."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def all_sum(values: list[float]) -> list[float]:
     """Element-wise sum over ranks (identity on one process)."""
     if world()[1] == 1:
         return values
-    tensor = torch.tensor(values, dtype=torch.float64)
+    tensor = torch.tensor(values, dtype=torch.float64, device=_collective_device())
     dist.all_reduce(tensor)
     return tensor.tolist()
 
@@ -63,7 +70,9 @@ def all_mean(metrics: dict[str, float]) -> dict[str, float]:
     if world_size == 1:
         return metrics
     keys = sorted(metrics)
-    tensor = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
+    tensor = torch.tensor(
+        [metrics[k] for k in keys], dtype=torch.float64, device=_collective_device()
+    )
     low, high, total = tensor.clone(), tensor.clone(), tensor.clone()
     dist.all_reduce(low, op=dist.ReduceOp.MIN)
     dist.all_reduce(high, op=dist.ReduceOp.MAX)
@@ -86,7 +95,7 @@ def batch_std(rewards: torch.Tensor) -> torch.Tensor:
         [float(len(finite)), float(finite.sum()), float((finite**2).sum())]
     )
     mean = total / max(count, 1.0)
-    return torch.tensor(max(squares / max(count, 1.0) - mean**2, 0.0) ** 0.5)
+    return torch.tensor(max(squares / max(count, 1.0) - mean**2, 0.0) ** 0.5, device=rewards.device)
 
 
 def wrap(module: torch.nn.Module, device: str, fsdp: bool = False) -> torch.nn.Module:
@@ -94,11 +103,15 @@ def wrap(module: torch.nn.Module, device: str, fsdp: bool = False) -> torch.nn.M
     if world()[1] == 1:
         return module
     if fsdp:
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        # fully_shard's default mesh takes the machine's accelerator, even for CPU weights
+        # under gloo; the mesh must be where the weights are.
+        mesh = init_device_mesh("cuda" if device == "cuda" else "cpu", (world()[1],))
         for layer in _decoder_layers(module):
-            fully_shard(layer)
-        return fully_shard(module)
+            fully_shard(layer, mesh=mesh)
+        return fully_shard(module, mesh=mesh)
     ids = [torch.cuda.current_device()] if device == "cuda" else None
     return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids)
 

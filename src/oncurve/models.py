@@ -25,6 +25,41 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CPU_ACTIVATION_BYTES = 16 * 2**20
 
 
+def resolve_device(name: str) -> torch.device:
+    """The device `run.device` names (`auto`: the GPU when torch sees one)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(
+            f"run.device={name}, but this torch ({torch.__version__}) sees no CUDA device; "
+            "use run.device=cpu or auto"
+        )
+    if device.type == "cuda" and device.index is not None:
+        if device.index >= torch.cuda.device_count():
+            raise UserError(
+                f"run.device={name}, but torch sees {torch.cuda.device_count()} CUDA device(s)"
+            )
+        torch.cuda.set_device(device)
+    return device
+
+
+def cap_gpu_memory(device: torch.device, gib: float) -> None:
+    """Cap this process's allocations on `device` at `gib` GiB, as on a card of that size: the
+    caching allocator raises out-of-memory beyond it."""
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, gib * 2**30 / total), device)
+
+
+def resolve_dtype(name: str, device: torch.device) -> str:
+    """`model.dtype`: `auto` is bfloat16 on a CUDA device that computes in it, else float32."""
+    if name != "auto":
+        return name
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bfloat16"
+    return "float32"
+
+
 def resolve_model_path(path: str) -> Path:
     """`default` names the bundled model; anything else must be an existing local directory."""
     if path == "default":
@@ -109,7 +144,10 @@ def _model_vocab_size(path: Path) -> float:
 
 
 def load_model(
-    path: str | Path, dtype: str = "float32", device: str = "cpu", trust_remote_code: bool = False
+    path: str | Path,
+    dtype: str = "float32",
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
 ) -> torch.nn.Module:
     """A causal LM in eval mode (dropout off: RL's ratio must compare like with like)."""
     try:

@@ -49,6 +49,8 @@ class Progress:
             f"kl {metrics.get('kl', 0.0):.4f}  len {metrics.get('length/mean', 0.0):.1f}  "
             f"{metrics.get('time/step', 0.0):.2f}s/step"
         )
+        if "memory/gpu_peak_gb" in metrics:
+            stats += f"  {metrics['memory/gpu_peak_gb']:.1f} GiB"
         if self._bar is not None:
             self._bar.update(self._task, completed=step, stats=stats)
         elif self.enabled and (step % LOG_EVERY == 0 or step == self.total):

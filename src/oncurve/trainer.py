@@ -6,6 +6,7 @@ evaluation, checkpoints and signals. Everything it calls is testable alone.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 import signal
@@ -32,14 +33,25 @@ from oncurve.config import Config, save_config
 from oncurve.errors import TrainingError, UserError
 from oncurve.evaluate import evaluate
 from oncurve.inputs import PromptData, build_rewards, correctness_fn, load_prompts
+from oncurve.memory import (
+    CPU_MICROBATCH_ROWS,
+    DEFAULT_LOGITS_CHUNK,
+    MemoryPlan,
+    ModelShape,
+    device_budget,
+    plan_memory,
+)
 from oncurve.metrics import MetricsLogger, truncate_after
 from oncurve.models import (
     add_lora,
+    cap_gpu_memory,
     enable_gradient_checkpointing,
     frozen_copy,
     load_model,
     load_tokenizer,
     microbatch_tokens,
+    resolve_device,
+    resolve_dtype,
     resolve_model_path,
     save_final,
     save_lora_final,
@@ -64,6 +76,7 @@ class Session:
 
     config: Config
     run_dir: Path
+    device: torch.device
     model: torch.nn.Module  # the trained HF model; under FSDP2 its parameters are shards
     # whole weights: `model` itself, or under FSDP2 a copy that holds them only inside `_whole`
     full_model: torch.nn.Module
@@ -103,6 +116,8 @@ def training_step(s: Session, step: int) -> dict[str, float]:
     as in DESIGN.md."""
     cfg = s.config
     timer = _Timer()
+    if s.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(s.device)
     with _whole(s):
         rollout, rewards, reward_metrics, rows = sample_groups(s, step, timer)
     if s.critic is None:
@@ -179,6 +194,8 @@ def training_step(s: Session, step: int) -> dict[str, float]:
         **{f"time/{k}": v for k, v in timer.seconds.items()},
     }
     metrics["time/step"] = sum(timer.seconds.values())
+    if s.device.type == "cuda":
+        metrics["memory/gpu_peak_gb"] = torch.cuda.max_memory_allocated(s.device) / 2**30
     sampled = float(rollout.completion_mask.sum())
     metrics["tokens_per_s"] = sampled / metrics["time/step"]
     s.completion_tokens += int(distributed.all_sum([sampled])[0])
@@ -226,16 +243,18 @@ def sample_groups(
             )
         with timer("reward"):
             scored = s.rewards.score(*_reward_inputs(rows, rollout, cfg.rollout.group_size))
+        # Rewards are scored on the CPU; the advantages they become index the rollout's rows.
+        total = scored.total.to(rollout.completion_ids.device)
         if not cfg.algo.dynamic_sampling:
-            return rollout, scored.total, dict(scored.metrics), rows
+            return rollout, total, dict(scored.metrics), rows
         reward_metrics = reward_metrics or dict(scored.metrics)
-        informative = _informative_groups(scored.total, cfg.rollout.group_size)
+        informative = _informative_groups(total, cfg.rollout.group_size)
         dropped += int((~informative).sum())
         keep = informative.nonzero().flatten()[: want - kept_groups]
-        index = keep[:, None] * cfg.rollout.group_size + torch.arange(cfg.rollout.group_size)
-        index = index.flatten()
+        members = torch.arange(cfg.rollout.group_size, device=keep.device)
+        index = (keep[:, None] * cfg.rollout.group_size + members).flatten()
         if len(keep):
-            kept.append((rollout.select(index), scored.total[index], [rows[i] for i in keep]))
+            kept.append((rollout.select(index), total[index], [rows[i] for i in keep.tolist()]))
             kept_groups += len(keep)
         rounds += 1
     if not kept:
@@ -380,15 +399,12 @@ def train(config: Config, *, quiet: bool = False) -> TrainResult:
 
 def setup(config: Config) -> Session:
     """Build the session: run directory, model(s), data, rewards, optimizer; resume if asked."""
-    device = config.run.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(
-            f"run.device={device}, but this torch ({torch.__version__}) sees no CUDA device; "
-            "use run.device=cpu or auto"
-        )
-    rank, world_size = distributed.init_distributed(device, config.dist.timeout_s)
+    device = resolve_device(config.run.device)
+    rank, world_size = distributed.init_distributed(device.type, config.dist.timeout_s)
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())  # torchrun's LOCAL_RANK
+        if config.run.gpu_memory_gb is not None:
+            cap_gpu_memory(device, config.run.gpu_memory_gb)
     distributed.shard(config.data.prompts_per_step, rank, world_size)
     run_dir, resume_from = _prepare_run_dir(config, rank)
     if config.run.threads:
@@ -396,21 +412,6 @@ def setup(config: Config) -> Session:
     torch.manual_seed(config.run.seed)
     model_path = resolve_model_path(config.model.path)
     tokenizer = load_tokenizer(model_path, config.model.trust_remote_code)
-    model = load_model(model_path, config.model.dtype, device, config.model.trust_remote_code)
-    peft_model = add_lora(model, config.model.lora) if config.model.lora.r else None
-    if peft_model is not None:
-        model = peft_model.get_base_model()
-    if config.model.gradient_checkpointing:
-        enable_gradient_checkpointing(model)
-    reference = frozen_copy(model) if config.algo.beta > 0 and peft_model is None else None
-    critic = ppo.build_critic(model, config, device) if config.algo.estimator == "gae" else None
-    fsdp = config.dist.fsdp and world_size > 1
-    # Under FSDP2 each rank holds shards of the trained weights; sampling, evaluation,
-    # checkpoints and the final model read whole weights from a copy gathered for them and
-    # emptied after (`_whole`), so the update's peak does not hold it.
-    full_model = frozen_copy(model) if fsdp else model
-    # before the optimizer: fully_shard replaces the parameters with sharded ones
-    policy = distributed.wrap(PolicyLogprobs(model), device, fsdp=fsdp)
     train_rows, eval_rows, task = load_prompts(config)
     data = PromptData(train_rows, tokenizer, config.data, seed=config.run.seed)
     eval_data = (
@@ -418,7 +419,37 @@ def setup(config: Config) -> Session:
     )
     prompts = data.rows + (eval_data.rows if eval_data is not None else [])
     longest = max(len(row["prompt_ids"]) for row in prompts)
+    dtype = resolve_dtype(config.model.dtype, device)
+    model = load_model(model_path, dtype, device, config.model.trust_remote_code)
     check_room(longest, config.rollout.max_new_tokens, model.config)
+    peft_model = add_lora(model, config.model.lora) if config.model.lora.r else None
+    if peft_model is not None:
+        model = peft_model.get_base_model()
+    saved = checkpoint.read_state(resume_from).get("memory") if resume_from else None
+    config, plan = _settle_memory(
+        config, model, device, world_size, longest + config.rollout.max_new_tokens, saved
+    )
+    if plan is not None and rank == 0:
+        print(plan.describe(), file=sys.stderr)
+        if not plan.fits:
+            print(
+                "warning: the predicted peak exceeds the memory budget; lower "
+                "rollout.max_new_tokens or data.prompts_per_step, or train LoRA adapters",
+                file=sys.stderr,
+            )
+    if config.model.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    reference = frozen_copy(model) if config.algo.beta > 0 and peft_model is None else None
+    critic = (
+        ppo.build_critic(model, config, device.type) if config.algo.estimator == "gae" else None
+    )
+    fsdp = config.dist.fsdp and world_size > 1
+    # Under FSDP2 each rank holds shards of the trained weights; sampling, evaluation,
+    # checkpoints and the final model read whole weights from a copy gathered for them and
+    # emptied after (`_whole`), so the update's peak does not hold it.
+    full_model = frozen_copy(model) if fsdp else model
+    # before the optimizer: fully_shard replaces the parameters with sharded ones
+    policy = distributed.wrap(PolicyLogprobs(model), device.type, fsdp=fsdp)
     trainable = [p for p in model.parameters() if p.requires_grad]
     # Gradients exist from the start, before any activation, and are zeroed in place after each
     # step (`train_step.optimizer_step`): made afresh amid each backward's activations they
@@ -450,6 +481,7 @@ def setup(config: Config) -> Session:
     s = Session(
         config=config,
         run_dir=run_dir,
+        device=device,
         model=model,
         full_model=full_model,
         policy=policy,
@@ -498,6 +530,76 @@ def setup(config: Config) -> Session:
     return s
 
 
+def _settle_memory(
+    config: Config,
+    model: torch.nn.Module,
+    device: torch.device,
+    world_size: int,
+    seq_len: int,
+    saved: dict | None,
+) -> tuple[Config, MemoryPlan | None]:
+    """`config` with every memory setting the user left unset (null) filled in, and the plan
+    that chose them on CUDA (None on the CPU, where the defaults are fixed). A resumed run takes
+    the settings its checkpoint was written with (`saved`), so that it trains as the run did."""
+    m, o = config.model, config.optim
+    chosen = {
+        "gradient_checkpointing": m.gradient_checkpointing,
+        "logprob_chunk_size": m.logprob_chunk_size,
+        "microbatch_size": o.microbatch_size,
+        "microbatch_tokens": o.microbatch_tokens,
+    }
+    for key, value in (saved or {}).items():
+        if key in chosen and chosen[key] is None:
+            chosen[key] = value
+    plan = None
+    if device.type == "cuda":
+        rows_per_step = config.data.prompts_per_step * config.rollout.group_size // world_size
+        eval_rows = min(256, config.eval.num_prompts * config.eval.samples)
+        plan = plan_memory(
+            ModelShape.of(model),
+            seq_len=seq_len,
+            rows_per_step=rows_per_step,
+            sample_rows=max(rows_per_step, eval_rows),
+            budget_bytes=device_budget(device, config.run.gpu_memory_gb),
+            reference=config.algo.beta > 0 and not config.model.lora.r,
+            critic=config.algo.estimator == "gae",
+            microbatch_rows=chosen["microbatch_size"],
+            gradient_checkpointing=chosen["gradient_checkpointing"],
+            logprob_chunk_size=chosen["logprob_chunk_size"],
+        )
+        planned = {
+            "gradient_checkpointing": plan.gradient_checkpointing,
+            "logprob_chunk_size": plan.logprob_chunk_size,
+            "microbatch_size": plan.microbatch_rows,
+            "microbatch_tokens": plan.microbatch_tokens,
+        }
+    else:
+        planned = {
+            "gradient_checkpointing": False,
+            "logprob_chunk_size": DEFAULT_LOGITS_CHUNK,
+            "microbatch_size": CPU_MICROBATCH_ROWS,
+            "microbatch_tokens": None,  # `models.microbatch_tokens` sizes it for the CPU
+        }
+    chosen = {key: planned[key] if value is None else value for key, value in chosen.items()}
+    model_part = ("gradient_checkpointing", "logprob_chunk_size")
+    config = dataclasses.replace(
+        config,
+        model=dataclasses.replace(m, **{k: chosen[k] for k in model_part}),
+        optim=dataclasses.replace(o, **{k: v for k, v in chosen.items() if k not in model_part}),
+    )
+    return config, plan
+
+
+def _memory_settings(config: Config) -> dict:
+    """The settings `_settle_memory` fills in, as a checkpoint keeps them."""
+    return {
+        "gradient_checkpointing": config.model.gradient_checkpointing,
+        "logprob_chunk_size": config.model.logprob_chunk_size,
+        "microbatch_size": config.optim.microbatch_size,
+        "microbatch_tokens": config.optim.microbatch_tokens,
+    }
+
+
 def _whole(s: Session) -> AbstractContextManager[torch.nn.Module]:
     """The policy with whole weights, for the duration (see `distributed.gathered`)."""
     return distributed.gathered(s.model, s.full_model)
@@ -511,7 +613,12 @@ def _save(s: Session, step: int) -> None:
             policy,
             s.optimizer,
             s.scheduler,
-            {"step": step, "completion_tokens": s.completion_tokens, "world_size": s.world_size},
+            {
+                "step": step,
+                "completion_tokens": s.completion_tokens,
+                "world_size": s.world_size,
+                "memory": _memory_settings(s.config),
+            },
             keep_last=s.config.run.keep_last,
             modules=_extra_modules(s),
             optimizers=_extra_optimizers(s),

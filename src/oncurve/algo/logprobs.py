@@ -9,6 +9,8 @@ logits exist at any time. Logits are computed in float32 whatever the model's dt
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 
@@ -38,7 +40,8 @@ class _ChunkedLogprobs(torch.autograd.Function):
     """Autograd for log softmax(h W^T + b)[y] / T over row chunks; see the module docstring.
 
     d logp / d logits = (onehot(y) - softmax) / temperature, so backward needs only the saved
-    log-sum-exp per row and one recomputed chunk of logits.
+    log-sum-exp per row and the recomputed logits, which it forms one `head_blocks` block of the
+    vocabulary at a time: a block's float32 weight and gradient are all it holds of the head.
     """
 
     @staticmethod
@@ -52,7 +55,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         lse = hidden.new_empty(rows, dtype=torch.float32)
         for start in range(0, rows, chunk_size):
             part = slice(start, start + chunk_size)
-            logits = _chunk_logits(hidden[part], weight, bias, temperature)
+            logits = float_logits(hidden[part], weight, bias).div_(temperature)
             lse[part] = torch.logsumexp(logits, dim=-1)
             logprobs[part] = logits.gather(-1, labels[part].unsqueeze(-1)).squeeze(-1) - lse[part]
             if with_entropy:
@@ -70,37 +73,78 @@ class _ChunkedLogprobs(torch.autograd.Function):
         temperature, chunk_size = ctx.temperature, ctx.chunk_size
         grad_logprobs = grad_logprobs.reshape(-1)
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        grad_hidden = torch.zeros_like(hidden) if need_h else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
-        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
-        for start in range(0, hidden.shape[0], chunk_size):
-            part = slice(start, start + chunk_size)
-            logits = _chunk_logits(hidden[part], weight, bias, temperature)
-            g = grad_logprobs[part].float().unsqueeze(-1)
-            # in place: one [chunk, V] buffer holds logits, then softmax, then the gradient
-            grad_logits = logits.sub_(lse[part].unsqueeze(-1)).exp_().mul_(-g)
-            grad_logits.scatter_add_(-1, labels[part].unsqueeze(-1), g)
-            grad_logits /= temperature
-            if need_h:
-                grad_hidden[part] = (grad_logits @ weight.float()).to(hidden.dtype)
-            if need_w:
-                grad_weight += grad_logits.T @ hidden[part].float()
+        hidden32 = hidden.float()
+        grad_hidden = torch.zeros_like(hidden32) if need_h else None
+        # float32 weights are one block, whose gradient becomes the weight's gradient as is
+        grad_weight = torch.empty_like(weight) if need_w and weight.dtype != torch.float32 else None
+        grad_bias = torch.empty_like(bias) if need_b else None
+        for vocab, block in head_blocks(weight):
+            block_bias = None if bias is None else bias[vocab].float()
+            block_grad_weight = torch.zeros_like(block) if need_w else None
+            block_grad_bias = torch.zeros_like(block_bias) if need_b else None
+            for start in range(0, hidden.shape[0], chunk_size):
+                part = slice(start, start + chunk_size)
+                logits = hidden32[part] @ block.T
+                if block_bias is not None:
+                    logits += block_bias
+                g = grad_logprobs[part].float().unsqueeze(-1)
+                # in place: one [chunk, block] buffer holds logits, then softmax, then gradient
+                grad_logits = logits.div_(temperature).sub_(lse[part].unsqueeze(-1)).exp_().mul_(-g)
+                label = labels[part] - vocab.start
+                inside = (label >= 0) & (label < block.shape[0])
+                grad_logits.scatter_add_(
+                    -1, label.clamp(0, block.shape[0] - 1).unsqueeze(-1), g * inside[:, None]
+                )
+                grad_logits /= temperature
+                if need_h:
+                    grad_hidden[part] += grad_logits @ block
+                if need_w:
+                    block_grad_weight += grad_logits.T @ hidden32[part]
+                if need_b:
+                    block_grad_bias += grad_logits.sum(0)
+            if need_w and block is weight:
+                grad_weight = block_grad_weight
+            elif need_w:
+                grad_weight[vocab] = block_grad_weight
             if need_b:
-                grad_bias += grad_logits.sum(0)
-        if need_w:
-            grad_weight = grad_weight.to(weight.dtype)
-        if need_b:
-            grad_bias = grad_bias.to(bias.dtype)
+                grad_bias[vocab] = block_grad_bias
+        if need_h:
+            grad_hidden = grad_hidden.to(hidden.dtype)
         return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 
-def _chunk_logits(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
+# Vocabulary rows of a non-float32 output embedding made float32 at once: 16k rows of a
+# 896-wide head are 56 MB, where the whole float32 copy of a 151k vocabulary is 545 MB.
+HEAD_BLOCK_ROWS = 16384
+
+
+def head_blocks(weight: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor]]:
+    """`(vocab slice, float32 rows)` covering a `[V, H]` output embedding: the weight itself
+    when it is float32 (no copy), else float32 copies of `HEAD_BLOCK_ROWS` rows, one at a time."""
+    vocab_size = weight.shape[0]
+    if weight.dtype == torch.float32:
+        yield slice(0, vocab_size), weight
+        return
+    for start in range(0, vocab_size, HEAD_BLOCK_ROWS):
+        vocab = slice(start, min(start + HEAD_BLOCK_ROWS, vocab_size))
+        yield vocab, weight[vocab].float()
+
+
+def float_logits(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    logits = hidden.float() @ weight.float().T
+    """`[rows, V]` float32 `hidden @ weight.T + bias` from `[rows, H]` hidden states of any
+    dtype, without a float32 copy of the whole output embedding (see `head_blocks`)."""
+    hidden32 = hidden.float()
+    if weight.dtype == torch.float32:
+        logits = hidden32 @ weight.T
+    else:
+        logits = hidden32.new_empty(hidden.shape[0], weight.shape[0])
+        for vocab, block in head_blocks(weight):
+            logits[:, vocab] = hidden32 @ block.T
     if bias is not None:
         logits += bias.float()
-    return logits.div_(temperature)
+    return logits
 
 
 def logprobs_from_hidden(
@@ -119,8 +163,9 @@ def logprobs_from_hidden(
         weight: `[V, H]` output-embedding (lm_head) weight.
         labels: `[N, T]` token ids whose log-probability is wanted.
         temperature: divides the logits, as in sampling.
-        chunk_size: rows of N*T per chunk; peak extra memory is about `3 * chunk_size * V`
-            float32 values (a chunk's logits and the log-sum-exp temporaries).
+        chunk_size: rows of N*T per chunk; peak extra memory is about `2 * chunk_size * V`
+            float32 values (a chunk's logits and one temporary), plus, for weights that are not
+            float32, one `head_blocks` block's float32 copy and gradient.
         bias: optional `[V]` lm_head bias.
         with_entropy: also return the entropy of each position's distribution (no gradient).
     Returns:

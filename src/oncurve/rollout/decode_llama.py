@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
+from oncurve.algo.logprobs import float_logits
 from oncurve.models import cache_argument
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
@@ -327,10 +328,7 @@ class LlamaDecoder:
         return self._logits(hidden)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = hidden.float() @ self.head_weight.float().T
-        if self.head_bias is not None:
-            logits += self.head_bias.float()
-        return logits
+        return float_logits(hidden, self.head_weight, self.head_bias)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed `[n]` tokens (one per active row) and return `[n, V]` float32 next logits;

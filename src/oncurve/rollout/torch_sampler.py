@@ -21,6 +21,7 @@ import torch
 import transformers
 from transformers.cache_utils import DynamicLayer
 
+from oncurve.algo.logprobs import float_logits
 from oncurve.models import cache_argument
 from oncurve.rollout import decode_llama
 from oncurve.rollout.base import SamplingParams, check_room
@@ -106,10 +107,7 @@ class HFDecoder:
             **cache_argument(self.model.base_model, self.cache),
         )
         head = self.model.get_output_embeddings()
-        logits = out.last_hidden_state[:, -1].float() @ head.weight.float().T
-        if head.bias is not None:
-            logits += head.bias.float()
-        return logits
+        return float_logits(out.last_hidden_state[:, -1], head.weight, head.bias)
 
     def prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int):
         """Forward the B prompts `[B, P]`, then repeat each one's cache G times.

@@ -1,0 +1,260 @@
+"""How much accelerator memory a run needs, and the microbatching that fits it.
+
+`plan_memory` is a pure function of the model's shape, the sequence length and a budget: it
+picks the rows and tokens of a training microbatch, whether to recompute activations in the
+backward (gradient checkpointing) and how many positions form logits at once, and predicts the
+peak. The trainer applies it on CUDA to every setting the user left unset.
+
+The policy, as a GRPO step on a GPU spends most of its time sampling (the update is a small
+share), is to be lean rather than to fill the card: a microbatch of about
+`MICROBATCH_TOKENS` tokens keeps the matmuls busy, and activations are recomputed whenever
+storing them would cost more than `ACTIVATION_ALLOWANCE` of the model state (weights, reference,
+gradients, AdamW moments), or more than the budget leaves. Only when even that does not fit are
+microbatches made smaller.
+
+What the estimates count (bytes; b = bytes per weight element):
+- model state: weights (params x b), the reference copy, gradients (trainable x b), AdamW's
+  two moments (trainable x b each: torch keeps them in the parameter's dtype) and, for PPO, the
+  critic's float32 trunk with its gradients and moments;
+- activations kept for the backward, per token and decoder layer: about
+  `9 hidden + 2 kv + 4 intermediate` elements of a Llama-style layer (the two RMSNorms in float32,
+  q/k/v, attention out, the gated MLP's four); with checkpointing one `hidden` per layer plus two
+  layers' worth for the layer being recomputed and its gradients;
+- logits: a chunk's `[chunk, vocab]` float32 logits and one temporary of that size, and the
+  float32 block of the output embedding and its gradient (`logits_bytes`);
+- sampling: the KV cache of every sampled row at full length and `[rows, vocab]` buffers.
+These are estimates of `torch.cuda.max_memory_allocated`, not of what `nvidia-smi` shows (the
+CUDA context and the allocator's cached blocks come on top); the budget keeps
+`RESERVED_FRACTION` of it free for those.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from oncurve.algo.logprobs import HEAD_BLOCK_ROWS
+
+if TYPE_CHECKING:
+    import torch
+
+GIB = 2**30
+MICROBATCH_TOKENS = 4096
+# Activations may take this share of the model state before checkpointing turns on, but never
+# need to be under ACTIVATION_FLOOR: below that recomputation saves too little to pay for it.
+ACTIVATION_ALLOWANCE = 0.25
+ACTIVATION_FLOOR = 1 * GIB
+LOGITS_CHUNK_BYTES = 256 * 2**20
+DEFAULT_LOGITS_CHUNK = 1024
+CPU_MICROBATCH_ROWS = 64  # the CPU's microbatches are cut by tokens (`models.microbatch_tokens`)
+RESERVED_FRACTION = 0.1
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the estimates need of a decoder-only causal LM.
+
+    Attributes:
+        params: every parameter of the policy.
+        trainable: parameters the optimizer updates (all of them, or LoRA's adapters).
+        layers, hidden, intermediate, vocab: the decoder's sizes.
+        kv_dim: key (= value) width of a layer, KV heads x head dim.
+        weight_bytes: bytes per weight element (2 for bfloat16, 4 for float32).
+        tied: whether the output embedding is the input embedding.
+    """
+
+    params: int
+    trainable: int
+    layers: int
+    hidden: int
+    intermediate: int
+    kv_dim: int
+    vocab: int
+    weight_bytes: int
+    tied: bool
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> ModelShape:
+        """The shape of a Hugging Face causal LM, read from its config and parameters."""
+        config = model.config
+        hidden = config.hidden_size
+        heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or hidden // heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        weight = model.get_input_embeddings().weight
+        return cls(
+            params=sum(p.numel() for p in model.parameters()),
+            trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
+            layers=config.num_hidden_layers,
+            hidden=hidden,
+            intermediate=getattr(config, "intermediate_size", None) or 4 * hidden,
+            kv_dim=kv_heads * head_dim,
+            vocab=weight.shape[0],
+            weight_bytes=weight.element_size(),
+            tied=model.get_output_embeddings().weight is weight,
+        )
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The microbatching of a run and the peak it predicts.
+
+    Attributes:
+        microbatch_rows: rows per forward/backward at most.
+        microbatch_tokens: tokens (rows x padded length) per forward/backward at most.
+        gradient_checkpointing: recompute activations in the backward.
+        logprob_chunk_size: positions whose logits are formed at once.
+        state_bytes: model state, present all run long.
+        train_peak_bytes: state + the largest microbatch's activations and logits.
+        sample_peak_bytes: state + the sampler's KV cache and logits.
+        budget_bytes: what the plan had to fit in.
+    """
+
+    microbatch_rows: int
+    microbatch_tokens: int
+    gradient_checkpointing: bool
+    logprob_chunk_size: int
+    state_bytes: int
+    train_peak_bytes: int
+    sample_peak_bytes: int
+    budget_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.train_peak_bytes, self.sample_peak_bytes)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.budget_bytes * (1 - RESERVED_FRACTION)
+
+    def describe(self) -> str:
+        """One line for the run's log."""
+        return (
+            f"memory plan: {self.microbatch_rows} rows / {self.microbatch_tokens:,} tokens per "
+            f"microbatch, gradient checkpointing {'on' if self.gradient_checkpointing else 'off'}, "
+            f"logits in chunks of {self.logprob_chunk_size}; predicted peak "
+            f"{self.peak_bytes / GIB:.1f} GiB (state {self.state_bytes / GIB:.1f}, training "
+            f"{self.train_peak_bytes / GIB:.1f}, sampling {self.sample_peak_bytes / GIB:.1f}) "
+            f"of a {self.budget_bytes / GIB:.1f} GiB budget"
+        )
+
+
+def state_bytes(shape: ModelShape, *, reference: bool, critic: bool) -> int:
+    """Weights, reference copy, gradients and AdamW moments (+ a float32 critic for PPO)."""
+    b = shape.weight_bytes
+    total = shape.params * b + 3 * shape.trainable * b
+    if reference:
+        total += shape.params * b
+    if critic:
+        head = 0 if shape.tied else shape.vocab * shape.hidden
+        total += 4 * 4 * (shape.params - head)
+    return total
+
+
+def activation_bytes_per_token(shape: ModelShape, checkpointing: bool) -> int:
+    """Bytes the backward keeps per token of a microbatch (see the module docstring)."""
+    layer = (9 * shape.hidden + 2 * shape.kv_dim + 4 * shape.intermediate) * shape.weight_bytes
+    if checkpointing:
+        return shape.layers * shape.hidden * shape.weight_bytes + 2 * layer
+    return shape.layers * layer
+
+
+def logits_bytes(shape: ModelShape, chunk: int, trainable_head: bool) -> int:
+    """The logprob head's peak (`oncurve.algo.logprobs`): two `[chunk, vocab]` float32
+    buffers, plus one vocabulary block's float32 copy and gradient when the weights are not
+    float32, or the whole head's float32 gradient when they are and it trains."""
+    total = 2 * chunk * shape.vocab * 4
+    if shape.weight_bytes != 4:
+        total += 2 * min(HEAD_BLOCK_ROWS, shape.vocab) * shape.hidden * 4
+    elif trainable_head:
+        total += shape.vocab * shape.hidden * 4
+    return total
+
+
+def sampling_bytes(shape: ModelShape, rows: int, seq_len: int) -> int:
+    """The sampler's KV cache at full length, a float32 block of the output embedding and
+    three `[rows, vocab]` float32 buffers (logits, probabilities, their sort)."""
+    cache = rows * seq_len * shape.layers * 2 * shape.kv_dim * shape.weight_bytes
+    head = min(HEAD_BLOCK_ROWS, shape.vocab) * shape.hidden * 4 if shape.weight_bytes != 4 else 0
+    return cache + head + 3 * rows * shape.vocab * 4
+
+
+def logits_chunk(vocab: int) -> int:
+    """Positions per logits chunk: `DEFAULT_LOGITS_CHUNK`, fewer when a chunk's float32 logits
+    would pass `LOGITS_CHUNK_BYTES` (a power of two, at least 64)."""
+    fits = LOGITS_CHUNK_BYTES // (vocab * 4)
+    if fits >= DEFAULT_LOGITS_CHUNK:
+        return DEFAULT_LOGITS_CHUNK
+    return max(64, 2 ** int(math.log2(max(fits, 1))))
+
+
+def plan_memory(
+    shape: ModelShape,
+    *,
+    seq_len: int,
+    rows_per_step: int,
+    sample_rows: int,
+    budget_bytes: int,
+    reference: bool,
+    critic: bool = False,
+    microbatch_rows: int | None = None,
+    gradient_checkpointing: bool | None = None,
+    logprob_chunk_size: int | None = None,
+) -> MemoryPlan:
+    """The microbatching of a run: the user's settings where given (not None), the rest chosen.
+
+    Args:
+        shape: the policy's `ModelShape`.
+        seq_len: longest prompt + `rollout.max_new_tokens`, the widest row a step can hold.
+        rows_per_step: rows this process trains on per step (B x G / ranks).
+        sample_rows: rows sampled at once at most (a step's, or an evaluation batch's).
+        budget_bytes: memory the run may use (free device memory, or the user's cap).
+        reference: a frozen reference copy is held (beta > 0 without LoRA).
+        critic: PPO's critic is held.
+    Returns:
+        the plan; `plan.fits` is False when even one row per microbatch with checkpointing
+        is predicted to exceed the budget.
+    """
+    chunk = logprob_chunk_size or logits_chunk(shape.vocab)
+    state = state_bytes(shape, reference=reference, critic=critic)
+    trainable_head = shape.trainable == shape.params
+    fixed = state + logits_bytes(shape, chunk, trainable_head)
+    usable = budget_bytes * (1 - RESERVED_FRACTION)
+
+    def train_peak(rows: int, checkpointing: bool) -> int:
+        return fixed + rows * seq_len * activation_bytes_per_token(shape, checkpointing)
+
+    most_rows = max(1, rows_per_step)
+    rows = microbatch_rows or min(most_rows, max(1, MICROBATCH_TOKENS // seq_len))
+    checkpointing = gradient_checkpointing
+    if checkpointing is None:
+        # with very few layers, the recomputed layer costs more than the inputs it saves
+        helps = activation_bytes_per_token(shape, True) < activation_bytes_per_token(shape, False)
+        stored = rows * seq_len * activation_bytes_per_token(shape, False)
+        allowance = max(ACTIVATION_FLOOR, ACTIVATION_ALLOWANCE * state)
+        checkpointing = helps and (stored > allowance or train_peak(rows, False) > usable)
+    if microbatch_rows is None:
+        while rows > 1 and train_peak(rows, checkpointing) > usable:
+            rows = max(1, rows // 2)
+    return MemoryPlan(
+        microbatch_rows=rows,
+        microbatch_tokens=rows * seq_len,
+        gradient_checkpointing=checkpointing,
+        logprob_chunk_size=chunk,
+        state_bytes=state,
+        train_peak_bytes=train_peak(rows, checkpointing),
+        sample_peak_bytes=state + sampling_bytes(shape, sample_rows, seq_len),
+        budget_bytes=budget_bytes,
+    )
+
+
+def device_budget(device: torch.device, gpu_memory_gb: float | None) -> int:
+    """Bytes a run may use on a CUDA `device`: `gpu_memory_gb` GiB when set, else what is
+    free now plus what this process already holds there (its loaded weights)."""
+    import torch
+
+    if gpu_memory_gb is not None:
+        return int(gpu_memory_gb * GIB)
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_allocated(device)
