@@ -65,7 +65,7 @@ def test_eval_gives_the_known_accuracy_of_a_file_built_from_the_models_own_answe
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     (result,) = run_cli(
-        capsys, "eval", "--model", "default", "--data", str(data),
+        capsys, "eval", "--model", "default", "--data", str(data), "--device", "cpu",
         "--max-new-tokens", str(MAX_NEW_TOKENS), "--samples", "4",
     )  # fmt: skip
     assert result["n"] == 8
@@ -77,7 +77,7 @@ def test_eval_gives_the_known_accuracy_of_a_file_built_from_the_models_own_answe
 def test_sample_prints_n_completions_and_greedy_ones_are_transformers_greedy(capsys):
     prompt = "0012+0034="
     rows = run_cli(
-        capsys, "sample", "--model", "default", "--prompt", prompt, "-n", "3",
+        capsys, "sample", "--model", "default", "--prompt", prompt, "-n", "3", "--device", "cpu",
         "--temperature", "0", "--max-new-tokens", str(MAX_NEW_TOKENS),
     )  # fmt: skip
     assert len(rows) == 3
@@ -174,3 +174,10 @@ def test_an_unknown_flag_after_overrides_is_still_an_error(capsys):
         main(["train", "run.steps=5", "--quite"])
     assert exit_info.value.code == 2
     assert "unrecognized arguments: --quite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", "meta"])
+def test_sample_on_an_unknown_device_is_a_one_line_user_error(capsys, device):
+    assert main(["sample", "--model", "default", "--prompt", "1+1=", "--device", device]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"oncurve: error: --device must be cpu, cuda, cuda:N or auto, got {device!r}"

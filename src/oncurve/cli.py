@@ -144,12 +144,20 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _load_sampler(args: argparse.Namespace):
-    from oncurve.models import load_model, load_tokenizer, resolve_model_path
+    from oncurve.models import (
+        load_model,
+        load_tokenizer,
+        resolve_device,
+        resolve_dtype,
+        resolve_model_path,
+    )
     from oncurve.rollout import TorchSampler
 
     path = resolve_model_path(args.model)
     tokenizer = load_tokenizer(path, args.trust_remote_code)
-    model = load_model(path, trust_remote_code=args.trust_remote_code)
+    device = resolve_device(args.device, what="--device")
+    dtype = resolve_dtype(args.dtype, device)
+    model = load_model(path, dtype, device, trust_remote_code=args.trust_remote_code)
     return TorchSampler(model, tokenizer)
 
 
@@ -179,6 +187,13 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--temperature", type=float, default=1.0)
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--trust-remote-code", action="store_true")
+        p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (as run.device)")
+        p.add_argument(
+            "--dtype",
+            default="auto",
+            choices=("auto", "float32", "bfloat16"),
+            help="auto: bfloat16 on a GPU that supports it, else float32 (as model.dtype)",
+        )
 
     ev = commands.add_parser("eval", help="accuracy, mean@K and pass@K on a JSONL file")
     model_args(ev)

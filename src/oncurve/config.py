@@ -272,6 +272,11 @@ class RunConfig:
         POSITIVE,
     )
     threads: int = _opt(0, "torch CPU threads; 0 leaves torch's default", NON_NEGATIVE)
+    deterministic: bool = _opt(
+        True,
+        "on CUDA, deterministic kernels (torch.use_deterministic_algorithms), so that a resumed "
+        "run repeats an uninterrupted one bit for bit; false trades that for some speed",
+    )
 
 
 @dataclass

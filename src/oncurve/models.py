@@ -25,20 +25,25 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CPU_ACTIVATION_BYTES = 16 * 2**20
 
 
-def resolve_device(name: str) -> torch.device:
-    """The device `run.device` names (`auto`: the GPU when torch sees one)."""
+def resolve_device(name: str, what: str = "run.device") -> torch.device:
+    """The device `name` (the setting `what`) names; `auto` is the GPU when torch sees one."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise UserError(f"{what} must be cpu, cuda, cuda:N or auto, got {name!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(
-            f"run.device={name}, but this torch ({torch.__version__}) sees no CUDA device; "
-            "use run.device=cpu or auto"
+            f"{what}={name}, but this torch ({torch.__version__}) sees no CUDA device; "
+            f"use {what}=cpu or auto"
         )
     if device.type == "cuda" and device.index is not None:
         if device.index >= torch.cuda.device_count():
             raise UserError(
-                f"run.device={name}, but torch sees {torch.cuda.device_count()} CUDA device(s)"
+                f"{what}={name}, but torch sees {torch.cuda.device_count()} CUDA device(s)"
             )
         torch.cuda.set_device(device)
     return device

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import shutil
 import signal
 import sys
@@ -405,6 +406,11 @@ def setup(config: Config) -> Session:
         device = torch.device("cuda", torch.cuda.current_device())  # torchrun's LOCAL_RANK
         if config.run.gpu_memory_gb is not None:
             cap_gpu_memory(device, config.run.gpu_memory_gb)
+        if config.run.deterministic:
+            # Atomic-add kernels (attention's backward, scatters) sum in a varying order, and
+            # cuBLAS needs a fixed workspace, set before its first call, to repeat its sums.
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True, warn_only=True)
     distributed.shard(config.data.prompts_per_step, rank, world_size)
     run_dir, resume_from = _prepare_run_dir(config, rank)
     if config.run.threads:
