@@ -203,3 +203,26 @@ def test_a_resumed_run_takes_its_checkpoints_memory_settings():
     assert config.optim.microbatch_size == 7  # set by the user: kept
     assert config.model.gradient_checkpointing is True
     assert (config.model.logprob_chunk_size, config.optim.microbatch_tokens) == (128, 500)
+
+
+def test_a_cpu_runs_config_yaml_records_what_auto_and_null_became(
+    tiny_model_dir, data_file, tmp_path
+):
+    import yaml
+
+    from oncurve.trainer import setup
+
+    config = load_config(
+        None,
+        [f"model.path={tiny_model_dir}", f"data.path={data_file}", "run.device=cpu",
+         f"run.dir={tmp_path / 'run'}", "optim.microbatch_tokens=0",
+         "rewards=[rewards_for_tests:count_digits]"],
+    )  # fmt: skip
+    s = setup(config)
+    s.rewards.close()
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["model"]["dtype"] == "float32"
+    assert saved["model"]["gradient_checkpointing"] is False
+    assert saved["model"]["logprob_chunk_size"] == 1024
+    assert (saved["optim"]["microbatch_size"], saved["optim"]["microbatch_tokens"]) == (64, 0)
+    assert s.config.model.dtype == "float32" and s.microbatch_tokens == 0

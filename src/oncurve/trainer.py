@@ -425,7 +425,9 @@ def setup(config: Config) -> Session:
     )
     prompts = data.rows + (eval_data.rows if eval_data is not None else [])
     longest = max(len(row["prompt_ids"]) for row in prompts)
+    # the run's config.yaml records what `auto` chose
     dtype = resolve_dtype(config.model.dtype, device)
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=dtype))
     model = load_model(model_path, dtype, device, config.model.trust_remote_code)
     check_room(longest, config.rollout.max_new_tokens, model.config)
     peft_model = add_lora(model, config.model.lora) if config.model.lora.r else None
