@@ -199,6 +199,12 @@ class OptimConfig:
     beta1: float = _opt(0.9, "AdamW beta1", _range(0, 1, high_open=True))
     beta2: float = _opt(0.99, "AdamW beta2", _range(0, 1, high_open=True))
     grad_clip: float = _opt(1.0, "clip the global gradient norm to this; 0 off", NON_NEGATIVE)
+    stochastic_rounding: bool = _opt(
+        True,
+        "bfloat16 weights: write each AdamW update stochastically rounded (oncurve.optim), so "
+        "that updates below bfloat16's precision add up instead of being lost; false uses "
+        "torch's AdamW, which rounds to nearest (not under FSDP, which always does)",
+    )
     schedule: str = _opt("constant", "LR schedule", choices=("constant", "cosine"))
     warmup_steps: int = _opt(10, "linear warmup steps", NON_NEGATIVE)
     microbatch_size: int | None = _opt(
