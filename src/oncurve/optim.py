@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 import torch
 
-SLICE = 2**24
+SLICE = 2**22
 
 
 def stochastic_round(values: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
