@@ -1,5 +1,5 @@
 """Helpers shared by the benchmark scripts: models made from a config, the machine's matmul rate,
-peak memory of a call, and markdown tables.
+peak memory of a call, child processes, the timing hooks of a TRL child, and markdown tables.
 
 Nothing here downloads anything: the named models are random Qwen2-style models built from a
 config with the bundled character tokenizer; `default` is the bundled model once it exists.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import resource
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -29,20 +30,28 @@ QWEN2_SIZES = {
 }
 
 
-def qwen2_model(name: str, vocab_size: int, seed: int = 0) -> transformers.PreTrainedModel:
-    """A random Qwen2-style model of one of `QWEN2_SIZES`, float32, eval mode."""
-    hidden, intermediate, layers, heads, kv_heads = QWEN2_SIZES[name]
-    torch.manual_seed(seed)
-    config = transformers.Qwen2Config(
+def qwen2_config(
+    shape: tuple[int, int, int, int, int], vocab_size: int, **extra: Any
+) -> transformers.Qwen2Config:
+    """A Qwen2 config with tied embeddings of `shape` (hidden, intermediate, layers, heads,
+    kv_heads, as in `QWEN2_SIZES`); `extra` are further `Qwen2Config` fields."""
+    hidden, intermediate, layers, heads, kv_heads = shape
+    return transformers.Qwen2Config(
         vocab_size=vocab_size,
         hidden_size=hidden,
         intermediate_size=intermediate,
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        max_position_embeddings=512,
         tie_word_embeddings=True,
+        **extra,
     )
+
+
+def qwen2_model(name: str, vocab_size: int, seed: int = 0) -> transformers.PreTrainedModel:
+    """A random Qwen2-style model of one of `QWEN2_SIZES`, float32, eval mode."""
+    torch.manual_seed(seed)
+    config = qwen2_config(QWEN2_SIZES[name], vocab_size, max_position_embeddings=512)
     return transformers.Qwen2ForCausalLM(config).eval()
 
 
@@ -178,3 +187,88 @@ def step_phases(rows: list[dict]) -> dict[str, list[float]]:
     keys the trainer wrote (reference only when beta > 0), in the order a step runs them."""
     names = [k for k in ("rollout", "reward", "reference", "train") if f"time/{k}" in rows[0]]
     return {k: [r[f"time/{k}"] for r in rows] for k in names}
+
+
+def run_child(
+    command: list[str], env: dict[str, str], log: Path, check: bool = True
+) -> tuple[float, float, int]:
+    """Run `command` with its output in `log`; returns (wall seconds, peak RSS in MB of that
+    process alone, exit status). A failure raises SystemExit with the log's tail unless `check`
+    is false."""
+    start = time.perf_counter()
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode and check:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
+        raise SystemExit(f"{' '.join(command[:4])} ... failed ({process.returncode}):\n{tail}")
+    return time.perf_counter() - start, usage.ru_maxrss / 1024, process.returncode
+
+
+# --- hooks of a TRL child (run in TRL's environment) -------------------------------------------
+
+
+def trl_reward(name: str, fn: Callable, group: int, seen: list[list[str]]) -> Callable:
+    """An oncurve reward fn as TRL calls it: keyword arguments, the dataset's columns included
+    (TRL also passes `completion_ids`, `trainer_state`, ...: the fn's **columns absorbs them).
+    Appends the prompt of each group of `group` rows of a call to `seen` (one per group, not
+    the distinct ones: a step may draw one prompt text twice)."""
+
+    def reward(prompts: list[str], completions: list[str], **columns) -> list[float | None]:
+        seen.append(prompts[::group])
+        return fn(prompts, completions, **columns)
+
+    reward.__name__ = name  # TRL logs rewards/<__name__>
+    return reward
+
+
+def timed(
+    obj: object, method: str, into: list[float], sync: Callable[[], None] | None = None
+) -> None:
+    """Wrap `obj.method` so each call's wall time is appended to `into`; `sync` (for example
+    `torch.cuda.synchronize`) is called before reading the clock at both ends, so that queued
+    GPU work counts in the call that queued it."""
+    inner = getattr(obj, method)
+
+    def wrapper(*args, **kwargs):
+        if sync:
+            sync()
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            if sync:
+                sync()
+            into.append(time.perf_counter() - start)
+
+    setattr(obj, method, wrapper)
+
+
+class StepTimes:
+    """Wall time from TRL's on_step_begin to on_step_end: generation, rewards, the reference
+    forward and every microbatch's forward/backward up to the optimizer step; `sync` as in
+    `timed`."""
+
+    def __init__(self, sync: Callable[[], None] | None = None) -> None:
+        self.seconds: list[float] = []
+        self._start = 0.0
+        self._sync = sync
+
+    def _now(self) -> float:
+        if self._sync:
+            self._sync()
+        return time.perf_counter()
+
+    def callback(self, base: type) -> Any:
+        """An instance of a `base` (transformers' `TrainerCallback`) subclass recording times."""
+        times = self
+
+        class Callback(base):
+            def on_step_begin(self, args, state, control, **kwargs):
+                times._start = times._now()
+
+            def on_step_end(self, args, state, control, **kwargs):
+                times.seconds.append(times._now() - times._start)
+
+        return Callback()

@@ -34,11 +34,15 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 from common import (  # noqa: E402
+    StepTimes,
     load_model,
     load_note,
     markdown_table,
     matmul_gflops,
+    run_child,
     step_phases,
+    timed,
+    trl_reward,
     write_section,
 )
 
@@ -186,55 +190,6 @@ def trl_child(job: Job, out_dir: Path) -> None:
     (out_dir / "result.json").write_text(json.dumps(result))
 
 
-def trl_reward(name: str, fn, group: int, seen: list[list[str]]):
-    """An oncurve reward fn as TRL calls it: keyword arguments, the dataset's columns included
-    (TRL also passes `completion_ids`, `trainer_state`, ...: the fn's **columns absorbs them).
-    Appends the prompt of each group of `group` rows of a call to `seen` (one per group, not
-    the distinct ones: a step may draw one prompt text twice)."""
-
-    def reward(prompts: list[str], completions: list[str], **columns) -> list[float | None]:
-        seen.append(prompts[::group])
-        return fn(prompts, completions, **columns)
-
-    reward.__name__ = name  # TRL logs rewards/<__name__>
-    return reward
-
-
-def timed(obj, method: str, into: list[float]) -> None:
-    """Wrap `obj.method` so each call's wall time is appended to `into`."""
-    inner = getattr(obj, method)
-
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            into.append(time.perf_counter() - start)
-
-    setattr(obj, method, wrapper)
-
-
-class StepTimes:
-    """Wall time from TRL's on_step_begin to on_step_end: generation, rewards, the reference
-    forward and every microbatch's forward/backward up to the optimizer step."""
-
-    def __init__(self) -> None:
-        self.seconds: list[float] = []
-        self._start = 0.0
-
-    def callback(self, base: type):
-        times = self
-
-        class Callback(base):
-            def on_step_begin(self, args, state, control, **kwargs):
-                times._start = time.perf_counter()
-
-            def on_step_end(self, args, state, control, **kwargs):
-                times.seconds.append(time.perf_counter() - times._start)
-
-        return Callback()
-
-
 # --- the parent (runs in oncurve's .venv) ------------------------------------------------------
 
 
@@ -282,19 +237,6 @@ def model_dir(name: str) -> Path:
     return path
 
 
-def run_child(command: list[str], env: dict[str, str], log: Path) -> tuple[float, float]:
-    """Run `command`; returns (wall seconds, peak RSS in MB of that process alone)."""
-    start = time.perf_counter()
-    with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = os.waitstatus_to_exitcode(status)
-    if process.returncode:
-        tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
-        raise SystemExit(f"{' '.join(command[:4])} ... failed ({process.returncode}):\n{tail}")
-    return time.perf_counter() - start, usage.ru_maxrss / 1024
-
-
 def run_oncurve(job: Job, out: Path) -> dict:
     overrides = {
         "model.path": job.model_dir,
@@ -324,7 +266,7 @@ def run_oncurve(job: Job, out: Path) -> dict:
     }
     command = [sys.executable, "-m", "oncurve", "train", "--quiet"]
     command += [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items()]
-    wall, rss = run_child(command, dict(os.environ), out / "log.txt")
+    wall, rss, _ = run_child(command, dict(os.environ), out / "log.txt")
     from oncurve.metrics import read_jsonl
 
     rows = [r for r in read_jsonl(out / "run" / "metrics.jsonl") if "time/step" in r]
@@ -353,7 +295,7 @@ def run_trl(job: Job, out: Path, trl_python: str) -> dict:
     }
     env.pop("VIRTUAL_ENV", None)
     command = [trl_python, str(Path(__file__).resolve()), "--trl-child", str(out)]
-    wall, rss = run_child(command, env, out / "log.txt")
+    wall, rss, _ = run_child(command, env, out / "log.txt")
     result = json.loads((out / "result.json").read_text())
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
     rows = [r["prompt"] for r in step_rows(job, tokenizer)]
