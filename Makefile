@@ -4,7 +4,7 @@
 PY := .venv/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: run test lint install install-test clean
+.PHONY: run test lint install install-test gpu-check clean
 
 .venv/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -30,6 +30,12 @@ lint: .venv/.installed-test
 
 test: lint
 	$(PY) -m pytest
+
+# On a machine with a CUDA device and a CUDA build of torch: the `gpu` tests (skipped by `make
+# test` without one) and the default job on the GPU, one table in benchmarks/results/gpu_check.md.
+# `make gpu-check ARGS="--steps 20"` shortens the job.
+gpu-check: .venv/.installed-test
+	$(PY) benchmarks/gpu_check.py $(ARGS)
 
 clean:
 	rm -rf .venv build src/*.egg-info

@@ -272,3 +272,34 @@ class StepTimes:
                 times.seconds.append(times._now() - times._start)
 
         return Callback()
+
+
+def train_trl_timed(
+    args: Any,
+    model_dir: str,
+    reward_funcs: list[Callable],
+    dataset: Any,
+    tokenizer: Any,
+    sync: Callable[[], None] | None = None,
+) -> tuple[Any, dict[str, list[float]], StepTimes]:
+    """Build TRL's GRPOTrainer, time its phases (`generate`: each generation call, `reward`:
+    each reward call, `prepare`: generation + rewards + reference forward) and its steps, and
+    train. Returns (trainer, phase seconds, step times); `sync` as in `timed`."""
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+
+    trainer = GRPOTrainer(
+        model=model_dir,
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
+    phases: dict[str, list[float]] = {"generate": [], "reward": [], "prepare": []}
+    timed(trainer, "_generate_single_turn", phases["generate"], sync)
+    timed(trainer, "_calculate_rewards", phases["reward"], sync)
+    timed(trainer, "_generate_and_score_completions", phases["prepare"], sync)
+    steps = StepTimes(sync)
+    trainer.add_callback(steps.callback(TrainerCallback))
+    trainer.train()
+    return trainer, phases, steps

@@ -67,6 +67,7 @@ def run(args: argparse.Namespace, fsdp: bool) -> tuple[list[float], float]:
         "log.samples_per_step=0",
         f"run.dir={out / 'run'}",
         "run.overwrite=true",
+        "run.device=cpu",  # gloo ranks on the CPU, also on a machine with a GPU
         f"dist.fsdp={str(fsdp).lower()}",
     ]
     command = [

@@ -43,12 +43,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT / "src")]  # oncurve from the checkout: no install needed
 from common import (  # noqa: E402
-    StepTimes,
     markdown_table,
     qwen2_config,
     run_child,
     step_phases,
-    timed,
+    train_trl_timed,
     trl_reward,
     write_section,
 )
@@ -167,8 +166,8 @@ def trl_child(job: Job, out_dir: Path) -> None:
     `out_dir/result.json`."""
     import torch
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig
 
     cuda = job.device == "cuda"
     sync = torch.cuda.synchronize if cuda else None
@@ -226,20 +225,8 @@ def trl_child(job: Job, out_dir: Path) -> None:
         dataloader_num_workers=0,
     )
     seen: list[list[str]] = []  # the prompts each reward call scored, checked by the parent
-    trainer = GRPOTrainer(
-        model=job.model_dir,
-        reward_funcs=[trl_reward(name, fn, job.group, seen) for name, fn, _ in rewards],
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-    )
-    phases: dict[str, list[float]] = {"generate": [], "reward": [], "prepare": []}
-    timed(trainer, "_generate_single_turn", phases["generate"], sync)
-    timed(trainer, "_calculate_rewards", phases["reward"], sync)
-    timed(trainer, "_generate_and_score_completions", phases["prepare"], sync)
-    steps = StepTimes(sync)
-    trainer.add_callback(steps.callback(TrainerCallback))
-    trainer.train()
+    funcs = [trl_reward(name, fn, job.group, seen) for name, fn, _ in rewards]
+    trainer, phases, steps = train_trl_timed(args, job.model_dir, funcs, dataset, tokenizer, sync)
     if len(steps.seconds) != job.steps or len(phases["prepare"]) != job.steps:
         raise SystemExit(
             f"expected {job.steps} steps of one generation each, timed {len(steps.seconds)} "

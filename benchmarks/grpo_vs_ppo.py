@@ -108,6 +108,7 @@ def overrides(job: Job, trainer: str, seed: int, run_dir: Path) -> dict[str, obj
         "run.keep_last": job.steps // job.save_every + 1,
         "run.dir": str(run_dir),
         "run.overwrite": True,
+        "run.device": "cpu",  # a CPU benchmark, also on a machine with a GPU
     }
 
 

@@ -34,14 +34,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 from common import (  # noqa: E402
-    StepTimes,
     load_model,
     load_note,
     markdown_table,
     matmul_gflops,
     run_child,
     step_phases,
-    timed,
+    train_trl_timed,
     trl_reward,
     write_section,
 )
@@ -110,8 +109,8 @@ def trl_child(job: Job, out_dir: Path) -> None:
     """Train with TRL's GRPOTrainer; write per-step times, phases and logs to `out_dir`."""
     import torch
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig
 
     from oncurve.tasks import get_task
 
@@ -162,20 +161,8 @@ def trl_child(job: Job, out_dir: Path) -> None:
         dataloader_num_workers=0,
     )
     seen: list[list[str]] = []  # the prompts each reward call scored, checked by the parent
-    trainer = GRPOTrainer(
-        model=job.model_dir,
-        reward_funcs=[trl_reward(name, fn, job.group, seen) for name, fn in fns.items()],
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-    )
-    phases: dict[str, list[float]] = {"generate": [], "reward": [], "prepare": []}
-    timed(trainer, "_generate_single_turn", phases["generate"])
-    timed(trainer, "_calculate_rewards", phases["reward"])
-    timed(trainer, "_generate_and_score_completions", phases["prepare"])
-    steps = StepTimes()
-    trainer.add_callback(steps.callback(TrainerCallback))
-    trainer.train()
+    funcs = [trl_reward(name, fn, job.group, seen) for name, fn in fns.items()]
+    trainer, phases, steps = train_trl_timed(args, job.model_dir, funcs, dataset, tokenizer)
     trainer.save_model(str(out_dir / "final"))
     logs = [entry for entry in trainer.state.log_history if "reward" in entry]
     result = {
@@ -263,6 +250,7 @@ def run_oncurve(job: Job, out: Path) -> dict:
         "run.seed": job.seed,
         "run.dir": str(out / "run"),
         "run.overwrite": True,
+        "run.device": "cpu",  # a CPU benchmark, also on a machine with a GPU
     }
     command = [sys.executable, "-m", "oncurve", "train", "--quiet"]
     command += [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items()]
@@ -322,7 +310,8 @@ def run_trl(job: Job, out: Path, trl_python: str) -> dict:
 
 
 def greedy_accuracy(final: str, test_file: Path, tokens: int) -> float:
-    command = [sys.executable, "-m", "oncurve", "eval", "--model", final, "--data", str(test_file)]
+    command = [sys.executable, "-m", "oncurve", "eval", "--model", final, "--device", "cpu"]
+    command += ["--data", str(test_file)]
     command += ["--max-new-tokens", str(tokens)]
     out = subprocess.run(command, capture_output=True, text=True)
     if out.returncode:

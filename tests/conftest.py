@@ -1,15 +1,42 @@
-"""Shared fixtures: tiny models built from a config, saved like a user's local model dir."""
+"""Shared fixtures: tiny models built from a config, saved like a user's local model dir; the
+`gpu` marker, whose tests are skipped where torch sees no CUDA device."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import torch
 import transformers
 
 from oncurve.tokenizer import char_tokenizer
+from oncurve.types import RolloutBatch, TrainBatch
+
+BatchT = TypeVar("BatchT", TrainBatch, RolloutBatch)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `gpu` are collected everywhere and run only where CUDA is available, so
+    that `make test` never needs a GPU (`make gpu-check` runs them on one)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(
+        reason=f"needs a CUDA device; this torch ({torch.__version__}) sees none"
+    )
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def batch_to(batch: BatchT, device: str | torch.device) -> BatchT:
+    """A copy of `batch` (a TrainBatch or RolloutBatch) with every tensor on `device`."""
+    tensors = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+    return dataclasses.replace(
+        batch, **{k: v.to(device) for k, v in tensors.items() if isinstance(v, torch.Tensor)}
+    )
 
 
 def tiny_qwen2(vocab_size: int, seed: int = 0) -> transformers.PreTrainedModel:

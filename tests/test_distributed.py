@@ -1,4 +1,5 @@
-"""Data parallelism on 2 gloo ranks equals one process on the same global batch."""
+"""Data parallelism on 2 gloo ranks equals one process on the same global batch (on 2 NCCL
+ranks too: tests/test_gpu.py runs these helpers with device="cuda")."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import tiny_qwen2
+from conftest import batch_to, tiny_qwen2
 from safetensors.torch import load_file, save_file
 
 from oncurve import distributed
@@ -62,11 +63,15 @@ def loss_fns(aggregation: str) -> LossFns:
     )
 
 
-def one_step(aggregation: str, rows: slice | None, fsdp: bool = False) -> dict[str, torch.Tensor]:
+def one_step(
+    aggregation: str, rows: slice | None, fsdp: bool = False, device: str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """The weights (on the CPU) after one SGD step of the tiny model on `rows` of the fixed
+    batch (all of it when None), the model and the batch on `device`."""
     model = tiny_qwen2(VOCAB, seed=0)
-    batch = fixed_batch(model)
-    local = batch if rows is None else batch.rows(rows)
-    policy = distributed.wrap(PolicyLogprobs(model), "cpu", fsdp=fsdp)
+    batch = fixed_batch(model)  # made on the CPU: the same batch on every device
+    local = batch_to(batch if rows is None else batch.rows(rows), device)
+    policy = distributed.wrap(PolicyLogprobs(model.to(device)), device, fsdp=fsdp)
     # SGD, not Adam: Adam's first step is ~lr * sign(grad), which turns 1e-12 noise in a
     # near-zero gradient into a 2*lr difference; SGD shows the gradient itself.
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
@@ -75,7 +80,7 @@ def one_step(aggregation: str, rows: slice | None, fsdp: bool = False) -> dict[s
     )
     # FSDP2 holds each parameter as a DTensor shard; full_tensor() gathers it.
     return {
-        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu().clone()
         for k, v in model.state_dict().items()
     }
 
@@ -100,13 +105,16 @@ def test_each_optimizer_step_applies_only_its_own_gradient() -> None:
 
 
 def _rank_main(
-    rank: int, world_size: int, port: int, aggregation: str, out: str, fsdp: bool
+    rank: int, world_size: int, port: int, aggregation: str, out: str, fsdp: bool, device: str
 ) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    backend = "nccl" if device == "cuda" else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
     try:
         rows = distributed.shard(GROUPS, rank, world_size)
-        weights = one_step(aggregation, slice(rows.start * G, rows.stop * G), fsdp)
+        weights = one_step(aggregation, slice(rows.start * G, rows.stop * G), fsdp, device)
         if rank == 0:
             save_file({k: v.contiguous() for k, v in weights.items()}, out)
         # both ranks done before either tears gloo down (a rank leaving first was seen to abort
@@ -122,9 +130,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def two_rank_step(aggregation: str, tmp_path: Path, fsdp: bool) -> dict[str, torch.Tensor]:
+def two_rank_step(
+    aggregation: str, tmp_path: Path, fsdp: bool, device: str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """Rank 0's weights after one step of 2 ranks (gloo on the CPU, NCCL on 2 GPUs), each on
+    half the groups of the fixed batch."""
     out = tmp_path / "rank0.safetensors"
-    mp.spawn(_rank_main, args=(2, _free_port(), aggregation, str(out), fsdp), nprocs=2, join=True)
+    args = (2, _free_port(), aggregation, str(out), fsdp, device)
+    mp.spawn(_rank_main, args=args, nprocs=2, join=True)
     return load_file(out)
 
 
@@ -206,6 +219,7 @@ def tiny_job(model_dir: Path, data_file: Path) -> list[str]:
         "rollout.max_new_tokens=8",
         "rewards=[rewards_for_tests:count_digits]",
         "run.reward_timeout=null",
+        "run.device=cpu",  # gloo ranks
     ]
 
 
@@ -315,6 +329,7 @@ def test_a_rank_that_raises_fails_the_job_instead_of_hanging(tiny_model_dir, dat
         "run.steps=3",
         "dist.nproc=2",
         "dist.timeout_s=30",
+        "run.device=cpu",
         timeout=180,
     )
     assert proc.returncode != 0

@@ -16,6 +16,7 @@ from oncurve.memory import (
     logits_bytes,
     logits_chunk,
     plan_memory,
+    sampling_bytes,
     state_bytes,
 )
 from oncurve.models import resolve_dtype
@@ -181,6 +182,14 @@ def test_settle_memory_on_cuda_applies_the_plan_and_keeps_what_the_user_set():
     assert config.optim.microbatch_size == plan.microbatch_rows == 40  # 4096 // 100
     assert config.optim.microbatch_tokens == 4000
     assert config.model.logprob_chunk_size == 1024
+    # an evaluation samples 256 rows at once, twice a step's 16 x 8: the plan makes room for it
+    budget = load_config(None, ["run.gpu_memory_gb=16"])
+    _, evaluating = _settle_memory(budget, model, cuda, 1, 100, None, evaluates=True)
+    _, training = _settle_memory(budget, model, cuda, 1, 100, None, evaluates=False)
+    shape = ModelShape.of(model)
+    assert evaluating.sample_peak_bytes - training.sample_peak_bytes == (
+        sampling_bytes(shape, 256, 100) - sampling_bytes(shape, 128, 100)
+    )
     # under data parallelism each rank plans for its share of the rows
     config, plan = _settle_memory(
         load_config(None, ["run.gpu_memory_gb=16", "data.prompts_per_step=2"]),

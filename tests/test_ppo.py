@@ -252,6 +252,7 @@ def _ppo_config(model_dir: Path, data_file: Path, run_dir: Path, *extra: str):
             "run.reward_timeout=null",
             "optim.lr=1e-3",
             "eval.at_start_end=false",
+            "run.device=cpu",
             *extra,
         ],
     )

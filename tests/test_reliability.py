@@ -48,17 +48,22 @@ def cli_args(model_dir: Path, data_file: Path, run_dir: Path, *extra: str) -> li
         "run.threads=1",
         "optim.lr=1e-2",
         "algo.beta=0.04",
+        "run.device=cpu",  # bit-identical resumes and the one-line errors here are the CPU's
         *extra,
     ]
 
 
+def rewards_env() -> dict[str, str]:
+    """The environment with the test rewards (`rewards_for_tests`) importable."""
+    paths = [str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
 def train_process(*args: str) -> subprocess.Popen:
     """`python -m oncurve train --quiet ARGS` with the test rewards importable."""
-    paths = [str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     return subprocess.Popen(
         [sys.executable, "-m", "oncurve", "train", "--quiet", *args],
-        env=env,
+        env=rewards_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -90,12 +95,11 @@ def latest_step(run_dir: Path) -> int:
 
 
 def metric_rows(run_dir: Path) -> list[dict]:
-    """Per-step rows without the wall-clock timings, which differ between runs."""
+    """Per-step rows without the wall-clock timings and memory peaks, which differ between runs
+    (a resumed process starts with a fresh allocator)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [
-        {k: v for k, v in row.items() if not k.startswith("time/") and k != "tokens_per_s"}
-        for row in rows
-    ]
+    varying = ("time/", "memory/", "tokens_per_s")
+    return [{k: v for k, v in row.items() if not k.startswith(varying)} for row in rows]
 
 
 def assert_same_run(run_dir: Path, reference: Path) -> None:

@@ -19,6 +19,7 @@ from oncurve.algo.logprobs import logprobs_from_logits
 from oncurve.config import load_config
 from oncurve.rollout import decode_llama
 from oncurve.trainer import setup, train, training_step
+from oncurve.types import RolloutBatch
 
 
 def make_config(model_dir: Path, data_file: Path, run_dir: Path, *extra: str):
@@ -35,6 +36,8 @@ def make_config(model_dir: Path, data_file: Path, run_dir: Path, *extra: str):
             f"run.dir={run_dir}",
             "run.reward_timeout=null",
             "optim.lr=1e-3",
+            # the numbers below are the CPU's (an extra run.device=cuda overrides it)
+            "run.device=cpu",
             *extra,
         ],
     )
@@ -110,12 +113,9 @@ def test_three_steps_write_finite_metrics_samples_and_a_loadable_final_model(
     assert out.shape == (1, prompt["input_ids"].shape[1] + 4)
 
 
-def test_first_step_matches_hand_assembled_grpo(tiny_model_dir, data_file, tmp_path):
-    config = make_config(
-        tiny_model_dir, data_file, tmp_path / "run", "optim.grad_clip=0", "algo.beta=0.04"
-    )
-    s = setup(config)
-    initial = copy.deepcopy(s.model)
+def capture_first_step(s) -> tuple[dict[str, float], RolloutBatch, dict[str, torch.Tensor]]:
+    """Run step 1 of session `s`; returns its metrics, the rollout it sampled and the gradients
+    the optimizer stepped with."""
     captured: dict = {}
     generate = s.sampler.generate_ids
 
@@ -129,8 +129,16 @@ def test_first_step_matches_hand_assembled_grpo(tiny_model_dir, data_file, tmp_p
     s.sampler.generate_ids = capture_rollout
     s.optimizer.register_step_pre_hook(lambda *_: capture_grads())
     metrics = training_step(s, 1)
+    return metrics, captured["rollout"], captured["grads"]
 
-    rollout = captured["rollout"]
+
+def hand_assembled_grpo(
+    model: torch.nn.Module, rollout: RolloutBatch, beta: float = 0.04
+) -> tuple[float, dict[str, torch.Tensor]]:
+    """The first GRPO step's loss and gradients for `model` (pi_old = pi_ref = model) on
+    `rollout` of `make_config`'s shape (groups of 4, 8 new tokens), assembled from the algo
+    functions: count_digits rewards, group z-score, ppo_clip at ratio 1, beta x k3 KL,
+    seq-mean-token-mean. `model` gets the gradients; they are returned by parameter name."""
     from rewards_for_tests import count_digits
 
     rewards = torch.tensor(count_digits(None, rollout.texts))
@@ -145,19 +153,31 @@ def test_first_step_matches_hand_assembled_grpo(tiny_model_dir, data_file, tmp_p
         return logprobs_from_logits(logits[:, -t - 1 : -1], ids[:, -t:])
 
     with torch.no_grad():
-        ref = logprobs(initial)
-    logp = logprobs(initial)
+        ref = logprobs(model)
+    logp = logprobs(model)
     per_token, _ = ppo_clip(
         logp, logp.detach(), advantages[:, None].expand_as(logp), mask, eps_low=0.2, eps_high=0.2
     )
-    per_token = per_token + 0.04 * kl_k3(logp, ref)
+    per_token = per_token + beta * kl_k3(logp, ref)
     loss = seq_mean_token_mean(
-        per_token, mask, num_seqs=16, num_tokens=float(mask.sum()), norm_len=8.0
+        per_token, mask, num_seqs=rollout.num_rows, num_tokens=float(mask.sum()), norm_len=8.0
     )
     loss.backward()
-    assert metrics["loss/policy"] == pytest.approx(float(loss.detach()), abs=1e-6)
-    for name, param in initial.named_parameters():
-        torch.testing.assert_close(captured["grads"][name], param.grad, atol=1e-6, rtol=1e-5)
+    return float(loss.detach()), {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_first_step_matches_hand_assembled_grpo(tiny_model_dir, data_file, tmp_path):
+    config = make_config(
+        tiny_model_dir, data_file, tmp_path / "run", "optim.grad_clip=0", "algo.beta=0.04"
+    )
+    s = setup(config)
+    initial = copy.deepcopy(s.model)
+    metrics, rollout, grads = capture_first_step(s)
+    assert rollout.num_rows == 16
+    loss, expected = hand_assembled_grpo(initial, rollout)
+    assert metrics["loss/policy"] == pytest.approx(loss, abs=1e-6)
+    for name, grad in expected.items():
+        torch.testing.assert_close(grads[name], grad, atol=1e-6, rtol=1e-5)
     assert metrics["ratio/min"] == metrics["ratio/max"] == 1.0
 
 
@@ -273,3 +293,15 @@ def test_cli_rejects_an_unknown_key_with_one_line_and_exit_2():
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2
     assert len(lines) == 1 and "unknown key algo.betta" in lines[0]
+
+
+def test_deterministic_kernels_hold_for_the_run_only():
+    from oncurve.trainer import _deterministic_kernels
+
+    assert not torch.are_deterministic_algorithms_enabled()
+    with _deterministic_kernels(True):
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+    assert not torch.are_deterministic_algorithms_enabled()
+    with _deterministic_kernels(False):
+        assert not torch.are_deterministic_algorithms_enabled()

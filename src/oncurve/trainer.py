@@ -346,6 +346,30 @@ def rollout_metrics(
 
 def train(config: Config, *, quiet: bool = False) -> TrainResult:
     """Run GRPO as configured; returns the run directory and held-out accuracy before/after."""
+    cuda = resolve_device(config.run.device).type == "cuda"
+    with _deterministic_kernels(cuda and config.run.deterministic):
+        return _train(config, quiet)
+
+
+@contextmanager
+def _deterministic_kernels(enabled: bool):
+    """Deterministic kernels for the duration, then torch's previous setting. Atomic-add
+    kernels (attention's backward, scatters) sum in a varying order on CUDA, and cuBLAS needs a
+    fixed workspace, set before its first call in the process, to repeat its sums."""
+    previous = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    if enabled:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+
+
+def _train(config: Config, quiet: bool) -> TrainResult:
     s = setup(config)
     cfg = s.config
     eval_before = eval_after = None
@@ -407,11 +431,6 @@ def setup(config: Config) -> Session:
         device = torch.device("cuda", torch.cuda.current_device())  # torchrun's LOCAL_RANK
         if config.run.gpu_memory_gb is not None:
             cap_gpu_memory(device, config.run.gpu_memory_gb)
-        if config.run.deterministic:
-            # Atomic-add kernels (attention's backward, scatters) sum in a varying order, and
-            # cuBLAS needs a fixed workspace, set before its first call, to repeat its sums.
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.use_deterministic_algorithms(True, warn_only=True)
     distributed.shard(config.data.prompts_per_step, rank, world_size)
     run_dir, resume_from = _prepare_run_dir(config, rank)
     if config.run.threads:
@@ -435,9 +454,9 @@ def setup(config: Config) -> Session:
     if peft_model is not None:
         model = peft_model.get_base_model()
     saved = checkpoint.read_state(resume_from).get("memory") if resume_from else None
-    config, plan = _settle_memory(
-        config, model, device, world_size, longest + config.rollout.max_new_tokens, saved
-    )
+    evaluates = eval_data is not None and (config.eval.at_start_end or config.eval.every > 0)
+    seq_len = longest + config.rollout.max_new_tokens
+    config, plan = _settle_memory(config, model, device, world_size, seq_len, saved, evaluates)
     if plan is not None and rank == 0:
         print(plan.describe(), file=sys.stderr)
         if not plan.fits:
@@ -553,6 +572,7 @@ def _settle_memory(
     world_size: int,
     seq_len: int,
     saved: dict | None,
+    evaluates: bool = False,
 ) -> tuple[Config, MemoryPlan | None]:
     """`config` with every memory setting the user left unset (null) filled in, and the plan
     that chose them on CUDA (None on the CPU, where the defaults are fixed). A resumed run takes
@@ -570,7 +590,8 @@ def _settle_memory(
     plan = None
     if device.type == "cuda":
         rows_per_step = config.data.prompts_per_step * config.rollout.group_size // world_size
-        eval_rows = min(256, config.eval.num_prompts * config.eval.samples)
+        # `evaluate` samples up to 256 rows at once
+        eval_rows = min(256, config.eval.num_prompts * config.eval.samples) if evaluates else 0
         plan = plan_memory(
             ModelShape.of(model),
             seq_len=seq_len,
