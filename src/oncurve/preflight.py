@@ -1,0 +1,167 @@
+"""Numerics checks on the first batch, before step 1 (`run.preflight`).
+
+The mistakes a GRPO trainer makes silently show up as a run that learns a little worse: a loss
+normalised per microbatch instead of per step, a sampler whose logprobs are not the trainer's, a
+chat template that cuts the prompt. Each check here runs the run's own code on a few of its own
+prompts and compares two ways of computing one number:
+
+- the gradient of the configured microbatching against the same rows cut into microbatches of
+  half the size (accumulation must not change the update);
+- the sampler's logprobs of its own samples against the training forward's;
+- the prompt text against the decoded token ids that the chat template made of it.
+
+The weights, the optimizer and every random generator of the run are left as they were: the
+checks use their own sampling seed and add into the gradients only to zero them again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from oncurve.errors import TrainingError
+from oncurve.rollout.base import SamplingParams
+from oncurve.train_step import LossFns, accumulate_gradients, batch_logprobs
+from oncurve.types import TrainBatch
+
+PREFLIGHT_SEED = 20_251_125
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """Largest differences the checks accept: relative, for the gradient; mean absolute, over
+    completion tokens, for logprobs."""
+
+    gradient: float
+    logprob: float
+
+    @classmethod
+    def of(cls, dtype: torch.dtype) -> Tolerances:
+        if dtype == torch.float32:
+            return cls(gradient=1e-4, logprob=1e-4)
+        # bfloat16 rounds each activation to 8 bits of mantissa, in a different order in a
+        # batched forward than in one-token decode steps
+        return cls(gradient=2e-2, logprob=3e-2)
+
+
+def gradient_split_gap(
+    policy: torch.nn.Module,
+    params: list[torch.nn.Parameter],
+    batch: TrainBatch,
+    fns: LossFns,
+    microbatch_size: int,
+    microbatch_tokens: int,
+) -> float:
+    """`|g_a - g_b| / |g_a|`: the gradient of `batch` in the configured microbatches (a) against
+    microbatches of half the rows and tokens (b); the gradients are zeroed after."""
+    halves = (max(1, microbatch_size // 2), microbatch_tokens // 2)
+    if microbatch_size == 1:
+        halves = (2, 2 * microbatch_tokens)  # one row cannot be halved: double instead
+    gradients = []
+    for rows, tokens in ((microbatch_size, microbatch_tokens), halves):
+        for param in params:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            param.grad.zero_()
+        accumulate_gradients(
+            policy,
+            batch,
+            fns,
+            num_seqs=float(batch.num_rows),
+            num_tokens=float(batch.completion_mask.sum()),
+            microbatch_size=rows,
+            microbatch_tokens=tokens,
+        )
+        gradients.append(torch.cat([p.grad.float().flatten() for p in params]))
+    for param in params:
+        param.grad.zero_()
+    reference = gradients[0].norm()
+    return float((gradients[0] - gradients[1]).norm() / reference.clamp(min=1e-30))
+
+
+def run_preflight(
+    *,
+    policy: torch.nn.Module,
+    sampler: Any,
+    rows: list[dict],
+    group_size: int,
+    params: SamplingParams,
+    fns: LossFns,
+    trainable: list[torch.nn.Parameter],
+    microbatch_size: int,
+    microbatch_tokens: int,
+    chat_template: bool,
+    dtype: torch.dtype,
+    prompt_index: bool,
+) -> list[str]:
+    """Run the checks on `rows` (a few prompt rows {"prompt", "prompt_ids"}); returns one line
+    per check, or raises `TrainingError` naming the check that failed and by how much.
+
+    Args:
+        policy: the `PolicyLogprobs` the update runs (DDP-wrapped or not).
+        sampler: the run's sampler; `params` its sampling settings (the seed is replaced).
+        fns: the loss pieces, `trainable` the parameters the optimizer updates.
+        microbatch_size, microbatch_tokens: the run's microbatching.
+        chat_template: prompts were rendered with the tokenizer's chat template.
+        dtype: the weights' dtype, which sets the tolerances.
+        prompt_index: the update shares each group's prompt forward.
+    """
+    tolerance = Tolerances.of(dtype)
+    lines = []
+    if chat_template:
+        tokenizer = sampler.tokenizer
+        for row in rows:
+            decoded = tokenizer.decode(row["prompt_ids"])
+            if row["prompt"] not in decoded:
+                raise TrainingError(
+                    f"preflight: the chat template does not reproduce the prompt {row['prompt']!r}"
+                    f" (decoded: {decoded!r}); check the tokenizer's chat template"
+                )
+        lines.append(f"preflight: chat template keeps the prompt text ({len(rows)} prompts)")
+
+    seeded = dataclasses.replace(params, seed=PREFLIGHT_SEED)
+    rollout = sampler.generate_ids([row["prompt_ids"] for row in rows], group_size, seeded)
+    mask = rollout.completion_mask.float()
+    # advantages of both signs and several sizes, so that every loss term carries gradient
+    signs = torch.arange(rollout.num_rows, device=mask.device) % 3 - 1.0
+    batch = TrainBatch(
+        input_ids=rollout.input_ids,
+        attention_mask=rollout.attention_mask,
+        completion_mask=rollout.completion_mask,
+        advantages=signs * 0.5 + 0.25,
+        sample_logprobs=rollout.logprobs,
+        prompt_index=(
+            torch.arange(rollout.num_rows, device=mask.device) // group_size
+            if prompt_index
+            else None
+        ),
+    )
+    trained = batch_logprobs(
+        policy, batch, fns.temperature, fns.chunk_size, microbatch_size, microbatch_tokens
+    )
+    gap = ((trained - rollout.logprobs).abs() * mask).sum() / mask.sum().clamp(min=1)
+    largest = float(((trained - rollout.logprobs).abs() * mask).max())
+    if float(gap) > tolerance.logprob:
+        raise TrainingError(
+            f"preflight: the sampler's logprobs differ from the training forward's by "
+            f"{float(gap):.2e} on average (largest {largest:.2e}; at most {tolerance.logprob:g} "
+            "expected): the sampler does not sample the policy being trained"
+        )
+    lines.append(
+        f"preflight: sampler logprobs = training forward's (mean |diff| {float(gap):.1e}, "
+        f"max {largest:.1e})"
+    )
+    if fns.beta > 0:
+        batch.ref_logprobs = trained  # the reference equals the policy before the first update
+    split = gradient_split_gap(policy, trainable, batch, fns, microbatch_size, microbatch_tokens)
+    if split > tolerance.gradient:
+        raise TrainingError(
+            f"preflight: the gradient changes by {split:.2e} (relative) when the microbatches "
+            f"are halved (at most {tolerance.gradient:g} expected): the loss is not normalised "
+            "over the whole step"
+        )
+    lines.append(f"preflight: gradient independent of microbatching (relative gap {split:.1e})")
+    return lines

@@ -1,0 +1,93 @@
+"""The numerics preflight: it passes on a correct setup and names the check a broken one fails."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import tiny_qwen2
+
+from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from oncurve.errors import TrainingError
+from oncurve.preflight import run_preflight
+from oncurve.rollout import SamplingParams, TorchSampler
+from oncurve.tokenizer import char_tokenizer
+from oncurve.train_step import LossFns, PolicyLogprobs
+
+FNS = LossFns(
+    policy_loss=POLICY_LOSSES["ppo_clip"],
+    aggregate=AGGREGATIONS["seq-mean-token-mean"],
+    kl=KL_ESTIMATORS["k3"],
+    beta=0.04,
+    eps_low=0.2,
+    eps_high=0.2,
+    dual_clip=None,
+    temperature=1.0,
+    norm_len=8.0,
+    chunk_size=16,
+)
+
+
+def setting(**changes):
+    tokenizer = char_tokenizer()
+    model = tiny_qwen2(len(tokenizer))
+    model.config.eos_token_id = tokenizer.eos_token_id
+    rows = [
+        {"prompt": text, "prompt_ids": tokenizer(text)["input_ids"]}
+        for text in ("12+34=", "7+8=", "100+1=")
+    ]
+    arguments = {
+        "policy": PolicyLogprobs(model),
+        "sampler": TorchSampler(model, tokenizer),
+        "rows": rows,
+        "group_size": 4,
+        "params": SamplingParams(max_new_tokens=8, min_new_tokens=8),
+        "fns": FNS,
+        "trainable": list(model.parameters()),
+        "microbatch_size": 4,
+        "microbatch_tokens": 0,
+        "chat_template": False,
+        "dtype": torch.float32,
+        "prompt_index": True,
+    }
+    return model, {**arguments, **changes}
+
+
+def test_a_correct_setup_passes_and_leaves_weights_and_gradients_as_they_were():
+    model, arguments = setting()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    seed_state = torch.get_rng_state()
+    lines = run_preflight(**arguments)
+    assert len(lines) == 2
+    assert lines[0].startswith("preflight: sampler logprobs = training forward's (mean |diff|")
+    assert lines[1].startswith("preflight: gradient independent of microbatching")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+    assert torch.equal(torch.get_rng_state(), seed_state)
+
+
+def test_a_loss_normalised_per_microbatch_fails_the_gradient_check():
+    def per_microbatch_mean(per_token, mask, **_counts):
+        return (per_token * mask).sum() / mask.sum()  # ignores the step's counts
+
+    _, arguments = setting(fns=dataclasses.replace(FNS, aggregate=per_microbatch_mean))
+    with pytest.raises(TrainingError, match="gradient changes by .* when the microbatches"):
+        run_preflight(**arguments)
+
+
+def test_a_sampler_at_another_temperature_fails_the_logprob_check():
+    _, arguments = setting(params=SamplingParams(max_new_tokens=8, temperature=0.5))
+    with pytest.raises(TrainingError, match="sampler's logprobs differ from the training"):
+        run_preflight(**arguments)
+
+
+def test_a_chat_template_that_loses_the_prompt_fails():
+    _, arguments = setting(chat_template=True)
+    rows = arguments["rows"]
+    rows[1] = {**rows[1], "prompt_ids": rows[1]["prompt_ids"][:-2]}  # the template cut it
+    with pytest.raises(TrainingError, match="chat template does not reproduce the prompt '7"):
+        run_preflight(**arguments)
+    rows[1] = {**rows[1], "prompt": "7+"}
+    lines = run_preflight(**arguments)
+    assert lines[0] == "preflight: chat template keeps the prompt text (3 prompts)"
