@@ -188,7 +188,7 @@ def test_beta_zero_never_builds_a_reference(tiny_model_dir, data_file, tmp_path,
     assert s.reference is None and copies == []
 
 
-def test_mu_two_computes_pi_old_once_and_the_second_pass_moves_the_ratio(
+def test_mu_two_computes_pi_old_once_before_the_update_and_the_second_pass_moves_the_ratio(
     tiny_model_dir, data_file, tmp_path, monkeypatch
 ):
     s = setup(
@@ -201,14 +201,41 @@ def test_mu_two_computes_pi_old_once_and_the_second_pass_moves_the_ratio(
             "optim.lr=1e-2",
         )
     )
-    calls = []
-    real = trainer.batch_logprobs
-    monkeypatch.setattr(
-        trainer, "batch_logprobs", lambda model, *a: calls.append(model) or real(model, *a)
-    )
+    initial = copy.deepcopy(s.model)
+    calls, old, passes = [], [], []
+    real_logprobs, real_step = trainer.batch_logprobs, trainer.optimizer_step
+
+    def batch_logprobs(model, batch, *args):
+        calls.append(model)
+        old.append((batch, real_logprobs(model, batch, *args)))
+        return old[-1][1]
+
+    def optimizer_step(*args, **kwargs):
+        passes.append(real_step(*args, **kwargs))
+        return passes[-1]
+
+    monkeypatch.setattr(trainer, "batch_logprobs", batch_logprobs)
+    monkeypatch.setattr(trainer, "optimizer_step", optimizer_step)
     metrics = training_step(s, 1)
     assert calls == [s.policy]
-    assert metrics["ratio/min"] < 1.0 < metrics["ratio/max"]
+    assert len(passes) == 2
+    # pi_old is a forward of the weights before the first update: a plain HF forward of them
+    ((batch, pi_old),) = old
+    mask = batch.completion_mask.bool()
+    ids, attention = batch.input_ids, batch.attention_mask
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    t = mask.shape[1]
+    with torch.no_grad():
+        logits = initial(input_ids=ids, attention_mask=attention, position_ids=positions).logits
+    expected = torch.log_softmax(logits[:, -t - 1 : -1], -1).gather(-1, ids[:, -t:, None])
+    torch.testing.assert_close(pi_old[mask], expected.squeeze(-1)[mask], atol=1e-6, rtol=0)
+    assert (pi_old[~mask] == 0).all()
+    # so the first pass, at those weights, has ratio 1; the second, one update later, does not
+    assert passes[0]["ratio/min"] == pytest.approx(1.0, abs=1e-6)
+    assert passes[0]["ratio/max"] == pytest.approx(1.0, abs=1e-6)
+    assert passes[1]["ratio/min"] < 0.99 and passes[1]["ratio/max"] > 1.01
+    assert metrics["ratio/min"] == passes[1]["ratio/min"]
+    assert metrics["ratio/max"] == passes[1]["ratio/max"]
 
 
 def test_constant_reward_gives_zero_advantage_and_leaves_weights_unchanged(
