@@ -2,6 +2,7 @@ import dataclasses
 import typing
 
 import pytest
+import torch
 
 from oncurve.algo.registry import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from oncurve.config import (
@@ -38,6 +39,27 @@ from oncurve.errors import UserError
         (["algo.beta"], "override 'algo.beta' must look like section.key=value"),
         (["rollout.min_new_tokens=80"], "rollout.min_new_tokens must be at most"),
         (["dist.fsdp=true", "model.lora.r=4"], "dist.fsdp=true with model.lora.r > 0"),
+        (["algo.kl_estimator=k1"], "algo.kl_estimator=k1 in the loss (algo.kl_in_reward=false)"),
+        (
+            ["algo.loss=gspo", "algo.loss_agg=token-mean"],
+            "algo.loss_agg must be seq-mean-token-mean with algo.loss=gspo",
+        ),
+        (
+            ["algo.preset=gspo", "algo.loss_agg=seq-mean-token-sum-norm"],
+            "algo.loss_agg must be seq-mean-token-mean with algo.loss=gspo",
+        ),
+        (
+            ["model.lora.r=8", "algo.ref_sync_every=10"],
+            "algo.ref_sync_every > 0 with model.lora.r > 0 never syncs",
+        ),
+        (
+            ["algo.overlong_buffer=65"],
+            "algo.overlong_buffer must be at most rollout.max_new_tokens (64), got 65",
+        ),
+        (
+            ["algo.preset=dapo", "rollout.max_new_tokens=8"],
+            "algo.overlong_buffer must be at most rollout.max_new_tokens (8), got 16",
+        ),
     ],
 )
 def test_invalid_values_give_one_line_naming_the_field(overrides, message):
@@ -70,6 +92,42 @@ def test_preset_sets_fields_and_explicit_values_win(tmp_path):
     assert config.algo.epsilon_high == 0.3
     assert config.algo.beta == 0.01
     assert config.algo.loss_agg == "token-mean"
+
+
+def test_the_algorithm_checks_accept_the_valid_neighbours():
+    # k1 with no KL term at all; gspo with its own aggregation; a buffer the whole completion
+    # long (the penalty then ramps from the first token); a synced reference without LoRA
+    assert load_config(None, ["algo.kl_estimator=k1", "algo.beta=0"]).algo.kl_estimator == "k1"
+    assert load_config(None, ["algo.loss=gspo"]).algo.loss == "gspo"
+    assert load_config(None, ["algo.overlong_buffer=64"]).algo.overlong_buffer == 64
+    assert load_config(None, ["algo.ref_sync_every=10"]).algo.ref_sync_every == 10
+    assert load_config(None, ["model.lora.r=8"]).model.lora.r == 8
+
+
+def test_help_says_which_kl_each_estimator_follows_in_the_loss():
+    (line,) = [x for x in describe().splitlines() if x.startswith("algo.kl_estimator = ")]
+    assert "k3's gradient is that of KL(pi_ref || pi)" in line
+    assert "k2's that of KL(pi || pi_ref)" in line
+    assert "k1 only with algo.kl_in_reward=true" in line
+
+
+@pytest.mark.parametrize("preset", ["grpo", "dapo", "gspo"])
+def test_rloo_divides_by_no_std_unless_told(tmp_path, preset):
+    config = load_config(None, [f"algo.preset={preset}", "algo.estimator=rloo"])
+    assert config.algo.adv_scale == "none"
+    # G = 4, rewards 1, 0, 0, 0: A_1 = 1 - 0 and A_j = 0 - 1/3 (the mean of the other three)
+    rloo = ADVANTAGE_ESTIMATORS[config.algo.estimator]
+    advantages = rloo(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4, scale=config.algo.adv_scale)
+    torch.testing.assert_close(advantages, torch.tensor([1.0, -1 / 3, -1 / 3, -1 / 3]))
+    # an explicit adv_scale wins, from the command line or from the file
+    config = load_config(
+        None, [f"algo.preset={preset}", "algo.estimator=rloo", "algo.adv_scale=group"]
+    )
+    assert config.algo.adv_scale == "group"
+    path = tmp_path / "c.yaml"
+    path.write_text(f"algo:\n  preset: {preset}\n  adv_scale: batch\n")
+    assert load_config(path, ["algo.estimator=rloo"]).algo.adv_scale == "batch"
+    assert load_config(None, [f"algo.preset={preset}"]).algo.adv_scale == "group"
 
 
 def test_default_preset_is_deepseekmath():

@@ -50,3 +50,27 @@ def test_lookup_by_table_or_name():
         lookup("policy loss", "x")
     with pytest.raises(ValueError, match=r"unknown KL estimator 'k4'; choose one of: k1, k2, k3$"):
         lookup(KL_ESTIMATORS, "k4")
+
+
+def test_expected_gradient_of_each_estimator_as_a_loss():
+    """Sampling from pi and differentiating the estimator (what a loss term does): k1's gradient
+    is zero in expectation, k2's is that of KL(pi || pi_ref), k3's that of KL(pi_ref || pi)."""
+    logits = torch.tensor([0.3, -0.2, 0.5], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([0.2, 0.3, 0.5], dtype=torch.float64).log()
+
+    def grad_of(objective):
+        logits.grad = None
+        objective(logits.log_softmax(0)).backward()
+        return logits.grad.clone()
+
+    # the expectation over pi taken exactly, with the sampling weights held fixed
+    def expected(fn):
+        return lambda logp: (logp.detach().exp() * fn(logp, ref)).sum()
+
+    forward_kl = grad_of(lambda logp: (logp.exp() * (logp - ref)).sum())
+    reverse_kl = grad_of(lambda logp: (ref.exp() * (ref - logp)).sum())
+    zero = torch.zeros(3, dtype=torch.float64)
+    torch.testing.assert_close(grad_of(expected(kl_k1)), zero)
+    torch.testing.assert_close(grad_of(expected(kl_k2)), forward_kl)
+    torch.testing.assert_close(grad_of(expected(kl_k3)), reverse_kl)
+    assert (forward_kl - reverse_kl).abs().max() > 1e-2

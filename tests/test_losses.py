@@ -5,7 +5,14 @@ import torch
 
 from oncurve.algo import AGGREGATIONS, POLICY_LOSSES, cispo, gspo, logprobs_from_logits, ppo_clip
 
-KEYS = {"clip/low_frac", "clip/high_frac", "ratio/mean", "ratio/min", "ratio/max"}
+KEYS = {
+    "clip/low_frac",
+    "clip/high_frac",
+    "ratio/mean",
+    "ratio/min",
+    "ratio/max",
+    "ratio/clamped_frac",
+}
 EPS = {"eps_low": 0.2, "eps_high": 0.28}
 
 # One token per clip region: (advantage, ratio, ppo gradient is zero?)
@@ -144,3 +151,39 @@ def test_padding_is_zero_and_finite(loss_name):
         and torch.isfinite(torch.stack(list(metrics.values()))).all()
     )
     assert metrics["ratio/max"].item() < 1.2
+
+
+def clamp_case(loss_name: str, big: float):
+    """Rows with log-ratio +big (A = -1), -big (A = +1), and 0.1 then padding (A = +1): one
+    log-ratio per row, so GSPO's sequence ratio equals the token ratio."""
+    logp = torch.zeros(3, 2, requires_grad=True)
+    log_ratio = torch.tensor([[big, big], [-big, -big], [0.1, 0.0]])
+    adv = torch.tensor([[-1.0, -1.0], [1.0, 1.0], [1.0, 1.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 0.0]])
+    loss, metrics = POLICY_LOSSES[loss_name](logp, logp.detach() - log_ratio, adv, mask, **EPS)
+    loss.sum().backward()
+    return loss, logp.grad, metrics
+
+
+@pytest.mark.parametrize("loss_name", sorted(POLICY_LOSSES))
+def test_log_ratio_beyond_20_acts_as_20_and_is_counted(loss_name):
+    loss, grad, metrics = clamp_case(loss_name, 50.0)
+    at_20, _, metrics_20 = clamp_case(loss_name, 20.0)
+    assert torch.isfinite(loss).all() and torch.isfinite(grad).all()
+    torch.testing.assert_close(loss, at_20)
+    assert metrics["ratio/max"].item() == pytest.approx(math.exp(20), rel=1e-6)
+    assert metrics["ratio/min"].item() == pytest.approx(math.exp(-20), rel=1e-6)
+    # the four tokens of rows 0 and 1, of five in the mask; exactly 20 is not clamped
+    assert metrics["ratio/clamped_frac"].item() == pytest.approx(4 / 5)
+    assert metrics_20["ratio/clamped_frac"].item() == 0.0
+
+
+@pytest.mark.parametrize("loss_name", ["ppo_clip", "gspo"])
+def test_clamped_tokens_by_hand(loss_name):
+    loss, grad, _ = clamp_case(loss_name, 50.0)
+    # A = -1, r = e^20: the unclipped -A r is the max; A = +1, r = e^-20: -A r beats -A 0.8;
+    # r = e^0.1 lies inside [0.8, 1.28]. No gradient through the clamp.
+    e = math.exp
+    want = torch.tensor([[e(20), e(20)], [-e(-20), -e(-20)], [-e(0.1), 0.0]])
+    torch.testing.assert_close(loss, want)
+    torch.testing.assert_close(grad, torch.tensor([[0.0, 0.0], [0.0, 0.0], [-e(0.1), 0.0]]))

@@ -322,3 +322,13 @@ def test_the_ppo_config_file_selects_the_critic_and_the_kl_in_the_reward():
 def test_kl_in_reward_without_a_critic_is_rejected():
     with pytest.raises(ValueError, match="algo.kl_in_reward needs algo.estimator=gae"):
         load_config(None, ["algo.kl_in_reward=true"])
+
+
+def test_the_ppo_preset_with_the_kl_in_the_loss_must_leave_k1():
+    # the preset's k1 suits the reward; as a loss term its expected gradient is zero
+    with pytest.raises(ValueError, match=r"set algo.kl_estimator=k3 \(or k2\)"):
+        load_config(None, ["algo.preset=ppo", "algo.kl_in_reward=false"])
+    config = load_config(
+        None, ["algo.preset=ppo", "algo.kl_in_reward=false", "algo.kl_estimator=k2"]
+    )
+    assert config.algo.kl_estimator == "k2" and not config.algo.kl_in_reward

@@ -1,8 +1,9 @@
 """Run configuration: nested dataclasses, YAML loading, dotted overrides and validation.
 
-Precedence, lowest first: field defaults, the algorithm preset named by `algo.preset`, the YAML
-file, then command-line overrides (`algo.beta=0.0`). Every field documents itself through its
-`help` metadata; `describe()` prints them all. Errors are one line naming the field.
+Precedence, lowest first: field defaults, the algorithm preset named by `algo.preset`, the
+defaults of the chosen `algo.estimator`, the YAML file, then command-line overrides
+(`algo.beta=0.0`). Every field documents itself through its `help` metadata; `describe()`
+prints them all. Errors are one line naming the field.
 """
 
 from __future__ import annotations
@@ -142,16 +143,22 @@ class AlgoConfig:
     )
     estimator: str = _opt(
         "grpo",
-        "advantage estimator: grpo (group z-score), rloo, gae (PPO with a critic)",
+        "advantage estimator: grpo (group z-score), rloo (leave-one-out; algo.adv_scale "
+        "defaults to none with it, whatever the preset), gae (PPO with a critic)",
         choices=("grpo", "rloo", "gae"),
     )
     adv_scale: str = _opt(
         "group",
-        "divide advantages by the group std, the batch std, or not at all",
+        "divide advantages by the group std, the batch std, or not at all (none by default "
+        "with algo.estimator=rloo)",
         choices=("group", "batch", "none"),
     )
     adv_eps: float = _opt(1e-6, "added to the std before dividing", POSITIVE)
-    loss: str = _opt("ppo_clip", "per-token policy loss", choices=("ppo_clip", "gspo", "cispo"))
+    loss: str = _opt(
+        "ppo_clip",
+        "per-token policy loss (gspo only with loss_agg seq-mean-token-mean)",
+        choices=("ppo_clip", "gspo", "cispo"),
+    )
     loss_agg: str = _opt(
         "seq-mean-token-mean",
         "how token losses become one number",
@@ -165,19 +172,30 @@ class AlgoConfig:
     beta: float = _opt(
         0.04, "weight of KL(pi || pi_ref) in the loss; 0 loads no reference", NON_NEGATIVE
     )
-    kl_estimator: str = _opt("k3", "per-token KL estimator", choices=("k1", "k2", "k3"))
+    kl_estimator: str = _opt(
+        "k3",
+        "per-token KL estimator; in the loss, k3's gradient is that of KL(pi_ref || pi) (as in "
+        "TRL and verl) and k2's that of KL(pi || pi_ref); k1's is zero in expectation, so k1 "
+        "only with algo.kl_in_reward=true (or beta=0)",
+        choices=("k1", "k2", "k3"),
+    )
     mu: int = _opt(1, "optimisation passes over each sampled batch", POSITIVE)
     minibatches: int = _opt(1, "optimizer steps per pass (the batch split in this many)", POSITIVE)
     norm_len: int | None = _opt(
         None, "Dr.GRPO constant length normaliser; default max_new_tokens", POSITIVE
     )
     ref_sync_every: int = _opt(
-        0, "copy the policy into the reference every N steps; 0 never", NON_NEGATIVE
+        0,
+        "copy the policy into the reference every N steps; 0 never (must be 0 with LoRA, whose "
+        "reference is the adapter switched off)",
+        NON_NEGATIVE,
     )
     dynamic_sampling: bool = _opt(False, "DAPO: drop all-equal groups and sample more")
     max_resample: int = _opt(4, "dynamic sampling: extra sampling rounds at most", NON_NEGATIVE)
     overlong_buffer: int = _opt(
-        0, "DAPO soft overlong penalty window in tokens; 0 off", NON_NEGATIVE
+        0,
+        "DAPO soft overlong penalty window in tokens, at most rollout.max_new_tokens; 0 off",
+        NON_NEGATIVE,
     )
     overlong_penalty: float = _opt(1.0, "DAPO overlong penalty at max length", NON_NEGATIVE)
     gamma: float = _opt(1.0, "PPO/GAE discount", _range(0, 1))
@@ -371,6 +389,12 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# Layered above the preset, below the user's keys: a preset's adv_scale is chosen for its own
+# estimator, and group-std scaling would turn RLOO into GRPO x k/(k-1) (TRL and verl divide
+# RLOO advantages by no std).
+ESTIMATOR_DEFAULTS: dict[str, dict[str, Any]] = {"rloo": {"adv_scale": "none"}}
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Config from defaults, the preset, an optional YAML file and `key=value` overrides."""
     raw: dict[str, Any] = {}
@@ -387,10 +411,14 @@ def build_config(raw: dict[str, Any]) -> Config:
     if not isinstance(raw, dict):
         raise UserError(f"config must be a mapping of sections, got {type(raw).__name__}")
     algo = raw.get("algo")
-    preset = algo.get("preset", "grpo") if isinstance(algo, dict) else "grpo"
+    user_algo = algo if isinstance(algo, dict) else {}
+    preset = user_algo.get("preset", "grpo")
     if preset not in PRESETS:
         raise UserError(f"algo.preset must be one of {', '.join(PRESETS)}, got {preset!r}")
     merged = {"algo": dict(PRESETS[preset])}
+    estimator = user_algo.get("estimator", merged["algo"]["estimator"])
+    if isinstance(estimator, str):
+        merged["algo"].update(ESTIMATOR_DEFAULTS.get(estimator, {}))
     for section, values in raw.items():
         if section == "algo" and isinstance(values, dict):
             merged["algo"].update(values)
@@ -554,4 +582,30 @@ def _check_cross_fields(config: Config) -> None:
         raise UserError(
             f"rollout.min_new_tokens must be at most rollout.max_new_tokens "
             f"({config.rollout.max_new_tokens}), got {config.rollout.min_new_tokens}"
+        )
+    _check_algo(config)
+
+
+def _check_algo(config: Config) -> None:
+    algo = config.algo
+    if algo.kl_estimator == "k1" and algo.beta > 0 and not algo.kl_in_reward:
+        raise UserError(
+            "algo.kl_estimator=k1 in the loss (algo.kl_in_reward=false) has zero expected "
+            "gradient: set algo.kl_estimator=k3 (or k2), or algo.kl_in_reward=true"
+        )
+    if algo.loss == "gspo" and algo.loss_agg != "seq-mean-token-mean":
+        raise UserError(
+            f"algo.loss_agg must be seq-mean-token-mean with algo.loss=gspo (the GSPO objective "
+            f"weights every sequence equally), got {algo.loss_agg!r}"
+        )
+    if algo.ref_sync_every and config.model.lora.r:
+        raise UserError(
+            "algo.ref_sync_every > 0 with model.lora.r > 0 never syncs: the reference is the "
+            "base model (the adapter switched off), which does not change; set it to 0"
+        )
+    # overlong_penalty refuses it too, but only once the first rewards are computed.
+    if algo.overlong_buffer > config.rollout.max_new_tokens:
+        raise UserError(
+            f"algo.overlong_buffer must be at most rollout.max_new_tokens "
+            f"({config.rollout.max_new_tokens}), got {algo.overlong_buffer}"
         )

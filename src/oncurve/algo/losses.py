@@ -8,12 +8,17 @@ The loss is to be minimised, is 0 at masked positions and is reduced by an aggre
   - `clip/low_frac`: fraction of tokens whose gradient the lower clip bound removed or capped;
   - `clip/high_frac`: the same for the upper bound (exact conditions in each loss's docstring);
   - `ratio/mean`, `ratio/min`, `ratio/max`: the importance ratio the loss used (min/max are
-    +inf/-inf when the mask is empty, neutral for a min/max across microbatches).
+    +inf/-inf when the mask is empty, neutral for a min/max across microbatches);
+  - `ratio/clamped_frac`: fraction of tokens whose log-ratio was clamped to +-20 before exp().
 """
 
 from __future__ import annotations
 
 import torch
+
+# As verl: exp(20) ~ 5e8 is far past any clip range, while an unbounded exp() of a stale or
+# diverged token can reach inf, make the loss non-finite and get the whole update skipped.
+_MAX_LOG_RATIO = 20.0
 
 
 def _log_ratio(logprobs: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -21,8 +26,19 @@ def _log_ratio(logprobs: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) ->
     return torch.where(mask > 0, logprobs - old, 0.0)
 
 
+def _bounded_exp(log_ratio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`exp` of `[N, T]` log-ratios clamped to +-20 (no gradient beyond), and the `[N, T]`
+    bool tensor of the positions that were clamped."""
+    bounded = log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    return bounded.exp(), log_ratio.detach().abs() > _MAX_LOG_RATIO
+
+
 def _metrics(
-    ratio: torch.Tensor, low: torch.Tensor, high: torch.Tensor, mask: torch.Tensor
+    ratio: torch.Tensor,
+    low: torch.Tensor,
+    high: torch.Tensor,
+    clamped: torch.Tensor,
+    mask: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
     ratio, on = ratio.detach(), mask > 0
     count = mask.sum().clamp(min=1)
@@ -32,17 +48,19 @@ def _metrics(
         "ratio/mean": (ratio * mask).sum() / count,
         "ratio/min": torch.where(on, ratio, torch.inf).amin(),
         "ratio/max": torch.where(on, ratio, -torch.inf).amax(),
+        "ratio/clamped_frac": (clamped & on).sum() / count,
     }
 
 
 def _clipped_surrogate(
-    ratio: torch.Tensor,
+    log_ratio: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     eps_low: float,
     eps_high: float,
     dual_clip: float | None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    ratio, clamped = _bounded_exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1 - eps_low, 1 + eps_high)
     loss = torch.maximum(unclipped, clipped)
@@ -52,7 +70,7 @@ def _clipped_surrogate(
         loss = torch.where(advantages < 0, torch.minimum(loss, -dual_clip * advantages), loss)
     low = (advantages < 0) & (ratio < 1 - eps_low)
     high = (advantages > 0) & (ratio > 1 + eps_high)
-    return loss * mask, _metrics(ratio, low, high, mask)
+    return loss * mask, _metrics(ratio, low, high, clamped, mask)
 
 
 def ppo_clip(
@@ -72,12 +90,13 @@ def ppo_clip(
     huge ratio on a negative-advantage token cannot blow up the update.
     Clip fractions: low = A < 0 and r < 1 - eps_low; high = A > 0 and r > 1 + eps_high: the
     tokens whose gradient the clip zeroes (dual-clipped tokens, A < 0 and r > c, count in neither).
+    `logp - logp_old` is clamped to +-20 before exp (no gradient beyond), as in verl.
 
     Args: `[N, T]` logprobs (with grad), old logprobs, advantages and mask.
     Returns: (`[N, T]` loss, metrics).
     """
-    ratio = _log_ratio(logprobs, old_logprobs, mask).exp()
-    return _clipped_surrogate(ratio, advantages, mask, eps_low, eps_high, dual_clip)
+    log_ratio = _log_ratio(logprobs, old_logprobs, mask)
+    return _clipped_surrogate(log_ratio, advantages, mask, eps_low, eps_high, dual_clip)
 
 
 def gspo(
@@ -98,6 +117,9 @@ def gspo(
     `seq-mean-token-mean` this is the GSPO gradient `s_i A_i mean_t grad logp_t`.
     Clip fractions and dual clip as in `ppo_clip`, with `s_it` as the ratio (the GSPO paper uses
     eps around 3e-4 / 4e-4, since a sequence ratio is much closer to 1 than a token ratio).
+    The sequence log-ratio, not each token's, is clamped to +-20 before exp (what overflows is
+    `s_i`; clamping tokens first would change `s_i` below overflow), so a clamped sequence counts
+    all its tokens in `ratio/clamped_frac`.
 
     Args: `[N, T]` logprobs (with grad), old logprobs, advantages and mask.
     Returns: (`[N, T]` loss, metrics).
@@ -105,8 +127,8 @@ def gspo(
     lengths = mask.sum(1, keepdim=True).clamp(min=1)
     seq_log_ratio = _log_ratio(logprobs, old_logprobs, mask).sum(1, keepdim=True) / lengths
     token_log_ratio = seq_log_ratio.detach() + logprobs - logprobs.detach()
-    ratio = torch.where(mask > 0, token_log_ratio, 0.0).exp()
-    return _clipped_surrogate(ratio, advantages, mask, eps_low, eps_high, dual_clip)
+    log_ratio = torch.where(mask > 0, token_log_ratio, 0.0)
+    return _clipped_surrogate(log_ratio, advantages, mask, eps_low, eps_high, dual_clip)
 
 
 def cispo(
@@ -124,12 +146,14 @@ def cispo(
     `loss = -sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * logp`. Unlike PPO no token loses its
     gradient; clipping only caps its weight. Clip fractions: low = r < 1 - eps_low, high =
     r > 1 + eps_high, whatever the sign of A (the weight is capped either way).
-    `dual_clip` does not apply (the weight is already bounded) and is ignored.
+    `dual_clip` does not apply (the weight is already bounded) and is ignored. The log-ratio is
+    clamped to +-20 before exp, which keeps the ratio metrics finite.
 
     Args: `[N, T]` logprobs (with grad), old logprobs, advantages and mask.
     Returns: (`[N, T]` loss, metrics).
     """
-    ratio = _log_ratio(logprobs, old_logprobs, mask).exp().detach()
+    ratio, clamped = _bounded_exp(_log_ratio(logprobs, old_logprobs, mask).detach())
     weight = ratio.clamp(1 - eps_low, 1 + eps_high)
     loss = -weight * advantages * logprobs
-    return loss * mask, _metrics(ratio, ratio < 1 - eps_low, ratio > 1 + eps_high, mask)
+    low, high = ratio < 1 - eps_low, ratio > 1 + eps_high
+    return loss * mask, _metrics(ratio, low, high, clamped, mask)
