@@ -296,6 +296,12 @@ class RunConfig:
         POSITIVE,
     )
     threads: int = _opt(0, "torch CPU threads; 0 leaves torch's default", NON_NEGATIVE)
+    preflight: bool = _opt(
+        True,
+        "before step 1, check on a few prompts that the gradient does not depend on the "
+        "microbatching, that the sampler's logprobs are the training forward's and that the chat "
+        "template keeps the prompt (oncurve.preflight); a failure stops the run",
+    )
     deterministic: bool = _opt(
         True,
         "on CUDA, deterministic kernels (torch.use_deterministic_algorithms), so that a resumed "

@@ -98,8 +98,15 @@ FIGURES = (
     FigureSpec(
         "clip",
         "Clipped tokens",
-        (Panel("fraction of tokens", ("clip/low_frac", "clip/high_frac"), from_zero=True),),
-        "Fraction of tokens whose ratio was clipped below 1 - eps_low or above 1 + eps_high.",
+        (
+            Panel(
+                "fraction of tokens",
+                ("clip/low_frac", "clip/high_frac", "ratio/clamped_frac"),
+                from_zero=True,
+            ),
+        ),
+        "Fraction of tokens whose ratio was clipped below 1 - eps_low or above 1 + eps_high, "
+        "and of those whose log-ratio was clamped to +-20 before exp() (pi far from pi_old).",
     ),
     FigureSpec(
         "groups",
