@@ -187,12 +187,16 @@ def _fixed_targets(critic, batch) -> CriticTargets:
     return CriticTargets(old_values=old, returns=returns, mask=mask)
 
 
+ALL_ROWS = [torch.arange(4)]
+HALVES = [torch.tensor([0, 1]), torch.tensor([2, 3])]
+
+
 def test_critic_steps_lower_the_value_loss(policy):
     critic = _critic(policy, "algo.value_lr=3e-3", "algo.value_clip=100.0")
     batch = _rollout()
     targets = _fixed_targets(critic, batch)
     losses = [
-        optimise_critic(critic, batch, targets, passes=1, minibatch_rows=4, microbatch_size=4)[
+        optimise_critic(critic, batch, targets, passes=1, minibatches=ALL_ROWS, microbatch_size=4)[
             "value/loss"
         ]
         for _ in range(6)
@@ -209,7 +213,7 @@ def test_value_clip_holds_the_loss_at_the_clipped_bound(policy):
     targets = _fixed_targets(critic, batch)
     for _ in range(4):
         stats = optimise_critic(
-            critic, batch, targets, passes=1, minibatch_rows=4, microbatch_size=4
+            critic, batch, targets, passes=1, minibatches=ALL_ROWS, microbatch_size=4
         )
     values = batch_values(critic.model, batch, rows=4)
     per_token = clipped_value_loss(values, targets.old_values, targets.returns, 0.01)
@@ -226,12 +230,12 @@ def test_critic_microbatches_and_minibatches_match_one_batch(policy):
     one = _critic(policy, "algo.value_lr=3e-3")
     split = copy.deepcopy(one)
     targets = _fixed_targets(one, batch)
-    a = optimise_critic(one, batch, targets, passes=1, minibatch_rows=4, microbatch_size=4)
-    b = optimise_critic(split, batch, targets, passes=1, minibatch_rows=4, microbatch_size=1)
+    a = optimise_critic(one, batch, targets, passes=1, minibatches=ALL_ROWS, microbatch_size=4)
+    b = optimise_critic(split, batch, targets, passes=1, minibatches=ALL_ROWS, microbatch_size=1)
     assert a["value/loss"] == pytest.approx(b["value/loss"], abs=1e-6)
     for p, q in zip(one.model.parameters(), split.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
-    two = optimise_critic(split, batch, targets, passes=2, minibatch_rows=2, microbatch_size=1)
+    two = optimise_critic(split, batch, targets, passes=2, minibatches=HALVES, microbatch_size=1)
     assert split.optimizer.state[next(split.model.parameters())]["step"] == 1 + 4
     assert two["value/loss"] < b["value/loss"]
 
@@ -332,3 +336,27 @@ def test_the_ppo_preset_with_the_kl_in_the_loss_must_leave_k1():
         None, ["algo.preset=ppo", "algo.kl_in_reward=false", "algo.kl_estimator=k2"]
     )
     assert config.algo.kl_estimator == "k2" and not config.algo.kl_in_reward
+
+
+def test_the_critic_takes_the_policys_minibatches(tiny_model_dir, data_file, tmp_path):
+    """4 groups, algo.minibatches=3: the policy and the critic each take exactly 3 steps a pass,
+    on groups {0, 3}, {1} and {2} (not ceil(4 / 3) = 2 groups a step, 2 steps)."""
+    from oncurve import ppo
+    from oncurve.trainer import training_step
+
+    s = setup(_ppo_config(tiny_model_dir, data_file, tmp_path / "run", "algo.minibatches=3"))
+    seen: list[list[int]] = []
+    real = ppo.optimise_critic
+
+    def recording(critic, batch, targets, *, minibatches, **kwargs):
+        seen.extend(rows.tolist() for rows in minibatches)
+        return real(critic, batch, targets, minibatches=minibatches, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch, s.rewards:
+        patch.setattr(ppo, "optimise_critic", recording)
+        training_step(s, 1)
+    assert seen == [[0, 1, 2, 3, 12, 13, 14, 15], [4, 5, 6, 7], [8, 9, 10, 11]]
+    critic_param = next(s.critic.model.parameters())
+    assert int(s.critic.optimizer.state[critic_param]["step"]) == 3
+    policy_param = next(p for p in s.model.parameters() if p.requires_grad)
+    assert int(s.optimizer.state[policy_param]["step"]) == 3

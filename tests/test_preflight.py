@@ -91,3 +91,39 @@ def test_a_chat_template_that_loses_the_prompt_fails():
     rows[1] = {**rows[1], "prompt": "7+"}
     lines = run_preflight(**arguments)
     assert lines[0] == "preflight: chat template keeps the prompt text (3 prompts)"
+
+
+@pytest.mark.parametrize("preflight", [True, False])
+def test_the_trainer_runs_it_before_step_1_only_when_asked(
+    tiny_model_dir, data_file, tmp_path, capsys, monkeypatch, preflight
+):
+    from test_trainer import make_config
+
+    import oncurve.trainer
+
+    config = make_config(
+        tiny_model_dir, data_file, tmp_path / "run", "run.steps=1", f"run.preflight={preflight}"
+    )
+    calls = []
+    real = oncurve.trainer.run_preflight
+    monkeypatch.setattr(
+        oncurve.trainer, "run_preflight", lambda **kw: calls.append(kw) or real(**kw)
+    )
+    oncurve.trainer.train(config, quiet=True)
+    err = capsys.readouterr().err
+    assert ("preflight: gradient independent of microbatching" in err) is preflight
+    if preflight:
+        (arguments,) = calls
+        assert len(arguments["rows"]) == 2 and arguments["group_size"] == 4
+        assert arguments["prompt_index"] is True and arguments["dtype"] == torch.float32
+    else:
+        assert calls == []
+
+
+def test_a_nan_loss_fails_the_gradient_check():
+    def nan_aggregate(per_token, mask, **_counts):
+        return (per_token * mask).sum() * float("nan")
+
+    _, arguments = setting(fns=dataclasses.replace(FNS, aggregate=nan_aggregate))
+    with pytest.raises(TrainingError, match="gradient changes by nan"):
+        run_preflight(**arguments)

@@ -243,7 +243,10 @@ def test_the_cli_stops_a_run_of_non_finite_updates_with_one_line_and_exit_1(
 
     monkeypatch.setitem(POLICY_LOSSES, "ppo_clip", nan_policy_loss)
     run_dir = tmp_path / "run"
-    args = cli_args(tiny_model_dir, data_file, run_dir, "run.max_skipped_steps=2")
+    # the preflight would stop the NaN loss first, with its own message
+    args = cli_args(
+        tiny_model_dir, data_file, run_dir, "run.max_skipped_steps=2", "run.preflight=false"
+    )
     assert main(["train", "--quiet", *args]) == 1
     assert capsys.readouterr().err.splitlines() == [
         "oncurve: error: 2 consecutive updates had a non-finite loss or gradient norm; stopping "
@@ -257,7 +260,9 @@ def test_a_save_that_hits_a_full_disk_keeps_the_previous_checkpoint_and_exits_1(
     tiny_model_dir, data_file, tmp_path, monkeypatch, capsys
 ):
     run_dir = tmp_path / "run"
-    args = cli_args(tiny_model_dir, data_file, run_dir, "run.steps=3", "run.save_every=1")
+    args = cli_args(
+        tiny_model_dir, data_file, run_dir, "run.steps=3", "run.save_every=1", "run.preflight=false"
+    )
     real_write = checkpoint._write
 
     def disk_full_at_step_2(path: Path, dump) -> None:

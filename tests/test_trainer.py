@@ -60,8 +60,8 @@ def test_three_steps_write_finite_metrics_samples_and_a_loadable_final_model(
         )
     run_dir = tmp_path / "run"
     result = train(make_config(tiny_model_dir, data_file, run_dir), quiet=True)
-    if packed:
-        assert swaps == [True] * 3
+    if packed:  # the preflight's rollout, then one a step
+        assert swaps == [True] * 4
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     for key in (

@@ -577,10 +577,14 @@ def _check_cross_fields(config: Config) -> None:
         )
     if config.data.task is None and config.data.path is None:
         raise UserError("data.task or data.path must be set")
-    if config.algo.minibatches > config.data.prompts_per_step:
+    # every rank must hold a group of every minibatch (`trainer.optimise`); torchrun launched
+    # by hand is checked again in `trainer.setup`, with the real number of ranks
+    per_rank = config.data.prompts_per_step // config.dist.nproc
+    if config.algo.minibatches > per_rank:
         raise UserError(
-            f"algo.minibatches must be at most data.prompts_per_step "
-            f"({config.data.prompts_per_step}), got {config.algo.minibatches}"
+            f"algo.minibatches must be at most data.prompts_per_step per rank "
+            f"({config.data.prompts_per_step} / {config.dist.nproc} = {per_rank}), "
+            f"got {config.algo.minibatches}"
         )
     if config.dist.fsdp and config.model.lora.r:
         raise UserError("dist.fsdp=true with model.lora.r > 0 is not supported; use one of them")

@@ -64,6 +64,15 @@ def all_sum(values: list[float]) -> list[float]:
     return tensor.tolist()
 
 
+def all_min(values: list[float]) -> list[float]:
+    """Element-wise minimum over ranks (identity on one process)."""
+    if world()[1] == 1:
+        return values
+    tensor = torch.tensor(values, dtype=torch.float64, device=_collective_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return tensor.tolist()
+
+
 def all_mean(metrics: dict[str, float]) -> dict[str, float]:
     """Mean over ranks of each metric (min/max for keys ending so), for rank 0's log."""
     _, world_size = world()

@@ -101,7 +101,8 @@ def encode_prompt(tokenizer: Any, prompt: str, data: DataConfig, where: str) -> 
 
 def build_rewards(config: Config, task: Task | None) -> RewardRunner:
     """The configured reward functions, or the task's own when `rewards` is empty; DAPO's soft
-    overlong penalty is added when `algo.overlong_buffer` > 0."""
+    overlong penalty is added when `algo.overlong_buffer` > 0. The runner's verifier is the
+    reward among them that `correctness_fn` returns (what evaluation calls correct), if any."""
     fns: list[tuple[str, RewardFn, float]] = []
     if config.rewards:
         for spec in config.rewards:
@@ -120,11 +121,15 @@ def build_rewards(config: Config, task: Task | None) -> RewardRunner:
             factor=config.algo.overlong_penalty,
         )
         fns.append(("overlong", penalty, 1.0))
+    correct = correctness_fn(config, task)
+    # Compared with ==, not `is`: a task's reward may be a bound method, made afresh per access.
+    verifier = next((name for name, fn, _ in fns if fn == correct), None)
     return RewardRunner(
         fns,
         timeout_s=config.run.reward_timeout,
         timeout_score=config.run.reward_timeout_score,
         on_error=config.run.reward_errors,
+        verifier=verifier,
     )
 
 

@@ -268,11 +268,13 @@ def optimise_critic(
     targets: CriticTargets,
     *,
     passes: int,
-    minibatch_rows: int,
+    minibatches: list[torch.Tensor],
     microbatch_size: int,
     microbatch_tokens: int = 0,
 ) -> dict[str, float]:
-    """`passes` x (N / minibatch_rows) AdamW steps on `coef * token-mean clipped value loss`.
+    """`passes` x len(minibatches) AdamW steps on `coef * token-mean clipped value loss`, one
+    for each `minibatches` entry, the `[rows]` indices of its rows (the policy's split,
+    `trainer.minibatch_groups`).
 
     The `microbatches` of (`microbatch_size`, `microbatch_tokens`), as the policy's, accumulate
     gradients; each microbatch's loss is divided by its minibatch's token count (over all ranks,
@@ -287,8 +289,7 @@ def optimise_critic(
     forward, optimizer = critic.train_forward, critic.optimizer
     _, world_size = distributed.world()
     for _ in range(passes):
-        for start in range(0, batch.num_rows, minibatch_rows):
-            rows = slice(start, start + minibatch_rows)
+        for rows in minibatches:
             minibatch = batch.rows(rows)
             mask_mb = targets.mask[rows]
             num_tokens = distributed.all_sum([float(mask_mb.sum())])[0] / world_size

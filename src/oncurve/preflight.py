@@ -56,9 +56,11 @@ def gradient_split_gap(
     microbatch_tokens: int,
 ) -> float:
     """`|g_a - g_b| / |g_a|`: the gradient of `batch` in the configured microbatches (a) against
-    microbatches of half the rows and tokens (b); the gradients are zeroed after."""
-    halves = (max(1, microbatch_size // 2), microbatch_tokens // 2)
-    if microbatch_size == 1:
+    microbatches of half as many rows (at most half the batch) and tokens (b); the gradients
+    are zeroed after."""
+    rows = min(microbatch_size, batch.num_rows)
+    halves = (max(1, rows // 2), microbatch_tokens // 2)
+    if rows == 1:
         halves = (2, 2 * microbatch_tokens)  # one row cannot be halved: double instead
     gradients = []
     for rows, tokens in ((microbatch_size, microbatch_tokens), halves):
@@ -144,7 +146,7 @@ def run_preflight(
     )
     gap = ((trained - rollout.logprobs).abs() * mask).sum() / mask.sum().clamp(min=1)
     largest = float(((trained - rollout.logprobs).abs() * mask).max())
-    if float(gap) > tolerance.logprob:
+    if not float(gap) <= tolerance.logprob:  # NaN fails too
         raise TrainingError(
             f"preflight: the sampler's logprobs differ from the training forward's by "
             f"{float(gap):.2e} on average (largest {largest:.2e}; at most {tolerance.logprob:g} "
@@ -157,7 +159,7 @@ def run_preflight(
     if fns.beta > 0:
         batch.ref_logprobs = trained  # the reference equals the policy before the first update
     split = gradient_split_gap(policy, trainable, batch, fns, microbatch_size, microbatch_tokens)
-    if split > tolerance.gradient:
+    if not split <= tolerance.gradient:  # NaN fails too
         raise TrainingError(
             f"preflight: the gradient changes by {split:.2e} (relative) when the microbatches "
             f"are halved (at most {tolerance.gradient:g} expected): the loss is not normalised "

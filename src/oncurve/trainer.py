@@ -58,8 +58,9 @@ from oncurve.models import (
     save_lora_final,
 )
 from oncurve.optim import AdamW as StochasticRoundingAdamW
+from oncurve.preflight import run_preflight
 from oncurve.progress import Progress
-from oncurve.rewards.runner import RewardRunner
+from oncurve.rewards.runner import RewardResult, RewardRunner
 from oncurve.rollout import SamplingParams, TorchSampler
 from oncurve.rollout.base import check_room
 from oncurve.train_step import (
@@ -106,6 +107,25 @@ class Session:
 
 
 @dataclass
+class Sampled:
+    """This rank's scored groups for one training step (see `sample_groups`).
+
+    Attributes:
+        rollout: the g kept groups, N = g*G rows; g is the same on every rank.
+        rewards: `[N]` their total rewards, NaN where a row has none.
+        rows: the g dataset rows, one per group, in the rollout's order.
+        metrics: what was sampled and what was kept (see `sample_groups`).
+        tokens: completion tokens sampled on this rank in every round, kept or not.
+    """
+
+    rollout: RolloutBatch
+    rewards: torch.Tensor
+    rows: list[dict]
+    metrics: dict[str, float]
+    tokens: int
+
+
+@dataclass
 class TrainResult:
     run_dir: Path
     steps: int
@@ -121,7 +141,8 @@ def training_step(s: Session, step: int) -> dict[str, float]:
     if s.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(s.device)
     with _whole(s):
-        rollout, rewards, reward_metrics, rows = sample_groups(s, step, timer)
+        sampled = sample_groups(s, step, timer)
+    rollout, rewards = sampled.rollout, sampled.rewards
     if s.critic is None:
         advantages = lookup(ADVANTAGE_ESTIMATORS, cfg.algo.estimator)(
             rewards,
@@ -183,13 +204,13 @@ def training_step(s: Session, step: int) -> dict[str, float]:
                 batch,
                 targets,
                 passes=cfg.algo.mu,
-                minibatch_rows=_minibatch_rows(cfg, batch.num_rows),
+                minibatches=_minibatch_rows(s, batch),
                 microbatch_size=cfg.optim.microbatch_size,
                 microbatch_tokens=s.microbatch_tokens,
             )
     metrics = {
-        **reward_metrics,
-        **rollout_metrics(rollout, rewards, batch.advantages),
+        **sampled.metrics,
+        **rollout_metrics(rollout, batch.advantages),
         **update,
         **critic_metrics,
         "lr": lr,
@@ -198,11 +219,10 @@ def training_step(s: Session, step: int) -> dict[str, float]:
     metrics["time/step"] = sum(timer.seconds.values())
     if s.device.type == "cuda":
         metrics["memory/gpu_peak_gb"] = torch.cuda.max_memory_allocated(s.device) / 2**30
-    sampled = float(rollout.completion_mask.sum())
-    metrics["tokens_per_s"] = sampled / metrics["time/step"]
-    s.completion_tokens += int(distributed.all_sum([sampled])[0])
+    metrics["tokens_per_s"] = sampled.tokens / metrics["time/step"]
+    s.completion_tokens += int(distributed.all_sum([float(sampled.tokens)])[0])
     metrics["tokens/total"] = float(s.completion_tokens)
-    _log_samples(s, step, rollout, rewards, rows)
+    _log_samples(s, step, rollout, rewards, sampled.rows)
     return metrics
 
 
@@ -223,70 +243,111 @@ def reference_logprobs(s: Session, batch: TrainBatch) -> torch.Tensor:
         return batch_logprobs(s.policy, *args)
 
 
-def sample_groups(
-    s: Session, step: int, timer: _Timer
-) -> tuple[RolloutBatch, torch.Tensor, dict[str, float], list[dict]]:
-    """B prompts x G completions, scored. With dynamic sampling (DAPO), groups whose rewards
-    are all equal are dropped and more prompts sampled, up to `algo.max_resample` rounds."""
+def sample_groups(s: Session, step: int, timer: _Timer) -> Sampled:
+    """This rank's share of the step's groups, scored: B / W prompts x G completions (W ranks).
+
+    With dynamic sampling (DAPO), a group is kept only when its filter scores differ: those of
+    the runner's verifier (the correctness reward, as DAPO filters on accuracy) when the run has
+    one, else the total reward. Rounds of fresh prompts follow, up to `algo.max_resample` more,
+    while any rank holds fewer than its B / W groups: the decision is collective, so every rank
+    leaves at the same round (a rank already full samples nothing meanwhile). A rank still short
+    after the last round leaves every rank with the fewest groups any rank holds, so that all
+    ranks run the same optimizer steps (`optimise`); none at all is an error on every rank.
+
+    Metrics: `reward/*` and `groups/all_equal_frac` (groups whose finite total rewards are all
+    equal) cover every group sampled, in every round. With dynamic sampling also
+    `kept/reward_mean` and `kept/reward_std` (the rows kept for the update), `kept/groups` (every
+    rank's), `groups/dropped` (by the filter, this rank) and `groups/sampling_rounds`.
+    """
     cfg = s.config
-    want = cfg.data.prompts_per_step
+    group_size, prompts = cfg.rollout.group_size, cfg.data.prompts_per_step
+    mine = distributed.shard(prompts, s.rank, s.world_size)
+    share = mine.stop - mine.start
+    dynamic = cfg.algo.dynamic_sampling
+    rounds_per_step = 1 + cfg.algo.max_resample if dynamic else 1
+    results: list[RewardResult] = []
     kept: list[tuple[RolloutBatch, torch.Tensor, list[dict]]] = []
-    reward_metrics: dict[str, float] = {}
-    dropped = rounds = 0
-    kept_groups = 0
-    rounds_per_step = 1 + cfg.algo.max_resample if cfg.algo.dynamic_sampling else 1
-    while kept_groups < want and rounds <= cfg.algo.max_resample:
-        rows = s.data.batch(step, want, rounds, rounds_per_step)
-        rows = rows[distributed.shard(want, s.rank, s.world_size)]
-        params = _sampling_params(cfg, seed=_step_seed(cfg.run.seed, step, rounds, s.rank))
-        with timer("rollout"):
-            rollout = s.sampler.generate_ids(
-                [r["prompt_ids"] for r in rows], cfg.rollout.group_size, params
-            )
-        with timer("reward"):
-            scored = s.rewards.score(*_reward_inputs(rows, rollout, cfg.rollout.group_size))
-        # Rewards are scored on the CPU; the advantages they become index the rollout's rows.
-        total = scored.total.to(rollout.completion_ids.device)
-        if not cfg.algo.dynamic_sampling:
-            return rollout, total, dict(scored.metrics), rows
-        reward_metrics = reward_metrics or dict(scored.metrics)
-        informative = _informative_groups(total, cfg.rollout.group_size)
-        dropped += int((~informative).sum())
-        keep = informative.nonzero().flatten()[: want - kept_groups]
-        members = torch.arange(cfg.rollout.group_size, device=keep.device)
-        index = (keep[:, None] * cfg.rollout.group_size + members).flatten()
-        if len(keep):
-            kept.append((rollout.select(index), total[index], [rows[i] for i in keep.tolist()]))
-            kept_groups += len(keep)
+    kept_groups = dropped = tokens = fewest = rounds = 0
+    while rounds < rounds_per_step and fewest < share:
+        if kept_groups < share:
+            rows = s.data.batch(step, prompts, rounds, rounds_per_step)[mine]
+            params = _sampling_params(cfg, seed=_step_seed(cfg.run.seed, step, rounds, s.rank))
+            with timer("rollout"):
+                rollout = s.sampler.generate_ids(
+                    [r["prompt_ids"] for r in rows], group_size, params
+                )
+            with timer("reward"):
+                scored = s.rewards.score(*_reward_inputs(rows, rollout, group_size))
+            results.append(scored)
+            tokens += int(rollout.completion_mask.sum())
+            # Rewards are scored on the CPU; the advantages they become index the rollout's rows.
+            total = scored.total.to(rollout.completion_ids.device)
+            if dynamic:
+                verdicts = (
+                    scored.total if scored.verifier_scores is None else scored.verifier_scores
+                )
+                informative = _informative_groups(verdicts, group_size)
+                dropped += int((~informative).sum())
+                keep = informative.nonzero().flatten()[: share - kept_groups]
+                if len(keep):
+                    index = _group_rows(keep, group_size).to(total.device)
+                    kept.append(
+                        (rollout.select(index), total[index], [rows[i] for i in keep.tolist()])
+                    )
+                    kept_groups += len(keep)
+            else:
+                kept.append((rollout, total, rows))
+                kept_groups = share
         rounds += 1
-    if not kept:
+        # Every rank learns the fewest groups any rank holds, in every round: ranks that stopped
+        # sampling at different rounds would take their collectives out of step.
+        fewest = int(distributed.all_min([float(kept_groups)])[0]) if dynamic else kept_groups
+    if fewest == 0:
         raise TrainingError(
-            "dynamic sampling found no group with different rewards; "
-            "raise algo.max_resample or check the reward"
+            f"dynamic sampling found no group whose {_filter_name(s.rewards)} rewards differ on "
+            f"some rank in {rounds} rounds; raise algo.max_resample or check the reward"
         )
-    reward_metrics.update(
-        {"groups/dropped": float(dropped), "groups/sampling_rounds": float(rounds)}
-    )
-    return (
-        RolloutBatch.concat([b for b, _, _ in kept], s.tokenizer.pad_token_id),
-        torch.cat([r for _, r, _ in kept]),
-        reward_metrics,
-        [row for _, _, rs in kept for row in rs],
-    )
+    rollout = RolloutBatch.concat([b for b, _, _ in kept], s.tokenizer.pad_token_id)
+    rewards = torch.cat([r for _, r, _ in kept])
+    rows = [row for _, _, rs in kept for row in rs][:fewest]
+    if fewest < kept_groups:
+        index = torch.arange(fewest * group_size, device=rewards.device)
+        rollout, rewards = rollout.select(index), rewards[index]
+    every_round = s.rewards.concat(results)
+    metrics = {**every_round.metrics, **reward_metrics(every_round.total, group_size)}
+    if dynamic:
+        mean, std = _mean_std(rewards)
+        metrics |= {
+            "kept/reward_mean": mean,
+            "kept/reward_std": std,
+            "kept/groups": float(fewest * s.world_size),
+            "groups/dropped": float(dropped),
+            "groups/sampling_rounds": float(rounds),
+        }
+    return Sampled(rollout, rewards, rows, metrics, tokens)
 
 
 def optimise(s: Session, batch: TrainBatch) -> dict[str, float]:
-    """mu passes over the batch, each split into `minibatches` optimizer steps; gradient
-    accumulation inside `accumulate_gradients`. Non-finite updates are skipped and counted."""
+    """mu passes over the batch, each `algo.minibatches` (m) optimizer steps; gradient
+    accumulation inside `accumulate_gradients`. Non-finite updates are skipped and counted.
+
+    The minibatches split the global batch, not each rank's part of it: with every rank holding
+    g groups, rank r's group j is global group i = r * g + j, and group i goes to minibatch
+    i mod m. Every rank thus takes the same m steps, each on its share of the minibatch, and the
+    updates are those of one process for any number of ranks (when they sample alike). Sizes
+    differ by at most one group. A rank with no rows in a minibatch would skip the backward whose
+    gradient all-reduce the others wait in, so `setup` requires m <= B / W; only dynamic sampling
+    short of groups (g < m, `sample_groups`) is left, and then a pass is g steps of one group a
+    rank.
+    """
     cfg = s.config
-    per_minibatch = _minibatch_rows(cfg, batch.num_rows)
     results: list[dict[str, float]] = []
     for _ in range(cfg.algo.mu):
-        for start in range(0, batch.num_rows, per_minibatch):
+        for rows in _minibatch_rows(s, batch):
             stats = optimizer_step(
                 s.policy,
                 s.optimizer,
-                batch.rows(slice(start, start + per_minibatch)),
+                batch.rows(rows),
                 s.loss_fns,
                 microbatch_size=cfg.optim.microbatch_size,
                 microbatch_tokens=s.microbatch_tokens,
@@ -313,35 +374,67 @@ def optimise(s: Session, batch: TrainBatch) -> dict[str, float]:
     return merged
 
 
-def _minibatch_rows(cfg: Config, num_rows: int) -> int:
-    """Rows per optimizer step: whole groups, `algo.minibatches` steps per pass."""
-    groups = num_rows // cfg.rollout.group_size
-    return math.ceil(groups / cfg.algo.minibatches) * cfg.rollout.group_size
+def minibatch_groups(groups: int, minibatches: int, rank: int) -> list[torch.Tensor]:
+    """This rank's group indices (each `[<= ceil(groups / parts)]`, ascending) in each of the
+    parts = min(minibatches, groups) minibatches of a pass, every rank holding `groups` groups:
+    global group i = rank * groups + j goes to minibatch i mod parts (see `optimise`)."""
+    parts = min(minibatches, groups)
+    first = rank * groups
+    return [torch.arange((k - first) % parts, groups, parts) for k in range(parts)]
 
 
-def rollout_metrics(
-    rollout: RolloutBatch, rewards: torch.Tensor, advantages: torch.Tensor
-) -> dict[str, float]:
-    """Reward, group and length statistics of a scored rollout; `advantages` is `[N]` or, from
+def _group_rows(groups: torch.Tensor, group_size: int) -> torch.Tensor:
+    """`[len(groups) * G]` the rows of `groups` `[g]`, a group's G rows contiguous."""
+    return (groups[:, None] * group_size + torch.arange(group_size)).flatten()
+
+
+def _minibatch_rows(s: Session, batch: TrainBatch) -> list[torch.Tensor]:
+    """`[rows]` indices of this rank's rows in each minibatch of a pass (`minibatch_groups`)."""
+    group_size = s.config.rollout.group_size
+    parts = minibatch_groups(batch.num_rows // group_size, s.config.algo.minibatches, s.rank)
+    return [_group_rows(groups, group_size).to(batch.input_ids.device) for groups in parts]
+
+
+def reward_metrics(rewards: torch.Tensor, group_size: int) -> dict[str, float]:
+    """Mean and std of the finite rewards `[N]` and the fraction of groups whose finite rewards
+    are all equal (no gradient)."""
+    mean, std = _mean_std(rewards)
+    all_equal = ~_informative_groups(rewards, group_size)
+    return {
+        "reward/mean": mean,
+        "reward/std": std,
+        "groups/all_equal_frac": float(all_equal.float().mean()),
+    }
+
+
+def rollout_metrics(rollout: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
+    """Advantage and length statistics of the batch trained on; `advantages` is `[N]` or, from
     a critic, `[N, T]` (then averaged over completion tokens)."""
-    finite = rewards[torch.isfinite(rewards)]
     if advantages.dim() == 2:
         adv_abs_mean = float(masked_mean(advantages.abs(), rollout.completion_mask))
     else:
         adv_abs_mean = float(advantages.abs().mean())
     lengths = rollout.completion_lengths.float()
     return {
-        "reward/mean": float(finite.mean()) if len(finite) else float("nan"),
-        "reward/std": float(finite.std(unbiased=False)) if len(finite) else float("nan"),
-        "groups/all_equal_frac": float(
-            (~_informative_groups(rewards, rollout.group_size)).float().mean()
-        ),
         "adv/abs_mean": adv_abs_mean,
         "length/mean": float(lengths.mean()),
         "length/max": float(lengths.max()),
         "length/truncated_frac": sum(r == "length" for r in rollout.finish_reasons)
         / rollout.num_rows,
     }
+
+
+def _mean_std(rewards: torch.Tensor) -> tuple[float, float]:
+    """Mean and population std of the finite values of `rewards` `[N]`; NaN when none is."""
+    finite = rewards[torch.isfinite(rewards)]
+    if not len(finite):
+        return math.nan, math.nan
+    return float(finite.mean()), float(finite.std(unbiased=False))
+
+
+def _filter_name(rewards: RewardRunner) -> str:
+    """What dynamic sampling compares within a group: the verifier's name, or "total"."""
+    return "total" if rewards.verifier is None else repr(rewards.verifier)
 
 
 def train(config: Config, *, quiet: bool = False) -> TrainResult:
@@ -372,6 +465,8 @@ def _deterministic_kernels(enabled: bool):
 def _train(config: Config, quiet: bool) -> TrainResult:
     s = setup(config)
     cfg = s.config
+    if cfg.run.preflight and s.start_step == 0:
+        _preflight(s)
     eval_before = eval_after = None
     if s.eval_data is not None and cfg.eval.at_start_end and s.start_step == 0:
         eval_before = _evaluate(s, step=0)
@@ -431,7 +526,13 @@ def setup(config: Config) -> Session:
         device = torch.device("cuda", torch.cuda.current_device())  # torchrun's LOCAL_RANK
         if config.run.gpu_memory_gb is not None:
             cap_gpu_memory(device, config.run.gpu_memory_gb)
-    distributed.shard(config.data.prompts_per_step, rank, world_size)
+    mine = distributed.shard(config.data.prompts_per_step, rank, world_size)
+    if config.algo.minibatches > mine.stop - mine.start:
+        raise UserError(
+            f"algo.minibatches must be at most data.prompts_per_step per rank "
+            f"({config.data.prompts_per_step} / {world_size} = {mine.stop - mine.start}), "
+            f"got {config.algo.minibatches}"
+        )
     run_dir, resume_from = _prepare_run_dir(config, rank)
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
@@ -522,6 +623,12 @@ def setup(config: Config) -> Session:
         critic=critic,
         microbatch_tokens=microbatch_tokens(model, config.optim.microbatch_tokens),
     )
+    if config.algo.dynamic_sampling and rank == 0:
+        print(
+            f"dynamic sampling keeps the groups whose {_filter_name(s.rewards)} rewards differ"
+            + ("" if s.rewards.verifier else " (no reward is the one evaluation calls correct)"),
+            file=sys.stderr,
+        )
     if resume_from is not None:
         state = checkpoint.load_checkpoint(
             resume_from,
@@ -635,6 +742,31 @@ def _memory_settings(config: Config) -> dict:
         "microbatch_size": config.optim.microbatch_size,
         "microbatch_tokens": config.optim.microbatch_tokens,
     }
+
+
+def _preflight(s: Session) -> None:
+    """`oncurve.preflight` on this rank's first two prompts of step 1; a failure stops the run
+    before anything is trained."""
+    cfg = s.config
+    mine = distributed.shard(cfg.data.prompts_per_step, s.rank, s.world_size)
+    with _whole(s):
+        lines = run_preflight(
+            policy=s.policy,
+            sampler=s.sampler,
+            rows=s.data.batch(1, cfg.data.prompts_per_step)[mine][:2],
+            group_size=cfg.rollout.group_size,
+            params=_sampling_params(cfg, seed=0),
+            fns=s.loss_fns,
+            trainable=[p for group in s.optimizer.param_groups for p in group["params"]],
+            microbatch_size=cfg.optim.microbatch_size,
+            microbatch_tokens=s.microbatch_tokens,
+            chat_template=cfg.data.chat_template,
+            dtype=next(s.model.parameters()).dtype,
+            prompt_index=_shares_prompt_forward(cfg),
+        )
+    if s.rank == 0:
+        for line in lines:
+            print(line, file=sys.stderr)
 
 
 def _whole(s: Session) -> AbstractContextManager[torch.nn.Module]:
@@ -811,12 +943,18 @@ def _reward_inputs(
     return prompts, rollout.texts, columns
 
 
+def _shares_prompt_forward(cfg: Config) -> bool:
+    """Whether the update runs each group's prompt once: not under gradient checkpointing (HF
+    drops the KV cache there) or FSDP2 (its hooks expect one forward of each module per
+    backward)."""
+    m = cfg.model
+    return m.share_prompt_forward and not m.gradient_checkpointing and not cfg.dist.fsdp
+
+
 def _prompt_index(cfg: Config, rollout: RolloutBatch) -> torch.Tensor | None:
     """`[N]` group number of each row (a group's rows share a prompt), or None when the
-    prompt forward is not shared: HF drops the KV cache under gradient checkpointing, and
-    FSDP2's hooks expect one forward of each module per backward."""
-    m = cfg.model
-    if not m.share_prompt_forward or m.gradient_checkpointing or cfg.dist.fsdp:
+    prompt forward is not shared (`_shares_prompt_forward`)."""
+    if not _shares_prompt_forward(cfg):
         return None
     rows = torch.arange(rollout.num_rows, device=rollout.input_ids.device)
     return rows // rollout.group_size

@@ -28,7 +28,10 @@ With `timeout_s=None` everything runs in-process.
 
 Summing: `total` is the weighted sum over functions; a None from one function counts as 0 when
 another function scored that row, and the row's total is NaN when every function returned None
-(the trainer leaves NaN rows out of group statistics). NaN and inf values are treated as None.
+(the trainer leaves NaN rows out of group statistics). With a `verifier` (the function that
+decides whether an answer is right), a row it scored None is NaN whatever the others scored: a
+shaping term such as DAPO's overlong penalty would otherwise turn an unverifiable answer into a
+wrong one. NaN and inf values are treated as None.
 """
 
 from __future__ import annotations
@@ -60,14 +63,16 @@ class RewardError(UserError):
 
 @dataclass
 class RewardResult:
-    total: torch.Tensor  # [N] weighted sum; NaN where every function returned None
+    total: torch.Tensor  # [N] weighted sum; NaN where the verifier or every function gave None
     per_fn: torch.Tensor  # [N, n_fns] each function's score; NaN for None
     metrics: dict[str, float]  # reward/<name> (mean over non-None), reward/timeouts, reward/errors
+    verifier_scores: torch.Tensor | None = None  # [N] the verifier's column of per_fn, if any
 
 
 class RewardRunner:
-    """Scores completions with `fns`, a list of (name, fn, weight). With a timeout it owns a
-    worker process: `close()` it, or use it as a context manager."""
+    """Scores completions with `fns`, a list of (name, fn, weight); `verifier` names the one
+    among them that decides correctness, if any (see the module docstring). With a timeout it
+    owns a worker process: `close()` it, or use it as a context manager."""
 
     def __init__(
         self,
@@ -75,6 +80,7 @@ class RewardRunner:
         timeout_s: float | None = 10.0,
         on_error: str = "raise",
         timeout_score: float | None = None,
+        verifier: str | None = None,
     ) -> None:
         if not fns:
             raise UserError("at least one reward function is needed")
@@ -85,7 +91,11 @@ class RewardRunner:
         names = [name for name, _, _ in fns]
         if len(set(names)) != len(names):
             raise UserError(f"reward names must be unique, got {names}")
+        if verifier is not None and verifier not in names:
+            raise UserError(f"reward verifier {verifier!r} is not one of the rewards {names}")
         self.fns = fns
+        self.verifier = verifier
+        self._verifier_column = None if verifier is None else names.index(verifier)
         self.timeout_s = timeout_s
         self.on_error = on_error
         self.timeout_score = timeout_score
@@ -128,7 +138,17 @@ class RewardRunner:
                     retry.append(f)
         for f in retry:
             per_fn[:, f] = self._score_rows(f, batch, counts)
-        return _result(per_fn, self.fns, counts)
+        return _result(per_fn, self.fns, counts, self._verifier_column)
+
+    def concat(self, results: Sequence[RewardResult]) -> RewardResult:
+        """One result for the rows of `results` (batches this runner scored), in order: what one
+        `score` call on all of them would return, its metrics over every row."""
+        counts = {
+            kind: int(sum(r.metrics[f"reward/{kind}"] for r in results))
+            for kind in ("timeouts", "errors")
+        }
+        per_fn = torch.cat([r.per_fn for r in results])
+        return _result(per_fn, self.fns, counts, self._verifier_column)
 
     def _score_rows(self, f: int, batch: tuple, counts: dict[str, int]) -> torch.Tensor:
         """`[N]` scores of function `f` called one row at a time."""
@@ -320,16 +340,22 @@ def _as_column(values: list[float | None]) -> torch.Tensor:
 
 
 def _result(
-    per_fn: torch.Tensor, fns: list[tuple[str, RewardFn, float]], counts: dict[str, int]
+    per_fn: torch.Tensor,
+    fns: list[tuple[str, RewardFn, float]],
+    counts: dict[str, int],
+    verifier_column: int | None,
 ) -> RewardResult:
+    """The weighted sum of `per_fn` `[N, n_fns]` (see the module docstring) and its metrics."""
     weights = torch.tensor([w for _, _, w in fns], dtype=torch.float32)
     scored = ~torch.isnan(per_fn)  # [N, n_fns]
     total = (torch.where(scored, per_fn, 0.0) * weights).sum(1)
-    total = torch.where(scored.any(1), total, math.nan)
+    counted = scored.any(1) if verifier_column is None else scored[:, verifier_column]
+    total = torch.where(counted, total, math.nan)
     metrics = {
         f"reward/{name}": float(per_fn[scored[:, f], f].mean()) if scored[:, f].any() else math.nan
         for f, (name, _, _) in enumerate(fns)
     }
     metrics["reward/timeouts"] = float(counts["timeouts"])
     metrics["reward/errors"] = float(counts["errors"])
-    return RewardResult(total=total, per_fn=per_fn, metrics=metrics)
+    verifier_scores = None if verifier_column is None else per_fn[:, verifier_column]
+    return RewardResult(total, per_fn, metrics, verifier_scores)

@@ -1,0 +1,321 @@
+"""Group sampling and dynamic sampling (`trainer.sample_groups`) on one process and on 2 gloo
+ranks, with a scripted sampler and scripted prompts, so that which groups are informative in
+which round is known in advance; the verifier that decides both the filter and unscored rows.
+
+Also the shared helpers of tests/test_minibatches.py: `scripted_session` and `on_ranks`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from test_trainer import make_config
+
+from oncurve import trainer
+from oncurve.config import Config
+from oncurve.errors import UserError
+from oncurve.inputs import build_rewards
+from oncurve.rewards.runner import RewardRunner
+from oncurve.trainer import Session, setup, training_step
+from oncurve.types import RolloutBatch
+
+Completion = Callable[[list[int], int], str]
+
+
+def digits_then_a(prompt_ids: list[int], member: int) -> str:
+    """Member k of a group: k + 1 copies of a digit fixed by the prompt, then "a" (lengths and
+    digit fractions differ within a group, and nothing depends on the rank or the seed)."""
+    return str(sum(prompt_ids) % 10) * (member + 1) + "a"
+
+
+def scripted_rollout(
+    tokenizer: Any, completion: Completion, prompt_ids: list[list[int]], group_size: int, *_: Any
+) -> RolloutBatch:
+    """A `RolloutBatch` of `completion(prompt, k)` + EOS for each prompt and member k, in place
+    of `TorchSampler.generate_ids` (sampling logprobs 0: only a health metric reads them)."""
+    prompts = [ids for ids in prompt_ids for _ in range(group_size)]
+    texts = [completion(ids, k) for ids in prompt_ids for k in range(group_size)]
+    completions = [
+        tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        for text in texts
+    ]
+    n, width_p, width_t = len(texts), max(map(len, prompts)), max(map(len, completions))
+    prompt = torch.full((n, width_p), tokenizer.pad_token_id)
+    prompt_mask = torch.zeros(n, width_p, dtype=torch.long)
+    completion_ids = torch.full((n, width_t), tokenizer.pad_token_id)
+    completion_mask = torch.zeros(n, width_t, dtype=torch.long)
+    for row, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        prompt[row, width_p - len(p) :], prompt_mask[row, width_p - len(p) :] = torch.tensor(p), 1
+        completion_ids[row, : len(c)], completion_mask[row, : len(c)] = torch.tensor(c), 1
+    return RolloutBatch(
+        prompt_ids=prompt,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        logprobs=torch.zeros(n, width_t),
+        texts=texts,
+        finish_reasons=["eos"] * n,
+        group_size=group_size,
+    )
+
+
+def scripted_rows(tokenizer: Any, step: int, size: int, round_: int = 0, *_: Any) -> list[dict]:
+    """In place of `PromptData.batch`: prompt i of a round reads "step.round.i"; its answer is
+    "99999" for even i, "0" for odd i."""
+    rows = []
+    for i in range(size):
+        prompt = f"{step}.{round_}.{i}"
+        answer = "99999" if i % 2 == 0 else "0"
+        rows.append(
+            {"prompt": prompt, "answer": answer, "prompt_ids": tokenizer(prompt)["input_ids"]}
+        )
+    return rows
+
+
+def where(prompt: str) -> tuple[int, int, int]:
+    """(step, round, prompt index) of a `scripted_rows` prompt."""
+    step, round_, index = map(int, prompt.split("."))
+    return step, round_, index
+
+
+def scripted_session(
+    config: Config,
+    completion: Completion = digits_then_a,
+    reward: Callable[..., list[float | None]] | None = None,
+) -> Session:
+    """`setup(config)` with the sampler and the prompts scripted, and with `reward` as the only
+    reward function when given."""
+    s = setup(config)
+    s.sampler.generate_ids = functools.partial(scripted_rollout, s.tokenizer, completion)
+    s.data.batch = functools.partial(scripted_rows, s.tokenizer)
+    if reward is not None:
+        s.rewards = RewardRunner([("scripted", reward, 1.0)], timeout_s=None)
+    return s
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_entry(
+    rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, out: str
+) -> None:
+    # what torchrun sets: `setup` joins the process group from these
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    try:
+        torch.save(fn(*args), f"{out}.rank{rank}")
+        # both ranks done before either tears gloo down
+        dist.barrier()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def on_ranks(world_size: int, tmp_path: Path, fn: Callable[..., Any], *args: Any) -> list[Any]:
+    """`fn(*args)` on `world_size` spawned ranks that join a gloo group in `trainer.setup`;
+    each rank's return value, in rank order."""
+    out = str(tmp_path / "result")
+    mp.spawn(_rank_entry, args=(world_size, _free_port(), fn, args, out), nprocs=world_size)
+    return [torch.load(f"{out}.rank{r}", weights_only=False) for r in range(world_size)]
+
+
+# Which prompts have informative groups, by (step, round). With B = 8 on 2 ranks, rank 0 holds
+# prompts 0-3 of each round and rank 1 prompts 4-7.
+INFORMATIVE = {
+    # rank 0 is full after round 0; rank 1 holds 1, 3, then 4 groups after rounds 0, 1, 2
+    (1, 0): {0, 1, 2, 3, 4},
+    (1, 1): {5, 6},
+    (1, 2): {4, 5, 6, 7},
+    # rank 1 never fills: every rank trains on its one group
+    (2, 0): {0, 1, 2, 3, 4},
+}
+
+
+def informative_lengths(prompts: list[str], completions: list[str], **_: Any) -> list[float]:
+    """A completion's length where its prompt is in `INFORMATIVE`, else 0 (a flat group)."""
+    return [
+        float(len(c)) if where(p)[2] in INFORMATIVE.get(where(p)[:2], set()) else 0.0
+        for p, c in zip(prompts, completions, strict=True)
+    ]
+
+
+def scripted_steps(model_dir: Path, data_file: Path, run_dir: Path, *extra: str) -> list[dict]:
+    """Two training steps of dynamic sampling on the `INFORMATIVE` script, on this process's
+    ranks: per step the prompts this rank trained on, its optimizer steps and some metrics."""
+    config = make_config(
+        model_dir,
+        data_file,
+        run_dir,
+        "data.prompts_per_step=8",
+        "rollout.group_size=2",
+        "algo.dynamic_sampling=true",
+        "algo.max_resample=2",
+        "algo.minibatches=2",
+        "algo.beta=0.0",
+        # ranks out of step fail the test in seconds instead of hanging it
+        "dist.timeout_s=20",
+        *extra,
+    )
+    s = scripted_session(config, reward=informative_lengths)
+    optimizer_steps = []
+    s.optimizer.register_step_pre_hook(lambda *_: optimizer_steps.append(1))
+    trained: list[list[str]] = []
+    # `_log_samples` is handed every row trained on (the log keeps `log.samples_per_step`)
+    real = trainer._log_samples
+    trainer._log_samples = lambda s, step, rollout, rewards, rows: trained.append(
+        [row["prompt"] for row in rows]
+    )
+    try:
+        steps = []
+        for step in (1, 2):
+            before = len(optimizer_steps)
+            metrics = training_step(s, step)
+            steps.append(
+                {
+                    "prompts": trained[-1],
+                    "optimizer_steps": len(optimizer_steps) - before,
+                    **{k: metrics.get(k) for k in ("kept/groups", "groups/sampling_rounds")},
+                }
+            )
+        return steps
+    finally:
+        trainer._log_samples = real
+
+
+def test_dynamic_sampling_on_one_process_fills_the_batch_or_trains_on_what_it_kept(
+    tiny_model_dir, data_file, tmp_path
+):
+    step1, step2 = scripted_steps(tiny_model_dir, data_file, tmp_path / "run")
+    assert step1["prompts"] == [f"1.0.{i}" for i in range(5)] + ["1.1.5", "1.1.6", "1.2.4"]
+    assert step1["groups/sampling_rounds"] == 3 and step1["kept/groups"] == 8
+    assert step1["optimizer_steps"] == 2
+    # short after every round: the 5 groups it has, in 2 minibatches
+    assert step2["prompts"] == [f"2.0.{i}" for i in range(5)]
+    assert step2["groups/sampling_rounds"] == 3 and step2["optimizer_steps"] == 2
+
+
+def test_dynamic_sampling_on_two_ranks_collects_each_ranks_share_and_steps_in_lockstep(
+    tiny_model_dir, data_file, tmp_path
+):
+    run_dir = tmp_path / "run"
+    # one thread a rank: two ranks of two threads each on two cores spin against each other
+    ranks = on_ranks(
+        2, tmp_path, scripted_steps, tiny_model_dir, data_file, run_dir, "run.threads=1"
+    )
+    (r0s1, r0s2), (r1s1, r1s2) = ranks
+    # B / W = 4 groups each, not B: rank 0 sampled once, rank 1 in three rounds
+    assert r0s1["prompts"] == ["1.0.0", "1.0.1", "1.0.2", "1.0.3"]
+    assert r1s1["prompts"] == ["1.0.4", "1.1.5", "1.1.6", "1.2.4"]
+    for step in (r0s1, r1s1):
+        assert step["groups/sampling_rounds"] == 3 and step["kept/groups"] == 8
+        assert step["optimizer_steps"] == 2
+    # rank 1 ends with one group: rank 0 trains on one too, so both take one step
+    assert r0s2["prompts"] == ["2.0.0"] and r1s2["prompts"] == ["2.0.4"]
+    for step in (r0s2, r1s2):
+        assert step["kept/groups"] == 2 and step["optimizer_steps"] == 1
+
+
+def test_sampled_and_kept_metrics_are_logged_apart(tiny_model_dir, data_file, tmp_path):
+    """reward/* and groups/all_equal_frac over every round; kept/* over the trained batch."""
+    config = make_config(
+        tiny_model_dir,
+        data_file,
+        tmp_path / "run",
+        "data.prompts_per_step=8",
+        "rollout.group_size=2",
+        "algo.dynamic_sampling=true",
+        "algo.max_resample=2",
+        "algo.beta=0.0",
+    )
+    s = scripted_session(config, reward=informative_lengths)
+    metrics = training_step(s, 1)
+    # 3 rounds of 8 prompts; informative groups' completions ("1a", "11a") score 2 and 3
+    informative = sum(len(INFORMATIVE[(1, r)]) for r in range(3))
+    sampled = torch.tensor([2.0, 3.0] * informative + [0.0, 0.0] * (24 - informative))
+    assert metrics["reward/mean"] == pytest.approx(float(sampled.mean()))
+    assert metrics["reward/std"] == pytest.approx(float(sampled.std(unbiased=False)))
+    assert metrics["reward/scripted"] == pytest.approx(float(sampled.mean()))
+    assert metrics["groups/all_equal_frac"] == pytest.approx(1 - informative / 24)
+    assert metrics["kept/reward_mean"] == pytest.approx(2.5)
+    assert metrics["kept/reward_std"] == pytest.approx(0.5)
+    assert metrics["kept/groups"] == 8 and metrics["groups/dropped"] == 24 - informative
+
+
+def nines(prompt_ids: list[int], member: int) -> str:
+    """Member k: 5 + k nines, the right answer "99999" only for member 0 (and only where the
+    answer is 99999); long enough for the overlong penalty to differ within the group."""
+    return "9" * (5 + member)
+
+
+def dapo_config(model_dir: Path, data_file: Path, run_dir: Path, *extra: str) -> Config:
+    """The DAPO preset, rewarded by the built-in `correct` and the overlong penalty (4 tokens
+    before max_new_tokens=8)."""
+    return make_config(
+        model_dir,
+        data_file,
+        run_dir,
+        "algo.preset=dapo",
+        "algo.overlong_buffer=4",
+        "algo.max_resample=0",
+        "rollout.group_size=2",
+        "rewards=[correct]",
+        *extra,
+    )
+
+
+def test_dynamic_sampling_filters_on_the_correctness_reward_not_the_penalty(
+    tiny_model_dir, data_file, tmp_path, capsys, monkeypatch
+):
+    """Odd prompts' groups are all wrong; their lengths (so their overlong penalties) differ.
+    DAPO filters on accuracy: they are dropped, and the run says which reward filters."""
+    s = scripted_session(dapo_config(tiny_model_dir, data_file, tmp_path / "run"), nines)
+    trained: list[str] = []
+    monkeypatch.setattr(
+        trainer, "_log_samples", lambda *args: trained.extend(row["prompt"] for row in args[-1])
+    )
+    metrics = training_step(s, 1)
+    assert trained == ["1.0.0", "1.0.2"]
+    assert metrics["groups/dropped"] == 2
+    assert "keeps the groups whose 'correct' rewards differ" in capsys.readouterr().err
+
+
+def test_a_row_the_verifier_leaves_unscored_has_no_total_whatever_the_penalty(data_file, tmp_path):
+    """`correct` returns None for a row without an answer; the overlong penalty still scores
+    it, but the row must stay out of the group statistics (NaN), not count as wrong."""
+    config = dapo_config(Path("unused"), data_file, tmp_path / "run")
+    runner = build_rewards(config, None)
+    assert runner.verifier == "correct"
+    completions = ["9" * 5, "9" * 7, "9" * 7]
+    result = runner.score(
+        ["p"] * 3, completions, {"answer": ["99999", "", "0"], "completion_lengths": [6, 8, 8]}
+    )
+    assert result.per_fn[1, 1] == -1.0  # the penalty scored the unverified row
+    assert math.isnan(result.total[1])
+    assert result.total[0] == pytest.approx(0.5) and result.total[2] == -1.0
+    # one function scoring None without a verifier still counts as 0, as before
+    plain = RewardRunner(runner.fns, timeout_s=None)
+    total = plain.score(["p"], ["x"], {"answer": [""], "completion_lengths": [9]}).total
+    assert total.tolist() == [-1.0]
+
+
+def test_a_verifier_must_be_one_of_the_rewards():
+    with pytest.raises(UserError, match="reward verifier 'correct' is not one of the rewards"):
+        RewardRunner([("format", lambda p, c, **_: [0.0] * len(c), 1.0)], verifier="correct")
