@@ -112,6 +112,7 @@ def test_the_trainer_runs_it_before_step_1_only_when_asked(
     oncurve.trainer.train(config, quiet=True)
     err = capsys.readouterr().err
     assert ("preflight: gradient independent of microbatching" in err) is preflight
+    assert ("preflight: settings valid, none of them a known silent no-op" in err) is preflight
     if preflight:
         (arguments,) = calls
         assert len(arguments["rows"]) == 2 and arguments["group_size"] == 4

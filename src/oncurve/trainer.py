@@ -30,7 +30,7 @@ from oncurve.algo.registry import (
     POLICY_LOSSES,
     lookup,
 )
-from oncurve.config import Config, save_config
+from oncurve.config import Config, build_config, save_config, to_dict
 from oncurve.errors import TrainingError, UserError
 from oncurve.evaluate import evaluate
 from oncurve.inputs import PromptData, build_rewards, correctness_fn, load_prompts
@@ -748,6 +748,8 @@ def _preflight(s: Session) -> None:
     """`oncurve.preflight` on this rank's first two prompts of step 1; a failure stops the run
     before anything is trained."""
     cfg = s.config
+    # the config as settled (auto and null filled in) passes every check of a loaded one
+    build_config(to_dict(cfg))
     mine = distributed.shard(cfg.data.prompts_per_step, s.rank, s.world_size)
     with _whole(s):
         lines = run_preflight(
@@ -764,6 +766,7 @@ def _preflight(s: Session) -> None:
             dtype=next(s.model.parameters()).dtype,
             prompt_index=_shares_prompt_forward(cfg),
         )
+    lines.insert(0, "preflight: settings valid, none of them a known silent no-op")
     if s.rank == 0:
         for line in lines:
             print(line, file=sys.stderr)
