@@ -303,3 +303,21 @@ def train_trl_timed(
     trainer.add_callback(steps.callback(TrainerCallback))
     trainer.train()
     return trainer, phases, steps
+
+
+def trl_phases(
+    seconds: list[float],
+    prepare: list[float],
+    generate: list[float],
+    reward: list[float],
+    generation_name: str = "generate",
+) -> dict[str, list[float]]:
+    """Per-step seconds of TRL's phases from `train_trl_timed`'s timings: generation, reward,
+    the reference forward (the rest of its preparation: no old-logprob pass at mu = 1, with its
+    tokenising and advantage bookkeeping) and train (the rest of the step)."""
+    return {
+        generation_name: generate,
+        "reward": reward,
+        "reference": [p - g - r for p, g, r in zip(prepare, generate, reward, strict=True)],
+        "train": [s - p for s, p in zip(seconds, prepare, strict=True)],
+    }

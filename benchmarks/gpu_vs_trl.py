@@ -48,6 +48,7 @@ from common import (  # noqa: E402
     run_child,
     step_phases,
     train_trl_timed,
+    trl_phases,
     trl_reward,
     write_section,
 )
@@ -497,17 +498,11 @@ def read_trl(job: Job, out: Path) -> dict:
     expected = [texts[i : i + job.prompts] for i in range(0, len(texts), job.prompts)]
     if result["prompts"] != expected:
         raise SystemExit(f"TRL trained on other prompts than oncurve; see {out / 'result.json'}")
-    prepare, generate, reward = result["prepare"], result["generate"], result["reward"]
     return {
         "seconds": result["seconds"],
-        "phases": {
-            "generation": generate,
-            "reward": reward,
-            # The rest of TRL's preparation: the reference forward (no old-logprob pass at
-            # mu = 1), with its tokenizing and advantage bookkeeping.
-            "reference": [p - g - r for p, g, r in zip(prepare, generate, reward, strict=True)],
-            "train": [s - p for s, p in zip(result["seconds"], prepare, strict=True)],
-        },
+        "phases": trl_phases(
+            result["seconds"], result["prepare"], result["generate"], result["reward"], "generation"
+        ),
         "gpu_peak_gb": result["gpu_peak_gb"],
         "length": result["length"],
     }

@@ -41,6 +41,7 @@ from common import (  # noqa: E402
     run_child,
     step_phases,
     train_trl_timed,
+    trl_phases,
     trl_reward,
     write_section,
 )
@@ -290,20 +291,14 @@ def run_trl(job: Job, out: Path, trl_python: str) -> dict:
     expected = [rows[i : i + job.prompts] for i in range(0, len(rows), job.prompts)]
     if result["prompts"] != expected:
         raise SystemExit(f"TRL trained on other prompts than oncurve; see {out / 'result.json'}")
-    prepare, generate, reward = result["prepare"], result["generate"], result["reward_seconds"]
     return {
         "wall": wall,
         "rss": rss,
         "final": str(out / "final"),
         "seconds": result["seconds"],
-        "phases": {
-            "generate": generate,
-            "reward": reward,
-            # The rest of TRL's preparation: the reference forward (no old-logprob pass at
-            # mu = 1), with its tokenising and advantage bookkeeping.
-            "reference": [p - g - r for p, g, r in zip(prepare, generate, reward, strict=True)],
-            "train": [s - p for s, p in zip(result["seconds"], prepare, strict=True)],
-        },
+        "phases": trl_phases(
+            result["seconds"], result["prepare"], result["generate"], result["reward_seconds"]
+        ),
         "reward": result["reward"],
         "length": result["length"],
     }
