@@ -95,7 +95,7 @@ def save_checkpoint(
     if "model" in modules:
         raise ValueError("modules: the name 'model' is taken by the policy model")
     state_text = json.dumps(state)  # not JSON-able -> fail before anything touches the disk
-    rank, world = _rank_and_world()
+    rank, world = distributed.world()
     rng_states = [_rng_state()]
     if world > 1:
         local_rng, rng_states = rng_states[0], [None] * world
@@ -193,7 +193,7 @@ def load_checkpoint(
         raise UserError(
             f"checkpoint file {opt_file} does not match the optimizer: {what}"
         ) from None
-    rank, _ = _rank_and_world()
+    rank, _ = distributed.world()
     _set_rng_state(_read_json(path / f"rng-rank{rank}.json"))
     return read_state(path)
 
@@ -380,12 +380,6 @@ def _complete_checkpoints(root: Path) -> list[Path]:
 
 def _step_of(directory: Path) -> int:
     return int(_STEP_DIR.fullmatch(directory.name).group(1))
-
-
-def _rank_and_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def _rng_state() -> dict:

@@ -97,14 +97,20 @@ def all_mean(metrics: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def batch_std(rewards: torch.Tensor) -> torch.Tensor:
-    """Population std of the finite rewards of the global batch (all ranks)."""
-    finite = rewards[torch.isfinite(rewards)].double()
+def global_moments(values: torch.Tensor) -> tuple[float, float]:
+    """(mean, population variance) of `values` (any shape) taken together over every rank."""
+    picked = values.double().flatten()
     count, total, squares = all_sum(
-        [float(len(finite)), float(finite.sum()), float((finite**2).sum())]
+        [float(picked.numel()), float(picked.sum()), float(picked.square().sum())]
     )
     mean = total / max(count, 1.0)
-    return torch.tensor(max(squares / max(count, 1.0) - mean**2, 0.0) ** 0.5, device=rewards.device)
+    return mean, max(squares / max(count, 1.0) - mean**2, 0.0)
+
+
+def batch_std(rewards: torch.Tensor) -> torch.Tensor:
+    """Population std of the finite rewards of the global batch (all ranks)."""
+    _, variance = global_moments(rewards[torch.isfinite(rewards)])
+    return torch.tensor(variance**0.5, device=rewards.device)
 
 
 def wrap(module: torch.nn.Module, device: str, fsdp: bool = False) -> torch.nn.Module:

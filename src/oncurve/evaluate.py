@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from oncurve.inputs import group_columns
 from oncurve.rewards.registry import RewardFn
 from oncurve.rollout import SamplingParams, TorchSampler
 
@@ -53,12 +52,7 @@ def _scores(
     for start in range(0, len(rows), per_call):
         chunk = rows[start : start + per_call]
         rollout = sampler.generate_ids([r["prompt_ids"] for r in chunk], group_size, params)
-        columns: dict[str, list[Any]] = {
-            key: [r[key] for r in chunk for _ in range(group_size)]
-            for key in chunk[0]
-            if key not in ("prompt", "prompt_ids")
-        }
-        prompts = [r["prompt"] for r in chunk for _ in range(group_size)]
+        prompts, columns = group_columns(chunk, group_size)
         values = correct(prompts, rollout.texts, **columns)
         scores.append(torch.tensor([1.0 if (v or 0) > 0.5 else 0.0 for v in values]))
     return torch.cat(scores).view(len(rows), group_size)

@@ -99,6 +99,18 @@ def encode_prompt(tokenizer: Any, prompt: str, data: DataConfig, where: str) -> 
     return ids
 
 
+def group_columns(rows: list[dict], group_size: int) -> tuple[list[str], dict[str, list]]:
+    """The prompts and the dataset's other columns (all but `prompt_ids`) of `rows`, each
+    repeated `group_size` times: one value per completion, as reward functions take them."""
+    prompts = [row["prompt"] for row in rows for _ in range(group_size)]
+    columns = {
+        key: [row[key] for row in rows for _ in range(group_size)]
+        for key in rows[0]
+        if key not in ("prompt", "prompt_ids")
+    }
+    return prompts, columns
+
+
 def build_rewards(config: Config, task: Task | None) -> RewardRunner:
     """The configured reward functions, or the task's own when `rewards` is empty; DAPO's soft
     overlong penalty is added when `algo.overlong_buffer` > 0. The runner's verifier is the

@@ -247,19 +247,11 @@ def estimate_advantages(
             "returns/mean": float(masked_mean(returns, mask)),
         }
     )
-    moments = _global_moments(advantages, mask) if distributed.world()[1] > 1 else None
+    moments = (
+        distributed.global_moments(advantages[mask > 0]) if distributed.world()[1] > 1 else None
+    )
     whitened = whiten(advantages, mask, moments=moments)
     return whitened, CriticTargets(old_values, returns, mask), metrics
-
-
-def _global_moments(values: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
-    """(mean, population variance) of the masked values of every rank."""
-    picked = values[mask > 0].double()
-    count, total, squares = distributed.all_sum(
-        [float(len(picked)), float(picked.sum()), float(picked.square().sum())]
-    )
-    mean = total / max(count, 1.0)
-    return mean, max(squares / max(count, 1.0) - mean**2, 0.0)
 
 
 def optimise_critic(

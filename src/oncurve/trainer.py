@@ -33,7 +33,13 @@ from oncurve.algo.registry import (
 from oncurve.config import Config, build_config, save_config, to_dict
 from oncurve.errors import TrainingError, UserError
 from oncurve.evaluate import evaluate
-from oncurve.inputs import PromptData, build_rewards, correctness_fn, load_prompts
+from oncurve.inputs import (
+    PromptData,
+    build_rewards,
+    correctness_fn,
+    group_columns,
+    load_prompts,
+)
 from oncurve.memory import (
     CPU_MICROBATCH_ROWS,
     DEFAULT_LOGITS_CHUNK,
@@ -937,11 +943,7 @@ def _step_seed(seed: int, step: int, round_: int, rank: int) -> int:
 def _reward_inputs(
     rows: list[dict], rollout: RolloutBatch, group_size: int
 ) -> tuple[list[str], list[str], dict[str, list]]:
-    prompts = [row["prompt"] for row in rows for _ in range(group_size)]
-    columns: dict[str, list] = {}
-    for key in rows[0]:
-        if key not in ("prompt", "prompt_ids"):
-            columns[key] = [row[key] for row in rows for _ in range(group_size)]
+    prompts, columns = group_columns(rows, group_size)
     columns["completion_lengths"] = rollout.completion_lengths.tolist()
     return prompts, rollout.texts, columns
 

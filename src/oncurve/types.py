@@ -6,11 +6,9 @@ positions (left-padded) and T completion positions (right-padded).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
-
-FINISH_REASONS = ("eos", "stop", "length")
 
 
 @dataclass
@@ -145,11 +143,3 @@ class TrainBatch:
             sample_logprobs=part(self.sample_logprobs),
             prompt_index=part(self.prompt_index),
         )
-
-
-@dataclass
-class StepMetrics:
-    """Scalars logged for one step; `values` holds them by name, in insertion order."""
-
-    step: int
-    values: dict[str, float] = field(default_factory=dict)
