@@ -77,6 +77,13 @@ def resolve_model_path(path: str) -> Path:
     return resolved
 
 
+def real_token_positions(mask: torch.Tensor) -> torch.Tensor:
+    """`[N, L]` position ids that count real tokens only (0 on left padding) from a `[N, L]`
+    attention mask: a left-padded prompt sees the positions an unpadded one does, in the
+    sampler and in the training forward alike."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 def cache_argument(trunk: torch.nn.Module, cache: Any) -> dict[str, Any]:
     """`{name: cache}` for `trunk`'s forward: transformers 5.24 renamed `past_key_values` to
     `cache` (the old name warns on every call and goes in 5.40); earlier releases and remote

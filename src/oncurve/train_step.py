@@ -15,7 +15,7 @@ import transformers
 
 from oncurve import distributed
 from oncurve.algo.logprobs import logprobs_from_hidden
-from oncurve.models import cache_argument
+from oncurve.models import cache_argument, real_token_positions
 from oncurve.types import TrainBatch
 
 
@@ -72,7 +72,7 @@ def completion_hidden(
     """`[N, T, H]` hidden states of a decoder `trunk` before each of the last `completion_len`
     tokens, position ids counting real tokens only; with `prompt_index`, each distinct prompt
     runs once (see `completion_logprobs`)."""
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    position_ids = real_token_positions(attention_mask)
     if prompt_index is not None:
         prompts, row_prompt = torch.unique(prompt_index, return_inverse=True)
         # rows whose prompts are all distinct gain nothing from a second forward

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import transformers
 
 from oncurve.algo.logprobs import float_logits
-from oncurve.models import cache_argument
+from oncurve.models import cache_argument, real_token_positions
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 # Fusing q/k/v saves three ops per layer and step, which matters for small models where per-op
@@ -308,7 +308,7 @@ class LlamaDecoder:
         """Run the HF forward on the B distinct prompts `[B, P]` and copy their cache into the G
         rows of each group. Returns `[B*G, V]` float32 next-token logits."""
         batch, width = prompt_ids.shape
-        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        positions = real_token_positions(prompt_mask)
         cache = transformers.DynamicCache(config=self.model.config)
         out = self.model.base_model(
             input_ids=prompt_ids,

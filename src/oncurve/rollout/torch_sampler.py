@@ -22,7 +22,7 @@ import transformers
 from transformers.cache_utils import DynamicLayer
 
 from oncurve.algo.logprobs import float_logits
-from oncurve.models import cache_argument
+from oncurve.models import cache_argument, real_token_positions
 from oncurve.rollout import decode_llama
 from oncurve.rollout.base import SamplingParams, check_room
 from oncurve.types import RolloutBatch
@@ -114,7 +114,7 @@ class HFDecoder:
         Returns `[B*G, V]` float32 next-token logits."""
         width = prompt_ids.shape[1]
         self.mask[:, :width] = prompt_mask.repeat_interleave(group_size, 0)
-        positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        positions = real_token_positions(prompt_mask)
         logits = self._forward(prompt_ids, prompt_mask, positions)
         self._rows(
             torch.arange(prompt_ids.shape[0], device=logits.device).repeat_interleave(group_size)
