@@ -290,13 +290,15 @@ def sample_groups(s: Session, step: int, timer: _Timer) -> Sampled:
             total = scored.total.to(rollout.completion_ids.device)
             if dynamic:
                 verdicts = (
-                    scored.total if scored.verifier_scores is None else scored.verifier_scores
+                    total
+                    if scored.verifier_scores is None
+                    else scored.verifier_scores.to(total.device)
                 )
                 informative = _informative_groups(verdicts, group_size)
                 dropped += int((~informative).sum())
                 keep = informative.nonzero().flatten()[: share - kept_groups]
                 if len(keep):
-                    index = _group_rows(keep, group_size).to(total.device)
+                    index = _group_rows(keep, group_size)
                     kept.append(
                         (rollout.select(index), total[index], [rows[i] for i in keep.tolist()])
                     )
@@ -347,9 +349,10 @@ def optimise(s: Session, batch: TrainBatch) -> dict[str, float]:
     rank.
     """
     cfg = s.config
+    minibatches = _minibatch_rows(s, batch)
     results: list[dict[str, float]] = []
     for _ in range(cfg.algo.mu):
-        for rows in _minibatch_rows(s, batch):
+        for rows in minibatches:
             stats = optimizer_step(
                 s.policy,
                 s.optimizer,
@@ -380,25 +383,29 @@ def optimise(s: Session, batch: TrainBatch) -> dict[str, float]:
     return merged
 
 
-def minibatch_groups(groups: int, minibatches: int, rank: int) -> list[torch.Tensor]:
+def minibatch_groups(
+    groups: int, minibatches: int, rank: int, device: torch.device | None = None
+) -> list[torch.Tensor]:
     """This rank's group indices (each `[<= ceil(groups / parts)]`, ascending) in each of the
     parts = min(minibatches, groups) minibatches of a pass, every rank holding `groups` groups:
     global group i = rank * groups + j goes to minibatch i mod parts (see `optimise`)."""
     parts = min(minibatches, groups)
     first = rank * groups
-    return [torch.arange((k - first) % parts, groups, parts) for k in range(parts)]
+    return [torch.arange((k - first) % parts, groups, parts, device=device) for k in range(parts)]
 
 
 def _group_rows(groups: torch.Tensor, group_size: int) -> torch.Tensor:
     """`[len(groups) * G]` the rows of `groups` `[g]`, a group's G rows contiguous."""
-    return (groups[:, None] * group_size + torch.arange(group_size)).flatten()
+    return (groups[:, None] * group_size + torch.arange(group_size, device=groups.device)).flatten()
 
 
 def _minibatch_rows(s: Session, batch: TrainBatch) -> list[torch.Tensor]:
     """`[rows]` indices of this rank's rows in each minibatch of a pass (`minibatch_groups`)."""
     group_size = s.config.rollout.group_size
-    parts = minibatch_groups(batch.num_rows // group_size, s.config.algo.minibatches, s.rank)
-    return [_group_rows(groups, group_size).to(batch.input_ids.device) for groups in parts]
+    parts = minibatch_groups(
+        batch.num_rows // group_size, s.config.algo.minibatches, s.rank, batch.input_ids.device
+    )
+    return [_group_rows(groups, group_size) for groups in parts]
 
 
 def reward_metrics(rewards: torch.Tensor, group_size: int) -> dict[str, float]:
@@ -691,12 +698,7 @@ def _settle_memory(
     that chose them on CUDA (None on the CPU, where the defaults are fixed). A resumed run takes
     the settings its checkpoint was written with (`saved`), so that it trains as the run did."""
     m, o = config.model, config.optim
-    chosen = {
-        "gradient_checkpointing": m.gradient_checkpointing,
-        "logprob_chunk_size": m.logprob_chunk_size,
-        "microbatch_size": o.microbatch_size,
-        "microbatch_tokens": o.microbatch_tokens,
-    }
+    chosen = _memory_settings(config)
     for key, value in (saved or {}).items():
         if key in chosen and chosen[key] is None:
             chosen[key] = value
