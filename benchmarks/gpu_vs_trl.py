@@ -442,7 +442,7 @@ def oncurve_overrides(job: Job, out: Path) -> list[str]:
         "model.path": job.model_dir,
         "data.path": job.prompts_file,
         "data.chat_template": "true",
-        "rewards": json.dumps(rewards),
+        "reward.functions": json.dumps(rewards),
         "data.prompts_per_step": job.prompts,
         "rollout.group_size": job.group,
         "rollout.max_new_tokens": job.tokens,

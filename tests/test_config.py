@@ -7,9 +7,10 @@ import torch
 from oncurve.algo.registry import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from oncurve.config import (
     PRESETS,
+    RENAMED,
     AlgoConfig,
     Config,
-    RewardConfig,
+    RewardFnConfig,
     build_config,
     describe,
     load_config,
@@ -17,6 +18,7 @@ from oncurve.config import (
     to_dict,
 )
 from oncurve.errors import UserError
+from oncurve.estimators import ADVANTAGE_SOURCES
 
 
 @pytest.mark.parametrize(
@@ -34,7 +36,7 @@ from oncurve.errors import UserError
         (["algo.loss=ppo"], "algo.loss must be one of ppo_clip, gspo, cispo, got 'ppo'"),
         (["algo.foo=1"], "unknown key algo.foo; algo has: preset,"),
         (["solver.lr=1"], "unknown key solver; config has: model,"),
-        (["rewards=[{nme: x}]"], "unknown key rewards[0].nme"),
+        (["reward.functions=[{nme: x}]"], "unknown key reward.functions[0].nme"),
         (["algo=3"], "algo must be a mapping, got int"),
         (["algo.beta"], "override 'algo.beta' must look like section.key=value"),
         (["rollout.min_new_tokens=80"], "rollout.min_new_tokens must be at most"),
@@ -53,12 +55,12 @@ from oncurve.errors import UserError
             "algo.ref_sync_every > 0 with model.lora.r > 0 never syncs",
         ),
         (
-            ["algo.overlong_buffer=65"],
-            "algo.overlong_buffer must be at most rollout.max_new_tokens (64), got 65",
+            ["reward.overlong_buffer=65"],
+            "reward.overlong_buffer must be at most rollout.max_new_tokens (64), got 65",
         ),
         (
             ["algo.preset=dapo", "rollout.max_new_tokens=8"],
-            "algo.overlong_buffer must be at most rollout.max_new_tokens (8), got 16",
+            "reward.overlong_buffer must be at most rollout.max_new_tokens (8), got 16",
         ),
     ],
 )
@@ -78,14 +80,18 @@ def test_overrides_are_typed_from_yaml_syntax():
 
 
 def test_rewards_accept_names_and_weighted_mappings():
-    config = load_config(None, ["rewards=[correct, {name: 'pkg.mod:fn', weight: 0.5}]"])
-    assert [(r.name, r.weight) for r in config.rewards] == [("correct", 1.0), ("pkg.mod:fn", 0.5)]
+    config = load_config(None, ["reward.functions=[correct, {name: 'pkg.mod:fn', weight: 0.5}]"])
+    assert [(r.name, r.weight) for r in config.reward.functions] == [
+        ("correct", 1.0),
+        ("pkg.mod:fn", 0.5),
+    ]
 
 
 def test_preset_sets_fields_and_explicit_values_win(tmp_path):
     config = load_config(None, ["algo.preset=dapo"])
-    for key, value in PRESETS["dapo"].items():
-        assert getattr(config.algo, key) == value
+    for section, values in PRESETS["dapo"].items():
+        for key, value in values.items():
+            assert getattr(getattr(config, section), key) == value
     path = tmp_path / "c.yaml"
     path.write_text("algo:\n  preset: dapo\n  epsilon_high: 0.3\n")
     config = load_config(path, ["algo.beta=0.01"])
@@ -94,12 +100,92 @@ def test_preset_sets_fields_and_explicit_values_win(tmp_path):
     assert config.algo.loss_agg == "token-mean"
 
 
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("rewards=[correct]", "rewards was renamed reward.functions"),
+        ("run.reward_timeout=5", "run.reward_timeout was renamed reward.timeout"),
+        ("run.reward_timeout_score=0", "run.reward_timeout_score was renamed reward.timeout_score"),
+        ("run.reward_errors=none", "run.reward_errors was renamed reward.errors"),
+        ("algo.overlong_buffer=4", "algo.overlong_buffer moved to reward.overlong_buffer"),
+        ("algo.overlong_penalty=0.5", "algo.overlong_penalty moved to reward.overlong_penalty"),
+    ],
+)
+def test_an_old_key_names_its_new_place(tmp_path, override, message):
+    with pytest.raises(UserError) as err:
+        load_config(None, [override])
+    assert str(err.value) == message
+    # the same from a YAML file, and also with the algo preset that sets the new key
+    key, _, value = override.partition("=")
+    *sections, leaf = key.split(".")
+    text = "".join(f"{'  ' * i}{s}:\n" for i, s in enumerate(sections))
+    path = tmp_path / "old.yaml"
+    path.write_text(f"{text}{'  ' * len(sections)}{leaf}: {value}\n")
+    with pytest.raises(UserError) as err:
+        load_config(path, ["algo.preset=dapo"])
+    assert str(err.value) == message
+
+
+def test_every_rename_names_a_setting_that_exists():
+    names = {name for name, _ in leaf_fields(Config)}
+    for old, new in RENAMED.items():
+        assert new in names, new
+        assert old not in names, old
+
+
+def test_dapo_preset_sets_the_overlong_buffer_and_the_user_can_override_it(tmp_path):
+    assert load_config(None, ["algo.preset=dapo"]).reward.overlong_buffer == 16
+    assert load_config(None).reward.overlong_buffer == 0
+    config = load_config(None, ["algo.preset=dapo", "reward.overlong_buffer=0"])
+    assert config.reward.overlong_buffer == 0
+    assert config.algo.epsilon_high == 0.28  # the rest of the preset still applies
+    path = tmp_path / "c.yaml"
+    path.write_text("algo:\n  preset: dapo\nreward:\n  overlong_buffer: 8\n  timeout: 2\n")
+    config = load_config(path)
+    assert (config.reward.overlong_buffer, config.reward.timeout) == (8, 2.0)
+    # the preset's reward key sits below other reward keys the user sets
+    config = load_config(None, ["algo.preset=dapo", "reward.functions=correct"])
+    assert config.reward.overlong_buffer == 16
+    assert [f.name for f in config.reward.functions] == ["correct"]
+
+
+def test_sections_follow_the_data_flow():
+    assert [f.name for f in dataclasses.fields(Config)] == [
+        "model",
+        "data",
+        "rollout",
+        "reward",
+        "algo",
+        "optim",
+        "eval",
+        "log",
+        "run",
+        "dist",
+    ]
+
+
+def test_describe_lists_the_reward_keys():
+    listing = describe().splitlines()
+    for key in (
+        "reward.functions",
+        "reward.functions[].name",
+        "reward.functions[].weight",
+        "reward.timeout",
+        "reward.timeout_score",
+        "reward.errors",
+        "reward.overlong_buffer",
+        "reward.overlong_penalty",
+    ):
+        assert any(line.startswith(f"{key} = ") for line in listing), key
+    assert not any(line.startswith(("rewards", "run.reward", "algo.overlong")) for line in listing)
+
+
 def test_the_algorithm_checks_accept_the_valid_neighbours():
     # k1 with no KL term at all; gspo with its own aggregation; a buffer the whole completion
     # long (the penalty then ramps from the first token); a synced reference without LoRA
     assert load_config(None, ["algo.kl_estimator=k1", "algo.beta=0"]).algo.kl_estimator == "k1"
     assert load_config(None, ["algo.loss=gspo"]).algo.loss == "gspo"
-    assert load_config(None, ["algo.overlong_buffer=64"]).algo.overlong_buffer == 64
+    assert load_config(None, ["reward.overlong_buffer=64"]).reward.overlong_buffer == 64
     assert load_config(None, ["algo.ref_sync_every=10"]).algo.ref_sync_every == 10
     assert load_config(None, ["model.lora.r=8"]).model.lora.r == 8
 
@@ -142,7 +228,7 @@ def test_default_preset_is_deepseekmath():
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_yaml_round_trip_gives_the_same_config(tmp_path, preset):
-    config = load_config(None, [f"algo.preset={preset}", "rewards=[correct]", "run.dir=x"])
+    config = load_config(None, [f"algo.preset={preset}", "reward.functions=[correct]", "run.dir=x"])
     path = tmp_path / "config.yaml"
     save_config(config, path)
     assert load_config(path) == config
@@ -171,7 +257,7 @@ def leaf_fields(cls: type, prefix: str = "") -> list[tuple[str, dataclasses.Fiel
 
 
 def test_every_setting_has_help_text_and_a_default():
-    fields = leaf_fields(Config) + leaf_fields(RewardConfig, "rewards[].")
+    fields = leaf_fields(Config) + leaf_fields(RewardFnConfig, "reward.functions[].")
     assert len(fields) > 80
     listing = describe().splitlines()
     for name, f in fields:
@@ -183,7 +269,10 @@ def test_every_setting_has_help_text_and_a_default():
 
 def test_algorithm_choices_are_the_registry_names():
     choices = {f.name: f.metadata["choices"] for f in dataclasses.fields(AlgoConfig)}
-    assert set(choices["estimator"]) == set(ADVANTAGE_ESTIMATORS) | {"gae"}  # gae: the critic
+    # every group estimator is an advantage source; gae is the critic's
+    assert (
+        set(choices["estimator"]) == set(ADVANTAGE_SOURCES) == set(ADVANTAGE_ESTIMATORS) | {"gae"}
+    )
     assert set(choices["loss"]) == set(POLICY_LOSSES)
     assert set(choices["loss_agg"]) == set(AGGREGATIONS)
     assert set(choices["kl_estimator"]) == set(KL_ESTIMATORS)

@@ -89,8 +89,8 @@ def test_timeout_score_none_leaves_row_out():
 
 
 def test_the_config_sets_the_timeout_and_the_score_of_a_hung_row():
-    overrides = ["data.path=d.jsonl", "rewards=[test_rewards_runner:by_text]"]
-    overrides += ["run.reward_timeout=0.5", "run.reward_timeout_score=-1"]
+    overrides = ["data.path=d.jsonl", "reward.functions=[test_rewards_runner:by_text]"]
+    overrides += ["reward.timeout=0.5", "reward.timeout_score=-1"]
     runner = build_rewards(load_config(None, overrides), task=None)
     result = _score(runner, ["ab", "hang"])
     _close(result.per_fn[:, 0], [2.0, -1.0])

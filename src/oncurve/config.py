@@ -1,9 +1,11 @@
 """Run configuration: nested dataclasses, YAML loading, dotted overrides and validation.
 
-Precedence, lowest first: field defaults, the algorithm preset named by `algo.preset`, the
-defaults of the chosen `algo.estimator`, the YAML file, then command-line overrides
-(`algo.beta=0.0`). Every field documents itself through its `help` metadata; `describe()`
-prints them all. Errors are one line naming the field.
+Sections follow the data flow: model, data, rollout, reward, algo, optim, eval, log, run, dist.
+Precedence, lowest first: field defaults, the algorithm preset named by `algo.preset` (which may
+set keys of any section), the defaults of the chosen `algo.estimator`, the YAML file, then
+command-line overrides (`algo.beta=0.0`). Every field documents itself through its `help`
+metadata; `describe()` prints them all. Errors are one line naming the field; a key that was
+renamed or moved (`RENAMED`) names its new place.
 """
 
 from __future__ import annotations
@@ -117,12 +119,6 @@ class DataConfig:
 
 
 @dataclass
-class RewardConfig:
-    name: str = _opt("correct", "built-in reward name or `module:function` import path")
-    weight: float = _opt(1.0, "weight of this reward in the sum")
-
-
-@dataclass
 class RolloutConfig:
     group_size: int = _opt(8, "completions sampled per prompt, G", _range(2, None))
     max_new_tokens: int = _opt(64, "longest completion; longer ones are cut", POSITIVE)
@@ -132,13 +128,47 @@ class RolloutConfig:
     top_k: int = _opt(0, "keep the k most likely tokens; 0 keeps all", NON_NEGATIVE)
     min_p: float = _opt(0.0, "drop tokens below min_p x the top probability", _range(0, 1))
     stop: list[str] = _opt([], "stop strings that end a completion")
+    backend: str = _opt(
+        "auto",
+        "sampler backend (oncurve.rollout.BACKENDS): auto picks cpu_llama for Llama-family "
+        "models on the CPU, else hf",
+    )
+
+
+@dataclass
+class RewardFnConfig:
+    name: str = _opt("correct", "built-in reward name or `module:function` import path")
+    weight: float = _opt(1.0, "weight of this reward in the sum")
+
+
+@dataclass
+class RewardConfig:
+    functions: list[RewardFnConfig] = _opt(
+        [], "reward functions with weights; empty uses the task's own rewards"
+    )
+    timeout: float | None = _opt(
+        10.0, "seconds a reward call may take before it is stopped; null waits forever", POSITIVE
+    )
+    timeout_score: float | None = _opt(
+        None, "score of a reward call stopped by reward.timeout; null leaves the row out"
+    )
+    errors: str = _opt(
+        "raise", "a reward fn that raises: stop the run, or score None", choices=("raise", "none")
+    )
+    overlong_buffer: int = _opt(
+        0,
+        "DAPO soft overlong penalty window in tokens, at most rollout.max_new_tokens; 0 off",
+        NON_NEGATIVE,
+    )
+    overlong_penalty: float = _opt(1.0, "DAPO overlong penalty at max length", NON_NEGATIVE)
 
 
 @dataclass
 class AlgoConfig:
     preset: str = _opt(
         "grpo",
-        "named bundle of the fields below: grpo (DeepSeekMath), dr_grpo, dapo, gspo, ppo",
+        "named bundle of the fields below (dapo also sets reward.overlong_buffer): grpo "
+        "(DeepSeekMath), dr_grpo, dapo, gspo, ppo",
         choices=("grpo", "dr_grpo", "dapo", "gspo", "ppo"),
     )
     estimator: str = _opt(
@@ -192,12 +222,6 @@ class AlgoConfig:
     )
     dynamic_sampling: bool = _opt(False, "DAPO: drop all-equal groups and sample more")
     max_resample: int = _opt(4, "dynamic sampling: extra sampling rounds at most", NON_NEGATIVE)
-    overlong_buffer: int = _opt(
-        0,
-        "DAPO soft overlong penalty window in tokens, at most rollout.max_new_tokens; 0 off",
-        NON_NEGATIVE,
-    )
-    overlong_penalty: float = _opt(1.0, "DAPO overlong penalty at max length", NON_NEGATIVE)
     gamma: float = _opt(1.0, "PPO/GAE discount", _range(0, 1))
     lam: float = _opt(0.95, "PPO/GAE lambda", _range(0, 1))
     value_clip: float = _opt(0.2, "PPO value-loss clip range", POSITIVE)
@@ -277,15 +301,6 @@ class RunConfig:
     max_skipped_steps: int = _opt(
         3, "stop after this many consecutive non-finite updates", POSITIVE
     )
-    reward_timeout: float | None = _opt(
-        10.0, "seconds a reward call may take before it is stopped; null waits forever", POSITIVE
-    )
-    reward_timeout_score: float | None = _opt(
-        None, "score of a reward call stopped by run.reward_timeout; null leaves the row out"
-    )
-    reward_errors: str = _opt(
-        "raise", "a reward fn that raises: stop the run, or score None", choices=("raise", "none")
-    )
     device: str = _opt(
         "auto", "cpu, cuda, cuda:N, or auto (cuda when torch sees a GPU)", _device_check
     )
@@ -322,11 +337,8 @@ class DistConfig:
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    rewards: list[RewardConfig] = field(
-        default_factory=list,
-        metadata={"help": "reward functions with weights; empty uses the task's own rewards"},
-    )
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -339,66 +351,89 @@ class Config:
         return self.algo.epsilon if self.algo.epsilon_high is None else self.algo.epsilon_high
 
 
-PRESETS: dict[str, dict[str, Any]] = {
+# Each preset is a nested mapping of sections, as in a YAML file: it may set keys of any section.
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # DeepSeekMath: group z-score, per-sequence token mean, k3 KL in the loss, symmetric clip.
     "grpo": {
-        "estimator": "grpo",
-        "adv_scale": "group",
-        "loss": "ppo_clip",
-        "loss_agg": "seq-mean-token-mean",
-        "beta": 0.04,
-        "epsilon": 0.2,
+        "algo": {
+            "estimator": "grpo",
+            "adv_scale": "group",
+            "loss": "ppo_clip",
+            "loss_agg": "seq-mean-token-mean",
+            "beta": 0.04,
+            "epsilon": 0.2,
+        },
     },
     # Dr.GRPO: no std division, constant length normaliser, no KL.
     "dr_grpo": {
-        "estimator": "grpo",
-        "adv_scale": "none",
-        "loss": "ppo_clip",
-        "loss_agg": "seq-mean-token-sum-norm",
-        "beta": 0.0,
-        "epsilon": 0.2,
+        "algo": {
+            "estimator": "grpo",
+            "adv_scale": "none",
+            "loss": "ppo_clip",
+            "loss_agg": "seq-mean-token-sum-norm",
+            "beta": 0.0,
+            "epsilon": 0.2,
+        },
     },
     # DAPO: token-level loss, clip-higher, dynamic sampling, soft overlong penalty, no KL.
     "dapo": {
-        "estimator": "grpo",
-        "adv_scale": "group",
-        "loss": "ppo_clip",
-        "loss_agg": "token-mean",
-        "beta": 0.0,
-        "epsilon": 0.2,
-        "epsilon_high": 0.28,
-        "dynamic_sampling": True,
-        "overlong_buffer": 16,
+        "algo": {
+            "estimator": "grpo",
+            "adv_scale": "group",
+            "loss": "ppo_clip",
+            "loss_agg": "token-mean",
+            "beta": 0.0,
+            "epsilon": 0.2,
+            "epsilon_high": 0.28,
+            "dynamic_sampling": True,
+        },
+        "reward": {"overlong_buffer": 16},
     },
     # GSPO: sequence-level ratio with its much smaller clip range.
     "gspo": {
-        "estimator": "grpo",
-        "adv_scale": "group",
-        "loss": "gspo",
-        "loss_agg": "seq-mean-token-mean",
-        "beta": 0.0,
-        "epsilon": 3e-4,
-        "epsilon_high": 4e-4,
+        "algo": {
+            "estimator": "grpo",
+            "adv_scale": "group",
+            "loss": "gspo",
+            "loss_agg": "seq-mean-token-mean",
+            "beta": 0.0,
+            "epsilon": 3e-4,
+            "epsilon_high": 4e-4,
+        },
     },
     # PPO with a learned critic (the baseline GRPO is measured against).
     "ppo": {
-        "estimator": "gae",
-        "adv_scale": "none",
-        "loss": "ppo_clip",
-        "loss_agg": "token-mean",
-        "beta": 0.04,
-        "epsilon": 0.2,
-        # The classic RLHF penalty: -beta * log(pi/pi_ref) on every token's reward.
-        "kl_in_reward": True,
-        "kl_estimator": "k1",
+        "algo": {
+            "estimator": "gae",
+            "adv_scale": "none",
+            "loss": "ppo_clip",
+            "loss_agg": "token-mean",
+            "beta": 0.04,
+            "epsilon": 0.2,
+            # The classic RLHF penalty: -beta * log(pi/pi_ref) on every token's reward.
+            "kl_in_reward": True,
+            "kl_estimator": "k1",
+        },
     },
 }
 
 
 # Layered above the preset, below the user's keys: a preset's adv_scale is chosen for its own
 # estimator, and group-std scaling would turn RLOO into GRPO x k/(k-1) (TRL and verl divide
-# RLOO advantages by no std).
+# RLOO advantages by no std). Keys of the algo section.
 ESTIMATOR_DEFAULTS: dict[str, dict[str, Any]] = {"rloo": {"adv_scale": "none"}}
+
+
+# Keys that were renamed or moved, old dotted key -> new dotted key: a config that still uses
+# one stops with a line naming the new key. A future rename is one more line here.
+RENAMED: dict[str, str] = {
+    "rewards": "reward.functions",
+    "run.reward_timeout": "reward.timeout",
+    "run.reward_timeout_score": "reward.timeout_score",
+    "run.reward_errors": "reward.errors",
+    "algo.overlong_buffer": "reward.overlong_buffer",
+    "algo.overlong_penalty": "reward.overlong_penalty",
+}
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
@@ -416,23 +451,44 @@ def build_config(raw: dict[str, Any]) -> Config:
     """Config from a nested dict (YAML layout), with the preset applied below the user's keys."""
     if not isinstance(raw, dict):
         raise UserError(f"config must be a mapping of sections, got {type(raw).__name__}")
+    _check_renamed(raw)
     algo = raw.get("algo")
     user_algo = algo if isinstance(algo, dict) else {}
     preset = user_algo.get("preset", "grpo")
     if preset not in PRESETS:
         raise UserError(f"algo.preset must be one of {', '.join(PRESETS)}, got {preset!r}")
-    merged = {"algo": dict(PRESETS[preset])}
+    merged = _merge({}, PRESETS[preset])
     estimator = user_algo.get("estimator", merged["algo"]["estimator"])
     if isinstance(estimator, str):
-        merged["algo"].update(ESTIMATOR_DEFAULTS.get(estimator, {}))
-    for section, values in raw.items():
-        if section == "algo" and isinstance(values, dict):
-            merged["algo"].update(values)
-        else:
-            merged[section] = values
+        merged = _merge(merged, {"algo": ESTIMATOR_DEFAULTS.get(estimator, {})})
+    merged = _merge(merged, raw)
     config = _from_dict(Config, merged, "")
     _check_cross_fields(config)
     return config
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over`'s keys on top, mappings merged key by key (copies, neither changed)."""
+    out = dict(base)
+    for key, value in over.items():
+        below = out.get(key)
+        if isinstance(value, dict) and isinstance(below, dict):
+            out[key] = _merge(below, value)
+        else:
+            out[key] = dict(value) if isinstance(value, dict) else value
+    return out
+
+
+def _check_renamed(raw: dict[str, Any]) -> None:
+    """A one-line error for the first key of `raw` that `RENAMED` lists."""
+    for old, new in RENAMED.items():
+        *sections, key = old.split(".")
+        node: Any = raw
+        for section in sections:
+            node = node.get(section) if isinstance(node, dict) else None
+        if isinstance(node, dict) and key in node:
+            same_name = key == new.rsplit(".", 1)[-1]
+            raise UserError(f"{old} {'moved to' if same_name else 'was renamed'} {new}")
 
 
 def to_dict(config: Config) -> dict[str, Any]:
@@ -526,7 +582,7 @@ def _from_dict(cls: type, raw: Any, prefix: str) -> Any:
 
 def _coerce(hint: Any, value: Any, name: str, spec: dataclasses.Field) -> Any:
     if dataclasses.is_dataclass(hint):
-        if isinstance(value, str) and hint is RewardConfig:
+        if isinstance(value, str) and hint is RewardFnConfig:
             value = {"name": value}
         return _from_dict(hint, value if value is not None else {}, name + ".")
     origin = typing.get_origin(hint)
@@ -594,6 +650,7 @@ def _check_cross_fields(config: Config) -> None:
             f"({config.rollout.max_new_tokens}), got {config.rollout.min_new_tokens}"
         )
     _check_algo(config)
+    _check_reward(config)
 
 
 def _check_algo(config: Config) -> None:
@@ -613,9 +670,13 @@ def _check_algo(config: Config) -> None:
             "algo.ref_sync_every > 0 with model.lora.r > 0 never syncs: the reference is the "
             "base model (the adapter switched off), which does not change; set it to 0"
         )
+
+
+def _check_reward(config: Config) -> None:
+    reward = config.reward
     # overlong_penalty refuses it too, but only once the first rewards are computed.
-    if algo.overlong_buffer > config.rollout.max_new_tokens:
+    if reward.overlong_buffer > config.rollout.max_new_tokens:
         raise UserError(
-            f"algo.overlong_buffer must be at most rollout.max_new_tokens "
-            f"({config.rollout.max_new_tokens}), got {algo.overlong_buffer}"
+            f"reward.overlong_buffer must be at most rollout.max_new_tokens "
+            f"({config.rollout.max_new_tokens}), got {reward.overlong_buffer}"
         )

@@ -112,25 +112,29 @@ def group_columns(rows: list[dict], group_size: int) -> tuple[list[str], dict[st
 
 
 def build_rewards(config: Config, task: Task | None) -> RewardRunner:
-    """The configured reward functions, or the task's own when `rewards` is empty; DAPO's soft
-    overlong penalty is added when `algo.overlong_buffer` > 0. The runner's verifier is the
-    reward among them that `correctness_fn` returns (what evaluation calls correct), if any."""
+    """The configured reward functions, or the task's own when `reward.functions` is empty;
+    DAPO's soft overlong penalty is added when `reward.overlong_buffer` > 0. The runner's
+    verifier is the reward among them that `correctness_fn` returns (what evaluation calls
+    correct), if any."""
     fns: list[tuple[str, RewardFn, float]] = []
-    if config.rewards:
-        for spec in config.rewards:
+    reward = config.reward
+    if reward.functions:
+        for spec in reward.functions:
             name, fn = resolve_reward(spec.name)
             fns.append((name, fn, spec.weight))
     elif task is not None:
         weights = getattr(task, "reward_weights", {})
         fns = [(name, fn, weights.get(name, 1.0)) for name, fn in task.reward_fns().items()]
     else:
-        raise UserError("rewards must name at least one reward function when data.path is used")
-    if config.algo.overlong_buffer:
+        raise UserError(
+            "reward.functions must name at least one reward function when data.path is used"
+        )
+    if reward.overlong_buffer:
         penalty = functools.partial(
             overlong_penalty,
             max_len=config.rollout.max_new_tokens,
-            buffer=config.algo.overlong_buffer,
-            factor=config.algo.overlong_penalty,
+            buffer=reward.overlong_buffer,
+            factor=reward.overlong_penalty,
         )
         fns.append(("overlong", penalty, 1.0))
     correct = correctness_fn(config, task)
@@ -138,9 +142,9 @@ def build_rewards(config: Config, task: Task | None) -> RewardRunner:
     verifier = next((name for name, fn, _ in fns if fn == correct), None)
     return RewardRunner(
         fns,
-        timeout_s=config.run.reward_timeout,
-        timeout_score=config.run.reward_timeout_score,
-        on_error=config.run.reward_errors,
+        timeout_s=reward.timeout,
+        timeout_score=reward.timeout_score,
+        on_error=reward.errors,
         verifier=verifier,
     )
 

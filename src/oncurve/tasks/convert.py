@@ -6,7 +6,7 @@
 GSM8K records have "question" and "answer" ending in `#### 42`; MATH records have "problem" and
 "solution" with the answer in the last `\\boxed{}` (a directory of MATH's per-problem .json
 files is read recursively). The prompt asks for the answer in `\\boxed{}`, which the built-in
-`correct` reward extracts, so the matching reward preset is `rewards: [{name: correct}]`.
+`correct` reward extracts, so the matching setting is `reward: {functions: [correct]}`.
 """
 
 from __future__ import annotations
