@@ -2,10 +2,10 @@ import pytest
 
 from oncurve.rewards import answers_match, extract_answer, resolve_reward
 from oncurve.rewards.format import (
-    format_reward,
     length_penalty,
     overlong_penalty,
     tags_format_reward,
+    think_answer_format_reward,
 )
 from oncurve.rewards.math import has_math_verify
 
@@ -136,10 +136,11 @@ def test_correct_reward_needs_answer_column() -> None:
 def test_format_rewards() -> None:
     good = "<think>\nwork\n</think>\n<answer>4</answer>\n"
     completions = [good, "<answer>4</answer>", "<think>w</think><answer>4</answer> extra", "x"]
-    assert format_reward(["p"] * 4, completions) == [1.0, 0.0, 0.0, 0.0]
+    assert think_answer_format_reward(["p"] * 4, completions) == [1.0, 0.0, 0.0, 0.0]
     assert tags_format_reward(["p"] * 4, completions) == [1.0, 1.0, 1.0, 0.0]
     # the R1-Zero template opens <think> in the prompt
-    assert format_reward(["Assistant: <think>"], ["w</think><answer>4</answer>"]) == [1.0]
+    opened = think_answer_format_reward(["Assistant: <think>"], ["w</think><answer>4</answer>"])
+    assert opened == [1.0]
 
 
 def test_overlong_penalty_matches_dapo() -> None:

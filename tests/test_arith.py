@@ -1,7 +1,8 @@
 import pytest
 
 from oncurve.tasks import get_task
-from oncurve.tasks.arith import ArithTask, is_test_problem, prompt, solution
+from oncurve.tasks.arith import ArithTask, prompt, solution
+from oncurve.tasks.base import hash_split
 from oncurve.tokenizer import char_tokenizer
 
 
@@ -37,8 +38,8 @@ def test_train_and_test_never_overlap_across_seeds():
     train = {r["prompt"] for seed in range(3) for r in task.examples("train", 3000, seed)}
     test = {r["prompt"] for seed in range(3) for r in task.examples("test", 500, seed)}
     assert train.isdisjoint(test)
-    assert all(is_test_problem(p) for p in test)
-    assert not any(is_test_problem(p) for p in train)
+    assert all(hash_split(p) == "test" for p in test)
+    assert all(hash_split(p) == "train" for p in train)
 
 
 def test_completions_fit_the_default_rollout_budget():

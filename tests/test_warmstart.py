@@ -41,7 +41,8 @@ def test_encode_sft_puts_the_loss_on_the_completion_and_eos_only():
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    # A model this small runs ~50x slower on 2 OpenMP threads when other jobs share the cores.
+    # A model this small runs far slower on several OpenMP threads than on one when other jobs
+    # share the cores: its threads spend the step waiting for each other.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

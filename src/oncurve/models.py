@@ -102,10 +102,10 @@ def microbatch_tokens(model: torch.nn.Module, configured: int | None) -> int:
     layer's widest activation, `[tokens, max(hidden, intermediate)]`, within
     `CPU_ACTIVATION_BYTES`, and no cap on an accelerator.
 
-    On the 30M benchmark model 64 rows of 144 tokens (56 MB per MLP activation) took 1.24x the
-    step time of the same rows cut at 16 MB (two 3-step `oncurve train` runs each); on the
-    bundled 0.8M model a fixed 2,048-token cap instead cost 7-15% of the update in
-    per-microbatch overhead, which is why the cap follows the width.
+    The cap follows the width rather than being a fixed token count: a wide model's activations
+    past glibc's mmap threshold pay for freshly zeroed pages on every microbatch, while a fixed
+    cap small enough for a wide model cuts a narrow one into so many microbatches that their
+    per-microbatch overhead dominates the update.
     """
     if configured is not None:
         return configured

@@ -17,7 +17,9 @@ _THINK_ANSWER_RE = re.compile(
 _ANSWER_RE = re.compile(r"<answer>.*?</answer>", re.DOTALL | re.IGNORECASE)
 
 
-def format_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
+def think_answer_format_reward(
+    prompts: list[str], completions: list[str], **columns: Any
+) -> list[float]:
     """1.0 when the completion is exactly `<think>...</think><answer>...</answer>` (whitespace
     around the parts allowed), else 0.0. A prompt that ends with `<think>` (the R1-Zero
     template) has opened the tag for the completion, so the completion then starts inside it."""

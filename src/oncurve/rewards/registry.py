@@ -15,16 +15,16 @@ from oncurve.errors import UserError
 from oncurve.rewards.answers import answers_match, extract_answer
 from oncurve.rewards.countdown import countdown_reward
 from oncurve.rewards.format import (
-    format_reward,
     length_penalty,
     overlong_penalty,
     tags_format_reward,
+    think_answer_format_reward,
 )
 
 RewardFn = Callable[..., list[float | None]]
 
 
-def correct_reward(
+def answer_match_reward(
     prompts: list[str], completions: list[str], *, answer: list[Any] | None = None, **columns: Any
 ) -> list[float | None]:
     """1.0 when the extracted answer (`extract_answer(style="auto")`) matches the `answer`
@@ -41,8 +41,8 @@ def correct_reward(
 
 
 BUILTINS: dict[str, RewardFn] = {
-    "correct": correct_reward,
-    "format": format_reward,
+    "correct": answer_match_reward,
+    "format": think_answer_format_reward,
     "tags_format": tags_format_reward,
     "overlong": overlong_penalty,
     "length": length_penalty,

@@ -16,22 +16,21 @@ kind that reward, not more supervision, can fix.
 
 Operand values have 1 to `max_digits` digits (the count drawn uniformly for each). Train and test
 come from disjoint halves of the problem space: a problem belongs to the test split when a
-stable hash of its prompt falls in one bucket of `_BUCKETS`, whatever the seed, so no seed of
-one split ever yields a prompt of the other.
+stable hash of its prompt (`hash_split`) says so, whatever the seed, so no seed of one split
+ever yields a prompt of the other.
 """
 
 from __future__ import annotations
 
 import random
 import re
-import zlib
 from typing import Any
 
 from oncurve.rewards.answers import extract_answer
 from oncurve.rewards.registry import RewardFn
+from oncurve.tasks.base import hash_split
 
 SPLITS = ("train", "test")
-_BUCKETS = 10  # 1 in 10 problems is held out for the test split
 _INTEGER_RE = re.compile(r"-?\d+")
 _WELL_FORMED_RE = re.compile(r"[^<]*<answer>-?\d+</answer>\s*")
 
@@ -56,12 +55,7 @@ def solution(a: int, b: int, width: int) -> str:
     return f" {' '.join(columns)} <answer>{a + b}</answer>"
 
 
-def is_test_problem(prompt: str) -> bool:
-    """The split a prompt belongs to, from a hash that does not depend on any seed."""
-    return zlib.crc32(prompt.encode()) % _BUCKETS == 0
-
-
-def correct_reward(
+def exact_sum_reward(
     prompts: list[str], completions: list[str], *, answer: list[Any], **columns: Any
 ) -> list[float]:
     """1.0 when the last `<answer>...</answer>` holds the sum as an integer, else 0.0. An
@@ -77,7 +71,9 @@ def correct_reward(
     return scores
 
 
-def format_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
+def tagged_integer_format_reward(
+    prompts: list[str], completions: list[str], **columns: Any
+) -> list[float]:
     """1.0 when the completion has one `<answer>` pair, holding an integer, and nothing after
     it but whitespace (a completion that runs on past its answer is not well formed)."""
     return [1.0 if _WELL_FORMED_RE.fullmatch(c) else 0.0 for c in completions]
@@ -120,7 +116,7 @@ class ArithTask:
                 break
             a, b = self._operand(rng), self._operand(rng)
             text = prompt(a, b, self.max_digits)
-            if is_test_problem(text) != want_test or (want_test and text in seen):
+            if hash_split(text) != split or (want_test and text in seen):
                 continue
             seen.add(text)
             rows.append(
@@ -138,7 +134,7 @@ class ArithTask:
         return rows
 
     def reward_fns(self) -> dict[str, RewardFn]:
-        return {"correct": correct_reward, "format": format_reward}
+        return {"correct": exact_sum_reward, "format": tagged_integer_format_reward}
 
     def _operand(self, rng: random.Random) -> int:
         digits = rng.randint(1, self.max_digits)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from oncurve.rewards.countdown import countdown_reward
-from oncurve.rewards.format import format_reward
+from oncurve.rewards.format import think_answer_format_reward
 from oncurve.rewards.registry import RewardFn
 from oncurve.tasks.base import hash_split
 
@@ -67,7 +67,7 @@ class CountdownTask:
         return rows
 
     def reward_fns(self) -> dict[str, RewardFn]:
-        return {"correct": countdown_reward, "format": format_reward}
+        return {"correct": countdown_reward, "format": think_answer_format_reward}
 
 
 def _strip_outer(expression: str) -> str:
