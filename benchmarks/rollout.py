@@ -1,16 +1,18 @@
-"""Completion tokens/s of oncurve's TorchSampler against `model.generate(num_return_sequences=G)`.
+"""Completion tokens/s of each sampler backend against `model.generate(num_return_sequences=G)`.
 
-Same model, prompts and sampling settings (temperature 1, no top-k/top-p); the samplers run
-alternately, several repeats, after one warm-up call each. The table gives the median time and
-tokens/s; the ratio to `model.generate`, both of the medians and as the median of the ratios
-within a repeat (which drift in the machine's speed between repeats moves less); the FLOP floor
-(2 x parameters x generated tokens at this machine's fp32 matmul rate, measured at the decode's
-largest matmul shape) and how far above it each sampler is; and the peak memory of one call
-(RSS above the start, each sampler in a fresh process after a small warm-up call; see
-`common.peak_memory`).
+One row per backend of `oncurve.rollout.BACKENDS` (or of `--backends`), and one for
+`model.generate`. Same model, prompts and sampling settings (temperature 1, no top-k/top-p); the
+samplers run alternately, several repeats, after one warm-up call each. The table gives the
+median time and tokens/s; the ratio to `model.generate`, both of the medians and as the median
+of the ratios within a repeat (which drift in the machine's speed between repeats moves less);
+the FLOP floor (2 x parameters x generated tokens at this machine's fp32 matmul rate, measured
+at the decode's largest matmul shape) and how far above it each sampler is; and the peak memory
+of one call (RSS above the start, each sampler in a fresh process after a small warm-up call;
+see `common.peak_memory`).
 
     python benchmarks/rollout.py                 # both scenarios of issue 3
     python benchmarks/rollout.py --model 30m     # one scenario: tiny|default|30m|PATH
+    python benchmarks/rollout.py --backends hf   # some backends only
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from common import (  # noqa: E402
     peak_memory,
 )
 
-from oncurve.rollout import SamplingParams, TorchSampler  # noqa: E402
+from oncurve.rollout import BACKENDS, SamplingParams, build_sampler  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "rollout.md"
 # model -> (prompts, group size, new tokens, force full length)
@@ -69,9 +71,10 @@ def hf_generate(model, tokenizer, prompts, group, new, force):
     return int(lengths.sum())
 
 
-def make_calls(name: str, generic: bool) -> tuple[dict, object, tuple]:
-    """The samplers of one scenario as zero-argument calls returning tokens generated, and
-    a warm-up call per sampler on a tiny job (imports, first-call allocations)."""
+def make_calls(name: str, backends: list[str]) -> tuple[dict, object, tuple]:
+    """The samplers of one scenario (`backends`, then `model.generate`) as zero-argument calls
+    returning tokens generated, and a warm-up call per sampler on a tiny job (imports,
+    first-call allocations)."""
     prompts_n, group, new, force = SCENARIOS.get(name, SCENARIOS["30m"])
     model, tokenizer = load_model(name)
     prompts = make_prompts(prompts_n)
@@ -83,9 +86,7 @@ def make_calls(name: str, generic: bool) -> tuple[dict, object, tuple]:
     def generate(prompts, group, new):
         return lambda: hf_generate(model, tokenizer, prompts, group, new, force)
 
-    samplers = {"oncurve": TorchSampler(model, tokenizer)}
-    if generic:
-        samplers["oncurve (generic HF step)"] = TorchSampler(model, tokenizer, fast=False)
+    samplers = {backend: build_sampler(backend, model, tokenizer) for backend in backends}
     calls = {label: ours(s, prompts, group, new) for label, s in samplers.items()}
     calls["model.generate"] = generate(prompts, group, new)
     small = {label: ours(s, prompts[:1], 1, 2) for label, s in samplers.items()}
@@ -93,11 +94,11 @@ def make_calls(name: str, generic: bool) -> tuple[dict, object, tuple]:
     return calls, small, (model, prompts_n, group, new, force)
 
 
-def child_memory(name: str, label: str, generic: bool) -> float:
+def child_memory(name: str, label: str, backends: list[str]) -> float:
     """Peak MB of one call of sampler `label`, measured in a fresh process."""
     out = subprocess.run(
         [sys.executable, __file__, "--model", name, "--memory-of", label]
-        + ([] if generic else ["--no-generic"]),
+        + ["--backends", ",".join(backends)],
         env=isolated_env(),
         capture_output=True,
         text=True,
@@ -106,8 +107,8 @@ def child_memory(name: str, label: str, generic: bool) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def run_scenario(name: str, repeats: int, generic: bool) -> tuple[str, list[float]]:
-    calls, small, (model, prompts_n, group, new, force) = make_calls(name, generic)
+def run_scenario(name: str, repeats: int, backends: list[str]) -> str:
+    calls, small, (model, prompts_n, group, new, force) = make_calls(name, backends)
     config = model.config
     shape = (prompts_n * group, config.hidden_size, config.intermediate_size)
     rate = matmul_gflops(*shape)
@@ -123,7 +124,7 @@ def run_scenario(name: str, repeats: int, generic: bool) -> tuple[str, list[floa
             times[label].append(time.perf_counter() - start)
     rate = max(rate, matmul_gflops(*shape))
     load_after = load_note()
-    memory = {label: child_memory(name, label, generic) for label in calls}
+    memory = {label: child_memory(name, label, backends) for label in calls}
 
     def median_tps(label: str) -> float:
         return statistics.median(n / s for n, s in zip(tokens[label], times[label], strict=True))
@@ -142,15 +143,13 @@ def run_scenario(name: str, repeats: int, generic: bool) -> tuple[str, list[floa
 
     params_n = model.num_parameters()
     base_tps = median_tps("model.generate")
-    rows, ratios = [], []
+    rows = []
     for label in calls:
         seconds = statistics.median(times[label])
         tps = median_tps(label)
         mean_tokens = statistics.mean(tokens[label])
         floor = 2 * params_n * mean_tokens / (rate * 1e9)
         ratio = tps / base_tps
-        if label == "oncurve":
-            ratios.append(ratio)
         rows.append(
             [
                 label,
@@ -184,7 +183,7 @@ def run_scenario(name: str, repeats: int, generic: bool) -> tuple[str, list[floa
         f"{time.strftime('%Y-%m-%d')} with torch {torch.__version__}, "
         f"transformers {transformers.__version__}\n\n"
     )
-    return title + markdown_table(header, rows) + "\n", ratios
+    return title + markdown_table(header, rows) + "\n"
 
 
 def write_results(sections: dict[str, str]) -> None:
@@ -204,18 +203,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="tiny | default | 30m | PATH (default: tiny and 30m)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--no-generic", action="store_true", help="skip the generic HF path")
+    parser.add_argument(
+        "--backends",
+        default=",".join(BACKENDS),
+        help=f"comma-separated sampler backends (default: {','.join(BACKENDS)})",
+    )
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)  # child: one sampler's peak MB
     args = parser.parse_args()
+    backends = [b for b in args.backends.split(",") if b]
     if args.memory_of:
-        calls, small, _ = make_calls(args.model, not args.no_generic)
+        calls, small, _ = make_calls(args.model, backends)
         small[args.memory_of]()
         print(peak_memory(calls[args.memory_of])[1])
         return
     names = [args.model] if args.model else ["tiny", "30m"]
     sections = {}
     for name in names:
-        sections[name], _ = run_scenario(name, args.repeats, not args.no_generic)
+        sections[name] = run_scenario(name, args.repeats, backends)
         print(sections[name], flush=True)
     write_results(sections)
     print(f"wrote {RESULTS}")

@@ -74,11 +74,12 @@ def test_eval_gives_the_known_accuracy_of_a_file_built_from_the_models_own_answe
     assert result["mean@4"] * 32 == pytest.approx(round(result["mean@4"] * 32))
 
 
-def test_sample_prints_n_completions_and_greedy_ones_are_transformers_greedy(capsys):
+@pytest.mark.parametrize("backend", ["auto", "hf"])
+def test_sample_prints_n_completions_and_greedy_ones_are_transformers_greedy(capsys, backend):
     prompt = "0012+0034="
     rows = run_cli(
         capsys, "sample", "--model", "default", "--prompt", prompt, "-n", "3", "--device", "cpu",
-        "--temperature", "0", "--max-new-tokens", str(MAX_NEW_TOKENS),
+        "--temperature", "0", "--max-new-tokens", str(MAX_NEW_TOKENS), "--backend", backend,
     )  # fmt: skip
     assert len(rows) == 3
     assert {r["finish_reason"] for r in rows} <= {"eos", "stop", "length"}
@@ -91,6 +92,15 @@ def test_eval_of_a_missing_file_is_a_one_line_user_error(capsys, tmp_path: Path)
     assert main(["eval", "--model", "default", "--data", str(missing)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "nope.jsonl" in err
+
+
+def test_an_unknown_backend_is_a_one_line_user_error(capsys):
+    assert main(["sample", "--model", "default", "--prompt", "1+2=", "--backend", "vlm"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "oncurve: error: --backend='vlm' is not a sampler backend; choose one of auto, hf, "
+        "cpu_llama"
+    )
 
 
 def test_sample_beyond_the_models_positions_is_a_one_line_user_error(capsys):

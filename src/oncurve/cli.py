@@ -12,9 +12,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from oncurve.checkpoint import CheckpointError
 from oncurve.errors import TrainingError, UserError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from oncurve.rollout import Sampler
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,10 +91,10 @@ def _eval(args: argparse.Namespace) -> int:
     from oncurve.rollout.base import check_room
     from oncurve.tasks import get_task
 
-    sampler = _load_sampler(args)
+    sampler, model = _load_sampler(args)
     rows = PromptData(load_rows(args.data), sampler.tokenizer, DataConfig(), seed=0).rows
     longest = max(len(row["prompt_ids"]) for row in rows)
-    check_room(longest, args.max_new_tokens, sampler.model.config, "--max-new-tokens")
+    check_room(longest, args.max_new_tokens, model.config, "--max-new-tokens")
     result = evaluate(
         sampler,
         rows,
@@ -106,9 +112,9 @@ def _sample(args: argparse.Namespace) -> int:
     from oncurve.rollout import SamplingParams
     from oncurve.rollout.base import check_room
 
-    sampler = _load_sampler(args)
+    sampler, model = _load_sampler(args)
     longest = len(sampler.tokenizer(args.prompt)["input_ids"])
-    check_room(longest, args.max_new_tokens, sampler.model.config, "--max-new-tokens")
+    check_room(longest, args.max_new_tokens, model.config, "--max-new-tokens")
     params = SamplingParams(args.max_new_tokens, temperature=args.temperature, seed=args.seed)
     batch = sampler.generate([args.prompt], args.n, params)
     for text, reason in zip(batch.texts, batch.finish_reasons, strict=True):
@@ -143,7 +149,8 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_sampler(args: argparse.Namespace):
+def _load_sampler(args: argparse.Namespace) -> tuple[Sampler, PreTrainedModel]:
+    """The `--backend` sampler of the `--model` model, and the model."""
     from oncurve.models import (
         load_model,
         load_tokenizer,
@@ -151,14 +158,14 @@ def _load_sampler(args: argparse.Namespace):
         resolve_dtype,
         resolve_model_path,
     )
-    from oncurve.rollout import TorchSampler
+    from oncurve.rollout import build_sampler
 
     path = resolve_model_path(args.model)
     tokenizer = load_tokenizer(path, args.trust_remote_code)
     device = resolve_device(args.device, what="--device")
     dtype = resolve_dtype(args.dtype, device)
     model = load_model(path, dtype, device, trust_remote_code=args.trust_remote_code)
-    return TorchSampler(model, tokenizer)
+    return build_sampler(args.backend, model, tokenizer, name="--backend"), model
 
 
 def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
@@ -193,6 +200,11 @@ def _parser() -> argparse.ArgumentParser:
             default="auto",
             choices=("auto", "float32", "bfloat16"),
             help="auto: bfloat16 on a GPU that supports it, else float32 (as model.dtype)",
+        )
+        p.add_argument(
+            "--backend",
+            default="auto",
+            help="sampler backend: auto, hf or cpu_llama (as rollout.backend)",
         )
 
     ev = commands.add_parser("eval", help="accuracy, mean@K and pass@K on a JSONL file")

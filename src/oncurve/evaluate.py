@@ -6,11 +6,11 @@ import torch
 
 from oncurve.inputs import group_columns
 from oncurve.rewards.registry import RewardFn
-from oncurve.rollout import SamplingParams, TorchSampler
+from oncurve.rollout.base import Sampler, SamplingParams
 
 
 def evaluate(
-    sampler: TorchSampler,
+    sampler: Sampler,
     rows: list[dict],
     correct: RewardFn,
     *,
@@ -39,7 +39,7 @@ def evaluate(
 
 
 def _scores(
-    sampler: TorchSampler,
+    sampler: Sampler,
     rows: list[dict],
     correct: RewardFn,
     group_size: int,

@@ -1,9 +1,19 @@
-"""What every sampler backend provides: `SamplingParams` in, a `RolloutBatch` out."""
+"""What a sampler backend provides: `SamplingParams` in, a `RolloutBatch` out.
+
+A backend is either a whole `Sampler` (e.g. one that hands the prompts to an inference server),
+or, far more often, a `Decoder` run by `TorchSampler`'s shared decode loop, which does the
+sampling, stop strings, finish reasons and dropping of finished rows; see `oncurve.rollout` for
+the registry that names them.
+"""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+import torch
 
 from oncurve.errors import UserError
 from oncurve.types import RolloutBatch
@@ -74,14 +84,82 @@ def check_room(
 
 
 class Sampler(Protocol):
-    """A backend that samples G completions for each of B prompts."""
+    """Samples G completions for each of B prompts; N = B*G rows, a prompt's G rows contiguous.
+
+    Whatever the backend, the returned `RolloutBatch` (on the model's device) holds:
+    `prompt_ids`/`prompt_mask` `[N, P]` left-padded with the pad id; `completion_ids`/
+    `completion_mask` `[N, T]` right-padded with the pad id, T the longest completion, the EOS
+    or stop token that ended a row included; `logprobs` `[N, T]` float32, each token's log
+    probability under softmax(logits / temperature) over the full vocabulary (the trainer's
+    forward recomputes exactly this; 0 on padding); N `texts` and N `finish_reasons`. The same
+    `params.seed` must give the same batch, and the global torch RNG must not be drawn from.
+
+    Attributes:
+        tokenizer: the tokenizer `generate` encodes with and the texts are decoded with.
+    """
+
+    tokenizer: Any
 
     def generate(self, prompts: list[str], group_size: int, params: SamplingParams) -> RolloutBatch:
-        """Tokenize `prompts` and sample; the G completions of a prompt are contiguous rows."""
+        """Tokenize `prompts` (with the tokenizer's special tokens) and sample."""
         ...
 
     def generate_ids(
         self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams
     ) -> RolloutBatch:
-        """Sample from already tokenized prompts."""
+        """Sample from already tokenized prompts (B lists of ids, each non-empty)."""
         ...
+
+
+class Decoder(Protocol):
+    """The model side of `TorchSampler`'s decode loop for one call: a KV cache for N rows.
+
+    Layout: B prompts left-padded to P columns, each repeated for the G rows of its group, then
+    one column per decode step. Logits are float32 `[n, V]` for the n live rows, in row order,
+    on the model's device; rows are only ever dropped (`keep`), never added or reordered
+    otherwise. The loop calls it under `torch.inference_mode()`, the model in eval mode.
+    """
+
+    def prefill(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int
+    ) -> torch.Tensor:
+        """Forward the B distinct prompts (`[B, P]` ids and 0/1 mask, left-padded) and give
+        each of its G rows their cache. Returns `[B*G, V]` next-token logits, a prompt's G rows
+        contiguous."""
+        ...
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one `[n]` token per live row; returns their `[n, V]` next-token logits."""
+        ...
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep only live rows `index` (`[m]`, ascending), moved to the front: later steps
+        get m tokens, the i-th for the row that was `index[i]`."""
+        ...
+
+    def decoding(self) -> contextlib.AbstractContextManager[None]:
+        """Wraps every `step` (not `prefill`): a backend may hold resources during the decode,
+        and must release them on exit, whatever raised."""
+        ...
+
+
+# (model, rows, width, new, reserve) -> a `Decoder` with room for `rows` rows of a `width`-
+# column prompt and `new` fed-back tokens, `reserve` of them known to be needed.
+DecoderFactory = Callable[[Any, int, int, int, int], Decoder]
+
+# The cache starts with room for the prompt and `reserve` tokens and grows by a quarter (at
+# least this many columns) when the longest live row reaches its end, so that its size follows
+# the lengths sampled, not max_new_tokens: GRPO budgets are often several times the typical
+# completion.
+_GROW_COLUMNS = 16
+
+
+def first_columns(width: int, reserve: int, limit: int) -> int:
+    """Cache columns to allocate up front: the prompt's `width`, then `reserve` (at least
+    `_GROW_COLUMNS`) of the at most `limit` in all."""
+    return min(limit, width + max(reserve, _GROW_COLUMNS))
+
+
+def grown_columns(columns: int, limit: int) -> int:
+    """Cache columns after a growth from `columns`: a quarter more, at least `_GROW_COLUMNS`."""
+    return min(limit, max(columns + _GROW_COLUMNS, columns * 5 // 4))

@@ -1,12 +1,10 @@
-"""Group sampling with a KV cache for any Hugging Face causal LM.
+"""The decode loop that `Decoder` backends share: group sampling with a KV cache.
 
 Each of the B prompts is prefilled once and its cache copied into the G rows of its group.
 Decoding then feeds one token per active row per step into a KV cache; rows that end
 (EOS, a stop string) are dropped from the batch once they make up a quarter of it, so finished
-rows stop costing compute without copying the cache at every ending. Llama-family models decode
-through `decode_llama.LlamaDecoder` (the same arithmetic without HF's per-step overhead); every
-other model through `HFDecoder`, the HF forward with a KV cache whose columns are allocated
-ahead and grown as the longest row needs them (`_GrowingLayer`).
+rows stop costing compute without copying the cache at every ending. The decoder, which owns
+the model's forward and the cache, is the backend's (`oncurve.rollout.base.Decoder`).
 
 Per step the work is a fixed number of tensor ops whatever the batch size; the only Python loop
 over rows is the stop-string check, and it visits only rows whose new token could end a stop
@@ -15,16 +13,11 @@ string (see `_stop_candidates`).
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import transformers
-from transformers.cache_utils import DynamicLayer
 
-from oncurve.algo.logprobs import float_logits
-from oncurve.models import cache_argument, real_token_positions
-from oncurve.rollout import decode_llama
-from oncurve.rollout.base import SamplingParams, check_room
+from oncurve.rollout import cpu_llama
+from oncurve.rollout.base import Decoder, DecoderFactory, SamplingParams, check_room
 from oncurve.types import RolloutBatch
 
 # Finished rows are compacted away once they are this fraction of the batch: compaction copies
@@ -34,133 +27,28 @@ _REASONS = ("eos", "stop", "length")
 _EOS, _STOP, _LENGTH = range(3)
 
 
-class _GrowingLayer(DynamicLayer):
-    """A `DynamicLayer` whose columns are allocated ahead and grown as `LlamaDecoder`'s are:
-    HF's own layer concatenates, copying the whole cache at every step, and a `StaticLayer`
-    attends over every column it holds, written or not (with GRPO's budgets, mostly not: the
-    30M model spent 56 against 42 ms a step attending over 311 instead of 75 columns).
-    `keys` and `values` are views of the written columns, as HF's layer would hold them."""
-
-    def __init__(self, reserve: int, limit: int) -> None:
-        super().__init__()
-        self.reserve, self.limit = reserve, limit
-        self.length = 0
-        self.storage: list[torch.Tensor] = []
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        end = self.length + key_states.shape[-2]
-        if not self.storage:
-            columns = decode_llama.first_columns(end, self.reserve, self.limit)
-            self.storage = [
-                states.new_empty((*states.shape[:2], columns, states.shape[3]))
-                for states in (key_states, value_states)
-            ]
-            self.device, self.is_initialized = key_states.device, True
-        elif end > self.storage[0].shape[2]:
-            self._resize(decode_llama.grown_columns(self.storage[0].shape[2], self.limit))
-        for cache, states in zip(self.storage, (key_states, value_states), strict=True):
-            cache[:, :, self.length : end] = states
-        self.length = end
-        self.keys, self.values = (cache[:, :, :end] for cache in self.storage)
-        return self.keys, self.values
-
-    def _resize(self, columns: int) -> None:
-        for i, old in enumerate(self.storage):
-            self.storage[i] = old.new_empty((*old.shape[:2], columns, old.shape[3]))
-            self.storage[i][:, :, : self.length] = old[:, :, : self.length]
-
-    def rows(self, index: torch.Tensor) -> None:
-        """Keep rows `index` (which may repeat one, e.g. a prompt's for its G completions)."""
-        self.storage = [cache[index] for cache in self.storage]
-        self.keys, self.values = (cache[:, :, : self.length] for cache in self.storage)
-
-
-class HFDecoder:
-    """Decoding state for N rows through the model's own forward and a `DynamicCache` whose
-    full-attention layers are `_GrowingLayer`s (sliding-window ones stay HF's own).
-
-    Same layout as `LlamaDecoder`: prompts left-padded to P, then one cache column per step.
-    """
-
-    def __init__(
-        self, model: transformers.PreTrainedModel, rows: int, width: int, new: int, reserve: int
-    ):
-        """Room for `rows` rows of a `width`-token prompt and up to `new` fed-back tokens, of
-        which `reserve` are allocated up front."""
-        self.model = model
-        device = model.get_output_embeddings().weight.device
-        self.cache = transformers.DynamicCache(config=model.config)
-        self.cache.layers = [
-            _GrowingLayer(reserve, width + new) if type(layer) is DynamicLayer else layer
-            for layer in self.cache.layers
-        ]
-        self.mask = torch.ones(rows, width + new, dtype=torch.long, device=device)
-        self.positions = torch.empty(rows, dtype=torch.long, device=device)
-        self.column = width  # next cache column to write
-
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor):
-        out = self.model.base_model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            **cache_argument(self.model.base_model, self.cache),
-        )
-        head = self.model.get_output_embeddings()
-        return float_logits(out.last_hidden_state[:, -1], head.weight, head.bias)
-
-    def prefill(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, group_size: int):
-        """Forward the B prompts `[B, P]`, then repeat each one's cache G times.
-        Returns `[B*G, V]` float32 next-token logits."""
-        width = prompt_ids.shape[1]
-        self.mask[:, :width] = prompt_mask.repeat_interleave(group_size, 0)
-        positions = real_token_positions(prompt_mask)
-        logits = self._forward(prompt_ids, prompt_mask, positions)
-        self._rows(
-            torch.arange(prompt_ids.shape[0], device=logits.device).repeat_interleave(group_size)
-        )
-        self.positions.copy_(prompt_mask.sum(-1).repeat_interleave(group_size))
-        return logits.repeat_interleave(group_size, 0)
-
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed `[n]` tokens and return `[n, V]` float32 next-token logits."""
-        n = tokens.shape[0]
-        positions = self.positions[:n]
-        mask = self.mask[:n, : self.column + 1]
-        logits = self._forward(tokens[:, None], mask, positions[:, None])
-        self.column += 1
-        positions += 1
-        return logits
-
-    def keep(self, index: torch.Tensor) -> None:
-        """Keep only rows `index` (ascending), moved to the front."""
-        self._rows(index)
-        n = index.shape[0]
-        self.mask[:n] = self.mask[index]
-        self.positions[:n] = self.positions[index]
-
-    def _rows(self, index: torch.Tensor) -> None:
-        for layer in self.cache.layers:
-            if isinstance(layer, _GrowingLayer):
-                layer.rows(index)
-            else:
-                layer.keys, layer.values = layer.keys[index], layer.values[index]
-
-
 class TorchSampler:
-    """Samples G completions per prompt from `model`; see the module docstring.
+    """A `Sampler` that samples G completions per prompt from `model` through `decoder`;
+    see the module docstring.
 
     Args:
         model: a Hugging Face causal LM (`base_model` trunk + output embeddings).
         tokenizer: its tokenizer; the pad id (or EOS when there is none) fills padding, and EOS
             ids are the tokenizer's plus the model's generation config's.
-        fast: use `LlamaDecoder` when the model supports it (False forces the generic path).
+        decoder: makes each call's `Decoder` (`oncurve.rollout.base.DecoderFactory`); by
+            default the `cpu_llama` backend's, which takes HF's forward for what it does not
+            support. `oncurve.rollout.build_sampler` picks one by name.
     """
 
-    def __init__(self, model: transformers.PreTrainedModel, tokenizer, fast: bool = True) -> None:
+    def __init__(
+        self,
+        model: transformers.PreTrainedModel,
+        tokenizer,
+        decoder: DecoderFactory = cpu_llama.make_decoder,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.fast = fast
+        self.make_decoder = decoder
         eos = {tokenizer.eos_token_id}
         generation_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos |= set(generation_eos) if isinstance(generation_eos, list) else {generation_eos}
@@ -203,7 +91,6 @@ class TorchSampler:
             mask[i, width - len(p) :] = 1
         ids, mask = ids.to(device), mask.to(device)
 
-        fast = self.fast and decode_llama.supports(self.model, width + new)
         # Eval mode while sampling: HF turns the KV cache off in train mode under gradient
         # checkpointing (the trainer's setting), and dropout must be off anyway.
         was_training = self.model.training
@@ -211,12 +98,9 @@ class TorchSampler:
         try:
             # the last sampled token is never fed back, so the cache needs new - 1 columns
             reserve = params.min_new_tokens - 1
-            if fast:
-                decoder = decode_llama.LlamaDecoder(self.model, rows, width, new - 1, reserve)
-            else:
-                decoder = HFDecoder(self.model, rows, width, new - 1, reserve)
+            decoder = self.make_decoder(self.model, rows, width, new - 1, reserve)
             logits = decoder.prefill(ids, mask, group_size)
-            with decoder.decoding() if fast else contextlib.nullcontext():
+            with decoder.decoding():
                 completion, logprobs, ends, reasons = self._decode(
                     decoder, logits, rows, params, device
                 )
@@ -242,7 +126,7 @@ class TorchSampler:
 
     def _decode(
         self,
-        decoder: HFDecoder | decode_llama.LlamaDecoder,
+        decoder: Decoder,
         logits: torch.Tensor,
         rows: int,
         params: SamplingParams,
