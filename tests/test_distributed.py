@@ -20,7 +20,13 @@ from safetensors.torch import load_file, save_file
 from oncurve import distributed
 from oncurve.algo import group_advantages
 from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-from oncurve.train_step import LossFns, PolicyLogprobs, batch_logprobs, optimizer_step
+from oncurve.train_step import (
+    ForwardSettings,
+    LossFns,
+    PolicyLogprobs,
+    batch_logprobs,
+    optimizer_step,
+)
 from oncurve.types import TrainBatch
 
 VOCAB, GROUPS, G, P, T = 40, 4, 3, 5, 7
@@ -44,7 +50,9 @@ def fixed_batch(model: torch.nn.Module) -> TrainBatch:
         completion_mask=completion_mask,
         advantages=group_advantages(rewards, G),
     )
-    batch.ref_logprobs = batch_logprobs(PolicyLogprobs(model), batch, 1.0, 16, rows=n) + 0.05
+    batch.ref_logprobs = (
+        batch_logprobs(PolicyLogprobs(model), batch, ForwardSettings(1.0, 16, n)) + 0.05
+    )
     return batch
 
 
@@ -57,9 +65,7 @@ def loss_fns(aggregation: str) -> LossFns:
         eps_low=0.2,
         eps_high=0.28,
         dual_clip=None,
-        temperature=1.0,
         norm_len=float(T),
-        chunk_size=16,
     )
 
 
@@ -75,9 +81,8 @@ def one_step(
     # SGD, not Adam: Adam's first step is ~lr * sign(grad), which turns 1e-12 noise in a
     # near-zero gradient into a 2*lr difference; SGD shows the gradient itself.
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    optimizer_step(
-        policy, optimizer, local, loss_fns(aggregation), microbatch_size=2, grad_clip=0.0
-    )
+    forward = ForwardSettings(chunk_size=16, microbatch_rows=2)
+    optimizer_step(policy, optimizer, local, loss_fns(aggregation), forward, grad_clip=0.0)
     # FSDP2 holds each parameter as a DTensor shard; full_tensor() gathers it.
     return {
         k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu().clone()
@@ -92,7 +97,8 @@ def test_each_optimizer_step_applies_only_its_own_gradient() -> None:
     batch, fns = fixed_batch(model), loss_fns("seq-mean-token-mean")
 
     def step(net: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        optimizer_step(PolicyLogprobs(net), optimizer, batch, fns, microbatch_size=4, grad_clip=0)
+        forward = ForwardSettings(chunk_size=16, microbatch_rows=4)
+        optimizer_step(PolicyLogprobs(net), optimizer, batch, fns, forward, grad_clip=0)
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     step(model, optimizer)
@@ -117,8 +123,8 @@ def _rank_main(
         weights = one_step(aggregation, slice(rows.start * G, rows.stop * G), fsdp, device)
         if rank == 0:
             save_file({k: v.contiguous() for k, v in weights.items()}, out)
-        # both ranks done before either tears gloo down (a rank leaving first was seen to abort
-        # its peer in one full-suite run)
+        # both ranks done before either tears gloo down: a rank that leaves first can abort its
+        # peer
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -217,8 +223,8 @@ def tiny_job(model_dir: Path, data_file: Path) -> list[str]:
         "data.prompts_per_step=4",
         "rollout.group_size=4",
         "rollout.max_new_tokens=8",
-        "rewards=[rewards_for_tests:count_digits]",
-        "run.reward_timeout=null",
+        "reward.functions=[rewards_for_tests:count_digits]",
+        "reward.timeout=null",
         "run.device=cpu",  # gloo ranks
     ]
 
@@ -323,8 +329,8 @@ def test_a_rank_that_raises_fails_the_job_instead_of_hanging(tiny_model_dir, dat
         "data.prompts_per_step=4",
         "rollout.group_size=4",
         "rollout.max_new_tokens=8",
-        "rewards=[rewards_for_tests:fails_on_rank_1]",
-        "run.reward_timeout=null",
+        "reward.functions=[rewards_for_tests:fails_on_rank_1]",
+        "reward.timeout=null",
         f"run.dir={tmp_path / 'run'}",
         "run.steps=3",
         "dist.nproc=2",

@@ -37,7 +37,7 @@ from test_trainer import capture_first_step, hand_assembled_grpo, make_config
 from oncurve import checkpoint, models, train_step, trainer
 from oncurve.algo.registry import AGGREGATIONS
 from oncurve.cli import main
-from oncurve.train_step import PolicyLogprobs, accumulate_gradients
+from oncurve.train_step import ForwardSettings, PolicyLogprobs, accumulate_gradients
 from oncurve.trainer import Session, setup, train, training_step
 
 pytestmark = pytest.mark.gpu
@@ -130,7 +130,9 @@ def test_first_cuda_step_in_float32_matches_the_cpu_hand_assembled_grpo(
     )
     s = setup(config)
     exact_fp32()
-    assert {(p.device.type, p.dtype) for p in s.model.parameters()} == {("cuda", torch.float32)}
+    assert {(p.device.type, p.dtype) for p in s.policy.model.parameters()} == {
+        ("cuda", torch.float32)
+    }
     metrics, rollout, grads = capture_first_step(s)
     assert rollout.completion_ids.device.type == "cuda"
     cpu_model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -161,9 +163,9 @@ def test_accumulated_float32_gradients_on_cuda_equal_the_cpus(exact_fp32, aggreg
             PolicyLogprobs(model),
             batch_to(batch, device),
             loss_fns(aggregation),
+            ForwardSettings(chunk_size=16, microbatch_rows=4),
             num_seqs=float(batch.num_rows),
             num_tokens=float(batch.completion_mask.sum()),
-            microbatch_size=4,
         )
         results.append((stats, {n: p.grad.cpu() for n, p in model.named_parameters()}))
     (cpu_stats, cpu_grads), (cuda_stats, cuda_grads) = results
@@ -184,24 +186,26 @@ def test_every_preset_trains_three_bfloat16_steps_on_cuda(
 ):
     run_dir = tmp_path / "run"
     # DAPO's overlong window must fit in the 8 new tokens of these runs
-    extra = ("algo.overlong_buffer=4",) if preset == "dapo" else ()
+    extra = ("reward.overlong_buffer=4",) if preset == "dapo" else ()
     config = make_config(tiny_model_dir, data_file, run_dir, *BF16, f"algo.preset={preset}", *extra)
     assert config.algo.dynamic_sampling == (preset == "dapo")
     sessions = sessions_of(monkeypatch)
     assert train(config, quiet=True).steps == 3
     (s,) = sessions
-    assert {(p.device.type, p.dtype) for p in s.model.parameters()} == {("cuda", torch.bfloat16)}
+    assert {(p.device.type, p.dtype) for p in s.policy.model.parameters()} == {
+        ("cuda", torch.bfloat16)
+    }
     rows = trained_rows(run_dir, 3)
     assert all(r["memory/gpu_peak_gb"] > 0 for r in rows)
     if preset == "dapo":
         assert all(r["groups/sampling_rounds"] >= 1 for r in rows)
     if preset == "ppo":
-        assert s.critic is not None
-        assert next(s.critic.model.parameters()).device.type == "cuda"
+        assert s.advantage is not None
+        assert next(s.advantage.model.parameters()).device.type == "cuda"
         for key in ("value/loss", "value/grad_norm", "value/mean", "kl"):
             assert all(math.isfinite(r[key]) for r in rows), key
         assert (run_dir / "checkpoints" / "step-000003" / "value.safetensors").is_file()
-    assert_final_is(run_dir, s.model.state_dict(), tiny_model_dir)
+    assert_final_is(run_dir, s.policy.model.state_dict(), tiny_model_dir)
 
 
 # --- c. the features, each on its own ----------------------------------------------------------
@@ -241,17 +245,17 @@ def test_each_feature_trains_on_cuda_and_its_final_model_loads_on_the_cpu(
     run_dir = tmp_path / "run"
     train(make_config(tiny_model_dir, data_file, run_dir, *BF16, *overrides), quiet=True)
     (s,) = sessions
-    assert next(s.model.parameters()).device.type == "cuda"
+    assert next(s.policy.model.parameters()).device.type == "cuda"
     trained_rows(run_dir, 3)
     if feature == "lora":
         changed = load_file(run_dir / "checkpoints" / "step-000003" / "model.safetensors")
         assert changed and all("lora_" in name for name in changed)
         assert all(changed[n].abs().sum() > 0 for n in changed if "lora_B" in n)
-        weights = copy.deepcopy(s.peft_model).merge_and_unload().state_dict()
+        weights = copy.deepcopy(s.policy.peft_model).merge_and_unload().state_dict()
     else:
-        weights = s.model.state_dict()
+        weights = s.policy.model.state_dict()
     if feature == "gradient-checkpointing":
-        assert any(getattr(m, "gradient_checkpointing", False) for m in s.model.modules())
+        assert any(getattr(m, "gradient_checkpointing", False) for m in s.policy.model.modules())
         assert shared_rows == []  # HF drops the KV cache under checkpointing
     if feature == "shared-prompt-forward":
         assert shared_rows and all(n > 0 for n in shared_rows)
@@ -357,11 +361,11 @@ def test_a_checkpoint_written_on_cuda_resumes_on_the_cpu(
     s = setup(config)
     assert s.start_step == 2
     saved = load_file(run_dir / "checkpoints" / "step-000002" / "model.safetensors")
-    state = s.model.state_dict()
+    state = s.policy.model.state_dict()
     for name, value in saved.items():
         assert state[name].device.type == "cpu"
         assert torch.equal(state[name], value), name
-    moments = [s.optimizer.state[p] for p in s.model.parameters()]
+    moments = [s.optimizer.state[p] for p in s.policy.model.parameters()]
     assert moments and all(float(m["step"]) == 2.0 for m in moments)
     tensors = [v for m in moments for v in m.values() if isinstance(v, torch.Tensor)]
     assert {v.device.type for v in tensors} == {"cpu"}

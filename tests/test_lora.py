@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 from test_trainer import make_config
 
 from oncurve.rollout import SamplingParams
-from oncurve.train_step import PolicyLogprobs, batch_logprobs
-from oncurve.trainer import reference_logprobs, setup, train, training_step
+from oncurve.train_step import ForwardSettings, PolicyLogprobs, batch_logprobs
+from oncurve.trainer import setup, train, training_step
 from oncurve.types import TrainBatch
 
 pytest.importorskip("peft", reason="the lora extra (peft) is not installed")
@@ -21,18 +21,18 @@ LORA = ("model.lora.r=4", "model.lora.alpha=8", "optim.lr=5e-2", "algo.beta=0.04
 
 def test_only_adapter_weights_change(tiny_model_dir, data_file, tmp_path):
     s = setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *LORA))
-    before = {n: p.detach().clone() for n, p in s.model.named_parameters()}
+    before = {n: p.detach().clone() for n, p in s.policy.model.named_parameters()}
     for step in (1, 2):
         training_step(s, step)
-    changed = {n for n, p in s.model.named_parameters() if not torch.equal(p, before[n])}
+    changed = {n for n, p in s.policy.model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all("lora_" in n for n in changed)
-    trainable = {n for n, p in s.model.named_parameters() if p.requires_grad}
+    trainable = {n for n, p in s.policy.model.named_parameters() if p.requires_grad}
     assert trainable == {n for n in before if "lora_" in n}
 
 
 def test_reference_is_the_base_model_with_the_adapter_off(tiny_model_dir, data_file, tmp_path):
     s = setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *LORA))
-    assert s.reference is None
+    assert s.policy.reference is None
     training_step(s, 1)  # the adapter's B matrices start at 0; one step makes them matter
     rows = s.data.batch(1, 3)
     rollout = s.sampler.generate_ids(
@@ -45,9 +45,11 @@ def test_reference_is_the_base_model_with_the_adapter_off(tiny_model_dir, data_f
         advantages=torch.zeros(rollout.num_rows),
     )
     base = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-    expected = batch_logprobs(PolicyLogprobs(base), batch, 1.0, 64, 8)
-    adapted = batch_logprobs(s.policy, batch, 1.0, 64, 8)
-    torch.testing.assert_close(reference_logprobs(s, batch), expected, atol=1e-6, rtol=0)
+    forward = ForwardSettings(1.0, 64, 8)
+    expected = batch_logprobs(PolicyLogprobs(base), batch, forward)
+    adapted = batch_logprobs(s.policy.train_forward, batch, forward)
+    reference = s.policy.reference_logprobs(batch)
+    torch.testing.assert_close(reference, expected, atol=1e-6, rtol=0)
     assert float((adapted - expected).abs().max()) > 1e-4
 
 
@@ -86,10 +88,12 @@ def test_checkpoints_hold_the_adapter_and_resume_restores_it(tiny_model_dir, dat
     assert all(saved[n].abs().sum() > 0 for n in adapter if "lora_B" in n)
     resumed = setup(make_config(tiny_model_dir, data_file, run_dir, *LORA, f"run.resume={first}"))
     assert resumed.start_step == 1
-    state = resumed.model.state_dict()
+    state = resumed.policy.model.state_dict()
     for name in adapter:
         assert torch.equal(state[name], saved[name]), name
     # AdamW moments exist for the adapter parameters only
-    moments = [resumed.optimizer.state[p] for p in resumed.model.parameters() if p.requires_grad]
+    moments = [
+        resumed.optimizer.state[p] for p in resumed.policy.model.parameters() if p.requires_grad
+    ]
     assert all(float(m["step"]) == 1.0 for m in moments)
     assert len(resumed.optimizer.state) == len(moments)

@@ -8,6 +8,7 @@ import dataclasses
 import torch
 from conftest import tiny_qwen2
 
+from oncurve.build import settle_memory
 from oncurve.config import load_config
 from oncurve.memory import (
     GIB,
@@ -20,7 +21,6 @@ from oncurve.memory import (
     state_bytes,
 )
 from oncurve.models import resolve_dtype
-from oncurve.trainer import _settle_memory
 
 # Qwen2.5-0.5B: 494,032,768 parameters, tied embeddings, bfloat16.
 QWEN_05B = ModelShape(
@@ -161,7 +161,7 @@ def test_dtype_auto_is_float32_on_cpu_and_bfloat16_on_a_gpu_that_has_it(monkeypa
 
 
 def test_settle_memory_on_cpu_keeps_the_cpu_defaults():
-    config, plan = _settle_memory(
+    config, plan = settle_memory(
         load_config(), tiny_qwen2(40), torch.device("cpu"), 1, seq_len=100, saved=None
     )
     assert plan is None
@@ -173,7 +173,7 @@ def test_settle_memory_on_cpu_keeps_the_cpu_defaults():
 def test_settle_memory_on_cuda_applies_the_plan_and_keeps_what_the_user_set():
     model = tiny_qwen2(40)
     cuda = torch.device("cuda")  # named only: with run.gpu_memory_gb no CUDA call is made
-    config, plan = _settle_memory(
+    config, plan = settle_memory(
         load_config(None, ["run.gpu_memory_gb=16", "model.gradient_checkpointing=true"]),
         model, cuda, 1, seq_len=100, saved=None,
     )  # fmt: skip
@@ -184,14 +184,14 @@ def test_settle_memory_on_cuda_applies_the_plan_and_keeps_what_the_user_set():
     assert config.model.logprob_chunk_size == 1024
     # an evaluation samples 256 rows at once, twice a step's 16 x 8: the plan makes room for it
     budget = load_config(None, ["run.gpu_memory_gb=16"])
-    _, evaluating = _settle_memory(budget, model, cuda, 1, 100, None, evaluates=True)
-    _, training = _settle_memory(budget, model, cuda, 1, 100, None, evaluates=False)
+    _, evaluating = settle_memory(budget, model, cuda, 1, 100, None, evaluates=True)
+    _, training = settle_memory(budget, model, cuda, 1, 100, None, evaluates=False)
     shape = ModelShape.of(model)
     assert evaluating.sample_peak_bytes - training.sample_peak_bytes == (
         sampling_bytes(shape, 256, 100) - sampling_bytes(shape, 128, 100)
     )
     # under data parallelism each rank plans for its share of the rows
-    config, plan = _settle_memory(
+    config, plan = settle_memory(
         load_config(None, ["run.gpu_memory_gb=16", "data.prompts_per_step=2"]),
         model, cuda, 2, seq_len=100, saved=None,
     )  # fmt: skip
@@ -205,7 +205,7 @@ def test_a_resumed_run_takes_its_checkpoints_memory_settings():
         "microbatch_size": 5,
         "microbatch_tokens": 500,
     }
-    config, _ = _settle_memory(
+    config, _ = settle_memory(
         load_config(None, ["optim.microbatch_size=7"]), tiny_qwen2(40), torch.device("cpu"), 1,
         seq_len=100, saved=saved,
     )  # fmt: skip
@@ -225,7 +225,7 @@ def test_a_cpu_runs_config_yaml_records_what_auto_and_null_became(
         None,
         [f"model.path={tiny_model_dir}", f"data.path={data_file}", "run.device=cpu",
          f"run.dir={tmp_path / 'run'}", "optim.microbatch_tokens=0",
-         "rewards=[rewards_for_tests:count_digits]"],
+         "reward.functions=[rewards_for_tests:count_digits]"],
     )  # fmt: skip
     s = setup(config)
     s.rewards.close()
@@ -234,4 +234,4 @@ def test_a_cpu_runs_config_yaml_records_what_auto_and_null_became(
     assert saved["model"]["gradient_checkpointing"] is False
     assert saved["model"]["logprob_chunk_size"] == 1024
     assert (saved["optim"]["microbatch_size"], saved["optim"]["microbatch_tokens"]) == (64, 0)
-    assert s.config.model.dtype == "float32" and s.microbatch_tokens == 0
+    assert s.config.model.dtype == "float32" and s.policy.forward.microbatch_tokens == 0

@@ -85,7 +85,7 @@ def test_three_minibatches_equal_the_hand_assembled_sequence_of_updates(
         "optim.grad_clip=0",
     )
     s = setup(config)
-    initial = copy.deepcopy(s.model)
+    initial = copy.deepcopy(s.policy.model)
     captured: dict = {"steps": []}
     generate = s.sampler.generate_ids
 
@@ -94,8 +94,8 @@ def test_three_minibatches_equal_the_hand_assembled_sequence_of_updates(
         return captured["rollout"]
 
     def capture_step(*_) -> None:
-        weights = {n: v.clone() for n, v in s.model.state_dict().items()}
-        grads = {n: p.grad.clone() for n, p in s.model.named_parameters()}
+        weights = {n: v.clone() for n, v in s.policy.model.state_dict().items()}
+        grads = {n: p.grad.clone() for n, p in s.policy.model.named_parameters()}
         captured["steps"].append((weights, grads))
 
     s.sampler.generate_ids = capture_rollout
@@ -127,14 +127,16 @@ def sgd_minibatch_step(model_dir: Path, data_file: Path, run_dir: Path, *extra: 
         *extra,
     )
     s = scripted_session(config)
-    s.optimizer = torch.optim.SGD([p for p in s.model.parameters() if p.requires_grad], lr=0.5)
+    s.optimizer = torch.optim.SGD(
+        [p for p in s.policy.model.parameters() if p.requires_grad], lr=0.5
+    )
     s.scheduler = torch.optim.lr_scheduler.LambdaLR(s.optimizer, lambda _: 1.0)
     grads: list[dict[str, torch.Tensor]] = []
     s.optimizer.register_step_pre_hook(
-        lambda *_: grads.append({n: p.grad.clone() for n, p in s.model.named_parameters()})
+        lambda *_: grads.append({n: p.grad.clone() for n, p in s.policy.model.named_parameters()})
     )
     training_step(s, 1)
-    weights = {n: v.detach().clone() for n, v in s.model.state_dict().items()}
+    weights = {n: v.detach().clone() for n, v in s.policy.model.state_dict().items()}
     return {"grads": grads, "weights": weights}
 
 
@@ -149,7 +151,9 @@ def test_minibatches_on_two_ranks_equal_one_process(tiny_model_dir, data_file, t
         tmp_path / "two",
         "run.threads=1",
     )
-    initial = setup(make_config(tiny_model_dir, data_file, tmp_path / "init")).model.state_dict()
+    initial = setup(
+        make_config(tiny_model_dir, data_file, tmp_path / "init")
+    ).policy.model.state_dict()
     assert max(float((one["weights"][n] - v).abs().max()) for n, v in initial.items()) > 1e-3
     for rank in two:
         assert len(rank["grads"]) == len(one["grads"]) == 2

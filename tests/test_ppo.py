@@ -25,6 +25,7 @@ from oncurve.ppo import (
     optimise_critic,
     whiten,
 )
+from oncurve.train_step import ForwardSettings
 from oncurve.trainer import setup, train
 from oncurve.types import TrainBatch
 
@@ -96,7 +97,7 @@ def test_batch_values_in_chunks_equal_one_forward_and_are_zero_on_padding(policy
     vm = ValueModel(policy)
     _random_head(vm)
     batch = _rollout()
-    chunked = batch_values(vm, batch, rows=3)
+    chunked = batch_values(vm, batch, ForwardSettings(microbatch_rows=3))
     with torch.no_grad():
         full = vm(batch.input_ids, batch.attention_mask, 6) * batch.completion_mask
     torch.testing.assert_close(chunked, full, atol=1e-5, rtol=1e-5)
@@ -132,9 +133,9 @@ def test_explained_variance_hand_case():
     assert math.isnan(explained_variance(values, torch.ones(1, 3), torch.ones(1, 3)))
 
 
-def _critic(policy, *extra: str):
+def _critic(policy, *extra: str, rows: int = 4):
     config = load_config(None, ["algo.preset=ppo", "algo.gamma=1.0", "algo.lam=1.0", *extra])
-    return build_critic(policy, config, "cpu")
+    return build_critic(policy, config, "cpu", ForwardSettings(microbatch_rows=rows))
 
 
 def test_gamma_one_lambda_one_gives_return_minus_value(policy):
@@ -143,9 +144,9 @@ def test_gamma_one_lambda_one_gives_return_minus_value(policy):
     batch = _rollout()
     rewards = torch.tensor([1.0, 0.0, 2.0, float("nan")])
     advantages, targets, metrics = estimate_advantages(
-        critic, batch, rewards, kl_coef=0.0, kl_fn=kl_k1, rows=4
+        critic, batch, rewards, kl_coef=0.0, kl_fn=kl_k1
     )
-    values = batch_values(critic.model, batch, rows=4)
+    values = batch_values(critic.model, batch, critic.forward)
     mask = batch.completion_mask.float() * torch.tensor([1.0, 1.0, 1.0, 0.0])[:, None]
     # No discount, no KL: every token's return is its row's reward, A_t = R - V_t.
     returns = rewards.nan_to_num(0.0)[:, None] * mask
@@ -169,9 +170,7 @@ def test_kl_in_the_reward_is_summed_from_each_token_to_the_end(policy):
     batch.sample_logprobs *= batch.completion_mask
     batch.ref_logprobs *= batch.completion_mask
     rewards = torch.tensor([1.0, 0.0, 2.0, 3.0])
-    _, targets, metrics = estimate_advantages(
-        critic, batch, rewards, kl_coef=0.5, kl_fn=kl_k1, rows=4
-    )
+    _, targets, metrics = estimate_advantages(critic, batch, rewards, kl_coef=0.5, kl_fn=kl_k1)
     # Row 0 has 4 tokens with k1 = 0, .1, .2, .3: R_t = 1 - 0.5 * sum_{s >= t} k1_s.
     expected = torch.tensor([1 - 0.5 * 0.6, 1 - 0.5 * 0.6, 1 - 0.5 * 0.5, 1 - 0.5 * 0.3])
     torch.testing.assert_close(targets.returns[0, :4], expected, atol=1e-6, rtol=0)
@@ -183,7 +182,7 @@ def test_kl_in_the_reward_is_summed_from_each_token_to_the_end(policy):
 def _fixed_targets(critic, batch) -> CriticTargets:
     mask = batch.completion_mask.float()
     returns = torch.tensor([1.0, -1.0, 0.5, 2.0])[:, None] * mask
-    old = batch_values(critic.model, batch, rows=4)
+    old = batch_values(critic.model, batch, critic.forward)
     return CriticTargets(old_values=old, returns=returns, mask=mask)
 
 
@@ -196,9 +195,7 @@ def test_critic_steps_lower_the_value_loss(policy):
     batch = _rollout()
     targets = _fixed_targets(critic, batch)
     losses = [
-        optimise_critic(critic, batch, targets, passes=1, minibatches=ALL_ROWS, microbatch_size=4)[
-            "value/loss"
-        ]
+        optimise_critic(critic, batch, targets, passes=1, minibatches=ALL_ROWS)["value/loss"]
         for _ in range(6)
     ]
     # The first loss is at V = 0: 0.5 * mean R^2 over the 13 tokens.
@@ -212,10 +209,8 @@ def test_value_clip_holds_the_loss_at_the_clipped_bound(policy):
     batch = _rollout()
     targets = _fixed_targets(critic, batch)
     for _ in range(4):
-        stats = optimise_critic(
-            critic, batch, targets, passes=1, minibatches=ALL_ROWS, microbatch_size=4
-        )
-    values = batch_values(critic.model, batch, rows=4)
+        stats = optimise_critic(critic, batch, targets, passes=1, minibatches=ALL_ROWS)
+    values = batch_values(critic.model, batch, critic.forward)
     per_token = clipped_value_loss(values, targets.old_values, targets.returns, 0.01)
     floor = clipped_value_loss(
         targets.old_values + 0.01 * targets.returns.sign(), targets.old_values, targets.returns, 1
@@ -229,13 +224,14 @@ def test_critic_microbatches_and_minibatches_match_one_batch(policy):
     batch = _rollout()
     one = _critic(policy, "algo.value_lr=3e-3")
     split = copy.deepcopy(one)
+    split.forward = ForwardSettings(microbatch_rows=1)
     targets = _fixed_targets(one, batch)
-    a = optimise_critic(one, batch, targets, passes=1, minibatches=ALL_ROWS, microbatch_size=4)
-    b = optimise_critic(split, batch, targets, passes=1, minibatches=ALL_ROWS, microbatch_size=1)
+    a = optimise_critic(one, batch, targets, passes=1, minibatches=ALL_ROWS)
+    b = optimise_critic(split, batch, targets, passes=1, minibatches=ALL_ROWS)
     assert a["value/loss"] == pytest.approx(b["value/loss"], abs=1e-6)
     for p, q in zip(one.model.parameters(), split.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
-    two = optimise_critic(split, batch, targets, passes=2, minibatches=HALVES, microbatch_size=1)
+    two = optimise_critic(split, batch, targets, passes=2, minibatches=HALVES)
     assert split.optimizer.state[next(split.model.parameters())]["step"] == 1 + 4
     assert two["value/loss"] < b["value/loss"]
 
@@ -250,10 +246,10 @@ def _ppo_config(model_dir: Path, data_file: Path, run_dir: Path, *extra: str):
             "data.prompts_per_step=4",
             "rollout.group_size=4",
             "rollout.max_new_tokens=8",
-            "rewards=[rewards_for_tests:count_digits]",
+            "reward.functions=[rewards_for_tests:count_digits]",
             "run.steps=2",
             f"run.dir={run_dir}",
-            "run.reward_timeout=null",
+            "reward.timeout=null",
             "optim.lr=1e-3",
             "eval.at_start_end=false",
             "run.device=cpu",
@@ -264,10 +260,10 @@ def _ppo_config(model_dir: Path, data_file: Path, run_dir: Path, *extra: str):
 
 def test_ppo_setup_has_a_critic_and_puts_the_kl_in_the_reward(tiny_model_dir, data_file, tmp_path):
     s = setup(_ppo_config(tiny_model_dir, data_file, tmp_path / "run"))
-    assert s.critic is not None and s.reference is not None
+    assert s.advantage is not None and s.policy.reference is not None
     assert s.loss_fns.beta == 0.0 and s.loss_fns.kl is kl_k1
-    policy_storage = {p.data_ptr() for p in s.model.parameters()}
-    assert not policy_storage & {p.data_ptr() for p in s.critic.model.parameters()}
+    policy_storage = {p.data_ptr() for p in s.policy.model.parameters()}
+    assert not policy_storage & {p.data_ptr() for p in s.advantage.model.parameters()}
 
 
 def test_ppo_can_keep_the_kl_in_the_loss(tiny_model_dir, data_file, tmp_path):
@@ -279,7 +275,7 @@ def test_ppo_can_keep_the_kl_in_the_loss(tiny_model_dir, data_file, tmp_path):
         "algo.kl_estimator=k3",
     )
     s = setup(config)
-    assert s.critic is not None and s.loss_fns.beta == 0.04
+    assert s.advantage is not None and s.loss_fns.beta == 0.04
 
 
 def test_two_ppo_steps_train_the_critic_and_checkpoint_it(tiny_model_dir, data_file, tmp_path):
@@ -311,10 +307,10 @@ def test_ppo_resume_restores_the_critic(tiny_model_dir, data_file, tmp_path):
     )
     assert resumed.start_step == 2
     saved = load_file(run_dir / "checkpoints" / "step-000002" / "value.safetensors")
-    for name, param in resumed.critic.model.state_dict().items():
+    for name, param in resumed.advantage.model.state_dict().items():
         assert torch.equal(param, saved[name]), name
-    first = next(resumed.critic.model.parameters())
-    assert float(resumed.critic.optimizer.state[first]["step"]) == 2.0
+    first = next(resumed.advantage.model.parameters())
+    assert float(resumed.advantage.optimizer.state[first]["step"]) == 2.0
 
 
 def test_the_ppo_config_file_selects_the_critic_and_the_kl_in_the_reward():
@@ -356,7 +352,7 @@ def test_the_critic_takes_the_policys_minibatches(tiny_model_dir, data_file, tmp
         patch.setattr(ppo, "optimise_critic", recording)
         training_step(s, 1)
     assert seen == [[0, 1, 2, 3, 12, 13, 14, 15], [4, 5, 6, 7], [8, 9, 10, 11]]
-    critic_param = next(s.critic.model.parameters())
-    assert int(s.critic.optimizer.state[critic_param]["step"]) == 3
-    policy_param = next(p for p in s.model.parameters() if p.requires_grad)
+    critic_param = next(s.advantage.model.parameters())
+    assert int(s.advantage.optimizer.state[critic_param]["step"]) == 3
+    policy_param = next(p for p in s.policy.model.parameters() if p.requires_grad)
     assert int(s.optimizer.state[policy_param]["step"]) == 3

@@ -11,9 +11,9 @@ from conftest import tiny_qwen2
 from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from oncurve.errors import TrainingError
 from oncurve.preflight import run_preflight
-from oncurve.rollout import SamplingParams, TorchSampler
+from oncurve.rollout import SamplingParams, build_sampler
 from oncurve.tokenizer import char_tokenizer
-from oncurve.train_step import LossFns, PolicyLogprobs
+from oncurve.train_step import ForwardSettings, LossFns, PolicyLogprobs
 
 FNS = LossFns(
     policy_loss=POLICY_LOSSES["ppo_clip"],
@@ -23,9 +23,7 @@ FNS = LossFns(
     eps_low=0.2,
     eps_high=0.2,
     dual_clip=None,
-    temperature=1.0,
     norm_len=8.0,
-    chunk_size=16,
 )
 
 
@@ -39,14 +37,13 @@ def setting(**changes):
     ]
     arguments = {
         "policy": PolicyLogprobs(model),
-        "sampler": TorchSampler(model, tokenizer),
+        "sampler": build_sampler("auto", model, tokenizer),
         "rows": rows,
         "group_size": 4,
         "params": SamplingParams(max_new_tokens=8, min_new_tokens=8),
         "fns": FNS,
         "trainable": list(model.parameters()),
-        "microbatch_size": 4,
-        "microbatch_tokens": 0,
+        "forward": ForwardSettings(temperature=1.0, chunk_size=16, microbatch_rows=4),
         "chat_template": False,
         "dtype": torch.float32,
         "prompt_index": True,

@@ -41,10 +41,10 @@ def cli_args(model_dir: Path, data_file: Path, run_dir: Path, *extra: str) -> li
         "data.prompts_per_step=2",
         "rollout.group_size=4",
         "rollout.max_new_tokens=8",
-        "rewards=[rewards_for_tests:count_digits]",
+        "reward.functions=[rewards_for_tests:count_digits]",
         f"run.steps={STEPS}",
         f"run.dir={run_dir}",
-        "run.reward_timeout=null",
+        "reward.timeout=null",
         "run.threads=1",
         "optim.lr=1e-2",
         "algo.beta=0.04",
@@ -206,7 +206,7 @@ def test_non_finite_updates_are_skipped_counted_and_stop_the_run_after_k_in_a_ro
         return per_token * float("nan"), stats
 
     def weights():
-        return {n: p.detach().clone() for n, p in s.model.named_parameters()}
+        return {n: p.detach().clone() for n, p in s.policy.model.named_parameters()}
 
     nan_loss = dataclasses.replace(finite_loss, policy_loss=nan_policy_loss)
     before = weights()
@@ -214,7 +214,7 @@ def test_non_finite_updates_are_skipped_counted_and_stop_the_run_after_k_in_a_ro
     assert training_step(s, 1)["updates/skipped"] == 1.0
     # A finite loss whose gradient is not: one parameter's gradient becomes infinite.
     s.loss_fns = finite_loss
-    hook = s.model.get_output_embeddings().weight.register_hook(lambda g: g * float("inf"))
+    hook = s.policy.model.get_output_embeddings().weight.register_hook(lambda g: g * float("inf"))
     metrics = training_step(s, 2)
     hook.remove()
     assert metrics["updates/skipped"] == 1.0 and metrics["grad_norm"] == float("inf")
@@ -330,13 +330,13 @@ def test_resume_from_a_given_checkpoint_and_refuse_another_world_size(
     assert s.start_step == 1
     assert [r["step"] for r in metric_rows(run_dir)] == [1]
     saved = load_file(first / "model.safetensors")
-    for name, value in s.model.state_dict().items():
+    for name, value in s.policy.model.state_dict().items():
         if name in saved:
             assert torch.equal(value, saved[name]), name
 
     other = tmp_path / "two-ranks"
     checkpoint.save_checkpoint(
-        other, 1, s.model, s.optimizer, s.scheduler, {"step": 1, "world_size": 2}
+        other, 1, s.policy.model, s.optimizer, s.scheduler, {"step": 1, "world_size": 2}
     )
     with pytest.raises(UserError, match="written by 2 ranks; resume it with the same number"):
         setup(make_config(tiny_model_dir, data_file, other, "run.resume=auto"))
@@ -360,7 +360,7 @@ def test_a_synced_reference_is_checkpointed_and_restored(tiny_model_dir, data_fi
     assert not same_weights(reference, load_file(second / "model.safetensors"))
 
     s = setup(make_config(tiny_model_dir, data_file, run_dir, f"run.resume={first}", *sync))
-    restored = s.reference.state_dict()
+    restored = s.policy.reference.state_dict()
     for name, value in reference.items():
         assert torch.equal(restored[name], value), name
 
@@ -449,12 +449,12 @@ def test_model_and_tokenizer_load_from_a_str_path_as_from_a_path(tiny_model_dir)
         ('{"prompt": "1+1="', None, "line 1: invalid JSON"),
         (
             None,
-            "rewards=[no_such_module_xyz:fn]",
+            "reward.functions=[no_such_module_xyz:fn]",
             "reward 'no_such_module_xyz:fn': cannot import module 'no_such_module_xyz'",
         ),
         (
             None,
-            "rewards=[rewards_for_tests:no_such_fn]",
+            "reward.functions=[rewards_for_tests:no_such_fn]",
             "module 'rewards_for_tests' has no attribute 'no_such_fn'",
         ),
     ],
@@ -500,9 +500,9 @@ def test_resident_memory_and_live_objects_hold_steady_after_warm_up(
     def measured_step(s, step):
         metrics = real_step(s, step)
         rss_mb.append(int(Path("/proc/self/statm").read_text().split()[1]) * page / 2**20)
-        # The list of every live object (several MB) stays with the allocator once made: made
-        # first at step 20, it raised the RSS of the second window alone (+2-4 MB, and 4.008
-        # failed a CI run). Made at step 5 too, before both windows, later lists reuse it.
+        # The list of every live object (several MB) stays with the allocator once made, so it
+        # is first made at step 5, before both windows: later lists reuse its memory instead of
+        # raising the RSS of the second window alone.
         if step in (5, 20, 30, 40):
             gc.collect()
             live_objects[step] = len(gc.get_objects())
@@ -510,12 +510,13 @@ def test_resident_memory_and_live_objects_hold_steady_after_warm_up(
 
     monkeypatch.setattr(trainer, "training_step", measured_step)
     train(config, quiet=True)
-    # Measured: +0.1 MB and +0 objects; keeping one step's autograd graph adds ~2 MB per step.
+    # A steady run stays far under the bound; keeping one step's autograd graph a step passes
+    # it many times over.
     growth = sum(rss_mb[29:40]) / 11 - sum(rss_mb[9:20]) / 11
     assert growth < 4.0, rss_mb
-    # Once in a run, at a step that moves with the machine's load (steps 10-20 on a quiet one,
-    # later on a busy one), ~100 objects appear for good (50 weakrefs, 27 builtin methods, 21
-    # sets; no thread starts); a leak of even one object a step grows both 10-step spans.
+    # Once in a run, at a step that moves with the machine's load, a batch of objects appears
+    # for good, in one span or the other: the smaller span ignores it, while a leak of even one
+    # object a step grows both 10-step spans.
     assert min(live_objects[30] - live_objects[20], live_objects[40] - live_objects[30]) < 5
 
 

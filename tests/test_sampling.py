@@ -1,4 +1,4 @@
-"""Group sampling and dynamic sampling (`trainer.sample_groups`) on one process and on 2 gloo
+"""Group sampling and dynamic sampling (`groups.sample_groups`) on one process and on 2 gloo
 ranks, with a scripted sampler and scripted prompts, so that which groups are informative in
 which round is known in advance; the verifier that decides both the filter and unscored rows.
 
@@ -178,9 +178,9 @@ def scripted_steps(model_dir: Path, data_file: Path, run_dir: Path, *extra: str)
     optimizer_steps = []
     s.optimizer.register_step_pre_hook(lambda *_: optimizer_steps.append(1))
     trained: list[list[str]] = []
-    # `_log_samples` is handed every row trained on (the log keeps `log.samples_per_step`)
-    real = trainer._log_samples
-    trainer._log_samples = lambda s, step, rollout, rewards, rows: trained.append(
+    # `log_samples` is handed every row trained on (the log keeps `log.samples_per_step`)
+    real = trainer.log_samples
+    trainer.log_samples = lambda logger, step, rollout, rewards, rows, count: trained.append(
         [row["prompt"] for row in rows]
     )
     try:
@@ -197,7 +197,7 @@ def scripted_steps(model_dir: Path, data_file: Path, run_dir: Path, *extra: str)
             )
         return steps
     finally:
-        trainer._log_samples = real
+        trainer.log_samples = real
 
 
 def test_dynamic_sampling_on_one_process_fills_the_batch_or_trains_on_what_it_kept(
@@ -273,10 +273,10 @@ def dapo_config(model_dir: Path, data_file: Path, run_dir: Path, *extra: str) ->
         data_file,
         run_dir,
         "algo.preset=dapo",
-        "algo.overlong_buffer=4",
+        "reward.overlong_buffer=4",
         "algo.max_resample=0",
         "rollout.group_size=2",
-        "rewards=[correct]",
+        "reward.functions=[correct]",
         *extra,
     )
 
@@ -289,7 +289,7 @@ def test_dynamic_sampling_filters_on_the_correctness_reward_not_the_penalty(
     s = scripted_session(dapo_config(tiny_model_dir, data_file, tmp_path / "run"), nines)
     trained: list[str] = []
     monkeypatch.setattr(
-        trainer, "_log_samples", lambda *args: trained.extend(row["prompt"] for row in args[-1])
+        trainer, "log_samples", lambda *args: trained.extend(row["prompt"] for row in args[-2])
     )
     metrics = training_step(s, 1)
     assert trained == ["1.0.0", "1.0.2"]
@@ -310,7 +310,7 @@ def test_a_row_the_verifier_leaves_unscored_has_no_total_whatever_the_penalty(da
     assert result.per_fn[1, 1] == -1.0  # the penalty scored the unverified row
     assert math.isnan(result.total[1])
     assert result.total[0] == pytest.approx(0.5) and result.total[2] == -1.0
-    # one function scoring None without a verifier still counts as 0, as before
+    # without a verifier, a function's None counts as 0 in the sum
     plain = RewardRunner(runner.fns, timeout_s=None)
     total = plain.score(["p"], ["x"], {"answer": [""], "completion_lengths": [9]}).total
     assert total.tolist() == [-1.0]

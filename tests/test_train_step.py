@@ -15,6 +15,7 @@ from test_trainer import make_config
 from oncurve import train_step
 from oncurve.models import microbatch_tokens
 from oncurve.train_step import (
+    ForwardSettings,
     accumulate_gradients,
     completion_logprobs,
     microbatches,
@@ -77,10 +78,10 @@ def accumulated_grads(
     ref = torch.full(completion_mask.shape, -3.0)
     batch = TrainBatch(ids, mask, completion_mask, advantages, ref_logprobs=ref)
     batch.prompt_index = index if share_prompt else None
+    forward = ForwardSettings(1.0, 16, microbatch_size, microbatch_tokens)
     accumulate_gradients(
-        train_step.PolicyLogprobs(model), batch, loss_fns("seq-mean-token-mean"),
+        train_step.PolicyLogprobs(model), batch, loss_fns("seq-mean-token-mean"), forward,
         num_seqs=8.0, num_tokens=float(completion_mask.sum()),
-        microbatch_size=microbatch_size, microbatch_tokens=microbatch_tokens,
     )  # fmt: skip
     return [p.grad for p in model.parameters()]
 
@@ -205,8 +206,8 @@ print(digest.hexdigest())
 
 
 def test_the_shared_prompt_backward_is_bitwise_the_same_in_every_process() -> None:
-    """A seed must give one run, not a family: gathering the prompt cache by indexing made the
-    gradients differ between processes (left-padded prompts, rows out of group order)."""
+    """A seed must give one run, not a family: gathering the prompt cache by indexing would
+    make the gradients differ between processes (left-padded prompts, rows out of group order)."""
     digests = {
         subprocess.run(
             [sys.executable, "-c", REPEAT_SCRIPT], capture_output=True, text=True, check=True

@@ -13,11 +13,11 @@ import pytest
 import torch
 import transformers
 
-from oncurve import trainer
+from oncurve import policy, trainer
 from oncurve.algo import group_advantages, kl_k3, ppo_clip, seq_mean_token_mean
 from oncurve.algo.logprobs import logprobs_from_logits
 from oncurve.config import load_config
-from oncurve.rollout import decode_llama
+from oncurve.rollout import cpu_llama
 from oncurve.trainer import setup, train, training_step
 from oncurve.types import RolloutBatch
 
@@ -31,10 +31,10 @@ def make_config(model_dir: Path, data_file: Path, run_dir: Path, *extra: str):
             "data.prompts_per_step=4",
             "rollout.group_size=4",
             "rollout.max_new_tokens=8",
-            "rewards=[rewards_for_tests:count_digits]",
+            "reward.functions=[rewards_for_tests:count_digits]",
             "run.steps=3",
             f"run.dir={run_dir}",
-            "run.reward_timeout=null",
+            "reward.timeout=null",
             "optim.lr=1e-3",
             # the numbers below are the CPU's (an extra run.device=cuda overrides it)
             "run.device=cpu",
@@ -43,25 +43,14 @@ def make_config(model_dir: Path, data_file: Path, run_dir: Path, *extra: str):
     )
 
 
-@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("fused", [True, False])
 def test_three_steps_write_finite_metrics_samples_and_a_loadable_final_model(
-    tiny_model_dir, data_file, tmp_path, monkeypatch, packed
+    tiny_model_dir, data_file, tmp_path, monkeypatch, fused
 ):
-    if packed:  # the decode a larger model gets: oneDNN weights swapped in for each rollout
-        if not decode_llama.can_pack(torch.zeros(1)):
-            pytest.skip("this torch build has no oneDNN linear")
-        monkeypatch.setattr(decode_llama, "FUSE_MAX_BYTES", 0)
-        swaps = []
-        real_decoding = decode_llama.LlamaDecoder.decoding
-        monkeypatch.setattr(
-            decode_llama.LlamaDecoder,
-            "decoding",
-            lambda self: swaps.append(self.packs) or real_decoding(self),
-        )
+    if not fused:  # the decode a larger model gets: q, k, v as the model's own three weights
+        monkeypatch.setattr(cpu_llama, "FUSE_MAX_BYTES", 0)
     run_dir = tmp_path / "run"
     result = train(make_config(tiny_model_dir, data_file, run_dir), quiet=True)
-    if packed:  # the preflight's rollout, then one a step
-        assert swaps == [True] * 4
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     for key in (
@@ -124,7 +113,7 @@ def capture_first_step(s) -> tuple[dict[str, float], RolloutBatch, dict[str, tor
         return captured["rollout"]
 
     def capture_grads():
-        captured["grads"] = {n: p.grad.clone() for n, p in s.model.named_parameters()}
+        captured["grads"] = {n: p.grad.clone() for n, p in s.policy.model.named_parameters()}
 
     s.sampler.generate_ids = capture_rollout
     s.optimizer.register_step_pre_hook(lambda *_: capture_grads())
@@ -171,7 +160,7 @@ def test_first_step_matches_hand_assembled_grpo(tiny_model_dir, data_file, tmp_p
         tiny_model_dir, data_file, tmp_path / "run", "optim.grad_clip=0", "algo.beta=0.04"
     )
     s = setup(config)
-    initial = copy.deepcopy(s.model)
+    initial = copy.deepcopy(s.policy.model)
     metrics, rollout, grads = capture_first_step(s)
     assert rollout.num_rows == 16
     loss, expected = hand_assembled_grpo(initial, rollout)
@@ -183,9 +172,9 @@ def test_first_step_matches_hand_assembled_grpo(tiny_model_dir, data_file, tmp_p
 
 def test_beta_zero_never_builds_a_reference(tiny_model_dir, data_file, tmp_path, monkeypatch):
     copies = []
-    monkeypatch.setattr(trainer, "frozen_copy", lambda m: copies.append(m) or m)
+    monkeypatch.setattr(policy, "frozen_copy", lambda m: copies.append(m) or m)
     s = setup(make_config(tiny_model_dir, data_file, tmp_path / "run", "algo.beta=0.0"))
-    assert s.reference is None and copies == []
+    assert s.policy.reference is None and copies == []
 
 
 def test_mu_two_computes_pi_old_once_before_the_update_and_the_second_pass_moves_the_ratio(
@@ -201,9 +190,9 @@ def test_mu_two_computes_pi_old_once_before_the_update_and_the_second_pass_moves
             "optim.lr=1e-2",
         )
     )
-    initial = copy.deepcopy(s.model)
+    initial = copy.deepcopy(s.policy.model)
     calls, old, passes = [], [], []
-    real_logprobs, real_step = trainer.batch_logprobs, trainer.optimizer_step
+    real_logprobs, real_step = policy.batch_logprobs, trainer.optimizer_step
 
     def batch_logprobs(model, batch, *args):
         calls.append(model)
@@ -214,10 +203,10 @@ def test_mu_two_computes_pi_old_once_before_the_update_and_the_second_pass_moves
         passes.append(real_step(*args, **kwargs))
         return passes[-1]
 
-    monkeypatch.setattr(trainer, "batch_logprobs", batch_logprobs)
+    monkeypatch.setattr(policy, "batch_logprobs", batch_logprobs)
     monkeypatch.setattr(trainer, "optimizer_step", optimizer_step)
     metrics = training_step(s, 1)
-    assert calls == [s.policy]
+    assert calls == [s.policy.train_forward]
     assert len(passes) == 2
     # pi_old is a forward of the weights before the first update: a plain HF forward of them
     ((batch, pi_old),) = old
@@ -247,14 +236,14 @@ def test_constant_reward_gives_zero_advantage_and_leaves_weights_unchanged(
         tmp_path / "run",
         "algo.beta=0.0",
         "optim.weight_decay=0.0",
-        "rewards=[rewards_for_tests:constant]",
+        "reward.functions=[rewards_for_tests:constant]",
     )
     s = setup(config)
-    before = {n: p.detach().clone() for n, p in s.model.named_parameters()}
+    before = {n: p.detach().clone() for n, p in s.policy.model.named_parameters()}
     metrics = training_step(s, 1)
     assert metrics["adv/abs_mean"] == 0.0
     assert metrics["groups/all_equal_frac"] == 1.0
-    for name, param in s.model.named_parameters():
+    for name, param in s.policy.model.named_parameters():
         assert torch.equal(param, before[name]), name
 
 
@@ -272,11 +261,11 @@ def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir, data_file,
             "optim.lr=1e-2",
         )
         s = setup(config)
-        enabled = any(getattr(m, "gradient_checkpointing", False) for m in s.model.modules())
+        enabled = any(getattr(m, "gradient_checkpointing", False) for m in s.policy.model.modules())
         assert enabled == (flag == "true")
         training_step(s, 1)
         training_step(s, 2)
-        weights.append({n: p.detach().clone() for n, p in s.model.named_parameters()})
+        weights.append({n: p.detach().clone() for n, p in s.policy.model.named_parameters()})
     initial = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     plain, checkpointed = weights
     assert max(float((plain[n] - initial[n]).abs().max()) for n in plain) > 1e-3
@@ -298,7 +287,7 @@ def test_a_bfloat16_model_trains_in_bfloat16_with_float32_logprobs(
     assert all(r["updates/skipped"] == 0 for r in rows)
     # the sampler and the trainer run the same bf16 weights; their logprobs agree to bf16
     # rounding of the activations, not to float32's 1e-5
-    assert all(r["logprob_diff/max"] < 1e-2 for r in rows)  # measured ~1e-3
+    assert all(r["logprob_diff/max"] < 1e-2 for r in rows)
     final = transformers.AutoModelForCausalLM.from_pretrained(run_dir / "final", dtype="auto")
     initial = transformers.AutoModelForCausalLM.from_pretrained(
         tiny_model_dir, dtype=torch.bfloat16
@@ -323,12 +312,12 @@ def test_cli_rejects_an_unknown_key_with_one_line_and_exit_2():
 
 
 def test_deterministic_kernels_hold_for_the_run_only():
-    from oncurve.trainer import _deterministic_kernels
+    from oncurve.process import deterministic_kernels
 
     assert not torch.are_deterministic_algorithms_enabled()
-    with _deterministic_kernels(True):
+    with deterministic_kernels(True):
         assert torch.are_deterministic_algorithms_enabled()
         assert torch.is_deterministic_algorithms_warn_only_enabled()
     assert not torch.are_deterministic_algorithms_enabled()
-    with _deterministic_kernels(False):
+    with deterministic_kernels(False):
         assert not torch.are_deterministic_algorithms_enabled()

@@ -19,7 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from oncurve.errors import UserError
+from oncurve.types import RolloutBatch
 
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
@@ -154,3 +157,32 @@ def _summary_writer(log_dir: Path):
             "log.tensorboard=true needs the tensorboard package: pip install 'oncurve[tb]'"
         ) from None
     return SummaryWriter(log_dir=str(log_dir))
+
+
+def log_samples(
+    logger: MetricsLogger,
+    step: int,
+    rollout: RolloutBatch,
+    rewards: torch.Tensor,
+    rows: list[dict],
+    count: int,
+) -> None:
+    """Write `count` of the step's completions, spread evenly over its `[N]` rows, with their
+    prompt (`rows` holds one dataset row per group), reward and reference answer."""
+    count = min(count, rollout.num_rows)
+    if not count:
+        return
+    group_size = rollout.group_size
+    picks = torch.linspace(0, rollout.num_rows - 1, count).long().tolist()
+    logger.log_samples(
+        step,
+        [
+            {
+                "prompt": rows[i // group_size]["prompt"],
+                "completion": rollout.texts[i],
+                "reward": float(rewards[i]),
+                "answer": rows[i // group_size].get("answer"),
+            }
+            for i in picks
+        ],
+    )

@@ -20,19 +20,25 @@ its own forward: `logprob_diff/max`), the recomputed ones otherwise.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from oncurve import distributed
 from oncurve.algo.advantages import clipped_value_loss, gae
+from oncurve.algo.registry import KL_ESTIMATORS, lookup
 from oncurve.config import Config
-from oncurve.train_step import completion_hidden, masked_mean, microbatches, trim_padding
+from oncurve.train_step import (
+    ForwardSettings,
+    accumulate,
+    completion_hidden,
+    masked_mean,
+    over_microbatches,
+)
 from oncurve.types import TrainBatch
 
 
@@ -78,10 +84,12 @@ class ValueModel(nn.Module):
 
 @dataclass
 class Critic:
-    """The value model, its optimizer and the PPO constants that use it.
+    """PPO's advantage source (`oncurve.estimators`): the value model, its optimizer and the
+    PPO constants that use it.
 
     `model` is the bare `ValueModel` (checkpoints, no-grad forwards); `train_forward` is the
     module the update calls, the same object or its DDP / FSDP2 wrapper under data parallelism.
+    `advantages` keeps the critic's targets for the `update` of the same step.
     """
 
     model: ValueModel
@@ -92,6 +100,38 @@ class Critic:
     clip_range: float
     coef: float
     max_grad_norm: float
+    forward: ForwardSettings = field(default_factory=ForwardSettings)
+    passes: int = 1
+    kl_coef: float = 0.0
+    kl_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    # set once the policy's optimizer exists: the update frees its gradients first
+    policy_optimizer: torch.optim.Optimizer | None = None
+    _targets: CriticTargets | None = field(default=None, init=False, repr=False)
+
+    def advantages(
+        self, batch: TrainBatch, rewards: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """`[N, T]` whitened GAE advantages of the scored `batch` (`estimate_advantages`) and
+        the critic's metrics; the targets are kept for `update`."""
+        advantages, self._targets, metrics = estimate_advantages(
+            self, batch, rewards, kl_coef=self.kl_coef, kl_fn=self.kl_fn
+        )
+        return advantages, metrics
+
+    def update(self, batch: TrainBatch, minibatches: list[torch.Tensor]) -> dict[str, float]:
+        """The critic's steps on the batch `advantages` last saw, over the policy's passes and
+        minibatches (`optimise_critic`)."""
+        if self.policy_optimizer is not None:
+            # The policy's gradients (kept between its steps) would be dead weight at the
+            # critic's backward, which is PPO's peak.
+            self.policy_optimizer.zero_grad(set_to_none=True)
+        return optimise_critic(
+            self, batch, self._targets, passes=self.passes, minibatches=minibatches
+        )
+
+    def checkpoint_state(self) -> tuple[dict[str, nn.Module], dict[str, torch.optim.Optimizer]]:
+        """The modules and optimizers a checkpoint keeps for this source."""
+        return {"value": self.model}, {"value": self.optimizer}
 
 
 @dataclass
@@ -109,9 +149,14 @@ class CriticTargets:
     mask: torch.Tensor
 
 
-def build_critic(policy: nn.Module, config: Config, device: str) -> Critic:
+def build_critic(
+    policy: nn.Module,
+    config: Config,
+    device: str,
+    forward: ForwardSettings | None = None,
+) -> Critic:
     """A fresh critic for `policy`, with AdamW at `algo.value_lr` (default `optim.lr`), wrapped
-    for data parallelism like the policy."""
+    for data parallelism like the policy; its forwards run as `forward`'s."""
     model = ValueModel(policy)
     optim, algo = config.optim, config.algo
     optimizer = torch.optim.AdamW(
@@ -130,6 +175,10 @@ def build_critic(policy: nn.Module, config: Config, device: str) -> Critic:
         clip_range=algo.value_clip,
         coef=algo.value_coef,
         max_grad_norm=optim.grad_clip if optim.grad_clip > 0 else math.inf,
+        forward=forward or ForwardSettings(),
+        passes=algo.mu,
+        kl_coef=algo.beta if algo.kl_in_reward else 0.0,
+        kl_fn=lookup(KL_ESTIMATORS, algo.kl_estimator),
     )
 
 
@@ -183,21 +232,14 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return float(1 - (returns[on] - values[on]).var(unbiased=False) / var_returns)
 
 
-@torch.no_grad()
-def batch_values(
-    model: ValueModel, batch: TrainBatch, rows: int, max_tokens: int = 0
-) -> torch.Tensor:
-    """`[N, T]` values of every completion state in the `microbatches` of (`rows`,
-    `max_tokens`), no graph; 0 on padding."""
-    completion_len = batch.completion_mask.shape[1]
-    out = torch.zeros(
-        batch.completion_mask.shape, dtype=torch.float32, device=batch.input_ids.device
-    )
-    for index in microbatches(batch, rows, max_tokens):
-        micro = trim_padding(batch.rows(index))
-        values = model(micro.input_ids, micro.attention_mask, micro.completion_mask.shape[1])
-        out[index, : values.shape[1]] = values * micro.completion_mask
-    return out[:, :completion_len]
+def batch_values(model: ValueModel, batch: TrainBatch, forward: ForwardSettings) -> torch.Tensor:
+    """`[N, T]` values of every completion state, in the training forward's microbatches, no
+    graph; 0 on padding."""
+
+    def values(micro: TrainBatch) -> torch.Tensor:
+        return model(micro.input_ids, micro.attention_mask, micro.completion_mask.shape[1])
+
+    return over_microbatches(batch, forward, values)
 
 
 def estimate_advantages(
@@ -206,9 +248,7 @@ def estimate_advantages(
     rewards: torch.Tensor,
     *,
     kl_coef: float,
-    kl_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    rows: int,
-    max_tokens: int = 0,
+    kl_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
 ) -> tuple[torch.Tensor, CriticTargets, dict[str, float]]:
     """Per-token advantages and the critic's targets for a scored rollout.
 
@@ -218,18 +258,17 @@ def estimate_advantages(
     A row with a NaN reward is left out: advantage 0 and no value target.
 
     Args:
-        critic: the value model and GAE's gamma and lambda.
+        critic: the value model, GAE's gamma and lambda, and the forward's microbatching.
         batch: the rollout, `[N, P+T]` ids and masks.
         rewards: `[N]` verifier rewards, NaN where missing.
         kl_coef: beta of the in-reward KL penalty; 0 for none.
-        rows, max_tokens: rows and tokens per critic forward at most (`microbatches`).
     Returns:
         (`[N, T]` whitened advantages, targets, metrics `value/mean`, `value/explained_var`,
         `returns/mean`, and `kl` when `kl_coef > 0`).
     """
     finite = torch.isfinite(rewards)
     mask = batch.completion_mask.float() * finite[:, None]
-    old_values = batch_values(critic.model, batch, rows, max_tokens) * mask
+    old_values = batch_values(critic.model, batch, critic.forward) * mask
     token_rewards = last_token_rewards(torch.where(finite, rewards, 0.0), mask)
     metrics: dict[str, float] = {}
     if kl_coef > 0:
@@ -261,54 +300,60 @@ def optimise_critic(
     *,
     passes: int,
     minibatches: list[torch.Tensor],
-    microbatch_size: int,
-    microbatch_tokens: int = 0,
 ) -> dict[str, float]:
     """`passes` x len(minibatches) AdamW steps on `coef * token-mean clipped value loss`, one
     for each `minibatches` entry, the `[rows]` indices of its rows (the policy's split,
     `trainer.minibatch_groups`).
 
-    The `microbatches` of (`microbatch_size`, `microbatch_tokens`), as the policy's, accumulate
-    gradients; each microbatch's loss is divided by its minibatch's token count (over all ranks,
-    divided by the ranks because DDP averages gradients), so accumulation and data parallelism
-    change nothing. A step whose gradient norm is not finite is skipped.
+    The policy's gradient-accumulation loop (`train_step.accumulate`, the microbatches of
+    `critic.forward`) serves the critic; each microbatch's loss is divided by its minibatch's
+    token count (over all ranks, divided by the ranks because DDP averages gradients), so
+    accumulation and data parallelism change nothing. A step whose gradient norm is not finite
+    is skipped.
 
     Returns:
         `value/loss` (token-mean clipped loss before `coef`, averaged over the steps) and
         `value/grad_norm` (mean over the steps, before clipping).
     """
     losses, norms = [], []
-    forward, optimizer = critic.train_forward, critic.optimizer
     _, world_size = distributed.world()
     for _ in range(passes):
         for rows in minibatches:
             minibatch = batch.rows(rows)
-            mask_mb = targets.mask[rows]
-            num_tokens = distributed.all_sum([float(mask_mb.sum())])[0] / world_size
-            total = 0.0
-            parts = microbatches(minibatch, microbatch_size, microbatch_tokens)
-            for i, part in enumerate(parts):
-                micro = trim_padding(minibatch.rows(part))
-                width = micro.completion_mask.shape[1]
-                mask = mask_mb[part, :width]
-                # DDP all-reduces gradients in the last microbatch's backward only.
-                defer_sync = i < len(parts) - 1 and hasattr(forward, "no_sync")
-                with forward.no_sync() if defer_sync else contextlib.nullcontext():
-                    values = forward(micro.input_ids, micro.attention_mask, width)
-                    per_token = clipped_value_loss(
-                        values,
-                        targets.old_values[rows][part, :width],
-                        targets.returns[rows][part, :width],
-                        critic.clip_range,
-                    )
-                    loss = (per_token * mask).sum() / max(num_tokens, 1.0)
-                    (critic.coef * loss).backward()
-                total += float(loss.detach())
+            mask = targets.mask[rows]
+            num_tokens = distributed.all_sum([float(mask.sum())])[0] / world_size
+            value_loss = _value_loss(
+                critic, targets.old_values[rows], targets.returns[rows], mask, num_tokens
+            )
+            done = accumulate(critic.train_forward, minibatch, critic.forward, value_loss)
             params = critic.model.parameters()
             norm = float(nn.utils.clip_grad_norm_(params, critic.max_grad_norm))
             if math.isfinite(norm):
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            losses.append(total)
+                critic.optimizer.step()
+            critic.optimizer.zero_grad(set_to_none=True)
+            losses.append(sum(stats["value_loss"] for _, _, stats in done))
             norms.append(norm)
     return {"value/loss": sum(losses) / len(losses), "value/grad_norm": sum(norms) / len(norms)}
+
+
+def _value_loss(
+    critic: Critic,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    num_tokens: float,
+) -> Callable[[TrainBatch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]:
+    """The microbatch loss of one minibatch for `train_step.accumulate`: `coef` times the
+    clipped value loss summed over the microbatch's tokens and divided by the minibatch's
+    `num_tokens`; `old_values`, `returns`, `mask` are the minibatch's `[n, T]` targets."""
+
+    def loss(micro: TrainBatch, part: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        width = micro.completion_mask.shape[1]
+        values = critic.train_forward(micro.input_ids, micro.attention_mask, width)
+        per_token = clipped_value_loss(
+            values, old_values[part, :width], returns[part, :width], critic.clip_range
+        )
+        token_mean = (per_token * mask[part, :width]).sum() / max(num_tokens, 1.0)
+        return critic.coef * token_mean, {"value_loss": float(token_mean.detach())}
+
+    return loss

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from oncurve.errors import TrainingError
-from oncurve.rollout.base import SamplingParams
-from oncurve.train_step import LossFns, accumulate_gradients, batch_logprobs
+from oncurve.rollout.base import Sampler, SamplingParams
+from oncurve.train_step import ForwardSettings, LossFns, accumulate_gradients, batch_logprobs
 from oncurve.types import TrainBatch
 
 PREFLIGHT_SEED = 20_251_125
@@ -52,18 +51,18 @@ def gradient_split_gap(
     params: list[torch.nn.Parameter],
     batch: TrainBatch,
     fns: LossFns,
-    microbatch_size: int,
-    microbatch_tokens: int,
+    forward: ForwardSettings,
 ) -> float:
     """`|g_a - g_b| / |g_a|`: the gradient of `batch` in the configured microbatches (a) against
     microbatches of half as many rows (at most half the batch) and tokens (b); the gradients
     are zeroed after."""
-    rows = min(microbatch_size, batch.num_rows)
-    halves = (max(1, rows // 2), microbatch_tokens // 2)
+    configured = (forward.microbatch_rows, forward.microbatch_tokens)
+    rows = min(forward.microbatch_rows, batch.num_rows)
+    halves = (max(1, rows // 2), forward.microbatch_tokens // 2)
     if rows == 1:
-        halves = (2, 2 * microbatch_tokens)  # one row cannot be halved: double instead
+        halves = (2, 2 * forward.microbatch_tokens)  # one row cannot be halved: double instead
     gradients = []
-    for rows, tokens in ((microbatch_size, microbatch_tokens), halves):
+    for rows, tokens in (configured, halves):
         for param in params:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
@@ -72,10 +71,9 @@ def gradient_split_gap(
             policy,
             batch,
             fns,
+            dataclasses.replace(forward, microbatch_rows=rows, microbatch_tokens=tokens),
             num_seqs=float(batch.num_rows),
             num_tokens=float(batch.completion_mask.sum()),
-            microbatch_size=rows,
-            microbatch_tokens=tokens,
         )
         gradients.append(torch.cat([p.grad.float().flatten() for p in params]))
     for param in params:
@@ -87,14 +85,13 @@ def gradient_split_gap(
 def run_preflight(
     *,
     policy: torch.nn.Module,
-    sampler: Any,
+    sampler: Sampler,
     rows: list[dict],
     group_size: int,
     params: SamplingParams,
     fns: LossFns,
+    forward: ForwardSettings,
     trainable: list[torch.nn.Parameter],
-    microbatch_size: int,
-    microbatch_tokens: int,
     chat_template: bool,
     dtype: torch.dtype,
     prompt_index: bool,
@@ -106,7 +103,7 @@ def run_preflight(
         policy: the `PolicyLogprobs` the update runs (DDP-wrapped or not).
         sampler: the run's sampler; `params` its sampling settings (the seed is replaced).
         fns: the loss pieces, `trainable` the parameters the optimizer updates.
-        microbatch_size, microbatch_tokens: the run's microbatching.
+        forward: the run's forward settings (temperature, chunks, microbatching).
         chat_template: prompts were rendered with the tokenizer's chat template.
         dtype: the weights' dtype, which sets the tolerances.
         prompt_index: the update shares each group's prompt forward.
@@ -141,9 +138,7 @@ def run_preflight(
             else None
         ),
     )
-    trained = batch_logprobs(
-        policy, batch, fns.temperature, fns.chunk_size, microbatch_size, microbatch_tokens
-    )
+    trained = batch_logprobs(policy, batch, forward)
     gap = ((trained - rollout.logprobs).abs() * mask).sum() / mask.sum().clamp(min=1)
     largest = float(((trained - rollout.logprobs).abs() * mask).max())
     if not float(gap) <= tolerance.logprob:  # NaN fails too
@@ -158,7 +153,7 @@ def run_preflight(
     )
     if fns.beta > 0:
         batch.ref_logprobs = trained  # the reference equals the policy before the first update
-    split = gradient_split_gap(policy, trainable, batch, fns, microbatch_size, microbatch_tokens)
+    split = gradient_split_gap(policy, trainable, batch, fns, forward)
     if not split <= tolerance.gradient:  # NaN fails too
         raise TrainingError(
             f"preflight: the gradient changes by {split:.2e} (relative) when the microbatches "

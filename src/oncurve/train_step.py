@@ -183,9 +183,24 @@ class LossFns:
     eps_low: float
     eps_high: float
     dual_clip: float | None
-    temperature: float
     norm_len: float
-    chunk_size: int
+
+
+@dataclass(frozen=True)
+class ForwardSettings:
+    """How the policy's (and the critic's) training forward runs, one value for every caller.
+
+    Attributes:
+        temperature: divides the logits, as in sampling.
+        chunk_size: completion positions per chunk of logits (`oncurve.algo.logprobs`).
+        microbatch_rows: rows per forward/backward at most.
+        microbatch_tokens: tokens per forward/backward at most (`microbatches`); 0 no cap.
+    """
+
+    temperature: float = 1.0
+    chunk_size: int = 1024
+    microbatch_rows: int = 64
+    microbatch_tokens: int = 0
 
 
 def trim_padding(batch: TrainBatch) -> TrainBatch:
@@ -255,17 +270,64 @@ def microbatches(batch: TrainBatch, max_rows: int, max_tokens: int = 0) -> list[
     return cuts
 
 
+def accumulate(
+    module: torch.nn.Module,
+    minibatch: TrainBatch,
+    forward: ForwardSettings,
+    micro_loss: Callable[[TrainBatch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]],
+) -> list[tuple[TrainBatch, float, dict[str, float]]]:
+    """Forward and backward over `minibatch` in its `microbatches`, adding into `.grad`: the
+    one gradient-accumulation loop of the policy and the critic.
+
+    `micro_loss(micro, index)` returns the loss of the padding-trimmed microbatch `micro`,
+    whose rows are `index` `[n]` of `minibatch`, and its statistics. `module` is the model
+    whose forward `micro_loss` calls; when it is DDP-wrapped, gradients are all-reduced in the
+    last microbatch's backward only.
+
+    Returns:
+        (microbatch, detached loss, statistics) of each microbatch, in order.
+    """
+    parts = microbatches(minibatch, forward.microbatch_rows, forward.microbatch_tokens)
+    done = []
+    for i, index in enumerate(parts):
+        micro = trim_padding(minibatch.rows(index))
+        defer_sync = i < len(parts) - 1 and hasattr(module, "no_sync")
+        with module.no_sync() if defer_sync else contextlib.nullcontext():
+            loss, stats = micro_loss(micro, index)
+            loss.backward()
+        done.append((micro, float(loss.detach()), stats))
+    return done
+
+
+@torch.no_grad()
+def over_microbatches(
+    batch: TrainBatch,
+    forward: ForwardSettings,
+    per_token: Callable[[TrainBatch], torch.Tensor],
+) -> torch.Tensor:
+    """`[N, T]` float32 values of `per_token(micro)` `[n, t]` over the padding-trimmed
+    `microbatches` of `batch`, no graph kept; 0 on padding."""
+    completion_len = batch.completion_mask.shape[1]
+    out = torch.zeros(
+        batch.completion_mask.shape, dtype=torch.float32, device=batch.input_ids.device
+    )
+    for index in microbatches(batch, forward.microbatch_rows, forward.microbatch_tokens):
+        micro = trim_padding(batch.rows(index))
+        values = per_token(micro)
+        out[index, : values.shape[1]] = values * micro.completion_mask
+    return out[:, :completion_len]
+
+
 def accumulate_gradients(
     policy: torch.nn.Module,
     minibatch: TrainBatch,
     fns: LossFns,
+    forward: ForwardSettings,
     *,
     num_seqs: float,
     num_tokens: float,
-    microbatch_size: int,
-    microbatch_tokens: int = 0,
 ) -> dict[str, float]:
-    """Forward and backward over `minibatch` in `microbatches`, adding into `.grad`.
+    """The policy's forward and backward over `minibatch` (`accumulate`), adding into `.grad`.
 
     `policy` is a `PolicyLogprobs`, possibly wrapped by DDP. `num_seqs` and `num_tokens` are
     the counts of the whole optimizer step (every microbatch; under data parallelism, every
@@ -280,20 +342,17 @@ def accumulate_gradients(
         fractions and the ratio, plus the ratio's min and max and the largest gap between pi_old
         and the sampler's logprobs (`logprob_diff/max`, the sampler/trainer health check).
     """
+
+    def loss_of(micro: TrainBatch, _: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        return microbatch_loss(policy, micro, fns, forward, num_seqs, num_tokens)
+
     totals: dict[str, float] = {"loss/policy": 0.0, "logprob_diff/max": 0.0}
     weighted: dict[str, float] = {}
     ratio_min, ratio_max = float("inf"), float("-inf")
     tokens_seen = 0.0
-    parts = microbatches(minibatch, microbatch_size, microbatch_tokens)
-    for i, index in enumerate(parts):
-        micro = trim_padding(minibatch.rows(index))
-        # DDP all-reduces gradients in the last microbatch's backward only.
-        defer_sync = i < len(parts) - 1 and hasattr(policy, "no_sync")
-        with policy.no_sync() if defer_sync else contextlib.nullcontext():
-            loss, stats = microbatch_loss(policy, micro, fns, num_seqs, num_tokens)
-            loss.backward()
+    for micro, loss, stats in accumulate(policy, minibatch, forward, loss_of):
         tokens = float(micro.completion_mask.sum())
-        totals["loss/policy"] += float(loss.detach())
+        totals["loss/policy"] += loss
         totals["logprob_diff/max"] = max(totals["logprob_diff/max"], stats.pop("sampler_gap"))
         ratio_min = min(ratio_min, stats.pop("ratio/min"))
         ratio_max = max(ratio_max, stats.pop("ratio/max"))
@@ -309,6 +368,7 @@ def microbatch_loss(
     policy: torch.nn.Module,
     micro: TrainBatch,
     fns: LossFns,
+    forward: ForwardSettings,
     num_seqs: float,
     num_tokens: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -318,8 +378,8 @@ def microbatch_loss(
         micro.input_ids,
         micro.attention_mask,
         mask.shape[1],
-        fns.temperature,
-        fns.chunk_size,
+        forward.temperature,
+        forward.chunk_size,
         with_entropy=True,
         prompt_index=micro.prompt_index,
     )
@@ -357,9 +417,8 @@ def optimizer_step(
     optimizer: torch.optim.Optimizer,
     minibatch: TrainBatch,
     fns: LossFns,
+    forward: ForwardSettings,
     *,
-    microbatch_size: int,
-    microbatch_tokens: int = 0,
     grad_clip: float,
 ) -> dict[str, float]:
     """One optimizer step on `minibatch` (this rank's rows of it): accumulate gradients over
@@ -371,13 +430,7 @@ def optimizer_step(
         [float(minibatch.num_rows), float(minibatch.completion_mask.sum())]
     )
     stats = accumulate_gradients(
-        policy,
-        minibatch,
-        fns,
-        num_seqs=seqs / world_size,
-        num_tokens=tokens / world_size,
-        microbatch_size=microbatch_size,
-        microbatch_tokens=microbatch_tokens,
+        policy, minibatch, fns, forward, num_seqs=seqs / world_size, num_tokens=tokens / world_size
     )
     params = [p for group in optimizer.param_groups for p in group["params"]]
     max_norm = grad_clip if grad_clip > 0 else float("inf")
@@ -388,41 +441,30 @@ def optimizer_step(
     if not skip:
         optimizer.step()
     # Zeroed, not freed: they are live at every step's peak (its backward) anyway; see
-    # `trainer.setup`.
+    # `build.build_session`.
     optimizer.zero_grad(set_to_none=False)
     return {**stats, "grad_norm": grad_norm, "updates/skipped": float(skip)}
 
 
-@torch.no_grad()
 def batch_logprobs(
-    policy: torch.nn.Module,
-    batch: TrainBatch,
-    temperature: float,
-    chunk_size: int,
-    rows: int,
-    max_tokens: int = 0,
+    policy: torch.nn.Module, batch: TrainBatch, forward: ForwardSettings
 ) -> torch.Tensor:
     """`[N, T]` logprobs of the completions under `policy`, a `PolicyLogprobs` of pi_old or
     pi_ref (or its DDP / FSDP2 wrapper, whose forward gathers sharded weights), no graph kept,
-    computed in the `microbatches` of (`rows`, `max_tokens`) with the same forward as training;
-    0 on padding."""
-    completion_len = batch.completion_mask.shape[1]
-    out = torch.zeros(
-        batch.completion_mask.shape, dtype=torch.float32, device=batch.input_ids.device
-    )
-    for index in microbatches(batch, rows, max_tokens):
-        micro = trim_padding(batch.rows(index))
-        logprobs, _ = policy(
+    computed in the same microbatches and with the same forward as training; 0 on padding."""
+
+    def logprobs(micro: TrainBatch) -> torch.Tensor:
+        values, _ = policy(
             micro.input_ids,
             micro.attention_mask,
             micro.completion_mask.shape[1],
-            temperature,
-            chunk_size,
+            forward.temperature,
+            forward.chunk_size,
             prompt_index=micro.prompt_index,
         )
-        width = logprobs.shape[1]
-        out[index, :width] = logprobs * micro.completion_mask
-    return out[:, :completion_len]
+        return values
+
+    return over_microbatches(batch, forward, logprobs)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,339 @@
+"""Building a run from its config: devices, the run directory, data, rewards, the policy and
+its reference, the memory settings, the optimizer and the advantage source; then resuming.
+
+Everything the loop (`oncurve.trainer`) holds between steps is built here, in the order the
+pieces depend on each other, and kept in one `Session`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from oncurve import checkpoint, distributed, ppo
+from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, lookup
+from oncurve.config import Config, save_config
+from oncurve.errors import UserError
+from oncurve.estimators import AdvantageSource, build_advantage_source
+from oncurve.inputs import PromptData, build_rewards, correctness_fn, load_prompts
+from oncurve.memory import (
+    CPU_MICROBATCH_ROWS,
+    DEFAULT_LOGITS_CHUNK,
+    MemoryPlan,
+    ModelShape,
+    device_budget,
+    plan_memory,
+)
+from oncurve.metrics import MetricsLogger, truncate_after
+from oncurve.models import (
+    add_lora,
+    cap_gpu_memory,
+    enable_gradient_checkpointing,
+    load_model,
+    load_tokenizer,
+    microbatch_tokens,
+    resolve_device,
+    resolve_dtype,
+    resolve_model_path,
+)
+from oncurve.optim import AdamW as StochasticRoundingAdamW
+from oncurve.policy import Policy
+from oncurve.rewards.runner import RewardRunner
+from oncurve.rollout import Sampler, build_sampler
+from oncurve.rollout.base import check_room
+from oncurve.rundir import prepare_run_dir
+from oncurve.train_step import ForwardSettings, LossFns
+
+
+@dataclass
+class Session:
+    """Everything one run holds between steps."""
+
+    config: Config  # as settled: `auto` and null memory settings filled in
+    run_dir: Path
+    device: torch.device
+    policy: Policy
+    tokenizer: Any
+    sampler: Sampler  # built on the policy's whole weights: call it inside `policy.whole()`
+    data: PromptData
+    eval_data: PromptData | None
+    rewards: RewardRunner
+    correct: Any  # the reward evaluation calls correct
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    loss_fns: LossFns
+    advantage: AdvantageSource
+    logger: MetricsLogger
+    rank: int = 0
+    world_size: int = 1
+    start_step: int = 0
+    completion_tokens: int = 0  # sampled so far, every rank's, checkpointed with the step
+    skipped_in_a_row: int = 0
+    stop_requested: bool = False
+
+    def checkpoint_extras(
+        self,
+    ) -> tuple[dict[str, torch.nn.Module], dict[str, torch.optim.Optimizer]]:
+        """Modules and optimizers a checkpoint keeps besides the policy's."""
+        modules, optimizers = self.advantage.checkpoint_state()
+        # The reference only differs from the initial weights once it has been synced.
+        if self.policy.reference is not None and self.config.algo.ref_sync_every:
+            modules = {"reference": self.policy.reference, **modules}
+        return modules, optimizers
+
+
+def setup(config: Config) -> Session:
+    """Build the session: run directory, model(s), data, rewards, optimizer; resume if asked."""
+    device = resolve_device(config.run.device)
+    rank, world_size = distributed.init_distributed(device.type, config.dist.timeout_s)
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())  # torchrun's LOCAL_RANK
+        if config.run.gpu_memory_gb is not None:
+            cap_gpu_memory(device, config.run.gpu_memory_gb)
+    mine = distributed.shard(config.data.prompts_per_step, rank, world_size)
+    if config.algo.minibatches > mine.stop - mine.start:
+        raise UserError(
+            f"algo.minibatches must be at most data.prompts_per_step per rank "
+            f"({config.data.prompts_per_step} / {world_size} = {mine.stop - mine.start}), "
+            f"got {config.algo.minibatches}"
+        )
+    run_dir, resume_from = prepare_run_dir(config, rank)
+    if config.run.threads:
+        torch.set_num_threads(config.run.threads)
+    torch.manual_seed(config.run.seed)
+    model_path = resolve_model_path(config.model.path)
+    tokenizer = load_tokenizer(model_path, config.model.trust_remote_code)
+    train_rows, eval_rows, task = load_prompts(config)
+    data = PromptData(train_rows, tokenizer, config.data, seed=config.run.seed)
+    eval_data = (
+        PromptData(eval_rows, tokenizer, config.data, seed=config.run.seed) if eval_rows else None
+    )
+    prompts = data.rows + (eval_data.rows if eval_data is not None else [])
+    longest = max(len(row["prompt_ids"]) for row in prompts)
+    # the run's config.yaml records what `auto` chose
+    dtype = resolve_dtype(config.model.dtype, device)
+    config = dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=dtype))
+    model = load_model(model_path, dtype, device, config.model.trust_remote_code)
+    check_room(longest, config.rollout.max_new_tokens, model.config)
+    peft_model = add_lora(model, config.model.lora) if config.model.lora.r else None
+    if peft_model is not None:
+        model = peft_model.get_base_model()
+    saved = checkpoint.read_state(resume_from).get("memory") if resume_from else None
+    evaluates = eval_data is not None and (config.eval.at_start_end or config.eval.every > 0)
+    seq_len = longest + config.rollout.max_new_tokens
+    config, plan = settle_memory(config, model, device, world_size, seq_len, saved, evaluates)
+    if plan is not None and rank == 0:
+        print(plan.describe(), file=sys.stderr)
+        if not plan.fits:
+            print(
+                "warning: the predicted peak exceeds the memory budget; lower "
+                "rollout.max_new_tokens or data.prompts_per_step, or train LoRA adapters",
+                file=sys.stderr,
+            )
+    if config.model.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    forward = ForwardSettings(
+        temperature=config.rollout.temperature,
+        chunk_size=config.model.logprob_chunk_size,
+        microbatch_rows=config.optim.microbatch_size,
+        microbatch_tokens=microbatch_tokens(model, config.optim.microbatch_tokens),
+    )
+    # before the policy's data-parallel wrapper: a critic copies the trunk's whole weights
+    advantage = build_advantage_source(config, model, forward)
+    fsdp = config.dist.fsdp and world_size > 1
+    policy = Policy(
+        model,
+        forward=forward,
+        peft_model=peft_model,
+        with_reference=config.algo.beta > 0,
+        fsdp=fsdp,
+    )
+    trainable = policy.trainable()
+    # Gradients exist from the start, before any activation, and are zeroed in place after each
+    # step (`train_step.optimizer_step`): made afresh amid each backward's activations they
+    # fragment the heap.
+    for param in trainable:
+        param.grad = torch.zeros_like(param)
+    optimizer = build_optimizer(trainable, config, sharded=fsdp)
+    if isinstance(advantage, ppo.Critic):
+        advantage.policy_optimizer = optimizer
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(config))
+    s = Session(
+        config=config,
+        run_dir=run_dir,
+        device=device,
+        policy=policy,
+        tokenizer=tokenizer,
+        sampler=build_sampler(config.rollout.backend, policy.whole_model, tokenizer),
+        data=data,
+        eval_data=eval_data,
+        rewards=build_rewards(config, task),
+        correct=correctness_fn(config, task),
+        optimizer=optimizer,
+        scheduler=scheduler,
+        loss_fns=build_loss_fns(config),
+        advantage=advantage,
+        logger=MetricsLogger(run_dir, tensorboard=config.log.tensorboard, enabled=rank == 0),
+        rank=rank,
+        world_size=world_size,
+    )
+    if config.algo.dynamic_sampling and rank == 0:
+        print(
+            f"dynamic sampling keeps the groups whose {filter_name(s.rewards)} rewards differ"
+            + ("" if s.rewards.verifier else " (no reward is the one evaluation calls correct)"),
+            file=sys.stderr,
+        )
+    if resume_from is not None:
+        _resume(s, resume_from)
+    policy.release()
+    if rank == 0:
+        save_config(config, run_dir / "config.yaml")
+    return s
+
+
+def _resume(s: Session, checkpoint_dir: Path) -> None:
+    """Load the checkpoint into the session and drop the metrics logged after it."""
+    modules, optimizers = s.checkpoint_extras()
+    state = checkpoint.load_checkpoint(
+        checkpoint_dir,
+        s.policy.whole_model,
+        s.optimizer,
+        s.scheduler,
+        modules=modules,
+        optimizers=optimizers,
+        trainable_only=s.config.model.lora.r > 0,
+    )
+    if state.get("world_size", 1) != s.world_size:
+        raise UserError(
+            f"checkpoint {checkpoint_dir} was written by {state.get('world_size', 1)} ranks; "
+            f"resume it with the same number, not {s.world_size}"
+        )
+    if s.policy.fsdp:
+        distributed.scatter_weights(s.policy.whole_model, s.policy.model)
+    s.start_step = int(state["step"])
+    s.completion_tokens = int(state.get("completion_tokens", 0))
+    if s.rank == 0:
+        truncate_after(s.run_dir, s.start_step)
+
+
+def build_loss_fns(config: Config) -> LossFns:
+    """The per-token objective's pieces, looked up by name from the config."""
+    algo = config.algo
+    return LossFns(
+        policy_loss=lookup(POLICY_LOSSES, algo.loss),
+        aggregate=lookup(AGGREGATIONS, algo.loss_agg),
+        kl=lookup(KL_ESTIMATORS, algo.kl_estimator),
+        beta=0.0 if algo.kl_in_reward else algo.beta,
+        eps_low=algo.epsilon,
+        eps_high=config.epsilon_high,
+        dual_clip=algo.dual_clip,
+        norm_len=float(algo.norm_len or config.rollout.max_new_tokens),
+    )
+
+
+def filter_name(rewards: RewardRunner) -> str:
+    """What dynamic sampling compares within a group: the verifier's name, or "total"."""
+    return "total" if rewards.verifier is None else repr(rewards.verifier)
+
+
+def build_optimizer(
+    params: list[torch.nn.Parameter], config: Config, sharded: bool
+) -> torch.optim.Optimizer:
+    """AdamW: oncurve's, which rounds bfloat16 updates stochastically, where some weight is
+    bfloat16 (and not an FSDP2 shard); torch's fused one otherwise."""
+    o = config.optim
+    settings = {"lr": o.lr, "betas": (o.beta1, o.beta2), "weight_decay": o.weight_decay}
+    bf16 = any(p.dtype == torch.bfloat16 for p in params)
+    if bf16 and o.stochastic_rounding and not sharded:
+        return StochasticRoundingAdamW(params, seed=config.run.seed, **settings)
+    # fused: one kernel per parameter instead of a dozen elementwise passes
+    return torch.optim.AdamW(params, fused=True, **settings)
+
+
+def settle_memory(
+    config: Config,
+    model: torch.nn.Module,
+    device: torch.device,
+    world_size: int,
+    seq_len: int,
+    saved: dict | None,
+    evaluates: bool = False,
+) -> tuple[Config, MemoryPlan | None]:
+    """`config` with every memory setting the user left unset (null) filled in, and the plan
+    that chose them on CUDA (None on the CPU, where the defaults are fixed). A resumed run takes
+    the settings its checkpoint was written with (`saved`), so that it trains as the run did."""
+    m, o = config.model, config.optim
+    chosen = memory_settings(config)
+    for key, value in (saved or {}).items():
+        if key in chosen and chosen[key] is None:
+            chosen[key] = value
+    plan = None
+    if device.type == "cuda":
+        rows_per_step = config.data.prompts_per_step * config.rollout.group_size // world_size
+        # `evaluate` samples up to 256 rows at once
+        eval_rows = min(256, config.eval.num_prompts * config.eval.samples) if evaluates else 0
+        plan = plan_memory(
+            ModelShape.of(model),
+            seq_len=seq_len,
+            rows_per_step=rows_per_step,
+            sample_rows=max(rows_per_step, eval_rows),
+            budget_bytes=device_budget(device, config.run.gpu_memory_gb),
+            reference=config.algo.beta > 0 and not config.model.lora.r,
+            critic=config.algo.estimator == "gae",
+            microbatch_rows=chosen["microbatch_size"],
+            gradient_checkpointing=chosen["gradient_checkpointing"],
+            logprob_chunk_size=chosen["logprob_chunk_size"],
+        )
+        planned = {
+            "gradient_checkpointing": plan.gradient_checkpointing,
+            "logprob_chunk_size": plan.logprob_chunk_size,
+            "microbatch_size": plan.microbatch_rows,
+            "microbatch_tokens": plan.microbatch_tokens,
+        }
+    else:
+        planned = {
+            "gradient_checkpointing": False,
+            "logprob_chunk_size": DEFAULT_LOGITS_CHUNK,
+            "microbatch_size": CPU_MICROBATCH_ROWS,
+            "microbatch_tokens": None,  # `models.microbatch_tokens` sizes it for the CPU
+        }
+    chosen = {key: planned[key] if value is None else value for key, value in chosen.items()}
+    model_part = ("gradient_checkpointing", "logprob_chunk_size")
+    config = dataclasses.replace(
+        config,
+        model=dataclasses.replace(m, **{k: chosen[k] for k in model_part}),
+        optim=dataclasses.replace(o, **{k: v for k, v in chosen.items() if k not in model_part}),
+    )
+    return config, plan
+
+
+def memory_settings(config: Config) -> dict:
+    """The settings `settle_memory` fills in, as a checkpoint keeps them."""
+    return {
+        "gradient_checkpointing": config.model.gradient_checkpointing,
+        "logprob_chunk_size": config.model.logprob_chunk_size,
+        "microbatch_size": config.optim.microbatch_size,
+        "microbatch_tokens": config.optim.microbatch_tokens,
+    }
+
+
+def lr_schedule(config: Config):
+    """The learning-rate factor of each step: linear warmup, then constant or cosine to 0."""
+    warmup, total = config.optim.warmup_steps, config.run.steps
+    cosine = config.optim.schedule == "cosine"
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if not cosine:
+            return 1.0
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+    return factor

@@ -1,0 +1,71 @@
+"""What a training process needs besides the algorithm: stop signals, per-step seeds,
+deterministic kernels and a stage timer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+
+def step_seed(seed: int, step: int, round_: int, rank: int) -> int:
+    """The sampling seed of one round of one step on one rank.
+
+    A pure function of (seed, step, round, rank): resuming at step k samples exactly what an
+    uninterrupted run samples there, without saving any sampler state.
+    """
+    return (seed * 1_000_003 + step * 1_009 + round_ * 101 + rank * 7_919_993) % (2**63)
+
+
+@contextmanager
+def deterministic_kernels(enabled: bool) -> Iterator[None]:
+    """Deterministic kernels for the duration, then torch's previous setting. Atomic-add
+    kernels (attention's backward, scatters) sum in a varying order on CUDA, and cuBLAS needs a
+    fixed workspace, set before its first call in the process, to repeat its sums."""
+    previous = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    if enabled:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+
+
+@contextmanager
+def stop_on_signals(request_stop: Callable[[], None]) -> Iterator[None]:
+    """SIGTERM and SIGINT call `request_stop` (the loop then finishes its step, saves and
+    exits) instead of killing the process mid-step; the previous handlers come back after."""
+
+    def handler(signum: int, _frame: Any) -> None:
+        request_stop()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+class Timer:
+    """Wall seconds per named stage, summed over the stage's entries."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
