@@ -99,7 +99,7 @@ def test_an_unknown_backend_is_a_one_line_user_error(capsys):
     err = capsys.readouterr().err.strip()
     assert err == (
         "oncurve: error: --backend='vlm' is not a sampler backend; choose one of auto, hf, "
-        "cpu_llama"
+        "cpu_llama, cuda_graph"
     )
 
 

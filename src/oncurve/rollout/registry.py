@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from oncurve.errors import UserError
-from oncurve.rollout import cpu_llama
+from oncurve.rollout import cpu_llama, cuda_graph
 from oncurve.rollout.base import Sampler
 from oncurve.rollout.hf_decoder import HFDecoder
 from oncurve.rollout.torch_sampler import TorchSampler
@@ -22,13 +22,19 @@ from oncurve.rollout.torch_sampler import TorchSampler
 BACKENDS: dict[str, Callable[[torch.nn.Module, Any], Sampler]] = {
     "hf": functools.partial(TorchSampler, decoder=HFDecoder),
     "cpu_llama": functools.partial(TorchSampler, decoder=cpu_llama.make_decoder),
+    "cuda_graph": cuda_graph.GraphSampler,
 }
 
 
 def auto_backend(model: torch.nn.Module) -> str:
-    """`cpu_llama` for a model on the CPU that its decoder supports, else `hf`."""
-    on_cpu = model.get_output_embeddings().weight.device.type == "cpu"
-    return "cpu_llama" if on_cpu and cpu_llama.supports(model) else "hf"
+    """By the model's device: on the CPU `cpu_llama` where its decoder supports the model, on
+    CUDA `cuda_graph` where its static step does; else `hf`."""
+    device = model.get_output_embeddings().weight.device.type
+    if device == "cpu" and cpu_llama.supports(model):
+        return "cpu_llama"
+    if device == "cuda" and cuda_graph.supports(model):
+        return "cuda_graph"
+    return "hf"
 
 
 def build_sampler(

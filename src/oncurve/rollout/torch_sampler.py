@@ -74,22 +74,10 @@ class TorchSampler:
             a `RolloutBatch` with N = len(prompt_ids) * group_size rows, a prompt's G rows
             contiguous; completions right-padded to the longest one.
         """
-        if group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {group_size}")
-        if not prompt_ids:
-            raise ValueError("prompt_ids is empty: nothing to sample from")
-        if any(len(p) == 0 for p in prompt_ids):
-            raise ValueError("prompt_ids: every prompt needs at least one token")
-        width, new = max(len(p) for p in prompt_ids), params.max_new_tokens
-        check_room(width, new, self.model.config, "max_new_tokens")
-        device = self.model.get_output_embeddings().weight.device
-        batch, rows = len(prompt_ids), len(prompt_ids) * group_size
-        ids = torch.full((batch, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((batch, width), dtype=torch.long)
-        for i, p in enumerate(prompt_ids):
-            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p) :] = 1
-        ids, mask = ids.to(device), mask.to(device)
+        ids, mask = self._pad_prompts(prompt_ids, group_size, params)
+        width, new = ids.shape[1], params.max_new_tokens
+        device = ids.device
+        rows = ids.shape[0] * group_size
 
         # Eval mode while sampling: HF turns the KV cache off in train mode under gradient
         # checkpointing (the trainer's setting), and dropout must be off anyway.
@@ -123,6 +111,27 @@ class TorchSampler:
             finish_reasons=finish,
             group_size=group_size,
         )
+
+    def _pad_prompts(
+        self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`[B, P]` left-padded ids and their mask on the model's device, after checking the
+        call's arguments."""
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty: nothing to sample from")
+        if any(len(p) == 0 for p in prompt_ids):
+            raise ValueError("prompt_ids: every prompt needs at least one token")
+        width = max(len(p) for p in prompt_ids)
+        check_room(width, params.max_new_tokens, self.model.config, "max_new_tokens")
+        ids = torch.full((len(prompt_ids), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+        for i, p in enumerate(prompt_ids):
+            ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p) :] = 1
+        device = self.model.get_output_embeddings().weight.device
+        return ids.to(device), mask.to(device)
 
     def _decode(
         self,
@@ -225,6 +234,29 @@ def sample_tokens(
     scaled = logits / params.temperature if params.temperature not in (0, 1) else logits
     lse = torch.logsumexp(scaled, dim=-1)
     work = scaled if suppress is None else scaled.index_fill(1, suppress, float("-inf"))
+    uniforms = None
+    if params.temperature != 0:
+        uniforms = torch.rand(logits.shape[0], 1, generator=generator, device=logits.device)
+    return draw_tokens(scaled, lse, work, params, uniforms)
+
+
+def draw_tokens(
+    scaled: torch.Tensor,
+    lse: torch.Tensor,
+    work: torch.Tensor,
+    params: SamplingParams,
+    uniforms: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draw of `sample_tokens`, with its randomness given: static shapes and no host
+    synchronisation, so that a CUDA graph can hold it.
+
+    Args:
+        scaled: `[n, V]` logits / temperature; `lse` `[n]` their logsumexp.
+        work: `scaled` with the tokens that must not be drawn at -inf.
+        uniforms: `[n, 1]` uniform draws in [0, 1); None for greedy (temperature 0).
+    Returns:
+        (`[n]` token ids, `[n]` float32 logprobs under `scaled`).
+    """
     if params.temperature == 0:
         tokens = work.argmax(-1)
     else:
@@ -242,7 +274,7 @@ def sample_tokens(
             probs.masked_fill_(probs < floor, 0.0)
         # inverse-CDF draw: one uniform per row (multinomial draws one exponential per token)
         cdf = probs.cumsum_(-1)
-        u = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device) * cdf[:, -1:]
+        u = uniforms * cdf[:, -1:]
         tokens = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
     chosen = scaled.gather(1, tokens[:, None]).squeeze(1)
     return tokens, chosen - lse

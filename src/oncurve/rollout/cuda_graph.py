@@ -1,0 +1,452 @@
+"""The `cuda_graph` backend: a static-cache decode for the Llama family, replayed as CUDA graphs.
+
+On a GPU a decode step is a few hundred small kernels whose launches, not their memory traffic,
+set the pace. This backend makes every shape static so that the whole step (the model's forward
+for one token per row, temperature / top-k / top-p / min-p, the draw, the drawn token's logprob,
+EOS bookkeeping) is captured once as a CUDA graph and replayed:
+
+- one KV cache `[rows, kv_heads, W + new - 1, head_dim]` per layer, allocated for all rows; the B
+  prompts are prefilled once (Hugging Face forward) and each copied into its G rows; attention
+  runs over every column with a visibility mask, so its shape never changes;
+- the uniforms of every draw are drawn up front from the call's seed (`[new, rows]`), and a row
+  reads those of its output row, so compaction never changes what a row samples;
+- graphs are captured per batch-size bucket (rows, then halves down to 8): once the live rows
+  fit a smaller bucket, they are gathered to the front and the smaller graph runs, so finished
+  rows stop costing compute;
+- prompt widths are rounded up to a multiple of `WIDTH_STEP`, so steps whose prompts differ by a
+  few tokens replay the same graphs.
+
+The step calls the model's own modules (norms, projections, MLP, rotary embedding), so it reads
+the training weights in place: after an optimizer step the next rollout samples the new weights
+with no copy and no recapture, LoRA adapters included. Only the attention over the static cache
+is written here (grouped-query attention through `scaled_dot_product_attention`). Graphs are
+recaptured only when a weight's storage moved (FSDP2 refills its whole-weights copy) or the
+sampling settings or sizes change. Without CUDA the same step runs eagerly, which is how the CPU
+tests check it. Supported: Llama, Qwen2, Qwen3 and Mistral with static RoPE and no sliding
+window in reach; `supports` says which.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import transformers
+
+from oncurve.algo.logprobs import float_logits
+from oncurve.models import cache_argument, real_token_positions
+from oncurve.rollout.base import SamplingParams
+from oncurve.rollout.torch_sampler import _EOS, _LENGTH, _STOP, TorchSampler, draw_tokens
+from oncurve.types import RolloutBatch
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+WIDTH_STEP = 64  # prompt widths are padded to a multiple of this
+SMALLEST_BUCKET = 8
+
+
+def supports(model: torch.nn.Module, total_len: int | None = None) -> bool:
+    """Whether the static step reproduces `model`'s forward for sequences of `total_len` tokens
+    (None: for some length): a Llama/Qwen2/Qwen3/Mistral (LoRA adapters allowed) with static
+    RoPE and no sliding window shorter than the sequence."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+        return False
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if rope.get("rope_type", rope.get("type", "default")) in ("dynamic", "longrope"):
+        return False
+    window = getattr(config, "sliding_window", None)
+    windowed = getattr(config, "use_sliding_window", True)
+    if window is not None and windowed and total_len is not None and window < total_len:
+        return False
+    attention = model.base_model.layers[0].self_attn
+    return all(hasattr(attention, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj"))
+
+
+def buckets(rows: int) -> list[int]:
+    """Batch sizes that get a graph, largest first: `rows`, then powers of two below it down to
+    `SMALLEST_BUCKET`."""
+    sizes = [rows]
+    size = 2 ** math.floor(math.log2(max(rows - 1, 1)))
+    while size >= SMALLEST_BUCKET and size < rows:
+        sizes.append(size)
+        size //= 2
+    return sizes
+
+
+def bucket_for(alive: int, sizes: list[int]) -> int:
+    """The smallest of `sizes` that holds `alive` rows."""
+    return min(s for s in sizes if s >= alive)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@dataclasses.dataclass
+class _Workspace:
+    """The static buffers one shape of call decodes in; graphs read and write them in place.
+
+    Shapes: N rows, L = W + new - 1 cache columns, V vocabulary.
+    """
+
+    rows: int
+    width: int  # W, prompt columns
+    new: int
+    keys: list[torch.Tensor]  # per layer [N, kv_heads, L, head_dim]
+    values: list[torch.Tensor]
+    visible: torch.Tensor  # [N, L] bool: columns a row attends to
+    tokens: torch.Tensor  # [N] the token each decoder row feeds next
+    positions: torch.Tensor  # [N] its position (real tokens before it)
+    row_ids: torch.Tensor  # [N] the output row of each decoder row
+    alive: torch.Tensor  # [N] bool, per decoder row
+    column: torch.Tensor  # [1] cache column the next step writes
+    t: torch.Tensor  # [] index of the token the next step samples
+    uniforms: torch.Tensor  # [new, N] float32, by output row
+    completion: torch.Tensor  # [N, new] by output row
+    logprobs: torch.Tensor  # [N, new] float32
+    ends: torch.Tensor  # [N] completion lengths
+    reasons: torch.Tensor  # [N] finish reason codes
+    graphs: dict[int, torch.cuda.CUDAGraph] = dataclasses.field(default_factory=dict)
+    settings: tuple = ()  # the sampling settings the graphs were captured with
+    weights: tuple[int, ...] = ()  # data pointers of the weights they read
+
+
+class GraphSampler(TorchSampler):
+    """A `Sampler` whose decode steps are CUDA graphs (see the module docstring); on a device
+    without CUDA graphs the same steps run eagerly.
+
+    Args:
+        model: a model `supports` accepts, on its device.
+        tokenizer: as `TorchSampler`'s.
+        use_graphs: capture and replay graphs; default: when the model is on CUDA.
+    """
+
+    def __init__(
+        self, model: transformers.PreTrainedModel, tokenizer, use_graphs: bool | None = None
+    ):
+        super().__init__(model, tokenizer)
+        device = model.get_output_embeddings().weight.device
+        self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
+        self._workspaces: dict[tuple[int, int, int], _Workspace] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self.capture_seconds = 0.0  # spent capturing graphs, over all calls
+
+    @torch.inference_mode()
+    def generate_ids(
+        self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams
+    ) -> RolloutBatch:
+        """Sample `group_size` completions of each tokenized prompt; the result follows the
+        `Sampler` contract (a prompt's G rows contiguous, completions right-padded)."""
+        ids, mask = self._left_pad(prompt_ids, group_size, params, multiple=WIDTH_STEP)
+        width, new, rows = ids.shape[1], params.max_new_tokens, ids.shape[0] * group_size
+        if not supports(self.model, width + new):
+            raise ValueError(
+                f"the cuda_graph sampler does not support this {self.model.config.model_type} "
+                f"model at {width + new} tokens; use rollout.backend=hf"
+            )
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            ws = self._workspace(rows, width, new)
+            self._prepare_graphs(ws, params)
+            logits = self._prefill(ws, ids, mask, group_size, params)
+            self._decode(ws, logits, params)
+        finally:
+            self.model.train(was_training)
+        ends, reasons = ws.ends.clone(), ws.reasons
+        longest = int(ends.max())
+        columns = torch.arange(longest, device=ids.device)
+        completion_mask = (columns[None] < ends[:, None]).long()
+        completion = ws.completion[:, :longest].masked_fill(completion_mask == 0, self.pad_id)
+        logprobs = ws.logprobs[:, :longest] * completion_mask
+        finish = [("eos", "stop", "length")[r] for r in reasons.tolist()]
+        return RolloutBatch(
+            prompt_ids=ids.repeat_interleave(group_size, 0),
+            prompt_mask=mask.repeat_interleave(group_size, 0),
+            completion_ids=completion,
+            completion_mask=completion_mask,
+            logprobs=logprobs,
+            texts=self._texts(completion, ends, finish, params.stop),
+            finish_reasons=finish,
+            group_size=group_size,
+        )
+
+    def release(self) -> None:
+        """Free the workspaces and their graphs (the next call captures again)."""
+        self._workspaces.clear()
+
+    def _workspace(self, rows: int, width: int, new: int) -> _Workspace:
+        """The buffers of this shape of call, made on first use; at most two shapes are kept
+        (training's rollout and evaluation's), the older one freed first."""
+        key = (rows, width, new)
+        if key in self._workspaces:
+            return self._workspaces[key]
+        while len(self._workspaces) >= 2:
+            self._workspaces.pop(next(iter(self._workspaces)))
+        trunk = self.model.base_model
+        config = self.model.config
+        head_dim = trunk.layers[0].self_attn.head_dim
+        weight = self.model.get_output_embeddings().weight
+        device, dtype = weight.device, weight.dtype
+        columns = width + new - 1
+        shape = (rows, config.num_key_value_heads, columns, head_dim)
+        layers = len(trunk.layers)
+
+        def zeros(*size: int, dtype: torch.dtype = torch.long) -> torch.Tensor:
+            return torch.zeros(size, dtype=dtype, device=device)
+
+        ws = _Workspace(
+            rows=rows,
+            width=width,
+            new=new,
+            keys=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)],
+            values=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)],
+            visible=zeros(rows, columns, dtype=torch.bool),
+            tokens=zeros(rows),
+            positions=zeros(rows),
+            row_ids=zeros(rows),
+            alive=zeros(rows, dtype=torch.bool),
+            column=zeros(1),
+            t=zeros(),
+            uniforms=zeros(new, rows, dtype=torch.float32),
+            completion=zeros(rows, new),
+            logprobs=zeros(rows, new, dtype=torch.float32),
+            ends=zeros(rows),
+            reasons=zeros(rows),
+        )
+        self._workspaces[key] = ws
+        return ws
+
+    def _prepare_graphs(self, ws: _Workspace, params: SamplingParams) -> None:
+        """Capture a graph per bucket unless those captured still apply: same sampling
+        settings, weights at the same addresses."""
+        if not self.use_graphs or params.max_new_tokens < 3:  # < 2 decode steps: not worth it
+            return
+        settings = dataclasses.astuple(dataclasses.replace(params, seed=None, stop=()))
+        weights = tuple(p.data_ptr() for p in self.model.parameters())
+        if ws.graphs and ws.settings == settings and ws.weights == weights:
+            return
+        start = time.perf_counter()
+        ws.graphs.clear()
+        self._eos_mask(self.model.get_output_embeddings().weight.shape[0], ws.tokens.device)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for rows in buckets(ws.rows):
+                # warm-up (lazy initialisations, library workspaces) on a state that keeps every
+                # index in range; the decode resets it
+                self._reset(ws, params, seed=0)
+                for _ in range(2):
+                    self._step(ws, rows, params)
+        torch.cuda.current_stream().wait_stream(side)
+        for rows in buckets(ws.rows):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._step(ws, rows, params)
+            ws.graphs[rows] = graph
+        torch.cuda.synchronize()
+        ws.settings, ws.weights = settings, weights
+        self.capture_seconds += time.perf_counter() - start
+        print(
+            f"cuda_graph sampler: captured {len(ws.graphs)} decode graphs "
+            f"({', '.join(map(str, ws.graphs))} rows) in {time.perf_counter() - start:.1f} s",
+            file=sys.stderr,
+        )
+
+    def _reset(self, ws: _Workspace, params: SamplingParams, seed: int | None) -> None:
+        """Put every decode buffer in its state before the first draw, in place."""
+        device = ws.tokens.device
+        ws.row_ids.copy_(torch.arange(ws.rows, device=device))
+        ws.alive.fill_(True)
+        ws.ends.fill_(ws.new)
+        ws.reasons.fill_(_LENGTH)
+        ws.column.fill_(ws.width)
+        ws.t.fill_(0)
+        ws.visible[:, ws.width :] = False
+        generator = torch.Generator(device=device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(seed)
+        ws.uniforms.copy_(torch.rand(ws.uniforms.shape, generator=generator, device=device))
+
+    def _prefill(
+        self,
+        ws: _Workspace,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        group_size: int,
+        params: SamplingParams,
+    ) -> torch.Tensor:
+        """Forward the B prompts `[B, W]` once, copy each one's keys and values into its G rows
+        of the static cache and set the decode state. Returns `[N, V]` float32 logits."""
+        self._reset(ws, params, params.seed)
+        trunk = self.model.base_model
+        cache = transformers.DynamicCache(config=self.model.config)
+        positions = real_token_positions(mask)
+        out = trunk(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **cache_argument(trunk, cache),
+        )
+        for layer, keys, values in zip(cache.layers, ws.keys, ws.values, strict=True):
+            keys[:, :, : ws.width] = layer.keys.repeat_interleave(group_size, 0)
+            values[:, :, : ws.width] = layer.values.repeat_interleave(group_size, 0)
+        ws.visible[:, : ws.width] = mask.bool().repeat_interleave(group_size, 0)
+        ws.positions.copy_(mask.sum(-1).repeat_interleave(group_size))
+        head = self.model.get_output_embeddings()
+        logits = float_logits(out.last_hidden_state[:, -1], head.weight, head.bias)
+        return logits.repeat_interleave(group_size, 0)
+
+    def _decode(self, ws: _Workspace, logits: torch.Tensor, params: SamplingParams) -> None:
+        """Draw the first token from the prefill's `logits`, then step until every row ended,
+        moving to a smaller bucket when the live rows fit one."""
+        sizes = buckets(ws.rows)
+        self._sample_and_record(ws, ws.rows, logits, params)
+        stop_table = (
+            self._stop_table(params.stop, logits.shape[-1], logits.device) if params.stop else None
+        )
+        rows = ws.rows
+        for t in range(params.max_new_tokens):
+            if stop_table is not None:
+                self._check_stops(ws, rows, t, stop_table, params.stop)
+            alive = int(ws.alive[:rows].sum())
+            if alive == 0 or t == params.max_new_tokens - 1:
+                break
+            smaller = bucket_for(alive, sizes)
+            if smaller < rows:
+                self._compact(ws, rows, smaller)
+                rows = smaller
+            if rows in ws.graphs:
+                ws.graphs[rows].replay()
+            else:
+                self._step(ws, rows, params)
+
+    def _step(self, ws: _Workspace, rows: int, params: SamplingParams) -> None:
+        """Feed the first `rows` decoder rows' tokens, draw the next ones: static shapes, no
+        host synchronisation (what a graph captures)."""
+        trunk = self.model.base_model
+        config = self.model.config
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        x = trunk.embed_tokens(ws.tokens[:rows, None])  # [n, 1, H]
+        cos, sin = trunk.rotary_emb(x, ws.positions[:rows, None])  # [n, 1, d]
+        cos, sin = cos[:, None], sin[:, None]  # [n, 1, 1, d]: broadcast over heads
+        visible = ws.visible[:rows]
+        visible.index_fill_(1, ws.column, True)  # the column written below
+        attend = visible[:, None, None, :]
+        for layer, keys, values in zip(trunk.layers, ws.keys, ws.values, strict=True):
+            attention = layer.self_attn
+            head_dim = attention.head_dim
+            h = layer.input_layernorm(x)
+            q = attention.q_proj(h).view(rows, 1, heads, head_dim)
+            k = attention.k_proj(h).view(rows, 1, kv_heads, head_dim)
+            v = attention.v_proj(h).view(rows, 1, kv_heads, head_dim)
+            if hasattr(attention, "q_norm"):  # Qwen3 normalises each head before RoPE
+                q, k = attention.q_norm(q), attention.k_norm(k)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [n, h, 1, d]
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            keys[:rows].index_copy_(2, ws.column, k)
+            values[:rows].index_copy_(2, ws.column, v)
+            # grouped-query attention without repeating the cache: a kv head's query heads
+            # stand in the query-length dimension, where no causal mask separates them
+            grouped = q.reshape(rows, kv_heads, heads // kv_heads, head_dim)
+            out = F.scaled_dot_product_attention(
+                grouped, keys[:rows], values[:rows], attn_mask=attend, scale=attention.scaling
+            )
+            x = x + attention.o_proj(out.reshape(rows, 1, heads * head_dim))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        hidden = trunk.norm(x)[:, 0]
+        head = self.model.get_output_embeddings()
+        logits = float_logits(hidden, head.weight, head.bias)
+        ws.positions[:rows] += 1
+        ws.column += 1
+        self._sample_and_record(ws, rows, logits, params)
+
+    def _sample_and_record(
+        self, ws: _Workspace, rows: int, logits: torch.Tensor, params: SamplingParams
+    ) -> None:
+        """Draw token t for the first `rows` decoder rows from `[rows, V]` logits and record it,
+        its logprob and any EOS in the output rows; t advances."""
+        scaled = logits / params.temperature if params.temperature not in (0, 1) else logits
+        lse = torch.logsumexp(scaled, dim=-1)
+        work = scaled
+        if params.min_new_tokens > 0:
+            eos = self._eos_mask(logits.shape[-1], logits.device)
+            work = scaled.masked_fill(eos[None] & (ws.t < params.min_new_tokens), float("-inf"))
+        out_rows = ws.row_ids[:rows]
+        uniforms = None if params.temperature == 0 else ws.uniforms[ws.t, out_rows][:, None]
+        tokens, token_logprobs = draw_tokens(scaled, lse, work, params, uniforms)
+        at = (out_rows, ws.t.expand(rows))
+        ws.completion.index_put_(at, tokens)
+        ws.logprobs.index_put_(at, token_logprobs)
+        alive = ws.alive[:rows]
+        hit = alive & self._eos_mask(logits.shape[-1], logits.device)[tokens]
+        ws.ends.index_put_((out_rows,), torch.where(hit, ws.t + 1, ws.ends[out_rows]))
+        ws.reasons.index_put_((out_rows,), torch.where(hit, _EOS, ws.reasons[out_rows]))
+        alive &= ~hit
+        ws.tokens[:rows] = tokens
+        ws.t += 1
+
+    def _eos_mask(self, vocab: int, device: torch.device) -> torch.Tensor:
+        """`[V]` True on EOS ids; made once per vocabulary size and device, before any capture,
+        so that graphs read a tensor that outlives them."""
+        key = (vocab, str(device))
+        if getattr(self, "_eos", (None, None))[0] != key:
+            mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+            mask[[e for e in self.eos_ids if e < vocab]] = True
+            self._eos = (key, mask)
+        return self._eos[1]
+
+    def _check_stops(
+        self,
+        ws: _Workspace,
+        rows: int,
+        t: int,
+        stop_table: torch.Tensor,
+        stops: tuple[str, ...],
+    ) -> None:
+        """End the live rows whose text now holds a stop string (host side, outside graphs)."""
+        out_rows = ws.row_ids[:rows]
+        tokens = ws.completion[out_rows, t]
+        candidates = (ws.alive[:rows] & stop_table[tokens]).nonzero().squeeze(1).tolist()
+        window = 4 * max(len(s) for s in stops) + 2
+        for i in candidates:
+            row = int(out_rows[i])
+            tail = ws.completion[row, max(0, t + 1 - window) : t + 1].tolist()
+            if any(s in self.tokenizer.decode(tail, skip_special_tokens=True) for s in stops):
+                ws.alive[i] = False
+                ws.ends[row] = t + 1
+                ws.reasons[row] = _STOP
+
+    def _compact(self, ws: _Workspace, rows: int, smaller: int) -> None:
+        """Gather the live decoder rows (then dead ones, to fill) into the first `smaller`."""
+        alive = ws.alive[:rows]
+        order = torch.cat([alive.nonzero().squeeze(1), (~alive).nonzero().squeeze(1)])[:smaller]
+        for cache in (*ws.keys, *ws.values):
+            cache[:smaller] = cache[order]
+        for state in (ws.visible, ws.tokens, ws.positions, ws.row_ids, ws.alive):
+            state[:smaller] = state[order]
+
+    def _left_pad(
+        self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, multiple: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`[B, W]` ids and mask, W the longest prompt rounded up to `multiple` (within the
+        model's positions)."""
+        ids, mask = self._pad_prompts(prompt_ids, group_size, params)
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        width = math.ceil(ids.shape[1] / multiple) * multiple
+        if limit is not None:
+            width = max(ids.shape[1], min(width, limit - params.max_new_tokens))
+        extra = width - ids.shape[1]
+        if extra > 0:
+            ids = F.pad(ids, (extra, 0), value=self.pad_id)
+            mask = F.pad(mask, (extra, 0), value=0)
+        return ids, mask
