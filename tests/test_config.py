@@ -62,6 +62,9 @@ from oncurve.estimators import ADVANTAGE_SOURCES
             ["algo.preset=dapo", "rollout.max_new_tokens=8"],
             "reward.overlong_buffer must be at most rollout.max_new_tokens (8), got 16",
         ),
+        (["algo.tis_cap=0.5"], "algo.tis_cap must be 0 (off) or at least 1 (a cap below 1"),
+        (["algo.tis_cap=-1"], "algo.tis_cap must be 0 (off) or at least 1"),
+        (["algo.tis_cap=.nan"], "algo.tis_cap must be 0 (off) or at least 1"),
     ],
 )
 def test_invalid_values_give_one_line_naming_the_field(overrides, message):
@@ -188,6 +191,10 @@ def test_the_algorithm_checks_accept_the_valid_neighbours():
     assert load_config(None, ["reward.overlong_buffer=64"]).reward.overlong_buffer == 64
     assert load_config(None, ["algo.ref_sync_every=10"]).algo.ref_sync_every == 10
     assert load_config(None, ["model.lora.r=8"]).model.lora.r == 8
+    # TIS off, a cap of exactly 1, and null (settled at the start of a run)
+    assert load_config(None, ["algo.tis_cap=0"]).algo.tis_cap == 0.0
+    assert load_config(None, ["algo.tis_cap=1"]).algo.tis_cap == 1.0
+    assert load_config().algo.tis_cap is None
 
 
 def test_help_says_which_kl_each_estimator_follows_in_the_loss():

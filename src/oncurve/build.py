@@ -46,9 +46,17 @@ from oncurve.optim import AdamW as StochasticRoundingAdamW
 from oncurve.policy import Policy
 from oncurve.rewards.runner import RewardRunner
 from oncurve.rollout import Sampler, build_sampler
+from oncurve.rollout import registry as sampler_registry
 from oncurve.rollout.base import check_room
 from oncurve.rundir import prepare_run_dir
 from oncurve.train_step import ForwardSettings, LossFns
+
+# `algo.tis_cap` when left null with a sampler whose kernels differ from the training forward's
+SAMPLER_TIS_CAP = 2.0
+# backends whose logprobs are not the training forward's to float rounding
+MISMATCHED_BACKENDS = ("cuda_graph",)
+# backends that keep their KV cache allocated between rollouts (through the update)
+CACHE_HOLDING_BACKENDS = ("cuda_graph",)
 
 
 @dataclass
@@ -128,6 +136,7 @@ def setup(config: Config) -> Session:
     evaluates = eval_data is not None and (config.eval.at_start_end or config.eval.every > 0)
     seq_len = longest + config.rollout.max_new_tokens
     config, plan = settle_memory(config, model, device, world_size, seq_len, saved, evaluates)
+    config = settle_tis_cap(config, model)
     if plan is not None and rank == 0:
         print(plan.describe(), file=sys.stderr)
         if not plan.fits:
@@ -189,6 +198,14 @@ def setup(config: Config) -> Session:
             + ("" if s.rewards.verifier else " (no reward is the one evaluation calls correct)"),
             file=sys.stderr,
         )
+    truncation = truncated_sampling(config)
+    if truncation and rank == 0:
+        print(
+            f"warning: {truncation} samples from a truncated distribution, while the loss and "
+            "the sampler's logprobs assume the full one (the policy ratio is not the importance "
+            "weight of what was sampled)",
+            file=sys.stderr,
+        )
     if resume_from is not None:
         _resume(s, resume_from)
     policy.release()
@@ -234,7 +251,40 @@ def build_loss_fns(config: Config) -> LossFns:
         eps_high=config.epsilon_high,
         dual_clip=algo.dual_clip,
         norm_len=float(algo.norm_len or config.rollout.max_new_tokens),
+        tis_cap=algo.tis_cap or 0.0,
     )
+
+
+def settle_tis_cap(config: Config, model: torch.nn.Module) -> Config:
+    """`config` with `algo.tis_cap` filled in when null: `SAMPLER_TIS_CAP` when the sampler
+    backend (`rollout.backend`, or what `auto` picks for `model`) is one of
+    `MISMATCHED_BACKENDS`, else 0.0 (off); the run's config.yaml records the value."""
+    if config.algo.tis_cap is not None:
+        return config
+    cap = SAMPLER_TIS_CAP if sampler_backend(config, model) in MISMATCHED_BACKENDS else 0.0
+    return dataclasses.replace(config, algo=dataclasses.replace(config.algo, tis_cap=cap))
+
+
+def sampler_backend(config: Config, model: torch.nn.Module) -> str:
+    """The backend `rollout.backend` names, or the one `auto` picks for `model`."""
+    backend = config.rollout.backend
+    return sampler_registry.auto_backend(model) if backend == "auto" else backend
+
+
+def truncated_sampling(config: Config) -> str:
+    """The rollout settings that truncate the sampling distribution (top-p < 1, top-k > 0,
+    min-p > 0), as `key=value` joined by " and ", or "" when none does."""
+    r = config.rollout
+    settings = [
+        f"rollout.{key}={value}"
+        for key, value, truncates in (
+            ("top_p", r.top_p, r.top_p < 1),
+            ("top_k", r.top_k, r.top_k > 0),
+            ("min_p", r.min_p, r.min_p > 0),
+        )
+        if truncates
+    ]
+    return " and ".join(settings)
 
 
 def filter_name(rewards: RewardRunner) -> str:
@@ -286,6 +336,9 @@ def settle_memory(
             budget_bytes=device_budget(device, config.run.gpu_memory_gb),
             reference=config.algo.beta > 0 and not config.model.lora.r,
             critic=config.algo.estimator == "gae",
+            held_cache_rows=(
+                rows_per_step if sampler_backend(config, model) in CACHE_HOLDING_BACKENDS else 0
+            ),
             microbatch_rows=chosen["microbatch_size"],
             gradient_checkpointing=chosen["gradient_checkpointing"],
             logprob_chunk_size=chosen["logprob_chunk_size"],

@@ -63,6 +63,12 @@ NON_NEGATIVE = _range(0, None)
 UNIT_OPEN = _range(0, 1, low_open=True, high_open=True)
 
 
+def _tis_cap_check(value: float | None) -> str | None:
+    if value is None or value == 0 or value >= 1:
+        return None
+    return "must be 0 (off) or at least 1 (a cap below 1 scales every token's loss down)"
+
+
 @dataclass
 class LoraConfig:
     r: int = _opt(0, "LoRA rank; 0 trains every weight (extra `lora` installs peft)", NON_NEGATIVE)
@@ -130,8 +136,8 @@ class RolloutConfig:
     stop: list[str] = _opt([], "stop strings that end a completion")
     backend: str = _opt(
         "auto",
-        "sampler backend (oncurve.rollout.BACKENDS): auto picks cpu_llama for Llama-family "
-        "models on the CPU, else hf",
+        "sampler backend (oncurve.rollout.BACKENDS: hf, cpu_llama, cuda_graph): auto picks "
+        "cpu_llama on the CPU and cuda_graph on CUDA for the models they support, else hf",
     )
 
 
@@ -198,6 +204,14 @@ class AlgoConfig:
     epsilon_high: float | None = _opt(None, "clip range above 1 (DAPO clip-higher)", UNIT_OPEN)
     dual_clip: float | None = _opt(
         None, "dual-clip constant c > 1 bounding negative-A loss", _range(1, None, low_open=True)
+    )
+    tis_cap: float | None = _opt(
+        None,
+        "truncated importance-sampling cap: each token's policy loss is weighted by "
+        "min(pi_old / pi_sampler, cap); null: 2.0 with the cuda_graph sampler, whose kernels "
+        "differ from the training forward's, 0 (off) with the others, whose logprobs equal it "
+        "to float rounding; 0 off",
+        _tis_cap_check,
     )
     beta: float = _opt(
         0.04, "weight of KL(pi || pi_ref) in the loss; 0 loads no reference", NON_NEGATIVE

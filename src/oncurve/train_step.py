@@ -14,6 +14,7 @@ import torch
 import transformers
 
 from oncurve import distributed
+from oncurve.algo.correction import logprob_diff_mean, tis_weights
 from oncurve.algo.logprobs import logprobs_from_hidden
 from oncurve.models import cache_argument, real_token_positions
 from oncurve.types import TrainBatch
@@ -174,6 +175,9 @@ class LossFns:
             dual_clip) -> ([N, T] loss, metrics)`.
         aggregate: `fn(per_token, mask, *, num_seqs, num_tokens, norm_len) -> scalar`.
         kl: `fn(logprobs, ref_logprobs) -> [N, T]`, used when beta > 0.
+        tis_cap: truncated importance sampling (`oncurve.algo.correction`): each token's policy
+            loss is weighted by min(pi_old / pi_sampler, tis_cap) where the batch has the
+            sampler's logprobs; 0 off.
     """
 
     policy_loss: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -184,6 +188,7 @@ class LossFns:
     eps_high: float
     dual_clip: float | None
     norm_len: float
+    tis_cap: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -340,7 +345,9 @@ def accumulate_gradients(
     Returns:
         the step's loss (sum over microbatches) and token-weighted means of kl, entropy, clip
         fractions and the ratio, plus the ratio's min and max and the largest gap between pi_old
-        and the sampler's logprobs (`logprob_diff/max`, the sampler/trainer health check).
+        and the sampler's logprobs (`logprob_diff/max`, the sampler/trainer health check; its
+        token mean is `logprob_diff/mean`, and `tis/capped_frac` the fraction of tokens whose
+        TIS weight was truncated, when `fns.tis_cap` > 0).
     """
 
     def loss_of(micro: TrainBatch, _: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
@@ -372,7 +379,11 @@ def microbatch_loss(
     num_seqs: float,
     num_tokens: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The aggregated loss of one microbatch (policy term + beta * KL) and its statistics."""
+    """The aggregated loss of one microbatch (policy term + beta * KL) and its statistics.
+
+    With `fns.tis_cap` > 0 and the sampler's logprobs in `micro`, each token's policy term (not
+    the KL term, as in verl) is weighted by min(pi_old / pi_sampler, tis_cap) (`tis_weights`).
+    """
     mask = micro.completion_mask.to(torch.float32)
     logprobs, entropy = policy(
         micro.input_ids,
@@ -396,6 +407,13 @@ def microbatch_loss(
         eps_high=fns.eps_high,
         dual_clip=fns.dual_clip,
     )
+    if micro.sample_logprobs is not None:
+        if fns.tis_cap > 0:
+            weights, correction = tis_weights(old, micro.sample_logprobs, mask, fns.tis_cap)
+            per_token = per_token * weights
+            stats.update(correction)
+        else:
+            stats["logprob_diff/mean"] = logprob_diff_mean(old, micro.sample_logprobs, mask)
     if fns.beta > 0:
         kl = fns.kl(logprobs, micro.ref_logprobs)
         per_token = per_token + fns.beta * kl

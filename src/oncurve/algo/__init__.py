@@ -2,6 +2,7 @@
 
 from oncurve.algo.advantages import clipped_value_loss, gae, group_advantages, rloo_advantages
 from oncurve.algo.aggregation import seq_mean_token_mean, seq_mean_token_sum_norm, token_mean
+from oncurve.algo.correction import logprob_diff_mean, tis_weights
 from oncurve.algo.kl import kl_k1, kl_k2, kl_k3
 from oncurve.algo.logprobs import entropy_from_logits, logprobs_from_hidden, logprobs_from_logits
 from oncurve.algo.losses import cispo, gspo, ppo_clip
@@ -27,6 +28,7 @@ __all__ = [
     "kl_k1",
     "kl_k2",
     "kl_k3",
+    "logprob_diff_mean",
     "logprobs_from_hidden",
     "logprobs_from_logits",
     "lookup",
@@ -34,5 +36,6 @@ __all__ = [
     "rloo_advantages",
     "seq_mean_token_mean",
     "seq_mean_token_sum_norm",
+    "tis_weights",
     "token_mean",
 ]

@@ -1,0 +1,234 @@
+"""Truncated importance sampling (`algo.tis_cap`): the weights against hand values, the setting's
+check and how null settles, a training step against the same step assembled by hand with the
+weights applied, and the start-of-run warning about truncated sampling distributions."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import yaml
+from conftest import tiny_qwen2
+from test_variants import (
+    count_digit_rewards,
+    forward_logprobs,
+    grpo_advantages,
+    k3,
+    make_config,
+    model_at,
+    run_first_step,
+    seq_mean_token_mean,
+)
+
+from oncurve import build
+from oncurve.algo import logprob_diff_mean, tis_weights
+from oncurve.config import load_config
+from oncurve.rollout import registry as sampler_registry
+from oncurve.trainer import setup
+
+# --- the weights ----------------------------------------------------------------------------
+
+
+def test_equal_logprobs_give_weights_of_exactly_one_and_nothing_capped():
+    gen = torch.Generator().manual_seed(0)
+    old = -torch.rand(3, 7, generator=gen) * 5
+    mask = torch.ones(3, 7)
+    mask[1, 4:] = 0
+    weights, stats = tis_weights(old, old.clone(), mask, 2.0)
+    assert torch.equal(weights, torch.ones(3, 7))
+    assert float(stats["tis/capped_frac"]) == 0.0
+    assert float(stats["logprob_diff/mean"]) == 0.0
+
+
+def test_planted_gaps_give_the_hand_computed_weights():
+    """old - sampler = log 1.5 -> 1.5; log 3 -> capped at 2; -log 2 -> exp(-log 2) = 0.5;
+    log 1.25 -> 1.25; the masked positions (a gap of 50, a sampler logprob of -inf) -> 1."""
+    gaps = torch.tensor(
+        [
+            [math.log(1.5), math.log(3.0), -math.log(2.0), 50.0],
+            [math.log(1.25), 0.0, math.log(3.0), 0.0],
+        ],
+        dtype=torch.float64,
+    )
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0]], dtype=torch.float64)
+    old = torch.full_like(gaps, -0.7, requires_grad=True)
+    sampler = old.detach() - gaps
+    sampler[1, 3] = -math.inf
+    weights, stats = tis_weights(old, sampler, mask, 2.0)
+    expected = torch.tensor([[1.5, 2.0, 0.5, 1.0], [1.25, 1.0, 2.0, 1.0]], dtype=torch.float64)
+    torch.testing.assert_close(weights, expected, atol=1e-12, rtol=0)
+    assert not weights.requires_grad
+    # 2 of the 6 masked tokens had ratio 3 > 2
+    assert float(stats["tis/capped_frac"]) == pytest.approx(2 / 6, abs=1e-7)
+    mean_gap = (math.log(1.5) + 2 * math.log(3.0) + math.log(2.0) + math.log(1.25)) / 6
+    assert float(stats["logprob_diff/mean"]) == pytest.approx(mean_gap, abs=1e-12)
+    assert float(logprob_diff_mean(old, sampler, mask)) == pytest.approx(mean_gap, abs=1e-12)
+
+
+def test_a_gap_past_float_range_gives_the_cap_and_a_bad_cap_is_refused():
+    old = torch.zeros(1, 2)
+    weights, stats = tis_weights(old, torch.tensor([[-200.0, 0.0]]), torch.ones(1, 2), 3.0)
+    assert weights.tolist() == [[3.0, 1.0]]
+    assert float(stats["tis/capped_frac"]) == 0.5
+    with pytest.raises(ValueError, match="cap must be > 0"):
+        tis_weights(old, old, torch.ones(1, 2), 0.0)
+
+
+# --- the setting ----------------------------------------------------------------------------
+
+
+# its check: tests/test_config.py
+
+
+def recorded_tis_cap(s) -> float:
+    return yaml.safe_load((s.run_dir / "config.yaml").read_text())["algo"]["tis_cap"]
+
+
+def test_null_settles_to_off_on_the_cpu_and_the_run_records_it(
+    tiny_model_dir, data_file, tmp_path, capsys
+):
+    s = setup(make_config(tiny_model_dir, data_file, tmp_path / "run"))
+    assert s.config.algo.tis_cap == 0.0 and s.loss_fns.tis_cap == 0.0
+    assert recorded_tis_cap(s) == 0.0
+    assert "truncated distribution" not in capsys.readouterr().err
+
+
+def test_null_settles_to_2_with_the_cuda_graph_sampler(
+    tiny_model_dir, data_file, tmp_path, monkeypatch
+):
+    # the test needs no CUDA graph: the name is what settles the cap
+    monkeypatch.setitem(sampler_registry.BACKENDS, "cuda_graph", sampler_registry.BACKENDS["hf"])
+    config = make_config(tiny_model_dir, data_file, tmp_path / "run", "rollout.backend=cuda_graph")
+    s = setup(config)
+    assert s.config.algo.tis_cap == 2.0 and s.loss_fns.tis_cap == 2.0
+    assert recorded_tis_cap(s) == 2.0
+
+
+def test_auto_settles_from_the_backend_it_picks_and_a_set_value_is_kept(monkeypatch):
+    model = tiny_qwen2(16)
+    auto = load_config(None, ["rollout.backend=auto"])
+    assert build.settle_tis_cap(auto, model).algo.tis_cap == 0.0  # cpu_llama
+    monkeypatch.setattr(sampler_registry, "auto_backend", lambda _: "cuda_graph")
+    assert build.settle_tis_cap(auto, model).algo.tis_cap == 2.0
+    for value in (0.0, 1.5):
+        chosen = load_config(None, [f"algo.tis_cap={value}"])
+        assert build.settle_tis_cap(chosen, model).algo.tis_cap == value
+
+
+# --- a step ---------------------------------------------------------------------------------
+
+CAP = 1.5
+# old - sampler planted on the completion tokens, in turn: weight 1.2, capped (3 > 1.5), 0.5, 1,
+# 1.4; five, so that rows of 8 tokens get different weights (equal mean weights in every row
+# would scale the loss, whose group advantages sum to 0, from 0 to 0)
+PLANTED = (math.log(1.2), math.log(3.0), -math.log(2.0), 0.0, math.log(1.4))
+
+
+def plant_sampler_gap(s) -> dict[str, torch.Tensor]:
+    """Make the sampler's logprobs of its tokens lower than its own by `PLANTED`, cycled over
+    the completion tokens; returns {"gap": the `[N, T]` planted gaps} once step 1 sampled."""
+    generate, planted = s.sampler.generate_ids, {}
+
+    def generate_ids(*args, **kwargs):
+        rollout = generate(*args, **kwargs)
+        on = rollout.completion_mask.bool()
+        cycle = torch.tensor(PLANTED, dtype=rollout.logprobs.dtype)
+        gap = torch.zeros_like(rollout.logprobs)
+        gap[on] = cycle[torch.arange(int(on.sum())) % len(PLANTED)]
+        rollout.logprobs = rollout.logprobs - gap
+        planted["gap"] = gap
+        return rollout
+
+    s.sampler.generate_ids = generate_ids
+    return planted
+
+
+def hand_tis_loss(model, rollout, adv, old, *, beta, eps, weigh="policy"):
+    """One pass's loss at `model`'s weights, back-propagated into a fresh `.grad`: the PPO clip
+    per token, weighted by min(exp(old - sampler), CAP), plus beta x k3 against pi_ref = old,
+    averaged per sequence then over sequences. `weigh`="all" weights the KL term too and
+    "none" nothing: what the step must not do."""
+    model.zero_grad(set_to_none=True)
+    mask = rollout.completion_mask.float()
+    weights = (old - rollout.logprobs).exp().clamp(max=CAP)
+    logp = forward_logprobs(model, rollout)
+    ratio = (logp - old).exp()
+    a = adv[:, None]
+    policy = torch.maximum(-a * ratio, -a * ratio.clamp(1 - eps, 1 + eps))
+    kl = beta * k3(logp, old)
+    if weigh == "none":
+        weights = torch.ones_like(weights)
+    per_token = weights * (policy + kl) if weigh == "all" else weights * policy + kl
+    total = seq_mean_token_mean(per_token, mask)
+    total.backward()
+    return float(total.detach()), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_tis_step_weights_the_policy_term_as_assembled_by_hand(
+    tiny_model_dir, data_file, tmp_path, monkeypatch
+):
+    """algo.tis_cap=1.5 with the sampler's logprobs planted below the trainer's: both passes of
+    step 1 (mu=2; GRPO, k3 KL at beta 0.5) equal the hand assembly with the weights on the
+    policy term only, and `tis/capped_frac` is the fraction planted past the cap."""
+    config = make_config(
+        tiny_model_dir,
+        data_file,
+        tmp_path / "run",
+        f"algo.tis_cap={CAP}",
+        "algo.beta=0.5",
+        "algo.mu=2",
+        "algo.epsilon=0.05",
+        "optim.lr=1e-2",
+    )
+    s = setup(config)
+    assert s.loss_fns.tis_cap == CAP
+    initial = copy.deepcopy(s.policy.model)
+    planted = plant_sampler_gap(s)
+    step = run_first_step(s, monkeypatch)
+    adv = grpo_advantages(count_digit_rewards(step.rollout))
+    with torch.no_grad():
+        old = forward_logprobs(initial, step.rollout)
+    on = step.rollout.completion_mask.bool()
+    gap = planted["gap"]
+    capped = float((gap[on] == math.log(3.0)).sum()) / int(on.sum())
+    assert 0 < capped < 1
+    for k, weights in enumerate(step.weights):
+        model = model_at(initial, weights)
+        value, grads = hand_tis_loss(model, step.rollout, adv, old, beta=0.5, eps=0.05)
+        stats = step.stats[k]
+        assert stats["loss/policy"] == pytest.approx(value, abs=1e-6), k
+        for name, grad in grads.items():
+            scale = float(grad.abs().max())
+            torch.testing.assert_close(step.grads[k][name], grad, atol=1e-5 * scale, rtol=0)
+        assert stats["tis/capped_frac"] == pytest.approx(capped, abs=1e-7), k
+        assert stats["logprob_diff/mean"] == pytest.approx(float(gap[on].abs().mean()), abs=1e-5)
+        # what the check tells apart: no weights, and (past pass 1, which runs at pi_ref's
+        # weights, where the KL term is 0) the weights on the KL term too
+        for weigh in ("none", "all") if k else ("none",):
+            wrong, _ = hand_tis_loss(model, step.rollout, adv, old, beta=0.5, eps=0.05, weigh=weigh)
+            assert abs(wrong - value) > 1e-4, (k, weigh)
+    assert step.metrics["tis/capped_frac"] == pytest.approx(capped, abs=1e-7)
+
+
+# --- the warning ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["rollout.top_p=0.9"], "rollout.top_p=0.9"),
+        (["rollout.top_k=5", "rollout.min_p=0.1"], "rollout.top_k=5 and rollout.min_p=0.1"),
+    ],
+)
+def test_truncated_sampling_is_warned_about_at_start(
+    tiny_model_dir, data_file, tmp_path, capsys, overrides, named
+):
+    setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *overrides))
+    lines = [line for line in capsys.readouterr().err.splitlines() if "truncated" in line]
+    assert lines == [
+        f"warning: {named} samples from a truncated distribution, while the loss and the "
+        "sampler's logprobs assume the full one (the policy ratio is not the importance weight "
+        "of what was sampled)"
+    ]
