@@ -9,6 +9,7 @@ import torch
 import transformers
 from test_rollout import EOS, PROMPTS, TOKENIZER, VOCAB, make_model
 
+from oncurve.preflight import Tolerances
 from oncurve.rollout import SamplingParams, build_sampler, cuda_graph
 from oncurve.rollout.cuda_graph import GraphSampler, bucket_for, buckets
 from oncurve.train_step import completion_logprobs
@@ -53,6 +54,19 @@ def test_logprobs_of_its_samples_equal_the_training_forward(kind):
     assert batch.num_rows == 9 and batch.completion_mask.sum() > 9
     expected = trained_logprobs(model, batch, 0.7)
     torch.testing.assert_close(batch.logprobs, expected, atol=2e-5, rtol=0)
+
+
+def test_bfloat16_logprobs_stay_within_the_preflight_tolerance():
+    """In bf16 the static step and the training forward round differently; the gap is what
+    `algo.tis_cap` corrects, and must stay within what the preflight accepts."""
+    model = make_model("qwen2").to(torch.bfloat16)
+    batch = GraphSampler(model, TOKENIZER).generate(
+        PROMPTS, 4, SamplingParams(max_new_tokens=12, seed=0)
+    )
+    gap = (batch.logprobs - trained_logprobs(model, batch, 1.0)).abs()
+    mask = batch.completion_mask.bool()
+    assert float(gap[mask].mean()) < Tolerances.of(torch.bfloat16).logprob
+    assert float(gap[mask].max()) < 0.25
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])

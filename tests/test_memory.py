@@ -14,6 +14,7 @@ from oncurve.memory import (
     GIB,
     ModelShape,
     activation_bytes_per_token,
+    kv_cache_bytes,
     logits_bytes,
     logits_chunk,
     plan_memory,
@@ -235,3 +236,20 @@ def test_a_cpu_runs_config_yaml_records_what_auto_and_null_became(
     assert saved["model"]["logprob_chunk_size"] == 1024
     assert (saved["optim"]["microbatch_size"], saved["optim"]["microbatch_tokens"]) == (64, 0)
     assert s.config.model.dtype == "float32" and s.policy.forward.microbatch_tokens == 0
+
+
+def test_a_kv_cache_held_between_rollouts_counts_in_the_update():
+    """The cuda_graph sampler keeps its cache through the update: the plan adds it to the
+    training peak and fits fewer rows in the same budget."""
+    common = dict(seq_len=324, rows_per_step=64, sample_rows=64, reference=True)
+    free = plan_memory(QWEN_05B, budget_bytes=6 * GIB, **common)
+    held = plan_memory(QWEN_05B, budget_bytes=6 * GIB, held_cache_rows=64, **common)
+    cache = kv_cache_bytes(QWEN_05B, 64, 324)
+    assert cache == 64 * 324 * QWEN_05B.layers * 2 * QWEN_05B.kv_dim * QWEN_05B.weight_bytes
+    assert held.state_bytes == free.state_bytes
+    pinned = plan_memory(
+        QWEN_05B, budget_bytes=80 * GIB, held_cache_rows=64, microbatch_rows=4, **common
+    )
+    unpinned = plan_memory(QWEN_05B, budget_bytes=80 * GIB, microbatch_rows=4, **common)
+    assert pinned.train_peak_bytes - unpinned.train_peak_bytes == cache
+    assert held.microbatch_rows <= free.microbatch_rows

@@ -172,10 +172,15 @@ def logits_bytes(shape: ModelShape, chunk: int, trainable_head: bool) -> int:
     return total
 
 
+def kv_cache_bytes(shape: ModelShape, rows: int, seq_len: int) -> int:
+    """Keys and values of `rows` rows of `seq_len` positions in every layer."""
+    return rows * seq_len * shape.layers * 2 * shape.kv_dim * shape.weight_bytes
+
+
 def sampling_bytes(shape: ModelShape, rows: int, seq_len: int) -> int:
     """The sampler's KV cache at full length, a float32 block of the output embedding and
     three `[rows, vocab]` float32 buffers (logits, probabilities, their sort)."""
-    cache = rows * seq_len * shape.layers * 2 * shape.kv_dim * shape.weight_bytes
+    cache = kv_cache_bytes(shape, rows, seq_len)
     head = min(HEAD_BLOCK_ROWS, shape.vocab) * shape.hidden * 4 if shape.weight_bytes != 4 else 0
     return cache + head + 3 * rows * shape.vocab * 4
 
@@ -198,6 +203,7 @@ def plan_memory(
     budget_bytes: int,
     reference: bool,
     critic: bool = False,
+    held_cache_rows: int = 0,
     microbatch_rows: int | None = None,
     gradient_checkpointing: bool | None = None,
     logprob_chunk_size: int | None = None,
@@ -212,6 +218,8 @@ def plan_memory(
         budget_bytes: memory the run may use (free device memory, or the user's cap).
         reference: a frozen reference copy is held (beta > 0 without LoRA).
         critic: PPO's critic is held.
+        held_cache_rows: rows of KV cache the sampler keeps between rollouts (the
+            `cuda_graph` backend's graphs point into theirs), present during the update too.
     Returns:
         the plan; `plan.fits` is False when even one row per microbatch with checkpointing
         is predicted to exceed the budget.
@@ -219,7 +227,8 @@ def plan_memory(
     chunk = logprob_chunk_size or logits_chunk(shape.vocab)
     state = state_bytes(shape, reference=reference, critic=critic)
     trainable_head = shape.trainable == shape.params
-    fixed = state + logits_bytes(shape, chunk, trainable_head)
+    held = kv_cache_bytes(shape, held_cache_rows, seq_len)
+    fixed = state + held + logits_bytes(shape, chunk, trainable_head)
     usable = budget_bytes * (1 - RESERVED_FRACTION)
 
     def train_peak(rows: int, checkpointing: bool) -> int:

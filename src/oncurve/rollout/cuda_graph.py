@@ -132,7 +132,7 @@ class GraphSampler(TorchSampler):
         super().__init__(model, tokenizer)
         device = model.get_output_embeddings().weight.device
         self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
-        self._workspaces: dict[tuple[int, int, int], _Workspace] = {}
+        self._workspaces: dict[tuple[int, int, int], _Workspace] = {}  # at most one
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.capture_seconds = 0.0  # spent capturing graphs, over all calls
 
@@ -181,13 +181,13 @@ class GraphSampler(TorchSampler):
         self._workspaces.clear()
 
     def _workspace(self, rows: int, width: int, new: int) -> _Workspace:
-        """The buffers of this shape of call, made on first use; at most two shapes are kept
-        (training's rollout and evaluation's), the older one freed first."""
+        """The buffers of this shape of call, made on first use. Only the last shape is kept:
+        its KV cache stays allocated between rollouts (the graphs point into it), and one
+        held through the update is enough; an evaluation between steps costs two captures."""
         key = (rows, width, new)
         if key in self._workspaces:
             return self._workspaces[key]
-        while len(self._workspaces) >= 2:
-            self._workspaces.pop(next(iter(self._workspaces)))
+        self._workspaces.clear()
         trunk = self.model.base_model
         config = self.model.config
         head_dim = trunk.layers[0].self_attn.head_dim
