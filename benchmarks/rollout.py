@@ -13,6 +13,13 @@ see `common.peak_memory`).
     python benchmarks/rollout.py                 # both scenarios of issue 3
     python benchmarks/rollout.py --model 30m     # one scenario: tiny|default|30m|PATH
     python benchmarks/rollout.py --backends hf   # some backends only
+    python benchmarks/rollout.py --device cuda   # GPU: 0.5B model, 64 rows x 256 and 1024 tokens
+
+On CUDA (`--device cuda`) the rows are the GPU backends and `model.generate` with its dynamic
+and its static cache (transformers compiles the static decode step and replays it as a CUDA
+graph); each sampler is warmed up first (its capture or compilation timed apart), then the best
+of `--repeats` calls counts, every row forced to the full length, bf16. Its model is
+`gpu_vs_trl.py`'s random Qwen2.5-0.5B shape (run `gpu_vs_trl.py --prepare` for the tokenizer).
 """
 
 from __future__ import annotations
@@ -186,6 +193,90 @@ def run_scenario(name: str, repeats: int, backends: list[str]) -> str:
     return title + markdown_table(header, rows) + "\n"
 
 
+def run_cuda(new_tokens: int, repeats: int, backends: list[str]) -> str:
+    """One GPU scenario: 8 prompts x G=8, `new_tokens` forced, bf16, best of `repeats`."""
+    from gpu_vs_trl import build_model, tokenizer_dir
+
+    path = build_model("qwen2.5-0.5b", tokenizer_dir(None))
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+    model = model.to("cuda").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path, padding_side="left")
+    prompts, group = make_prompts(8), 8
+    params = SamplingParams(max_new_tokens=new_tokens, min_new_tokens=new_tokens, seed=0)
+
+    def ours(sampler) -> int:
+        return int(sampler.generate(prompts, group, params).completion_mask.sum())
+
+    def generate(cache: str | None) -> int:
+        enc = tokenizer(prompts, return_tensors="pt", padding=True).to("cuda")
+        out = model.generate(
+            **enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+            num_return_sequences=group, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+            pad_token_id=tokenizer.pad_token_id, cache_implementation=cache,
+        )  # fmt: skip
+        return (out.shape[1] - enc["input_ids"].shape[1]) * out.shape[0]
+
+    samplers = {backend: build_sampler(backend, model, tokenizer) for backend in backends}
+    calls = {label: (lambda s=s: ours(s)) for label, s in samplers.items()}
+    calls["model.generate (dynamic cache)"] = lambda: generate(None)
+    calls["model.generate (static cache)"] = lambda: generate("static")
+    rows, best = [], {}
+    for label, call in calls.items():
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()  # warm-up: graph capture or compilation
+        torch.cuda.synchronize()
+        first = time.perf_counter() - start
+        seconds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            tokens = call()
+            torch.cuda.synchronize()
+            seconds.append(time.perf_counter() - start)
+        best[label] = tokens / min(seconds)
+        capture = getattr(samplers.get(label), "capture_seconds", None)
+        rows.append(
+            [label, str(tokens), f"{min(seconds):.3f}", f"{best[label]:,.0f}", first, capture]
+        )
+    gaps = {label: logprob_gap(model, s, prompts, group, params) for label, s in samplers.items()}
+    base = best["model.generate (static cache)"]
+    table = [
+        [label, tokens, s, tps, f"{best[label] / base:.2f}x", f"{first:.1f}",
+         "" if capture is None else f"{capture:.1f}"]
+        for label, tokens, s, tps, first, capture in rows
+    ]  # fmt: skip
+    header = ["sampler", "tokens", "best s", "tokens/s", "vs static generate", "first call s",
+              "capture s"]  # fmt: skip
+    title = (
+        f"### cuda-{new_tokens}: random Qwen2.5-0.5B shape, bf16, 8 prompts x G=8, "
+        f"{new_tokens} new tokens forced, best of {repeats}\n\n"
+        f"{torch.cuda.get_device_name()}; measured {time.strftime('%Y-%m-%d')} with torch "
+        f"{torch.__version__}, transformers {transformers.__version__}\n\n"
+    )
+    exactness = "".join(
+        f"- `{label}`: its logprobs against the training forward's, mean |diff| {mean:.2e}, "
+        f"max {largest:.2e}\n"
+        for label, (mean, largest) in gaps.items()
+    )
+    return title + markdown_table(header, table) + "\n" + exactness
+
+
+def logprob_gap(model, sampler, prompts, group, params) -> tuple[float, float]:
+    """Mean and max |sampler logprob - training forward logprob| over the completion tokens of
+    one call (the TIS correction's input, `logprob_diff/*` in training)."""
+    from oncurve.train_step import completion_logprobs
+
+    batch = sampler.generate(prompts, group, params)
+    with torch.no_grad():
+        trained, _ = completion_logprobs(
+            model, batch.input_ids, batch.attention_mask, batch.completion_ids.shape[1],
+            chunk_size=256,
+        )  # fmt: skip
+    mask = batch.completion_mask.bool()
+    gap = (trained - batch.logprobs).abs()[mask]
+    return float(gap.mean()), float(gap.max())
+
+
 def write_results(sections: dict[str, str]) -> None:
     """Replace the sections of the scenarios just run in `RESULTS`, keeping the others."""
     old = RESULTS.read_text().split("\n### ")[1:] if RESULTS.exists() else []
@@ -205,12 +296,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
         "--backends",
-        default=",".join(BACKENDS),
-        help=f"comma-separated sampler backends (default: {','.join(BACKENDS)})",
+        help="comma-separated sampler backends (default: hf,cpu_llama; cuda_graph,hf on CUDA)",
     )
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)  # child: one sampler's peak MB
     args = parser.parse_args()
-    backends = [b for b in args.backends.split(",") if b]
+    default = "cuda_graph,hf" if args.device == "cuda" else "hf,cpu_llama"
+    backends = [b for b in (args.backends or default).split(",") if b]
+    unknown = set(backends) - set(BACKENDS)
+    if unknown:
+        parser.error(f"unknown backends {sorted(unknown)}; choose from {', '.join(BACKENDS)}")
+    if args.device == "cuda":
+        sections = {f"cuda-{n}": run_cuda(n, args.repeats, backends) for n in (256, 1024)}
+        for section in sections.values():
+            print(section, flush=True)
+        write_results(sections)
+        print(f"wrote {RESULTS}")
+        return
     if args.memory_of:
         calls, small, _ = make_calls(args.model, backends)
         small[args.memory_of]()
