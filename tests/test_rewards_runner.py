@@ -218,3 +218,29 @@ def test_a_dead_worker_fails_its_row_and_is_replaced():
         pytest.raises(RewardError, match=died),
     ):
         _score(runner, ["ab", "die"])
+
+
+class _InProcessPid:
+    """The pid of the process that calls it; marked to run in the trainer's process."""
+
+    runs_in_process = True
+
+    def __call__(self, prompts, completions, **columns):
+        return [float(os.getpid())] * len(completions)
+
+    def memory_bytes(self):
+        return 1000
+
+
+def test_a_function_marked_runs_in_process_is_called_here_while_the_others_use_the_worker():
+    in_worker = lambda p, c, **k: [float(os.getpid())] * len(c)  # noqa: E731
+    fns = [("a", in_worker, 1.0), ("here", _InProcessPid(), 1.0), ("b", in_worker, 1.0)]
+    with RewardRunner(fns, timeout_s=5.0) as runner:
+        result = _score(runner, ["x", "y"])
+        here, worker = float(os.getpid()), float(runner._worker.process.pid)
+        _close(result.per_fn, [[worker, here, worker]] * 2)
+        assert worker != here
+        assert runner.memory_bytes() == 1000  # only the functions that hold memory count
+    with RewardRunner([("here", _InProcessPid(), 1.0)], timeout_s=5.0) as runner:
+        _close(_score(runner, ["x"]).total, [float(os.getpid())])
+        assert runner._worker is None  # nothing to fork for

@@ -3,6 +3,7 @@
 Every reward follows one protocol: `fn(prompts, completions, **columns) -> list[float | None]`,
 where `columns` are the dataset's other fields, repeated per completion (e.g. `answer`), plus
 `completion_lengths` (tokens) from the trainer. None means "does not apply to this row".
+A `model:PATH_OR_ID` spec is a learned reward model (`oncurve.rewards.model.RewardModel`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from oncurve.errors import UserError
 from oncurve.rewards.answers import answers_match, extract_answer
@@ -20,6 +23,8 @@ from oncurve.rewards.format import (
     tags_format_reward,
     think_answer_format_reward,
 )
+from oncurve.rewards.model import PREFIX as MODEL_PREFIX
+from oncurve.rewards.model import RewardModel
 
 RewardFn = Callable[..., list[float | None]]
 
@@ -50,11 +55,25 @@ BUILTINS: dict[str, RewardFn] = {
 }
 
 
-def resolve_reward(spec: str) -> tuple[str, RewardFn]:
-    """(metric name, function) for a built-in name or a `package.module:function` path; the
-    metric name of an import path is the function's name."""
+def resolve_reward(
+    spec: str,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    trust_remote_code: bool = False,
+) -> tuple[str, RewardFn]:
+    """(metric name, function) for a built-in name, a `package.module:function` path (its
+    metric name is the function's name) or `model:PATH_OR_ID`, a reward model loaded on
+    `device` in `dtype` (named `model:<last part of PATH_OR_ID>`; see `oncurve.rewards.model`).
+    """
     if spec in BUILTINS:
         return spec, BUILTINS[spec]
+    if spec.startswith(MODEL_PREFIX):
+        source = spec[len(MODEL_PREFIX) :]
+        if not source:
+            raise UserError(f"reward {spec!r}: name a model directory or Hub id after 'model:'")
+        model = RewardModel(source, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        return model.name, model
     if ":" not in spec:
         raise UserError(
             f"reward {spec!r}: not a built-in ({', '.join(BUILTINS)}) "

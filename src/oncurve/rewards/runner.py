@@ -26,6 +26,11 @@ first batch, or the first after a hang); what changes during training must reach
 columns. Reward functions must not rely on CUDA or on threads of the parent inside the worker.
 With `timeout_s=None` everything runs in-process.
 
+A function with a true `runs_in_process` attribute (a reward model on the trainer's device,
+`oncurve.rewards.model.RewardModel`) is always called in the trainer's process, also when the
+others go to the worker: no timeout applies to it (a hang there hangs training), and a failure
+on its whole batch is still retried row by row.
+
 Summing: `total` is the weighted sum over functions; a None from one function counts as 0 when
 another function scored that row, and the row's total is NaN when every function returned None
 (the trainer leaves NaN rows out of group statistics). With a `verifier` (the function that
@@ -172,12 +177,32 @@ class RewardRunner:
                     counts["errors"] += 1
         return column
 
+    def memory_bytes(self) -> int:
+        """Device bytes the reward functions hold (a reward model's weights), for the memory
+        plan: the sum of their `memory_bytes()`, for those that have one."""
+        return sum(fn.memory_bytes() for _, fn, _ in self.fns if hasattr(fn, "memory_bytes"))
+
     def _run(self, jobs: list[_Job], batch: tuple) -> Iterator[_Outcome]:
-        """One outcome per job, in order; in the worker process when a timeout is set."""
-        if self.timeout_s is None:
-            for job in jobs:
-                yield _run_job(self.fns, job, batch)
-            return
+        """One outcome per job, in order; in the worker process when a timeout is set, except
+        for the functions that run in-process (see the module docstring)."""
+        start = 0
+        while start < len(jobs):
+            here = self._in_process(jobs[start])
+            end = start + 1
+            while end < len(jobs) and self._in_process(jobs[end]) == here:
+                end += 1
+            if here:
+                for job in jobs[start:end]:
+                    yield _run_job(self.fns, job, batch)
+            else:
+                yield from self._run_in_worker(jobs[start:end], batch)
+            start = end
+
+    def _in_process(self, job: _Job) -> bool:
+        fn = self.fns[job[0]][1]
+        return self.timeout_s is None or bool(getattr(fn, "runs_in_process", False))
+
+    def _run_in_worker(self, jobs: list[_Job], batch: tuple) -> Iterator[_Outcome]:
         start = 0
         try:
             while start < len(jobs):

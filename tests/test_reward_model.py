@@ -1,0 +1,237 @@
+"""A learned reward model as a reward (`model:PATH`): scores equal the model's own forward on
+the documented text, errors are one line, it runs in the trainer's process and is logged."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from oncurve.config import load_config
+from oncurve.errors import UserError
+from oncurve.inputs import build_rewards
+from oncurve.rewards.model import RewardModel
+from oncurve.tokenizer import char_tokenizer
+from oncurve.trainer import train
+
+TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+MAX_POSITIONS = 96
+PROMPTS = ["1+1=", "12+30=", "7+7=", "", "x" * 150, "3+4=", "9+1="]
+COMPLETIONS = ["2", "42 and more words", "", "14", "the end", "a much longer completion", "10"]
+
+
+def save_reward_model(
+    path: Path, *, num_labels: int = 1, template: bool = False, pad: bool = True, seed: int = 0
+) -> Path:
+    """A random two-layer Qwen2 sequence-classification model with the char tokenizer; the
+    score head's weights are scaled up so that rows' scores differ well beyond rounding."""
+    tokenizer = char_tokenizer()
+    if not pad:
+        tokenizer.pad_token = None
+    if template:
+        tokenizer.chat_template = TEMPLATE
+    torch.manual_seed(seed)
+    config = transformers.Qwen2Config(
+        vocab_size=len(char_tokenizer()),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=MAX_POSITIONS,
+        num_labels=num_labels,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    model = transformers.Qwen2ForSequenceClassification(config).eval()
+    with torch.no_grad():
+        model.score.weight.normal_(0.0, 1.0)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def expected_scores(path: Path, prompts: list[str], completions: list[str]) -> list[float]:
+    """One unpadded forward per row of a separately loaded copy, on the documented text: the
+    chat template's rendering (tokens as the template places them) or prompt + completion
+    (with the tokenizer's BOS), cut from the left to MAX_POSITIONS tokens."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(path).eval()
+    scores = []
+    for prompt, completion in zip(prompts, completions, strict=True):
+        if tokenizer.chat_template:
+            messages = [
+                {"role": "user", "content": prompt},
+                {"role": "assistant", "content": completion},
+            ]
+            text = tokenizer.apply_chat_template(messages, tokenize=False)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"][-MAX_POSITIONS:]
+        else:
+            body = tokenizer(prompt + completion, add_special_tokens=False)["input_ids"]
+            ids = [tokenizer.bos_token_id] + body[-(MAX_POSITIONS - 1) :]
+        with torch.no_grad():
+            scores.append(float(model(input_ids=torch.tensor([ids])).logits[0, 0]))
+    return scores
+
+
+def reward_config(path: Path, *extra: str):
+    overrides = ["data.path=d.jsonl", f"reward.functions=[model:{path}]", *extra]
+    return load_config(None, overrides)
+
+
+@pytest.mark.parametrize(
+    ("template", "pad"), [(False, True), (True, True), (False, False), (True, False)]
+)
+def test_scores_equal_a_direct_forward_of_the_model(tmp_path, template, pad):
+    path = save_reward_model(tmp_path / "rm", template=template, pad=pad)
+    runner = build_rewards(reward_config(path, "reward.timeout=null"), task=None)
+    name, fn, weight = runner.fns[0]
+    assert (name, weight) == ("model:rm", 1.0)
+    assert isinstance(fn, RewardModel) and fn.max_length == MAX_POSITIONS
+    fn.batch_rows = 3  # 7 rows of ragged lengths: three batches, padded
+    result = runner.score(PROMPTS, COMPLETIONS, {"answer": ["x"] * len(PROMPTS)})
+    expected = expected_scores(path, PROMPTS, COMPLETIONS)
+    torch.testing.assert_close(result.per_fn[:, 0], torch.tensor(expected), rtol=1e-5, atol=1e-5)
+    assert len(set(expected)) == len(expected)  # the rows are told apart
+    assert result.metrics["reward/model:rm"] == pytest.approx(sum(expected) / len(expected))
+    # without a pad token, EOS pads and is the config's pad id (the head reads past padding)
+    assert fn.model.config.pad_token_id == (0 if pad else fn.tokenizer.eos_token_id)
+    assert not fn.model.training
+    assert all(not p.requires_grad for p in fn.model.parameters())
+    assert runner.memory_bytes() == 4 * sum(p.numel() for p in fn.model.parameters())
+
+
+def test_the_chat_template_renders_the_conversation_and_long_rows_lose_the_prompts_start(
+    tmp_path,
+):
+    fn = RewardModel(str(save_reward_model(tmp_path / "rm", template=True)))
+    assert fn.format("hi", "yo") == "[user] hi\n[assistant] yo\n"
+    ids = fn.encode("p" * 200, "the answer")
+    assert len(ids) == MAX_POSITIONS
+    tail = fn.tokenizer("ppp\n[assistant] the answer\n", add_special_tokens=False)["input_ids"]
+    assert ids[-len(tail) :] == tail and ids[0] == ids[1] == fn.tokenizer.convert_tokens_to_ids("p")
+    plain = RewardModel(str(save_reward_model(tmp_path / "plain")))
+    assert plain.format("hi", "yo") == "hiyo"
+    assert plain.encode("hi", "yo")[0] == plain.tokenizer.bos_token_id
+
+
+def test_a_head_of_two_labels_is_a_one_line_error(tmp_path):
+    path = save_reward_model(tmp_path / "two", num_labels=2)
+    with pytest.raises(UserError, match=r"reward 'model:.*two'.*num_labels=2") as error:
+        build_rewards(reward_config(path), task=None)
+    assert "\n" not in str(error.value)
+
+
+def test_a_missing_or_empty_directory_is_a_one_line_error(tmp_path):
+    with pytest.raises(UserError, match="is not a directory") as error:
+        build_rewards(reward_config(tmp_path / "missing"), task=None)
+    assert "\n" not in str(error.value)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="cannot load a model from") as error:
+        build_rewards(reward_config(tmp_path / "empty"), task=None)
+    assert "\n" not in str(error.value)
+    with pytest.raises(UserError, match="after 'model:'"):
+        build_rewards(load_config(None, ["data.path=d.jsonl", "reward.functions=['model:']"]), None)
+
+
+def test_with_a_timeout_the_model_runs_in_the_trainers_process(tmp_path):
+    """The other reward goes to the forked worker; the model's forward runs here (a CUDA model
+    could not run in a forked child), and its metric is logged like any reward's."""
+    path = save_reward_model(tmp_path / "rm")
+    config = load_config(
+        None,
+        [
+            "data.path=d.jsonl",
+            f"reward.functions=[model:{path}, rewards_for_tests:constant]",
+            "reward.timeout=5",
+        ],
+    )
+    with build_rewards(config, task=None) as runner:
+        assert runner.timeout_s == 5.0
+        fn = runner.fns[0][1]
+        fn.batch_rows = 4
+        pids: list[int] = []
+        forward = fn.model.forward
+
+        def recording_forward(*args, **kwargs):
+            pids.append(os.getpid())
+            return forward(*args, **kwargs)
+
+        fn.model.forward = recording_forward
+        result = runner.score(PROMPTS, COMPLETIONS, {})
+        assert pids == [os.getpid()] * 2  # 7 rows in batches of 4, in this process
+        assert runner._worker is not None and runner._worker.process.pid != os.getpid()
+        expected = expected_scores(path, PROMPTS, COMPLETIONS)
+        torch.testing.assert_close(
+            result.per_fn[:, 0], torch.tensor(expected), rtol=1e-5, atol=1e-5
+        )
+        torch.testing.assert_close(result.per_fn[:, 1], torch.full((7,), 0.5))
+        assert set(result.metrics) >= {"reward/model:rm", "reward/constant"}
+        assert math.isfinite(result.metrics["reward/model:rm"])
+    # alone, it needs no worker at all
+    with build_rewards(reward_config(path, "reward.timeout=5"), task=None) as alone:
+        alone.score(PROMPTS, COMPLETIONS, {})
+        assert alone._worker is None
+
+
+def train_config(model_dir: Path, data_file: Path, run_dir: Path, reward_dir: Path, *extra: str):
+    return load_config(
+        None,
+        [
+            f"model.path={model_dir}",
+            f"data.path={data_file}",
+            "data.prompts_per_step=4",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=8",
+            f"reward.functions=[model:{reward_dir}]",
+            "run.steps=2",
+            f"run.dir={run_dir}",
+            "optim.lr=1e-3",
+            "run.device=cpu",
+            *extra,
+        ],
+    )
+
+
+def logged_rewards(run_dir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2]
+    return [row["reward/model:rm"] for row in rows]
+
+
+def test_a_training_run_logs_the_reward_models_scores(tiny_model_dir, data_file, tmp_path):
+    reward_dir = save_reward_model(tmp_path / "rm", template=True)
+    run_dir = tmp_path / "run"
+    train(train_config(tiny_model_dir, data_file, run_dir, reward_dir), quiet=True)
+    scores = logged_rewards(run_dir)
+    assert all(math.isfinite(score) for score in scores)
+    assert len(set(scores)) == 2  # the sampled completions, and so their scores, differ
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_reward_model_runs_on_the_trainers_device(tiny_model_dir, data_file, tmp_path):
+    path = save_reward_model(tmp_path / "rm", template=True)
+    runner = build_rewards(
+        reward_config(path, "reward.timeout=5", "model.dtype=float32"), None, device="cuda"
+    )
+    with runner:
+        fn = runner.fns[0][1]
+        assert next(fn.model.parameters()).device.type == "cuda"
+        fn.batch_rows = 3
+        result = runner.score(PROMPTS, COMPLETIONS, {})
+        assert runner._worker is None
+    expected = expected_scores(path, PROMPTS, COMPLETIONS)
+    torch.testing.assert_close(result.per_fn[:, 0], torch.tensor(expected), rtol=1e-3, atol=1e-3)
+    # in `model.dtype` (auto: bfloat16 where the GPU has it)
+    bf16 = build_rewards(reward_config(path), None, device="cuda").fns[0][1]
+    assert next(bf16.model.parameters()).dtype == (
+        torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    )
+    run_dir = tmp_path / "run"
+    train(train_config(tiny_model_dir, data_file, run_dir, path, "run.device=cuda"), quiet=True)
+    assert all(math.isfinite(score) for score in logged_rewards(run_dir))
