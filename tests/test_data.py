@@ -1,4 +1,5 @@
 import json
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -55,6 +56,86 @@ def test_saved_dataset_directory(tmp_path, as_dict):
         data = datasets.DatasetDict({"train": data, "test": data.select([0])})
     data.save_to_disk(str(tmp_path / "saved"))
     assert load_rows(str(tmp_path / "saved"), "question", "result") == EXPECTED
+
+
+class FakeHub:
+    """`datasets.load_dataset` for Hub ids: the rows of ROWS per split, each call recorded."""
+
+    def __init__(self, datasets):
+        self.datasets = datasets
+        self.calls = []
+
+    def __call__(self, path, name=None, split=None, **kwargs):
+        self.calls.append((path, name, split))
+        if path == "acme/unreachable":
+            raise ConnectionError(f"Couldn't reach '{path}' on the Hub (LocalEntryNotFoundError)")
+        if path == "acme/absent":
+            raise self.datasets.exceptions.DatasetNotFoundError(f"Dataset '{path}' doesn't exist")
+        if split not in ("train", "test"):
+            raise ValueError(f"Unknown split \"{split}\". Should be one of ['train', 'test'].")
+        return self.datasets.Dataset.from_list(ROWS if split == "train" else ROWS[:1])
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    datasets = pytest.importorskip("datasets", reason="datasets (extra `data`) not installed")
+    hub = FakeHub(datasets)
+    monkeypatch.setattr(datasets, "load_dataset", hub)
+    return hub
+
+
+def test_a_hub_dataset_id_loads_its_config_and_split(fake_hub):
+    rows = load_rows("openai/gsm8k", "question", "result", config="main", split="train")
+    assert rows == EXPECTED
+    assert rows[1].where == "openai/gsm8k train row 2"
+    assert fake_hub.calls == [("openai/gsm8k", "main", "train")]
+    with pytest.raises(
+        ValueError, match=r"^openai/gsm8k \(config 'main', split 'dev'\): .*Unknown"
+    ):
+        load_rows("openai/gsm8k", "question", "result", config="main", split="dev")
+    with pytest.raises(ValueError, match="no such local file or directory, nor a dataset on the"):
+        load_rows("acme/absent")
+    with pytest.raises(ValueError, match="acme/unreachable is not in the local Hugging Face cache"):
+        load_rows("acme/unreachable")
+
+
+def test_hub_dataset_settings_reach_the_train_and_held_out_rows(fake_hub):
+    from oncurve.config import load_config
+    from oncurve.inputs import load_prompts
+
+    config = load_config(
+        None,
+        [
+            "data.path=openai/gsm8k",
+            "data.config=main",
+            "data.prompt_field=question",
+            "data.answer_field=result",
+            "eval.path=openai/gsm8k",
+            "reward.functions=[correct]",
+        ],
+    )
+    train, held_out, task = load_prompts(config)
+    assert (train, held_out[0], task) == (EXPECTED, EXPECTED[0], None)
+    assert fake_hub.calls == [("openai/gsm8k", "main", "train"), ("openai/gsm8k", "main", "test")]
+
+
+def test_a_local_path_wins_over_a_hub_id_and_a_missing_file_is_never_looked_up(
+    fake_hub, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "acme").mkdir()
+    _write_jsonl(tmp_path / "acme" / "rows.jsonl", ROWS)
+    assert load_rows("acme/rows.jsonl", "question", "result") == EXPECTED
+    with pytest.raises(ValueError, match=r"acme/gone.jsonl: no such file or directory"):
+        load_rows("acme/gone.jsonl")
+    assert fake_hub.calls == []
+
+
+def test_a_hub_dataset_without_datasets_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(ValueError, match=r"pip install 'oncurve\[data\]'") as err:
+        load_rows("openai/gsm8k")
+    assert "openai/gsm8k" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_bad_files(tmp_path):

@@ -253,3 +253,25 @@ def test_a_kv_cache_held_between_rollouts_counts_in_the_update():
     unpinned = plan_memory(QWEN_05B, budget_bytes=80 * GIB, microbatch_rows=4, **common)
     assert pinned.train_peak_bytes - unpinned.train_peak_bytes == cache
     assert held.microbatch_rows <= free.microbatch_rows
+
+
+def test_a_reward_models_weights_count_in_the_state():
+    common = dict(seq_len=324, rows_per_step=64, sample_rows=64, reference=True)
+    without = plan_memory(QWEN_05B, budget_bytes=80 * GIB, microbatch_rows=4, **common)
+    extra = 2 * GIB
+    with_rm = plan_memory(
+        QWEN_05B, budget_bytes=80 * GIB, microbatch_rows=4, extra_state_bytes=extra, **common
+    )
+    assert with_rm.state_bytes - without.state_bytes == extra
+    assert with_rm.train_peak_bytes - without.train_peak_bytes == extra
+    assert with_rm.sample_peak_bytes - without.sample_peak_bytes == extra
+    # in a tight budget the same run fits fewer rows per microbatch
+    tight = plan_memory(QWEN_05B, budget_bytes=6 * GIB, **common)
+    tighter = plan_memory(QWEN_05B, budget_bytes=6 * GIB, extra_state_bytes=extra, **common)
+    assert tighter.microbatch_rows < tight.microbatch_rows
+    # the trainer passes the reward runner's bytes through settle_memory
+    config = load_config(None, ["run.gpu_memory_gb=16"])
+    model, cuda = tiny_qwen2(40), torch.device("cuda")
+    _, plain = settle_memory(config, model, cuda, 1, 100, None)
+    _, rewarded = settle_memory(config, model, cuda, 1, 100, None, reward_bytes=12345)
+    assert rewarded.state_bytes - plain.state_bytes == 12345

@@ -35,6 +35,8 @@ from oncurve.models import (
     add_lora,
     cap_gpu_memory,
     enable_gradient_checkpointing,
+    hub_commit,
+    is_hub_id,
     load_model,
     load_tokenizer,
     microbatch_tokens,
@@ -115,7 +117,7 @@ def setup(config: Config) -> Session:
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     torch.manual_seed(config.run.seed)
-    model_path = resolve_model_path(config.model.path)
+    model_path = resolve_model_path(config.model.path, config.model.revision)
     tokenizer = load_tokenizer(model_path, config.model.trust_remote_code)
     train_rows, eval_rows, task = load_prompts(config)
     data = PromptData(train_rows, tokenizer, config.data, seed=config.run.seed)
@@ -124,9 +126,15 @@ def setup(config: Config) -> Session:
     )
     prompts = data.rows + (eval_data.rows if eval_data is not None else [])
     longest = max(len(row["prompt_ids"]) for row in prompts)
-    # the run's config.yaml records what `auto` chose
+    # the run's config.yaml records what `auto` chose, and the commit of a Hub model
     dtype = resolve_dtype(config.model.dtype, device)
-    config = dataclasses.replace(config, model=dataclasses.replace(config.model, dtype=dtype))
+    revision = hub_commit(model_path) if is_hub_id(config.model.path) else None
+    config = dataclasses.replace(
+        config,
+        model=dataclasses.replace(
+            config.model, dtype=dtype, revision=revision or config.model.revision
+        ),
+    )
     model = load_model(model_path, dtype, device, config.model.trust_remote_code)
     check_room(longest, config.rollout.max_new_tokens, model.config)
     peft_model = add_lora(model, config.model.lora) if config.model.lora.r else None
@@ -135,7 +143,11 @@ def setup(config: Config) -> Session:
     saved = checkpoint.read_state(resume_from).get("memory") if resume_from else None
     evaluates = eval_data is not None and (config.eval.at_start_end or config.eval.every > 0)
     seq_len = longest + config.rollout.max_new_tokens
-    config, plan = settle_memory(config, model, device, world_size, seq_len, saved, evaluates)
+    # before the memory plan, which counts a reward model's weights
+    rewards = build_rewards(config, task, device)
+    config, plan = settle_memory(
+        config, model, device, world_size, seq_len, saved, evaluates, rewards.memory_bytes()
+    )
     config = settle_tis_cap(config, model)
     if plan is not None and rank == 0:
         print(plan.describe(), file=sys.stderr)
@@ -182,7 +194,7 @@ def setup(config: Config) -> Session:
         sampler=build_sampler(config.rollout.backend, policy.whole_model, tokenizer),
         data=data,
         eval_data=eval_data,
-        rewards=build_rewards(config, task),
+        rewards=rewards,
         correct=correctness_fn(config, task),
         optimizer=optimizer,
         scheduler=scheduler,
@@ -314,10 +326,12 @@ def settle_memory(
     seq_len: int,
     saved: dict | None,
     evaluates: bool = False,
+    reward_bytes: int = 0,
 ) -> tuple[Config, MemoryPlan | None]:
     """`config` with every memory setting the user left unset (null) filled in, and the plan
     that chose them on CUDA (None on the CPU, where the defaults are fixed). A resumed run takes
-    the settings its checkpoint was written with (`saved`), so that it trains as the run did."""
+    the settings its checkpoint was written with (`saved`), so that it trains as the run did.
+    `reward_bytes` (a reward model's weights on the device) counts in the plan's state."""
     m, o = config.model, config.optim
     chosen = memory_settings(config)
     for key, value in (saved or {}).items():
@@ -342,6 +356,7 @@ def settle_memory(
             microbatch_rows=chosen["microbatch_size"],
             gradient_checkpointing=chosen["gradient_checkpointing"],
             logprob_chunk_size=chosen["logprob_chunk_size"],
+            extra_state_bytes=reward_bytes,
         )
         planned = {
             "gradient_checkpointing": plan.gradient_checkpointing,

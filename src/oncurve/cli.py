@@ -1,4 +1,4 @@
-"""`oncurve train | eval | sample | warmstart | tasks export | report`.
+"""`oncurve train | eval | sample | warmstart | tasks export | models import | report`.
 
 User errors (config, paths, data, reward import paths) print one line and exit 2; anything
 else is a bug in oncurve and keeps its traceback (exit 1).
@@ -141,6 +141,13 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _import_model(args: argparse.Namespace) -> int:
+    from oncurve.models import import_gguf
+
+    print(import_gguf(args.file, args.out, args.dtype))
+    return 0
+
+
 def _report(args: argparse.Namespace) -> int:
     from oncurve.report import write_report
 
@@ -160,7 +167,7 @@ def _load_sampler(args: argparse.Namespace) -> tuple[Sampler, PreTrainedModel]:
     )
     from oncurve.rollout import build_sampler
 
-    path = resolve_model_path(args.model)
+    path = resolve_model_path(args.model, args.revision, what="--model")
     tokenizer = load_tokenizer(path, args.trust_remote_code)
     device = resolve_device(args.device, what="--device")
     dtype = resolve_dtype(args.dtype, device)
@@ -189,7 +196,12 @@ def _parser() -> argparse.ArgumentParser:
     train.set_defaults(run=_train)
 
     def model_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--model", required=True, help="model directory, or `default`")
+        p.add_argument(
+            "--model",
+            required=True,
+            help="model directory, Hugging Face Hub id (owner/name), .gguf file, or `default`",
+        )
+        p.add_argument("--revision", help="Hub branch, tag or commit of a Hub id (default main)")
         p.add_argument("--max-new-tokens", type=int, default=64)
         p.add_argument("--temperature", type=float, default=1.0)
         p.add_argument("--seed", type=int, default=0)
@@ -234,6 +246,18 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("-n", type=int, default=500)
     export.add_argument("-o", "--output")
     export.set_defaults(run=_export)
+
+    models = commands.add_parser("models", help="model files").add_subparsers(required=True)
+    imp = models.add_parser("import", help="write a GGUF file as a safetensors model directory")
+    imp.add_argument("file", metavar="FILE.gguf")
+    imp.add_argument("--out", required=True, help="new (or empty) directory to write")
+    imp.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="weights dtype; float32 holds the dequantized weights exactly",
+    )
+    imp.set_defaults(run=_import_model)
 
     report = commands.add_parser("report", help="plots and an HTML page of one or more runs")
     report.add_argument("run_dirs", nargs="+")

@@ -83,7 +83,17 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    path: str = _opt("default", "local Hugging Face model directory, or `default` (bundled model)")
+    path: str = _opt(
+        "default",
+        "local Hugging Face model directory, Hub id (owner/name: downloaded into the Hugging "
+        "Face cache, or read from it offline), .gguf file (extra `gguf`), or `default` (the "
+        "bundled model)",
+    )
+    revision: str | None = _opt(
+        None,
+        "branch, tag or commit of a Hub model.path; null: main. The run's config.yaml records "
+        "the commit used",
+    )
     dtype: str = _opt(
         "auto",
         "weights and compute dtype; auto: bfloat16 on a GPU that supports it, else float32",
@@ -114,7 +124,13 @@ class DataConfig:
     task: str | None = _opt(
         "arith", "built-in task (arith, countdown, gym:<name>); its generator and rewards"
     )
-    path: str | None = _opt(None, "JSONL/CSV/Parquet file or saved dataset dir; overrides task")
+    path: str | None = _opt(
+        None,
+        "JSONL/CSV/Parquet file, saved dataset dir, or Hugging Face Hub dataset id (owner/name, "
+        "extra `data`; a local path wins); overrides task",
+    )
+    config: str | None = _opt(None, "config name of a Hub dataset (e.g. main for openai/gsm8k)")
+    split: str = _opt("train", "split of a Hub dataset to train on")
     prompt_field: str = _opt("prompt", "column holding the prompt text")
     answer_field: str = _opt("answer", "column holding the reference answer")
     prompts_per_step: int = _opt(16, "prompts (groups) per training step, B", POSITIVE)
@@ -287,7 +303,12 @@ class EvalConfig:
     samples: int = _opt(
         1, "completions per prompt for mean@K (K > 1 samples at temperature)", POSITIVE
     )
-    path: str | None = _opt(None, "held-out JSONL/CSV/Parquet file when data.path is used")
+    path: str | None = _opt(
+        None,
+        "held-out JSONL/CSV/Parquet file, or Hub dataset id (with data.config), when data.path "
+        "is used",
+    )
+    split: str = _opt("test", "split of a Hub dataset eval.path")
     at_start_end: bool = _opt(True, "evaluate before the first and after the last step")
 
 

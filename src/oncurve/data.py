@@ -1,9 +1,11 @@
-"""Local dataset files -> rows of {"prompt", "answer", other columns...}.
+"""Dataset files and Hub datasets -> rows of {"prompt", "answer", other columns...}.
 
 Kinds, by extension: `.jsonl` / `.json` (one JSON object per line), `.csv` (header row),
 `.parquet` (pyarrow, extra `data`), and a directory written by `datasets.save_to_disk` (extra
-`data`; a DatasetDict uses its "train" split, or its only split). Nothing is downloaded.
-Every problem is reported in one line naming the file, the line (or row) and the field.
+`data`; a DatasetDict uses its "train" split, or its only split). A path that does not exist
+locally and reads `owner/name` is a Hugging Face Hub dataset, loaded (downloaded into the
+Hugging Face cache, or read from it) with `datasets.load_dataset` at a config and split (extra
+`data`). Every problem is reported in one line naming the file, the line (or row) and the field.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,10 @@ from typing import Any
 from oncurve.errors import UserError
 
 Record = tuple[str, dict[str, Any]]  # (location such as "line 3" or "row 3", raw record)
+# `owner/name`, as the Hugging Face Hub spells a repository id: a missing local path of this
+# shape names a Hub dataset (here) or model (`models.resolve_model_path`).
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+FILE_KINDS = (".jsonl", ".json", ".csv", ".parquet")
 
 
 class Row(dict):
@@ -28,12 +35,17 @@ class Row(dict):
 
 
 def load_rows(
-    path: str, prompt_field: str = "prompt", answer_field: str = "answer"
+    path: str,
+    prompt_field: str = "prompt",
+    answer_field: str = "answer",
+    config: str | None = None,
+    split: str = "train",
 ) -> list[dict[str, Any]]:
     """Rows (`Row`s) with the prompt under "prompt" and the answer (as a string) under "answer";
-    other columns are kept and reach the reward functions by name."""
+    other columns are kept and reach the reward functions by name. `config` and `split` pick
+    the part of a Hub dataset."""
     rows = []
-    for where, record in read_records(path):
+    for where, record in read_records(path, config, split):
         for field in (prompt_field, answer_field):
             if field not in record:
                 present = ", ".join(record) or "none"
@@ -51,13 +63,16 @@ def load_rows(
     return rows
 
 
-def read_records(path: str) -> list[Record]:
-    """The raw records of a local dataset file or saved-dataset directory, each with its
-    location for error messages; an error if there are none."""
+def read_records(path: str, config: str | None = None, split: str = "train") -> list[Record]:
+    """The raw records of a local dataset file, saved-dataset directory or (split `split` of
+    config `config` of) Hub dataset, each with its location for error messages; an error if
+    there are none."""
     p = Path(path)
     if not p.exists():
-        raise UserError(f"{path}: no such file or directory")
-    if p.is_dir():
+        if not HUB_ID.fullmatch(path) or p.suffix in FILE_KINDS:
+            raise UserError(f"{path}: no such file or directory")
+        records = list(_hub_dataset(path, config, split))
+    elif p.is_dir():
         records = list(_saved_dataset(p))
     elif p.suffix in (".jsonl", ".json"):
         records = list(_jsonl(p))
@@ -147,3 +162,34 @@ def _saved_dataset(p: Path) -> Iterator[Record]:
             raise UserError(f"{p}: dataset has splits {splits} and none is 'train'; save one split")
     for number, record in enumerate(data, start=1):
         yield f"row {number}", dict(record)
+
+
+def _hub_dataset(path: str, config: str | None, split: str) -> Iterator[Record]:
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(
+            f"{path} is no local file; as a Hugging Face Hub dataset it needs the datasets "
+            "package: pip install 'oncurve[data]'"
+        ) from None
+    try:
+        data = datasets.load_dataset(path, name=config, split=split)
+    except datasets.exceptions.DatasetNotFoundError:
+        raise UserError(
+            f"{path}: no such local file or directory, nor a dataset on the Hugging Face Hub "
+            "(a private or gated one needs `hf auth login`)"
+        ) from None
+    except ConnectionError:
+        raise UserError(
+            f"{path} is not in the local Hugging Face cache and the Hub cannot be reached "
+            "(or HF_HUB_OFFLINE is set); load it once with network, which caches it, or give a "
+            "local file"
+        ) from None
+    except (OSError, ValueError) as e:
+        part = f"config {config!r}, split {split!r}" if config else f"split {split!r}"
+        raise UserError(
+            f"{path} ({part}): cannot load the Hugging Face Hub dataset: "
+            f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
+        ) from None
+    for number, record in enumerate(data, start=1):
+        yield f"{split} row {number}", dict(record)

@@ -10,6 +10,7 @@ import torch
 from oncurve.config import Config, DataConfig
 from oncurve.data import load_rows
 from oncurve.errors import UserError
+from oncurve.models import DTYPES, resolve_dtype
 from oncurve.rewards.registry import RewardFn, overlong_penalty, resolve_reward
 from oncurve.rewards.runner import RewardRunner
 from oncurve.tasks import get_task
@@ -25,9 +26,11 @@ def load_prompts(config: Config) -> tuple[list[dict], list[dict], Task | None]:
         train = task.examples("train", data.num_train, config.run.seed)
         held_out = task.examples("test", config.eval.num_prompts, config.run.seed)
         return train, held_out, task
-    train = load_rows(data.path, data.prompt_field, data.answer_field)
+    train = load_rows(data.path, data.prompt_field, data.answer_field, data.config, data.split)
     held_out = (
-        load_rows(config.eval.path, data.prompt_field, data.answer_field)
+        load_rows(
+            config.eval.path, data.prompt_field, data.answer_field, data.config, config.eval.split
+        )
         if config.eval.path
         else []
     )
@@ -111,16 +114,26 @@ def group_columns(rows: list[dict], group_size: int) -> tuple[list[str], dict[st
     return prompts, columns
 
 
-def build_rewards(config: Config, task: Task | None) -> RewardRunner:
+def build_rewards(
+    config: Config, task: Task | None, device: str | torch.device = "cpu"
+) -> RewardRunner:
     """The configured reward functions, or the task's own when `reward.functions` is empty;
     DAPO's soft overlong penalty is added when `reward.overlong_buffer` > 0. The runner's
     verifier is the reward among them that `correctness_fn` returns (what evaluation calls
-    correct), if any."""
+    correct), if any. A `model:PATH_OR_ID` reward model is loaded on `device` (the trainer's)
+    in `model.dtype`, with `model.trust_remote_code`."""
     fns: list[tuple[str, RewardFn, float]] = []
     reward = config.reward
     if reward.functions:
+        device = torch.device(device)
+        dtype = DTYPES[resolve_dtype(config.model.dtype, device)]
         for spec in reward.functions:
-            name, fn = resolve_reward(spec.name)
+            name, fn = resolve_reward(
+                spec.name,
+                device=device,
+                dtype=dtype,
+                trust_remote_code=config.model.trust_remote_code,
+            )
             fns.append((name, fn, spec.weight))
     elif task is not None:
         weights = getattr(task, "reward_weights", {})

@@ -14,8 +14,9 @@ microbatches made smaller.
 
 What the estimates count (bytes; b = bytes per weight element):
 - model state: weights (params x b), the reference copy, gradients (trainable x b), AdamW's
-  two moments (trainable x b each: torch keeps them in the parameter's dtype) and, for PPO, the
-  critic's float32 trunk with its gradients and moments;
+  two moments (trainable x b each: torch keeps them in the parameter's dtype), for PPO the
+  critic's float32 trunk with its gradients and moments, and a reward model's weights
+  (`extra_state_bytes`);
 - activations kept for the backward, per token and decoder layer: about
   `9 hidden + 2 kv + 4 intermediate` elements of a Llama-style layer (the two RMSNorms in float32,
   q/k/v, attention out, the gated MLP's four); with checkpointing one `hidden` per layer plus two
@@ -207,6 +208,7 @@ def plan_memory(
     microbatch_rows: int | None = None,
     gradient_checkpointing: bool | None = None,
     logprob_chunk_size: int | None = None,
+    extra_state_bytes: int = 0,
 ) -> MemoryPlan:
     """The microbatching of a run: the user's settings where given (not None), the rest chosen.
 
@@ -220,12 +222,15 @@ def plan_memory(
         critic: PPO's critic is held.
         held_cache_rows: rows of KV cache the sampler keeps between rollouts (the
             `cuda_graph` backend's graphs point into theirs), present during the update too.
+        extra_state_bytes: other weights held on the device all run long (a reward model's),
+            counted in the state and the peaks, not in the activation allowance.
     Returns:
         the plan; `plan.fits` is False when even one row per microbatch with checkpointing
         is predicted to exceed the budget.
     """
     chunk = logprob_chunk_size or logits_chunk(shape.vocab)
-    state = state_bytes(shape, reference=reference, critic=critic)
+    policy_state = state_bytes(shape, reference=reference, critic=critic)
+    state = policy_state + extra_state_bytes
     trainable_head = shape.trainable == shape.params
     held = kv_cache_bytes(shape, held_cache_rows, seq_len)
     fixed = state + held + logits_bytes(shape, chunk, trainable_head)
@@ -241,7 +246,8 @@ def plan_memory(
         # with very few layers, the recomputed layer costs more than the inputs it saves
         helps = activation_bytes_per_token(shape, True) < activation_bytes_per_token(shape, False)
         stored = rows * seq_len * activation_bytes_per_token(shape, False)
-        allowance = max(ACTIVATION_FLOOR, ACTIVATION_ALLOWANCE * state)
+        # the policy's own state: a reward model's weights do not make room for activations
+        allowance = max(ACTIVATION_FLOOR, ACTIVATION_ALLOWANCE * policy_state)
         checkpointing = helps and (stored > allowance or train_peak(rows, False) > usable)
     if microbatch_rows is None:
         while rows > 1 and train_peak(rows, checkpointing) > usable:
