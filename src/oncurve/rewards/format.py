@@ -15,6 +15,7 @@ _THINK_ANSWER_RE = re.compile(
     r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", re.DOTALL | re.IGNORECASE
 )
 _ANSWER_RE = re.compile(r"<answer>.*?</answer>", re.DOTALL | re.IGNORECASE)
+_BOXED_RE = re.compile(r"\\boxed\{[^{}]+\}")
 
 
 def think_answer_format_reward(
@@ -29,6 +30,11 @@ def think_answer_format_reward(
             completion = "<think>" + completion
         scores.append(1.0 if _THINK_ANSWER_RE.fullmatch(completion) else 0.0)
     return scores
+
+
+def boxed_format_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
+    """1.0 when the completion contains a `\\boxed{...}`, else 0.0."""
+    return [1.0 if _BOXED_RE.search(c) else 0.0 for c in completions]
 
 
 def tags_format_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:

@@ -18,6 +18,7 @@ from oncurve.errors import UserError
 from oncurve.rewards.answers import answers_match, extract_answer
 from oncurve.rewards.countdown import countdown_reward
 from oncurve.rewards.format import (
+    boxed_format_reward,
     length_penalty,
     overlong_penalty,
     tags_format_reward,
@@ -49,6 +50,7 @@ BUILTINS: dict[str, RewardFn] = {
     "correct": answer_match_reward,
     "format": think_answer_format_reward,
     "tags_format": tags_format_reward,
+    "boxed_format": boxed_format_reward,
     "overlong": overlong_penalty,
     "length": length_penalty,
     "countdown": countdown_reward,

@@ -1,4 +1,4 @@
-"""Built-in procedural tasks: `get_task("arith" | "countdown" | "gym:<dataset>")`."""
+"""Built-in procedural tasks: `get_task("arith" | "countdown" | "sums" | "gym:<dataset>")`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from oncurve.tasks.base import Task
 _TASKS = {
     "arith": ("oncurve.tasks.arith", "ArithTask"),
     "countdown": ("oncurve.tasks.countdown", "CountdownTask"),
+    "sums": ("oncurve.tasks.sums", "SumsTask"),
 }
 _GYM_PREFIX = "gym:"
 

@@ -1,0 +1,38 @@
+"""The `sums` task of the SmolLM2 recipe: splits, rows and rewards."""
+
+from __future__ import annotations
+
+import pytest
+
+from oncurve.rewards.format import boxed_format_reward
+from oncurve.tasks import get_task
+from oncurve.tasks.base import hash_split
+
+
+def test_splits_are_disjoint_seed_independent_and_the_test_split_is_all_distinct():
+    task = get_task("sums")
+    test = task.examples("test", 50, seed=0)
+    assert len({r["prompt"] for r in test}) == 50
+    assert {r["prompt"] for r in test} == {r["prompt"] for r in task.examples("test", 50, 7)}
+    train = task.examples("train", 2000, seed=3)
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
+    assert all(hash_split(r["prompt"]) == "train" for r in train)
+    with pytest.raises(ValueError, match="only 50 test problems"):
+        task.examples("test", 51, 0)
+
+
+def test_rows_hold_the_sum_and_the_rewards_score_a_boxed_right_answer():
+    task = get_task("sums")
+    row = task.examples("train", 1, seed=0)[0]
+    a, b = (int(x) for x in row["prompt"][len("What is ") :].split("?")[0].split(" + "))
+    assert row["answer"] == str(a + b)
+    fns = task.reward_fns()
+    completions = [f"{a} + {b} = \\boxed{{{a + b}}}", f"It is {a + b}.", "\\boxed{}", "\\boxed{-1}"]
+    answers = [row["answer"]] * 4
+    assert fns["correct"]([row["prompt"]] * 4, completions, answer=answers) == [1.0, 1.0, 0.0, 0.0]
+    assert fns["boxed"]([row["prompt"]] * 4, completions) == [1.0, 0.0, 0.0, 1.0]
+    assert task.reward_weights == {"correct": 1.0, "boxed": 0.2}
+
+
+def test_boxed_format_needs_a_filled_box():
+    assert boxed_format_reward(["p"] * 3, ["\\boxed{15}", "\\boxed{}", "boxed{3}"]) == [1, 0, 0]
