@@ -180,7 +180,7 @@ def scripted_steps(model_dir: Path, data_file: Path, run_dir: Path, *extra: str)
     trained: list[list[str]] = []
     # `log_samples` is handed every row trained on (the log keeps `log.samples_per_step`)
     real = trainer.log_samples
-    trainer.log_samples = lambda logger, step, rollout, rewards, rows, count: trained.append(
+    trainer.log_samples = lambda logger, step, rollout, rewards, rows, *_: trained.append(
         [row["prompt"] for row in rows]
     )
     try:
@@ -289,7 +289,7 @@ def test_dynamic_sampling_filters_on_the_correctness_reward_not_the_penalty(
     s = scripted_session(dapo_config(tiny_model_dir, data_file, tmp_path / "run"), nines)
     trained: list[str] = []
     monkeypatch.setattr(
-        trainer, "log_samples", lambda *args: trained.extend(row["prompt"] for row in args[-2])
+        trainer, "log_samples", lambda *args: trained.extend(row["prompt"] for row in args[4])
     )
     metrics = training_step(s, 1)
     assert trained == ["1.0.0", "1.0.2"]

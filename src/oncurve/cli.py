@@ -7,6 +7,7 @@ else is a bug in oncurve and keeps its traceback (exit 1).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -84,42 +85,112 @@ def _launch_torchrun(nproc: int, argv: list[str]) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from oncurve.config import DataConfig
     from oncurve.data import load_rows
     from oncurve.evaluate import evaluate
-    from oncurve.inputs import PromptData
+    from oncurve.inputs import PromptData, correctness_fn
+    from oncurve.rewards.answers import extract_answer
     from oncurve.rollout.base import check_room
     from oncurve.tasks import get_task
 
-    sampler, model = _load_sampler(args)
-    rows = PromptData(load_rows(args.data), sampler.tokenizer, DataConfig(), seed=0).rows
+    config = _run_config(args)
+    sampler, model = _load_sampler(args, config)
+    data = _prompt_format(args, config, sampler.tokenizer)
+    if args.data is not None:
+        rows = load_rows(args.data)
+    elif config is not None and config.data.task and config.data.path is None:
+        task = get_task(config.data.task)
+        rows = task.examples("test", config.eval.num_prompts, config.run.seed)
+    else:
+        raise UserError("--data is required (with --run, unless the run trained on a task)")
+    if config is not None and not args.task:
+        task = get_task(config.data.task) if config.data.task and not config.data.path else None
+        correct = correctness_fn(config, task)
+    else:
+        correct = get_task(args.task or "arith").reward_fns()["correct"]
+    rows = PromptData(rows, sampler.tokenizer, data, seed=0).rows
     longest = max(len(row["prompt_ids"]) for row in rows)
     check_room(longest, args.max_new_tokens, model.config, "--max-new-tokens")
+    records: list[dict] = []
     result = evaluate(
         sampler,
         rows,
-        get_task(args.task).reward_fns()["correct"],
+        correct,
         max_new_tokens=args.max_new_tokens,
         samples=args.samples,
         temperature=args.temperature,
         seed=args.seed,
+        records=records,
     )
+    if args.out:
+        with open(args.out, "w") as out:
+            for row, record in zip(rows, records, strict=True):
+                line = {
+                    "prompt": sampler.tokenizer.decode(row["prompt_ids"]),
+                    "answer": row.get("answer"),
+                    "extracted": extract_answer(record["greedy"]),
+                    **record,
+                }
+                out.write(json.dumps(line) + "\n")
     print(json.dumps({"n": len(rows), **result}))
     return 0
 
 
 def _sample(args: argparse.Namespace) -> int:
+    from oncurve.inputs import encode_prompt
     from oncurve.rollout import SamplingParams
     from oncurve.rollout.base import check_room
 
-    sampler, model = _load_sampler(args)
-    longest = len(sampler.tokenizer(args.prompt)["input_ids"])
-    check_room(longest, args.max_new_tokens, model.config, "--max-new-tokens")
+    config = _run_config(args)
+    sampler, model = _load_sampler(args, config)
+    data = _prompt_format(args, config, sampler.tokenizer)
+    ids = encode_prompt(sampler.tokenizer, args.prompt, data, "--prompt")
+    check_room(len(ids), args.max_new_tokens, model.config, "--max-new-tokens")
     params = SamplingParams(args.max_new_tokens, temperature=args.temperature, seed=args.seed)
-    batch = sampler.generate([args.prompt], args.n, params)
+    batch = sampler.generate_ids([ids], args.n, params)
     for text, reason in zip(batch.texts, batch.finish_reasons, strict=True):
         print(json.dumps({"completion": text, "finish_reason": reason}))
     return 0
+
+
+def _run_config(args: argparse.Namespace):
+    """The resolved config of `--run RUN_DIR` (None without it); fills in `--model` (the run's
+    final model) and `--max-new-tokens` (its rollout.max_new_tokens) when they are not given."""
+    if args.run_dir is None:
+        if args.model is None:
+            raise UserError("--model or --run is required")
+        args.max_new_tokens = args.max_new_tokens or 64
+        return None
+    import yaml
+
+    from oncurve.config import build_config
+
+    path = Path(args.run_dir) / "config.yaml"
+    if not path.is_file():
+        raise UserError(f"--run {args.run_dir}: no config.yaml (not a run directory)")
+    config = build_config(yaml.safe_load(path.read_text()))
+    if args.model is None:
+        final = Path(args.run_dir) / "final"
+        if not (final / "config.json").is_file():
+            raise UserError(f"--run {args.run_dir}: no final/ model yet (the run has not finished)")
+        args.model = str(final)
+    args.max_new_tokens = args.max_new_tokens or config.rollout.max_new_tokens
+    return config
+
+
+def _prompt_format(args: argparse.Namespace, config, tokenizer):
+    """How prompts are formatted, as training formats them: the run's settings under `--run`,
+    else the chat template when the tokenizer has one; `--chat-template` / `--no-chat-template`
+    and `--system-prompt` override either."""
+    from oncurve.config import DataConfig
+
+    data = config.data if config is not None else DataConfig()
+    chat = args.chat_template
+    if chat is None:
+        chat = data.chat_template if config is not None else bool(tokenizer.chat_template)
+    if chat and not tokenizer.chat_template:
+        raise UserError("--chat-template: the tokenizer has no chat template")
+    system = args.system_prompt if args.system_prompt is not None else data.system_prompt
+    return dataclasses.replace(data, chat_template=chat, system_prompt=system)
 
 
 def _warmstart(args: argparse.Namespace) -> int:
@@ -156,8 +227,9 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_sampler(args: argparse.Namespace) -> tuple[Sampler, PreTrainedModel]:
-    """The `--backend` sampler of the `--model` model, and the model."""
+def _load_sampler(args: argparse.Namespace, config=None) -> tuple[Sampler, PreTrainedModel]:
+    """The `--backend` sampler of the `--model` model (a run's `config`: its tokenizer's
+    remote-code setting), and the model."""
     from oncurve.models import (
         load_model,
         load_tokenizer,
@@ -168,6 +240,8 @@ def _load_sampler(args: argparse.Namespace) -> tuple[Sampler, PreTrainedModel]:
     from oncurve.rollout import build_sampler
 
     path = resolve_model_path(args.model, args.revision, what="--model")
+    if config is not None:
+        args.trust_remote_code = args.trust_remote_code or config.model.trust_remote_code
     tokenizer = load_tokenizer(path, args.trust_remote_code)
     device = resolve_device(args.device, what="--device")
     dtype = resolve_dtype(args.dtype, device)
@@ -198,11 +272,28 @@ def _parser() -> argparse.ArgumentParser:
     def model_args(p: argparse.ArgumentParser) -> None:
         p.add_argument(
             "--model",
-            required=True,
-            help="model directory, Hugging Face Hub id (owner/name), .gguf file, or `default`",
+            help="model directory, Hugging Face Hub id (owner/name), .gguf file, or `default`; "
+            "with --run, the run's final/ model by default",
+        )
+        p.add_argument(
+            "--run",
+            dest="run_dir",
+            metavar="RUN_DIR",
+            help="a run directory: its final model and its prompt format, answer reward and "
+            "rollout.max_new_tokens",
         )
         p.add_argument("--revision", help="Hub branch, tag or commit of a Hub id (default main)")
-        p.add_argument("--max-new-tokens", type=int, default=64)
+        p.add_argument(
+            "--chat-template",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="format prompts with the tokenizer's chat template (default: the run's setting, "
+            "else whether the tokenizer has one)",
+        )
+        p.add_argument("--system-prompt", help="system message before each prompt")
+        p.add_argument(
+            "--max-new-tokens", type=int, help="default: the run's rollout.max_new_tokens, or 64"
+        )
         p.add_argument("--temperature", type=float, default=1.0)
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--trust-remote-code", action="store_true")
@@ -216,14 +307,24 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--backend",
             default="auto",
-            help="sampler backend: auto, hf or cpu_llama (as rollout.backend)",
+            help="sampler backend: auto, hf, cpu_llama or cuda_graph (as rollout.backend)",
         )
 
     ev = commands.add_parser("eval", help="accuracy, mean@K and pass@K on a JSONL file")
     model_args(ev)
-    ev.add_argument("--data", required=True, help="JSONL with prompt and answer fields")
+    ev.add_argument(
+        "--data",
+        help="prompt/answer file (JSONL, CSV, Parquet); with --run of a task run, its held-out "
+        "problems by default",
+    )
     ev.add_argument("--samples", type=int, default=1, help="K completions per prompt")
-    ev.add_argument("--task", default="arith", help="task whose reward decides correctness")
+    ev.add_argument(
+        "--task",
+        help="task whose reward decides correctness (default: the run's, else arith's)",
+    )
+    ev.add_argument(
+        "--out", help="write one JSON row per prompt: prompt as formatted, completions, scores"
+    )
     ev.set_defaults(run=_eval)
 
     sample = commands.add_parser("sample", help="print completions of one prompt")

@@ -15,7 +15,7 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -166,9 +166,12 @@ def log_samples(
     rewards: torch.Tensor,
     rows: list[dict],
     count: int,
+    decode: Callable[[list[int]], str] | None = None,
 ) -> None:
     """Write `count` of the step's completions, spread evenly over its `[N]` rows, with their
-    prompt (`rows` holds one dataset row per group), reward and reference answer."""
+    prompt (`rows` holds one dataset row per group), reward and reference answer; with
+    `decode` (the tokenizer's), also the prompt as the model saw it (`prompt_as_seen`: after
+    the system prompt and chat template), so that a formatting mistake shows."""
     count = min(count, rollout.num_rows)
     if not count:
         return
@@ -182,6 +185,11 @@ def log_samples(
                 "completion": rollout.texts[i],
                 "reward": float(rewards[i]),
                 "answer": rows[i // group_size].get("answer"),
+                **(
+                    {"prompt_as_seen": decode(rows[i // group_size]["prompt_ids"])}
+                    if decode
+                    else {}
+                ),
             }
             for i in picks
         ],

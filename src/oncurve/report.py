@@ -435,7 +435,17 @@ def _samples_section(run: Run) -> str:
                 "</tr>"
             )
     head = "<tr><th>step</th><th>reward</th><th>answer</th><th>prompt</th><th>completion</th></tr>"
-    return title + f'<table class="samples">{head}{"".join(body)}</table>'
+    # once per run, the prompt as the model saw it (system prompt, chat template, special
+    # tokens), so that a formatting mistake shows
+    first = rows[next(iter(chosen))][0] if rows[next(iter(chosen))] else {}
+    seen = first.get("prompt_as_seen")
+    shown = (
+        f'<p class="note">The first prompt as the model saw it:</p><div class="text">'
+        f"{_cell(seen)}</div>"
+        if seen is not None
+        else ""
+    )
+    return title + shown + f'<table class="samples">{head}{"".join(body)}</table>'
 
 
 def _cell(value) -> str:

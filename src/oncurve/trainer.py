@@ -78,7 +78,13 @@ def training_step(s: Session, step: int) -> dict[str, float]:
     s.completion_tokens += int(distributed.all_sum([float(sampled.tokens)])[0])
     metrics["tokens/total"] = float(s.completion_tokens)
     log_samples(
-        s.logger, step, sampled.rollout, sampled.rewards, sampled.rows, cfg.log.samples_per_step
+        s.logger,
+        step,
+        sampled.rollout,
+        sampled.rewards,
+        sampled.rows,
+        cfg.log.samples_per_step,
+        s.tokenizer.decode,
     )
     return metrics
 

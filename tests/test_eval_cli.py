@@ -1,0 +1,112 @@
+"""`oncurve eval` and `oncurve sample` format prompts as training does and give the trainer's
+numbers: `--run`, the chat template, `--system-prompt`, `--out`, and the prompt as the model
+saw it in samples.jsonl."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import transformers
+from test_trainer import make_config
+
+from oncurve.cli import main
+from oncurve.config import load_config
+from oncurve.report import write_report
+from oncurve.trainer import train
+
+TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant] {% endif %}"
+)
+
+
+@pytest.fixture
+def chat_model_dir(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    """The tiny test model with a chat template in its tokenizer."""
+    path = tmp_path / "chat-model"
+    shutil.copytree(tiny_model_dir, path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def bare(text: str) -> str:
+    """`text` without whitespace: the tiny model's character tokenizer, as transformers loads
+    it from a directory, decodes without spaces and newlines."""
+    return "".join(text.split())
+
+
+def eval_json(capsys, *argv: str) -> dict:
+    assert main(["eval", "--device", "cpu", *argv]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_eval_of_a_run_gives_the_trainers_held_out_accuracy(tmp_path, capsys):
+    """The bundled model on the arith task: `oncurve eval --run` with no other argument scores
+    the run's final model on the run's held-out problems as the trainer's last evaluation."""
+    run_dir = tmp_path / "run"
+    config = load_config(
+        None,
+        ["run.steps=2", "eval.num_prompts=24", f"run.dir={run_dir}", "run.device=cpu"],
+    )
+    result = train(config, quiet=True)
+    got = eval_json(capsys, "--run", str(run_dir))
+    assert got == {"n": 24, "accuracy": pytest.approx(result.eval_after["accuracy"], abs=1e-9)}
+    assert 0 < got["accuracy"] < 1  # a number that depends on the prompts and the model
+
+
+def test_a_chat_template_run_is_evaluated_in_its_template(
+    chat_model_dir, data_file, tmp_path, capsys
+):
+    run_dir = tmp_path / "run"
+    config = make_config(
+        chat_model_dir,
+        data_file,
+        run_dir,
+        "data.chat_template=true",
+        "data.system_prompt=be brief",
+        f"eval.path={data_file}",
+        "eval.num_prompts=40",
+        "run.steps=1",
+    )
+    result = train(config, quiet=True)
+    out = tmp_path / "rows.jsonl"
+    got = eval_json(capsys, "--run", str(run_dir), "--data", str(data_file), "--out", str(out))
+    assert got["accuracy"] == pytest.approx(result.eval_after["accuracy"], abs=1e-9)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == got["n"] == 40
+    assert bare(rows[0]["prompt"]).endswith("[system]bebrief[user]0+0=[assistant]")
+    assert {"answer", "extracted", "greedy", "greedy_correct"} <= set(rows[0])
+    # the prompt as the model saw it, in samples.jsonl (and so in the report)
+    sample = json.loads((run_dir / "samples.jsonl").read_text().splitlines()[0])
+    assert "[system]bebrief[user]" in bare(sample["prompt_as_seen"])
+    assert bare(sample["prompt_as_seen"]).endswith("[assistant]")
+    page = write_report([run_dir], tmp_path / "report").read_text()
+    shown = page.split("The first prompt as the model saw it:")[1].split("</div>")[0]
+    assert "[system]" in shown and "[assistant]" in shown
+
+
+def test_the_template_is_the_default_when_the_tokenizer_has_one(
+    chat_model_dir, data_file, tmp_path, capsys
+):
+    common = ["--model", str(chat_model_dir), "--data", str(data_file), "--max-new-tokens", "4"]
+    templated, plain = tmp_path / "t.jsonl", tmp_path / "p.jsonl"
+    eval_json(capsys, *common, "--out", str(templated))
+    eval_json(capsys, *common, "--no-chat-template", "--system-prompt", "hi", "--out", str(plain))
+    first = json.loads(templated.read_text().splitlines()[1])["prompt"]
+    assert bare(first).endswith("[user]1+1=[assistant]")
+    assert bare(json.loads(plain.read_text().splitlines()[1])["prompt"]).endswith("hi1+1=")
+
+
+def test_sample_formats_its_prompt_and_errors_are_one_line(chat_model_dir, tmp_path, capsys):
+    argv = ["sample", "--device", "cpu", "--max-new-tokens", "3", "-n", "2"]
+    assert main([*argv, "--model", str(chat_model_dir), "--prompt", "2+2="]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 2
+    assert main([*argv, "--prompt", "2+2="]) == 2
+    assert "--model or --run" in capsys.readouterr().err
+    assert main([*argv, "--run", str(tmp_path), "--prompt", "2+2="]) == 2
+    assert "no config.yaml" in capsys.readouterr().err
