@@ -37,5 +37,7 @@ def test_unknown_gym_dataset_lists_choices():
 
 
 def test_unknown_task_lists_choices():
-    with pytest.raises(ValueError, match=r"unknown task 'nope'; choices: arith, countdown, sums, gym:"):
+    with pytest.raises(
+        ValueError, match=r"unknown task 'nope'; choices: arith, countdown, sums, gym:"
+    ):
         get_task("nope")
