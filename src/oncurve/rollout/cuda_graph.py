@@ -158,22 +158,16 @@ class GraphSampler(TorchSampler):
             self._decode(ws, logits, params)
         finally:
             self.model.train(was_training)
-        ends, reasons = ws.ends.clone(), ws.reasons
-        longest = int(ends.max())
-        columns = torch.arange(longest, device=ids.device)
-        completion_mask = (columns[None] < ends[:, None]).long()
-        completion = ws.completion[:, :longest].masked_fill(completion_mask == 0, self.pad_id)
-        logprobs = ws.logprobs[:, :longest] * completion_mask
-        finish = [("eos", "stop", "length")[r] for r in reasons.tolist()]
-        return RolloutBatch(
-            prompt_ids=ids.repeat_interleave(group_size, 0),
-            prompt_mask=mask.repeat_interleave(group_size, 0),
-            completion_ids=completion,
-            completion_mask=completion_mask,
-            logprobs=logprobs,
-            texts=self._texts(completion, ends, finish, params.stop),
-            finish_reasons=finish,
-            group_size=group_size,
+        longest = int(ws.ends.max())
+        return self._rollout(
+            ids,
+            mask,
+            group_size,
+            ws.completion[:, :longest],
+            ws.logprobs[:, :longest],
+            ws.ends,
+            ws.reasons,
+            params,
         )
 
     def release(self) -> None:

@@ -95,7 +95,22 @@ class TorchSampler:
         finally:
             self.model.train(was_training)
 
-        positions = torch.arange(completion.shape[1], device=device)
+        return self._rollout(ids, mask, group_size, completion, logprobs, ends, reasons, params)
+
+    def _rollout(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        group_size: int,
+        completion: torch.Tensor,
+        logprobs: torch.Tensor,
+        ends: torch.Tensor,
+        reasons: torch.Tensor,
+        params: SamplingParams,
+    ) -> RolloutBatch:
+        """The `RolloutBatch` of a decode: `[B, P]` prompts and mask, `[N, t]` completion ids
+        and logprobs (garbage past a row's end), `[N]` lengths and finish reason codes."""
+        positions = torch.arange(completion.shape[1], device=completion.device)
         completion_mask = (positions[None] < ends[:, None]).long()
         completion = completion.masked_fill(completion_mask == 0, self.pad_id)
         logprobs = logprobs * completion_mask
