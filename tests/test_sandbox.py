@@ -1,0 +1,621 @@
+"""oncurve.sandbox against hostile programs.
+
+Each attack checks three things: the result (status, reason, output); that the attack failed
+(the program reports what it tried and got, or the host shows no trace of it); and, through
+the `host` fixture, that the machine is as it was: no process of the run left (by uid, by a
+marker in its command line, no bootstrap), no descriptor or mount of the test process leaked,
+nothing new in /tmp, and the sandbox still runs a program.
+
+The tests that need namespaces skip where `isolation()` says there are none. Two fixtures
+force the other modes on a root machine that has namespaces: `fallback` (no namespaces, a uid
+of its own, the audit hook) and `user_ns` (what a non-root trainer gets).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from oncurve import sandbox
+
+
+def _isolation() -> sandbox.Isolation | None:
+    try:
+        return sandbox.isolation()
+    except sandbox.SandboxError:
+        return None
+
+
+ISO = _isolation()
+ROOT = os.geteuid() == 0
+pytestmark = pytest.mark.skipif(ISO is None, reason="no sandbox runs on this machine")
+needs_namespaces = pytest.mark.skipif(
+    ISO is None or not ISO.namespaces,
+    reason="the machine gives no namespaces (see oncurve.sandbox.isolation())",
+)
+FIRST_UID = sandbox._UID_BASE + os.getpid() * sandbox.MAX_PARALLEL
+
+
+def _proc_entries() -> Iterator[tuple[int, dict[str, str], str]]:
+    """(pid, status fields, command line) of every process on the machine."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{entry}/status").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        yield int(entry), fields, cmdline
+
+
+def _leftovers(marker: str) -> list[str]:
+    """Processes of this test process's runs: by uid, by marker, or our own bootstraps."""
+    found = []
+    for pid, fields, cmdline in _proc_entries():
+        uid = int(fields["Uid"].split()[0])
+        ours = int(fields["PPid"]) == os.getpid() and (
+            "_boot.py" in cmdline or "unshare" in cmdline
+        )
+        if FIRST_UID <= uid < FIRST_UID + sandbox.MAX_PARALLEL or marker in cmdline or ours:
+            found.append(f"{pid} uid={uid} {cmdline}")
+    return found
+
+
+def _shmem_mb() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("Shmem:"):
+            return int(line.split()[1]) // 1024
+    raise AssertionError("no Shmem in /proc/meminfo")
+
+
+@pytest.fixture
+def host() -> Iterator[str]:
+    """A marker for the test's program; afterwards, checks that the machine is as it was."""
+    marker = f"oncurve-attack-{uuid.uuid4().hex}"
+    fds = sorted(os.listdir("/proc/self/fd"))
+    mounts = Path("/proc/self/mountinfo").read_text()
+    tmp = set(os.listdir("/tmp"))
+    yield marker
+    assert _leftovers(marker) == []
+    assert sorted(os.listdir("/proc/self/fd")) == fds
+    assert Path("/proc/self/mountinfo").read_text() == mounts
+    new = set(os.listdir("/tmp")) - tmp
+    assert [name for name in new if marker in name or name.startswith("oncurve-sandbox")] == []
+    assert sandbox.run_python("print(6 * 7)").stdout == "42\n"
+
+
+@pytest.fixture
+def fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run as a machine without namespaces would: host directory, audit hook, a uid of its own."""
+    if not ROOT:
+        pytest.skip("the fallback tests need root, to give the program a uid of its own")
+    iso = sandbox.Isolation(namespaces=False, drops_user=True, missing=("forced by the test",))
+    monkeypatch.setattr(sandbox, "isolation", lambda: iso)
+    monkeypatch.setattr(sandbox, "_warned", True)  # the warning has a test of its own
+
+
+@pytest.fixture
+def user_ns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run as a non-root trainer would: user namespace, uid 1000 of a nested one inside."""
+    if not (ROOT and ISO is not None and ISO.namespaces):
+        pytest.skip("forcing user-namespace mode needs root and namespaces")
+    iso = sandbox.Isolation(namespaces=True, drops_user=False, missing=())
+    monkeypatch.setattr(sandbox, "isolation", lambda: iso)
+
+
+def test_isolation_on_this_machine() -> None:
+    assert ISO is not None
+    if ISO.namespaces:
+        assert ISO.missing == ()
+    else:
+        assert any("network namespace" in line for line in ISO.missing)
+    assert ISO.drops_user == ROOT
+    assert sandbox.isolation() is ISO  # probed once
+
+
+def test_program_reads_stdin_and_writes_stdout(host: str) -> None:
+    # More input than a pipe holds: the trainer feeds it while the program reads.
+    source = (
+        "import sys\ntext = sys.stdin.read()\n"
+        "print(len(text), text[::-1][:6])\nprint('warn', file=sys.stderr)"
+    )
+    result = sandbox.run_python(source, stdin="abc" * 100_000)
+    assert result.stdout == "300000 cbacba\n"
+    assert result.stderr == "warn\n"
+    assert (result.status, result.reason, result.returncode) == ("ok", "exit", 0)
+    assert result.seconds > 0
+
+
+@pytest.mark.parametrize(
+    ("source", "status", "reason", "returncode", "stderr"),
+    [
+        ("def f(:\n    pass\n", "error", "exit", 1, "SyntaxError"),
+        ("raise KeyError('boom')", "error", "exit", 1, "KeyError: 'boom'"),
+        ("exit(3)", "error", "exit", 3, ""),
+        (
+            "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)",
+            "killed",
+            "signal 11 (SIGSEGV)",
+            -11,
+            "",
+        ),
+    ],
+)
+def test_program_failures(
+    host: str, source: str, status: str, reason: str, returncode: int, stderr: str
+) -> None:
+    result = sandbox.run_python(source)
+    assert (result.status, result.reason, result.returncode) == (status, reason, returncode)
+    assert stderr in result.stderr
+
+
+def test_program_runs_as_main(host: str) -> None:
+    # __main__ is the program's own module (pickle finds its functions), with nothing of the
+    # runner left in it, and quit() works as with a plain `python main.py`.
+    source = (
+        "import pickle\n"
+        "def inc(x):\n    return x + 1\n"
+        "names = sorted(k for k in globals() if not k.startswith('__'))\n"
+        "print(pickle.loads(pickle.dumps(inc))(1), names, __name__)\n"
+        "quit(4)\n"
+    )
+    result = sandbox.run_python(source)
+    assert result.stdout == "2 ['inc', 'pickle'] __main__\n"
+    assert result.returncode == 4
+
+
+def test_bad_arguments_raise() -> None:
+    with pytest.raises(ValueError, match="timeout_s"):
+        sandbox.run_python("pass", timeout_s=0)
+    with pytest.raises(ValueError, match="memory_mb"):
+        sandbox.run_python("pass", memory_mb=0)
+    with pytest.raises(TypeError):
+        sandbox.run_python(b"pass")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="workers"):
+        sandbox.SandboxPool(0)
+
+
+def test_infinite_loop_stops_at_wall_time(host: str) -> None:
+    result = sandbox.run_python("while True:\n    pass", timeout_s=1.0)
+    assert (result.status, result.reason, result.returncode) == ("timeout", "wall time", None)
+    assert result.seconds >= 1.0
+
+
+def test_cpu_limit_stops_the_program(host: str) -> None:
+    # The program may lower its own soft limit: then SIGXCPU, reported as CPU time.
+    source = (
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_CPU, (1, resource.getrlimit(resource.RLIMIT_CPU)[1]))\n"
+        "while True:\n    pass\n"
+    )
+    result = sandbox.run_python(source, timeout_s=5.0)
+    assert (result.status, result.reason, result.returncode) == ("timeout", "cpu time", -24)
+
+
+def test_fork_bomb_stops_at_the_process_limit(host: str) -> None:
+    source = (
+        "import os, time\n"
+        "n = 0\n"
+        "try:\n"
+        "    while True:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(60)\n"
+        "        n += 1\n"
+        "except OSError as exc:\n"
+        "    print(n, exc.errno)\n"
+    )
+    result = sandbox.run_python(source, timeout_s=5.0)
+    assert result.status == "ok", result
+    forked, err = map(int, result.stdout.split())
+    assert forked < sandbox.PROCESS_LIMIT
+    assert err == errno.EAGAIN
+    # The 60-second sleepers died with the run: `host` finds none of its uid.
+
+
+def test_endless_fork_bomb_is_killed_whole(host: str) -> None:
+    source = (
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    )
+    result = sandbox.run_python(source, timeout_s=1.0)
+    assert (result.status, result.reason) == ("timeout", "wall time")
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "x = bytearray(10 * 2**30)",
+        "chunks = []\nwhile True:\n    chunks.append(bytearray(2**26))",
+    ],
+    ids=["at-once", "in-steps"],
+)
+def test_allocating_10gb_fails(host: str, source: str) -> None:
+    result = sandbox.run_python(source, memory_mb=256)
+    assert (result.status, result.returncode) == ("error", 1)
+    assert result.stderr.rstrip().endswith("MemoryError")
+
+
+def test_writing_a_10gb_file_fails(host: str) -> None:
+    source = (
+        "chunk = b'0' * 2**20\n"
+        "with open('big', 'wb') as f:\n"
+        "    for _ in range(10 * 1024):\n"
+        "        f.write(chunk)\n"
+    )
+    result = sandbox.run_python(source)
+    assert (result.status, result.returncode) == ("error", 1)
+    assert "File too large" in result.stderr
+
+
+@needs_namespaces
+def test_filling_the_scratch_space_fails_and_frees_it(host: str) -> None:
+    # Files under the per-file limit, until the run's tmpfs is full; its memory goes with it.
+    source = (
+        "import os\n"
+        "chunk, written = b'0' * 2**20, 0\n"
+        "try:\n"
+        "    for i in range(100):\n"
+        "        with open(f'f{i}', 'wb') as f:\n"
+        "            for _ in range(15):\n"
+        "                f.write(chunk)\n"
+        "                written += len(chunk)\n"
+        "finally:\n"
+        "    print(written // 2**20)\n"
+    )
+    before = _shmem_mb()
+    result = sandbox.run_python(source)
+    assert result.status == "error"
+    assert "No space left on device" in result.stderr
+    written = int(result.stdout)
+    assert sandbox.SCRATCH_MB - 8 <= written <= sandbox.SCRATCH_MB
+    assert _shmem_mb() < before + written // 2
+
+
+@needs_namespaces
+def test_writing_outside_its_directory_fails(host: str, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o777)
+    home = Path.home()
+    targets = [
+        f"/tmp/../etc/{host}",
+        f"{run_dir}/{host}",
+        f"{home}/{host}",
+        f"/{host}",
+        f"/usr/{host}",
+        f"{sys.base_prefix}/{host}",
+        f"/sandbox/../{host}",
+    ]
+    source = (
+        f"targets = {targets!r}\n"
+        "for path in targets:\n"
+        "    try:\n"
+        "        with open(path, 'w') as f:\n"
+        "            f.write('x')\n"
+        "        print(path, 'written')\n"
+        "    except OSError as exc:\n"
+        "        print(path, type(exc).__name__)\n"
+        f"open('/tmp/{host}', 'w').write('its own /tmp')\n"
+        f"print(open('/tmp/{host}').read())\n"
+    )
+    result = sandbox.run_python(source)
+    assert result.status == "ok", result
+    lines = result.stdout.splitlines()
+    assert lines[-1] == "its own /tmp"
+    for path, line in zip(targets, lines, strict=False):
+        assert line.startswith(path + " ") and not line.endswith("written"), line
+    for path in [*targets, f"/tmp/{host}"]:
+        assert not os.path.exists(os.path.normpath(path)), path
+
+
+@needs_namespaces
+def test_reading_the_trainers_environment_and_files_fails(
+    host: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env_secret, file_secret = uuid.uuid4().hex, uuid.uuid4().hex
+    monkeypatch.setenv("ONCURVE_TEST_SECRET", env_secret)
+    tmp_path.chmod(0o755)
+    secret_file = tmp_path / "secret.txt"
+    secret_file.write_text(file_secret)
+    secret_file.chmod(0o644)
+    repo_file = Path(sandbox.__file__).resolve()
+    paths = [str(secret_file), str(repo_file), "/proc/1/environ", "/etc/passwd", "/root/.bashrc"]
+    source = (
+        "import os\n"
+        "print(sorted(os.environ))\n"
+        "print(open('/proc/self/environ', 'rb').read())\n"
+        f"for path in {paths!r}:\n"
+        "    try:\n"
+        "        print(path, open(path, 'rb').read())\n"
+        "    except OSError as exc:\n"
+        "        print(path, type(exc).__name__)\n"
+        "for pid in os.listdir('/proc'):\n"
+        "    if pid.isdigit():\n"
+        "        try:\n"
+        "            print(pid, open(f'/proc/{pid}/environ', 'rb').read())\n"
+        "        except OSError as exc:\n"
+        "            print(pid, type(exc).__name__)\n"
+    )
+    result = sandbox.run_python(source)
+    assert result.status == "ok", result
+    assert env_secret not in result.stdout + result.stderr
+    assert file_secret not in result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "['HOME', 'LANG', 'PATH', 'TMPDIR']"
+    for path in paths:
+        line = next(line for line in lines if line.startswith(path + " "))
+        assert line.split()[-1] in ("FileNotFoundError", "PermissionError"), line
+
+
+def _connect_source(port: int) -> str:
+    return (
+        "import socket\n"
+        "for kind, attempt in [\n"
+        f"    ('tcp', lambda: socket.create_connection(('127.0.0.1', {port}), timeout=1)),\n"
+        f"    ('udp', lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b'x', ('127.0.0.1', {port}))),\n"
+        "    ('listen', lambda: socket.create_server(('127.0.0.1', 0)).getsockname()),\n"
+        "]:\n"
+        "    try:\n"
+        "        print(kind, 'done', attempt())\n"
+        "    except OSError as exc:\n"
+        "        print(kind, type(exc).__name__, exc.errno)\n"
+    )
+
+
+def _assert_no_connection() -> list[str]:
+    """Run _connect_source against a TCP and a UDP server of ours; they receive nothing."""
+    with (
+        socket.create_server(("127.0.0.1", 0)) as server,
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp,
+    ):
+        port = server.getsockname()[1]
+        udp.bind(("127.0.0.1", port))
+        result = sandbox.run_python(_connect_source(port))
+        server.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            server.accept()
+        udp.settimeout(0.3)
+        with pytest.raises(TimeoutError):
+            udp.recvfrom(16)
+    assert result.status == "ok", result
+    lines = result.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["tcp", "udp", "listen"]
+    return lines
+
+
+@needs_namespaces
+def test_socket_to_localhost_fails(host: str) -> None:
+    lines = _assert_no_connection()
+    # No interface is up in the run's network namespace, loopback included. It may listen on
+    # its own 127.0.0.1, which nothing outside the namespace can reach.
+    assert lines[0] == f"tcp OSError {errno.ENETUNREACH}"
+    assert lines[1] == f"udp OSError {errno.ENETUNREACH}"
+    assert lines[2].startswith("listen done")
+
+
+def test_detached_child_dies_with_the_run(host: str) -> None:
+    # Double fork and a new session; the grandchild keeps stdout open and sleeps.
+    source = (
+        "import os, sys\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        f"        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)', {host!r}])\n"
+        "    os._exit(0)\n"
+        "os.wait()\n"
+        "print('parent done')\n"
+    )
+    result = sandbox.run_python(source, timeout_s=5.0)
+    # "ok" and not "timeout": the run ended with the program, not with the grandchild.
+    assert (result.status, result.stdout) == ("ok", "parent done\n"), result
+
+
+def test_printing_1gb_is_cut_and_stopped(host: str) -> None:
+    source = "import sys\nchunk = 'x' * 2**20\nfor _ in range(1024):\n    sys.stdout.write(chunk)\n"
+    result = sandbox.run_python(source, timeout_s=5.0)
+    assert (result.status, result.reason, result.returncode) == ("killed", "output limit", None)
+    assert result.stdout == "x" * sandbox.OUTPUT_LIMIT
+
+
+def test_printing_to_stderr_is_cut_too(host: str) -> None:
+    source = "import sys\nwhile True:\n    sys.stderr.write('e' * 4096)\n"
+    result = sandbox.run_python(source, timeout_s=5.0)
+    assert (result.status, result.reason) == ("killed", "output limit")
+    assert result.stderr == "e" * sandbox.OUTPUT_LIMIT
+
+
+@pytest.mark.parametrize(
+    ("source", "stdout"),
+    [
+        ("import os, time\nos.close(0)\nos.close(1)\nos.close(2)\ntime.sleep(0.3)\n", ""),
+        (
+            "import os\nprint('before', flush=True)\n"
+            "os.dup2(os.open('out.txt', os.O_WRONLY | os.O_CREAT), 1)\n"
+            "os.dup2(os.open('/dev/null', os.O_RDONLY), 0)\nprint('after')\n",
+            "before\n",
+        ),
+    ],
+    ids=["closed", "redirected"],
+)
+def test_closing_or_redirecting_stdio(host: str, source: str, stdout: str) -> None:
+    result = sandbox.run_python(source, stdin="unread input")
+    assert (result.status, result.reason, result.stdout) == ("ok", "exit", stdout), result
+
+
+def test_killing_its_parent_and_others_fails(host: str) -> None:
+    sentinel = subprocess.Popen(["sleep", "60"])
+    try:
+        targets = {"parent": "os.getppid()", "init": "1", "everyone": "-1"}
+        targets |= {"trainer": str(os.getpid()), "sentinel": str(sentinel.pid)}
+        source = "import os, signal\n" + "".join(
+            f"try:\n    os.kill({pid}, signal.SIGKILL)\n    print({name!r}, 'sent')\n"
+            f"except OSError as exc:\n    print({name!r}, type(exc).__name__)\n"
+            for name, pid in targets.items()
+        )
+        result = sandbox.run_python(source)
+        assert result.status == "ok", result
+        for line in result.stdout.splitlines():
+            assert line.split()[1] in ("PermissionError", "ProcessLookupError"), line
+        assert len(result.stdout.splitlines()) == len(targets)
+        assert sentinel.poll() is None
+    finally:
+        sentinel.kill()
+        sentinel.wait()
+
+
+def test_raising_limits_back_fails(host: str) -> None:
+    source = (
+        "import os, resource\n"
+        "for name in ('RLIMIT_AS', 'RLIMIT_CPU', 'RLIMIT_NPROC', 'RLIMIT_FSIZE', 'RLIMIT_NOFILE'):\n"
+        "    which = getattr(resource, name)\n"
+        "    try:\n"
+        "        resource.setrlimit(which, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))\n"
+        "        print(name, 'raised')\n"
+        "    except (ValueError, OSError) as exc:\n"
+        "        print(name, type(exc).__name__)\n"
+        "try:\n"
+        "    os.setuid(0)\n"
+        "    print('setuid raised')\n"
+        "except OSError as exc:\n"
+        "    print('setuid', type(exc).__name__)\n"
+        "x = bytearray(10 * 2**30)\n"
+    )
+    result = sandbox.run_python(source)
+    lines = result.stdout.splitlines()
+    assert [line.split()[1] for line in lines] == ["ValueError"] * 5 + ["PermissionError"]
+    assert (result.status, result.returncode) == ("error", 1)
+    assert result.stderr.rstrip().endswith("MemoryError")
+
+
+def test_pool_runs_in_parallel_with_a_uid_each(host: str) -> None:
+    source = "import os, sys, time\ntime.sleep(0.5)\nprint(sys.stdin.read(), os.getuid())"
+    with sandbox.SandboxPool(4) as pool:
+        results = pool.map([source] * 4, [f"run{i}" for i in range(4)], timeout_s=5.0)
+        extra = pool.submit("print('submitted')").result()
+    assert [r.stdout.split()[0] for r in results] == ["run0", "run1", "run2", "run3"]
+    assert extra.stdout == "submitted\n"
+    uids = {int(r.stdout.split()[1]) for r in results}
+    if ISO is not None and ISO.drops_user:
+        # The four runs overlapped (each sleeps), so each had a uid of its own.
+        assert len(uids) == 4
+        assert all(FIRST_UID <= uid < FIRST_UID + sandbox.MAX_PARALLEL for uid in uids)
+
+
+def test_weak_isolation_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    iso = sandbox.Isolation(namespaces=False, drops_user=ROOT, missing=("network namespace: x",))
+    monkeypatch.setattr(sandbox, "isolation", lambda: iso)
+    monkeypatch.setattr(sandbox, "_warned", False)
+    with pytest.warns(RuntimeWarning, match="missing: network namespace: x"):
+        sandbox.SandboxPool(1).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sandbox.SandboxPool(1).close()
+
+
+# The fallback, forced: what a machine without namespaces gives.
+
+
+def test_fallback_runs_a_program(host: str, fallback: None) -> None:
+    source = "import os, sys\nprint(sys.stdin.read(), os.getuid() >= 2**30, sorted(os.environ))"
+    result = sandbox.run_python(source, stdin="hi")
+    assert result.stdout == "hi True ['HOME', 'LANG', 'PATH', 'TMPDIR']\n"
+    assert result.status == "ok"
+
+
+def test_fallback_refuses_sockets(host: str, fallback: None) -> None:
+    lines = _assert_no_connection()
+    assert [line.split()[1] for line in lines] == ["PermissionError"] * 3
+
+
+def test_fallback_kills_fork_bomb_and_detached_children(host: str, fallback: None) -> None:
+    # exec is refused here, so the detached grandchild stays a python and is found by its uid.
+    source = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        "        time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "while True:\n"
+        "    try:\n"
+        "        os.fork()\n"
+        "    except OSError:\n"
+        "        pass\n"
+    )
+    result = sandbox.run_python(source, timeout_s=1.0)
+    assert (result.status, result.reason) == ("timeout", "wall time")
+
+
+def test_fallback_kill_of_the_trainer_is_refused(host: str, fallback: None) -> None:
+    source = f"import os\nos.kill({os.getpid()}, 9)"
+    result = sandbox.run_python(source)
+    assert result.status == "error"
+    assert "PermissionError" in result.stderr
+
+
+# User-namespace mode, forced: what a non-root trainer gets.
+
+
+def test_user_namespace_mode_confines_the_program(host: str, user_ns: None) -> None:
+    source = (
+        "import os\n"
+        "print(os.getuid(), sorted(os.listdir('/')))\n"
+        "print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n"
+        "for attempt in (lambda: os.chroot('/tmp'), lambda: os.setuid(0)):\n"
+        "    try:\n"
+        "        attempt()\n"
+        "    except OSError as exc:\n"
+        "        print(exc.errno)\n"
+    )
+    result = sandbox.run_python(source)
+    assert result.status == "ok", result
+    uid_and_root, capabilities, chroot, setuid = result.stdout.splitlines()
+    assert uid_and_root.startswith("1000 ")
+    assert "work" not in uid_and_root and "etc" not in uid_and_root
+    assert int(capabilities, 16) == 0
+    # No capability left to chroot; uid 0 does not even exist in its user namespace.
+    assert (int(chroot), int(setuid)) == (errno.EPERM, errno.EINVAL)
+
+
+def test_user_namespace_mode_has_no_network(host: str, user_ns: None) -> None:
+    lines = _assert_no_connection()
+    assert lines[0] == f"tcp OSError {errno.ENETUNREACH}"
+
+
+def test_user_namespace_mode_kills_detached_children(host: str, user_ns: None) -> None:
+    source = (
+        "import os, sys\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        f"        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)', {host!r}])\n"
+        "    os._exit(0)\n"
+        "os.wait()\n"
+    )
+    result = sandbox.run_python(source, timeout_s=5.0)
+    assert result.status == "ok", result
+
+
+def test_stopping_the_trainer_mid_run_leaves_nothing(host: str) -> None:
+    # A KeyboardInterrupt while the trainer waits on a run: the run is killed before it returns.
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(KeyboardInterrupt):
+            sandbox.run_python(f"import time\n# {host}\ntime.sleep(30)", timeout_s=30.0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
