@@ -38,6 +38,6 @@ def test_unknown_gym_dataset_lists_choices():
 
 def test_unknown_task_lists_choices():
     with pytest.raises(
-        ValueError, match=r"unknown task 'nope'; choices: arith, countdown, sums, gym:"
+        ValueError, match=r"unknown task 'nope'; choices: arith, countdown, sums, code, gym:"
     ):
         get_task("nope")

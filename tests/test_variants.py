@@ -76,9 +76,9 @@ def run_first_step(s, monkeypatch) -> Step:
 
     real_optimise, real_step = trainer.optimise, trainer.optimizer_step
 
-    def optimise(session, batch, minibatches):
+    def optimise(session, batch, minibatches, fns):
         seen["batch"] = batch
-        return real_optimise(session, batch, minibatches)
+        return real_optimise(session, batch, minibatches, fns)
 
     def optimizer_step(*args, **kwargs):
         seen["stats"].append(real_step(*args, **kwargs))

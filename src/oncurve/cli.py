@@ -98,12 +98,16 @@ def _eval(args: argparse.Namespace) -> int:
     if args.data is not None:
         rows = load_rows(args.data)
     elif config is not None and config.data.task and config.data.path is None:
-        task = get_task(config.data.task)
+        task = get_task(config.data.task, config.data.task_options)
         rows = task.examples("test", config.eval.num_prompts, config.run.seed)
     else:
         raise UserError("--data is required (with --run, unless the run trained on a task)")
     if config is not None and not args.task:
-        task = get_task(config.data.task) if config.data.task and not config.data.path else None
+        task = (
+            get_task(config.data.task, config.data.task_options)
+            if config.data.task and not config.data.path
+            else None
+        )
         correct = correctness_fn(config, task)
     else:
         correct = get_task(args.task or "arith").reward_fns()["correct"]

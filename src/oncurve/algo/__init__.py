@@ -3,7 +3,7 @@
 from oncurve.algo.advantages import clipped_value_loss, gae, group_advantages, rloo_advantages
 from oncurve.algo.aggregation import seq_mean_token_mean, seq_mean_token_sum_norm, token_mean
 from oncurve.algo.correction import logprob_diff_mean, tis_weights
-from oncurve.algo.kl import kl_k1, kl_k2, kl_k3
+from oncurve.algo.kl import kl_k1, kl_k2, kl_k3, warmup_beta
 from oncurve.algo.logprobs import entropy_from_logits, logprobs_from_hidden, logprobs_from_logits
 from oncurve.algo.losses import cispo, gspo, ppo_clip
 from oncurve.algo.registry import (
@@ -38,4 +38,5 @@ __all__ = [
     "seq_mean_token_sum_norm",
     "tis_weights",
     "token_mean",
+    "warmup_beta",
 ]

@@ -26,3 +26,13 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     (DeepSeekMath's choice). `-d` is clamped to +-20 against overflow."""
     log_ratio = (ref_logprobs - logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     return log_ratio.exp() - log_ratio - 1
+
+
+def warmup_beta(step: int, beta: float, warmup_steps: int) -> float:
+    """The KL weight of training step `step` (1-based): `beta * step / warmup_steps` until
+    `warmup_steps`, then `beta`, so it ramps linearly from 0 (before step 1) the way the
+    learning-rate warmup does; `warmup_steps` = 0 is `beta` at every step (DeepSeekMath's
+    "scheduled warmup" of beta, arXiv 2402.03300)."""
+    if step >= warmup_steps:
+        return beta
+    return beta * step / warmup_steps

@@ -14,7 +14,10 @@ group carries no signal). With it, every step of the procedure is a short lookup
 model learns it in minutes and its mistakes are local (a wrong carry, a misread digit): the
 kind that reward, not more supervision, can fix.
 
-Operand values have 1 to `max_digits` digits (the count drawn uniformly for each). Train and test
+Operand values have `min_digits` (1) to `max_digits` digits (the count drawn uniformly for each).
+Difficulty levels (`data.curriculum=difficulty`) are digit counts: level k has operands of up to
+k + 1 digits (exactly k + 1 while that is below `min_digits`), still written `max_digits` wide,
+so the last level is the task's own distribution. Train and test
 come from disjoint halves of the problem space: a problem belongs to the test split when a
 stable hash of its prompt (`hash_split`) says so, whatever the seed, so no seed of one split
 ever yields a prompt of the other.
@@ -80,8 +83,8 @@ def tagged_integer_format_reward(
 
 
 class ArithTask:
-    """Addition of two numbers of 1 to `max_digits` digits each, written `max_digits` wide;
-    satisfies `Task`.
+    """Addition of two numbers of `min_digits` to `max_digits` digits each, written
+    `max_digits` wide; satisfies `LeveledTask`, with `max_digits` levels.
 
     Rewards: "correct" (weight 1.0) and "format" (weight 0.1). The format term is small so a
     well-formed wrong answer (0.1) stays far below a right one (1.1); it only matters for a
@@ -92,21 +95,37 @@ class ArithTask:
     name = "arith"
     reward_weights = {"correct": 1.0, "format": 0.1}
 
-    def __init__(self, max_digits: int = 4) -> None:
+    def __init__(self, max_digits: int = 4, min_digits: int = 1) -> None:
         if max_digits < 1:
             raise ValueError(f"arith: max_digits must be at least 1, got {max_digits}")
+        if not 1 <= min_digits <= max_digits:
+            raise ValueError(
+                f"arith: min_digits must be in [1, max_digits={max_digits}], got {min_digits}"
+            )
         self.max_digits = max_digits
+        self.min_digits = min_digits
+        self.levels = max_digits
 
-    def examples(self, split: str, n: int, seed: int) -> list[dict[str, str]]:
-        """`n` problems of `split` ("train" or "test") drawn with `seed`: rows {"prompt",
-        "answer", "solution"}. Test problems are distinct, so each counts once in an accuracy;
-        train problems may repeat, so that small problems (there are only 100 one-digit sums)
-        keep their share of the stream however long it is."""
+    def examples(
+        self, split: str, n: int, seed: int, level: int | None = None
+    ) -> list[dict[str, str]]:
+        """`n` problems of `split` ("train" or "test") drawn with `seed`, of difficulty `level`
+        (None: the task's own distribution): rows {"prompt", "answer", "solution"}. Test
+        problems are distinct, so each counts once in an accuracy; train problems may repeat,
+        so that small problems (there are only 100 one-digit sums) keep their share of the
+        stream however long it is."""
         if split not in SPLITS:
             raise ValueError(f"arith: split must be one of {', '.join(SPLITS)}, got {split!r}")
         if n < 0:
             raise ValueError(f"arith: n must be non-negative, got {n}")
-        rng = random.Random(f"arith:{split}:{self.max_digits}:{seed}")
+        if level is None:
+            digits = (self.min_digits, self.max_digits)
+            rng = random.Random(f"arith:{split}:{self.max_digits}:{seed}")
+        elif 0 <= level < self.levels:
+            digits = (min(self.min_digits, level + 1), level + 1)
+            rng = random.Random(f"arith:{split}:{self.max_digits}:{seed}:level{level}")
+        else:
+            raise ValueError(f"arith: level must be in [0, {self.levels}), got {level}")
         want_test = split == "test"
         rows, seen = [], set()
         # The attempt budget keeps an impossible `n` (more test problems than exist) from
@@ -114,7 +133,7 @@ class ArithTask:
         for _ in range(100 * n + 1000):
             if len(rows) == n:
                 break
-            a, b = self._operand(rng), self._operand(rng)
+            a, b = self._operand(rng, *digits), self._operand(rng, *digits)
             text = prompt(a, b, self.max_digits)
             if hash_split(text) != split or (want_test and text in seen):
                 continue
@@ -136,6 +155,6 @@ class ArithTask:
     def reward_fns(self) -> dict[str, RewardFn]:
         return {"correct": exact_sum_reward, "format": tagged_integer_format_reward}
 
-    def _operand(self, rng: random.Random) -> int:
-        digits = rng.randint(1, self.max_digits)
+    def _operand(self, rng: random.Random, fewest: int, most: int) -> int:
+        digits = rng.randint(fewest, most)
         return rng.randint(0 if digits == 1 else 10 ** (digits - 1), 10**digits - 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import zlib
 from typing import Protocol
 
+from oncurve.errors import UserError
 from oncurve.rewards.registry import RewardFn
 
 
@@ -23,6 +24,40 @@ class Task(Protocol):
     def reward_fns(self) -> dict[str, RewardFn]:
         """Reward functions by metric name: fn(prompts, completions, **columns)."""
         ...
+
+
+class LeveledTask(Task, Protocol):
+    """A task with a difficulty knob, for `data.curriculum=difficulty`: `levels` (at least 2)
+    levels, 0 the easiest. `examples(..., level=k)` draws rows of level k; without `level` a
+    task draws its own distribution, as any `Task` does."""
+
+    levels: int
+
+    def examples(
+        self, split: str, n: int, seed: int, level: int | None = None
+    ) -> list[dict[str, str]]: ...
+
+
+def task_levels(task: Task) -> int:
+    """The difficulty levels of `task` (`LeveledTask`), 0 when it has no difficulty knob."""
+    return getattr(task, "levels", 0)
+
+
+def leveled_examples(task: Task, n: int, seed: int) -> list[dict]:
+    """`n` train rows (rounded up to a multiple of the levels) of a `LeveledTask`, an equal
+    share of each level, easiest first, each with its level in a "level" column."""
+    levels = task_levels(task)
+    if levels < 2:
+        raise UserError(
+            f"data.curriculum=difficulty needs a task with difficulty levels (arith, countdown, "
+            f"or gym:<dataset> with a reasoning-gym curriculum); {task.name} has none"
+        )
+    share = -(-n // levels)
+    return [
+        {**row, "level": level}
+        for level in range(levels)
+        for row in task.examples("train", share, seed, level=level)
+    ]
 
 
 TEST_BUCKETS = 10  # 1 in 10 problems is held out for the test split

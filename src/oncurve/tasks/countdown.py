@@ -38,7 +38,9 @@ def make_problem(rng: random.Random, count: int, max_number: int) -> tuple[list[
 
 
 class CountdownTask:
-    """Countdown with `count` numbers (3 or 4 by default) in 1..max_number."""
+    """Countdown with a count of numbers drawn from `counts` (3 or 4 by default), each in
+    1..max_number; satisfies `LeveledTask`: level k draws its count from the k + 1 smallest
+    of `counts`, so level 0 has the fewest numbers and the last is the task's own mix."""
 
     name = "countdown"
     reward_weights = {"correct": 1.0, "format": 0.1}
@@ -46,14 +48,24 @@ class CountdownTask:
     def __init__(self, counts: tuple[int, ...] = (3, 4), max_number: int = 99) -> None:
         self.counts = counts
         self.max_number = max_number
+        self.levels = len(counts)
 
-    def examples(self, split: str, n: int, seed: int) -> list[dict[str, str]]:
+    def examples(
+        self, split: str, n: int, seed: int, level: int | None = None
+    ) -> list[dict[str, str]]:
         if split not in ("train", "test"):
             raise ValueError(f"countdown: split must be 'train' or 'test', got {split!r}")
-        rng = random.Random(f"countdown-{split}-{seed}")
+        if level is None:
+            counts = self.counts
+            rng = random.Random(f"countdown-{split}-{seed}")
+        elif 0 <= level < self.levels:
+            counts = sorted(self.counts)[: level + 1]
+            rng = random.Random(f"countdown-{split}-{seed}-level{level}")
+        else:
+            raise ValueError(f"countdown: level must be in [0, {self.levels}), got {level}")
         rows = []
         while len(rows) < n:
-            numbers, target, solution = make_problem(rng, rng.choice(self.counts), self.max_number)
+            numbers, target, solution = make_problem(rng, rng.choice(counts), self.max_number)
             if hash_split(f"{sorted(numbers)}->{target}") != split:
                 continue
             rows.append(

@@ -3,6 +3,7 @@ reward is the dataset's own `score_answer` on the completion's `<answer>...</ans
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from oncurve.errors import UserError
@@ -27,7 +28,10 @@ def _reasoning_gym() -> Any:
 
 
 class GymTask:
-    """The reasoning-gym dataset `dataset` (e.g. "basic_arithmetic", "leg_counting").
+    """The reasoning-gym dataset `dataset` (e.g. "basic_arithmetic", "leg_counting"), with
+    `config` its dataset settings. Where reasoning-gym has a curriculum for the dataset, it is a
+    `LeveledTask`: level k sets every attribute of that curriculum to its level k (or its
+    hardest), over `config`; `levels` is 0 where there is none.
 
     Rows: "prompt" (the question and an answer-tag instruction), "answer", and "gym_entry"
     (the item itself, which `score_answer` reads). Train and test come from one seeded stream
@@ -45,12 +49,22 @@ class GymTask:
         self.dataset_name = dataset
         self.config = config
         self._scorer = rg.create_dataset(dataset, seed=0, size=1, **config)
+        self._curriculum = (
+            rg.factory.create_curriculum(dataset) if rg.factory.has_curriculum(dataset) else None
+        )
+        self.levels = (
+            max(len(a.levels) for a in self._curriculum.attributes.values())
+            if self._curriculum is not None
+            else 0
+        )
 
-    def examples(self, split: str, n: int, seed: int) -> list[dict[str, Any]]:
+    def examples(
+        self, split: str, n: int, seed: int, level: int | None = None
+    ) -> list[dict[str, Any]]:
         if split not in ("train", "test"):
             raise ValueError(f"{self.name}: split must be 'train' or 'test', got {split!r}")
         data = _reasoning_gym().create_dataset(
-            self.dataset_name, seed=seed, size=_MAX_INDEX, **self.config
+            self.dataset_name, seed=seed, size=_MAX_INDEX, **self._level_config(level)
         )
         rows: list[dict[str, Any]] = []
         budget = 50 * n + 1000
@@ -74,6 +88,21 @@ class GymTask:
 
     def reward_fns(self) -> dict[str, RewardFn]:
         return {"correct": self.score}
+
+    def _level_config(self, level: int | None) -> dict[str, Any]:
+        """The dataset settings of difficulty `level`: `config` with the curriculum's level
+        applied to each of its attributes; `config` itself for None."""
+        if level is None:
+            return self.config
+        if not 0 <= level < self.levels:
+            raise ValueError(f"{self.name}: level must be in [0, {self.levels}), got {level}")
+        self._curriculum.set_global_level(level)
+        settings = self._curriculum.generate_configuration(self.config)
+        return {
+            f.name: getattr(settings, f.name)
+            for f in dataclasses.fields(settings)
+            if f.name not in ("seed", "size")
+        }
 
     def score(
         self, prompts: list[str], completions: list[str], *, gym_entry: list[dict], **columns: Any
