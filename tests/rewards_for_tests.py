@@ -16,3 +16,21 @@ def fails_on_rank_1(prompts, completions, **columns):
     if os.environ.get("RANK") == "1":
         raise RuntimeError("boom on rank 1")
     return [0.0 for _ in completions]
+
+
+class DigitsEnv:
+    """A multi-turn environment (`rollout.env=rewards_for_tests:DigitsEnv`): answers a turn with
+    how many digits it held, and after `turns` turns scores the last one's digit fraction."""
+
+    def __init__(self, turns: int = 2) -> None:
+        self.left = turns
+
+    def reset(self, row: dict) -> str:
+        return row["prompt"]
+
+    def step(self, turn: str) -> tuple[str | None, float, bool]:
+        self.left -= 1
+        digits = sum(c.isdigit() for c in turn)
+        if self.left == 0:
+            return None, digits / max(len(turn), 1), True
+        return f"digits {digits}", 0.0, False

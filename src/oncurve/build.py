@@ -19,9 +19,16 @@ import torch
 from oncurve import checkpoint, distributed, ppo
 from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, lookup
 from oncurve.config import Config, save_config
+from oncurve.curriculum import Curriculum, build_curriculum
 from oncurve.errors import UserError
 from oncurve.estimators import AdvantageSource, build_advantage_source
-from oncurve.inputs import PromptData, build_rewards, correctness_fn, load_prompts
+from oncurve.inputs import (
+    PromptData,
+    build_rewards,
+    correctness_fn,
+    encode_prompt,
+    load_prompts,
+)
 from oncurve.memory import (
     CPU_MICROBATCH_ROWS,
     DEFAULT_LOGITS_CHUNK,
@@ -50,6 +57,7 @@ from oncurve.rewards.runner import RewardRunner
 from oncurve.rollout import Sampler, build_sampler
 from oncurve.rollout import registry as sampler_registry
 from oncurve.rollout.base import check_room
+from oncurve.rollout.episodes import EpisodeSettings, ObservationFormat, resolve_environment
 from oncurve.rundir import prepare_run_dir
 from oncurve.train_step import ForwardSettings, LossFns
 
@@ -80,6 +88,8 @@ class Session:
     loss_fns: LossFns
     advantage: AdvantageSource
     logger: MetricsLogger
+    episodes: EpisodeSettings | None = None  # with rollout.env: multi-turn episodes
+    curriculum: Curriculum | None = None  # data.curriculum's sampler; None: the seeded order
     rank: int = 0
     world_size: int = 1
     start_step: int = 0
@@ -136,13 +146,27 @@ def setup(config: Config) -> Session:
         ),
     )
     model = load_model(model_path, dtype, device, config.model.trust_remote_code)
-    check_room(longest, config.rollout.max_new_tokens, model.config)
+    episodes = episode_settings(config, tokenizer)
+    completion_budget = (
+        config.rollout.max_new_tokens
+        if episodes is None
+        else episodes.budget(config.rollout.max_new_tokens)
+    )
+    check_room(
+        longest,
+        completion_budget,
+        model.config,
+        "rollout.max_new_tokens"
+        if episodes is None
+        else "an episode (rollout.max_turns turns of rollout.max_new_tokens, "
+        "rollout.max_observation_tokens per observation)",
+    )
     peft_model = add_lora(model, config.model.lora) if config.model.lora.r else None
     if peft_model is not None:
         model = peft_model.get_base_model()
     saved = checkpoint.read_state(resume_from).get("memory") if resume_from else None
     evaluates = eval_data is not None and (config.eval.at_start_end or config.eval.every > 0)
-    seq_len = longest + config.rollout.max_new_tokens
+    seq_len = longest + completion_budget
     # before the memory plan, which counts a reward model's weights
     rewards = build_rewards(config, task, device)
     config, plan = settle_memory(
@@ -200,10 +224,23 @@ def setup(config: Config) -> Session:
         scheduler=scheduler,
         loss_fns=build_loss_fns(config),
         advantage=advantage,
+        episodes=episodes,
+        curriculum=build_curriculum(config, data.rows),
         logger=MetricsLogger(run_dir, tensorboard=config.log.tensorboard, enabled=rank == 0),
         rank=rank,
         world_size=world_size,
     )
+    if s.curriculum is not None and rank == 0:
+        print(
+            f"data.curriculum={config.data.curriculum} reads each group's pass rate from its "
+            f"{filter_name(s.rewards)} rewards"
+            + (
+                ""
+                if s.rewards.verifier
+                else ", clipped to [0, 1] (no reward is the one evaluation calls correct)"
+            ),
+            file=sys.stderr,
+        )
     if config.algo.dynamic_sampling and rank == 0:
         print(
             f"dynamic sampling keeps the groups whose {filter_name(s.rewards)} rewards differ"
@@ -247,6 +284,13 @@ def _resume(s: Session, checkpoint_dir: Path) -> None:
         distributed.scatter_weights(s.policy.whole_model, s.policy.model)
     s.start_step = int(state["step"])
     s.completion_tokens = int(state.get("completion_tokens", 0))
+    if s.curriculum is not None:
+        if "curriculum" not in state:
+            raise UserError(
+                f"checkpoint {checkpoint_dir} was written without data.curriculum="
+                f"{s.config.data.curriculum}; resume it with the curriculum it had"
+            )
+        s.curriculum.load_state_dict(state["curriculum"])
     if s.rank == 0:
         truncate_after(s.run_dir, s.start_step)
 
@@ -275,6 +319,21 @@ def settle_tis_cap(config: Config, model: torch.nn.Module) -> Config:
         return config
     cap = SAMPLER_TIS_CAP if sampler_backend(config, model) in MISMATCHED_BACKENDS else 0.0
     return dataclasses.replace(config, algo=dataclasses.replace(config.algo, tis_cap=cap))
+
+
+def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | None:
+    """How multi-turn episodes are played with `rollout.env`, or None without one."""
+    r = config.rollout
+    if r.env is None:
+        return None
+    return EpisodeSettings(
+        make_env=resolve_environment(r.env, r.env_args),
+        max_turns=r.max_turns,
+        encode_prompt=lambda text: encode_prompt(tokenizer, text, config.data, "rollout.env"),
+        observation=ObservationFormat(
+            tokenizer, config.data.chat_template, r.max_observation_tokens
+        ),
+    )
 
 
 def sampler_backend(config: Config, model: torch.nn.Module) -> str:

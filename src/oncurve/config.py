@@ -27,8 +27,8 @@ Check = Callable[[Any], str | None]
 
 def _opt(default: Any, help: str, check: Check | None = None, choices: tuple | None = None):
     meta = {"help": help, "check": check, "choices": choices}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -122,7 +122,8 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     task: str | None = _opt(
-        "arith", "built-in task (arith, countdown, gym:<name>); its generator and rewards"
+        "arith",
+        "built-in task (arith, countdown, sums, code, gym:<name>); its generator and rewards",
     )
     path: str | None = _opt(
         None,
@@ -138,6 +139,30 @@ class DataConfig:
     system_prompt: str | None = _opt(None, "system message placed before each prompt")
     chat_template: bool = _opt(False, "format prompts with the tokenizer's chat template")
     max_prompt_tokens: int = _opt(512, "longest prompt accepted; longer is an error", POSITIVE)
+    task_options: dict[str, Any] = _opt(
+        {},
+        "keyword arguments of the built-in task: arith max_digits, min_digits; countdown "
+        "counts, max_number; gym:<name> its reasoning-gym dataset config",
+    )
+    curriculum: str = _opt(
+        "none",
+        "which prompts a step samples (oncurve.curriculum): none, the seeded order; pass_rate, "
+        "fewer of those that every completion or none solved in their last visits; difficulty, "
+        "the task's easiest level first, one up each time the rolling sampled accuracy reaches "
+        "data.curriculum_threshold",
+        choices=("none", "pass_rate", "difficulty"),
+    )
+    curriculum_threshold: float = _opt(
+        0.8,
+        "data.curriculum=difficulty: the rolling sampled accuracy that moves to the next level",
+        _range(0, 1, low_open=True),
+    )
+    curriculum_floor: float = _opt(
+        0.1,
+        "data.curriculum=pass_rate: sampling weight, against 1 for an untried prompt, that a "
+        "prompt every completion or none solved keeps, so that it is tried again",
+        _range(0, 1, low_open=True),
+    )
 
 
 @dataclass
@@ -154,6 +179,18 @@ class RolloutConfig:
         "auto",
         "sampler backend (oncurve.rollout.BACKENDS: hf, cpu_llama, cuda_graph): auto picks "
         "cpu_llama on the CPU and cuda_graph on CUDA for the models they support, else hf",
+    )
+    env: str | None = _opt(
+        None,
+        "multi-turn environment: python_tool or a `module:Class` path (docs/environments.md); "
+        "null samples one completion per episode",
+    )
+    env_args: dict[str, Any] = _opt({}, "keyword arguments of rollout.env's class")
+    max_turns: int = _opt(
+        1, "policy turns per episode with rollout.env; max_new_tokens bounds each", POSITIVE
+    )
+    max_observation_tokens: int = _opt(
+        256, "an observation's text is cut to this many tokens before it is fed", POSITIVE
     )
 
 
@@ -183,6 +220,18 @@ class RewardConfig:
         NON_NEGATIVE,
     )
     overlong_penalty: float = _opt(1.0, "DAPO overlong penalty at max length", NON_NEGATIVE)
+    sandbox_workers: int | None = _opt(
+        None,
+        "programs the code_tests reward runs at once in the sandbox; null: the CPUs this "
+        "process may use (at most 64)",
+        _range(1, 64),  # oncurve.sandbox.MAX_PARALLEL
+    )
+    sandbox_timeout_s: float = _opt(
+        5.0, "seconds one code_tests test run may take; a longer one fails its test", POSITIVE
+    )
+    sandbox_memory_mb: int = _opt(
+        512, "memory cap (MiB) of one code_tests test run; more fails its test", POSITIVE
+    )
 
 
 @dataclass
@@ -243,6 +292,12 @@ class AlgoConfig:
     minibatches: int = _opt(1, "optimizer steps per pass (the batch split in this many)", POSITIVE)
     norm_len: int | None = _opt(
         None, "Dr.GRPO constant length normaliser; default max_new_tokens", POSITIVE
+    )
+    beta_warmup_steps: int = _opt(
+        0,
+        "ramp the KL weight linearly from 0 to algo.beta over this many steps (logged as "
+        "kl/beta; the reference is loaded from step 1); 0 keeps algo.beta constant",
+        NON_NEGATIVE,
     )
     ref_sync_every: int = _opt(
         0,
@@ -627,6 +682,10 @@ def _coerce(hint: Any, value: Any, name: str, spec: dataclasses.Field) -> Any:
             return None
         hint = options[0]
         origin = typing.get_origin(hint)
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise UserError(f"{name} must be a mapping of names to values, got {value!r}")
+        return dict(value)
     if origin is list:
         (item_hint,) = typing.get_args(hint)
         if isinstance(value, str | dict) or not isinstance(value, list):
@@ -684,8 +743,11 @@ def _check_cross_fields(config: Config) -> None:
             f"rollout.min_new_tokens must be at most rollout.max_new_tokens "
             f"({config.rollout.max_new_tokens}), got {config.rollout.min_new_tokens}"
         )
+    if config.rollout.max_turns > 1 and config.rollout.env is None:
+        raise UserError("rollout.max_turns > 1 needs rollout.env (what answers the turns)")
     _check_algo(config)
     _check_reward(config)
+    _check_data(config)
 
 
 def _check_algo(config: Config) -> None:
@@ -704,6 +766,25 @@ def _check_algo(config: Config) -> None:
         raise UserError(
             "algo.ref_sync_every > 0 with model.lora.r > 0 never syncs: the reference is the "
             "base model (the adapter switched off), which does not change; set it to 0"
+        )
+    if algo.beta_warmup_steps and algo.beta == 0:
+        raise UserError("algo.beta_warmup_steps > 0 ramps nothing with algo.beta=0; set it to 0")
+    if algo.beta_warmup_steps and algo.kl_in_reward:
+        raise UserError(
+            "algo.beta_warmup_steps ramps the KL term of the loss, and algo.kl_in_reward=true "
+            "puts the KL in the reward instead; set one of them off"
+        )
+
+
+def _check_data(config: Config) -> None:
+    data = config.data
+    # data.path replaces the task, so the task's settings would do nothing
+    if data.path is not None and data.task_options:
+        raise UserError("data.task_options applies to data.task, which data.path replaces")
+    if data.path is not None and data.curriculum == "difficulty":
+        raise UserError(
+            "data.curriculum=difficulty needs a built-in task with difficulty levels (data.task), "
+            "not data.path"
         )
 
 

@@ -7,6 +7,7 @@ import torch
 from oncurve.inputs import group_columns
 from oncurve.rewards.registry import RewardFn
 from oncurve.rollout.base import Sampler, SamplingParams
+from oncurve.rollout.episodes import EpisodeSettings, draw
 
 
 def evaluate(
@@ -20,8 +21,10 @@ def evaluate(
     seed: int = 0,
     batch_size: int = 256,
     records: list[dict] | None = None,
+    episodes: EpisodeSettings | None = None,
 ) -> dict[str, float]:
-    """Score `rows` ({"prompt", "prompt_ids", "answer", ...}) with the `correct` reward.
+    """Score `rows` ({"prompt", "prompt_ids", "answer", ...}) with the `correct` reward; with
+    `episodes`, multi-turn episodes are played and `correct` reads their columns.
 
     With `records` (a list), one dict per row is appended to it: the greedy completion and its
     score, and with samples > 1 the sampled completions and their scores.
@@ -31,12 +34,14 @@ def evaluate(
         over K samples at `temperature`, "pass@K": fraction of prompts with one correct}.
     """
     greedy_params = SamplingParams(max_new_tokens, temperature=0.0)
-    greedy, greedy_texts = _scores(sampler, rows, correct, 1, greedy_params, batch_size)
+    greedy, greedy_texts = _scores(sampler, episodes, rows, correct, 1, greedy_params, batch_size)
     result = {"accuracy": float(greedy.mean())}
     sampled_texts: list[str] = []
     if samples > 1:
         params = SamplingParams(max_new_tokens, temperature=temperature, seed=seed)
-        sampled, sampled_texts = _scores(sampler, rows, correct, samples, params, batch_size)
+        sampled, sampled_texts = _scores(
+            sampler, episodes, rows, correct, samples, params, batch_size
+        )
         result[f"mean@{samples}"] = float(sampled.mean())
         result[f"pass@{samples}"] = float((sampled > 0).any(1).float().mean())
     if records is not None:
@@ -51,6 +56,7 @@ def evaluate(
 
 def _scores(
     sampler: Sampler,
+    episodes: EpisodeSettings | None,
     rows: list[dict],
     correct: RewardFn,
     group_size: int,
@@ -63,9 +69,9 @@ def _scores(
     scores, texts = [], []
     for start in range(0, len(rows), per_call):
         chunk = rows[start : start + per_call]
-        rollout = sampler.generate_ids([r["prompt_ids"] for r in chunk], group_size, params)
+        rollout, outcomes = draw(sampler, episodes, chunk, group_size, params)
         prompts, columns = group_columns(chunk, group_size)
-        values = correct(prompts, rollout.texts, **columns)
+        values = correct(prompts, rollout.texts, **columns, **outcomes)
         scores.append(torch.tensor([1.0 if (v or 0) > 0.5 else 0.0 for v in values]))
         texts.extend(rollout.texts)
     return torch.cat(scores).view(len(rows), group_size), texts

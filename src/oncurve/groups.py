@@ -12,11 +12,13 @@ import torch
 from oncurve import distributed
 from oncurve.build import Session, filter_name
 from oncurve.config import Config
+from oncurve.curriculum import gather_pass_rates, group_pass_rates
 from oncurve.errors import TrainingError
 from oncurve.inputs import group_columns
 from oncurve.process import Timer, step_seed
 from oncurve.rewards.runner import RewardResult
 from oncurve.rollout import SamplingParams
+from oncurve.rollout.episodes import draw
 from oncurve.types import RolloutBatch
 
 
@@ -51,9 +53,14 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
     ranks run the same optimizer steps (`optimise`); none at all is an error on every rank.
 
     Metrics: `reward/*` and `groups/all_equal_frac` (groups whose finite total rewards are all
-    equal) cover every group sampled, in every round. With dynamic sampling also
+    equal) cover every group sampled, in every round, as does `episode/turns_mean` (policy
+    turns per episode) with `rollout.env`. With dynamic sampling also
     `kept/reward_mean` and `kept/reward_std` (the rows kept for the update), `kept/groups` (every
     rank's), `groups/dropped` (by the filter, this rank) and `groups/sampling_rounds`.
+
+    With a curriculum (`oncurve.curriculum`) the prompts are its draw, and every group sampled,
+    in every round and on every rank, updates it with its pass rate (its filter scores), once
+    the step's rounds are over; its `curriculum/*` metrics join the step's.
     """
     cfg = s.config
     group_size, prompts = cfg.rollout.group_size, cfg.data.prompts_per_step
@@ -63,28 +70,26 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
     rounds_per_step = 1 + cfg.algo.max_resample if dynamic else 1
     results: list[RewardResult] = []
     kept: list[tuple[RolloutBatch, torch.Tensor, list[dict]]] = []
+    turns: list[int] = []  # policy turns of every multi-turn episode sampled
+    visits: list[tuple[int, torch.Tensor]] = []  # (round, group pass rates) for the curriculum
     kept_groups = dropped = tokens = fewest = rounds = 0
     while rounds < rounds_per_step and fewest < share:
         if kept_groups < share:
-            rows = s.data.batch(step, prompts, rounds, rounds_per_step)[mine]
+            rows = _prompt_rows(s, step, prompts, rounds, rounds_per_step)[mine]
             params = sampling_params(cfg, seed=step_seed(cfg.run.seed, step, rounds, s.rank))
             with timer("rollout"):
-                rollout = s.sampler.generate_ids(
-                    [r["prompt_ids"] for r in rows], group_size, params
-                )
+                rollout, outcomes = draw(s.sampler, s.episodes, rows, group_size, params)
             with timer("reward"):
-                scored = s.rewards.score(*_reward_inputs(rows, rollout, group_size))
+                scored = s.rewards.score(*_reward_inputs(rows, rollout, group_size, outcomes))
             results.append(scored)
+            turns.extend(outcomes.get("turns", []))
             tokens += int(rollout.completion_mask.sum())
             # Rewards are scored on the CPU; the advantages they become index the rollout's rows.
             total = scored.total.to(rollout.completion_ids.device)
+            if s.curriculum is not None:
+                visits.append((rounds, group_pass_rates(_verdicts(scored, total), group_size)))
             if dynamic:
-                verdicts = (
-                    total
-                    if scored.verifier_scores is None
-                    else scored.verifier_scores.to(total.device)
-                )
-                informative = _informative_groups(verdicts, group_size)
+                informative = _informative_groups(_verdicts(scored, total), group_size)
                 dropped += int((~informative).sum())
                 keep = informative.nonzero().flatten()[: share - kept_groups]
                 if len(keep):
@@ -113,6 +118,8 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
         rollout, rewards = rollout.select(index), rewards[index]
     every_round = s.rewards.concat(results)
     metrics = {**every_round.metrics, **reward_metrics(every_round.total, group_size)}
+    if turns:
+        metrics["episode/turns_mean"] = sum(turns) / len(turns)
     if dynamic:
         mean, std = _mean_std(rewards)
         metrics |= {
@@ -122,7 +129,26 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
             "groups/dropped": float(dropped),
             "groups/sampling_rounds": float(rounds),
         }
+    if s.curriculum is not None:
+        rates = gather_pass_rates(visits, rounds, mine, prompts)
+        metrics |= s.curriculum.record(step, rounds_per_step, rates)
     return Sampled(rollout, rewards, rows, metrics, tokens)
+
+
+def _verdicts(scored: RewardResult, total: torch.Tensor) -> torch.Tensor:
+    """`[N]` what a group's rows are judged by, on `total`'s device: the verifier's scores, or
+    the total rewards `total` when the run has no verifier."""
+    if scored.verifier_scores is None:
+        return total
+    return scored.verifier_scores.to(total.device)
+
+
+def _prompt_rows(s: Session, step: int, size: int, round_: int, rounds_per_step: int) -> list[dict]:
+    """The step's `size` prompts of sampling round `round_`, every rank's: the seeded order of
+    `PromptData.batch`, or the curriculum's draw."""
+    if s.curriculum is None:
+        return s.data.batch(step, size, round_, rounds_per_step)
+    return [s.data.rows[i] for i in s.curriculum.draw(step, size, round_, rounds_per_step)]
 
 
 def reward_metrics(rewards: torch.Tensor, group_size: int) -> dict[str, float]:
@@ -161,11 +187,11 @@ def sampling_params(config: Config, seed: int) -> SamplingParams:
 
 
 def _reward_inputs(
-    rows: list[dict], rollout: RolloutBatch, group_size: int
+    rows: list[dict], rollout: RolloutBatch, group_size: int, outcomes: dict[str, list]
 ) -> tuple[list[str], list[str], dict[str, list]]:
     prompts, columns = group_columns(rows, group_size)
     columns["completion_lengths"] = rollout.completion_lengths.tolist()
-    return prompts, rollout.texts, columns
+    return prompts, rollout.texts, columns | outcomes
 
 
 def _informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -11,19 +11,24 @@ from oncurve.config import Config, DataConfig
 from oncurve.data import load_rows
 from oncurve.errors import UserError
 from oncurve.models import DTYPES, resolve_dtype
-from oncurve.rewards.registry import RewardFn, overlong_penalty, resolve_reward
+from oncurve.rewards.registry import RewardFn, episode_reward, overlong_penalty, resolve_reward
 from oncurve.rewards.runner import RewardRunner
 from oncurve.tasks import get_task
-from oncurve.tasks.base import Task
+from oncurve.tasks.base import Task, leveled_examples
 
 
 def load_prompts(config: Config) -> tuple[list[dict], list[dict], Task | None]:
     """(train rows, held-out rows, task or None); rows hold "prompt", "answer" and any other
-    columns, which reach the reward functions by name."""
+    columns, which reach the reward functions by name. With `data.curriculum=difficulty` the
+    train rows are every level's, each with its "level"; the held-out rows are the task's own
+    distribution."""
     data = config.data
-    task = get_task(data.task) if data.task and data.path is None else None
+    task = get_task(data.task, data.task_options) if data.task and data.path is None else None
     if task is not None:
-        train = task.examples("train", data.num_train, config.run.seed)
+        if data.curriculum == "difficulty":
+            train = leveled_examples(task, data.num_train, config.run.seed)
+        else:
+            train = task.examples("train", data.num_train, config.run.seed)
         held_out = task.examples("test", config.eval.num_prompts, config.run.seed)
         return train, held_out, task
     train = load_rows(data.path, data.prompt_field, data.answer_field, data.config, data.split)
@@ -121,7 +126,8 @@ def build_rewards(
     DAPO's soft overlong penalty is added when `reward.overlong_buffer` > 0. The runner's
     verifier is the reward among them that `correctness_fn` returns (what evaluation calls
     correct), if any. A `model:PATH_OR_ID` reward model is loaded on `device` (the trainer's)
-    in `model.dtype`, with `model.trust_remote_code`."""
+    in `model.dtype`, with `model.trust_remote_code`. A reward with a `configure` method (the
+    `code_tests` reward) is given the `reward` section."""
     fns: list[tuple[str, RewardFn, float]] = []
     reward = config.reward
     if reward.functions:
@@ -135,6 +141,8 @@ def build_rewards(
                 trust_remote_code=config.model.trust_remote_code,
             )
             fns.append((name, fn, spec.weight))
+    elif config.rollout.env is not None:
+        fns = [("env", episode_reward, 1.0)]
     elif task is not None:
         weights = getattr(task, "reward_weights", {})
         fns = [(name, fn, weights.get(name, 1.0)) for name, fn in task.reward_fns().items()]
@@ -150,6 +158,10 @@ def build_rewards(
             factor=reward.overlong_penalty,
         )
         fns.append(("overlong", penalty, 1.0))
+    # A reward with settings of its own (the code sandbox's) takes them now, before step 1.
+    for _, fn, _ in fns:
+        if hasattr(fn, "configure"):
+            fn.configure(reward)
     correct = correctness_fn(config, task)
     # Compared with ==, not `is`: a task's reward may be a bound method, made afresh per access.
     verifier = next((name for name, fn, _ in fns if fn == correct), None)
@@ -163,7 +175,14 @@ def build_rewards(
 
 
 def correctness_fn(config: Config, task: Task | None) -> RewardFn:
-    """The reward that decides whether an answer is right, for held-out accuracy."""
+    """The reward that decides whether an answer is right, for held-out accuracy: with
+    `rollout.env`, the environment's episode reward; with `code_tests` among
+    `reward.functions`, that one."""
+    if config.rollout.env is not None:
+        return episode_reward
     if task is not None and "correct" in task.reward_fns():
         return task.reward_fns()["correct"]
+    # programs are judged by their tests: there is no answer to compare
+    if any(spec.name == "code_tests" for spec in config.reward.functions):
+        return resolve_reward("code_tests")[1]
     return resolve_reward("correct")[1]

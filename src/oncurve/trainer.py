@@ -10,6 +10,7 @@ timing `oncurve.process`.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import warnings
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 from oncurve import checkpoint, distributed
+from oncurve.algo.kl import warmup_beta
 from oncurve.build import Session, memory_settings, setup
 from oncurve.config import Config, build_config, to_dict
 from oncurve.errors import TrainingError
@@ -28,7 +30,7 @@ from oncurve.models import resolve_device, save_final, save_lora_final
 from oncurve.preflight import run_preflight
 from oncurve.process import Timer, deterministic_kernels, stop_on_signals
 from oncurve.progress import Progress
-from oncurve.train_step import masked_mean, optimizer_step
+from oncurve.train_step import LossFns, masked_mean, optimizer_step
 from oncurve.types import RolloutBatch, TrainBatch
 
 __all__ = ["Session", "TrainResult", "setup", "train", "training_step"]
@@ -59,7 +61,10 @@ def training_step(s: Session, step: int) -> dict[str, float]:
             batch.old_logprobs = s.policy.logprobs(batch)
         batch.advantages, advantage_metrics = s.advantage.advantages(batch, sampled.rewards)
         minibatches = minibatch_rows(s, batch)
-        update = optimise(s, batch, minibatches)
+        fns = dataclasses.replace(
+            s.loss_fns, beta=warmup_beta(step, s.loss_fns.beta, cfg.algo.beta_warmup_steps)
+        )
+        update = optimise(s, batch, minibatches, fns)
         if cfg.algo.ref_sync_every and step % cfg.algo.ref_sync_every == 0:
             s.policy.sync_reference()
         advantage_metrics |= s.advantage.update(batch, minibatches)
@@ -71,6 +76,8 @@ def training_step(s: Session, step: int) -> dict[str, float]:
         "lr": lr,
         **{f"time/{k}": v for k, v in timer.seconds.items()},
     }
+    if cfg.algo.beta_warmup_steps:
+        metrics["kl/beta"] = fns.beta
     metrics["time/step"] = sum(timer.seconds.values())
     if s.device.type == "cuda":
         metrics["memory/gpu_peak_gb"] = torch.cuda.max_memory_allocated(s.device) / 2**30
@@ -94,16 +101,19 @@ def train_batch(cfg: Config, rollout: RolloutBatch) -> TrainBatch:
     return TrainBatch(
         input_ids=rollout.input_ids,
         attention_mask=rollout.attention_mask,
-        completion_mask=rollout.completion_mask,
+        completion_mask=rollout.loss_mask,
         advantages=torch.zeros(rollout.num_rows, device=rollout.input_ids.device),
         sample_logprobs=rollout.logprobs,
         prompt_index=_prompt_index(cfg, rollout),
     )
 
 
-def optimise(s: Session, batch: TrainBatch, minibatches: list[torch.Tensor]) -> dict[str, float]:
-    """mu passes over the batch, each `algo.minibatches` (m) optimizer steps; gradient
-    accumulation inside `accumulate_gradients`. Non-finite updates are skipped and counted.
+def optimise(
+    s: Session, batch: TrainBatch, minibatches: list[torch.Tensor], fns: LossFns
+) -> dict[str, float]:
+    """mu passes over the batch, each `algo.minibatches` (m) optimizer steps of the objective
+    `fns` (the session's, with this step's KL weight); gradient accumulation inside
+    `accumulate_gradients`. Non-finite updates are skipped and counted.
 
     The minibatches split the global batch, not each rank's part of it: with every rank holding
     g groups, rank r's group j is global group i = r * g + j, and group i goes to minibatch
@@ -122,7 +132,7 @@ def optimise(s: Session, batch: TrainBatch, minibatches: list[torch.Tensor]) -> 
                 s.policy.train_forward,
                 s.optimizer,
                 batch.rows(rows),
-                s.loss_fns,
+                fns,
                 s.policy.forward,
                 grad_clip=cfg.optim.grad_clip,
             )
@@ -294,6 +304,7 @@ def _save(s: Session, step: int) -> None:
                 "completion_tokens": s.completion_tokens,
                 "world_size": s.world_size,
                 "memory": memory_settings(s.config),
+                **({} if s.curriculum is None else {"curriculum": s.curriculum.state_dict()}),
             },
             keep_last=s.config.run.keep_last,
             modules=modules,
@@ -313,6 +324,7 @@ def _evaluate(s: Session, step: int) -> dict[str, float]:
             samples=cfg.eval.samples,
             temperature=cfg.rollout.temperature,
             seed=cfg.run.seed,
+            episodes=s.episodes,
         )
     s.logger.log(step, {f"eval/{k}": v for k, v in result.items()})
     return result

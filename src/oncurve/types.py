@@ -27,6 +27,10 @@ class RolloutBatch:
         texts: N decoded completions (special tokens skipped, cut after a stop string).
         finish_reasons: N of "eos", "stop" (a stop string) or "length" (max_new_tokens reached).
         group_size: G.
+        tool_mask: `[N, T]` 1 on tokens that the sampler did not draw but fed in (a multi-turn
+            episode's observations, `oncurve.rollout.episodes`), 0 elsewhere; None when every
+            completion token was sampled. Those tokens are read by the forward but have no
+            loss, and their `logprobs` are 0.
     """
 
     prompt_ids: torch.Tensor
@@ -37,6 +41,7 @@ class RolloutBatch:
     texts: list[str]
     finish_reasons: list[str]
     group_size: int
+    tool_mask: torch.Tensor | None = None
 
     @property
     def num_rows(self) -> int:
@@ -52,6 +57,13 @@ class RolloutBatch:
     def attention_mask(self) -> torch.Tensor:
         """`[N, P+T]` 1 on every real token (prompt or completion)."""
         return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """`[N, T]` 1 on the tokens the policy sampled: the completion less any observations."""
+        if self.tool_mask is None:
+            return self.completion_mask
+        return self.completion_mask * (1 - self.tool_mask)
 
     @property
     def completion_lengths(self) -> torch.Tensor:
@@ -80,6 +92,23 @@ class RolloutBatch:
             texts=[text for b in batches for text in b.texts],
             finish_reasons=[r for b in batches for r in b.finish_reasons],
             group_size=batches[0].group_size,
+            tool_mask=(
+                None
+                if all(b.tool_mask is None for b in batches)
+                else torch.cat(
+                    [
+                        pad(
+                            torch.zeros_like(b.completion_mask)
+                            if b.tool_mask is None
+                            else b.tool_mask,
+                            width_t,
+                            0,
+                            False,
+                        )
+                        for b in batches
+                    ]
+                )
+            ),
         )
 
     def select(self, rows: torch.Tensor) -> RolloutBatch:
@@ -94,6 +123,7 @@ class RolloutBatch:
             texts=[self.texts[i] for i in index],
             finish_reasons=[self.finish_reasons[i] for i in index],
             group_size=self.group_size,
+            tool_mask=None if self.tool_mask is None else self.tool_mask[rows],
         )
 
 

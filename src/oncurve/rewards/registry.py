@@ -16,6 +16,7 @@ import torch
 
 from oncurve.errors import UserError
 from oncurve.rewards.answers import answers_match, extract_answer
+from oncurve.rewards.code import code_tests_reward
 from oncurve.rewards.countdown import countdown_reward
 from oncurve.rewards.format import (
     boxed_format_reward,
@@ -46,6 +47,20 @@ def answer_match_reward(
     return scores
 
 
+def episode_reward(
+    prompts: list[str],
+    completions: list[str],
+    *,
+    episode_reward: list[float] | None = None,
+    **columns: Any,
+) -> list[float | None]:
+    """The environment's reward of each multi-turn episode: the `episode_reward` column that
+    runs with `rollout.env` add (`oncurve.rollout.episodes`)."""
+    if episode_reward is None:
+        raise UserError("reward 'env' needs rollout.env: it reads the episodes' own rewards")
+    return [float(v) for v in episode_reward]
+
+
 BUILTINS: dict[str, RewardFn] = {
     "correct": answer_match_reward,
     "format": think_answer_format_reward,
@@ -54,6 +69,8 @@ BUILTINS: dict[str, RewardFn] = {
     "overlong": overlong_penalty,
     "length": length_penalty,
     "countdown": countdown_reward,
+    "code_tests": code_tests_reward,
+    "env": episode_reward,
 }
 
 

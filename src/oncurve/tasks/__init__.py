@@ -1,8 +1,9 @@
-"""Built-in procedural tasks: `get_task("arith" | "countdown" | "sums" | "gym:<dataset>")`."""
+"""Built-in procedural tasks: `get_task("arith" | "countdown" | "sums" | "code" | "gym:<name>")`."""
 
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from oncurve.errors import UserError
 from oncurve.tasks.base import Task
@@ -12,6 +13,7 @@ _TASKS = {
     "arith": ("oncurve.tasks.arith", "ArithTask"),
     "countdown": ("oncurve.tasks.countdown", "CountdownTask"),
     "sums": ("oncurve.tasks.sums", "SumsTask"),
+    "code": ("oncurve.tasks.code", "CodeTask"),
 }
 _GYM_PREFIX = "gym:"
 
@@ -21,16 +23,24 @@ def task_names() -> list[str]:
     return [*_TASKS, f"{_GYM_PREFIX}<dataset>"]
 
 
-def get_task(name: str) -> Task:
-    """The built-in task called `name`."""
+def get_task(name: str, options: dict[str, Any] | None = None) -> Task:
+    """The built-in task called `name`, built with the keyword arguments `options`
+    (`data.task_options`)."""
     if name.startswith(_GYM_PREFIX):
         from oncurve.tasks.gym import GymTask
 
-        return GymTask(name[len(_GYM_PREFIX) :])
-    if name not in _TASKS:
+        make, args = GymTask, (name[len(_GYM_PREFIX) :],)
+    elif name in _TASKS:
+        module, cls = _TASKS[name]
+        make, args = getattr(importlib.import_module(module), cls), ()
+    else:
         raise UserError(f"data.task: unknown task {name!r}; choices: {', '.join(task_names())}")
-    module, cls = _TASKS[name]
-    return getattr(importlib.import_module(module), cls)()
+    if not options:
+        return make(*args)
+    try:
+        return make(*args, **options)
+    except (TypeError, ValueError) as err:
+        raise UserError(f"data.task_options {options} do not fit task {name}: {err}") from None
 
 
 __all__ = ["Task", "get_task", "task_names"]

@@ -1,12 +1,20 @@
-"""Convert local copies of the public GSM8K and MATH files to prompt/answer JSONL.
+"""Convert local copies of the public GSM8K, MATH, MBPP and HumanEval files to JSONL rows.
 
     python -m oncurve.tasks.convert gsm8k gsm8k/train.jsonl data/gsm8k_train.jsonl
     python -m oncurve.tasks.convert math MATH/train data/math_train.jsonl
+    python -m oncurve.tasks.convert mbpp mbpp.jsonl data/mbpp.jsonl
+    python -m oncurve.tasks.convert humaneval HumanEval.jsonl data/humaneval.jsonl
 
 GSM8K records have "question" and "answer" ending in `#### 42`; MATH records have "problem" and
 "solution" with the answer in the last `\\boxed{}` (a directory of MATH's per-problem .json
 files is read recursively). The prompt asks for the answer in `\\boxed{}`, which the built-in
 `correct` reward extracts, so the matching setting is `reward: {functions: [correct]}`.
+
+MBPP records have "text" (or "prompt", in the sanitized set), "code", "test_list" and
+optionally "test_setup_code" and "test_imports" (sanitized); HumanEval records have "prompt" (a signature and docstring),
+"canonical_solution", "test" (which defines `check`) and "entry_point". Rows get "prompt",
+"answer" (the reference solution, shown in samples, not scored) and "tests", which the built-in
+`code_tests` reward runs: `reward: {functions: [code_tests]}`.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from typing import Any
 from oncurve.data import read_records, write_jsonl
 from oncurve.errors import UserError
 from oncurve.rewards.answers import extract_answer
+from oncurve.tasks.code import INSTRUCTION as CODE_INSTRUCTION
 
 INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
@@ -78,6 +87,71 @@ def math_rows(path: str) -> list[dict[str, Any]]:
     return rows
 
 
+def mbpp_rows(path: str) -> list[dict[str, Any]]:
+    """{"prompt", "answer", "tests", "task_id"} from MBPP records. The prompt states the task
+    and its tests, as MBPP's paper prompts (the tests name the function); each test is one case,
+    after the record's setup code and test imports."""
+    rows = []
+    for where, record in read_records(path):
+        text_field = "prompt" if "prompt" in record and "text" not in record else "text"
+        text, code = _fields(path, where, record, text_field, "code")
+        tests = _text_list(path, where, record, "test_list")
+        if not tests:
+            raise UserError(f"{path} {where}: field 'test_list' is empty")
+        setup_code = record.get("test_setup_code") or ""
+        if not isinstance(setup_code, str):
+            raise UserError(f"{path} {where}: field 'test_setup_code' must be text")
+        setup = "\n".join([*_text_list(path, where, record, "test_imports"), setup_code])
+        listed = "\n".join(tests)
+        rows.append(
+            {
+                "prompt": f"{text.strip()} Your code should pass these tests:\n\n{listed}\n\n"
+                + CODE_INSTRUCTION,
+                "answer": code,
+                "tests": [f"{setup}\n{test}" if setup.strip() else test for test in tests],
+                "task_id": record.get("task_id", where),
+            }
+        )
+    return rows
+
+
+def humaneval_rows(path: str) -> list[dict[str, Any]]:
+    """{"prompt", "answer", "tests", "task_id"} from HumanEval records: the prompt shows the
+    signature and docstring to complete; the one test case is `test` then `check(entry_point)`,
+    so the program must define the whole function, imports included."""
+    rows = []
+    for where, record in read_records(path):
+        prompt, solution, test, entry = _fields(
+            path, where, record, "prompt", "canonical_solution", "test", "entry_point"
+        )
+        rows.append(
+            {
+                "prompt": "Complete this Python function; reply with the whole function, its "
+                f"imports included.\n\n```python\n{prompt.rstrip()}\n```\n\n{CODE_INSTRUCTION}",
+                "answer": prompt + solution,
+                "tests": f"{test}\n\ncheck({entry})\n",
+                "task_id": record.get("task_id", where),
+            }
+        )
+    return rows
+
+
+CONVERTERS = {
+    "gsm8k": gsm8k_rows,
+    "math": math_rows,
+    "mbpp": mbpp_rows,
+    "humaneval": humaneval_rows,
+}
+
+
+def _text_list(path: str, where: str, record: dict, name: str) -> list[str]:
+    """The list of strings in field `name` ([] when it is absent or null)."""
+    value = record.get(name) or []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise UserError(f"{path} {where}: field {name!r} must be a list of text")
+    return value
+
+
 def _fields(path: str, where: str, record: dict, *names: str) -> list[str]:
     values = []
     for name in names:
@@ -89,12 +163,12 @@ def _fields(path: str, where: str, record: dict, *names: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=("gsm8k", "math"))
-    parser.add_argument("source", help="local GSM8K/MATH file or directory")
+    parser.add_argument("kind", choices=tuple(CONVERTERS))
+    parser.add_argument("source", help="local GSM8K/MATH/MBPP/HumanEval file or directory")
     parser.add_argument("dest", help="output JSONL")
     args = parser.parse_args(argv)
     try:
-        rows = (gsm8k_rows if args.kind == "gsm8k" else math_rows)(args.source)
+        rows = CONVERTERS[args.kind](args.source)
     except UserError as e:
         parser.exit(2, f"error: {e}\n")
     write_jsonl(args.dest, rows)

@@ -1,0 +1,60 @@
+"""`python_tool`: the policy may run Python in the sandbox before it answers.
+
+A turn with a ```python fenced block is a tool call: the block runs in `oncurve.sandbox` and its
+output (stdout, and stderr's tail when it failed) comes back as the next message. A turn without
+one is the final answer, scored 1.0 when its answer (`extract_answer`: the last `\\boxed{}`,
+else the last number) matches the row's "answer", else 0.0. An episode that runs out of turns
+while still calling the tool scores 0.0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from oncurve.rewards.answers import answers_match, extract_answer
+from oncurve.rewards.code import extract_program
+from oncurve.sandbox import check_isolation, run_python
+
+INSTRUCTIONS = (
+    "\n\nYou can run Python: write a ```python code block and end your turn, and its output "
+    "comes back. When you know the answer, reply without a code block and put the final "
+    "answer in \\boxed{}."
+)
+# What comes back of a long output: enough for an answer, not a flood of tokens.
+_OUTPUT_CHARS = 2000
+
+
+class PythonToolEnv:
+    """One episode of the Python tool; see the module docstring.
+
+    Args:
+        timeout_s: wall-clock limit of one tool call.
+        memory_mb: address-space limit of one tool call.
+        instructions: appended to the row's prompt in the first message.
+    """
+
+    def __init__(
+        self, timeout_s: float = 5.0, memory_mb: int = 512, instructions: str = INSTRUCTIONS
+    ) -> None:
+        self.timeout_s, self.memory_mb, self.instructions = timeout_s, memory_mb, instructions
+        # probed once per process: the first episode (built at the start of a run to check
+        # rollout.env_args) warns then when the machine's isolation is weaker than full
+        check_isolation()
+        self.answer = ""
+        self.calls = 0
+
+    def reset(self, row: dict[str, Any]) -> str:
+        self.answer = str(row.get("answer", ""))
+        return row["prompt"] + self.instructions
+
+    def step(self, turn: str) -> tuple[str | None, float, bool]:
+        program = extract_program(turn)
+        if program is None:
+            right = answers_match(extract_answer(turn), self.answer)
+            return None, 1.0 if right else 0.0, True
+        self.calls += 1
+        result = run_python(program, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
+        output = result.stdout
+        if result.status != "ok":
+            output += f"\n[{result.status}: {result.reason}]\n{result.stderr[-_OUTPUT_CHARS:]}"
+        return "Output:\n" + output[-_OUTPUT_CHARS:].strip(), 0.0, False

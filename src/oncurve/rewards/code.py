@@ -1,0 +1,206 @@
+"""The `code_tests` reward: run the program a completion writes against the row's test cases.
+
+The program is the last fenced ```python block of the completion (```py and ```python3 count
+too), else its last fenced block of any language. A completion without one, or whose program
+does not compile, scores 0.0 without running anything. The `tests` column holds the test cases
+in either common form:
+
+- stdin/stdout: a list of {"input": str, "output": str}; the program reads the input on stdin
+  and passes when it exits cleanly and its stdout equals the output, trailing whitespace of each
+  line and trailing blank lines ignored;
+- assert-style: a string of Python test code (HumanEval's `test` followed by
+  `check(<entry_point>)`), or a list of them (MBPP's `test_list`), each run after the program;
+  a case passes when the whole exits cleanly (no failed assert, no exception).
+
+Each case is its own sandboxed run (`oncurve.sandbox`, each limited by `reward.sandbox_timeout_s`
+and `reward.sandbox_memory_mb`), so a timeout or a crash fails that case alone. The score is the
+fraction of the row's cases passed; a row without tests (None, "" or []) scores None. A call's
+runs go through a pool of `reward.sandbox_workers` threads, each waiting on one child process;
+identical runs (same program, same case) within a call run once.
+
+The reward runs in the trainer's process (`runs_in_process`): each program already runs in a
+child process that the sandbox stops at its timeout, so `reward.timeout`'s forked worker would
+only add a fork. The settings reach it through `configure(reward_config)`, which
+`inputs.build_rewards` calls at the start of a run on every reward that has that hook; that is
+also when the sandbox checks its isolation and says, once, if it is weaker than full.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from oncurve import sandbox
+from oncurve.errors import UserError
+
+if TYPE_CHECKING:
+    from oncurve.config import RewardConfig
+
+PYTHON_TAGS = ("python", "py", "python3")
+# A fence's language tag is the rest of its opening line; its block ends at the next fence.
+_FENCE_RE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
+
+
+def extract_program(completion: str) -> str | None:
+    """The code of the last ```python block of `completion`, else of its last fenced block;
+    None when there is none, or it is blank."""
+    blocks = _FENCE_RE.findall(completion)
+    python = [code for tag, code in blocks if tag.strip().lower() in PYTHON_TAGS]
+    candidates = python or [code for _, code in blocks]
+    if not candidates or not candidates[-1].strip():
+        return None
+    return candidates[-1]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One test case: assert-style `code` run after the program, or `stdin` fed to it with the
+    `expected` stdout (None for an assert-style case)."""
+
+    code: str = ""
+    stdin: str = ""
+    expected: str | None = None
+
+
+def parse_tests(tests: Any) -> list[Case]:
+    """The cases of one row's `tests` value (see the module docstring); [] for None, "" or
+    []. UserError for anything else than the two forms."""
+    if tests is None:
+        return []
+    if isinstance(tests, str):
+        return [Case(code=tests)] if tests.strip() else []
+    if not isinstance(tests, list | tuple):
+        raise UserError(
+            f"column 'tests' must be a string of test code or a list of test cases, got "
+            f"{type(tests).__name__}"
+        )
+    cases = []
+    for i, test in enumerate(tests):
+        if isinstance(test, str):
+            cases.append(Case(code=test))
+        elif (
+            isinstance(test, dict)
+            and isinstance(test.get("input"), str)
+            and isinstance(test.get("output"), str)
+        ):
+            cases.append(Case(stdin=test["input"], expected=test["output"]))
+        else:
+            raise UserError(
+                f"column 'tests' item {i} must be a string of test code or "
+                f'{{"input": str, "output": str}}, got {str(test)[:60]!r}'
+            )
+    return cases
+
+
+def same_output(printed: str, expected: str) -> bool:
+    """Whether two stdouts agree once trailing whitespace of each line and trailing blank lines
+    are dropped."""
+
+    def canonical(text: str) -> str:
+        return "\n".join(line.rstrip() for line in text.splitlines()).rstrip("\n")
+
+    return canonical(printed) == canonical(expected)
+
+
+def compiles(program: str) -> bool:
+    """Whether `program` is valid Python. `compile` only parses (and folds small constants),
+    running nothing, so it is safe on a completion and spares a child process for most broken
+    programs."""
+    try:
+        # the compiler warns about odd code (`"a"(1)`); a completion's oddities are no news
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compile(program, "<completion>", "exec")
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+        return False
+    return True
+
+
+def default_workers() -> int:
+    """The CPUs this process may use (its affinity mask where the platform has one), at most
+    the sandbox's `MAX_PARALLEL`."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(cpus or 1, sandbox.MAX_PARALLEL)
+
+
+class CodeTestsReward:
+    """The `code_tests` reward (module docstring): `reward(prompts, completions, tests=[...])`
+    -> one fraction of cases passed (or None) per completion. Its pool of sandbox threads is
+    built by `configure`, or at the first call."""
+
+    runs_in_process = True  # RewardRunner calls it in the trainer's process (module docstring)
+
+    def __init__(
+        self, workers: int | None = None, timeout_s: float = 5.0, memory_mb: int = 512
+    ) -> None:
+        self.workers = workers or default_workers()
+        self.timeout_s = timeout_s
+        self.memory_mb = memory_mb
+        self._pool: sandbox.SandboxPool | None = None
+
+    def configure(self, reward: RewardConfig) -> None:
+        """Take the sandbox settings of the config's `reward` section and build the pool now:
+        building it probes the machine's isolation, and the sandbox warns (once) at the start of
+        the run, not at the first reward, when that is weaker than full."""
+        self.workers = reward.sandbox_workers or default_workers()
+        self.timeout_s = reward.sandbox_timeout_s
+        self.memory_mb = reward.sandbox_memory_mb
+        if self._pool is not None:
+            self._pool.close()
+        self._pool = sandbox.SandboxPool(self.workers)
+
+    def __call__(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        *,
+        tests: list[Any] | None = None,
+        **_: Any,
+    ) -> list[float | None]:
+        if tests is None:
+            raise UserError("reward 'code_tests' needs a 'tests' column in the data")
+        row_cases = [parse_tests(value) for value in tests]
+        programs = [extract_program(completion) for completion in completions]
+        # the (source, stdin) of each distinct run, and each row's run per case (None: no run)
+        runs: dict[tuple[str, str], int] = {}
+        row_runs: list[list[int] | None] = []
+        for program, cases in zip(programs, row_cases, strict=True):
+            if not cases or program is None or not compiles(program):
+                row_runs.append(None)
+                continue
+            keys = [(f"{program}\n\n{c.code}" if c.code else program, c.stdin) for c in cases]
+            row_runs.append([runs.setdefault(key, len(runs)) for key in keys])
+        if self._pool is None:
+            self._pool = sandbox.SandboxPool(self.workers)
+        results = self._pool.map(
+            [source for source, _ in runs],
+            [stdin for _, stdin in runs],
+            timeout_s=self.timeout_s,
+            memory_mb=self.memory_mb,
+        )
+        scores: list[float | None] = []
+        for cases, indices in zip(row_cases, row_runs, strict=True):
+            if not cases:
+                scores.append(None)
+            elif indices is None:
+                scores.append(0.0)
+            else:
+                passed = sum(
+                    _passed(case, results[i]) for case, i in zip(cases, indices, strict=True)
+                )
+                scores.append(passed / len(cases))
+        return scores
+
+
+def _passed(case: Case, result: sandbox.SandboxResult) -> bool:
+    if result.status != "ok" or result.returncode != 0:
+        return False
+    return case.expected is None or same_output(result.stdout, case.expected)
+
+
+# The one instance that `code_tests`, the `code` task and evaluation share, so that
+# `configure` reaches all of them and the runner can tell it is the verifier.
+code_tests_reward = CodeTestsReward()

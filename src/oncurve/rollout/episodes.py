@@ -1,0 +1,381 @@
+"""Multi-turn rollouts: the policy's turns alternate with an environment's observations.
+
+An episode starts from the first message of `Environment.reset(row)`, formatted like any prompt
+(chat template, system prompt). The policy samples a turn; the turn ends at EOS, a stop string
+or `max_new_tokens`; `Environment.step(turn)` answers with an observation, a reward and whether
+the episode is over. An observation becomes tokens (`ObservationFormat`: with a chat template,
+exactly what the template puts between the end of an assistant turn and the start of the next
+one) that are fed into the KV cache one decode step at a time, batched with the other rows'
+sampled tokens: the prompt and every earlier turn stay cached, and the rows of a step never
+wait for one another's prefill. After `max_turns` model turns the episode ends whatever the
+environment says.
+
+The result is an ordinary `RolloutBatch` whose completion is the whole transcript after the
+prompt (turns and observations), with `tool_mask` marking the observation tokens: the trainer's
+forward reads them, the loss skips them, and their sampler logprobs are 0. An episode's reward
+is the sum of its steps' rewards; the trainer's group advantage is computed on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from oncurve.errors import UserError
+from oncurve.rollout.base import Sampler, SamplingParams
+from oncurve.rollout.torch_sampler import _EOS, _LENGTH, _STOP, TorchSampler, sample_tokens
+from oncurve.types import RolloutBatch
+
+# Environment steps of the rows that end a turn at the same decode step run in threads: a tool
+# call is usually a subprocess (the sandbox), so they overlap.
+_STEP_THREADS = 16
+
+
+class Environment(Protocol):
+    """One episode's environment; a fresh instance per episode (`rollout.env` names the class).
+
+    `reset(row)` gets the dataset row ({"prompt", "answer", ...}) and returns the first user
+    message. `step(turn)` gets the text of the policy's latest turn (special tokens skipped, cut
+    after a stop string) and returns (observation or None, reward, done); the episode ends when
+    done is true or the observation is None. `step` may be called from a worker thread.
+    """
+
+    def reset(self, row: dict[str, Any]) -> str: ...
+
+    def step(self, turn: str) -> tuple[str | None, float, bool]: ...
+
+
+EnvFactory = Callable[[], Environment]
+
+
+def resolve_environment(spec: str, args: dict[str, Any] | None = None) -> EnvFactory:
+    """A factory of fresh environments for `rollout.env`: a built-in name (`python_tool`) or a
+    `package.module:Class` path, called with `args` (`rollout.env_args`)."""
+    from oncurve.envs import ENVIRONMENTS
+
+    if spec in ENVIRONMENTS:
+        cls = ENVIRONMENTS[spec]
+    elif ":" in spec:
+        module_name, _, attr = spec.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module_name), attr, None)
+        except ImportError as e:
+            raise UserError(f"rollout.env {spec!r}: cannot import {module_name!r} ({e})") from None
+        if cls is None:
+            raise UserError(f"rollout.env {spec!r}: module {module_name!r} has no {attr!r}")
+    else:
+        raise UserError(
+            f"rollout.env {spec!r}: not a built-in ({', '.join(ENVIRONMENTS)}) "
+            "and not a `module:Class` path"
+        )
+    kwargs = dict(args or {})
+    try:
+        cls(**kwargs)
+    except TypeError as e:
+        raise UserError(f"rollout.env_args do not fit {spec!r}: {e}") from None
+    return lambda: cls(**kwargs)
+
+
+class ObservationFormat:
+    """An observation's text -> the token ids fed after a policy turn.
+
+    With a chat template: the template's rendering of a `role` message (a "tool" message where
+    the template renders one, else "user") that follows an assistant turn, up to and including
+    the next assistant header, less the end-of-turn text when the turn already ended with the
+    EOS token. Without one: the observation between newlines. The observation's own text is cut
+    to `max_tokens` tokens first, so that the episode's length is bounded.
+    """
+
+    _MARK = "\u2063oncurve-turn\u2063"
+
+    def __init__(self, tokenizer: Any, chat_template: bool, max_tokens: int) -> None:
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.max_tokens = max_tokens
+        self.role = "tool" if chat_template and self._renders("tool") else "user"
+        # the tokens around an empty observation: with max_tokens, the longest possible feed
+        self.overhead = len(self(" ", ended_with_eos=False))
+
+    def __call__(self, observation: str, ended_with_eos: bool) -> list[int]:
+        """Token ids of `observation` after a turn that ended with EOS or not."""
+        ids = self.tokenizer(observation, add_special_tokens=False)["input_ids"]
+        if len(ids) > self.max_tokens:
+            observation = self.tokenizer.decode(ids[: self.max_tokens])
+        if not self.chat_template:
+            text = f"\n{observation}\n"
+        else:
+            text = self._between_turns(observation, self.role)
+            end = self.tokenizer.eos_token or ""
+            if ended_with_eos and end and text.startswith(end):
+                text = text[len(end) :]
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _between_turns(self, content: str, role: str) -> str:
+        messages = [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": self._MARK},
+            {"role": role, "content": content},
+        ]
+        full = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        at = full.rfind(self._MARK)
+        if at < 0:
+            raise UserError("the chat template drops assistant turns: no multi-turn rollouts")
+        return full[at + len(self._MARK) :]
+
+    def _renders(self, role: str) -> bool:
+        probe = "\u2063probe\u2063"
+        try:
+            return probe in self._between_turns(probe, role)
+        except Exception:  # a template that rejects the role (e.g. raise_exception)
+            return False
+
+
+@dataclass
+class Episodes:
+    """What `run_episodes` returns.
+
+    Attributes:
+        rollout: N = B*G transcripts after the prompt, `tool_mask` on observation tokens.
+        rewards: `[N]` float32 the sum of each episode's step rewards (on the CPU).
+        turns: `[N]` policy turns per episode.
+    """
+
+    rollout: RolloutBatch
+    rewards: torch.Tensor
+    turns: torch.Tensor
+
+
+@dataclass(frozen=True)
+class EpisodeSettings:
+    """`rollout.max_turns`, the environment factory and how prompts and observations become
+    token ids."""
+
+    make_env: EnvFactory
+    max_turns: int
+    encode_prompt: Callable[[str], list[int]]
+    observation: ObservationFormat
+
+    def budget(self, max_new_tokens: int) -> int:
+        """Completion columns an episode can fill: every turn at full length, every
+        observation at its longest."""
+        feeds = (self.max_turns - 1) * (self.observation.max_tokens + self.observation.overhead)
+        return self.max_turns * max_new_tokens + feeds
+
+
+def draw(
+    sampler: Sampler,
+    episodes: EpisodeSettings | None,
+    rows: list[dict],
+    group_size: int,
+    params: SamplingParams,
+) -> tuple[RolloutBatch, dict[str, list]]:
+    """G completions of each of `rows`, or with `episodes` G multi-turn episodes; the second
+    item holds what the episodes add to the reward functions' columns: `episode_reward` (the
+    environment's) and `turns`, one value per row of the rollout."""
+    if episodes is None:
+        return sampler.generate_ids([r["prompt_ids"] for r in rows], group_size, params), {}
+    if not isinstance(sampler, TorchSampler):
+        raise UserError(
+            f"rollout.env needs a decode-loop sampler backend, not {type(sampler).__name__}"
+        )
+    played = run_episodes(sampler, rows, group_size, params, episodes)
+    return played.rollout, {
+        "episode_reward": played.rewards.tolist(),
+        "turns": played.turns.tolist(),
+    }
+
+
+@torch.inference_mode()
+def run_episodes(
+    sampler: TorchSampler,
+    rows: list[dict[str, Any]],
+    group_size: int,
+    params: SamplingParams,
+    settings: EpisodeSettings,
+) -> Episodes:
+    """G episodes from each of `rows`, a row's G contiguous; `params.max_new_tokens` bounds each
+    policy turn. The same seed gives the same episodes when the environment is deterministic."""
+    envs = [settings.make_env() for _ in range(len(rows) * group_size)]
+    first: list[list[int]] = []
+    for r, row in enumerate(rows):
+        messages = [envs[r * group_size + g].reset(row) for g in range(group_size)]
+        if len(set(messages)) != 1:
+            raise UserError("rollout.env: reset() gave different first messages for one row")
+        first.append(settings.encode_prompt(messages[0]))
+    budget = settings.budget(params.max_new_tokens)
+    ids, mask = sampler._pad_prompts(
+        first, group_size, dataclasses.replace(params, max_new_tokens=budget)
+    )
+    n = len(envs)
+    model = sampler.model
+    was_training = model.training
+    model.eval()
+    try:
+        decoder = sampler.make_decoder(model, n, ids.shape[1], budget - 1, params.max_new_tokens)
+        logits = decoder.prefill(ids, mask, group_size)
+        with decoder.decoding():
+            loop = _EpisodeLoop(sampler, envs, params, settings, budget, ids.device)
+            loop.run(decoder, logits)
+    finally:
+        model.train(was_training)
+    width = int(loop.ends.max())
+    rollout = sampler._rollout(
+        ids,
+        mask,
+        group_size,
+        loop.completion[:, :width],
+        loop.logprobs[:, :width],
+        loop.ends,
+        loop.reasons,
+        params,
+    )
+    tool = loop.tool[:, :width] * rollout.completion_mask
+    transcripts = [
+        sampler.tokenizer.decode(row[:end])
+        for row, end in zip(rollout.completion_ids.tolist(), loop.ends.tolist(), strict=True)
+    ]
+    rollout = dataclasses.replace(
+        rollout, texts=transcripts, tool_mask=tool, logprobs=rollout.logprobs * (1 - tool)
+    )
+    return Episodes(
+        rollout,
+        torch.tensor(loop.rewards, dtype=torch.float32),
+        torch.tensor(loop.turns, dtype=torch.long),
+    )
+
+
+class _EpisodeLoop:
+    """`TorchSampler`'s decode loop with turns: a row whose turn ends is handed to its
+    environment and then fed the observation's tokens instead of sampling, until the episode
+    ends. Randomness is drawn for every live row at every step, fed or not, so a row's draws
+    do not depend on the other rows' episodes."""
+
+    def __init__(
+        self,
+        sampler: TorchSampler,
+        envs: list[Environment],
+        params: SamplingParams,
+        settings: EpisodeSettings,
+        budget: int,
+        device: torch.device,
+    ) -> None:
+        n = len(envs)
+        self.sampler, self.envs, self.params, self.settings = sampler, envs, params, settings
+        self.budget, self.device = budget, device
+        self.completion = torch.full((n, budget), sampler.pad_id, dtype=torch.long, device=device)
+        self.logprobs = torch.zeros((n, budget), dtype=torch.float32, device=device)
+        self.tool = torch.zeros((n, budget), dtype=torch.long, device=device)
+        self.ends = torch.full((n,), budget, dtype=torch.long, device=device)
+        self.reasons = torch.full((n,), _LENGTH, dtype=torch.long, device=device)
+        self.rewards = [0.0] * n
+        self.turns = [1] * n
+        self.turn_start = [0] * n
+        self.feeding: dict[int, list[int]] = {}  # output row -> observation tokens still to feed
+
+    def run(self, decoder: Any, logits: torch.Tensor) -> None:
+        params, sampler, device = self.params, self.sampler, self.device
+        generator = torch.Generator(device=device)
+        if params.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(params.seed)
+        vocab = logits.shape[-1]
+        is_eos = torch.zeros(vocab, dtype=torch.bool, device=device)
+        is_eos[[e for e in sampler.eos_ids if e < vocab]] = True
+        eos_index = is_eos.nonzero().squeeze(1)
+        stop_table = sampler._stop_table(params.stop, vocab, device) if params.stop else None
+        n = len(self.envs)
+        active = torch.arange(n, device=device)
+        alive = torch.ones(n, dtype=torch.bool, device=device)
+        for t in range(self.budget):
+            suppress = eos_index if t < params.min_new_tokens else None
+            tokens, token_logprobs = sample_tokens(logits, params, generator, suppress)
+            fed = torch.zeros_like(alive)
+            if self.feeding:
+                for i, row in enumerate(active.tolist()):
+                    if row in self.feeding:
+                        tokens[i] = self._next_fed(row, t)
+                        fed[i] = True
+                token_logprobs = token_logprobs.masked_fill(fed, 0.0)
+            self.completion[active, t] = tokens
+            self.logprobs[active, t] = token_logprobs
+            self.tool[active, t] = fed.long()
+            sampling = alive & ~fed
+            eos_hit = sampling & is_eos[tokens]
+            stop_hit = torch.zeros_like(alive)
+            if stop_table is not None:
+                for i in (sampling & ~eos_hit & stop_table[tokens]).nonzero().flatten().tolist():
+                    stop_hit[i] = self._stopped(int(active[i]), t)
+            starts = torch.tensor([self.turn_start[r] for r in active.tolist()], device=device)
+            full = sampling & ~eos_hit & ~stop_hit & (t + 1 - starts >= params.max_new_tokens)
+            ended = eos_hit | stop_hit | full
+            if bool(ended.any()):
+                index = ended.nonzero().flatten()
+                reasons = torch.where(
+                    eos_hit[index], _EOS, torch.where(stop_hit[index], _STOP, _LENGTH)
+                )
+                over = self._end_turns(active[index].tolist(), reasons.tolist(), t)
+                alive[index[over]] = False
+            if not bool(alive.any()) or t == self.budget - 1:
+                break
+            if alive.shape[0] - int(alive.sum()) >= 0.25 * alive.shape[0]:
+                keep = alive.nonzero().flatten()
+                decoder.keep(keep)
+                active, tokens, alive = active[keep], tokens[keep], alive[keep]
+            logits = decoder.step(tokens)
+
+    def _next_fed(self, row: int, t: int) -> int:
+        queue = self.feeding[row]
+        token = queue.pop(0)
+        if not queue:
+            del self.feeding[row]
+            self.turn_start[row] = t + 1
+        return token
+
+    def _turn_text(self, row: int, t: int) -> str:
+        ids = self.completion[row, self.turn_start[row] : t + 1].tolist()
+        return self.sampler.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _stopped(self, row: int, t: int) -> bool:
+        window = 4 * max(len(s) for s in self.params.stop) + 2
+        start = max(self.turn_start[row], t + 1 - window)
+        tail = self.sampler.tokenizer.decode(
+            self.completion[row, start : t + 1].tolist(), skip_special_tokens=True
+        )
+        return any(s in tail for s in self.params.stop)
+
+    def _end_turns(self, rows: list[int], reasons: list[int], t: int) -> torch.Tensor:
+        """Hand the turns that ended at step `t` to their environments; returns `[len(rows)]`
+        True where the episode is over."""
+        texts = []
+        for row, reason in zip(rows, reasons, strict=True):
+            text = self._turn_text(row, t)
+            if reason == _STOP:
+                cuts = [text.find(s) + len(s) for s in self.params.stop if s in text]
+                text = text[: min(cuts)] if cuts else text
+            texts.append(text)
+        with ThreadPoolExecutor(min(_STEP_THREADS, len(rows))) as pool:
+            results = list(
+                pool.map(lambda a: self.envs[a[0]].step(a[1]), zip(rows, texts, strict=True))
+            )
+        over = []
+        for row, reason, (observation, reward, done) in zip(rows, reasons, results, strict=True):
+            self.rewards[row] += float(reward)
+            last = done or observation is None or reason == _LENGTH
+            if last or self.turns[row] >= self.settings.max_turns:
+                self.ends[row] = t + 1
+                self.reasons[row] = reason
+                over.append(True)
+            else:
+                self.feeding[row] = self.settings.observation(observation, reason == _EOS)
+                self.turns[row] += 1
+                over.append(False)
+        return torch.tensor(over, dtype=torch.bool, device=self.device)

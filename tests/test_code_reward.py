@@ -1,0 +1,254 @@
+"""The `code_tests` reward: program extraction, both test forms, the fraction passed, failures
+that count as failed, its settings; and the MBPP and HumanEval converters it scores."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from oncurve import sandbox
+from oncurve.config import load_config
+from oncurve.errors import UserError
+from oncurve.inputs import build_rewards, correctness_fn
+from oncurve.rewards.code import (
+    Case,
+    CodeTestsReward,
+    code_tests_reward,
+    compiles,
+    extract_program,
+    parse_tests,
+    same_output,
+)
+from oncurve.rewards.registry import resolve_reward
+from oncurve.tasks import get_task
+from oncurve.tasks.convert import humaneval_rows, main, mbpp_rows
+
+ADD_ONE = "def f(x):\n    return x + 1\n"
+
+
+def fenced(code: str, tag: str = "python") -> str:
+    return f"Here it is:\n```{tag}\n{code}```\nDone."
+
+
+@pytest.fixture
+def reward() -> CodeTestsReward:
+    return CodeTestsReward(workers=4, timeout_s=2.0, memory_mb=256)
+
+
+@pytest.mark.parametrize(
+    ("completion", "program"),
+    [
+        (fenced(ADD_ONE), ADD_ONE),
+        (fenced(ADD_ONE, "py"), ADD_ONE),
+        # the last python block wins, over an earlier one and over a later untagged one
+        (fenced("x = 1\n") + fenced(ADD_ONE) + "\n```\n5\n```", ADD_ONE),
+        # no python block: the last block of any language
+        ("```text\nno\n```\n```\nprint(2)\n```", "print(2)\n"),
+        ("def f(x):\n    return x + 1", None),  # no fence
+        ("```python\n\n```", None),  # blank
+        ("```python\ndef f(x):\n    return x", None),  # never closed
+    ],
+)
+def test_extract_program(completion, program):
+    assert extract_program(completion) == program
+
+
+def test_compiles_parses_without_running_and_without_warnings():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert compiles("x = 'a'(1)\n")  # a SyntaxWarning, were it not silenced
+        assert compiles("import os\nos._exit(3)\n")  # parsed, not run
+        assert not compiles("def f(:\n")
+        assert not compiles("x = 1\0")
+    assert not caught
+
+
+def test_parse_tests_reads_both_forms_and_names_the_bad_item():
+    assert parse_tests(None) == parse_tests("") == parse_tests([]) == []
+    assert parse_tests("assert f(1) == 2") == [Case(code="assert f(1) == 2")]
+    assert parse_tests([{"input": "1\n", "output": "2\n"}, "assert True"]) == [
+        Case(stdin="1\n", expected="2\n"),
+        Case(code="assert True"),
+    ]
+    with pytest.raises(UserError, match=r"column 'tests' item 1 must be a string of test code"):
+        parse_tests(["assert True", {"input": "1"}])
+    with pytest.raises(UserError, match=r"column 'tests' must be .* got int"):
+        parse_tests(3)
+
+
+def test_same_output_ignores_trailing_whitespace_only():
+    assert same_output("1 2  \n3\n\n", "1 2\n3")
+    assert not same_output("1  2\n3", "1 2\n3")
+    assert not same_output("\n1", "1")
+
+
+def test_the_score_is_the_fraction_of_cases_passed(reward):
+    # right for x >= 0 only: passes 2 of 3 asserts
+    program = "def f(x):\n    return abs(x) + 1\n"
+    tests = [["assert f(1) == 2", "assert f(5) == 6", "assert f(-3) == -2"]] * 2
+    assert reward(["p"] * 2, [fenced(program), fenced(ADD_ONE)], tests=tests) == pytest.approx(
+        [2 / 3, 1.0]
+    )
+
+
+def test_stdin_stdout_cases(reward):
+    program = "n = int(input())\nprint(n * 2, ' ')\nprint()\n"
+    tests = [
+        [
+            {"input": "3\n", "output": "6"},
+            {"input": "4", "output": "8\n"},
+            {"input": "1", "output": "3"},
+        ]
+    ]
+    assert reward(["p"], [fenced(program)], tests=tests) == pytest.approx([2 / 3])
+
+
+def test_a_timeout_a_crash_and_too_much_memory_fail_their_case_alone():
+    reward = CodeTestsReward(workers=3, timeout_s=0.5, memory_mb=256)
+    program = (
+        "n = int(input())\n"
+        "if n == 0:\n    while True: pass\n"
+        "if n == 1:\n    raise ValueError('boom')\n"
+        "if n == 2:\n    block = bytearray(512 * 2**20)\n"  # over memory_mb
+        "print(n)\n"
+    )
+    tests = [[{"input": str(n), "output": str(n)} for n in range(5)]]
+    assert reward(["p"], [fenced(program)], tests=tests) == [pytest.approx(2 / 5)]
+
+
+def test_no_program_no_tests_and_broken_programs(reward, monkeypatch):
+    ran: list[str] = []
+    pool_map = sandbox.SandboxPool.map
+
+    def recording(pool, sources, *args, **kwargs):
+        ran.extend(sources)
+        return pool_map(pool, sources, *args, **kwargs)
+
+    monkeypatch.setattr(sandbox.SandboxPool, "map", recording)
+    completions = [
+        "def f(x): return x + 1",  # no fenced block
+        fenced(ADD_ONE),  # a row without tests
+        fenced("def f(x):\n    return (x +\n"),  # does not compile
+        fenced(ADD_ONE),
+        fenced(ADD_ONE),  # the same runs as the row before
+    ]
+    one = ["assert f(1) == 2"]
+    tests = [one, [], one, one, one]
+    assert reward(["p"] * 5, completions, tests=tests) == [0.0, None, 0.0, 1.0, 1.0]
+    assert ran == [ADD_ONE + "\n\nassert f(1) == 2"]  # one run: nothing else needed running
+    with pytest.raises(UserError, match="reward 'code_tests' needs a 'tests' column"):
+        reward(["p"], [fenced(ADD_ONE)], answer=["2"])
+
+
+def test_a_run_configures_the_reward_and_probes_the_sandbox_at_start(monkeypatch, tmp_path):
+    probes: list[bool] = []
+    isolation = sandbox.isolation
+    monkeypatch.setattr(sandbox, "isolation", lambda: probes.append(True) or isolation())
+    for name in ("workers", "timeout_s", "memory_mb", "_pool"):  # restored after the test
+        monkeypatch.setattr(code_tests_reward, name, getattr(code_tests_reward, name))
+    settings = [
+        "reward.sandbox_workers=3",
+        "reward.sandbox_timeout_s=2",
+        "reward.sandbox_memory_mb=300",
+    ]
+    config = load_config(None, ["data.task=code", *settings])
+    with build_rewards(config, get_task("code")) as runner:
+        assert (code_tests_reward.workers, code_tests_reward.timeout_s) == (3, 2.0)
+        assert code_tests_reward.memory_mb == 300
+        assert probes  # before any reward was computed
+        assert runner.verifier == "correct"  # the task's name for it
+    code_tests_reward._pool.close()
+    # a data file scored by `code_tests`: evaluation and the verifier use it too
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "p", "answer": "", "tests": "assert True"}) + "\n")
+    config = load_config(None, [f"data.path={data}", "reward.functions=[code_tests]"])
+    assert correctness_fn(config, None) is code_tests_reward is resolve_reward("code_tests")[1]
+    with build_rewards(config, None) as runner:
+        assert runner.verifier == "code_tests"
+        result = runner.score(["p"], [fenced("x = 1\n")], {"tests": ["assert x == 1"]})
+        assert result.total.tolist() == [1.0]
+    code_tests_reward._pool.close()
+    # a run without a code reward leaves the sandbox alone
+    probes.clear()
+    build_rewards(load_config(None, ["data.task=sums"]), get_task("sums")).close()
+    assert not probes
+
+
+def test_sandbox_workers_are_bounded_by_the_sandbox():
+    assert load_config(None, ["reward.sandbox_workers=64"]).reward.sandbox_workers == 64
+    too_many = f"reward.sandbox_workers={sandbox.MAX_PARALLEL + 1}"
+    with pytest.raises(UserError, match=r"reward.sandbox_workers must be in \[1, 64\]"):
+        load_config(None, [too_many])
+
+
+# --- converters: MBPP and HumanEval rows that the reward scores ------------------------------
+
+MBPP = [
+    {
+        "task_id": 2,
+        "text": "Write a function to find the shared elements of two lists.",
+        "code": "def similar_elements(a, b):\n    return tuple(set(a) & set(b))",
+        "test_list": [
+            "assert set(similar_elements((3, 4, 5, 6), (5, 7, 4, 10))) == set((4, 5))",
+            "assert set(similar_elements((1, 2, 3, 4), (5, 4, 3, 7))) == set((3, 4))",
+            "assert set(similar_elements((11, 12, 14, 13), (17, 15, 14, 13))) == set((13, 14))",
+        ],
+        "test_setup_code": "",
+    },
+    {
+        "task_id": 3,
+        "prompt": "Write a function to scale a number by the module's factor.",
+        "code": "def scale(x):\n    return x * FACTOR",
+        "test_list": [
+            "assert scale(2) == 6",
+            "assert scale(0) == 0",
+            "assert math.isclose(scale(1), 3)",
+        ],
+        "test_setup_code": "FACTOR = 3",
+        "test_imports": ["import math"],
+    },
+]
+HUMANEVAL = {
+    "task_id": "HumanEval/0",
+    "prompt": 'from typing import List\n\n\ndef total(xs: List[int]) -> int:\n    """Sum of xs."""\n',
+    "canonical_solution": "    return sum(xs)\n",
+    "test": "def check(candidate):\n    assert candidate([1, 2]) == 3\n    assert candidate([]) == 0\n",
+    "entry_point": "total",
+}
+
+
+def _write(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(path)
+
+
+def test_mbpp_rows_score_the_reference_1_and_a_wrong_program_its_fraction(tmp_path, reward):
+    rows = mbpp_rows(_write(tmp_path / "mbpp.jsonl", MBPP))
+    assert [r["task_id"] for r in rows] == [2, 3]
+    assert MBPP[0]["test_list"][0] in rows[0]["prompt"] and "```python" in rows[0]["prompt"]
+    assert rows[1]["tests"][0] == "import math\nFACTOR = 3\nassert scale(2) == 6"
+    references = [fenced(r["answer"]) for r in rows]
+    assert reward([""] * 2, references, tests=[r["tests"] for r in rows]) == [1.0, 1.0]
+    wrong = fenced("def scale(x):\n    return x * 2\n")  # passes `scale(0) == 0` only
+    assert reward([""], [wrong], tests=[rows[1]["tests"]]) == pytest.approx([1 / 3])
+
+    dest = tmp_path / "out.jsonl"
+    assert main(["mbpp", str(tmp_path / "mbpp.jsonl"), str(dest)]) == 0
+    assert [json.loads(line) for line in dest.read_text().splitlines()] == rows
+    bad = _write(tmp_path / "bad.jsonl", [{**MBPP[0], "test_list": "assert True"}])
+    with pytest.raises(UserError, match=r"bad.jsonl line 1: field 'test_list' must be a list"):
+        mbpp_rows(bad)
+
+
+def test_humaneval_rows_run_check_on_the_entry_point(tmp_path, reward):
+    (row,) = humaneval_rows(_write(tmp_path / "he.jsonl", [HUMANEVAL]))
+    assert row["tests"].endswith("check(total)\n")
+    assert "def total(xs: List[int]) -> int:" in row["prompt"]
+    wrong = "from typing import List\n\ndef total(xs: List[int]) -> int:\n    return len(xs)\n"
+    scores = reward([""] * 2, [fenced(row["answer"]), fenced(wrong)], tests=[row["tests"]] * 2)
+    assert scores == [1.0, 0.0]  # one case: check() as a whole
+    bad = _write(tmp_path / "bad.jsonl", [{k: v for k, v in HUMANEVAL.items() if k != "test"}])
+    with pytest.raises(UserError, match=r"bad.jsonl line 1: missing or non-text field 'test'"):
+        humaneval_rows(bad)

@@ -1,0 +1,300 @@
+"""Multi-turn rollouts (`oncurve.rollout.episodes`): a scripted "model" plays known turns, and
+the transcript, masks, rewards and the decoder's feed are checked token for token."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from conftest import tiny_qwen2
+from safetensors.torch import load_file
+from test_reliability import metric_rows
+
+from oncurve.config import load_config
+from oncurve.envs import PythonToolEnv
+from oncurve.errors import UserError
+from oncurve.report import write_report
+from oncurve.rollout import SamplingParams, TorchSampler
+from oncurve.rollout.episodes import (
+    EpisodeSettings,
+    ObservationFormat,
+    resolve_environment,
+    run_episodes,
+)
+from oncurve.sandbox import isolation
+from oncurve.trainer import train
+
+QWEN3_TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "assets" / "qwen3-tokenizer"
+
+
+@pytest.fixture(scope="module")
+def qwen3_tokenizer() -> transformers.PreTrainedTokenizerBase:
+    if not QWEN3_TOKENIZER.is_dir():
+        pytest.skip(f"the Qwen3 tokenizer is not at {QWEN3_TOKENIZER}")
+    return transformers.AutoTokenizer.from_pretrained(QWEN3_TOKENIZER)
+
+
+class ScriptedDecoder:
+    """A `Decoder` that plays a fixed token sequence per row: every call's logits put all
+    mass on the row's next scripted token, whatever it was fed. It records what it was fed
+    and how often the prompt was prefilled, so a test can check the cache's contents."""
+
+    def __init__(self, scripts: list[list[int]], vocab: int, eos: int) -> None:
+        self.scripts, self.vocab, self.eos = scripts, vocab, eos
+        self.rows = list(range(len(scripts)))
+        self.fed: list[list[int]] = [[] for _ in scripts]
+        self.prefills = 0
+
+    def prefill(self, prompt_ids, prompt_mask, group_size):
+        self.prefills += 1
+        return self._logits()
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        for i, row in enumerate(self.rows):
+            self.fed[row].append(int(tokens[i]))
+        return self._logits()
+
+    def keep(self, index: torch.Tensor) -> None:
+        self.rows = [self.rows[i] for i in index.tolist()]
+
+    def decoding(self):
+        return contextlib.nullcontext()
+
+    def _logits(self) -> torch.Tensor:
+        logits = torch.full((len(self.rows), self.vocab), -1e4)
+        for i, row in enumerate(self.rows):
+            script, at = self.scripts[row], len(self.fed[row])
+            logits[i, script[at] if at < len(script) else self.eos] = 0.0
+        return logits
+
+
+def scripted_sampler(tokenizer, scripts: list[list[int]]) -> tuple[TorchSampler, list]:
+    model = tiny_qwen2(len(tokenizer))
+    model.config.max_position_embeddings = 4096
+    model.config.eos_token_id = tokenizer.eos_token_id
+    decoders: list[ScriptedDecoder] = []
+
+    def make(model, rows, width, new, reserve):
+        decoders.append(ScriptedDecoder(scripts, model.config.vocab_size, tokenizer.eos_token_id))
+        return decoders[-1]
+
+    return TorchSampler(model, tokenizer, decoder=make), decoders
+
+
+def chat_ids(tokenizer, messages: list[dict], generation_prompt: bool = False) -> list[int]:
+    return list(
+        tokenizer.apply_chat_template(
+            messages, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False
+        )
+    )
+
+
+def settings(tokenizer, make_env, max_turns: int) -> EpisodeSettings:
+    return EpisodeSettings(
+        make_env=make_env,
+        max_turns=max_turns,
+        encode_prompt=lambda text: chat_ids(tokenizer, [{"role": "user", "content": text}], True),
+        observation=ObservationFormat(tokenizer, chat_template=True, max_tokens=64),
+    )
+
+
+TOOL_TURNS = [
+    "Let me compute.\n```python\nprint(6 * 7)\n```",
+    "```python\nprint(42 + 1)\n```",
+    "The answer is \\boxed{43}.",
+]
+
+
+@pytest.mark.skipif(not isolation().namespaces, reason="the sandbox needs namespaces here")
+def test_a_scripted_model_calls_the_tool_twice_then_answers(qwen3_tokenizer):
+    """Row 0 calls the Python tool twice and answers right; row 1 answers wrong at once. The
+    transcript is exactly the chat template's rendering of the whole conversation, the
+    observations are the sandbox's real outputs, in `tool_mask` and out of the loss, and the
+    decoder was prefilled once and fed every token of the transcript in order."""
+    tok = qwen3_tokenizer
+    row = {"prompt": "What is 6 * 7 + 1?", "answer": "43"}
+    env = PythonToolEnv(timeout_s=5.0)
+    first = env.reset(row)
+    conversation = [{"role": "user", "content": first}]
+    for turn, output in zip(TOOL_TURNS, ["Output:\n42", "Output:\n43", None], strict=True):
+        conversation.append({"role": "assistant", "content": turn})
+        if output is not None:
+            conversation.append({"role": "tool", "content": output})
+    prompt = chat_ids(tok, conversation[:1], generation_prompt=True)
+    whole = chat_ids(tok, conversation)
+    assert whole[: len(prompt)] == prompt
+    expected = whole[len(prompt) :]
+    while tok.decode(expected[-1:]).isspace():  # the template's newline after the last turn
+        expected.pop()
+    wrong = tok("The answer is \\boxed{41}.", add_special_tokens=False)["input_ids"]
+    wrong += [tok.eos_token_id]
+    sampler, decoders = scripted_sampler(tok, [expected, wrong])
+
+    played = run_episodes(
+        sampler,
+        [row],
+        group_size=2,
+        params=SamplingParams(max_new_tokens=40, temperature=1.0, seed=0),
+        settings=settings(tok, PythonToolEnv, max_turns=4),
+    )
+
+    out = played.rollout
+    n0 = len(expected)
+    assert out.completion_ids[0, :n0].tolist() == expected
+    assert out.completion_mask[0].tolist() == [1] * n0 + [0] * (out.completion_ids.shape[1] - n0)
+    assert out.completion_ids[1, : len(wrong)].tolist() == wrong
+    assert int(out.completion_mask[1].sum()) == len(wrong)
+    # the observations, and nothing else, are tool tokens
+    observed = [i for i in range(n0) if out.tool_mask[0, i]]
+    spans = [(a, b) for a, b in _spans(observed)]
+    assert len(spans) == 2
+    for (a, b), text in zip(spans, ["42", "43"], strict=True):
+        fed = tok.decode(out.completion_ids[0, a:b])
+        assert fed.startswith("\n<|im_start|>user\n<tool_response>\nOutput:\n" + text)
+        assert fed.endswith("<|im_start|>assistant\n")
+    assert int(out.tool_mask[1].sum()) == 0
+    assert torch.equal(out.loss_mask, out.completion_mask * (1 - out.tool_mask))
+    assert torch.all(out.logprobs[out.tool_mask.bool()] == 0)
+    assert played.rewards.tolist() == [1.0, 0.0]
+    assert played.turns.tolist() == [3, 1]
+    assert out.finish_reasons == ["eos", "eos"]
+    # the prompt was prefilled once and every later token went through the cache
+    (decoder,) = decoders
+    assert decoder.prefills == 1
+    assert decoder.fed[0] == expected[:-1]
+    assert "<tool_response>\nOutput:\n42" in out.texts[0]
+
+
+def _spans(positions: list[int]):
+    start = prev = None
+    for p in positions:
+        if start is None:
+            start = prev = p
+        elif p == prev + 1:
+            prev = p
+        else:
+            yield start, prev + 1
+            start = prev = p
+    if start is not None:
+        yield start, prev + 1
+
+
+class CountdownEnv:
+    """Answers every turn with the number of turns left; ends when none are."""
+
+    def __init__(self, turns: int = 2) -> None:
+        self.left = turns
+
+    def reset(self, row: dict) -> str:
+        return row["prompt"]
+
+    def step(self, turn: str) -> tuple[str | None, float, bool]:
+        self.left -= 1
+        return (f"left {self.left}", 0.5, self.left == 0)
+
+
+def test_max_turns_ends_the_episode_and_rewards_add_up(qwen3_tokenizer):
+    """An environment that would go on for 5 turns is stopped after max_turns=2: two policy
+    turns, one observation, and the two steps' rewards summed."""
+    tok = qwen3_tokenizer
+    turn = tok("ok", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    fmt = ObservationFormat(tok, chat_template=True, max_tokens=64)
+    script = turn + fmt("left 4", ended_with_eos=True) + turn
+    sampler, _ = scripted_sampler(tok, [script] * 2)
+    played = run_episodes(
+        sampler,
+        [{"prompt": "go"}],
+        group_size=2,
+        params=SamplingParams(max_new_tokens=8, seed=0),
+        settings=settings(tok, lambda: CountdownEnv(5), max_turns=2),
+    )
+    assert played.turns.tolist() == [2, 2]
+    assert played.rewards.tolist() == [1.0, 1.0]
+    assert played.rollout.completion_ids[0, : len(script)].tolist() == script
+    assert int(played.rollout.completion_mask[0].sum()) == len(script)
+
+
+def test_a_turn_cut_at_max_new_tokens_ends_the_episode(qwen3_tokenizer):
+    tok = qwen3_tokenizer
+    long_turn = tok("one two three four five six", add_special_tokens=False)["input_ids"]
+    sampler, _ = scripted_sampler(tok, [long_turn * 3] * 2)
+    played = run_episodes(
+        sampler,
+        [{"prompt": "go"}],
+        group_size=2,
+        params=SamplingParams(max_new_tokens=4, seed=0),
+        settings=settings(tok, lambda: CountdownEnv(5), max_turns=3),
+    )
+    assert played.rollout.finish_reasons == ["length", "length"]
+    assert played.rollout.completion_mask.sum(1).tolist() == [4, 4]
+    assert played.turns.tolist() == [1, 1]
+
+
+def test_observations_without_a_chat_template_are_cut_to_max_tokens(qwen3_tokenizer):
+    fmt = ObservationFormat(qwen3_tokenizer, chat_template=False, max_tokens=3)
+    ids = fmt("one two three four five", ended_with_eos=False)
+    assert qwen3_tokenizer.decode(ids) == "\none two three\n"
+
+
+def test_environment_specs_are_checked():
+    assert resolve_environment("python_tool", {"timeout_s": 1.0})().timeout_s == 1.0
+    with pytest.raises(UserError, match="rollout.env 'nope'"):
+        resolve_environment("nope")
+    with pytest.raises(UserError, match="rollout.env_args"):
+        resolve_environment("python_tool", {"bogus": 1})
+    with pytest.raises(UserError, match="rollout.max_turns > 1 needs rollout.env"):
+        load_config(None, ["rollout.max_turns=3"])
+
+
+def test_a_multi_turn_run_trains_checkpoints_and_resumes_exactly(
+    tiny_model_dir, data_file, tmp_path
+):
+    """The trainer with `rollout.env`: episodes of up to 2 turns (a stop string ends a turn), the
+    environment's reward, observations out of the loss; a run stopped at step 2 and resumed
+    equals the uninterrupted run, weights and metrics."""
+
+    def run(run_dir: Path, steps: int, *extra: str):
+        config = load_config(
+            None,
+            [
+                f"model.path={tiny_model_dir}",
+                f"data.path={data_file}",
+                "data.prompts_per_step=2",
+                "rollout.group_size=4",
+                "rollout.max_new_tokens=8",
+                "rollout.stop=[1, 2, 3, 4, 5]",
+                "rollout.env=rewards_for_tests:DigitsEnv",
+                "rollout.max_turns=2",
+                "rollout.max_observation_tokens=16",
+                "reward.timeout=null",
+                "optim.lr=1e-2",
+                "algo.beta=0.04",
+                "run.device=cpu",
+                "run.threads=1",
+                "eval.at_start_end=false",
+                f"run.steps={steps}",
+                f"run.dir={run_dir}",
+                *extra,
+            ],
+        )
+        return train(config, quiet=True)
+
+    run(tmp_path / "full", 4)
+    run(tmp_path / "cut", 2)
+    run(tmp_path / "cut", 4, "run.resume=auto")
+    rows = metric_rows(tmp_path / "full")
+    assert rows == metric_rows(tmp_path / "cut")
+    turns = [r["episode/turns_mean"] for r in rows]
+    assert all(1 <= t <= 2 for t in turns) and max(turns) > 1
+    assert all(r["reward/mean"] >= 0 for r in rows)
+    # the report shows the transcripts, observations included
+    page = write_report([tmp_path / "full"]).read_text()
+    samples = re.search('<section id="samples">(.*?)</section>', page, re.S).group(1)
+    assert "digits" in samples
+    want = load_file(tmp_path / "full" / "final" / "model.safetensors")
+    got = load_file(tmp_path / "cut" / "final" / "model.safetensors")
+    assert all(torch.equal(got[k], want[k]) for k in want)
