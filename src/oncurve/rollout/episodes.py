@@ -29,7 +29,14 @@ import torch
 
 from oncurve.errors import UserError
 from oncurve.rollout.base import Sampler, SamplingParams
-from oncurve.rollout.torch_sampler import _EOS, _LENGTH, _STOP, TorchSampler, sample_tokens
+from oncurve.rollout.torch_sampler import (
+    _COMPACT_FRACTION,
+    _EOS,
+    _LENGTH,
+    _STOP,
+    TorchSampler,
+    sample_tokens,
+)
 from oncurve.types import RolloutBatch
 
 # Environment steps of the rows that end a turn at the same decode step run in threads: a tool
@@ -326,7 +333,7 @@ class _EpisodeLoop:
                 alive[index[over]] = False
             if not bool(alive.any()) or t == self.budget - 1:
                 break
-            if alive.shape[0] - int(alive.sum()) >= 0.25 * alive.shape[0]:
+            if alive.shape[0] - int(alive.sum()) >= _COMPACT_FRACTION * alive.shape[0]:
                 keep = alive.nonzero().flatten()
                 decoder.keep(keep)
                 active, tokens, alive = active[keep], tokens[keep], alive[keep]
@@ -375,7 +382,11 @@ class _EpisodeLoop:
                 self.reasons[row] = reason
                 over.append(True)
             else:
-                self.feeding[row] = self.settings.observation(observation, reason == _EOS)
+                feed = self.settings.observation(observation, reason == _EOS)
+                if feed:
+                    self.feeding[row] = feed
+                else:  # nothing to feed (an empty observation without a template)
+                    self.turn_start[row] = t + 1
                 self.turns[row] += 1
                 over.append(False)
         return torch.tensor(over, dtype=torch.bool, device=self.device)
