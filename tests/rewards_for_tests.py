@@ -19,8 +19,9 @@ def fails_on_rank_1(prompts, completions, **columns):
 
 
 class DigitsEnv:
-    """A multi-turn environment (`rollout.env=rewards_for_tests:DigitsEnv`): answers a turn with
-    how many digits it held, and after `turns` turns scores the last one's digit fraction."""
+    """A multi-turn environment (`rollout.env=rewards_for_tests:DigitsEnv`): answers each turn
+    with how many digits it held, rewards their fraction of its characters, and ends the episode
+    after `turns` turns."""
 
     def __init__(self, turns: int = 2) -> None:
         self.left = turns
@@ -31,6 +32,4 @@ class DigitsEnv:
     def step(self, turn: str) -> tuple[str | None, float, bool]:
         self.left -= 1
         digits = sum(c.isdigit() for c in turn)
-        if self.left == 0:
-            return None, digits / max(len(turn), 1), True
-        return f"digits {digits}", 0.0, False
+        return f"digits {digits}", digits / max(len(turn), 1), self.left == 0

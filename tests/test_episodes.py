@@ -11,6 +11,7 @@ import pytest
 import torch
 import transformers
 from conftest import tiny_qwen2
+from rewards_for_tests import DigitsEnv
 from safetensors.torch import load_file
 from test_reliability import metric_rows
 
@@ -183,37 +184,23 @@ def _spans(positions: list[int]):
         yield start, prev + 1
 
 
-class CountdownEnv:
-    """Answers every turn with the number of turns left; ends when none are."""
-
-    def __init__(self, turns: int = 2) -> None:
-        self.left = turns
-
-    def reset(self, row: dict) -> str:
-        return row["prompt"]
-
-    def step(self, turn: str) -> tuple[str | None, float, bool]:
-        self.left -= 1
-        return (f"left {self.left}", 0.5, self.left == 0)
-
-
 def test_max_turns_ends_the_episode_and_rewards_add_up(qwen3_tokenizer):
     """An environment that would go on for 5 turns is stopped after max_turns=2: two policy
     turns, one observation, and the two steps' rewards summed."""
     tok = qwen3_tokenizer
-    turn = tok("ok", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    turn = tok("4 ok", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     fmt = ObservationFormat(tok, chat_template=True, max_tokens=64)
-    script = turn + fmt("left 4", ended_with_eos=True) + turn
+    script = turn + fmt("digits 1", ended_with_eos=True) + turn
     sampler, _ = scripted_sampler(tok, [script] * 2)
     played = run_episodes(
         sampler,
         [{"prompt": "go"}],
         group_size=2,
         params=SamplingParams(max_new_tokens=8, seed=0),
-        settings=settings(tok, lambda: CountdownEnv(5), max_turns=2),
+        settings=settings(tok, lambda: DigitsEnv(5), max_turns=2),
     )
     assert played.turns.tolist() == [2, 2]
-    assert played.rewards.tolist() == [1.0, 1.0]
+    assert played.rewards.tolist() == [0.5, 0.5]  # 1 digit in 4 characters, twice
     assert played.rollout.completion_ids[0, : len(script)].tolist() == script
     assert int(played.rollout.completion_mask[0].sum()) == len(script)
 
@@ -227,7 +214,7 @@ def test_a_turn_cut_at_max_new_tokens_ends_the_episode(qwen3_tokenizer):
         [{"prompt": "go"}],
         group_size=2,
         params=SamplingParams(max_new_tokens=4, seed=0),
-        settings=settings(tok, lambda: CountdownEnv(5), max_turns=3),
+        settings=settings(tok, lambda: DigitsEnv(5), max_turns=3),
     )
     assert played.rollout.finish_reasons == ["length", "length"]
     assert played.rollout.completion_mask.sum(1).tolist() == [4, 4]
@@ -254,7 +241,7 @@ def test_a_multi_turn_run_trains_checkpoints_and_resumes_exactly(
     tiny_model_dir, data_file, tmp_path
 ):
     """The trainer with `rollout.env`: episodes of up to 2 turns (a stop string ends a turn), the
-    environment's reward, observations out of the loss; a run stopped at step 2 and resumed
+    environment's reward (the digit fraction of each turn, summed), observations out of the loss; a run stopped at step 2 and resumed
     equals the uninterrupted run, weights and metrics."""
 
     def run(run_dir: Path, steps: int, *extra: str):

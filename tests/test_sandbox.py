@@ -403,9 +403,10 @@ def test_socket_to_localhost_fails(host: str) -> None:
     assert lines[2].startswith("listen done")
 
 
-def test_detached_child_dies_with_the_run(host: str) -> None:
-    # Double fork and a new session; the grandchild keeps stdout open and sleeps.
-    source = (
+def detached_grandchild(host: str) -> str:
+    """A program that double-forks a grandchild into a new session, which sleeps with `host`
+    (the test's marker) in its command line, and waits for its child."""
+    return (
         "import os, sys\n"
         "if os.fork() == 0:\n"
         "    os.setsid()\n"
@@ -413,8 +414,12 @@ def test_detached_child_dies_with_the_run(host: str) -> None:
         f"        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)', {host!r}])\n"
         "    os._exit(0)\n"
         "os.wait()\n"
-        "print('parent done')\n"
     )
+
+
+def test_detached_child_dies_with_the_run(host: str) -> None:
+    # Double fork and a new session; the grandchild keeps stdout open and sleeps.
+    source = detached_grandchild(host) + "print('parent done')\n"
     result = sandbox.run_python(source, timeout_s=5.0)
     # "ok" and not "timeout": the run ended with the program, not with the grandchild.
     assert (result.status, result.stdout) == ("ok", "parent done\n"), result
@@ -593,15 +598,7 @@ def test_user_namespace_mode_has_no_network(host: str, user_ns: None) -> None:
 
 
 def test_user_namespace_mode_kills_detached_children(host: str, user_ns: None) -> None:
-    source = (
-        "import os, sys\n"
-        "if os.fork() == 0:\n"
-        "    os.setsid()\n"
-        "    if os.fork() == 0:\n"
-        f"        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)', {host!r}])\n"
-        "    os._exit(0)\n"
-        "os.wait()\n"
-    )
+    source = detached_grandchild(host)
     result = sandbox.run_python(source, timeout_s=5.0)
     assert result.status == "ok", result
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import random
 import zlib
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
 
 from oncurve.errors import UserError
 from oncurve.rewards.registry import RewardFn
+
+T = TypeVar("T")
 
 
 class Task(Protocol):
@@ -61,6 +65,18 @@ def leveled_examples(task: Task, n: int, seed: int) -> list[dict]:
 
 
 TEST_BUCKETS = 10  # 1 in 10 problems is held out for the test split
+
+
+def draw_split(task: str, pool: Sequence[T], split: str, n: int, seed: int) -> list[T]:
+    """`n` problems of `split` from its `pool`: train problems drawn with repetition, test
+    problems distinct, both in an order seeded by (task, split, seed); asking for more test
+    problems than the pool holds is an error."""
+    rng = random.Random(f"{task}:{split}:{seed}")
+    if split == "test":
+        if n > len(pool):
+            raise ValueError(f"{task}: only {len(pool)} test problems, asked for {n}")
+        return rng.sample(list(pool), n)
+    return [rng.choice(pool) for _ in range(n)]
 
 
 def hash_split(key: str) -> str:

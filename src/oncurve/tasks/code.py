@@ -27,7 +27,7 @@ from typing import Any
 
 from oncurve.rewards.code import code_tests_reward
 from oncurve.rewards.registry import RewardFn
-from oncurve.tasks.base import hash_split
+from oncurve.tasks.base import draw_split, hash_split
 
 SPLITS = ("train", "test")
 TESTS_PER_PROBLEM = 3
@@ -179,14 +179,7 @@ class CodeTask:
         is an error."""
         if split not in SPLITS:
             raise ValueError(f"code: split must be one of {', '.join(SPLITS)}, got {split!r}")
-        pool = problems(split)
-        rng = random.Random(f"code:{split}:{seed}")
-        if split == "test":
-            if n > len(pool):
-                raise ValueError(f"code: only {len(pool)} test problems, asked for {n}")
-            chosen = rng.sample(pool, n)
-        else:
-            chosen = [rng.choice(pool) for _ in range(n)]
+        chosen = draw_split("code", problems(split), split, n, seed)
         # a problem's tests are computed once, however often the train split repeats it
         rows = {
             p: {"prompt": p.prompt, "answer": p.solution, "tests": p.tests()} for p in set(chosen)

@@ -14,11 +14,9 @@ has a `\\boxed{...}`.
 
 from __future__ import annotations
 
-import random
-
 from oncurve.rewards.format import boxed_format_reward
 from oncurve.rewards.registry import RewardFn, answer_match_reward
-from oncurve.tasks.base import hash_split
+from oncurve.tasks.base import draw_split, hash_split
 
 SPLITS = ("train", "test")
 FIRST, SECOND = range(50), range(10)
@@ -41,13 +39,7 @@ class SumsTask:
         if split not in SPLITS:
             raise ValueError(f"sums: split must be one of {', '.join(SPLITS)}, got {split!r}")
         pairs = [(a, b) for a in FIRST for b in SECOND if hash_split(prompt(a, b)) == split]
-        rng = random.Random(f"sums:{split}:{seed}")
-        if split == "test":
-            if n > len(pairs):
-                raise ValueError(f"sums: only {len(pairs)} test problems, asked for {n}")
-            chosen = rng.sample(pairs, n)
-        else:
-            chosen = [rng.choice(pairs) for _ in range(n)]
+        chosen = draw_split("sums", pairs, split, n, seed)
         return [{"prompt": prompt(a, b), "answer": str(a + b)} for a, b in chosen]
 
     def reward_fns(self) -> dict[str, RewardFn]:
