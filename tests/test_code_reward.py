@@ -68,12 +68,12 @@ def test_compiles_parses_without_running_and_without_warnings():
 def test_parse_tests_reads_both_forms_and_names_the_bad_item():
     assert parse_tests(None) == parse_tests("") == parse_tests([]) == []
     assert parse_tests("assert f(1) == 2") == [Case(code="assert f(1) == 2")]
-    assert parse_tests([{"input": "1\n", "output": "2\n"}, "assert True"]) == [
+    assert parse_tests([{"input": "1\n", "output": "2\n"}, "assert f(2) == 4"]) == [
         Case(stdin="1\n", expected="2\n"),
-        Case(code="assert True"),
+        Case(code="assert f(2) == 4"),
     ]
     with pytest.raises(UserError, match=r"column 'tests' item 1 must be a string of test code"):
-        parse_tests(["assert True", {"input": "1"}])
+        parse_tests(["assert f(2) == 4", {"input": "1"}])
     with pytest.raises(UserError, match=r"column 'tests' must be .* got int"):
         parse_tests(3)
 
@@ -162,7 +162,7 @@ def test_a_run_configures_the_reward_and_probes_the_sandbox_at_start(monkeypatch
     code_tests_reward._pool.close()
     # a data file scored by `code_tests`: evaluation and the verifier use it too
     data = tmp_path / "d.jsonl"
-    data.write_text(json.dumps({"prompt": "p", "answer": "", "tests": "assert True"}) + "\n")
+    data.write_text(json.dumps({"prompt": "p", "answer": "", "tests": "assert x == 1"}) + "\n")
     config = load_config(None, [f"data.path={data}", "reward.functions=[code_tests]"])
     assert correctness_fn(config, None) is code_tests_reward is resolve_reward("code_tests")[1]
     with build_rewards(config, None) as runner:
@@ -237,7 +237,7 @@ def test_mbpp_rows_score_the_reference_1_and_a_wrong_program_its_fraction(tmp_pa
     dest = tmp_path / "out.jsonl"
     assert main(["mbpp", str(tmp_path / "mbpp.jsonl"), str(dest)]) == 0
     assert [json.loads(line) for line in dest.read_text().splitlines()] == rows
-    bad = _write(tmp_path / "bad.jsonl", [{**MBPP[0], "test_list": "assert True"}])
+    bad = _write(tmp_path / "bad.jsonl", [{**MBPP[0], "test_list": "assert f(2) == 4"}])
     with pytest.raises(UserError, match=r"bad.jsonl line 1: field 'test_list' must be a list"):
         mbpp_rows(bad)
 

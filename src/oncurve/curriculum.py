@@ -19,6 +19,9 @@ same prompts and a resumed run draws what an uninterrupted one draws, given the 
 checkpoints keep (`state_dict`). The state moves once per step, from the pass rates of every
 group of every rank and sampling round (`gather_pass_rates`), so it is the same on every rank.
 
+The state and the pass rates live on the CPU whatever the model's device: they pick Python
+rows, are summed across ranks as lists, and go into the checkpoint's JSON.
+
 A group's pass rate is the mean of its finite verifier scores (the reward evaluation calls
 correct), or of its total rewards where the run has no verifier, clipped to [0, 1]; a group
 without a finite score leaves no record.
