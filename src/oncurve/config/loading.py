@@ -1,0 +1,196 @@
+"""A Config from YAML and `key=value` overrides: the layers merged in order, each value coerced
+to its field's type and checked, then the checks across fields."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from oncurve.config.presets import ESTIMATOR_DEFAULTS, PRESETS
+from oncurve.config.sections import Config, RewardFnConfig
+from oncurve.config.validation import check_cross_fields
+from oncurve.errors import UserError
+
+# Keys that were renamed or moved, old dotted key -> new dotted key: a config that still uses
+# one stops with a line naming the new key. A future rename is one more line here.
+RENAMED: dict[str, str] = {
+    "rewards": "reward.functions",
+    "run.reward_timeout": "reward.timeout",
+    "run.reward_timeout_score": "reward.timeout_score",
+    "run.reward_errors": "reward.errors",
+    "algo.overlong_buffer": "reward.overlong_buffer",
+    "algo.overlong_penalty": "reward.overlong_penalty",
+}
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Config from defaults, the preset, an optional YAML file and `key=value` overrides."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = _read_yaml(Path(path))
+    for item in overrides or []:
+        key, value = _parse_override(item)
+        _set_dotted(raw, key, value)
+    return build_config(raw)
+
+
+def build_config(raw: dict[str, Any]) -> Config:
+    """Config from a nested dict (YAML layout), with the preset applied below the user's keys."""
+    if not isinstance(raw, dict):
+        raise UserError(f"config must be a mapping of sections, got {type(raw).__name__}")
+    _check_renamed(raw)
+    algo = raw.get("algo")
+    user_algo = algo if isinstance(algo, dict) else {}
+    preset = user_algo.get("preset", "grpo")
+    if preset not in PRESETS:
+        raise UserError(f"algo.preset must be one of {', '.join(PRESETS)}, got {preset!r}")
+    merged = _merge({}, PRESETS[preset])
+    estimator = user_algo.get("estimator", merged["algo"]["estimator"])
+    if isinstance(estimator, str):
+        merged = _merge(merged, {"algo": ESTIMATOR_DEFAULTS.get(estimator, {})})
+    merged = _merge(merged, raw)
+    config = _from_dict(Config, merged, "")
+    check_cross_fields(config)
+    return config
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over`'s keys on top, mappings merged key by key (copies, neither changed)."""
+    out = dict(base)
+    for key, value in over.items():
+        below = out.get(key)
+        if isinstance(value, dict) and isinstance(below, dict):
+            out[key] = _merge(below, value)
+        else:
+            out[key] = dict(value) if isinstance(value, dict) else value
+    return out
+
+
+def _check_renamed(raw: dict[str, Any]) -> None:
+    """A one-line error for the first key of `raw` that `RENAMED` lists."""
+    for old, new in RENAMED.items():
+        *sections, key = old.split(".")
+        node: Any = raw
+        for section in sections:
+            node = node.get(section) if isinstance(node, dict) else None
+        if isinstance(node, dict) and key in node:
+            same_name = key == new.rsplit(".", 1)[-1]
+            raise UserError(f"{old} {'moved to' if same_name else 'was renamed'} {new}")
+
+
+def to_dict(config: Config) -> dict[str, Any]:
+    """Plain nested dict of every field (what `config.yaml` in a run directory holds)."""
+    return dataclasses.asdict(config)
+
+
+def save_config(config: Config, path: Path) -> None:
+    path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise UserError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"config file {path}{where} is not valid YAML") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file {path} must hold a mapping of sections")
+    return data
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise UserError(f"override {item!r} must look like section.key=value")
+    try:
+        value = yaml.safe_load(text) if text else ""
+    except yaml.YAMLError:
+        value = text
+    return key.strip(), value
+
+
+def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise UserError(f"{key}: {part} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _from_dict(cls: type, raw: Any, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "config"
+    if not isinstance(raw, dict):
+        raise UserError(f"{where} must be a mapping, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in known:
+            choices = ", ".join(known)
+            raise UserError(f"unknown key {prefix}{key}; {where} has: {choices}")
+    values = {}
+    for name, value in raw.items():
+        values[name] = _coerce(hints[name], value, f"{prefix}{name}", known[name])
+    return cls(**values)
+
+
+def _coerce(hint: Any, value: Any, name: str, spec: dataclasses.Field) -> Any:
+    if dataclasses.is_dataclass(hint):
+        if isinstance(value, str) and hint is RewardFnConfig:
+            value = {"name": value}
+        return _from_dict(hint, value if value is not None else {}, name + ".")
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None:
+            return None
+        hint = options[0]
+        origin = typing.get_origin(hint)
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise UserError(f"{name} must be a mapping of names to values, got {value!r}")
+        return dict(value)
+    if origin is list:
+        (item_hint,) = typing.get_args(hint)
+        if isinstance(value, str | dict) or not isinstance(value, list):
+            value = [value]
+        return [_coerce(item_hint, v, f"{name}[{i}]", spec) for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(hint):
+        return _coerce(hint, value, name, spec)
+    value = _scalar(hint, value, name)
+    choices = spec.metadata.get("choices")
+    if choices and value not in choices:
+        raise UserError(f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
+    check = spec.metadata.get("check")
+    problem = check(value) if check else None
+    if problem:
+        raise UserError(f"{name} {problem}, got {value!r}")
+    return value
+
+
+def _scalar(hint: type, value: Any, name: str) -> Any:
+    if hint is float and isinstance(value, str):
+        # YAML 1.1 reads `1e-5` (no dot) as a string; users mean the number.
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is str and isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
+        raise UserError(f"{name} must be {hint.__name__}, got {type(value).__name__} {value!r}")
+    return value

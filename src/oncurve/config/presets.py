@@ -1,0 +1,77 @@
+"""Named presets (`algo.preset`) and the defaults an advantage estimator brings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Each preset is a nested mapping of sections, as in a YAML file: it may set keys of any section.
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    # DeepSeekMath: group z-score, per-sequence token mean, k3 KL in the loss, symmetric clip.
+    "grpo": {
+        "algo": {
+            "estimator": "grpo",
+            "adv_scale": "group",
+            "loss": "ppo_clip",
+            "loss_agg": "seq-mean-token-mean",
+            "beta": 0.04,
+            "epsilon": 0.2,
+        },
+    },
+    # Dr.GRPO: no std division, constant length normaliser, no KL.
+    "dr_grpo": {
+        "algo": {
+            "estimator": "grpo",
+            "adv_scale": "none",
+            "loss": "ppo_clip",
+            "loss_agg": "seq-mean-token-sum-norm",
+            "beta": 0.0,
+            "epsilon": 0.2,
+        },
+    },
+    # DAPO: token-level loss, clip-higher, dynamic sampling, soft overlong penalty, no KL.
+    "dapo": {
+        "algo": {
+            "estimator": "grpo",
+            "adv_scale": "group",
+            "loss": "ppo_clip",
+            "loss_agg": "token-mean",
+            "beta": 0.0,
+            "epsilon": 0.2,
+            "epsilon_high": 0.28,
+            "dynamic_sampling": True,
+        },
+        "reward": {"overlong_buffer": 16},
+    },
+    # GSPO: sequence-level ratio with its much smaller clip range.
+    "gspo": {
+        "algo": {
+            "estimator": "grpo",
+            "adv_scale": "group",
+            "loss": "gspo",
+            "loss_agg": "seq-mean-token-mean",
+            "beta": 0.0,
+            "epsilon": 3e-4,
+            "epsilon_high": 4e-4,
+        },
+    },
+    # PPO with a learned critic (the baseline GRPO is measured against).
+    "ppo": {
+        "algo": {
+            "estimator": "gae",
+            "adv_scale": "none",
+            "loss": "ppo_clip",
+            "loss_agg": "token-mean",
+            "beta": 0.04,
+            "epsilon": 0.2,
+            # The classic RLHF penalty: -beta * log(pi/pi_ref) on every token's reward.
+            "kl_in_reward": True,
+            "kl_estimator": "k1",
+        },
+    },
+}
+
+
+# Layered above the preset, below the user's keys: a preset's adv_scale is chosen for its own
+# estimator, and group-std scaling would turn RLOO into GRPO x k/(k-1) (TRL and verl divide
+# RLOO advantages by no std). Keys of the algo section.
+ESTIMATOR_DEFAULTS: dict[str, dict[str, Any]] = {"rloo": {"adv_scale": "none"}}

@@ -1,0 +1,84 @@
+"""Checks across fields: settings that are each valid alone but not together."""
+
+from __future__ import annotations
+
+from oncurve.config.sections import Config
+from oncurve.errors import UserError
+
+
+def check_cross_fields(config: Config) -> None:
+    if config.algo.kl_in_reward and config.algo.estimator != "gae":
+        raise UserError(
+            f"algo.kl_in_reward needs algo.estimator=gae (a critic), got {config.algo.estimator!r}"
+        )
+    if config.data.task is None and config.data.path is None:
+        raise UserError("data.task or data.path must be set")
+    # every rank must hold a group of every minibatch (`trainer.optimise`); torchrun launched
+    # by hand is checked again in `trainer.setup`, with the real number of ranks
+    per_rank = config.data.prompts_per_step // config.dist.nproc
+    if config.algo.minibatches > per_rank:
+        raise UserError(
+            f"algo.minibatches must be at most data.prompts_per_step per rank "
+            f"({config.data.prompts_per_step} / {config.dist.nproc} = {per_rank}), "
+            f"got {config.algo.minibatches}"
+        )
+    if config.dist.fsdp and config.model.lora.r:
+        raise UserError("dist.fsdp=true with model.lora.r > 0 is not supported; use one of them")
+    if config.rollout.min_new_tokens > config.rollout.max_new_tokens:
+        raise UserError(
+            f"rollout.min_new_tokens must be at most rollout.max_new_tokens "
+            f"({config.rollout.max_new_tokens}), got {config.rollout.min_new_tokens}"
+        )
+    if config.rollout.max_turns > 1 and config.rollout.env is None:
+        raise UserError("rollout.max_turns > 1 needs rollout.env (what answers the turns)")
+    _check_algo(config)
+    _check_reward(config)
+    _check_data(config)
+
+
+def _check_algo(config: Config) -> None:
+    algo = config.algo
+    if algo.kl_estimator == "k1" and algo.beta > 0 and not algo.kl_in_reward:
+        raise UserError(
+            "algo.kl_estimator=k1 in the loss (algo.kl_in_reward=false) has zero expected "
+            "gradient: set algo.kl_estimator=k3 (or k2), or algo.kl_in_reward=true"
+        )
+    if algo.loss == "gspo" and algo.loss_agg != "seq-mean-token-mean":
+        raise UserError(
+            f"algo.loss_agg must be seq-mean-token-mean with algo.loss=gspo (the GSPO objective "
+            f"weights every sequence equally), got {algo.loss_agg!r}"
+        )
+    if algo.ref_sync_every and config.model.lora.r:
+        raise UserError(
+            "algo.ref_sync_every > 0 with model.lora.r > 0 never syncs: the reference is the "
+            "base model (the adapter switched off), which does not change; set it to 0"
+        )
+    if algo.beta_warmup_steps and algo.beta == 0:
+        raise UserError("algo.beta_warmup_steps > 0 ramps nothing with algo.beta=0; set it to 0")
+    if algo.beta_warmup_steps and algo.kl_in_reward:
+        raise UserError(
+            "algo.beta_warmup_steps ramps the KL term of the loss, and algo.kl_in_reward=true "
+            "puts the KL in the reward instead; set one of them off"
+        )
+
+
+def _check_data(config: Config) -> None:
+    data = config.data
+    # data.path replaces the task, so the task's settings would do nothing
+    if data.path is not None and data.task_options:
+        raise UserError("data.task_options applies to data.task, which data.path replaces")
+    if data.path is not None and data.curriculum == "difficulty":
+        raise UserError(
+            "data.curriculum=difficulty needs a built-in task with difficulty levels (data.task), "
+            "not data.path"
+        )
+
+
+def _check_reward(config: Config) -> None:
+    reward = config.reward
+    # overlong_penalty refuses it too, but only once the first rewards are computed.
+    if reward.overlong_buffer > config.rollout.max_new_tokens:
+        raise UserError(
+            f"reward.overlong_buffer must be at most rollout.max_new_tokens "
+            f"({config.rollout.max_new_tokens}), got {reward.overlong_buffer}"
+        )
