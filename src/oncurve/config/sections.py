@@ -199,6 +199,13 @@ class RewardConfig:
     errors: str = _opt(
         "raise", "a reward fn that raises: stop the run, or score None", choices=("raise", "none")
     )
+    answer_match: str = _opt(
+        "strict",
+        "how `correct` matches a numeric reference: strict pays only for a stated number (an "
+        "expression equal to it scores 0); lenient also pays for any expression math-verify "
+        "finds equal, such as the question restated",
+        choices=("strict", "lenient"),
+    )
     overlong_buffer: int = _opt(
         0,
         "DAPO soft overlong penalty window in tokens, at most rollout.max_new_tokens; 0 off",
