@@ -10,6 +10,7 @@ import pytest
 
 from oncurve import sandbox
 from oncurve.config import load_config
+from oncurve.envs import PythonToolEnv
 from oncurve.errors import UserError
 from oncurve.inputs import build_rewards, correctness_fn
 from oncurve.rewards.code import (
@@ -137,9 +138,115 @@ def test_no_program_no_tests_and_broken_programs(reward, monkeypatch):
     one = ["assert f(1) == 2"]
     tests = [one, [], one, one, one]
     assert reward(["p"] * 5, completions, tests=tests) == [0.0, None, 0.0, 1.0, 1.0]
-    assert ran == [ADD_ONE + "\n\nassert f(1) == 2"]  # one run: nothing else needed running
+    # one run, under the harness: nothing else needed running
+    assert len(ran) == 1 and ran[0].endswith(f"\nrun({ADD_ONE!r})\n")
     with pytest.raises(UserError, match="reward 'code_tests' needs a 'tests' column"):
         reward(["p"], [fenced(ADD_ONE)], answer=["2"])
+
+
+# Programs that get `add` wrong and try to pass its tests anyway (issue 36): each must score 0.
+FORGERIES = {
+    "os._exit(0)": "import os\nos._exit(0)\n",
+    "sys.exit(0)": "import sys\nsys.exit(0)\n",
+    "atexit that exits 0": "import atexit, os\natexit.register(lambda: os._exit(0))\n",
+    "exception hook that exits 0": "import os, sys\nsys.excepthook = lambda *a: os._exit(0)\n",
+    "always-equal object": (
+        "class Same:\n    def __eq__(self, other):\n        return True\n"
+        "    __hash__ = object.__hash__\n"
+        "def add(a, b):\n    return Same()\n"
+    ),
+    "int subclass that equals anything": (
+        "class Same(int):\n    def __eq__(self, other):\n        return True\n"
+        "    __hash__ = int.__hash__\n"
+        "def add(a, b):\n    return Same(0)\n"
+    ),
+    "truthy object for `assert add(...)`": (
+        "class Yes:\n    def __bool__(self):\n        return True\n"
+        "def add(a, b):\n    return Yes()\n"
+    ),
+    "patched builtins": (
+        "import builtins\nbuiltins.set = lambda *a: 0\nbuiltins.sorted = lambda *a: 0\n"
+    ),
+    "os._exit(0) inside the function": "def add(a, b):\n    import os\n    os._exit(0)\n",
+    "printed verdicts": (
+        "import os, sys\nprint('pass')\nprint('1 pass', file=sys.stderr)\n"
+        "for fd in range(3, 64):\n"
+        "    try:\n        os.write(fd, b'pass\\n')\n    except OSError:\n        pass\n"
+    ),
+    # the secret and the tests are in the judging process's stdin and memory: /proc refuses
+    "reads the judge's stdin and memory": (
+        "import os\nfor pid in range(1, 8):\n"
+        "    for path in (f'/proc/{pid}/fd/0', f'/proc/{pid}/mem', f'/proc/{pid}/fd/1'):\n"
+        "        try:\n            with open(path, 'rb') as f:\n"
+        "                os.write(1, f.read(100))\n"
+        "        except OSError:\n            pass\n"
+    ),
+}
+WRONG_ADD = "def add(a, b):\n    return 0\n"
+ADD_TESTS = [
+    "assert add(1, 2) == 3",
+    "assert set([add(2, 2)]) == {4}",
+    "assert sorted([add(0, 5), 1]) == [1, 5]",
+    "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(1, 1)\ncheck(add)\n",
+]
+
+
+@pytest.mark.parametrize("trick", FORGERIES.values(), ids=FORGERIES.keys())
+def test_a_program_cannot_forge_assert_verdicts(reward, trick):
+    program = trick if "def add" in trick else WRONG_ADD + trick
+    right = "def add(a, b):\n    return a + b\n"
+    scores = reward(["p"] * 2, [fenced(program), fenced(right + trick)], tests=[ADD_TESTS] * 2)
+    assert scores[0] == 0.0
+    # beside a right `add`, a trick costs nothing unless it replaces `add`, ends the program
+    # before the tests call it, or garbles its answers (bytes written to every descriptor)
+    breaks = [FORGERIES[k] for k in ("os._exit(0)", "sys.exit(0)", "printed verdicts")]
+    assert scores[1] == (0.0 if "def add" in trick or trick in breaks else 1.0)
+
+
+def test_io_cases_are_judged_on_stdout_alone(reward):
+    wrong = "input()\nprint(0)\nimport os\nos._exit(0)\n"
+    right = "print(int(input()) * 2)\n"
+    tests = [[{"input": "3", "output": "6"}, {"input": "5", "output": "10"}]] * 2
+    assert reward(["p"] * 2, [fenced(wrong), fenced(right)], tests=tests) == [0.0, 1.0]
+
+
+def test_tests_see_the_programs_data_and_objects_by_value(reward):
+    program = (
+        "class Counter:\n    def __init__(self, start):\n        self.n = start\n"
+        "    def up(self):\n        self.n += 1\n        return self.n\n"
+        "def squares(n):\n    return (i * i for i in range(n))\n"
+        "def scaled(x):\n    return x * FACTOR\n"
+        "def fails(x):\n    raise ValueError(x)\n"
+        "LIMIT = 7\n"
+    )
+    tests = [
+        "c = Counter(3)\nassert c.up() == 4 and c.up() == 5 and c.n == 5",
+        "assert list(squares(4)) == [0, 1, 4, 9] and LIMIT == 7",
+        "FACTOR = 3\nassert scaled(2) == 6",  # MBPP's test_setup_code, read by the program
+        "try:\n    fails(1)\nexcept ValueError:\n    pass\nelse:\n    assert False",
+        "assert scaled(2) == 6",  # no FACTOR this time: NameError in the program
+    ]
+    assert reward(["p"], [fenced(program)], tests=[tests]) == [pytest.approx(4 / 5)]
+
+
+def test_undecodable_source_is_an_error_result(reward):
+    assert reward(["p"], [fenced("print(1)  # \ud800\n")], tests=[["assert True"]]) == [0.0]
+    env = PythonToolEnv(timeout_s=2.0, memory_mb=256)
+    env.reset({"prompt": "2 + 2?", "answer": "4"})
+    observation, score, done = env.step(fenced("print(1)  # \ud800\n"))
+    assert (score, done) == (0.0, False)
+    assert "[error: undecodable source]" in observation
+
+
+def test_python_tool_rewards_only_the_final_answer():
+    env = PythonToolEnv(timeout_s=2.0, memory_mb=256)
+    env.reset({"prompt": "2 + 2?", "answer": "4"})
+    # a tool call whose output claims the answer, then exits early: no reward, not done
+    observation, score, done = env.step(
+        fenced("print('\\\\boxed{4}', flush=True)\nimport os\nos._exit(0)\n")
+    )
+    assert (score, done) == (0.0, False) and "boxed{4}" in observation
+    assert env.step("The answer is \\boxed{5}.") == (None, 0.0, True)
 
 
 def test_a_run_configures_the_reward_and_probes_the_sandbox_at_start(monkeypatch, tmp_path):

@@ -27,10 +27,13 @@ also when the sandbox checks its isolation and says, once, if it is weaker than 
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import secrets
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from oncurve import sandbox
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
     from oncurve.config import RewardConfig
 
 PYTHON_TAGS = ("python", "py", "python3")
+_HARNESS = Path(__file__).with_name("_harness.py").read_text()
 # A fence's language tag is the rest of its opening line; its block ends at the next fence.
 _FENCE_RE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
 
@@ -171,13 +175,14 @@ class CodeTestsReward:
             if not cases or program is None or not compiles(program):
                 row_runs.append(None)
                 continue
-            keys = [(f"{program}\n\n{c.code}" if c.code else program, c.stdin) for c in cases]
+            keys = [(program, c.code, c.stdin) for c in cases]
             row_runs.append([runs.setdefault(key, len(runs)) for key in keys])
         if self._pool is None:
             self._pool = sandbox.SandboxPool(self.workers)
+        jobs = [_job(*key) for key in runs]
         results = self._pool.map(
-            [source for source, _ in runs],
-            [stdin for _, stdin in runs],
+            [source for source, _, _ in jobs],
+            [stdin for _, stdin, _ in jobs],
             timeout_s=self.timeout_s,
             memory_mb=self.memory_mb,
         )
@@ -189,16 +194,30 @@ class CodeTestsReward:
                 scores.append(0.0)
             else:
                 passed = sum(
-                    _passed(case, results[i]) for case, i in zip(cases, indices, strict=True)
+                    _passed(case, results[i], jobs[i][2])
+                    for case, i in zip(cases, indices, strict=True)
                 )
                 scores.append(passed / len(cases))
         return scores
 
 
-def _passed(case: Case, result: sandbox.SandboxResult) -> bool:
+def _job(program: str, tests: str, stdin: str) -> tuple[str, str, str]:
+    """(source, stdin, verdict) of one run: a stdin/stdout case runs the program itself; an
+    assert-style case runs it under the harness, with the tests and a fresh secret on stdin,
+    and passes only when the harness prints `verdict`."""
+    if not tests:
+        return program, stdin, ""
+    secret = secrets.token_hex(16)
+    source = f"{_HARNESS}\nrun({program!r})\n"
+    return source, json.dumps({"secret": secret, "tests": tests}), f"{secret} pass\n"
+
+
+def _passed(case: Case, result: sandbox.SandboxResult, verdict: str) -> bool:
     if result.status != "ok" or result.returncode != 0:
         return False
-    return case.expected is None or same_output(result.stdout, case.expected)
+    if case.expected is None:
+        return result.stdout == verdict
+    return same_output(result.stdout, case.expected)
 
 
 # The one instance that `code_tests`, the `code` task and evaluation share, so that

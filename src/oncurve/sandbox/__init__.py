@@ -296,6 +296,18 @@ def _interpreter(iso: Isolation) -> str:
 def _execute(
     source: str, stdin: str, timeout_s: float, memory_mb: int, iso: Isolation
 ) -> SandboxResult:
+    try:
+        source.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: no file of Python source holds it
+        where = f"character {exc.start} ({source[exc.start]!r})"
+        return SandboxResult(
+            stdout="",
+            stderr=f"SyntaxError: the source is not valid UTF-8 at {where}\n",
+            returncode=None,
+            status="error",
+            reason="undecodable source",
+            seconds=0.0,
+        )
     with _slot() as slot:
         uid = _UID_BASE + os.getpid() * MAX_PARALLEL + slot if iso.drops_user else None
         workdir = None
@@ -333,7 +345,8 @@ def _execute(
             },
         }
         try:
-            run = _Run(launcher, spec, stdin.encode(), namespaces=iso.namespaces)
+            stdin_bytes = stdin.encode("utf-8", "surrogatepass")  # as main.py's text (_boot.py)
+            run = _Run(launcher, spec, stdin_bytes, namespaces=iso.namespaces)
             return run.finish()
         finally:
             if uid is not None and not iso.namespaces:
