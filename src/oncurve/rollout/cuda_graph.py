@@ -46,6 +46,9 @@ from oncurve.types import RolloutBatch
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 WIDTH_STEP = 64  # prompt widths are padded to a multiple of this
 SMALLEST_BUCKET = 8
+MAX_WORKSPACES = 2  # a run's training calls and its evaluation chunks
+SETTINGS_PER_WORKSPACE = 3  # graphs kept per workspace: training, greedy and sampled evaluation
+CHECK_EVERY = 8  # decode steps between host reads of which rows ended, on an accelerator
 
 
 def supports(model: torch.nn.Module, total_len: int | None = None) -> bool:
@@ -89,7 +92,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 @dataclasses.dataclass
 class _Workspace:
-    """The static buffers one shape of call decodes in; graphs read and write them in place.
+    """The static buffers calls of up to `rows` rows, `width` prompt columns and `new` tokens
+    decode in; graphs read and write them in place.
 
     Shapes: N rows, L = W + new - 1 cache columns, V vocabulary.
     """
@@ -105,25 +109,35 @@ class _Workspace:
     row_ids: torch.Tensor  # [N] the output row of each decoder row
     alive: torch.Tensor  # [N] bool, per decoder row
     column: torch.Tensor  # [1] cache column the next step writes
-    t: torch.Tensor  # [] index of the token the next step samples
+    t: torch.Tensor  # [1] index of the token the next step samples
     uniforms: torch.Tensor  # [new, N] float32, by output row
     completion: torch.Tensor  # [N, new] by output row
     logprobs: torch.Tensor  # [N, new] float32
     ends: torch.Tensor  # [N] completion lengths
     reasons: torch.Tensor  # [N] finish reason codes
-    graphs: dict[int, torch.cuda.CUDAGraph] = dataclasses.field(default_factory=dict)
-    settings: tuple = ()  # the sampling settings the graphs were captured with
-    weights: tuple[int, ...] = ()  # data pointers of the weights they read
+    # the graphs of each set of sampling settings, by bucket, oldest settings first
+    graphs: dict[tuple, dict[int, torch.cuda.CUDAGraph]] = dataclasses.field(default_factory=dict)
+    weights: tuple[int, ...] = ()  # data pointers of the weights the graphs read
 
 
 class GraphSampler(TorchSampler):
     """A `Sampler` whose decode steps are CUDA graphs (see the module docstring); on a device
-    without CUDA graphs the same steps run eagerly.
+    without CUDA graphs the same steps run eagerly, and so do they, with one warning, for the
+    rest of the sampler's life once a capture fails for any reason.
 
     Args:
         model: a model `supports` accepts, on its device.
         tokenizer: as `TorchSampler`'s.
         use_graphs: capture and replay graphs; default: when the model is on CUDA.
+
+    Attributes:
+        use_graphs: whether graphs are captured; False after a capture failed.
+        graph_error: the first line of the error that made it False, else None.
+        min_width: prompt columns every workspace has at least (the trainer sets it to its
+            longest prompt, so that no training step meets a wider one and recaptures).
+        capture_seconds: spent capturing graphs, over all calls.
+        check_every: decode steps between host reads of which rows ended (`_decode`); 1 on
+            the CPU, where a read costs nothing.
     """
 
     def __init__(
@@ -132,9 +146,11 @@ class GraphSampler(TorchSampler):
         super().__init__(model, tokenizer)
         device = model.get_output_embeddings().weight.device
         self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
-        self._workspaces: dict[tuple[int, int, int], _Workspace] = {}  # at most one
-        self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
-        self.capture_seconds = 0.0  # spent capturing graphs, over all calls
+        self.graph_error: str | None = None
+        self.min_width = 0
+        self.capture_seconds = 0.0
+        self.check_every = 1 if device.type == "cpu" else CHECK_EVERY
+        self._workspaces: list[_Workspace] = []  # least recently used first
 
     @torch.inference_mode()
     def generate_ids(
@@ -142,8 +158,9 @@ class GraphSampler(TorchSampler):
     ) -> RolloutBatch:
         """Sample `group_size` completions of each tokenized prompt; the result follows the
         `Sampler` contract (a prompt's G rows contiguous, completions right-padded)."""
-        ids, mask = self._left_pad(prompt_ids, group_size, params, multiple=WIDTH_STEP)
-        width, new, rows = ids.shape[1], params.max_new_tokens, ids.shape[0] * group_size
+        ids, mask = self._pad_prompts(prompt_ids, group_size, params)
+        new, rows = params.max_new_tokens, ids.shape[0] * group_size
+        width = self._width(ids.shape[1], new)
         if not supports(self.model, width + new):
             raise ValueError(
                 f"the cuda_graph sampler does not support this {self.model.config.model_type} "
@@ -153,20 +170,28 @@ class GraphSampler(TorchSampler):
         self.model.eval()
         try:
             ws = self._workspace(rows, width, new)
-            self._prepare_graphs(ws, params)
-            logits = self._prefill(ws, ids, mask, group_size, params)
-            self._decode(ws, logits, params)
+            graphs = self._prepare_graphs(ws, params)
+            extra = ws.width - ids.shape[1]
+            logits = self._prefill(
+                ws,
+                F.pad(ids, (extra, 0), value=self.pad_id),
+                F.pad(mask, (extra, 0), value=0),
+                group_size,
+                params,
+            )
+            self._decode(ws, rows, logits, params, graphs)
         finally:
             self.model.train(was_training)
-        longest = int(ws.ends.max())
+        ends = ws.ends[:rows]
+        longest = int(ends.max())
         return self._rollout(
             ids,
             mask,
             group_size,
-            ws.completion[:, :longest],
-            ws.logprobs[:, :longest],
-            ws.ends,
-            ws.reasons,
+            ws.completion[:rows, :longest],
+            ws.logprobs[:rows, :longest],
+            ends,
+            ws.reasons[:rows],
             params,
         )
 
@@ -174,14 +199,31 @@ class GraphSampler(TorchSampler):
         """Free the workspaces and their graphs (the next call captures again)."""
         self._workspaces.clear()
 
+    def _width(self, prompt_width: int, new: int) -> int:
+        """Prompt columns of a call: its longest prompt or `min_width`, whichever is wider,
+        rounded up to `WIDTH_STEP` within the model's positions."""
+        width = math.ceil(max(prompt_width, self.min_width) / WIDTH_STEP) * WIDTH_STEP
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit is not None:
+            width = max(prompt_width, min(width, limit - new))
+        return width
+
     def _workspace(self, rows: int, width: int, new: int) -> _Workspace:
-        """The buffers of this shape of call, made on first use. Only the last shape is kept:
-        its KV cache stays allocated between rollouts (the graphs point into it), and one
-        held through the update is enough; an evaluation between steps costs two captures."""
-        key = (rows, width, new)
-        if key in self._workspaces:
-            return self._workspaces[key]
-        self._workspaces.clear()
+        """The smallest kept workspace that holds this call, else a new one of its size.
+
+        Up to `MAX_WORKSPACES` are kept, each with its KV cache allocated (graphs point into
+        it): a run's training calls and its evaluation chunks each find theirs, instead of
+        recapturing at every switch; a third shape replaces the least recently used."""
+        fits = [
+            ws for ws in self._workspaces if ws.new == new and ws.rows >= rows and ws.width >= width
+        ]
+        if fits:
+            ws = min(fits, key=lambda w: (w.rows, w.width))
+            self._workspaces.remove(ws)
+            self._workspaces.append(ws)
+            return ws
+        if len(self._workspaces) >= MAX_WORKSPACES:
+            self._workspaces.pop(0)
         trunk = self.model.base_model
         config = self.model.config
         head_dim = trunk.layers[0].self_attn.head_dim
@@ -206,57 +248,101 @@ class GraphSampler(TorchSampler):
             row_ids=zeros(rows),
             alive=zeros(rows, dtype=torch.bool),
             column=zeros(1),
-            t=zeros(),
+            t=zeros(1),
             uniforms=zeros(new, rows, dtype=torch.float32),
             completion=zeros(rows, new),
             logprobs=zeros(rows, new, dtype=torch.float32),
             ends=zeros(rows),
             reasons=zeros(rows),
         )
-        self._workspaces[key] = ws
+        self._workspaces.append(ws)
         return ws
 
-    def _prepare_graphs(self, ws: _Workspace, params: SamplingParams) -> None:
-        """Capture a graph per bucket unless those captured still apply: same sampling
-        settings, weights at the same addresses."""
-        if not self.use_graphs or params.max_new_tokens < 3:  # < 2 decode steps: not worth it
-            return
+    def _prepare_graphs(
+        self, ws: _Workspace, params: SamplingParams
+    ) -> dict[int, torch.cuda.CUDAGraph]:
+        """The graphs, by bucket, of these sampling settings on `ws`: those captured before
+        while the weights stay at the same addresses, else new ones; none (decode eagerly)
+        without graphs, for fewer than 2 decode steps, or when the capture fails."""
+        if not self.use_graphs or params.max_new_tokens < 3:
+            return {}
         settings = dataclasses.astuple(dataclasses.replace(params, seed=None, stop=()))
         weights = tuple(p.data_ptr() for p in self.model.parameters())
-        if ws.graphs and ws.settings == settings and ws.weights == weights:
-            return
+        if ws.weights != weights:
+            ws.graphs.clear()
+            ws.weights = weights
+        if settings in ws.graphs:
+            ws.graphs[settings] = ws.graphs.pop(settings)  # most recently used last
+            return ws.graphs[settings]
+        if len(ws.graphs) >= SETTINGS_PER_WORKSPACE:
+            ws.graphs.pop(next(iter(ws.graphs)))
+        try:
+            ws.graphs[settings] = self._capture(ws, params)
+        except Exception as error:  # noqa: BLE001 - any failure to capture: decode eagerly
+            self._stop_capturing(error)
+            return {}
+        return ws.graphs[settings]
+
+    def _capture(self, ws: _Workspace, params: SamplingParams) -> dict[int, torch.cuda.CUDAGraph]:
+        """Capture the step of every bucket of `ws`, after an eager warm-up (lazy
+        initialisations, library workspaces) on a side stream."""
         start = time.perf_counter()
-        ws.graphs.clear()
         self._eos_mask(self.model.get_output_embeddings().weight.shape[0], ws.tokens.device)
+        stream = torch.cuda.current_stream()
         side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+        side.wait_stream(stream)
+        try:
+            with torch.cuda.stream(side):
+                for rows in buckets(ws.rows):
+                    # a state that keeps every index in range; the prefill resets it
+                    self._reset(ws, ws.rows, seed=0)
+                    for _ in range(2):
+                        self._step(ws, rows, params)
+            stream.wait_stream(side)
+            # A pool of its own for each round of captures: the first capture of the process
+            # allocates cuBLAS's workspace in its pool, and that workspace outlives the graphs,
+            # so a pool whose graphs were all freed can never be erased, and PyTorch's
+            # allocator asserts (use_count > 0) when a later capture reuses it.
+            pool = torch.cuda.graph_pool_handle()
+            graphs = {}
             for rows in buckets(ws.rows):
-                # warm-up (lazy initialisations, library workspaces) on a state that keeps every
-                # index in range; the decode resets it
-                self._reset(ws, params, seed=0)
-                for _ in range(2):
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
                     self._step(ws, rows, params)
-        torch.cuda.current_stream().wait_stream(side)
-        for rows in buckets(ws.rows):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                self._step(ws, rows, params)
-            ws.graphs[rows] = graph
-        torch.cuda.synchronize()
-        ws.settings, ws.weights = settings, weights
-        self.capture_seconds += time.perf_counter() - start
+                graphs[rows] = graph
+            torch.cuda.synchronize()
+        except BaseException:
+            torch.cuda.set_stream(stream)  # a failed capture can leave the side stream current
+            raise
+        seconds = time.perf_counter() - start
+        self.capture_seconds += seconds
         print(
-            f"cuda_graph sampler: captured {len(ws.graphs)} decode graphs "
-            f"({', '.join(map(str, ws.graphs))} rows) in {time.perf_counter() - start:.1f} s",
+            f"cuda_graph sampler: captured {len(graphs)} decode graphs "
+            f"({', '.join(map(str, graphs))} rows) in {seconds:.1f} s",
+            file=sys.stderr,
+        )
+        return graphs
+
+    def _stop_capturing(self, error: BaseException) -> None:
+        """Decode eagerly from now on (the same samples, more kernel launches), saying why."""
+        lines = str(error).strip().splitlines()
+        self.graph_error = f"{type(error).__name__}: {lines[0] if lines else ''}"
+        self.use_graphs = False
+        for ws in self._workspaces:
+            ws.graphs.clear()
+        print(
+            f"warning: cuda_graph sampler: capturing the decode step failed ({self.graph_error});"
+            " decoding eagerly, with the same samples, for the rest of the run",
             file=sys.stderr,
         )
 
-    def _reset(self, ws: _Workspace, params: SamplingParams, seed: int | None) -> None:
-        """Put every decode buffer in its state before the first draw, in place."""
+    def _reset(self, ws: _Workspace, rows: int, seed: int | None) -> None:
+        """Put every decode buffer in its state before the first draw, in place, for a call of
+        `rows` rows (the workspace's others are dead from the start)."""
         device = ws.tokens.device
         ws.row_ids.copy_(torch.arange(ws.rows, device=device))
-        ws.alive.fill_(True)
+        ws.alive.fill_(False)
+        ws.alive[:rows] = True
         ws.ends.fill_(ws.new)
         ws.reasons.fill_(_LENGTH)
         ws.column.fill_(ws.width)
@@ -267,7 +353,9 @@ class GraphSampler(TorchSampler):
             generator.seed()
         else:
             generator.manual_seed(seed)
-        ws.uniforms.copy_(torch.rand(ws.uniforms.shape, generator=generator, device=device))
+        # drawn for the call's rows only, so that a row samples the same in any workspace
+        ws.uniforms.zero_()
+        ws.uniforms[:, :rows] = torch.rand((ws.new, rows), generator=generator, device=device)
 
     def _prefill(
         self,
@@ -279,7 +367,8 @@ class GraphSampler(TorchSampler):
     ) -> torch.Tensor:
         """Forward the B prompts `[B, W]` once, copy each one's keys and values into its G rows
         of the static cache and set the decode state. Returns `[N, V]` float32 logits."""
-        self._reset(ws, params, params.seed)
+        rows = ids.shape[0] * group_size
+        self._reset(ws, rows, params.seed)
         trunk = self.model.base_model
         cache = transformers.DynamicCache(config=self.model.config)
         positions = real_token_positions(mask)
@@ -291,37 +380,57 @@ class GraphSampler(TorchSampler):
             **cache_argument(trunk, cache),
         )
         for layer, keys, values in zip(cache.layers, ws.keys, ws.values, strict=True):
-            keys[:, :, : ws.width] = layer.keys.repeat_interleave(group_size, 0)
-            values[:, :, : ws.width] = layer.values.repeat_interleave(group_size, 0)
-        ws.visible[:, : ws.width] = mask.bool().repeat_interleave(group_size, 0)
-        ws.positions.copy_(mask.sum(-1).repeat_interleave(group_size))
+            keys[:rows, :, : ws.width] = layer.keys.repeat_interleave(group_size, 0)
+            values[:rows, :, : ws.width] = layer.values.repeat_interleave(group_size, 0)
+        ws.visible[:rows, : ws.width] = mask.bool().repeat_interleave(group_size, 0)
+        ws.positions[:rows] = mask.sum(-1).repeat_interleave(group_size)
+        # rows past the call's are dead but may share a bucket with live ones: they attend as
+        # its first row does, so that they compute finite values
+        ws.visible[rows:, : ws.width] = ws.visible[:1, : ws.width]
+        ws.positions[rows:] = ws.positions[0]
         head = self.model.get_output_embeddings()
         logits = float_logits(out.last_hidden_state[:, -1], head.weight, head.bias)
         return logits.repeat_interleave(group_size, 0)
 
-    def _decode(self, ws: _Workspace, logits: torch.Tensor, params: SamplingParams) -> None:
-        """Draw the first token from the prefill's `logits`, then step until every row ended,
-        moving to a smaller bucket when the live rows fit one."""
+    def _decode(
+        self,
+        ws: _Workspace,
+        rows: int,
+        logits: torch.Tensor,
+        params: SamplingParams,
+        graphs: dict[int, torch.cuda.CUDAGraph],
+    ) -> None:
+        """Draw the first token of the call's `rows` rows from the prefill's `logits`, then
+        step (replaying `graphs` where one has the bucket) until every row ended.
+
+        Which rows ended (and stop strings) is read on the host only every `check_every`
+        steps (each read waits for the device); rows that end in between decode on harmlessly,
+        their ends already recorded. The live rows then move to a smaller bucket when they fit
+        one."""
         sizes = buckets(ws.rows)
-        self._sample_and_record(ws, ws.rows, logits, params)
+        self._sample_and_record(ws, rows, logits, params)
         stop_table = (
             self._stop_table(params.stop, logits.shape[-1], logits.device) if params.stop else None
         )
-        rows = ws.rows
-        for t in range(params.max_new_tokens):
-            if stop_table is not None:
-                self._check_stops(ws, rows, t, stop_table, params.stop)
-            alive = int(ws.alive[:rows].sum())
-            if alive == 0 or t == params.max_new_tokens - 1:
-                break
-            smaller = bucket_for(alive, sizes)
-            if smaller < rows:
-                self._compact(ws, rows, smaller)
-                rows = smaller
-            if rows in ws.graphs:
-                ws.graphs[rows].replay()
+        bucket = bucket_for(rows, sizes)
+        checked = 0  # tokens of every row whose endings were read
+        for drawn in range(1, params.max_new_tokens + 1):
+            last = drawn == params.max_new_tokens
+            if last or drawn - checked >= self.check_every:
+                if stop_table is not None:
+                    self._check_stops(ws, bucket, checked, drawn, stop_table, params.stop)
+                checked = drawn
+                alive = int(ws.alive[:bucket].sum())
+                if alive == 0 or last:
+                    break
+                smaller = bucket_for(alive, sizes)
+                if smaller < bucket:
+                    self._compact(ws, bucket, smaller)
+                    bucket = smaller
+            if bucket in graphs:
+                graphs[bucket].replay()
             else:
-                self._step(ws, rows, params)
+                self._step(ws, bucket, params)
 
     def _step(self, ws: _Workspace, rows: int, params: SamplingParams) -> None:
         """Feed the first `rows` decoder rows' tokens, draw the next ones: static shapes, no
@@ -368,7 +477,8 @@ class GraphSampler(TorchSampler):
         self, ws: _Workspace, rows: int, logits: torch.Tensor, params: SamplingParams
     ) -> None:
         """Draw token t for the first `rows` decoder rows from `[rows, V]` logits and record it,
-        its logprob and any EOS in the output rows; t advances."""
+        its logprob and any EOS in the output rows; t advances. Every index is a device tensor
+        (a 0-dim tensor used as an index is read on the host)."""
         scaled = logits / params.temperature if params.temperature not in (0, 1) else logits
         lse = torch.logsumexp(scaled, dim=-1)
         work = scaled
@@ -376,7 +486,9 @@ class GraphSampler(TorchSampler):
             eos = self._eos_mask(logits.shape[-1], logits.device)
             work = scaled.masked_fill(eos[None] & (ws.t < params.min_new_tokens), float("-inf"))
         out_rows = ws.row_ids[:rows]
-        uniforms = None if params.temperature == 0 else ws.uniforms[ws.t, out_rows][:, None]
+        uniforms = None
+        if params.temperature != 0:
+            uniforms = ws.uniforms.index_select(0, ws.t)[0, out_rows][:, None]
         tokens, token_logprobs = draw_tokens(scaled, lse, work, params, uniforms)
         at = (out_rows, ws.t.expand(rows))
         ws.completion.index_put_(at, tokens)
@@ -394,28 +506,37 @@ class GraphSampler(TorchSampler):
         so that graphs read a tensor that outlives them."""
         key = (vocab, str(device))
         if getattr(self, "_eos", (None, None))[0] != key:
-            mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+            mask = torch.zeros(vocab, dtype=torch.bool)
             mask[[e for e in self.eos_ids if e < vocab]] = True
-            self._eos = (key, mask)
+            self._eos = (key, mask.to(device))
         return self._eos[1]
 
     def _check_stops(
         self,
         ws: _Workspace,
         rows: int,
-        t: int,
+        start: int,
+        end: int,
         stop_table: torch.Tensor,
         stops: tuple[str, ...],
     ) -> None:
-        """End the live rows whose text now holds a stop string (host side, outside graphs)."""
+        """End the first `rows` decoder rows whose text holds a stop string completed by one
+        of tokens `start..end-1` (host side, outside graphs), at the first such token, unless
+        the row had ended before it (a stop on the EOS token itself loses to the EOS)."""
         out_rows = ws.row_ids[:rows]
-        tokens = ws.completion[out_rows, t]
-        candidates = (ws.alive[:rows] & stop_table[tokens]).nonzero().squeeze(1).tolist()
+        tokens = ws.completion[out_rows, start:end]  # [rows, end - start]
+        limit = ws.ends[out_rows] - (ws.reasons[out_rows] == _EOS).long()
+        positions = torch.arange(start, end, device=tokens.device)
+        candidates = (stop_table[tokens] & (positions[None] < limit[:, None])).nonzero().tolist()
         window = 4 * max(len(s) for s in stops) + 2
-        for i in candidates:
-            row = int(out_rows[i])
+        ended: set[int] = set()
+        for i, offset in candidates:  # in row order, then token order
+            if i in ended:
+                continue
+            row, t = int(out_rows[i]), start + offset
             tail = ws.completion[row, max(0, t + 1 - window) : t + 1].tolist()
             if any(s in self.tokenizer.decode(tail, skip_special_tokens=True) for s in stops):
+                ended.add(i)
                 ws.alive[i] = False
                 ws.ends[row] = t + 1
                 ws.reasons[row] = _STOP
@@ -428,19 +549,3 @@ class GraphSampler(TorchSampler):
             cache[:smaller] = cache[order]
         for state in (ws.visible, ws.tokens, ws.positions, ws.row_ids, ws.alive):
             state[:smaller] = state[order]
-
-    def _left_pad(
-        self, prompt_ids: list[list[int]], group_size: int, params: SamplingParams, multiple: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`[B, W]` ids and mask, W the longest prompt rounded up to `multiple` (within the
-        model's positions)."""
-        ids, mask = self._pad_prompts(prompt_ids, group_size, params)
-        limit = getattr(self.model.config, "max_position_embeddings", None)
-        width = math.ceil(ids.shape[1] / multiple) * multiple
-        if limit is not None:
-            width = max(ids.shape[1], min(width, limit - params.max_new_tokens))
-        extra = width - ids.shape[1]
-        if extra > 0:
-            ids = F.pad(ids, (extra, 0), value=self.pad_id)
-            mask = F.pad(mask, (extra, 0), value=0)
-        return ids, mask

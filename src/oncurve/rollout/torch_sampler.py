@@ -280,10 +280,13 @@ def draw_tokens(
             work = work.masked_fill(work < kth, float("-inf"))
         probs = work.softmax(-1)
         if params.top_p < 1:
-            sorted_probs, order = probs.sort(dim=-1, descending=True)
-            # drop a token when the more likely ones already hold top_p of the mass
-            drop = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
-            probs.masked_fill_(drop.scatter(1, order, drop), 0.0)
+            sorted_probs = probs.sort(dim=-1, descending=True).values
+            # the nucleus: the tokens whose more likely ones hold less than top_p of the mass.
+            # Its smallest probability is the floor, so nothing is scattered back to vocabulary
+            # order (a scatter that deterministic mode reroutes through a host copy on CUDA).
+            before = sorted_probs.cumsum(-1) - sorted_probs
+            kept = (before < params.top_p).sum(-1, keepdim=True)
+            probs.masked_fill_(probs < sorted_probs.gather(1, kept - 1), 0.0)
         if params.min_p > 0:
             floor = params.min_p * probs.max(dim=-1, keepdim=True).values
             probs.masked_fill_(probs < floor, 0.0)

@@ -1,0 +1,292 @@
+"""What a CUDA graph can hold, checked on the CPU.
+
+A captured decode step must not read a device value on the host (a capture forbids the sync),
+must not make a tensor whose shape depends on data, and must not make a CPU tensor (a graph
+replays device kernels only). On the CPU none of these fail, so the step runs here under a
+dispatch mode and a function mode that raise on each of them, and once more on the `meta`
+device, where a CPU tensor made inside the step cannot meet the workspace's tensors.
+
+The pool bookkeeping is checked with fakes of `torch.cuda.graph`, `CUDAGraph` and
+`graph_pool_handle` that count live graphs per pool and raise, as PyTorch's allocator asserts,
+when a capture goes into a pool whose graphs were all freed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import weakref
+
+import pytest
+import torch
+from test_cuda_graph import model_of
+from test_rollout import PROMPTS, TOKENIZER, make_model
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from oncurve.rollout import SamplingParams
+from oncurve.rollout.cuda_graph import GraphSampler
+
+aten = torch.ops.aten
+
+# Each reads a device value on the host, or has an output shape that depends on data.
+HOST_READS = {
+    aten._local_scalar_dense.default,
+    aten.item.default,
+    aten.is_nonzero.default,
+    aten.equal.default,
+    aten.nonzero.default,
+    aten.masked_select.default,
+    aten.repeat_interleave.Tensor,
+    aten.bincount.default,
+    aten._unique.default,
+    aten._unique2.default,
+    aten.unique_dim.default,
+    aten.unique_consecutive.default,
+    aten.lift_fresh.default,
+    aten.lift_fresh_copy.default,
+    # under torch.use_deterministic_algorithms CUDA reroutes these through index_put with a
+    # blocking host-to-device copy of its coordinates
+    aten.scatter.src,
+    aten.scatter_.src,
+}
+BANNED_METHODS = {
+    torch.Tensor.tolist,
+    torch.Tensor.item,
+    torch.Tensor.cpu,
+    torch.Tensor.numpy,
+    torch.Tensor.__bool__,
+    torch.Tensor.__int__,
+    torch.Tensor.__float__,
+    torch.Tensor.__index__,
+}
+
+
+class HostReadError(RuntimeError):
+    pass
+
+
+class NoHostReads(TorchDispatchMode):
+    """Raises on every op a captured step cannot hold (see `HOST_READS`), on indexing with a
+    boolean mask (its output shape is the mask's count) and on copies to the CPU."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in HOST_READS:
+            raise HostReadError(f"{func} in a captured step")
+        if func in (aten.index.Tensor, aten.index_put.default, aten.index_put_.default):
+            masks = [i for i in args[1] if i is not None and i.dtype == torch.bool]
+            if masks:
+                raise HostReadError(f"{func} with a boolean mask in a captured step")
+        if func is aten._to_copy.default and kwargs.get("device") == torch.device("cpu"):
+            to_cpu = args[0].device.type != "cpu"
+        else:
+            to_cpu = False
+        if to_cpu:
+            raise HostReadError("a copy to the CPU in a captured step")
+        return func(*args, **kwargs)
+
+
+class NoHostMethods(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in BANNED_METHODS:
+            raise HostReadError(f"{func.__name__} in a captured step")
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def as_captured():
+    with NoHostMethods(), NoHostReads():
+        yield
+
+
+def test_the_guard_catches_each_kind_of_host_read():
+    x = torch.arange(6.0)
+    attempts = [
+        lambda: x[x > 2],  # boolean mask
+        lambda: int(x.sum()),
+        lambda: x.tolist(),
+        lambda: bool(x.any()),
+        lambda: x.nonzero(),
+        lambda: x + torch.tensor([1.0]),  # a tensor made from Python data
+        lambda: x[torch.tensor(2)],  # a 0-dim index is read on the host
+        lambda: torch.zeros(2, 6).scatter(1, torch.zeros(2, 6, dtype=torch.long), x.expand(2, 6)),
+    ]
+    for attempt in attempts:
+        with pytest.raises(HostReadError), as_captured():
+            attempt()
+    with as_captured():  # what the step may do
+        index = torch.zeros(1, dtype=torch.long)
+        x.index_select(0, index).add_(1).masked_fill_(x[:1] > 0, 0.0)
+
+
+SAMPLINGS = {
+    "top_k": dict(temperature=0.8, top_k=5),
+    "top_p": dict(temperature=1.0, top_p=0.9),
+    "min_p": dict(temperature=1.0, min_p=0.1),
+    "min_new_tokens": dict(temperature=1.0, min_new_tokens=4),
+    "greedy": dict(temperature=0.0),
+}
+
+
+def lora_model() -> torch.nn.Module:
+    peft = pytest.importorskip("peft", reason="the lora extra (peft) is not installed")
+    adapted = peft.get_peft_model(
+        make_model("qwen2"),
+        peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]),
+    )
+    return adapted.get_base_model()
+
+
+def ready_sampler(model: torch.nn.Module, params: SamplingParams) -> tuple[GraphSampler, object]:
+    """A sampler and its workspace after the prefill, as a capture finds them."""
+    sampler = GraphSampler(model, TOKENIZER, use_graphs=False)
+    prompt_ids = TOKENIZER(PROMPTS)["input_ids"]
+    ids, mask = sampler._pad_prompts(prompt_ids, 2, params)
+    ws = sampler._workspace(ids.shape[0] * 2, ids.shape[1], params.max_new_tokens)
+    sampler._eos_mask(model.get_output_embeddings().weight.shape[0], ids.device)
+    logits = sampler._prefill(ws, ids, mask, 2, params)
+    sampler._sample_and_record(ws, ws.rows, logits, params)
+    return sampler, ws
+
+
+@pytest.mark.parametrize("sampling", list(SAMPLINGS))
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral", "lora"])
+@torch.inference_mode()
+def test_the_decode_step_reads_nothing_on_the_host(kind, sampling):
+    model = lora_model() if kind == "lora" else model_of(kind)
+    params = SamplingParams(max_new_tokens=8, seed=3, **SAMPLINGS[sampling])
+    sampler, ws = ready_sampler(model, params)
+    before = ws.completion.clone()
+    with as_captured():
+        for rows in (ws.rows, 4):  # the full bucket and a smaller one
+            sampler._step(ws, rows, params)
+    assert int(ws.t) == 3
+    assert not torch.equal(ws.completion[:, 1:3], before[:, 1:3])  # the steps drew tokens
+
+
+@pytest.mark.parametrize("sampling", ["top_p", "min_new_tokens", "greedy"])
+@torch.inference_mode()
+def test_the_decode_step_runs_on_the_meta_device(sampling):
+    """A CPU tensor made inside the step (a constant, a Python list turned into an index) fails
+    beside the workspace's meta tensors, as it would beside CUDA ones in a graph."""
+    with torch.device("meta"):
+        model = model_of("qwen2")
+    params = SamplingParams(max_new_tokens=6, seed=0, **SAMPLINGS[sampling])
+    sampler = GraphSampler(model, TOKENIZER, use_graphs=False)
+    ws = sampler._workspace(8, 16, params.max_new_tokens)
+    sampler._eos_mask(model.get_output_embeddings().weight.shape[0], ws.tokens.device)
+    assert ws.keys[0].device.type == "meta"
+    sampler._step(ws, ws.rows, params)
+    sampler._step(ws, 4, params)
+    assert ws.completion.device.type == "meta"
+
+
+class FakePools:
+    """Stand-ins for the CUDA graph API that count live graphs per pool. PyTorch's allocator
+    cannot erase a private pool that still holds a block (cuBLAS's workspace for the capture
+    stream outlives the graphs), and asserts `use_count > 0` when a capture reuses a pool
+    whose graphs were all freed; `graph` raises the same way."""
+
+    def __init__(self) -> None:
+        self.live: dict[int, int] = {}
+        self.ids = itertools.count(1)
+        self.captures = 0
+
+    def graph_pool_handle(self) -> tuple[int, int]:
+        return (0, next(self.ids))
+
+    def _freed(self, pool: int) -> None:
+        self.live[pool] -= 1
+
+    @contextlib.contextmanager
+    def graph(self, graph, pool=None, **_):
+        key = pool[1] if pool is not None else next(self.ids)
+        if self.live.get(key) == 0:
+            raise RuntimeError("it->second->use_count > 0 INTERNAL ASSERT FAILED (fake allocator)")
+        self.live[key] = self.live.get(key, 0) + 1
+        self.captures += 1
+        weakref.finalize(graph, self._freed, key)
+        del graph  # the generator's frame must not keep the graph alive
+        yield
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        class Graph:
+            def replay(self) -> None:
+                pass
+
+        class Stream:
+            def wait_stream(self, other) -> None:
+                pass
+
+        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+        monkeypatch.setattr(torch.cuda, "graph", self.graph)
+        monkeypatch.setattr(torch.cuda, "graph_pool_handle", self.graph_pool_handle)
+        monkeypatch.setattr(torch.cuda, "Stream", Stream)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: Stream())
+        monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+        monkeypatch.setattr(torch.cuda, "set_stream", lambda s: None)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+
+
+def test_one_sampler_recaptures_through_a_runs_calls_without_reusing_a_freed_pool(monkeypatch):
+    """Preflight, evaluation in two chunk sizes, training, another temperature, another prompt
+    width: every change of shape or settings recaptures, and no capture may go into a pool
+    whose graphs were freed."""
+    pools = FakePools()
+    pools.install(monkeypatch)
+    model = make_model("qwen2")
+    sampler = GraphSampler(model, TOKENIZER, use_graphs=True)
+    train = SamplingParams(max_new_tokens=6, temperature=1.0, seed=1)
+    greedy = SamplingParams(max_new_tokens=6, temperature=0.0)
+    calls = [
+        (PROMPTS[:2], 4, train),  # preflight: 2 prompts x G
+        (PROMPTS * 10, 1, greedy),  # evaluation, a full chunk
+        (PROMPTS * 3, 1, greedy),  # its last, shorter chunk
+        (PROMPTS * 2, 4, train),  # training
+        (PROMPTS * 2, 4, SamplingParams(max_new_tokens=6, temperature=0.7, seed=2)),
+        (["1+1=" * 30] + PROMPTS, 4, train),  # a wider prompt
+        (PROMPTS * 10, 1, greedy),  # evaluation again
+    ]
+    for prompts, group, params in calls:
+        batch = sampler.generate(prompts, group, params)
+        assert batch.num_rows == len(prompts) * group
+    assert pools.captures >= len(calls)
+    assert sampler.use_graphs and sampler.graph_error is None
+
+
+def test_a_failed_capture_decodes_eagerly_with_the_same_samples(capsys):
+    """Graphs asked for on the CPU cannot be captured: the sampler says so once, samples what
+    the eager sampler samples, and does not try again."""
+    model = make_model("qwen2", eos_bias=1.0)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, top_p=0.9, seed=4)
+    eager = GraphSampler(model, TOKENIZER, use_graphs=False).generate(PROMPTS * 3, 4, params)
+    failing = GraphSampler(model, TOKENIZER, use_graphs=True)
+    first = failing.generate(PROMPTS * 3, 4, params)
+    again = failing.generate(PROMPTS * 3, 4, params)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "decoding eagerly" in warnings[0]
+    assert failing.graph_error and failing.graph_error in warnings[0]
+    assert not failing.use_graphs
+    for batch in (first, again):
+        assert torch.equal(batch.completion_ids, eager.completion_ids)
+        assert torch.equal(batch.logprobs, eager.logprobs)
+        assert batch.finish_reasons == eager.finish_reasons
+
+
+@pytest.mark.parametrize("check_every", [3, 8])
+def test_reading_endings_every_few_steps_samples_what_reading_every_step_does(check_every):
+    """On an accelerator the decode reads which rows ended only every few steps; rows keep
+    decoding past an EOS or a stop string in between, and must end where they ended."""
+    model = make_model("qwen2", eos_bias=1.5)
+    sampler = GraphSampler(model, TOKENIZER, use_graphs=False)
+    stop = (" ", "4")
+    params = SamplingParams(max_new_tokens=20, temperature=1.0, seed=6, stop=stop)
+    every = sampler.generate(PROMPTS * 4, 4, params)
+    assert {"eos", "stop", "length"} <= set(every.finish_reasons)
+    sampler.check_every = check_every
+    sparse = sampler.generate(PROMPTS * 4, 4, params)
+    assert sparse.finish_reasons == every.finish_reasons
+    assert sparse.texts == every.texts
+    assert torch.equal(sparse.completion_ids, every.completion_ids)
+    assert torch.equal(sparse.logprobs, every.logprobs)
