@@ -19,13 +19,17 @@ import weakref
 
 import pytest
 import torch
+import yaml
 from test_cuda_graph import model_of
+from test_reliability import metric_rows
 from test_rollout import PROMPTS, TOKENIZER, make_model
+from test_trainer import make_config
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from oncurve.rollout import SamplingParams
 from oncurve.rollout.cuda_graph import GraphSampler
+from oncurve.trainer import train
 
 aten = torch.ops.aten
 
@@ -290,3 +294,31 @@ def test_reading_endings_every_few_steps_samples_what_reading_every_step_does(ch
     assert sparse.texts == every.texts
     assert torch.equal(sparse.completion_ids, every.completion_ids)
     assert torch.equal(sparse.logprobs, every.logprobs)
+
+
+def test_a_run_whose_capture_fails_trains_on_and_records_it(
+    tiny_model_dir, data_file, tmp_path, capsys
+):
+    """The first capture (the preflight's) fails on the CPU: the run trains on, eagerly, with
+    what a run without graphs samples, and says so in config.yaml and its metrics."""
+    runs = {}
+    for graphs in ("true", "false"):
+        run_dir = tmp_path / graphs
+        config = make_config(
+            tiny_model_dir,
+            data_file,
+            run_dir,
+            "rollout.backend=cuda_graph",
+            f"rollout.cuda_graphs={graphs}",
+            "run.steps=2",
+        )
+        train(config, quiet=True)
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+        runs[graphs] = (saved["rollout"]["cuda_graphs"], metric_rows(run_dir))
+    err = capsys.readouterr().err
+    assert err.count("capturing the decode step failed") == 1
+    assert runs["true"][0] is False and runs["false"][0] is False
+    fell_back, eager = runs["true"][1], runs["false"][1]
+    assert [row["rollout/graphs"] for row in fell_back if "rollout/graphs" in row] == [0.0, 0.0]
+    for key in ("reward/mean", "length/mean", "loss"):
+        assert [r[key] for r in fell_back if key in r] == [r[key] for r in eager if key in r]

@@ -57,6 +57,7 @@ from oncurve.rewards.runner import RewardRunner
 from oncurve.rollout import Sampler, build_sampler
 from oncurve.rollout import registry as sampler_registry
 from oncurve.rollout.base import check_room
+from oncurve.rollout.cuda_graph import GraphSampler
 from oncurve.rollout.episodes import EpisodeSettings, ObservationFormat, resolve_environment
 from oncurve.rundir import prepare_run_dir
 from oncurve.train_step import ForwardSettings, LossFns
@@ -173,6 +174,7 @@ def setup(config: Config) -> Session:
         config, model, device, world_size, seq_len, saved, evaluates, rewards.memory_bytes()
     )
     config = settle_tis_cap(config, model)
+    config = settle_cuda_graphs(config, model)
     if plan is not None and rank == 0:
         print(plan.describe(), file=sys.stderr)
         if not plan.fits:
@@ -215,7 +217,7 @@ def setup(config: Config) -> Session:
         device=device,
         policy=policy,
         tokenizer=tokenizer,
-        sampler=build_sampler(config.rollout.backend, policy.whole_model, tokenizer),
+        sampler=make_sampler(config, policy.whole_model, tokenizer, longest),
         data=data,
         eval_data=eval_data,
         rewards=rewards,
@@ -321,6 +323,26 @@ def settle_tis_cap(config: Config, model: torch.nn.Module) -> Config:
     return dataclasses.replace(config, algo=dataclasses.replace(config.algo, tis_cap=cap))
 
 
+def settle_cuda_graphs(config: Config, model: torch.nn.Module) -> Config:
+    """`config` with `rollout.cuda_graphs` filled in when null: on with the `cuda_graph`
+    sampler on CUDA, else off."""
+    if config.rollout.cuda_graphs is not None:
+        return config
+    on = sampler_backend(config, model) == "cuda_graph" and model.device.type == "cuda"
+    return dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, cuda_graphs=on))
+
+
+def make_sampler(config: Config, model: torch.nn.Module, tokenizer: Any, longest: int) -> Sampler:
+    """The run's sampler; a `GraphSampler` captures graphs as `rollout.cuda_graphs` says, with
+    workspaces as wide as the run's `longest` prompt, so that no step meets a wider one and
+    recaptures."""
+    sampler = build_sampler(config.rollout.backend, model, tokenizer)
+    if isinstance(sampler, GraphSampler):
+        sampler.use_graphs = bool(config.rollout.cuda_graphs)
+        sampler.min_width = longest
+    return sampler
+
+
 def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | None:
     """How multi-turn episodes are played with `rollout.env`, or None without one."""
     r = config.rollout
@@ -409,8 +431,11 @@ def settle_memory(
             budget_bytes=device_budget(device, config.run.gpu_memory_gb),
             reference=config.algo.beta > 0 and not config.model.lora.r,
             critic=config.algo.estimator == "gae",
+            # its two workspaces: the training calls' and the evaluation chunks'
             held_cache_rows=(
-                rows_per_step if sampler_backend(config, model) in CACHE_HOLDING_BACKENDS else 0
+                rows_per_step + eval_rows
+                if sampler_backend(config, model) in CACHE_HOLDING_BACKENDS
+                else 0
             ),
             microbatch_rows=chosen["microbatch_size"],
             gradient_checkpointing=chosen["gradient_checkpointing"],

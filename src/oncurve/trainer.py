@@ -21,7 +21,7 @@ import torch
 from oncurve import checkpoint, distributed
 from oncurve.algo.kl import warmup_beta
 from oncurve.build import Session, memory_settings, setup
-from oncurve.config import Config, build_config, to_dict
+from oncurve.config import Config, build_config, save_config, to_dict
 from oncurve.errors import TrainingError
 from oncurve.evaluate import evaluate
 from oncurve.groups import group_rows, sample_groups, sampling_params
@@ -30,6 +30,7 @@ from oncurve.models import resolve_device, save_final, save_lora_final
 from oncurve.preflight import run_preflight
 from oncurve.process import Timer, deterministic_kernels, stop_on_signals
 from oncurve.progress import Progress
+from oncurve.rollout.cuda_graph import GraphSampler
 from oncurve.train_step import LossFns, masked_mean, optimizer_step
 from oncurve.types import RolloutBatch, TrainBatch
 
@@ -78,6 +79,8 @@ def training_step(s: Session, step: int) -> dict[str, float]:
     }
     if cfg.algo.beta_warmup_steps:
         metrics["kl/beta"] = fns.beta
+    _record_graph_fallback(s)
+    metrics["rollout/graphs"] = float(s.config.rollout.cuda_graphs)
     metrics["time/step"] = sum(timer.seconds.values())
     if s.device.type == "cuda":
         metrics["memory/gpu_peak_gb"] = torch.cuda.max_memory_allocated(s.device) / 2**30
@@ -284,10 +287,22 @@ def _preflight(s: Session) -> None:
             dtype=next(s.policy.model.parameters()).dtype,
             prompt_index=_shares_prompt_forward(cfg),
         )
+    _record_graph_fallback(s)
     lines.insert(0, "preflight: settings valid, none of them a known silent no-op")
     if s.rank == 0:
         for line in lines:
             print(line, file=sys.stderr)
+
+
+def _record_graph_fallback(s: Session) -> None:
+    """Once the sampler stopped capturing graphs (a capture failed), the session's config and
+    config.yaml say so: `rollout.cuda_graphs: false` is how the run samples from then on."""
+    fell_back = isinstance(s.sampler, GraphSampler) and not s.sampler.use_graphs
+    if fell_back and s.config.rollout.cuda_graphs:
+        rollout = dataclasses.replace(s.config.rollout, cuda_graphs=False)
+        s.config = dataclasses.replace(s.config, rollout=rollout)
+        if s.rank == 0:
+            save_config(s.config, s.run_dir / "config.yaml")
 
 
 def _save(s: Session, step: int) -> None:
@@ -326,6 +341,7 @@ def _evaluate(s: Session, step: int) -> dict[str, float]:
             seed=cfg.run.seed,
             episodes=s.episodes,
         )
+    _record_graph_fallback(s)
     s.logger.log(step, {f"eval/{k}": v for k, v in result.items()})
     return result
 

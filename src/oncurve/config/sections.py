@@ -165,6 +165,12 @@ class RolloutConfig:
         "sampler backend (oncurve.rollout.BACKENDS: hf, cpu_llama, cuda_graph): auto picks "
         "cpu_llama on the CPU and cuda_graph on CUDA for the models they support, else hf",
     )
+    cuda_graphs: bool | None = _opt(
+        None,
+        "capture the cuda_graph sampler's decode step as CUDA graphs; null: with that sampler "
+        "on CUDA. A capture that fails turns it off for the rest of the run, with a warning, "
+        "and the run's config.yaml then records false (metric rollout/graphs)",
+    )
     env: str | None = _opt(
         None,
         "multi-turn environment: python_tool or a `module:Class` path (docs/environments.md); "
