@@ -92,19 +92,23 @@ def test_answers_match(predicted: str | None, gold: str, expected: bool) -> None
 
 
 SYMBOLIC_CASES = [
-    ("\\frac{\\sqrt{2}}{2}", "\\sqrt{2}/2", True),
-    ("(x+1)^2", "x^2+2x+1", True),
-    ("\\pi", "3.14", False),
-    ("2\\sqrt{3}", "\\sqrt{12}", True),
-    ("x^2 + 2xy + y^2", "(x+y)^2", True),
-    ("2^{10}", "1,024", True),
+    # (predicted, gold, strict, expected)
+    ("\\frac{\\sqrt{2}}{2}", "\\sqrt{2}/2", True, True),
+    ("(x+1)^2", "x^2+2x+1", True, True),
+    ("\\pi", "3.14", True, False),
+    ("2\\sqrt{3}", "\\sqrt{12}", True, True),
+    ("x^2 + 2xy + y^2", "(x+y)^2", True, True),
+    ("1024", "2^{10}", True, True),
+    # a numeric reference takes a stated number only, unless the match is lenient
+    ("2^{10}", "1,024", True, False),
+    ("2^{10}", "1,024", False, True),
 ]
 
 
 @pytest.mark.skipif(not has_math_verify(), reason="math-verify (extra `math`) not installed")
-@pytest.mark.parametrize(("predicted", "gold", "expected"), SYMBOLIC_CASES)
-def test_answers_match_symbolic(predicted: str, gold: str, expected: bool) -> None:
-    assert answers_match(predicted, gold) is expected
+@pytest.mark.parametrize(("predicted", "gold", "strict", "expected"), SYMBOLIC_CASES)
+def test_answers_match_symbolic(predicted: str, gold: str, strict: bool, expected: bool) -> None:
+    assert answers_match(predicted, gold, strict=strict) is expected
 
 
 def test_prose_is_not_sent_to_math_verify(monkeypatch) -> None:
@@ -116,8 +120,10 @@ def test_prose_is_not_sent_to_math_verify(monkeypatch) -> None:
     monkeypatch.setattr(oncurve.rewards.math, "symbolic_equal", fail)
     assert answers_match("the answer is forty two", "42") is False
     assert answers_match("x" * 101, "x") is False
+    # a numeric reference never needs it
+    assert answers_match("\\sqrt{4}", "2") is False
     with pytest.raises(AssertionError, match="symbolic_equal called"):
-        answers_match("\\sqrt{4}", "2")
+        answers_match("\\sqrt{4}", "2", strict=False)
 
 
 def test_correct_reward_scores_and_skips_missing_gold() -> None:

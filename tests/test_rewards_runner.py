@@ -47,6 +47,7 @@ def test_weighted_sum_nones_and_metrics(timeout_s):
     _close(result.per_fn, [[1.0, 0.5], [1.0, NAN], [1.0, 0.5]])
     # a None among several functions counts 0 in the sum
     _close(result.total, [4.0, 2.0, 4.0])
+    assert 0.0 < result.metrics.pop("reward/slowest_row_s") < 5.0
     assert result.metrics == {
         "reward/ones": 1.0,
         "reward/half": 0.5,

@@ -1,6 +1,6 @@
 """Reward functions: fn(prompts, completions, **columns) -> list[float | None]."""
 
-from oncurve.rewards.answers import answers_match, extract_answer, normalize_answer, parse_number
+from oncurve.rewards.answers import answers_match, extract_answer, normalize_answer, stated_number
 from oncurve.rewards.registry import RewardFn, resolve_reward
 
 __all__ = [
@@ -8,6 +8,6 @@ __all__ = [
     "answers_match",
     "extract_answer",
     "normalize_answer",
-    "parse_number",
+    "stated_number",
     "resolve_reward",
 ]

@@ -1,34 +1,89 @@
 """Answer extraction from completions and answer matching against a reference.
 
-Extraction styles (`extract_answer`):
-  tags         the last `<answer>...</answer>`
-  boxed        the last `\\boxed{...}` (or `\\fbox{...}`), nested braces balanced
-  gsm8k        the text after the last `####` on its line
+Extraction styles (`extract_answer`), each linear in the completion's length:
+  tags         the last `<answer>...</answer>`: the last closing tag and the nearest opening tag
+               before it
+  boxed        the last outermost `\\boxed{...}` (or `\\fbox{...}`), nested braces balanced; a box
+               that only wraps another box is unwrapped
+  gsm8k        the text after the last `####` whose line states a number (`stated_number`), of
+               the last GSM8K_LINES such lines, so a markdown heading such as `#### Step 2` is
+               not taken for the answer
   last_number  the last number: `-12`, `1,000`, `3.5`, `3/4`
   auto         the first of tags, boxed, gsm8k, last_number that finds something; inside
                `<answer>` a `\\boxed{}` is unwrapped
 
-Matching (`answers_match`) is exact after normalisation (whitespace, `$`, a trailing period,
-`\\text{}`, `\\left`/`\\right`, a leading `x =`), then numeric with exact rationals (`1,000` =
-`1000` = `1000.0`, `0.75` = `3/4` = `\\frac{3}{4}`), then symbolic through `math-verify` when
-that optional extra is installed, either side is not a plain number, and both look like math
-(at most 100 characters, no run of 4+ letters outside LaTeX commands).
+Matching (`answers_match`; README, "What `correct` pays for"):
+  - the reference's own surface form (after `normalize_answer`) always matches;
+  - a reference that states a number (`stated_number`: `72`, `-1,000.5`, `\\frac{3}{4}`,
+    `12\\text{ inches}`) is matched by a stated number of the same value, and by nothing else
+    when `strict` (the default): an integer, a decimal or a reduced fraction, with its dressing
+    (sign, thousands separators, `$`, `%`, units in words, a leading `x =` or `\\approx`,
+    markdown emphasis). `25+4`, `2^{10}`, `\\binom{8}{4}`, `\\frac{58}{2}` are not answers,
+    whatever they equal: a policy paid for them learns to copy the question;
+  - any other reference (`\\frac{\\sqrt{2}}{2}`, `(x+1)^2`) is compared symbolically through
+    math-verify (extra `math`), except, when `strict`, an answer that restates an expression of
+    the prompt;
+  - `strict=False` (`reward.answer_match: lenient`) sends any pair that is not two equal numbers
+    to math-verify and lets restated expressions match: the matching before strict existed.
+Numbers are bounded before they are built (MAX_ANSWER_CHARS, MAX_EXPONENT), and math-verify
+sees only short answers without huge powers or factorials (`_tame`), each comparison for at most
+`oncurve.rewards.math.SYMBOLIC_TIMEOUT_S` (TimeoutError past it).
 """
 
 from __future__ import annotations
 
+import collections
+import math
 import re
 from fractions import Fraction
 
 STYLES = ("auto", "tags", "boxed", "gsm8k", "last_number")
+# A stated answer is at most this long, so no digit run reaches Python's 4,300-digit int limit.
+MAX_ANSWER_CHARS = 1000
+MAX_EXPONENT = 1000  # `1e999999999` would build a billion-digit integer
+MAX_SYMBOLIC_CHARS = 100
+GSM8K_LINES = 8  # `####` lines, from the last, that the gsm8k style reads
 
-_TAG_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_OPEN_TAG_RE = re.compile(r"<answer>", re.IGNORECASE)
+_CLOSE_TAG_RE = re.compile(r"</answer>", re.IGNORECASE)
 _GSM8K_RE = re.compile(r"####\s*([^\n]*)")
 # Thousands groups must be exact (`1,000`, not `1,00`), so a list like `1,2,3` gives `3`.
 _NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+"
 _NUMBER_RE = re.compile(rf"(?<![\w.])(?:{_NUMBER})(?![\w])")
-MAX_SYMBOLIC_CHARS = 100
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
+# A box opener with the brace of its argument, or any other brace: one pass over these finds
+# every box (`_last_boxed`).
+_BOX_TOKEN_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])[ \t]*(\{)?|[{}]")
+_PLAIN_BOX_ARG_RE = re.compile(r"[ \t]+([^\s${}\\]+)")
+_NON_SPACE_RE = re.compile(r"\S")
+
+_TEXT_RE = re.compile(r"\\(?:text|textbf|textrm|textit|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
+_SPACING_RE = re.compile(r"\\left|\\right|\\displaystyle|\\[,;:!]")
+_WRAPPERS = (("**", "**"), ("__", "__"), ("*", "*"), ("`", "`"), ("$$", "$$"), ("$", "$"))
+_WRAPPERS += (("\\(", "\\)"), ("\\[", "\\]"))
+_STATED_RE = re.compile(
+    r"""(?:[a-zA-Z]\s*=|\\approx|≈|=)?\s*
+    (?P<sign>[-+]?)\s*(?:\$|€|£)?\s*(?P<sign2>[-+]?)\s*
+    (?:
+        \\frac\s*(?:\{\s*(?P<fnum>-?\d+)\s*\}|(?P<fnum1>\d))
+                \s*(?:\{\s*(?P<fden>\d+)\s*\}|(?P<fden1>\d))
+      | (?P<rnum>\d+)\s*/\s*(?P<rden>\d+)
+      | (?P<whole>\d{1,3}(?:,\d{3})+|\d+|(?=\.\d))(?:\.(?P<decimals>\d*))?
+        (?:[eE](?P<exp>[-+]?\d+))?
+    )
+    \s*(?:%|\^\s*\{?\s*\\circ\s*\}?|\\circ|°)?
+    (?:(?:\s+|(?=[a-zA-Z]{2}))[a-zA-Z]+(?:[ /-]+[a-zA-Z]+){0,3}(?:\^\{?\d\}?)?)?
+    \s*\.?""",
+    re.VERBOSE,
+)
+
+_COMMAND_RE = re.compile(r"\\[a-zA-Z]+")
+_EXPLOSIVE_RE = re.compile(
+    r"\d{21,}"  # a number past any answer's size
+    r"|\d[eE][-+]?\d{4,}"  # 1e999999999
+    r"|!\s*!"  # 9!!!: factorials of factorials
+    r"|\d{4,}\s*!"  # 99999!
+)
 
 
 def extract_answer(text: str, style: str = "auto") -> str | None:
@@ -49,8 +104,12 @@ def extract_answer(text: str, style: str = "auto") -> str | None:
     ](text)
 
 
-def answers_match(predicted: str | None, gold: str) -> bool:
-    """True when `predicted` states the same answer as `gold` (see the module docstring)."""
+def answers_match(
+    predicted: str | None, gold: str, *, prompt: str | None = None, strict: bool = True
+) -> bool:
+    """True when `predicted` states the same answer as `gold` (see the module docstring);
+    `prompt`, when given, is what a strict symbolic match must not restate. Raises TimeoutError
+    when math-verify runs past its bound (the reward runner counts that row as a timeout)."""
     if predicted is None:
         return False
     pred, ref = normalize_answer(predicted), normalize_answer(str(gold))
@@ -58,10 +117,15 @@ def answers_match(predicted: str | None, gold: str) -> bool:
         return False
     if pred.lower() == ref.lower():
         return True
-    pred_num, ref_num = parse_number(pred), parse_number(ref)
-    if pred_num is not None and ref_num is not None:
-        return pred_num == ref_num
-    if not (_looks_symbolic(pred) and _looks_symbolic(ref)):
+    gold_value = stated_number(str(gold))
+    pred_value = stated_number(predicted, reduced=strict)
+    if gold_value is not None and pred_value is not None:
+        return pred_value == gold_value
+    if strict and (gold_value is not None or (prompt and _restates(pred, prompt))):
+        return False
+    if gold_value is not None:
+        ref = str(gold_value)
+    if not (_looks_symbolic(pred) and _looks_symbolic(ref) and _tame(pred)):
         return False
     from oncurve.rewards.math import symbolic_equal
 
@@ -83,93 +147,178 @@ def normalize_answer(text: str) -> str:
     return text.rstrip(".")
 
 
-def parse_number(text: str) -> Fraction | None:
-    """An exact rational from a normalised answer: `-1,000.5`, `3/4`, `\\frac{3}{4}`,
-    `-\\dfrac34`, `1e3`; None when `text` is not a single number."""
-    text = text.strip()
-    sign = 1
-    if text.startswith("-"):
-        sign, text = -1, text[1:]
-    frac = re.fullmatch(r"\\[dt]?frac(?:\{([^{}]+)\}|(\d))(?:\{([^{}]+)\}|(\d))", text)
-    if frac:
-        num = parse_number(frac.group(1) or frac.group(2))
-        den = parse_number(frac.group(3) or frac.group(4))
-        if num is None or den is None or den == 0:
-            return None
-        return sign * num / den
-    if re.fullmatch(r"\d{1,3}(?:,\d{3})+(?:\.\d*)?", text):
-        text = text.replace(",", "")
-    if re.fullmatch(r"\d+/\d+", text):
-        num, den = text.split("/")
-        return sign * Fraction(int(num), int(den)) if int(den) else None
-    if not re.fullmatch(r"(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?", text):
+def stated_number(text: str, *, reduced: bool = False) -> Fraction | None:
+    """The value of `text` when it states one number: an integer, a decimal (`1e3` too) or a
+    fraction (`3/4`, `\\frac{3}{4}`, `\\dfrac34`), with its dressing: sign, thousands separators
+    (`1,000`, `1{,}000`, `1\\,000`), `$`, `%`, degrees, units in words or `\\text{}` (`72 apples`,
+    `5\\text{ hours}`), a leading `x =` or `\\approx`, markdown emphasis, math delimiters, a box, a
+    trailing period. With `reduced`, a fraction counts only in lowest terms with a denominator
+    above 1 (`\\frac{58}{2}` is arithmetic left undone). None for anything else, including an
+    answer longer than MAX_ANSWER_CHARS or an exponent beyond MAX_EXPONENT."""
+    if len(text) > MAX_ANSWER_CHARS:
         return None
-    return sign * Fraction(text)
+    match = _STATED_RE.fullmatch(_undress(text))
+    if match is None or (match["sign"] and match["sign2"]):
+        return None
+    sign = -1 if "-" in (match["sign"], match["sign2"]) else 1
+    num, den = match["fnum"] or match["fnum1"] or match["rnum"], match["fden"] or match["fden1"]
+    den = den or match["rden"]
+    if num is not None:
+        numerator, denominator = int(num), int(den)
+        if denominator == 0:
+            return None
+        if reduced and (denominator == 1 or math.gcd(numerator, denominator) != 1):
+            return None
+        return sign * Fraction(numerator, denominator)
+    decimals = match["decimals"] or ""
+    exponent = int(match["exp"] or 0) - len(decimals)
+    if abs(exponent) > MAX_EXPONENT:
+        return None
+    digits = (match["whole"].replace(",", "") + decimals) or "0"
+    return sign * Fraction(int(digits)) * Fraction(10) ** exponent
+
+
+def _undress(text: str) -> str:
+    """`text` without what surrounds a stated number: a box, `\\text{}` (its words kept as
+    words), spacing commands, math delimiters, markdown emphasis; `\\dfrac` as `\\frac`."""
+    text = text.strip()
+    if _BOX_RE.search(text):
+        text = _last_boxed(text) or text
+    text = _TEXT_RE.sub(r" \1 ", text)
+    text = _SPACING_RE.sub("", text).replace("\\ ", " ").replace("~", " ")
+    for old, new in (("{,}", ","), ("\\$", "$"), ("\\%", "%"), ("−", "-")):
+        text = text.replace(old, new)
+    text = re.sub(r"\\[dt]frac(?![a-zA-Z])", r"\\frac", text).strip()
+    unwrapped = True
+    while unwrapped:
+        unwrapped = False
+        for opener, closer in _WRAPPERS:
+            wrapped = text.startswith(opener) and text.endswith(closer)
+            if wrapped and len(text) > len(opener) + len(closer):
+                text = text[len(opener) : -len(closer)].strip()
+                unwrapped = True
+    return text
+
+
+def _restates(pred: str, prompt: str) -> bool:
+    """Whether the normalised answer `pred` is an expression (not a bare number or symbol)
+    written in the prompt: copying the question is not answering it."""
+    if not re.search(r"[-+*/^!(\\]", pred):
+        return False
+    return _canonical(pred) in _canonical(normalize_answer(prompt))
+
+
+def _canonical(text: str) -> str:
+    # braces and the fraction's size only change how an expression looks
+    return re.sub(r"[{}]|\\[dt](?=frac)", "", text)
 
 
 def _looks_symbolic(text: str) -> bool:
     """Worth a symbolic comparison: short, and no words outside LaTeX commands. Prose costs
     math-verify tens of milliseconds per row and never matches."""
     return len(text) <= MAX_SYMBOLIC_CHARS and not re.search(
-        r"[a-zA-Z]{4,}", re.sub(r"\\[a-zA-Z]+", "", text)
+        r"[a-zA-Z]{4,}", _COMMAND_RE.sub("", text)
     )
 
 
+def _tame(text: str) -> bool:
+    """Safe to hand to math-verify: no number that sympy would build in C, past any timeout's
+    reach and with gigabytes of memory (a tower `9^{9^{9^{9}}}`, `9!!!`, `1e999999999`, a
+    binomial of powers). `text` is short (`_looks_symbolic`)."""
+    if _EXPLOSIVE_RE.search(text):
+        return False
+    numeric = not re.search(r"[a-zA-Z]", _COMMAND_RE.sub("", text))
+    if numeric and re.search(r"[)}]\s*!", text):  # (3!)!: a factorial of a computed number
+        return False
+    if re.search(r"\\(?:[dt]?binom|choose)", text) and re.search(r"\^|\d{4,}", text):
+        return False
+    for exponent in _exponents(text):
+        letters = re.search(r"[a-zA-Z]", _COMMAND_RE.sub("", exponent))
+        if re.search(r"\d{4,}", exponent) or (not letters and re.search(r"[\^!]", exponent)):
+            return False
+    return True
+
+
+def _exponents(text: str) -> list[str]:
+    """What follows each `^`: a braced group, a command or one character."""
+    found = []
+    for match in re.finditer(r"\^\s*", text):
+        start = match.end()
+        if text.startswith("{", start):
+            depth = 0
+            for end in range(start, len(text)):
+                depth += {"{": 1, "}": -1}.get(text[end], 0)
+                if depth == 0:
+                    break
+            found.append(text[start + 1 : end + 1])
+        else:
+            found.append(re.match(r"\\[a-zA-Z]+|\d+|.?", text[start:]).group())
+    return found
+
+
 def _last_tag(text: str) -> str | None:
-    matches = _TAG_RE.findall(text)
-    return matches[-1].strip() if matches else None
+    close = _last_match(_CLOSE_TAG_RE, text, len(text))
+    opening = None if close is None else _last_match(_OPEN_TAG_RE, text, close.start())
+    return None if opening is None else text[opening.end() : close.start()].strip()
+
+
+def _last_match(pattern: re.Pattern[str], text: str, end: int) -> re.Match[str] | None:
+    """The last match of `pattern` in `text[:end]`, in one pass (a lazy `.*?` search from each
+    candidate start would rescan the rest of the text for each)."""
+    last = collections.deque(pattern.finditer(text, 0, end), maxlen=1)
+    return last[0] if last else None
 
 
 def _last_boxed(text: str) -> str | None:
     """Content of the last outermost `\\boxed{...}`, braces balanced (`\\boxed{\\frac{1}{2}}`);
-    a box that only wraps another box is unwrapped."""
-    found, pos = None, 0
+    a box that only wraps another box is unwrapped. One pass over the braces: each box's
+    argument ends where its brace closes, so nested or unclosed boxes cost no rescans."""
+    boxes: dict[int, tuple[int, int, int]] = {}  # box start -> (content start, end, box end)
+    last = None  # the box that closed last: it is outermost, since one around it closes later
+    open_braces: list[tuple[int, int] | None] = []  # (box start, content start) for a box's
+    for token in _BOX_TOKEN_RE.finditer(text):
+        if token.group() == "{":
+            open_braces.append(None)
+        elif token.group() == "}":
+            box = open_braces.pop() if open_braces else None
+            if box is not None:
+                boxes[box[0]] = (box[1], token.start(), token.end())
+                last = box[0]
+        elif token.group(1):
+            open_braces.append((token.start(), token.end()))
+        else:
+            plain = _PLAIN_BOX_ARG_RE.match(text, _BOX_RE.match(text, token.start()).end())
+            if plain is not None:
+                end = plain.start(1) + len(plain.group(1).rstrip("."))  # `\boxed 7.`
+                boxes[token.start()] = (plain.start(1), end, plain.end(1))
+                last = token.start()
+    if last is None:
+        return None
+    start, end, _ = boxes[last]
     while True:
-        match = _BOX_RE.search(text, pos)
-        if match is None:
+        first = _NON_SPACE_RE.search(text, start, end)
+        if first is None or first.start() not in boxes:
             break
-        content, pos = _box_argument(text, match.end())
-        if content is not None:
-            found = content
-    while found is not None:
-        inner = _BOX_RE.match(found)
-        if inner is None:
+        inner_start, inner_end, inner_box_end = boxes[first.start()]
+        stop = end
+        while stop > inner_box_end and text[stop - 1].isspace():
+            stop -= 1
+        if stop != inner_box_end:
             break
-        content, end = _box_argument(found, inner.end())
-        if content is None or end != len(found):
-            break
-        found = content
-    return found
-
-
-def _box_argument(text: str, start: int) -> tuple[str | None, int]:
-    """(argument, end) of a box opener ending at `start`: `{...}` balanced, or `\\boxed 5`."""
-    brace = start + len(text[start:]) - len(text[start:].lstrip(" "))
-    if brace < len(text) and text[brace] == "{":
-        start = brace
-        depth = 0
-        for i in range(start, len(text)):
-            if text[i] == "{":
-                depth += 1
-            elif text[i] == "}":
-                depth -= 1
-                if depth == 0:
-                    return text[start + 1 : i].strip(), i + 1
-        return None, len(text)
-    plain = re.match(r"[ \t]+([^\s$]+)", text[start:])
-    if plain is None:
-        return None, start
-    return plain.group(1).rstrip("."), start + plain.end()
+        start, end = inner_start, inner_end
+    return text[start:end].strip()
 
 
 def _gsm8k(text: str) -> str | None:
-    matches = _GSM8K_RE.findall(text)
-    if not matches:
-        return None
-    answer = matches[-1].strip()
-    return answer or None
+    # The answer line is among the last few `####` lines (headings after it are few): checking
+    # every line of a completion made of thousands would cost milliseconds each.
+    for match in reversed(_GSM8K_RE.findall(text)[-GSM8K_LINES:]):
+        answer = match.strip()
+        if stated_number(answer) is not None:
+            return answer
+    return None
 
 
 def _last_number(text: str) -> str | None:
-    matches = _NUMBER_RE.findall(text)
-    return matches[-1] if matches else None
+    found = _last_match(_NUMBER_RE, text, len(text))
+    return None if found is None else found.group()

@@ -7,39 +7,61 @@ the completion; `max_len` and `buffer` are in the same unit as the lengths used.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from typing import Any
 
-_THINK_ANSWER_RE = re.compile(
-    r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", re.DOTALL | re.IGNORECASE
-)
-_ANSWER_RE = re.compile(r"<answer>.*?</answer>", re.DOTALL | re.IGNORECASE)
-_BOXED_RE = re.compile(r"\\boxed\{[^{}]+\}")
+from oncurve.rewards.answers import extract_answer
+
+_TAG_RE = re.compile(r"</?(?:think|answer)>", re.IGNORECASE)
+_WELL_FORMED_TAGS = ["<think>", "</think>", "<answer>", "</answer>"]
 
 
 def think_answer_format_reward(
     prompts: list[str], completions: list[str], **columns: Any
 ) -> list[float]:
-    """1.0 when the completion is exactly `<think>...</think><answer>...</answer>` (whitespace
-    around the parts allowed), else 0.0. A prompt that ends with `<think>` (the R1-Zero
-    template) has opened the tag for the completion, so the completion then starts inside it."""
+    """1.0 when the completion is exactly `<think>...</think><answer>...</answer>`: each tag once,
+    in that order, only whitespace outside them, and something other than whitespace inside
+    both (an empty block is structure without content), else 0.0. A prompt that ends with
+    `<think>` (the R1-Zero template) has opened the tag for the completion, so the completion
+    then starts inside it."""
     scores = []
     for prompt, completion in zip(prompts, completions, strict=True):
         if prompt.rstrip().endswith("<think>"):
             completion = "<think>" + completion
-        scores.append(1.0 if _THINK_ANSWER_RE.fullmatch(completion) else 0.0)
+        scores.append(1.0 if _think_then_answer(completion) else 0.0)
     return scores
 
 
 def boxed_format_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
-    """1.0 when the completion contains a `\\boxed{...}`, else 0.0."""
-    return [1.0 if _BOXED_RE.search(c) else 0.0 for c in completions]
+    """1.0 when the completion has a box with something in it: the box `correct` reads
+    (`extract_answer(style="boxed")`, any balanced `\\boxed{...}`, `\\boxed{\\frac{1}{2}}`
+    included), not empty, else 0.0."""
+    return [1.0 if extract_answer(c, "boxed") else 0.0 for c in completions]
 
 
 def tags_format_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
-    """1.0 when the completion contains an `<answer>...</answer>` pair, else 0.0."""
-    return [1.0 if _ANSWER_RE.search(c) else 0.0 for c in completions]
+    """1.0 when the completion's last `<answer>...</answer>` pair (the one `correct` reads) holds
+    something other than whitespace, else 0.0."""
+    return [1.0 if extract_answer(c, "tags") else 0.0 for c in completions]
+
+
+def _think_then_answer(completion: str) -> bool:
+    tags = list(itertools.islice(_TAG_RE.finditer(completion), len(_WELL_FORMED_TAGS) + 1))
+    if [tag.group().lower() for tag in tags] != _WELL_FORMED_TAGS:
+        return False
+    think_open, think_close, answer_open, answer_close = tags
+    outside = (
+        completion[: think_open.start()]
+        + completion[think_close.end() : answer_open.start()]
+        + completion[answer_close.end() :]
+    )
+    return (
+        not outside.strip()
+        and bool(completion[think_open.end() : think_close.start()].strip())
+        and bool(completion[answer_open.end() : answer_close.start()].strip())
+    )
 
 
 def length_penalty(

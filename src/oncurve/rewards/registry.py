@@ -35,16 +35,43 @@ def answer_match_reward(
     prompts: list[str], completions: list[str], *, answer: list[Any] | None = None, **columns: Any
 ) -> list[float | None]:
     """1.0 when the extracted answer (`extract_answer(style="auto")`) matches the `answer`
-    column, else 0.0; None for a row whose reference answer is missing or empty."""
+    column under strict matching (`answers_match`: a numeric reference is matched only by a
+    stated number, and no answer may restate the prompt), else 0.0; None for a row whose
+    reference answer is missing or empty."""
+    return _answer_scores(prompts, completions, answer, strict=True)
+
+
+def lenient_answer_match_reward(
+    prompts: list[str], completions: list[str], *, answer: list[Any] | None = None, **columns: Any
+) -> list[float | None]:
+    """`answer_match_reward` whose matching also pays for any expression that math-verify finds
+    equal to the reference, the question restated included (`reward.answer_match: lenient`)."""
+    return _answer_scores(prompts, completions, answer, strict=False)
+
+
+def _answer_scores(
+    prompts: list[str], completions: list[str], answer: list[Any] | None, strict: bool
+) -> list[float | None]:
     if answer is None:
         raise UserError("reward 'correct' needs an 'answer' column in the data")
     scores: list[float | None] = []
-    for completion, gold in zip(completions, answer, strict=True):
+    for prompt, completion, gold in zip(prompts, completions, answer, strict=True):
         if gold is None or str(gold).strip() == "":
             scores.append(None)
         else:
-            scores.append(1.0 if answers_match(extract_answer(completion), str(gold)) else 0.0)
+            right = answers_match(
+                extract_answer(completion), str(gold), prompt=prompt, strict=strict
+            )
+            scores.append(1.0 if right else 0.0)
     return scores
+
+
+def with_answer_match(fn: RewardFn, mode: str) -> RewardFn:
+    """`fn`, or the `correct` reward of matching `mode` ("strict" | "lenient",
+    `reward.answer_match`) when `fn` is the strict one."""
+    if fn is answer_match_reward and mode == "lenient":
+        return lenient_answer_match_reward
+    return fn
 
 
 def episode_reward(
@@ -60,6 +87,18 @@ def episode_reward(
         raise UserError("reward 'env' needs rollout.env: it reads the episodes' own rewards")
     return [float(v) for v in episode_reward]
 
+
+# Built-ins that score each row alone: the runner calls them one row at a time, so that a slow
+# row costs its own timeout, not the whole batch's (`oncurve.rewards.runner`).
+for _fn in (
+    answer_match_reward,
+    lenient_answer_match_reward,
+    think_answer_format_reward,
+    tags_format_reward,
+    boxed_format_reward,
+    countdown_reward,
+):
+    _fn.rowwise = True  # type: ignore[attr-defined]
 
 BUILTINS: dict[str, RewardFn] = {
     "correct": answer_match_reward,

@@ -1,12 +1,18 @@
 """Run weighted reward functions over a batch, with timeouts and an error policy.
 
 How a batch is scored, per function:
-  1. one call on the whole batch;
-  2. only if that call raised or timed out: one call per row (1-element lists), to find the
-     rows at fault. A row that raises stops the run (`on_error="raise"`, a `RewardError` naming
-     the function and the sample index) or scores None and is counted (`on_error="none"`); a row
-     that times out scores `timeout_score` and is counted. Functions that need the whole batch
-     (group-wise scores) get no per-row rescue: their rows are scored one by one in step 2.
+  1. one call on the whole batch, or, for a function with a true `rowwise` attribute (the
+     built-ins that score each row alone), one call per row from the start, each with its own
+     timeout: one slow row then costs its own timeout, not the batch's and then its own again;
+  2. only if the whole-batch call raised or timed out: one call per row (1-element lists), to
+     find the rows at fault. A row that raises stops the run (`on_error="raise"`, a `RewardError`
+     naming the function and the sample index) or scores None and is counted (`on_error="none"`);
+     a row that times out, or raises TimeoutError (a verifier that gave up on it, such as
+     `correct`'s bounded math-verify call), scores `timeout_score` and is counted. Functions that
+     need the whole batch (group-wise scores) get no per-row rescue: their rows are scored one by
+     one in step 2.
+`reward/slowest_row_s` is the longest time one call on one row took, or for a function called on
+the whole batch, that call's time (a bound on each of its rows).
 
 Timeouts need a process: a Python thread cannot be stopped, so a hung verifier in a thread would
 hang training. With `timeout_s` set, the calls run in one persistent worker process, forked at
@@ -46,6 +52,7 @@ import gc
 import math
 import multiprocessing
 import signal
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,10 +63,11 @@ from oncurve.errors import UserError
 from oncurve.rewards.registry import RewardFn
 
 # A job is (function index, row index or None for the whole batch). An outcome is
-# (kind, payload, exception): ("ok", values, None), ("error", message, exc | None),
-# ("fatal", message, None) for a wrong return value, ("timeout", None, None).
+# (kind, payload, exception, seconds the call took): ("ok", values, None, s),
+# ("error", message, exc | None, s), ("fatal", message, None, s) for a wrong return value,
+# ("timeout", message | None, None, s).
 _Job = tuple[int, int | None]
-_Outcome = tuple[str, Any, BaseException | None]
+_Outcome = tuple[str, Any, BaseException | None, float]
 
 
 class RewardError(UserError):
@@ -70,7 +78,8 @@ class RewardError(UserError):
 class RewardResult:
     total: torch.Tensor  # [N] weighted sum; NaN where the verifier or every function gave None
     per_fn: torch.Tensor  # [N, n_fns] each function's score; NaN for None
-    metrics: dict[str, float]  # reward/<name> (mean over non-None), reward/timeouts, reward/errors
+    # reward/<name> (mean over non-None), reward/timeouts, reward/errors, reward/slowest_row_s
+    metrics: dict[str, float]
     verifier_scores: torch.Tensor | None = None  # [N] the verifier's column of per_fn, if any
 
 
@@ -130,12 +139,18 @@ class RewardRunner:
                 raise ValueError(f"column {key!r} has {len(values)} values for {n} completions")
         batch = (prompts, completions, columns)
         per_fn = torch.full((n, len(self.fns)), math.nan)
-        counts = {"timeouts": 0, "errors": 0}
+        counts: dict[str, float] = {"timeouts": 0, "errors": 0, "slowest_row_s": 0.0}
         retry: list[int] = []
-        whole = [(f, None) for f in range(len(self.fns))]
-        with contextlib.closing(self._run(whole, batch)) as outcomes:
-            for (f, _), (kind, payload, _) in zip(whole, outcomes, strict=True):
-                if kind == "ok":
+        jobs: list[_Job] = []
+        for f, (_, fn, _) in enumerate(self.fns):
+            jobs += [(f, i) for i in range(n)] if getattr(fn, "rowwise", False) else [(f, None)]
+        with contextlib.closing(self._run(jobs, batch)) as outcomes:
+            for (f, row), outcome in zip(jobs, outcomes, strict=True):
+                kind, payload, _, seconds = outcome
+                counts["slowest_row_s"] = max(counts["slowest_row_s"], seconds)
+                if row is not None:
+                    per_fn[row, f] = self._row_score(f, row, outcome, counts)
+                elif kind == "ok":
                     per_fn[:, f] = _as_column(payload)
                 elif kind == "fatal":
                     raise RewardError(payload)
@@ -149,33 +164,40 @@ class RewardRunner:
         """One result for the rows of `results` (batches this runner scored), in order: what one
         `score` call on all of them would return, its metrics over every row."""
         counts = {
-            kind: int(sum(r.metrics[f"reward/{kind}"] for r in results))
+            kind: sum(r.metrics[f"reward/{kind}"] for r in results)
             for kind in ("timeouts", "errors")
         }
+        counts["slowest_row_s"] = max(r.metrics["reward/slowest_row_s"] for r in results)
         per_fn = torch.cat([r.per_fn for r in results])
         return _result(per_fn, self.fns, counts, self._verifier_column)
 
-    def _score_rows(self, f: int, batch: tuple, counts: dict[str, int]) -> torch.Tensor:
+    def _score_rows(self, f: int, batch: tuple, counts: dict[str, float]) -> torch.Tensor:
         """`[N]` scores of function `f` called one row at a time."""
-        name = self.fns[f][0]
         n = len(batch[1])
         jobs = [(f, i) for i in range(n)]
         column = torch.full((n,), math.nan)
         with contextlib.closing(self._run(jobs, batch)) as outcomes:
-            for (_, i), (kind, payload, exc) in zip(jobs, outcomes, strict=True):
-                if kind == "ok":
-                    column[i] = _as_column(payload)[0]
-                elif kind == "fatal":
-                    raise RewardError(payload)
-                elif kind == "timeout":
-                    counts["timeouts"] += 1
-                    if self.timeout_score is not None:
-                        column[i] = self.timeout_score
-                elif self.on_error == "raise":
-                    raise RewardError(f"reward {name!r} failed on sample {i}: {payload}") from exc
-                else:
-                    counts["errors"] += 1
+            for (_, i), outcome in zip(jobs, outcomes, strict=True):
+                counts["slowest_row_s"] = max(counts["slowest_row_s"], outcome[3])
+                column[i] = self._row_score(f, i, outcome, counts)
         return column
+
+    def _row_score(self, f: int, i: int, outcome: _Outcome, counts: dict[str, float]) -> float:
+        """Row `i`'s score by function `f` from the outcome of its own call (NaN for None),
+        under the error and timeout policy; counts its timeout or error."""
+        kind, payload, exc, _ = outcome
+        if kind == "ok":
+            return float(_as_column(payload)[0])
+        if kind == "fatal":
+            raise RewardError(payload)
+        if kind == "timeout":
+            counts["timeouts"] += 1
+            return math.nan if self.timeout_score is None else self.timeout_score
+        if self.on_error == "raise":
+            name = self.fns[f][0]
+            raise RewardError(f"reward {name!r} failed on sample {i}: {payload}") from exc
+        counts["errors"] += 1
+        return math.nan
 
     def memory_bytes(self) -> int:
         """Device bytes the reward functions hold (a reward model's weights), for the memory
@@ -229,13 +251,13 @@ class RewardRunner:
         if not worker.outcomes.poll(self.timeout_s):
             worker.stop(wait_s=0.0)
             self._worker = None
-            return ("timeout", None, None)
+            return ("timeout", None, None, self.timeout_s)
         try:
             return worker.outcomes.recv()
         except (EOFError, OSError):
             exit_code = worker.stop(wait_s=1.0)
             self._worker = None
-            return ("error", f"worker process died (exit code {exit_code})", None)
+            return ("error", f"worker process died (exit code {exit_code})", None, 0.0)
 
 
 class _Worker:
@@ -289,8 +311,8 @@ def _serve(requests: Any, outcomes: Any, parent_ends: tuple, fns: list) -> None:
         except EOFError:
             return
         for job in jobs:
-            kind, payload, exc = _run_job(fns, job, batch)
-            outcome = (kind, payload, None if exc is None else _picklable(exc))
+            kind, payload, exc, seconds = _run_job(fns, job, batch)
+            outcome = (kind, payload, None if exc is None else _picklable(exc), seconds)
             try:
                 outcomes.send(outcome)
             except BrokenPipeError:
@@ -315,14 +337,18 @@ def _run_job(fns: list[tuple[str, RewardFn, float]], job: _Job, batch: tuple) ->
     if row is not None:
         prompts, completions = prompts[row : row + 1], completions[row : row + 1]
         columns = {key: values[row : row + 1] for key, values in columns.items()}
+    start = time.perf_counter()
     try:
         values = fn(prompts, completions, **columns)
+    except TimeoutError as e:
+        return ("timeout", f"{type(e).__name__}: {e}", None, time.perf_counter() - start)
     except Exception as e:
-        return ("error", f"{type(e).__name__}: {e}", e)
+        return ("error", f"{type(e).__name__}: {e}", e, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
     try:
-        return ("ok", _check_values(name, values, len(completions), row), None)
+        return ("ok", _check_values(name, values, len(completions), row), None, seconds)
     except RewardError as e:
-        return ("fatal", str(e), None)
+        return ("fatal", str(e), None, seconds)
 
 
 def _check_values(name: str, values: Any, n: int, row: int | None) -> list[float | None]:
@@ -367,7 +393,7 @@ def _as_column(values: list[float | None]) -> torch.Tensor:
 def _result(
     per_fn: torch.Tensor,
     fns: list[tuple[str, RewardFn, float]],
-    counts: dict[str, int],
+    counts: dict[str, float],
     verifier_column: int | None,
 ) -> RewardResult:
     """The weighted sum of `per_fn` `[N, n_fns]` (see the module docstring) and its metrics."""
@@ -380,7 +406,7 @@ def _result(
         f"reward/{name}": float(per_fn[scored[:, f], f].mean()) if scored[:, f].any() else math.nan
         for f, (name, _, _) in enumerate(fns)
     }
-    metrics["reward/timeouts"] = float(counts["timeouts"])
-    metrics["reward/errors"] = float(counts["errors"])
+    for kind in ("timeouts", "errors", "slowest_row_s"):
+        metrics[f"reward/{kind}"] = float(counts[kind])
     verifier_scores = None if verifier_column is None else per_fn[:, verifier_column]
     return RewardResult(total, per_fn, metrics, verifier_scores)
