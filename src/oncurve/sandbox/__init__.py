@@ -30,6 +30,7 @@ all this; the README's "Sandbox" section has the attacks it was tested against.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -48,7 +49,6 @@ import warnings
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 from pathlib import Path
 
 OUTPUT_LIMIT = 64 * 1024  # bytes kept of stdout and of stderr; more stops the run
@@ -66,14 +66,18 @@ _UID_BASE = 1 << 30
 _BACKSTOP_S = 1.0
 # After the first SIGTERM or kill, how long the bootstrap gets before the whole group is killed.
 _STOP_GRACE_S = 1.0
-_PROBE_SOURCE = "import os\nprint(os.getuid())\n"
+_PROBE_SOURCE = (
+    "for line in open('/proc/self/status'):\n"
+    "    if line.startswith('Seccomp:'):\n"
+    "        print(line.split()[1])\n"
+)
 
 
 class SandboxError(RuntimeError):
     """The sandbox itself could not run (never raised for what the program does)."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class SandboxResult:
     """What one sandboxed program did.
 
@@ -91,7 +95,7 @@ class SandboxResult:
     seconds: float
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Isolation:
     """What the machine gave: namespaces (network, PID, mount, IPC, UTS); whether the program
     runs as a user other than the trainer's; and what is missing compared with the full
@@ -115,6 +119,12 @@ _MISSING_USER = (
     "files, and RLIMIT_NPROC counts the trainer's processes too"
 )
 
+_MISSING_SECCOMP = (
+    "seccomp filter (x86_64 only): io_uring, userfaultfd, keyrings, bpf, perf_event_open, "
+    "ptrace, mount and namespace calls, memfd and socket families other than AF_UNIX are open "
+    "to the program"
+)
+
 _probe_lock = threading.Lock()
 _warned = False
 
@@ -136,18 +146,19 @@ def _probe() -> Isolation | SandboxError:
     root = os.geteuid() == 0
     full = Isolation(namespaces=True, drops_user=root, missing=())
     cause = _try(full)
-    if cause is None:
-        return full
+    if isinstance(cause, Isolation):
+        return cause
     missing = (_MISSING_NET, _MISSING_MNT) + (() if root else (_MISSING_USER,))
     fallback = Isolation(namespaces=False, drops_user=root, missing=(f"({cause})", *missing))
     fallback_cause = _try(fallback)
-    if fallback_cause is None:
-        return fallback
+    if isinstance(fallback_cause, Isolation):
+        return fallback_cause
     return SandboxError(f"no sandbox runs here: namespaces: {cause}; fallback: {fallback_cause}")
 
 
-def _try(candidate: Isolation) -> str | None:
-    """None when a run under ``candidate`` works, else why not."""
+def _try(candidate: Isolation) -> Isolation | str:
+    """``candidate`` when a run under it works, with what that run lacked added to its
+    ``missing``; else why it does not work."""
     if candidate.namespaces and shutil.which("unshare") is None:
         return "no unshare command"
     try:
@@ -156,7 +167,9 @@ def _try(candidate: Isolation) -> str | None:
         return str(exc)
     if result.status != "ok":
         return f"a test run ended {result.status} ({result.reason}): {result.stderr.strip()[-300:]}"
-    return None
+    # the program's /proc/self/status "Seccomp:" field: 2 when a filter is on
+    lacked = () if result.stdout.split() == ["2"] else (_MISSING_SECCOMP,)
+    return dataclasses.replace(candidate, missing=candidate.missing + lacked)
 
 
 def _warn_if_weak(iso: Isolation) -> None:

@@ -48,6 +48,7 @@ MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 0x20, 0x400, 0x800, 0x1000
 MS_REC, MS_PRIVATE, MS_RELATIME = 0x4000, 0x40000, 0x200000
 ST_RELATIME = 0x1000  # statvfs's bit for relatime differs from the mount flag's
 CLONE_NEWUSER = 0x10000000
+SYS_KEYCTL, KEYCTL_JOIN_SESSION_KEYRING = 250, 1
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 4, 36, 38
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -159,16 +160,113 @@ def _build_root(spec: dict) -> None:
         os.chown(NEW_ROOT + WORKDIR, spec["uid"], spec["uid"])
 
 
-def _become_unprivileged() -> None:
-    """Enter a nested user namespace as INNER_UID: exec then drops every capability."""
+def _become_unprivileged(outer: int) -> None:
+    """Enter a nested user namespace as INNER_UID, which is ``outer`` outside: exec then drops
+    every capability. The namespace is the run's own, so what the kernel counts or keeps per
+    user (RLIMIT_NPROC, the user keyring) is per run, whatever ``outer`` another run has."""
     _check(_libc.unshare(CLONE_NEWUSER), "unshare user namespace")
     for name, text in (
         ("setgroups", "deny"),
-        ("uid_map", f"{INNER_UID} 0 1"),
-        ("gid_map", f"{INNER_UID} 0 1"),
+        ("uid_map", f"{INNER_UID} {outer} 1"),
+        ("gid_map", f"{INNER_UID} {outer} 1"),
     ):
         with open(f"/proc/self/{name}", "w") as file:
             file.write(text)
+
+
+# --- the seccomp filter: a classic BPF program (libseccomp's Python bindings are not on PyPI) ---
+AUDIT_ARCH_X86_64 = 0xC000003E
+X32_SYSCALL_BIT = 0x40000000
+SECCOMP_RET_KILL_PROCESS, SECCOMP_RET_ERRNO, SECCOMP_RET_ALLOW = 0x80000000, 0x50000, 0x7FFF0000
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_JSET_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
+AF_UNIX = 1
+# Namespace flags of clone: a program that needs none of them must not make its own.
+CLONE_NEW_ANY = 0x7E020080  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME
+# x86_64 numbers of what a test program never needs: io_uring (425-427), userfaultfd, keyrings
+# (add_key, request_key, keyctl), bpf, perf_event_open, ptrace and the process_vm_* calls,
+# mount and namespace calls (mount, umount2, pivot_root, chroot, unshare, setns, the new mount
+# API 428-433, mount_setattr), kexec, modules, reboot, swapon/swapoff, acct; and memfd_create
+# and memfd_secret, memory that no rlimit counts.
+REFUSED_X86_64 = (
+    *(425, 426, 427, 323, 248, 249, 250, 321, 298, 101, 310, 311, 319, 447),
+    *(165, 166, 155, 161, 272, 308, 428, 429, 430, 431, 432, 433, 442),
+    *(246, 320, 175, 313, 176, 169, 167, 168, 163),
+)
+SYS_CLONE, SYS_CLONE3, SYS_SOCKET, SYS_SOCKETPAIR = 56, 435, 41, 53
+ENOSYS, EPERM, EAFNOSUPPORT = 38, 1, 97
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [
+        ("code", ctypes.c_ushort),
+        ("jt", ctypes.c_ubyte),
+        ("jf", ctypes.c_ubyte),
+        ("k", ctypes.c_uint),
+    ]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def seccomp_program() -> list[tuple[int, int, int, int]]:
+    """The filter, as (code, jt, jf, k): refuse REFUSED_X86_64 with EPERM; clone3 with ENOSYS
+    (its flags are out of a filter's sight: libc falls back to clone); clone with a namespace
+    flag; socket and socketpair of any family but AF_UNIX. Another architecture, or x32
+    calls, kill the process: their numbers mean other calls."""
+
+    def ret(value: int) -> tuple[int, int, int, int]:
+        return (BPF_RET_K, 0, 0, value)
+
+    allow, deny = ret(SECCOMP_RET_ALLOW), ret(SECCOMP_RET_ERRNO | EPERM)
+    # A jump to `deny` from instruction i, where `deny` sits at `at`: jt = at - i - 1.
+    checks = [(number, deny) for number in REFUSED_X86_64]
+    checks.append((SYS_CLONE3, ret(SECCOMP_RET_ERRNO | ENOSYS)))
+    head = [
+        (BPF_LD_W_ABS, 0, 0, 4),  # seccomp_data.arch
+        (BPF_JEQ_K, 1, 0, AUDIT_ARCH_X86_64),
+        ret(SECCOMP_RET_KILL_PROCESS),
+        (BPF_LD_W_ABS, 0, 0, 0),  # seccomp_data.nr
+        (BPF_JGE_K, 0, 1, X32_SYSCALL_BIT),
+        ret(SECCOMP_RET_KILL_PROCESS),
+    ]
+    # Each refused number: jeq nr -> its return, laid out after all the jumps.
+    jumps = [(BPF_JEQ_K, 0, 0, number) for number, _ in checks]
+    tail = [
+        (BPF_JEQ_K, 0, 3, SYS_CLONE),
+        (BPF_LD_W_ABS, 0, 0, 16),  # args[0], low half: clone's flags
+        (BPF_JSET_K, 0, 1, CLONE_NEW_ANY),
+        deny,
+        (BPF_LD_W_ABS, 0, 0, 0),
+        (BPF_JEQ_K, 1, 0, SYS_SOCKET),
+        (BPF_JEQ_K, 0, 3, SYS_SOCKETPAIR),
+        (BPF_LD_W_ABS, 0, 0, 16),  # args[0]: the address family
+        (BPF_JEQ_K, 1, 0, AF_UNIX),
+        ret(SECCOMP_RET_ERRNO | EAFNOSUPPORT),
+        allow,
+    ]
+    returns = [result for _, result in checks]
+    program = head + jumps + tail
+    for i, (code, _, _, number) in enumerate(jumps):
+        at = len(program) + i  # where its return lands, after the tail
+        offset = at - (len(head) + i) - 1
+        program[len(head) + i] = (code, offset, 0, number)
+    return program + returns
+
+
+def _install_seccomp() -> None:
+    """Install the filter; without it (another architecture, a kernel without seccomp) the
+    program runs unfiltered, and the trainer's probe, which reads /proc/self/status, says so."""
+    if os.uname().machine != "x86_64":
+        return
+    program = seccomp_program()
+    filters = (_SockFilter * len(program))(*(_SockFilter(*ins) for ins in program))
+    prog = _SockFprog(len(program), filters)
+    _check(
+        _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0),
+        "prctl seccomp",
+    )
 
 
 def _set_limits(limits: dict) -> None:
@@ -188,12 +286,21 @@ def _start_program(spec: dict, status_fd: int) -> int:
         return pid
     try:
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
-        mode = spec["mode"]
-        if mode == "user-ns":
-            # Before chroot: the kernel refuses a user namespace to a chrooted process.
-            _become_unprivileged()
+        uid = spec["uid"]
+        if uid is not None:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            # The change of user made this process undumpable, which makes its /proc files
+            # root's: it needs them to write its user namespace's maps.
+            _check(_libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "prctl dumpable")
+        if spec["mode"] != "fallback":
+            # Before chroot: the kernel refuses a user namespace to a chrooted process. In
+            # root-ns mode ``uid`` is the run's user outside; in user-ns mode the trainer's
+            # user is 0 of the namespace that unshare made.
+            _become_unprivileged(0 if uid is None else uid)
         argv = [spec["python"], "-I", "-S", "-c", RUNNER]
-        if mode == "fallback":
+        if spec["mode"] == "fallback":
             workdir = spec["workdir"]
             argv.append("--audit")
         else:
@@ -201,18 +308,19 @@ def _start_program(spec: dict, status_fd: int) -> int:
             workdir = WORKDIR
         os.chdir(workdir)
         _set_limits(spec["limits"])
-        uid = spec["uid"]
-        if uid is not None:
-            os.setgroups([])
-            os.setresgid(uid, uid, uid)
-            os.setresuid(uid, uid, uid)
+        # A session keyring of its own: the trainer's (a container's, a login's) stays out of
+        # reach. The filter then refuses every keyring call.
+        joined = _libc.syscall(SYS_KEYCTL, KEYCTL_JOIN_SESSION_KEYRING, None) >= 0
+        if not joined and ctypes.get_errno() != ENOSYS:  # without keyrings there is none to hide
+            _check(-1, "keyctl join session keyring")
         # No setuid binary may give the program back what it just lost.
         _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl no_new_privs")
+        _install_seccomp()
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
             "HOME": workdir,
             "LANG": "C.UTF-8",
-            "TMPDIR": workdir if mode == "fallback" else "/tmp",
+            "TMPDIR": workdir if spec["mode"] == "fallback" else "/tmp",
         }
         os.execve(spec["python"], argv, env)
     except BaseException as exc:  # the program has not run yet: any failure is the sandbox's
