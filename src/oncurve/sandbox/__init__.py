@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import glob
 import json
 import math
 import os
@@ -39,6 +40,7 @@ import queue
 import selectors
 import shutil
 import signal
+import site
 import stat
 import subprocess
 import sys
@@ -306,6 +308,16 @@ def _interpreter(iso: Isolation) -> str:
     return base
 
 
+@functools.cache
+def _package_dirs() -> list[str]:
+    """Where the base interpreter and the system's Pythons keep third-party packages: the
+    sandbox hides them, so that the program gets the standard library only."""
+    found = {os.path.realpath(p) for p in site.getsitepackages([sys.base_prefix])}
+    for pattern in ("/usr/lib/python3*/*-packages", "/usr/local/lib/python3*/*-packages"):
+        found.update(os.path.realpath(p) for p in glob.glob(pattern))
+    return sorted(p for p in found if os.path.isdir(p))
+
+
 def _execute(
     source: str, stdin: str, timeout_s: float, memory_mb: int, iso: Isolation
 ) -> SandboxResult:
@@ -346,6 +358,7 @@ def _execute(
             "uid": uid,
             "python": _interpreter(iso),
             "prefix": os.path.realpath(sys.base_prefix),
+            "hidden": _package_dirs(),
             "workdir": workdir,
             "scratch_mb": SCRATCH_MB,
             "limits": {

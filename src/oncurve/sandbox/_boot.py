@@ -138,6 +138,10 @@ def _build_root(spec: dict) -> None:
     if not prefix.startswith("/usr/"):
         os.makedirs(NEW_ROOT + prefix)
         _bind_readonly(prefix, NEW_ROOT + prefix)
+    # The standard library only: an empty read-only tmpfs over every directory of packages.
+    for path in spec["hidden"]:
+        if os.path.isdir(NEW_ROOT + path):
+            _mount("tmpfs", NEW_ROOT + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k")
     dev = NEW_ROOT + "/dev"
     os.mkdir(dev)
     for name in ("null", "zero", "random", "urandom"):
@@ -150,9 +154,12 @@ def _build_root(spec: dict) -> None:
         ("stderr", "/proc/self/fd/2"),
     ):
         os.symlink(target, f"{dev}/{name}")
-    # A procfs of the new PID namespace: it shows the sandbox's processes only.
+    # A procfs of the new PID namespace: it shows the sandbox's processes only, and of those
+    # only the program's own (hidepid): not this process, whose command line names the host's
+    # paths.
     os.mkdir(NEW_ROOT + "/proc")
-    _mount("proc", NEW_ROOT + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    _mount("proc", NEW_ROOT + "/proc", "proc", flags, "hidepid=invisible")
     os.mkdir(NEW_ROOT + "/tmp")
     os.chmod(NEW_ROOT + "/tmp", 0o1777)
     os.mkdir(NEW_ROOT + WORKDIR, 0o700)
@@ -186,10 +193,11 @@ CLONE_NEW_ANY = 0x7E020080  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID,
 # x86_64 numbers of what a test program never needs: io_uring (425-427), userfaultfd, keyrings
 # (add_key, request_key, keyctl), bpf, perf_event_open, ptrace and the process_vm_* calls,
 # mount and namespace calls (mount, umount2, pivot_root, chroot, unshare, setns, the new mount
-# API 428-433, mount_setattr), kexec, modules, reboot, swapon/swapoff, acct; and memfd_create
-# and memfd_secret, memory that no rlimit counts.
+# API 428-433, mount_setattr), kexec, modules, reboot, swapon/swapoff, acct; memfd_create and
+# memfd_secret (memory that no rlimit counts); flock, inotify and fanotify, which would see the
+# other runs' and the trainer's use of the files they share read-only.
 REFUSED_X86_64 = (
-    *(425, 426, 427, 323, 248, 249, 250, 321, 298, 101, 310, 311, 319, 447),
+    *(425, 426, 427, 323, 248, 249, 250, 321, 298, 101, 310, 311, 319, 447, 73, 253, 294, 300),
     *(165, 166, 155, 161, 272, 308, 428, 429, 430, 431, 432, 433, 442),
     *(246, 320, 175, 313, 176, 169, 167, 168, 163),
 )
