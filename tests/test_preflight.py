@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import tiny_qwen2
 
+from oncurve import preflight
 from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from oncurve.errors import TrainingError
 from oncurve.preflight import run_preflight
@@ -125,3 +126,39 @@ def test_a_nan_loss_fails_the_gradient_check():
     _, arguments = setting(fns=dataclasses.replace(FNS, aggregate=nan_aggregate))
     with pytest.raises(TrainingError, match="gradient changes by nan"):
         run_preflight(**arguments)
+
+
+def test_the_gradient_gap_is_the_whole_gradients_relative_distance_and_keeps_the_grad_tensors(
+    monkeypatch,
+):
+    """Summed parameter by parameter, the gap equals |g_a - g_b| / |g_a| over the whole
+    gradient; the parameters keep their own (zeroed) gradient tensors."""
+    model, arguments = setting(fns=dataclasses.replace(FNS, beta=0.0))
+    params = list(model.parameters())
+    for param in params:
+        param.grad = torch.zeros_like(param)
+    grads = [param.grad for param in params]
+    seen: list[torch.Tensor] = []
+    real = preflight.accumulate_gradients
+
+    def recording(*args, **kwargs):
+        real(*args, **kwargs)
+        seen.append(torch.cat([p.grad.double().flatten() for p in params]))
+
+    monkeypatch.setattr(preflight, "accumulate_gradients", recording)
+    captured = {}
+    real_gap = preflight.gradient_split_gap
+
+    def keep(*args, **kwargs):
+        captured["gap"] = real_gap(*args, **kwargs)
+        return captured["gap"]
+
+    monkeypatch.setattr(preflight, "gradient_split_gap", keep)
+    run_preflight(**arguments)
+    a, b = seen
+    assert float(a.norm()) > 0
+    expected = float((a - b).norm() / a.norm())
+    assert captured["gap"] == pytest.approx(expected, rel=1e-6, abs=1e-12)
+    assert all(
+        param.grad is grad and not grad.any() for param, grad in zip(params, grads, strict=True)
+    )

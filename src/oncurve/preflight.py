@@ -55,18 +55,24 @@ def gradient_split_gap(
 ) -> float:
     """`|g_a - g_b| / |g_a|`: the gradient of `batch` in the configured microbatches (a) against
     microbatches of half as many rows (at most half the batch) and tokens (b); the gradients
-    are zeroed after."""
+    are zeroed after. The norms are summed parameter by parameter, so that no float32 copy of
+    the whole gradient is made: g_a stays in the parameters' own gradient tensors while b
+    accumulates into new ones (memory the optimizer's states, made at its first step, take
+    later)."""
     configured = (forward.microbatch_rows, forward.microbatch_tokens)
     rows = min(forward.microbatch_rows, batch.num_rows)
     halves = (max(1, rows // 2), forward.microbatch_tokens // 2)
     if rows == 1:
         halves = (2, 2 * forward.microbatch_tokens)  # one row cannot be halved: double instead
-    gradients = []
+    for param in params:
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+        param.grad.zero_()
+    first: list[torch.Tensor] = []
     for rows, tokens in (configured, halves):
-        for param in params:
-            if param.grad is None:
+        if first:
+            for param in params:
                 param.grad = torch.zeros_like(param)
-            param.grad.zero_()
         accumulate_gradients(
             policy,
             batch,
@@ -75,11 +81,15 @@ def gradient_split_gap(
             num_seqs=float(batch.num_rows),
             num_tokens=float(batch.completion_mask.sum()),
         )
-        gradients.append(torch.cat([p.grad.float().flatten() for p in params]))
-    for param in params:
-        param.grad.zero_()
-    reference = gradients[0].norm()
-    return float((gradients[0] - gradients[1]).norm() / reference.clamp(min=1e-30))
+        if not first:
+            first = [param.grad for param in params]
+    reference = difference = torch.zeros((), dtype=torch.float64, device=first[0].device)
+    for param, grad_a in zip(params, first, strict=True):
+        a, b = grad_a.float(), param.grad.float()
+        reference = reference + a.square().sum(dtype=torch.float64)
+        difference = difference + (a - b).square().sum(dtype=torch.float64)
+        param.grad = grad_a.zero_()  # the tensors the optimizer zeroes in place, kept
+    return float(difference.sqrt() / reference.sqrt().clamp(min=1e-30))
 
 
 def run_preflight(
