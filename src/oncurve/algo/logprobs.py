@@ -92,9 +92,12 @@ class _ChunkedLogprobs(torch.autograd.Function):
                 grad_logits = logits.div_(temperature).sub_(lse[part].unsqueeze(-1)).exp_().mul_(-g)
                 label = labels[part] - vocab.start
                 inside = (label >= 0) & (label < block.shape[0])
-                grad_logits.scatter_add_(
-                    -1, label.clamp(0, block.shape[0] - 1).unsqueeze(-1), g * inside[:, None]
-                )
+                # one label per row, so a plain write of the sum adds it: scatter_add_ would
+                # take CUDA's deterministic-mode reroute, which copies its coordinates from the
+                # host at every chunk
+                rows = torch.arange(label.shape[0], device=label.device)
+                at = (rows, label.clamp(0, block.shape[0] - 1))
+                grad_logits.index_put_(at, grad_logits[at] + g.squeeze(1) * inside)
                 grad_logits /= temperature
                 if need_h:
                     grad_hidden[part] += grad_logits @ block
@@ -130,11 +133,37 @@ def head_blocks(weight: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor]]:
         yield vocab, weight[vocab].float()
 
 
+def _has_matmul_out_dtype() -> bool:
+    """Whether this torch has `torch.mm(..., out_dtype=)`: a half-precision matmul that
+    accumulates and writes float32 (CUDA kernels; probed on the meta device)."""
+    try:
+        half = torch.empty(1, 1, dtype=torch.bfloat16, device="meta")
+        torch.mm(half, half, out_dtype=torch.float32)
+    except (TypeError, RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+MATMUL_OUT_DTYPE = _has_matmul_out_dtype()
+
+
 def float_logits(
     hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """`[rows, V]` float32 `hidden @ weight.T + bias` from `[rows, H]` hidden states of any
-    dtype, without a float32 copy of the whole output embedding (see `head_blocks`)."""
+    dtype, without a float32 copy of the whole output embedding: on CUDA one matmul reads the
+    head in its own dtype and writes float32 (`MATMUL_OUT_DTYPE`: the products of two bf16 or
+    fp16 values are exact in float32, so only the order of the sums differs), elsewhere the
+    head is made float32 a block at a time (`head_blocks`)."""
+    half = (torch.bfloat16, torch.float16)
+    if (
+        MATMUL_OUT_DTYPE
+        and weight.is_cuda
+        and weight.dtype in half
+        and hidden.dtype == weight.dtype
+    ):
+        logits = torch.mm(hidden, weight.T, out_dtype=torch.float32)
+        return logits if bias is None else logits.add_(bias.float())
     hidden32 = hidden.float()
     if weight.dtype == torch.float32:
         logits = hidden32 @ weight.T
