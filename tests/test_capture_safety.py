@@ -27,6 +27,7 @@ from test_trainer import make_config
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from oncurve.evaluate import evaluate
 from oncurve.rollout import SamplingParams
 from oncurve.rollout.cuda_graph import GraphSampler
 from oncurve.trainer import train
@@ -322,3 +323,24 @@ def test_a_run_whose_capture_fails_trains_on_and_records_it(
     assert [row["rollout/graphs"] for row in fell_back if "rollout/graphs" in row] == [0.0, 0.0]
     for key in ("reward/mean", "length/mean", "loss"):
         assert [r[key] for r in fell_back if key in r] == [r[key] for r in eager if key in r]
+
+
+def test_evaluation_chunks_are_equal_and_share_one_workspace():
+    sampler = GraphSampler(make_model("qwen2"), TOKENIZER, use_graphs=False)
+    sizes = []
+    real = sampler.generate_ids
+
+    def recording(prompt_ids, group_size, params):
+        sizes.append(len(prompt_ids))
+        return real(prompt_ids, group_size, params)
+
+    sampler.generate_ids = recording
+    prompts = (PROMPTS * 7)[:20]
+    rows = [{"prompt": p, "prompt_ids": TOKENIZER(p)["input_ids"], "answer": "1"} for p in prompts]
+
+    def never(prompts, completions, **_):
+        return [0.0] * len(completions)
+
+    evaluate(sampler, rows, never, max_new_tokens=4, batch_size=16)
+    assert sizes == [10, 10]
+    assert len(sampler._workspaces) == 1

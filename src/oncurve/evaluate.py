@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from oncurve.inputs import group_columns
@@ -66,6 +68,9 @@ def _scores(
     """`[len(rows), group_size]` 1.0 where a completion is correct, and the completions (a
     row's `group_size` consecutive)."""
     per_call = max(1, batch_size // group_size)
+    # chunks of equal size (within one prompt): the cuda_graph sampler decodes them all in one
+    # workspace, and none of them mostly empty
+    per_call = math.ceil(len(rows) / math.ceil(len(rows) / per_call))
     scores, texts = [], []
     for start in range(0, len(rows), per_call):
         chunk = rows[start : start + per_call]

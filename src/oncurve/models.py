@@ -450,5 +450,8 @@ def save_lora_final(
     adapter alone when asked."""
     if adapter:
         peft_model.save_pretrained(out / "adapter")
-    merged = copy.deepcopy(peft_model).merge_and_unload()
+    # merged on a CPU copy: a second copy of the model on the GPU is memory the run never had
+    device = next(peft_model.parameters()).device
+    merged = copy.deepcopy(peft_model.to("cpu")).merge_and_unload()
+    peft_model.to(device)
     save_final(merged, tokenizer, out)
