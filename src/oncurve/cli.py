@@ -85,10 +85,12 @@ def _launch_torchrun(nproc: int, argv: list[str]) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    from oncurve.config import Config
     from oncurve.data import load_rows
     from oncurve.evaluate import evaluate
     from oncurve.inputs import PromptData, correctness_fn
     from oncurve.rewards.answers import extract_answer
+    from oncurve.rewards.runner import runner_settings
     from oncurve.rollout.base import check_room
     from oncurve.tasks import get_task
 
@@ -124,6 +126,7 @@ def _eval(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         seed=args.seed,
         records=records,
+        **runner_settings((config or Config()).reward),
     )
     if args.out:
         with open(args.out, "w") as out:

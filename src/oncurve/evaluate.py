@@ -8,6 +8,7 @@ import torch
 
 from oncurve.inputs import group_columns
 from oncurve.rewards.registry import RewardFn
+from oncurve.rewards.runner import RewardRunner
 from oncurve.rollout.base import Sampler, SamplingParams
 from oncurve.rollout.episodes import EpisodeSettings, draw
 
@@ -24,9 +25,16 @@ def evaluate(
     batch_size: int = 256,
     records: list[dict] | None = None,
     episodes: EpisodeSettings | None = None,
+    timeout_s: float | None = 10.0,
+    timeout_score: float | None = None,
+    on_error: str = "raise",
 ) -> dict[str, float]:
     """Score `rows` ({"prompt", "prompt_ids", "answer", ...}) with the `correct` reward; with
     `episodes`, multi-turn episodes are played and `correct` reads their columns.
+
+    `correct` runs under the policy training scores with (`reward.timeout`, `timeout_score`,
+    `errors`; `RewardRunner`): a row past the timeout scores `timeout_score`, a row whose score
+    is None (or NaN) counts as wrong, so that no completion can hang or crash an evaluation.
 
     With `records` (a list), one dict per row is appended to it: the greedy completion and its
     score, and with samples > 1 the sampled completions and their scores.
@@ -36,16 +44,25 @@ def evaluate(
         over K samples at `temperature`, "pass@K": fraction of prompts with one correct}.
     """
     greedy_params = SamplingParams(max_new_tokens, temperature=0.0)
-    greedy, greedy_texts = _scores(sampler, episodes, rows, correct, 1, greedy_params, batch_size)
-    result = {"accuracy": float(greedy.mean())}
-    sampled_texts: list[str] = []
-    if samples > 1:
-        params = SamplingParams(max_new_tokens, temperature=temperature, seed=seed)
-        sampled, sampled_texts = _scores(
-            sampler, episodes, rows, correct, samples, params, batch_size
+    runner = RewardRunner(
+        [("correct", correct, 1.0)],
+        timeout_s=timeout_s,
+        timeout_score=timeout_score,
+        on_error=on_error,
+    )
+    with runner:
+        greedy, greedy_texts = _scores(
+            sampler, episodes, rows, runner, 1, greedy_params, batch_size
         )
-        result[f"mean@{samples}"] = float(sampled.mean())
-        result[f"pass@{samples}"] = float((sampled > 0).any(1).float().mean())
+        result = {"accuracy": float(greedy.mean())}
+        sampled_texts: list[str] = []
+        if samples > 1:
+            params = SamplingParams(max_new_tokens, temperature=temperature, seed=seed)
+            sampled, sampled_texts = _scores(
+                sampler, episodes, rows, runner, samples, params, batch_size
+            )
+            result[f"mean@{samples}"] = float(sampled.mean())
+            result[f"pass@{samples}"] = float((sampled > 0).any(1).float().mean())
     if records is not None:
         for i in range(len(rows)):
             record = {"greedy": greedy_texts[i], "greedy_correct": float(greedy[i, 0])}
@@ -60,7 +77,7 @@ def _scores(
     sampler: Sampler,
     episodes: EpisodeSettings | None,
     rows: list[dict],
-    correct: RewardFn,
+    runner: RewardRunner,
     group_size: int,
     params: SamplingParams,
     batch_size: int,
@@ -76,7 +93,7 @@ def _scores(
         chunk = rows[start : start + per_call]
         rollout, outcomes = draw(sampler, episodes, chunk, group_size, params)
         prompts, columns = group_columns(chunk, group_size)
-        values = correct(prompts, rollout.texts, **columns, **outcomes)
-        scores.append(torch.tensor([1.0 if (v or 0) > 0.5 else 0.0 for v in values]))
+        values = runner.score(prompts, rollout.texts, {**columns, **outcomes}).per_fn[:, 0]
+        scores.append((values > 0.5).float())  # NaN compares False: unscored is wrong
         texts.extend(rollout.texts)
     return torch.cat(scores).view(len(rows), group_size), texts

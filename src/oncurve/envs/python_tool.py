@@ -50,7 +50,10 @@ class PythonToolEnv:
     def step(self, turn: str) -> tuple[str | None, float, bool]:
         program = extract_program(turn)
         if program is None:
-            right = answers_match(extract_answer(turn), self.answer)
+            try:
+                right = answers_match(extract_answer(turn), self.answer)
+            except TimeoutError:  # math-verify ran past its bound: no answer it could confirm
+                right = False
             return None, 1.0 if right else 0.0, True
         self.calls += 1
         result = run_python(program, timeout_s=self.timeout_s, memory_mb=self.memory_mb)

@@ -319,6 +319,16 @@ def _serve(requests: Any, outcomes: Any, parent_ends: tuple, fns: list) -> None:
                 return
 
 
+def runner_settings(reward: Any) -> dict[str, Any]:
+    """`RewardRunner`'s policy from a config's `reward` section (timeout, score of a timed-out
+    row, errors): training and evaluation both score under it."""
+    return {
+        "timeout_s": reward.timeout,
+        "timeout_score": reward.timeout_score,
+        "on_error": reward.errors,
+    }
+
+
 def _picklable(exc: BaseException) -> BaseException | None:
     # the message already carries the type and text; the object is only for `raise ... from`
     import pickle

@@ -29,7 +29,7 @@ import random
 import re
 from typing import Any
 
-from oncurve.rewards.answers import extract_answer
+from oncurve.rewards.answers import MAX_ANSWER_CHARS, extract_answer
 from oncurve.rewards.registry import RewardFn
 from oncurve.tasks.base import hash_split
 
@@ -69,7 +69,12 @@ def exact_sum_reward(
     scores = []
     for completion, gold in zip(completions, answer, strict=True):
         found = extract_answer(completion, style="tags")
-        right = found is not None and _INTEGER_RE.fullmatch(found) and int(found) == int(gold)
+        right = (
+            found is not None
+            and len(found) <= MAX_ANSWER_CHARS  # int() refuses 4,300 digits or more
+            and _INTEGER_RE.fullmatch(found)
+            and int(found) == int(gold)
+        )
         scores.append(1.0 if right else 0.0)
     return scores
 
