@@ -11,8 +11,14 @@ from oncurve.config import Config, DataConfig
 from oncurve.data import load_rows
 from oncurve.errors import UserError
 from oncurve.models import DTYPES, resolve_dtype
-from oncurve.rewards.registry import RewardFn, episode_reward, overlong_penalty, resolve_reward
-from oncurve.rewards.runner import RewardRunner
+from oncurve.rewards.registry import (
+    RewardFn,
+    episode_reward,
+    overlong_penalty,
+    resolve_reward,
+    with_answer_match,
+)
+from oncurve.rewards.runner import RewardRunner, runner_settings
 from oncurve.tasks import get_task
 from oncurve.tasks.base import Task, leveled_examples
 
@@ -150,6 +156,7 @@ def build_rewards(
         raise UserError(
             "reward.functions must name at least one reward function when data.path is used"
         )
+    fns = [(name, with_answer_match(fn, reward.answer_match), w) for name, fn, w in fns]
     if reward.overlong_buffer:
         penalty = functools.partial(
             overlong_penalty,
@@ -165,13 +172,7 @@ def build_rewards(
     correct = correctness_fn(config, task)
     # Compared with ==, not `is`: a task's reward may be a bound method, made afresh per access.
     verifier = next((name for name, fn, _ in fns if fn == correct), None)
-    return RewardRunner(
-        fns,
-        timeout_s=reward.timeout,
-        timeout_score=reward.timeout_score,
-        on_error=reward.errors,
-        verifier=verifier,
-    )
+    return RewardRunner(fns, verifier=verifier, **runner_settings(reward))
 
 
 def correctness_fn(config: Config, task: Task | None) -> RewardFn:
@@ -181,8 +182,8 @@ def correctness_fn(config: Config, task: Task | None) -> RewardFn:
     if config.rollout.env is not None:
         return episode_reward
     if task is not None and "correct" in task.reward_fns():
-        return task.reward_fns()["correct"]
+        return with_answer_match(task.reward_fns()["correct"], config.reward.answer_match)
     # programs are judged by their tests: there is no answer to compare
     if any(spec.name == "code_tests" for spec in config.reward.functions):
         return resolve_reward("code_tests")[1]
-    return resolve_reward("correct")[1]
+    return with_answer_match(resolve_reward("correct")[1], config.reward.answer_match)

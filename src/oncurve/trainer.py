@@ -30,6 +30,7 @@ from oncurve.models import resolve_device, save_final, save_lora_final
 from oncurve.preflight import run_preflight
 from oncurve.process import Timer, deterministic_kernels, stop_on_signals
 from oncurve.progress import Progress
+from oncurve.rewards.runner import runner_settings
 from oncurve.rollout.cuda_graph import GraphSampler
 from oncurve.train_step import LossFns, masked_mean, optimizer_step
 from oncurve.types import RolloutBatch, TrainBatch
@@ -340,6 +341,7 @@ def _evaluate(s: Session, step: int) -> dict[str, float]:
             temperature=cfg.rollout.temperature,
             seed=cfg.run.seed,
             episodes=s.episodes,
+            **runner_settings(cfg.reward),
         )
     _record_graph_fallback(s)
     s.logger.log(step, {f"eval/{k}": v for k, v in result.items()})
