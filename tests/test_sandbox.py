@@ -13,12 +13,14 @@ of its own, the audit hook) and `user_ns` (what a non-root trainer gets).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -80,6 +82,14 @@ def _shmem_mb() -> int:
     raise AssertionError("no Shmem in /proc/meminfo")
 
 
+def _cgroups_left() -> list[str]:
+    """The run cgroups of this test process still on the machine."""
+    hierarchy = sandbox._hierarchy()
+    parents = hierarchy.parents if isinstance(hierarchy, sandbox._cgroup.Hierarchy) else ()
+    prefix = f"oncurve-sandbox-{os.getpid()}-"
+    return [f"{p}/{n}" for p in parents for n in os.listdir(p) if n.startswith(prefix)]
+
+
 @pytest.fixture
 def host() -> Iterator[str]:
     """A marker for the test's program; afterwards, checks that the machine is as it was."""
@@ -93,6 +103,7 @@ def host() -> Iterator[str]:
     assert Path("/proc/self/mountinfo").read_text() == mounts
     new = set(os.listdir("/tmp")) - tmp
     assert [name for name in new if marker in name or name.startswith("oncurve-sandbox")] == []
+    assert _cgroups_left() == []
     assert sandbox.run_python("print(6 * 7)").stdout == "42\n"
 
 
@@ -621,3 +632,270 @@ def test_stopping_the_trainer_mid_run_leaves_nothing(host: str) -> None:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+# Issue 36: memory outside RLIMIT_AS, keyrings, colliding uids, CPU starvation, the kernel
+# surface, what the host shows. These rely on the seccomp filter and, where marked, a cgroup.
+needs_filter = pytest.mark.skipif(
+    ISO is None or sandbox._MISSING_SECCOMP in ISO.missing, reason="no seccomp filter here"
+)
+needs_cgroups = pytest.mark.skipif(
+    ISO is None or not ISO.cgroups, reason="no cgroup per run here (see isolation().missing)"
+)
+
+
+@needs_filter
+def test_memory_outside_rlimit_as_is_refused(host: str) -> None:
+    source = (
+        "import ctypes, os\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "held = 0\n"
+        "try:\n"
+        "    for _ in range(32):\n"  # 512 MB of memfd files at 16 MB each
+        "        fd = os.memfd_create('x')\n"
+        "        os.ftruncate(fd, 16 * 2**20)\n"
+        "        os.write(fd, bytes(16 * 2**20))\n"
+        "        held += 16\n"
+        "except OSError as exc:\n"
+        "    print('memfd', exc.errno, held)\n"
+        "print('shmget', libc.shmget(0, 16 * 2**20, 0o1600), ctypes.get_errno())\n"
+        "print('msgget', libc.msgget(0, 0o1600), ctypes.get_errno())\n"
+        "try:\n"
+        "    open('/dev/shm/x', 'wb')\n"
+        "except OSError as exc:\n"
+        "    print('posix shm', exc.errno)\n"
+    )
+    before = _shmem_mb()
+    result = sandbox.run_python(source, memory_mb=64)
+    assert result.stdout.splitlines() == [
+        f"memfd {errno.EPERM} 0",
+        f"shmget -1 {errno.EPERM}",
+        f"msgget -1 {errno.EPERM}",
+        f"posix shm {errno.ENOENT}",
+    ], result
+    assert _shmem_mb() <= before + 16
+
+
+@needs_cgroups
+def test_memory_over_the_runs_limit_kills_the_run(host: str) -> None:
+    # Eight processes of 30 MB each: every one within its RLIMIT_AS of 64 MB, together past
+    # the run's 64 + 64 MB.
+    source = (
+        "import os, time\n"
+        "for _ in range(8):\n"
+        "    if os.fork() == 0:\n"
+        "        block = bytearray(30 * 2**20)\n"
+        "        time.sleep(5)\n"
+        "        os._exit(0)\n"
+        "time.sleep(5)\n"
+    )
+    result = sandbox.run_python(source, memory_mb=64, timeout_s=4.0)
+    assert (result.status, result.reason) == ("killed", "memory limit"), result
+    assert result.seconds < 3.0
+
+
+def _trainer_in_a_session_keyring(source: str) -> str:
+    """Run `source` from a trainer process that joined a session keyring holding a secret key
+    (as every process of a container or a login does); its result as JSON."""
+    trainer = (
+        "import ctypes, dataclasses, json, sys\n"
+        "from oncurve import sandbox\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "assert libc.syscall(250, 1, b'oncurve-test-session') > 0\n"  # KEYCTL_JOIN_SESSION
+        "assert libc.syscall(248, b'user', b'oncurve-trainer-secret', b'hunter2', 7, -3) > 0\n"
+        "result = sandbox.run_python(sys.stdin.read())\n"
+        "print(json.dumps(dataclasses.asdict(result)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", trainer], input=source, capture_output=True, text=True, check=True
+    )
+    return done.stdout
+
+
+@needs_filter
+def test_a_run_cannot_reach_keyrings(host: str) -> None:
+    source = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(open('/proc/keys').read())\n"
+        "buf = ctypes.create_string_buffer(4096)\n"
+        "print('read session', libc.syscall(250, 11, -3, buf, 4096), ctypes.get_errno())\n"
+        "print('add', libc.syscall(248, b'user', b'planted', b'x', 1, -4), ctypes.get_errno())\n"
+    )
+    output = _trainer_in_a_session_keyring(source)
+    assert '"status": "ok"' in output
+    assert "oncurve-trainer-secret" not in output and "hunter2" not in output
+    assert f"read session -1 {errno.EPERM}" in output and f"add -1 {errno.EPERM}" in output
+    # No key of a run's user outlives it (the kernel frees its session keyring at once).
+    users = []
+    for _ in range(40):
+        users = [line for line in Path("/proc/key-users").read_text().splitlines()]
+        users = [u for u in users if int(u.split(":")[0]) >= sandbox._UID_BASE]
+        if not users:
+            break
+        time.sleep(0.05)
+    assert users == []
+
+
+@needs_namespaces
+def test_runs_that_share_a_uid_share_no_process_count(
+    host: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two trainers in two containers with the same pid gave their runs the same uid: here,
+    # two runs forced onto one uid at once. Each forks 20 (of its 32): both get all 20.
+    @contextlib.contextmanager
+    def same_slot() -> Iterator[int]:
+        yield 0
+
+    monkeypatch.setattr(sandbox, "_slot", same_slot)
+    source = (
+        "import os, time\n"
+        "n = 0\n"
+        "for _ in range(20):\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(1.5)\n"
+        "            os._exit(0)\n"
+        "        n += 1\n"
+        "    except OSError:\n"
+        "        break\n"
+        "print(n, open('/proc/self/uid_map').read().split()[1])\n"
+        "time.sleep(1.5)\n"
+    )
+    with sandbox.SandboxPool(2) as pool:
+        results = pool.map([source] * 2, timeout_s=5.0)
+    assert [r.stdout.split() for r in results] == [["20", str(FIRST_UID)]] * 2, results
+
+
+@needs_cgroups
+def test_a_cpu_hog_does_not_starve_its_neighbour(host: str) -> None:
+    hog = (
+        "import os, time\n"
+        "for _ in range(24):\n"
+        "    if os.fork() == 0:\n"
+        "        os.setsid()\n"
+        "        while True:\n"
+        "            pass\n"
+        "time.sleep(10)\n"
+    )
+    work = "total = 0\nfor i in range(3_000_000):\n    total += i\nprint(total)\n"
+    alone = sandbox.run_python(work, timeout_s=10.0).seconds
+    with sandbox.SandboxPool(2) as pool:
+        hogging = pool.submit(hog, timeout_s=3.0)
+        time.sleep(0.5)  # its 24 processes are spinning
+        beside = pool.submit(work, timeout_s=10.0).result()
+        assert hogging.result().status == "timeout"
+    assert beside.status == "ok"
+    # One CPU per run: on two cores the hog gets one, the neighbour the other.
+    assert beside.seconds < 2.5 * alone + 0.5, (alone, beside.seconds)
+
+
+REFUSED_CALLS = {
+    "io_uring_setup": 425,
+    "userfaultfd": 323,
+    "keyctl": 250,
+    "add_key": 248,
+    "request_key": 249,
+    "bpf": 321,
+    "perf_event_open": 298,
+    "ptrace": 101,
+    "mount": 165,
+    "umount2": 166,
+    "unshare": 272,
+    "setns": 308,
+    "kexec_load": 246,
+    "init_module": 175,
+    "reboot": 169,
+}
+
+
+@needs_filter
+def test_the_kernel_surface_is_closed(host: str) -> None:
+    source = (
+        "import ctypes, os, socket\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"for name, number in {REFUSED_CALLS!r}.items():\n"
+        "    print(name, libc.syscall(number, 0, 0, 0, 0, 0), ctypes.get_errno())\n"
+        "for family in (socket.AF_INET, socket.AF_INET6, socket.AF_VSOCK, socket.AF_NETLINK,\n"
+        "               socket.AF_PACKET):\n"
+        "    try:\n"
+        "        socket.socket(family, socket.SOCK_DGRAM)\n"
+        "        print(family, 'opened')\n"
+        "    except OSError as exc:\n"
+        "        print(family, exc.errno)\n"
+        "a, b = socket.socketpair()\n"
+        "a.send(b'unix')\n"
+        "print(b.recv(4).decode())\n"
+        "print('clone3', libc.syscall(435, 0, 0), ctypes.get_errno())\n"
+        "print('fork', os.waitpid(os.fork() or os._exit(0), 0)[1] if False else 'ok')\n"
+    )
+    result = sandbox.run_python(source)
+    lines = result.stdout.splitlines()
+    assert lines[: len(REFUSED_CALLS)] == [f"{n} -1 {errno.EPERM}" for n in REFUSED_CALLS]
+    families = lines[len(REFUSED_CALLS) : len(REFUSED_CALLS) + 5]
+    assert [line.split()[1] for line in families] == [str(errno.EAFNOSUPPORT)] * 5
+    assert lines[-3:] == ["unix", f"clone3 -1 {errno.ENOSYS}", "fork ok"]
+    # x32 numbers name other calls: the filter kills the process.
+    x32 = sandbox.run_python("import ctypes\nctypes.CDLL(None).syscall(0x40000000 + 39)\n")
+    assert (x32.status, x32.reason) == ("killed", "signal 31 (SIGSYS)")
+
+
+@needs_namespaces
+def test_the_host_shows_no_paths_packages_or_shared_file_events(host: str) -> None:
+    own = [p for p in sandbox._cgroup._own_paths().values() if p != "/"]
+    source = (
+        "import ctypes, fcntl, os, sys\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(sorted(p for p in os.listdir('/proc') if p.isdigit()) == [str(os.getpid())])\n"
+        "try:\n"
+        "    open('/proc/1/cmdline').read()\n"
+        "except OSError as exc:\n"
+        "    print('cmdline', exc.errno)\n"
+        f"for path in {sandbox._package_dirs()!r}:\n"
+        "    sys.path.append(path)\n"
+        "    print('packages', path, os.listdir(path))\n"
+        "try:\n"
+        "    fcntl.flock(open(os.__file__), fcntl.LOCK_EX)\n"
+        "except OSError as exc:\n"
+        "    print('flock', exc.errno)\n"
+        "print('inotify', libc.inotify_init(), ctypes.get_errno())\n"
+        "print(open('/proc/self/cgroup').read())\n"
+    )
+    result = sandbox.run_python(source)
+    lines = result.stdout.splitlines()
+    assert lines[:2] == ["True", f"cmdline {errno.ENOENT}"], result
+    assert [line for line in lines if line.startswith("packages")] == [
+        f"packages {path} []" for path in sandbox._package_dirs()
+    ]
+    assert f"flock {errno.EPERM}" in lines and f"inotify -1 {errno.EPERM}" in lines
+    assert not any(path in result.stdout for path in own)
+
+
+def test_what_is_missing_is_named_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(sandbox, "_PROBE_SOURCE", "print(0)")  # no filter on the program
+            patch.setattr(sandbox, "_hierarchy", lambda: "no cgroup here")
+            patch.setattr(sandbox, "_warned", False)
+            sandbox._probe.cache_clear()
+            with pytest.warns(RuntimeWarning) as caught:
+                iso = sandbox.check_isolation()
+                sandbox.check_isolation()
+    finally:
+        sandbox._probe.cache_clear()
+    assert iso.cgroups == 0 and sandbox._MISSING_SECCOMP in iso.missing
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert "seccomp filter" in message and "a cgroup per run (no cgroup here)" in message
+
+
+def test_undecodable_source_is_an_error_result(host: str) -> None:
+    result = sandbox.run_python("print(1)  # \ud800")
+    assert (result.status, result.reason, result.returncode) == (
+        "error",
+        "undecodable source",
+        None,
+    )
+    assert "not valid UTF-8 at character 12" in result.stderr
+    with sandbox.SandboxPool(2) as pool:
+        assert [r.status for r in pool.map(["\udcff", "print(2)"])] == ["error", "ok"]

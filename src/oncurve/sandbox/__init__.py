@@ -53,6 +53,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from oncurve.sandbox import _cgroup
+
 OUTPUT_LIMIT = 64 * 1024  # bytes kept of stdout and of stderr; more stops the run
 FILE_SIZE_LIMIT = 16 * 1024 * 1024  # bytes, per file the program writes
 OPEN_FILES_LIMIT = 64
@@ -68,6 +70,8 @@ _UID_BASE = 1 << 30
 _BACKSTOP_S = 1.0
 # After the first SIGTERM or kill, how long the bootstrap gets before the whole group is killed.
 _STOP_GRACE_S = 1.0
+# How often the trainer reads a run's cgroup for a process killed at its memory limit.
+_OOM_POLL_S = 0.05
 _PROBE_SOURCE = (
     "for line in open('/proc/self/status'):\n"
     "    if line.startswith('Seccomp:'):\n"
@@ -100,12 +104,14 @@ class SandboxResult:
 @dataclasses.dataclass(frozen=True)
 class Isolation:
     """What the machine gave: namespaces (network, PID, mount, IPC, UTS); whether the program
-    runs as a user other than the trainer's; and what is missing compared with the full
-    sandbox, one sentence each (empty when nothing is)."""
+    runs as a user other than the trainer's; what is missing compared with the full sandbox,
+    one sentence each (empty when nothing is); and the cgroup version (2 or 1) that bounds each
+    run's total memory, CPU and processes, 0 when none does."""
 
     namespaces: bool
     drops_user: bool
     missing: tuple[str, ...]
+    cgroups: int = 0
 
 
 _MISSING_NET = (
@@ -127,6 +133,12 @@ _MISSING_SECCOMP = (
     "to the program"
 )
 
+_MISSING_CGROUP = (
+    "a cgroup per run ({why}): a run's memory is bounded per process only (RLIMIT_AS, up to "
+    f"{PROCESS_LIMIT} processes; its files by its {SCRATCH_MB} MB tmpfs), and neither its total "
+    "CPU nor its share beside other runs is bounded"
+)
+
 _probe_lock = threading.Lock()
 _warned = False
 
@@ -146,12 +158,17 @@ def _probe() -> Isolation | SandboxError:
     if not sys.platform.startswith("linux"):
         return SandboxError("oncurve.sandbox needs Linux")
     root = os.geteuid() == 0
-    full = Isolation(namespaces=True, drops_user=root, missing=())
+    found = _hierarchy()
+    version = found.version if isinstance(found, _cgroup.Hierarchy) else 0
+    unbounded = () if version else (_MISSING_CGROUP.format(why=found),)
+    full = Isolation(namespaces=True, drops_user=root, missing=unbounded, cgroups=version)
     cause = _try(full)
     if isinstance(cause, Isolation):
         return cause
-    missing = (_MISSING_NET, _MISSING_MNT) + (() if root else (_MISSING_USER,))
-    fallback = Isolation(namespaces=False, drops_user=root, missing=(f"({cause})", *missing))
+    missing = (_MISSING_NET, _MISSING_MNT, *unbounded) + (() if root else (_MISSING_USER,))
+    fallback = Isolation(
+        namespaces=False, drops_user=root, missing=(f"({cause})", *missing), cgroups=version
+    )
     fallback_cause = _try(fallback)
     if isinstance(fallback_cause, Isolation):
         return fallback_cause
@@ -309,6 +326,11 @@ def _interpreter(iso: Isolation) -> str:
 
 
 @functools.cache
+def _hierarchy() -> _cgroup.Hierarchy | str:
+    return _cgroup.find_hierarchy()
+
+
+@functools.cache
 def _package_dirs() -> list[str]:
     """Where the base interpreter and the system's Pythons keep third-party packages: the
     sandbox hides them, so that the program gets the standard library only."""
@@ -337,7 +359,16 @@ def _execute(
         uid = _UID_BASE + os.getpid() * MAX_PARALLEL + slot if iso.drops_user else None
         workdir = None
         if iso.namespaces:
-            flags = ["--net", "--pid", "--mount", "--ipc", "--uts", "--fork", "--kill-child"]
+            flags = [
+                "--net",
+                "--pid",
+                "--mount",
+                "--ipc",
+                "--uts",
+                "--cgroup",
+                "--fork",
+                "--kill-child",
+            ]
             if not iso.drops_user:
                 flags = ["--user", "--map-root-user", *flags]
             launcher = ["unshare", *flags, "--"]
@@ -359,6 +390,7 @@ def _execute(
             "python": _interpreter(iso),
             "prefix": os.path.realpath(sys.base_prefix),
             "hidden": _package_dirs(),
+            "cgroup_procs": [],
             "workdir": workdir,
             "scratch_mb": SCRATCH_MB,
             "limits": {
@@ -370,11 +402,21 @@ def _execute(
                 "RLIMIT_CORE": 0,
             },
         }
+        cgroup = None
         try:
+            if iso.cgroups:
+                # the program's address space, and the tmpfs whose pages it fills
+                memory = (memory_mb + SCRATCH_MB) * 1024 * 1024
+                cgroup = _cgroup.RunCgroup(_hierarchy(), memory, PROCESS_LIMIT)
+                spec["cgroup_procs"] = cgroup.procs
             stdin_bytes = stdin.encode("utf-8", "surrogatepass")  # as main.py's text (_boot.py)
-            run = _Run(launcher, spec, stdin_bytes, namespaces=iso.namespaces)
+            run = _Run(launcher, spec, stdin_bytes, namespaces=iso.namespaces, cgroup=cgroup)
             return run.finish()
+        except OSError as exc:  # the cgroup's files
+            raise SandboxError(f"cannot set up the run's cgroup: {exc}") from exc
         finally:
+            if cgroup is not None:
+                cgroup.remove()
             if uid is not None and not iso.namespaces:
                 # A PID namespace takes its processes with it; a fallback run gets a sweep of
                 # its uid in case the bootstrap itself was killed before it could clean up.
@@ -386,8 +428,17 @@ def _execute(
 class _Run:
     """One sandboxed program, from launch to a reaped process tree."""
 
-    def __init__(self, launcher: list[str], spec: dict, stdin: bytes, *, namespaces: bool) -> None:
+    def __init__(
+        self,
+        launcher: list[str],
+        spec: dict,
+        stdin: bytes,
+        *,
+        namespaces: bool,
+        cgroup: _cgroup.RunCgroup | None = None,
+    ) -> None:
         self.namespaces = namespaces
+        self.cgroup = cgroup
         self.spec = spec
         self.stdin = memoryview(stdin)
         self.out = {"stdout": bytearray(), "stderr": bytearray(), "status": bytearray()}
@@ -456,6 +507,9 @@ class _Run:
                 now = time.monotonic()
                 if stopped_at is None and now >= wall:
                     self._stop("wall time")
+                if stopped_at is None and self.cgroup is not None and self.cgroup.oom_kills():
+                    # The kernel killed a process of the run at its memory limit: the run ends.
+                    self._stop("memory limit")
                 if self.stop_reason is not None and stopped_at is None:
                     stopped_at = now
                 if (
@@ -477,6 +531,8 @@ class _Run:
                     until = stopped_at + _STOP_GRACE_S
                 else:  # SIGKILL sent to all: nothing left to do but wait for the exit
                     until = now + _STOP_GRACE_S
+                if self.cgroup is not None and stopped_at is None:
+                    until = min(until, now + _OOM_POLL_S)
                 for key, _ in sel.select(max(until - now, 0.0)):
                     if key.fd == self.pidfd:
                         sel.unregister(key.fd)
@@ -594,7 +650,8 @@ class _Run:
             raise SandboxError("; ".join(errors)[-2000:])
         returncode = None
         if self.stop_reason is not None:
-            status = "killed" if self.stop_reason == "output limit" else "timeout"
+            killed = self.stop_reason in ("output limit", "memory limit")
+            status = "killed" if killed else "timeout"
             reason = self.stop_reason
         elif "exit" in outcome:
             returncode = outcome["exit"]

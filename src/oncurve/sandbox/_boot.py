@@ -193,11 +193,14 @@ CLONE_NEW_ANY = 0x7E020080  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID,
 # x86_64 numbers of what a test program never needs: io_uring (425-427), userfaultfd, keyrings
 # (add_key, request_key, keyctl), bpf, perf_event_open, ptrace and the process_vm_* calls,
 # mount and namespace calls (mount, umount2, pivot_root, chroot, unshare, setns, the new mount
-# API 428-433, mount_setattr), kexec, modules, reboot, swapon/swapoff, acct; memfd_create and
-# memfd_secret (memory that no rlimit counts); flock, inotify and fanotify, which would see the
-# other runs' and the trainer's use of the files they share read-only.
+# API 428-433, mount_setattr), kexec, modules, reboot, swapon/swapoff, acct; memory that no
+# rlimit counts: memfd_create, memfd_secret, SysV shared memory, semaphores and message queues
+# (which outlive a fallback run, in the host's IPC namespace), POSIX message queues; flock,
+# inotify and fanotify, which would see the other runs' and the trainer's use of the files they
+# share read-only.
 REFUSED_X86_64 = (
     *(425, 426, 427, 323, 248, 249, 250, 321, 298, 101, 310, 311, 319, 447, 73, 253, 294, 300),
+    *(29, 64, 68, 240),
     *(165, 166, 155, 161, 272, 308, 428, 429, 430, 431, 432, 433, 442),
     *(246, 320, 175, 313, 176, 169, 167, 168, 163),
 )
@@ -294,6 +297,11 @@ def _start_program(spec: dict, status_fd: int) -> int:
         return pid
     try:
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        # Into the run's cgroup while still root there: every process of the program is born
+        # in it. This process stays out, so that it outlives the program at the memory limit.
+        for path in spec["cgroup_procs"]:
+            with open(path, "w") as file:
+                file.write("0")
         uid = spec["uid"]
         if uid is not None:
             os.setgroups([])
