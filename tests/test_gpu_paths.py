@@ -1,0 +1,237 @@
+"""Issue 34: the trainer's real paths on a CUDA device, each in a fresh Python process.
+
+The allocator bug of issue 34 showed only when a process's first graph capture was followed by
+recaptures (the first capture puts cuBLAS's workspace in its pool): a test that shares its
+process with others that captured before it cannot see it. So every scenario here runs in a new
+process with a time limit, and a failure shows that process's log tail. Every test is marked
+`gpu` and skipped where torch sees no CUDA device (`make test`); `make gpu-check` runs them.
+
+The scenarios that are not a CLI command are the `scenario_*` functions below, which the child
+runs (`python -c "import test_gpu_paths; test_gpu_paths.scenario_...()"`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from test_reliability import rewards_env
+from test_rollout import PROMPTS, TOKENIZER, make_model
+
+from oncurve.algo.logprobs import MATMUL_OUT_DTYPE, float_logits
+from oncurve.rollout import SamplingParams
+from oncurve.rollout.cuda_graph import GraphSampler
+
+pytestmark = pytest.mark.gpu
+
+TAIL_LINES = 40
+
+
+def run_fresh(command: list[str], timeout: float, env: dict[str, str] | None = None) -> str:
+    """Run `command` in a new process (stdout and stderr together); its output, after checking
+    that it exited 0 within `timeout` seconds. A failure shows the last `TAIL_LINES` lines."""
+    try:
+        proc = subprocess.run(
+            command,
+            env=env or rewards_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as error:
+        output = error.output or ""
+        output = output.decode(errors="replace") if isinstance(output, bytes) else output
+        pytest.fail(f"timed out after {timeout:.0f} s: {' '.join(command)}\n{tail(output)}")
+    assert proc.returncode == 0, f"exit {proc.returncode}: {' '.join(command)}\n{tail(proc.stdout)}"
+    return proc.stdout
+
+
+def tail(text: str) -> str:
+    return "\n".join(text.splitlines()[-TAIL_LINES:])
+
+
+def run_scenario(name: str, timeout: float = 240, **env: str) -> str:
+    """Run `scenario_<name>` of this module in a fresh process, with `env` added."""
+    code = f"import test_gpu_paths; test_gpu_paths.scenario_{name}()"
+    return run_fresh([sys.executable, "-c", code], timeout, {**rewards_env(), **env})
+
+
+def train_on_cuda(run_dir: Path, *overrides: str, steps: int = 2) -> list[dict]:
+    """`oncurve train` of the default job (the bundled model on `arith`, its preflight and its
+    evaluations at start and end) on CUDA with `overrides`, in a fresh process. Checks that the
+    run sampled with CUDA graphs all along and returns its training rows."""
+    args = ["run.device=cuda", f"run.steps={steps}", f"run.dir={run_dir}", *overrides]
+    log = run_fresh([sys.executable, "-m", "oncurve", "train", "--quiet", *args], timeout=300)
+    assert "capturing the decode step failed" not in log, tail(log)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    # a failed capture rewrites config.yaml with false: true means every capture held
+    assert config["rollout"]["cuda_graphs"] is True, tail(log)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "loss/policy" in r]
+    assert [r["step"] for r in trained] == list(range(1, steps + 1)), tail(log)
+    assert all(r["rollout/graphs"] == 1.0 for r in trained), [r["rollout/graphs"] for r in trained]
+    assert all(math.isfinite(r["loss/policy"]) and r["updates/skipped"] == 0 for r in trained)
+    assert (run_dir / "final" / "config.json").is_file()
+    return rows
+
+
+# --- the trainer ---------------------------------------------------------------------------------
+
+
+def test_the_default_job_with_preflight_and_an_evaluation_every_step(tmp_path):
+    """The sequence that crashed: preflight (2 prompts x G) -> evaluation (500 prompts in
+    chunks) -> training rows -> evaluation again, each a new shape or sampling setting."""
+    rows = train_on_cuda(tmp_path / "run", "eval.every=1", steps=3)
+    evaluated = [r["step"] for r in rows if "eval/accuracy" in r]
+    assert evaluated == [0, 1, 2, 3]
+
+
+def test_top_p_below_one(tmp_path):
+    """Nucleus sampling inside the captured step, with deterministic kernels (the default)."""
+    train_on_cuda(tmp_path / "run", "rollout.top_p=0.9", "eval.num_prompts=300")
+
+
+def test_lora(tmp_path):
+    pytest.importorskip("peft", reason="the lora extra (peft) is not installed")
+    train_on_cuda(
+        tmp_path / "run", "model.lora.r=4", "model.lora.alpha=8", "algo.beta=0.04",
+        "eval.num_prompts=300",
+    )  # fmt: skip
+
+
+def test_ppo(tmp_path):
+    rows = train_on_cuda(tmp_path / "run", "algo.preset=ppo", "eval.num_prompts=300")
+    assert all(math.isfinite(r["value/loss"]) for r in rows if "loss/policy" in r)
+
+
+def test_oncurve_eval_of_more_than_256_prompts(tmp_path):
+    """More prompts than one evaluation batch: equal chunks, greedy then sampled (two sampling
+    settings), through the CLI."""
+    data = tmp_path / "eval.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n"
+                            for i in range(300)))  # fmt: skip
+    out = tmp_path / "records.jsonl"
+    command = [sys.executable, "-m", "oncurve", "eval", "--model", "default", "--data", str(data)]
+    command += ["--device", "cuda", "--samples", "2", "--out", str(out)]
+    log = run_fresh(command, timeout=240)
+    assert "cuda_graph sampler: captured" in log, tail(log)
+    assert "capturing the decode step failed" not in log, tail(log)
+    summary = json.loads(log.strip().splitlines()[-1])
+    assert summary["n"] == 300
+    assert len(out.read_text().splitlines()) == 300
+
+
+# --- the sampler ---------------------------------------------------------------------------------
+
+
+def scenario_shapes_and_temperatures() -> None:
+    """One graph sampler through three prompt shapes (more than its workspaces, so one is
+    evicted and recaptured) and two temperatures, each call's samples equal to an eager
+    sampler's with the same seed."""
+    model = make_model("qwen2").cuda()
+    graphed = GraphSampler(model, TOKENIZER)
+    eager = GraphSampler(model, TOKENIZER, use_graphs=False)
+    long = ["7" * 70, "1+2+3=" * 12]  # a wider workspace than the short prompts'
+    shapes = [(PROMPTS, 4), (PROMPTS * 4, 4), (long, 2), (PROMPTS, 4)]
+    for prompts, group in shapes:
+        for temperature in (1.0, 0.7):
+            params = SamplingParams(max_new_tokens=24, temperature=temperature, seed=3)
+            got = graphed.generate(prompts, group, params)
+            want = eager.generate(prompts, group, params)
+            where = f"{len(prompts)} prompts x {group}, temperature {temperature}"
+            assert graphed.graph_error is None, graphed.graph_error
+            assert torch.equal(got.completion_ids, want.completion_ids), where
+            torch.testing.assert_close(got.logprobs, want.logprobs, atol=1e-5, rtol=0, msg=where)
+    assert graphed.use_graphs and graphed.capture_seconds > 0
+
+
+def test_one_sampler_through_three_shapes_and_two_temperatures():
+    run_scenario("shapes_and_temperatures")
+
+
+def scenario_no_sync_between_checks() -> None:
+    """Decode steps with top-p < 1 under deterministic kernels (`CUBLAS_WORKSPACE_CONFIG` is
+    set by the parent, before CUDA starts): the eager step and every captured graph run under
+    `set_sync_debug_mode("error")`, and a whole decode reads the device only at its checks."""
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    # as the trainer sets it (`oncurve.process`): deterministic reroutes, no error on kernels
+    # that have no deterministic version
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    model = make_model("qwen2").cuda()
+    sampler = GraphSampler(model, TOKENIZER)
+    new = 64
+    params = SamplingParams(max_new_tokens=new, min_new_tokens=new, top_p=0.9, seed=0)
+    decode = sampler._decode
+    syncs: list[str] = []
+
+    def counted(*args) -> None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                decode(*args)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        syncs.extend(str(w.message) for w in caught if "synchronizing" in str(w.message))
+
+    sampler._decode = counted
+    sampler.generate(PROMPTS * 4, 4, params)  # captures: a sync in the step fails the capture
+    assert sampler.graph_error is None, sampler.graph_error
+    # min_new_tokens = new: no row ends, so the only reads are the checks (one host read each;
+    # its copy and its wait may count apart); a read per step would give `new` or more
+    checks = math.ceil(new / sampler.check_every)
+    assert 0 < len(syncs) <= 2 * checks, (len(syncs), checks, syncs[:3])
+    (ws,) = sampler._workspaces
+    (graphs,) = ws.graphs.values()
+    rows = len(PROMPTS) * 4 * 4
+    sampler._reset(ws, rows, seed=0)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for bucket, graph in graphs.items():
+            sampler._step(ws, bucket, params)  # raises on any host sync
+            graph.replay()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    smallest = min(graphs)  # rows every step recorded
+    assert bool(torch.isfinite(ws.logprobs[:smallest, : 2 * len(graphs)]).all())
+
+
+def test_decode_steps_never_wait_for_the_device_between_checks():
+    run_scenario("no_sync_between_checks", CUBLAS_WORKSPACE_CONFIG=":4096:8")
+
+
+# --- the logits ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bfloat16_head_logits_are_float32_exact_up_to_the_order_of_the_sums(with_bias):
+    """`float_logits` on a bf16 CUDA head (one bf16 matmul with a float32 output where torch has
+    `torch.mm(out_dtype=)`) against the float64 product of the same bf16 values: every element
+    within the worst-case float32 summation bound H * 2^-24 * sum |h_i w_i|, which a matmul that
+    rounds its output to bf16 exceeds."""
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    rows, hidden, vocab = 64, 896, 4096  # Qwen2.5-0.5B's width
+    h = torch.randn(rows, hidden, device="cuda", generator=generator).bfloat16()
+    w = (torch.randn(vocab, hidden, device="cuda", generator=generator) * 0.02).bfloat16()
+    b = (torch.randn(vocab, device="cuda", generator=generator) * 0.1).bfloat16()
+    bias = b if with_bias else None
+    got = float_logits(h, w, bias)
+    assert got.dtype == torch.float32 and got.shape == (rows, vocab)
+    want = h.double() @ w.double().T + (b.double() if with_bias else 0)
+    bound = hidden * 2**-24 * (h.double().abs() @ w.double().abs().T + b.double().abs())
+    error = (got.double() - want).abs()
+    path = "torch.mm(out_dtype=float32)" if MATMUL_OUT_DTYPE else "float32 head blocks"
+    assert bool((error <= bound).all()), f"{path}: max error / bound {float((error / bound).max())}"
+    rounded = (h @ w.T).double() + (b.double() if with_bias else 0)
+    assert bool(((rounded - want).abs() > bound).any())  # the bound tells bf16 output apart
