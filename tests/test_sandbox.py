@@ -691,7 +691,7 @@ def test_memory_over_the_runs_limit_kills_the_run(host: str) -> None:
     )
     result = sandbox.run_python(source, memory_mb=64, timeout_s=4.0)
     assert (result.status, result.reason) == ("killed", "memory limit"), result
-    assert result.seconds < 3.0
+    assert result.seconds < 2.0  # at the first kill, not at the wall time
 
 
 def _trainer_in_a_session_keyring(source: str) -> str:

@@ -9,8 +9,14 @@ in either common form:
   and passes when it exits cleanly and its stdout equals the output, trailing whitespace of each
   line and trailing blank lines ignored;
 - assert-style: a string of Python test code (HumanEval's `test` followed by
-  `check(<entry_point>)`), or a list of them (MBPP's `test_list`), each run after the program;
-  a case passes when the whole exits cleanly (no failed assert, no exception).
+  `check(<entry_point>)`), or a list of them (MBPP's `test_list`). Each case runs under a
+  harness (`_harness.py`): the program in one process, the tests in another that calls the
+  program's functions through a pipe, with arguments and results by value as exact built-in
+  types, and evaluates every comparison and assert on its side. A case passes when that side
+  prints a secret made for the run, which the program never sees; so no early exit, exit hook,
+  always-equal object, patched builtin or printed verdict passes it. Results must be plain data
+  (an object of the program's comes back as a reference that equals nothing); arguments the
+  program changes in place are not seen by the tests.
 
 Each case is its own sandboxed run (`oncurve.sandbox`, each limited by `reward.sandbox_timeout_s`
 and `reward.sandbox_memory_mb`), so a timeout or a crash fails that case alone. The score is the

@@ -8,21 +8,28 @@ status, wall time and why it stopped. It never raises for anything the program d
 
 Each run gets, where the machine allows it (``isolation()`` says what it gave):
 
-- new network, PID, mount, IPC and UTS namespaces (``unshare``): no network at all (not even
-  loopback); a root of its own on a size-limited tmpfs with ``/usr`` and the interpreter
-  read-only and a writable ``/sandbox`` (its working directory) and ``/tmp``, so nothing of the
-  trainer's files is in sight and whatever it writes vanishes with the run; its own /proc; and
-  when the run ends, the kernel kills every process left in its PID namespace;
-- a user of its own: as root, a uid that no other live run uses (so RLIMIT_NPROC binds and a
-  fork bomb stops at ``PROCESS_LIMIT``); as another user, uid 1000 of a nested user namespace;
+- new network, PID, mount, IPC, UTS and cgroup namespaces (``unshare``): no network at all
+  (not even loopback); a root of its own on a size-limited tmpfs with ``/usr`` and the
+  interpreter read-only (its package directories covered) and a writable ``/sandbox`` (its
+  working directory) and ``/tmp``, so nothing of the trainer's files is in sight and whatever it
+  writes vanishes with the run; its own /proc, showing its own processes only; and when the run
+  ends, the kernel kills every process left in its PID namespace;
+- uid 1000 of a user namespace of its own, so that RLIMIT_NPROC (a fork bomb stops at
+  ``PROCESS_LIMIT``) and the user keyring are the run's alone; outside, as root, a uid that no
+  other live run of this trainer uses; a session keyring of its own;
+- a seccomp filter (``_boot.py``) that refuses the kernel interfaces a test program never
+  needs: io_uring, userfaultfd, keyrings, bpf, perf, ptrace, mount and namespace calls, memfd
+  and SysV IPC, flock and inotify, sockets other than AF_UNIX;
+- a cgroup (``_cgroup.py``: v2 where delegated, else v1) that bounds the memory, CPU and tasks
+  of all its processes together; a process killed at its memory limit ends the run ("killed");
 - rlimits with soft = hard, so they cannot be raised back: CPU time, address space
   (``memory_mb``), file size, open files, processes, no core files; ``no_new_privs``;
 - a clean environment (PATH, HOME, TMPDIR, LANG: nothing of the trainer's, no credentials);
 - its own session and process group, killed whole at the wall time or the output limit.
 
 Without namespaces (a container that forbids them, or a non-root user without user
-namespaces) it falls back to a host temporary directory and an audit hook that refuses sockets,
-and warns once per process, listing what is missing. ``_boot.py`` is the first stage that builds
+namespaces) it falls back to a host temporary directory and an audit hook that refuses sockets.
+Whatever is missing (namespaces, the filter, a cgroup) it names in one warning per process. ``_boot.py`` is the first stage that builds
 all this; the README's "Sandbox" section has the attacks it was tested against.
 
 ``SandboxPool(workers)`` runs many programs at once: threads that each wait on one sandbox.
@@ -87,10 +94,12 @@ class SandboxError(RuntimeError):
 class SandboxResult:
     """What one sandboxed program did.
 
-    ``status`` is "ok" (exit 0), "error" (another exit code), "timeout" (wall or CPU time) or
-    "killed" (a signal, or the output limit). ``reason`` says more: "exit", "wall time",
-    "cpu time", "output limit", "signal N (NAME)". ``returncode`` is the exit code, minus the
-    signal number for a death by signal, None when the sandbox stopped the program.
+    ``status`` is "ok" (exit 0), "error" (another exit code, or a source that is not valid
+    UTF-8), "timeout" (wall or CPU time) or "killed" (a signal, the output limit or the memory
+    limit). ``reason`` says more: "exit", "undecodable source", "wall time", "cpu time",
+    "output limit", "memory limit", "signal N (NAME)". ``returncode`` is the exit code, minus
+    the signal number for a death by signal, None when the sandbox stopped the program or
+    never ran it.
     """
 
     stdout: str

@@ -17,14 +17,18 @@ Modes (``spec["mode"]``):
 
 - ``root-ns``: root in new namespaces. The program gets a new root on a size-limited tmpfs
   (read-only ``/usr``, the interpreter's prefix, four device nodes, its own /proc, a writable
-  ``/sandbox`` and ``/tmp``), and runs chrooted as ``spec["uid"]``, a user nobody else has.
+  ``/sandbox`` and ``/tmp``), and runs chrooted as uid 1000 of a user namespace of its own,
+  which is ``spec["uid"]`` outside, a user no other run of the trainer has.
 - ``user-ns``: a non-root trainer under ``unshare --user --map-root-user``. The same world; the
-  program runs as uid 1000 of a nested user namespace, so it holds no capability over the
-  namespaces this process set up.
+  program runs as uid 1000 of a nested user namespace (the trainer's uid outside), so it holds
+  no capability over the namespaces this process set up.
 - ``fallback``: no namespaces. The program runs in ``spec["workdir"]`` on the host, as
   ``spec["uid"]`` when the trainer is root, behind an audit hook that refuses sockets,
   ``exec`` and ctypes (see RUNNER); this process is its subreaper and kills every descendant
   at the end.
+
+In every mode the program joins the run's cgroup (``spec["cgroup_procs"]``), gets a session
+keyring of its own and, on x86_64, a seccomp filter (``seccomp_program``), just before exec.
 """
 
 import ctypes
