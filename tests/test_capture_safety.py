@@ -22,13 +22,13 @@ import torch
 import yaml
 from test_cuda_graph import model_of
 from test_reliability import metric_rows
-from test_rollout import PROMPTS, TOKENIZER, make_model
+from test_rollout import EOS, PROMPTS, TOKENIZER, make_model
 from test_trainer import make_config
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from oncurve.evaluate import evaluate
-from oncurve.rollout import SamplingParams
+from oncurve.rollout import SamplingParams, build_sampler
 from oncurve.rollout.cuda_graph import GraphSampler
 from oncurve.trainer import train
 
@@ -344,3 +344,27 @@ def test_evaluation_chunks_are_equal_and_share_one_workspace():
     evaluate(sampler, rows, never, max_new_tokens=4, batch_size=16)
     assert sizes == [10, 10]
     assert len(sampler._workspaces) == 1
+
+
+@pytest.mark.parametrize("backend", ["hf", "cpu_llama"])
+def test_the_shared_decode_loop_reading_endings_every_few_steps_ends_rows_where_they_end(backend):
+    """With endings read every 5 steps (as on an accelerator) rows that finished keep decoding
+    until the read; each must still end at its first EOS or stop string, or run to the limit."""
+    sampler = build_sampler(backend, make_model("qwen2", eos_bias=1.5), TOKENIZER)
+    sampler.check_every = 5
+    stops = (" ", "4")
+    params = SamplingParams(max_new_tokens=20, temperature=1.0, seed=6, stop=stops)
+    batch = sampler.generate(PROMPTS * 4, 4, params)
+    assert {"eos", "stop", "length"} <= set(batch.finish_reasons)
+    lengths = batch.completion_mask.sum(1).tolist()
+    for row, (reason, length) in enumerate(zip(batch.finish_reasons, lengths, strict=True)):
+        ids = batch.completion_ids[row, :length].tolist()
+        shorter = TOKENIZER.decode(ids[:-1], skip_special_tokens=True)
+        assert not any(s in shorter for s in stops)  # no stop string before the end
+        assert EOS not in ids[:-1]
+        if reason == "eos":
+            assert ids[-1] == EOS
+        elif reason == "stop":
+            assert batch.texts[row].endswith(stops) and ids[-1] != EOS
+        else:
+            assert length == 20 and ids[-1] != EOS

@@ -40,7 +40,13 @@ import transformers
 from oncurve.algo.logprobs import float_logits
 from oncurve.models import cache_argument, real_token_positions
 from oncurve.rollout.base import SamplingParams
-from oncurve.rollout.torch_sampler import _EOS, _LENGTH, _STOP, TorchSampler, draw_tokens
+from oncurve.rollout.torch_sampler import (
+    _EOS,
+    _LENGTH,
+    TorchSampler,
+    draw_tokens,
+    end_at_stops,
+)
 from oncurve.types import RolloutBatch
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
@@ -48,7 +54,6 @@ WIDTH_STEP = 64  # prompt widths are padded to a multiple of this
 SMALLEST_BUCKET = 8
 MAX_WORKSPACES = 2  # a run's training calls and its evaluation chunks
 SETTINGS_PER_WORKSPACE = 3  # graphs kept per workspace: training, greedy and sampled evaluation
-CHECK_EVERY = 8  # decode steps between host reads of which rows ended, on an accelerator
 
 
 def supports(model: torch.nn.Module, total_len: int | None = None) -> bool:
@@ -136,8 +141,6 @@ class GraphSampler(TorchSampler):
         min_width: prompt columns every workspace has at least (the trainer sets it to its
             longest prompt, so that no training step meets a wider one and recaptures).
         capture_seconds: spent capturing graphs, over all calls.
-        check_every: decode steps between host reads of which rows ended (`_decode`); 1 on
-            the CPU, where a read costs nothing.
     """
 
     def __init__(
@@ -149,7 +152,6 @@ class GraphSampler(TorchSampler):
         self.graph_error: str | None = None
         self.min_width = 0
         self.capture_seconds = 0.0
-        self.check_every = 1 if device.type == "cpu" else CHECK_EVERY
         self._workspaces: list[_Workspace] = []  # least recently used first
 
     @torch.inference_mode()
@@ -418,7 +420,11 @@ class GraphSampler(TorchSampler):
             last = drawn == params.max_new_tokens
             if last or drawn - checked >= self.check_every:
                 if stop_table is not None:
-                    self._check_stops(ws, bucket, checked, drawn, stop_table, params.stop)
+                    end_at_stops(
+                        self.tokenizer, params.stop, stop_table, ws.completion,
+                        ws.row_ids[:bucket], ws.alive[:bucket], ws.ends, ws.reasons, checked,
+                        drawn,
+                    )  # fmt: skip
                 checked = drawn
                 alive = int(ws.alive[:bucket].sum())
                 if alive == 0 or last:
@@ -510,36 +516,6 @@ class GraphSampler(TorchSampler):
             mask[[e for e in self.eos_ids if e < vocab]] = True
             self._eos = (key, mask.to(device))
         return self._eos[1]
-
-    def _check_stops(
-        self,
-        ws: _Workspace,
-        rows: int,
-        start: int,
-        end: int,
-        stop_table: torch.Tensor,
-        stops: tuple[str, ...],
-    ) -> None:
-        """End the first `rows` decoder rows whose text holds a stop string completed by one
-        of tokens `start..end-1` (host side, outside graphs), at the first such token, unless
-        the row had ended before it (a stop on the EOS token itself loses to the EOS)."""
-        out_rows = ws.row_ids[:rows]
-        tokens = ws.completion[out_rows, start:end]  # [rows, end - start]
-        limit = ws.ends[out_rows] - (ws.reasons[out_rows] == _EOS).long()
-        positions = torch.arange(start, end, device=tokens.device)
-        candidates = (stop_table[tokens] & (positions[None] < limit[:, None])).nonzero().tolist()
-        window = 4 * max(len(s) for s in stops) + 2
-        ended: set[int] = set()
-        for i, offset in candidates:  # in row order, then token order
-            if i in ended:
-                continue
-            row, t = int(out_rows[i]), start + offset
-            tail = ws.completion[row, max(0, t + 1 - window) : t + 1].tolist()
-            if any(s in self.tokenizer.decode(tail, skip_special_tokens=True) for s in stops):
-                ended.add(i)
-                ws.alive[i] = False
-                ws.ends[row] = t + 1
-                ws.reasons[row] = _STOP
 
     def _compact(self, ws: _Workspace, rows: int, smaller: int) -> None:
         """Gather the live decoder rows (then dead ones, to fill) into the first `smaller`."""

@@ -23,6 +23,8 @@ from oncurve.types import RolloutBatch
 # Finished rows are compacted away once they are this fraction of the batch: compaction copies
 # the live cache, so doing it at every ending would cost more than decoding the dead rows.
 _COMPACT_FRACTION = 0.25
+# decode steps between host reads of which rows ended, on an accelerator
+CHECK_EVERY = 8
 _REASONS = ("eos", "stop", "length")
 _EOS, _STOP, _LENGTH = range(3)
 
@@ -38,6 +40,10 @@ class TorchSampler:
         decoder: makes each call's `Decoder` (`oncurve.rollout.base.DecoderFactory`); by
             default the `cpu_llama` backend's, which takes HF's forward for what it does not
             support. `oncurve.rollout.build_sampler` picks one by name.
+
+    Attributes:
+        check_every: decode steps between host reads of which rows ended: 1 on the CPU, where
+            a read costs nothing, `CHECK_EVERY` on an accelerator, where each waits for it.
     """
 
     def __init__(
@@ -56,6 +62,8 @@ class TorchSampler:
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
         self._stop_tables: dict[tuple[str, ...], torch.Tensor] = {}
+        device = model.get_output_embeddings().weight.device
+        self.check_every = 1 if device.type == "cpu" else CHECK_EVERY
 
     def generate(self, prompts: list[str], group_size: int, params: SamplingParams) -> RolloutBatch:
         """Tokenize `prompts` (with the tokenizer's special tokens) and sample."""
@@ -157,7 +165,11 @@ class TorchSampler:
         device: torch.device,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The decode loop. Returns completion ids `[N, t]` and logprobs `[N, t]` (garbage past
-        a row's end), `[N]` lengths and `[N]` finish reason codes."""
+        a row's end), `[N]` lengths and `[N]` finish reason codes.
+
+        Which rows ended is read on the host only every `check_every` steps (each read waits
+        for an accelerator): rows that end in between are decoded on, their ends already
+        recorded (stop strings found afterwards by `end_at_stops`)."""
         new = params.max_new_tokens
         vocab = logits.shape[-1]
         generator = torch.Generator(device=device)
@@ -169,7 +181,6 @@ class TorchSampler:
         is_eos[[e for e in self.eos_ids if e < vocab]] = True
         eos_index = is_eos.nonzero().squeeze(1)
         stop_table = self._stop_table(params.stop, vocab, device) if params.stop else None
-        window = 4 * max((len(s) for s in params.stop), default=0) + 2
 
         completion = torch.full((rows, new), self.pad_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((rows, new), dtype=torch.float32, device=device)
@@ -177,34 +188,31 @@ class TorchSampler:
         reasons = torch.full((rows,), _LENGTH, dtype=torch.long, device=device)
         active = torch.arange(rows, device=device)  # output row of each decoder row
         alive = torch.ones(rows, dtype=torch.bool, device=device)
-        n_alive = rows
+        checked = 0  # tokens of every row whose endings were read on the host
         for t in range(new):
             suppress = eos_index if t < params.min_new_tokens else None
             tokens, token_logprobs = sample_tokens(logits, params, generator, suppress)
             completion[active, t] = tokens
             logprobs[active, t] = token_logprobs
             eos_hit = alive & is_eos[tokens]
-            ended = eos_hit
-            if stop_table is not None:
-                stop_hit = torch.zeros_like(alive)
-                candidates = (alive & ~eos_hit & stop_table[tokens]).nonzero().squeeze(1)
-                for i in candidates.tolist():
-                    tail = completion[active[i], max(0, t + 1 - window) : t + 1].tolist()
-                    text = self.tokenizer.decode(tail, skip_special_tokens=True)
-                    stop_hit[i] = any(s in text for s in params.stop)
-                ended = eos_hit | stop_hit
-            if bool(ended.any()):
-                finished = active[ended]
-                ends[finished] = t + 1
-                reasons[finished] = torch.where(eos_hit[ended], _EOS, _STOP)
-                alive &= ~ended
-                n_alive -= len(finished)
-            if n_alive == 0 or t == new - 1:
-                break
-            if alive.shape[0] - n_alive >= _COMPACT_FRACTION * alive.shape[0]:
-                index = alive.nonzero().squeeze(1)
-                decoder.keep(index)
-                active, tokens, alive = active[index], tokens[index], alive[index]
+            ends[active] = torch.where(eos_hit, t + 1, ends[active])
+            reasons[active] = torch.where(eos_hit, _EOS, reasons[active])
+            alive &= ~eos_hit
+            drawn = t + 1
+            if drawn == new or drawn - checked >= self.check_every:
+                if stop_table is not None:
+                    end_at_stops(
+                        self.tokenizer, params.stop, stop_table, completion, active, alive,
+                        ends, reasons, checked, drawn,
+                    )  # fmt: skip
+                checked = drawn
+                n_alive = int(alive.sum())
+                if n_alive == 0 or drawn == new:
+                    break
+                if alive.shape[0] - n_alive >= _COMPACT_FRACTION * alive.shape[0]:
+                    index = alive.nonzero().squeeze(1)
+                    decoder.keep(index)
+                    active, tokens, alive = active[index], tokens[index], alive[index]
             logits = decoder.step(tokens)
         width = int(ends.max())
         return completion[:, :width], logprobs[:, :width], ends, reasons
@@ -226,6 +234,45 @@ class TorchSampler:
                 if cuts:
                     texts[i] = texts[i][: min(cuts)]
         return texts
+
+
+def end_at_stops(
+    tokenizer,
+    stops: tuple[str, ...],
+    stop_table: torch.Tensor,
+    completion: torch.Tensor,
+    out_rows: torch.Tensor,
+    alive: torch.Tensor,
+    ends: torch.Tensor,
+    reasons: torch.Tensor,
+    start: int,
+    end: int,
+) -> None:
+    """End, in place, the decoder rows whose text holds a stop string completed by one of
+    tokens `start..end-1`, at the first such token, unless the row had ended before it (a stop
+    on the EOS token itself loses to the EOS). Host side: it reads tokens and decodes text.
+
+    Args:
+        stop_table: `[V]` the tokens that can complete a stop string (`_stop_candidates`).
+        completion: `[N, new]` tokens by output row; `ends`, `reasons` `[N]` by output row.
+        out_rows: `[n]` the output row of each decoder row; `alive` `[n]` per decoder row.
+    """
+    tokens = completion[out_rows, start:end]  # [n, end - start]
+    limit = ends[out_rows] - (reasons[out_rows] == _EOS).long()
+    positions = torch.arange(start, end, device=tokens.device)
+    candidates = (stop_table[tokens] & (positions[None] < limit[:, None])).nonzero().tolist()
+    window = 4 * max(len(s) for s in stops) + 2
+    ended: set[int] = set()
+    for i, offset in candidates:  # in row order, then token order
+        if i in ended:
+            continue
+        row, t = int(out_rows[i]), start + offset
+        tail = completion[row, max(0, t + 1 - window) : t + 1].tolist()
+        if any(s in tokenizer.decode(tail, skip_special_tokens=True) for s in stops):
+            ended.add(i)
+            alive[i] = False
+            ends[row] = t + 1
+            reasons[row] = _STOP
 
 
 def sample_tokens(
