@@ -245,3 +245,22 @@ def test_a_function_marked_runs_in_process_is_called_here_while_the_others_use_t
     with RewardRunner([("here", _InProcessPid(), 1.0)], timeout_s=5.0) as runner:
         _close(_score(runner, ["x"]).total, [float(os.getpid())])
         assert runner._worker is None  # nothing to fork for
+
+
+def uses_cuda_in_the_worker(prompts, completions, **columns):
+    # what torch raises in a forked child of a process that initialised CUDA
+    raise RuntimeError(
+        "Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you "
+        "must use the 'spawn' start method"
+    )
+
+
+def test_a_reward_that_touches_cuda_in_the_forked_worker_stops_with_one_line_saying_why():
+    runner = RewardRunner(
+        [("on_gpu", uses_cuda_in_the_worker, 1.0)], timeout_s=5.0, on_error="none"
+    )
+    with pytest.raises(RewardError) as stopped:
+        _score(runner, ["a", "b"])
+    message = str(stopped.value)
+    assert "\n" not in message and "'on_gpu' uses CUDA" in message
+    assert "reward.timeout=null" in message

@@ -340,6 +340,18 @@ def _picklable(exc: BaseException) -> BaseException | None:
     return exc
 
 
+# what torch raises when a forked process touches CUDA that its parent initialised
+_FORKED_CUDA = "CUDA in forked subprocess"
+
+
+def _forked_cuda_message(name: str) -> str:
+    return (
+        f"reward {name!r} uses CUDA, which the forked worker that runs rewards under "
+        "reward.timeout cannot: make it CPU-only, or set reward.timeout=null to run rewards in "
+        "the trainer's process"
+    )
+
+
 def _run_job(fns: list[tuple[str, RewardFn, float]], job: _Job, batch: tuple) -> _Outcome:
     f, row = job
     name, fn, _ = fns[f]
@@ -353,6 +365,8 @@ def _run_job(fns: list[tuple[str, RewardFn, float]], job: _Job, batch: tuple) ->
     except TimeoutError as e:
         return ("timeout", f"{type(e).__name__}: {e}", None, time.perf_counter() - start)
     except Exception as e:
+        if _FORKED_CUDA in str(e):  # not the row's fault: no row can be scored so
+            return ("fatal", _forked_cuda_message(name), None, time.perf_counter() - start)
         return ("error", f"{type(e).__name__}: {e}", e, time.perf_counter() - start)
     seconds = time.perf_counter() - start
     try:
