@@ -42,6 +42,7 @@ def row(
     ident: str | None = None,
     **columns: Any,
 ) -> Any:
+    ident = ident or f"{reward}: {completion!r} ~ {columns.get('answer', '')!r}"
     columns = {key: [value] for key, value in columns.items()}
     return pytest.param(reward, prompt, completion, columns, expected, bound, id=ident)
 
@@ -85,6 +86,10 @@ CASES = [
     # -- correct: a symbolic reference, compared by math-verify, but not to the prompt restated
     row("correct", "\\boxed{\\sqrt{12}}", 0.0, "Simplify $\\sqrt{12}$.", answer="2\\sqrt{3}"),
     row("correct", "\\boxed{(x+1)^2}", 0.0, "Expand $(x + 1)^2$.", answer="x^2+2x+1"),
+    row("correct", "\\boxed{\\sqrt{12}}", 0.0, "Simplify $\\sqrt{12}$, as in \\boxed{5}.",
+        answer="2\\sqrt{3}"),
+    row("correct", "\\boxed{\\frac{6}{\\sqrt{3}}}", 0.0, "Simplify $\\dfrac{6}{\\sqrt 3}$.",
+        answer="2\\sqrt{3}"),
     row("correct", "\\boxed{2\\sqrt{3}}", 1.0, "Simplify $\\sqrt{12}$.", answer="2\\sqrt{3}"),
     row("correct", "\\boxed{\\sqrt{3}\\cdot 2}", 1.0, "Simplify $\\sqrt{12}$.", bound=5.0,
         answer="2\\sqrt{3}"),
@@ -210,6 +215,20 @@ def test_lenient_matching_pays_for_expressions_as_before() -> None:
     # the bounds hold in both modes
     assert lenient_answer_match_reward(["p"], ["\\boxed{9^{9^{9^{9}}}}"], answer=["5"]) == [0.0]
     assert lenient_answer_match_reward(["p"], ["\\boxed{1e999999999}"], answer=["1"]) == [0.0]
+
+
+@pytest.mark.skipif(not has_math_verify(), reason="math-verify (extra `math`) not installed")
+def test_a_slow_symbolic_comparison_stops_at_its_deadline(monkeypatch) -> None:
+    """math-verify past its bound raises TimeoutError out of `correct` (the runner counts the
+    row as a timeout) instead of computing on or answering 0 unseen."""
+    import math_verify
+
+    monkeypatch.setattr(math_verify, "parse", lambda *args, **kwargs: time.sleep(30))
+    monkeypatch.setattr("oncurve.rewards.math.SYMBOLIC_TIMEOUT_S", 0.2)
+    start = time.perf_counter()
+    with pytest.raises(TimeoutError, match="symbolic comparison took more than 0.2 s"):
+        reward_fn("correct")(["p"], ["\\boxed{\\sqrt{3}\\cdot 2}"], answer=["2\\sqrt{3}"])
+    assert time.perf_counter() - start < 5.0
 
 
 def test_reward_answer_match_picks_the_correct_reward_for_training_and_evaluation() -> None:

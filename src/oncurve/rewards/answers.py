@@ -205,12 +205,14 @@ def _restates(pred: str, prompt: str) -> bool:
     written in the prompt: copying the question is not answering it."""
     if not re.search(r"[-+*/^!(\\]", pred):
         return False
-    return _canonical(pred) in _canonical(normalize_answer(prompt))
+    return _canonical(pred) in _canonical(prompt)
 
 
 def _canonical(text: str) -> str:
-    # braces and the fraction's size only change how an expression looks
-    return re.sub(r"[{}]|\\[dt](?=frac)", "", text)
+    """`text` as `_restates` compares it: without what only changes how an expression looks
+    (whitespace, braces, `$`, spacing and sizing commands, `\\dfrac` for `\\frac`)."""
+    text = re.sub(r"\\left|\\right|\\displaystyle|\\[,;:! ]", "", text)
+    return re.sub(r"[\s{}$]|(?<=\\)[dt](?=frac)", "", text)
 
 
 def _looks_symbolic(text: str) -> bool:

@@ -33,18 +33,18 @@ def has_math_verify() -> bool:
     return _math_verify() is not None
 
 
-def symbolic_equal(predicted: str, gold: str, timeout_s: float = SYMBOLIC_TIMEOUT_S) -> bool | None:
+def symbolic_equal(predicted: str, gold: str) -> bool | None:
     """Whether two LaTeX/plain answers are mathematically equal (`\\frac{\\sqrt2}{2}` =
     `\\sqrt{2}/2`, `(x+1)^2` = `x^2+2x+1`); None when math-verify is not installed.
 
-    Raises TimeoutError after `timeout_s` seconds, when called on the main thread (the reward
-    runner's worker, or a trainer scoring in-process): the deadline is a SIGALRM timer, which
-    only the main thread may set. Elsewhere, or while another timer is pending, the caller's
-    own timeout is the only bound."""
+    Raises TimeoutError after SYMBOLIC_TIMEOUT_S seconds, when called on the main thread (the
+    reward runner's worker, or a trainer scoring in-process): the deadline is a SIGALRM timer,
+    which only the main thread may set. Elsewhere, or while another timer is pending, the
+    caller's own timeout is the only bound."""
     mv = _math_verify()
     if mv is None:
         return None
-    with _deadline(timeout_s):
+    with _deadline(SYMBOLIC_TIMEOUT_S):
         parsed_gold = mv.parse(_as_latex(gold), parsing_timeout=None)
         parsed_pred = mv.parse(_as_latex(predicted), parsing_timeout=None)
         if not parsed_gold or not parsed_pred:
