@@ -97,6 +97,7 @@ def host() -> Iterator[str]:
     fds = sorted(os.listdir("/proc/self/fd"))
     mounts = Path("/proc/self/mountinfo").read_text()
     tmp = set(os.listdir("/tmp"))
+    segments = [Path(f"/proc/sysvipc/{kind}").read_text() for kind in ("shm", "msg", "sem")]
     yield marker
     assert _leftovers(marker) == []
     assert sorted(os.listdir("/proc/self/fd")) == fds
@@ -104,6 +105,7 @@ def host() -> Iterator[str]:
     new = set(os.listdir("/tmp")) - tmp
     assert [name for name in new if marker in name or name.startswith("oncurve-sandbox")] == []
     assert _cgroups_left() == []
+    assert [Path(f"/proc/sysvipc/{kind}").read_text() for kind in ("shm", "msg", "sem")] == segments
     assert sandbox.run_python("print(6 * 7)").stdout == "42\n"
 
 
@@ -842,7 +844,8 @@ def test_the_kernel_surface_is_closed(host: str) -> None:
 
 @needs_namespaces
 def test_the_host_shows_no_paths_packages_or_shared_file_events(host: str) -> None:
-    own = [p for p in sandbox._cgroup._own_paths().values() if p != "/"]
+    own = [p for p in sandbox._cgroup.own_paths(Path("/proc/self/cgroup").read_text()).values()]
+    own = [path for path in own if path != "/"]
     source = (
         "import ctypes, fcntl, os, sys\n"
         "libc = ctypes.CDLL(None, use_errno=True)\n"
@@ -899,3 +902,45 @@ def test_undecodable_source_is_an_error_result(host: str) -> None:
     assert "not valid UTF-8 at character 12" in result.stderr
     with sandbox.SandboxPool(2) as pool:
         assert [r.status for r in pool.map(["\udcff", "print(2)"])] == ["error", "ok"]
+
+
+def test_cgroup_v2_where_delegated_else_v1_else_why(tmp_path: Path) -> None:
+    # A v2 hierarchy faked in a directory: the logic that this machine (v1) cannot run.
+    mount = tmp_path / "unified"
+    parent = mount / "trainer"
+    parent.mkdir(parents=True)
+    (parent / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (parent / "cgroup.subtree_control").write_text("")
+    mountinfo = f"41 31 0:38 / {mount} rw,relatime - cgroup2 cgroup2 rw\n"
+    found = sandbox._cgroup.find_hierarchy(mountinfo, "0::/trainer\n")
+    assert found == sandbox._cgroup.Hierarchy(2, (str(parent),))
+    assert (parent / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
+    run = sandbox._cgroup.RunCgroup(found, 300 * 2**20, 32)
+    (directory,) = run.dirs
+    written = {name: Path(directory, name).read_text() for name in os.listdir(directory)}
+    assert written == {
+        "memory.max": str(300 * 2**20),
+        "memory.oom.group": "1",
+        "pids.max": "32",
+        "cpu.max": "100000 100000",
+    }
+    assert run.procs == [f"{directory}/cgroup.procs"] and run.oom_kills() == 0
+    Path(directory, "memory.events").write_text("low 0\noom 1\noom_kill 2\n")
+    assert run.oom_kills() == 2
+    for name in os.listdir(directory):
+        os.remove(Path(directory, name))
+    run.remove()
+    assert os.listdir(parent) == ["cgroup.controllers", "cgroup.subtree_control"]
+    # A trainer's cgroup that holds processes cannot enable controllers (EBUSY there; here, a
+    # directory where the file would be), and without v1 hierarchies nothing is left.
+    (parent / "cgroup.subtree_control").unlink()
+    (parent / "cgroup.subtree_control").mkdir()
+    why = sandbox._cgroup.find_hierarchy(mountinfo, "0::/trainer\n")
+    assert why == (
+        f"cgroup v2 at {parent} cannot enable its controllers (Is a directory); "
+        "no writable cgroup v1 memory hierarchy"
+    )
+    lacking = f"41 31 0:38 / {tmp_path} rw - cgroup2 cgroup2 rw\n"
+    assert sandbox._cgroup.find_hierarchy(lacking, "0::/\n").startswith(
+        f"cgroup v2 at {tmp_path} lacks cpu, memory, pids"
+    )

@@ -18,6 +18,8 @@ A case passes when stdout is exactly that line. Globals that the program reads b
 define (MBPP's ``test_setup_code``) are copied to the child as the tests define them.
 """
 
+from __future__ import annotations
+
 import ast
 import builtins
 import json
@@ -25,19 +27,20 @@ import marshal
 import os
 import sys
 import types
+from typing import Any
 
 _PLAIN = (int, float, complex, str, bytes, bool, type(None), tuple, list, dict, set, frozenset)
 _MAX_MESSAGE = 1 << 28
 
 
-def _send(fd, message):
+def _send(fd: int, message: object) -> None:
     data = marshal.dumps(message)
     data = len(data).to_bytes(4, "big") + data
     while data:
         data = data[os.write(fd, data) :]
 
 
-def _read_exactly(fd, n):
+def _read_exactly(fd: int, n: int) -> bytes:
     chunks = []
     while n:
         chunk = os.read(fd, min(n, 1 << 20))
@@ -48,14 +51,14 @@ def _read_exactly(fd, n):
     return b"".join(chunks)
 
 
-def _receive(fd):
+def _receive(fd: int) -> Any:
     size = int.from_bytes(_read_exactly(fd, 4), "big")
     if size > _MAX_MESSAGE:
         raise ValueError("oversized message from the program's process")
     return marshal.loads(_read_exactly(fd, size))
 
 
-def _serve(source, requests, replies):
+def _serve(source: str, requests: int, replies: int) -> None:
     """The child: run the program, then answer the parent until it hangs up."""
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -101,7 +104,7 @@ def _serve(source, requests, replies):
         os._exit(0)
 
 
-def _plain(value, depth=0):
+def _plain(value: object, depth: int = 0) -> bool:
     """Whether `value` is built-in data all the way down (no code objects, no subclasses)."""
     if type(value) not in _PLAIN or depth > 200:
         return False
@@ -138,17 +141,17 @@ class _Remote:
 
 
 class _Link:
-    def __init__(self, requests, replies):
+    def __init__(self, requests: int, replies: int) -> None:
         self.requests, self.replies = requests, replies
 
-    def ask(self, *request):
+    def ask(self, *request: object) -> Any:
         try:
             _send(self.requests, request)
         except ValueError:  # marshal: an argument that is not plain data
             raise TypeError("only plain data can be passed to the program") from None
         return self.decode(_receive(self.replies))
 
-    def decode(self, reply):
+    def decode(self, reply: Any) -> Any:
         if reply[0] == "ref" and type(reply[1]) is int:
             return _Remote(self, reply[1])
         if reply[0] == "raise":
@@ -160,7 +163,7 @@ class _Link:
         return reply[1]
 
 
-def _read_globals(source):
+def _read_globals(source: str) -> set[str]:
     """Names that the program's code reads as globals, from its compiled code objects."""
     names, stack = set(), [compile(source, "main.py", "exec")]
     while stack:
@@ -170,8 +173,9 @@ def _read_globals(source):
     return names
 
 
-def _judge(source, link):
-    """The parent: run the tests against the child's objects; True when they all pass."""
+def _judge(source: str, link: _Link) -> None:
+    """The parent: run the tests against the child's objects; print the verdict when they all
+    pass (a failed assert raises out of here)."""
     job = json.loads(sys.stdin.read())
     program = {name: link.decode(reply) for name, reply in _receive(link.replies).items()}
     namespace = {"__name__": "__tests__", "__builtins__": builtins, **program}
@@ -190,7 +194,8 @@ def _judge(source, link):
     os.write(1, f"{job['secret']} pass\n".encode())
 
 
-def run(source):
+def run(source: str) -> None:
+    """Judge one case of ``source`` (module docstring); exit 1 when a test fails."""
     # Not dumpable before the fork: the child (the program) cannot open this process's
     # /proc/PID/mem or /proc/PID/fd/0, where the secret and the tests are. Without ctypes (the
     # fallback's audit hook refuses it) that barrier is missing, as the README says.

@@ -174,6 +174,11 @@ def _probe() -> Isolation | SandboxError:
     cause = _try(full)
     if isinstance(cause, Isolation):
         return cause
+    if version:  # the cgroup may be what failed: keep the namespaces without it
+        unbounded = (_MISSING_CGROUP.format(why=f"a run in one failed: {cause}"),)
+        without = _try(dataclasses.replace(full, missing=unbounded, cgroups=0))
+        if isinstance(without, Isolation):
+            return without
     missing = (_MISSING_NET, _MISSING_MNT, *unbounded) + (() if root else (_MISSING_USER,))
     fallback = Isolation(
         namespaces=False, drops_user=root, missing=(f"({cause})", *missing), cgroups=version

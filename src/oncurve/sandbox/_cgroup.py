@@ -28,35 +28,41 @@ class Hierarchy:
     parents: tuple[str, ...]
 
 
-def _mounts() -> list[tuple[str, str, set[str]]]:
+def _mounts(mountinfo: str) -> list[tuple[str, str, set[str]]]:
     """(mount point, filesystem type, super options) of every cgroup mount."""
     found = []
-    with open("/proc/self/mountinfo") as file:
-        for line in file:
-            fields = line.split()
-            rest = fields[fields.index("-") + 1 :]
-            if rest[0] in ("cgroup", "cgroup2"):
-                found.append((fields[4], rest[0], set(rest[2].split(","))))
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        rest = fields[fields.index("-") + 1 :]
+        if rest[0] in ("cgroup", "cgroup2"):
+            found.append((fields[4], rest[0], set(rest[2].split(","))))
     return found
 
 
-def _own_paths() -> dict[str, str]:
-    """This process's cgroup per controller ("" for v2's unified hierarchy)."""
+def own_paths(cgroup: str) -> dict[str, str]:
+    """A process's cgroup per controller ("" for v2's unified hierarchy), from the text of its
+    /proc/PID/cgroup."""
     paths = {}
-    with open("/proc/self/cgroup") as file:
-        for line in file:
-            _, names, path = line.rstrip("\n").split(":", 2)
-            for name in names.split(",") if names else [""]:
-                paths[name] = path
+    for line in cgroup.splitlines():
+        _, names, path = line.split(":", 2)
+        for name in names.split(",") if names else [""]:
+            paths[name] = path
     return paths
 
 
-def find_hierarchy() -> Hierarchy | str:
-    """The hierarchy that run cgroups can go into, else why none can (one sentence)."""
+def find_hierarchy(mountinfo: str | None = None, cgroup: str | None = None) -> Hierarchy | str:
+    """The hierarchy that run cgroups can go into, else why none can (one sentence). Reads this
+    process's /proc/self/mountinfo and /proc/self/cgroup unless given their texts."""
     try:
-        mounts, own = _mounts(), _own_paths()
+        if mountinfo is None:
+            with open("/proc/self/mountinfo") as file:
+                mountinfo = file.read()
+        if cgroup is None:
+            with open("/proc/self/cgroup") as file:
+                cgroup = file.read()
     except OSError as exc:
         return f"cannot read this process's cgroups: {exc}"
+    mounts, own = _mounts(mountinfo), own_paths(cgroup)
     v2 = next((point for point, kind, _ in mounts if kind == "cgroup2"), None)
     if v2 is not None and "" in own:
         parent = v2 + own[""].rstrip("/")
