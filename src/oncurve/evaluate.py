@@ -26,7 +26,7 @@ def evaluate(
     records: list[dict] | None = None,
     episodes: EpisodeSettings | None = None,
     timeout_s: float | None = 10.0,
-    timeout_score: float | None = None,
+    timeout_score: float | None = 0.0,
     on_error: str = "raise",
 ) -> dict[str, float]:
     """Score `rows` ({"prompt", "prompt_ids", "answer", ...}) with the `correct` reward; with

@@ -200,7 +200,9 @@ class RewardConfig:
         10.0, "seconds a reward call may take before it is stopped; null waits forever", POSITIVE
     )
     timeout_score: float | None = _opt(
-        None, "score of a reward call stopped by reward.timeout; null leaves the row out"
+        0.0,
+        "score of a reward call stopped by reward.timeout (or a verifier that gave up on a row); "
+        "null leaves the row out, which pays a policy for slow answers over wrong ones",
     )
     errors: str = _opt(
         "raise", "a reward fn that raises: stop the run, or score None", choices=("raise", "none")
