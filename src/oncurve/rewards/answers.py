@@ -58,7 +58,7 @@ _PLAIN_BOX_ARG_RE = re.compile(r"[ \t]+([^\s${}\\]+)")
 _NON_SPACE_RE = re.compile(r"\S")
 
 _TEXT_RE = re.compile(r"\\(?:text|textbf|textrm|textit|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
-_SPACING_RE = re.compile(r"\\left|\\right|\\displaystyle|\\[,;:!]")
+_SPACING_RE = re.compile(r"\\left|\\right|\\displaystyle|\\[,;:! ]")
 _WRAPPERS = (("**", "**"), ("__", "__"), ("*", "*"), ("`", "`"), ("$$", "$$"), ("$", "$"))
 _WRAPPERS += (("\\(", "\\)"), ("\\[", "\\]"))
 _STATED_RE = re.compile(
@@ -138,8 +138,7 @@ def normalize_answer(text: str) -> str:
     text = text.strip()
     if _BOX_RE.search(text):
         text = _last_boxed(text) or text
-    text = re.sub(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}", r"\1", text)
-    text = re.sub(r"\\left|\\right|\\[,;:! ]|\\displaystyle", "", text)
+    text = _SPACING_RE.sub("", _TEXT_RE.sub(r"\1", text))
     text = re.sub(r"\^\{?\\circ\}?|\\%|%", "", text)
     text = text.replace("\\$", "").replace("$", "")
     text = re.sub(r"\s+", "", text)
@@ -185,7 +184,7 @@ def _undress(text: str) -> str:
     if _BOX_RE.search(text):
         text = _last_boxed(text) or text
     text = _TEXT_RE.sub(r" \1 ", text)
-    text = _SPACING_RE.sub("", text).replace("\\ ", " ").replace("~", " ")
+    text = _SPACING_RE.sub("", text.replace("\\ ", " ")).replace("~", " ")
     for old, new in (("{,}", ","), ("\\$", "$"), ("\\%", "%"), ("−", "-")):
         text = text.replace(old, new)
     text = re.sub(r"\\[dt]frac(?![a-zA-Z])", r"\\frac", text).strip()
@@ -211,8 +210,7 @@ def _restates(pred: str, prompt: str) -> bool:
 def _canonical(text: str) -> str:
     """`text` as `_restates` compares it: without what only changes how an expression looks
     (whitespace, braces, `$`, spacing and sizing commands, `\\dfrac` for `\\frac`)."""
-    text = re.sub(r"\\left|\\right|\\displaystyle|\\[,;:! ]", "", text)
-    return re.sub(r"[\s{}$]|(?<=\\)[dt](?=frac)", "", text)
+    return re.sub(r"[\s{}$]|(?<=\\)[dt](?=frac)", "", _SPACING_RE.sub("", text))
 
 
 def _looks_symbolic(text: str) -> bool:
