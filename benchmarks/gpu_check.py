@@ -1,141 +1,499 @@
-"""`make gpu-check`: the GPU tests and the default job on one CUDA device, in one table.
+"""`make gpu-check`: one command that verifies a CUDA GPU, written as one table.
 
-1. `pytest -m gpu` (tests/test_gpu.py: float32 gradients equal to the CPU's, every preset and
-   feature in bfloat16, bit-identical resume, checkpoints that move to the CPU, NCCL with 2
-   GPUs), counted as passed / failed / skipped.
-2. The default job on the GPU: `oncurve train run.device=cuda`, the default config otherwise
-   (`--steps N` shortens it). From its `metrics.jsonl`: the median seconds per step
-   (`time/step`, the first step left out: it warms up the kernels and the allocator) and the
-   peak GPU memory (the largest `memory/gpu_peak_gb` of a step; "n/a" when the trainer logged
-   none); from the summary line it prints: held-out greedy accuracy before and after.
-3. One markdown table, printed and written to `benchmarks/results/gpu_check.md`, a section per
-   GPU with the date, the GPU and the torch, CUDA and transformers versions.
+Each stage is a child process with its own time limit (`LIMITS`, 470 s together: the whole
+check takes at most 8 minutes on one H100 or H200). A stage that fails or runs out of time gets
+its row all the same (its whole process group is killed at the limit) and its log tail is
+printed after the table; the stages after it still run.
 
-Without a CUDA device it exits 2 with one line; it exits 1 when a test or the job failed.
+- `tests`: `pytest -m gpu` (tests/test_gpu.py, tests/test_gpu_paths.py: the trainer's paths
+  each in a fresh process, ...), counted as passed / failed / skipped, the failed ones named;
+  4 workers when pytest-xdist is installed.
+- `job`: the default job on the GPU, `oncurve train run.device=cuda` (`--steps N` sets
+  `run.steps`): held-out greedy accuracy before and after, the median `time/step` (the first
+  step left out: it warms up kernels and allocator), the peak GPU memory (largest
+  `memory/gpu_peak_gb`), whether every step sampled with CUDA graphs (`rollout/graphs`), and
+  the memory plan's predicted peak against that measured one. Read from what the run wrote,
+  so a run stopped at its limit still reports the steps it finished.
+- `rollout`: `rollout.py --device cuda` at 64 rows x 256 and 256 rows x 256 tokens:
+  `cuda_graph` and `hf` against `model.generate` with its static and dynamic cache, tokens/s,
+  capture and compile (first call) seconds.
+- `trl`: `gpu_vs_trl.py` at 256 tokens (3 steps, one run each): oncurve's s/step and peak
+  GPU memory against TRL's, and oncurve's memory plan against its peak; skipped, with the line
+  that says how to add TRL, when neither the interpreter nor the GPU bundle has it.
+- `ppo`: `grpo_vs_ppo.py --model qwen2.5-0.5b --device cuda`: GRPO's and PPO's peak GPU
+  memory on the Qwen2.5-0.5B shape, and each one's memory plan against it.
 
-    .venv/bin/python benchmarks/gpu_check.py             # or: make gpu-check
-    .venv/bin/python benchmarks/gpu_check.py --steps 20  # a shorter job
-    python3 benchmarks/gpu_check.py                      # any Python with a CUDA torch and
-                                                         # oncurve's dependencies (src/ is put
-                                                         # on its path)
+The table, a section per GPU with the date and the torch, CUDA and transformers versions, is
+printed and written to `benchmarks/results/gpu_check.md`. Exit status: 0 when every stage run
+exited 0, 1 otherwise, 2 without a CUDA device.
+
+A GPU machine without internet access lacks the Qwen3 tokenizer (the 0.5B-shaped model's) and
+TRL's wheels: `--prepare` (`make gpu-bundle`), run where ../shared and PyPI are, puts both
+into benchmarks/.gpu-bundle (gitignored), which the scripts use when present.
+
+    .venv/bin/python benchmarks/gpu_check.py --prepare        # or: make gpu-bundle
+    python3 benchmarks/gpu_check.py                           # any Python with a CUDA torch and
+                                                              # oncurve's dependencies
+    python3 benchmarks/gpu_check.py --stages job,ppo --time-scale 2
+    .venv/bin/python benchmarks/gpu_check.py --dry-run        # the commands, nothing run
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
-import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from xml.etree import ElementTree
 
-import torch
+import yaml
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from common import markdown_table, write_section  # noqa: E402
+from common import (  # noqa: E402
+    GPU_BUNDLE,
+    log_tail,
+    markdown_table,
+    planned_peak_gb,
+    run_limited,
+    write_section,
+)
 
 CACHE = HERE / ".cache" / "gpu_check"
 RESULTS = HERE / "results" / "gpu_check.md"
 TITLE = "GPU check\n\nWritten by `benchmarks/gpu_check.py` (`make gpu-check`), one section per GPU."
+TOTAL_LIMIT = 480  # seconds: the issue's 8 minutes on one H100 or H200
+# seconds per stage; together under TOTAL_LIMIT, leaving 10 s for this process's own work
+LIMITS = {"tests": 140, "job": 80, "rollout": 95, "trl": 85, "ppo": 70}
+TAIL_LINES = 30
+# What TRL needs beyond the GPU image (torch, transformers, accelerate, pyarrow, pandas are
+# there): datasets 5.0.1 because 5.1+ needs pyarrow >= 24, fsspec at datasets' pin. Never torch.
+TRL_WHEELS = (
+    "trl==1.16.0",
+    "datasets==5.0.1",
+    "dill==0.4.1",
+    "multiprocess==0.70.19",
+    "fsspec==2026.6.0",
+)
+GPU_PYTHON = "3.12"  # the GPU image's python3 (/work/.library/device/KINDS.md)
+CARRY_LIMIT = 64 * 2**20  # what the device tool carries: working tree and carried paths
 
 
-def _with_src() -> dict[str, str]:
-    """The environment with the checkout's `src` first on the path, so that a Python where
-    oncurve is not installed (a GPU image's own, with its CUDA torch) runs it too."""
-    path = [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+@dataclass(frozen=True)
+class Outcome:
+    """How a stage's child ended: `code` None when it ran out of its `limit` seconds."""
+
+    code: int | None
+    seconds: float
+    limit: float
+    log: Path
+
+    @property
+    def status(self) -> str:
+        if self.code is None:
+            return f"timed out at {self.limit:.0f} s"
+        return "passed" if self.code == 0 else f"failed (exit {self.code})"
 
 
-def gpu_tests() -> tuple[dict[str, int], int]:
-    """({passed, failed, skipped}, pytest's exit status) of `pytest -m gpu`, whose output
-    goes to the terminal; errors count as failed."""
-    CACHE.mkdir(parents=True, exist_ok=True)
+@dataclass(frozen=True)
+class Stage:
+    """One child process of the check.
+
+    Attributes:
+        name: its `--stages` key.
+        title: its name in the table.
+        limit: seconds it may run.
+        command: called just before it runs: the command, or a line saying why it is skipped.
+        read: its result rows ([check, result]) from its outcome and what it wrote; called
+            whatever the outcome, so a failed or stopped stage shows what it got done.
+        outputs: files and folders it writes, deleted before it runs (a stale one would be
+            read as its result).
+    """
+
+    name: str
+    title: str
+    limit: float
+    command: Callable[[], list[str] | str]
+    read: Callable[[Outcome], list[list[str]]]
+    outputs: tuple[Path, ...] = ()
+
+
+@dataclass(frozen=True)
+class Report:
+    """A stage as it went: `outcome` None when it was skipped (`rows` then say why)."""
+
+    stage: Stage
+    outcome: Outcome | None
+    rows: list[list[str]]
+
+
+def run_stages(stages: list[Stage], env: dict[str, str], logs: Path) -> list[Report]:
+    """Run `stages` one after the other, each with its log in `logs`; a stage that cannot be
+    read still gets a report."""
+    logs.mkdir(parents=True, exist_ok=True)
+    reports = []
+    for stage in stages:
+        command = stage.command()
+        if isinstance(command, str):
+            print(f"gpu_check: {stage.name}: skipped: {command}", flush=True)
+            reports.append(Report(stage, None, [["skipped", command]]))
+            continue
+        print(
+            f"gpu_check: {stage.name} (limit {stage.limit:.0f} s): {' '.join(command)}", flush=True
+        )
+        for path in stage.outputs:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        log = logs / f"{stage.name}.log"
+        code, seconds = run_limited(command, env, log, stage.limit, cwd=ROOT)
+        outcome = Outcome(code, seconds, stage.limit, log)
+        try:
+            rows = stage.read(outcome)
+        except Exception as error:  # noqa: BLE001 - a stage that wrote nothing readable still gets its row
+            rows = [["results", f"none readable ({type(error).__name__}: {error})"]]
+        print(f"gpu_check: {stage.name}: {outcome.status} after {seconds:.0f} s", flush=True)
+        reports.append(Report(stage, outcome, rows))
+    return reports
+
+
+def table(reports: list[Report]) -> str:
+    """One markdown table: a stage's first row names it, its status and its seconds."""
+    header = ["stage", "status", "s (limit)", "check", "result"]
+    lines = []
+    for report in reports:
+        outcome = report.outcome
+        status = "skipped" if outcome is None else outcome.status
+        seconds = "" if outcome is None else f"{outcome.seconds:.0f} ({outcome.limit:.0f})"
+        for i, (check, result) in enumerate(report.rows or [["results", "none"]]):
+            first = [report.stage.title, status, seconds] if i == 0 else ["", "", ""]
+            lines.append([*first, check, result])
+    return markdown_table(header, lines)
+
+
+def tails(reports: list[Report]) -> str:
+    """The log tail of every stage that failed or ran out of time, as markdown."""
+    parts = []
+    for report in reports:
+        outcome = report.outcome
+        if outcome is None or outcome.code == 0:
+            continue
+        text = log_tail(outcome.log, TAIL_LINES).rstrip("\n") or "(no output)"
+        parts.append(
+            f"#### {report.stage.name}: {outcome.status}, last {TAIL_LINES} lines of "
+            f"{outcome.log}\n\n```\n{text}\n```\n"
+        )
+    return "\n".join(parts)
+
+
+# --- the stages ------------------------------------------------------------------------------
+
+
+def python() -> str:
+    return sys.executable
+
+
+def gpu_tests_stage(limit: float) -> Stage:
     report = CACHE / "gpu-tests.xml"
-    report.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "pytest", "-m", "gpu", "-rs", f"--junitxml={report}"]
-    code = subprocess.run(command, cwd=ROOT, env=_with_src(), check=False).returncode
-    counts = {"passed": 0, "failed": 0, "skipped": 0}
-    if report.is_file():
-        root = ElementTree.parse(report).getroot()
-        for suite in [root] if root.tag == "testsuite" else root.iter("testsuite"):
-            total, failures, errors, skipped = (
-                int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")
+
+    def command() -> list[str]:
+        workers = ["-n", "4"] if importlib.util.find_spec("xdist") else []
+        return [python(), "-m", "pytest", "-m", "gpu", "-rs", "-p", "no:cacheprovider",
+                f"--junitxml={report}", *workers]  # fmt: skip
+
+    def read(outcome: Outcome) -> list[list[str]]:
+        if not report.is_file():
+            return [["`pytest -m gpu`", "no report: pytest did not finish"]]
+        counts = {"passed": 0, "failed": 0, "skipped": 0}
+        failed = []
+        for case in ElementTree.parse(report).getroot().iter("testcase"):
+            kinds = {child.tag for child in case}
+            if kinds & {"failure", "error"}:
+                counts["failed"] += 1
+                failed.append(f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}")
+            elif "skipped" in kinds:
+                counts["skipped"] += 1
+            else:
+                counts["passed"] += 1
+        rows = [["`pytest -m gpu`", ", ".join(f"{n} {kind}" for kind, n in counts.items())]]
+        if failed:
+            named = ", ".join(f"`{name}`" for name in failed[:8])
+            rows.append(
+                ["failed", named + (f" and {len(failed) - 8} more" if len(failed) > 8 else "")]
             )
-            counts["passed"] += total - failures - errors - skipped
-            counts["failed"] += failures + errors
-            counts["skipped"] += skipped
-    return counts, code
+        return rows
+
+    return Stage("tests", "GPU tests", limit, command, read, (report,))
 
 
-def default_job(steps: int | None) -> dict[str, object] | None:
-    """The default job on cuda: its summary line, metrics rows and wall seconds, or None when
-    it failed (its output went to the terminal)."""
+def default_job_stage(limit: float, steps: int | None) -> Stage:
     run_dir = CACHE / "run"
-    command = [sys.executable, "-m", "oncurve", "train", "--quiet", "run.device=cuda"]
-    command += [f"run.dir={run_dir.relative_to(ROOT)}", "run.overwrite=true"]
-    if steps:
-        command.append(f"run.steps={steps}")
-    start = time.perf_counter()
-    proc = subprocess.run(
-        command, cwd=ROOT, env=_with_src(), stdout=subprocess.PIPE, text=True, check=False
-    )
-    seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        print(proc.stdout, end="")
-        return None
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {
-        "command": " ".join(["oncurve", *command[3:]]),
-        "summary": json.loads(proc.stdout.strip().splitlines()[-1]),
-        "rows": [r for r in rows if "time/step" in r],
-        "seconds": seconds,
+
+    def command() -> list[str]:
+        extra = [f"run.steps={steps}"] if steps else []
+        return [python(), "-m", "oncurve", "train", "--quiet", "run.device=cuda",
+                f"run.dir={run_dir}", *extra]  # fmt: skip
+
+    def read(outcome: Outcome) -> list[list[str]]:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        metrics = run_dir / "metrics.jsonl"
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        return job_rows(rows, outcome.log.read_text(errors="replace"), config["run"]["steps"])
+
+    return Stage("job", "default job on cuda", limit, command, read, (run_dir,))
+
+
+def job_rows(rows: list[dict], log: str, steps: int) -> list[list[str]]:
+    """The default job's results from its metrics rows (training and evaluation), its log and
+    its `run.steps`."""
+    trained = [r for r in rows if "time/step" in r]
+    evaluated = [r for r in rows if "eval/accuracy" in r]
+    timed = trained[1:] or trained  # the first step warms up
+    peaks = [r["memory/gpu_peak_gb"] for r in trained if "memory/gpu_peak_gb" in r]
+    graphs = [r.get("rollout/graphs") for r in trained]
+    eager = [r["step"] for r, on in zip(trained, graphs, strict=True) if on != 1.0]
+    before = percent(evaluated[0]["eval/accuracy"]) if evaluated else "n/a"
+    after = percent(evaluated[-1]["eval/accuracy"]) if len(evaluated) > 1 else "n/a"
+    plan = planned_peak_gb(log)
+    out = [
+        ["steps done", f"{len(trained)} of {steps}"],
+        ["held-out greedy accuracy before / after", f"{before} / {after}"],
+        [
+            "s/step (median, first step left out)",
+            f"{statistics.median(r['time/step'] for r in timed):.3f}" if timed else "n/a",
+        ],
+        ["peak GPU memory (max `memory/gpu_peak_gb`)", gib(max(peaks) if peaks else None)],
+        [
+            "CUDA graphs (`rollout/graphs`)",
+            "every step"
+            if trained and not eager
+            else f"off at steps {eager[:5]}"
+            if eager
+            else "n/a",
+        ],
+        [
+            "memory plan: predicted / measured peak",
+            plan_against(plan, max(peaks) if peaks else None),
+        ],
+    ]
+    return out
+
+
+def rollout_stage(limit: float) -> Stage:
+    out = CACHE / "rollout.json"
+
+    def command() -> list[str]:
+        return [python(), str(HERE / "rollout.py"), "--device", "cuda", "--cuda-shapes",
+                "64x256,256x256", "--repeats", "1", "--no-gaps", "--json", str(out)]  # fmt: skip
+
+    def read(outcome: Outcome) -> list[list[str]]:
+        rows = []
+        for r in json.loads(out.read_text()):
+            capture = "" if r["capture_s"] is None else f", capture {r['capture_s']:.1f} s"
+            rows.append(
+                [
+                    f"{r['scenario']} `{r['sampler']}`",
+                    f"{r['tokens_per_s']:,.0f} tokens/s ({r['vs_static']:.2f}x static "
+                    f"generate); first call {r['first_call_s']:.1f} s{capture}",
+                ]
+            )
+        return rows
+
+    return Stage("rollout", "rollout (rows x tokens)", limit, command, read, (out,))
+
+
+def trl_stage(limit: float) -> Stage:
+    out = CACHE / "trl.json"
+
+    def command() -> list[str] | str:
+        wheels = list((GPU_BUNDLE / "wheels").glob("trl-*.whl"))
+        if importlib.util.find_spec("trl") is None and not wheels:
+            return (
+                "TRL is not importable and benchmarks/.gpu-bundle has no wheels: run `make "
+                "gpu-bundle` where PyPI is reachable and carry benchmarks/.gpu-bundle"
+            )
+        return [python(), str(HERE / "gpu_vs_trl.py"), "--tokens", "256", "--steps", "3",
+                "--runs", "1", "--json", str(out)]  # fmt: skip
+
+    def read(outcome: Outcome) -> list[list[str]]:
+        from gpu_vs_trl import SPEED_TARGET
+
+        stats = json.loads(out.read_text())["stats"]
+        ours, base = stats.get("oncurve"), stats.get("TRL")
+        if ours is None:
+            return [["oncurve", "its run failed (log below)"]]
+        rows = [
+            [
+                "memory plan: predicted / measured peak",
+                plan_against(ours["plan_gb"], ours["gpu_peak_gb"]),
+            ]
+        ]
+        if base is None:
+            return [["TRL", "its run failed (log below)"], *rows]
+        speed = ours["seconds"] / base["seconds"]
+        memory = ours["gpu_peak_gb"] / base["gpu_peak_gb"]
+        return [
+            [
+                "s/step oncurve / TRL",
+                f"{ours['seconds']:.2f} / {base['seconds']:.2f} s = {speed:.2f}x "
+                f"(target <= {SPEED_TARGET}x: {'met' if speed <= SPEED_TARGET else 'missed'})",
+            ],
+            [
+                "peak GPU memory oncurve / TRL",
+                f"{gib(ours['gpu_peak_gb'])} / {gib(base['gpu_peak_gb'])} = {memory:.2f}x "
+                f"(target <= 1x: {'met' if memory <= 1 else 'missed'})",
+            ],
+            *rows,
+        ]
+
+    return Stage("trl", "one step against TRL (256 tokens)", limit, command, read, (out,))
+
+
+def ppo_stage(limit: float) -> Stage:
+    out = CACHE / "ppo.json"
+
+    def command() -> list[str]:
+        return [python(), str(HERE / "grpo_vs_ppo.py"), "--model", "qwen2.5-0.5b", "--device",
+                "cuda", "--eval-n", "0", "--microbatch", "16", "--json", str(out)]  # fmt: skip
+
+    def read(outcome: Outcome) -> list[list[str]]:
+        (pair,) = json.loads(out.read_text())["pairs"]
+        grpo, ppo = pair["GRPO"], pair["PPO"]
+        ratio = grpo["cuda"] / ppo["cuda"]
+        rows = [
+            [
+                "peak GPU memory GRPO / PPO",
+                f"{gib(grpo['cuda'] / 1024)} / {gib(ppo['cuda'] / 1024)} = {ratio:.2f}x (the "
+                f"claim, 25-50% less than PPO: {'met' if ratio <= 0.75 else 'missed'})",
+            ]
+        ]
+        for name, run in pair.items():
+            rows.append([f"memory plan ({name}): predicted / measured peak",
+                         plan_against(run["plan_gb"], run["cuda"] / 1024)])  # fmt: skip
+        return rows
+
+    return Stage("ppo", "GRPO against PPO, 0.5B shape", limit, command, read, (out,))
+
+
+def stages(args: argparse.Namespace) -> list[Stage]:
+    """The stages `args.stages` names, in the order of `LIMITS`."""
+    limit = {name: seconds * args.time_scale for name, seconds in LIMITS.items()}
+    made = {
+        "tests": lambda: gpu_tests_stage(limit["tests"]),
+        "job": lambda: default_job_stage(limit["job"], args.steps),
+        "rollout": lambda: rollout_stage(limit["rollout"]),
+        "trl": lambda: trl_stage(limit["trl"]),
+        "ppo": lambda: ppo_stage(limit["ppo"]),
     }
+    return [made[name]() for name in LIMITS if name in args.stages]
 
 
 def percent(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
 
-def table(tests: dict[str, int], test_code: int, job: dict[str, object] | None) -> str:
-    rows = [
-        [
-            "GPU tests (`pytest -m gpu`)",
-            f"{tests['passed']} passed, {tests['failed']} failed, {tests['skipped']} skipped"
-            + (f" (pytest exit status {test_code})" if test_code not in (0, 1) else ""),
-        ]
-    ]
-    if job is None:
-        return markdown_table(["check", "result"], [*rows, ["default job on cuda", "failed"]])
-    steps = job["rows"]
-    timed = steps[1:] or steps  # the first step warms up
-    peaks = [r["memory/gpu_peak_gb"] for r in steps if "memory/gpu_peak_gb" in r]
-    summary = job["summary"]
-    rows += [
-        ["default job", f"`{job['command']}`, {len(steps)} step{'s' * (len(steps) != 1)}"],
-        [
-            f"s/step (median of steps {timed[0]['step']}-{timed[-1]['step']})",
-            f"{statistics.median(r['time/step'] for r in timed):.3f}",
-        ],
-        ["peak GPU memory (max `memory/gpu_peak_gb`)", f"{max(peaks):.2f} GiB" if peaks else "n/a"],
-        [
-            "held-out greedy accuracy before / after",
-            f"{percent(summary.get('accuracy_before'))} / {percent(summary.get('accuracy_after'))}",
-        ],
-        ["wall time of the job (start-up and evaluations included)", f"{job['seconds']:.0f} s"],
-    ]
-    return markdown_table(["check", "result"], rows)
+def gib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} GiB"
+
+
+def plan_against(plan: float | None, measured: float | None) -> str:
+    """The plan's predicted peak (GiB, to 0.1 as the trainer prints it) against the measured."""
+    if plan is None or measured is None:
+        return f"{gib(plan)} / {gib(measured)}"
+    return f"{plan:.1f} / {measured:.2f} GiB ({plan - measured:+.2f} GiB)"
+
+
+# --- the bundle ------------------------------------------------------------------------------
+
+
+def prepare() -> int:
+    """Fill `GPU_BUNDLE` with the Qwen3 tokenizer and TRL's wheels; print its size against what
+    the device tool carries."""
+    from gpu_vs_trl import SHARED_TOKENIZER, copy_files  # contents only: ../shared is read-only
+
+    if not (SHARED_TOKENIZER / "tokenizer.json").is_file():
+        print(f"gpu_check: error: no Qwen3 tokenizer at {SHARED_TOKENIZER}", file=sys.stderr)
+        return 2
+    shutil.rmtree(GPU_BUNDLE, ignore_errors=True)
+    copy_files(SHARED_TOKENIZER, GPU_BUNDLE / "tokenizer")
+    download = [python(), "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                "--python-version", GPU_PYTHON, "--implementation", "cp", "--platform",
+                "manylinux2014_x86_64", "-d", str(GPU_BUNDLE / "wheels"), *TRL_WHEELS]  # fmt: skip
+    subprocess.run(download, check=True)
+    size = sum(p.stat().st_size for p in GPU_BUNDLE.rglob("*") if p.is_file())
+    tracked = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
+        cwd=ROOT, capture_output=True, check=True,
+    ).stdout.split(b"\0")  # fmt: skip
+    tree = sum(
+        (ROOT / p.decode()).stat().st_size for p in tracked if p and (ROOT / p.decode()).is_file()
+    )
+    print(
+        f"{GPU_BUNDLE.relative_to(ROOT)}: {size / 2**20:.1f} MiB (tokenizer and "
+        f"{len(TRL_WHEELS)} wheels); with the working tree ({tree / 2**20:.1f} MiB) "
+        f"{(size + tree) / 2**20:.1f} of the {CARRY_LIMIT / 2**20:.0f} MiB a device call carries"
+    )
+    if size + tree > CARRY_LIMIT:
+        print("gpu_check: warning: too big to carry; carry benchmarks/.gpu-bundle/tokenizer alone")
+    return 0
+
+
+# --- main ------------------------------------------------------------------------------------
+
+
+def stage_names(text: str) -> list[str]:
+    names = [name for name in text.split(",") if name]
+    unknown = sorted(set(names) - set(LIMITS))
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown stages {unknown}; choose from {','.join(LIMITS)}"
+        )
+    return names
+
+
+def child_env() -> dict[str, str]:
+    """The environment with the checkout's `src` first on the path, so that a Python where
+    oncurve is not installed (a GPU image's own, with its CUDA torch) runs it too."""
+    path = [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), "PYTHONUNBUFFERED": "1"}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=None, help="run.steps of the default job")
+    parser.add_argument(
+        "--stages", type=stage_names, default=list(LIMITS),
+        help=f"comma-separated subset of {','.join(LIMITS)} (default: all)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--time-scale", type=float, default=1.0, help="multiply every stage's time limit"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run none")
+    parser.add_argument(
+        "--prepare", action="store_true", help="fill benchmarks/.gpu-bundle (tokenizer, wheels)"
+    )
     args = parser.parse_args()
+    if args.prepare:
+        return prepare()
+    chosen = stages(args)
+    if args.dry_run:
+        for stage in chosen:
+            command = stage.command()
+            shown = command if isinstance(command, str) else " ".join(command)
+            print(f"{stage.name} (limit {stage.limit:.0f} s): {shown}")
+        return 0
+    import torch
+
     if not torch.cuda.is_available():
         print(
             f"gpu_check: error: no CUDA device: this torch ({torch.__version__}) sees none; "
@@ -144,20 +502,27 @@ def main() -> int:
         )
         return 2
     import transformers
+    from gpu_vs_trl import gpu_name  # nvidia-smi's: no CUDA context in this process
 
-    gpu = torch.cuda.get_device_name(0)
-    tests, test_code = gpu_tests()
-    job = default_job(args.steps)
-    text = table(tests, test_code, job)
-    command = "benchmarks/gpu_check.py" + (f" --steps {args.steps}" if args.steps else "")
+    gpu = gpu_name()
+    budget = sum(stage.limit for stage in chosen)
+    print(f"gpu_check: {len(chosen)} stages, at most {budget:.0f} s (all: {TOTAL_LIMIT} s)")
+    reports = run_stages(chosen, child_env(), CACHE / "logs")
+    text = table(reports)
+    failures = tails(reports)
+    command = " ".join(["benchmarks/gpu_check.py", *sys.argv[1:]])
     section = (
         f"## {gpu}\n\n{datetime.now():%Y-%m-%d %H:%M}, {torch.cuda.device_count()} x {gpu}, "
         f"torch {torch.__version__} (CUDA {torch.version.cuda}), transformers "
         f"{transformers.__version__}; `{command}`\n\n{text}\n"
+        + (f"\n### Log tails\n\n{failures}" if failures else "")
     )
     print(f"\n{text}\n")
+    if failures:
+        print(failures)
     write_section(RESULTS, TITLE, gpu, section)
-    return 0 if job is not None and tests["failed"] == 0 and test_code in (0, 5) else 1
+    ran = [r.outcome for r in reports if r.outcome is not None]
+    return 0 if all(o.code == 0 for o in ran) else 1
 
 
 if __name__ == "__main__":

@@ -12,13 +12,14 @@ setting (gradient checkpointing on, 8 rows per microbatch, accumulated to the st
 The trainers alternate (oncurve, TRL, oncurve, TRL; `--runs`), each run a fresh process; seconds
 per step are the median over the steps after each run's first.
 
-The GPU machine has no ../shared: run `--prepare` here first, which copies the tokenizer into
-benchmarks/.cache/gpu_vs_trl/tokenizer (carry that folder, and the TRL wheels in
-benchmarks/.wheels-trl); the model itself is built wherever the script runs (seconds).
+The GPU machine has no ../shared and no internet: run `make gpu-bundle` here first, which puts
+the Qwen3 tokenizer and TRL's wheels into benchmarks/.gpu-bundle (carry that folder). There the
+tokenizer is copied into the cache, and when the interpreter cannot import trl, the bundle's
+wheels are installed offline into benchmarks/.cache/gpu_vs_trl/trl-site, which the TRL child
+puts first on its path; the model itself is built wherever the script runs (seconds).
 
     .venv/bin/python benchmarks/gpu_vs_trl.py --prepare      # here: tokenizer, prompts, model
     .venv/bin/python benchmarks/gpu_vs_trl.py --smoke        # here: 2-layer model, CPU, 16 tokens
-    python3 benchmarks/gpu_vs_trl.py --setup-trl             # GPU machine: TRL venv from wheels
     python3 benchmarks/gpu_vs_trl.py                         # GPU machine: 256 tokens
     python3 benchmarks/gpu_vs_trl.py --tokens 1024 --gpu-memory-gb 16
 """
@@ -29,7 +30,6 @@ import argparse
 import json
 import os
 import shutil
-import site
 import statistics
 import subprocess
 import sys
@@ -43,7 +43,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT / "src")]  # oncurve from the checkout: no install needed
 from common import (  # noqa: E402
+    GPU_BUNDLE,
     markdown_table,
+    planned_peak_gb,
     qwen2_config,
     run_child,
     step_phases,
@@ -57,8 +59,7 @@ CACHE = HERE / ".cache" / "gpu_vs_trl"
 TOKENIZER = CACHE / "tokenizer"  # the one folder of the cache that travels to the GPU machine
 SHARED_TOKENIZER = ROOT.parent / "shared" / "assets" / "qwen3-tokenizer"
 PROMPTS_FILE = CACHE / "prompts.jsonl"
-WHEELS = HERE / ".wheels-trl"
-TRL_VENV = HERE / ".venv-trl-gpu"
+TRL_SITE = CACHE / "trl-site"  # the bundle's wheels, installed when the interpreter lacks trl
 RESULTS = HERE / "results" / "gpu_vs_trl.md"
 TITLE = (
     "oncurve vs TRL's GRPOTrainer on one GPU\n\n"
@@ -75,7 +76,7 @@ SHAPES = {
 VOCAB = 151936
 PROMPT_ROWS = 512
 TRL_MICROBATCH = 8  # TrainingArguments' default per_device_train_batch_size
-SPEED_TARGET = 0.85  # issue 22: oncurve s/step <= 0.85x TRL's at 256 tokens
+SPEED_TARGET = 0.5  # issue 34 (issue 22 asked 0.85x): oncurve s/step <= 0.5x TRL's at 256 tokens
 PHASES = ("generation", "reward", "reference", "train")
 
 NAMES = ("Maria", "Tom", "Aisha", "Kenji", "Lena", "Omar", "Priya", "Diego")
@@ -249,14 +250,15 @@ def trl_child(job: Job, out_dir: Path) -> None:
 
 def tokenizer_dir(source: str | None) -> Path:
     """The Qwen3 tokenizer in the cache, copied there first from `source` (`--tokenizer`), or
-    from ../shared when the cache has none yet."""
+    from ../shared or the GPU bundle when the cache has none yet."""
     if source or not (TOKENIZER / "tokenizer.json").is_file():
-        origin = Path(source) if source else SHARED_TOKENIZER
+        found = [p for p in (SHARED_TOKENIZER, GPU_BUNDLE / "tokenizer") if p.is_dir()]
+        origin = Path(source) if source else (found or [SHARED_TOKENIZER])[0]
         if not (origin / "tokenizer.json").is_file():
             raise SystemExit(
-                f"no Qwen3 tokenizer in {TOKENIZER} nor in {origin}: run `--prepare` where "
-                f"{SHARED_TOKENIZER} exists and carry {TOKENIZER.relative_to(ROOT)}, or pass "
-                "--tokenizer DIR"
+                f"no Qwen3 tokenizer in {TOKENIZER} nor in {origin}: run `make gpu-bundle` "
+                f"where {SHARED_TOKENIZER} exists and carry "
+                f"{GPU_BUNDLE.relative_to(ROOT)}, or pass --tokenizer DIR"
             )
         shutil.rmtree(TOKENIZER, ignore_errors=True)
         copy_files(origin, TOKENIZER)
@@ -328,38 +330,46 @@ def prepare(model: str, tokenizer_source: str | None) -> tuple[Path, Path]:
     return build_model(model, tokenizer_path), PROMPTS_FILE
 
 
-def setup_trl(venv: Path) -> None:
-    """Create `venv` with trl and datasets installed offline from the wheels in
-    benchmarks/.wheels-trl, over this interpreter's packages (the GPU image's torch,
-    transformers and accelerate)."""
-    if not any(WHEELS.glob("trl-*.whl")):
-        raise SystemExit(f"no trl wheel in {WHEELS}: download them first (benchmarks/README.md)")
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-        check=True,
-    )
-    python = str(venv / "bin" / "python")
-    purelib = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    # A venv made by a venv's python (the GPU image's python3 is one) sees the base
-    # interpreter's packages, not that venv's: name this interpreter's site-packages in a .pth.
-    # pip too comes from there, and leaves the packages it finds there in place.
-    Path(purelib, "_parent_site.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    install = [python, "-m", "pip", "install", "--no-index", "--find-links", str(WHEELS)]
-    subprocess.run([*install, "trl", "datasets"], check=True)
-    print(versions(python, trl=True))
+def trl_env(python: str) -> dict[str, str] | None:
+    """The environment in which `python` imports trl (and oncurve from src/): its own
+    packages, else the GPU bundle's wheels installed offline into `TRL_SITE` (once) and put
+    first on its path. None when neither gives trl."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *pythonpath()])}
+    if imports_trl(python, env):
+        return env
+    wheels = sorted((GPU_BUNDLE / "wheels").glob("*.whl"))
+    if not wheels:
+        return None
+    if not TRL_SITE.is_dir():
+        partial = TRL_SITE.with_name(TRL_SITE.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        # --no-deps: the wheels are what the image lacks, the rest (torch, transformers,
+        # accelerate) is the interpreter's own, which pip --target would not see
+        install = [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
+        done = subprocess.run([*install, "--target", str(partial), *map(str, wheels)])
+        if done.returncode:  # e.g. wheels for another Python: pip said which
+            return None
+        partial.rename(TRL_SITE)
+    env["PYTHONPATH"] = os.pathsep.join([str(TRL_SITE), env["PYTHONPATH"]])
+    return env if imports_trl(python, env) else None
 
 
-def versions(python: str, trl: bool = False) -> str:
-    """The library versions `python` imports (trl's, accelerate's and datasets' too if `trl`)."""
+def pythonpath() -> list[str]:
+    """The entries of this process's PYTHONPATH."""
+    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
+def imports_trl(python: str, env: dict[str, str]) -> bool:
+    probe = subprocess.run([python, "-c", "import trl"], env=env, capture_output=True)
+    return probe.returncode == 0
+
+
+def versions(python: str, env: dict[str, str], trl: bool = False) -> str:
+    """The library versions `python` imports in `env` (trl's, accelerate's and datasets' too
+    if `trl`)."""
     names = ["torch", "transformers"] + (["trl", "accelerate", "datasets"] if trl else [])
     code = f"import {', '.join(names)}; print(', '.join(m.__name__ + ' ' + m.__version__ for m in "
     code += f"[{', '.join(names)}]))"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env)
     return out.stdout.strip() if out.returncode == 0 else f"({python}: {out.stderr.strip()[-200:]})"
 
@@ -407,16 +417,16 @@ class NvidiaSmiPeak:
             self._thread.join()
 
 
-def run_trainer(label: str, job: Job, out: Path, python: str) -> dict:
-    """One run of `label` (oncurve or TRL) in a fresh process: its per-step seconds and phases,
-    peak GPU memory (torch's counter and nvidia-smi's), wall time and whether it finished."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TOKENIZERS_PARALLELISM": "false"}
+def run_trainer(label: str, job: Job, out: Path, python: str, env: dict[str, str]) -> dict:
+    """One run of `label` (oncurve or TRL) in a fresh process with `env`: its per-step seconds
+    and phases, peak GPU memory (torch's counter and nvidia-smi's; for oncurve also its memory
+    plan's prediction), wall time and whether it finished."""
+    env = {**env, "TOKENIZERS_PARALLELISM": "false"}
     if label == "oncurve":
         command = [python, "-m", "oncurve", "train", "--quiet", *oncurve_overrides(job, out)]
     else:
         (out / "job.json").write_text(json.dumps(asdict(job)))
         env = {**env, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
-        env.pop("VIRTUAL_ENV", None)
         command = [python, str(Path(__file__).resolve()), "--trl-child", str(out)]
     log = out / "log.txt"
     with NvidiaSmiPeak() as smi:
@@ -429,6 +439,7 @@ def run_trainer(label: str, job: Job, out: Path, python: str) -> dict:
         return result
     result["status"] = "finished"
     result.update(read_oncurve(out / "run") if label == "oncurve" else read_trl(job, out))
+    result["plan_gb"] = planned_peak_gb(log.read_text()) if label == "oncurve" else None
     return result
 
 
@@ -520,6 +531,7 @@ def summarize(runs: list[dict]) -> dict | None:
 
     gpu = [r["gpu_peak_gb"] for r in done if r["gpu_peak_gb"] is not None]
     smi = [r["smi_peak_gb"] for r in done if r["smi_peak_gb"] is not None]
+    plans = [r["plan_gb"] for r in done if r["plan_gb"] is not None]
     return {
         "seconds": steady([r["seconds"] for r in done]),
         "phases": {
@@ -529,6 +541,7 @@ def summarize(runs: list[dict]) -> dict | None:
         },
         "gpu_peak_gb": max(gpu) if gpu else None,
         "smi_peak_gb": max(smi) if smi else None,
+        "plan_gb": max(plans) if plans else None,
         "length": statistics.mean(x for r in done for x in r["length"]),
     }
 
@@ -565,12 +578,19 @@ def benchmark(args: argparse.Namespace) -> tuple[str, str]:
     prompt_tokens = statistics.mean(len(r["prompt_ids"]) for r in step_rows(job, tokenizer))
     print(f"mean prompt length {prompt_tokens:.1f} tokens (chat template included)", flush=True)
     pythons = {"oncurve": args.oncurve_python, "TRL": args.trl_python}
-    labels = ["oncurve", "TRL"]
-    if not Path(args.trl_python).exists():
-        if not args.smoke:
-            raise SystemExit(f"no TRL python at {args.trl_python}: run --setup-trl first")
-        print(f"note: no TRL python at {args.trl_python}; oncurve only", flush=True)
-        labels = ["oncurve"]
+    src = [str(ROOT / "src"), *pythonpath()]
+    envs = {"oncurve": {**os.environ, "PYTHONPATH": os.pathsep.join(src)}}
+    trl = trl_env(args.trl_python)
+    if trl is not None:
+        envs["TRL"] = trl
+    elif not args.smoke:
+        raise SystemExit(
+            f"{args.trl_python} cannot import trl and {GPU_BUNDLE / 'wheels'} holds no wheels: "
+            "run `make gpu-bundle` where PyPI is reachable and carry benchmarks/.gpu-bundle"
+        )
+    else:
+        print(f"note: {args.trl_python} cannot import trl; oncurve only", flush=True)
+    labels = list(envs)
     work = CACHE / "runs" / key_of(job, model)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -580,7 +600,7 @@ def benchmark(args: argparse.Namespace) -> tuple[str, str]:
             out = work / f"{label}-{run}"
             out.mkdir()
             print(f"run {run + 1}/{args.runs}: {label} ...", flush=True)
-            result = run_trainer(label, job, out, pythons[label])
+            result = run_trainer(label, job, out, pythons[label], envs[label])
             if result["ok"]:
                 seconds = statistics.median(result["seconds"][1:] or result["seconds"])
                 print(
@@ -590,7 +610,10 @@ def benchmark(args: argparse.Namespace) -> tuple[str, str]:
                     flush=True,
                 )
             results[label].append(result)
-    header = {label: versions(pythons[label], trl=label == "TRL") for label in labels}
+    header = {label: versions(pythons[label], envs[label], trl=label == "TRL") for label in labels}
+    if args.json:
+        stats = {label: summarize(runs) for label, runs in results.items()}
+        Path(args.json).write_text(json.dumps({"job": asdict(job), "stats": stats}))
     return key_of(job, model), report(job, model, prompt_tokens, results, header, args)
 
 
@@ -602,7 +625,7 @@ def key_of(job: Job, model: str) -> str:
 
 def targets(job: Job, stats: dict[str, dict | None], results: dict[str, list[dict]]) -> list:
     """Rows of the issue's targets: at 256 tokens oncurve's peak memory <= TRL's and s/step <=
-    0.85x TRL's; under a memory cap (1024 tokens, 16 GiB in the issue) oncurve finishes."""
+    SPEED_TARGET x TRL's; under a memory cap (1024 tokens, 16 GiB in the issue) oncurve finishes."""
     rows = []
     ours, base = stats["oncurve"], stats.get("TRL")
     scope = "" if job.tokens == 256 and not job.gpu_memory_gb else " (target set at 256 tokens)"
@@ -745,7 +768,7 @@ def report(
         f"{header['oncurve']}; TRL's: {header.get('TRL', 'not run')}. Medians over the steps "
         "after each run's first.\n\n"
         + markdown_table(columns, rows)
-        + "\n\nTargets (issue 22):\n\n"
+        + "\n\nTargets (issues 22 and 34):\n\n"
         + markdown_table(["target", "measured", "holds"], targets(job, stats, results))
         + "\n\nPer run (steps in order; wall includes start-up):\n\n"
         + markdown_table(
@@ -773,16 +796,16 @@ def main() -> None:
     parser.add_argument("--tokenizer", help="Qwen3 tokenizer dir to copy into the cache")
     parser.add_argument("--oncurve-python", default=sys.executable, help="runs `-m oncurve`")
     parser.add_argument(
-        "--trl-python", default=str(TRL_VENV / "bin" / "python"), help="a python with trl"
+        "--trl-python",
+        default=sys.executable,
+        help="runs the TRL child (default: this one; with the GPU bundle's wheels if it lacks trl)",
     )
+    parser.add_argument("--json", help="also write the summary of each trainer to this file")
     parser.add_argument(
         "--prepare", action="store_true", help="copy the tokenizer, write prompts, build the model"
     )
     parser.add_argument(
         "--smoke", action="store_true", help="2-layer model on the CPU, 16 tokens (development)"
-    )
-    parser.add_argument(
-        "--setup-trl", action="store_true", help=f"create {TRL_VENV} from {WHEELS}, offline"
     )
     parser.add_argument("--trl-child", help=argparse.SUPPRESS)  # run TRL, write into this dir
     args = parser.parse_args()
@@ -790,9 +813,6 @@ def main() -> None:
     if args.trl_child:
         out = Path(args.trl_child)
         trl_child(Job(**json.loads((out / "job.json").read_text())), out)
-        return
-    if args.setup_trl:
-        setup_trl(TRL_VENV)
         return
     if args.prepare:
         model_path, prompts_file = prepare(

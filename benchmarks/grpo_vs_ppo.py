@@ -18,6 +18,13 @@ save interval short of the exact point, so the comparison never favours the slow
 
     .venv/bin/python benchmarks/grpo_vs_ppo.py --model 30m     # ~30M params, 8 x 8, 128 tokens
     .venv/bin/python benchmarks/grpo_vs_ppo.py                 # the bundled default, 100 steps
+    python3 benchmarks/grpo_vs_ppo.py --model qwen2.5-0.5b --device cuda --eval-n 0
+
+On CUDA (`--device cuda`) the comparison is of `torch.cuda.max_memory_allocated` and of each
+run's memory plan (the peak `oncurve train` predicts at start, `oncurve.memory`); the model
+`qwen2.5-0.5b` is `gpu_vs_trl.py`'s random Qwen2.5-0.5B shape in bf16 (8 x 8, 256 tokens
+forced, 2 steps); `--eval-n 0` scores no accuracy (a random model scores 0) and `--json PATH`
+also writes each trainer's peaks and seconds as JSON (what `gpu_check.py` reads).
 """
 
 from __future__ import annotations
@@ -39,10 +46,13 @@ from common import (  # noqa: E402
     load_note,
     markdown_table,
     own_peak_rss,
+    planned_peak_gb,
+    run_child,
     step_phases,
     write_section,
 )
-from vs_trl import cpu_name, greedy_accuracy, model_dir, run_child, torch_threads  # noqa: E402
+from gpu_vs_trl import SHAPES, build_model, tokenizer_dir  # noqa: E402
+from vs_trl import cpu_name, greedy_accuracy, model_dir, torch_threads  # noqa: E402
 
 CACHE = HERE / ".cache" / "grpo_vs_ppo"
 RESULTS = HERE / "results" / "grpo_vs_ppo.md"
@@ -71,6 +81,7 @@ class Job:
     save_every: int
     microbatch: int
     gradient_checkpointing: bool
+    device: str = "cpu"
 
 
 # model -> (prompts per step, G, completion tokens, force full length, steps, save every)
@@ -78,6 +89,7 @@ SCENARIOS = {
     "default": (16, 8, 64, False, 100, 5),
     "tiny": (16, 8, 64, False, 8, 2),
     "30m": (8, 8, 128, True, 3, 1),
+    "qwen2.5-0.5b": (8, 8, 256, True, 2, 2),  # gpu_vs_trl.py's job size, on a GPU
 }
 TARGET = 0.70  # GRPO peak memory <= TARGET x PPO's (issue 7, on the ~30M model)
 
@@ -108,7 +120,7 @@ def overrides(job: Job, trainer: str, seed: int, run_dir: Path) -> dict[str, obj
         "run.keep_last": job.steps // job.save_every + 1,
         "run.dir": str(run_dir),
         "run.overwrite": True,
-        "run.device": "cpu",  # a CPU benchmark, also on a machine with a GPU
+        "run.device": job.device,  # cpu unless --device cuda, also on a machine with a GPU
     }
 
 
@@ -133,13 +145,14 @@ def run(job: Job, trainer: str, seed: int, out: Path) -> dict:
     run_dir = out / "run"
     (out / "overrides.json").write_text(json.dumps(overrides(job, trainer, seed, run_dir)))
     command = [sys.executable, str(Path(__file__).resolve()), "--child", str(out)]
-    wall, rss = run_child(command, dict(os.environ), out / "log.txt")
+    wall, rss, _ = run_child(command, dict(os.environ), out / "log.txt")
     reported = json.loads((out / "child.json").read_text())
     rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "time/step" in r]
     return {
         "wall": wall,
         "rss": reported["rss_mb"] or rss,
         "cuda": reported["cuda_peak_mb"],
+        "plan_gb": planned_peak_gb((out / "log.txt").read_text()),
         "run_dir": str(run_dir),
         "seconds": [r["time/step"] for r in rows],
         "phases": step_phases(rows),
@@ -220,16 +233,18 @@ def runtime_floor(model_dir: str) -> float:
 
 
 def benchmark(name: str, args: argparse.Namespace) -> str:
+    import torch
     import transformers
 
     prompts, group, tokens, force, steps, save_every = SCENARIOS.get(name, SCENARIOS["default"])
-    path = model_dir(name)
+    # gpu_vs_trl's shapes carry the Qwen3 tokenizer; the others are vs_trl's
+    path = build_model(name, tokenizer_dir(None)) if name in SHAPES else model_dir(name)
     job = Job(
         model_dir=str(path),
         prompts=args.prompts or prompts,
         group=args.group or group,
         tokens=args.tokens or tokens,
-        force_length=force,
+        force_length=force or args.force_length,
         lr=args.lr,
         beta=args.beta,
         epsilon=args.epsilon,
@@ -238,23 +253,28 @@ def benchmark(name: str, args: argparse.Namespace) -> str:
         save_every=args.save_every or save_every,
         microbatch=args.microbatch,
         gradient_checkpointing=args.gradient_checkpointing,
+        device=args.device,
     )
-    key = name + ("-gc" if job.gradient_checkpointing else "")
+    key = section_key(args)
     work = CACHE / "runs" / key
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     test_file = work / "test.jsonl"
-    subprocess.run(
-        [sys.executable, "-m", "oncurve", "tasks", "export", "arith", "--split", "test"]
-        + ["-n", str(args.eval_n), "-o", str(test_file)],
-        check=True,
-    )
+    if args.eval_n:
+        subprocess.run(
+            [sys.executable, "-m", "oncurve", "tasks", "export", "arith", "--split", "test"]
+            + ["-n", str(args.eval_n), "-o", str(test_file)],
+            check=True,
+        )
     config = transformers.AutoConfig.from_pretrained(path)
-    params = transformers.AutoModelForCausalLM.from_config(config).num_parameters()
+    with torch.device("meta"):  # parameters counted without allocating them
+        params = transformers.AutoModelForCausalLM.from_config(config).num_parameters()
     load_before = load_note()
-    floor = runtime_floor(job.model_dir)
-    start = greedy_accuracy(str(path), test_file, job.tokens)
-    print(f"[{key}] runtime floor {floor:.0f} MB; starting accuracy {start:.1%}", flush=True)
+    # the breakdown of a peak RSS into the runtime and the states is the CPU's question
+    floor = runtime_floor(job.model_dir) if job.device == "cpu" else None
+    start = greedy_accuracy(str(path), test_file, job.tokens) if args.eval_n else None
+    print(f"[{key}] runtime floor {number(floor, '.0f')} MB; starting accuracy "
+          f"{number(start, '.1%')}", flush=True)  # fmt: skip
     pairs: list[dict[str, dict]] = []
     for index in range(args.runs):
         pair: dict[str, dict] = {}
@@ -263,17 +283,19 @@ def benchmark(name: str, args: argparse.Namespace) -> str:
             out.mkdir()
             print(f"[{key}] run {index + 1}/{args.runs}: {trainer} ...", flush=True)
             result = run(job, trainer, index, out)
-            result["accuracy"] = greedy_accuracy(
-                str(Path(result["run_dir"]) / "final"), test_file, job.tokens
-            )
+            final = str(Path(result["run_dir"]) / "final")
+            result["accuracy"] = greedy_accuracy(final, test_file, job.tokens) if start else None
             median = statistics.median(result["seconds"][1:] or result["seconds"])
             print(
-                f"  {median:.2f} s/step, peak RSS {result['rss']:.0f} MB, "
-                f"final reward {result['reward'][-1]:.3f}, accuracy {result['accuracy']:.1%}",
+                f"  {median:.2f} s/step, peak RSS {result['rss']:.0f} MB, peak CUDA "
+                f"{number(result['cuda'], ',.0f')} MB (plan {number(result['plan_gb'], '.1f')} "
+                f"GiB), final reward {result['reward'][-1]:.3f}, accuracy "
+                f"{number(result['accuracy'], '.1%')}",
                 flush=True,
             )
             pair[trainer] = result
-        score_equal_time(job, pair, test_file, work, start)
+        if start is not None:
+            score_equal_time(job, pair, test_file, work, start)
         pairs.append(pair)
     machine = {
         "load": f"{load_before} before, {load_note()} after",
@@ -281,9 +303,24 @@ def benchmark(name: str, args: argparse.Namespace) -> str:
         "date": time.strftime("%Y-%m-%d"),
         "cpu": f"{cpu_name()}, {os.cpu_count()} cores, torch threads {torch_threads()}",
     }
+    if job.device == "cuda":
+        machine["cpu"] = f"{torch.cuda.get_device_name()} ({machine['cpu']})"
     raw = {"job": asdict(job), "params": params, "machine": machine, "start": start}
     (work / "results.json").write_text(json.dumps({**raw, "pairs": pairs, "args": vars(args)}))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"job": asdict(job), "pairs": pairs}))
     return report(key, job, params, machine, start, pairs, args)
+
+
+def number(value: float | None, spec: str) -> str:
+    """`value` formatted with `spec`, or "n/a" when it was not measured."""
+    return "n/a" if value is None else format(value, spec)
+
+
+def section_key(args: argparse.Namespace) -> str:
+    """The results section of a run: model, checkpointing, device."""
+    key = args.model + ("-gc" if args.gradient_checkpointing else "")
+    return key + ("-cuda" if getattr(args, "device", "cpu") == "cuda" else "")
 
 
 def report(
@@ -291,28 +328,36 @@ def report(
     job: Job,
     params: int,
     machine: dict,
-    start: float,
+    start: float | None,
     pairs: list[dict[str, dict]],
     args: argparse.Namespace,
 ) -> str:
-    """The markdown section of one model and setting."""
+    """The markdown section of one model and setting; accuracies are "n/a" when none were
+    scored (`start` None: `--eval-n 0`)."""
+    scored = start is not None
     stats = {}
     for trainer in TRAINERS:
         runs = [pair[trainer] for pair in pairs]
         cuda = [r["cuda"] for r in runs if r["cuda"] is not None]
+        plans = [r["plan_gb"] for r in runs if r.get("plan_gb") is not None]
         stats[trainer] = {
             "seconds": statistics.median(s for r in runs for s in r["seconds"][1:] or r["seconds"]),
             "rss": max(r["rss"] for r in runs),
             "cuda": max(cuda) if cuda else None,
+            "plan_gb": max(plans) if plans else None,
             "reward": statistics.mean(x for r in runs for x in r["reward"]),
-            "accuracy": statistics.mean(r["accuracy"] for r in runs),
-            "equal_step": statistics.mean(r["equal_time"]["step"] for r in runs),
-            "equal_acc": statistics.mean(r["equal_time"]["accuracy"] for r in runs),
+            "accuracy": statistics.mean(r["accuracy"] for r in runs) if scored else None,
+            "equal_step": (
+                statistics.mean(r["equal_time"]["step"] for r in runs) if scored else None
+            ),
+            "equal_acc": (
+                statistics.mean(r["equal_time"]["accuracy"] for r in runs) if scored else None
+            ),
         }
     base = stats["PPO"]
     header = ["trainer", "peak RSS MB", "vs PPO"]
     if base["cuda"] is not None:
-        header += ["peak CUDA MB", "vs PPO"]
+        header += ["peak CUDA MB", "vs PPO", "memory plan's peak GiB"]
     header += [
         "median s/step",
         "vs PPO",
@@ -325,41 +370,67 @@ def report(
     for trainer, s in stats.items():
         row = [trainer, f"{s['rss']:,.0f}", f"{s['rss'] / base['rss']:.2f}x"]
         if base["cuda"] is not None:
-            row += [f"{s['cuda']:,.0f}", f"{s['cuda'] / base['cuda']:.2f}x"]
+            row += [
+                f"{s['cuda']:,.0f}",
+                f"{s['cuda'] / base['cuda']:.2f}x",
+                number(s["plan_gb"], ".1f"),
+            ]
         row += [
             f"{s['seconds']:.3f}",
             f"{s['seconds'] / base['seconds']:.2f}x",
             f"{s['reward']:.3f}",
-            f"{s['accuracy']:.1%}",
-            f"{s['equal_step']:g}",
-            f"{s['equal_acc']:.1%}",
+            number(s["accuracy"], ".1%"),
+            number(s["equal_step"], "g"),
+            number(s["equal_acc"], ".1%"),
         ]
         rows.append(row)
     memory = stats["GRPO"]["rss"] / base["rss"]
-    p = max(min((stats["GRPO"]["accuracy"] + base["accuracy"]) / 2, 1.0), 0.0)
-    noise = 2 * (p * (1 - p) / args.eval_n) ** 0.5
-    if key.startswith("30m"):
-        target = f"target <= {TARGET}x: **{'met' if memory <= TARGET else 'missed'}**"
-    else:
-        target = f"reported only (the {TARGET}x target is for the ~30M model)"
-    verdict = (
-        f"Peak memory (process peak RSS, runtime included): GRPO **{memory:.3f}x** PPO's; "
-        f"{target}. Held-out greedy accuracy ({args.eval_n} prompts, starting model {start:.1%}; two "
-        f"binomial standard errors {noise:.1%})."
-    )
-    if start == 0 and all(s["accuracy"] == 0 for s in stats.values()):
-        verdict += (
-            " Random weights: accuracy is 0 for both after so few steps; the accuracy comparison "
-            "is the bundled default's."
+    if base["cuda"] is not None:
+        gpu = stats["GRPO"]["cuda"] / base["cuda"]
+        verdict = (
+            f"Peak GPU memory (`torch.cuda.max_memory_allocated`): GRPO **{gpu:.3f}x** PPO's "
+            f"(the claim: 25-50% less, 0.50-0.75x); peak RSS {memory:.3f}x."
         )
-    budget = statistics.mean(pair["GRPO"]["equal_time"]["budget"] for pair in pairs)
-    equal_time = (
-        f"Equal wall-clock time: the budget is the faster trainer's training time for {job.steps} "
-        f"steps (sum of `time/step`, mean {budget:.0f} s); the slower trainer is scored at its "
-        f"newest checkpoint (saved every {job.save_every} steps) whose cumulative `time/step` "
-        "fits in it (step 0 = the starting model)."
-    )
-    breakdown = memory_breakdown(job, params, machine["floor"], stats)
+    elif key.startswith("30m"):
+        verdict = (
+            f"Peak memory (process peak RSS, runtime included): GRPO **{memory:.3f}x** PPO's; "
+            f"target <= {TARGET}x: **{'met' if memory <= TARGET else 'missed'}**."
+        )
+    else:
+        verdict = (
+            f"Peak memory (process peak RSS, runtime included): GRPO **{memory:.3f}x** PPO's; "
+            f"reported only (the {TARGET}x target is for the ~30M model)."
+        )
+    equal_time = ""
+    if scored:
+        p = max(min((stats["GRPO"]["accuracy"] + base["accuracy"]) / 2, 1.0), 0.0)
+        noise = 2 * (p * (1 - p) / args.eval_n) ** 0.5
+        verdict += (
+            f" Held-out greedy accuracy ({args.eval_n} prompts, starting model {start:.1%}; two "
+            f"binomial standard errors {noise:.1%})."
+        )
+        if start == 0 and all(s["accuracy"] == 0 for s in stats.values()):
+            verdict += (
+                " Random weights: accuracy is 0 for both after so few steps; the accuracy "
+                "comparison is the bundled default's."
+            )
+        budget = statistics.mean(pair["GRPO"]["equal_time"]["budget"] for pair in pairs)
+        equal_time = (
+            f"Equal wall-clock time: the budget is the faster trainer's training time for "
+            f"{job.steps} steps (sum of `time/step`, mean {budget:.0f} s); the slower trainer is "
+            f"scored at its newest checkpoint (saved every {job.save_every} steps) whose "
+            "cumulative `time/step` fits in it (step 0 = the starting model).\n\n"
+        )
+    breakdown = ""
+    if machine["floor"] is not None:
+        breakdown = (
+            "Where the peak comes from (MB; states computed from parameter counts, runtime "
+            "measured as the peak RSS of a process that imports torch, transformers and oncurve "
+            "and builds the model class without weights; the rest is activations, logits, the "
+            "rollout's cache and allocator slack):\n\n"
+            + memory_breakdown(job, params, machine["floor"], stats)
+            + "\n\n"
+        )
     phase_rows = []
     for trainer in TRAINERS:
         for phase in pairs[0][trainer]["phases"]:
@@ -375,34 +446,32 @@ def report(
             f"{sum(r['seconds']):.0f}",
             f"{r['rss']:,.0f}",
             f"{r['wall']:.0f}",
-            f"{r['accuracy']:.1%}",
-            f"{r['equal_time']['step']} / {r['equal_time']['accuracy']:.1%}",
+            number(r["accuracy"], ".1%"),
+            f"{r['equal_time']['step']} / {r['equal_time']['accuracy']:.1%}" if scored else "n/a",
         ]
         for i, pair in enumerate(pairs)
         for trainer in TRAINERS
         for r in [pair[trainer]]
     ]
     command = (
-        f"python benchmarks/grpo_vs_ppo.py --model {key.removesuffix('-gc')} --steps {job.steps} "
+        f"python benchmarks/grpo_vs_ppo.py --model {args.model} --steps {job.steps} "
         f"--runs {args.runs} --lr {job.lr} --eval-n {args.eval_n} --microbatch {job.microbatch}"
         + (" --gradient-checkpointing" if job.gradient_checkpointing else "")
+        + (" --device cuda" if job.device == "cuda" else "")
     )
     forced = ", forced to full length" if job.force_length else ""
+    precision = "fp32" if job.device == "cpu" else "model.dtype auto (bf16 on the GPU)"
     return (
         f"### {key}: {params / 1e6:.2f}M params, {job.prompts} prompts x G={job.group}, "
         f"{job.tokens} tokens{forced}, {job.steps} steps x {args.runs} runs per trainer\n\n"
         f"Measured {machine['date']} on {machine['cpu']}; `{command}`; lr {job.lr} (both; PPO's critic too), beta "
         f"{job.beta} (GRPO: k3 in the loss; PPO: k1 in the reward), epsilon {job.epsilon}, mu "
         f"{job.mu}, microbatch {job.microbatch} rows, gradient checkpointing "
-        f"{'on' if job.gradient_checkpointing else 'off'}, fp32; {machine['load']}.\n\n"
+        f"{'on' if job.gradient_checkpointing else 'off'}, {precision}; {machine['load']}.\n\n"
         + markdown_table(header, rows)
-        + f"\n\n{verdict}\n\n{equal_time}\n\n"
-        + "Where the peak comes from (MB; states computed from parameter counts, runtime "
-        "measured as the peak RSS of a process that imports torch, transformers and oncurve "
-        "and builds the model class without weights; the rest is activations, logits, the "
-        "rollout's cache and allocator slack):\n\n"
+        + f"\n\n{verdict}\n\n{equal_time}"
         + breakdown
-        + "\n\nMedian seconds per phase (steps after the first; PPO's `train` includes the "
+        + "Median seconds per phase (steps after the first; PPO's `train` includes the "
         "critic's value forward and its update):\n\n"
         + markdown_table(["trainer", "phase", "median s", "share of step"], phase_rows)
         + "\n\nPer run (steps in order; wall includes start-up, saving and logging):\n\n"
@@ -453,7 +522,9 @@ def memory_breakdown(job: Job, params: int, floor: float, stats: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="default", help="default | tiny | 30m | PATH")
+    parser.add_argument(
+        "--model", default="default", help="default | tiny | 30m | qwen2.5-0.5b | PATH"
+    )
     parser.add_argument("--steps", type=int, help="steps per run (default: per model)")
     parser.add_argument("--runs", type=int, default=1, help="runs per trainer, alternating")
     parser.add_argument("--prompts", type=int, help="prompts per step (default: per model)")
@@ -465,8 +536,15 @@ def main() -> None:
     parser.add_argument("--epsilon", type=float, default=0.2)
     parser.add_argument("--mu", type=int, default=1)
     parser.add_argument("--microbatch", type=int, default=64, help="rows per forward/backward")
-    parser.add_argument("--eval-n", type=int, default=200, help="held-out prompts scored")
+    parser.add_argument(
+        "--eval-n", type=int, default=200, help="held-out prompts scored; 0 scores no accuracy"
+    )
     parser.add_argument("--gradient-checkpointing", action="store_true", help="on in both")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="run.device")
+    parser.add_argument(
+        "--force-length", action="store_true", help="every completion --tokens long (EOS held)"
+    )
+    parser.add_argument("--json", help="also write each run's peaks and seconds to this file")
     parser.add_argument(
         "--report-from", help="write the section again from a run's results.json, no training"
     )
@@ -479,10 +557,12 @@ def main() -> None:
         raw = json.loads(Path(args.report_from).read_text())
         args = argparse.Namespace(**raw["args"])
         job = Job(**raw["job"])
-        key = args.model + ("-gc" if args.gradient_checkpointing else "")
+        key = section_key(args)
         section = report(key, job, raw["params"], raw["machine"], raw["start"], raw["pairs"], args)
     else:
-        key = args.model + ("-gc" if args.gradient_checkpointing else "")
+        if args.device == "cuda" and args.eval_n:
+            print("note: accuracy is scored by `oncurve eval` on the CPU (--eval-n 0 skips it)")
+        key = section_key(args)
         section = benchmark(args.model, args)
     print("\n" + section, flush=True)
     write_section(RESULTS, TITLE, key, section)

@@ -14,17 +14,22 @@ see `common.peak_memory`).
     python benchmarks/rollout.py --model 30m     # one scenario: tiny|default|30m|PATH
     python benchmarks/rollout.py --backends hf   # some backends only
     python benchmarks/rollout.py --device cuda   # GPU: 0.5B model, 64 rows x 256 and 1024 tokens
+    python benchmarks/rollout.py --device cuda --cuda-shapes 64x256,256x256 --repeats 1 --no-gaps
 
 On CUDA (`--device cuda`) the rows are the GPU backends and `model.generate` with its dynamic
 and its static cache (transformers compiles the static decode step and replays it as a CUDA
 graph); each sampler is warmed up first (its capture or compilation timed apart), then the best
 of `--repeats` calls counts, every row forced to the full length, bf16. Its model is
-`gpu_vs_trl.py`'s random Qwen2.5-0.5B shape (run `gpu_vs_trl.py --prepare` for the tokenizer).
+`gpu_vs_trl.py`'s random Qwen2.5-0.5B shape (the Qwen3 tokenizer from ../shared or
+benchmarks/.gpu-bundle). `--cuda-shapes` lists the scenarios as ROWSxTOKENS (rows = prompts x
+G=8), `--no-gaps` leaves out the logprob gap to the training forward, and `--json PATH` also
+writes the measurements as JSON (what `gpu_check.py` reads).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -193,15 +198,23 @@ def run_scenario(name: str, repeats: int, backends: list[str]) -> str:
     return title + markdown_table(header, rows) + "\n"
 
 
-def run_cuda(new_tokens: int, repeats: int, backends: list[str]) -> str:
-    """One GPU scenario: 8 prompts x G=8, `new_tokens` forced, bf16, best of `repeats`."""
+def cuda_model() -> tuple[transformers.PreTrainedModel, object]:
+    """`gpu_vs_trl.py`'s random Qwen2.5-0.5B shape in bf16 on the GPU, and its tokenizer."""
     from gpu_vs_trl import build_model, tokenizer_dir
 
     path = build_model("qwen2.5-0.5b", tokenizer_dir(None))
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
-    model = model.to("cuda").eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(path, padding_side="left")
-    prompts, group = make_prompts(8), 8
+    return model.to("cuda").eval(), tokenizer
+
+
+def run_cuda(
+    model, tokenizer, rows: int, new_tokens: int, repeats: int, backends: list[str], gaps: bool
+) -> tuple[str, list[dict]]:
+    """One GPU scenario: `rows` // 8 prompts x G=8, `new_tokens` forced, best of `repeats`.
+    Returns its markdown section and one record per sampler."""
+    group = 8
+    prompts = make_prompts(rows // group)
     params = SamplingParams(max_new_tokens=new_tokens, min_new_tokens=new_tokens, seed=0)
 
     def ours(sampler) -> int:
@@ -220,7 +233,7 @@ def run_cuda(new_tokens: int, repeats: int, backends: list[str]) -> str:
     calls = {label: (lambda s=s: ours(s)) for label, s in samplers.items()}
     calls["model.generate (dynamic cache)"] = lambda: generate(None)
     calls["model.generate (static cache)"] = lambda: generate("static")
-    rows, best = [], {}
+    records = []
     for label, call in calls.items():
         torch.cuda.synchronize()
         start = time.perf_counter()
@@ -233,32 +246,54 @@ def run_cuda(new_tokens: int, repeats: int, backends: list[str]) -> str:
             tokens = call()
             torch.cuda.synchronize()
             seconds.append(time.perf_counter() - start)
-        best[label] = tokens / min(seconds)
-        capture = getattr(samplers.get(label), "capture_seconds", None)
-        rows.append(
-            [label, str(tokens), f"{min(seconds):.3f}", f"{best[label]:,.0f}", first, capture]
+        records.append(
+            {
+                "scenario": f"{rows}x{new_tokens}",
+                "sampler": label,
+                "tokens": tokens,
+                "best_s": min(seconds),
+                "tokens_per_s": tokens / min(seconds),
+                "first_call_s": first,
+                "capture_s": getattr(samplers.get(label), "capture_seconds", None),
+            }
         )
-    gaps = {label: logprob_gap(model, s, prompts, group, params) for label, s in samplers.items()}
-    base = best["model.generate (static cache)"]
+    base = next(r for r in records if r["sampler"] == "model.generate (static cache)")
+    for record in records:
+        record["vs_static"] = record["tokens_per_s"] / base["tokens_per_s"]
     table = [
-        [label, tokens, s, tps, f"{best[label] / base:.2f}x", f"{first:.1f}",
-         "" if capture is None else f"{capture:.1f}"]
-        for label, tokens, s, tps, first, capture in rows
+        [r["sampler"], str(r["tokens"]), f"{r['best_s']:.3f}", f"{r['tokens_per_s']:,.0f}",
+         f"{r['vs_static']:.2f}x", f"{r['first_call_s']:.1f}",
+         "" if r["capture_s"] is None else f"{r['capture_s']:.1f}"]
+        for r in records
     ]  # fmt: skip
     header = ["sampler", "tokens", "best s", "tokens/s", "vs static generate", "first call s",
               "capture s"]  # fmt: skip
     title = (
-        f"### cuda-{new_tokens}: random Qwen2.5-0.5B shape, bf16, 8 prompts x G=8, "
-        f"{new_tokens} new tokens forced, best of {repeats}\n\n"
+        f"### cuda-{rows}x{new_tokens}: random Qwen2.5-0.5B shape, bf16, {rows // group} "
+        f"prompts x G={group}, {new_tokens} new tokens forced, best of {repeats}\n\n"
         f"{torch.cuda.get_device_name()}; measured {time.strftime('%Y-%m-%d')} with torch "
         f"{torch.__version__}, transformers {transformers.__version__}\n\n"
     )
-    exactness = "".join(
-        f"- `{label}`: its logprobs against the training forward's, mean |diff| {mean:.2e}, "
-        f"max {largest:.2e}\n"
-        for label, (mean, largest) in gaps.items()
-    )
-    return title + markdown_table(header, table) + "\n" + exactness
+    exactness = ""
+    if gaps:
+        for label, sampler in samplers.items():
+            mean, largest = logprob_gap(model, sampler, prompts, group, params)
+            exactness += (
+                f"- `{label}`: its logprobs against the training forward's, mean |diff| "
+                f"{mean:.2e}, max {largest:.2e}\n"
+            )
+    return title + markdown_table(header, table) + "\n" + exactness, records
+
+
+def cuda_shape(text: str) -> tuple[int, int]:
+    """`ROWSxTOKENS` (rows a multiple of G=8) as (rows, tokens), for argparse."""
+    try:
+        rows, tokens = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not ROWSxTOKENS, e.g. 64x256") from None
+    if rows <= 0 or rows % 8 or tokens <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: rows must be a positive multiple of 8")
+    return rows, tokens
 
 
 def logprob_gap(model, sampler, prompts, group, params) -> tuple[float, float]:
@@ -299,6 +334,16 @@ def main() -> None:
         help="comma-separated sampler backends (default: hf,cpu_llama; cuda_graph,hf on CUDA)",
     )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument(
+        "--cuda-shapes",
+        type=lambda text: [cuda_shape(part) for part in text.split(",") if part],
+        default=[(64, 256), (64, 1024)],
+        help="with --device cuda: scenarios as ROWSxTOKENS,... (default 64x256,64x1024)",
+    )
+    parser.add_argument(
+        "--no-gaps", action="store_true", help="with --device cuda: skip the logprob gaps"
+    )
+    parser.add_argument("--json", help="with --device cuda: also write the records to this file")
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)  # child: one sampler's peak MB
     args = parser.parse_args()
     default = "cuda_graph,hf" if args.device == "cuda" else "hf,cpu_llama"
@@ -307,9 +352,17 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown backends {sorted(unknown)}; choose from {', '.join(BACKENDS)}")
     if args.device == "cuda":
-        sections = {f"cuda-{n}": run_cuda(n, args.repeats, backends) for n in (256, 1024)}
-        for section in sections.values():
+        model, tokenizer = cuda_model()
+        sections, records = {}, []
+        for rows, tokens in args.cuda_shapes:
+            section, measured = run_cuda(
+                model, tokenizer, rows, tokens, args.repeats, backends, not args.no_gaps
+            )
             print(section, flush=True)
+            sections[f"cuda-{rows}x{tokens}"] = section
+            records += measured
+            if args.json:  # after each scenario: a later one may run out of time
+                Path(args.json).write_text(json.dumps(records))
         write_results(sections)
         print(f"wrote {RESULTS}")
         return

@@ -1,0 +1,155 @@
+"""`benchmarks/gpu_check.py` on the CPU: its stage runner and table with fake children (one that
+passes, one that fails, one that runs out of time, one skipped), and its readers of the results
+the real stages write. The stages themselves need a GPU (`make gpu-check`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import gpu_check  # noqa: E402
+from gpu_check import LIMITS, TOTAL_LIMIT, Outcome, Stage, job_rows  # noqa: E402
+
+from oncurve.memory import MemoryPlan  # noqa: E402
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def ends(pid: int) -> bool:
+    """Whether `pid` ends (or is a zombie waiting for its reaper) within 10 s: a SIGKILL is
+    delivered asynchronously."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except FileNotFoundError:
+            return True
+        if "State:\tZ" in status:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_failed_and_timed_out_stages_get_their_rows_and_log_tails(tmp_path):
+    stale = tmp_path / "stale.json"
+    stale.write_text("{}")
+    grandchild = tmp_path / "grandchild.pid"
+    sleeper = (
+        "import subprocess, sys, time; "
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(grandchild)!r}, 'w').write(str(p.pid)); print('waiting', flush=True); "
+        "time.sleep(60)"
+    )
+
+    def unreadable(outcome: Outcome) -> list[list[str]]:
+        return json.loads((tmp_path / "never-written.json").read_text())
+
+    stages = [
+        Stage(
+            "good", "a passing stage", 30, lambda: python("print('fine')"),
+            lambda o: [["stale output gone", str(not stale.exists())], ["second", "row"]],
+            outputs=(stale,),
+        ),
+        Stage(
+            "bad", "a failing stage", 30,
+            lambda: python("import sys; print('the cause of the failure'); sys.exit(3)"),
+            unreadable,
+        ),
+        Stage("slow", "a stage out of time", 2, lambda: python(sleeper), lambda o: []),
+        Stage("trl", "a skipped stage", 30, lambda: "no TRL here", lambda o: []),
+    ]  # fmt: skip
+    reports = gpu_check.run_stages(stages, {}, tmp_path / "logs")
+    good, bad, slow, skipped = reports
+    assert good.outcome.status == "passed"
+    assert good.rows == [["stale output gone", "True"], ["second", "row"]]
+    assert bad.outcome.status == "failed (exit 3)"
+    assert bad.rows[0][1].startswith("none readable (FileNotFoundError")
+    assert slow.outcome.status == "timed out at 2 s"
+    assert ends(int(grandchild.read_text()))  # its whole process group was killed
+    assert skipped.outcome is None and skipped.rows == [["skipped", "no TRL here"]]
+
+    table = gpu_check.table(reports).splitlines()
+    assert table[0] == "| stage | status | s (limit) | check | result |"
+    assert table[2].startswith("| a passing stage | passed | ")
+    assert table[3] == "|  |  |  | second | row |"
+    assert table[4].startswith("| a failing stage | failed (exit 3) | ")
+    assert table[5].startswith("| a stage out of time | timed out at 2 s | ")
+    assert table[5].endswith("| results | none |")
+    assert table[6] == "| a skipped stage | skipped |  | skipped | no TRL here |"
+    tails = gpu_check.tails(reports)
+    assert "the cause of the failure" in tails and "#### slow: timed out at 2 s" in tails
+    assert "#### good" not in tails and "#### trl" not in tails
+
+
+def test_the_stage_limits_fit_in_eight_minutes_and_stages_picks_a_subset(monkeypatch, tmp_path):
+    assert sum(LIMITS.values()) <= TOTAL_LIMIT - 10
+    parser_type = gpu_check.stage_names
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown stages"):
+        parser_type("job,nope")
+    args = type("Args", (), {"stages": parser_type("ppo,job"), "time_scale": 2.0, "steps": 5})
+    chosen = gpu_check.stages(args)
+    assert [s.name for s in chosen] == ["job", "ppo"]  # the order of LIMITS
+    assert [s.limit for s in chosen] == [2 * LIMITS["job"], 2 * LIMITS["ppo"]]
+    assert "run.steps=5" in chosen[0].command()
+    monkeypatch.setattr(gpu_check, "GPU_BUNDLE", tmp_path)  # no wheels there
+    monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: None)
+    assert "make gpu-bundle" in gpu_check.trl_stage(10).command()
+
+
+def test_the_default_jobs_rows_from_its_metrics_and_memory_plan():
+    plan = MemoryPlan(
+        microbatch_rows=64, microbatch_tokens=4096, gradient_checkpointing=False,
+        logprob_chunk_size=1024, state_bytes=2**28, train_peak_bytes=3 * 2**29,
+        sample_peak_bytes=2**28, budget_bytes=80 * 2**30,
+    )  # fmt: skip
+    log = f"loading ...\n{plan.describe()}\nstep 1 ...\n"
+    rows = [{"step": 0, "eval/accuracy": 0.25}]
+    for step, (seconds, graphs) in enumerate([(9.0, 1.0), (0.2, 1.0), (0.4, 0.0)], start=1):
+        rows.append({"step": step, "time/step": seconds, "rollout/graphs": graphs,
+                     "memory/gpu_peak_gb": 0.5 + step / 10})  # fmt: skip
+    rows.append({"step": 3, "eval/accuracy": 0.5})
+    got = dict(job_rows(rows, log, steps=150))
+    assert got["steps done"] == "3 of 150"
+    assert got["held-out greedy accuracy before / after"] == "25.0% / 50.0%"
+    assert got["s/step (median, first step left out)"] == "0.300"
+    assert got["peak GPU memory (max `memory/gpu_peak_gb`)"] == "0.80 GiB"
+    assert got["CUDA graphs (`rollout/graphs`)"] == "off at steps [3]"
+    assert got["memory plan: predicted / measured peak"] == "1.5 / 0.80 GiB (+0.70 GiB)"
+
+
+def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu_check, "CACHE", tmp_path)
+    outcome = Outcome(0, 1.0, 10, tmp_path / "log")
+    (tmp_path / "rollout.json").write_text(json.dumps([
+        {"scenario": "64x256", "sampler": "cuda_graph", "tokens": 16384, "best_s": 1.0,
+         "tokens_per_s": 16384.0, "first_call_s": 3.5, "capture_s": 2.4, "vs_static": 1.1},
+        {"scenario": "64x256", "sampler": "model.generate (static cache)", "tokens": 16384,
+         "best_s": 1.1, "tokens_per_s": 14894.5, "first_call_s": 24.8, "capture_s": None,
+         "vs_static": 1.0},
+    ]))  # fmt: skip
+    assert gpu_check.rollout_stage(10).read(outcome) == [
+        ["64x256 `cuda_graph`", "16,384 tokens/s (1.10x static generate); first call 3.5 s, "
+         "capture 2.4 s"],
+        ["64x256 `model.generate (static cache)`", "14,894 tokens/s (1.00x static generate); "
+         "first call 24.8 s"],
+    ]  # fmt: skip
+    stats = {"oncurve": {"seconds": 2.0, "gpu_peak_gb": 4.0, "plan_gb": 5.2},
+             "TRL": {"seconds": 8.0, "gpu_peak_gb": 5.0}}  # fmt: skip
+    (tmp_path / "trl.json").write_text(json.dumps({"stats": stats}))
+    speed, memory, plan = gpu_check.trl_stage(10).read(outcome)
+    assert speed[1] == "2.00 / 8.00 s = 0.25x (target <= 0.5x: met)"
+    assert memory[1] == "4.00 GiB / 5.00 GiB = 0.80x (target <= 1x: met)"
+    assert plan[1] == "5.2 / 4.00 GiB (+1.20 GiB)"
+    runs = {"GRPO": {"cuda": 4096.0, "plan_gb": 4.5}, "PPO": {"cuda": 8192.0, "plan_gb": None}}
+    (tmp_path / "ppo.json").write_text(json.dumps({"pairs": [runs]}))
+    ratio, grpo, ppo = gpu_check.ppo_stage(10).read(outcome)
+    assert ratio[1] == "4.00 GiB / 8.00 GiB = 0.50x (the claim, 25-50% less than PPO: met)"
+    assert grpo[1] == "4.5 / 4.00 GiB (+0.50 GiB)" and ppo[1] == "n/a / 8.00 GiB"
