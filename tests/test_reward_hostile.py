@@ -91,6 +91,8 @@ CASES = [
     row("correct", "\\boxed{\\frac{6}{\\sqrt{3}}}", 0.0, "Simplify $\\dfrac{6}{\\sqrt 3}$.",
         answer="2\\sqrt{3}"),
     row("correct", "\\boxed{2\\sqrt{3}}", 1.0, "Simplify $\\sqrt{12}$.", answer="2\\sqrt{3}"),
+    row("correct", "\\boxed{2\\sqrt3}", 1.0, "Is $\\sqrt{12}$ equal to $2\\sqrt3$ or $3\\sqrt2$?",
+        answer="2\\sqrt{3}"),
     row("correct", "\\boxed{\\sqrt{3}\\cdot 2}", 1.0, "Simplify $\\sqrt{12}$.", bound=5.0,
         answer="2\\sqrt{3}"),
     row("correct", "\\boxed{9^{9^{9^{9}}}}", 0.0, answer="\\frac{\\sqrt{2}}{2}"),

@@ -121,7 +121,7 @@ def answers_match(
     pred_value = stated_number(predicted, reduced=strict)
     if gold_value is not None and pred_value is not None:
         return pred_value == gold_value
-    if strict and (gold_value is not None or (prompt and _restates(pred, prompt))):
+    if strict and (gold_value is not None or (prompt and _restates(pred, prompt, ref))):
         return False
     if gold_value is not None:
         ref = str(gold_value)
@@ -199,10 +199,11 @@ def _undress(text: str) -> str:
     return text
 
 
-def _restates(pred: str, prompt: str) -> bool:
+def _restates(pred: str, prompt: str, ref: str) -> bool:
     """Whether the normalised answer `pred` is an expression (not a bare number or symbol)
-    written in the prompt: copying the question is not answering it."""
-    if not re.search(r"[-+*/^!(\\]", pred):
+    written in the prompt, other than the reference `ref` itself (a prompt may offer the right
+    answer among choices): copying the question is not answering it."""
+    if not re.search(r"[-+*/^!(\\]", pred) or _canonical(pred) == _canonical(ref):
         return False
     return _canonical(pred) in _canonical(prompt)
 
