@@ -225,6 +225,7 @@ def tiny_job(model_dir: Path, data_file: Path) -> list[str]:
         "rollout.max_new_tokens=8",
         "reward.functions=[rewards_for_tests:count_digits]",
         "reward.timeout=null",
+        "optim.lr=1e-4",  # the random 50k-parameter model moves visibly in a few steps
         "run.device=cpu",  # gloo ranks
     ]
 

@@ -226,7 +226,7 @@ def test_a_cpu_runs_config_yaml_records_what_auto_and_null_became(
         None,
         [f"model.path={tiny_model_dir}", f"data.path={data_file}", "run.device=cpu",
          f"run.dir={tmp_path / 'run'}", "optim.microbatch_tokens=0",
-         "reward.functions=[rewards_for_tests:count_digits]"],
+         "reward.functions=[rewards_for_tests:count_digits]", "rollout.max_new_tokens=16"],
     )  # fmt: skip
     s = setup(config)
     s.rewards.close()

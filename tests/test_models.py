@@ -426,6 +426,7 @@ def test_a_run_records_the_commit_of_its_hub_model(offline_cache, data_file, tmp
             "model.path=acme/tiny",
             f"data.path={data_file}",
             "reward.functions=[rewards_for_tests:count_digits]",
+            "rollout.max_new_tokens=16",
             "reward.timeout=null",
             f"run.dir={run_dir}",
             "run.device=cpu",

@@ -421,8 +421,9 @@ def settle_memory(
     plan = None
     if device.type == "cuda":
         rows_per_step = config.data.prompts_per_step * config.rollout.group_size // world_size
-        # `evaluate` samples up to 256 rows at once
-        eval_rows = min(256, config.eval.num_prompts * config.eval.samples) if evaluates else 0
+        # `evaluate` samples up to 256 rows at once; eval.num_prompts=null takes the whole set
+        prompts = 256 if config.eval.num_prompts is None else config.eval.num_prompts
+        eval_rows = min(256, prompts * config.eval.samples) if evaluates else 0
         plan = plan_memory(
             ModelShape.of(model),
             seq_len=seq_len,

@@ -34,33 +34,137 @@ class Row(dict):
     where: str = ""
 
 
+ANSWER_FORMATS = ("auto", "raw", "gsm8k", "boxed", "last_number")
+# GSM8K's worked solutions end in a line `#### 72`; a markdown heading earlier in a solution
+# is no answer line.
+_FINAL_GSM8K = re.compile(r"(?:^|\n)####[ \t]*([^\n]*?)\s*$")
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
 def load_rows(
     path: str,
     prompt_field: str = "prompt",
     answer_field: str = "answer",
     config: str | None = None,
     split: str = "train",
+    *,
+    prompt_template: str | None = None,
+    answer_format: str = "auto",
+    require_answer: bool = True,
 ) -> list[dict[str, Any]]:
-    """Rows (`Row`s) with the prompt under "prompt" and the answer (as a string) under "answer";
-    other columns are kept and reach the reward functions by name. `config` and `split` pick
-    the part of a Hub dataset."""
+    """Rows (`Row`s) with the prompt under "prompt" and the answer under "answer"; other
+    columns are kept and reach the reward functions by name. `config` and `split` pick the part
+    of a Hub dataset.
+
+    The prompt is `prompt_template` filled from the row's columns, or the `prompt_field`
+    column; a list of {"role", "content"} messages is kept under "prompt_messages" (for the chat
+    template), with its last user message as "prompt". The answer is read off `answer_field` in
+    `answer_format` (`final_answer`), the original value kept as "answer_raw" when that
+    changed any row's. Without `require_answer`, a row may lack the answer field (its answer is None)."""
     rows = []
     for where, record in read_records(path, config, split):
-        for field in (prompt_field, answer_field):
-            if field not in record:
-                present = ", ".join(record) or "none"
-                raise UserError(f"{path} {where}: missing field {field!r} (fields: {present})")
-        prompt = record.pop(prompt_field)
-        answer = record.pop(answer_field)
-        if not isinstance(prompt, str):
-            raise UserError(
-                f"{path} {where}: field {prompt_field!r} must be a string, got "
-                f"{type(prompt).__name__}"
+        location = f"{path} {where}"
+        if prompt_template is None and prompt_field not in record:
+            _missing(location, prompt_field, record)
+        if require_answer and answer_field not in record:
+            _missing(location, answer_field, record)
+        prompt: Any = (
+            fill_template(prompt_template, record, location)
+            if prompt_template is not None
+            else record[prompt_field]
+        )
+        messages = None
+        if isinstance(prompt, list):
+            messages = _messages(prompt, location, prompt_field)
+            prompt = next(
+                (m["content"] for m in reversed(messages) if m["role"] == "user"),
+                messages[-1]["content"],
             )
-        row = Row(record, prompt=prompt, answer=None if answer is None else str(answer))
-        row.where = f"{path} {where}"
-        rows.append(row)
-    return rows
+        elif not isinstance(prompt, str):
+            raise UserError(
+                f"{location}: field {prompt_field!r} must be text or a list of "
+                f"{{role, content}} messages, got {type(prompt).__name__}"
+            )
+        raw = record.pop(answer_field, None)
+        if prompt_template is None:
+            record.pop(prompt_field, None)
+        row = Row(record, prompt=prompt)
+        if messages is not None:
+            row["prompt_messages"] = messages
+        raw = None if raw is None else str(raw)
+        row["answer"] = None if raw is None else final_answer(raw, answer_format)
+        if raw is not None and row["answer"] is None:
+            raise UserError(
+                f"{location}: field {answer_field!r} has no {answer_format} answer (ends "
+                f"{raw[-60:]!r}); set data.answer_format: auto, raw, gsm8k, boxed or last_number"
+            )
+        row.where = location
+        rows.append((row, raw))
+    # the original is kept only where it says more than the answer, in every row alike (reward
+    # functions take each column for a whole batch)
+    if any(raw != row["answer"] for row, raw in rows):
+        for row, raw in rows:
+            row["answer_raw"] = raw
+    return [row for row, _ in rows]
+
+
+def final_answer(value: str, answer_format: str) -> str | None:
+    """The reference answer of an answer column's value, None when `answer_format` finds none:
+    gsm8k, the text of a last `#### x` line (thousands commas dropped); boxed, the last
+    `\\boxed{}`; last_number, the last number; raw, the value itself; auto, gsm8k when the value
+    ends in a `#### x` line, boxed when it holds a `\\boxed`, else raw."""
+    # here, not at the top: `oncurve.rewards` loads torch, which reading a file does not need
+    from oncurve.rewards.answers import extract_answer
+
+    if answer_format not in ANSWER_FORMATS:
+        raise UserError(
+            f"data.answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {answer_format!r}"
+        )
+    final = _FINAL_GSM8K.search(value)
+    if answer_format == "auto":
+        answer_format = (
+            "gsm8k" if final and final.group(1) else "boxed" if "\\boxed" in value else "raw"
+        )
+    if answer_format == "raw":
+        return value
+    if answer_format == "gsm8k":
+        found = final.group(1) if final else extract_answer(value, "gsm8k")
+        return found.replace(",", "") if found else None
+    return extract_answer(value, answer_format)
+
+
+def fill_template(template: str, record: dict[str, Any], where: str) -> str:
+    """`template` with each `{column}` replaced by the row's value of that column; `{{` and
+    `}}` are single braces, and braces around anything but a name (`\\boxed{}`) stay."""
+
+    def fill(match: re.Match) -> str:
+        name = match.group(1)
+        if name is None:
+            return match.group(0)[0]
+        if name not in record:
+            _missing(where, name, record, what="data.prompt_template's column")
+        return str(record[name])
+
+    return _PLACEHOLDER.sub(fill, template)
+
+
+def _messages(value: list, where: str, field: str) -> list[dict[str, str]]:
+    """A conversational prompt checked: a non-empty list of {"role", "content"} text pairs."""
+    ok = value and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in value
+    )
+    if not ok:
+        raise UserError(
+            f"{where}: field {field!r} is a list but not of {{role, content}} messages "
+            f"(got {str(value)[:60]})"
+        )
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def _missing(where: str, field: str, record: dict[str, Any], what: str = "field") -> None:
+    present = ", ".join(record) or "none"
+    raise UserError(f"{where}: missing {what} {field!r} (fields: {present})")
 
 
 def read_records(path: str, config: str | None = None, split: str = "train") -> list[Record]:

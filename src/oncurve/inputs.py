@@ -22,6 +22,10 @@ from oncurve.rewards.runner import RewardRunner, runner_settings
 from oncurve.tasks import get_task
 from oncurve.tasks.base import Task, leveled_examples
 
+# A built-in task's test split may be endless (arith draws fresh problems); eval.num_prompts=null
+# takes this many of it.
+TASK_EVAL_PROMPTS = 500
+
 
 def load_prompts(config: Config) -> tuple[list[dict], list[dict], Task | None]:
     """(train rows, held-out rows, task or None); rows hold "prompt", "answer" and any other
@@ -35,17 +39,41 @@ def load_prompts(config: Config) -> tuple[list[dict], list[dict], Task | None]:
             train = leveled_examples(task, data.num_train, config.run.seed)
         else:
             train = task.examples("train", data.num_train, config.run.seed)
-        held_out = task.examples("test", config.eval.num_prompts, config.run.seed)
+        held_out = task.examples("test", eval_size(config), config.run.seed)
         return train, held_out, task
-    train = load_rows(data.path, data.prompt_field, data.answer_field, data.config, data.split)
+    scored = correctness_fn(config, None) is resolve_reward("correct")[1]
+    settings = {
+        "prompt_template": data.prompt_template,
+        "answer_format": data.answer_format,
+    }
+    train = load_rows(
+        data.path,
+        data.prompt_field,
+        data.answer_field,
+        data.config,
+        data.split,
+        **settings,
+        require_answer=any(spec.name == "correct" for spec in config.reward.functions),
+    )
     held_out = (
         load_rows(
-            config.eval.path, data.prompt_field, data.answer_field, data.config, config.eval.split
+            config.eval.path,
+            data.prompt_field,
+            data.answer_field,
+            data.config,
+            config.eval.split,
+            **settings,
+            require_answer=scored,
         )
         if config.eval.path
         else []
     )
     return train, held_out, None
+
+
+def eval_size(config: Config) -> int:
+    """Held-out problems a built-in task draws: eval.num_prompts, or 500 when that is null."""
+    return TASK_EVAL_PROMPTS if config.eval.num_prompts is None else config.eval.num_prompts
 
 
 class PromptData:
@@ -62,7 +90,11 @@ class PromptData:
             {
                 **row,
                 "prompt_ids": encode_prompt(
-                    tokenizer, row["prompt"], data, getattr(row, "where", "") or f"row {index}"
+                    tokenizer,
+                    row["prompt"],
+                    data,
+                    getattr(row, "where", "") or f"row {index}",
+                    messages=row.get("prompt_messages"),
                 ),
             }
             for index, row in enumerate(rows)
@@ -90,12 +122,24 @@ class PromptData:
         return self._order_cache[1]
 
 
-def encode_prompt(tokenizer: Any, prompt: str, data: DataConfig, where: str) -> list[int]:
-    """Token ids of a prompt after the optional system prompt and chat template; `where`
-    locates the row in the error for a prompt over `data.max_prompt_tokens`."""
-    if data.chat_template:
-        messages = [{"role": "user", "content": prompt}]
-        if data.system_prompt:
+def encode_prompt(
+    tokenizer: Any,
+    prompt: str,
+    data: DataConfig,
+    where: str,
+    messages: list[dict[str, str]] | None = None,
+) -> list[int]:
+    """Token ids of a prompt after the optional system prompt and chat template; a
+    conversational prompt (`messages`, which `prompt` then only names) always takes the chat
+    template. `where` locates the row in the error for a prompt over `data.max_prompt_tokens`."""
+    if messages is not None and not getattr(tokenizer, "chat_template", None):
+        raise UserError(
+            f"{where}: field {data.prompt_field!r} is a list of messages, and the tokenizer has "
+            "no chat template to render them; give the prompt as text"
+        )
+    if data.chat_template or messages is not None:
+        messages = list(messages or [{"role": "user", "content": prompt}])
+        if data.system_prompt and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": data.system_prompt})
         # transformers 5 returns a BatchEncoding (a Mapping, not a dict) unless told otherwise
         ids = tokenizer.apply_chat_template(

@@ -30,8 +30,10 @@ from oncurve.models import resolve_device, save_final, save_lora_final
 from oncurve.preflight import run_preflight
 from oncurve.process import Timer, deterministic_kernels, stop_on_signals
 from oncurve.progress import Progress
+from oncurve.rewards.registry import resolve_reward
 from oncurve.rewards.runner import runner_settings
 from oncurve.rollout.cuda_graph import GraphSampler
+from oncurve.signal_checks import DeadStepWatch, check_gold_answers
 from oncurve.train_step import LossFns, masked_mean, optimizer_step
 from oncurve.types import RolloutBatch, TrainBatch
 
@@ -209,11 +211,13 @@ def _train(config: Config, quiet: bool) -> TrainResult:
     s = setup(config)
     cfg = s.config
     if cfg.run.preflight and s.start_step == 0:
+        _check_gold(s)
         _preflight(s)
     eval_before = eval_after = None
     if s.eval_data is not None and cfg.eval.at_start_end and s.start_step == 0:
         eval_before = _evaluate(s, step=0)
     progress = Progress(cfg.run.steps, s.start_step, quiet, enabled=s.rank == 0)
+    dead_steps = DeadStepWatch(cfg.run.dead_steps if s.rank == 0 else 0)
 
     def request_stop() -> None:
         s.stop_requested = True
@@ -223,6 +227,7 @@ def _train(config: Config, quiet: bool) -> TrainResult:
             metrics = distributed.all_mean(training_step(s, step))
             s.logger.log(step, metrics)
             progress.update(step, metrics)
+            dead_steps.update(metrics)
             # Every rank must agree to stop at the same step, or the next collective hangs.
             s.stop_requested = distributed.all_sum([float(s.stop_requested)])[0] > 0
             if (
@@ -304,6 +309,17 @@ def _record_graph_fallback(s: Session) -> None:
         s.config = dataclasses.replace(s.config, rollout=rollout)
         if s.rank == 0:
             save_config(s.config, s.run_dir / "config.yaml")
+
+
+def _check_gold(s: Session) -> None:
+    """`oncurve.signal_checks.check_gold_answers` on a dataset run scored by the `correct`
+    reward (a built-in task's rows are made with their answers)."""
+    cfg = s.config
+    if cfg.data.path is None or s.correct is not resolve_reward("correct")[1]:
+        return
+    line = check_gold_answers(s.data.rows, s.correct, cfg.data.answer_field)
+    if s.rank == 0:
+        print(line, file=sys.stderr)
 
 
 def _save(s: Session, step: int) -> None:

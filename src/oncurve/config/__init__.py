@@ -1,11 +1,12 @@
 """Run configuration: nested dataclasses, YAML loading, dotted overrides and validation.
 
 Sections follow the data flow: model, data, rollout, reward, algo, optim, eval, log, run, dist.
-Precedence, lowest first: field defaults, the algorithm preset named by `algo.preset` (which may
-set keys of any section), the defaults of the chosen `algo.estimator`, the YAML file, then
-command-line overrides (`algo.beta=0.0`). Every field documents itself through its `help`
-metadata; `describe()` prints them all. Errors are one line naming the field; a key that was
-renamed or moved (`RENAMED`) names its new place.
+Precedence, lowest first: field defaults (a real pretrained model's), the bundled model's own
+settings when `model.path` is `default` (`BUNDLED_MODEL_DEFAULTS`), the algorithm preset named
+by `algo.preset` (which may set keys of any section), the defaults of the chosen
+`algo.estimator`, the YAML file, then command-line overrides (`algo.beta=0.0`). Every field
+documents itself through its `help` metadata; `describe()` prints them all. Errors are one line
+naming the field; a key that was renamed or moved (`RENAMED`) names its new place.
 
 One module per job: `sections` (the dataclasses and each field's own checks), `presets`,
 `loading` (YAML, overrides, coercion), `validation` (checks across fields), `helptext`.
@@ -13,7 +14,7 @@ One module per job: `sections` (the dataclasses and each field's own checks), `p
 
 from oncurve.config.helptext import describe
 from oncurve.config.loading import RENAMED, build_config, load_config, save_config, to_dict
-from oncurve.config.presets import ESTIMATOR_DEFAULTS, PRESETS
+from oncurve.config.presets import BUNDLED_MODEL_DEFAULTS, ESTIMATOR_DEFAULTS, PRESETS
 from oncurve.config.sections import (
     AlgoConfig,
     Config,
@@ -31,6 +32,7 @@ from oncurve.config.sections import (
 )
 
 __all__ = [
+    "BUNDLED_MODEL_DEFAULTS",
     "ESTIMATOR_DEFAULTS",
     "PRESETS",
     "RENAMED",

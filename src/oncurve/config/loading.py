@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from oncurve.config.presets import ESTIMATOR_DEFAULTS, PRESETS
+from oncurve.config.presets import BUNDLED_MODEL_DEFAULTS, ESTIMATOR_DEFAULTS, PRESETS
 from oncurve.config.sections import Config, RewardFnConfig
 from oncurve.config.validation import check_cross_fields
 from oncurve.errors import UserError
@@ -49,7 +49,9 @@ def build_config(raw: dict[str, Any]) -> Config:
     preset = user_algo.get("preset", "grpo")
     if preset not in PRESETS:
         raise UserError(f"algo.preset must be one of {', '.join(PRESETS)}, got {preset!r}")
-    merged = _merge({}, PRESETS[preset])
+    model = raw.get("model")
+    bundled = (model.get("path", "default") if isinstance(model, dict) else "default") == "default"
+    merged = _merge(BUNDLED_MODEL_DEFAULTS if bundled else {}, PRESETS[preset])
     estimator = user_algo.get("estimator", merged["algo"]["estimator"])
     if isinstance(estimator, str):
         merged = _merge(merged, {"algo": ESTIMATOR_DEFAULTS.get(estimator, {})})

@@ -75,3 +75,13 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 # estimator, and group-std scaling would turn RLOO into GRPO x k/(k-1) (TRL and verl divide
 # RLOO advantages by no std). Keys of the algo section.
 ESTIMATOR_DEFAULTS: dict[str, dict[str, Any]] = {"rloo": {"adv_scale": "none"}}
+
+
+# Layered just above the field defaults, below the preset, when model.path is `default`: the
+# bundled 0.8M-parameter model's own settings (the defaults are a real pretrained model's). Its
+# context has room for 64 new tokens, and it learns arith at 1e-4 in 150 steps.
+BUNDLED_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "optim": {"lr": 1e-4},
+    "rollout": {"max_new_tokens": 64},
+    "eval": {"num_prompts": 500},
+}

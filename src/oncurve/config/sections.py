@@ -117,8 +117,30 @@ class DataConfig:
     )
     config: str | None = _opt(None, "config name of a Hub dataset (e.g. main for openai/gsm8k)")
     split: str = _opt("train", "split of a Hub dataset to train on")
-    prompt_field: str = _opt("prompt", "column holding the prompt text")
-    answer_field: str = _opt("answer", "column holding the reference answer")
+    prompt_field: str = _opt(
+        "prompt",
+        "column holding the prompt: text, or a list of {role, content} messages (rendered with "
+        "the tokenizer's chat template)",
+    )
+    prompt_template: str | None = _opt(
+        None,
+        "the prompt as a format string over the row's columns, e.g. \"{question}\\nPut your "
+        'final answer within \\\\boxed{}." ({column} is replaced; {{ and }} are braces, other '
+        "braces stay as written); null: the prompt_field column as it is",
+    )
+    answer_field: str = _opt(
+        "answer",
+        "column holding the reference answer; needed only when a reward that reads it (correct) "
+        "is used",
+    )
+    answer_format: str = _opt(
+        "auto",
+        "how the reference answer is read off answer_field (the original stays in answer_raw): "
+        "gsm8k, the text after a last `#### ` line; boxed, the last \\boxed{}; last_number; "
+        "raw, the whole value; auto: gsm8k when the value ends in a `#### x` line, boxed when "
+        "it holds a \\boxed{}, else raw",
+        choices=("auto", "raw", "gsm8k", "boxed", "last_number"),
+    )
     prompts_per_step: int = _opt(16, "prompts (groups) per training step, B", POSITIVE)
     num_train: int = _opt(20000, "examples a built-in task generates for training", POSITIVE)
     system_prompt: str | None = _opt(None, "system message placed before each prompt")
@@ -153,7 +175,7 @@ class DataConfig:
 @dataclass
 class RolloutConfig:
     group_size: int = _opt(8, "completions sampled per prompt, G", _range(2, None))
-    max_new_tokens: int = _opt(64, "longest completion; longer ones are cut", POSITIVE)
+    max_new_tokens: int = _opt(256, "longest completion; longer ones are cut", POSITIVE)
     min_new_tokens: int = _opt(0, "EOS is suppressed until this many tokens", NON_NEGATIVE)
     temperature: float = _opt(1.0, "sampling temperature (also scales training logprobs)", POSITIVE)
     top_p: float = _opt(1.0, "nucleus sampling mass", _range(0, 1, low_open=True))
@@ -321,7 +343,7 @@ class AlgoConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = _opt(1e-4, "AdamW learning rate", POSITIVE)
+    lr: float = _opt(1e-6, "AdamW learning rate", POSITIVE)
     weight_decay: float = _opt(0.0, "AdamW weight decay", NON_NEGATIVE)
     beta1: float = _opt(0.9, "AdamW beta1", _range(0, 1, high_open=True))
     beta2: float = _opt(0.99, "AdamW beta2", _range(0, 1, high_open=True))
@@ -354,7 +376,11 @@ class EvalConfig:
     every: int = _opt(
         0, "evaluate on held-out prompts every N steps; 0 only at start and end", NON_NEGATIVE
     )
-    num_prompts: int = _opt(500, "held-out prompts per evaluation", NON_NEGATIVE)
+    num_prompts: int | None = _opt(
+        None,
+        "held-out prompts per evaluation; null: all of eval.path, or 500 of a built-in task's",
+        NON_NEGATIVE,
+    )
     samples: int = _opt(
         1, "completions per prompt for mean@K (K > 1 samples at temperature)", POSITIVE
     )
@@ -390,6 +416,12 @@ class RunConfig:
     )
     max_skipped_steps: int = _opt(
         3, "stop after this many consecutive non-finite updates", POSITIVE
+    )
+    dead_steps: int = _opt(
+        10,
+        "warn (one line) when every group has been all-equal (no gradient) this many steps in a "
+        "row; 0 never",
+        NON_NEGATIVE,
     )
     device: str = _opt(
         "auto", "cpu, cuda, cuda:N, or auto (cuda when torch sees a GPU)", _device_check
