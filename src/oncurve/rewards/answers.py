@@ -21,8 +21,8 @@ Matching (`answers_match`; README, "What `correct` pays for"):
     markdown emphasis). `25+4`, `2^{10}`, `\\binom{8}{4}`, `\\frac{58}{2}` are not answers,
     whatever they equal: a policy paid for them learns to copy the question;
   - any other reference (`\\frac{\\sqrt{2}}{2}`, `(x+1)^2`) is compared symbolically through
-    math-verify (extra `math`), except, when `strict`, an answer that restates an expression of
-    the prompt;
+    math-verify (extra `math`), except, when `strict`, an answer that restates the prompt (is
+    an expression written in it, or wraps one of its math expressions: `_restates`);
   - `strict=False` (`reward.answer_match: lenient`) sends any pair that is not two equal numbers
     to math-verify and lets restated expressions match: the matching before strict existed.
 Numbers are bounded before they are built (MAX_ANSWER_CHARS, MAX_EXPONENT), and math-verify
@@ -78,6 +78,10 @@ _STATED_RE = re.compile(
 )
 
 _COMMAND_RE = re.compile(r"\\[a-zA-Z]+")
+# An operation between terms, a power, a factorial, a command or a bracket: not a bare number
+# or symbol (`-1` is not one).
+_EXPRESSION_RE = re.compile(r".[-+*/^!]|\\[a-zA-Z]|\(")
+_MATH_SEGMENT_RE = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
 _EXPLOSIVE_RE = re.compile(
     r"\d{21,}"  # a number past any answer's size
     r"|\d[eE][-+]?\d{4,}"  # 1e999999999
@@ -121,11 +125,13 @@ def answers_match(
     pred_value = stated_number(predicted, reduced=strict)
     if gold_value is not None and pred_value is not None:
         return pred_value == gold_value
-    if strict and (gold_value is not None or (prompt and _restates(pred, prompt, ref))):
+    if strict and gold_value is not None:
         return False
     if gold_value is not None:
         ref = str(gold_value)
     if not (_looks_symbolic(pred) and _looks_symbolic(ref) and _tame(pred)):
+        return False
+    if strict and prompt and _restates(pred, prompt, ref):
         return False
     from oncurve.rewards.math import symbolic_equal
 
@@ -200,12 +206,20 @@ def _undress(text: str) -> str:
 
 
 def _restates(pred: str, prompt: str, ref: str) -> bool:
-    """Whether the normalised answer `pred` is an expression (not a bare number or symbol)
-    written in the prompt, other than the reference `ref` itself (a prompt may offer the right
-    answer among choices): copying the question is not answering it."""
-    if not re.search(r"[-+*/^!(\\]", pred) or _canonical(pred) == _canonical(ref):
+    """Whether the normalised answer `pred` restates the prompt: is an expression written in it,
+    or wraps one of its math expressions that the reference `ref` does not hold (`\\sqrt{12}
+    \\cdot 1` for "Simplify $\\sqrt{12}$"). Copying the question is not answering it. The
+    reference's own form never restates (a prompt may offer it among choices)."""
+    answer, reference = _canonical(pred), _canonical(ref)
+    if not _EXPRESSION_RE.search(answer) or answer == reference:
         return False
-    return _canonical(pred) in _canonical(prompt)
+    if answer in _canonical(prompt):
+        return True
+    for match in _MATH_SEGMENT_RE.finditer(prompt):
+        segment = _canonical(next(group for group in match.groups() if group is not None))
+        if _EXPRESSION_RE.search(segment) and segment in answer and segment not in reference:
+            return True
+    return False
 
 
 def _canonical(text: str) -> str:
