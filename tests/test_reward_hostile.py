@@ -23,7 +23,7 @@ from oncurve.evaluate import evaluate
 from oncurve.inputs import build_rewards, correctness_fn
 from oncurve.rewards import resolve_reward
 from oncurve.rewards.math import has_math_verify
-from oncurve.rewards.registry import lenient_answer_match_reward
+from oncurve.rewards.registry import ANSWER_MATCH_REWARDS, lenient_answer_match_reward
 from oncurve.rewards.runner import RewardRunner
 from oncurve.tasks import get_task
 
@@ -245,6 +245,7 @@ def test_reward_answer_match_picks_the_correct_reward_for_training_and_evaluatio
         result = runner.score([SUM], ["\\boxed{25+4}"], {"answer": ["29"]})
         assert result.per_fn[0, 0].item() == expected
         assert correctness_fn(config, None) is runner.fns[0][1]
+        assert runner.fns[0][1] in ANSWER_MATCH_REWARDS  # read as `correct` by the data checks
         assert runner.verifier == "correct"
         runner.close()
 

@@ -12,6 +12,7 @@ from oncurve.data import load_rows
 from oncurve.errors import UserError
 from oncurve.models import DTYPES, resolve_dtype
 from oncurve.rewards.registry import (
+    ANSWER_MATCH_REWARDS,
     RewardFn,
     episode_reward,
     overlong_penalty,
@@ -41,7 +42,7 @@ def load_prompts(config: Config) -> tuple[list[dict], list[dict], Task | None]:
             train = task.examples("train", data.num_train, config.run.seed)
         held_out = task.examples("test", eval_size(config), config.run.seed)
         return train, held_out, task
-    scored = correctness_fn(config, None) is resolve_reward("correct")[1]
+    scored = correctness_fn(config, None) in ANSWER_MATCH_REWARDS
     settings = {
         "prompt_template": data.prompt_template,
         "answer_format": data.answer_format,

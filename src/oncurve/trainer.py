@@ -30,7 +30,7 @@ from oncurve.models import resolve_device, save_final, save_lora_final
 from oncurve.preflight import run_preflight
 from oncurve.process import Timer, deterministic_kernels, stop_on_signals
 from oncurve.progress import Progress
-from oncurve.rewards.registry import resolve_reward
+from oncurve.rewards.registry import ANSWER_MATCH_REWARDS
 from oncurve.rewards.runner import runner_settings
 from oncurve.rollout.cuda_graph import GraphSampler
 from oncurve.signal_checks import DeadStepWatch, check_gold_answers
@@ -315,7 +315,7 @@ def _check_gold(s: Session) -> None:
     """`oncurve.signal_checks.check_gold_answers` on a dataset run scored by the `correct`
     reward (a built-in task's rows are made with their answers)."""
     cfg = s.config
-    if cfg.data.path is None or s.correct is not resolve_reward("correct")[1]:
+    if cfg.data.path is None or s.correct not in ANSWER_MATCH_REWARDS:
         return
     line = check_gold_answers(s.data.rows, s.correct, cfg.data.answer_field)
     if s.rank == 0:

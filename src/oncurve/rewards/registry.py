@@ -66,6 +66,10 @@ def _answer_scores(
     return scores
 
 
+# The `correct` reward under either matching (`reward.answer_match`).
+ANSWER_MATCH_REWARDS = (answer_match_reward, lenient_answer_match_reward)
+
+
 def with_answer_match(fn: RewardFn, mode: str) -> RewardFn:
     """`fn`, or the `correct` reward of matching `mode` ("strict" | "lenient",
     `reward.answer_match`) when `fn` is the strict one."""
@@ -91,8 +95,7 @@ def episode_reward(
 # Built-ins that score each row alone: the runner calls them one row at a time, so that a slow
 # row costs its own timeout, not the whole batch's (`oncurve.rewards.runner`).
 for _fn in (
-    answer_match_reward,
-    lenient_answer_match_reward,
+    *ANSWER_MATCH_REWARDS,
     think_answer_format_reward,
     tags_format_reward,
     boxed_format_reward,
