@@ -77,6 +77,9 @@ _UID_BASE = 1 << 30
 _BACKSTOP_S = 1.0
 # After the first SIGTERM or kill, how long the bootstrap gets before the whole group is killed.
 _STOP_GRACE_S = 1.0
+# The most the trainer waits for the kernel to tear a killed run's PID namespace down (on a
+# loaded machine, dozens of killed processes can take more than a second to go).
+_TEARDOWN_S = 10.0
 # How often the trainer reads a run's cgroup for a process killed at its memory limit.
 _OOM_POLL_S = 0.05
 _PROBE_SOURCE = (
@@ -606,6 +609,8 @@ class _Run:
 
     def _stop(self, reason: str) -> None:
         self.stop_reason = reason
+        if self.cgroup is not None:
+            self.cgroup.unthrottle()
         if self.namespaces and self.init_pidfd is None:
             # init's first line may be waiting in the pipe, behind the output that stops it.
             with suppress(BlockingIOError):
@@ -630,6 +635,8 @@ class _Run:
 
     def _reap(self) -> None:
         proc = self.proc
+        if self.cgroup is not None:
+            self.cgroup.unthrottle()
         if proc.poll() is None:
             if self.stop_reason is None:  # interrupted (KeyboardInterrupt...): leave nothing
                 self._stop("interrupted")
@@ -647,7 +654,7 @@ class _Run:
             # process of its namespace: then nothing of the run is left.
             with selectors.DefaultSelector() as sel:
                 sel.register(self.init_pidfd, selectors.EVENT_READ)
-                sel.select(_STOP_GRACE_S)
+                sel.select(_TEARDOWN_S)
             os.close(self.init_pidfd)
         self.seconds = time.monotonic() - self.start
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 
 CONTROLLERS = ("memory", "pids", "cpu")
@@ -139,6 +140,17 @@ class RunCgroup:
             self.remove()
             raise
         self.procs = [f"{path}/cgroup.procs" for path in self.dirs]
+
+    def unthrottle(self) -> None:
+        """Lift the CPU bound: a run that is being killed, or whose program has exited, must
+        not wait for its next period for its processes to die."""
+        path, key, value = (
+            (self.dirs[0], "cpu.max", f"max {CPU_PERIOD_US}")
+            if self.hierarchy.version == 2
+            else (self.dirs[2], "cpu.cfs_quota_us", "-1")
+        )
+        with suppress(OSError), open(f"{path}/{key}", "w") as file:
+            file.write(value)
 
     def oom_kills(self) -> int:
         name = "memory.events" if self.hierarchy.version == 2 else "memory.oom_control"
