@@ -678,6 +678,16 @@ def test_memory_outside_rlimit_as_is_refused(host: str) -> None:
     assert _shmem_mb() <= before + 16
 
 
+@needs_namespaces
+def test_sysv_ipc_is_bounded_in_its_namespace_too(host: str) -> None:
+    # Where the filter is missing (another architecture), these limits hold SysV IPC instead.
+    names = ("shmmax", "shmall", "shmmni", "msgmni")
+    source = f"print([int(open('/proc/sys/kernel/' + n).read()) for n in {names!r}])"
+    result = sandbox.run_python(source)
+    assert result.stdout == f"{[sandbox.SCRATCH_MB << 20, sandbox.SCRATCH_MB << 8, 16, 16]}\n"
+    assert Path("/proc/sys/kernel/shmmni").read_text() != "16\n"  # the host's are untouched
+
+
 @needs_cgroups
 def test_memory_over_the_runs_limit_kills_the_run(host: str) -> None:
     # Eight processes of 30 MB each: every one within its RLIMIT_AS of 64 MB, together past

@@ -171,6 +171,19 @@ def _build_root(spec: dict) -> None:
         os.chown(NEW_ROOT + WORKDIR, spec["uid"], spec["uid"])
 
 
+def _limit_ipc(megabytes: int) -> None:
+    """Bound SysV IPC in the run's IPC namespace, behind the filter that refuses it (and in its
+    stead where there is no filter): shared memory at ``megabytes`` in all, few queues."""
+    for name, value in (
+        ("shmmax", megabytes << 20),
+        ("shmall", (megabytes << 20) // 4096),  # in pages
+        ("shmmni", 16),
+        ("msgmni", 16),
+    ):
+        with open(f"/proc/sys/kernel/{name}", "w") as file:
+            file.write(str(value))
+
+
 def _become_unprivileged(outer: int) -> None:
     """Enter a nested user namespace as INNER_UID, which is ``outer`` outside: exec then drops
     every capability. The namespace is the run's own, so what the kernel counts or keeps per
@@ -420,6 +433,7 @@ def main(argv: list[str]) -> int:
             workdir = spec["workdir"]
         else:
             _build_root(spec)
+            _limit_ipc(spec["scratch_mb"])
             workdir = NEW_ROOT + WORKDIR
         # Not dumpable: the program cannot ptrace this process or read its /proc entries.
         _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl dumpable")
