@@ -138,7 +138,7 @@ class RewardRunner:
             if len(values) != n:
                 raise ValueError(f"column {key!r} has {len(values)} values for {n} completions")
         batch = (prompts, completions, columns)
-        per_fn = torch.full((n, len(self.fns)), math.nan)
+        values = [[math.nan] * n for _ in self.fns]  # per function, per row; NaN for None
         counts: dict[str, float] = {"timeouts": 0, "errors": 0, "slowest_row_s": 0.0}
         retry: list[int] = []
         jobs: list[_Job] = []
@@ -149,15 +149,16 @@ class RewardRunner:
                 kind, payload, _, seconds = outcome
                 counts["slowest_row_s"] = max(counts["slowest_row_s"], seconds)
                 if row is not None:
-                    per_fn[row, f] = self._row_score(f, row, outcome, counts)
+                    values[f][row] = self._row_score(f, row, outcome, counts)
                 elif kind == "ok":
-                    per_fn[:, f] = _as_column(payload)
+                    values[f] = [math.nan if v is None else v for v in payload]
                 elif kind == "fatal":
                     raise RewardError(payload)
                 else:
                     retry.append(f)
         for f in retry:
-            per_fn[:, f] = self._score_rows(f, batch, counts)
+            values[f] = self._score_rows(f, batch, counts)
+        per_fn = torch.tensor(values, dtype=torch.float32).T.reshape(n, len(self.fns))
         return _result(per_fn, self.fns, counts, self._verifier_column)
 
     def concat(self, results: Sequence[RewardResult]) -> RewardResult:
@@ -171,15 +172,14 @@ class RewardRunner:
         per_fn = torch.cat([r.per_fn for r in results])
         return _result(per_fn, self.fns, counts, self._verifier_column)
 
-    def _score_rows(self, f: int, batch: tuple, counts: dict[str, float]) -> torch.Tensor:
-        """`[N]` scores of function `f` called one row at a time."""
-        n = len(batch[1])
-        jobs = [(f, i) for i in range(n)]
-        column = torch.full((n,), math.nan)
+    def _score_rows(self, f: int, batch: tuple, counts: dict[str, float]) -> list[float]:
+        """The N scores of function `f` called one row at a time (NaN for None)."""
+        jobs = [(f, i) for i in range(len(batch[1]))]
+        column = []
         with contextlib.closing(self._run(jobs, batch)) as outcomes:
             for (_, i), outcome in zip(jobs, outcomes, strict=True):
                 counts["slowest_row_s"] = max(counts["slowest_row_s"], outcome[3])
-                column[i] = self._row_score(f, i, outcome, counts)
+                column.append(self._row_score(f, i, outcome, counts))
         return column
 
     def _row_score(self, f: int, i: int, outcome: _Outcome, counts: dict[str, float]) -> float:
@@ -187,7 +187,7 @@ class RewardRunner:
         under the error and timeout policy; counts its timeout or error."""
         kind, payload, exc, _ = outcome
         if kind == "ok":
-            return float(_as_column(payload)[0])
+            return math.nan if payload[0] is None else payload[0]
         if kind == "fatal":
             raise RewardError(payload)
         if kind == "timeout":
@@ -408,10 +408,6 @@ def _check_values(name: str, values: Any, n: int, row: int | None) -> list[float
             )
         checked.append(number if math.isfinite(number) else None)
     return checked
-
-
-def _as_column(values: list[float | None]) -> torch.Tensor:
-    return torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float32)
 
 
 def _result(
