@@ -95,10 +95,10 @@ def latest_step(run_dir: Path) -> int:
 
 
 def metric_rows(run_dir: Path) -> list[dict]:
-    """Per-step rows without the wall-clock timings and memory peaks, which differ between runs
-    (a resumed process starts with a fresh allocator)."""
+    """Per-step rows without the wall-clock timings (the slowest reward row's too) and memory
+    peaks, which differ between runs (a resumed process starts with a fresh allocator)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    varying = ("time/", "memory/", "tokens_per_s")
+    varying = ("time/", "memory/", "tokens_per_s", "reward/slowest_row_s")
     return [{k: v for k, v in row.items() if not k.startswith(varying)} for row in rows]
 
 

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -86,33 +87,17 @@ def _launch_torchrun(nproc: int, argv: list[str]) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from oncurve.config import Config
-    from oncurve.data import load_rows
     from oncurve.evaluate import evaluate
-    from oncurve.inputs import PromptData, correctness_fn
+    from oncurve.inputs import PromptData
     from oncurve.rewards.answers import extract_answer
     from oncurve.rewards.runner import runner_settings
     from oncurve.rollout.base import check_room
-    from oncurve.tasks import get_task
 
     config = _run_config(args)
     sampler, model = _load_sampler(args, config)
     data = _prompt_format(args, config, sampler.tokenizer)
-    if args.data is not None:
-        rows = load_rows(args.data)
-    elif config is not None and config.data.task and config.data.path is None:
-        task = get_task(config.data.task, config.data.task_options)
-        rows = task.examples("test", config.eval.num_prompts, config.run.seed)
-    else:
-        raise UserError("--data is required (with --run, unless the run trained on a task)")
-    if config is not None and not args.task:
-        task = (
-            get_task(config.data.task, config.data.task_options)
-            if config.data.task and not config.data.path
-            else None
-        )
-        correct = correctness_fn(config, task)
-    else:
-        correct = get_task(args.task or "arith").reward_fns()["correct"]
+    scorer, correct = _eval_scorer(args, config)
+    rows = _eval_rows(args, config, data, needs_answer=scorer == "correct")
     rows = PromptData(rows, sampler.tokenizer, data, seed=0).rows
     longest = max(len(row["prompt_ids"]) for row in rows)
     check_room(longest, args.max_new_tokens, model.config, "--max-new-tokens")
@@ -138,8 +123,62 @@ def _eval(args: argparse.Namespace) -> int:
                     **record,
                 }
                 out.write(json.dumps(line) + "\n")
-    print(json.dumps({"n": len(rows), **result}))
+    prompts = {
+        "chat_template": data.chat_template,
+        "system_prompt": data.system_prompt,
+        "prompt_template": data.prompt_template,
+        "answer_format": data.answer_format,
+    }
+    print(json.dumps({"n": len(rows), **result, "scorer": scorer, "prompt_format": prompts}))
     return 0
+
+
+def _eval_scorer(args: argparse.Namespace, config) -> tuple[str, Callable]:
+    """(name, function) of the reward that decides correctness: `--reward`, else `--task`'s,
+    else the run's (`--run`), else the built-in `correct` (answers read as data.answer_format
+    says)."""
+    from oncurve.inputs import correctness_fn
+    from oncurve.rewards.registry import BUILTINS, resolve_reward
+    from oncurve.tasks import get_task
+
+    if args.reward:
+        return resolve_reward(args.reward)
+    if args.task:
+        return f"{args.task} task's correct", get_task(args.task).reward_fns()["correct"]
+    if config is None:
+        return resolve_reward("correct")
+    on_task = config.data.task and not config.data.path
+    task = get_task(config.data.task, config.data.task_options) if on_task else None
+    fn = correctness_fn(config, task)
+    if task is not None and "correct" in task.reward_fns():
+        return f"{config.data.task} task's correct", fn
+    builtin = next((name for name, f in BUILTINS.items() if f == fn), None)
+    return builtin or getattr(fn, "__name__", "the run's reward"), fn
+
+
+def _eval_rows(args: argparse.Namespace, config, data, needs_answer: bool) -> list[dict]:
+    """The prompts to score: `--data` (a file or a Hub id at `--config` and `--split`), else
+    the run's eval.path, else the run's task's held-out problems."""
+    from oncurve.data import load_rows
+    from oncurve.inputs import eval_size
+    from oncurve.tasks import get_task
+
+    settings = {
+        "prompt_template": data.prompt_template,
+        "answer_format": data.answer_format,
+        "require_answer": needs_answer,
+    }
+    fields = (data.prompt_field, data.answer_field, data.config)
+    if args.data is not None:
+        return load_rows(args.data, *fields, args.split or "test", **settings)
+    if config is not None and config.eval.path:
+        return load_rows(config.eval.path, *fields, args.split or config.eval.split, **settings)
+    if config is not None and config.data.task and config.data.path is None:
+        task = get_task(config.data.task, config.data.task_options)
+        return task.examples("test", eval_size(config), config.run.seed)
+    raise UserError(
+        "--data is required (with --run, unless the run has an eval.path or trained on a task)"
+    )
 
 
 def _sample(args: argparse.Namespace) -> int:
@@ -161,15 +200,18 @@ def _sample(args: argparse.Namespace) -> int:
 
 def _run_config(args: argparse.Namespace):
     """The resolved config of `--run RUN_DIR` (None without it); fills in `--model` (the run's
-    final model) and `--max-new-tokens` (its rollout.max_new_tokens) when they are not given."""
+    final model) and `--max-new-tokens` (its rollout.max_new_tokens; without a run, the
+    default of a run of `--model`) when they are not given."""
+    from oncurve.config import build_config
+
     if args.run_dir is None:
         if args.model is None:
             raise UserError("--model or --run is required")
-        args.max_new_tokens = args.max_new_tokens or 64
+        # the run a config would make of this model: 64 for the bundled one, else 256
+        default = build_config({"model": {"path": args.model}}).rollout.max_new_tokens
+        args.max_new_tokens = args.max_new_tokens or default
         return None
     import yaml
-
-    from oncurve.config import build_config
 
     path = Path(args.run_dir) / "config.yaml"
     if not path.is_file():
@@ -185,9 +227,9 @@ def _run_config(args: argparse.Namespace):
 
 
 def _prompt_format(args: argparse.Namespace, config, tokenizer):
-    """How prompts are formatted, as training formats them: the run's settings under `--run`,
-    else the chat template when the tokenizer has one; `--chat-template` / `--no-chat-template`
-    and `--system-prompt` override either."""
+    """How prompts are formatted and answers read, as training does: the run's data settings
+    under `--run`, else the defaults with the chat template when the tokenizer has one; the
+    flags (`--chat-template`, `--system-prompt`, `--prompt-field`, ...) override either."""
     from oncurve.config import DataConfig
 
     data = config.data if config is not None else DataConfig()
@@ -197,7 +239,13 @@ def _prompt_format(args: argparse.Namespace, config, tokenizer):
     if chat and not tokenizer.chat_template:
         raise UserError("--chat-template: the tokenizer has no chat template")
     system = args.system_prompt if args.system_prompt is not None else data.system_prompt
-    return dataclasses.replace(data, chat_template=chat, system_prompt=system)
+    # `oncurve eval`'s data flags; `oncurve sample` has none
+    given = {
+        key: getattr(args, key)
+        for key in ("prompt_field", "answer_field", "answer_format", "prompt_template", "config")
+        if getattr(args, key, None) is not None
+    }
+    return dataclasses.replace(data, chat_template=chat, system_prompt=system, **given)
 
 
 def _warmstart(args: argparse.Namespace) -> int:
@@ -299,7 +347,10 @@ def _parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--system-prompt", help="system message before each prompt")
         p.add_argument(
-            "--max-new-tokens", type=int, help="default: the run's rollout.max_new_tokens, or 64"
+            "--max-new-tokens",
+            type=int,
+            help="default: the run's rollout.max_new_tokens, else a run's default for the model "
+            "(64 for `default`, else 256)",
         )
         p.add_argument("--temperature", type=float, default=1.0)
         p.add_argument("--seed", type=int, default=0)
@@ -317,18 +368,38 @@ def _parser() -> argparse.ArgumentParser:
             help="sampler backend: auto, hf, cpu_llama or cuda_graph (as rollout.backend)",
         )
 
-    ev = commands.add_parser("eval", help="accuracy, mean@K and pass@K on a JSONL file")
+    ev = commands.add_parser(
+        "eval", help="accuracy, mean@K and pass@K on a dataset file or Hub dataset"
+    )
     model_args(ev)
     ev.add_argument(
         "--data",
-        help="prompt/answer file (JSONL, CSV, Parquet); with --run of a task run, its held-out "
-        "problems by default",
+        help="JSONL/CSV/Parquet file, saved dataset dir or Hub dataset id (owner/name); with "
+        "--run, the run's eval.path, else its task's held-out problems, by default",
+    )
+    ev.add_argument("--config", help="config name of a Hub dataset (default: the run's)")
+    ev.add_argument(
+        "--split", help="split of a Hub dataset (default: the run's eval.split, else test)"
+    )
+    ev.add_argument("--prompt-field", help="column of the prompt (default: the run's, or prompt)")
+    ev.add_argument("--answer-field", help="column of the answer (default: the run's, or answer)")
+    ev.add_argument(
+        "--answer-format",
+        choices=("auto", "raw", "gsm8k", "boxed", "last_number"),
+        help="how the answer is read off its column, as data.answer_format (default: the run's, "
+        "or auto)",
+    )
+    ev.add_argument(
+        "--prompt-template",
+        help="the prompt as a format string over the columns, as data.prompt_template",
     )
     ev.add_argument("--samples", type=int, default=1, help="K completions per prompt")
     ev.add_argument(
-        "--task",
-        help="task whose reward decides correctness (default: the run's, else arith's)",
+        "--reward",
+        help="reward that decides correctness: a built-in name or module:function (default: the "
+        "run's, else `correct`, which compares the extracted answer with the answer column)",
     )
+    ev.add_argument("--task", help="score with a built-in task's own `correct` reward instead")
     ev.add_argument(
         "--out", help="write one JSON row per prompt: prompt as formatted, completions, scores"
     )
