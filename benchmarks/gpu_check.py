@@ -199,16 +199,12 @@ def tails(reports: list[Report]) -> str:
 # --- the stages ------------------------------------------------------------------------------
 
 
-def python() -> str:
-    return sys.executable
-
-
 def gpu_tests_stage(limit: float) -> Stage:
     report = CACHE / "gpu-tests.xml"
 
     def command() -> list[str]:
         workers = ["-n", "4"] if importlib.util.find_spec("xdist") else []
-        return [python(), "-m", "pytest", "-m", "gpu", "-rs", "-p", "no:cacheprovider",
+        return [sys.executable, "-m", "pytest", "-m", "gpu", "-rs", "-p", "no:cacheprovider",
                 f"--junitxml={report}", *workers]  # fmt: skip
 
     def read(outcome: Outcome) -> list[list[str]]:
@@ -241,7 +237,7 @@ def default_job_stage(limit: float, steps: int | None) -> Stage:
 
     def command() -> list[str]:
         extra = [f"run.steps={steps}"] if steps else []
-        return [python(), "-m", "oncurve", "train", "--quiet", "run.device=cuda",
+        return [sys.executable, "-m", "oncurve", "train", "--quiet", "run.device=cuda",
                 f"run.dir={run_dir}", *extra]  # fmt: skip
 
     def read(outcome: Outcome) -> list[list[str]]:
@@ -260,40 +256,29 @@ def job_rows(rows: list[dict], log: str, steps: int) -> list[list[str]]:
     evaluated = [r for r in rows if "eval/accuracy" in r]
     timed = trained[1:] or trained  # the first step warms up
     peaks = [r["memory/gpu_peak_gb"] for r in trained if "memory/gpu_peak_gb" in r]
-    graphs = [r.get("rollout/graphs") for r in trained]
-    eager = [r["step"] for r, on in zip(trained, graphs, strict=True) if on != 1.0]
+    eager = [r["step"] for r in trained if r.get("rollout/graphs") != 1.0]
+    graphs = f"off at steps {eager[:5]}" if eager else "every step" if trained else "n/a"
     before = percent(evaluated[0]["eval/accuracy"]) if evaluated else "n/a"
     after = percent(evaluated[-1]["eval/accuracy"]) if len(evaluated) > 1 else "n/a"
-    plan = planned_peak_gb(log)
-    out = [
+    peak = max(peaks) if peaks else None
+    return [
         ["steps done", f"{len(trained)} of {steps}"],
         ["held-out greedy accuracy before / after", f"{before} / {after}"],
         [
             "s/step (median, first step left out)",
             f"{statistics.median(r['time/step'] for r in timed):.3f}" if timed else "n/a",
         ],
-        ["peak GPU memory (max `memory/gpu_peak_gb`)", gib(max(peaks) if peaks else None)],
-        [
-            "CUDA graphs (`rollout/graphs`)",
-            "every step"
-            if trained and not eager
-            else f"off at steps {eager[:5]}"
-            if eager
-            else "n/a",
-        ],
-        [
-            "memory plan: predicted / measured peak",
-            plan_against(plan, max(peaks) if peaks else None),
-        ],
+        ["peak GPU memory (max `memory/gpu_peak_gb`)", gib(peak)],
+        ["CUDA graphs (`rollout/graphs`)", graphs],
+        ["memory plan: predicted / measured peak", plan_against(planned_peak_gb(log), peak)],
     ]
-    return out
 
 
 def rollout_stage(limit: float) -> Stage:
     out = CACHE / "rollout.json"
 
     def command() -> list[str]:
-        return [python(), str(HERE / "rollout.py"), "--device", "cuda", "--cuda-shapes",
+        return [sys.executable, str(HERE / "rollout.py"), "--device", "cuda", "--cuda-shapes",
                 "64x256,256x256", "--repeats", "1", "--no-gaps", "--json", str(out)]  # fmt: skip
 
     def read(outcome: Outcome) -> list[list[str]]:
@@ -322,14 +307,16 @@ def trl_stage(limit: float) -> Stage:
                 "TRL is not importable and benchmarks/.gpu-bundle has no wheels: run `make "
                 "gpu-bundle` where PyPI is reachable and carry benchmarks/.gpu-bundle"
             )
-        return [python(), str(HERE / "gpu_vs_trl.py"), "--tokens", "256", "--steps", "3",
+        return [sys.executable, str(HERE / "gpu_vs_trl.py"), "--tokens", "256", "--steps", "3",
                 "--runs", "1", "--json", str(out)]  # fmt: skip
 
     def read(outcome: Outcome) -> list[list[str]]:
         from gpu_vs_trl import SPEED_TARGET
 
         stats = json.loads(out.read_text())["stats"]
-        ours, base = stats.get("oncurve"), stats.get("TRL")
+        if "TRL" not in stats:
+            return [["TRL", "not run: the interpreter could not import it"]]
+        ours, base = stats["oncurve"], stats["TRL"]  # None: that run failed
         if ours is None:
             return [["oncurve", "its run failed (log below)"]]
         rows = [
@@ -363,7 +350,7 @@ def ppo_stage(limit: float) -> Stage:
     out = CACHE / "ppo.json"
 
     def command() -> list[str]:
-        return [python(), str(HERE / "grpo_vs_ppo.py"), "--model", "qwen2.5-0.5b", "--device",
+        return [sys.executable, str(HERE / "grpo_vs_ppo.py"), "--model", "qwen2.5-0.5b", "--device",
                 "cuda", "--eval-n", "0", "--microbatch", "16", "--json", str(out)]  # fmt: skip
 
     def read(outcome: Outcome) -> list[list[str]]:
@@ -426,7 +413,7 @@ def prepare() -> int:
         return 2
     shutil.rmtree(GPU_BUNDLE, ignore_errors=True)
     copy_files(SHARED_TOKENIZER, GPU_BUNDLE / "tokenizer")
-    download = [python(), "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+    download = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                 "--python-version", GPU_PYTHON, "--implementation", "cp", "--platform",
                 "manylinux2014_x86_64", "-d", str(GPU_BUNDLE / "wheels"), *TRL_WHEELS]  # fmt: skip
     subprocess.run(download, check=True)
