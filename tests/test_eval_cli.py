@@ -55,7 +55,9 @@ def test_eval_of_a_run_gives_the_trainers_held_out_accuracy(tmp_path, capsys):
     )
     result = train(config, quiet=True)
     got = eval_json(capsys, "--run", str(run_dir))
-    assert got == {"n": 24, "accuracy": pytest.approx(result.eval_after["accuracy"], abs=1e-9)}
+    assert (got["n"], got["scorer"]) == (24, "arith task's correct")
+    assert got["accuracy"] == pytest.approx(result.eval_after["accuracy"], abs=1e-9)
+    assert got["prompt_format"]["chat_template"] is False
     assert 0 < got["accuracy"] < 1  # a number that depends on the prompts and the model
 
 
@@ -77,6 +79,9 @@ def test_a_chat_template_run_is_evaluated_in_its_template(
     out = tmp_path / "rows.jsonl"
     got = eval_json(capsys, "--run", str(run_dir), "--data", str(data_file), "--out", str(out))
     assert got["accuracy"] == pytest.approx(result.eval_after["accuracy"], abs=1e-9)
+    # without --data, the run's own eval.path
+    assert eval_json(capsys, "--run", str(run_dir)) == got
+    assert (got["scorer"], got["prompt_format"]["system_prompt"]) == ("correct", "be brief")
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == got["n"] == 40
     assert bare(rows[0]["prompt"]).endswith("[system]bebrief[user]0+0=[assistant]")

@@ -236,3 +236,31 @@ def test_the_gsm8k_recipe_trains_end_to_end_from_the_hub_cache(
     scores = s.correct([row["prompt"]] * 2, [right, "The final answer is \\boxed{-1}."],
                        answer=[row["answer"]] * 2, answer_raw=[row["answer_raw"]] * 2)  # fmt: skip
     assert scores == [1.0, 0.0]
+
+
+def test_eval_scores_a_hub_dataset_with_the_correct_reward_and_says_so(
+    gsm8k_hub_cache, tiny_model_dir, tmp_path, capsys
+):
+    from oncurve.cli import main
+
+    out = tmp_path / "rows.jsonl"
+    argv = ["eval", "--device", "cpu", "--model", str(tiny_model_dir), "--max-new-tokens", "4"]
+    hub = ["--data", "openai/gsm8k", "--config", "main", "--prompt-field", "question"]
+    assert main([*argv, *hub, "--out", str(out)]) == 0
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (got["n"], got["scorer"], got["prompt_format"]["answer_format"]) == (
+        4,
+        "correct",
+        "auto",
+    )
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["answer"] for row in rows] == ["600", "1200", "1800", "2400"]  # the test split
+    # a dataset without answers, scored by a reward that reads none
+    open_ended = tmp_path / "open.jsonl"
+    open_ended.write_text(json.dumps({"prompt": "Say 7."}) + "\n")
+    assert (
+        main([*argv, "--data", str(open_ended), "--reward", "rewards_for_tests:count_digits"]) == 0
+    )
+    assert json.loads(capsys.readouterr().out)["scorer"] == "count_digits"
+    assert main([*argv, "--data", str(open_ended)]) == 2
+    assert "line 1: missing field 'answer' (fields: prompt)" in capsys.readouterr().err
