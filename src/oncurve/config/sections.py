@@ -193,6 +193,13 @@ class RolloutConfig:
         "on CUDA. A capture that fails turns it off for the rest of the run, with a warning, "
         "and the run's config.yaml then records false (metric rollout/graphs)",
     )
+    compile: bool | None = _opt(
+        None,
+        "compile the cuda_graph sampler's decode step (torch.compile, inductor) before it is "
+        "captured, so that norms, rotary embeddings, activations and the draw become a few fused "
+        "kernels; null (auto): with that sampler on CUDA. A compilation that fails turns it off "
+        "for the rest of the run, with a warning, and config.yaml then records false",
+    )
     env: str | None = _opt(
         None,
         "multi-turn environment: python_tool or a `module:Class` path (docs/environments.md); "
@@ -204,6 +211,12 @@ class RolloutConfig:
     )
     max_observation_tokens: int = _opt(
         256, "an observation's text is cut to this many tokens before it is fed", POSITIVE
+    )
+    prompts_per_call: int | None = _opt(
+        None,
+        "prompts handed to the sampler at once (their G rows each); null: all of a sampling "
+        "round's. Halved when sampling runs out of memory",
+        POSITIVE,
     )
 
 
@@ -391,6 +404,9 @@ class EvalConfig:
     )
     split: str = _opt("test", "split of a Hub dataset eval.path")
     at_start_end: bool = _opt(True, "evaluate before the first and after the last step")
+    batch_rows: int = _opt(
+        256, "rows sampled at once in an evaluation; halved when it runs out of memory", POSITIVE
+    )
 
 
 @dataclass

@@ -22,7 +22,15 @@ with no copy and no recapture, LoRA adapters included. Only the attention over t
 is written here (grouped-query attention through `scaled_dot_product_attention`). Graphs are
 recaptured only when a weight's storage moved (FSDP2 refills its whole-weights copy) or the
 sampling settings or sizes change. Without CUDA the same step runs eagerly, which is how the CPU
-tests check it. Supported: Llama, Qwen2, Qwen3 and Mistral with static RoPE and no sliding
+tests check it.
+
+Before it is captured the step is compiled (`torch.compile`, inductor, static shapes, in three
+regions: entering the layers, one decoder layer, leaving them), so that norms, rotary embeddings,
+activations and the sampling arithmetic become a few fused kernels instead of a few hundred
+launches. Each bucket gets its compiled regions, the layer's shared by every layer (they differ
+only in their weights, which are inputs of the compiled code, read in place like the eager
+step's); the graphs capture the compiled kernels. A failure to compile decodes with the eager
+step from then on, with one warning. Supported: Llama, Qwen2, Qwen3 and Mistral with static RoPE and no sliding
 window in reach; `supports` says which.
 """
 
@@ -32,6 +40,8 @@ import dataclasses
 import math
 import sys
 import time
+import types
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +84,17 @@ def supports(model: torch.nn.Module, total_len: int | None = None) -> bool:
     return all(hasattr(attention, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj"))
 
 
+def _settings(params: SamplingParams) -> tuple:
+    """What a captured or compiled step depends on of `params`: all but the seed and the stop
+    strings (read outside the step)."""
+    return dataclasses.astuple(dataclasses.replace(params, seed=None, stop=()))
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
 def buckets(rows: int) -> list[int]:
     """Batch sizes that get a graph, largest first: `rows`, then powers of two below it down to
     `SMALLEST_BUCKET`."""
@@ -93,6 +114,74 @@ def bucket_for(alive: int, sizes: list[int]) -> int:
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _layer_step(
+    layer: torch.nn.Module,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    column: torch.Tensor,
+    attend: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+) -> torch.Tensor:
+    """One decoder layer for one token per row: writes the token's key and value at `column` of
+    the layer's static cache and returns the layer's output.
+
+    Shapes: x `[n, 1, H]`; cos, sin `[n, 1, 1, d]`; keys, values `[n, kv_heads, L, d]`; column
+    `[1]`; attend `[n, 1, 1, L]` bool.
+    """
+    rows = x.shape[0]
+    attention = layer.self_attn
+    head_dim = attention.head_dim
+    h = layer.input_layernorm(x)
+    q = attention.q_proj(h).view(rows, 1, heads, head_dim)
+    k = attention.k_proj(h).view(rows, 1, kv_heads, head_dim)
+    v = attention.v_proj(h).view(rows, 1, kv_heads, head_dim)
+    if hasattr(attention, "q_norm"):  # Qwen3 normalises each head before RoPE
+        q, k = attention.q_norm(q), attention.k_norm(k)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [n, h, 1, d]
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    keys.index_copy_(2, column, k)
+    values.index_copy_(2, column, v)
+    # grouped-query attention without repeating the cache: a kv head's query heads stand in
+    # the query-length dimension, where no causal mask separates them
+    grouped = q.reshape(rows, kv_heads, heads // kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(
+        grouped, keys, values, attn_mask=attend, scale=attention.scaling
+    )
+    x = x + attention.o_proj(out.reshape(rows, 1, heads * head_dim))
+    return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
+def _compiled(fn: Callable) -> Callable:
+    """`fn` compiled by inductor for static shapes, as one graph, with a compile cache of its
+    own. Dynamo keeps compiled code per code object, shared by every `torch.compile` of it and
+    limited to 8 entries per code object (past them it runs the code uncompiled, silently); a
+    run needs one entry per bucket of each workspace, so each bucket's region compiles a copy of
+    the code."""
+    if isinstance(fn, types.MethodType):
+        return types.MethodType(_compiled(fn.__func__), fn.__self__)
+    copy = types.FunctionType(
+        fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )
+    # no CUDA graphs of inductor's own (mode="default"): the sampler captures the whole step
+    return torch.compile(copy, dynamic=False, fullgraph=True)
+
+
+@dataclasses.dataclass
+class _Regions:
+    """The three callables a decode step runs, compiled or eager: `enter` (embedding, rotary
+    tables, the attention mask), `layer` (`_layer_step`, for every layer) and `leave` (final
+    norm, logits, the draw and its records)."""
+
+    enter: Callable
+    layer: Callable
+    leave: Callable
 
 
 @dataclasses.dataclass
@@ -122,6 +211,9 @@ class _Workspace:
     reasons: torch.Tensor  # [N] finish reason codes
     # the graphs of each set of sampling settings, by bucket, oldest settings first
     graphs: dict[tuple, dict[int, torch.cuda.CUDAGraph]] = dataclasses.field(default_factory=dict)
+    # compiled step regions by bucket, then by sampling settings for `leave`
+    compiled: dict[int, tuple[Callable, Callable]] = dataclasses.field(default_factory=dict)
+    compiled_leave: dict[tuple[int, tuple], Callable] = dataclasses.field(default_factory=dict)
     weights: tuple[int, ...] = ()  # data pointers of the weights the graphs read
 
 
@@ -134,24 +226,36 @@ class GraphSampler(TorchSampler):
         model: a model `supports` accepts, on its device.
         tokenizer: as `TorchSampler`'s.
         use_graphs: capture and replay graphs; default: when the model is on CUDA.
+        compile_step: compile the decode step (module docstring); default: when the model is
+            on CUDA.
 
     Attributes:
         use_graphs: whether graphs are captured; False after a capture failed.
         graph_error: the first line of the error that made it False, else None.
+        compile_step: whether the step is compiled; False after a compilation failed.
+        compile_error: the first line of the error that made it False, else None.
         min_width: prompt columns every workspace has at least (the trainer sets it to its
             longest prompt, so that no training step meets a wider one and recaptures).
-        capture_seconds: spent capturing graphs, over all calls.
+        capture_seconds: spent capturing graphs, over all calls (compiling not included).
+        compile_seconds: spent compiling the step (first calls of its compiled regions).
     """
 
     def __init__(
-        self, model: transformers.PreTrainedModel, tokenizer, use_graphs: bool | None = None
+        self,
+        model: transformers.PreTrainedModel,
+        tokenizer,
+        use_graphs: bool | None = None,
+        compile_step: bool | None = None,
     ):
         super().__init__(model, tokenizer)
         device = model.get_output_embeddings().weight.device
         self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
+        self.compile_step = device.type == "cuda" if compile_step is None else compile_step
         self.graph_error: str | None = None
+        self.compile_error: str | None = None
         self.min_width = 0
         self.capture_seconds = 0.0
+        self.compile_seconds = 0.0
         self._workspaces: list[_Workspace] = []  # least recently used first
 
     @torch.inference_mode()
@@ -268,7 +372,7 @@ class GraphSampler(TorchSampler):
         without graphs, for fewer than 2 decode steps, or when the capture fails."""
         if not self.use_graphs or params.max_new_tokens < 3:
             return {}
-        settings = dataclasses.astuple(dataclasses.replace(params, seed=None, stop=()))
+        settings = _settings(params)
         weights = tuple(p.data_ptr() for p in self.model.parameters())
         if ws.weights != weights:
             ws.graphs.clear()
@@ -287,8 +391,8 @@ class GraphSampler(TorchSampler):
 
     def _capture(self, ws: _Workspace, params: SamplingParams) -> dict[int, torch.cuda.CUDAGraph]:
         """Capture the step of every bucket of `ws`, after an eager warm-up (lazy
-        initialisations, library workspaces) on a side stream."""
-        start = time.perf_counter()
+        initialisations, library workspaces, compiling) on a side stream."""
+        start, compiling = time.perf_counter(), self.compile_seconds
         self._eos_mask(self.model.get_output_embeddings().weight.shape[0], ws.tokens.device)
         stream = torch.cuda.current_stream()
         side = torch.cuda.Stream()
@@ -316,19 +420,20 @@ class GraphSampler(TorchSampler):
         except BaseException:
             torch.cuda.set_stream(stream)  # a failed capture can leave the side stream current
             raise
-        seconds = time.perf_counter() - start
+        compiled = self.compile_seconds - compiling
+        seconds = time.perf_counter() - start - compiled
         self.capture_seconds += seconds
         print(
             f"cuda_graph sampler: captured {len(graphs)} decode graphs "
-            f"({', '.join(map(str, graphs))} rows) in {seconds:.1f} s",
+            f"({', '.join(map(str, graphs))} rows) in {seconds:.1f} s"
+            + (f", after compiling the step for {compiled:.1f} s" if compiled else ""),
             file=sys.stderr,
         )
         return graphs
 
     def _stop_capturing(self, error: BaseException) -> None:
         """Decode eagerly from now on (the same samples, more kernel launches), saying why."""
-        lines = str(error).strip().splitlines()
-        self.graph_error = f"{type(error).__name__}: {lines[0] if lines else ''}"
+        self.graph_error = _first_line(error)
         self.use_graphs = False
         for ws in self._workspaces:
             ws.graphs.clear()
@@ -440,44 +545,96 @@ class GraphSampler(TorchSampler):
 
     def _step(self, ws: _Workspace, rows: int, params: SamplingParams) -> None:
         """Feed the first `rows` decoder rows' tokens, draw the next ones: static shapes, no
-        host synchronisation (what a graph captures)."""
-        trunk = self.model.base_model
+        host synchronisation (what a graph captures). With compiling on, the first call of a
+        bucket's (or settings') regions compiles them (`compile_seconds`); when compiling fails
+        the step runs eagerly, now and from then on. Before its last region a step only
+        rewrites what it would write again, so running it again after a failure samples the
+        same."""
+        regions, fresh = self._regions(ws, rows, params)
+        if not self.compile_step:
+            self._run_step(ws, rows, params, regions)
+            return
+        start = time.perf_counter()
+        try:
+            self._run_step(ws, rows, params, regions)
+        except torch.OutOfMemoryError:
+            raise  # a step that does not fit is the caller's to handle, compiled or not
+        except Exception as error:  # noqa: BLE001 - any failure to compile: the eager step
+            self._stop_compiling(error)
+            self._run_step(ws, rows, params, self._regions(ws, rows, params)[0])
+        finally:
+            if fresh:
+                self.compile_seconds += time.perf_counter() - start
+
+    def _regions(self, ws: _Workspace, rows: int, params: SamplingParams) -> tuple[_Regions, bool]:
+        """The step's regions for the first `rows` decoder rows of `ws`, compiled while
+        `compile_step` is on (entering and the layer once per bucket, leaving once per bucket
+        and sampling settings), else eager; and whether any of them is new (not yet compiled).
+        """
+        if not self.compile_step:
+            return _Regions(self._enter, _layer_step, self._leave), False
+        fresh = False
+        if rows not in ws.compiled:
+            ws.compiled[rows] = (_compiled(self._enter), _compiled(_layer_step))
+            fresh = True
+        key = (rows, _settings(params))
+        if key not in ws.compiled_leave:
+            ws.compiled_leave[key] = _compiled(self._leave)
+            fresh = True
+        enter, layer = ws.compiled[rows]
+        return _Regions(enter, layer, ws.compiled_leave[key]), fresh
+
+    def _run_step(
+        self, ws: _Workspace, rows: int, params: SamplingParams, regions: _Regions
+    ) -> None:
+        """`_step` with the given regions."""
         config = self.model.config
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-        x = trunk.embed_tokens(ws.tokens[:rows, None])  # [n, 1, H]
-        cos, sin = trunk.rotary_emb(x, ws.positions[:rows, None])  # [n, 1, d]
-        cos, sin = cos[:, None], sin[:, None]  # [n, 1, 1, d]: broadcast over heads
-        visible = ws.visible[:rows]
-        visible.index_fill_(1, ws.column, True)  # the column written below
-        attend = visible[:, None, None, :]
-        for layer, keys, values in zip(trunk.layers, ws.keys, ws.values, strict=True):
-            attention = layer.self_attn
-            head_dim = attention.head_dim
-            h = layer.input_layernorm(x)
-            q = attention.q_proj(h).view(rows, 1, heads, head_dim)
-            k = attention.k_proj(h).view(rows, 1, kv_heads, head_dim)
-            v = attention.v_proj(h).view(rows, 1, kv_heads, head_dim)
-            if hasattr(attention, "q_norm"):  # Qwen3 normalises each head before RoPE
-                q, k = attention.q_norm(q), attention.k_norm(k)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [n, h, 1, d]
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            keys[:rows].index_copy_(2, ws.column, k)
-            values[:rows].index_copy_(2, ws.column, v)
-            # grouped-query attention without repeating the cache: a kv head's query heads
-            # stand in the query-length dimension, where no causal mask separates them
-            grouped = q.reshape(rows, kv_heads, heads // kv_heads, head_dim)
-            out = F.scaled_dot_product_attention(
-                grouped, keys[:rows], values[:rows], attn_mask=attend, scale=attention.scaling
+        x, cos, sin, attend = regions.enter(ws, rows)
+        layers = self.model.base_model.layers
+        for layer, keys, values in zip(layers, ws.keys, ws.values, strict=True):
+            x = regions.layer(
+                layer, x, cos, sin, keys[:rows], values[:rows], ws.column, attend, heads, kv_heads
             )
-            x = x + attention.o_proj(out.reshape(rows, 1, heads * head_dim))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        regions.leave(ws, rows, x, params)
+
+    def _enter(
+        self, ws: _Workspace, rows: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The first region of a step: the embeddings `[n, 1, H]` of the first `rows` decoder
+        rows' tokens, their rotary tables cos and sin `[n, 1, 1, d]` (broadcast over heads), and
+        the columns they attend to `[n, 1, 1, L]`, now with the one the step writes."""
+        trunk = self.model.base_model
+        x = trunk.embed_tokens(ws.tokens[:rows, None])
+        cos, sin = trunk.rotary_emb(x, ws.positions[:rows, None])
+        visible = ws.visible[:rows]
+        visible.index_fill_(1, ws.column, True)
+        return x, cos[:, None], sin[:, None], visible[:, None, None, :]
+
+    def _leave(self, ws: _Workspace, rows: int, x: torch.Tensor, params: SamplingParams) -> None:
+        """The last region of a step: from the layers' output `[n, 1, H]`, the logits, the
+        draw and its records; positions, column and t advance."""
+        trunk = self.model.base_model
         hidden = trunk.norm(x)[:, 0]
         head = self.model.get_output_embeddings()
         logits = float_logits(hidden, head.weight, head.bias)
         ws.positions[:rows] += 1
         ws.column += 1
         self._sample_and_record(ws, rows, logits, params)
+
+    def _stop_compiling(self, error: BaseException) -> None:
+        """Run the uncompiled step from now on (the same samples as an uncompiled sampler's,
+        more kernel launches), saying why."""
+        self.compile_error = _first_line(error)
+        self.compile_step = False
+        for ws in self._workspaces:
+            ws.compiled.clear()
+            ws.compiled_leave.clear()
+        print(
+            f"warning: cuda_graph sampler: compiling the decode step failed "
+            f"({self.compile_error}); decoding with the uncompiled step for the rest of the run",
+            file=sys.stderr,
+        )
 
     def _sample_and_record(
         self, ws: _Workspace, rows: int, logits: torch.Tensor, params: SamplingParams

@@ -1,0 +1,116 @@
+"""The `cuda_graph` sampler's compiled decode step (`rollout.compile`), on the CPU: inductor
+compiles the same regions there (C++ kernels instead of Triton ones), so what compiling must
+keep is checked here: the samples of the eager step, weights read in place with no recompile,
+LoRA, and the fallback to the eager step when compiling fails.
+
+Compiling is slow on a small CPU (tens of seconds a bucket, cold), so each test compiles one
+bucket of a 2-layer model; the other architectures are `slow` (`pytest -m slow` runs them)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_capture_safety import lora_model
+from test_cuda_graph import model_of, trained_logprobs
+from test_rollout import PROMPTS, TOKENIZER, make_model
+
+from oncurve.rollout import SamplingParams
+from oncurve.rollout.cuda_graph import GraphSampler
+
+# 3 prompts x 2 = 6 rows: a single bucket, so a single compilation of each region
+PARAMS = SamplingParams(max_new_tokens=6, temperature=0.7, top_k=20, seed=1)
+
+
+def assert_same_samples(got, want, atol: float) -> None:
+    assert torch.equal(got.completion_ids, want.completion_ids)
+    assert got.finish_reasons == want.finish_reasons
+    torch.testing.assert_close(got.logprobs, want.logprobs, atol=atol, rtol=0)
+
+
+def perturb_in_place(model: torch.nn.Module, lora: bool) -> None:
+    """What an optimizer step does: the same tensors, new values (a LoRA run trains only its
+    adapters)."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if not lora or "lora_" in name:
+                param.add_(torch.randn_like(param) * 0.3)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "qwen3",
+        "lora",
+        pytest.param("llama", marks=pytest.mark.slow),
+        pytest.param("qwen2", marks=pytest.mark.slow),
+        pytest.param("mistral", marks=pytest.mark.slow),
+    ],
+)
+def test_the_compiled_step_samples_as_the_eager_one_and_reads_weights_in_place(kind):
+    model = lora_model() if kind == "lora" else model_of(kind)
+    if kind == "lora":  # adapters that change the samples (peft starts lora_B at zero)
+        perturb_in_place(model, lora=True)
+    compiled = GraphSampler(model, TOKENIZER, compile_step=True)
+    got = compiled.generate(PROMPTS, 2, PARAMS)
+    assert compiled.compile_error is None, compiled.compile_error
+    assert compiled.compile_seconds > 0
+    eager = GraphSampler(model, TOKENIZER, compile_step=False).generate(PROMPTS, 2, PARAMS)
+    assert_same_samples(got, eager, atol=1e-5)
+
+    perturb_in_place(model, lora=kind == "lora")
+    with torch.compiler.set_stance("fail_on_recompile"):  # the new values, no recompiling
+        moved = compiled.generate(PROMPTS, 2, PARAMS)
+    assert compiled.compile_error is None, compiled.compile_error
+    assert not torch.equal(moved.logprobs, got.logprobs)
+    eager = GraphSampler(model, TOKENIZER, compile_step=False).generate(PROMPTS, 2, PARAMS)
+    assert_same_samples(moved, eager, atol=1e-5)
+    torch.testing.assert_close(
+        moved.logprobs, trained_logprobs(model, moved, PARAMS.temperature), atol=2e-5, rtol=0
+    )
+
+
+@pytest.mark.slow
+def test_compiled_buckets_sample_as_the_eager_step_through_compaction():
+    """Rows that end early move the decode to smaller buckets, each compiled on its own."""
+    model = make_model("qwen2", eos_bias=2.0)
+    params = SamplingParams(max_new_tokens=20, temperature=1.0, seed=5)
+    prompts = PROMPTS * 6  # 36 rows: buckets 36, 32, 16, 8
+    compiled = GraphSampler(model, TOKENIZER, compile_step=True)
+    got = compiled.generate(prompts, 2, params)
+    eager = GraphSampler(model, TOKENIZER, compile_step=False).generate(prompts, 2, params)
+    assert compiled.compile_error is None, compiled.compile_error
+    assert {"eos", "length"} <= set(got.finish_reasons)
+    assert len(compiled._workspaces[0].compiled) > 1  # more than one bucket ran compiled
+    assert_same_samples(got, eager, atol=1e-5)
+
+
+@pytest.mark.parametrize("failing", ["every region", "the last region"])
+def test_a_failed_compilation_decodes_with_the_uncompiled_step(monkeypatch, capsys, failing):
+    """Compiling fails at the first call, as inductor's errors do: the sampler says so once
+    and samples exactly what the uncompiled step samples, also when the regions before the
+    last one already ran (they only rewrite what the step writes again)."""
+
+    def compile_(fn, **_):
+        if failing == "the last region" and fn.__name__ != "_leave":
+            return fn
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("BackendCompilerFailed: no compiler (test)")
+
+        return broken
+
+    monkeypatch.setattr(torch, "compile", compile_)
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, top_p=0.9, seed=4)
+    eager = GraphSampler(model_of("qwen2"), TOKENIZER).generate(PROMPTS, 4, params)
+    sampler = GraphSampler(model_of("qwen2"), TOKENIZER, compile_step=True)
+    first = sampler.generate(PROMPTS, 4, params)
+    again = sampler.generate(PROMPTS, 4, params)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "uncompiled step" in warnings[0]
+    assert sampler.compile_error and sampler.compile_error in warnings[0]
+    assert not sampler.compile_step
+    for batch in (first, again):
+        assert torch.equal(batch.completion_ids, eager.completion_ids)
+        assert torch.equal(batch.logprobs, eager.logprobs)
+        assert batch.finish_reasons == eager.finish_reasons
