@@ -42,6 +42,7 @@ def make_run(run_dir, seed=0, steps=30, eval_every=10, beta=0.04, loss_agg="seq-
             "reward/format": 0.5 * p,
             "reward/timeouts": 0.0,
             "reward/errors": 0.0,
+            "reward/slowest_row_s": 0.01,
             "groups/all_equal_frac": 0.5 * (1 - p),
             "adv/abs_mean": 0.8,
             "loss/policy": rng.gauss(0, 0.01),

@@ -62,7 +62,7 @@ FIGURES = (
         (
             Panel(
                 "reward",
-                ("reward/mean", r"reward/(?!mean$|std$|timeouts$|errors$)[^/]+"),
+                ("reward/mean", r"reward/(?!mean$|std$|timeouts$|errors$|slowest_row_s$)[^/]+"),
                 band="reward/std",
             ),
         ),
