@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from oncurve import checkpoint, distributed, ppo
+from oncurve import checkpoint, distributed, oom, ppo
 from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, lookup
 from oncurve.config import Config, save_config
 from oncurve.curriculum import Curriculum, build_curriculum
@@ -97,6 +97,29 @@ class Session:
     completion_tokens: int = 0  # sampled so far, every rank's, checkpointed with the step
     skipped_in_a_row: int = 0
     stop_requested: bool = False
+    oom_retries: int = 0  # phases redone after running out of memory, this step
+    updates_this_step: int = 0  # optimizer steps taken in the step under way
+    # settings made smaller after running out of memory (`oncurve.oom`), by dotted name; kept in
+    # checkpoints so that a resumed run starts from them
+    shrunk: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def adopt(self, config: Config) -> None:
+        """Make `config`, with smaller memory settings (`oncurve.oom`), the session's: the
+        forward's microbatches, gradient checkpointing, config.yaml; counted in
+        `oom_retries`."""
+        self.oom_retries += 1
+        if config.model.gradient_checkpointing and not self.config.model.gradient_checkpointing:
+            enable_gradient_checkpointing(self.policy.model)
+        self.policy.forward = dataclasses.replace(
+            self.policy.forward,
+            microbatch_rows=config.optim.microbatch_size,
+            microbatch_tokens=microbatch_tokens(self.policy.model, config.optim.microbatch_tokens),
+        )
+        before, after = oom.settings_of(self.config), oom.settings_of(config)
+        self.shrunk |= {key: value for key, value in after.items() if before[key] != value}
+        self.config = config
+        if self.rank == 0:
+            save_config(config, self.run_dir / "config.yaml")
 
     def checkpoint_extras(
         self,
@@ -261,7 +284,7 @@ def setup(config: Config) -> Session:
         _resume(s, resume_from)
     policy.release()
     if rank == 0:
-        save_config(config, run_dir / "config.yaml")
+        save_config(s.config, run_dir / "config.yaml")
     return s
 
 
@@ -285,6 +308,16 @@ def _resume(s: Session, checkpoint_dir: Path) -> None:
     if s.policy.fsdp:
         distributed.scatter_weights(s.policy.whole_model, s.policy.model)
     s.start_step = int(state["step"])
+    shrunk = state.get("oom_settings") or {}
+    if shrunk:
+        s.adopt(oom.with_settings(s.config, shrunk))
+        s.shrunk, s.oom_retries = dict(shrunk), 0
+        if s.rank == 0:
+            print(
+                "resuming with the settings the run made smaller after running out of memory: "
+                + ", ".join(f"{key}={value}" for key, value in shrunk.items()),
+                file=sys.stderr,
+            )
     s.completion_tokens = int(state.get("completion_tokens", 0))
     if s.curriculum is not None:
         if "curriculum" not in state:

@@ -4,7 +4,9 @@ DAPO's dynamic sampling (keep only groups whose rewards differ, sample more to f
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -15,9 +17,11 @@ from oncurve.config import Config
 from oncurve.curriculum import gather_pass_rates, group_pass_rates
 from oncurve.errors import TrainingError
 from oncurve.inputs import group_columns
+from oncurve.oom import fewer_prompts_per_call, recover
 from oncurve.process import Timer, step_seed
 from oncurve.rewards.runner import RewardResult
 from oncurve.rollout import SamplingParams
+from oncurve.rollout.cuda_graph import GraphSampler
 from oncurve.rollout.episodes import draw
 from oncurve.types import RolloutBatch
 
@@ -78,7 +82,7 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
             rows = _prompt_rows(s, step, prompts, rounds, rounds_per_step)[mine]
             params = sampling_params(cfg, seed=step_seed(cfg.run.seed, step, rounds, s.rank))
             with timer("rollout"):
-                rollout, outcomes = draw(s.sampler, s.episodes, rows, group_size, params)
+                rollout, outcomes = draw_recovering(s, rows, group_size, params)
             with timer("reward"):
                 scored = s.rewards.score(*_reward_inputs(rows, rollout, group_size, outcomes))
             results.append(scored)
@@ -169,6 +173,44 @@ def _mean_std(rewards: torch.Tensor) -> tuple[float, float]:
     if not len(finite):
         return math.nan, math.nan
     return float(finite.mean()), float(finite.std(unbiased=False))
+
+
+def draw_recovering(
+    s: Session, rows: list[dict], group_size: int, params: SamplingParams
+) -> tuple[RolloutBatch, dict[str, list]]:
+    """`draw` of `rows` in calls of `rollout.prompts_per_call` prompts (all at once when
+    null), concatenated; calls of half as many prompts when sampling runs out of memory
+    (`oncurve.oom`). The first call keeps `params.seed`, call k takes seed + k, so that a round
+    sampled in one call samples what it always did and a split one is as reproducible."""
+
+    def attempt() -> tuple[RolloutBatch, dict[str, list]]:
+        per_call = s.config.rollout.prompts_per_call or len(rows)
+        parts = [
+            draw(
+                s.sampler,
+                s.episodes,
+                rows[start : start + per_call],
+                group_size,
+                params
+                if params.seed is None
+                else dataclasses.replace(params, seed=params.seed + start // per_call),
+            )
+            for start in range(0, len(rows), per_call)
+        ]
+        if len(parts) == 1:
+            return parts[0]
+        rollout = RolloutBatch.concat([part for part, _ in parts], s.tokenizer.pad_token_id)
+        outcomes = {key: [v for _, part in parts for v in part[key]] for key in parts[0][1]}
+        return rollout, outcomes
+
+    shrink = fewer_prompts_per_call(len(rows))
+    return recover("sampling", attempt, s.config, shrink, s.adopt, release_sampler(s))
+
+
+def release_sampler(s: Session) -> Callable[[], None]:
+    """What frees the sampler's memory after it ran out: the cuda_graph sampler's
+    workspaces, which a smaller call would otherwise reuse."""
+    return s.sampler.release if isinstance(s.sampler, GraphSampler) else lambda: None
 
 
 def sampling_params(config: Config, seed: int) -> SamplingParams:

@@ -13,8 +13,11 @@ from __future__ import annotations
 import dataclasses
 import sys
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -24,9 +27,10 @@ from oncurve.build import Session, memory_settings, setup
 from oncurve.config import Config, build_config, save_config, to_dict
 from oncurve.errors import TrainingError
 from oncurve.evaluate import evaluate
-from oncurve.groups import group_rows, sample_groups, sampling_params
+from oncurve.groups import group_rows, release_sampler, sample_groups, sampling_params
 from oncurve.metrics import log_samples
 from oncurve.models import resolve_device, save_final, save_lora_final
+from oncurve.oom import OutOfMemoryStop, fewer_evaluation_rows, halve_microbatches, recover
 from oncurve.preflight import run_preflight
 from oncurve.process import Timer, deterministic_kernels, stop_on_signals
 from oncurve.progress import Progress
@@ -38,6 +42,8 @@ from oncurve.train_step import LossFns, masked_mean, optimizer_step
 from oncurve.types import RolloutBatch, TrainBatch
 
 __all__ = ["Session", "TrainResult", "setup", "train", "training_step"]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -51,6 +57,7 @@ class TrainResult:
 def training_step(s: Session, step: int) -> dict[str, float]:
     """One GRPO step (PPO when the advantage source is a critic); returns its metrics."""
     cfg, timer = s.config, Timer()
+    s.oom_retries = s.updates_this_step = 0
     lr = s.scheduler.get_last_lr()[0]  # this step's: `optimise` steps the schedule
     if s.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(s.device)
@@ -59,10 +66,14 @@ def training_step(s: Session, step: int) -> dict[str, float]:
     batch = train_batch(cfg, sampled.rollout)
     if cfg.algo.beta > 0:
         with timer("reference"):
-            batch.ref_logprobs = s.policy.reference_logprobs(batch)
+            batch.ref_logprobs = _forward_recovering(
+                s, "the reference forward", batch, s.policy.reference_logprobs
+            )
     with timer("train"):
         if cfg.algo.mu * cfg.algo.minibatches > 1:
-            batch.old_logprobs = s.policy.logprobs(batch)
+            batch.old_logprobs = _forward_recovering(
+                s, "the old-policy forward", batch, s.policy.logprobs
+            )
         batch.advantages, advantage_metrics = s.advantage.advantages(batch, sampled.rewards)
         minibatches = minibatch_rows(s, batch)
         fns = dataclasses.replace(
@@ -84,6 +95,7 @@ def training_step(s: Session, step: int) -> dict[str, float]:
         metrics["kl/beta"] = fns.beta
     _record_graph_fallback(s)
     metrics["rollout/graphs"] = float(s.config.rollout.cuda_graphs)
+    metrics["memory/oom_retries"] = float(s.oom_retries)
     metrics["time/step"] = sum(timer.seconds.values())
     if s.device.type == "cuda":
         metrics["memory/gpu_peak_gb"] = torch.cuda.max_memory_allocated(s.device) / 2**30
@@ -134,14 +146,22 @@ def optimise(
     results: list[dict[str, float]] = []
     for _ in range(cfg.algo.mu):
         for rows in minibatches:
-            stats = optimizer_step(
-                s.policy.train_forward,
-                s.optimizer,
-                batch.rows(rows),
-                fns,
-                s.policy.forward,
-                grad_clip=cfg.optim.grad_clip,
+            stats = _forward_recovering(
+                s,
+                "the update",
+                batch,
+                lambda batch, rows=rows: optimizer_step(
+                    s.policy.train_forward,
+                    s.optimizer,
+                    batch.rows(rows),
+                    fns,
+                    s.policy.forward,
+                    grad_clip=cfg.optim.grad_clip,
+                ),
+                # the failed attempt's gradients are discarded
+                on_retry=lambda: s.optimizer.zero_grad(set_to_none=False),
             )
+            s.updates_this_step += 1
             s.skipped_in_a_row = s.skipped_in_a_row + 1 if stats["updates/skipped"] else 0
             results.append(stats)
     with warnings.catch_warnings():
@@ -222,9 +242,11 @@ def _train(config: Config, quiet: bool) -> TrainResult:
     def request_stop() -> None:
         s.stop_requested = True
 
-    with s.rewards, stop_on_signals(request_stop), progress:
+    with s.rewards, stop_on_signals(request_stop), progress, _saved_on_giving_up(s) as where:
         for step in range(s.start_step + 1, cfg.run.steps + 1):
+            where.in_step = True
             metrics = distributed.all_mean(training_step(s, step))
+            where.in_step, where.finished = False, step
             s.logger.log(step, metrics)
             progress.update(step, metrics)
             dead_steps.update(metrics)
@@ -244,6 +266,7 @@ def _train(config: Config, quiet: bool) -> TrainResult:
                 or (cfg.run.save_every and step % cfg.run.save_every == 0)
             ):
                 _save(s, step)
+                where.saved = step
             if s.stop_requested:
                 print(
                     f"stopped at step {step} on request; resume with run.resume=auto "
@@ -279,8 +302,9 @@ def _preflight(s: Session) -> None:
     # the config as settled (auto and null filled in) passes every check of a loaded one
     build_config(to_dict(cfg))
     mine = distributed.shard(cfg.data.prompts_per_step, s.rank, s.world_size)
-    with s.policy.whole():
-        lines = run_preflight(
+
+    def check() -> list[str]:
+        return run_preflight(
             policy=s.policy.train_forward,
             sampler=s.sampler,
             rows=s.data.batch(1, cfg.data.prompts_per_step)[mine][:2],
@@ -291,8 +315,11 @@ def _preflight(s: Session) -> None:
             trainable=[p for group in s.optimizer.param_groups for p in group["params"]],
             chat_template=cfg.data.chat_template,
             dtype=next(s.policy.model.parameters()).dtype,
-            prompt_index=_shares_prompt_forward(cfg),
+            prompt_index=_shares_prompt_forward(s.config),
         )
+
+    with s.policy.whole():
+        lines = recover("the preflight", check, s.config, halve_microbatches, s.adopt)
     _record_graph_fallback(s)
     lines.insert(0, "preflight: settings valid, none of them a known silent no-op")
     if s.rank == 0:
@@ -322,6 +349,37 @@ def _check_gold(s: Session) -> None:
         print(line, file=sys.stderr)
 
 
+@dataclass
+class _Position:
+    """Where the training loop stands."""
+
+    finished: int  # the last step whose update is done
+    saved: int  # the last step checkpointed
+    in_step: bool = False  # a step's phases are under way
+
+
+@contextmanager
+def _saved_on_giving_up(s: Session) -> Iterator[_Position]:
+    """The loop's position; when a phase gives up after running out of memory
+    (`OutOfMemoryStop`), the last finished step is saved, unless the step under way already
+    changed the weights (an update of several optimizer steps), and the one-line error says
+    where a resumed run starts."""
+    where = _Position(finished=s.start_step, saved=s.start_step)
+    try:
+        yield where
+    except OutOfMemoryStop as stop:
+        if (not where.in_step or s.updates_this_step == 0) and where.finished > where.saved:
+            _save(s, where.finished)
+            where.saved = where.finished
+        s.logger.close()
+        kept = (
+            f"step {where.saved} is saved: resume with run.resume=auto run.dir={s.run_dir}"
+            if where.saved
+            else "no step was saved"
+        )
+        raise OutOfMemoryStop(f"{stop}; {kept}") from None
+
+
 def _save(s: Session, step: int) -> None:
     modules, optimizers = s.checkpoint_extras()
     with s.policy.whole() as policy:
@@ -336,6 +394,7 @@ def _save(s: Session, step: int) -> None:
                 "completion_tokens": s.completion_tokens,
                 "world_size": s.world_size,
                 "memory": memory_settings(s.config),
+                "oom_settings": s.shrunk,
                 **({} if s.curriculum is None else {"curriculum": s.curriculum.state_dict()}),
             },
             keep_last=s.config.run.keep_last,
@@ -345,23 +404,53 @@ def _save(s: Session, step: int) -> None:
         )
 
 
+def _forward_recovering(
+    s: Session,
+    phase: str,
+    batch: TrainBatch,
+    run: Callable[[TrainBatch], T],
+    on_retry: Callable[[], None] = lambda: None,
+) -> T:
+    """`run(batch)`, redone in smaller microbatches (then with gradient checkpointing) each
+    time it runs out of memory (`oncurve.oom`)."""
+
+    def adopt(config: Config) -> None:
+        s.adopt(config)
+        if not _shares_prompt_forward(s.config):  # checkpointing drops the prompt's KV cache
+            batch.prompt_index = None
+
+    return recover(phase, lambda: run(batch), s.config, halve_microbatches, adopt, on_retry)
+
+
 def _evaluate(s: Session, step: int) -> dict[str, float]:
-    cfg = s.config
     with s.policy.whole():
-        result = evaluate(
-            s.sampler,
-            s.eval_data.rows[: cfg.eval.num_prompts],
-            s.correct,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            samples=cfg.eval.samples,
-            temperature=cfg.rollout.temperature,
-            seed=cfg.run.seed,
-            episodes=s.episodes,
-            **runner_settings(cfg.reward),
+        result = recover(
+            "evaluation",
+            lambda: _evaluation(s),
+            s.config,
+            fewer_evaluation_rows,
+            s.adopt,
+            on_retry=release_sampler(s),
         )
     _record_graph_fallback(s)
     s.logger.log(step, {f"eval/{k}": v for k, v in result.items()})
     return result
+
+
+def _evaluation(s: Session) -> dict[str, float]:
+    cfg = s.config
+    return evaluate(
+        s.sampler,
+        s.eval_data.rows[: cfg.eval.num_prompts],
+        s.correct,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        samples=cfg.eval.samples,
+        temperature=cfg.rollout.temperature,
+        seed=cfg.run.seed,
+        batch_size=cfg.eval.batch_rows,
+        episodes=s.episodes,
+        **runner_settings(cfg.reward),
+    )
 
 
 def _shares_prompt_forward(cfg: Config) -> bool:

@@ -1,0 +1,164 @@
+"""Out of memory is not the end of a run: a phase that runs out is redone in smaller pieces.
+
+The memory plan (`oncurve.memory`) is an estimate: completions grow during training, another
+process may share the card. When a phase raises `torch.OutOfMemoryError`, `recover` frees what
+the failed attempt held, makes that phase's pieces smaller and runs it again on the same data:
+
+- sampling: fewer prompts per sampler call (`rollout.prompts_per_call`);
+- the reference and old-policy forwards and the update: half the rows and tokens per microbatch
+  (`optim.microbatch_size`, `optim.microbatch_tokens`), then gradient checkpointing
+  (`model.gradient_checkpointing`) once a microbatch is one row. The loss is normalised by the
+  whole step's counts, so smaller microbatches give the same update to float rounding;
+- evaluation: fewer rows per sampler call (`eval.batch_rows`).
+
+Each change is one line on stderr (phase, old and new setting), is counted in the step's
+`memory/oom_retries`, and goes into the session's config (config.yaml and every later
+checkpoint), so a resumed run starts from it. When nothing is left to make smaller, `recover`
+raises `OutOfMemoryStop` with one line of what to try; the trainer then saves the last
+finished step and stops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+from oncurve.config import Config
+from oncurve.errors import TrainingError
+
+T = TypeVar("T")
+
+
+class OutOfMemoryStop(TrainingError):
+    """A phase ran out of memory with every setting it can shrink at its smallest."""
+
+
+# A change of settings: the new config and a description "key old -> new", or None when the
+# phase has nothing left to make smaller.
+Shrink = Callable[[Config], tuple[Config, str] | None]
+
+
+def halve_microbatches(config: Config) -> tuple[Config, str] | None:
+    """Half the rows and tokens per microbatch; at one row, gradient checkpointing on."""
+    o, m = config.optim, config.model
+    rows, tokens = o.microbatch_size, o.microbatch_tokens
+    if rows is not None and rows > 1:
+        # a token cap that is set is halved too; none (0) or the device's own (null) stays
+        half = dataclasses.replace(
+            o, microbatch_size=rows // 2, microbatch_tokens=tokens // 2 if tokens else tokens
+        )
+        change = f"optim.microbatch_size {rows} -> {rows // 2}"
+        if o.microbatch_tokens:
+            change += f", optim.microbatch_tokens {o.microbatch_tokens} -> {half.microbatch_tokens}"
+        return dataclasses.replace(config, optim=half), change
+    if not m.gradient_checkpointing:
+        checkpointed = dataclasses.replace(m, gradient_checkpointing=True)
+        return (
+            dataclasses.replace(config, model=checkpointed),
+            "model.gradient_checkpointing false -> true",
+        )
+    return None
+
+
+def fewer_prompts_per_call(prompts: int) -> Shrink:
+    """Half the prompts of a sampler call, from `prompts` (all of a round's) when unset."""
+
+    def shrink(config: Config) -> tuple[Config, str] | None:
+        now = config.rollout.prompts_per_call or prompts
+        if now <= 1:
+            return None
+        rollout = dataclasses.replace(config.rollout, prompts_per_call=now // 2)
+        return (
+            dataclasses.replace(config, rollout=rollout),
+            f"rollout.prompts_per_call {now} -> {now // 2}",
+        )
+
+    return shrink
+
+
+def fewer_evaluation_rows(config: Config) -> tuple[Config, str] | None:
+    """Half the rows of an evaluation's sampler call."""
+    rows = config.eval.batch_rows
+    if rows <= 1:
+        return None
+    evaluation = dataclasses.replace(config.eval, batch_rows=rows // 2)
+    return (
+        dataclasses.replace(config, eval=evaluation),
+        f"eval.batch_rows {rows} -> {rows // 2}",
+    )
+
+
+# the settings `recover` makes smaller, by section and field
+SETTINGS = (
+    ("optim", "microbatch_size"),
+    ("optim", "microbatch_tokens"),
+    ("model", "gradient_checkpointing"),
+    ("rollout", "prompts_per_call"),
+    ("eval", "batch_rows"),
+)
+
+
+def settings_of(config: Config) -> dict[str, object]:
+    """`config`'s values of `SETTINGS`, by dotted name."""
+    return {f"{section}.{key}": getattr(getattr(config, section), key) for section, key in SETTINGS}
+
+
+def with_settings(config: Config, settings: dict[str, object]) -> Config:
+    """`config` with `settings` (dotted names of `SETTINGS`, as `settings_of` gives) in place."""
+    for name, value in settings.items():
+        section, key = name.split(".")
+        config = dataclasses.replace(
+            config, **{section: dataclasses.replace(getattr(config, section), **{key: value})}
+        )
+    return config
+
+
+def free_memory() -> None:
+    """Return what a failed attempt held (its tensors die with its frames) to the device."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def recover(
+    phase: str,
+    attempt: Callable[[], T],
+    config: Config,
+    shrink: Shrink,
+    apply: Callable[[Config], None],
+    on_retry: Callable[[], None] = lambda: None,
+) -> T:
+    """`attempt()`, run again with a smaller setting each time it runs out of memory.
+
+    Args:
+        phase: named in the lines printed and in the error when it gives up.
+        config: the settings the first attempt runs with.
+        shrink: the next smaller settings (see `Shrink`).
+        apply: makes a new config the session's (the forward settings, checkpointing, the
+            recorded config); called before each retry.
+        on_retry: undoes what the failed attempt left (e.g. its partial gradients).
+    Raises:
+        OutOfMemoryStop: out of memory with nothing left to shrink.
+    """
+    while True:
+        try:
+            return attempt()
+        except torch.OutOfMemoryError as error:
+            detail = str(error).strip().splitlines()[0] if str(error).strip() else "out of memory"
+        on_retry()
+        free_memory()
+        smaller = shrink(config)
+        if smaller is None:
+            raise OutOfMemoryStop(
+                f"out of memory in {phase} with every setting that can shrink at its smallest "
+                f"({detail}); lower rollout.max_new_tokens, set run.gpu_memory_gb to the memory "
+                "the card really has free, or train LoRA adapters (model.lora.r)"
+            )
+        config, change = smaller
+        print(f"out of memory in {phase}: redoing it with {change}", file=sys.stderr)
+        apply(config)
