@@ -811,6 +811,7 @@ REFUSED_CALLS = {
     "bpf": 321,
     "perf_event_open": 298,
     "ptrace": 101,
+    "pidfd_getfd": 438,
     "mount": 165,
     "umount2": 166,
     "unshare": 272,
@@ -867,10 +868,16 @@ def test_the_host_shows_no_paths_packages_or_shared_file_events(host: str) -> No
         f"for path in {sandbox._package_dirs()!r}:\n"
         "    sys.path.append(path)\n"
         "    print('packages', path, os.listdir(path))\n"
+        "for name, lock in [('flock', fcntl.flock), ('lockf', fcntl.lockf)]:\n"
+        "    try:\n"
+        "        lock(open(os.__file__), fcntl.LOCK_SH)\n"
+        "    except OSError as exc:\n"
+        "        print(name, exc.errno)\n"
         "try:\n"
-        "    fcntl.flock(open(os.__file__), fcntl.LOCK_EX)\n"
+        "    fcntl.fcntl(os.open('/usr', os.O_RDONLY), fcntl.F_NOTIFY, fcntl.DN_ACCESS)\n"
         "except OSError as exc:\n"
-        "    print('flock', exc.errno)\n"
+        "    print('dnotify', exc.errno)\n"
+        "os.set_blocking(1, False)\n"  # fcntl's other commands still work
         "print('inotify', libc.inotify_init(), ctypes.get_errno())\n"
         "print(open('/proc/self/cgroup').read())\n"
     )
@@ -880,7 +887,8 @@ def test_the_host_shows_no_paths_packages_or_shared_file_events(host: str) -> No
     assert [line for line in lines if line.startswith("packages")] == [
         f"packages {path} []" for path in sandbox._package_dirs()
     ]
-    assert f"flock {errno.EPERM}" in lines and f"inotify -1 {errno.EPERM}" in lines
+    refused = [f"{name} {errno.EPERM}" for name in ("flock", "lockf", "dnotify")]
+    assert set(refused) <= set(lines) and f"inotify -1 {errno.EPERM}" in lines
     assert not any(path in result.stdout for path in own)
 
 

@@ -208,7 +208,8 @@ AF_UNIX = 1
 # Namespace flags of clone: a program that needs none of them must not make its own.
 CLONE_NEW_ANY = 0x7E020080  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME
 # x86_64 numbers of what a test program never needs: io_uring (425-427), userfaultfd, keyrings
-# (add_key, request_key, keyctl), bpf, perf_event_open, ptrace and the process_vm_* calls,
+# (add_key, request_key, keyctl), bpf, perf_event_open, ptrace and the calls that reach into
+# another process as it does (process_vm_readv/writev, pidfd_getfd, process_madvise),
 # mount and namespace calls (mount, umount2, pivot_root, chroot, unshare, setns, the new mount
 # API 428-433, mount_setattr), kexec, modules, reboot, swapon/swapoff, acct; memory that no
 # rlimit counts: memfd_create, memfd_secret, SysV shared memory, semaphores and message queues
@@ -216,12 +217,16 @@ CLONE_NEW_ANY = 0x7E020080  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID,
 # inotify and fanotify, which would see the other runs' and the trainer's use of the files they
 # share read-only.
 REFUSED_X86_64 = (
-    *(425, 426, 427, 323, 248, 249, 250, 321, 298, 101, 310, 311, 319, 447, 73, 253, 294, 300),
+    *(425, 426, 427, 323, 248, 249, 250, 321, 298, 101, 310, 311, 438, 440),
+    *(319, 447, 73, 253, 294, 300),
     *(29, 64, 68, 240),
     *(165, 166, 155, 161, 272, 308, 428, 429, 430, 431, 432, 433, 442),
     *(246, 320, 175, 313, 176, 169, 167, 168, 163),
 )
-SYS_CLONE, SYS_CLONE3, SYS_SOCKET, SYS_SOCKETPAIR = 56, 435, 41, 53
+SYS_CLONE, SYS_CLONE3, SYS_SOCKET, SYS_SOCKETPAIR, SYS_FCNTL = 56, 435, 41, 53, 72
+# fcntl's record locks (F_GETLK, F_SETLK, F_SETLKW and their OFD forms) and F_NOTIFY (dnotify):
+# like flock and inotify, they would show a run what others do with the files they share.
+FCNTL_REFUSED = (5, 6, 7, 36, 37, 38, 1026)
 ENOSYS, EPERM, EAFNOSUPPORT = 38, 1, 97
 
 
@@ -241,7 +246,7 @@ class _SockFprog(ctypes.Structure):
 def seccomp_program() -> list[tuple[int, int, int, int]]:
     """The filter, as (code, jt, jf, k): refuse REFUSED_X86_64 with EPERM; clone3 with ENOSYS
     (its flags are out of a filter's sight: libc falls back to clone); clone with a namespace
-    flag; socket and socketpair of any family but AF_UNIX. Another architecture, or x32
+    flag; fcntl's FCNTL_REFUSED commands; socket and socketpair of any family but AF_UNIX. Another architecture, or x32
     calls, kill the process: their numbers mean other calls."""
 
     def ret(value: int) -> tuple[int, int, int, int]:
@@ -261,10 +266,18 @@ def seccomp_program() -> list[tuple[int, int, int, int]]:
     ]
     # Each refused number: jeq nr -> its return, laid out after all the jumps.
     jumps = [(BPF_JEQ_K, 0, 0, number) for number, _ in checks]
+    fcntl_jumps = len(FCNTL_REFUSED)
     tail = [
         (BPF_JEQ_K, 0, 3, SYS_CLONE),
         (BPF_LD_W_ABS, 0, 0, 16),  # args[0], low half: clone's flags
         (BPF_JSET_K, 0, 1, CLONE_NEW_ANY),
+        deny,
+        (BPF_LD_W_ABS, 0, 0, 0),
+        (BPF_JEQ_K, 0, fcntl_jumps + 3, SYS_FCNTL),
+        (BPF_LD_W_ABS, 0, 0, 24),  # args[1]: the command
+        # the k-th command jumps over the rest of them to `deny`
+        *[(BPF_JEQ_K, fcntl_jumps - k, 0, cmd) for k, cmd in enumerate(FCNTL_REFUSED)],
+        ret(SECCOMP_RET_ALLOW),
         deny,
         (BPF_LD_W_ABS, 0, 0, 0),
         (BPF_JEQ_K, 1, 0, SYS_SOCKET),
@@ -401,8 +414,20 @@ def _children(parent: int) -> list[int]:
     return found
 
 
-def _kill_descendants() -> None:
-    """Fallback: kill and reap every descendant, detached ones included (we are subreaper)."""
+def _kill_descendants(uid: int | None) -> None:
+    """Fallback: kill and reap every descendant, detached ones included (we are subreaper).
+    With a uid of the program's own, one kill(-1) from that uid first: it reaches them all at
+    once, where a fork bomb refills faster than one pass over /proc kills, on a loaded machine,
+    and the trainer would then kill this process and leave the bomb to the machine's init."""
+    if uid is not None:
+        helper = os.fork()
+        if helper == 0:
+            try:
+                os.setresuid(uid, uid, uid)
+                os.kill(-1, signal.SIGKILL)
+            finally:
+                os._exit(0)
+        os.waitpid(helper, 0)
     me = os.getpid()
     while True:
         children = _children(me)
@@ -445,7 +470,7 @@ def main(argv: list[str]) -> int:
         return 70
     outcome = _supervise(child, spec["timeout_s"])
     if spec["mode"] == "fallback":
-        _kill_descendants()
+        _kill_descendants(spec["uid"])
     # In a PID namespace our exit kills whatever is left in it.
     _report(status_fd, **outcome)
     return 0
