@@ -58,7 +58,7 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(ROOT / "src")]  # oncurve from the checkout: no install needed
 from common import (  # noqa: E402
     GPU_BUNDLE,
     log_tail,
@@ -493,7 +493,10 @@ def main() -> int:
 
     gpu = gpu_name()
     budget = sum(stage.limit for stage in chosen)
-    print(f"gpu_check: {len(chosen)} stages, at most {budget:.0f} s (all: {TOTAL_LIMIT} s)")
+    print(
+        f"gpu_check: {len(chosen)} stages, time limits {budget:.0f} s in all (the whole "
+        f"check's budget: {TOTAL_LIMIT} s)"
+    )
     reports = run_stages(chosen, child_env(), CACHE / "logs")
     text = table(reports)
     failures = tails(reports)
