@@ -15,7 +15,8 @@ Each change is one line on stderr (phase, old and new setting), is counted in th
 `memory/oom_retries`, and goes into the session's config (config.yaml and every later
 checkpoint), so a resumed run starts from it. When nothing is left to make smaller, `recover`
 raises `OutOfMemoryStop` with one line of what to try; the trainer then saves the last
-finished step and stops.
+finished step and stops. With several ranks nothing is redone: the rank that ran out stops
+with one line naming the smaller setting to restart with.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import TypeVar
 
 import torch
 
+from oncurve import distributed
 from oncurve.config import Config
 from oncurve.errors import TrainingError
 
@@ -159,6 +161,15 @@ def recover(
                 f"({detail}); lower rollout.max_new_tokens, set run.gpu_memory_gb to the memory "
                 "the card really has free, or train LoRA adapters (model.lora.r)"
             )
-        config, change = smaller
+        before, (config, change) = settings_of(config), smaller
+        rank, world_size = distributed.world()
+        if world_size > 1:
+            # The other ranks are inside this phase's collectives (DDP's buffer broadcasts and
+            # gradient all-reduce), which a redo on this rank alone would not match.
+            raise OutOfMemoryStop(
+                f"out of memory in {phase} on rank {rank} ({detail}); with several ranks a phase "
+                "cannot be redone on one of them: restart with "
+                + " ".join(f"{k}={v}" for k, v in settings_of(config).items() if before[k] != v)
+            )
         print(f"out of memory in {phase}: redoing it with {change}", file=sys.stderr)
         apply(config)
