@@ -51,10 +51,9 @@ _GSM8K_RE = re.compile(r"####\s*([^\n]*)")
 _NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+"
 _NUMBER_RE = re.compile(rf"(?<![\w.])(?:{_NUMBER})(?![\w])")
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
-# A box opener with the brace of its argument, or any other brace: one pass over these finds
-# every box (`_last_boxed`).
-_BOX_TOKEN_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])[ \t]*(\{)?|[{}]")
-_PLAIN_BOX_ARG_RE = re.compile(r"[ \t]+([^\s${}\\]+)")
+# A box opener with the brace of its argument (group 1) or its unbraced argument (group 2,
+# `\boxed 7`), or any other brace: one pass over these finds every box (`_last_boxed`).
+_BOX_TOKEN_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])(?:[ \t]*(\{)|[ \t]+([^\s${}\\]+))?|[{}]")
 _NON_SPACE_RE = re.compile(r"\S")
 
 _TEXT_RE = re.compile(r"\\(?:text|textbf|textrm|textit|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
@@ -288,10 +287,13 @@ def _last_boxed(text: str) -> str | None:
     """Content of the last outermost `\\boxed{...}`, braces balanced (`\\boxed{\\frac{1}{2}}`);
     a box that only wraps another box is unwrapped. One pass over the braces: each box's
     argument ends where its brace closes, so nested or unclosed boxes cost no rescans."""
+    first = _BOX_RE.search(text)
+    if first is None:
+        return None
     boxes: dict[int, tuple[int, int, int]] = {}  # box start -> (content start, end, box end)
     last = None  # the box that closed last: it is outermost, since one around it closes later
     open_braces: list[tuple[int, int] | None] = []  # (box start, content start) for a box's
-    for token in _BOX_TOKEN_RE.finditer(text):
+    for token in _BOX_TOKEN_RE.finditer(text, first.start()):  # braces before it hold no box
         if token.group() == "{":
             open_braces.append(None)
         elif token.group() == "}":
@@ -301,12 +303,10 @@ def _last_boxed(text: str) -> str | None:
                 last = box[0]
         elif token.group(1):
             open_braces.append((token.start(), token.end()))
-        else:
-            plain = _PLAIN_BOX_ARG_RE.match(text, _BOX_RE.match(text, token.start()).end())
-            if plain is not None:
-                end = plain.start(1) + len(plain.group(1).rstrip("."))  # `\boxed 7.`
-                boxes[token.start()] = (plain.start(1), end, plain.end(1))
-                last = token.start()
+        elif token.group(2):
+            end = token.start(2) + len(token.group(2).rstrip("."))  # `\boxed 7.`
+            boxes[token.start()] = (token.start(2), end, token.end())
+            last = token.start()
     if last is None:
         return None
     start, end, _ = boxes[last]
