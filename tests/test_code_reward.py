@@ -215,18 +215,20 @@ def test_tests_see_the_programs_data_and_objects_by_value(reward):
         "class Counter:\n    def __init__(self, start):\n        self.n = start\n"
         "    def up(self):\n        self.n += 1\n        return self.n\n"
         "def squares(n):\n    return (i * i for i in range(n))\n"
+        "def total(counters):\n    return sum(c.n for c in counters)\n"
         "def scaled(x):\n    return x * FACTOR\n"
         "def fails(x):\n    raise ValueError(x)\n"
         "LIMIT = 7\n"
     )
     tests = [
         "c = Counter(3)\nassert c.up() == 4 and c.up() == 5 and c.n == 5",
+        "assert total([Counter(1), Counter(5)]) == 6",  # its objects passed back to it
         "assert list(squares(4)) == [0, 1, 4, 9] and LIMIT == 7",
         "FACTOR = 3\nassert scaled(2) == 6",  # MBPP's test_setup_code, read by the program
         "try:\n    fails(1)\nexcept ValueError:\n    pass\nelse:\n    assert False",
         "assert scaled(2) == 6",  # no FACTOR this time: NameError in the program
     ]
-    assert reward(["p"], [fenced(program)], tests=[tests]) == [pytest.approx(4 / 5)]
+    assert reward(["p"], [fenced(program)], tests=[tests]) == [pytest.approx(5 / 6)]
 
 
 def test_undecodable_source_is_an_error_result(reward):

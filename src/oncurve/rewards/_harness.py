@@ -30,6 +30,9 @@ import types
 from typing import Any
 
 _PLAIN = (int, float, complex, str, bytes, bool, type(None), tuple, list, dict, set, frozenset)
+# Marks, in a call's arguments, a reference to an object of the program's (`Pair(5, 24)` made
+# by an earlier call and passed back): (_REF, index).
+_REF = "\0oncurve-ref"
 _MAX_MESSAGE = 1 << 28
 
 
@@ -84,7 +87,10 @@ def _serve(source: str, requests: int, replies: int) -> None:
             target = objects[ref]
             try:
                 if kind == "call":
-                    reply = encode(target(*rest[0], **rest[1]))
+                    args, kwargs, refs = rest
+                    if refs:
+                        args, kwargs = _map_refs((args, kwargs), lambda v: _deref(v, objects))
+                    reply = encode(target(*args, **kwargs))
                 elif kind == "getattr":
                     reply = encode(getattr(target, rest[0]))
                 elif kind == "iter":
@@ -102,6 +108,25 @@ def _serve(source: str, requests: int, replies: int) -> None:
         print(f"the program stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
     finally:
         os._exit(0)
+
+
+def _map_refs(value: Any, swap: Any) -> Any:
+    """`value` with `swap` applied to each part, containers rebuilt around what it changed."""
+    found = swap(value)
+    if found is not value:
+        return found
+    kind = type(value)
+    if kind in (list, tuple, set, frozenset):
+        return kind(_map_refs(item, swap) for item in value)
+    if kind is dict:
+        return {_map_refs(k, swap): _map_refs(v, swap) for k, v in value.items()}
+    return value
+
+
+def _deref(value: Any, objects: list) -> Any:
+    if type(value) is tuple and len(value) == 2 and value[0] == _REF and type(value[1]) is int:
+        return objects[value[1]]
+    return value
 
 
 def _plain(value: object, depth: int = 0) -> bool:
@@ -124,7 +149,13 @@ class _Remote:
         self._link, self._ref = link, ref
 
     def __call__(self, *args, **kwargs):
-        return self._link.ask("call", self._ref, args, kwargs)
+        try:
+            marshal.dumps((args, kwargs))
+            refs = False
+        except ValueError:  # objects of the program's among them, or what cannot travel
+            args, kwargs = _map_refs((args, kwargs), _mark)
+            refs = True
+        return self._link.ask("call", self._ref, args, kwargs, refs)
 
     def __getattr__(self, name):
         return self._link.ask("getattr", self._ref, name)
@@ -138,6 +169,10 @@ class _Remote:
 
     def __repr__(self):
         return "<object of the program>"
+
+
+def _mark(value: Any) -> Any:
+    return (_REF, value._ref) if type(value) is _Remote else value
 
 
 class _Link:

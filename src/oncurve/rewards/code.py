@@ -14,8 +14,9 @@ in either common form:
   program's functions through a pipe, with arguments and results by value as exact built-in
   types, and evaluates every comparison and assert on its side. A case passes when that side
   prints a secret made for the run, which the program never sees; so no early exit, exit hook,
-  always-equal object, patched builtin or printed verdict passes it. Results must be plain data
-  (an object of the program's comes back as a reference that equals nothing); arguments the
+  always-equal object, patched builtin or printed verdict passes it. An object of the program's
+  that is not plain data comes back as a reference: the tests may call it, read its attributes,
+  iterate it and pass it back, but it equals nothing and has no truth value. Arguments the
   program changes in place are not seen by the tests.
 
 Each case is its own sandboxed run (`oncurve.sandbox`, each limited by `reward.sandbox_timeout_s`
