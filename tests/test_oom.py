@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import yaml
+from conftest import tiny_qwen2
 from safetensors.torch import load_file
 from test_reliability import metric_rows
 from test_trainer import make_config
@@ -14,6 +15,7 @@ from test_trainer import make_config
 from oncurve import checkpoint, groups, oom, train_step, trainer
 from oncurve.config import load_config
 from oncurve.policy import Policy
+from oncurve.tokenizer import char_tokenizer
 
 FAST = ("run.preflight=false", "eval.at_start_end=false", "optim.microbatch_size=16")
 
@@ -187,3 +189,41 @@ def test_with_several_ranks_the_rank_that_runs_out_stops_naming_the_setting(monk
     assert attempts == [1]
     message = str(stopped.value)
     assert "on rank 1" in message and message.endswith("restart with optim.microbatch_size=4")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_capped_below_the_plan_a_run_with_too_large_a_microbatch_recovers(
+    data_file, tmp_path
+):
+    """A 152k vocabulary makes the logits the peak: 64 rows of ~100 tokens in one microbatch
+    and one logit chunk want ~4 GB of float32 logits, over a 3 GiB cap; halving the
+    microbatch brings them under it."""
+    tokenizer = char_tokenizer()
+    model = tiny_qwen2(151_936)
+    model.config.eos_token_id = tokenizer.eos_token_id
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    run_dir = tmp_path / "run"
+    config = make_config(
+        model_dir,
+        data_file,
+        run_dir,
+        "run.device=cuda",
+        "run.gpu_memory_gb=3",
+        "data.prompts_per_step=8",
+        "rollout.group_size=8",
+        "rollout.max_new_tokens=96",
+        "rollout.min_new_tokens=96",
+        "optim.microbatch_size=64",
+        "optim.microbatch_tokens=0",
+        "model.logprob_chunk_size=8192",
+        "eval.at_start_end=false",
+        "run.steps=2",
+    )
+    trainer.train(config, quiet=True)
+    assert sum(r["memory/oom_retries"] for r in trainer_rows(run_dir)) >= 1
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["optim"]["microbatch_size"] < 64
