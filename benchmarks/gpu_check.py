@@ -284,12 +284,16 @@ def rollout_stage(limit: float) -> Stage:
     def read(outcome: Outcome) -> list[list[str]]:
         rows = []
         for r in json.loads(out.read_text()):
-            capture = "" if r["capture_s"] is None else f", capture {r['capture_s']:.1f} s"
+            # within the first call: the sampler's own compiling and capturing, if it does
+            parts = [f"{r['first_call_s']:.1f} s"]
+            for what, key in (("compile", "compile_s"), ("capture", "capture_s")):
+                if r.get(key) is not None:
+                    parts.append(f"{what} {r[key]:.1f} s")
             rows.append(
                 [
                     f"{r['scenario']} `{r['sampler']}`",
                     f"{r['tokens_per_s']:,.0f} tokens/s ({r['vs_static']:.2f}x static "
-                    f"generate); first call {r['first_call_s']:.1f} s{capture}",
+                    f"generate); first call {', '.join(parts)}",
                 ]
             )
         return rows

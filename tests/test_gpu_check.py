@@ -130,14 +130,15 @@ def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
     outcome = Outcome(0, 1.0, 10, tmp_path / "log")
     (tmp_path / "rollout.json").write_text(json.dumps([
         {"scenario": "64x256", "sampler": "cuda_graph", "tokens": 16384, "best_s": 1.0,
-         "tokens_per_s": 16384.0, "first_call_s": 3.5, "capture_s": 2.4, "vs_static": 1.1},
+         "tokens_per_s": 16384.0, "first_call_s": 3.5, "capture_s": 2.4, "vs_static": 1.1,
+         "compile_s": 0.5},
         {"scenario": "64x256", "sampler": "model.generate (static cache)", "tokens": 16384,
          "best_s": 1.1, "tokens_per_s": 14894.5, "first_call_s": 24.8, "capture_s": None,
          "vs_static": 1.0},
     ]))  # fmt: skip
     assert gpu_check.rollout_stage(10).read(outcome) == [
         ["64x256 `cuda_graph`", "16,384 tokens/s (1.10x static generate); first call 3.5 s, "
-         "capture 2.4 s"],
+         "compile 0.5 s, capture 2.4 s"],
         ["64x256 `model.generate (static cache)`", "14,894 tokens/s (1.00x static generate); "
          "first call 24.8 s"],
     ]  # fmt: skip
