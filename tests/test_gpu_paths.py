@@ -69,7 +69,7 @@ def run_scenario(name: str, timeout: float = 240, **env: str) -> str:
 def train_on_cuda(run_dir: Path, *overrides: str, steps: int = 2) -> list[dict]:
     """`oncurve train` of the default job (the bundled model on `arith`, its preflight and its
     evaluations at start and end) on CUDA with `overrides`, in a fresh process. Checks that the
-    run sampled with CUDA graphs all along and returns its training rows."""
+    run sampled with CUDA graphs all along and returns its metrics rows."""
     args = ["run.device=cuda", f"run.steps={steps}", f"run.dir={run_dir}", *overrides]
     log = run_fresh([sys.executable, "-m", "oncurve", "train", "--quiet", *args], timeout=300)
     assert "capturing the decode step failed" not in log, tail(log)
