@@ -360,8 +360,10 @@ def pythonpath() -> list[str]:
 
 
 def imports_trl(python: str, env: dict[str, str]) -> bool:
-    probe = subprocess.run([python, "-c", "import trl"], env=env, capture_output=True)
-    return probe.returncode == 0
+    """Whether `python` finds trl in `env` (found, not imported: importing it and its
+    dependencies takes seconds, and the TRL child fails with its own error if one is missing)."""
+    code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('trl') is None)"
+    return subprocess.run([python, "-c", code], env=env).returncode == 0
 
 
 def versions(python: str, env: dict[str, str], trl: bool = False) -> str:
