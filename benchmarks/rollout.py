@@ -13,17 +13,23 @@ see `common.peak_memory`).
     python benchmarks/rollout.py                 # both scenarios of issue 3
     python benchmarks/rollout.py --model 30m     # one scenario: tiny|default|30m|PATH
     python benchmarks/rollout.py --backends hf   # some backends only
-    python benchmarks/rollout.py --device cuda   # GPU: 0.5B model, 64 rows x 256 and 1024 tokens
+    python benchmarks/rollout.py --device cuda   # GPU: 0.5B model, the four scenarios below
     python benchmarks/rollout.py --device cuda --cuda-shapes 64x256,256x256 --repeats 1 --no-gaps
 
-On CUDA (`--device cuda`) the rows are the GPU backends and `model.generate` with its dynamic
-and its static cache (transformers compiles the static decode step and replays it as a CUDA
-graph); each sampler is warmed up first (its capture or compilation timed apart), then the best
-of `--repeats` calls counts, every row forced to the full length, bf16. Its model is
-`gpu_vs_trl.py`'s random Qwen2.5-0.5B shape (the Qwen3 tokenizer from ../shared or
-benchmarks/.gpu-bundle). `--cuda-shapes` lists the scenarios as ROWSxTOKENS (rows = prompts x
-G=8), `--no-gaps` leaves out the logprob gap to the training forward, and `--json PATH` also
-writes the measurements as JSON (what `gpu_check.py` reads).
+On CUDA (`--device cuda`) the rows are the GPU backends (`cuda_graph` compiled and captured, as
+a run on CUDA samples by default, and `cuda_graph` captured without compiling) and
+`model.generate` with its dynamic cache (what TRL samples with) and its static cache
+(transformers compiles the static decode step and replays it as a CUDA graph); each sampler is
+warmed up first (its first call timed apart, and within it the sampler's compiling and
+capturing), then the best of `--repeats` calls counts, bf16. Its model is `gpu_vs_trl.py`'s
+random Qwen2.5-0.5B shape (the Qwen3 tokenizer from ../shared or benchmarks/.gpu-bundle).
+`--cuda-shapes` lists the scenarios as ROWSxTOKENS (rows = prompts x G=8, every row forced to
+the full length; default 64x256, 256x256, 64x1024) or ROWSxTOKENS~MEAN, lengths that vary as in
+a real run: the model's EOS logit is raised (`raise_eos`) so that lengths are roughly geometric
+with mean MEAN, cut at TOKENS, the same model for every sampler (default 64x1024~256), where
+moving finished rows to smaller graphs and prefilling each prompt once for its G rows count.
+`--no-gaps` leaves out the logprob gap to the training forward, and `--json PATH` also writes
+the measurements as JSON (what `gpu_check.py` reads).
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from common import (  # noqa: E402
 )
 
 from oncurve.rollout import BACKENDS, SamplingParams, build_sampler  # noqa: E402
+from oncurve.rollout.cuda_graph import GraphSampler  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "rollout.md"
 # model -> (prompts, group size, new tokens, force full length)
@@ -208,92 +215,175 @@ def cuda_model() -> tuple[transformers.PreTrainedModel, object]:
     return model.to("cuda").eval(), tokenizer
 
 
+def raise_eos(
+    model: transformers.PreTrainedModel, eos_id: int, mean_length: float
+) -> torch.nn.Module:
+    """Give `model` an output head whose EOS logit is raised by a constant, chosen so that EOS
+    is drawn with probability 1 / `mean_length` per token on average over the positions of
+    random sequences (completion lengths then roughly geometric with that mean); the head's
+    weight stays the same tensor (tied embeddings stay tied). Returns the old head, to put
+    back with `set_output_embeddings`."""
+    old = model.get_output_embeddings()
+    ids = torch.randint(model.config.vocab_size, (8, 64), device=old.weight.device)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float().flatten(0, 1)  # [positions, V]
+    eos = logits[:, eos_id].clone()
+    logits[:, eos_id] = float("-inf")
+    # EOS's probability with a bias b is sigmoid(b - gap): bisect for b
+    gap = torch.logsumexp(logits, dim=-1) - eos
+    low, high = -100.0, 100.0
+    for _ in range(60):
+        bias = (low + high) / 2
+        if float(torch.sigmoid(bias - gap).mean()) < 1 / mean_length:
+            low = bias
+        else:
+            high = bias
+    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+    head.to(device=old.weight.device, dtype=old.weight.dtype)
+    head.weight = old.weight
+    with torch.no_grad():
+        head.bias.zero_()
+        if old.bias is not None:
+            head.bias.copy_(old.bias)
+        head.bias[eos_id] += bias
+    model.set_output_embeddings(head)
+    return old
+
+
 def run_cuda(
-    model, tokenizer, rows: int, new_tokens: int, repeats: int, backends: list[str], gaps: bool
+    model,
+    tokenizer,
+    rows: int,
+    new_tokens: int,
+    mean_length: int | None,
+    repeats: int,
+    backends: list[str],
+    gaps: bool,
 ) -> tuple[str, list[dict]]:
-    """One GPU scenario: `rows` // 8 prompts x G=8, `new_tokens` forced, best of `repeats`.
-    Returns its markdown section and one record per sampler."""
+    """One GPU scenario: `rows` // 8 prompts x G=8, best of `repeats`, every row forced to
+    `new_tokens`, or with `mean_length` lengths roughly geometric with that mean (cut at
+    `new_tokens`). Returns its markdown section and one record per sampler."""
     group = 8
     prompts = make_prompts(rows // group)
-    params = SamplingParams(max_new_tokens=new_tokens, min_new_tokens=new_tokens, seed=0)
+    forced = new_tokens if mean_length is None else 0
+    params = SamplingParams(max_new_tokens=new_tokens, min_new_tokens=forced, seed=0)
+    device = model.device
+
+    def sync() -> None:  # so that the clock stops when the device is done
+        if device.type == "cuda":
+            torch.cuda.synchronize()
 
     def ours(sampler) -> int:
         return int(sampler.generate(prompts, group, params).completion_mask.sum())
 
     def generate(cache: str | None) -> int:
-        enc = tokenizer(prompts, return_tensors="pt", padding=True).to("cuda")
+        enc = tokenizer(prompts, return_tensors="pt", padding=True).to(device)
         out = model.generate(
             **enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-            num_return_sequences=group, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-            pad_token_id=tokenizer.pad_token_id, cache_implementation=cache,
+            num_return_sequences=group, max_new_tokens=new_tokens, min_new_tokens=forced,
+            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+            cache_implementation=cache,
         )  # fmt: skip
-        return (out.shape[1] - enc["input_ids"].shape[1]) * out.shape[0]
+        completion = out[:, enc["input_ids"].shape[1] :]
+        is_eos = completion == tokenizer.eos_token_id
+        # tokens up to and including the first EOS (generate pads the rest)
+        lengths = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, completion.shape[1])
+        return int(lengths.sum())
 
+    old_head = (
+        None if mean_length is None else raise_eos(model, tokenizer.eos_token_id, mean_length)
+    )
     samplers = {backend: build_sampler(backend, model, tokenizer) for backend in backends}
+    if "cuda_graph" in samplers and samplers["cuda_graph"].compile_step:
+        samplers["cuda_graph, uncompiled"] = GraphSampler(model, tokenizer, compile_step=False)
     calls = {label: (lambda s=s: ours(s)) for label, s in samplers.items()}
     calls["model.generate (dynamic cache)"] = lambda: generate(None)
     calls["model.generate (static cache)"] = lambda: generate("static")
     records = []
-    for label, call in calls.items():
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        call()  # warm-up: graph capture or compilation
-        torch.cuda.synchronize()
-        first = time.perf_counter() - start
-        seconds = []
-        for _ in range(repeats):
+    try:
+        for label, call in calls.items():
+            sync()
             start = time.perf_counter()
-            tokens = call()
-            torch.cuda.synchronize()
-            seconds.append(time.perf_counter() - start)
-        records.append(
-            {
-                "scenario": f"{rows}x{new_tokens}",
-                "sampler": label,
-                "tokens": tokens,
-                "best_s": min(seconds),
-                "tokens_per_s": tokens / min(seconds),
-                "first_call_s": first,
-                "capture_s": getattr(samplers.get(label), "capture_seconds", None),
-            }
-        )
-    base = next(r for r in records if r["sampler"] == "model.generate (static cache)")
-    for record in records:
-        record["vs_static"] = record["tokens_per_s"] / base["tokens_per_s"]
-    table = [
-        [r["sampler"], str(r["tokens"]), f"{r['best_s']:.3f}", f"{r['tokens_per_s']:,.0f}",
-         f"{r['vs_static']:.2f}x", f"{r['first_call_s']:.1f}",
-         "" if r["capture_s"] is None else f"{r['capture_s']:.1f}"]
-        for r in records
-    ]  # fmt: skip
-    header = ["sampler", "tokens", "best s", "tokens/s", "vs static generate", "first call s",
-              "capture s"]  # fmt: skip
-    title = (
-        f"### cuda-{rows}x{new_tokens}: random Qwen2.5-0.5B shape, bf16, {rows // group} "
-        f"prompts x G={group}, {new_tokens} new tokens forced, best of {repeats}\n\n"
-        f"{torch.cuda.get_device_name()}; measured {time.strftime('%Y-%m-%d')} with torch "
-        f"{torch.__version__}, transformers {transformers.__version__}\n\n"
-    )
-    exactness = ""
-    if gaps:
-        for label, sampler in samplers.items():
+            call()  # warm-up: compilation, graph capture
+            sync()
+            first = time.perf_counter() - start
+            seconds, tokens = [], []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                tokens.append(call())
+                sync()
+                seconds.append(time.perf_counter() - start)
+            best = min(range(repeats), key=lambda i: seconds[i] / tokens[i])
+            records.append(
+                {
+                    "scenario": f"{rows}x{new_tokens}" + (f"~{mean_length}" if mean_length else ""),
+                    "sampler": label,
+                    "tokens": tokens[best],
+                    "mean_length": statistics.mean(tokens) / rows,
+                    "best_s": seconds[best],
+                    "tokens_per_s": tokens[best] / seconds[best],
+                    "first_call_s": first,
+                    "capture_s": getattr(samplers.get(label), "capture_seconds", None),
+                    "compile_s": getattr(samplers.get(label), "compile_seconds", None),
+                }
+            )
+        exactness = ""
+        for label, sampler in samplers.items() if gaps else ():
             mean, largest = logprob_gap(model, sampler, prompts, group, params)
             exactness += (
                 f"- `{label}`: its logprobs against the training forward's, mean |diff| "
                 f"{mean:.2e}, max {largest:.2e}\n"
             )
+    finally:
+        if old_head is not None:
+            model.set_output_embeddings(old_head)
+    base = next(r for r in records if r["sampler"] == "model.generate (static cache)")
+    for record in records:
+        record["vs_static"] = record["tokens_per_s"] / base["tokens_per_s"]
+
+    def seconds_or_blank(value: float | None) -> str:
+        return "" if value is None else f"{value:.1f}"
+
+    table = [
+        [r["sampler"], str(r["tokens"]), f"{r['mean_length']:.0f}", f"{r['best_s']:.3f}",
+         f"{r['tokens_per_s']:,.0f}", f"{r['vs_static']:.2f}x", f"{r['first_call_s']:.1f}",
+         seconds_or_blank(r["compile_s"]), seconds_or_blank(r["capture_s"])]
+        for r in records
+    ]  # fmt: skip
+    header = ["sampler", "tokens", "mean length", "best s", "tokens/s", "vs static generate",
+              "first call s", "compile s", "capture s"]  # fmt: skip
+    lengths = (
+        f"{new_tokens} new tokens forced"
+        if mean_length is None
+        else f"lengths roughly geometric with mean {mean_length} (EOS logit raised), cut at "
+        f"{new_tokens}"
+    )
+    name = device.type if device.type != "cuda" else torch.cuda.get_device_name()
+    title = (
+        f"### cuda-{records[0]['scenario']}: random Qwen2.5-0.5B shape, bf16, {rows // group} "
+        f"prompts x G={group}, {lengths}, best of {repeats} (by tokens/s)\n\n"
+        f"{name}; measured {time.strftime('%Y-%m-%d')} with torch "
+        f"{torch.__version__}, transformers {transformers.__version__}\n\n"
+    )
     return title + markdown_table(header, table) + "\n" + exactness, records
 
 
-def cuda_shape(text: str) -> tuple[int, int]:
-    """`ROWSxTOKENS` (rows a multiple of G=8) as (rows, tokens), for argparse."""
+def cuda_shape(text: str) -> tuple[int, int, int | None]:
+    """`ROWSxTOKENS` or `ROWSxTOKENS~MEAN` (rows a multiple of G=8) as (rows, tokens, mean
+    length or None), for argparse."""
+    shape, _, mean = text.lower().partition("~")
     try:
-        rows, tokens = (int(part) for part in text.lower().split("x"))
+        rows, tokens = (int(part) for part in shape.split("x"))
+        mean_length = int(mean) if mean else None
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not ROWSxTOKENS, e.g. 64x256") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not ROWSxTOKENS or ROWSxTOKENS~MEAN, e.g. 64x256 or 64x1024~256"
+        ) from None
     if rows <= 0 or rows % 8 or tokens <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: rows must be a positive multiple of 8")
-    return rows, tokens
+    if mean_length is not None and not 1 < mean_length <= tokens:
+        raise argparse.ArgumentTypeError(f"{text!r}: MEAN must be in (1, TOKENS]")
+    return rows, tokens, mean_length
 
 
 def logprob_gap(model, sampler, prompts, group, params) -> tuple[float, float]:
@@ -337,8 +427,9 @@ def main() -> None:
     parser.add_argument(
         "--cuda-shapes",
         type=lambda text: [cuda_shape(part) for part in text.split(",") if part],
-        default=[(64, 256), (64, 1024)],
-        help="with --device cuda: scenarios as ROWSxTOKENS,... (default 64x256,64x1024)",
+        default=[(64, 256, None), (256, 256, None), (64, 1024, None), (64, 1024, 256)],
+        help="with --device cuda: scenarios as ROWSxTOKENS (forced lengths) or "
+        "ROWSxTOKENS~MEAN (varying lengths),... (default 64x256,256x256,64x1024,64x1024~256)",
     )
     parser.add_argument(
         "--no-gaps", action="store_true", help="with --device cuda: skip the logprob gaps"
@@ -354,12 +445,19 @@ def main() -> None:
     if args.device == "cuda":
         model, tokenizer = cuda_model()
         sections, records = {}, []
-        for rows, tokens in args.cuda_shapes:
+        for rows, tokens, mean_length in args.cuda_shapes:
             section, measured = run_cuda(
-                model, tokenizer, rows, tokens, args.repeats, backends, not args.no_gaps
+                model,
+                tokenizer,
+                rows,
+                tokens,
+                mean_length,
+                args.repeats,
+                backends,
+                not args.no_gaps,
             )
             print(section, flush=True)
-            sections[f"cuda-{rows}x{tokens}"] = section
+            sections[f"cuda-{measured[0]['scenario']}"] = section
             records += measured
             if args.json:  # after each scenario: a later one may run out of time
                 Path(args.json).write_text(json.dumps(records))
