@@ -29,8 +29,9 @@ Each run gets, where the machine allows it (``isolation()`` says what it gave):
 
 Without namespaces (a container that forbids them, or a non-root user without user
 namespaces) it falls back to a host temporary directory and an audit hook that refuses sockets.
-Whatever is missing (namespaces, the filter, a cgroup) it names in one warning per process. ``_boot.py`` is the first stage that builds
-all this; the README's "Sandbox" section has the attacks it was tested against.
+Whatever is missing (namespaces, the filter, a cgroup) it names in one warning per process.
+``_boot.py`` is the first stage that builds all this; the README's "Sandbox" section has the
+attacks it was tested against.
 
 ``SandboxPool(workers)`` runs many programs at once: threads that each wait on one sandbox.
 """
@@ -424,13 +425,14 @@ def _execute(
             if iso.cgroups:
                 # the program's address space, and the tmpfs whose pages it fills
                 memory = (memory_mb + SCRATCH_MB) * 1024 * 1024
-                cgroup = _cgroup.RunCgroup(_hierarchy(), memory, PROCESS_LIMIT)
+                try:
+                    cgroup = _cgroup.RunCgroup(_hierarchy(), memory, PROCESS_LIMIT)
+                except OSError as exc:
+                    raise SandboxError(f"cannot make the run's cgroup: {exc}") from exc
                 spec["cgroup_procs"] = cgroup.procs
             stdin_bytes = stdin.encode("utf-8", "surrogatepass")  # as main.py's text (_boot.py)
             run = _Run(launcher, spec, stdin_bytes, namespaces=iso.namespaces, cgroup=cgroup)
             return run.finish()
-        except OSError as exc:  # the cgroup's files
-            raise SandboxError(f"cannot set up the run's cgroup: {exc}") from exc
         finally:
             if cgroup is not None:
                 cgroup.remove()

@@ -246,14 +246,13 @@ class _SockFprog(ctypes.Structure):
 def seccomp_program() -> list[tuple[int, int, int, int]]:
     """The filter, as (code, jt, jf, k): refuse REFUSED_X86_64 with EPERM; clone3 with ENOSYS
     (its flags are out of a filter's sight: libc falls back to clone); clone with a namespace
-    flag; fcntl's FCNTL_REFUSED commands; socket and socketpair of any family but AF_UNIX. Another architecture, or x32
-    calls, kill the process: their numbers mean other calls."""
+    flag; fcntl's FCNTL_REFUSED commands; socket and socketpair of any family but AF_UNIX.
+    Another architecture, or x32 calls, kill the process: their numbers mean other calls."""
 
     def ret(value: int) -> tuple[int, int, int, int]:
         return (BPF_RET_K, 0, 0, value)
 
     allow, deny = ret(SECCOMP_RET_ALLOW), ret(SECCOMP_RET_ERRNO | EPERM)
-    # A jump to `deny` from instruction i, where `deny` sits at `at`: jt = at - i - 1.
     checks = [(number, deny) for number in REFUSED_X86_64]
     checks.append((SYS_CLONE3, ret(SECCOMP_RET_ERRNO | ENOSYS)))
     head = [
@@ -290,7 +289,8 @@ def seccomp_program() -> list[tuple[int, int, int, int]]:
     returns = [result for _, result in checks]
     program = head + jumps + tail
     for i, (code, _, _, number) in enumerate(jumps):
-        at = len(program) + i  # where its return lands, after the tail
+        # a jump's offset counts from the next instruction; its return sits after the tail
+        at = len(program) + i
         offset = at - (len(head) + i) - 1
         program[len(head) + i] = (code, offset, 0, number)
     return program + returns
