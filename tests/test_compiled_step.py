@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+import yaml
 from test_capture_safety import lora_model
 from test_cuda_graph import model_of, trained_logprobs
+from test_reliability import metric_rows
 from test_rollout import PROMPTS, TOKENIZER, make_model
+from test_trainer import make_config
 
 from oncurve.rollout import SamplingParams
 from oncurve.rollout.cuda_graph import GraphSampler
+from oncurve.trainer import train
 
 # 3 prompts x 2 = 6 rows: a single bucket, so a single compilation of each region
 PARAMS = SamplingParams(max_new_tokens=6, temperature=0.7, top_k=20, seed=1)
@@ -114,3 +118,31 @@ def test_a_failed_compilation_decodes_with_the_uncompiled_step(monkeypatch, caps
         assert torch.equal(batch.completion_ids, eager.completion_ids)
         assert torch.equal(batch.logprobs, eager.logprobs)
         assert batch.finish_reasons == eager.finish_reasons
+
+
+def test_a_run_whose_compilation_fails_trains_on_and_records_it(
+    tiny_model_dir, data_file, tmp_path, capsys, monkeypatch
+):
+    def compile_(fn, **_):
+        def broken(*args, **kwargs):
+            raise RuntimeError("BackendCompilerFailed: no compiler (test)")
+
+        return broken
+
+    monkeypatch.setattr(torch, "compile", compile_)
+    run_dir = tmp_path / "run"
+    config = make_config(
+        tiny_model_dir,
+        data_file,
+        run_dir,
+        "rollout.backend=cuda_graph",
+        "rollout.compile=true",
+        "run.steps=2",
+    )
+    train(config, quiet=True)
+    assert capsys.readouterr().err.count("compiling the decode step failed") == 1
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["rollout"]["compile"] is False
+    compiled = [
+        row["rollout/compiled"] for row in metric_rows(run_dir) if "rollout/compiled" in row
+    ]
+    assert compiled == [0.0, 0.0]

@@ -357,21 +357,26 @@ def settle_tis_cap(config: Config, model: torch.nn.Module) -> Config:
 
 
 def settle_cuda_graphs(config: Config, model: torch.nn.Module) -> Config:
-    """`config` with `rollout.cuda_graphs` filled in when null: on with the `cuda_graph`
-    sampler on CUDA, else off."""
-    if config.rollout.cuda_graphs is not None:
-        return config
+    """`config` with `rollout.cuda_graphs` and `rollout.compile` filled in where null: on with
+    the `cuda_graph` sampler on CUDA, else off."""
     on = sampler_backend(config, model) == "cuda_graph" and model.device.type == "cuda"
-    return dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, cuda_graphs=on))
+    r = config.rollout
+    rollout = dataclasses.replace(
+        r,
+        cuda_graphs=on if r.cuda_graphs is None else r.cuda_graphs,
+        compile=on if r.compile is None else r.compile,
+    )
+    return dataclasses.replace(config, rollout=rollout)
 
 
 def make_sampler(config: Config, model: torch.nn.Module, tokenizer: Any, longest: int) -> Sampler:
-    """The run's sampler; a `GraphSampler` captures graphs as `rollout.cuda_graphs` says, with
-    workspaces as wide as the run's `longest` prompt, so that no step meets a wider one and
-    recaptures."""
+    """The run's sampler; a `GraphSampler` compiles its step and captures graphs as
+    `rollout.compile` and `rollout.cuda_graphs` say, with workspaces as wide as the run's
+    `longest` prompt, so that no step meets a wider one and recaptures."""
     sampler = build_sampler(config.rollout.backend, model, tokenizer)
     if isinstance(sampler, GraphSampler):
         sampler.use_graphs = bool(config.rollout.cuda_graphs)
+        sampler.compile_step = bool(config.rollout.compile)
         sampler.min_width = longest
     return sampler
 

@@ -95,6 +95,7 @@ def training_step(s: Session, step: int) -> dict[str, float]:
         metrics["kl/beta"] = fns.beta
     _record_graph_fallback(s)
     metrics["rollout/graphs"] = float(s.config.rollout.cuda_graphs)
+    metrics["rollout/compiled"] = float(s.config.rollout.compile)
     metrics["memory/oom_retries"] = float(s.oom_retries)
     metrics["time/step"] = sum(timer.seconds.values())
     if s.device.type == "cuda":
@@ -327,17 +328,6 @@ def _preflight(s: Session) -> None:
             print(line, file=sys.stderr)
 
 
-def _record_graph_fallback(s: Session) -> None:
-    """Once the sampler stopped capturing graphs (a capture failed), the session's config and
-    config.yaml say so: `rollout.cuda_graphs: false` is how the run samples from then on."""
-    fell_back = isinstance(s.sampler, GraphSampler) and not s.sampler.use_graphs
-    if fell_back and s.config.rollout.cuda_graphs:
-        rollout = dataclasses.replace(s.config.rollout, cuda_graphs=False)
-        s.config = dataclasses.replace(s.config, rollout=rollout)
-        if s.rank == 0:
-            save_config(s.config, s.run_dir / "config.yaml")
-
-
 def _check_gold(s: Session) -> None:
     """`oncurve.signal_checks.check_gold_answers` on a dataset run scored by the `correct`
     reward (a built-in task's rows are made with their answers)."""
@@ -347,6 +337,21 @@ def _check_gold(s: Session) -> None:
     line = check_gold_answers(s.data.rows, s.correct, cfg.data.answer_field)
     if s.rank == 0:
         print(line, file=sys.stderr)
+
+
+def _record_graph_fallback(s: Session) -> None:
+    """Once the sampler stopped capturing graphs or compiling its step (one failed), the
+    session's config and config.yaml say so: `rollout.cuda_graphs: false` or `rollout.compile:
+    false` is how the run samples from then on."""
+    if not isinstance(s.sampler, GraphSampler):
+        return
+    r = s.config.rollout
+    graphs, compiled = r.cuda_graphs and s.sampler.use_graphs, r.compile and s.sampler.compile_step
+    if (graphs, compiled) != (r.cuda_graphs, r.compile):
+        rollout = dataclasses.replace(r, cuda_graphs=graphs, compile=compiled)
+        s.config = dataclasses.replace(s.config, rollout=rollout)
+        if s.rank == 0:
+            save_config(s.config, s.run_dir / "config.yaml")
 
 
 @dataclass
