@@ -180,10 +180,52 @@ def test_train_takes_overrides_and_flags_in_any_order(
 
 
 def test_an_unknown_flag_after_overrides_is_still_an_error(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["train", "run.steps=5", "--quite"])
-    assert exit_info.value.code == 2
+    assert main(["train", "run.steps=5", "--quite"]) == 2
     assert "unrecognized arguments: --quite" in capsys.readouterr().err
+
+
+SAMPLE = ["sample", "--model", "default", "--prompt", "1+1="]
+EVAL = ["eval", "--model", "default", "--data", "x.jsonl"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "the following arguments are required: COMMAND"),
+        (["train", "run.steps=0"], "run.steps must be in (0, inf), got 0"),
+        (["train", "algo.beta=abc"], "algo.beta must be float, got str 'abc'"),
+        (["train", "run.steps=2", "extra"], "argument 'extra' must be key=value"),
+        ([*EVAL, "--samples", "0"], "argument --samples: must be at least 1, got 0"),
+        ([*EVAL, "--samples", "x"], "argument --samples: must be an integer, got 'x'"),
+        ([*EVAL, "--max-new-tokens", "-5"], "argument --max-new-tokens: must be at least 1"),
+        ([*EVAL, "--temperature", "nan"], "argument --temperature: must be at least 0"),
+        ([*EVAL, "--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
+        ([*EVAL, "--answer-format", "xml"], "argument --answer-format: invalid choice: 'xml'"),
+        (["eval", "--run", "/nonexistent"], "--run /nonexistent: no config.yaml"),
+        (["sample", "--model", "default"], "the following arguments are required: --prompt"),
+        ([*SAMPLE, "-n", "0"], "argument -n: must be at least 1, got 0"),
+        ([*SAMPLE, "-n", "two"], "argument -n: must be an integer, got 'two'"),
+        ([*SAMPLE, "--max-new-tokens", "0"], "argument --max-new-tokens: must be at least 1"),
+        ([*SAMPLE, "--temperature", "-1"], "argument --temperature: must be at least 0"),
+        ([*SAMPLE, "--seed", "x"], "argument --seed: invalid int value: 'x'"),
+        ([*SAMPLE, "--backend", "nope"], "--backend='nope' is not a sampler backend"),
+        (["warmstart", "--out", "w", "--steps", "0"], "argument --steps: must be at least 1"),
+        (["warmstart"], "the following arguments are required: --out"),
+        (["tasks", "export", "sums", "--split", "test", "-n", "200"], "only 50 test problems"),
+        (["tasks", "export", "arith", "-n", "-1"], "argument -n: must be at least 1, got -1"),
+        (["tasks", "export", "arith", "--split", "val"], "argument --split: invalid choice"),
+        (["tasks", "export", "nosuch"], "data.task: unknown task 'nosuch'"),
+        (["models", "import", "missing.gguf", "--out", "m"], "missing.gguf: no such GGUF file"),
+        (["models", "import", "a.gguf", "--out", "m", "--dtype", "int4"], "invalid choice"),
+        (["report", "/nonexistent/run"], "/nonexistent/run: no such run directory"),
+    ],
+)
+def test_every_command_answers_bad_input_in_one_line_with_exit_2(capsys, argv, message):
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("oncurve: error: ") and captured.err.count("\n") == 1
+    assert message in captured.err
 
 
 @pytest.mark.parametrize("device", ["gpu", "cuda:x", "meta"])

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from oncurve.checkpoint import CheckpointError
 from oncurve.errors import TrainingError, UserError
@@ -27,18 +27,18 @@ if TYPE_CHECKING:
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
-    # `train`'s overrides may come before, between or after its flags; argparse alone stops
-    # filling a positional list at the first flag.
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        if getattr(args, "run", None) is not _train or any(e.startswith("-") for e in extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.args = [*args.args, *extra]
-    args.argv = sys.argv[1:] if argv is None else list(argv)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
     try:
+        # `train`'s overrides may come before, between or after its flags; argparse alone stops
+        # filling a positional list at the first flag.
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            if getattr(args, "run", None) is not _train or any(e.startswith("-") for e in extra):
+                parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            args.args = [*args.args, *extra]
+        args.argv = sys.argv[1:] if argv is None else list(argv)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
         return args.run(args)
     except UserError as err:
         print(f"oncurve: error: {err}", file=sys.stderr)
@@ -258,7 +258,13 @@ def _warmstart(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from oncurve.tasks import get_task
 
-    rows = get_task(args.name).examples(args.split, args.n, args.seed)
+    task = get_task(args.name)
+    try:
+        rows = task.examples(args.split, args.n, args.seed)
+    except UserError:
+        raise
+    except ValueError as err:  # a finite split asked for more problems than it has
+        raise UserError(f"-n {args.n}: {err}") from None
     lines = "".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n" for r in rows)
     if args.output:
         Path(args.output).write_text(lines)
@@ -314,8 +320,41 @@ def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
     return None, items
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are UserErrors: one line and exit 2, as every other
+    bad input (argparse prints its usage block first)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{message} (see {self.prog} --help)")
+
+
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `low`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be at least 0 (0 is greedy), got {text}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="oncurve", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="oncurve", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     train = commands.add_parser("train", help="train with GRPO (no arguments: the default job)")
@@ -348,11 +387,11 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--system-prompt", help="system message before each prompt")
         p.add_argument(
             "--max-new-tokens",
-            type=int,
+            type=_at_least(1),
             help="default: the run's rollout.max_new_tokens, else a run's default for the model "
             "(64 for `default`, else 256)",
         )
-        p.add_argument("--temperature", type=float, default=1.0)
+        p.add_argument("--temperature", type=_temperature, default=1.0)
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--trust-remote-code", action="store_true")
         p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (as run.device)")
@@ -393,7 +432,7 @@ def _parser() -> argparse.ArgumentParser:
         "--prompt-template",
         help="the prompt as a format string over the columns, as data.prompt_template",
     )
-    ev.add_argument("--samples", type=int, default=1, help="K completions per prompt")
+    ev.add_argument("--samples", type=_at_least(1), default=1, help="K completions per prompt")
     ev.add_argument(
         "--reward",
         help="reward that decides correctness: a built-in name or module:function (default: the "
@@ -408,12 +447,12 @@ def _parser() -> argparse.ArgumentParser:
     sample = commands.add_parser("sample", help="print completions of one prompt")
     model_args(sample)
     sample.add_argument("--prompt", required=True)
-    sample.add_argument("-n", type=int, default=4)
+    sample.add_argument("-n", type=_at_least(1), default=4, help="completions to sample")
     sample.set_defaults(run=_sample)
 
     warm = commands.add_parser("warmstart", help="the supervised recipe of the bundled model")
     warm.add_argument("--out", required=True)
-    warm.add_argument("--steps", type=int, default=None)
+    warm.add_argument("--steps", type=_at_least(1), default=None)
     warm.add_argument("--seed", type=int, default=0)
     warm.set_defaults(run=_warmstart)
 
@@ -422,7 +461,7 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("name")
     export.add_argument("--split", choices=("train", "test"), default="test")
     export.add_argument("--seed", type=int, default=0)
-    export.add_argument("-n", type=int, default=500)
+    export.add_argument("-n", type=_at_least(1), default=500)
     export.add_argument("-o", "--output")
     export.set_defaults(run=_export)
 
