@@ -256,8 +256,11 @@ def job_rows(rows: list[dict], log: str, steps: int) -> list[list[str]]:
     evaluated = [r for r in rows if "eval/accuracy" in r]
     timed = trained[1:] or trained  # the first step warms up
     peaks = [r["memory/gpu_peak_gb"] for r in trained if "memory/gpu_peak_gb" in r]
-    eager = [r["step"] for r in trained if r.get("rollout/graphs") != 1.0]
-    graphs = f"off at steps {eager[:5]}" if eager else "every step" if trained else "n/a"
+
+    def every_step(key: str) -> str:
+        off = [r["step"] for r in trained if r.get(key) != 1.0]
+        return f"off at steps {off[:5]}" if off else "every step" if trained else "n/a"
+
     before = percent(evaluated[0]["eval/accuracy"]) if evaluated else "n/a"
     after = percent(evaluated[-1]["eval/accuracy"]) if len(evaluated) > 1 else "n/a"
     peak = max(peaks) if peaks else None
@@ -269,7 +272,8 @@ def job_rows(rows: list[dict], log: str, steps: int) -> list[list[str]]:
             f"{statistics.median(r['time/step'] for r in timed):.3f}" if timed else "n/a",
         ],
         ["peak GPU memory (max `memory/gpu_peak_gb`)", gib(peak)],
-        ["CUDA graphs (`rollout/graphs`)", graphs],
+        ["CUDA graphs (`rollout/graphs`)", every_step("rollout/graphs")],
+        ["compiled decode step (`rollout/compiled`)", every_step("rollout/compiled")],
         ["memory plan: predicted / measured peak", plan_against(planned_peak_gb(log), peak)],
     ]
 

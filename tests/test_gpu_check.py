@@ -114,7 +114,7 @@ def test_the_default_jobs_rows_from_its_metrics_and_memory_plan():
     rows = [{"step": 0, "eval/accuracy": 0.25}]
     for step, (seconds, graphs) in enumerate([(9.0, 1.0), (0.2, 1.0), (0.4, 0.0)], start=1):
         rows.append({"step": step, "time/step": seconds, "rollout/graphs": graphs,
-                     "memory/gpu_peak_gb": 0.5 + step / 10})  # fmt: skip
+                     "rollout/compiled": 1.0, "memory/gpu_peak_gb": 0.5 + step / 10})  # fmt: skip
     rows.append({"step": 3, "eval/accuracy": 0.5})
     got = dict(job_rows(rows, log, steps=150))
     assert got["steps done"] == "3 of 150"
@@ -122,6 +122,7 @@ def test_the_default_jobs_rows_from_its_metrics_and_memory_plan():
     assert got["s/step (median, first step left out)"] == "0.300"
     assert got["peak GPU memory (max `memory/gpu_peak_gb`)"] == "0.80 GiB"
     assert got["CUDA graphs (`rollout/graphs`)"] == "off at steps [3]"
+    assert got["compiled decode step (`rollout/compiled`)"] == "every step"
     assert got["memory plan: predicted / measured peak"] == "1.5 / 0.80 GiB (+0.70 GiB)"
 
 

@@ -69,17 +69,20 @@ def run_scenario(name: str, timeout: float = 240, **env: str) -> str:
 def train_on_cuda(run_dir: Path, *overrides: str, steps: int = 2) -> list[dict]:
     """`oncurve train` of the default job (the bundled model on `arith`, its preflight and its
     evaluations at start and end) on CUDA with `overrides`, in a fresh process. Checks that the
-    run sampled with CUDA graphs all along and returns its metrics rows."""
+    run sampled with its compiled step in CUDA graphs all along; returns its metrics rows."""
     args = ["run.device=cuda", f"run.steps={steps}", f"run.dir={run_dir}", *overrides]
     log = run_fresh([sys.executable, "-m", "oncurve", "train", "--quiet", *args], timeout=300)
     assert "capturing the decode step failed" not in log, tail(log)
+    assert "compiling the decode step failed" not in log, tail(log)
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    # a failed capture rewrites config.yaml with false: true means every capture held
+    # a failed capture or compilation rewrites config.yaml with false: true means all held
     assert config["rollout"]["cuda_graphs"] is True, tail(log)
+    assert config["rollout"]["compile"] is True, tail(log)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in rows if "loss/policy" in r]
     assert [r["step"] for r in trained] == list(range(1, steps + 1)), tail(log)
-    assert all(r["rollout/graphs"] == 1.0 for r in trained), [r["rollout/graphs"] for r in trained]
+    for key in ("rollout/graphs", "rollout/compiled"):
+        assert all(r[key] == 1.0 for r in trained), (key, [r[key] for r in trained])
     assert all(math.isfinite(r["loss/policy"]) and r["updates/skipped"] == 0 for r in trained)
     assert (run_dir / "final" / "config.json").is_file()
     return rows
@@ -136,12 +139,13 @@ def test_oncurve_eval_of_more_than_256_prompts(tmp_path):
 
 
 def scenario_shapes_and_temperatures() -> None:
-    """One graph sampler through three prompt shapes (more than its workspaces, so one is
-    evicted and recaptured) and two temperatures, each call's samples equal to an eager
-    sampler's with the same seed."""
+    """One graph sampler as the trainer builds it (compiled step, graphs) through three prompt
+    shapes (more than its workspaces, so one is evicted and recaptured) and two temperatures,
+    each call's samples equal to an eager sampler's (neither compiled nor captured) with the
+    same seed."""
     model = make_model("qwen2").cuda()
     graphed = GraphSampler(model, TOKENIZER)
-    eager = GraphSampler(model, TOKENIZER, use_graphs=False)
+    eager = GraphSampler(model, TOKENIZER, use_graphs=False, compile_step=False)
     long = ["7" * 70, "1+2+3=" * 12]  # a wider workspace than the short prompts'
     shapes = [(PROMPTS, 4), (PROMPTS * 4, 4), (long, 2), (PROMPTS, 4)]
     for prompts, group in shapes:
@@ -151,6 +155,7 @@ def scenario_shapes_and_temperatures() -> None:
             want = eager.generate(prompts, group, params)
             where = f"{len(prompts)} prompts x {group}, temperature {temperature}"
             assert graphed.graph_error is None, graphed.graph_error
+            assert graphed.compile_error is None, graphed.compile_error
             assert torch.equal(got.completion_ids, want.completion_ids), where
             torch.testing.assert_close(got.logprobs, want.logprobs, atol=1e-5, rtol=0, msg=where)
     assert graphed.use_graphs and graphed.capture_seconds > 0
@@ -188,6 +193,7 @@ def scenario_no_sync_between_checks() -> None:
     sampler._decode = counted
     sampler.generate(PROMPTS * 4, 4, params)  # captures: a sync in the step fails the capture
     assert sampler.graph_error is None, sampler.graph_error
+    assert sampler.compile_error is None, sampler.compile_error
     # min_new_tokens = new: no row ends, so the only reads are the checks (one host read each;
     # its copy and its wait may count apart); a read per step would give `new` or more
     checks = math.ceil(new / sampler.check_every)
