@@ -11,12 +11,13 @@ printed after the table; the stages after it still run.
 - `job`: the default job on the GPU, `oncurve train run.device=cuda` (`--steps N` sets
   `run.steps`): held-out greedy accuracy before and after, the median `time/step` (the first
   step left out: it warms up kernels and allocator), the peak GPU memory (largest
-  `memory/gpu_peak_gb`), whether every step sampled with CUDA graphs (`rollout/graphs`), and
-  the memory plan's predicted peak against that measured one. Read from what the run wrote,
+  `memory/gpu_peak_gb`), whether every step sampled with its compiled step in CUDA graphs
+  (`rollout/compiled`, `rollout/graphs`), and the memory plan's predicted peak against that
+  measured one. Read from what the run wrote,
   so a run stopped at its limit still reports the steps it finished.
 - `rollout`: `rollout.py --device cuda` at 64 rows x 256 and 256 rows x 256 tokens:
   `cuda_graph` and `hf` against `model.generate` with its static and dynamic cache, tokens/s,
-  capture and compile (first call) seconds.
+  first-call seconds and within them the sampler's compile and capture seconds.
 - `trl`: `gpu_vs_trl.py` at 256 tokens (3 steps, one run each): oncurve's s/step and peak
   GPU memory against TRL's, and oncurve's memory plan against its peak; skipped, with the line
   that says how to add TRL, when neither the interpreter nor the GPU bundle has it.
