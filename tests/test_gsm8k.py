@@ -264,3 +264,14 @@ def test_eval_scores_a_hub_dataset_with_the_correct_reward_and_says_so(
     assert json.loads(capsys.readouterr().out)["scorer"] == "count_digits"
     assert main([*argv, "--data", str(open_ended)]) == 2
     assert "line 1: missing field 'answer' (fields: prompt)" in capsys.readouterr().err
+
+
+def test_the_converter_reads_a_hub_id_at_a_config_and_split(gsm8k_hub_cache, tmp_path, capsys):
+    from oncurve.tasks.convert import INSTRUCTION, main
+
+    out = tmp_path / "gsm8k_test.jsonl"
+    assert main(["gsm8k", "openai/gsm8k", str(out), "--config", "main", "--split", "test"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["answer"] for row in rows] == ["600", "1200", "1800", "2400"]
+    assert rows[0]["prompt"] == gsm8k_record(1)["question"] + INSTRUCTION
+    assert capsys.readouterr().out == f"wrote 4 rows to {out}\n"

@@ -1,5 +1,7 @@
-"""Convert local copies of the public GSM8K, MATH, MBPP and HumanEval files to JSONL rows.
+"""Convert the public GSM8K, MATH, MBPP and HumanEval datasets to JSONL rows: local files, or
+Hub dataset ids at `--config` and `--split` (extra `data`).
 
+    python -m oncurve.tasks.convert gsm8k openai/gsm8k data/gsm8k_train.jsonl --config main
     python -m oncurve.tasks.convert gsm8k gsm8k/train.jsonl data/gsm8k_train.jsonl
     python -m oncurve.tasks.convert math MATH/train data/math_train.jsonl
     python -m oncurve.tasks.convert mbpp mbpp.jsonl data/mbpp.jsonl
@@ -7,8 +9,11 @@
 
 GSM8K records have "question" and "answer" ending in `#### 42`; MATH records have "problem" and
 "solution" with the answer in the last `\\boxed{}` (a directory of MATH's per-problem .json
-files is read recursively). The prompt asks for the answer in `\\boxed{}`, which the built-in
-`correct` reward extracts, so the matching setting is `reward: {functions: [correct]}`.
+files is read recursively). The prompt is the question followed by INSTRUCTION (asking for the
+answer in `\\boxed{}`, which the built-in `correct` reward extracts), so the matching setting is
+`reward: {functions: [correct]}`. Training needs no conversion of these two: `data.path` reads
+them from the Hub as they are, with `data.answer_format` and `data.prompt_template`
+(configs/gsm8k_qwen2.5_0.5b.yaml).
 
 MBPP records have "text" (or "prompt", in the sanitized set), "code", "test_list" and
 optionally "test_setup_code" and "test_imports" (sanitized); HumanEval records have "prompt" (a signature and docstring),
@@ -32,10 +37,10 @@ from oncurve.tasks.code import INSTRUCTION as CODE_INSTRUCTION
 INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 
-def gsm8k_rows(path: str) -> list[dict[str, Any]]:
+def gsm8k_rows(path: str, config: str | None = None, split: str = "train") -> list[dict[str, Any]]:
     """{"prompt", "answer", "solution"} from GSM8K records; the answer without commas."""
     rows = []
-    for where, record in read_records(path):
+    for where, record in read_records(path, config, split):
         question, solution = _fields(path, where, record, "question", "answer")
         answer = extract_answer(solution, "gsm8k")
         if answer is None:
@@ -50,7 +55,7 @@ def gsm8k_rows(path: str) -> list[dict[str, Any]]:
     return rows
 
 
-def math_rows(path: str) -> list[dict[str, Any]]:
+def math_rows(path: str, config: str | None = None, split: str = "train") -> list[dict[str, Any]]:
     """{"prompt", "answer", "solution", "level", "type"} from MATH records (a file, or a
     directory of per-problem .json files)."""
     p = Path(path)
@@ -68,7 +73,7 @@ def math_rows(path: str) -> list[dict[str, Any]]:
         if not records:
             raise UserError(f"{path}: no .json problem files found")
     else:
-        records = read_records(path)
+        records = read_records(path, config, split)
     rows = []
     for where, record in records:
         problem, solution = _fields(path, where, record, "problem", "solution")
@@ -87,12 +92,12 @@ def math_rows(path: str) -> list[dict[str, Any]]:
     return rows
 
 
-def mbpp_rows(path: str) -> list[dict[str, Any]]:
+def mbpp_rows(path: str, config: str | None = None, split: str = "train") -> list[dict[str, Any]]:
     """{"prompt", "answer", "tests", "task_id"} from MBPP records. The prompt states the task
     and its tests, as MBPP's paper prompts (the tests name the function); each test is one case,
     after the record's setup code and test imports."""
     rows = []
-    for where, record in read_records(path):
+    for where, record in read_records(path, config, split):
         text_field = "prompt" if "prompt" in record and "text" not in record else "text"
         text, code = _fields(path, where, record, text_field, "code")
         tests = _text_list(path, where, record, "test_list")
@@ -115,12 +120,14 @@ def mbpp_rows(path: str) -> list[dict[str, Any]]:
     return rows
 
 
-def humaneval_rows(path: str) -> list[dict[str, Any]]:
+def humaneval_rows(
+    path: str, config: str | None = None, split: str = "train"
+) -> list[dict[str, Any]]:
     """{"prompt", "answer", "tests", "task_id"} from HumanEval records: the prompt shows the
     signature and docstring to complete; the one test case is `test` then `check(entry_point)`,
     so the program must define the whole function, imports included."""
     rows = []
-    for where, record in read_records(path):
+    for where, record in read_records(path, config, split):
         prompt, solution, test, entry = _fields(
             path, where, record, "prompt", "canonical_solution", "test", "entry_point"
         )
@@ -164,11 +171,15 @@ def _fields(path: str, where: str, record: dict, *names: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kind", choices=tuple(CONVERTERS))
-    parser.add_argument("source", help="local GSM8K/MATH/MBPP/HumanEval file or directory")
+    parser.add_argument(
+        "source", help="GSM8K/MATH/MBPP/HumanEval file or directory, or a Hub dataset id"
+    )
     parser.add_argument("dest", help="output JSONL")
+    parser.add_argument("--config", help="config name of a Hub dataset (main for openai/gsm8k)")
+    parser.add_argument("--split", default="train", help="split of a Hub dataset")
     args = parser.parse_args(argv)
     try:
-        rows = CONVERTERS[args.kind](args.source)
+        rows = CONVERTERS[args.kind](args.source, args.config, args.split)
     except UserError as e:
         parser.exit(2, f"error: {e}\n")
     write_jsonl(args.dest, rows)
