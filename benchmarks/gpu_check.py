@@ -178,7 +178,8 @@ def table(reports: list[Report]) -> str:
         seconds = "" if outcome is None else f"{outcome.seconds:.0f} ({outcome.limit:.0f})"
         for i, (check, result) in enumerate(report.rows or [["results", "none"]]):
             first = [report.stage.title, status, seconds] if i == 0 else ["", "", ""]
-            lines.append([*first, check, result])
+            # an error message may hold what would end the row or the cell early
+            lines.append([*first, check, " ".join(result.split()).replace("|", "\\|")])
     return markdown_table(header, lines)
 
 

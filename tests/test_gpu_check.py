@@ -50,7 +50,7 @@ def test_failed_and_timed_out_stages_get_their_rows_and_log_tails(tmp_path):
     )
 
     def unreadable(outcome: Outcome) -> list[list[str]]:
-        return json.loads((tmp_path / "never-written.json").read_text())
+        raise ValueError("no results | a second line\nof the message")
 
     stages = [
         Stage(
@@ -71,7 +71,9 @@ def test_failed_and_timed_out_stages_get_their_rows_and_log_tails(tmp_path):
     assert good.outcome.status == "passed"
     assert good.rows == [["stale output gone", "True"], ["second", "row"]]
     assert bad.outcome.status == "failed (exit 3)"
-    assert bad.rows[0][1].startswith("none readable (FileNotFoundError")
+    assert bad.rows == [
+        ["results", "none readable (ValueError: no results | a second line\nof the message)"]
+    ]
     assert slow.outcome.status == "timed out at 2 s"
     assert ends(int(grandchild.read_text()))  # its whole process group was killed
     assert skipped.outcome is None and skipped.rows == [["skipped", "no TRL here"]]
@@ -81,6 +83,9 @@ def test_failed_and_timed_out_stages_get_their_rows_and_log_tails(tmp_path):
     assert table[2].startswith("| a passing stage | passed | ")
     assert table[3] == "|  |  |  | second | row |"
     assert table[4].startswith("| a failing stage | failed (exit 3) | ")
+    assert table[4].endswith(
+        "| results | none readable (ValueError: no results \\| a second line of the message) |"
+    )
     assert table[5].startswith("| a stage out of time | timed out at 2 s | ")
     assert table[5].endswith("| results | none |")
     assert table[6] == "| a skipped stage | skipped |  | skipped | no TRL here |"
