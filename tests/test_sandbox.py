@@ -708,9 +708,9 @@ def test_memory_over_the_runs_limit_kills_the_run(host: str) -> None:
     assert result.seconds < 2.0  # at the first kill, not at the wall time
 
 
-def _trainer_in_a_session_keyring(source: str) -> str:
+def _trainer_in_a_session_keyring(source: str) -> tuple[str, int]:
     """Run `source` from a trainer process that joined a session keyring holding a secret key
-    (as every process of a container or a login does); its result as JSON."""
+    (as every process of a container or a login does): its result as JSON, and its pid."""
     trainer = (
         "import ctypes, dataclasses, json, sys\n"
         "from oncurve import sandbox\n"
@@ -720,10 +720,12 @@ def _trainer_in_a_session_keyring(source: str) -> str:
         "result = sandbox.run_python(sys.stdin.read())\n"
         "print(json.dumps(dataclasses.asdict(result)))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", trainer], input=source, capture_output=True, text=True, check=True
-    )
-    return done.stdout
+    with subprocess.Popen(
+        [sys.executable, "-c", trainer], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as trainer_process:
+        output, _ = trainer_process.communicate(source)
+    assert trainer_process.returncode == 0
+    return output, trainer_process.pid
 
 
 @needs_filter
@@ -736,15 +738,17 @@ def test_a_run_cannot_reach_keyrings(host: str) -> None:
         "print('read session', libc.syscall(250, 11, -3, buf, 4096), ctypes.get_errno())\n"
         "print('add', libc.syscall(248, b'user', b'planted', b'x', 1, -4), ctypes.get_errno())\n"
     )
-    output = _trainer_in_a_session_keyring(source)
+    output, trainer = _trainer_in_a_session_keyring(source)
     assert '"status": "ok"' in output
     assert "oncurve-trainer-secret" not in output and "hunter2" not in output
     assert f"read session -1 {errno.EPERM}" in output and f"add -1 {errno.EPERM}" in output
-    # No key of a run's user outlives it (the kernel frees its session keyring at once).
-    users = []
+    # No key of that trainer's runs' users outlives them (the kernel frees a session keyring
+    # once its last process is gone).
+    first = sandbox._UID_BASE + trainer * sandbox.MAX_PARALLEL
+    users: list[str] = []
     for _ in range(40):
-        users = [line for line in Path("/proc/key-users").read_text().splitlines()]
-        users = [u for u in users if int(u.split(":")[0]) >= sandbox._UID_BASE]
+        lines = Path("/proc/key-users").read_text().splitlines()
+        users = [u for u in lines if first <= int(u.split(":")[0]) < first + sandbox.MAX_PARALLEL]
         if not users:
             break
         time.sleep(0.05)
@@ -842,14 +846,17 @@ def test_the_kernel_surface_is_closed(host: str) -> None:
         "a.send(b'unix')\n"
         "print(b.recv(4).decode())\n"
         "print('clone3', libc.syscall(435, 0, 0), ctypes.get_errno())\n"
-        "print('fork', os.waitpid(os.fork() or os._exit(0), 0)[1] if False else 'ok')\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os._exit(7)\n"
+        "print('fork', os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
     )
     result = sandbox.run_python(source)
     lines = result.stdout.splitlines()
     assert lines[: len(REFUSED_CALLS)] == [f"{n} -1 {errno.EPERM}" for n in REFUSED_CALLS]
     families = lines[len(REFUSED_CALLS) : len(REFUSED_CALLS) + 5]
     assert [line.split()[1] for line in families] == [str(errno.EAFNOSUPPORT)] * 5
-    assert lines[-3:] == ["unix", f"clone3 -1 {errno.ENOSYS}", "fork ok"]
+    assert lines[-3:] == ["unix", f"clone3 -1 {errno.ENOSYS}", "fork 7"]
     # x32 numbers name other calls: the filter kills the process.
     x32 = sandbox.run_python("import ctypes\nctypes.CDLL(None).syscall(0x40000000 + 39)\n")
     assert (x32.status, x32.reason) == ("killed", "signal 31 (SIGSYS)")
