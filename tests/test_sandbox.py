@@ -857,9 +857,19 @@ def test_the_kernel_surface_is_closed(host: str) -> None:
     families = lines[len(REFUSED_CALLS) : len(REFUSED_CALLS) + 5]
     assert [line.split()[1] for line in families] == [str(errno.EAFNOSUPPORT)] * 5
     assert lines[-3:] == ["unix", f"clone3 -1 {errno.ENOSYS}", "fork 7"]
-    # x32 numbers name other calls: the filter kills the process.
-    x32 = sandbox.run_python("import ctypes\nctypes.CDLL(None).syscall(0x40000000 + 39)\n")
-    assert (x32.status, x32.reason) == ("killed", "signal 31 (SIGSYS)")
+    # x32 numbers, and the i386 ABI (int 0x80, which the host runs), name other calls: the
+    # filter checks the architecture and kills the process.
+    x32 = "import ctypes\nctypes.CDLL(None).syscall(0x40000000 + 39)\n"
+    i386 = (
+        "import ctypes, mmap\n"
+        "page = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n"
+        "page.write(bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3]))\n"  # getpid; int 0x80; ret
+        "address = ctypes.addressof(ctypes.c_char.from_buffer(page))\n"
+        "print(ctypes.CFUNCTYPE(ctypes.c_int)(address)())\n"
+    )
+    for other_abi in (x32, i386):
+        result = sandbox.run_python(other_abi)
+        assert (result.status, result.reason) == ("killed", "signal 31 (SIGSYS)"), result
 
 
 @needs_namespaces
