@@ -8,10 +8,13 @@ bucket of a 2-layer model; the other architectures are `slow` (`pytest -m slow` 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+
 import pytest
 import torch
 import yaml
-from test_capture_safety import lora_model
+from test_capture_safety import FakePools, lora_model
 from test_cuda_graph import model_of, trained_logprobs
 from test_reliability import metric_rows
 from test_rollout import PROMPTS, TOKENIZER, make_model
@@ -146,3 +149,44 @@ def test_a_run_whose_compilation_fails_trains_on_and_records_it(
         row["rollout/compiled"] for row in metric_rows(run_dir) if "rollout/compiled" in row
     ]
     assert compiled == [0.0, 0.0]
+
+
+def test_each_buckets_regions_compile_once_before_their_capture(monkeypatch):
+    """With graphs (CUDA's API faked), every region compiles in the warm-up before its
+    bucket's capture, never inside one, and exactly once: one compiled code serves every
+    layer, and each bucket's regions have a cache of their own (Dynamo's cache of a code object
+    holds 8 entries, past which a `fullgraph` compile fails; here the layer's needs 9). Dynamo's
+    eager backend stands in for inductor, which this test does not need."""
+    FakePools().install(monkeypatch)
+    fake_graph, capturing = torch.cuda.graph, []
+
+    @contextlib.contextmanager
+    def graph(cuda_graph, pool=None, **kwargs):
+        with fake_graph(cuda_graph, pool=pool, **kwargs):
+            capturing.append(True)
+            yield
+            capturing.pop()
+
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    created, compiled_while_capturing = [], []
+
+    def backend(module: torch.fx.GraphModule, example_inputs) -> Callable:
+        compiled_while_capturing.append(bool(capturing))
+        return module.forward
+
+    real_compile = torch.compile
+
+    def compile_(fn, **options):
+        created.append(fn.__name__)
+        return real_compile(fn, backend=backend, **options)
+
+    monkeypatch.setattr(torch, "compile", compile_)
+    sampler = GraphSampler(make_model("qwen2"), TOKENIZER, use_graphs=True, compile_step=True)
+    # the fake captures run the step: enough columns for the warm-up and five captures
+    params = SamplingParams(max_new_tokens=10, seed=0)
+    sampler.generate(PROMPTS, 16, params)  # 48 rows: buckets 48, 32, 16, 8
+    sampler.generate(PROMPTS * 3, 8, params)  # 72 rows: 72, 64, 32, 16, 8
+    assert sampler.compile_error is None and sampler.graph_error is None
+    assert created.count("_layer_step") == 9
+    assert len(compiled_while_capturing) == len(created)
+    assert not any(compiled_while_capturing)

@@ -161,9 +161,8 @@ def _layer_step(
 def _compiled(fn: Callable) -> Callable:
     """`fn` compiled by inductor for static shapes, as one graph, with a compile cache of its
     own. Dynamo keeps compiled code per code object, shared by every `torch.compile` of it and
-    limited to 8 entries per code object (past them it runs the code uncompiled, silently); a
-    run needs one entry per bucket of each workspace, so each bucket's region compiles a copy of
-    the code."""
+    limited to 8 entries (past them a `fullgraph` compile fails); a run needs one entry per
+    bucket of each workspace, so each bucket's region compiles a copy of the code."""
     if isinstance(fn, types.MethodType):
         return types.MethodType(_compiled(fn.__func__), fn.__self__)
     copy = types.FunctionType(
