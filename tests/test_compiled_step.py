@@ -153,11 +153,12 @@ def test_a_run_whose_compilation_fails_trains_on_and_records_it(
 
 def test_each_buckets_regions_compile_once_before_their_capture(monkeypatch):
     """With graphs (CUDA's API faked), every region compiles in the warm-up before its
-    bucket's capture, never inside one, and exactly once: one compiled code serves every
-    layer, and each bucket's regions have a cache of their own (Dynamo's cache of a code object
+    bucket's capture, never inside one, and exactly once, not again after an in-place weight
+    update: one compiled code serves every layer, and each bucket's regions have a cache of their own (Dynamo's cache of a code object
     holds 8 entries, past which a `fullgraph` compile fails; here the layer's needs 9). Dynamo's
     eager backend stands in for inductor, which this test does not need."""
-    FakePools().install(monkeypatch)
+    pools = FakePools()
+    pools.install(monkeypatch)
     fake_graph, capturing = torch.cuda.graph, []
 
     @contextlib.contextmanager
@@ -181,7 +182,8 @@ def test_each_buckets_regions_compile_once_before_their_capture(monkeypatch):
         return real_compile(fn, backend=backend, **options)
 
     monkeypatch.setattr(torch, "compile", compile_)
-    sampler = GraphSampler(make_model("qwen2"), TOKENIZER, use_graphs=True, compile_step=True)
+    model = make_model("qwen2")
+    sampler = GraphSampler(model, TOKENIZER, use_graphs=True, compile_step=True)
     # the fake captures run the step: enough columns for the warm-up and five captures
     params = SamplingParams(max_new_tokens=10, seed=0)
     sampler.generate(PROMPTS, 16, params)  # 48 rows: buckets 48, 32, 16, 8
@@ -190,3 +192,9 @@ def test_each_buckets_regions_compile_once_before_their_capture(monkeypatch):
     assert created.count("_layer_step") == 9
     assert len(compiled_while_capturing) == len(created)
     assert not any(compiled_while_capturing)
+    captures = pools.captures
+    perturb_in_place(model, lora=False)  # an optimizer step: no recompile, no recapture
+    with torch.compiler.set_stance("fail_on_recompile"):
+        sampler.generate(PROMPTS, 16, params)
+    assert sampler.compile_error is None, sampler.compile_error
+    assert (pools.captures, len(created)) == (captures, len(compiled_while_capturing))
