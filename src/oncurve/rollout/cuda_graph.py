@@ -25,13 +25,15 @@ sampling settings or sizes change. Without CUDA the same step runs eagerly, whic
 tests check it.
 
 Before it is captured the step is compiled (`torch.compile`, inductor, static shapes, in three
-regions: entering the layers, one decoder layer, leaving them), so that norms, rotary embeddings,
-activations and the sampling arithmetic become a few fused kernels instead of a few hundred
-launches. Each bucket gets its compiled regions, the layer's shared by every layer (they differ
-only in their weights, which are inputs of the compiled code, read in place like the eager
-step's); the graphs capture the compiled kernels. A failure to compile decodes with the eager
-step from then on, with one warning. Supported: Llama, Qwen2, Qwen3 and Mistral with static RoPE and no sliding
-window in reach; `supports` says which.
+regions: entering the layers, one decoder layer, leaving them), so that norms, rotary
+embeddings, activations and the sampling arithmetic become a few fused kernels instead of a few
+hundred launches. Each bucket gets its compiled regions, the layer's shared by every layer (they
+differ only in their weights, which are inputs of the compiled code, read in place like the
+eager step's); the graphs capture the compiled kernels. A failure to compile decodes with the
+eager step from then on, with one warning.
+
+Supported: Llama, Qwen2, Qwen3 and Mistral with static RoPE and no sliding window in reach;
+`supports` says which.
 """
 
 from __future__ import annotations
