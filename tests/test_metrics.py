@@ -1,9 +1,13 @@
 import json
+import struct
 import sys
+import time
 import types
+from pathlib import Path
 
 import pytest
 
+from oncurve.config import load_config
 from oncurve.errors import UserError
 from oncurve.metrics import MetricsLogger, read_jsonl, truncate_after
 
@@ -137,3 +141,89 @@ def test_real_tensorboard_event_files_hold_the_scalars(tmp_path):
     assert sorted(events.Tags()["scalars"]) == ["entropy", "kl"]
     assert [(e.step, e.value) for e in events.Scalars("kl")] == [(1, 0.25), (2, 0.5)]
     assert [(e.step, e.value) for e in events.Scalars("entropy")] == [(2, 1.5)]
+
+
+def wandb_records(path: Path) -> list:
+    """The protobuf records of a W&B `.wandb` file: LevelDB's log format (32 KiB blocks of
+    records with a 7-byte header: checksum, length, kind 1 full / 2 first / 3 middle / 4 last)
+    after a 7-byte file header."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, block = path.read_bytes(), 32768
+    assert data[:4] == b":W&B"
+    records, pending, pos = [], b"", 7
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0 or pos + 7 + length > len(data):  # the end, or a record still being written
+            break
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
+
+
+def test_wandb_offline_gets_the_runs_config_and_every_metric(
+    tiny_model_dir, data_file, tmp_path, monkeypatch
+):
+    pytest.importorskip("wandb", reason="wandb (extra `wandb`) not installed")
+    from oncurve.trainer import train
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = tmp_path / "run"
+    overrides = [
+        f"model.path={tiny_model_dir}",
+        f"data.path={data_file}",
+        f"eval.path={data_file}",
+        "eval.num_prompts=4",
+        "data.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=4",
+        "reward.functions=[rewards_for_tests:count_digits]",
+        "run.steps=2",
+        "log.wandb.project=oncurve-test",
+        "log.wandb.mode=offline",
+        f"run.dir={run_dir}",
+        "run.device=cpu",
+    ]
+    train(load_config(None, overrides), quiet=True)
+    # wandb's service process may still be writing the file when finish() returns (under load):
+    # it is whole once it holds the run's exit record
+    deadline, records = time.monotonic() + 30, []
+    while not any(r.WhichOneof("record_type") == "exit" for r in records):
+        assert time.monotonic() < deadline, sorted(p.name for p in run_dir.rglob("*"))
+        time.sleep(0.1)
+        found = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+        records = wandb_records(found[0]) if len(found) == 1 else []
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert (run.project, run.display_name) == ("oncurve-test", "run")
+    config = {item.key: json.loads(item.value_json) for item in run.config.update}
+    assert config["log"]["wandb"]["mode"] == "offline" and config["run"]["steps"] == 2
+    logged = {}
+    for record in records:
+        if record.WhichOneof("record_type") == "history":
+            items = {
+                i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                for i in record.history.item
+            }
+            logged.setdefault(record.history.step.num, {}).update(items)
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert sorted(logged) == [0, 1, 2]  # the evaluation before step 1, then steps 1 and 2
+    for row in rows:
+        for key, value in row.items():
+            if key != "step" and value is not None:
+                assert logged[row["step"]][key] == pytest.approx(value), key
+
+
+def test_wandb_without_its_package_names_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    settings = {"project": "p", "name": None, "mode": "offline", "config": {}}
+    with pytest.raises(UserError, match=r"^log.wandb.project needs the wandb package: pip install"):
+        MetricsLogger(tmp_path, wandb=settings)
+    MetricsLogger(tmp_path, wandb=settings, enabled=False).log(1, {"x": 1.0})  # other ranks

@@ -18,7 +18,7 @@ import torch
 
 from oncurve import checkpoint, distributed, oom, ppo
 from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, lookup
-from oncurve.config import Config, save_config
+from oncurve.config import Config, save_config, to_dict
 from oncurve.curriculum import Curriculum, build_curriculum
 from oncurve.errors import UserError
 from oncurve.estimators import AdvantageSource, build_advantage_source
@@ -251,7 +251,12 @@ def setup(config: Config) -> Session:
         advantage=advantage,
         episodes=episodes,
         curriculum=build_curriculum(config, data.rows),
-        logger=MetricsLogger(run_dir, tensorboard=config.log.tensorboard, enabled=rank == 0),
+        logger=MetricsLogger(
+            run_dir,
+            tensorboard=config.log.tensorboard,
+            enabled=rank == 0,
+            wandb=_wandb_settings(config),
+        ),
         rank=rank,
         world_size=world_size,
     )
@@ -286,6 +291,19 @@ def setup(config: Config) -> Session:
     if rank == 0:
         save_config(s.config, run_dir / "config.yaml")
     return s
+
+
+def _wandb_settings(config: Config) -> dict[str, Any] | None:
+    """`MetricsLogger`'s W&B settings (the run's config among them), None when log.wandb is off."""
+    wandb = config.log.wandb
+    if wandb.project is None:
+        return None
+    return {
+        "project": wandb.project,
+        "name": wandb.name,
+        "mode": wandb.mode,
+        "config": to_dict(config),
+    }
 
 
 def _resume(s: Session, checkpoint_dir: Path) -> None:

@@ -1,4 +1,5 @@
-"""Per-step metrics and sample completions as JSON lines, optionally mirrored to TensorBoard.
+"""Per-step metrics and sample completions as JSON lines, optionally mirrored to TensorBoard and
+Weights & Biases.
 
 `RUN/metrics.jsonl` holds one row per training step, {"step": 3, "reward/mean": 0.4, ...}, plus
 rows of evaluation metrics ({"step": 10, "eval/accuracy": ...}) that share the step they follow.
@@ -34,15 +35,26 @@ class MetricsLogger:
     With `enabled=False` (ranks other than 0) every call does nothing and no file is created.
     """
 
-    def __init__(self, run_dir: Path, tensorboard: bool = False, enabled: bool = True) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        tensorboard: bool = False,
+        enabled: bool = True,
+        wandb: dict[str, Any] | None = None,
+    ) -> None:
+        """`wandb`: `wandb.init`'s project, name (null: the run directory's), mode and config;
+        None logs nothing there."""
         self.run_dir = Path(run_dir)
         self.enabled = enabled
         self._writer = None
+        self._wandb = None
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if tensorboard:
             self._writer = _summary_writer(self.run_dir / "tensorboard")
+        if wandb is not None:
+            self._wandb = _wandb_run(self.run_dir, **wandb)
 
     def log(self, step: int, values: dict[str, float]) -> None:
         """Append {"step": step, **values}; non-finite values become null."""
@@ -55,6 +67,9 @@ class MetricsLogger:
                 if key != "step" and value is not None:
                     self._writer.add_scalar(key, value, global_step=row["step"])
             self._writer.flush()
+        if self._wandb is not None:
+            scalars = {k: v for k, v in row.items() if k != "step" and v is not None}
+            self._wandb.log(scalars, step=row["step"])
 
     def log_samples(self, step: int, rows: list[dict]) -> None:
         """Append one row per sample, {"step": step, **row}; non-finite floats become null."""
@@ -69,6 +84,9 @@ class MetricsLogger:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -157,6 +175,20 @@ def _summary_writer(log_dir: Path):
             "log.tensorboard=true needs the tensorboard package: pip install 'oncurve[tb]'"
         ) from None
     return SummaryWriter(log_dir=str(log_dir))
+
+
+def _wandb_run(run_dir: Path, project: str, name: str | None, mode: str, config: dict) -> Any:
+    """A W&B run writing under `run_dir/wandb`; each start of a run (a resume too) is its own
+    W&B run, named after the run directory unless `name` is given."""
+    try:
+        import wandb
+    except ImportError:
+        raise UserError(
+            "log.wandb.project needs the wandb package: pip install 'oncurve[wandb]'"
+        ) from None
+    return wandb.init(
+        project=project, name=name or run_dir.name, mode=mode, dir=str(run_dir), config=config
+    )
 
 
 def log_samples(

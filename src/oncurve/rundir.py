@@ -25,6 +25,7 @@ RUN_FILES = {
     "samples.jsonl",
     "checkpoints",
     "tensorboard",
+    "wandb",
     "final",
     "report",
 }

@@ -29,6 +29,7 @@ from oncurve.config.sections import (
     RewardFnConfig,
     RolloutConfig,
     RunConfig,
+    WandbConfig,
 )
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "RewardFnConfig",
     "RolloutConfig",
     "RunConfig",
+    "WandbConfig",
     "build_config",
     "describe",
     "load_config",

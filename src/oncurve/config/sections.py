@@ -410,8 +410,22 @@ class EvalConfig:
 
 
 @dataclass
+class WandbConfig:
+    project: str | None = _opt(
+        None, "Weights & Biases project to log metrics and config to (extra `wandb`); null: off"
+    )
+    name: str | None = _opt(None, "the W&B run's name; null: the run directory's name")
+    mode: str = _opt(
+        "online",
+        "online, or offline: written under RUN/wandb only, for `wandb sync` later",
+        choices=("online", "offline"),
+    )
+
+
+@dataclass
 class LogConfig:
     tensorboard: bool = _opt(False, "also write TensorBoard scalars (extra `tb`)")
+    wandb: WandbConfig = field(default_factory=WandbConfig)
     samples_per_step: int = _opt(4, "completions per step written to samples.jsonl", NON_NEGATIVE)
 
 
