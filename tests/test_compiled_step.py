@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import yaml
-from test_capture_safety import FakePools, lora_model
+from test_capture_safety import FakePools, assert_same_samples, lora_model
 from test_cuda_graph import model_of, trained_logprobs
 from test_reliability import metric_rows
 from test_rollout import PROMPTS, TOKENIZER, make_model
@@ -26,12 +26,6 @@ from oncurve.trainer import train
 
 # 3 prompts x 2 = 6 rows: a single bucket, so a single compilation of each region
 PARAMS = SamplingParams(max_new_tokens=6, temperature=0.7, top_k=20, seed=1)
-
-
-def assert_same_samples(got, want, atol: float) -> None:
-    assert torch.equal(got.completion_ids, want.completion_ids)
-    assert got.finish_reasons == want.finish_reasons
-    torch.testing.assert_close(got.logprobs, want.logprobs, atol=atol, rtol=0)
 
 
 def perturb_in_place(model: torch.nn.Module, lora: bool) -> None:
@@ -118,9 +112,7 @@ def test_a_failed_compilation_decodes_with_the_uncompiled_step(monkeypatch, caps
     assert sampler.compile_error and sampler.compile_error in warnings[0]
     assert not sampler.compile_step
     for batch in (first, again):
-        assert torch.equal(batch.completion_ids, eager.completion_ids)
-        assert torch.equal(batch.logprobs, eager.logprobs)
-        assert batch.finish_reasons == eager.finish_reasons
+        assert_same_samples(batch, eager, atol=0)
 
 
 def test_a_run_whose_compilation_fails_trains_on_and_records_it(

@@ -67,32 +67,23 @@ def halve_microbatches(config: Config) -> tuple[Config, str] | None:
     return None
 
 
+def _halved(config: Config, name: str, now: int) -> tuple[Config, str] | None:
+    """`config` with the integer setting `name` (dotted) at half of `now`, its value."""
+    if now <= 1:
+        return None
+    return with_settings(config, {name: now // 2}), f"{name} {now} -> {now // 2}"
+
+
 def fewer_prompts_per_call(prompts: int) -> Shrink:
     """Half the prompts of a sampler call, from `prompts` (all of a round's) when unset."""
-
-    def shrink(config: Config) -> tuple[Config, str] | None:
-        now = config.rollout.prompts_per_call or prompts
-        if now <= 1:
-            return None
-        rollout = dataclasses.replace(config.rollout, prompts_per_call=now // 2)
-        return (
-            dataclasses.replace(config, rollout=rollout),
-            f"rollout.prompts_per_call {now} -> {now // 2}",
-        )
-
-    return shrink
+    return lambda config: _halved(
+        config, "rollout.prompts_per_call", config.rollout.prompts_per_call or prompts
+    )
 
 
 def fewer_evaluation_rows(config: Config) -> tuple[Config, str] | None:
     """Half the rows of an evaluation's sampler call."""
-    rows = config.eval.batch_rows
-    if rows <= 1:
-        return None
-    evaluation = dataclasses.replace(config.eval, batch_rows=rows // 2)
-    return (
-        dataclasses.replace(config, eval=evaluation),
-        f"eval.batch_rows {rows} -> {rows // 2}",
-    )
+    return _halved(config, "eval.batch_rows", config.eval.batch_rows)
 
 
 # the settings `recover` makes smaller, by section and field
