@@ -90,6 +90,7 @@ def _eval(args: argparse.Namespace) -> int:
     from oncurve.evaluate import evaluate
     from oncurve.inputs import PromptData
     from oncurve.rewards.answers import extract_answer
+    from oncurve.rewards.registry import ANSWER_MATCH_REWARDS
     from oncurve.rewards.runner import runner_settings
     from oncurve.rollout.base import check_room
 
@@ -97,7 +98,7 @@ def _eval(args: argparse.Namespace) -> int:
     sampler, model = _load_sampler(args, config)
     data = _prompt_format(args, config, sampler.tokenizer)
     scorer, correct = _eval_scorer(args, config)
-    rows = _eval_rows(args, config, data, needs_answer=scorer == "correct")
+    rows = _eval_rows(args, config, data, needs_answer=correct in ANSWER_MATCH_REWARDS)
     rows = PromptData(rows, sampler.tokenizer, data, seed=0).rows
     longest = max(len(row["prompt_ids"]) for row in rows)
     check_room(longest, args.max_new_tokens, model.config, "--max-new-tokens")
@@ -159,20 +160,14 @@ def _eval_scorer(args: argparse.Namespace, config) -> tuple[str, Callable]:
 def _eval_rows(args: argparse.Namespace, config, data, needs_answer: bool) -> list[dict]:
     """The prompts to score: `--data` (a file or a Hub id at `--config` and `--split`), else
     the run's eval.path, else the run's task's held-out problems."""
-    from oncurve.data import load_rows
-    from oncurve.inputs import eval_size
+    from oncurve.inputs import eval_size, read_rows
     from oncurve.tasks import get_task
 
-    settings = {
-        "prompt_template": data.prompt_template,
-        "answer_format": data.answer_format,
-        "require_answer": needs_answer,
-    }
-    fields = (data.prompt_field, data.answer_field, data.config)
     if args.data is not None:
-        return load_rows(args.data, *fields, args.split or "test", **settings)
+        return read_rows(args.data, data, args.split or "test", require_answer=needs_answer)
     if config is not None and config.eval.path:
-        return load_rows(config.eval.path, *fields, args.split or config.eval.split, **settings)
+        split = args.split or config.eval.split
+        return read_rows(config.eval.path, data, split, require_answer=needs_answer)
     if config is not None and config.data.task and config.data.path is None:
         task = get_task(config.data.task, config.data.task_options)
         return task.examples("test", eval_size(config), config.run.seed)

@@ -43,33 +43,29 @@ def load_prompts(config: Config) -> tuple[list[dict], list[dict], Task | None]:
         held_out = task.examples("test", eval_size(config), config.run.seed)
         return train, held_out, task
     scored = correctness_fn(config, None) in ANSWER_MATCH_REWARDS
-    settings = {
-        "prompt_template": data.prompt_template,
-        "answer_format": data.answer_format,
-    }
-    train = load_rows(
-        data.path,
-        data.prompt_field,
-        data.answer_field,
-        data.config,
-        data.split,
-        **settings,
-        require_answer=any(spec.name == "correct" for spec in config.reward.functions),
-    )
+    needed = any(spec.name == "correct" for spec in config.reward.functions)
+    train = read_rows(data.path, data, data.split, require_answer=needed)
     held_out = (
-        load_rows(
-            config.eval.path,
-            data.prompt_field,
-            data.answer_field,
-            data.config,
-            config.eval.split,
-            **settings,
-            require_answer=scored,
-        )
+        read_rows(config.eval.path, data, config.eval.split, require_answer=scored)
         if config.eval.path
         else []
     )
     return train, held_out, None
+
+
+def read_rows(path: str, data: DataConfig, split: str, *, require_answer: bool) -> list[dict]:
+    """`oncurve.data.load_rows` of `path` (split `split` of a Hub dataset) as the data section
+    says: columns, Hub config, prompt template and answer format."""
+    return load_rows(
+        path,
+        data.prompt_field,
+        data.answer_field,
+        data.config,
+        split,
+        prompt_template=data.prompt_template,
+        answer_format=data.answer_format,
+        require_answer=require_answer,
+    )
 
 
 def eval_size(config: Config) -> int:
