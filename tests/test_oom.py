@@ -227,3 +227,23 @@ def test_on_a_gpu_capped_below_the_plan_a_run_with_too_large_a_microbatch_recove
     assert sum(r["memory/oom_retries"] for r in trainer_rows(run_dir)) >= 1
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert saved["optim"]["microbatch_size"] < 64
+
+
+def test_a_sampling_round_split_after_running_out_samples_what_one_call_samples(
+    tiny_model_dir, data_file, tmp_path, monkeypatch
+):
+    """With the cuda_graph sampler (eager here) a round redone in calls of half the prompts
+    samples the very completions one call would have: the run trains as if nothing happened."""
+    graph = ("rollout.backend=cuda_graph", "rollout.cuda_graphs=false")
+    plain = tmp_path / "plain"
+    run(tiny_model_dir, data_file, plain, *graph)
+    draws: list[int] = []
+    monkeypatch.setattr(groups, "draw", out_of_memory_once(groups.draw, draws))
+    split = tmp_path / "split"
+    run(tiny_model_dir, data_file, split, *graph)
+    assert yaml.safe_load((split / "config.yaml").read_text())["rollout"]["prompts_per_call"] == 2
+    for key in ("reward/mean", "length/mean", "adv/abs_mean"):
+        assert [r[key] for r in metric_rows(split)] == [r[key] for r in metric_rows(plain)], key
+    want, got = final_weights(plain), final_weights(split)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-6, msg=name)

@@ -180,8 +180,9 @@ def draw_recovering(
 ) -> tuple[RolloutBatch, dict[str, list]]:
     """`draw` of `rows` in calls of `rollout.prompts_per_call` prompts (all at once when
     null), concatenated; calls of half as many prompts when sampling runs out of memory
-    (`oncurve.oom`). The first call keeps `params.seed`, call k takes seed + k, so that a round
-    sampled in one call samples what it always did and a split one is as reproducible."""
+    (`oncurve.oom`). Each call says which rows of the whole round it samples
+    (`SamplingParams.first_row`): the cuda_graph sampler then samples what the round in one call
+    would have, the decode-loop samplers a reproducible draw of their own."""
 
     def attempt() -> tuple[RolloutBatch, dict[str, list]]:
         per_call = s.config.rollout.prompts_per_call or len(rows)
@@ -191,9 +192,7 @@ def draw_recovering(
                 s.episodes,
                 rows[start : start + per_call],
                 group_size,
-                params
-                if params.seed is None
-                else dataclasses.replace(params, seed=params.seed + start // per_call),
+                dataclasses.replace(params, first_row=start * group_size),
             )
             for start in range(0, len(rows), per_call)
         ]

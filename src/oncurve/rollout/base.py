@@ -36,6 +36,10 @@ class SamplingParams:
             the token that completed it is the last one of the row.
         seed: same seed, same completions; None draws a fresh seed. The global torch RNG is
             never used, so sampling does not disturb the trainer's random state.
+        first_row: the call samples rows `first_row`.. of a call with this seed that was split
+            to fit memory. The `cuda_graph` sampler, whose draws are per output row, then draws
+            exactly what the whole call would have drawn for them; the decode loop of `hf` and
+            `cpu_llama`, whose draws follow the batch, draws from `decode_seed`.
     """
 
     max_new_tokens: int = 64
@@ -46,6 +50,7 @@ class SamplingParams:
     min_p: float = 0.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    first_row: int = 0
 
     def __post_init__(self) -> None:
         checks = (
@@ -56,12 +61,29 @@ class SamplingParams:
             (self.top_k >= 0, "top_k must be >= 0 (0 keeps all tokens)"),
             (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
             (all(isinstance(s, str) and s for s in self.stop), "stop must hold non-empty strings"),
+            (self.first_row >= 0, "first_row must be >= 0"),
         )
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"SamplingParams: {message}")
         # A list given for `stop` (e.g. from YAML) would make the frozen dataclass unhashable.
         object.__setattr__(self, "stop", tuple(self.stop))
+
+    @property
+    def decode_seed(self) -> int | None:
+        """The seed of a decode loop whose draws follow the batch: `seed`, moved by
+        `first_row` so that the parts of a split call draw apart (None: a fresh one)."""
+        return None if self.seed is None else self.seed + self.first_row
+
+
+def seeded_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    """A generator on `device` seeded with `seed`, or with a fresh seed when None."""
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
 
 
 def check_room(

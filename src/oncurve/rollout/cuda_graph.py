@@ -51,7 +51,7 @@ import transformers
 
 from oncurve.algo.logprobs import float_logits
 from oncurve.models import cache_argument, real_token_positions
-from oncurve.rollout.base import SamplingParams
+from oncurve.rollout.base import SamplingParams, seeded_generator
 from oncurve.rollout.torch_sampler import (
     _EOS,
     _LENGTH,
@@ -87,9 +87,9 @@ def supports(model: torch.nn.Module, total_len: int | None = None) -> bool:
 
 
 def _settings(params: SamplingParams) -> tuple:
-    """What a captured or compiled step depends on of `params`: all but the seed and the stop
-    strings (read outside the step)."""
-    return dataclasses.astuple(dataclasses.replace(params, seed=None, stop=()))
+    """What a captured or compiled step depends on of `params`: all but the seed, the first
+    row and the stop strings (read outside the step)."""
+    return dataclasses.astuple(dataclasses.replace(params, seed=None, stop=(), first_row=0))
 
 
 def _first_line(error: BaseException) -> str:
@@ -444,9 +444,10 @@ class GraphSampler(TorchSampler):
             file=sys.stderr,
         )
 
-    def _reset(self, ws: _Workspace, rows: int, seed: int | None) -> None:
+    def _reset(self, ws: _Workspace, rows: int, seed: int | None, first_row: int = 0) -> None:
         """Put every decode buffer in its state before the first draw, in place, for a call of
-        `rows` rows (the workspace's others are dead from the start)."""
+        `rows` rows (the workspace's others are dead from the start), rows `first_row`.. of
+        the call with this `seed` (`SamplingParams.first_row`)."""
         device = ws.tokens.device
         ws.row_ids.copy_(torch.arange(ws.rows, device=device))
         ws.alive.fill_(False)
@@ -456,14 +457,13 @@ class GraphSampler(TorchSampler):
         ws.column.fill_(ws.width)
         ws.t.fill_(0)
         ws.visible[:, ws.width :] = False
-        generator = torch.Generator(device=device)
-        if seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(seed)
-        # drawn for the call's rows only, so that a row samples the same in any workspace
+        # a row's draws are consecutive numbers of the stream, drawn for the call's rows only:
+        # a row samples the same in any workspace and in any part of a call split to fit memory
+        drawn = torch.rand(
+            (first_row + rows, ws.new), generator=seeded_generator(seed, device), device=device
+        )
         ws.uniforms.zero_()
-        ws.uniforms[:, :rows] = torch.rand((ws.new, rows), generator=generator, device=device)
+        ws.uniforms[:, :rows] = drawn[first_row:].T
 
     def _prefill(
         self,
@@ -476,7 +476,7 @@ class GraphSampler(TorchSampler):
         """Forward the B prompts `[B, W]` once, copy each one's keys and values into its G rows
         of the static cache and set the decode state. Returns `[N, V]` float32 logits."""
         rows = ids.shape[0] * group_size
-        self._reset(ws, rows, params.seed)
+        self._reset(ws, rows, params.seed, params.first_row)
         trunk = self.model.base_model
         cache = transformers.DynamicCache(config=self.model.config)
         positions = real_token_positions(mask)

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import torch
 
 from oncurve.errors import UserError
-from oncurve.rollout.base import Sampler, SamplingParams
+from oncurve.rollout.base import Sampler, SamplingParams, seeded_generator
 from oncurve.rollout.torch_sampler import (
     _COMPACT_FRACTION,
     _EOS,
@@ -289,11 +289,7 @@ class _EpisodeLoop:
 
     def run(self, decoder: Any, logits: torch.Tensor) -> None:
         params, sampler, device = self.params, self.sampler, self.device
-        generator = torch.Generator(device=device)
-        if params.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(params.seed)
+        generator = seeded_generator(params.decode_seed, device)
         vocab = logits.shape[-1]
         is_eos = torch.zeros(vocab, dtype=torch.bool, device=device)
         is_eos[[e for e in sampler.eos_ids if e < vocab]] = True

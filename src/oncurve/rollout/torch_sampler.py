@@ -17,7 +17,13 @@ import torch
 import transformers
 
 from oncurve.rollout import cpu_llama
-from oncurve.rollout.base import Decoder, DecoderFactory, SamplingParams, check_room
+from oncurve.rollout.base import (
+    Decoder,
+    DecoderFactory,
+    SamplingParams,
+    check_room,
+    seeded_generator,
+)
 from oncurve.types import RolloutBatch
 
 # Finished rows are compacted away once they are this fraction of the batch: compaction copies
@@ -172,11 +178,7 @@ class TorchSampler:
         recorded (stop strings found afterwards by `end_at_stops`)."""
         new = params.max_new_tokens
         vocab = logits.shape[-1]
-        generator = torch.Generator(device=device)
-        if params.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(params.seed)
+        generator = seeded_generator(params.decode_seed, device)
         is_eos = torch.zeros(vocab, dtype=torch.bool, device=device)
         is_eos[[e for e in self.eos_ids if e < vocab]] = True
         eos_index = is_eos.nonzero().squeeze(1)
