@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import yaml
 from conftest import batch_to, tiny_qwen2
 from safetensors.torch import load_file, save_file
 
@@ -341,3 +342,24 @@ def test_a_rank_that_raises_fails_the_job_instead_of_hanging(tiny_model_dir, dat
     )
     assert proc.returncode != 0
     assert "reward 'fails_on_rank_1' failed" in proc.stderr
+
+
+def test_a_rank_that_runs_out_of_memory_sampling_redoes_it_and_every_rank_takes_its_setting(
+    tiny_model_dir, data_file, tmp_path
+):
+    """Rank 1 runs out of memory in its first sampling call: it samples again in calls of
+    half as many prompts while rank 0 goes on, neither hangs, and from the end of that step
+    both sample with the smaller setting (`oncurve.oom.agree`)."""
+    run_dir = tmp_path / "run"
+    args = [*tiny_job(tiny_model_dir, data_file), f"run.dir={run_dir}", "dist.nproc=2"]
+    args = [a.replace("rewards_for_tests:", "oom_on_rank_1:") for a in args]
+    proc = run_cli(*args, "run.steps=2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "out of memory in sampling: redoing it with rollout.prompts_per_call 2 -> 1" in (
+        proc.stderr
+    )
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    retries = [r["memory/oom_retries"] for r in rows if "memory/oom_retries" in r]
+    assert retries == [0.5, 0.0]  # the mean over ranks: one rank redid its sampling once
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved["rollout"]["prompts_per_call"] == 1  # rank 0's config: it took rank 1's

@@ -203,7 +203,8 @@ def draw_recovering(
         return rollout, outcomes
 
     shrink = fewer_prompts_per_call(len(rows))
-    return recover("sampling", attempt, s.config, shrink, s.adopt, release_sampler(s))
+    # sampling runs no collective: a rank may redo it alone
+    return recover("sampling", attempt, s.config, shrink, s.adopt, release_sampler(s), alone=True)
 
 
 def release_sampler(s: Session) -> Callable[[], None]:

@@ -15,14 +15,17 @@ Each change is one line on stderr (phase, old and new setting), is counted in th
 `memory/oom_retries`, and goes into the session's config (config.yaml and every later
 checkpoint), so a resumed run starts from it. When nothing is left to make smaller, `recover`
 raises `OutOfMemoryStop` with one line of what to try; the trainer then saves the last
-finished step and stops. With several ranks nothing is redone: the rank that ran out stops
-with one line naming the smaller setting to restart with.
+finished step and stops. With several ranks, a phase without collectives (sampling,
+evaluation, a frozen reference's forward) is redone on the rank that ran out, and every rank
+takes the smallest setting at the end of the step (`agree`); a phase with collectives is not
+redone on one rank: it stops with one line naming the smaller setting to restart with.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 import sys
 from collections.abc import Callable
 from typing import TypeVar
@@ -111,6 +114,25 @@ def with_settings(config: Config, settings: dict[str, object]) -> Config:
     return config
 
 
+def agree(config: Config) -> Config:
+    """`config` with each of `SETTINGS` at the smallest any rank holds (gradient
+    checkpointing on where any rank has it on): the same on every rank. Collective."""
+    mine = settings_of(config)
+    # null and 0 (no cap, the device's own cap, all prompts per call) are larger than any
+    # number; a checkpointing rank is the smallest
+    values = [
+        -float(v) if isinstance(v, bool) else float(v) if v else math.inf for v in mine.values()
+    ]
+    smallest = distributed.all_min(values)
+    agreed = {}
+    for (name, value), low in zip(mine.items(), smallest, strict=True):
+        if isinstance(value, bool):
+            agreed[name] = low < 0
+        else:
+            agreed[name] = value if math.isinf(low) else int(low)
+    return with_settings(config, agreed)
+
+
 def free_memory() -> None:
     """Return what a failed attempt held (its tensors die with its frames) to the device."""
     gc.collect()
@@ -125,6 +147,7 @@ def recover(
     shrink: Shrink,
     apply: Callable[[Config], None],
     on_retry: Callable[[], None] = lambda: None,
+    alone: bool = False,
 ) -> T:
     """`attempt()`, run again with a smaller setting each time it runs out of memory.
 
@@ -135,6 +158,8 @@ def recover(
         apply: makes a new config the session's (the forward settings, checkpointing, the
             recorded config); called before each retry.
         on_retry: undoes what the failed attempt left (e.g. its partial gradients).
+        alone: the phase runs no collective, so one rank may redo it while the others go on
+            (they take its smaller setting at the end of the step: `agree`).
     Raises:
         OutOfMemoryStop: out of memory with nothing left to shrink.
     """
@@ -154,7 +179,7 @@ def recover(
             )
         before, (config, change) = settings_of(config), smaller
         rank, world_size = distributed.world()
-        if world_size > 1:
+        if world_size > 1 and not alone:
             # The other ranks are inside this phase's collectives (DDP's buffer broadcasts and
             # gradient all-reduce), which a redo on this rank alone would not match.
             raise OutOfMemoryStop(

@@ -21,7 +21,7 @@ from typing import TypeVar
 
 import torch
 
-from oncurve import checkpoint, distributed
+from oncurve import checkpoint, distributed, oom
 from oncurve.algo.kl import warmup_beta
 from oncurve.build import Session, memory_settings, setup
 from oncurve.config import Config, build_config, save_config, to_dict
@@ -67,7 +67,12 @@ def training_step(s: Session, step: int) -> dict[str, float]:
     if cfg.algo.beta > 0:
         with timer("reference"):
             batch.ref_logprobs = _forward_recovering(
-                s, "the reference forward", batch, s.policy.reference_logprobs
+                s,
+                "the reference forward",
+                batch,
+                s.policy.reference_logprobs,
+                # a frozen copy is not data-parallel: its forward runs no collective
+                alone=s.policy.reference is not None,
             )
     with timer("train"):
         if cfg.algo.mu * cfg.algo.minibatches > 1:
@@ -247,6 +252,7 @@ def _train(config: Config, quiet: bool) -> TrainResult:
         for step in range(s.start_step + 1, cfg.run.steps + 1):
             where.in_step = True
             metrics = distributed.all_mean(training_step(s, step))
+            _agree_on_memory(s)
             where.in_step, where.finished = False, step
             s.logger.log(step, metrics)
             progress.update(step, metrics)
@@ -354,6 +360,16 @@ def _record_graph_fallback(s: Session) -> None:
             save_config(s.config, s.run_dir / "config.yaml")
 
 
+def _agree_on_memory(s: Session) -> None:
+    """With several ranks, each takes the smallest memory settings any of them holds: a rank
+    that ran out of memory in a phase without collectives redid it alone with a smaller one."""
+    if s.world_size == 1:
+        return
+    agreed = oom.agree(s.config)
+    if oom.settings_of(agreed) != oom.settings_of(s.config):
+        s.adopt(agreed)
+
+
 @dataclass
 class _Position:
     """Where the training loop stands."""
@@ -415,16 +431,17 @@ def _forward_recovering(
     batch: TrainBatch,
     run: Callable[[TrainBatch], T],
     on_retry: Callable[[], None] = lambda: None,
+    alone: bool = False,
 ) -> T:
     """`run(batch)`, redone in smaller microbatches (then with gradient checkpointing) each
-    time it runs out of memory (`oncurve.oom`)."""
+    time it runs out of memory (`oncurve.oom`; `alone`: `recover`'s)."""
 
     def adopt(config: Config) -> None:
         s.adopt(config)
         if not _shares_prompt_forward(s.config):  # checkpointing drops the prompt's KV cache
             batch.prompt_index = None
 
-    return recover(phase, lambda: run(batch), s.config, halve_microbatches, adopt, on_retry)
+    return recover(phase, lambda: run(batch), s.config, halve_microbatches, adopt, on_retry, alone)
 
 
 def _evaluate(s: Session, step: int) -> dict[str, float]:
@@ -436,6 +453,7 @@ def _evaluate(s: Session, step: int) -> dict[str, float]:
             fewer_evaluation_rows,
             s.adopt,
             on_retry=release_sampler(s),
+            alone=True,  # evaluation runs no collective
         )
     _record_graph_fallback(s)
     s.logger.log(step, {f"eval/{k}": v for k, v in result.items()})
