@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,12 +15,13 @@ from conftest import tiny_qwen2
 from rewards_for_tests import DigitsEnv
 from safetensors.torch import load_file
 from test_reliability import metric_rows
+from torch.overrides import TorchFunctionMode
 
 from oncurve.config import load_config
 from oncurve.envs import PythonToolEnv
 from oncurve.errors import UserError
 from oncurve.report import write_report
-from oncurve.rollout import SamplingParams, TorchSampler
+from oncurve.rollout import SamplingParams, TorchSampler, episodes
 from oncurve.rollout.episodes import (
     EpisodeSettings,
     ObservationFormat,
@@ -285,3 +287,58 @@ def test_a_multi_turn_run_trains_checkpoints_and_resumes_exactly(
     want = load_file(tmp_path / "full" / "final" / "model.safetensors")
     got = load_file(tmp_path / "cut" / "final" / "model.safetensors")
     assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+class HostReads(TorchFunctionMode):
+    """Counts the reads of tensor values on the host made by the episode loop's own code (a
+    wait for the device on a GPU), not by the decoder's."""
+
+    READS = {
+        torch.Tensor.tolist,
+        torch.Tensor.item,
+        torch.Tensor.__bool__,
+        torch.Tensor.__int__,
+        torch.Tensor.__float__,
+        torch.Tensor.__index__,
+        torch.Tensor.cpu,
+        torch.Tensor.nonzero,
+    }
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.READS and sys._getframe(1).f_code.co_filename == episodes.__file__:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_episode_loop_reads_the_device_once_per_token(qwen3_tokenizer, monkeypatch):
+    """On a GPU each read waits for the device: the loop reads which rows drew EOS (or a
+    token that can complete a stop string) once per step; besides, only the EOS ids once and
+    each ended turn's text, which its environment needs."""
+    tok = qwen3_tokenizer
+    turn = tok("4 ok", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    fmt = ObservationFormat(tok, chat_template=True, max_tokens=64)
+    script = turn + fmt("digits 1", ended_with_eos=True) + turn
+    sampler, decoders = scripted_sampler(tok, [script] * 3)
+    reads = HostReads()
+    real_run = episodes._EpisodeLoop.run
+
+    def counted(self, decoder, logits):
+        with reads:
+            real_run(self, decoder, logits)
+
+    monkeypatch.setattr(episodes._EpisodeLoop, "run", counted)
+    played = run_episodes(
+        sampler,
+        [{"prompt": "go"}],
+        group_size=3,
+        params=SamplingParams(max_new_tokens=8, seed=0),
+        settings=settings(tok, lambda: DigitsEnv(5), max_turns=2),
+    )
+    assert played.turns.tolist() == [2, 2, 2]
+    steps = len(script)  # one token of the transcript per step
+    turn_texts = 3 * 2
+    assert reads.count == steps + 1 + turn_texts

@@ -296,43 +296,52 @@ class _EpisodeLoop:
         eos_index = is_eos.nonzero().squeeze(1)
         stop_table = sampler._stop_table(params.stop, vocab, device) if params.stop else None
         n = len(self.envs)
-        active = torch.arange(n, device=device)
-        alive = torch.ones(n, dtype=torch.bool, device=device)
+        active = torch.arange(n, device=device)  # output row of each decoder row
+        rows = list(range(n))  # the same, on the host
+        alive = [True] * n  # per decoder row: the episode goes on
         for t in range(self.budget):
             suppress = eos_index if t < params.min_new_tokens else None
             tokens, token_logprobs = sample_tokens(logits, params, generator, suppress)
-            fed = torch.zeros_like(alive)
-            if self.feeding:
-                for i, row in enumerate(active.tolist()):
-                    if row in self.feeding:
-                        tokens[i] = self._next_fed(row, t)
-                        fed[i] = True
+            fed_at = [i for i, row in enumerate(rows) if row in self.feeding]
+            fed = torch.zeros(len(rows), dtype=torch.bool, device=device)
+            if fed_at:  # observation tokens replace the draws of the rows being fed
+                index = torch.tensor(fed_at, device=device)
+                feed = [self._next_fed(rows[i], t) for i in fed_at]
+                tokens[index] = torch.tensor(feed, device=device)
+                fed[index] = True
                 token_logprobs = token_logprobs.masked_fill(fed, 0.0)
             self.completion[active, t] = tokens
             self.logprobs[active, t] = token_logprobs
             self.tool[active, t] = fed.long()
-            sampling = alive & ~fed
-            eos_hit = sampling & is_eos[tokens]
-            stop_hit = torch.zeros_like(alive)
+            # One read of the device per step: which rows drew EOS, and which a token that can
+            # complete a stop string; the rest (turn lengths, who is fed or alive) is the host's.
+            flags = [is_eos[tokens]]
             if stop_table is not None:
-                for i in (sampling & ~eos_hit & stop_table[tokens]).nonzero().flatten().tolist():
-                    stop_hit[i] = self._stopped(int(active[i]), t)
-            starts = torch.tensor([self.turn_start[r] for r in active.tolist()], device=device)
-            full = sampling & ~eos_hit & ~stop_hit & (t + 1 - starts >= params.max_new_tokens)
-            ended = eos_hit | stop_hit | full
-            if bool(ended.any()):
-                index = ended.nonzero().flatten()
-                reasons = torch.where(
-                    eos_hit[index], _EOS, torch.where(stop_hit[index], _STOP, _LENGTH)
-                )
-                over = self._end_turns(active[index].tolist(), reasons.tolist(), t)
-                alive[index[over]] = False
-            if not bool(alive.any()) or t == self.budget - 1:
+                flags.append(stop_table[tokens])
+            eos, *could_stop = torch.stack(flags).tolist()
+            feeding = set(fed_at)
+            ended: list[tuple[int, int]] = []  # (decoder row, reason)
+            for i, row in enumerate(rows):
+                if not alive[i] or i in feeding:
+                    continue
+                if eos[i]:
+                    ended.append((i, _EOS))
+                elif could_stop and could_stop[0][i] and self._stopped(row, t):
+                    ended.append((i, _STOP))
+                elif t + 1 - self.turn_start[row] >= params.max_new_tokens:
+                    ended.append((i, _LENGTH))
+            if ended:
+                over = self._end_turns([rows[i] for i, _ in ended], [r for _, r in ended], t)
+                for (i, _), done in zip(ended, over, strict=True):
+                    alive[i] = alive[i] and not done
+            if not any(alive) or t == self.budget - 1:
                 break
-            if alive.shape[0] - int(alive.sum()) >= _COMPACT_FRACTION * alive.shape[0]:
-                keep = alive.nonzero().flatten()
-                decoder.keep(keep)
-                active, tokens, alive = active[keep], tokens[keep], alive[keep]
+            if alive.count(False) >= _COMPACT_FRACTION * len(alive):
+                keep = [i for i, live in enumerate(alive) if live]
+                index = torch.tensor(keep, device=device)
+                decoder.keep(index)
+                active, tokens = active[index], tokens[index]
+                rows, alive = [rows[i] for i in keep], [True] * len(keep)
             logits = decoder.step(tokens)
 
     def _next_fed(self, row: int, t: int) -> int:
@@ -355,9 +364,9 @@ class _EpisodeLoop:
         )
         return any(s in tail for s in self.params.stop)
 
-    def _end_turns(self, rows: list[int], reasons: list[int], t: int) -> torch.Tensor:
-        """Hand the turns that ended at step `t` to their environments; returns `[len(rows)]`
-        True where the episode is over."""
+    def _end_turns(self, rows: list[int], reasons: list[int], t: int) -> list[bool]:
+        """Hand the turns that ended at step `t` to their environments; returns, per row,
+        whether the episode is over."""
         texts = []
         for row, reason in zip(rows, reasons, strict=True):
             text = self._turn_text(row, t)
@@ -385,4 +394,4 @@ class _EpisodeLoop:
                     self.turn_start[row] = t + 1
                 self.turns[row] += 1
                 over.append(False)
-        return torch.tensor(over, dtype=torch.bool, device=self.device)
+        return over
