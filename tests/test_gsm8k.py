@@ -228,6 +228,12 @@ def test_the_gsm8k_recipe_trains_end_to_end_from_the_hub_cache(
     assert [m["step"] for m in evaluated] == [0, 1, 2]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir())[-1].endswith("2")
     assert result.eval_after is not None
+    # the same recipe comparing with the whole worked solutions stops before step 1
+    raw = replace(recipe, data=replace(recipe.data, answer_format="raw"))
+    raw.run = replace(recipe.run, dir=str(tmp_path / "raw"))
+    with pytest.raises(UserError, match=r"train row 1: the correctness reward scores 0.0 for"):
+        train(raw, quiet=True)
+    assert not (tmp_path / "raw" / "metrics.jsonl").exists()
     # the reward tells a right answer from a wrong one on these rows
     s = setup(replace(recipe, run=replace(recipe.run, dir=str(tmp_path / "again"))))
     s.rewards.close()

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from oncurve.config import Config, DataConfig
-from oncurve.data import load_rows
+from oncurve.data import Row, load_rows
 from oncurve.errors import UserError
 from oncurve.models import DTYPES, resolve_dtype
 from oncurve.rewards.registry import (
@@ -83,19 +83,14 @@ class PromptData:
     def __init__(self, rows: list[dict], tokenizer: Any, data: DataConfig, seed: int) -> None:
         if not rows:
             raise UserError("the dataset has no rows")
-        self.rows = [
-            {
-                **row,
-                "prompt_ids": encode_prompt(
-                    tokenizer,
-                    row["prompt"],
-                    data,
-                    getattr(row, "where", "") or f"row {index}",
-                    messages=row.get("prompt_messages"),
-                ),
-            }
-            for index, row in enumerate(rows)
-        ]
+        self.rows: list[Row] = []
+        for index, row in enumerate(rows):
+            where = getattr(row, "where", "") or f"row {index}"
+            messages = row.get("prompt_messages")
+            ids = encode_prompt(tokenizer, row["prompt"], data, where, messages=messages)
+            kept = Row(row, prompt_ids=ids)
+            kept.where = where  # for the checks that read rows later (`signal_checks`)
+            self.rows.append(kept)
         self.seed = seed
         self._order_cache: tuple[int, list[int]] | None = None
 

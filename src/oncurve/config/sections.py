@@ -175,7 +175,9 @@ class DataConfig:
 @dataclass
 class RolloutConfig:
     group_size: int = _opt(8, "completions sampled per prompt, G", _range(2, None))
-    max_new_tokens: int = _opt(256, "longest completion; longer ones are cut", POSITIVE)
+    max_new_tokens: int = _opt(
+        256, "longest completion; longer ones are cut (64 with model.path=default)", POSITIVE
+    )
     min_new_tokens: int = _opt(0, "EOS is suppressed until this many tokens", NON_NEGATIVE)
     temperature: float = _opt(1.0, "sampling temperature (also scales training logprobs)", POSITIVE)
     top_p: float = _opt(1.0, "nucleus sampling mass", _range(0, 1, low_open=True))
@@ -356,7 +358,7 @@ class AlgoConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = _opt(1e-6, "AdamW learning rate", POSITIVE)
+    lr: float = _opt(1e-6, "AdamW learning rate (1e-4 with model.path=default)", POSITIVE)
     weight_decay: float = _opt(0.0, "AdamW weight decay", NON_NEGATIVE)
     beta1: float = _opt(0.9, "AdamW beta1", _range(0, 1, high_open=True))
     beta2: float = _opt(0.99, "AdamW beta2", _range(0, 1, high_open=True))
@@ -391,7 +393,8 @@ class EvalConfig:
     )
     num_prompts: int | None = _opt(
         None,
-        "held-out prompts per evaluation; null: all of eval.path, or 500 of a built-in task's",
+        "held-out prompts per evaluation; null: all of eval.path, or 500 of a built-in task's "
+        "(500 with model.path=default)",
         NON_NEGATIVE,
     )
     samples: int = _opt(
