@@ -2,17 +2,18 @@
 TRL's GRPOTrainer on the same job in one run (configs/smollm2_135m.yaml).
 
 The job: the `sums` task ("What is 37 + 8? Put the final answer in \\boxed{}.") in the model's
-chat template, 8 prompts x G=8 a step, 32 new tokens, lr 2e-5, beta 0, 40 steps. Both trainers
-get the same model directory, the same prompt rows in the same order (TRL's dataset is
-oncurve's per-step order, rendered with the chat template, shuffling off) and the task's
-rewards with their weights. Held-out accuracy is one function for every model (the base, each
-final model, and oncurve's own evaluations every 10 steps): greedy, 32 tokens, the task's
+chat template, 8 prompts x G=8 a step, 32 new tokens, lr 2e-5 decayed by a cosine to 0, beta 0,
+10 steps (the recipe's schedule, which TRL gets too). Both trainers get the same model
+directory, the same prompt rows in the same order (TRL's dataset is oncurve's per-step order,
+rendered with the chat template, shuffling off) and the task's rewards with their weights.
+Held-out accuracy is one function for every model (the base, each final model, and oncurve's
+own evaluations every 5 steps): greedy, 32 tokens, the task's
 `correct` reward on all 50 held-out problems. The table gives seconds per step (median, the
 first step left out), each run's wall time, accuracy before and after; the curve is accuracy
 against training seconds; a few completions before and after show what changed.
 
     make smollm2                                   # once: fetch and import the model
-    .venv/bin/python benchmarks/smollm2.py         # both trainers (about 45 minutes)
+    .venv/bin/python benchmarks/smollm2.py         # both trainers (about 20 minutes)
     .venv/bin/python benchmarks/smollm2.py --trl-steps 15   # TRL bounded to about 20 minutes
     .venv/bin/python benchmarks/smollm2.py --skip-trl
 """
@@ -51,6 +52,7 @@ class Job:
     group: int
     tokens: int
     lr: float
+    schedule: str
     warmup: int
     beta: float
     steps: int
@@ -67,6 +69,7 @@ def load_job(steps: int | None) -> Job:
         group=c.rollout.group_size,
         tokens=c.rollout.max_new_tokens,
         lr=c.optim.lr,
+        schedule=c.optim.schedule,
         warmup=c.optim.warmup_steps,
         beta=c.algo.beta,
         steps=steps or c.run.steps,
@@ -127,7 +130,7 @@ def trl_child(job: Job, out_dir: Path) -> None:
         top_p=1.0,
         top_k=0,
         learning_rate=job.lr,
-        lr_scheduler_type="constant_with_warmup",
+        lr_scheduler_type="cosine" if job.schedule == "cosine" else "constant_with_warmup",
         warmup_steps=job.warmup,
         weight_decay=0.0,
         adam_beta1=0.9,
@@ -323,8 +326,8 @@ def main() -> None:
     lines = [
         "# SmolLM2-135M-Instruct on `sums`, 2 CPU cores\n",
         f"Written by `benchmarks/smollm2.py` on {time.strftime('%Y-%m-%d')}: {job.steps} steps of "
-        f"{job.prompts} prompts x G={job.group}, {job.tokens} tokens, lr {job.lr}, beta "
-        f"{job.beta}; held-out: greedy on all 50 test problems. Load: {load_before}; after: "
+        f"{job.prompts} prompts x G={job.group}, {job.tokens} tokens, lr {job.lr} "
+        f"({job.schedule}), beta {job.beta}; held-out: greedy on all 50 test problems. Load: {load_before}; after: "
         f"{load_note()}.\n",
         markdown_table(header, rows),
         "\noncurve's held-out accuracy during training (training seconds, accuracy): "
