@@ -403,3 +403,19 @@ def test_the_parts_of_a_split_call_sample_what_the_whole_call_samples():
     # without first_row the second part would redraw the first part's numbers
     unmarked = sampler.generate(prompts[6:], 4, params)
     assert unmarked.texts != parts[1].texts
+
+
+def test_a_capture_that_runs_out_of_memory_is_left_to_the_out_of_memory_recovery(monkeypatch):
+    """Running out of memory while capturing is not a reason to give up graphs for the run:
+    the error reaches the caller, which redoes the call smaller, and graphs stay on."""
+    pools = FakePools()
+    pools.install(monkeypatch)
+
+    def no_room(graph, pool=None, **_):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+
+    monkeypatch.setattr(torch.cuda, "graph", no_room)
+    sampler = GraphSampler(make_model("qwen2"), TOKENIZER, use_graphs=True)
+    with pytest.raises(torch.OutOfMemoryError):
+        sampler.generate(PROMPTS, 4, SamplingParams(max_new_tokens=6, seed=1))
+    assert sampler.use_graphs and sampler.graph_error is None

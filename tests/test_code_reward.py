@@ -232,7 +232,10 @@ def test_tests_see_the_programs_data_and_objects_by_value(reward):
 
 
 def test_undecodable_source_is_an_error_result(reward):
-    assert reward(["p"], [fenced("print(1)  # \ud800\n")], tests=[["assert True"]]) == [0.0]
+    program = "def one():\n    return 1{}\n"
+    tests = [["assert one() == 1"]]
+    assert reward(["p"], [fenced(program.format(""))], tests=tests) == [1.0]  # the control
+    assert reward(["p"], [fenced(program.format("  # \ud800"))], tests=tests) == [0.0]
     env = PythonToolEnv(timeout_s=2.0, memory_mb=256)
     env.reset({"prompt": "2 + 2?", "answer": "4"})
     observation, score, done = env.step(fenced("print(1)  # \ud800\n"))

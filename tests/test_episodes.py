@@ -23,6 +23,7 @@ from oncurve.errors import UserError
 from oncurve.report import write_report
 from oncurve.rollout import SamplingParams, TorchSampler, episodes
 from oncurve.rollout.episodes import (
+    Episodes,
     EpisodeSettings,
     ObservationFormat,
     resolve_environment,
@@ -186,21 +187,27 @@ def _spans(positions: list[int]):
         yield start, prev + 1
 
 
-def test_max_turns_ends_the_episode_and_rewards_add_up(qwen3_tokenizer):
-    """An environment that would go on for 5 turns is stopped after max_turns=2: two policy
-    turns, one observation, and the two steps' rewards summed."""
-    tok = qwen3_tokenizer
+def two_turn_episodes(tok, group_size: int) -> tuple[Episodes, list[int]]:
+    """`group_size` scripted episodes of "4 ok" twice, with DigitsEnv's observation between,
+    stopped by max_turns=2 (the environment would go on for 5); and the script."""
     turn = tok("4 ok", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     fmt = ObservationFormat(tok, chat_template=True, max_tokens=64)
     script = turn + fmt("digits 1", ended_with_eos=True) + turn
-    sampler, _ = scripted_sampler(tok, [script] * 2)
+    sampler, _ = scripted_sampler(tok, [script] * group_size)
     played = run_episodes(
         sampler,
         [{"prompt": "go"}],
-        group_size=2,
+        group_size=group_size,
         params=SamplingParams(max_new_tokens=8, seed=0),
         settings=settings(tok, lambda: DigitsEnv(5), max_turns=2),
     )
+    return played, script
+
+
+def test_max_turns_ends_the_episode_and_rewards_add_up(qwen3_tokenizer):
+    """An environment that would go on for 5 turns is stopped after max_turns=2: two policy
+    turns, one observation, and the two steps' rewards summed."""
+    played, script = two_turn_episodes(qwen3_tokenizer, group_size=2)
     assert played.turns.tolist() == [2, 2]
     assert played.rewards.tolist() == [0.5, 0.5]  # 1 digit in 4 characters, twice
     assert played.rollout.completion_ids[0, : len(script)].tolist() == script
@@ -318,11 +325,6 @@ def test_the_episode_loop_reads_the_device_once_per_token(qwen3_tokenizer, monke
     """On a GPU each read waits for the device: the loop reads which rows drew EOS (or a
     token that can complete a stop string) once per step; besides, only the EOS ids once and
     each ended turn's text, which its environment needs."""
-    tok = qwen3_tokenizer
-    turn = tok("4 ok", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    fmt = ObservationFormat(tok, chat_template=True, max_tokens=64)
-    script = turn + fmt("digits 1", ended_with_eos=True) + turn
-    sampler, decoders = scripted_sampler(tok, [script] * 3)
     reads = HostReads()
     real_run = episodes._EpisodeLoop.run
 
@@ -331,13 +333,7 @@ def test_the_episode_loop_reads_the_device_once_per_token(qwen3_tokenizer, monke
             real_run(self, decoder, logits)
 
     monkeypatch.setattr(episodes._EpisodeLoop, "run", counted)
-    played = run_episodes(
-        sampler,
-        [{"prompt": "go"}],
-        group_size=3,
-        params=SamplingParams(max_new_tokens=8, seed=0),
-        settings=settings(tok, lambda: DigitsEnv(5), max_turns=2),
-    )
+    played, script = two_turn_episodes(qwen3_tokenizer, group_size=3)
     assert played.turns.tolist() == [2, 2, 2]
     steps = len(script)  # one token of the transcript per step
     turn_texts = 3 * 2

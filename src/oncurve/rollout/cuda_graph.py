@@ -385,6 +385,8 @@ class GraphSampler(TorchSampler):
             ws.graphs.pop(next(iter(ws.graphs)))
         try:
             ws.graphs[settings] = self._capture(ws, params)
+        except torch.OutOfMemoryError:
+            raise  # a capture that does not fit is the caller's to redo smaller (`oncurve.oom`)
         except Exception as error:  # noqa: BLE001 - any failure to capture: decode eagerly
             self._stop_capturing(error)
             return {}

@@ -263,13 +263,19 @@ def end_at_stops(
     limit = ends[out_rows] - (reasons[out_rows] == _EOS).long()
     positions = torch.arange(start, end, device=tokens.device)
     candidates = (stop_table[tokens] & (positions[None] < limit[:, None])).nonzero().tolist()
+    if not candidates:
+        return
     window = 4 * max(len(s) for s in stops) + 2
+    first = max(0, start + 1 - window)
+    # one read, not one per candidate: each decoder row's output row, then its tokens from
+    # `first` on
+    read = torch.cat([out_rows[:, None], completion[out_rows, first:end]], 1).tolist()
     ended: set[int] = set()
     for i, offset in candidates:  # in row order, then token order
         if i in ended:
             continue
-        row, t = int(out_rows[i]), start + offset
-        tail = completion[row, max(0, t + 1 - window) : t + 1].tolist()
+        row, t = read[i][0], start + offset
+        tail = read[i][1 + max(first, t + 1 - window) - first : 1 + t + 1 - first]
         if any(s in tokenizer.decode(tail, skip_special_tokens=True) for s in stops):
             ended.add(i)
             alive[i] = False
