@@ -556,10 +556,8 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def benchmark(args: argparse.Namespace) -> tuple[str, str]:
-    """Run the trainers alternately; returns (section key, markdown section)."""
-    import transformers
-
+def make_job(args: argparse.Namespace) -> tuple[Job, str]:
+    """The job both trainers run, its model prepared; returns (job, model name)."""
     model = "smoke" if args.smoke else "qwen2.5-0.5b"
     model_path, prompts_file = prepare(model, args.tokenizer)
     tokens = args.tokens or (16 if args.smoke else 256)
@@ -576,7 +574,56 @@ def benchmark(args: argparse.Namespace) -> tuple[str, str]:
         device="cpu" if args.smoke else "cuda",
         gpu_memory_gb=args.gpu_memory_gb,
     )
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path)
+    return job, model
+
+
+def profile_oncurve(args: argparse.Namespace) -> None:
+    """`--profile`: the oncurve job in this process, its last step under `torch.profiler`;
+    prints each step's phases (`time/*`) and the ops with the most GPU and CPU time in that
+    step (profiling the whole run would record every compile and capture, and summing that many
+    events takes minutes)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import oncurve.trainer
+    from oncurve.config import load_config
+    from oncurve.metrics import read_jsonl
+
+    job, _ = make_job(args)
+    out = CACHE / "profile"
+    config = load_config(None, oncurve_overrides(job, out))
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    step_of_the_run = oncurve.trainer.training_step
+    profiles = []
+
+    def profiled_step(s: Any, step: int) -> dict:
+        if step < job.steps:
+            return step_of_the_run(s, step)
+        with profile(activities=activities) as prof:
+            metrics = step_of_the_run(s, step)
+        profiles.append(prof)
+        return metrics
+
+    oncurve.trainer.training_step = profiled_step
+    oncurve.trainer.train(config, quiet=True)
+    rows = [r for r in read_jsonl(out / "run" / "metrics.jsonl") if "time/step" in r]
+    for row in rows:
+        times = {k.removeprefix("time/"): round(v, 3) for k, v in row.items() if "time/" in k}
+        print(f"step {row['step']}: {times}", flush=True)
+    averages = profiles[0].key_averages()
+    device_key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    print(averages.table(sort_by=device_key, row_limit=30), flush=True)
+    print(averages.table(sort_by="self_cpu_time_total", row_limit=20), flush=True)
+
+
+def benchmark(args: argparse.Namespace) -> tuple[str, str]:
+    """Run the trainers alternately; returns (section key, markdown section)."""
+    import transformers
+
+    job, model = make_job(args)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(job.model_dir)
     prompt_tokens = statistics.mean(len(r["prompt_ids"]) for r in step_rows(job, tokenizer))
     print(f"mean prompt length {prompt_tokens:.1f} tokens (chat template included)", flush=True)
     pythons = {"oncurve": args.oncurve_python, "TRL": args.trl_python}
@@ -809,6 +856,12 @@ def main() -> None:
     parser.add_argument(
         "--smoke", action="store_true", help="2-layer model on the CPU, 16 tokens (development)"
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="oncurve alone, in this process, under torch.profiler: seconds per phase and the "
+        "ops that take the most GPU and CPU time",
+    )
     parser.add_argument("--trl-child", help=argparse.SUPPRESS)  # run TRL, write into this dir
     args = parser.parse_args()
     args.runs = args.runs or (1 if args.smoke else 2)
@@ -827,6 +880,9 @@ def main() -> None:
     if not args.smoke and not torch.cuda.is_available():
         print("gpu_vs_trl.py: no CUDA device (use --prepare or --smoke here)", file=sys.stderr)
         raise SystemExit(2)
+    if args.profile:
+        profile_oncurve(args)
+        return
     key, section = benchmark(args)
     print("\n" + section, flush=True)
     if args.smoke:

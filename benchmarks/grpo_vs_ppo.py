@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent / "src")]  # oncurve from the checkout: no install needed
 from common import (  # noqa: E402
     load_note,
     markdown_table,

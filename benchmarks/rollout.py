@@ -45,7 +45,8 @@ from pathlib import Path
 import torch
 import transformers
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "src")]  # oncurve from the checkout: no install needed
 from common import (  # noqa: E402
     isolated_env,
     load_model,

@@ -20,6 +20,7 @@ from test_reliability import metric_rows
 from test_rollout import PROMPTS, TOKENIZER, make_model
 from test_trainer import make_config
 
+from oncurve.models import enable_gradient_checkpointing
 from oncurve.rollout import SamplingParams
 from oncurve.rollout.cuda_graph import GraphSampler
 from oncurve.trainer import train
@@ -190,3 +191,17 @@ def test_each_buckets_regions_compile_once_before_their_capture(monkeypatch):
         sampler.generate(PROMPTS, 16, params)
     assert sampler.compile_error is None, sampler.compile_error
     assert (pools.captures, len(created)) == (captures, len(compiled_while_capturing))
+
+
+def test_a_model_with_gradient_checkpointing_compiles_its_step():
+    """The trainer's memory plan turns gradient checkpointing on for real models, which hooks
+    the input embedding's output with `requires_grad_`: the compiled step must not run that
+    hook (a compiled region cannot return such a tensor, and every such run fell back to the
+    uncompiled step)."""
+    model = model_of("qwen3")
+    enable_gradient_checkpointing(model)
+    compiled = GraphSampler(model, TOKENIZER, compile_step=True)
+    got = compiled.generate(PROMPTS, 2, PARAMS)
+    assert compiled.compile_error is None, compiled.compile_error
+    eager = GraphSampler(model, TOKENIZER, compile_step=False).generate(PROMPTS, 2, PARAMS)
+    assert_same_samples(got, eager, atol=1e-5)

@@ -57,7 +57,8 @@ def stop_on_signals(request_stop: Callable[[], None]) -> Iterator[None]:
 
 
 class Timer:
-    """Wall seconds per named stage, summed over the stage's entries."""
+    """Wall seconds per named stage, summed over the stage's entries; each stage is also a
+    `record_function` range `oncurve/<name>`, so that a profile groups its ops by stage."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -66,6 +67,7 @@ class Timer:
     def __call__(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
-            yield
+            with torch.profiler.record_function(f"oncurve/{name}"):
+                yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start

@@ -25,12 +25,14 @@ sampling settings or sizes change. Without CUDA the same step runs eagerly, whic
 tests check it.
 
 Before it is captured the step is compiled (`torch.compile`, inductor, static shapes, in three
-regions: entering the layers, one decoder layer, leaving them), so that norms, rotary
-embeddings, activations and the sampling arithmetic become a few fused kernels instead of a few
-hundred launches. Each bucket gets its compiled regions, the layer's shared by every layer (they
-differ only in their weights, which are inputs of the compiled code, read in place like the
-eager step's); the graphs capture the compiled kernels. A failure to compile decodes with the
-eager step from then on, with one warning.
+regions: entering the layers, one decoder layer, leaving them up to the float32 logits), so that
+norms, rotary embeddings and activations become a few fused kernels instead of a few hundred
+launches. The draw stays uncompiled: inductor's code for a scan as wide as a real vocabulary
+(the inverse-CDF draw's cumsum) fails on CUDA, and the draw is a dozen kernels. Each bucket gets
+its compiled regions, the layer's shared by every layer (they differ only in their weights,
+which are inputs of the compiled code, read in place like the eager step's); the graphs capture
+the compiled kernels. A failure to compile decodes with the eager step from then on, with one
+warning.
 
 Supported: Llama, Qwen2, Qwen3 and Mistral with static RoPE and no sliding window in reach;
 `supports` says which.
@@ -176,9 +178,9 @@ def _compiled(fn: Callable) -> Callable:
 
 @dataclasses.dataclass
 class _Regions:
-    """The three callables a decode step runs, compiled or eager: `enter` (embedding, rotary
-    tables, the attention mask), `layer` (`_layer_step`, for every layer) and `leave` (final
-    norm, logits, the draw and its records)."""
+    """The three callables a decode step runs before its draw, compiled or eager: `enter`
+    (embedding, rotary tables, the attention mask), `layer` (`_layer_step`, for every layer)
+    and `leave` (final norm, float32 logits)."""
 
     enter: Callable
     layer: Callable
@@ -212,9 +214,7 @@ class _Workspace:
     reasons: torch.Tensor  # [N] finish reason codes
     # the graphs of each set of sampling settings, by bucket, oldest settings first
     graphs: dict[tuple, dict[int, torch.cuda.CUDAGraph]] = dataclasses.field(default_factory=dict)
-    # compiled step regions by bucket, then by sampling settings for `leave`
-    compiled: dict[int, tuple[Callable, Callable]] = dataclasses.field(default_factory=dict)
-    compiled_leave: dict[tuple[int, tuple], Callable] = dataclasses.field(default_factory=dict)
+    compiled: dict[int, _Regions] = dataclasses.field(default_factory=dict)  # by bucket
     weights: tuple[int, ...] = ()  # data pointers of the weights the graphs read
 
 
@@ -549,11 +549,11 @@ class GraphSampler(TorchSampler):
     def _step(self, ws: _Workspace, rows: int, params: SamplingParams) -> None:
         """Feed the first `rows` decoder rows' tokens, draw the next ones: static shapes, no
         host synchronisation (what a graph captures). With compiling on, the first call of a
-        bucket's (or settings') regions compiles them (`compile_seconds`); when compiling fails
+        bucket's regions compiles them (`compile_seconds`); when compiling fails
         the step runs eagerly, now and from then on. Before its last region a step only
         rewrites what it would write again, so running it again after a failure samples the
         same."""
-        regions, fresh = self._regions(ws, rows, params)
+        regions, fresh = self._regions(ws, rows)
         if not self.compile_step:
             self._run_step(ws, rows, params, regions)
             return
@@ -564,28 +564,23 @@ class GraphSampler(TorchSampler):
             raise  # a step that does not fit is the caller's to handle, compiled or not
         except Exception as error:  # noqa: BLE001 - any failure to compile: the eager step
             self._stop_compiling(error)
-            self._run_step(ws, rows, params, self._regions(ws, rows, params)[0])
+            self._run_step(ws, rows, params, self._regions(ws, rows)[0])
         finally:
             if fresh:
                 self.compile_seconds += time.perf_counter() - start
 
-    def _regions(self, ws: _Workspace, rows: int, params: SamplingParams) -> tuple[_Regions, bool]:
-        """The step's regions for the first `rows` decoder rows of `ws`, compiled while
-        `compile_step` is on (entering and the layer once per bucket, leaving once per bucket
-        and sampling settings), else eager; and whether any of them is new (not yet compiled).
-        """
+    def _regions(self, ws: _Workspace, rows: int) -> tuple[_Regions, bool]:
+        """The step's regions for the first `rows` decoder rows of `ws`, compiled once per
+        bucket while `compile_step` is on, else eager; and whether they are new (not yet
+        compiled)."""
         if not self.compile_step:
             return _Regions(self._enter, _layer_step, self._leave), False
-        fresh = False
-        if rows not in ws.compiled:
-            ws.compiled[rows] = (_compiled(self._enter), _compiled(_layer_step))
-            fresh = True
-        key = (rows, _settings(params))
-        if key not in ws.compiled_leave:
-            ws.compiled_leave[key] = _compiled(self._leave)
-            fresh = True
-        enter, layer = ws.compiled[rows]
-        return _Regions(enter, layer, ws.compiled_leave[key]), fresh
+        fresh = rows not in ws.compiled
+        if fresh:
+            ws.compiled[rows] = _Regions(
+                _compiled(self._enter), _compiled(_layer_step), _compiled(self._leave)
+            )
+        return ws.compiled[rows], fresh
 
     def _run_step(
         self, ws: _Workspace, rows: int, params: SamplingParams, regions: _Regions
@@ -599,7 +594,7 @@ class GraphSampler(TorchSampler):
             x = regions.layer(
                 layer, x, cos, sin, keys[:rows], values[:rows], ws.column, attend, heads, kv_heads
             )
-        regions.leave(ws, rows, x, params)
+        self._sample_and_record(ws, rows, regions.leave(ws, rows, x), params)
 
     def _enter(
         self, ws: _Workspace, rows: int
@@ -608,22 +603,23 @@ class GraphSampler(TorchSampler):
         rows' tokens, their rotary tables cos and sin `[n, 1, 1, d]` (broadcast over heads), and
         the columns they attend to `[n, 1, 1, L]`, now with the one the step writes."""
         trunk = self.model.base_model
-        x = trunk.embed_tokens(ws.tokens[:rows, None])
+        # `forward`, not the module's call: gradient checkpointing hooks the embedding's output
+        # with `requires_grad_`, which a compiled region cannot return
+        x = trunk.embed_tokens.forward(ws.tokens[:rows, None])
         cos, sin = trunk.rotary_emb(x, ws.positions[:rows, None])
         visible = ws.visible[:rows]
         visible.index_fill_(1, ws.column, True)
         return x, cos[:, None], sin[:, None], visible[:, None, None, :]
 
-    def _leave(self, ws: _Workspace, rows: int, x: torch.Tensor, params: SamplingParams) -> None:
-        """The last region of a step: from the layers' output `[n, 1, H]`, the logits, the
-        draw and its records; positions, column and t advance."""
+    def _leave(self, ws: _Workspace, rows: int, x: torch.Tensor) -> torch.Tensor:
+        """The last region of a step: from the layers' output `[n, 1, H]`, the float32 logits
+        `[n, V]` the draw reads; positions and column advance."""
         trunk = self.model.base_model
         hidden = trunk.norm(x)[:, 0]
         head = self.model.get_output_embeddings()
-        logits = float_logits(hidden, head.weight, head.bias)
         ws.positions[:rows] += 1
         ws.column += 1
-        self._sample_and_record(ws, rows, logits, params)
+        return float_logits(hidden, head.weight, head.bias)
 
     def _stop_compiling(self, error: BaseException) -> None:
         """Run the uncompiled step from now on (the same samples as an uncompiled sampler's,
@@ -632,7 +628,6 @@ class GraphSampler(TorchSampler):
         self.compile_step = False
         for ws in self._workspaces:
             ws.compiled.clear()
-            ws.compiled_leave.clear()
         print(
             f"warning: cuda_graph sampler: compiling the decode step failed "
             f"({self.compile_error}); decoding with the uncompiled step for the rest of the run",
