@@ -32,9 +32,9 @@ test: lint
 	$(PY) -m pytest
 
 # On a machine with a CUDA device and a CUDA build of torch: the `gpu` tests (skipped by `make
-# test` without one), the default job, the rollout, a step against TRL, GRPO against PPO and the
-# memory plan, each stage with a time limit (8 minutes in all), one table in
-# benchmarks/results/gpu_check.md. `make gpu-check ARGS="--stages tests,job --steps 20"` runs less.
+# test` without one), the default job, the rollout, a step against TRL and the memory plan, each
+# stage with a time limit (8.5 minutes in all), one table in benchmarks/results/gpu_check.md.
+# `make gpu-check ARGS="--stages ppo,profile"` runs the other two (GRPO against PPO, a profile).
 gpu-check: .venv/.installed-test
 	$(PY) benchmarks/gpu_check.py $(ARGS)
 

@@ -1,13 +1,15 @@
 """`make gpu-check`: one command that verifies a CUDA GPU, written as one table.
 
-Each stage is a child process with its own time limit (`LIMITS`, 470 s together: the whole
-check takes at most 8 minutes on one H100 or H200). A stage that fails or runs out of time gets
+Each stage is a child process with its own time limit (`LIMITS`, set from what each took on an
+H200). The default stages (`DEFAULT_STAGES`, 500 s together) fit one 10-minute call of a GPU
+machine with its start, leaving a session of 15 device minutes enough for a second call of
+the other stages (`--stages ppo,profile`, 210 s). A stage that fails or runs out of time gets
 its row all the same (its whole process group is killed at the limit) and its log tail is
 printed after the table; the stages after it still run.
 
 - `tests`: `pytest -m gpu` (tests/test_gpu.py, tests/test_gpu_paths.py: the trainer's paths
   each in a fresh process, ...), counted as passed / failed / skipped, the failed ones named;
-  4 workers when pytest-xdist is installed.
+  8 workers when pytest-xdist is installed (each test's process mostly compiles on the CPU).
 - `job`: the default job on the GPU, `oncurve train run.device=cuda` (`--steps N` sets
   `run.steps`): held-out greedy accuracy before and after, the median `time/step` (the first
   step left out: it warms up kernels and allocator), the peak GPU memory (largest
@@ -15,14 +17,17 @@ printed after the table; the stages after it still run.
   (`rollout/compiled`, `rollout/graphs`), and the memory plan's predicted peak against that
   measured one. Read from what the run wrote,
   so a run stopped at its limit still reports the steps it finished.
-- `rollout`: `rollout.py --device cuda` at 64 rows x 256 and 256 rows x 256 tokens:
-  `cuda_graph` and `hf` against `model.generate` with its static and dynamic cache, tokens/s,
-  first-call seconds and within them the sampler's compile and capture seconds.
+- `rollout`: `rollout.py --device cuda --backends cuda_graph` at 64 rows x 256 tokens:
+  `cuda_graph` (compiled and not) against `model.generate` with its static and dynamic cache,
+  tokens/s, first-call seconds and within them the sampler's compile and capture seconds (the
+  other scenarios take a call of their own: `rollout.py --device cuda`).
 - `trl`: `gpu_vs_trl.py` at 256 tokens (3 steps, one run each): oncurve's s/step and peak
   GPU memory against TRL's, and oncurve's memory plan against its peak; skipped, with the line
   that says how to add TRL, when neither the interpreter nor the GPU bundle has it.
-- `ppo`: `grpo_vs_ppo.py --model qwen2.5-0.5b --device cuda`: GRPO's and PPO's peak GPU
-  memory on the Qwen2.5-0.5B shape, and each one's memory plan against it.
+- `ppo` (not by default): `grpo_vs_ppo.py --model qwen2.5-0.5b --device cuda`: GRPO's and
+  PPO's peak GPU memory on the Qwen2.5-0.5B shape, and each one's memory plan against it.
+- `profile` (not by default): `gpu_vs_trl.py --profile`: oncurve's step at 256 tokens, its
+  phases, and the ops with the most GPU and CPU time in its last step (in the stage's log).
 
 The table, a section per GPU with the date and the torch, CUDA and transformers versions, is
 printed and written to `benchmarks/results/gpu_check.md`. Exit status: 0 when every stage run
@@ -35,7 +40,7 @@ into benchmarks/.gpu-bundle (gitignored), which the scripts use when present.
     .venv/bin/python benchmarks/gpu_check.py --prepare        # or: make gpu-bundle
     python3 benchmarks/gpu_check.py                           # any Python with a CUDA torch and
                                                               # oncurve's dependencies
-    python3 benchmarks/gpu_check.py --stages job,ppo --time-scale 2
+    python3 benchmarks/gpu_check.py --stages ppo,profile               # the second call
     .venv/bin/python benchmarks/gpu_check.py --dry-run        # the commands, nothing run
 """
 
@@ -72,9 +77,11 @@ from common import (  # noqa: E402
 CACHE = HERE / ".cache" / "gpu_check"
 RESULTS = HERE / "results" / "gpu_check.md"
 TITLE = "GPU check\n\nWritten by `benchmarks/gpu_check.py` (`make gpu-check`), one section per GPU."
-TOTAL_LIMIT = 480  # seconds: the issue's 8 minutes on one H100 or H200
-# seconds per stage; together under TOTAL_LIMIT, leaving 10 s for this process's own work
-LIMITS = {"tests": 135, "job": 70, "rollout": 115, "trl": 85, "ppo": 65}
+TOTAL_LIMIT = 510  # seconds: a 10-minute device call, less the machine's start and transfers
+# seconds per stage; the default ones together under TOTAL_LIMIT, leaving 10 s for this
+# process's own work
+LIMITS = {"tests": 150, "job": 95, "rollout": 110, "trl": 145, "ppo": 110, "profile": 100}
+DEFAULT_STAGES = ("tests", "job", "rollout", "trl")
 TAIL_LINES = 30
 # What TRL needs beyond the GPU image (torch, transformers, accelerate, pyarrow, pandas are
 # there): datasets 5.0.1 because 5.1+ needs pyarrow >= 24, fsspec at datasets' pin. Never torch.
@@ -205,7 +212,7 @@ def gpu_tests_stage(limit: float) -> Stage:
     report = CACHE / "gpu-tests.xml"
 
     def command() -> list[str]:
-        workers = ["-n", "4"] if importlib.util.find_spec("xdist") else []
+        workers = ["-n", "8"] if importlib.util.find_spec("xdist") else []
         return [sys.executable, "-m", "pytest", "-m", "gpu", "-rs", "-p", "no:cacheprovider",
                 f"--junitxml={report}", *workers]  # fmt: skip
 
@@ -284,8 +291,9 @@ def rollout_stage(limit: float) -> Stage:
     out = CACHE / "rollout.json"
 
     def command() -> list[str]:
-        return [sys.executable, str(HERE / "rollout.py"), "--device", "cuda", "--cuda-shapes",
-                "64x256,256x256", "--repeats", "1", "--no-gaps", "--json", str(out)]  # fmt: skip
+        return [sys.executable, str(HERE / "rollout.py"), "--device", "cuda", "--backends",
+                "cuda_graph", "--cuda-shapes", "64x256", "--repeats", "1", "--no-gaps", "--json",
+                str(out)]  # fmt: skip
 
     def read(outcome: Outcome) -> list[list[str]]:
         rows = []
@@ -382,6 +390,21 @@ def ppo_stage(limit: float) -> Stage:
     return Stage("ppo", "GRPO against PPO, 0.5B shape", limit, command, read, (out,))
 
 
+def profile_stage(limit: float) -> Stage:
+    def command() -> list[str]:
+        return [sys.executable, str(HERE / "gpu_vs_trl.py"), "--profile", "--tokens", "256",
+                "--steps", "3"]  # fmt: skip
+
+    def read(outcome: Outcome) -> list[list[str]]:
+        steps = [line for line in outcome.log.read_text().splitlines() if line.startswith("step ")]
+        return [
+            ["phases, s (`time/*`)", "; ".join(steps) or "no step finished"],
+            ["ops with the most GPU time, last step", f"in {outcome.log}"],
+        ]
+
+    return Stage("profile", "oncurve's step profiled (256 tokens)", limit, command, read)
+
+
 def stages(args: argparse.Namespace) -> list[Stage]:
     """The stages `args.stages` names, in the order of `LIMITS`."""
     limit = {name: seconds * args.time_scale for name, seconds in LIMITS.items()}
@@ -391,6 +414,7 @@ def stages(args: argparse.Namespace) -> list[Stage]:
         "rollout": lambda: rollout_stage(limit["rollout"]),
         "trl": lambda: trl_stage(limit["trl"]),
         "ppo": lambda: ppo_stage(limit["ppo"]),
+        "profile": lambda: profile_stage(limit["profile"]),
     }
     return [made[name]() for name in LIMITS if name in args.stages]
 
@@ -469,8 +493,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=None, help="run.steps of the default job")
     parser.add_argument(
-        "--stages", type=stage_names, default=list(LIMITS),
-        help=f"comma-separated subset of {','.join(LIMITS)} (default: all)",
+        "--stages", type=stage_names, default=list(DEFAULT_STAGES),
+        help=f"comma-separated subset of {','.join(LIMITS)} (default: {','.join(DEFAULT_STAGES)})",
     )  # fmt: skip
     parser.add_argument(
         "--time-scale", type=float, default=1.0, help="multiply every stage's time limit"
