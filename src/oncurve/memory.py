@@ -5,9 +5,9 @@ picks the rows and tokens of a training microbatch, whether to recompute activat
 backward (gradient checkpointing) and how many positions form logits at once, and predicts the
 peak. The trainer applies it on CUDA to every setting the user left unset.
 
-The policy, as a GRPO step on a GPU spends most of its time sampling (the update is a small
-share), is to be lean rather than to fill the card: a microbatch of about
-`MICROBATCH_TOKENS` tokens keeps the matmuls busy, and activations are recomputed whenever
+The policy is to be lean rather than to fill the card (a GRPO run shares its GPU with the
+sampler's KV cache, and TRL's peak memory is the bar it is measured against): a microbatch of
+about `MICROBATCH_TOKENS` tokens keeps the matmuls busy, and activations are recomputed whenever
 storing them would cost more than `ACTIVATION_ALLOWANCE` of the model state (weights, reference,
 gradients, AdamW moments), or more than the budget leaves. Only when even that does not fit are
 microbatches made smaller.
