@@ -30,13 +30,14 @@ import random
 import re
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT / "src")]  # oncurve from the checkout: no install needed
-from common import markdown_table, run_child  # noqa: E402
+from common import load_note, markdown_table, run_child  # noqa: E402
 
 CONFIG = ROOT / "configs" / "gsm8k_smollm2.yaml"
 DATA = ROOT / "data" / "gsm8k"
@@ -119,6 +120,7 @@ def benchmark() -> str:
     command = [sys.executable, "-m", "oncurve", "train", str(CONFIG), f"run.dir={run_dir}",
                "run.overwrite=true"]  # fmt: skip
     print(f"running {' '.join(command[1:])} (log: {log})", flush=True)
+    load_before = load_note()
     wall, peak_mb, _ = run_child(command, env, log)
     rows = list(read_jsonl(run_dir / "metrics.jsonl"))
     evals = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
@@ -131,7 +133,12 @@ def benchmark() -> str:
           f"{rewards[0]:.3f} / {rewards[-1]:.3f}" if rewards else "n/a",
           f"{wall / 60:.1f} min", f"{peak_mb:,.0f} MB"]],
     )  # fmt: skip
+    import torch
+    import transformers
+
     return (
+        f"{time.strftime('%Y-%m-%d')}, torch {torch.__version__}, transformers "
+        f"{transformers.__version__}; before the run {load_before}, after it {load_note()}.\n\n"
         "`.venv/bin/python benchmarks/gsm8k_smollm2.py` (configs/gsm8k_smollm2.yaml): "
         "SmolLM2-135M-Instruct, 4 prompts x G=8, 192 new tokens, lr 2e-5 cosine, beta 0, 10 "
         "steps, on the 340 easiest GSM8K test problems (at most two calculations); held-out: "
