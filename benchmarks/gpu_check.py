@@ -18,7 +18,8 @@ printed after the table; the stages after it still run.
   measured one. Read from what the run wrote,
   so a run stopped at its limit still reports the steps it finished.
 - `rollout`: `rollout.py --device cuda --backends cuda_graph` at 64 rows x 256 tokens:
-  `cuda_graph` (compiled and not) against `model.generate` with its static and dynamic cache,
+  `cuda_graph` (compiled per bucket, compiled once with symbolic sizes, uncompiled) against
+  `model.generate` with its static and dynamic cache,
   tokens/s, first-call seconds and within them the sampler's compile and capture seconds (the
   other scenarios take a call of their own: `rollout.py --device cuda`).
 - `trl`: `gpu_vs_trl.py` at 256 tokens (3 steps, one run each): oncurve's s/step and peak
@@ -80,7 +81,7 @@ TITLE = "GPU check\n\nWritten by `benchmarks/gpu_check.py` (`make gpu-check`), o
 TOTAL_LIMIT = 510  # seconds: a 10-minute device call, less the machine's start and transfers
 # seconds per stage; the default ones together under TOTAL_LIMIT, leaving 10 s for this
 # process's own work
-LIMITS = {"tests": 150, "job": 95, "rollout": 110, "trl": 145, "ppo": 110, "profile": 100}
+LIMITS = {"tests": 135, "job": 95, "rollout": 125, "trl": 145, "ppo": 110, "profile": 100}
 DEFAULT_STAGES = ("tests", "job", "rollout", "trl")
 TAIL_LINES = 30
 # What TRL needs beyond the GPU image (torch, transformers, accelerate, pyarrow, pandas are

@@ -16,8 +16,9 @@ see `common.peak_memory`).
     python benchmarks/rollout.py --device cuda   # GPU: 0.5B model, the four scenarios below
     python benchmarks/rollout.py --device cuda --cuda-shapes 64x256,256x256 --repeats 1 --no-gaps
 
-On CUDA (`--device cuda`) the rows are the GPU backends (`cuda_graph` compiled and captured, as
-a run on CUDA samples by default, and `cuda_graph` captured without compiling) and
+On CUDA (`--device cuda`) the rows are the GPU backends (`cuda_graph` compiled per bucket and
+captured, as a run on CUDA samples by default, `cuda_graph` compiled once with symbolic sizes
+(`dynamic_compile`), and `cuda_graph` captured without compiling) and
 `model.generate` with its dynamic cache (what TRL samples with) and its static cache
 (transformers compiles the static decode step and replays it as a CUDA graph); each sampler is
 warmed up first (its first call timed apart, and within it the sampler's compiling and
@@ -297,6 +298,9 @@ def run_cuda(
     samplers = {backend: build_sampler(backend, model, tokenizer) for backend in backends}
     if "cuda_graph" in samplers and samplers["cuda_graph"].compile_step:
         samplers["cuda_graph, uncompiled"] = GraphSampler(model, tokenizer, compile_step=False)
+        samplers["cuda_graph, one dynamic compile"] = GraphSampler(
+            model, tokenizer, dynamic_compile=True
+        )
     calls = {label: (lambda s=s: ours(s)) for label, s in samplers.items()}
     calls["model.generate (dynamic cache)"] = lambda: generate(None)
     calls["model.generate (static cache)"] = lambda: generate("static")

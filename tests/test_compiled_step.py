@@ -72,18 +72,23 @@ def test_the_compiled_step_samples_as_the_eager_one_and_reads_weights_in_place(k
     )
 
 
-@pytest.mark.slow
-def test_compiled_buckets_sample_as_the_eager_step_through_compaction():
-    """Rows that end early move the decode to smaller buckets, each compiled on its own."""
+@pytest.mark.parametrize(
+    "dynamic", [pytest.param(False, marks=pytest.mark.slow), True], ids=["per-bucket", "dynamic"]
+)
+def test_compiled_buckets_sample_as_the_eager_step_through_compaction(dynamic):
+    """Rows that end early move the decode to smaller buckets, each compiled on its own, or
+    all served by one compilation with symbolic sizes (`dynamic_compile`)."""
     model = make_model("qwen2", eos_bias=2.0)
     params = SamplingParams(max_new_tokens=20, temperature=1.0, seed=5)
     prompts = PROMPTS * 6  # 36 rows: buckets 36, 32, 16, 8
-    compiled = GraphSampler(model, TOKENIZER, compile_step=True)
+    compiled = GraphSampler(model, TOKENIZER, compile_step=True, dynamic_compile=dynamic)
     got = compiled.generate(prompts, 2, params)
     eager = GraphSampler(model, TOKENIZER, compile_step=False).generate(prompts, 2, params)
     assert compiled.compile_error is None, compiled.compile_error
     assert {"eos", "length"} <= set(got.finish_reasons)
-    assert len(compiled._workspaces[0].compiled) > 1  # more than one bucket ran compiled
+    regions = compiled._workspaces[0].compiled
+    assert len(regions) > 1  # more than one bucket ran compiled
+    assert len({id(r) for r in regions.values()}) == (1 if dynamic else len(regions))
     assert_same_samples(got, eager, atol=1e-5)
 
 
@@ -144,12 +149,15 @@ def test_a_run_whose_compilation_fails_trains_on_and_records_it(
     assert compiled == [0.0, 0.0]
 
 
-def test_each_buckets_regions_compile_once_before_their_capture(monkeypatch):
+@pytest.mark.parametrize("dynamic", [False, True], ids=["per-bucket", "dynamic"])
+def test_each_buckets_regions_compile_once_before_their_capture(monkeypatch, dynamic):
     """With graphs (CUDA's API faked), every region compiles in the warm-up before its
     bucket's capture, never inside one, and exactly once, not again after an in-place weight
-    update: one compiled code serves every layer, and each bucket's regions have a cache of their own (Dynamo's cache of a code object
-    holds 8 entries, past which a `fullgraph` compile fails; here the layer's needs 9). Dynamo's
-    eager backend stands in for inductor, which this test does not need."""
+    update: one compiled code serves every layer, and each bucket's regions have a cache of
+    their own (Dynamo's cache of a code object holds 8 entries, past which a `fullgraph` compile
+    fails; here the layer's needs 9), or with `dynamic_compile` one compilation of each region
+    serves every bucket of both workspaces and a wider prompt. Dynamo's eager backend stands in
+    for inductor, which this test does not need."""
     pools = FakePools()
     pools.install(monkeypatch)
     fake_graph, capturing = torch.cuda.graph, []
@@ -176,14 +184,21 @@ def test_each_buckets_regions_compile_once_before_their_capture(monkeypatch):
 
     monkeypatch.setattr(torch, "compile", compile_)
     model = make_model("qwen2")
-    sampler = GraphSampler(model, TOKENIZER, use_graphs=True, compile_step=True)
+    sampler = GraphSampler(
+        model, TOKENIZER, use_graphs=True, compile_step=True, dynamic_compile=dynamic
+    )
     # the fake captures run the step: enough columns for the warm-up and five captures
     params = SamplingParams(max_new_tokens=10, seed=0)
     sampler.generate(PROMPTS, 16, params)  # 48 rows: buckets 48, 32, 16, 8
     sampler.generate(PROMPTS * 3, 8, params)  # 72 rows: 72, 64, 32, 16, 8
+    if dynamic:
+        sampler.generate([PROMPTS[0] * 12], 8, params)  # a wider workspace, 8 rows
     assert sampler.compile_error is None and sampler.graph_error is None
-    assert created.count("_layer_step") == 9
-    assert len(compiled_while_capturing) == len(created)
+    assert created.count("_layer_step") == (1 if dynamic else 9)
+    if dynamic:  # a region may compile again once, when its first sizes were equal by chance
+        assert len(created) == 3 and len(compiled_while_capturing) <= 6
+    else:
+        assert len(compiled_while_capturing) == len(created)
     assert not any(compiled_while_capturing)
     captures = pools.captures
     perturb_in_place(model, lora=False)  # an optimizer step: no recompile, no recapture

@@ -31,8 +31,11 @@ launches. The draw stays uncompiled: inductor's code for a scan as wide as a rea
 (the inverse-CDF draw's cumsum) fails on CUDA, and the draw is a dozen kernels. Each bucket gets
 its compiled regions, the layer's shared by every layer (they differ only in their weights,
 which are inputs of the compiled code, read in place like the eager step's); the graphs capture
-the compiled kernels. A failure to compile decodes with the eager step from then on, with one
-warning.
+the compiled kernels. With `dynamic_compile` the regions are compiled once for every bucket and
+workspace instead (`torch.compile(dynamic=True)`: sizes are symbols), the way vLLM compiles its
+step before capturing a graph per batch size: a few seconds of compiling in all instead of a few
+per bucket, with kernels for symbolic sizes. A failure to compile decodes with the eager step
+from then on, with one warning.
 
 Supported: Llama, Qwen2, Qwen3 and Mistral with static RoPE and no sliding window in reach;
 `supports` says which.
@@ -162,18 +165,19 @@ def _layer_step(
     return x + layer.mlp(layer.post_attention_layernorm(x))
 
 
-def _compiled(fn: Callable) -> Callable:
-    """`fn` compiled by inductor for static shapes, as one graph, with a compile cache of its
-    own. Dynamo keeps compiled code per code object, shared by every `torch.compile` of it and
-    limited to 8 entries (past them a `fullgraph` compile fails); a run needs one entry per
-    bucket of each workspace, so each bucket's region compiles a copy of the code."""
+def _compiled(fn: Callable, dynamic: bool = False) -> Callable:
+    """`fn` compiled by inductor as one graph, for static shapes or (`dynamic`) symbolic ones,
+    with a compile cache of its own. Dynamo keeps compiled code per code object, shared by
+    every `torch.compile` of it and limited to 8 entries (past them a `fullgraph` compile
+    fails); static shapes need one entry per bucket of each workspace, so each bucket's region
+    compiles a copy of the code."""
     if isinstance(fn, types.MethodType):
-        return types.MethodType(_compiled(fn.__func__), fn.__self__)
+        return types.MethodType(_compiled(fn.__func__, dynamic), fn.__self__)
     copy = types.FunctionType(
         fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
     )
     # no CUDA graphs of inductor's own (mode="default"): the sampler captures the whole step
-    return torch.compile(copy, dynamic=False, fullgraph=True)
+    return torch.compile(copy, dynamic=dynamic, fullgraph=True)
 
 
 @dataclasses.dataclass
@@ -229,6 +233,8 @@ class GraphSampler(TorchSampler):
         use_graphs: capture and replay graphs; default: when the model is on CUDA.
         compile_step: compile the decode step (module docstring); default: when the model is
             on CUDA.
+        dynamic_compile: compile it once for every bucket, with symbolic sizes (module
+            docstring), instead of once per bucket.
 
     Attributes:
         use_graphs: whether graphs are captured; False after a capture failed.
@@ -238,7 +244,8 @@ class GraphSampler(TorchSampler):
         min_width: prompt columns every workspace has at least (the trainer sets it to its
             longest prompt, so that no training step meets a wider one and recaptures).
         capture_seconds: spent capturing graphs, over all calls (compiling not included).
-        compile_seconds: spent compiling the step (first calls of its compiled regions).
+        compile_seconds: spent compiling the step (the first step of each bucket of each
+            workspace, with compiling on).
     """
 
     def __init__(
@@ -247,11 +254,14 @@ class GraphSampler(TorchSampler):
         tokenizer,
         use_graphs: bool | None = None,
         compile_step: bool | None = None,
+        dynamic_compile: bool = False,
     ):
         super().__init__(model, tokenizer)
         device = model.get_output_embeddings().weight.device
         self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
         self.compile_step = device.type == "cuda" if compile_step is None else compile_step
+        self.dynamic_compile = dynamic_compile
+        self._dynamic_regions: _Regions | None = None
         self.graph_error: str | None = None
         self.compile_error: str | None = None
         self.min_width = 0
@@ -570,17 +580,26 @@ class GraphSampler(TorchSampler):
                 self.compile_seconds += time.perf_counter() - start
 
     def _regions(self, ws: _Workspace, rows: int) -> tuple[_Regions, bool]:
-        """The step's regions for the first `rows` decoder rows of `ws`, compiled once per
-        bucket while `compile_step` is on, else eager; and whether they are new (not yet
-        compiled)."""
+        """The step's regions for the first `rows` decoder rows of `ws` while `compile_step` is
+        on: compiled for this bucket, or (`dynamic_compile`) for all; else eager. And whether
+        this bucket of `ws` runs them for the first time (when they may compile)."""
         if not self.compile_step:
             return _Regions(self._enter, _layer_step, self._leave), False
         fresh = rows not in ws.compiled
-        if fresh:
-            ws.compiled[rows] = _Regions(
-                _compiled(self._enter), _compiled(_layer_step), _compiled(self._leave)
-            )
+        if fresh and self.dynamic_compile:
+            if self._dynamic_regions is None:
+                self._dynamic_regions = self._compile_regions(dynamic=True)
+            ws.compiled[rows] = self._dynamic_regions
+        elif fresh:
+            ws.compiled[rows] = self._compile_regions(dynamic=False)
         return ws.compiled[rows], fresh
+
+    def _compile_regions(self, dynamic: bool) -> _Regions:
+        return _Regions(
+            _compiled(self._enter, dynamic),
+            _compiled(_layer_step, dynamic),
+            _compiled(self._leave, dynamic),
+        )
 
     def _run_step(
         self, ws: _Workspace, rows: int, params: SamplingParams, regions: _Regions
@@ -626,6 +645,7 @@ class GraphSampler(TorchSampler):
         more kernel launches), saying why."""
         self.compile_error = _first_line(error)
         self.compile_step = False
+        self._dynamic_regions = None
         for ws in self._workspaces:
             ws.compiled.clear()
         print(
