@@ -577,11 +577,26 @@ def make_job(args: argparse.Namespace) -> tuple[Job, str]:
     return job, model
 
 
+def profile_variants(job: Job) -> dict[str, list[str]]:
+    """The settings `--profile` runs the job with, by name: the memory plan's own choices, and
+    the step's rows in one microbatch with no recomputation and the default logits chunk (what
+    the plan's lean choices cost in time)."""
+    return {
+        "memory plan": [],
+        "one microbatch, no checkpointing": [
+            "model.gradient_checkpointing=false",
+            f"optim.microbatch_size={job.prompts * job.group}",
+            "optim.microbatch_tokens=0",
+            "model.logprob_chunk_size=1024",
+        ],
+    }
+
+
 def profile_oncurve(args: argparse.Namespace) -> None:
-    """`--profile`: the oncurve job in this process, its last step under `torch.profiler`;
-    prints each step's phases (`time/*`) and the ops with the most GPU and CPU time in that
-    step (profiling the whole run would record every compile and capture, and summing that many
-    events takes minutes)."""
+    """`--profile`: the oncurve job in this process under each of `profile_variants`, its last
+    step under `torch.profiler`; prints each step's phases (`time/*`, lines `<variant>: step
+    N: {...}`) and the ops with the most GPU and CPU time in that step (profiling the whole run
+    would record every compile and capture, and summing that many events takes minutes)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -590,32 +605,40 @@ def profile_oncurve(args: argparse.Namespace) -> None:
     from oncurve.metrics import read_jsonl
 
     job, _ = make_job(args)
-    out = CACHE / "profile"
-    config = load_config(None, oncurve_overrides(job, out))
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
-    step_of_the_run = oncurve.trainer.training_step
-    profiles = []
-
-    def profiled_step(s: Any, step: int) -> dict:
-        if step < job.steps:
-            return step_of_the_run(s, step)
-        with profile(activities=activities) as prof:
-            metrics = step_of_the_run(s, step)
-        profiles.append(prof)
-        return metrics
-
-    oncurve.trainer.training_step = profiled_step
-    oncurve.trainer.train(config, quiet=True)
-    rows = [r for r in read_jsonl(out / "run" / "metrics.jsonl") if "time/step" in r]
-    for row in rows:
-        times = {k.removeprefix("time/"): round(v, 3) for k, v in row.items() if "time/" in k}
-        print(f"step {row['step']}: {times}", flush=True)
-    averages = profiles[0].key_averages()
     device_key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-    print(averages.table(sort_by=device_key, row_limit=30), flush=True)
-    print(averages.table(sort_by="self_cpu_time_total", row_limit=20), flush=True)
+    step_of_the_run = oncurve.trainer.training_step
+    for variant, settings in profile_variants(job).items():
+        out = CACHE / "profile"
+        config = load_config(None, oncurve_overrides(job, out) + settings)
+        profiles = []
+
+        def profiled_step(s: Any, step: int, profiles: list = profiles) -> dict:
+            if step < job.steps:
+                return step_of_the_run(s, step)
+            with profile(activities=activities) as prof:
+                metrics = step_of_the_run(s, step)
+            profiles.append(prof)
+            return metrics
+
+        oncurve.trainer.training_step = profiled_step
+        try:
+            oncurve.trainer.train(config, quiet=True)
+        finally:
+            oncurve.trainer.training_step = step_of_the_run
+        rows = [r for r in read_jsonl(out / "run" / "metrics.jsonl") if "time/step" in r]
+        for row in rows:
+            times = {k.removeprefix("time/"): round(v, 3) for k, v in row.items() if "time/" in k}
+            peak = row.get("memory/gpu_peak_gb")
+            print(f"{variant}: step {row['step']}: {times}, peak {peak} GiB", flush=True)
+        averages = profiles[0].key_averages()
+        print(f"{variant}: the last step's ops", flush=True)
+        print(averages.table(sort_by=device_key, row_limit=30), flush=True)
+        print(averages.table(sort_by="self_cpu_time_total", row_limit=15), flush=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def benchmark(args: argparse.Namespace) -> tuple[str, str]:
@@ -859,8 +882,8 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="oncurve alone, in this process, under torch.profiler: seconds per phase and the "
-        "ops that take the most GPU and CPU time",
+        help="oncurve alone, in this process, with the memory plan's settings and with one "
+        "microbatch: seconds per phase and the ops that take the most GPU and CPU time",
     )
     parser.add_argument("--trl-child", help=argparse.SUPPRESS)  # run TRL, write into this dir
     args = parser.parse_args()

@@ -162,7 +162,13 @@ def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
     ratio, grpo, ppo = gpu_check.ppo_stage(10).read(outcome)
     assert ratio[1] == "4.00 GiB / 8.00 GiB = 0.50x (the claim, 25-50% less than PPO: met)"
     assert grpo[1] == "4.5 / 4.00 GiB (+0.50 GiB)" and ppo[1] == "n/a / 8.00 GiB"
-    outcome.log.write_text("memory plan: ...\nstep 1: {'rollout': 2.9}\nstep 2: {'rollout': 1.7}\n")
+    outcome.log.write_text(
+        "memory plan: 12 rows / 4,068 tokens per microbatch\nstep 3/3  reward 0.000\n"
+        "memory plan: step 1: {'rollout': 2.9}\none microbatch: step 1: {'rollout': 1.7}\n"
+    )
     phases, ops = gpu_check.profile_stage(10).read(outcome)
-    assert phases[1] == "step 1: {'rollout': 2.9}; step 2: {'rollout': 1.7}"
+    assert (
+        phases[1]
+        == "memory plan: step 1: {'rollout': 2.9}; one microbatch: step 1: {'rollout': 1.7}"
+    )
     assert str(outcome.log) in ops[1]
