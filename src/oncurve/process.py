@@ -58,10 +58,17 @@ def stop_on_signals(request_stop: Callable[[], None]) -> Iterator[None]:
 
 class Timer:
     """Wall seconds per named stage, summed over the stage's entries; each stage is also a
-    `record_function` range `oncurve/<name>`, so that a profile groups its ops by stage."""
+    `record_function` range `oncurve/<name>`, so that a profile groups its ops by stage.
 
-    def __init__(self) -> None:
+    Args:
+        synchronize: called as each stage ends, before the clock is read: on CUDA
+            `torch.cuda.synchronize`, so that a stage's seconds hold its own kernels, not the
+            ones it only queued (which the next stage's first host read would wait for).
+    """
+
+    def __init__(self, synchronize: Callable[[], None] | None = None) -> None:
         self.seconds: dict[str, float] = {}
+        self.synchronize = synchronize
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -69,5 +76,7 @@ class Timer:
         try:
             with torch.profiler.record_function(f"oncurve/{name}"):
                 yield
+                if self.synchronize is not None:
+                    self.synchronize()
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start

@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -56,10 +57,11 @@ class TrainResult:
 
 def training_step(s: Session, step: int) -> dict[str, float]:
     """One GRPO step (PPO when the advantage source is a critic); returns its metrics."""
-    cfg, timer = s.config, Timer()
+    cuda = s.device.type == "cuda"
+    cfg, timer = s.config, Timer(partial(torch.cuda.synchronize, s.device) if cuda else None)
     s.oom_retries = s.updates_this_step = 0
     lr = s.scheduler.get_last_lr()[0]  # this step's: `optimise` steps the schedule
-    if s.device.type == "cuda":
+    if cuda:
         torch.cuda.reset_peak_memory_stats(s.device)
     with s.policy.whole():
         sampled = sample_groups(s, step, timer)  # sample and score
@@ -103,7 +105,7 @@ def training_step(s: Session, step: int) -> dict[str, float]:
     metrics["rollout/compiled"] = float(s.config.rollout.compile)
     metrics["memory/oom_retries"] = float(s.oom_retries)
     metrics["time/step"] = sum(timer.seconds.values())
-    if s.device.type == "cuda":
+    if cuda:
         metrics["memory/gpu_peak_gb"] = torch.cuda.max_memory_allocated(s.device) / 2**30
     metrics["tokens_per_s"] = sampled.tokens / metrics["time/step"]
     s.completion_tokens += int(distributed.all_sum([float(sampled.tokens)])[0])
