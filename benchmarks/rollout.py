@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -261,10 +262,13 @@ def run_cuda(
     repeats: int,
     backends: list[str],
     gaps: bool,
+    measured: Callable[[list[dict]], None] = lambda records: None,
 ) -> tuple[str, list[dict]]:
     """One GPU scenario: `rows` // 8 prompts x G=8, best of `repeats`, every row forced to
     `new_tokens`, or with `mean_length` lengths roughly geometric with that mean (cut at
-    `new_tokens`). Returns its markdown section and one record per sampler."""
+    `new_tokens`). `generate` with the static cache, the baseline, runs first, and
+    `measured` gets the records after each sampler (a run stopped at a time limit keeps
+    them). Returns its markdown section and one record per sampler."""
     group = 8
     prompts = make_prompts(rows // group)
     forced = new_tokens if mean_length is None else 0
@@ -301,9 +305,9 @@ def run_cuda(
         samplers["cuda_graph, one dynamic compile"] = GraphSampler(
             model, tokenizer, dynamic_compile=True
         )
-    calls = {label: (lambda s=s: ours(s)) for label, s in samplers.items()}
+    calls = {"model.generate (static cache)": lambda: generate("static")}
+    calls |= {label: (lambda s=s: ours(s)) for label, s in samplers.items()}
     calls["model.generate (dynamic cache)"] = lambda: generate(None)
-    calls["model.generate (static cache)"] = lambda: generate("static")
     records = []
     try:
         for label, call in calls.items():
@@ -332,6 +336,9 @@ def run_cuda(
                     "compile_s": getattr(samplers.get(label), "compile_seconds", None),
                 }
             )
+            base = records[0]["tokens_per_s"]  # the static cache's
+            records[-1]["vs_static"] = records[-1]["tokens_per_s"] / base
+            measured(records)
         exactness = ""
         for label, sampler in samplers.items() if gaps else ():
             mean, largest = logprob_gap(model, sampler, prompts, group, params)
@@ -342,9 +349,6 @@ def run_cuda(
     finally:
         if old_head is not None:
             model.set_output_embeddings(old_head)
-    base = next(r for r in records if r["sampler"] == "model.generate (static cache)")
-    for record in records:
-        record["vs_static"] = record["tokens_per_s"] / base["tokens_per_s"]
 
     def seconds_or_blank(value: float | None) -> str:
         return "" if value is None else f"{value:.1f}"
@@ -450,22 +454,19 @@ def main() -> None:
     if args.device == "cuda":
         model, tokenizer = cuda_model()
         sections, records = {}, []
+
+        def measured(scenario: list[dict]) -> None:
+            if args.json:  # after each sampler: a later one may run out of time
+                Path(args.json).write_text(json.dumps(records + scenario))
+
         for rows, tokens, mean_length in args.cuda_shapes:
-            section, measured = run_cuda(
-                model,
-                tokenizer,
-                rows,
-                tokens,
-                mean_length,
-                args.repeats,
-                backends,
-                not args.no_gaps,
-            )
+            section, scenario = run_cuda(
+                model, tokenizer, rows, tokens, mean_length, args.repeats, backends,
+                not args.no_gaps, measured,
+            )  # fmt: skip
             print(section, flush=True)
-            sections[f"cuda-{measured[0]['scenario']}"] = section
-            records += measured
-            if args.json:  # after each scenario: a later one may run out of time
-                Path(args.json).write_text(json.dumps(records))
+            sections[f"cuda-{scenario[0]['scenario']}"] = section
+            records += scenario
         write_results(sections)
         print(f"wrote {RESULTS}")
         return
