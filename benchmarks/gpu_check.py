@@ -339,7 +339,7 @@ def trl_stage(limit: float) -> Stage:
             return [["TRL", "not run: the interpreter could not import it"]]
         ours, base = stats["oncurve"], stats["TRL"]  # None: that run failed
         if ours is None:
-            return [["oncurve", "its run failed (log below)"]]
+            return [["oncurve", "its run failed or did not finish (log below)"]]
         rows = [
             [
                 "memory plan: predicted / measured peak",
@@ -347,7 +347,7 @@ def trl_stage(limit: float) -> Stage:
             ]
         ]
         if base is None:
-            return [["TRL", "its run failed (log below)"], *rows]
+            return [["TRL", "its run failed or did not finish (log below)"], *rows]
         speed = ours["seconds"] / base["seconds"]
         memory = ours["gpu_peak_gb"] / base["gpu_peak_gb"]
         return [

@@ -682,10 +682,10 @@ def benchmark(args: argparse.Namespace) -> tuple[str, str]:
                     flush=True,
                 )
             results[label].append(result)
+            if args.json:  # after each run: a caller's time limit may stop the next one
+                stats = {label: summarize(runs) for label, runs in results.items()}
+                Path(args.json).write_text(json.dumps({"job": asdict(job), "stats": stats}))
     header = {label: versions(pythons[label], envs[label], trl=label == "TRL") for label in labels}
-    if args.json:
-        stats = {label: summarize(runs) for label, runs in results.items()}
-        Path(args.json).write_text(json.dumps({"job": asdict(job), "stats": stats}))
     return key_of(job, model), report(job, model, prompt_tokens, results, header, args)
 
 
