@@ -376,15 +376,18 @@ def ppo_stage(limit: float) -> Stage:
 
     def read(outcome: Outcome) -> list[list[str]]:
         (pair,) = json.loads(out.read_text())["pairs"]
-        grpo, ppo = pair["GRPO"], pair["PPO"]
-        ratio = grpo["cuda"] / ppo["cuda"]
-        rows = [
-            [
-                "peak GPU memory GRPO / PPO",
-                f"{gib(grpo['cuda'] / 1024)} / {gib(ppo['cuda'] / 1024)} = {ratio:.2f}x (the "
-                f"claim, 25-50% less than PPO: {'met' if ratio <= 0.75 else 'missed'})",
+        if "PPO" not in pair:  # stopped before PPO's run finished
+            rows = [["PPO", "its run did not finish (log below)"]]
+        else:
+            grpo, ppo = pair["GRPO"], pair["PPO"]
+            ratio = grpo["cuda"] / ppo["cuda"]
+            rows = [
+                [
+                    "peak GPU memory GRPO / PPO",
+                    f"{gib(grpo['cuda'] / 1024)} / {gib(ppo['cuda'] / 1024)} = {ratio:.2f}x (the "
+                    f"claim, 25-50% less than PPO: {'met' if ratio <= 0.75 else 'missed'})",
+                ]
             ]
-        ]
         for name, run in pair.items():
             rows.append([f"memory plan ({name}): predicted / measured peak",
                          plan_against(run["plan_gb"], run["cuda"] / 1024)])  # fmt: skip

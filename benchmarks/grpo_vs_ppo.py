@@ -294,6 +294,9 @@ def benchmark(name: str, args: argparse.Namespace) -> str:
                 flush=True,
             )
             pair[trainer] = result
+            if args.json:  # after each run: a caller's time limit may stop the next one
+                done = {"job": asdict(job), "pairs": [*pairs, pair]}
+                Path(args.json).write_text(json.dumps(done))
         if start is not None:
             score_equal_time(job, pair, test_file, work, start)
         pairs.append(pair)
@@ -307,7 +310,7 @@ def benchmark(name: str, args: argparse.Namespace) -> str:
         machine["cpu"] = f"{torch.cuda.get_device_name()} ({machine['cpu']})"
     raw = {"job": asdict(job), "params": params, "machine": machine, "start": start}
     (work / "results.json").write_text(json.dumps({**raw, "pairs": pairs, "args": vars(args)}))
-    if args.json:
+    if args.json:  # again: equal-time scores were added to the pairs
         Path(args.json).write_text(json.dumps({"job": asdict(job), "pairs": pairs}))
     return report(key, job, params, machine, start, pairs, args)
 

@@ -162,6 +162,16 @@ def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
     ratio, grpo, ppo = gpu_check.ppo_stage(10).read(outcome)
     assert ratio[1] == "4.00 GiB / 8.00 GiB = 0.50x (the claim, 25-50% less than PPO: met)"
     assert grpo[1] == "4.5 / 4.00 GiB (+0.50 GiB)" and ppo[1] == "n/a / 8.00 GiB"
+    # the stage's limit stopped PPO's run: GRPO's figures still come back
+    (tmp_path / "ppo.json").write_text(json.dumps({"pairs": [{"GRPO": runs["GRPO"]}]}))
+    missing, grpo = gpu_check.ppo_stage(10).read(outcome)
+    assert missing == ["PPO", "its run did not finish (log below)"]
+    assert grpo[1] == "4.5 / 4.00 GiB (+0.50 GiB)"
+    stats["TRL"] = None  # TRL's run cut short: oncurve's plan still reported
+    (tmp_path / "trl.json").write_text(json.dumps({"stats": stats}))
+    cut, plan = gpu_check.trl_stage(10).read(outcome)
+    assert cut == ["TRL", "its run failed or did not finish (log below)"]
+    assert plan[1] == "5.2 / 4.00 GiB (+1.20 GiB)"
     outcome.log.write_text(
         "memory plan: 12 rows / 4,068 tokens per microbatch\nstep 3/3  reward 0.000\n"
         "memory plan: step 1: {'rollout': 2.9}\none microbatch: step 1: {'rollout': 1.7}\n"
