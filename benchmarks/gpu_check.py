@@ -10,6 +10,8 @@ printed after the table; the stages after it still run.
 - `tests`: `pytest -m gpu` (tests/test_gpu.py, tests/test_gpu_paths.py: the trainer's paths
   each in a fresh process, ...), counted as passed / failed / skipped, the failed ones named;
   8 workers when pytest-xdist is installed (each test's process mostly compiles on the CPU).
+  Each test's outcome is written as it ends (the plugin gpu_check_results.py), so a pytest
+  stopped at the limit still reports the tests that finished.
 - `job`: the default job on the GPU, `oncurve train run.device=cuda` (`--steps N` sets
   `run.steps`): held-out greedy accuracy before and after, the median `time/step` (the first
   step left out: it warms up kernels and allocator), the peak GPU memory (largest
@@ -213,27 +215,43 @@ def tails(reports: list[Report]) -> str:
 
 def gpu_tests_stage(limit: float) -> Stage:
     report = CACHE / "gpu-tests.xml"
+    results = CACHE / "gpu-tests.jsonl"  # each test as it ends (gpu_check_results.py)
 
     def command() -> list[str]:
         workers = ["-n", "8"] if importlib.util.find_spec("xdist") else []
         return [sys.executable, "-m", "pytest", "-m", "gpu", "-rs", "-p", "no:cacheprovider",
+                "-p", "gpu_check_results", f"--results-jsonl={results}",
                 f"--junitxml={report}", *workers]  # fmt: skip
 
+    def outcomes() -> list[tuple[str, str]]:
+        """(test, passed | failed | skipped) from the XML, else from the lines written as the
+        tests ended (pytest stopped before its XML)."""
+        if report.is_file():
+            found = []
+            for case in ElementTree.parse(report).getroot().iter("testcase"):
+                kinds = {child.tag for child in case}
+                name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
+                kind = "failed" if kinds & {"failure", "error"} else "passed"
+                found.append((name, "skipped" if "skipped" in kinds else kind))
+            return found
+        lines = results.read_text().splitlines() if results.is_file() else []
+        rows = map(json.loads, lines)  # node ids: tests/test_gpu.py::test_x -> test_gpu::test_x
+        return [
+            (row["test"].rsplit("/", 1)[-1].replace(".py::", "::"), row["outcome"]) for row in rows
+        ]
+
     def read(outcome: Outcome) -> list[list[str]]:
+        found = outcomes()
+        if not found:
+            return [["`pytest -m gpu`", "no test finished"]]
+        counts = {
+            kind: sum(k == kind for _, k in found) for kind in ("passed", "failed", "skipped")
+        }
+        failed = [name for name, kind in found if kind == "failed"]
+        summary = ", ".join(f"{n} {kind}" for kind, n in counts.items())
         if not report.is_file():
-            return [["`pytest -m gpu`", "no report: pytest did not finish"]]
-        counts = {"passed": 0, "failed": 0, "skipped": 0}
-        failed = []
-        for case in ElementTree.parse(report).getroot().iter("testcase"):
-            kinds = {child.tag for child in case}
-            if kinds & {"failure", "error"}:
-                counts["failed"] += 1
-                failed.append(f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}")
-            elif "skipped" in kinds:
-                counts["skipped"] += 1
-            else:
-                counts["passed"] += 1
-        rows = [["`pytest -m gpu`", ", ".join(f"{n} {kind}" for kind, n in counts.items())]]
+            summary += " (pytest was stopped: the tests that finished before)"
+        rows = [["`pytest -m gpu`", summary]]
         if failed:
             named = ", ".join(f"`{name}`" for name in failed[:8])
             rows.append(
@@ -241,7 +259,7 @@ def gpu_tests_stage(limit: float) -> Stage:
             )
         return rows
 
-    return Stage("tests", "GPU tests", limit, command, read, (report,))
+    return Stage("tests", "GPU tests", limit, command, read, (report, results))
 
 
 def default_job_stage(limit: float, steps: int | None) -> Stage:
@@ -492,7 +510,8 @@ def stage_names(text: str) -> list[str]:
 def child_env() -> dict[str, str]:
     """The environment with the checkout's `src` first on the path, so that a Python where
     oncurve is not installed (a GPU image's own, with its CUDA torch) runs it too."""
-    path = [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    # the checkout's oncurve, and this folder for the tests stage's pytest plugin
+    path = [str(ROOT / "src"), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path), "PYTHONUNBUFFERED": "1"}
 
 

@@ -182,3 +182,34 @@ def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
         == "memory plan: step 1: {'rollout': 2.9}; one microbatch: step 1: {'rollout': 1.7}"
     )
     assert str(outcome.log) in ops[1]
+
+
+def test_the_tests_stage_reports_the_tests_that_ended_when_pytest_was_stopped(
+    monkeypatch, tmp_path
+):
+    monkeypatch.setattr(gpu_check, "CACHE", tmp_path)
+    stage = gpu_check.gpu_tests_stage(10)
+    assert "gpu_check_results" in stage.command()
+    outcome = Outcome(None, 10.0, 10, tmp_path / "log")
+    assert stage.read(outcome) == [["`pytest -m gpu`", "no test finished"]]
+    lines = [
+        {"test": "tests/test_gpu.py::test_a", "outcome": "passed"},
+        {"test": "tests/test_gpu_paths.py::test_b[lora]", "outcome": "failed"},
+        {"test": "tests/test_gpu.py::test_c", "outcome": "skipped"},
+        {"test": "tests/test_gpu.py::test_d", "outcome": "passed"},
+    ]
+    (tmp_path / "gpu-tests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    summary, failed = stage.read(outcome)
+    assert summary[1] == (
+        "2 passed, 1 failed, 1 skipped (pytest was stopped: the tests that finished before)"
+    )
+    assert failed == ["failed", "`test_gpu_paths::test_b[lora]`"]
+    (tmp_path / "gpu-tests.xml").write_text(  # pytest finished: its XML counts
+        '<testsuites><testsuite><testcase classname="tests.test_gpu" name="test_a"/>'
+        '<testcase classname="tests.test_gpu_paths" name="test_b[lora]"><failure/></testcase>'
+        '<testcase classname="tests.test_gpu" name="test_c"><skipped/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    summary, failed = stage.read(outcome)
+    assert summary[1] == "1 passed, 1 failed, 1 skipped"
+    assert failed == ["failed", "`test_gpu_paths::test_b[lora]`"]
