@@ -412,7 +412,10 @@ class GraphSampler(TorchSampler):
         side.wait_stream(stream)
         try:
             with torch.cuda.stream(side):
-                for rows in buckets(ws.rows):
+                # smallest first: compiling with symbolic sizes at the workspace's own row count
+                # would tie the step to it (sizes equal by chance are assumed equal), and the next
+                # bucket would compile again
+                for rows in reversed(buckets(ws.rows)):
                     # a state that keeps every index in range; the prefill resets it
                     self._reset(ws, ws.rows, seed=0)
                     for _ in range(2):
