@@ -68,6 +68,18 @@ BANNED_METHODS = {
 }
 
 
+def assert_fell_back_once(
+    capsys: pytest.CaptureFixture, says: str, error: str | None, batches: list, eager
+) -> None:
+    """A sampler that fell back (from graphs or from compiling) warned once, with the line
+    saying `says` and quoting `error`, and every one of `batches` equals the `eager` samples."""
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and says in warnings[0]
+    assert error and error in warnings[0]
+    for batch in batches:
+        assert_same_samples(batch, eager, atol=0)
+
+
 class HostReadError(RuntimeError):
     pass
 
@@ -277,12 +289,8 @@ def test_a_failed_capture_decodes_eagerly_with_the_same_samples(capsys):
     failing = GraphSampler(model, TOKENIZER, use_graphs=True)
     first = failing.generate(PROMPTS * 3, 4, params)
     again = failing.generate(PROMPTS * 3, 4, params)
-    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert len(warnings) == 1 and "decoding eagerly" in warnings[0]
-    assert failing.graph_error and failing.graph_error in warnings[0]
+    assert_fell_back_once(capsys, "decoding eagerly", failing.graph_error, [first, again], eager)
     assert not failing.use_graphs
-    for batch in (first, again):
-        assert_same_samples(batch, eager, atol=0)
 
 
 @pytest.mark.parametrize("check_every", [3, 8])
