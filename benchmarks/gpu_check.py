@@ -305,6 +305,14 @@ def job_rows(rows: list[dict], log: str, steps: int) -> list[list[str]]:
         ["CUDA graphs (`rollout/graphs`)", every_step("rollout/graphs")],
         ["compiled decode step (`rollout/compiled`)", every_step("rollout/compiled")],
         ["memory plan: predicted / measured peak", plan_against(planned_peak_gb(log), peak)],
+        [
+            "sampler's compile + capture over the run (`rollout/compile_s` + `capture_s`)",
+            compile_capture(
+                trained[-1]["rollout/compile_s"] + trained[-1]["rollout/capture_s"]
+                if trained and "rollout/compile_s" in trained[-1]
+                else None
+            ),
+        ],
     ]
 
 
@@ -362,7 +370,8 @@ def trl_stage(limit: float) -> Stage:
             [
                 "memory plan: predicted / measured peak",
                 plan_against(ours["plan_gb"], ours["gpu_peak_gb"]),
-            ]
+            ],
+            ["oncurve sampler's compile + capture", compile_capture(ours.get("compile_capture_s"))],
         ]
         if base is None:
             return [["TRL", "its run failed or did not finish (log below)"], *rows]
@@ -457,6 +466,17 @@ def plan_against(plan: float | None, measured: float | None) -> str:
     if plan is None or measured is None:
         return f"{gib(plan)} / {gib(measured)}"
     return f"{plan:.1f} / {measured:.2f} GiB ({plan - measured:+.2f} GiB)"
+
+
+COMPILE_CAPTURE_TARGET = 30  # seconds a run spends compiling and capturing its sampler, at most
+
+
+def compile_capture(seconds: float | None) -> str:
+    """A run's compile plus capture seconds against `COMPILE_CAPTURE_TARGET`."""
+    if seconds is None:
+        return "n/a"
+    met = "met" if seconds <= COMPILE_CAPTURE_TARGET else "missed"
+    return f"{seconds:.1f} s (target <= {COMPILE_CAPTURE_TARGET} s: {met})"
 
 
 # --- the bundle ------------------------------------------------------------------------------

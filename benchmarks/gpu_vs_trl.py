@@ -497,6 +497,11 @@ def read_oncurve(run_dir: Path) -> dict:
         },
         "gpu_peak_gb": max(peaks) if peaks else None,
         "length": [r["length/mean"] for r in rows],
+        # the sampler's compiling and capturing over the whole run, when it does either
+        "compile_capture_s": rows[-1].get("rollout/compile_s", 0.0)
+        + rows[-1].get("rollout/capture_s", 0.0)
+        if rows
+        else None,
     }
 
 
@@ -545,6 +550,10 @@ def summarize(runs: list[dict]) -> dict | None:
         "smi_peak_gb": max(smi) if smi else None,
         "plan_gb": max(plans) if plans else None,
         "length": statistics.mean(x for r in done for x in r["length"]),
+        "compile_capture_s": max(
+            (r["compile_capture_s"] for r in done if r.get("compile_capture_s") is not None),
+            default=None,
+        ),
     }
 
 

@@ -29,8 +29,9 @@ the full length; default 64x256, 256x256, 64x1024) or ROWSxTOKENS~MEAN, lengths 
 a real run: the model's EOS logit is raised (`raise_eos`) so that lengths are roughly geometric
 with mean MEAN, cut at TOKENS, the same model for every sampler (default 64x1024~256), where
 moving finished rows to smaller graphs and prefilling each prompt once for its G rows count.
-`--no-gaps` leaves out the logprob gap to the training forward, and `--json PATH` also writes
-the measurements as JSON (what `gpu_check.py` reads).
+`--no-gaps` leaves out the logprob gap to the training forward, `--quick` the dynamic cache and
+the `cuda_graph` variants a run does not use, and `--json PATH` also writes the measurements as
+JSON (what `gpu_check.py` reads).
 """
 
 from __future__ import annotations
@@ -263,12 +264,14 @@ def run_cuda(
     backends: list[str],
     gaps: bool,
     measured: Callable[[list[dict]], None] = lambda records: None,
+    variants: bool = True,
 ) -> tuple[str, list[dict]]:
     """One GPU scenario: `rows` // 8 prompts x G=8, best of `repeats`, every row forced to
     `new_tokens`, or with `mean_length` lengths roughly geometric with that mean (cut at
     `new_tokens`). `generate` with the static cache, the baseline, runs first, and
     `measured` gets the records after each sampler (a run stopped at a time limit keeps
-    them). Returns its markdown section and one record per sampler."""
+    them). Without `variants`, only the static cache's `generate` and the samplers as a run
+    builds them. Returns its markdown section and one record per sampler."""
     group = 8
     prompts = make_prompts(rows // group)
     forced = new_tokens if mean_length is None else 0
@@ -300,14 +303,15 @@ def run_cuda(
         None if mean_length is None else raise_eos(model, tokenizer.eos_token_id, mean_length)
     )
     samplers = {backend: build_sampler(backend, model, tokenizer) for backend in backends}
-    if "cuda_graph" in samplers and samplers["cuda_graph"].compile_step:
+    if variants and "cuda_graph" in samplers and samplers["cuda_graph"].compile_step:
         samplers["cuda_graph, uncompiled"] = GraphSampler(model, tokenizer, compile_step=False)
         samplers["cuda_graph, one dynamic compile"] = GraphSampler(
             model, tokenizer, dynamic_compile=True
         )
     calls = {"model.generate (static cache)": lambda: generate("static")}
     calls |= {label: (lambda s=s: ours(s)) for label, s in samplers.items()}
-    calls["model.generate (dynamic cache)"] = lambda: generate(None)
+    if variants:
+        calls["model.generate (dynamic cache)"] = lambda: generate(None)
     records = []
     try:
         for label, call in calls.items():
@@ -444,6 +448,11 @@ def main() -> None:
         "--no-gaps", action="store_true", help="with --device cuda: skip the logprob gaps"
     )
     parser.add_argument("--json", help="with --device cuda: also write the records to this file")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="with --device cuda: only static-cache generate and the samplers as a run builds them",
+    )
     parser.add_argument("--memory-of", help=argparse.SUPPRESS)  # child: one sampler's peak MB
     args = parser.parse_args()
     default = "cuda_graph,hf" if args.device == "cuda" else "hf,cpu_llama"
@@ -462,7 +471,7 @@ def main() -> None:
         for rows, tokens, mean_length in args.cuda_shapes:
             section, scenario = run_cuda(
                 model, tokenizer, rows, tokens, mean_length, args.repeats, backends,
-                not args.no_gaps, measured,
+                not args.no_gaps, measured, not args.quick,
             )  # fmt: skip
             print(section, flush=True)
             sections[f"cuda-{scenario[0]['scenario']}"] = section

@@ -148,6 +148,14 @@ def test_a_run_whose_compilation_fails_trains_on_and_records_it(
         row["rollout/compiled"] for row in metric_rows(run_dir) if "rollout/compiled" in row
     ]
     assert compiled == [0.0, 0.0]
+    # the sampler's compile and capture seconds so far, each step: none captured on the CPU
+    spent = [
+        (row["rollout/compile_s"], row["rollout/capture_s"])
+        for row in metric_rows(run_dir)
+        if "rollout/compiled" in row
+    ]
+    assert [capture for _, capture in spent] == [0.0, 0.0]
+    assert 0.0 <= spent[0][0] <= spent[1][0]
 
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["per-bucket", "dynamic"])

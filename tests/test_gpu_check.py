@@ -122,6 +122,7 @@ def test_the_default_jobs_rows_from_its_metrics_and_memory_plan():
     for step, (seconds, graphs) in enumerate([(9.0, 1.0), (0.2, 1.0), (0.4, 0.0)], start=1):
         rows.append({"step": step, "time/step": seconds, "rollout/graphs": graphs,
                      "rollout/compiled": 1.0, "memory/gpu_peak_gb": 0.5 + step / 10})  # fmt: skip
+    rows[-1] |= {"rollout/compile_s": 21.9, "rollout/capture_s": 9.3}
     rows.append({"step": 3, "eval/accuracy": 0.5})
     got = dict(job_rows(rows, log, steps=150))
     assert got["steps done"] == "3 of 150"
@@ -131,6 +132,8 @@ def test_the_default_jobs_rows_from_its_metrics_and_memory_plan():
     assert got["CUDA graphs (`rollout/graphs`)"] == "off at steps [3]"
     assert got["compiled decode step (`rollout/compiled`)"] == "every step"
     assert got["memory plan: predicted / measured peak"] == "1.5 / 0.80 GiB (+0.70 GiB)"
+    spent = "sampler's compile + capture over the run (`rollout/compile_s` + `capture_s`)"
+    assert got[spent] == "31.2 s (target <= 30 s: missed)"
 
 
 def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
@@ -150,13 +153,15 @@ def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
         ["64x256 `model.generate (static cache)`", "14,894 tokens/s (1.00x static generate); "
          "first call 24.8 s"],
     ]  # fmt: skip
-    stats = {"oncurve": {"seconds": 2.0, "gpu_peak_gb": 4.0, "plan_gb": 5.2},
+    stats = {"oncurve": {"seconds": 2.0, "gpu_peak_gb": 4.0, "plan_gb": 5.2,
+                         "compile_capture_s": 23.0},
              "TRL": {"seconds": 8.0, "gpu_peak_gb": 5.0}}  # fmt: skip
     (tmp_path / "trl.json").write_text(json.dumps({"stats": stats}))
-    speed, memory, plan = gpu_check.trl_stage(10).read(outcome)
+    speed, memory, plan, spent = gpu_check.trl_stage(10).read(outcome)
     assert speed[1] == "2.00 / 8.00 s = 0.25x (target <= 0.35x: met)"
     assert memory[1] == "4.00 GiB / 5.00 GiB = 0.80x (target <= 1x: met)"
     assert plan[1] == "5.2 / 4.00 GiB (+1.20 GiB)"
+    assert spent[1] == "23.0 s (target <= 30 s: met)"
     runs = {"GRPO": {"cuda": 4096.0, "plan_gb": 4.5}, "PPO": {"cuda": 8192.0, "plan_gb": None}}
     (tmp_path / "ppo.json").write_text(json.dumps({"pairs": [runs]}))
     ratio, grpo, ppo = gpu_check.ppo_stage(10).read(outcome)
@@ -169,7 +174,7 @@ def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
     assert grpo[1] == "4.5 / 4.00 GiB (+0.50 GiB)"
     stats["TRL"] = None  # TRL's run cut short: oncurve's plan still reported
     (tmp_path / "trl.json").write_text(json.dumps({"stats": stats}))
-    cut, plan = gpu_check.trl_stage(10).read(outcome)
+    cut, plan, _ = gpu_check.trl_stage(10).read(outcome)
     assert cut == ["TRL", "its run failed or did not finish (log below)"]
     assert plan[1] == "5.2 / 4.00 GiB (+1.20 GiB)"
     outcome.log.write_text(
