@@ -248,6 +248,14 @@ def log_tail(log: Path, lines: int = 30) -> str:
     return "".join(log.read_text(errors="replace").splitlines(keepends=True)[-lines:])
 
 
+def sampler_setup_seconds(row: dict) -> float | None:
+    """The sampler's compile plus capture seconds so far, from a step's metrics (None without
+    the `cuda_graph` sampler)."""
+    if "time/sampler_compile_total" not in row:
+        return None
+    return row["time/sampler_compile_total"] + row["time/sampler_capture_total"]
+
+
 def planned_peak_gb(log_text: str) -> float | None:
     """The peak GiB of the memory plan an `oncurve train` process printed at start
     (`MemoryPlan.describe`), the last one in `log_text`; None when it printed none (the CPU)."""

@@ -76,6 +76,7 @@ from common import (  # noqa: E402
     markdown_table,
     planned_peak_gb,
     run_limited,
+    sampler_setup_seconds,
     write_section,
 )
 
@@ -215,7 +216,8 @@ def tails(reports: list[Report]) -> str:
 
 def gpu_tests_stage(limit: float) -> Stage:
     report = CACHE / "gpu-tests.xml"
-    results = CACHE / "gpu-tests.jsonl"  # each test as it ends (gpu_check_results.py)
+    # each test as it ends (gpu_check_results.py), with the logs: they travel back together
+    results = CACHE / "logs" / "gpu-tests.jsonl"
 
     def command() -> list[str]:
         workers = ["-n", "8"] if importlib.util.find_spec("xdist") else []
@@ -223,40 +225,51 @@ def gpu_tests_stage(limit: float) -> Stage:
                 "-p", "gpu_check_results", f"--results-jsonl={results}",
                 f"--junitxml={report}", *workers]  # fmt: skip
 
-    def outcomes() -> list[tuple[str, str]]:
-        """(test, passed | failed | skipped) from the XML, else from the lines written as the
-        tests ended (pytest stopped before its XML)."""
+    def outcomes() -> list[dict]:
+        """{"test", "outcome": passed | failed | skipped, and for a failure "message" and
+        "detail"} from the XML, else from the lines written as the tests ended (pytest stopped
+        before its XML); tests named as test_gpu::test_x."""
         if report.is_file():
             found = []
             for case in ElementTree.parse(report).getroot().iter("testcase"):
-                kinds = {child.tag for child in case}
+                children = {child.tag: child for child in case}
                 name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
-                kind = "failed" if kinds & {"failure", "error"} else "passed"
-                found.append((name, "skipped" if "skipped" in kinds else kind))
+                failure = children.get("failure", children.get("error"))
+                if failure is not None:
+                    found.append({"test": name, "outcome": "failed",
+                                  "message": failure.get("message", ""),
+                                  "detail": failure.text or ""})  # fmt: skip
+                else:
+                    kind = "skipped" if "skipped" in children else "passed"
+                    found.append({"test": name, "outcome": kind})
             return found
         lines = results.read_text().splitlines() if results.is_file() else []
-        rows = map(json.loads, lines)  # node ids: tests/test_gpu.py::test_x -> test_gpu::test_x
-        return [
-            (row["test"].rsplit("/", 1)[-1].replace(".py::", "::"), row["outcome"]) for row in rows
-        ]
+        rows = list(map(json.loads, lines))
+        for row in rows:  # node ids: tests/test_gpu.py::test_x -> test_gpu::test_x
+            row["test"] = row["test"].rsplit("/", 1)[-1].replace(".py::", "::")
+        return rows
 
     def read(outcome: Outcome) -> list[list[str]]:
         found = outcomes()
         if not found:
             return [["`pytest -m gpu`", "no test finished"]]
         counts = {
-            kind: sum(k == kind for _, k in found) for kind in ("passed", "failed", "skipped")
+            kind: sum(r["outcome"] == kind for r in found)
+            for kind in ("passed", "failed", "skipped")
         }
-        failed = [name for name, kind in found if kind == "failed"]
+        failed = [r for r in found if r["outcome"] == "failed"]
         summary = ", ".join(f"{n} {kind}" for kind, n in counts.items())
         if not report.is_file():
             summary += " (pytest was stopped: the tests that finished before)"
         rows = [["`pytest -m gpu`", summary]]
-        if failed:
-            named = ", ".join(f"`{name}`" for name in failed[:8])
-            rows.append(
-                ["failed", named + (f" and {len(failed) - 8} more" if len(failed) > 8 else "")]
-            )
+        for r in failed[:8]:
+            rows.append([f"failed: `{r['test']}`", r.get("message", "")[:300] or "(no message)"])
+        if len(failed) > 8:
+            rows.append(["failed", f"and {len(failed) - 8} more"])
+        if failed and outcome.log.is_file():  # the reports, in the log and its printed tail
+            with outcome.log.open("a") as log:
+                for r in failed:
+                    log.write(f"\n--- {r['test']} ---\n{r.get('detail', '')}\n")
         return rows
 
     return Stage("tests", "GPU tests", limit, command, read, (report, results))
@@ -306,12 +319,8 @@ def job_rows(rows: list[dict], log: str, steps: int) -> list[list[str]]:
         ["compiled decode step (`rollout/compiled`)", every_step("rollout/compiled")],
         ["memory plan: predicted / measured peak", plan_against(planned_peak_gb(log), peak)],
         [
-            "sampler's compile + capture over the run (`rollout/compile_s` + `capture_s`)",
-            compile_capture(
-                trained[-1]["rollout/compile_s"] + trained[-1]["rollout/capture_s"]
-                if trained and "rollout/compile_s" in trained[-1]
-                else None
-            ),
+            "sampler's compile + capture over the run (`time/sampler_*_total`)",
+            compile_capture(sampler_setup_seconds(trained[-1]) if trained else None),
         ],
     ]
 

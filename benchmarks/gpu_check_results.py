@@ -1,7 +1,9 @@
 """pytest plugin of `gpu_check.py`'s tests stage: `--results-jsonl PATH` appends one JSON line
-per test as its result comes in, {"test": node id, "outcome": passed | failed | skipped}, so
-that a run stopped at the stage's time limit still says what it got done (pytest writes its
-JUnit XML only at the end). With pytest-xdist the controller writes, not the workers."""
+per test as its result comes in, {"test": node id, "outcome": passed | failed | skipped}, with
+a failure's "message" (its error's line) and "detail" (the end of its report), so that a run
+stopped at the stage's time limit still says what it got done and why a test failed (pytest
+writes its JUnit XML only at the end). With pytest-xdist the controller writes, not the
+workers."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 _results: Path | None = None
+DETAIL_LINES = 60
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -29,6 +32,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     ended = report.when == "call" or (report.when == "setup" and not report.passed)
     if _results is None or not (ended or (report.when == "teardown" and report.failed)):
         return
-    outcome = "failed" if report.failed else report.outcome
+    result = {"test": report.nodeid, "outcome": "failed" if report.failed else report.outcome}
+    if report.failed:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        result["message"] = crash.message if crash else report.longreprtext.strip()[-300:]
+        result["detail"] = "\n".join(report.longreprtext.splitlines()[-DETAIL_LINES:])
     with _results.open("a") as out:
-        out.write(json.dumps({"test": report.nodeid, "outcome": outcome}) + "\n")
+        out.write(json.dumps(result) + "\n")

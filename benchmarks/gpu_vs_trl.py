@@ -48,6 +48,7 @@ from common import (  # noqa: E402
     planned_peak_gb,
     qwen2_config,
     run_child,
+    sampler_setup_seconds,
     step_phases,
     train_trl_timed,
     trl_phases,
@@ -497,11 +498,7 @@ def read_oncurve(run_dir: Path) -> dict:
         },
         "gpu_peak_gb": max(peaks) if peaks else None,
         "length": [r["length/mean"] for r in rows],
-        # the sampler's compiling and capturing over the whole run, when it does either
-        "compile_capture_s": rows[-1].get("rollout/compile_s", 0.0)
-        + rows[-1].get("rollout/capture_s", 0.0)
-        if rows
-        else None,
+        "compile_capture_s": sampler_setup_seconds(rows[-1]) if rows else None,
     }
 
 

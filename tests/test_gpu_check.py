@@ -122,7 +122,7 @@ def test_the_default_jobs_rows_from_its_metrics_and_memory_plan():
     for step, (seconds, graphs) in enumerate([(9.0, 1.0), (0.2, 1.0), (0.4, 0.0)], start=1):
         rows.append({"step": step, "time/step": seconds, "rollout/graphs": graphs,
                      "rollout/compiled": 1.0, "memory/gpu_peak_gb": 0.5 + step / 10})  # fmt: skip
-    rows[-1] |= {"rollout/compile_s": 21.9, "rollout/capture_s": 9.3}
+    rows[-1] |= {"time/sampler_compile_total": 21.9, "time/sampler_capture_total": 9.3}
     rows.append({"step": 3, "eval/accuracy": 0.5})
     got = dict(job_rows(rows, log, steps=150))
     assert got["steps done"] == "3 of 150"
@@ -132,7 +132,7 @@ def test_the_default_jobs_rows_from_its_metrics_and_memory_plan():
     assert got["CUDA graphs (`rollout/graphs`)"] == "off at steps [3]"
     assert got["compiled decode step (`rollout/compiled`)"] == "every step"
     assert got["memory plan: predicted / measured peak"] == "1.5 / 0.80 GiB (+0.70 GiB)"
-    spent = "sampler's compile + capture over the run (`rollout/compile_s` + `capture_s`)"
+    spent = "sampler's compile + capture over the run (`time/sampler_*_total`)"
     assert got[spent] == "31.2 s (target <= 30 s: missed)"
 
 
@@ -199,22 +199,30 @@ def test_the_tests_stage_reports_the_tests_that_ended_when_pytest_was_stopped(
     assert stage.read(outcome) == [["`pytest -m gpu`", "no test finished"]]
     lines = [
         {"test": "tests/test_gpu.py::test_a", "outcome": "passed"},
-        {"test": "tests/test_gpu_paths.py::test_b[lora]", "outcome": "failed"},
+        {"test": "tests/test_gpu_paths.py::test_b[lora]", "outcome": "failed",
+         "message": "AssertionError: 3 == 4", "detail": "E   assert 3 == 4\ntests/x.py:9: E"},
         {"test": "tests/test_gpu.py::test_c", "outcome": "skipped"},
         {"test": "tests/test_gpu.py::test_d", "outcome": "passed"},
-    ]
-    (tmp_path / "gpu-tests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    ]  # fmt: skip
+    (tmp_path / "logs").mkdir()
+    outcome.log.write_text("collected 4 items\n")
+    (tmp_path / "logs" / "gpu-tests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     summary, failed = stage.read(outcome)
     assert summary[1] == (
         "2 passed, 1 failed, 1 skipped (pytest was stopped: the tests that finished before)"
     )
-    assert failed == ["failed", "`test_gpu_paths::test_b[lora]`"]
+    assert failed == ["failed: `test_gpu_paths::test_b[lora]`", "AssertionError: 3 == 4"]
+    # the failure's report goes into the stage's log, whose tail is printed after the table
+    assert outcome.log.read_text().endswith(
+        "--- test_gpu_paths::test_b[lora] ---\nE   assert 3 == 4\ntests/x.py:9: E\n"
+    )
     (tmp_path / "gpu-tests.xml").write_text(  # pytest finished: its XML counts
         '<testsuites><testsuite><testcase classname="tests.test_gpu" name="test_a"/>'
-        '<testcase classname="tests.test_gpu_paths" name="test_b[lora]"><failure/></testcase>'
+        '<testcase classname="tests.test_gpu_paths" name="test_b[lora]">'
+        '<failure message="assert 1 == 2">E assert 1 == 2</failure></testcase>'
         '<testcase classname="tests.test_gpu" name="test_c"><skipped/></testcase>'
         "</testsuite></testsuites>"
     )
     summary, failed = stage.read(outcome)
     assert summary[1] == "1 passed, 1 failed, 1 skipped"
-    assert failed == ["failed", "`test_gpu_paths::test_b[lora]`"]
+    assert failed == ["failed: `test_gpu_paths::test_b[lora]`", "assert 1 == 2"]

@@ -103,9 +103,9 @@ def training_step(s: Session, step: int) -> dict[str, float]:
     _record_graph_fallback(s)
     metrics["rollout/graphs"] = float(s.config.rollout.cuda_graphs)
     metrics["rollout/compiled"] = float(s.config.rollout.compile)
-    if isinstance(s.sampler, GraphSampler):  # this process's so far: what a run pays up front
-        metrics["rollout/compile_s"] = s.sampler.compile_seconds
-        metrics["rollout/capture_s"] = s.sampler.capture_seconds
+    if isinstance(s.sampler, GraphSampler):  # this process's totals: what a run pays up front
+        metrics["time/sampler_compile_total"] = s.sampler.compile_seconds
+        metrics["time/sampler_capture_total"] = s.sampler.capture_seconds
     metrics["memory/oom_retries"] = float(s.oom_retries)
     metrics["time/step"] = sum(timer.seconds.values())
     if cuda:
