@@ -114,14 +114,59 @@ def test_chunked_peak_memory_below_a_quarter_of_unchunked():
     assert peak["chunked"] < peak["full"] / 4, peak
 
 
+def emulate_half_matmuls(monkeypatch) -> list[int]:
+    """The CUDA path that reads a bfloat16 head in place (`torch.mm(..., out_dtype=float32)`,
+    which the CPU lacks) on the CPU: float32 products of bfloat16 values are exact and summed in
+    float32, as the CUDA kernel does. Returns the list that counts the matmuls."""
+    import oncurve.algo.logprobs as logprobs_module
+
+    calls: list[int] = []
+
+    def half_matmul(a, b):
+        assert a.dtype == b.dtype == torch.bfloat16
+        calls.append(1)
+        return a.float() @ b.float()
+
+    monkeypatch.setattr(logprobs_module, "half_matmul", half_matmul)
+    monkeypatch.setattr(
+        logprobs_module,
+        "reads_head_in_place",
+        lambda hidden, weight: hidden.dtype == weight.dtype == torch.bfloat16,
+    )
+    return calls
+
+
+def test_a_float32_operand_against_a_bfloat16_one_is_cut_in_three_bfloat16_parts(monkeypatch):
+    """float32 x bfloat16 as three bfloat16 matmuls: as exact as the float32 matmul, where the
+    float32 operand rounded to bfloat16 alone is off by about 2^-9 of each term."""
+    from oncurve.algo.logprobs import float32_product
+
+    calls = emulate_half_matmuls(monkeypatch)
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(64, 256, generator=gen)
+    b = torch.randn(256, 32, generator=gen).bfloat16()
+    exact = a.double() @ b.double()
+    scale = (a.abs().double() @ b.abs().double()).max()
+    split = (float32_product(a, b).double() - exact).abs().max() / scale
+    rounded = ((a.bfloat16().double() @ b.double()) - exact).abs().max() / scale
+    float32 = ((a @ b.float()).double() - exact).abs().max() / scale
+    assert len(calls) == 3
+    assert split < 2 * float32
+    assert rounded > 100 * split
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["float32 blocks", "in place"])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_bfloat16_head_in_vocabulary_blocks_equals_its_float32_copy(monkeypatch, with_bias):
+def test_bfloat16_head_in_vocabulary_blocks_equals_its_float32_copy(
+    monkeypatch, with_bias, in_place
+):
     """A bfloat16 head is made float32 a block of rows at a time (here 16 of 50, so the last
-    block is short and labels fall in every block); values and gradients are those of the
-    whole float32 copy."""
+    block is short and labels fall in every block), or read in place by matmuls that write
+    float32 (CUDA's, emulated); values and gradients are those of the whole float32 copy."""
     import oncurve.algo.logprobs as logprobs_module
 
     monkeypatch.setattr(logprobs_module, "HEAD_BLOCK_ROWS", 16)
+    calls = emulate_half_matmuls(monkeypatch) if in_place else []
     hidden, weight, bias, labels, upstream = inputs(with_bias, n=4, t=6)
     hidden16 = hidden.detach().bfloat16().requires_grad_()
     weight16 = weight.detach().bfloat16().requires_grad_()
@@ -143,3 +188,6 @@ def test_bfloat16_head_in_vocabulary_blocks_equals_its_float32_copy(monkeypatch,
         assert g.dtype == torch.bfloat16
         # the bfloat16 rounding of the float32 gradient, nothing more
         torch.testing.assert_close(g, w.bfloat16(), rtol=0, atol=0)
+    # the forward's logits per chunk of 5 of the 24 positions, and per block and chunk of the
+    # backward: logits, the hidden states' gradient and the weight's (in three parts each)
+    assert len(calls) == (5 + 7 * 4 * 5 if in_place else 0)

@@ -73,18 +73,22 @@ class _ChunkedLogprobs(torch.autograd.Function):
         temperature, chunk_size = ctx.temperature, ctx.chunk_size
         grad_logprobs = grad_logprobs.reshape(-1)
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        hidden32 = hidden.float()
-        grad_hidden = torch.zeros_like(hidden32) if need_h else None
+        in_place = reads_head_in_place(hidden, weight)
+        # the head's own half-precision rows with half-precision hidden states (tensor-core
+        # matmuls writing float32), or float32 copies of both
+        operand = hidden if in_place else hidden.float()
+        blocks = vocab_blocks(weight) if in_place else head_blocks(weight)
+        grad_hidden = torch.zeros_like(hidden, dtype=torch.float32) if need_h else None
         # float32 weights are one block, whose gradient becomes the weight's gradient as is
         grad_weight = torch.empty_like(weight) if need_w and weight.dtype != torch.float32 else None
         grad_bias = torch.empty_like(bias) if need_b else None
-        for vocab, block in head_blocks(weight):
+        for vocab, block in blocks:
             block_bias = None if bias is None else bias[vocab].float()
-            block_grad_weight = torch.zeros_like(block) if need_w else None
+            block_grad_weight = torch.zeros_like(block, dtype=torch.float32) if need_w else None
             block_grad_bias = torch.zeros_like(block_bias) if need_b else None
             for start in range(0, hidden.shape[0], chunk_size):
                 part = slice(start, start + chunk_size)
-                logits = hidden32[part] @ block.T
+                logits = float32_product(operand[part], block.T)
                 if block_bias is not None:
                     logits += block_bias
                 g = grad_logprobs[part].float().unsqueeze(-1)
@@ -100,9 +104,9 @@ class _ChunkedLogprobs(torch.autograd.Function):
                 grad_logits.index_put_(at, grad_logits[at] + g.squeeze(1) * inside)
                 grad_logits /= temperature
                 if need_h:
-                    grad_hidden[part] += grad_logits @ block
+                    grad_hidden[part] += float32_product(grad_logits, block)
                 if need_w:
-                    block_grad_weight += grad_logits.T @ hidden32[part]
+                    block_grad_weight += float32_product(grad_logits.T, operand[part])
                 if need_b:
                     block_grad_bias += grad_logits.sum(0)
             if need_w and block is weight:
@@ -121,16 +125,23 @@ class _ChunkedLogprobs(torch.autograd.Function):
 HEAD_BLOCK_ROWS = 16384
 
 
+def vocab_blocks(weight: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor]]:
+    """`(vocab slice, rows)` of a `[V, H]` output embedding, `HEAD_BLOCK_ROWS` rows at a time,
+    as views of the weight."""
+    vocab_size = weight.shape[0]
+    for start in range(0, vocab_size, HEAD_BLOCK_ROWS):
+        vocab = slice(start, min(start + HEAD_BLOCK_ROWS, vocab_size))
+        yield vocab, weight[vocab]
+
+
 def head_blocks(weight: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor]]:
     """`(vocab slice, float32 rows)` covering a `[V, H]` output embedding: the weight itself
     when it is float32 (no copy), else float32 copies of `HEAD_BLOCK_ROWS` rows, one at a time."""
-    vocab_size = weight.shape[0]
     if weight.dtype == torch.float32:
-        yield slice(0, vocab_size), weight
+        yield slice(0, weight.shape[0]), weight
         return
-    for start in range(0, vocab_size, HEAD_BLOCK_ROWS):
-        vocab = slice(start, min(start + HEAD_BLOCK_ROWS, vocab_size))
-        yield vocab, weight[vocab].float()
+    for vocab, rows in vocab_blocks(weight):
+        yield vocab, rows.float()
 
 
 def _has_matmul_out_dtype() -> bool:
@@ -145,6 +156,46 @@ def _has_matmul_out_dtype() -> bool:
 
 
 MATMUL_OUT_DTYPE = _has_matmul_out_dtype()
+HALF = (torch.bfloat16, torch.float16)
+
+
+def reads_head_in_place(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether logits and their gradients are formed from the half-precision head and hidden
+    states as they are, by matmuls that accumulate and write float32 (`MATMUL_OUT_DTYPE`, CUDA),
+    instead of from float32 copies: the products of two half-precision values are exact in
+    float32, so only the order of the sums differs, and the tensor cores do the work."""
+    return (
+        MATMUL_OUT_DTYPE
+        and weight.is_cuda
+        and weight.dtype in HALF
+        and hidden.dtype == weight.dtype
+    )
+
+
+def half_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`a @ b` of two half-precision matrices, accumulated and written in float32."""
+    return torch.mm(a, b, out_dtype=torch.float32)
+
+
+def float32_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`a @ b` in float32 for `b` float32 or half precision (the head's rows) and `a` float32
+    or of `b`'s dtype. A float32 `a` against a bfloat16 `b` is cut into three bfloat16 parts
+    whose sum is `a` exactly (8 + 8 + 8 bits of mantissa hold float32's 24), so three
+    tensor-core matmuls give the float32 matmul up to the order of its sums: a float32 matmul
+    on a GPU without TF32 runs about fifteen times slower than a bfloat16 one, and two parts
+    are not enough where the sum cancels (a gradient through softmax does)."""
+    if b.dtype not in HALF:
+        return a @ b
+    if a.dtype == b.dtype:
+        return half_matmul(a, b)
+    product = None
+    rest = a
+    for _ in range(3):
+        part = rest.to(b.dtype)
+        term = half_matmul(part, b)
+        product = term if product is None else product.add_(term)
+        rest = rest - part.float()
+    return product
 
 
 def float_logits(
@@ -155,14 +206,8 @@ def float_logits(
     head in its own dtype and writes float32 (`MATMUL_OUT_DTYPE`: the products of two bf16 or
     fp16 values are exact in float32, so only the order of the sums differs), elsewhere the
     head is made float32 a block at a time (`head_blocks`)."""
-    half = (torch.bfloat16, torch.float16)
-    if (
-        MATMUL_OUT_DTYPE
-        and weight.is_cuda
-        and weight.dtype in half
-        and hidden.dtype == weight.dtype
-    ):
-        logits = torch.mm(hidden, weight.T, out_dtype=torch.float32)
+    if reads_head_in_place(hidden, weight):
+        logits = float32_product(hidden, weight.T)
         return logits if bias is None else logits.add_(bias.float())
     hidden32 = hidden.float()
     if weight.dtype == torch.float32:
