@@ -584,11 +584,13 @@ def make_job(args: argparse.Namespace) -> tuple[Job, str]:
 
 
 def profile_variants(job: Job) -> dict[str, list[str]]:
-    """The settings `--profile` runs the job with, by name: the memory plan's own choices, and
-    the step's rows in one microbatch with no recomputation and the default logits chunk (what
-    the plan's lean choices cost in time)."""
+    """The settings `--profile` runs the job with, by name: the memory plan's own choices; the
+    same without deterministic kernels (what bit-exact resume costs: TRL does not ask for
+    them); and the step's rows in one microbatch with no recomputation and the default logits
+    chunk (what the plan's lean choices cost in time)."""
     return {
         "memory plan": [],
+        "memory plan, nondeterministic kernels": ["run.deterministic=false"],
         "one microbatch, no checkpointing": [
             "model.gradient_checkpointing=false",
             f"optim.microbatch_size={job.prompts * job.group}",
