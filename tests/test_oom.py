@@ -194,7 +194,7 @@ def test_with_several_ranks_the_rank_that_runs_out_stops_naming_the_setting(monk
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_a_gpu_capped_below_the_plan_a_run_with_too_large_a_microbatch_recovers(
-    data_file, tmp_path
+    data_file, tmp_path, capsys
 ):
     """A 152k vocabulary makes the logits the peak: 64 rows of ~100 tokens in one microbatch
     and one logit chunk want ~4 GB of float32 logits, over a 3 GiB cap; halving the
@@ -224,9 +224,11 @@ def test_on_a_gpu_capped_below_the_plan_a_run_with_too_large_a_microbatch_recove
         "run.steps=2",
     )
     trainer.train(config, quiet=True)
-    assert sum(r["memory/oom_retries"] for r in trainer_rows(run_dir)) >= 1
+    # what the run printed (each change of settings is a line) goes with a failure's report
+    said = [line for line in capsys.readouterr().err.splitlines() if "memory" in line]
+    assert sum(r["memory/oom_retries"] for r in trainer_rows(run_dir)) >= 1, said
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert saved["optim"]["microbatch_size"] < 64
+    assert saved["optim"]["microbatch_size"] < 64, said
 
 
 def test_a_sampling_round_split_after_running_out_samples_what_one_call_samples(
