@@ -136,23 +136,22 @@ def emulate_half_matmuls(monkeypatch) -> list[int]:
     return calls
 
 
-def test_a_float32_operand_against_a_bfloat16_one_is_cut_in_three_bfloat16_parts(monkeypatch):
-    """float32 x bfloat16 as three bfloat16 matmuls: as exact as the float32 matmul, where the
-    float32 operand rounded to bfloat16 alone is off by about 2^-9 of each term."""
-    from oncurve.algo.logprobs import float32_product
+def test_three_bfloat16_parts_sum_to_a_float32_tensor_exactly():
+    """Matmuls with the parts are as exact as with the float32 tensor; with the first part
+    alone (the tensor rounded to bfloat16) they are off by about 2^-9 of each term."""
+    from oncurve.algo.logprobs import bfloat16_parts
 
-    calls = emulate_half_matmuls(monkeypatch)
     gen = torch.Generator().manual_seed(0)
-    a = torch.randn(64, 256, generator=gen)
-    b = torch.randn(256, 32, generator=gen).bfloat16()
-    exact = a.double() @ b.double()
-    scale = (a.abs().double() @ b.abs().double()).max()
-    split = (float32_product(a, b).double() - exact).abs().max() / scale
-    rounded = ((a.bfloat16().double() @ b.double()) - exact).abs().max() / scale
-    float32 = ((a @ b.float()).double() - exact).abs().max() / scale
-    assert len(calls) == 3
-    assert split < 2 * float32
-    assert rounded > 100 * split
+    a = torch.randn(64, 256, generator=gen) * torch.logspace(-30, 10, 256)  # wide exponents
+    b = torch.randn(256, 32, generator=gen).bfloat16().double()
+    parts = bfloat16_parts(a.clone())
+    assert [p.dtype for p in parts] == [torch.bfloat16] * 3
+    assert torch.equal(parts[0].float() + parts[1].float() + parts[2].float(), a)
+    exact = a.double() @ b
+    scale = (a.abs().double() @ b.abs()).max()
+    split = (sum(p.float() @ b.float() for p in parts).double() - exact).abs().max() / scale
+    rounded = (parts[0].double() @ b - exact).abs().max() / scale
+    assert split < 1e-6 and rounded > 100 * split
 
 
 @pytest.mark.parametrize("in_place", [False, True], ids=["float32 blocks", "in place"])
@@ -188,6 +187,7 @@ def test_bfloat16_head_in_vocabulary_blocks_equals_its_float32_copy(
         assert g.dtype == torch.bfloat16
         # the bfloat16 rounding of the float32 gradient, nothing more
         torch.testing.assert_close(g, w.bfloat16(), rtol=0, atol=0)
-    # the forward's logits per chunk of 5 of the 24 positions, and per block and chunk of the
-    # backward: logits, the hidden states' gradient and the weight's (in three parts each)
-    assert len(calls) == (5 + 7 * 4 * 5 if in_place else 0)
+    # the forward's logits per chunk of 5 of the 24 positions; the backward's in chunks of
+    # 4 * 5 * 50 // (5 * 16) = 12 positions, per block and chunk: logits, the hidden states'
+    # gradient and the weight's (three parts each)
+    assert len(calls) == (5 + 7 * 4 * 2 if in_place else 0)

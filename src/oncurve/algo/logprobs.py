@@ -73,11 +73,18 @@ class _ChunkedLogprobs(torch.autograd.Function):
         temperature, chunk_size = ctx.temperature, ctx.chunk_size
         grad_logprobs = grad_logprobs.reshape(-1)
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        in_place = reads_head_in_place(hidden, weight)
-        # the head's own half-precision rows with half-precision hidden states (tensor-core
-        # matmuls writing float32), or float32 copies of both
-        operand = hidden if in_place else hidden.float()
-        blocks = vocab_blocks(weight) if in_place else head_blocks(weight)
+        # A bfloat16 head is read as it is, by tensor-core matmuls writing float32, with the
+        # float32 gradient of the logits cut into `bfloat16_parts`; a block of rows holds a
+        # [rows, block] float32 buffer and its three parts, so as many rows as keep those within
+        # the forward's two [chunk, vocab] float32 buffers go at once (fewer, larger kernels).
+        # Otherwise the head is made float32 a block at a time.
+        in_place = reads_head_in_place(hidden, weight) and weight.dtype == torch.bfloat16
+        if in_place:
+            operand, blocks, matmul = hidden, vocab_blocks(weight), half_matmul
+            rows = max(chunk_size, 4 * chunk_size * weight.shape[0] // (5 * HEAD_BLOCK_ROWS))
+        else:
+            operand, blocks, matmul = hidden.float(), head_blocks(weight), torch.mm
+            rows = chunk_size
         grad_hidden = torch.zeros_like(hidden, dtype=torch.float32) if need_h else None
         # float32 weights are one block, whose gradient becomes the weight's gradient as is
         grad_weight = torch.empty_like(weight) if need_w and weight.dtype != torch.float32 else None
@@ -86,29 +93,31 @@ class _ChunkedLogprobs(torch.autograd.Function):
             block_bias = None if bias is None else bias[vocab].float()
             block_grad_weight = torch.zeros_like(block, dtype=torch.float32) if need_w else None
             block_grad_bias = torch.zeros_like(block_bias) if need_b else None
-            for start in range(0, hidden.shape[0], chunk_size):
-                part = slice(start, start + chunk_size)
-                logits = float32_product(operand[part], block.T)
+            for start in range(0, hidden.shape[0], rows):
+                part = slice(start, start + rows)
+                logits = matmul(operand[part], block.T)
                 if block_bias is not None:
                     logits += block_bias
                 g = grad_logprobs[part].float().unsqueeze(-1)
-                # in place: one [chunk, block] buffer holds logits, then softmax, then gradient
+                # in place: one [rows, block] buffer holds logits, then softmax, then gradient
                 grad_logits = logits.div_(temperature).sub_(lse[part].unsqueeze(-1)).exp_().mul_(-g)
                 label = labels[part] - vocab.start
                 inside = (label >= 0) & (label < block.shape[0])
                 # one label per row, so a plain write of the sum adds it: scatter_add_ would
                 # take CUDA's deterministic-mode reroute, which copies its coordinates from the
                 # host at every chunk
-                rows = torch.arange(label.shape[0], device=label.device)
-                at = (rows, label.clamp(0, block.shape[0] - 1))
+                positions = torch.arange(label.shape[0], device=label.device)
+                at = (positions, label.clamp(0, block.shape[0] - 1))
                 grad_logits.index_put_(at, grad_logits[at] + g.squeeze(1) * inside)
                 grad_logits /= temperature
-                if need_h:
-                    grad_hidden[part] += float32_product(grad_logits, block)
-                if need_w:
-                    block_grad_weight += float32_product(grad_logits.T, operand[part])
                 if need_b:
                     block_grad_bias += grad_logits.sum(0)
+                factors = bfloat16_parts(grad_logits) if in_place else [grad_logits]
+                for factor in factors:
+                    if need_h:
+                        grad_hidden[part] += matmul(factor, block)
+                    if need_w:
+                        block_grad_weight += matmul(factor.T, operand[part])
             if need_w and block is weight:
                 grad_weight = block_grad_weight
             elif need_w:
@@ -160,10 +169,11 @@ HALF = (torch.bfloat16, torch.float16)
 
 
 def reads_head_in_place(hidden: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether logits and their gradients are formed from the half-precision head and hidden
-    states as they are, by matmuls that accumulate and write float32 (`MATMUL_OUT_DTYPE`, CUDA),
-    instead of from float32 copies: the products of two half-precision values are exact in
-    float32, so only the order of the sums differs, and the tensor cores do the work."""
+    """Whether logits (and, for a bfloat16 head, their gradients) are formed from the
+    half-precision head and hidden states as they are, by matmuls that accumulate and write
+    float32 (`MATMUL_OUT_DTYPE`, CUDA), instead of from float32 copies: the products of two
+    half-precision values are exact in float32, so only the order of the sums differs, and the
+    tensor cores do the work."""
     return (
         MATMUL_OUT_DTYPE
         and weight.is_cuda
@@ -177,25 +187,18 @@ def half_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.mm(a, b, out_dtype=torch.float32)
 
 
-def float32_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """`a @ b` in float32 for `b` float32 or half precision (the head's rows) and `a` float32
-    or of `b`'s dtype. A float32 `a` against a bfloat16 `b` is cut into three bfloat16 parts
-    whose sum is `a` exactly (8 + 8 + 8 bits of mantissa hold float32's 24), so three
-    tensor-core matmuls give the float32 matmul up to the order of its sums: a float32 matmul
-    on a GPU without TF32 runs about fifteen times slower than a bfloat16 one, and two parts
-    are not enough where the sum cancels (a gradient through softmax does)."""
-    if b.dtype not in HALF:
-        return a @ b
-    if a.dtype == b.dtype:
-        return half_matmul(a, b)
-    product = None
-    rest = a
+def bfloat16_parts(values: torch.Tensor) -> list[torch.Tensor]:
+    """Three bfloat16 tensors whose float32 sum is `values` (float32) exactly: 8 + 8 + 8 bits
+    of mantissa hold float32's 24, and bfloat16 has float32's exponent range. Products with
+    them are as exact as float32 products, where `values` rounded to bfloat16 alone is off by
+    up to 2^-9 of each term, which a sum that cancels (a gradient through softmax) turns into
+    much more of the result. `values` is used up: it is left holding what no part holds (0)."""
+    parts = []
     for _ in range(3):
-        part = rest.to(b.dtype)
-        term = half_matmul(part, b)
-        product = term if product is None else product.add_(term)
-        rest = rest - part.float()
-    return product
+        part = values.to(torch.bfloat16)
+        values.sub_(part)
+        parts.append(part)
+    return parts
 
 
 def float_logits(
@@ -207,7 +210,7 @@ def float_logits(
     fp16 values are exact in float32, so only the order of the sums differs), elsewhere the
     head is made float32 a block at a time (`head_blocks`)."""
     if reads_head_in_place(hidden, weight):
-        logits = float32_product(hidden, weight.T)
+        logits = half_matmul(hidden, weight.T)
         return logits if bias is None else logits.add_(bias.float())
     hidden32 = hidden.float()
     if weight.dtype == torch.float32:
