@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -19,7 +20,6 @@ from oncurve.train_step import (
     accumulate_gradients,
     completion_logprobs,
     microbatches,
-    trim_padding,
 )
 from oncurve.trainer import setup, training_step
 from oncurve.types import TrainBatch
@@ -68,21 +68,33 @@ def test_shared_prompt_forward_equals_the_plain_forward(kind: str) -> None:
     assert max(float(g.abs().max()) for g in plain_grads) > 1e-2  # the gradients are not ~0
 
 
-def accumulated_grads(
-    seed: int, share_prompt: bool, microbatch_size: int, microbatch_tokens: int = 0
-) -> list[torch.Tensor]:
-    """The GRPO loss's gradients over `grouped_rows(seed)`, accumulated over microbatches."""
+def grpo_batch(seed: int, share_prompt: bool) -> tuple[torch.nn.Module, TrainBatch]:
+    """A tiny Qwen2 and `grouped_rows(seed)` as a batch to train on."""
     model = make_model("qwen2")
     ids, mask, completion_mask, index = grouped_rows(seed)
     advantages = torch.linspace(-1.5, 1.5, ids.shape[0])
     ref = torch.full(completion_mask.shape, -3.0)
     batch = TrainBatch(ids, mask, completion_mask, advantages, ref_logprobs=ref)
     batch.prompt_index = index if share_prompt else None
-    forward = ForwardSettings(1.0, 16, microbatch_size, microbatch_tokens)
+    return model, batch
+
+
+def accumulate_grpo(
+    model: torch.nn.Module, batch: TrainBatch, forward: ForwardSettings, num_tokens: float
+) -> None:
     accumulate_gradients(
         train_step.PolicyLogprobs(model), batch, loss_fns("seq-mean-token-mean"), forward,
-        num_seqs=8.0, num_tokens=float(completion_mask.sum()),
+        num_seqs=8.0, num_tokens=num_tokens,
     )  # fmt: skip
+
+
+def accumulated_grads(
+    seed: int, share_prompt: bool, microbatch_size: int, microbatch_tokens: int = 0
+) -> list[torch.Tensor]:
+    """The GRPO loss's gradients over `grouped_rows(seed)`, accumulated over microbatches."""
+    model, batch = grpo_batch(seed, share_prompt)
+    forward = ForwardSettings(1.0, 16, microbatch_size, microbatch_tokens)
+    accumulate_grpo(model, batch, forward, float(batch.completion_mask.sum()))
     return [p.grad for p in model.parameters()]
 
 
@@ -118,12 +130,21 @@ def lengths_batch(prompts: list[int], completions: list[int]) -> TrainBatch:
 def test_microbatches_cut_the_length_order_within_rows_and_padded_tokens(
     max_rows, max_tokens, expected
 ) -> None:
-    batch = lengths_batch(prompts=[4, 2, 3, 4, 1], completions=[5, 1, 5, 2, 5])
+    prompts, completions = [4, 2, 3, 4, 1], [5, 1, 5, 2, 5]
+    batch = lengths_batch(prompts, completions)
     cuts = microbatches(batch, max_rows, max_tokens)
-    assert [cut.tolist() for cut in cuts] == expected
-    for cut in cuts:
-        if max_tokens and len(cut) > 1:
-            assert trim_padding(batch.rows(cut)).input_ids.numel() <= max_tokens
+    assert [cut.index.tolist() for cut in cuts] == expected
+    for cut, rows in zip(cuts, expected, strict=True):
+        # the lengths read once for the whole batch, each microbatch's known on the host
+        assert cut.longest_prompt == max(prompts[r] for r in rows)
+        assert cut.longest_completion == max(completions[r] for r in rows)
+        assert cut.completion_tokens == sum(completions[r] for r in rows)
+        trimmed = cut.of(batch)
+        assert trimmed.input_ids.shape[1] == cut.longest_prompt + cut.longest_completion
+        # only padding went
+        assert trimmed.attention_mask.sum() == batch.rows(cut.index).attention_mask.sum()
+        if max_tokens and len(rows) > 1:
+            assert trimmed.input_ids.numel() <= max_tokens
 
 
 @pytest.mark.parametrize(
@@ -215,3 +236,57 @@ def test_the_shared_prompt_backward_is_bitwise_the_same_in_every_process() -> No
         for _ in range(3)
     }
     assert len(digests) == 1
+
+
+def host_reads_of(fn: Callable[[], object]) -> int:
+    """How many times `fn()` reads a device value on the host (`test_capture_safety`'s list:
+    `.tolist()`, `.item()`, `float(t)`, `torch.unique` and the like); on a GPU each one waits
+    for every kernel queued before it."""
+    from test_capture_safety import BANNED_METHODS, HOST_READS
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    by_method = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default}
+    count = 0
+
+    class Methods(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            nonlocal count
+            count += func in BANNED_METHODS
+            return func(*args, **(kwargs or {}))
+
+    class Ops(TorchDispatchMode):  # reads no method makes (a method's is counted above)
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            nonlocal count
+            count += func in HOST_READS - by_method
+            return func(*args, **(kwargs or {}))
+
+    with Methods(), Ops():
+        fn()
+    return count
+
+
+@pytest.mark.parametrize("rows", [8, 2, 1], ids=["1 microbatch", "4", "8"])
+@pytest.mark.parametrize("share_prompt", [False, True], ids=["plain", "shared prompt"])
+def test_an_update_reads_the_device_twice_whatever_its_microbatches(share_prompt, rows) -> None:
+    """The gradient accumulation reads the rows' lengths once and every microbatch's loss and
+    statistics once, at the end, so on a GPU the CPU queues one microbatch's kernels while the
+    device runs the previous one's. What the forward itself reads (transformers' mask checks
+    for padding, the shared prompt's `torch.unique`) comes on top, as in any trainer."""
+    model, batch = grpo_batch(3, share_prompt)
+    forward = ForwardSettings(1.0, 16, rows)
+    policy = train_step.PolicyLogprobs(model)
+    parts = [cut.of(batch) for cut in microbatches(batch, rows)]
+    assert len(parts) == 8 // rows
+    by_forward = sum(
+        host_reads_of(
+            lambda micro=micro: policy(
+                micro.input_ids, micro.attention_mask, micro.completion_mask.shape[1],
+                forward.temperature, forward.chunk_size, with_entropy=True,
+                prompt_index=micro.prompt_index,
+            )
+        )
+        for micro in parts
+    )  # fmt: skip
+    tokens = float(batch.completion_mask.sum())
+    assert host_reads_of(lambda: accumulate_grpo(model, batch, forward, tokens)) == by_forward + 2

@@ -36,6 +36,7 @@ from oncurve.train_step import (
     ForwardSettings,
     accumulate,
     completion_hidden,
+    host_values,
     masked_mean,
     over_microbatches,
 )
@@ -331,7 +332,7 @@ def optimise_critic(
             if math.isfinite(norm):
                 critic.optimizer.step()
             critic.optimizer.zero_grad(set_to_none=True)
-            losses.append(sum(stats["value_loss"] for _, _, stats in done))
+            losses.append(sum(stats["value_loss"] for _, _, stats in host_values(done)))
             norms.append(norm)
     return {"value/loss": sum(losses) / len(losses), "value/grad_norm": sum(norms) / len(norms)}
 
@@ -342,18 +343,18 @@ def _value_loss(
     returns: torch.Tensor,
     mask: torch.Tensor,
     num_tokens: float,
-) -> Callable[[TrainBatch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]]:
+) -> Callable[[TrainBatch, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]:
     """The microbatch loss of one minibatch for `train_step.accumulate`: `coef` times the
     clipped value loss summed over the microbatch's tokens and divided by the minibatch's
     `num_tokens`; `old_values`, `returns`, `mask` are the minibatch's `[n, T]` targets."""
 
-    def loss(micro: TrainBatch, part: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(micro: TrainBatch, part: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         width = micro.completion_mask.shape[1]
         values = critic.train_forward(micro.input_ids, micro.attention_mask, width)
         per_token = clipped_value_loss(
             values, old_values[part, :width], returns[part, :width], critic.clip_range
         )
         token_mean = (per_token * mask[part, :width]).sum() / max(num_tokens, 1.0)
-        return critic.coef * token_mean, {"value_loss": float(token_mean.detach())}
+        return critic.coef * token_mean, {"value_loss": token_mean.detach()}
 
     return loss

@@ -208,14 +208,13 @@ class ForwardSettings:
     microbatch_tokens: int = 0
 
 
-def trim_padding(batch: TrainBatch) -> TrainBatch:
+def trim_padding(batch: TrainBatch, longest_prompt: int, longest_completion: int) -> TrainBatch:
     """Drop the columns that are padding in every row: left of the longest prompt and right of
-    the longest completion, so a microbatch of short sequences costs what its tokens cost."""
+    the longest completion (the rows' longest, as `Microbatch` holds them, known on the host),
+    so a microbatch of short sequences costs what its tokens cost."""
     completion_len = batch.completion_mask.shape[1]
     prompt_len = batch.input_ids.shape[1] - completion_len
-    prompt_mask = batch.attention_mask[:, :prompt_len]
-    longest_prompt = int(prompt_mask.sum(1).max())
-    longest_completion = max(int(batch.completion_mask.sum(1).max()), 1)
+    longest_completion = max(longest_completion, 1)
     keep = slice(prompt_len - longest_prompt, prompt_len + longest_completion)
 
     def cut(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -245,32 +244,57 @@ def length_order(batch: TrainBatch) -> torch.Tensor:
     return torch.argsort(batch.attention_mask.sum(1), descending=True, stable=True)
 
 
-def microbatches(batch: TrainBatch, max_rows: int, max_tokens: int = 0) -> list[torch.Tensor]:
-    """Row indices of each microbatch of `batch`: consecutive runs of `length_order`, each of at
-    most `max_rows` rows and, when `max_tokens` > 0, at most `max_tokens` tokens once
+@dataclass(frozen=True)
+class Microbatch:
+    """Rows of a batch that go through one forward (and backward) together.
+
+    Attributes:
+        index: `[n]` the rows.
+        longest_prompt, longest_completion: the rows' longest, in tokens (what `trim_padding`
+            keeps).
+        completion_tokens: the rows' completion tokens.
+    """
+
+    index: torch.Tensor
+    longest_prompt: int
+    longest_completion: int
+    completion_tokens: int
+
+    def of(self, batch: TrainBatch) -> TrainBatch:
+        """These rows of `batch`, padding-trimmed."""
+        return trim_padding(batch.rows(self.index), self.longest_prompt, self.longest_completion)
+
+
+def microbatches(batch: TrainBatch, max_rows: int, max_tokens: int = 0) -> list[Microbatch]:
+    """The microbatches of `batch`: consecutive runs of `length_order`, each of at most
+    `max_rows` rows and, when `max_tokens` > 0, at most `max_tokens` tokens once
     `trim_padding` has cut it (rows x (longest prompt + longest completion)); a row longer than
     that goes alone.
 
     A token budget keeps every microbatch's activations about one size whatever the lengths
     sampled (short completions pack many rows, long ones few); `models.microbatch_tokens` says
-    why that size matters on CPU.
+    why that size matters on CPU. The rows' lengths are read to the host once, here, so that
+    the microbatches' forwards and backwards follow one another with no wait for the device.
     """
     order = length_order(batch)
     completion_len = batch.completion_mask.shape[1]
     prompt_len = batch.input_ids.shape[1] - completion_len
-    prompts = batch.attention_mask[:, :prompt_len].sum(1)[order].tolist()
-    completions = batch.completion_mask.sum(1)[order].tolist()
-    cuts: list[torch.Tensor] = []
+    lengths = torch.stack(
+        [batch.attention_mask[:, :prompt_len].sum(1), batch.completion_mask.sum(1).long()]
+    )
+    prompts, completions = lengths[:, order].tolist()
+    cuts: list[Microbatch] = []
     start = 0
-    while start < len(order):
+    while start < len(prompts):
         end, longest_prompt, longest_completion = start + 1, prompts[start], completions[start]
-        while end < len(order) and end - start < max_rows:
+        while end < len(prompts) and end - start < max_rows:
             grown = (max(longest_prompt, prompts[end]), max(longest_completion, completions[end]))
             if max_tokens > 0 and (end - start + 1) * sum(grown) > max_tokens:
                 break
             longest_prompt, longest_completion = grown
             end += 1
-        cuts.append(order[start:end])
+        tokens = sum(completions[start:end])
+        cuts.append(Microbatch(order[start:end], longest_prompt, longest_completion, tokens))
         start = end
     return cuts
 
@@ -279,29 +303,46 @@ def accumulate(
     module: torch.nn.Module,
     minibatch: TrainBatch,
     forward: ForwardSettings,
-    micro_loss: Callable[[TrainBatch, torch.Tensor], tuple[torch.Tensor, dict[str, float]]],
-) -> list[tuple[TrainBatch, float, dict[str, float]]]:
+    micro_loss: Callable[[TrainBatch, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]],
+) -> list[tuple[int, torch.Tensor, dict[str, torch.Tensor]]]:
     """Forward and backward over `minibatch` in its `microbatches`, adding into `.grad`: the
     one gradient-accumulation loop of the policy and the critic.
 
     `micro_loss(micro, index)` returns the loss of the padding-trimmed microbatch `micro`,
-    whose rows are `index` `[n]` of `minibatch`, and its statistics. `module` is the model
-    whose forward `micro_loss` calls; when it is DDP-wrapped, gradients are all-reduced in the
-    last microbatch's backward only.
+    whose rows are `index` `[n]` of `minibatch`, and its statistics (0-dim tensors). `module`
+    is the model whose forward `micro_loss` calls; when it is DDP-wrapped, gradients are
+    all-reduced in the last microbatch's backward only. Nothing is read back from the device
+    here: the caller reads every microbatch's numbers at once (`host_values`).
 
     Returns:
-        (microbatch, detached loss, statistics) of each microbatch, in order.
+        (completion tokens, detached loss, statistics) of each microbatch, in order.
     """
     parts = microbatches(minibatch, forward.microbatch_rows, forward.microbatch_tokens)
     done = []
-    for i, index in enumerate(parts):
-        micro = trim_padding(minibatch.rows(index))
+    for i, part in enumerate(parts):
+        micro = part.of(minibatch)
         defer_sync = i < len(parts) - 1 and hasattr(module, "no_sync")
         with module.no_sync() if defer_sync else contextlib.nullcontext():
-            loss, stats = micro_loss(micro, index)
+            loss, stats = micro_loss(micro, part.index)
             loss.backward()
-        done.append((micro, float(loss.detach()), stats))
+        done.append((part.completion_tokens, loss.detach(), stats))
     return done
+
+
+def host_values(
+    done: list[tuple[int, torch.Tensor, dict[str, torch.Tensor]]],
+) -> list[tuple[int, float, dict[str, float]]]:
+    """`accumulate`'s results with their numbers read to the host in one transfer."""
+    if not done:
+        return []
+    names = list(done[0][2])
+    table = torch.stack(
+        [torch.stack([loss.float(), *(stats[k].float() for k in names)]) for _, loss, stats in done]
+    ).tolist()
+    return [
+        (tokens, row[0], dict(zip(names, row[1:], strict=True)))
+        for (tokens, _, _), row in zip(done, table, strict=True)
+    ]
 
 
 @torch.no_grad()
@@ -316,10 +357,10 @@ def over_microbatches(
     out = torch.zeros(
         batch.completion_mask.shape, dtype=torch.float32, device=batch.input_ids.device
     )
-    for index in microbatches(batch, forward.microbatch_rows, forward.microbatch_tokens):
-        micro = trim_padding(batch.rows(index))
+    for part in microbatches(batch, forward.microbatch_rows, forward.microbatch_tokens):
+        micro = part.of(batch)
         values = per_token(micro)
-        out[index, : values.shape[1]] = values * micro.completion_mask
+        out[part.index, : values.shape[1]] = values * micro.completion_mask
     return out[:, :completion_len]
 
 
@@ -350,15 +391,14 @@ def accumulate_gradients(
         TIS weight was truncated, when `fns.tis_cap` > 0).
     """
 
-    def loss_of(micro: TrainBatch, _: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss_of(micro: TrainBatch, _: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         return microbatch_loss(policy, micro, fns, forward, num_seqs, num_tokens)
 
     totals: dict[str, float] = {"loss/policy": 0.0, "logprob_diff/max": 0.0}
     weighted: dict[str, float] = {}
     ratio_min, ratio_max = float("inf"), float("-inf")
     tokens_seen = 0.0
-    for micro, loss, stats in accumulate(policy, minibatch, forward, loss_of):
-        tokens = float(micro.completion_mask.sum())
+    for tokens, loss, stats in host_values(accumulate(policy, minibatch, forward, loss_of)):
         totals["loss/policy"] += loss
         totals["logprob_diff/max"] = max(totals["logprob_diff/max"], stats.pop("sampler_gap"))
         ratio_min = min(ratio_min, stats.pop("ratio/min"))
@@ -378,8 +418,9 @@ def microbatch_loss(
     forward: ForwardSettings,
     num_seqs: float,
     num_tokens: float,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """The aggregated loss of one microbatch (policy term + beta * KL) and its statistics.
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The aggregated loss of one microbatch (policy term + beta * KL) and its statistics
+    (0-dim tensors, left on the device).
 
     With `fns.tis_cap` > 0 and the sampler's logprobs in `micro`, each token's policy term (not
     the KL term, as in verl) is weighted by min(pi_old / pi_sampler, tis_cap) (`tis_weights`).
@@ -422,12 +463,12 @@ def microbatch_loss(
     stats["sampler_gap"] = (
         ((old - micro.sample_logprobs).abs() * mask).max()
         if micro.sample_logprobs is not None
-        else torch.tensor(0.0)
+        else mask.new_zeros(())
     )
     loss = fns.aggregate(
         per_token, mask, num_seqs=num_seqs, num_tokens=num_tokens, norm_len=fns.norm_len
     )
-    return loss, {key: float(value) for key, value in stats.items()}
+    return loss, {key: value.detach() for key, value in stats.items()}
 
 
 def optimizer_step(
