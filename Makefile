@@ -34,7 +34,8 @@ test: lint
 # On a machine with a CUDA device and a CUDA build of torch: the `gpu` tests (skipped by `make
 # test` without one), the default job, the rollout, a step against TRL and the memory plan, each
 # stage with a time limit (8.5 minutes in all), one table in benchmarks/results/gpu_check.md.
-# `make gpu-check ARGS="--stages ppo,profile"` runs the other two (GRPO against PPO, a profile).
+# `make gpu-check ARGS="--stages ppo"` or `ARGS="--stages profile"` runs one of the other two
+# (GRPO against PPO; where a step's time goes).
 gpu-check: .venv/.installed-test
 	$(PY) benchmarks/gpu_check.py $(ARGS)
 

@@ -3,7 +3,7 @@
 Each stage is a child process with its own time limit (`LIMITS`, set from what each took on an
 H200). The default stages (`DEFAULT_STAGES`, 500 s together) fit one 10-minute call of a GPU
 machine with its start, leaving a session of 15 device minutes enough for a second call of
-the other stages (`--stages ppo,profile`, 280 s). A stage that fails or runs out of time gets
+one of the others (`--stages profile`, 210 s, or `--stages ppo`, 110 s). A stage that fails or runs out of time gets
 its row all the same (its whole process group is killed at the limit) and its log tail is
 printed after the table; the stages after it still run.
 
@@ -30,9 +30,9 @@ printed after the table; the stages after it still run.
 - `ppo` (not by default): `grpo_vs_ppo.py --model qwen2.5-0.5b --device cuda`: GRPO's and
   PPO's peak GPU memory on the Qwen2.5-0.5B shape, and each one's memory plan against it.
 - `profile` (not by default): `gpu_vs_trl.py --profile`: oncurve's step at 256 tokens with the
-  memory plan's settings, with them and nondeterministic kernels, and with the whole step in
-  one microbatch without checkpointing, the phases of each, and the ops with the most GPU and
-  CPU time in each last step (in the log).
+  memory plan's settings, with them and nondeterministic kernels, with them and every prompt
+  run once per row, and with the whole step in one microbatch without checkpointing, the
+  phases of each, and the ops with the most GPU and CPU time in each last step (in the log).
 
 The table, a section per GPU with the date and the torch, CUDA and transformers versions, is
 printed and written to `benchmarks/results/gpu_check.md`. Exit status: 0 when every stage run
@@ -45,7 +45,7 @@ into benchmarks/.gpu-bundle (gitignored), which the scripts use when present.
     .venv/bin/python benchmarks/gpu_check.py --prepare        # or: make gpu-bundle
     python3 benchmarks/gpu_check.py                           # any Python with a CUDA torch and
                                                               # oncurve's dependencies
-    python3 benchmarks/gpu_check.py --stages ppo,profile               # the second call
+    python3 benchmarks/gpu_check.py --stages profile                   # the second call
     .venv/bin/python benchmarks/gpu_check.py --dry-run        # the commands, nothing run
 """
 
@@ -87,7 +87,7 @@ TITLE = "GPU check\n\nWritten by `benchmarks/gpu_check.py` (`make gpu-check`), o
 TOTAL_LIMIT = 510  # seconds: a 10-minute device call, less the machine's start and transfers
 # seconds per stage; the default ones together under TOTAL_LIMIT, leaving 10 s for this
 # process's own work
-LIMITS = {"tests": 135, "job": 95, "rollout": 125, "trl": 145, "ppo": 110, "profile": 170}
+LIMITS = {"tests": 135, "job": 95, "rollout": 125, "trl": 145, "ppo": 110, "profile": 210}
 DEFAULT_STAGES = ("tests", "job", "rollout", "trl")
 TAIL_LINES = 30
 # What TRL needs beyond the GPU image (torch, transformers, accelerate, pyarrow, pandas are
@@ -441,8 +441,10 @@ def profile_stage(limit: float) -> Stage:
     def read(outcome: Outcome) -> list[list[str]]:
         lines = outcome.log.read_text().splitlines()
         steps = [line for line in lines if re.match(r"[^:]+: step \d+: ", line)]
+        busy = [line for line in lines if re.match(r"[^:]+: the last step's kernels ran ", line)]
         return [
             ["phases, s (`time/*`), by settings", "; ".join(steps) or "no step finished"],
+            ["GPU busy in the last step, by settings", "; ".join(busy) or "n/a"],
             ["ops with the most GPU time, last step", f"in {outcome.log}"],
         ]
 

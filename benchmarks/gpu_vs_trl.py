@@ -586,11 +586,14 @@ def make_job(args: argparse.Namespace) -> tuple[Job, str]:
 def profile_variants(job: Job) -> dict[str, list[str]]:
     """The settings `--profile` runs the job with, by name: the memory plan's own choices; the
     same without deterministic kernels (what bit-exact resume costs: TRL does not ask for
-    them); and the step's rows in one microbatch with no recomputation and the default logits
-    chunk (what the plan's lean choices cost in time)."""
+    them); the same with each prompt run once per row instead of once per group (sharing a
+    prompt's forward takes two forwards, twice the kernel launches, and the reference pass
+    uses it); and the step's rows in one microbatch with no recomputation and the default
+    logits chunk (what the plan's lean choices cost in time)."""
     return {
         "memory plan": [],
         "memory plan, nondeterministic kernels": ["run.deterministic=false"],
+        "memory plan, prompts not shared": ["model.share_prompt_forward=false"],
         "one microbatch, no checkpointing": [
             "model.gradient_checkpointing=false",
             f"optim.microbatch_size={job.prompts * job.group}",
@@ -616,7 +619,7 @@ def profile_oncurve(args: argparse.Namespace) -> None:
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
-    device_key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    device_key = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     step_of_the_run = oncurve.trainer.training_step
     for variant, settings in profile_variants(job).items():
         out = CACHE / "profile"
@@ -645,6 +648,13 @@ def profile_oncurve(args: argparse.Namespace) -> None:
         print(f"{variant}: the last step's ops", flush=True)
         print(averages.table(sort_by=device_key, row_limit=30), flush=True)
         print(averages.table(sort_by="self_cpu_time_total", row_limit=15), flush=True)
+        if torch.cuda.is_available():  # far below the step's time: the GPU waits for the CPU
+            busy = sum(event.self_device_time_total for event in averages) / 1e6
+            print(
+                f"{variant}: the last step's kernels ran {busy:.2f} s of its "
+                f"{rows[-1]['time/step']:.2f} s",
+                flush=True,
+            )
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
