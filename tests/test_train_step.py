@@ -290,3 +290,57 @@ def test_an_update_reads_the_device_twice_whatever_its_microbatches(share_prompt
     )  # fmt: skip
     tokens = float(batch.completion_mask.sum())
     assert host_reads_of(lambda: accumulate_grpo(model, batch, forward, tokens)) == by_forward + 2
+
+
+class RecordsTheBackwardsMode(torch.autograd.Function):
+    """Identity whose backward notes whether deterministic mode is strict there, and can call
+    an op that has no deterministic kernel (`put_`, on the CPU too)."""
+
+    strict: list[bool] = []
+    nondeterministic = False
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[override]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        RecordsTheBackwardsMode.strict.append(
+            torch.are_deterministic_algorithms_enabled()
+            and not torch.is_deterministic_algorithms_warn_only_enabled()
+        )
+        if RecordsTheBackwardsMode.nondeterministic:
+            grad.clone().put_(torch.tensor([0]), grad.new_ones(1))
+        return grad
+
+
+def test_under_deterministic_kernels_the_backward_is_strict_and_a_nondeterministic_op_stops_it(
+    monkeypatch,
+) -> None:
+    """Warn-only mode lets CUDA's memory-efficient attention backward add key splits with
+    atomics; the update's backward runs in strict mode, so it sums in one order, and an op
+    with no deterministic kernel stops the run with one line naming the setting."""
+    from oncurve.errors import TrainingError
+    from oncurve.process import deterministic_kernels
+
+    model, batch = grpo_batch(0, share_prompt=False)
+    forward = ForwardSettings(1.0, 16, 4)
+    norm = model.model.norm
+    monkeypatch.setattr(
+        norm, "forward", lambda x, f=norm.forward: RecordsTheBackwardsMode.apply(f(x))
+    )
+    monkeypatch.setattr(RecordsTheBackwardsMode, "strict", [])
+    tokens = float(batch.completion_mask.sum())
+    accumulate_grpo(model, batch, forward, tokens)
+    assert RecordsTheBackwardsMode.strict == [False, False]  # not asked for: as it was
+    with deterministic_kernels(True):
+        accumulate_grpo(model, batch, forward, tokens)
+        assert torch.is_deterministic_algorithms_warn_only_enabled()  # strict only in there
+        monkeypatch.setattr(RecordsTheBackwardsMode, "nondeterministic", True)
+        with pytest.raises(TrainingError) as stopped:
+            accumulate_grpo(model, batch, forward, tokens)
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+    assert RecordsTheBackwardsMode.strict == [False, False, True, True, True]
+    message = str(stopped.value)
+    assert "\n" not in message and message.startswith("put_ does not have a deterministic")
+    assert "run.deterministic=false" in message

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from oncurve.errors import TrainingError
+
 
 def step_seed(seed: int, step: int, round_: int, rank: int) -> int:
     """The sampling seed of one round of one step on one rank.
@@ -38,6 +40,39 @@ def deterministic_kernels(enabled: bool) -> Iterator[None]:
         yield
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+
+
+@contextmanager
+def deterministic_backward() -> Iterator[None]:
+    """Inside `deterministic_kernels`, a backward whose kernels are all deterministic, or an
+    error: warn-only mode lets the memory-efficient attention's backward (what SDPA runs with
+    a padding mask) split the keys and add the splits with atomics, so two runs' gradients
+    differ in the last bits; strict mode makes it sum in one order. An op that has no
+    deterministic kernel then stops the run with one line instead of a warning. Outside
+    deterministic mode (the CPU, `run.deterministic=false`), nothing changes.
+
+    Raises:
+        TrainingError: an op of the backward has no deterministic implementation.
+    """
+    if not (
+        torch.are_deterministic_algorithms_enabled()
+        and torch.is_deterministic_algorithms_warn_only_enabled()
+    ):
+        yield
+        return
+    torch.use_deterministic_algorithms(True, warn_only=False)
+    try:
+        yield
+    except RuntimeError as error:
+        if "deterministic" not in str(error):
+            raise
+        first = str(error).strip().splitlines()[0].split(", but you set")[0]
+        raise TrainingError(
+            f"{first}, and run.deterministic is on (bit-exact resume): set "
+            "run.deterministic=false to train with it"
+        ) from error
+    finally:
+        torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 @contextmanager

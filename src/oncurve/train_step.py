@@ -17,6 +17,7 @@ from oncurve import distributed
 from oncurve.algo.correction import logprob_diff_mean, tis_weights
 from oncurve.algo.logprobs import logprobs_from_hidden
 from oncurve.models import cache_argument, real_token_positions
+from oncurve.process import deterministic_backward
 from oncurve.types import TrainBatch
 
 
@@ -324,7 +325,8 @@ def accumulate(
         defer_sync = i < len(parts) - 1 and hasattr(module, "no_sync")
         with module.no_sync() if defer_sync else contextlib.nullcontext():
             loss, stats = micro_loss(micro, part.index)
-            loss.backward()
+            with deterministic_backward():
+                loss.backward()
         done.append((part.completion_tokens, loss.detach(), stats))
     return done
 

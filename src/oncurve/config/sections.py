@@ -474,8 +474,9 @@ class RunConfig:
     )
     deterministic: bool = _opt(
         True,
-        "on CUDA, deterministic kernels (torch.use_deterministic_algorithms), so that a resumed "
-        "run repeats an uninterrupted one bit for bit; false trades that for some speed",
+        "on CUDA, deterministic kernels (torch.use_deterministic_algorithms; strict in the "
+        "update's backward), so that a resumed run repeats an uninterrupted one bit for bit; "
+        "false trades that for some speed",
     )
 
 
