@@ -242,3 +242,40 @@ def test_bfloat16_head_logits_are_float32_exact_up_to_the_order_of_the_sums(with
     assert bool((error <= bound).all()), f"{path}: max error / bound {float((error / bound).max())}"
     rounded = (h @ w.T).double() + (b.double() if with_bias else 0)
     assert bool(((rounded - want).abs() > bound).any())  # the bound tells bf16 output apart
+
+
+def test_bfloat16_head_gradients_read_in_place_are_the_float32_heads(monkeypatch):
+    """The chunked logprob's backward on a bf16 CUDA head read in place (tensor-core matmuls
+    writing float32, the logits' gradient in three bf16 parts) against the same backward on
+    float32 copies of the head: the bf16 gradients are equal but where float32 sums in another
+    order land across a rounding boundary. On the CPU (emulated) that is 99.98% equal; the
+    logits' gradient rounded to bf16 alone gives 58-73%."""
+    import oncurve.algo.logprobs as logprobs_module
+    from oncurve.algo import logprobs_from_hidden
+
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    rows, positions, hidden, vocab = 4, 96, 896, 40_000  # three 16k-row blocks of the head
+    h = torch.randn(rows, positions, hidden, device="cuda", generator=generator).bfloat16()
+    w = (torch.randn(vocab, hidden, device="cuda", generator=generator) * 0.02).bfloat16()
+    labels = torch.randint(0, vocab, (rows, positions), device="cuda", generator=generator)
+    upstream = torch.randn(rows, positions, device="cuda", generator=generator)
+
+    def gradients() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        leaves = [h.clone().requires_grad_(), w.clone().requires_grad_()]
+        logprobs, _ = logprobs_from_hidden(leaves[0], leaves[1], labels, 0.7, 64)
+        return (logprobs.detach(), *torch.autograd.grad((logprobs * upstream).sum(), leaves))
+
+    products = []
+    original = logprobs_module.half_matmul
+    monkeypatch.setattr(
+        logprobs_module, "half_matmul", lambda a, b: products.append(1) or original(a, b)
+    )
+    in_place = gradients()
+    assert MATMUL_OUT_DTYPE and len(products) > 2  # the backward's matmuls ran in place
+    monkeypatch.setattr(logprobs_module, "reads_head_in_place", lambda hidden, weight: False)
+    copied = gradients()
+    torch.testing.assert_close(in_place[0], copied[0], rtol=0, atol=1e-5)
+    for name, got, want in zip(("hidden", "weight"), in_place[1:], copied[1:], strict=True):
+        assert got.dtype == want.dtype == torch.bfloat16
+        equal = float((got == want).double().mean())
+        assert equal > 0.995, f"{name}: {equal:.4%} of the elements equal"
