@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
-
-from oncurve.errors import TrainingError
 
 
 def step_seed(seed: int, step: int, round_: int, rank: int) -> int:
@@ -22,6 +21,16 @@ def step_seed(seed: int, step: int, round_: int, rank: int) -> int:
     uninterrupted run samples there, without saving any sampler state.
     """
     return (seed * 1_000_003 + step * 1_009 + round_ * 101 + rank * 7_919_993) % (2**63)
+
+
+class NondeterministicBackward(RuntimeError):
+    """An op of a strict backward (`deterministic_backward`) has no deterministic kernel; the
+    backwards after it run in warn-only mode."""
+
+
+# Whether `deterministic_backward` is strict: until an op without a deterministic kernel is
+# met, in each `deterministic_kernels` span (one run).
+_strict_backward = [True]
 
 
 @contextmanager
@@ -36,6 +45,7 @@ def deterministic_kernels(enabled: bool) -> Iterator[None]:
     if enabled:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
+        _strict_backward[0] = True
     try:
         yield
     finally:
@@ -44,18 +54,18 @@ def deterministic_kernels(enabled: bool) -> Iterator[None]:
 
 @contextmanager
 def deterministic_backward() -> Iterator[None]:
-    """Inside `deterministic_kernels`, a backward whose kernels are all deterministic, or an
-    error: warn-only mode lets the memory-efficient attention's backward (what SDPA runs with
-    a padding mask) split the keys and add the splits with atomics, so two runs' gradients
-    differ in the last bits; strict mode makes it sum in one order. An op that has no
-    deterministic kernel then stops the run with one line instead of a warning. Outside
-    deterministic mode (the CPU, `run.deterministic=false`), nothing changes.
-
-    Raises:
-        TrainingError: an op of the backward has no deterministic implementation.
+    """Inside `deterministic_kernels`, a backward whose kernels are all deterministic: warn-only
+    mode lets the memory-efficient attention's backward (what SDPA runs with a padding mask)
+    split the keys and add the splits with atomics, so two runs' gradients differ in the last
+    bits; strict mode makes it sum in one order. An op that has no deterministic kernel then
+    raises `NondeterministicBackward`, after one warning line: the caller redoes its backward,
+    and this run's later backwards are warn-only (a resumed run may then differ in the last
+    bits, as before). Outside deterministic mode (the CPU, `run.deterministic=false`), nothing
+    changes.
     """
     if not (
-        torch.are_deterministic_algorithms_enabled()
+        _strict_backward[0]
+        and torch.are_deterministic_algorithms_enabled()
         and torch.is_deterministic_algorithms_warn_only_enabled()
     ):
         yield
@@ -66,11 +76,15 @@ def deterministic_backward() -> Iterator[None]:
     except RuntimeError as error:
         if "deterministic" not in str(error):
             raise
-        first = str(error).strip().splitlines()[0].split(", but you set")[0]
-        raise TrainingError(
-            f"{first}, and run.deterministic is on (bit-exact resume): set "
-            "run.deterministic=false to train with it"
-        ) from error
+        _strict_backward[0] = False
+        op = str(error).strip().splitlines()[0].split(", but you set")[0]
+        print(
+            f"warning: run.deterministic: {op}; the backward goes on with torch's warn-only "
+            "deterministic mode, so a resumed run may differ from an uninterrupted one in the "
+            "last bits",
+            file=sys.stderr,
+        )
+        raise NondeterministicBackward(op) from error
     finally:
         torch.use_deterministic_algorithms(True, warn_only=True)
 

@@ -17,7 +17,7 @@ from oncurve import distributed
 from oncurve.algo.correction import logprob_diff_mean, tis_weights
 from oncurve.algo.logprobs import logprobs_from_hidden
 from oncurve.models import cache_argument, real_token_positions
-from oncurve.process import deterministic_backward
+from oncurve.process import NondeterministicBackward, deterministic_backward
 from oncurve.types import TrainBatch
 
 
@@ -306,29 +306,42 @@ def accumulate(
     forward: ForwardSettings,
     micro_loss: Callable[[TrainBatch, torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]],
 ) -> list[tuple[int, torch.Tensor, dict[str, torch.Tensor]]]:
-    """Forward and backward over `minibatch` in its `microbatches`, adding into `.grad`: the
-    one gradient-accumulation loop of the policy and the critic.
+    """Forward and backward over `minibatch` in its `microbatches`, adding into `.grad` (zero,
+    or None, when it is called): the one gradient-accumulation loop of the policy and the
+    critic.
 
     `micro_loss(micro, index)` returns the loss of the padding-trimmed microbatch `micro`,
     whose rows are `index` `[n]` of `minibatch`, and its statistics (0-dim tensors). `module`
     is the model whose forward `micro_loss` calls; when it is DDP-wrapped, gradients are
     all-reduced in the last microbatch's backward only. Nothing is read back from the device
-    here: the caller reads every microbatch's numbers at once (`host_values`).
+    here: the caller reads every microbatch's numbers at once (`host_values`). A backward that
+    meets an op with no deterministic kernel (`process.deterministic_backward`) leaves partial
+    gradients, so the loop starts again from zero gradients.
 
     Returns:
         (completion tokens, detached loss, statistics) of each microbatch, in order.
     """
     parts = microbatches(minibatch, forward.microbatch_rows, forward.microbatch_tokens)
-    done = []
-    for i, part in enumerate(parts):
-        micro = part.of(minibatch)
-        defer_sync = i < len(parts) - 1 and hasattr(module, "no_sync")
-        with module.no_sync() if defer_sync else contextlib.nullcontext():
-            loss, stats = micro_loss(micro, part.index)
-            with deterministic_backward():
-                loss.backward()
-        done.append((part.completion_tokens, loss.detach(), stats))
-    return done
+
+    def run() -> list[tuple[int, torch.Tensor, dict[str, torch.Tensor]]]:
+        done = []
+        for i, part in enumerate(parts):
+            micro = part.of(minibatch)
+            defer_sync = i < len(parts) - 1 and hasattr(module, "no_sync")
+            with module.no_sync() if defer_sync else contextlib.nullcontext():
+                loss, stats = micro_loss(micro, part.index)
+                with deterministic_backward():
+                    loss.backward()
+            done.append((part.completion_tokens, loss.detach(), stats))
+        return done
+
+    try:
+        return run()
+    except NondeterministicBackward:
+        for param in module.parameters():
+            if param.grad is not None:
+                param.grad.zero_()
+        return run()
 
 
 def host_values(

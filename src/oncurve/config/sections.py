@@ -475,8 +475,8 @@ class RunConfig:
     deterministic: bool = _opt(
         True,
         "on CUDA, deterministic kernels (torch.use_deterministic_algorithms; strict in the "
-        "update's backward), so that a resumed run repeats an uninterrupted one bit for bit; "
-        "false trades that for some speed",
+        "update's backward until an op lacks a deterministic kernel), so that a resumed run "
+        "repeats an uninterrupted one bit for bit; false trades that for some speed",
     )
 
 
