@@ -583,23 +583,18 @@ def make_job(args: argparse.Namespace) -> tuple[Job, str]:
     return job, model
 
 
-def profile_variants(job: Job) -> dict[str, list[str]]:
+def profile_variants() -> dict[str, list[str]]:
     """The settings `--profile` runs the job with, by name: the memory plan's own choices; the
     same without deterministic kernels (what bit-exact resume costs: TRL does not ask for
-    them); the same with each prompt run once per row instead of once per group (sharing a
-    prompt's forward takes two forwards, twice the kernel launches, and the reference pass
-    uses it); and the step's rows in one microbatch with no recomputation and the default
-    logits chunk (what the plan's lean choices cost in time)."""
+    them); with each prompt run once per row instead of once per group (sharing a prompt's
+    forward takes two forwards, twice the kernel launches, and the reference pass uses it);
+    and with the decoder layers compiled for the update and the reference pass
+    (`model.compile_layers`: fewer kernels, if launches are what the GPU waits for)."""
     return {
         "memory plan": [],
         "memory plan, nondeterministic kernels": ["run.deterministic=false"],
         "memory plan, prompts not shared": ["model.share_prompt_forward=false"],
-        "one microbatch, no checkpointing": [
-            "model.gradient_checkpointing=false",
-            f"optim.microbatch_size={job.prompts * job.group}",
-            "optim.microbatch_tokens=0",
-            "model.logprob_chunk_size=1024",
-        ],
+        "memory plan, compiled layers": ["model.compile_layers=true"],
     }
 
 
@@ -621,7 +616,7 @@ def profile_oncurve(args: argparse.Namespace) -> None:
         activities.append(ProfilerActivity.CUDA)
     device_key = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     step_of_the_run = oncurve.trainer.training_step
-    for variant, settings in profile_variants(job).items():
+    for variant, settings in profile_variants().items():
         out = CACHE / "profile"
         config = load_config(None, oncurve_overrides(job, out) + settings)
         profiles = []

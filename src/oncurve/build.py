@@ -18,6 +18,7 @@ import torch
 
 from oncurve import checkpoint, distributed, oom, ppo
 from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, lookup
+from oncurve.compiled_layers import compile_decoder_layers
 from oncurve.config import Config, save_config, to_dict
 from oncurve.curriculum import Curriculum, build_curriculum
 from oncurve.errors import UserError
@@ -213,9 +214,12 @@ def setup(config: Config) -> Session:
         chunk_size=config.model.logprob_chunk_size,
         microbatch_rows=config.optim.microbatch_size,
         microbatch_tokens=microbatch_tokens(model, config.optim.microbatch_tokens),
+        compile_layers=config.model.compile_layers,
     )
     # before the policy's data-parallel wrapper: a critic copies the trunk's whole weights
     advantage = build_advantage_source(config, model, forward)
+    if config.model.compile_layers:  # before the reference copy and FSDP2's layer classes
+        compile_decoder_layers(model)
     fsdp = config.dist.fsdp and world_size > 1
     policy = Policy(
         model,

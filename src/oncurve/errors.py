@@ -8,3 +8,13 @@ class UserError(ValueError):
 class TrainingError(RuntimeError):
     """The run cannot go on (repeated non-finite updates, no informative group to train on);
     the command line prints its one line and exits 1."""
+
+
+def error_line(error: BaseException) -> str:
+    """`Type: first line` of `error`, for a one-line warning; for torch's compiler wrapper
+    (`BackendCompilerFailed`, whose first line only names the backend), its inner error's."""
+    inner = getattr(error, "inner_exception", None)
+    if isinstance(inner, BaseException):
+        error = inner
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"

@@ -16,6 +16,7 @@ import transformers
 from oncurve import distributed
 from oncurve.algo.correction import logprob_diff_mean, tis_weights
 from oncurve.algo.logprobs import logprobs_from_hidden
+from oncurve.compiled_layers import CompiledLayersFailed, compiled_layers
 from oncurve.models import cache_argument, real_token_positions
 from oncurve.process import NondeterministicBackward, deterministic_backward
 from oncurve.types import TrainBatch
@@ -201,12 +202,14 @@ class ForwardSettings:
         chunk_size: completion positions per chunk of logits (`oncurve.algo.logprobs`).
         microbatch_rows: rows per forward/backward at most.
         microbatch_tokens: tokens per forward/backward at most (`microbatches`); 0 no cap.
+        compile_layers: run the decoder layers compiled (`oncurve.compiled_layers`).
     """
 
     temperature: float = 1.0
     chunk_size: int = 1024
     microbatch_rows: int = 64
     microbatch_tokens: int = 0
+    compile_layers: bool = False
 
 
 def trim_padding(batch: TrainBatch, longest_prompt: int, longest_completion: int) -> TrainBatch:
@@ -315,8 +318,9 @@ def accumulate(
     is the model whose forward `micro_loss` calls; when it is DDP-wrapped, gradients are
     all-reduced in the last microbatch's backward only. Nothing is read back from the device
     here: the caller reads every microbatch's numbers at once (`host_values`). A backward that
-    meets an op with no deterministic kernel (`process.deterministic_backward`) leaves partial
-    gradients, so the loop starts again from zero gradients.
+    meets an op with no deterministic kernel (`process.deterministic_backward`) or whose
+    compiled layers fail (`compiled_layers`) leaves partial gradients, so the loop starts
+    again from zero gradients (the next time in warn-only mode, or eagerly).
 
     Returns:
         (completion tokens, detached loss, statistics) of each microbatch, in order.
@@ -328,7 +332,10 @@ def accumulate(
         for i, part in enumerate(parts):
             micro = part.of(minibatch)
             defer_sync = i < len(parts) - 1 and hasattr(module, "no_sync")
-            with module.no_sync() if defer_sync else contextlib.nullcontext():
+            with (
+                module.no_sync() if defer_sync else contextlib.nullcontext(),
+                compiled_layers(forward.compile_layers),
+            ):
                 loss, stats = micro_loss(micro, part.index)
                 with deterministic_backward():
                     loss.backward()
@@ -337,7 +344,7 @@ def accumulate(
 
     try:
         return run()
-    except NondeterministicBackward:
+    except (NondeterministicBackward, CompiledLayersFailed):
         for param in module.parameters():
             if param.grad is not None:
                 param.grad.zero_()
@@ -374,7 +381,8 @@ def over_microbatches(
     )
     for part in microbatches(batch, forward.microbatch_rows, forward.microbatch_tokens):
         micro = part.of(batch)
-        values = per_token(micro)
+        with compiled_layers(forward.compile_layers):
+            values = per_token(micro)
         out[part.index, : values.shape[1]] = values * micro.completion_mask
     return out[:, :completion_len]
 

@@ -90,6 +90,12 @@ class ModelConfig:
         "recompute activations in backward to save memory; null: off on CPU, from the memory "
         "plan on CUDA",
     )
+    compile_layers: bool = _opt(
+        False,
+        "compile each decoder layer for the update and the reference and old-policy forwards "
+        "(torch.compile, inductor, one compilation for all layers; a failure falls back to "
+        "the eager layers with one warning)",
+    )
     share_prompt_forward: bool = _opt(
         True,
         "in the update and the reference pass, run each group's prompt once and share its KV "

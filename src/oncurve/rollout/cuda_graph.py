@@ -55,6 +55,7 @@ import torch.nn.functional as F
 import transformers
 
 from oncurve.algo.logprobs import float_logits
+from oncurve.errors import error_line
 from oncurve.models import cache_argument, real_token_positions
 from oncurve.rollout.base import SamplingParams, seeded_generator
 from oncurve.rollout.torch_sampler import (
@@ -95,11 +96,6 @@ def _settings(params: SamplingParams) -> tuple:
     """What a captured or compiled step depends on of `params`: all but the seed, the first
     row and the stop strings (read outside the step)."""
     return dataclasses.astuple(dataclasses.replace(params, seed=None, stop=(), first_row=0))
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
 def buckets(rows: int) -> list[int]:
@@ -449,7 +445,7 @@ class GraphSampler(TorchSampler):
 
     def _stop_capturing(self, error: BaseException) -> None:
         """Decode eagerly from now on (the same samples, more kernel launches), saying why."""
-        self.graph_error = _first_line(error)
+        self.graph_error = error_line(error)
         self.use_graphs = False
         for ws in self._workspaces:
             ws.graphs.clear()
@@ -646,7 +642,7 @@ class GraphSampler(TorchSampler):
     def _stop_compiling(self, error: BaseException) -> None:
         """Run the uncompiled step from now on (the same samples as an uncompiled sampler's,
         more kernel launches), saying why."""
-        self.compile_error = _first_line(error)
+        self.compile_error = error_line(error)
         self.compile_step = False
         self._dynamic_regions = None
         for ws in self._workspaces:

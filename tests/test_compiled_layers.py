@@ -1,0 +1,171 @@
+"""`model.compile_layers`: decoder layers compiled for the training-side forwards only, the
+same gradients as eager, and a failure in the forward or the backward that falls back."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from test_train_step import accumulate_grpo, grpo_batch
+
+import oncurve.compiled_layers as compiled_module
+from oncurve.models import enable_gradient_checkpointing
+from oncurve.train_step import ForwardSettings
+
+
+class CompilerError(RuntimeError):
+    """Stands for an error of torch's compiler stack (the module its classes live in)."""
+
+
+CompilerError.__module__ = "torch._dynamo.exc"
+
+
+class FailsInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[override]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        raise CompilerError("backward compilation failed (test)")
+
+
+@pytest.fixture
+def compiler(monkeypatch):
+    """A backend that runs the captured graph as it is and counts its calls; `fail` makes the
+    next compilation raise, `fail_backward` makes the compiled layers' backward raise."""
+
+    class Backend:
+        compiled = calls = 0
+        fail = fail_backward = False
+
+        def __call__(self, gm, example_inputs):
+            if self.fail:
+                raise CompilerError("no compiler (test)")
+            self.compiled += 1
+
+            def run(*args):
+                self.calls += 1
+                out = gm.forward(*args)
+                if self.fail_backward:
+                    out = [FailsInBackward.apply(t) if t.requires_grad else t for t in out]
+                return out
+
+            return run
+
+    backend = Backend()
+    monkeypatch.setattr(compiled_module, "BACKEND", backend)
+    monkeypatch.setattr(compiled_module, "_subclasses", {})
+    monkeypatch.setattr(compiled_module._State, "failure", None)
+    torch._dynamo.reset()
+    yield backend
+    torch._dynamo.reset()
+
+
+def grads(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["stored", "recomputed"])
+def test_compiled_layers_give_the_eager_gradients_and_run_only_in_training_forwards(
+    compiler, checkpointing
+):
+    """Two microbatches: each layer's compiled forward runs once each, and once more in the
+    backward when activations are recomputed (whose early stop is no failure)."""
+    model, batch = grpo_batch(0, share_prompt=False)
+    if checkpointing:
+        enable_gradient_checkpointing(model)
+    eager_model = copy.deepcopy(model)
+    forward = ForwardSettings(1.0, 16, 4, compile_layers=True)
+    tokens = float(batch.completion_mask.sum())
+    accumulate_grpo(eager_model, batch, ForwardSettings(1.0, 16, 4), tokens)
+    assert compiled_module.compile_decoder_layers(model) == model.config.num_hidden_layers
+    reference = copy.deepcopy(model)  # keeps its own weights, compiled too
+    assert type(reference.model.layers[0]) is type(model.model.layers[0])
+    accumulate_grpo(model, batch, forward, tokens)
+    layers = model.config.num_hidden_layers
+    assert compiler.compiled >= 1 and compiler.calls == 2 * layers * (2 if checkpointing else 1)
+    assert compiled_module._State.failure is None
+    for got, want in zip(grads(model), grads(eager_model), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    calls = compiler.calls
+    with torch.no_grad():  # outside the training forwards (sampling, evaluation): eager
+        model(batch.input_ids, attention_mask=batch.attention_mask)
+    assert compiler.calls == calls
+    with torch.no_grad():
+        reference.model.layers[0].self_attn.o_proj.weight.zero_()
+    assert model.model.layers[0].self_attn.o_proj.weight.abs().sum() > 0
+
+
+def test_a_failed_compilation_runs_the_layers_eagerly_with_one_warning(compiler, capsys):
+    model, batch = grpo_batch(0, share_prompt=False)
+    eager_model = copy.deepcopy(model)
+    tokens = float(batch.completion_mask.sum())
+    accumulate_grpo(eager_model, batch, ForwardSettings(1.0, 16, 4), tokens)
+    compiled_module.compile_decoder_layers(model)
+    compiler.fail = True
+    accumulate_grpo(model, batch, ForwardSettings(1.0, 16, 4, compile_layers=True), tokens)
+    for got, want in zip(grads(model), grads(eager_model), strict=True):
+        assert torch.equal(got, want)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "compiling the decoder layers failed" in warnings[0]
+    assert "no compiler (test)" in warnings[0] and "model.compile_layers" in warnings[0]
+
+
+def test_a_backward_that_fails_compiled_starts_the_accumulation_again_eagerly(compiler, capsys):
+    model, batch = grpo_batch(0, share_prompt=False)
+    eager_model = copy.deepcopy(model)
+    tokens = float(batch.completion_mask.sum())
+    accumulate_grpo(eager_model, batch, ForwardSettings(1.0, 16, 4), tokens)
+    compiled_module.compile_decoder_layers(model)
+    compiler.fail_backward = True
+    accumulate_grpo(model, batch, ForwardSettings(1.0, 16, 4, compile_layers=True), tokens)
+    # the failed backward's partial gradients were dropped: the eager ones, exactly
+    for got, want in zip(grads(model), grads(eager_model), strict=True):
+        assert torch.equal(got, want)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "backward compilation failed (test)" in warnings[0]
+
+
+def test_inductor_compiles_the_layers_once_for_every_length_with_recomputation(monkeypatch):
+    """The real backend on the CPU, activations recomputed, microbatches of several lengths
+    (sizes are symbolic): the eager gradients to float32 rounding, and no fallback."""
+    monkeypatch.setattr(compiled_module, "_subclasses", {})
+    monkeypatch.setattr(compiled_module._State, "failure", None)
+    torch._dynamo.reset()
+    model, batch = grpo_batch(0, share_prompt=False)
+    enable_gradient_checkpointing(model)
+    eager_model = copy.deepcopy(model)
+    tokens = float(batch.completion_mask.sum())
+    for rows in (4, 3):  # 2 and 3 microbatches, trimmed to different lengths
+        forward = ForwardSettings(1.0, 16, rows)
+        accumulate_grpo(eager_model, batch, forward, tokens)
+        compiled_module.compile_decoder_layers(model)
+        accumulate_grpo(model, batch, dataclasses.replace(forward, compile_layers=True), tokens)
+        assert compiled_module._State.failure is None
+        for got, want in zip(grads(model), grads(eager_model), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    torch._dynamo.reset()
+
+
+def test_a_run_with_compile_layers_trains_policy_and_reference_compiled(
+    compiler, tiny_model_dir, data_file, tmp_path
+):
+    """`model.compile_layers=true`: the policy's and the reference's layers (a deep copy, its
+    own weights) get the compiled class, and a step trains through them."""
+    from test_trainer import make_config
+
+    from oncurve.trainer import setup, training_step
+
+    config = make_config(
+        tiny_model_dir, data_file, tmp_path / "run", "model.compile_layers=true", "algo.beta=0.04"
+    )
+    s = setup(config)
+    layers = [*s.policy.model.model.layers, *s.policy.reference.model.layers]
+    assert {type(layer).__name__ for layer in layers} == {"CompiledQwen2DecoderLayer"}
+    assert s.policy.reference.model.layers[0] is not s.policy.model.model.layers[0]
+    metrics = training_step(s, 1)
+    assert compiler.calls > 0 and compiled_module._State.failure is None
+    assert metrics["kl"] >= 0 and torch.isfinite(torch.tensor(metrics["loss/policy"]))
