@@ -99,34 +99,27 @@ def test_compiled_layers_give_the_eager_gradients_and_run_only_in_training_forwa
     assert model.model.layers[0].self_attn.o_proj.weight.abs().sum() > 0
 
 
-def test_a_failed_compilation_runs_the_layers_eagerly_with_one_warning(compiler, capsys):
+@pytest.mark.parametrize(
+    "where,says",
+    [("forward", "no compiler (test)"), ("backward", "backward compilation failed (test)")],
+)
+def test_a_compilation_that_fails_gives_one_warning_and_the_eager_gradients(
+    compiler, capsys, where, says
+):
+    """A forward that fails to compile redoes its layer eagerly; a backward that fails leaves
+    partial gradients, which are dropped as the accumulation starts again eagerly."""
     model, batch = grpo_batch(0, share_prompt=False)
     eager_model = copy.deepcopy(model)
     tokens = float(batch.completion_mask.sum())
     accumulate_grpo(eager_model, batch, ForwardSettings(1.0, 16, 4), tokens)
     compiled_module.compile_decoder_layers(model)
-    compiler.fail = True
+    compiler.fail, compiler.fail_backward = where == "forward", where == "backward"
     accumulate_grpo(model, batch, ForwardSettings(1.0, 16, 4, compile_layers=True), tokens)
     for got, want in zip(grads(model), grads(eager_model), strict=True):
         assert torch.equal(got, want)
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "compiling the decoder layers failed" in warnings[0]
-    assert "no compiler (test)" in warnings[0] and "model.compile_layers" in warnings[0]
-
-
-def test_a_backward_that_fails_compiled_starts_the_accumulation_again_eagerly(compiler, capsys):
-    model, batch = grpo_batch(0, share_prompt=False)
-    eager_model = copy.deepcopy(model)
-    tokens = float(batch.completion_mask.sum())
-    accumulate_grpo(eager_model, batch, ForwardSettings(1.0, 16, 4), tokens)
-    compiled_module.compile_decoder_layers(model)
-    compiler.fail_backward = True
-    accumulate_grpo(model, batch, ForwardSettings(1.0, 16, 4, compile_layers=True), tokens)
-    # the failed backward's partial gradients were dropped: the eager ones, exactly
-    for got, want in zip(grads(model), grads(eager_model), strict=True):
-        assert torch.equal(got, want)
-    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert len(warnings) == 1 and "backward compilation failed (test)" in warnings[0]
+    assert says in warnings[0] and "model.compile_layers" in warnings[0]
 
 
 def test_inductor_compiles_the_layers_once_for_every_length_with_recomputation(monkeypatch):
