@@ -74,6 +74,9 @@ def _compiled_subclass(base: type) -> type:
                 _fail(error)
         return base.forward(self, *args, **kwargs)
 
+    # transformers wraps this forward too (`GradientCheckpointingLayer.__init_subclass__`): the
+    # checkpointing happens around it, outside the compiled code, and `base.forward`, no longer
+    # the outermost wrapper, just runs the layer
     return type(f"Compiled{base.__name__}", (base,), {"forward": forward})
 
 
