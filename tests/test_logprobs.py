@@ -188,6 +188,6 @@ def test_bfloat16_head_in_vocabulary_blocks_equals_its_float32_copy(
         # the bfloat16 rounding of the float32 gradient, nothing more
         torch.testing.assert_close(g, w.bfloat16(), rtol=0, atol=0)
     # the forward's logits per chunk of 5 of the 24 positions; the backward's in chunks of
-    # 4 * 5 * 50 // (5 * 16) = 12 positions, per block and chunk: logits, the hidden states'
+    # 2 * 5 * 50 // (5 * 16) = 6 positions, per block and chunk: logits, the hidden states'
     # gradient and the weight's (three parts each)
-    assert len(calls) == (5 + 7 * 4 * 2 if in_place else 0)
+    assert len(calls) == (5 + 7 * 4 * 4 if in_place else 0)

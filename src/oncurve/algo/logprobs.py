@@ -76,12 +76,13 @@ class _ChunkedLogprobs(torch.autograd.Function):
         # A bfloat16 head is read as it is, by tensor-core matmuls writing float32, with the
         # float32 gradient of the logits cut into `bfloat16_parts`; a block of rows holds a
         # [rows, block] float32 buffer and its three parts, so as many rows as keep those within
-        # the forward's two [chunk, vocab] float32 buffers go at once (fewer, larger kernels).
-        # Otherwise the head is made float32 a block at a time.
+        # one [chunk, vocab] float32 buffer of the forward go at once (fewer, larger kernels;
+        # the full head's gradient is alive here, which the forward does not hold). Otherwise
+        # the head is made float32 a block at a time.
         in_place = reads_head_in_place(hidden, weight) and weight.dtype == torch.bfloat16
         if in_place:
             operand, blocks, matmul = hidden, vocab_blocks(weight), half_matmul
-            rows = max(chunk_size, 4 * chunk_size * weight.shape[0] // (5 * HEAD_BLOCK_ROWS))
+            rows = max(chunk_size, 2 * chunk_size * weight.shape[0] // (5 * HEAD_BLOCK_ROWS))
         else:
             operand, blocks, matmul = hidden.float(), head_blocks(weight), torch.mm
             rows = chunk_size
