@@ -86,6 +86,9 @@ class _ChunkedLogprobs(torch.autograd.Function):
         else:
             operand, blocks, matmul = hidden.float(), head_blocks(weight), torch.mm
             rows = chunk_size
+        # made once, sliced in every block's chunks
+        grad_rows = grad_logprobs.float().unsqueeze(-1)
+        positions = torch.arange(rows, device=labels.device)
         grad_hidden = torch.zeros_like(hidden, dtype=torch.float32) if need_h else None
         # float32 weights are one block, whose gradient becomes the weight's gradient as is
         grad_weight = torch.empty_like(weight) if need_w and weight.dtype != torch.float32 else None
@@ -99,7 +102,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
                 logits = matmul(operand[part], block.T)
                 if block_bias is not None:
                     logits += block_bias
-                g = grad_logprobs[part].float().unsqueeze(-1)
+                g = grad_rows[part]
                 # in place: one [rows, block] buffer holds logits, then softmax, then gradient
                 grad_logits = logits.div_(temperature).sub_(lse[part].unsqueeze(-1)).exp_().mul_(-g)
                 label = labels[part] - vocab.start
@@ -107,8 +110,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
                 # one label per row, so a plain write of the sum adds it: scatter_add_ would
                 # take CUDA's deterministic-mode reroute, which copies its coordinates from the
                 # host at every chunk
-                positions = torch.arange(label.shape[0], device=label.device)
-                at = (positions, label.clamp(0, block.shape[0] - 1))
+                at = (positions[: label.shape[0]], label.clamp(0, block.shape[0] - 1))
                 grad_logits.index_put_(at, grad_logits[at] + g.squeeze(1) * inside)
                 grad_logits /= temperature
                 if need_b:
