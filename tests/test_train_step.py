@@ -147,6 +147,26 @@ def test_microbatches_cut_the_length_order_within_rows_and_padded_tokens(
             assert trimmed.input_ids.numel() <= max_tokens
 
 
+def test_a_microbatch_keeps_an_episodes_sampled_tokens_after_its_observations() -> None:
+    """An episode's completion holds observation tokens that are read but have no loss: the
+    trim keeps the completion's real span, not as many columns as it has loss tokens, and the
+    logprobs of the tokens after an observation are the unbatched forward's."""
+    model = make_model("qwen2")
+    batch = lengths_batch([4, 2], [5, 3])
+    batch.completion_mask = batch.completion_mask.clone()
+    batch.completion_mask[0, 1:3] = 0  # an observation in row 0: 5 real tokens, 3 with loss
+    (cut,) = microbatches(batch, 2)
+    assert (cut.longest_completion, cut.completion_tokens) == (5, 3 + 3)
+    trimmed = cut.of(batch)
+    assert trimmed.completion_mask.sum() == batch.completion_mask.sum()
+    got = train_step.batch_logprobs(
+        train_step.PolicyLogprobs(model), batch, ForwardSettings(1.0, 16, 2)
+    )
+    alone, _ = completion_logprobs(model, batch.input_ids[:1], batch.attention_mask[:1], 5)
+    torch.testing.assert_close(got[0, 3:], alone[0, 3:], atol=1e-6, rtol=0)
+    assert float(got[0, 4].abs()) > 0.1  # a real logprob, not the 0 left on cut columns
+
+
 @pytest.mark.parametrize(
     "kind,dtype,configured,expected",
     [

@@ -254,9 +254,9 @@ class Microbatch:
 
     Attributes:
         index: `[n]` the rows.
-        longest_prompt, longest_completion: the rows' longest, in tokens (what `trim_padding`
-            keeps).
-        completion_tokens: the rows' completion tokens.
+        longest_prompt, longest_completion: the rows' longest, in real tokens (what
+            `trim_padding` keeps).
+        completion_tokens: the rows' completion tokens that count in the loss.
     """
 
     index: torch.Tensor
@@ -283,10 +283,16 @@ def microbatches(batch: TrainBatch, max_rows: int, max_tokens: int = 0) -> list[
     order = length_order(batch)
     completion_len = batch.completion_mask.shape[1]
     prompt_len = batch.input_ids.shape[1] - completion_len
+    # A completion's span is its real tokens, not its loss tokens: an episode's observations
+    # are read by the forward but have no loss.
     lengths = torch.stack(
-        [batch.attention_mask[:, :prompt_len].sum(1), batch.completion_mask.sum(1).long()]
+        [
+            batch.attention_mask[:, :prompt_len].sum(1),
+            batch.attention_mask[:, prompt_len:].sum(1),
+            batch.completion_mask.sum(1).long(),
+        ]
     )
-    prompts, completions = lengths[:, order].tolist()
+    prompts, completions, loss_tokens = lengths[:, order].tolist()
     cuts: list[Microbatch] = []
     start = 0
     while start < len(prompts):
@@ -297,7 +303,7 @@ def microbatches(batch: TrainBatch, max_rows: int, max_tokens: int = 0) -> list[
                 break
             longest_prompt, longest_completion = grown
             end += 1
-        tokens = sum(completions[start:end])
+        tokens = sum(loss_tokens[start:end])
         cuts.append(Microbatch(order[start:end], longest_prompt, longest_completion, tokens))
         start = end
     return cuts
