@@ -212,7 +212,8 @@ def test_every_preset_trains_three_bfloat16_steps_on_cuda(
 
 
 @pytest.mark.parametrize(
-    "feature", ["lora", "gradient-checkpointing", "shared-prompt-forward", "eval-every-step"]
+    "feature",
+    ["lora", "gradient-checkpointing", "shared-prompt-forward", "packed-rows", "eval-every-step"],
 )
 def test_each_feature_trains_on_cuda_and_its_final_model_loads_on_the_cpu(
     tiny_model_dir, data_file, tmp_path, monkeypatch, feature
@@ -223,7 +224,9 @@ def test_each_feature_trains_on_cuda_and_its_final_model_loads_on_the_cpu(
         "shared-prompt-forward": (
             "model.gradient_checkpointing=false",
             "model.share_prompt_forward=true",
+            "model.pack_rows=false",
         ),
+        "packed-rows": ("model.pack_rows=true",),
         "eval-every-step": (
             "eval.every=1",
             f"eval.path={data_file}",
@@ -241,6 +244,14 @@ def test_each_feature_trains_on_cuda_and_its_final_model_loads_on_the_cpu(
         return real_shared(*args, **kwargs)
 
     monkeypatch.setattr(train_step, "_shared_prompt_hidden", counting)
+    packed_rows = []
+    real_packed = train_step.packed_hidden
+
+    def counting_packed(*args, **kwargs):
+        packed_rows.append(args[1].shape[0])
+        return real_packed(*args, **kwargs)
+
+    monkeypatch.setattr(train_step, "packed_hidden", counting_packed)
     sessions = sessions_of(monkeypatch)
     run_dir = tmp_path / "run"
     train(make_config(tiny_model_dir, data_file, run_dir, *BF16, *overrides), quiet=True)
@@ -259,6 +270,8 @@ def test_each_feature_trains_on_cuda_and_its_final_model_loads_on_the_cpu(
         assert shared_rows == []  # HF drops the KV cache under checkpointing
     if feature == "shared-prompt-forward":
         assert shared_rows and all(n > 0 for n in shared_rows)
+    if feature == "packed-rows":
+        assert s.config.model.pack_rows and packed_rows and shared_rows == []
     if feature == "eval-every-step":
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         evaluated = [r for r in rows if "eval/accuracy" in r]

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from oncurve import checkpoint, distributed, oom, ppo
+from oncurve import checkpoint, distributed, oom, packing, ppo
 from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, lookup
 from oncurve.compiled_layers import compile_decoder_layers
 from oncurve.config import Config, save_config, to_dict
@@ -199,6 +199,7 @@ def setup(config: Config) -> Session:
     )
     config = settle_tis_cap(config, model)
     config = settle_cuda_graphs(config, model)
+    config = settle_pack_rows(config, model)
     if plan is not None and rank == 0:
         print(plan.describe(), file=sys.stderr)
         if not plan.fits:
@@ -215,6 +216,7 @@ def setup(config: Config) -> Session:
         microbatch_rows=config.optim.microbatch_size,
         microbatch_tokens=microbatch_tokens(model, config.optim.microbatch_tokens),
         compile_layers=config.model.compile_layers,
+        pack_rows=config.model.pack_rows,
     )
     # before the policy's data-parallel wrapper: a critic copies the trunk's whole weights
     advantage = build_advantage_source(config, model, forward)
@@ -389,6 +391,33 @@ def settle_cuda_graphs(config: Config, model: torch.nn.Module) -> Config:
         compile=on if r.compile is None else r.compile,
     )
     return dataclasses.replace(config, rollout=rollout)
+
+
+def settle_pack_rows(config: Config, model: torch.nn.Module) -> Config:
+    """`config` with `model.pack_rows` filled in where null, and `model`'s attention switched
+    to `packing.ATTENTION` where it is on. Null is on with CUDA where `packing.unsupported`
+    finds nothing and torch's variable-length attention passes its check (a failure is one
+    warning, and packing off); true where packing is unsupported is an error."""
+    wanted = config.model.pack_rows
+    if wanted is False:
+        return config
+    reason = packing.unsupported(model)
+    if wanted and reason:
+        raise UserError(f"model.pack_rows: {reason}; set it to false or null")
+    on = True
+    if wanted is None:
+        on = model.device.type == "cuda" and reason is None
+        failure = packing.varlen_failure(model.device, model.dtype) if on else None
+        if failure:
+            print(
+                f"warning: rows stay padded in the update (model.pack_rows): torch's "
+                f"variable-length attention failed its check: {failure}",
+                file=sys.stderr,
+            )
+            on = False
+    if on:
+        packing.use_packed_attention(model)
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, pack_rows=on))
 
 
 def make_sampler(config: Config, model: torch.nn.Module, tokenizer: Any, longest: int) -> Sampler:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -176,7 +176,8 @@ def build_critic(
         clip_range=algo.value_clip,
         coef=algo.value_coef,
         max_grad_norm=optim.grad_clip if optim.grad_clip > 0 else math.inf,
-        forward=forward or ForwardSettings(),
+        # float32, which CUDA's variable-length flash attention does not take: rows padded
+        forward=replace(forward or ForwardSettings(), pack_rows=False),
         passes=algo.mu,
         kl_coef=algo.beta if algo.kl_in_reward else 0.0,
         kl_fn=lookup(KL_ESTIMATORS, algo.kl_estimator),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import transformers
@@ -18,6 +18,7 @@ from oncurve.algo.correction import logprob_diff_mean, tis_weights
 from oncurve.algo.logprobs import logprobs_from_hidden
 from oncurve.compiled_layers import CompiledLayersFailed, compiled_layers
 from oncurve.models import cache_argument, real_token_positions
+from oncurve.packing import packed_hidden
 from oncurve.process import NondeterministicBackward, deterministic_backward
 from oncurve.types import TrainBatch
 
@@ -31,6 +32,7 @@ def completion_logprobs(
     chunk_size: int = 1024,
     with_entropy: bool = False,
     prompt_index: torch.Tensor | None = None,
+    packed_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of the last `completion_len` tokens of each row under `model`.
 
@@ -45,6 +47,10 @@ def completion_logprobs(
     (G - 1) / G of the prompt tokens' forward and backward; the result equals the plain forward
     up to float rounding (`tests/test_train_step.py`).
 
+    With `packed_tokens` (the rows' real tokens, `attention_mask.sum()`, known on the host), the
+    rows run packed end to end with no padding (`oncurve.packing`; the model's attention must
+    be `packing.ATTENTION`), and `prompt_index` is not used.
+
     Args:
         model: a Hugging Face causal LM (`base_model` trunk + output embeddings).
         input_ids: `[N, P+T]` left-padded prompt followed by right-padded completion.
@@ -56,7 +62,7 @@ def completion_logprobs(
         and must be masked by the caller.
     """
     hidden = completion_hidden(
-        model.base_model, input_ids, attention_mask, completion_len, prompt_index
+        model.base_model, input_ids, attention_mask, completion_len, prompt_index, packed_tokens
     )
     labels = input_ids[:, -completion_len:]
     head = model.get_output_embeddings()
@@ -71,10 +77,13 @@ def completion_hidden(
     attention_mask: torch.Tensor,
     completion_len: int,
     prompt_index: torch.Tensor | None = None,
+    packed_tokens: int = 0,
 ) -> torch.Tensor:
     """`[N, T, H]` hidden states of a decoder `trunk` before each of the last `completion_len`
-    tokens, position ids counting real tokens only; with `prompt_index`, each distinct prompt
-    runs once (see `completion_logprobs`)."""
+    tokens, position ids counting real tokens only; with `packed_tokens`, the rows packed, else
+    with `prompt_index`, each distinct prompt run once (see `completion_logprobs`)."""
+    if packed_tokens:
+        return packed_hidden(trunk, input_ids, attention_mask, completion_len, packed_tokens)
     position_ids = real_token_positions(attention_mask)
     if prompt_index is not None:
         prompts, row_prompt = torch.unique(prompt_index, return_inverse=True)
@@ -155,6 +164,7 @@ class PolicyLogprobs(torch.nn.Module):
         chunk_size: int = 1024,
         with_entropy: bool = False,
         prompt_index: torch.Tensor | None = None,
+        packed_tokens: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return completion_logprobs(
             self.model,
@@ -165,6 +175,7 @@ class PolicyLogprobs(torch.nn.Module):
             chunk_size,
             with_entropy,
             prompt_index,
+            packed_tokens,
         )
 
 
@@ -203,6 +214,7 @@ class ForwardSettings:
         microbatch_rows: rows per forward/backward at most.
         microbatch_tokens: tokens per forward/backward at most (`microbatches`); 0 no cap.
         compile_layers: run the decoder layers compiled (`oncurve.compiled_layers`).
+        pack_rows: run the policy's rows packed, without padding (`oncurve.packing`).
     """
 
     temperature: float = 1.0
@@ -210,6 +222,11 @@ class ForwardSettings:
     microbatch_rows: int = 64
     microbatch_tokens: int = 0
     compile_layers: bool = False
+    pack_rows: bool = False
+
+    def packed_tokens(self, micro: TrainBatch) -> int:
+        """What the policy's forward of `micro` takes as `packed_tokens`: 0 when not packing."""
+        return micro.real_tokens if self.pack_rows else 0
 
 
 def trim_padding(batch: TrainBatch, longest_prompt: int, longest_completion: int) -> TrainBatch:
@@ -233,6 +250,7 @@ def trim_padding(batch: TrainBatch, longest_prompt: int, longest_completion: int
         ref_logprobs=cut(batch.ref_logprobs),
         sample_logprobs=cut(batch.sample_logprobs),
         prompt_index=batch.prompt_index,
+        real_tokens=batch.real_tokens,
     )
 
 
@@ -257,23 +275,28 @@ class Microbatch:
         longest_prompt, longest_completion: the rows' longest, in real tokens (what
             `trim_padding` keeps).
         completion_tokens: the rows' completion tokens that count in the loss.
+        real_tokens: the rows' tokens that are not padding, prompts' and completions'.
     """
 
     index: torch.Tensor
     longest_prompt: int
     longest_completion: int
     completion_tokens: int
+    real_tokens: int
 
     def of(self, batch: TrainBatch) -> TrainBatch:
-        """These rows of `batch`, padding-trimmed."""
-        return trim_padding(batch.rows(self.index), self.longest_prompt, self.longest_completion)
+        """These rows of `batch`, padding-trimmed, their real tokens counted."""
+        rows = replace(batch.rows(self.index), real_tokens=self.real_tokens)
+        return trim_padding(rows, self.longest_prompt, self.longest_completion)
 
 
-def microbatches(batch: TrainBatch, max_rows: int, max_tokens: int = 0) -> list[Microbatch]:
+def microbatches(
+    batch: TrainBatch, max_rows: int, max_tokens: int = 0, packed: bool = False
+) -> list[Microbatch]:
     """The microbatches of `batch`: consecutive runs of `length_order`, each of at most
     `max_rows` rows and, when `max_tokens` > 0, at most `max_tokens` tokens once
-    `trim_padding` has cut it (rows x (longest prompt + longest completion)); a row longer than
-    that goes alone.
+    `trim_padding` has cut it (rows x (longest prompt + longest completion)), or with `packed`
+    rows, at most `max_tokens` real tokens; a row longer than that goes alone.
 
     A token budget keeps every microbatch's activations about one size whatever the lengths
     sampled (short completions pack many rows, long ones few); `models.microbatch_tokens` says
@@ -297,14 +320,19 @@ def microbatches(batch: TrainBatch, max_rows: int, max_tokens: int = 0) -> list[
     start = 0
     while start < len(prompts):
         end, longest_prompt, longest_completion = start + 1, prompts[start], completions[start]
+        real = prompts[start] + completions[start]
         while end < len(prompts) and end - start < max_rows:
             grown = (max(longest_prompt, prompts[end]), max(longest_completion, completions[end]))
-            if max_tokens > 0 and (end - start + 1) * sum(grown) > max_tokens:
+            more = real + prompts[end] + completions[end]
+            cost = more if packed else (end - start + 1) * sum(grown)
+            if max_tokens > 0 and cost > max_tokens:
                 break
-            longest_prompt, longest_completion = grown
+            longest_prompt, longest_completion, real = *grown, more
             end += 1
-        tokens = sum(loss_tokens[start:end])
-        cuts.append(Microbatch(order[start:end], longest_prompt, longest_completion, tokens))
+        part = Microbatch(
+            order[start:end], longest_prompt, longest_completion, sum(loss_tokens[start:end]), real
+        )
+        cuts.append(part)
         start = end
     return cuts
 
@@ -331,7 +359,9 @@ def accumulate(
     Returns:
         (completion tokens, detached loss, statistics) of each microbatch, in order.
     """
-    parts = microbatches(minibatch, forward.microbatch_rows, forward.microbatch_tokens)
+    parts = microbatches(
+        minibatch, forward.microbatch_rows, forward.microbatch_tokens, forward.pack_rows
+    )
 
     def run() -> list[tuple[int, torch.Tensor, dict[str, torch.Tensor]]]:
         done = []
@@ -385,7 +415,10 @@ def over_microbatches(
     out = torch.zeros(
         batch.completion_mask.shape, dtype=torch.float32, device=batch.input_ids.device
     )
-    for part in microbatches(batch, forward.microbatch_rows, forward.microbatch_tokens):
+    cuts = microbatches(
+        batch, forward.microbatch_rows, forward.microbatch_tokens, forward.pack_rows
+    )
+    for part in cuts:
         micro = part.of(batch)
         with compiled_layers(forward.compile_layers):
             values = per_token(micro)
@@ -463,6 +496,7 @@ def microbatch_loss(
         forward.chunk_size,
         with_entropy=True,
         prompt_index=micro.prompt_index,
+        packed_tokens=forward.packed_tokens(micro),
     )
     old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
     advantages = micro.advantages
@@ -549,6 +583,7 @@ def batch_logprobs(
             forward.temperature,
             forward.chunk_size,
             prompt_index=micro.prompt_index,
+            packed_tokens=forward.packed_tokens(micro),
         )
         return values
 

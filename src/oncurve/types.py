@@ -143,6 +143,8 @@ class TrainBatch:
             and the denominator of the TIS weight (`algo.tis_cap`).
         prompt_index: `[N]` equal for rows with the same prompt (a group), so that the forward
             can run each prompt once; None to run every row whole.
+        real_tokens: the rows' tokens that are not padding, when counted on the host (a
+            microbatch's, `train_step.Microbatch.of`), for a forward of the rows packed; else 0.
     """
 
     input_ids: torch.Tensor
@@ -153,6 +155,7 @@ class TrainBatch:
     ref_logprobs: torch.Tensor | None = None
     sample_logprobs: torch.Tensor | None = None
     prompt_index: torch.Tensor | None = None
+    real_tokens: int = 0
 
     @property
     def num_rows(self) -> int:

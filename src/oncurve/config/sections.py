@@ -96,10 +96,19 @@ class ModelConfig:
         "(torch.compile, inductor, one compilation for all layers; a failure falls back to "
         "the eager layers with one warning)",
     )
+    pack_rows: bool | None = _opt(
+        None,
+        "in the update and the reference and old-policy passes, run each microbatch's rows "
+        "packed end to end by their real tokens, with no padding (attention by the rows' "
+        "bounds: torch's variable-length flash attention on CUDA, one sdpa call a row "
+        "elsewhere); null: on with CUDA where torch has it (2.11+) and the model uses sdpa "
+        "attention without logit soft-capping. Packed rows do not share prompt forwards",
+    )
     share_prompt_forward: bool = _opt(
         True,
         "in the update and the reference pass, run each group's prompt once and share its KV "
-        "cache with the group's completions (not under gradient checkpointing or FSDP)",
+        "cache with the group's completions (not under gradient checkpointing, FSDP or "
+        "model.pack_rows)",
     )
     logprob_chunk_size: int | None = _opt(
         None,

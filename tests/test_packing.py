@@ -1,0 +1,231 @@
+"""Rows packed by their real tokens (`oncurve.packing`): the padded forward's logprobs, entropy
+and gradients for each architecture, a sliding window kept, padded calls left to sdpa, nothing
+read back from the device for the packing, and the trainer packing exactly when configured."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_rollout import make_model
+from test_train_step import (
+    COMPLETION_LEN,
+    accumulate_grpo,
+    grouped_rows,
+    grpo_batch,
+    host_reads_of,
+    lengths_batch,
+)
+from test_trainer import make_config
+
+from oncurve import build, packing, train_step
+from oncurve.config import load_config
+from oncurve.errors import UserError
+from oncurve.models import enable_gradient_checkpointing
+from oncurve.preflight import Tolerances
+from oncurve.train_step import ForwardSettings, completion_logprobs, microbatches
+from oncurve.trainer import setup, training_step
+
+
+def logprobs_and_grads(
+    model: torch.nn.Module, packed: bool
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """Logprobs and entropy on `grouped_rows`' completion tokens, and the gradients of their
+    masked sum, with the rows padded or packed."""
+    ids, mask, completion_mask, _ = grouped_rows()
+    logprobs, entropy = completion_logprobs(
+        model,
+        ids,
+        mask,
+        COMPLETION_LEN,
+        with_entropy=True,
+        packed_tokens=int(mask.sum()) if packed else 0,
+    )
+    objective = ((logprobs + entropy) * completion_mask).sum()
+    grads = torch.autograd.grad(objective, list(model.parameters()))
+    real = completion_mask.bool()
+    return logprobs[real], entropy[real], grads
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama", "mistral", "gpt2"])
+def test_packed_rows_give_the_padded_forwards_logprobs_entropy_and_gradients(kind) -> None:
+    """`grouped_rows` pads prompts on the left (3 and 1 columns) and completions on the right
+    (3 columns in every other row): a row attending to another's tokens, a position counted
+    with padding or a token put back in the wrong place would each move these by far more
+    than float32 rounding."""
+    model = make_model(kind)
+    padded = logprobs_and_grads(model, packed=False)
+    packing.use_packed_attention(model)
+    packed = logprobs_and_grads(model, packed=True)
+    torch.testing.assert_close(packed[0], padded[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(packed[1], padded[1], atol=1e-5, rtol=0)
+    for got, want in zip(packed[2], padded[2], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert max(float(g.abs().max()) for g in padded[2]) > 1e-2  # the gradients are not ~0
+
+
+def test_in_bfloat16_packed_rows_are_the_padded_forward_within_its_rounding() -> None:
+    model = make_model("qwen2").to(torch.bfloat16)
+    padded, _, _ = logprobs_and_grads(model, packed=False)
+    packing.use_packed_attention(model)
+    packed, _, _ = logprobs_and_grads(model, packed=True)
+    gap = (packed.float() - padded.float()).detach().abs()
+    assert float(gap.mean()) < Tolerances.of(torch.bfloat16).logprob / 10
+    assert float(gap.max()) < 0.1
+
+
+def test_a_sliding_window_shorter_than_the_rows_is_kept() -> None:
+    """Mistral with a 3-token window (rows here hold up to 13 tokens): the packed rows' band
+    is the padded forward's, which differs from full attention."""
+    model = make_model("mistral")
+    full, _, _ = logprobs_and_grads(model, packed=False)
+    model.config.sliding_window = 3
+    for layer in model.model.layers:
+        layer.self_attn.sliding_window = 3
+    padded = logprobs_and_grads(model, packed=False)
+    assert float((padded[0] - full).detach().abs().max()) > 1e-2  # the window matters here
+    packing.use_packed_attention(model)
+    packed = logprobs_and_grads(model, packed=True)
+    torch.testing.assert_close(packed[0], padded[0], atol=1e-5, rtol=0)
+    for got, want in zip(packed[2], padded[2], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_padded_calls_through_the_packed_attention_are_sdpas_bit_for_bit() -> None:
+    """The sampler, evaluation and the critic run the same model padded."""
+    model = make_model("qwen2")
+    ids, mask, _, _ = grouped_rows()
+    before, _ = completion_logprobs(model, ids, mask, COMPLETION_LEN)
+    packing.use_packed_attention(model)
+    assert model.config._attn_implementation == packing.ATTENTION
+    after, _ = completion_logprobs(model, ids, mask, COMPLETION_LEN)
+    assert torch.equal(after, before)
+
+
+def test_the_packing_reads_nothing_back_but_the_cpu_rows_bounds() -> None:
+    """transformers finds packed rows from the position ids with a host read, and would build
+    a mask over them; the packed forward passes its own bounds instead. The only reads are the
+    CPU attention's, one `tolist` of the bounds a layer (CUDA's variable-length attention
+    takes them on the device)."""
+    model = make_model("qwen2")
+    packing.use_packed_attention(model)
+    ids, mask, _, _ = grouped_rows()
+    tokens = int(mask.sum())
+    reads = host_reads_of(
+        lambda: completion_logprobs(model, ids, mask, COMPLETION_LEN, packed_tokens=tokens)
+    )
+    assert reads == model.config.num_hidden_layers
+
+
+@pytest.mark.skipif(
+    "window_size" not in packing._varlen_parameters(),
+    reason=f"torch {torch.__version__} has no variable-length attention with windows",
+)
+@pytest.mark.parametrize("window", [None, 3])
+def test_the_cuda_path_runs_forward_and_backward_on_meta_tensors(monkeypatch, window) -> None:
+    """CUDA's path, without a GPU: on the meta device (shapes, no values) the packed trunk
+    calls torch's variable-length attention once a layer, with GQA and a sliding window, and
+    the backward reaches every weight of the trunk. Meta tensors cannot be read, so this also shows that
+    the path reads nothing back from the device."""
+    monkeypatch.setattr(packing, "VARLEN_DEVICES", ("cuda", "meta"))
+    calls = []
+    original = packing._varlen_attention
+
+    def counting(*args):
+        calls.append(args[-1])
+        return original(*args)
+
+    monkeypatch.setattr(packing, "_varlen_attention", counting)
+    model = make_model("mistral" if window else "qwen2").to(torch.bfloat16)
+    if window:
+        model.config.sliding_window = window
+        for layer in model.model.layers:
+            layer.self_attn.sliding_window = window
+    packing.use_packed_attention(model)
+    model.to("meta")
+    ids, mask, _, _ = grouped_rows()
+    tokens = int(mask.sum())
+    hidden = packing.packed_hidden(
+        model.model, ids.to("meta"), mask.to("meta"), COMPLETION_LEN, tokens
+    )
+    assert hidden.shape == (8, COMPLETION_LEN, model.config.hidden_size)
+    assert calls == [window] * model.config.num_hidden_layers
+    hidden.float().sum().backward()
+    trunk = list(model.model.parameters())
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in trunk)
+
+
+def test_a_token_budget_counts_real_tokens_when_rows_are_packed() -> None:
+    """Rows of 9, 8, 6, 6 and 3 real tokens in length order: padded, rows 2 and 3 cost 2 x 8
+    columns and 3 and 4 pad to 2 x 9; packed, they cost what they hold."""
+    batch = lengths_batch([4, 2, 3, 4, 1], [5, 1, 5, 2, 5])
+    padded = microbatches(batch, 8, 16)
+    packed = microbatches(batch, 8, 16, packed=True)
+    assert [cut.index.tolist() for cut in padded] == [[0], [2], [3], [4, 1]]
+    assert [cut.index.tolist() for cut in packed] == [[0], [2, 3], [4, 1]]
+    assert [cut.real_tokens for cut in packed] == [9, 14, 9]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["", "checkpointed"])
+def test_accumulated_gradients_are_the_same_with_rows_packed(checkpointing) -> None:
+    """Under gradient checkpointing the layers run again in the backward, given the rows'
+    bounds again."""
+    grads = []
+    for pack in (False, True):
+        model, batch = grpo_batch(1, share_prompt=False)
+        if checkpointing:
+            enable_gradient_checkpointing(model)
+        if pack:
+            packing.use_packed_attention(model)
+        forward = ForwardSettings(1.0, 16, 3, pack_rows=pack)  # 3 microbatches
+        accumulate_grpo(model, batch, forward, float(batch.completion_mask.sum()))
+        grads.append([p.grad for p in model.parameters()])
+    for got, want in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    assert max(float(g.abs().max()) for g in grads[0]) > 1e-3
+
+
+@pytest.mark.parametrize("pack", [None, True, False], ids=["null", "true", "false"])
+def test_the_trainer_packs_the_update_and_reference_rows_as_configured(
+    tiny_model_dir, data_file, tmp_path, monkeypatch, pack
+) -> None:
+    """On the CPU null settles to off; true packs the reference pass's and the update's
+    microbatches (every row's real tokens, prompts unshared) and records true."""
+    calls = []
+    original = train_step.packed_hidden
+
+    def counting(trunk, input_ids, attention_mask, completion_len, tokens):
+        assert tokens == int(attention_mask.sum())
+        calls.append(input_ids.shape[0])
+        return original(trunk, input_ids, attention_mask, completion_len, tokens)
+
+    monkeypatch.setattr(train_step, "packed_hidden", counting)
+    shared = []
+    share = train_step._shared_prompt_hidden
+
+    def counting_shared(*args):
+        shared.append(args[1].shape[0])
+        return share(*args)
+
+    monkeypatch.setattr(train_step, "_shared_prompt_hidden", counting_shared)
+    setting = () if pack is None else (f"model.pack_rows={str(pack).lower()}",)
+    s = setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *setting))
+    assert s.config.model.pack_rows is bool(pack)
+    with s.rewards:
+        metrics = training_step(s, 1)
+    # 16 rows: the reference pass and the update, one microbatch each
+    assert calls == ([16, 16] if pack else [])
+    assert shared == ([] if pack else [16, 16])
+    assert torch.isfinite(torch.tensor(metrics["loss/policy"]))
+
+
+def test_packing_an_unsupported_model_is_a_one_line_error_and_null_leaves_it_padded() -> None:
+    model = make_model("qwen2")
+    model.set_attn_implementation("eager")
+    with pytest.raises(UserError, match=r"^model\.pack_rows: the model's attention is eager"):
+        build.settle_pack_rows(load_config(None, ["model.pack_rows=true"]), model)
+    settled = build.settle_pack_rows(load_config(None, []), model)
+    assert settled.model.pack_rows is False
+    assert model.config._attn_implementation == "eager"
+    model.config.attn_logit_softcapping = 50.0
+    model.set_attn_implementation("sdpa")
+    assert packing.unsupported(model) == "the model soft-caps its attention logits"
