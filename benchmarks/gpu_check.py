@@ -16,8 +16,9 @@ printed after the table; the stages after it still run.
   `run.steps`): held-out greedy accuracy before and after, the median `time/step` (the first
   step left out: it warms up kernels and allocator), the peak GPU memory (largest
   `memory/gpu_peak_gb`), whether every step sampled with its compiled step in CUDA graphs
-  (`rollout/compiled`, `rollout/graphs`), and the memory plan's predicted peak against that
-  measured one. Read from what the run wrote,
+  (`rollout/compiled`, `rollout/graphs`), whether the update packed its rows
+  (`model.pack_rows` in config.yaml, with the warning that says why not), and the memory
+  plan's predicted peak against that measured one. Read from what the run wrote,
   so a run stopped at its limit still reports the steps it finished.
 - `rollout`: `rollout.py --device cuda --backends cuda_graph` at 64 rows x 256 tokens:
   `cuda_graph` (compiled per bucket, compiled once with symbolic sizes, uncompiled) against
@@ -290,14 +291,15 @@ def default_job_stage(limit: float, steps: int | None) -> Stage:
         config = yaml.safe_load((run_dir / "config.yaml").read_text())
         metrics = run_dir / "metrics.jsonl"
         rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-        return job_rows(rows, outcome.log.read_text(errors="replace"), config["run"]["steps"])
+        return job_rows(rows, outcome.log.read_text(errors="replace"), config)
 
     return Stage("job", "default job on cuda", limit, command, read, (run_dir,))
 
 
-def job_rows(rows: list[dict], log: str, steps: int) -> list[list[str]]:
+def job_rows(rows: list[dict], log: str, config: dict) -> list[list[str]]:
     """The default job's results from its metrics rows (training and evaluation), its log and
-    its `run.steps`."""
+    its config.yaml."""
+    steps = config["run"]["steps"]
     trained = [r for r in rows if "time/step" in r]
     evaluated = [r for r in rows if "eval/accuracy" in r]
     timed = trained[1:] or trained  # the first step warms up
@@ -320,12 +322,22 @@ def job_rows(rows: list[dict], log: str, steps: int) -> list[list[str]]:
         ["peak GPU memory (max `memory/gpu_peak_gb`)", gib(peak)],
         ["CUDA graphs (`rollout/graphs`)", every_step("rollout/graphs")],
         ["compiled decode step (`rollout/compiled`)", every_step("rollout/compiled")],
+        ["rows packed in the update (`model.pack_rows`)", packed_rows(config, log)],
         ["memory plan: predicted / measured peak", plan_against(planned_peak_gb(log), peak)],
         [
             "sampler's compile + capture over the run (`time/sampler_*_total`)",
             compile_capture(sampler_setup_seconds(trained[-1]) if trained else None),
         ],
     ]
+
+
+def packed_rows(config: dict, log: str) -> str:
+    """Whether the run packed its rows, and if not, the warning that says why (the check of
+    torch's variable-length attention failed) when there is one."""
+    if config["model"]["pack_rows"]:
+        return "yes"
+    why = re.search(r"warning: rows stay padded .*failed its check: (.*)", log)
+    return f"no: {why.group(1)}" if why else "no"
 
 
 def rollout_stage(limit: float) -> Stage:

@@ -124,7 +124,8 @@ def test_the_default_jobs_rows_from_its_metrics_and_memory_plan():
                      "rollout/compiled": 1.0, "memory/gpu_peak_gb": 0.5 + step / 10})  # fmt: skip
     rows[-1] |= {"time/sampler_compile_total": 21.9, "time/sampler_capture_total": 9.3}
     rows.append({"step": 3, "eval/accuracy": 0.5})
-    got = dict(job_rows(rows, log, steps=150))
+    config = {"run": {"steps": 150}, "model": {"pack_rows": True}}
+    got = dict(job_rows(rows, log, config))
     assert got["steps done"] == "3 of 150"
     assert got["held-out greedy accuracy before / after"] == "25.0% / 50.0%"
     assert got["s/step (median, first step left out)"] == "0.300"
@@ -134,6 +135,17 @@ def test_the_default_jobs_rows_from_its_metrics_and_memory_plan():
     assert got["memory plan: predicted / measured peak"] == "1.5 / 0.80 GiB (+0.70 GiB)"
     spent = "sampler's compile + capture over the run (`time/sampler_*_total`)"
     assert got[spent] == "31.2 s (target <= 30 s: missed)"
+    assert got["rows packed in the update (`model.pack_rows`)"] == "yes"
+    config["model"]["pack_rows"] = False
+    assert (
+        dict(job_rows(rows, log, config))["rows packed in the update (`model.pack_rows`)"] == "no"
+    )
+    log += (
+        "warning: rows stay padded in the update (model.pack_rows): torch's variable-length "
+        "attention failed its check: RuntimeError: no kernel\n"
+    )
+    got = dict(job_rows(rows, log, config))
+    assert got["rows packed in the update (`model.pack_rows`)"] == "no: RuntimeError: no kernel"
 
 
 def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
