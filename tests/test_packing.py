@@ -229,3 +229,47 @@ def test_packing_an_unsupported_model_is_a_one_line_error_and_null_leaves_it_pad
     model.config.attn_logit_softcapping = 50.0
     model.set_attn_implementation("sdpa")
     assert packing.unsupported(model) == "the model soft-caps its attention logits"
+
+
+def test_the_check_passes_a_packed_forward_and_names_what_fails(monkeypatch) -> None:
+    model = make_model("qwen2")
+    packing.use_packed_attention(model)
+    assert packing.packed_failure(model) is None
+
+    def whole_rows(q, k, v, starts, scale, window):  # forgets that a row is causal
+        return torch.cat(
+            [
+                torch.nn.functional.scaled_dot_product_attention(
+                    *(t[a:b].transpose(0, 1) for t in (q, k, v)), scale=scale
+                ).transpose(0, 1)
+                for a, b in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True)
+            ]
+        )
+
+    monkeypatch.setattr(packing, "_attention_by_rows", whole_rows)
+    assert packing.packed_failure(model).startswith("its hidden states differ")
+
+
+def test_null_packs_where_the_check_passes_and_else_warns_once_and_stays_padded(
+    monkeypatch, capsys
+) -> None:
+    """Null packs where packed rows take the variable-length attention (here the CPU, with the
+    rows loop standing in for it where it passes); torch's own on the CPU, which has no
+    kernel there, fails the check: one warning, sdpa again and rows padded."""
+    monkeypatch.setattr(packing, "VARLEN_DEVICES", ("cpu",))
+    model = make_model("qwen2")
+    failing = build.settle_pack_rows(load_config(None, []), model)
+    assert failing.model.pack_rows is False
+    assert model.config._attn_implementation == "sdpa"
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("warning: rows stay padded in the update (model.pack_rows): the packed")
+
+    def rows_loop(q, k, v, starts, longest, scale, window):
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        return packing._attention_by_rows(q, k, v, starts, scale, window)
+
+    monkeypatch.setattr(packing, "_varlen_attention", rows_loop)
+    assert build.settle_pack_rows(load_config(None, []), model).model.pack_rows is True
+    assert model.config._attn_implementation == packing.ATTENTION
+    assert capsys.readouterr().err == ""

@@ -395,28 +395,27 @@ def settle_cuda_graphs(config: Config, model: torch.nn.Module) -> Config:
 
 def settle_pack_rows(config: Config, model: torch.nn.Module) -> Config:
     """`config` with `model.pack_rows` filled in where null, and `model`'s attention switched
-    to `packing.ATTENTION` where it is on. Null is on with CUDA where `packing.unsupported`
-    finds nothing and torch's variable-length attention passes its check (a failure is one
-    warning, and packing off); true where packing is unsupported is an error."""
+    to `packing.ATTENTION` where it is on. Null is on where packed rows take torch's
+    variable-length attention (CUDA) and `packing.unsupported` finds nothing and the model's packed forward passes `packing.packed_failure` (a failure is
+    one warning, and rows padded); true where packing is unsupported is an error."""
     wanted = config.model.pack_rows
     if wanted is False:
         return config
     reason = packing.unsupported(model)
     if wanted and reason:
         raise UserError(f"model.pack_rows: {reason}; set it to false or null")
-    on = True
-    if wanted is None:
-        on = model.device.type == "cuda" and reason is None
-        failure = packing.varlen_failure(model.device, model.dtype) if on else None
-        if failure:
-            print(
-                f"warning: rows stay padded in the update (model.pack_rows): torch's "
-                f"variable-length attention failed its check: {failure}",
-                file=sys.stderr,
-            )
-            on = False
+    on = bool(wanted) or (model.device.type in packing.VARLEN_DEVICES and reason is None)
     if on:
         packing.use_packed_attention(model)
+    failure = packing.packed_failure(model) if on and wanted is None else None
+    if failure:
+        print(
+            f"warning: rows stay padded in the update (model.pack_rows): the packed forward "
+            f"failed its check: {failure}",
+            file=sys.stderr,
+        )
+        model.set_attn_implementation("sdpa")
+        on = False
     return dataclasses.replace(config, model=dataclasses.replace(config.model, pack_rows=on))
 
 
