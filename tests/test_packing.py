@@ -1,6 +1,7 @@
-"""Rows packed by their real tokens (`oncurve.packing`): the padded forward's logprobs, entropy
-and gradients for each architecture, a sliding window kept, padded calls left to sdpa, nothing
-read back from the device for the packing, and the trainer packing exactly when configured."""
+"""Rows packed by their real tokens (`oncurve.packing`), each shared prompt once: the padded
+forward's logprobs, entropy and gradients for each architecture, a sliding window kept, padded
+calls left to sdpa, nothing read back from the device, CUDA's path on meta tensors, the check
+before a run packs, and the trainer packing exactly when configured."""
 
 from __future__ import annotations
 
@@ -21,73 +22,110 @@ from oncurve import build, packing, train_step
 from oncurve.config import load_config
 from oncurve.errors import UserError
 from oncurve.models import enable_gradient_checkpointing
+from oncurve.packing import RowLengths
 from oncurve.preflight import Tolerances
 from oncurve.train_step import ForwardSettings, completion_logprobs, microbatches
 from oncurve.trainer import setup, training_step
 
 
+def lengths_of(mask: torch.Tensor, groups: torch.Tensor | None) -> RowLengths:
+    """What `microbatches` reads to the host for rows with this `[N, P+T]` attention mask."""
+    prompt_len = mask.shape[1] - COMPLETION_LEN
+    return RowLengths(
+        tuple(mask[:, :prompt_len].sum(1).tolist()),
+        tuple(mask[:, prompt_len:].sum(1).tolist()),
+        None if groups is None else tuple(groups.tolist()),
+    )
+
+
 def logprobs_and_grads(
-    model: torch.nn.Module, packed: bool
+    model: torch.nn.Module, packed: bool, shared: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """Logprobs and entropy on `grouped_rows`' completion tokens, and the gradients of their
-    masked sum, with the rows padded or packed."""
-    ids, mask, completion_mask, _ = grouped_rows()
+    masked sum, with the rows padded or packed (with each shared prompt run once or not)."""
+    ids, mask, completion_mask, groups = grouped_rows()
     logprobs, entropy = completion_logprobs(
         model,
         ids,
         mask,
         COMPLETION_LEN,
         with_entropy=True,
-        packed_tokens=int(mask.sum()) if packed else 0,
+        packed=lengths_of(mask, groups if shared else None) if packed else None,
     )
     objective = ((logprobs + entropy) * completion_mask).sum()
     grads = torch.autograd.grad(objective, list(model.parameters()))
     real = completion_mask.bool()
-    return logprobs[real], entropy[real], grads
+    return logprobs[real].detach(), entropy[real], grads
 
 
+def assert_same(got: tuple, want: tuple, atol: float = 1e-5) -> None:
+    torch.testing.assert_close(got[0], want[0], atol=atol, rtol=0)
+    torch.testing.assert_close(got[1], want[1], atol=atol, rtol=0)
+    for a, b in zip(got[2], want[2], strict=True):
+        torch.testing.assert_close(a, b, atol=atol, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["whole rows", "shared prompts"])
 @pytest.mark.parametrize("kind", ["qwen2", "llama", "mistral", "gpt2"])
-def test_packed_rows_give_the_padded_forwards_logprobs_entropy_and_gradients(kind) -> None:
-    """`grouped_rows` pads prompts on the left (3 and 1 columns) and completions on the right
-    (3 columns in every other row): a row attending to another's tokens, a position counted
-    with padding or a token put back in the wrong place would each move these by far more
-    than float32 rounding."""
+def test_packed_rows_give_the_padded_forwards_logprobs_entropy_and_gradients(kind, shared) -> None:
+    """`grouped_rows` holds 8 rows of 4 prompts (some sharing one) in shuffled order, prompts
+    left-padded (3 and 1 columns), completions right-padded (3 columns in every other row): a
+    row attending to another's tokens, a position counted with padding, a completion given
+    another group's prompt or a hidden state put back in the wrong place would each move these
+    by far more than float32 rounding."""
     model = make_model(kind)
     padded = logprobs_and_grads(model, packed=False)
     packing.use_packed_attention(model)
-    packed = logprobs_and_grads(model, packed=True)
-    torch.testing.assert_close(packed[0], padded[0], atol=1e-5, rtol=0)
-    torch.testing.assert_close(packed[1], padded[1], atol=1e-5, rtol=0)
-    for got, want in zip(packed[2], padded[2], strict=True):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert_same(logprobs_and_grads(model, packed=True, shared=shared), padded)
     assert max(float(g.abs().max()) for g in padded[2]) > 1e-2  # the gradients are not ~0
+
+
+def test_shared_prompts_run_once_in_the_packed_sequence() -> None:
+    """The packed sequence holds each distinct prompt once and every completion: here 4
+    prompts of 6, 3, 6 and 5 tokens (2, 2, 2 and 2 of the 8 rows) instead of 8."""
+    model = make_model("qwen2")
+    packing.use_packed_attention(model)
+    ids, mask, _, groups = grouped_rows()
+    lengths = lengths_of(mask, groups)
+    seen = []
+    hook = model.get_input_embeddings().register_forward_hook(
+        lambda m, a, out: seen.append(out.shape[1])
+    )
+    for rows in (lengths, RowLengths(lengths.prompts, lengths.completions)):
+        completion_logprobs(model, ids, mask, COMPLETION_LEN, packed=rows)
+    hook.remove()
+    distinct = {g: p for g, p in zip(lengths.groups, lengths.prompts, strict=True)}
+    assert seen == [
+        sum(distinct.values()) + sum(lengths.completions),
+        sum(lengths.prompts) + sum(lengths.completions),
+    ]
+    assert len(distinct) < len(lengths.groups)  # some rows do share a prompt
 
 
 def test_in_bfloat16_packed_rows_are_the_padded_forward_within_its_rounding() -> None:
     model = make_model("qwen2").to(torch.bfloat16)
     padded, _, _ = logprobs_and_grads(model, packed=False)
     packing.use_packed_attention(model)
-    packed, _, _ = logprobs_and_grads(model, packed=True)
-    gap = (packed.float() - padded.float()).detach().abs()
-    assert float(gap.mean()) < Tolerances.of(torch.bfloat16).logprob / 10
-    assert float(gap.max()) < 0.1
+    for shared in (False, True):
+        packed, _, _ = logprobs_and_grads(model, packed=True, shared=shared)
+        gap = (packed.float() - padded.float()).abs()
+        assert float(gap.mean()) < Tolerances.of(torch.bfloat16).logprob / 10
+        assert float(gap.max()) < 0.1
 
 
-def test_a_sliding_window_shorter_than_the_rows_is_kept() -> None:
-    """Mistral with a 3-token window (rows here hold up to 13 tokens): the packed rows' band
-    is the padded forward's, which differs from full attention."""
+@pytest.mark.parametrize("shared", [False, True], ids=["whole rows", "shared prompts"])
+def test_a_sliding_window_shorter_than_the_rows_is_kept(shared) -> None:
+    """Mistral with a 3-token window (rows here hold up to 13 tokens): the packed segments'
+    band is the padded forward's, which differs from full attention."""
     model = make_model("mistral")
     full, _, _ = logprobs_and_grads(model, packed=False)
     model.config.sliding_window = 3
     for layer in model.model.layers:
         layer.self_attn.sliding_window = 3
     padded = logprobs_and_grads(model, packed=False)
-    assert float((padded[0] - full).detach().abs().max()) > 1e-2  # the window matters here
+    assert float((padded[0] - full).abs().max()) > 1e-2  # the window matters here
     packing.use_packed_attention(model)
-    packed = logprobs_and_grads(model, packed=True)
-    torch.testing.assert_close(packed[0], padded[0], atol=1e-5, rtol=0)
-    for got, want in zip(packed[2], padded[2], strict=True):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert_same(logprobs_and_grads(model, packed=True, shared=shared), padded)
 
 
 def test_padded_calls_through_the_packed_attention_are_sdpas_bit_for_bit() -> None:
@@ -101,19 +139,22 @@ def test_padded_calls_through_the_packed_attention_are_sdpas_bit_for_bit() -> No
     assert torch.equal(after, before)
 
 
-def test_the_packing_reads_nothing_back_but_the_cpu_rows_bounds() -> None:
+@pytest.mark.parametrize("shared", [False, True], ids=["whole rows", "shared prompts"])
+def test_the_packing_reads_nothing_back_but_the_cpu_segments_bounds(shared) -> None:
     """transformers finds packed rows from the position ids with a host read, and would build
-    a mask over them; the packed forward passes its own bounds instead. The only reads are the
-    CPU attention's, one `tolist` of the bounds a layer (CUDA's variable-length attention
-    takes them on the device)."""
+    a mask over them; the packed forward passes its own bounds, made on the host from the
+    rows' lengths. What is counted: the one tensor made from the host's plan (on CUDA it goes
+    from pinned memory without waiting for the device) and the CPU attention's reads, one
+    `tolist` of each bound a layer (CUDA's variable-length attention takes them on the
+    device)."""
     model = make_model("qwen2")
     packing.use_packed_attention(model)
-    ids, mask, _, _ = grouped_rows()
-    tokens = int(mask.sum())
+    ids, mask, _, groups = grouped_rows()
+    rows = lengths_of(mask, groups if shared else None)
     reads = host_reads_of(
-        lambda: completion_logprobs(model, ids, mask, COMPLETION_LEN, packed_tokens=tokens)
+        lambda: completion_logprobs(model, ids, mask, COMPLETION_LEN, packed=rows)
     )
-    assert reads == model.config.num_hidden_layers
+    assert reads == 1 + 2 * model.config.num_hidden_layers
 
 
 @pytest.mark.skipif(
@@ -121,11 +162,14 @@ def test_the_packing_reads_nothing_back_but_the_cpu_rows_bounds() -> None:
     reason=f"torch {torch.__version__} has no variable-length attention with windows",
 )
 @pytest.mark.parametrize("window", [None, 3])
-def test_the_cuda_path_runs_forward_and_backward_on_meta_tensors(monkeypatch, window) -> None:
+@pytest.mark.parametrize("shared", [False, True], ids=["whole rows", "shared prompts"])
+def test_the_cuda_path_runs_forward_and_backward_on_meta_tensors(
+    monkeypatch, shared, window
+) -> None:
     """CUDA's path, without a GPU: on the meta device (shapes, no values) the packed trunk
     calls torch's variable-length attention once a layer, with GQA and a sliding window, and
-    the backward reaches every weight of the trunk. Meta tensors cannot be read, so this also shows that
-    the path reads nothing back from the device."""
+    the backward reaches every weight of the trunk. Meta tensors cannot be read, so this also
+    shows that the path reads nothing back from the device."""
     monkeypatch.setattr(packing, "VARLEN_DEVICES", ("cuda", "meta"))
     calls = []
     original = packing._varlen_attention
@@ -142,11 +186,9 @@ def test_the_cuda_path_runs_forward_and_backward_on_meta_tensors(monkeypatch, wi
             layer.self_attn.sliding_window = window
     packing.use_packed_attention(model)
     model.to("meta")
-    ids, mask, _, _ = grouped_rows()
-    tokens = int(mask.sum())
-    hidden = packing.packed_hidden(
-        model.model, ids.to("meta"), mask.to("meta"), COMPLETION_LEN, tokens
-    )
+    ids, mask, _, groups = grouped_rows()
+    rows = lengths_of(mask, groups if shared else None)
+    hidden = packing.packed_hidden(model.model, ids.to("meta"), COMPLETION_LEN, rows)
     assert hidden.shape == (8, COMPLETION_LEN, model.config.hidden_size)
     assert calls == [window] * model.config.num_hidden_layers
     hidden.float().sum().backward()
@@ -162,16 +204,19 @@ def test_a_token_budget_counts_real_tokens_when_rows_are_packed() -> None:
     packed = microbatches(batch, 8, 16, packed=True)
     assert [cut.index.tolist() for cut in padded] == [[0], [2], [3], [4, 1]]
     assert [cut.index.tolist() for cut in packed] == [[0], [2, 3], [4, 1]]
-    assert [cut.real_tokens for cut in packed] == [9, 14, 9]
+    assert packed[1].lengths == RowLengths((3, 4), (5, 2))
+    batch.prompt_index = torch.tensor([0, 1, 1, 2, 2])
+    assert microbatches(batch, 8, 16, packed=True)[2].lengths.groups == (2, 1)
 
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["", "checkpointed"])
-def test_accumulated_gradients_are_the_same_with_rows_packed(checkpointing) -> None:
-    """Under gradient checkpointing the layers run again in the backward, given the rows'
-    bounds again."""
+@pytest.mark.parametrize("shared", [False, True], ids=["whole rows", "shared prompts"])
+def test_accumulated_gradients_are_the_same_with_rows_packed(shared, checkpointing) -> None:
+    """Against padded rows each run whole. Under gradient checkpointing the layers run again
+    in the backward, given the segments' bounds and the shared prompts' layout again."""
     grads = []
     for pack in (False, True):
-        model, batch = grpo_batch(1, share_prompt=False)
+        model, batch = grpo_batch(1, share_prompt=shared and pack)
         if checkpointing:
             enable_gradient_checkpointing(model)
         if pack:
@@ -184,37 +229,45 @@ def test_accumulated_gradients_are_the_same_with_rows_packed(checkpointing) -> N
     assert max(float(g.abs().max()) for g in grads[0]) > 1e-3
 
 
-@pytest.mark.parametrize("pack", [None, True, False], ids=["null", "true", "false"])
+@pytest.mark.parametrize(
+    "overrides,packed,shared",
+    [
+        ((), False, True),  # null: off on the CPU
+        (("model.pack_rows=true",), True, True),
+        (("model.pack_rows=true", "model.gradient_checkpointing=true"), True, True),
+        (("model.pack_rows=true", "model.share_prompt_forward=false"), True, False),
+        (("model.pack_rows=false",), False, True),
+    ],
+)
 def test_the_trainer_packs_the_update_and_reference_rows_as_configured(
-    tiny_model_dir, data_file, tmp_path, monkeypatch, pack
+    tiny_model_dir, data_file, tmp_path, monkeypatch, overrides, packed, shared
 ) -> None:
-    """On the CPU null settles to off; true packs the reference pass's and the update's
-    microbatches (every row's real tokens, prompts unshared) and records true."""
+    """Null settles to off on the CPU; true packs the reference pass's and the update's
+    microbatches, with each group's prompt once (under gradient checkpointing too, which the
+    padded shared forward cannot), and records true."""
     calls = []
     original = train_step.packed_hidden
 
-    def counting(trunk, input_ids, attention_mask, completion_len, tokens):
-        assert tokens == int(attention_mask.sum())
-        calls.append(input_ids.shape[0])
-        return original(trunk, input_ids, attention_mask, completion_len, tokens)
+    def counting(trunk, input_ids, completion_len, rows):
+        calls.append((input_ids.shape[0], rows.shares_prompts()))
+        return original(trunk, input_ids, completion_len, rows)
 
     monkeypatch.setattr(train_step, "packed_hidden", counting)
-    shared = []
+    padded_shared = []
     share = train_step._shared_prompt_hidden
 
     def counting_shared(*args):
-        shared.append(args[1].shape[0])
+        padded_shared.append(args[1].shape[0])
         return share(*args)
 
     monkeypatch.setattr(train_step, "_shared_prompt_hidden", counting_shared)
-    setting = () if pack is None else (f"model.pack_rows={str(pack).lower()}",)
-    s = setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *setting))
-    assert s.config.model.pack_rows is bool(pack)
+    s = setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *overrides))
+    assert s.config.model.pack_rows is packed
     with s.rewards:
         metrics = training_step(s, 1)
     # 16 rows: the reference pass and the update, one microbatch each
-    assert calls == ([16, 16] if pack else [])
-    assert shared == ([] if pack else [16, 16])
+    assert calls == ([(16, shared), (16, shared)] if packed else [])
+    assert padded_shared == ([16, 16] if shared and not packed else [])
     assert torch.isfinite(torch.tensor(metrics["loss/policy"]))
 
 
@@ -235,26 +288,27 @@ def test_the_check_passes_a_packed_forward_and_names_what_fails(monkeypatch) -> 
     model = make_model("qwen2")
     packing.use_packed_attention(model)
     assert packing.packed_failure(model) is None
+    in_bfloat16 = make_model("gpt2").to(torch.bfloat16)
+    packing.use_packed_attention(in_bfloat16)
+    assert packing.packed_failure(in_bfloat16) is None
+    original = packing._attention_by_segments
 
-    def whole_rows(q, k, v, starts, scale, window):  # forgets that a row is causal
-        return torch.cat(
-            [
-                torch.nn.functional.scaled_dot_product_attention(
-                    *(t[a:b].transpose(0, 1) for t in (q, k, v)), scale=scale
-                ).transpose(0, 1)
-                for a, b in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True)
-            ]
+    def shifted(q, k, v, query_bounds, key_bounds, scale, window):
+        """Queries aligned with the keys' start, not their end: a shared prompt's rows would
+        each miss their own last tokens."""
+        return original(
+            q, k[: q.shape[0]], v[: q.shape[0]], query_bounds, query_bounds, scale, window
         )
 
-    monkeypatch.setattr(packing, "_attention_by_rows", whole_rows)
-    assert packing.packed_failure(model).startswith("its hidden states differ")
+    monkeypatch.setattr(packing, "_attention_by_segments", shifted)
+    assert packing.packed_failure(model).startswith("its hidden states (shared prompts) differ")
 
 
 def test_null_packs_where_the_check_passes_and_else_warns_once_and_stays_padded(
     monkeypatch, capsys
 ) -> None:
     """Null packs where packed rows take the variable-length attention (here the CPU, with the
-    rows loop standing in for it where it passes); torch's own on the CPU, which has no
+    segments loop standing in for it where it passes); torch's own on the CPU, which has no
     kernel there, fails the check: one warning, sdpa again and rows padded."""
     monkeypatch.setattr(packing, "VARLEN_DEVICES", ("cpu",))
     model = make_model("qwen2")
@@ -264,12 +318,12 @@ def test_null_packs_where_the_check_passes_and_else_warns_once_and_stays_padded(
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith("warning: rows stay padded in the update (model.pack_rows): the packed")
 
-    def rows_loop(q, k, v, starts, longest, scale, window):
+    def segments_loop(q, k, v, query_bounds, key_bounds, longest, scale, window):
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-        return packing._attention_by_rows(q, k, v, starts, scale, window)
+        return packing._attention_by_segments(q, k, v, query_bounds, key_bounds, scale, window)
 
-    monkeypatch.setattr(packing, "_varlen_attention", rows_loop)
+    monkeypatch.setattr(packing, "_varlen_attention", segments_loop)
     assert build.settle_pack_rows(load_config(None, []), model).model.pack_rows is True
     assert model.config._attn_implementation == packing.ATTENTION
     assert capsys.readouterr().err == ""

@@ -1,12 +1,17 @@
 """The training forward without padding: a microbatch's rows packed end to end by their real
-tokens, as verl's remove-padding does.
+tokens, as verl's remove-padding does, and a GRPO group's prompt run once for its rows.
 
-The rows' real tokens become one sequence `[1, sum of lengths]` and each row attends only to
-its own tokens, through the rows' bounds (`cu_seq_lens_q`, as transformers' flash attention
-takes them) rather than a mask: on CUDA torch's variable-length flash attention
-(`torch.nn.attention.varlen`), elsewhere one `scaled_dot_product_attention` call a row. The
-model's attention implementation becomes `ATTENTION`, which runs packed calls so and hands
-every other call (the sampler's, evaluation's, a padded forward's) to sdpa unchanged.
+The real tokens become one sequence `[1, S]`, cut into segments that attend only within
+themselves, by the segments' bounds (`cu_seq_lens_q`, `cu_seq_lens_k`, as transformers' flash
+attention takes them) rather than a mask: on CUDA torch's variable-length flash attention
+(`torch.nn.attention.varlen`), elsewhere one `scaled_dot_product_attention` call a segment.
+Without shared prompts a segment is a row, prompt and completion. With them (`RowLengths.groups`)
+each distinct prompt is a segment once, and each row's completion a segment whose queries are
+its own tokens and whose keys and values are its prompt's followed by its own
+(`SharedPrompts`), so a prompt shared by G rows costs one forward and backward, not G, in the
+same single forward. The model's attention implementation becomes `ATTENTION`, which runs
+packed calls so and hands every other call (the sampler's, evaluation's, a padded forward's)
+to sdpa unchanged.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+from dataclasses import dataclass
 
 import torch
 import transformers
@@ -29,41 +35,235 @@ ATTENTION = "oncurve_packed"
 VARLEN_DEVICES = ("cuda",)
 
 
+@dataclass(frozen=True)
+class RowLengths:
+    """A microbatch's rows as the host knows them (`train_step.Microbatch`): all the packing
+    needs, so that it reads nothing back from the device.
+
+    Attributes:
+        prompts: each row's real prompt tokens (at least 1).
+        completions: each row's real completion tokens.
+        groups: each row's prompt number (rows of one number have one prompt: a GRPO group),
+            or None to run every row whole.
+    """
+
+    prompts: tuple[int, ...]
+    completions: tuple[int, ...]
+    groups: tuple[int, ...] | None = None
+
+    def shares_prompts(self) -> bool:
+        """Whether some rows share a prompt, so that it runs once for them."""
+        return self.groups is not None and len(set(self.groups)) < len(self.groups)
+
+
+@dataclass(frozen=True)
+class SharedPrompts:
+    """How the keys (or values) `[S, H_kv, D]` of a packed sequence whose U distinct prompts
+    come first, once each, become those of its segments: each prompt's own, then for each of
+    the N rows its prompt's followed by its completion's.
+
+    The prompts are laid out one a row (`prompt_slots`) and each row takes its prompt's by a
+    one-hot `select` `[N, U]` matmul, as the padded shared-prompt forward does: exact, and its
+    backward adds a group's gradients in a fixed order, where a gather's would add them with
+    atomics. Every other move is a copy to distinct places, whose backward is a gather.
+
+    Attributes:
+        prompt_tokens: the prompts' tokens at the head of the sequence.
+        width: the longest prompt (a prompt's row in the layout).
+        prompt_slots: `[prompt_tokens]` each prompt token's place in the `[U * width]` layout.
+        select: `[N, U]` one-hot, row n's prompt.
+        own: `[S]` each token's place among the segments' keys.
+        expanded: `[N * width]` the place of each row's prompt slot among them (empty slots
+            go past `size`, to be cut off).
+        size: the segments' keys, all together.
+    """
+
+    prompt_tokens: int
+    width: int
+    prompt_slots: torch.Tensor
+    select: torch.Tensor
+    own: torch.Tensor
+    expanded: torch.Tensor
+    size: int
+
+    def keys(self, packed: torch.Tensor) -> torch.Tensor:
+        """`[size, H_kv, D]` the segments' keys (or values) from the sequence's `[S, H_kv, D]`."""
+        flat = packed.flatten(1)
+        rows, prompts = self.select.shape
+        layout = flat.new_zeros(prompts * self.width, flat.shape[1])
+        layout = layout.index_copy(0, self.prompt_slots, flat[: self.prompt_tokens])
+        taken = self.select.to(flat.dtype) @ layout.view(prompts, -1)
+        out = flat.new_zeros(self.size + rows * self.width, flat.shape[1])
+        out = out.index_copy(0, self.own, flat)
+        out = out.index_copy(0, self.expanded, taken.view(rows * self.width, -1))
+        return out[: self.size].view(self.size, *packed.shape[1:])
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Where each token of the packed sequence comes from and goes, on the host.
+
+    `lists` holds `sources` (each token's place in the flattened `[N, W]` input ids),
+    `positions`, `query_bounds` and `key_bounds` (the segments'), `outputs` (each hidden
+    state's place in `[N * T]`, or past it: with shared prompts, the completions' only) and,
+    with shared prompts, `prompt_last` (each prompt's last token), `first_columns` and
+    `SharedPrompts`' `prompt_slots`, `select` (flattened), `own` and `expanded`.
+    """
+
+    lists: dict[str, list[int]]
+    longest_query: int
+    longest_key: int
+    shared: dict[str, int] | None  # `SharedPrompts`' sizes
+
+
+def _bounds(lengths: list[int]) -> list[int]:
+    return [0, *itertools.accumulate(lengths)]
+
+
+def _plan(rows: RowLengths, width: int, completion_len: int) -> _Plan:
+    """The packing of rows of `width` columns (prompts left-padded, then `completion_len`
+    completion columns right-padded) with these lengths."""
+    prompt_width = width - completion_len
+    count = len(rows.prompts)
+    trash = itertools.count(count * completion_len)
+    sources: list[int] = []
+    positions: list[int] = []
+    outputs: list[int] = []
+
+    def prompt_of(row: int) -> None:
+        length = rows.prompts[row]
+        first = row * width + prompt_width - length
+        sources.extend(range(first, first + length))
+        positions.extend(range(length))
+
+    def completion_of(row: int) -> None:
+        """Row `row`'s completion tokens: token i's hidden state precedes token i + 1."""
+        length, offset = rows.completions[row], rows.prompts[row]
+        first = row * width + prompt_width
+        sources.extend(range(first, first + length))
+        positions.extend(range(offset, offset + length))
+        outputs.extend(row * completion_len + i + 1 for i in range(length - 1))
+        outputs.extend(itertools.islice(trash, min(length, 1)))
+
+    if not rows.shares_prompts():
+        for row in range(count):
+            prompt_of(row)  # its last token's hidden state precedes the completion
+            outputs.extend(itertools.islice(trash, rows.prompts[row] - 1))
+            outputs.append(row * completion_len)
+            completion_of(row)
+        lengths = [p + c for p, c in zip(rows.prompts, rows.completions, strict=True)]
+        lists = {
+            "sources": sources,
+            "positions": positions,
+            "query_bounds": _bounds(lengths),
+            "key_bounds": _bounds(lengths),
+            "outputs": outputs,
+        }
+        return _Plan(lists, max(lengths), max(lengths), None)
+
+    groups = rows.groups or ()
+    firsts = {g: groups.index(g) for g in dict.fromkeys(groups)}  # each prompt's first row
+    prompt_lengths = [rows.prompts[first] for first in firsts.values()]
+    for first in firsts.values():
+        prompt_of(first)
+    for row in range(count):
+        completion_of(row)
+    longest = max(prompt_lengths)
+    row_prompt = [list(firsts).index(g) for g in groups]
+    key_lengths = prompt_lengths + [
+        prompt_lengths[u] + c for u, c in zip(row_prompt, rows.completions, strict=True)
+    ]
+    key_starts = _bounds(key_lengths)
+    own = [key_starts[u] + i for u, length in enumerate(prompt_lengths) for i in range(length)]
+    expanded = []
+    spare = itertools.count(key_starts[-1])
+    for row, u in enumerate(row_prompt):
+        start = key_starts[len(prompt_lengths) + row]
+        own.extend(start + prompt_lengths[u] + i for i in range(rows.completions[row]))
+        expanded.extend(start + i for i in range(prompt_lengths[u]))
+        expanded.extend(itertools.islice(spare, longest - prompt_lengths[u]))
+    query_lengths = prompt_lengths + list(rows.completions)
+    lists = {
+        "sources": sources,
+        "positions": positions,
+        "query_bounds": _bounds(query_lengths),
+        "key_bounds": key_starts,
+        "outputs": outputs,
+        "prompt_last": [end - 1 for end in itertools.accumulate(prompt_lengths)],
+        "first_columns": list(range(0, count * completion_len, completion_len)),
+        "prompt_slots": [u * longest + i for u, n in enumerate(prompt_lengths) for i in range(n)],
+        "select": [int(u == v) for u in row_prompt for v in range(len(prompt_lengths))],
+        "own": own,
+        "expanded": expanded,
+    }
+    sizes = {"prompt_tokens": sum(prompt_lengths), "width": longest, "size": key_starts[-1]}
+    return _Plan(lists, max(query_lengths), max(key_lengths), sizes)
+
+
+def _on_device(lists: dict[str, list[int]], device: torch.device) -> dict[str, torch.Tensor]:
+    """`lists` as long tensors on `device`, in one copy; on CUDA from pinned memory and
+    without waiting (a blocking copy there waits for every kernel queued before it)."""
+    host = torch.tensor([v for values in lists.values() for v in values], dtype=torch.long)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    flat = host.to(device, non_blocking=True)
+    parts = flat.split([len(values) for values in lists.values()])
+    return dict(zip(lists, parts, strict=True))
+
+
 def packed_hidden(
     trunk: torch.nn.Module,
     input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
     completion_len: int,
-    tokens: int,
+    rows: RowLengths,
 ) -> torch.Tensor:
     """`[N, T, H]` hidden states of a decoder `trunk` before each of the last `completion_len`
-    (T) tokens of `input_ids` `[N, L]`, from one forward of the rows' `tokens` real tokens
-    packed end to end (the trunk's attention must be `ATTENTION`: `use_packed_attention`).
+    (T) tokens of `input_ids` `[N, W]` (prompts left-padded, completions right-padded, each
+    row's real lengths in `rows`), from one forward of the rows' real tokens packed end to end,
+    each prompt once where rows share it (the trunk's attention must be `ATTENTION`:
+    `use_packed_attention`).
 
     Position ids count real tokens only, as in the padded forward, whose results these equal
-    up to float rounding; values on padding are 0. `tokens` (`attention_mask.sum()`) and L,
-    which bounds every row's length, are the host's, so nothing is read back from the device.
+    up to float rounding; values on padding are 0.
     """
-    rows, width = input_ids.shape
-    padding = (attention_mask.flatten() == 0).to(torch.uint8)
-    # a stable sort puts the real tokens first, each row's in order and rows one after another
-    real = torch.argsort(padding, stable=True)[:tokens]
-    starts = torch.nn.functional.pad(attention_mask.sum(1).cumsum(0), (1, 0)).to(torch.int32)
+    count, width = input_ids.shape
+    plan = _plan(rows, width, completion_len)
+    device = input_ids.device
+    at = _on_device(plan.lists, device)
+    shared = None
+    if plan.shared is not None:
+        prompts = len(at["prompt_last"])
+        shared = SharedPrompts(
+            prompt_slots=at["prompt_slots"],
+            select=at["select"].view(count, prompts),
+            own=at["own"],
+            expanded=at["expanded"],
+            **plan.shared,
+        )
     out = trunk(
-        input_ids=input_ids.flatten()[real][None],
+        input_ids=input_ids.flatten()[at["sources"]][None],
         # transformers passes a 4-D mask to the attention untouched, so it builds none and reads
-        # nothing back; the packed attention needs none: the rows' bounds are `starts`
-        attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=input_ids.device),
-        position_ids=real_token_positions(attention_mask).flatten()[real][None],
+        # nothing back; the packed attention needs none: the segments' bounds say it all
+        attention_mask=torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device),
+        position_ids=at["positions"][None],
         use_cache=False,
-        cu_seq_lens_q=starts,
-        cu_seq_lens_k=starts,
-        max_length_q=width,
-        max_length_k=width,
+        cu_seq_lens_q=at["query_bounds"].to(torch.int32),
+        cu_seq_lens_k=at["key_bounds"].to(torch.int32),
+        max_length_q=plan.longest_query,
+        max_length_k=plan.longest_key,
+        shared_prompts=shared,
     )
     hidden = out.last_hidden_state[0]
-    padded = hidden.new_zeros(rows * width, hidden.shape[-1]).index_copy(0, real, hidden)
-    return padded.view(rows, width, -1)[:, -completion_len - 1 : -1]
+    size = count * completion_len
+    placed = hidden.new_zeros(size + len(plan.lists["sources"]), hidden.shape[-1])
+    if shared is None:
+        placed = placed.index_copy(0, at["outputs"], hidden)
+    else:
+        # each prompt's last hidden state precedes the first completion token of all its rows
+        last = shared.select.to(hidden.dtype) @ hidden[at["prompt_last"]]
+        placed = placed.index_copy(0, at["outputs"], hidden[shared.prompt_tokens :])
+        placed = placed.index_copy(0, at["first_columns"], last)
+    return placed[:size].view(count, completion_len, -1)
 
 
 def packed_attention(
@@ -77,11 +277,12 @@ def packed_attention(
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     """A transformers attention function (`AttentionInterface`): `query` `[1, H, S, D]`, `key`
-    and `value` `[1, H_kv, S, D]` of packed rows whose bounds are `cu_seq_lens_q` `[R+1]`,
-    each row causal within itself; returns `[1, S, H, D]`. A call without `cu_seq_lens_q` is
-    sdpa's."""
-    starts = kwargs.get("cu_seq_lens_q")
-    if starts is None:
+    and `value` `[1, H_kv, S, D]` of a packed sequence whose segments' bounds are
+    `cu_seq_lens_q` and `cu_seq_lens_k` `[R+1]` (keys and values made with `shared_prompts`
+    where prompts are shared), each segment's queries causal over its keys, aligned at the
+    end; returns `[1, S, H, D]`. A call without `cu_seq_lens_q` is sdpa's."""
+    query_bounds = kwargs.get("cu_seq_lens_q")
+    if query_bounds is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout, scaling, **kwargs
         )
@@ -89,12 +290,17 @@ def packed_attention(
         raise ValueError("packed rows take attention without dropout or logit soft-capping")
     window = kwargs.get("sliding_window")
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [S, heads, D]
+    shared = kwargs.get("shared_prompts")
+    if isinstance(shared, SharedPrompts):
+        k, v = shared.keys(k), shared.keys(v)
+    key_bounds = kwargs["cu_seq_lens_k"]
+    longest = (int(kwargs["max_length_q"]), int(kwargs["max_length_k"]))
     if q.device.type in VARLEN_DEVICES:
-        out = _varlen_attention(q, k, v, starts, int(kwargs["max_length_q"]), scaling, window)
+        out = _varlen_attention(q, k, v, query_bounds, key_bounds, longest, scaling, window)
     else:
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-        out = _attention_by_rows(q, k, v, starts, scaling, window)
+        out = _attention_by_segments(q, k, v, query_bounds, key_bounds, scaling, window)
     return out[None], None
 
 
@@ -102,12 +308,14 @@ def _varlen_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    starts: torch.Tensor,
-    longest: int,
+    query_bounds: torch.Tensor,
+    key_bounds: torch.Tensor,
+    longest: tuple[int, int],
     scale: float | None,
     window: int | None,
 ) -> torch.Tensor:
-    """`[S, H, D]` torch's variable-length flash attention, causal (within `window` tokens)."""
+    """`[S, H, D]` torch's variable-length flash attention, causal aligned at each segment's
+    end (within `window` tokens)."""
     from torch.nn.attention.varlen import varlen_attn
 
     options: dict[str, object] = {"window_size": (-1 if window is None else window - 1, 0)}
@@ -116,33 +324,46 @@ def _varlen_attention(
     else:
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-    return varlen_attn(q, k, v, starts, starts, longest, longest, scale=scale, **options)
+    return varlen_attn(q, k, v, query_bounds, key_bounds, *longest, scale=scale, **options)
 
 
-# Reading the bounds is free on the CPU; under `torch.compile` (`model.compile_layers`) the rows
-# loop runs eagerly instead of recompiling for every count of rows.
+# Reading the bounds is free on the CPU; under `torch.compile` (`model.compile_layers`) the
+# loop runs eagerly instead of recompiling for every count of segments.
 @torch.compiler.disable
-def _attention_by_rows(
+def _attention_by_segments(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    starts: torch.Tensor,
+    query_bounds: torch.Tensor,
+    key_bounds: torch.Tensor,
     scale: float | None,
     window: int | None,
 ) -> torch.Tensor:
-    """`[S, H, D]` each row's causal attention (within `window` tokens) over its own tokens,
-    one sdpa call a row; `k` and `v` have the query's H heads."""
-    bounds = starts.tolist()
+    """`[S, H, D]` each segment's attention over its own keys, causal aligned at the end
+    (within `window` tokens), one sdpa call a segment; `k` and `v` have the query's H heads."""
     out = []
-    for first, end in itertools.pairwise(bounds):
-        rq, rk, rv = (t[first:end].transpose(0, 1) for t in (q, k, v))  # [H, L, D]
-        band = None
-        if window is not None and end - first > window:
-            ahead = torch.arange(end - first, device=q.device)
-            behind = ahead[:, None] - ahead[None, :]
-            band = (behind >= 0) & (behind < window)
+    segments = zip(
+        itertools.pairwise(query_bounds.tolist()),
+        itertools.pairwise(key_bounds.tolist()),
+        strict=True,
+    )
+    for (q_first, q_end), (k_first, k_end) in segments:
+        queries, keys = q_end - q_first, k_end - k_first
+        if queries == 0:
+            continue
+        # query i sees key j where j <= i + (keys - queries), as flash attention aligns them
+        behind = (torch.arange(queries, device=q.device)[:, None] + keys - queries) - torch.arange(
+            keys, device=q.device
+        )
+        allowed = behind >= 0
+        if window is not None:
+            allowed &= behind < window
         attended = torch.nn.functional.scaled_dot_product_attention(
-            rq, rk, rv, attn_mask=band, is_causal=band is None, scale=scale
+            q[q_first:q_end].transpose(0, 1),
+            k[k_first:k_end].transpose(0, 1),
+            v[k_first:k_end].transpose(0, 1),
+            attn_mask=allowed,
+            scale=scale,
         )
         out.append(attended.transpose(0, 1))
     return torch.cat(out)
@@ -183,44 +404,65 @@ def use_packed_attention(model: transformers.PreTrainedModel) -> None:
 
 def packed_failure(model: transformers.PreTrainedModel) -> str | None:
     """Why `model`'s packed forward fails where it is, or None: three rows of random tokens
-    (one a single token), packed and padded, each forward and its backward to the token
-    embeddings (through every layer's attention), the two equal within bf16 rounding.
+    (two sharing a prompt, one completion a single token), packed with the prompt shared and
+    with every row whole, each against the padded forward, forward and backward, equal within
+    bf16 rounding. The backward, of the hidden states along a random direction, is taken to
+    the embeddings of the tokens used (a token's
+    gradients summed, so that a prompt run once compares with its copies), through every
+    layer's attention.
 
     Run before a run packs by default, on the run's model and device, so that a kernel, a
     layout or a transformers release that the packed path does not meet ends in padded rows
     and one warning, not in a failed update.
     """
-    lengths = torch.tensor([5, 1, 9])
-    mask = (torch.arange(9) < lengths[:, None]).long().to(model.device)
-    vocab = model.get_input_embeddings().num_embeddings
-    ids = torch.randint(vocab, mask.shape, generator=torch.Generator().manual_seed(0))
-    ids = ids.to(model.device) * mask
-    embedded: list[torch.Tensor] = []
+    prompts, completions = (4, 4, 2), (3, 1, 5)
+    g = torch.Generator().manual_seed(0)
+    embedding = model.get_input_embeddings()
+    prompt = torch.randint(embedding.num_embeddings, (4,), generator=g)
+    ids = torch.randint(embedding.num_embeddings, (3, 9), generator=g)
+    ids[1, :4] = ids[0, :4] = prompt
+    mask = torch.cat(
+        [
+            torch.arange(4) >= 4 - torch.tensor(prompts)[:, None],
+            torch.arange(5) < torch.tensor(completions)[:, None],
+        ],
+        dim=1,
+    ).long()
+    ids, mask = (ids * mask).to(model.device), mask.to(model.device)
+    used = torch.unique(ids)
+    table = embedding(used).detach().requires_grad_()
 
-    def leaf(module: torch.nn.Module, args: object, out: torch.Tensor) -> torch.Tensor:
-        embedded.append(out.detach().requires_grad_())
-        return embedded[-1]
+    def embed(module: torch.nn.Module, args: tuple[torch.Tensor], out: torch.Tensor) -> object:
+        return table[torch.searchsorted(used, args[0])]
 
+    hook = embedding.register_forward_hook(embed)
+    direction = torch.randn(3, 5, embedding.embedding_dim, generator=g).to(model.device)
     results = []
-    hook = model.get_input_embeddings().register_forward_hook(leaf)
     try:
-        for tokens in (0, int(lengths.sum())):
-            if tokens:
-                hidden = packed_hidden(model.base_model, ids, mask, 8, tokens)
+        for groups in (None, (0, 0, 1), ()):
+            if groups is None:
+                hidden = model.base_model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=real_token_positions(mask),
+                    use_cache=False,
+                ).last_hidden_state[:, 3:-1]
             else:
-                out = model.base_model(input_ids=ids, attention_mask=mask, use_cache=False)
-                hidden = out.last_hidden_state[:, :-1]
-            hidden = hidden.float() * mask[:, :-1, None]
-            (grad,) = torch.autograd.grad(hidden.square().sum(), embedded[-1])
-            # the real tokens' gradients, in the packed order (rows are right-padded here)
-            grad = grad[0] if tokens else grad[mask.bool()]
+                rows = RowLengths(prompts, completions, groups or None)
+                hidden = packed_hidden(model.base_model, ids, 5, rows)
+            hidden = hidden.float() * mask[:, 4:, None]
+            # a fixed random direction: the sum of squares after a final norm hardly depends on
+            # the input, which leaves its gradient to rounding
+            (grad,) = torch.autograd.grad((hidden * direction).sum(), table)
             results.append((hidden.detach(), grad.float()))
     except Exception as error:  # the check exists to turn any failure into a reason
         return error_line(error)
     finally:
         hook.remove()
-    for name, got, want in zip(("hidden states", "gradient"), *results[::-1], strict=True):
-        gap = float((got - want).norm() / want.norm().clamp(min=1e-12))
-        if not gap < 0.05:
-            return f"its {name} differ from the padded forward's by {gap:.3g} (relative)"
+    padded = results[0]
+    for way, packed in (("shared prompts", results[1]), ("whole rows", results[2])):
+        for name, got, want in zip(("hidden states", "gradient"), packed, padded, strict=True):
+            gap = float((got - want).norm() / want.norm().clamp(min=1e-12))
+            if not gap < 0.05:
+                return f"its {name} ({way}) differ from the padded forward's by {gap:.3g}"
     return None

@@ -18,7 +18,7 @@ from oncurve.algo.correction import logprob_diff_mean, tis_weights
 from oncurve.algo.logprobs import logprobs_from_hidden
 from oncurve.compiled_layers import CompiledLayersFailed, compiled_layers
 from oncurve.models import cache_argument, real_token_positions
-from oncurve.packing import packed_hidden
+from oncurve.packing import RowLengths, packed_hidden
 from oncurve.process import NondeterministicBackward, deterministic_backward
 from oncurve.types import TrainBatch
 
@@ -32,7 +32,7 @@ def completion_logprobs(
     chunk_size: int = 1024,
     with_entropy: bool = False,
     prompt_index: torch.Tensor | None = None,
-    packed_tokens: int = 0,
+    packed: RowLengths | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities of the last `completion_len` tokens of each row under `model`.
 
@@ -47,9 +47,9 @@ def completion_logprobs(
     (G - 1) / G of the prompt tokens' forward and backward; the result equals the plain forward
     up to float rounding (`tests/test_train_step.py`).
 
-    With `packed_tokens` (the rows' real tokens, `attention_mask.sum()`, known on the host), the
-    rows run packed end to end with no padding (`oncurve.packing`; the model's attention must
-    be `packing.ATTENTION`), and `prompt_index` is not used.
+    With `packed` (the rows' real lengths and prompt numbers, known on the host), the rows run
+    packed end to end with no padding, each shared prompt once (`oncurve.packing`; the model's
+    attention must be `packing.ATTENTION`), and `prompt_index` is not used.
 
     Args:
         model: a Hugging Face causal LM (`base_model` trunk + output embeddings).
@@ -62,7 +62,7 @@ def completion_logprobs(
         and must be masked by the caller.
     """
     hidden = completion_hidden(
-        model.base_model, input_ids, attention_mask, completion_len, prompt_index, packed_tokens
+        model.base_model, input_ids, attention_mask, completion_len, prompt_index, packed
     )
     labels = input_ids[:, -completion_len:]
     head = model.get_output_embeddings()
@@ -77,13 +77,13 @@ def completion_hidden(
     attention_mask: torch.Tensor,
     completion_len: int,
     prompt_index: torch.Tensor | None = None,
-    packed_tokens: int = 0,
+    packed: RowLengths | None = None,
 ) -> torch.Tensor:
     """`[N, T, H]` hidden states of a decoder `trunk` before each of the last `completion_len`
-    tokens, position ids counting real tokens only; with `packed_tokens`, the rows packed, else
-    with `prompt_index`, each distinct prompt run once (see `completion_logprobs`)."""
-    if packed_tokens:
-        return packed_hidden(trunk, input_ids, attention_mask, completion_len, packed_tokens)
+    tokens, position ids counting real tokens only; with `packed`, the rows packed, else with
+    `prompt_index`, each distinct prompt run once (see `completion_logprobs`)."""
+    if packed is not None:
+        return packed_hidden(trunk, input_ids, completion_len, packed)
     position_ids = real_token_positions(attention_mask)
     if prompt_index is not None:
         prompts, row_prompt = torch.unique(prompt_index, return_inverse=True)
@@ -164,7 +164,7 @@ class PolicyLogprobs(torch.nn.Module):
         chunk_size: int = 1024,
         with_entropy: bool = False,
         prompt_index: torch.Tensor | None = None,
-        packed_tokens: int = 0,
+        packed: RowLengths | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return completion_logprobs(
             self.model,
@@ -175,7 +175,7 @@ class PolicyLogprobs(torch.nn.Module):
             chunk_size,
             with_entropy,
             prompt_index,
-            packed_tokens,
+            packed,
         )
 
 
@@ -224,9 +224,9 @@ class ForwardSettings:
     compile_layers: bool = False
     pack_rows: bool = False
 
-    def packed_tokens(self, micro: TrainBatch) -> int:
-        """What the policy's forward of `micro` takes as `packed_tokens`: 0 when not packing."""
-        return micro.real_tokens if self.pack_rows else 0
+    def packed(self, micro: TrainBatch) -> RowLengths | None:
+        """What the policy's forward of `micro` takes as `packed`: None when not packing."""
+        return micro.row_lengths if self.pack_rows else None
 
 
 def trim_padding(batch: TrainBatch, longest_prompt: int, longest_completion: int) -> TrainBatch:
@@ -250,7 +250,7 @@ def trim_padding(batch: TrainBatch, longest_prompt: int, longest_completion: int
         ref_logprobs=cut(batch.ref_logprobs),
         sample_logprobs=cut(batch.sample_logprobs),
         prompt_index=batch.prompt_index,
-        real_tokens=batch.real_tokens,
+        row_lengths=batch.row_lengths,
     )
 
 
@@ -275,18 +275,18 @@ class Microbatch:
         longest_prompt, longest_completion: the rows' longest, in real tokens (what
             `trim_padding` keeps).
         completion_tokens: the rows' completion tokens that count in the loss.
-        real_tokens: the rows' tokens that are not padding, prompts' and completions'.
+        lengths: the rows' real lengths and prompt numbers, what a packed forward needs.
     """
 
     index: torch.Tensor
     longest_prompt: int
     longest_completion: int
     completion_tokens: int
-    real_tokens: int
+    lengths: RowLengths
 
     def of(self, batch: TrainBatch) -> TrainBatch:
-        """These rows of `batch`, padding-trimmed, their real tokens counted."""
-        rows = replace(batch.rows(self.index), real_tokens=self.real_tokens)
+        """These rows of `batch`, padding-trimmed, their lengths known."""
+        rows = replace(batch.rows(self.index), row_lengths=self.lengths)
         return trim_padding(rows, self.longest_prompt, self.longest_completion)
 
 
@@ -296,26 +296,28 @@ def microbatches(
     """The microbatches of `batch`: consecutive runs of `length_order`, each of at most
     `max_rows` rows and, when `max_tokens` > 0, at most `max_tokens` tokens once
     `trim_padding` has cut it (rows x (longest prompt + longest completion)), or with `packed`
-    rows, at most `max_tokens` real tokens; a row longer than that goes alone.
+    rows, at most `max_tokens` real tokens (each row's prompt counted); a row longer than that
+    goes alone.
 
     A token budget keeps every microbatch's activations about one size whatever the lengths
     sampled (short completions pack many rows, long ones few); `models.microbatch_tokens` says
-    why that size matters on CPU. The rows' lengths are read to the host once, here, so that
-    the microbatches' forwards and backwards follow one another with no wait for the device.
+    why that size matters on CPU. The rows' lengths (and `prompt_index`, for a packed forward)
+    are read to the host once, here, so that the microbatches' forwards and backwards follow
+    one another with no wait for the device.
     """
     order = length_order(batch)
     completion_len = batch.completion_mask.shape[1]
     prompt_len = batch.input_ids.shape[1] - completion_len
     # A completion's span is its real tokens, not its loss tokens: an episode's observations
     # are read by the forward but have no loss.
-    lengths = torch.stack(
-        [
-            batch.attention_mask[:, :prompt_len].sum(1),
-            batch.attention_mask[:, prompt_len:].sum(1),
-            batch.completion_mask.sum(1).long(),
-        ]
-    )
-    prompts, completions, loss_tokens = lengths[:, order].tolist()
+    columns = [
+        batch.attention_mask[:, :prompt_len].sum(1),
+        batch.attention_mask[:, prompt_len:].sum(1),
+        batch.completion_mask.sum(1).long(),
+    ]
+    if batch.prompt_index is not None:
+        columns.append(batch.prompt_index.to(columns[0].dtype))
+    prompts, completions, loss_tokens, *groups = torch.stack(columns)[:, order].tolist()
     cuts: list[Microbatch] = []
     start = 0
     while start < len(prompts):
@@ -329,10 +331,20 @@ def microbatches(
                 break
             longest_prompt, longest_completion, real = *grown, more
             end += 1
-        part = Microbatch(
-            order[start:end], longest_prompt, longest_completion, sum(loss_tokens[start:end]), real
+        lengths = RowLengths(
+            tuple(prompts[start:end]),
+            tuple(completions[start:end]),
+            tuple(groups[0][start:end]) if groups else None,
         )
-        cuts.append(part)
+        cuts.append(
+            Microbatch(
+                order[start:end],
+                longest_prompt,
+                longest_completion,
+                sum(loss_tokens[start:end]),
+                lengths,
+            )
+        )
         start = end
     return cuts
 
@@ -496,7 +508,7 @@ def microbatch_loss(
         forward.chunk_size,
         with_entropy=True,
         prompt_index=micro.prompt_index,
-        packed_tokens=forward.packed_tokens(micro),
+        packed=forward.packed(micro),
     )
     old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
     advantages = micro.advantages
@@ -583,7 +595,7 @@ def batch_logprobs(
             forward.temperature,
             forward.chunk_size,
             prompt_index=micro.prompt_index,
-            packed_tokens=forward.packed_tokens(micro),
+            packed=forward.packed(micro),
         )
         return values
 

@@ -482,16 +482,13 @@ def _evaluation(s: Session) -> dict[str, float]:
 
 
 def _shares_prompt_forward(cfg: Config) -> bool:
-    """Whether the update runs each group's prompt once: not under gradient checkpointing (HF
-    drops the KV cache there) or FSDP2 (its hooks expect one forward of each module per
-    backward), nor with rows packed (one forward of every row's real tokens)."""
+    """Whether the update runs each group's prompt once: with rows packed, always (one forward,
+    the prompt a segment of it); padded, not under gradient checkpointing (HF drops the KV
+    cache there) or FSDP2 (its hooks expect one forward of each module per backward)."""
     m = cfg.model
-    return (
-        m.share_prompt_forward
-        and not m.gradient_checkpointing
-        and not cfg.dist.fsdp
-        and not m.pack_rows
-    )
+    if not m.share_prompt_forward:
+        return False
+    return bool(m.pack_rows) or (not m.gradient_checkpointing and not cfg.dist.fsdp)
 
 
 def _prompt_index(cfg: Config, rollout: RolloutBatch) -> torch.Tensor | None:

@@ -7,8 +7,12 @@ positions (left-padded) and T completion positions (right-padded).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from oncurve.packing import RowLengths
 
 
 @dataclass
@@ -143,8 +147,9 @@ class TrainBatch:
             and the denominator of the TIS weight (`algo.tis_cap`).
         prompt_index: `[N]` equal for rows with the same prompt (a group), so that the forward
             can run each prompt once; None to run every row whole.
-        real_tokens: the rows' tokens that are not padding, when counted on the host (a
-            microbatch's, `train_step.Microbatch.of`), for a forward of the rows packed; else 0.
+        row_lengths: the rows' real lengths and prompt numbers, when known on the host (a
+            microbatch's, `train_step.Microbatch.of`), for a forward of the rows packed
+            (`oncurve.packing.RowLengths`); else None.
     """
 
     input_ids: torch.Tensor
@@ -155,7 +160,7 @@ class TrainBatch:
     ref_logprobs: torch.Tensor | None = None
     sample_logprobs: torch.Tensor | None = None
     prompt_index: torch.Tensor | None = None
-    real_tokens: int = 0
+    row_lengths: RowLengths | None = None
 
     @property
     def num_rows(self) -> int:

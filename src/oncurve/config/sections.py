@@ -102,13 +102,13 @@ class ModelConfig:
         "packed end to end by their real tokens, with no padding (attention by the rows' "
         "bounds: torch's variable-length flash attention on CUDA, one sdpa call a row "
         "elsewhere); null: on with CUDA where torch has it (2.11+) and the model uses sdpa "
-        "attention without logit soft-capping. Packed rows do not share prompt forwards",
+        "attention without logit soft-capping",
     )
     share_prompt_forward: bool = _opt(
         True,
-        "in the update and the reference pass, run each group's prompt once and share its KV "
-        "cache with the group's completions (not under gradient checkpointing, FSDP or "
-        "model.pack_rows)",
+        "in the update and the reference pass, run each group's prompt once for the group's "
+        "completions: with packed rows, in the same forward; padded, by sharing its KV cache "
+        "(not under gradient checkpointing or FSDP)",
     )
     logprob_chunk_size: int | None = _opt(
         None,
