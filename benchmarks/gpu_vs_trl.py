@@ -585,10 +585,11 @@ def make_job(args: argparse.Namespace) -> tuple[Job, str]:
 
 def profile_variants() -> dict[str, list[str]]:
     """The settings `--profile` runs the job with, by name: the memory plan's own choices
-    (rows packed, where torch has variable-length attention); the same without deterministic
-    kernels (what bit-exact resume costs: TRL does not ask for them); with the rows padded and
-    each group's prompt run once (`model.pack_rows=false`, the default before packing: two
-    forwards, twice the kernel launches, in the update and the reference pass); and with the
+    (rows packed, each group's prompt once, where torch has variable-length attention); the
+    same without deterministic kernels (what bit-exact resume costs: TRL does not ask for
+    them); with the rows padded and each group's prompt run once through its KV cache
+    (`model.pack_rows=false`, the default before packing: two forwards, twice the kernel
+    launches, in the update and the reference pass); and with the
     decoder layers compiled for the update and the reference pass (`model.compile_layers`:
     fewer kernels, if launches are what the GPU waits for)."""
     return {

@@ -11,6 +11,7 @@ import torch
 from test_train_step import accumulate_grpo, grpo_batch
 
 import oncurve.compiled_layers as compiled_module
+from oncurve import packing
 from oncurve.models import enable_gradient_checkpointing
 from oncurve.train_step import ForwardSettings
 
@@ -97,6 +98,23 @@ def test_compiled_layers_give_the_eager_gradients_and_run_only_in_training_forwa
     with torch.no_grad():
         reference.model.layers[0].self_attn.o_proj.weight.zero_()
     assert model.model.layers[0].self_attn.o_proj.weight.abs().sum() > 0
+
+
+def test_compiled_layers_with_packed_rows_give_the_eager_packed_gradients(compiler) -> None:
+    """The packed attention's kwargs (the segments' bounds, the shared prompts' layout) pass
+    through the compiled layers; on the CPU its loop over segments runs eagerly between them."""
+    model, batch = grpo_batch(0, share_prompt=True)
+    packing.use_packed_attention(model)
+    eager_model = copy.deepcopy(model)
+    tokens = float(batch.completion_mask.sum())
+    accumulate_grpo(eager_model, batch, ForwardSettings(1.0, 16, 4, pack_rows=True), tokens)
+    compiled_module.compile_decoder_layers(model)
+    forward = ForwardSettings(1.0, 16, 4, compile_layers=True, pack_rows=True)
+    accumulate_grpo(model, batch, forward, tokens)
+    assert compiler.compiled >= 1 and compiler.calls >= 2 * model.config.num_hidden_layers
+    assert compiled_module._State.failure is None
+    for got, want in zip(grads(model), grads(eager_model), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize(
