@@ -39,6 +39,20 @@ def batch_to(batch: BatchT, device: str | torch.device) -> BatchT:
     )
 
 
+def rows_per_call(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[int]:
+    """The rows (`args[1].shape[0]`, the input ids') of each call of `owner.name` from now on,
+    the calls otherwise unchanged."""
+    rows: list[int] = []
+    original = getattr(owner, name)
+
+    def counting(*args, **kwargs):
+        rows.append(args[1].shape[0])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counting)
+    return rows
+
+
 def tiny_qwen2(vocab_size: int, seed: int = 0) -> transformers.PreTrainedModel:
     torch.manual_seed(seed)
     config = transformers.Qwen2Config(

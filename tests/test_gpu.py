@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import batch_to, tiny_qwen2
+from conftest import batch_to, rows_per_call, tiny_qwen2
 from safetensors.torch import load_file
 from test_distributed import (
     VOCAB,
@@ -236,22 +236,8 @@ def test_each_feature_trains_on_cuda_and_its_final_model_loads_on_the_cpu(
     }[feature]
     if feature == "lora":
         pytest.importorskip("peft", reason="the lora extra (peft) is not installed")
-    shared_rows = []
-    real_shared = train_step._shared_prompt_hidden
-
-    def counting(*args, **kwargs):
-        shared_rows.append(args[1].shape[0])
-        return real_shared(*args, **kwargs)
-
-    monkeypatch.setattr(train_step, "_shared_prompt_hidden", counting)
-    packed_rows = []
-    real_packed = train_step.packed_hidden
-
-    def counting_packed(*args, **kwargs):
-        packed_rows.append(args[1].shape[0])
-        return real_packed(*args, **kwargs)
-
-    monkeypatch.setattr(train_step, "packed_hidden", counting_packed)
+    shared_rows = rows_per_call(monkeypatch, train_step, "_shared_prompt_hidden")
+    packed_rows = rows_per_call(monkeypatch, train_step, "packed_hidden")
     sessions = sessions_of(monkeypatch)
     run_dir = tmp_path / "run"
     train(make_config(tiny_model_dir, data_file, run_dir, *BF16, *overrides), quiet=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import rows_per_call
 from test_rollout import make_model
 from test_train_step import (
     COMPLETION_LEN,
@@ -253,14 +254,7 @@ def test_the_trainer_packs_the_update_and_reference_rows_as_configured(
         return original(trunk, input_ids, completion_len, rows)
 
     monkeypatch.setattr(train_step, "packed_hidden", counting)
-    padded_shared = []
-    share = train_step._shared_prompt_hidden
-
-    def counting_shared(*args):
-        padded_shared.append(args[1].shape[0])
-        return share(*args)
-
-    monkeypatch.setattr(train_step, "_shared_prompt_hidden", counting_shared)
+    padded_shared = rows_per_call(monkeypatch, train_step, "_shared_prompt_hidden")
     s = setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *overrides))
     assert s.config.model.pack_rows is packed
     with s.rewards:

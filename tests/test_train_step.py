@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from conftest import rows_per_call
 from test_distributed import loss_fns
 from test_rollout import make_model
 from test_trainer import make_config
@@ -207,14 +208,7 @@ def test_a_token_budget_changes_no_gradient() -> None:
 def test_the_trainer_shares_the_prompt_forward_when_it_applies(
     tiny_model_dir, data_file, tmp_path, monkeypatch, overrides, shared
 ) -> None:
-    calls = []
-    original = train_step._shared_prompt_hidden
-
-    def counting(*args, **kwargs):
-        calls.append(args[1].shape[0])
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(train_step, "_shared_prompt_hidden", counting)
+    calls = rows_per_call(monkeypatch, train_step, "_shared_prompt_hidden")
     s = setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *overrides))
     with s.rewards:
         training_step(s, 1)
