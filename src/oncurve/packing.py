@@ -58,20 +58,21 @@ class RowLengths:
 
 @dataclass(frozen=True)
 class SharedPrompts:
-    """How the keys (or values) `[S, H_kv, D]` of a packed sequence whose U distinct prompts
+    """How the keys and values `[S, H_kv, D]` of a packed sequence whose U distinct prompts
     come first, once each, become those of its segments: each prompt's own, then for each of
     the N rows its prompt's followed by its completion's.
 
     The prompts are laid out one a row (`prompt_slots`) and each row takes its prompt's by a
     one-hot `select` `[N, U]` matmul, as the padded shared-prompt forward does: exact, and its
     backward adds a group's gradients in a fixed order, where a gather's would add them with
-    atomics. Every other move is a copy to distinct places, whose backward is a gather.
+    atomics. Every other move is a copy to distinct places, whose backward is a gather. Keys
+    and values move together, in half the kernels (on a GPU the update waits on launches).
 
     Attributes:
         prompt_tokens: the prompts' tokens at the head of the sequence.
         width: the longest prompt (a prompt's row in the layout).
         prompt_slots: `[prompt_tokens]` each prompt token's place in the `[U * width]` layout.
-        select: `[N, U]` one-hot, row n's prompt.
+        select: `[N, U]` one-hot, row n's prompt, in the keys' dtype.
         own: `[S]` each token's place among the segments' keys.
         expanded: `[N * width]` the place of each row's prompt slot among them (empty slots
             go past `size`, to be cut off).
@@ -86,17 +87,23 @@ class SharedPrompts:
     expanded: torch.Tensor
     size: int
 
-    def keys(self, packed: torch.Tensor) -> torch.Tensor:
-        """`[size, H_kv, D]` the segments' keys (or values) from the sequence's `[S, H_kv, D]`."""
-        flat = packed.flatten(1)
+    def keys_and_values(
+        self, keys: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The segments' keys and values `[size, H_kv, D]` from the sequence's `[S, H_kv, D]`."""
+        flat = torch.cat([keys.flatten(1), values.flatten(1)], dim=1)
         rows, prompts = self.select.shape
+        # zeros: the empty slots of a short prompt meet the one-hot's zeros in the matmul
         layout = flat.new_zeros(prompts * self.width, flat.shape[1])
-        layout = layout.index_copy(0, self.prompt_slots, flat[: self.prompt_tokens])
-        taken = self.select.to(flat.dtype) @ layout.view(prompts, -1)
-        out = flat.new_zeros(self.size + rows * self.width, flat.shape[1])
-        out = out.index_copy(0, self.own, flat)
-        out = out.index_copy(0, self.expanded, taken.view(rows * self.width, -1))
-        return out[: self.size].view(self.size, *packed.shape[1:])
+        layout.index_copy_(0, self.prompt_slots, flat[: self.prompt_tokens])
+        taken = self.select @ layout.view(prompts, -1)
+        # every place below `size` is written; the empty slots land past it
+        out = flat.new_empty(self.size + rows * self.width, flat.shape[1])
+        out.index_copy_(0, self.own, flat)
+        out.index_copy_(0, self.expanded, taken.view(rows * self.width, -1))
+        split = keys[0].numel()
+        shape = (self.size, *keys.shape[1:])
+        return out[: self.size, :split].view(shape), out[: self.size, split:].view(shape)
 
 
 @dataclass(frozen=True)
@@ -235,7 +242,7 @@ def packed_hidden(
         prompts = len(at["prompt_last"])
         shared = SharedPrompts(
             prompt_slots=at["prompt_slots"],
-            select=at["select"].view(count, prompts),
+            select=at["select"].view(count, prompts).to(trunk.get_input_embeddings().weight.dtype),
             own=at["own"],
             expanded=at["expanded"],
             **plan.shared,
@@ -260,7 +267,7 @@ def packed_hidden(
         placed = placed.index_copy(0, at["outputs"], hidden)
     else:
         # each prompt's last hidden state precedes the first completion token of all its rows
-        last = shared.select.to(hidden.dtype) @ hidden[at["prompt_last"]]
+        last = shared.select @ hidden[at["prompt_last"]]
         placed = placed.index_copy(0, at["outputs"], hidden[shared.prompt_tokens :])
         placed = placed.index_copy(0, at["first_columns"], last)
     return placed[:size].view(count, completion_len, -1)
@@ -292,7 +299,7 @@ def packed_attention(
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [S, heads, D]
     shared = kwargs.get("shared_prompts")
     if isinstance(shared, SharedPrompts):
-        k, v = shared.keys(k), shared.keys(v)
+        k, v = shared.keys_and_values(k, v)
     key_bounds = kwargs["cu_seq_lens_k"]
     longest = (int(kwargs["max_length_q"]), int(kwargs["max_length_k"]))
     if q.device.type in VARLEN_DEVICES:
