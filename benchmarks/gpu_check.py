@@ -31,9 +31,9 @@ printed after the table; the stages after it still run.
 - `ppo` (not by default): `grpo_vs_ppo.py --model qwen2.5-0.5b --device cuda`: GRPO's and
   PPO's peak GPU memory on the Qwen2.5-0.5B shape, and each one's memory plan against it.
 - `profile` (not by default): `gpu_vs_trl.py --profile`: oncurve's step at 256 tokens with the
-  memory plan's settings, with them and nondeterministic kernels, with them and the rows
-  padded (`model.pack_rows=false`, each group's prompt run once), and with them and the
-  decoder layers compiled (`model.compile_layers`),
+  memory plan's settings, with them and the rows padded (`model.pack_rows=false`, each
+  group's prompt run once through its KV cache), with every row whole, with nondeterministic
+  kernels, and with the decoder layers compiled (`model.compile_layers`),
   the phases of each, how long each last step's kernels ran, and the ops with the most GPU
   and CPU time in each last step (in the log).
 

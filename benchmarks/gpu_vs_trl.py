@@ -584,18 +584,20 @@ def make_job(args: argparse.Namespace) -> tuple[Job, str]:
 
 
 def profile_variants() -> dict[str, list[str]]:
-    """The settings `--profile` runs the job with, by name: the memory plan's own choices
-    (rows packed, each group's prompt once, where torch has variable-length attention); the
-    same without deterministic kernels (what bit-exact resume costs: TRL does not ask for
-    them); with the rows padded and each group's prompt run once through its KV cache
-    (`model.pack_rows=false`, the default before packing: two forwards, twice the kernel
-    launches, in the update and the reference pass); and with the
-    decoder layers compiled for the update and the reference pass (`model.compile_layers`:
-    fewer kernels, if launches are what the GPU waits for)."""
+    """The settings `--profile` runs the job with, by name, the likeliest to explain the
+    update's time first (the stage's limit may stop the last): the memory plan's own choices
+    (rows packed, each group's prompt once, where torch has variable-length attention); with
+    the rows padded and each group's prompt run once through its KV cache
+    (`model.pack_rows=false`, the default before packing: about twice TRL's kernel launches in
+    the update and the reference pass, `update_ops.py`); packed with every row whole (fewer
+    launches than each prompt once, more arithmetic); without deterministic kernels (what
+    bit-exact resume costs: TRL does not ask for them); and with the decoder layers compiled
+    (`model.compile_layers`: fewer kernels, if launches are what the GPU waits for)."""
     return {
         "memory plan": [],
-        "memory plan, nondeterministic kernels": ["run.deterministic=false"],
         "memory plan, rows padded, prompts shared": ["model.pack_rows=false"],
+        "memory plan, every row whole": ["model.share_prompt_forward=false"],
+        "memory plan, nondeterministic kernels": ["run.deterministic=false"],
         "memory plan, compiled layers": ["model.compile_layers=true"],
     }
 
