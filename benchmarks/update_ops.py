@@ -37,7 +37,8 @@ sys.path.insert(0, str(HERE))
 from common import markdown_table, qwen2_config, write_section  # noqa: E402
 
 from oncurve import packing  # noqa: E402
-from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES  # noqa: E402
+from oncurve.build import build_loss_fns  # noqa: E402
+from oncurve.config import load_config  # noqa: E402
 from oncurve.train_step import (  # noqa: E402
     ForwardSettings,
     LossFns,
@@ -127,16 +128,7 @@ def counts(
 
 
 def layouts(model: torch.nn.Module, batch: TrainBatch, args: argparse.Namespace) -> list[list]:
-    fns = LossFns(
-        policy_loss=POLICY_LOSSES["ppo_clip"],
-        aggregate=AGGREGATIONS["seq-mean-token-mean"],
-        kl=KL_ESTIMATORS["k3"],
-        beta=0.04,
-        eps_low=0.2,
-        eps_high=0.2,
-        dual_clip=None,
-        norm_len=float(COMPLETION),
-    )
+    fns = build_loss_fns(load_config(None, []))  # the default GRPO objective
     policy = PolicyLogprobs(model)
     rows = []
     for name, packed, shared in (
