@@ -6,7 +6,7 @@ import pytest
 
 from oncurve.config import DataConfig
 from oncurve.data import load_rows
-from oncurve.inputs import PromptData
+from oncurve.inputs import PromptData, encode_prompt
 from oncurve.rewards import answers_match, extract_answer
 from oncurve.rollout.base import check_room
 from oncurve.tasks.convert import gsm8k_rows, main, math_rows
@@ -196,6 +196,15 @@ def test_a_prompt_over_max_prompt_tokens_names_file_line_and_field(tmp_path):
             DataConfig(max_prompt_tokens=3),
             seed=0,
         )
+
+
+def test_a_prompt_of_no_tokens_names_its_row_and_field():
+    def no_bos(text: str) -> dict[str, list[int]]:
+        return {"input_ids": [ord(c) for c in text]}
+
+    assert encode_prompt(no_bos, "ab", DataConfig(), "row 3") == [97, 98]
+    with pytest.raises(ValueError, match=r"^row 3: field 'prompt' encodes to no tokens$"):
+        encode_prompt(no_bos, "", DataConfig(), "row 3")
 
 
 def test_the_longest_prompt_and_max_new_tokens_must_fit_the_models_positions():

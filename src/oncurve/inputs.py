@@ -141,6 +141,8 @@ def encode_prompt(
     else:
         text = f"{data.system_prompt}\n\n{prompt}" if data.system_prompt else prompt
         ids = tokenizer(text)["input_ids"]
+    if not ids:  # the forwards need a token before the first completion token
+        raise UserError(f"{where}: field {data.prompt_field!r} encodes to no tokens")
     if len(ids) > data.max_prompt_tokens:
         raise UserError(
             f"{where}: field {data.prompt_field!r} has {len(ids)} tokens, more than "
