@@ -19,8 +19,11 @@ pytest.importorskip("peft", reason="the lora extra (peft) is not installed")
 LORA = ("model.lora.r=4", "model.lora.alpha=8", "optim.lr=5e-2", "algo.beta=0.04")
 
 
-def test_only_adapter_weights_change(tiny_model_dir, data_file, tmp_path):
-    s = setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *LORA))
+@pytest.mark.parametrize("pack", [False, True], ids=["padded", "packed rows"])
+def test_only_adapter_weights_change(tiny_model_dir, data_file, tmp_path, pack):
+    packing = (f"model.pack_rows={str(pack).lower()}",)
+    s = setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *LORA, *packing))
+    assert s.config.model.pack_rows is pack
     before = {n: p.detach().clone() for n, p in s.policy.model.named_parameters()}
     for step in (1, 2):
         training_step(s, step)
