@@ -396,8 +396,9 @@ def settle_cuda_graphs(config: Config, model: torch.nn.Module) -> Config:
 def settle_pack_rows(config: Config, model: torch.nn.Module) -> Config:
     """`config` with `model.pack_rows` filled in where null, and `model`'s attention switched
     to `packing.ATTENTION` where it is on. Null is on where packed rows take torch's
-    variable-length attention (CUDA) and `packing.unsupported` finds nothing and the model's packed forward passes `packing.packed_failure` (a failure is
-    one warning, and rows padded); true where packing is unsupported is an error."""
+    variable-length attention (CUDA), `packing.unsupported` finds nothing and the model's
+    packed forward passes `packing.packed_failure` (a failure is one warning, and rows
+    padded); true where packing is unsupported is an error."""
     wanted = config.model.pack_rows
     if wanted is False:
         return config

@@ -169,14 +169,17 @@ def _plan(rows: RowLengths, width: int, completion_len: int) -> _Plan:
         return _Plan(lists, max(lengths), max(lengths), None)
 
     groups = rows.groups or ()
-    firsts = {g: groups.index(g) for g in dict.fromkeys(groups)}  # each prompt's first row
+    firsts: dict[int, int] = {}  # each prompt's first row, in order
+    for row, group in enumerate(groups):
+        firsts.setdefault(group, row)
     prompt_lengths = [rows.prompts[first] for first in firsts.values()]
     for first in firsts.values():
         prompt_of(first)
     for row in range(count):
         completion_of(row)
     longest = max(prompt_lengths)
-    row_prompt = [list(firsts).index(g) for g in groups]
+    number = {group: u for u, group in enumerate(firsts)}
+    row_prompt = [number[group] for group in groups]
     key_lengths = prompt_lengths + [
         prompt_lengths[u] + c for u, c in zip(row_prompt, rows.completions, strict=True)
     ]
@@ -210,6 +213,7 @@ def _plan(rows: RowLengths, width: int, completion_len: int) -> _Plan:
 def _on_device(lists: dict[str, list[int]], device: torch.device) -> dict[str, torch.Tensor]:
     """`lists` as long tensors on `device`, in one copy; on CUDA from pinned memory and
     without waiting (a blocking copy there waits for every kernel queued before it)."""
+    # on the host on purpose: the plan is Python's, and this is its one copy to the device
     host = torch.tensor([v for values in lists.values() for v in values], dtype=torch.long)
     if device.type == "cuda":
         host = host.pin_memory()
@@ -435,6 +439,7 @@ def packed_failure(model: transformers.PreTrainedModel) -> str | None:
         ],
         dim=1,
     ).long()
+    # made on the host (the same tokens whatever the device), then moved to the model's
     ids, mask = (ids * mask).to(model.device), mask.to(model.device)
     used = torch.unique(ids)
     table = embedding(used).detach().requires_grad_()
