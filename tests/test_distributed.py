@@ -18,7 +18,7 @@ import yaml
 from conftest import batch_to, tiny_qwen2
 from safetensors.torch import load_file, save_file
 
-from oncurve import distributed
+from oncurve import distributed, packing
 from oncurve.algo import group_advantages
 from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from oncurve.train_step import (
@@ -34,7 +34,8 @@ VOCAB, GROUPS, G, P, T = 40, 4, 3, 5, 7
 
 
 def fixed_batch(model: torch.nn.Module) -> TrainBatch:
-    """12 rows with ragged prompts and completions, advantages from random rewards."""
+    """12 rows in 4 groups of 3, a prompt each, ragged prompts and completions, advantages from
+    random rewards."""
     g = torch.Generator().manual_seed(1)
     n = GROUPS * G
     prompt_lens = torch.randint(2, P + 1, (GROUPS,), generator=g).repeat_interleave(G)
@@ -42,6 +43,7 @@ def fixed_batch(model: torch.nn.Module) -> TrainBatch:
     prompt_mask = (torch.arange(P) >= P - prompt_lens[:, None]).long()
     completion_mask = (torch.arange(T) < completion_lens[:, None]).long()
     input_ids = torch.randint(4, VOCAB, (n, P + T), generator=g)
+    input_ids[:, :P] = input_ids[::G, :P].repeat_interleave(G, 0)  # a group's rows, one prompt
     attention = torch.cat([prompt_mask, completion_mask], 1)
     input_ids = torch.where(attention.bool(), input_ids, 0)
     rewards = torch.randint(0, 2, (n,), generator=g).float()
@@ -71,18 +73,26 @@ def loss_fns(aggregation: str) -> LossFns:
 
 
 def one_step(
-    aggregation: str, rows: slice | None, fsdp: bool = False, device: str = "cpu"
+    aggregation: str,
+    rows: slice | None,
+    fsdp: bool = False,
+    device: str = "cpu",
+    pack: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The weights (on the CPU) after one SGD step of the tiny model on `rows` of the fixed
-    batch (all of it when None), the model and the batch on `device`."""
+    batch (all of it when None), the model and the batch on `device`; with `pack`, its rows
+    packed (`oncurve.packing`), each group's prompt run once."""
     model = tiny_qwen2(VOCAB, seed=0)
     batch = fixed_batch(model)  # made on the CPU: the same batch on every device
+    if pack:
+        packing.use_packed_attention(model)
+        batch.prompt_index = torch.arange(GROUPS).repeat_interleave(G)
     local = batch_to(batch if rows is None else batch.rows(rows), device)
     policy = distributed.wrap(PolicyLogprobs(model.to(device)), device, fsdp=fsdp)
     # SGD, not Adam: Adam's first step is ~lr * sign(grad), which turns 1e-12 noise in a
     # near-zero gradient into a 2*lr difference; SGD shows the gradient itself.
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    forward = ForwardSettings(chunk_size=16, microbatch_rows=2)
+    forward = ForwardSettings(chunk_size=16, microbatch_rows=2, pack_rows=pack)
     optimizer_step(policy, optimizer, local, loss_fns(aggregation), forward, grad_clip=0.0)
     # FSDP2 holds each parameter as a DTensor shard; full_tensor() gathers it.
     return {
@@ -112,7 +122,14 @@ def test_each_optimizer_step_applies_only_its_own_gradient() -> None:
 
 
 def _rank_main(
-    rank: int, world_size: int, port: int, aggregation: str, out: str, fsdp: bool, device: str
+    rank: int,
+    world_size: int,
+    port: int,
+    aggregation: str,
+    out: str,
+    fsdp: bool,
+    device: str,
+    pack: bool,
 ) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if device == "cuda":
@@ -121,7 +138,7 @@ def _rank_main(
     dist.init_process_group(backend, rank=rank, world_size=world_size)
     try:
         rows = distributed.shard(GROUPS, rank, world_size)
-        weights = one_step(aggregation, slice(rows.start * G, rows.stop * G), fsdp, device)
+        weights = one_step(aggregation, slice(rows.start * G, rows.stop * G), fsdp, device, pack)
         if rank == 0:
             save_file({k: v.contiguous() for k, v in weights.items()}, out)
         # both ranks done before either tears gloo down: a rank that leaves first can abort its
@@ -138,12 +155,12 @@ def _free_port() -> int:
 
 
 def two_rank_step(
-    aggregation: str, tmp_path: Path, fsdp: bool, device: str = "cpu"
+    aggregation: str, tmp_path: Path, fsdp: bool, device: str = "cpu", pack: bool = False
 ) -> dict[str, torch.Tensor]:
     """Rank 0's weights after one step of 2 ranks (gloo on the CPU, NCCL on 2 GPUs), each on
-    half the groups of the fixed batch."""
+    half the groups of the fixed batch (rows packed with `pack`)."""
     out = tmp_path / "rank0.safetensors"
-    args = (2, _free_port(), aggregation, str(out), fsdp, device)
+    args = (2, _free_port(), aggregation, str(out), fsdp, device, pack)
     mp.spawn(_rank_main, args=args, nprocs=2, join=True)
     return load_file(out)
 
@@ -164,6 +181,16 @@ def test_fsdp2_on_two_ranks_matches_the_data_parallel_update(tmp_path):
     one_rank = one_step("token-mean", None)
     for name, tensor in one_rank.items():
         torch.testing.assert_close(sharded[name], tensor, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp2"])
+def test_packed_rows_on_two_ranks_equal_padded_rows_on_one(fsdp, tmp_path):
+    """Packed rows, each group's prompt once, under DDP and under FSDP2 (the segments' bounds
+    reach each wrapped layer as keyword arguments): one rank's padded update."""
+    packed = two_rank_step("token-mean", tmp_path, fsdp=fsdp, pack=True)
+    padded = one_step("token-mean", None)
+    for name, tensor in padded.items():
+        torch.testing.assert_close(packed[name], tensor, atol=1e-5, rtol=0, msg=name)
 
 
 def _batch_scale_rank(rank: int, world_size: int, port: int, rewards: torch.Tensor, out: str):
