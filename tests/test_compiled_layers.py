@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 
 import pytest
 import torch
+from test_packing import make_model
 from test_train_step import accumulate_grpo, grpo_batch
 
 import oncurve.compiled_layers as compiled_module
 from oncurve import packing
 from oncurve.models import enable_gradient_checkpointing
+from oncurve.packing import RowLengths
 from oncurve.train_step import ForwardSettings
 
 
@@ -115,6 +118,57 @@ def test_compiled_layers_with_packed_rows_give_the_eager_packed_gradients(compil
     assert compiled_module._State.failure is None
     for got, want in zip(grads(model), grads(eager_model), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.skipif(
+    "window_size" not in packing.VARLEN_PARAMETERS,
+    reason=f"torch {torch.__version__} has no variable-length attention with windows",
+)
+def test_the_cuda_packed_path_compiles_once_per_layout_for_every_length(monkeypatch) -> None:
+    """CUDA's packed attention (torch's variable-length flash attention) inside the compiled
+    layers, without a GPU: traced by Dynamo and AOTAutograd on meta tensors, microbatches of
+    other lengths and segment counts reuse one forward and one backward graph per layout
+    (prompts shared, rows whole), each holding the variable-length attention: no graph break,
+    no recompilation, and no Dynamo warning in a user's log."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def keep(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    monkeypatch.setattr(packing, "VARLEN_DEVICES", ("cuda", "meta"))
+    monkeypatch.setattr(
+        compiled_module, "BACKEND", aot_autograd(fw_compiler=keep, bw_compiler=keep)
+    )
+    monkeypatch.setattr(compiled_module, "_subclasses", {})
+    monkeypatch.setattr(compiled_module._State, "failure", None)
+    torch._dynamo.reset()
+    model = make_model("qwen2").to(torch.bfloat16)
+    packing.use_packed_attention(model)
+    compiled_module.compile_decoder_layers(model)
+    model.to("meta")
+    microbatches = [
+        RowLengths((4, 4, 3), (5, 2, 6), (0, 0, 1)),
+        RowLengths((3, 3, 3, 2, 2), (6, 1, 4, 3, 2), (0, 0, 0, 1, 1)),
+        RowLengths((5, 2), (1, 6)),
+        RowLengths((4, 1, 3), (2, 6, 5)),
+    ]
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for rows in microbatches:
+            ids = torch.randint(4, 40, (len(rows.prompts), max(rows.prompts) + 6))
+            with compiled_module.compiled_layers():
+                hidden = packing.packed_hidden(model.model, ids.to("meta"), 6, rows)
+                hidden.float().sum().backward()
+    torch._dynamo.reset()
+    assert compiled_module._State.failure is None
+    assert len(graphs) == 4  # (forward, backward) x (shared prompts, rows whole)
+    for graph in graphs:
+        assert any("varlen" in str(node.target) for node in graph.graph.nodes), graph.code
+    assert not [w for w in said if "dynamo" in str(w.message).lower()], said[0].message
 
 
 @pytest.mark.parametrize(

@@ -159,7 +159,7 @@ def test_the_packing_reads_nothing_back_but_the_cpu_segments_bounds(shared) -> N
 
 
 @pytest.mark.skipif(
-    "window_size" not in packing._varlen_parameters(),
+    "window_size" not in packing.VARLEN_PARAMETERS,
     reason=f"torch {torch.__version__} has no variable-length attention with windows",
 )
 @pytest.mark.parametrize("window", [None, 3])

@@ -16,7 +16,6 @@ to sdpa unchanged.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import itertools
 from dataclasses import dataclass
@@ -330,7 +329,7 @@ def _varlen_attention(
     from torch.nn.attention.varlen import varlen_attn
 
     options: dict[str, object] = {"window_size": (-1 if window is None else window - 1, 0)}
-    if "enable_gqa" in _varlen_parameters():
+    if "enable_gqa" in VARLEN_PARAMETERS:
         options["enable_gqa"] = k.shape[1] < q.shape[1]
     else:
         groups = q.shape[1] // k.shape[1]
@@ -380,7 +379,6 @@ def _attention_by_segments(
     return torch.cat(out)
 
 
-@functools.cache
 def _varlen_parameters() -> frozenset[str]:
     """The parameters of this torch's `varlen_attn`; empty where it has none."""
     try:
@@ -388,6 +386,11 @@ def _varlen_parameters() -> frozenset[str]:
     except ImportError:
         return frozenset()
     return frozenset(inspect.signature(varlen_attn).parameters)
+
+
+# read once at import: a compiled layer (`model.compile_layers`) then finds a constant, where a
+# call would be traced into `inspect` on every compilation
+VARLEN_PARAMETERS = _varlen_parameters()
 
 
 def unsupported(model: transformers.PreTrainedModel) -> str | None:
@@ -399,7 +402,7 @@ def unsupported(model: transformers.PreTrainedModel) -> str | None:
     if getattr(config, "attn_logit_softcapping", None) is not None:
         return "the model soft-caps its attention logits"
     if model.device.type == "cuda":
-        if "window_size" not in _varlen_parameters():
+        if "window_size" not in VARLEN_PARAMETERS:
             return f"torch {torch.__version__} has no variable-length attention (2.11+)"
         if model.dtype not in (torch.bfloat16, torch.float16):
             return f"CUDA's variable-length flash attention takes no {model.dtype}"
