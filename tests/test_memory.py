@@ -79,21 +79,23 @@ def test_half_billion_model_plan_is_lean_and_under_trls_peak():
         QWEN_05B, seq_len=324, rows_per_step=64, sample_rows=64, budget_bytes=80 * GIB,
         reference=True,
     )  # fmt: skip
-    assert (plan.microbatch_rows, plan.microbatch_tokens) == (12, 12 * 324)
+    # 12 rows of the widest length; the step's 64 rows, shorter ones sharing a microbatch
+    assert (plan.microbatch_rows, plan.microbatch_tokens) == (64, 12 * 324)
     assert plan.gradient_checkpointing and plan.logprob_chunk_size == 256 and plan.fits
     state = 494_032_768 * 2 * 5
     activations = 12 * 324 * activation_bytes_per_token(QWEN_05B, True)
     assert plan.train_peak_bytes == state + logits_bytes(QWEN_05B, 256, True) + activations
     assert plan.peak_bytes < 6.6e9
-    assert "12 rows / 3,888 tokens per microbatch, gradient checkpointing on" in plan.describe()
+    assert "64 rows / 3,888 tokens per microbatch, gradient checkpointing on" in plan.describe()
 
 
-def test_long_completions_get_fewer_rows_per_microbatch_and_fit_16_gib():
+def test_long_completions_get_a_budget_of_fewer_rows_and_fit_16_gib():
     plan = plan_memory(
         QWEN_05B, seq_len=68 + 1024, rows_per_step=64, sample_rows=64, budget_bytes=16 * GIB,
         reference=True,
     )  # fmt: skip
-    assert plan.microbatch_rows == 3 and plan.gradient_checkpointing and plan.fits
+    assert plan.microbatch_tokens == 3 * 1092 and plan.microbatch_rows == 64
+    assert plan.gradient_checkpointing and plan.fits
     assert plan.peak_bytes < 0.9 * 16 * GIB
 
 
@@ -102,7 +104,7 @@ def test_a_small_model_keeps_its_activations_and_a_tight_budget_halves_the_rows(
         SMALL, seq_len=100, rows_per_step=64, sample_rows=64, budget_bytes=GIB, reference=True
     )
     assert not plan.gradient_checkpointing  # 40 rows x 100 tokens x 576 B = 2.3 MB
-    assert plan.microbatch_rows == 40
+    assert (plan.microbatch_rows, plan.microbatch_tokens) == (64, 40 * 100)
     # 8 layers: a budget that holds 15 rows' stored activations (2,304 B a token) but not
     # 40's; recomputing (704 B a token) fits all 40, and comes before smaller microbatches
     deep = dataclasses.replace(SMALL, layers=8)
@@ -111,20 +113,20 @@ def test_a_small_model_keeps_its_activations_and_a_tight_budget_halves_the_rows(
         deep, seq_len=100, rows_per_step=64, sample_rows=1, budget_bytes=int(tight / 0.9) + 1,
         reference=True,
     )  # fmt: skip
-    assert plan.gradient_checkpointing and plan.microbatch_rows == 40 and plan.fits
+    assert plan.gradient_checkpointing and plan.microbatch_tokens == 40 * 100 and plan.fits
     # a 2-layer model gains nothing from recomputing: its rows are halved instead
     tight = 20_000 + logits_bytes(SMALL, 1024, True) + 15 * 100 * 576
     plan = plan_memory(
         SMALL, seq_len=100, rows_per_step=64, sample_rows=1, budget_bytes=int(tight / 0.9) + 1,
         reference=True,
     )  # fmt: skip
-    assert not plan.gradient_checkpointing and plan.microbatch_rows == 10 and plan.fits
+    assert not plan.gradient_checkpointing and plan.microbatch_tokens == 10 * 100 and plan.fits
     # nothing fits: one row, checkpointing on, and the plan says it does not fit
     plan = plan_memory(
         QWEN_05B, seq_len=324, rows_per_step=64, sample_rows=64, budget_bytes=4 * GIB,
         reference=True,
     )  # fmt: skip
-    assert plan.microbatch_rows == 1 and plan.gradient_checkpointing and not plan.fits
+    assert plan.microbatch_tokens == 324 and plan.gradient_checkpointing and not plan.fits
 
 
 def test_the_users_settings_are_kept():
@@ -180,8 +182,8 @@ def test_settle_memory_on_cuda_applies_the_plan_and_keeps_what_the_user_set():
     )  # fmt: skip
     assert plan is not None and plan.budget_bytes == 16 * GIB
     assert config.model.gradient_checkpointing is True  # the user's
-    assert config.optim.microbatch_size == plan.microbatch_rows == 40  # 4096 // 100
-    assert config.optim.microbatch_tokens == 4000
+    assert config.optim.microbatch_size == plan.microbatch_rows == 128  # the step's 16 x 8
+    assert config.optim.microbatch_tokens == plan.microbatch_tokens == 4000  # 4096 // 100 rows
     assert config.model.logprob_chunk_size == 1024
     # an evaluation samples 256 rows at once, twice a step's 16 x 8: the plan makes room for it
     budget = load_config(None, ["run.gpu_memory_gb=16"])
@@ -252,7 +254,7 @@ def test_a_kv_cache_held_between_rollouts_counts_in_the_update():
     )
     unpinned = plan_memory(QWEN_05B, budget_bytes=80 * GIB, microbatch_rows=4, **common)
     assert pinned.train_peak_bytes - unpinned.train_peak_bytes == cache
-    assert held.microbatch_rows <= free.microbatch_rows
+    assert held.microbatch_tokens <= free.microbatch_tokens
 
 
 def test_a_reward_models_weights_count_in_the_state():
@@ -268,7 +270,7 @@ def test_a_reward_models_weights_count_in_the_state():
     # in a tight budget the same run fits fewer rows per microbatch
     tight = plan_memory(QWEN_05B, budget_bytes=6 * GIB, **common)
     tighter = plan_memory(QWEN_05B, budget_bytes=6 * GIB, extra_state_bytes=extra, **common)
-    assert tighter.microbatch_rows < tight.microbatch_rows
+    assert tighter.microbatch_tokens < tight.microbatch_tokens
     # the trainer passes the reward runner's bytes through settle_memory
     config = load_config(None, ["run.gpu_memory_gb=16"])
     model, cuda = tiny_qwen2(40), torch.device("cuda")

@@ -206,8 +206,26 @@ def test_a_token_budget_counts_real_tokens_when_rows_are_packed() -> None:
     assert [cut.index.tolist() for cut in padded] == [[0], [2], [3], [4, 1]]
     assert [cut.index.tolist() for cut in packed] == [[0], [2, 3], [4, 1]]
     assert packed[1].lengths == RowLengths((3, 4), (5, 2))
-    batch.prompt_index = torch.tensor([0, 1, 1, 2, 2])
-    assert microbatches(batch, 8, 16, packed=True)[2].lengths.groups == (2, 1)
+
+
+def test_packed_rows_that_share_prompts_keep_each_group_together() -> None:
+    """Groups A, B, C of two rows: prompts of 4, 2 and 2 tokens, completions (1, 5), (5, 5),
+    (1, 1). Length order (9, 7, 7, 5, 3, 3 tokens) splits A around B; packed, a group's rows
+    stay together, the group of most packed tokens (B: 12) first, and a budget counts each
+    prompt once: B's two rows fit in 12 tokens, which counted twice (14) they would not."""
+    batch = lengths_batch([4, 4, 2, 2, 2, 2], [1, 5, 5, 5, 1, 1])
+    padded = [cut.index.tolist() for cut in microbatches(batch, 2)]
+    assert padded == [[1, 2], [3, 0], [4, 5]]
+    whole = microbatches(batch, 2, packed=True)  # no prompt_index: no prompt runs once
+    assert [cut.index.tolist() for cut in whole] == padded
+    batch.prompt_index = torch.tensor([0, 0, 1, 1, 2, 2])
+    assert [cut.index.tolist() for cut in microbatches(batch, 2)] == padded
+    for max_rows, max_tokens in ((2, 0), (8, 12)):
+        cuts = microbatches(batch, max_rows, max_tokens, packed=True)
+        assert [cut.index.tolist() for cut in cuts] == [[2, 3], [0, 1], [4, 5]]
+        assert [cut.lengths.groups for cut in cuts] == [(1, 1), (0, 0), (2, 2)]
+        assert cuts[1].lengths == RowLengths((4, 4), (1, 5), (0, 0))
+    assert [cut.index.tolist() for cut in microbatches(batch, 8, 11, packed=True)][0] == [2]
 
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["", "checkpointed"])

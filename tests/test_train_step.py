@@ -285,8 +285,10 @@ def host_reads_of(fn: Callable[[], object]) -> int:
 def test_an_update_reads_the_device_twice_whatever_its_microbatches(share_prompt, rows) -> None:
     """The gradient accumulation reads the rows' lengths once and every microbatch's loss and
     statistics once, at the end, so on a GPU the CPU queues one microbatch's kernels while the
-    device runs the previous one's. What the forward itself reads (transformers' mask checks
-    for padding, the shared prompt's `torch.unique`) comes on top, as in any trainer."""
+    device runs the previous one's; the rows' order goes back in one tensor made on the host
+    (`packing.host_to_device`: on CUDA a copy that waits for nothing), which the count lists
+    with the reads. What the forward itself reads (transformers' mask checks for padding, the
+    shared prompt's `torch.unique`) comes on top, as in any trainer."""
     model, batch = grpo_batch(3, share_prompt)
     forward = ForwardSettings(1.0, 16, rows)
     policy = train_step.PolicyLogprobs(model)
@@ -303,7 +305,7 @@ def test_an_update_reads_the_device_twice_whatever_its_microbatches(share_prompt
         for micro in parts
     )  # fmt: skip
     tokens = float(batch.completion_mask.sum())
-    assert host_reads_of(lambda: accumulate_grpo(model, batch, forward, tokens)) == by_forward + 2
+    assert host_reads_of(lambda: accumulate_grpo(model, batch, forward, tokens)) == by_forward + 3
 
 
 class RecordsTheBackwardsMode(torch.autograd.Function):

@@ -102,8 +102,11 @@ class MemoryPlan:
     """The microbatching of a run and the peak it predicts.
 
     Attributes:
-        microbatch_rows: rows per forward/backward at most.
-        microbatch_tokens: tokens (rows x padded length) per forward/backward at most.
+        microbatch_rows: rows per forward/backward at most (chosen: all of a step's, the
+            tokens being the bound).
+        microbatch_tokens: tokens per forward/backward at most (`train_step.microbatches`
+            counts them padded, or real where rows are packed); chosen: a whole number of rows
+            of the widest length.
         gradient_checkpointing: recompute activations in the backward.
         logprob_chunk_size: positions whose logits are formed at once.
         state_bytes: model state, present all run long.
@@ -240,6 +243,7 @@ def plan_memory(
         return fixed + rows * seq_len * activation_bytes_per_token(shape, checkpointing)
 
     most_rows = max(1, rows_per_step)
+    # the token budget, in rows of the widest length
     rows = microbatch_rows or min(most_rows, max(1, MICROBATCH_TOKENS // seq_len))
     checkpointing = gradient_checkpointing
     if checkpointing is None:
@@ -253,7 +257,11 @@ def plan_memory(
         while rows > 1 and train_peak(rows, checkpointing) > usable:
             rows = max(1, rows // 2)
     return MemoryPlan(
-        microbatch_rows=rows,
+        # Unset, rows are not capped: the token budget bounds what a microbatch holds. Rows
+        # shorter than the widest then share a microbatch (sampled lengths vary; packed rows
+        # run a shared prompt once), and an update on a GPU, which waits on its kernels'
+        # launches more than on their arithmetic, runs fewer microbatches.
+        microbatch_rows=microbatch_rows or most_rows,
         microbatch_tokens=rows * seq_len,
         gradient_checkpointing=checkpointing,
         logprob_chunk_size=chunk,

@@ -209,14 +209,19 @@ def _plan(rows: RowLengths, width: int, completion_len: int) -> _Plan:
     return _Plan(lists, max(query_lengths), max(key_lengths), sizes)
 
 
-def _on_device(lists: dict[str, list[int]], device: torch.device) -> dict[str, torch.Tensor]:
-    """`lists` as long tensors on `device`, in one copy; on CUDA from pinned memory and
+def host_to_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """`values` as a long tensor on `device`, in one copy; on CUDA from pinned memory and
     without waiting (a blocking copy there waits for every kernel queued before it)."""
-    # on the host on purpose: the plan is Python's, and this is its one copy to the device
-    host = torch.tensor([v for values in lists.values() for v in values], dtype=torch.long)
+    # on the host on purpose: the values are Python's, and this is their one copy to the device
+    host = torch.tensor(values, dtype=torch.long)
     if device.type == "cuda":
         host = host.pin_memory()
-    flat = host.to(device, non_blocking=True)
+    return host.to(device, non_blocking=True)
+
+
+def _on_device(lists: dict[str, list[int]], device: torch.device) -> dict[str, torch.Tensor]:
+    """`lists` as long tensors on `device`, in one `host_to_device` copy."""
+    flat = host_to_device([v for values in lists.values() for v in values], device)
     parts = flat.split([len(values) for values in lists.values()])
     return dict(zip(lists, parts, strict=True))
 

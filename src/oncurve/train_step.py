@@ -18,7 +18,7 @@ from oncurve.algo.correction import logprob_diff_mean, tis_weights
 from oncurve.algo.logprobs import logprobs_from_hidden
 from oncurve.compiled_layers import CompiledLayersFailed, compiled_layers
 from oncurve.models import cache_argument, real_token_positions
-from oncurve.packing import RowLengths, packed_hidden
+from oncurve.packing import RowLengths, host_to_device, packed_hidden
 from oncurve.process import NondeterministicBackward, deterministic_backward
 from oncurve.types import TrainBatch
 
@@ -254,8 +254,8 @@ def trim_padding(batch: TrainBatch, longest_prompt: int, longest_completion: int
     )
 
 
-def length_order(batch: TrainBatch) -> torch.Tensor:
-    """`[N]` row indices, longest sequence (prompt + completion tokens) first.
+def length_order(prompts: list[int], completions: list[int]) -> list[int]:
+    """Row indices, longest sequence (prompt + completion tokens) first.
 
     Microbatches cut from this order hold rows of similar length, so `trim_padding` removes
     most of their padding (a third of the tokens of a 64-row microbatch of the default job
@@ -263,7 +263,27 @@ def length_order(batch: TrainBatch) -> torch.Tensor:
     peak memory, no higher than in sampling order. The sort is stable: the same batch always
     gives the same microbatches, which keeps pi_old bitwise equal to the first pass's logprobs.
     """
-    return torch.argsort(batch.attention_mask.sum(1), descending=True, stable=True)
+    return sorted(range(len(prompts)), key=lambda row: -(prompts[row] + completions[row]))
+
+
+def group_order(prompts: list[int], completions: list[int], groups: list[int]) -> list[int]:
+    """Row indices, a group's rows together (in batch order), the group of most packed tokens
+    (its prompt once, its completions) first; stable, as `length_order`.
+
+    Packed rows have no padding to trim, but a group's prompt runs once per microbatch that
+    holds some of its rows: kept together, a group spans at most two microbatches. In length
+    order, completions of different lengths scatter a group, and its prompt runs again in
+    every microbatch its rows land in. The costliest groups first set the peak early.
+    """
+    members: dict[int, list[int]] = {}
+    for row, group in enumerate(groups):
+        members.setdefault(group, []).append(row)
+
+    def packed_tokens(rows: list[int]) -> int:
+        return prompts[rows[0]] + sum(completions[row] for row in rows)
+
+    ordered = sorted(members.values(), key=lambda rows: -packed_tokens(rows))
+    return [row for rows in ordered for row in rows]
 
 
 @dataclass(frozen=True)
@@ -293,19 +313,19 @@ class Microbatch:
 def microbatches(
     batch: TrainBatch, max_rows: int, max_tokens: int = 0, packed: bool = False
 ) -> list[Microbatch]:
-    """The microbatches of `batch`: consecutive runs of `length_order`, each of at most
-    `max_rows` rows and, when `max_tokens` > 0, at most `max_tokens` tokens once
-    `trim_padding` has cut it (rows x (longest prompt + longest completion)), or with `packed`
-    rows, at most `max_tokens` real tokens (each row's prompt counted); a row longer than that
-    goes alone.
+    """The microbatches of `batch`: consecutive runs of `length_order` (of `group_order` for
+    `packed` rows that share prompts: `prompt_index`), each of at most `max_rows` rows and,
+    when `max_tokens` > 0, at most `max_tokens` tokens once `trim_padding` has cut it (rows x
+    (longest prompt + longest completion)), or with `packed` rows, at most `max_tokens` real
+    tokens (a shared prompt counted once, as it runs); a row longer than that goes alone.
 
     A token budget keeps every microbatch's activations about one size whatever the lengths
     sampled (short completions pack many rows, long ones few); `models.microbatch_tokens` says
     why that size matters on CPU. The rows' lengths (and `prompt_index`, for a packed forward)
-    are read to the host once, here, so that the microbatches' forwards and backwards follow
-    one another with no wait for the device.
+    are read to the host once, here, and the order goes back in one copy that waits for
+    nothing, so that the microbatches' forwards and backwards follow one another with no wait
+    for the device.
     """
-    order = length_order(batch)
     completion_len = batch.completion_mask.shape[1]
     prompt_len = batch.input_ids.shape[1] - completion_len
     # A completion's span is its real tokens, not its loss tokens: an episode's observations
@@ -317,7 +337,16 @@ def microbatches(
     ]
     if batch.prompt_index is not None:
         columns.append(batch.prompt_index.to(columns[0].dtype))
-    prompts, completions, loss_tokens, *groups = torch.stack(columns)[:, order].tolist()
+    prompts, completions, loss_tokens, *groups = torch.stack(columns).tolist()
+    shared = packed and bool(groups)
+    if shared:
+        order = group_order(prompts, completions, groups[0])
+    else:
+        order = length_order(prompts, completions)
+    prompts, completions, loss_tokens, *groups = (
+        [values[row] for row in order] for values in (prompts, completions, loss_tokens, *groups)
+    )
+    index = host_to_device(order, batch.input_ids.device)
     cuts: list[Microbatch] = []
     start = 0
     while start < len(prompts):
@@ -325,7 +354,8 @@ def microbatches(
         real = prompts[start] + completions[start]
         while end < len(prompts) and end - start < max_rows:
             grown = (max(longest_prompt, prompts[end]), max(longest_completion, completions[end]))
-            more = real + prompts[end] + completions[end]
+            runs_its_prompt = not shared or groups[0][end] != groups[0][end - 1]
+            more = real + prompts[end] * runs_its_prompt + completions[end]
             cost = more if packed else (end - start + 1) * sum(grown)
             if max_tokens > 0 and cost > max_tokens:
                 break
@@ -338,7 +368,7 @@ def microbatches(
         )
         cuts.append(
             Microbatch(
-                order[start:end],
+                index[start:end],
                 longest_prompt,
                 longest_completion,
                 sum(loss_tokens[start:end]),
