@@ -14,7 +14,14 @@ op forward and three backward (the real one is one each way), so their count err
 two ops a layer. The logprob head runs its CPU path (float32 blocks, not the bfloat16 head
 read in place), the same for every layout.
 
-    .venv/bin/python benchmarks/update_ops.py [--microbatch 16] [--chunk 256]
+A second table takes completions of sampled lengths (geometric, mean 256, at most 1,024, as
+`rollout.py`'s varying scenario) and the microbatches CUDA's memory plan sets for them
+(`memory.plan_memory` for the 0.5B shape, 80 GiB): its token budget alone, or as before also
+capped at the rows of the widest length that budget holds, padded and packed; it counts the
+microbatches, the tokens their forwards run (padding and each prompt's runs included) and the
+update's ops, over `--batches` draws (ops of the first).
+
+    .venv/bin/python benchmarks/update_ops.py [--microbatch 16] [--chunk 256] [--batches 20]
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from common import markdown_table, qwen2_config, write_section  # noqa: E402
 from oncurve import packing  # noqa: E402
 from oncurve.build import build_loss_fns  # noqa: E402
 from oncurve.config import load_config  # noqa: E402
+from oncurve.memory import GIB, ModelShape, plan_memory  # noqa: E402
 from oncurve.train_step import (  # noqa: E402
     ForwardSettings,
     LossFns,
@@ -46,6 +54,7 @@ from oncurve.train_step import (  # noqa: E402
     accumulate,
     batch_logprobs,
     microbatch_loss,
+    microbatches,
 )
 from oncurve.types import TrainBatch  # noqa: E402
 
@@ -54,6 +63,12 @@ VOCAB = 151_936
 # Qwen2.5-0.5B's layers (24, 14 heads, 2 key-value heads) at 112 wide instead of 896
 SHAPE = (112, 224, 24, 14, 2)
 PROMPTS, GROUP, COMPLETION = 8, 8, 256
+# sampled lengths: geometric with this mean, cut at this many tokens
+MEAN_LENGTH, MAX_NEW_TOKENS = 256, 1024
+QWEN_05B = ModelShape(
+    params=494_032_768, trainable=494_032_768, layers=24, hidden=896, intermediate=4864,
+    kv_dim=128, vocab=VOCAB, weight_bytes=2, tied=True,
+)  # fmt: skip
 
 
 class OpCount(TorchDispatchMode):
@@ -87,23 +102,48 @@ class OneOpAttention(torch.autograd.Function):
 def the_step(seed: int = 0) -> tuple[torch.nn.Module, TrainBatch]:
     torch.manual_seed(seed)
     model = transformers.Qwen2ForCausalLM(qwen2_config(SHAPE, VOCAB))
-    rows = PROMPTS * GROUP
+    return model, a_batch(torch.full((PROMPTS * GROUP,), COMPLETION))
+
+
+def a_batch(lengths: torch.Tensor) -> TrainBatch:
+    """8 groups of 8 rows, prompts of 67-83 tokens, completions of `lengths` `[64]` tokens."""
+    rows, width = PROMPTS * GROUP, int(lengths.max())
     prompt_lengths = torch.randint(67, 84, (PROMPTS,)).repeat_interleave(GROUP)
-    width = int(prompt_lengths.max())
-    prompt_mask = (torch.arange(width) >= width - prompt_lengths[:, None]).long()
-    prompts = torch.randint(3, VOCAB, (PROMPTS, width)).repeat_interleave(GROUP, 0)
-    completions = torch.randint(3, VOCAB, (rows, COMPLETION))
-    mask = torch.cat([prompt_mask, torch.ones(rows, COMPLETION, dtype=torch.long)], 1)
-    ids = torch.cat([prompts, completions], 1) * mask
-    batch = TrainBatch(
+    longest = int(prompt_lengths.max())
+    prompt_mask = (torch.arange(longest) >= longest - prompt_lengths[:, None]).long()
+    prompts = torch.randint(3, VOCAB, (PROMPTS, longest)).repeat_interleave(GROUP, 0)
+    completion_mask = (torch.arange(width) < lengths[:, None]).long()
+    mask = torch.cat([prompt_mask, completion_mask], 1)
+    ids = torch.cat([prompts, torch.randint(3, VOCAB, (rows, width))], 1) * mask
+    return TrainBatch(
         ids,
         mask,
-        torch.ones(rows, COMPLETION, dtype=torch.long),
+        completion_mask,
         torch.linspace(-1.0, 1.0, rows),
-        ref_logprobs=torch.full((rows, COMPLETION), -3.0),
+        ref_logprobs=torch.full((rows, width), -3.0) * completion_mask,
         prompt_index=torch.arange(rows) // GROUP,
     )
-    return model, batch
+
+
+def sampled_lengths(generator: torch.Generator) -> torch.Tensor:
+    """`[64]` completion lengths, geometric with mean `MEAN_LENGTH`, 1 to `MAX_NEW_TOKENS`."""
+    draws = torch.rand(PROMPTS * GROUP, generator=generator)
+    lengths = torch.log1p(-draws) / torch.log1p(torch.tensor(-1.0 / MEAN_LENGTH))
+    return lengths.ceil().long().clamp(1, MAX_NEW_TOKENS)
+
+
+def tokens_run(batch: TrainBatch, max_rows: int, max_tokens: int, packed: bool) -> list[int]:
+    """Each microbatch's tokens through the forward: padded, rows x (longest prompt + longest
+    completion); packed, real tokens with each group's prompt once."""
+    cuts = microbatches(batch, max_rows, max_tokens, packed)
+    if not packed:
+        return [len(c.lengths.prompts) * (c.longest_prompt + c.longest_completion) for c in cuts]
+    out = []
+    for cut in cuts:
+        lengths = cut.lengths
+        prompts = dict(zip(lengths.groups or (), lengths.prompts, strict=True))
+        out.append(sum(prompts.values()) + sum(lengths.completions))
+    return out
 
 
 def counted(fn: Callable[[], object]) -> OpCount:
@@ -147,10 +187,43 @@ def layouts(model: torch.nn.Module, batch: TrainBatch, args: argparse.Namespace)
     return rows
 
 
+def sampled_microbatches(
+    model: torch.nn.Module, args: argparse.Namespace
+) -> tuple[list[list], int, int]:
+    """The second table's rows: (settings, microbatches, tokens run, update ops); and the plan's
+    token budget and rows of the widest length."""
+    plan = plan_memory(
+        QWEN_05B, seq_len=83 + MAX_NEW_TOKENS, rows_per_step=PROMPTS * GROUP,
+        sample_rows=PROMPTS * GROUP, budget_bytes=80 * GIB, reference=True,
+    )  # fmt: skip
+    budget = plan.microbatch_tokens
+    widest = budget // (83 + MAX_NEW_TOKENS)
+    generator = torch.Generator().manual_seed(0)
+    batches = [a_batch(sampled_lengths(generator)) for _ in range(args.batches)]
+    fns = build_loss_fns(load_config(None, []))
+    policy = PolicyLogprobs(model)
+    rows = []
+    for name, max_rows, packed in (
+        (f"padded, at most {widest} rows (the plan before)", widest, False),
+        (f"packed, at most {widest} rows", widest, True),
+        ("padded, the token budget alone (the plan now)", plan.microbatch_rows, False),
+        ("packed, the token budget alone (the plan now, CUDA's default)", plan.microbatch_rows, True),
+    ):  # fmt: skip
+        cuts = [tokens_run(batch, max_rows, budget, packed) for batch in batches]
+        forward = ForwardSettings(1.0, args.chunk, max_rows, budget, pack_rows=packed)
+        _, update, _ = counts(policy, batches[0], fns, forward)
+        count = sum(map(len, cuts)) / len(cuts)
+        tokens = sum(map(sum, cuts)) / len(cuts)
+        rows.append([name, count, tokens, update])
+        print(f"{name}: {count:.1f} microbatches, {tokens:,.0f} tokens, {update:,} ops", flush=True)
+    return rows, budget, widest
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--microbatch", type=int, default=16, help="rows per microbatch")
     parser.add_argument("--chunk", type=int, default=256, help="logprob chunk (CUDA's at 152k)")
+    parser.add_argument("--batches", type=int, default=20, help="draws of sampled lengths")
     args = parser.parse_args()
     torch.set_num_threads(2)
     packing.VARLEN_DEVICES = ("cpu",)
@@ -165,13 +238,29 @@ def main() -> None:
          for name, ref, upd, total in rows],
     )  # fmt: skip
     microbatches = -(-PROMPTS * GROUP // args.microbatch)
-    command = f"benchmarks/update_ops.py --microbatch {args.microbatch} --chunk {args.chunk}"
+    command = (
+        f"benchmarks/update_ops.py --microbatch {args.microbatch} --chunk {args.chunk} "
+        f"--batches {args.batches}"
+    )
     section = (
         f"{time.strftime('%Y-%m-%d')}, `{command}`, torch {torch.__version__}, transformers "
         f"{transformers.__version__} (counts, not times: the machine's load does not enter). "
         f"{PROMPTS} prompts x G={GROUP}, completions {COMPLETION} tokens, {microbatches} "
         f"microbatches of {args.microbatch} rows, logprob chunk {args.chunk}; ops that are "
         f"not views (about one kernel launch each on a GPU)\n\n{table}\n"
+    )
+    sampled, budget, widest = sampled_microbatches(model, args)
+    base = sampled[0]
+    table = markdown_table(
+        ["microbatches", "per update", "tokens run", "update ops (first draw)", "ops vs before"],
+        [[name, f"{count:.1f}", f"{tokens:,.0f}", f"{update:,}", f"{update / base[3]:.2f}x"]
+         for name, count, tokens, update in sampled],
+    )  # fmt: skip
+    section += (
+        f"\nCompletions of sampled lengths (geometric, mean {MEAN_LENGTH}, at most "
+        f"{MAX_NEW_TOKENS}), mean of {args.batches} draws (`--batches`); the memory plan's "
+        f"budget for the 0.5B shape: {budget:,} tokens a microbatch, {widest} rows of the "
+        f"widest length\n\n{table}\n"
     )
     print(section)
     write_section(RESULTS, "Ops one GRPO update dispatches", "ops", section)
