@@ -32,8 +32,9 @@ printed after the table; the stages after it still run.
   PPO's peak GPU memory on the Qwen2.5-0.5B shape, and each one's memory plan against it.
 - `profile` (not by default): `gpu_vs_trl.py --profile`: oncurve's step at 256 tokens with the
   memory plan's settings, with them and the rows padded (`model.pack_rows=false`, each
-  group's prompt run once through its KV cache), with every row whole, with nondeterministic
-  kernels, and with the decoder layers compiled (`model.compile_layers`),
+  group's prompt run once through its KV cache), with every row whole, with 16,384 tokens a
+  microbatch, with the decoder layers compiled (`model.compile_layers`) and with
+  nondeterministic kernels,
   the phases of each, how long each last step's kernels ran, and the ops with the most GPU
   and CPU time in each last step (in the log).
 
