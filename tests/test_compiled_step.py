@@ -92,7 +92,7 @@ def test_compiled_buckets_sample_as_the_eager_step_through_compaction(dynamic):
     eager = GraphSampler(model, TOKENIZER, compile_step=False).generate(prompts, 2, params)
     assert compiled.compile_error is None, compiled.compile_error
     assert {"eos", "length"} <= set(got.finish_reasons)
-    regions = compiled._workspaces[0].compiled
+    regions = compiled._compiled
     assert len(regions) > 1  # more than one bucket ran compiled
     assert len({id(r) for r in regions.values()}) == (1 if dynamic else len(regions))
     assert_same_samples(got, eager, atol=1e-5)
@@ -217,6 +217,42 @@ def test_each_buckets_regions_compile_once_before_their_capture(monkeypatch, dyn
         sampler.generate(PROMPTS, 16, params)
     assert sampler.compile_error is None, sampler.compile_error
     assert (pools.captures, len(created)) == (captures, len(compiled_while_capturing))
+
+
+def test_a_scratch_workspace_is_freed_after_its_calls_and_made_again_without_compiling(
+    monkeypatch,
+):
+    """`scratch_workspaces`, as an evaluation runs: the workspace its call makes (more rows
+    than the training call's) is freed with its graphs at its end, and the training call's
+    stays; made again by the next evaluation, it captures again but compiles nothing (its
+    sizes' regions are kept), and samples the same. CUDA's graph API faked, Dynamo's eager
+    backend for inductor."""
+    pools = FakePools()
+    pools.install(monkeypatch)
+    created = []
+    real_compile = torch.compile
+
+    def compile_(fn, **options):
+        created.append(fn.__name__)
+        return real_compile(fn, backend="eager", **options)
+
+    monkeypatch.setattr(torch, "compile", compile_)
+    sampler = GraphSampler(make_model("qwen2"), TOKENIZER, use_graphs=True, compile_step=True)
+    sampler.generate(PROMPTS, 2, SamplingParams(max_new_tokens=10, seed=0))  # 6 rows
+    (training,) = sampler._workspaces
+    live = sum(pools.live.values())
+    greedy = SamplingParams(max_new_tokens=10, temperature=0.0)
+    with sampler.scratch_workspaces():
+        first = sampler.generate(PROMPTS, 8, greedy)  # 24 rows: a workspace of its own
+        assert len(sampler._workspaces) == 2
+    assert sampler._workspaces == [training] and sum(pools.live.values()) == live
+    compiled, captures = len(created), pools.captures
+    with torch.compiler.set_stance("fail_on_recompile"), sampler.scratch_workspaces():
+        again = sampler.generate(PROMPTS, 8, greedy)
+    assert sampler.compile_error is None, sampler.compile_error
+    assert len(created) == compiled and pools.captures > captures
+    assert sampler._workspaces == [training] and sum(pools.live.values()) == live
+    assert_same_samples(again, first, atol=0)
 
 
 def test_a_model_with_gradient_checkpointing_compiles_its_step():

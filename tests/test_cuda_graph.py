@@ -4,6 +4,8 @@ replay are checked by the `gpu` tests at the end."""
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 import transformers
@@ -210,3 +212,19 @@ def test_graph_replay_samples_what_the_eager_step_samples_and_survives_weight_up
     torch.testing.assert_close(
         moved.logprobs, trained_logprobs(model, moved, 1.0), atol=1e-4, rtol=0
     )
+
+
+def test_a_release_inside_scratch_workspaces_frees_the_workspaces_it_found():
+    """An evaluation that runs out of memory releases the sampler's workspaces to retry
+    smaller: the training workspace it found goes too (the scratch holds it weakly), and the
+    retry's own is freed at the end."""
+    sampler = GraphSampler(make_model("qwen2"), TOKENIZER, compile_step=False)
+    params = SamplingParams(max_new_tokens=4, temperature=0.0)
+    sampler.generate(PROMPTS, 2, params)
+    found = weakref.ref(sampler._workspaces[0])
+    with sampler.scratch_workspaces():
+        sampler.release()
+        assert found() is None
+        sampler.generate(PROMPTS, 8, params)
+        assert len(sampler._workspaces) == 1
+    assert sampler._workspaces == []

@@ -257,6 +257,26 @@ def test_a_kv_cache_held_between_rollouts_counts_in_the_update():
     assert held.microbatch_tokens <= free.microbatch_tokens
 
 
+def test_an_evaluations_workspace_counts_only_while_it_samples():
+    """An evaluation's rows take a workspace beside the held training one, freed after it
+    (`GraphSampler.scratch_workspaces`): it adds to the sampling peak, not to the update's;
+    fewer rows than the held workspace's sample in that one."""
+    common = dict(seq_len=324, rows_per_step=64, sample_rows=64, reference=True)
+    held = dict(budget_bytes=80 * GIB, held_cache_rows=64, microbatch_rows=4, **common)
+    alone = plan_memory(QWEN_05B, **held)
+    evaluating = plan_memory(QWEN_05B, eval_rows=256, **held)
+    assert evaluating.train_peak_bytes == alone.train_peak_bytes
+    assert evaluating.sample_peak_bytes == alone.state_bytes + kv_cache_bytes(
+        QWEN_05B, 64, 324
+    ) + sampling_bytes(QWEN_05B, 256, 324)
+    assert plan_memory(QWEN_05B, eval_rows=32, **held).sample_peak_bytes == (
+        alone.sample_peak_bytes
+    )
+    # without a held cache (another sampler) an evaluation's call is all there is
+    plain = plan_memory(QWEN_05B, eval_rows=256, budget_bytes=80 * GIB, **common)
+    assert plain.sample_peak_bytes == plain.state_bytes + sampling_bytes(QWEN_05B, 256, 324)
+
+
 def test_a_reward_models_weights_count_in_the_state():
     common = dict(seq_len=324, rows_per_step=64, sample_rows=64, reference=True)
     without = plan_memory(QWEN_05B, budget_bytes=80 * GIB, microbatch_rows=4, **common)

@@ -321,3 +321,30 @@ def test_deterministic_kernels_hold_for_the_run_only():
     assert not torch.are_deterministic_algorithms_enabled()
     with deterministic_kernels(False):
         assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_an_evaluation_frees_the_workspace_it_sampled_in(
+    tiny_model_dir, data_file, tmp_path, monkeypatch
+):
+    """With the cuda_graph sampler (eager on the CPU) an evaluation of more rows than a step's
+    samples in a workspace of its own, freed when it ends, so that the updates until the next
+    evaluation run beside the training workspace alone."""
+    config = make_config(
+        tiny_model_dir, data_file, tmp_path / "run", "rollout.backend=cuda_graph",
+        "rollout.cuda_graphs=false", f"eval.path={data_file}", "eval.num_prompts=24",
+    )  # fmt: skip
+    s = setup(config)
+    made = []
+    workspace = s.sampler._workspace
+
+    def recording(rows: int, width: int, new: int) -> object:
+        made.append(rows)
+        return workspace(rows, width, new)
+
+    monkeypatch.setattr(s.sampler, "_workspace", recording)
+    with s.rewards:
+        training_step(s, 1)
+        trainer._evaluate(s, 1)
+        training_step(s, 2)
+    assert made == [16, 24, 16]
+    assert [ws.rows for ws in s.sampler._workspaces] == [16]

@@ -517,16 +517,15 @@ def settle_memory(
             ModelShape.of(model),
             seq_len=seq_len,
             rows_per_step=rows_per_step,
-            sample_rows=max(rows_per_step, eval_rows),
+            sample_rows=rows_per_step,
             budget_bytes=device_budget(device, config.run.gpu_memory_gb),
             reference=config.algo.beta > 0 and not config.model.lora.r,
             critic=config.algo.estimator == "gae",
-            # its two workspaces: the training calls' and the evaluation chunks'
+            # the training calls' workspace (an evaluation's is freed after it)
             held_cache_rows=(
-                rows_per_step + eval_rows
-                if sampler_backend(config, model) in CACHE_HOLDING_BACKENDS
-                else 0
+                rows_per_step if sampler_backend(config, model) in CACHE_HOLDING_BACKENDS else 0
             ),
+            eval_rows=eval_rows,
             microbatch_rows=chosen["microbatch_size"],
             gradient_checkpointing=chosen["gradient_checkpointing"],
             logprob_chunk_size=chosen["logprob_chunk_size"],

@@ -111,7 +111,8 @@ class MemoryPlan:
         logprob_chunk_size: positions whose logits are formed at once.
         state_bytes: model state, present all run long.
         train_peak_bytes: state + the largest microbatch's activations and logits.
-        sample_peak_bytes: state + the sampler's KV cache and logits.
+        sample_peak_bytes: state + the sampler's KV cache and logits (an evaluation's beside
+            a held one).
         budget_bytes: what the plan had to fit in.
     """
 
@@ -208,6 +209,7 @@ def plan_memory(
     reference: bool,
     critic: bool = False,
     held_cache_rows: int = 0,
+    eval_rows: int = 0,
     microbatch_rows: int | None = None,
     gradient_checkpointing: bool | None = None,
     logprob_chunk_size: int | None = None,
@@ -219,12 +221,15 @@ def plan_memory(
         shape: the policy's `ModelShape`.
         seq_len: longest prompt + `rollout.max_new_tokens`, the widest row a step can hold.
         rows_per_step: rows this process trains on per step (B x G / ranks).
-        sample_rows: rows sampled at once at most (a step's, or an evaluation batch's).
+        sample_rows: rows a training step samples at once at most.
         budget_bytes: memory the run may use (free device memory, or the user's cap).
         reference: a frozen reference copy is held (beta > 0 without LoRA).
         critic: PPO's critic is held.
         held_cache_rows: rows of KV cache the sampler keeps between rollouts (the
-            `cuda_graph` backend's graphs point into theirs), present during the update too.
+            `cuda_graph` backend's graphs point into theirs), present during the update and
+            an evaluation too.
+        eval_rows: rows an evaluation samples at once (0: none); more than `held_cache_rows`
+            take a workspace of their own beside the held one, freed after the evaluation.
         extra_state_bytes: other weights held on the device all run long (a reward model's),
             counted in the state and the peaks, not in the activation allowance.
     Returns:
@@ -238,6 +243,10 @@ def plan_memory(
     held = kv_cache_bytes(shape, held_cache_rows, seq_len)
     fixed = state + held + logits_bytes(shape, chunk, trainable_head)
     usable = budget_bytes * (1 - RESERVED_FRACTION)
+
+    evaluation = sampling_bytes(shape, eval_rows, seq_len) if eval_rows else 0
+    if eval_rows > held_cache_rows:
+        evaluation += held
 
     def train_peak(rows: int, checkpointing: bool) -> int:
         return fixed + rows * seq_len * activation_bytes_per_token(shape, checkpointing)
@@ -267,7 +276,7 @@ def plan_memory(
         logprob_chunk_size=chunk,
         state_bytes=state,
         train_peak_bytes=train_peak(rows, checkpointing),
-        sample_peak_bytes=state + sampling_bytes(shape, sample_rows, seq_len),
+        sample_peak_bytes=state + max(sampling_bytes(shape, sample_rows, seq_len), evaluation),
         budget_bytes=budget_bytes,
     )
 

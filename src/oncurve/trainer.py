@@ -14,7 +14,7 @@ import dataclasses
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -450,7 +450,11 @@ def _forward_recovering(
 
 
 def _evaluate(s: Session, step: int) -> dict[str, float]:
-    with s.policy.whole():
+    # the sampler's workspace for an evaluation is freed after it, not held through the update
+    scratch = (
+        s.sampler.scratch_workspaces() if isinstance(s.sampler, GraphSampler) else nullcontext()
+    )
+    with s.policy.whole(), scratch:
         result = recover(
             "evaluation",
             lambda: _evaluation(s),

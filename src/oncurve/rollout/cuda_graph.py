@@ -43,12 +43,15 @@ Supported: Llama, Qwen2, Qwen3 and Mistral with static RoPE and no sliding windo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import math
 import sys
 import time
 import types
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -70,7 +73,7 @@ from oncurve.types import RolloutBatch
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 WIDTH_STEP = 64  # prompt widths are padded to a multiple of this
 SMALLEST_BUCKET = 8
-MAX_WORKSPACES = 2  # a run's training calls and its evaluation chunks
+MAX_WORKSPACES = 2  # a run's training calls and an evaluation's chunks (`scratch_workspaces`)
 SETTINGS_PER_WORKSPACE = 3  # graphs kept per workspace: training, greedy and sampled evaluation
 
 
@@ -214,8 +217,12 @@ class _Workspace:
     reasons: torch.Tensor  # [N] finish reason codes
     # the graphs of each set of sampling settings, by bucket, oldest settings first
     graphs: dict[tuple, dict[int, torch.cuda.CUDAGraph]] = dataclasses.field(default_factory=dict)
-    compiled: dict[int, _Regions] = dataclasses.field(default_factory=dict)  # by bucket
     weights: tuple[int, ...] = ()  # data pointers of the weights the graphs read
+
+    def shape(self, bucket: int) -> tuple[int, int, int, int]:
+        """What a bucket's compiled regions are specialised to: their workspace's sizes and
+        the bucket (a workspace of the same sizes, made again, runs the same code)."""
+        return (self.rows, self.width, self.new, bucket)
 
 
 class GraphSampler(TorchSampler):
@@ -264,6 +271,9 @@ class GraphSampler(TorchSampler):
         self.capture_seconds = 0.0
         self.compile_seconds = 0.0
         self._workspaces: list[_Workspace] = []  # least recently used first
+        # by `_Workspace.shape`: they outlive their workspace, so one made again (an
+        # evaluation's, `scratch_workspaces`) captures again but does not compile again
+        self._compiled: dict[tuple[int, int, int, int], _Regions] = {}
 
     @torch.inference_mode()
     def generate_ids(
@@ -311,6 +321,25 @@ class GraphSampler(TorchSampler):
     def release(self) -> None:
         """Free the workspaces and their graphs (the next call captures again)."""
         self._workspaces.clear()
+
+    @contextlib.contextmanager
+    def scratch_workspaces(self) -> Iterator[None]:
+        """The workspaces made inside are freed at its end, with their graphs; those it finds
+        stay. An evaluation runs in one: its workspace (up to `eval.batch_rows` rows at full
+        length) would otherwise hold its KV cache through every update until the next
+        evaluation, or the end. Made again, a workspace captures again (a fraction of a second)
+        but runs the code its sizes compiled before."""
+        # weakly: a `release` inside (to retry smaller after running out of memory) must free
+        kept = [weakref.ref(ws) for ws in self._workspaces]
+        try:
+            yield
+        finally:
+            made = len(self._workspaces)
+            self._workspaces = [ws for ws in self._workspaces if any(ws is k() for k in kept)]
+            if len(self._workspaces) < made:
+                # Dynamo's tracing of a workspace's first steps leaves reference cycles that
+                # hold it: collected now, its memory is free for the update that follows
+                gc.collect()
 
     def _width(self, prompt_width: int, new: int) -> int:
         """Prompt columns of a call: its longest prompt or `min_width`, whichever is wider,
@@ -584,14 +613,15 @@ class GraphSampler(TorchSampler):
         this bucket of `ws` runs them for the first time (when they may compile)."""
         if not self.compile_step:
             return _Regions(self._enter, _layer_step, self._leave), False
-        fresh = rows not in ws.compiled
+        shape = ws.shape(rows)
+        fresh = shape not in self._compiled
         if fresh and self.dynamic_compile:
             if self._dynamic_regions is None:
                 self._dynamic_regions = self._compile_regions(dynamic=True)
-            ws.compiled[rows] = self._dynamic_regions
+            self._compiled[shape] = self._dynamic_regions
         elif fresh:
-            ws.compiled[rows] = self._compile_regions(dynamic=False)
-        return ws.compiled[rows], fresh
+            self._compiled[shape] = self._compile_regions(dynamic=False)
+        return self._compiled[shape], fresh
 
     def _compile_regions(self, dynamic: bool) -> _Regions:
         return _Regions(
@@ -645,8 +675,7 @@ class GraphSampler(TorchSampler):
         self.compile_error = error_line(error)
         self.compile_step = False
         self._dynamic_regions = None
-        for ws in self._workspaces:
-            ws.compiled.clear()
+        self._compiled.clear()
         print(
             f"warning: cuda_graph sampler: compiling the decode step failed "
             f"({self.compile_error}); decoding with the uncompiled step for the rest of the run",
