@@ -165,6 +165,40 @@ def test_one_sampler_through_three_shapes_and_two_temperatures():
     run_scenario("shapes_and_temperatures")
 
 
+def scenario_an_evaluations_workspace_is_freed() -> None:
+    """As the trainer runs an evaluation (`scratch_workspaces`): its workspace, 16 times the
+    training call's rows, holds memory while it samples and gives it back when it ends; a
+    second evaluation makes it again (recaptured, not compiled again) with the same samples
+    and leaves no more behind than the first."""
+    model = make_model("qwen2").cuda()
+    sampler = GraphSampler(model, TOKENIZER)
+    params = SamplingParams(max_new_tokens=32, seed=0)
+    greedy = SamplingParams(max_new_tokens=32, temperature=0.0)
+    sampler.generate(PROMPTS, 4, params)  # the training workspace: 12 rows
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    after, samples = [], []
+    for _ in range(2):
+        compiled = sampler.compile_seconds
+        with sampler.scratch_workspaces():
+            samples.append(sampler.generate(PROMPTS * 16, 4, greedy).completion_ids)
+            torch.cuda.synchronize()
+            during = torch.cuda.memory_allocated()
+        torch.cuda.synchronize()
+        after.append(torch.cuda.memory_allocated())
+        assert sampler.graph_error is None and sampler.compile_error is None
+        assert during - before > 4 * 2**20, (before, during)
+        assert after[-1] - before < 0.25 * (during - before), (before, during, after)
+    assert sampler.compile_seconds - compiled < 0.5  # the second evaluation compiled nothing
+    assert after[1] - after[0] < 64 * 2**20, after
+    assert torch.equal(samples[0], samples[1])
+    assert len(sampler._workspaces) == 1
+
+
+def test_an_evaluations_workspace_is_freed_when_it_ends():
+    run_scenario("an_evaluations_workspace_is_freed")
+
+
 def scenario_no_sync_between_checks() -> None:
     """Decode steps with top-p < 1 under deterministic kernels (`CUBLAS_WORKSPACE_CONFIG` is
     set by the parent, before CUDA starts): the eager step and every captured graph run under
