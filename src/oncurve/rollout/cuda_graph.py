@@ -609,8 +609,9 @@ class GraphSampler(TorchSampler):
 
     def _regions(self, ws: _Workspace, rows: int) -> tuple[_Regions, bool]:
         """The step's regions for the first `rows` decoder rows of `ws` while `compile_step` is
-        on: compiled for this bucket, or (`dynamic_compile`) for all; else eager. And whether
-        this bucket of `ws` runs them for the first time (when they may compile)."""
+        on: compiled for this bucket of a workspace of its sizes, or (`dynamic_compile`) for
+        all; else eager. And whether they run for such a bucket for the first time (when they
+        may compile)."""
         if not self.compile_step:
             return _Regions(self._enter, _layer_step, self._leave), False
         shape = ws.shape(rows)
