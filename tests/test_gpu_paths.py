@@ -170,7 +170,7 @@ def scenario_an_evaluations_workspace_is_freed() -> None:
     training call's rows, holds memory while it samples and gives it back when it ends; a
     second evaluation makes it again (recaptured, not compiled again) with the same samples
     and leaves no more behind than the first."""
-    model = make_model("qwen2").cuda()
+    model = make_model("qwen2", hidden=512).cuda()  # the evaluation KV cache: 75 MB
     sampler = GraphSampler(model, TOKENIZER)
     params = SamplingParams(max_new_tokens=32, seed=0)
     greedy = SamplingParams(max_new_tokens=32, temperature=0.0)
@@ -187,10 +187,10 @@ def scenario_an_evaluations_workspace_is_freed() -> None:
         torch.cuda.synchronize()
         after.append(torch.cuda.memory_allocated())
         assert sampler.graph_error is None and sampler.compile_error is None
-        assert during - before > 4 * 2**20, (before, during)
+        assert during - before > 64 * 2**20, (before, during)
         assert after[-1] - before < 0.25 * (during - before), (before, during, after)
     assert sampler.compile_seconds - compiled < 0.5  # the second evaluation compiled nothing
-    assert after[1] - after[0] < 64 * 2**20, after
+    assert after[1] - after[0] < 8 * 2**20, after
     assert torch.equal(samples[0], samples[1])
     assert len(sampler._workspaces) == 1
 

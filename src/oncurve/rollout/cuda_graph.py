@@ -274,6 +274,7 @@ class GraphSampler(TorchSampler):
         # by `_Workspace.shape`: they outlive their workspace, so one made again (an
         # evaluation's, `scratch_workspaces`) captures again but does not compile again
         self._compiled: dict[tuple[int, int, int, int], _Regions] = {}
+        self._warmup_stream: torch.cuda.Stream | None = None  # made at the first capture
 
     @torch.inference_mode()
     def generate_ids(
@@ -433,7 +434,12 @@ class GraphSampler(TorchSampler):
         start, compiling = time.perf_counter(), self.compile_seconds
         self._eos_mask(self.model.get_output_embeddings().weight.shape[0], ws.tokens.device)
         stream = torch.cuda.current_stream()
-        side = torch.cuda.Stream()
+        if self._warmup_stream is None:
+            # one for the sampler's life: cuBLAS keeps a workspace for each stream it ran on
+            # until its workspaces are cleared, so a stream per capture (an evaluation's
+            # workspace captures at every evaluation) could leave one behind each time
+            self._warmup_stream = torch.cuda.Stream()
+        side = self._warmup_stream
         side.wait_stream(stream)
         try:
             with torch.cuda.stream(side):
