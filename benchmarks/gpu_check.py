@@ -31,10 +31,9 @@ printed after the table; the stages after it still run.
 - `ppo` (not by default): `grpo_vs_ppo.py --model qwen2.5-0.5b --device cuda`: GRPO's and
   PPO's peak GPU memory on the Qwen2.5-0.5B shape, and each one's memory plan against it.
 - `profile` (not by default): `gpu_vs_trl.py --profile`: oncurve's step at 256 tokens with the
-  memory plan's settings, with them and the rows padded (`model.pack_rows=false`, each
-  group's prompt run once through its KV cache), with every row whole, with 16,384 tokens a
-  microbatch, with the decoder layers compiled (`model.compile_layers`) and with
-  nondeterministic kernels,
+  memory plan's settings, with them and the decoder layers compiled (`model.compile_layers`),
+  the rows padded (`model.pack_rows=false`, each group's prompt run once through its KV
+  cache), 16,384 tokens a microbatch, every row whole, and nondeterministic kernels,
   the phases of each, how long each last step's kernels ran, and the ops with the most GPU
   and CPU time in each last step (in the log).
 
