@@ -902,8 +902,8 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="oncurve alone, in this process, with the memory plan's settings and with one "
-        "microbatch: seconds per phase and the ops that take the most GPU and CPU time",
+        help="oncurve alone, in this process, under each of the settings `profile_variants` "
+        "lists: seconds per phase and the ops that take the most GPU and CPU time",
     )
     parser.add_argument("--trl-child", help=argparse.SUPPRESS)  # run TRL, write into this dir
     args = parser.parse_args()
