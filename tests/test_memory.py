@@ -8,12 +8,13 @@ import dataclasses
 import torch
 from conftest import tiny_qwen2
 
-from oncurve.build import settle_memory
+from oncurve.build import settle_memory, token_caps
 from oncurve.config import load_config
 from oncurve.memory import (
     GIB,
     ModelShape,
     activation_bytes_per_token,
+    forward_only_tokens,
     kv_cache_bytes,
     logits_bytes,
     logits_chunk,
@@ -297,3 +298,27 @@ def test_a_reward_models_weights_count_in_the_state():
     _, plain = settle_memory(config, model, cuda, 1, 100, None)
     _, rewarded = settle_memory(config, model, cuda, 1, 100, None, reward_bytes=12345)
     assert rewarded.state_bytes - plain.state_bytes == 12345
+
+
+def test_the_reference_pass_takes_as_many_tokens_as_an_update_keeps_for_its_backward():
+    """A forward without gradients holds a decoder layer's activations a token, one layer at a
+    time; an update keeps `activation_bytes_per_token` a token for its backward. The 0.5B
+    shape with checkpointing keeps 154,112 B a token, a layer is 55,552 B: a 3,888-token
+    microbatch's memory runs 10,786 reference tokens; without checkpointing, 24 layers' worth."""
+    assert forward_only_tokens(QWEN_05B, 3888, True) == 3888 * 154_112 // 55_552 == 10_786
+    assert forward_only_tokens(QWEN_05B, 3888, False) == 24 * 3888
+    assert forward_only_tokens(QWEN_05B, 0, True) == 0  # no cap stays none
+
+
+def test_the_reference_pass_has_a_token_cap_of_its_own_on_an_accelerator_only():
+    """On the CPU the cap bounds the widest activation, which both passes make: one cap.
+    Elsewhere (meta: an accelerator's path with no value read) the reference pass's own."""
+    config = load_config(
+        None, ["optim.microbatch_tokens=4000", "model.gradient_checkpointing=true"]
+    )
+    model = tiny_qwen2(40)
+    assert token_caps(model, config) == {"microbatch_tokens": 4000, "reference_tokens": None}
+    meta = model.to("meta")
+    reference = forward_only_tokens(ModelShape.of(meta), 4000, checkpointing=True)
+    assert token_caps(meta, config) == {"microbatch_tokens": 4000, "reference_tokens": reference}
+    assert reference > 4000

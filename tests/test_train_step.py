@@ -16,6 +16,7 @@ from test_trainer import make_config
 
 from oncurve import train_step
 from oncurve.models import microbatch_tokens
+from oncurve.policy import Policy
 from oncurve.train_step import (
     ForwardSettings,
     accumulate_gradients,
@@ -375,3 +376,19 @@ def test_under_deterministic_kernels_the_backward_is_strict_until_an_op_has_no_s
         monkeypatch.setattr(RecordsTheBackwardsMode, "nondeterministic", False)
         accumulate_grpo(model, batch, forward, tokens)
     assert RecordsTheBackwardsMode.strict[-2:] == [True, True]
+
+
+def test_the_reference_pass_cuts_microbatches_by_its_own_token_cap(monkeypatch) -> None:
+    """Four rows of 9 tokens: the old policy's pass keeps the update's cap (9 tokens, a row a
+    microbatch, so its logprobs are the update's first pass's bit for bit); the reference
+    pass, which keeps nothing for a backward, takes its own (18: two rows)."""
+    batch = lengths_batch([4, 4, 4, 4], [5, 5, 5, 5])
+    forward = ForwardSettings(1.0, 16, 8, microbatch_tokens=9, reference_tokens=18)
+    policy = Policy(make_model("qwen2"), forward=forward, with_reference=True)
+    rows = rows_per_call(monkeypatch, train_step.PolicyLogprobs, "forward")
+    reference = policy.reference_logprobs(batch)
+    assert rows == [2, 2]
+    rows.clear()
+    old = policy.logprobs(batch)
+    assert rows == [1, 1, 1, 1]
+    torch.testing.assert_close(reference, old, rtol=0, atol=1e-6)  # the same weights

@@ -36,6 +36,7 @@ from oncurve.memory import (
     MemoryPlan,
     ModelShape,
     device_budget,
+    forward_only_tokens,
     plan_memory,
 )
 from oncurve.metrics import MetricsLogger, truncate_after
@@ -114,7 +115,7 @@ class Session:
         self.policy.forward = dataclasses.replace(
             self.policy.forward,
             microbatch_rows=config.optim.microbatch_size,
-            microbatch_tokens=microbatch_tokens(self.policy.model, config.optim.microbatch_tokens),
+            **token_caps(self.policy.model, config),
         )
         before, after = oom.settings_of(self.config), oom.settings_of(config)
         self.shrunk |= {key: value for key, value in after.items() if before[key] != value}
@@ -214,9 +215,9 @@ def setup(config: Config) -> Session:
         temperature=config.rollout.temperature,
         chunk_size=config.model.logprob_chunk_size,
         microbatch_rows=config.optim.microbatch_size,
-        microbatch_tokens=microbatch_tokens(model, config.optim.microbatch_tokens),
         compile_layers=config.model.compile_layers,
         pack_rows=config.model.pack_rows,
+        **token_caps(model, config),
     )
     # before the policy's data-parallel wrapper: a critic copies the trunk's whole weights
     advantage = build_advantage_source(config, model, forward)
@@ -368,6 +369,20 @@ def build_loss_fns(config: Config) -> LossFns:
         norm_len=float(algo.norm_len or config.rollout.max_new_tokens),
         tis_cap=algo.tis_cap or 0.0,
     )
+
+
+def token_caps(model: torch.nn.Module, config: Config) -> dict[str, int | None]:
+    """`ForwardSettings`' token caps: the training microbatches' (`models.microbatch_tokens`)
+    and, on an accelerator, the reference pass's, as many tokens as a forward without gradients
+    runs in the memory a training microbatch keeps for its backward (fewer microbatches, so
+    fewer kernel launches). On the CPU both are one: there the cap bounds the widest single
+    activation, which both passes make."""
+    tokens = microbatch_tokens(model, config.optim.microbatch_tokens)
+    reference = None
+    if model.get_input_embeddings().weight.device.type != "cpu":
+        checkpointing = bool(config.model.gradient_checkpointing)
+        reference = forward_only_tokens(ModelShape.of(model), tokens, checkpointing)
+    return {"microbatch_tokens": tokens, "reference_tokens": reference}
 
 
 def settle_tis_cap(config: Config, model: torch.nn.Module) -> Config:

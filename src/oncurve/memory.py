@@ -31,6 +31,7 @@ CUDA context and the allocator's cached blocks come on top); the budget keeps
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -163,6 +164,15 @@ def activation_bytes_per_token(shape: ModelShape, checkpointing: bool) -> int:
     if checkpointing:
         return shape.layers * shape.hidden * shape.weight_bytes + 2 * layer
     return shape.layers * layer
+
+
+def forward_only_tokens(shape: ModelShape, tokens: int, checkpointing: bool) -> int:
+    """Tokens a forward without gradients (the reference pass) may run at once in the memory
+    that a training microbatch of `tokens` keeps for its backward (0: no cap, as `tokens`):
+    that one keeps `activation_bytes_per_token` a token, this one a decoder layer's
+    activations a token at most, one layer at a time."""
+    layer = activation_bytes_per_token(dataclasses.replace(shape, layers=1), False)
+    return tokens * activation_bytes_per_token(shape, checkpointing) // layer
 
 
 def logits_bytes(shape: ModelShape, chunk: int, trainable_head: bool) -> int:

@@ -73,10 +73,11 @@ class Policy:
     def reference_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """`[N, T]` logprobs under pi_ref: the frozen copy, or with LoRA the same weights with
         the adapter switched off."""
+        forward = self.forward.for_reference()
         if self.peft_model is None:
-            return batch_logprobs(PolicyLogprobs(self.reference), batch, self.forward)
+            return batch_logprobs(PolicyLogprobs(self.reference), batch, forward)
         with self.peft_model.disable_adapter():
-            return batch_logprobs(self.train_forward, batch, self.forward)
+            return batch_logprobs(self.train_forward, batch, forward)
 
     def sync_reference(self) -> None:
         """pi_ref <- pi_theta (`algo.ref_sync_every`)."""

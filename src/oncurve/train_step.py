@@ -215,6 +215,8 @@ class ForwardSettings:
         microbatch_tokens: tokens per forward/backward at most (`microbatches`); 0 no cap.
         compile_layers: run the decoder layers compiled (`oncurve.compiled_layers`).
         pack_rows: run the policy's rows packed, without padding (`oncurve.packing`).
+        reference_tokens: tokens per microbatch of the reference pass, which keeps nothing
+            for a backward (`memory.forward_only_tokens`); None: `microbatch_tokens`.
     """
 
     temperature: float = 1.0
@@ -223,6 +225,14 @@ class ForwardSettings:
     microbatch_tokens: int = 0
     compile_layers: bool = False
     pack_rows: bool = False
+    reference_tokens: int | None = None
+
+    def for_reference(self) -> ForwardSettings:
+        """These settings with the reference pass's token cap. The old policy's pass keeps
+        the update's: its logprobs must be those of the update's first pass bit for bit."""
+        if self.reference_tokens is None:
+            return self
+        return replace(self, microbatch_tokens=self.reference_tokens)
 
     def packed(self, micro: TrainBatch) -> RowLengths | None:
         """What the policy's forward of `micro` takes as `packed`: None when not packing."""
