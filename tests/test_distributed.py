@@ -3,11 +3,13 @@ ranks too: tests/test_gpu.py runs these helpers with device="cuda")."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from oncurve.train_step import (
     LossFns,
     PolicyLogprobs,
     batch_logprobs,
+    microbatches,
     optimizer_step,
 )
 from oncurve.types import TrainBatch
@@ -78,10 +81,12 @@ def one_step(
     fsdp: bool = False,
     device: str = "cpu",
     pack: bool = False,
+    microbatch: tuple[int, int] = (2, 0),
 ) -> dict[str, torch.Tensor]:
     """The weights (on the CPU) after one SGD step of the tiny model on `rows` of the fixed
     batch (all of it when None), the model and the batch on `device`; with `pack`, its rows
-    packed (`oncurve.packing`), each group's prompt run once."""
+    packed (`oncurve.packing`), each group's prompt run once; `microbatch` its rows and tokens
+    at most."""
     model = tiny_qwen2(VOCAB, seed=0)
     batch = fixed_batch(model)  # made on the CPU: the same batch on every device
     if pack:
@@ -92,7 +97,8 @@ def one_step(
     # SGD, not Adam: Adam's first step is ~lr * sign(grad), which turns 1e-12 noise in a
     # near-zero gradient into a 2*lr difference; SGD shows the gradient itself.
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    forward = ForwardSettings(chunk_size=16, microbatch_rows=2, pack_rows=pack)
+    forward = ForwardSettings(16, microbatch_rows=microbatch[0], microbatch_tokens=microbatch[1])
+    forward = dataclasses.replace(forward, pack_rows=pack)
     optimizer_step(policy, optimizer, local, loss_fns(aggregation), forward, grad_clip=0.0)
     # FSDP2 holds each parameter as a DTensor shard; full_tensor() gathers it.
     return {
@@ -130,6 +136,7 @@ def _rank_main(
     fsdp: bool,
     device: str,
     pack: bool,
+    microbatch: tuple[int, int],
 ) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if device == "cuda":
@@ -138,7 +145,8 @@ def _rank_main(
     dist.init_process_group(backend, rank=rank, world_size=world_size)
     try:
         rows = distributed.shard(GROUPS, rank, world_size)
-        weights = one_step(aggregation, slice(rows.start * G, rows.stop * G), fsdp, device, pack)
+        part = slice(rows.start * G, rows.stop * G)
+        weights = one_step(aggregation, part, fsdp, device, pack, microbatch)
         if rank == 0:
             save_file({k: v.contiguous() for k, v in weights.items()}, out)
         # both ranks done before either tears gloo down: a rank that leaves first can abort its
@@ -155,13 +163,26 @@ def _free_port() -> int:
 
 
 def two_rank_step(
-    aggregation: str, tmp_path: Path, fsdp: bool, device: str = "cpu", pack: bool = False
+    aggregation: str,
+    tmp_path: Path,
+    fsdp: bool,
+    device: str = "cpu",
+    pack: bool = False,
+    microbatch: tuple[int, int] = (2, 0),
 ) -> dict[str, torch.Tensor]:
     """Rank 0's weights after one step of 2 ranks (gloo on the CPU, NCCL on 2 GPUs), each on
-    half the groups of the fixed batch (rows packed with `pack`)."""
+    half the groups of the fixed batch (rows packed with `pack`, microbatches of at most
+    `microbatch` rows and tokens); a failure when the ranks are not done in 120 s (a rank
+    waiting in a collective the other never joins)."""
     out = tmp_path / "rank0.safetensors"
-    args = (2, _free_port(), aggregation, str(out), fsdp, device, pack)
-    mp.spawn(_rank_main, args=args, nprocs=2, join=True)
+    args = (2, _free_port(), aggregation, str(out), fsdp, device, pack, microbatch)
+    ranks = mp.spawn(_rank_main, args=args, nprocs=2, join=False)
+    deadline = time.monotonic() + 120
+    while not ranks.join(timeout=max(0.0, deadline - time.monotonic())):  # a rank at a time
+        if time.monotonic() >= deadline:
+            for process in ranks.processes:
+                process.kill()
+            pytest.fail("the ranks were not done in 120 s: one waits in a collective")
     return load_file(out)
 
 
@@ -191,6 +212,21 @@ def test_packed_rows_on_two_ranks_equal_padded_rows_on_one(fsdp, tmp_path):
     padded = one_step("token-mean", None)
     for name, tensor in padded.items():
         torch.testing.assert_close(packed[name], tensor, atol=1e-5, rtol=0, msg=name)
+
+
+def test_fsdp2_ranks_whose_token_caps_cut_them_unequal_microbatches_all_finish(tmp_path):
+    """A 28-token cap cuts rank 0's rows into 3 microbatches and rank 1's into 2, while each
+    forward of an FSDP2 module gathers its weights on every rank: rank 1 runs a stand-in
+    forward and backward that adds nothing (`train_step.even_across_ranks`), so neither waits
+    for ever, and the step is one rank's with the same cap."""
+    model = tiny_qwen2(VOCAB, seed=0)
+    batch = fixed_batch(model)
+    halves = [batch.rows(slice(r * GROUPS * G // 2, (r + 1) * GROUPS * G // 2)) for r in (0, 1)]
+    assert [len(microbatches(half, 6, 28)) for half in halves] == [3, 2]
+    sharded = two_rank_step("token-mean", tmp_path, fsdp=True, microbatch=(6, 28))
+    one_rank = one_step("token-mean", None, microbatch=(6, 28))
+    for name, tensor in one_rank.items():
+        torch.testing.assert_close(sharded[name], tensor, atol=1e-5, rtol=0, msg=name)
 
 
 def _batch_scale_rank(rank: int, world_size: int, port: int, rewards: torch.Tensor, out: str):

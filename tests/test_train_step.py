@@ -14,12 +14,13 @@ from test_distributed import loss_fns
 from test_rollout import make_model
 from test_trainer import make_config
 
-from oncurve import train_step
+from oncurve import distributed, train_step
 from oncurve.models import microbatch_tokens
 from oncurve.policy import Policy
 from oncurve.train_step import (
     ForwardSettings,
     accumulate_gradients,
+    batch_logprobs,
     completion_logprobs,
     microbatches,
 )
@@ -392,3 +393,31 @@ def test_the_reference_pass_cuts_microbatches_by_its_own_token_cap(monkeypatch) 
     old = policy.logprobs(batch)
     assert rows == [1, 1, 1, 1]
     torch.testing.assert_close(reference, old, rtol=0, atol=1e-6)  # the same weights
+
+
+def test_stand_in_microbatches_change_no_result(monkeypatch) -> None:
+    """Where another rank cut two more microbatches (FSDP2: each forward gathers weights on
+    every rank), this one runs two stand-ins, the first row of its last microbatch, counted
+    nowhere: the logprobs, the gradients and the statistics are those without them."""
+    model, batch = grpo_batch(0, share_prompt=False)
+    forward = ForwardSettings(1.0, 16, 3)
+    tokens = float(batch.completion_mask.sum())
+    policy = train_step.PolicyLogprobs(model)
+    fns = loss_fns("seq-mean-token-mean")
+
+    def update() -> tuple[torch.Tensor, list[torch.Tensor], dict[str, float]]:
+        model.zero_grad(set_to_none=True)
+        logprobs = batch_logprobs(policy, batch, forward)
+        stats = accumulate_gradients(policy, batch, fns, forward, num_seqs=8.0, num_tokens=tokens)
+        return logprobs, [p.grad.clone() for p in model.parameters()], stats
+
+    want = update()
+    monkeypatch.setattr(distributed, "shards_weights", lambda module: True)
+    monkeypatch.setattr(distributed, "all_max", lambda values: [values[0] + 2])
+    rows = rows_per_call(monkeypatch, train_step.PolicyLogprobs, "forward")
+    got = update()
+    assert rows == [3, 3, 2, 1, 1] * 2  # 8 rows in 3, 3 and 2, then two stand-ins, twice
+    assert torch.equal(got[0], want[0])
+    for mine, theirs in zip(got[1], want[1], strict=True):
+        assert torch.equal(mine, theirs)
+    assert got[2] == want[2]

@@ -55,22 +55,37 @@ def _collective_device() -> torch.device:
     return torch.device("cpu")
 
 
-def all_sum(values: list[float]) -> list[float]:
-    """Element-wise sum over ranks (identity on one process)."""
+def _all_reduce(values: list[float], op: dist.ReduceOp.RedOpType) -> list[float]:
     if world()[1] == 1:
         return values
     tensor = torch.tensor(values, dtype=torch.float64, device=_collective_device())
-    dist.all_reduce(tensor)
+    dist.all_reduce(tensor, op=op)
     return tensor.tolist()
+
+
+def all_sum(values: list[float]) -> list[float]:
+    """Element-wise sum over ranks (identity on one process)."""
+    return _all_reduce(values, dist.ReduceOp.SUM)
 
 
 def all_min(values: list[float]) -> list[float]:
     """Element-wise minimum over ranks (identity on one process)."""
-    if world()[1] == 1:
-        return values
-    tensor = torch.tensor(values, dtype=torch.float64, device=_collective_device())
-    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
-    return tensor.tolist()
+    return _all_reduce(values, dist.ReduceOp.MIN)
+
+
+def all_max(values: list[float]) -> list[float]:
+    """Element-wise maximum over ranks (identity on one process)."""
+    return _all_reduce(values, dist.ReduceOp.MAX)
+
+
+def shards_weights(module: torch.nn.Module) -> bool:
+    """Whether `module` is FSDP2-sharded (`wrap`): each of its forwards gathers its weights, a
+    collective that every rank must join as many times."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch before 2.6, whose `wrap` has no fully_shard to shard with
+        return False
+    return isinstance(module, FSDPModule)
 
 
 def all_mean(metrics: dict[str, float]) -> dict[str, float]:

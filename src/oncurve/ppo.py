@@ -241,7 +241,7 @@ def batch_values(model: ValueModel, batch: TrainBatch, forward: ForwardSettings)
     def values(micro: TrainBatch) -> torch.Tensor:
         return model(micro.input_ids, micro.attention_mask, micro.completion_mask.shape[1])
 
-    return over_microbatches(batch, forward, values)
+    return over_microbatches(batch, forward, model, values)
 
 
 def estimate_advantages(

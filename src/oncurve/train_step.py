@@ -319,6 +319,25 @@ class Microbatch:
         rows = replace(batch.rows(self.index), row_lengths=self.lengths)
         return trim_padding(rows, self.longest_prompt, self.longest_completion)
 
+    def first_row(self) -> Microbatch:
+        """Its first row alone, counting no tokens: a stand-in (`even_across_ranks`)."""
+        lengths = self.lengths
+        groups = None if lengths.groups is None else lengths.groups[:1]
+        alone = RowLengths(lengths.prompts[:1], lengths.completions[:1], groups)
+        return Microbatch(self.index[:1], alone.prompts[0], alone.completions[0], 0, alone)
+
+
+def even_across_ranks(parts: list[Microbatch], module: torch.nn.Module) -> list[Microbatch]:
+    """`parts` and, where `module` is FSDP2-sharded, stand-ins after them (`first_row` of the
+    last, `completion_tokens` 0) until every rank has as many: each rank cuts its own rows by
+    tokens into as many microbatches as their lengths need, but each forward of a sharded
+    module gathers its weights, a collective that every rank must join as often. A stand-in's
+    result is thrown away (its loss counts zero times)."""
+    if not distributed.shards_weights(module):
+        return parts
+    most = int(distributed.all_max([float(len(parts))])[0])
+    return parts + [parts[-1].first_row()] * (most - len(parts))
+
 
 def microbatches(
     batch: TrainBatch, max_rows: int, max_tokens: int = 0, packed: bool = False
@@ -411,9 +430,10 @@ def accumulate(
     Returns:
         (completion tokens, detached loss, statistics) of each microbatch, in order.
     """
-    parts = microbatches(
+    real = microbatches(
         minibatch, forward.microbatch_rows, forward.microbatch_tokens, forward.pack_rows
     )
+    parts = even_across_ranks(real, module)
 
     def run() -> list[tuple[int, torch.Tensor, dict[str, torch.Tensor]]]:
         done = []
@@ -425,9 +445,12 @@ def accumulate(
                 compiled_layers(forward.compile_layers),
             ):
                 loss, stats = micro_loss(micro, part.index)
+                if i >= len(real):  # a stand-in: its backward joins the collectives, adds 0
+                    loss = loss * 0
                 with deterministic_backward():
                     loss.backward()
-            done.append((part.completion_tokens, loss.detach(), stats))
+            if i < len(real):
+                done.append((part.completion_tokens, loss.detach(), stats))
         return done
 
     try:
@@ -459,22 +482,25 @@ def host_values(
 def over_microbatches(
     batch: TrainBatch,
     forward: ForwardSettings,
+    module: torch.nn.Module,
     per_token: Callable[[TrainBatch], torch.Tensor],
 ) -> torch.Tensor:
     """`[N, T]` float32 values of `per_token(micro)` `[n, t]` over the padding-trimmed
-    `microbatches` of `batch`, no graph kept; 0 on padding."""
+    `microbatches` of `batch` (`even_across_ranks`: `module` is the one `per_token` calls),
+    no graph kept; 0 on padding."""
     completion_len = batch.completion_mask.shape[1]
     out = torch.zeros(
         batch.completion_mask.shape, dtype=torch.float32, device=batch.input_ids.device
     )
-    cuts = microbatches(
+    real = microbatches(
         batch, forward.microbatch_rows, forward.microbatch_tokens, forward.pack_rows
     )
-    for part in cuts:
+    for i, part in enumerate(even_across_ranks(real, module)):
         micro = part.of(batch)
         with compiled_layers(forward.compile_layers):
             values = per_token(micro)
-        out[part.index, : values.shape[1]] = values * micro.completion_mask
+        if i < len(real):
+            out[part.index, : values.shape[1]] = values * micro.completion_mask
     return out[:, :completion_len]
 
 
@@ -639,7 +665,7 @@ def batch_logprobs(
         )
         return values
 
-    return over_microbatches(batch, forward, logprobs)
+    return over_microbatches(batch, forward, policy, logprobs)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
