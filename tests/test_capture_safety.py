@@ -29,7 +29,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from oncurve.evaluate import evaluate
-from oncurve.rollout import SamplingParams, build_sampler
+from oncurve.rollout import SamplingParams, build_sampler, cuda_graph
 from oncurve.rollout.cuda_graph import GraphSampler
 from oncurve.trainer import train
 
@@ -427,3 +427,83 @@ def test_a_capture_that_runs_out_of_memory_is_left_to_the_out_of_memory_recovery
     with pytest.raises(torch.OutOfMemoryError):
         sampler.generate(PROMPTS, 4, SamplingParams(max_new_tokens=6, seed=1))
     assert sampler.use_graphs and sampler.graph_error is None
+
+
+# a product is seen once: as the composite op, or (outside inference mode) as what it becomes
+MATMULS = {aten.linear.default, aten.matmul.default, aten.mm.default, aten.addmm.default}
+
+
+def matmuls_of_a_step(sampler: GraphSampler, ws, params: SamplingParams) -> int:
+    """Matrix products one decode step of all of `ws`'s rows runs."""
+    count = 0
+
+    class Matmuls(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            nonlocal count
+            count += func in MATMULS
+            return func(*args, **(kwargs or {}))
+
+    with Matmuls():
+        sampler._step(ws, ws.rows, params)
+    return count
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral"])
+@torch.inference_mode()
+def test_the_decode_step_reads_q_k_v_with_one_matmul_and_gate_up_with_another(kind):
+    """Four matmuls a layer (q/k/v, o, gate/up, down) and the head's: on a GPU each kernel of
+    the step is worth a few microseconds, whatever its size. The samples are those of the
+    training forward (`test_cuda_graph`)."""
+    model = model_of(kind)
+    params = SamplingParams(max_new_tokens=8, seed=3)
+    sampler, ws = ready_sampler(model, params)
+    layers = len(model.model.layers)
+    assert matmuls_of_a_step(sampler, ws, params) == 4 * layers + 1
+
+
+def test_laying_projections_out_keeps_the_parameters_their_values_and_the_forward():
+    model = make_model("qwen2")  # q, k and v have biases
+    before = {name: (p, p.detach().clone()) for name, p in model.named_parameters()}
+    ids = torch.randint(3, 60, (2, 7))
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert cuda_graph.lay_out_projections(model) == 2 * len(model.model.layers)
+    assert cuda_graph.lay_out_projections(model) == 2 * len(model.model.layers)  # idempotent
+    for name, param in model.named_parameters():
+        assert param is before[name][0] and torch.equal(param, before[name][1]), name
+    attention, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
+    start = attention.q_proj.weight.data_ptr()
+    assert attention.v_proj.bias.untyped_storage().data_ptr() == attention.q_proj.bias.data_ptr()
+    assert attention.k_proj.weight.data_ptr() == start + attention.q_proj.weight.nbytes
+    assert (
+        mlp.up_proj.weight.data_ptr()
+        == mlp.gate_proj.weight.data_ptr() + mlp.gate_proj.weight.nbytes
+    )
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, logits)
+
+
+@torch.inference_mode()
+def test_projections_no_longer_back_to_back_run_one_by_one_and_sample_the_same():
+    """A weight moved after the layout (a `.to()`, a sharded refill) is not read past its own
+    end: its group runs as separate matmuls, on the weights as they are now."""
+    params = SamplingParams(max_new_tokens=8, seed=3)
+    model = model_of("qwen2")
+    sampler, ws = ready_sampler(model, params)
+    laid_out = sampler.generate(PROMPTS, 2, params)
+    for layer in model.model.layers:
+        layer.self_attn.k_proj.weight.data = layer.self_attn.k_proj.weight.data.clone()
+    assert matmuls_of_a_step(sampler, ws, params) == 6 * len(model.model.layers) + 1
+    assert_same_samples(sampler.generate(PROMPTS, 2, params), laid_out, atol=1e-6)
+
+
+@torch.inference_mode()
+def test_lora_wrapped_projections_stay_as_they_are():
+    model = lora_model()  # adapters on q, v and up
+    sampler, ws = ready_sampler(model, SamplingParams(max_new_tokens=8, seed=3))
+    for layer in model.model.layers:
+        assert type(layer.self_attn.q_proj) is not torch.nn.Linear
+        assert [cuda_graph._together(g) for g in cuda_graph._projection_groups(layer)] == [
+            None,
+            None,
+        ]

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -138,6 +139,45 @@ def test_round_trip_is_bit_exact(tmp_path: Path) -> None:
     assert_same_tensors(model.state_dict(), model2.state_dict())
     with safe_open(path / "model.safetensors", "pt") as f:  # the tied weight is stored once
         assert sorted(f.keys()) == ["embed.weight", "mid.bias", "mid.weight"]
+
+
+def test_projections_laid_out_in_one_storage_round_trip_and_stay_so(tmp_path: Path) -> None:
+    """The `cuda_graph` sampler's layout (parameters that are views into one tensor, which
+    safetensors' `save_model` refuses to store) saves, and loads in place, keeping it."""
+    from test_rollout import make_model
+
+    from oncurve.rollout.cuda_graph import lay_out_projections
+
+    def laid_out(seed: int):
+        torch.manual_seed(seed)
+        model = make_model("qwen2")
+        with torch.no_grad():
+            for param in model.parameters():
+                param.normal_()
+        assert lay_out_projections(model) == 4
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    model, optimizer = laid_out(0)
+    path = save_checkpoint(tmp_path, 1, model, optimizer, None, {"step": 1})
+    model2, optimizer2 = laid_out(1)
+    load_checkpoint(path, model2, optimizer2, None)
+    assert_same_tensors(model.state_dict(), model2.state_dict())
+    attention = model2.model.layers[0].self_attn
+    assert attention.k_proj.weight.data_ptr() == (
+        attention.q_proj.weight.data_ptr() + attention.q_proj.weight.nbytes
+    )
+
+
+def test_a_tied_weight_stored_under_its_other_name_loads(tmp_path: Path) -> None:
+    """safetensors' `save_model`, which wrote earlier checkpoints, may keep either name."""
+    path = saved_run(tmp_path) / "checkpoints/step-000001"
+    model, _, _ = make_setup(0)
+    state = {k: v for k, v in model.state_dict().items() if k != "embed.weight"}
+    save_file(state, path / "model.safetensors")
+    loaded, optimizer, scheduler = make_setup(1)
+    load_checkpoint(path, loaded, optimizer, scheduler)
+    assert loaded.head.weight is loaded.embed.weight
+    assert_same_tensors(model.state_dict(), loaded.state_dict())
 
 
 @pytest.mark.parametrize("keep_last", [1, 2, 3, 4, 6])

@@ -1,7 +1,7 @@
 """Checkpoints that survive crashes: atomic save, exact resume, keep-last-N.
 
 One checkpoint is a directory `run_dir/checkpoints/step-000010/` holding
-  model.safetensors    the policy weights (tied weights stored once: safetensors' save_model);
+  model.safetensors    the policy weights (tied weights stored once, under one of their names);
                        with `trainable_only` (LoRA) only the trainable tensors: the frozen base
                        weights are the same in every checkpoint and come from the model path
   <name>.safetensors   each extra module, e.g. `reference` (once synced) or `value` (PPO critic)
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from safetensors import SafetensorError
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
@@ -116,11 +116,11 @@ def save_checkpoint(
             policy_dump = (
                 partial(save_file, _trainable_tensors(model))
                 if trainable_only
-                else partial(save_model, model)
+                else partial(_save_weights, model)
             )
             dumps = {
                 "model": policy_dump,
-                **{n: partial(save_model, m) for n, m in modules.items()},
+                **{n: partial(_save_weights, m) for n, m in modules.items()},
             }
             _write_checkpoint(final, step, dumps, opt_state, rng_states, state_text)
         except (OSError, SafetensorError) as err:
@@ -301,21 +301,56 @@ def _fsync(path: Path) -> None:
 # -- loading ---------------------------------------------------------------------------------
 
 
+def _identity(tensor: torch.Tensor) -> tuple:
+    """What two names of one tensor (tied weights) share, and two different tensors do not."""
+    return (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+
+
+def _save_weights(module: nn.Module, file: str) -> None:
+    """`module`'s state, each tensor once: a tensor under several names (tied weights) under
+    the first. Tensors that are views into a larger storage (`cuda_graph.lay_out_projections`
+    lays a layer's projections out in one) are stored as they are, which safetensors'
+    `save_model` refuses."""
+    names: dict[tuple, str] = {}
+    state = module.state_dict()
+    for name, tensor in state.items():
+        names.setdefault(_identity(tensor), name)
+    save_file({name: state[name] for name in names.values()}, file)
+
+
 def _load_weights(file: Path, module: nn.Module) -> None:
+    """Copy the tensors `_save_weights` stored into `module`'s, in place; a tied tensor may
+    have been stored under any of its names (safetensors' `save_model` wrote earlier ones)."""
     if not file.is_file():
         raise UserError(f"checkpoint file {file} is missing")
     param = next(module.parameters(), None)
     device = str(param.device) if param is not None else "cpu"
     try:
-        missing, unexpected = load_model(module, file, strict=False, device=device)
-    except (RuntimeError, SafetensorError) as err:
-        reason = " ".join(str(err).split())
-        raise UserError(f"checkpoint file {file} does not match the model: {reason}") from None
+        saved = load_file(file, device=device)
+    except SafetensorError as err:
+        raise UserError(f"checkpoint file {file} cannot be read: {err}") from None
+    state = module.state_dict()
+    aliases: dict[tuple, list[str]] = {}
+    for name, tensor in state.items():
+        aliases.setdefault(_identity(tensor), []).append(name)
+    found, missing = {}, []
+    for names in aliases.values():
+        stored = [name for name in names if name in saved]
+        if stored:
+            found[stored[0]] = saved[stored[0]]
+        else:
+            missing += names
+    unexpected = sorted(saved.keys() - state.keys())
     if missing or unexpected:
         raise UserError(
             f"checkpoint file {file} does not match the model: missing {missing}, "
             f"unexpected {unexpected}"
         )
+    try:
+        module.load_state_dict(found, strict=False)
+    except RuntimeError as err:
+        reason = " ".join(str(err).split())
+        raise UserError(f"checkpoint file {file} does not match the model: {reason}") from None
 
 
 def _trainable_tensors(module: nn.Module) -> dict[str, torch.Tensor]:

@@ -18,7 +18,10 @@ EOS bookkeeping) is captured once as a CUDA graph and replayed:
 
 The step calls the model's own modules (norms, projections, MLP, rotary embedding), so it reads
 the training weights in place: after an optimizer step the next rollout samples the new weights
-with no copy and no recapture, LoRA adapters included. Only the attention over the static cache
+with no copy and no recapture, LoRA adapters included. The sampler lays each layer's q, k and v
+weights out back to back in one tensor, and its gate and up weights in another
+(`lay_out_projections`: the same parameters, now views), so that the step reads each group with
+one matmul: three kernels fewer a layer. Only the attention over the static cache
 is written here (grouped-query attention through `scaled_dot_product_attention`). Graphs are
 recaptured only when a weight's storage moved (FSDP2 refills its whole-weights copy) or the
 sampling settings or sizes change. Without CUDA the same step runs eagerly, which is how the CPU
@@ -122,6 +125,80 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+# (weight, bias) of projections that one matmul computes: their rows, back to back
+Together = tuple[torch.Tensor, torch.Tensor | None]
+
+
+def _projection_groups(layer: torch.nn.Module) -> tuple[list, list]:
+    """The projections of a decoder layer that read the same input: q, k and v; gate and up."""
+    attention, mlp = layer.self_attn, layer.mlp
+    qkv = [attention.q_proj, attention.k_proj, attention.v_proj]
+    return qkv, [getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)]
+
+
+def _plain(linears: list) -> bool:
+    """Plain `nn.Linear`s (no LoRA wrapper) of one input width, dtype and device, with dense
+    weights (not FSDP2's sharded ones) and biases on all or none."""
+    if not all(type(m) is torch.nn.Linear for m in linears):
+        return False
+    weights = [m.weight for m in linears]
+    return (
+        len({(w.shape[1], w.dtype, w.device) for w in weights}) == 1
+        and all(type(w.data) is torch.Tensor for w in weights)
+        and len({m.bias is None for m in linears}) == 1
+    )
+
+
+def _together(linears: list) -> Together | None:
+    """The weight and bias of `linears` as one projection, read in place: views that span
+    their rows, when each tensor begins where the previous one ends in one storage (as
+    `lay_out_projections` leaves them), else None."""
+    if not _plain(linears):
+        return None
+    spans = []
+    for name in ("weight", "bias"):
+        parts = [getattr(m, name) for m in linears]
+        if parts[0] is None:
+            spans.append(None)
+            continue
+        first = parts[0]
+        storage = first.untyped_storage().data_ptr()  # tensors apart may still lie adjacent
+        step = first[0].numel() * first.element_size()  # bytes a row
+        at = first.data_ptr()
+        for part in parts:
+            same = part.untyped_storage().data_ptr() == storage
+            if not (same and part.is_contiguous() and part.data_ptr() == at):
+                return None
+            at += part.shape[0] * step
+        rows = sum(part.shape[0] for part in parts)
+        spans.append(first.detach().as_strided((rows, *first.shape[1:]), first.stride()))
+    return spans[0], spans[1]
+
+
+def lay_out_projections(model: torch.nn.Module) -> int:
+    """Store each decoder layer's q, k and v weights (and biases) back to back in one tensor,
+    and its gate and up weights in another, so that the decode step computes each group with
+    one matmul (`_layer_step`): a layer's kernels on a GPU are each worth a few microseconds
+    of launch, whatever their size. The parameters stay the same objects with the same values,
+    now views (`Parameter.data`), so the optimizer, the training forward and an optimizer's
+    in-place update are as before, and the step reads the updated weights in place. LoRA-
+    wrapped and sharded (FSDP2) projections are left as they are. Returns the groups laid out
+    (already laid out ones included)."""
+    groups = [g for layer in model.base_model.layers for g in _projection_groups(layer)]
+    groups = [linears for linears in groups if _plain(linears)]
+    with torch.no_grad():
+        for linears in groups:
+            if _together(linears) is not None:
+                continue
+            for name in ("weight", "bias"):
+                parts = [getattr(m, name) for m in linears]
+                if parts[0] is not None:
+                    whole = torch.cat([p.detach() for p in parts])
+                    for part, view in zip(parts, whole.split([len(p) for p in parts]), strict=True):
+                        part.data = view
+    return len(groups)
+
+
 def _layer_step(
     layer: torch.nn.Module,
     x: torch.Tensor,
@@ -133,9 +210,12 @@ def _layer_step(
     attend: torch.Tensor,
     heads: int,
     kv_heads: int,
+    qkv: Together | None,
+    gate_up: Together | None,
 ) -> torch.Tensor:
     """One decoder layer for one token per row: writes the token's key and value at `column` of
-    the layer's static cache and returns the layer's output.
+    the layer's static cache and returns the layer's output. `qkv` and `gate_up` are the
+    layer's projections as one each (`_together`), or None to run them one by one.
 
     Shapes: x `[n, 1, H]`; cos, sin `[n, 1, 1, d]`; keys, values `[n, kv_heads, L, d]`; column
     `[1]`; attend `[n, 1, 1, L]` bool.
@@ -144,9 +224,14 @@ def _layer_step(
     attention = layer.self_attn
     head_dim = attention.head_dim
     h = layer.input_layernorm(x)
-    q = attention.q_proj(h).view(rows, 1, heads, head_dim)
-    k = attention.k_proj(h).view(rows, 1, kv_heads, head_dim)
-    v = attention.v_proj(h).view(rows, 1, kv_heads, head_dim)
+    if qkv is None:
+        q, k, v = attention.q_proj(h), attention.k_proj(h), attention.v_proj(h)
+    else:
+        kv_width = kv_heads * head_dim
+        q, k, v = F.linear(h, *qkv).split([heads * head_dim, kv_width, kv_width], dim=-1)
+    q = q.view(rows, 1, heads, head_dim)
+    k = k.view(rows, 1, kv_heads, head_dim)
+    v = v.view(rows, 1, kv_heads, head_dim)
     if hasattr(attention, "q_norm"):  # Qwen3 normalises each head before RoPE
         q, k = attention.q_norm(q), attention.k_norm(k)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [n, h, 1, d]
@@ -161,7 +246,12 @@ def _layer_step(
         grouped, keys, values, attn_mask=attend, scale=attention.scaling
     )
     x = x + attention.o_proj(out.reshape(rows, 1, heads * head_dim))
-    return x + layer.mlp(layer.post_attention_layernorm(x))
+    h = layer.post_attention_layernorm(x)
+    mlp = layer.mlp
+    if gate_up is None:
+        return x + mlp(h)
+    gate, up = F.linear(h, *gate_up).chunk(2, dim=-1)
+    return x + mlp.down_proj(mlp.act_fn(gate) * up)
 
 
 def _compiled(fn: Callable, dynamic: bool = False) -> Callable:
@@ -231,7 +321,8 @@ class GraphSampler(TorchSampler):
     rest of the sampler's life once a capture fails for any reason.
 
     Args:
-        model: a model `supports` accepts, on its device.
+        model: a model `supports` accepts (else `generate` refuses it), on its device; its
+            projections are laid out (`lay_out_projections`).
         tokenizer: as `TorchSampler`'s.
         use_graphs: capture and replay graphs; default: when the model is on CUDA.
         compile_step: compile the decode step (module docstring); default: when the model is
@@ -260,6 +351,8 @@ class GraphSampler(TorchSampler):
         dynamic_compile: bool = False,
     ):
         super().__init__(model, tokenizer)
+        if supports(model):
+            lay_out_projections(model)
         device = model.get_output_embeddings().weight.device
         self.use_graphs = device.type == "cuda" if use_graphs is None else use_graphs
         self.compile_step = device.type == "cuda" if compile_step is None else compile_step
@@ -646,9 +739,11 @@ class GraphSampler(TorchSampler):
         x, cos, sin, attend = regions.enter(ws, rows)
         layers = self.model.base_model.layers
         for layer, keys, values in zip(layers, ws.keys, ws.values, strict=True):
+            qkv, gate_up = (_together(group) for group in _projection_groups(layer))
             x = regions.layer(
-                layer, x, cos, sin, keys[:rows], values[:rows], ws.column, attend, heads, kv_heads
-            )
+                layer, x, cos, sin, keys[:rows], values[:rows], ws.column, attend, heads,
+                kv_heads, qkv, gate_up,
+            )  # fmt: skip
         self._sample_and_record(ws, rows, regions.leave(ws, rows, x), params)
 
     def _enter(
