@@ -507,3 +507,29 @@ def test_lora_wrapped_projections_stay_as_they_are():
             None,
             None,
         ]
+
+
+@torch.inference_mode()
+def test_every_layer_attends_with_one_aligned_bias_in_the_queries_dtype(monkeypatch):
+    """The memory-efficient attention kernel converts a boolean mask, and pads a bias whose
+    rows are not 16-aligned, at every call: a step makes the bias once, aligned by its
+    cache's columns, for all layers."""
+    model = model_of("qwen2").to(torch.bfloat16)
+    params = SamplingParams(max_new_tokens=7, seed=3)
+    sampler, ws = ready_sampler(model, params)
+    # 12 prompt columns + 7 - 1 tokens fed back = 18 filled, 32 allocated
+    assert ws.width == 12 and ws.keys[0].shape[2] == 32
+    biases = []
+    attention = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, attn_mask=None, **kwargs):
+        biases.append(attn_mask)
+        return attention(*args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(cuda_graph.F, "scaled_dot_product_attention", recording)
+    sampler._step(ws, ws.rows, params)
+    assert len(biases) == len(model.model.layers)
+    assert all(bias is biases[0] for bias in biases)
+    bias = biases[0]
+    assert bias.dtype == torch.bfloat16 and bias.stride(-2) % 16 == 0
+    assert set(bias.unique().tolist()) == {0.0, float("-inf")}

@@ -5,7 +5,8 @@ set the pace. This backend makes every shape static so that the whole step (the 
 for one token per row, temperature / top-k / top-p / min-p, the draw, the drawn token's logprob,
 EOS bookkeeping) is captured once as a CUDA graph and replayed:
 
-- one KV cache `[rows, kv_heads, W + new - 1, head_dim]` per layer, allocated for all rows; the B
+- one KV cache `[rows, kv_heads, L, head_dim]` per layer (`_cache_columns`: W + new - 1 and up to
+  15 never attended to), allocated for all rows; the B
   prompts are prefilled once (Hugging Face forward) and each copied into its G rows; attention
   runs over every column with a visibility mask, so its shape never changes;
 - the uniforms of every draw are drawn up front from the call's seed (`[new, rows]`), and a row
@@ -76,6 +77,7 @@ from oncurve.types import RolloutBatch
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 WIDTH_STEP = 64  # prompt widths are padded to a multiple of this
 SMALLEST_BUCKET = 8
+COLUMN_ALIGNMENT = 16  # elements a row of the attention bias is aligned to
 MAX_WORKSPACES = 2  # a run's training calls and an evaluation's chunks (`scratch_workspaces`)
 SETTINGS_PER_WORKSPACE = 3  # graphs kept per workspace: training, greedy and sampled evaluation
 
@@ -113,6 +115,14 @@ def buckets(rows: int) -> list[int]:
         sizes.append(size)
         size //= 2
     return sizes
+
+
+def _cache_columns(width: int, new: int) -> int:
+    """KV cache columns of a workspace for `width` prompt columns and `new` tokens: the
+    `width + new - 1` a call can fill, rounded up to a multiple of `COLUMN_ALIGNMENT`, so that
+    the attention bias needs no padded copy (the memory-efficient attention kernel pads one
+    whose rows are not aligned, at every call of every layer)."""
+    return math.ceil((width + new - 1) / COLUMN_ALIGNMENT) * COLUMN_ALIGNMENT
 
 
 def bucket_for(alive: int, sizes: list[int]) -> int:
@@ -202,27 +212,33 @@ def lay_out_projections(model: torch.nn.Module) -> int:
 def _layer_step(
     layer: torch.nn.Module,
     x: torch.Tensor,
+    mlp_out: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
     column: torch.Tensor,
-    attend: torch.Tensor,
+    bias: torch.Tensor,
     heads: int,
     kv_heads: int,
     qkv: Together | None,
     gate_up: Together | None,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoder layer for one token per row: writes the token's key and value at `column` of
-    the layer's static cache and returns the layer's output. `qkv` and `gate_up` are the
-    layer's projections as one each (`_together`), or None to run them one by one.
+    the layer's static cache. `qkv` and `gate_up` are the layer's projections as one each
+    (`_together`), or None to run them one by one.
 
-    Shapes: x `[n, 1, H]`; cos, sin `[n, 1, 1, d]`; keys, values `[n, kv_heads, L, d]`; column
-    `[1]`; attend `[n, 1, 1, L]` bool.
+    The residual stream arrives as the previous layer's `x` and `mlp_out`, and leaves as this
+    layer's: their sum is formed here, where it fuses with the input norm into one kernel (the
+    matmul that makes `mlp_out` cannot take it; the last sum goes into the final norm).
+
+    Shapes: x, mlp_out `[n, 1, H]`; cos, sin `[n, 1, 1, d]`; keys, values `[n, kv_heads, L,
+    d]`; column `[1]`; bias `[n, 1, 1, L]`, 0 on the columns a row attends to, -inf elsewhere.
     """
     rows = x.shape[0]
     attention = layer.self_attn
     head_dim = attention.head_dim
+    x = x + mlp_out
     h = layer.input_layernorm(x)
     if qkv is None:
         q, k, v = attention.q_proj(h), attention.k_proj(h), attention.v_proj(h)
@@ -243,15 +259,15 @@ def _layer_step(
     # the query-length dimension, where no causal mask separates them
     grouped = q.reshape(rows, kv_heads, heads // kv_heads, head_dim)
     out = F.scaled_dot_product_attention(
-        grouped, keys, values, attn_mask=attend, scale=attention.scaling
+        grouped, keys, values, attn_mask=bias, scale=attention.scaling
     )
     x = x + attention.o_proj(out.reshape(rows, 1, heads * head_dim))
     h = layer.post_attention_layernorm(x)
     mlp = layer.mlp
     if gate_up is None:
-        return x + mlp(h)
+        return x, mlp(h)
     gate, up = F.linear(h, *gate_up).chunk(2, dim=-1)
-    return x + mlp.down_proj(mlp.act_fn(gate) * up)
+    return x, mlp.down_proj(mlp.act_fn(gate) * up)
 
 
 def _compiled(fn: Callable, dynamic: bool = False) -> Callable:
@@ -285,7 +301,7 @@ class _Workspace:
     """The static buffers calls of up to `rows` rows, `width` prompt columns and `new` tokens
     decode in; graphs read and write them in place.
 
-    Shapes: N rows, L = W + new - 1 cache columns, V vocabulary.
+    Shapes: N rows, L = `_cache_columns(W, new)` cache columns, V vocabulary.
     """
 
     rows: int
@@ -465,7 +481,7 @@ class GraphSampler(TorchSampler):
         head_dim = trunk.layers[0].self_attn.head_dim
         weight = self.model.get_output_embeddings().weight
         device, dtype = weight.device, weight.dtype
-        columns = width + new - 1
+        columns = _cache_columns(width, new)
         shape = (rows, config.num_key_value_heads, columns, head_dim)
         layers = len(trunk.layers)
 
@@ -736,22 +752,23 @@ class GraphSampler(TorchSampler):
         """`_step` with the given regions."""
         config = self.model.config
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-        x, cos, sin, attend = regions.enter(ws, rows)
+        x, mlp_out, cos, sin, bias = regions.enter(ws, rows)
         layers = self.model.base_model.layers
         for layer, keys, values in zip(layers, ws.keys, ws.values, strict=True):
             qkv, gate_up = (_together(group) for group in _projection_groups(layer))
-            x = regions.layer(
-                layer, x, cos, sin, keys[:rows], values[:rows], ws.column, attend, heads,
+            x, mlp_out = regions.layer(
+                layer, x, mlp_out, cos, sin, keys[:rows], values[:rows], ws.column, bias, heads,
                 kv_heads, qkv, gate_up,
             )  # fmt: skip
-        self._sample_and_record(ws, rows, regions.leave(ws, rows, x), params)
+        self._sample_and_record(ws, rows, regions.leave(ws, rows, x, mlp_out), params)
 
-    def _enter(
-        self, ws: _Workspace, rows: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _enter(self, ws: _Workspace, rows: int) -> tuple[torch.Tensor, ...]:
         """The first region of a step: the embeddings `[n, 1, H]` of the first `rows` decoder
-        rows' tokens, their rotary tables cos and sin `[n, 1, 1, d]` (broadcast over heads), and
-        the columns they attend to `[n, 1, 1, L]`, now with the one the step writes."""
+        rows' tokens and zeros as the residual stream's other part (`_layer_step`), their
+        rotary tables cos and sin `[n, 1, 1, d]` (broadcast over heads), and the attention bias
+        `[n, 1, 1, L]` of the columns they attend to, now with the one the step writes: made
+        once for every layer, in the queries' dtype, as the attention kernel takes it (given a
+        boolean mask, each layer would convert it)."""
         trunk = self.model.base_model
         # `forward`, not the module's call: gradient checkpointing hooks the embedding's output
         # with `requires_grad_`, which a compiled region cannot return
@@ -759,13 +776,17 @@ class GraphSampler(TorchSampler):
         cos, sin = trunk.rotary_emb(x, ws.positions[:rows, None])
         visible = ws.visible[:rows]
         visible.index_fill_(1, ws.column, True)
-        return x, cos[:, None], sin[:, None], visible[:, None, None, :]
+        bias = torch.zeros(visible.shape, dtype=x.dtype, device=x.device)
+        bias.masked_fill_(~visible, float("-inf"))
+        return x, torch.zeros_like(x), cos[:, None], sin[:, None], bias[:, None, None, :]
 
-    def _leave(self, ws: _Workspace, rows: int, x: torch.Tensor) -> torch.Tensor:
-        """The last region of a step: from the layers' output `[n, 1, H]`, the float32 logits
-        `[n, V]` the draw reads; positions and column advance."""
+    def _leave(
+        self, ws: _Workspace, rows: int, x: torch.Tensor, mlp_out: torch.Tensor
+    ) -> torch.Tensor:
+        """The last region of a step: from the last layer's residual stream (`_layer_step`),
+        the float32 logits `[n, V]` the draw reads; positions and column advance."""
         trunk = self.model.base_model
-        hidden = trunk.norm(x)[:, 0]
+        hidden = trunk.norm(x + mlp_out)[:, 0]
         head = self.model.get_output_embeddings()
         ws.positions[:rows] += 1
         ws.column += 1
