@@ -533,3 +533,28 @@ def test_every_layer_attends_with_one_aligned_bias_in_the_queries_dtype(monkeypa
     bias = biases[0]
     assert bias.dtype == torch.bfloat16 and bias.stride(-2) % 16 == 0
     assert set(bias.unique().tolist()) == {0.0, float("-inf")}
+
+
+def test_the_decode_runs_without_deterministic_algorithms_and_restores_them(monkeypatch):
+    """CUDA's deterministic `index_put_` and `index_copy_` sort their indices (several kernels
+    each); the step writes each index once, so the usual kernels sample the same."""
+    model = model_of("qwen2")
+    params = SamplingParams(max_new_tokens=6, seed=3)
+    want = GraphSampler(model, TOKENIZER, use_graphs=False).generate(PROMPTS, 2, params)
+    seen = []
+    step = GraphSampler._run_step
+
+    def recording(self, *args):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return step(self, *args)
+
+    monkeypatch.setattr(GraphSampler, "_run_step", recording)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        got = GraphSampler(model, TOKENIZER, use_graphs=False).generate(PROMPTS, 2, params)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert seen and not any(seen)
+    assert_same_samples(got, want, atol=0)

@@ -130,6 +130,21 @@ def bucket_for(alive: int, sizes: list[int]) -> int:
     return min(s for s in sizes if s >= alive)
 
 
+@contextlib.contextmanager
+def _writes_once() -> Iterator[None]:
+    """Deterministic algorithms off for the duration, then as they were. Every index the decode
+    step writes is written once (a cache column, a row's token, logprob, end), so the usual
+    kernels give the same result; in deterministic mode CUDA's `index_put_` and `index_copy_`
+    sort their indices first, several kernels each where one does."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(False)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -403,7 +418,8 @@ class GraphSampler(TorchSampler):
         self.model.eval()
         try:
             ws = self._workspace(rows, width, new)
-            graphs = self._prepare_graphs(ws, params)
+            with _writes_once():
+                graphs = self._prepare_graphs(ws, params)
             extra = ws.width - ids.shape[1]
             logits = self._prefill(
                 ws,
@@ -412,7 +428,8 @@ class GraphSampler(TorchSampler):
                 group_size,
                 params,
             )
-            self._decode(ws, rows, logits, params, graphs)
+            with _writes_once():
+                self._decode(ws, rows, logits, params, graphs)
         finally:
             self.model.train(was_training)
         ends = ws.ends[:rows]
