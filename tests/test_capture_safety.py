@@ -537,7 +537,9 @@ def test_every_layer_attends_with_one_aligned_bias_in_the_queries_dtype(monkeypa
 
 def test_the_decode_runs_without_deterministic_algorithms_and_restores_them(monkeypatch):
     """CUDA's deterministic `index_put_` and `index_copy_` sort their indices (several kernels
-    each); the step writes each index once, so the usual kernels sample the same."""
+    each), and inductor compiles such a write, in deterministic mode, as a call of that op
+    (`aten.index_put_`, twice a layer); the step writes each index once, so the usual kernels
+    sample the same."""
     model = model_of("qwen2")
     params = SamplingParams(max_new_tokens=6, seed=3)
     want = GraphSampler(model, TOKENIZER, use_graphs=False).generate(PROMPTS, 2, params)

@@ -135,7 +135,8 @@ def _writes_once() -> Iterator[None]:
     """Deterministic algorithms off for the duration, then as they were. Every index the decode
     step writes is written once (a cache column, a row's token, logprob, end), so the usual
     kernels give the same result; in deterministic mode CUDA's `index_put_` and `index_copy_`
-    sort their indices first, several kernels each where one does."""
+    sort their indices first, several kernels each where one does, and inductor compiles each
+    such write as a call of that op, cut out of the fused kernel around it (two a layer)."""
     enabled = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(False)
