@@ -689,7 +689,7 @@ class GraphSampler(TorchSampler):
         their ends already recorded. The live rows then move to a smaller bucket when they fit
         one."""
         sizes = buckets(ws.rows)
-        self._sample_and_record(ws, rows, logits, params)
+        self._sample_and_record(ws, rows, self._draw_inputs_of(ws, rows, logits, params), params)
         stop_table = (
             self._stop_table(params.stop, logits.shape[-1], logits.device) if params.stop else None
         )
@@ -778,7 +778,10 @@ class GraphSampler(TorchSampler):
                 layer, x, mlp_out, cos, sin, keys[:rows], values[:rows], ws.column, bias, heads,
                 kv_heads, qkv, gate_up,
             )  # fmt: skip
-        self._sample_and_record(ws, rows, regions.leave(ws, rows, x, mlp_out), params)
+        eos = self._eos_mask(self.model.get_output_embeddings().weight.shape[0], x.device)
+        settings = (params.temperature, params.min_new_tokens, eos)
+        inputs = regions.leave(ws, rows, x, mlp_out, *settings)
+        self._sample_and_record(ws, rows, inputs, params)
 
     def _enter(self, ws: _Workspace, rows: int) -> tuple[torch.Tensor, ...]:
         """The first region of a step: the embeddings `[n, 1, H]` of the first `rows` decoder
@@ -799,16 +802,49 @@ class GraphSampler(TorchSampler):
         return x, torch.zeros_like(x), cos[:, None], sin[:, None], bias[:, None, None, :]
 
     def _leave(
-        self, ws: _Workspace, rows: int, x: torch.Tensor, mlp_out: torch.Tensor
-    ) -> torch.Tensor:
+        self,
+        ws: _Workspace,
+        rows: int,
+        x: torch.Tensor,
+        mlp_out: torch.Tensor,
+        temperature: float,
+        min_new_tokens: int,
+        eos: torch.Tensor,
+    ) -> tuple[torch.Tensor | None, ...]:
         """The last region of a step: from the last layer's residual stream (`_layer_step`),
-        the float32 logits `[n, V]` the draw reads; positions and column advance."""
+        the float32 logits and what the draw reads of them (`_draw_inputs`); positions and
+        column advance."""
         trunk = self.model.base_model
         hidden = trunk.norm(x + mlp_out)[:, 0]
         head = self.model.get_output_embeddings()
         ws.positions[:rows] += 1
         ws.column += 1
-        return float_logits(hidden, head.weight, head.bias)
+        logits = float_logits(hidden, head.weight, head.bias)
+        return self._draw_inputs(ws, rows, logits, temperature, min_new_tokens, eos)
+
+    def _draw_inputs(
+        self,
+        ws: _Workspace,
+        rows: int,
+        logits: torch.Tensor,
+        temperature: float,
+        min_new_tokens: int,
+        eos: torch.Tensor,
+    ) -> tuple[torch.Tensor | None, ...]:
+        """What the draw of token t (`draw_tokens`) reads, from `[rows, V]` float32 logits:
+        them divided by the temperature, their logsumexp `[rows]`, the same with EOS (`eos`,
+        `[V]` bool) at -inf while fewer than `min_new_tokens` tokens were drawn, and each row's
+        uniform `[rows, 1]` (None for greedy). A decode step forms them in its compiled last
+        region, where the logsumexp and the mask are a kernel or two instead of a dozen."""
+        scaled = logits / temperature if temperature not in (0, 1) else logits
+        lse = torch.logsumexp(scaled, dim=-1)
+        work = scaled
+        if min_new_tokens > 0:
+            work = scaled.masked_fill(eos[None] & (ws.t < min_new_tokens), float("-inf"))
+        uniforms = None
+        if temperature != 0:
+            uniforms = ws.uniforms.index_select(0, ws.t)[0, ws.row_ids[:rows]][:, None]
+        return scaled, lse, work, uniforms
 
     def _stop_compiling(self, error: BaseException) -> None:
         """Run the uncompiled step from now on (the same samples as an uncompiled sampler's,
@@ -824,32 +860,35 @@ class GraphSampler(TorchSampler):
         )
 
     def _sample_and_record(
-        self, ws: _Workspace, rows: int, logits: torch.Tensor, params: SamplingParams
+        self,
+        ws: _Workspace,
+        rows: int,
+        inputs: tuple[torch.Tensor | None, ...],
+        params: SamplingParams,
     ) -> None:
-        """Draw token t for the first `rows` decoder rows from `[rows, V]` logits and record it,
-        its logprob and any EOS in the output rows; t advances. Every index is a device tensor
-        (a 0-dim tensor used as an index is read on the host)."""
-        scaled = logits / params.temperature if params.temperature not in (0, 1) else logits
-        lse = torch.logsumexp(scaled, dim=-1)
-        work = scaled
-        if params.min_new_tokens > 0:
-            eos = self._eos_mask(logits.shape[-1], logits.device)
-            work = scaled.masked_fill(eos[None] & (ws.t < params.min_new_tokens), float("-inf"))
+        """Draw token t for the first `rows` decoder rows from their `_draw_inputs` and record
+        it, its logprob and any EOS in the output rows; t advances. Every index is a device
+        tensor (a 0-dim tensor used as an index is read on the host)."""
+        tokens, token_logprobs = draw_tokens(*inputs[:3], params, inputs[3])
         out_rows = ws.row_ids[:rows]
-        uniforms = None
-        if params.temperature != 0:
-            uniforms = ws.uniforms.index_select(0, ws.t)[0, out_rows][:, None]
-        tokens, token_logprobs = draw_tokens(scaled, lse, work, params, uniforms)
+        eos = self._eos_mask(inputs[0].shape[-1], inputs[0].device)
         at = (out_rows, ws.t.expand(rows))
         ws.completion.index_put_(at, tokens)
         ws.logprobs.index_put_(at, token_logprobs)
         alive = ws.alive[:rows]
-        hit = alive & self._eos_mask(logits.shape[-1], logits.device)[tokens]
+        hit = alive & eos[tokens]
         ws.ends.index_put_((out_rows,), torch.where(hit, ws.t + 1, ws.ends[out_rows]))
         ws.reasons.index_put_((out_rows,), torch.where(hit, _EOS, ws.reasons[out_rows]))
         alive &= ~hit
         ws.tokens[:rows] = tokens
         ws.t += 1
+
+    def _draw_inputs_of(
+        self, ws: _Workspace, rows: int, logits: torch.Tensor, params: SamplingParams
+    ) -> tuple[torch.Tensor | None, ...]:
+        """`_draw_inputs` of `params`'s settings, outside a step (the prefill's logits)."""
+        eos = self._eos_mask(logits.shape[-1], logits.device)
+        return self._draw_inputs(ws, rows, logits, params.temperature, params.min_new_tokens, eos)
 
     def _eos_mask(self, vocab: int, device: torch.device) -> torch.Tensor:
         """`[V]` True on EOS ids; made once per vocabulary size and device, before any capture,
