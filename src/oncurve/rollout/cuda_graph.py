@@ -29,10 +29,10 @@ sampling settings or sizes change. Without CUDA the same step runs eagerly, whic
 tests check it.
 
 Before it is captured the step is compiled (`torch.compile`, inductor, static shapes, in three
-regions: entering the layers, one decoder layer, leaving them up to the float32 logits), so that
-norms, rotary embeddings and activations become a few fused kernels instead of a few hundred
-launches. The draw stays uncompiled: inductor's code for a scan as wide as a real vocabulary
-(the inverse-CDF draw's cumsum) fails on CUDA, and the draw is a dozen kernels. Each bucket gets
+regions: entering the layers, one decoder layer, leaving them up to what the draw reads of the
+float32 logits), so that norms, rotary embeddings and activations become a few fused kernels
+instead of a few hundred launches. The draw itself stays uncompiled: inductor's code for a scan
+as wide as a real vocabulary (the inverse-CDF draw's cumsum) fails on CUDA. Each bucket gets
 its compiled regions, the layer's shared by every layer (they differ only in their weights,
 which are inputs of the compiled code, read in place like the eager step's); the graphs capture
 the compiled kernels. With `dynamic_compile` the regions are compiled once for every bucket and
