@@ -69,7 +69,7 @@ from oncurve.rollout.torch_sampler import (
     _EOS,
     _LENGTH,
     TorchSampler,
-    draw_tokens,
+    draw_token_ids,
     end_at_stops,
 )
 from oncurve.types import RolloutBatch
@@ -303,13 +303,15 @@ def _compiled(fn: Callable, dynamic: bool = False) -> Callable:
 
 @dataclasses.dataclass
 class _Regions:
-    """The three callables a decode step runs before its draw, compiled or eager: `enter`
-    (embedding, rotary tables, the attention mask), `layer` (`_layer_step`, for every layer)
-    and `leave` (final norm, float32 logits)."""
+    """The callables of a decode step around its draw, compiled or eager: `enter` (embedding,
+    rotary tables, the attention bias), `layer` (`_layer_step`, for every layer), `leave`
+    (final norm, float32 logits, what the draw reads) and, after the draw, `record` (the
+    drawn tokens' logprobs and the bookkeeping)."""
 
     enter: Callable
     layer: Callable
     leave: Callable
+    record: Callable
 
 
 @dataclasses.dataclass
@@ -746,7 +748,7 @@ class GraphSampler(TorchSampler):
         all; else eager. And whether they run for such a bucket for the first time (when they
         may compile)."""
         if not self.compile_step:
-            return _Regions(self._enter, _layer_step, self._leave), False
+            return _Regions(self._enter, _layer_step, self._leave, self._record), False
         shape = ws.shape(rows)
         fresh = shape not in self._compiled
         if fresh and self.dynamic_compile:
@@ -762,6 +764,7 @@ class GraphSampler(TorchSampler):
             _compiled(self._enter, dynamic),
             _compiled(_layer_step, dynamic),
             _compiled(self._leave, dynamic),
+            _compiled(self._record, dynamic),
         )
 
     def _run_step(
@@ -781,7 +784,7 @@ class GraphSampler(TorchSampler):
         eos = self._eos_mask(self.model.get_output_embeddings().weight.shape[0], x.device)
         settings = (params.temperature, params.min_new_tokens, eos)
         inputs = regions.leave(ws, rows, x, mlp_out, *settings)
-        self._sample_and_record(ws, rows, inputs, params)
+        self._sample_and_record(ws, rows, inputs, params, regions.record)
 
     def _enter(self, ws: _Workspace, rows: int) -> tuple[torch.Tensor, ...]:
         """The first region of a step: the embeddings `[n, 1, H]` of the first `rows` decoder
@@ -865,13 +868,30 @@ class GraphSampler(TorchSampler):
         rows: int,
         inputs: tuple[torch.Tensor | None, ...],
         params: SamplingParams,
+        record: Callable | None = None,
     ) -> None:
         """Draw token t for the first `rows` decoder rows from their `_draw_inputs` and record
-        it, its logprob and any EOS in the output rows; t advances. Every index is a device
-        tensor (a 0-dim tensor used as an index is read on the host)."""
-        tokens, token_logprobs = draw_tokens(*inputs[:3], params, inputs[3])
+        it with `record` (`_record`, or its compiled region); t advances."""
+        scaled, lse, work, uniforms = inputs
+        tokens = draw_token_ids(work, params, uniforms)
+        eos = self._eos_mask(scaled.shape[-1], scaled.device)
+        (record or self._record)(ws, rows, tokens, scaled, lse, eos)
+
+    def _record(
+        self,
+        ws: _Workspace,
+        rows: int,
+        tokens: torch.Tensor,
+        scaled: torch.Tensor,
+        lse: torch.Tensor,
+        eos: torch.Tensor,
+    ) -> None:
+        """Write the drawn `tokens` `[rows]`, their logprobs under `scaled` `[rows, V]` (whose
+        logsumexp is `lse`) and any EOS (`eos`, `[V]` bool) in the output rows, and feed the
+        tokens back; t advances. Every index is a device tensor (a 0-dim tensor used as an
+        index is read on the host)."""
+        token_logprobs = scaled.gather(1, tokens[:, None]).squeeze(1) - lse
         out_rows = ws.row_ids[:rows]
-        eos = self._eos_mask(inputs[0].shape[-1], inputs[0].device)
         at = (out_rows, ws.t.expand(rows))
         ws.completion.index_put_(at, tokens)
         ws.logprobs.index_put_(at, token_logprobs)

@@ -327,6 +327,15 @@ def draw_tokens(
     Returns:
         (`[n]` token ids, `[n]` float32 logprobs under `scaled`).
     """
+    tokens = draw_token_ids(work, params, uniforms)
+    chosen = scaled.gather(1, tokens[:, None]).squeeze(1)
+    return tokens, chosen - lse
+
+
+def draw_token_ids(
+    work: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None
+) -> torch.Tensor:
+    """The token ids `[n]` of `draw_tokens`, without their logprobs."""
     if params.temperature == 0:
         tokens = work.argmax(-1)
     else:
@@ -349,8 +358,7 @@ def draw_tokens(
         cdf = probs.cumsum_(-1)
         u = uniforms * cdf[:, -1:]
         tokens = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
-    chosen = scaled.gather(1, tokens[:, None]).squeeze(1)
-    return tokens, chosen - lse
+    return tokens
 
 
 def _stop_candidates(tokenizer, stops: tuple[str, ...], vocab: int) -> torch.Tensor:
