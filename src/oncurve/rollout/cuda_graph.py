@@ -28,11 +28,12 @@ recaptured only when a weight's storage moved (FSDP2 refills its whole-weights c
 sampling settings or sizes change. Without CUDA the same step runs eagerly, which is how the CPU
 tests check it.
 
-Before it is captured the step is compiled (`torch.compile`, inductor, static shapes, in three
+Before it is captured the step is compiled (`torch.compile`, inductor, static shapes, in four
 regions: entering the layers, one decoder layer, leaving them up to what the draw reads of the
-float32 logits), so that norms, rotary embeddings and activations become a few fused kernels
-instead of a few hundred launches. The draw itself stays uncompiled: inductor's code for a scan
-as wide as a real vocabulary (the inverse-CDF draw's cumsum) fails on CUDA. Each bucket gets
+float32 logits, and recording what was drawn), so that norms, rotary embeddings, activations and
+bookkeeping become a few fused kernels instead of a few hundred launches. The draw itself stays
+uncompiled: inductor's code for a scan as wide as a real vocabulary (the inverse-CDF draw's
+cumsum) fails on CUDA. Each bucket gets
 its compiled regions, the layer's shared by every layer (they differ only in their weights,
 which are inputs of the compiled code, read in place like the eager step's); the graphs capture
 the compiled kernels. With `dynamic_compile` the regions are compiled once for every bucket and
