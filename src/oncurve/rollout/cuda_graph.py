@@ -815,14 +815,11 @@ class GraphSampler(TorchSampler):
         min_new_tokens: int,
         eos: torch.Tensor,
     ) -> tuple[torch.Tensor | None, ...]:
-        """The last region of a step: from the last layer's residual stream (`_layer_step`),
-        the float32 logits and what the draw reads of them (`_draw_inputs`); positions and
-        column advance."""
+        """The region after the layers: from the last layer's residual stream (`_layer_step`),
+        the float32 logits and what the draw reads of them (`_draw_inputs`)."""
         trunk = self.model.base_model
         hidden = trunk.norm(x + mlp_out)[:, 0]
         head = self.model.get_output_embeddings()
-        ws.positions[:rows] += 1
-        ws.column += 1
         logits = float_logits(hidden, head.weight, head.bias)
         return self._draw_inputs(ws, rows, logits, temperature, min_new_tokens, eos)
 
@@ -872,11 +869,15 @@ class GraphSampler(TorchSampler):
         record: Callable | None = None,
     ) -> None:
         """Draw token t for the first `rows` decoder rows from their `_draw_inputs` and record
-        it with `record` (`_record`, or its compiled region); t advances."""
+        it with `record`, a step's last region (the positions and the cache column advance),
+        or else `_record` alone (after the prefill, whose state is the first step's)."""
         scaled, lse, work, uniforms = inputs
         tokens = draw_token_ids(work, params, uniforms)
         eos = self._eos_mask(scaled.shape[-1], scaled.device)
-        (record or self._record)(ws, rows, tokens, scaled, lse, eos)
+        if record is None:
+            self._record(ws, rows, tokens, scaled, lse, eos, advance=False)
+        else:
+            record(ws, rows, tokens, scaled, lse, eos, advance=True)
 
     def _record(
         self,
@@ -886,11 +887,17 @@ class GraphSampler(TorchSampler):
         scaled: torch.Tensor,
         lse: torch.Tensor,
         eos: torch.Tensor,
+        advance: bool,
     ) -> None:
         """Write the drawn `tokens` `[rows]`, their logprobs under `scaled` `[rows, V]` (whose
         logsumexp is `lse`) and any EOS (`eos`, `[V]` bool) in the output rows, and feed the
-        tokens back; t advances. Every index is a device tensor (a 0-dim tensor used as an
-        index is read on the host)."""
+        tokens back; t advances, and with `advance` the rows' positions and the cache column
+        (the step that fed the previous tokens is over). The only writes of a step that are
+        not rewrites, so a step whose compilation fails runs again eagerly from its start.
+        Every index is a device tensor (a 0-dim tensor used as an index is read on the host)."""
+        if advance:
+            ws.positions[:rows] += 1
+            ws.column += 1
         token_logprobs = scaled.gather(1, tokens[:, None]).squeeze(1) - lse
         out_rows = ws.row_ids[:rows]
         at = (out_rows, ws.t.expand(rows))
