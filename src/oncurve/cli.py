@@ -58,9 +58,11 @@ def _train(args: argparse.Namespace) -> int:
     config = load_config(config_path, overrides)
     if config.dist.nproc > 1 and "WORLD_SIZE" not in os.environ:
         return _launch_torchrun(config.dist.nproc, args.argv)
+    from oncurve import distributed
     from oncurve.trainer import train
 
     result = train(config, quiet=args.quiet)
+    distributed.leave()
     summary = {"run_dir": str(result.run_dir), "steps": result.steps}
     if result.eval_before and result.eval_after:
         summary["accuracy_before"] = result.eval_before["accuracy"]

@@ -33,6 +33,15 @@ def init_distributed(device: str, timeout_s: float = 300.0) -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def leave() -> None:
+    """Wait for every rank, then leave the process group (when in one), as the end of a job
+    launched by torchrun: left to the interpreter's exit, the group is torn down while other
+    ranks may still be using their connections to this one."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def world() -> tuple[int, int]:
     """(rank, world size) of the current process group, (0, 1) without one."""
     if dist.is_available() and dist.is_initialized():
