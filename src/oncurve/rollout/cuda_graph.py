@@ -403,6 +403,8 @@ class GraphSampler(TorchSampler):
         # evaluation's, `scratch_workspaces`) captures again but does not compile again
         self._compiled: dict[tuple[int, int, int, int], _Regions] = {}
         self._warmup_stream: torch.cuda.Stream | None = None  # made at the first capture
+        # each layer's `_together` groups while a call runs (its weights cannot move then)
+        self._call_projections: list[tuple[Together | None, Together | None]] | None = None
 
     @torch.inference_mode()
     def generate_ids(
@@ -420,6 +422,7 @@ class GraphSampler(TorchSampler):
             )
         was_training = self.model.training
         self.model.eval()
+        self._call_projections = self._projections()
         try:
             ws = self._workspace(rows, width, new)
             with _writes_once():
@@ -436,6 +439,7 @@ class GraphSampler(TorchSampler):
                 self._decode(ws, rows, logits, params, graphs)
         finally:
             self.model.train(was_training)
+            self._call_projections = None
         ends = ws.ends[:rows]
         longest = int(ends.max())
         return self._rollout(
@@ -776,8 +780,10 @@ class GraphSampler(TorchSampler):
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
         x, mlp_out, cos, sin, bias = regions.enter(ws, rows)
         layers = self.model.base_model.layers
-        for layer, keys, values in zip(layers, ws.keys, ws.values, strict=True):
-            qkv, gate_up = (_together(group) for group in _projection_groups(layer))
+        projections = self._call_projections or self._projections()
+        for layer, keys, values, (qkv, gate_up) in zip(
+            layers, ws.keys, ws.values, projections, strict=True
+        ):
             x, mlp_out = regions.layer(
                 layer, x, mlp_out, cos, sin, keys[:rows], values[:rows], ws.column, bias, heads,
                 kv_heads, qkv, gate_up,
@@ -786,6 +792,13 @@ class GraphSampler(TorchSampler):
         settings = (params.temperature, params.min_new_tokens, eos)
         inputs = regions.leave(ws, rows, x, mlp_out, *settings)
         self._sample_and_record(ws, rows, inputs, params, regions.record)
+
+    def _projections(self) -> list[tuple[Together | None, Together | None]]:
+        """Each layer's q/k/v and gate/up as `_layer_step` takes them (`_together`), as the
+        weights lie now: worked out once a call, as it takes tens of microseconds a layer on
+        the host, which an eager step (graphs off) would pay every token."""
+        layers = self.model.base_model.layers
+        return [tuple(_together(g) for g in _projection_groups(layer)) for layer in layers]
 
     def _enter(self, ws: _Workspace, rows: int) -> tuple[torch.Tensor, ...]:
         """The first region of a step: the embeddings `[n, 1, H]` of the first `rows` decoder
