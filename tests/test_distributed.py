@@ -149,11 +149,16 @@ def _rank_main(
         weights = one_step(aggregation, part, fsdp, device, pack, microbatch)
         if rank == 0:
             save_file({k: v.contiguous() for k, v in weights.items()}, out)
-        # both ranks done before either tears gloo down: a rank that leaves first can abort its
-        # peer
-        dist.barrier()
-    finally:
+        del weights
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    # both ranks done before either tears gloo down (a rank that leaves first can abort its
+    # peer), and no interpreter teardown after it, where gloo's leftovers aborted a rank now
+    # and then (SIGABRT, "terminate called without an active exception")
+    distributed.leave()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _free_port() -> int:

@@ -8,6 +8,7 @@ batch-level statistic needs (token and sequence counts, the batch reward std) an
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,11 +36,13 @@ def init_distributed(device: str, timeout_s: float = 300.0) -> tuple[int, int]:
 
 def leave() -> None:
     """Wait for every rank, then leave the process group (when in one), as the end of a job
-    launched by torchrun: left to the interpreter's exit, the group is torn down while other
-    ranks may still be using their connections to this one."""
+    launched by torchrun, and free what is left of its work while the interpreter is whole:
+    gloo's work objects hold tensors, and freed during the interpreter's exit, they can abort
+    the process (pytorch/pytorch#179291)."""
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+    gc.collect()
 
 
 def world() -> tuple[int, int]:
