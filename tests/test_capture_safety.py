@@ -171,9 +171,7 @@ def ready_sampler(model: torch.nn.Module, params: SamplingParams) -> tuple[Graph
     ws = sampler._workspace(ids.shape[0] * 2, ids.shape[1], params.max_new_tokens)
     sampler._eos_mask(model.get_output_embeddings().weight.shape[0], ids.device)
     logits = sampler._prefill(ws, ids, mask, 2, params)
-    sampler._sample_and_record(
-        ws, ws.rows, sampler._draw_inputs_of(ws, ws.rows, logits, params), params
-    )
+    sampler._first_draw(ws, ws.rows, logits, params)
     return sampler, ws
 
 

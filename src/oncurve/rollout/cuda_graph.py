@@ -696,7 +696,7 @@ class GraphSampler(TorchSampler):
         their ends already recorded. The live rows then move to a smaller bucket when they fit
         one."""
         sizes = buckets(ws.rows)
-        self._sample_and_record(ws, rows, self._draw_inputs_of(ws, rows, logits, params), params)
+        self._first_draw(ws, rows, logits, params)
         stop_table = (
             self._stop_table(params.stop, logits.shape[-1], logits.device) if params.stop else None
         )
@@ -791,7 +791,7 @@ class GraphSampler(TorchSampler):
         eos = self._eos_mask(self.model.get_output_embeddings().weight.shape[0], x.device)
         settings = (params.temperature, params.min_new_tokens, eos)
         inputs = regions.leave(ws, rows, x, mlp_out, *settings)
-        self._sample_and_record(ws, rows, inputs, params, regions.record)
+        self._sample_and_record(ws, rows, inputs, eos, params, regions.record)
 
     def _projections(self) -> list[tuple[Together | None, Together | None]]:
         """Each layer's q/k/v and gate/up as `_layer_step` takes them (`_together`), as the
@@ -878,6 +878,7 @@ class GraphSampler(TorchSampler):
         ws: _Workspace,
         rows: int,
         inputs: tuple[torch.Tensor | None, ...],
+        eos: torch.Tensor,
         params: SamplingParams,
         record: Callable | None = None,
     ) -> None:
@@ -886,7 +887,6 @@ class GraphSampler(TorchSampler):
         or else `_record` alone (after the prefill, whose state is the first step's)."""
         scaled, lse, work, uniforms = inputs
         tokens = draw_token_ids(work, params, uniforms)
-        eos = self._eos_mask(scaled.shape[-1], scaled.device)
         if record is None:
             self._record(ws, rows, tokens, scaled, lse, eos, advance=False)
         else:
@@ -924,12 +924,15 @@ class GraphSampler(TorchSampler):
         ws.tokens[:rows] = tokens
         ws.t += 1
 
-    def _draw_inputs_of(
+    def _first_draw(
         self, ws: _Workspace, rows: int, logits: torch.Tensor, params: SamplingParams
-    ) -> tuple[torch.Tensor | None, ...]:
-        """`_draw_inputs` of `params`'s settings, outside a step (the prefill's logits)."""
+    ) -> None:
+        """Draw and record token 0 of the first `rows` rows from the prefill's `[rows, V]`
+        logits, outside a step."""
         eos = self._eos_mask(logits.shape[-1], logits.device)
-        return self._draw_inputs(ws, rows, logits, params.temperature, params.min_new_tokens, eos)
+        settings = (params.temperature, params.min_new_tokens, eos)
+        inputs = self._draw_inputs(ws, rows, logits, *settings)
+        self._sample_and_record(ws, rows, inputs, eos, params)
 
     def _eos_mask(self, vocab: int, device: torch.device) -> torch.Tensor:
         """`[V]` True on EOS ids; made once per vocabulary size and device, before any capture,
