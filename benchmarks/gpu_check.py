@@ -1,8 +1,8 @@
 """`make gpu-check`: one command that verifies a CUDA GPU, written as one table.
 
 Each stage is a child process with its own time limit (`LIMITS`, set from what each took on an
-H200). The default stages (`DEFAULT_STAGES`, 500 s together) fit one 10-minute call of a GPU
-machine with its start, leaving a session of 15 device minutes enough for a second call of
+H200 and an H100). The default stages (`DEFAULT_STAGES`, 500 s together) fit one 10-minute call
+of a GPU machine with its start, leaving a session of 15 device minutes enough for a second call of
 one of the others (`--stages profile`, 210 s, or `--stages ppo`, 110 s). A stage that fails or runs out of time gets
 its row all the same (its whole process group is killed at the limit) and its log tail is
 printed after the table; the stages after it still run.
@@ -90,7 +90,7 @@ TITLE = "GPU check\n\nWritten by `benchmarks/gpu_check.py` (`make gpu-check`), o
 TOTAL_LIMIT = 510  # seconds: a 10-minute device call, less the machine's start and transfers
 # seconds per stage; the default ones together under TOTAL_LIMIT, leaving 10 s for this
 # process's own work
-LIMITS = {"tests": 135, "job": 95, "rollout": 125, "trl": 145, "ppo": 110, "profile": 210}
+LIMITS = {"tests": 135, "job": 80, "rollout": 125, "trl": 160, "ppo": 110, "profile": 210}
 DEFAULT_STAGES = ("tests", "job", "rollout", "trl")
 TAIL_LINES = 30
 # What TRL needs beyond the GPU image (torch, transformers, accelerate, pyarrow, pandas are
