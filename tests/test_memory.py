@@ -12,9 +12,11 @@ from oncurve.build import settle_memory, token_caps
 from oncurve.config import load_config
 from oncurve.memory import (
     GIB,
+    KEPT_CACHE_BYTES,
     ModelShape,
     activation_bytes_per_token,
     forward_only_tokens,
+    keeps_sampler_cache,
     kv_cache_bytes,
     logits_bytes,
     logits_chunk,
@@ -256,6 +258,42 @@ def test_a_kv_cache_held_between_rollouts_counts_in_the_update():
     unpinned = plan_memory(QWEN_05B, budget_bytes=80 * GIB, microbatch_rows=4, **common)
     assert pinned.train_peak_bytes - unpinned.train_peak_bytes == cache
     assert held.microbatch_tokens <= free.microbatch_tokens
+
+
+def test_the_sampler_keeps_its_cache_between_steps_only_while_it_is_small():
+    """`rollout.keep_cache` null: the cuda_graph sampler's training cache is kept (and counted
+    in the update's peak) while it is at most 64 MiB, else freed after each step's sampling
+    (and not counted); the user's setting overrides, and config.yaml records the choice."""
+    per_row = kv_cache_bytes(QWEN_05B, 1, 324)
+    assert KEPT_CACHE_BYTES == 64 * 2**20 and 16 * per_row <= KEPT_CACHE_BYTES < 17 * per_row
+    assert keeps_sampler_cache(QWEN_05B, 16, 324)
+    assert not keeps_sampler_cache(QWEN_05B, 17, 324)
+    assert not keeps_sampler_cache(QWEN_05B, 64, 324)  # the 0.5B step against TRL: 243 MiB
+
+    model, cuda = tiny_qwen2(40), torch.device("cuda")
+    shape = ModelShape.of(model)
+    rows = 16 * 8  # the default prompts_per_step x group_size
+    small = 100
+    large = KEPT_CACHE_BYTES // kv_cache_bytes(shape, rows, 1) + 1
+    assert keeps_sampler_cache(shape, rows, small) and not keeps_sampler_cache(shape, rows, large)
+    peaks = {}
+    for keep, seq_len, expected in (
+        ("null", small, True),
+        ("null", large, False),
+        ("true", large, True),
+        ("false", small, False),
+    ):
+        overrides = ["run.gpu_memory_gb=16", "rollout.backend=cuda_graph"]
+        config = load_config(None, [*overrides, f"rollout.keep_cache={keep}"])
+        settled, plan = settle_memory(config, model, cuda, 1, seq_len, None)
+        assert settled.rollout.keep_cache is expected
+        peaks[keep, seq_len] = plan.train_peak_bytes
+    assert peaks["true", large] - peaks["null", large] == kv_cache_bytes(shape, rows, large)
+    assert peaks["null", small] - peaks["false", small] == kv_cache_bytes(shape, rows, small)
+    # another sampler holds nothing between steps: nothing to keep counts
+    config = load_config(None, ["run.gpu_memory_gb=16", "rollout.backend=hf"])
+    _, plan = settle_memory(config, model, cuda, 1, small, None)
+    assert plan.train_peak_bytes == peaks["false", small]
 
 
 def test_an_evaluations_workspace_counts_only_while_it_samples():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import math
 import subprocess
@@ -348,3 +349,33 @@ def test_an_evaluation_frees_the_workspace_it_sampled_in(
         training_step(s, 2)
     assert made == [16, 24, 16]
     assert [ws.rows for ws in s.sampler._workspaces] == [16]
+
+
+def test_a_cache_not_kept_is_freed_after_each_steps_sampling_and_trains_the_same(
+    tiny_model_dir, data_file, tmp_path, monkeypatch
+):
+    """`rollout.keep_cache=false`: the cuda_graph sampler's workspace (eager on the CPU) is
+    freed when a step's sampling ends, before the update, and made again by the next step,
+    without a whole garbage collection when nothing else holds it; the steps' metrics are
+    those of a run that keeps it."""
+    collections = []
+    monkeypatch.setattr(gc, "collect", lambda *args: collections.append(args) or 0)
+    runs = {}
+    for keep in ("true", "false"):
+        config = make_config(
+            tiny_model_dir, data_file, tmp_path / keep, "rollout.backend=cuda_graph",
+            "rollout.cuda_graphs=false", f"rollout.keep_cache={keep}",
+        )  # fmt: skip
+        s = setup(config)
+        assert s.config.rollout.keep_cache is (keep == "true")
+        kept = []
+        with s.rewards:
+            for step in (1, 2):
+                runs.setdefault(keep, []).append(training_step(s, step))
+                kept.append(len(s.sampler._workspaces))
+        assert kept == ([1, 1] if keep == "true" else [0, 0])
+    assert collections == []
+    for kept_run, freed_run in zip(runs["true"], runs["false"], strict=True):
+        timed = ("time/", "memory/", "tokens_per_s", "reward/slowest_row_s")
+        timeless = {k: v for k, v in kept_run.items() if not k.startswith(timed)}
+        assert len(timeless) > 20 and timeless == {k: freed_run[k] for k in timeless}

@@ -37,6 +37,7 @@ from oncurve.memory import (
     ModelShape,
     device_budget,
     forward_only_tokens,
+    keeps_sampler_cache,
     plan_memory,
 )
 from oncurve.metrics import MetricsLogger, truncate_after
@@ -70,6 +71,14 @@ SAMPLER_TIS_CAP = 2.0
 MISMATCHED_BACKENDS = ("cuda_graph",)
 # backends that keep their KV cache allocated between rollouts (through the update)
 CACHE_HOLDING_BACKENDS = ("cuda_graph",)
+# the settings the memory plan fills in where null, by the config section that holds each
+MEMORY_SETTINGS = {
+    "gradient_checkpointing": "model",
+    "logprob_chunk_size": "model",
+    "microbatch_size": "optim",
+    "microbatch_tokens": "optim",
+    "keep_cache": "rollout",
+}
 
 
 @dataclass
@@ -517,7 +526,6 @@ def settle_memory(
     that chose them on CUDA (None on the CPU, where the defaults are fixed). A resumed run takes
     the settings its checkpoint was written with (`saved`), so that it trains as the run did.
     `reward_bytes` (a reward model's weights on the device) counts in the plan's state."""
-    m, o = config.model, config.optim
     chosen = memory_settings(config)
     for key, value in (saved or {}).items():
         if key in chosen and chosen[key] is None:
@@ -528,18 +536,21 @@ def settle_memory(
         # `evaluate` samples up to 256 rows at once; eval.num_prompts=null takes the whole set
         prompts = 256 if config.eval.num_prompts is None else config.eval.num_prompts
         eval_rows = min(256, prompts * config.eval.samples) if evaluates else 0
+        shape = ModelShape.of(model)
+        keep_cache = chosen["keep_cache"]
+        if keep_cache is None:
+            keep_cache = keeps_sampler_cache(shape, rows_per_step, seq_len)
+        holds = sampler_backend(config, model) in CACHE_HOLDING_BACKENDS and keep_cache
         plan = plan_memory(
-            ModelShape.of(model),
+            shape,
             seq_len=seq_len,
             rows_per_step=rows_per_step,
             sample_rows=rows_per_step,
             budget_bytes=device_budget(device, config.run.gpu_memory_gb),
             reference=config.algo.beta > 0 and not config.model.lora.r,
             critic=config.algo.estimator == "gae",
-            # the training calls' workspace (an evaluation's is freed after it)
-            held_cache_rows=(
-                rows_per_step if sampler_backend(config, model) in CACHE_HOLDING_BACKENDS else 0
-            ),
+            # the training calls' workspace, when kept (an evaluation's is freed after it)
+            held_cache_rows=rows_per_step if holds else 0,
             eval_rows=eval_rows,
             microbatch_rows=chosen["microbatch_size"],
             gradient_checkpointing=chosen["gradient_checkpointing"],
@@ -551,6 +562,7 @@ def settle_memory(
             "logprob_chunk_size": plan.logprob_chunk_size,
             "microbatch_size": plan.microbatch_rows,
             "microbatch_tokens": plan.microbatch_tokens,
+            "keep_cache": keep_cache,
         }
     else:
         planned = {
@@ -558,25 +570,25 @@ def settle_memory(
             "logprob_chunk_size": DEFAULT_LOGITS_CHUNK,
             "microbatch_size": CPU_MICROBATCH_ROWS,
             "microbatch_tokens": None,  # `models.microbatch_tokens` sizes it for the CPU
+            "keep_cache": True,  # nothing is captured on the CPU
         }
     chosen = {key: planned[key] if value is None else value for key, value in chosen.items()}
-    model_part = ("gradient_checkpointing", "logprob_chunk_size")
+    sections: dict[str, dict] = {}
+    for key, value in chosen.items():
+        sections.setdefault(MEMORY_SETTINGS[key], {})[key] = value
     config = dataclasses.replace(
         config,
-        model=dataclasses.replace(m, **{k: chosen[k] for k in model_part}),
-        optim=dataclasses.replace(o, **{k: v for k, v in chosen.items() if k not in model_part}),
+        **{
+            name: dataclasses.replace(getattr(config, name), **values)
+            for name, values in sections.items()
+        },
     )
     return config, plan
 
 
 def memory_settings(config: Config) -> dict:
     """The settings `settle_memory` fills in, as a checkpoint keeps them."""
-    return {
-        "gradient_checkpointing": config.model.gradient_checkpointing,
-        "logprob_chunk_size": config.model.logprob_chunk_size,
-        "microbatch_size": config.optim.microbatch_size,
-        "microbatch_tokens": config.optim.microbatch_tokens,
-    }
+    return {key: getattr(getattr(config, name), key) for key, name in MEMORY_SETTINGS.items()}
 
 
 def lr_schedule(config: Config):

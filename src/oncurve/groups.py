@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -205,6 +206,15 @@ def draw_recovering(
     shrink = fewer_prompts_per_call(len(rows))
     # sampling runs no collective: a rank may redo it alone
     return recover("sampling", attempt, s.config, shrink, s.adopt, release_sampler(s), alone=True)
+
+
+def sampler_scratch(s: Session, scratch: bool = True) -> AbstractContextManager:
+    """A scope at whose end the cuda_graph sampler frees the workspaces (KV caches and their
+    graphs) that calls inside it made (`GraphSampler.scratch_workspaces`), when `scratch`;
+    with other samplers, or not `scratch`, nothing."""
+    if scratch and isinstance(s.sampler, GraphSampler):
+        return s.sampler.scratch_workspaces()
+    return nullcontext()
 
 
 def release_sampler(s: Session) -> Callable[[], None]:

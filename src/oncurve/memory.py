@@ -23,7 +23,9 @@ What the estimates count (bytes; b = bytes per weight element):
   layers' worth for the layer being recomputed and its gradients;
 - logits: a chunk's `[chunk, vocab]` float32 logits and one temporary of that size, and the
   float32 block of the output embedding and its gradient (`logits_bytes`);
-- sampling: the KV cache of every sampled row at full length and `[rows, vocab]` buffers.
+- sampling: the KV cache of every sampled row at full length and `[rows, vocab]` buffers; the
+  cuda_graph sampler's cache is present during the update too when it is kept between steps
+  (`keeps_sampler_cache`).
 These are estimates of `torch.cuda.max_memory_allocated`, not of what `nvidia-smi` shows (the
 CUDA context and the allocator's cached blocks come on top); the budget keeps
 `RESERVED_FRACTION` of it free for those.
@@ -51,6 +53,10 @@ LOGITS_CHUNK_BYTES = 256 * 2**20
 DEFAULT_LOGITS_CHUNK = 1024
 CPU_MICROBATCH_ROWS = 64  # the CPU's microbatches are cut by tokens (`models.microbatch_tokens`)
 RESERVED_FRACTION = 0.1
+# The cuda_graph sampler's training KV cache, at most this, stays allocated between steps: a
+# capture each step (about 0.1 s on an H100) is a large share of the short steps of a model
+# whose cache is this small, and the memory a small share of any card.
+KEPT_CACHE_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -190,6 +196,14 @@ def logits_bytes(shape: ModelShape, chunk: int, trainable_head: bool) -> int:
 def kv_cache_bytes(shape: ModelShape, rows: int, seq_len: int) -> int:
     """Keys and values of `rows` rows of `seq_len` positions in every layer."""
     return rows * seq_len * shape.layers * 2 * shape.kv_dim * shape.weight_bytes
+
+
+def keeps_sampler_cache(shape: ModelShape, rows: int, seq_len: int) -> bool:
+    """Whether the cuda_graph sampler keeps its training workspace (KV cache and graphs)
+    between steps, unless told: when its cache of `rows` rows is at most `KEPT_CACHE_BYTES`.
+    Else it is freed after each step's sampling, so that the update does not hold it, and
+    captured again at the next step (compiled once all the same)."""
+    return kv_cache_bytes(shape, rows, seq_len) <= KEPT_CACHE_BYTES
 
 
 def sampling_bytes(shape: ModelShape, rows: int, seq_len: int) -> int:

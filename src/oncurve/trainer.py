@@ -14,7 +14,7 @@ import dataclasses
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -28,7 +28,13 @@ from oncurve.build import Session, memory_settings, setup
 from oncurve.config import Config, build_config, save_config, to_dict
 from oncurve.errors import TrainingError
 from oncurve.evaluate import evaluate
-from oncurve.groups import group_rows, release_sampler, sample_groups, sampling_params
+from oncurve.groups import (
+    group_rows,
+    release_sampler,
+    sample_groups,
+    sampler_scratch,
+    sampling_params,
+)
 from oncurve.metrics import log_samples
 from oncurve.models import resolve_device, save_final, save_lora_final
 from oncurve.oom import OutOfMemoryStop, fewer_evaluation_rows, halve_microbatches, recover
@@ -63,7 +69,8 @@ def training_step(s: Session, step: int) -> dict[str, float]:
     lr = s.scheduler.get_last_lr()[0]  # this step's: `optimise` steps the schedule
     if cuda:
         torch.cuda.reset_peak_memory_stats(s.device)
-    with s.policy.whole():
+    # a sampler's cache not kept between steps is freed here, before the update's peak
+    with s.policy.whole(), sampler_scratch(s, not cfg.rollout.keep_cache):
         sampled = sample_groups(s, step, timer)  # sample and score
     batch = train_batch(cfg, sampled.rollout)
     if cfg.algo.beta > 0:
@@ -330,7 +337,8 @@ def _preflight(s: Session) -> None:
             prompt_index=_shares_prompt_forward(s.config),
         )
 
-    with s.policy.whole():
+    # the preflight's few rows take a workspace of their own, which no step reuses
+    with s.policy.whole(), sampler_scratch(s):
         lines = recover("the preflight", check, s.config, halve_microbatches, s.adopt)
     _record_graph_fallback(s)
     lines.insert(0, "preflight: settings valid, none of them a known silent no-op")
@@ -451,10 +459,7 @@ def _forward_recovering(
 
 def _evaluate(s: Session, step: int) -> dict[str, float]:
     # the sampler's workspace for an evaluation is freed after it, not held through the update
-    scratch = (
-        s.sampler.scratch_workspaces() if isinstance(s.sampler, GraphSampler) else nullcontext()
-    )
-    with s.policy.whole(), scratch:
+    with s.policy.whole(), sampler_scratch(s):
         result = recover(
             "evaluation",
             lambda: _evaluation(s),

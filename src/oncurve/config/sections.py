@@ -217,6 +217,12 @@ class RolloutConfig:
         "kernels; null (auto): with that sampler on CUDA. A compilation that fails turns it off "
         "for the rest of the run, with a warning, and config.yaml then records false",
     )
+    keep_cache: bool | None = _opt(
+        None,
+        "keep the cuda_graph sampler's KV cache and graphs from one step's sampling to the "
+        "next (no capture each step) instead of freeing them before the update; null: from "
+        "the memory plan on CUDA, kept while that cache is at most 64 MiB",
+    )
     env: str | None = _opt(
         None,
         "multi-turn environment: python_tool or a `module:Class` path (docs/environments.md); "

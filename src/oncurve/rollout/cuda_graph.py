@@ -462,18 +462,21 @@ class GraphSampler(TorchSampler):
         """The workspaces made inside are freed at its end, with their graphs; those it finds
         stay. An evaluation runs in one: its workspace (up to `eval.batch_rows` rows at full
         length) would otherwise hold its KV cache through every update until the next
-        evaluation, or the end. Made again, a workspace captures again (a fraction of a second)
+        evaluation, or the end; so does a training step's sampling when the cache is not kept
+        (`rollout.keep_cache`). Made again, a workspace captures again (a fraction of a second)
         but runs the code its sizes compiled before."""
         # weakly: a `release` inside (to retry smaller after running out of memory) must free
         kept = [weakref.ref(ws) for ws in self._workspaces]
         try:
             yield
         finally:
-            made = len(self._workspaces)
-            self._workspaces = [ws for ws in self._workspaces if any(ws is k() for k in kept)]
-            if len(self._workspaces) < made:
+            found = [ws for ws in self._workspaces if any(ws is k() for k in kept)]
+            made = [weakref.ref(ws) for ws in self._workspaces if all(ws is not f for f in found)]
+            self._workspaces = found
+            if any(ws() is not None for ws in made):
                 # Dynamo's tracing of a workspace's first steps leaves reference cycles that
-                # hold it: collected now, its memory is free for the update that follows
+                # hold it: collected now, its memory is free for the update that follows (a
+                # whole collection takes a while, so only then)
                 gc.collect()
 
     def _width(self, prompt_width: int, new: int) -> int:
