@@ -65,13 +65,27 @@ def test_a_correct_setup_passes_and_leaves_weights_and_gradients_as_they_were():
     assert torch.equal(torch.get_rng_state(), seed_state)
 
 
-def test_a_loss_normalised_per_microbatch_fails_the_gradient_check():
-    def per_microbatch_mean(per_token, mask, **_counts):
-        return (per_token * mask).sum() / mask.sum()  # ignores the step's counts
+def per_microbatch_mean(per_token, mask, **_counts):
+    return (per_token * mask).sum() / mask.sum()  # ignores the step's counts
 
+
+def test_a_loss_normalised_per_microbatch_fails_the_gradient_check():
     _, arguments = setting(fns=dataclasses.replace(FNS, aggregate=per_microbatch_mean))
     with pytest.raises(TrainingError, match="gradient changes by .* when the microbatches"):
         run_preflight(**arguments)
+
+
+def test_bfloat16s_gradient_tolerance_is_far_below_what_a_loss_normalised_per_microbatch_moves():
+    """The bfloat16 tolerance leaves room for rounding, not for the bug it is there for: a
+    loss normalised per microbatch moves the gradient by about its own size, 10x the
+    tolerance and more, so a bfloat16 run that has it still stops."""
+    fns = dataclasses.replace(FNS, aggregate=per_microbatch_mean)
+    _, arguments = setting(fns=fns, dtype=torch.bfloat16)
+    with pytest.raises(TrainingError, match="gradient changes by") as failed:
+        run_preflight(**arguments)
+    gap = float(str(failed.value).split("changes by ")[1].split()[0])
+    tolerance = preflight.Tolerances.of(torch.bfloat16).gradient
+    assert tolerance == 5e-2 and gap > 10 * tolerance, gap
 
 
 def test_a_sampler_at_another_temperature_fails_the_logprob_check():

@@ -42,8 +42,10 @@ class Tolerances:
         if dtype == torch.float32:
             return cls(gradient=1e-4, logprob=1e-4)
         # bfloat16 rounds each activation to 8 bits of mantissa, in a different order in a
-        # batched forward than in one-token decode steps
-        return cls(gradient=2e-2, logprob=3e-2)
+        # batched forward than in one-token decode steps, and in other microbatches' shapes,
+        # and accumulates gradients in bfloat16: correct setups differ by a few percent, while
+        # a loss not normalised over the whole step changes the gradient by about its size
+        return cls(gradient=5e-2, logprob=3e-2)
 
 
 def gradient_split_gap(
