@@ -15,8 +15,9 @@ from test_rollout import make_model
 from test_trainer import make_config
 
 from oncurve import distributed, train_step
-from oncurve.models import microbatch_tokens
+from oncurve.models import enable_gradient_checkpointing, microbatch_tokens
 from oncurve.policy import Policy
+from oncurve.process import deterministic_kernels
 from oncurve.train_step import (
     ForwardSettings,
     accumulate_gradients,
@@ -99,6 +100,25 @@ def accumulated_grads(
     forward = ForwardSettings(1.0, 16, microbatch_size, microbatch_tokens)
     accumulate_grpo(model, batch, forward, float(batch.completion_mask.sum()))
     return [p.grad for p in model.parameters()]
+
+
+def test_a_microbatch_runs_its_forward_and_its_recomputation_in_one_strict_mode() -> None:
+    """Under deterministic kernels (warn-only, as the trainer sets them on CUDA) a
+    microbatch's forward runs in torch's strict mode, as its backward does, and so the
+    recomputation of a checkpointed layer runs in the mode its forward ran in: a compiled
+    layer's code is specialised to that mode, and two would compile every layer twice (on
+    CUDA, Dynamo's recompile limit then left layers eager). Warn-only comes back after."""
+    model, batch = grpo_batch(0, share_prompt=False)
+    enable_gradient_checkpointing(model)
+    warn_only = []
+    model.model.layers[0].mlp.register_forward_pre_hook(
+        lambda *_: warn_only.append(torch.is_deterministic_algorithms_warn_only_enabled())
+    )
+    forward = ForwardSettings(1.0, 16, 8)
+    with deterministic_kernels(True):
+        accumulate_grpo(model, batch, forward, float(batch.completion_mask.sum()))
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+    assert warn_only == [False, False]  # the forward, then its recomputation in the backward
 
 
 def test_accumulated_gradients_are_the_same_with_the_shared_prompt_forward() -> None:

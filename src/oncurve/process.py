@@ -23,14 +23,14 @@ def step_seed(seed: int, step: int, round_: int, rank: int) -> int:
     return (seed * 1_000_003 + step * 1_009 + round_ * 101 + rank * 7_919_993) % (2**63)
 
 
-class NondeterministicBackward(RuntimeError):
-    """An op of a strict backward (`deterministic_backward`) has no deterministic kernel; the
-    backwards after it run in warn-only mode."""
+class NondeterministicOp(RuntimeError):
+    """An op of a strict microbatch (`strictly_deterministic`) has no deterministic kernel;
+    the microbatches after it run in warn-only mode."""
 
 
-# Whether `deterministic_backward` is strict: until an op without a deterministic kernel is
+# Whether `strictly_deterministic` is strict: until an op without a deterministic kernel is
 # met, in each `deterministic_kernels` span (one run).
-_strict_backward = [True]
+_strict = [True]
 
 
 @contextmanager
@@ -45,7 +45,7 @@ def deterministic_kernels(enabled: bool) -> Iterator[None]:
     if enabled:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
-        _strict_backward[0] = True
+        _strict[0] = True
     try:
         yield
     finally:
@@ -53,18 +53,21 @@ def deterministic_kernels(enabled: bool) -> Iterator[None]:
 
 
 @contextmanager
-def deterministic_backward() -> Iterator[None]:
-    """Inside `deterministic_kernels`, a backward whose kernels are all deterministic: warn-only
-    mode lets the memory-efficient attention's backward (what SDPA runs with a padding mask)
-    split the keys and add the splits with atomics, so two runs' gradients differ in the last
-    bits; strict mode makes it sum in one order. An op that has no deterministic kernel then
-    raises `NondeterministicBackward`, after one warning line: the caller redoes its backward,
-    and this run's later backwards are warn-only (a resumed run may then differ in the last
-    bits, as before). Outside deterministic mode (the CPU, `run.deterministic=false`), nothing
-    changes.
+def strictly_deterministic() -> Iterator[None]:
+    """Inside `deterministic_kernels`, a microbatch's forward and backward whose kernels are
+    all deterministic: warn-only mode lets the memory-efficient attention's backward (what
+    SDPA runs with a padding mask) split the keys and add the splits with atomics, so two
+    runs' gradients differ in the last bits; strict mode makes it sum in one order. The
+    forward is strict too: with gradient checkpointing the backward runs it again, and a
+    compiled layer's code is specialised to the mode it ran under, so a forward in another
+    mode than its recomputation would compile each layer's code twice. An op that has no
+    deterministic kernel then raises `NondeterministicOp`, after one warning line: the caller
+    redoes its microbatches, and this run's later ones are warn-only (a resumed run may then
+    differ in the last bits, as before). Outside deterministic mode (the CPU,
+    `run.deterministic=false`), nothing changes.
     """
     if not (
-        _strict_backward[0]
+        _strict[0]
         and torch.are_deterministic_algorithms_enabled()
         and torch.is_deterministic_algorithms_warn_only_enabled()
     ):
@@ -76,15 +79,15 @@ def deterministic_backward() -> Iterator[None]:
     except RuntimeError as error:
         if "deterministic" not in str(error):
             raise
-        _strict_backward[0] = False
+        _strict[0] = False
         op = str(error).strip().splitlines()[0].split(", but you set")[0]
         print(
-            f"warning: run.deterministic: {op}; the backward goes on with torch's warn-only "
+            f"warning: run.deterministic: {op}; the update goes on with torch's warn-only "
             "deterministic mode, so a resumed run may differ from an uninterrupted one in the "
             "last bits",
             file=sys.stderr,
         )
-        raise NondeterministicBackward(op) from error
+        raise NondeterministicOp(op) from error
     finally:
         torch.use_deterministic_algorithms(True, warn_only=True)
 

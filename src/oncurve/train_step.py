@@ -19,7 +19,7 @@ from oncurve.algo.logprobs import logprobs_from_hidden
 from oncurve.compiled_layers import CompiledLayersFailed, compiled_layers
 from oncurve.models import cache_argument, real_token_positions
 from oncurve.packing import RowLengths, host_to_device, packed_hidden
-from oncurve.process import NondeterministicBackward, deterministic_backward
+from oncurve.process import NondeterministicOp, strictly_deterministic
 from oncurve.types import TrainBatch
 
 
@@ -423,7 +423,7 @@ def accumulate(
     is the model whose forward `micro_loss` calls; when it is DDP-wrapped, gradients are
     all-reduced in the last microbatch's backward only. Nothing is read back from the device
     here: the caller reads every microbatch's numbers at once (`host_values`). A backward that
-    meets an op with no deterministic kernel (`process.deterministic_backward`) or whose
+    meets an op with no deterministic kernel (`process.strictly_deterministic`) or whose
     compiled layers fail (`compiled_layers`) leaves partial gradients, so the loop starts
     again from zero gradients (the next time in warn-only mode, or eagerly).
 
@@ -443,19 +443,19 @@ def accumulate(
             with (
                 module.no_sync() if defer_sync else contextlib.nullcontext(),
                 compiled_layers(forward.compile_layers),
+                strictly_deterministic(),
             ):
                 loss, stats = micro_loss(micro, part.index)
                 if i >= len(real):  # a stand-in: its backward joins the collectives, adds 0
                     loss = loss * 0
-                with deterministic_backward():
-                    loss.backward()
+                loss.backward()
             if i < len(real):
                 done.append((part.completion_tokens, loss.detach(), stats))
         return done
 
     try:
         return run()
-    except (NondeterministicBackward, CompiledLayersFailed):
+    except (NondeterministicOp, CompiledLayersFailed):
         for param in module.parameters():
             if param.grad is not None:
                 param.grad.zero_()
