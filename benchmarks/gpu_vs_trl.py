@@ -615,6 +615,7 @@ def profile_oncurve(args: argparse.Namespace) -> None:
 
     import oncurve.trainer
     from oncurve.config import load_config
+    from oncurve.errors import error_line
     from oncurve.metrics import read_jsonl
 
     job, _ = make_job(args)
@@ -639,8 +640,13 @@ def profile_oncurve(args: argparse.Namespace) -> None:
         oncurve.trainer.training_step = profiled_step
         try:
             oncurve.trainer.train(config, quiet=True)
+        except Exception as error:  # noqa: BLE001 - one variant's failure: on to the next
+            print(f"{variant}: failed: {error_line(error)}", flush=True)
+            continue
         finally:
             oncurve.trainer.training_step = step_of_the_run
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
         rows = [r for r in read_jsonl(out / "run" / "metrics.jsonl") if "time/step" in r]
         for row in rows:
             times = {k.removeprefix("time/"): round(v, 3) for k, v in row.items() if "time/" in k}
@@ -657,8 +663,6 @@ def profile_oncurve(args: argparse.Namespace) -> None:
                 f"{rows[-1]['time/step']:.2f} s",
                 flush=True,
             )
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
 
 
 def benchmark(args: argparse.Namespace) -> tuple[str, str]:
