@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import oncurve.optim
 from oncurve.optim import AdamW, stochastic_round
 
 
@@ -94,6 +95,54 @@ def test_bfloat16_steps_repeat_for_a_seed_and_resume_from_a_state_dict():
         param.grad = torch.sin(torch.arange(1000.0) + i).bfloat16()
         opt.step()
     assert torch.equal(resumed, param.detach())
+
+
+def bfloat16_steps(compile_update: bool, monkeypatch) -> tuple[AdamW, list[torch.Tensor]]:
+    """Three steps of 2,500 bfloat16 weights in slices of 1,000; the optimizer, and the
+    weights and moments after."""
+    monkeypatch.setattr(oncurve.optim, "SLICE", 1000)
+    param = torch.nn.Parameter(torch.linspace(-1, 1, 2500).bfloat16())
+    opt = AdamW([param], lr=1e-3, weight_decay=0.1, seed=4, compile_update=compile_update)
+    for i in range(3):
+        param.grad = torch.sin(torch.arange(2500.0) * (i + 1)).bfloat16()
+        opt.step()
+    state = opt.state[param]
+    return opt, [param.detach().clone(), state["exp_avg"], state["exp_avg_sq"]]
+
+
+def test_the_compiled_bfloat16_update_is_the_eager_one(monkeypatch):
+    """`compile_update`: inductor's code for a slice's update (on the CPU here; on CUDA one
+    kernel where the eager update launches about twenty) gives the eager update's weights and
+    moments bit for bit, over several slices and steps, and stays compiled."""
+    _, eager = bfloat16_steps(False, monkeypatch)
+    opt, compiled = bfloat16_steps(True, monkeypatch)
+    assert opt.compile_error is None
+    assert opt._bfloat16_slice is not oncurve.optim._bfloat16_slice
+    assert eager[0].float().abs().sum() > 0 and not torch.equal(eager[1], torch.zeros(2500))
+    for want, got in zip(eager, compiled, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_a_compilation_that_fails_leaves_the_update_eager_with_one_warning(monkeypatch, capsys):
+    """The first compiled call fails (as a missing compiler would): one warning line, the
+    update runs eagerly from then on, and the weights are the eager run's, random bits
+    included (the slice's draw is not made again)."""
+    _, eager = bfloat16_steps(False, monkeypatch)
+    calls = []
+
+    def failing(*args):
+        calls.append(args)
+        raise RuntimeError("inductor: no working C++ compiler found")
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: failing)
+    opt, fallen_back = bfloat16_steps(True, monkeypatch)
+    assert (
+        len(calls) == 1
+        and opt.compile_error == "RuntimeError: inductor: no working C++ compiler found"
+    )
+    assert capsys.readouterr().err.count("compiling the optimizer's bfloat16 update failed") == 1
+    for want, got in zip(eager, fallen_back, strict=True):
+        assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize(

@@ -502,12 +502,16 @@ def build_optimizer(
     params: list[torch.nn.Parameter], config: Config, sharded: bool
 ) -> torch.optim.Optimizer:
     """AdamW: oncurve's, which rounds bfloat16 updates stochastically, where some weight is
-    bfloat16 (and not an FSDP2 shard); torch's fused one otherwise."""
+    bfloat16 (and not an FSDP2 shard), its update compiled on CUDA; torch's fused one
+    otherwise."""
     o = config.optim
     settings = {"lr": o.lr, "betas": (o.beta1, o.beta2), "weight_decay": o.weight_decay}
     bf16 = any(p.dtype == torch.bfloat16 for p in params)
     if bf16 and o.stochastic_rounding and not sharded:
-        return StochasticRoundingAdamW(params, seed=config.run.seed, **settings)
+        cuda = any(p.is_cuda for p in params)
+        return StochasticRoundingAdamW(
+            params, seed=config.run.seed, compile_update=cuda, **settings
+        )
     # fused: one kernel per parameter instead of a dozen elementwise passes
     return torch.optim.AdamW(params, fused=True, **settings)
 

@@ -14,28 +14,72 @@ from a generator seeded by (seed, step), so a resumed run draws what an uninterr
 
 The moments stay in the parameters' dtype, as torch keeps them; the arithmetic is float32, one
 slice of at most `SLICE` elements at a time, so a 136M-element embedding needs no float32 copy.
+Eagerly a slice's update is about twenty elementwise ops, each a kernel launch on CUDA, for
+each of a model's hundreds of parameters: with `compile_update` the bfloat16 update of a slice
+is compiled (inductor, sizes symbolic) into one kernel after its random draw, with the same
+arithmetic; a compilation that fails runs it eagerly from then on, with one warning.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 
 import torch
 
+from oncurve.errors import error_line
+
 SLICE = 2**22
+
+
+def round_with(values: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """`values` (float32) as bfloat16, rounded up where `noise` (int32 in [0, 2^16), the shape
+    of `values`) carries into bfloat16's last mantissa bit, else down."""
+    # Adding up to 2^16 - 1 below bfloat16's last mantissa bit carries into it with exactly that
+    # probability; clearing the low 16 bits then truncates, which bfloat16 represents exactly.
+    rounded = (values.view(torch.int32) + noise) & -65536
+    return rounded.view(torch.float32).to(torch.bfloat16)
 
 
 def stochastic_round(values: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """`values` (float32) as bfloat16, each rounded up or down to a neighbour with probability
     proportional to its distance from the other (exact values stay as they are)."""
-    bits = values.view(torch.int32)
-    noise = torch.randint(
+    return round_with(values, _noise(values, generator))
+
+
+def _noise(values: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return torch.randint(
         0, 1 << 16, values.shape, dtype=torch.int32, device=values.device, generator=generator
     )
-    # Adding up to 2^16 - 1 below bfloat16's last mantissa bit carries into it with exactly that
-    # probability; clearing the low 16 bits then truncates, which bfloat16 represents exactly.
-    rounded = (bits + noise).bitwise_and_(-65536)
-    return rounded.view(torch.float32).to(torch.bfloat16)
+
+
+def _adamw_slice(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    hyper: torch.Tensor,
+) -> torch.Tensor:
+    """The moments of one slice updated in place; returns its float32 updated weights.
+    `hyper` is `_hyper`'s."""
+    step_size, root_correction, keep, beta2, fresh, eps, decay = hyper.unbind()
+    g = grad.float()
+    m = torch.lerp(exp_avg.float(), g, keep)
+    v = exp_avg_sq.float() * beta2 + fresh * g * g
+    exp_avg.copy_(m)
+    exp_avg_sq.copy_(v)
+    return param.float() * decay - step_size * (m / (v.sqrt() / root_correction + eps))
+
+
+def _bfloat16_slice(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    noise: torch.Tensor,
+    hyper: torch.Tensor,
+) -> None:
+    param.copy_(round_with(_adamw_slice(param, grad, exp_avg, exp_avg_sq, hyper), noise))
 
 
 class AdamW(torch.optim.Optimizer):
@@ -46,6 +90,10 @@ class AdamW(torch.optim.Optimizer):
         params: the parameters (or groups) to train.
         lr, betas, eps, weight_decay: as `torch.optim.AdamW`.
         seed: seeds each step's random bits together with the step number.
+        compile_update: compile the bfloat16 update of a slice (module docstring).
+
+    Attributes:
+        compile_error: the first line of the error that turned `compile_update` off, else None.
     """
 
     def __init__(
@@ -56,10 +104,17 @@ class AdamW(torch.optim.Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
         seed: int = 0,
+        compile_update: bool = False,
     ) -> None:
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
         super().__init__(params, defaults)
         self.seed = seed
+        self.compile_error: str | None = None
+        self._bfloat16_slice = (
+            torch.compile(_bfloat16_slice, dynamic=True, fullgraph=True)
+            if compile_update
+            else _bfloat16_slice
+        )
 
     @torch.no_grad()
     def step(self, closure: None = None) -> None:  # type: ignore[override]
@@ -67,7 +122,7 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError("oncurve.optim.AdamW takes no closure")
         generators: dict[torch.device, torch.Generator] = {}
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
+            hypers: dict[tuple[torch.device, int], torch.Tensor] = {}
             for param in group["params"]:
                 if param.grad is None:
                     continue
@@ -81,46 +136,51 @@ class AdamW(torch.optim.Optimizer):
                 if param.device not in generators:
                     seed = (self.seed * 1_000_003 + step * 7_919) % (2**63)
                     generators[param.device] = torch.Generator(param.device).manual_seed(seed)
-                _update(
-                    param,
-                    param.grad,
-                    state["exp_avg"],
-                    state["exp_avg_sq"],
-                    step=step,
-                    lr=group["lr"],
-                    beta1=beta1,
-                    beta2=beta2,
-                    eps=group["eps"],
-                    weight_decay=group["weight_decay"],
-                    generator=generators[param.device],
-                )
+                if (param.device, step) not in hypers:
+                    hypers[param.device, step] = _hyper(group, step, param.device)
+                tensors = (param, param.grad, state["exp_avg"], state["exp_avg_sq"])
+                flat = [t.view(-1) for t in tensors]
+                for start in range(0, param.numel(), SLICE):
+                    p, g, m, v = (t[start : start + SLICE] for t in flat)
+                    hyper = hypers[param.device, step]
+                    if p.dtype != torch.bfloat16:
+                        p.copy_(_adamw_slice(p, g, m, v, hyper))
+                        continue
+                    self._update_bfloat16(p, g, m, v, _noise(p, generators[param.device]), hyper)
+
+    def _update_bfloat16(self, *slices_noise_hyper: torch.Tensor) -> None:
+        """`_bfloat16_slice`, compiled while compiling works."""
+        try:
+            self._bfloat16_slice(*slices_noise_hyper)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as error:  # noqa: BLE001 - any failure to compile: eager from now on
+            if self._bfloat16_slice is _bfloat16_slice:
+                raise
+            self.compile_error = error_line(error)
+            self._bfloat16_slice = _bfloat16_slice
+            print(
+                f"warning: compiling the optimizer's bfloat16 update failed ({self.compile_error});"
+                " it runs uncompiled, with the same arithmetic",
+                file=sys.stderr,
+            )
+            _bfloat16_slice(*slices_noise_hyper)
 
 
-def _update(
-    param: torch.Tensor,
-    grad: torch.Tensor,
-    exp_avg: torch.Tensor,
-    exp_avg_sq: torch.Tensor,
-    *,
-    step: int,
-    lr: float,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    weight_decay: float,
-    generator: torch.Generator,
-) -> None:
-    """One AdamW update of `param` in float32, `SLICE` elements at a time."""
-    step_size = lr / (1 - beta1**step)
-    root_correction = (1 - beta2**step) ** 0.5
-    flat = [t.view(-1) for t in (param, grad, exp_avg, exp_avg_sq)]
-    for start in range(0, param.numel(), SLICE):
-        p, g, m, v = (t[start : start + SLICE] for t in flat)
-        g32 = g.float()
-        m32 = m.float().lerp_(g32, 1 - beta1)
-        v32 = v.float().mul_(beta2).addcmul_(g32, g32, value=1 - beta2)
-        m.copy_(m32)
-        v.copy_(v32)
-        w = p.float().mul_(1 - lr * weight_decay)
-        w.addcdiv_(m32, v32.sqrt().div_(root_correction).add_(eps), value=-step_size)
-        p.copy_(stochastic_round(w, generator) if p.dtype == torch.bfloat16 else w)
+def _hyper(group: dict, step: int, device: torch.device) -> torch.Tensor:
+    """`[7]` float32 on `device`: `group`'s step size at `step` (counted from 1), the second
+    moment's bias correction's root, 1 - beta1, beta2, 1 - beta2, eps and the decay factor;
+    tensors, not Python numbers, so that the compiled update does not specialise to a step,
+    made in one host-to-device copy a step."""
+    beta1, beta2 = group["betas"]
+    lr = group["lr"]
+    values = (
+        lr / (1 - beta1**step),
+        (1 - beta2**step) ** 0.5,
+        1 - beta1,
+        beta2,
+        1 - beta2,
+        group["eps"],
+        1 - lr * group["weight_decay"],
+    )
+    return torch.tensor(values, dtype=torch.float32, device=device)
