@@ -401,12 +401,18 @@ def trl_stage(limit: float) -> Stage:
             return [["TRL", "its run failed or did not finish (log below)"], *rows]
         speed = ours["seconds"] / base["seconds"]
         memory = ours["gpu_peak_gb"] / base["gpu_peak_gb"]
+        phases = ", ".join(
+            f"{name} {ours['phases'][name]:.2f} / {seconds:.2f}"
+            for name, seconds in base.get("phases", {}).items()
+            if name in ours.get("phases", {}) and name != "reward"
+        )
         return [
             [
                 "s/step oncurve / TRL",
                 f"{ours['seconds']:.2f} / {base['seconds']:.2f} s = {speed:.2f}x "
                 f"(target <= {SPEED_TARGET}x: {'met' if speed <= SPEED_TARGET else 'missed'})",
             ],
+            ["phases oncurve / TRL, s", phases or "n/a"],
             [
                 "peak GPU memory oncurve / TRL",
                 f"{gib(ours['gpu_peak_gb'])} / {gib(base['gpu_peak_gb'])} = {memory:.2f}x "

@@ -165,12 +165,15 @@ def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
         ["64x256 `model.generate (static cache)`", "14,894 tokens/s (1.00x static generate); "
          "first call 24.8 s"],
     ]  # fmt: skip
+    phases = {"generation": 0.5, "reward": 0.01, "reference": 0.3, "train": 1.2}
     stats = {"oncurve": {"seconds": 2.0, "gpu_peak_gb": 4.0, "plan_gb": 5.2,
-                         "compile_capture_s": 23.0},
-             "TRL": {"seconds": 8.0, "gpu_peak_gb": 5.0}}  # fmt: skip
+                         "compile_capture_s": 23.0, "phases": phases},
+             "TRL": {"seconds": 8.0, "gpu_peak_gb": 5.0,
+                     "phases": {"generation": 6.0, "reward": 0.0, "reference": 0.4, "train": 1.6}}}  # fmt: skip
     (tmp_path / "trl.json").write_text(json.dumps({"stats": stats}))
-    speed, memory, plan, spent = gpu_check.trl_stage(10).read(outcome)
+    speed, split, memory, plan, spent = gpu_check.trl_stage(10).read(outcome)
     assert speed[1] == "2.00 / 8.00 s = 0.25x (target <= 0.35x: met)"
+    assert split[1] == "generation 0.50 / 6.00, reference 0.30 / 0.40, train 1.20 / 1.60"
     assert memory[1] == "4.00 GiB / 5.00 GiB = 0.80x (target <= 1x: met)"
     assert plan[1] == "5.2 / 4.00 GiB (+1.20 GiB)"
     assert spent[1] == "23.0 s (target <= 30 s: met)"
