@@ -138,11 +138,11 @@ class AdamW(torch.optim.Optimizer):
                     generators[param.device] = torch.Generator(param.device).manual_seed(seed)
                 if (param.device, step) not in hypers:
                     hypers[param.device, step] = _hyper(group, step, param.device)
+                hyper = hypers[param.device, step]
                 tensors = (param, param.grad, state["exp_avg"], state["exp_avg_sq"])
                 flat = [t.view(-1) for t in tensors]
                 for start in range(0, param.numel(), SLICE):
                     p, g, m, v = (t[start : start + SLICE] for t in flat)
-                    hyper = hypers[param.device, step]
                     if p.dtype != torch.bfloat16:
                         p.copy_(_adamw_slice(p, g, m, v, hyper))
                         continue

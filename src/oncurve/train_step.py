@@ -422,10 +422,10 @@ def accumulate(
     whose rows are `index` `[n]` of `minibatch`, and its statistics (0-dim tensors). `module`
     is the model whose forward `micro_loss` calls; when it is DDP-wrapped, gradients are
     all-reduced in the last microbatch's backward only. Nothing is read back from the device
-    here: the caller reads every microbatch's numbers at once (`host_values`). A backward that
-    meets an op with no deterministic kernel (`process.strictly_deterministic`) or whose
-    compiled layers fail (`compiled_layers`) leaves partial gradients, so the loop starts
-    again from zero gradients (the next time in warn-only mode, or eagerly).
+    here: the caller reads every microbatch's numbers at once (`host_values`). A microbatch
+    that meets an op with no deterministic kernel (`process.strictly_deterministic`) or whose
+    compiled layers fail in the backward (`compiled_layers`) leaves partial gradients, so the
+    loop starts again from zero gradients (the next time in warn-only mode, or eagerly).
 
     Returns:
         (completion tokens, detached loss, statistics) of each microbatch, in order.

@@ -337,7 +337,8 @@ def _preflight(s: Session) -> None:
             prompt_index=_shares_prompt_forward(s.config),
         )
 
-    # the preflight's few rows take a workspace of their own, which no step reuses
+    # the preflight's workspace (two prompts' rows) is freed after it, not kept all run long
+    # beside the steps' one
     with s.policy.whole(), sampler_scratch(s):
         lines = recover("the preflight", check, s.config, halve_microbatches, s.adopt)
     _record_graph_fallback(s)
