@@ -1,6 +1,6 @@
 """pytest plugin of `gpu_check.py`'s tests stage: `--results-jsonl PATH` appends one JSON line
-per test as its result comes in, {"test": node id, "outcome": passed | failed | skipped}, with
-a failure's "message" (its error's line) and "detail" (the end of its report), so that a run
+per test as its result comes in, {"test": node id, "outcome": passed | failed | skipped,
+"seconds": its call's (its setup's when that ended it)}, with a failure's "message" (its error's line) and "detail" (the end of its report), so that a run
 stopped at the stage's time limit still says what it got done and why a test failed (pytest
 writes its JUnit XML only at the end). With pytest-xdist the controller writes, not the
 workers."""
@@ -32,7 +32,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     ended = report.when == "call" or (report.when == "setup" and not report.passed)
     if _results is None or not (ended or (report.when == "teardown" and report.failed)):
         return
-    result = {"test": report.nodeid, "outcome": "failed" if report.failed else report.outcome}
+    result = {
+        "test": report.nodeid,
+        "outcome": "failed" if report.failed else report.outcome,
+        "seconds": round(report.duration, 1),
+    }
     if report.failed:
         crash = getattr(report.longrepr, "reprcrash", None)
         result["message"] = crash.message if crash else report.longreprtext.strip()[-300:]
