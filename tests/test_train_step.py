@@ -308,7 +308,7 @@ def test_an_update_reads_the_device_twice_whatever_its_microbatches(share_prompt
     """The gradient accumulation reads the rows' lengths once and every microbatch's loss and
     statistics once, at the end, so on a GPU the CPU queues one microbatch's kernels while the
     device runs the previous one's; the rows' order goes back in one tensor made on the host
-    (`packing.host_to_device`: on CUDA a copy that waits for nothing), which the count lists
+    (`process.host_to_device`: on CUDA a copy that waits for nothing), which the count lists
     with the reads. What the forward itself reads (transformers' mask checks for padding, the
     shared prompt's `torch.unique`) comes on top, as in any trainer."""
     model, batch = grpo_batch(3, share_prompt)

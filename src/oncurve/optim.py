@@ -28,6 +28,7 @@ from collections.abc import Iterable
 import torch
 
 from oncurve.errors import error_line
+from oncurve.process import host_to_device
 
 SLICE = 2**22
 
@@ -171,7 +172,7 @@ def _hyper(group: dict, step: int, device: torch.device) -> torch.Tensor:
     """`[7]` float32 on `device`: `group`'s step size at `step` (counted from 1), the second
     moment's bias correction's root, 1 - beta1, beta2, 1 - beta2, eps and the decay factor;
     tensors, not Python numbers, so that the compiled update does not specialise to a step,
-    made in one host-to-device copy a step."""
+    made in one host-to-device copy a step, which waits for nothing queued before it."""
     beta1, beta2 = group["betas"]
     lr = group["lr"]
     values = (
@@ -183,4 +184,4 @@ def _hyper(group: dict, step: int, device: torch.device) -> torch.Tensor:
         group["eps"],
         1 - lr * group["weight_decay"],
     )
-    return torch.tensor(values, dtype=torch.float32, device=device)
+    return host_to_device(list(values), device, torch.float32)

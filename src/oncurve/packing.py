@@ -27,6 +27,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from oncurve.errors import error_line
 from oncurve.models import real_token_positions
+from oncurve.process import host_to_device
 
 ATTENTION = "oncurve_packed"
 # where packed rows take torch's variable-length flash attention (tests add "meta": the CUDA
@@ -207,16 +208,6 @@ def _plan(rows: RowLengths, width: int, completion_len: int) -> _Plan:
     }
     sizes = {"prompt_tokens": sum(prompt_lengths), "width": longest, "size": key_starts[-1]}
     return _Plan(lists, max(query_lengths), max(key_lengths), sizes)
-
-
-def host_to_device(values: list[int], device: torch.device) -> torch.Tensor:
-    """`values` as a long tensor on `device`, in one copy; on CUDA from pinned memory and
-    without waiting (a blocking copy there waits for every kernel queued before it)."""
-    # on the host on purpose: the values are Python's, and this is their one copy to the device
-    host = torch.tensor(values, dtype=torch.long)
-    if device.type == "cuda":
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
 
 
 def _on_device(lists: dict[str, list[int]], device: torch.device) -> dict[str, torch.Tensor]:

@@ -1,5 +1,5 @@
 """What a training process needs besides the algorithm: stop signals, per-step seeds,
-deterministic kernels and a stage timer."""
+deterministic kernels, a stage timer and host values' copy to the device."""
 
 from __future__ import annotations
 
@@ -12,6 +12,18 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+
+
+def host_to_device(
+    values: list[int] | list[float], device: torch.device, dtype: torch.dtype = torch.long
+) -> torch.Tensor:
+    """`values` as a `dtype` tensor on `device`, in one copy; on CUDA from pinned memory and
+    without waiting (a blocking copy there waits for every kernel queued before it)."""
+    # on the host on purpose: the values are Python's, and this is their one copy to the device
+    host = torch.tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
 
 
 def step_seed(seed: int, step: int, round_: int, rank: int) -> int:

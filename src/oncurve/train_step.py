@@ -18,8 +18,8 @@ from oncurve.algo.correction import logprob_diff_mean, tis_weights
 from oncurve.algo.logprobs import logprobs_from_hidden
 from oncurve.compiled_layers import CompiledLayersFailed, compiled_layers
 from oncurve.models import cache_argument, real_token_positions
-from oncurve.packing import RowLengths, host_to_device, packed_hidden
-from oncurve.process import NondeterministicOp, strictly_deterministic
+from oncurve.packing import RowLengths, packed_hidden
+from oncurve.process import NondeterministicOp, host_to_device, strictly_deterministic
 from oncurve.types import TrainBatch
 
 
