@@ -5,6 +5,8 @@ before a run packs, and the trainer packing exactly when configured."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from conftest import rows_per_call
@@ -314,6 +316,32 @@ def test_the_check_passes_a_packed_forward_and_names_what_fails(monkeypatch) -> 
 
     monkeypatch.setattr(packing, "_attention_by_segments", shifted)
     assert packing.packed_failure(model).startswith("its hidden states (shared prompts) differ")
+
+
+def test_the_checks_backward_lets_no_determinism_warning_out(monkeypatch) -> None:
+    """On CUDA the check runs in deterministic mode's warn-only (the trainer's), where the
+    padded forward's attention backward warns that it adds in no fixed order: the check's
+    gradients are compared within a tolerance, so those warnings stay inside it, and others
+    come out."""
+    model = make_model("qwen2")
+    packing.use_packed_attention(model)
+    grad = torch.autograd.grad
+
+    def warning_grad(*args, **kwargs):
+        warnings.warn(
+            "Flash Attention defaults to a non-deterministic algorithm. To explicitly enable "
+            "determinism call torch.use_deterministic_algorithms(True, warn_only=False).",
+            UserWarning,
+            stacklevel=2,
+        )
+        warnings.warn("another warning", UserWarning, stacklevel=2)
+        return grad(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", warning_grad)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert packing.packed_failure(model) is None
+    assert [str(w.message) for w in caught] == ["another warning"] * 3
 
 
 def test_null_packs_where_the_check_passes_and_else_warns_once_and_stays_padded(
