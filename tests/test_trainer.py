@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from conftest import tiny_qwen2
 
 from oncurve import policy, trainer
 from oncurve.algo import group_advantages, kl_k3, ppo_clip, seq_mean_token_mean
@@ -316,12 +317,47 @@ def test_deterministic_kernels_hold_for_the_run_only():
     from oncurve.process import deterministic_kernels
 
     assert not torch.are_deterministic_algorithms_enabled()
+    assert torch.utils.deterministic.fill_uninitialized_memory  # torch's default
     with deterministic_kernels(True):
         assert torch.are_deterministic_algorithms_enabled()
         assert torch.is_deterministic_algorithms_warn_only_enabled()
+        assert not torch.utils.deterministic.fill_uninitialized_memory
     assert not torch.are_deterministic_algorithms_enabled()
+    assert torch.utils.deterministic.fill_uninitialized_memory
     with deterministic_kernels(False):
         assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_deterministic_kernels_launch_no_fill_of_memory_a_step_writes_anyway():
+    """Deterministic mode alone fills each `empty` tensor with NaN, a kernel each (on CUDA
+    most ops' outputs): a forward and backward of a tiny model runs as many fills under
+    `deterministic_kernels` as with deterministic algorithms off, and its gradients are
+    those."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from oncurve.process import deterministic_kernels
+
+    model = tiny_qwen2(50)
+    ids = torch.randint(0, 50, (4, 24), generator=torch.Generator().manual_seed(0))
+
+    def fills_and_gradients() -> tuple[int, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            model(ids).logits.float().logsumexp(-1).sum().backward()
+        fills = sum(e.count for e in prof.key_averages() if e.key == "aten::fill_")
+        return fills, [p.grad.clone() for p in model.parameters()]
+
+    plain, want = fills_and_gradients()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        filled, _ = fills_and_gradients()  # torch's deterministic mode as it comes
+    finally:
+        torch.use_deterministic_algorithms(False)
+    with deterministic_kernels(True):
+        ours, got = fills_and_gradients()
+    assert filled > plain and ours == plain
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
 
 
 def test_an_evaluation_frees_the_workspace_it_sampled_in(

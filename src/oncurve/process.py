@@ -47,21 +47,29 @@ _strict = [True]
 
 @contextmanager
 def deterministic_kernels(enabled: bool) -> Iterator[None]:
-    """Deterministic kernels for the duration, then torch's previous setting. Atomic-add
+    """Deterministic kernels for the duration, then torch's previous settings. Atomic-add
     kernels (attention's backward, scatters) sum in a varying order on CUDA, and cuBLAS needs a
-    fixed workspace, set before its first call in the process, to repeat its sums."""
+    fixed workspace, set before its first call in the process, to repeat its sums.
+
+    Without filling uninitialised memory: deterministic mode otherwise writes NaN into every
+    tensor made by `empty` (on CUDA, most ops' outputs and their backward's buffers too: a
+    kernel each, thousands a step), which only makes a read of memory never written repeat;
+    what a step computes never reads such memory (NaN would reach its results)."""
     previous = (
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.utils.deterministic.fill_uninitialized_memory,
     )
     if enabled:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.utils.deterministic.fill_uninitialized_memory = False
         _strict[0] = True
     try:
         yield
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        torch.utils.deterministic.fill_uninitialized_memory = previous[2]
 
 
 @contextmanager
