@@ -34,7 +34,7 @@ from test_distributed import (
 from test_reliability import cli_args, finish, metric_rows, rewards_env, train_process
 from test_trainer import capture_first_step, hand_assembled_grpo, make_config
 
-from oncurve import checkpoint, models, train_step, trainer
+from oncurve import checkpoint, models, optim, train_step, trainer
 from oncurve.algo.registry import AGGREGATIONS
 from oncurve.cli import main
 from oncurve.train_step import ForwardSettings, PolicyLogprobs, accumulate_gradients
@@ -213,7 +213,14 @@ def test_every_preset_trains_three_bfloat16_steps_on_cuda(
 
 @pytest.mark.parametrize(
     "feature",
-    ["lora", "gradient-checkpointing", "shared-prompt-forward", "packed-rows", "eval-every-step"],
+    [
+        "lora",
+        "gradient-checkpointing",
+        "shared-prompt-forward",
+        "packed-rows",
+        "eval-every-step",
+        "cache-freed-each-step",
+    ],
 )
 def test_each_feature_trains_on_cuda_and_its_final_model_loads_on_the_cpu(
     tiny_model_dir, data_file, tmp_path, monkeypatch, feature
@@ -233,6 +240,7 @@ def test_each_feature_trains_on_cuda_and_its_final_model_loads_on_the_cpu(
             "eval.num_prompts=6",
             "eval.samples=2",
         ),
+        "cache-freed-each-step": ("rollout.keep_cache=false",),
     }[feature]
     if feature == "lora":
         pytest.importorskip("peft", reason="the lora extra (peft) is not installed")
@@ -244,6 +252,11 @@ def test_each_feature_trains_on_cuda_and_its_final_model_loads_on_the_cpu(
     (s,) = sessions
     assert next(s.policy.model.parameters()).device.type == "cuda"
     trained_rows(run_dir, 3)
+    trainable = [p for group in s.optimizer.param_groups for p in group["params"]]
+    if any(p.dtype == torch.bfloat16 for p in trainable):  # LoRA's adapters are float32
+        # oncurve's AdamW, its update compiled and never fallen back
+        assert isinstance(s.optimizer, optim.AdamW) and s.optimizer.compile_error is None
+        assert s.optimizer._bfloat16_slice is not optim._bfloat16_slice
     if feature == "lora":
         changed = load_file(run_dir / "checkpoints" / "step-000003" / "model.safetensors")
         assert changed and all("lora_" in name for name in changed)
@@ -258,6 +271,9 @@ def test_each_feature_trains_on_cuda_and_its_final_model_loads_on_the_cpu(
         assert shared_rows and all(n > 0 for n in shared_rows)
     if feature == "packed-rows":
         assert s.config.model.pack_rows and packed_rows and shared_rows == []
+    if feature == "cache-freed-each-step":  # a workspace made, captured and freed each step
+        assert s.config.rollout.keep_cache is False and s.sampler._workspaces == []
+        assert s.sampler.use_graphs and s.sampler.capture_seconds > 0
     if feature == "eval-every-step":
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         evaluated = [r for r in rows if "eval/accuracy" in r]
