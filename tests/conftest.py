@@ -11,6 +11,7 @@ from typing import TypeVar
 import pytest
 import torch
 import transformers
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from oncurve.tokenizer import char_tokenizer
 from oncurve.types import RolloutBatch, TrainBatch
@@ -51,6 +52,18 @@ def rows_per_call(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> 
 
     monkeypatch.setattr(owner, name, counting)
     return rows
+
+
+class OpCounter(TorchDispatchMode):
+    """While active, counts the dispatched ops that are in `ops` (`count`)."""
+
+    def __init__(self, ops: set) -> None:
+        super().__init__()
+        self.ops, self.count = ops, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.count += func in self.ops
+        return func(*args, **(kwargs or {}))
 
 
 def tiny_qwen2(vocab_size: int, seed: int = 0) -> transformers.PreTrainedModel:

@@ -21,6 +21,7 @@ import weakref
 import pytest
 import torch
 import yaml
+from conftest import OpCounter
 from test_cuda_graph import model_of
 from test_reliability import metric_rows
 from test_rollout import EOS, PROMPTS, TOKENIZER, make_model
@@ -435,17 +436,9 @@ MATMULS = {aten.linear.default, aten.matmul.default, aten.mm.default, aten.addmm
 
 def matmuls_of_a_step(sampler: GraphSampler, ws, params: SamplingParams) -> int:
     """Matrix products one decode step of all of `ws`'s rows runs."""
-    count = 0
-
-    class Matmuls(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            nonlocal count
-            count += func in MATMULS
-            return func(*args, **(kwargs or {}))
-
-    with Matmuls():
+    with OpCounter(MATMULS) as matmuls:
         sampler._step(ws, ws.rows, params)
-    return count
+    return matmuls.count
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "mistral"])

@@ -357,9 +357,9 @@ def test_packed_rows_on_cuda_are_the_padded_forward_within_bfloat16_rounding():
 def test_the_compiled_bfloat16_adamw_update_is_the_eager_one_on_cuda():
     """`oncurve.optim.AdamW(compile_update=True)`, as the trainer builds it on CUDA: inductor's
     Triton kernel for a slice's update against the eager ops, over a 0.5B layer's MLP weight
-    (two slices) for three steps. The moments agree within float32 reordering rounded to
-    bf16, and a weight differs only where that reordering moved the float32 result across the
-    stochastic rounding's threshold (one bf16 step, rarely)."""
+    (two slices) for three steps. Weights and moments are equal but where float32 reordering
+    moved a result across a rounding boundary (the moments' nearest rounding, the weights'
+    stochastic threshold): rarely, and by one bf16 step."""
     from oncurve.optim import AdamW, _bfloat16_slice
 
     generator = torch.Generator(device="cuda").manual_seed(0)
@@ -380,9 +380,10 @@ def test_the_compiled_bfloat16_adamw_update_is_the_eager_one_on_cuda():
         )
     (p_eager, m_eager, v_eager), (p_compiled, m_compiled, v_compiled) = results
     assert not torch.equal(p_eager, start.float())
-    torch.testing.assert_close(m_compiled, m_eager, rtol=2**-7, atol=0)
-    torch.testing.assert_close(v_compiled, v_eager, rtol=2**-7, atol=0)
-    differ = p_compiled != p_eager
-    assert float(differ.float().mean()) < 1e-3
-    step = p_eager.abs().clamp(min=2**-126) * 2**-7  # one bf16 step at each weight, at most
-    assert bool(((p_compiled - p_eager).abs() <= step * 1.01).all())
+    assert bool((m_eager != 0).all()) and bool((v_eager > 0).all())
+    for got, want in ((p_compiled, p_eager), (m_compiled, m_eager), (v_compiled, v_eager)):
+        # equal but where float32 reordering crossed a rounding boundary, rarely ...
+        assert float((got != want).float().mean()) < 1e-3
+        # ... and there by one bf16 step (at most 2^-7 of the value)
+        step = want.abs().clamp(min=2**-126) * 2**-7
+        assert bool(((got - want).abs() <= step * 1.01).all())

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from conftest import rows_per_call
+from conftest import OpCounter, rows_per_call
 from test_distributed import loss_fns
 from test_rollout import make_model
 from test_trainer import make_config
@@ -280,7 +280,6 @@ def host_reads_of(fn: Callable[[], object]) -> int:
     for every kernel queued before it."""
     from test_capture_safety import BANNED_METHODS, HOST_READS
     from torch.overrides import TorchFunctionMode
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     by_method = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default}
     count = 0
@@ -291,15 +290,10 @@ def host_reads_of(fn: Callable[[], object]) -> int:
             count += func in BANNED_METHODS
             return func(*args, **(kwargs or {}))
 
-    class Ops(TorchDispatchMode):  # reads no method makes (a method's is counted above)
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            nonlocal count
-            count += func in HOST_READS - by_method
-            return func(*args, **(kwargs or {}))
-
-    with Methods(), Ops():
+    # and reads no method makes (a method's is counted above)
+    with Methods(), OpCounter(HOST_READS - by_method) as ops:
         fn()
-    return count
+    return count + ops.count
 
 
 @pytest.mark.parametrize("rows", [8, 2, 1], ids=["1 microbatch", "4", "8"])
