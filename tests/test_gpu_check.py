@@ -115,7 +115,8 @@ def test_the_default_jobs_rows_from_its_metrics_and_memory_plan():
     plan = MemoryPlan(
         microbatch_rows=64, microbatch_tokens=4096, gradient_checkpointing=False,
         logprob_chunk_size=1024, state_bytes=2**28, train_peak_bytes=3 * 2**29,
-        sample_peak_bytes=2**28, budget_bytes=80 * 2**30,
+        sample_peak_bytes=2**28, reference_peak_bytes=2**30, offload_reference=True,
+        budget_bytes=80 * 2**30,
     )  # fmt: skip
     log = f"loading ...\n{plan.describe()}\nstep 1 ...\n"
     rows = [{"step": 0, "eval/accuracy": 0.25}]

@@ -12,6 +12,7 @@ runs (`python -c "import test_gpu_paths; test_gpu_paths.scenario_...()"`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -313,6 +314,41 @@ def test_bfloat16_head_gradients_read_in_place_are_the_float32_heads(monkeypatch
         assert got.dtype == want.dtype == torch.bfloat16
         equal = float((got == want).double().mean())
         assert equal > 0.995, f"{name}: {equal:.4%} of the elements equal"
+
+
+def test_an_offloaded_reference_is_on_the_gpu_for_its_pass_only():
+    """`Policy(offload_reference=True)`: the reference's weights wait in pinned host memory,
+    are on the GPU during the reference pass (the pass's peak holds them) and freed after it
+    (allocated memory is back to what it was, plus the logprobs); the logprobs are the kept
+    reference's bit for bit."""
+    from test_train_step import lengths_batch
+
+    from oncurve.policy import Policy
+    from oncurve.train_step import ForwardSettings
+
+    cpu_batch = lengths_batch([4, 3, 4, 2], [5, 5, 2, 4])
+    batch = dataclasses.replace(
+        cpu_batch, **{f: getattr(cpu_batch, f).cuda() for f in ("input_ids", "attention_mask",
+        "completion_mask", "advantages")},
+    )  # fmt: skip
+    forward = ForwardSettings(1.0, 16, 8)
+    kept = Policy(make_model("qwen2").cuda(), forward=forward, with_reference=True)
+    offloaded = Policy(
+        make_model("qwen2").cuda(), forward=forward, with_reference=True, offload_reference=True
+    )
+    params = list(offloaded.reference.parameters())
+    assert all(p.device.type == "cpu" and p.is_pinned() for p in params)
+    weights = sum(p.numel() * p.element_size() for p in params)
+    want = kept.reference_logprobs(batch)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    got = offloaded.reference_logprobs(batch)
+    torch.cuda.synchronize()
+    assert got.device.type == "cuda" and torch.equal(got, want)
+    assert torch.cuda.max_memory_allocated() - before >= weights
+    assert torch.cuda.memory_allocated() - before <= got.numel() * got.element_size() + 512
+    assert all(p.device.type == "cpu" and p.is_pinned() for p in offloaded.reference.parameters())
 
 
 def test_packed_rows_on_cuda_are_the_padded_forward_within_bfloat16_rounding():

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 from conftest import tiny_qwen2
 
+from oncurve import build
 from oncurve.build import settle_memory, token_caps
 from oncurve.config import load_config
 from oncurve.memory import (
@@ -15,11 +17,13 @@ from oncurve.memory import (
     KEPT_CACHE_BYTES,
     ModelShape,
     activation_bytes_per_token,
+    forward_only_bytes_per_token,
     forward_only_tokens,
     keeps_sampler_cache,
     kv_cache_bytes,
     logits_bytes,
     logits_chunk,
+    offloads_reference,
     plan_memory,
     sampling_bytes,
     state_bytes,
@@ -360,3 +364,85 @@ def test_the_reference_pass_has_a_token_cap_of_its_own_on_an_accelerator_only():
     reference = forward_only_tokens(ModelShape.of(meta), 4000, checkpointing=True)
     assert token_caps(meta, config) == {"microbatch_tokens": 4000, "reference_tokens": reference}
     assert reference > 4000
+
+
+def test_an_offloaded_reference_leaves_the_update_and_makes_its_own_pass_the_peak():
+    """The 0.5B step against TRL (64 rows of 75 + 256 tokens): the reference's 0.99 GB of
+    weights on the device only for its pass take the training and sampling peaks down by that
+    much; the pass, in the training microbatch's 3,972 tokens a layer at a time, is then the
+    peak, 0.36 GiB under the kept reference's (TRL measured 5.72 GiB on an H100)."""
+    common = dict(seq_len=331, rows_per_step=64, sample_rows=64, budget_bytes=80 * GIB)
+    kept = plan_memory(QWEN_05B, reference=True, **common)
+    offloaded = plan_memory(QWEN_05B, reference=True, offload_reference=True, **common)
+    weights = 494_032_768 * 2
+    assert (kept.microbatch_tokens, offloaded.microbatch_tokens) == (12 * 331, 12 * 331)
+    assert kept.state_bytes == offloaded.state_bytes == 5 * weights
+    assert kept.train_peak_bytes - offloaded.train_peak_bytes == weights
+    assert kept.sample_peak_bytes - offloaded.sample_peak_bytes == weights
+    fixed = 5 * weights + logits_bytes(QWEN_05B, 256, True)
+    assert forward_only_bytes_per_token(QWEN_05B) == 55_552
+    assert offloaded.reference_peak_bytes == fixed + 12 * 331 * 55_552
+    # kept, the pass runs as many tokens as the update's activations hold: no higher
+    forward_tokens = forward_only_tokens(QWEN_05B, 12 * 331, True)
+    assert kept.reference_peak_bytes == fixed + forward_tokens * 55_552
+    assert kept.peak_bytes == kept.train_peak_bytes >= kept.reference_peak_bytes
+    assert offloaded.peak_bytes == offloaded.reference_peak_bytes
+    assert kept.peak_bytes - offloaded.peak_bytes > 0.36 * GIB
+    assert offloaded.peak_bytes < 0.92 * 5.72 * GIB < kept.peak_bytes
+    assert "reference pass 5.2 with its weights offloaded between passes" in offloaded.describe()
+    # no reference, nothing to offload: no reference pass
+    alone = plan_memory(QWEN_05B, reference=False, offload_reference=True, **common)
+    assert alone.reference_peak_bytes == 0 and not alone.offload_reference
+    assert alone.train_peak_bytes == kept.train_peak_bytes - weights
+
+
+def test_a_tight_budget_fits_the_offloaded_reference_pass_too():
+    """The rows are halved until the larger of the update's and the reference pass's peaks
+    fits: with the reference offloaded, the pass is the one that decides."""
+    common = dict(seq_len=331, rows_per_step=64, sample_rows=8, reference=True)
+    roomy = plan_memory(QWEN_05B, budget_bytes=80 * GIB, offload_reference=True, **common)
+    budget = int((roomy.reference_peak_bytes - 1) / 0.9)
+    tight = plan_memory(QWEN_05B, budget_bytes=budget, offload_reference=True, **common)
+    assert tight.microbatch_tokens == 6 * 331 and tight.fits
+    assert tight.train_peak_bytes < tight.reference_peak_bytes <= 0.9 * budget
+
+
+def test_the_reference_is_offloaded_while_the_hosts_memory_holds_every_processs_copy():
+    """Unset, `model.offload_reference` is on with CUDA when a frozen reference is held and
+    the pinned copies of all local processes fit in half the host's memory; config.yaml
+    records the choice, and the reference pass then keeps the update's token cap."""
+    weights = 494_032_768 * 2
+    assert offloads_reference(QWEN_05B, 8, 16 * weights)
+    assert not offloads_reference(QWEN_05B, 8, 16 * weights - 1)
+    model, cuda = tiny_qwen2(40), torch.device("cuda")
+    cases = {
+        (): True,
+        ("algo.beta=0",): False,  # no reference
+        ("model.lora.r=4",): False,  # the reference is the base with the adapter off
+        ("model.offload_reference=false",): False,
+    }
+    for overrides, expected in cases.items():
+        config = load_config(None, ["run.gpu_memory_gb=16", "algo.beta=0.04", *overrides])
+        settled, plan = settle_memory(config, model, cuda, 1, 100, None)
+        assert settled.model.offload_reference is plan.offload_reference is expected, overrides
+    tiny = ModelShape.of(model).params * 4  # float32 on the CPU
+    for host, processes, expected in ((2 * tiny, 1, True), (2 * tiny - 1, 1, False)):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(build, "host_memory_bytes", lambda host=host: host)
+            patch.setenv("LOCAL_WORLD_SIZE", str(processes))
+            config = load_config(None, ["run.gpu_memory_gb=16", "algo.beta=0.04"])
+            settled, _ = settle_memory(config, model, cuda, 4, 100, None)
+            assert settled.model.offload_reference is expected
+    # on the CPU the weights are in host memory already
+    config = load_config(None, ["algo.beta=0.04"])
+    settled, _ = settle_memory(config, model, torch.device("cpu"), 1, 100, None)
+    assert settled.model.offload_reference is False
+    meta = model.to("meta")
+    for offloaded, reference in ((True, 4000), (False, forward_only_tokens(
+        ModelShape.of(meta), 4000, checkpointing=True
+    ))):  # fmt: skip
+        config = load_config(None, [
+            "optim.microbatch_tokens=4000", "model.gradient_checkpointing=true",
+            f"model.offload_reference={str(offloaded).lower()}",
+        ])  # fmt: skip
+        assert token_caps(meta, config)["reference_tokens"] == reference

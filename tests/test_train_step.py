@@ -3,19 +3,27 @@ row whole, and the trainer uses it exactly when it applies."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from collections.abc import Callable
 
 import pytest
 import torch
-from conftest import OpCounter, rows_per_call
+from conftest import OpCounter, rows_per_call, tiny_qwen2
 from test_distributed import loss_fns
 from test_rollout import make_model
 from test_trainer import make_config
 
 from oncurve import distributed, train_step
-from oncurve.models import enable_gradient_checkpointing, microbatch_tokens
+from oncurve import policy as policy_module
+from oncurve.models import (
+    enable_gradient_checkpointing,
+    frozen_copy,
+    microbatch_tokens,
+    offload_weights,
+    weights_on,
+)
 from oncurve.policy import Policy
 from oncurve.process import deterministic_kernels
 from oncurve.train_step import (
@@ -407,6 +415,57 @@ def test_the_reference_pass_cuts_microbatches_by_its_own_token_cap(monkeypatch) 
     old = policy.logprobs(batch)
     assert rows == [1, 1, 1, 1]
     torch.testing.assert_close(reference, old, rtol=0, atol=1e-6)  # the same weights
+
+
+def test_offloaded_weights_are_on_the_device_only_inside_weights_on() -> None:
+    """`offload_weights` moves a frozen module's parameters to the host; `weights_on` puts
+    copies on the device (here the host: copies all the same) for its block, the tied head
+    and embedding one parameter copied once, and afterwards, also after an error, the
+    parameters are the very host tensors again. Buffers do not move."""
+    model = frozen_copy(tiny_qwen2(40))
+    offload_weights(model)
+    params = list(model.parameters())
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert len(params) == len({id(p) for p in model.parameters()})
+    host = [p.data for p in params]
+    buffers = [b.data_ptr() for b in model.buffers()]
+    copied = []
+    for fails in (False, True):
+        raised = pytest.raises(RuntimeError) if fails else contextlib.nullcontext()
+        with raised, weights_on(model, torch.device("cpu")) as on_device:
+            assert on_device is model and model.lm_head.weight is model.model.embed_tokens.weight
+            copies = [p.data for p in params]
+            assert all(torch.equal(c, h) for c, h in zip(copies, host, strict=True))
+            copied.append({c.data_ptr() for c in copies})
+            if fails:
+                raise RuntimeError("a forward that ran out of memory")
+        assert [p.data_ptr() for p in params] == [h.data_ptr() for h in host]
+        assert all(p.device.type == "cpu" and not p.requires_grad for p in params)
+        assert [b.data_ptr() for b in model.buffers()] == buffers
+    assert all(not ptrs & {h.data_ptr() for h in host} for ptrs in copied)
+    assert all(len(ptrs) == len(params) for ptrs in copied)
+
+
+def test_an_offloaded_reference_gives_the_kept_ones_logprobs(monkeypatch) -> None:
+    """`Policy(offload_reference=True)`: the reference pass brings the reference's weights
+    onto the policy's device for that pass (`weights_on`, once per pass) and its logprobs
+    are the kept reference's bit for bit."""
+    batch = lengths_batch([4, 4, 4, 4], [5, 5, 5, 5])
+    forward = ForwardSettings(1.0, 16, 8, microbatch_tokens=9, reference_tokens=18)
+    kept = Policy(make_model("qwen2"), forward=forward, with_reference=True)
+    offloaded = Policy(
+        make_model("qwen2"), forward=forward, with_reference=True, offload_reference=True
+    )
+    assert offloaded.reference_offloaded and not kept.reference_offloaded
+    entered = []
+
+    def recorded(module: torch.nn.Module, device: torch.device):
+        entered.append((module, device))
+        return weights_on(module, device)
+
+    monkeypatch.setattr(policy_module, "weights_on", recorded)
+    assert torch.equal(offloaded.reference_logprobs(batch), kept.reference_logprobs(batch))
+    assert entered == [(offloaded.reference, torch.device("cpu"))]
 
 
 def test_stand_in_microbatches_change_no_result(monkeypatch) -> None:

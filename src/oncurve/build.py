@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,9 +37,10 @@ from oncurve.memory import (
     MemoryPlan,
     ModelShape,
     device_budget,
-    forward_only_tokens,
     keeps_sampler_cache,
+    offloads_reference,
     plan_memory,
+    reference_tokens,
 )
 from oncurve.metrics import MetricsLogger, truncate_after
 from oncurve.models import (
@@ -56,6 +58,7 @@ from oncurve.models import (
 )
 from oncurve.optim import AdamW as StochasticRoundingAdamW
 from oncurve.policy import Policy
+from oncurve.process import host_memory_bytes
 from oncurve.rewards.runner import RewardRunner
 from oncurve.rollout import Sampler, build_sampler
 from oncurve.rollout import registry as sampler_registry
@@ -78,6 +81,7 @@ MEMORY_SETTINGS = {
     "microbatch_size": "optim",
     "microbatch_tokens": "optim",
     "keep_cache": "rollout",
+    "offload_reference": "model",
 }
 
 
@@ -238,6 +242,7 @@ def setup(config: Config) -> Session:
         forward=forward,
         peft_model=peft_model,
         with_reference=config.algo.beta > 0,
+        offload_reference=bool(config.model.offload_reference),
         fsdp=fsdp,
     )
     trainable = policy.trainable()
@@ -382,15 +387,17 @@ def build_loss_fns(config: Config) -> LossFns:
 
 def token_caps(model: torch.nn.Module, config: Config) -> dict[str, int | None]:
     """`ForwardSettings`' token caps: the training microbatches' (`models.microbatch_tokens`)
-    and, on an accelerator, the reference pass's, as many tokens as a forward without gradients
-    runs in the memory a training microbatch keeps for its backward (fewer microbatches, so
-    fewer kernel launches). On the CPU both are one: there the cap bounds the widest single
-    activation, which both passes make."""
+    and, on an accelerator, the reference pass's (`memory.reference_tokens`: as many tokens as
+    a forward without gradients runs in the memory a training microbatch keeps for its
+    backward, fewer microbatches so fewer kernel launches, unless the reference's weights are
+    offloaded). On the CPU both are one: there the cap bounds the widest single activation,
+    which both passes make."""
     tokens = microbatch_tokens(model, config.optim.microbatch_tokens)
     reference = None
     if model.get_input_embeddings().weight.device.type != "cpu":
         checkpointing = bool(config.model.gradient_checkpointing)
-        reference = forward_only_tokens(ModelShape.of(model), tokens, checkpointing)
+        offloaded = bool(config.model.offload_reference)
+        reference = reference_tokens(ModelShape.of(model), tokens, checkpointing, offloaded)
     return {"microbatch_tokens": tokens, "reference_tokens": reference}
 
 
@@ -545,13 +552,19 @@ def settle_memory(
         if keep_cache is None:
             keep_cache = keeps_sampler_cache(shape, rows_per_step, seq_len)
         holds = sampler_backend(config, model) in CACHE_HOLDING_BACKENDS and keep_cache
+        reference = config.algo.beta > 0 and not config.model.lora.r
+        offload = chosen["offload_reference"]
+        if offload is None:
+            # pinned copies: one per process on this host (torchrun's count, else all of them)
+            processes = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+            offload = reference and offloads_reference(shape, processes, host_memory_bytes())
         plan = plan_memory(
             shape,
             seq_len=seq_len,
             rows_per_step=rows_per_step,
             sample_rows=rows_per_step,
             budget_bytes=device_budget(device, config.run.gpu_memory_gb),
-            reference=config.algo.beta > 0 and not config.model.lora.r,
+            reference=reference,
             critic=config.algo.estimator == "gae",
             # the training calls' workspace, when kept (an evaluation's is freed after it)
             held_cache_rows=rows_per_step if holds else 0,
@@ -560,6 +573,7 @@ def settle_memory(
             gradient_checkpointing=chosen["gradient_checkpointing"],
             logprob_chunk_size=chosen["logprob_chunk_size"],
             extra_state_bytes=reward_bytes,
+            offload_reference=offload,
         )
         planned = {
             "gradient_checkpointing": plan.gradient_checkpointing,
@@ -567,6 +581,7 @@ def settle_memory(
             "microbatch_size": plan.microbatch_rows,
             "microbatch_tokens": plan.microbatch_tokens,
             "keep_cache": keep_cache,
+            "offload_reference": offload,
         }
     else:
         planned = {
@@ -575,6 +590,7 @@ def settle_memory(
             "microbatch_size": CPU_MICROBATCH_ROWS,
             "microbatch_tokens": None,  # `models.microbatch_tokens` sizes it for the CPU
             "keep_cache": True,  # nothing is captured on the CPU
+            "offload_reference": False,  # the weights are in host memory already
         }
     chosen = {key: planned[key] if value is None else value for key, value in chosen.items()}
     sections: dict[str, dict] = {}

@@ -25,7 +25,12 @@ What the estimates count (bytes; b = bytes per weight element):
   float32 block of the output embedding and its gradient (`logits_bytes`);
 - sampling: the KV cache of every sampled row at full length and `[rows, vocab]` buffers; the
   cuda_graph sampler's cache is present during the update too when it is kept between steps
-  (`keeps_sampler_cache`).
+  (`keeps_sampler_cache`);
+- the reference pass: the state, its logits and one decoder layer's activations a token (a
+  forward without gradients keeps no more). With the reference's weights offloaded to host
+  memory (`offload_reference`) they are on the device for that pass only: the sampling and
+  training peaks leave them out, and the reference pass, run in the training microbatches'
+  token budget, is then usually the step's peak.
 These are estimates of `torch.cuda.max_memory_allocated`, not of what `nvidia-smi` shows (the
 CUDA context and the allocator's cached blocks come on top); the budget keeps
 `RESERVED_FRACTION` of it free for those.
@@ -57,6 +62,9 @@ RESERVED_FRACTION = 0.1
 # capture each step (about 0.1 s on an H100) is a large share of the short steps of a model
 # whose cache is this small, and the memory a small share of any card.
 KEPT_CACHE_BYTES = 64 * 2**20
+# The reference's weights are offloaded only while every local process's pinned copy takes at
+# most this share of the host's memory: pinned pages cannot be swapped out.
+OFFLOAD_HOST_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,9 @@ class MemoryPlan:
         train_peak_bytes: state + the largest microbatch's activations and logits.
         sample_peak_bytes: state + the sampler's KV cache and logits (an evaluation's beside
             a held one).
+        reference_peak_bytes: state + the reference pass's activations and logits (0: no
+            reference is held).
+        offload_reference: the reference's weights stay in host memory but for its pass.
         budget_bytes: what the plan had to fit in.
     """
 
@@ -130,11 +141,13 @@ class MemoryPlan:
     state_bytes: int
     train_peak_bytes: int
     sample_peak_bytes: int
+    reference_peak_bytes: int
+    offload_reference: bool
     budget_bytes: int
 
     @property
     def peak_bytes(self) -> int:
-        return max(self.train_peak_bytes, self.sample_peak_bytes)
+        return max(self.train_peak_bytes, self.sample_peak_bytes, self.reference_peak_bytes)
 
     @property
     def fits(self) -> bool:
@@ -147,8 +160,14 @@ class MemoryPlan:
             f"microbatch, gradient checkpointing {'on' if self.gradient_checkpointing else 'off'}, "
             f"logits in chunks of {self.logprob_chunk_size}; predicted peak "
             f"{self.peak_bytes / GIB:.1f} GiB (state {self.state_bytes / GIB:.1f}, training "
-            f"{self.train_peak_bytes / GIB:.1f}, sampling {self.sample_peak_bytes / GIB:.1f}) "
-            f"of a {self.budget_bytes / GIB:.1f} GiB budget"
+            f"{self.train_peak_bytes / GIB:.1f}, sampling {self.sample_peak_bytes / GIB:.1f}"
+            + (
+                f", reference pass {self.reference_peak_bytes / GIB:.1f}"
+                f"{' with its weights offloaded between passes' if self.offload_reference else ''}"
+                if self.reference_peak_bytes
+                else ""
+            )
+            + f") of a {self.budget_bytes / GIB:.1f} GiB budget"
         )
 
 
@@ -172,13 +191,33 @@ def activation_bytes_per_token(shape: ModelShape, checkpointing: bool) -> int:
     return shape.layers * layer
 
 
+def forward_only_bytes_per_token(shape: ModelShape) -> int:
+    """Bytes a forward without gradients holds per token: one decoder layer's activations, one
+    layer at a time."""
+    return activation_bytes_per_token(dataclasses.replace(shape, layers=1), False)
+
+
 def forward_only_tokens(shape: ModelShape, tokens: int, checkpointing: bool) -> int:
     """Tokens a forward without gradients (the reference pass) may run at once in the memory
     that a training microbatch of `tokens` keeps for its backward (0: no cap, as `tokens`):
-    that one keeps `activation_bytes_per_token` a token, this one a decoder layer's
-    activations a token at most, one layer at a time."""
-    layer = activation_bytes_per_token(dataclasses.replace(shape, layers=1), False)
-    return tokens * activation_bytes_per_token(shape, checkpointing) // layer
+    that one keeps `activation_bytes_per_token` a token, this one
+    `forward_only_bytes_per_token`."""
+    return (
+        tokens
+        * activation_bytes_per_token(shape, checkpointing)
+        // forward_only_bytes_per_token(shape)
+    )
+
+
+def reference_tokens(
+    shape: ModelShape, tokens: int, checkpointing: bool, offload_reference: bool
+) -> int:
+    """Tokens per microbatch of the reference pass when a training microbatch has `tokens`
+    (0: no cap): `forward_only_tokens`, or with the reference's weights offloaded `tokens`.
+    Those weights are on the device for that pass alone, which makes it the step's peak;
+    `tokens` keeps the pass's activations small beside them (the 0.5B shape: 0.2 GiB for
+    3,888 tokens where the update's take 0.6)."""
+    return tokens if offload_reference else forward_only_tokens(shape, tokens, checkpointing)
 
 
 def logits_bytes(shape: ModelShape, chunk: int, trainable_head: bool) -> int:
@@ -204,6 +243,14 @@ def keeps_sampler_cache(shape: ModelShape, rows: int, seq_len: int) -> bool:
     Else it is freed after each step's sampling, so that the update does not hold it, and
     captured again at the next step (compiled once all the same)."""
     return kv_cache_bytes(shape, rows, seq_len) <= KEPT_CACHE_BYTES
+
+
+def offloads_reference(shape: ModelShape, processes: int, host_bytes: int) -> bool:
+    """Whether a held reference's weights stay in host memory but for the reference pass,
+    unless told: when `processes` pinned copies fit in `OFFLOAD_HOST_SHARE` of `host_bytes`.
+    The cost is one host-to-device copy of the weights a step, from pinned memory (about
+    1 GB for the 0.5B shape in bfloat16)."""
+    return processes * shape.params * shape.weight_bytes <= OFFLOAD_HOST_SHARE * host_bytes
 
 
 def sampling_bytes(shape: ModelShape, rows: int, seq_len: int) -> int:
@@ -238,6 +285,7 @@ def plan_memory(
     gradient_checkpointing: bool | None = None,
     logprob_chunk_size: int | None = None,
     extra_state_bytes: int = 0,
+    offload_reference: bool = False,
 ) -> MemoryPlan:
     """The microbatching of a run: the user's settings where given (not None), the rest chosen.
 
@@ -256,6 +304,8 @@ def plan_memory(
             take a workspace of their own beside the held one, freed after the evaluation.
         extra_state_bytes: other weights held on the device all run long (a reward model's),
             counted in the state and the peaks, not in the activation allowance.
+        offload_reference: the reference's weights are in host memory but for the reference
+            pass (with `reference`).
     Returns:
         the plan; `plan.fits` is False when even one row per microbatch with checkpointing
         is predicted to exceed the budget.
@@ -266,6 +316,8 @@ def plan_memory(
     trainable_head = shape.trainable == shape.params
     held = kv_cache_bytes(shape, held_cache_rows, seq_len)
     fixed = state + held + logits_bytes(shape, chunk, trainable_head)
+    # on the device only for the reference pass when offloaded
+    offloaded = shape.params * shape.weight_bytes if reference and offload_reference else 0
     usable = budget_bytes * (1 - RESERVED_FRACTION)
 
     evaluation = sampling_bytes(shape, eval_rows, seq_len) if eval_rows else 0
@@ -273,7 +325,17 @@ def plan_memory(
         evaluation += held
 
     def train_peak(rows: int, checkpointing: bool) -> int:
-        return fixed + rows * seq_len * activation_bytes_per_token(shape, checkpointing)
+        stored = rows * seq_len * activation_bytes_per_token(shape, checkpointing)
+        return fixed - offloaded + stored
+
+    def reference_peak(rows: int, checkpointing: bool) -> int:
+        if not reference:
+            return 0
+        tokens = reference_tokens(shape, rows * seq_len, checkpointing, bool(offloaded))
+        return fixed + tokens * forward_only_bytes_per_token(shape)
+
+    def peak(rows: int, checkpointing: bool) -> int:
+        return max(train_peak(rows, checkpointing), reference_peak(rows, checkpointing))
 
     most_rows = max(1, rows_per_step)
     # the token budget, in rows of the widest length
@@ -285,9 +347,9 @@ def plan_memory(
         stored = rows * seq_len * activation_bytes_per_token(shape, False)
         # the policy's own state: a reward model's weights do not make room for activations
         allowance = max(ACTIVATION_FLOOR, ACTIVATION_ALLOWANCE * policy_state)
-        checkpointing = helps and (stored > allowance or train_peak(rows, False) > usable)
+        checkpointing = helps and (stored > allowance or peak(rows, False) > usable)
     if microbatch_rows is None:
-        while rows > 1 and train_peak(rows, checkpointing) > usable:
+        while rows > 1 and peak(rows, checkpointing) > usable:
             rows = max(1, rows // 2)
     return MemoryPlan(
         # Unset, rows are not capped: the token budget bounds what a microbatch holds. Rows
@@ -300,7 +362,11 @@ def plan_memory(
         logprob_chunk_size=chunk,
         state_bytes=state,
         train_peak_bytes=train_peak(rows, checkpointing),
-        sample_peak_bytes=state + max(sampling_bytes(shape, sample_rows, seq_len), evaluation),
+        sample_peak_bytes=(
+            state - offloaded + max(sampling_bytes(shape, sample_rows, seq_len), evaluation)
+        ),
+        reference_peak_bytes=reference_peak(rows, checkpointing),
+        offload_reference=bool(offloaded),
         budget_bytes=budget_bytes,
     )
 

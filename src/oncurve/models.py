@@ -21,6 +21,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -392,6 +393,31 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
     reference = copy.deepcopy(model).eval()
     reference.requires_grad_(False)
     return reference
+
+
+def offload_weights(module: torch.nn.Module) -> None:
+    """Move a frozen module's parameters to host memory, pinned when CUDA is available (so
+    that `weights_on` copies them back without waiting); buffers stay where they are."""
+    for param in module.parameters():
+        host = param.data.to("cpu")
+        param.data = host.pin_memory() if torch.cuda.is_available() else host
+
+
+@contextlib.contextmanager
+def weights_on(module: torch.nn.Module, device: torch.device) -> Iterator[torch.nn.Module]:
+    """`module` with its host-resident parameters (`offload_weights`) copied to `device` for
+    the duration; after it they are the host tensors again and the device copies are freed.
+    Nothing is copied back: the module is frozen. Tied parameters are one parameter, copied
+    once."""
+    params = list(module.parameters())
+    host = [param.data for param in params]
+    try:
+        for param, values in zip(params, host, strict=True):
+            param.data = values.to(device, non_blocking=True, copy=True)
+        yield module
+    finally:
+        for param, values in zip(params, host, strict=True):
+            param.data = values
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:

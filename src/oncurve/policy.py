@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager
 import torch
 
 from oncurve import distributed
-from oncurve.models import frozen_copy
+from oncurve.models import frozen_copy, offload_weights, weights_on
 from oncurve.train_step import ForwardSettings, PolicyLogprobs, batch_logprobs
 from oncurve.types import TrainBatch
 
@@ -27,7 +27,8 @@ class Policy:
             parameters are shards. The optimizer's parameters are its trainable ones.
         train_forward: `PolicyLogprobs(model)`, DDP- or FSDP2-wrapped under data parallelism:
             the module the update calls.
-        reference: the frozen pi_ref copy, or None (beta = 0, or LoRA: the adapter switched off).
+        reference: the frozen pi_ref copy, or None (beta = 0, or LoRA: the adapter switched off);
+            offloaded, its weights are in host memory but during `reference_logprobs`.
         peft_model: the PEFT wrapper under LoRA, else None.
         forward: how every training-side forward runs (`ForwardSettings`).
     """
@@ -39,22 +40,27 @@ class Policy:
         forward: ForwardSettings,
         peft_model: torch.nn.Module | None = None,
         with_reference: bool = False,
+        offload_reference: bool = False,
         fsdp: bool = False,
     ) -> None:
         """Wrap `model` (loaded, on its device, gradient checkpointing set; under LoRA the base
-        model of `peft_model`). `with_reference` keeps a frozen pi_ref (not needed with LoRA);
-        `fsdp` shards the weights across ranks."""
+        model of `peft_model`). `with_reference` keeps a frozen pi_ref (not needed with LoRA),
+        in host memory but for its pass with `offload_reference`; `fsdp` shards the weights
+        across ranks."""
         self.peft_model = peft_model
         self.model = model
         self.forward = forward
+        self.device = next(model.parameters()).device
         self.reference = frozen_copy(model) if with_reference and self.peft_model is None else None
+        self.reference_offloaded = offload_reference and self.reference is not None
+        if self.reference_offloaded:
+            offload_weights(self.reference)
         # Under FSDP2 each rank holds shards of the trained weights; sampling, evaluation,
         # checkpoints and the final model read whole weights from a copy gathered for them and
         # emptied after (`whole`), so the update's peak does not hold it.
         self.whole_model = frozen_copy(model) if fsdp else model
-        device_type = next(model.parameters()).device.type
         # before the optimizer: fully_shard replaces the parameters with sharded ones
-        self.train_forward = distributed.wrap(PolicyLogprobs(model), device_type, fsdp=fsdp)
+        self.train_forward = distributed.wrap(PolicyLogprobs(model), self.device.type, fsdp=fsdp)
         self.fsdp = fsdp
 
     def trainable(self) -> list[torch.nn.Parameter]:
@@ -74,6 +80,9 @@ class Policy:
         """`[N, T]` logprobs under pi_ref: the frozen copy, or with LoRA the same weights with
         the adapter switched off."""
         forward = self.forward.for_reference()
+        if self.reference_offloaded:
+            with weights_on(self.reference, self.device) as reference:
+                return batch_logprobs(PolicyLogprobs(reference), batch, forward)
         if self.peft_model is None:
             return batch_logprobs(PolicyLogprobs(self.reference), batch, forward)
         with self.peft_model.disable_adapter():

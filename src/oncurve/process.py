@@ -1,5 +1,5 @@
 """What a training process needs besides the algorithm: stop signals, per-step seeds,
-deterministic kernels, a stage timer and host values' copy to the device."""
+deterministic kernels, a stage timer, host values' copy to the device and the host's memory."""
 
 from __future__ import annotations
 
@@ -24,6 +24,11 @@ def host_to_device(
     if device.type == "cuda":
         host = host.pin_memory()
     return host.to(device, non_blocking=True)
+
+
+def host_memory_bytes() -> int:
+    """The host's physical memory, in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def step_seed(seed: int, step: int, round_: int, rank: int) -> int:

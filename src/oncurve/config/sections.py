@@ -116,6 +116,13 @@ class ModelConfig:
         "on CUDA fewer where a chunk's float32 logits would pass 256 MiB",
         POSITIVE,
     )
+    offload_reference: bool | None = _opt(
+        None,
+        "keep the frozen reference's weights (algo.beta > 0 without LoRA) in pinned host "
+        "memory and copy them to the GPU for the reference pass only, so that the sampler and "
+        "the update do not hold them (one host-to-device copy of the weights a step); null: "
+        "on CUDA while every local process's copy fits in half the host's memory",
+    )
     lora: LoraConfig = field(default_factory=LoraConfig)
 
 
