@@ -323,6 +323,10 @@ def job_rows(rows: list[dict], log: str, config: dict) -> list[list[str]]:
         ["CUDA graphs (`rollout/graphs`)", every_step("rollout/graphs")],
         ["compiled decode step (`rollout/compiled`)", every_step("rollout/compiled")],
         ["rows packed in the update (`model.pack_rows`)", packed_rows(config, log)],
+        [
+            "reference on the GPU for its pass only (`model.offload_reference`)",
+            "yes" if config["model"]["offload_reference"] else "no",
+        ],
         ["memory plan: predicted / measured peak", plan_against(planned_peak_gb(log), peak)],
         [
             "sampler's compile + capture over the run (`time/sampler_*_total`)",

@@ -125,7 +125,7 @@ def test_the_default_jobs_rows_from_its_metrics_and_memory_plan():
                      "rollout/compiled": 1.0, "memory/gpu_peak_gb": 0.5 + step / 10})  # fmt: skip
     rows[-1] |= {"time/sampler_compile_total": 21.9, "time/sampler_capture_total": 9.3}
     rows.append({"step": 3, "eval/accuracy": 0.5})
-    config = {"run": {"steps": 150}, "model": {"pack_rows": True}}
+    config = {"run": {"steps": 150}, "model": {"pack_rows": True, "offload_reference": True}}
     got = dict(job_rows(rows, log, config))
     assert got["steps done"] == "3 of 150"
     assert got["held-out greedy accuracy before / after"] == "25.0% / 50.0%"
@@ -134,6 +134,7 @@ def test_the_default_jobs_rows_from_its_metrics_and_memory_plan():
     assert got["CUDA graphs (`rollout/graphs`)"] == "off at steps [3]"
     assert got["compiled decode step (`rollout/compiled`)"] == "every step"
     assert got["memory plan: predicted / measured peak"] == "1.5 / 0.80 GiB (+0.70 GiB)"
+    assert got["reference on the GPU for its pass only (`model.offload_reference`)"] == "yes"
     spent = "sampler's compile + capture over the run (`time/sampler_*_total`)"
     assert got[spent] == "31.2 s (target <= 30 s: missed)"
     assert got["rows packed in the update (`model.pack_rows`)"] == "yes"
