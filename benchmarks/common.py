@@ -256,6 +256,36 @@ def sampler_setup_seconds(row: dict) -> float | None:
     return row["time/sampler_compile_total"] + row["time/sampler_capture_total"]
 
 
+# phase -> (the trainer's stage, whose peak a step logs as `memory/<stage>_peak_gb`; the memory
+# plan's name for the phase in its printed line)
+PEAK_PHASES = {
+    "sampling": ("rollout", "sampling"),
+    "reference": ("reference", "reference pass"),
+    "update": ("train", "training"),
+}
+
+
+def measured_phase_peaks_gb(rows: list[dict]) -> dict[str, float]:
+    """The largest peak GiB of each phase over an oncurve run's steps (`PEAK_PHASES`; a
+    phase the steps did not log, as on the CPU or with beta 0, is left out)."""
+    peaks = {}
+    for phase, (stage, _) in PEAK_PHASES.items():
+        values = [r[f"memory/{stage}_peak_gb"] for r in rows if f"memory/{stage}_peak_gb" in r]
+        if values:
+            peaks[phase] = max(values)
+    return peaks
+
+
+def planned_phase_peaks_gb(log_text: str) -> dict[str, float]:
+    """The peak GiB of each phase in the last memory plan an `oncurve train` process printed
+    (`MemoryPlan.describe`); empty when it printed none."""
+    lines = re.findall(r"memory plan: .*", log_text)
+    if not lines:
+        return {}
+    found = dict(re.findall(r"(training|sampling|reference pass) ([0-9.]+)", lines[-1]))
+    return {phase: float(found[name]) for phase, (_, name) in PEAK_PHASES.items() if name in found}
+
+
 def planned_peak_gb(log_text: str) -> float | None:
     """The peak GiB of the memory plan an `oncurve train` process printed at start
     (`MemoryPlan.describe`), the last one in `log_text`; None when it printed none (the CPU)."""

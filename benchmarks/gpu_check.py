@@ -78,7 +78,9 @@ from common import (  # noqa: E402
     GPU_BUNDLE,
     log_tail,
     markdown_table,
+    measured_phase_peaks_gb,
     planned_peak_gb,
+    planned_phase_peaks_gb,
     run_limited,
     sampler_setup_seconds,
     write_section,
@@ -329,6 +331,10 @@ def job_rows(rows: list[dict], log: str, config: dict) -> list[list[str]]:
         ],
         ["memory plan: predicted / measured peak", plan_against(planned_peak_gb(log), peak)],
         [
+            "peak by phase, measured / planned",
+            phase_peaks(measured_phase_peaks_gb(trained), planned_phase_peaks_gb(log)),
+        ],
+        [
             "sampler's compile + capture over the run (`time/sampler_*_total`)",
             compile_capture(sampler_setup_seconds(trained[-1]) if trained else None),
         ],
@@ -398,6 +404,10 @@ def trl_stage(limit: float) -> Stage:
             [
                 "memory plan: predicted / measured peak",
                 plan_against(ours["plan_gb"], ours["gpu_peak_gb"]),
+            ],
+            [
+                "oncurve peak by phase, measured / planned",
+                phase_peaks(ours.get("phase_peaks_gb", {}), ours.get("plan_phases_gb", {})),
             ],
             ["oncurve sampler's compile + capture", compile_capture(ours.get("compile_capture_s"))],
         ]
@@ -495,6 +505,15 @@ def percent(value: float | None) -> str:
 
 def gib(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f} GiB"
+
+
+def phase_peaks(measured: dict[str, float], planned: dict[str, float]) -> str:
+    """Each phase's measured peak against the plan's (`common.PEAK_PHASES`), GiB."""
+    if not measured:
+        return "n/a"
+    return ", ".join(
+        f"{phase} {value:.2f} / {gib(planned.get(phase))}" for phase, value in measured.items()
+    )
 
 
 def plan_against(plan: float | None, measured: float | None) -> str:

@@ -45,7 +45,9 @@ sys.path[:0] = [str(HERE), str(ROOT / "src")]  # oncurve from the checkout: no i
 from common import (  # noqa: E402
     GPU_BUNDLE,
     markdown_table,
+    measured_phase_peaks_gb,
     planned_peak_gb,
+    planned_phase_peaks_gb,
     qwen2_config,
     run_child,
     sampler_setup_seconds,
@@ -443,6 +445,8 @@ def run_trainer(label: str, job: Job, out: Path, python: str, env: dict[str, str
     result["status"] = "finished"
     result.update(read_oncurve(out / "run") if label == "oncurve" else read_trl(job, out))
     result["plan_gb"] = planned_peak_gb(log.read_text()) if label == "oncurve" else None
+    if label == "oncurve":
+        result["plan_phases_gb"] = planned_phase_peaks_gb(log.read_text())
     return result
 
 
@@ -497,6 +501,7 @@ def read_oncurve(run_dir: Path) -> dict:
             **{k: phases[k] for k in PHASES[1:] if k in phases},
         },
         "gpu_peak_gb": max(peaks) if peaks else None,
+        "phase_peaks_gb": measured_phase_peaks_gb(rows),
         "length": [r["length/mean"] for r in rows],
         "compile_capture_s": sampler_setup_seconds(rows[-1]) if rows else None,
     }
@@ -546,12 +551,24 @@ def summarize(runs: list[dict]) -> dict | None:
         "gpu_peak_gb": max(gpu) if gpu else None,
         "smi_peak_gb": max(smi) if smi else None,
         "plan_gb": max(plans) if plans else None,
+        # oncurve's phases (TRL's runs log none): each one's largest over the runs
+        "phase_peaks_gb": largest([r.get("phase_peaks_gb", {}) for r in done]),
+        "plan_phases_gb": largest([r.get("plan_phases_gb", {}) for r in done]),
         "length": statistics.mean(x for r in done for x in r["length"]),
         "compile_capture_s": max(
             (r["compile_capture_s"] for r in done if r.get("compile_capture_s") is not None),
             default=None,
         ),
     }
+
+
+def largest(values: list[dict[str, float]]) -> dict[str, float]:
+    """Each key's largest value over `values`."""
+    merged: dict[str, float] = {}
+    for value in values:
+        for key, x in value.items():
+            merged[key] = max(merged.get(key, x), x)
+    return merged
 
 
 def number(value: float | None, digits: int = 2) -> str:

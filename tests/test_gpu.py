@@ -197,6 +197,15 @@ def test_every_preset_trains_three_bfloat16_steps_on_cuda(
     }
     rows = trained_rows(run_dir, 3)
     assert all(r["memory/gpu_peak_gb"] > 0 for r in rows)
+    for r in rows:  # each phase's own peak, the step's the largest
+        phases = [r[f"memory/{stage}_peak_gb"] for stage in ("rollout", "reward", "train")]
+        assert all(0 < peak <= r["memory/gpu_peak_gb"] for peak in phases)
+        assert ("memory/reference_peak_gb" in r) == (config.algo.beta > 0)
+    if config.algo.beta > 0:  # in pinned host memory but for its pass (the default on CUDA)
+        assert s.config.model.offload_reference and s.policy.reference_offloaded
+        assert all(
+            p.device.type == "cpu" and p.is_pinned() for p in s.policy.reference.parameters()
+        )
     if preset == "dapo":
         assert all(r["groups/sampling_rounds"] >= 1 for r in rows)
     if preset == "ppo":

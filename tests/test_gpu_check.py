@@ -122,7 +122,9 @@ def test_the_default_jobs_rows_from_its_metrics_and_memory_plan():
     rows = [{"step": 0, "eval/accuracy": 0.25}]
     for step, (seconds, graphs) in enumerate([(9.0, 1.0), (0.2, 1.0), (0.4, 0.0)], start=1):
         rows.append({"step": step, "time/step": seconds, "rollout/graphs": graphs,
-                     "rollout/compiled": 1.0, "memory/gpu_peak_gb": 0.5 + step / 10})  # fmt: skip
+                     "rollout/compiled": 1.0, "memory/gpu_peak_gb": 0.5 + step / 10,
+                     "memory/rollout_peak_gb": 0.2 + step / 10,
+                     "memory/train_peak_gb": 0.5 + step / 10})  # fmt: skip
     rows[-1] |= {"time/sampler_compile_total": 21.9, "time/sampler_capture_total": 9.3}
     rows.append({"step": 3, "eval/accuracy": 0.5})
     config = {"run": {"steps": 150}, "model": {"pack_rows": True, "offload_reference": True}}
@@ -135,6 +137,10 @@ def test_the_default_jobs_rows_from_its_metrics_and_memory_plan():
     assert got["compiled decode step (`rollout/compiled`)"] == "every step"
     assert got["memory plan: predicted / measured peak"] == "1.5 / 0.80 GiB (+0.70 GiB)"
     assert got["reference on the GPU for its pass only (`model.offload_reference`)"] == "yes"
+    # no reference pass logged (beta 0): its phase is left out
+    assert got["peak by phase, measured / planned"] == (
+        "sampling 0.50 / 0.20 GiB, update 0.80 / 1.50 GiB"  # the plan prints 0.1 GiB
+    )
     spent = "sampler's compile + capture over the run (`time/sampler_*_total`)"
     assert got[spent] == "31.2 s (target <= 30 s: missed)"
     assert got["rows packed in the update (`model.pack_rows`)"] == "yes"
@@ -169,11 +175,16 @@ def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
     ]  # fmt: skip
     phases = {"generation": 0.5, "reward": 0.01, "reference": 0.3, "train": 1.2}
     stats = {"oncurve": {"seconds": 2.0, "gpu_peak_gb": 4.0, "plan_gb": 5.2,
-                         "compile_capture_s": 23.0, "phases": phases},
+                         "compile_capture_s": 23.0, "phases": phases,
+                         "phase_peaks_gb": {"sampling": 3.1, "reference": 4.0, "update": 3.9},
+                         "plan_phases_gb": {"sampling": 3.0, "reference": 5.2, "update": 4.6}},
              "TRL": {"seconds": 8.0, "gpu_peak_gb": 5.0,
                      "phases": {"generation": 6.0, "reward": 0.0, "reference": 0.4, "train": 1.6}}}  # fmt: skip
     (tmp_path / "trl.json").write_text(json.dumps({"stats": stats}))
-    speed, split, memory, plan, spent = gpu_check.trl_stage(10).read(outcome)
+    speed, split, memory, plan, by_phase, spent = gpu_check.trl_stage(10).read(outcome)
+    assert by_phase[1] == (
+        "sampling 3.10 / 3.00 GiB, reference 4.00 / 5.20 GiB, update 3.90 / 4.60 GiB"
+    )
     assert speed[1] == "2.00 / 8.00 s = 0.25x (target <= 0.35x: met)"
     assert split[1] == "generation 0.50 / 6.00, reference 0.30 / 0.40, train 1.20 / 1.60"
     assert memory[1] == "4.00 GiB / 5.00 GiB = 0.80x (target <= 1x: met)"
@@ -191,7 +202,7 @@ def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
     assert grpo[1] == "4.5 / 4.00 GiB (+0.50 GiB)"
     stats["TRL"] = None  # TRL's run cut short: oncurve's plan still reported
     (tmp_path / "trl.json").write_text(json.dumps({"stats": stats}))
-    cut, plan, _ = gpu_check.trl_stage(10).read(outcome)
+    cut, plan, _, _ = gpu_check.trl_stage(10).read(outcome)
     assert cut == ["TRL", "its run failed or did not finish (log below)"]
     assert plan[1] == "5.2 / 4.00 GiB (+1.20 GiB)"
     outcome.log.write_text(

@@ -39,7 +39,7 @@ from oncurve.metrics import log_samples
 from oncurve.models import resolve_device, save_final, save_lora_final
 from oncurve.oom import OutOfMemoryStop, fewer_evaluation_rows, halve_microbatches, recover
 from oncurve.preflight import run_preflight
-from oncurve.process import Timer, deterministic_kernels, stop_on_signals
+from oncurve.process import Timer, cuda_peak_reader, deterministic_kernels, stop_on_signals
 from oncurve.progress import Progress
 from oncurve.rewards.registry import ANSWER_MATCH_REWARDS
 from oncurve.rewards.runner import runner_settings
@@ -64,7 +64,11 @@ class TrainResult:
 def training_step(s: Session, step: int) -> dict[str, float]:
     """One GRPO step (PPO when the advantage source is a critic); returns its metrics."""
     cuda = s.device.type == "cuda"
-    cfg, timer = s.config, Timer(partial(torch.cuda.synchronize, s.device) if cuda else None)
+    cfg = s.config
+    timer = Timer(
+        partial(torch.cuda.synchronize, s.device) if cuda else None,
+        cuda_peak_reader(s.device) if cuda else None,
+    )
     s.oom_retries = s.updates_this_step = 0
     lr = s.scheduler.get_last_lr()[0]  # this step's: `optimise` steps the schedule
     if cuda:
@@ -116,7 +120,9 @@ def training_step(s: Session, step: int) -> dict[str, float]:
     metrics["memory/oom_retries"] = float(s.oom_retries)
     metrics["time/step"] = sum(timer.seconds.values())
     if cuda:
-        metrics["memory/gpu_peak_gb"] = torch.cuda.max_memory_allocated(s.device) / 2**30
+        metrics["memory/gpu_peak_gb"] = timer.overall_peak() / 2**30
+        # which phase peaks, to hold against the memory plan's sampling, reference and update
+        metrics |= {f"memory/{k}_peak_gb": v / 2**30 for k, v in timer.peak_bytes.items()}
     metrics["tokens_per_s"] = sampled.tokens / metrics["time/step"]
     s.completion_tokens += int(distributed.all_sum([float(sampled.tokens)])[0])
     metrics["tokens/total"] = float(s.completion_tokens)
