@@ -415,3 +415,43 @@ def test_a_cache_not_kept_is_freed_after_each_steps_sampling_and_trains_the_same
         timed = ("time/", "memory/", "tokens_per_s", "reward/slowest_row_s")
         timeless = {k: v for k, v in kept_run.items() if not k.startswith(timed)}
         assert len(timeless) > 20 and timeless == {k: freed_run[k] for k in timeless}
+
+
+def test_a_reference_offloaded_between_passes_trains_and_syncs_as_a_kept_one(
+    tiny_model_dir, data_file, tmp_path, monkeypatch
+):
+    """`model.offload_reference=true` (on the CPU its "device" copies are host copies): each
+    step's reference pass runs on copies made for it, the reference's own tensors stay the
+    same host tensors, `algo.ref_sync_every` writes the policy into them, and the steps'
+    metrics are those of a run whose reference stays in place."""
+    entered = []
+    real_weights_on = policy.weights_on
+    monkeypatch.setattr(
+        policy,
+        "weights_on",
+        lambda module, device: entered.append(device) or real_weights_on(module, device),
+    )
+    runs, references = {}, {}
+    for offload in ("true", "false"):
+        config = make_config(
+            tiny_model_dir, data_file, tmp_path / offload, "algo.beta=0.04",
+            "algo.ref_sync_every=1", f"model.offload_reference={offload}",
+        )  # fmt: skip
+        s = setup(config)
+        assert s.policy.reference_offloaded is (offload == "true")
+        pointers = [p.data_ptr() for p in s.policy.reference.parameters()]
+        with s.rewards:
+            for step in (1, 2):
+                runs.setdefault(offload, []).append(training_step(s, step))
+        assert [p.data_ptr() for p in s.policy.reference.parameters()] == pointers
+        references[offload] = s.policy.reference.state_dict()
+        trained = s.policy.model.state_dict()
+        assert all(torch.equal(references[offload][k], trained[k]) for k in trained)  # synced
+    assert entered == [torch.device("cpu")] * 2
+    for offloaded, kept in zip(runs["true"], runs["false"], strict=True):
+        timed = ("time/", "memory/", "tokens_per_s", "reward/slowest_row_s")
+        timeless = {k: v for k, v in offloaded.items() if not k.startswith(timed)}
+        assert (
+            len(timeless) > 20 and "kl" in timeless and timeless == {k: kept[k] for k in timeless}
+        )
+    assert all(torch.equal(references["true"][k], v) for k, v in references["false"].items())
