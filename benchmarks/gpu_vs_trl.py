@@ -605,8 +605,7 @@ def profile_variants() -> dict[str, list[str]]:
     update's time first (the stage's limit may stop the last): the memory plan's own choices
     (rows packed, each group's prompt once, where torch has variable-length attention, and the
     reference's weights offloaded to host memory between its passes); with the reference kept
-    on the GPU (`model.offload_reference=false`: what the offload's copy and smaller reference
-    microbatches cost); with the decoder layers compiled (`model.compile_layers`: fewer kernels, and 0.57x the host's
+    on the GPU (`model.offload_reference=false`: what the offload's copy costs); with the decoder layers compiled (`model.compile_layers`: fewer kernels, and 0.57x the host's
     time per update on the CPU, `update_host_time.py`, if the host's time is what the GPU
     waits for); with the rows padded and each group's prompt run once through its KV cache
     (`model.pack_rows=false`, the default before packing: about twice TRL's kernel launches in

@@ -201,6 +201,8 @@ def test_every_preset_trains_three_bfloat16_steps_on_cuda(
         phases = [r[f"memory/{stage}_peak_gb"] for stage in ("rollout", "reward", "train")]
         assert all(0 < peak <= r["memory/gpu_peak_gb"] for peak in phases)
         assert ("memory/reference_peak_gb" in r) == (config.algo.beta > 0)
+    # the gradients exist during the update only (the critic's are its own)
+    assert all(p.grad is None for p in s.policy.trainable())
     if config.algo.beta > 0:  # in pinned host memory but for its pass (the default on CUDA)
         assert s.config.model.offload_reference and s.policy.reference_offloaded
         assert all(

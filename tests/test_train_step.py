@@ -31,6 +31,7 @@ from oncurve.train_step import (
     accumulate_gradients,
     batch_logprobs,
     completion_logprobs,
+    keeps_gradients,
     microbatches,
 )
 from oncurve.trainer import setup, training_step
@@ -494,3 +495,22 @@ def test_stand_in_microbatches_change_no_result(monkeypatch) -> None:
     for mine, theirs in zip(got[1], want[1], strict=True):
         assert torch.equal(mine, theirs)
     assert got[2] == want[2]
+
+
+def test_an_updates_gradients_are_made_before_it_and_freed_after_it_on_cuda(monkeypatch):
+    """`update_gradients`: zeros where a parameter has no gradient, before the update's
+    first activation; existing ones are the same tensors; after the update (also after an
+    error) they are kept zeroed where `keeps_gradients` (the CPU), else freed (CUDA)."""
+    assert keeps_gradients(torch.device("cpu")) and not keeps_gradients(torch.device("cuda", 1))
+    model = make_model("qwen2")
+    params = list(model.parameters())
+    kept = params[0].grad = torch.zeros_like(params[0])
+    with train_step.update_gradients(params):
+        assert params[0].grad is kept
+        assert all(p.grad is not None and not p.grad.any() for p in params)
+        assert all(p.grad.shape == p.shape and p.grad.dtype == p.dtype for p in params)
+    assert all(p.grad is not None for p in params) and params[0].grad is kept
+    monkeypatch.setattr(train_step, "keeps_gradients", lambda device: False)
+    with pytest.raises(RuntimeError), train_step.update_gradients(params):
+        raise RuntimeError("out of memory in the update")
+    assert all(p.grad is None for p in params)

@@ -37,10 +37,10 @@ from oncurve.memory import (
     MemoryPlan,
     ModelShape,
     device_budget,
+    forward_only_tokens,
     keeps_sampler_cache,
     offloads_reference,
     plan_memory,
-    reference_tokens,
 )
 from oncurve.metrics import MetricsLogger, truncate_after
 from oncurve.models import (
@@ -246,11 +246,6 @@ def setup(config: Config) -> Session:
         fsdp=fsdp,
     )
     trainable = policy.trainable()
-    # Gradients exist from the start, before any activation, and are zeroed in place after each
-    # step (`train_step.optimizer_step`): made afresh amid each backward's activations they
-    # fragment the heap.
-    for param in trainable:
-        param.grad = torch.zeros_like(param)
     optimizer = build_optimizer(trainable, config, sharded=fsdp)
     if isinstance(advantage, ppo.Critic):
         advantage.policy_optimizer = optimizer
@@ -387,17 +382,15 @@ def build_loss_fns(config: Config) -> LossFns:
 
 def token_caps(model: torch.nn.Module, config: Config) -> dict[str, int | None]:
     """`ForwardSettings`' token caps: the training microbatches' (`models.microbatch_tokens`)
-    and, on an accelerator, the reference pass's (`memory.reference_tokens`: as many tokens as
-    a forward without gradients runs in the memory a training microbatch keeps for its
-    backward, fewer microbatches so fewer kernel launches, unless the reference's weights are
-    offloaded). On the CPU both are one: there the cap bounds the widest single activation,
-    which both passes make."""
+    and, on an accelerator, the reference pass's, as many tokens as a forward without gradients
+    runs in the memory a training microbatch keeps for its backward (fewer microbatches, so
+    fewer kernel launches). On the CPU both are one: there the cap bounds the widest single
+    activation, which both passes make."""
     tokens = microbatch_tokens(model, config.optim.microbatch_tokens)
     reference = None
     if model.get_input_embeddings().weight.device.type != "cpu":
         checkpointing = bool(config.model.gradient_checkpointing)
-        offloaded = bool(config.model.offload_reference)
-        reference = reference_tokens(ModelShape.of(model), tokens, checkpointing, offloaded)
+        reference = forward_only_tokens(ModelShape.of(model), tokens, checkpointing)
     return {"microbatch_tokens": tokens, "reference_tokens": reference}
 
 

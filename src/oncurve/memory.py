@@ -16,7 +16,8 @@ What the estimates count (bytes; b = bytes per weight element):
 - model state: weights (params x b), the reference copy, gradients (trainable x b), AdamW's
   two moments (trainable x b each: torch keeps them in the parameter's dtype), for PPO the
   critic's float32 trunk with its gradients and moments, and a reward model's weights
-  (`extra_state_bytes`);
+  (`extra_state_bytes`); the policy's gradients exist during the update only
+  (`train_step.update_gradients`), so the sampling and reference peaks leave them out;
 - activations kept for the backward, per token and decoder layer: about
   `9 hidden + 2 kv + 4 intermediate` elements of a Llama-style layer (the two RMSNorms in float32,
   q/k/v, attention out, the gated MLP's four); with checkpointing one `hidden` per layer plus two
@@ -26,11 +27,12 @@ What the estimates count (bytes; b = bytes per weight element):
 - sampling: the KV cache of every sampled row at full length and `[rows, vocab]` buffers; the
   cuda_graph sampler's cache is present during the update too when it is kept between steps
   (`keeps_sampler_cache`);
-- the reference pass: the state, its logits and one decoder layer's activations a token (a
-  forward without gradients keeps no more). With the reference's weights offloaded to host
-  memory (`offload_reference`) they are on the device for that pass only: the sampling and
-  training peaks leave them out, and the reference pass, run in the training microbatches'
-  token budget, is then usually the step's peak.
+- the reference pass: the state but the gradients, its logits and one decoder layer's
+  activations a token (a forward without gradients keeps no more), as many tokens as a
+  training microbatch's activations take the memory of (`forward_only_tokens`). With the
+  reference's weights offloaded to host memory (`offload_reference`) they are on the device
+  for that pass only, in the room the gradients leave: the sampling and training peaks leave
+  them out.
 These are estimates of `torch.cuda.max_memory_allocated`, not of what `nvidia-smi` shows (the
 CUDA context and the allocator's cached blocks come on top); the budget keeps
 `RESERVED_FRACTION` of it free for those.
@@ -209,17 +211,6 @@ def forward_only_tokens(shape: ModelShape, tokens: int, checkpointing: bool) -> 
     )
 
 
-def reference_tokens(
-    shape: ModelShape, tokens: int, checkpointing: bool, offload_reference: bool
-) -> int:
-    """Tokens per microbatch of the reference pass when a training microbatch has `tokens`
-    (0: no cap): `forward_only_tokens`, or with the reference's weights offloaded `tokens`.
-    Those weights are on the device for that pass alone, which makes it the step's peak;
-    `tokens` keeps the pass's activations small beside them (the 0.5B shape: 0.2 GiB for
-    3,888 tokens where the update's take 0.6)."""
-    return tokens if offload_reference else forward_only_tokens(shape, tokens, checkpointing)
-
-
 def logits_bytes(shape: ModelShape, chunk: int, trainable_head: bool) -> int:
     """The logprob head's peak (`oncurve.algo.logprobs`): two `[chunk, vocab]` float32
     buffers, plus one vocabulary block's float32 copy and gradient when the weights are not
@@ -318,6 +309,7 @@ def plan_memory(
     fixed = state + held + logits_bytes(shape, chunk, trainable_head)
     # on the device only for the reference pass when offloaded
     offloaded = shape.params * shape.weight_bytes if reference and offload_reference else 0
+    gradients = shape.trainable * shape.weight_bytes  # made for the update, freed after it
     usable = budget_bytes * (1 - RESERVED_FRACTION)
 
     evaluation = sampling_bytes(shape, eval_rows, seq_len) if eval_rows else 0
@@ -329,13 +321,11 @@ def plan_memory(
         return fixed - offloaded + stored
 
     def reference_peak(rows: int, checkpointing: bool) -> int:
+        """Within the update's: the weights it may hold were the gradients' room."""
         if not reference:
             return 0
-        tokens = reference_tokens(shape, rows * seq_len, checkpointing, bool(offloaded))
-        return fixed + tokens * forward_only_bytes_per_token(shape)
-
-    def peak(rows: int, checkpointing: bool) -> int:
-        return max(train_peak(rows, checkpointing), reference_peak(rows, checkpointing))
+        tokens = forward_only_tokens(shape, rows * seq_len, checkpointing)
+        return fixed - gradients + tokens * forward_only_bytes_per_token(shape)
 
     most_rows = max(1, rows_per_step)
     # the token budget, in rows of the widest length
@@ -347,9 +337,9 @@ def plan_memory(
         stored = rows * seq_len * activation_bytes_per_token(shape, False)
         # the policy's own state: a reward model's weights do not make room for activations
         allowance = max(ACTIVATION_FLOOR, ACTIVATION_ALLOWANCE * policy_state)
-        checkpointing = helps and (stored > allowance or peak(rows, False) > usable)
+        checkpointing = helps and (stored > allowance or train_peak(rows, False) > usable)
     if microbatch_rows is None:
-        while rows > 1 and peak(rows, checkpointing) > usable:
+        while rows > 1 and train_peak(rows, checkpointing) > usable:
             rows = max(1, rows // 2)
     return MemoryPlan(
         # Unset, rows are not capped: the token budget bounds what a microbatch holds. Rows
@@ -363,7 +353,10 @@ def plan_memory(
         state_bytes=state,
         train_peak_bytes=train_peak(rows, checkpointing),
         sample_peak_bytes=(
-            state - offloaded + max(sampling_bytes(shape, sample_rows, seq_len), evaluation)
+            state
+            - offloaded
+            - gradients
+            + max(sampling_bytes(shape, sample_rows, seq_len), evaluation)
         ),
         reference_peak_bytes=reference_peak(rows, checkpointing),
         offload_reference=bool(offloaded),

@@ -23,7 +23,13 @@ import torch
 
 from oncurve.errors import TrainingError
 from oncurve.rollout.base import Sampler, SamplingParams
-from oncurve.train_step import ForwardSettings, LossFns, accumulate_gradients, batch_logprobs
+from oncurve.train_step import (
+    ForwardSettings,
+    LossFns,
+    accumulate_gradients,
+    batch_logprobs,
+    update_gradients,
+)
 from oncurve.types import TrainBatch
 
 PREFLIGHT_SEED = 20_251_125
@@ -57,7 +63,7 @@ def gradient_split_gap(
 ) -> float:
     """`|g_a - g_b| / |g_a|`: the gradient of `batch` in the configured microbatches (a) against
     microbatches of half as many rows (at most half the batch) and tokens (b); the gradients
-    are zeroed after. The norms are summed parameter by parameter, so that no float32 copy of
+    (`params`' own, made by `update_gradients`) are zeroed after. The norms are summed parameter by parameter, so that no float32 copy of
     the whole gradient is made: g_a stays in the parameters' own gradient tensors while b
     accumulates into new ones (memory the optimizer's states, made at its first step, take
     later)."""
@@ -67,8 +73,6 @@ def gradient_split_gap(
     if rows == 1:
         halves = (2, 2 * forward.microbatch_tokens)  # one row cannot be halved: double instead
     for param in params:
-        if param.grad is None:
-            param.grad = torch.zeros_like(param)
         param.grad.zero_()
     first: list[torch.Tensor] = []
     for rows, tokens in (configured, halves):
@@ -165,7 +169,8 @@ def run_preflight(
     )
     if fns.beta > 0:
         batch.ref_logprobs = trained  # the reference equals the policy before the first update
-    split = gradient_split_gap(policy, trainable, batch, fns, forward)
+    with update_gradients(trainable):
+        split = gradient_split_gap(policy, trainable, batch, fns, forward)
     if not split <= tolerance.gradient:  # NaN fails too
         raise TrainingError(
             f"preflight: the gradient changes by {split:.2e} (relative) when the microbatches "

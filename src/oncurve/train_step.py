@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -612,6 +612,31 @@ def microbatch_loss(
     return loss, {key: value.detach() for key, value in stats.items()}
 
 
+def keeps_gradients(device: torch.device) -> bool:
+    """Whether gradients stay allocated between updates on `device` (`update_gradients`): on
+    CUDA they are freed, so that the sampler and the reference pass do not hold them (the
+    caching allocator hands the same blocks back at the next update); elsewhere they are kept
+    (glibc would map and zero fresh pages for them each step)."""
+    return device.type != "cuda"
+
+
+@contextlib.contextmanager
+def update_gradients(params: list[torch.nn.Parameter]) -> Iterator[None]:
+    """The parameters' gradients for the duration of an update (or the preflight's gradient
+    check): zeros made where there are none, before any activation (made by autograd amid a
+    backward's activations they fragment the heap); `optimizer_step` zeroes them after each
+    step. After it they are freed unless `keeps_gradients`."""
+    for param in params:
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+    try:
+        yield
+    finally:
+        if params and not keeps_gradients(params[0].device):
+            for param in params:
+                param.grad = None
+
+
 def optimizer_step(
     policy: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -640,8 +665,8 @@ def optimizer_step(
     skip = bad_loss > 0 or not math.isfinite(grad_norm)
     if not skip:
         optimizer.step()
-    # Zeroed, not freed: they are live at every step's peak (its backward) anyway; see
-    # `build.build_session`.
+    # zeroed, not freed: the next optimizer step of the update adds into them
+    # (`update_gradients` frees them when the update ends)
     optimizer.zero_grad(set_to_none=False)
     return {**stats, "grad_norm": grad_norm, "updates/skipped": float(skip)}
 

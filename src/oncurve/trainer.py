@@ -45,7 +45,7 @@ from oncurve.rewards.registry import ANSWER_MATCH_REWARDS
 from oncurve.rewards.runner import runner_settings
 from oncurve.rollout.cuda_graph import GraphSampler
 from oncurve.signal_checks import DeadStepWatch, check_gold_answers
-from oncurve.train_step import LossFns, masked_mean, optimizer_step
+from oncurve.train_step import LossFns, masked_mean, optimizer_step, update_gradients
 from oncurve.types import RolloutBatch, TrainBatch
 
 __all__ = ["Session", "TrainResult", "setup", "train", "training_step"]
@@ -168,26 +168,28 @@ def optimise(
     """
     cfg = s.config
     results: list[dict[str, float]] = []
-    for _ in range(cfg.algo.mu):
-        for rows in minibatches:
-            stats = _forward_recovering(
-                s,
-                "the update",
-                batch,
-                lambda batch, rows=rows: optimizer_step(
-                    s.policy.train_forward,
-                    s.optimizer,
-                    batch.rows(rows),
-                    fns,
-                    s.policy.forward,
-                    grad_clip=cfg.optim.grad_clip,
-                ),
-                # the failed attempt's gradients are discarded
-                on_retry=lambda: s.optimizer.zero_grad(set_to_none=False),
-            )
-            s.updates_this_step += 1
-            s.skipped_in_a_row = s.skipped_in_a_row + 1 if stats["updates/skipped"] else 0
-            results.append(stats)
+    params = [p for group in s.optimizer.param_groups for p in group["params"]]
+    with update_gradients(params):
+        for _ in range(cfg.algo.mu):
+            for rows in minibatches:
+                stats = _forward_recovering(
+                    s,
+                    "the update",
+                    batch,
+                    lambda batch, rows=rows: optimizer_step(
+                        s.policy.train_forward,
+                        s.optimizer,
+                        batch.rows(rows),
+                        fns,
+                        s.policy.forward,
+                        grad_clip=cfg.optim.grad_clip,
+                    ),
+                    # the failed attempt's gradients are discarded
+                    on_retry=lambda: s.optimizer.zero_grad(set_to_none=False),
+                )
+                s.updates_this_step += 1
+                s.skipped_in_a_row = s.skipped_in_a_row + 1 if stats["updates/skipped"] else 0
+                results.append(stats)
     with warnings.catch_warnings():
         # The schedule counts training steps, skipped updates included, so that a resumed run
         # and an uninterrupted one agree; torch warns when the first optimizer step was skipped.
