@@ -4,12 +4,13 @@ it (on the CPU; a CUDA device is only named, the budget given, so no GPU is need
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
 from conftest import tiny_qwen2
 
-from oncurve import build
+from oncurve import build, process
 from oncurve.build import settle_memory, token_caps
 from oncurve.config import load_config
 from oncurve.memory import (
@@ -433,3 +434,18 @@ def test_the_reference_is_offloaded_while_the_hosts_memory_holds_every_processs_
     config = load_config(None, ["algo.beta=0.04"])
     settled, _ = settle_memory(config, model, torch.device("cpu"), 1, 100, None)
     assert settled.model.offload_reference is False
+
+
+def test_the_hosts_memory_is_a_containers_cgroup_limit_where_that_is_lower(tmp_path, monkeypatch):
+    """`host_memory_bytes`: the physical memory, unless the first cgroup limit file there is
+    (v2's, else v1's) holds a lower number of bytes; "max" means no limit."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    monkeypatch.setattr(process, "CGROUP_MEMORY_LIMITS", (str(v2), str(v1)))
+    assert process.host_memory_bytes() == physical  # neither file
+    v1.write_text(f"{2**30}\n")
+    assert process.host_memory_bytes() == 2**30
+    v2.write_text("max\n")  # v2's says no limit: v1's is not read
+    assert process.host_memory_bytes() == physical
+    v2.write_text(f"{physical + 4096}\n")
+    assert process.host_memory_bytes() == physical

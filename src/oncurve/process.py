@@ -26,9 +26,25 @@ def host_to_device(
     return host.to(device, non_blocking=True)
 
 
+# A container sees its own cgroup at /sys/fs/cgroup: v2's limit, then v1's.
+CGROUP_MEMORY_LIMITS = (
+    "/sys/fs/cgroup/memory.max",
+    "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+)
+
+
 def host_memory_bytes() -> int:
-    """The host's physical memory, in bytes."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """The memory this process's host gives it, in bytes: the physical memory, or a
+    container's cgroup limit where that is lower ("max" or none: no limit)."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for path in CGROUP_MEMORY_LIMITS:
+        try:
+            with open(path) as file:
+                limit = file.read().strip()
+        except OSError:
+            continue
+        return min(physical, int(limit)) if limit.isdigit() else physical
+    return physical
 
 
 def step_seed(seed: int, step: int, round_: int, rank: int) -> int:

@@ -121,7 +121,8 @@ class ModelConfig:
         "keep the frozen reference's weights (algo.beta > 0 without LoRA) in pinned host "
         "memory and copy them to the GPU for the reference pass only, so that the sampler and "
         "the update do not hold them (one host-to-device copy of the weights a step); null: "
-        "on CUDA while every local process's copy fits in half the host's memory",
+        "on CUDA while every local process's copy fits in half the host's memory (a container's "
+        "cgroup limit where lower)",
     )
     lora: LoraConfig = field(default_factory=LoraConfig)
 
