@@ -498,19 +498,38 @@ def test_stand_in_microbatches_change_no_result(monkeypatch) -> None:
 
 
 def test_an_updates_gradients_are_made_before_it_and_freed_after_it_on_cuda(monkeypatch):
-    """`update_gradients`: zeros where a parameter has no gradient, before the update's
-    first activation; existing ones are the same tensors; after the update (also after an
-    error) they are kept zeroed where `keeps_gradients` (the CPU), else freed (CUDA)."""
+    """`make_gradients`: zeros where a parameter has no gradient (an existing one stays the
+    same tensor); `releasing_gradients`: after the update, also after an error, they are kept
+    where `keeps_gradients` (the CPU), else freed (CUDA). The update's optimizer step makes
+    them before its backward."""
     assert keeps_gradients(torch.device("cpu")) and not keeps_gradients(torch.device("cuda", 1))
     model = make_model("qwen2")
     params = list(model.parameters())
     kept = params[0].grad = torch.zeros_like(params[0])
-    with train_step.update_gradients(params):
+    with train_step.releasing_gradients(params):
+        train_step.make_gradients(params)
         assert params[0].grad is kept
         assert all(p.grad is not None and not p.grad.any() for p in params)
         assert all(p.grad.shape == p.shape and p.grad.dtype == p.dtype for p in params)
     assert all(p.grad is not None for p in params) and params[0].grad is kept
     monkeypatch.setattr(train_step, "keeps_gradients", lambda device: False)
-    with pytest.raises(RuntimeError), train_step.update_gradients(params):
+    with pytest.raises(RuntimeError), train_step.releasing_gradients(params):
         raise RuntimeError("out of memory in the update")
     assert all(p.grad is None for p in params)
+    made = []
+    real = train_step.accumulate_gradients
+
+    def accumulate(*args, **kwargs):
+        made.append(all(p.grad is not None and not p.grad.any() for p in params))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_step, "accumulate_gradients", accumulate)
+    model_batch = grpo_batch(0, share_prompt=False)
+    params = list(model_batch[0].parameters())
+    optimizer = torch.optim.SGD(params, lr=0.0)
+    with train_step.releasing_gradients(params):
+        train_step.optimizer_step(
+            train_step.PolicyLogprobs(model_batch[0]), optimizer, model_batch[1],
+            loss_fns("seq-mean-token-mean"), ForwardSettings(1.0, 16, 8), grad_clip=1.0,
+        )  # fmt: skip
+    assert made == [True] and all(p.grad is None for p in params)

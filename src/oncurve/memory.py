@@ -17,7 +17,7 @@ What the estimates count (bytes; b = bytes per weight element):
   two moments (trainable x b each: torch keeps them in the parameter's dtype), for PPO the
   critic's float32 trunk with its gradients and moments, and a reward model's weights
   (`extra_state_bytes`); the policy's gradients exist during the update only
-  (`train_step.update_gradients`), so the sampling and reference peaks leave them out;
+  (`train_step.releasing_gradients`), so the sampling and reference peaks leave them out;
 - activations kept for the backward, per token and decoder layer: about
   `9 hidden + 2 kv + 4 intermediate` elements of a Llama-style layer (the two RMSNorms in float32,
   q/k/v, attention out, the gated MLP's four); with checkpointing one `hidden` per layer plus two

@@ -123,7 +123,7 @@ class Critic:
         """The critic's steps on the batch `advantages` last saw, over the policy's passes and
         minibatches (`optimise_critic`)."""
         if self.policy_optimizer is not None:
-            # The policy's gradients (kept after the update off CUDA, `update_gradients`)
+            # The policy's gradients (kept after the update off CUDA, `releasing_gradients`)
             # would be dead weight at the critic's backward, which is PPO's peak.
             self.policy_optimizer.zero_grad(set_to_none=True)
         return optimise_critic(

@@ -28,7 +28,8 @@ from oncurve.train_step import (
     LossFns,
     accumulate_gradients,
     batch_logprobs,
-    update_gradients,
+    make_gradients,
+    releasing_gradients,
 )
 from oncurve.types import TrainBatch
 
@@ -63,7 +64,7 @@ def gradient_split_gap(
 ) -> float:
     """`|g_a - g_b| / |g_a|`: the gradient of `batch` in the configured microbatches (a) against
     microbatches of half as many rows (at most half the batch) and tokens (b); the gradients
-    (`params`' own, made by `update_gradients`) are zeroed after. The norms are summed parameter by parameter, so that no float32 copy of
+    (`params`' own, made where missing) are zeroed after. The norms are summed parameter by parameter, so that no float32 copy of
     the whole gradient is made: g_a stays in the parameters' own gradient tensors while b
     accumulates into new ones (memory the optimizer's states, made at its first step, take
     later)."""
@@ -72,6 +73,7 @@ def gradient_split_gap(
     halves = (max(1, rows // 2), forward.microbatch_tokens // 2)
     if rows == 1:
         halves = (2, 2 * forward.microbatch_tokens)  # one row cannot be halved: double instead
+    make_gradients(params)
     for param in params:
         param.grad.zero_()
     first: list[torch.Tensor] = []
@@ -169,7 +171,7 @@ def run_preflight(
     )
     if fns.beta > 0:
         batch.ref_logprobs = trained  # the reference equals the policy before the first update
-    with update_gradients(trainable):
+    with releasing_gradients(trainable):
         split = gradient_split_gap(policy, trainable, batch, fns, forward)
     if not split <= tolerance.gradient:  # NaN fails too
         raise TrainingError(

@@ -613,22 +613,25 @@ def microbatch_loss(
 
 
 def keeps_gradients(device: torch.device) -> bool:
-    """Whether gradients stay allocated between updates on `device` (`update_gradients`): on
-    CUDA they are freed, so that the sampler and the reference pass do not hold them (the
+    """Whether gradients stay allocated between updates on `device` (`releasing_gradients`):
+    on CUDA they are freed, so that the sampler and the reference pass do not hold them (the
     caching allocator hands the same blocks back at the next update); elsewhere they are kept
     (glibc would map and zero fresh pages for them each step)."""
     return device.type != "cuda"
 
 
-@contextlib.contextmanager
-def update_gradients(params: list[torch.nn.Parameter]) -> Iterator[None]:
-    """The parameters' gradients for the duration of an update (or the preflight's gradient
-    check): zeros made where there are none, before any activation (made by autograd amid a
-    backward's activations they fragment the heap); `optimizer_step` zeroes them after each
-    step. After it they are freed unless `keeps_gradients`."""
+def make_gradients(params: list[torch.nn.Parameter]) -> None:
+    """Zeros for every parameter without a gradient, made before a backward's first activation
+    (made by autograd amid the activations they fragment the heap)."""
     for param in params:
         if param.grad is None:
             param.grad = torch.zeros_like(param)
+
+
+@contextlib.contextmanager
+def releasing_gradients(params: list[torch.nn.Parameter]) -> Iterator[None]:
+    """An update (or the preflight's gradient check): when it ends, also by an error, the
+    parameters' gradients are freed unless `keeps_gradients`."""
     try:
         yield
     finally:
@@ -654,10 +657,11 @@ def optimizer_step(
     seqs, tokens = distributed.all_sum(
         [float(minibatch.num_rows), float(minibatch.completion_mask.sum())]
     )
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    make_gradients(params)  # where `releasing_gradients` freed them after the last update
     stats = accumulate_gradients(
         policy, minibatch, fns, forward, num_seqs=seqs / world_size, num_tokens=tokens / world_size
     )
-    params = [p for group in optimizer.param_groups for p in group["params"]]
     max_norm = grad_clip if grad_clip > 0 else float("inf")
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
     # Every rank must take the same decision, or their weights drift apart.
@@ -666,7 +670,7 @@ def optimizer_step(
     if not skip:
         optimizer.step()
     # zeroed, not freed: the next optimizer step of the update adds into them
-    # (`update_gradients` frees them when the update ends)
+    # (`releasing_gradients` frees them when the update ends)
     optimizer.zero_grad(set_to_none=False)
     return {**stats, "grad_norm": grad_norm, "updates/skipped": float(skip)}
 

@@ -45,7 +45,7 @@ from oncurve.rewards.registry import ANSWER_MATCH_REWARDS
 from oncurve.rewards.runner import runner_settings
 from oncurve.rollout.cuda_graph import GraphSampler
 from oncurve.signal_checks import DeadStepWatch, check_gold_answers
-from oncurve.train_step import LossFns, masked_mean, optimizer_step, update_gradients
+from oncurve.train_step import LossFns, masked_mean, optimizer_step, releasing_gradients
 from oncurve.types import RolloutBatch, TrainBatch
 
 __all__ = ["Session", "TrainResult", "setup", "train", "training_step"]
@@ -169,7 +169,7 @@ def optimise(
     cfg = s.config
     results: list[dict[str, float]] = []
     params = [p for group in s.optimizer.param_groups for p in group["params"]]
-    with update_gradients(params):
+    with releasing_gradients(params):
         for _ in range(cfg.algo.mu):
             for rows in minibatches:
                 stats = _forward_recovering(
