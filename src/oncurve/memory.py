@@ -127,11 +127,12 @@ class MemoryPlan:
         gradient_checkpointing: recompute activations in the backward.
         logprob_chunk_size: positions whose logits are formed at once.
         state_bytes: model state, present all run long.
-        train_peak_bytes: state + the largest microbatch's activations and logits.
-        sample_peak_bytes: state + the sampler's KV cache and logits (an evaluation's beside
-            a held one).
-        reference_peak_bytes: state + the reference pass's activations and logits (0: no
-            reference is held).
+        train_peak_bytes: state (but an offloaded reference) + the largest microbatch's
+            activations and logits.
+        sample_peak_bytes: state but the gradients (and an offloaded reference) + the
+            sampler's KV cache and logits (an evaluation's beside a held one).
+        reference_peak_bytes: state but the gradients + the reference pass's activations and
+            logits (0: no reference is held).
         offload_reference: the reference's weights stay in host memory but for its pass.
         budget_bytes: what the plan had to fit in.
     """
@@ -157,19 +158,18 @@ class MemoryPlan:
 
     def describe(self) -> str:
         """One line for the run's log."""
+        reference = ""
+        if self.reference_peak_bytes:
+            reference = f", reference pass {self.reference_peak_bytes / GIB:.1f}"
+            if self.offload_reference:
+                reference += " with its weights offloaded between passes"
         return (
             f"memory plan: {self.microbatch_rows} rows / {self.microbatch_tokens:,} tokens per "
             f"microbatch, gradient checkpointing {'on' if self.gradient_checkpointing else 'off'}, "
             f"logits in chunks of {self.logprob_chunk_size}; predicted peak "
             f"{self.peak_bytes / GIB:.1f} GiB (state {self.state_bytes / GIB:.1f}, training "
             f"{self.train_peak_bytes / GIB:.1f}, sampling {self.sample_peak_bytes / GIB:.1f}"
-            + (
-                f", reference pass {self.reference_peak_bytes / GIB:.1f}"
-                f"{' with its weights offloaded between passes' if self.offload_reference else ''}"
-                if self.reference_peak_bytes
-                else ""
-            )
-            + f") of a {self.budget_bytes / GIB:.1f} GiB budget"
+            f"{reference}) of a {self.budget_bytes / GIB:.1f} GiB budget"
         )
 
 

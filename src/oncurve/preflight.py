@@ -64,10 +64,10 @@ def gradient_split_gap(
 ) -> float:
     """`|g_a - g_b| / |g_a|`: the gradient of `batch` in the configured microbatches (a) against
     microbatches of half as many rows (at most half the batch) and tokens (b); the gradients
-    (`params`' own, made where missing) are zeroed after. The norms are summed parameter by parameter, so that no float32 copy of
-    the whole gradient is made: g_a stays in the parameters' own gradient tensors while b
-    accumulates into new ones (memory the optimizer's states, made at its first step, take
-    later)."""
+    (`params`' own, made where missing) are zeroed after. The norms are summed parameter by
+    parameter, so that no float32 copy of the whole gradient is made: g_a stays in the
+    parameters' own gradient tensors while b accumulates into new ones (memory the optimizer's
+    states, made at its first step, take later)."""
     configured = (forward.microbatch_rows, forward.microbatch_tokens)
     rows = min(forward.microbatch_rows, batch.num_rows)
     halves = (max(1, rows // 2), forward.microbatch_tokens // 2)

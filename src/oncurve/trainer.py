@@ -168,8 +168,7 @@ def optimise(
     """
     cfg = s.config
     results: list[dict[str, float]] = []
-    params = [p for group in s.optimizer.param_groups for p in group["params"]]
-    with releasing_gradients(params):
+    with releasing_gradients(s.policy.trainable()):
         for _ in range(cfg.algo.mu):
             for rows in minibatches:
                 stats = _forward_recovering(
