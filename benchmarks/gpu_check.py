@@ -32,10 +32,10 @@ printed after the table; the stages after it still run.
   PPO's peak GPU memory on the Qwen2.5-0.5B shape, and each one's memory plan against it.
 - `profile` (not by default): `gpu_vs_trl.py --profile`: oncurve's step at 256 tokens with the
   memory plan's settings, with them and the decoder layers compiled (`model.compile_layers`),
-  the rows padded (`model.pack_rows=false`, each group's prompt run once through its KV
-  cache), 16,384 tokens a microbatch, every row whole, and nondeterministic kernels,
-  the phases of each, how long each last step's kernels ran, and the ops with the most GPU
-  and CPU time in each last step (in the log).
+  nondeterministic kernels, the reference kept on the GPU, the rows padded
+  (`model.pack_rows=false`, each group's prompt run once through its KV cache), 16,384 tokens
+  a microbatch and every row whole: the phases of each, how long each last step's kernels
+  ran, and the ops with the most GPU and CPU time in each last step (in the log).
 
 The table, a section per GPU with the date and the torch, CUDA and transformers versions, is
 printed and written to `benchmarks/results/gpu_check.md`. Exit status: 0 when every stage run

@@ -604,23 +604,25 @@ def profile_variants() -> dict[str, list[str]]:
     """The settings `--profile` runs the job with, by name, the likeliest to explain the
     update's time first (the stage's limit may stop the last): the memory plan's own choices
     (rows packed, each group's prompt once, where torch has variable-length attention, and the
-    reference's weights offloaded to host memory between its passes); with the reference kept
-    on the GPU (`model.offload_reference=false`: what the offload's copy costs); with the decoder layers compiled (`model.compile_layers`: fewer kernels, and 0.57x the host's
-    time per update on the CPU, `update_host_time.py`, if the host's time is what the GPU
-    waits for); with the rows padded and each group's prompt run once through its KV cache
-    (`model.pack_rows=false`, the default before packing: about twice TRL's kernel launches in
-    the update and the reference pass, `update_ops.py`); with four times the token budget (a
-    quarter of the microbatches, so of the launches, for more activation memory); packed with
-    every row whole (fewer launches than each prompt once, more arithmetic); and without
-    deterministic kernels (what bit-exact resume costs: TRL does not ask for them)."""
+    reference's weights offloaded to host memory between its passes); with the decoder layers
+    compiled (`model.compile_layers`: fewer kernels, and 0.57x the host's time per update on
+    the CPU, `update_host_time.py`, if the host's time is what the GPU waits for); without
+    deterministic kernels (what bit-exact resume costs, the logprob backward's sorted
+    `index_put_` among it: TRL does not ask for them); with the reference kept on the GPU
+    (`model.offload_reference=false`: what the offload's copy costs); with the rows padded and
+    each group's prompt run once through its KV cache (`model.pack_rows=false`, the default
+    before packing: about twice TRL's kernel launches in the update and the reference pass,
+    `update_ops.py`); with four times the token budget (a quarter of the microbatches, so of
+    the launches, for more activation memory); and packed with every row whole (fewer
+    launches than each prompt once, more arithmetic)."""
     return {
         "memory plan": [],
-        "memory plan, reference kept on the GPU": ["model.offload_reference=false"],
         "memory plan, compiled layers": ["model.compile_layers=true"],
+        "memory plan, nondeterministic kernels": ["run.deterministic=false"],
+        "memory plan, reference kept on the GPU": ["model.offload_reference=false"],
         "memory plan, rows padded, prompts shared": ["model.pack_rows=false"],
         "memory plan, 16,384 tokens a microbatch": ["optim.microbatch_tokens=16384"],
         "memory plan, every row whole": ["model.share_prompt_forward=false"],
-        "memory plan, nondeterministic kernels": ["run.deterministic=false"],
     }
 
 
