@@ -449,3 +449,19 @@ def test_the_hosts_memory_is_a_containers_cgroup_limit_where_that_is_lower(tmp_p
     assert process.host_memory_bytes() == physical
     v2.write_text(f"{physical + 4096}\n")
     assert process.host_memory_bytes() == physical
+
+
+def test_the_reference_pass_never_peaks_above_the_update():
+    """Whether its weights stay or are offloaded, the reference pass holds no gradients and
+    at most a training microbatch's activation memory, so the update's peak bounds it: for
+    the 0.5B shape and a float32 one, across lengths and budgets that halve the rows."""
+    for shape in (QWEN_05B, dataclasses.replace(QWEN_05B, weight_bytes=4, layers=4)):
+        for seq_len in (64, 331, 1092, 8192):
+            for budget in (6 * GIB, 80 * GIB):
+                for offload in (False, True):
+                    plan = plan_memory(
+                        shape, seq_len=seq_len, rows_per_step=64, sample_rows=64,
+                        budget_bytes=budget, reference=True, offload_reference=offload,
+                    )  # fmt: skip
+                    assert 0 < plan.reference_peak_bytes <= plan.train_peak_bytes
+                    assert plan.peak_bytes == max(plan.train_peak_bytes, plan.sample_peak_bytes)
