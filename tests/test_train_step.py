@@ -447,6 +447,30 @@ def test_offloaded_weights_are_on_the_device_only_inside_weights_on() -> None:
     assert all(len(ptrs) == len(params) for ptrs in copied)
 
 
+def test_weights_that_cannot_be_pinned_stay_in_pageable_memory_with_one_warning(
+    monkeypatch, capsys
+) -> None:
+    """Where CUDA is available but pinning fails (a container's locked-memory limit), the
+    offloaded weights are still moved to the host, and one warning says they were not
+    pinned; no pinning is tried after the first failure."""
+    tries = []
+
+    def pin_fails(self: torch.Tensor) -> torch.Tensor:
+        tries.append(self.shape)
+        raise RuntimeError("CUDA error: out of memory\nmore")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_fails)
+    model = frozen_copy(tiny_qwen2(40))
+    offload_weights(model)
+    assert len(tries) == 1 and all(p.device.type == "cpu" for p in model.parameters())
+    said = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert said == [
+        "warning: pinning the reference's weights in host memory failed (RuntimeError: CUDA "
+        "error: out of memory); they are copied to the GPU from pageable memory"
+    ]
+
+
 def test_an_offloaded_reference_gives_the_kept_ones_logprobs(monkeypatch) -> None:
     """`Policy(offload_reference=True)`: the reference pass brings the reference's weights
     onto the policy's device for that pass (`weights_on`, once per pass) and its logprobs

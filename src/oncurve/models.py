@@ -31,7 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from oncurve.config import LoraConfig
 from oncurve.data import HUB_ID
-from oncurve.errors import UserError
+from oncurve.errors import UserError, error_line
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # glibc serves blocks over its mmap threshold (32 MB at most) by a fresh mapping whose every
@@ -397,10 +397,23 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 def offload_weights(module: torch.nn.Module) -> None:
     """Move a frozen module's parameters to host memory, pinned when CUDA is available (so
-    that `weights_on` copies them back without waiting); buffers stay where they are."""
+    that `weights_on` copies them back without waiting); buffers stay where they are. Where
+    pinning fails (a container's locked-memory limit), one warning, and the rest stay in
+    pageable memory, copied more slowly."""
+    pin = torch.cuda.is_available()
     for param in module.parameters():
         host = param.data.to("cpu")
-        param.data = host.pin_memory() if torch.cuda.is_available() else host
+        if pin:
+            try:
+                host = host.pin_memory()
+            except RuntimeError as error:
+                pin = False
+                print(
+                    f"warning: pinning the reference's weights in host memory failed "
+                    f"({error_line(error)}); they are copied to the GPU from pageable memory",
+                    file=sys.stderr,
+                )
+        param.data = host
 
 
 @contextlib.contextmanager
