@@ -219,12 +219,14 @@ def test_sigint_in_process_stops_after_the_current_step_with_a_checkpoint(
         return metrics
 
     monkeypatch.setattr(trainer, "training_step", step_then_interrupt)
+    # the handler the process started with: a job started in the background has SIGINT ignored
+    handler_before = signal.getsignal(signal.SIGINT)
     result = train(make_config(tiny_model_dir, data_file, run_dir, "run.steps=5"), quiet=True)
     assert result.steps == 2
     assert checkpoint.latest_checkpoint(run_dir) == run_dir / "checkpoints" / "step-000002"
     assert not (run_dir / "final").exists()
     assert "stopped at step 2 on request" in capsys.readouterr().err
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is handler_before
 
 
 def test_non_finite_updates_are_skipped_counted_and_stop_the_run_after_k_in_a_row(
