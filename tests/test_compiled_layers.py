@@ -234,3 +234,34 @@ def test_a_run_with_compile_layers_trains_policy_and_reference_compiled(
     metrics = training_step(s, 1)
     assert compiler.calls > 0 and compiled_module._State.failure is None
     assert metrics["kl"] >= 0 and torch.isfinite(torch.tensor(metrics["loss/policy"]))
+
+
+def test_a_padded_run_compiles_the_layers_once_per_grad_mode_step_after_step(
+    compiler, tiny_model_dir, data_file, tmp_path
+):
+    """Rows padded, the layers compiled: two compilations (with and without gradients) for all
+    layers and steps, the offloaded reference's swapped weights adding none. A group's prompt
+    is not shared through transformers' KV cache here: indexed by the layer's number, it would
+    make Dynamo compile each layer apart, past its recompile limit."""
+    from test_trainer import make_config
+
+    from oncurve.trainer import setup, training_step
+
+    config = make_config(
+        tiny_model_dir,
+        data_file,
+        tmp_path / "run",
+        "model.compile_layers=true",
+        "model.pack_rows=false",
+        "model.offload_reference=true",
+        "algo.beta=0.04",
+    )
+    s = setup(config)
+    assert s.config.model.share_prompt_forward and s.policy.reference_offloaded
+    assert s.policy.model.config.num_hidden_layers >= 2
+    calls = []
+    for step in (1, 2, 3):
+        training_step(s, step)
+        calls.append(compiler.calls)
+    assert compiler.compiled == 2 and compiled_module._State.failure is None
+    assert calls[0] > 0 and calls[2] - calls[1] == calls[1] - calls[0] > 0

@@ -501,11 +501,15 @@ def _evaluation(s: Session) -> dict[str, float]:
 def _shares_prompt_forward(cfg: Config) -> bool:
     """Whether the update runs each group's prompt once: with rows packed, always (one forward,
     the prompt a segment of it); padded, not under gradient checkpointing (HF drops the KV
-    cache there) or FSDP2 (its hooks expect one forward of each module per backward)."""
+    cache there), FSDP2 (its hooks expect one forward of each module per backward) or compiled
+    layers (transformers' KV cache is indexed by the layer's number, so Dynamo would compile
+    each layer apart and run the rest eagerly past its recompile limit)."""
     m = cfg.model
     if not m.share_prompt_forward:
         return False
-    return bool(m.pack_rows) or (not m.gradient_checkpointing and not cfg.dist.fsdp)
+    if m.pack_rows:
+        return True
+    return not (m.gradient_checkpointing or cfg.dist.fsdp or m.compile_layers)
 
 
 def _prompt_index(cfg: Config, rollout: RolloutBatch) -> torch.Tensor | None:

@@ -108,7 +108,7 @@ class ModelConfig:
         True,
         "in the update and the reference pass, run each group's prompt once for the group's "
         "completions: with packed rows, in the same forward; padded, by sharing its KV cache "
-        "(not under gradient checkpointing or FSDP)",
+        "(not under gradient checkpointing, FSDP or compiled layers)",
     )
     logprob_chunk_size: int | None = _opt(
         None,
