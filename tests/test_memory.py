@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -161,14 +162,26 @@ def test_model_shape_of_a_hugging_face_model():
     assert ModelShape.of(model).trainable == shape.params - frozen
 
 
-def test_dtype_auto_is_float32_on_cpu_and_bfloat16_on_a_gpu_that_has_it(monkeypatch):
+@pytest.mark.parametrize(
+    "major,auto", [(9, "bfloat16"), (8, "bfloat16"), (7, "float32")], ids=["H100", "A100", "T4"]
+)
+def test_dtype_auto_is_bfloat16_on_a_gpu_that_computes_in_it_else_float32(monkeypatch, major, auto):
+    """Through torch's own check, with a GPU's compute capability faked: before Ampere (major 8)
+    torch can make bfloat16 tensors (emulation, which it counts as support), but `auto` keeps
+    float32."""
     assert resolve_dtype("auto", torch.device("cpu")) == "float32"
     assert resolve_dtype("bfloat16", torch.device("cpu")) == "bfloat16"
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
-    assert resolve_dtype("auto", torch.device("cuda")) == "bfloat16"
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda device: SimpleNamespace(major=major)
+    )
+    monkeypatch.setattr(torch.cuda, "_check_bf16_tensor_supported", lambda device: True)
+    assert torch.cuda.is_bf16_supported()  # emulated or not
+    assert resolve_dtype("auto", torch.device("cuda")) == auto
     assert resolve_dtype("float32", torch.device("cuda")) == "float32"
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
-    assert resolve_dtype("auto", torch.device("cuda")) == "float32"
+    assert resolve_dtype("bfloat16", torch.device("cuda")) == "bfloat16"
 
 
 def test_settle_memory_on_cpu_keeps_the_cpu_defaults():

@@ -396,7 +396,8 @@ def _parser() -> argparse.ArgumentParser:
             "--dtype",
             default="auto",
             choices=("auto", "float32", "bfloat16"),
-            help="auto: bfloat16 on a GPU that supports it, else float32 (as model.dtype)",
+            help="auto: bfloat16 on a GPU that computes in it (Ampere or later), else float32 "
+            "(as model.dtype)",
         )
         p.add_argument(
             "--backend",

@@ -75,7 +75,8 @@ def resolve_dtype(name: str, device: torch.device) -> str:
     """`model.dtype`: `auto` is bfloat16 on a CUDA device that computes in it, else float32."""
     if name != "auto":
         return name
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+    # a GPU before Ampere (T4, V100) only emulates bfloat16, which torch counts as support
+    if device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False):
         return "bfloat16"
     return "float32"
 

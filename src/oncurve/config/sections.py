@@ -81,7 +81,8 @@ class ModelConfig:
     )
     dtype: str = _opt(
         "auto",
-        "weights and compute dtype; auto: bfloat16 on a GPU that supports it, else float32",
+        "weights and compute dtype; auto: bfloat16 on a GPU that computes in it (Ampere or later), "
+        "else float32",
         choices=("auto", "float32", "bfloat16"),
     )
     trust_remote_code: bool = _opt(False, "allow custom modelling code shipped with the model")
