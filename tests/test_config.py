@@ -55,6 +55,10 @@ from oncurve.estimators import ADVANTAGE_SOURCES
             "algo.ref_sync_every > 0 with model.lora.r > 0 never syncs",
         ),
         (
+            ["algo.preset=dr_grpo", "algo.ref_sync_every=1"],
+            "algo.ref_sync_every > 0 syncs nothing with algo.beta=0 (no reference is held)",
+        ),
+        (
             ["reward.overlong_buffer=65"],
             "reward.overlong_buffer must be at most rollout.max_new_tokens (64), got 65",
         ),

@@ -369,7 +369,7 @@ class AlgoConfig:
     ref_sync_every: int = _opt(
         0,
         "copy the policy into the reference every N steps; 0 never (must be 0 with LoRA, whose "
-        "reference is the adapter switched off)",
+        "reference is the adapter switched off, and with algo.beta=0, which holds none)",
         NON_NEGATIVE,
     )
     dynamic_sampling: bool = _opt(False, "DAPO: drop all-equal groups and sample more")

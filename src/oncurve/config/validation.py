@@ -53,6 +53,11 @@ def _check_algo(config: Config) -> None:
             "algo.ref_sync_every > 0 with model.lora.r > 0 never syncs: the reference is the "
             "base model (the adapter switched off), which does not change; set it to 0"
         )
+    if algo.ref_sync_every and algo.beta == 0:
+        raise UserError(
+            "algo.ref_sync_every > 0 syncs nothing with algo.beta=0 (no reference is held); "
+            "set it to 0"
+        )
     if algo.beta_warmup_steps and algo.beta == 0:
         raise UserError("algo.beta_warmup_steps > 0 ramps nothing with algo.beta=0; set it to 0")
     if algo.beta_warmup_steps and algo.kl_in_reward:
