@@ -55,6 +55,14 @@ from oncurve.estimators import ADVANTAGE_SOURCES
             "algo.ref_sync_every > 0 with model.lora.r > 0 never syncs",
         ),
         (
+            ["algo.preset=dr_grpo", "model.offload_reference=true"],
+            "model.offload_reference=true offloads nothing: no frozen reference is held",
+        ),
+        (
+            ["model.lora.r=4", "model.offload_reference=true"],
+            "model.offload_reference=true offloads nothing: no frozen reference is held",
+        ),
+        (
             ["algo.preset=dr_grpo", "algo.ref_sync_every=1"],
             "algo.ref_sync_every > 0 syncs nothing with algo.beta=0 (no reference is held)",
         ),
