@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from oncurve import distributed, packing
 from oncurve.algo import group_advantages
 from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from oncurve.errors import UserError
 from oncurve.train_step import (
     ForwardSettings,
     LossFns,
@@ -270,6 +272,31 @@ def test_batch_scaled_advantages_on_two_ranks_equal_one_rank(tmp_path):
 def test_shard_refuses_groups_that_do_not_divide(tmp_path: Path):
     with pytest.raises(ValueError, match="must be divisible by the number of ranks"):
         distributed.shard(5, 0, 2)
+
+
+def test_on_torch_2_4_checkpoints_keep_their_tensors_and_fsdp_is_a_one_line_error(monkeypatch):
+    """torch 2.4 (the declared floor) has an empty `torch.distributed.tensor` and FSDP2 only
+    under a private name: every checkpoint's optimizer state passes through `whole_state` and
+    a resume through `shard_optimizer_state`, which must not need DTensor, and
+    `dist.fsdp=true` says what it needs instead of an ImportError."""
+    for name in ("torch.distributed.tensor", "torch.distributed.fsdp"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    param = torch.nn.Parameter(torch.randn(3, 2))
+    optimizer = torch.optim.AdamW([param])
+    param.grad = torch.ones_like(param)
+    optimizer.step()
+    state = optimizer.state_dict()
+    whole = distributed.whole_state(state)
+    assert whole["state"][0]["exp_avg"] is state["state"][0]["exp_avg"]
+    assert whole["param_groups"] == state["param_groups"]
+    exp_avg = optimizer.state[param]["exp_avg"]
+    distributed.shard_optimizer_state(optimizer)
+    assert optimizer.state[param]["exp_avg"] is exp_avg
+    monkeypatch.setattr(distributed, "world", lambda: (0, 2))
+    with pytest.raises(
+        UserError, match=r"^dist.fsdp=true needs torch 2.6 or later .*this is torch"
+    ):
+        distributed.wrap(torch.nn.Linear(2, 2), "cpu", fsdp=True)
 
 
 def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:

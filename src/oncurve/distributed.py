@@ -146,8 +146,14 @@ def wrap(module: torch.nn.Module, device: str, fsdp: bool = False) -> torch.nn.M
         return module
     if fsdp:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
 
+        try:
+            from torch.distributed.fsdp import fully_shard
+        except ImportError:  # torch before 2.6 keeps FSDP2 private
+            raise UserError(
+                f"dist.fsdp=true needs torch 2.6 or later (FSDP2's fully_shard); this is torch "
+                f"{torch.__version__}"
+            ) from None
         # fully_shard's default mesh takes the machine's accelerator, even for CPU weights
         # under gloo; the mesh must be where the weights are.
         mesh = init_device_mesh("cuda" if device == "cuda" else "cpu", (world()[1],))
@@ -224,17 +230,23 @@ def shard_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
                     state[key] = _shard_like(value, param)
 
 
-def _whole(tensor: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
+def _is_dtensor(tensor: torch.Tensor) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch 2.4 keeps DTensor private, and has no FSDP2 here to make one
+        return False
+    return isinstance(tensor, DTensor)
 
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if _is_dtensor(tensor) else tensor
 
 
 def _shard_like(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    if not isinstance(like, DTensor) or isinstance(whole, DTensor):
+    if not _is_dtensor(like) or _is_dtensor(whole):
         return whole
+    from torch.distributed.tensor import distribute_tensor
+
     return distribute_tensor(whole.to(like.device), like.device_mesh, like.placements)
 
 
