@@ -199,6 +199,24 @@ def test_gguf_without_the_gguf_package_is_one_line_naming_the_extra(gguf_file, m
     assert not (gguf_file.parent / "never").exists()
 
 
+@pytest.mark.parametrize("release,refused", [("5.17.0", True), ("5.18.0", False)])
+def test_gguf_with_a_transformers_that_misreads_its_special_tokens_is_one_line(
+    gguf_file, monkeypatch, release, refused
+):
+    """transformers before 5.18 loads the GGUF tokenizer with its BOS as the EOS too, so a run
+    would never see a completion end: refused with what to install."""
+    # the module oncurve imported: a test elsewhere may have put another in sys.modules since
+    monkeypatch.setattr(models.transformers, "__version__", release)
+    if not refused:
+        assert resolve_model_path(str(gguf_file)) == gguf_file
+        return
+    with pytest.raises(UserError) as err:
+        resolve_model_path(str(gguf_file))
+    message = str(err.value)
+    assert "\n" not in message and str(gguf_file) in message
+    assert "needs transformers 5.18 or later" in message and "(this is 5.17.0)" in message
+
+
 def test_a_missing_gguf_file_is_an_error_not_a_hub_lookup(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", _no_download)
     with pytest.raises(UserError, match="no such GGUF file"):

@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
+from packaging import version
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from oncurve.config import LoraConfig
@@ -34,6 +36,8 @@ from oncurve.data import HUB_ID
 from oncurve.errors import UserError, error_line
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# the oldest transformers whose GGUF tokenizers come out right (the `gguf` extra asks for it)
+GGUF_TRANSFORMERS = "5.18"
 # glibc serves blocks over its mmap threshold (32 MB at most) by a fresh mapping whose every
 # 4 KB page the kernel zeroes on first touch, and gives freed heap above twice that threshold
 # back; at 16 MB per activation a microbatch's tensors stay in a heap that is reused.
@@ -138,6 +142,12 @@ def require_gguf(subject: str) -> None:
         import gguf  # noqa: F401
     except ImportError:
         raise UserError(f"{subject} needs the gguf package: pip install 'oncurve[gguf]'") from None
+    # before 5.18 transformers reads a GGUF file's end-of-sequence token wrongly (its BOS)
+    if version.parse(transformers.__version__) < version.parse(GGUF_TRANSFORMERS):
+        raise UserError(
+            f"{subject} needs transformers {GGUF_TRANSFORMERS} or later, which reads its special "
+            f"tokens right (this is {transformers.__version__}): pip install 'oncurve[gguf]'"
+        )
 
 
 def _hub_snapshot(repo_id: str, revision: str | None, what: str, revision_name: str) -> Path:
