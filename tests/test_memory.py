@@ -172,6 +172,7 @@ def test_dtype_auto_is_bfloat16_on_a_gpu_that_computes_in_it_else_float32(monkey
     assert resolve_dtype("auto", torch.device("cpu")) == "float32"
     assert resolve_dtype("bfloat16", torch.device("cpu")) == "bfloat16"
     monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.version, "cuda", "12.8")  # some torch releases check it too
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(
