@@ -14,6 +14,7 @@ from test_train_step import accumulate_grpo, grpo_batch
 
 import oncurve.compiled_layers as compiled_module
 from oncurve import packing
+from oncurve.errors import UserError
 from oncurve.models import enable_gradient_checkpointing
 from oncurve.packing import RowLengths
 from oncurve.train_step import ForwardSettings
@@ -169,6 +170,21 @@ def test_the_cuda_packed_path_compiles_once_per_layout_for_every_length(monkeypa
     for graph in graphs:
         assert any("varlen" in str(node.target) for node in graph.graph.nodes), graph.code
     assert not [w for w in said if "dynamo" in str(w.message).lower()], said[0].message
+
+
+@pytest.mark.parametrize("release,refused", [("2.4.1", True), ("2.5.0", False)])
+def test_compiled_layers_before_torch_2_5_are_a_one_line_error(
+    compiler, monkeypatch, release, refused
+):
+    """torch 2.4's Dynamo does not inline `nn.Module`s, so each layer would compile apart."""
+    model = make_model("qwen2")
+    monkeypatch.setattr(torch, "__version__", torch.torch_version.TorchVersion(release))
+    if not refused:
+        assert compiled_module.compile_decoder_layers(model) == model.config.num_hidden_layers
+        return
+    with pytest.raises(UserError, match=r"^model.compile_layers needs torch 2.5 or later.*2\.4\.1"):
+        compiled_module.compile_decoder_layers(model)
+    assert not any(type(m).__name__.startswith("Compiled") for m in model.modules())
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 import torch
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from oncurve.errors import error_line
+from oncurve.errors import UserError, error_line
 
 # the backend `torch.compile` uses; tests put a faster one in
 BACKEND = "inductor"
@@ -50,7 +50,14 @@ def compile_decoder_layers(model: torch.nn.Module) -> int:
     """Give every decoder layer of `model` (transformers' `GradientCheckpointingLayer`s) its
     compiled subclass; returns how many layers. Call it before any copy of the model that
     should run compiled too (the reference) and before a data-parallel wrapper (FSDP2 makes
-    subclasses of the layers' classes)."""
+    subclasses of the layers' classes). Needs torch 2.5 or later: before it Dynamo compiled an
+    `nn.Module`'s code once per instance (modules not inlined), each layer apart, past its
+    recompile limit for any real model."""
+    if torch.__version__ < (2, 5):  # `TorchVersion` compares with a tuple
+        raise UserError(
+            f"model.compile_layers needs torch 2.5 or later, whose compiler shares one "
+            f"compilation among the layers; torch {torch.__version__} compiles each apart"
+        )
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
     for layer in layers:
         base = type(layer)

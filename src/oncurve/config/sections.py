@@ -94,8 +94,8 @@ class ModelConfig:
     compile_layers: bool = _opt(
         False,
         "compile each decoder layer for the update and the reference and old-policy forwards "
-        "(torch.compile, inductor, one compilation for all layers; a failure falls back to "
-        "the eager layers with one warning)",
+        "(torch.compile, inductor, one compilation for all layers, torch 2.5 or later; a "
+        "failure falls back to the eager layers with one warning)",
     )
     pack_rows: bool | None = _opt(
         None,
