@@ -545,7 +545,7 @@ def settle_memory(
         if keep_cache is None:
             keep_cache = keeps_sampler_cache(shape, rows_per_step, seq_len)
         holds = sampler_backend(config, model) in CACHE_HOLDING_BACKENDS and keep_cache
-        reference = config.algo.beta > 0 and not config.model.lora.r
+        reference = config.frozen_reference
         offload = chosen["offload_reference"]
         if offload is None:
             # pinned copies: one per process on this host (torchrun's count, else all of them)

@@ -533,5 +533,11 @@ class Config:
     dist: DistConfig = field(default_factory=DistConfig)
 
     @property
+    def frozen_reference(self) -> bool:
+        """Whether a frozen copy of the policy is held as pi_ref: with a KL term, but not under
+        LoRA, whose reference is the base model with the adapter switched off."""
+        return self.algo.beta > 0 and not self.model.lora.r
+
+    @property
     def epsilon_high(self) -> float:
         return self.algo.epsilon if self.algo.epsilon_high is None else self.algo.epsilon_high

@@ -58,7 +58,7 @@ def _check_algo(config: Config) -> None:
             "algo.ref_sync_every > 0 syncs nothing with algo.beta=0 (no reference is held); "
             "set it to 0"
         )
-    if config.model.offload_reference and (algo.beta == 0 or config.model.lora.r):
+    if config.model.offload_reference and not config.frozen_reference:
         raise UserError(
             "model.offload_reference=true offloads nothing: no frozen reference is held with "
             "algo.beta=0 or model.lora.r > 0; set it to null"
