@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ from oncurve.envs import PythonToolEnv
 from oncurve.errors import UserError
 from oncurve.inputs import build_rewards, correctness_fn
 from oncurve.rewards.code import (
+    MAX_PROGRAM_CHARS,
     Case,
     CodeTestsReward,
     code_tests_reward,
@@ -139,7 +141,7 @@ def test_no_program_no_tests_and_broken_programs(reward, monkeypatch):
     tests = [one, [], one, one, one]
     assert reward(["p"] * 5, completions, tests=tests) == [0.0, None, 0.0, 1.0, 1.0]
     # one run, under the harness: nothing else needed running
-    assert len(ran) == 1 and ran[0].endswith(f"\nrun({ADD_ONE!r})\n")
+    assert len(ran) == 1 and ran[0].endswith(f"\nrun({ADD_ONE!r}, '')\n")
     with pytest.raises(UserError, match="reward 'code_tests' needs a 'tests' column"):
         reward(["p"], [fenced(ADD_ONE)], answer=["2"])
 
@@ -223,12 +225,52 @@ def test_tests_see_the_programs_data_and_objects_by_value(reward):
     tests = [
         "c = Counter(3)\nassert c.up() == 4 and c.up() == 5 and c.n == 5",
         "assert total([Counter(1), Counter(5)]) == 6",  # its objects passed back to it
+        "c = Counter(0)\nc.n = 9\nassert c.up() == 10",  # an attribute set by the tests
         "assert list(squares(4)) == [0, 1, 4, 9] and LIMIT == 7",
-        "FACTOR = 3\nassert scaled(2) == 6",  # MBPP's test_setup_code, read by the program
+        "assert scaled(2) == 6",  # FACTOR from the row's setup code, on both sides
+        "assert FACTOR == 3",
+        # the program raised: the case fails, though the tests expected it
         "try:\n    fails(1)\nexcept ValueError:\n    pass\nelse:\n    assert False",
-        "assert scaled(2) == 6",  # no FACTOR this time: NameError in the program
     ]
-    assert reward(["p"], [fenced(program)], tests=[tests]) == [pytest.approx(5 / 6)]
+    setup = ["FACTOR = 3"]
+    assert reward(["p"], [fenced(program)], tests=[tests], test_setup=setup) == [
+        pytest.approx(6 / 7)
+    ]
+    # without the setup code, a value the tests bind does not reach the program
+    tests = ["FACTOR = 3\nassert scaled(2) == 6"]
+    assert reward(["p"], [fenced(program)], tests=[tests]) == [0.0]
+
+
+def test_setup_and_entry_point_columns_are_checked(reward):
+    with pytest.raises(UserError, match=r"column 'test_setup' must be text, got int"):
+        reward(["p"], [fenced(ADD_ONE)], tests=[["assert f(1) == 2"]], test_setup=[3])
+    with pytest.raises(UserError, match=r"column 'entry_point' must be a Python name"):
+        reward(["p"], [fenced(ADD_ONE)], tests=[["assert f(1) == 2"]], entry_point=["f(1)"])
+
+
+def test_an_entry_point_may_shadow_a_builtin(reward):
+    program = "def sum(a, b):\n    return a - b\n"
+    tests = [["assert sum(5, 3) == 2", "assert len([sum(1, 1)]) == 1"]]
+    assert reward(["p"], [fenced(program)], tests=tests, entry_point=["sum"]) == [1.0]
+    # not named as the entry point, `sum` is the builtin, which takes no such arguments
+    assert reward(["p"], [fenced(program)], tests=tests) == [0.0]
+
+
+def test_an_oversized_program_scores_0_without_being_compiled(reward, monkeypatch):
+    # a comparison chain the compiler takes seconds and gigabytes over at 4 MB
+    chain = "x = " + " < ".join(["1"] * (1 << 20)) + "\n"
+    assert len(chain) > 4 << 20 > MAX_PROGRAM_CHARS
+    compiled: list[int] = []
+    real_compile = compile
+    monkeypatch.setattr(
+        "builtins.compile",
+        lambda src, *a, **k: compiled.append(len(src)) or real_compile(src, *a, **k),
+    )
+    assert not compiles(chain)
+    assert reward(["p"], [fenced(chain)], tests=[["assert x"]]) == [0.0]
+    assert compiled == []
+    small = "x = 1 < 2\n"
+    assert compiles(small) and compiled == [len(small)]
 
 
 def test_undecodable_source_is_an_error_result(reward):
@@ -340,11 +382,15 @@ def test_mbpp_rows_score_the_reference_1_and_a_wrong_program_its_fraction(tmp_pa
     rows = mbpp_rows(_write(tmp_path / "mbpp.jsonl", MBPP))
     assert [r["task_id"] for r in rows] == [2, 3]
     assert MBPP[0]["test_list"][0] in rows[0]["prompt"] and "```python" in rows[0]["prompt"]
-    assert rows[1]["tests"][0] == "import math\nFACTOR = 3\nassert scale(2) == 6"
+    assert rows[1]["tests"] == MBPP[1]["test_list"]
+    assert rows[1]["test_setup"] == "import math\nFACTOR = 3" and rows[0]["test_setup"] is None
+    assert [r["entry_point"] for r in rows] == ["similar_elements", "scale"]
+    columns = {k: [r[k] for r in rows] for k in ("tests", "test_setup", "entry_point")}
     references = [fenced(r["answer"]) for r in rows]
-    assert reward([""] * 2, references, tests=[r["tests"] for r in rows]) == [1.0, 1.0]
+    assert reward([""] * 2, references, **columns) == [1.0, 1.0]
     wrong = fenced("def scale(x):\n    return x * 2\n")  # passes `scale(0) == 0` only
-    assert reward([""], [wrong], tests=[rows[1]["tests"]]) == pytest.approx([1 / 3])
+    columns = {k: [rows[1][k]] for k in columns}
+    assert reward([""], [wrong], **columns) == pytest.approx([1 / 3])
 
     dest = tmp_path / "out.jsonl"
     assert main(["mbpp", str(tmp_path / "mbpp.jsonl"), str(dest)]) == 0
@@ -357,6 +403,7 @@ def test_mbpp_rows_score_the_reference_1_and_a_wrong_program_its_fraction(tmp_pa
 def test_humaneval_rows_run_check_on_the_entry_point(tmp_path, reward):
     (row,) = humaneval_rows(_write(tmp_path / "he.jsonl", [HUMANEVAL]))
     assert row["tests"].endswith("check(total)\n")
+    assert (row["test_setup"], row["entry_point"]) == ("from typing import List\n\n\n", "total")
     assert "def total(xs: List[int]) -> int:" in row["prompt"]
     wrong = "from typing import List\n\ndef total(xs: List[int]) -> int:\n    return len(xs)\n"
     scores = reward([""] * 2, [fenced(row["answer"]), fenced(wrong)], tests=[row["tests"]] * 2)
@@ -364,3 +411,17 @@ def test_humaneval_rows_run_check_on_the_entry_point(tmp_path, reward):
     bad = _write(tmp_path / "bad.jsonl", [{k: v for k, v in HUMANEVAL.items() if k != "test"}])
     with pytest.raises(UserError, match=r"bad.jsonl line 1: missing or non-text field 'test'"):
         humaneval_rows(bad)
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.parametrize(("kind", "convert"), [("mbpp", mbpp_rows), ("humaneval", humaneval_rows)])
+def test_real_records_reference_solutions_score_1(reward, kind, convert):
+    rows = convert(str(FIXTURES / f"{kind}.jsonl"))
+    assert len(rows) == 7 and all(r["entry_point"] for r in rows)
+    columns = {k: [r[k] for r in rows] for k in ("tests", "test_setup", "entry_point")}
+    references = [fenced(r["answer"]) for r in rows]
+    assert reward([""] * len(rows), references, **columns) == [1.0] * len(rows)
+    # the tests call the program: a program that defines only the helpers fails every row
+    assert reward([""] * len(rows), [fenced("x = 1\n")] * len(rows), **columns) == [0.0] * 7

@@ -1,27 +1,37 @@
 """The sandboxed side of an assert-style `code_tests` case: runs as main.py, standard library only.
 
-`code.py` sends this file's text with ``run(<program source>)`` appended, and on stdin a JSON
-object {"secret", "tests"}. The process forks before it reads stdin:
+`code.py` sends this file's text with ``run(<program source>, <setup source>)`` appended, and on
+stdin a JSON object {"secret", "tests", "setup", "entry_point"}. The process forks before it
+reads stdin:
 
-- the child runs the program (stdin empty, stdout merged into stderr), then serves requests
-  from the parent: call one of its objects, read an attribute, iterate, set a global the program
-  reads. Its answers travel by value (marshal, which takes exact built-in types only: an
+- the child runs the program (stdin empty, stdout merged into stderr), then the row's setup code
+  (so the program's functions read the names it defines, and it may use the program's classes),
+  then serves requests from the parent: call one of its objects, read or set an attribute,
+  iterate. Its answers travel by value (marshal, which takes exact built-in types only: an
   object that always says equal, or any subclass, comes back as an opaque reference);
-- the parent runs the tests in a process of its own, with the program's names bound to
-  references into the child: every comparison, builtin and assert runs here, on values the
-  child sent, so nothing the program patches, prints or exits with reaches the verdict. When the
-  tests finish it prints ``<secret> pass`` on the stdout that the child never held. The child
-  never sees the secret or the tests: they arrive after the fork, and this process is not
-  dumpable, so the child cannot read them through /proc.
+- the parent runs the setup code and the tests in a process of its own, where the program's
+  names are references into the child: every comparison, builtin and assert runs here, on
+  values the child sent, so nothing the program patches, prints or exits with reaches the
+  verdict. When the tests finish it prints ``<secret> pass`` on the stdout that the child never
+  held. The child never sees the secret or the tests: they arrive after the fork, and this
+  process is not dumpable, so the child cannot read them through /proc.
 
-A case passes when stdout is exactly that line. Globals that the program reads but does not
-define (MBPP's ``test_setup_code``) are copied to the child as the tests define them.
+What the tests see (``_tests_namespace``): those of the program's names that they or the setup
+code read, except that a builtin's name is always the builtin, a standard module's name always
+the real module (imported here), and a name the setup code defines always the setup's; the
+row's entry point, when given, is always the program's (MBPP's task 126 names its function
+`sum`). Nothing the tests bind reaches the child.
+An exception the program raises fails the case, whatever the tests do with it: it arrives as
+``ProgramRaised``, which no iteration takes for its end and ``except Exception`` does not catch,
+and the verdict is withheld even if a bare ``except`` swallows it.
+
+A case passes when stdout is exactly that line.
 """
 
 from __future__ import annotations
 
-import ast
 import builtins
+import importlib
 import json
 import marshal
 import os
@@ -34,6 +44,12 @@ _PLAIN = (int, float, complex, str, bytes, bool, type(None), tuple, list, dict, 
 # by an earlier call and passed back): (_REF, index).
 _REF = "\0oncurve-ref"
 _MAX_MESSAGE = 1 << 28
+_BUILTIN_NAMES = frozenset(dir(builtins))
+
+
+class ProgramRaised(BaseException):
+    """An exception of the program's, as the tests see it: a BaseException, so that neither an
+    iteration (StopIteration) nor ``except Exception`` in the tests takes it for theirs."""
 
 
 def _send(fd: int, message: object) -> None:
@@ -61,8 +77,9 @@ def _receive(fd: int) -> Any:
     return marshal.loads(_read_exactly(fd, size))
 
 
-def _serve(source: str, requests: int, replies: int) -> None:
-    """The child: run the program, then answer the parent until it hangs up."""
+def _serve(source: str, setup: str, requests: int, replies: int) -> None:
+    """The child: run the program and the setup code, then answer the parent until it hangs
+    up."""
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
@@ -72,6 +89,8 @@ def _serve(source: str, requests: int, replies: int) -> None:
     dumps, send, receive = marshal.dumps, _send, _receive
 
     def encode(value):
+        if type(value) is types.ModuleType:  # the parent imports the real one by its name
+            return ("module", value.__name__)
         try:
             dumps(value)
             return ("value", value)
@@ -81,6 +100,8 @@ def _serve(source: str, requests: int, replies: int) -> None:
 
     try:
         exec(compile(source, "main.py", "exec"), namespace)
+        if setup:
+            exec(compile(setup, "<setup>", "exec"), namespace)
         send(replies, {k: encode(v) for k, v in namespace.items() if not k.startswith("__")})
         while True:
             kind, ref, *rest = receive(requests)
@@ -95,11 +116,11 @@ def _serve(source: str, requests: int, replies: int) -> None:
                     reply = encode(getattr(target, rest[0]))
                 elif kind == "iter":
                     reply = encode(list(target))
-                elif kind == "set":
-                    target[rest[0]] = rest[1]
-                    reply = ("value", None)
-                else:  # "import"
-                    target[rest[0]] = __import__(rest[1])
+                else:  # "setattr"
+                    name, value, refs = rest
+                    if refs:
+                        value = _map_refs(value, lambda v: _deref(v, objects))
+                    setattr(target, name, value)
                     reply = ("value", None)
             except Exception as exc:
                 reply = ("raise", type(exc).__name__, str(exc)[:300])
@@ -158,7 +179,20 @@ class _Remote:
         return self._link.ask("call", self._ref, args, kwargs, refs)
 
     def __getattr__(self, name):
+        if name.startswith("__"):  # protocols the tests' code probes for (copy, pickle)
+            raise AttributeError(name)
         return self._link.ask("getattr", self._ref, name)
+
+    def __setattr__(self, name, value):
+        if name in _Remote.__slots__:
+            object.__setattr__(self, name, value)
+            return
+        try:
+            marshal.dumps(value)
+            refs = False
+        except ValueError:
+            value, refs = _map_refs(value, _mark), True
+        self._link.ask("setattr", self._ref, name, value, refs)
 
     def __iter__(self):
         return iter(self._link.ask("iter", self._ref))
@@ -178,29 +212,41 @@ def _mark(value: Any) -> Any:
 class _Link:
     def __init__(self, requests: int, replies: int) -> None:
         self.requests, self.replies = requests, replies
+        self.raised = False  # the program raised during the tests: the case fails
 
     def ask(self, *request: object) -> Any:
         try:
             _send(self.requests, request)
         except ValueError:  # marshal: an argument that is not plain data
             raise TypeError("only plain data can be passed to the program") from None
-        return self.decode(_receive(self.replies))
+        return self.decode(_receive(self.replies), request)
 
-    def decode(self, reply: Any) -> Any:
+    def decode(self, reply: Any, request: tuple = ("names",)) -> Any:
         if reply[0] == "ref" and type(reply[1]) is int:
             return _Remote(self, reply[1])
         if reply[0] == "raise":
-            found = getattr(builtins, str(reply[1]), None)
-            error = found if isinstance(found, type) and issubclass(found, Exception) else None
-            raise (error or RuntimeError)(f"{reply[1]}: {reply[2]}")
+            if request[0] == "getattr" and reply[1] == "AttributeError":
+                raise AttributeError(str(reply[2]))  # a missing attribute, as getattr says
+            self.raised = True
+            raise ProgramRaised(f"{reply[1]}: {reply[2]}")
         if reply[0] != "value" or not _plain(reply[1]):
             raise TypeError("the program's process sent something other than plain data")
         return reply[1]
 
 
-def _read_globals(source: str) -> set[str]:
-    """Names that the program's code reads as globals, from its compiled code objects."""
-    names, stack = set(), [compile(source, "main.py", "exec")]
+def _real_module(name: object) -> types.ModuleType | None:
+    """The standard-library module `name`, imported here; None for any other name."""
+    if type(name) is not str or name.partition(".")[0] not in sys.stdlib_module_names:
+        return None
+    try:
+        return importlib.import_module(name)
+    except Exception:
+        return None
+
+
+def _names_read(*sources: str) -> set[str]:
+    """The names that the code of `sources` looks up, from its compiled code objects."""
+    names, stack = set(), [compile(source, "<tests>", "exec") for source in sources]
     while stack:
         code = stack.pop()
         names.update(code.co_names)
@@ -208,29 +254,48 @@ def _read_globals(source: str) -> set[str]:
     return names
 
 
-def _judge(source: str, link: _Link) -> None:
-    """The parent: run the tests against the child's objects; print the verdict when they all
-    pass (a failed assert raises out of here)."""
+def _tests_namespace(names: Any, link: _Link, read: set[str], entry_point: str | None) -> dict:
+    """The tests' globals before the setup code runs: those of the program's names that the
+    tests or the setup code read (module docstring)."""
+    namespace = {"__name__": "__tests__", "__builtins__": builtins}
+    if type(names) is not dict:
+        raise TypeError("the program's process sent something other than its names")
+    for name, reply in names.items():
+        if type(name) is not str or type(reply) is not tuple or not reply:
+            raise TypeError("the program's process sent something other than its names")
+        if name not in read or (name != entry_point and name in _BUILTIN_NAMES):
+            continue
+        if reply[0] == "module" or (name != entry_point and name in sys.stdlib_module_names):
+            module = _real_module(reply[1] if reply[0] == "module" else name)
+            if module is not None:
+                namespace[name] = module
+            continue
+        namespace[name] = link.decode(reply)
+    return namespace
+
+
+def _judge(link: _Link) -> None:
+    """The parent: run the setup code and the tests against the child's objects; print the
+    verdict when they all pass and the program never raised (a failed assert raises out of
+    here)."""
     job = json.loads(sys.stdin.read())
-    program = {name: link.decode(reply) for name, reply in _receive(link.replies).items()}
-    namespace = {"__name__": "__tests__", "__builtins__": builtins, **program}
-    shared = _read_globals(source) - set(program)
-    for statement in ast.parse(job["tests"]).body:
-        before = {name: namespace.get(name) for name in shared}
-        exec(compile(ast.Module([statement], []), "<tests>", "exec"), namespace)
-        for name in shared:
-            value = namespace.get(name)
-            if name not in namespace or value is before[name]:
-                continue
-            if isinstance(value, types.ModuleType):
-                link.ask("import", 0, name, value.__name__)
-            elif _plain(value):
-                link.ask("set", 0, name, value)
+    entry_point = job.get("entry_point")
+    read = _names_read(job["tests"], job.get("setup") or "")
+    namespace = _tests_namespace(_receive(link.replies), link, read, entry_point)
+    program_entry = namespace.get(entry_point) if entry_point else None
+    if job.get("setup"):
+        exec(compile(job["setup"], "<setup>", "exec"), namespace)
+    if program_entry is not None:
+        namespace[entry_point] = program_entry
+    exec(compile(job["tests"], "<tests>", "exec"), namespace)
+    if link.raised:
+        raise ProgramRaised("the program raised, and the tests went on")
     os.write(1, f"{job['secret']} pass\n".encode())
 
 
-def run(source: str) -> None:
-    """Judge one case of ``source`` (module docstring); exit 1 when a test fails."""
+def run(source: str, setup: str = "") -> None:
+    """Judge one case of ``source`` after ``setup`` (module docstring); exit 1 when a test
+    fails."""
     # Not dumpable before the fork: the child (the program) cannot open this process's
     # /proc/PID/mem or /proc/PID/fd/0, where the secret and the tests are. Without ctypes (the
     # fallback's audit hook refuses it) that barrier is missing, as the README says.
@@ -245,11 +310,11 @@ def run(source: str) -> None:
     if os.fork() == 0:
         os.close(requests_w)
         os.close(replies_r)
-        _serve(source, requests_r, replies_w)
+        _serve(source, setup, requests_r, replies_w)
     os.close(requests_r)
     os.close(replies_w)
     try:
-        _judge(source, _Link(requests_w, replies_r))
+        _judge(_Link(requests_w, replies_r))
     except BaseException as exc:
         print(f"the tests failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         sys.exit(1)

@@ -2,7 +2,8 @@
 
 The program is the last fenced ```python block of the completion (```py and ```python3 count
 too), else its last fenced block of any language. A completion without one, or whose program
-does not compile, scores 0.0 without running anything. The `tests` column holds the test cases
+does not compile, or whose program is longer than `MAX_PROGRAM_CHARS` (which is never
+compiled here), scores 0.0 without running anything. The `tests` column holds the test cases
 in either common form:
 
 - stdin/stdout: a list of {"input": str, "output": str}; the program reads the input on stdin
@@ -15,9 +16,17 @@ in either common form:
   types, and evaluates every comparison and assert on its side. A case passes when that side
   prints a secret made for the run, which the program never sees; so no early exit, exit hook,
   always-equal object, patched builtin or printed verdict passes it. An object of the program's
-  that is not plain data comes back as a reference: the tests may call it, read its attributes,
-  iterate it and pass it back, but it equals nothing and has no truth value. Arguments the
-  program changes in place are not seen by the tests.
+  that is not plain data comes back as a reference: the tests may call it, read and set its
+  attributes, iterate it and pass it back, but it equals nothing and has no truth value.
+  Arguments the program changes in place are not seen by the tests.
+
+  A verdict depends only on what the program does when the tests call it. The tests see the
+  real builtins and standard modules whatever names the program defines; the optional
+  `test_setup` column (MBPP's setup code, HumanEval's prompt without the function to write)
+  runs after the program in its process and again on the tests' side, so the helpers the tests
+  call are the dataset's; the optional `entry_point` column names the function the tests call,
+  which is the program's even where it shadows a builtin. Names the tests bind never reach the
+  program, and an exception the program raises fails its case, StopIteration included.
 
 Each case is its own sandboxed run (`oncurve.sandbox`, each limited by `reward.sandbox_timeout_s`
 and `reward.sandbox_memory_mb`), so a timeout or a crash fails that case alone. The score is the
@@ -50,6 +59,9 @@ if TYPE_CHECKING:
     from oncurve.config import RewardConfig
 
 PYTHON_TAGS = ("python", "py", "python3")
+# A completion's worth of code: the trainer compiles no more than this of a model's text (a
+# long comparison chain costs the compiler time and memory in proportion).
+MAX_PROGRAM_CHARS = 64 * 1024
 _HARNESS = Path(__file__).with_name("_harness.py").read_text()
 # A fence's language tag is the rest of its opening line; its block ends at the next fence.
 _FENCE_RE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
@@ -117,9 +129,11 @@ def same_output(printed: str, expected: str) -> bool:
 
 
 def compiles(program: str) -> bool:
-    """Whether `program` is valid Python. `compile` only parses (and folds small constants),
-    running nothing, so it is safe on a completion and spares a child process for most broken
-    programs."""
+    """Whether `program` is valid Python of at most `MAX_PROGRAM_CHARS` characters. `compile`
+    only parses (and folds small constants), running nothing, so it is safe on a bounded
+    completion and spares a child process for most broken programs."""
+    if len(program) > MAX_PROGRAM_CHARS:
+        return False
     try:
         # the compiler warns about odd code (`"a"(1)`); a completion's oddities are no news
         with warnings.catch_warnings():
@@ -169,20 +183,25 @@ class CodeTestsReward:
         completions: list[str],
         *,
         tests: list[Any] | None = None,
+        test_setup: list[str | None] | None = None,
+        entry_point: list[str | None] | None = None,
         **_: Any,
     ) -> list[float | None]:
         if tests is None:
             raise UserError("reward 'code_tests' needs a 'tests' column in the data")
         row_cases = [parse_tests(value) for value in tests]
+        setups = _column(test_setup, "test_setup", len(tests))
+        entries = _column(entry_point, "entry_point", len(tests))
         programs = [extract_program(completion) for completion in completions]
-        # the (source, stdin) of each distinct run, and each row's run per case (None: no run)
-        runs: dict[tuple[str, str], int] = {}
+        # each distinct run's (program, tests, stdin, setup, entry point), and each row's run
+        # per case (None: no run)
+        runs: dict[tuple[str, str, str, str, str], int] = {}
         row_runs: list[list[int] | None] = []
-        for program, cases in zip(programs, row_cases, strict=True):
+        for program, cases, setup, entry in zip(programs, row_cases, setups, entries, strict=True):
             if not cases or program is None or not compiles(program):
                 row_runs.append(None)
                 continue
-            keys = [(program, c.code, c.stdin) for c in cases]
+            keys = [(program, c.code, c.stdin, setup, entry) for c in cases]
             row_runs.append([runs.setdefault(key, len(runs)) for key in keys])
         if self._pool is None:
             self._pool = sandbox.SandboxPool(self.workers)
@@ -208,15 +227,33 @@ class CodeTestsReward:
         return scores
 
 
-def _job(program: str, tests: str, stdin: str) -> tuple[str, str, str]:
+def _column(values: list[Any] | None, name: str, rows: int) -> list[str]:
+    """Column `name` of the rows as text ("" where absent); UserError for any other type, or
+    for an entry point that is not a Python name."""
+    if values is None:
+        return [""] * rows
+    texts = []
+    for value in values:
+        if value is not None and not isinstance(value, str):
+            raise UserError(f"column {name!r} must be text, got {type(value).__name__}")
+        if name == "entry_point" and value and not value.isidentifier():
+            raise UserError(f"column 'entry_point' must be a Python name, got {value[:60]!r}")
+        texts.append(value or "")
+    return texts
+
+
+def _job(
+    program: str, tests: str, stdin: str, setup: str, entry_point: str
+) -> tuple[str, str, str]:
     """(source, stdin, verdict) of one run: a stdin/stdout case runs the program itself; an
-    assert-style case runs it under the harness, with the tests and a fresh secret on stdin,
-    and passes only when the harness prints `verdict`."""
+    assert-style case runs it under the harness, with the setup code after it, the tests and a
+    fresh secret on stdin, and passes only when the harness prints `verdict`."""
     if not tests:
         return program, stdin, ""
     secret = secrets.token_hex(16)
-    source = f"{_HARNESS}\nrun({program!r})\n"
-    return source, json.dumps({"secret": secret, "tests": tests}), f"{secret} pass\n"
+    source = f"{_HARNESS}\nrun({program!r}, {setup!r})\n"
+    job = {"secret": secret, "tests": tests, "setup": setup, "entry_point": entry_point or None}
+    return source, json.dumps(job), f"{secret} pass\n"
 
 
 def _passed(case: Case, result: sandbox.SandboxResult, verdict: str) -> bool:

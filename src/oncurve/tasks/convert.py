@@ -16,16 +16,21 @@ them from the Hub as they are, with `data.answer_format` and `data.prompt_templa
 (configs/gsm8k_qwen2.5_0.5b.yaml).
 
 MBPP records have "text" (or "prompt", in the sanitized set), "code", "test_list" and
-optionally "test_setup_code" and "test_imports" (sanitized); HumanEval records have "prompt" (a signature and docstring),
-"canonical_solution", "test" (which defines `check`) and "entry_point". Rows get "prompt",
-"answer" (the reference solution, shown in samples, not scored) and "tests", which the built-in
-`code_tests` reward runs: `reward: {functions: [code_tests]}`.
+optionally "test_setup_code" and "test_imports" (sanitized); HumanEval records have "prompt" (a
+signature and docstring, after any helpers the tests call), "canonical_solution", "test" (which
+defines `check`) and "entry_point". Rows get "prompt", "answer" (the reference solution, shown
+in samples, not scored), "tests", "test_setup" (code the dataset runs around the program: MBPP's
+imports and setup code, HumanEval's prompt without the function to write) and "entry_point"
+(the function the tests call), which the built-in `code_tests` reward reads:
+`reward: {functions: [code_tests]}`.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -93,9 +98,10 @@ def math_rows(path: str, config: str | None = None, split: str = "train") -> lis
 
 
 def mbpp_rows(path: str, config: str | None = None, split: str = "train") -> list[dict[str, Any]]:
-    """{"prompt", "answer", "tests", "task_id"} from MBPP records. The prompt states the task
-    and its tests, as MBPP's paper prompts (the tests name the function); each test is one case,
-    after the record's setup code and test imports."""
+    """{"prompt", "answer", "tests", "test_setup", "entry_point", "task_id"} from MBPP records.
+    The prompt states the task and its tests, as MBPP's paper prompts (the tests name the
+    function); each test is one case; the record's test imports and setup code are the row's
+    setup; the entry point is the reference's first function that the tests call."""
     rows = []
     for where, record in read_records(path, config, split):
         text_field = "prompt" if "prompt" in record and "text" not in record else "text"
@@ -113,7 +119,9 @@ def mbpp_rows(path: str, config: str | None = None, split: str = "train") -> lis
                 "prompt": f"{text.strip()} Your code should pass these tests:\n\n{listed}\n\n"
                 + CODE_INSTRUCTION,
                 "answer": code,
-                "tests": [f"{setup}\n{test}" if setup.strip() else test for test in tests],
+                "tests": tests,
+                "test_setup": setup if setup.strip() else None,
+                "entry_point": _called_function(code, tests),
                 "task_id": record.get("task_id", where),
             }
         )
@@ -123,9 +131,11 @@ def mbpp_rows(path: str, config: str | None = None, split: str = "train") -> lis
 def humaneval_rows(
     path: str, config: str | None = None, split: str = "train"
 ) -> list[dict[str, Any]]:
-    """{"prompt", "answer", "tests", "task_id"} from HumanEval records: the prompt shows the
-    signature and docstring to complete; the one test case is `test` then `check(entry_point)`,
-    so the program must define the whole function, imports included."""
+    """{"prompt", "answer", "tests", "test_setup", "entry_point", "task_id"} from HumanEval
+    records: the prompt shows the signature and docstring to complete; the one test case is
+    `test` then `check(entry_point)`, so the program must define the whole function, imports
+    included; the setup is the record's prompt without that function (its imports and the
+    helpers the tests call)."""
     rows = []
     for where, record in read_records(path, config, split):
         prompt, solution, test, entry = _fields(
@@ -137,6 +147,8 @@ def humaneval_rows(
                 f"imports included.\n\n```python\n{prompt.rstrip()}\n```\n\n{CODE_INSTRUCTION}",
                 "answer": prompt + solution,
                 "tests": f"{test}\n\ncheck({entry})\n",
+                "test_setup": _without_function(path, where, prompt, entry),
+                "entry_point": entry,
                 "task_id": record.get("task_id", where),
             }
         )
@@ -149,6 +161,34 @@ CONVERTERS = {
     "mbpp": mbpp_rows,
     "humaneval": humaneval_rows,
 }
+
+
+def _called_function(code: str, tests: list[str]) -> str | None:
+    """The first top-level function of `code` that a test calls; None when there is none, or
+    `code` does not parse."""
+    try:
+        body = ast.parse(code).body
+    except SyntaxError:
+        return None
+    called = " ".join(tests)
+    for node in body:
+        if isinstance(node, ast.FunctionDef) and re.search(rf"\b{node.name}\s*\(", called):
+            return node.name
+    return None
+
+
+def _without_function(path: str, where: str, prompt: str, name: str) -> str:
+    """`prompt` without its top-level function `name` (decorators included)."""
+    try:
+        body = ast.parse(prompt).body
+    except SyntaxError as e:
+        raise UserError(f"{path} {where}: field 'prompt' is not Python ({e.msg})") from None
+    lines = prompt.splitlines(keepends=True)
+    for node in body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            return "".join(lines[: first - 1] + lines[node.end_lineno :])
+    raise UserError(f"{path} {where}: field 'prompt' does not define {name!r}")
 
 
 def _text_list(path: str, where: str, record: dict, name: str) -> list[str]:

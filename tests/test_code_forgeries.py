@@ -1,0 +1,232 @@
+"""Programs that get a task wrong and try to pass its assert-style tests anyway, through the names
+they define, the helpers the tests call, the names the tests bind, or an exception that ends the
+tests' iteration: each scores 0 through `code_tests`, and a right program beside it scores 1.
+
+A row is (tests, wrong function, trick, right function): the wrong program is the wrong function
+plus the trick, the right one is scored alone and with the same trick beside it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from oncurve.rewards.code import CodeTestsReward
+from oncurve.tasks.convert import humaneval_rows
+
+FIXTURES = Path(__file__).parent / "fixtures"
+EVENS = "def evens(xs):\n    return [x for x in xs if x % 2 == 0]\n"
+NO_EVENS = "def evens(xs):\n    return []\n"
+PLUS_7 = "def f(x):\n    return x + 7\n"
+WRONG_F = "def f(x):\n    return 0\n"
+RAISES = "def f(x):\n    raise StopIteration\n"
+
+
+def shadow(name: str, value: str) -> str:
+    """A global that replaces builtin `name` for whoever looks it up in the program's module."""
+    return f"def {name}(*args, **kwargs):\n    return {value}\n"
+
+
+# Each builtin a test is likely to call, defined by the program so that a wrong answer passes
+# when the tests look the name up among the program's globals.
+BUILTINS = {
+    "set": (
+        [
+            "assert set(similar_elements((3, 4, 5, 6), (5, 7, 4, 10))) == set((4, 5))",
+            "assert set(similar_elements((1, 2, 3, 4), (5, 4, 3, 7))) == set((3, 4))",
+        ],
+        "def similar_elements(a, b):\n    return ()\n",
+        shadow("set", "0"),
+        "def similar_elements(a, b):\n    return tuple(x for x in a if x in b)\n",
+    ),
+    "sorted": (
+        ["assert sorted(evens([4, 1, 2])) == [2, 4]"],
+        NO_EVENS,
+        shadow("sorted", "[2, 4]"),
+        EVENS,
+    ),
+    "len": (["assert len(evens([4, 1, 2])) == 2"], NO_EVENS, shadow("len", "2"), EVENS),
+    "all": (
+        ["assert all([f(x) == x + 7 for x in range(5)])"],
+        WRONG_F,
+        shadow("all", "True"),
+        PLUS_7,
+    ),
+    "any": (
+        ["assert not any([f(x) != x + 7 for x in range(5)])"],
+        WRONG_F,
+        shadow("any", "False"),
+        PLUS_7,
+    ),
+    "sum": (["assert sum(evens([4, 1, 2])) == 6"], NO_EVENS, shadow("sum", "6"), EVENS),
+    "max and min": (
+        ["assert max(evens([4, 1, 2])) == 4 and min(evens([4, 1, 2])) == 2"],
+        NO_EVENS,
+        shadow("max", "4") + shadow("min", "2"),
+        EVENS,
+    ),
+    "list": (
+        ["assert list(evens([4, 1, 2])) == [4, 2]"],
+        NO_EVENS,
+        shadow("list", "[4, 2]"),
+        EVENS,
+    ),
+    "tuple": (
+        ["assert tuple(evens([4, 1, 2])) == (4, 2)"],
+        NO_EVENS,
+        shadow("tuple", "(4, 2)"),
+        EVENS,
+    ),
+    "str": (["assert str(f(1)) == '8'"], WRONG_F, shadow("str", "'8'"), PLUS_7),
+    "int and float": (
+        ["assert int(f(1)) == 8 and float(f(2)) == 9.0"],
+        WRONG_F,
+        shadow("int", "8") + shadow("float", "9.0"),
+        PLUS_7,
+    ),
+    "round": (["assert round(f(1), 2) == 8"], WRONG_F, shadow("round", "8"), PLUS_7),
+    "bool": (["assert bool(f(1) == 8)"], WRONG_F, shadow("bool", "True"), PLUS_7),
+    "type": (
+        ["assert type(half(3)).__name__ == 'float'"],
+        "def half(x):\n    return x // 2\n",
+        shadow("type", "float"),
+        "def half(x):\n    return x / 2\n",
+    ),
+    "range": (
+        ["for x in range(3):\n    assert f(x) == x + 7"],
+        WRONG_F,
+        shadow("range", "[]"),
+        PLUS_7,
+    ),
+    "zip": (
+        ["for x, y in zip([0, 1], [7, 8]):\n    assert f(x) == y"],
+        WRONG_F,
+        shadow("zip", "[]"),
+        PLUS_7,
+    ),
+    "enumerate": (
+        ["for x, y in enumerate([7, 8]):\n    assert f(x) == y"],
+        WRONG_F,
+        shadow("enumerate", "[]"),
+        PLUS_7,
+    ),
+    "abs": (
+        ["assert abs(f(1) - 8) < 1e-6"],
+        WRONG_F,
+        shadow("abs", "0"),
+        PLUS_7,
+    ),
+    # a test that relies on the program having imported a module: the module is the real one
+    "a standard module": (
+        ["assert math.isclose(scale(1), 3)"],
+        "def scale(x):\n    return 0\n",
+        "import types\nmath = types.SimpleNamespace(isclose=lambda *args, **kwargs: True)\n",
+        "import math\ndef scale(x):\n    return x * 3\n",
+    ),
+}
+
+# Values the tests bind are not the program's to read.
+GLOBALS = {
+    "the tests' inputs and results": (
+        [
+            "inputs = [[1], [2]]\nresults = [8, 9]\n"
+            "for x, r in zip(inputs, results):\n    assert f(x[0]) == r"
+        ],
+        "def f(x):\n    return results[inputs.index([x])]\n",
+        "",
+        PLUS_7,
+    ),
+    "a constant the tests set": (
+        ["EXPECTED = 8\nassert f(1) == EXPECTED"],
+        "def f(x):\n    return EXPECTED\n",
+        "",
+        PLUS_7,
+    ),
+}
+
+# StopIteration raised by the program ends whatever iteration the tests are in: the case fails.
+STOP_ITERATION = {
+    "map": (["assert all(map(lambda x: f(x) == x + 7, range(5)))"], RAISES, "", PLUS_7),
+    "filter": (["assert not list(filter(lambda x: f(x) != x + 7, range(5)))"], RAISES, "", PLUS_7),
+    "any": (["assert not any(map(lambda x: f(x) != x + 7, range(5)))"], RAISES, "", PLUS_7),
+    "zip": (
+        ["assert all(a == b for a, b in zip(map(f, range(5)), range(7, 12)))"],
+        RAISES,
+        "",
+        PLUS_7,
+    ),
+    "sorted keys": (
+        [
+            "assert all(map(lambda xs: sorted(xs, key=key) == sorted(xs, reverse=True), "
+            "[[1, 2, 3], [5, 4]]))"
+        ],
+        "def key(x):\n    raise StopIteration\n",
+        "",
+        "def key(x):\n    return -x\n",
+    ),
+    "caught by the tests": (
+        [
+            "for x in range(3):\n    try:\n        assert f(x) == x + 7\n    except Exception:\n"
+            "        pass"
+        ],
+        "def f(x):\n    raise ValueError(x)\n",
+        "",
+        PLUS_7,
+    ),
+}
+
+TABLE = {
+    **{f"builtin {k}": v for k, v in BUILTINS.items()},
+    **{f"globals: {k}": v for k, v in GLOBALS.items()},
+    **{f"StopIteration through {k}": v for k, v in STOP_ITERATION.items()},
+}
+
+
+def fenced(code: str) -> str:
+    return f"```python\n{code}```"
+
+
+@pytest.fixture(scope="module")
+def reward() -> CodeTestsReward:
+    return CodeTestsReward(workers=4, timeout_s=3.0, memory_mb=256)
+
+
+@pytest.mark.parametrize(("tests", "wrong", "trick", "right"), TABLE.values(), ids=TABLE.keys())
+def test_a_wrong_program_cannot_forge_a_verdict_through_names(reward, tests, wrong, trick, right):
+    programs = [wrong + trick, right, right + trick]
+    scores = reward([""] * 3, [fenced(p) for p in programs], tests=[tests] * 3)
+    assert scores == [0.0, 1.0, 1.0]
+
+
+def _humaneval(task: int) -> dict:
+    records = (FIXTURES / "humaneval.jsonl").read_text().splitlines()
+    (record,) = [r for r in map(json.loads, records) if r["task_id"] == f"HumanEval/{task}"]
+    return record
+
+
+# Helpers that HumanEval's prompt defines and its tests call, defined again by the program.
+HELPERS = {
+    "HumanEval/38 encode_cyclic": (
+        38,
+        "def encode_cyclic(s):\n    return s\n\ndef decode_cyclic(s):\n    return s\n",
+    ),
+    "HumanEval/32 poly": (
+        32,
+        "def poly(xs, x):\n    return 0\n\ndef find_zero(xs):\n    return 0.0\n",
+    ),
+    "HumanEval/50 encode_shift": (
+        50,
+        "def encode_shift(s):\n    return s\n\ndef decode_shift(s):\n    return s\n",
+    ),
+}
+
+
+@pytest.mark.parametrize(("task", "wrong"), HELPERS.values(), ids=HELPERS.keys())
+def test_the_tests_call_the_datasets_helpers_not_the_programs(tmp_path, reward, task, wrong):
+    path = tmp_path / "he.jsonl"
+    path.write_text(json.dumps(_humaneval(task)) + "\n")
+    (row,) = humaneval_rows(str(path))
+    columns = {k: [row[k]] * 2 for k in ("tests", "test_setup", "entry_point") if k in row}
+    scores = reward([""] * 2, [fenced(wrong), fenced(row["answer"])], **columns)
+    assert scores == [0.0, 1.0]
