@@ -14,7 +14,9 @@ of its own, the audit hook) and `user_ns` (what a non-root trainer gets).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import importlib.util
 import os
 import signal
 import socket
@@ -45,6 +47,11 @@ needs_namespaces = pytest.mark.skipif(
     ISO is None or not ISO.namespaces,
     reason="the machine gives no namespaces (see oncurve.sandbox.isolation())",
 )
+_BOOT_SPEC = importlib.util.spec_from_file_location(
+    "sandbox_boot", Path(sandbox.__file__).with_name("_boot.py")
+)
+BOOT = importlib.util.module_from_spec(_BOOT_SPEC)
+_BOOT_SPEC.loader.exec_module(BOOT)  # the bootstrap's filter, as the file the sandbox runs
 FIRST_UID = sandbox._UID_BASE + os.getpid() * sandbox.MAX_PARALLEL
 
 
@@ -825,6 +832,12 @@ REFUSED_CALLS = {
     "kexec_load": 246,
     "init_module": 175,
     "reboot": 169,
+    "io_setup": 206,
+    "io_submit": 209,
+    "io_getevents": 208,
+    "io_destroy": 207,
+    "io_cancel": 210,
+    "io_pgetevents": 333,
 }
 
 
@@ -846,6 +859,7 @@ def test_the_kernel_surface_is_closed(host: str) -> None:
         "a.send(b'unix')\n"
         "print(b.recv(4).decode())\n"
         "print('clone3', libc.syscall(435, 0, 0), ctypes.get_errno())\n"
+        f"print('undecided', libc.syscall({BOOT.LAST_DECIDED_X86_64 + 1}, 0), ctypes.get_errno())\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
         "    os._exit(7)\n"
@@ -856,7 +870,12 @@ def test_the_kernel_surface_is_closed(host: str) -> None:
     assert lines[: len(REFUSED_CALLS)] == [f"{n} -1 {errno.EPERM}" for n in REFUSED_CALLS]
     families = lines[len(REFUSED_CALLS) : len(REFUSED_CALLS) + 5]
     assert [line.split()[1] for line in families] == [str(errno.EAFNOSUPPORT)] * 5
-    assert lines[-3:] == ["unix", f"clone3 -1 {errno.ENOSYS}", "fork 7"]
+    assert lines[-4:] == [
+        "unix",
+        f"clone3 -1 {errno.ENOSYS}",
+        f"undecided -1 {errno.ENOSYS}",
+        "fork 7",
+    ]
     # x32 numbers, and the i386 ABI (int 0x80, which the host runs), name other calls: the
     # filter checks the architecture and kills the process.
     x32 = "import ctypes\nctypes.CDLL(None).syscall(0x40000000 + 39)\n"
@@ -870,6 +889,145 @@ def test_the_kernel_surface_is_closed(host: str) -> None:
     for other_abi in (x32, i386):
         result = sandbox.run_python(other_abi)
         assert (result.status, result.reason) == ("killed", "signal 31 (SIGSYS)"), result
+
+
+@needs_filter
+def test_linux_aio_leaves_the_hosts_limit_alone(host: str) -> None:
+    # io_setup(65536) would take the whole of the host's fs.aio-max-nr until the run ends
+    source = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "context = ctypes.c_ulong(0)\n"
+        "print(libc.syscall(206, 65536, ctypes.byref(context)), ctypes.get_errno())\n"
+        "print(open('/proc/sys/fs/aio-nr').read().strip())\n"
+    )
+    before = Path("/proc/sys/fs/aio-nr").read_text().strip()
+    result = sandbox.run_python(source)
+    assert result.stdout.splitlines()[0] == f"-1 {errno.EPERM}", result
+    assert Path("/proc/sys/fs/aio-nr").read_text().strip() == before
+
+
+# The kernel's x86_64 calls past the numbers the system's header (linux-libc-dev) names, up to
+# the newest kernel the filter was decided against.
+NEWER_CALLS = {
+    "cachestat": 451,
+    "fchmodat2": 452,
+    "map_shadow_stack": 453,
+    "futex_wake": 454,
+    "futex_wait": 455,
+    "futex_requeue": 456,
+    "statmount": 457,
+    "listmount": 458,
+    "lsm_get_self_attr": 459,
+    "lsm_set_self_attr": 460,
+    "lsm_list_modules": 461,
+    "mseal": 462,
+    "setxattrat": 463,
+    "getxattrat": 464,
+    "listxattrat": 465,
+    "removexattrat": 466,
+    "open_tree_attr": 467,
+    "file_getattr": 468,
+    "file_setattr": 469,
+}
+UNISTD_64 = Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h")
+
+
+def _kernel_table() -> dict[str, int]:
+    """The x86_64 system calls by name: the system's header, then NEWER_CALLS."""
+    table = {}
+    for line in UNISTD_64.read_text().splitlines():
+        if line.startswith("#define __NR_"):
+            name, number = line.removeprefix("#define __NR_").split()
+            table[name] = int(number)
+    assert len(table) > 300 and max(table.values()) < min(NEWER_CALLS.values())
+    return {**table, **NEWER_CALLS}
+
+
+@pytest.mark.skipif(
+    not UNISTD_64.exists() or os.uname().machine != "x86_64",
+    reason="no x86_64 system call header here",
+)
+def test_the_refused_calls_are_the_kernels_and_every_call_is_decided() -> None:
+    table = _kernel_table()
+    # each refused call is refused under its own number
+    assert {name: table.get(name) for name in BOOT.REFUSED_X86_64} == BOOT.REFUSED_X86_64
+    assert len(set(BOOT.REFUSED_X86_64.values())) == len(BOOT.REFUSED_X86_64)
+    # the filter decided every call up to the newest in the table, and no other
+    assert max(table.values()) == BOOT.LAST_DECIDED_X86_64
+    # the running kernel has no call past that: a new one is a decision to make here (until
+    # then the filter answers ENOSYS for it)
+    pid = os.fork()
+    if pid == 0:
+        libc = ctypes.CDLL(None, use_errno=True)
+        first = BOOT.LAST_DECIDED_X86_64 + 1
+        implemented = [
+            n
+            for n in range(first, first + 64)
+            if libc.syscall(n, 0, 0, 0, 0, 0, 0) != -1 or ctypes.get_errno() != errno.ENOSYS
+        ]
+        os._exit(min(len(implemented), 100))
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+def test_the_filter_refuses_each_call_and_those_past_the_decided_ones() -> None:
+    program = BOOT.seccomp_program()
+    decide = _run_filter(program)
+    for name, number in BOOT.REFUSED_X86_64.items():
+        assert decide(number) == BOOT.SECCOMP_RET_ERRNO | errno.EPERM, name
+    enosys = BOOT.SECCOMP_RET_ERRNO | errno.ENOSYS
+    assert decide(435) == enosys  # clone3
+    for number in (BOOT.LAST_DECIDED_X86_64 + 1, 1000, 0x3FFFFFFF):
+        assert decide(number) == enosys
+    allowed = {0, 1, 2, 3, 9, 57, 59, 60, 231, 451, 462, BOOT.LAST_DECIDED_X86_64}
+    for number in allowed:  # read, write, open, close, mmap, fork, execve, exits, ...
+        assert decide(number) == BOOT.SECCOMP_RET_ALLOW, number
+    assert decide(0x40000000 + 39) == BOOT.SECCOMP_RET_KILL_PROCESS  # x32
+    assert decide(39, arch=0x40000003) == BOOT.SECCOMP_RET_KILL_PROCESS  # i386
+
+
+def _run_filter(program: list[tuple[int, int, int, int]]):
+    """An interpreter of the classic BPF the filter uses: the action for (nr, arch), with the
+    call's arguments all 0."""
+
+    def decide(nr: int, arch: int = BOOT.AUDIT_ARCH_X86_64) -> int:
+        data = {0: nr, 4: arch, 16: 0, 24: 0}
+        accumulator, pc = 0, 0
+        while True:
+            code, jt, jf, k = program[pc]
+            if code == BOOT.BPF_RET_K:
+                return k
+            if code == BOOT.BPF_LD_W_ABS:
+                accumulator = data[k]
+                pc += 1
+                continue
+            taken = {
+                BOOT.BPF_JEQ_K: accumulator == k,
+                BOOT.BPF_JGE_K: accumulator >= k,
+                BOOT.BPF_JSET_K: bool(accumulator & k),
+            }[code]
+            pc += 1 + (jt if taken else jf)
+
+    return decide
+
+
+@needs_namespaces
+def test_the_program_is_the_kernels_first_oom_victim(host: str) -> None:
+    source = (
+        "print(open('/proc/self/oom_score_adj').read().strip())\n"
+        "try:\n"
+        "    open('/proc/self/oom_score_adj', 'w').write('0')\n"
+        "except OSError as exc:\n"
+        "    print('lower', exc.errno)\n"
+        "print(open('/proc/self/oom_score_adj').read().strip())\n"
+    )
+    result = sandbox.run_python(source)
+    lines = result.stdout.splitlines()
+    assert lines[0] == "1000", result  # set before the program's first line
+    # Only a writer with CAP_SYS_RESOURCE in the host's user namespace (not root in most
+    # containers) makes 1000 a floor; else the program may lower it, never below the trainer's.
+    trainer = int(Path("/proc/self/oom_score_adj").read_text())
+    assert int(lines[-1]) >= trainer
 
 
 @needs_namespaces

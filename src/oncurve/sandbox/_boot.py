@@ -207,22 +207,46 @@ BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_JSET_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x
 AF_UNIX = 1
 # Namespace flags of clone: a program that needs none of them must not make its own.
 CLONE_NEW_ANY = 0x7E020080  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET, NEWTIME
-# x86_64 numbers of what a test program never needs: io_uring (425-427), userfaultfd, keyrings
-# (add_key, request_key, keyctl), bpf, perf_event_open, ptrace and the calls that reach into
-# another process as it does (process_vm_readv/writev, pidfd_getfd, process_madvise),
-# mount and namespace calls (mount, umount2, pivot_root, chroot, unshare, setns, the new mount
-# API 428-433, mount_setattr), kexec, modules, reboot, swapon/swapoff, acct; memory that no
-# rlimit counts: memfd_create, memfd_secret, SysV shared memory, semaphores and message queues
-# (which outlive a fallback run, in the host's IPC namespace), POSIX message queues; flock,
-# inotify and fanotify, which would see the other runs' and the trainer's use of the files they
-# share read-only.
-REFUSED_X86_64 = (
-    *(425, 426, 427, 323, 248, 249, 250, 321, 298, 101, 310, 311, 438, 440),
-    *(319, 447, 73, 253, 294, 300),
-    *(29, 64, 68, 240),
-    *(165, 166, 155, 161, 272, 308, 428, 429, 430, 431, 432, 433, 442),
-    *(246, 320, 175, 313, 176, 169, 167, 168, 163),
-)
+# x86_64 calls a test program never needs, refused with EPERM, by group:
+REFUSED_X86_64 = {
+    # kernel interfaces with a large attack surface: io_uring, userfaultfd, bpf, perf
+    **{"io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427},
+    **{"userfaultfd": 323, "bpf": 321, "perf_event_open": 298},
+    # limits the host shares among all its processes: Linux AIO takes from fs.aio-max-nr
+    **{"io_setup": 206, "io_destroy": 207, "io_getevents": 208, "io_submit": 209},
+    **{"io_cancel": 210, "io_pgetevents": 333},
+    # keyrings: the run joins a session keyring of its own, then may not touch any
+    **{"add_key": 248, "request_key": 249, "keyctl": 250},
+    # reaching into another process as ptrace does
+    **{"ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312},
+    **{"pidfd_getfd": 438, "process_madvise": 440, "process_mrelease": 448},
+    # memory that no rlimit counts, and IPC objects that outlive a fallback run in the host's
+    # IPC namespace: memfd, SysV shared memory, semaphores and message queues, POSIX queues
+    **{"memfd_create": 319, "memfd_secret": 447},
+    **{"shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67},
+    **{"semget": 64, "semop": 65, "semctl": 66, "semtimedop": 220},
+    **{"msgget": 68, "msgsnd": 69, "msgrcv": 70, "msgctl": 71},
+    **{"mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242, "mq_timedreceive": 243},
+    **{"mq_notify": 244, "mq_getsetattr": 245},
+    # what would show a run the other runs' and the trainer's use of the files they share
+    **{"flock": 73, "inotify_init": 253, "inotify_init1": 294, "fanotify_init": 300},
+    # mounts and namespaces
+    **{"mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "unshare": 272},
+    **{"setns": 308, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431},
+    **{"fsmount": 432, "fspick": 433, "mount_setattr": 442, "open_tree_attr": 467},
+    # the host's own: kernel images and modules, power, swap, accounting, its log, clock,
+    # names, I/O ports, quotas, file handles, the LDT, obsolete calls
+    **{"kexec_load": 246, "kexec_file_load": 320, "init_module": 175, "finit_module": 313},
+    **{"delete_module": 176, "reboot": 169, "swapon": 167, "swapoff": 168, "acct": 163},
+    **{"syslog": 103, "settimeofday": 164, "clock_settime": 227, "clock_adjtime": 305},
+    **{"adjtimex": 159, "sethostname": 170, "setdomainname": 171, "iopl": 172},
+    **{"ioperm": 173, "vhangup": 153, "quotactl": 179, "quotactl_fd": 443},
+    **{"name_to_handle_at": 303, "open_by_handle_at": 304, "modify_ldt": 154},
+    **{"uselib": 134, "lookup_dcookie": 212},
+}
+# Every call up to this number was decided (refused above, or allowed); the kernel's later ones
+# get ENOSYS until they are, as a call the kernel lacks would.
+LAST_DECIDED_X86_64 = 469
 SYS_CLONE, SYS_CLONE3, SYS_SOCKET, SYS_SOCKETPAIR, SYS_FCNTL = 56, 435, 41, 53, 72
 # fcntl's record locks (F_GETLK, F_SETLK, F_SETLKW and their OFD forms) and F_NOTIFY (dnotify):
 # like flock and inotify, they would show a run what others do with the files they share.
@@ -245,15 +269,16 @@ class _SockFprog(ctypes.Structure):
 
 def seccomp_program() -> list[tuple[int, int, int, int]]:
     """The filter, as (code, jt, jf, k): refuse REFUSED_X86_64 with EPERM; clone3 with ENOSYS
-    (its flags are out of a filter's sight: libc falls back to clone); clone with a namespace
-    flag; fcntl's FCNTL_REFUSED commands; socket and socketpair of any family but AF_UNIX.
-    Another architecture, or x32 calls, kill the process: their numbers mean other calls."""
+    (its flags are out of a filter's sight: libc falls back to clone), and every call past
+    LAST_DECIDED_X86_64; clone with a namespace flag; fcntl's FCNTL_REFUSED commands; socket
+    and socketpair of any family but AF_UNIX. Another architecture, or x32 calls, kill the
+    process: their numbers mean other calls."""
 
     def ret(value: int) -> tuple[int, int, int, int]:
         return (BPF_RET_K, 0, 0, value)
 
     allow, deny = ret(SECCOMP_RET_ALLOW), ret(SECCOMP_RET_ERRNO | EPERM)
-    checks = [(number, deny) for number in REFUSED_X86_64]
+    checks = [(number, deny) for number in REFUSED_X86_64.values()]
     checks.append((SYS_CLONE3, ret(SECCOMP_RET_ERRNO | ENOSYS)))
     head = [
         (BPF_LD_W_ABS, 0, 0, 4),  # seccomp_data.arch
@@ -262,6 +287,8 @@ def seccomp_program() -> list[tuple[int, int, int, int]]:
         (BPF_LD_W_ABS, 0, 0, 0),  # seccomp_data.nr
         (BPF_JGE_K, 0, 1, X32_SYSCALL_BIT),
         ret(SECCOMP_RET_KILL_PROCESS),
+        (BPF_JGE_K, 0, 1, LAST_DECIDED_X86_64 + 1),
+        ret(SECCOMP_RET_ERRNO | ENOSYS),
     ]
     # Each refused number: jeq nr -> its return, laid out after all the jumps.
     jumps = [(BPF_JEQ_K, 0, 0, number) for number, _ in checks]
@@ -292,6 +319,8 @@ def seccomp_program() -> list[tuple[int, int, int, int]]:
         # a jump's offset counts from the next instruction; its return sits after the tail
         at = len(program) + i
         offset = at - (len(head) + i) - 1
+        if offset > 255:  # a classic BPF jump's offset is one byte
+            raise ValueError("seccomp filter: too many refused calls for one jump table")
         program[len(head) + i] = (code, offset, 0, number)
     return program + returns
 
@@ -327,6 +356,12 @@ def _start_program(spec: dict, status_fd: int) -> int:
         return pid
     try:
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        # The program is the kernel's first choice when memory runs out, in its cgroup or in
+        # any above it (a container's). Written with CAP_SYS_RESOURCE in the host's user
+        # namespace, 1000 is also the floor the program may not lower it under; without it (in
+        # most containers) the floor is the trainer's own value.
+        with open("/proc/self/oom_score_adj", "w") as file:
+            file.write("1000")
         # Into the run's cgroup while still root there: every process of the program is born
         # in it. This process stays out, so that it outlives the program at the memory limit.
         for path in spec["cgroup_procs"]:
