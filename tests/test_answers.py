@@ -94,10 +94,14 @@ def test_answers_match(predicted: str | None, gold: str, expected: bool) -> None
 SYMBOLIC_CASES = [
     # (predicted, gold, strict, expected)
     ("\\frac{\\sqrt{2}}{2}", "\\sqrt{2}/2", True, True),
-    ("(x+1)^2", "x^2+2x+1", True, True),
+    # strict pays the form the reference states: expanded for expanded, factored for factored
+    ("(x+1)^2", "x^2+2x+1", True, False),
+    ("(x+1)^2", "x^2+2x+1", False, True),
     ("\\pi", "3.14", True, False),
     ("2\\sqrt{3}", "\\sqrt{12}", True, True),
-    ("x^2 + 2xy + y^2", "(x+y)^2", True, True),
+    ("x^2 + 2xy + y^2", "(x+y)^2", True, False),
+    ("x^2 + 2xy + y^2", "(x+y)^2", False, True),
+    ("(y+x)^2", "(x+y)^2", True, True),
     ("1024", "2^{10}", True, True),
     # a numeric reference takes a stated number only, unless the match is lenient
     ("2^{10}", "1,024", True, False),

@@ -125,7 +125,8 @@ CASES = [
     row("correct", "\\boxed{\\$18.90}", 1.0, answer="18.9"),
     row("correct", "\\boxed{-\\$5}", 1.0, answer="-5"),
     row("correct", "<answer>-5 degrees</answer>", 1.0, answer="-5"),
-    row("correct", "\\boxed{50\\%}", 1.0, answer="50"),
+    row("correct", "\\boxed{50\\%}", 1.0, "What percent are red?", answer="50"),
+    row("correct", "\\boxed{50\\%}", 0.0, answer="50"),  # 50% is 0.5 where no percent is asked
     row("correct", "\\boxed{x = -3}", 1.0, answer="-3"),
     row("correct", "\\boxed{60 km/h}", 1.0, answer="60"),
     # -- the arith task's own correctness check: integers only, bounded

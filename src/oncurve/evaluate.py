@@ -7,7 +7,8 @@ import math
 import torch
 
 from oncurve.inputs import group_columns
-from oncurve.rewards.registry import RewardFn
+from oncurve.rewards.answers import usable_gold
+from oncurve.rewards.registry import ANSWER_MATCH_REWARDS, RewardFn
 from oncurve.rewards.runner import RewardRunner
 from oncurve.rollout.base import Sampler, SamplingParams
 from oncurve.rollout.episodes import EpisodeSettings, draw
@@ -35,13 +36,16 @@ def evaluate(
     `correct` runs under the policy training scores with (`reward.timeout`, `timeout_score`,
     `errors`; `RewardRunner`): a row past the timeout scores `timeout_score`, a row whose score
     is None (or NaN) counts as wrong, so that no completion can hang or crash an evaluation.
+    Rows whose reference answer is malformed (`usable_gold`: empty, NaN, `None`, `0/0`) are
+    not scored by `correct`: they are counted apart ("unscored") and left out of every rate.
 
     With `records` (a list), one dict per row is appended to it: the greedy completion and its
     score, and with samples > 1 the sampled completions and their scores.
 
     Returns:
         {"accuracy": greedy fraction correct} and, when samples > 1, {"mean@K": mean correct
-        over K samples at `temperature`, "pass@K": fraction of prompts with one correct}.
+        over K samples at `temperature`, "pass@K": fraction of prompts with one correct}; with
+        rows of malformed references, {"unscored": their number}.
     """
     greedy_params = SamplingParams(max_new_tokens, temperature=0.0)
     runner = RewardRunner(
@@ -54,18 +58,27 @@ def evaluate(
         greedy, greedy_texts = _scores(
             sampler, episodes, rows, runner, 1, greedy_params, batch_size
         )
-        result = {"accuracy": float(greedy.mean())}
+        scored = torch.tensor(
+            [
+                correct not in ANSWER_MATCH_REWARDS or usable_gold(r.get("answer")) is not None
+                for r in rows
+            ]
+        )
+        result = {"accuracy": float(greedy[scored].mean())}
         sampled_texts: list[str] = []
         if samples > 1:
             params = SamplingParams(max_new_tokens, temperature=temperature, seed=seed)
             sampled, sampled_texts = _scores(
                 sampler, episodes, rows, runner, samples, params, batch_size
             )
-            result[f"mean@{samples}"] = float(sampled.mean())
-            result[f"pass@{samples}"] = float((sampled > 0).any(1).float().mean())
+            result[f"mean@{samples}"] = float(sampled[scored].mean())
+            result[f"pass@{samples}"] = float((sampled[scored] > 0).any(1).float().mean())
+        if not scored.all():
+            result["unscored"] = float((~scored).sum())
     if records is not None:
         for i in range(len(rows)):
-            record = {"greedy": greedy_texts[i], "greedy_correct": float(greedy[i, 0])}
+            correct_value = float(greedy[i, 0]) if scored[i] else None
+            record = {"greedy": greedy_texts[i], "greedy_correct": correct_value}
             if samples > 1:
                 record["samples"] = sampled_texts[i * samples : (i + 1) * samples]
                 record["samples_correct"] = sampled[i].tolist()

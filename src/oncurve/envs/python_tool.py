@@ -2,16 +2,19 @@
 
 A turn with a ```python fenced block is a tool call: the block runs in `oncurve.sandbox` and its
 output (stdout, and stderr's tail when it failed) comes back as the next message. A turn without
-one is the final answer, scored 1.0 when its answer (`extract_answer`: the last `\\boxed{}`,
-else the last number) matches the row's "answer", else 0.0. An episode that runs out of turns
-while still calling the tool scores 0.0.
+one is the final answer, scored as the `correct` reward scores it: 1.0 when its answer
+(`extract_answer`: the last `\\boxed{}`, else the last number) strictly matches the row's
+"answer" without restating the row's prompt (`answers_match`), else 0.0; NaN (unscored) for a
+row without a usable answer (`usable_gold`). An episode that runs out of turns while still
+calling the tool scores 0.0.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from oncurve.rewards.answers import answers_match, extract_answer
+from oncurve.rewards.answers import answers_match, extract_answer, usable_gold
 from oncurve.rewards.code import extract_program
 from oncurve.sandbox import check_isolation, run_python
 
@@ -40,18 +43,22 @@ class PythonToolEnv:
         # probed once per process: the first episode (built at the start of a run to check
         # rollout.env_args) warns then when the machine's isolation is weaker than full
         check_isolation()
-        self.answer = ""
+        self.answer: str | None = None
+        self.prompt = ""
         self.calls = 0
 
     def reset(self, row: dict[str, Any]) -> str:
-        self.answer = str(row.get("answer", ""))
+        self.answer = usable_gold(row.get("answer"))
+        self.prompt = row["prompt"]
         return row["prompt"] + self.instructions
 
     def step(self, turn: str) -> tuple[str | None, float, bool]:
         program = extract_program(turn)
         if program is None:
+            if self.answer is None:
+                return None, math.nan, True
             try:
-                right = answers_match(extract_answer(turn), self.answer)
+                right = answers_match(extract_answer(turn), self.answer, prompt=self.prompt)
             except TimeoutError:  # math-verify ran past its bound: no answer it could confirm
                 right = False
             return None, 1.0 if right else 0.0, True

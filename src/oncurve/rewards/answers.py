@@ -1,10 +1,10 @@
 """Answer extraction from completions and answer matching against a reference.
 
 Extraction styles (`extract_answer`), each linear in the completion's length:
-  tags         the last `<answer>...</answer>`: the last closing tag and the nearest opening tag
-               before it
-  boxed        the last outermost `\\boxed{...}` (or `\\fbox{...}`), nested braces balanced; a box
-               that only wraps another box is unwrapped
+  tags         the last `<answer>...</answer>` with something in it: a closing tag and the
+               nearest opening tag before it
+  boxed        the last outermost `\\boxed{...}` (or `\\fbox{...}`) with something in it, nested
+               braces balanced; a box that only wraps another box is unwrapped
   gsm8k        the text after the last `####` whose line states a number (`stated_number`), of
                the last GSM8K_LINES such lines, so a markdown heading such as `#### Step 2` is
                not taken for the answer
@@ -12,26 +12,39 @@ Extraction styles (`extract_answer`), each linear in the completion's length:
   auto         the first of tags, boxed, gsm8k, last_number that finds something; inside
                `<answer>` a `\\boxed{}` is unwrapped
 
-Matching (`answers_match`; README, "What `correct` pays for"):
-  - the reference's own surface form (after `normalize_answer`) always matches;
+Matching (`answers_match`; README, "What `correct` pays for"). A reference that cannot be
+scored (`usable_gold`: empty, NaN, `None`, `0/0`) matches nothing, and the reward leaves its row
+unscored. Otherwise, after a leading "The answer is":
+  - the reference's own surface form (after `normalize_answer`) matches; letters differing in
+    case only match as words (`Yes`), never as commands (`\\delta` is not `\\Delta`);
   - a reference that states a number (`stated_number`: `72`, `-1,000.5`, `\\frac{3}{4}`,
     `12\\text{ inches}`) is matched by a stated number of the same value, and by nothing else
     when `strict` (the default): an integer, a decimal or a reduced fraction, with its dressing
-    (sign, thousands separators, `$`, `%`, units in words, a leading `x =` or `\\approx`,
-    markdown emphasis). `25+4`, `2^{10}`, `\\binom{8}{4}`, `\\frac{58}{2}` are not answers,
-    whatever they equal: a policy paid for them learns to copy the question;
+    (sign, thousands separators, a currency, units in words, a leading `x =` or `\\approx`,
+    markdown emphasis). A percentage is its value over 100 (`75%` for 0.75), or the number
+    itself where the prompt asks for a percentage. `25+4`, `2^{10}`, `\\binom{8}{4}`,
+    `\\frac{58}{2}` are not answers, whatever they equal: a policy paid for them learns to copy
+    the question; nor, when `strict`, the prompt's own number in another form than the
+    reference's (0.75 for "Express 0.75 as a common fraction": `_converts_back`);
+  - a reference that lists numbers (`2, 3`) is matched by the same numbers in any order,
+    however joined (`x=2 \\text{ or } x=3`);
   - any other reference (`\\frac{\\sqrt{2}}{2}`, `(x+1)^2`) is compared symbolically through
-    math-verify (extra `math`), except, when `strict`, an answer that restates the prompt (is
-    an expression written in it, or wraps one of its math expressions: `_restates`);
+    math-verify (extra `math`), except, when `strict`, an answer that still shows work the
+    reference has done (`_undone`: a decimal for an exact value, a root as a power or of a
+    number that is not square-free, brackets multiplied where the reference is expanded or
+    expanded where it is factored, letters in a denominator the reference has not), that
+    restates the prompt (`_restates`), chains equalities, or names another variable;
   - `strict=False` (`reward.answer_match: lenient`) sends any pair that is not two equal numbers
     to math-verify and lets restated expressions match: the matching before strict existed.
 Numbers are bounded before they are built (MAX_ANSWER_CHARS, MAX_EXPONENT), and math-verify
-sees only short answers without huge powers or factorials (`_tame`), each comparison for at most
-`oncurve.rewards.math.SYMBOLIC_TIMEOUT_S` (TimeoutError past it).
+sees only short answers and references without huge powers, factorials of brackets, gamma,
+products or sums (`_tame`), each comparison bounded by `oncurve.rewards.math` (TimeoutError past
+it).
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import math
 import re
@@ -48,39 +61,119 @@ _OPEN_TAG_RE = re.compile(r"<answer>", re.IGNORECASE)
 _CLOSE_TAG_RE = re.compile(r"</answer>", re.IGNORECASE)
 _GSM8K_RE = re.compile(r"####\s*([^\n]*)")
 # Thousands groups must be exact (`1,000`, not `1,00`), so a list like `1,2,3` gives `3`.
-_NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+"
-_NUMBER_RE = re.compile(rf"(?<![\w.])(?:{_NUMBER})(?![\w])")
+_NUMBER = r"[-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|[-−]?\.\d+"
+# A unit may follow without a space (`12.5m`); a letter before (`x2`, `H2O`) is no number.
+_NUMBER_RE = re.compile(rf"(?<![\w.])(?:{_NUMBER})(?![\d_]|[.,]\d)")
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 # A box opener with the brace of its argument (group 1) or its unbraced argument (group 2,
 # `\boxed 7`), or any other brace: one pass over these finds every box (`_last_boxed`).
 _BOX_TOKEN_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])(?:[ \t]*(\{)|[ \t]+([^\s${}\\]+))?|[{}]")
 _NON_SPACE_RE = re.compile(r"\S")
 
-_TEXT_RE = re.compile(r"\\(?:text|textbf|textrm|textit|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
+_TEXT_RE = re.compile(
+    r"\\(?:text|textbf|textrm|textit|textnormal|textup|mathrm|mathbf|mathit|mathsf|mbox|bm"
+    r"|boldsymbol|underline)\s*\{([^{}]*)\}"
+)
 _SPACING_RE = re.compile(r"\\left|\\right|\\displaystyle|\\[,;:! ]")
 _WRAPPERS = (("**", "**"), ("__", "__"), ("*", "*"), ("`", "`"), ("$$", "$$"), ("$", "$"))
-_WRAPPERS += (("\\(", "\\)"), ("\\[", "\\]"))
+_WRAPPERS += (("\\(", "\\)"), ("\\[", "\\]"), ("(", ")"))
 _STATED_RE = re.compile(
-    r"""(?:[a-zA-Z]\s*=|\\approx|≈|=)?\s*
-    (?P<sign>[-+]?)\s*(?:\$|€|£)?\s*(?P<sign2>[-+]?)\s*
+    r"""(?:(?:[a-zA-Z]{1,3}(?:_\{?[a-zA-Z0-9]+\}?)?|\\[a-zA-Z]+)\s*=|\\approx|≈|=)?\s*
+    (?P<sign>[-+]?)\s*(?:\$|€|£|¥|₹|₩|₽)?\s*(?P<sign2>[-+]?)\s*
     (?:
+        (?:(?P<mixed>\d+)\s*)?
         \\frac\s*(?:\{\s*(?P<fnum>-?\d+)\s*\}|(?P<fnum1>\d))
-                \s*(?:\{\s*(?P<fden>\d+)\s*\}|(?P<fden1>\d))
+                \s*(?:\{\s*(?P<fden>-?\d+)\s*\}|(?P<fden1>\d))
       | (?P<rnum>\d+)\s*/\s*(?P<rden>\d+)
-      | (?P<whole>\d{1,3}(?:,\d{3})+|\d+|(?=\.\d))(?:\.(?P<decimals>\d*))?
-        (?:[eE](?P<exp>[-+]?\d+))?
+      | (?P<whole>\d{1,3}(?:,\d{3})+|\d+|(?=\.\d))
+        (?:\.(?P<decimals>\d*)(?:\\overline\s*\{\s*(?P<repeat>\d+)\s*\})?)?
+        (?:[eE](?P<exp>[-+]?\d+)
+          |\s*(?:\\times|\\cdot|×|·)\s*10\s*\^\s*(?:\{\s*(?P<exp2>[-+]?\d+)\s*\}|(?P<exp1>\d)))?
     )
-    \s*(?:%|\^\s*\{?\s*\\circ\s*\}?|\\circ|°)?
-    (?:(?:\s+|(?=[a-zA-Z]{2}))[a-zA-Z]+(?:[ /-]+[a-zA-Z]+){0,3}(?:\^\{?\d\}?)?)?
+    \s*(?P<percent>%)?(?:\^\s*\{?\s*\\circ\s*\}?|\\circ|°)?
+    (?P<words>(?:\s+|(?=[a-zA-Z]{2}))[a-zA-Z]+(?:[ /-]+[a-zA-Z]+){0,3}(?:\^\{?\d\}?)?)?
     \s*\.?""",
     re.VERBOSE,
 )
+# Words after a number that change its value or deny it: `5 thousand`, `5 is not the answer`.
+_NOT_UNITS = frozenset(
+    [
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "not",
+        "no",
+        "nor",
+        "or",
+        "and",
+        "but",
+        "than",
+        "never",
+        "thousand",
+        "thousands",
+        "million",
+        "millions",
+        "billion",
+        "billions",
+        "trillion",
+        "trillions",
+        "hundred",
+        "hundreds",
+        "dozen",
+        "dozens",
+        "squared",
+        "cubed",
+        "times",
+        "plus",
+        "minus",
+        "over",
+        "half",
+        "quarter",
+    ]
+)
+_PERCENT_WORDS = frozenset(("percent", "per cent", "percentage points"))
+_PERCENT_PROMPT_RE = re.compile(r"percent|%", re.IGNORECASE)
 
 _COMMAND_RE = re.compile(r"\\[a-zA-Z]+")
+_TEXT_COMMAND_RE = re.compile(r"\\(?:text|textnormal|mathrm|mbox)\b")
+_TRAILING_UNITS_RE = re.compile(
+    r"\s*\\(?:text|textnormal|mathrm|mbox)\s*\{(?P<words>\s*[a-zA-Z][a-zA-Z ./-]*)\}"
+    r"\s*(?:\^\s*\{?\s*\d\s*\}?)?\s*\.?\s*$"
+)
+_EQUALS_RE = re.compile(r"(?<![<>!\\])=")
+_LHS_RE = re.compile(r"\s*(?P<name>[a-zA-Z](?:_\{?[a-zA-Z0-9]+\}?)?)\s*=(?!=)")
+_MALFORMED_GOLDS = frozenset(("nan", "none", "null", "n/a", "0/0"))
+_OVER_ZERO_RE = re.compile(
+    r"\\[dtc]?frac\s*\{[^{}]*\}\s*\{\s*0+\s*\}|(?<![\d.])\d+\s*/\s*0+(?![\d.])"
+)
+_ANSWER_PHRASE_RE = re.compile(
+    r"\s*(?:(?:so|thus|therefore|hence),?\s+)?(?:the\s+)?(?:final\s+)?answer\s*(?:is|:|=)\s*"
+    r"(?P<answer>.+?)\s*\.?\s*",
+    re.IGNORECASE | re.DOTALL,
+)
+# A literal number of a prompt: a fraction (LaTeX or a/b) or a decimal, for `_converts_back`.
+_PROMPT_NUMBER_RE = re.compile(
+    r"\\[dtc]?frac\s*(?:\{\s*\d+\s*\}|\d)\s*(?:\{\s*\d+\s*\}|\d)|\d+\s*/\s*\d+|\d*\.\d+"
+)
+_LIST_SEPARATOR_RE = re.compile(r"\s*(?:,(?!\d{3}(?!\d))|;|\bor\b|\band\b)\s*")
+_DECIMAL_RE = re.compile(r"\d\.\d|(?<!\d)\.\d")
+# A power that is a root: `^{1/2}`, `^{\frac{1}{3}}`, `^(1/2)`, `^{0.5}`, `^.5`
+_FRACTIONAL_POWER_RE = re.compile(
+    r"\^\s*[{(]?\s*(?:\\[dtc]?frac\s*\{?\s*\d+\s*\}?\s*\{?\s*\d+|\d+\s*/\s*\d+|\d*\.\d)"
+)
+_SQRT_RE = re.compile(r"\\sqrt(?:\s*\[\s*(?P<index>2)\s*\])?\s*|(?<![a-zA-Z\\])sqrt\s*")
+# Brackets multiplied or raised: `(x+1)(x+1)`, `(1+x)^2`, `2(x+1)`, `(x+1) \cdot (x-1)`
+_BRACKET_PRODUCT_RE = re.compile(r"\)\s*(?:\\cdot|\\times|\*)?\s*[(\^]|[\w}]\s*\(")
+_FRAC_RE = re.compile(r"\\[dtc]?frac\s*\{")
 # An operation between terms, a power, a factorial, a command or a bracket: not a bare number
 # or symbol (`-1` is not one).
 _EXPRESSION_RE = re.compile(r".[-+*/^!]|\\[a-zA-Z]|\(")
 _MATH_SEGMENT_RE = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+# Operators whose value sympy computes however large: factorials of brackets (`(x-x+9999999)!`,
+# `(3!)!`), the gamma function, products and sums.
+_UNBOUNDED_RE = re.compile(r"[)}\]]\s*!|\\(?:Gamma|prod|sum|operatorname\s*\{\s*[a-zA-Z]*\s*\})")
 _EXPLOSIVE_RE = re.compile(
     r"\d{21,}"  # a number past any answer's size
     r"|\d[eE][-+]?\d{4,}"  # 1e999999999
@@ -111,30 +204,234 @@ def answers_match(
     predicted: str | None, gold: str, *, prompt: str | None = None, strict: bool = True
 ) -> bool:
     """True when `predicted` states the same answer as `gold` (see the module docstring);
-    `prompt`, when given, is what a strict symbolic match must not restate. Raises TimeoutError
-    when math-verify runs past its bound (the reward runner counts that row as a timeout)."""
-    if predicted is None:
+    `prompt`, when given, is the question a strict match must not be paid for restating.
+    Raises TimeoutError when math-verify runs past its bound (the reward runner counts that
+    row as a timeout)."""
+    if predicted is None or usable_gold(gold) is None:
         return False
-    pred, ref = normalize_answer(predicted), normalize_answer(str(gold))
+    gold = str(gold)
+    predicted = _answer_phrase(predicted)
+    if strict and (_chained(predicted) or _other_variable(predicted, gold)):
+        return False
+    if not _TEXT_COMMAND_RE.search(gold):
+        predicted = _without_units(predicted)
+    pred, ref = normalize_answer(predicted), normalize_answer(gold)
     if not pred:
         return False
-    if pred.lower() == ref.lower():
+    same_percent = bool(_PERCENT_PROMPT_RE.search(predicted)) == bool(
+        _PERCENT_PROMPT_RE.search(gold)
+    )
+    # letters' case is a word's spelling (`Yes`), but a command's meaning (`\delta`, `\Delta`)
+    if same_percent and (pred == ref or ("\\" not in pred + ref and pred.lower() == ref.lower())):
         return True
-    gold_value = stated_number(str(gold))
-    pred_value = stated_number(predicted, reduced=strict)
-    if gold_value is not None and pred_value is not None:
-        return pred_value == gold_value
-    if strict and gold_value is not None:
+    if pred.lower() == ref.lower() and pred != ref and "\\" in pred + ref:
         return False
-    if gold_value is not None:
-        ref = str(gold_value)
-    if not (_looks_symbolic(pred) and _looks_symbolic(ref) and _tame(pred)):
+    gold_stated = _stated(gold)
+    pred_stated = _stated(predicted, reduced=strict)
+    if gold_stated is not None and pred_stated is not None:
+        if not _same_value(pred_stated, gold_stated, prompt):
+            return False
+        return not (strict and prompt and _converts_back(pred_stated, gold_stated, prompt))
+    if strict and gold_stated is not None:
         return False
-    if strict and prompt and _restates(pred, prompt, ref):
+    if gold_stated is not None:
+        ref = str(gold_stated[0])
+    gold_list = _number_list(gold)
+    if gold_list is not None:
+        pred_list = _number_list(predicted, reduced=strict)
+        if pred_list is not None or strict:
+            return pred_list is not None and sorted(pred_list) == sorted(gold_list)
+    if not (_looks_symbolic(pred) and _looks_symbolic(ref) and _tame(pred) and _tame(ref)):
+        return False
+    if strict and (_undone(pred, ref) or (prompt and _restates(pred, prompt, ref))):
         return False
     from oncurve.rewards.math import symbolic_equal
 
     return bool(symbolic_equal(pred, ref))
+
+
+def usable_gold(gold: object) -> str | None:
+    """The reference answer as text, or None when it cannot be scored against: missing, empty,
+    NaN, `None`, `null`, or a fraction over zero (`0/0`, `\\frac{1}{0}`). A policy that
+    repeats a malformed reference learns nothing true, so such rows are unscored."""
+    if gold is None or (isinstance(gold, float) and not math.isfinite(gold)):
+        return None
+    text = str(gold).strip()
+    surface = normalize_answer(text).lower()
+    if not surface or surface in _MALFORMED_GOLDS or _OVER_ZERO_RE.search(text):
+        return None
+    return text
+
+
+def _chained(text: str) -> bool:
+    """Whether a part of the answer chains equalities (`1 = 2 = 3 = 2\\sqrt{3}`): one of them
+    at least is not the answer. A list of solutions (`x=2 \\text{ or } x=3`) is no chain."""
+    if len(text) > MAX_ANSWER_CHARS:
+        return False
+    parts = _LIST_SEPARATOR_RE.split(_TEXT_RE.sub(r" \1 ", text))
+    return any(len(_EQUALS_RE.findall(part)) > 1 for part in parts)
+
+
+def _without_units(text: str) -> str:
+    """`text` without units in `\\text{}` after it (`9\\pi \\text{ cm}^2`), words that change
+    or deny the value (`\\text{ thousand}`, `\\text{ is not it}`) kept."""
+    if len(text) > MAX_ANSWER_CHARS:
+        return text
+    match = _TRAILING_UNITS_RE.search(text)
+    if match is None or _NOT_UNITS.intersection(re.split(r"[ ./-]+", match["words"].lower())):
+        return text
+    return text[: match.start()]
+
+
+def _answer_phrase(text: str) -> str:
+    """`text` without a leading "The answer is" (`<answer>The answer is 18.</answer>`)."""
+    if len(text) > MAX_ANSWER_CHARS:
+        return text
+    match = _ANSWER_PHRASE_RE.fullmatch(text)
+    return text if match is None else match["answer"]
+
+
+def _other_variable(predicted: str, gold: str) -> bool:
+    """Whether both name what they solve for, and not the same (`x = 2x+3` for `y=2x+3`)."""
+    named = [_LHS_RE.match(_undress(text)) for text in (predicted, gold)]
+    return all(named) and named[0]["name"] != named[1]["name"]
+
+
+def _same_value(
+    pred: tuple[Fraction, bool, str], gold: tuple[Fraction, bool, str], prompt: str | None
+) -> bool:
+    """Whether two stated numbers agree, a percentage read as such: `75%` is 0.75, and is 75
+    only where the question asks for a percentage (or the gold writes one)."""
+    (value, percent, _), (gold_value, gold_percent, _) = pred, gold
+    if percent == gold_percent:
+        return value == gold_value
+    if percent:
+        asked = prompt is None or _PERCENT_PROMPT_RE.search(prompt) is not None
+        return value / 100 == gold_value or (asked and value == gold_value)
+    return value in (gold_value, gold_value / 100)
+
+
+def _converts_back(
+    pred: tuple[Fraction, bool, str], gold: tuple[Fraction, bool, str], prompt: str
+) -> bool:
+    """Whether the answer is the prompt's own number in another form than the gold's: 0.75 for
+    "Express 0.75 as a common fraction", `\\frac{7}{8}` for "Express 7/8 as a decimal"."""
+    value, _, kind = pred
+    if kind == gold[2]:
+        return False
+    literals = {"fraction": [], "decimal": [], "integer": []}
+    for match in _PROMPT_NUMBER_RE.finditer(prompt[: 4 * MAX_ANSWER_CHARS]):
+        stated = _stated(match.group())
+        if stated is not None:
+            literals[stated[2]].append(stated[0])
+    return value in literals[kind]
+
+
+def _number_list(text: str, *, reduced: bool = False) -> list[Fraction] | None:
+    """The numbers of a bare list of two or more (`2, 3`; `x=2 \\text{ or } x=3`), or None."""
+    if len(text) > MAX_ANSWER_CHARS:
+        return None
+    text = _TEXT_RE.sub(r" \1 ", text.strip())
+    if _BOX_RE.search(text):
+        text = _last_boxed(text) or text
+    text = text.strip().strip("$").strip()
+    if not text or text[0] in "([{" or "\\{" in text:  # a tuple, an interval or a set
+        return None
+    parts = _LIST_SEPARATOR_RE.split(text)
+    if len(parts) < 2:
+        return None
+    values = [_stated(part, reduced=reduced) for part in parts]
+    if any(v is None or v[1] for v in values):
+        return None
+    return [v[0] for v in values]
+
+
+def _undone(pred: str, ref: str) -> bool:
+    """Whether the normalised answer `pred` still shows work the reference `ref` has done: a
+    decimal for an exact reference, a root written as a power or with index 2, a root of a
+    number that is not square-free or of arithmetic, a product or power of brackets where the
+    reference has none, a sum where the reference is a product or power of brackets, a
+    fraction with letters in its denominator where the reference has none."""
+    if _DECIMAL_RE.search(pred) and not _DECIMAL_RE.search(ref):
+        return True
+    if _FRACTIONAL_POWER_RE.search(pred) and not _FRACTIONAL_POWER_RE.search(ref):
+        return True
+    for radicand in _radicands(pred):
+        if radicand in _radicands(ref):
+            continue
+        if not radicand.isdigit() or not _square_free(int(radicand)):
+            return True
+    if _bracket_product(pred) and "(" not in ref:
+        return True
+    if _bracket_product(ref) and "(" not in pred:  # expanded, where a factored form is asked
+        return True
+    return _letter_denominator(pred) and not _letter_denominator(ref)
+
+
+def _bracket_product(text: str) -> bool:
+    """Whether brackets are multiplied or raised in `text` (a function's own, `\\sin(x)`, are
+    not)."""
+    return _BRACKET_PRODUCT_RE.search(_COMMAND_RE.sub(" ", text)) is not None
+
+
+def _radicands(text: str) -> list[str]:
+    """What each square root of `text` is taken of: `\\sqrt{12}`, `\\sqrt 3`, `\\sqrt[2]{12}`
+    (an index of 2 is `12^` undone: kept with its index, which never passes), `sqrt(12)`."""
+    found = []
+    for match in _SQRT_RE.finditer(text):
+        if match["index"] is not None:
+            found.append(f"[{match['index']}]")
+            continue
+        start = match.end()
+        if start < len(text) and text[start] in "{(":
+            close = _closing(text, start)
+            found.append(text[start + 1 : close] if close is not None else text[start:])
+        else:
+            found.append(re.match(r"\d+|\\?[a-zA-Z]+|.?", text[start:]).group())
+    return found
+
+
+def _closing(text: str, start: int) -> int | None:
+    """The index of the bracket that closes the one at `start` (`{` or `(`), or None."""
+    opener = text[start]
+    closer = "}" if opener == "{" else ")"
+    depth = 0
+    for end in range(start, min(len(text), start + MAX_ANSWER_CHARS)):
+        depth += (text[end] == opener) - (text[end] == closer)
+        if depth == 0:
+            return end
+    return None
+
+
+def _square_free(n: int) -> bool:
+    if n < 2:
+        return False
+    return all(n % (k * k) for k in range(2, math.isqrt(n) + 1))
+
+
+def _letter_denominator(text: str) -> bool:
+    """Whether a fraction of `text` has a letter in its denominator (`\\frac{x^2-1}{x-1}`,
+    `(x^2-1)/(x-1)`); command names (`\\sqrt`, `\\pi`) are no letters."""
+    for match in _FRAC_RE.finditer(text):
+        numerator_end = _closing(text, match.end() - 1)
+        if numerator_end is None or numerator_end + 1 >= len(text):
+            continue
+        if text[numerator_end + 1] == "{":
+            end = _closing(text, numerator_end + 1)
+            denominator = text[numerator_end + 2 : end]
+        else:
+            denominator = text[numerator_end + 1]
+        if re.search(r"[a-zA-Z]", _COMMAND_RE.sub("", denominator)):
+            return True
+    for match in re.finditer(r"/\s*", text):
+        after = text[match.end() :]
+        if after.startswith("(") and (close := _closing(after, 0)) is not None:
+            after = after[: close + 1]
+        else:
+            after = re.match(r"\\?[a-zA-Z0-9]*", after).group()
+        if re.search(r"[a-zA-Z]", _COMMAND_RE.sub("", after)):
+            return True
+    return False
 
 
 def normalize_answer(text: str) -> str:
@@ -152,34 +449,58 @@ def normalize_answer(text: str) -> str:
 
 
 def stated_number(text: str, *, reduced: bool = False) -> Fraction | None:
-    """The value of `text` when it states one number: an integer, a decimal (`1e3` too) or a
-    fraction (`3/4`, `\\frac{3}{4}`, `\\dfrac34`), with its dressing: sign, thousands separators
-    (`1,000`, `1{,}000`, `1\\,000`), `$`, `%`, degrees, units in words or `\\text{}` (`72 apples`,
-    `5\\text{ hours}`), a leading `x =` or `\\approx`, markdown emphasis, math delimiters, a box, a
-    trailing period. With `reduced`, a fraction counts only in lowest terms with a denominator
-    above 1 (`\\frac{58}{2}` is arithmetic left undone). None for anything else, including an
-    answer longer than MAX_ANSWER_CHARS or an exponent beyond MAX_EXPONENT."""
+    """The value of `text` when it states one number: an integer, a decimal (`1e3`,
+    `1.5 \\times 10^3`, `0.\\overline{3}` too), a fraction (`3/4`, `\\frac{3}{4}`, `\\dfrac34`,
+    `\\frac{2}{-3}`) or a mixed number (`7\\frac{1}{2}`), with its dressing: sign, thousands
+    separators (`1,000`, `1{,}000`, `1\\,000`), a currency sign, `%`, degrees, units in words or
+    `\\text{}` (`72 apples`, `5\\text{ hours}`, `18\\text{ m}^2`), a leading `x =`, `AB =`,
+    `x_1 =` or `\\approx`, markdown emphasis, math delimiters, brackets, a box, a trailing period.
+    A percentage's value is the number as written (`answers_match` reads the `%`). With
+    `reduced`, a fraction counts only in lowest terms with a denominator above 1 (`\\frac{58}{2}`
+    is arithmetic left undone). None for anything else: words that change the value or deny it
+    (`5 thousand`, `5 is not the answer`), an answer longer than MAX_ANSWER_CHARS or an exponent
+    beyond MAX_EXPONENT."""
+    stated = _stated(text, reduced=reduced)
+    return None if stated is None else stated[0]
+
+
+def _stated(text: str, *, reduced: bool = False) -> tuple[Fraction, bool, str] | None:
+    """(value, whether it is a percentage, its kind: "integer", "decimal" or "fraction") of
+    the number `text` states (`stated_number`)."""
     if len(text) > MAX_ANSWER_CHARS:
         return None
     match = _STATED_RE.fullmatch(_undress(text))
     if match is None or (match["sign"] and match["sign2"]):
         return None
+    words = (match["words"] or "").strip().lower()
+    if _NOT_UNITS.intersection(re.split(r"[ /-]+", words)):
+        return None
+    percent = bool(match["percent"]) or words in _PERCENT_WORDS
     sign = -1 if "-" in (match["sign"], match["sign2"]) else 1
     num, den = match["fnum"] or match["fnum1"] or match["rnum"], match["fden"] or match["fden1"]
     den = den or match["rden"]
     if num is not None:
         numerator, denominator = int(num), int(den)
-        if denominator == 0:
+        if denominator == 0 or (numerator < 0 and denominator < 0):
             return None
-        if reduced and (denominator == 1 or math.gcd(numerator, denominator) != 1):
+        if reduced and (abs(denominator) == 1 or math.gcd(numerator, denominator) != 1):
             return None
-        return sign * Fraction(numerator, denominator)
+        value = Fraction(numerator, denominator)
+        if match["mixed"] is not None:
+            if not 0 < value < 1:  # `7\frac{1}{2}` is seven and a half; `7\frac{3}{2}` is not
+                return None
+            value += int(match["mixed"])
+        return sign * value, percent, "fraction"
     decimals = match["decimals"] or ""
-    exponent = int(match["exp"] or 0) - len(decimals)
+    exponent = int(match["exp"] or match["exp2"] or match["exp1"] or 0) - len(decimals)
     if abs(exponent) > MAX_EXPONENT:
         return None
     digits = (match["whole"].replace(",", "") + decimals) or "0"
-    return sign * Fraction(int(digits)) * Fraction(10) ** exponent
+    value = Fraction(int(digits))
+    if match["repeat"]:  # 0.1\overline{6}: the repeated digits add digits / (10^k - 1)
+        value += Fraction(int(match["repeat"]), 10 ** len(match["repeat"]) - 1)
+    kind = "decimal" if match["decimals"] is not None or exponent < 0 else "integer"
+    return sign * value * Fraction(10) ** exponent, percent, kind
 
 
 def _undress(text: str) -> str:
@@ -188,11 +509,13 @@ def _undress(text: str) -> str:
     text = text.strip()
     if _BOX_RE.search(text):
         text = _last_boxed(text) or text
-    text = _TEXT_RE.sub(r" \1 ", text)
+    text = _TEXT_RE.sub(r" \1 ", _TEXT_RE.sub(r" \1 ", text))  # `\bm{\text{18}}`
+    text = re.sub(r",\s*\\[!,]\s*", ",", text)  # `32,\! 349`
     text = _SPACING_RE.sub("", text.replace("\\ ", " ")).replace("~", " ")
     for old, new in (("{,}", ","), ("\\$", "$"), ("\\%", "%"), ("−", "-")):
         text = text.replace(old, new)
-    text = re.sub(r"\\[dt]frac(?![a-zA-Z])", r"\\frac", text)
+    text = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", text)
+    text = re.sub(r"\s+(?=\^)", "", text)  # `18 m ^2`: a unit's power
     # one space at most between parts: _STATED_RE's adjacent optional spaces would split a long
     # run in quadratically many ways before failing (45 ms for 1,000 spaces)
     text = re.sub(r"\s+", " ", text).strip()
@@ -241,19 +564,14 @@ def _looks_symbolic(text: str) -> bool:
 def _tame(text: str) -> bool:
     """Safe to hand to math-verify: no number that sympy would build in C, past any timeout's
     reach and with gigabytes of memory (a tower `9^{9^{9^{9}}}`, `9!!!`, `1e999999999`, a
-    binomial of powers). `text` is short (`_looks_symbolic`)."""
-    if _EXPLOSIVE_RE.search(text):
-        return False
-    numeric = not re.search(r"[a-zA-Z]", _COMMAND_RE.sub("", text))
-    if numeric and re.search(r"[)}]\s*!", text):  # (3!)!: a factorial of a computed number
+    binomial of powers), whatever letters dress it (`(x-x+9999999)!` cancels to a number): no
+    factorial of a bracket, no gamma function, product or sum operator, no power inside an
+    exponent. Applied to the reference too. `text` is short (`_looks_symbolic`)."""
+    if _EXPLOSIVE_RE.search(text) or _UNBOUNDED_RE.search(text):
         return False
     if re.search(r"\\(?:[dt]?binom|choose)", text) and re.search(r"\^|\d{4,}", text):
         return False
-    for exponent in _exponents(text):
-        letters = re.search(r"[a-zA-Z]", _COMMAND_RE.sub("", exponent))
-        if re.search(r"\d{4,}", exponent) or (not letters and re.search(r"[\^!]", exponent)):
-            return False
-    return True
+    return all(not re.search(r"\d{4,}|[\^!]", exponent) for exponent in _exponents(text))
 
 
 def _exponents(text: str) -> list[str]:
@@ -274,9 +592,17 @@ def _exponents(text: str) -> list[str]:
 
 
 def _last_tag(text: str) -> str | None:
-    close = _last_match(_CLOSE_TAG_RE, text, len(text))
-    opening = None if close is None else _last_match(_OPEN_TAG_RE, text, close.start())
-    return None if opening is None else text[opening.end() : close.start()].strip()
+    """The content of the last `<answer>...</answer>` pair with something in it: its closing
+    tag and the nearest opening tag before it. Empty pairs (a format quoted) are passed over."""
+    openings = [match.end() for match in _OPEN_TAG_RE.finditer(text)]
+    for close in reversed(list(_CLOSE_TAG_RE.finditer(text))):
+        before = bisect.bisect_right(openings, close.start()) - 1
+        if before < 0:
+            return None
+        content = text[openings[before] : close.start()].strip()
+        if content:
+            return content
+    return None
 
 
 def _last_match(pattern: re.Pattern[str], text: str, end: int) -> re.Match[str] | None:
@@ -303,7 +629,10 @@ def _last_boxed(text: str) -> str | None:
             box = open_braces.pop() if open_braces else None
             if box is not None:
                 boxes[box[0]] = (box[1], token.start(), token.end())
-                last = box[0]
+                # an empty box (a prompt's `\boxed{}` quoted) is no answer: the one before
+                # it still is
+                if _NON_SPACE_RE.search(text, box[1], token.start()):
+                    last = box[0]
         elif token.group(1):
             open_braces.append((token.start(), token.end()))
         elif token.group(2):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from oncurve.errors import UserError
-from oncurve.rewards.answers import answers_match, extract_answer
+from oncurve.rewards.answers import answers_match, extract_answer, usable_gold
 from oncurve.rewards.code import code_tests_reward
 from oncurve.rewards.countdown import countdown_reward
 from oncurve.rewards.format import (
@@ -37,7 +37,7 @@ def answer_match_reward(
     """1.0 when the extracted answer (`extract_answer(style="auto")`) matches the `answer`
     column under strict matching (`answers_match`: a numeric reference is matched only by a
     stated number, and no answer may restate the prompt), else 0.0; None for a row whose
-    reference answer is missing or empty."""
+    reference answer is missing or malformed (`usable_gold`: empty, NaN, `None`, `0/0`)."""
     return _answer_scores(prompts, completions, answer, strict=True)
 
 
@@ -56,11 +56,12 @@ def _answer_scores(
         raise UserError("reward 'correct' needs an 'answer' column in the data")
     scores: list[float | None] = []
     for prompt, completion, gold in zip(prompts, completions, answer, strict=True):
-        if gold is None or str(gold).strip() == "":
+        reference = usable_gold(gold)
+        if reference is None:
             scores.append(None)
         else:
             right = answers_match(
-                extract_answer(completion), str(gold), prompt=prompt, strict=strict
+                extract_answer(completion), reference, prompt=prompt, strict=strict
             )
             scores.append(1.0 if right else 0.0)
     return scores

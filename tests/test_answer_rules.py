@@ -1,0 +1,195 @@
+"""What strict `correct` pays for: a stated, simplified answer equal to the reference, and nothing
+else. Each row is (prompt, completion, gold, expected score): the question's undone work in any
+notation, a conversion question's own literal, a decimal for an exact gold, dressing that
+changes the value or is not an answer, and malformed golds (unscored: None); beside them the
+stated answers that must still be paid, in the forms instruct models write."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from oncurve.envs import PythonToolEnv
+from oncurve.evaluate import evaluate
+from oncurve.rewards.math import has_math_verify
+from oncurve.rewards.registry import answer_match_reward
+
+SIMPLIFY = "Simplify $\\sqrt{12}$."
+EXPAND = "Expand $(x+1)^2$."
+FACTOR = "Factor $x^2+2x+1$."
+RATIONAL = "Simplify $\\frac{x^2-1}{x-1}$ for $x \\neq 1$."
+TO_FRACTION = "Express 0.75 as a common fraction."
+TO_DECIMAL = "Express $\\frac{7}{8}$ as a decimal."
+PERCENT = "What percent of the class passed?"
+
+
+def case(prompt: str, completion: str, gold: str | None, expected: float | None) -> object:
+    return pytest.param(prompt, completion, gold, expected, id=f"{completion!r} ~ {gold!r}")
+
+
+# fmt: off
+# The question's work left undone, written in another notation than the prompt's: not paid.
+UNDONE = [
+    case(SIMPLIFY, "\\boxed{\\sqrt[2]{12}}", "2\\sqrt{3}", 0.0),
+    case(SIMPLIFY, "\\boxed{12^{1/2}}", "2\\sqrt{3}", 0.0),
+    case(SIMPLIFY, "\\boxed{12^{\\frac{1}{2}}}", "2\\sqrt{3}", 0.0),
+    case(SIMPLIFY, "\\boxed{\\sqrt{11+1}}", "2\\sqrt{3}", 0.0),
+    case(SIMPLIFY, "\\boxed{\\sqrt{4 \\cdot 3}}", "2\\sqrt{3}", 0.0),
+    case("Simplify sqrt(12).", "\\boxed{\\sqrt{12}}", "2\\sqrt{3}", 0.0),
+    case("Simplify sqrt(12).", "\\boxed{sqrt(12)}", "2\\sqrt{3}", 0.0),
+    case("What is $\\sqrt{48}$ in simplest form?", "\\boxed{2\\sqrt{12}}", "4\\sqrt{3}", 0.0),
+    case(EXPAND, "\\boxed{(x+1)(x+1)}", "x^2+2x+1", 0.0),
+    case(EXPAND, "\\boxed{(1+x)^2}", "x^2+2x+1", 0.0),
+    case(EXPAND, "\\boxed{(x+1)^{2}}", "x^2+2x+1", 0.0),
+    case(RATIONAL, "\\boxed{(x^2-1)/(x-1)}", "x+1", 0.0),
+    case(RATIONAL, "\\boxed{\\frac{(x-1)(x+1)}{x-1}}", "x+1", 0.0),
+    case(FACTOR, "\\boxed{1+2x+x^2}", "(x+1)^2", 0.0),
+    case(FACTOR, "\\boxed{x^2+2x+1}", "(x+1)^2", 0.0),
+    case(TO_FRACTION, "\\boxed{0.75}", "\\frac{3}{4}", 0.0),
+    case(TO_FRACTION, "\\boxed{\\frac{75}{100}}", "\\frac{3}{4}", 0.0),
+    case(TO_DECIMAL, "\\boxed{\\frac{7}{8}}", "0.875", 0.0),
+    case(TO_DECIMAL, "\\boxed{7/8}", "0.875", 0.0),
+    # a decimal approximation for an exact gold, symbolic or numeric alike
+    case("p", "\\boxed{3.4641016151377544}", "2\\sqrt{3}", 0.0),
+    case("p", "\\boxed{3.464}", "2\\sqrt{3}", 0.0),
+    case("p", "\\boxed{0.6931471805599453}", "\\ln 2", 0.0),
+    case("p", "\\boxed{0.333333}", "\\frac{1}{3}", 0.0),
+    case("p", "\\boxed{3.14159}", "\\pi", 0.0),
+    # dressing that changes the value, or is not an answer
+    case("p", "\\boxed{0.75\\%}", "0.75", 0.0),
+    case("p", "\\boxed{5 \\text{ thousand}}", "5", 0.0),
+    case("p", "\\boxed{5 \\text{ million}}", "5", 0.0),
+    case("p", "\\boxed{5 \\text{ is not the answer}}", "5", 0.0),
+    case("p", "<answer>not 5</answer>", "5", 0.0),
+    case("p", "\\boxed{\\delta}", "\\Delta", 0.0),
+    case("p", "\\boxed{x = 2x + 3}", "y=2x+3", 0.0),
+    case("p", "\\boxed{1 = 2 = 3 = 2\\sqrt{3}}", "2\\sqrt{3}", 0.0),
+    case("p", "\\boxed{1 = 2 = 18}", "18", 0.0),
+    case("p", "The temperature fell to −4 degrees.", "4", 0.0),
+]
+
+# Malformed golds are not scored: a policy repeating them learns nothing true.
+MALFORMED_GOLDS = [
+    case("p", "\\boxed{NaN}", "NaN", None),
+    case("p", "\\boxed{nan}", "nan", None),
+    case("p", "\\boxed{None}", "None", None),
+    case("p", "\\boxed{0/0}", "0/0", None),
+    case("p", "\\boxed{\\frac{0}{0}}", "\\frac{0}{0}", None),
+    case("p", "\\boxed{}", "", None),
+    case("p", "\\boxed{1}", None, None),
+]
+
+# Stated, simplified answers in the forms instruct models write: paid.
+STATED = [
+    case(SIMPLIFY, "\\boxed{2\\sqrt{3}}", "2\\sqrt{3}", 1.0),
+    case(SIMPLIFY, "\\boxed{2 \\sqrt 3}", "2\\sqrt{3}", 1.0),
+    case(EXPAND, "\\boxed{x^2+2x+1}", "x^2+2x+1", 1.0),
+    case(EXPAND, "\\boxed{1+2x+x^2}", "x^2+2x+1", 1.0),
+    case(FACTOR, "\\boxed{(x+1)^2}", "(x+1)^2", 1.0),
+    case(FACTOR, "\\boxed{(1+x)^2}", "(x+1)^2", 1.0),
+    case(RATIONAL, "\\boxed{x+1}", "x+1", 1.0),
+    case(TO_FRACTION, "\\boxed{\\frac{3}{4}}", "\\frac{3}{4}", 1.0),
+    case(TO_FRACTION, "\\boxed{\\dfrac34}", "\\frac{3}{4}", 1.0),
+    case(TO_DECIMAL, "\\boxed{0.875}", "0.875", 1.0),
+    case("p", "\\boxed{\\ln 2}", "\\ln 2", 1.0),
+    case("p", "\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}", 1.0),
+    case("p", "\\boxed{\\Delta}", "\\Delta", 1.0),
+    case("p", "\\boxed{y = 2x + 3}", "y=2x+3", 1.0),
+    case("p", "\\boxed{2x+3}", "y=2x+3", 1.0),
+    case("p", "\\boxed{0.75}", "\\frac{3}{4}", 1.0),
+    case("p", "\\boxed{0.\\overline{3}}", "\\frac{1}{3}", 1.0),
+    case("p", "\\boxed{75\\%}", "0.75", 1.0),
+    case(PERCENT, "\\boxed{75\\%}", "75", 1.0),
+    case(PERCENT, "\\boxed{75 \\text{ percent}}", "75", 1.0),
+    case("p", "\\boxed{18\\text{ m}^2}", "18", 1.0),
+    case("p", "\\boxed{18 \\text{ cm}^{2}}", "18", 1.0),
+    case("p", "\\boxed{(-18)}", "-18", 1.0),
+    case("p", "\\boxed{AB = 18}", "18", 1.0),
+    case("p", "\\boxed{x_1 = 18}", "18", 1.0),
+    case("p", "\\boxed{1.5 \\times 10^3}", "1500", 1.0),
+    case("p", "\\boxed{1.5 \\cdot 10^{3}}", "1500", 1.0),
+    case("p", "\\boxed{\\bm{18}}", "18", 1.0),
+    case("p", "\\boxed{\\underline{18}}", "18", 1.0),
+    case("p", "\\boxed{\\textnormal{18 apples}}", "18", 1.0),
+    case("p", "The price is ¥18.", "18", 1.0),
+    case("p", "\\boxed{₹18}", "18", 1.0),
+    case("p", "\\boxed{7\\frac{1}{2}}", "\\frac{15}{2}", 1.0),
+    case("p", "\\boxed{\\frac{2}{-3}}", "-\\frac{2}{3}", 1.0),
+    case("p", "\\boxed{\\cfrac{3}{4}}", "0.75", 1.0),
+    case("p", "\\boxed{32,\\! 349}", "32349", 1.0),
+    case("p", "\\boxed{x=2 \\text{ or } x=3}", "2, 3", 1.0),
+    case("p", "\\boxed{2 \\text{ and } 3}", "2,3", 1.0),
+    case("p", "\\boxed{x=2}", "2, 3", 0.0),
+    case("p", "<answer>The answer is 18.</answer>", "18", 1.0),
+    case("Put your answer in \\boxed{}.", "So \\boxed{18}. (The format asks for \\boxed{}.)",
+         "18", 1.0),
+    case("p", "<answer>18</answer> in the <answer></answer> format", "18", 1.0),
+    case("p", "Each piece is 25 / 2 = 12.5m.", "12.5", 1.0),
+    case("p", "The temperature fell to −4 degrees.", "-4", 1.0),
+    case("p", "\\boxed{9\\pi \\text{ cm}^2}", "9\\pi", 1.0),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(
+    ("prompt", "completion", "gold", "expected"), UNDONE + MALFORMED_GOLDS + STATED
+)
+def test_strict_correct_pays_a_stated_simplified_answer(prompt, completion, gold, expected):
+    symbolic = gold is not None and any(c.isalpha() for c in gold) and expected == 1.0
+    if symbolic and not has_math_verify():
+        pytest.skip("math-verify (extra `math`) not installed")
+    assert answer_match_reward([prompt], [completion], answer=[gold]) == [expected]
+
+
+def test_evaluation_counts_malformed_references_apart(monkeypatch):
+    texts = ["\\boxed{18}", "\\boxed{None}", "\\boxed{3}", "\\boxed{nan}"]
+    monkeypatch.setattr("oncurve.evaluate.draw", lambda *args: (SimpleNamespace(texts=texts), {}))
+    rows = [
+        {"prompt": "p", "prompt_ids": [1], "answer": answer}
+        for answer in ("18", "None", "4", float("nan"))
+    ]
+    records: list[dict] = []
+    result = evaluate(None, rows, answer_match_reward, max_new_tokens=4, records=records)
+    assert result == {"accuracy": 0.5, "unscored": 2.0}
+    assert [r["greedy_correct"] for r in records] == [1.0, None, 0.0, None]
+
+
+@pytest.mark.skipif(not has_math_verify(), reason="math-verify (extra `math`) not installed")
+def test_python_tool_scores_as_the_correct_reward_does():
+    prompt = "Compute $\\sin^2 x + \\cos^2 x + x$."
+    turn = "\\boxed{\\sin^2 x + \\cos^2 x + x}"  # the question restated
+    assert answer_match_reward([prompt], [turn], answer=["1+x"]) == [0.0]
+    env = PythonToolEnv(timeout_s=2.0, memory_mb=256)
+    env.reset({"prompt": prompt, "answer": "1+x"})
+    assert env.step(turn) == (None, 0.0, True)
+    env.reset({"prompt": prompt, "answer": "1+x"})
+    assert env.step("\\boxed{x+1}") == (None, 1.0, True)
+    for missing in ({}, {"answer": None}, {"answer": "None"}, {"answer": ""}):
+        env.reset({"prompt": prompt, **missing})
+        observation, score, done = env.step("\\boxed{None}")
+        assert observation is None and math.isnan(score) and done
+
+
+# Comparisons that would build a huge number in C, whatever letters dress it, on either side:
+# refused before math-verify sees them (the gold's too), so they cost nothing.
+UNBOUNDED = [
+    ("\\boxed{(x-x+9999999)!}", "\\frac{\\sqrt{2}}{2}"),
+    ("\\boxed{\\Gamma(10^{8})}", "\\frac{\\sqrt{2}}{2}"),
+    ("\\boxed{\\prod_{i=1}^{10^8} i}", "\\frac{\\sqrt{2}}{2}"),
+    ("\\boxed{\\sum_{i=1}^{10^9} i^{i}}", "\\frac{\\sqrt{2}}{2}"),
+    ("\\boxed{2^{x^{x^{9}}}}", "\\frac{\\sqrt{2}}{2}"),
+    ("\\boxed{x}", "(x-x+9999999)!"),
+    ("\\boxed{x}", "\\Gamma(10^{8})"),
+]
+
+
+@pytest.mark.parametrize(("completion", "gold"), UNBOUNDED)
+def test_unbounded_values_never_reach_math_verify(monkeypatch, completion, gold):
+    compared: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        "oncurve.rewards.math.symbolic_equal", lambda *pair: compared.append(pair) or True
+    )
+    assert answer_match_reward(["p"], [completion], answer=[gold]) == [0.0]
+    assert compared == []
