@@ -68,6 +68,9 @@ UNDONE = [
     case("p", "\\boxed{1 = 2 = 3 = 2\\sqrt{3}}", "2\\sqrt{3}", 0.0),
     case("p", "\\boxed{1 = 2 = 18}", "18", 0.0),
     case("p", "The temperature fell to −4 degrees.", "4", 0.0),
+    # the last number of an unboxed completion: a hedge, or a fraction's denominator
+    case("p", "So it is 4 or 3.", "3", 0.0),
+    case("p", "The share is \\frac{3}{4}.", "4", 0.0),
 ]
 
 # Malformed golds are not scored: a policy repeating them learns nothing true.
@@ -128,6 +131,8 @@ STATED = [
     case("p", "<answer>18</answer> in the <answer></answer> format", "18", 1.0),
     case("p", "Each piece is 25 / 2 = 12.5m.", "12.5", 1.0),
     case("p", "The temperature fell to −4 degrees.", "-4", 1.0),
+    case("p", "The share is \\frac{3}{4}.", "0.75", 1.0),
+    case("p", "In 2019 or so, we had 3 apples.", "3", 1.0),
     case("p", "\\boxed{9\\pi \\text{ cm}^2}", "9\\pi", 1.0),
 ]
 # fmt: on

@@ -61,9 +61,14 @@ _OPEN_TAG_RE = re.compile(r"<answer>", re.IGNORECASE)
 _CLOSE_TAG_RE = re.compile(r"</answer>", re.IGNORECASE)
 _GSM8K_RE = re.compile(r"####\s*([^\n]*)")
 # Thousands groups must be exact (`1,000`, not `1,00`), so a list like `1,2,3` gives `3`.
-_NUMBER = r"[-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|[-−]?\.\d+"
+_NUMBER = (
+    r"[-−]?\\[dtc]?frac\{\d+\}\{\d+\}"  # a fraction whole, not its denominator
+    r"|[-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|[-−]?\.\d+"
+)
 # A unit may follow without a space (`12.5m`); a letter before (`x2`, `H2O`) is no number.
 _NUMBER_RE = re.compile(rf"(?<![\w.])(?:{_NUMBER})(?![\d_]|[.,]\d)")
+# A number, then "or" (or "and/or") just before the last one: an answer that hedges.
+_HEDGE_RE = re.compile(r"\d\s*(?:\$\s*)?(?:or|and/or)\s*(?:\$\s*)?[-−]?$", re.IGNORECASE)
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 # A box opener with the brace of its argument (group 1) or its unbraced argument (group 2,
 # `\boxed 7`), or any other brace: one pass over these finds every box (`_last_boxed`).
@@ -667,5 +672,8 @@ def _gsm8k(text: str) -> str | None:
 
 
 def _last_number(text: str) -> str | None:
+    """The last number of `text`; None when it ends a hedge between two (`4 or 3`)."""
     found = _last_match(_NUMBER_RE, text, len(text))
-    return None if found is None else found.group()
+    if found is None or _HEDGE_RE.search(text, max(0, found.start() - 40), found.start()):
+        return None
+    return found.group()
