@@ -1,8 +1,14 @@
+import math
+import warnings
 from fractions import Fraction
+from typing import Any
 
+import numpy as np
 import pytest
 
 from oncurve.rewards.countdown import check_equation, countdown_reward, evaluate_expression
+from oncurve.rewards.registry import resolve_reward
+from oncurve.rewards.runner import RewardRunner
 from oncurve.tasks import get_task
 
 NUMBERS = [3, 7, 25, 50]
@@ -101,3 +107,189 @@ def test_task_is_seeded_solvable_and_splits_disjoint() -> None:
     assert scores == [1.0] * len(rows)
     assert {len(r["numbers"].split(",")) for r in rows} == {3, 4}
     assert all(r["target"] in r["prompt"] for r in rows)
+
+
+# 3 * 7 + 25 = 46 with the numbers 3, 7, 25: the right answer of every row below.
+RIGHT = "<answer>3 * 7 + 25</answer>"
+GOOD_NUMBERS = "3,7,25"
+GOOD_TARGET = "46"
+
+# (column, value) read as the integers 3, 7, 25 / 46: the row scores 1.0 without a warning.
+READABLE_COLUMNS = [
+    ("target", "46.0"),
+    ("target", 46.0),
+    ("target", " 46 "),
+    ("target", np.int64(46)),
+    ("target", np.float64(46.0)),
+    ("numbers", "[3.0, 7.0, 25.0]"),
+    ("numbers", "[3, 7, 25]"),
+    ("numbers", "(3, 7, 25)"),
+    ("numbers", "3.0, 7.0, 25.0"),
+    ("numbers", "3 7 25"),
+    ("numbers", [3.0, 7.0, 25.0]),
+    ("numbers", ("3", "7", "25")),
+    ("numbers", np.array([3, 7, 25])),
+]
+
+# (column, value) that cannot be read as an integer / a list of integers: the row is unscored.
+BAD_COLUMNS = [
+    ("target", 46.5),
+    ("target", "46.5"),
+    ("target", math.nan),
+    ("target", "nan"),
+    ("target", math.inf),
+    ("target", None),
+    ("target", True),
+    ("target", ""),
+    ("target", "forty-six"),
+    ("target", "4_6"),
+    ("target", [46]),
+    ("numbers", None),
+    ("numbers", []),
+    ("numbers", "[]"),
+    ("numbers", ""),
+    ("numbers", "[3, 7, 25.5]"),
+    ("numbers", "3, 7, 25.5"),
+    ("numbers", [3, 7, 25.5]),
+    ("numbers", [3, 7, None]),
+    ("numbers", [3, True, 25]),
+    ("numbers", [3, 7, math.nan]),
+    ("numbers", "[3, 7"),
+    ("numbers", "[3, [7], 25]"),
+    ("numbers", "three, seven"),
+    ("numbers", 46),
+    ("numbers", {3, 7, 25}),
+]
+
+
+def _countdown(rows: list[tuple[Any, Any]]) -> tuple[list[float | None], list[str]]:
+    """The scores of RIGHT on each (numbers, target) row, and the RuntimeWarnings raised."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scores = countdown_reward(
+            ["p"] * len(rows),
+            [RIGHT] * len(rows),
+            numbers=[numbers for numbers, _ in rows],
+            target=[target for _, target in rows],
+        )
+    return scores, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+def _row(column: str, value: Any) -> tuple[Any, Any]:
+    return (value, GOOD_TARGET) if column == "numbers" else (GOOD_NUMBERS, value)
+
+
+def _ids(table: list[tuple[str, Any]]) -> list[str]:
+    return [f"{column}={value!r}" for column, value in table]
+
+
+@pytest.mark.parametrize(("column", "value"), READABLE_COLUMNS, ids=_ids(READABLE_COLUMNS))
+def test_integers_written_as_floats_or_lists_in_text_are_read_as_integers(
+    column: str, value: Any
+) -> None:
+    scores, warned = _countdown([_row(column, value), (GOOD_NUMBERS, GOOD_TARGET)])
+    assert scores == [1.0, 1.0]
+    assert warned == []
+
+
+@pytest.mark.parametrize(("column", "value"), BAD_COLUMNS, ids=_ids(BAD_COLUMNS))
+def test_a_malformed_column_leaves_its_row_unscored_with_one_warning(
+    column: str, value: Any
+) -> None:
+    # the bad row is row 1; the right row beside it still scores 1.0
+    scores, warned = _countdown([(GOOD_NUMBERS, GOOD_TARGET), _row(column, value)])
+    assert scores == [1.0, None]
+    assert len(warned) == 1
+    assert f"row 1 {column}" in warned[0]
+    assert "row 0" not in warned[0]
+
+
+def test_the_list_in_text_is_not_read_digit_by_digit() -> None:
+    # "[3.0, 7.0, 25.0]" is 3, 7, 25, not 3, 0, 7, 0, 25, 0: an answer using the zeros is wrong
+    with_zeros = "<answer>3 * 7 + 25 + 0 + 0 + 0</answer>"
+    scores = countdown_reward(
+        ["p"] * 2, [with_zeros, RIGHT], numbers=["[3.0, 7.0, 25.0]"] * 2, target=[46, 46]
+    )
+    assert scores == [0.0, 1.0]
+
+
+def test_several_bad_rows_give_one_warning_naming_each() -> None:
+    rows = [(None, 46), (GOOD_NUMBERS, 46), (GOOD_NUMBERS, 46.5), ("[3, 7, 25]", "46.0")]
+    scores, warned = _countdown(rows)
+    assert scores == [None, 1.0, None, 1.0]
+    assert len(warned) == 1
+    assert "row 0 numbers" in warned[0] and "row 2 target" in warned[0]
+    assert "row 1" not in warned[0] and "row 3" not in warned[0]
+
+
+@pytest.mark.parametrize(
+    ("answer", "numbers"),
+    [
+        ("3 \\times 7 + 25", [3, 7, 25]),
+        ("3\\times7+25", [3, 7, 25]),
+        ("3 \\cdot 7 + 25", [3, 7, 25]),
+        ("3 × 7 + 25", [3, 7, 25]),
+        ("3 · 7 + 25", [3, 7, 25]),
+        ("\\left(3 \\times 7\\right) + 25", [3, 7, 25]),
+        ("3\\,\\times\\,7 + 25", [3, 7, 25]),
+        ("3 \\times 7 + 25 = 46", [3, 7, 25]),
+        ("(3 \\times 7 \\div 7) \\times 7 + 25", [3, 7, 7, 7, 25]),
+        ("(3 × 7 ÷ 7) × 7 + 25", [3, 7, 7, 7, 25]),
+        ("\\left( 21 \\div 7 \\right) \\cdot 7 + 25", [21, 7, 7, 25]),
+    ],
+)
+def test_latex_and_unicode_multiplication_and_division_signs_are_read(
+    answer: str, numbers: list[int]
+) -> None:
+    assert check_equation(answer, numbers, 46) is True
+    boxed = f"\\boxed{{{answer}}}"
+    assert countdown_reward(["p"], [boxed], numbers=[numbers], target=[46]) == [1.0]
+    tagged = f"<answer>{answer}</answer>"
+    assert countdown_reward(["p"], [tagged], numbers=[numbers], target=[46]) == [1.0]
+
+
+@pytest.mark.parametrize(
+    ("answer", "value"),
+    [
+        ("7 \\div 2 \\times 2", Fraction(7)),
+        ("7 ÷ 2", Fraction(7, 2)),
+        ("\\left(1 + 2\\right) \\cdot 3", Fraction(9)),
+    ],
+)
+def test_signs_are_operators_of_the_same_exact_arithmetic(answer: str, value: Fraction) -> None:
+    result = evaluate_expression(answer)
+    assert result is not None and result[0] == value
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "3 \\times\\times 7 + 25",  # becomes 3 ** 7: power is still refused
+        "3 \\timesfoo 7 + 25",  # not the \times command
+        "3 \\cdots 7 + 25",  # an ellipsis, not a product
+        "3 \\times 7 + \\sqrt{25}",  # other commands still score 0
+        "3 x 7 + 25",
+    ],
+)
+def test_other_latex_still_scores_zero(answer: str) -> None:
+    assert check_equation(answer, [3, 7, 25], 46) is False
+
+
+@pytest.mark.filterwarnings("ignore:countdown. 1 of 1 rows left unscored:RuntimeWarning")
+@pytest.mark.parametrize("timeout_s", [None, 5.0])
+def test_under_the_runner_a_malformed_row_is_unscored_not_an_error(timeout_s: float | None) -> None:
+    # on_error="raise": a raise on data would stop training; the bad rows are left out instead
+    countdown = resolve_reward("countdown")[1]
+    with RewardRunner([("countdown", countdown, 1.0)], timeout_s=timeout_s) as runner:
+        result = runner.score(
+            ["p"] * 4,
+            [RIGHT] * 4,
+            {
+                "numbers": ["[3.0, 7.0, 25.0]", None, GOOD_NUMBERS, GOOD_NUMBERS],
+                "target": [46.0, 46, "46.5", math.nan],
+            },
+        )
+    assert result.per_fn[:, 0].tolist()[0] == 1.0
+    assert all(math.isnan(v) for v in result.per_fn[1:, 0].tolist())
+    assert result.metrics["reward/errors"] == 0.0
+    assert result.metrics["reward/countdown"] == 1.0

@@ -2,6 +2,7 @@ import math
 import os
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -264,3 +265,56 @@ def test_a_reward_that_touches_cuda_in_the_forked_worker_stops_with_one_line_say
     message = str(stopped.value)
     assert "\n" not in message and "'on_gpu' uses CUDA" in message
     assert "reward.timeout=null" in message
+
+
+def too_big(prompts, completions, **columns):
+    """10**400 (an int no float holds) for the completion "big", else 1.0."""
+    return [10**400 if text == "big" else 1.0 for text in completions]
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])
+def test_an_int_too_large_for_a_float_is_a_reward_error_under_the_error_policy(timeout_s):
+    too_large = (
+        r"reward 'too_big' failed on sample 1: reward 'too_big' returned a number of about 401 "
+        r"digits \(int\), too large for a float"
+    )
+    runner = RewardRunner([("too_big", too_big, 1.0)], timeout_s=timeout_s, on_error="raise")
+    with runner, pytest.raises(RewardError, match=too_large):
+        _score(runner, ["a", "big", "c"])
+    # under on_error="none" the row is an error, unscored; the others score
+    runner = RewardRunner([("too_big", too_big, 1.0)], timeout_s=timeout_s, on_error="none")
+    with runner:
+        result = _score(runner, ["a", "big", "c"])
+        assert result.per_fn[:, 0].isnan().tolist() == [False, True, False]
+        assert result.metrics["reward/errors"] == 1.0
+        _close(_score(runner, ["a", "c"]).total, [1.0, 1.0])
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])
+@pytest.mark.parametrize(
+    ("returned", "kind"),
+    [
+        ({1.0, 2.0}, "set"),
+        (frozenset({1.0, 2.0}), "frozenset"),
+        ({1.0: 0, 2.0: 0}.keys(), "dict_keys"),
+        ({0: 1.0, 1: 2.0}.values(), "dict_values"),
+        ({1.0: 2.0}.items(), "dict_items"),
+        ({0: 1.0, 1: 2.0}, "dict"),
+        ((x for x in (1.0, 2.0)), "generator"),
+    ],
+    ids=["set", "frozenset", "dict_keys", "dict_values", "dict_items", "dict", "generator"],
+)
+def test_an_unordered_container_of_scores_is_a_reward_error(timeout_s, returned, kind):
+    runner = RewardRunner([("unordered", lambda p, c, **k: returned, 1.0)], timeout_s=timeout_s)
+    with runner, pytest.raises(RewardError, match=rf"reward 'unordered' returned {kind}\b"):
+        _score(runner, ["a", "b"])
+
+
+@pytest.mark.parametrize(
+    "returned",
+    [(1.0, 2.0), [1, 2.0], np.array([1.0, 2.0]), torch.tensor([1.0, 2.0])],
+    ids=["tuple", "list", "numpy", "tensor"],
+)
+def test_ordered_scores_of_any_sequence_or_array_are_read(returned):
+    runner = RewardRunner([("ordered", lambda p, c, **k: returned, 1.0)], timeout_s=None)
+    _close(_score(runner, ["a", "b"]).total, [1.0, 2.0])

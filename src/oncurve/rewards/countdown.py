@@ -4,14 +4,25 @@
 The text is untrusted model output, so it is never evaluated: it is parsed with `ast` and only a
 whitelist of node types (integer literals, the four binary operators) is walked and computed
 with exact `Fraction`s. Anything else (names, calls, attributes, `**`, unary minus, floats)
-scores 0 without running.
+scores 0 without running. Before parsing, the signs instruct models write are read as the
+operators they stand for: `\\times`, `\\cdot`, `×`, `·` as `*`; `\\div`, `÷` as `/`; `−`, `–` as
+`-`; `\\left(`/`\\right)` as brackets; LaTeX spacing (`\\,`, `\\;`, `\\quad`, `~`) is dropped.
+
+The `numbers` and `target` columns come from datasets, not from the model: an integer may be
+written as a float (`46.0`, `"46.0"`, `"[3.0, 7.0, 25.0]"`) and is read as that integer; a row
+whose column is not an integer or a list of them (46.5, NaN, inf, None, a bool, an empty list,
+unparseable text) is left unscored (None), with one RuntimeWarning per call naming its rows.
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import math
+import numbers as numeric
 import operator
 import re
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from fractions import Fraction
@@ -20,21 +31,86 @@ from typing import Any
 from oncurve.rewards.answers import extract_answer
 
 MAX_EXPRESSION_CHARS = 256
+# A dataset column longer than this is not a Countdown problem (and is not parsed).
+MAX_COLUMN_CHARS = 1000
+_WARNED_ROWS = 5  # rows a warning names, of those left unscored in one call
 _ALLOWED_CHARS_RE = re.compile(r"[\d+\-*/()\s]+")
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: None}
+# LaTeX and Unicode spellings of the operators and brackets; a command must end its name
+# (`\timesfoo` is not `\times`), so `\cdots` stays unreadable.
+_SIGNS = [
+    (re.compile(r"\\(?:times|cdot)(?![a-zA-Z])|[×·⋅∗]"), "*"),
+    (re.compile(r"\\div(?![a-zA-Z])|[÷∕]"), "/"),
+    (re.compile(r"[−–]"), "-"),
+    (re.compile(r"\\left\s*\(|\\bigl?\s*\(|\\Bigl?\s*\("), "("),
+    (re.compile(r"\\right\s*\)|\\bigr?\s*\)|\\Bigr?\s*\)"), ")"),
+    (re.compile(r"\\[,;:! ]|\\q?quad(?![a-zA-Z])|~"), " "),
+]
+# An integer in text, possibly written as a float with a zero fraction: `46`, `-3`, `46.0`.
+_INTEGER_TEXT_RE = re.compile(r"\s*([-+]?\d+)(?:\.0*)?\s*")
+_LIST_SEPARATOR_RE = re.compile(r"\s*,\s*|\s+")
+
+
+class ColumnError(ValueError):
+    """A dataset column that cannot be read as what the reward needs; the message says why."""
+
+
+def parse_integer(value: Any) -> int:
+    """An integer column value: an int, an integral finite float (`46.0`), or text of one
+    (`"46"`, `"46.0"`); ColumnError for anything else (46.5, NaN, inf, None, a bool, a list)."""
+    if isinstance(value, bool):
+        raise ColumnError(f"{value!r} is a bool, not an integer")
+    if isinstance(value, numeric.Integral):
+        return int(value)
+    if isinstance(value, numeric.Real):
+        number = float(value)
+        if not math.isfinite(number) or not number.is_integer():
+            raise ColumnError(f"{value!r} is not an integer")
+        return int(number)
+    if isinstance(value, str):
+        match = _INTEGER_TEXT_RE.fullmatch(value) if len(value) <= MAX_COLUMN_CHARS else None
+        if match is None:
+            raise ColumnError(f"{_short(value)} is not an integer")
+        return int(match.group(1))
+    raise ColumnError(f"{_short(value)} ({type(value).__name__}) is not an integer")
 
 
 def parse_numbers(value: Any) -> list[int]:
-    """A row's `numbers` column as ints: a list, or a string like "3, 7, 25" or "[3, 7, 25]"."""
+    """A row's `numbers` column as ints: a list or tuple (or a 1-D array) of integers, or text
+    of one: `"3, 7, 25"`, `"3 7 25"`, `"[3, 7, 25]"`, `"[3.0, 7.0, 25.0]"` (read as a JSON or
+    Python literal, never digit by digit). ColumnError for an empty list, an element that is not
+    an integer (`parse_integer`), or anything else (None, a set, a lone number, bad text)."""
     if isinstance(value, str):
-        return [int(n) for n in re.findall(r"-?\d+", value)]
-    return [int(n) for n in value]
+        items = _list_from_text(value)
+    elif hasattr(value, "tolist") and getattr(value, "ndim", None) == 1:  # numpy, torch
+        items = value.tolist()
+    elif isinstance(value, Sequence) and not isinstance(value, bytes):
+        items = list(value)
+    else:
+        raise ColumnError(f"{_short(value)} ({type(value).__name__}) is not a list of integers")
+    if not items:
+        raise ColumnError(f"{_short(value)} is an empty list")
+    try:
+        return [parse_integer(item) for item in items]
+    except ColumnError as e:
+        raise ColumnError(f"{_short(value)} holds {e}") from None
+
+
+def normalize_expression(expression: str) -> str:
+    """`expression` with LaTeX and Unicode operator signs and brackets written as `+ - * / ( )`
+    and LaTeX spacing dropped (see the module docstring); nothing else is changed."""
+    for pattern, replacement in _SIGNS:
+        expression = pattern.sub(replacement, expression)
+    return expression
 
 
 def evaluate_expression(expression: str) -> tuple[Fraction, list[int]] | None:
     """(exact value, integer literals in order) of an expression of integers, `+ - * /` and
-    brackets; None when it is anything else, malformed, or divides by zero."""
-    expression = expression.strip()
+    brackets (in any spelling `normalize_expression` reads); None when it is anything else,
+    malformed, or divides by zero."""
+    if len(expression) > 4 * MAX_EXPRESSION_CHARS:
+        return None
+    expression = normalize_expression(expression).strip()
     if len(expression) > MAX_EXPRESSION_CHARS or not _ALLOWED_CHARS_RE.fullmatch(expression):
         return None
     try:
@@ -54,7 +130,9 @@ def evaluate_expression(expression: str) -> tuple[Fraction, list[int]] | None:
 def check_equation(expression: str, numbers: Sequence[int], target: int) -> bool:
     """True when `expression` (optionally followed by `= target`) uses each of `numbers`
     exactly once and evaluates exactly to `target`."""
-    lhs, _, rhs = expression.partition("=")
+    if len(expression) > 4 * MAX_EXPRESSION_CHARS:
+        return False
+    lhs, _, rhs = normalize_expression(expression).partition("=")
     if rhs.strip() and rhs.strip() != str(target):
         return False
     result = evaluate_expression(lhs)
@@ -71,17 +149,63 @@ def countdown_reward(
     numbers: list[Any] | None = None,
     target: list[Any] | None = None,
     **columns: Any,
-) -> list[float]:
+) -> list[float | None]:
     """1.0 when the completion's `<answer>` (or `\\boxed{}`) equation is a correct Countdown
-    solution for the row's `numbers` and `target` columns, else 0.0."""
+    solution for the row's `numbers` and `target` columns, else 0.0; None for a row whose
+    columns cannot be read (`parse_numbers`, `parse_integer`), with one RuntimeWarning per call
+    naming each such row and column."""
     if numbers is None or target is None:
         raise ValueError("reward 'countdown' needs 'numbers' and 'target' columns in the data")
-    scores = []
-    for completion, nums, tgt in zip(completions, numbers, target, strict=True):
+    scores: list[float | None] = []
+    problems: list[str] = []
+    for row, (completion, nums, tgt) in enumerate(zip(completions, numbers, target, strict=True)):
+        try:
+            column = "numbers"
+            row_numbers = parse_numbers(nums)
+            column = "target"
+            row_target = parse_integer(tgt)
+        except ColumnError as e:
+            problems.append(f"row {row} {column}: {e}")
+            scores.append(None)
+            continue
         expression = extract_answer(completion, "tags") or extract_answer(completion, "boxed")
-        ok = expression is not None and check_equation(expression, parse_numbers(nums), int(tgt))
+        ok = expression is not None and check_equation(expression, row_numbers, row_target)
         scores.append(1.0 if ok else 0.0)
+    if problems:
+        shown = "; ".join(problems[:_WARNED_ROWS])
+        more = f"; and {len(problems) - _WARNED_ROWS} more" if len(problems) > _WARNED_ROWS else ""
+        warnings.warn(
+            f"countdown: {len(problems)} of {len(scores)} rows left unscored, their numbers or "
+            f"target column unreadable: {shown}{more}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return scores
+
+
+def _list_from_text(text: str) -> list[Any]:
+    """The items of a list written as text: a JSON or Python list/tuple literal, or integers
+    separated by commas or spaces; ColumnError when it is none of those."""
+    stripped = text.strip()
+    if len(stripped) > MAX_COLUMN_CHARS:
+        raise ColumnError(f"text of {len(stripped)} characters is not a list of integers")
+    if stripped.startswith(("[", "(")):
+        try:
+            items = json.loads(stripped)
+        except (ValueError, RecursionError):
+            try:
+                items = ast.literal_eval(stripped)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                raise ColumnError(f"{_short(text)} is not a list of integers") from None
+        if not isinstance(items, list | tuple):
+            raise ColumnError(f"{_short(text)} is not a list of integers")
+        return list(items)
+    return _LIST_SEPARATOR_RE.split(stripped) if stripped else []
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _walk(node: ast.AST, literals: list[int]) -> Fraction | None:

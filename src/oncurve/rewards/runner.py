@@ -371,21 +371,28 @@ def _run_job(fns: list[tuple[str, RewardFn, float]], job: _Job, batch: tuple) ->
     seconds = time.perf_counter() - start
     try:
         return ("ok", _check_values(name, values, len(completions), row), None, seconds)
+    except _TooLarge as e:  # a value of the row's, as an exception is: the error policy decides
+        return ("error", str(e), e, seconds)
     except RewardError as e:
         return ("fatal", str(e), None, seconds)
 
 
 def _check_values(name: str, values: Any, n: int, row: int | None) -> list[float | None]:
-    """Plain floats (None for None, NaN or inf); RewardError for anything else."""
+    """Plain floats (None for None, NaN or inf) from an ordered sequence (a list, a tuple, a 1-D
+    array) of numbers or None; RewardError for anything else: a set, a dict or its views, or any
+    other iterable whose order is not the rows', a string, a value that is not a number; and
+    `_TooLarge`, which the error policy handles as a row's error, for a number too large for a
+    float (an int of 309 digits or more)."""
     where = "" if row is None else f" for sample {row} alone"
+    ordered = isinstance(values, Sequence) or hasattr(values, "__array__")  # numpy, torch
     try:
-        if isinstance(values, str | bytes | dict):
+        if not ordered or isinstance(values, str | bytes):
             raise TypeError
         values = list(values)
     except TypeError:
         raise RewardError(
             f"reward {name!r} returned {type(values).__name__}{where}; expected a list of "
-            f"{n} floats or None"
+            f"{n} floats or None, in the order of the rows"
         ) from None
     if len(values) != n:
         raise RewardError(
@@ -396,18 +403,37 @@ def _check_values(name: str, values: Any, n: int, row: int | None) -> list[float
         if value is None:
             checked.append(None)
             continue
+        sample = i if row is None else row
         try:
             number = None if isinstance(value, str | bytes) else float(value)
         except (TypeError, ValueError):
             number = None
+        except OverflowError:
+            raise _TooLarge(
+                f"reward {name!r} returned {_size(value)} ({type(value).__name__}), too large "
+                f"for a float, for sample {sample}; expected a float or None"
+            ) from None
         if number is None:
-            sample = i if row is None else row
             raise RewardError(
                 f"reward {name!r} returned {value!r} ({type(value).__name__}) for sample "
                 f"{sample}; expected a float or None"
             )
         checked.append(number if math.isfinite(number) else None)
     return checked
+
+
+class _TooLarge(RewardError):
+    """A returned number too large for a float: the row's fault, not the function's."""
+
+
+def _size(value: Any) -> str:
+    """A number too large for a float, shortly: its size in decimal digits, since writing it
+    out could take pages (Python refuses past 4,300 digits)."""
+    try:
+        bits = abs(int(value)).bit_length()
+    except (TypeError, ValueError, OverflowError):
+        return "a number"
+    return f"a number of about {int(bits * math.log10(2)) + 1} digits"
 
 
 def _result(
