@@ -133,6 +133,11 @@ STATED = [
     case("p", "The temperature fell to −4 degrees.", "-4", 1.0),
     case("p", "The share is \\frac{3}{4}.", "0.75", 1.0),
     case("p", "In 2019 or so, we had 3 apples.", "3", 1.0),
+    case("p", "Final Answer: The final answer is $\\frac{\\sqrt{3}}{2}$. I hope it is correct.",
+         "\\frac{\\sqrt{3}}{2}", 1.0),
+    case("p", "The answer is $18. Then he paid $5 for the bag.", "18", 1.0),
+    case("p", "The answer is $18. Then he paid $5 for the bag.", "5", 0.0),
+    case("p", "**Answer:** 1,080 apples", "1080", 1.0),
     case("p", "\\boxed{9\\pi \\text{ cm}^2}", "9\\pi", 1.0),
 ]
 # fmt: on

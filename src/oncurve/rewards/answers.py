@@ -8,9 +8,11 @@ Extraction styles (`extract_answer`), each linear in the completion's length:
   gsm8k        the text after the last `####` whose line states a number (`stated_number`), of
                the last GSM8K_LINES such lines, so a markdown heading such as `#### Step 2` is
                not taken for the answer
-  last_number  the last number: `-12`, `1,000`, `3.5`, `3/4`
-  auto         the first of tags, boxed, gsm8k, last_number that finds something; inside
-               `<answer>` a `\\boxed{}` is unwrapped
+  last_number  the last number: `-12`, `1,000`, `3.5`, `3/4`, `\\frac{3}{4}`; none when it ends
+               a hedge (`4 or 3`)
+  auto         the first of tags, boxed, gsm8k, a stated "The final answer is $...$" in the
+               completion's tail, last_number that finds something; inside `<answer>` a
+               `\\boxed{}` is unwrapped
 
 Matching (`answers_match`; README, "What `correct` pays for"). A reference that cannot be
 scored (`usable_gold`: empty, NaN, `None`, `0/0`) matches nothing, and the reward leaves its row
@@ -56,6 +58,7 @@ MAX_ANSWER_CHARS = 1000
 MAX_EXPONENT = 1000  # `1e999999999` would build a billion-digit integer
 MAX_SYMBOLIC_CHARS = 100
 GSM8K_LINES = 8  # `####` lines, from the last, that the gsm8k style reads
+TAIL_CHARS = 2000  # the end of a completion where a stated "final answer is $...$" is read
 
 _OPEN_TAG_RE = re.compile(r"<answer>", re.IGNORECASE)
 _CLOSE_TAG_RE = re.compile(r"</answer>", re.IGNORECASE)
@@ -67,6 +70,13 @@ _NUMBER = (
 )
 # A unit may follow without a space (`12.5m`); a letter before (`x2`, `H2O`) is no number.
 _NUMBER_RE = re.compile(rf"(?<![\w.])(?:{_NUMBER})(?![\d_]|[.,]\d)")
+_STATED_ANSWER_RE = re.compile(
+    r"answer\s*(?:is|:)\s*(?:\*\*)?\s*\$\$?(?P<math>[^$]{1,500})\$", re.IGNORECASE
+)
+_ANSWER_NUMBER_RE = re.compile(
+    rf"answer\s*(?:is|:)\s*(?:\*\*)?\s*\\?\$?\s*(?P<number>{_NUMBER})(?![\d_]|[.,]\d)",
+    re.IGNORECASE,
+)
 # A number, then "or" (or "and/or") just before the last one: an answer that hedges.
 _HEDGE_RE = re.compile(r"\d\s*(?:\$\s*)?(?:or|and/or)\s*(?:\$\s*)?[-−]?$", re.IGNORECASE)
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
@@ -195,7 +205,7 @@ def extract_answer(text: str, style: str = "auto") -> str | None:
         tagged = _last_tag(text)
         if tagged is not None:
             return _last_boxed(tagged) or tagged
-        for finder in (_last_boxed, _gsm8k, _last_number):
+        for finder in (_last_boxed, _gsm8k, _stated_answer, _last_number):
             found = finder(text)
             if found is not None:
                 return found
@@ -610,10 +620,12 @@ def _last_tag(text: str) -> str | None:
     return None
 
 
-def _last_match(pattern: re.Pattern[str], text: str, end: int) -> re.Match[str] | None:
-    """The last match of `pattern` in `text[:end]`, in one pass (a lazy `.*?` search from each
-    candidate start would rescan the rest of the text for each)."""
-    last = collections.deque(pattern.finditer(text, 0, end), maxlen=1)
+def _last_match(
+    pattern: re.Pattern[str], text: str, end: int, start: int = 0
+) -> re.Match[str] | None:
+    """The last match of `pattern` in `text[start:end]`, in one pass (a lazy `.*?` search from
+    each candidate start would rescan the rest of the text for each)."""
+    last = collections.deque(pattern.finditer(text, start, end), maxlen=1)
     return last[0] if last else None
 
 
@@ -669,6 +681,19 @@ def _gsm8k(text: str) -> str | None:
         if stated_number(answer) is not None:
             return answer
     return None
+
+
+def _stated_answer(text: str) -> str | None:
+    """The math of the completion's last "The final answer is $...$" (or "answer: $...$"), as
+    Minerva-style prompts ask for it, else the number of its last "The answer is 18": read in
+    the completion's tail only."""
+    tail = max(0, len(text) - TAIL_CHARS)
+    found = _last_match(_STATED_ANSWER_RE, text, len(text), tail)
+    # dollars are money as often as math: "is $18. Then $5" states 18, not the math "18. Then "
+    if found is not None and _looks_symbolic(found["math"]) and found["math"].strip():
+        return found["math"].strip()
+    found = _last_match(_ANSWER_NUMBER_RE, text, len(text), tail)
+    return None if found is None else found["number"]
 
 
 def _last_number(text: str) -> str | None:
