@@ -225,20 +225,6 @@ def test_lenient_matching_pays_for_expressions_as_before() -> None:
     assert lenient_answer_match_reward(["p"], ["\\boxed{1e999999999}"], answer=["1"]) == [0.0]
 
 
-@pytest.mark.skipif(not has_math_verify(), reason="math-verify (extra `math`) not installed")
-def test_a_slow_symbolic_comparison_stops_at_its_deadline(monkeypatch) -> None:
-    """math-verify past its bound raises TimeoutError out of `correct` (the runner counts the
-    row as a timeout) instead of computing on or answering 0 unseen."""
-    import math_verify
-
-    monkeypatch.setattr(math_verify, "parse", lambda *args, **kwargs: time.sleep(30))
-    monkeypatch.setattr("oncurve.rewards.math.SYMBOLIC_TIMEOUT_S", 0.2)
-    start = time.perf_counter()
-    with pytest.raises(TimeoutError, match="symbolic comparison took more than 0.2 s"):
-        reward_fn("correct")(["p"], ["\\boxed{\\sqrt{3}\\cdot 2}"], answer=["2\\sqrt{3}"])
-    assert time.perf_counter() - start < 5.0
-
-
 def test_reward_answer_match_picks_the_correct_reward_for_training_and_evaluation() -> None:
     base = ["data.path=d.jsonl", "reward.functions=[correct]"]
     for mode, expected in (("strict", 0.0), ("lenient", 1.0)):

@@ -60,6 +60,7 @@ from typing import Any
 import torch
 
 from oncurve.errors import UserError
+from oncurve.rewards.math import SYMBOLIC_BATCH_BUDGET_S, symbolic_budget
 from oncurve.rewards.registry import RewardFn
 
 # A job is (function index, row index or None for the whole batch). An outcome is
@@ -144,7 +145,10 @@ class RewardRunner:
         jobs: list[_Job] = []
         for f, (_, fn, _) in enumerate(self.fns):
             jobs += [(f, i) for i in range(n)] if getattr(fn, "rowwise", False) else [(f, None)]
-        with contextlib.closing(self._run(jobs, batch)) as outcomes:
+        # symbolic comparisons of one batch share a budget: N hostile rows cost about one
+        # timeout, not N (in the worker process, `_serve` opens the same budget)
+        budget = symbolic_budget(SYMBOLIC_BATCH_BUDGET_S)
+        with budget, contextlib.closing(self._run(jobs, batch)) as outcomes:
             for (f, row), outcome in zip(jobs, outcomes, strict=True):
                 kind, payload, _, seconds = outcome
                 counts["slowest_row_s"] = max(counts["slowest_row_s"], seconds)
@@ -157,7 +161,8 @@ class RewardRunner:
                 else:
                     retry.append(f)
         for f in retry:
-            values[f] = self._score_rows(f, batch, counts)
+            with symbolic_budget(SYMBOLIC_BATCH_BUDGET_S):
+                values[f] = self._score_rows(f, batch, counts)
         per_fn = torch.tensor(values, dtype=torch.float32).T.reshape(n, len(self.fns))
         return _result(per_fn, self.fns, counts, self._verifier_column)
 
@@ -310,13 +315,14 @@ def _serve(requests: Any, outcomes: Any, parent_ends: tuple, fns: list) -> None:
             jobs, batch = requests.recv()
         except EOFError:
             return
-        for job in jobs:
-            kind, payload, exc, seconds = _run_job(fns, job, batch)
-            outcome = (kind, payload, None if exc is None else _picklable(exc), seconds)
-            try:
-                outcomes.send(outcome)
-            except BrokenPipeError:
-                return
+        with symbolic_budget(SYMBOLIC_BATCH_BUDGET_S):
+            for job in jobs:
+                kind, payload, exc, seconds = _run_job(fns, job, batch)
+                outcome = (kind, payload, None if exc is None else _picklable(exc), seconds)
+                try:
+                    outcomes.send(outcome)
+                except BrokenPipeError:
+                    return
 
 
 def runner_settings(reward: Any) -> dict[str, Any]:
