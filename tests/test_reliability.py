@@ -574,3 +574,50 @@ def test_overwrite_replaces_a_previous_run_but_never_deletes_foreign_files(
     ]
     assert (run_dir / "notes.txt").read_text() == "mine"
     assert (run_dir / "final").is_dir()
+
+
+def test_one_trainer_per_run_dir_and_a_killed_one_leaves_no_stale_lock(
+    tiny_model_dir, data_file, tmp_path, capsys
+):
+    run_dir = tmp_path / "run"
+    args = cli_args(tiny_model_dir, data_file, run_dir, "run.steps=1000", "run.save_every=1")
+    first = train_process(*args)
+    wait_for(lambda: latest_step(run_dir) >= 1, first, "the first trainer's checkpoint")
+    # a second trainer, new or resuming, is refused before it reads or deletes anything
+    for extra in ((), ("run.resume=auto",), ("run.overwrite=true",)):
+        before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+        assert main(["train", *args, *extra]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"oncurve: error: run.dir {run_dir} is in use by another trainer")
+        assert f"pid {first.pid} on " in line
+        assert (run_dir / "metrics.jsonl").exists() and (run_dir / "checkpoints").is_dir()
+        assert set(before) <= set(os.listdir(run_dir / "checkpoints")) | {"latest"}
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    # the OS released the lock with the process: the run resumes
+    code, err = finish(train_process(*args[:-2], "run.steps=3", "run.resume=auto"))
+    assert code == 0, err
+    assert [r["step"] for r in metric_rows(run_dir)][-1] == 3
+
+
+def test_resume_from_another_runs_checkpoint_never_writes_into_a_third_run(
+    tiny_model_dir, data_file, tmp_path
+):
+    source, finished = tmp_path / "a", tmp_path / "b"
+    train(make_config(tiny_model_dir, data_file, source, "run.save_every=1", "run.keep_last=3"))
+    train(make_config(tiny_model_dir, data_file, finished, "run.save_every=1", "run.keep_last=3"))
+    files = {p: p.read_bytes() for p in finished.rglob("*") if p.is_file()}
+    step_1 = source / "checkpoints" / "step-000001"
+    with pytest.raises(UserError, match=rf"run.resume {step_1} is a checkpoint of the run in"):
+        setup(make_config(tiny_model_dir, data_file, finished, f"run.resume={step_1}"))
+    assert {p: p.read_bytes() for p in finished.rglob("*") if p.is_file()} == files
+    # into an empty directory (a branch of the run), or its own run, it resumes
+    branch = tmp_path / "branch"
+    assert (
+        setup(make_config(tiny_model_dir, data_file, branch, f"run.resume={step_1}")).start_step
+        == 1
+    )
+    assert (
+        setup(make_config(tiny_model_dir, data_file, source, f"run.resume={step_1}")).start_step
+        == 1
+    )
