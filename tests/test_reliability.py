@@ -621,3 +621,49 @@ def test_resume_from_another_runs_checkpoint_never_writes_into_a_third_run(
         setup(make_config(tiny_model_dir, data_file, source, f"run.resume={step_1}")).start_step
         == 1
     )
+
+
+def test_a_resume_applies_what_can_change_and_refuses_what_cannot(
+    tiny_model_dir, data_file, tmp_path, capsys
+):
+    own_data = tmp_path / "data.jsonl"
+    shutil.copy(data_file, own_data)
+    run_dir = tmp_path / "run"
+    base = ("run.save_every=1", "run.keep_last=3", "run.steps=2", "optim.warmup_steps=0")
+    train(make_config(tiny_model_dir, own_data, run_dir, *base))
+    capsys.readouterr()
+    # changes a run cannot take: one line naming the setting, nothing touched
+    copy = shutil.copytree(tiny_model_dir, tmp_path / "model-copy")
+    refused = {
+        f"model.path={copy}": "model.path was",
+        "rollout.group_size=2": "rollout.group_size was 4 and is now 2",
+        "data.prompts_per_step=1": "data.prompts_per_step was 2",
+        "run.seed=7": "run.seed was",
+        "run.steps=1": "run.steps=1 is below the 2 steps the checkpoint has done",
+    }
+    files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    for override, named in refused.items():
+        config = make_config(tiny_model_dir, own_data, run_dir, *base, "run.resume=auto", override)
+        with pytest.raises(UserError, match=f"cannot resume .*step-000002: {named}"):
+            setup(config)
+    lines = own_data.read_text().splitlines()
+    own_data.write_text("\n".join(reversed(lines)) + "\n")  # the same rows, shuffled
+    with pytest.raises(UserError, match="the training rows differ from the ones the run started"):
+        setup(make_config(tiny_model_dir, own_data, run_dir, *base, "run.resume=auto"))
+    own_data.write_text("\n".join(lines) + "\n")
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == files
+    # what can change is put in effect, said, recorded in config.yaml and the checkpoints
+    changed = ("run.resume=auto", "optim.lr=0.5", "optim.weight_decay=0.25", "run.steps=4")
+    train(make_config(tiny_model_dir, own_data, run_dir, *base, *changed))
+    err = capsys.readouterr().err
+    assert "resuming at step 2 with changed settings: optim.lr 0.01 -> 0.5" in err
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows[1]["lr"] == pytest.approx(0.01) and rows[2]["lr"] == pytest.approx(0.5)
+    assert "lr: 0.5" in (run_dir / "config.yaml").read_text()
+    state = checkpoint.read_state(run_dir / "checkpoints" / "step-000004")
+    (entry,) = state["config_history"]
+    assert entry["step"] == 2 and entry["changed"]["optim.lr"] == [0.01, 0.5]
+    assert (
+        entry["changed"]["optim.weight_decay"][1] == 0.25 and state["config"]["run"]["steps"] == 4
+    )

@@ -59,6 +59,12 @@ from oncurve.models import (
 from oncurve.optim import AdamW as StochasticRoundingAdamW
 from oncurve.policy import Policy
 from oncurve.process import host_memory_bytes
+from oncurve.resume_settings import (
+    apply_optimizer_settings,
+    changed_settings,
+    data_fingerprint,
+    refusal,
+)
 from oncurve.rewards.runner import RewardRunner
 from oncurve.rollout import Sampler, build_sampler
 from oncurve.rollout import registry as sampler_registry
@@ -117,6 +123,9 @@ class Session:
     # settings made smaller after running out of memory (`oncurve.oom`), by dotted name; kept in
     # checkpoints so that a resumed run starts from them
     shrunk: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # the training rows' digest and the settings changed on each resume, kept in checkpoints
+    data_fingerprint: str = ""
+    config_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def adopt(self, config: Config) -> None:
         """Make `config`, with smaller memory settings (`oncurve.oom`), the session's: the
@@ -275,6 +284,7 @@ def setup(config: Config) -> Session:
         ),
         rank=rank,
         world_size=world_size,
+        data_fingerprint=data_fingerprint(data.rows),
     )
     if s.curriculum is not None and rank == 0:
         print(
@@ -360,8 +370,31 @@ def _resume(s: Session, checkpoint_dir: Path) -> None:
                 f"{s.config.data.curriculum}; resume it with the curriculum it had"
             )
         s.curriculum.load_state_dict(state["curriculum"])
+    _settle_changes(s, state, checkpoint_dir)
     if s.rank == 0:
         truncate_after(s.run_dir, s.start_step)
+
+
+def _settle_changes(s: Session, state: dict, checkpoint_dir: Path) -> None:
+    """Compare the session's settings with the checkpoint's (`oncurve.resume_settings`): refuse
+    a change that cannot apply, put the others in effect, say them and add them to the run's
+    history of changes."""
+    s.config_history = list(state.get("config_history", []))
+    if "config" not in state:  # a checkpoint from before settings were kept
+        return
+    changes = changed_settings(state["config"], to_dict(s.config))
+    fingerprints = (state.get("data_fingerprint"), s.data_fingerprint)
+    why = refusal(changes, s.start_step, s.config.run.steps, fingerprints)
+    if why is not None:
+        raise UserError(f"cannot resume {checkpoint_dir}: {why}")
+    if not changes:
+        return
+    o = s.config.optim
+    apply_optimizer_settings(s.optimizer, s.scheduler, o.lr, (o.beta1, o.beta2), o.weight_decay)
+    s.config_history.append({"step": s.start_step, "changed": changes})
+    if s.rank == 0:
+        said = ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changes.items())
+        print(f"resuming at step {s.start_step} with changed settings: {said}", file=sys.stderr)
 
 
 def build_loss_fns(config: Config) -> LossFns:

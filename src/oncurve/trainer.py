@@ -437,6 +437,10 @@ def _save(s: Session, step: int) -> None:
                 "world_size": s.world_size,
                 "memory": memory_settings(s.config),
                 "oom_settings": s.shrunk,
+                # what a resume compares its settings with (`oncurve.resume_settings`)
+                "config": to_dict(s.config),
+                "config_history": s.config_history,
+                "data_fingerprint": s.data_fingerprint,
                 **({} if s.curriculum is None else {"curriculum": s.curriculum.state_dict()}),
             },
             keep_last=s.config.run.keep_last,

@@ -1,0 +1,112 @@
+"""What a resume does with settings that differ from its checkpoint's.
+
+A checkpoint keeps the settings the run trained with (`config`, as config.yaml has them) and the
+history of the changes made on earlier resumes. On a resume every setting is compared with
+them: a change that cannot apply within one run (`FIXED`: the model, what the data is and how
+it is drawn, the group size, the seed; and fewer steps than are done) is refused in one line
+naming it; any other change is in effect from the resumed step and said, the optimizer's own
+hyperparameters included (its saved state would otherwise keep the old ones).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+# Settings that define what the run is: a resume that changes one is another run.
+FIXED = (
+    "model.path",
+    "model.revision",
+    "model.dtype",
+    "model.trust_remote_code",
+    "model.lora.",
+    "data.",
+    "rollout.group_size",
+    "run.seed",
+)
+# How this process was started, not what the run is.
+PROCEDURAL = ("run.resume", "run.overwrite", "run.dir")
+
+
+def flatten(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"optim": {"lr": 1e-4}}` as `{"optim.lr": 1e-4}`."""
+    flat: dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            flat |= flatten(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def changed_settings(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, list[Any]]:
+    """The settings whose value differs, by dotted name: `[saved, current]`; procedural ones
+    (`run.resume`, `run.overwrite`, `run.dir`) left out."""
+    before, after = flatten(saved), flatten(current)
+    return {
+        key: [before.get(key), after.get(key)]
+        for key in sorted(before.keys() | after.keys())
+        if before.get(key) != after.get(key) and key not in PROCEDURAL
+    }
+
+
+def refusal(
+    changes: dict[str, list[Any]], done: int, steps: int, fingerprints: tuple
+) -> str | None:
+    """Why a resume with `changes` cannot continue its run (None when it can): a `FIXED`
+    setting changed, `run.steps` below the `done` steps, or the training rows' fingerprint
+    (saved, current) differing (a data file edited or shuffled between the runs)."""
+    for key, (old, new) in changes.items():
+        if key.startswith(FIXED) or key in FIXED:
+            return (
+                f"{key} was {old!r} and is now {new!r}: it cannot change within a run; resume "
+                f"with {key}={_override(old)}, or start a new run.dir"
+            )
+    if steps < done:
+        return f"run.steps={steps} is below the {done} steps the checkpoint has done"
+    saved, current = fingerprints
+    if saved is not None and saved != current:
+        return (
+            "the training rows differ from the ones the run started with (the data was edited "
+            "or reordered): restore them, or start a new run.dir"
+        )
+    return None
+
+
+def data_fingerprint(rows: Iterable[dict[str, Any]]) -> str:
+    """A digest of the training rows in their order: prompt and answer of each."""
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(f"{row.get('prompt')!r}\0{row.get('answer')!r}\0".encode())
+    return digest.hexdigest()
+
+
+def apply_optimizer_settings(
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR,
+    lr: float,
+    betas: tuple[float, float],
+    weight_decay: float,
+) -> None:
+    """Put `lr`, `betas` and `weight_decay` into `optimizer`'s param groups after its state was
+    loaded, and the learning rate of the step under way, by `scheduler`'s (possibly changed)
+    schedule, into them too."""
+    for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas, strict=True):
+        group["initial_lr"] = lr
+        group["lr"] = lr * factor(scheduler.last_epoch)
+        group["betas"] = betas
+        group["weight_decay"] = weight_decay
+    # through the schedule's state: what it logs as this step's rate (`get_last_lr`) and scales
+    state = scheduler.state_dict()
+    state["base_lrs"] = [lr] * len(optimizer.param_groups)
+    state["_last_lr"] = [group["lr"] for group in optimizer.param_groups]
+    scheduler.load_state_dict(state)
+
+
+def _override(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ",".join(str(v) for v in value) + "]"
+    return "null" if value is None else str(value)
