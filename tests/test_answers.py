@@ -1,7 +1,10 @@
+from collections.abc import Callable
+
 import pytest
 
 from oncurve.rewards import answers_match, extract_answer, resolve_reward
 from oncurve.rewards.format import (
+    boxed_format_reward,
     length_penalty,
     overlong_penalty,
     tags_format_reward,
@@ -151,6 +154,244 @@ def test_format_rewards() -> None:
     # the R1-Zero template opens <think> in the prompt
     opened = think_answer_format_reward(["Assistant: <think>"], ["w</think><answer>4</answer>"])
     assert opened == [1.0]
+
+
+Reward = Callable[..., list[float]]
+
+# (reward, a completion with structure and no content, the same structure with an answer in it)
+CONTENT_FREE_CASES = [
+    pytest.param(boxed_format_reward, "\\boxed{\\,}", "\\boxed{\\,12}", id="boxed-thin-space"),
+    pytest.param(boxed_format_reward, "\\boxed{\\;}", "\\boxed{12\\;}", id="boxed-thick-space"),
+    pytest.param(boxed_format_reward, "\\boxed{\\quad}", "\\boxed{\\quad x}", id="boxed-quad"),
+    pytest.param(boxed_format_reward, "\\boxed{~}", "\\boxed{~-1}", id="boxed-tilde"),
+    pytest.param(
+        boxed_format_reward, "\\boxed{\\phantom{x}}", "\\boxed{\\phantom{-}1}", id="boxed-phantom"
+    ),
+    pytest.param(
+        boxed_format_reward,
+        "\\boxed{\\hphantom{12}}",
+        "\\boxed{\\hphantom{1}2}",
+        id="boxed-hphantom",
+    ),
+    pytest.param(
+        boxed_format_reward,
+        "\\boxed{\\vphantom{x}}",
+        "\\boxed{\\vphantom{x}\\pi}",
+        id="boxed-vphantom",
+    ),
+    pytest.param(
+        boxed_format_reward, "\\boxed{\\text{ }}", "\\boxed{\\text{ yes}}", id="boxed-text-space"
+    ),
+    pytest.param(
+        boxed_format_reward, "\\boxed{\\mathrm{}}", "\\boxed{\\mathrm{A}}", id="boxed-mathrm-empty"
+    ),
+    pytest.param(boxed_format_reward, "\\boxed{{}}", "\\boxed{{7}}", id="boxed-empty-group"),
+    pytest.param(
+        boxed_format_reward,
+        "\\boxed{\\displaystyle}",
+        "\\boxed{\\displaystyle\\frac{1}{2}}",
+        id="boxed-displaystyle",
+    ),
+    pytest.param(boxed_format_reward, "\\boxed{\u200b}", "\\boxed{\u200b3}", id="boxed-zwsp"),
+    pytest.param(
+        boxed_format_reward, "\\boxed{\u2060}", "\\boxed{\u2060\\infty}", id="boxed-word-joiner"
+    ),
+    pytest.param(
+        boxed_format_reward, "\\boxed{\ufeff}", "\\boxed{\ufeff\\emptyset}", id="boxed-bom"
+    ),
+    pytest.param(
+        boxed_format_reward,
+        "\\boxed{\u00ad\u200c\u200d\u2061}",
+        "\\boxed{\u00ad\u200cx\u200d\u2061}",
+        id="boxed-format-chars",
+    ),
+    pytest.param(boxed_format_reward, "\\boxed{\u00a0}", "\\boxed{\u00a0A}", id="boxed-nbsp"),
+    pytest.param(
+        boxed_format_reward, "\\boxed{\u00a0\u200b}", "\\boxed{\u00a0\u200b0}", id="boxed-nbsp-zwsp"
+    ),
+    pytest.param(boxed_format_reward, "\\boxed{.}", "\\boxed{0.5}", id="boxed-period"),
+    pytest.param(
+        boxed_format_reward,
+        "\\boxed{\\hspace{1cm}}",
+        "\\boxed{\\hspace{1cm}5}",
+        id="boxed-hspace",
+    ),
+    pytest.param(
+        boxed_format_reward,
+        "\\boxed{\\left(\\right)}",
+        "\\boxed{\\left(1, 2\\right)}",
+        id="boxed-sized-delimiters",
+    ),
+    pytest.param(
+        boxed_format_reward,
+        "so \\boxed{5} or \\boxed{\\,}",
+        "\\boxed{\\,} so \\boxed{5}",
+        id="boxed-last-box-read",
+    ),
+    pytest.param(
+        tags_format_reward, "<answer>&nbsp;</answer>", "<answer>&nbsp;4</answer>", id="tags-nbsp"
+    ),
+    pytest.param(
+        tags_format_reward,
+        "<answer>&#8203;</answer>",
+        "<answer>&#8203;x</answer>",
+        id="tags-decimal-entity",
+    ),
+    pytest.param(
+        tags_format_reward,
+        "<answer>&#x200B;</answer>",
+        "<answer>&#x200B;yes</answer>",
+        id="tags-hex-entity",
+    ),
+    pytest.param(
+        tags_format_reward,
+        "<answer><!-- x --></answer>",
+        "<answer><!-- x -->-1</answer>",
+        id="tags-html-comment",
+    ),
+    pytest.param(
+        tags_format_reward,
+        "<answer>\\boxed{}</answer>",
+        "<answer>\\boxed{\\pi}</answer>",
+        id="tags-empty-box",
+    ),
+    pytest.param(
+        tags_format_reward, "<answer> . </answer>", "<answer> 3. </answer>", id="tags-period"
+    ),
+    pytest.param(
+        tags_format_reward,
+        "<answer><br></answer>",
+        "<answer><b>12</b></answer>",
+        id="tags-html-tag",
+    ),
+    # more constructs that show nothing
+    pytest.param(
+        boxed_format_reward, "\\boxed{\\kern3pt}", "\\boxed{\\kern3pt 3}", id="boxed-kern"
+    ),
+    pytest.param(
+        boxed_format_reward, "\\boxed{\\\\[2pt]}", "\\boxed{1\\\\[2pt]2}", id="boxed-line-break"
+    ),
+    pytest.param(
+        boxed_format_reward,
+        "\\boxed{\\begin{pmatrix}\\end{pmatrix}}",
+        "\\boxed{\\begin{pmatrix}0\\end{pmatrix}}",
+        id="boxed-empty-matrix",
+    ),
+    pytest.param(
+        boxed_format_reward,
+        "\\boxed{\\textcolor{red}{}}",
+        "\\boxed{\\textcolor{red}{5}}",
+        id="boxed-colour",
+    ),
+    pytest.param(
+        boxed_format_reward,
+        "\\boxed{\\left\\langle\\right\\rangle}",
+        "\\boxed{\\left\\langle 1\\right\\rangle}",
+        id="boxed-angle-brackets",
+    ),
+    pytest.param(boxed_format_reward, "\\boxed{\\ldots}", "\\boxed{1, \\ldots}", id="boxed-dots"),
+    pytest.param(
+        boxed_format_reward, "\\boxed{\\sqrt{}}", "\\boxed{\\sqrt{2}}", id="boxed-empty-root"
+    ),
+    pytest.param(
+        boxed_format_reward, "\\boxed{\u3164}", "\\boxed{\u3164\u221e}", id="boxed-filler"
+    ),
+    pytest.param(
+        tags_format_reward,
+        "<answer><!-->.</answer>",
+        "<answer><!-->4</answer>",
+        id="tags-short-comment",
+    ),
+    pytest.param(
+        tags_format_reward,
+        "<answer><br/>&amp;</answer>",
+        "<answer><br/>x</answer>",
+        id="tags-tag-and-entity",
+    ),
+    pytest.param(
+        think_answer_format_reward,
+        "<think>.</think><answer>.</answer>",
+        "<think>add them</think><answer>4</answer>",
+        id="think-answer-periods",
+    ),
+    pytest.param(
+        think_answer_format_reward,
+        "<think>.</think><answer>4</answer>",
+        "<think>4</think><answer>4</answer>",
+        id="think-answer-empty-think",
+    ),
+    pytest.param(
+        think_answer_format_reward,
+        "<think>add them</think><answer>&nbsp;</answer>",
+        "<think>add them</think><answer>&nbsp;4</answer>",
+        id="think-answer-empty-answer",
+    ),
+]
+
+
+@pytest.mark.parametrize(("reward", "empty", "filled"), CONTENT_FREE_CASES)
+def test_format_rewards_pay_content_not_structure(reward: Reward, empty: str, filled: str) -> None:
+    """A box or tag holding only spacing, phantoms, empty groups or sizing commands, invisible
+    characters, HTML comments, entities or tags, or punctuation scores 0.0; the same structure
+    with a letter, digit or mathematical symbol in it, beside it in the batch, scores 1.0."""
+    assert reward(["p", "p"], [empty, filled]) == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("answer", ["-1", "x", "\\pi", "\\infty", "\\emptyset", "A", "yes", "<"])
+def test_format_rewards_pay_short_answers(answer: str) -> None:
+    """A single letter, digit, word, symbol or symbol command is content in a box and in tags."""
+    assert boxed_format_reward(["p"], [f"\\boxed{{{answer}}}"]) == [1.0]
+    assert tags_format_reward(["p"], [f"<answer>{answer}</answer>"]) == [1.0]
+    completion = f"<think>so</think><answer>{answer}</answer>"
+    assert think_answer_format_reward(["p"], [completion]) == [1.0]
+
+
+MEGABYTE = 1 << 20
+# Constructs that show nothing, each read past in one step: nested groups, a phantom's argument,
+# unclosed optional arguments and comments, spaces a dimension may follow, entities, escapes.
+ADVERSARIAL_UNITS = {
+    "phantom-nest": "\\phantom{",
+    "brace-nest": "{",
+    "unclosed-option": "\\rule[",
+    "kern-spaces": "\\kern" + " " * 4096,
+    "unclosed-comment": "<!--",
+    "ampersand-hash": "&#",
+    "entity-no-semicolon": "&nbsp",
+    "sized-delimiter": "\\left(",
+    "line-break": "\\\\",
+    "thin-space": "\\,",
+    "html-tag": "<b>",
+    "zero-width-space": "\u200b",
+}
+
+
+def megabyte_of(units: list[str]) -> str:
+    """About a megabyte of `units`, each repeated in a block of its own, with the braces the
+    block opens closed after it."""
+    blocks = []
+    for unit in units:
+        block = unit * (MEGABYTE // len(units) // len(unit))
+        blocks.append(block + "}" * block.count("{"))
+    return "".join(blocks)
+
+
+@pytest.mark.parametrize("unit", ADVERSARIAL_UNITS.values(), ids=ADVERSARIAL_UNITS.keys())
+def test_boxed_format_reward_reads_a_megabyte_box_of_nothing(unit: str) -> None:
+    """A megabyte box of one content-free construct, nested or repeated, scores 0.0; a box
+    with an answer beside it still scores 1.0."""
+    box = f"\\boxed{{{megabyte_of([unit])}}}"
+    assert boxed_format_reward(["p", "p"], [box, "\\boxed{7}"]) == [0.0, 1.0]
+
+
+def test_format_rewards_read_a_megabyte_of_nothing() -> None:
+    """A megabyte of every content-free construct in turn (a comment closed) scores 0.0 in
+    tags and in a think block; an answer beside it still scores 1.0."""
+    units = [unit for unit in ADVERSARIAL_UNITS.values() if unit != "<!--"] + ["<!-- -->"]
+    body = megabyte_of(units)
+    tagged = [f"<answer>{body}</answer>", "<answer>7</answer>"]
+    assert tags_format_reward(["p", "p"], tagged) == [0.0, 1.0]
+    thought = [f"<think>{body}</think><answer>7</answer>", "<think>a</think><answer>7</answer>"]
+    assert think_answer_format_reward(["p", "p"], thought) == [0.0, 1.0]
 
 
 def test_overlong_penalty_matches_dapo() -> None:

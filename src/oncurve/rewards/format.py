@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import itertools
 import re
+import unicodedata
 from collections.abc import Sequence
+from html.entities import html5
 from typing import Any
 
 from oncurve.rewards.answers import extract_answer
@@ -18,14 +20,111 @@ _TAG_RE = re.compile(r"</?(?:think|answer)>", re.IGNORECASE)
 _WELL_FORMED_TAGS = ["<think>", "</think>", "<answer>", "</answer>"]
 
 
+def _names(names: str) -> frozenset[str]:
+    return frozenset(names.split())
+
+
+# What `_has_content` reads. A letter or digit (Unicode's, less the Hangul fillers: letters
+# that show nothing) or an ASCII mathematical symbol but `<`, which may start a tag.
+_CONTENT_RE = re.compile(r"[^\W_\u115f\u1160\u3164\uffa0]|[+=>|]")
+# Where a construct starts: a command, an entity, a tag or comment. A backslash before a space
+# or punctuation that shows nothing (`\,` `\;` `\:` `\!` `\ ` `\-` `\/` `\@`) starts none, nor
+# an `&` before no entity: they are read as plain text, in one step with what surrounds them.
+# `~` is plain text too.
+_CONSTRUCT_RE = re.compile(r"\\(?![,;:! \t\n\r/@-])|&(?=#[0-9]|#[xX][0-9a-fA-F]|[a-zA-Z])|<")
+_COMMAND_RE = re.compile(r"\\(?:([a-zA-Z]+)|(.))", re.DOTALL)
+_ENTITY_RE = re.compile(r"&(?:#(?:[xX][0-9a-fA-F]+|[0-9]+);?|([a-zA-Z][a-zA-Z0-9]*)(;?))")
+_HTML_TAG_RE = re.compile(r"</?([a-zA-Z][a-zA-Z0-9]*)(?:[\s/][^<>]*)?>")
+_BRACE_RE = re.compile(r"\\.|[{}]", re.DOTALL)
+_SPACE_RE = re.compile(r"\s*")
+# An optional argument. It holds no bracket: a search for the `]` of an unclosed `[` stops at
+# the next `[`, so that `\rule[\rule[...` is read in one pass.
+_OPTION_RE = re.compile(r"\[[^\[\]]*\]")
+# A TeX dimension or glue (`3pt`, `-1.5 em`, `1em plus 1fil`). Possessive quantifiers: adjacent
+# optional spaces would otherwise split a long run of them in polynomially many ways.
+_DIMEN = (
+    r"\s*+=?\s*+[-+]?\s*+(?:[0-9]++(?:[.,][0-9]*+)?|[.,][0-9]++)\s*+(?:true\s*+)?"
+    r"(?:pt|pc|in|bp|cm|mm|dd|cc|sp|em|ex|mu|px|fil{1,3}+)?+"
+)
+_DIMENSION_RE = re.compile(rf"{_DIMEN}(?:\s*+(?:plus|minus){_DIMEN}){{0,2}}")
+# Commands that show nothing of their own: spacing, style and size switches, and wrappers
+# (`\text`, `\boxed`, `\frac`, accents) whose arguments are read as the rest of the text is.
+_SHOWS_NOTHING = _names(
+    "quad qquad enspace enskip thinspace medspace thickspace negthinspace negmedspace "
+    "negthickspace space nobreakspace hfill hfil hss vfill vfil newline linebreak nolinebreak "
+    "allowbreak nobreak break par relax strut mathstrut noindent indent cr crcr hline "
+    "displaystyle textstyle scriptstyle scriptscriptstyle limits nolimits displaylimits "
+    "tiny scriptsize footnotesize small normalsize large Large LARGE huge Huge "
+    "bf it rm sf tt sl sc em bfseries itshape rmfamily sffamily ttfamily mdseries upshape "
+    "normalfont boldmath unboldmath "
+    "text textrm textbf textit textsf texttt textup textsl textsc textmd textnormal emph "
+    "mathrm mathbf mathit mathsf mathtt mathcal mathbb mathbbm mathfrak mathscr mathnormal "
+    "boldsymbol bm pmb operatorname mbox hbox fbox boxed underline overline smash "
+    "llap rlap clap mathllap mathrlap mathclap mathop mathbin mathrel mathord mathpunct "
+    "mathopen mathclose mathinner ensuremath sqrt frac dfrac tfrac cfrac binom dbinom tbinom "
+    "hat widehat tilde widetilde bar vec dot ddot acute grave breve check mathring "
+    "overrightarrow overleftarrow underbrace overbrace cancel bcancel xcancel "
+    "ldots dots dotso dotsc textellipsis colon"
+)
+# Size commands and the delimiter each sizes (`\left(`, `\right.`, `\bigl\langle`).
+_SIZERS = frozenset(
+    ["left", "right", "middle"]
+    + [size + end for size in ("big", "Big", "bigg", "Bigg") for end in ("", "l", "r", "m")]
+)
+_DELIMITERS = _names(
+    "langle rangle lvert rvert vert Vert lVert rVert lfloor rfloor lceil rceil lbrace rbrace "
+    "lbrack rbrack lgroup rgroup lmoustache rmoustache uparrow downarrow updownarrow Uparrow "
+    "Downarrow Updownarrow backslash"
+)
+# Commands whose first arguments (how many) are not shown: phantoms, space, colours, labels.
+_HIDDEN_ARGUMENTS = {
+    "phantom": 1,
+    "hphantom": 1,
+    "vphantom": 1,
+    "hspace": 1,
+    "vspace": 1,
+    "mspace": 1,
+    "color": 1,
+    "pagecolor": 1,
+    "textcolor": 1,
+    "colorbox": 1,
+    "fcolorbox": 2,
+    "label": 1,
+    "tag": 1,
+    "raisebox": 1,
+    "scalebox": 1,
+    "rotatebox": 1,
+    "resizebox": 2,
+    "rule": 2,
+    "makebox": 0,
+    "framebox": 0,
+    "href": 1,
+    "begin": 1,
+    "end": 1,
+}
+# An environment whose column specification (`{c|c}`) follows its name.
+_COLUMN_SPEC_RE = re.compile(r"\{\s*(?:array|tabular|subarray)\s*\}")
+_DIMENSIONED = frozenset(("kern", "mkern", "hskip", "vskip", "mskip", "hglue", "vglue"))
+# `\,` `\;` `\:` `\!` `\>` `\ ` `\/` `\-` `\@`, and accents (`\'`, `\=`, `\^`) on what
+# follows them
+_SHOWS_NOTHING_SYMBOLS = frozenset(",;:!> \t\n\r/-@'\"`^~=.")
+_DELIMITER_SYMBOLS = frozenset("()[]|./<>")
+_HTML_ELEMENTS = _names(
+    "a abbr b bdi bdo big blockquote body br caption center cite code dd del details dfn div "
+    "dl dt em figcaption figure font footer h1 h2 h3 h4 h5 h6 head header hr html i ins kbd "
+    "li mark nav ol p pre q s samp section small span strong sub summary sup table tbody td "
+    "tfoot th thead tr tt u ul var wbr think answer"
+)
+
+
 def think_answer_format_reward(
     prompts: list[str], completions: list[str], **columns: Any
 ) -> list[float]:
     """1.0 when the completion is exactly `<think>...</think><answer>...</answer>`: each tag once,
-    in that order, only whitespace outside them, and something other than whitespace inside
-    both (an empty block is structure without content), else 0.0. A prompt that ends with
-    `<think>` (the R1-Zero template) has opened the tag for the completion, so the completion
-    then starts inside it."""
+    in that order, only whitespace outside them, and content inside both (`_has_content`: a
+    letter, digit or mathematical symbol; a block of punctuation, spacing or invisible characters
+    is structure without content), else 0.0. A prompt that ends with `<think>` (the R1-Zero
+    template) has opened the tag for the completion, so the completion then starts inside it."""
     scores = []
     for prompt, completion in zip(prompts, completions, strict=True):
         if prompt.rstrip().endswith("<think>"):
@@ -35,16 +134,22 @@ def think_answer_format_reward(
 
 
 def boxed_format_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
-    """1.0 when the completion has a box with something in it: the box `correct` reads
-    (`extract_answer(style="boxed")`, any balanced `\\boxed{...}`, `\\boxed{\\frac{1}{2}}`
-    included), not empty, else 0.0."""
-    return [1.0 if extract_answer(c, "boxed") else 0.0 for c in completions]
+    """1.0 when the box `correct` reads (`extract_answer(style="boxed")`: the last outermost
+    balanced `\\boxed{...}`, `\\boxed{\\frac{1}{2}}` included) shows content, a letter, digit or
+    mathematical symbol (`_has_content`), else 0.0: `\\boxed{\\,}`, `\\boxed{\\phantom{x}}` and
+    `\\boxed{.}` score 0.0, `\\boxed{\\pi}` and `\\boxed{-1}` 1.0."""
+    return [_scores_content(extract_answer(c, "boxed")) for c in completions]
 
 
 def tags_format_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
-    """1.0 when the completion's last `<answer>...</answer>` pair (the one `correct` reads) holds
-    something other than whitespace, else 0.0."""
-    return [1.0 if extract_answer(c, "tags") else 0.0 for c in completions]
+    """1.0 when the completion's last `<answer>...</answer>` pair (the one `correct` reads) shows
+    content (`_has_content`), else 0.0: `<answer>&nbsp;</answer>`, `<answer>\\boxed{}</answer>`
+    and `<answer> . </answer>` score 0.0, `<answer>4</answer>` 1.0."""
+    return [_scores_content(extract_answer(c, "tags")) for c in completions]
+
+
+def _scores_content(answer: str | None) -> float:
+    return 1.0 if answer is not None and _has_content(answer) else 0.0
 
 
 def _think_then_answer(completion: str) -> bool:
@@ -59,9 +164,141 @@ def _think_then_answer(completion: str) -> bool:
     )
     return (
         not outside.strip()
-        and bool(completion[think_open.end() : think_close.start()].strip())
-        and bool(completion[answer_open.end() : answer_close.start()].strip())
+        and _has_content(completion[think_open.end() : think_close.start()])
+        and _has_content(completion[answer_open.end() : answer_close.start()])
     )
+
+
+def _has_content(text: str) -> bool:
+    """Whether `text` shows something: a letter, a digit or a mathematical symbol (Unicode's
+    letters, numbers and math symbols; `\\pi`, `\\infty`, `-1`, `yes`), once what shows nothing
+    is read past: LaTeX spacing (`\\,` `\\;` `\\quad` `~` `\\hspace{..}` `\\kern 3pt`), style,
+    size and wrapper commands around nothing (`\\displaystyle`, `\\left(\\right)`,
+    `\\text{ }`, `\\mathrm{}`, `\\boxed{}`), empty groups, phantoms with their argument,
+    format and space characters (U+200B, U+FEFF, no-break space), HTML comments, entities
+    (`&nbsp;`, `&#8203;`, `&#x200B;`) and tags (`<br>`), and punctuation (`.`, `,`). Each
+    character is read a bounded number of times."""
+    pos, end = 0, len(text)
+    while pos < end:
+        construct = _CONSTRUCT_RE.search(text, pos)
+        stop = end if construct is None else construct.start()
+        if _shows_characters(text, pos, stop):
+            return True
+        if construct is None:
+            return False
+        pos, shows = _read_construct(text, stop)
+        if shows:
+            return True
+    return False
+
+
+def _shows_characters(text: str, start: int, stop: int) -> bool:
+    """Whether `text[start:stop]`, plain text, holds a letter, digit or math symbol."""
+    if start >= stop:
+        return False
+    if _CONTENT_RE.search(text, start, stop):
+        return True
+    plain = text[start:stop]
+    if plain.isascii():
+        return False
+    return any(c > "\x7f" and unicodedata.category(c) == "Sm" for c in plain)  # `∞`, `∅`, `−`
+
+
+def _read_construct(text: str, pos: int) -> tuple[int, bool]:
+    """(where it ends, whether it shows something) of the construct at `pos`: a LaTeX command,
+    an HTML comment, tag or entity; a `<` or `&` that starts none is a character."""
+    char = text[pos]
+    if char == "&":
+        entity = _ENTITY_RE.match(text, pos)
+        if entity is not None and (entity[1] is None or entity[1] + entity[2] in html5):
+            return entity.end(), False
+        return pos + 1, False  # `&` is punctuation; the name after it is read as text
+    if char == "<":
+        if text.startswith("<!--", pos):
+            close = text.find("-->", pos + 2)  # `<!-->` is a comment too
+            return (len(text) if close < 0 else close + 3), False  # unclosed: hides the rest
+        tag = _HTML_TAG_RE.match(text, pos)
+        if tag is not None and tag[1].lower() in _HTML_ELEMENTS:
+            return tag.end(), False
+        return pos + 1, True  # less-than
+    return _read_command(text, pos)
+
+
+def _read_command(text: str, pos: int) -> tuple[int, bool]:
+    """(where it ends, whether it shows something) of the LaTeX command at `pos`."""
+    command = _COMMAND_RE.match(text, pos)
+    if command is None:  # a trailing backslash
+        return pos + 1, False
+    name, symbol, after = command[1], command[2], command.end()
+    if name is None:
+        if symbol == "\\":  # a line break, with its spacing (`\\[2pt]`)
+            return _skip_options(text, after), False
+        if symbol in _SHOWS_NOTHING_SYMBOLS:
+            return after, False
+        return after, _shows_characters(symbol, 0, 1)  # `\{`, `\%`, `\|`
+    if name in _SHOWS_NOTHING:
+        return after, False
+    if name in _SIZERS:
+        return _skip_delimiter(text, after), False
+    if name in _HIDDEN_ARGUMENTS:
+        hidden = _HIDDEN_ARGUMENTS[name]
+        if name == "begin" and _COLUMN_SPEC_RE.match(text, _SPACE_RE.match(text, after).end()):
+            hidden = 2  # the environment's name and its column specification
+        after = _skip_options(text, after)
+        for _ in range(hidden):
+            after = _skip_argument(text, _skip_options(text, after))
+        return after, False
+    if name in _DIMENSIONED:
+        after = _SPACE_RE.match(text, after).end()
+        if text.startswith("{", after):
+            return _skip_argument(text, after), False
+        dimension = _DIMENSION_RE.match(text, after)
+        return (after if dimension is None else dimension.end()), False
+    return after, True  # `\pi`, `\infty`, `\emptyset`: a symbol or an operator
+
+
+def _skip_options(text: str, pos: int) -> int:
+    """Past a star and optional `[...]` arguments at `pos` (`\\hspace*`, `\\rule[1pt]`)."""
+    while True:
+        pos = _SPACE_RE.match(text, pos).end()
+        if text.startswith("*", pos):
+            pos += 1
+        elif (option := _OPTION_RE.match(text, pos)) is not None:
+            pos = option.end()
+        else:
+            return pos
+
+
+def _skip_argument(text: str, pos: int) -> int:
+    """Past the argument at `pos`: a balanced `{...}` group (to the end when unclosed), a
+    command or one character."""
+    pos = _SPACE_RE.match(text, pos).end()
+    if pos >= len(text):
+        return pos
+    if text[pos] == "{":
+        depth = 0
+        for brace in _BRACE_RE.finditer(text, pos):
+            if brace.group() == "{":
+                depth += 1
+            elif brace.group() == "}":
+                depth -= 1
+                if depth == 0:
+                    return brace.end()
+        return len(text)
+    command = _COMMAND_RE.match(text, pos)
+    return pos + 1 if command is None else command.end()
+
+
+def _skip_delimiter(text: str, pos: int) -> int:
+    """Past the delimiter a size command sizes (`(`, `.`, `\\{`, `\\langle`), if one is at
+    `pos`; a letter, a digit or any other command is left to be read."""
+    pos = _SPACE_RE.match(text, pos).end()
+    if pos < len(text) and text[pos] in _DELIMITER_SYMBOLS:
+        return pos + 1
+    command = _COMMAND_RE.match(text, pos)
+    if command is not None and (command[2] is not None or command[1] in _DELIMITERS):
+        return command.end()
+    return pos
 
 
 def length_penalty(
