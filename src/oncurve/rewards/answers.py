@@ -71,12 +71,23 @@ _NUMBER = (
 # A unit may follow without a space (`12.5m`); a letter before (`x2`, `H2O`) is no number.
 _NUMBER_RE = re.compile(rf"(?<![\w.])(?:{_NUMBER})(?![\d_]|[.,]\d)")
 _STATED_ANSWER_RE = re.compile(
-    r"answer\s*(?:is|:)\s*(?:\*\*)?\s*\$\$?(?P<math>[^$]{1,500})\$", re.IGNORECASE
+    r"answer\s*(?:is|:)\s*(?:\*\*)?\s*\$\$?(?P<math>(?:\\\$|[^$]){1,500})\$", re.IGNORECASE
 )
+_SCALE_WORDS = r"thousand|million|billion|trillion"
 _ANSWER_NUMBER_RE = re.compile(
-    rf"answer\s*(?:is|:)\s*(?:\*\*)?\s*\\?\$?\s*(?P<number>{_NUMBER})(?![\d_]|[.,]\d)",
+    rf"answer\s*(?:is|:)\s*(?:\*\*)?\s*\\?\$?\s*(?P<number>(?:{_NUMBER})(?![\d_]|[.,]\d)"
+    rf"(?:\s+(?:{_SCALE_WORDS})\b)?)(?P<hedge>\s*(?:\$\s*)?(?:or|and/or)\s+\$?[-−]?\d)?",
     re.IGNORECASE,
 )
+# "The answer is East." / "The answer is (C)." / "**Answer:** B": a word or a choice's letter
+_ANSWER_WORD_RE = re.compile(
+    r"answer\s*(?:is|:)\s*(?:\*\*)?\s*(?P<word>\([A-Za-z]\)|[A-Za-z]+)\s*(?:\*\*)?\s*[.!]?\s*$",
+    re.IGNORECASE,
+)
+# The last sentence of a completion's tail (after its last `. `, `! `, `? ` or line break).
+_LAST_SENTENCE_RE = re.compile(r"(?:^|(?<=[.!?])\s|\n)(?P<sentence>[^\n]*)$")
+_INLINE_MATH_RE = re.compile(r"(?<!\\)\$\$?((?:\\\$|[^$]){1,500})\$\$?")
+_JOINER_RE = re.compile(r"\s*(?:,|and|or|,\s*and|,\s*or)\s*", re.IGNORECASE)
 # A number, then "or" (or "and/or") just before the last one: an answer that hedges.
 _HEDGE_RE = re.compile(r"\d\s*(?:\$\s*)?(?:or|and/or)\s*(?:\$\s*)?[-−]?$", re.IGNORECASE)
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
@@ -89,7 +100,8 @@ _TEXT_RE = re.compile(
     r"\\(?:text|textbf|textrm|textit|textnormal|textup|mathrm|mathbf|mathit|mathsf|mbox|bm"
     r"|boldsymbol|underline)\s*\{([^{}]*)\}"
 )
-_SPACING_RE = re.compile(r"\\left|\\right|\\displaystyle|\\[,;:! ]")
+# A spacing command's backslash is not the second of a row break `\\\\` (`\\\\ 2` keeps its row).
+_SPACING_RE = re.compile(r"\\left|\\right|\\displaystyle|(?<!\\)\\[,;:! ]")
 _WRAPPERS = (("**", "**"), ("__", "__"), ("*", "*"), ("`", "`"), ("$$", "$$"), ("$", "$"))
 _WRAPPERS += (("\\(", "\\)"), ("\\[", "\\]"), ("(", ")"))
 _STATED_RE = re.compile(
@@ -106,11 +118,14 @@ _STATED_RE = re.compile(
           |\s*(?:\\times|\\cdot|×|·)\s*10\s*\^\s*(?:\{\s*(?P<exp2>[-+]?\d+)\s*\}|(?P<exp1>\d)))?
     )
     \s*(?P<percent>%)?(?:\^\s*\{?\s*\\circ\s*\}?|\\circ|°)?
+    (?:\s*(?P<scale>thousand|million|billion|trillion)\b)?
     (?P<words>(?:\s+|(?=[a-zA-Z]{2}))[a-zA-Z]+(?:[ /-]+[a-zA-Z]+){0,3}(?:\^\{?\d\}?)?)?
     \s*\.?""",
     re.VERBOSE,
 )
-# Words after a number that change its value or deny it: `5 thousand`, `5 is not the answer`.
+# Words after a number that scale it: `70 thousand`, `$1.45 million`.
+_SCALES = {"thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
+# Words after a number that change its value or deny it: `5 squared`, `5 is not the answer`.
 _NOT_UNITS = frozenset(
     [
         "is",
@@ -152,11 +167,13 @@ _PERCENT_WORDS = frozenset(("percent", "per cent", "percentage points"))
 _PERCENT_PROMPT_RE = re.compile(r"percent|%", re.IGNORECASE)
 
 _COMMAND_RE = re.compile(r"\\[a-zA-Z]+")
+_ENVIRONMENT_RE = re.compile(r"\\(?:begin|end)\s*\{[a-zA-Z*]+\}")
 _TEXT_COMMAND_RE = re.compile(r"\\(?:text|textnormal|mathrm|mbox)\b")
 _TRAILING_UNITS_RE = re.compile(
     r"\s*\\(?:text|textnormal|mathrm|mbox)\s*\{(?P<words>\s*[a-zA-Z][a-zA-Z ./-]*)\}"
     r"\s*(?:\^\s*\{?\s*\d\s*\}?)?\s*\.?\s*$"
 )
+_CHOICE_RE = re.compile(r"\(?(?P<letter>[A-Ea-e])\)?")
 _EQUALS_RE = re.compile(r"(?<![<>!\\])=")
 _LHS_RE = re.compile(r"\s*(?P<name>[a-zA-Z](?:_\{?[a-zA-Z0-9]+\}?)?)\s*=(?!=)")
 _MALFORMED_GOLDS = frozenset(("nan", "none", "null", "n/a", "0/0"))
@@ -205,7 +222,7 @@ def extract_answer(text: str, style: str = "auto") -> str | None:
         tagged = _last_tag(text)
         if tagged is not None:
             return _last_boxed(tagged) or tagged
-        for finder in (_last_boxed, _gsm8k, _stated_answer, _last_number):
+        for finder in (_last_boxed, _gsm8k, _stated_answer, _final_math, _last_number):
             found = finder(text)
             if found is not None:
                 return found
@@ -241,6 +258,9 @@ def answers_match(
         return True
     if pred.lower() == ref.lower() and pred != ref and "\\" in pred + ref:
         return False
+    choice = _CHOICE_RE.fullmatch(pred), _CHOICE_RE.fullmatch(ref)
+    if all(choice):  # a multiple choice's letter, with or without its brackets: `B` for `(B)`
+        return choice[0]["letter"].upper() == choice[1]["letter"].upper()
     gold_stated = _stated(gold)
     pred_stated = _stated(predicted, reduced=strict)
     if gold_stated is not None and pred_stated is not None:
@@ -380,7 +400,9 @@ def _undone(pred: str, ref: str) -> bool:
         return True
     if _bracket_product(ref) and "(" not in pred:  # expanded, where a factored form is asked
         return True
-    return _letter_denominator(pred) and not _letter_denominator(ref)
+    if _letter_denominator(pred) and not _letter_denominator(ref):
+        return True
+    return _root_denominator(pred) and not _root_denominator(ref)  # not rationalised
 
 
 def _bracket_product(text: str) -> bool:
@@ -424,29 +446,41 @@ def _square_free(n: int) -> bool:
     return all(n % (k * k) for k in range(2, math.isqrt(n) + 1))
 
 
+def _root_denominator(text: str) -> bool:
+    """Whether a fraction of `text` has a square root in its denominator (`\\frac{1}{\\sqrt{3}}`,
+    `1/\\sqrt{3}`)."""
+    return any("sqrt" in denominator for denominator in _denominators(text))
+
+
 def _letter_denominator(text: str) -> bool:
     """Whether a fraction of `text` has a letter in its denominator (`\\frac{x^2-1}{x-1}`,
     `(x^2-1)/(x-1)`); command names (`\\sqrt`, `\\pi`) are no letters."""
+    return any(
+        re.search(r"[a-zA-Z]", _COMMAND_RE.sub("", denominator))
+        for denominator in _denominators(text)
+    )
+
+
+def _denominators(text: str) -> list[str]:
+    """The denominator of each fraction of `text`: `\\frac{a}{b}`'s `b`, and what follows a
+    `/` (a bracket, a command with its argument, or a run of letters and digits)."""
+    found = []
     for match in _FRAC_RE.finditer(text):
         numerator_end = _closing(text, match.end() - 1)
         if numerator_end is None or numerator_end + 1 >= len(text):
             continue
         if text[numerator_end + 1] == "{":
             end = _closing(text, numerator_end + 1)
-            denominator = text[numerator_end + 2 : end]
+            found.append(text[numerator_end + 2 : end])
         else:
-            denominator = text[numerator_end + 1]
-        if re.search(r"[a-zA-Z]", _COMMAND_RE.sub("", denominator)):
-            return True
+            found.append(text[numerator_end + 1])
     for match in re.finditer(r"/\s*", text):
         after = text[match.end() :]
         if after.startswith("(") and (close := _closing(after, 0)) is not None:
-            after = after[: close + 1]
+            found.append(after[: close + 1])
         else:
-            after = re.match(r"\\?[a-zA-Z0-9]*", after).group()
-        if re.search(r"[a-zA-Z]", _COMMAND_RE.sub("", after)):
-            return True
-    return False
+            found.append(re.match(r"\\?[a-zA-Z0-9]*(?:\{[^{}]*\})?", after).group())
+    return found
 
 
 def normalize_answer(text: str) -> str:
@@ -515,7 +549,8 @@ def _stated(text: str, *, reduced: bool = False) -> tuple[Fraction, bool, str] |
     if match["repeat"]:  # 0.1\overline{6}: the repeated digits add digits / (10^k - 1)
         value += Fraction(int(match["repeat"]), 10 ** len(match["repeat"]) - 1)
     kind = "decimal" if match["decimals"] is not None or exponent < 0 else "integer"
-    return sign * value * Fraction(10) ** exponent, percent, kind
+    scale = _SCALES[match["scale"].lower()] if match["scale"] else 1
+    return sign * value * Fraction(10) ** exponent * scale, percent, kind
 
 
 def _undress(text: str) -> str:
@@ -526,7 +561,7 @@ def _undress(text: str) -> str:
         text = _last_boxed(text) or text
     text = _TEXT_RE.sub(r" \1 ", _TEXT_RE.sub(r" \1 ", text))  # `\bm{\text{18}}`
     text = re.sub(r",\s*\\[!,]\s*", ",", text)  # `32,\! 349`
-    text = _SPACING_RE.sub("", text.replace("\\ ", " ")).replace("~", " ")
+    text = _SPACING_RE.sub("", re.sub(r"(?<!\\)\\ ", " ", text)).replace("~", " ")
     for old, new in (("{,}", ","), ("\\$", "$"), ("\\%", "%"), ("−", "-")):
         text = text.replace(old, new)
     text = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", text)
@@ -571,9 +606,8 @@ def _canonical(text: str) -> str:
 def _looks_symbolic(text: str) -> bool:
     """Worth a symbolic comparison: short, and no words outside LaTeX commands. Prose costs
     math-verify tens of milliseconds per row and never matches."""
-    return len(text) <= MAX_SYMBOLIC_CHARS and not re.search(
-        r"[a-zA-Z]{4,}", _COMMAND_RE.sub("", text)
-    )
+    words = _COMMAND_RE.sub("", _ENVIRONMENT_RE.sub("", text))  # `\\begin{pmatrix}` is no prose
+    return len(text) <= MAX_SYMBOLIC_CHARS and not re.search(r"[a-zA-Z]{4,}", words)
 
 
 def _tame(text: str) -> bool:
@@ -693,7 +727,40 @@ def _stated_answer(text: str) -> str | None:
     if found is not None and _looks_symbolic(found["math"]) and found["math"].strip():
         return found["math"].strip()
     found = _last_match(_ANSWER_NUMBER_RE, text, len(text), tail)
-    return None if found is None else found["number"]
+    if found is not None:
+        return None if found["hedge"] else found["number"]  # "18 or 26" states no one answer
+    found = _ANSWER_WORD_RE.search(text, tail)
+    return None if found is None else found["word"]
+
+
+def _final_math(text: str) -> str | None:
+    """The math of the completion's last sentence, when it ends in some (`The area is $9 \\pi$
+    square units.`): its last `$...$` part, or the parts joined by "and"/"or"/"," (`$n = 1$
+    and $n = -2$`), each the last side of an equation without an approximation after it
+    (`\\cos 30^\\circ = \\frac{\\sqrt3}{2} \\approx 0.866` is `\\frac{\\sqrt3}{2}`). Math
+    that is money (`$400 + $60`) or prose is none."""
+    tail = text[-TAIL_CHARS:].rstrip()
+    sentence = _LAST_SENTENCE_RE.search(tail)
+    if sentence is None:
+        return None
+    parts = list(_INLINE_MATH_RE.finditer(sentence.group()))
+    if not parts:
+        return None
+    between = [
+        sentence.group()[a.end() : b.start()] for a, b in zip(parts, parts[1:], strict=False)
+    ]
+    if not all(_JOINER_RE.fullmatch(gap) for gap in between):
+        parts = parts[-1:]
+    sides = []
+    for part in parts:
+        math_text = re.split(r"\\approx|≈", part.group(1))[0]
+        # the last side, but a variable it names kept (`x = 1 \\pm \\sqrt{19}`)
+        named = math_text.count("=") == 1 and _LHS_RE.match(math_text)
+        side = math_text.strip() if named else math_text.split("=")[-1].strip()
+        if not side or not _looks_symbolic(side) or re.search(r"[-+*/=^_\\]\s*$", side):
+            return None
+        sides.append(side)
+    return ", ".join(sides)
 
 
 def _last_number(text: str) -> str | None:
