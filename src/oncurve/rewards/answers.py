@@ -10,9 +10,10 @@ Extraction styles (`extract_answer`), each linear in the completion's length:
                not taken for the answer
   last_number  the last number: `-12`, `1,000`, `3.5`, `3/4`, `\\frac{3}{4}`; none when it ends
                a hedge (`4 or 3`)
-  auto         the first of tags, boxed, gsm8k, a stated "The final answer is $...$" in the
-               completion's tail, last_number that finds something; inside `<answer>` a
-               `\\boxed{}` is unwrapped
+  auto         the first of tags, boxed, gsm8k, a stated answer in the completion's tail
+               ("The final answer is $...$", "The answer is 18", "**Answer:** B"; none for a
+               hedge "18 or 26"), the math of its last sentence (`_final_math`), last_number
+               that finds something; inside `<answer>` a `\\boxed{}` is unwrapped
 
 Matching (`answers_match`; README, "What `correct` pays for"). A reference that cannot be
 scored (`usable_gold`: empty, NaN, `None`, `0/0`) matches nothing, and the reward leaves its row
