@@ -6,7 +6,7 @@ import pytest
 
 from oncurve.config import DataConfig
 from oncurve.data import load_rows
-from oncurve.inputs import PromptData, encode_prompt
+from oncurve.inputs import MAX_CHARS_PER_TOKEN, PromptData, encode_prompt
 from oncurve.rewards import answers_match, extract_answer
 from oncurve.rollout.base import check_room
 from oncurve.tasks.convert import gsm8k_rows, main, math_rows
@@ -196,6 +196,27 @@ def test_a_prompt_over_max_prompt_tokens_names_file_line_and_field(tmp_path):
             DataConfig(max_prompt_tokens=3),
             seed=0,
         )
+
+
+def test_a_prompt_too_long_for_any_tokenizer_is_refused_before_tokenizing():
+    seen: list[int] = []
+
+    def recording(text: str) -> dict[str, list[int]]:
+        seen.append(len(text))
+        return {"input_ids": [ord(c) for c in text]}
+
+    recording.chat_template = "{{ messages }}"  # type: ignore[attr-defined]
+    huge = "x" * (50 * 2**20)  # 50 MB: minutes and gigabytes in a real tokenizer
+    with pytest.raises(ValueError, match=r"^row 7: field 'prompt' has 52428800 characters, more "):
+        encode_prompt(recording, huge, DataConfig(max_prompt_tokens=512), "row 7")
+    messages = [{"role": "user", "content": huge}]
+    with pytest.raises(ValueError, match=r"^row 8: field 'prompt' has 52428800 characters"):
+        encode_prompt(recording, "", DataConfig(max_prompt_tokens=512), "row 8", messages)
+    assert seen == []
+    fits = "x" * (512 * MAX_CHARS_PER_TOKEN)  # as long as the bound: the tokenizer decides
+    with pytest.raises(ValueError, match=r"has 32768 tokens, more than data.max_prompt_tokens"):
+        encode_prompt(recording, fits, DataConfig(max_prompt_tokens=512), "row 9")
+    assert seen == [len(fits)]
 
 
 def test_a_prompt_of_no_tokens_names_its_row_and_field():

@@ -114,6 +114,11 @@ class PromptData:
         return self._order_cache[1]
 
 
+# More characters than any tokenizer's token holds: a prompt longer than data.max_prompt_tokens
+# times this is refused without tokenizing it (a 50 MB prompt would take minutes and gigabytes).
+MAX_CHARS_PER_TOKEN = 64
+
+
 def encode_prompt(
     tokenizer: Any,
     prompt: str,
@@ -128,6 +133,15 @@ def encode_prompt(
         raise UserError(
             f"{where}: field {data.prompt_field!r} is a list of messages, and the tokenizer has "
             "no chat template to render them; give the prompt as text"
+        )
+    chars = len(data.system_prompt or "") + (
+        sum(len(str(m.get("content", ""))) for m in messages) if messages else len(prompt)
+    )
+    if chars > data.max_prompt_tokens * MAX_CHARS_PER_TOKEN:  # refused before it costs
+        raise UserError(
+            f"{where}: field {data.prompt_field!r} has {chars} characters, more than "
+            f"data.max_prompt_tokens={data.max_prompt_tokens} tokens hold (at most "
+            f"{MAX_CHARS_PER_TOKEN} characters each)"
         )
     if data.chat_template or messages is not None:
         messages = list(messages or [{"role": "user", "content": prompt}])
