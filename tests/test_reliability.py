@@ -574,6 +574,37 @@ def test_overwrite_replaces_a_previous_run_but_never_deletes_foreign_files(
     ]
     assert (run_dir / "notes.txt").read_text() == "mine"
     assert (run_dir / "final").is_dir()
+    # nor files kept inside the run's checkpoints or final model
+    (run_dir / "notes.txt").unlink()
+    for nested in ("final/notes.txt", "checkpoints/step-000002/my-eval.csv"):
+        (run_dir / nested).write_text("mine")
+        assert main(["train", "--quiet", *args, "run.overwrite=true"]) == 2
+        assert f"holds files no run wrote ({nested})" in capsys.readouterr().err
+        assert (run_dir / nested).read_text() == "mine"
+        (run_dir / nested).unlink()
+
+
+def test_a_killed_rewrite_is_cleaned_at_the_next_start_and_modes_follow_the_umask(
+    tiny_model_dir, data_file, tmp_path
+):
+    run_dir = tmp_path / "run"
+    train(make_config(tiny_model_dir, data_file, run_dir, "run.save_every=1", "run.steps=2"))
+    leftovers = [run_dir / ".samples.jsonl.x1y2.tmp", run_dir / ".metrics.jsonl.ab_c.tmp"]
+    for path in leftovers:
+        path.write_text("half a rewrite")
+    before = {name: os.stat(run_dir / name).st_mode for name in ("metrics.jsonl", "samples.jsonl")}
+    step_1 = run_dir / "checkpoints" / "step-000001"
+    assert (
+        setup(make_config(tiny_model_dir, data_file, run_dir, f"run.resume={step_1}")).start_step
+        == 1
+    )
+    assert not any(path.exists() for path in leftovers)
+    after = {name: os.stat(run_dir / name).st_mode for name in before}
+    assert after == before and all(mode & 0o044 for mode in after.values())  # not mkstemp's 0600
+    for path in leftovers:  # they no longer block run.overwrite either
+        path.write_text("half a rewrite")
+    train(make_config(tiny_model_dir, data_file, run_dir, "run.overwrite=true", "run.steps=1"))
+    assert [r["step"] for r in metric_rows(run_dir)] == [1]
 
 
 def test_one_trainer_per_run_dir_and_a_killed_one_leaves_no_stale_lock(

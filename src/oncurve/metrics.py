@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -116,6 +117,7 @@ def truncate_after(run_dir: Path, step: int) -> None:
             continue
         kept = [line for line, row in _iter_lines(path) if row["step"] <= step]
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
+        os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))  # mkstemp's 0600 is no run file's mode
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.writelines(kept)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import socket
 import sys
@@ -29,6 +30,18 @@ from oncurve.config import Config
 from oncurve.errors import UserError
 
 LOCK_FILE = ".lock"
+# What a killed rewrite of metrics or samples leaves (`metrics.truncate_after`): the run's own.
+_LEFTOVER = re.compile(r"\.(?:metrics|samples)\.jsonl\..+\.tmp$")
+# What a run writes inside its checkpoints and final model: `run.overwrite` deletes nothing else.
+_RUN_WRITTEN = {
+    "checkpoints": re.compile(
+        r"(?:step-\d{6}|latest|\.(?:tmp|trash)-.+)"
+        r"(?:/(?:[\w.-]+\.safetensors|[\w.-]+\.pt|state\.json|rng-rank\d+\.json|COMPLETE))?"
+    ),
+    "final": re.compile(
+        r"[\w.-]+\.(?:json|safetensors|jinja|model)|merges\.txt|vocab\.txt|README\.md"
+    ),
+}
 # What a run (and `oncurve report` on it) writes: the only names a new run may delete.
 RUN_FILES = {
     LOCK_FILE,
@@ -85,7 +98,10 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None]:
         if contents:
             # Neither resume=auto (restarting a run killed before its first checkpoint) nor
             # run.overwrite deletes files that no run wrote: run.dir may point at the wrong one.
-            foreign = sorted(p.name for p in contents if p.name not in RUN_FILES)
+            foreign = sorted(
+                p.name for p in contents if p.name not in RUN_FILES and not _LEFTOVER.match(p.name)
+            )
+            foreign += [str(p.relative_to(run_dir)) for p in _foreign_inside(run_dir)][:3]
             restart = resume == "auto" and not foreign
             if config.run.overwrite and foreign:
                 raise UserError(
@@ -113,6 +129,29 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None]:
     return run_dir, None
 
 
+def _foreign_inside(run_dir: Path) -> list[Path]:
+    """Files in the run's checkpoints and final model that no run writes (a user's notes kept
+    there), which `run.overwrite` must not delete."""
+    found = []
+    for name, written in _RUN_WRITTEN.items():
+        top = run_dir / name
+        if not top.is_dir():
+            continue
+        for path in sorted(top.rglob("*")):
+            relative = path.relative_to(top).as_posix()
+            if (path.is_file() or path.is_symlink()) and not written.fullmatch(relative):
+                found.append(path)
+    return found
+
+
+def clean_leftovers(run_dir: Path) -> None:
+    """Remove what a killed rewrite of metrics or samples left in `run_dir` (the lock held, no
+    other trainer can be writing them)."""
+    for path in run_dir.iterdir():
+        if _LEFTOVER.match(path.name):
+            path.unlink(missing_ok=True)
+
+
 # The lock files this process holds, by directory: open until the process ends, when the OS
 # releases their locks. A later run of the same process on the same directory reuses its lock.
 _HELD: dict[str, TextIO] = {}
@@ -134,6 +173,7 @@ def _locked(run_dir: Path) -> Iterator[list[Path]]:
     if held is None or not path.exists() or os.fstat(held.fileno()).st_ino != path.stat().st_ino:
         created = not path.exists()
         _HELD[key] = _lock(path)
+    clean_leftovers(run_dir)
     try:
         yield sorted(p for p in run_dir.iterdir() if p.name != LOCK_FILE)
     except UserError:
