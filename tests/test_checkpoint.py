@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import pickle
@@ -168,12 +169,44 @@ def test_projections_laid_out_in_one_storage_round_trip_and_stay_so(tmp_path: Pa
     )
 
 
+def reseal(path: Path) -> None:
+    """Give checkpoint `path` the checksums of its files as they are now (a checkpoint written
+    by another tool, or crafted, that is consistent with itself)."""
+    names = [f for f in sorted(path.iterdir()) if f.name not in ("checksums.json", "COMPLETE")]
+    sums = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in names}
+    (path / "checksums.json").write_text(json.dumps(sums))
+
+
+def test_a_damaged_file_is_refused_naming_the_previous_complete_checkpoint(tmp_path: Path) -> None:
+    run = saved_run(tmp_path)
+    model, optimizer, scheduler = make_setup(0)
+    save_checkpoint(run, 2, model, optimizer, scheduler, {"step": 2})
+    newest = run / "checkpoints/step-000002"
+    for name in ("model.safetensors", "optimizer.pt", "state.json"):
+        original = (newest / name).read_bytes()
+        damaged = bytearray(original)
+        damaged[len(damaged) // 2] ^= 0x10  # one flipped bit
+        (newest / name).write_bytes(bytes(damaged))
+        with pytest.raises(UserError) as info:
+            load_checkpoint(newest, *make_setup(1))
+        assert str(info.value) == (
+            f"checkpoint file {newest / name} is damaged (its checksum differs); resume from "
+            f"the previous complete one: run.resume={run / 'checkpoints/step-000001'}"
+        )
+        (newest / name).write_bytes(original)
+    load_checkpoint(newest, *make_setup(1))  # whole again, it loads
+    (run / "checkpoints/step-000001/optimizer.pt").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(UserError, match=r"step-000001/optimizer.pt is damaged .* no earlier"):
+        load_checkpoint(run / "checkpoints/step-000001", *make_setup(1))
+
+
 def test_a_tied_weight_stored_under_its_other_name_loads(tmp_path: Path) -> None:
     """safetensors' `save_model`, which wrote earlier checkpoints, may keep either name."""
     path = saved_run(tmp_path) / "checkpoints/step-000001"
     model, _, _ = make_setup(0)
     state = {k: v for k, v in model.state_dict().items() if k != "embed.weight"}
     save_file(state, path / "model.safetensors")
+    reseal(path)
     loaded, optimizer, scheduler = make_setup(1)
     load_checkpoint(path, loaded, optimizer, scheduler)
     assert loaded.head.weight is loaded.embed.weight
@@ -357,6 +390,7 @@ def test_sigkill_at_every_write_leaves_latest_on_a_complete_checkpoint(tmp_path:
         "optimizer.pt",
         "rng-rank0.json",
         "state.json",
+        "checksums.json",
         "COMPLETE",
         "step-000002",
         ".tmp",
@@ -420,6 +454,7 @@ def test_pickle_payload_in_optimizer_file_is_refused(tmp_path: Path, fmt: str) -
         pickle.loads((tmp_path / "proof.pt").read_bytes())
     assert proof.exists()
     write(path / "optimizer.pt", sentinel)
+    reseal(path)  # a crafted checkpoint comes with its own checksums
     model, optimizer, scheduler = make_setup(0)
     with pytest.raises(UserError, match=r"optimizer\.pt holds objects other than tensors") as info:
         load_checkpoint(path, model, optimizer, scheduler)
@@ -488,6 +523,7 @@ def test_distributed_ranks_save_and_restore_their_own_rng(tmp_path: Path) -> Non
     files = sorted(p.name for p in (tmp_path / "run/checkpoints/step-000001").iterdir())
     assert files == [
         "COMPLETE",
+        "checksums.json",
         "model.safetensors",
         "optimizer.pt",
         "rng-rank0.json",

@@ -7,8 +7,10 @@ from __future__ import annotations
 import dataclasses
 import errno
 import gc
+import hashlib
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file
 
 from oncurve import checkpoint, trainer
@@ -698,3 +701,92 @@ def test_a_resume_applies_what_can_change_and_refuses_what_cannot(
     assert (
         entry["changed"]["optim.weight_decay"][1] == 0.25 and state["config"]["run"]["steps"] == 4
     )
+
+
+def test_a_file_size_limit_at_a_checkpoint_is_one_line_and_keeps_what_was_saved(
+    tiny_model_dir, data_file, tmp_path
+):
+    run_dir = tmp_path / "run"
+    args = cli_args(
+        tiny_model_dir, data_file, run_dir, "run.steps=3", "run.save_every=1", "run.preflight=false"
+    )
+    # the weights (~90 KB) fit, the optimizer's two moments (~200 KB) do not: torch.save's
+    # writer fails in C++ as it does on a full disk
+    limit = 150 * 1024
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "oncurve", "train", "--quiet", *args],
+        env=rewards_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
+    )
+    code, err = finish(proc)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 1, err
+    assert (
+        lines[0].startswith("oncurve: error: cannot save checkpoint") and "optimizer.pt" in lines[0]
+    )
+    assert "the previous checkpoint is kept" in lines[0]
+    assert checkpoint.latest_checkpoint(run_dir) is None
+    assert not [p for p in (run_dir / "checkpoints").iterdir()]  # no partial checkpoint left
+
+
+def test_a_full_disk_at_the_final_model_is_one_line_and_leaves_no_partial_model(
+    tiny_model_dir, data_file, tmp_path, monkeypatch, capsys
+):
+    run_dir = tmp_path / "run"
+    args = cli_args(tiny_model_dir, data_file, run_dir, "run.steps=2", "run.preflight=false")
+    real_save = transformers.PreTrainedModel.save_pretrained
+
+    def full_disk(model, directory, *a, **k):
+        (Path(directory) / "config.json").write_text("{}")  # a first file, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device", str(directory))
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", full_disk)
+    assert main(["train", "--quiet", *args]) == 1
+    err = capsys.readouterr().err
+    line = err.strip().splitlines()[-1]
+    assert "Traceback" not in err
+    assert line.startswith(f"oncurve: error: cannot write the final model {run_dir / 'final'}")
+    assert "No space left on device" in line and "the run's checkpoints are kept" in line
+    assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith((".final", "final"))) == []
+    assert checkpoint.latest_checkpoint(run_dir) == run_dir / "checkpoints" / "step-000002"
+    monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", real_save)
+    assert main(["train", "--quiet", *args, "run.resume=auto"]) == 0
+    assert (run_dir / "final" / "model.safetensors").is_file()
+
+
+def test_unreadable_run_files_are_one_line_naming_the_file(
+    tiny_model_dir, data_file, tmp_path, capsys
+):
+    run_dir = tmp_path / "run"
+    args = cli_args(
+        tiny_model_dir, data_file, run_dir, "run.steps=2", "run.save_every=1", "run.preflight=false"
+    )
+    assert main(["train", "--quiet", *args]) == 0
+    capsys.readouterr()
+    latest = run_dir / "checkpoints" / "step-000002"
+    faults = {
+        # non-UTF-8 bytes in metrics: a resume reads them to drop later steps
+        run_dir / "metrics.jsonl": (b'{"step": 1}\n\xff\xfe\n', "not UTF-8 text"),
+        # a state without its step
+        latest / "state.json": (b"{}", "holds no step"),
+    }
+    for path, (content, said) in faults.items():
+        original = path.read_bytes()
+        path.write_bytes(content)
+        if path.name == "state.json":
+            checkpoint_dir = path.parent
+            sums = json.loads((checkpoint_dir / "checksums.json").read_text())
+            sums["state.json"] = hashlib.sha256(content).hexdigest()
+            (checkpoint_dir / "checksums.json").write_text(json.dumps(sums))
+        assert main(["train", "--quiet", *args, "run.steps=3", "run.resume=auto"]) == 2
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert line.startswith("oncurve: error: ") and str(path) in line and said in line, line
+        path.write_bytes(original)
+    # a truncated config.yaml: `oncurve eval --run` and `oncurve report` say so in one line
+    (run_dir / "config.yaml").write_text("model:\n  path: [unclosed\n")
+    assert main(["eval", "--run", str(run_dir), "--data", str(data_file)]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"config file {run_dir / 'config.yaml'}" in line and "not valid YAML" in line

@@ -23,6 +23,7 @@ on a complete checkpoint. Leftover `.tmp-*` / `.trash-*` entries of a killed sav
 time (rank 0 in a distributed run).
 """
 
+import hashlib
 import json
 import os
 import pickle
@@ -53,6 +54,9 @@ COMPLETE = "COMPLETE"
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "state.json"
+CHECKSUMS_FILE = "checksums.json"
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # sha256 of each file, written before COMPLETE
 _STEP_DIR = re.compile(r"step-(\d+)")
 _LEFTOVER_PREFIXES = (".tmp-", ".trash-")
 
@@ -146,7 +150,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     root = Path(run_dir) / CHECKPOINTS
     pointer = root / LATEST
     if pointer.is_file():
-        name = pointer.read_text(encoding="utf-8").strip()
+        name = pointer.read_bytes().decode("utf-8", errors="replace").strip()
         if _STEP_DIR.fullmatch(name) and (root / name / COMPLETE).is_file():
             return root / name
     complete = _complete_checkpoints(root)
@@ -172,6 +176,7 @@ def load_checkpoint(
     path = Path(path)
     if not (path / COMPLETE).is_file():
         raise UserError(f"checkpoint {path} is not complete (no {COMPLETE} marker); not loaded")
+    verify_checksums(path)
     if trainable_only:
         _load_trainable(path / MODEL_FILE, model)
     else:
@@ -199,8 +204,13 @@ def load_checkpoint(
 
 
 def read_state(path: Path) -> dict:
-    """The trainer's counters of a complete checkpoint (`state.json`), without loading it."""
-    return _read_json(Path(path) / STATE_FILE)
+    """The trainer's counters of a complete checkpoint (`state.json`), without loading it;
+    UserError naming the file when it is not a JSON object with the step."""
+    file = Path(path) / STATE_FILE
+    state = _read_json(file)
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise UserError(f"checkpoint file {file} holds no step (not a state this trainer wrote)")
+    return state
 
 
 # -- saving ----------------------------------------------------------------------------------
@@ -228,6 +238,8 @@ def _write_checkpoint(
         for rank, rng in enumerate(rng_states):
             _write(tmp / f"rng-rank{rank}.json", partial(_write_text, json.dumps(rng)))
         _write(tmp / STATE_FILE, partial(_write_text, state_text))
+        sums = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
+        _write(tmp / CHECKSUMS_FILE, partial(_write_text, json.dumps(sums, indent=1)))
         _write(tmp / COMPLETE, partial(_write_text, f"{step}\n"))
         _fsync(tmp)
         # Saving a step again (e.g. after resuming from it): a directory cannot be renamed onto
@@ -275,9 +287,44 @@ def _remove_leftovers(root: Path) -> None:
 
 
 def _write(path: Path, dump: Callable[[Path], Any]) -> None:
-    """Create one file with `dump(path)` and fsync it; every checkpoint file is written here."""
-    dump(path)
+    """Create one file with `dump(path)`, with the umask's mode, and fsync it; every checkpoint
+    file is written here.
+    torch.save reports a full disk or a file-size limit as a RuntimeError of its C++ writer:
+    an OSError here, as the others report it."""
+    try:
+        dump(path)
+    except RuntimeError as err:
+        raise OSError(f"writing {path.name} failed: {' '.join(str(err).split())[:200]}") from None
+    path.chmod(0o666 & ~_UMASK)  # safetensors writes 0600; a run's files follow the umask
     _fsync(path)
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def verify_checksums(path: Path) -> None:
+    """UserError naming the first file of checkpoint `path` whose bytes are not those saved
+    (flipped bits, a truncated copy), and the previous complete checkpoint to resume from; a
+    checkpoint saved without checksums passes."""
+    path = Path(path)
+    sums_file = path / CHECKSUMS_FILE
+    if not sums_file.is_file():
+        return
+    sums = _read_json(sums_file)
+    for name, expected in sums.items() if isinstance(sums, dict) else []:
+        file = path / name
+        if file.is_file() and _sha256(file) == expected:
+            continue
+        step = _step_of(path) if _STEP_DIR.fullmatch(path.name) else 0
+        earlier = [d for d in _complete_checkpoints(path.parent) if _step_of(d) < step]
+        where = (
+            f"resume from the previous complete one: run.resume={earlier[-1]}"
+            if earlier
+            else "no earlier complete checkpoint is kept"
+        )
+        raise UserError(f"checkpoint file {file} is damaged (its checksum differs); {where}")
 
 
 def _replace(src: Path, dst: Path) -> None:
@@ -385,7 +432,7 @@ def _load_torch_file(file: Path) -> dict:
             f"checkpoint file {file} holds objects other than tensors and plain data; "
             "refused to load it (it could run code)"
         ) from None
-    except (RuntimeError, EOFError) as err:
+    except (RuntimeError, EOFError, OSError) as err:
         reason = " ".join(str(err).split())
         raise UserError(f"checkpoint file {file} is not a readable torch file: {reason}") from None
     if not isinstance(saved, dict):
@@ -398,7 +445,7 @@ def _read_json(file: Path) -> Any:
         return json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(f"checkpoint file {file} is missing") from None
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise UserError(f"checkpoint file {file} is not valid JSON: {err}") from None
 
 

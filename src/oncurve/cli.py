@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, TrainingError) as err:
         print(f"oncurve: error: {err}", file=sys.stderr)
         return 1
+    except OSError as err:  # a full disk, a read-only or missing directory: the file and why
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"oncurve: error: {where}{err.strerror or err}", file=sys.stderr)
+        return 1
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -199,7 +203,7 @@ def _run_config(args: argparse.Namespace):
     """The resolved config of `--run RUN_DIR` (None without it); fills in `--model` (the run's
     final model) and `--max-new-tokens` (its rollout.max_new_tokens; without a run, the
     default of a run of `--model`) when they are not given."""
-    from oncurve.config import build_config
+    from oncurve.config import build_config, load_config
 
     if args.run_dir is None:
         if args.model is None:
@@ -208,12 +212,10 @@ def _run_config(args: argparse.Namespace):
         default = build_config({"model": {"path": args.model}}).rollout.max_new_tokens
         args.max_new_tokens = args.max_new_tokens or default
         return None
-    import yaml
-
     path = Path(args.run_dir) / "config.yaml"
     if not path.is_file():
         raise UserError(f"--run {args.run_dir}: no config.yaml (not a run directory)")
-    config = build_config(yaml.safe_load(path.read_text()))
+    config = load_config(path)
     if args.model is None:
         final = Path(args.run_dir) / "final"
         if not (final / "config.json").is_file():

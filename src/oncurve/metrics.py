@@ -130,7 +130,15 @@ def truncate_after(run_dir: Path, step: int) -> None:
 
 
 def _iter_lines(path: Path) -> Iterator[tuple[str, dict]]:
-    """(line with its newline, parsed row) for every complete line; blank lines are skipped."""
+    """(line with its newline, parsed row) for every complete line; blank lines are skipped;
+    UserError naming the file when it is not UTF-8 text."""
+    try:
+        yield from _iter_utf8_lines(path)
+    except UnicodeDecodeError as err:
+        raise UserError(f"{path}: not UTF-8 text (byte {err.start} of a line)") from None
+
+
+def _iter_utf8_lines(path: Path) -> Iterator[tuple[str, dict]]:
     with path.open(encoding="utf-8") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import transformers
 from packaging import version
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from oncurve.config import LoraConfig
@@ -463,9 +464,40 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
 
 
 def save_final(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out: Path) -> None:
-    """A directory that `AutoModelForCausalLM.from_pretrained` loads as is (safetensors)."""
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    """A directory that `AutoModelForCausalLM.from_pretrained` loads as is (safetensors),
+    written whole or not at all (`_written_whole`)."""
+    with _written_whole(out) as partial:
+        model.save_pretrained(partial, safe_serialization=True)
+        tokenizer.save_pretrained(partial)
+
+
+@contextlib.contextmanager
+def _written_whole(out: Path) -> Iterator[Path]:
+    """A hidden directory beside `out` to write into, renamed to `out` when the block ends: a
+    full disk or a file-size limit never leaves a partial model at `out`, only a one-line
+    CheckpointError that says the run's checkpoints are kept."""
+    from oncurve.checkpoint import CheckpointError
+
+    out = Path(out)
+    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
+    trash = out.parent / f".{out.name}.trash-{os.getpid()}"
+    try:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        yield partial
+        if out.exists():
+            os.replace(out, trash)
+        os.replace(partial, out)
+    except (OSError, RuntimeError, SafetensorError) as err:
+        shutil.rmtree(partial, ignore_errors=True)
+        if trash.exists() and not out.exists():
+            os.replace(trash, out)
+        reason = " ".join(str(err).split())[:300]
+        raise CheckpointError(
+            f"cannot write the final model {out}: {reason}; the run's checkpoints are kept "
+            f"(resume with run.resume=auto run.dir={out.parent} to write it again)"
+        ) from None
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def add_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
@@ -498,10 +530,12 @@ def save_lora_final(
 ) -> None:
     """`out` gets the merged model (base + adapter), loadable without peft; `out/adapter` the
     adapter alone when asked."""
-    if adapter:
-        peft_model.save_pretrained(out / "adapter")
     # merged on a CPU copy: a second copy of the model on the GPU is memory the run never had
     device = next(peft_model.parameters()).device
     merged = copy.deepcopy(peft_model.to("cpu")).merge_and_unload()
     peft_model.to(device)
-    save_final(merged, tokenizer, out)
+    with _written_whole(out) as partial:
+        if adapter:
+            peft_model.save_pretrained(partial / "adapter")
+        merged.save_pretrained(partial, safe_serialization=True)
+        tokenizer.save_pretrained(partial)

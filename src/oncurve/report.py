@@ -488,7 +488,10 @@ def _config_section(runs: list[Run]) -> str:
     for run in runs:
         path = run.path / "config.yaml"
         if path.is_file():
-            configs[run.name] = _flatten(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
+            try:
+                configs[run.name] = _flatten(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
+            except (yaml.YAMLError, UnicodeDecodeError):
+                raise UserError(f"{path} is not a readable config (not valid YAML)") from None
     if not configs:
         return '<p class="note">No config.yaml in the run directories.</p>'
     keys = sorted({k for c in configs.values() for k in c})

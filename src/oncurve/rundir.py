@@ -30,16 +30,19 @@ from oncurve.config import Config
 from oncurve.errors import UserError
 
 LOCK_FILE = ".lock"
-# What a killed rewrite of metrics or samples leaves (`metrics.truncate_after`): the run's own.
-_LEFTOVER = re.compile(r"\.(?:metrics|samples)\.jsonl\..+\.tmp$")
+# What a killed rewrite of metrics or samples (`metrics.truncate_after`) or a killed write of the
+# final model (`models.save_final`) leaves: the run's own.
+_LEFTOVER = re.compile(r"\.(?:metrics|samples)\.jsonl\..+\.tmp$|\.final\.(?:partial|trash)-\d+$")
 # What a run writes inside its checkpoints and final model: `run.overwrite` deletes nothing else.
 _RUN_WRITTEN = {
     "checkpoints": re.compile(
         r"(?:step-\d{6}|latest|\.(?:tmp|trash)-.+)"
-        r"(?:/(?:[\w.-]+\.safetensors|[\w.-]+\.pt|state\.json|rng-rank\d+\.json|COMPLETE))?"
+        r"(?:/(?:[\w.-]+\.safetensors|[\w.-]+\.pt|state\.json|checksums\.json"
+        r"|rng-rank\d+\.json|COMPLETE))?"
     ),
     "final": re.compile(
-        r"[\w.-]+\.(?:json|safetensors|jinja|model)|merges\.txt|vocab\.txt|README\.md"
+        r"(?:adapter/)?(?:[\w.-]+\.(?:json|safetensors|jinja|model)|merges\.txt|vocab\.txt"
+        r"|README\.md)"
     ),
 }
 # What a run (and `oncurve report` on it) writes: the only names a new run may delete.
@@ -145,10 +148,14 @@ def _foreign_inside(run_dir: Path) -> list[Path]:
 
 
 def clean_leftovers(run_dir: Path) -> None:
-    """Remove what a killed rewrite of metrics or samples left in `run_dir` (the lock held, no
-    other trainer can be writing them)."""
+    """Remove what a killed rewrite of metrics or samples, or a killed write of the final model,
+    left in `run_dir` (the lock held, no other trainer can be writing them)."""
     for path in run_dir.iterdir():
-        if _LEFTOVER.match(path.name):
+        if not _LEFTOVER.match(path.name):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
             path.unlink(missing_ok=True)
 
 
