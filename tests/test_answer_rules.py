@@ -155,6 +155,13 @@ STATED = [
     case("p", "It has $(2+1)(2+1) = 9$ divisors.", "9", 1.0),
     case("p", "The roots are $x = 1 \\pm \\sqrt{19}$.", "1 \\pm \\sqrt{19}", 1.0),
     case("p", "Thus the total is $400 + $60.", "460", 0.0),
+    # forms of math-verify's own test suite (benchmarks/data/math_verify_cases.jsonl)
+    case("p", "We have $x = 3$ here. So there are 12 sequences.", "12", 1.0),
+    case("p", "Final Answer: The largest $n$ is 34.", "34", 1.0),
+    case("p", "So $x \\approx 11$.", "11", 1.0),
+    case("p", "Thus $x <= 2$ is our answer.", "x \\leq 2", 1.0),
+    case("p", "Final Answer: The final answer is \\((-6, 10)\\). I hope it is correct.",
+         "(-6, 10)", 1.0),
     case("p", "\\boxed{\\frac{1}{\\sqrt{3}}}", "\\frac{\\sqrt{3}}{3}", 0.0),
     case("p", "\\boxed{\\begin{pmatrix} -\\frac{1}{3} \\\\ \\frac{2}{3} \\end{pmatrix}}",
          "\\begin{pmatrix} -1/3 \\\\ 2/3 \\end{pmatrix}", 1.0),

@@ -72,7 +72,9 @@ _NUMBER = (
 # A unit may follow without a space (`12.5m`); a letter before (`x2`, `H2O`) is no number.
 _NUMBER_RE = re.compile(rf"(?<![\w.])(?:{_NUMBER})(?![\d_]|[.,]\d)")
 _STATED_ANSWER_RE = re.compile(
-    r"answer\s*(?:is|:)\s*(?:\*\*)?\s*\$\$?(?P<math>(?:\\\$|[^$]){1,500})\$", re.IGNORECASE
+    r"answer\s*(?:is|:)\s*(?:\*\*)?\s*(?:\$\$?(?P<math>(?:\\\$|[^$]){1,500})\$"
+    r"|\\\((?P<inline>.{1,500}?)\\\))",
+    re.IGNORECASE,
 )
 _SCALE_WORDS = r"thousand|million|billion|trillion"
 _ANSWER_NUMBER_RE = re.compile(
@@ -86,7 +88,11 @@ _ANSWER_WORD_RE = re.compile(
     re.IGNORECASE,
 )
 # The last sentence of a completion's tail (after its last `. `, `! `, `? ` or line break).
-_LAST_SENTENCE_RE = re.compile(r"(?:^|(?<=[.!?])\s|\n)(?P<sentence>[^\n]*)$")
+# Where a sentence ends: `. `, `! `, `? ` (a decimal point has a digit after it), `$$ ` after a
+# displayed formula's period, or a line break.
+_SENTENCE_END_RE = re.compile(r"[.!?]\$*\s+|\n")
+_STATES_NUMBER_RE = re.compile(r"\b(?:is|are|was|were|equals?|be)\s+\\?\$?[-−]?\d")
+_LHS_NAME_RE = re.compile(r"\s*[a-zA-Z](?:_\{?[a-zA-Z0-9]+\}?)?\s*")
 _INLINE_MATH_RE = re.compile(r"(?<!\\)\$\$?((?:\\\$|[^$]){1,500})\$\$?")
 _JOINER_RE = re.compile(r"\s*(?:,|and|or|,\s*and|,\s*or)\s*", re.IGNORECASE)
 # A number, then "or" (or "and/or") just before the last one: an answer that hedges.
@@ -725,8 +731,9 @@ def _stated_answer(text: str) -> str | None:
     tail = max(0, len(text) - TAIL_CHARS)
     found = _last_match(_STATED_ANSWER_RE, text, len(text), tail)
     # dollars are money as often as math: "is $18. Then $5" states 18, not the math "18. Then "
-    if found is not None and _looks_symbolic(found["math"]) and found["math"].strip():
-        return found["math"].strip()
+    stated = None if found is None else (found["math"] or found["inline"] or "").strip()
+    if stated and _looks_symbolic(stated):
+        return stated
     found = _last_match(_ANSWER_NUMBER_RE, text, len(text), tail)
     if found is not None:
         return None if found["hedge"] else found["number"]  # "18 or 26" states no one answer
@@ -735,33 +742,41 @@ def _stated_answer(text: str) -> str | None:
 
 
 def _final_math(text: str) -> str | None:
-    """The math of the completion's last sentence, when it ends in some (`The area is $9 \\pi$
-    square units.`): its last `$...$` part, or the parts joined by "and"/"or"/"," (`$n = 1$
-    and $n = -2$`), each the last side of an equation without an approximation after it
-    (`\\cos 30^\\circ = \\frac{\\sqrt3}{2} \\approx 0.866` is `\\frac{\\sqrt3}{2}`). Math
-    that is money (`$400 + $60`) or prose is none."""
+    """The math the completion's last sentence ends on (`The area is $9 \\pi$ square units.`;
+    not "The largest $n$ is 34.", which states a number after it): its last `$...$` part, or the parts joined by "and"/"or"/","
+    (`$n = 1$ and $n = -2$`), each read by `_math_answer`. Math that is money (`$400 + $60`)
+    or prose is none."""
     tail = text[-TAIL_CHARS:].rstrip()
-    sentence = _LAST_SENTENCE_RE.search(tail)
-    if sentence is None:
-        return None
-    parts = list(_INLINE_MATH_RE.finditer(sentence.group()))
-    if not parts:
-        return None
-    between = [
-        sentence.group()[a.end() : b.start()] for a, b in zip(parts, parts[1:], strict=False)
-    ]
+    boundaries = list(_SENTENCE_END_RE.finditer(tail))
+    sentence = tail[boundaries[-1].end() :] if boundaries else tail
+    parts = list(_INLINE_MATH_RE.finditer(sentence))
+    if not parts or _STATES_NUMBER_RE.search(sentence, parts[-1].end()):
+        return None  # "The largest $n$ is 34.": the sentence states a number after the math
+    between = [sentence[a.end() : b.start()] for a, b in zip(parts, parts[1:], strict=False)]
     if not all(_JOINER_RE.fullmatch(gap) for gap in between):
         parts = parts[-1:]
-    sides = []
-    for part in parts:
-        math_text = re.split(r"\\approx|≈", part.group(1))[0]
-        # the last side, but a variable it names kept (`x = 1 \\pm \\sqrt{19}`)
-        named = math_text.count("=") == 1 and _LHS_RE.match(math_text)
-        side = math_text.strip() if named else math_text.split("=")[-1].strip()
-        if not side or not _looks_symbolic(side) or re.search(r"[-+*/=^_\\]\s*$", side):
-            return None
-        sides.append(side)
-    return ", ".join(sides)
+    sides = [_math_answer(part.group(1)) for part in parts]
+    return None if None in sides else ", ".join(sides)
+
+
+def _math_answer(math_text: str) -> str | None:
+    """What a piece of math states as its answer: the last side of a chain of equalities or
+    of arithmetic (`(2+1)(2+1) = 9` is 9), a named variable kept (`x = 1 \\pm \\sqrt{19}`), an
+    equation in variables whole (`x^2/16 + y^2/12 = 1/4`), the exact value before an
+    approximation (`\\frac{\\sqrt3}{2} \\approx 0.866`) or the value a name approximates
+    (`x \\approx 11`); None for what ends in an operator or reads as prose."""
+    exact, *approximate = re.split(r"\\approx|≈", math_text)
+    if approximate and _LHS_NAME_RE.fullmatch(exact.strip()):
+        exact = approximate[-1]
+    sides = _EQUALS_RE.split(exact)
+    lhs = sides[0]
+    named = len(sides) == 2 and _LHS_RE.match(exact)
+    in_variables = len(sides) == 2 and re.search(r"[a-zA-Z]", _COMMAND_RE.sub("", lhs))
+    in_variables = in_variables and re.search(r"[-+]", lhs.strip().lstrip("-+"))
+    side = exact.strip() if named or in_variables else sides[-1].strip()
+    if not side or not _looks_symbolic(side) or re.search(r"[-+*/=^_\\]\s*$", side):
+        return None
+    return side
 
 
 def _last_number(text: str) -> str | None:
