@@ -11,6 +11,7 @@ into an empty directory, never into another run's.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import os
@@ -211,4 +212,5 @@ def _lock(path: Path) -> TextIO:
     now = datetime.now().isoformat(timespec="seconds")
     file.write(f"pid {os.getpid()} on {socket.gethostname()} since {now}\n")
     file.flush()
+    atexit.register(file.close)  # released as the process ends, as the OS would
     return file
