@@ -11,6 +11,8 @@ timing `oncurve.process`.
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -39,8 +41,14 @@ from oncurve.metrics import log_samples
 from oncurve.models import resolve_device, save_final, save_lora_final
 from oncurve.oom import OutOfMemoryStop, fewer_evaluation_rows, halve_microbatches, recover
 from oncurve.preflight import run_preflight
-from oncurve.process import Timer, cuda_peak_reader, deterministic_kernels, stop_on_signals
-from oncurve.progress import Progress
+from oncurve.process import (
+    StopRequest,
+    Timer,
+    cuda_peak_reader,
+    deterministic_kernels,
+    stop_on_signals,
+)
+from oncurve.progress import Progress, guarded_output
 from oncurve.rewards.registry import ANSWER_MATCH_REWARDS
 from oncurve.rewards.runner import runner_settings
 from oncurve.rollout.cuda_graph import GraphSampler
@@ -253,72 +261,132 @@ def train(config: Config, *, quiet: bool = False) -> TrainResult:
 
 
 def _train(config: Config, quiet: bool) -> TrainResult:
-    s = setup(config)
-    cfg = s.config
-    if cfg.run.preflight and s.start_step == 0:
-        _check_gold(s)
-        _preflight(s)
-    eval_before = eval_after = None
-    if s.eval_data is not None and cfg.eval.at_start_end and s.start_step == 0:
-        eval_before = _evaluate(s, step=0)
-    progress = Progress(cfg.run.steps, s.start_step, quiet, enabled=s.rank == 0)
-    dead_steps = DeadStepWatch(cfg.run.dead_steps if s.rank == 0 else 0)
+    """The run, from setup to the final save, under `stop_on_signals` and `guarded_output`.
 
-    def request_stop() -> None:
-        s.stop_requested = True
+    A stop signal (SIGTERM, SIGINT, SIGHUP, SIGUSR1) never cuts a phase short: the step,
+    evaluation or save under way finishes, then every rank stops at the same point. Within the
+    loop the step is checkpointed and `train` returns (exit 0); before step 1 (setup, preflight,
+    the first evaluation) there is nothing to save and `SystemExit(128 + signum)` ends the run;
+    during the final evaluation the run stops with its last step's checkpoint (a resume
+    evaluates and writes `final/`); during the final save the run completes. A second signal
+    aborts at once (`stop_on_signals`). A closed stdout or stderr silences the run's output.
+    """
+    first = "before the first step" if config.run.resume else "before step 1"
+    announce = os.environ.get("RANK", "0") == "0"  # one acknowledgment for a torchrun job
+    with guarded_output(), stop_on_signals(announce=announce) as stop:
+        stop.where = first
+        s = setup(config)
+        cfg = s.config
+        stop.where = f"before step {s.start_step + 1}"
+        _stop_before_the_loop(s, stop)
+        if cfg.run.preflight and s.start_step == 0:
+            _check_gold(s)
+            _preflight(s)
+            _stop_before_the_loop(s, stop)
+        eval_before = eval_after = None
+        if s.eval_data is not None and cfg.eval.at_start_end and s.start_step == 0:
+            eval_before = _evaluate(s, step=0)
+            _stop_before_the_loop(s, stop)
+        progress = Progress(cfg.run.steps, s.start_step, quiet, enabled=s.rank == 0)
+        dead_steps = DeadStepWatch(cfg.run.dead_steps if s.rank == 0 else 0)
 
-    with s.rewards, stop_on_signals(request_stop), progress, _saved_on_giving_up(s) as where:
-        for step in range(s.start_step + 1, cfg.run.steps + 1):
-            where.in_step = True
-            metrics = distributed.all_mean(training_step(s, step))
-            _agree_on_memory(s)
-            where.in_step, where.finished = False, step
-            s.logger.log(step, metrics)
-            progress.update(step, metrics)
-            dead_steps.update(metrics)
-            # Every rank must agree to stop at the same step, or the next collective hangs.
-            s.stop_requested = distributed.all_sum([float(s.stop_requested)])[0] > 0
-            if (
-                s.eval_data is not None
-                and cfg.eval.every
-                and step % cfg.eval.every == 0
-                # the last step's evaluation is at_start_end's, when that is on
-                and (step < cfg.run.steps or not cfg.eval.at_start_end)
-            ):
-                _evaluate(s, step)
-            if (
-                step == cfg.run.steps
-                or s.stop_requested
-                or (cfg.run.save_every and step % cfg.run.save_every == 0)
-            ):
-                _save(s, step)
-                where.saved = step
-            if s.stop_requested:
-                print(
-                    f"stopped at step {step} on request; resume with run.resume=auto "
-                    f"run.dir={s.run_dir}",
-                    file=sys.stderr,
-                )
+        with s.rewards, progress, _saved_on_giving_up(s) as where:
+            for step in range(s.start_step + 1, cfg.run.steps + 1):
+                stop.where = f"after step {step}"
+                where.in_step = True
+                metrics = distributed.all_mean(training_step(s, step))
+                _agree_on_memory(s)
+                where.in_step, where.finished = False, step
+                s.logger.log(step, metrics)
+                progress.update(step, metrics)
+                dead_steps.update(metrics)
+                # Every rank must agree to stop at the same step, or the next collective hangs.
+                s.stop_requested = _agreed_stop(s, stop) > 0
+                if (
+                    s.eval_data is not None
+                    and cfg.eval.every
+                    and step % cfg.eval.every == 0
+                    # the last step's evaluation is at_start_end's, when that is on
+                    and (step < cfg.run.steps or not cfg.eval.at_start_end)
+                ):
+                    _evaluate(s, step)
+                    # a signal during the evaluation: stop after it (every rank evaluates)
+                    s.stop_requested = s.stop_requested or _agreed_stop(s, stop) > 0
+                if (
+                    step == cfg.run.steps
+                    or s.stop_requested
+                    or (cfg.run.save_every and step % cfg.run.save_every == 0)
+                ):
+                    _save(s, step)
+                    where.saved = step
+                    if step < cfg.run.steps:  # a signal during the save: stop after it
+                        s.stop_requested = s.stop_requested or _agreed_stop(s, stop) > 0
+                if s.stop_requested:
+                    _say_stopped(s, step)
+                    s.logger.close()
+                    return TrainResult(s.run_dir, step, eval_before, None)
+        # a signal during the last step's save, or the final evaluation: the last step's
+        # checkpoint stands, and a resume evaluates and writes final/
+        stop.where = "after the final evaluation"
+        if _agreed_stop(s, stop):
+            _say_stopped(s, cfg.run.steps)
+            s.logger.close()
+            return TrainResult(s.run_dir, cfg.run.steps, eval_before, None)
+        if s.eval_data is not None and cfg.eval.at_start_end:
+            eval_after = _evaluate(s, step=cfg.run.steps)
+            if _agreed_stop(s, stop):
+                _say_stopped(s, cfg.run.steps)
                 s.logger.close()
-                return TrainResult(s.run_dir, step, eval_before, None)
-    if s.eval_data is not None and cfg.eval.at_start_end:
-        eval_after = _evaluate(s, step=cfg.run.steps)
-    if s.policy.peft_model is None:
-        with s.policy.whole() as policy:
-            if s.rank == 0:
-                save_final(policy, s.tokenizer, s.run_dir / "final")
-    elif s.rank == 0:
-        save_lora_final(
-            s.policy.peft_model, s.tokenizer, s.run_dir / "final", cfg.model.lora.save_adapter
-        )
+                return TrainResult(s.run_dir, cfg.run.steps, eval_before, eval_after)
+        stop.where = "after the final save, the run complete"
+        if s.policy.peft_model is None:
+            with s.policy.whole() as policy:
+                if s.rank == 0:
+                    save_final(policy, s.tokenizer, s.run_dir / "final")
+        elif s.rank == 0:
+            save_lora_final(
+                s.policy.peft_model, s.tokenizer, s.run_dir / "final", cfg.model.lora.save_adapter
+            )
+        s.logger.close()
+        if eval_before and eval_after:
+            print(
+                f"held-out greedy accuracy: {eval_before['accuracy']:.1%} before, "
+                f"{eval_after['accuracy']:.1%} after {cfg.run.steps} steps",
+                file=sys.stderr,
+            )
+        return TrainResult(s.run_dir, cfg.run.steps, eval_before, eval_after)
+
+
+def _agreed_stop(s: Session, stop: StopRequest) -> int:
+    """The stop signal any rank received (the largest number; SIGTERM for a stop asked by
+    `Session.stop_requested` alone), 0 for none: a collective, so every rank calls it at the
+    same points and every rank stops at the same one."""
+    mine = stop.signum or (int(signal.SIGTERM) if s.stop_requested else 0)
+    return int(distributed.all_max([float(mine)])[0])
+
+
+def _stop_before_the_loop(s: Session, stop: StopRequest) -> None:
+    """Before step 1 (setup, preflight, the first evaluation) a stop has nothing to save: one
+    line, and the run ends with status 128 + the signal's number."""
+    signum = _agreed_stop(s, stop)
+    if not signum:
+        return
     s.logger.close()
-    if eval_before and eval_after:
+    if s.rank == 0:
+        resume = f" (resume with run.resume=auto run.dir={s.run_dir})" if s.start_step else ""
         print(
-            f"held-out greedy accuracy: {eval_before['accuracy']:.1%} before, "
-            f"{eval_after['accuracy']:.1%} after {cfg.run.steps} steps",
+            f"stopped before step {s.start_step + 1} on request; nothing to save{resume}",
             file=sys.stderr,
         )
-    return TrainResult(s.run_dir, cfg.run.steps, eval_before, eval_after)
+    raise SystemExit(128 + signum)
+
+
+def _say_stopped(s: Session, step: int) -> None:
+    if s.rank == 0:
+        print(
+            f"stopped at step {step} on request; resume with run.resume=auto run.dir={s.run_dir}",
+            file=sys.stderr,
+        )
 
 
 def _preflight(s: Session) -> None:

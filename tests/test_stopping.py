@@ -1,0 +1,338 @@
+"""How a run stops: every stop signal, at every phase, on one process or under the torchrun
+launcher, ends with a checkpoint where there is a step to save, a one-line report and a known
+exit status; a closed output ends the run's prints, never the run.
+
+A fault table: each row names a fault (a signal, a phase, a closed pipe) and what the run
+must leave behind (files, exit status, processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).parent
+LONG = 400  # steps of a run that a signal stops long before its end
+
+
+def job(model_dir: Path, data_file: Path, run_dir: Path, *extra: str) -> list[str]:
+    """`oncurve train` arguments of a tiny CPU job (about 0.05 s a step)."""
+    return [
+        "train",
+        "--quiet",
+        f"model.path={model_dir}",
+        f"data.path={data_file}",
+        "data.prompts_per_step=2",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=8",
+        "reward.functions=[rewards_for_tests:count_digits]",
+        "reward.timeout=null",
+        "run.threads=1",
+        "optim.lr=1e-2",
+        "run.device=cpu",
+        f"run.dir={run_dir}",
+        *extra,
+    ]
+
+
+def environment(*paths: Path) -> dict[str, str]:
+    """The environment with the test rewards (and `paths`) importable."""
+    entries = [*map(str, paths), str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in entries if p)}
+
+
+def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`python -m oncurve ARGS` with its stdout and stderr captured."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "oncurve", *args],
+        env=env or environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str]:
+    """The exit status and stderr of `proc` once it ends."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"still running after {timeout} s: {err[-2000:]}") from None
+    return proc.returncode, err
+
+
+def wait_for(
+    condition: Callable[[], bool], proc: subprocess.Popen, what: str, timeout: float = 150
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended before {what}: {proc.stderr.read()[-2000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def has_a_step(run_dir: Path) -> Callable[[], bool]:
+    metrics = run_dir / "metrics.jsonl"
+    return lambda: metrics.is_file() and metrics.stat().st_size > 0
+
+
+def latest_step(run_dir: Path) -> int:
+    pointer = run_dir / "checkpoints" / "latest"
+    try:
+        return int(pointer.read_text().strip().removeprefix("step-") or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def logged_steps(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines]
+
+
+def descendants(pid: int) -> list[int]:
+    """The pids of `pid`'s children, their children, ... (from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [child for child, ppid in parents.items() if ppid == parent]
+        found += children
+        frontier += children
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a process that still runs (a zombie has ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+MID_LOOP = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1]
+
+
+def test_each_stop_signal_mid_loop_saves_the_step_exits_0_and_the_run_resumes(
+    tiny_model_dir, data_file, tmp_path
+):
+    """SIGTERM, SIGINT, SIGHUP and SIGUSR1 each stop a run at the end of the step under way:
+    the first signal is acknowledged at once, the step is checkpointed and logged, the run
+    exits 0 with a line saying where it stopped, and `run.resume=auto` continues from there."""
+    runs = {sig: tmp_path / sig.name for sig in MID_LOOP}
+    procs = {
+        sig: start(job(tiny_model_dir, data_file, runs[sig], f"run.steps={LONG}"))
+        for sig in MID_LOOP
+    }
+    try:
+        for sig, proc in procs.items():
+            wait_for(has_a_step(runs[sig]), proc, "the first step")
+            proc.send_signal(sig)
+        for sig, proc in procs.items():
+            code, err = finish(proc)
+            run_dir = runs[sig]
+            assert code == 0, (sig.name, err[-2000:])
+            stopped_at = latest_step(run_dir)
+            assert 1 <= stopped_at < LONG, sig.name
+            assert f"{sig.name}: stopping after step" in err and "signal again to abort" in err
+            assert f"stopped at step {stopped_at} on request" in err, sig.name
+            assert "Traceback" not in err, sig.name
+            assert logged_steps(run_dir) == list(range(1, stopped_at + 1)), sig.name
+            assert not (run_dir / "final").exists()
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
+
+    run_dir = runs[signal.SIGHUP]
+    stopped_at = latest_step(run_dir)
+    resumed = start(
+        job(tiny_model_dir, data_file, run_dir, f"run.steps={stopped_at + 2}", "run.resume=auto")
+    )
+    code, err = finish(resumed)
+    assert code == 0, err[-2000:]
+    assert logged_steps(run_dir) == list(range(1, stopped_at + 3))
+    assert (run_dir / "final" / "model.safetensors").is_file()
+
+
+SIGNAL_ON_IMPORT = """
+import os
+import signal
+
+from rewards_for_tests import count_digits  # noqa: F401
+
+os.kill(os.getpid(), getattr(signal, os.environ["STOP_TEST_SIGNAL"]))
+"""
+
+
+def test_a_signal_during_setup_ends_the_run_before_step_1_with_one_line_and_128_plus_signum(
+    tiny_model_dir, data_file, tmp_path
+):
+    """A signal while the run is being set up (here: as its reward module is imported) lets
+    setup finish, then ends the run before step 1: no traceback, a line saying there is
+    nothing to save, no checkpoint, and exit status 128 + the signal's number (130 for
+    SIGINT, 143 for SIGTERM)."""
+    (tmp_path / "signal_on_import.py").write_text(SIGNAL_ON_IMPORT)
+    procs = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        env = {**environment(tmp_path), "STOP_TEST_SIGNAL": sig.name}
+        args = job(tiny_model_dir, data_file, tmp_path / sig.name, "run.steps=3")
+        procs[sig] = start(
+            [a.replace("rewards_for_tests:", "signal_on_import:") for a in args], env
+        )
+    for sig, status in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        code, err = finish(procs[sig])
+        assert code == status, err[-2000:]
+        assert f"{sig.name}: stopping before step 1; signal again to abort" in err
+        assert "stopped before step 1 on request; nothing to save" in err
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err
+        assert latest_step(tmp_path / sig.name) == 0
+        assert not (tmp_path / sig.name / "final").exists()
+
+
+SLOW_AFTER_FIRST_CALL = """
+import time
+
+from rewards_for_tests import count_digits as digits
+
+calls = []
+
+
+def count_digits(prompts, completions, **columns):
+    calls.append(1)
+    if len(calls) > 1:
+        time.sleep(60)  # step 2 and later: long enough for two signals to arrive inside it
+    return digits(prompts, completions, **columns)
+"""
+
+
+def test_a_second_signal_aborts_at_once_and_keeps_the_last_checkpoint(
+    tiny_model_dir, data_file, tmp_path
+):
+    """A second SIGINT, a second after the first, aborts the run at once, inside the step
+    under way, with status 130; the checkpoint written before stays complete."""
+    (tmp_path / "slow_reward.py").write_text(SLOW_AFTER_FIRST_CALL)
+    run_dir = tmp_path / "run"
+    args = job(tiny_model_dir, data_file, run_dir, "run.steps=5", "run.save_every=1")
+    args = [a.replace("rewards_for_tests:", "slow_reward:") for a in args]
+    proc = start(args, environment(tmp_path))
+    try:
+        wait_for(lambda: latest_step(run_dir) >= 1, proc, "the first checkpoint")
+        proc.send_signal(signal.SIGINT)
+        wait_for(lambda: "signal again to abort" in _peek(proc), proc, "the acknowledgment", 20)
+        time.sleep(1.2)
+        proc.send_signal(signal.SIGINT)
+        code, err = finish(proc, timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+    err = _seen.get(proc.pid, "") + err
+    assert code == 130, err[-2000:]
+    assert "SIGINT again: aborting" in err
+    assert latest_step(run_dir) == 1
+    assert (run_dir / "checkpoints" / "step-000001" / "model.safetensors").is_file()
+
+
+_seen: dict[int, str] = {}
+
+
+def _peek(proc: subprocess.Popen) -> str:
+    """What `proc` wrote to stderr so far (read without blocking; kept for `finish`)."""
+    import fcntl
+
+    fd = proc.stderr.fileno()
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+    try:
+        chunk = os.read(fd, 65536).decode(errors="replace")
+    except BlockingIOError:
+        chunk = ""
+    finally:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+    _seen[proc.pid] = _seen.get(proc.pid, "") + chunk
+    return _seen[proc.pid]
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks' pids in /proc")
+def test_sigterm_to_the_launcher_stops_every_rank_with_a_checkpoint_and_no_process_left(
+    tiny_model_dir, data_file, tmp_path
+):
+    """`oncurve train dist.nproc=2` forwards SIGTERM to its ranks: both finish the step under
+    way, one checkpoint holds both ranks' state, every process of the job (torchrun, the
+    ranks) has ended, and the launcher exits 0 once the job has."""
+    run_dir = tmp_path / "run"
+    args = job(tiny_model_dir, data_file, run_dir, f"run.steps={LONG}", "dist.nproc=2")
+    args = [a.replace("data.prompts_per_step=2", "data.prompts_per_step=4") for a in args]
+    launcher = start(args)
+    job_pids: list[int] = []
+    try:
+        wait_for(has_a_step(run_dir), launcher, "the first step")
+        job_pids = descendants(launcher.pid)
+        assert len(job_pids) >= 3  # torchrun and two ranks
+        launcher.send_signal(signal.SIGTERM)
+        code, err = finish(launcher)
+        deadline = time.monotonic() + 10
+        while any(map(alive, job_pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [pid for pid in job_pids if alive(pid)]
+    finally:
+        for pid in job_pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        launcher.kill()
+        launcher.wait()
+    assert code == 0, err[-3000:]
+    assert left == []
+    stopped_at = latest_step(run_dir)
+    assert 1 <= stopped_at < LONG
+    saved = run_dir / "checkpoints" / f"step-{stopped_at:06d}"
+    assert sorted(p.name for p in saved.glob("rng-*")) == ["rng-rank0.json", "rng-rank1.json"]
+    assert logged_steps(run_dir) == list(range(1, stopped_at + 1))
+    assert f"stopped at step {stopped_at} on request" in err
+
+
+def test_a_closed_pipe_ends_the_output_not_the_run(tiny_model_dir, data_file, tmp_path):
+    """`oncurve train ... 2>&1 | head -2`: once `head` has gone, the run's output goes nowhere
+    and the run goes on to its end: every step logged, `final/` written, exit status 0."""
+    run_dir = tmp_path / "run"
+    steps = 30
+    args = job(tiny_model_dir, data_file, run_dir, f"run.steps={steps}")
+    command = " ".join(map(_quote, [sys.executable, "-m", "oncurve", *args]))
+    status = tmp_path / "status"
+    script = f"( {command}; echo $? > {_quote(str(status))} ) 2>&1 | head -2"
+    shown = subprocess.run(
+        ["bash", "-c", script], env=environment(), capture_output=True, text=True, timeout=180
+    )
+    assert len(shown.stdout.splitlines()) == 2
+    deadline = time.monotonic() + 60  # the pipeline ends with head; the run may outlive it
+    while not status.is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert status.read_text().strip() == "0"
+    assert logged_steps(run_dir) == list(range(1, steps + 1))
+    assert (run_dir / "final" / "model.safetensors").is_file()
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
