@@ -1,4 +1,4 @@
-"""oncurve's answer checker against a peer's own test suite: math-verify's tests/test_all.py.
+"""oncurve's answer checker against peers' own test suites: math-verify's, TRL's and verl's.
 
 Attribution: the cases in `data/math_verify_cases.jsonl` are the parametrized cases of
 tests/test_all.py of huggingface/Math-Verify (https://github.com/huggingface/Math-Verify),
@@ -8,6 +8,25 @@ Apache License 2.0, its LICENCE file). The data file holds the cases' strings an
 only, as data; none of math-verify's code is copied here. The file's one unparametrized
 compare (in `test_precision`) and its commented-out cases are left out; its repeated cases are
 kept, as its suite runs them.
+
+The cases in `data/trl_cases.jsonl` are those of the `accuracy_reward` tests (class
+TestAccuracyReward) of tests/test_rewards.py of huggingface/trl (https://github.com/huggingface/trl),
+commit f2cd57710ae345ea6428ae95363267fcf38a3dc8 (the file last changed in 30558f512cfe), under the
+Apache License 2.0 (its LICENSE file), Copyright The HuggingFace Team; hand-extracted, each
+completion's content as the prediction and its solution as the gold, exactly as the tests write
+them. Left out: `test_accuracy_reward_unparsable_gold`, whose expectation is `None` (no reward,
+the gold unparsable), not 0 or 1, and the `reasoning_accuracy_reward` tests (another function,
+which strips a reasoning block first).
+
+The cases in `data/verl_cases.jsonl` are those of `test_prime_math` in
+tests/utils/reward_score/test_sandbox_on_cpu.py of volcengine/verl
+(https://github.com/volcengine/verl), commit b178a3cd56f58b2d502255daba591e92833930a7 (the file
+last changed in 77814f1d8368), under the Apache License 2.0 (its LICENSE file; the file's header:
+Copyright 2024 PRIME team and/or its affiliates): `prime_math_answers` against `prime_math_gts`,
+each scored 1.0 by `default_compute_score("numina_aops_forum", ...)`, i.e. prime_math. verl's
+tests hold no other string cases of its math scorers (math_verify, math_dapo, math_reward): its
+tests/experimental/reward_loop/test_math_verify.py scores a model's rollouts, and its gsm8k
+interaction tests mock `compute_score`. Hand-extracted, exactly as the test writes them.
 
 What it measures: for each case (a gold, a prediction and math-verify's expectation, 1 when its
 tests require the pair to verify, 0 when they require it not to), whether oncurve's `correct`
@@ -22,12 +41,13 @@ options (`match_types`, `precision`, `allow_set_relation_comp`), kept in each ca
 
 It counts the cases, the agreements of strict and lenient with math-verify's expectation, and
 lists every disagreement with a hand-made classification (WHY, keyed by `test#index`, the
-case's position in its parametrize list): oncurve's conventions that differ by design, the
+case's position in its parametrize list, or in the
+test's own lists): oncurve's conventions that differ by design, the
 notations oncurve does not read, and "to fix" (a right answer oncurve should pay and does not,
 or a wrong one it pays). A disagreement without a classification is listed as "unclassified".
 
     .venv/bin/python benchmarks/peer_suites.py            # score, print, write results/
-    .venv/bin/python benchmarks/peer_suites.py --extract  # rebuild the data file from the mirror
+    .venv/bin/python benchmarks/peer_suites.py --extract  # rebuild math-verify's data file first
 
 It needs no network and no peer package to score: the expectations are in the data file
 (oncurve's lenient matching and its symbolic comparisons use math-verify, oncurve's `math`
@@ -56,8 +76,12 @@ ROOT = HERE.parent
 sys.path[:0] = [str(ROOT / "src")]  # oncurve from the checkout: no install needed
 
 DATA = HERE / "data" / "math_verify_cases.jsonl"
+TRL_DATA = HERE / "data" / "trl_cases.jsonl"
+VERL_DATA = HERE / "data" / "verl_cases.jsonl"
 RESULTS = HERE / "results" / "peer_suites.md"
 SUITE = "math-verify tests/test_all.py"
+TRL_SUITE = "TRL tests/test_rewards.py"
+VERL_SUITE = "verl tests/utils/reward_score/test_sandbox_on_cpu.py"
 MIRROR = Path("/work/.mirror/huggingface+Math-Verify/repo")
 TEST_FILE = "tests/test_all.py"
 SHORT_GOLD_CHARS = 200  # a gold longer than this is a whole solution, not an answer
@@ -190,6 +214,55 @@ WHY: dict[str, tuple[str, str]] = {
         "the gold is √17 rounded to 15 places: equal only under math-verify's rounding",
     ),
 }
+
+
+# verl's prime_math cases: each prediction is a bare expression, the whole completion, with no
+# box and no "answer is"; prime_math then takes the whole string as the answer.
+_BARE = (
+    "the completion is one bare expression; `extract_answer` takes its last number, not the "
+    "expression"
+)
+WHY_VERL: dict[str, tuple[str, str]] = {
+    "test_prime_math#0": (
+        TO_FIX,
+        _BARE + "; given whole, strict and lenient pay the bmatrix for the pmatrix",
+    ),
+    "test_prime_math#1": (TO_FIX, _BARE + "; given whole, strict and lenient pay it"),
+    "test_prime_math#2": (
+        TO_FIX,
+        _BARE + "; given whole, lenient pays the expanded form and strict refuses it (by "
+        "design: an unsimplified/restated answer)",
+    ),
+}
+WHY_TRL: dict[str, tuple[str, str]] = {}
+
+# Each suite: (name, data file, source line for the results, classifications).
+SUITES: tuple[tuple[str, Path, str, dict[str, tuple[str, str]]], ...] = (
+    (
+        SUITE,
+        DATA,
+        "huggingface/Math-Verify tests/test_all.py (MIT, Copyright (c) 2024 The HuggingFace "
+        "Team), commit 5d148cfaaf99, `data/math_verify_cases.jsonl`",
+        WHY,
+    ),
+    (
+        TRL_SUITE,
+        TRL_DATA,
+        "huggingface/trl tests/test_rewards.py, the `accuracy_reward` tests (Apache-2.0, "
+        "Copyright The HuggingFace Team), commit f2cd57710ae3, `data/trl_cases.jsonl`; "
+        "`test_accuracy_reward_unparsable_gold` (expects `None`) and the "
+        "`reasoning_accuracy_reward` tests left out",
+        WHY_TRL,
+    ),
+    (
+        VERL_SUITE,
+        VERL_DATA,
+        "volcengine/verl tests/utils/reward_score/test_sandbox_on_cpu.py, `test_prime_math` "
+        "(Apache-2.0, Copyright 2024 PRIME team and/or its affiliates), commit b178a3cd56f5, "
+        "`data/verl_cases.jsonl`",
+        WHY_VERL,
+    ),
+)
 
 
 # --- extraction of the cases (--extract) -----------------------------------------------------
@@ -356,24 +429,27 @@ def _cell(text: object, limit: int | None = None) -> str:
     return "`" + text.replace("`", "'").replace("|", "\\|") + "`" if text else ""
 
 
-def _why(row: dict[str, Any]) -> tuple[str, str]:
-    return WHY.get(row["key"], ("unclassified", ""))
+def _why(row: dict[str, Any], why: dict[str, tuple[str, str]]) -> tuple[str, str]:
+    return why.get(row["key"], ("unclassified", ""))
 
 
-def report(rows: list[dict[str, Any]]) -> tuple[str, Counter[str]]:
+def report(
+    rows: list[dict[str, Any]],
+    suite: str = SUITE,
+    source: str = SUITES[0][2],
+    why: dict[str, tuple[str, str]] = WHY,
+) -> tuple[str, Counter[str]]:
     n = len(rows)
     agree_strict = sum(r["strict"] == r["expected"] for r in rows)
     agree_lenient = sum(r["lenient"] == r["expected"] for r in rows)
     wrong = [r for r in rows if r["strict"] != r["expected"] or r["lenient"] != r["expected"]]
-    classes = Counter(_why(r)[0] for r in wrong)
+    classes = Counter(_why(r, why)[0] for r in wrong)
     expected_1 = sum(r["expected"] for r in rows)
     lines = [
-        f"## {SUITE}",
+        f"## {suite}",
         "",
         f"{datetime.date.today().isoformat()}, `.venv/bin/python benchmarks/peer_suites.py`, "
-        f"Python {platform.python_version()}. Cases: huggingface/Math-Verify tests/test_all.py "
-        "(MIT, Copyright (c) 2024 The HuggingFace Team), commit 5d148cfaaf99, "
-        "`data/math_verify_cases.jsonl`.",
+        f"Python {platform.python_version()}. Cases: {source}.",
         "",
         "| | cases | agree strict | agree lenient |",
         "|---|---|---|---|",
@@ -385,6 +461,13 @@ def report(rows: list[dict[str, Any]]) -> tuple[str, Counter[str]]:
             f"| {label} | {len(part)} | {sum(r['strict'] == expected for r in part)} | "
             f"{sum(r['lenient'] == expected for r in part)} |"
         )
+    if not wrong:
+        lines += [
+            "",
+            f"{expected_1} cases expect a match and {n - expected_1} expect none. "
+            "No case disagrees under strict or lenient.",
+        ]
+        return "\n".join(lines) + "\n", classes
     lines += [
         "",
         f"{expected_1} cases expect a match and {n - expected_1} expect none. "
@@ -408,35 +491,41 @@ def report(rows: list[dict[str, Any]]) -> tuple[str, Counter[str]]:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in wrong:
-        why, note = _why(r)
+        name, note = _why(r, why)
         note = note.replace("|", "\\|")
         lines.append(
             f"| {r['key']} | {_cell(r['gold'], PRED_CHARS)} | {_cell(r['reference'])} | "
             f"{_cell(r['prediction'], PRED_CHARS)} | {_cell(r['extracted'], PRED_CHARS)} | "
-            f"{r['expected']} | {r['strict']} | {r['lenient']} | {why} | {note} |"
+            f"{r['expected']} | {r['strict']} | {r['lenient']} | {name} | {note} |"
         )
     return "\n".join(lines) + "\n", classes
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--extract", action="store_true", help="rebuild the data file first")
+    parser.add_argument("--extract", action="store_true", help="rebuild math-verify's data file")
     parser.add_argument("--mirror", type=Path, default=MIRROR, help="math-verify's git dir")
     args = parser.parse_args()
     if args.extract:
         write_cases(args.mirror)
-    cases = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
-    rows = score(cases)
-    text, classes = report(rows)
+    sections = []
+    for suite, data, source, why in SUITES:
+        TIMEOUTS.clear()
+        cases = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
+        rows = score(cases)
+        text, classes = report(rows, suite, source, why)
+        sections.append(text)
+        n = len(rows)
+        print(f"## {suite}")
+        print(f"cases {n}")
+        print(f"agree strict {sum(r['strict'] == r['expected'] for r in rows)}/{n}")
+        print(f"agree lenient {sum(r['lenient'] == r['expected'] for r in rows)}/{n}")
+        print(f"timeouts (unpaid): strict {TIMEOUTS['strict']}, lenient {TIMEOUTS['lenient']}")
+        for name in (*CLASSES, "unclassified"):
+            if classes[name]:
+                print(f"{classes[name]:4d}  {name}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text("# Peer test suites\n\n" + text)
-    n = len(rows)
-    print(f"cases {n}")
-    print(f"agree strict {sum(r['strict'] == r['expected'] for r in rows)}/{n}")
-    print(f"agree lenient {sum(r['lenient'] == r['expected'] for r in rows)}/{n}")
-    print(f"timeouts (unpaid): strict {TIMEOUTS['strict']}, lenient {TIMEOUTS['lenient']}")
-    for name in (*CLASSES, "unclassified"):
-        print(f"{classes[name]:4d}  {name}")
+    RESULTS.write_text("# Peer test suites\n\n" + "\n".join(sections))
     print(f"-> {RESULTS.relative_to(ROOT)}")
 
 

@@ -160,6 +160,9 @@ STATED = [
     case("p", "Final Answer: The largest $n$ is 34.", "34", 1.0),
     case("p", "So $x \\approx 11$.", "11", 1.0),
     case("p", "Thus $x <= 2$ is our answer.", "x \\leq 2", 1.0),
+    # verl's prime_math tests: a completion that is one piece of math, whole
+    case("p", "\\frac{\\sqrt{505}}{7}", "\\frac{\\sqrt{505}}{7}", 1.0),
+    case("p", "x^2 + y^2 + 4x - 6y + 13", "(x + 2)^2 + (y - 3)^2", 0.0),
     case("p", "Final Answer: The final answer is \\((-6, 10)\\). I hope it is correct.",
          "(-6, 10)", 1.0),
     case("p", "\\boxed{\\frac{1}{\\sqrt{3}}}", "\\frac{\\sqrt{3}}{3}", 0.0),

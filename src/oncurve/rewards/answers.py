@@ -12,8 +12,9 @@ Extraction styles (`extract_answer`), each linear in the completion's length:
                a hedge (`4 or 3`)
   auto         the first of tags, boxed, gsm8k, a stated answer in the completion's tail
                ("The final answer is $...$", "The answer is 18", "**Answer:** B"; none for a
-               hedge "18 or 26"), the math of its last sentence (`_final_math`), last_number
-               that finds something; inside `<answer>` a `\\boxed{}` is unwrapped
+               hedge "18 or 26"), the math of its last sentence (`_final_math`), a completion
+               that is one short piece of math (`_whole_math`), last_number that finds
+               something; inside `<answer>` a `\\boxed{}` is unwrapped
 
 Matching (`answers_match`; README, "What `correct` pays for"). A reference that cannot be
 scored (`usable_gold`: empty, NaN, `None`, `0/0`) matches nothing, and the reward leaves its row
@@ -229,7 +230,8 @@ def extract_answer(text: str, style: str = "auto") -> str | None:
         tagged = _last_tag(text)
         if tagged is not None:
             return _last_boxed(tagged) or tagged
-        for finder in (_last_boxed, _gsm8k, _stated_answer, _final_math, _last_number):
+        finders = (_last_boxed, _gsm8k, _stated_answer, _final_math, _whole_math, _last_number)
+        for finder in finders:
             found = finder(text)
             if found is not None:
                 return found
@@ -777,6 +779,16 @@ def _math_answer(math_text: str) -> str | None:
     if not side or not _looks_symbolic(side) or re.search(r"[-+*/=^_\\]\s*$", side):
         return None
     return side
+
+
+def _whole_math(text: str) -> str | None:
+    """A completion that is one short piece of math and nothing else (`\\frac{\\sqrt{505}}{7}`),
+    whole: its last number would be a denominator or an exponent."""
+    math_text = text.strip().strip("$").strip()
+    words = re.search(r"[a-zA-Z]{2,}|[,;]", _COMMAND_RE.sub("", _ENVIRONMENT_RE.sub("", math_text)))
+    if "\n" in math_text or not math_text or words or not _looks_symbolic(math_text):
+        return None  # "11H = 88000, so H = 8000.": a sentence, not one piece of math
+    return math_text if re.search(r"[\\^/()+*=]|\d\s*[a-zA-Z]", math_text) else None
 
 
 def _last_number(text: str) -> str | None:
