@@ -15,13 +15,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
+from run_processes import finish, latest_step, wait_for
 from safetensors.torch import load_file
 
 from oncurve import checkpoint, trainer
@@ -71,30 +71,6 @@ def train_process(*args: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def finish(proc: subprocess.Popen) -> tuple[int, str]:
-    _, err = proc.communicate(timeout=180)
-    return proc.returncode, err
-
-
-def wait_for(condition, proc: subprocess.Popen, what: str) -> None:
-    deadline = time.monotonic() + 120
-    while not condition():
-        if proc.poll() is not None:
-            raise AssertionError(f"process ended before {what}: {proc.stderr.read()}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
-def latest_step(run_dir: Path) -> int:
-    pointer = run_dir / "checkpoints" / "latest"
-    try:
-        return int(pointer.read_text().strip().removeprefix("step-") or 0)
-    except (FileNotFoundError, ValueError):
-        return 0
 
 
 def metric_rows(run_dir: Path) -> list[dict]:

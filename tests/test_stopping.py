@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from run_processes import finish, latest_step, wait_for
 
 TESTS_DIR = Path(__file__).parent
 LONG = 400  # steps of a run that a signal stops long before its end
@@ -59,41 +60,9 @@ def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Pope
     )
 
 
-def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str]:
-    """The exit status and stderr of `proc` once it ends."""
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        _, err = proc.communicate()
-        raise AssertionError(f"still running after {timeout} s: {err[-2000:]}") from None
-    return proc.returncode, err
-
-
-def wait_for(
-    condition: Callable[[], bool], proc: subprocess.Popen, what: str, timeout: float = 150
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if proc.poll() is not None:
-            raise AssertionError(f"process ended before {what}: {proc.stderr.read()[-2000:]}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
 def has_a_step(run_dir: Path) -> Callable[[], bool]:
     metrics = run_dir / "metrics.jsonl"
     return lambda: metrics.is_file() and metrics.stat().st_size > 0
-
-
-def latest_step(run_dir: Path) -> int:
-    pointer = run_dir / "checkpoints" / "latest"
-    try:
-        return int(pointer.read_text().strip().removeprefix("step-") or 0)
-    except (FileNotFoundError, ValueError):
-        return 0
 
 
 def logged_steps(run_dir: Path) -> list[int]:

@@ -62,7 +62,8 @@ def evaluate(
             [
                 correct not in ANSWER_MATCH_REWARDS or usable_gold(r.get("answer")) is not None
                 for r in rows
-            ]
+            ],
+            device=greedy.device,
         )
         result = {"accuracy": float(greedy[scored].mean())}
         sampled_texts: list[str] = []

@@ -638,12 +638,8 @@ def _exponents(text: str) -> list[str]:
     for match in re.finditer(r"\^\s*", text):
         start = match.end()
         if text.startswith("{", start):
-            depth = 0
-            for end in range(start, len(text)):
-                depth += {"{": 1, "}": -1}.get(text[end], 0)
-                if depth == 0:
-                    break
-            found.append(text[start + 1 : end + 1])
+            end = _closing(text, start)
+            found.append(text[start + 1 : len(text) if end is None else end])
         else:
             found.append(re.match(r"\\[a-zA-Z]+|\d+|.?", text[start:]).group())
     return found

@@ -1,0 +1,41 @@
+"""Waiting on `python -m oncurve train` processes that tests start: their end, a condition of
+their run directory, their newest checkpoint."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str]:
+    """The exit status and stderr of `proc` once it ends."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"still running after {timeout} s: {err[-2000:]}") from None
+    return proc.returncode, err
+
+
+def wait_for(
+    condition: Callable[[], bool], proc: subprocess.Popen, what: str, timeout: float = 150
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended before {what}: {proc.stderr.read()[-2000:]}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def latest_step(run_dir: Path) -> int:
+    pointer = run_dir / "checkpoints" / "latest"
+    try:
+        return int(pointer.read_text().strip().removeprefix("step-") or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
