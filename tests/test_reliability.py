@@ -733,6 +733,38 @@ def test_a_full_disk_at_the_final_model_is_one_line_and_leaves_no_partial_model(
     assert (run_dir / "final" / "model.safetensors").is_file()
 
 
+def test_a_full_disk_while_metrics_are_appended_is_one_line_naming_the_file_and_the_kept_step(
+    tiny_model_dir, data_file, tmp_path, monkeypatch, capsys
+):
+    run_dir = tmp_path / "run"
+    args = cli_args(
+        tiny_model_dir, data_file, run_dir, "run.steps=4", "run.save_every=2", "run.preflight=false"
+    )
+    real_open = Path.open
+    appends = []
+
+    def disk_full_at_step_3(path, mode="r", *a, **k):
+        if path.name == "metrics.jsonl" and mode.startswith("a"):
+            appends.append(path)
+            if len(appends) == 3:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, mode, *a, **k)
+
+    monkeypatch.setattr(Path, "open", disk_full_at_step_3)
+    assert main(["train", "--quiet", *args]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.strip() == (
+        f"oncurve: error: cannot write {run_dir / 'metrics.jsonl'}: No space left on device; "
+        f"step 2 is saved: resume with run.resume=auto run.dir={run_dir}"
+    )
+    assert checkpoint.latest_checkpoint(run_dir) == run_dir / "checkpoints" / "step-000002"
+    monkeypatch.setattr(Path, "open", real_open)
+    assert main(["train", "--quiet", *args, "run.resume=auto"]) == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+
+
 def test_unreadable_run_files_are_one_line_naming_the_file(
     tiny_model_dir, data_file, tmp_path, capsys
 ):
@@ -766,3 +798,27 @@ def test_unreadable_run_files_are_one_line_naming_the_file(
     assert main(["eval", "--run", str(run_dir), "--data", str(data_file)]) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"config file {run_dir / 'config.yaml'}" in line and "not valid YAML" in line
+
+
+def test_eval_of_a_run_with_a_cut_short_final_model_says_so_and_a_resume_writes_it_again(
+    tiny_model_dir, data_file, tmp_path, capsys
+):
+    run_dir = tmp_path / "run"
+    args = cli_args(tiny_model_dir, data_file, run_dir, "run.steps=2", "run.preflight=false")
+    assert main(["train", "--quiet", *args]) == 0
+    weights = run_dir / "final" / "model.safetensors"
+    whole = weights.read_bytes()
+    capsys.readouterr()
+    for cut in (lambda: weights.write_bytes(whole[:100]), weights.unlink):
+        cut()  # a final/ written by a version that wrote it in place, stopped mid-save
+        assert main(["eval", "--run", str(run_dir), "--data", str(data_file)]) == 2
+        line = capsys.readouterr().err.strip()
+        assert line == (
+            f"oncurve: error: --run {run_dir}: final/ is incomplete (no readable "
+            "model.safetensors; its save was cut short): write it again with oncurve train "
+            f"run.resume=auto run.dir={run_dir}"
+        )
+    assert main(["train", "--quiet", *args, "run.resume=auto"]) == 0
+    assert weights.read_bytes() == whole
+    capsys.readouterr()
+    assert main(["eval", "--run", str(run_dir), "--data", str(data_file)]) == 0

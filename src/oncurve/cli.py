@@ -275,6 +275,7 @@ def _run_config(args: argparse.Namespace):
     final model) and `--max-new-tokens` (its rollout.max_new_tokens; without a run, the
     default of a run of `--model`) when they are not given."""
     from oncurve.config import build_config, load_config
+    from oncurve.models import missing_from_final
 
     if args.run_dir is None:
         if args.model is None:
@@ -289,8 +290,14 @@ def _run_config(args: argparse.Namespace):
     config = load_config(path)
     if args.model is None:
         final = Path(args.run_dir) / "final"
-        if not (final / "config.json").is_file():
+        if not final.exists():
             raise UserError(f"--run {args.run_dir}: no final/ model yet (the run has not finished)")
+        missing = missing_from_final(final)
+        if missing:
+            raise UserError(
+                f"--run {args.run_dir}: final/ is incomplete ({missing}; its save was cut "
+                f"short): write it again with oncurve train run.resume=auto run.dir={args.run_dir}"
+            )
         args.model = str(final)
     args.max_new_tokens = args.max_new_tokens or config.rollout.max_new_tokens
     return config

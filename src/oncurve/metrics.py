@@ -159,8 +159,11 @@ def _iter_utf8_lines(path: Path) -> Iterator[tuple[str, dict]]:
 def _append(path: Path, rows: list[dict]) -> None:
     text = "".join(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n" for row in rows)
     # One write per call: a row is either complete on disk or an unterminated last line.
-    with path.open("a", encoding="utf-8") as f:
-        f.write(text)
+    try:
+        with path.open("a", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as err:  # a write's error names no file: say which
+        raise OSError(err.errno, err.strerror, str(path)) from None
 
 
 def _finite(key: str, value: Any) -> float | None:

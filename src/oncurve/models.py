@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import transformers
 from packaging import version
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from oncurve.config import LoraConfig
@@ -469,6 +469,32 @@ def save_final(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out: 
     with _written_whole(out) as partial:
         model.save_pretrained(partial, safe_serialization=True)
         tokenizer.save_pretrained(partial)
+
+
+def missing_from_final(final: Path) -> str | None:
+    """What keeps `final` from being a whole saved model (its config, its tokenizer, every
+    weights file it names, each readable as safetensors), None when nothing does: a final model
+    written before it was written whole can lack files or end early."""
+    if not (final / "config.json").is_file():
+        return "no config.json"
+    if not (final / "tokenizer_config.json").is_file():
+        return "no tokenizer_config.json"
+    index = final / "model.safetensors.index.json"
+    try:
+        names = (
+            sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            if index.is_file()
+            else ["model.safetensors"]
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return f"an unreadable {index.name}"
+    for name in names:
+        try:
+            with safe_open(final / name, framework="pt"):
+                pass
+        except (OSError, SafetensorError, ValueError):
+            return f"no readable {name}"
+    return None
 
 
 @contextlib.contextmanager

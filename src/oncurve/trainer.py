@@ -10,6 +10,7 @@ timing `oncurve.process`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -473,7 +474,9 @@ def _saved_on_giving_up(s: Session) -> Iterator[_Position]:
     """The loop's position; when a phase gives up after running out of memory
     (`OutOfMemoryStop`), the last finished step is saved, unless the step under way already
     changed the weights (an update of several optimizer steps), and the one-line error says
-    where a resumed run starts."""
+    where a resumed run starts. An OS fault in the loop (a full disk or a file-size limit while
+    metrics or samples are appended) saves nothing more, since the disk is what failed: one
+    line names the file and the last checkpoint kept."""
     where = _Position(finished=s.start_step, saved=s.start_step)
     try:
         yield where
@@ -482,12 +485,19 @@ def _saved_on_giving_up(s: Session) -> Iterator[_Position]:
             _save(s, where.finished)
             where.saved = where.finished
         s.logger.close()
-        kept = (
-            f"step {where.saved} is saved: resume with run.resume=auto run.dir={s.run_dir}"
-            if where.saved
-            else "no step was saved"
-        )
-        raise OutOfMemoryStop(f"{stop}; {kept}") from None
+        raise OutOfMemoryStop(f"{stop}; {_kept(s, where.saved)}") from None
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            s.logger.close()
+        path = f"cannot write {err.filename}: " if err.filename else ""
+        raise TrainingError(f"{path}{err.strerror or err}; {_kept(s, where.saved)}") from None
+
+
+def _kept(s: Session, saved: int) -> str:
+    """What a run that stops on a fault keeps, and how to go on."""
+    if not saved:
+        return "no step was saved"
+    return f"step {saved} is saved: resume with run.resume=auto run.dir={s.run_dir}"
 
 
 def _save(s: Session, step: int) -> None:
