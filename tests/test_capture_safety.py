@@ -291,7 +291,7 @@ def test_a_failed_capture_decodes_eagerly_with_the_same_samples(capsys):
     first = failing.generate(PROMPTS * 3, 4, params)
     again = failing.generate(PROMPTS * 3, 4, params)
     assert_fell_back_once(capsys, "decoding eagerly", failing.graph_error, [first, again], eager)
-    assert not failing.use_graphs
+    assert not failing.use_graphs and failing.turned_off() == {"cuda_graphs": False}
 
 
 @pytest.mark.parametrize("check_every", [3, 8])

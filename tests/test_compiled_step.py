@@ -222,7 +222,7 @@ def test_each_buckets_regions_compile_once_before_their_capture(monkeypatch, dyn
 def test_a_scratch_workspace_is_freed_after_its_calls_and_made_again_without_compiling(
     monkeypatch,
 ):
-    """`scratch_workspaces`, as an evaluation runs: the workspace its call makes (more rows
+    """`scratch`, as an evaluation runs: the workspace its call makes (more rows
     than the training call's) is freed with its graphs at its end, and the training call's
     stays; made again by the next evaluation, it captures again but compiles nothing (its
     sizes' regions are kept), and samples the same. CUDA's graph API faked, Dynamo's eager
@@ -242,12 +242,12 @@ def test_a_scratch_workspace_is_freed_after_its_calls_and_made_again_without_com
     (training,) = sampler._workspaces
     live = sum(pools.live.values())
     greedy = SamplingParams(max_new_tokens=10, temperature=0.0)
-    with sampler.scratch_workspaces():
+    with sampler.scratch():
         first = sampler.generate(PROMPTS, 8, greedy)  # 24 rows: a workspace of its own
         assert len(sampler._workspaces) == 2
     assert sampler._workspaces == [training] and sum(pools.live.values()) == live
     compiled, captures = len(created), pools.captures
-    with torch.compiler.set_stance("fail_on_recompile"), sampler.scratch_workspaces():
+    with torch.compiler.set_stance("fail_on_recompile"), sampler.scratch():
         again = sampler.generate(PROMPTS, 8, greedy)
     assert sampler.compile_error is None, sampler.compile_error
     assert len(created) == compiled and pools.captures > captures

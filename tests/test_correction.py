@@ -5,6 +5,7 @@ weights applied, and the start-of-run warning about truncated sampling distribut
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -25,6 +26,7 @@ from test_variants import (
 from oncurve import build
 from oncurve.algo import logprob_diff_mean, tis_weights
 from oncurve.config import load_config
+from oncurve.rollout import TorchSampler
 from oncurve.rollout import registry as sampler_registry
 from oncurve.trainer import setup
 
@@ -98,8 +100,14 @@ def test_null_settles_to_off_on_the_cpu_and_the_run_records_it(
 def test_null_settles_to_2_with_the_cuda_graph_sampler(
     tiny_model_dir, data_file, tmp_path, monkeypatch
 ):
-    # the test needs no CUDA graph: the name is what settles the cap
-    monkeypatch.setitem(sampler_registry.BACKENDS, "cuda_graph", sampler_registry.BACKENDS["hf"])
+    # the test needs no CUDA graph: the backend's contract is what settles the cap
+    class MismatchedSampler(TorchSampler):
+        exact_logprobs = False
+
+    assert not sampler_registry.BACKENDS["cuda_graph"].sampler.exact_logprobs
+    hf = sampler_registry.BACKENDS["hf"]
+    mismatched = dataclasses.replace(hf, sampler=MismatchedSampler)
+    monkeypatch.setitem(sampler_registry.BACKENDS, "cuda_graph", mismatched)
     config = make_config(tiny_model_dir, data_file, tmp_path / "run", "rollout.backend=cuda_graph")
     s = setup(config)
     assert s.config.algo.tis_cap == 2.0 and s.loss_fns.tis_cap == 2.0

@@ -214,7 +214,7 @@ def test_graph_replay_samples_what_the_eager_step_samples_and_survives_weight_up
     )
 
 
-def test_a_release_inside_scratch_workspaces_frees_the_workspaces_it_found():
+def test_a_release_inside_scratch_frees_the_workspaces_it_found():
     """An evaluation that runs out of memory releases the sampler's workspaces to retry
     smaller: the training workspace it found goes too (the scratch holds it weakly), and the
     retry's own is freed at the end."""
@@ -222,7 +222,7 @@ def test_a_release_inside_scratch_workspaces_frees_the_workspaces_it_found():
     params = SamplingParams(max_new_tokens=4, temperature=0.0)
     sampler.generate(PROMPTS, 2, params)
     found = weakref.ref(sampler._workspaces[0])
-    with sampler.scratch_workspaces():
+    with sampler.scratch():
         sampler.release()
         assert found() is None
         sampler.generate(PROMPTS, 8, params)

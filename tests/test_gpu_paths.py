@@ -167,7 +167,7 @@ def test_one_sampler_through_three_shapes_and_two_temperatures():
 
 
 def scenario_an_evaluations_workspace_is_freed() -> None:
-    """As the trainer runs an evaluation (`scratch_workspaces`): its workspace, 16 times the
+    """As the trainer runs an evaluation (`scratch`): its workspace, 16 times the
     training call's rows, holds memory while it samples and gives it back when it ends; a
     second evaluation makes it again (recaptured, not compiled again) with the same samples
     and leaves no more behind than the first."""
@@ -181,7 +181,7 @@ def scenario_an_evaluations_workspace_is_freed() -> None:
     after, samples = [], []
     for _ in range(2):
         compiled = sampler.compile_seconds
-        with sampler.scratch_workspaces():
+        with sampler.scratch():
             samples.append(sampler.generate(PROMPTS * 16, 4, greedy).completion_ids)
             torch.cuda.synchronize()
             during = torch.cuda.memory_allocated()

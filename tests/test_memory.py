@@ -317,7 +317,7 @@ def test_the_sampler_keeps_its_cache_between_steps_only_while_it_is_small():
 
 def test_an_evaluations_workspace_counts_only_while_it_samples():
     """An evaluation's rows take a workspace beside the held training one, freed after it
-    (`GraphSampler.scratch_workspaces`): it adds to the sampling peak, not to the update's;
+    (`GraphSampler.scratch`): it adds to the sampling peak, not to the update's;
     fewer rows than the held workspace's sample in that one. Sampling holds the state but the
     gradients, which exist during the update only."""
     common = dict(seq_len=324, rows_per_step=64, sample_rows=64, reference=True)

@@ -12,7 +12,15 @@ import transformers
 
 from oncurve.errors import UserError
 from oncurve.models import cache_argument, enable_gradient_checkpointing
-from oncurve.rollout import BACKENDS, SamplingParams, TorchSampler, base, build_sampler, cpu_llama
+from oncurve.rollout import (
+    BACKENDS,
+    SamplerSettings,
+    SamplingParams,
+    TorchSampler,
+    base,
+    build_sampler,
+    cpu_llama,
+)
 from oncurve.rollout.hf_decoder import DYNAMIC_LAYER_ATTRIBUTES, HFDecoder, _GrowingLayer
 from oncurve.rollout.torch_sampler import _stop_candidates, sample_tokens
 from oncurve.tokenizer import char_tokenizer
@@ -425,6 +433,31 @@ def test_every_backend_keeps_the_sampler_contract(backend: str) -> None:
     again = sample(model, **params)
     assert torch.equal(again.completion_ids, batch.completion_ids)
     assert torch.equal(again.logprobs, batch.logprobs)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_every_backend_declares_what_a_training_loop_needs_of_it(backend: str) -> None:
+    """The loop reads a backend only through the protocol: traits on the class, and a scratch
+    scope, a release, metrics and the settings it dropped on the instance."""
+    model = make_model("qwen2")
+    sampler = build_sampler(backend, model, TOKENIZER)
+    kind = BACKENDS[backend].sampler
+    assert type(sampler) is kind
+    traits = (kind.exact_logprobs, kind.holds_cache, kind.compiles_steps)
+    assert traits == ((False, True, True) if backend == "cuda_graph" else (True, False, False))
+    sampler.prepare(SamplerSettings(longest_prompt=7, cuda_graphs=False, compile=False))
+    params = SamplingParams(max_new_tokens=4, temperature=0.7, seed=1)
+    with sampler.scratch():
+        sampler.generate(["ab", "abc"], 2, params)
+    sampler.release()
+    assert sampler.turned_off() == {}  # nothing asked for, nothing failed
+    metrics = sampler.metrics()
+    assert all(isinstance(v, float) for v in metrics.values())
+    assert sorted(metrics) == (
+        ["time/sampler_capture_total", "time/sampler_compile_total"]
+        if backend == "cuda_graph"
+        else []
+    )
 
 
 def test_an_unknown_backend_is_a_one_line_user_error_naming_the_setting_and_the_choices() -> None:

@@ -66,20 +66,14 @@ from oncurve.resume_settings import (
     refusal,
 )
 from oncurve.rewards.runner import RewardRunner
-from oncurve.rollout import Sampler, build_sampler
-from oncurve.rollout import registry as sampler_registry
+from oncurve.rollout import Sampler, SamplerSettings, backend_named
 from oncurve.rollout.base import check_room
-from oncurve.rollout.cuda_graph import GraphSampler
 from oncurve.rollout.episodes import EpisodeSettings, ObservationFormat, resolve_environment
 from oncurve.rundir import prepare_run_dir
 from oncurve.train_step import ForwardSettings, LossFns
 
 # `algo.tis_cap` when left null with a sampler whose kernels differ from the training forward's
 SAMPLER_TIS_CAP = 2.0
-# backends whose logprobs are not the training forward's to float rounding
-MISMATCHED_BACKENDS = ("cuda_graph",)
-# backends that keep their KV cache allocated between rollouts (through the update)
-CACHE_HOLDING_BACKENDS = ("cuda_graph",)
 # the settings the memory plan fills in where null, by the config section that holds each
 MEMORY_SETTINGS = {
     "gradient_checkpointing": "model",
@@ -430,17 +424,17 @@ def token_caps(model: torch.nn.Module, config: Config) -> dict[str, int | None]:
 def settle_tis_cap(config: Config, model: torch.nn.Module) -> Config:
     """`config` with `algo.tis_cap` filled in when null: `SAMPLER_TIS_CAP` when the sampler
     backend (`rollout.backend`, or what `auto` picks for `model`) is one of
-    `MISMATCHED_BACKENDS`, else 0.0 (off); the run's config.yaml records the value."""
+    not `exact_logprobs`, else 0.0 (off); the run's config.yaml records the value."""
     if config.algo.tis_cap is not None:
         return config
-    cap = SAMPLER_TIS_CAP if sampler_backend(config, model) in MISMATCHED_BACKENDS else 0.0
+    cap = 0.0 if sampler_class(config, model).exact_logprobs else SAMPLER_TIS_CAP
     return dataclasses.replace(config, algo=dataclasses.replace(config.algo, tis_cap=cap))
 
 
 def settle_cuda_graphs(config: Config, model: torch.nn.Module) -> Config:
     """`config` with `rollout.cuda_graphs` and `rollout.compile` filled in where null: on with
-    the `cuda_graph` sampler on CUDA, else off."""
-    on = sampler_backend(config, model) == "cuda_graph" and model.device.type == "cuda"
+    a sampler that `compiles_steps` on CUDA, else off."""
+    on = sampler_class(config, model).compiles_steps and model.device.type == "cuda"
     r = config.rollout
     rollout = dataclasses.replace(
         r,
@@ -478,14 +472,11 @@ def settle_pack_rows(config: Config, model: torch.nn.Module) -> Config:
 
 
 def make_sampler(config: Config, model: torch.nn.Module, tokenizer: Any, longest: int) -> Sampler:
-    """The run's sampler; a `GraphSampler` compiles its step and captures graphs as
-    `rollout.compile` and `rollout.cuda_graphs` say, with workspaces as wide as the run's
-    `longest` prompt, so that no step meets a wider one and recaptures."""
-    sampler = build_sampler(config.rollout.backend, model, tokenizer)
-    if isinstance(sampler, GraphSampler):
-        sampler.use_graphs = bool(config.rollout.cuda_graphs)
-        sampler.compile_step = bool(config.rollout.compile)
-        sampler.min_width = longest
+    """The run's sampler, prepared with the run's settings (`rollout.cuda_graphs`,
+    `rollout.compile`) and its `longest` prompt, so that no step meets a wider one."""
+    sampler = backend_named(config.rollout.backend, model).build(model, tokenizer)
+    r = config.rollout
+    sampler.prepare(SamplerSettings(longest, bool(r.cuda_graphs), bool(r.compile)))
     return sampler
 
 
@@ -504,10 +495,10 @@ def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | None:
     )
 
 
-def sampler_backend(config: Config, model: torch.nn.Module) -> str:
-    """The backend `rollout.backend` names, or the one `auto` picks for `model`."""
-    backend = config.rollout.backend
-    return sampler_registry.auto_backend(model) if backend == "auto" else backend
+def sampler_class(config: Config, model: torch.nn.Module) -> type[Sampler]:
+    """The class of the sampler `rollout.backend` names, or of the one `auto` picks for
+    `model`: what the run's settings need to know of it before it is built."""
+    return backend_named(config.rollout.backend, model).sampler
 
 
 def truncated_sampling(config: Config) -> str:
@@ -577,7 +568,7 @@ def settle_memory(
         keep_cache = chosen["keep_cache"]
         if keep_cache is None:
             keep_cache = keeps_sampler_cache(shape, rows_per_step, seq_len)
-        holds = sampler_backend(config, model) in CACHE_HOLDING_BACKENDS and keep_cache
+        holds = sampler_class(config, model).holds_cache and keep_cache
         reference = config.frozen_reference
         offload = chosen["offload_reference"]
         if offload is None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -22,7 +20,6 @@ from oncurve.oom import fewer_prompts_per_call, recover
 from oncurve.process import Timer, step_seed
 from oncurve.rewards.runner import RewardResult
 from oncurve.rollout import SamplingParams
-from oncurve.rollout.cuda_graph import GraphSampler
 from oncurve.rollout.episodes import draw
 from oncurve.types import RolloutBatch
 
@@ -205,22 +202,7 @@ def draw_recovering(
 
     shrink = fewer_prompts_per_call(len(rows))
     # sampling runs no collective: a rank may redo it alone
-    return recover("sampling", attempt, s.config, shrink, s.adopt, release_sampler(s), alone=True)
-
-
-def sampler_scratch(s: Session, scratch: bool = True) -> AbstractContextManager:
-    """A scope at whose end the cuda_graph sampler frees the workspaces (KV caches and their
-    graphs) that calls inside it made (`GraphSampler.scratch_workspaces`), when `scratch`;
-    with other samplers, or not `scratch`, nothing."""
-    if scratch and isinstance(s.sampler, GraphSampler):
-        return s.sampler.scratch_workspaces()
-    return nullcontext()
-
-
-def release_sampler(s: Session) -> Callable[[], None]:
-    """What frees the sampler's memory after it ran out: the cuda_graph sampler's
-    workspaces, which a smaller call would otherwise reuse."""
-    return s.sampler.release if isinstance(s.sampler, GraphSampler) else lambda: None
+    return recover("sampling", attempt, s.config, shrink, s.adopt, s.sampler.release, alone=True)
 
 
 def sampling_params(config: Config, seed: int) -> SamplingParams:

@@ -17,7 +17,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -33,9 +33,7 @@ from oncurve.errors import TrainingError
 from oncurve.evaluate import evaluate
 from oncurve.groups import (
     group_rows,
-    release_sampler,
     sample_groups,
-    sampler_scratch,
     sampling_params,
 )
 from oncurve.metrics import log_samples
@@ -52,7 +50,6 @@ from oncurve.process import (
 from oncurve.progress import Progress, guarded_output
 from oncurve.rewards.registry import ANSWER_MATCH_REWARDS
 from oncurve.rewards.runner import runner_settings
-from oncurve.rollout.cuda_graph import GraphSampler
 from oncurve.signal_checks import DeadStepWatch, check_gold_answers
 from oncurve.train_step import LossFns, masked_mean, optimizer_step, releasing_gradients
 from oncurve.types import RolloutBatch, TrainBatch
@@ -83,7 +80,7 @@ def training_step(s: Session, step: int) -> dict[str, float]:
     if cuda:
         torch.cuda.reset_peak_memory_stats(s.device)
     # a sampler's cache not kept between steps is freed here, before the update's peak
-    with s.policy.whole(), sampler_scratch(s, not cfg.rollout.keep_cache):
+    with s.policy.whole(), s.sampler.scratch() if not cfg.rollout.keep_cache else nullcontext():
         sampled = sample_groups(s, step, timer)  # sample and score
     batch = train_batch(cfg, sampled.rollout)
     if cfg.algo.beta > 0:
@@ -120,12 +117,10 @@ def training_step(s: Session, step: int) -> dict[str, float]:
     }
     if cfg.algo.beta_warmup_steps:
         metrics["kl/beta"] = fns.beta
-    _record_graph_fallback(s)
+    _record_sampler_fallback(s)
     metrics["rollout/graphs"] = float(s.config.rollout.cuda_graphs)
     metrics["rollout/compiled"] = float(s.config.rollout.compile)
-    if isinstance(s.sampler, GraphSampler):  # this process's totals: what a run pays up front
-        metrics["time/sampler_compile_total"] = s.sampler.compile_seconds
-        metrics["time/sampler_capture_total"] = s.sampler.capture_seconds
+    metrics |= s.sampler.metrics()
     metrics["memory/oom_retries"] = float(s.oom_retries)
     metrics["time/step"] = sum(timer.seconds.values())
     if cuda:
@@ -415,9 +410,9 @@ def _preflight(s: Session) -> None:
 
     # the preflight's workspace (two prompts' rows) is freed after it, not kept all run long
     # beside the steps' one
-    with s.policy.whole(), sampler_scratch(s):
+    with s.policy.whole(), s.sampler.scratch():
         lines = recover("the preflight", check, s.config, halve_microbatches, s.adopt)
-    _record_graph_fallback(s)
+    _record_sampler_fallback(s)
     lines.insert(0, "preflight: settings valid, none of them a known silent no-op")
     if s.rank == 0:
         for line in lines:
@@ -435,16 +430,14 @@ def _check_gold(s: Session) -> None:
         print(line, file=sys.stderr)
 
 
-def _record_graph_fallback(s: Session) -> None:
-    """Once the sampler stopped capturing graphs or compiling its step (one failed), the
-    session's config and config.yaml say so: `rollout.cuda_graphs: false` or `rollout.compile:
-    false` is how the run samples from then on."""
-    if not isinstance(s.sampler, GraphSampler):
-        return
+def _record_sampler_fallback(s: Session) -> None:
+    """Once the sampler stopped honouring a setting (`Sampler.turned_off`: a graph capture or
+    a compilation failed), the session's config and config.yaml say so: `rollout.cuda_graphs:
+    false` or `rollout.compile: false` is how the run samples from then on."""
     r = s.config.rollout
-    graphs, compiled = r.cuda_graphs and s.sampler.use_graphs, r.compile and s.sampler.compile_step
-    if (graphs, compiled) != (r.cuda_graphs, r.compile):
-        rollout = dataclasses.replace(r, cuda_graphs=graphs, compile=compiled)
+    changed = {name: on for name, on in s.sampler.turned_off().items() if getattr(r, name) != on}
+    if changed:
+        rollout = dataclasses.replace(r, **changed)
         s.config = dataclasses.replace(s.config, rollout=rollout)
         if s.rank == 0:
             save_config(s.config, s.run_dir / "config.yaml")
@@ -549,17 +542,17 @@ def _forward_recovering(
 
 def _evaluate(s: Session, step: int) -> dict[str, float]:
     # the sampler's workspace for an evaluation is freed after it, not held through the update
-    with s.policy.whole(), sampler_scratch(s):
+    with s.policy.whole(), s.sampler.scratch():
         result = recover(
             "evaluation",
             lambda: _evaluation(s),
             s.config,
             fewer_evaluation_rows,
             s.adopt,
-            on_retry=release_sampler(s),
+            on_retry=s.sampler.release,
             alone=True,  # evaluation runs no collective
         )
-    _record_graph_fallback(s)
+    _record_sampler_fallback(s)
     s.logger.log(step, {f"eval/{k}": v for k, v in result.items()})
     return result
 

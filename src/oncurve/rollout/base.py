@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -105,6 +105,22 @@ def check_room(
         )
 
 
+@dataclass(frozen=True)
+class SamplerSettings:
+    """What a run asks of its sampler beyond each call's `SamplingParams` (`Sampler.prepare`).
+
+    Attributes:
+        longest_prompt: tokens in the run's longest prompt: a backend whose workspaces have
+            fixed shapes makes them at least this wide, so that no call meets a wider prompt.
+        cuda_graphs: replay the decode steps as CUDA graphs, where the backend can.
+        compile: compile the decode step, where the backend can.
+    """
+
+    longest_prompt: int = 0
+    cuda_graphs: bool = False
+    compile: bool = False
+
+
 class Sampler(Protocol):
     """Samples G completions for each of B prompts; N = B*G rows, a prompt's G rows contiguous.
 
@@ -116,11 +132,46 @@ class Sampler(Protocol):
     forward recomputes exactly this; 0 on padding); N `texts` and N `finish_reasons`. The same
     `params.seed` must give the same batch, and the global torch RNG must not be drawn from.
 
+    Besides sampling, what a training loop needs from a backend:
+
     Attributes:
         tokenizer: the tokenizer `generate` encodes with and the texts are decoded with.
+        exact_logprobs: the backend's logprobs are computed as the trainer's forward computes
+            them; False where another kernel path computes them (a run then corrects the update
+            with truncated importance sampling unless `algo.tis_cap` says otherwise).
+        holds_cache: the backend keeps its KV workspaces between calls (the memory plan counts
+            them when `rollout.keep_cache` is on; `scratch` frees them otherwise).
+        compiles_steps: the backend can compile its decode step and replay it as CUDA graphs
+            (`SamplerSettings.compile` and `cuda_graphs`; on CUDA a run turns both on).
     """
 
     tokenizer: Any
+    exact_logprobs: ClassVar[bool]
+    holds_cache: ClassVar[bool]
+    compiles_steps: ClassVar[bool]
+
+    def prepare(self, settings: SamplerSettings) -> None:
+        """Take the run's `settings` before the first call; a backend ignores what it lacks."""
+        ...
+
+    def scratch(self) -> contextlib.AbstractContextManager[None]:
+        """A scope at whose end what calls inside it allocated (KV workspaces, graphs) is
+        freed; what the sampler held before stays."""
+        ...
+
+    def release(self) -> None:
+        """Free everything the sampler holds between calls (after running out of memory, so
+        that a smaller call does not reuse a larger call's workspaces)."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """This process's totals to log with each step (e.g. seconds spent compiling)."""
+        ...
+
+    def turned_off(self) -> dict[str, bool]:
+        """The `SamplerSettings` the sampler stopped honouring after they failed, by name
+        (`{"cuda_graphs": False}`): how it samples from then on."""
+        ...
 
     def generate(self, prompts: list[str], group_size: int, params: SamplingParams) -> RolloutBatch:
         """Tokenize `prompts` (with the tokenizer's special tokens) and sample."""

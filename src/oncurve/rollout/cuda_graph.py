@@ -65,7 +65,7 @@ import transformers
 from oncurve.algo.logprobs import float_logits
 from oncurve.errors import error_line
 from oncurve.models import cache_argument, real_token_positions
-from oncurve.rollout.base import SamplingParams, seeded_generator
+from oncurve.rollout.base import SamplerSettings, SamplingParams, seeded_generator
 from oncurve.rollout.torch_sampler import (
     _EOS,
     _LENGTH,
@@ -79,7 +79,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 WIDTH_STEP = 64  # prompt widths are padded to a multiple of this
 SMALLEST_BUCKET = 8
 COLUMN_ALIGNMENT = 16  # elements a row of the attention bias is aligned to
-MAX_WORKSPACES = 2  # a run's training calls and an evaluation's chunks (`scratch_workspaces`)
+MAX_WORKSPACES = 2  # a run's training calls and an evaluation's chunks (`scratch`)
 SETTINGS_PER_WORKSPACE = 3  # graphs kept per workspace: training, greedy and sampled evaluation
 
 
@@ -400,7 +400,7 @@ class GraphSampler(TorchSampler):
         self.compile_seconds = 0.0
         self._workspaces: list[_Workspace] = []  # least recently used first
         # by `_Workspace.shape`: they outlive their workspace, so one made again (an
-        # evaluation's, `scratch_workspaces`) captures again but does not compile again
+        # evaluation's, `scratch`) captures again but does not compile again
         self._compiled: dict[tuple[int, int, int, int], _Regions] = {}
         self._warmup_stream: torch.cuda.Stream | None = None  # made at the first capture
         # each layer's `_together` groups while a call runs (its weights cannot move then)
@@ -453,12 +453,37 @@ class GraphSampler(TorchSampler):
             params,
         )
 
+    # the static step's kernels compute logprobs apart from the trainer's forward; workspaces
+    # are kept from call to call, so that their graphs are replayed
+    exact_logprobs = False
+    holds_cache = True
+    compiles_steps = True
+
+    def prepare(self, settings: SamplerSettings) -> None:
+        """Capture graphs and compile the step as `settings` say; make every workspace as wide
+        as the run's longest prompt."""
+        self.use_graphs = settings.cuda_graphs
+        self.compile_step = settings.compile
+        self.min_width = settings.longest_prompt
+
+    def metrics(self) -> dict[str, float]:
+        """This process's totals, what a run pays up front: seconds compiling and capturing."""
+        return {
+            "time/sampler_compile_total": self.compile_seconds,
+            "time/sampler_capture_total": self.capture_seconds,
+        }
+
+    def turned_off(self) -> dict[str, bool]:
+        """`cuda_graphs` and `compile`, once a capture or a compilation failed."""
+        failed = {"cuda_graphs": self.graph_error, "compile": self.compile_error}
+        return {name: False for name, error in failed.items() if error is not None}
+
     def release(self) -> None:
         """Free the workspaces and their graphs (the next call captures again)."""
         self._workspaces.clear()
 
     @contextlib.contextmanager
-    def scratch_workspaces(self) -> Iterator[None]:
+    def scratch(self) -> Iterator[None]:
         """The workspaces made inside are freed at its end, with their graphs; those it finds
         stay. An evaluation runs in one: its workspace (up to `eval.batch_rows` rows at full
         length) would otherwise hold its KV cache through every update until the next

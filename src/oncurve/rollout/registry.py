@@ -1,28 +1,42 @@
 """Sampler backends by name (`rollout.backend`, the CLI's `--backend`).
 
-A backend is a callable `(model, tokenizer) -> Sampler`. One whose model side is a `Decoder`
-(`oncurve.rollout.base`) is `TorchSampler` with that decoder, so adding one is a module with
-the decoder and one line below.
+A backend is a `Sampler` class and, for `TorchSampler`, the `Decoder` its decode loop runs
+(`oncurve.rollout.base`), so adding one is a module with the decoder and one line below. What
+a run needs to know of a backend before building it (`exact_logprobs`, `holds_cache`) is on
+its class.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from oncurve.errors import UserError
 from oncurve.rollout import cpu_llama, cuda_graph
-from oncurve.rollout.base import Sampler
+from oncurve.rollout.base import DecoderFactory, Sampler
 from oncurve.rollout.hf_decoder import HFDecoder
 from oncurve.rollout.torch_sampler import TorchSampler
 
-BACKENDS: dict[str, Callable[[torch.nn.Module, Any], Sampler]] = {
-    "hf": functools.partial(TorchSampler, decoder=HFDecoder),
-    "cpu_llama": functools.partial(TorchSampler, decoder=cpu_llama.make_decoder),
-    "cuda_graph": cuda_graph.GraphSampler,
+
+@dataclass(frozen=True)
+class Backend:
+    """A sampler backend: its `Sampler` class, with the decoder a `TorchSampler` runs."""
+
+    sampler: type[Sampler]
+    decoder: DecoderFactory | None = None
+
+    def build(self, model: torch.nn.Module, tokenizer: Any) -> Sampler:
+        if self.decoder is None:
+            return self.sampler(model, tokenizer)
+        return self.sampler(model, tokenizer, decoder=self.decoder)
+
+
+BACKENDS: dict[str, Backend] = {
+    "hf": Backend(TorchSampler, HFDecoder),
+    "cpu_llama": Backend(TorchSampler, cpu_llama.make_decoder),
+    "cuda_graph": Backend(cuda_graph.GraphSampler),
 }
 
 
@@ -37,14 +51,19 @@ def auto_backend(model: torch.nn.Module) -> str:
     return "hf"
 
 
-def build_sampler(
-    backend: str, model: torch.nn.Module, tokenizer: Any, name: str = "rollout.backend"
-) -> Sampler:
-    """The `Sampler` of `backend` (a `BACKENDS` name, or "auto": see `auto_backend`) for
-    `model` and `tokenizer`; an unknown name is a `UserError` that calls the setting `name`."""
+def backend_named(backend: str, model: torch.nn.Module, name: str = "rollout.backend") -> Backend:
+    """The `Backend` of `backend` (a `BACKENDS` name, or "auto": see `auto_backend`) for
+    `model`; an unknown name is a `UserError` that calls the setting `name`."""
     if backend == "auto":
         backend = auto_backend(model)
     if backend not in BACKENDS:
         choices = ", ".join(["auto", *BACKENDS])
         raise UserError(f"{name}={backend!r} is not a sampler backend; choose one of {choices}")
-    return BACKENDS[backend](model, tokenizer)
+    return BACKENDS[backend]
+
+
+def build_sampler(
+    backend: str, model: torch.nn.Module, tokenizer: Any, name: str = "rollout.backend"
+) -> Sampler:
+    """The `Sampler` of `backend` (see `backend_named`) for `model` and `tokenizer`."""
+    return backend_named(backend, model, name).build(model, tokenizer)

@@ -13,6 +13,8 @@ string (see `_stop_candidates`).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import transformers
 
@@ -20,6 +22,7 @@ from oncurve.rollout import cpu_llama
 from oncurve.rollout.base import (
     Decoder,
     DecoderFactory,
+    SamplerSettings,
     SamplingParams,
     check_room,
     seeded_generator,
@@ -70,6 +73,28 @@ class TorchSampler:
         self._stop_tables: dict[tuple[str, ...], torch.Tensor] = {}
         device = model.get_output_embeddings().weight.device
         self.check_every = 1 if device.type == "cpu" else CHECK_EVERY
+
+    # the decode loop's logprobs are the model's forward, as the trainer's; nothing is kept
+    # between calls
+    exact_logprobs = True
+    holds_cache = False
+    compiles_steps = False
+
+    def prepare(self, settings: SamplerSettings) -> None:
+        """Nothing to prepare: every call sizes its cache to its prompts."""
+
+    def scratch(self) -> contextlib.AbstractContextManager[None]:
+        """Nothing outlives a call: an empty scope."""
+        return contextlib.nullcontext()
+
+    def release(self) -> None:
+        """Nothing is held between calls."""
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+    def turned_off(self) -> dict[str, bool]:
+        return {}
 
     def generate(self, prompts: list[str], group_size: int, params: SamplingParams) -> RolloutBatch:
         """Tokenize `prompts` (with the tokenizer's special tokens) and sample."""
