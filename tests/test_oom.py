@@ -185,7 +185,7 @@ def test_with_several_ranks_the_rank_that_runs_out_stops_naming_the_setting(monk
 
     config = load_config(None, ["optim.microbatch_size=8"])
     with pytest.raises(oom.OutOfMemoryStop) as stopped:
-        oom.recover("the update", runs_out, config, oom.halve_microbatches, lambda c: None)
+        oom.recover(oom.UPDATE, runs_out, config, lambda c: None)
     assert attempts == [1]
     message = str(stopped.value)
     assert "on rank 1" in message and message.endswith("restart with optim.microbatch_size=4")

@@ -47,7 +47,6 @@ def setting(**changes):
         "forward": ForwardSettings(temperature=1.0, chunk_size=16, microbatch_rows=4),
         "chat_template": False,
         "dtype": torch.float32,
-        "prompt_index": True,
     }
     return model, {**arguments, **changes}
 
@@ -128,7 +127,7 @@ def test_the_trainer_runs_it_before_step_1_only_when_asked(
     if preflight:
         (arguments,) = calls
         assert len(arguments["rows"]) == 2 and arguments["group_size"] == 4
-        assert arguments["prompt_index"] is True and arguments["dtype"] == torch.float32
+        assert arguments["dtype"] == torch.float32
     else:
         assert calls == []
 

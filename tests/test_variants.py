@@ -74,11 +74,11 @@ def run_first_step(s, monkeypatch) -> Step:
         seen["weights"].append({n: p.detach().clone() for n, p in params})
         seen["grads"].append({n: p.grad.clone() for n, p in params})
 
-    real_optimise, real_step = trainer.optimise, trainer.optimizer_step
+    real_update, real_step = trainer.update_policy, trainer.optimizer_step
 
-    def optimise(session, batch, minibatches, fns):
+    def update_policy(session, batch, minibatches, fns):
         seen["batch"] = batch
-        return real_optimise(session, batch, minibatches, fns)
+        return real_update(session, batch, minibatches, fns)
 
     def optimizer_step(*args, **kwargs):
         seen["stats"].append(real_step(*args, **kwargs))
@@ -86,7 +86,7 @@ def run_first_step(s, monkeypatch) -> Step:
 
     s.sampler.generate_ids = capture_rollout
     s.optimizer.register_step_pre_hook(before_update)
-    monkeypatch.setattr(trainer, "optimise", optimise)
+    monkeypatch.setattr(trainer, "update_policy", update_policy)
     monkeypatch.setattr(trainer, "optimizer_step", optimizer_step)
     metrics = training_step(s, 1)
     return Step(

@@ -11,9 +11,10 @@ import dataclasses
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -72,6 +73,8 @@ from oncurve.rollout.episodes import EpisodeSettings, ObservationFormat, resolve
 from oncurve.rundir import prepare_run_dir
 from oncurve.train_step import ForwardSettings, LossFns
 
+T = TypeVar("T")
+
 # `algo.tis_cap` when left null with a sampler whose kernels differ from the training forward's
 SAMPLER_TIS_CAP = 2.0
 # the settings the memory plan fills in where null, by the config section that holds each
@@ -128,16 +131,20 @@ class Session:
         self.oom_retries += 1
         if config.model.gradient_checkpointing and not self.config.model.gradient_checkpointing:
             enable_gradient_checkpointing(self.policy.model)
-        self.policy.forward = dataclasses.replace(
-            self.policy.forward,
-            microbatch_rows=config.optim.microbatch_size,
-            **token_caps(self.policy.model, config),
-        )
+        self.policy.forward = forward_settings(self.policy.model, config)
         before, after = oom.settings_of(self.config), oom.settings_of(config)
         self.shrunk |= {key: value for key, value in after.items() if before[key] != value}
         self.config = config
         if self.rank == 0:
             save_config(config, self.run_dir / "config.yaml")
+
+    def recovering(
+        self, phase: oom.Phase, attempt: Callable[[], T], on_retry: Callable[[], None] | None = None
+    ) -> T:
+        """`attempt()`, redone with `phase`'s smaller settings each time it runs out of memory
+        (`oom.recover`); each smaller setting becomes the session's (`adopt`), which the next
+        attempt reads."""
+        return oom.recover(phase, attempt, self.config, self.adopt, on_retry)
 
     def checkpoint_extras(
         self,
@@ -227,14 +234,7 @@ def setup(config: Config) -> Session:
             )
     if config.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)
-    forward = ForwardSettings(
-        temperature=config.rollout.temperature,
-        chunk_size=config.model.logprob_chunk_size,
-        microbatch_rows=config.optim.microbatch_size,
-        compile_layers=config.model.compile_layers,
-        pack_rows=config.model.pack_rows,
-        **token_caps(model, config),
-    )
+    forward = forward_settings(model, config)
     # before the policy's data-parallel wrapper: a critic copies the trunk's whole weights
     advantage = build_advantage_source(config, model, forward)
     if config.model.compile_layers:  # before the reference copy and FSDP2's layer classes
@@ -405,6 +405,34 @@ def build_loss_fns(config: Config) -> LossFns:
         norm_len=float(algo.norm_len or config.rollout.max_new_tokens),
         tis_cap=algo.tis_cap or 0.0,
     )
+
+
+def forward_settings(model: torch.nn.Module, config: Config) -> ForwardSettings:
+    """How the training forward of `model` runs under the settled `config`: made at setup and
+    again whenever a memory setting shrinks (`Session.adopt`)."""
+    return ForwardSettings(
+        temperature=config.rollout.temperature,
+        chunk_size=config.model.logprob_chunk_size,
+        microbatch_rows=config.optim.microbatch_size,
+        compile_layers=config.model.compile_layers,
+        pack_rows=config.model.pack_rows,
+        share_prompt=shares_prompt_forward(config),
+        **token_caps(model, config),
+    )
+
+
+def shares_prompt_forward(config: Config) -> bool:
+    """Whether the update runs each group's prompt once: with rows packed, always (one forward,
+    the prompt a segment of it); padded, not under gradient checkpointing (HF drops the KV
+    cache there), FSDP2 (its hooks expect one forward of each module per backward) or compiled
+    layers (transformers' KV cache is indexed by the layer's number, so Dynamo would compile
+    each layer apart and run the rest eagerly past its recompile limit)."""
+    m = config.model
+    if not m.share_prompt_forward:
+        return False
+    if m.pack_rows:
+        return True
+    return not (m.gradient_checkpointing or config.dist.fsdp or m.compile_layers)
 
 
 def token_caps(model: torch.nn.Module, config: Config) -> dict[str, int | None]:

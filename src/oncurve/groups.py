@@ -16,7 +16,7 @@ from oncurve.config import Config
 from oncurve.curriculum import gather_pass_rates, group_pass_rates
 from oncurve.errors import TrainingError
 from oncurve.inputs import group_columns
-from oncurve.oom import fewer_prompts_per_call, recover
+from oncurve.oom import sampling_round
 from oncurve.process import Timer, step_seed
 from oncurve.rewards.runner import RewardResult
 from oncurve.rollout import SamplingParams
@@ -52,7 +52,7 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
     while any rank holds fewer than its B / W groups: the decision is collective, so every rank
     leaves at the same round (a rank already full samples nothing meanwhile). A rank still short
     after the last round leaves every rank with the fewest groups any rank holds, so that all
-    ranks run the same optimizer steps (`optimise`); none at all is an error on every rank.
+    ranks run the same optimizer steps (`update_policy`); none at all is an error on every rank.
 
     Metrics: `reward/*` and `groups/all_equal_frac` (groups whose finite total rewards are all
     equal) cover every group sampled, in every round, as does `episode/turns_mean` (policy
@@ -200,9 +200,7 @@ def draw_recovering(
         outcomes = {key: [v for _, part in parts for v in part[key]] for key in parts[0][1]}
         return rollout, outcomes
 
-    shrink = fewer_prompts_per_call(len(rows))
-    # sampling runs no collective: a rank may redo it alone
-    return recover("sampling", attempt, s.config, shrink, s.adopt, s.sampler.release, alone=True)
+    return s.recovering(sampling_round(len(rows)), attempt, on_retry=s.sampler.release)
 
 
 def sampling_params(config: Config, seed: int) -> SamplingParams:

@@ -28,6 +28,7 @@ import gc
 import math
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
@@ -89,6 +90,38 @@ def fewer_evaluation_rows(config: Config) -> tuple[Config, str] | None:
     return _halved(config, "eval.batch_rows", config.eval.batch_rows)
 
 
+@dataclass(frozen=True)
+class Phase:
+    """A part of a step that `recover` redoes in smaller pieces after running out of memory.
+
+    Attributes:
+        name: named in the lines printed and in the error when it gives up.
+        shrink: the next smaller settings (see `Shrink`).
+        alone: the phase runs no collective, so one rank may redo it while the others go on
+            (they take its smaller setting at the end of the step: `agree`).
+    """
+
+    name: str
+    shrink: Shrink
+    alone: bool = False
+
+
+def sampling_round(prompts: int) -> Phase:
+    """A round of sampling `prompts` prompts; it runs no collective."""
+    return Phase("sampling", fewer_prompts_per_call(prompts), alone=True)
+
+
+def reference_forward(frozen_copy: bool) -> Phase:
+    """The reference's logprobs; a frozen copy is not data-parallel, so its forward runs no
+    collective."""
+    return Phase("the reference forward", halve_microbatches, alone=frozen_copy)
+
+
+OLD_POLICY_FORWARD = Phase("the old-policy forward", halve_microbatches)
+UPDATE = Phase("the update", halve_microbatches)
+PREFLIGHT = Phase("the preflight", halve_microbatches)
+EVALUATION = Phase("evaluation", fewer_evaluation_rows, alone=True)
+
 # the settings `recover` makes smaller, by section and field
 SETTINGS = (
     ("optim", "microbatch_size"),
@@ -141,25 +174,20 @@ def free_memory() -> None:
 
 
 def recover(
-    phase: str,
+    phase: Phase,
     attempt: Callable[[], T],
     config: Config,
-    shrink: Shrink,
     apply: Callable[[Config], None],
-    on_retry: Callable[[], None] = lambda: None,
-    alone: bool = False,
+    on_retry: Callable[[], None] | None = None,
 ) -> T:
-    """`attempt()`, run again with a smaller setting each time it runs out of memory.
+    """`attempt()`, run again with `phase`'s next smaller setting each time it runs out of
+    memory.
 
     Args:
-        phase: named in the lines printed and in the error when it gives up.
         config: the settings the first attempt runs with.
-        shrink: the next smaller settings (see `Shrink`).
-        apply: makes a new config the session's (the forward settings, checkpointing, the
-            recorded config); called before each retry.
+        apply: makes a new config the run's (the forward settings, checkpointing, the recorded
+            config); called before each retry, so that the attempt reads the new settings.
         on_retry: undoes what the failed attempt left (e.g. its partial gradients).
-        alone: the phase runs no collective, so one rank may redo it while the others go on
-            (they take its smaller setting at the end of the step: `agree`).
     Raises:
         OutOfMemoryStop: out of memory with nothing left to shrink.
     """
@@ -168,24 +196,25 @@ def recover(
             return attempt()
         except torch.OutOfMemoryError as error:
             detail = str(error).strip().splitlines()[0] if str(error).strip() else "out of memory"
-        on_retry()
+        if on_retry is not None:
+            on_retry()
         free_memory()
-        smaller = shrink(config)
+        smaller = phase.shrink(config)
         if smaller is None:
             raise OutOfMemoryStop(
-                f"out of memory in {phase} with every setting that can shrink at its smallest "
+                f"out of memory in {phase.name} with every setting that can shrink at its smallest "
                 f"({detail}); lower rollout.max_new_tokens, set run.gpu_memory_gb to the memory "
                 "the card really has free, or train LoRA adapters (model.lora.r)"
             )
         before, (config, change) = settings_of(config), smaller
         rank, world_size = distributed.world()
-        if world_size > 1 and not alone:
+        if world_size > 1 and not phase.alone:
             # The other ranks are inside this phase's collectives (DDP's buffer broadcasts and
             # gradient all-reduce), which a redo on this rank alone would not match.
             raise OutOfMemoryStop(
-                f"out of memory in {phase} on rank {rank} ({detail}); with several ranks a phase "
+                f"out of memory in {phase.name} on rank {rank} ({detail}); with several ranks a phase "
                 "cannot be redone on one of them: restart with "
                 + " ".join(f"{k}={v}" for k, v in settings_of(config).items() if before[k] != v)
             )
-        print(f"out of memory in {phase}: redoing it with {change}", file=sys.stderr)
+        print(f"out of memory in {phase.name}: redoing it with {change}", file=sys.stderr)
         apply(config)

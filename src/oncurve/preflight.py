@@ -112,7 +112,6 @@ def run_preflight(
     trainable: list[torch.nn.Parameter],
     chat_template: bool,
     dtype: torch.dtype,
-    prompt_index: bool,
 ) -> list[str]:
     """Run the checks on `rows` (a few prompt rows {"prompt", "prompt_ids"}); returns one line
     per check, or raises `TrainingError` naming the check that failed and by how much.
@@ -124,7 +123,6 @@ def run_preflight(
         forward: the run's forward settings (temperature, chunks, microbatching).
         chat_template: prompts were rendered with the tokenizer's chat template.
         dtype: the weights' dtype, which sets the tolerances.
-        prompt_index: the update shares each group's prompt forward.
     """
     tolerance = Tolerances.of(dtype)
     lines = []
@@ -150,11 +148,7 @@ def run_preflight(
         completion_mask=rollout.completion_mask,
         advantages=signs * 0.5 + 0.25,
         sample_logprobs=rollout.logprobs,
-        prompt_index=(
-            torch.arange(rollout.num_rows, device=mask.device) // group_size
-            if prompt_index
-            else None
-        ),
+        prompt_index=torch.arange(rollout.num_rows, device=mask.device) // group_size,
     )
     trained = batch_logprobs(policy, batch, forward)
     gap = ((trained - rollout.logprobs).abs() * mask).sum() / mask.sum().clamp(min=1)

@@ -217,6 +217,8 @@ class ForwardSettings:
         pack_rows: run the policy's rows packed, without padding (`oncurve.packing`).
         reference_tokens: tokens per microbatch of the reference pass, which keeps nothing
             for a backward (`memory.forward_only_tokens`); None: `microbatch_tokens`.
+        share_prompt: run each group's prompt once, where the batch says which rows share one
+            (`TrainBatch.prompt_index`); off where the forward cannot (`build.forward_settings`).
     """
 
     temperature: float = 1.0
@@ -226,6 +228,7 @@ class ForwardSettings:
     compile_layers: bool = False
     pack_rows: bool = False
     reference_tokens: int | None = None
+    share_prompt: bool = True
 
     def for_reference(self) -> ForwardSettings:
         """These settings with the reference pass's token cap. The old policy's pass keeps
@@ -237,6 +240,11 @@ class ForwardSettings:
     def packed(self, micro: TrainBatch) -> RowLengths | None:
         """What the policy's forward of `micro` takes as `packed`: None when not packing."""
         return micro.row_lengths if self.pack_rows else None
+
+    def prompt_index(self, micro: TrainBatch) -> torch.Tensor | None:
+        """What the policy's forward of `micro` takes as `prompt_index`: None when prompts are
+        not shared."""
+        return micro.prompt_index if self.share_prompt else None
 
 
 def trim_padding(batch: TrainBatch, longest_prompt: int, longest_completion: int) -> TrainBatch:
@@ -340,10 +348,14 @@ def even_across_ranks(parts: list[Microbatch], module: torch.nn.Module) -> list[
 
 
 def microbatches(
-    batch: TrainBatch, max_rows: int, max_tokens: int = 0, packed: bool = False
+    batch: TrainBatch,
+    max_rows: int,
+    max_tokens: int = 0,
+    packed: bool = False,
+    share_prompt: bool = True,
 ) -> list[Microbatch]:
     """The microbatches of `batch`: consecutive runs of `length_order` (of `group_order` for
-    `packed` rows that share prompts: `prompt_index`), each of at most `max_rows` rows and,
+    `packed` rows that share prompts: `prompt_index`, with `share_prompt`), each of at most `max_rows` rows and,
     when `max_tokens` > 0, at most `max_tokens` tokens once `trim_padding` has cut it (rows x
     (longest prompt + longest completion)), or with `packed` rows, at most `max_tokens` real
     tokens (a shared prompt counted once, as it runs); a row longer than that goes alone.
@@ -364,7 +376,7 @@ def microbatches(
         batch.attention_mask[:, prompt_len:].sum(1),
         batch.completion_mask.sum(1).long(),
     ]
-    if batch.prompt_index is not None:
+    if share_prompt and batch.prompt_index is not None:
         columns.append(batch.prompt_index.to(columns[0].dtype))
     prompts, completions, loss_tokens, *groups = torch.stack(columns).tolist()
     shared = packed and bool(groups)
@@ -431,7 +443,11 @@ def accumulate(
         (completion tokens, detached loss, statistics) of each microbatch, in order.
     """
     real = microbatches(
-        minibatch, forward.microbatch_rows, forward.microbatch_tokens, forward.pack_rows
+        minibatch,
+        forward.microbatch_rows,
+        forward.microbatch_tokens,
+        forward.pack_rows,
+        forward.share_prompt,
     )
     parts = even_across_ranks(real, module)
 
@@ -493,7 +509,11 @@ def over_microbatches(
         batch.completion_mask.shape, dtype=torch.float32, device=batch.input_ids.device
     )
     real = microbatches(
-        batch, forward.microbatch_rows, forward.microbatch_tokens, forward.pack_rows
+        batch,
+        forward.microbatch_rows,
+        forward.microbatch_tokens,
+        forward.pack_rows,
+        forward.share_prompt,
     )
     for i, part in enumerate(even_across_ranks(real, module)):
         micro = part.of(batch)
@@ -573,7 +593,7 @@ def microbatch_loss(
         forward.temperature,
         forward.chunk_size,
         with_entropy=True,
-        prompt_index=micro.prompt_index,
+        prompt_index=forward.prompt_index(micro),
         packed=forward.packed(micro),
     )
     old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
@@ -689,7 +709,7 @@ def batch_logprobs(
             micro.completion_mask.shape[1],
             forward.temperature,
             forward.chunk_size,
-            prompt_index=micro.prompt_index,
+            prompt_index=forward.prompt_index(micro),
             packed=forward.packed(micro),
         )
         return values

@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -32,13 +32,14 @@ from oncurve.config import Config, build_config, save_config, to_dict
 from oncurve.errors import TrainingError
 from oncurve.evaluate import evaluate
 from oncurve.groups import (
+    Sampled,
     group_rows,
     sample_groups,
     sampling_params,
 )
 from oncurve.metrics import log_samples
 from oncurve.models import resolve_device, save_final, save_lora_final
-from oncurve.oom import OutOfMemoryStop, fewer_evaluation_rows, halve_microbatches, recover
+from oncurve.oom import OutOfMemoryStop
 from oncurve.preflight import run_preflight
 from oncurve.process import (
     StopRequest,
@@ -69,67 +70,32 @@ class TrainResult:
 
 def training_step(s: Session, step: int) -> dict[str, float]:
     """One GRPO step (PPO when the advantage source is a critic); returns its metrics."""
-    cuda = s.device.type == "cuda"
     cfg = s.config
-    timer = Timer(
-        partial(torch.cuda.synchronize, s.device) if cuda else None,
-        cuda_peak_reader(s.device) if cuda else None,
-    )
     s.oom_retries = s.updates_this_step = 0
-    lr = s.scheduler.get_last_lr()[0]  # this step's: `optimise` steps the schedule
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(s.device)
+    lr = s.scheduler.get_last_lr()[0]  # this step's: `update_policy` steps the schedule
+    timer = _step_timer(s.device)
     # a sampler's cache not kept between steps is freed here, before the update's peak
     with s.policy.whole(), s.sampler.scratch() if not cfg.rollout.keep_cache else nullcontext():
         sampled = sample_groups(s, step, timer)  # sample and score
-    batch = train_batch(cfg, sampled.rollout)
+    batch = train_batch(sampled.rollout)
     if cfg.algo.beta > 0:
         with timer("reference"):
-            batch.ref_logprobs = _forward_recovering(
-                s,
-                "the reference forward",
-                batch,
-                s.policy.reference_logprobs,
-                # a frozen copy is not data-parallel: its forward runs no collective
-                alone=s.policy.reference is not None,
-            )
+            frozen_copy = s.policy.reference is not None
+            reference = partial(s.policy.reference_logprobs, batch)
+            batch.ref_logprobs = s.recovering(oom.reference_forward(frozen_copy), reference)
     with timer("train"):
         if cfg.algo.mu * cfg.algo.minibatches > 1:
-            batch.old_logprobs = _forward_recovering(
-                s, "the old-policy forward", batch, s.policy.logprobs
-            )
+            old = partial(s.policy.logprobs, batch)
+            batch.old_logprobs = s.recovering(oom.OLD_POLICY_FORWARD, old)
         batch.advantages, advantage_metrics = s.advantage.advantages(batch, sampled.rewards)
         minibatches = minibatch_rows(s, batch)
-        fns = dataclasses.replace(
-            s.loss_fns, beta=warmup_beta(step, s.loss_fns.beta, cfg.algo.beta_warmup_steps)
-        )
-        update = optimise(s, batch, minibatches, fns)
+        beta = warmup_beta(step, s.loss_fns.beta, cfg.algo.beta_warmup_steps)
+        update = update_policy(s, batch, minibatches, dataclasses.replace(s.loss_fns, beta=beta))
         if cfg.algo.ref_sync_every and step % cfg.algo.ref_sync_every == 0:
             s.policy.sync_reference()
         advantage_metrics |= s.advantage.update(batch, minibatches)
-    metrics = {
-        **sampled.metrics,
-        **rollout_metrics(sampled.rollout, batch.advantages),
-        **update,
-        **advantage_metrics,
-        "lr": lr,
-        **{f"time/{k}": v for k, v in timer.seconds.items()},
-    }
-    if cfg.algo.beta_warmup_steps:
-        metrics["kl/beta"] = fns.beta
     _record_sampler_fallback(s)
-    metrics["rollout/graphs"] = float(s.config.rollout.cuda_graphs)
-    metrics["rollout/compiled"] = float(s.config.rollout.compile)
-    metrics |= s.sampler.metrics()
-    metrics["memory/oom_retries"] = float(s.oom_retries)
-    metrics["time/step"] = sum(timer.seconds.values())
-    if cuda:
-        metrics["memory/gpu_peak_gb"] = timer.overall_peak() / 2**30
-        # which phase peaks, to hold against the memory plan's sampling, reference and update
-        metrics |= {f"memory/{k}_peak_gb": v / 2**30 for k, v in timer.peak_bytes.items()}
-    metrics["tokens_per_s"] = sampled.tokens / metrics["time/step"]
     s.completion_tokens += int(distributed.all_sum([float(sampled.tokens)])[0])
-    metrics["tokens/total"] = float(s.completion_tokens)
     log_samples(
         s.logger,
         step,
@@ -139,27 +105,74 @@ def training_step(s: Session, step: int) -> dict[str, float]:
         cfg.log.samples_per_step,
         s.tokenizer.decode,
     )
+    return step_metrics(s, sampled, batch.advantages, update | advantage_metrics, lr, beta, timer)
+
+
+def _step_timer(device: torch.device) -> Timer:
+    """A step's phase timer; on CUDA it waits for the device and reads each phase's peak,
+    counted from here."""
+    if device.type != "cuda":
+        return Timer(None, None)
+    torch.cuda.reset_peak_memory_stats(device)
+    return Timer(partial(torch.cuda.synchronize, device), cuda_peak_reader(device))
+
+
+def step_metrics(
+    s: Session,
+    sampled: Sampled,
+    advantages: torch.Tensor,
+    update: dict[str, float],
+    lr: float,
+    beta: float,
+    timer: Timer,
+) -> dict[str, float]:
+    """A step's metrics: the sampling's and the rollout's, the update's, the step's learning
+    rate (and KL weight, while it warms up), the sampler's and memory's, times and tokens."""
+    cfg = s.config
+    metrics = {
+        **sampled.metrics,
+        **rollout_metrics(sampled.rollout, advantages),
+        **update,
+        "lr": lr,
+        **{f"time/{k}": v for k, v in timer.seconds.items()},
+    }
+    if cfg.algo.beta_warmup_steps:
+        metrics["kl/beta"] = beta
+    metrics["rollout/graphs"] = float(cfg.rollout.cuda_graphs)
+    metrics["rollout/compiled"] = float(cfg.rollout.compile)
+    metrics |= s.sampler.metrics()  # this process's totals: what a run pays up front
+    metrics["memory/oom_retries"] = float(s.oom_retries)
+    metrics["time/step"] = sum(timer.seconds.values())
+    if s.device.type == "cuda":
+        metrics["memory/gpu_peak_gb"] = timer.overall_peak() / 2**30
+        # which phase peaks, to hold against the memory plan's sampling, reference and update
+        metrics |= {f"memory/{k}_peak_gb": v / 2**30 for k, v in timer.peak_bytes.items()}
+    metrics["tokens_per_s"] = sampled.tokens / metrics["time/step"]
+    metrics["tokens/total"] = float(s.completion_tokens)
     return metrics
 
 
-def train_batch(cfg: Config, rollout: RolloutBatch) -> TrainBatch:
-    """The rollout as the update reads it; advantages are filled in once known."""
+def train_batch(rollout: RolloutBatch) -> TrainBatch:
+    """The rollout as the update reads it; advantages are filled in once known. Each row's
+    group is its prompt's index (`ForwardSettings.share_prompt` says whether the forward runs
+    a group's prompt once)."""
+    rows = torch.arange(rollout.num_rows, device=rollout.input_ids.device)
     return TrainBatch(
         input_ids=rollout.input_ids,
         attention_mask=rollout.attention_mask,
         completion_mask=rollout.loss_mask,
         advantages=torch.zeros(rollout.num_rows, device=rollout.input_ids.device),
         sample_logprobs=rollout.logprobs,
-        prompt_index=_prompt_index(cfg, rollout),
+        prompt_index=rows // rollout.group_size,
     )
 
 
-def optimise(
+def update_policy(
     s: Session, batch: TrainBatch, minibatches: list[torch.Tensor], fns: LossFns
 ) -> dict[str, float]:
     """mu passes over the batch, each `algo.minibatches` (m) optimizer steps of the objective
-    `fns` (the session's, with this step's KL weight); gradient accumulation inside
-    `accumulate_gradients`. Non-finite updates are skipped and counted.
+    `fns` (the session's, with this step's KL weight), each redone in smaller microbatches
+    after running out of memory (`oom.UPDATE`). Non-finite updates are skipped and counted.
 
     The minibatches split the global batch, not each rank's part of it: with every rank holding
     g groups, rank r's group j is global group i = r * g + j, and group i goes to minibatch
@@ -172,24 +185,13 @@ def optimise(
     """
     cfg = s.config
     results: list[dict[str, float]] = []
+    # the failed attempt's gradients are discarded
+    discard_gradients = partial(s.optimizer.zero_grad, set_to_none=False)
     with releasing_gradients(s.policy.trainable()):
         for _ in range(cfg.algo.mu):
             for rows in minibatches:
-                stats = _forward_recovering(
-                    s,
-                    "the update",
-                    batch,
-                    lambda batch, rows=rows: optimizer_step(
-                        s.policy.train_forward,
-                        s.optimizer,
-                        batch.rows(rows),
-                        fns,
-                        s.policy.forward,
-                        grad_clip=cfg.optim.grad_clip,
-                    ),
-                    # the failed attempt's gradients are discarded
-                    on_retry=lambda: s.optimizer.zero_grad(set_to_none=False),
-                )
+                step = partial(_optimizer_step, s, batch.rows(rows), fns)
+                stats = s.recovering(oom.UPDATE, step, on_retry=discard_gradients)
                 s.updates_this_step += 1
                 s.skipped_in_a_row = s.skipped_in_a_row + 1 if stats["updates/skipped"] else 0
                 results.append(stats)
@@ -200,15 +202,33 @@ def optimise(
             "ignore", message="Detected call of `lr_scheduler.step", category=UserWarning
         )
         s.scheduler.step()
-    merged = {key: sum(r[key] for r in results) / len(results) for key in results[0]}
-    merged["ratio/min"] = min(r["ratio/min"] for r in results)
-    merged["ratio/max"] = max(r["ratio/max"] for r in results)
-    merged["updates/skipped"] = sum(r["updates/skipped"] for r in results)
     if s.skipped_in_a_row >= cfg.run.max_skipped_steps:
         raise TrainingError(
             f"{s.skipped_in_a_row} consecutive updates had a non-finite loss or gradient norm; "
             "stopping (lower optim.lr, check the rewards, or raise run.max_skipped_steps)"
         )
+    return _merged_updates(results)
+
+
+def _optimizer_step(s: Session, minibatch: TrainBatch, fns: LossFns) -> dict[str, float]:
+    """`optimizer_step` with the session's policy and its forward settings as they are now
+    (smaller after running out of memory)."""
+    return optimizer_step(
+        s.policy.train_forward,
+        s.optimizer,
+        minibatch,
+        fns,
+        s.policy.forward,
+        grad_clip=s.config.optim.grad_clip,
+    )
+
+
+def _merged_updates(results: list[dict[str, float]]) -> dict[str, float]:
+    """The optimizer steps' statistics as one: means, the ratio's extremes, skips counted."""
+    merged = {key: sum(r[key] for r in results) / len(results) for key in results[0]}
+    merged["ratio/min"] = min(r["ratio/min"] for r in results)
+    merged["ratio/max"] = max(r["ratio/max"] for r in results)
+    merged["updates/skipped"] = sum(r["updates/skipped"] for r in results)
     return merged
 
 
@@ -217,7 +237,7 @@ def minibatch_groups(
 ) -> list[torch.Tensor]:
     """This rank's group indices (each `[<= ceil(groups / parts)]`, ascending) in each of the
     parts = min(minibatches, groups) minibatches of a pass, every rank holding `groups` groups:
-    global group i = rank * groups + j goes to minibatch i mod parts (see `optimise`)."""
+    global group i = rank * groups + j goes to minibatch i mod parts (see `update_policy`)."""
     parts = min(minibatches, groups)
     first = rank * groups
     return [torch.arange((k - first) % parts, groups, parts, device=device) for k in range(parts)]
@@ -405,13 +425,12 @@ def _preflight(s: Session) -> None:
             trainable=[p for group in s.optimizer.param_groups for p in group["params"]],
             chat_template=cfg.data.chat_template,
             dtype=next(s.policy.model.parameters()).dtype,
-            prompt_index=_shares_prompt_forward(s.config),
         )
 
     # the preflight's workspace (two prompts' rows) is freed after it, not kept all run long
     # beside the steps' one
     with s.policy.whole(), s.sampler.scratch():
-        lines = recover("the preflight", check, s.config, halve_microbatches, s.adopt)
+        lines = s.recovering(oom.PREFLIGHT, check)
     _record_sampler_fallback(s)
     lines.insert(0, "preflight: settings valid, none of them a known silent no-op")
     if s.rank == 0:
@@ -521,37 +540,10 @@ def _save(s: Session, step: int) -> None:
         )
 
 
-def _forward_recovering(
-    s: Session,
-    phase: str,
-    batch: TrainBatch,
-    run: Callable[[TrainBatch], T],
-    on_retry: Callable[[], None] = lambda: None,
-    alone: bool = False,
-) -> T:
-    """`run(batch)`, redone in smaller microbatches (then with gradient checkpointing) each
-    time it runs out of memory (`oncurve.oom`; `alone`: `recover`'s)."""
-
-    def adopt(config: Config) -> None:
-        s.adopt(config)
-        if not _shares_prompt_forward(s.config):  # checkpointing drops the prompt's KV cache
-            batch.prompt_index = None
-
-    return recover(phase, lambda: run(batch), s.config, halve_microbatches, adopt, on_retry, alone)
-
-
 def _evaluate(s: Session, step: int) -> dict[str, float]:
     # the sampler's workspace for an evaluation is freed after it, not held through the update
     with s.policy.whole(), s.sampler.scratch():
-        result = recover(
-            "evaluation",
-            lambda: _evaluation(s),
-            s.config,
-            fewer_evaluation_rows,
-            s.adopt,
-            on_retry=s.sampler.release,
-            alone=True,  # evaluation runs no collective
-        )
+        result = s.recovering(oom.EVALUATION, partial(_evaluation, s), on_retry=s.sampler.release)
     _record_sampler_fallback(s)
     s.logger.log(step, {f"eval/{k}": v for k, v in result.items()})
     return result
@@ -571,26 +563,3 @@ def _evaluation(s: Session) -> dict[str, float]:
         episodes=s.episodes,
         **runner_settings(cfg.reward),
     )
-
-
-def _shares_prompt_forward(cfg: Config) -> bool:
-    """Whether the update runs each group's prompt once: with rows packed, always (one forward,
-    the prompt a segment of it); padded, not under gradient checkpointing (HF drops the KV
-    cache there), FSDP2 (its hooks expect one forward of each module per backward) or compiled
-    layers (transformers' KV cache is indexed by the layer's number, so Dynamo would compile
-    each layer apart and run the rest eagerly past its recompile limit)."""
-    m = cfg.model
-    if not m.share_prompt_forward:
-        return False
-    if m.pack_rows:
-        return True
-    return not (m.gradient_checkpointing or cfg.dist.fsdp or m.compile_layers)
-
-
-def _prompt_index(cfg: Config, rollout: RolloutBatch) -> torch.Tensor | None:
-    """`[N]` group number of each row (a group's rows share a prompt), or None when the
-    prompt forward is not shared (`_shares_prompt_forward`)."""
-    if not _shares_prompt_forward(cfg):
-        return None
-    rows = torch.arange(rollout.num_rows, device=rollout.input_ids.device)
-    return rows // rollout.group_size

@@ -13,7 +13,7 @@ def check_cross_fields(config: Config) -> None:
         )
     if config.data.task is None and config.data.path is None:
         raise UserError("data.task or data.path must be set")
-    # every rank must hold a group of every minibatch (`trainer.optimise`); torchrun launched
+    # every rank must hold a group of every minibatch (`trainer.update_policy`); torchrun launched
     # by hand is checked again in `trainer.setup`, with the real number of ranks
     per_rank = config.data.prompts_per_step // config.dist.nproc
     if config.algo.minibatches > per_rank:
