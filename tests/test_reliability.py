@@ -231,13 +231,13 @@ def test_non_finite_updates_are_skipped_counted_and_stop_the_run_after_k_in_a_ro
     metrics = training_step(s, 2)
     hook.remove()
     assert metrics["updates/skipped"] == 1.0 and metrics["grad_norm"] == float("inf")
-    assert s.skipped_in_a_row == 2
+    assert s.counts.skipped_in_a_row == 2
     for name, value in weights().items():
         assert torch.equal(value, before[name]), name
     assert not s.optimizer.state  # AdamW never stepped: no moments were built
 
     metrics = training_step(s, 3)
-    assert metrics["updates/skipped"] == 0.0 and s.skipped_in_a_row == 0
+    assert metrics["updates/skipped"] == 0.0 and s.counts.skipped_in_a_row == 0
     assert any(not torch.equal(v, before[n]) for n, v in weights().items())
 
     s.loss_fns = nan_loss

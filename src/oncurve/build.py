@@ -89,10 +89,28 @@ MEMORY_SETTINGS = {
 
 
 @dataclass
-class Session:
-    """Everything one run holds between steps."""
+class Counts:
+    """What the steps count: carried from step to step (and checkpointed), or this step's."""
 
-    config: Config  # as settled: `auto` and null memory settings filled in
+    completion_tokens: int = 0  # sampled so far, every rank's, checkpointed with the step
+    skipped_in_a_row: int = 0  # consecutive optimizer steps skipped for a non-finite update
+    oom_retries: int = 0  # phases redone after running out of memory, this step
+    updates_this_step: int = 0  # optimizer steps taken in the step under way
+
+    def begin_step(self) -> None:
+        self.oom_retries = self.updates_this_step = 0
+
+
+@dataclass
+class Session:
+    """A run: the components built once by `setup`, which no step reassigns; the settings it
+    trains with (`config`), changed only through `adopt` and `settle_settings`; what the steps
+    count (`counts`); and what a checkpoint keeps of where the run came from."""
+
+    # -- the settings in effect: as settled (`auto` and null filled in), then smaller where a
+    # phase ran out of memory (`adopt`) or the sampler turned one off (`settle_settings`)
+    config: Config
+    # -- the components, built once
     run_dir: Path
     device: torch.device
     policy: Policy
@@ -111,32 +129,52 @@ class Session:
     curriculum: Curriculum | None = None  # data.curriculum's sampler; None: the seeded order
     rank: int = 0
     world_size: int = 1
+    # -- what the steps count
+    counts: Counts = dataclasses.field(default_factory=Counts)
+    # -- what checkpoints keep: the step resumed from; the settings made smaller after running
+    # out of memory, by dotted name (a resumed run starts from them); the training rows' digest
+    # and the settings changed on each resume
     start_step: int = 0
-    completion_tokens: int = 0  # sampled so far, every rank's, checkpointed with the step
-    skipped_in_a_row: int = 0
-    stop_requested: bool = False
-    oom_retries: int = 0  # phases redone after running out of memory, this step
-    updates_this_step: int = 0  # optimizer steps taken in the step under way
-    # settings made smaller after running out of memory (`oncurve.oom`), by dotted name; kept in
-    # checkpoints so that a resumed run starts from them
     shrunk: dict[str, Any] = dataclasses.field(default_factory=dict)
-    # the training rows' digest and the settings changed on each resume, kept in checkpoints
     data_fingerprint: str = ""
     config_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    recorded: Config | None = None  # what config.yaml holds, as this process last wrote it
 
     def adopt(self, config: Config) -> None:
-        """Make `config`, with smaller memory settings (`oncurve.oom`), the session's: the
-        forward's microbatches, gradient checkpointing, config.yaml; counted in
-        `oom_retries`."""
-        self.oom_retries += 1
+        """Make `config`, with smaller memory settings (`oncurve.oom`), the session's from the
+        next attempt of a phase on: the forward's microbatches, gradient checkpointing; counted
+        in `counts.oom_retries`. config.yaml records it when the step ends (`settle_settings`)."""
+        self.counts.oom_retries += 1
+        self._apply_memory_settings(config)
+
+    def settle_settings(self) -> None:
+        """After a step, the preflight or an evaluation: every rank takes the smallest memory
+        settings any rank holds (a rank that ran out of memory in a phase without collectives
+        redid it alone), the settings the sampler turned off after they failed become the
+        run's, and config.yaml is written again when the settings changed. Collective."""
+        if self.world_size > 1:
+            agreed = oom.agree(self.config)
+            if oom.settings_of(agreed) != oom.settings_of(self.config):
+                self._apply_memory_settings(agreed)
+        r = self.config.rollout
+        off = {name: on for name, on in self.sampler.turned_off().items() if getattr(r, name) != on}
+        if off:
+            self.config = dataclasses.replace(self.config, rollout=dataclasses.replace(r, **off))
+        self.record_settings()
+
+    def record_settings(self) -> None:
+        """config.yaml holds the settings in effect (written by rank 0, when they changed)."""
+        if self.rank == 0 and self.config != self.recorded:
+            save_config(self.config, self.run_dir / "config.yaml")
+            self.recorded = self.config
+
+    def _apply_memory_settings(self, config: Config) -> None:
         if config.model.gradient_checkpointing and not self.config.model.gradient_checkpointing:
             enable_gradient_checkpointing(self.policy.model)
         self.policy.forward = forward_settings(self.policy.model, config)
         before, after = oom.settings_of(self.config), oom.settings_of(config)
         self.shrunk |= {key: value for key, value in after.items() if before[key] != value}
         self.config = config
-        if self.rank == 0:
-            save_config(config, self.run_dir / "config.yaml")
 
     def recovering(
         self, phase: oom.Phase, attempt: Callable[[], T], on_retry: Callable[[], None] | None = None
@@ -308,8 +346,7 @@ def setup(config: Config) -> Session:
     if resume_from is not None:
         _resume(s, resume_from)
     policy.release()
-    if rank == 0:
-        save_config(s.config, run_dir / "config.yaml")
+    s.record_settings()
     return s
 
 
@@ -349,14 +386,14 @@ def _resume(s: Session, checkpoint_dir: Path) -> None:
     shrunk = state.get("oom_settings") or {}
     if shrunk:
         s.adopt(oom.with_settings(s.config, shrunk))
-        s.shrunk, s.oom_retries = dict(shrunk), 0
+        s.shrunk, s.counts.oom_retries = dict(shrunk), 0
         if s.rank == 0:
             print(
                 "resuming with the settings the run made smaller after running out of memory: "
                 + ", ".join(f"{key}={value}" for key, value in shrunk.items()),
                 file=sys.stderr,
             )
-    s.completion_tokens = int(state.get("completion_tokens", 0))
+    s.counts.completion_tokens = int(state.get("completion_tokens", 0))
     if s.curriculum is not None:
         if "curriculum" not in state:
             raise UserError(

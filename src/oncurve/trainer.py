@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import signal
 import sys
 import warnings
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ import torch
 from oncurve import checkpoint, distributed, oom
 from oncurve.algo.kl import warmup_beta
 from oncurve.build import Session, memory_settings, setup
-from oncurve.config import Config, build_config, save_config, to_dict
+from oncurve.config import Config, build_config, to_dict
 from oncurve.errors import TrainingError
 from oncurve.evaluate import evaluate
 from oncurve.groups import (
@@ -71,7 +70,7 @@ class TrainResult:
 def training_step(s: Session, step: int) -> dict[str, float]:
     """One GRPO step (PPO when the advantage source is a critic); returns its metrics."""
     cfg = s.config
-    s.oom_retries = s.updates_this_step = 0
+    s.counts.begin_step()
     lr = s.scheduler.get_last_lr()[0]  # this step's: `update_policy` steps the schedule
     timer = _step_timer(s.device)
     # a sampler's cache not kept between steps is freed here, before the update's peak
@@ -94,8 +93,8 @@ def training_step(s: Session, step: int) -> dict[str, float]:
         if cfg.algo.ref_sync_every and step % cfg.algo.ref_sync_every == 0:
             s.policy.sync_reference()
         advantage_metrics |= s.advantage.update(batch, minibatches)
-    _record_sampler_fallback(s)
-    s.completion_tokens += int(distributed.all_sum([float(sampled.tokens)])[0])
+    s.settle_settings()
+    s.counts.completion_tokens += int(distributed.all_sum([float(sampled.tokens)])[0])
     log_samples(
         s.logger,
         step,
@@ -141,14 +140,14 @@ def step_metrics(
     metrics["rollout/graphs"] = float(cfg.rollout.cuda_graphs)
     metrics["rollout/compiled"] = float(cfg.rollout.compile)
     metrics |= s.sampler.metrics()  # this process's totals: what a run pays up front
-    metrics["memory/oom_retries"] = float(s.oom_retries)
+    metrics["memory/oom_retries"] = float(s.counts.oom_retries)
     metrics["time/step"] = sum(timer.seconds.values())
     if s.device.type == "cuda":
         metrics["memory/gpu_peak_gb"] = timer.overall_peak() / 2**30
         # which phase peaks, to hold against the memory plan's sampling, reference and update
         metrics |= {f"memory/{k}_peak_gb": v / 2**30 for k, v in timer.peak_bytes.items()}
     metrics["tokens_per_s"] = sampled.tokens / metrics["time/step"]
-    metrics["tokens/total"] = float(s.completion_tokens)
+    metrics["tokens/total"] = float(s.counts.completion_tokens)
     return metrics
 
 
@@ -192,8 +191,11 @@ def update_policy(
             for rows in minibatches:
                 step = partial(_optimizer_step, s, batch.rows(rows), fns)
                 stats = s.recovering(oom.UPDATE, step, on_retry=discard_gradients)
-                s.updates_this_step += 1
-                s.skipped_in_a_row = s.skipped_in_a_row + 1 if stats["updates/skipped"] else 0
+                counts = s.counts
+                counts.updates_this_step += 1
+                counts.skipped_in_a_row = (
+                    counts.skipped_in_a_row + 1 if stats["updates/skipped"] else 0
+                )
                 results.append(stats)
     with warnings.catch_warnings():
         # The schedule counts training steps, skipped updates included, so that a resumed run
@@ -202,9 +204,9 @@ def update_policy(
             "ignore", message="Detected call of `lr_scheduler.step", category=UserWarning
         )
         s.scheduler.step()
-    if s.skipped_in_a_row >= cfg.run.max_skipped_steps:
+    if s.counts.skipped_in_a_row >= cfg.run.max_skipped_steps:
         raise TrainingError(
-            f"{s.skipped_in_a_row} consecutive updates had a non-finite loss or gradient norm; "
+            f"{s.counts.skipped_in_a_row} consecutive updates had a non-finite loss or gradient norm; "
             "stopping (lower optim.lr, check the rewards, or raise run.max_skipped_steps)"
         )
     return _merged_updates(results)
@@ -311,13 +313,12 @@ def _train(config: Config, quiet: bool) -> TrainResult:
                 stop.where = f"after step {step}"
                 where.in_step = True
                 metrics = distributed.all_mean(training_step(s, step))
-                _agree_on_memory(s)
                 where.in_step, where.finished = False, step
                 s.logger.log(step, metrics)
                 progress.update(step, metrics)
                 dead_steps.update(metrics)
                 # Every rank must agree to stop at the same step, or the next collective hangs.
-                s.stop_requested = _agreed_stop(s, stop) > 0
+                stopping = _agreed_stop(stop) > 0
                 if (
                     s.eval_data is not None
                     and cfg.eval.every
@@ -327,30 +328,30 @@ def _train(config: Config, quiet: bool) -> TrainResult:
                 ):
                     _evaluate(s, step)
                     # a signal during the evaluation: stop after it (every rank evaluates)
-                    s.stop_requested = s.stop_requested or _agreed_stop(s, stop) > 0
+                    stopping = stopping or _agreed_stop(stop) > 0
                 if (
                     step == cfg.run.steps
-                    or s.stop_requested
+                    or stopping
                     or (cfg.run.save_every and step % cfg.run.save_every == 0)
                 ):
                     _save(s, step)
                     where.saved = step
                     if step < cfg.run.steps:  # a signal during the save: stop after it
-                        s.stop_requested = s.stop_requested or _agreed_stop(s, stop) > 0
-                if s.stop_requested:
+                        stopping = stopping or _agreed_stop(stop) > 0
+                if stopping:
                     _say_stopped(s, step)
                     s.logger.close()
                     return TrainResult(s.run_dir, step, eval_before, None)
         # a signal during the last step's save, or the final evaluation: the last step's
         # checkpoint stands, and a resume evaluates and writes final/
         stop.where = "after the final evaluation"
-        if _agreed_stop(s, stop):
+        if _agreed_stop(stop):
             _say_stopped(s, cfg.run.steps)
             s.logger.close()
             return TrainResult(s.run_dir, cfg.run.steps, eval_before, None)
         if s.eval_data is not None and cfg.eval.at_start_end:
             eval_after = _evaluate(s, step=cfg.run.steps)
-            if _agreed_stop(s, stop):
+            if _agreed_stop(stop):
                 _say_stopped(s, cfg.run.steps)
                 s.logger.close()
                 return TrainResult(s.run_dir, cfg.run.steps, eval_before, eval_after)
@@ -373,18 +374,16 @@ def _train(config: Config, quiet: bool) -> TrainResult:
         return TrainResult(s.run_dir, cfg.run.steps, eval_before, eval_after)
 
 
-def _agreed_stop(s: Session, stop: StopRequest) -> int:
-    """The stop signal any rank received (the largest number; SIGTERM for a stop asked by
-    `Session.stop_requested` alone), 0 for none: a collective, so every rank calls it at the
-    same points and every rank stops at the same one."""
-    mine = stop.signum or (int(signal.SIGTERM) if s.stop_requested else 0)
-    return int(distributed.all_max([float(mine)])[0])
+def _agreed_stop(stop: StopRequest) -> int:
+    """The stop signal any rank received (the largest number), 0 for none: a collective, so
+    every rank calls it at the same points and every rank stops at the same one."""
+    return int(distributed.all_max([float(stop.signum or 0)])[0])
 
 
 def _stop_before_the_loop(s: Session, stop: StopRequest) -> None:
     """Before step 1 (setup, preflight, the first evaluation) a stop has nothing to save: one
     line, and the run ends with status 128 + the signal's number."""
-    signum = _agreed_stop(s, stop)
+    signum = _agreed_stop(stop)
     if not signum:
         return
     s.logger.close()
@@ -431,7 +430,7 @@ def _preflight(s: Session) -> None:
     # beside the steps' one
     with s.policy.whole(), s.sampler.scratch():
         lines = s.recovering(oom.PREFLIGHT, check)
-    _record_sampler_fallback(s)
+    s.settle_settings()
     lines.insert(0, "preflight: settings valid, none of them a known silent no-op")
     if s.rank == 0:
         for line in lines:
@@ -447,29 +446,6 @@ def _check_gold(s: Session) -> None:
     line = check_gold_answers(s.data.rows, s.correct, cfg.data.answer_field)
     if s.rank == 0:
         print(line, file=sys.stderr)
-
-
-def _record_sampler_fallback(s: Session) -> None:
-    """Once the sampler stopped honouring a setting (`Sampler.turned_off`: a graph capture or
-    a compilation failed), the session's config and config.yaml say so: `rollout.cuda_graphs:
-    false` or `rollout.compile: false` is how the run samples from then on."""
-    r = s.config.rollout
-    changed = {name: on for name, on in s.sampler.turned_off().items() if getattr(r, name) != on}
-    if changed:
-        rollout = dataclasses.replace(r, **changed)
-        s.config = dataclasses.replace(s.config, rollout=rollout)
-        if s.rank == 0:
-            save_config(s.config, s.run_dir / "config.yaml")
-
-
-def _agree_on_memory(s: Session) -> None:
-    """With several ranks, each takes the smallest memory settings any of them holds: a rank
-    that ran out of memory in a phase without collectives redid it alone with a smaller one."""
-    if s.world_size == 1:
-        return
-    agreed = oom.agree(s.config)
-    if oom.settings_of(agreed) != oom.settings_of(s.config):
-        s.adopt(agreed)
 
 
 @dataclass
@@ -493,9 +469,10 @@ def _saved_on_giving_up(s: Session) -> Iterator[_Position]:
     try:
         yield where
     except OutOfMemoryStop as stop:
-        if (not where.in_step or s.updates_this_step == 0) and where.finished > where.saved:
+        if (not where.in_step or s.counts.updates_this_step == 0) and where.finished > where.saved:
             _save(s, where.finished)
             where.saved = where.finished
+        s.record_settings()  # the settings made smaller before it gave up
         s.logger.close()
         raise OutOfMemoryStop(f"{stop}; {_kept(s, where.saved)}") from None
     except OSError as err:
@@ -523,7 +500,7 @@ def _save(s: Session, step: int) -> None:
             s.scheduler,
             {
                 "step": step,
-                "completion_tokens": s.completion_tokens,
+                "completion_tokens": s.counts.completion_tokens,
                 "world_size": s.world_size,
                 "memory": memory_settings(s.config),
                 "oom_settings": s.shrunk,
@@ -544,7 +521,7 @@ def _evaluate(s: Session, step: int) -> dict[str, float]:
     # the sampler's workspace for an evaluation is freed after it, not held through the update
     with s.policy.whole(), s.sampler.scratch():
         result = s.recovering(oom.EVALUATION, partial(_evaluation, s), on_retry=s.sampler.release)
-    _record_sampler_fallback(s)
+    s.settle_settings()
     s.logger.log(step, {f"eval/{k}": v for k, v in result.items()})
     return result
 
