@@ -23,11 +23,11 @@ from test_variants import (
     seq_mean_token_mean,
 )
 
-from oncurve import build
 from oncurve.algo import logprob_diff_mean, tis_weights
 from oncurve.config import load_config
 from oncurve.rollout import TorchSampler
 from oncurve.rollout import registry as sampler_registry
+from oncurve.settle import RunFacts, settle_tis_cap
 from oncurve.trainer import setup
 
 # --- the weights ----------------------------------------------------------------------------
@@ -117,12 +117,15 @@ def test_null_settles_to_2_with_the_cuda_graph_sampler(
 def test_auto_settles_from_the_backend_it_picks_and_a_set_value_is_kept(monkeypatch):
     model = tiny_qwen2(16)
     auto = load_config(None, ["rollout.backend=auto"])
-    assert build.settle_tis_cap(auto, model).algo.tis_cap == 0.0  # cpu_llama
+
+    def settled_cap(config) -> float:
+        return settle_tis_cap(config, RunFacts.gather(config, model)).algo.tis_cap
+
+    assert settled_cap(auto) == 0.0  # cpu_llama
     monkeypatch.setattr(sampler_registry, "auto_backend", lambda _: "cuda_graph")
-    assert build.settle_tis_cap(auto, model).algo.tis_cap == 2.0
+    assert settled_cap(auto) == 2.0
     for value in (0.0, 1.5):
-        chosen = load_config(None, [f"algo.tis_cap={value}"])
-        assert build.settle_tis_cap(chosen, model).algo.tis_cap == value
+        assert settled_cap(load_config(None, [f"algo.tis_cap={value}"])) == value
 
 
 # --- a step ---------------------------------------------------------------------------------

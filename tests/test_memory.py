@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import tiny_qwen2
 
-from oncurve import build, process
-from oncurve.build import settle_memory, token_caps
+from oncurve import process
+from oncurve.build import token_caps
 from oncurve.config import load_config
 from oncurve.memory import (
     GIB,
@@ -31,6 +31,8 @@ from oncurve.memory import (
     state_bytes,
 )
 from oncurve.models import resolve_dtype
+from oncurve.rollout import backend_named
+from oncurve.settle import RunFacts, settle_memory
 
 # Qwen2.5-0.5B: 494,032,768 parameters, tied embeddings, bfloat16.
 QWEN_05B = ModelShape(
@@ -48,6 +50,37 @@ SMALL = ModelShape(
     params=1000, trainable=1000, layers=2, hidden=4, intermediate=8, kv_dim=2, vocab=10,
     weight_bytes=4, tied=False,
 )  # fmt: skip
+
+
+def settled_memory(
+    config,
+    model: torch.nn.Module,
+    device: torch.device,
+    world_size: int,
+    seq_len: int,
+    saved: dict | None,
+    evaluates: bool = False,
+    reward_bytes: int = 0,
+    host_bytes: int | None = None,
+    processes_on_host: int | None = None,
+):
+    """`settle_memory` of `model`'s shape as if it ran on `device` (named only: the budget is
+    run.gpu_memory_gb, the host's memory this machine's unless given)."""
+    gb = config.run.gpu_memory_gb
+    facts = RunFacts(
+        device_type=device.type,
+        shape=ModelShape.of(model),
+        sampler=backend_named(config.rollout.backend, model).sampler,
+        world_size=world_size,
+        seq_len=seq_len,
+        budget_bytes=None if gb is None else int(gb * GIB),
+        host_bytes=process.host_memory_bytes() if host_bytes is None else host_bytes,
+        processes_on_host=processes_on_host or world_size,
+        evaluates=evaluates,
+        reward_bytes=reward_bytes,
+        saved_memory=saved,
+    )
+    return settle_memory(config, facts)
 
 
 def test_state_is_weights_gradients_two_moments_and_the_reference():
@@ -186,7 +219,7 @@ def test_dtype_auto_is_bfloat16_on_a_gpu_that_computes_in_it_else_float32(monkey
 
 
 def test_settle_memory_on_cpu_keeps_the_cpu_defaults():
-    config, plan = settle_memory(
+    config, plan = settled_memory(
         load_config(), tiny_qwen2(40), torch.device("cpu"), 1, seq_len=100, saved=None
     )
     assert plan is None
@@ -198,7 +231,7 @@ def test_settle_memory_on_cpu_keeps_the_cpu_defaults():
 def test_settle_memory_on_cuda_applies_the_plan_and_keeps_what_the_user_set():
     model = tiny_qwen2(40)
     cuda = torch.device("cuda")  # named only: with run.gpu_memory_gb no CUDA call is made
-    config, plan = settle_memory(
+    config, plan = settled_memory(
         load_config(None, ["run.gpu_memory_gb=16", "model.gradient_checkpointing=true"]),
         model, cuda, 1, seq_len=100, saved=None,
     )  # fmt: skip
@@ -209,14 +242,14 @@ def test_settle_memory_on_cuda_applies_the_plan_and_keeps_what_the_user_set():
     assert config.model.logprob_chunk_size == 1024
     # an evaluation samples 256 rows at once, twice a step's 16 x 8: the plan makes room for it
     budget = load_config(None, ["run.gpu_memory_gb=16"])
-    _, evaluating = settle_memory(budget, model, cuda, 1, 100, None, evaluates=True)
-    _, training = settle_memory(budget, model, cuda, 1, 100, None, evaluates=False)
+    _, evaluating = settled_memory(budget, model, cuda, 1, 100, None, evaluates=True)
+    _, training = settled_memory(budget, model, cuda, 1, 100, None, evaluates=False)
     shape = ModelShape.of(model)
     assert evaluating.sample_peak_bytes - training.sample_peak_bytes == (
         sampling_bytes(shape, 256, 100) - sampling_bytes(shape, 128, 100)
     )
     # under data parallelism each rank plans for its share of the rows
-    config, plan = settle_memory(
+    config, plan = settled_memory(
         load_config(None, ["run.gpu_memory_gb=16", "data.prompts_per_step=2"]),
         model, cuda, 2, seq_len=100, saved=None,
     )  # fmt: skip
@@ -230,7 +263,7 @@ def test_a_resumed_run_takes_its_checkpoints_memory_settings():
         "microbatch_size": 5,
         "microbatch_tokens": 500,
     }
-    config, _ = settle_memory(
+    config, _ = settled_memory(
         load_config(None, ["optim.microbatch_size=7"]), tiny_qwen2(40), torch.device("cpu"), 1,
         seq_len=100, saved=saved,
     )  # fmt: skip
@@ -304,14 +337,14 @@ def test_the_sampler_keeps_its_cache_between_steps_only_while_it_is_small():
     ):
         overrides = ["run.gpu_memory_gb=16", "rollout.backend=cuda_graph"]
         config = load_config(None, [*overrides, f"rollout.keep_cache={keep}"])
-        settled, plan = settle_memory(config, model, cuda, 1, seq_len, None)
+        settled, plan = settled_memory(config, model, cuda, 1, seq_len, None)
         assert settled.rollout.keep_cache is expected
         peaks[keep, seq_len] = plan.train_peak_bytes
     assert peaks["true", large] - peaks["null", large] == kv_cache_bytes(shape, rows, large)
     assert peaks["null", small] - peaks["false", small] == kv_cache_bytes(shape, rows, small)
     # another sampler holds nothing between steps: nothing to keep counts
     config = load_config(None, ["run.gpu_memory_gb=16", "rollout.backend=hf"])
-    _, plan = settle_memory(config, model, cuda, 1, small, None)
+    _, plan = settled_memory(config, model, cuda, 1, small, None)
     assert plan.train_peak_bytes == peaks["false", small]
 
 
@@ -356,8 +389,8 @@ def test_a_reward_models_weights_count_in_the_state():
     # the trainer passes the reward runner's bytes through settle_memory
     config = load_config(None, ["run.gpu_memory_gb=16"])
     model, cuda = tiny_qwen2(40), torch.device("cuda")
-    _, plain = settle_memory(config, model, cuda, 1, 100, None)
-    _, rewarded = settle_memory(config, model, cuda, 1, 100, None, reward_bytes=12345)
+    _, plain = settled_memory(config, model, cuda, 1, 100, None)
+    _, rewarded = settled_memory(config, model, cuda, 1, 100, None, reward_bytes=12345)
     assert rewarded.state_bytes - plain.state_bytes == 12345
 
 
@@ -434,19 +467,18 @@ def test_the_reference_is_offloaded_while_the_hosts_memory_holds_every_processs_
     }
     for overrides, expected in cases.items():
         config = load_config(None, ["run.gpu_memory_gb=16", "algo.beta=0.04", *overrides])
-        settled, plan = settle_memory(config, model, cuda, 1, 100, None)
+        settled, plan = settled_memory(config, model, cuda, 1, 100, None)
         assert settled.model.offload_reference is plan.offload_reference is expected, overrides
     tiny = ModelShape.of(model).params * 4  # float32 on the CPU
     for host, processes, expected in ((2 * tiny, 1, True), (2 * tiny - 1, 1, False)):
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(build, "host_memory_bytes", lambda host=host: host)
-            patch.setenv("LOCAL_WORLD_SIZE", str(processes))
-            config = load_config(None, ["run.gpu_memory_gb=16", "algo.beta=0.04"])
-            settled, _ = settle_memory(config, model, cuda, 4, 100, None)
-            assert settled.model.offload_reference is expected
+        config = load_config(None, ["run.gpu_memory_gb=16", "algo.beta=0.04"])
+        settled, _ = settled_memory(
+            config, model, cuda, 4, 100, None, host_bytes=host, processes_on_host=processes
+        )
+        assert settled.model.offload_reference is expected
     # on the CPU the weights are in host memory already
     config = load_config(None, ["algo.beta=0.04"])
-    settled, _ = settle_memory(config, model, torch.device("cpu"), 1, 100, None)
+    settled, _ = settled_memory(config, model, torch.device("cpu"), 1, 100, None)
     assert settled.model.offload_reference is False
 
 

@@ -21,12 +21,13 @@ from test_train_step import (
 )
 from test_trainer import make_config
 
-from oncurve import build, packing, train_step
+from oncurve import packing, train_step
 from oncurve.config import load_config
 from oncurve.errors import UserError
 from oncurve.models import enable_gradient_checkpointing
 from oncurve.packing import RowLengths
 from oncurve.preflight import Tolerances
+from oncurve.settle import RunFacts, settle_pack_rows
 from oncurve.train_step import ForwardSettings, completion_logprobs, microbatches
 from oncurve.trainer import setup, training_step
 
@@ -289,9 +290,9 @@ def test_packing_an_unsupported_model_is_a_one_line_error_and_null_leaves_it_pad
     model = make_model("qwen2")
     model.set_attn_implementation("eager")
     with pytest.raises(UserError, match=r"^model\.pack_rows: the model's attention is eager"):
-        build.settle_pack_rows(load_config(None, ["model.pack_rows=true"]), model)
-    settled = build.settle_pack_rows(load_config(None, []), model)
-    assert settled.model.pack_rows is False
+        settle_pack_rows_of(load_config(None, ["model.pack_rows=true"]), model)
+    settled, note = settle_pack_rows_of(load_config(None, []), model)
+    assert settled.model.pack_rows is False and note == ""
     assert model.config._attn_implementation == "eager"
     model.config.attn_logit_softcapping = 50.0
     model.set_attn_implementation("sdpa")
@@ -349,14 +350,14 @@ def test_null_packs_where_the_check_passes_and_else_warns_once_and_stays_padded(
 ) -> None:
     """Null packs where packed rows take the variable-length attention (here the CPU, with the
     segments loop standing in for it where it passes); torch's own on the CPU, which has no
-    kernel there, fails the check: one warning, sdpa again and rows padded."""
+    kernel there, fails the check: one warning, rows padded. The check leaves the model's
+    attention as it found it; the run switches it when it packs."""
     monkeypatch.setattr(packing, "VARLEN_DEVICES", ("cpu",))
     model = make_model("qwen2")
-    failing = build.settle_pack_rows(load_config(None, []), model)
+    failing, note = settle_pack_rows_of(load_config(None, []), model)
     assert failing.model.pack_rows is False
-    assert model.config._attn_implementation == "sdpa"
-    (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith("warning: rows stay padded in the update (model.pack_rows): the packed")
+    assert model.config._attn_implementation == "sdpa"  # as it was before the check
+    assert note.startswith("warning: rows stay padded in the update (model.pack_rows): the packed")
 
     def segments_loop(q, k, v, query_bounds, key_bounds, longest, scale, window):
         groups = q.shape[1] // k.shape[1]
@@ -364,6 +365,12 @@ def test_null_packs_where_the_check_passes_and_else_warns_once_and_stays_padded(
         return packing._attention_by_segments(q, k, v, query_bounds, key_bounds, scale, window)
 
     monkeypatch.setattr(packing, "_varlen_attention", segments_loop)
-    assert build.settle_pack_rows(load_config(None, []), model).model.pack_rows is True
-    assert model.config._attn_implementation == packing.ATTENTION
+    passing, note = settle_pack_rows_of(load_config(None, []), model)
+    assert passing.model.pack_rows is True and note == ""
+    assert model.config._attn_implementation == "sdpa"  # switched when the run is built
     assert capsys.readouterr().err == ""
+
+
+def settle_pack_rows_of(config, model) -> tuple:
+    """`settle_pack_rows` with the facts gathered from `model` where it is."""
+    return settle_pack_rows(config, RunFacts.gather(config, model))

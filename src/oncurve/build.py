@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,10 +17,10 @@ from typing import Any, TypeVar
 
 import torch
 
-from oncurve import checkpoint, distributed, oom, packing, ppo
+from oncurve import checkpoint, distributed, oom, packing
 from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, lookup
 from oncurve.compiled_layers import compile_decoder_layers
-from oncurve.config import Config, save_config, to_dict
+from oncurve.config import Config, check_ranks, save_config, to_dict
 from oncurve.curriculum import Curriculum, build_curriculum
 from oncurve.errors import UserError
 from oncurve.estimators import AdvantageSource, build_advantage_source
@@ -33,15 +32,8 @@ from oncurve.inputs import (
     load_prompts,
 )
 from oncurve.memory import (
-    CPU_MICROBATCH_ROWS,
-    DEFAULT_LOGITS_CHUNK,
-    MemoryPlan,
     ModelShape,
-    device_budget,
     forward_only_tokens,
-    keeps_sampler_cache,
-    offloads_reference,
-    plan_memory,
 )
 from oncurve.metrics import MetricsLogger, truncate_after
 from oncurve.models import (
@@ -59,7 +51,6 @@ from oncurve.models import (
 )
 from oncurve.optim import AdamW as StochasticRoundingAdamW
 from oncurve.policy import Policy
-from oncurve.process import host_memory_bytes
 from oncurve.resume_settings import (
     apply_optimizer_settings,
     changed_settings,
@@ -71,21 +62,10 @@ from oncurve.rollout import Sampler, SamplerSettings, backend_named
 from oncurve.rollout.base import check_room
 from oncurve.rollout.episodes import EpisodeSettings, ObservationFormat, resolve_environment
 from oncurve.rundir import prepare_run_dir
+from oncurve.settle import RunFacts, settle
 from oncurve.train_step import ForwardSettings, LossFns
 
 T = TypeVar("T")
-
-# `algo.tis_cap` when left null with a sampler whose kernels differ from the training forward's
-SAMPLER_TIS_CAP = 2.0
-# the settings the memory plan fills in where null, by the config section that holds each
-MEMORY_SETTINGS = {
-    "gradient_checkpointing": "model",
-    "logprob_chunk_size": "model",
-    "microbatch_size": "optim",
-    "microbatch_tokens": "optim",
-    "keep_cache": "rollout",
-    "offload_reference": "model",
-}
 
 
 @dataclass
@@ -203,13 +183,7 @@ def setup(config: Config) -> Session:
         device = torch.device("cuda", torch.cuda.current_device())  # torchrun's LOCAL_RANK
         if config.run.gpu_memory_gb is not None:
             cap_gpu_memory(device, config.run.gpu_memory_gb)
-    mine = distributed.shard(config.data.prompts_per_step, rank, world_size)
-    if config.algo.minibatches > mine.stop - mine.start:
-        raise UserError(
-            f"algo.minibatches must be at most data.prompts_per_step per rank "
-            f"({config.data.prompts_per_step} / {world_size} = {mine.stop - mine.start}), "
-            f"got {config.algo.minibatches}"
-        )
+    check_ranks(config, world_size)
     run_dir, resume_from = prepare_run_dir(config, rank)
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
@@ -253,23 +227,24 @@ def setup(config: Config) -> Session:
         model = peft_model.get_base_model()
     saved = checkpoint.read_state(resume_from).get("memory") if resume_from else None
     evaluates = eval_data is not None and (config.eval.at_start_end or config.eval.every > 0)
-    seq_len = longest + completion_budget
     # before the memory plan, which counts a reward model's weights
     rewards = build_rewards(config, task, device)
-    config, plan = settle_memory(
-        config, model, device, world_size, seq_len, saved, evaluates, rewards.memory_bytes()
+    facts = RunFacts.gather(
+        config,
+        model,
+        world_size,
+        seq_len=longest + completion_budget,
+        saved_memory=saved,
+        evaluates=evaluates,
+        reward_bytes=rewards.memory_bytes(),
     )
-    config = settle_tis_cap(config, model)
-    config = settle_cuda_graphs(config, model)
-    config = settle_pack_rows(config, model)
-    if plan is not None and rank == 0:
-        print(plan.describe(), file=sys.stderr)
-        if not plan.fits:
-            print(
-                "warning: the predicted peak exceeds the memory budget; lower "
-                "rollout.max_new_tokens or data.prompts_per_step, or train LoRA adapters",
-                file=sys.stderr,
-            )
+    settled = settle(config, facts)
+    config = settled.config
+    if rank == 0:
+        for line in settled.report + startup_notes(config, rewards):
+            print(line, file=sys.stderr)
+    if config.model.pack_rows:
+        packing.use_packed_attention(model)
     if config.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     forward = forward_settings(model, config)
@@ -288,8 +263,6 @@ def setup(config: Config) -> Session:
     )
     trainable = policy.trainable()
     optimizer = build_optimizer(trainable, config, sharded=fsdp)
-    if isinstance(advantage, ppo.Critic):
-        advantage.policy_optimizer = optimizer
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(config))
     s = Session(
         config=config,
@@ -318,31 +291,6 @@ def setup(config: Config) -> Session:
         world_size=world_size,
         data_fingerprint=data_fingerprint(data.rows),
     )
-    if s.curriculum is not None and rank == 0:
-        print(
-            f"data.curriculum={config.data.curriculum} reads each group's pass rate from its "
-            f"{filter_name(s.rewards)} rewards"
-            + (
-                ""
-                if s.rewards.verifier
-                else ", clipped to [0, 1] (no reward is the one evaluation calls correct)"
-            ),
-            file=sys.stderr,
-        )
-    if config.algo.dynamic_sampling and rank == 0:
-        print(
-            f"dynamic sampling keeps the groups whose {filter_name(s.rewards)} rewards differ"
-            + ("" if s.rewards.verifier else " (no reward is the one evaluation calls correct)"),
-            file=sys.stderr,
-        )
-    truncation = truncated_sampling(config)
-    if truncation and rank == 0:
-        print(
-            f"warning: {truncation} samples from a truncated distribution, while the loss and "
-            "the sampler's logprobs assume the full one (the policy ratio is not the importance "
-            "weight of what was sampled)",
-            file=sys.stderr,
-        )
     if resume_from is not None:
         _resume(s, resume_from)
     policy.release()
@@ -486,56 +434,6 @@ def token_caps(model: torch.nn.Module, config: Config) -> dict[str, int | None]:
     return {"microbatch_tokens": tokens, "reference_tokens": reference}
 
 
-def settle_tis_cap(config: Config, model: torch.nn.Module) -> Config:
-    """`config` with `algo.tis_cap` filled in when null: `SAMPLER_TIS_CAP` when the sampler
-    backend (`rollout.backend`, or what `auto` picks for `model`) is one of
-    not `exact_logprobs`, else 0.0 (off); the run's config.yaml records the value."""
-    if config.algo.tis_cap is not None:
-        return config
-    cap = 0.0 if sampler_class(config, model).exact_logprobs else SAMPLER_TIS_CAP
-    return dataclasses.replace(config, algo=dataclasses.replace(config.algo, tis_cap=cap))
-
-
-def settle_cuda_graphs(config: Config, model: torch.nn.Module) -> Config:
-    """`config` with `rollout.cuda_graphs` and `rollout.compile` filled in where null: on with
-    a sampler that `compiles_steps` on CUDA, else off."""
-    on = sampler_class(config, model).compiles_steps and model.device.type == "cuda"
-    r = config.rollout
-    rollout = dataclasses.replace(
-        r,
-        cuda_graphs=on if r.cuda_graphs is None else r.cuda_graphs,
-        compile=on if r.compile is None else r.compile,
-    )
-    return dataclasses.replace(config, rollout=rollout)
-
-
-def settle_pack_rows(config: Config, model: torch.nn.Module) -> Config:
-    """`config` with `model.pack_rows` filled in where null, and `model`'s attention switched
-    to `packing.ATTENTION` where it is on. Null is on where packed rows take torch's
-    variable-length attention (CUDA), `packing.unsupported` finds nothing and the model's
-    packed forward passes `packing.packed_failure` (a failure is one warning, and rows
-    padded); true where packing is unsupported is an error."""
-    wanted = config.model.pack_rows
-    if wanted is False:
-        return config
-    reason = packing.unsupported(model)
-    if wanted and reason:
-        raise UserError(f"model.pack_rows: {reason}; set it to false or null")
-    on = bool(wanted) or (model.device.type in packing.VARLEN_DEVICES and reason is None)
-    if on:
-        packing.use_packed_attention(model)
-    failure = packing.packed_failure(model) if on and wanted is None else None
-    if failure:
-        print(
-            f"warning: rows stay padded in the update (model.pack_rows): the packed forward "
-            f"failed its check: {failure}",
-            file=sys.stderr,
-        )
-        model.set_attn_implementation("sdpa")
-        on = False
-    return dataclasses.replace(config, model=dataclasses.replace(config.model, pack_rows=on))
-
-
 def make_sampler(config: Config, model: torch.nn.Module, tokenizer: Any, longest: int) -> Sampler:
     """The run's sampler, prepared with the run's settings (`rollout.cuda_graphs`,
     `rollout.compile`) and its `longest` prompt, so that no step meets a wider one."""
@@ -560,10 +458,31 @@ def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | None:
     )
 
 
-def sampler_class(config: Config, model: torch.nn.Module) -> type[Sampler]:
-    """The class of the sampler `rollout.backend` names, or of the one `auto` picks for
-    `model`: what the run's settings need to know of it before it is built."""
-    return backend_named(config.rollout.backend, model).sampler
+def startup_notes(config: Config, rewards: RewardRunner) -> list[str]:
+    """What the start-up report says of the run's choices beyond the settled ones: which
+    rewards the curriculum and dynamic sampling read, and a sampling distribution that the
+    loss does not model."""
+    notes = []
+    correct = "" if rewards.verifier else " (no reward is the one evaluation calls correct)"
+    if config.data.curriculum != "none":
+        notes.append(
+            f"data.curriculum={config.data.curriculum} reads each group's pass rate from its "
+            f"{filter_name(rewards)} rewards"
+            + ("" if rewards.verifier else ", clipped to [0, 1]" + correct)
+        )
+    if config.algo.dynamic_sampling:
+        notes.append(
+            f"dynamic sampling keeps the groups whose {filter_name(rewards)} rewards differ"
+            + correct
+        )
+    truncation = truncated_sampling(config)
+    if truncation:
+        notes.append(
+            f"warning: {truncation} samples from a truncated distribution, while the loss and "
+            "the sampler's logprobs assume the full one (the policy ratio is not the importance "
+            "weight of what was sampled)"
+        )
+    return notes
 
 
 def truncated_sampling(config: Config) -> str:
@@ -603,94 +522,6 @@ def build_optimizer(
         )
     # fused: one kernel per parameter instead of a dozen elementwise passes
     return torch.optim.AdamW(params, fused=True, **settings)
-
-
-def settle_memory(
-    config: Config,
-    model: torch.nn.Module,
-    device: torch.device,
-    world_size: int,
-    seq_len: int,
-    saved: dict | None,
-    evaluates: bool = False,
-    reward_bytes: int = 0,
-) -> tuple[Config, MemoryPlan | None]:
-    """`config` with every memory setting the user left unset (null) filled in, and the plan
-    that chose them on CUDA (None on the CPU, where the defaults are fixed). A resumed run takes
-    the settings its checkpoint was written with (`saved`), so that it trains as the run did.
-    `reward_bytes` (a reward model's weights on the device) counts in the plan's state."""
-    chosen = memory_settings(config)
-    for key, value in (saved or {}).items():
-        if key in chosen and chosen[key] is None:
-            chosen[key] = value
-    plan = None
-    if device.type == "cuda":
-        rows_per_step = config.data.prompts_per_step * config.rollout.group_size // world_size
-        # `evaluate` samples up to 256 rows at once; eval.num_prompts=null takes the whole set
-        prompts = 256 if config.eval.num_prompts is None else config.eval.num_prompts
-        eval_rows = min(256, prompts * config.eval.samples) if evaluates else 0
-        shape = ModelShape.of(model)
-        keep_cache = chosen["keep_cache"]
-        if keep_cache is None:
-            keep_cache = keeps_sampler_cache(shape, rows_per_step, seq_len)
-        holds = sampler_class(config, model).holds_cache and keep_cache
-        reference = config.frozen_reference
-        offload = chosen["offload_reference"]
-        if offload is None:
-            # pinned copies: one per process on this host (torchrun's count, else all of them)
-            processes = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-            offload = reference and offloads_reference(shape, processes, host_memory_bytes())
-        plan = plan_memory(
-            shape,
-            seq_len=seq_len,
-            rows_per_step=rows_per_step,
-            sample_rows=rows_per_step,
-            budget_bytes=device_budget(device, config.run.gpu_memory_gb),
-            reference=reference,
-            critic=config.algo.estimator == "gae",
-            # the training calls' workspace, when kept (an evaluation's is freed after it)
-            held_cache_rows=rows_per_step if holds else 0,
-            eval_rows=eval_rows,
-            microbatch_rows=chosen["microbatch_size"],
-            gradient_checkpointing=chosen["gradient_checkpointing"],
-            logprob_chunk_size=chosen["logprob_chunk_size"],
-            extra_state_bytes=reward_bytes,
-            offload_reference=offload,
-        )
-        planned = {
-            "gradient_checkpointing": plan.gradient_checkpointing,
-            "logprob_chunk_size": plan.logprob_chunk_size,
-            "microbatch_size": plan.microbatch_rows,
-            "microbatch_tokens": plan.microbatch_tokens,
-            "keep_cache": keep_cache,
-            "offload_reference": offload,
-        }
-    else:
-        planned = {
-            "gradient_checkpointing": False,
-            "logprob_chunk_size": DEFAULT_LOGITS_CHUNK,
-            "microbatch_size": CPU_MICROBATCH_ROWS,
-            "microbatch_tokens": None,  # `models.microbatch_tokens` sizes it for the CPU
-            "keep_cache": True,  # nothing is captured on the CPU
-            "offload_reference": False,  # the weights are in host memory already
-        }
-    chosen = {key: planned[key] if value is None else value for key, value in chosen.items()}
-    sections: dict[str, dict] = {}
-    for key, value in chosen.items():
-        sections.setdefault(MEMORY_SETTINGS[key], {})[key] = value
-    config = dataclasses.replace(
-        config,
-        **{
-            name: dataclasses.replace(getattr(config, name), **values)
-            for name, values in sections.items()
-        },
-    )
-    return config, plan
-
-
-def memory_settings(config: Config) -> dict:
-    """The settings `settle_memory` fills in, as a checkpoint keeps them."""
-    return {key: getattr(getattr(config, name), key) for key, name in MEMORY_SETTINGS.items()}
 
 
 def lr_schedule(config: Config):

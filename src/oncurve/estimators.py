@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -30,6 +30,9 @@ class AdvantageSource(Protocol):
         """`[N]` or `[N, T]` advantages of the scored `batch` from its `[N]` rewards (NaN where
         a row has none), and metrics."""
         ...
+
+    # `update` runs a backward of its own (a critic's): the policy's gradients are freed first
+    trains: ClassVar[bool]
 
     def update(self, batch: TrainBatch, minibatches: list[torch.Tensor]) -> dict[str, float]:
         """Learn from the batch just trained on (`minibatches`: the policy's `[rows]` split)."""
@@ -60,6 +63,8 @@ class GroupAdvantages:
             rewards, self.group_size, scale=self.scale, eps=self.eps, batch_std=batch_std
         )
         return advantages, {}
+
+    trains: ClassVar[bool] = False
 
     def update(self, batch: TrainBatch, minibatches: list[torch.Tensor]) -> dict[str, float]:
         return {}

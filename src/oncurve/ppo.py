@@ -24,6 +24,7 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -105,8 +106,7 @@ class Critic:
     passes: int = 1
     kl_coef: float = 0.0
     kl_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-    # set once the policy's optimizer exists: the update frees its gradients first
-    policy_optimizer: torch.optim.Optimizer | None = None
+    trains: ClassVar[bool] = True
     _targets: CriticTargets | None = field(default=None, init=False, repr=False)
 
     def advantages(
@@ -122,10 +122,6 @@ class Critic:
     def update(self, batch: TrainBatch, minibatches: list[torch.Tensor]) -> dict[str, float]:
         """The critic's steps on the batch `advantages` last saw, over the policy's passes and
         minibatches (`optimise_critic`)."""
-        if self.policy_optimizer is not None:
-            # The policy's gradients (kept after the update off CUDA, `releasing_gradients`)
-            # would be dead weight at the critic's backward, which is PPO's peak.
-            self.policy_optimizer.zero_grad(set_to_none=True)
         return optimise_critic(
             self, batch, self._targets, passes=self.passes, minibatches=minibatches
         )

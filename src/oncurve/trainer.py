@@ -26,7 +26,7 @@ import torch
 
 from oncurve import checkpoint, distributed, oom
 from oncurve.algo.kl import warmup_beta
-from oncurve.build import Session, memory_settings, setup
+from oncurve.build import Session, setup
 from oncurve.config import Config, build_config, to_dict
 from oncurve.errors import TrainingError
 from oncurve.evaluate import evaluate
@@ -50,6 +50,7 @@ from oncurve.process import (
 from oncurve.progress import Progress, guarded_output
 from oncurve.rewards.registry import ANSWER_MATCH_REWARDS
 from oncurve.rewards.runner import runner_settings
+from oncurve.settle import memory_settings
 from oncurve.signal_checks import DeadStepWatch, check_gold_answers
 from oncurve.train_step import LossFns, masked_mean, optimizer_step, releasing_gradients
 from oncurve.types import RolloutBatch, TrainBatch
@@ -92,6 +93,10 @@ def training_step(s: Session, step: int) -> dict[str, float]:
         update = update_policy(s, batch, minibatches, dataclasses.replace(s.loss_fns, beta=beta))
         if cfg.algo.ref_sync_every and step % cfg.algo.ref_sync_every == 0:
             s.policy.sync_reference()
+        if s.advantage.trains:
+            # the policy's gradients (kept after the update off CUDA, `releasing_gradients`)
+            # would be dead weight at the source's backward, which is PPO's peak
+            s.optimizer.zero_grad(set_to_none=True)
         advantage_metrics |= s.advantage.update(batch, minibatches)
     s.settle_settings()
     s.counts.completion_tokens += int(distributed.all_sum([float(sampled.tokens)])[0])

@@ -31,6 +31,7 @@ from oncurve.config.sections import (
     RunConfig,
     WandbConfig,
 )
+from oncurve.config.validation import check_ranks
 
 __all__ = [
     "BUNDLED_MODEL_DEFAULTS",
@@ -52,6 +53,7 @@ __all__ = [
     "RunConfig",
     "WandbConfig",
     "build_config",
+    "check_ranks",
     "describe",
     "load_config",
     "save_config",

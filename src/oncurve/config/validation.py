@@ -13,15 +13,7 @@ def check_cross_fields(config: Config) -> None:
         )
     if config.data.task is None and config.data.path is None:
         raise UserError("data.task or data.path must be set")
-    # every rank must hold a group of every minibatch (`trainer.update_policy`); torchrun launched
-    # by hand is checked again in `trainer.setup`, with the real number of ranks
-    per_rank = config.data.prompts_per_step // config.dist.nproc
-    if config.algo.minibatches > per_rank:
-        raise UserError(
-            f"algo.minibatches must be at most data.prompts_per_step per rank "
-            f"({config.data.prompts_per_step} / {config.dist.nproc} = {per_rank}), "
-            f"got {config.algo.minibatches}"
-        )
+    check_ranks(config, config.dist.nproc)
     if config.dist.fsdp and config.model.lora.r:
         raise UserError("dist.fsdp=true with model.lora.r > 0 is not supported; use one of them")
     if config.rollout.min_new_tokens > config.rollout.max_new_tokens:
@@ -34,6 +26,18 @@ def check_cross_fields(config: Config) -> None:
     _check_algo(config)
     _check_reward(config)
     _check_data(config)
+
+
+def check_ranks(config: Config, world_size: int) -> None:
+    """Every rank must hold a group of every minibatch (`trainer.update_policy`): checked on
+    loading with `dist.nproc`, and again at setup with the ranks torchrun really started."""
+    per_rank = config.data.prompts_per_step // world_size
+    if config.algo.minibatches > per_rank:
+        raise UserError(
+            f"algo.minibatches must be at most data.prompts_per_step per rank "
+            f"({config.data.prompts_per_step} / {world_size} = {per_rank}), "
+            f"got {config.algo.minibatches}"
+        )
 
 
 def _check_algo(config: Config) -> None:

@@ -1,0 +1,89 @@
+"""`oncurve.settle`: every `auto` and null setting resolved from the config and the facts, in one
+pure step, for shapes and devices this machine does not have."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from oncurve.config import load_config
+from oncurve.errors import UserError
+from oncurve.memory import GIB, ModelShape
+from oncurve.rollout import TorchSampler
+from oncurve.rollout.cuda_graph import GraphSampler
+from oncurve.settle import MEMORY_SETTINGS, RunFacts, memory_settings, settle
+
+# Qwen2.5-1.5B in bfloat16: no weights are loaded, only its sizes are read
+QWEN_15B = ModelShape(
+    params=1_543_714_304,
+    trainable=1_543_714_304,
+    layers=28,
+    hidden=1536,
+    intermediate=8960,
+    kv_dim=256,
+    vocab=151_936,
+    weight_bytes=2,
+    tied=True,
+)
+H100 = RunFacts(
+    device_type="cuda",
+    shape=QWEN_15B,
+    sampler=GraphSampler,
+    seq_len=4096 + 256,
+    budget_bytes=78 * GIB,
+    host_bytes=256 * GIB,
+    evaluates=True,
+)
+
+
+def test_a_cuda_run_of_a_model_never_loaded_is_settled_whole_with_its_report() -> None:
+    config = load_config(None, ["algo.beta=0.04", "data.prompts_per_step=16"])
+    assert all(value is None for value in memory_settings(config).values())
+    settled = settle(config, H100)
+    c = settled.config
+    assert all(value is not None for value in memory_settings(c).values())
+    assert len(memory_settings(c)) == len(MEMORY_SETTINGS)
+    assert c.algo.tis_cap == 2.0  # the graph sampler's logprobs are not the forward's
+    assert (c.rollout.cuda_graphs, c.rollout.compile, c.model.pack_rows) == (True, True, True)
+    assert settled.plan is not None and settled.plan.budget_bytes == 78 * GIB
+    assert c.optim.microbatch_size == settled.plan.microbatch_rows
+    assert c.model.offload_reference is settled.plan.offload_reference is True
+    assert settled.report == [settled.plan.describe()]
+
+
+def test_the_same_config_on_the_cpu_takes_the_fixed_defaults_and_compiles_nothing() -> None:
+    config = load_config(None, ["algo.beta=0.04"])
+    cpu = dataclasses.replace(H100, device_type="cpu", sampler=TorchSampler, budget_bytes=None)
+    settled = settle(config, cpu)
+    c = settled.config
+    assert settled.plan is None and settled.report == []
+    assert c.algo.tis_cap == 0.0
+    assert (c.rollout.cuda_graphs, c.rollout.compile, c.model.pack_rows) == (False,) * 3
+    assert (c.model.gradient_checkpointing, c.optim.microbatch_size) == (False, 64)
+    assert c.model.offload_reference is False
+
+
+def test_what_the_user_set_is_kept_and_what_the_facts_rule_out_is_refused() -> None:
+    chosen = ["algo.tis_cap=0", "rollout.cuda_graphs=false", "optim.microbatch_size=3"]
+    c = settle(load_config(None, chosen), H100).config
+    assert (c.algo.tis_cap, c.rollout.cuda_graphs, c.optim.microbatch_size) == (0.0, False, 3)
+    assert c.rollout.compile is True  # still null in the config: settled
+    unpackable = dataclasses.replace(H100, unpackable="the model soft-caps its attention logits")
+    with pytest.raises(UserError, match=r"^model\.pack_rows: the model soft-caps"):
+        settle(load_config(None, ["model.pack_rows=true"]), unpackable)
+    assert settle(load_config(), unpackable).config.model.pack_rows is False
+    failing = dataclasses.replace(H100, packing_failure="its hidden states differ by 0.5")
+    settled = settle(load_config(), failing)
+    assert settled.config.model.pack_rows is False
+    assert settled.report[-1] == (
+        "warning: rows stay padded in the update (model.pack_rows): the packed forward failed "
+        "its check: its hidden states differ by 0.5"
+    )
+
+
+def test_a_resumed_run_settles_to_its_checkpoints_memory_settings() -> None:
+    saved = {"microbatch_size": 5, "microbatch_tokens": 500, "gradient_checkpointing": True}
+    c = settle(load_config(), dataclasses.replace(H100, saved_memory=saved)).config
+    assert (c.optim.microbatch_size, c.optim.microbatch_tokens) == (5, 500)
+    assert c.model.gradient_checkpointing is True
