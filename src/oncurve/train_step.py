@@ -218,7 +218,7 @@ class ForwardSettings:
         reference_tokens: tokens per microbatch of the reference pass, which keeps nothing
             for a backward (`memory.forward_only_tokens`); None: `microbatch_tokens`.
         share_prompt: run each group's prompt once, where the batch says which rows share one
-            (`TrainBatch.prompt_index`); off where the forward cannot (`build.forward_settings`).
+            (`TrainBatch.prompt_index`); off where the forward cannot (`session.forward_settings`).
     """
 
     temperature: float = 1.0
@@ -451,31 +451,31 @@ def accumulate(
     )
     parts = even_across_ranks(real, module)
 
-    def run() -> list[tuple[int, torch.Tensor, dict[str, torch.Tensor]]]:
+    for last_try in (False, True):
         done = []
-        for i, part in enumerate(parts):
-            micro = part.of(minibatch)
-            defer_sync = i < len(parts) - 1 and hasattr(module, "no_sync")
-            with (
-                module.no_sync() if defer_sync else contextlib.nullcontext(),
-                compiled_layers(forward.compile_layers),
-                strictly_deterministic(),
-            ):
-                loss, stats = micro_loss(micro, part.index)
-                if i >= len(real):  # a stand-in: its backward joins the collectives, adds 0
-                    loss = loss * 0
-                loss.backward()
-            if i < len(real):
-                done.append((part.completion_tokens, loss.detach(), stats))
-        return done
-
-    try:
-        return run()
-    except (NondeterministicOp, CompiledLayersFailed):
-        for param in module.parameters():
-            if param.grad is not None:
-                param.grad.zero_()
-        return run()
+        try:
+            for i, part in enumerate(parts):
+                micro = part.of(minibatch)
+                defer_sync = i < len(parts) - 1 and hasattr(module, "no_sync")
+                with (
+                    module.no_sync() if defer_sync else contextlib.nullcontext(),
+                    compiled_layers(forward.compile_layers),
+                    strictly_deterministic(),
+                ):
+                    loss, stats = micro_loss(micro, part.index)
+                    if i >= len(real):  # a stand-in: its backward joins the collectives, adds 0
+                        loss = loss * 0
+                    loss.backward()
+                if i < len(real):
+                    done.append((part.completion_tokens, loss.detach(), stats))
+            return done
+        except (NondeterministicOp, CompiledLayersFailed):
+            if last_try:
+                raise
+            for param in module.parameters():
+                if param.grad is not None:
+                    param.grad.zero_()
+    raise AssertionError("unreachable: the last try returns or raises")
 
 
 def host_values(
