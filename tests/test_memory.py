@@ -12,7 +12,6 @@ import torch
 from conftest import tiny_qwen2
 
 from oncurve import process
-from oncurve.build import token_caps
 from oncurve.config import load_config
 from oncurve.memory import (
     GIB,
@@ -32,6 +31,7 @@ from oncurve.memory import (
 )
 from oncurve.models import resolve_dtype
 from oncurve.rollout import backend_named
+from oncurve.session import token_caps
 from oncurve.settle import RunFacts, settle_memory
 
 # Qwen2.5-0.5B: 494,032,768 parameters, tied embeddings, bfloat16.

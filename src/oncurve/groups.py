@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import torch
 
 from oncurve import distributed
-from oncurve.build import Session, filter_name
 from oncurve.config import Config
 from oncurve.curriculum import gather_pass_rates, group_pass_rates
 from oncurve.errors import TrainingError
@@ -21,6 +20,7 @@ from oncurve.process import Timer, step_seed
 from oncurve.rewards.runner import RewardResult
 from oncurve.rollout import SamplingParams
 from oncurve.rollout.episodes import draw
+from oncurve.session import Session
 from oncurve.types import RolloutBatch
 
 
@@ -109,7 +109,7 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
         fewest = int(distributed.all_min([float(kept_groups)])[0]) if dynamic else kept_groups
     if fewest == 0:
         raise TrainingError(
-            f"dynamic sampling found no group whose {filter_name(s.rewards)} rewards differ on "
+            f"dynamic sampling found no group whose {s.rewards.filter_name} rewards differ on "
             f"some rank in {rounds} rounds; raise algo.max_resample or check the reward"
         )
     rollout = RolloutBatch.concat([b for b, _, _ in kept], s.tokenizer.pad_token_id)

@@ -26,7 +26,7 @@ import torch
 
 from oncurve import checkpoint, distributed, oom
 from oncurve.algo.kl import warmup_beta
-from oncurve.build import Session, setup
+from oncurve.build import setup
 from oncurve.config import Config, build_config, to_dict
 from oncurve.errors import TrainingError
 from oncurve.evaluate import evaluate
@@ -50,6 +50,7 @@ from oncurve.process import (
 from oncurve.progress import Progress, guarded_output
 from oncurve.rewards.registry import ANSWER_MATCH_REWARDS
 from oncurve.rewards.runner import runner_settings
+from oncurve.session import Session
 from oncurve.settle import memory_settings
 from oncurve.signal_checks import DeadStepWatch, check_gold_answers
 from oncurve.train_step import LossFns, masked_mean, optimizer_step, releasing_gradients

@@ -116,6 +116,12 @@ class RewardRunner:
         self.timeout_score = timeout_score
         self._worker: _Worker | None = None
 
+    @property
+    def filter_name(self) -> str:
+        """What dynamic sampling and the curriculum compare within a group: the verifier's
+        name, or "total"."""
+        return "total" if self.verifier is None else repr(self.verifier)
+
     def close(self) -> None:
         """Stop the worker process, if one runs; a later `score()` forks a new one."""
         if self._worker is not None:
