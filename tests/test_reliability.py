@@ -679,6 +679,41 @@ def test_a_resume_applies_what_can_change_and_refuses_what_cannot(
     )
 
 
+def test_a_forced_change_resumes_says_it_and_keeps_it_in_the_history(
+    tiny_model_dir, data_file, tmp_path, capsys
+):
+    own_data = tmp_path / "data.jsonl"
+    shutil.copy(data_file, own_data)
+    run_dir = tmp_path / "run"
+    base = ("run.save_every=1", "run.steps=2")
+    train(make_config(tiny_model_dir, own_data, run_dir, *base))
+    moved = shutil.copytree(tiny_model_dir, tmp_path / "moved-model")
+    lines = own_data.read_text().splitlines()
+    own_data.write_text("\n".join(reversed(lines)) + "\n")  # rows reordered on purpose
+    resume = (*base, "run.resume=auto", "run.steps=3", f"model.path={moved}")
+    with pytest.raises(UserError, match=r"force it with run.force_changes=\[model.path\]"):
+        setup(make_config(tiny_model_dir, own_data, run_dir, *resume))
+    with pytest.raises(UserError, match=r"force it with run.force_changes=\[data.rows\]"):
+        setup(
+            make_config(
+                tiny_model_dir, own_data, run_dir, *resume, "run.force_changes=[model.path]"
+            )
+        )
+    with pytest.raises(UserError, match=r"^run.force_changes: 'model.dtype' cannot be forced"):
+        make_config(tiny_model_dir, own_data, run_dir, "run.force_changes=[model.dtype]")
+    capsys.readouterr()
+    forced = "run.force_changes=[model.path,data.rows]"
+    train(make_config(tiny_model_dir, own_data, run_dir, *resume, forced))
+    said = capsys.readouterr().err
+    assert f"model.path '{tiny_model_dir}' -> '{moved}'" in said and "data.rows" in said
+    (entry,) = checkpoint.read_state(run_dir / "checkpoints" / "step-000003")["config_history"]
+    assert entry["step"] == 2 and sorted(entry["changed"]) == [
+        "data.rows",
+        "model.path",
+        "run.steps",
+    ]
+
+
 def test_a_file_size_limit_at_a_checkpoint_is_one_line_and_keeps_what_was_saved(
     tiny_model_dir, data_file, tmp_path
 ):

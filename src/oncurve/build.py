@@ -46,6 +46,7 @@ from oncurve.models import (
 from oncurve.optim import AdamW as StochasticRoundingAdamW
 from oncurve.policy import Policy
 from oncurve.resume_settings import (
+    DATA_ROWS,
     apply_optimizer_settings,
     changed_settings,
     data_fingerprint,
@@ -249,9 +250,12 @@ def _settle_changes(s: Session, state: dict, checkpoint_dir: Path) -> None:
         return
     changes = changed_settings(state["config"], to_dict(s.config))
     fingerprints = (state.get("data_fingerprint"), s.data_fingerprint)
-    why = refusal(changes, s.start_step, s.config.run.steps, fingerprints)
+    forced = s.config.run.force_changes
+    why = refusal(changes, s.start_step, s.config.run.steps, fingerprints, forced)
     if why is not None:
         raise UserError(f"cannot resume {checkpoint_dir}: {why}")
+    if fingerprints[0] is not None and fingerprints[0] != fingerprints[1]:
+        changes[DATA_ROWS] = list(fingerprints)  # forced: said and kept like any change
     if not changes:
         return
     o = s.config.optim

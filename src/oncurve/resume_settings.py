@@ -4,7 +4,7 @@ A checkpoint keeps the settings the run trained with (`config`, as config.yaml h
 history of the changes made on earlier resumes. On a resume every setting is compared with
 them: a change that cannot apply within one run (`FIXED`: the model, what the data is and how
 it is drawn, the group size, the seed; and fewer steps than are done) is refused in one line
-naming it; any other change is in effect from the resumed step and said, the optimizer's own
+naming it, unless `run.force_changes` names it (`FORCEABLE`); any other change is in effect from the resumed step and said, the optimizer's own
 hyperparameters included (its saved state would otherwise keep the old ones).
 """
 
@@ -27,8 +27,13 @@ FIXED = (
     "rollout.group_size",
     "run.seed",
 )
+# What `run.force_changes` may name: a moved or re-fetched model, other data (`data.rows`: the
+# training rows' fingerprint), another group size or seed. The model's dtype and adapters stay
+# fixed: the checkpoint's weights and optimizer state would not fit them.
+FORCEABLE = ("model.path", "model.revision", "data.", "rollout.group_size", "run.seed")
+DATA_ROWS = "data.rows"
 # How this process was started, not what the run is.
-PROCEDURAL = ("run.resume", "run.overwrite", "run.dir")
+PROCEDURAL = ("run.resume", "run.overwrite", "run.dir", "run.force_changes")
 
 
 def flatten(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -53,25 +58,38 @@ def changed_settings(saved: dict[str, Any], current: dict[str, Any]) -> dict[str
     }
 
 
+def forceable(key: str) -> bool:
+    """Whether `run.force_changes` may name the setting `key` (or `data.rows`)."""
+    return key.startswith(FORCEABLE) or key in FORCEABLE
+
+
 def refusal(
-    changes: dict[str, list[Any]], done: int, steps: int, fingerprints: tuple
+    changes: dict[str, list[Any]],
+    done: int,
+    steps: int,
+    fingerprints: tuple,
+    forced: Iterable[str] = (),
 ) -> str | None:
     """Why a resume with `changes` cannot continue its run (None when it can): a `FIXED`
-    setting changed, `run.steps` below the `done` steps, or the training rows' fingerprint
-    (saved, current) differing (a data file edited or shuffled between the runs)."""
+    setting changed and not `forced`, `run.steps` below the `done` steps, or the training rows'
+    fingerprint (saved, current) differing (a data file edited or shuffled between the runs)
+    without `data.rows` forced."""
+    forced = set(forced)
     for key, (old, new) in changes.items():
-        if key.startswith(FIXED) or key in FIXED:
+        if (key.startswith(FIXED) or key in FIXED) and key not in forced:
+            force = f", force it with run.force_changes=[{key}]" if forceable(key) else ""
             return (
                 f"{key} was {old!r} and is now {new!r}: it cannot change within a run; resume "
-                f"with {key}={_override(old)}, or start a new run.dir"
+                f"with {key}={_override(old)}{force}, or start a new run.dir"
             )
     if steps < done:
         return f"run.steps={steps} is below the {done} steps the checkpoint has done"
     saved, current = fingerprints
-    if saved is not None and saved != current:
+    if saved is not None and saved != current and DATA_ROWS not in forced:
         return (
             "the training rows differ from the ones the run started with (the data was edited "
-            "or reordered): restore them, or start a new run.dir"
+            f"or reordered): restore them, force it with run.force_changes=[{DATA_ROWS}], or "
+            "start a new run.dir"
         )
     return None
 

@@ -474,6 +474,12 @@ class RunConfig:
         2, "checkpoints kept; older ones deleted after a new one completes", POSITIVE
     )
     resume: str | None = _opt(None, "`auto` (newest checkpoint of run.dir) or a checkpoint path")
+    force_changes: list[str] = _opt(
+        [],
+        "settings a resume may change although they define the run (oncurve.resume_settings."
+        "FORCEABLE: model.path after moving the model, data.rows for edited training rows, ...); "
+        "each change is said and kept in the run's history",
+    )
     overwrite: bool = _opt(
         False, "start a fresh run in the directory of a previous one (deletes only its files)"
     )

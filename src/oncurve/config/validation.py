@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from oncurve.config.sections import Config
 from oncurve.errors import UserError
+from oncurve.resume_settings import FORCEABLE, forceable
 
 
 def check_cross_fields(config: Config) -> None:
@@ -23,6 +24,12 @@ def check_cross_fields(config: Config) -> None:
         )
     if config.rollout.max_turns > 1 and config.rollout.env is None:
         raise UserError("rollout.max_turns > 1 needs rollout.env (what answers the turns)")
+    for key in config.run.force_changes:
+        if not forceable(key):
+            raise UserError(
+                f"run.force_changes: {key!r} cannot be forced; choose among "
+                f"{', '.join(FORCEABLE)} (data.rows for the training rows)"
+            )
     _check_algo(config)
     _check_reward(config)
     _check_data(config)
