@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
 import torch
 import transformers
+from rank_pool import RankPool
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from oncurve.tokenizer import char_tokenizer
@@ -102,3 +104,12 @@ def data_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(40)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+@pytest.fixture(scope="session")
+def two_ranks() -> Iterator[RankPool]:
+    """Two spawned processes that run the session's 2-rank gloo jobs (`rank_pool`), started at
+    the first job."""
+    pool = RankPool(2)
+    yield pool
+    pool.close()

@@ -1,5 +1,5 @@
 """Waiting on `python -m oncurve train` processes that tests start: their end, a condition of
-their run directory, their newest checkpoint."""
+their run directory, their newest checkpoint; the processes a launcher started."""
 
 from __future__ import annotations
 
@@ -39,3 +39,32 @@ def latest_step(run_dir: Path) -> int:
         return int(pointer.read_text().strip().removeprefix("step-") or 0)
     except (FileNotFoundError, ValueError):
         return 0
+
+
+def descendants(pid: int) -> list[int]:
+    """The pids of `pid`'s children, their children, ... (from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [child for child, ppid in parents.items() if ppid == parent]
+        found += children
+        frontier += children
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a process that still runs (a zombie has ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
@@ -464,57 +465,34 @@ def test_pickle_payload_in_optimizer_file_is_refused(tmp_path: Path, fmt: str) -
 
 # Two gloo ranks with different RNG streams save one checkpoint; each restores its own stream.
 # Then rank 0 hits a full disk and both ranks raise the same CheckpointError.
-DIST_SCRIPT = r"""
-import errno, json, os, sys, traceback
-from pathlib import Path
-import torch
-import torch.distributed as dist
-sys.path.insert(0, sys.argv[1])
-from test_checkpoint import make_setup
-from oncurve import checkpoint
-work = Path(sys.argv[2])
-pids = []
-for rank in range(2):
-    pid = os.fork()
-    if pid:
-        pids.append(pid)
-        continue
+def _rng_rank(rank: int, world_size: int, work: Path) -> dict:
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    model, optimizer, scheduler = make_setup(0)
+    torch.manual_seed(100 + rank)
+    path = checkpoint.save_checkpoint(work / "run", 1, model, optimizer, scheduler, {"step": 1})
+    expected = torch.rand(4).tolist()
+    torch.manual_seed(7)
+    checkpoint.load_checkpoint(path, model, optimizer, scheduler)
+    got = torch.rand(4).tolist()
+    real_write = checkpoint._write
+    if rank == 0:
+
+        def disk_full(path, dump):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+        checkpoint._write = disk_full
     try:
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"file://{work}/store", rank=rank, world_size=2)
-        model, optimizer, scheduler = make_setup(0)
-        torch.manual_seed(100 + rank)
-        path = checkpoint.save_checkpoint(work / "run", 1, model, optimizer, scheduler, {"step": 1})
-        expected = torch.rand(4).tolist()
-        torch.manual_seed(7)
-        checkpoint.load_checkpoint(path, model, optimizer, scheduler)
-        got = torch.rand(4).tolist()
-        if rank == 0:
-            def disk_full(path, dump):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-            checkpoint._write = disk_full
-        try:
-            checkpoint.save_checkpoint(work / "run", 2, model, optimizer, scheduler, {"step": 2})
-            error = None
-        except checkpoint.CheckpointError as err:
-            error = str(err)
-        result = {"expected": expected, "got": got, "error": error}
-        (work / f"result-{rank}.json").write_text(json.dumps(result))
-        dist.destroy_process_group()
-        code = 0
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    os._exit(code)
-sys.exit(int(any(os.waitpid(pid, 0)[1] for pid in pids)))
-"""
+        checkpoint.save_checkpoint(work / "run", 2, model, optimizer, scheduler, {"step": 2})
+        error = None
+    except checkpoint.CheckpointError as err:
+        error = str(err)
+    finally:
+        checkpoint._write = real_write  # the rank runs other tests' jobs next
+    return {"expected": expected, "got": got, "error": error}
 
 
-def test_distributed_ranks_save_and_restore_their_own_rng(tmp_path: Path) -> None:
-    subprocess.run(
-        [sys.executable, "-c", DIST_SCRIPT, str(TESTS_DIR), str(tmp_path)], check=True, timeout=120
-    )
-    results = [json.loads((tmp_path / f"result-{r}.json").read_text()) for r in range(2)]
+def test_distributed_ranks_save_and_restore_their_own_rng(tmp_path: Path, two_ranks) -> None:
+    results = two_ranks.run(_rng_rank, tmp_path)
     for result in results:
         assert result["got"] == result["expected"]
         assert "No space left on device" in result["error"]

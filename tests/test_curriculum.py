@@ -6,15 +6,11 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from safetensors.torch import load_file, save_file
-from test_distributed import _free_port
 
 from oncurve import trainer
 from oncurve.algo import warmup_beta
@@ -101,28 +97,21 @@ def test_gather_pass_rates_places_this_ranks_groups_in_the_steps_table():
     same(table, [[NAN, NAN, 0.5, NAN], [NAN] * 4, [NAN, NAN, 1.0, 0.25]])
 
 
-def _gather_rank(rank: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        mine = slice(2 * rank, 2 * rank + 2)
-        # rank 0 sampled both rounds, rank 1 only the first (it was full after it)
-        visits = [(0, torch.tensor([0.5, 1.0])), (1, torch.tensor([0.0, NAN]))]
-        if rank == 1:
-            visits = [(0, torch.tensor([0.25, 0.75]))]
-        curriculum = PassRateCurriculum(8, seed=0, group_size=2, floor=0.1)
-        table = gather_pass_rates(visits, rounds=2, mine=mine, size=4)
-        curriculum.record(1, 2, table)
-        save_file({"table": table, "rates": curriculum.rates}, f"{out}.rank{rank}")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+def _gather_rank(rank: int, world_size: int) -> dict[str, torch.Tensor]:
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    mine = slice(2 * rank, 2 * rank + 2)
+    # rank 0 sampled both rounds, rank 1 only the first (it was full after it)
+    visits = [(0, torch.tensor([0.5, 1.0])), (1, torch.tensor([0.0, NAN]))]
+    if rank == 1:
+        visits = [(0, torch.tensor([0.25, 0.75]))]
+    curriculum = PassRateCurriculum(8, seed=0, group_size=2, floor=0.1)
+    table = gather_pass_rates(visits, rounds=2, mine=mine, size=4)
+    curriculum.record(1, 2, table)
+    return {"table": table, "rates": curriculum.rates}
 
 
-def test_every_rank_records_every_ranks_groups_and_holds_the_same_state(tmp_path):
-    out = str(tmp_path / "gather")
-    mp.spawn(_gather_rank, args=(_free_port(), out), nprocs=2, join=True)
-    ranks = [load_file(f"{out}.rank{r}") for r in range(2)]
+def test_every_rank_records_every_ranks_groups_and_holds_the_same_state(two_ranks):
+    ranks = two_ranks.run(_gather_rank)
     want = [[0.5, 1.0, 0.25, 0.75], [0.0, NAN, NAN, NAN]]
     one_process = PassRateCurriculum(8, seed=0, group_size=2, floor=0.1)
     one_process.record(1, 2, torch.tensor(want, dtype=torch.float64))

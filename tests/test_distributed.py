@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
+import signal
 import subprocess
 import sys
 import time
@@ -19,11 +19,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
 from conftest import batch_to, tiny_qwen2
+from rank_pool import RankPool, free_port
+from run_processes import alive, descendants, finish, latest_step, wait_for
 from safetensors.torch import load_file, save_file
 
 from oncurve import distributed, packing
 from oncurve.algo import group_advantages
 from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from oncurve.cli import main
 from oncurve.errors import UserError
 from oncurve.train_step import (
     ForwardSettings,
@@ -36,6 +39,7 @@ from oncurve.train_step import (
 from oncurve.types import TrainBatch
 
 VOCAB, GROUPS, G, P, T = 40, 4, 3, 5, 7
+LONG = 400  # steps of a run that a signal stops long before its end
 
 
 def fixed_batch(model: torch.nn.Module) -> TrainBatch:
@@ -129,6 +133,36 @@ def test_each_optimizer_step_applies_only_its_own_gradient() -> None:
         torch.testing.assert_close(model.state_dict()[name], value, atol=1e-6, rtol=0, msg=name)
 
 
+def _rank_step(
+    rank: int,
+    world_size: int,
+    aggregation: str,
+    fsdp: bool,
+    device: str,
+    pack: bool,
+    microbatch: tuple[int, int],
+) -> dict[str, torch.Tensor] | None:
+    """In a process group: this rank's one step on its half of the groups; rank 0's weights
+    after it (None on the other ranks)."""
+    rows = distributed.shard(GROUPS, rank, world_size)
+    part = slice(rows.start * G, rows.stop * G)
+    weights = one_step(aggregation, part, fsdp, device, pack, microbatch)
+    return weights if rank == 0 else None
+
+
+def _gloo_step(
+    rank: int,
+    world_size: int,
+    aggregation: str,
+    fsdp: bool,
+    pack: bool,
+    microbatch: tuple[int, int],
+) -> dict[str, torch.Tensor] | None:
+    """A `two_ranks` job: `_rank_step` on gloo ranks (the pool leaves the group after it)."""
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    return _rank_step(rank, world_size, aggregation, fsdp, "cpu", pack, microbatch)
+
+
 def _rank_main(
     rank: int,
     world_size: int,
@@ -146,10 +180,8 @@ def _rank_main(
     backend = "nccl" if device == "cuda" else "gloo"
     dist.init_process_group(backend, rank=rank, world_size=world_size)
     try:
-        rows = distributed.shard(GROUPS, rank, world_size)
-        part = slice(rows.start * G, rows.stop * G)
-        weights = one_step(aggregation, part, fsdp, device, pack, microbatch)
-        if rank == 0:
+        weights = _rank_step(rank, world_size, aggregation, fsdp, device, pack, microbatch)
+        if weights is not None:
             save_file({k: v.contiguous() for k, v in weights.items()}, out)
         del weights
     except BaseException:
@@ -163,12 +195,6 @@ def _rank_main(
     os._exit(0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def two_rank_step(
     aggregation: str,
     tmp_path: Path,
@@ -180,9 +206,10 @@ def two_rank_step(
     """Rank 0's weights after one step of 2 ranks (gloo on the CPU, NCCL on 2 GPUs), each on
     half the groups of the fixed batch (rows packed with `pack`, microbatches of at most
     `microbatch` rows and tokens); a failure when the ranks are not done in 120 s (a rank
-    waiting in a collective the other never joins)."""
+    waiting in a collective the other never joins). Two new processes: on the CPU the tests
+    run `gloo_step` on the session's two ranks instead."""
     out = tmp_path / "rank0.safetensors"
-    args = (2, _free_port(), aggregation, str(out), fsdp, device, pack, microbatch)
+    args = (2, free_port(), aggregation, str(out), fsdp, device, pack, microbatch)
     ranks = mp.spawn(_rank_main, args=args, nprocs=2, join=False)
     deadline = time.monotonic() + 120
     while not ranks.join(timeout=max(0.0, deadline - time.monotonic())):  # a rank at a time
@@ -193,35 +220,47 @@ def two_rank_step(
     return load_file(out)
 
 
+def gloo_step(
+    two_ranks: RankPool,
+    aggregation: str,
+    fsdp: bool,
+    pack: bool = False,
+    microbatch: tuple[int, int] = (2, 0),
+) -> dict[str, torch.Tensor]:
+    """`two_rank_step` on the CPU, run by the session's two gloo ranks (`rank_pool`)."""
+    weights, _ = two_ranks.run(_gloo_step, aggregation, fsdp, pack, microbatch)
+    return weights
+
+
 @pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
-def test_two_ranks_with_half_the_groups_each_equal_one_rank_with_all(aggregation, tmp_path):
-    two_ranks = two_rank_step(aggregation, tmp_path, fsdp=False)
+def test_two_ranks_with_half_the_groups_each_equal_one_rank_with_all(aggregation, two_ranks):
+    on_two = gloo_step(two_ranks, aggregation, fsdp=False)
     one_rank = one_step(aggregation, None)
     initial = tiny_qwen2(VOCAB, seed=0).state_dict()
     moved = max(float((one_rank[k] - initial[k]).abs().max()) for k in one_rank)
     assert moved > 1e-3  # the step did something, so equality below means something
     for name, tensor in one_rank.items():
-        torch.testing.assert_close(two_ranks[name], tensor, atol=1e-6, rtol=0)
+        torch.testing.assert_close(on_two[name], tensor, atol=1e-6, rtol=0)
 
 
-def test_fsdp2_on_two_ranks_matches_the_data_parallel_update(tmp_path):
-    sharded = two_rank_step("token-mean", tmp_path, fsdp=True)
+def test_fsdp2_on_two_ranks_matches_the_data_parallel_update(two_ranks):
+    sharded = gloo_step(two_ranks, "token-mean", fsdp=True)
     one_rank = one_step("token-mean", None)
     for name, tensor in one_rank.items():
         torch.testing.assert_close(sharded[name], tensor, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp2"])
-def test_packed_rows_on_two_ranks_equal_padded_rows_on_one(fsdp, tmp_path):
+def test_packed_rows_on_two_ranks_equal_padded_rows_on_one(fsdp, two_ranks):
     """Packed rows, each group's prompt once, under DDP and under FSDP2 (the segments' bounds
     reach each wrapped layer as keyword arguments): one rank's padded update."""
-    packed = two_rank_step("token-mean", tmp_path, fsdp=fsdp, pack=True)
+    packed = gloo_step(two_ranks, "token-mean", fsdp=fsdp, pack=True)
     padded = one_step("token-mean", None)
     for name, tensor in padded.items():
         torch.testing.assert_close(packed[name], tensor, atol=1e-5, rtol=0, msg=name)
 
 
-def test_fsdp2_ranks_whose_token_caps_cut_them_unequal_microbatches_all_finish(tmp_path):
+def test_fsdp2_ranks_whose_token_caps_cut_them_unequal_microbatches_all_finish(two_ranks):
     """A 28-token cap cuts rank 0's rows into 3 microbatches and rank 1's into 2, while each
     forward of an FSDP2 module gathers its weights on every rank: rank 1 runs a stand-in
     forward and backward that adds nothing (`train_step.even_across_ranks`), so neither waits
@@ -230,34 +269,28 @@ def test_fsdp2_ranks_whose_token_caps_cut_them_unequal_microbatches_all_finish(t
     batch = fixed_batch(model)
     halves = [batch.rows(slice(r * GROUPS * G // 2, (r + 1) * GROUPS * G // 2)) for r in (0, 1)]
     assert [len(microbatches(half, 6, 28)) for half in halves] == [3, 2]
-    sharded = two_rank_step("token-mean", tmp_path, fsdp=True, microbatch=(6, 28))
+    sharded = gloo_step(two_ranks, "token-mean", fsdp=True, microbatch=(6, 28))
     one_rank = one_step("token-mean", None, microbatch=(6, 28))
     for name, tensor in one_rank.items():
         torch.testing.assert_close(sharded[name], tensor, atol=1e-5, rtol=0, msg=name)
 
 
-def _batch_scale_rank(rank: int, world_size: int, port: int, rewards: torch.Tensor, out: str):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _batch_scale_rank(rank: int, world_size: int, rewards: torch.Tensor) -> dict:
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        rows = distributed.shard(rewards.numel() // G, rank, world_size)
-        local = rewards[rows.start * G : rows.stop * G]
-        std = distributed.batch_std(local)
-        adv = group_advantages(local, G, "batch", batch_std=std)
-        save_file({"adv": adv, "std": std.reshape(1)}, f"{out}.rank{rank}")
-    finally:
-        dist.destroy_process_group()
+    rows = distributed.shard(rewards.numel() // G, rank, world_size)
+    local = rewards[rows.start * G : rows.stop * G]
+    std = distributed.batch_std(local)
+    adv = group_advantages(local, G, "batch", batch_std=std)
+    return {"adv": adv, "std": std.reshape(1)}
 
 
-def test_batch_scaled_advantages_on_two_ranks_equal_one_rank(tmp_path):
+def test_batch_scaled_advantages_on_two_ranks_equal_one_rank(two_ranks):
     """scale="batch" divides by the std of the GLOBAL batch, reduced across ranks."""
     g = torch.Generator().manual_seed(2)
     rewards = torch.randint(0, 4, (GROUPS * G,), generator=g).float()
     rewards[:G] += 10.0  # only on rank 0: each rank's own std is far from the batch's
     rewards[[1, 7]] = float("nan")  # one per rank, left out of the std
-    out = str(tmp_path / "scale")
-    mp.spawn(_batch_scale_rank, args=(2, _free_port(), rewards, out), nprocs=2, join=True)
-    ranks = [load_file(f"{out}.rank{r}") for r in range(2)]
+    ranks = two_ranks.run(_batch_scale_rank, rewards)
     finite = rewards[torch.isfinite(rewards)]
     for saved in ranks:
         assert saved["std"].item() == pytest.approx(finite.std(unbiased=False).item(), rel=1e-6)
@@ -300,14 +333,33 @@ def test_on_torch_2_4_checkpoints_keep_their_tensors_and_fsdp_is_a_one_line_erro
 
 
 def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return run_clis([list(args)], timeout)[0]
+
+
+def run_clis(jobs: list[list[str]], timeout: float = 240) -> list[subprocess.CompletedProcess]:
+    """`python -m oncurve ARGS` for each ARGS of `jobs`, all at once (a launcher and torchrun
+    start on one core each, one after the other: two jobs fill both cores), once all ended."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
-    return subprocess.run(
-        [sys.executable, "-m", "oncurve", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "oncurve", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for args in jobs
+    ]
+    done = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    return done
 
 
 def tiny_job(model_dir: Path, data_file: Path) -> list[str]:
@@ -326,45 +378,18 @@ def tiny_job(model_dir: Path, data_file: Path) -> list[str]:
     ]
 
 
-def test_two_rank_run_writes_one_log_one_checkpoint_set_and_resumes(
-    tiny_model_dir, data_file, tmp_path
-):
-    run_dir = tmp_path / "run"
-    common = [*tiny_job(tiny_model_dir, data_file), f"run.dir={run_dir}", "run.save_every=1"]
-    common += ["run.keep_last=5", "dist.nproc=2"]
-    first = run_cli(*common, "run.steps=3")
-    assert first.returncode == 0, first.stderr[-2000:]
-    # rank 0 alone reports: one progress line for the last step, one summary
-    assert first.stderr.count("step 3/3") == 1
-    assert len(first.stdout.strip().splitlines()) == 1
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").glob("step-*"))
-    assert checkpoints == ["step-000001", "step-000002", "step-000003"]
-    assert sorted(p.name for p in (run_dir / "checkpoints" / "step-000003").glob("rng-*")) == [
-        "rng-rank0.json",
-        "rng-rank1.json",
-    ]
-    resumed = run_cli(*common, "run.steps=4", "run.resume=auto")
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
-    refused = run_cli(*common[:-1], "dist.nproc=1", "run.steps=5", "run.resume=auto")
-    assert refused.returncode == 2
-    assert "written by 2 ranks" in refused.stderr
-
-
-def sharded_and_replicated_runs(
+def _sharded_and_replicated(
     model_dir: Path, data_file: Path, tmp_path: Path, *overrides: str
-) -> tuple[Path, Path, list[str]]:
-    """The same 2-rank `oncurve train` job with dist.fsdp=true and false: (FSDP2 run dir, DDP
-    run dir, the shared arguments), after checking that both trained their weights alike."""
+) -> tuple[Path, Path, list[str], subprocess.CompletedProcess]:
+    """`sharded_and_replicated_runs`, and the DDP run's finished process."""
     common = [*tiny_job(model_dir, data_file), "run.save_every=1", "run.keep_last=5"]
     common += ["dist.nproc=2", *overrides]
     sharded, replicated = tmp_path / "fsdp", tmp_path / "ddp"
-    for run_dir, fsdp in ((sharded, "true"), (replicated, "false")):
-        proc = run_cli(*common, f"run.dir={run_dir}", f"dist.fsdp={fsdp}")
+    runs = ((sharded, "true"), (replicated, "false"))
+    procs = run_clis([[*common, f"run.dir={d}", f"dist.fsdp={fsdp}"] for d, fsdp in runs])
+    for proc in procs:
         assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = procs[1]  # the DDP run's
     final = load_file(sharded / "final" / "model.safetensors")
     initial = load_file(model_dir / "model.safetensors")
     for name, value in load_file(replicated / "final" / "model.safetensors").items():
@@ -376,19 +401,101 @@ def sharded_and_replicated_runs(
         norms[run_dir] = [json.loads(row)["grad_norm"] for row in rows]
     assert norms[sharded] == pytest.approx(norms[replicated], rel=1e-5)
     assert min(norms[sharded]) > 0
-    return sharded, replicated, common
+    return sharded, replicated, common, proc
 
 
-def test_fsdp2_run_equals_the_data_parallel_run_and_resumes_exactly(
-    tiny_model_dir, data_file, tmp_path
-):
+def sharded_and_replicated_runs(
+    model_dir: Path, data_file: Path, tmp_path: Path, *overrides: str
+) -> tuple[Path, Path, list[str]]:
+    """The same 2-rank `oncurve train` job with dist.fsdp=true and false: (FSDP2 run dir, DDP
+    run dir, the shared arguments), after checking that both trained their weights alike."""
+    return _sharded_and_replicated(model_dir, data_file, tmp_path, *overrides)[:3]
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(
+    tiny_model_dir, data_file, tmp_path_factory
+) -> tuple[Path, Path, list[str], subprocess.CompletedProcess]:
+    """3 steps of the 2-rank `oncurve train` job (mu = 2, a checkpoint each step) under FSDP2
+    and under DDP, checked alike by `sharded_and_replicated_runs`, for the tests below: (FSDP2
+    run dir, DDP run dir, the shared arguments, the DDP run's finished process). Each test
+    changes one run dir only: the DDP one its test of the files and the resume, the FSDP2 one
+    its test of the resume from a checkpoint."""
+    return _sharded_and_replicated(
+        tiny_model_dir,
+        data_file,
+        tmp_path_factory.mktemp("two-rank-runs"),
+        "run.steps=3",
+        "algo.mu=2",
+    )
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks' pids in /proc")
+def test_two_rank_run_writes_one_log_one_checkpoint_set_and_resumes(two_rank_runs, capsys):
+    _, run_dir, common, first = two_rank_runs
+    common = [*common, f"run.dir={run_dir}", "dist.fsdp=false"]
+    # rank 0 alone reports: one progress line for the last step, one summary
+    assert first.stderr.count("step 3/3") == 1
+    assert len(first.stdout.strip().splitlines()) == 1
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").glob("step-*"))
+    assert checkpoints == ["step-000001", "step-000002", "step-000003"]
+    assert sorted(p.name for p in (run_dir / "checkpoints" / "step-000003").glob("rng-*")) == [
+        "rng-rank0.json",
+        "rng-rank1.json",
+    ]
+    # resumed, and stopped by SIGTERM to the launcher once it has logged step 4 (what
+    # tests/test_stopping.py's table says of the launcher): it forwards the signal to its
+    # ranks, both finish the step under way, one checkpoint holds both ranks' state (no
+    # periodic one: the stop's), every process of the job has ended and the launcher exits 0
+    resume = [*common, f"run.steps={LONG}", "run.save_every=1000", "run.resume=auto"]
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "oncurve", *resume],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)},
+    )
+    metrics = run_dir / "metrics.jsonl"
+    job_pids: list[int] = []
+    try:
+        wait_for(lambda: len(metrics.read_text().splitlines()) >= 4, launcher, "step 4")
+        job_pids = descendants(launcher.pid)
+        assert len(job_pids) >= 3  # torchrun and two ranks
+        launcher.send_signal(signal.SIGTERM)
+        code, err = finish(launcher)
+        deadline = time.monotonic() + 10
+        while any(map(alive, job_pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [pid for pid in job_pids if alive(pid)]
+    finally:
+        for pid in job_pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        launcher.kill()
+        launcher.wait()
+    assert code == 0, err[-3000:]
+    assert left == []
+    stopped_at = latest_step(run_dir)
+    assert 4 <= stopped_at < LONG
+    saved = run_dir / "checkpoints" / f"step-{stopped_at:06d}"
+    assert sorted(p.name for p in saved.glob("rng-*")) == ["rng-rank0.json", "rng-rank1.json"]
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, stopped_at + 1))
+    assert f"stopped at step {stopped_at} on request" in err
+    # one process (in this one: the refusal comes before any rank would start)
+    one_rank = [a for a in common if a != "dist.nproc=2"]
+    assert main([*one_rank, "dist.nproc=1", f"run.steps={LONG + 1}", "run.resume=auto"]) == 2
+    assert "written by 2 ranks" in capsys.readouterr().err
+
+
+def test_fsdp2_run_equals_the_data_parallel_run_and_resumes_exactly(two_rank_runs):
     """`oncurve train dist.fsdp=true` on 2 ranks: the same weights and metrics as DDP after 3
     steps (sampling reads the gathered copy; the update and the pi_old pass of mu = 2 read the
-    shards), a checkpoint in the single-process format, and a resume from step 2 that reproduces
-    step 3."""
-    sharded, _, common = sharded_and_replicated_runs(
-        tiny_model_dir, data_file, tmp_path, "run.steps=3", "algo.mu=2"
-    )
+    shards; checked by the fixture), a checkpoint in the single-process format, and a resume
+    from step 2 that reproduces step 3."""
+    sharded, _, common, _ = two_rank_runs
     final = load_file(sharded / "final" / "model.safetensors")
     resume_from = sharded / "checkpoints" / "step-000002"
     saved = torch.load(resume_from / "optimizer.pt", weights_only=True)["optimizer"]
@@ -416,10 +523,14 @@ def test_ppo_under_fsdp2_equals_ppo_under_data_parallelism(tiny_model_dir, data_
         torch.testing.assert_close(critic[name], value, atol=1e-6, rtol=0, msg=name)
 
 
-def test_a_rank_that_raises_fails_the_job_instead_of_hanging(tiny_model_dir, data_file, tmp_path):
-    # rank 1's reward raises on its first call; rank 0 waits in the next collective until the
-    # process group sees the peer gone (or dist.timeout_s), then torchrun exits non-zero.
-    proc = run_cli(
+@pytest.fixture(scope="module")
+def rank_1_fault_runs(
+    tiny_model_dir, data_file, tmp_path_factory
+) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """The two 2-rank jobs whose rank 1 meets a fault, run at once for the two tests below:
+    their run dirs and finished processes, by fault ("raises", "oom")."""
+    tmp_path = tmp_path_factory.mktemp("rank-1-faults")
+    raises = [
         "train",
         f"model.path={tiny_model_dir}",
         f"data.path={data_file}",
@@ -428,27 +539,33 @@ def test_a_rank_that_raises_fails_the_job_instead_of_hanging(tiny_model_dir, dat
         "rollout.max_new_tokens=8",
         "reward.functions=[rewards_for_tests:fails_on_rank_1]",
         "reward.timeout=null",
-        f"run.dir={tmp_path / 'run'}",
+        f"run.dir={tmp_path / 'raises'}",
         "run.steps=3",
         "dist.nproc=2",
         "dist.timeout_s=30",
         "run.device=cpu",
-        timeout=180,
-    )
+    ]
+    oom = [*tiny_job(tiny_model_dir, data_file), f"run.dir={tmp_path / 'oom'}", "dist.nproc=2"]
+    oom = [a.replace("rewards_for_tests:", "oom_on_rank_1:") for a in oom]
+    procs = run_clis([raises, [*oom, "run.steps=2"]], timeout=180)
+    return {"raises": (tmp_path / "raises", procs[0]), "oom": (tmp_path / "oom", procs[1])}
+
+
+def test_a_rank_that_raises_fails_the_job_instead_of_hanging(rank_1_fault_runs):
+    # rank 1's reward raises on its first call; rank 0 waits in the next collective until the
+    # process group sees the peer gone (or dist.timeout_s), then torchrun exits non-zero.
+    _, proc = rank_1_fault_runs["raises"]
     assert proc.returncode != 0
     assert "reward 'fails_on_rank_1' failed" in proc.stderr
 
 
 def test_a_rank_that_runs_out_of_memory_sampling_redoes_it_and_every_rank_takes_its_setting(
-    tiny_model_dir, data_file, tmp_path
+    rank_1_fault_runs,
 ):
     """Rank 1 runs out of memory in its first sampling call: it samples again in calls of
     half as many prompts while rank 0 goes on, neither hangs, and from the end of that step
     both sample with the smaller setting (`oncurve.oom.agree`)."""
-    run_dir = tmp_path / "run"
-    args = [*tiny_job(tiny_model_dir, data_file), f"run.dir={run_dir}", "dist.nproc=2"]
-    args = [a.replace("rewards_for_tests:", "oom_on_rank_1:") for a in args]
-    proc = run_cli(*args, "run.steps=2")
+    run_dir, proc = rank_1_fault_runs["oom"]
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "out of memory in sampling: redoing it with rollout.prompts_per_call 2 -> 1" in (
         proc.stderr

@@ -51,7 +51,7 @@ def test_eval_of_a_run_gives_the_trainers_held_out_accuracy(tmp_path, capsys):
     run_dir = tmp_path / "run"
     config = load_config(
         None,
-        ["run.steps=2", "eval.num_prompts=24", f"run.dir={run_dir}", "run.device=cpu"],
+        ["run.steps=1", "eval.num_prompts=24", f"run.dir={run_dir}", "run.device=cpu"],
     )
     result = train(config, quiet=True)
     got = eval_json(capsys, "--run", str(run_dir))

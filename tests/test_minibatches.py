@@ -140,11 +140,10 @@ def sgd_minibatch_step(model_dir: Path, data_file: Path, run_dir: Path, *extra: 
     return {"grads": grads, "weights": weights}
 
 
-def test_minibatches_on_two_ranks_equal_one_process(tiny_model_dir, data_file, tmp_path):
+def test_minibatches_on_two_ranks_equal_one_process(tiny_model_dir, data_file, tmp_path, two_ranks):
     one = sgd_minibatch_step(tiny_model_dir, data_file, tmp_path / "one")
     two = on_ranks(
-        2,
-        tmp_path,
+        two_ranks,
         sgd_minibatch_step,
         tiny_model_dir,
         data_file,

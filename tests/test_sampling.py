@@ -10,15 +10,13 @@ from __future__ import annotations
 import functools
 import math
 import os
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from rank_pool import RankPool
 from test_trainer import make_config
 
 from oncurve import trainer
@@ -103,38 +101,17 @@ def scripted_session(
     return s
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _rank_entry(rank: int, world_size: int, fn: Callable[..., Any], args: tuple) -> Any:
+    # what torchrun sets (MASTER_ADDR and MASTER_PORT are the pool's): `setup` joins the
+    # process group from these
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
+    return fn(*args)
 
 
-def _rank_entry(
-    rank: int, world_size: int, port: int, fn: Callable[..., Any], args: tuple, out: str
-) -> None:
-    # what torchrun sets: `setup` joins the process group from these
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    try:
-        torch.save(fn(*args), f"{out}.rank{rank}")
-        # both ranks done before either tears gloo down
-        dist.barrier()
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def on_ranks(world_size: int, tmp_path: Path, fn: Callable[..., Any], *args: Any) -> list[Any]:
-    """`fn(*args)` on `world_size` spawned ranks that join a gloo group in `trainer.setup`;
-    each rank's return value, in rank order."""
-    out = str(tmp_path / "result")
-    mp.spawn(_rank_entry, args=(world_size, _free_port(), fn, args, out), nprocs=world_size)
-    return [torch.load(f"{out}.rank{r}", weights_only=False) for r in range(world_size)]
+def on_ranks(two_ranks: RankPool, fn: Callable[..., Any], *args: Any) -> list[Any]:
+    """`fn(*args)` on the session's two ranks (`rank_pool`), which join a gloo group in
+    `trainer.setup`; each rank's return value, in rank order."""
+    return two_ranks.run(_rank_entry, fn, args)
 
 
 # Which prompts have informative groups, by (step, round). With B = 8 on 2 ranks, rank 0 holds
@@ -213,13 +190,11 @@ def test_dynamic_sampling_on_one_process_fills_the_batch_or_trains_on_what_it_ke
 
 
 def test_dynamic_sampling_on_two_ranks_collects_each_ranks_share_and_steps_in_lockstep(
-    tiny_model_dir, data_file, tmp_path
+    tiny_model_dir, data_file, tmp_path, two_ranks
 ):
     run_dir = tmp_path / "run"
     # one thread a rank: two ranks of two threads each on two cores spin against each other
-    ranks = on_ranks(
-        2, tmp_path, scripted_steps, tiny_model_dir, data_file, run_dir, "run.threads=1"
-    )
+    ranks = on_ranks(two_ranks, scripted_steps, tiny_model_dir, data_file, run_dir, "run.threads=1")
     (r0s1, r0s2), (r1s1, r1s2) = ranks
     # B / W = 4 groups each, not B: rank 0 sampled once, rank 1 in three rounds
     assert r0s1["prompts"] == ["1.0.0", "1.0.1", "1.0.2", "1.0.3"]

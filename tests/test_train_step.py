@@ -274,12 +274,26 @@ print(digest.hexdigest())
 def test_the_shared_prompt_backward_is_bitwise_the_same_in_every_process() -> None:
     """A seed must give one run, not a family: gathering the prompt cache by indexing would
     make the gradients differ between processes (left-padded prompts, rows out of group order)."""
-    digests = {
-        subprocess.run(
-            [sys.executable, "-c", REPEAT_SCRIPT], capture_output=True, text=True, check=True
-        ).stdout.split()[-1]
+    # three processes at once, not one after the other: each spends seconds importing
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", REPEAT_SCRIPT],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(3)
-    }
+    ]
+    digests = set()
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err[-2000:]
+            digests.add(out.split()[-1])
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
     assert len(digests) == 1
 
 
