@@ -800,7 +800,7 @@ def test_a_full_disk_while_metrics_are_appended_is_one_line_naming_the_file_and_
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert err.strip() == (
-        f"oncurve: error: cannot write {run_dir / 'metrics.jsonl'}: No space left on device; "
+        f"oncurve: error: {run_dir / 'metrics.jsonl'}: No space left on device; "
         f"step 2 is saved: resume with run.resume=auto run.dir={run_dir}"
     )
     assert checkpoint.latest_checkpoint(run_dir) == run_dir / "checkpoints" / "step-000002"

@@ -484,7 +484,7 @@ def _saved_on_giving_up(s: Session) -> Iterator[_Position]:
     except OSError as err:
         with contextlib.suppress(OSError):
             s.logger.close()
-        path = f"cannot write {err.filename}: " if err.filename else ""
+        path = f"{err.filename}: " if err.filename else ""  # a read's or a write's
         raise TrainingError(f"{path}{err.strerror or err}; {_kept(s, where.saved)}") from None
 
 
