@@ -83,7 +83,9 @@ def main() -> None:
         step = dataclasses.replace(batch, prompt_index=batch.prompt_index if shared else None)
 
         def loss(micro: TrainBatch, _: torch.Tensor) -> tuple:
-            return microbatch_loss(policy, micro, fns, forward, float(ROWS), tokens)
+            return microbatch_loss(
+                policy, micro, fns=fns, forward=forward, num_seqs=float(ROWS), num_tokens=tokens
+            )
 
         start = time.perf_counter()
         accumulate(policy, step, forward, loss)

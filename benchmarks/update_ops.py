@@ -160,7 +160,14 @@ def counts(
     tokens = float(step.completion_mask.sum())
 
     def loss(micro: TrainBatch, _: torch.Tensor) -> tuple:
-        return microbatch_loss(policy, micro, fns, forward, float(step.num_rows), tokens)
+        return microbatch_loss(
+            policy,
+            micro,
+            fns=fns,
+            forward=forward,
+            num_seqs=float(step.num_rows),
+            num_tokens=tokens,
+        )
 
     update = counted(lambda: accumulate(policy, step, forward, loss))
     policy.zero_grad(set_to_none=True)

@@ -12,7 +12,7 @@ from oncurve.errors import UserError
 from oncurve.memory import GIB, ModelShape
 from oncurve.rollout import TorchSampler
 from oncurve.rollout.cuda_graph import GraphSampler
-from oncurve.settle import MEMORY_SETTINGS, RunFacts, memory_settings, settle
+from oncurve.settle import MEMORY_SETTINGS, RunFacts, memory_settings, settle, settle_loading
 
 # Qwen2.5-1.5B in bfloat16: no weights are loaded, only its sizes are read
 QWEN_15B = ModelShape(
@@ -87,3 +87,16 @@ def test_a_resumed_run_settles_to_its_checkpoints_memory_settings() -> None:
     c = settle(load_config(), dataclasses.replace(H100, saved_memory=saved)).config
     assert (c.optim.microbatch_size, c.optim.microbatch_tokens) == (5, 500)
     assert c.model.gradient_checkpointing is True
+
+
+def test_loading_settles_auto_dtype_to_the_devices_and_records_a_hub_commit() -> None:
+    """`auto` becomes what it means on the device; a dtype the user named stays; a Hub
+    model's resolved commit replaces the requested revision, and a local model keeps its own."""
+    auto = load_config(None, [])
+    assert auto.model.dtype == "auto"
+    settled = settle_loading(auto, "bfloat16", "0123abcd")
+    assert settled.model.dtype == "bfloat16" and settled.model.revision == "0123abcd"
+    named = load_config(None, ["model.dtype=float32", "model.revision=v1"])
+    kept = settle_loading(named, "bfloat16", None)
+    assert kept.model.dtype == "float32" and kept.model.revision == "v1"
+    assert settle_loading(kept, "bfloat16", None) == kept

@@ -8,7 +8,6 @@ pieces depend on each other, and kept in one `Session` (`oncurve.session`).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from oncurve.compiled_layers import compile_decoder_layers
 from oncurve.config import Config, check_ranks, to_dict
 from oncurve.curriculum import build_curriculum
 from oncurve.errors import UserError
-from oncurve.estimators import build_advantage_source
+from oncurve.estimators import AdvantageSource, build_advantage_source
 from oncurve.inputs import (
     PromptData,
     build_rewards,
@@ -58,71 +57,38 @@ from oncurve.rollout.base import check_room
 from oncurve.rollout.episodes import EpisodeSettings, ObservationFormat, resolve_environment
 from oncurve.rundir import prepare_run_dir
 from oncurve.session import Session, forward_settings
-from oncurve.settle import RunFacts, settle
+from oncurve.settle import RunFacts, settle, settle_loading
 from oncurve.train_step import LossFns
 
 
 def setup(config: Config) -> Session:
-    """Build the session: run directory, model(s), data, rewards, optimizer; resume if asked."""
-    device = resolve_device(config.run.device)
-    rank, world_size = distributed.init_distributed(device.type, config.dist.timeout_s)
-    if device.type == "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())  # torchrun's LOCAL_RANK
-        if config.run.gpu_memory_gb is not None:
-            cap_gpu_memory(device, config.run.gpu_memory_gb)
-    check_ranks(config, world_size)
+    """Build the session: settle the config, load and assemble the run; resume if asked."""
+    device, rank, world_size = start_devices(config)
     run_dir, resume_from = prepare_run_dir(config, rank)
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     torch.manual_seed(config.run.seed)
     model_path = resolve_model_path(config.model.path, config.model.revision)
     tokenizer = load_tokenizer(model_path, config.model.trust_remote_code)
-    train_rows, eval_rows, task = load_prompts(config)
-    data = PromptData(train_rows, tokenizer, config.data, seed=config.run.seed)
-    eval_data = (
-        PromptData(eval_rows, tokenizer, config.data, seed=config.run.seed) if eval_rows else None
-    )
-    prompts = data.rows + (eval_data.rows if eval_data is not None else [])
-    longest = max(len(row["prompt_ids"]) for row in prompts)
-    # the run's config.yaml records what `auto` chose, and the commit of a Hub model
-    dtype = resolve_dtype(config.model.dtype, device)
+    data, eval_data, task = prompt_data(config, tokenizer)
     revision = hub_commit(model_path) if is_hub_id(config.model.path) else None
-    config = dataclasses.replace(
-        config,
-        model=dataclasses.replace(
-            config.model, dtype=dtype, revision=revision or config.model.revision
-        ),
-    )
-    model = load_model(model_path, dtype, device, config.model.trust_remote_code)
+    config = settle_loading(config, resolve_dtype("auto", device), revision)
+    model = load_model(model_path, config.model.dtype, device, config.model.trust_remote_code)
     episodes = episode_settings(config, tokenizer)
-    completion_budget = (
-        config.rollout.max_new_tokens
-        if episodes is None
-        else episodes.budget(config.rollout.max_new_tokens)
-    )
-    check_room(
-        longest,
-        completion_budget,
-        model.config,
-        "rollout.max_new_tokens"
-        if episodes is None
-        else "an episode (rollout.max_turns turns of rollout.max_new_tokens, "
-        "rollout.max_observation_tokens per observation)",
-    )
+    longest = max(len(row["prompt_ids"]) for row in prompt_rows(data, eval_data))
+    seq_len = longest + completion_room(config, episodes, longest, model.config)
     peft_model = add_lora(model, config.model.lora) if config.model.lora.r else None
     if peft_model is not None:
         model = peft_model.get_base_model()
-    saved = checkpoint.read_state(resume_from).get("memory") if resume_from else None
-    evaluates = eval_data is not None and (config.eval.at_start_end or config.eval.every > 0)
     # before the memory plan, which counts a reward model's weights
     rewards = build_rewards(config, task, device)
     facts = RunFacts.gather(
         config,
         model,
         world_size,
-        seq_len=longest + completion_budget,
-        saved_memory=saved,
-        evaluates=evaluates,
+        seq_len=seq_len,
+        saved_memory=checkpoint.read_state(resume_from).get("memory") if resume_from else None,
+        evaluates=eval_data is not None and (config.eval.at_start_end or config.eval.every > 0),
         reward_bytes=rewards.memory_bytes(),
     )
     settled = settle(config, facts)
@@ -130,27 +96,9 @@ def setup(config: Config) -> Session:
     if rank == 0:
         for line in settled.report + startup_notes(config, rewards):
             print(line, file=sys.stderr)
-    if config.model.pack_rows:
-        packing.use_packed_attention(model)
-    if config.model.gradient_checkpointing:
-        enable_gradient_checkpointing(model)
-    forward = forward_settings(model, config)
-    # before the policy's data-parallel wrapper: a critic copies the trunk's whole weights
-    advantage = build_advantage_source(config, model, forward)
-    if config.model.compile_layers:  # before the reference copy and FSDP2's layer classes
-        compile_decoder_layers(model)
+    policy, advantage = assemble_policy(config, model, peft_model, world_size)
     fsdp = config.dist.fsdp and world_size > 1
-    policy = Policy(
-        model,
-        forward=forward,
-        peft_model=peft_model,
-        with_reference=config.algo.beta > 0,
-        offload_reference=bool(config.model.offload_reference),
-        fsdp=fsdp,
-    )
-    trainable = policy.trainable()
-    optimizer = build_optimizer(trainable, config, sharded=fsdp)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(config))
+    optimizer = build_optimizer(policy.trainable(), config, sharded=fsdp)
     s = Session(
         config=config,
         run_dir=run_dir,
@@ -163,7 +111,7 @@ def setup(config: Config) -> Session:
         rewards=rewards,
         correct=correctness_fn(config, task),
         optimizer=optimizer,
-        scheduler=scheduler,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(config)),
         loss_fns=build_loss_fns(config),
         advantage=advantage,
         episodes=episodes,
@@ -183,6 +131,82 @@ def setup(config: Config) -> Session:
     policy.release()
     s.record_settings()
     return s
+
+
+def start_devices(config: Config) -> tuple[torch.device, int, int]:
+    """The run's device (torchrun's local GPU under CUDA, capped at `run.gpu_memory_gb`), this
+    process's rank and the number of ranks, the process group started where there are several;
+    the ranks checked against the batch's groups (`check_ranks`)."""
+    device = resolve_device(config.run.device)
+    rank, world_size = distributed.init_distributed(device.type, config.dist.timeout_s)
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())  # torchrun's LOCAL_RANK
+        if config.run.gpu_memory_gb is not None:
+            cap_gpu_memory(device, config.run.gpu_memory_gb)
+    check_ranks(config, world_size)
+    return device, rank, world_size
+
+
+def prompt_data(config: Config, tokenizer: Any) -> tuple[PromptData, PromptData | None, Any]:
+    """The training prompts, the held-out ones (None without), both encoded with the run's
+    chat template, and the task they come from (its answer checker and rewards)."""
+    train_rows, eval_rows, task = load_prompts(config)
+    data = PromptData(train_rows, tokenizer, config.data, seed=config.run.seed)
+    eval_data = (
+        PromptData(eval_rows, tokenizer, config.data, seed=config.run.seed) if eval_rows else None
+    )
+    return data, eval_data, task
+
+
+def prompt_rows(data: PromptData, eval_data: PromptData | None) -> list[dict]:
+    """Every prompt the run samples from: training's, then the held-out ones."""
+    return data.rows + (eval_data.rows if eval_data is not None else [])
+
+
+def completion_room(
+    config: Config, episodes: EpisodeSettings | None, longest: int, model_config: Any
+) -> int:
+    """The most tokens a completion (or a whole episode) may take after the `longest` prompt;
+    an error naming the setting when that does not fit the model's positions."""
+    if episodes is None:
+        room, setting = config.rollout.max_new_tokens, "rollout.max_new_tokens"
+    else:
+        room = episodes.budget(config.rollout.max_new_tokens)
+        setting = (
+            "an episode (rollout.max_turns turns of rollout.max_new_tokens, "
+            "rollout.max_observation_tokens per observation)"
+        )
+    check_room(longest, room, model_config, setting)
+    return room
+
+
+def assemble_policy(
+    config: Config,
+    model: torch.nn.Module,
+    peft_model: torch.nn.Module | None,
+    world_size: int,
+) -> tuple[Policy, AdvantageSource]:
+    """The policy (with its reference and data-parallel wrapper) and the advantage source, on
+    the loaded `model` as the settled `config` runs it: packed attention, gradient
+    checkpointing, compiled layers."""
+    if config.model.pack_rows:
+        packing.use_packed_attention(model)
+    if config.model.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    forward = forward_settings(model, config)
+    # before the policy's data-parallel wrapper: a critic copies the trunk's whole weights
+    advantage = build_advantage_source(config, model, forward)
+    if config.model.compile_layers:  # before the reference copy and FSDP2's layer classes
+        compile_decoder_layers(model)
+    policy = Policy(
+        model,
+        forward=forward,
+        peft_model=peft_model,
+        with_reference=config.algo.beta > 0,
+        offload_reference=bool(config.model.offload_reference),
+        fsdp=config.dist.fsdp and world_size > 1,
+    )
+    return policy, advantage
 
 
 def _wandb_settings(config: Config) -> dict[str, Any] | None:

@@ -1,8 +1,9 @@
 """Out of memory is not the end of a run: a phase that runs out is redone in smaller pieces.
 
 The memory plan (`oncurve.memory`) is an estimate: completions grow during training, another
-process may share the card. When a phase raises `torch.OutOfMemoryError`, `recover` frees what
-the failed attempt held, makes that phase's pieces smaller and runs it again on the same data:
+process may share the card. When a phase raises `torch.OutOfMemoryError`, the session
+(`Session.recovering`) frees what the failed attempt held, makes that phase's pieces smaller
+(`next_settings`) and runs it again on the same data:
 
 - sampling: fewer prompts per sampler call (`rollout.prompts_per_call`);
 - the reference and old-policy forwards and the update: half the rows and tokens per microbatch
@@ -13,8 +14,8 @@ the failed attempt held, makes that phase's pieces smaller and runs it again on 
 
 Each change is one line on stderr (phase, old and new setting), is counted in the step's
 `memory/oom_retries`, and goes into the session's config (config.yaml and every later
-checkpoint), so a resumed run starts from it. When nothing is left to make smaller, `recover`
-raises `OutOfMemoryStop` with one line of what to try; the trainer then saves the last
+checkpoint), so a resumed run starts from it. When nothing is left to make smaller,
+`next_settings` raises `OutOfMemoryStop` with one line of what to try; the trainer then saves the last
 finished step and stops. With several ranks, a phase without collectives (sampling,
 evaluation, a frozen reference's forward) is redone on the rank that ran out, and every rank
 takes the smallest setting at the end of the step (`agree`); a phase with collectives is not
@@ -29,15 +30,12 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 import torch
 
 from oncurve import distributed
 from oncurve.config import Config
 from oncurve.errors import TrainingError
-
-T = TypeVar("T")
 
 
 class OutOfMemoryStop(TrainingError):
@@ -92,7 +90,7 @@ def fewer_evaluation_rows(config: Config) -> tuple[Config, str] | None:
 
 @dataclass(frozen=True)
 class Phase:
-    """A part of a step that `recover` redoes in smaller pieces after running out of memory.
+    """A part of a step that `Session.recovering` redoes in smaller pieces after running out of memory.
 
     Attributes:
         name: named in the lines printed and in the error when it gives up.
@@ -122,7 +120,7 @@ UPDATE = Phase("the update", halve_microbatches)
 PREFLIGHT = Phase("the preflight", halve_microbatches)
 EVALUATION = Phase("evaluation", fewer_evaluation_rows, alone=True)
 
-# the settings `recover` makes smaller, by section and field
+# the settings a phase makes smaller, by section and field
 SETTINGS = (
     ("optim", "microbatch_size"),
     ("optim", "microbatch_tokens"),
@@ -173,48 +171,35 @@ def free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def recover(
-    phase: Phase,
-    attempt: Callable[[], T],
-    config: Config,
-    apply: Callable[[Config], None],
-    on_retry: Callable[[], None] | None = None,
-) -> T:
-    """`attempt()`, run again with `phase`'s next smaller setting each time it runs out of
-    memory.
+def failure_line(error: torch.OutOfMemoryError) -> str:
+    """The first line of what the allocator said (kept after the error and its frames go)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "out of memory"
 
-    Args:
-        config: the settings the first attempt runs with.
-        apply: makes a new config the run's (the forward settings, checkpointing, the recorded
-            config); called before each retry, so that the attempt reads the new settings.
-        on_retry: undoes what the failed attempt left (e.g. its partial gradients).
+
+def next_settings(phase: Phase, config: Config, detail: str) -> Config:
+    """The config `phase` is redone with after running out of memory (`detail`, the
+    allocator's line) under `config`: its next smaller setting, said in one line on stderr.
+
     Raises:
-        OutOfMemoryStop: out of memory with nothing left to shrink.
+        OutOfMemoryStop: nothing left to shrink, or several ranks in a phase with collectives.
     """
-    while True:
-        try:
-            return attempt()
-        except torch.OutOfMemoryError as error:
-            detail = str(error).strip().splitlines()[0] if str(error).strip() else "out of memory"
-        if on_retry is not None:
-            on_retry()
-        free_memory()
-        smaller = phase.shrink(config)
-        if smaller is None:
-            raise OutOfMemoryStop(
-                f"out of memory in {phase.name} with every setting that can shrink at its smallest "
-                f"({detail}); lower rollout.max_new_tokens, set run.gpu_memory_gb to the memory "
-                "the card really has free, or train LoRA adapters (model.lora.r)"
-            )
-        before, (config, change) = settings_of(config), smaller
-        rank, world_size = distributed.world()
-        if world_size > 1 and not phase.alone:
-            # The other ranks are inside this phase's collectives (DDP's buffer broadcasts and
-            # gradient all-reduce), which a redo on this rank alone would not match.
-            raise OutOfMemoryStop(
-                f"out of memory in {phase.name} on rank {rank} ({detail}); with several ranks a phase "
-                "cannot be redone on one of them: restart with "
-                + " ".join(f"{k}={v}" for k, v in settings_of(config).items() if before[k] != v)
-            )
-        print(f"out of memory in {phase.name}: redoing it with {change}", file=sys.stderr)
-        apply(config)
+    smaller = phase.shrink(config)
+    if smaller is None:
+        raise OutOfMemoryStop(
+            f"out of memory in {phase.name} with every setting that can shrink at its smallest "
+            f"({detail}); lower rollout.max_new_tokens, set run.gpu_memory_gb to the memory "
+            "the card really has free, or train LoRA adapters (model.lora.r)"
+        )
+    before, (config, change) = settings_of(config), smaller
+    rank, world_size = distributed.world()
+    if world_size > 1 and not phase.alone:
+        # The other ranks are inside this phase's collectives (DDP's buffer broadcasts and
+        # gradient all-reduce), which a redo on this rank alone would not match.
+        raise OutOfMemoryStop(
+            f"out of memory in {phase.name} on rank {rank} ({detail}); with several ranks a phase "
+            "cannot be redone on one of them: restart with "
+            + " ".join(f"{k}={v}" for k, v in settings_of(config).items() if before[k] != v)
+        )
+    print(f"out of memory in {phase.name}: redoing it with {change}", file=sys.stderr)
+    return config

@@ -121,10 +121,23 @@ class Session:
     def recovering(
         self, phase: oom.Phase, attempt: Callable[[], T], on_retry: Callable[[], None] | None = None
     ) -> T:
-        """`attempt()`, redone with `phase`'s smaller settings each time it runs out of memory
-        (`oom.recover`); each smaller setting becomes the session's (`adopt`), which the next
-        attempt reads."""
-        return oom.recover(phase, attempt, self.config, self.adopt, on_retry)
+        """`attempt()`, redone each time it runs out of memory with `phase`'s next smaller
+        setting (`oom.next_settings`), made the session's (`adopt`) so that the next attempt
+        reads it. `on_retry` undoes what a failed attempt left (e.g. its partial gradients).
+
+        Raises:
+            oom.OutOfMemoryStop: out of memory with nothing left to shrink.
+        """
+        while True:
+            try:
+                return attempt()
+            except torch.OutOfMemoryError as error:
+                # only the line is kept: the error holds the failed attempt's frames and tensors
+                detail = oom.failure_line(error)
+            if on_retry is not None:
+                on_retry()
+            oom.free_memory()
+            self.adopt(oom.next_settings(phase, self.config, detail))
 
     def checkpoint_extras(
         self,

@@ -1,6 +1,8 @@
 """Settling a run's config: every `auto` and null setting resolved, in one pure step.
 
-What the choices read besides the config is gathered first, into `RunFacts`: the model's shape,
+Two steps, both pure. What loading the weights needs comes first (`settle_loading`: the
+dtype, a Hub model's revision); then, once the model is loaded, the rest. What those choices
+read besides the config is gathered into `RunFacts`: the model's shape,
 the sampler backend's class, the device's memory and the host's, whether packed rows can run.
 `settle(config, facts)` then fills in the memory settings (the plan on CUDA, fixed defaults on
 the CPU), the TIS cap, CUDA graphs and compilation, and packing, and says what it chose in
@@ -122,6 +124,19 @@ class RunFacts:
             unpackable=unpackable,
             packing_failure=failure,
         )
+
+
+def settle_loading(config: Config, auto_dtype: str, hub_commit: str | None) -> Config:
+    """`config` with what loading the weights needs settled: `model.dtype` (`auto_dtype`, what
+    `auto` means on the run's device, where `auto`) and `model.revision` (`hub_commit`, the
+    commit a Hub model resolved to, where one did), so that config.yaml names the weights."""
+    m = config.model
+    model = dataclasses.replace(
+        m,
+        dtype=auto_dtype if m.dtype == "auto" else m.dtype,
+        revision=hub_commit or m.revision,
+    )
+    return dataclasses.replace(config, model=model)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 import transformers
@@ -551,14 +552,14 @@ def accumulate_gradients(
         TIS weight was truncated, when `fns.tis_cap` > 0).
     """
 
-    def loss_of(micro: TrainBatch, _: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return microbatch_loss(policy, micro, fns, forward, num_seqs, num_tokens)
-
     totals: dict[str, float] = {"loss/policy": 0.0, "logprob_diff/max": 0.0}
     weighted: dict[str, float] = {}
     ratio_min, ratio_max = float("inf"), float("-inf")
     tokens_seen = 0.0
-    for tokens, loss, stats in host_values(accumulate(policy, minibatch, forward, loss_of)):
+    policy_loss = partial(
+        microbatch_loss, policy, fns=fns, forward=forward, num_seqs=num_seqs, num_tokens=num_tokens
+    )
+    for tokens, loss, stats in host_values(accumulate(policy, minibatch, forward, policy_loss)):
         totals["loss/policy"] += loss
         totals["logprob_diff/max"] = max(totals["logprob_diff/max"], stats.pop("sampler_gap"))
         ratio_min = min(ratio_min, stats.pop("ratio/min"))
@@ -574,13 +575,17 @@ def accumulate_gradients(
 def microbatch_loss(
     policy: torch.nn.Module,
     micro: TrainBatch,
+    rows: torch.Tensor | None = None,
+    *,
     fns: LossFns,
     forward: ForwardSettings,
     num_seqs: float,
     num_tokens: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The aggregated loss of one microbatch (policy term + beta * KL) and its statistics
-    (0-dim tensors, left on the device).
+    (0-dim tensors, left on the device): `accumulate`'s `micro_loss` with the policy, the loss
+    and the step's counts bound. `rows`, the microbatch's `[n]` rows in its minibatch, is what
+    `accumulate` passes every loss; the policy's targets travel in `micro` itself.
 
     With `fns.tis_cap` > 0 and the sampler's logprobs in `micro`, each token's policy term (not
     the KL term, as in verl) is weighted by min(pi_old / pi_sampler, tis_cap) (`tis_weights`).
