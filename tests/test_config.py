@@ -4,7 +4,14 @@ import typing
 import pytest
 import torch
 
-from oncurve.algo.registry import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from oncurve.algo import losses
+from oncurve.algo.registry import (
+    ADVANTAGE_ESTIMATORS,
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    registered,
+)
 from oncurve.config import (
     PRESETS,
     RENAMED,
@@ -287,11 +294,14 @@ def test_every_setting_has_help_text_and_a_default():
 
 
 def test_algorithm_choices_are_the_registry_names():
+    """A variant registered at its definition is a choice of its config field, in the order
+    the definitions come; a name registered twice is refused."""
     choices = {f.name: f.metadata["choices"] for f in dataclasses.fields(AlgoConfig)}
-    # every group estimator is an advantage source; gae is the critic's
-    assert (
-        set(choices["estimator"]) == set(ADVANTAGE_SOURCES) == set(ADVANTAGE_ESTIMATORS) | {"gae"}
-    )
-    assert set(choices["loss"]) == set(POLICY_LOSSES)
-    assert set(choices["loss_agg"]) == set(AGGREGATIONS)
-    assert set(choices["kl_estimator"]) == set(KL_ESTIMATORS)
+    assert choices["estimator"] == ("grpo", "rloo", "gae") == tuple(ADVANTAGE_SOURCES)
+    assert choices["loss"] == ("ppo_clip", "gspo", "cispo") == tuple(POLICY_LOSSES)
+    assert POLICY_LOSSES["cispo"] is losses.cispo
+    assert choices["loss_agg"] == tuple(AGGREGATIONS) and len(AGGREGATIONS) == 3
+    assert choices["kl_estimator"] == ("k1", "k2", "k3") == tuple(KL_ESTIMATORS)
+    assert choices["preset"] == tuple(PRESETS)
+    with pytest.raises(ValueError, match="'k3' is registered twice"):
+        registered(dict(KL_ESTIMATORS), "k3")(losses.cispo)

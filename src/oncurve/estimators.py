@@ -93,9 +93,9 @@ def critic(config: Config, model: torch.nn.Module, forward: ForwardSettings) -> 
 
 
 # `algo.estimator` -> fn(config, policy model, forward settings) -> source
+# (every group estimator is read from group statistics; gae is the critic's)
 ADVANTAGE_SOURCES: dict[str, Callable[..., AdvantageSource]] = {
-    "grpo": group_advantages,
-    "rloo": group_advantages,
+    **dict.fromkeys(ADVANTAGE_ESTIMATORS, group_advantages),
     "gae": critic,
 }
 

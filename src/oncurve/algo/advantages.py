@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from oncurve.algo.registry import ADVANTAGE_ESTIMATORS, registered
+
 SCALES = ("group", "batch", "none")
 
 
@@ -62,6 +64,7 @@ def _scaled(
     raise ValueError(f"advantage scale must be one of {', '.join(SCALES)}, got {scale!r}")
 
 
+@registered(ADVANTAGE_ESTIMATORS, "grpo")
 def group_advantages(
     rewards: torch.Tensor,
     group_size: int,
@@ -90,6 +93,7 @@ def group_advantages(
     return _scaled(dev, r, finite, std, scale, eps, batch_std).view(-1)
 
 
+@registered(ADVANTAGE_ESTIMATORS, "rloo")
 def rloo_advantages(
     rewards: torch.Tensor,
     group_size: int,

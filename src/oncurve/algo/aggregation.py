@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import torch
 
+from oncurve.algo.registry import AGGREGATIONS, registered
 
+
+@registered(AGGREGATIONS, "seq-mean-token-mean")
 def seq_mean_token_mean(
     per_token: torch.Tensor,
     mask: torch.Tensor,
@@ -30,6 +33,7 @@ def seq_mean_token_mean(
     return ((per_token * mask).sum(1) / lengths).sum() / num_seqs
 
 
+@registered(AGGREGATIONS, "token-mean")
 def token_mean(
     per_token: torch.Tensor,
     mask: torch.Tensor,
@@ -42,6 +46,7 @@ def token_mean(
     return (per_token * mask).sum() / num_tokens
 
 
+@registered(AGGREGATIONS, "seq-mean-token-sum-norm")
 def seq_mean_token_sum_norm(
     per_token: torch.Tensor,
     mask: torch.Tensor,

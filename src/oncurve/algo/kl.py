@@ -6,21 +6,26 @@ from __future__ import annotations
 
 import torch
 
+from oncurve.algo.registry import KL_ESTIMATORS, registered
+
 # exp(20) ~ 5e8: bounds k3 so that a padding position with unrelated logprobs cannot overflow to
 # inf, which a mask multiply would turn into NaN.
 _MAX_LOG_RATIO = 20.0
 
 
+@registered(KL_ESTIMATORS, "k1")
 def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """k1 = d: unbiased, high variance, can be negative."""
     return logprobs - ref_logprobs
 
 
+@registered(KL_ESTIMATORS, "k2")
 def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """k2 = d^2 / 2: biased, low variance, >= 0."""
     return 0.5 * (logprobs - ref_logprobs).square()
 
 
+@registered(KL_ESTIMATORS, "k3")
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """k3 = exp(-d) - (-d) - 1 = pi_ref/pi - log(pi_ref/pi) - 1: unbiased, >= 0, 0 iff equal
     (DeepSeekMath's choice). `-d` is clamped to +-20 against overflow."""

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from oncurve.algo.registry import POLICY_LOSSES, registered
+
 # As verl: exp(20) ~ 5e8 is far past any clip range, while an unbounded exp() of a stale or
 # diverged token can reach inf, make the loss non-finite and get the whole update skipped.
 _MAX_LOG_RATIO = 20.0
@@ -73,6 +75,7 @@ def _clipped_surrogate(
     return loss * mask, _metrics(ratio, low, high, clamped, mask)
 
 
+@registered(POLICY_LOSSES, "ppo_clip")
 def ppo_clip(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -99,6 +102,7 @@ def ppo_clip(
     return _clipped_surrogate(log_ratio, advantages, mask, eps_low, eps_high, dual_clip)
 
 
+@registered(POLICY_LOSSES, "gspo")
 def gspo(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -131,6 +135,7 @@ def gspo(
     return _clipped_surrogate(log_ratio, advantages, mask, eps_low, eps_high, dual_clip)
 
 
+@registered(POLICY_LOSSES, "cispo")
 def cispo(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

@@ -1,28 +1,28 @@
-"""Name -> function tables, one per kind; configs name entries by string. A new variant is a
-function with its kind's signature, one line here, and its test."""
+"""Name -> function tables, one per kind; configs name entries by string (the config's
+`choices` are these tables' names). A new variant is a function with its kind's signature,
+registered where it is defined (`@registered(POLICY_LOSSES, "name")`), and its test.
+
+The tables fill as the modules that define the entries are imported; `oncurve.algo` imports
+all of them, so any import of this module through the package sees them whole.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
-from oncurve.algo.advantages import group_advantages, rloo_advantages
-from oncurve.algo.aggregation import seq_mean_token_mean, seq_mean_token_sum_norm, token_mean
-from oncurve.algo.kl import kl_k1, kl_k2, kl_k3
-from oncurve.algo.losses import cispo, gspo, ppo_clip
 from oncurve.errors import UserError
 
+F = TypeVar("F", bound=Callable)
+
 # fn(rewards [B*G], group_size, *, scale, eps, batch_std=None) -> [B*G]
-ADVANTAGE_ESTIMATORS: dict[str, Callable] = {"grpo": group_advantages, "rloo": rloo_advantages}
+ADVANTAGE_ESTIMATORS: dict[str, Callable] = {}
 # fn(logprobs, old_logprobs, advantages, mask, *, eps_low, eps_high, dual_clip) -> (loss, metrics)
-POLICY_LOSSES: dict[str, Callable] = {"ppo_clip": ppo_clip, "gspo": gspo, "cispo": cispo}
+POLICY_LOSSES: dict[str, Callable] = {}
 # fn(per_token, mask, *, num_seqs, num_tokens, norm_len) -> scalar
-AGGREGATIONS: dict[str, Callable] = {
-    "seq-mean-token-mean": seq_mean_token_mean,
-    "token-mean": token_mean,
-    "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
-}
+AGGREGATIONS: dict[str, Callable] = {}
 # fn(logprobs, ref_logprobs) -> [N, T]
-KL_ESTIMATORS: dict[str, Callable] = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+KL_ESTIMATORS: dict[str, Callable] = {}
 
 TABLES: dict[str, dict[str, Callable]] = {
     "advantage estimator": ADVANTAGE_ESTIMATORS,
@@ -30,6 +30,18 @@ TABLES: dict[str, dict[str, Callable]] = {
     "aggregation": AGGREGATIONS,
     "KL estimator": KL_ESTIMATORS,
 }
+
+
+def registered(table: dict[str, Callable], name: str) -> Callable[[F], F]:
+    """A decorator entering the function it decorates in `table` as `name`."""
+
+    def enter(fn: F) -> F:
+        if name in table:
+            raise ValueError(f"{name!r} is registered twice")
+        table[name] = fn
+        return fn
+
+    return enter
 
 
 def lookup(table: str | Mapping[str, Callable], name: str) -> Callable:

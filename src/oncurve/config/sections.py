@@ -7,6 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from oncurve.algo.registry import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from oncurve.config.presets import PRESETS
+
 Check = Callable[[Any], str | None]
 
 
@@ -307,13 +310,13 @@ class AlgoConfig:
         "grpo",
         "named bundle of the fields below (dapo also sets reward.overlong_buffer): grpo "
         "(DeepSeekMath), dr_grpo, dapo, gspo, ppo",
-        choices=("grpo", "dr_grpo", "dapo", "gspo", "ppo"),
+        choices=tuple(PRESETS),
     )
     estimator: str = _opt(
         "grpo",
         "advantage estimator: grpo (group z-score), rloo (leave-one-out; algo.adv_scale "
         "defaults to none with it, whatever the preset), gae (PPO with a critic)",
-        choices=("grpo", "rloo", "gae"),
+        choices=(*ADVANTAGE_ESTIMATORS, "gae"),
     )
     adv_scale: str = _opt(
         "group",
@@ -325,12 +328,12 @@ class AlgoConfig:
     loss: str = _opt(
         "ppo_clip",
         "per-token policy loss (gspo only with loss_agg seq-mean-token-mean)",
-        choices=("ppo_clip", "gspo", "cispo"),
+        choices=tuple(POLICY_LOSSES),
     )
     loss_agg: str = _opt(
         "seq-mean-token-mean",
         "how token losses become one number",
-        choices=("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"),
+        choices=tuple(AGGREGATIONS),
     )
     epsilon: float = _opt(0.2, "clip range below 1 (and above, unless epsilon_high)", UNIT_OPEN)
     epsilon_high: float | None = _opt(None, "clip range above 1 (DAPO clip-higher)", UNIT_OPEN)
@@ -353,7 +356,7 @@ class AlgoConfig:
         "per-token KL estimator; in the loss, k3's gradient is that of KL(pi_ref || pi) (as in "
         "TRL and verl) and k2's that of KL(pi || pi_ref); k1's is zero in expectation, so k1 "
         "only with algo.kl_in_reward=true (or beta=0)",
-        choices=("k1", "k2", "k3"),
+        choices=tuple(KL_ESTIMATORS),
     )
     mu: int = _opt(1, "optimisation passes over each sampled batch", POSITIVE)
     minibatches: int = _opt(1, "optimizer steps per pass (the batch split in this many)", POSITIVE)
