@@ -3,6 +3,8 @@ import json
 import random
 import re
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -304,3 +306,19 @@ def test_ema_is_debiased():
     np.testing.assert_array_equal(ema(np.array([1.0, 3.0]), 0.0), [1.0, 3.0])
     assert auto_smoothing(30) == 0.0
     assert auto_smoothing(400) == pytest.approx(1 - 2 / 17)
+
+
+def test_report_without_matplotlib_is_one_line_naming_the_extra(tmp_path, monkeypatch, capsys):
+    """Plotting is an extra: without matplotlib, `oncurve report` stops with one line that
+    names it, and training never needs it."""
+    for name in [m for m in list(sys.modules) if m.split(".")[0] == "matplotlib"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delitem(sys.modules, "oncurve.report")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    run = tmp_path / "run"
+    run.mkdir()
+    assert main(["report", str(run)]) != 0
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("pip install 'oncurve[report]'") and "\n" not in err
+    blocked = "import sys; sys.modules['matplotlib'] = None; import oncurve.trainer, oncurve.cli"
+    assert subprocess.run([sys.executable, "-c", blocked], check=False).returncode == 0

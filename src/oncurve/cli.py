@@ -55,9 +55,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from oncurve.config import describe, load_config
+    from oncurve.config.helptext import reference_page
 
     if args.help_config:
-        print(describe())
+        print(
+            reference_page() if args.help_config == "markdown" else describe(),
+            end="\n" if args.help_config == "text" else "",
+        )
         return 0
     config_path, overrides = _split_config_args(args.args)
     config = load_config(config_path, overrides)
@@ -358,7 +362,14 @@ def _import_model(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from oncurve.report import write_report
+    try:
+        from oncurve.report import write_report
+    except ModuleNotFoundError as missing:
+        if missing.name is None or missing.name.split(".")[0] != "matplotlib":
+            raise
+        raise UserError(
+            "oncurve report draws with matplotlib: pip install 'oncurve[report]'"
+        ) from None
 
     path = write_report([Path(d) for d in args.run_dirs], Path(args.out) if args.out else None)
     print(path)
@@ -437,7 +448,13 @@ def _parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train with GRPO (no arguments: the default job)")
     train.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
     train.add_argument("--quiet", action="store_true", help="log lines instead of a progress bar")
-    train.add_argument("--help-config", action="store_true", help="list every config key")
+    train.add_argument(
+        "--help-config",
+        nargs="?",
+        const="text",
+        choices=("text", "markdown"),
+        help="list every config key (markdown: as the page docs/configuration.md)",
+    )
     train.set_defaults(run=_train)
 
     def model_args(p: argparse.ArgumentParser) -> None:

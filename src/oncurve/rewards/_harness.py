@@ -298,7 +298,7 @@ def run(source: str, setup: str = "") -> None:
     fails."""
     # Not dumpable before the fork: the child (the program) cannot open this process's
     # /proc/PID/mem or /proc/PID/fd/0, where the secret and the tests are. Without ctypes (the
-    # fallback's audit hook refuses it) that barrier is missing, as the README says.
+    # fallback's audit hook refuses it) that barrier is missing, as docs/sandbox.md says.
     try:
         import ctypes
 

@@ -16,7 +16,7 @@ Extraction styles (`extract_answer`), each linear in the completion's length:
                that is one short piece of math (`_whole_math`), last_number that finds
                something; inside `<answer>` a `\\boxed{}` is unwrapped
 
-Matching (`answers_match`; README, "What `correct` pays for"). A reference that cannot be
+Matching (`answers_match`; docs/rewards.md, "What `correct` pays for"). A reference that cannot be
 scored (`usable_gold`: empty, NaN, `None`, `0/0`) matches nothing, and the reward leaves its row
 unscored. Otherwise, after a leading "The answer is":
   - the reference's own surface form (after `normalize_answer`) matches; letters differing in

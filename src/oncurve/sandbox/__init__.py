@@ -30,7 +30,7 @@ Each run gets, where the machine allows it (``isolation()`` says what it gave):
 Without namespaces (a container that forbids them, or a non-root user without user
 namespaces) it falls back to a host temporary directory and an audit hook that refuses sockets.
 Whatever is missing (namespaces, the filter, a cgroup) it names in one warning per process.
-``_boot.py`` is the first stage that builds all this; the README's "Sandbox" section has the
+``_boot.py`` is the first stage that builds all this; `docs/sandbox.md` has the
 attacks it was tested against.
 
 ``SandboxPool(workers)`` runs many programs at once: threads that each wait on one sandbox.

@@ -65,7 +65,7 @@ _libc.unshare.argtypes = (ctypes.c_int,)
 # model-written code calls, exit and quit. In the fallback (``--audit``) an audit hook is the one
 # network barrier: hooks cannot be removed, and it also refuses the ways out of the interpreter
 # that would leave it behind (exec, ctypes, _posixsubprocess) and signals to other processes.
-# Native code could still get around it: the README says so.
+# Native code could still get around it: docs/sandbox.md says so.
 RUNNER = """\
 import _sitebuiltins, builtins, os, sys
 builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
