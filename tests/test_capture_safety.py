@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
-import weakref
 
 import pytest
 import torch
 import yaml
-from conftest import OpCounter
-from test_cuda_graph import model_of
-from test_reliability import metric_rows
-from test_rollout import EOS, PROMPTS, TOKENIZER, make_model
-from test_trainer import make_config
+from helpers.configs import make_config
+from helpers.counting import OpCounter
+from helpers.graph_sampler import FakePools, assert_fell_back_once, assert_same_samples
+from helpers.host_reads import BANNED_METHODS, HOST_READS
+from helpers.models import EOS, PROMPTS, TOKENIZER, lora_model, make_model, model_of
+from helpers.runs import metric_rows
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -35,50 +34,6 @@ from oncurve.rollout.cuda_graph import GraphSampler
 from oncurve.trainer import train
 
 aten = torch.ops.aten
-
-# Each reads a device value on the host, or has an output shape that depends on data.
-HOST_READS = {
-    aten._local_scalar_dense.default,
-    aten.item.default,
-    aten.is_nonzero.default,
-    aten.equal.default,
-    aten.nonzero.default,
-    aten.masked_select.default,
-    aten.repeat_interleave.Tensor,
-    aten.bincount.default,
-    aten._unique.default,
-    aten._unique2.default,
-    aten.unique_dim.default,
-    aten.unique_consecutive.default,
-    aten.lift_fresh.default,
-    aten.lift_fresh_copy.default,
-    # under torch.use_deterministic_algorithms CUDA reroutes these through index_put with a
-    # blocking host-to-device copy of its coordinates
-    aten.scatter.src,
-    aten.scatter_.src,
-}
-BANNED_METHODS = {
-    torch.Tensor.tolist,
-    torch.Tensor.item,
-    torch.Tensor.cpu,
-    torch.Tensor.numpy,
-    torch.Tensor.__bool__,
-    torch.Tensor.__int__,
-    torch.Tensor.__float__,
-    torch.Tensor.__index__,
-}
-
-
-def assert_fell_back_once(
-    capsys: pytest.CaptureFixture, says: str, error: str | None, batches: list, eager
-) -> None:
-    """A sampler that fell back (from graphs or from compiling) warned once, with the line
-    saying `says` and quoting `error`, and every one of `batches` equals the `eager` samples."""
-    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert len(warnings) == 1 and says in warnings[0]
-    assert error and error in warnings[0]
-    for batch in batches:
-        assert_same_samples(batch, eager, atol=0)
 
 
 class HostReadError(RuntimeError):
@@ -119,13 +74,6 @@ def as_captured():
         yield
 
 
-def assert_same_samples(got, want, atol: float) -> None:
-    """The same tokens and finish reasons, logprobs within `atol`."""
-    assert torch.equal(got.completion_ids, want.completion_ids)
-    assert got.finish_reasons == want.finish_reasons
-    torch.testing.assert_close(got.logprobs, want.logprobs, atol=atol, rtol=0)
-
-
 def test_the_guard_catches_each_kind_of_host_read():
     x = torch.arange(6.0)
     attempts = [
@@ -153,15 +101,6 @@ SAMPLINGS = {
     "min_new_tokens": dict(temperature=1.0, min_new_tokens=4),
     "greedy": dict(temperature=0.0),
 }
-
-
-def lora_model() -> torch.nn.Module:
-    peft = pytest.importorskip("peft", reason="the lora extra (peft) is not installed")
-    adapted = peft.get_peft_model(
-        make_model("qwen2"),
-        peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]),
-    )
-    return adapted.get_base_model()
 
 
 def ready_sampler(model: torch.nn.Module, params: SamplingParams) -> tuple[GraphSampler, object]:
@@ -206,53 +145,6 @@ def test_the_decode_step_runs_on_the_meta_device(sampling):
     sampler._step(ws, ws.rows, params)
     sampler._step(ws, 4, params)
     assert ws.completion.device.type == "meta"
-
-
-class FakePools:
-    """Stand-ins for the CUDA graph API that count live graphs per pool. PyTorch's allocator
-    cannot erase a private pool that still holds a block (cuBLAS's workspace for the capture
-    stream outlives the graphs), and asserts `use_count > 0` when a capture reuses a pool
-    whose graphs were all freed; `graph` raises the same way."""
-
-    def __init__(self) -> None:
-        self.live: dict[int, int] = {}
-        self.ids = itertools.count(1)
-        self.captures = 0
-
-    def graph_pool_handle(self) -> tuple[int, int]:
-        return (0, next(self.ids))
-
-    def _freed(self, pool: int) -> None:
-        self.live[pool] -= 1
-
-    @contextlib.contextmanager
-    def graph(self, graph, pool=None, **_):
-        key = pool[1] if pool is not None else next(self.ids)
-        if self.live.get(key) == 0:
-            raise RuntimeError("it->second->use_count > 0 INTERNAL ASSERT FAILED (fake allocator)")
-        self.live[key] = self.live.get(key, 0) + 1
-        self.captures += 1
-        weakref.finalize(graph, self._freed, key)
-        del graph  # the generator's frame must not keep the graph alive
-        yield
-
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        class Graph:
-            def replay(self) -> None:
-                pass
-
-        class Stream:
-            def wait_stream(self, other) -> None:
-                pass
-
-        monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
-        monkeypatch.setattr(torch.cuda, "graph", self.graph)
-        monkeypatch.setattr(torch.cuda, "graph_pool_handle", self.graph_pool_handle)
-        monkeypatch.setattr(torch.cuda, "Stream", Stream)
-        monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: Stream())
-        monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-        monkeypatch.setattr(torch.cuda, "set_stream", lambda s: None)
-        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
 
 
 def test_one_sampler_recaptures_through_a_runs_calls_without_reusing_a_freed_pool(monkeypatch):

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from helpers.tied_lm import make_setup, train
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
-from torch.optim.lr_scheduler import LambdaLR
 
 from oncurve import checkpoint
 from oncurve.checkpoint import (
@@ -32,40 +32,6 @@ from oncurve.checkpoint import (
 from oncurve.errors import UserError
 
 TESTS_DIR = Path(__file__).parent
-
-
-class TiedLM(nn.Module):
-    """Embedding and output head share one weight, as in most small causal LMs."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(8, 4)
-        self.mid = nn.Linear(4, 4)
-        self.head = nn.Linear(4, 8, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.tanh(self.mid(self.embed(ids))))
-
-
-def make_setup(seed: int) -> tuple[TiedLM, torch.optim.Optimizer, LambdaLR]:
-    torch.manual_seed(seed)
-    model = TiedLM()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    scheduler = LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 4))
-    return model, optimizer, scheduler
-
-
-def train(model: nn.Module, optimizer, scheduler, steps: int) -> None:
-    """A few updates on random token ids (drawn from the torch RNG, so RNG state matters)."""
-    for _ in range(steps):
-        ids = torch.randint(0, 8, (3, 5))
-        loss = nn.functional.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
 
 
 def draw() -> list:
@@ -146,7 +112,7 @@ def test_round_trip_is_bit_exact(tmp_path: Path) -> None:
 def test_projections_laid_out_in_one_storage_round_trip_and_stay_so(tmp_path: Path) -> None:
     """The `cuda_graph` sampler's layout (parameters that are views into one tensor, which
     safetensors' `save_model` refuses to store) saves, and loads in place, keeping it."""
-    from test_rollout import make_model
+    from helpers.models import make_model
 
     from oncurve.rollout.cuda_graph import lay_out_projections
 
@@ -343,7 +309,7 @@ from pathlib import Path
 import torch
 torch.set_num_threads(1)  # no thread pool exists when forking
 sys.path.insert(0, sys.argv[1])
-from test_checkpoint import make_setup, train
+from helpers.tied_lm import make_setup, train
 from oncurve import checkpoint
 work = Path(sys.argv[2])
 model, optimizer, scheduler = make_setup(0)

@@ -9,8 +9,8 @@ import warnings
 
 import pytest
 import torch
-from test_packing import make_model
-from test_train_step import accumulate_grpo, grpo_batch
+from helpers.batches import accumulate_grpo, grpo_batch
+from helpers.models import make_model
 
 import oncurve.compiled_layers as compiled_module
 from oncurve import packing
@@ -236,7 +236,7 @@ def test_a_run_with_compile_layers_trains_policy_and_reference_compiled(
 ):
     """`model.compile_layers=true`: the policy's and the reference's layers (a deep copy, its
     own weights) get the compiled class, and a step trains through them."""
-    from test_trainer import make_config
+    from helpers.configs import make_config
 
     from oncurve.trainer import setup, training_step
 
@@ -259,7 +259,7 @@ def test_a_padded_run_compiles_the_layers_once_per_grad_mode_step_after_step(
     layers and steps, the offloaded reference's swapped weights adding none. A group's prompt
     is not shared through transformers' KV cache here: indexed by the layer's number, it would
     make Dynamo compile each layer apart, past its recompile limit."""
-    from test_trainer import make_config
+    from helpers.configs import make_config
 
     from oncurve.trainer import setup, training_step
 

@@ -15,16 +15,15 @@ from collections.abc import Callable
 import pytest
 import torch
 import yaml
-from test_capture_safety import (
+from helpers.configs import make_config
+from helpers.graph_sampler import (
     FakePools,
     assert_fell_back_once,
     assert_same_samples,
-    lora_model,
+    trained_logprobs,
 )
-from test_cuda_graph import model_of, trained_logprobs
-from test_reliability import metric_rows
-from test_rollout import PROMPTS, TOKENIZER, make_model
-from test_trainer import make_config
+from helpers.models import PROMPTS, TOKENIZER, lora_model, make_model, model_of
+from helpers.runs import metric_rows
 
 from oncurve.models import enable_gradient_checkpointing
 from oncurve.rollout import SamplingParams

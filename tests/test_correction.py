@@ -11,17 +11,17 @@ import math
 import pytest
 import torch
 import yaml
-from conftest import tiny_qwen2
-from test_variants import (
+from helpers.configs import raw_gradient_config
+from helpers.first_step import run_first_step
+from helpers.hand_assembly import (
     count_digit_rewards,
     forward_logprobs,
     grpo_advantages,
     k3,
-    make_config,
     model_at,
-    run_first_step,
     seq_mean_token_mean,
 )
+from helpers.models import tiny_qwen2
 
 from oncurve.algo import logprob_diff_mean, tis_weights
 from oncurve.config import load_config
@@ -91,7 +91,7 @@ def recorded_tis_cap(s) -> float:
 def test_null_settles_to_off_on_the_cpu_and_the_run_records_it(
     tiny_model_dir, data_file, tmp_path, capsys
 ):
-    s = setup(make_config(tiny_model_dir, data_file, tmp_path / "run"))
+    s = setup(raw_gradient_config(tiny_model_dir, data_file, tmp_path / "run"))
     assert s.config.algo.tis_cap == 0.0 and s.loss_fns.tis_cap == 0.0
     assert recorded_tis_cap(s) == 0.0
     assert "truncated distribution" not in capsys.readouterr().err
@@ -108,7 +108,9 @@ def test_null_settles_to_2_with_the_cuda_graph_sampler(
     hf = sampler_registry.BACKENDS["hf"]
     mismatched = dataclasses.replace(hf, sampler=MismatchedSampler)
     monkeypatch.setitem(sampler_registry.BACKENDS, "cuda_graph", mismatched)
-    config = make_config(tiny_model_dir, data_file, tmp_path / "run", "rollout.backend=cuda_graph")
+    config = raw_gradient_config(
+        tiny_model_dir, data_file, tmp_path / "run", "rollout.backend=cuda_graph"
+    )
     s = setup(config)
     assert s.config.algo.tis_cap == 2.0 and s.loss_fns.tis_cap == 2.0
     assert recorded_tis_cap(s) == 2.0
@@ -183,7 +185,7 @@ def test_tis_step_weights_the_policy_term_as_assembled_by_hand(
     """algo.tis_cap=1.5 with the sampler's logprobs planted below the trainer's: both passes of
     step 1 (mu=2; GRPO, k3 KL at beta 0.5) equal the hand assembly with the weights on the
     policy term only, and `tis/capped_frac` is the fraction planted past the cap."""
-    config = make_config(
+    config = raw_gradient_config(
         tiny_model_dir,
         data_file,
         tmp_path / "run",
@@ -236,7 +238,7 @@ def test_tis_step_weights_the_policy_term_as_assembled_by_hand(
 def test_truncated_sampling_is_warned_about_at_start(
     tiny_model_dir, data_file, tmp_path, capsys, overrides, named
 ):
-    setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *overrides))
+    setup(raw_gradient_config(tiny_model_dir, data_file, tmp_path / "run", *overrides))
     lines = [line for line in capsys.readouterr().err.splitlines() if "truncated" in line]
     assert lines == [
         f"warning: {named} samples from a truncated distribution, while the loss and the "

@@ -8,36 +8,12 @@ import weakref
 
 import pytest
 import torch
-import transformers
-from test_rollout import EOS, PROMPTS, TOKENIZER, VOCAB, make_model
+from helpers.graph_sampler import trained_logprobs
+from helpers.models import EOS, PROMPTS, TOKENIZER, make_model, model_of
 
 from oncurve.preflight import Tolerances
 from oncurve.rollout import SamplingParams, build_sampler, cuda_graph
 from oncurve.rollout.cuda_graph import GraphSampler, bucket_for, buckets
-from oncurve.train_step import completion_logprobs
-
-
-def qwen3_model() -> transformers.PreTrainedModel:
-    torch.manual_seed(0)
-    config = transformers.Qwen3Config(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128,
-    )  # fmt: skip
-    model = transformers.Qwen3ForCausalLM(config)
-    model.config.eos_token_id = model.generation_config.eos_token_id = EOS
-    return model.eval()
-
-
-def model_of(kind: str) -> transformers.PreTrainedModel:
-    return qwen3_model() if kind == "qwen3" else make_model(kind)
-
-
-def trained_logprobs(model: torch.nn.Module, batch, temperature: float) -> torch.Tensor:
-    with torch.no_grad():
-        logprobs, _ = completion_logprobs(
-            model, batch.input_ids, batch.attention_mask, batch.completion_ids.shape[1], temperature
-        )
-    return logprobs * batch.completion_mask
 
 
 def test_buckets_halve_down_to_the_smallest():

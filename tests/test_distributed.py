@@ -1,9 +1,8 @@
 """Data parallelism on 2 gloo ranks equals one process on the same global batch (on 2 NCCL
-ranks too: tests/test_gpu.py runs these helpers with device="cuda")."""
+ranks too: tests/test_gpu.py runs its helpers, helpers/data_parallel.py, with device="cuda")."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -16,101 +15,33 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import yaml
-from conftest import batch_to, tiny_qwen2
-from rank_pool import RankPool, free_port
-from run_processes import alive, descendants, finish, latest_step, wait_for
-from safetensors.torch import load_file, save_file
+from helpers.batches import GROUPS, VOCAB, G, fixed_batch, loss_fns
+from helpers.data_parallel import (
+    _rank_step,
+    _sharded_and_replicated,
+    one_step,
+    sharded_and_replicated_runs,
+)
+from helpers.models import tiny_qwen2
+from helpers.rank_pool import RankPool
+from helpers.run_processes import alive, descendants, finish, latest_step, wait_for
+from helpers.runs import run_clis, tiny_job
+from safetensors.torch import load_file
 
-from oncurve import distributed, packing
+from oncurve import distributed
 from oncurve.algo import group_advantages
-from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from oncurve.algo.registry import AGGREGATIONS
 from oncurve.cli import main
 from oncurve.errors import UserError
 from oncurve.train_step import (
     ForwardSettings,
-    LossFns,
     PolicyLogprobs,
-    batch_logprobs,
     microbatches,
     optimizer_step,
 )
-from oncurve.types import TrainBatch
 
-VOCAB, GROUPS, G, P, T = 40, 4, 3, 5, 7
 LONG = 400  # steps of a run that a signal stops long before its end
-
-
-def fixed_batch(model: torch.nn.Module) -> TrainBatch:
-    """12 rows in 4 groups of 3, a prompt each, ragged prompts and completions, advantages from
-    random rewards."""
-    g = torch.Generator().manual_seed(1)
-    n = GROUPS * G
-    prompt_lens = torch.randint(2, P + 1, (GROUPS,), generator=g).repeat_interleave(G)
-    completion_lens = torch.randint(1, T + 1, (n,), generator=g)
-    prompt_mask = (torch.arange(P) >= P - prompt_lens[:, None]).long()
-    completion_mask = (torch.arange(T) < completion_lens[:, None]).long()
-    input_ids = torch.randint(4, VOCAB, (n, P + T), generator=g)
-    input_ids[:, :P] = input_ids[::G, :P].repeat_interleave(G, 0)  # a group's rows, one prompt
-    attention = torch.cat([prompt_mask, completion_mask], 1)
-    input_ids = torch.where(attention.bool(), input_ids, 0)
-    rewards = torch.randint(0, 2, (n,), generator=g).float()
-    batch = TrainBatch(
-        input_ids=input_ids,
-        attention_mask=attention,
-        completion_mask=completion_mask,
-        advantages=group_advantages(rewards, G),
-    )
-    batch.ref_logprobs = (
-        batch_logprobs(PolicyLogprobs(model), batch, ForwardSettings(1.0, 16, n)) + 0.05
-    )
-    return batch
-
-
-def loss_fns(aggregation: str) -> LossFns:
-    return LossFns(
-        policy_loss=POLICY_LOSSES["ppo_clip"],
-        aggregate=AGGREGATIONS[aggregation],
-        kl=KL_ESTIMATORS["k3"],
-        beta=0.04,
-        eps_low=0.2,
-        eps_high=0.28,
-        dual_clip=None,
-        norm_len=float(T),
-    )
-
-
-def one_step(
-    aggregation: str,
-    rows: slice | None,
-    fsdp: bool = False,
-    device: str = "cpu",
-    pack: bool = False,
-    microbatch: tuple[int, int] = (2, 0),
-) -> dict[str, torch.Tensor]:
-    """The weights (on the CPU) after one SGD step of the tiny model on `rows` of the fixed
-    batch (all of it when None), the model and the batch on `device`; with `pack`, its rows
-    packed (`oncurve.packing`), each group's prompt run once; `microbatch` its rows and tokens
-    at most."""
-    model = tiny_qwen2(VOCAB, seed=0)
-    batch = fixed_batch(model)  # made on the CPU: the same batch on every device
-    if pack:
-        packing.use_packed_attention(model)
-        batch.prompt_index = torch.arange(GROUPS).repeat_interleave(G)
-    local = batch_to(batch if rows is None else batch.rows(rows), device)
-    policy = distributed.wrap(PolicyLogprobs(model.to(device)), device, fsdp=fsdp)
-    # SGD, not Adam: Adam's first step is ~lr * sign(grad), which turns 1e-12 noise in a
-    # near-zero gradient into a 2*lr difference; SGD shows the gradient itself.
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    forward = ForwardSettings(16, microbatch_rows=microbatch[0], microbatch_tokens=microbatch[1])
-    forward = dataclasses.replace(forward, pack_rows=pack)
-    optimizer_step(policy, optimizer, local, loss_fns(aggregation), forward, grad_clip=0.0)
-    # FSDP2 holds each parameter as a DTensor shard; full_tensor() gathers it.
-    return {
-        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu().clone()
-        for k, v in model.state_dict().items()
-    }
 
 
 def test_each_optimizer_step_applies_only_its_own_gradient() -> None:
@@ -133,23 +64,6 @@ def test_each_optimizer_step_applies_only_its_own_gradient() -> None:
         torch.testing.assert_close(model.state_dict()[name], value, atol=1e-6, rtol=0, msg=name)
 
 
-def _rank_step(
-    rank: int,
-    world_size: int,
-    aggregation: str,
-    fsdp: bool,
-    device: str,
-    pack: bool,
-    microbatch: tuple[int, int],
-) -> dict[str, torch.Tensor] | None:
-    """In a process group: this rank's one step on its half of the groups; rank 0's weights
-    after it (None on the other ranks)."""
-    rows = distributed.shard(GROUPS, rank, world_size)
-    part = slice(rows.start * G, rows.stop * G)
-    weights = one_step(aggregation, part, fsdp, device, pack, microbatch)
-    return weights if rank == 0 else None
-
-
 def _gloo_step(
     rank: int,
     world_size: int,
@@ -161,63 +75,6 @@ def _gloo_step(
     """A `two_ranks` job: `_rank_step` on gloo ranks (the pool leaves the group after it)."""
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     return _rank_step(rank, world_size, aggregation, fsdp, "cpu", pack, microbatch)
-
-
-def _rank_main(
-    rank: int,
-    world_size: int,
-    port: int,
-    aggregation: str,
-    out: str,
-    fsdp: bool,
-    device: str,
-    pack: bool,
-    microbatch: tuple[int, int],
-) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    if device == "cuda":
-        torch.cuda.set_device(rank)
-    backend = "nccl" if device == "cuda" else "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=world_size)
-    try:
-        weights = _rank_step(rank, world_size, aggregation, fsdp, device, pack, microbatch)
-        if weights is not None:
-            save_file({k: v.contiguous() for k, v in weights.items()}, out)
-        del weights
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    # both ranks done before either tears gloo down (a rank that leaves first can abort its
-    # peer), and no interpreter teardown after it, where gloo's leftovers aborted a rank now
-    # and then (SIGABRT, "terminate called without an active exception")
-    distributed.leave()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def two_rank_step(
-    aggregation: str,
-    tmp_path: Path,
-    fsdp: bool,
-    device: str = "cpu",
-    pack: bool = False,
-    microbatch: tuple[int, int] = (2, 0),
-) -> dict[str, torch.Tensor]:
-    """Rank 0's weights after one step of 2 ranks (gloo on the CPU, NCCL on 2 GPUs), each on
-    half the groups of the fixed batch (rows packed with `pack`, microbatches of at most
-    `microbatch` rows and tokens); a failure when the ranks are not done in 120 s (a rank
-    waiting in a collective the other never joins). Two new processes: on the CPU the tests
-    run `gloo_step` on the session's two ranks instead."""
-    out = tmp_path / "rank0.safetensors"
-    args = (2, free_port(), aggregation, str(out), fsdp, device, pack, microbatch)
-    ranks = mp.spawn(_rank_main, args=args, nprocs=2, join=False)
-    deadline = time.monotonic() + 120
-    while not ranks.join(timeout=max(0.0, deadline - time.monotonic())):  # a rank at a time
-        if time.monotonic() >= deadline:
-            for process in ranks.processes:
-                process.kill()
-            pytest.fail("the ranks were not done in 120 s: one waits in a collective")
-    return load_file(out)
 
 
 def gloo_step(
@@ -334,82 +191,6 @@ def test_on_torch_2_4_checkpoints_keep_their_tensors_and_fsdp_is_a_one_line_erro
 
 def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     return run_clis([list(args)], timeout)[0]
-
-
-def run_clis(jobs: list[list[str]], timeout: float = 240) -> list[subprocess.CompletedProcess]:
-    """`python -m oncurve ARGS` for each ARGS of `jobs`, all at once (a launcher and torchrun
-    start on one core each, one after the other: two jobs fill both cores), once all ended."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "oncurve", *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for args in jobs
-    ]
-    done = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=timeout)
-            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-    return done
-
-
-def tiny_job(model_dir: Path, data_file: Path) -> list[str]:
-    """`oncurve train` arguments of a small job that learns something (ranks not set)."""
-    return [
-        "train",
-        f"model.path={model_dir}",
-        f"data.path={data_file}",
-        "data.prompts_per_step=4",
-        "rollout.group_size=4",
-        "rollout.max_new_tokens=8",
-        "reward.functions=[rewards_for_tests:count_digits]",
-        "reward.timeout=null",
-        "optim.lr=1e-4",  # the random 50k-parameter model moves visibly in a few steps
-        "run.device=cpu",  # gloo ranks
-    ]
-
-
-def _sharded_and_replicated(
-    model_dir: Path, data_file: Path, tmp_path: Path, *overrides: str
-) -> tuple[Path, Path, list[str], subprocess.CompletedProcess]:
-    """`sharded_and_replicated_runs`, and the DDP run's finished process."""
-    common = [*tiny_job(model_dir, data_file), "run.save_every=1", "run.keep_last=5"]
-    common += ["dist.nproc=2", *overrides]
-    sharded, replicated = tmp_path / "fsdp", tmp_path / "ddp"
-    runs = ((sharded, "true"), (replicated, "false"))
-    procs = run_clis([[*common, f"run.dir={d}", f"dist.fsdp={fsdp}"] for d, fsdp in runs])
-    for proc in procs:
-        assert proc.returncode == 0, proc.stderr[-2000:]
-    proc = procs[1]  # the DDP run's
-    final = load_file(sharded / "final" / "model.safetensors")
-    initial = load_file(model_dir / "model.safetensors")
-    for name, value in load_file(replicated / "final" / "model.safetensors").items():
-        assert float((final[name] - initial[name]).abs().max()) > 1e-5, name  # it trained
-        torch.testing.assert_close(final[name], value, atol=1e-6, rtol=0, msg=name)
-    norms = {}
-    for run_dir in (sharded, replicated):
-        rows = (run_dir / "metrics.jsonl").read_text().splitlines()
-        norms[run_dir] = [json.loads(row)["grad_norm"] for row in rows]
-    assert norms[sharded] == pytest.approx(norms[replicated], rel=1e-5)
-    assert min(norms[sharded]) > 0
-    return sharded, replicated, common, proc
-
-
-def sharded_and_replicated_runs(
-    model_dir: Path, data_file: Path, tmp_path: Path, *overrides: str
-) -> tuple[Path, Path, list[str]]:
-    """The same 2-rank `oncurve train` job with dist.fsdp=true and false: (FSDP2 run dir, DDP
-    run dir, the shared arguments), after checking that both trained their weights alike."""
-    return _sharded_and_replicated(model_dir, data_file, tmp_path, *overrides)[:3]
 
 
 @pytest.fixture(scope="module")
@@ -537,7 +318,7 @@ def rank_1_fault_runs(
         "data.prompts_per_step=4",
         "rollout.group_size=4",
         "rollout.max_new_tokens=8",
-        "reward.functions=[rewards_for_tests:fails_on_rank_1]",
+        "reward.functions=[helpers.rewards_for_tests:fails_on_rank_1]",
         "reward.timeout=null",
         f"run.dir={tmp_path / 'raises'}",
         "run.steps=3",
@@ -546,7 +327,7 @@ def rank_1_fault_runs(
         "run.device=cpu",
     ]
     oom = [*tiny_job(tiny_model_dir, data_file), f"run.dir={tmp_path / 'oom'}", "dist.nproc=2"]
-    oom = [a.replace("rewards_for_tests:", "oom_on_rank_1:") for a in oom]
+    oom = [a.replace("helpers.rewards_for_tests:", "helpers.oom_on_rank_1:") for a in oom]
     procs = run_clis([raises, [*oom, "run.steps=2"]], timeout=180)
     return {"raises": (tmp_path / "raises", procs[0]), "oom": (tmp_path / "oom", procs[1])}
 

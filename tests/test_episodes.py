@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import tiny_qwen2
-from rewards_for_tests import DigitsEnv
+from helpers.models import tiny_qwen2
+from helpers.rewards_for_tests import DigitsEnv
+from helpers.runs import metric_rows
 from safetensors.torch import load_file
-from test_reliability import metric_rows
 from torch.overrides import TorchFunctionMode
 
 from oncurve.config import load_config
@@ -263,7 +263,7 @@ def test_a_multi_turn_run_trains_checkpoints_and_resumes_exactly(
                 "rollout.group_size=4",
                 "rollout.max_new_tokens=8",
                 "rollout.stop=[1, 2, 3, 4, 5]",
-                "rollout.env=rewards_for_tests:DigitsEnv",
+                "rollout.env=helpers.rewards_for_tests:DigitsEnv",
                 "rollout.max_turns=2",
                 "rollout.max_observation_tokens=16",
                 "reward.timeout=null",

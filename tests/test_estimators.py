@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_qwen2
+from helpers.models import tiny_qwen2
 
 from oncurve.config import load_config
 from oncurve.estimators import GroupAdvantages, build_advantage_source

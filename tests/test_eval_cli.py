@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import transformers
-from test_trainer import make_config
+from helpers.configs import make_config
 
 from oncurve.cli import main
 from oncurve.config import load_config

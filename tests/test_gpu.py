@@ -5,7 +5,7 @@ What they hold the GPU to: float32 gradients equal to the CPU's (TF32 off), ever
 feature training in bfloat16 with finite metrics and a final model that loads on the CPU,
 bit-identical resume, checkpoints that resume on the CPU, `oncurve eval`/`sample` of a GPU-trained
 model on either device, and with 2 GPUs NCCL ranks equal to one GPU and FSDP2 equal to DDP.
-The helpers are the CPU tests' (test_trainer, test_reliability, test_distributed)."""
+The helpers are the CPU tests' (tests/helpers)."""
 
 from __future__ import annotations
 
@@ -21,18 +21,15 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import batch_to, rows_per_call, tiny_qwen2
+from helpers.batches import VOCAB, batch_to, fixed_batch, loss_fns
+from helpers.configs import make_config
+from helpers.counting import rows_per_call
+from helpers.data_parallel import one_step, sharded_and_replicated_runs, two_rank_step
+from helpers.first_step import capture_first_step, hand_assembled_grpo
+from helpers.models import tiny_qwen2
+from helpers.run_processes import finish
+from helpers.runs import cli_args, metric_rows, rewards_env, train_process
 from safetensors.torch import load_file
-from test_distributed import (
-    VOCAB,
-    fixed_batch,
-    loss_fns,
-    one_step,
-    sharded_and_replicated_runs,
-    two_rank_step,
-)
-from test_reliability import cli_args, finish, metric_rows, rewards_env, train_process
-from test_trainer import capture_first_step, hand_assembled_grpo, make_config
 
 from oncurve import checkpoint, models, optim, train_step, trainer
 from oncurve.algo.registry import AGGREGATIONS
@@ -151,7 +148,7 @@ def test_first_cuda_step_in_float32_matches_the_cpu_hand_assembled_grpo(
 
 @pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
 def test_accumulated_float32_gradients_on_cuda_equal_the_cpus(exact_fp32, aggregation):
-    """One `accumulate_gradients` over test_distributed's fixed batch (ragged prompts and
+    """One `accumulate_gradients` over the data-parallel tests' `fixed_batch` (ragged prompts and
     completions, 3 microbatches) on the CPU and on the GPU from the same weights."""
     cpu_model = tiny_qwen2(VOCAB, seed=0)
     batch = fixed_batch(cpu_model)
@@ -440,7 +437,7 @@ def test_eval_and_sample_run_a_cuda_trained_final_model(
 def test_two_nccl_ranks_with_half_the_groups_each_equal_one_gpu_with_all(
     aggregation, tmp_path, exact_fp32
 ):
-    """test_distributed's 2-rank SGD step on NCCL, one GPU a rank, against one GPU with the
+    """test_distributed's 2-rank SGD step (`two_rank_step`) on NCCL, one GPU a rank, against one GPU with the
     whole batch, to test_distributed's tolerance. (TF32 is off by default in the ranks.)"""
     two_ranks = two_rank_step(aggregation, tmp_path, fsdp=False, device="cuda")
     one_gpu = one_step(aggregation, None, device="cuda")

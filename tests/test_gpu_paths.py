@@ -7,7 +7,7 @@ process with a time limit, and a failure shows that process's log tail. Every te
 `gpu` and skipped where torch sees no CUDA device (`make test`); `make gpu-check` runs them.
 
 The scenarios that are not a CLI command are the `scenario_*` functions below, which the child
-runs (`python -c "import test_gpu_paths; test_gpu_paths.scenario_...()"`).
+runs from this file (`runpy.run_path(...)["scenario_..."]()`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from test_reliability import rewards_env
-from test_rollout import PROMPTS, TOKENIZER, make_model
+from helpers.models import PROMPTS, TOKENIZER, make_model
+from helpers.runs import rewards_env
 
 from oncurve.algo.logprobs import MATMUL_OUT_DTYPE, float_logits
 from oncurve.rollout import SamplingParams
@@ -63,7 +63,8 @@ def tail(text: str) -> str:
 
 def run_scenario(name: str, timeout: float = 240, **env: str) -> str:
     """Run `scenario_<name>` of this module in a fresh process, with `env` added."""
-    code = f"import test_gpu_paths; test_gpu_paths.scenario_{name}()"
+    path = str(Path(__file__).resolve())
+    code = f"import runpy; runpy.run_path({path!r})['scenario_{name}']()"
     return run_fresh([sys.executable, "-c", code], timeout, {**rewards_env(), **env})
 
 
@@ -321,7 +322,7 @@ def test_an_offloaded_reference_is_on_the_gpu_for_its_pass_only():
     are on the GPU during the reference pass (the pass's peak holds them) and freed after it
     (allocated memory is back to what it was, plus the logprobs); the logprobs are the kept
     reference's bit for bit."""
-    from test_train_step import lengths_batch
+    from helpers.batches import lengths_batch
 
     from oncurve.policy import Policy
     from oncurve.train_step import ForwardSettings
@@ -355,8 +356,7 @@ def test_packed_rows_on_cuda_are_the_padded_forward_within_bfloat16_rounding():
     """A tiny Qwen2's packed forward passes the trainer's own check, and its packed logprobs
     and gradients (ragged prompts and completions, shared prompts run once or every row
     whole) are the padded forward's within bf16 rounding."""
-    from test_packing import lengths_of
-    from test_train_step import COMPLETION_LEN, grouped_rows
+    from helpers.batches import COMPLETION_LEN, grouped_rows, lengths_of
 
     from oncurve import packing
     from oncurve.preflight import Tolerances

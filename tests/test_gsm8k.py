@@ -121,7 +121,7 @@ def test_the_answer_column_is_required_only_when_asked(tmp_path):
         {"prompt": "Write a haiku.", "answer": None}
     ]
     config = load_config(
-        None, [f"data.path={path}", "reward.functions=[rewards_for_tests:count_digits]"]
+        None, [f"data.path={path}", "reward.functions=[helpers.rewards_for_tests:count_digits]"]
     )
     from oncurve.inputs import load_prompts
 
@@ -265,7 +265,10 @@ def test_eval_scores_a_hub_dataset_with_the_correct_reward_and_says_so(
     open_ended = tmp_path / "open.jsonl"
     open_ended.write_text(json.dumps({"prompt": "Say 7."}) + "\n")
     assert (
-        main([*argv, "--data", str(open_ended), "--reward", "rewards_for_tests:count_digits"]) == 0
+        main(
+            [*argv, "--data", str(open_ended), "--reward", "helpers.rewards_for_tests:count_digits"]
+        )
+        == 0
     )
     assert json.loads(capsys.readouterr().out)["scorer"] == "count_digits"
     assert main([*argv, "--data", str(open_ended)]) == 2

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from helpers.configs import make_config
 from safetensors.torch import load_file
-from test_trainer import make_config
 
 from oncurve.rollout import SamplingParams
 from oncurve.train_step import ForwardSettings, PolicyLogprobs, batch_logprobs

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import tiny_qwen2
+from helpers.models import tiny_qwen2
 
 from oncurve import process
 from oncurve.config import load_config
@@ -283,7 +283,7 @@ def test_a_cpu_runs_config_yaml_records_what_auto_and_null_became(
         None,
         [f"model.path={tiny_model_dir}", f"data.path={data_file}", "run.device=cpu",
          f"run.dir={tmp_path / 'run'}", "optim.microbatch_tokens=0",
-         "reward.functions=[rewards_for_tests:count_digits]", "rollout.max_new_tokens=16"],
+         "reward.functions=[helpers.rewards_for_tests:count_digits]", "rollout.max_new_tokens=16"],
     )  # fmt: skip
     s = setup(config)
     s.rewards.close()

@@ -185,7 +185,7 @@ def test_wandb_offline_gets_the_runs_config_and_every_metric(
         "data.prompts_per_step=2",
         "rollout.group_size=2",
         "rollout.max_new_tokens=4",
-        "reward.functions=[rewards_for_tests:count_digits]",
+        "reward.functions=[helpers.rewards_for_tests:count_digits]",
         "run.steps=2",
         "log.wandb.project=oncurve-test",
         "log.wandb.mode=offline",

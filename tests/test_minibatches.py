@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_sampling import on_ranks, scripted_session
-from test_trainer import make_config
+from helpers.configs import make_config
+from helpers.rank_pool import on_ranks
+from helpers.scripted import scripted_session
 
 from oncurve import distributed, trainer
 from oncurve.algo import group_advantages, ppo_clip, seq_mean_token_mean
@@ -44,7 +45,7 @@ def hand_assembled_minibatch(
     """The gradients of one GRPO optimizer step for `model` on `groups` of `rollout` (groups of
     4, 8 new tokens, count_digits rewards, group z-score over each whole group), pi_old from
     `old`, ppo_clip, seq-mean-token-mean over the minibatch's rows, no KL."""
-    from rewards_for_tests import count_digits
+    from helpers.rewards_for_tests import count_digits
 
     rewards = torch.tensor(count_digits(None, rollout.texts))
     advantages = group_advantages(rewards, 4, scale="group", eps=1e-6)

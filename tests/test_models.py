@@ -277,7 +277,7 @@ def test_a_run_from_a_gguf_saves_a_final_directory_that_loads_and_generates(
             "data.prompts_per_step=2",
             "rollout.group_size=2",
             "rollout.max_new_tokens=4",
-            "reward.functions=[rewards_for_tests:count_digits]",
+            "reward.functions=[helpers.rewards_for_tests:count_digits]",
             "reward.timeout=null",
             "run.steps=1",
             f"run.dir={run_dir}",
@@ -443,7 +443,7 @@ def test_a_run_records_the_commit_of_its_hub_model(offline_cache, data_file, tmp
         [
             "model.path=acme/tiny",
             f"data.path={data_file}",
-            "reward.functions=[rewards_for_tests:count_digits]",
+            "reward.functions=[helpers.rewards_for_tests:count_digits]",
             "rollout.max_new_tokens=16",
             "reward.timeout=null",
             f"run.dir={run_dir}",

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 import yaml
-from conftest import tiny_qwen2
+from helpers.configs import make_config
+from helpers.models import tiny_qwen2
+from helpers.runs import metric_rows
 from safetensors.torch import load_file
-from test_reliability import metric_rows
-from test_trainer import make_config
 
 from oncurve import checkpoint, groups, oom, train_step, trainer
 from oncurve.config import load_config

@@ -162,7 +162,7 @@ def test_the_trainer_rounds_stochastically_where_weights_are_bfloat16(
     config = load_config(
         None,
         [f"model.path={tiny_model_dir}", f"data.path={data_file}", "run.device=cpu",
-         f"run.dir={tmp_path / 'run'}", "reward.functions=[rewards_for_tests:count_digits]",
+         f"run.dir={tmp_path / 'run'}", "reward.functions=[helpers.rewards_for_tests:count_digits]",
          "rollout.max_new_tokens=16", *extra],
     )  # fmt: skip
     s = setup(config)

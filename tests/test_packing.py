@@ -9,17 +9,18 @@ import warnings
 
 import pytest
 import torch
-from conftest import rows_per_call
-from test_rollout import make_model
-from test_train_step import (
+from helpers.batches import (
     COMPLETION_LEN,
     accumulate_grpo,
     grouped_rows,
     grpo_batch,
-    host_reads_of,
     lengths_batch,
+    lengths_of,
 )
-from test_trainer import make_config
+from helpers.configs import make_config
+from helpers.counting import rows_per_call
+from helpers.host_reads import host_reads_of
+from helpers.models import make_model
 
 from oncurve import packing, train_step
 from oncurve.config import load_config
@@ -30,16 +31,6 @@ from oncurve.preflight import Tolerances
 from oncurve.settle import RunFacts, settle_pack_rows
 from oncurve.train_step import ForwardSettings, completion_logprobs, microbatches
 from oncurve.trainer import setup, training_step
-
-
-def lengths_of(mask: torch.Tensor, groups: torch.Tensor | None) -> RowLengths:
-    """What `microbatches` reads to the host for rows with this `[N, P+T]` attention mask."""
-    prompt_len = mask.shape[1] - COMPLETION_LEN
-    return RowLengths(
-        tuple(mask[:, :prompt_len].sum(1).tolist()),
-        tuple(mask[:, prompt_len:].sum(1).tolist()),
-        None if groups is None else tuple(groups.tolist()),
-    )
 
 
 def logprobs_and_grads(

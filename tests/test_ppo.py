@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_qwen2
+from helpers.models import tiny_qwen2
 from safetensors.torch import load_file
 
 from oncurve.algo import clipped_value_loss, kl_k1
@@ -246,7 +246,7 @@ def _ppo_config(model_dir: Path, data_file: Path, run_dir: Path, *extra: str):
             "data.prompts_per_step=4",
             "rollout.group_size=4",
             "rollout.max_new_tokens=8",
-            "reward.functions=[rewards_for_tests:count_digits]",
+            "reward.functions=[helpers.rewards_for_tests:count_digits]",
             "run.steps=2",
             f"run.dir={run_dir}",
             "reward.timeout=null",

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import tiny_qwen2
+from helpers.models import tiny_qwen2
 
 from oncurve import preflight
 from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
@@ -108,7 +108,7 @@ def test_a_chat_template_that_loses_the_prompt_fails():
 def test_the_trainer_runs_it_before_step_1_only_when_asked(
     tiny_model_dir, data_file, tmp_path, capsys, monkeypatch, preflight
 ):
-    from test_trainer import make_config
+    from helpers.configs import make_config
 
     import oncurve.trainer
 

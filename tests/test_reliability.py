@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from run_processes import finish, latest_step, wait_for
+from helpers.run_processes import finish, latest_step, wait_for
+from helpers.runs import STEPS, cli_args, metric_rows, rewards_env, train_process
 from safetensors.torch import load_file
 
 from oncurve import checkpoint, trainer
@@ -32,53 +33,6 @@ from oncurve.config import load_config
 from oncurve.errors import TrainingError, UserError
 from oncurve.models import load_model, load_tokenizer
 from oncurve.trainer import setup, train, training_step
-
-TESTS_DIR = Path(__file__).parent
-STEPS = 6  # the uninterrupted run; the interrupted ones stop near STEPS // 2
-
-
-def cli_args(model_dir: Path, data_file: Path, run_dir: Path, *extra: str) -> list[str]:
-    return [
-        f"model.path={model_dir}",
-        f"data.path={data_file}",
-        "data.prompts_per_step=2",
-        "rollout.group_size=4",
-        "rollout.max_new_tokens=8",
-        "reward.functions=[rewards_for_tests:count_digits]",
-        f"run.steps={STEPS}",
-        f"run.dir={run_dir}",
-        "reward.timeout=null",
-        "run.threads=1",
-        "optim.lr=1e-2",
-        "algo.beta=0.04",
-        "run.device=cpu",  # bit-identical resumes and the one-line errors here are the CPU's
-        *extra,
-    ]
-
-
-def rewards_env() -> dict[str, str]:
-    """The environment with the test rewards (`rewards_for_tests`) importable."""
-    paths = [str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-
-
-def train_process(*args: str) -> subprocess.Popen:
-    """`python -m oncurve train --quiet ARGS` with the test rewards importable."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "oncurve", "train", "--quiet", *args],
-        env=rewards_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def metric_rows(run_dir: Path) -> list[dict]:
-    """Per-step rows without the wall-clock timings (the slowest reward row's too) and memory
-    peaks, which differ between runs (a resumed process starts with a fresh allocator)."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    varying = ("time/", "memory/", "tokens_per_s", "reward/slowest_row_s")
-    return [{k: v for k, v in row.items() if not k.startswith(varying)} for row in rows]
 
 
 def assert_same_run(run_dir: Path, reference: Path) -> None:
@@ -478,8 +432,8 @@ def test_model_and_tokenizer_load_from_a_str_path_as_from_a_path(tiny_model_dir)
         ),
         (
             None,
-            "reward.functions=[rewards_for_tests:no_such_fn]",
-            "module 'rewards_for_tests' has no attribute 'no_such_fn'",
+            "reward.functions=[helpers.rewards_for_tests:no_such_fn]",
+            "module 'helpers.rewards_for_tests' has no attribute 'no_such_fn'",
         ),
     ],
 )

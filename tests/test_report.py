@@ -103,7 +103,7 @@ def legend_texts(ax):
 def test_a_real_run_evaluates_every_n_steps_and_its_report_has_every_figure(
     tiny_model_dir, data_file, tmp_path, capsys
 ):
-    from test_trainer import make_config
+    from helpers.configs import make_config
 
     run = tmp_path / "run"
     evals = ("eval.every=2", f"eval.path={data_file}", "eval.num_prompts=6", "eval.samples=3")

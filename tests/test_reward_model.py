@@ -147,7 +147,7 @@ def test_with_a_timeout_the_model_runs_in_the_trainers_process(tmp_path):
         None,
         [
             "data.path=d.jsonl",
-            f"reward.functions=[model:{path}, rewards_for_tests:constant]",
+            f"reward.functions=[model:{path}, helpers.rewards_for_tests:constant]",
             "reward.timeout=5",
         ],
     )

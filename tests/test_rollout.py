@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 import transformers
+from helpers.models import EOS, PROMPTS, TOKENIZER, VOCAB, make_model
 
 from oncurve.errors import UserError
 from oncurve.models import cache_argument, enable_gradient_checkpointing
@@ -23,52 +24,7 @@ from oncurve.rollout import (
 )
 from oncurve.rollout.hf_decoder import DYNAMIC_LAYER_ATTRIBUTES, HFDecoder, _GrowingLayer
 from oncurve.rollout.torch_sampler import _stop_candidates, sample_tokens
-from oncurve.tokenizer import char_tokenizer
 from oncurve.train_step import completion_logprobs
-
-TOKENIZER = char_tokenizer()
-VOCAB = len(TOKENIZER)
-EOS = TOKENIZER.eos_token_id
-PROMPTS = ["12+34=", "x", "hello world"]
-
-
-def make_model(
-    kind: str, eos_bias: float | None = None, hidden: int = 32
-) -> transformers.PreTrainedModel:
-    """A random ~30k-parameter model (at `hidden` 32); `eos_bias` adds an lm_head bias on EOS
-    only."""
-    torch.manual_seed(0)
-    sizes = dict(hidden_size=hidden, intermediate_size=2 * hidden)
-    common = dict(vocab_size=VOCAB, **sizes, num_hidden_layers=2)
-    heads = dict(num_attention_heads=4, max_position_embeddings=128)
-    if kind == "qwen2":
-        model = transformers.Qwen2ForCausalLM(
-            transformers.Qwen2Config(**common, **heads, num_key_value_heads=2)
-        )
-    elif kind == "llama":
-        model = transformers.LlamaForCausalLM(
-            transformers.LlamaConfig(**common, **heads, num_key_value_heads=4)
-        )
-    elif kind == "mistral":
-        model = transformers.MistralForCausalLM(
-            transformers.MistralConfig(**common, **heads, num_key_value_heads=1)
-        )
-    else:
-        config = transformers.GPT2Config(
-            vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=128
-        )
-        model = transformers.GPT2LMHeadModel(config)
-    model.config.eos_token_id = EOS
-    model.generation_config.eos_token_id = EOS
-    if eos_bias is not None:
-        old = model.get_output_embeddings()
-        head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
-        with torch.no_grad():
-            head.weight.copy_(old.weight)
-            head.bias.zero_()
-            head.bias[EOS] = eos_bias
-        model.set_output_embeddings(head)
-    return model.eval()
 
 
 def sample(model, group=2, backend="cpu_llama", prompts=PROMPTS, **params):

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from run_processes import finish, latest_step, wait_for
+from helpers.run_processes import finish, latest_step, wait_for
 
 TESTS_DIR = Path(__file__).parent
 LONG = 400  # steps of a run that a signal stops long before its end
@@ -35,7 +35,7 @@ def job(model_dir: Path, data_file: Path, run_dir: Path, *extra: str) -> list[st
         "data.prompts_per_step=2",
         "rollout.group_size=4",
         "rollout.max_new_tokens=8",
-        "reward.functions=[rewards_for_tests:count_digits]",
+        "reward.functions=[helpers.rewards_for_tests:count_digits]",
         "reward.timeout=null",
         "run.threads=1",
         "optim.lr=1e-2",
@@ -124,7 +124,7 @@ SIGNAL_ON_IMPORT = """
 import os
 import signal
 
-from rewards_for_tests import count_digits  # noqa: F401
+from helpers.rewards_for_tests import count_digits  # noqa: F401
 
 os.kill(os.getpid(), getattr(signal, os.environ["STOP_TEST_SIGNAL"]))
 """
@@ -143,7 +143,7 @@ def test_a_signal_during_setup_ends_the_run_before_step_1_with_one_line_and_128_
         env = {**environment(tmp_path), "STOP_TEST_SIGNAL": sig.name}
         args = job(tiny_model_dir, data_file, tmp_path / sig.name, "run.steps=3")
         procs[sig] = start(
-            [a.replace("rewards_for_tests:", "signal_on_import:") for a in args], env
+            [a.replace("helpers.rewards_for_tests:", "signal_on_import:") for a in args], env
         )
     for sig, status in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
         code, err = finish(procs[sig])
@@ -158,7 +158,7 @@ def test_a_signal_during_setup_ends_the_run_before_step_1_with_one_line_and_128_
 SLOW_AFTER_FIRST_CALL = """
 import time
 
-from rewards_for_tests import count_digits as digits
+from helpers.rewards_for_tests import count_digits as digits
 
 calls = []
 
@@ -179,7 +179,7 @@ def test_a_second_signal_aborts_at_once_and_keeps_the_last_checkpoint(
     (tmp_path / "slow_reward.py").write_text(SLOW_AFTER_FIRST_CALL)
     run_dir = tmp_path / "run"
     args = job(tiny_model_dir, data_file, run_dir, "run.steps=5", "run.save_every=1")
-    args = [a.replace("rewards_for_tests:", "slow_reward:") for a in args]
+    args = [a.replace("helpers.rewards_for_tests:", "slow_reward:") for a in args]
     proc = start(args, environment(tmp_path))
     try:
         wait_for(lambda: latest_step(run_dir) >= 1, proc, "the first checkpoint")

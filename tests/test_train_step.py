@@ -6,14 +6,21 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-from collections.abc import Callable
 
 import pytest
 import torch
-from conftest import OpCounter, rows_per_call, tiny_qwen2
-from test_distributed import loss_fns
-from test_rollout import make_model
-from test_trainer import make_config
+from helpers.batches import (
+    COMPLETION_LEN,
+    accumulate_grpo,
+    grouped_rows,
+    grpo_batch,
+    lengths_batch,
+    loss_fns,
+)
+from helpers.configs import make_config
+from helpers.counting import rows_per_call
+from helpers.host_reads import host_reads_of
+from helpers.models import make_model, tiny_qwen2
 
 from oncurve import distributed, train_step
 from oncurve import policy as policy_module
@@ -37,28 +44,6 @@ from oncurve.train_step import (
 from oncurve.trainer import setup, training_step
 from oncurve.types import TrainBatch
 
-GROUP, PROMPTS, PROMPT_LEN, COMPLETION_LEN = 3, 4, 6, 7
-
-
-def grouped_rows(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """8 of 12 rows (4 prompts x 3) in shuffled order, so the rows cut through groups: left-padded
-    prompts, right-padded completions. Returns input_ids, attention_mask, completion mask and
-    each row's prompt number."""
-    g = torch.Generator().manual_seed(seed)
-    rows = PROMPTS * GROUP
-    prompts = torch.randint(3, 50, (PROMPTS, PROMPT_LEN), generator=g)
-    prompt_mask = torch.ones(PROMPTS, PROMPT_LEN, dtype=torch.long)
-    prompt_mask[0, :3] = 0
-    prompt_mask[2, :1] = 0
-    completions = torch.randint(3, 50, (rows, COMPLETION_LEN), generator=g)
-    completion_mask = torch.ones(rows, COMPLETION_LEN, dtype=torch.long)
-    completion_mask[::2, 4:] = 0
-    ids = torch.cat([prompts.repeat_interleave(GROUP, 0), completions], 1)
-    mask = torch.cat([prompt_mask.repeat_interleave(GROUP, 0), completion_mask], 1)
-    pick = torch.randperm(rows, generator=g)[:8]
-    index = torch.arange(rows) // GROUP
-    return ids[pick], mask[pick], completion_mask[pick], index[pick]
-
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama", "mistral", "gpt2"])
 def test_shared_prompt_forward_equals_the_plain_forward(kind: str) -> None:
@@ -79,26 +64,6 @@ def test_shared_prompt_forward_equals_the_plain_forward(kind: str) -> None:
     for shared, plain in zip(shared_grads, plain_grads, strict=True):
         torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
     assert max(float(g.abs().max()) for g in plain_grads) > 1e-2  # the gradients are not ~0
-
-
-def grpo_batch(seed: int, share_prompt: bool) -> tuple[torch.nn.Module, TrainBatch]:
-    """A tiny Qwen2 and `grouped_rows(seed)` as a batch to train on."""
-    model = make_model("qwen2")
-    ids, mask, completion_mask, index = grouped_rows(seed)
-    advantages = torch.linspace(-1.5, 1.5, ids.shape[0])
-    ref = torch.full(completion_mask.shape, -3.0)
-    batch = TrainBatch(ids, mask, completion_mask, advantages, ref_logprobs=ref)
-    batch.prompt_index = index if share_prompt else None
-    return model, batch
-
-
-def accumulate_grpo(
-    model: torch.nn.Module, batch: TrainBatch, forward: ForwardSettings, num_tokens: float
-) -> None:
-    accumulate_gradients(
-        train_step.PolicyLogprobs(model), batch, loss_fns("seq-mean-token-mean"), forward,
-        num_seqs=8.0, num_tokens=num_tokens,
-    )  # fmt: skip
 
 
 def accumulated_grads(
@@ -135,18 +100,6 @@ def test_accumulated_gradients_are_the_same_with_the_shared_prompt_forward() -> 
     shared = accumulated_grads(seed=1, share_prompt=True, microbatch_size=3)
     for a, b in zip(shared, plain, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
-
-
-def lengths_batch(prompts: list[int], completions: list[int]) -> TrainBatch:
-    """Rows with these real prompt (left-padded to 4) and completion (right-padded to 5)
-    lengths."""
-    rows = len(prompts)
-    prompt_mask = (torch.arange(4) >= 4 - torch.tensor(prompts)[:, None]).long()
-    completion_mask = (torch.arange(5) < torch.tensor(completions)[:, None]).long()
-    mask = torch.cat([prompt_mask, completion_mask], 1)
-    return TrainBatch(
-        torch.randint(3, 50, (rows, 9)) * mask, mask, completion_mask, torch.ones(rows)
-    )
 
 
 @pytest.mark.parametrize(
@@ -295,28 +248,6 @@ def test_the_shared_prompt_backward_is_bitwise_the_same_in_every_process() -> No
             proc.kill()
             proc.wait()
     assert len(digests) == 1
-
-
-def host_reads_of(fn: Callable[[], object]) -> int:
-    """How many times `fn()` reads a device value on the host (`test_capture_safety`'s list:
-    `.tolist()`, `.item()`, `float(t)`, `torch.unique` and the like); on a GPU each one waits
-    for every kernel queued before it."""
-    from test_capture_safety import BANNED_METHODS, HOST_READS
-    from torch.overrides import TorchFunctionMode
-
-    by_method = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default}
-    count = 0
-
-    class Methods(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            nonlocal count
-            count += func in BANNED_METHODS
-            return func(*args, **(kwargs or {}))
-
-    # and reads no method makes (a method's is counted above)
-    with Methods(), OpCounter(HOST_READS - by_method) as ops:
-        fn()
-    return count + ops.count
 
 
 @pytest.mark.parametrize("rows", [8, 2, 1], ids=["1 microbatch", "4", "8"])

@@ -8,41 +8,17 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
-from conftest import tiny_qwen2
+from helpers.configs import make_config
+from helpers.first_step import capture_first_step, hand_assembled_grpo
+from helpers.models import tiny_qwen2
 
 from oncurve import policy, trainer
-from oncurve.algo import group_advantages, kl_k3, ppo_clip, seq_mean_token_mean
-from oncurve.algo.logprobs import logprobs_from_logits
-from oncurve.config import load_config
 from oncurve.rollout import cpu_llama
 from oncurve.trainer import setup, train, training_step
-from oncurve.types import RolloutBatch
-
-
-def make_config(model_dir: Path, data_file: Path, run_dir: Path, *extra: str):
-    return load_config(
-        None,
-        [
-            f"model.path={model_dir}",
-            f"data.path={data_file}",
-            "data.prompts_per_step=4",
-            "rollout.group_size=4",
-            "rollout.max_new_tokens=8",
-            "reward.functions=[rewards_for_tests:count_digits]",
-            "run.steps=3",
-            f"run.dir={run_dir}",
-            "reward.timeout=null",
-            "optim.lr=1e-3",
-            # the numbers below are the CPU's (an extra run.device=cuda overrides it)
-            "run.device=cpu",
-            *extra,
-        ],
-    )
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -102,59 +78,6 @@ def test_three_steps_write_finite_metrics_samples_and_a_loadable_final_model(
     prompt = tokenizer(["1+1="], return_tensors="pt")
     out = final.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False)
     assert out.shape == (1, prompt["input_ids"].shape[1] + 4)
-
-
-def capture_first_step(s) -> tuple[dict[str, float], RolloutBatch, dict[str, torch.Tensor]]:
-    """Run step 1 of session `s`; returns its metrics, the rollout it sampled and the gradients
-    the optimizer stepped with."""
-    captured: dict = {}
-    generate = s.sampler.generate_ids
-
-    def capture_rollout(*args, **kwargs):
-        captured["rollout"] = generate(*args, **kwargs)
-        return captured["rollout"]
-
-    def capture_grads():
-        captured["grads"] = {n: p.grad.clone() for n, p in s.policy.model.named_parameters()}
-
-    s.sampler.generate_ids = capture_rollout
-    s.optimizer.register_step_pre_hook(lambda *_: capture_grads())
-    metrics = training_step(s, 1)
-    return metrics, captured["rollout"], captured["grads"]
-
-
-def hand_assembled_grpo(
-    model: torch.nn.Module, rollout: RolloutBatch, beta: float = 0.04
-) -> tuple[float, dict[str, torch.Tensor]]:
-    """The first GRPO step's loss and gradients for `model` (pi_old = pi_ref = model) on
-    `rollout` of `make_config`'s shape (groups of 4, 8 new tokens), assembled from the algo
-    functions: count_digits rewards, group z-score, ppo_clip at ratio 1, beta x k3 KL,
-    seq-mean-token-mean. `model` gets the gradients; they are returned by parameter name."""
-    from rewards_for_tests import count_digits
-
-    rewards = torch.tensor(count_digits(None, rollout.texts))
-    advantages = group_advantages(rewards, 4, scale="group", eps=1e-6)
-    mask = rollout.completion_mask.float()
-    ids, attention = rollout.input_ids, rollout.attention_mask
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    t = mask.shape[1]
-
-    def logprobs(model):
-        logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
-        return logprobs_from_logits(logits[:, -t - 1 : -1], ids[:, -t:])
-
-    with torch.no_grad():
-        ref = logprobs(model)
-    logp = logprobs(model)
-    per_token, _ = ppo_clip(
-        logp, logp.detach(), advantages[:, None].expand_as(logp), mask, eps_low=0.2, eps_high=0.2
-    )
-    per_token = per_token + beta * kl_k3(logp, ref)
-    loss = seq_mean_token_mean(
-        per_token, mask, num_seqs=rollout.num_rows, num_tokens=float(mask.sum()), norm_len=8.0
-    )
-    loss.backward()
-    return float(loss.detach()), {n: p.grad for n, p in model.named_parameters()}
 
 
 def test_first_step_matches_hand_assembled_grpo(tiny_model_dir, data_file, tmp_path):
@@ -238,7 +161,7 @@ def test_constant_reward_gives_zero_advantage_and_leaves_weights_unchanged(
         tmp_path / "run",
         "algo.beta=0.0",
         "optim.weight_decay=0.0",
-        "reward.functions=[rewards_for_tests:constant]",
+        "reward.functions=[helpers.rewards_for_tests:constant]",
     )
     s = setup(config)
     before = {n: p.detach().clone() for n, p in s.policy.model.named_parameters()}

@@ -3,115 +3,33 @@ step's loss and gradients against the same step assembled by hand from each vari
 
 The hand assembly shares nothing with `oncurve.algo` but the reward function: logprobs come from
 the HF model's full logits, advantages, ratios, clips, KL and the aggregation are written out
-here. With mu=2 the step has two optimizer steps over one sample; the second pass's ratio is not
-1, so it is where the clip acts, and it is checked at the weights the trainer had then (captured
-before the optimizer's second step), so the check does not depend on AdamW.
+here and in helpers/hand_assembly.py. With mu=2 the step has two optimizer steps over one
+sample; the second pass's ratio is not 1, so it is where the clip acts, and it is checked at
+the weights the trainer had then (captured before the optimizer's second step), so the check
+does not depend on AdamW.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import torch
+from helpers.configs import GROUP, raw_gradient_config
+from helpers.first_step import Step, run_first_step
+from helpers.hand_assembly import (
+    count_digit_rewards,
+    forward_logprobs,
+    grpo_advantages,
+    k3,
+    model_at,
+    seq_mean_token_mean,
+)
 
-from oncurve import trainer
-from oncurve.config import load_config
-from oncurve.trainer import setup, training_step
-from oncurve.types import RolloutBatch, TrainBatch
-
-GROUP = 4
-
-
-def make_config(model_dir: Path, data_file: Path, run_dir: Path, *extra: str):
-    """`test_trainer.make_config`'s shape (4 prompts x 4 completions of 8 tokens, count_digits
-    rewards), the raw gradient (no clipping) and no weight decay."""
-    return load_config(
-        None,
-        [
-            f"model.path={model_dir}",
-            f"data.path={data_file}",
-            "data.prompts_per_step=4",
-            f"rollout.group_size={GROUP}",
-            "rollout.max_new_tokens=8",
-            "reward.functions=[rewards_for_tests:count_digits]",
-            "run.steps=3",
-            f"run.dir={run_dir}",
-            "reward.timeout=null",
-            "run.device=cpu",
-            "optim.grad_clip=0",
-            "optim.weight_decay=0.0",
-            *extra,
-        ],
-    )
-
-
-@dataclass
-class Step:
-    """What step 1 did: the rollout, the batch the update used and, per optimizer step, the
-    weights its gradient was taken at, that gradient and `optimizer_step`'s statistics."""
-
-    metrics: dict[str, float]
-    rollout: RolloutBatch
-    batch: TrainBatch
-    weights: list[dict[str, torch.Tensor]] = field(default_factory=list)
-    grads: list[dict[str, torch.Tensor]] = field(default_factory=list)
-    stats: list[dict[str, float]] = field(default_factory=list)
-
-
-def run_first_step(s, monkeypatch) -> Step:
-    seen: dict = {"weights": [], "grads": [], "stats": []}
-    generate = s.sampler.generate_ids
-
-    def capture_rollout(*args, **kwargs):
-        seen["rollout"] = generate(*args, **kwargs)
-        return seen["rollout"]
-
-    def before_update(*_):  # the gradient is complete, the weights not yet stepped
-        params = list(s.policy.model.named_parameters())
-        seen["weights"].append({n: p.detach().clone() for n, p in params})
-        seen["grads"].append({n: p.grad.clone() for n, p in params})
-
-    real_update, real_step = trainer.update_policy, trainer.optimizer_step
-
-    def update_policy(session, batch, minibatches, fns):
-        seen["batch"] = batch
-        return real_update(session, batch, minibatches, fns)
-
-    def optimizer_step(*args, **kwargs):
-        seen["stats"].append(real_step(*args, **kwargs))
-        return seen["stats"][-1]
-
-    s.sampler.generate_ids = capture_rollout
-    s.optimizer.register_step_pre_hook(before_update)
-    monkeypatch.setattr(trainer, "update_policy", update_policy)
-    monkeypatch.setattr(trainer, "optimizer_step", optimizer_step)
-    metrics = training_step(s, 1)
-    return Step(
-        metrics, seen["rollout"], seen["batch"], seen["weights"], seen["grads"], seen["stats"]
-    )
-
+from oncurve.trainer import setup
+from oncurve.types import RolloutBatch
 
 # --- the hand assembly ----------------------------------------------------------------------
-
-
-def count_digit_rewards(rollout: RolloutBatch) -> torch.Tensor:
-    from rewards_for_tests import count_digits
-
-    return torch.tensor(count_digits(None, rollout.texts), dtype=torch.float64)
-
-
-def grpo_advantages(rewards: torch.Tensor) -> torch.Tensor:
-    """(r_i - mean) / (population std + 1e-6) within each group."""
-    out = []
-    for g in range(0, len(rewards), GROUP):
-        r = rewards[g : g + GROUP].tolist()
-        mean = sum(r) / GROUP
-        std = (sum((x - mean) ** 2 for x in r) / GROUP) ** 0.5
-        out += [(x - mean) / (std + 1e-6) for x in r]
-    return torch.tensor(out, dtype=torch.float32)
 
 
 def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
@@ -123,37 +41,6 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
             r[i] - sum(r[j] for j in range(GROUP) if j != i) / (GROUP - 1) for i in range(GROUP)
         ]
     return torch.tensor(out, dtype=torch.float32)
-
-
-def forward_logprobs(
-    model: torch.nn.Module, rollout: RolloutBatch, temperature: float = 1.0
-) -> torch.Tensor:
-    """`[N, T]` log softmax(logits / temperature) of each completion token, one plain forward
-    of every row with positions counting real tokens (with grad when grad is on)."""
-    ids, attention = rollout.input_ids, rollout.attention_mask
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    t = rollout.completion_mask.shape[1]
-    logits = model(input_ids=ids, attention_mask=attention, position_ids=positions).logits
-    logp = torch.log_softmax(logits[:, -t - 1 : -1].float() / temperature, dim=-1)
-    return logp.gather(-1, ids[:, -t:, None]).squeeze(-1)
-
-
-def model_at(initial: torch.nn.Module, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
-    model = copy.deepcopy(initial)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.copy_(weights[name])
-    return model
-
-
-def seq_mean_token_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over rows of each row's mean over its completion tokens."""
-    return ((per_token * mask).sum(1) / mask.sum(1)).mean()
-
-
-def k3(logp: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """pi_ref / pi - log(pi_ref / pi) - 1."""
-    return (ref - logp).exp() - (ref - logp) - 1
 
 
 def ppo_per_token(logp, old, adv, eps_low, eps_high):
@@ -287,7 +174,7 @@ def test_rloo_step_matches_hand_assembled_leave_one_out(
     """estimator=rloo with no std scaling: A_i = r_i - mean of the other 3 rewards (4/3 of
     GRPO's centred reward), PPO clip, k3 KL; mu=2 so that the second pass's loss is not ~0 and
     its clip (bounds 0.05 / 0.08) removes some tokens' gradient."""
-    config = make_config(
+    config = raw_gradient_config(
         tiny_model_dir,
         data_file,
         tmp_path / "run",
@@ -313,7 +200,7 @@ def test_gspo_step_matches_the_hand_assembled_sequence_level_objective(
     seq-mean-token-mean, no KL), assembled as GSPO states it: per row -min(s_i A_i,
     clip(s_i) A_i), averaged over rows. mu=2 at lr 1e-4 moves some rows' s_i past a bound
     and leaves others inside it, so the second pass checks both branches."""
-    config = make_config(
+    config = raw_gradient_config(
         tiny_model_dir,
         data_file,
         tmp_path / "run",
@@ -340,7 +227,7 @@ def test_cispo_step_matches_hand_assembled_clipped_reinforce(
     """loss=cispo: -sg(clip(r, 0.95, 1.08)) A logp per token, seq-mean-token-mean, no KL. The
     first pass is REINFORCE (weight 1); in the second some weights are capped, and unlike PPO
     the capped tokens keep their gradient."""
-    config = make_config(
+    config = raw_gradient_config(
         tiny_model_dir,
         data_file,
         tmp_path / "run",
@@ -362,7 +249,7 @@ def test_temperature_scales_pi_old_pi_ref_and_the_loss(
     """rollout.temperature=0.7: the sampler's logprobs, pi_old and pi_ref are all
     log softmax(logits / 0.7) of the initial weights, and both passes of the step (GRPO, k3 KL
     at beta 0.04) equal the hand assembly at that temperature."""
-    config = make_config(
+    config = raw_gradient_config(
         tiny_model_dir,
         data_file,
         tmp_path / "run",

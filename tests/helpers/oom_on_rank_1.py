@@ -1,12 +1,12 @@
-"""Imported by a 2-rank test run through its reward (`oom_on_rank_1:count_digits`): on rank 1,
-the first sampler call of training raises torch.OutOfMemoryError, as a card short of memory
-would."""
+"""Imported by a 2-rank test run through its reward (`helpers.oom_on_rank_1:count_digits`): on
+rank 1, the first sampler call of training raises torch.OutOfMemoryError, as a card short of
+memory would."""
 
 import os
 
 import torch
-from rewards_for_tests import count_digits
 
+from helpers.rewards_for_tests import count_digits
 from oncurve import groups
 
 __all__ = ["count_digits"]

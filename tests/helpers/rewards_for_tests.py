@@ -1,4 +1,4 @@
-"""Reward functions that tests name by import path (`rewards_for_tests:...`)."""
+"""Reward functions that tests name by import path (`helpers.rewards_for_tests:...`)."""
 
 
 def count_digits(prompts, completions, **columns):
@@ -19,9 +19,9 @@ def fails_on_rank_1(prompts, completions, **columns):
 
 
 class DigitsEnv:
-    """A multi-turn environment (`rollout.env=rewards_for_tests:DigitsEnv`): answers each turn
-    with how many digits it held, rewards their fraction of its characters, and ends the episode
-    after `turns` turns."""
+    """A multi-turn environment (`rollout.env=helpers.rewards_for_tests:DigitsEnv`): answers
+    each turn with how many digits it held, rewards their fraction of its characters, and ends
+    the episode after `turns` turns."""
 
     def __init__(self, turns: int = 2) -> None:
         self.left = turns

@@ -7,7 +7,10 @@ seconds of both cores; a pool pays it once per session instead of once per test.
 Between jobs a rank leaves whatever process group the job left it in (after a barrier, as a
 torchrun job ends) and gets its environment back. A job that raises, a rank that dies and a job
 that is not done by its deadline (a rank waiting in a collective its peer never joins) fail the
-test at once and end both processes; the next job starts new ones."""
+test at once and end both processes; the next job starts new ones.
+
+`on_ranks` runs any function on both ranks (a trainer's `setup` and steps, say) with the
+environment torchrun gives a rank."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import os
 import socket
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -138,3 +142,16 @@ class RankPool:
                 process.join()
             conn.close()
         self._ranks = []
+
+
+def _rank_entry(rank: int, world_size: int, fn: Callable[..., Any], args: tuple) -> Any:
+    # what torchrun sets (MASTER_ADDR and MASTER_PORT are the pool's): `setup` joins the
+    # process group from these
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size))
+    return fn(*args)
+
+
+def on_ranks(two_ranks: RankPool, fn: Callable[..., Any], *args: Any) -> list[Any]:
+    """`fn(*args)` on the session's two ranks (`rank_pool`), which join a gloo group in
+    `trainer.setup`; each rank's return value, in rank order."""
+    return two_ranks.run(_rank_entry, fn, args)
