@@ -44,13 +44,13 @@ def held_out(model_dir: str, overrides: list[str], samples: int) -> dict:
     the trainer's accuracy (evaluation's threshold), the mean reward of `samples` completions
     per prompt at temperature 1, and the first `SHOWN` greedy completions with their scores."""
     from oncurve.config import load_config
-    from oncurve.evaluate import evaluate
-    from oncurve.inputs import PromptData
-    from oncurve.models import load_model, load_tokenizer
+    from oncurve.data.prompts import PromptData
+    from oncurve.data.tasks import get_task
+    from oncurve.data.tasks.code import problems
+    from oncurve.loop.evaluate import evaluate
+    from oncurve.model.sources import load_model, load_tokenizer
     from oncurve.rewards.code import code_tests_reward
     from oncurve.rollout import build_sampler
-    from oncurve.tasks import get_task
-    from oncurve.tasks.code import problems
 
     config = load_config(CONFIG, overrides)
     code_tests_reward.configure(config.reward)
@@ -89,7 +89,7 @@ def held_out(model_dir: str, overrides: list[str], samples: int) -> dict:
 
 
 def train(steps: int | None, overrides: list[str], out: Path) -> dict:
-    from oncurve.metrics import read_jsonl
+    from oncurve.run.metrics import read_jsonl
 
     command = [sys.executable, "-m", "oncurve", "train", str(CONFIG), "--quiet"]
     command += [f"run.dir={out / 'run'}", "run.overwrite=true", "run.device=cpu", *overrides]
@@ -117,7 +117,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8, help="held-out samples per prompt")
     args = parser.parse_args()
     from oncurve.config import load_config
-    from oncurve.tasks.code import problems
+    from oncurve.data.tasks.code import problems
 
     config = load_config(CONFIG, args.set)
     model_dir = str(ROOT / config.model.path)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import transformers
 
-from oncurve.tokenizer import char_tokenizer
+from oncurve.model.char_tokenizer import char_tokenizer
 
 # What a GPU machine without internet access lacks, in one gitignored folder that the device
 # tool carries (`gpu_check.py --prepare` fills it): `tokenizer/` (the Qwen3 tokenizer, from
@@ -65,8 +65,8 @@ def qwen2_model(name: str, vocab_size: int, seed: int = 0) -> transformers.PreTr
 def load_model(name: str) -> tuple[transformers.PreTrainedModel, Any]:
     """(model, tokenizer) for `default` (the bundled model), a `QWEN2_SIZES` name, or a path to
     a local Hugging Face model directory."""
-    from oncurve.models import load_model as load_dir
-    from oncurve.models import load_tokenizer, resolve_model_path
+    from oncurve.model.sources import load_model as load_dir
+    from oncurve.model.sources import load_tokenizer, resolve_model_path
 
     if name in QWEN2_SIZES:
         tokenizer = char_tokenizer()

@@ -49,7 +49,7 @@ TITLE = (
 PROMPTS, GROUP = 16, 8
 # The task's own correctness reward alone: with the 0.1 format term a group of wrong answers
 # differs in format half the time, so all-equal would not mean "all right or all wrong".
-CORRECT_ONLY = "oncurve.tasks.arith:exact_sum_reward"
+CORRECT_ONLY = "oncurve.data.tasks.arith:exact_sum_reward"
 
 
 def job_args(arm: str, seed: int, args: argparse.Namespace, run_dir: Path) -> list[str]:

@@ -39,7 +39,7 @@ TITLE = (
 def child(out: Path, overrides: list[str]) -> None:
     """One rank of one run: train, then write this rank's peak RSS in MB to `out`."""
     from oncurve.config import load_config
-    from oncurve.trainer import train
+    from oncurve.loop.trainer import train
 
     train(load_config(None, overrides), quiet=True)
     rank = os.environ.get("RANK", "0")

@@ -123,7 +123,7 @@ class Job:
 def word_problems(n: int) -> list[dict[str, str]]:
     """`n` addition word problems {"prompt", "answer"} on the arith task's train rows (their
     operands and answers), so that the task's `correct` reward scores them."""
-    from oncurve.tasks import get_task
+    from oncurve.data.tasks import get_task
 
     problems = []
     for i, row in enumerate(get_task("arith").examples("train", n, seed=0)):
@@ -139,7 +139,7 @@ def step_rows(job: Job, tokenizer: Any) -> list[dict]:
     """The rows oncurve's trainer draws for steps 1..steps, in order, each with its chat-template
     "prompt_ids" (its loading of `data.path` and its seeded order, as `oncurve train` does)."""
     from oncurve.config import load_config
-    from oncurve.inputs import PromptData, load_prompts
+    from oncurve.data.prompts import PromptData, load_prompts
 
     overrides = [f"data.path={job.prompts_file}", "data.chat_template=true", f"run.seed={job.seed}"]
     config = load_config(None, overrides)
@@ -157,7 +157,7 @@ def render(tokenizer: Any, prompt: str) -> str:
 
 def reward_specs() -> list[tuple[str, Any, float]]:
     """(name, function, weight) of the arith task's rewards, which both trainers use."""
-    from oncurve.tasks import get_task
+    from oncurve.data.tasks import get_task
 
     task = get_task("arith")
     return [(name, fn, task.reward_weights[name]) for name, fn in task.reward_fns().items()]
@@ -487,7 +487,7 @@ def read_oncurve(run_dir: Path) -> dict:
     """Seconds, phases and peak GPU memory of a finished oncurve run from its metrics.jsonl (the
     `memory/gpu_peak_gb` of every step; None where the metric is absent, as on CPU); its
     weights and checkpoints are deleted (GBs per run)."""
-    from oncurve.metrics import read_jsonl
+    from oncurve.run.metrics import read_jsonl
 
     rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "time/step" in r]
     phases = step_phases(rows)
@@ -634,17 +634,17 @@ def profile_oncurve(args: argparse.Namespace) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    import oncurve.trainer
+    import oncurve.loop.trainer
     from oncurve.config import load_config
     from oncurve.errors import error_line
-    from oncurve.metrics import read_jsonl
+    from oncurve.run.metrics import read_jsonl
 
     job, _ = make_job(args)
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
     device_key = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-    step_of_the_run = oncurve.trainer.training_step
+    step_of_the_run = oncurve.loop.trainer.training_step
     for variant, settings in profile_variants().items():
         out = CACHE / "profile"
         config = load_config(None, oncurve_overrides(job, out) + settings)
@@ -658,14 +658,14 @@ def profile_oncurve(args: argparse.Namespace) -> None:
             profiles.append(prof)
             return metrics
 
-        oncurve.trainer.training_step = profiled_step
+        oncurve.loop.trainer.training_step = profiled_step
         try:
-            oncurve.trainer.train(config, quiet=True)
+            oncurve.loop.trainer.train(config, quiet=True)
         except Exception as error:  # noqa: BLE001 - one variant's failure: on to the next
             print(f"{variant}: failed: {error_line(error)}", flush=True)
             continue
         finally:
-            oncurve.trainer.training_step = step_of_the_run
+            oncurve.loop.trainer.training_step = step_of_the_run
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         rows = [r for r in read_jsonl(out / "run" / "metrics.jsonl") if "time/step" in r]

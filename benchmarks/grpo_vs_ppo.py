@@ -6,7 +6,7 @@ model that is a second copy of the policy's trunk with a scalar head, its own Ad
 k1 KL to the reference in the reward) on the same model, task (`arith`), prompts per step, G,
 completion length, learning rate (passed explicitly, so both use this script's `--lr`), beta,
 epsilon, mu, microbatch and steps. They alternate (GRPO, PPO, GRPO, PPO, ...), each run a fresh
-subprocess (this script with `--child`, which calls `oncurve.trainer.train`), so the peak
+subprocess (this script with `--child`, which calls `oncurve.loop.trainer.train`), so the peak
 memory is that process's alone: `ru_maxrss` from `os.wait4` (including the Python, torch and
 transformers start-up every user pays), and on CUDA `torch.cuda.max_memory_allocated`.
 
@@ -21,7 +21,7 @@ save interval short of the exact point, so the comparison never favours the slow
     python3 benchmarks/grpo_vs_ppo.py --model qwen2.5-0.5b --device cuda --eval-n 0
 
 On CUDA (`--device cuda`) the comparison is of `torch.cuda.max_memory_allocated` and of each
-run's memory plan (the peak `oncurve train` predicts at start, `oncurve.memory`); the model
+run's memory plan (the peak `oncurve train` predicts at start, `oncurve.run.memory_plan`); the model
 `qwen2.5-0.5b` is `gpu_vs_trl.py`'s random Qwen2.5-0.5B shape in bf16 (8 x 8, 256 tokens
 forced, 2 steps); `--eval-n 0` scores no accuracy (a random model scores 0) and `--json PATH`
 also writes each trainer's peaks and seconds as JSON (what `gpu_check.py` reads).
@@ -129,7 +129,7 @@ def child(out: Path) -> None:
     import torch
 
     from oncurve.config import load_config
-    from oncurve.trainer import train
+    from oncurve.loop.trainer import train
 
     settings = json.loads((out / "overrides.json").read_text())
     flags = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items()]
@@ -140,7 +140,7 @@ def child(out: Path) -> None:
 
 def run(job: Job, trainer: str, seed: int, out: Path) -> dict:
     """One training run in a fresh process; its peak memory, per-step times and metrics."""
-    from oncurve.metrics import read_jsonl
+    from oncurve.run.metrics import read_jsonl
 
     run_dir = out / "run"
     (out / "overrides.json").write_text(json.dumps(overrides(job, trainer, seed, run_dir)))
@@ -167,7 +167,8 @@ def checkpoint_model(base_dir: str, checkpoint: Path, out: Path) -> Path:
     only weights; config and tokenizer come from the starting model)."""
     from safetensors.torch import load_model as load_weights
 
-    from oncurve.models import load_model, load_tokenizer, save_final
+    from oncurve.model.saving import save_final
+    from oncurve.model.sources import load_model, load_tokenizer
 
     model = load_model(Path(base_dir))
     load_weights(model, checkpoint / "model.safetensors")
@@ -215,7 +216,7 @@ def runtime_floor(model_dir: str) -> float:
     here = str(Path(__file__).resolve().parent)
     code = (
         f"import sys; sys.path.insert(0, {here!r})\n"
-        "import torch, transformers, oncurve.trainer\n"
+        "import torch, transformers, oncurve.loop.trainer\n"
         "from common import own_peak_rss\n"
         f"config = transformers.AutoConfig.from_pretrained({model_dir!r})\n"
         "with torch.device('meta'):\n"

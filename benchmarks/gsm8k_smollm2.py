@@ -109,7 +109,7 @@ def prepare() -> None:
 
 def benchmark() -> str:
     """Run the recipe; returns the results section."""
-    from oncurve.metrics import read_jsonl
+    from oncurve.run.metrics import read_jsonl
 
     for path in (CONFIG, DATA / "easy_train.jsonl", ROOT / "models" / "smollm2-135m-instruct"):
         if not path.exists():
@@ -150,7 +150,7 @@ def benchmark() -> str:
 
 def completions(run_dir: Path) -> str:
     """A few completions of the last training step (`samples.jsonl`), with their rewards."""
-    from oncurve.metrics import SAMPLES_FILE, read_jsonl
+    from oncurve.run.metrics import SAMPLES_FILE, read_jsonl
 
     rows = list(read_jsonl(run_dir / SAMPLES_FILE))
     if not rows:

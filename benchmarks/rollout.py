@@ -402,7 +402,7 @@ def cuda_shape(text: str) -> tuple[int, int, int | None]:
 def logprob_gap(model, sampler, prompts, group, params) -> tuple[float, float]:
     """Mean and max |sampler logprob - training forward logprob| over the completion tokens of
     one call (the TIS correction's input, `logprob_diff/*` in training)."""
-    from oncurve.train_step import completion_logprobs
+    from oncurve.model.forward import completion_logprobs
 
     batch = sampler.generate(prompts, group, params)
     with torch.no_grad():

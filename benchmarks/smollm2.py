@@ -80,8 +80,8 @@ def load_job(steps: int | None) -> Job:
 def step_rows(job: Job, tokenizer) -> list[dict]:
     """The rows oncurve's trainer draws for steps 1..steps, in order, with their prompt ids."""
     from oncurve.config import load_config
-    from oncurve.inputs import PromptData
-    from oncurve.tasks import get_task
+    from oncurve.data.prompts import PromptData
+    from oncurve.data.tasks import get_task
 
     data = load_config(CONFIG).data
     rows = get_task("sums").examples("train", data.num_train, job.seed)
@@ -104,7 +104,7 @@ def trl_child(job: Job, out_dir: Path) -> None:
     from transformers import AutoTokenizer
     from trl import GRPOConfig
 
-    from oncurve.tasks import get_task
+    from oncurve.data.tasks import get_task
 
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
     rows = step_rows(job, tokenizer)
@@ -173,11 +173,11 @@ def held_out(model_dir: str, count: int | None = None) -> tuple[float, list[dict
     evaluation: chat template, `rollout.max_new_tokens`, the `correct` reward), and the first
     `SAMPLES` completions."""
     from oncurve.config import load_config
-    from oncurve.evaluate import evaluate
-    from oncurve.inputs import PromptData
-    from oncurve.models import load_model, load_tokenizer
+    from oncurve.data.prompts import PromptData
+    from oncurve.data.tasks import get_task
+    from oncurve.loop.evaluate import evaluate
+    from oncurve.model.sources import load_model, load_tokenizer
     from oncurve.rollout import SamplingParams, build_sampler
-    from oncurve.tasks import get_task
 
     config = load_config(CONFIG)
     tokenizer = load_tokenizer(model_dir)
@@ -200,7 +200,7 @@ def held_out(model_dir: str, count: int | None = None) -> tuple[float, list[dict
 
 
 def run_oncurve(job: Job, out: Path) -> dict:
-    from oncurve.metrics import read_jsonl
+    from oncurve.run.metrics import read_jsonl
 
     command = [sys.executable, "-m", "oncurve", "train", str(CONFIG), "--quiet"]
     command += [f"run.dir={out / 'run'}", "run.overwrite=true", "run.device=cpu"]

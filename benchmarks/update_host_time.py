@@ -36,13 +36,15 @@ sys.path.insert(0, str(HERE))
 from common import markdown_table, qwen2_config, write_section  # noqa: E402
 from update_ops import OneOpAttention, OpCount  # noqa: E402
 
-from oncurve import packing  # noqa: E402
-from oncurve.build import build_loss_fns  # noqa: E402
-from oncurve.compiled_layers import compile_decoder_layers  # noqa: E402
 from oncurve.config import load_config  # noqa: E402
-from oncurve.models import enable_gradient_checkpointing  # noqa: E402
-from oncurve.train_step import ForwardSettings, PolicyLogprobs, accumulate, microbatch_loss  # noqa: E402
+from oncurve.model import packing  # noqa: E402
+from oncurve.model.compiled_layers import compile_decoder_layers  # noqa: E402
+from oncurve.model.forward import PolicyLogprobs  # noqa: E402
+from oncurve.model.weights import enable_gradient_checkpointing  # noqa: E402
+from oncurve.run.setup import build_loss_fns  # noqa: E402
 from oncurve.types import TrainBatch  # noqa: E402
+from oncurve.update.microbatches import ForwardSettings  # noqa: E402
+from oncurve.update.step import accumulate, microbatch_loss  # noqa: E402
 
 RESULTS = HERE / "results" / "update_host_time.md"
 VOCAB = 512

@@ -43,20 +43,14 @@ sys.path.insert(0, str(HERE))
 
 from common import markdown_table, qwen2_config, write_section  # noqa: E402
 
-from oncurve import packing  # noqa: E402
-from oncurve.build import build_loss_fns  # noqa: E402
 from oncurve.config import load_config  # noqa: E402
-from oncurve.memory import GIB, ModelShape, plan_memory  # noqa: E402
-from oncurve.train_step import (  # noqa: E402
-    ForwardSettings,
-    LossFns,
-    PolicyLogprobs,
-    accumulate,
-    batch_logprobs,
-    microbatch_loss,
-    microbatches,
-)
+from oncurve.model import packing  # noqa: E402
+from oncurve.model.forward import PolicyLogprobs  # noqa: E402
+from oncurve.run.memory_plan import GIB, ModelShape, plan_memory  # noqa: E402
+from oncurve.run.setup import build_loss_fns  # noqa: E402
 from oncurve.types import TrainBatch  # noqa: E402
+from oncurve.update.microbatches import ForwardSettings, batch_logprobs, microbatches  # noqa: E402
+from oncurve.update.step import LossFns, accumulate, microbatch_loss  # noqa: E402
 
 RESULTS = HERE / "results" / "update_ops.md"
 VOCAB = 151_936

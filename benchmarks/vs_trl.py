@@ -94,8 +94,8 @@ def step_rows(job: Job, tokenizer) -> list[dict]:
     """The prompt rows oncurve's trainer draws for steps 1..steps with `job.seed`, in order
     (the arith task's train split and `PromptData`'s seeded order, as `oncurve train` does)."""
     from oncurve.config import DataConfig
-    from oncurve.inputs import PromptData
-    from oncurve.tasks import get_task
+    from oncurve.data.prompts import PromptData
+    from oncurve.data.tasks import get_task
 
     data = DataConfig()
     rows = get_task("arith").examples("train", data.num_train, job.seed)
@@ -113,7 +113,7 @@ def trl_child(job: Job, out_dir: Path) -> None:
     from transformers import AutoTokenizer
     from trl import GRPOConfig
 
-    from oncurve.tasks import get_task
+    from oncurve.data.tasks import get_task
 
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
     rows = step_rows(job, tokenizer)
@@ -210,7 +210,7 @@ def ensure_trl_venv() -> str:
 def model_dir(name: str) -> Path:
     """A model directory both trainers load: the bundled default, a path, or a `common` model
     saved once under benchmarks/.cache."""
-    from oncurve.models import resolve_model_path
+    from oncurve.model.sources import resolve_model_path
 
     if name not in ("tiny", "30m"):
         path = resolve_model_path(name)
@@ -256,7 +256,7 @@ def run_oncurve(job: Job, out: Path) -> dict:
     command = [sys.executable, "-m", "oncurve", "train", "--quiet"]
     command += [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items()]
     wall, rss, _ = run_child(command, dict(os.environ), out / "log.txt")
-    from oncurve.metrics import read_jsonl
+    from oncurve.run.metrics import read_jsonl
 
     rows = [r for r in read_jsonl(out / "run" / "metrics.jsonl") if "time/step" in r]
     return {
@@ -339,7 +339,8 @@ def flops_per_step(params: int, job: Job, prompt_tokens: float, mean_length: flo
 def benchmark(name: str, args: argparse.Namespace) -> str:
     import transformers
 
-    from oncurve.models import load_tokenizer, microbatch_tokens
+    from oncurve.model.kv_cache import microbatch_tokens
+    from oncurve.model.sources import load_tokenizer
 
     prompts, group, tokens, force, steps, microbatch = SCENARIOS.get(name, SCENARIOS["default"])
     path = model_dir(name)

@@ -12,7 +12,7 @@ import torch
 from helpers.models import tiny_qwen2
 from helpers.rank_pool import RankPool
 
-from oncurve.tokenizer import char_tokenizer
+from oncurve.model.char_tokenizer import char_tokenizer
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from oncurve.envs import PythonToolEnv
-from oncurve.evaluate import evaluate
+from oncurve.loop.evaluate import evaluate
 from oncurve.rewards.math import has_math_verify
 from oncurve.rewards.registry import answer_match_reward
 
@@ -185,7 +185,9 @@ def test_strict_correct_pays_a_stated_simplified_answer(prompt, completion, gold
 
 def test_evaluation_counts_malformed_references_apart(monkeypatch):
     texts = ["\\boxed{18}", "\\boxed{None}", "\\boxed{3}", "\\boxed{nan}"]
-    monkeypatch.setattr("oncurve.evaluate.draw", lambda *args: (SimpleNamespace(texts=texts), {}))
+    monkeypatch.setattr(
+        "oncurve.loop.evaluate.draw", lambda *args: (SimpleNamespace(texts=texts), {})
+    )
     rows = [
         {"prompt": "p", "prompt_ids": [1], "answer": answer}
         for answer in ("18", "None", "4", float("nan"))

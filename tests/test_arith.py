@@ -1,9 +1,9 @@
 import pytest
 
-from oncurve.tasks import get_task
-from oncurve.tasks.arith import ArithTask, prompt, solution
-from oncurve.tasks.base import hash_split
-from oncurve.tokenizer import char_tokenizer
+from oncurve.data.tasks import get_task
+from oncurve.data.tasks.arith import ArithTask, prompt, solution
+from oncurve.data.tasks.base import hash_split
+from oncurve.model.char_tokenizer import char_tokenizer
 
 
 def test_solution_writes_column_sums_with_carries():

@@ -28,10 +28,11 @@ from helpers.runs import metric_rows
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from oncurve.evaluate import evaluate
+from oncurve.loop.evaluate import evaluate
+from oncurve.loop.trainer import train
 from oncurve.rollout import SamplingParams, build_sampler, cuda_graph
 from oncurve.rollout.cuda_graph import GraphSampler
-from oncurve.trainer import train
+from oncurve.rollout.cuda_graph import step as static_step
 
 aten = torch.ops.aten
 
@@ -388,7 +389,7 @@ def test_lora_wrapped_projections_stay_as_they_are():
     sampler, ws = ready_sampler(model, SamplingParams(max_new_tokens=8, seed=3))
     for layer in model.model.layers:
         assert type(layer.self_attn.q_proj) is not torch.nn.Linear
-        assert [cuda_graph._together(g) for g in cuda_graph._projection_groups(layer)] == [
+        assert [static_step._together(g) for g in static_step._projection_groups(layer)] == [
             None,
             None,
         ]
@@ -411,7 +412,7 @@ def test_every_layer_attends_with_one_aligned_bias_in_the_queries_dtype(monkeypa
         biases.append(attn_mask)
         return attention(*args, attn_mask=attn_mask, **kwargs)
 
-    monkeypatch.setattr(cuda_graph.F, "scaled_dot_product_attention", recording)
+    monkeypatch.setattr(static_step.F, "scaled_dot_product_attention", recording)
     sampler._step(ws, ws.rows, params)
     assert len(biases) == len(model.model.layers)
     assert all(bias is biases[0] for bias in biases)

@@ -22,14 +22,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from oncurve import checkpoint
-from oncurve.checkpoint import (
+from oncurve.errors import UserError
+from oncurve.run import checkpoint
+from oncurve.run.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
-from oncurve.errors import UserError
 
 TESTS_DIR = Path(__file__).parent
 
@@ -310,7 +310,7 @@ import torch
 torch.set_num_threads(1)  # no thread pool exists when forking
 sys.path.insert(0, sys.argv[1])
 from helpers.tied_lm import make_setup, train
-from oncurve import checkpoint
+from oncurve.run import checkpoint
 work = Path(sys.argv[2])
 model, optimizer, scheduler = make_setup(0)
 train(model, optimizer, scheduler, 1)

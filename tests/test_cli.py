@@ -12,7 +12,7 @@ import pytest
 import transformers
 
 from oncurve.cli import main
-from oncurve.models import resolve_model_path
+from oncurve.model.sources import resolve_model_path
 from oncurve.rewards import extract_answer
 
 MAX_NEW_TOKENS = 48
@@ -126,16 +126,16 @@ def test_train_checks_the_longest_prompt_fits_before_the_first_step(capsys, tmp_
 def test_the_public_api_imports_from_the_package_and_import_oncurve_stays_light():
     import oncurve
     import oncurve.config
+    import oncurve.loop.trainer
     import oncurve.rollout
-    import oncurve.trainer
 
     homes = {
         "Config": oncurve.config,
         "load_config": oncurve.config,
         "SamplingParams": oncurve.rollout,
         "TorchSampler": oncurve.rollout,
-        "TrainResult": oncurve.trainer,
-        "train": oncurve.trainer,
+        "TrainResult": oncurve.loop.trainer,
+        "train": oncurve.loop.trainer,
     }
     assert sorted(oncurve.__all__) == sorted(homes)
     for name, home in homes.items():
@@ -160,7 +160,7 @@ def test_train_takes_overrides_and_flags_in_any_order(
     monkeypatch, argv, expected_file, expected_overrides
 ):
     import oncurve.config
-    import oncurve.trainer
+    import oncurve.loop.trainer
 
     seen = {}
     load_config = oncurve.config.load_config
@@ -171,10 +171,10 @@ def test_train_takes_overrides_and_flags_in_any_order(
 
     def fake_train(config, quiet):
         seen["quiet"] = quiet
-        return oncurve.trainer.TrainResult(Path("x"), 1, None, None)
+        return oncurve.loop.trainer.TrainResult(Path("x"), 1, None, None)
 
     monkeypatch.setattr(oncurve.config, "load_config", fake_load_config)
-    monkeypatch.setattr(oncurve.trainer, "train", fake_train)
+    monkeypatch.setattr(oncurve.loop.trainer, "train", fake_train)
     assert main(["train", *argv]) == 0
     assert seen == {"path": expected_file, "overrides": expected_overrides, "quiet": True}
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from oncurve.data.tasks.convert import humaneval_rows
 from oncurve.rewards.code import CodeTestsReward
-from oncurve.tasks.convert import humaneval_rows
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EVENS = "def evens(xs):\n    return [x for x in xs if x % 2 == 0]\n"

@@ -11,9 +11,11 @@ import pytest
 
 from oncurve import sandbox
 from oncurve.config import load_config
+from oncurve.data.prompts import correctness_fn
+from oncurve.data.tasks import get_task
+from oncurve.data.tasks.convert import humaneval_rows, main, mbpp_rows
 from oncurve.envs import PythonToolEnv
 from oncurve.errors import UserError
-from oncurve.inputs import build_rewards, correctness_fn
 from oncurve.rewards.code import (
     MAX_PROGRAM_CHARS,
     Case,
@@ -25,8 +27,8 @@ from oncurve.rewards.code import (
     same_output,
 )
 from oncurve.rewards.registry import resolve_reward
-from oncurve.tasks import get_task
-from oncurve.tasks.convert import humaneval_rows, main, mbpp_rows
+from oncurve.run.rewards import build_rewards
+from oncurve.sandbox import probing
 
 ADD_ONE = "def f(x):\n    return x + 1\n"
 
@@ -146,7 +148,7 @@ def test_no_program_no_tests_and_broken_programs(reward, monkeypatch):
         reward(["p"], [fenced(ADD_ONE)], answer=["2"])
 
 
-# Programs that get `add` wrong and try to pass its tests anyway (issue 36): each must score 0.
+# Programs that get `add` wrong and try to pass its tests anyway: each must score 0.
 FORGERIES = {
     "os._exit(0)": "import os\nos._exit(0)\n",
     "sys.exit(0)": "import sys\nsys.exit(0)\n",
@@ -299,7 +301,7 @@ def test_python_tool_rewards_only_the_final_answer():
 def test_a_run_configures_the_reward_and_probes_the_sandbox_at_start(monkeypatch, tmp_path):
     probes: list[bool] = []
     isolation = sandbox.isolation
-    monkeypatch.setattr(sandbox, "isolation", lambda: probes.append(True) or isolation())
+    monkeypatch.setattr(probing, "isolation", lambda: probes.append(True) or isolation())
     for name in ("workers", "timeout_s", "memory_mb", "_pool"):  # restored after the test
         monkeypatch.setattr(code_tests_reward, name, getattr(code_tests_reward, name))
     settings = [

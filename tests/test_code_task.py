@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from oncurve.tasks import get_task
-from oncurve.tasks.base import hash_split
-from oncurve.tasks.code import TEMPLATES, TESTS_PER_PROBLEM, Problem, problems
+from oncurve.data.tasks import get_task
+from oncurve.data.tasks.base import hash_split
+from oncurve.data.tasks.code import TEMPLATES, TESTS_PER_PROBLEM, Problem, problems
 
 
 def test_splits_are_disjoint_seeded_and_the_test_split_is_all_distinct():

@@ -12,12 +12,12 @@ import torch
 from helpers.batches import accumulate_grpo, grpo_batch
 from helpers.models import make_model
 
-import oncurve.compiled_layers as compiled_module
-from oncurve import packing
+import oncurve.model.compiled_layers as compiled_module
 from oncurve.errors import UserError
-from oncurve.models import enable_gradient_checkpointing
-from oncurve.packing import RowLengths
-from oncurve.train_step import ForwardSettings
+from oncurve.model import packing
+from oncurve.model.packing import RowLengths
+from oncurve.model.weights import enable_gradient_checkpointing
+from oncurve.update.microbatches import ForwardSettings
 
 
 class CompilerError(RuntimeError):
@@ -238,7 +238,7 @@ def test_a_run_with_compile_layers_trains_policy_and_reference_compiled(
     own weights) get the compiled class, and a step trains through them."""
     from helpers.configs import make_config
 
-    from oncurve.trainer import setup, training_step
+    from oncurve.loop.trainer import setup, training_step
 
     config = make_config(
         tiny_model_dir, data_file, tmp_path / "run", "model.compile_layers=true", "algo.beta=0.04"
@@ -261,7 +261,7 @@ def test_a_padded_run_compiles_the_layers_once_per_grad_mode_step_after_step(
     make Dynamo compile each layer apart, past its recompile limit."""
     from helpers.configs import make_config
 
-    from oncurve.trainer import setup, training_step
+    from oncurve.loop.trainer import setup, training_step
 
     config = make_config(
         tiny_model_dir,

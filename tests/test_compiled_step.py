@@ -25,10 +25,10 @@ from helpers.graph_sampler import (
 from helpers.models import PROMPTS, TOKENIZER, lora_model, make_model, model_of
 from helpers.runs import metric_rows
 
-from oncurve.models import enable_gradient_checkpointing
+from oncurve.loop.trainer import train
+from oncurve.model.weights import enable_gradient_checkpointing
 from oncurve.rollout import SamplingParams
 from oncurve.rollout.cuda_graph import GraphSampler
-from oncurve.trainer import train
 
 # 3 prompts x 2 = 6 rows: a single bucket, so a single compilation of each region
 PARAMS = SamplingParams(max_new_tokens=6, temperature=0.7, top_k=20, seed=1)

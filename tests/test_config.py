@@ -4,6 +4,7 @@ import typing
 import pytest
 import torch
 
+from oncurve.advantages.sources import ADVANTAGE_SOURCES
 from oncurve.algo import losses
 from oncurve.algo.registry import (
     ADVANTAGE_ESTIMATORS,
@@ -25,7 +26,6 @@ from oncurve.config import (
     to_dict,
 )
 from oncurve.errors import UserError
-from oncurve.estimators import ADVANTAGE_SOURCES
 
 
 @pytest.mark.parametrize(

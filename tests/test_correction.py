@@ -25,10 +25,10 @@ from helpers.models import tiny_qwen2
 
 from oncurve.algo import logprob_diff_mean, tis_weights
 from oncurve.config import load_config
+from oncurve.loop.trainer import setup
 from oncurve.rollout import TorchSampler
 from oncurve.rollout import registry as sampler_registry
-from oncurve.settle import RunFacts, settle_tis_cap
-from oncurve.trainer import setup
+from oncurve.run.settle import RunFacts, settle_tis_cap
 
 # --- the weights ----------------------------------------------------------------------------
 

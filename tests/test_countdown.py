@@ -6,10 +6,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from oncurve.data.tasks import get_task
 from oncurve.rewards.countdown import check_equation, countdown_reward, evaluate_expression
 from oncurve.rewards.registry import resolve_reward
 from oncurve.rewards.runner import RewardRunner
-from oncurve.tasks import get_task
 
 NUMBERS = [3, 7, 25, 50]
 

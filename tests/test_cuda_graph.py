@@ -11,7 +11,7 @@ import torch
 from helpers.graph_sampler import trained_logprobs
 from helpers.models import EOS, PROMPTS, TOKENIZER, make_model, model_of
 
-from oncurve.preflight import Tolerances
+from oncurve.loop.preflight import Tolerances
 from oncurve.rollout import SamplingParams, build_sampler, cuda_graph
 from oncurve.rollout.cuda_graph import GraphSampler, bucket_for, buckets
 
@@ -90,7 +90,7 @@ def test_compacting_finished_rows_changes_no_sample(monkeypatch):
     monkeypatch.setattr(GraphSampler, "_compact", compact)
     compacted = GraphSampler(model, TOKENIZER).generate(prompts, 2, params)
     assert compacted_to and compacted_to == sorted(compacted_to, reverse=True)
-    monkeypatch.setattr(cuda_graph, "buckets", lambda rows: [rows])
+    monkeypatch.setattr(cuda_graph.sampler, "buckets", lambda rows: [rows])
     whole = GraphSampler(model, TOKENIZER).generate(prompts, 2, params)
     assert {"eos", "length"} <= set(whole.finish_reasons)
     assert whole.finish_reasons == compacted.finish_reasons

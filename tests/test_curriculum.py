@@ -1,4 +1,4 @@
-"""Issue 29: the curriculum samplers (pass rate, difficulty levels), the tasks' difficulty
+"""The curriculum samplers (pass rate, difficulty levels), the tasks' difficulty
 levels and options, and the KL warmup: hand-computed numbers, then the trainer's use of them."""
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from oncurve import trainer
 from oncurve.algo import warmup_beta
 from oncurve.config import load_config
-from oncurve.curriculum import (
+from oncurve.data.curriculum import (
     WINDOW,
     DifficultyCurriculum,
     PassRateCurriculum,
@@ -28,12 +27,13 @@ from oncurve.curriculum import (
     running_rates,
     steps_up,
 )
+from oncurve.data.tasks import get_task
+from oncurve.data.tasks.arith import ArithTask
+from oncurve.data.tasks.base import leveled_examples
+from oncurve.data.tasks.countdown import CountdownTask
 from oncurve.errors import UserError
-from oncurve.tasks import get_task
-from oncurve.tasks.arith import ArithTask
-from oncurve.tasks.base import leveled_examples
-from oncurve.tasks.countdown import CountdownTask
-from oncurve.trainer import setup, training_step
+from oncurve.loop import trainer
+from oncurve.loop.trainer import setup, training_step
 
 NAN = math.nan
 

@@ -5,12 +5,12 @@ from types import SimpleNamespace
 import pytest
 
 from oncurve.config import DataConfig
-from oncurve.data import load_rows
-from oncurve.inputs import MAX_CHARS_PER_TOKEN, PromptData, encode_prompt
+from oncurve.data.files import load_rows
+from oncurve.data.prompts import MAX_CHARS_PER_TOKEN, PromptData, encode_prompt
+from oncurve.data.tasks.convert import gsm8k_rows, main, math_rows
+from oncurve.model.char_tokenizer import char_tokenizer
 from oncurve.rewards import answers_match, extract_answer
 from oncurve.rollout.base import check_room
-from oncurve.tasks.convert import gsm8k_rows, main, math_rows
-from oncurve.tokenizer import char_tokenizer
 
 ROWS = [
     {"question": "1+1?", "result": 2, "level": "easy"},
@@ -101,7 +101,7 @@ def test_a_hub_dataset_id_loads_its_config_and_split(fake_hub):
 
 def test_hub_dataset_settings_reach_the_train_and_held_out_rows(fake_hub):
     from oncurve.config import load_config
-    from oncurve.inputs import load_prompts
+    from oncurve.data.prompts import load_prompts
 
     config = load_config(
         None,

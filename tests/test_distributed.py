@@ -34,12 +34,9 @@ from oncurve.algo import group_advantages
 from oncurve.algo.registry import AGGREGATIONS
 from oncurve.cli import main
 from oncurve.errors import UserError
-from oncurve.train_step import (
-    ForwardSettings,
-    PolicyLogprobs,
-    microbatches,
-    optimizer_step,
-)
+from oncurve.model.forward import PolicyLogprobs
+from oncurve.update.microbatches import ForwardSettings, microbatches
+from oncurve.update.step import optimizer_step
 
 LONG = 400  # steps of a run that a signal stops long before its end
 
@@ -345,7 +342,7 @@ def test_a_rank_that_runs_out_of_memory_sampling_redoes_it_and_every_rank_takes_
 ):
     """Rank 1 runs out of memory in its first sampling call: it samples again in calls of
     half as many prompts while rank 0 goes on, neither hangs, and from the end of that step
-    both sample with the smaller setting (`oncurve.oom.agree`)."""
+    both sample with the smaller setting (`oncurve.run.oom.agree`)."""
     run_dir, proc = rank_1_fault_runs["oom"]
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "out of memory in sampling: redoing it with rollout.prompts_per_call 2 -> 1" in (

@@ -20,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 from oncurve.config import load_config
 from oncurve.envs import PythonToolEnv
 from oncurve.errors import UserError
+from oncurve.loop.trainer import train
 from oncurve.report import write_report
 from oncurve.rollout import SamplingParams, TorchSampler, episodes
 from oncurve.rollout.episodes import (
@@ -30,7 +31,6 @@ from oncurve.rollout.episodes import (
     run_episodes,
 )
 from oncurve.sandbox import isolation
-from oncurve.trainer import train
 
 QWEN3_TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "assets" / "qwen3-tokenizer"
 

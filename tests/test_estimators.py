@@ -7,11 +7,11 @@ import pytest
 import torch
 from helpers.models import tiny_qwen2
 
+from oncurve.advantages.critic import Critic
+from oncurve.advantages.sources import GroupAdvantages, build_advantage_source
 from oncurve.config import load_config
-from oncurve.estimators import GroupAdvantages, build_advantage_source
-from oncurve.ppo import Critic
-from oncurve.train_step import ForwardSettings
 from oncurve.types import TrainBatch
+from oncurve.update.microbatches import ForwardSettings
 
 
 def batch_of(rows: int) -> TrainBatch:

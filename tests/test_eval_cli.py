@@ -14,8 +14,8 @@ from helpers.configs import make_config
 
 from oncurve.cli import main
 from oncurve.config import load_config
+from oncurve.loop.trainer import train
 from oncurve.report import write_report
-from oncurve.trainer import train
 
 TEMPLATE = (
     "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"

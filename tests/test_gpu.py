@@ -1,4 +1,4 @@
-"""Issue 22: the trainer on a CUDA device. Every test here is marked `gpu` and skipped where torch
+"""The trainer on a CUDA device. Every test here is marked `gpu` and skipped where torch
 sees no CUDA device (`make test`); `make gpu-check` runs them on one.
 
 What they hold the GPU to: float32 gradients equal to the CPU's (TF32 off), every preset and
@@ -31,11 +31,17 @@ from helpers.run_processes import finish
 from helpers.runs import cli_args, metric_rows, rewards_env, train_process
 from safetensors.torch import load_file
 
-from oncurve import checkpoint, models, optim, train_step, trainer
 from oncurve.algo.registry import AGGREGATIONS
 from oncurve.cli import main
-from oncurve.train_step import ForwardSettings, PolicyLogprobs, accumulate_gradients
-from oncurve.trainer import Session, setup, train, training_step
+from oncurve.loop import trainer
+from oncurve.loop.trainer import Session, setup, train, training_step
+from oncurve.model import forward as training_forward
+from oncurve.model import sources as model_sources
+from oncurve.model.forward import PolicyLogprobs
+from oncurve.run import checkpoint
+from oncurve.update import adamw
+from oncurve.update.microbatches import ForwardSettings
+from oncurve.update.step import accumulate_gradients
 
 pytestmark = pytest.mark.gpu
 
@@ -252,8 +258,8 @@ def test_each_feature_trains_on_cuda_and_its_final_model_loads_on_the_cpu(
     }[feature]
     if feature == "lora":
         pytest.importorskip("peft", reason="the lora extra (peft) is not installed")
-    shared_rows = rows_per_call(monkeypatch, train_step, "_shared_prompt_hidden")
-    packed_rows = rows_per_call(monkeypatch, train_step, "packed_hidden")
+    shared_rows = rows_per_call(monkeypatch, training_forward, "_shared_prompt_hidden")
+    packed_rows = rows_per_call(monkeypatch, training_forward, "packed_hidden")
     sessions = sessions_of(monkeypatch)
     run_dir = tmp_path / "run"
     train(make_config(tiny_model_dir, data_file, run_dir, *BF16, *overrides), quiet=True)
@@ -263,8 +269,8 @@ def test_each_feature_trains_on_cuda_and_its_final_model_loads_on_the_cpu(
     trainable = [p for group in s.optimizer.param_groups for p in group["params"]]
     if any(p.dtype == torch.bfloat16 for p in trainable):  # LoRA's adapters are float32
         # oncurve's AdamW, its update compiled and never fallen back
-        assert isinstance(s.optimizer, optim.AdamW) and s.optimizer.compile_error is None
-        assert s.optimizer._bfloat16_slice is not optim._bfloat16_slice
+        assert isinstance(s.optimizer, adamw.AdamW) and s.optimizer.compile_error is None
+        assert s.optimizer._bfloat16_slice is not adamw._bfloat16_slice
     if feature == "lora":
         changed = load_file(run_dir / "checkpoints" / "step-000003" / "model.safetensors")
         assert changed and all("lora_" in name for name in changed)
@@ -297,7 +303,7 @@ def test_each_feature_trains_on_cuda_and_its_final_model_loads_on_the_cpu(
 
 INTERRUPTED_TRAIN = """
 import os, signal, sys
-from oncurve import trainer
+from oncurve.loop import trainer
 from oncurve.cli import main
 
 real_step = trainer.training_step
@@ -406,14 +412,14 @@ def test_eval_and_sample_run_a_cuda_trained_final_model(
 ):
     """On the CPU when told, on the GPU by default (`--device auto`)."""
     devices = []
-    real_load = models.load_model
+    real_load = model_sources.load_model
 
     def recording(*args, **kwargs):
         model = real_load(*args, **kwargs)
         devices.append(next(model.parameters()).device.type)
         return model
 
-    monkeypatch.setattr(models, "load_model", recording)
+    monkeypatch.setattr(model_sources, "load_model", recording)
     final = str(cuda_run / "final")
     evaluation = ["eval", "--model", final, "--data", str(data_file), "--max-new-tokens", "8"]
     assert main([*evaluation, "--samples", "2", *flags]) == 0

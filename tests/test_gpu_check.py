@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import gpu_check  # noqa: E402
 from gpu_check import DEFAULT_STAGES, LIMITS, TOTAL_LIMIT, Outcome, Stage, job_rows  # noqa: E402
 
-from oncurve.memory import MemoryPlan  # noqa: E402
+from oncurve.run.memory_plan import MemoryPlan  # noqa: E402
 
 
 def python(code: str) -> list[str]:

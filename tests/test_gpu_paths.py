@@ -1,6 +1,6 @@
-"""Issue 34: the trainer's real paths on a CUDA device, each in a fresh Python process.
+"""The trainer's real paths on a CUDA device, each in a fresh Python process.
 
-The allocator bug of issue 34 showed only when a process's first graph capture was followed by
+An allocator bug showed only when a process's first graph capture was followed by
 recaptures (the first capture puts cuBLAS's workspace in its pool): a test that shares its
 process with others that captured before it cannot see it. So every scenario here runs in a new
 process with a time limit, and a failure shows that process's log tail. Every test is marked
@@ -206,7 +206,7 @@ def scenario_no_sync_between_checks() -> None:
     set by the parent, before CUDA starts): the eager step and every captured graph run under
     `set_sync_debug_mode("error")`, and a whole decode reads the device only at its checks."""
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
-    # as the trainer sets it (`oncurve.process`): deterministic reroutes, no error on kernels
+    # as the trainer sets it (`oncurve.update.determinism`): deterministic reroutes, no error on kernels
     # that have no deterministic version
     torch.use_deterministic_algorithms(True, warn_only=True)
     model = make_model("qwen2").cuda()
@@ -324,8 +324,8 @@ def test_an_offloaded_reference_is_on_the_gpu_for_its_pass_only():
     reference's bit for bit."""
     from helpers.batches import lengths_batch
 
-    from oncurve.policy import Policy
-    from oncurve.train_step import ForwardSettings
+    from oncurve.update.microbatches import ForwardSettings
+    from oncurve.update.policy import Policy
 
     cpu_batch = lengths_batch([4, 3, 4, 2], [5, 5, 2, 4])
     batch = dataclasses.replace(
@@ -358,9 +358,9 @@ def test_packed_rows_on_cuda_are_the_padded_forward_within_bfloat16_rounding():
     whole) are the padded forward's within bf16 rounding."""
     from helpers.batches import COMPLETION_LEN, grouped_rows, lengths_of
 
-    from oncurve import packing
-    from oncurve.preflight import Tolerances
-    from oncurve.train_step import completion_logprobs
+    from oncurve.loop.preflight import Tolerances
+    from oncurve.model import packing
+    from oncurve.model.forward import completion_logprobs
 
     model = make_model("qwen2", hidden=128).to("cuda", torch.bfloat16)
     ids, mask, completion_mask, groups = grouped_rows()
@@ -391,12 +391,12 @@ def test_packed_rows_on_cuda_are_the_padded_forward_within_bfloat16_rounding():
 
 
 def test_the_compiled_bfloat16_adamw_update_is_the_eager_one_on_cuda():
-    """`oncurve.optim.AdamW(compile_update=True)`, as the trainer builds it on CUDA: inductor's
+    """`oncurve.update.adamw.AdamW(compile_update=True)`, as the trainer builds it on CUDA: inductor's
     Triton kernel for a slice's update against the eager ops, over a 0.5B layer's MLP weight
     (two slices) for three steps. Weights and moments are equal but where float32 reordering
     moved a result across a rounding boundary (the moments' nearest rounding, the weights'
     stochastic threshold): rarely, and by one bf16 step."""
-    from oncurve.optim import AdamW, _bfloat16_slice
+    from oncurve.update.adamw import AdamW, _bfloat16_slice
 
     generator = torch.Generator(device="cuda").manual_seed(0)
     start = (torch.randn(4864, 896, device="cuda", generator=generator) * 0.02).bfloat16()

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from oncurve.config import DataConfig, load_config
-from oncurve.data import final_answer, load_rows
+from oncurve.data.files import final_answer, load_rows
+from oncurve.data.prompts import encode_prompt
 from oncurve.errors import UserError
-from oncurve.inputs import encode_prompt
+from oncurve.loop.reward_signal import DeadStepWatch, check_gold_answers, stated_answer
 from oncurve.rewards.registry import resolve_reward
-from oncurve.signal_checks import DeadStepWatch, check_gold_answers, stated_answer
 
 REPO = Path(__file__).resolve().parents[1]
 COMMIT = "e53f048856ff4f594e959d75785d2c2d37b678ee"
@@ -123,7 +123,7 @@ def test_the_answer_column_is_required_only_when_asked(tmp_path):
     config = load_config(
         None, [f"data.path={path}", "reward.functions=[helpers.rewards_for_tests:count_digits]"]
     )
-    from oncurve.inputs import load_prompts
+    from oncurve.data.prompts import load_prompts
 
     assert load_prompts(config)[0][0]["prompt"] == "Write a haiku."
 
@@ -198,7 +198,7 @@ def test_the_dead_step_warning_comes_once_per_streak(capsys):
 def test_the_gsm8k_recipe_trains_end_to_end_from_the_hub_cache(
     gsm8k_hub_cache, tiny_model_dir, tmp_path, capsys
 ):
-    from oncurve.trainer import setup, train
+    from oncurve.loop.trainer import setup, train
 
     run_dir = tmp_path / "run"
     overrides = [
@@ -276,7 +276,7 @@ def test_eval_scores_a_hub_dataset_with_the_correct_reward_and_says_so(
 
 
 def test_the_converter_reads_a_hub_id_at_a_config_and_split(gsm8k_hub_cache, tmp_path, capsys):
-    from oncurve.tasks.convert import INSTRUCTION, main
+    from oncurve.data.tasks.convert import INSTRUCTION, main
 
     out = tmp_path / "gsm8k_test.jsonl"
     assert main(["gsm8k", "openai/gsm8k", str(out), "--config", "main", "--split", "test"]) == 0

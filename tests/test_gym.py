@@ -1,7 +1,7 @@
 import pytest
 
+from oncurve.data.tasks import get_task
 from oncurve.rewards.runner import RewardRunner
-from oncurve.tasks import get_task
 
 pytest.importorskip("reasoning_gym", reason="reasoning-gym (extra `gym`) not installed")
 

@@ -9,10 +9,11 @@ import transformers
 from helpers.configs import make_config
 from safetensors.torch import load_file
 
+from oncurve.loop.trainer import setup, train, training_step
+from oncurve.model.forward import PolicyLogprobs
 from oncurve.rollout import SamplingParams
-from oncurve.train_step import ForwardSettings, PolicyLogprobs, batch_logprobs
-from oncurve.trainer import setup, train, training_step
 from oncurve.types import TrainBatch
+from oncurve.update.microbatches import ForwardSettings, batch_logprobs
 
 pytest.importorskip("peft", reason="the lora extra (peft) is not installed")
 

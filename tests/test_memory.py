@@ -11,9 +11,11 @@ import pytest
 import torch
 from helpers.models import tiny_qwen2
 
-from oncurve import process
 from oncurve.config import load_config
-from oncurve.memory import (
+from oncurve.model import devices
+from oncurve.model.devices import resolve_dtype
+from oncurve.rollout import backend_named
+from oncurve.run.memory_plan import (
     GIB,
     KEPT_CACHE_BYTES,
     ModelShape,
@@ -29,10 +31,8 @@ from oncurve.memory import (
     sampling_bytes,
     state_bytes,
 )
-from oncurve.models import resolve_dtype
-from oncurve.rollout import backend_named
-from oncurve.session import token_caps
-from oncurve.settle import RunFacts, settle_memory
+from oncurve.run.session import token_caps
+from oncurve.run.settle import RunFacts, settle_memory
 
 # Qwen2.5-0.5B: 494,032,768 parameters, tied embeddings, bfloat16.
 QWEN_05B = ModelShape(
@@ -74,7 +74,7 @@ def settled_memory(
         world_size=world_size,
         seq_len=seq_len,
         budget_bytes=None if gb is None else int(gb * GIB),
-        host_bytes=process.host_memory_bytes() if host_bytes is None else host_bytes,
+        host_bytes=devices.host_memory_bytes() if host_bytes is None else host_bytes,
         processes_on_host=processes_on_host or world_size,
         evaluates=evaluates,
         reward_bytes=reward_bytes,
@@ -277,7 +277,7 @@ def test_a_cpu_runs_config_yaml_records_what_auto_and_null_became(
 ):
     import yaml
 
-    from oncurve.trainer import setup
+    from oncurve.loop.trainer import setup
 
     config = load_config(
         None,
@@ -487,14 +487,14 @@ def test_the_hosts_memory_is_a_containers_cgroup_limit_where_that_is_lower(tmp_p
     (v2's, else v1's) holds a lower number of bytes; "max" means no limit."""
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
-    monkeypatch.setattr(process, "CGROUP_MEMORY_LIMITS", (str(v2), str(v1)))
-    assert process.host_memory_bytes() == physical  # neither file
+    monkeypatch.setattr(devices, "CGROUP_MEMORY_LIMITS", (str(v2), str(v1)))
+    assert devices.host_memory_bytes() == physical  # neither file
     v1.write_text(f"{2**30}\n")
-    assert process.host_memory_bytes() == 2**30
+    assert devices.host_memory_bytes() == 2**30
     v2.write_text("max\n")  # v2's says no limit: v1's is not read
-    assert process.host_memory_bytes() == physical
+    assert devices.host_memory_bytes() == physical
     v2.write_text(f"{physical + 4096}\n")
-    assert process.host_memory_bytes() == physical
+    assert devices.host_memory_bytes() == physical
 
 
 def test_the_reference_pass_never_peaks_above_the_update():

@@ -9,7 +9,7 @@ import pytest
 
 from oncurve.config import load_config
 from oncurve.errors import UserError
-from oncurve.metrics import MetricsLogger, read_jsonl, truncate_after
+from oncurve.run.metrics import MetricsLogger, read_jsonl, truncate_after
 
 
 def _log_steps(logger, steps, eval_every=3):
@@ -173,7 +173,7 @@ def test_wandb_offline_gets_the_runs_config_and_every_metric(
     tiny_model_dir, data_file, tmp_path, monkeypatch
 ):
     pytest.importorskip("wandb", reason="wandb (extra `wandb`) not installed")
-    from oncurve.trainer import train
+    from oncurve.loop.trainer import train
 
     monkeypatch.setenv("WANDB_SILENT", "true")
     run_dir = tmp_path / "run"

@@ -13,11 +13,12 @@ from helpers.configs import make_config
 from helpers.rank_pool import on_ranks
 from helpers.scripted import scripted_session
 
-from oncurve import distributed, trainer
+from oncurve import distributed
 from oncurve.algo import group_advantages, ppo_clip, seq_mean_token_mean
 from oncurve.algo.logprobs import logprobs_from_logits
 from oncurve.errors import UserError
-from oncurve.trainer import setup, training_step
+from oncurve.loop import trainer
+from oncurve.loop.trainer import setup, training_step
 from oncurve.types import RolloutBatch
 
 

@@ -16,11 +16,11 @@ import torch
 import transformers
 from huggingface_hub import errors as hub_errors
 
-from oncurve import models
 from oncurve.cli import main
 from oncurve.config import load_config
 from oncurve.errors import UserError
-from oncurve.models import (
+from oncurve.model import sources as model_sources
+from oncurve.model.sources import (
     hub_commit,
     import_gguf,
     is_hub_id,
@@ -206,7 +206,7 @@ def test_gguf_with_a_transformers_that_misreads_its_special_tokens_is_one_line(
     """transformers before 5.18 loads the GGUF tokenizer with its BOS as the EOS too, so a run
     would never see a completion end: refused with what to install."""
     # the module oncurve imported: a test elsewhere may have put another in sys.modules since
-    monkeypatch.setattr(models.transformers, "__version__", release)
+    monkeypatch.setattr(model_sources.transformers, "__version__", release)
     if not refused:
         assert resolve_model_path(str(gguf_file)) == gguf_file
         return
@@ -266,7 +266,7 @@ def test_models_import_never_writes_into_a_non_empty_directory(gguf_file, tmp_pa
 def test_a_run_from_a_gguf_saves_a_final_directory_that_loads_and_generates(
     gguf_file, data_file, tmp_path
 ):
-    from oncurve.trainer import train
+    from oncurve.loop.trainer import train
 
     run_dir = tmp_path / "run"
     config = load_config(
@@ -435,7 +435,7 @@ def test_a_local_directory_wins_over_a_hub_id(tiny_model_dir, tmp_path, monkeypa
 
 
 def test_a_run_records_the_commit_of_its_hub_model(offline_cache, data_file, tmp_path):
-    from oncurve.trainer import setup
+    from oncurve.loop.trainer import setup
 
     run_dir = tmp_path / "run"
     config = load_config(
@@ -463,4 +463,4 @@ def test_model_path_help_names_every_source():
     help_text = fields["path"].metadata["help"]
     assert "Hub id" in help_text and ".gguf" in help_text
     assert fields["revision"].default is None
-    assert models.HUB_FILES  # what a snapshot downloads is one list, shared by every caller
+    assert model_sources.HUB_FILES  # what a snapshot downloads is one list, shared by every caller

@@ -1,4 +1,4 @@
-"""Out of memory is not the end of a run (`oncurve.oom`): each phase that raises
+"""Out of memory is not the end of a run (`oncurve.run.oom`): each phase that raises
 `torch.OutOfMemoryError` is redone in smaller pieces on the same data, says what it changed,
 and a run that cannot go on saves its last finished step and stops with one line."""
 
@@ -12,10 +12,12 @@ from helpers.models import tiny_qwen2
 from helpers.runs import metric_rows
 from safetensors.torch import load_file
 
-from oncurve import checkpoint, groups, oom, train_step, trainer
 from oncurve.config import load_config
-from oncurve.policy import Policy
-from oncurve.tokenizer import char_tokenizer
+from oncurve.loop import collect, trainer
+from oncurve.model.char_tokenizer import char_tokenizer
+from oncurve.run import checkpoint, oom
+from oncurve.update import step as update_step
+from oncurve.update.policy import Policy
 
 FAST = ("run.preflight=false", "eval.at_start_end=false", "optim.microbatch_size=16")
 
@@ -64,8 +66,8 @@ def test_an_update_that_runs_out_once_is_redone_and_trains_as_the_run_that_never
     plain = tmp_path / "plain"
     run(tiny_model_dir, data_file, plain, "optim.microbatch_size=8")
     calls: list[int] = []
-    loss = out_of_memory_once(train_step.microbatch_loss, calls, at=2)
-    monkeypatch.setattr(train_step, "microbatch_loss", loss)
+    loss = out_of_memory_once(update_step.microbatch_loss, calls, at=2)
+    monkeypatch.setattr(update_step, "microbatch_loss", loss)
     recovered = tmp_path / "recovered"
     run(tiny_model_dir, data_file, recovered, "optim.microbatch_size=8")
     assert "out of memory in the update: redoing it with optim.microbatch_size 8 -> 4" in (
@@ -98,7 +100,7 @@ def test_sampling_the_reference_and_evaluation_each_recover(
     tiny_model_dir, data_file, tmp_path, monkeypatch, capsys
 ):
     draws, references, evaluations = [], [], []
-    monkeypatch.setattr(groups, "draw", out_of_memory_once(groups.draw, draws))
+    monkeypatch.setattr(collect, "draw", out_of_memory_once(collect.draw, draws))
     monkeypatch.setattr(
         Policy,
         "reference_logprobs",
@@ -237,7 +239,7 @@ def test_a_sampling_round_split_after_running_out_samples_what_one_call_samples(
     plain = tmp_path / "plain"
     run(tiny_model_dir, data_file, plain, *graph)
     draws: list[int] = []
-    monkeypatch.setattr(groups, "draw", out_of_memory_once(groups.draw, draws))
+    monkeypatch.setattr(collect, "draw", out_of_memory_once(collect.draw, draws))
     split = tmp_path / "split"
     run(tiny_model_dir, data_file, split, *graph)
     assert yaml.safe_load((split / "config.yaml").read_text())["rollout"]["prompts_per_call"] == 2

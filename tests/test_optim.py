@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import oncurve.optim
-from oncurve.optim import AdamW, stochastic_round
+import oncurve.update.adamw
+from oncurve.update.adamw import AdamW, stochastic_round
 
 
 def test_stochastic_rounding_picks_a_neighbour_with_the_right_odds():
@@ -46,9 +46,9 @@ def test_small_bfloat16_updates_add_up_where_rounding_to_nearest_loses_them(monk
     """lr 1e-5 on weights near 0.5 (bfloat16 spacing 2^-9 = 2e-3): 100 steps against a gradient
     of constant sign move a float32 weight by 1e-3. Rounded to nearest, bfloat16 weights never
     move; stochastically rounded, they move by that much on average."""
-    import oncurve.optim
+    import oncurve.update.adamw
 
-    monkeypatch.setattr(oncurve.optim, "SLICE", 1000)  # several slices per parameter
+    monkeypatch.setattr(oncurve.update.adamw, "SLICE", 1000)  # several slices per parameter
     start = torch.full((4096,), 0.5)
     exact = torch.nn.Parameter(start.clone())
     ours = torch.nn.Parameter(start.clone().bfloat16())
@@ -100,7 +100,7 @@ def test_bfloat16_steps_repeat_for_a_seed_and_resume_from_a_state_dict():
 def bfloat16_steps(compile_update: bool, monkeypatch) -> tuple[AdamW, list[torch.Tensor]]:
     """Three steps of 2,500 bfloat16 weights in slices of 1,000; the optimizer, and the
     weights and moments after."""
-    monkeypatch.setattr(oncurve.optim, "SLICE", 1000)
+    monkeypatch.setattr(oncurve.update.adamw, "SLICE", 1000)
     param = torch.nn.Parameter(torch.linspace(-1, 1, 2500).bfloat16())
     opt = AdamW([param], lr=1e-3, weight_decay=0.1, seed=4, compile_update=compile_update)
     for i in range(3):
@@ -117,7 +117,7 @@ def test_the_compiled_bfloat16_update_is_the_eager_one(monkeypatch):
     _, eager = bfloat16_steps(False, monkeypatch)
     opt, compiled = bfloat16_steps(True, monkeypatch)
     assert opt.compile_error is None
-    assert opt._bfloat16_slice is not oncurve.optim._bfloat16_slice
+    assert opt._bfloat16_slice is not oncurve.update.adamw._bfloat16_slice
     assert eager[0].float().abs().sum() > 0 and not torch.equal(eager[1], torch.zeros(2500))
     for want, got in zip(eager, compiled, strict=True):
         assert torch.equal(got, want)
@@ -157,7 +157,7 @@ def test_the_trainer_rounds_stochastically_where_weights_are_bfloat16(
     tiny_model_dir, data_file, tmp_path, extra, expected
 ):
     from oncurve.config import load_config
-    from oncurve.trainer import setup
+    from oncurve.loop.trainer import setup
 
     config = load_config(
         None,

@@ -1,4 +1,4 @@
-"""Rows packed by their real tokens (`oncurve.packing`), each shared prompt once: the padded
+"""Rows packed by their real tokens (`oncurve.model.packing`), each shared prompt once: the padded
 forward's logprobs, entropy and gradients for each architecture, a sliding window kept, padded
 calls left to sdpa, nothing read back from the device, CUDA's path on meta tensors, the check
 before a run packs, and the trainer packing exactly when configured."""
@@ -22,15 +22,17 @@ from helpers.counting import rows_per_call
 from helpers.host_reads import host_reads_of
 from helpers.models import make_model
 
-from oncurve import packing, train_step
 from oncurve.config import load_config
 from oncurve.errors import UserError
-from oncurve.models import enable_gradient_checkpointing
-from oncurve.packing import RowLengths
-from oncurve.preflight import Tolerances
-from oncurve.settle import RunFacts, settle_pack_rows
-from oncurve.train_step import ForwardSettings, completion_logprobs, microbatches
-from oncurve.trainer import setup, training_step
+from oncurve.loop.preflight import Tolerances
+from oncurve.loop.trainer import setup, training_step
+from oncurve.model import forward as training_forward
+from oncurve.model import packing
+from oncurve.model.forward import completion_logprobs
+from oncurve.model.packing import RowLengths
+from oncurve.model.weights import enable_gradient_checkpointing
+from oncurve.run.settle import RunFacts, settle_pack_rows
+from oncurve.update.microbatches import ForwardSettings, microbatches
 
 
 def logprobs_and_grads(
@@ -259,14 +261,14 @@ def test_the_trainer_packs_the_update_and_reference_rows_as_configured(
     microbatches, with each group's prompt once (under gradient checkpointing too, which the
     padded shared forward cannot), and records true."""
     calls = []
-    original = train_step.packed_hidden
+    original = training_forward.packed_hidden
 
     def counting(trunk, input_ids, completion_len, rows):
         calls.append((input_ids.shape[0], rows.shares_prompts()))
         return original(trunk, input_ids, completion_len, rows)
 
-    monkeypatch.setattr(train_step, "packed_hidden", counting)
-    padded_shared = rows_per_call(monkeypatch, train_step, "_shared_prompt_hidden")
+    monkeypatch.setattr(training_forward, "packed_hidden", counting)
+    padded_shared = rows_per_call(monkeypatch, training_forward, "_shared_prompt_hidden")
     s = setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *overrides))
     assert s.config.model.pack_rows is packed
     with s.rewards:

@@ -12,9 +12,7 @@ import torch
 from helpers.models import tiny_qwen2
 from safetensors.torch import load_file
 
-from oncurve.algo import clipped_value_loss, kl_k1
-from oncurve.config import load_config
-from oncurve.ppo import (
+from oncurve.advantages.critic import (
     CriticTargets,
     ValueModel,
     batch_values,
@@ -25,9 +23,11 @@ from oncurve.ppo import (
     optimise_critic,
     whiten,
 )
-from oncurve.train_step import ForwardSettings
-from oncurve.trainer import setup, train
+from oncurve.algo import clipped_value_loss, kl_k1
+from oncurve.config import load_config
+from oncurve.loop.trainer import setup, train
 from oncurve.types import TrainBatch
+from oncurve.update.microbatches import ForwardSettings
 
 VOCAB = 40
 
@@ -337,19 +337,19 @@ def test_the_ppo_preset_with_the_kl_in_the_loss_must_leave_k1():
 def test_the_critic_takes_the_policys_minibatches(tiny_model_dir, data_file, tmp_path):
     """4 groups, algo.minibatches=3: the policy and the critic each take exactly 3 steps a pass,
     on groups {0, 3}, {1} and {2} (not ceil(4 / 3) = 2 groups a step, 2 steps)."""
-    from oncurve import ppo
-    from oncurve.trainer import training_step
+    from oncurve.advantages import critic as critic_module
+    from oncurve.loop.trainer import training_step
 
     s = setup(_ppo_config(tiny_model_dir, data_file, tmp_path / "run", "algo.minibatches=3"))
     seen: list[list[int]] = []
-    real = ppo.optimise_critic
+    real = critic_module.optimise_critic
 
     def recording(critic, batch, targets, *, minibatches, **kwargs):
         seen.extend(rows.tolist() for rows in minibatches)
         return real(critic, batch, targets, minibatches=minibatches, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch, s.rewards:
-        patch.setattr(ppo, "optimise_critic", recording)
+        patch.setattr(critic_module, "optimise_critic", recording)
         training_step(s, 1)
     assert seen == [[0, 1, 2, 3, 12, 13, 14, 15], [4, 5, 6, 7], [8, 9, 10, 11]]
     critic_param = next(s.advantage.model.parameters())

@@ -8,13 +8,15 @@ import pytest
 import torch
 from helpers.models import tiny_qwen2
 
-from oncurve import preflight
 from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from oncurve.errors import TrainingError
-from oncurve.preflight import run_preflight
+from oncurve.loop import preflight
+from oncurve.loop.preflight import run_preflight
+from oncurve.model.char_tokenizer import char_tokenizer
+from oncurve.model.forward import PolicyLogprobs
 from oncurve.rollout import SamplingParams, build_sampler
-from oncurve.tokenizer import char_tokenizer
-from oncurve.train_step import ForwardSettings, LossFns, PolicyLogprobs
+from oncurve.update.microbatches import ForwardSettings
+from oncurve.update.step import LossFns
 
 FNS = LossFns(
     policy_loss=POLICY_LOSSES["ppo_clip"],
@@ -110,17 +112,17 @@ def test_the_trainer_runs_it_before_step_1_only_when_asked(
 ):
     from helpers.configs import make_config
 
-    import oncurve.trainer
+    import oncurve.loop.trainer
 
     config = make_config(
         tiny_model_dir, data_file, tmp_path / "run", "run.steps=1", f"run.preflight={preflight}"
     )
     calls = []
-    real = oncurve.trainer.run_preflight
+    real = oncurve.loop.trainer.run_preflight
     monkeypatch.setattr(
-        oncurve.trainer, "run_preflight", lambda **kw: calls.append(kw) or real(**kw)
+        oncurve.loop.trainer, "run_preflight", lambda **kw: calls.append(kw) or real(**kw)
     )
-    oncurve.trainer.train(config, quiet=True)
+    oncurve.loop.trainer.train(config, quiet=True)
     err = capsys.readouterr().err
     assert ("preflight: gradient independent of microbatching" in err) is preflight
     assert ("preflight: settings valid, none of them a known silent no-op" in err) is preflight

@@ -1,4 +1,4 @@
-"""Issue 6 end to end: exact resume after SIGKILL, clean stop on SIGTERM/SIGINT, skipped
+"""End to end: exact resume after SIGKILL, clean stop on SIGTERM/SIGINT, skipped
 non-finite updates, failed saves, run-directory rules, one-line errors for bad input, and
 memory that does not creep."""
 
@@ -25,14 +25,15 @@ from helpers.run_processes import finish, latest_step, wait_for
 from helpers.runs import STEPS, cli_args, metric_rows, rewards_env, train_process
 from safetensors.torch import load_file
 
-from oncurve import checkpoint, trainer
 from oncurve.algo import ppo_clip
 from oncurve.algo.registry import POLICY_LOSSES
 from oncurve.cli import main
 from oncurve.config import load_config
 from oncurve.errors import TrainingError, UserError
-from oncurve.models import load_model, load_tokenizer
-from oncurve.trainer import setup, train, training_step
+from oncurve.loop import trainer
+from oncurve.loop.trainer import setup, train, training_step
+from oncurve.model.sources import load_model, load_tokenizer
+from oncurve.run import checkpoint
 
 
 def assert_same_run(run_dir: Path, reference: Path) -> None:
@@ -48,7 +49,7 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
     assert samples == (reference / "samples.jsonl").read_text()
 
 
-# issue 29: the pass-rate curriculum's state and the KL warmup through a kill and a resume
+# the pass-rate curriculum's state and the KL warmup through a kill and a resume
 CURRICULUM = ("data.curriculum=pass_rate", "algo.beta_warmup_steps=4")
 
 

@@ -12,9 +12,9 @@ import yaml
 
 from oncurve.cli import main
 from oncurve.errors import UserError
-from oncurve.metrics import MetricsLogger
+from oncurve.loop.trainer import train
 from oncurve.report import FIGURES, auto_smoothing, ema, load_run, render_figures, write_report
-from oncurve.trainer import train
+from oncurve.run.metrics import MetricsLogger
 
 FIGURE_NAMES = [
     "reward",
@@ -320,5 +320,7 @@ def test_report_without_matplotlib_is_one_line_naming_the_extra(tmp_path, monkey
     assert main(["report", str(run)]) != 0
     err = capsys.readouterr().err.strip()
     assert err.endswith("pip install 'oncurve[report]'") and "\n" not in err
-    blocked = "import sys; sys.modules['matplotlib'] = None; import oncurve.trainer, oncurve.cli"
+    blocked = (
+        "import sys; sys.modules['matplotlib'] = None; import oncurve.loop.trainer, oncurve.cli"
+    )
     assert subprocess.run([sys.executable, "-c", blocked], check=False).returncode == 0

@@ -1,4 +1,4 @@
-"""Hostile completions against every built-in reward (issue 37): what a policy could learn to
+"""Hostile completions against every built-in reward: what a policy could learn to
 exploit (a restated question, an empty structure), what could crash or hang a run (a number too
 long to build, a tower of powers), and the correct answers a matcher must not refuse. Each row:
 reward, prompt, completion, columns, expected score, time bound in seconds. The bounds are ten
@@ -19,13 +19,14 @@ from typing import Any
 import pytest
 
 from oncurve.config import load_config
-from oncurve.evaluate import evaluate
-from oncurve.inputs import build_rewards, correctness_fn
+from oncurve.data.prompts import correctness_fn
+from oncurve.data.tasks import get_task
+from oncurve.loop.evaluate import evaluate
 from oncurve.rewards import resolve_reward
 from oncurve.rewards.math import has_math_verify
 from oncurve.rewards.registry import ANSWER_MATCH_REWARDS, lenient_answer_match_reward
 from oncurve.rewards.runner import RewardRunner
-from oncurve.tasks import get_task
+from oncurve.run.rewards import build_rewards
 
 KB128 = 128 * 1024
 QUICK = 0.5  # seconds: a row that builds no big number and scans its text once
@@ -297,7 +298,9 @@ def test_evaluation_scores_under_the_training_timeout_and_error_policy(tmp_path,
     """`evaluate` stops a hung row after `timeout_s` and scores it `timeout_score`; a row that
     raises is wrong under on_error="none" instead of ending the evaluation."""
     texts = ["a", "hang", "boom"]
-    monkeypatch.setattr("oncurve.evaluate.draw", lambda *args: (SimpleNamespace(texts=texts), {}))
+    monkeypatch.setattr(
+        "oncurve.loop.evaluate.draw", lambda *args: (SimpleNamespace(texts=texts), {})
+    )
     hanging = called_rowwise(tmp_path / "calls")
 
     def correct(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:

@@ -14,10 +14,10 @@ import transformers
 
 from oncurve.config import load_config
 from oncurve.errors import UserError
-from oncurve.inputs import build_rewards
+from oncurve.loop.trainer import train
+from oncurve.model.char_tokenizer import char_tokenizer
 from oncurve.rewards.model import RewardModel
-from oncurve.tokenizer import char_tokenizer
-from oncurve.trainer import train
+from oncurve.run.rewards import build_rewards
 
 TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
 MAX_POSITIONS = 96

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from oncurve.config import load_config
-from oncurve.inputs import build_rewards
 from oncurve.rewards.runner import RewardError, RewardRunner
+from oncurve.run.rewards import build_rewards
 
 NAN = math.nan
 

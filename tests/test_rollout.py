@@ -12,7 +12,9 @@ import transformers
 from helpers.models import EOS, PROMPTS, TOKENIZER, VOCAB, make_model
 
 from oncurve.errors import UserError
-from oncurve.models import cache_argument, enable_gradient_checkpointing
+from oncurve.model.forward import completion_logprobs
+from oncurve.model.kv_cache import cache_argument
+from oncurve.model.weights import enable_gradient_checkpointing
 from oncurve.rollout import (
     BACKENDS,
     SamplerSettings,
@@ -24,7 +26,6 @@ from oncurve.rollout import (
 )
 from oncurve.rollout.hf_decoder import DYNAMIC_LAYER_ATTRIBUTES, HFDecoder, _GrowingLayer
 from oncurve.rollout.torch_sampler import _stop_candidates, sample_tokens
-from oncurve.train_step import completion_logprobs
 
 
 def sample(model, group=2, backend="cpu_llama", prompts=PROMPTS, **params):

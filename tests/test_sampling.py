@@ -15,12 +15,12 @@ from helpers.configs import make_config
 from helpers.rank_pool import on_ranks
 from helpers.scripted import scripted_session
 
-from oncurve import trainer
 from oncurve.config import Config
 from oncurve.errors import UserError
-from oncurve.inputs import build_rewards
+from oncurve.loop import trainer
+from oncurve.loop.trainer import training_step
 from oncurve.rewards.runner import RewardRunner
-from oncurve.trainer import training_step
+from oncurve.run.rewards import build_rewards
 
 
 def where(prompt: str) -> tuple[int, int, int]:

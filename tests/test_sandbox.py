@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from oncurve import sandbox
+from oncurve.sandbox import launch, probing
 
 
 def _isolation() -> sandbox.Isolation | None:
@@ -52,7 +53,7 @@ _BOOT_SPEC = importlib.util.spec_from_file_location(
 )
 BOOT = importlib.util.module_from_spec(_BOOT_SPEC)
 _BOOT_SPEC.loader.exec_module(BOOT)  # the bootstrap's filter, as the file the sandbox runs
-FIRST_UID = sandbox._UID_BASE + os.getpid() * sandbox.MAX_PARALLEL
+FIRST_UID = launch.UID_BASE + os.getpid() * sandbox.MAX_PARALLEL
 
 
 def _proc_entries() -> Iterator[tuple[int, dict[str, str], str]]:
@@ -91,7 +92,7 @@ def _shmem_mb() -> int:
 
 def _cgroups_left() -> list[str]:
     """The run cgroups of this test process still on the machine."""
-    hierarchy = sandbox._hierarchy()
+    hierarchy = launch.hierarchy()
     parents = hierarchy.parents if isinstance(hierarchy, sandbox._cgroup.Hierarchy) else ()
     prefix = f"oncurve-sandbox-{os.getpid()}-"
     return [f"{p}/{n}" for p in parents for n in os.listdir(p) if n.startswith(prefix)]
@@ -122,8 +123,8 @@ def fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     if not ROOT:
         pytest.skip("the fallback tests need root, to give the program a uid of its own")
     iso = sandbox.Isolation(namespaces=False, drops_user=True, missing=("forced by the test",))
-    monkeypatch.setattr(sandbox, "isolation", lambda: iso)
-    monkeypatch.setattr(sandbox, "_warned", True)  # the warning has a test of its own
+    monkeypatch.setattr(probing, "isolation", lambda: iso)
+    monkeypatch.setattr(probing, "_warned", True)  # the warning has a test of its own
 
 
 @pytest.fixture
@@ -132,7 +133,7 @@ def user_ns(monkeypatch: pytest.MonkeyPatch) -> None:
     if not (ROOT and ISO is not None and ISO.namespaces):
         pytest.skip("forcing user-namespace mode needs root and namespaces")
     iso = sandbox.Isolation(namespaces=True, drops_user=False, missing=())
-    monkeypatch.setattr(sandbox, "isolation", lambda: iso)
+    monkeypatch.setattr(probing, "isolation", lambda: iso)
 
 
 def test_isolation_on_this_machine() -> None:
@@ -420,7 +421,7 @@ def test_socket_to_localhost_fails(host: str) -> None:
     lines = _assert_no_connection()
     # The seccomp filter refuses every family but AF_UNIX; without it, no interface is up in
     # the run's network namespace (loopback included), and a socket could only fail to route.
-    refused = errno.ENETUNREACH if sandbox._MISSING_SECCOMP in ISO.missing else errno.EAFNOSUPPORT
+    refused = errno.ENETUNREACH if probing.MISSING_SECCOMP in ISO.missing else errno.EAFNOSUPPORT
     assert lines[:2] == [f"tcp OSError {refused}", f"udp OSError {refused}"]
 
 
@@ -545,8 +546,8 @@ def test_pool_runs_in_parallel_with_a_uid_each(host: str) -> None:
 
 def test_weak_isolation_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:
     iso = sandbox.Isolation(namespaces=False, drops_user=ROOT, missing=("network namespace: x",))
-    monkeypatch.setattr(sandbox, "isolation", lambda: iso)
-    monkeypatch.setattr(sandbox, "_warned", False)
+    monkeypatch.setattr(probing, "isolation", lambda: iso)
+    monkeypatch.setattr(probing, "_warned", False)
     with pytest.warns(RuntimeWarning, match="missing: network namespace: x"):
         sandbox.SandboxPool(1).close()
     with warnings.catch_warnings():
@@ -645,10 +646,10 @@ def test_stopping_the_trainer_mid_run_leaves_nothing(host: str) -> None:
         signal.signal(signal.SIGALRM, previous)
 
 
-# Issue 36: memory outside RLIMIT_AS, keyrings, colliding uids, CPU starvation, the kernel
+# Memory outside RLIMIT_AS, keyrings, colliding uids, CPU starvation, the kernel
 # surface, what the host shows. These rely on the seccomp filter and, where marked, a cgroup.
 needs_filter = pytest.mark.skipif(
-    ISO is None or sandbox._MISSING_SECCOMP in ISO.missing, reason="no seccomp filter here"
+    ISO is None or probing.MISSING_SECCOMP in ISO.missing, reason="no seccomp filter here"
 )
 needs_cgroups = pytest.mark.skipif(
     ISO is None or not ISO.cgroups, reason="no cgroup per run here (see isolation().missing)"
@@ -751,7 +752,7 @@ def test_a_run_cannot_reach_keyrings(host: str) -> None:
     assert f"read session -1 {errno.EPERM}" in output and f"add -1 {errno.EPERM}" in output
     # No key of that trainer's runs' users outlives them (the kernel frees a session keyring
     # once its last process is gone).
-    first = sandbox._UID_BASE + trainer * sandbox.MAX_PARALLEL
+    first = launch.UID_BASE + trainer * sandbox.MAX_PARALLEL
     users: list[str] = []
     for _ in range(40):
         lines = Path("/proc/key-users").read_text().splitlines()
@@ -772,7 +773,7 @@ def test_runs_that_share_a_uid_share_no_process_count(
     def same_slot() -> Iterator[int]:
         yield 0
 
-    monkeypatch.setattr(sandbox, "_slot", same_slot)
+    monkeypatch.setattr(launch, "_slot", same_slot)
     source = (
         "import os, time\n"
         "n = 0\n"
@@ -1042,7 +1043,7 @@ def test_the_host_shows_no_paths_packages_or_shared_file_events(host: str) -> No
         "    open('/proc/1/cmdline').read()\n"
         "except OSError as exc:\n"
         "    print('cmdline', exc.errno)\n"
-        f"for path in {sandbox._package_dirs()!r}:\n"
+        f"for path in {launch.package_dirs()!r}:\n"
         "    sys.path.append(path)\n"
         "    print('packages', path, os.listdir(path))\n"
         "for name, lock in [('flock', fcntl.flock), ('lockf', fcntl.lockf)]:\n"
@@ -1062,7 +1063,7 @@ def test_the_host_shows_no_paths_packages_or_shared_file_events(host: str) -> No
     lines = result.stdout.splitlines()
     assert lines[:2] == ["True", f"cmdline {errno.ENOENT}"], result
     assert [line for line in lines if line.startswith("packages")] == [
-        f"packages {path} []" for path in sandbox._package_dirs()
+        f"packages {path} []" for path in launch.package_dirs()
     ]
     refused = [f"{name} {errno.EPERM}" for name in ("flock", "lockf", "dnotify")]
     assert set(refused) <= set(lines) and f"inotify -1 {errno.EPERM}" in lines
@@ -1072,16 +1073,16 @@ def test_the_host_shows_no_paths_packages_or_shared_file_events(host: str) -> No
 def test_what_is_missing_is_named_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
     try:
         with monkeypatch.context() as patch:
-            patch.setattr(sandbox, "_PROBE_SOURCE", "print(0)")  # no filter on the program
-            patch.setattr(sandbox, "_hierarchy", lambda: "no cgroup here")
-            patch.setattr(sandbox, "_warned", False)
-            sandbox._probe.cache_clear()
+            patch.setattr(probing, "_PROBE_SOURCE", "print(0)")  # no filter on the program
+            patch.setattr(launch, "hierarchy", lambda: "no cgroup here")
+            patch.setattr(probing, "_warned", False)
+            probing.probe.cache_clear()
             with pytest.warns(RuntimeWarning) as caught:
                 iso = sandbox.check_isolation()
                 sandbox.check_isolation()
     finally:
-        sandbox._probe.cache_clear()
-    assert iso.cgroups == 0 and sandbox._MISSING_SECCOMP in iso.missing
+        probing.probe.cache_clear()
+    assert iso.cgroups == 0 and probing.MISSING_SECCOMP in iso.missing
     assert len(caught) == 1
     message = str(caught[0].message)
     assert "seccomp filter" in message and "a cgroup per run (no cgroup here)" in message

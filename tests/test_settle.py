@@ -1,4 +1,4 @@
-"""`oncurve.settle`: every `auto` and null setting resolved from the config and the facts, in one
+"""`oncurve.run.settle`: every `auto` and null setting resolved from the config and the facts, in one
 pure step, for shapes and devices this machine does not have."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 
 from oncurve.config import load_config
 from oncurve.errors import UserError
-from oncurve.memory import GIB, ModelShape
 from oncurve.rollout import TorchSampler
 from oncurve.rollout.cuda_graph import GraphSampler
-from oncurve.settle import MEMORY_SETTINGS, RunFacts, memory_settings, settle, settle_loading
+from oncurve.run.memory_plan import GIB, ModelShape
+from oncurve.run.settle import MEMORY_SETTINGS, RunFacts, memory_settings, settle, settle_loading
 
 # Qwen2.5-1.5B in bfloat16: no weights are loaded, only its sizes are read
 QWEN_15B = ModelShape(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from oncurve.data.tasks import get_task
+from oncurve.data.tasks.base import hash_split
 from oncurve.rewards.format import boxed_format_reward
-from oncurve.tasks import get_task
-from oncurve.tasks.base import hash_split
 
 
 def test_splits_are_disjoint_seed_independent_and_the_test_split_is_all_distinct():

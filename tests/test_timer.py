@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from oncurve.process import Timer
+from oncurve.loop.timer import Timer
 
 
 def test_a_stage_waits_for_its_own_queued_work_before_the_clock_stops():

@@ -22,27 +22,24 @@ from helpers.counting import rows_per_call
 from helpers.host_reads import host_reads_of
 from helpers.models import make_model, tiny_qwen2
 
-from oncurve import distributed, train_step
-from oncurve import policy as policy_module
-from oncurve.models import (
+from oncurve import distributed
+from oncurve.loop.trainer import setup, training_step
+from oncurve.model import forward as training_forward
+from oncurve.model.forward import PolicyLogprobs, completion_logprobs
+from oncurve.model.kv_cache import microbatch_tokens
+from oncurve.model.weights import (
     enable_gradient_checkpointing,
     frozen_copy,
-    microbatch_tokens,
     offload_weights,
     weights_on,
 )
-from oncurve.policy import Policy
-from oncurve.process import deterministic_kernels
-from oncurve.train_step import (
-    ForwardSettings,
-    accumulate_gradients,
-    batch_logprobs,
-    completion_logprobs,
-    keeps_gradients,
-    microbatches,
-)
-from oncurve.trainer import setup, training_step
 from oncurve.types import TrainBatch
+from oncurve.update import policy as policy_module
+from oncurve.update import step as update_step
+from oncurve.update.determinism import deterministic_kernels
+from oncurve.update.microbatches import ForwardSettings, batch_logprobs, microbatches
+from oncurve.update.policy import Policy
+from oncurve.update.step import accumulate_gradients, keeps_gradients
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama", "mistral", "gpt2"])
@@ -144,9 +141,7 @@ def test_a_microbatch_keeps_an_episodes_sampled_tokens_after_its_observations() 
     assert (cut.longest_completion, cut.completion_tokens) == (5, 3 + 3)
     trimmed = cut.of(batch)
     assert trimmed.completion_mask.sum() == batch.completion_mask.sum()
-    got = train_step.batch_logprobs(
-        train_step.PolicyLogprobs(model), batch, ForwardSettings(1.0, 16, 2)
-    )
+    got = batch_logprobs(PolicyLogprobs(model), batch, ForwardSettings(1.0, 16, 2))
     alone, _ = completion_logprobs(model, batch.input_ids[:1], batch.attention_mask[:1], 5)
     torch.testing.assert_close(got[0, 3:], alone[0, 3:], atol=1e-6, rtol=0)
     assert float(got[0, 4].abs()) > 0.1  # a real logprob, not the 0 left on cut columns
@@ -192,7 +187,7 @@ def test_a_token_budget_changes_no_gradient() -> None:
 def test_the_trainer_shares_the_prompt_forward_when_it_applies(
     tiny_model_dir, data_file, tmp_path, monkeypatch, overrides, shared
 ) -> None:
-    calls = rows_per_call(monkeypatch, train_step, "_shared_prompt_hidden")
+    calls = rows_per_call(monkeypatch, training_forward, "_shared_prompt_hidden")
     s = setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *overrides))
     with s.rewards:
         training_step(s, 1)
@@ -202,8 +197,8 @@ def test_the_trainer_shares_the_prompt_forward_when_it_applies(
 
 REPEAT_SCRIPT = """
 import hashlib, torch, transformers
-from oncurve.models import resolve_model_path
-from oncurve.train_step import completion_logprobs
+from oncurve.model.sources import resolve_model_path
+from oncurve.model.forward import completion_logprobs
 torch.manual_seed(0)
 model = transformers.AutoModelForCausalLM.from_pretrained(resolve_model_path("default"))
 rows, group = 64, 8
@@ -261,7 +256,7 @@ def test_an_update_reads_the_device_twice_whatever_its_microbatches(share_prompt
     shared prompt's `torch.unique`) comes on top, as in any trainer."""
     model, batch = grpo_batch(3, share_prompt)
     forward = ForwardSettings(1.0, 16, rows)
-    policy = train_step.PolicyLogprobs(model)
+    policy = PolicyLogprobs(model)
     parts = [cut.of(batch) for cut in microbatches(batch, rows)]
     assert len(parts) == 8 // rows
     by_forward = sum(
@@ -308,7 +303,7 @@ def test_under_deterministic_kernels_the_backward_is_strict_until_an_op_has_no_s
     then gets one warning line naming the setting, the accumulation starts again from zero
     gradients in warn-only mode (the same gradients), and the run's later backwards stay
     warn-only; a new run is strict again."""
-    from oncurve.process import deterministic_kernels
+    from oncurve.update.determinism import deterministic_kernels
 
     model, batch = grpo_batch(0, share_prompt=False)
     forward = ForwardSettings(1.0, 16, 4)  # 2 microbatches
@@ -354,7 +349,7 @@ def test_the_reference_pass_cuts_microbatches_by_its_own_token_cap(monkeypatch) 
     batch = lengths_batch([4, 4, 4, 4], [5, 5, 5, 5])
     forward = ForwardSettings(1.0, 16, 8, microbatch_tokens=9, reference_tokens=18)
     policy = Policy(make_model("qwen2"), forward=forward, with_reference=True)
-    rows = rows_per_call(monkeypatch, train_step.PolicyLogprobs, "forward")
+    rows = rows_per_call(monkeypatch, PolicyLogprobs, "forward")
     reference = policy.reference_logprobs(batch)
     assert rows == [2, 2]
     rows.clear()
@@ -445,7 +440,7 @@ def test_stand_in_microbatches_change_no_result(monkeypatch) -> None:
     model, batch = grpo_batch(0, share_prompt=False)
     forward = ForwardSettings(1.0, 16, 3)
     tokens = float(batch.completion_mask.sum())
-    policy = train_step.PolicyLogprobs(model)
+    policy = PolicyLogprobs(model)
     fns = loss_fns("seq-mean-token-mean")
 
     def update() -> tuple[torch.Tensor, list[torch.Tensor], dict[str, float]]:
@@ -457,7 +452,7 @@ def test_stand_in_microbatches_change_no_result(monkeypatch) -> None:
     want = update()
     monkeypatch.setattr(distributed, "shards_weights", lambda module: True)
     monkeypatch.setattr(distributed, "all_max", lambda values: [values[0] + 2])
-    rows = rows_per_call(monkeypatch, train_step.PolicyLogprobs, "forward")
+    rows = rows_per_call(monkeypatch, PolicyLogprobs, "forward")
     got = update()
     assert rows == [3, 3, 2, 1, 1] * 2  # 8 rows in 3, 3 and 2, then two stand-ins, twice
     assert torch.equal(got[0], want[0])
@@ -475,30 +470,30 @@ def test_an_updates_gradients_are_made_before_it_and_freed_after_it_on_cuda(monk
     model = make_model("qwen2")
     params = list(model.parameters())
     kept = params[0].grad = torch.zeros_like(params[0])
-    with train_step.releasing_gradients(params):
-        train_step.make_gradients(params)
+    with update_step.releasing_gradients(params):
+        update_step.make_gradients(params)
         assert params[0].grad is kept
         assert all(p.grad is not None and not p.grad.any() for p in params)
         assert all(p.grad.shape == p.shape and p.grad.dtype == p.dtype for p in params)
     assert all(p.grad is not None for p in params) and params[0].grad is kept
-    monkeypatch.setattr(train_step, "keeps_gradients", lambda device: False)
-    with pytest.raises(RuntimeError), train_step.releasing_gradients(params):
+    monkeypatch.setattr(update_step, "keeps_gradients", lambda device: False)
+    with pytest.raises(RuntimeError), update_step.releasing_gradients(params):
         raise RuntimeError("out of memory in the update")
     assert all(p.grad is None for p in params)
     made = []
-    real = train_step.accumulate_gradients
+    real = update_step.accumulate_gradients
 
     def accumulate(*args, **kwargs):
         made.append(all(p.grad is not None and not p.grad.any() for p in params))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(train_step, "accumulate_gradients", accumulate)
+    monkeypatch.setattr(update_step, "accumulate_gradients", accumulate)
     model_batch = grpo_batch(0, share_prompt=False)
     params = list(model_batch[0].parameters())
     optimizer = torch.optim.SGD(params, lr=0.0)
-    with train_step.releasing_gradients(params):
-        train_step.optimizer_step(
-            train_step.PolicyLogprobs(model_batch[0]), optimizer, model_batch[1],
+    with update_step.releasing_gradients(params):
+        update_step.optimizer_step(
+            PolicyLogprobs(model_batch[0]), optimizer, model_batch[1],
             loss_fns("seq-mean-token-mean"), ForwardSettings(1.0, 16, 8), grad_clip=1.0,
         )  # fmt: skip
     assert made == [True] and all(p.grad is None for p in params)

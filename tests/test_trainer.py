@@ -16,9 +16,10 @@ from helpers.configs import make_config
 from helpers.first_step import capture_first_step, hand_assembled_grpo
 from helpers.models import tiny_qwen2
 
-from oncurve import policy, trainer
+from oncurve.loop import trainer
+from oncurve.loop.trainer import setup, train, training_step
 from oncurve.rollout import cpu_llama
-from oncurve.trainer import setup, train, training_step
+from oncurve.update import policy
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -237,7 +238,7 @@ def test_cli_rejects_an_unknown_key_with_one_line_and_exit_2():
 
 
 def test_deterministic_kernels_hold_for_the_run_only():
-    from oncurve.process import deterministic_kernels
+    from oncurve.update.determinism import deterministic_kernels
 
     assert not torch.are_deterministic_algorithms_enabled()
     assert torch.utils.deterministic.fill_uninitialized_memory  # torch's default
@@ -258,7 +259,7 @@ def test_deterministic_kernels_launch_no_fill_of_memory_a_step_writes_anyway():
     those."""
     from torch.profiler import ProfilerActivity, profile
 
-    from oncurve.process import deterministic_kernels
+    from oncurve.update.determinism import deterministic_kernels
 
     model = tiny_qwen2(50)
     ids = torch.randint(0, 50, (4, 24), generator=torch.Generator().manual_seed(0))

@@ -26,7 +26,7 @@ from helpers.hand_assembly import (
     seq_mean_token_mean,
 )
 
-from oncurve.trainer import setup
+from oncurve.loop.trainer import setup
 from oncurve.types import RolloutBatch
 
 # --- the hand assembly ----------------------------------------------------------------------

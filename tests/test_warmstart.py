@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from oncurve.tokenizer import char_tokenizer
+from oncurve.model.char_tokenizer import char_tokenizer
 from oncurve.warmstart import encode_sft, warmstart
 
 TINY = {

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from oncurve.config import Config, load_config
+    from oncurve.loop.trainer import TrainResult, train
     from oncurve.rollout import SamplingParams, TorchSampler
-    from oncurve.trainer import TrainResult, train
 
 __version__ = "0.1.0"
 
@@ -24,8 +24,8 @@ _HOMES = {
     "load_config": "oncurve.config",
     "SamplingParams": "oncurve.rollout",
     "TorchSampler": "oncurve.rollout",
-    "TrainResult": "oncurve.trainer",
-    "train": "oncurve.trainer",
+    "TrainResult": "oncurve.loop.trainer",
+    "train": "oncurve.loop.trainer",
 }
 
 __all__ = ["Config", "SamplingParams", "TorchSampler", "TrainResult", "load_config", "train"]

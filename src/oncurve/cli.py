@@ -17,8 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from oncurve.checkpoint import CheckpointError
-from oncurve.errors import TrainingError, UserError
+from oncurve.errors import CheckpointError, TrainingError, UserError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -68,8 +67,8 @@ def _train(args: argparse.Namespace) -> int:
     if config.dist.nproc > 1 and "WORLD_SIZE" not in os.environ:
         return _launch_torchrun(config.dist.nproc, args.argv)
     from oncurve import distributed
-    from oncurve.progress import silence
-    from oncurve.trainer import train
+    from oncurve.loop.progress import silence
+    from oncurve.loop.trainer import train
 
     result = train(config, quiet=args.quiet)
     distributed.leave()
@@ -105,7 +104,7 @@ def _launch_torchrun(nproc: int, argv: list[str]) -> int:
     however cleanly they stopped. A signal before the ranks exist goes to torchrun."""
     import signal
 
-    from oncurve.process import STOP_SIGNALS
+    from oncurve.run.stopping import STOP_SIGNALS
 
     command = [
         sys.executable,
@@ -168,8 +167,8 @@ def _children(pid: int) -> list[int]:
 
 def _eval(args: argparse.Namespace) -> int:
     from oncurve.config import Config
-    from oncurve.evaluate import evaluate
-    from oncurve.inputs import PromptData
+    from oncurve.data.prompts import PromptData
+    from oncurve.loop.evaluate import evaluate
     from oncurve.rewards.answers import extract_answer
     from oncurve.rewards.registry import ANSWER_MATCH_REWARDS
     from oncurve.rewards.runner import runner_settings
@@ -219,9 +218,9 @@ def _eval_scorer(args: argparse.Namespace, config) -> tuple[str, Callable]:
     """(name, function) of the reward that decides correctness: `--reward`, else `--task`'s,
     else the run's (`--run`), else the built-in `correct` (answers read as data.answer_format
     says)."""
-    from oncurve.inputs import correctness_fn
+    from oncurve.data.prompts import correctness_fn
+    from oncurve.data.tasks import get_task
     from oncurve.rewards.registry import BUILTINS, resolve_reward
-    from oncurve.tasks import get_task
 
     if args.reward:
         return resolve_reward(args.reward)
@@ -241,8 +240,8 @@ def _eval_scorer(args: argparse.Namespace, config) -> tuple[str, Callable]:
 def _eval_rows(args: argparse.Namespace, config, data, needs_answer: bool) -> list[dict]:
     """The prompts to score: `--data` (a file or a Hub id at `--config` and `--split`), else
     the run's eval.path, else the run's task's held-out problems."""
-    from oncurve.inputs import eval_size, read_rows
-    from oncurve.tasks import get_task
+    from oncurve.data.prompts import eval_size, read_rows
+    from oncurve.data.tasks import get_task
 
     if args.data is not None:
         return read_rows(args.data, data, args.split or "test", require_answer=needs_answer)
@@ -258,7 +257,7 @@ def _eval_rows(args: argparse.Namespace, config, data, needs_answer: bool) -> li
 
 
 def _sample(args: argparse.Namespace) -> int:
-    from oncurve.inputs import encode_prompt
+    from oncurve.data.prompts import encode_prompt
     from oncurve.rollout import SamplingParams
     from oncurve.rollout.base import check_room
 
@@ -279,7 +278,7 @@ def _run_config(args: argparse.Namespace):
     final model) and `--max-new-tokens` (its rollout.max_new_tokens; without a run, the
     default of a run of `--model`) when they are not given."""
     from oncurve.config import build_config, load_config
-    from oncurve.models import missing_from_final
+    from oncurve.model.saving import missing_from_final
 
     if args.run_dir is None:
         if args.model is None:
@@ -337,7 +336,7 @@ def _warmstart(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from oncurve.tasks import get_task
+    from oncurve.data.tasks import get_task
 
     task = get_task(args.name)
     try:
@@ -355,7 +354,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _import_model(args: argparse.Namespace) -> int:
-    from oncurve.models import import_gguf
+    from oncurve.model.sources import import_gguf
 
     print(import_gguf(args.file, args.out, args.dtype))
     return 0
@@ -379,13 +378,8 @@ def _report(args: argparse.Namespace) -> int:
 def _load_sampler(args: argparse.Namespace, config=None) -> tuple[Sampler, PreTrainedModel]:
     """The `--backend` sampler of the `--model` model (a run's `config`: its tokenizer's
     remote-code setting), and the model."""
-    from oncurve.models import (
-        load_model,
-        load_tokenizer,
-        resolve_device,
-        resolve_dtype,
-        resolve_model_path,
-    )
+    from oncurve.model.devices import resolve_device, resolve_dtype
+    from oncurve.model.sources import load_model, load_tokenizer, resolve_model_path
     from oncurve.rollout import build_sampler
 
     path = resolve_model_path(args.model, args.revision, what="--model")

@@ -10,6 +10,13 @@ class TrainingError(RuntimeError):
     the command line prints its one line and exits 1."""
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written (disk full, unwritable directory).
+
+    The previous checkpoint and the `latest` pointer are left as they were.
+    """
+
+
 def error_line(error: BaseException) -> str:
     """`Type: first line` of `error`, for a one-line warning; for torch's compiler wrapper
     (`BackendCompilerFailed`, whose first line only names the backend), its inner error's."""

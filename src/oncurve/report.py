@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from oncurve.errors import UserError
-from oncurve.metrics import METRICS_FILE, SAMPLES_FILE, iter_jsonl
+from oncurve.run.metrics import METRICS_FILE, SAMPLES_FILE, iter_jsonl
 
 SAMPLES_PER_STEP = 4  # rows shown for each of the early, middle and late steps
 LINE_STYLES = ("-", "--", ":", "-.")

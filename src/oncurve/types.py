@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from oncurve.packing import RowLengths
+    from oncurve.model.packing import RowLengths
 
 
 @dataclass
@@ -148,8 +148,8 @@ class TrainBatch:
         prompt_index: `[N]` equal for rows with the same prompt (a group), so that the forward
             can run each prompt once; None to run every row whole.
         row_lengths: the rows' real lengths and prompt numbers, when known on the host (a
-            microbatch's, `train_step.Microbatch.of`), for a forward of the rows packed
-            (`oncurve.packing.RowLengths`); else None.
+            microbatch's, `update.step.Microbatch.of`), for a forward of the rows packed
+            (`oncurve.model.packing.RowLengths`); else None.
     """
 
     input_ids: torch.Tensor

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
-from oncurve.tasks.arith import ArithTask
-from oncurve.tokenizer import char_tokenizer
+from oncurve.data.tasks.arith import ArithTask
+from oncurve.model.char_tokenizer import char_tokenizer
 
 DEFAULT_STEPS = 350
 DEFAULT_SEED = 0

@@ -10,18 +10,13 @@ from typing import TypeVar
 import torch
 
 from helpers.models import make_model
-from oncurve import train_step
 from oncurve.algo import group_advantages
 from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-from oncurve.packing import RowLengths
-from oncurve.train_step import (
-    ForwardSettings,
-    LossFns,
-    PolicyLogprobs,
-    accumulate_gradients,
-    batch_logprobs,
-)
+from oncurve.model.forward import PolicyLogprobs
+from oncurve.model.packing import RowLengths
 from oncurve.types import RolloutBatch, TrainBatch
+from oncurve.update.microbatches import ForwardSettings, batch_logprobs
+from oncurve.update.step import LossFns, accumulate_gradients
 
 # grouped_rows: 4 prompts of 6 tokens, 3 completions of 7 each
 GROUP, PROMPTS, PROMPT_LEN, COMPLETION_LEN = 3, 4, 6, 7
@@ -62,7 +57,7 @@ def accumulate_grpo(
     model: torch.nn.Module, batch: TrainBatch, forward: ForwardSettings, num_tokens: float
 ) -> None:
     accumulate_gradients(
-        train_step.PolicyLogprobs(model), batch, loss_fns("seq-mean-token-mean"), forward,
+        PolicyLogprobs(model), batch, loss_fns("seq-mean-token-mean"), forward,
         num_seqs=8.0, num_tokens=num_tokens,
     )  # fmt: skip
 

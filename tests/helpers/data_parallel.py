@@ -22,8 +22,11 @@ from helpers.batches import GROUPS, VOCAB, G, batch_to, fixed_batch, loss_fns
 from helpers.models import tiny_qwen2
 from helpers.rank_pool import free_port
 from helpers.runs import run_clis, tiny_job
-from oncurve import distributed, packing
-from oncurve.train_step import ForwardSettings, PolicyLogprobs, optimizer_step
+from oncurve import distributed
+from oncurve.model import packing
+from oncurve.model.forward import PolicyLogprobs
+from oncurve.update.microbatches import ForwardSettings
+from oncurve.update.step import optimizer_step
 
 
 def one_step(
@@ -36,7 +39,7 @@ def one_step(
 ) -> dict[str, torch.Tensor]:
     """The weights (on the CPU) after one SGD step of the tiny model on `rows` of the fixed
     batch (all of it when None), the model and the batch on `device`; with `pack`, its rows
-    packed (`oncurve.packing`), each group's prompt run once; `microbatch` its rows and tokens
+    packed (`oncurve.model.packing`), each group's prompt run once; `microbatch` its rows and tokens
     at most."""
     model = tiny_qwen2(VOCAB, seed=0)
     batch = fixed_batch(model)  # made on the CPU: the same batch on every device

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from oncurve import trainer
 from oncurve.algo import group_advantages, kl_k3, ppo_clip, seq_mean_token_mean
 from oncurve.algo.logprobs import logprobs_from_logits
-from oncurve.trainer import training_step
+from oncurve.loop import trainer
+from oncurve.loop.trainer import training_step
 from oncurve.types import RolloutBatch, TrainBatch
 
 

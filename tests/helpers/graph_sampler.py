@@ -11,7 +11,7 @@ import weakref
 import pytest
 import torch
 
-from oncurve.train_step import completion_logprobs
+from oncurve.model.forward import completion_logprobs
 
 
 def assert_fell_back_once(

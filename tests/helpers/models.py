@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from oncurve.tokenizer import char_tokenizer
+from oncurve.model.char_tokenizer import char_tokenizer
 
 TOKENIZER = char_tokenizer()
 VOCAB = len(TOKENIZER)

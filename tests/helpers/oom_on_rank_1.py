@@ -7,12 +7,12 @@ import os
 import torch
 
 from helpers.rewards_for_tests import count_digits
-from oncurve import groups
+from oncurve.loop import collect
 
 __all__ = ["count_digits"]
 
 if os.environ.get("RANK") == "1":
-    real_draw = groups.draw
+    real_draw = collect.draw
     calls: list[int] = []
 
     def draw_out_of_memory_once(*args, **kwargs):
@@ -21,4 +21,4 @@ if os.environ.get("RANK") == "1":
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
         return real_draw(*args, **kwargs)
 
-    groups.draw = draw_out_of_memory_once
+    collect.draw = draw_out_of_memory_once

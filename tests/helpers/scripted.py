@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from oncurve.config import Config
+from oncurve.loop.trainer import Session, setup
 from oncurve.rewards.runner import RewardRunner
-from oncurve.trainer import Session, setup
 from oncurve.types import RolloutBatch
 
 Completion = Callable[[list[int], int], str]

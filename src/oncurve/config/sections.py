@@ -105,7 +105,7 @@ class ModelConfig:
         "in the update and the reference and old-policy passes, run each microbatch's rows "
         "packed end to end by their real tokens, with no padding (attention by the rows' "
         "bounds: torch's variable-length flash attention on CUDA, one sdpa call a row "
-        "elsewhere); null: on with CUDA where torch has it (2.11+) and the model uses sdpa "
+        "elsewhere); null: on with CUDA where torch has it and the model uses sdpa "
         "attention without logit soft-capping",
     )
     share_prompt_forward: bool = _opt(
@@ -180,7 +180,7 @@ class DataConfig:
     )
     curriculum: str = _opt(
         "none",
-        "which prompts a step samples (oncurve.curriculum): none, the seeded order; pass_rate, "
+        "which prompts a step samples (oncurve.data.curriculum): none, the seeded order; pass_rate, "
         "fewer of those that every completion or none solved in their last visits; difficulty, "
         "the task's easiest level first, one up each time the rolling sampled accuracy reaches "
         "data.curriculum_threshold",
@@ -398,7 +398,7 @@ class OptimConfig:
     grad_clip: float = _opt(1.0, "clip the global gradient norm to this; 0 off", NON_NEGATIVE)
     stochastic_rounding: bool = _opt(
         True,
-        "bfloat16 weights: write each AdamW update stochastically rounded (oncurve.optim), so "
+        "bfloat16 weights: write each AdamW update stochastically rounded (oncurve.update.adamw), so "
         "that updates below bfloat16's precision add up instead of being lost; false uses "
         "torch's AdamW, which rounds to nearest (not under FSDP, which always does)",
     )
@@ -479,7 +479,7 @@ class RunConfig:
     resume: str | None = _opt(None, "`auto` (newest checkpoint of run.dir) or a checkpoint path")
     force_changes: list[str] = _opt(
         [],
-        "settings a resume may change although they define the run (oncurve.resume_settings."
+        "settings a resume may change although they define the run (oncurve.config.resume_settings."
         "FORCEABLE: model.path after moving the model, data.rows for edited training rows, ...); "
         "each change is said and kept in the run's history",
     )
@@ -509,7 +509,7 @@ class RunConfig:
         True,
         "before step 1, check on a few prompts that the gradient does not depend on the "
         "microbatching, that the sampler's logprobs are the training forward's and that the chat "
-        "template keeps the prompt (oncurve.preflight); a failure stops the run",
+        "template keeps the prompt (oncurve.loop.preflight); a failure stops the run",
     )
     deterministic: bool = _opt(
         True,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from oncurve.config.resume_settings import FORCEABLE, forceable
 from oncurve.config.sections import Config
 from oncurve.errors import UserError
-from oncurve.resume_settings import FORCEABLE, forceable
 
 
 def check_cross_fields(config: Config) -> None:

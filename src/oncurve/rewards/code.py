@@ -37,7 +37,7 @@ identical runs (same program, same case) within a call run once.
 The reward runs in the trainer's process (`runs_in_process`): each program already runs in a
 child process that the sandbox stops at its timeout, so `reward.timeout`'s forked worker would
 only add a fork. The settings reach it through `configure(reward_config)`, which
-`inputs.build_rewards` calls at the start of a run on every reward that has that hook; that is
+`data.prompts.build_rewards` calls at the start of a run on every reward that has that hook; that is
 also when the sandbox checks its isolation and says, once, if it is weaker than full.
 """
 

@@ -45,7 +45,7 @@ from typing import Any
 SYMBOLIC_TIMEOUT_S = 3.0
 # What the comparisons of one batch share inside `symbolic_budget(SYMBOLIC_BATCH_BUDGET_S)`.
 SYMBOLIC_BATCH_BUDGET_S = 2 * SYMBOLIC_TIMEOUT_S
-# The worker's address space (RLIMIT_AS); sympy and math-verify take ~70 MB of it when idle.
+# The worker's address space (RLIMIT_AS), far above what sympy and math-verify hold when idle.
 SYMBOLIC_MEMORY_BYTES = 2 * 1024**3
 
 _STARTUP_TIMEOUT_S = 60.0  # a worker that is not ready after this is broken, not slow
@@ -347,7 +347,7 @@ def _serve(memory_bytes: int) -> None:
             return False
         return bool(math_verify.verify(parsed_gold, parsed_pred, timeout_seconds=None))
 
-    # sympy's lazy imports and first-call caches (~0.5 s for a polynomial), before any deadline
+    # sympy's lazy imports and first-call caches, before any deadline
     equal("\\frac{1}{2}", "0.5")
     equal("(x+1)^2", "x^2+2x+1")
     parse_gold.cache_clear()

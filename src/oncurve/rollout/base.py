@@ -18,6 +18,11 @@ import torch
 from oncurve.errors import UserError
 from oncurve.types import RolloutBatch
 
+# Why a row ended (`RolloutBatch.finish_reasons`); decode loops record the codes, in `[N]` long
+# tensors, and the rollout names them by `FINISH_REASONS[code]`.
+FINISH_REASONS = ("eos", "stop", "length")
+FINISH_EOS, FINISH_STOP, FINISH_LENGTH = range(3)
+
 
 @dataclass(frozen=True)
 class SamplingParams:

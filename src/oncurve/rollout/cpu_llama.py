@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import transformers
 
 from oncurve.algo.logprobs import float_logits
-from oncurve.models import cache_argument, real_token_positions
+from oncurve.model.kv_cache import cache_argument, real_token_positions
 from oncurve.rollout.base import Decoder, first_columns, grown_columns
 from oncurve.rollout.hf_decoder import HFDecoder
 
@@ -177,7 +177,7 @@ class LlamaDecoder:
 
     Cache column c holds prompt position c for c < P (prompts left-padded to P) and completion
     token c - P after that; every row writes the same column at a step, so a step is one copy.
-    Position ids count real tokens only, as in `oncurve.train_step.completion_logprobs`.
+    Position ids count real tokens only, as in `oncurve.update.step.completion_logprobs`.
     """
 
     def __init__(

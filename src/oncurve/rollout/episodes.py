@@ -28,15 +28,15 @@ from typing import Any, Protocol
 import torch
 
 from oncurve.errors import UserError
-from oncurve.rollout.base import Sampler, SamplingParams, seeded_generator
-from oncurve.rollout.torch_sampler import (
-    _COMPACT_FRACTION,
-    _EOS,
-    _LENGTH,
-    _STOP,
-    TorchSampler,
-    sample_tokens,
+from oncurve.rollout.base import (
+    FINISH_EOS,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Sampler,
+    SamplingParams,
+    seeded_generator,
 )
+from oncurve.rollout.torch_sampler import COMPACT_FRACTION, TorchSampler, sample_tokens
 from oncurve.types import RolloutBatch
 
 # Environment steps of the rows that end a turn at the same decode step run in threads: a tool
@@ -281,7 +281,7 @@ class _EpisodeLoop:
         self.logprobs = torch.zeros((n, budget), dtype=torch.float32, device=device)
         self.tool = torch.zeros((n, budget), dtype=torch.long, device=device)
         self.ends = torch.full((n,), budget, dtype=torch.long, device=device)
-        self.reasons = torch.full((n,), _LENGTH, dtype=torch.long, device=device)
+        self.reasons = torch.full((n,), FINISH_LENGTH, dtype=torch.long, device=device)
         self.rewards = [0.0] * n
         self.turns = [1] * n
         self.turn_start = [0] * n
@@ -325,18 +325,18 @@ class _EpisodeLoop:
                 if not alive[i] or i in feeding:
                     continue
                 if eos[i]:
-                    ended.append((i, _EOS))
+                    ended.append((i, FINISH_EOS))
                 elif could_stop and could_stop[0][i] and self._stopped(row, t):
-                    ended.append((i, _STOP))
+                    ended.append((i, FINISH_STOP))
                 elif t + 1 - self.turn_start[row] >= params.max_new_tokens:
-                    ended.append((i, _LENGTH))
+                    ended.append((i, FINISH_LENGTH))
             if ended:
                 over = self._end_turns([rows[i] for i, _ in ended], [r for _, r in ended], t)
                 for (i, _), done in zip(ended, over, strict=True):
                     alive[i] = alive[i] and not done
             if not any(alive) or t == self.budget - 1:
                 break
-            if alive.count(False) >= _COMPACT_FRACTION * len(alive):
+            if alive.count(False) >= COMPACT_FRACTION * len(alive):
                 keep = [i for i, live in enumerate(alive) if live]
                 index = torch.tensor(keep, device=device)
                 decoder.keep(index)
@@ -370,7 +370,7 @@ class _EpisodeLoop:
         texts = []
         for row, reason in zip(rows, reasons, strict=True):
             text = self._turn_text(row, t)
-            if reason == _STOP:
+            if reason == FINISH_STOP:
                 cuts = [text.find(s) + len(s) for s in self.params.stop if s in text]
                 text = text[: min(cuts)] if cuts else text
             texts.append(text)
@@ -381,13 +381,13 @@ class _EpisodeLoop:
         over = []
         for row, reason, (observation, reward, done) in zip(rows, reasons, results, strict=True):
             self.rewards[row] += float(reward)
-            last = done or observation is None or reason == _LENGTH
+            last = done or observation is None or reason == FINISH_LENGTH
             if last or self.turns[row] >= self.settings.max_turns:
                 self.ends[row] = t + 1
                 self.reasons[row] = reason
                 over.append(True)
             else:
-                feed = self.settings.observation(observation, reason == _EOS)
+                feed = self.settings.observation(observation, reason == FINISH_EOS)
                 if feed:
                     self.feeding[row] = feed
                 else:  # nothing to feed (an empty observation without a template)

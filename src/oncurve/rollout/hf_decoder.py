@@ -14,7 +14,7 @@ import transformers
 from transformers.cache_utils import DynamicLayer
 
 from oncurve.algo.logprobs import float_logits
-from oncurve.models import cache_argument, real_token_positions
+from oncurve.model.kv_cache import cache_argument, real_token_positions
 from oncurve.rollout.base import first_columns, grown_columns
 
 # What `_GrowingLayer` writes of `DynamicLayer`'s own state, for HF's attention and cache

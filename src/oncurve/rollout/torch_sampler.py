@@ -20,6 +20,10 @@ import transformers
 
 from oncurve.rollout import cpu_llama
 from oncurve.rollout.base import (
+    FINISH_EOS,
+    FINISH_LENGTH,
+    FINISH_REASONS,
+    FINISH_STOP,
     Decoder,
     DecoderFactory,
     SamplerSettings,
@@ -31,11 +35,9 @@ from oncurve.types import RolloutBatch
 
 # Finished rows are compacted away once they are this fraction of the batch: compaction copies
 # the live cache, so doing it at every ending would cost more than decoding the dead rows.
-_COMPACT_FRACTION = 0.25
+COMPACT_FRACTION = 0.25
 # decode steps between host reads of which rows ended, on an accelerator
 CHECK_EVERY = 8
-_REASONS = ("eos", "stop", "length")
-_EOS, _STOP, _LENGTH = range(3)
 
 
 class TorchSampler:
@@ -153,7 +155,7 @@ class TorchSampler:
         completion_mask = (positions[None] < ends[:, None]).long()
         completion = completion.masked_fill(completion_mask == 0, self.pad_id)
         logprobs = logprobs * completion_mask
-        finish = [_REASONS[r] for r in reasons.tolist()]
+        finish = [FINISH_REASONS[r] for r in reasons.tolist()]
         texts = self._texts(completion, ends, finish, params.stop)
         return RolloutBatch(
             prompt_ids=ids.repeat_interleave(group_size, 0),
@@ -212,7 +214,7 @@ class TorchSampler:
         completion = torch.full((rows, new), self.pad_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((rows, new), dtype=torch.float32, device=device)
         ends = torch.full((rows,), new, dtype=torch.long, device=device)
-        reasons = torch.full((rows,), _LENGTH, dtype=torch.long, device=device)
+        reasons = torch.full((rows,), FINISH_LENGTH, dtype=torch.long, device=device)
         active = torch.arange(rows, device=device)  # output row of each decoder row
         alive = torch.ones(rows, dtype=torch.bool, device=device)
         checked = 0  # tokens of every row whose endings were read on the host
@@ -223,7 +225,7 @@ class TorchSampler:
             logprobs[active, t] = token_logprobs
             eos_hit = alive & is_eos[tokens]
             ends[active] = torch.where(eos_hit, t + 1, ends[active])
-            reasons[active] = torch.where(eos_hit, _EOS, reasons[active])
+            reasons[active] = torch.where(eos_hit, FINISH_EOS, reasons[active])
             alive &= ~eos_hit
             drawn = t + 1
             if drawn == new or drawn - checked >= self.check_every:
@@ -236,7 +238,7 @@ class TorchSampler:
                 n_alive = int(alive.sum())
                 if n_alive == 0 or drawn == new:
                     break
-                if alive.shape[0] - n_alive >= _COMPACT_FRACTION * alive.shape[0]:
+                if alive.shape[0] - n_alive >= COMPACT_FRACTION * alive.shape[0]:
                     index = alive.nonzero().squeeze(1)
                     decoder.keep(index)
                     active, tokens, alive = active[index], tokens[index], alive[index]
@@ -285,7 +287,7 @@ def end_at_stops(
         out_rows: `[n]` the output row of each decoder row; `alive` `[n]` per decoder row.
     """
     tokens = completion[out_rows, start:end]  # [n, end - start]
-    limit = ends[out_rows] - (reasons[out_rows] == _EOS).long()
+    limit = ends[out_rows] - (reasons[out_rows] == FINISH_EOS).long()
     positions = torch.arange(start, end, device=tokens.device)
     candidates = (stop_table[tokens] & (positions[None] < limit[:, None])).nonzero().tolist()
     if not candidates:
@@ -305,7 +307,7 @@ def end_at_stops(
             ended.add(i)
             alive[i] = False
             ends[row] = t + 1
-            reasons[row] = _STOP
+            reasons[row] = FINISH_STOP
 
 
 def sample_tokens(

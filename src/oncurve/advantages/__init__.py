@@ -1,0 +1,1 @@
+"""Where advantages come from: group statistics (GRPO, RLOO) or a learned critic (PPO, GAE)."""

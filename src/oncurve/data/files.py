@@ -1,0 +1,299 @@
+"""Dataset files and Hub datasets -> rows of {"prompt", "answer", other columns...}.
+
+Kinds, by extension: `.jsonl` / `.json` (one JSON object per line), `.csv` (header row),
+`.parquet` (pyarrow, extra `data`), and a directory written by `datasets.save_to_disk` (extra
+`data`; a DatasetDict uses its "train" split, or its only split). A path that does not exist
+locally and reads `owner/name` is a Hugging Face Hub dataset, loaded (downloaded into the
+Hugging Face cache, or read from it) with `datasets.load_dataset` at a config and split (extra
+`data`). Every problem is reported in one line naming the file, the line (or row) and the field.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from oncurve.errors import UserError
+
+Record = tuple[str, dict[str, Any]]  # (location such as "line 3" or "row 3", raw record)
+# `owner/name`, as the Hugging Face Hub spells a repository id: a missing local path of this
+# shape names a Hub dataset (here) or model (`sources.resolve_model_path`).
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+FILE_KINDS = (".jsonl", ".json", ".csv", ".parquet")
+
+
+class Row(dict):
+    """A dataset row; `where` ("data.jsonl line 3") locates it for errors found later, such as
+    a prompt longer than `data.max_prompt_tokens`, which takes the tokenizer to see."""
+
+    where: str = ""
+
+
+ANSWER_FORMATS = ("auto", "raw", "gsm8k", "boxed", "last_number")
+# GSM8K's worked solutions end in a line `#### 72`; a markdown heading earlier in a solution
+# is no answer line.
+_FINAL_GSM8K = re.compile(r"(?:^|\n)####[ \t]*([^\n]*?)\s*$")
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def load_rows(
+    path: str,
+    prompt_field: str = "prompt",
+    answer_field: str = "answer",
+    config: str | None = None,
+    split: str = "train",
+    *,
+    prompt_template: str | None = None,
+    answer_format: str = "auto",
+    require_answer: bool = True,
+) -> list[dict[str, Any]]:
+    """Rows (`Row`s) with the prompt under "prompt" and the answer under "answer"; other
+    columns are kept and reach the reward functions by name. `config` and `split` pick the part
+    of a Hub dataset.
+
+    The prompt is `prompt_template` filled from the row's columns, or the `prompt_field`
+    column; a list of {"role", "content"} messages is kept under "prompt_messages" (for the chat
+    template), with its last user message as "prompt". The answer is read off `answer_field` in
+    `answer_format` (`final_answer`), the original value kept as "answer_raw" when that
+    changed any row's. Without `require_answer`, a row may lack the answer field (its answer is None)."""
+    rows = []
+    for where, record in read_records(path, config, split):
+        location = f"{path} {where}"
+        if prompt_template is None and prompt_field not in record:
+            _missing(location, prompt_field, record)
+        if require_answer and answer_field not in record:
+            _missing(location, answer_field, record)
+        prompt: Any = (
+            fill_template(prompt_template, record, location)
+            if prompt_template is not None
+            else record[prompt_field]
+        )
+        messages = None
+        if isinstance(prompt, list):
+            messages = _messages(prompt, location, prompt_field)
+            prompt = next(
+                (m["content"] for m in reversed(messages) if m["role"] == "user"),
+                messages[-1]["content"],
+            )
+        elif not isinstance(prompt, str):
+            raise UserError(
+                f"{location}: field {prompt_field!r} must be text or a list of "
+                f"{{role, content}} messages, got {type(prompt).__name__}"
+            )
+        raw = record.pop(answer_field, None)
+        if prompt_template is None:
+            record.pop(prompt_field, None)
+        row = Row(record, prompt=prompt)
+        if messages is not None:
+            row["prompt_messages"] = messages
+        raw = None if raw is None else str(raw)
+        row["answer"] = None if raw is None else final_answer(raw, answer_format)
+        if raw is not None and row["answer"] is None:
+            raise UserError(
+                f"{location}: field {answer_field!r} has no {answer_format} answer (ends "
+                f"{raw[-60:]!r}); set data.answer_format: auto, raw, gsm8k, boxed or last_number"
+            )
+        row.where = location
+        rows.append((row, raw))
+    # the original is kept only where it says more than the answer, in every row alike (reward
+    # functions take each column for a whole batch)
+    if any(raw != row["answer"] for row, raw in rows):
+        for row, raw in rows:
+            row["answer_raw"] = raw
+    return [row for row, _ in rows]
+
+
+def final_answer(value: str, answer_format: str) -> str | None:
+    """The reference answer of an answer column's value, None when `answer_format` finds none:
+    gsm8k, the text of a last `#### x` line (thousands commas dropped); boxed, the last
+    `\\boxed{}`; last_number, the last number; raw, the value itself; auto, gsm8k when the value
+    ends in a `#### x` line, boxed when it holds a `\\boxed`, else raw."""
+    # here, not at the top: `oncurve.rewards` loads torch, which reading a file does not need
+    from oncurve.rewards.answers import extract_answer
+
+    if answer_format not in ANSWER_FORMATS:
+        raise UserError(
+            f"data.answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {answer_format!r}"
+        )
+    final = _FINAL_GSM8K.search(value)
+    if answer_format == "auto":
+        answer_format = (
+            "gsm8k" if final and final.group(1) else "boxed" if "\\boxed" in value else "raw"
+        )
+    if answer_format == "raw":
+        return value
+    if answer_format == "gsm8k":
+        found = final.group(1) if final else extract_answer(value, "gsm8k")
+        return found.replace(",", "") if found else None
+    return extract_answer(value, answer_format)
+
+
+def fill_template(template: str, record: dict[str, Any], where: str) -> str:
+    """`template` with each `{column}` replaced by the row's value of that column; `{{` and
+    `}}` are single braces, and braces around anything but a name (`\\boxed{}`) stay."""
+
+    def fill(match: re.Match) -> str:
+        name = match.group(1)
+        if name is None:
+            return match.group(0)[0]
+        if name not in record:
+            _missing(where, name, record, what="data.prompt_template's column")
+        return str(record[name])
+
+    return _PLACEHOLDER.sub(fill, template)
+
+
+def _messages(value: list, where: str, field: str) -> list[dict[str, str]]:
+    """A conversational prompt checked: a non-empty list of {"role", "content"} text pairs."""
+    ok = value and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in value
+    )
+    if not ok:
+        raise UserError(
+            f"{where}: field {field!r} is a list but not of {{role, content}} messages "
+            f"(got {str(value)[:60]})"
+        )
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def _missing(where: str, field: str, record: dict[str, Any], what: str = "field") -> None:
+    present = ", ".join(record) or "none"
+    raise UserError(f"{where}: missing {what} {field!r} (fields: {present})")
+
+
+def read_records(path: str, config: str | None = None, split: str = "train") -> list[Record]:
+    """The raw records of a local dataset file, saved-dataset directory or (split `split` of
+    config `config` of) Hub dataset, each with its location for error messages; an error if
+    there are none."""
+    p = Path(path)
+    if not p.exists():
+        if not HUB_ID.fullmatch(path) or p.suffix in FILE_KINDS:
+            raise UserError(f"{path}: no such file or directory")
+        records = list(_hub_dataset(path, config, split))
+    elif p.is_dir():
+        records = list(_saved_dataset(p))
+    elif p.suffix in (".jsonl", ".json"):
+        records = list(_jsonl(p))
+    elif p.suffix == ".csv":
+        records = list(_csv(p))
+    elif p.suffix == ".parquet":
+        records = list(_parquet(p))
+    else:
+        raise UserError(
+            f"{path}: unknown data file kind {p.suffix!r}; use .jsonl, .csv, .parquet or a "
+            "directory saved by datasets.save_to_disk"
+        )
+    if not records:
+        raise UserError(f"{path}: empty, no rows")
+    return records
+
+
+def write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
+    """One JSON object per line, UTF-8."""
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _text(p: Path) -> str:
+    data = p.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise UserError(f"{p} line {line}: not valid UTF-8 (byte {e.start})") from None
+
+
+def _jsonl(p: Path) -> Iterator[Record]:
+    for number, line in enumerate(_text(p).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{p} line {number}: invalid JSON ({e.msg})") from None
+        if not isinstance(record, dict):
+            raise UserError(
+                f"{p} line {number}: expected a JSON object, got {type(record).__name__}"
+            )
+        yield f"line {number}", record
+
+
+def _csv(p: Path) -> Iterator[Record]:
+    reader = csv.DictReader(io.StringIO(_text(p), newline=""))
+    for record in reader:
+        if None in record:
+            raise UserError(f"{p} line {reader.line_num}: more values than header columns")
+        yield f"line {reader.line_num}", dict(record)
+
+
+def _parquet(p: Path) -> Iterator[Record]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UserError(
+            f"{p}: reading Parquet needs pyarrow (pip install 'oncurve[data]')"
+        ) from None
+    for number, record in enumerate(pq.read_table(p).to_pylist(), start=1):
+        yield f"row {number}", record
+
+
+def _saved_dataset(p: Path) -> Iterator[Record]:
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(
+            f"{p}: reading a saved dataset directory needs the datasets package "
+            "(pip install 'oncurve[data]')"
+        ) from None
+    try:
+        data = datasets.load_from_disk(str(p))
+    except FileNotFoundError as e:
+        raise UserError(f"{p}: not a directory saved by datasets.save_to_disk ({e})") from None
+    if isinstance(data, datasets.DatasetDict):
+        splits = list(data)
+        if "train" in data:
+            data = data["train"]
+        elif len(splits) == 1:
+            data = data[splits[0]]
+        else:
+            raise UserError(f"{p}: dataset has splits {splits} and none is 'train'; save one split")
+    for number, record in enumerate(data, start=1):
+        yield f"row {number}", dict(record)
+
+
+def _hub_dataset(path: str, config: str | None, split: str) -> Iterator[Record]:
+    try:
+        import datasets
+    except ImportError:
+        raise UserError(
+            f"{path} is no local file; as a Hugging Face Hub dataset it needs the datasets "
+            "package: pip install 'oncurve[data]'"
+        ) from None
+    try:
+        data = datasets.load_dataset(path, name=config, split=split)
+    except datasets.exceptions.DatasetNotFoundError:
+        raise UserError(
+            f"{path}: no such local file or directory, nor a dataset on the Hugging Face Hub "
+            "(a private or gated one needs `hf auth login`)"
+        ) from None
+    except ConnectionError:
+        raise UserError(
+            f"{path} is not in the local Hugging Face cache and the Hub cannot be reached "
+            "(or HF_HUB_OFFLINE is set); load it once with network, which caches it, or give a "
+            "local file"
+        ) from None
+    except (OSError, ValueError) as e:
+        part = f"config {config!r}, split {split!r}" if config else f"split {split!r}"
+        raise UserError(
+            f"{path} ({part}): cannot load the Hugging Face Hub dataset: "
+            f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
+        ) from None
+    for number, record in enumerate(data, start=1):
+        yield f"{split} row {number}", dict(record)

@@ -1,0 +1,188 @@
+"""What a run trains on: prompt rows (from a built-in task, a file or a Hub dataset), encoded
+for the model, and their order per step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from oncurve.config import Config, DataConfig
+from oncurve.data.files import Row, load_rows
+from oncurve.data.tasks import get_task
+from oncurve.data.tasks.base import Task, leveled_examples
+from oncurve.errors import UserError
+from oncurve.rewards.registry import (
+    ANSWER_MATCH_REWARDS,
+    RewardFn,
+    episode_reward,
+    resolve_reward,
+    with_answer_match,
+)
+
+# A built-in task's test split may be endless (arith draws fresh problems); eval.num_prompts=null
+# takes this many of it.
+TASK_EVAL_PROMPTS = 500
+
+
+def load_prompts(config: Config) -> tuple[list[dict], list[dict], Task | None]:
+    """(train rows, held-out rows, task or None); rows hold "prompt", "answer" and any other
+    columns, which reach the reward functions by name. With `data.curriculum=difficulty` the
+    train rows are every level's, each with its "level"; the held-out rows are the task's own
+    distribution."""
+    data = config.data
+    task = get_task(data.task, data.task_options) if data.task and data.path is None else None
+    if task is not None:
+        if data.curriculum == "difficulty":
+            train = leveled_examples(task, data.num_train, config.run.seed)
+        else:
+            train = task.examples("train", data.num_train, config.run.seed)
+        held_out = task.examples("test", eval_size(config), config.run.seed)
+        return train, held_out, task
+    scored = correctness_fn(config, None) in ANSWER_MATCH_REWARDS
+    needed = any(spec.name == "correct" for spec in config.reward.functions)
+    train = read_rows(data.path, data, data.split, require_answer=needed)
+    held_out = (
+        read_rows(config.eval.path, data, config.eval.split, require_answer=scored)
+        if config.eval.path
+        else []
+    )
+    return train, held_out, None
+
+
+def read_rows(path: str, data: DataConfig, split: str, *, require_answer: bool) -> list[dict]:
+    """`oncurve.data.files.load_rows` of `path` (split `split` of a Hub dataset) as the data section
+    says: columns, Hub config, prompt template and answer format."""
+    return load_rows(
+        path,
+        data.prompt_field,
+        data.answer_field,
+        data.config,
+        split,
+        prompt_template=data.prompt_template,
+        answer_format=data.answer_format,
+        require_answer=require_answer,
+    )
+
+
+def eval_size(config: Config) -> int:
+    """Held-out problems a built-in task draws: eval.num_prompts, or 500 when that is null."""
+    return TASK_EVAL_PROMPTS if config.eval.num_prompts is None else config.eval.num_prompts
+
+
+class PromptData:
+    """Rows with their prompts formatted and tokenized once, served in a seeded order.
+
+    The order is a permutation per epoch drawn from a generator seeded by (seed, epoch), so the
+    prompts of step k are a pure function of k: resuming needs no sampler state.
+    """
+
+    def __init__(self, rows: list[dict], tokenizer: Any, data: DataConfig, seed: int) -> None:
+        if not rows:
+            raise UserError("the dataset has no rows")
+        self.rows: list[Row] = []
+        for index, row in enumerate(rows):
+            where = getattr(row, "where", "") or f"row {index}"
+            messages = row.get("prompt_messages")
+            ids = encode_prompt(tokenizer, row["prompt"], data, where, messages=messages)
+            kept = Row(row, prompt_ids=ids)
+            kept.where = where  # for the checks that read rows later (`reward_signal`)
+            self.rows.append(kept)
+        self.seed = seed
+        self._order_cache: tuple[int, list[int]] | None = None
+
+    def batch(self, step: int, size: int, round_: int = 0, rounds_per_step: int = 1) -> list[dict]:
+        """The `size` rows of training step `step` (1-based) in sampling round `round_` of at
+        most `rounds_per_step` (dynamic sampling draws fresh prompts each round)."""
+        position = ((step - 1) * rounds_per_step + round_) * size
+        picks = []
+        for offset in range(position, position + size):
+            epoch, index = divmod(offset, len(self.rows))
+            picks.append(self.rows[self._order(epoch)[index]])
+        return picks
+
+    def _order(self, epoch: int) -> list[int]:
+        if self._order_cache is None or self._order_cache[0] != epoch:
+            generator = torch.Generator().manual_seed(self.seed * 7919 + epoch)
+            self._order_cache = (
+                epoch,
+                torch.randperm(len(self.rows), generator=generator).tolist(),
+            )
+        return self._order_cache[1]
+
+
+# More characters than any tokenizer's token holds: a prompt longer than data.max_prompt_tokens
+# times this is refused without tokenizing it (a 50 MB prompt would take minutes and gigabytes).
+MAX_CHARS_PER_TOKEN = 64
+
+
+def encode_prompt(
+    tokenizer: Any,
+    prompt: str,
+    data: DataConfig,
+    where: str,
+    messages: list[dict[str, str]] | None = None,
+) -> list[int]:
+    """Token ids of a prompt after the optional system prompt and chat template; a
+    conversational prompt (`messages`, which `prompt` then only names) always takes the chat
+    template. `where` locates the row in the error for a prompt over `data.max_prompt_tokens`."""
+    if messages is not None and not getattr(tokenizer, "chat_template", None):
+        raise UserError(
+            f"{where}: field {data.prompt_field!r} is a list of messages, and the tokenizer has "
+            "no chat template to render them; give the prompt as text"
+        )
+    chars = len(data.system_prompt or "") + (
+        sum(len(str(m.get("content", ""))) for m in messages) if messages else len(prompt)
+    )
+    if chars > data.max_prompt_tokens * MAX_CHARS_PER_TOKEN:  # refused before it costs
+        raise UserError(
+            f"{where}: field {data.prompt_field!r} has {chars} characters, more than "
+            f"data.max_prompt_tokens={data.max_prompt_tokens} tokens hold (at most "
+            f"{MAX_CHARS_PER_TOKEN} characters each)"
+        )
+    if data.chat_template or messages is not None:
+        messages = list(messages or [{"role": "user", "content": prompt}])
+        if data.system_prompt and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": data.system_prompt})
+        # transformers 5 returns a BatchEncoding (a Mapping, not a dict) unless told otherwise
+        ids = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        ids = list(ids)
+    else:
+        text = f"{data.system_prompt}\n\n{prompt}" if data.system_prompt else prompt
+        ids = tokenizer(text)["input_ids"]
+    if not ids:  # the forwards need a token before the first completion token
+        raise UserError(f"{where}: field {data.prompt_field!r} encodes to no tokens")
+    if len(ids) > data.max_prompt_tokens:
+        raise UserError(
+            f"{where}: field {data.prompt_field!r} has {len(ids)} tokens, more than "
+            f"data.max_prompt_tokens={data.max_prompt_tokens}"
+        )
+    return ids
+
+
+def group_columns(rows: list[dict], group_size: int) -> tuple[list[str], dict[str, list]]:
+    """The prompts and the dataset's other columns (all but `prompt_ids`) of `rows`, each
+    repeated `group_size` times: one value per completion, as reward functions take them."""
+    prompts = [row["prompt"] for row in rows for _ in range(group_size)]
+    columns = {
+        key: [row[key] for row in rows for _ in range(group_size)]
+        for key in rows[0]
+        if key not in ("prompt", "prompt_ids")
+    }
+    return prompts, columns
+
+
+def correctness_fn(config: Config, task: Task | None) -> RewardFn:
+    """The reward that decides whether an answer is right, for held-out accuracy: with
+    `rollout.env`, the environment's episode reward; with `code_tests` among
+    `reward.functions`, that one."""
+    if config.rollout.env is not None:
+        return episode_reward
+    if task is not None and "correct" in task.reward_fns():
+        return with_answer_match(task.reward_fns()["correct"], config.reward.answer_match)
+    # programs are judged by their tests: there is no answer to compare
+    if any(spec.name == "code_tests" for spec in config.reward.functions):
+        return resolve_reward("code_tests")[1]
+    return with_answer_match(resolve_reward("correct")[1], config.reward.answer_match)

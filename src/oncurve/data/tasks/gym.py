@@ -1,0 +1,114 @@
+"""reasoning-gym adapter (optional extra `gym`): any of its procedural datasets as a task whose
+reward is the dataset's own `score_answer` on the completion's `<answer>...</answer>`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from oncurve.data.tasks.base import hash_split
+from oncurve.errors import UserError
+from oncurve.rewards.answers import extract_answer
+from oncurve.rewards.registry import RewardFn
+
+INSTRUCTION = "\n\nThink step by step, then give only the final answer in <answer> </answer> tags."
+# reasoning-gym builds item i from a generator seeded by (seed, i), so `size` only bounds the
+# indices we may visit; it costs nothing.
+_MAX_INDEX = 10**9
+
+
+def _reasoning_gym() -> Any:
+    try:
+        import reasoning_gym
+    except ImportError:
+        raise UserError(
+            "data.task=gym:...: reasoning-gym is not installed (pip install 'oncurve[gym]')"
+        ) from None
+    return reasoning_gym
+
+
+class GymTask:
+    """The reasoning-gym dataset `dataset` (e.g. "basic_arithmetic", "leg_counting"), with
+    `config` its dataset settings. Where reasoning-gym has a curriculum for the dataset, it is a
+    `LeveledTask`: level k sets every attribute of that curriculum to its level k (or its
+    hardest), over `config`; `levels` is 0 where there is none.
+
+    Rows: "prompt" (the question and an answer-tag instruction), "answer", and "gym_entry"
+    (the item itself, which `score_answer` reads). Train and test come from one seeded stream
+    split by a hash of the question, so they never share a question.
+    """
+
+    def __init__(self, dataset: str, **config: Any) -> None:
+        rg = _reasoning_gym()
+        names = sorted(rg.factory.DATASETS)
+        if dataset not in names:
+            raise UserError(
+                f"data.task=gym:{dataset}: unknown reasoning-gym dataset; choices: {', '.join(names)}"
+            )
+        self.name = f"gym:{dataset}"
+        self.dataset_name = dataset
+        self.config = config
+        self._scorer = rg.create_dataset(dataset, seed=0, size=1, **config)
+        self._curriculum = (
+            rg.factory.create_curriculum(dataset) if rg.factory.has_curriculum(dataset) else None
+        )
+        self.levels = (
+            max(len(a.levels) for a in self._curriculum.attributes.values())
+            if self._curriculum is not None
+            else 0
+        )
+
+    def examples(
+        self, split: str, n: int, seed: int, level: int | None = None
+    ) -> list[dict[str, Any]]:
+        if split not in ("train", "test"):
+            raise ValueError(f"{self.name}: split must be 'train' or 'test', got {split!r}")
+        data = _reasoning_gym().create_dataset(
+            self.dataset_name, seed=seed, size=_MAX_INDEX, **self._level_config(level)
+        )
+        rows: list[dict[str, Any]] = []
+        budget = 50 * n + 1000
+        for index in range(budget):
+            if len(rows) == n:
+                break
+            entry = data[index]
+            if hash_split(entry["question"]) == split:
+                rows.append(
+                    {
+                        "prompt": entry["question"].rstrip() + INSTRUCTION,
+                        "answer": str(entry["answer"]),
+                        "gym_entry": entry,
+                    }
+                )
+        if len(rows) < n:
+            raise UserError(
+                f"{self.name}: found only {len(rows)} {split} examples in {budget} items"
+            )
+        return rows
+
+    def reward_fns(self) -> dict[str, RewardFn]:
+        return {"correct": self.score}
+
+    def _level_config(self, level: int | None) -> dict[str, Any]:
+        """The dataset settings of difficulty `level`: `config` with the curriculum's level
+        applied to each of its attributes; `config` itself for None."""
+        if level is None:
+            return self.config
+        if not 0 <= level < self.levels:
+            raise ValueError(f"{self.name}: level must be in [0, {self.levels}), got {level}")
+        self._curriculum.set_global_level(level)
+        settings = self._curriculum.generate_configuration(self.config)
+        return {
+            f.name: getattr(settings, f.name)
+            for f in dataclasses.fields(settings)
+            if f.name not in ("seed", "size")
+        }
+
+    def score(
+        self, prompts: list[str], completions: list[str], *, gym_entry: list[dict], **columns: Any
+    ) -> list[float | None]:
+        """The dataset's `score_answer` on each completion's tagged answer (None if untagged)."""
+        return [
+            float(self._scorer.score_answer(extract_answer(completion, "tags"), entry))
+            for completion, entry in zip(completions, gym_entry, strict=True)
+        ]

@@ -1,0 +1,113 @@
+"""Held-out accuracy: greedy accuracy, and mean@K / pass@K over K samples per prompt."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from oncurve.data.prompts import group_columns
+from oncurve.rewards.answers import usable_gold
+from oncurve.rewards.registry import ANSWER_MATCH_REWARDS, RewardFn
+from oncurve.rewards.runner import RewardRunner
+from oncurve.rollout.base import Sampler, SamplingParams
+from oncurve.rollout.episodes import EpisodeSettings, draw
+
+
+def evaluate(
+    sampler: Sampler,
+    rows: list[dict],
+    correct: RewardFn,
+    *,
+    max_new_tokens: int,
+    samples: int = 1,
+    temperature: float = 1.0,
+    seed: int = 0,
+    batch_size: int = 256,
+    records: list[dict] | None = None,
+    episodes: EpisodeSettings | None = None,
+    timeout_s: float | None = 10.0,
+    timeout_score: float | None = 0.0,
+    on_error: str = "raise",
+) -> dict[str, float]:
+    """Score `rows` ({"prompt", "prompt_ids", "answer", ...}) with the `correct` reward; with
+    `episodes`, multi-turn episodes are played and `correct` reads their columns.
+
+    `correct` runs under the policy training scores with (`reward.timeout`, `timeout_score`,
+    `errors`; `RewardRunner`): a row past the timeout scores `timeout_score`, a row whose score
+    is None (or NaN) counts as wrong, so that no completion can hang or crash an evaluation.
+    Rows whose reference answer is malformed (`usable_gold`: empty, NaN, `None`, `0/0`) are
+    not scored by `correct`: they are counted apart ("unscored") and left out of every rate.
+
+    With `records` (a list), one dict per row is appended to it: the greedy completion and its
+    score, and with samples > 1 the sampled completions and their scores.
+
+    Returns:
+        {"accuracy": greedy fraction correct} and, when samples > 1, {"mean@K": mean correct
+        over K samples at `temperature`, "pass@K": fraction of prompts with one correct}; with
+        rows of malformed references, {"unscored": their number}.
+    """
+    greedy_params = SamplingParams(max_new_tokens, temperature=0.0)
+    runner = RewardRunner(
+        [("correct", correct, 1.0)],
+        timeout_s=timeout_s,
+        timeout_score=timeout_score,
+        on_error=on_error,
+    )
+    with runner:
+        greedy, greedy_texts = _scores(
+            sampler, episodes, rows, runner, 1, greedy_params, batch_size
+        )
+        scored = torch.tensor(
+            [
+                correct not in ANSWER_MATCH_REWARDS or usable_gold(r.get("answer")) is not None
+                for r in rows
+            ],
+            device=greedy.device,
+        )
+        result = {"accuracy": float(greedy[scored].mean())}
+        sampled_texts: list[str] = []
+        if samples > 1:
+            params = SamplingParams(max_new_tokens, temperature=temperature, seed=seed)
+            sampled, sampled_texts = _scores(
+                sampler, episodes, rows, runner, samples, params, batch_size
+            )
+            result[f"mean@{samples}"] = float(sampled[scored].mean())
+            result[f"pass@{samples}"] = float((sampled[scored] > 0).any(1).float().mean())
+        if not scored.all():
+            result["unscored"] = float((~scored).sum())
+    if records is not None:
+        for i in range(len(rows)):
+            correct_value = float(greedy[i, 0]) if scored[i] else None
+            record = {"greedy": greedy_texts[i], "greedy_correct": correct_value}
+            if samples > 1:
+                record["samples"] = sampled_texts[i * samples : (i + 1) * samples]
+                record["samples_correct"] = sampled[i].tolist()
+            records.append(record)
+    return result
+
+
+def _scores(
+    sampler: Sampler,
+    episodes: EpisodeSettings | None,
+    rows: list[dict],
+    runner: RewardRunner,
+    group_size: int,
+    params: SamplingParams,
+    batch_size: int,
+) -> tuple[torch.Tensor, list[str]]:
+    """`[len(rows), group_size]` 1.0 where a completion is correct, and the completions (a
+    row's `group_size` consecutive)."""
+    per_call = max(1, batch_size // group_size)
+    # chunks of equal size (within one prompt): the cuda_graph sampler decodes them all in one
+    # workspace, and none of them mostly empty
+    per_call = math.ceil(len(rows) / math.ceil(len(rows) / per_call))
+    scores, texts = [], []
+    for start in range(0, len(rows), per_call):
+        chunk = rows[start : start + per_call]
+        rollout, outcomes = draw(sampler, episodes, chunk, group_size, params)
+        prompts, columns = group_columns(chunk, group_size)
+        values = runner.score(prompts, rollout.texts, {**columns, **outcomes}).per_fn[:, 0]
+        scores.append((values > 0.5).float())  # NaN compares False: unscored is wrong
+        texts.extend(rollout.texts)
+    return torch.cat(scores).view(len(rows), group_size), texts

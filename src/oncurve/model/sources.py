@@ -1,0 +1,305 @@
+"""Where a model comes from: a local directory, `default` (the bundled model), a Hugging Face
+Hub id (downloaded into its cache, or read from it offline) or a GGUF file; the tokenizer and
+the causal LM loaded from it."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from packaging import version
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from oncurve.data.files import HUB_ID
+from oncurve.errors import UserError
+from oncurve.model.devices import DTYPES
+
+# the oldest transformers whose GGUF tokenizers come out right (the `gguf` extra asks for it)
+GGUF_TRANSFORMERS = "5.18"
+
+
+# The top-level files of a Hub snapshot transformers loads a model from: config, safetensors
+# weights, tokenizer, chat template, custom code; not the ONNX, GGUF, original or other-framework
+# checkpoints many repositories hold besides (`*/*` leaves out every subfolder).
+HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja", "*.py"]
+
+
+HUB_SKIP = ["*/*"]
+
+
+def resolve_model_path(path: str, revision: str | None = None, what: str = "model.path") -> Path:
+    """The local directory or `.gguf` file that `path` (the setting `what`) names: `default` the
+    bundled model; a local directory or `.gguf` file itself; else a Hub id (`owner/name`), whose
+    snapshot at `revision` (null: main) is downloaded into the Hugging Face cache, or taken from
+    there when it is cached (offline too). A local path always wins over a Hub id."""
+    revision_name = "--revision" if what.startswith("--") else "model.revision"
+    if path == "default":
+        resolved = Path(str(resources.files("oncurve") / "assets" / "default"))
+    else:
+        resolved = Path(path).expanduser()
+    if not is_hub_id(path):
+        if revision is not None:
+            raise UserError(
+                f"{revision_name} applies to a Hugging Face Hub id only; {what} {path} is local"
+            )
+        return _local_model(path, resolved, what)
+    return _hub_snapshot(path, revision, what, revision_name)
+
+
+def is_hub_id(path: str) -> bool:
+    """Whether `path` names a Hugging Face Hub model: `owner/name` with no local file or
+    directory of that name (a local path always wins) and not a `.gguf` file."""
+    local = Path(path).expanduser()
+    return bool(HUB_ID.fullmatch(path)) and local.suffix != ".gguf" and not local.exists()
+
+
+def _local_model(path: str, resolved: Path, what: str) -> Path:
+    if resolved.suffix == ".gguf":
+        if not resolved.is_file():
+            raise UserError(f"{what} {path}: no such GGUF file")
+        require_gguf(f"{what} {path} is a GGUF file, which")
+        return resolved
+    if not resolved.is_dir():
+        raise UserError(
+            f"{what} {path} is not a directory (a local Hugging Face model), a .gguf file or a "
+            "Hugging Face Hub id (owner/name)"
+        )
+    if not (resolved / "config.json").is_file():
+        raise UserError(f"{what} {path} has no config.json (not a Hugging Face model dir)")
+    return resolved
+
+
+def require_gguf(subject: str) -> None:
+    """A one-line error unless the packages transformers reads GGUF files with are installed;
+    `subject` starts the sentence ("model.path x.gguf is a GGUF file, which")."""
+    try:
+        import accelerate  # noqa: F401  (transformers asks for it when loading a GGUF file)
+        import gguf  # noqa: F401
+    except ImportError:
+        raise UserError(f"{subject} needs the gguf package: pip install 'oncurve[gguf]'") from None
+    # before 5.18 transformers reads a GGUF file's end-of-sequence token wrongly (its BOS)
+    if version.parse(transformers.__version__) < version.parse(GGUF_TRANSFORMERS):
+        raise UserError(
+            f"{subject} needs transformers {GGUF_TRANSFORMERS} or later, which reads its special "
+            f"tokens right (this is {transformers.__version__}): pip install 'oncurve[gguf]'"
+        )
+
+
+def _hub_snapshot(repo_id: str, revision: str | None, what: str, revision_name: str) -> Path:
+    """The snapshot directory of Hub model `repo_id` in the Hugging Face cache, downloaded when
+    missing; PyTorch `.bin` weights only for a repository without safetensors ones."""
+    import huggingface_hub
+    from huggingface_hub import errors
+
+    def snapshot(patterns: list[str]) -> Path:
+        return Path(
+            huggingface_hub.snapshot_download(
+                repo_id, revision=revision, allow_patterns=patterns, ignore_patterns=HUB_SKIP
+            )
+        )
+
+    network = _network_errors()
+    try:
+        folder = snapshot(HUB_FILES)
+        if not any(folder.glob("*.safetensors")) and (folder / "config.json").is_file():
+            folder = snapshot([*HUB_FILES, "*.bin"])
+    except errors.GatedRepoError:
+        raise UserError(
+            f"{what} {repo_id} is gated on the Hugging Face Hub: accept its terms at "
+            f"https://huggingface.co/{repo_id} and log in (`hf auth login`)"
+        ) from None
+    except errors.RepositoryNotFoundError:
+        raise UserError(
+            f"{what} {repo_id}: no such local directory, nor a model on the Hugging Face Hub "
+            "(a private one needs `hf auth login`)"
+        ) from None
+    except errors.RevisionNotFoundError:
+        raise UserError(
+            f"{revision_name} {revision}: no such branch, tag or commit in {repo_id}"
+        ) from None
+    except errors.HFValidationError:
+        raise UserError(f"{what} {repo_id} is not a valid Hugging Face Hub id") from None
+    except network:
+        why = (
+            "offline mode is on (HF_HUB_OFFLINE)"
+            if huggingface_hub.constants.HF_HUB_OFFLINE
+            else "the Hugging Face Hub cannot be reached"
+        )
+        pin = f" --revision {revision}" if revision else ""
+        raise UserError(
+            f"{what} {repo_id} is not in the local Hugging Face cache and {why}; download it "
+            f"ahead on a machine with network (`hf download {repo_id}{pin}`) or set {what} to "
+            "a local model directory"
+        ) from None
+    if not (folder / "config.json").is_file():
+        raise UserError(
+            f"{what} {repo_id} on the Hugging Face Hub has no config.json (not a transformers "
+            "model; for a GGUF repository download the .gguf file and give its path)"
+        )
+    return folder
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """What a download raises when the Hub cannot be reached and nothing is cached: OSError
+    (huggingface_hub's own errors, requests'), and httpx's errors where the hub client uses it."""
+    found: list[type[BaseException]] = [OSError]
+    for module in ("httpx", "httpx2"):
+        with contextlib.suppress(ImportError, AttributeError):
+            found.append(importlib.import_module(module).HTTPError)
+    return tuple(found)
+
+
+def hub_commit(path: Path) -> str | None:
+    """The commit of a Hub snapshot directory `path` (the cache keeps one folder per commit
+    under `snapshots/`), or None for any other path."""
+    if path.parent.name == "snapshots" and re.fullmatch(r"[0-9a-f]{40}", path.name):
+        return path.name
+    return None
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """The tokenizer of a model directory or GGUF file, with a pad token and left padding for
+    prompts."""
+    path = Path(path)
+    tokenizer = _pretrained_tokenizer(path, trust_remote_code)
+    # With no tokenizer files transformers 5 builds the model type's tokenizer class with an
+    # empty vocabulary, which encodes every prompt to nothing.
+    if not tokenizer("a 1", add_special_tokens=False)["input_ids"]:
+        raise UserError(f"tokenizer in {path} encodes text to no tokens: no tokenizer files there?")
+    vocab = _model_vocab_size(path)
+    if tokenizer.eos_token_id is None or tokenizer.eos_token_id >= vocab:
+        raise UserError(f"tokenizer in {path} has no EOS token; completions could never end")
+    if tokenizer.pad_token_id is None or tokenizer.pad_token_id >= vocab:
+        print(f"note: tokenizer in {path} has no pad token; using EOS for padding", file=sys.stderr)
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def _pretrained_tokenizer(path: Path, trust_remote_code: bool) -> PreTrainedTokenizerBase:
+    """`AutoTokenizer.from_pretrained` of a directory or, with its vocabulary, merges, special
+    tokens and chat template, of a GGUF file."""
+    where, gguf = _pretrained_source(path)
+    try:
+        return AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code, **gguf)
+    except (OSError, ValueError, ImportError) as err:
+        raise UserError(
+            f"cannot load a tokenizer from {path}: {str(err).splitlines()[0]}"
+        ) from None
+
+
+def _pretrained_source(path: Path) -> tuple[Path, dict[str, Any]]:
+    """`from_pretrained`'s directory and keyword arguments for a model directory or GGUF file."""
+    if path.suffix == ".gguf" and path.is_file():
+        return path.parent, {"gguf_file": path.name}
+    return path, {}
+
+
+def _model_vocab_size(path: Path) -> float:
+    """The model's embedding rows from its config.json (inf when it does not say, and for a
+    GGUF file, whose vocabulary is the tokenizer's own).
+
+    Transformers picks the tokenizer class from the model type and fills in that class's default
+    EOS and pad tokens (Qwen2: `<|endoftext|>`) when the tokenizer files name none, adding them
+    at an id the model cannot embed; such a token counts as missing.
+    """
+    try:
+        vocab = json.loads((path / "config.json").read_text(encoding="utf-8")).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return math.inf
+    return vocab if isinstance(vocab, int) else math.inf
+
+
+def load_model(
+    path: str | Path,
+    dtype: str = "float32",
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+) -> torch.nn.Module:
+    """A causal LM in eval mode (dropout off: RL's ratio must compare like with like), from a
+    model directory or a GGUF file (dequantized: its weights train like any other's)."""
+    path = Path(path)
+    where, extra = _pretrained_source(path)
+    if extra:
+        extra.update(_dequantized_gguf())
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            where, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, **extra
+        )
+    except (OSError, ValueError, ImportError) as err:
+        raise UserError(f"cannot load a model from {path}: {str(err).splitlines()[0]}") from None
+    if extra:
+        _drop_gguf_quantizer(model)
+    return model.to(device).eval()
+
+
+def _dequantized_gguf() -> dict[str, Any]:
+    """`from_pretrained` arguments that unpack every GGUF weight into a dense tensor.
+    Transformers 5.24 can keep a GGUF's blocks packed (inference only) for the architectures of
+    its newer loader; earlier releases always dequantize and know no `GgufConfig`."""
+    try:
+        from transformers.utils.quantization_config import GgufConfig
+    except ImportError:
+        return {}
+    return {"quantization_config": GgufConfig(dequantize=True)}
+
+
+def _drop_gguf_quantizer(model: torch.nn.Module) -> None:
+    """Forget the GGUF quantizer a dequantized model may keep: its weights are dense, and the
+    quantizer would mark it untrainable and refuse to save it."""
+    packed = [name for name, p in model.named_parameters() if not p.is_floating_point()]
+    if packed:
+        raise UserError(f"GGUF weights stayed packed ({packed[0]}); cannot train them")
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    if "quantization_config" in vars(model.config):
+        delattr(model.config, "quantization_config")
+    if getattr(model, "is_quantized", False):
+        model.is_quantized = False
+
+
+def import_gguf(file: str | Path, out: str | Path, dtype: str = "float32") -> Path:
+    """Write GGUF file `file` as a safetensors model directory `out` (config, weights in
+    `dtype`, tokenizer with its chat template, generation config) that
+    `AutoModelForCausalLM.from_pretrained(out)` loads. `out` must not exist or be empty; the
+    directory appears whole or not at all."""
+    source = Path(file).expanduser()
+    target = Path(out).expanduser()
+    if source.suffix != ".gguf":
+        raise UserError(f"{file} is not a .gguf file")
+    if not source.is_file():
+        raise UserError(f"{file}: no such GGUF file")
+    require_gguf(f"importing {file}")
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise UserError(f"--out {out} exists and is not empty; give a new directory")
+    tokenizer = _pretrained_tokenizer(source, trust_remote_code=False)
+    model = load_model(source, dtype)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(
+        tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+    )
+    umask = os.umask(0)
+    os.umask(umask)
+    partial.chmod(0o777 & ~umask)  # mkdtemp's is 0700; the directory is an ordinary one
+    try:
+        model.save_pretrained(partial, safe_serialization=True)
+        tokenizer.save_pretrained(partial)
+        if target.exists():
+            target.rmdir()
+        partial.rename(target)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return target

@@ -1,0 +1,102 @@
+"""The policy's weights beside training: a frozen copy (pi_ref), weights offloaded to host
+memory between passes, gradient checkpointing, LoRA adapters."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import sys
+from collections.abc import Iterator
+
+import torch
+
+from oncurve.config import LoraConfig
+from oncurve.errors import UserError, error_line
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy with no gradients, for the reference policy."""
+    reference = copy.deepcopy(model).eval()
+    reference.requires_grad_(False)
+    return reference
+
+
+def offload_weights(module: torch.nn.Module) -> None:
+    """Move a frozen module's parameters to host memory, pinned when CUDA is available (so
+    that `weights_on` copies them back without waiting); buffers stay where they are. Where
+    pinning fails (a container's locked-memory limit), one warning, and the rest stay in
+    pageable memory, copied more slowly."""
+    pin = torch.cuda.is_available()
+    for param in module.parameters():
+        host = param.data.to("cpu")
+        if pin:
+            try:
+                host = host.pin_memory()
+            except RuntimeError as error:
+                pin = False
+                print(
+                    f"warning: pinning the reference's weights in host memory failed "
+                    f"({error_line(error)}); they are copied to the GPU from pageable memory",
+                    file=sys.stderr,
+                )
+        param.data = host
+
+
+@contextlib.contextmanager
+def weights_on(module: torch.nn.Module, device: torch.device) -> Iterator[torch.nn.Module]:
+    """`module` with its host-resident parameters (`offload_weights`) copied to `device` for
+    the duration; after it they are the host tensors again and the device copies are freed.
+    Nothing is copied back: the module is frozen. Tied parameters are one parameter, copied
+    once."""
+    params = list(module.parameters())
+    host = [param.data for param in params]
+    try:
+        for param, values in zip(params, host, strict=True):
+            param.data = values.to(device, non_blocking=True, copy=True)
+        yield module
+    finally:
+        for param, values in zip(params, host, strict=True):
+            param.data = values
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute activations in backward. HF only checkpoints in train mode, so the model goes
+    to train mode with every dropout probability set to zero."""
+    # transformers 5 renamed the method and deprecates the old name; older releases only have it.
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    for name in ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop"):
+        if hasattr(model.config, name):
+            setattr(model.config, name, 0.0)
+
+
+def add_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
+    """Wrap `model` with LoRA adapters (peft); only the adapters train.
+
+    Returns the peft wrapper. Its `get_base_model()` is the same HF causal LM with adapter
+    layers injected, which the sampler and the training forward use as any other model; the
+    wrapper's `disable_adapter()` turns it back into the frozen base, the reference policy,
+    without a second copy of the weights.
+    """
+    try:
+        import peft
+    except ImportError:
+        raise UserError("model.lora.r > 0 needs peft: pip install 'oncurve[lora]'") from None
+    config = peft.LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    try:
+        return peft.get_peft_model(model, config)
+    except ValueError as err:
+        raise UserError(f"model.lora.target_modules: {str(err).splitlines()[0]}") from None

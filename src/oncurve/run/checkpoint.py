@@ -1,0 +1,481 @@
+"""Checkpoints that survive crashes: atomic save, exact resume, keep-last-N.
+
+One checkpoint is a directory `run_dir/checkpoints/step-000010/` holding
+  model.safetensors    the policy weights (tied weights stored once, under one of their names);
+                       with `trainable_only` (LoRA) only the trainable tensors: the frozen base
+                       weights are the same in every checkpoint and come from the model path
+  <name>.safetensors   each extra module, e.g. `reference` (once synced) or `value` (PPO critic)
+  optimizer.pt         {"optimizer": state_dict, "scheduler": state_dict | None,
+                        "optimizers": {name: state_dict}}: tensors and plain data only, read back
+                        with `torch.load(weights_only=True)`, so a crafted file cannot run code;
+                        whole tensors also under FSDP2 (gathered to save, sharded again on load)
+  rng-rank{R}.json     the python, numpy and torch CPU (+ CUDA) generator states of rank R
+  state.json           the trainer's counters (step, completion tokens, world size; the data
+                       position follows from the step)
+  COMPLETE             written last; a directory without it is never loaded
+and `run_dir/checkpoints/latest` names the newest complete one.
+
+Save protocol: every file goes into `checkpoints/.tmp-step-000010-<pid>/` and is fsynced; the
+directory is fsynced and renamed to its final name; `latest` is replaced atomically; only then
+are checkpoints beyond `keep_last` removed. A process killed anywhere in between leaves `latest`
+on a complete checkpoint. Leftover `.tmp-*` / `.trash-*` entries of a killed save are ignored by
+`latest_checkpoint` and removed by the next save. One process saves into a run directory at a
+time (rank 0 in a distributed run).
+"""
+
+import hashlib
+import json
+import os
+import pickle
+import random
+import re
+import shutil
+import sys
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+
+from oncurve import distributed
+from oncurve.errors import CheckpointError, UserError
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+COMPLETE = "COMPLETE"
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+STATE_FILE = "state.json"
+CHECKSUMS_FILE = "checksums.json"
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # sha256 of each file, written before COMPLETE
+_STEP_DIR = re.compile(r"step-(\d+)")
+_LEFTOVER_PREFIXES = (".tmp-", ".trash-")
+
+
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: Optimizer,
+    scheduler: LRScheduler | None,
+    state: dict,
+    *,
+    keep_last: int = 2,
+    modules: dict[str, nn.Module] | None = None,
+    optimizers: dict[str, Optimizer] | None = None,
+    trainable_only: bool = False,
+) -> Path:
+    """Write the checkpoint of `step` atomically and return its directory.
+
+    `state` must be JSON-able. `modules` / `optimizers` are extra models and optimizers saved
+    under their names. `trainable_only` stores only the policy's parameters that require grad
+    (a LoRA adapter: megabytes instead of the base model); load with the same flag into a model
+    rebuilt from the same base. Keeps the new checkpoint plus the `keep_last - 1` newest ones of earlier
+    steps; later steps (an abandoned run resumed from an older checkpoint) are removed too.
+    Pass an unwrapped model with whole weights (not the DDP wrapper, not FSDP2 shards; the
+    optimizer's state may be sharded). In a distributed run every rank must call
+    this (the RNG states of all ranks are gathered); rank 0 writes. Raises `CheckpointError`
+    on an OS error, leaving the previous checkpoint intact.
+    """
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+    modules, optimizers = modules or {}, optimizers or {}
+    if "model" in modules:
+        raise ValueError("modules: the name 'model' is taken by the policy model")
+    state_text = json.dumps(state)  # not JSON-able -> fail before anything touches the disk
+    rank, world = distributed.world()
+    rng_states = [_rng_state()]
+    if world > 1:
+        local_rng, rng_states = rng_states[0], [None] * world
+        dist.all_gather_object(rng_states, local_rng)
+    # whole tensors, also of FSDP2's sharded state, so the file is the same for every layout
+    opt_state = {
+        "optimizer": distributed.whole_state(optimizer.state_dict()),
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "optimizers": {
+            name: distributed.whole_state(opt.state_dict()) for name, opt in optimizers.items()
+        },
+    }
+    root = Path(run_dir) / CHECKPOINTS
+    final = root / f"step-{step:06d}"
+    error = None
+    if rank == 0:
+        try:
+            policy_dump = (
+                partial(save_file, _trainable_tensors(model))
+                if trainable_only
+                else partial(_save_weights, model)
+            )
+            dumps = {
+                "model": policy_dump,
+                **{n: partial(_save_weights, m) for n, m in modules.items()},
+            }
+            _write_checkpoint(final, step, dumps, opt_state, rng_states, state_text)
+        except (OSError, SafetensorError) as err:
+            reason = str(err).replace("\n", " ")
+            error = f"cannot save checkpoint {final}: {reason}; the previous checkpoint is kept"
+    if world > 1:
+        shared = [error]
+        dist.broadcast_object_list(shared, src=0)
+        error = shared[0]
+    if error is not None:
+        raise CheckpointError(error)
+    if rank == 0:
+        _prune(root, final, keep_last)
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of `run_dir`, or None when there is none.
+
+    Follows the `latest` pointer; when it is missing or names a directory that is not complete,
+    falls back to the complete `step-*` directory with the highest step.
+    """
+    root = Path(run_dir) / CHECKPOINTS
+    pointer = root / LATEST
+    if pointer.is_file():
+        name = pointer.read_bytes().decode("utf-8", errors="replace").strip()
+        if _STEP_DIR.fullmatch(name) and (root / name / COMPLETE).is_file():
+            return root / name
+    complete = _complete_checkpoints(root)
+    return complete[-1] if complete else None
+
+
+def load_checkpoint(
+    path: Path,
+    model: nn.Module,
+    optimizer: Optimizer,
+    scheduler: LRScheduler | None,
+    *,
+    modules: dict[str, nn.Module] | None = None,
+    optimizers: dict[str, Optimizer] | None = None,
+    trainable_only: bool = False,
+) -> dict:
+    """Restore weights, optimizer, scheduler and this rank's RNG states; return `state`.
+
+    Raises `UserError` naming the file when the checkpoint is incomplete, a file is missing or
+    does not match the model/optimizer, or `optimizer.pt` holds anything but tensors and plain
+    data (it is never unpickled beyond what `weights_only=True` allows).
+    """
+    path = Path(path)
+    if not (path / COMPLETE).is_file():
+        raise UserError(f"checkpoint {path} is not complete (no {COMPLETE} marker); not loaded")
+    verify_checksums(path)
+    if trainable_only:
+        _load_trainable(path / MODEL_FILE, model)
+    else:
+        _load_weights(path / MODEL_FILE, model)
+    for name, module in (modules or {}).items():
+        _load_weights(path / f"{name}.safetensors", module)
+    opt_file = path / OPTIMIZER_FILE
+    saved = _load_torch_file(opt_file)
+    try:
+        optimizer.load_state_dict(saved["optimizer"])
+        distributed.shard_optimizer_state(optimizer)
+        for name, extra in (optimizers or {}).items():
+            extra.load_state_dict(saved["optimizers"][name])
+            distributed.shard_optimizer_state(extra)
+        if scheduler is not None:
+            scheduler.load_state_dict(saved["scheduler"])
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        what = f"missing entry {err}" if isinstance(err, KeyError) else str(err)
+        raise UserError(
+            f"checkpoint file {opt_file} does not match the optimizer: {what}"
+        ) from None
+    rank, _ = distributed.world()
+    _set_rng_state(_read_json(path / f"rng-rank{rank}.json"))
+    return read_state(path)
+
+
+def read_state(path: Path) -> dict:
+    """The trainer's counters of a complete checkpoint (`state.json`), without loading it;
+    UserError naming the file when it is not a JSON object with the step."""
+    file = Path(path) / STATE_FILE
+    state = _read_json(file)
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise UserError(f"checkpoint file {file} holds no step (not a state this trainer wrote)")
+    return state
+
+
+# -- saving ----------------------------------------------------------------------------------
+
+
+def _write_checkpoint(
+    final: Path,
+    step: int,
+    weights: dict[str, Callable[[Path], Any]],
+    opt_state: dict,
+    rng_states: list[dict],
+    state_text: str,
+) -> None:
+    """Write every file into a temp dir, rename it to `final`, then point `latest` at it."""
+    root = final.parent
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(root)
+    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    trash = root / f".trash-{final.name}-{os.getpid()}"
+    try:
+        tmp.mkdir()
+        for name, dump in weights.items():
+            _write(tmp / f"{name}.safetensors", dump)
+        _write(tmp / OPTIMIZER_FILE, partial(torch.save, opt_state))
+        for rank, rng in enumerate(rng_states):
+            _write(tmp / f"rng-rank{rank}.json", partial(_write_text, json.dumps(rng)))
+        _write(tmp / STATE_FILE, partial(_write_text, state_text))
+        sums = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
+        _write(tmp / CHECKSUMS_FILE, partial(_write_text, json.dumps(sums, indent=1)))
+        _write(tmp / COMPLETE, partial(_write_text, f"{step}\n"))
+        _fsync(tmp)
+        # Saving a step again (e.g. after resuming from it): a directory cannot be renamed onto
+        # a non-empty one, so the old copy steps aside for the two renames.
+        if final.exists():
+            _replace(final, trash)
+        _replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if trash.exists() and not final.exists():
+            os.replace(trash, final)
+        raise
+    pointer_tmp = root / f".tmp-{LATEST}-{os.getpid()}"
+    try:
+        _write(pointer_tmp, partial(_write_text, f"{final.name}\n"))
+        _replace(pointer_tmp, root / LATEST)
+    except BaseException:
+        pointer_tmp.unlink(missing_ok=True)
+        raise
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _prune(root: Path, newest: Path, keep_last: int) -> None:
+    """Remove complete checkpoints beyond `keep_last`, never `newest`; failures only warn."""
+    step = _step_of(newest)
+    older = [d for d in _complete_checkpoints(root) if _step_of(d) < step]
+    later = [d for d in _complete_checkpoints(root) if _step_of(d) > step]
+    for old in later + older[: max(0, len(older) - (keep_last - 1))]:
+        # Renamed first so that a kill mid-deletion cannot leave a half-deleted step directory.
+        trash = root / f".trash-{old.name}-{os.getpid()}"
+        try:
+            os.replace(old, trash)
+            shutil.rmtree(trash)
+        except OSError as err:
+            print(f"warning: could not remove old checkpoint {old}: {err}", file=sys.stderr)
+
+
+def _remove_leftovers(root: Path) -> None:
+    for entry in root.iterdir():
+        if entry.name.startswith(_LEFTOVER_PREFIXES):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
+def _write(path: Path, dump: Callable[[Path], Any]) -> None:
+    """Create one file with `dump(path)`, with the umask's mode, and fsync it; every checkpoint
+    file is written here.
+    torch.save reports a full disk or a file-size limit as a RuntimeError of its C++ writer:
+    an OSError here, as the others report it."""
+    try:
+        dump(path)
+    except RuntimeError as err:
+        raise OSError(f"writing {path.name} failed: {' '.join(str(err).split())[:200]}") from None
+    path.chmod(0o666 & ~_UMASK)  # safetensors writes 0600; a run's files follow the umask
+    _fsync(path)
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def verify_checksums(path: Path) -> None:
+    """UserError naming the first file of checkpoint `path` whose bytes are not those saved
+    (flipped bits, a truncated copy), and the previous complete checkpoint to resume from; a
+    checkpoint saved without checksums passes."""
+    path = Path(path)
+    sums_file = path / CHECKSUMS_FILE
+    if not sums_file.is_file():
+        return
+    sums = _read_json(sums_file)
+    for name, expected in sums.items() if isinstance(sums, dict) else []:
+        file = path / name
+        if file.is_file() and _sha256(file) == expected:
+            continue
+        step = _step_of(path) if _STEP_DIR.fullmatch(path.name) else 0
+        earlier = [d for d in _complete_checkpoints(path.parent) if _step_of(d) < step]
+        where = (
+            f"resume from the previous complete one: run.resume={earlier[-1]}"
+            if earlier
+            else "no earlier complete checkpoint is kept"
+        )
+        raise UserError(f"checkpoint file {file} is damaged (its checksum differs); {where}")
+
+
+def _replace(src: Path, dst: Path) -> None:
+    """Rename `src` to `dst` and fsync their directory so that the rename itself is durable."""
+    os.replace(src, dst)
+    _fsync(dst.parent)
+
+
+def _write_text(text: str, path: Path) -> None:
+    path.write_text(text, encoding="utf-8")
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- loading ---------------------------------------------------------------------------------
+
+
+def _identity(tensor: torch.Tensor) -> tuple:
+    """What two names of one tensor (tied weights) share, and two different tensors do not."""
+    return (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+
+
+def _save_weights(module: nn.Module, file: str) -> None:
+    """`module`'s state, each tensor once: a tensor under several names (tied weights) under
+    the first. Tensors that are views into a larger storage (`cuda_graph.lay_out_projections`
+    lays a layer's projections out in one) are stored as they are, which safetensors'
+    `save_model` refuses."""
+    names: dict[tuple, str] = {}
+    state = module.state_dict()
+    for name, tensor in state.items():
+        names.setdefault(_identity(tensor), name)
+    save_file({name: state[name] for name in names.values()}, file)
+
+
+def _load_weights(file: Path, module: nn.Module) -> None:
+    """Copy the tensors `_save_weights` stored into `module`'s, in place; a tied tensor may
+    have been stored under any of its names (safetensors' `save_model` wrote earlier ones)."""
+    if not file.is_file():
+        raise UserError(f"checkpoint file {file} is missing")
+    param = next(module.parameters(), None)
+    device = str(param.device) if param is not None else "cpu"
+    try:
+        saved = load_file(file, device=device)
+    except SafetensorError as err:
+        raise UserError(f"checkpoint file {file} cannot be read: {err}") from None
+    state = module.state_dict()
+    aliases: dict[tuple, list[str]] = {}
+    for name, tensor in state.items():
+        aliases.setdefault(_identity(tensor), []).append(name)
+    found, missing = {}, []
+    for names in aliases.values():
+        stored = [name for name in names if name in saved]
+        if stored:
+            found[stored[0]] = saved[stored[0]]
+        else:
+            missing += names
+    unexpected = sorted(saved.keys() - state.keys())
+    if missing or unexpected:
+        raise UserError(
+            f"checkpoint file {file} does not match the model: missing {missing}, "
+            f"unexpected {unexpected}"
+        )
+    try:
+        module.load_state_dict(found, strict=False)
+    except RuntimeError as err:
+        reason = " ".join(str(err).split())
+        raise UserError(f"checkpoint file {file} does not match the model: {reason}") from None
+
+
+def _trainable_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {
+        name: p.detach().contiguous() for name, p in module.named_parameters() if p.requires_grad
+    }
+
+
+def _load_trainable(file: Path, module: nn.Module) -> None:
+    if not file.is_file():
+        raise UserError(f"checkpoint file {file} is missing")
+    expected = _trainable_tensors(module)
+    try:
+        saved = load_file(file, device=str(next(iter(expected.values())).device))
+    except SafetensorError as err:
+        raise UserError(f"checkpoint file {file} cannot be read: {err}") from None
+    if saved.keys() != expected.keys() or any(saved[k].shape != expected[k].shape for k in saved):
+        raise UserError(
+            f"checkpoint file {file} does not match the model's trainable parameters "
+            f"({len(saved)} tensors saved, {len(expected)} trainable)"
+        )
+    module.load_state_dict(saved, strict=False)
+
+
+def _load_torch_file(file: Path) -> dict:
+    if not file.is_file():
+        raise UserError(f"checkpoint file {file} is missing")
+    try:
+        saved = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise UserError(
+            f"checkpoint file {file} holds objects other than tensors and plain data; "
+            "refused to load it (it could run code)"
+        ) from None
+    except (RuntimeError, EOFError, OSError) as err:
+        reason = " ".join(str(err).split())
+        raise UserError(f"checkpoint file {file} is not a readable torch file: {reason}") from None
+    if not isinstance(saved, dict):
+        raise UserError(f"checkpoint file {file} must hold a dict, got {type(saved).__name__}")
+    return saved
+
+
+def _read_json(file: Path) -> Any:
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"checkpoint file {file} is missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"checkpoint file {file} is not valid JSON: {err}") from None
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _complete_checkpoints(root: Path) -> list[Path]:
+    """The complete `step-*` directories of `root`, oldest step first."""
+    if not root.is_dir():
+        return []
+    found = [d for d in root.iterdir() if _STEP_DIR.fullmatch(d.name) and (d / COMPLETE).is_file()]
+    return sorted(found, key=_step_of)
+
+
+def _step_of(directory: Path) -> int:
+    return int(_STEP_DIR.fullmatch(directory.name).group(1))
+
+
+def _rng_state() -> dict:
+    version, internal, gauss_next = random.getstate()
+    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    state = {
+        "python": [version, list(internal), gauss_next],
+        "numpy": [kind, keys.tolist(), pos, has_gauss, cached_gaussian],
+        "torch": torch.get_rng_state().tolist(),
+    }
+    # Only when CUDA is in use: asking for its state would otherwise initialise it.
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    kind, keys, pos, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])

@@ -1,0 +1,217 @@
+"""The run directory: which one a run writes to, whether it resumes, and what it may delete.
+
+One trainer per run directory: rank 0 holds an exclusive lock on its `.lock` file (`flock`, which
+the OS releases when the process ends, however it ends) from before it reads or deletes anything
+there until the process exits; a second trainer on the directory is refused in one line naming
+the holder. A run never deletes a file it did not write: `run.overwrite` replaces only a
+previous run's files (`RUN_FILES`), and `run.resume=auto` on a directory without a checkpoint
+restarts only when nothing foreign is there. `run.resume=PATH` writes into PATH's own run, or
+into an empty directory, never into another run's.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+import socket
+import sys
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import TextIO
+
+import torch
+
+from oncurve import distributed
+from oncurve.config import Config
+from oncurve.errors import UserError
+from oncurve.run import checkpoint
+
+LOCK_FILE = ".lock"
+# What a killed rewrite of metrics or samples (`metrics.truncate_after`) or a killed write of the
+# final model (`saving.save_final`) leaves: the run's own.
+_LEFTOVER = re.compile(r"\.(?:metrics|samples)\.jsonl\..+\.tmp$|\.final\.(?:partial|trash)-\d+$")
+# What a run writes inside its checkpoints and final model: `run.overwrite` deletes nothing else.
+_RUN_WRITTEN = {
+    "checkpoints": re.compile(
+        r"(?:step-\d{6}|latest|\.(?:tmp|trash)-.+)"
+        r"(?:/(?:[\w.-]+\.safetensors|[\w.-]+\.pt|state\.json|checksums\.json"
+        r"|rng-rank\d+\.json|COMPLETE))?"
+    ),
+    "final": re.compile(
+        r"(?:adapter/)?(?:[\w.-]+\.(?:json|safetensors|jinja|model)|merges\.txt|vocab\.txt"
+        r"|README\.md)"
+    ),
+}
+# What a run (and `oncurve report` on it) writes: the only names a new run may delete.
+RUN_FILES = {
+    LOCK_FILE,
+    "config.yaml",
+    "metrics.jsonl",
+    "samples.jsonl",
+    "checkpoints",
+    "tensorboard",
+    "wandb",
+    "final",
+    "report",
+}
+
+
+def prepare_run_dir(config: Config, rank: int) -> tuple[Path, Path | None]:
+    """The run directory and the checkpoint to resume from. Rank 0 checks and creates it; the
+    other ranks wait for that (a barrier) and then only read."""
+    run_dir, resume_from = claim_run_dir(config) if rank == 0 else (None, None)
+    if distributed.world()[1] > 1:
+        shared = [str(run_dir), str(resume_from) if resume_from else ""]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        run_dir, resume_from = Path(shared[0]), Path(shared[1]) if shared[1] else None
+    return run_dir, resume_from
+
+
+def claim_run_dir(config: Config) -> tuple[Path, Path | None]:
+    """Rank 0's side of `prepare_run_dir`: lock the run directory (creating it), then check
+    `run.dir`, `run.resume` and `run.overwrite`, and delete a previous run's files when asked."""
+    resume = config.run.resume
+    if resume not in (None, "auto"):
+        path = Path(resume)
+        if not (path / "COMPLETE").is_file():
+            raise UserError(f"run.resume {resume} is not a complete checkpoint directory")
+        own = path.parent.parent
+        run_dir = Path(config.run.dir) if config.run.dir else own
+        with _locked(run_dir) as contents:
+            if contents and run_dir.resolve() != own.resolve():
+                raise UserError(
+                    f"run.resume {resume} is a checkpoint of the run in {own}, and run.dir "
+                    f"{run_dir} holds another run; resume into {own} or into an empty run.dir"
+                )
+        return run_dir, path
+    if config.run.dir is None:
+        if resume == "auto":
+            raise UserError("run.resume=auto needs run.dir (the run to continue)")
+        run_dir = Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    else:
+        run_dir = Path(config.run.dir)
+    with _locked(run_dir) as contents:
+        if resume == "auto":
+            found = checkpoint.latest_checkpoint(run_dir)
+            if found is not None:
+                return run_dir, found
+        if contents:
+            # Neither resume=auto (restarting a run killed before its first checkpoint) nor
+            # run.overwrite deletes files that no run wrote: run.dir may point at the wrong one.
+            foreign = sorted(
+                p.name for p in contents if p.name not in RUN_FILES and not _LEFTOVER.match(p.name)
+            )
+            foreign += [str(p.relative_to(run_dir)) for p in _foreign_inside(run_dir)][:3]
+            restart = resume == "auto" and not foreign
+            if config.run.overwrite and foreign:
+                raise UserError(
+                    f"run.dir {run_dir} holds files no run wrote ({', '.join(foreign[:3])}); "
+                    "run.overwrite only replaces a previous run, pick another run.dir"
+                )
+            if not (config.run.overwrite or restart):
+                raise UserError(
+                    f"run.dir {run_dir} is not empty; "
+                    + (
+                        "it has no checkpoint and holds files no run wrote; pass "
+                        "run.overwrite=true to start over"
+                        if resume == "auto"
+                        else "pass run.resume=auto to continue it or run.overwrite=true to "
+                        "start over"
+                    )
+                )
+            for path in contents:  # the lock stays: it is this trainer's
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+    if resume == "auto":
+        print(f"note: no checkpoint in {run_dir}; starting a new run", file=sys.stderr)
+    return run_dir, None
+
+
+def _foreign_inside(run_dir: Path) -> list[Path]:
+    """Files in the run's checkpoints and final model that no run writes (a user's notes kept
+    there), which `run.overwrite` must not delete."""
+    found = []
+    for name, written in _RUN_WRITTEN.items():
+        top = run_dir / name
+        if not top.is_dir():
+            continue
+        for path in sorted(top.rglob("*")):
+            relative = path.relative_to(top).as_posix()
+            if (path.is_file() or path.is_symlink()) and not written.fullmatch(relative):
+                found.append(path)
+    return found
+
+
+def clean_leftovers(run_dir: Path) -> None:
+    """Remove what a killed rewrite of metrics or samples, or a killed write of the final model,
+    left in `run_dir` (the lock held, no other trainer can be writing them)."""
+    for path in run_dir.iterdir():
+        if not _LEFTOVER.match(path.name):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+# The lock files this process holds, by directory: open until the process ends, when the OS
+# releases their locks. A later run of the same process on the same directory reuses its lock.
+_HELD: dict[str, TextIO] = {}
+
+
+@contextlib.contextmanager
+def _locked(run_dir: Path) -> Iterator[list[Path]]:
+    """Lock `run_dir` for this process (creating it) and give its entries but the lock file;
+    UserError naming the holder when another process holds it. On a UserError inside, a lock
+    file this call created is removed again, so a refused directory is left as it was."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"run.dir {run_dir} cannot be created: {err.strerror}") from None
+    path = run_dir / LOCK_FILE
+    key = str(run_dir.resolve())
+    created = False
+    held = _HELD.get(key)
+    if held is None or not path.exists() or os.fstat(held.fileno()).st_ino != path.stat().st_ino:
+        created = not path.exists()
+        _HELD[key] = _lock(path)
+    clean_leftovers(run_dir)
+    try:
+        yield sorted(p for p in run_dir.iterdir() if p.name != LOCK_FILE)
+    except UserError:
+        if created:
+            path.unlink(missing_ok=True)
+            _HELD.pop(key).close()
+        raise
+
+
+def _lock(path: Path) -> TextIO:
+    """`path` opened and locked exclusively, with this process named in it."""
+    try:
+        file = open(path, "a+")  # noqa: SIM115 (held open for the process's life)
+    except OSError as err:
+        raise UserError(f"run.dir {path.parent} cannot be locked: {err.strerror}") from None
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        file.seek(0)
+        holder = file.read().strip() or "another process"
+        file.close()
+        raise UserError(
+            f"run.dir {path.parent} is in use by another trainer ({holder}); wait for it to end "
+            "or pick another run.dir"
+        ) from None
+    file.seek(0)
+    file.truncate()
+    now = datetime.now().isoformat(timespec="seconds")
+    file.write(f"pid {os.getpid()} on {socket.gethostname()} since {now}\n")
+    file.flush()
+    atexit.register(file.close)  # released as the process ends, as the OS would
+    return file

@@ -1,0 +1,406 @@
+"""Building a run from its config: devices, the run directory, data, rewards and the model;
+the settings settled (`oncurve.run.settle`); then the policy and its reference, the optimizer, the
+advantage source and the sampler assembled, and the checkpoint resumed.
+
+Everything the loop (`oncurve.loop.trainer`) holds between steps is built here, in the order the
+pieces depend on each other, and kept in one `Session` (`oncurve.run.session`).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from oncurve import distributed
+from oncurve.advantages.sources import AdvantageSource, build_advantage_source
+from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, lookup
+from oncurve.config import Config, check_ranks, to_dict
+from oncurve.config.resume_settings import (
+    DATA_ROWS,
+    apply_optimizer_settings,
+    changed_settings,
+    data_fingerprint,
+    refusal,
+)
+from oncurve.data.curriculum import build_curriculum
+from oncurve.data.prompts import (
+    PromptData,
+    correctness_fn,
+    encode_prompt,
+    load_prompts,
+)
+from oncurve.errors import UserError
+from oncurve.model import packing
+from oncurve.model.compiled_layers import compile_decoder_layers
+from oncurve.model.devices import cap_gpu_memory, resolve_device, resolve_dtype
+from oncurve.model.sources import (
+    hub_commit,
+    is_hub_id,
+    load_model,
+    load_tokenizer,
+    resolve_model_path,
+)
+from oncurve.model.weights import add_lora, enable_gradient_checkpointing
+from oncurve.rewards.runner import RewardRunner
+from oncurve.rollout import Sampler, SamplerSettings, backend_named
+from oncurve.rollout.base import check_room
+from oncurve.rollout.episodes import EpisodeSettings, ObservationFormat, resolve_environment
+from oncurve.run import checkpoint, oom
+from oncurve.run.metrics import MetricsLogger, truncate_after
+from oncurve.run.rewards import build_rewards
+from oncurve.run.rundir import prepare_run_dir
+from oncurve.run.session import Session, forward_settings
+from oncurve.run.settle import RunFacts, settle, settle_loading
+from oncurve.update.adamw import AdamW as StochasticRoundingAdamW
+from oncurve.update.policy import Policy
+from oncurve.update.step import LossFns
+
+
+def setup(config: Config) -> Session:
+    """Build the session: settle the config, load and assemble the run; resume if asked."""
+    device, rank, world_size = start_devices(config)
+    run_dir, resume_from = prepare_run_dir(config, rank)
+    if config.run.threads:
+        torch.set_num_threads(config.run.threads)
+    torch.manual_seed(config.run.seed)
+    model_path = resolve_model_path(config.model.path, config.model.revision)
+    tokenizer = load_tokenizer(model_path, config.model.trust_remote_code)
+    data, eval_data, task = prompt_data(config, tokenizer)
+    revision = hub_commit(model_path) if is_hub_id(config.model.path) else None
+    config = settle_loading(config, resolve_dtype("auto", device), revision)
+    model = load_model(model_path, config.model.dtype, device, config.model.trust_remote_code)
+    episodes = episode_settings(config, tokenizer)
+    longest = max(len(row["prompt_ids"]) for row in prompt_rows(data, eval_data))
+    seq_len = longest + completion_room(config, episodes, longest, model.config)
+    peft_model = add_lora(model, config.model.lora) if config.model.lora.r else None
+    if peft_model is not None:
+        model = peft_model.get_base_model()
+    # before the memory plan, which counts a reward model's weights
+    rewards = build_rewards(config, task, device)
+    facts = RunFacts.gather(
+        config,
+        model,
+        world_size,
+        seq_len=seq_len,
+        saved_memory=checkpoint.read_state(resume_from).get("memory") if resume_from else None,
+        evaluates=eval_data is not None and (config.eval.at_start_end or config.eval.every > 0),
+        reward_bytes=rewards.memory_bytes(),
+    )
+    settled = settle(config, facts)
+    config = settled.config
+    if rank == 0:
+        for line in settled.report + startup_notes(config, rewards):
+            print(line, file=sys.stderr)
+    policy, advantage = assemble_policy(config, model, peft_model, world_size)
+    fsdp = config.dist.fsdp and world_size > 1
+    optimizer = build_optimizer(policy.trainable(), config, sharded=fsdp)
+    s = Session(
+        config=config,
+        run_dir=run_dir,
+        device=device,
+        policy=policy,
+        tokenizer=tokenizer,
+        sampler=make_sampler(config, policy.whole_model, tokenizer, longest),
+        data=data,
+        eval_data=eval_data,
+        rewards=rewards,
+        correct=correctness_fn(config, task),
+        optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(config)),
+        loss_fns=build_loss_fns(config),
+        advantage=advantage,
+        episodes=episodes,
+        curriculum=build_curriculum(config, data.rows),
+        logger=MetricsLogger(
+            run_dir,
+            tensorboard=config.log.tensorboard,
+            enabled=rank == 0,
+            wandb=_wandb_settings(config),
+        ),
+        rank=rank,
+        world_size=world_size,
+        data_fingerprint=data_fingerprint(data.rows),
+    )
+    if resume_from is not None:
+        _resume(s, resume_from)
+    policy.release()
+    s.record_settings()
+    return s
+
+
+def start_devices(config: Config) -> tuple[torch.device, int, int]:
+    """The run's device (torchrun's local GPU under CUDA, capped at `run.gpu_memory_gb`), this
+    process's rank and the number of ranks, the process group started where there are several;
+    the ranks checked against the batch's groups (`check_ranks`)."""
+    device = resolve_device(config.run.device)
+    rank, world_size = distributed.init_distributed(device.type, config.dist.timeout_s)
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())  # torchrun's LOCAL_RANK
+        if config.run.gpu_memory_gb is not None:
+            cap_gpu_memory(device, config.run.gpu_memory_gb)
+    check_ranks(config, world_size)
+    return device, rank, world_size
+
+
+def prompt_data(config: Config, tokenizer: Any) -> tuple[PromptData, PromptData | None, Any]:
+    """The training prompts, the held-out ones (None without), both encoded with the run's
+    chat template, and the task they come from (its answer checker and rewards)."""
+    train_rows, eval_rows, task = load_prompts(config)
+    data = PromptData(train_rows, tokenizer, config.data, seed=config.run.seed)
+    eval_data = (
+        PromptData(eval_rows, tokenizer, config.data, seed=config.run.seed) if eval_rows else None
+    )
+    return data, eval_data, task
+
+
+def prompt_rows(data: PromptData, eval_data: PromptData | None) -> list[dict]:
+    """Every prompt the run samples from: training's, then the held-out ones."""
+    return data.rows + (eval_data.rows if eval_data is not None else [])
+
+
+def completion_room(
+    config: Config, episodes: EpisodeSettings | None, longest: int, model_config: Any
+) -> int:
+    """The most tokens a completion (or a whole episode) may take after the `longest` prompt;
+    an error naming the setting when that does not fit the model's positions."""
+    if episodes is None:
+        room, setting = config.rollout.max_new_tokens, "rollout.max_new_tokens"
+    else:
+        room = episodes.budget(config.rollout.max_new_tokens)
+        setting = (
+            "an episode (rollout.max_turns turns of rollout.max_new_tokens, "
+            "rollout.max_observation_tokens per observation)"
+        )
+    check_room(longest, room, model_config, setting)
+    return room
+
+
+def assemble_policy(
+    config: Config,
+    model: torch.nn.Module,
+    peft_model: torch.nn.Module | None,
+    world_size: int,
+) -> tuple[Policy, AdvantageSource]:
+    """The policy (with its reference and data-parallel wrapper) and the advantage source, on
+    the loaded `model` as the settled `config` runs it: packed attention, gradient
+    checkpointing, compiled layers."""
+    if config.model.pack_rows:
+        packing.use_packed_attention(model)
+    if config.model.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    forward = forward_settings(model, config)
+    # before the policy's data-parallel wrapper: a critic copies the trunk's whole weights
+    advantage = build_advantage_source(config, model, forward)
+    if config.model.compile_layers:  # before the reference copy and FSDP2's layer classes
+        compile_decoder_layers(model)
+    policy = Policy(
+        model,
+        forward=forward,
+        peft_model=peft_model,
+        with_reference=config.algo.beta > 0,
+        offload_reference=bool(config.model.offload_reference),
+        fsdp=config.dist.fsdp and world_size > 1,
+    )
+    return policy, advantage
+
+
+def _wandb_settings(config: Config) -> dict[str, Any] | None:
+    """`MetricsLogger`'s W&B settings (the run's config among them), None when log.wandb is off."""
+    wandb = config.log.wandb
+    if wandb.project is None:
+        return None
+    return {
+        "project": wandb.project,
+        "name": wandb.name,
+        "mode": wandb.mode,
+        "config": to_dict(config),
+    }
+
+
+def _resume(s: Session, checkpoint_dir: Path) -> None:
+    """Load the checkpoint into the session and drop the metrics logged after it."""
+    modules, optimizers = s.checkpoint_extras()
+    state = checkpoint.load_checkpoint(
+        checkpoint_dir,
+        s.policy.whole_model,
+        s.optimizer,
+        s.scheduler,
+        modules=modules,
+        optimizers=optimizers,
+        trainable_only=s.config.model.lora.r > 0,
+    )
+    if state.get("world_size", 1) != s.world_size:
+        raise UserError(
+            f"checkpoint {checkpoint_dir} was written by {state.get('world_size', 1)} ranks; "
+            f"resume it with the same number, not {s.world_size}"
+        )
+    if s.policy.fsdp:
+        distributed.scatter_weights(s.policy.whole_model, s.policy.model)
+    s.start_step = int(state["step"])
+    shrunk = state.get("oom_settings") or {}
+    if shrunk:
+        s.adopt(oom.with_settings(s.config, shrunk))
+        s.shrunk, s.counts.oom_retries = dict(shrunk), 0
+        if s.rank == 0:
+            print(
+                "resuming with the settings the run made smaller after running out of memory: "
+                + ", ".join(f"{key}={value}" for key, value in shrunk.items()),
+                file=sys.stderr,
+            )
+    s.counts.completion_tokens = int(state.get("completion_tokens", 0))
+    if s.curriculum is not None:
+        if "curriculum" not in state:
+            raise UserError(
+                f"checkpoint {checkpoint_dir} was written without data.curriculum="
+                f"{s.config.data.curriculum}; resume it with the curriculum it had"
+            )
+        s.curriculum.load_state_dict(state["curriculum"])
+    _settle_changes(s, state, checkpoint_dir)
+    if s.rank == 0:
+        truncate_after(s.run_dir, s.start_step)
+
+
+def _settle_changes(s: Session, state: dict, checkpoint_dir: Path) -> None:
+    """Compare the session's settings with the checkpoint's (`oncurve.config.resume_settings`): refuse
+    a change that cannot apply, put the others in effect, say them and add them to the run's
+    history of changes."""
+    s.config_history = list(state.get("config_history", []))
+    if "config" not in state:  # a checkpoint from before settings were kept
+        return
+    changes = changed_settings(state["config"], to_dict(s.config))
+    fingerprints = (state.get("data_fingerprint"), s.data_fingerprint)
+    forced = s.config.run.force_changes
+    why = refusal(changes, s.start_step, s.config.run.steps, fingerprints, forced)
+    if why is not None:
+        raise UserError(f"cannot resume {checkpoint_dir}: {why}")
+    if fingerprints[0] is not None and fingerprints[0] != fingerprints[1]:
+        changes[DATA_ROWS] = list(fingerprints)  # forced: said and kept like any change
+    if not changes:
+        return
+    o = s.config.optim
+    apply_optimizer_settings(s.optimizer, s.scheduler, o.lr, (o.beta1, o.beta2), o.weight_decay)
+    s.config_history.append({"step": s.start_step, "changed": changes})
+    if s.rank == 0:
+        said = ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changes.items())
+        print(f"resuming at step {s.start_step} with changed settings: {said}", file=sys.stderr)
+
+
+def build_loss_fns(config: Config) -> LossFns:
+    """The per-token objective's pieces, looked up by name from the config."""
+    algo = config.algo
+    return LossFns(
+        policy_loss=lookup(POLICY_LOSSES, algo.loss),
+        aggregate=lookup(AGGREGATIONS, algo.loss_agg),
+        kl=lookup(KL_ESTIMATORS, algo.kl_estimator),
+        beta=0.0 if algo.kl_in_reward else algo.beta,
+        eps_low=algo.epsilon,
+        eps_high=config.epsilon_high,
+        dual_clip=algo.dual_clip,
+        norm_len=float(algo.norm_len or config.rollout.max_new_tokens),
+        tis_cap=algo.tis_cap or 0.0,
+    )
+
+
+def make_sampler(config: Config, model: torch.nn.Module, tokenizer: Any, longest: int) -> Sampler:
+    """The run's sampler, prepared with the run's settings (`rollout.cuda_graphs`,
+    `rollout.compile`) and its `longest` prompt, so that no step meets a wider one."""
+    sampler = backend_named(config.rollout.backend, model).build(model, tokenizer)
+    r = config.rollout
+    sampler.prepare(SamplerSettings(longest, bool(r.cuda_graphs), bool(r.compile)))
+    return sampler
+
+
+def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | None:
+    """How multi-turn episodes are played with `rollout.env`, or None without one."""
+    r = config.rollout
+    if r.env is None:
+        return None
+    return EpisodeSettings(
+        make_env=resolve_environment(r.env, r.env_args),
+        max_turns=r.max_turns,
+        encode_prompt=lambda text: encode_prompt(tokenizer, text, config.data, "rollout.env"),
+        observation=ObservationFormat(
+            tokenizer, config.data.chat_template, r.max_observation_tokens
+        ),
+    )
+
+
+def startup_notes(config: Config, rewards: RewardRunner) -> list[str]:
+    """What the start-up report says of the run's choices beyond the settled ones: which
+    rewards the curriculum and dynamic sampling read, and a sampling distribution that the
+    loss does not model."""
+    notes = []
+    correct = "" if rewards.verifier else " (no reward is the one evaluation calls correct)"
+    if config.data.curriculum != "none":
+        notes.append(
+            f"data.curriculum={config.data.curriculum} reads each group's pass rate from its "
+            f"{rewards.filter_name} rewards"
+            + ("" if rewards.verifier else ", clipped to [0, 1]" + correct)
+        )
+    if config.algo.dynamic_sampling:
+        notes.append(
+            f"dynamic sampling keeps the groups whose {rewards.filter_name} rewards differ"
+            + correct
+        )
+    truncation = truncated_sampling(config)
+    if truncation:
+        notes.append(
+            f"warning: {truncation} samples from a truncated distribution, while the loss and "
+            "the sampler's logprobs assume the full one (the policy ratio is not the importance "
+            "weight of what was sampled)"
+        )
+    return notes
+
+
+def truncated_sampling(config: Config) -> str:
+    """The rollout settings that truncate the sampling distribution (top-p < 1, top-k > 0,
+    min-p > 0), as `key=value` joined by " and ", or "" when none does."""
+    r = config.rollout
+    settings = [
+        f"rollout.{key}={value}"
+        for key, value, truncates in (
+            ("top_p", r.top_p, r.top_p < 1),
+            ("top_k", r.top_k, r.top_k > 0),
+            ("min_p", r.min_p, r.min_p > 0),
+        )
+        if truncates
+    ]
+    return " and ".join(settings)
+
+
+def build_optimizer(
+    params: list[torch.nn.Parameter], config: Config, sharded: bool
+) -> torch.optim.Optimizer:
+    """AdamW: oncurve's, which rounds bfloat16 updates stochastically, where some weight is
+    bfloat16 (and not an FSDP2 shard), its update compiled on CUDA; torch's fused one
+    otherwise."""
+    o = config.optim
+    settings = {"lr": o.lr, "betas": (o.beta1, o.beta2), "weight_decay": o.weight_decay}
+    bf16 = any(p.dtype == torch.bfloat16 for p in params)
+    if bf16 and o.stochastic_rounding and not sharded:
+        cuda = any(p.is_cuda for p in params)
+        return StochasticRoundingAdamW(
+            params, seed=config.run.seed, compile_update=cuda, **settings
+        )
+    # fused: one kernel per parameter instead of a dozen elementwise passes
+    return torch.optim.AdamW(params, fused=True, **settings)
+
+
+def lr_schedule(config: Config):
+    """The learning-rate factor of each step: linear warmup, then constant or cosine to 0."""
+    warmup, total = config.optim.warmup_steps, config.run.steps
+    cosine = config.optim.schedule == "cosine"
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if not cosine:
+            return 1.0
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+    return factor
