@@ -7,7 +7,7 @@ one of the others (`--stages profile`, 210 s, or `--stages ppo`, 110 s). A stage
 its row all the same (its whole process group is killed at the limit) and its log tail is
 printed after the table; the stages after it still run.
 
-- `tests`: `pytest -m gpu` (tests/test_gpu.py, tests/test_gpu_paths.py: the trainer's paths
+- `tests`: `pytest -m gpu` (tests/gpu/test_gpu.py, tests/gpu/test_gpu_paths.py: the trainer's paths
   each in a fresh process, ...), counted as passed / failed / skipped, the failed ones named;
   8 workers when pytest-xdist is installed (each test's process mostly compiles on the CPU).
   Each test's outcome is written as it ends (the plugin gpu_check_results.py), so a pytest
@@ -251,7 +251,7 @@ def gpu_tests_stage(limit: float) -> Stage:
             return found
         lines = results.read_text().splitlines() if results.is_file() else []
         rows = list(map(json.loads, lines))
-        for row in rows:  # node ids: tests/test_gpu.py::test_x -> test_gpu::test_x
+        for row in rows:  # node ids: tests/gpu/test_gpu.py::test_x -> test_gpu::test_x
             row["test"] = row["test"].rsplit("/", 1)[-1].replace(".py::", "::")
         return rows
 

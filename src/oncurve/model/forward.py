@@ -33,7 +33,7 @@ def completion_logprobs(
     once and its KV cache (with its autograd graph) is expanded to its rows, which then run only
     their completion tokens. The G completions of a GRPO group have one prompt, so this saves
     (G - 1) / G of the prompt tokens' forward and backward; the result equals the plain forward
-    up to float rounding (`tests/test_train_step.py`).
+    up to float rounding (`tests/unit/update/test_step.py`).
 
     With `packed` (the rows' real lengths and prompt numbers, known on the host), the rows run
     packed end to end with no padding, each shared prompt once (`oncurve.model.packing`; the model's

@@ -6,7 +6,7 @@ GRPO samples with: mask construction, cache bookkeeping, module dispatch. This d
 same arithmetic in plain torch ops: q, k, v in one matmul (for small models), rotary tables
 computed once per call, a `[rows, kv_heads, width, head_dim]` cache per layer that grows with
 the longest row, and an additive padding bias instead of a 4-D mask. The prompt is prefilled by
-the HF forward itself, so only the one-token step is reimplemented; `tests/test_rollout.py`
+the HF forward itself, so only the one-token step is reimplemented; `tests/unit/rollout/test_rollout.py`
 checks its logits against the HF forward's to 1e-5. The step runs features first (every
 matmul `weight @ h`), with q/k/v fused for small models. Everything is public torch API, so it
 runs wherever the weights are, though it is chosen by default only on the CPU. What it

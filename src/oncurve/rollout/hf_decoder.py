@@ -18,7 +18,7 @@ from oncurve.model.kv_cache import cache_argument, real_token_positions
 from oncurve.rollout.base import first_columns, grown_columns
 
 # What `_GrowingLayer` writes of `DynamicLayer`'s own state, for HF's attention and cache
-# bookkeeping to read; `tests/test_rollout.py` fails if transformers renames one of them.
+# bookkeeping to read; `tests/unit/rollout/test_rollout.py` fails if transformers renames one of them.
 DYNAMIC_LAYER_ATTRIBUTES = ("keys", "values", "device", "is_initialized")
 
 

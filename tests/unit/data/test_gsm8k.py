@@ -5,9 +5,9 @@ offline from a local Hugging Face datasets cache."""
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from helpers.paths import REPO
 
 from oncurve.config import DataConfig, load_config
 from oncurve.data.files import final_answer, load_rows
@@ -16,7 +16,6 @@ from oncurve.errors import UserError
 from oncurve.loop.reward_signal import DeadStepWatch, check_gold_answers, stated_answer
 from oncurve.rewards.registry import resolve_reward
 
-REPO = Path(__file__).resolve().parents[1]
 COMMIT = "e53f048856ff4f594e959d75785d2c2d37b678ee"
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import gzip
 import json
 import sys
-from pathlib import Path
 
 import pytest
+from helpers.paths import REPO
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 import gsm8k_smollm2  # noqa: E402
 from gsm8k_smollm2 import easiest_split, read_requests  # noqa: E402
 

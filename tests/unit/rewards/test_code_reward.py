@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import warnings
-from pathlib import Path
 
 import pytest
+from helpers.paths import FIXTURES
 
 from oncurve import sandbox
 from oncurve.config import load_config
@@ -413,9 +413,6 @@ def test_humaneval_rows_run_check_on_the_entry_point(tmp_path, reward):
     bad = _write(tmp_path / "bad.jsonl", [{k: v for k, v in HUMANEVAL.items() if k != "test"}])
     with pytest.raises(UserError, match=r"bad.jsonl line 1: missing or non-text field 'test'"):
         humaneval_rows(bad)
-
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.mark.parametrize(("kind", "convert"), [("mbpp", mbpp_rows), ("humaneval", humaneval_rows)])

@@ -12,6 +12,7 @@ import pytest
 import torch
 import transformers
 from helpers.models import tiny_qwen2
+from helpers.paths import REPO
 from helpers.rewards_for_tests import DigitsEnv
 from helpers.runs import metric_rows
 from safetensors.torch import load_file
@@ -32,7 +33,7 @@ from oncurve.rollout.episodes import (
 )
 from oncurve.sandbox import isolation
 
-QWEN3_TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "assets" / "qwen3-tokenizer"
+QWEN3_TOKENIZER = REPO.parent / "shared" / "assets" / "qwen3-tokenizer"
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """Data parallelism on 2 gloo ranks equals one process on the same global batch (on 2 NCCL
-ranks too: tests/test_gpu.py runs its helpers, helpers/data_parallel.py, with device="cuda")."""
+ranks too: tests/gpu/test_gpu.py runs its helpers, helpers/data_parallel.py, with device="cuda")."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from helpers.data_parallel import (
     sharded_and_replicated_runs,
 )
 from helpers.models import tiny_qwen2
+from helpers.paths import TESTS
 from helpers.rank_pool import RankPool
 from helpers.run_processes import alive, descendants, finish, latest_step, wait_for
 from helpers.runs import run_clis, tiny_job
@@ -224,7 +225,7 @@ def test_two_rank_run_writes_one_log_one_checkpoint_set_and_resumes(two_rank_run
         "rng-rank1.json",
     ]
     # resumed, and stopped by SIGTERM to the launcher once it has logged step 4 (what
-    # tests/test_stopping.py's table says of the launcher): it forwards the signal to its
+    # tests/integration/test_stopping.py's table says of the launcher): it forwards the signal to its
     # ranks, both finish the step under way, one checkpoint holds both ranks' state (no
     # periodic one: the stop's), every process of the job has ended and the launcher exits 0
     resume = [*common, f"run.steps={LONG}", "run.save_every=1000", "run.resume=auto"]
@@ -233,7 +234,7 @@ def test_two_rank_run_writes_one_log_one_checkpoint_set_and_resumes(two_rank_run
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)},
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
     )
     metrics = run_dir / "metrics.jsonl"
     job_pids: list[int] = []

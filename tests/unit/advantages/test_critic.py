@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.models import tiny_qwen2
+from helpers.paths import REPO
 from safetensors.torch import load_file
 
 from oncurve.advantages.critic import (
@@ -314,7 +315,7 @@ def test_ppo_resume_restores_the_critic(tiny_model_dir, data_file, tmp_path):
 
 
 def test_the_ppo_config_file_selects_the_critic_and_the_kl_in_the_reward():
-    config = load_config(Path(__file__).parent.parent / "configs" / "ppo.yaml")
+    config = load_config(REPO / "configs" / "ppo.yaml")
     assert config.algo.estimator == "gae" and config.algo.kl_in_reward
     assert config.algo.kl_estimator == "k1" and config.algo.loss_agg == "token-mean"
 

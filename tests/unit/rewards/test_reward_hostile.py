@@ -5,7 +5,7 @@ reward, prompt, completion, columns, expected score, time bound in seconds. The 
 times or more what a row takes on a loaded 2-core machine: they catch quadratic scans and
 unbounded computations, not slowness.
 
-`code_tests` is the sandbox's (tests/test_code_reward.py)."""
+`code_tests` is the sandbox's (tests/unit/rewards/test_code_reward.py)."""
 
 from __future__ import annotations
 

@@ -8,11 +8,12 @@ import shlex
 from pathlib import Path
 
 import pytest
+from helpers.paths import REPO
 
 from oncurve.config import load_config
 from oncurve.config.helptext import fields, reference_page
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks/README.md"]
 
 
@@ -62,3 +63,22 @@ def test_the_readme_is_a_landing_page():
     first_screen = "\n".join(text.splitlines()[:20])
     assert "make run" in first_screen and "make test" in first_screen
     assert len(text.splitlines()) <= 250
+
+
+def test_every_module_has_its_test_file_or_a_pointer():
+    """A module of src/oncurve has a `test_<module>.py` under tests/, or a row of
+    tests/README.md naming the test file that covers it (which exists)."""
+    tests = ROOT / "tests"
+    own = {path.stem.removeprefix("test_") for path in tests.rglob("test_*.py")}
+    rows = dict(
+        re.findall(
+            r"^\| `([\w/]+\.py)` \| `([\w/.]+)` \|$", (tests / "README.md").read_text(), re.M
+        )
+    )
+    package = ROOT / "src" / "oncurve"
+    for module in package.rglob("*.py"):
+        if module.name in ("__init__.py", "__main__.py") or module.stem in own:
+            continue
+        name = str(module.relative_to(package))
+        assert name in rows, f"{name} has no test_{module.stem}.py and no row in tests/README.md"
+        assert (ROOT / rows[name]).is_file(), f"tests/README.md: {rows[name]} does not exist"

@@ -81,7 +81,7 @@ def test_a_gap_past_float_range_gives_the_cap_and_a_bad_cap_is_refused():
 # --- the setting ----------------------------------------------------------------------------
 
 
-# its check: tests/test_config.py
+# its check: tests/unit/config/test_config.py
 
 
 def recorded_tis_cap(s) -> float:

@@ -125,7 +125,7 @@ def test_sigterm_then_sigkill_each_resumed_from_is_bit_identical_to_an_uninterru
     assert code == 0, err
     stopped_at = latest_step(run_dir)
     assert 1 <= stopped_at < STEPS
-    # what tests/test_stopping.py checks of SIGINT, SIGHUP and SIGUSR1 mid-loop
+    # what tests/integration/test_stopping.py checks of SIGINT, SIGHUP and SIGUSR1 mid-loop
     assert "SIGTERM: stopping after step" in err and "signal again to abort" in err
     assert f"stopped at step {stopped_at} on request" in err
     assert "Traceback" not in err

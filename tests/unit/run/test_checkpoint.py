@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
+from helpers.paths import TESTS
 from helpers.tied_lm import make_setup, train
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -31,7 +32,7 @@ from oncurve.run.checkpoint import (
     save_checkpoint,
 )
 
-TESTS_DIR = Path(__file__).parent
+TESTS_DIR = TESTS
 
 
 def draw() -> list:

@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.paths import REPO
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks"))
 import gpu_check  # noqa: E402
 from gpu_check import DEFAULT_STAGES, LIMITS, TOTAL_LIMIT, Outcome, Stage, job_rows  # noqa: E402
 
@@ -228,11 +229,11 @@ def test_the_tests_stage_reports_the_tests_that_ended_when_pytest_was_stopped(
     outcome = Outcome(None, 10.0, 10, tmp_path / "log")
     assert stage.read(outcome) == [["`pytest -m gpu`", "no test finished"]]
     lines = [
-        {"test": "tests/test_gpu.py::test_a", "outcome": "passed"},
-        {"test": "tests/test_gpu_paths.py::test_b[lora]", "outcome": "failed",
+        {"test": "tests/gpu/test_gpu.py::test_a", "outcome": "passed"},
+        {"test": "tests/gpu/test_gpu_paths.py::test_b[lora]", "outcome": "failed",
          "message": "AssertionError: 3 == 4", "detail": "E   assert 3 == 4\ntests/x.py:9: E"},
-        {"test": "tests/test_gpu.py::test_c", "outcome": "skipped"},
-        {"test": "tests/test_gpu.py::test_d", "outcome": "passed"},
+        {"test": "tests/gpu/test_gpu.py::test_c", "outcome": "skipped"},
+        {"test": "tests/gpu/test_gpu.py::test_d", "outcome": "passed"},
     ]  # fmt: skip
     (tmp_path / "logs").mkdir()
     outcome.log.write_text("collected 4 items\n")

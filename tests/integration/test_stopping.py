@@ -4,7 +4,7 @@ exit status; a closed output ends the run's prints, never the run.
 
 A fault table: each row names a fault (a signal, a phase, a closed pipe) and what the run
 must leave behind (files, exit status, processes). SIGTERM to the launcher of a 2-rank job is
-checked on the resumed run of tests/test_distributed.py's
+checked on the resumed run of tests/integration/test_distributed.py's
 test_two_rank_run_writes_one_log_one_checkpoint_set_and_resumes (a 2-rank job's start costs
 seconds of both cores: there it is one start fewer)."""
 
@@ -19,9 +19,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from helpers.paths import TESTS
 from helpers.run_processes import finish, latest_step, wait_for
 
-TESTS_DIR = Path(__file__).parent
+TESTS_DIR = TESTS
 LONG = 400  # steps of a run that a signal stops long before its end
 
 
@@ -72,7 +73,7 @@ def logged_steps(run_dir: Path) -> list[int]:
     return [json.loads(line)["step"] for line in lines]
 
 
-# SIGTERM mid-loop, with the same checks and an exact resume: tests/test_reliability.py's
+# SIGTERM mid-loop, with the same checks and an exact resume: tests/integration/test_reliability.py's
 # test_sigterm_then_sigkill_each_resumed_from_is_bit_identical_to_an_uninterrupted_run
 MID_LOOP = [signal.SIGINT, signal.SIGHUP, signal.SIGUSR1]
 

@@ -8,14 +8,13 @@ plus the trick, the right one is scored alone and with the same trick beside it.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from helpers.paths import FIXTURES
 
 from oncurve.data.tasks.convert import humaneval_rows
 from oncurve.rewards.code import CodeTestsReward
 
-FIXTURES = Path(__file__).parent / "fixtures"
 EVENS = "def evens(xs):\n    return [x for x in xs if x % 2 == 0]\n"
 NO_EVENS = "def evens(xs):\n    return []\n"
 PLUS_7 = "def f(x):\n    return x + 7\n"
