@@ -314,7 +314,7 @@ def score_oncurve(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     from oncurve's `correct` reward in both matchings, called as the trainer calls it: one row,
     the `answer` column holding the gold. None where the reward leaves the row unscored or
     math-verify timed out (the runner counts a timeout as unscored)."""
-    from oncurve.rewards.answers import extract_answer
+    from oncurve.rewards.extraction import extract_answer
     from oncurve.rewards.registry import answer_match_reward, lenient_answer_match_reward
 
     functions = {

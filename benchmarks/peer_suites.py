@@ -374,7 +374,7 @@ def reference(gold: str) -> str:
     while len(text) > 1 and text.startswith("$") and text.endswith("$"):
         text = text[1:-1].strip()
     if len(text) > SHORT_GOLD_CHARS or "\\boxed" in text:
-        from oncurve.rewards.answers import extract_answer
+        from oncurve.rewards.extraction import extract_answer
 
         text = extract_answer(text, "boxed") or extract_answer(text) or text
     return text
@@ -384,7 +384,7 @@ TIMEOUTS: Counter[str] = Counter()  # comparisons that raised TimeoutError, by m
 
 
 def _paid(extracted: str | None, gold: str | None, strict: bool) -> bool:
-    from oncurve.rewards.answers import answers_match
+    from oncurve.rewards.matching import answers_match
 
     if gold is None:
         return False
@@ -396,7 +396,8 @@ def _paid(extracted: str | None, gold: str | None, strict: bool) -> bool:
 
 
 def score(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    from oncurve.rewards.answers import extract_answer, usable_gold
+    from oncurve.rewards.extraction import extract_answer
+    from oncurve.rewards.matching import usable_gold
 
     rows = []
     for case in cases:

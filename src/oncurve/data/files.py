@@ -114,7 +114,7 @@ def final_answer(value: str, answer_format: str) -> str | None:
     `\\boxed{}`; last_number, the last number; raw, the value itself; auto, gsm8k when the value
     ends in a `#### x` line, boxed when it holds a `\\boxed`, else raw."""
     # here, not at the top: `oncurve.rewards` loads torch, which reading a file does not need
-    from oncurve.rewards.answers import extract_answer
+    from oncurve.rewards.extraction import extract_answer
 
     if answer_format not in ANSWER_FORMATS:
         raise UserError(

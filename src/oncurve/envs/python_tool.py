@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from oncurve.rewards.answers import answers_match, extract_answer, usable_gold
 from oncurve.rewards.code import extract_program
+from oncurve.rewards.extraction import extract_answer
+from oncurve.rewards.matching import answers_match, usable_gold
 from oncurve.sandbox import check_isolation, run_python
 
 INSTRUCTIONS = (

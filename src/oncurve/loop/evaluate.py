@@ -7,7 +7,7 @@ import math
 import torch
 
 from oncurve.data.prompts import group_columns
-from oncurve.rewards.answers import usable_gold
+from oncurve.rewards.matching import usable_gold
 from oncurve.rewards.registry import ANSWER_MATCH_REWARDS, RewardFn
 from oncurve.rewards.runner import RewardRunner
 from oncurve.rollout.base import Sampler, SamplingParams

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
-from oncurve.rewards.answers import extract_answer
+from oncurve.rewards.extraction import extract_answer
 
 MAX_EXPRESSION_CHARS = 256
 # A dataset column longer than this is not a Countdown problem (and is not parsed).

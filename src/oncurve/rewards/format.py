@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from html.entities import html5
 from typing import Any
 
-from oncurve.rewards.answers import extract_answer
+from oncurve.rewards.extraction import extract_answer
 
 _TAG_RE = re.compile(r"</?(?:think|answer)>", re.IGNORECASE)
 _WELL_FORMED_TAGS = ["<think>", "</think>", "<answer>", "</answer>"]

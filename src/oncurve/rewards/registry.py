@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from oncurve.errors import UserError
-from oncurve.rewards.answers import answers_match, extract_answer, usable_gold
 from oncurve.rewards.code import code_tests_reward
 from oncurve.rewards.countdown import countdown_reward
+from oncurve.rewards.extraction import extract_answer
 from oncurve.rewards.format import (
     boxed_format_reward,
     length_penalty,
@@ -25,6 +25,7 @@ from oncurve.rewards.format import (
     tags_format_reward,
     think_answer_format_reward,
 )
+from oncurve.rewards.matching import answers_match, usable_gold
 from oncurve.rewards.model import PREFIX as MODEL_PREFIX
 from oncurve.rewards.model import RewardModel
 

@@ -30,7 +30,8 @@ import re
 from typing import Any
 
 from oncurve.data.tasks.base import hash_split
-from oncurve.rewards.answers import MAX_ANSWER_CHARS, extract_answer
+from oncurve.rewards.extraction import extract_answer
+from oncurve.rewards.normalization import MAX_ANSWER_CHARS
 from oncurve.rewards.registry import RewardFn
 
 SPLITS = ("train", "test")

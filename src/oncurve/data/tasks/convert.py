@@ -37,7 +37,7 @@ from typing import Any
 from oncurve.data.files import read_records, write_jsonl
 from oncurve.data.tasks.code import INSTRUCTION as CODE_INSTRUCTION
 from oncurve.errors import UserError
-from oncurve.rewards.answers import extract_answer
+from oncurve.rewards.extraction import extract_answer
 
 INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 

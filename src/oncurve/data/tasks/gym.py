@@ -8,7 +8,7 @@ from typing import Any
 
 from oncurve.data.tasks.base import hash_split
 from oncurve.errors import UserError
-from oncurve.rewards.answers import extract_answer
+from oncurve.rewards.extraction import extract_answer
 from oncurve.rewards.registry import RewardFn
 
 INSTRUCTION = "\n\nThink step by step, then give only the final answer in <answer> </answer> tags."

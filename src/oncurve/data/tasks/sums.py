@@ -8,7 +8,7 @@ number in the box. Problems are the 500 pairs (0-49, 0-9); one in ten is held ou
 `tasks.base.hash_split`.
 
 Rewards: "correct" (weight 1.0): the extracted answer (the last `\\boxed{}`, else the last
-number; `rewards.answers.extract_answer`) states the sum (`25 + 4` does not); "boxed" (weight
+number; `rewards.extraction.extract_answer`) states the sum (`25 + 4` does not); "boxed" (weight
 0.2): the completion has a `\\boxed{...}` with something in it.
 """
 

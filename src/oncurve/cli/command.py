@@ -1,0 +1,229 @@
+"""`oncurve train | eval | sample | warmstart | tasks export | models import | report`.
+
+User errors (config, paths, data, reward import paths) print one line and exit 2; anything
+else is a bug in oncurve and keeps its traceback (exit 1).
+
+The parser and `main`; each command's work is in its own module of this package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+from oncurve.cli.evaluate import eval_command
+from oncurve.cli.sample import sample_command
+from oncurve.cli.tools import (
+    export_command,
+    import_model_command,
+    report_command,
+    warmstart_command,
+)
+from oncurve.cli.train import train_command
+from oncurve.errors import CheckpointError, TrainingError, UserError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    try:
+        # `train`'s overrides may come before, between or after its flags; argparse alone stops
+        # filling a positional list at the first flag.
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            if getattr(args, "run", None) is not train_command or any(
+                e.startswith("-") for e in extra
+            ):
+                parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            args.args = [*args.args, *extra]
+        args.argv = sys.argv[1:] if argv is None else list(argv)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        return args.run(args)
+    except UserError as err:
+        print(f"oncurve: error: {err}", file=sys.stderr)
+        return 2
+    except (CheckpointError, TrainingError) as err:
+        print(f"oncurve: error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:  # a full disk, a read-only or missing directory: the file and why
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"oncurve: error: {where}{err.strerror or err}", file=sys.stderr)
+        return 1
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are UserErrors: one line and exit 2, as every other
+    bad input (argparse prints its usage block first)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{message} (see {self.prog} --help)")
+
+
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least `low`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"must be at least 0 (0 is greedy), got {text}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="oncurve", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    train = commands.add_parser("train", help="train with GRPO (no arguments: the default job)")
+    train.add_argument("args", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
+    train.add_argument("--quiet", action="store_true", help="log lines instead of a progress bar")
+    train.add_argument(
+        "--help-config",
+        nargs="?",
+        const="text",
+        choices=("text", "markdown"),
+        help="list every config key (markdown: as the page docs/configuration.md)",
+    )
+    train.set_defaults(run=train_command)
+
+    def model_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--model",
+            help="model directory, Hugging Face Hub id (owner/name), .gguf file, or `default`; "
+            "with --run, the run's final/ model by default",
+        )
+        p.add_argument(
+            "--run",
+            dest="run_dir",
+            metavar="RUN_DIR",
+            help="a run directory: its final model and its prompt format, answer reward and "
+            "rollout.max_new_tokens",
+        )
+        p.add_argument("--revision", help="Hub branch, tag or commit of a Hub id (default main)")
+        p.add_argument(
+            "--chat-template",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="format prompts with the tokenizer's chat template (default: the run's setting, "
+            "else whether the tokenizer has one)",
+        )
+        p.add_argument("--system-prompt", help="system message before each prompt")
+        p.add_argument(
+            "--max-new-tokens",
+            type=_at_least(1),
+            help="default: the run's rollout.max_new_tokens, else a run's default for the model "
+            "(64 for `default`, else 256)",
+        )
+        p.add_argument("--temperature", type=_temperature, default=1.0)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--trust-remote-code", action="store_true")
+        p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (as run.device)")
+        p.add_argument(
+            "--dtype",
+            default="auto",
+            choices=("auto", "float32", "bfloat16"),
+            help="auto: bfloat16 on a GPU that computes in it (Ampere or later), else float32 "
+            "(as model.dtype)",
+        )
+        p.add_argument(
+            "--backend",
+            default="auto",
+            help="sampler backend: auto, hf, cpu_llama or cuda_graph (as rollout.backend)",
+        )
+
+    ev = commands.add_parser(
+        "eval", help="accuracy, mean@K and pass@K on a dataset file or Hub dataset"
+    )
+    model_args(ev)
+    ev.add_argument(
+        "--data",
+        help="JSONL/CSV/Parquet file, saved dataset dir or Hub dataset id (owner/name); with "
+        "--run, the run's eval.path, else its task's held-out problems, by default",
+    )
+    ev.add_argument("--config", help="config name of a Hub dataset (default: the run's)")
+    ev.add_argument(
+        "--split", help="split of a Hub dataset (default: the run's eval.split, else test)"
+    )
+    ev.add_argument("--prompt-field", help="column of the prompt (default: the run's, or prompt)")
+    ev.add_argument("--answer-field", help="column of the answer (default: the run's, or answer)")
+    ev.add_argument(
+        "--answer-format",
+        choices=("auto", "raw", "gsm8k", "boxed", "last_number"),
+        help="how the answer is read off its column, as data.answer_format (default: the run's, "
+        "or auto)",
+    )
+    ev.add_argument(
+        "--prompt-template",
+        help="the prompt as a format string over the columns, as data.prompt_template",
+    )
+    ev.add_argument("--samples", type=_at_least(1), default=1, help="K completions per prompt")
+    ev.add_argument(
+        "--reward",
+        help="reward that decides correctness: a built-in name or module:function (default: the "
+        "run's, else `correct`, which compares the extracted answer with the answer column)",
+    )
+    ev.add_argument("--task", help="score with a built-in task's own `correct` reward instead")
+    ev.add_argument(
+        "--out", help="write one JSON row per prompt: prompt as formatted, completions, scores"
+    )
+    ev.set_defaults(run=eval_command)
+
+    sample = commands.add_parser("sample", help="print completions of one prompt")
+    model_args(sample)
+    sample.add_argument("--prompt", required=True)
+    sample.add_argument("-n", type=_at_least(1), default=4, help="completions to sample")
+    sample.set_defaults(run=sample_command)
+
+    warm = commands.add_parser("warmstart", help="the supervised recipe of the bundled model")
+    warm.add_argument("--out", required=True)
+    warm.add_argument("--steps", type=_at_least(1), default=None)
+    warm.add_argument("--seed", type=int, default=0)
+    warm.set_defaults(run=warmstart_command)
+
+    tasks = commands.add_parser("tasks", help="built-in tasks").add_subparsers(required=True)
+    export = tasks.add_parser("export", help="write a task's prompts and answers as JSONL")
+    export.add_argument("name")
+    export.add_argument("--split", choices=("train", "test"), default="test")
+    export.add_argument("--seed", type=int, default=0)
+    export.add_argument("-n", type=_at_least(1), default=500)
+    export.add_argument("-o", "--output")
+    export.set_defaults(run=export_command)
+
+    models = commands.add_parser("models", help="model files").add_subparsers(required=True)
+    imp = models.add_parser("import", help="write a GGUF file as a safetensors model directory")
+    imp.add_argument("file", metavar="FILE.gguf")
+    imp.add_argument("--out", required=True, help="new (or empty) directory to write")
+    imp.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="weights dtype; float32 holds the dequantized weights exactly",
+    )
+    imp.set_defaults(run=import_model_command)
+
+    report = commands.add_parser("report", help="plots and an HTML page of one or more runs")
+    report.add_argument("run_dirs", nargs="+")
+    report.add_argument("--out")
+    report.set_defaults(run=report_command)
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

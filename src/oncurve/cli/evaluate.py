@@ -1,0 +1,101 @@
+"""`oncurve eval`: accuracy, mean@K and pass@K of a model on a dataset, a run's eval set or a task."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+
+from oncurve.cli.common import load_sampler, prompt_format, run_config
+from oncurve.errors import UserError
+
+
+def eval_command(args: argparse.Namespace) -> int:
+    from oncurve.config import Config
+    from oncurve.data.prompts import PromptData
+    from oncurve.loop.evaluate import evaluate
+    from oncurve.rewards.extraction import extract_answer
+    from oncurve.rewards.registry import ANSWER_MATCH_REWARDS
+    from oncurve.rewards.runner import runner_settings
+    from oncurve.rollout.base import check_room
+
+    config = run_config(args)
+    sampler, model = load_sampler(args, config)
+    data = prompt_format(args, config, sampler.tokenizer)
+    scorer, correct = _eval_scorer(args, config)
+    rows = _eval_rows(args, config, data, needs_answer=correct in ANSWER_MATCH_REWARDS)
+    rows = PromptData(rows, sampler.tokenizer, data, seed=0).rows
+    longest = max(len(row["prompt_ids"]) for row in rows)
+    check_room(longest, args.max_new_tokens, model.config, "--max-new-tokens")
+    records: list[dict] = []
+    result = evaluate(
+        sampler,
+        rows,
+        correct,
+        max_new_tokens=args.max_new_tokens,
+        samples=args.samples,
+        temperature=args.temperature,
+        seed=args.seed,
+        records=records,
+        **runner_settings((config or Config()).reward),
+    )
+    if args.out:
+        with open(args.out, "w") as out:
+            for row, record in zip(rows, records, strict=True):
+                line = {
+                    "prompt": sampler.tokenizer.decode(row["prompt_ids"]),
+                    "answer": row.get("answer"),
+                    "extracted": extract_answer(record["greedy"]),
+                    **record,
+                }
+                out.write(json.dumps(line) + "\n")
+    prompts = {
+        "chat_template": data.chat_template,
+        "system_prompt": data.system_prompt,
+        "prompt_template": data.prompt_template,
+        "answer_format": data.answer_format,
+    }
+    print(json.dumps({"n": len(rows), **result, "scorer": scorer, "prompt_format": prompts}))
+    return 0
+
+
+def _eval_scorer(args: argparse.Namespace, config) -> tuple[str, Callable]:
+    """(name, function) of the reward that decides correctness: `--reward`, else `--task`'s,
+    else the run's (`--run`), else the built-in `correct` (answers read as data.answer_format
+    says)."""
+    from oncurve.data.prompts import correctness_fn
+    from oncurve.data.tasks import get_task
+    from oncurve.rewards.registry import BUILTINS, resolve_reward
+
+    if args.reward:
+        return resolve_reward(args.reward)
+    if args.task:
+        return f"{args.task} task's correct", get_task(args.task).reward_fns()["correct"]
+    if config is None:
+        return resolve_reward("correct")
+    on_task = config.data.task and not config.data.path
+    task = get_task(config.data.task, config.data.task_options) if on_task else None
+    fn = correctness_fn(config, task)
+    if task is not None and "correct" in task.reward_fns():
+        return f"{config.data.task} task's correct", fn
+    builtin = next((name for name, f in BUILTINS.items() if f == fn), None)
+    return builtin or getattr(fn, "__name__", "the run's reward"), fn
+
+
+def _eval_rows(args: argparse.Namespace, config, data, needs_answer: bool) -> list[dict]:
+    """The prompts to score: `--data` (a file or a Hub id at `--config` and `--split`), else
+    the run's eval.path, else the run's task's held-out problems."""
+    from oncurve.data.prompts import eval_size, read_rows
+    from oncurve.data.tasks import get_task
+
+    if args.data is not None:
+        return read_rows(args.data, data, args.split or "test", require_answer=needs_answer)
+    if config is not None and config.eval.path:
+        split = args.split or config.eval.split
+        return read_rows(config.eval.path, data, split, require_answer=needs_answer)
+    if config is not None and config.data.task and config.data.path is None:
+        task = get_task(config.data.task, config.data.task_options)
+        return task.examples("test", eval_size(config), config.run.seed)
+    raise UserError(
+        "--data is required (with --run, unless the run has an eval.path or trained on a task)"
+    )

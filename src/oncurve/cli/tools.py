@@ -1,0 +1,57 @@
+"""The small commands: `oncurve warmstart`, `tasks export`, `models import`, `report`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from oncurve.errors import UserError
+
+
+def warmstart_command(args: argparse.Namespace) -> int:
+    from oncurve.warmstart import warmstart
+
+    warmstart(Path(args.out), steps=args.steps, seed=args.seed)
+    return 0
+
+
+def export_command(args: argparse.Namespace) -> int:
+    from oncurve.data.tasks import get_task
+
+    task = get_task(args.name)
+    try:
+        rows = task.examples(args.split, args.n, args.seed)
+    except UserError:
+        raise
+    except ValueError as err:  # a finite split asked for more problems than it has
+        raise UserError(f"-n {args.n}: {err}") from None
+    lines = "".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n" for r in rows)
+    if args.output:
+        Path(args.output).write_text(lines)
+    else:
+        sys.stdout.write(lines)
+    return 0
+
+
+def import_model_command(args: argparse.Namespace) -> int:
+    from oncurve.model.sources import import_gguf
+
+    print(import_gguf(args.file, args.out, args.dtype))
+    return 0
+
+
+def report_command(args: argparse.Namespace) -> int:
+    try:
+        from oncurve.report import write_report
+    except ModuleNotFoundError as missing:
+        if missing.name is None or missing.name.split(".")[0] != "matplotlib":
+            raise
+        raise UserError(
+            "oncurve report draws with matplotlib: pip install 'oncurve[report]'"
+        ) from None
+
+    path = write_report([Path(d) for d in args.run_dirs], Path(args.out) if args.out else None)
+    print(path)
+    return 0

@@ -1,0 +1,135 @@
+"""`oncurve train`: a run in this process, or `dist.nproc` ranks under a supervised torchrun."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+
+from oncurve.errors import UserError
+
+
+def train_command(args: argparse.Namespace) -> int:
+    from oncurve.config import describe, load_config
+    from oncurve.config.helptext import reference_page
+
+    if args.help_config:
+        print(
+            reference_page() if args.help_config == "markdown" else describe(),
+            end="\n" if args.help_config == "text" else "",
+        )
+        return 0
+    config_path, overrides = _split_config_args(args.args)
+    config = load_config(config_path, overrides)
+    if config.dist.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        return _launch_torchrun(config.dist.nproc, args.argv)
+    from oncurve import distributed
+    from oncurve.loop.progress import silence
+    from oncurve.loop.trainer import train
+
+    result = train(config, quiet=args.quiet)
+    distributed.leave()
+    summary = {"run_dir": str(result.run_dir), "steps": result.steps}
+    if result.eval_before and result.eval_after:
+        summary["accuracy_before"] = result.eval_before["accuracy"]
+        summary["accuracy_after"] = result.eval_after["accuracy"]
+    if os.environ.get("RANK", "0") == "0":  # one summary for a torchrun job
+        try:
+            print(json.dumps(summary), flush=True)
+        except BrokenPipeError:  # `| head -0`: the run is complete, its summary unread
+            silence(sys.stdout)
+    return 0
+
+
+# How long torchrun lets its ranks finish after it forwards a signal itself (one that reached
+# it directly, as a scheduler that signals every process of a job does) before it kills them:
+# a step and a checkpoint, not torchrun's 30 s.
+_SHUTDOWN_TIMEOUT_S = 3600
+
+
+def _launch_torchrun(nproc: int, argv: list[str]) -> int:
+    """`oncurve train dist.nproc=N ...` is `torchrun --nproc-per-node N -m oncurve train ...`,
+    supervised: SIGTERM, SIGINT, SIGHUP and SIGUSR1 to this launcher are forwarded to every
+    rank (each stops at the end of its step with a checkpoint; a second signal aborts them),
+    and the launcher waits for the job and exits with its status; after a forwarded signal a
+    failed job exits 128 + that signal's number.
+
+    torchrun runs in a session of its own, so that a terminal's Ctrl-C or hang-up reaches the
+    ranks once, through this launcher. The launcher signals the ranks (torchrun's children)
+    itself rather than torchrun: torchrun would signal each rank's whole process group (its
+    reward worker too), kill the ranks after `--shutdown-timeout`, and exit 1 with a traceback
+    however cleanly they stopped. A signal before the ranks exist goes to torchrun."""
+    import signal
+
+    from oncurve.run.stopping import STOP_SIGNALS
+
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        # a signal that reaches torchrun directly is forwarded too, never its default action
+        "--signals-to-handle=" + ",".join(sig.name for sig in (*STOP_SIGNALS, signal.SIGQUIT)),
+    ]
+    if not {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "PET_SHUTDOWN_TIMEOUT"} & os.environ.keys():
+        command.append(f"--shutdown-timeout={_SHUTDOWN_TIMEOUT_S}")
+    command += ["-m", "oncurve", *argv]
+    forwarded: list[int] = []
+    started: list[subprocess.Popen] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        forwarded.append(signum)
+        for proc in started:
+            for pid in _children(proc.pid) or [proc.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
+    try:
+        started.append(subprocess.Popen(command, start_new_session=True))
+        if forwarded:  # a signal came while torchrun was starting
+            forward(forwarded.pop(), None)
+        code = started[0].wait()  # a signal runs `forward`, and the wait goes on
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    if code < 0:  # torchrun itself killed by a signal
+        code = 128 - code
+    if forwarded and code != 0:
+        return 128 + forwarded[-1]
+    return code
+
+
+def _children(pid: int) -> list[int]:
+    """The pids of `pid`'s child processes (Linux's /proc; none elsewhere)."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as file:
+                stat = file.read()
+        except OSError:
+            continue
+        # after the command's closing parenthesis: state, then the parent's pid
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
+    """The first argument may be a YAML file; every other one is a key=value override."""
+    if items and "=" not in items[0]:
+        return items[0], items[1:]
+    for item in items:
+        if "=" not in item:
+            raise UserError(f"argument {item!r} must be key=value (only the first may be a file)")
+    return None, items

@@ -1,0 +1,202 @@
+"""Answer extraction from completions (`extract_answer`).
+
+Extraction styles (`extract_answer`), each linear in the completion's length:
+  tags         the last `<answer>...</answer>` with something in it: a closing tag and the
+               nearest opening tag before it
+  boxed        the last outermost `\\boxed{...}` (or `\\fbox{...}`) with something in it, nested
+               braces balanced; a box that only wraps another box is unwrapped
+  gsm8k        the text after the last `####` whose line states a number (`stated_number`), of
+               the last GSM8K_LINES such lines, so a markdown heading such as `#### Step 2` is
+               not taken for the answer
+  last_number  the last number: `-12`, `1,000`, `3.5`, `3/4`, `\\frac{3}{4}`; none when it ends
+               a hedge (`4 or 3`)
+  auto         the first of tags, boxed, gsm8k, a stated answer in the completion's tail
+               ("The final answer is $...$", "The answer is 18", "**Answer:** B"; none for a
+               hedge "18 or 26"), the math of its last sentence (`_final_math`), a completion
+               that is one short piece of math (`_whole_math`), last_number that finds
+               something; inside `<answer>` a `\\boxed{}` is unwrapped
+The stated number a gsm8k line must hold, box reading and the test for math worth a symbolic
+comparison live in `oncurve.rewards.normalization`; matching in `oncurve.rewards.matching`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import re
+
+from oncurve.rewards.normalization import (
+    COMMAND_RE,
+    ENVIRONMENT_RE,
+    EQUALS_RE,
+    LHS_RE,
+    last_boxed,
+    looks_symbolic,
+    stated_number,
+)
+
+STYLES = ("auto", "tags", "boxed", "gsm8k", "last_number")
+GSM8K_LINES = 8  # `####` lines, from the last, that the gsm8k style reads
+TAIL_CHARS = 2000  # the end of a completion where a stated "final answer is $...$" is read
+
+_OPEN_TAG_RE = re.compile(r"<answer>", re.IGNORECASE)
+_CLOSE_TAG_RE = re.compile(r"</answer>", re.IGNORECASE)
+_GSM8K_RE = re.compile(r"####\s*([^\n]*)")
+# Thousands groups must be exact (`1,000`, not `1,00`), so a list like `1,2,3` gives `3`.
+_NUMBER = (
+    r"[-−]?\\[dtc]?frac\{\d+\}\{\d+\}"  # a fraction whole, not its denominator
+    r"|[-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|[-−]?\.\d+"
+)
+# A unit may follow without a space (`12.5m`); a letter before (`x2`, `H2O`) is no number.
+_NUMBER_RE = re.compile(rf"(?<![\w.])(?:{_NUMBER})(?![\d_]|[.,]\d)")
+_STATED_ANSWER_RE = re.compile(
+    r"answer\s*(?:is|:)\s*(?:\*\*)?\s*(?:\$\$?(?P<math>(?:\\\$|[^$]){1,500})\$"
+    r"|\\\((?P<inline>.{1,500}?)\\\))",
+    re.IGNORECASE,
+)
+_SCALE_WORDS = r"thousand|million|billion|trillion"
+_ANSWER_NUMBER_RE = re.compile(
+    rf"answer\s*(?:is|:)\s*(?:\*\*)?\s*\\?\$?\s*(?P<number>(?:{_NUMBER})(?![\d_]|[.,]\d)"
+    rf"(?:\s+(?:{_SCALE_WORDS})\b)?)(?P<hedge>\s*(?:\$\s*)?(?:or|and/or)\s+\$?[-−]?\d)?",
+    re.IGNORECASE,
+)
+# "The answer is East." / "The answer is (C)." / "**Answer:** B": a word or a choice's letter
+_ANSWER_WORD_RE = re.compile(
+    r"answer\s*(?:is|:)\s*(?:\*\*)?\s*(?P<word>\([A-Za-z]\)|[A-Za-z]+)\s*(?:\*\*)?\s*[.!]?\s*$",
+    re.IGNORECASE,
+)
+# The last sentence of a completion's tail (after its last `. `, `! `, `? ` or line break).
+# Where a sentence ends: `. `, `! `, `? ` (a decimal point has a digit after it), `$$ ` after a
+# displayed formula's period, or a line break.
+_SENTENCE_END_RE = re.compile(r"[.!?]\$*\s+|\n")
+_STATES_NUMBER_RE = re.compile(r"\b(?:is|are|was|were|equals?|be)\s+\\?\$?[-−]?\d")
+_LHS_NAME_RE = re.compile(r"\s*[a-zA-Z](?:_\{?[a-zA-Z0-9]+\}?)?\s*")
+_INLINE_MATH_RE = re.compile(r"(?<!\\)\$\$?((?:\\\$|[^$]){1,500})\$\$?")
+_JOINER_RE = re.compile(r"\s*(?:,|and|or|,\s*and|,\s*or)\s*", re.IGNORECASE)
+# A number, then "or" (or "and/or") just before the last one: an answer that hedges.
+_HEDGE_RE = re.compile(r"\d\s*(?:\$\s*)?(?:or|and/or)\s*(?:\$\s*)?[-−]?$", re.IGNORECASE)
+
+
+def extract_answer(text: str, style: str = "auto") -> str | None:
+    """The answer part of a completion, stripped, or None when `style` finds none."""
+    if style not in STYLES:
+        raise ValueError(f"extract_answer: style must be one of {', '.join(STYLES)}, got {style!r}")
+    if style == "auto":
+        tagged = _last_tag(text)
+        if tagged is not None:
+            return last_boxed(tagged) or tagged
+        finders = (last_boxed, _gsm8k, _stated_answer, _final_math, _whole_math, _last_number)
+        for finder in finders:
+            found = finder(text)
+            if found is not None:
+                return found
+        return None
+    return {"tags": _last_tag, "boxed": last_boxed, "gsm8k": _gsm8k, "last_number": _last_number}[
+        style
+    ](text)
+
+
+def _last_tag(text: str) -> str | None:
+    """The content of the last `<answer>...</answer>` pair with something in it: its closing
+    tag and the nearest opening tag before it. Empty pairs (a format quoted) are passed over."""
+    openings = [match.end() for match in _OPEN_TAG_RE.finditer(text)]
+    for close in reversed(list(_CLOSE_TAG_RE.finditer(text))):
+        before = bisect.bisect_right(openings, close.start()) - 1
+        if before < 0:
+            return None
+        content = text[openings[before] : close.start()].strip()
+        if content:
+            return content
+    return None
+
+
+def _last_match(
+    pattern: re.Pattern[str], text: str, end: int, start: int = 0
+) -> re.Match[str] | None:
+    """The last match of `pattern` in `text[start:end]`, in one pass (a lazy `.*?` search from
+    each candidate start would rescan the rest of the text for each)."""
+    last = collections.deque(pattern.finditer(text, start, end), maxlen=1)
+    return last[0] if last else None
+
+
+def _gsm8k(text: str) -> str | None:
+    # The answer line is among the last few `####` lines (headings after it are few): checking
+    # every line of a completion made of thousands would cost milliseconds each.
+    for match in reversed(_GSM8K_RE.findall(text)[-GSM8K_LINES:]):
+        answer = match.strip()
+        if stated_number(answer) is not None:
+            return answer
+    return None
+
+
+def _stated_answer(text: str) -> str | None:
+    """The math of the completion's last "The final answer is $...$" (or "answer: $...$"), as
+    Minerva-style prompts ask for it, else the number of its last "The answer is 18": read in
+    the completion's tail only."""
+    tail = max(0, len(text) - TAIL_CHARS)
+    found = _last_match(_STATED_ANSWER_RE, text, len(text), tail)
+    # dollars are money as often as math: "is $18. Then $5" states 18, not the math "18. Then "
+    stated = None if found is None else (found["math"] or found["inline"] or "").strip()
+    if stated and looks_symbolic(stated):
+        return stated
+    found = _last_match(_ANSWER_NUMBER_RE, text, len(text), tail)
+    if found is not None:
+        return None if found["hedge"] else found["number"]  # "18 or 26" states no one answer
+    found = _ANSWER_WORD_RE.search(text, tail)
+    return None if found is None else found["word"]
+
+
+def _final_math(text: str) -> str | None:
+    """The math the completion's last sentence ends on (`The area is $9 \\pi$ square units.`;
+    not "The largest $n$ is 34.", which states a number after it): its last `$...$` part, or the parts joined by "and"/"or"/","
+    (`$n = 1$ and $n = -2$`), each read by `_math_answer`. Math that is money (`$400 + $60`)
+    or prose is none."""
+    tail = text[-TAIL_CHARS:].rstrip()
+    boundaries = list(_SENTENCE_END_RE.finditer(tail))
+    sentence = tail[boundaries[-1].end() :] if boundaries else tail
+    parts = list(_INLINE_MATH_RE.finditer(sentence))
+    if not parts or _STATES_NUMBER_RE.search(sentence, parts[-1].end()):
+        return None  # "The largest $n$ is 34.": the sentence states a number after the math
+    between = [sentence[a.end() : b.start()] for a, b in zip(parts, parts[1:], strict=False)]
+    if not all(_JOINER_RE.fullmatch(gap) for gap in between):
+        parts = parts[-1:]
+    sides = [_math_answer(part.group(1)) for part in parts]
+    return None if None in sides else ", ".join(sides)
+
+
+def _math_answer(math_text: str) -> str | None:
+    """What a piece of math states as its answer: the last side of a chain of equalities or
+    of arithmetic (`(2+1)(2+1) = 9` is 9), a named variable kept (`x = 1 \\pm \\sqrt{19}`), an
+    equation in variables whole (`x^2/16 + y^2/12 = 1/4`), the exact value before an
+    approximation (`\\frac{\\sqrt3}{2} \\approx 0.866`) or the value a name approximates
+    (`x \\approx 11`); None for what ends in an operator or reads as prose."""
+    exact, *approximate = re.split(r"\\approx|≈", math_text)
+    if approximate and _LHS_NAME_RE.fullmatch(exact.strip()):
+        exact = approximate[-1]
+    sides = EQUALS_RE.split(exact)
+    lhs = sides[0]
+    named = len(sides) == 2 and LHS_RE.match(exact)
+    in_variables = len(sides) == 2 and re.search(r"[a-zA-Z]", COMMAND_RE.sub("", lhs))
+    in_variables = in_variables and re.search(r"[-+]", lhs.strip().lstrip("-+"))
+    side = exact.strip() if named or in_variables else sides[-1].strip()
+    if not side or not looks_symbolic(side) or re.search(r"[-+*/=^_\\]\s*$", side):
+        return None
+    return side
+
+
+def _whole_math(text: str) -> str | None:
+    """A completion that is one short piece of math and nothing else (`\\frac{\\sqrt{505}}{7}`),
+    whole: its last number would be a denominator or an exponent."""
+    math_text = text.strip().strip("$").strip()
+    words = re.search(r"[a-zA-Z]{2,}|[,;]", COMMAND_RE.sub("", ENVIRONMENT_RE.sub("", math_text)))
+    if "\n" in math_text or not math_text or words or not looks_symbolic(math_text):
+        return None  # "11H = 88000, so H = 8000.": a sentence, not one piece of math
+    return math_text if re.search(r"[\\^/()+*=]|\d\s*[a-zA-Z]", math_text) else None
+
+
+def _last_number(text: str) -> str | None:
+    """The last number of `text`; None when it ends a hedge between two (`4 or 3`)."""
+    found = _last_match(_NUMBER_RE, text, len(text))
+    if found is None or _HEDGE_RE.search(text, max(0, found.start() - 40), found.start()):
+        return None
+    return found.group()
