@@ -158,6 +158,7 @@ def test_a_signal_during_setup_ends_the_run_before_step_1_with_one_line_and_128_
 
 SLOW_AFTER_FIRST_CALL = """
 import time
+from pathlib import Path
 
 from helpers.rewards_for_tests import count_digits as digits
 
@@ -167,7 +168,9 @@ calls = []
 def count_digits(prompts, completions, **columns):
     calls.append(1)
     if len(calls) > 1:
-        time.sleep(60)  # step 2 and later: long enough for two signals to arrive inside it
+        # step 2 and later: says it is inside a step, then long enough for two signals
+        Path(__file__).with_name("inside_step_2").touch()
+        time.sleep(60)
     return digits(prompts, completions, **columns)
 """
 
@@ -184,6 +187,8 @@ def test_a_second_signal_aborts_at_once_and_keeps_the_last_checkpoint(
     proc = start(args, environment(tmp_path))
     try:
         wait_for(lambda: latest_step(run_dir) >= 1, proc, "the first checkpoint")
+        # a signal in the save's last moments would stop the run after step 1, before the second
+        wait_for(lambda: (tmp_path / "inside_step_2").exists(), proc, "step 2's reward")
         proc.send_signal(signal.SIGINT)
         wait_for(lambda: "signal again to abort" in _peek(proc), proc, "the acknowledgment", 20)
         time.sleep(1.2)
