@@ -288,6 +288,7 @@ def test_fsdp2_run_equals_the_data_parallel_run_and_resumes_exactly(two_rank_run
         torch.testing.assert_close(value, final[name], atol=1e-7, rtol=0, msg=name)
 
 
+@pytest.mark.slow  # the longest of the suite; FSDP2 against DDP is also held for GRPO above
 def test_ppo_under_fsdp2_equals_ppo_under_data_parallelism(tiny_model_dir, data_file, tmp_path):
     """PPO's policy sharded by FSDP2, its critic replicated by DDP: the policy (checked by the
     helper) and the critic end as in the all-DDP run."""
