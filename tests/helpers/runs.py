@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-TESTS_DIR = Path(__file__).parent.parent  # tests/, where `helpers` is a package
+from helpers.paths import TESTS
+
 STEPS = 6  # the uninterrupted run; the interrupted ones stop near STEPS // 2
 
 
@@ -34,7 +35,7 @@ def cli_args(model_dir: Path, data_file: Path, run_dir: Path, *extra: str) -> li
 
 def rewards_env() -> dict[str, str]:
     """The environment with the test rewards (`helpers.rewards_for_tests`) importable."""
-    paths = [str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]
+    paths = [str(TESTS), os.environ.get("PYTHONPATH", "")]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
 
 
@@ -60,7 +61,7 @@ def metric_rows(run_dir: Path) -> list[dict]:
 def run_clis(jobs: list[list[str]], timeout: float = 240) -> list[subprocess.CompletedProcess]:
     """`python -m oncurve ARGS` for each ARGS of `jobs`, all at once (a launcher and torchrun
     start on one core each, one after the other: two jobs fill both cores), once all ended."""
-    env = {**os.environ, "PYTHONPATH": str(TESTS_DIR)}
+    env = {**os.environ, "PYTHONPATH": str(TESTS)}
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "oncurve", *args],

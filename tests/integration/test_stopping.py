@@ -22,7 +22,6 @@ from pathlib import Path
 from helpers.paths import TESTS
 from helpers.run_processes import finish, latest_step, wait_for
 
-TESTS_DIR = TESTS
 LONG = 400  # steps of a run that a signal stops long before its end
 
 
@@ -48,7 +47,7 @@ def job(model_dir: Path, data_file: Path, run_dir: Path, *extra: str) -> list[st
 
 def environment(*paths: Path) -> dict[str, str]:
     """The environment with the test rewards (and `paths`) importable."""
-    entries = [*map(str, paths), str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]
+    entries = [*map(str, paths), str(TESTS), os.environ.get("PYTHONPATH", "")]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in entries if p)}
 
 

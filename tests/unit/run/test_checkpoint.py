@@ -32,8 +32,6 @@ from oncurve.run.checkpoint import (
     save_checkpoint,
 )
 
-TESTS_DIR = TESTS
-
 
 def draw() -> list:
     return [
@@ -348,7 +346,7 @@ for kill_at in range(1, 30):
 
 def test_sigkill_at_every_write_leaves_latest_on_a_complete_checkpoint(tmp_path: Path) -> None:
     subprocess.run(
-        [sys.executable, "-c", KILL_SCRIPT, str(TESTS_DIR), str(tmp_path)], check=True, timeout=120
+        [sys.executable, "-c", KILL_SCRIPT, str(TESTS), str(tmp_path)], check=True, timeout=120
     )
     events = json.loads((tmp_path / "events.json").read_text())
     outcomes = json.loads((tmp_path / "outcomes.json").read_text())
