@@ -172,7 +172,7 @@ def checkpoint_model(base_dir: str, checkpoint: Path, out: Path) -> Path:
 
     model = load_model(Path(base_dir))
     load_weights(model, checkpoint / "model.safetensors")
-    save_final(model, load_tokenizer(Path(base_dir)), out)
+    save_final(model, load_tokenizer(Path(base_dir)), out, model.generation_config)
     return out
 
 

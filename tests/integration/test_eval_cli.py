@@ -115,3 +115,48 @@ def test_sample_formats_its_prompt_and_errors_are_one_line(chat_model_dir, tmp_p
     assert "--model or --run" in capsys.readouterr().err
     assert main([*argv, "--run", str(tmp_path), "--prompt", "2+2="]) == 2
     assert "no config.yaml" in capsys.readouterr().err
+
+
+def test_a_model_directory_s_generation_settings_are_used_and_shortened_to_fit(
+    tiny_model_dir, tmp_path, capsys
+):
+    """`oncurve sample --model DIR` samples with DIR's generation_config.json, as with the same
+    settings given as flags; a carried
+    max_new_tokens longer than the model's 256 positions leave is shortened to the room there
+    is (the prompt is BOS and 4 characters), in one line; the same length given as a flag is a
+    one-line error."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    carried = {"do_sample": True, "max_new_tokens": 1000, "temperature": 0.5, "top_k": 3}
+    (model_dir / "generation_config.json").write_text(json.dumps(carried))
+    argv = ["sample", "--device", "cpu", "--model", str(model_dir), "--prompt", "2+2=", "-n", "1"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert err.strip() == (
+        f"oncurve: max_new_tokens 1000 (from {model_dir}/generation_config.json) does not fit "
+        "after the longest prompt (5 tokens) in the model's 256 positions: using 251"
+    )
+    flags = ["--max-new-tokens", "251", "--temperature", "0.5", "--top-k", "3"]
+    assert main([*argv, *flags]) == 0
+    assert capsys.readouterr().out == out
+    assert main([*argv, *flags[:2], "--temperature", "1"]) == 0
+    assert capsys.readouterr().out != out
+    assert main([*argv, "--max-new-tokens", "1000"]) == 2
+    assert "--max-new-tokens=1000 does not fit" in capsys.readouterr().err
+
+
+def test_a_run_s_final_model_carries_the_sampling_it_trained_with(tmp_path):
+    """final/generation_config.json holds the run's rollout settings, which `generate` reads."""
+    run_dir = tmp_path / "run"
+    overrides = ["rollout.max_new_tokens=24", "rollout.temperature=0.7", "rollout.top_k=5"]
+    config = load_config(
+        None,
+        [*overrides, "run.steps=1", "eval.at_start_end=false", "run.preflight=false",
+         "data.prompts_per_step=2", "rollout.group_size=2", f"run.dir={run_dir}",
+         "run.device=cpu"],
+    )  # fmt: skip
+    train(config, quiet=True)
+    generation = transformers.GenerationConfig.from_pretrained(run_dir / "final")
+    assert (generation.do_sample, generation.max_new_tokens) == (True, 24)
+    assert (generation.temperature, generation.top_p, generation.top_k) == (0.7, 1.0, 5)
+    assert generation.eos_token_id is not None

@@ -128,10 +128,16 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--max-new-tokens",
             type=_at_least(1),
-            help="default: the run's rollout.max_new_tokens, else a run's default for the model "
-            "(64 for `default`, else 256)",
+            help="default: the run's rollout.max_new_tokens, else the model directory's "
+            "generation_config.json (a run's final/ states what it trained with), else a run's "
+            "default for the model (64 for `default`, else 256); one that does not fit the "
+            "model is shortened, said in one line",
         )
-        p.add_argument("--temperature", type=_temperature, default=1.0)
+        p.add_argument(
+            "--temperature",
+            type=_temperature,
+            help="0 is greedy; default: as --max-new-tokens, else 1",
+        )
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--trust-remote-code", action="store_true")
         p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (as run.device)")
@@ -189,6 +195,9 @@ def _parser() -> argparse.ArgumentParser:
     model_args(sample)
     sample.add_argument("--prompt", required=True)
     sample.add_argument("-n", type=_at_least(1), default=4, help="completions to sample")
+    sample.add_argument("--top-p", type=float, help="nucleus mass (default: as --temperature)")
+    sample.add_argument("--top-k", type=_at_least(0), help="keep the k most likely; 0 keeps all")
+    sample.add_argument("--min-p", type=float, help="drop tokens below min_p x the top one")
     sample.set_defaults(run=sample_command)
 
     warm = commands.add_parser("warmstart", help="the supervised recipe of the bundled model")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,17 +18,13 @@ if TYPE_CHECKING:
 
 def run_config(args: argparse.Namespace):
     """The resolved config of `--run RUN_DIR` (None without it); fills in `--model` (the run's
-    final model) and `--max-new-tokens` (its rollout.max_new_tokens; without a run, the
-    default of a run of `--model`) when they are not given."""
-    from oncurve.config import build_config, load_config
+    final model) when it is not given."""
+    from oncurve.config import load_config
     from oncurve.model.saving import missing_from_final
 
     if args.run_dir is None:
         if args.model is None:
             raise UserError("--model or --run is required")
-        # the run a config would make of this model: 64 for the bundled one, else 256
-        default = build_config({"model": {"path": args.model}}).rollout.max_new_tokens
-        args.max_new_tokens = args.max_new_tokens or default
         return None
     path = Path(args.run_dir) / "config.yaml"
     if not path.is_file():
@@ -44,8 +41,69 @@ def run_config(args: argparse.Namespace):
                 f"short): write it again with oncurve train run.resume=auto run.dir={args.run_dir}"
             )
         args.model = str(final)
-    args.max_new_tokens = args.max_new_tokens or config.rollout.max_new_tokens
     return config
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """How `oncurve eval` and `oncurve sample` sample, and where `max_new_tokens` came from
+    (None: its flag)."""
+
+    max_new_tokens: int
+    temperature: float
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    new_tokens_from: str | None = None
+
+
+def sampling(args: argparse.Namespace, config) -> Sampling:
+    """Each setting from its flag; else from the run (`--run`: its rollout settings); else from
+    the model directory's generation_config.json (a run's final/ states what it trained with);
+    else a run's default for the model (64 new tokens for `default`, else 256; temperature 1)."""
+    from oncurve.config import build_config
+    from oncurve.model.saving import GENERATION_FILE, read_generation_config
+
+    if config is not None:
+        rollout = config.rollout
+        stated = {key: getattr(rollout, key) for key in ("max_new_tokens", *_SAMPLING_KEYS)}
+        source = f"the run's rollout.max_new_tokens ({args.run_dir}/config.yaml)"
+    else:
+        stated = read_generation_config(args.model)
+        source = f"{Path(args.model) / GENERATION_FILE}"
+        if "max_new_tokens" not in stated:
+            default = build_config({"model": {"path": args.model}}).rollout.max_new_tokens
+            stated["max_new_tokens"] = default
+            source = f"the default for {args.model}"
+    given = {key: getattr(args, key, None) for key in ("max_new_tokens", *_SAMPLING_KEYS)}
+    chosen = {key: stated[key] for key in stated if given.get(key) is None}
+    chosen.update({key: value for key, value in given.items() if value is not None})
+    chosen.setdefault("temperature", 1.0)
+    from_flag = given["max_new_tokens"] is not None
+    return Sampling(**chosen, new_tokens_from=None if from_flag else source)
+
+
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")
+
+
+def fitted_new_tokens(chosen: Sampling, longest_prompt: int, model_config) -> int:
+    """`chosen.max_new_tokens`, or when it came from a run or a model directory rather than
+    `--max-new-tokens` and does not fit the model's positions after the longest prompt, the
+    room there is, said in one line. A flag that does not fit is a one-line error."""
+    from oncurve.rollout.base import check_room
+
+    limit = getattr(model_config, "max_position_embeddings", None)
+    room = chosen.max_new_tokens if limit is None else limit - longest_prompt
+    if chosen.new_tokens_from is None or room <= 0 or chosen.max_new_tokens <= room:
+        check_room(longest_prompt, chosen.max_new_tokens, model_config, "--max-new-tokens")
+        return chosen.max_new_tokens
+    print(
+        f"oncurve: max_new_tokens {chosen.max_new_tokens} (from {chosen.new_tokens_from}) "
+        f"does not fit after the longest prompt ({longest_prompt} tokens) in the model's "
+        f"{limit} positions: using {room}",
+        file=sys.stderr,
+    )
+    return room
 
 
 def prompt_format(args: argparse.Namespace, config, tokenizer):

@@ -6,7 +6,7 @@ import argparse
 import json
 from collections.abc import Callable
 
-from oncurve.cli.common import load_sampler, prompt_format, run_config
+from oncurve.cli.common import fitted_new_tokens, load_sampler, prompt_format, run_config, sampling
 from oncurve.errors import UserError
 
 
@@ -17,24 +17,24 @@ def eval_command(args: argparse.Namespace) -> int:
     from oncurve.rewards.extraction import extract_answer
     from oncurve.rewards.registry import ANSWER_MATCH_REWARDS
     from oncurve.rewards.runner import runner_settings
-    from oncurve.rollout.base import check_room
 
     config = run_config(args)
+    chosen = sampling(args, config)
     sampler, model = load_sampler(args, config)
     data = prompt_format(args, config, sampler.tokenizer)
     scorer, correct = _eval_scorer(args, config)
     rows = _eval_rows(args, config, data, needs_answer=correct in ANSWER_MATCH_REWARDS)
     rows = PromptData(rows, sampler.tokenizer, data, seed=0).rows
     longest = max(len(row["prompt_ids"]) for row in rows)
-    check_room(longest, args.max_new_tokens, model.config, "--max-new-tokens")
+    max_new_tokens = fitted_new_tokens(chosen, longest, model.config)
     records: list[dict] = []
     result = evaluate(
         sampler,
         rows,
         correct,
-        max_new_tokens=args.max_new_tokens,
+        max_new_tokens=max_new_tokens,
         samples=args.samples,
-        temperature=args.temperature,
+        temperature=chosen.temperature,
         seed=args.seed,
         records=records,
         **runner_settings((config or Config()).reward),

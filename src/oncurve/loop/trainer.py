@@ -40,7 +40,7 @@ from oncurve.loop.progress import Progress, guarded_output
 from oncurve.loop.reward_signal import DeadStepWatch, check_gold_answers
 from oncurve.loop.timer import Timer, cuda_peak_reader
 from oncurve.model.devices import resolve_device
-from oncurve.model.saving import save_final, save_lora_final
+from oncurve.model.saving import save_final, save_lora_final, trained_generation
 from oncurve.rewards.registry import ANSWER_MATCH_REWARDS
 from oncurve.rewards.runner import runner_settings
 from oncurve.run import checkpoint, oom
@@ -360,13 +360,27 @@ def _train(config: Config, quiet: bool) -> TrainResult:
                 s.logger.close()
                 return TrainResult(s.run_dir, cfg.run.steps, eval_before, eval_after)
         stop.where = "after the final save, the run complete"
+        r = cfg.rollout
+        sampling = dict(
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            min_p=r.min_p,
+        )
         if s.policy.peft_model is None:
             with s.policy.whole() as policy:
                 if s.rank == 0:
-                    save_final(policy, s.tokenizer, s.run_dir / "final")
+                    generation = trained_generation(policy, **sampling)
+                    save_final(policy, s.tokenizer, s.run_dir / "final", generation)
         elif s.rank == 0:
+            peft_model = s.policy.peft_model
             save_lora_final(
-                s.policy.peft_model, s.tokenizer, s.run_dir / "final", cfg.model.lora.save_adapter
+                peft_model,
+                s.tokenizer,
+                s.run_dir / "final",
+                cfg.model.lora.save_adapter,
+                trained_generation(peft_model, **sampling),
             )
         s.logger.close()
         if eval_before and eval_after:

@@ -10,20 +10,74 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from transformers import PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedTokenizerBase
 
-from oncurve.errors import CheckpointError
+from oncurve.errors import CheckpointError, UserError
+
+GENERATION_FILE = "generation_config.json"
 
 
-def save_final(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out: Path) -> None:
+def save_final(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    out: Path,
+    generation: GenerationConfig,
+) -> None:
     """A directory that `AutoModelForCausalLM.from_pretrained` loads as is (safetensors),
-    written whole or not at all (`_written_whole`)."""
+    written whole or not at all (`_written_whole`), with `generation` (`trained_generation`)
+    as its generation_config.json."""
     with _written_whole(out) as partial:
         model.save_pretrained(partial, safe_serialization=True)
         tokenizer.save_pretrained(partial)
+        generation.save_pretrained(partial)
+
+
+def trained_generation(
+    model: torch.nn.Module,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    min_p: float,
+) -> GenerationConfig:
+    """The model's own generation config (its special tokens) with the sampling a run trained
+    with, which `transformers`' `generate` and `oncurve eval`/`sample --model` then use by
+    default. Temperature 0 is greedy; top_k 0 and min_p None keep every token, as the run
+    did."""
+    own = getattr(model, "generation_config", None)
+    settings = own.to_diff_dict() if own is not None else {}
+    settings.pop("transformers_version", None)
+    for key in ("temperature", "top_p", "top_k", "min_p", "max_length"):
+        settings.pop(key, None)
+    settings.update(do_sample=temperature > 0, max_new_tokens=max_new_tokens)
+    if temperature > 0:
+        settings.update(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p or None)
+    return GenerationConfig(**settings)
+
+
+def read_generation_config(model_dir: str | Path) -> dict[str, Any]:
+    """The sampling settings a model directory's generation_config.json states ({} without
+    one, or for a Hub id): `max_new_tokens`, and `temperature`, `top_p`, `top_k`, `min_p` when
+    it samples (`do_sample`). Only the keys the file holds: `GenerationConfig`'s defaults
+    (top_k 50) are not the model's."""
+    file = Path(model_dir) / GENERATION_FILE
+    if not file.is_file():
+        return {}
+    try:
+        stated = json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise UserError(f"{file}: not readable as JSON ({err})") from None
+    if not isinstance(stated, dict):
+        raise UserError(f"{file}: not a JSON object")
+    keys = ["max_new_tokens"]
+    if stated.get("do_sample"):
+        keys += ["temperature", "top_p", "top_k", "min_p"]
+    return {key: stated[key] for key in keys if stated.get(key) is not None}
 
 
 def missing_from_final(final: Path) -> str | None:
@@ -80,10 +134,15 @@ def _written_whole(out: Path) -> Iterator[Path]:
 
 
 def save_lora_final(
-    peft_model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, out: Path, adapter: bool
+    peft_model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    out: Path,
+    adapter: bool,
+    generation: GenerationConfig,
 ) -> None:
-    """`out` gets the merged model (base + adapter), loadable without peft; `out/adapter` the
-    adapter alone when asked."""
+    """`out` gets the merged model (base + adapter), loadable without peft, with its
+    `generation` as its generation_config.json; `out/adapter` the adapter alone when
+    asked."""
     # merged on a CPU copy: a second copy of the model on the GPU is memory the run never had
     device = next(peft_model.parameters()).device
     merged = copy.deepcopy(peft_model.to("cpu")).merge_and_unload()
@@ -93,3 +152,4 @@ def save_lora_final(
             peft_model.save_pretrained(partial / "adapter")
         merged.save_pretrained(partial, safe_serialization=True)
         tokenizer.save_pretrained(partial)
+        generation.save_pretrained(partial)
