@@ -1,0 +1,58 @@
+"""The runs a report reads: each run directory's metrics as series, and the names it shows."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from oncurve.errors import UserError
+from oncurve.run.metrics import METRICS_FILE, iter_jsonl
+
+
+@dataclass
+class Run:
+    """The metrics of one run: metric name -> (steps [S], values [S]), sorted by step."""
+
+    name: str
+    path: Path
+    series: dict[str, tuple[np.ndarray, np.ndarray]]
+
+    def keys(self, pattern: str) -> list[str]:
+        """The names of this run's series that `pattern` matches in full, sorted."""
+        return sorted(k for k in self.series if re.fullmatch(pattern, k))
+
+
+def load_run(run_dir: Path, name: str | None = None) -> Run:
+    """Read `run_dir/metrics.jsonl`; null values are skipped, a repeated (step, key) keeps the
+    last value. Raises UserError naming the directory when there is nothing to read."""
+    run_dir = Path(run_dir)
+    path = run_dir / METRICS_FILE
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir}: no such run directory")
+    if not path.is_file():
+        raise UserError(f"{run_dir}: no {METRICS_FILE}; is it the run.dir of `oncurve train`?")
+    values: dict[str, dict[int, float]] = {}
+    for row in iter_jsonl(path):
+        for key, value in row.items():
+            if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
+                values.setdefault(key, {})[row["step"]] = float(value)
+    if not values:
+        raise UserError(f"{run_dir}: {METRICS_FILE} has no metrics yet (no step has finished)")
+    series = {}
+    for key, by_step in values.items():
+        steps = np.array(sorted(by_step))
+        series[key] = (steps, np.array([by_step[s] for s in steps.tolist()]))
+    return Run(name or run_dir.name, run_dir, series)
+
+
+def run_names(paths: list[Path]) -> list[str]:
+    """Directory names, or parent/name when two runs share a name."""
+    names = [p.resolve().name for p in paths]
+    if len(set(names)) < len(names):
+        names = [f"{p.resolve().parent.name}/{p.resolve().name}" for p in paths]
+    if len(set(names)) < len(names):
+        names = [str(p) for p in paths]
+    return names
