@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from oncurve.config import load_config
-from oncurve.rewards.runner import RewardError, RewardRunner
+from oncurve.rewards.jobs import RewardError
+from oncurve.rewards.runner import RewardRunner
 from oncurve.run.rewards import build_rewards
 
 NAN = math.nan

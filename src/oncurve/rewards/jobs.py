@@ -1,0 +1,121 @@
+"""One job of the reward runner: a reward function called on the whole batch or on one row,
+timed, and what it returned checked; the outcome says how it went, whichever process ran it."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from oncurve.errors import UserError
+from oncurve.rewards.registry import RewardFn
+
+# A job is (function index, row index or None for the whole batch). An outcome is
+# (kind, payload, exception, seconds the call took): ("ok", values, None, s),
+# ("error", message, exc | None, s), ("fatal", message, None, s) for a wrong return value,
+# ("timeout", message | None, None, s).
+Job = tuple[int, int | None]
+Outcome = tuple[str, Any, BaseException | None, float]
+
+
+class RewardError(UserError):
+    """A reward function raised, or returned something other than one number/None per row."""
+
+
+# what torch raises when a forked process touches CUDA that its parent initialised
+_FORKED_CUDA = "CUDA in forked subprocess"
+
+
+def _forked_cuda_message(name: str) -> str:
+    return (
+        f"reward {name!r} uses CUDA, which the forked worker that runs rewards under "
+        "reward.timeout cannot: make it CPU-only, or set reward.timeout=null to run rewards in "
+        "the trainer's process"
+    )
+
+
+def run_job(fns: list[tuple[str, RewardFn, float]], job: Job, batch: tuple) -> Outcome:
+    """Call function `job[0]` of `fns` on the batch (prompts, completions, columns), or on row
+    `job[1]` alone, and time the call; what it raised or returned becomes the outcome."""
+    f, row = job
+    name, fn, _ = fns[f]
+    prompts, completions, columns = batch
+    if row is not None:
+        prompts, completions = prompts[row : row + 1], completions[row : row + 1]
+        columns = {key: values[row : row + 1] for key, values in columns.items()}
+    start = time.perf_counter()
+    try:
+        values = fn(prompts, completions, **columns)
+    except TimeoutError as e:
+        return ("timeout", f"{type(e).__name__}: {e}", None, time.perf_counter() - start)
+    except Exception as e:
+        if _FORKED_CUDA in str(e):  # not the row's fault: no row can be scored so
+            return ("fatal", _forked_cuda_message(name), None, time.perf_counter() - start)
+        return ("error", f"{type(e).__name__}: {e}", e, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    try:
+        return ("ok", _check_values(name, values, len(completions), row), None, seconds)
+    except _TooLarge as e:  # a value of the row's, as an exception is: the error policy decides
+        return ("error", str(e), e, seconds)
+    except RewardError as e:
+        return ("fatal", str(e), None, seconds)
+
+
+def _check_values(name: str, values: Any, n: int, row: int | None) -> list[float | None]:
+    """Plain floats (None for None, NaN or inf) from an ordered sequence (a list, a tuple, a 1-D
+    array) of numbers or None; RewardError for anything else: a set, a dict or its views, or any
+    other iterable whose order is not the rows', a string, a value that is not a number; and
+    `_TooLarge`, which the error policy handles as a row's error, for a number too large for a
+    float (an int of 309 digits or more)."""
+    where = "" if row is None else f" for sample {row} alone"
+    ordered = isinstance(values, Sequence) or hasattr(values, "__array__")  # numpy, torch
+    try:
+        if not ordered or isinstance(values, str | bytes):
+            raise TypeError
+        values = list(values)
+    except TypeError:
+        raise RewardError(
+            f"reward {name!r} returned {type(values).__name__}{where}; expected a list of "
+            f"{n} floats or None, in the order of the rows"
+        ) from None
+    if len(values) != n:
+        raise RewardError(
+            f"reward {name!r} returned {len(values)} values for {n} completions{where}"
+        )
+    checked: list[float | None] = []
+    for i, value in enumerate(values):
+        if value is None:
+            checked.append(None)
+            continue
+        sample = i if row is None else row
+        try:
+            number = None if isinstance(value, str | bytes) else float(value)
+        except (TypeError, ValueError):
+            number = None
+        except OverflowError:
+            raise _TooLarge(
+                f"reward {name!r} returned {_size(value)} ({type(value).__name__}), too large "
+                f"for a float, for sample {sample}; expected a float or None"
+            ) from None
+        if number is None:
+            raise RewardError(
+                f"reward {name!r} returned {value!r} ({type(value).__name__}) for sample "
+                f"{sample}; expected a float or None"
+            )
+        checked.append(number if math.isfinite(number) else None)
+    return checked
+
+
+class _TooLarge(RewardError):
+    """A returned number too large for a float: the row's fault, not the function's."""
+
+
+def _size(value: Any) -> str:
+    """A number too large for a float, shortly: its size in decimal digits, since writing it
+    out could take pages (Python refuses past 4,300 digits)."""
+    try:
+        bits = abs(int(value)).bit_length()
+    except (TypeError, ValueError, OverflowError):
+        return "a number"
+    return f"a number of about {int(bits * math.log10(2)) + 1} digits"
