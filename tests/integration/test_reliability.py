@@ -242,14 +242,14 @@ def test_a_save_that_hits_a_full_disk_keeps_the_previous_checkpoint_and_exits_1(
     args = cli_args(
         tiny_model_dir, data_file, run_dir, "run.steps=3", "run.save_every=1", "run.preflight=false"
     )
-    real_write = checkpoint._write
+    real_write = checkpoint.write_file
 
     def disk_full_at_step_2(path: Path, dump) -> None:
         if path.name == "optimizer.pt" and "step-000002" in path.parent.name:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         real_write(path, dump)
 
-    monkeypatch.setattr(checkpoint, "_write", disk_full_at_step_2)
+    monkeypatch.setattr(checkpoint, "write_file", disk_full_at_step_2)
     assert main(["train", "--quiet", *args, "run.keep_last=1"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
@@ -259,7 +259,7 @@ def test_a_save_that_hits_a_full_disk_keeps_the_previous_checkpoint_and_exits_1(
     assert checkpoint.latest_checkpoint(run_dir) == checkpoints / "step-000001"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step-000001"]
 
-    monkeypatch.setattr(checkpoint, "_write", real_write)
+    monkeypatch.setattr(checkpoint, "write_file", real_write)
     assert main(["train", "--quiet", *args, "run.resume=auto"]) == 0
     assert [r["step"] for r in metric_rows(run_dir)] == [1, 2, 3]
 

@@ -21,13 +21,14 @@ are checkpoints beyond `keep_last` removed. A process killed anywhere in between
 on a complete checkpoint. Leftover `.tmp-*` / `.trash-*` entries of a killed save are ignored by
 `latest_checkpoint` and removed by the next save. One process saves into a run directory at a
 time (rank 0 in a distributed run).
+
+The files are written through durable_files.py, the weights by checkpoint_weights.py, the
+generator states by rng_state.py.
 """
 
-import hashlib
 import json
 import os
 import pickle
-import random
 import re
 import shutil
 import sys
@@ -36,17 +37,24 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from oncurve import distributed
 from oncurve.errors import CheckpointError, UserError
+from oncurve.run.checkpoint_weights import (
+    load_trainable,
+    load_weights,
+    save_weights,
+    trainable_tensors,
+)
+from oncurve.run.durable_files import fsync, replace_file, sha256, write_file, write_text
+from oncurve.run.rng_state import get_rng_state, set_rng_state
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -54,9 +62,7 @@ COMPLETE = "COMPLETE"
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "state.json"
-CHECKSUMS_FILE = "checksums.json"
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)  # sha256 of each file, written before COMPLETE
+CHECKSUMS_FILE = "checksums.json"  # sha256 of each file, written before COMPLETE
 _STEP_DIR = re.compile(r"step-(\d+)")
 _LEFTOVER_PREFIXES = (".tmp-", ".trash-")
 
@@ -93,7 +99,7 @@ def save_checkpoint(
         raise ValueError("modules: the name 'model' is taken by the policy model")
     state_text = json.dumps(state)  # not JSON-able -> fail before anything touches the disk
     rank, world = distributed.world()
-    rng_states = [_rng_state()]
+    rng_states = [get_rng_state()]
     if world > 1:
         local_rng, rng_states = rng_states[0], [None] * world
         dist.all_gather_object(rng_states, local_rng)
@@ -111,13 +117,13 @@ def save_checkpoint(
     if rank == 0:
         try:
             policy_dump = (
-                partial(save_file, _trainable_tensors(model))
+                partial(save_file, trainable_tensors(model))
                 if trainable_only
-                else partial(_save_weights, model)
+                else partial(save_weights, model)
             )
             dumps = {
                 "model": policy_dump,
-                **{n: partial(_save_weights, m) for n, m in modules.items()},
+                **{n: partial(save_weights, m) for n, m in modules.items()},
             }
             _write_checkpoint(final, step, dumps, opt_state, rng_states, state_text)
         except (OSError, SafetensorError) as err:
@@ -171,11 +177,11 @@ def load_checkpoint(
         raise UserError(f"checkpoint {path} is not complete (no {COMPLETE} marker); not loaded")
     verify_checksums(path)
     if trainable_only:
-        _load_trainable(path / MODEL_FILE, model)
+        load_trainable(path / MODEL_FILE, model)
     else:
-        _load_weights(path / MODEL_FILE, model)
+        load_weights(path / MODEL_FILE, model)
     for name, module in (modules or {}).items():
-        _load_weights(path / f"{name}.safetensors", module)
+        load_weights(path / f"{name}.safetensors", module)
     opt_file = path / OPTIMIZER_FILE
     saved = _load_torch_file(opt_file)
     try:
@@ -192,7 +198,7 @@ def load_checkpoint(
             f"checkpoint file {opt_file} does not match the optimizer: {what}"
         ) from None
     rank, _ = distributed.world()
-    _set_rng_state(_read_json(path / f"rng-rank{rank}.json"))
+    set_rng_state(_read_json(path / f"rng-rank{rank}.json"))
     return read_state(path)
 
 
@@ -226,20 +232,20 @@ def _write_checkpoint(
     try:
         tmp.mkdir()
         for name, dump in weights.items():
-            _write(tmp / f"{name}.safetensors", dump)
-        _write(tmp / OPTIMIZER_FILE, partial(torch.save, opt_state))
+            write_file(tmp / f"{name}.safetensors", dump)
+        write_file(tmp / OPTIMIZER_FILE, partial(torch.save, opt_state))
         for rank, rng in enumerate(rng_states):
-            _write(tmp / f"rng-rank{rank}.json", partial(_write_text, json.dumps(rng)))
-        _write(tmp / STATE_FILE, partial(_write_text, state_text))
-        sums = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
-        _write(tmp / CHECKSUMS_FILE, partial(_write_text, json.dumps(sums, indent=1)))
-        _write(tmp / COMPLETE, partial(_write_text, f"{step}\n"))
-        _fsync(tmp)
+            write_file(tmp / f"rng-rank{rank}.json", partial(write_text, json.dumps(rng)))
+        write_file(tmp / STATE_FILE, partial(write_text, state_text))
+        sums = {f.name: sha256(f) for f in sorted(tmp.iterdir())}
+        write_file(tmp / CHECKSUMS_FILE, partial(write_text, json.dumps(sums, indent=1)))
+        write_file(tmp / COMPLETE, partial(write_text, f"{step}\n"))
+        fsync(tmp)
         # Saving a step again (e.g. after resuming from it): a directory cannot be renamed onto
         # a non-empty one, so the old copy steps aside for the two renames.
         if final.exists():
-            _replace(final, trash)
-        _replace(tmp, final)
+            replace_file(final, trash)
+        replace_file(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         if trash.exists() and not final.exists():
@@ -247,8 +253,8 @@ def _write_checkpoint(
         raise
     pointer_tmp = root / f".tmp-{LATEST}-{os.getpid()}"
     try:
-        _write(pointer_tmp, partial(_write_text, f"{final.name}\n"))
-        _replace(pointer_tmp, root / LATEST)
+        write_file(pointer_tmp, partial(write_text, f"{final.name}\n"))
+        replace_file(pointer_tmp, root / LATEST)
     except BaseException:
         pointer_tmp.unlink(missing_ok=True)
         raise
@@ -279,24 +285,6 @@ def _remove_leftovers(root: Path) -> None:
                 entry.unlink(missing_ok=True)
 
 
-def _write(path: Path, dump: Callable[[Path], Any]) -> None:
-    """Create one file with `dump(path)`, with the umask's mode, and fsync it; every checkpoint
-    file is written here.
-    torch.save reports a full disk or a file-size limit as a RuntimeError of its C++ writer:
-    an OSError here, as the others report it."""
-    try:
-        dump(path)
-    except RuntimeError as err:
-        raise OSError(f"writing {path.name} failed: {' '.join(str(err).split())[:200]}") from None
-    path.chmod(0o666 & ~_UMASK)  # safetensors writes 0600; a run's files follow the umask
-    _fsync(path)
-
-
-def _sha256(path: Path) -> str:
-    with path.open("rb") as file:
-        return hashlib.file_digest(file, "sha256").hexdigest()
-
-
 def verify_checksums(path: Path) -> None:
     """UserError naming the first file of checkpoint `path` whose bytes are not those saved
     (flipped bits, a truncated copy), and the previous complete checkpoint to resume from; a
@@ -308,7 +296,7 @@ def verify_checksums(path: Path) -> None:
     sums = _read_json(sums_file)
     for name, expected in sums.items() if isinstance(sums, dict) else []:
         file = path / name
-        if file.is_file() and _sha256(file) == expected:
+        if file.is_file() and sha256(file) == expected:
             continue
         step = _step_of(path) if _STEP_DIR.fullmatch(path.name) else 0
         earlier = [d for d in _complete_checkpoints(path.parent) if _step_of(d) < step]
@@ -320,99 +308,7 @@ def verify_checksums(path: Path) -> None:
         raise UserError(f"checkpoint file {file} is damaged (its checksum differs); {where}")
 
 
-def _replace(src: Path, dst: Path) -> None:
-    """Rename `src` to `dst` and fsync their directory so that the rename itself is durable."""
-    os.replace(src, dst)
-    _fsync(dst.parent)
-
-
-def _write_text(text: str, path: Path) -> None:
-    path.write_text(text, encoding="utf-8")
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 # -- loading ---------------------------------------------------------------------------------
-
-
-def _identity(tensor: torch.Tensor) -> tuple:
-    """What two names of one tensor (tied weights) share, and two different tensors do not."""
-    return (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
-
-
-def _save_weights(module: nn.Module, file: str) -> None:
-    """`module`'s state, each tensor once: a tensor under several names (tied weights) under
-    the first. Tensors that are views into a larger storage (`cuda_graph.lay_out_projections`
-    lays a layer's projections out in one) are stored as they are, which safetensors'
-    `save_model` refuses."""
-    names: dict[tuple, str] = {}
-    state = module.state_dict()
-    for name, tensor in state.items():
-        names.setdefault(_identity(tensor), name)
-    save_file({name: state[name] for name in names.values()}, file)
-
-
-def _load_weights(file: Path, module: nn.Module) -> None:
-    """Copy the tensors `_save_weights` stored into `module`'s, in place; a tied tensor may
-    have been stored under any of its names (safetensors' `save_model` wrote earlier ones)."""
-    if not file.is_file():
-        raise UserError(f"checkpoint file {file} is missing")
-    param = next(module.parameters(), None)
-    device = str(param.device) if param is not None else "cpu"
-    try:
-        saved = load_file(file, device=device)
-    except SafetensorError as err:
-        raise UserError(f"checkpoint file {file} cannot be read: {err}") from None
-    state = module.state_dict()
-    aliases: dict[tuple, list[str]] = {}
-    for name, tensor in state.items():
-        aliases.setdefault(_identity(tensor), []).append(name)
-    found, missing = {}, []
-    for names in aliases.values():
-        stored = [name for name in names if name in saved]
-        if stored:
-            found[stored[0]] = saved[stored[0]]
-        else:
-            missing += names
-    unexpected = sorted(saved.keys() - state.keys())
-    if missing or unexpected:
-        raise UserError(
-            f"checkpoint file {file} does not match the model: missing {missing}, "
-            f"unexpected {unexpected}"
-        )
-    try:
-        module.load_state_dict(found, strict=False)
-    except RuntimeError as err:
-        reason = " ".join(str(err).split())
-        raise UserError(f"checkpoint file {file} does not match the model: {reason}") from None
-
-
-def _trainable_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
-    return {
-        name: p.detach().contiguous() for name, p in module.named_parameters() if p.requires_grad
-    }
-
-
-def _load_trainable(file: Path, module: nn.Module) -> None:
-    if not file.is_file():
-        raise UserError(f"checkpoint file {file} is missing")
-    expected = _trainable_tensors(module)
-    try:
-        saved = load_file(file, device=str(next(iter(expected.values())).device))
-    except SafetensorError as err:
-        raise UserError(f"checkpoint file {file} cannot be read: {err}") from None
-    if saved.keys() != expected.keys() or any(saved[k].shape != expected[k].shape for k in saved):
-        raise UserError(
-            f"checkpoint file {file} does not match the model's trainable parameters "
-            f"({len(saved)} tensors saved, {len(expected)} trainable)"
-        )
-    module.load_state_dict(saved, strict=False)
 
 
 def _load_torch_file(file: Path) -> dict:
@@ -455,27 +351,3 @@ def _complete_checkpoints(root: Path) -> list[Path]:
 
 def _step_of(directory: Path) -> int:
     return int(_STEP_DIR.fullmatch(directory.name).group(1))
-
-
-def _rng_state() -> dict:
-    version, internal, gauss_next = random.getstate()
-    kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
-    state = {
-        "python": [version, list(internal), gauss_next],
-        "numpy": [kind, keys.tolist(), pos, has_gauss, cached_gaussian],
-        "torch": torch.get_rng_state().tolist(),
-    }
-    # Only when CUDA is in use: asking for its state would otherwise initialise it.
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
-    kind, keys, pos, has_gauss, cached_gaussian = state["numpy"]
-    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
-    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])

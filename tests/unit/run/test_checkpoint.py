@@ -193,17 +193,17 @@ def test_latest_pointer_and_keep_last(tmp_path: Path) -> None:
     save_checkpoint(tmp_path, 1, model, optimizer, None, {"step": 1})
     save_checkpoint(tmp_path, 2, model, optimizer, None, {"step": 2})
     seen = []
-    original = checkpoint._write
+    original = checkpoint.write_file
 
     def watching(path, dump):
         seen.append((path.name, (tmp_path / "checkpoints/step-000001").is_dir()))
         original(path, dump)
 
-    checkpoint._write = watching
+    checkpoint.write_file = watching
     try:
         save_checkpoint(tmp_path, 3, model, optimizer, None, {"step": 3}, keep_last=2)
     finally:
-        checkpoint._write = original
+        checkpoint.write_file = original
     # step 1 survived every write of step 3, including the `latest` pointer, and went after.
     assert [name for name, _ in seen][-2:] == ["COMPLETE", f".tmp-latest-{os.getpid()}"]
     assert all(exists for _, exists in seen)
@@ -254,14 +254,14 @@ def test_resumed_older_checkpoint_drops_the_abandoned_later_ones(tmp_path: Path)
 @pytest.mark.parametrize("failing", ["model.safetensors", "optimizer.pt", "COMPLETE", "latest"])
 def test_disk_full_keeps_previous_checkpoint(tmp_path: Path, monkeypatch, failing: str) -> None:
     saved_run(tmp_path, (1,), keep_last=1)
-    original = checkpoint._write
+    original = checkpoint.write_file
 
     def disk_full(path: Path, dump) -> None:
         if path.name == failing or path.name.startswith(f".tmp-{failing}"):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
         original(path, dump)
 
-    monkeypatch.setattr(checkpoint, "_write", disk_full)
+    monkeypatch.setattr(checkpoint, "write_file", disk_full)
     model, optimizer, scheduler = make_setup(1)
     with pytest.raises(CheckpointError) as info:
         save_checkpoint(tmp_path, 2, model, optimizer, scheduler, {"step": 2}, keep_last=1)
@@ -323,8 +323,8 @@ def hooked(kind, original):
         if len(events) == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
     return run
-checkpoint._write = hooked("write", checkpoint._write)
-checkpoint._replace = hooked("replace", checkpoint._replace)
+checkpoint.write_file = hooked("write", checkpoint.write_file)
+checkpoint.replace_file = hooked("replace", checkpoint.replace_file)
 outcomes = []
 for kill_at in range(1, 30):
     run_dir = work / f"run-{kill_at}"
@@ -439,20 +439,20 @@ def _rng_rank(rank: int, world_size: int, work: Path) -> dict:
     torch.manual_seed(7)
     checkpoint.load_checkpoint(path, model, optimizer, scheduler)
     got = torch.rand(4).tolist()
-    real_write = checkpoint._write
+    real_write = checkpoint.write_file
     if rank == 0:
 
         def disk_full(path, dump):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-        checkpoint._write = disk_full
+        checkpoint.write_file = disk_full
     try:
         checkpoint.save_checkpoint(work / "run", 2, model, optimizer, scheduler, {"step": 2})
         error = None
     except checkpoint.CheckpointError as err:
         error = str(err)
     finally:
-        checkpoint._write = real_write  # the rank runs other tests' jobs next
+        checkpoint.write_file = real_write  # the rank runs other tests' jobs next
     return {"expected": expected, "got": got, "error": error}
 
 
