@@ -1,15 +1,21 @@
 """The README and docs/ stay true to the code: the configuration page is the generated one,
-every relative link resolves, and every `oncurve train` line shown names real settings."""
+every relative link resolves, every `oncurve train` line shown names real settings, and every
+command a page shows is run here, in order in a scratch directory (training shortened), or, where
+it needs what a test cannot have, parsed and pointed at the test that runs its kind."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
 from helpers.paths import REPO
 
+from oncurve.cli import main
+from oncurve.cli.command import build_parser
 from oncurve.config import load_config
 from oncurve.config.helptext import fields, reference_page
 
@@ -29,15 +35,25 @@ def test_every_relative_link_resolves(page: Path):
         assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
 
 
-def train_lines(text: str) -> list[str]:
-    """The `oncurve train ...` commands of the page's shell blocks, continuation lines joined."""
+def shown_commands(text: str) -> list[str]:
+    """The commands of the page's shell blocks: continuation lines joined, comments and runs of
+    spaces dropped."""
     lines = []
     for block in re.findall(r"```(?:bash|sh)\n(.*?)```", text, flags=re.S):
         for command in block.replace("\\\n", " ").splitlines():
-            command = command.split("  #")[0].strip()
-            if command.startswith("oncurve train") and "--help-config" not in command:
+            command = " ".join(command.split("  #")[0].split())
+            if command and not command.startswith("#"):
                 lines.append(command)
     return lines
+
+
+def train_lines(text: str) -> list[str]:
+    """The `oncurve train ...` commands of the page's shell blocks."""
+    return [
+        command
+        for command in shown_commands(text)
+        if command.startswith("oncurve train") and "--help-config" not in command
+    ]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -82,3 +98,77 @@ def test_every_module_has_its_test_file_or_a_pointer():
         name = str(module.relative_to(package))
         assert name in rows, f"{name} has no test_{module.stem}.py and no row in tests/README.md"
         assert (ROOT / rows[name]).is_file(), f"tests/README.md: {rows[name]} does not exist"
+
+
+# The README's commands, in the order they depend on each other, run as shown in one scratch
+# directory; a training command gets SHORT after its own settings.
+RUN_HERE = (
+    "oncurve tasks export arith --split test --seed 1 -n 100 -o test.jsonl",
+    "oncurve train run.dir=runs/a run.resume=auto",
+    "oncurve eval --model runs/a/final --data test.jsonl --samples 4",
+    "oncurve eval --run runs/a --data test.jsonl --out rows.jsonl",
+    'oncurve sample --model runs/a/final --prompt "0012+0034=" -n 4',
+    "oncurve train configs/dapo.yaml rollout.group_size=16 run.dir=runs/b",
+    "oncurve report runs/a runs/b",
+    "oncurve train --help-config",
+)
+SHORT = ["run.steps=1", "eval.at_start_end=false", "run.preflight=false", "data.prompts_per_step=2"]
+
+# What a test cannot run as shown: a command's start -> (why, the test that runs its kind).
+PARSED_ONLY = {
+    "oncurve eval --model Qwen/": ("a Hub model and dataset", "integration/test_eval_cli.py"),
+    "oncurve train dist.nproc=4": ("four ranks (two run)", "integration/test_distributed.py"),
+    "oncurve warmstart": ("minutes of steps (fewer run)", "unit/test_warmstart.py"),
+    "oncurve models import": ("a GGUF download (one is written)", "unit/model/test_models.py"),
+    "oncurve train data.task=sums": ("SmolLM2 (`make smollm2`)", "unit/rollout/test_episodes.py"),
+    "oncurve train rollout.env=my_package": ("a user's module", "unit/rollout/test_episodes.py"),
+    "oncurve train configs/gsm8k_qwen2.5_0.5b.yaml": ("a 0.5B model on a GPU", "gpu/test_gpu.py"),
+    "oncurve train CONFIG.yaml": ("eight GPUs", "integration/test_distributed.py"),
+    "torchrun ": ("several processes or nodes", "integration/test_distributed.py"),
+}
+
+
+@pytest.mark.parametrize("page", PAGES[:-1], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_command_shown_is_run_here_or_parsed(page: Path):
+    """A command a page shows is one RUN_HERE runs, a `make` target the Makefile has, or one
+    PARSED_ONLY names, whose arguments the command line accepts."""
+    for command in shown_commands(page.read_text()):
+        if command in RUN_HERE:
+            continue
+        if command.startswith("make "):
+            dry_run = subprocess.run(["make", "-n", *command.split()[1:]], cwd=ROOT, text=True,
+                                     capture_output=True)  # fmt: skip
+            assert dry_run.returncode == 0, f"{page.name}: {command}: {dry_run.stderr}"
+            continue
+        known = [where for start, where in PARSED_ONLY.items() if command.startswith(start)]
+        assert known, f"{page.name}: {command}: add it to RUN_HERE or PARSED_ONLY"
+        assert (ROOT / "tests" / known[0][1]).is_file(), known[0]
+        if command.startswith("oncurve "):
+            build_parser().parse_known_args(shlex.split(command)[1:])
+
+
+def test_the_readme_commands_run_as_shown(tmp_path, monkeypatch, capsys):
+    """Export held-out problems, train the bundled model into runs/a, evaluate and sample its
+    final model (whose 64 trained new tokens fit the model's 256 positions), a DAPO run into
+    runs/b, and a report of both: each exits 0 and writes what the README says."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").symlink_to(ROOT / "configs")
+    printed = {}
+    for command in RUN_HERE:
+        argv = shlex.split(command)[1:]
+        if argv[0] == "train" and "--help-config" not in argv:
+            argv += SHORT
+        assert main(argv) == 0, f"{command}: {capsys.readouterr().err[-2000:]}"
+        out, err = capsys.readouterr()
+        assert "does not fit" not in err, f"{command}: {err}"
+        printed[command] = out.splitlines()
+    assert len((tmp_path / "test.jsonl").read_text().splitlines()) == 100
+    model_eval = json.loads(printed[RUN_HERE[2]][-1])
+    assert model_eval["n"] == 100 and {"accuracy", "mean@4", "pass@4"} <= model_eval.keys()
+    assert json.loads(printed[RUN_HERE[3]][-1])["scorer"] == "arith task's correct"
+    assert len((tmp_path / "rows.jsonl").read_text().splitlines()) == 100
+    assert len(printed[RUN_HERE[4]]) == 4
+    dapo = load_config(tmp_path / "runs/b/config.yaml")
+    assert (dapo.algo.loss_agg, dapo.rollout.group_size) == ("token-mean", 16)
+    assert Path(printed[RUN_HERE[6]][-1]).is_file()
+    assert "rollout.max_new_tokens" in "\n".join(printed[RUN_HERE[7]])

@@ -26,7 +26,7 @@ from oncurve.errors import CheckpointError, TrainingError, UserError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+    parser = build_parser()
     try:
         # `train`'s overrides may come before, between or after its flags; argparse alone stops
         # filling a positional list at the first flag.
@@ -87,7 +87,8 @@ def _temperature(text: str) -> float:
     return value
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The `oncurve` command line: one subcommand each, whose `run` default handles it."""
     parser = _Parser(prog="oncurve", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
