@@ -34,7 +34,8 @@ from safetensors.torch import load_file
 from oncurve.algo.registry import AGGREGATIONS
 from oncurve.cli import main
 from oncurve.loop import trainer
-from oncurve.loop.trainer import Session, setup, train, training_step
+from oncurve.loop.trainer import Session, setup, train
+from oncurve.loop.training_step import training_step
 from oncurve.model import forward as training_forward
 from oncurve.model import sources as model_sources
 from oncurve.model.forward import PolicyLogprobs

@@ -10,8 +10,8 @@ import torch
 
 from oncurve.algo import group_advantages, kl_k3, ppo_clip, seq_mean_token_mean
 from oncurve.algo.logprobs import logprobs_from_logits
-from oncurve.loop import trainer
-from oncurve.loop.trainer import training_step
+from oncurve.loop import training_step as loop_step
+from oncurve.loop.training_step import training_step
 from oncurve.types import RolloutBatch, TrainBatch
 
 
@@ -94,7 +94,7 @@ def run_first_step(s, monkeypatch) -> Step:
         seen["weights"].append({n: p.detach().clone() for n, p in params})
         seen["grads"].append({n: p.grad.clone() for n, p in params})
 
-    real_update, real_step = trainer.update_policy, trainer.optimizer_step
+    real_update, real_step = loop_step.update_policy, loop_step.optimizer_step
 
     def update_policy(session, batch, minibatches, fns):
         seen["batch"] = batch
@@ -106,8 +106,8 @@ def run_first_step(s, monkeypatch) -> Step:
 
     s.sampler.generate_ids = capture_rollout
     s.optimizer.register_step_pre_hook(before_update)
-    monkeypatch.setattr(trainer, "update_policy", update_policy)
-    monkeypatch.setattr(trainer, "optimizer_step", optimizer_step)
+    monkeypatch.setattr(loop_step, "update_policy", update_policy)
+    monkeypatch.setattr(loop_step, "optimizer_step", optimizer_step)
     metrics = training_step(s, 1)
     return Step(
         metrics, seen["rollout"], seen["batch"], seen["weights"], seen["grads"], seen["stats"]

@@ -31,7 +31,8 @@ from oncurve.cli import main
 from oncurve.config import load_config
 from oncurve.errors import TrainingError, UserError
 from oncurve.loop import trainer
-from oncurve.loop.trainer import setup, train, training_step
+from oncurve.loop.trainer import setup, train
+from oncurve.loop.training_step import training_step
 from oncurve.model.sources import load_model, load_tokenizer
 from oncurve.run import checkpoint
 

@@ -17,7 +17,9 @@ from helpers.first_step import capture_first_step, hand_assembled_grpo
 from helpers.models import tiny_qwen2
 
 from oncurve.loop import trainer
-from oncurve.loop.trainer import setup, train, training_step
+from oncurve.loop import training_step as loop_step
+from oncurve.loop.trainer import setup, train
+from oncurve.loop.training_step import training_step
 from oncurve.rollout import cpu_llama
 from oncurve.update import policy
 
@@ -118,7 +120,7 @@ def test_mu_two_computes_pi_old_once_before_the_update_and_the_second_pass_moves
     )
     initial = copy.deepcopy(s.policy.model)
     calls, old, passes = [], [], []
-    real_logprobs, real_step = policy.batch_logprobs, trainer.optimizer_step
+    real_logprobs, real_step = policy.batch_logprobs, loop_step.optimizer_step
 
     def batch_logprobs(model, batch, *args):
         calls.append(model)
@@ -130,7 +132,7 @@ def test_mu_two_computes_pi_old_once_before_the_update_and_the_second_pass_moves
         return passes[-1]
 
     monkeypatch.setattr(policy, "batch_logprobs", batch_logprobs)
-    monkeypatch.setattr(trainer, "optimizer_step", optimizer_step)
+    monkeypatch.setattr(loop_step, "optimizer_step", optimizer_step)
     metrics = training_step(s, 1)
     assert calls == [s.policy.train_forward]
     assert len(passes) == 2

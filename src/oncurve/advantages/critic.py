@@ -296,7 +296,7 @@ def optimise_critic(
 ) -> dict[str, float]:
     """`passes` x len(minibatches) AdamW steps on `coef * token-mean clipped value loss`, one
     for each `minibatches` entry, the `[rows]` indices of its rows (the policy's split,
-    `trainer.minibatch_groups`).
+    `training_step.minibatch_groups`).
 
     The policy's gradient-accumulation loop (`update.step.accumulate`, the microbatches of
     `critic.forward`) serves the critic; each microbatch's loss is divided by its minibatch's

@@ -36,8 +36,9 @@ def check_cross_fields(config: Config) -> None:
 
 
 def check_ranks(config: Config, world_size: int) -> None:
-    """Every rank must hold a group of every minibatch (`trainer.update_policy`): checked on
-    loading with `dist.nproc`, and again at setup with the ranks torchrun really started."""
+    """Every rank must hold a group of every minibatch (`training_step.update_policy`):
+    checked on loading with `dist.nproc`, and again at setup with the ranks torchrun really
+    started."""
     per_rank = config.data.prompts_per_step // world_size
     if config.algo.minibatches > per_rank:
         raise UserError(

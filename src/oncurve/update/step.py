@@ -1,5 +1,5 @@
 """One optimizer step of the policy on a minibatch: forward and backward over microbatches,
-gradients accumulated, clipped and applied. No I/O; the loop (`loop.trainer`) calls it."""
+gradients accumulated, clipped and applied. No I/O; the loop (`loop.training_step`) calls it."""
 
 from __future__ import annotations
 

@@ -339,7 +339,7 @@ def test_the_critic_takes_the_policys_minibatches(tiny_model_dir, data_file, tmp
     """4 groups, algo.minibatches=3: the policy and the critic each take exactly 3 steps a pass,
     on groups {0, 3}, {1} and {2} (not ceil(4 / 3) = 2 groups a step, 2 steps)."""
     from oncurve.advantages import critic as critic_module
-    from oncurve.loop.trainer import training_step
+    from oncurve.loop.training_step import training_step
 
     s = setup(_ppo_config(tiny_model_dir, data_file, tmp_path / "run", "algo.minibatches=3"))
     seen: list[list[int]] = []

@@ -33,7 +33,9 @@ from oncurve.data.tasks.base import leveled_examples
 from oncurve.data.tasks.countdown import CountdownTask
 from oncurve.errors import UserError
 from oncurve.loop import trainer
-from oncurve.loop.trainer import setup, training_step
+from oncurve.loop import training_step as loop_step
+from oncurve.loop.trainer import setup
+from oncurve.loop.training_step import training_step
 
 NAN = math.nan
 
@@ -297,13 +299,13 @@ def test_the_warmed_up_beta_reaches_the_loss_and_the_reference_is_kept(
     s = setup(job(tiny_model_dir, tmp_path / "run", "algo.beta_warmup_steps=4"))
     assert s.policy.reference is not None
     used = []
-    real = trainer.optimizer_step
+    real = loop_step.optimizer_step
 
     def optimizer_step(policy, optimizer, batch, fns, *args, **kwargs):
         used.append((fns.beta, batch.ref_logprobs is not None))
         return real(policy, optimizer, batch, fns, *args, **kwargs)
 
-    monkeypatch.setattr(trainer, "optimizer_step", optimizer_step)
+    monkeypatch.setattr(loop_step, "optimizer_step", optimizer_step)
     logged = [training_step(s, step)["kl/beta"] for step in (1, 2)]
     assert used == [(0.01, True), (0.02, True)] and logged == [0.01, 0.02]
     assert s.loss_fns.beta == 0.04  # the session's objective keeps the full weight

@@ -17,8 +17,8 @@ from helpers.scripted import scripted_session
 
 from oncurve.config import Config
 from oncurve.errors import UserError
-from oncurve.loop import trainer
-from oncurve.loop.trainer import training_step
+from oncurve.loop import training_step as loop_step
+from oncurve.loop.training_step import training_step
 from oncurve.rewards.runner import RewardRunner
 from oncurve.run.rewards import build_rewards
 
@@ -71,8 +71,8 @@ def scripted_steps(model_dir: Path, data_file: Path, run_dir: Path, *extra: str)
     s.optimizer.register_step_pre_hook(lambda *_: optimizer_steps.append(1))
     trained: list[list[str]] = []
     # `log_samples` is handed every row trained on (the log keeps `log.samples_per_step`)
-    real = trainer.log_samples
-    trainer.log_samples = lambda logger, step, rollout, rewards, rows, *_: trained.append(
+    real = loop_step.log_samples
+    loop_step.log_samples = lambda logger, step, rollout, rewards, rows, *_: trained.append(
         [row["prompt"] for row in rows]
     )
     try:
@@ -89,7 +89,7 @@ def scripted_steps(model_dir: Path, data_file: Path, run_dir: Path, *extra: str)
             )
         return steps
     finally:
-        trainer.log_samples = real
+        loop_step.log_samples = real
 
 
 def test_dynamic_sampling_on_one_process_fills_the_batch_or_trains_on_what_it_kept(
@@ -179,7 +179,7 @@ def test_dynamic_sampling_filters_on_the_correctness_reward_not_the_penalty(
     s = scripted_session(dapo_config(tiny_model_dir, data_file, tmp_path / "run"), nines)
     trained: list[str] = []
     monkeypatch.setattr(
-        trainer, "log_samples", lambda *args: trained.extend(row["prompt"] for row in args[4])
+        loop_step, "log_samples", lambda *args: trained.extend(row["prompt"] for row in args[4])
     )
     metrics = training_step(s, 1)
     assert trained == ["1.0.0", "1.0.2"]

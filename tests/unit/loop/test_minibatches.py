@@ -17,14 +17,14 @@ from oncurve import distributed
 from oncurve.algo import group_advantages, ppo_clip, seq_mean_token_mean
 from oncurve.algo.logprobs import logprobs_from_logits
 from oncurve.errors import UserError
-from oncurve.loop import trainer
-from oncurve.loop.trainer import setup, training_step
+from oncurve.loop.trainer import setup
+from oncurve.loop.training_step import minibatch_groups, training_step
 from oncurve.types import RolloutBatch
 
 
 def test_the_split_gives_m_nearly_equal_minibatches_of_the_global_batch_for_any_ranks():
     for groups, m in [(5, 4), (8, 3), (16, 16), (6, 4)]:
-        parts = trainer.minibatch_groups(groups, m, rank=0)
+        parts = minibatch_groups(groups, m, rank=0)
         sizes = sorted(len(p) for p in parts)
         assert len(parts) == m and sizes[-1] - sizes[0] <= 1 and sum(sizes) == groups
         assert sorted(torch.cat(parts).tolist()) == list(range(groups))
@@ -33,11 +33,11 @@ def test_the_split_gives_m_nearly_equal_minibatches_of_the_global_batch_for_any_
         share = total // world_size
         merged: list[list[int]] = [[] for _ in range(m)]
         for rank in range(world_size):
-            for k, part in enumerate(trainer.minibatch_groups(share, m, rank)):
+            for k, part in enumerate(minibatch_groups(share, m, rank)):
                 merged[k] += (part + rank * share).tolist()
         assert merged == [list(range(k, total, m)) for k in range(m)]
     # a rank short of groups (dynamic sampling): one group a step, as every rank holds as many
-    assert [p.tolist() for p in trainer.minibatch_groups(2, 4, rank=1)] == [[0], [1]]
+    assert [p.tolist() for p in minibatch_groups(2, 4, rank=1)] == [[0], [1]]
 
 
 def hand_assembled_minibatch(

@@ -238,7 +238,8 @@ def test_a_run_with_compile_layers_trains_policy_and_reference_compiled(
     own weights) get the compiled class, and a step trains through them."""
     from helpers.configs import make_config
 
-    from oncurve.loop.trainer import setup, training_step
+    from oncurve.loop.trainer import setup
+    from oncurve.loop.training_step import training_step
 
     config = make_config(
         tiny_model_dir, data_file, tmp_path / "run", "model.compile_layers=true", "algo.beta=0.04"
@@ -261,7 +262,8 @@ def test_a_padded_run_compiles_the_layers_once_per_grad_mode_step_after_step(
     make Dynamo compile each layer apart, past its recompile limit."""
     from helpers.configs import make_config
 
-    from oncurve.loop.trainer import setup, training_step
+    from oncurve.loop.trainer import setup
+    from oncurve.loop.training_step import training_step
 
     config = make_config(
         tiny_model_dir,

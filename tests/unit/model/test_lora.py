@@ -9,7 +9,8 @@ import transformers
 from helpers.configs import make_config
 from safetensors.torch import load_file
 
-from oncurve.loop.trainer import setup, train, training_step
+from oncurve.loop.trainer import setup, train
+from oncurve.loop.training_step import training_step
 from oncurve.model.forward import PolicyLogprobs
 from oncurve.rollout import SamplingParams
 from oncurve.types import TrainBatch

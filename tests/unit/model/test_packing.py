@@ -25,7 +25,8 @@ from helpers.models import make_model
 from oncurve.config import load_config
 from oncurve.errors import UserError
 from oncurve.loop.preflight import Tolerances
-from oncurve.loop.trainer import setup, training_step
+from oncurve.loop.trainer import setup
+from oncurve.loop.training_step import training_step
 from oncurve.model import forward as training_forward
 from oncurve.model import packing
 from oncurve.model.forward import completion_logprobs

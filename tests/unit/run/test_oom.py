@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from oncurve.config import load_config
 from oncurve.loop import collect, trainer
+from oncurve.loop import training_step as loop_step
 from oncurve.model.char_tokenizer import char_tokenizer
 from oncurve.run import checkpoint, oom
 from oncurve.update import step as update_step
@@ -134,7 +135,7 @@ def test_sampling_the_reference_and_evaluation_each_recover(
 def test_a_run_that_cannot_fit_one_row_saves_its_last_step_and_stops_in_one_line(
     tiny_model_dir, data_file, tmp_path, monkeypatch
 ):
-    real = trainer.optimizer_step
+    real = loop_step.optimizer_step
     steps: list[int] = []
 
     def from_step_2(*args, **kwargs):
@@ -143,7 +144,7 @@ def test_a_run_that_cannot_fit_one_row_saves_its_last_step_and_stops_in_one_line
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(trainer, "optimizer_step", from_step_2)
+    monkeypatch.setattr(loop_step, "optimizer_step", from_step_2)
     run_dir = tmp_path / "run"
     with pytest.raises(oom.OutOfMemoryStop) as stopped:
         run(tiny_model_dir, data_file, run_dir, "run.steps=3")
@@ -161,7 +162,7 @@ def test_a_resumed_run_starts_from_the_smaller_settings(
 ):
     calls: list[int] = []
     monkeypatch.setattr(
-        trainer, "optimizer_step", out_of_memory_once(trainer.optimizer_step, calls)
+        loop_step, "optimizer_step", out_of_memory_once(loop_step.optimizer_step, calls)
     )
     run_dir = tmp_path / "run"
     run(tiny_model_dir, data_file, run_dir, "run.steps=1")

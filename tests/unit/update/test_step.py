@@ -23,7 +23,8 @@ from helpers.host_reads import host_reads_of
 from helpers.models import make_model, tiny_qwen2
 
 from oncurve import distributed
-from oncurve.loop.trainer import setup, training_step
+from oncurve.loop.trainer import setup
+from oncurve.loop.training_step import training_step
 from oncurve.model import forward as training_forward
 from oncurve.model.forward import PolicyLogprobs, completion_logprobs
 from oncurve.model.kv_cache import microbatch_tokens
