@@ -17,7 +17,7 @@ Each run gets, where the machine allows it (``isolation()`` says what it gave):
 - uid 1000 of a user namespace of its own, so that RLIMIT_NPROC (a fork bomb stops at
   ``PROCESS_LIMIT``) and the user keyring are the run's alone; outside, as root, a uid that no
   other live run of this trainer uses; a session keyring of its own;
-- a seccomp filter (``_boot.py``) that refuses the kernel interfaces a test program never
+- a seccomp filter (``_seccomp.py``) that refuses the kernel interfaces a test program never
   needs: io_uring, userfaultfd, keyrings, bpf, perf, ptrace, mount and namespace calls, memfd
   and SysV IPC, flock and inotify, sockets other than AF_UNIX;
 - a cgroup (``_cgroup.py``: v2 where delegated, else v1) that bounds the memory, CPU and tasks
@@ -38,7 +38,8 @@ attacks it was tested against.
 The modules: ``limits`` (the limits, ``SandboxResult``, ``SandboxError``), ``probing``
 (``Isolation``, the probe, the warning), ``pool`` (``run_python``, ``SandboxPool``), ``launch``
 (uid slots, interpreter, the run's spec and cgroup, the fallback's sweep), ``supervise`` (one
-run from launch to result), ``_cgroup`` and ``_boot.py``. Patch a name where it is defined.
+run from launch to result), ``_cgroup``, ``_boot.py`` and ``_seccomp.py`` (the filter it
+installs). Patch a name where it is defined.
 """
 
 from __future__ import annotations

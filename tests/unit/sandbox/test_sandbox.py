@@ -48,11 +48,11 @@ needs_namespaces = pytest.mark.skipif(
     ISO is None or not ISO.namespaces,
     reason="the machine gives no namespaces (see oncurve.sandbox.isolation())",
 )
-_BOOT_SPEC = importlib.util.spec_from_file_location(
-    "sandbox_boot", Path(sandbox.__file__).with_name("_boot.py")
+_SECCOMP_SPEC = importlib.util.spec_from_file_location(
+    "sandbox_seccomp", Path(sandbox.__file__).with_name("_seccomp.py")
 )
-BOOT = importlib.util.module_from_spec(_BOOT_SPEC)
-_BOOT_SPEC.loader.exec_module(BOOT)  # the bootstrap's filter, as the file the sandbox runs
+SECCOMP = importlib.util.module_from_spec(_SECCOMP_SPEC)
+_SECCOMP_SPEC.loader.exec_module(SECCOMP)  # the filter, as the bootstrap loads it: by its path
 FIRST_UID = launch.UID_BASE + os.getpid() * sandbox.MAX_PARALLEL
 
 
@@ -860,7 +860,7 @@ def test_the_kernel_surface_is_closed(host: str) -> None:
         "a.send(b'unix')\n"
         "print(b.recv(4).decode())\n"
         "print('clone3', libc.syscall(435, 0, 0), ctypes.get_errno())\n"
-        f"print('undecided', libc.syscall({BOOT.LAST_DECIDED_X86_64 + 1}, 0), ctypes.get_errno())\n"
+        f"print('undecided', libc.syscall({SECCOMP.LAST_DECIDED_X86_64 + 1}, 0), ctypes.get_errno())\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
         "    os._exit(7)\n"
@@ -952,16 +952,16 @@ def _kernel_table() -> dict[str, int]:
 def test_the_refused_calls_are_the_kernels_and_every_call_is_decided() -> None:
     table = _kernel_table()
     # each refused call is refused under its own number
-    assert {name: table.get(name) for name in BOOT.REFUSED_X86_64} == BOOT.REFUSED_X86_64
-    assert len(set(BOOT.REFUSED_X86_64.values())) == len(BOOT.REFUSED_X86_64)
+    assert {name: table.get(name) for name in SECCOMP.REFUSED_X86_64} == SECCOMP.REFUSED_X86_64
+    assert len(set(SECCOMP.REFUSED_X86_64.values())) == len(SECCOMP.REFUSED_X86_64)
     # the filter decided every call up to the newest in the table, and no other
-    assert max(table.values()) == BOOT.LAST_DECIDED_X86_64
+    assert max(table.values()) == SECCOMP.LAST_DECIDED_X86_64
     # the running kernel has no call past that: a new one is a decision to make here (until
     # then the filter answers ENOSYS for it)
     pid = os.fork()
     if pid == 0:
         libc = ctypes.CDLL(None, use_errno=True)
-        first = BOOT.LAST_DECIDED_X86_64 + 1
+        first = SECCOMP.LAST_DECIDED_X86_64 + 1
         implemented = [
             n
             for n in range(first, first + 64)
@@ -972,40 +972,40 @@ def test_the_refused_calls_are_the_kernels_and_every_call_is_decided() -> None:
 
 
 def test_the_filter_refuses_each_call_and_those_past_the_decided_ones() -> None:
-    program = BOOT.seccomp_program()
+    program = SECCOMP.seccomp_program()
     decide = _run_filter(program)
-    for name, number in BOOT.REFUSED_X86_64.items():
-        assert decide(number) == BOOT.SECCOMP_RET_ERRNO | errno.EPERM, name
-    enosys = BOOT.SECCOMP_RET_ERRNO | errno.ENOSYS
+    for name, number in SECCOMP.REFUSED_X86_64.items():
+        assert decide(number) == SECCOMP.SECCOMP_RET_ERRNO | errno.EPERM, name
+    enosys = SECCOMP.SECCOMP_RET_ERRNO | errno.ENOSYS
     assert decide(435) == enosys  # clone3
-    for number in (BOOT.LAST_DECIDED_X86_64 + 1, 1000, 0x3FFFFFFF):
+    for number in (SECCOMP.LAST_DECIDED_X86_64 + 1, 1000, 0x3FFFFFFF):
         assert decide(number) == enosys
-    allowed = {0, 1, 2, 3, 9, 57, 59, 60, 231, 451, 462, BOOT.LAST_DECIDED_X86_64}
+    allowed = {0, 1, 2, 3, 9, 57, 59, 60, 231, 451, 462, SECCOMP.LAST_DECIDED_X86_64}
     for number in allowed:  # read, write, open, close, mmap, fork, execve, exits, ...
-        assert decide(number) == BOOT.SECCOMP_RET_ALLOW, number
-    assert decide(0x40000000 + 39) == BOOT.SECCOMP_RET_KILL_PROCESS  # x32
-    assert decide(39, arch=0x40000003) == BOOT.SECCOMP_RET_KILL_PROCESS  # i386
+        assert decide(number) == SECCOMP.SECCOMP_RET_ALLOW, number
+    assert decide(0x40000000 + 39) == SECCOMP.SECCOMP_RET_KILL_PROCESS  # x32
+    assert decide(39, arch=0x40000003) == SECCOMP.SECCOMP_RET_KILL_PROCESS  # i386
 
 
 def _run_filter(program: list[tuple[int, int, int, int]]):
     """An interpreter of the classic BPF the filter uses: the action for (nr, arch), with the
     call's arguments all 0."""
 
-    def decide(nr: int, arch: int = BOOT.AUDIT_ARCH_X86_64) -> int:
+    def decide(nr: int, arch: int = SECCOMP.AUDIT_ARCH_X86_64) -> int:
         data = {0: nr, 4: arch, 16: 0, 24: 0}
         accumulator, pc = 0, 0
         while True:
             code, jt, jf, k = program[pc]
-            if code == BOOT.BPF_RET_K:
+            if code == SECCOMP.BPF_RET_K:
                 return k
-            if code == BOOT.BPF_LD_W_ABS:
+            if code == SECCOMP.BPF_LD_W_ABS:
                 accumulator = data[k]
                 pc += 1
                 continue
             taken = {
-                BOOT.BPF_JEQ_K: accumulator == k,
-                BOOT.BPF_JGE_K: accumulator >= k,
-                BOOT.BPF_JSET_K: bool(accumulator & k),
+                SECCOMP.BPF_JEQ_K: accumulator == k,
+                SECCOMP.BPF_JGE_K: accumulator >= k,
+                SECCOMP.BPF_JSET_K: bool(accumulator & k),
             }[code]
             pc += 1 + (jt if taken else jf)
 
