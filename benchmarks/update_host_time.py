@@ -37,7 +37,7 @@ from common import markdown_table, qwen2_config, write_section  # noqa: E402
 from update_ops import OneOpAttention, OpCount  # noqa: E402
 
 from oncurve.config import load_config  # noqa: E402
-from oncurve.model import packing  # noqa: E402
+from oncurve.model import packed_attention  # noqa: E402
 from oncurve.model.compiled_layers import compile_decoder_layers  # noqa: E402
 from oncurve.model.forward import PolicyLogprobs  # noqa: E402
 from oncurve.model.weights import enable_gradient_checkpointing  # noqa: E402
@@ -74,8 +74,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="updates timed per variant")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    packing.VARLEN_DEVICES = ("cpu",)
-    packing._varlen_attention = lambda q, k, v, *rest: OneOpAttention.apply(q, k, v)
+    packed_attention.VARLEN_DEVICES = ("cpu",)
+    packed_attention._varlen_attention = lambda q, k, v, *rest: OneOpAttention.apply(q, k, v)
     model, batch = the_update()
     policy = PolicyLogprobs(model)
     fns = build_loss_fns(load_config(None, []))  # the default GRPO objective
@@ -102,8 +102,8 @@ def main() -> None:
         ("packed, each prompt once (the GPU default)", True, True, False),
         ("packed, each prompt once, compiled layers", True, True, True),
     ):
-        if packed and model.config._attn_implementation != packing.ATTENTION:
-            packing.use_packed_attention(model)
+        if packed and model.config._attn_implementation != packed_attention.ATTENTION:
+            packed_attention.use_packed_attention(model)
         if compiled:
             compile_decoder_layers(model)
         forward = ForwardSettings(1.0, 256, ROWS, pack_rows=packed, compile_layers=compiled)

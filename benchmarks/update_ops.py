@@ -44,7 +44,7 @@ sys.path.insert(0, str(HERE))
 from common import markdown_table, qwen2_config, write_section  # noqa: E402
 
 from oncurve.config import load_config  # noqa: E402
-from oncurve.model import packing  # noqa: E402
+from oncurve.model import packed_attention  # noqa: E402
 from oncurve.model.forward import PolicyLogprobs  # noqa: E402
 from oncurve.run.memory_plan import GIB, ModelShape, plan_memory  # noqa: E402
 from oncurve.run.setup import build_loss_fns  # noqa: E402
@@ -178,8 +178,8 @@ def layouts(model: torch.nn.Module, batch: TrainBatch, args: argparse.Namespace)
         ("packed, every row whole", True, False),
         ("packed, each prompt once (`model.pack_rows`, null on CUDA)", True, True),
     ):
-        if packed and model.config._attn_implementation != packing.ATTENTION:
-            packing.use_packed_attention(model)
+        if packed and model.config._attn_implementation != packed_attention.ATTENTION:
+            packed_attention.use_packed_attention(model)
         step = dataclasses.replace(batch, prompt_index=batch.prompt_index if shared else None)
         forward = ForwardSettings(1.0, args.chunk, args.microbatch, pack_rows=packed)
         reference, update, total = counts(policy, step, fns, forward)
@@ -227,8 +227,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=20, help="draws of sampled lengths")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    packing.VARLEN_DEVICES = ("cpu",)
-    packing._varlen_attention = lambda q, k, v, *rest: OneOpAttention.apply(q, k, v)
+    packed_attention.VARLEN_DEVICES = ("cpu",)
+    packed_attention._varlen_attention = lambda q, k, v, *rest: OneOpAttention.apply(q, k, v)
     model, batch = the_step()
     rows = layouts(model, batch, args)
     base = rows[1]

@@ -359,7 +359,7 @@ def test_packed_rows_on_cuda_are_the_padded_forward_within_bfloat16_rounding():
     from helpers.batches import COMPLETION_LEN, grouped_rows, lengths_of
 
     from oncurve.loop.preflight import Tolerances
-    from oncurve.model import packing
+    from oncurve.model import packed_attention
     from oncurve.model.forward import completion_logprobs
 
     model = make_model("qwen2", hidden=128).to("cuda", torch.bfloat16)
@@ -369,10 +369,10 @@ def test_packed_rows_on_cuda_are_the_padded_forward_within_bfloat16_rounding():
     ids, mask, completion_mask = ids.cuda(), mask.cuda(), completion_mask.cuda()
     results = {}
     for way, rows in ways.items():
-        if rows is not None and model.config._attn_implementation != packing.ATTENTION:
-            assert packing.unsupported(model) is None
-            packing.use_packed_attention(model)
-            assert packing.packed_failure(model) is None
+        if rows is not None and model.config._attn_implementation != packed_attention.ATTENTION:
+            assert packed_attention.unsupported(model) is None
+            packed_attention.use_packed_attention(model)
+            assert packed_attention.packed_failure(model) is None
         logprobs, _ = completion_logprobs(model, ids, mask, COMPLETION_LEN, packed=rows)
         grads = torch.autograd.grad((logprobs * completion_mask).sum(), list(model.parameters()))
         results[way] = (logprobs[completion_mask.bool()].detach().float(), grads)

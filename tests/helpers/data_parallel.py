@@ -23,7 +23,7 @@ from helpers.models import tiny_qwen2
 from helpers.rank_pool import free_port
 from helpers.runs import run_clis, tiny_job
 from oncurve import distributed
-from oncurve.model import packing
+from oncurve.model import packed_attention
 from oncurve.model.forward import PolicyLogprobs
 from oncurve.update.microbatches import ForwardSettings
 from oncurve.update.step import optimizer_step
@@ -44,7 +44,7 @@ def one_step(
     model = tiny_qwen2(VOCAB, seed=0)
     batch = fixed_batch(model)  # made on the CPU: the same batch on every device
     if pack:
-        packing.use_packed_attention(model)
+        packed_attention.use_packed_attention(model)
         batch.prompt_index = torch.arange(GROUPS).repeat_interleave(G)
     local = batch_to(batch if rows is None else batch.rows(rows), device)
     policy = distributed.wrap(PolicyLogprobs(model.to(device)), device, fsdp=fsdp)

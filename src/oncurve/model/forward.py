@@ -37,7 +37,7 @@ def completion_logprobs(
 
     With `packed` (the rows' real lengths and prompt numbers, known on the host), the rows run
     packed end to end with no padding, each shared prompt once (`oncurve.model.packing`; the model's
-    attention must be `packing.ATTENTION`), and `prompt_index` is not used.
+    attention must be `packed_attention.ATTENTION`), and `prompt_index` is not used.
 
     Args:
         model: a Hugging Face causal LM (`base_model` trunk + output embeddings).

@@ -20,7 +20,7 @@ import torch
 
 from oncurve.config import Config
 from oncurve.errors import UserError
-from oncurve.model import packing
+from oncurve.model import packed_attention
 from oncurve.model.devices import host_memory_bytes
 from oncurve.rollout import Sampler, backend_named
 from oncurve.run.memory_plan import (
@@ -63,9 +63,9 @@ class RunFacts:
         evaluates: the run evaluates (its sampling calls count in the plan).
         reward_bytes: a reward model's weights on the device.
         saved_memory: a resumed checkpoint's memory settings (`memory_settings`), or None.
-        unpackable: why packed rows cannot run here (`packing.unsupported`), or None.
+        unpackable: why packed rows cannot run here (`packed_attention.unsupported`), or None.
         packing_failure: what the packed forward's check found wrong
-            (`packing.packed_failure`), or None; checked only where null would pack.
+            (`packed_attention.packed_failure`), or None; checked only where null would pack.
     """
 
     device_type: str
@@ -98,15 +98,15 @@ class RunFacts:
         attention is sdpa again after)."""
         device = model.device
         cuda = device.type == "cuda"
-        unpackable = packing.unsupported(model)
+        unpackable = packed_attention.unsupported(model)
         failure = None
         if (
             config.model.pack_rows is None
             and unpackable is None
-            and device.type in packing.VARLEN_DEVICES
+            and device.type in packed_attention.VARLEN_DEVICES
         ):
-            packing.use_packed_attention(model)
-            failure = packing.packed_failure(model)
+            packed_attention.use_packed_attention(model)
+            failure = packed_attention.packed_failure(model)
             model.set_attn_implementation("sdpa")
         return cls(
             device_type=device.type,
@@ -281,7 +281,9 @@ def settle_pack_rows(config: Config, facts: RunFacts) -> tuple[Config, str]:
         return config, ""
     if wanted and facts.unpackable:
         raise UserError(f"model.pack_rows: {facts.unpackable}; set it to false or null")
-    on = bool(wanted) or (facts.device_type in packing.VARLEN_DEVICES and facts.unpackable is None)
+    on = bool(wanted) or (
+        facts.device_type in packed_attention.VARLEN_DEVICES and facts.unpackable is None
+    )
     note = ""
     if on and wanted is None and facts.packing_failure:
         note = (

@@ -34,7 +34,7 @@ from oncurve.data.prompts import (
     load_prompts,
 )
 from oncurve.errors import UserError
-from oncurve.model import packing
+from oncurve.model import packed_attention
 from oncurve.model.compiled_layers import compile_decoder_layers
 from oncurve.model.devices import cap_gpu_memory, resolve_device, resolve_dtype
 from oncurve.model.sources import (
@@ -189,7 +189,7 @@ def assemble_policy(
     the loaded `model` as the settled `config` runs it: packed attention, gradient
     checkpointing, compiled layers."""
     if config.model.pack_rows:
-        packing.use_packed_attention(model)
+        packed_attention.use_packed_attention(model)
     if config.model.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     forward = forward_settings(model, config)

@@ -14,7 +14,7 @@ from helpers.models import make_model
 
 import oncurve.model.compiled_layers as compiled_module
 from oncurve.errors import UserError
-from oncurve.model import packing
+from oncurve.model import packed_attention, packing
 from oncurve.model.packing import RowLengths
 from oncurve.model.weights import enable_gradient_checkpointing
 from oncurve.update.microbatches import ForwardSettings
@@ -108,7 +108,7 @@ def test_compiled_layers_with_packed_rows_give_the_eager_packed_gradients(compil
     """The packed attention's kwargs (the segments' bounds, the shared prompts' layout) pass
     through the compiled layers; on the CPU its loop over segments runs eagerly between them."""
     model, batch = grpo_batch(0, share_prompt=True)
-    packing.use_packed_attention(model)
+    packed_attention.use_packed_attention(model)
     eager_model = copy.deepcopy(model)
     tokens = float(batch.completion_mask.sum())
     accumulate_grpo(eager_model, batch, ForwardSettings(1.0, 16, 4, pack_rows=True), tokens)
@@ -122,7 +122,7 @@ def test_compiled_layers_with_packed_rows_give_the_eager_packed_gradients(compil
 
 
 @pytest.mark.skipif(
-    "window_size" not in packing.VARLEN_PARAMETERS,
+    "window_size" not in packed_attention.VARLEN_PARAMETERS,
     reason=f"torch {torch.__version__} has no variable-length attention with windows",
 )
 def test_the_cuda_packed_path_compiles_once_per_layout_for_every_length(monkeypatch) -> None:
@@ -140,7 +140,7 @@ def test_the_cuda_packed_path_compiles_once_per_layout_for_every_length(monkeypa
         graphs.append(gm)
         return make_boxed_func(gm.forward)
 
-    monkeypatch.setattr(packing, "VARLEN_DEVICES", ("cuda", "meta"))
+    monkeypatch.setattr(packed_attention, "VARLEN_DEVICES", ("cuda", "meta"))
     monkeypatch.setattr(
         compiled_module, "BACKEND", aot_autograd(fw_compiler=keep, bw_compiler=keep)
     )
@@ -148,7 +148,7 @@ def test_the_cuda_packed_path_compiles_once_per_layout_for_every_length(monkeypa
     monkeypatch.setattr(compiled_module._State, "failure", None)
     torch._dynamo.reset()
     model = make_model("qwen2").to(torch.bfloat16)
-    packing.use_packed_attention(model)
+    packed_attention.use_packed_attention(model)
     compiled_module.compile_decoder_layers(model)
     model.to("meta")
     microbatches = [

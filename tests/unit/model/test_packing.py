@@ -1,7 +1,8 @@
-"""Rows packed by their real tokens (`oncurve.model.packing`), each shared prompt once: the padded
-forward's logprobs, entropy and gradients for each architecture, a sliding window kept, padded
-calls left to sdpa, nothing read back from the device, CUDA's path on meta tensors, the check
-before a run packs, and the trainer packing exactly when configured."""
+"""Rows packed by their real tokens (`oncurve.model.packing`, their attention
+`oncurve.model.packed_attention`), each shared prompt once: the padded forward's logprobs,
+entropy and gradients for each architecture, a sliding window kept, padded calls left to sdpa,
+nothing read back from the device, CUDA's path on meta tensors, the check before a run packs,
+and the trainer packing exactly when configured."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from oncurve.loop.preflight import Tolerances
 from oncurve.loop.trainer import setup
 from oncurve.loop.training_step import training_step
 from oncurve.model import forward as training_forward
-from oncurve.model import packing
+from oncurve.model import packed_attention, packing
 from oncurve.model.forward import completion_logprobs
 from oncurve.model.packing import RowLengths
 from oncurve.model.weights import enable_gradient_checkpointing
@@ -73,7 +74,7 @@ def test_packed_rows_give_the_padded_forwards_logprobs_entropy_and_gradients(kin
     by far more than float32 rounding."""
     model = make_model(kind)
     padded = logprobs_and_grads(model, packed=False)
-    packing.use_packed_attention(model)
+    packed_attention.use_packed_attention(model)
     assert_same(logprobs_and_grads(model, packed=True, shared=shared), padded)
     assert max(float(g.abs().max()) for g in padded[2]) > 1e-2  # the gradients are not ~0
 
@@ -82,7 +83,7 @@ def test_shared_prompts_run_once_in_the_packed_sequence() -> None:
     """The packed sequence holds each distinct prompt once and every completion: here 4
     prompts of 6, 3, 6 and 5 tokens (2, 2, 2 and 2 of the 8 rows) instead of 8."""
     model = make_model("qwen2")
-    packing.use_packed_attention(model)
+    packed_attention.use_packed_attention(model)
     ids, mask, _, groups = grouped_rows()
     lengths = lengths_of(mask, groups)
     seen = []
@@ -103,7 +104,7 @@ def test_shared_prompts_run_once_in_the_packed_sequence() -> None:
 def test_in_bfloat16_packed_rows_are_the_padded_forward_within_its_rounding() -> None:
     model = make_model("qwen2").to(torch.bfloat16)
     padded, _, _ = logprobs_and_grads(model, packed=False)
-    packing.use_packed_attention(model)
+    packed_attention.use_packed_attention(model)
     for shared in (False, True):
         packed, _, _ = logprobs_and_grads(model, packed=True, shared=shared)
         gap = (packed.float() - padded.float()).abs()
@@ -122,7 +123,7 @@ def test_a_sliding_window_shorter_than_the_rows_is_kept(shared) -> None:
         layer.self_attn.sliding_window = 3
     padded = logprobs_and_grads(model, packed=False)
     assert float((padded[0] - full).abs().max()) > 1e-2  # the window matters here
-    packing.use_packed_attention(model)
+    packed_attention.use_packed_attention(model)
     assert_same(logprobs_and_grads(model, packed=True, shared=shared), padded)
 
 
@@ -131,8 +132,8 @@ def test_padded_calls_through_the_packed_attention_are_sdpas_bit_for_bit() -> No
     model = make_model("qwen2")
     ids, mask, _, _ = grouped_rows()
     before, _ = completion_logprobs(model, ids, mask, COMPLETION_LEN)
-    packing.use_packed_attention(model)
-    assert model.config._attn_implementation == packing.ATTENTION
+    packed_attention.use_packed_attention(model)
+    assert model.config._attn_implementation == packed_attention.ATTENTION
     after, _ = completion_logprobs(model, ids, mask, COMPLETION_LEN)
     assert torch.equal(after, before)
 
@@ -146,7 +147,7 @@ def test_the_packing_reads_nothing_back_but_the_cpu_segments_bounds(shared) -> N
     `tolist` of each bound a layer (CUDA's variable-length attention takes them on the
     device)."""
     model = make_model("qwen2")
-    packing.use_packed_attention(model)
+    packed_attention.use_packed_attention(model)
     ids, mask, _, groups = grouped_rows()
     rows = lengths_of(mask, groups if shared else None)
     reads = host_reads_of(
@@ -156,7 +157,7 @@ def test_the_packing_reads_nothing_back_but_the_cpu_segments_bounds(shared) -> N
 
 
 @pytest.mark.skipif(
-    "window_size" not in packing.VARLEN_PARAMETERS,
+    "window_size" not in packed_attention.VARLEN_PARAMETERS,
     reason=f"torch {torch.__version__} has no variable-length attention with windows",
 )
 @pytest.mark.parametrize("window", [None, 3])
@@ -168,21 +169,21 @@ def test_the_cuda_path_runs_forward_and_backward_on_meta_tensors(
     calls torch's variable-length attention once a layer, with GQA and a sliding window, and
     the backward reaches every weight of the trunk. Meta tensors cannot be read, so this also
     shows that the path reads nothing back from the device."""
-    monkeypatch.setattr(packing, "VARLEN_DEVICES", ("cuda", "meta"))
+    monkeypatch.setattr(packed_attention, "VARLEN_DEVICES", ("cuda", "meta"))
     calls = []
-    original = packing._varlen_attention
+    original = packed_attention._varlen_attention
 
     def counting(*args):
         calls.append(args[-1])
         return original(*args)
 
-    monkeypatch.setattr(packing, "_varlen_attention", counting)
+    monkeypatch.setattr(packed_attention, "_varlen_attention", counting)
     model = make_model("mistral" if window else "qwen2").to(torch.bfloat16)
     if window:
         model.config.sliding_window = window
         for layer in model.model.layers:
             layer.self_attn.sliding_window = window
-    packing.use_packed_attention(model)
+    packed_attention.use_packed_attention(model)
     model.to("meta")
     ids, mask, _, groups = grouped_rows()
     rows = lengths_of(mask, groups if shared else None)
@@ -236,7 +237,7 @@ def test_accumulated_gradients_are_the_same_with_rows_packed(shared, checkpointi
         if checkpointing:
             enable_gradient_checkpointing(model)
         if pack:
-            packing.use_packed_attention(model)
+            packed_attention.use_packed_attention(model)
         forward = ForwardSettings(1.0, 16, 3, pack_rows=pack)  # 3 microbatches
         accumulate_grpo(model, batch, forward, float(batch.completion_mask.sum()))
         grads.append([p.grad for p in model.parameters()])
@@ -290,17 +291,17 @@ def test_packing_an_unsupported_model_is_a_one_line_error_and_null_leaves_it_pad
     assert model.config._attn_implementation == "eager"
     model.config.attn_logit_softcapping = 50.0
     model.set_attn_implementation("sdpa")
-    assert packing.unsupported(model) == "the model soft-caps its attention logits"
+    assert packed_attention.unsupported(model) == "the model soft-caps its attention logits"
 
 
 def test_the_check_passes_a_packed_forward_and_names_what_fails(monkeypatch) -> None:
     model = make_model("qwen2")
-    packing.use_packed_attention(model)
-    assert packing.packed_failure(model) is None
+    packed_attention.use_packed_attention(model)
+    assert packed_attention.packed_failure(model) is None
     in_bfloat16 = make_model("gpt2").to(torch.bfloat16)
-    packing.use_packed_attention(in_bfloat16)
-    assert packing.packed_failure(in_bfloat16) is None
-    original = packing._attention_by_segments
+    packed_attention.use_packed_attention(in_bfloat16)
+    assert packed_attention.packed_failure(in_bfloat16) is None
+    original = packed_attention._attention_by_segments
 
     def shifted(q, k, v, query_bounds, key_bounds, scale, window):
         """Queries aligned with the keys' start, not their end: a shared prompt's rows would
@@ -309,8 +310,10 @@ def test_the_check_passes_a_packed_forward_and_names_what_fails(monkeypatch) -> 
             q, k[: q.shape[0]], v[: q.shape[0]], query_bounds, query_bounds, scale, window
         )
 
-    monkeypatch.setattr(packing, "_attention_by_segments", shifted)
-    assert packing.packed_failure(model).startswith("its hidden states (shared prompts) differ")
+    monkeypatch.setattr(packed_attention, "_attention_by_segments", shifted)
+    assert packed_attention.packed_failure(model).startswith(
+        "its hidden states (shared prompts) differ"
+    )
 
 
 def test_the_checks_backward_lets_no_determinism_warning_out(monkeypatch) -> None:
@@ -319,7 +322,7 @@ def test_the_checks_backward_lets_no_determinism_warning_out(monkeypatch) -> Non
     gradients are compared within a tolerance, so those warnings stay inside it, and others
     come out."""
     model = make_model("qwen2")
-    packing.use_packed_attention(model)
+    packed_attention.use_packed_attention(model)
     grad = torch.autograd.grad
 
     def warning_grad(*args, **kwargs):
@@ -335,7 +338,7 @@ def test_the_checks_backward_lets_no_determinism_warning_out(monkeypatch) -> Non
     monkeypatch.setattr(torch.autograd, "grad", warning_grad)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert packing.packed_failure(model) is None
+        assert packed_attention.packed_failure(model) is None
     assert [str(w.message) for w in caught] == ["another warning"] * 3
 
 
@@ -346,7 +349,7 @@ def test_null_packs_where_the_check_passes_and_else_warns_once_and_stays_padded(
     segments loop standing in for it where it passes); torch's own on the CPU, which has no
     kernel there, fails the check: one warning, rows padded. The check leaves the model's
     attention as it found it; the run switches it when it packs."""
-    monkeypatch.setattr(packing, "VARLEN_DEVICES", ("cpu",))
+    monkeypatch.setattr(packed_attention, "VARLEN_DEVICES", ("cpu",))
     model = make_model("qwen2")
     failing, note = settle_pack_rows_of(load_config(None, []), model)
     assert failing.model.pack_rows is False
@@ -356,9 +359,11 @@ def test_null_packs_where_the_check_passes_and_else_warns_once_and_stays_padded(
     def segments_loop(q, k, v, query_bounds, key_bounds, longest, scale, window):
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-        return packing._attention_by_segments(q, k, v, query_bounds, key_bounds, scale, window)
+        return packed_attention._attention_by_segments(
+            q, k, v, query_bounds, key_bounds, scale, window
+        )
 
-    monkeypatch.setattr(packing, "_varlen_attention", segments_loop)
+    monkeypatch.setattr(packed_attention, "_varlen_attention", segments_loop)
     passing, note = settle_pack_rows_of(load_config(None, []), model)
     assert passing.model.pack_rows is True and note == ""
     assert model.config._attn_implementation == "sdpa"  # switched when the run is built
