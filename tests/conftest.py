@@ -1,14 +1,17 @@
-"""Shared fixtures: tiny models built from a config, saved like a user's local model dir; the
+"""Shared fixtures: tiny models built from a config, saved like a user's local model dir (one
+with a chat template); the
 `gpu` marker, whose tests are skipped where torch sees no CUDA device."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from helpers.models import tiny_qwen2
 from helpers.rank_pool import RankPool
 
@@ -58,3 +61,20 @@ def two_ranks() -> Iterator[RankPool]:
     pool = RankPool(2)
     yield pool
     pool.close()
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant] {% endif %}"
+)
+
+
+@pytest.fixture
+def chat_model_dir(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    """The tiny test model with a chat template in its tokenizer."""
+    path = tmp_path / "chat-model"
+    shutil.copytree(tiny_model_dir, path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(path)
+    return path

@@ -74,6 +74,13 @@ class RolloutBatch:
         """`[N]` number of sampled tokens in each row."""
         return self.completion_mask.sum(dim=1)
 
+    def completion_token_lists(self) -> list[list[int]]:
+        """Each row's completion token ids without its padding (N lists), as reward functions
+        take them (`completion_ids`)."""
+        lengths = self.completion_lengths.tolist()
+        rows = self.completion_ids.tolist()
+        return [row[:length] for row, length in zip(rows, lengths, strict=True)]
+
     @staticmethod
     def concat(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         """Stack batches of one group size: prompts left-padded, completions right-padded to

@@ -33,3 +33,38 @@ class DigitsEnv:
         self.left -= 1
         digits = sum(c.isdigit() for c in turn)
         return f"digits {digits}", digits / max(len(turn), 1), self.left == 0
+
+
+# Written as TRL's documentation writes reward functions: keyword arguments, conversational
+# completions indexed `completion[0]["content"]`, the gold as `solution`, the extra arguments.
+
+
+def think_format_reward(completions, **kwargs):
+    """TRL's shape of a format reward on conversational data."""
+    return [1.0 if "<" in completion[0]["content"] else 0.0 for completion in completions]
+
+
+def accuracy_reward(completions, solution, **kwargs):
+    """TRL's shape of an accuracy reward: `solution` is a dataset column."""
+    contents = [completion[0]["content"] for completion in completions]
+    return [
+        1.0 if gold in content else 0.0 for content, gold in zip(contents, solution, strict=True)
+    ]
+
+
+def logging_reward(prompts, completions, completion_ids, trainer_state, log_extra, log_metric,
+                   **kwargs):  # fmt: skip
+    """Every extra argument TRL passes: scores the completion's token count, logs the step, the
+    prompt's last message and a metric."""
+    log_extra("step_seen", [trainer_state.global_step] * len(completions))
+    log_extra("asked", [prompt[-1]["content"] for prompt in prompts])
+    log_metric("logging_reward/tokens", sum(map(len, completion_ids)) / len(completion_ids))
+    return [float(len(ids)) for ids in completion_ids]
+
+
+async def async_length_reward(completions, **kwargs):
+    """An `async def` reward, as TRL awaits them."""
+    import asyncio
+
+    await asyncio.sleep(0)
+    return [float(len(completion[0]["content"])) for completion in completions]

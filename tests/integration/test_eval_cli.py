@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import transformers
@@ -16,22 +15,6 @@ from oncurve.cli import main
 from oncurve.config import load_config
 from oncurve.loop.trainer import train
 from oncurve.report import write_report
-
-TEMPLATE = (
-    "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}[assistant] {% endif %}"
-)
-
-
-@pytest.fixture
-def chat_model_dir(tiny_model_dir: Path, tmp_path: Path) -> Path:
-    """The tiny test model with a chat template in its tokenizer."""
-    path = tmp_path / "chat-model"
-    shutil.copytree(tiny_model_dir, path)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-    tokenizer.chat_template = TEMPLATE
-    tokenizer.save_pretrained(path)
-    return path
 
 
 def bare(text: str) -> str:

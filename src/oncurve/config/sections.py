@@ -155,10 +155,10 @@ class DataConfig:
         'final answer within \\\\boxed{}." ({column} is replaced; {{ and }} are braces, other '
         "braces stay as written); null: the prompt_field column as it is",
     )
-    answer_field: str = _opt(
-        "answer",
+    answer_field: str | None = _opt(
+        None,
         "column holding the reference answer; needed only when a reward that reads it (correct) "
-        "is used",
+        "is used; null: answer, else solution (TRL's name), whichever the data has",
     )
     answer_format: str = _opt(
         "auto",
@@ -264,7 +264,9 @@ class RewardFnConfig:
 @dataclass
 class RewardConfig:
     functions: list[RewardFnConfig] = _opt(
-        [], "reward functions with weights; empty uses the task's own rewards"
+        [],
+        "reward functions with weights; empty: the environment's or the task's own rewards, "
+        "or for data.path the correct reward (the answer column decides)",
     )
     timeout: float | None = _opt(
         10.0, "seconds a reward call may take before it is stopped; null waits forever", POSITIVE

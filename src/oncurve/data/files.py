@@ -29,9 +29,15 @@ FILE_KINDS = (".jsonl", ".json", ".csv", ".parquet")
 
 class Row(dict):
     """A dataset row; `where` ("data.jsonl line 3") locates it for errors found later, such as
-    a prompt longer than `data.max_prompt_tokens`, which takes the tokenizer to see."""
+    a prompt longer than `data.max_prompt_tokens`, which takes the tokenizer to see;
+    `answer_field` is the column its reference answer was read from."""
 
     where: str = ""
+    answer_field: str = ""
+
+
+# Where the reference answer is when the data section does not say: oncurve's name, then TRL's.
+ANSWER_FIELDS = ("answer", "solution")
 
 
 ANSWER_FORMATS = ("auto", "raw", "gsm8k", "boxed", "last_number")
@@ -44,7 +50,7 @@ _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 def load_rows(
     path: str,
     prompt_field: str = "prompt",
-    answer_field: str = "answer",
+    answer_field: str | None = None,
     config: str | None = None,
     split: str = "train",
     *,
@@ -58,11 +64,17 @@ def load_rows(
 
     The prompt is `prompt_template` filled from the row's columns, or the `prompt_field`
     column; a list of {"role", "content"} messages is kept under "prompt_messages" (for the chat
-    template), with its last user message as "prompt". The answer is read off `answer_field` in
-    `answer_format` (`final_answer`), the original value kept as "answer_raw" when that
-    changed any row's. Without `require_answer`, a row may lack the answer field (its answer is None)."""
+    template), with its last user message as "prompt". The answer is read off `answer_field`
+    (None: "answer", else TRL's "solution", whichever the first row has) in `answer_format`
+    (`final_answer`), the original value kept as "answer_raw" when that changed any row's, and
+    under its own name too when that is "solution" (TRL's rewards read it). Without
+    `require_answer`, a row may lack the answer field (its answer is None)."""
     rows = []
-    for where, record in read_records(path, config, split):
+    records = read_records(path, config, split)
+    if answer_field is None:
+        first = records[0][1]
+        answer_field = next((name for name in ANSWER_FIELDS if name in first), "answer")
+    for where, record in records:
         location = f"{path} {where}"
         if prompt_template is None and prompt_field not in record:
             _missing(location, prompt_field, record)
@@ -85,7 +97,12 @@ def load_rows(
                 f"{location}: field {prompt_field!r} must be text or a list of "
                 f"{{role, content}} messages, got {type(prompt).__name__}"
             )
-        raw = record.pop(answer_field, None)
+        # TRL's rewards read the gold by its name, `solution`: it stays for them
+        raw = (
+            record.get(answer_field)
+            if answer_field == "solution"
+            else record.pop(answer_field, None)
+        )
         if prompt_template is None:
             record.pop(prompt_field, None)
         row = Row(record, prompt=prompt)
@@ -99,6 +116,7 @@ def load_rows(
                 f"{raw[-60:]!r}); set data.answer_format: auto, raw, gsm8k, boxed or last_number"
             )
         row.where = location
+        row.answer_field = answer_field
         rows.append((row, raw))
     # the original is kept only where it says more than the answer, in every row alike (reward
     # functions take each column for a whole batch)

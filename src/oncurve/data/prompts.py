@@ -40,7 +40,8 @@ def load_prompts(config: Config) -> tuple[list[dict], list[dict], Task | None]:
         held_out = task.examples("test", eval_size(config), config.run.seed)
         return train, held_out, task
     scored = correctness_fn(config, None) in ANSWER_MATCH_REWARDS
-    needed = any(spec.name == "correct" for spec in config.reward.functions)
+    functions = config.reward.functions
+    needed = any(s.name == "correct" for s in functions) or not (functions or config.rollout.env)
     train = read_rows(data.path, data, data.split, require_answer=needed)
     held_out = (
         read_rows(config.eval.path, data, config.eval.split, require_answer=scored)
@@ -87,6 +88,7 @@ class PromptData:
             ids = encode_prompt(tokenizer, row["prompt"], data, where, messages=messages)
             kept = Row(row, prompt_ids=ids)
             kept.where = where  # for the checks that read rows later (`reward_signal`)
+            kept.answer_field = getattr(row, "answer_field", "")
             self.rows.append(kept)
         self.seed = seed
         self._order_cache: tuple[int, list[int]] | None = None

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -17,6 +18,7 @@ from oncurve.data.prompts import group_columns
 from oncurve.errors import TrainingError
 from oncurve.loop.timer import Timer
 from oncurve.rewards.runner import RewardResult
+from oncurve.rewards.trl_contract import TrainerState
 from oncurve.rollout import SamplingParams
 from oncurve.rollout.episodes import draw
 from oncurve.run.oom import sampling_round
@@ -41,6 +43,8 @@ class Sampled:
     rows: list[dict]
     metrics: dict[str, float]
     tokens: int
+    # what rewards logged beside each kept completion (`log_extra`): column -> one value per row
+    extra: dict[str, list[Any]] = field(default_factory=dict)
 
 
 def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
@@ -71,7 +75,8 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
     dynamic = cfg.algo.dynamic_sampling
     rounds_per_step = 1 + cfg.algo.max_resample if dynamic else 1
     results: list[RewardResult] = []
-    kept: list[tuple[RolloutBatch, torch.Tensor, list[dict]]] = []
+    kept: list[tuple[RolloutBatch, torch.Tensor, list[dict], dict[str, list]]] = []
+    state = TrainerState(step, cfg.run.steps)
     turns: list[int] = []  # policy turns of every multi-turn episode sampled
     visits: list[tuple[int, torch.Tensor]] = []  # (round, group pass rates) for the curriculum
     kept_groups = dropped = tokens = fewest = rounds = 0
@@ -82,7 +87,9 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
             with timer("rollout"):
                 rollout, outcomes = draw_recovering(s, rows, group_size, params)
             with timer("reward"):
-                scored = s.rewards.score(*_reward_inputs(rows, rollout, group_size, outcomes))
+                scored = s.rewards.score(
+                    *_reward_inputs(rows, rollout, group_size, outcomes), state
+                )
             results.append(scored)
             turns.extend(outcomes.get("turns", []))
             tokens += int(rollout.completion_mask.sum())
@@ -96,12 +103,18 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
                 keep = informative.nonzero().flatten()[: share - kept_groups]
                 if len(keep):
                     index = group_rows(keep, group_size)
+                    picked = index.tolist()
                     kept.append(
-                        (rollout.select(index), total[index], [rows[i] for i in keep.tolist()])
+                        (
+                            rollout.select(index),
+                            total[index],
+                            [rows[i] for i in keep.tolist()],
+                            {k: [v[i] for i in picked] for k, v in scored.extra.items()},
+                        )
                     )
                     kept_groups += len(keep)
             else:
-                kept.append((rollout, total, rows))
+                kept.append((rollout, total, rows, scored.extra))
                 kept_groups = share
         rounds += 1
         # Every rank learns the fewest groups any rank holds, in every round: ranks that stopped
@@ -112,9 +125,16 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
             f"dynamic sampling found no group whose {s.rewards.filter_name} rewards differ on "
             f"some rank in {rounds} rounds; raise algo.max_resample or check the reward"
         )
-    rollout = RolloutBatch.concat([b for b, _, _ in kept], s.tokenizer.pad_token_id)
-    rewards = torch.cat([r for _, r, _ in kept])
-    rows = [row for _, _, rs in kept for row in rs][:fewest]
+    rollout = RolloutBatch.concat([b for b, _, _, _ in kept], s.tokenizer.pad_token_id)
+    rewards = torch.cat([r for _, r, _, _ in kept])
+    rows = [row for _, _, rs, _ in kept for row in rs][:fewest]
+    logged_columns = dict.fromkeys(column for *_, logged in kept for column in logged)
+    extra = {
+        column: [v for b, _, _, logged in kept for v in logged.get(column, [None] * b.num_rows)][
+            : fewest * group_size
+        ]
+        for column in logged_columns
+    }
     if fewest < kept_groups:
         index = torch.arange(fewest * group_size, device=rewards.device)
         rollout, rewards = rollout.select(index), rewards[index]
@@ -134,7 +154,7 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
     if s.curriculum is not None:
         rates = gather_pass_rates(visits, rounds, mine, prompts)
         metrics |= s.curriculum.record(step, rounds_per_step, rates)
-    return Sampled(rollout, rewards, rows, metrics, tokens)
+    return Sampled(rollout, rewards, rows, metrics, tokens, extra)
 
 
 def _verdicts(scored: RewardResult, total: torch.Tensor) -> torch.Tensor:
@@ -223,6 +243,7 @@ def _reward_inputs(
 ) -> tuple[list[str], list[str], dict[str, list]]:
     prompts, columns = group_columns(rows, group_size)
     columns["completion_lengths"] = rollout.completion_lengths.tolist()
+    columns["completion_ids"] = rollout.completion_token_lists()
     return prompts, rollout.texts, columns | outcomes
 
 

@@ -10,6 +10,7 @@ from oncurve.data.prompts import group_columns
 from oncurve.rewards.matching import usable_gold
 from oncurve.rewards.registry import ANSWER_MATCH_REWARDS, RewardFn
 from oncurve.rewards.runner import RewardRunner
+from oncurve.rewards.trl_contract import TrainerState
 from oncurve.rollout.base import Sampler, SamplingParams
 from oncurve.rollout.episodes import EpisodeSettings, draw
 
@@ -29,6 +30,7 @@ def evaluate(
     timeout_s: float | None = 10.0,
     timeout_score: float | None = 0.0,
     on_error: str = "raise",
+    state: TrainerState | None = None,
 ) -> dict[str, float]:
     """Score `rows` ({"prompt", "prompt_ids", "answer", ...}) with the `correct` reward; with
     `episodes`, multi-turn episodes are played and `correct` reads their columns.
@@ -38,6 +40,9 @@ def evaluate(
     is None (or NaN) counts as wrong, so that no completion can hang or crash an evaluation.
     Rows whose reference answer is malformed (`usable_gold`: empty, NaN, `None`, `0/0`) are
     not scored by `correct`: they are counted apart ("unscored") and left out of every rate.
+
+    `state` is the trainer's (at evaluation, the step trained so far), for the rewards that
+    take it (TRL's `trainer_state`).
 
     With `records` (a list), one dict per row is appended to it: the greedy completion and its
     score, and with samples > 1 the sampled completions and their scores.
@@ -56,7 +61,7 @@ def evaluate(
     )
     with runner:
         greedy, greedy_texts = _scores(
-            sampler, episodes, rows, runner, 1, greedy_params, batch_size
+            sampler, episodes, rows, runner, 1, greedy_params, batch_size, state
         )
         scored = torch.tensor(
             [
@@ -70,7 +75,7 @@ def evaluate(
         if samples > 1:
             params = SamplingParams(max_new_tokens, temperature=temperature, seed=seed)
             sampled, sampled_texts = _scores(
-                sampler, episodes, rows, runner, samples, params, batch_size
+                sampler, episodes, rows, runner, samples, params, batch_size, state
             )
             result[f"mean@{samples}"] = float(sampled[scored].mean())
             result[f"pass@{samples}"] = float((sampled[scored] > 0).any(1).float().mean())
@@ -95,6 +100,7 @@ def _scores(
     group_size: int,
     params: SamplingParams,
     batch_size: int,
+    state: TrainerState | None,
 ) -> tuple[torch.Tensor, list[str]]:
     """`[len(rows), group_size]` 1.0 where a completion is correct, and the completions (a
     row's `group_size` consecutive)."""
@@ -107,7 +113,8 @@ def _scores(
         chunk = rows[start : start + per_call]
         rollout, outcomes = draw(sampler, episodes, chunk, group_size, params)
         prompts, columns = group_columns(chunk, group_size)
-        values = runner.score(prompts, rollout.texts, {**columns, **outcomes}).per_fn[:, 0]
+        columns |= {"completion_ids": rollout.completion_token_lists(), **outcomes}
+        values = runner.score(prompts, rollout.texts, columns, state).per_fn[:, 0]
         scores.append((values > 0.5).float())  # NaN compares False: unscored is wrong
         texts.extend(rollout.texts)
     return torch.cat(scores).view(len(rows), group_size), texts

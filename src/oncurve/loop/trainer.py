@@ -29,6 +29,7 @@ from oncurve.model.devices import resolve_device
 from oncurve.model.saving import save_final, save_lora_final, trained_generation
 from oncurve.rewards.registry import ANSWER_MATCH_REWARDS
 from oncurve.rewards.runner import runner_settings
+from oncurve.rewards.trl_contract import TrainerState
 from oncurve.run import checkpoint, oom
 from oncurve.run.oom import OutOfMemoryStop
 from oncurve.run.session import Session
@@ -234,7 +235,7 @@ def _check_gold(s: Session) -> None:
     cfg = s.config
     if cfg.data.path is None or s.correct not in ANSWER_MATCH_REWARDS:
         return
-    line = check_gold_answers(s.data.rows, s.correct, cfg.data.answer_field)
+    line = check_gold_answers(s.data.rows, s.correct, s.data.rows[0].answer_field)
     if s.rank == 0:
         print(line, file=sys.stderr)
 
@@ -311,13 +312,15 @@ def _save(s: Session, step: int) -> None:
 def _evaluate(s: Session, step: int) -> dict[str, float]:
     # the sampler's workspace for an evaluation is freed after it, not held through the update
     with s.policy.whole(), s.sampler.scratch():
-        result = s.recovering(oom.EVALUATION, partial(_evaluation, s), on_retry=s.sampler.release)
+        result = s.recovering(
+            oom.EVALUATION, partial(_evaluation, s, step), on_retry=s.sampler.release
+        )
     s.settle_settings()
     s.logger.log(step, {f"eval/{k}": v for k, v in result.items()})
     return result
 
 
-def _evaluation(s: Session) -> dict[str, float]:
+def _evaluation(s: Session, step: int) -> dict[str, float]:
     cfg = s.config
     return evaluate(
         s.sampler,
@@ -329,5 +332,6 @@ def _evaluation(s: Session) -> dict[str, float]:
         seed=cfg.run.seed,
         batch_size=cfg.eval.batch_rows,
         episodes=s.episodes,
+        state=TrainerState(step, cfg.run.steps),
         **runner_settings(cfg.reward),
     )

@@ -70,6 +70,7 @@ def training_step(s: Session, step: int) -> dict[str, float]:
         sampled.rows,
         cfg.log.samples_per_step,
         s.tokenizer.decode,
+        sampled.extra,
     )
     return step_metrics(s, sampled, batch.advantages, update | advantage_metrics, lr, beta, timer)
 

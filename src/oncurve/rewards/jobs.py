@@ -3,20 +3,24 @@ timed, and what it returned checked; the outcome says how it went, whichever pro
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from oncurve.errors import UserError
 from oncurve.rewards.registry import RewardFn
+from oncurve.rewards.trl_contract import RewardLog, TrainerState
 
 # A job is (function index, row index or None for the whole batch). An outcome is
-# (kind, payload, exception, seconds the call took): ("ok", values, None, s),
-# ("error", message, exc | None, s), ("fatal", message, None, s) for a wrong return value,
-# ("timeout", message | None, None, s).
+# (kind, payload, exception, seconds the call took, what the call logged or None):
+# ("ok", values, None, s, log), ("error", message, exc | None, s, None), ("fatal", message,
+# None, s, None) for a wrong return value, ("timeout", message | None, None, s, None). A batch
+# is (prompts, completions, columns, trainer state).
 Job = tuple[int, int | None]
-Outcome = tuple[str, Any, BaseException | None, float]
+Outcome = tuple[str, Any, BaseException | None, float, RewardLog | None]
+Batch = tuple[list[str], list[str], dict[str, Sequence[Any]], TrainerState]
 
 
 class RewardError(UserError):
@@ -35,31 +39,71 @@ def _forked_cuda_message(name: str) -> str:
     )
 
 
-def run_job(fns: list[tuple[str, RewardFn, float]], job: Job, batch: tuple) -> Outcome:
-    """Call function `job[0]` of `fns` on the batch (prompts, completions, columns), or on row
-    `job[1]` alone, and time the call; what it raised or returned becomes the outcome."""
+def run_jobs(
+    fns: list[tuple[str, RewardFn, float]], jobs: list[Job], batch: Batch
+) -> Iterator[Outcome]:
+    """One outcome per job, in order. The whole-batch calls of async rewards are awaited
+    together, in one event loop, before the first outcome; every other call runs in turn."""
+    together = [job for job in jobs if job[1] is None and getattr(fns[job[0]][1], "is_async", 0)]
+    awaited = dict(zip(together, asyncio.run(_gather(fns, together, batch)), strict=True))
+    for job in jobs:
+        yield awaited[job] if job in awaited else run_job(fns, job, batch)
+
+
+async def _gather(
+    fns: list[tuple[str, RewardFn, float]], jobs: list[Job], batch: Batch
+) -> list[Outcome]:
+    async def one(job: Job) -> Outcome:
+        name, fn, _ = fns[job[0]]
+        prompts, completions, columns, state = batch
+        log = RewardLog()
+        start = time.perf_counter()
+        try:
+            values = await fn.coroutine(prompts, completions, log=log, state=state, **columns)
+        except Exception as e:
+            return _failed(name, e, time.perf_counter() - start)
+        return _returned(name, values, len(completions), None, time.perf_counter() - start, log)
+
+    return list(await asyncio.gather(*(one(job) for job in jobs)))
+
+
+def run_job(fns: list[tuple[str, RewardFn, float]], job: Job, batch: Batch) -> Outcome:
+    """Call function `job[0]` of `fns` on the batch, or on row `job[1]` alone, and time the
+    call; what it raised, returned or logged becomes the outcome. A function that takes the
+    call's context (`takes_context`: TRL's contract) also gets the trainer state and a log."""
     f, row = job
     name, fn, _ = fns[f]
-    prompts, completions, columns = batch
+    prompts, completions, columns, state = batch
     if row is not None:
         prompts, completions = prompts[row : row + 1], completions[row : row + 1]
         columns = {key: values[row : row + 1] for key, values in columns.items()}
+    log = RewardLog() if getattr(fn, "takes_context", False) else None
+    context = {} if log is None else {"log": log, "state": state}
     start = time.perf_counter()
     try:
-        values = fn(prompts, completions, **columns)
-    except TimeoutError as e:
-        return ("timeout", f"{type(e).__name__}: {e}", None, time.perf_counter() - start)
+        values = fn(prompts, completions, **context, **columns)
     except Exception as e:
-        if _FORKED_CUDA in str(e):  # not the row's fault: no row can be scored so
-            return ("fatal", _forked_cuda_message(name), None, time.perf_counter() - start)
-        return ("error", f"{type(e).__name__}: {e}", e, time.perf_counter() - start)
-    seconds = time.perf_counter() - start
+        return _failed(name, e, time.perf_counter() - start)
+    return _returned(name, values, len(completions), row, time.perf_counter() - start, log)
+
+
+def _failed(name: str, e: Exception, seconds: float) -> Outcome:
+    if isinstance(e, TimeoutError):
+        return ("timeout", f"{type(e).__name__}: {e}", None, seconds, None)
+    if _FORKED_CUDA in str(e):  # not the row's fault: no row can be scored so
+        return ("fatal", _forked_cuda_message(name), None, seconds, None)
+    return ("error", f"{type(e).__name__}: {e}", e, seconds, None)
+
+
+def _returned(
+    name: str, values: Any, n: int, row: int | None, seconds: float, log: RewardLog | None
+) -> Outcome:
     try:
-        return ("ok", _check_values(name, values, len(completions), row), None, seconds)
+        return ("ok", _check_values(name, values, n, row), None, seconds, log)
     except _TooLarge as e:  # a value of the row's, as an exception is: the error policy decides
-        return ("error", str(e), e, seconds)
+        return ("error", str(e), e, seconds, None)
     except RewardError as e:
-        return ("fatal", str(e), None, seconds)
+        return ("fatal", str(e), None, seconds, None)
 
 
 def _check_values(name: str, values: Any, n: int, row: int | None) -> list[float | None]:

@@ -1,9 +1,10 @@
 """Built-in reward functions by name, and `module:function` import paths.
 
-Every reward follows one protocol: `fn(prompts, completions, **columns) -> list[float | None]`,
+Every built-in follows one protocol: `fn(prompts, completions, **columns) -> list[float | None]`,
 where `columns` are the dataset's other fields, repeated per completion (e.g. `answer`), plus
-`completion_lengths` (tokens) from the trainer. None means "does not apply to this row".
-A `model:PATH_OR_ID` spec is a learned reward model (`oncurve.rewards.model.RewardModel`).
+`completion_lengths` and `completion_ids` from the trainer. None means "does not apply to this
+row". A `module:function` reward is called as TRL calls it (`oncurve.rewards.trl_contract`). A
+`model:PATH_OR_ID` spec is a learned reward model (`oncurve.rewards.model.RewardModel`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from oncurve.rewards.format import (
 from oncurve.rewards.matching import answers_match, usable_gold
 from oncurve.rewards.model import PREFIX as MODEL_PREFIX
 from oncurve.rewards.model import RewardModel
+from oncurve.rewards.trl_contract import TrlReward
 
 RewardFn = Callable[..., list[float | None]]
 
@@ -126,7 +128,8 @@ def resolve_reward(
     trust_remote_code: bool = False,
 ) -> tuple[str, RewardFn]:
     """(metric name, function) for a built-in name, a `package.module:function` path (its
-    metric name is the function's name) or `model:PATH_OR_ID`, a reward model loaded on
+    metric name is the function's name; called with TRL's contract, `TrlReward`) or
+    `model:PATH_OR_ID`, a reward model loaded on
     `device` in `dtype` (named `model:<last part of PATH_OR_ID>`; see `oncurve.rewards.model`).
     """
     if spec in BUILTINS:
@@ -154,4 +157,4 @@ def resolve_reward(
             raise UserError(f"reward {spec!r}: module {module_name!r} has no attribute {attr!r}")
     if not callable(fn):
         raise UserError(f"reward {spec!r}: {attr!r} is not callable")
-    return attr.rsplit(".", 1)[-1], fn
+    return attr.rsplit(".", 1)[-1], TrlReward(fn)

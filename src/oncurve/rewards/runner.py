@@ -35,15 +35,16 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from oncurve.errors import UserError
-from oncurve.rewards.jobs import Job, Outcome, RewardError, run_job
+from oncurve.rewards.jobs import Batch, Job, Outcome, RewardError, run_jobs
 from oncurve.rewards.math import SYMBOLIC_BATCH_BUDGET_S, symbolic_budget
 from oncurve.rewards.registry import RewardFn
+from oncurve.rewards.trl_contract import RewardLog, TrainerState
 from oncurve.rewards.worker import Worker
 
 
@@ -51,9 +52,14 @@ from oncurve.rewards.worker import Worker
 class RewardResult:
     total: torch.Tensor  # [N] weighted sum; NaN where the verifier or every function gave None
     per_fn: torch.Tensor  # [N, n_fns] each function's score; NaN for None
-    # reward/<name> (mean over non-None), reward/timeouts, reward/errors, reward/slowest_row_s
+    # reward/<name> (mean over non-None), reward/timeouts, reward/errors, reward/slowest_row_s,
+    # and the mean of each metric a reward logged (`log_metric`) under its own name
     metrics: dict[str, float]
     verifier_scores: torch.Tensor | None = None  # [N] the verifier's column of per_fn, if any
+    # what rewards logged: `log_extra` column -> N values (None for rows it skipped), and
+    # `log_metric` name -> every value logged
+    extra: dict[str, list[Any]] = field(default_factory=dict)
+    logged: dict[str, list[float]] = field(default_factory=dict)
 
 
 class RewardRunner:
@@ -107,17 +113,23 @@ class RewardRunner:
         self.close()
 
     def score(
-        self, prompts: list[str], completions: list[str], columns: dict[str, Sequence[Any]]
+        self,
+        prompts: list[str],
+        completions: list[str],
+        columns: dict[str, Sequence[Any]],
+        state: TrainerState | None = None,
     ) -> RewardResult:
-        """Score N completions; `columns` are the dataset's other fields, N values each."""
+        """Score N completions; `columns` are the dataset's other fields, N values each;
+        `state` is the trainer's, for the rewards that take it (TRL's `trainer_state`)."""
         n = len(completions)
         if len(prompts) != n:
             raise ValueError(f"{len(prompts)} prompts for {n} completions")
         for key, values in columns.items():
             if len(values) != n:
                 raise ValueError(f"column {key!r} has {len(values)} values for {n} completions")
-        batch = (prompts, completions, columns)
+        batch = (prompts, completions, columns, state or TrainerState(0))
         values = [[math.nan] * n for _ in self.fns]  # per function, per row; NaN for None
+        logs = _Logs(n)
         counts: dict[str, float] = {"timeouts": 0, "errors": 0, "slowest_row_s": 0.0}
         retry: list[int] = []
         jobs: list[Job] = []
@@ -128,8 +140,9 @@ class RewardRunner:
         budget = symbolic_budget(SYMBOLIC_BATCH_BUDGET_S)
         with budget, contextlib.closing(self._run(jobs, batch)) as outcomes:
             for (f, row), outcome in zip(jobs, outcomes, strict=True):
-                kind, payload, _, seconds = outcome
+                kind, payload, _, seconds, log = outcome
                 counts["slowest_row_s"] = max(counts["slowest_row_s"], seconds)
+                logs.add(self.fns[f][0], log, row)
                 if row is not None:
                     values[f][row] = self._row_score(f, row, outcome, counts)
                 elif kind == "ok":
@@ -140,9 +153,9 @@ class RewardRunner:
                     retry.append(f)
         for f in retry:
             with symbolic_budget(SYMBOLIC_BATCH_BUDGET_S):
-                values[f] = self._score_rows(f, batch, counts)
+                values[f] = self._score_rows(f, batch, counts, logs)
         per_fn = torch.tensor(values, dtype=torch.float32).T.reshape(n, len(self.fns))
-        return _result(per_fn, self.fns, counts, self._verifier_column)
+        return _result(per_fn, self.fns, counts, self._verifier_column, logs.extra, logs.metrics)
 
     def concat(self, results: Sequence[RewardResult]) -> RewardResult:
         """One result for the rows of `results` (batches this runner scored), in order: what one
@@ -153,22 +166,36 @@ class RewardRunner:
         }
         counts["slowest_row_s"] = max(r.metrics["reward/slowest_row_s"] for r in results)
         per_fn = torch.cat([r.per_fn for r in results])
-        return _result(per_fn, self.fns, counts, self._verifier_column)
+        sizes = [len(r.total) for r in results]
+        columns = {name: None for r in results for name in r.extra}
+        extra = {
+            name: [v for r, size in zip(results, sizes, strict=True)
+                   for v in r.extra.get(name, [None] * size)]
+            for name in columns
+        }  # fmt: skip
+        logged: dict[str, list[float]] = {}
+        for r in results:
+            for name, numbers in r.logged.items():
+                logged.setdefault(name, []).extend(numbers)
+        return _result(per_fn, self.fns, counts, self._verifier_column, extra, logged)
 
-    def _score_rows(self, f: int, batch: tuple, counts: dict[str, float]) -> list[float]:
+    def _score_rows(
+        self, f: int, batch: Batch, counts: dict[str, float], logs: _Logs
+    ) -> list[float]:
         """The N scores of function `f` called one row at a time (NaN for None)."""
         jobs = [(f, i) for i in range(len(batch[1]))]
         column = []
         with contextlib.closing(self._run(jobs, batch)) as outcomes:
             for (_, i), outcome in zip(jobs, outcomes, strict=True):
                 counts["slowest_row_s"] = max(counts["slowest_row_s"], outcome[3])
+                logs.add(self.fns[f][0], outcome[4], i)
                 column.append(self._row_score(f, i, outcome, counts))
         return column
 
     def _row_score(self, f: int, i: int, outcome: Outcome, counts: dict[str, float]) -> float:
         """Row `i`'s score by function `f` from the outcome of its own call (NaN for None),
         under the error and timeout policy; counts its timeout or error."""
-        kind, payload, exc, _ = outcome
+        kind, payload, exc, _, _ = outcome
         if kind == "ok":
             return math.nan if payload[0] is None else payload[0]
         if kind == "fatal":
@@ -187,7 +214,7 @@ class RewardRunner:
         plan: the sum of their `memory_bytes()`, for those that have one."""
         return sum(fn.memory_bytes() for _, fn, _ in self.fns if hasattr(fn, "memory_bytes"))
 
-    def _run(self, jobs: list[Job], batch: tuple) -> Iterator[Outcome]:
+    def _run(self, jobs: list[Job], batch: Batch) -> Iterator[Outcome]:
         """One outcome per job, in order; in the worker process when a timeout is set, except
         for the functions that run in-process (see the module docstring)."""
         start = 0
@@ -197,8 +224,7 @@ class RewardRunner:
             while end < len(jobs) and self._in_process(jobs[end]) == here:
                 end += 1
             if here:
-                for job in jobs[start:end]:
-                    yield run_job(self.fns, job, batch)
+                yield from run_jobs(self.fns, jobs[start:end], batch)
             else:
                 yield from self._run_in_worker(jobs[start:end], batch)
             start = end
@@ -207,7 +233,7 @@ class RewardRunner:
         fn = self.fns[job[0]][1]
         return self.timeout_s is None or bool(getattr(fn, "runs_in_process", False))
 
-    def _run_in_worker(self, jobs: list[Job], batch: tuple) -> Iterator[Outcome]:
+    def _run_in_worker(self, jobs: list[Job], batch: Batch) -> Iterator[Outcome]:
         start = 0
         try:
             while start < len(jobs):
@@ -234,13 +260,13 @@ class RewardRunner:
         if not worker.outcomes.poll(self.timeout_s):
             worker.stop(wait_s=0.0)
             self._worker = None
-            return ("timeout", None, None, self.timeout_s)
+            return ("timeout", None, None, self.timeout_s, None)
         try:
             return worker.outcomes.recv()
         except (EOFError, OSError):
             exit_code = worker.stop(wait_s=1.0)
             self._worker = None
-            return ("error", f"worker process died (exit code {exit_code})", None, 0.0)
+            return ("error", f"worker process died (exit code {exit_code})", None, 0.0, None)
 
 
 def runner_settings(reward: Any) -> dict[str, Any]:
@@ -253,13 +279,45 @@ def runner_settings(reward: Any) -> dict[str, Any]:
     }
 
 
+class _Logs:
+    """What the calls on one batch of N completions logged (`RewardLog`s), gathered: a whole
+    batch call's `log_extra` columns must hold N values, a call on one row's one."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.extra: dict[str, list[Any]] = {}
+        self.metrics: dict[str, list[float]] = {}
+
+    def add(self, name: str, log: RewardLog | None, row: int | None) -> None:
+        if log is None:
+            return
+        for column, values in log.extra.items():
+            expected = self.n if row is None else 1
+            if len(values) != expected:
+                where = "" if row is None else f" for sample {row} alone"
+                raise RewardError(
+                    f"reward {name!r} logged {len(values)} values of {column!r}{where}; "
+                    f"log_extra takes one per completion ({expected})"
+                )
+            kept = self.extra.setdefault(column, [None] * self.n)
+            if row is None:
+                kept[:] = values
+            else:
+                kept[row] = values[0]
+        for metric, numbers in log.metrics.items():
+            self.metrics.setdefault(metric, []).extend(numbers)
+
+
 def _result(
     per_fn: torch.Tensor,
     fns: list[tuple[str, RewardFn, float]],
     counts: dict[str, float],
     verifier_column: int | None,
+    extra: dict[str, list[Any]],
+    logged: dict[str, list[float]],
 ) -> RewardResult:
-    """The weighted sum of `per_fn` `[N, n_fns]` (see the module docstring) and its metrics."""
+    """The weighted sum of `per_fn` `[N, n_fns]` (see the module docstring), its metrics and
+    what the rewards logged."""
     weights = torch.tensor([w for _, _, w in fns], dtype=torch.float32)
     scored = ~torch.isnan(per_fn)  # [N, n_fns]
     total = (torch.where(scored, per_fn, 0.0) * weights).sum(1)
@@ -271,5 +329,7 @@ def _result(
     }
     for kind in ("timeouts", "errors", "slowest_row_s"):
         metrics[f"reward/{kind}"] = float(counts[kind])
+    for name, numbers in logged.items():
+        metrics.setdefault(name, sum(numbers) / len(numbers))
     verifier_scores = None if verifier_column is None else per_fn[:, verifier_column]
-    return RewardResult(total, per_fn, metrics, verifier_scores)
+    return RewardResult(total, per_fn, metrics, verifier_scores, extra, logged)

@@ -26,7 +26,7 @@ import multiprocessing
 import signal
 from typing import Any
 
-from oncurve.rewards.jobs import run_job
+from oncurve.rewards.jobs import run_jobs
 from oncurve.rewards.math import SYMBOLIC_BATCH_BUDGET_S, symbolic_budget
 from oncurve.rewards.registry import RewardFn
 
@@ -82,9 +82,8 @@ def _serve(requests: Any, outcomes: Any, parent_ends: tuple, fns: list) -> None:
         except EOFError:
             return
         with symbolic_budget(SYMBOLIC_BATCH_BUDGET_S):
-            for job in jobs:
-                kind, payload, exc, seconds = run_job(fns, job, batch)
-                outcome = (kind, payload, None if exc is None else _picklable(exc), seconds)
+            for kind, payload, exc, seconds, log in run_jobs(fns, jobs, batch):
+                outcome = (kind, payload, None if exc is None else _picklable(exc), seconds, log)
                 try:
                     outcomes.send(outcome)
                 except BrokenPipeError:

@@ -212,30 +212,30 @@ def log_samples(
     rows: list[dict],
     count: int,
     decode: Callable[[list[int]], str] | None = None,
+    extra: dict[str, list[Any]] | None = None,
 ) -> None:
     """Write `count` of the step's completions, spread evenly over its `[N]` rows, with their
     prompt (`rows` holds one dataset row per group), reward and reference answer; with
     `decode` (the tokenizer's), also the prompt as the model saw it (`prompt_as_seen`: after
-    the system prompt and chat template), so that a formatting mistake shows."""
+    the system prompt and chat template), so that a formatting mistake shows; with `extra`
+    (column -> N values: what rewards logged with `log_extra`), each column's value beside
+    its completion, unless the column is one of those."""
     count = min(count, rollout.num_rows)
     if not count:
         return
     group_size = rollout.group_size
     picks = torch.linspace(0, rollout.num_rows - 1, count).long().tolist()
-    logger.log_samples(
-        step,
-        [
-            {
-                "prompt": rows[i // group_size]["prompt"],
-                "completion": rollout.texts[i],
-                "reward": float(rewards[i]),
-                "answer": rows[i // group_size].get("answer"),
-                **(
-                    {"prompt_as_seen": decode(rows[i // group_size]["prompt_ids"])}
-                    if decode
-                    else {}
-                ),
-            }
-            for i in picks
-        ],
-    )
+    samples = [
+        {
+            "prompt": rows[i // group_size]["prompt"],
+            "completion": rollout.texts[i],
+            "reward": float(rewards[i]),
+            "answer": rows[i // group_size].get("answer"),
+            **({"prompt_as_seen": decode(rows[i // group_size]["prompt_ids"])} if decode else {}),
+        }
+        for i in picks
+    ]
+    for sample, i in zip(samples, picks, strict=True):
+        for column, values in (extra or {}).items():
+            sample.setdefault(column, values[i])
+    logger.log_samples(step, samples)

@@ -9,7 +9,6 @@ import torch
 from oncurve.config import Config
 from oncurve.data.prompts import correctness_fn
 from oncurve.data.tasks.base import Task
-from oncurve.errors import UserError
 from oncurve.model.devices import DTYPES, resolve_dtype
 from oncurve.rewards.registry import (
     RewardFn,
@@ -24,7 +23,8 @@ from oncurve.rewards.runner import RewardRunner, runner_settings
 def build_rewards(
     config: Config, task: Task | None, device: str | torch.device = "cpu"
 ) -> RewardRunner:
-    """The configured reward functions, or the task's own when `reward.functions` is empty;
+    """The configured reward functions, or when `reward.functions` is empty the environment's,
+    the task's own, or for a dataset the `correct` reward;
     DAPO's soft overlong penalty is added when `reward.overlong_buffer` > 0. The runner's
     verifier is the reward among them that `correctness_fn` returns (what evaluation calls
     correct), if any. A `model:PATH_OR_ID` reward model is loaded on `device` (the trainer's)
@@ -48,10 +48,8 @@ def build_rewards(
     elif task is not None:
         weights = getattr(task, "reward_weights", {})
         fns = [(name, fn, weights.get(name, 1.0)) for name, fn in task.reward_fns().items()]
-    else:
-        raise UserError(
-            "reward.functions must name at least one reward function when data.path is used"
-        )
+    else:  # a dataset: its reference answers decide, as evaluation's `correct` does
+        fns = [("correct", resolve_reward("correct")[1], 1.0)]
     fns = [(name, with_answer_match(fn, reward.answer_match), w) for name, fn, w in fns]
     if reward.overlong_buffer:
         penalty = functools.partial(

@@ -93,7 +93,7 @@ def setup(config: Config) -> Session:
     settled = settle(config, facts)
     config = settled.config
     if rank == 0:
-        for line in settled.report + startup_notes(config, rewards):
+        for line in settled.report + startup_notes(config, rewards, data):
             print(line, file=sys.stderr)
     policy, advantage = assemble_policy(config, model, peft_model, world_size)
     fsdp = config.dist.fsdp and world_size > 1
@@ -329,11 +329,15 @@ def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | None:
     )
 
 
-def startup_notes(config: Config, rewards: RewardRunner) -> list[str]:
-    """What the start-up report says of the run's choices beyond the settled ones: which
-    rewards the curriculum and dynamic sampling read, and a sampling distribution that the
-    loss does not model."""
+def startup_notes(config: Config, rewards: RewardRunner, data: PromptData) -> list[str]:
+    """What the start-up report says of the run's choices beyond the settled ones: the column
+    the reference answers were found in when the config does not name it and it is not
+    `answer`, which rewards the curriculum and dynamic sampling read, and a sampling
+    distribution that the loss does not model."""
     notes = []
+    found = data.rows[0].answer_field
+    if config.data.answer_field is None and found not in ("", "answer"):
+        notes.append(f"data: reference answers from column {found!r} (there is no 'answer')")
     correct = "" if rewards.verifier else " (no reward is the one evaluation calls correct)"
     if config.data.curriculum != "none":
         notes.append(

@@ -186,7 +186,8 @@ def test_strict_correct_pays_a_stated_simplified_answer(prompt, completion, gold
 def test_evaluation_counts_malformed_references_apart(monkeypatch):
     texts = ["\\boxed{18}", "\\boxed{None}", "\\boxed{3}", "\\boxed{nan}"]
     monkeypatch.setattr(
-        "oncurve.loop.evaluate.draw", lambda *args: (SimpleNamespace(texts=texts), {})
+        "oncurve.loop.evaluate.draw",
+        lambda *args: (SimpleNamespace(texts=texts, completion_token_lists=lambda: [[1]] * 4), {}),
     )
     rows = [
         {"prompt": "p", "prompt_ids": [1], "answer": answer}

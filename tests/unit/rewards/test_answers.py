@@ -417,7 +417,7 @@ def test_length_penalty() -> None:
 def test_resolve_reward_import_path_and_errors() -> None:
     name, fn = resolve_reward("oncurve.rewards.format:tags_format_reward")
     assert name == "tags_format_reward"
-    assert fn is tags_format_reward
+    assert fn.fn is tags_format_reward and fn.rowwise  # TRL's contract around it, its policy kept
     with pytest.raises(ValueError, match="cannot import module 'no_such_mod'"):
         resolve_reward("no_such_mod:f")
     with pytest.raises(ValueError, match="has no attribute 'nope'"):

@@ -299,7 +299,11 @@ def test_evaluation_scores_under_the_training_timeout_and_error_policy(tmp_path,
     raises is wrong under on_error="none" instead of ending the evaluation."""
     texts = ["a", "hang", "boom"]
     monkeypatch.setattr(
-        "oncurve.loop.evaluate.draw", lambda *args: (SimpleNamespace(texts=texts), {})
+        "oncurve.loop.evaluate.draw",
+        lambda *args: (
+            SimpleNamespace(texts=texts, completion_token_lists=lambda: [[1]] * len(texts)),
+            {},
+        ),
     )
     hanging = called_rowwise(tmp_path / "calls")
 

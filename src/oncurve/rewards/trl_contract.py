@@ -1,0 +1,136 @@
+"""Reward functions written for TRL's `GRPOTrainer`, called as TRL calls them.
+
+TRL calls a reward function with keywords: `prompts`, `completions`, `completion_ids`, every
+other dataset column by its name, `trainer_state` (its `global_step` is the step being
+trained), and `log_extra(column, values)` / `log_metric(name, value)`, whose values land in
+samples.jsonl and the step's metrics. When the dataset's prompts are messages, `prompts` are
+the rows' message lists and each completion is one assistant message,
+`[{"role": "assistant", "content": text}]`, which is what `completion[0]["content"]` reads. An
+`async def` function is awaited; the runner awaits the batch calls of several together
+(`oncurve.rewards.jobs.run_jobs`).
+
+A `module:function` reward is wrapped in `TrlReward`; the built-ins keep the plain protocol of
+`oncurve.rewards.registry` (texts, columns).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+# The column that holds a conversational row's messages (`oncurve.data.files.load_rows`).
+MESSAGES_COLUMN = "prompt_messages"
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """What TRL's `trainer_state` offers a reward function: the step being trained (0 during an
+    evaluation before the first step) and the run's number of steps, when known."""
+
+    global_step: int
+    max_steps: int | None = None
+
+
+@dataclass
+class RewardLog:
+    """What one call of a reward function logged: `extra` column -> one value per completion
+    it scored, `metrics` name -> the values it logged."""
+
+    extra: dict[str, list[Any]] = field(default_factory=dict)
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+
+    def log_extra(self, column: str, values: list[Any]) -> None:
+        """TRL's `log_extra`: one value per completion, shown beside each in samples.jsonl."""
+        self.extra.setdefault(str(column), []).extend(values)
+
+    def log_metric(self, name: str, value: float) -> None:
+        """TRL's `log_metric`: a number, averaged over the step into its metrics."""
+        number = float(value)
+        if math.isfinite(number):
+            self.metrics.setdefault(str(name), []).append(number)
+
+
+class TrlReward:
+    """A reward function with TRL's contract (see the module docstring), callable as a
+    `RewardFn` that also takes the call's `log` and `state`. Attributes the runner reads
+    (`rowwise`, `runs_in_process`) are the function's own."""
+
+    takes_context = True
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        self.is_async = inspect.iscoroutinefunction(fn)
+        for attribute in ("rowwise", "runs_in_process"):
+            if hasattr(fn, attribute):
+                setattr(self, attribute, getattr(fn, attribute))
+        self._by_keyword = _names_completions(fn)
+
+    def __call__(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        *,
+        log: RewardLog,
+        state: TrainerState,
+        **columns: Any,
+    ) -> Any:
+        result = self._call(prompts, completions, log, state, columns)
+        return asyncio.run(_awaited(result)) if inspect.isawaitable(result) else result
+
+    def coroutine(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        *,
+        log: RewardLog,
+        state: TrainerState,
+        **columns: Any,
+    ) -> Coroutine[Any, Any, Any]:
+        """The call as a coroutine, to be awaited beside other async rewards."""
+        return _awaited(self._call(prompts, completions, log, state, columns))
+
+    def _call(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        log: RewardLog,
+        state: TrainerState,
+        columns: dict[str, Any],
+    ) -> Any:
+        columns = dict(columns)
+        messages = columns.pop(MESSAGES_COLUMN, None)
+        if messages is not None:
+            prompts = messages
+            completions = [[{"role": "assistant", "content": text}] for text in completions]
+        context = {
+            "trainer_state": state,
+            "log_extra": log.log_extra,
+            "log_metric": log.log_metric,
+            **columns,
+        }
+        if self._by_keyword:
+            return self.fn(prompts=prompts, completions=completions, **context)
+        return self.fn(prompts, completions, **context)
+
+
+async def _awaited(result: Any) -> Any:
+    return await result if inspect.isawaitable(result) else result
+
+
+def _names_completions(fn: Callable[..., Any]) -> bool:
+    """Whether `fn` takes `completions` by that name (TRL's functions do, and may put it
+    first); else it is called positionally, as `fn(prompts, completions, **columns)`."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    named = parameters.get("completions")
+    return named is not None and named.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )

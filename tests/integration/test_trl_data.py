@@ -1,0 +1,53 @@
+"""A dataset prepared for TRL's `GRPOTrainer` (prompts as messages, the gold as `solution`,
+other columns for the rewards) trains with nothing but its path, and reward functions written
+as TRL documents them train unchanged: their logged columns land in samples.jsonl, their
+logged metrics in metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+
+from oncurve.cli import main
+from oncurve.run.metrics import read_jsonl
+
+TRL_REWARDS = ", ".join(
+    f"helpers.rewards_for_tests:{name}"
+    for name in ("think_format_reward", "accuracy_reward", "logging_reward", "async_length_reward")
+)
+
+
+def trl_dataset(path, rows: int = 8):
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "prompt": [{"role": "user", "content": f"{i}+{i}="}],
+                    "solution": str(2 * i),
+                    "difficulty": i % 3,
+                }
+            )
+            + "\n"
+            for i in range(rows)
+        )
+    )
+    return path
+
+
+def test_a_trl_dataset_and_trl_rewards_train_unchanged(chat_model_dir, tmp_path, capsys):
+    data = trl_dataset(tmp_path / "trl.jsonl")
+    short = [f"model.path={chat_model_dir}", "run.steps=2", "data.prompts_per_step=2",
+             "rollout.group_size=2", "rollout.max_new_tokens=6", "run.device=cpu",
+             "eval.at_start_end=false", "run.preflight=false"]  # fmt: skip
+    assert main(["train", f"data.path={data}", *short, f"run.dir={tmp_path / 'a'}"]) == 0
+    assert "reference answers from column 'solution'" in capsys.readouterr().err
+
+    run = tmp_path / "b"
+    rewards = f"reward.functions=[{TRL_REWARDS}]"
+    assert main(["train", f"data.path={data}", rewards, *short, f"run.dir={run}"]) == 0
+    samples = read_jsonl(run / "samples.jsonl")
+    assert {s["step_seen"] for s in samples} == {1, 2}
+    assert all(s["asked"] == s["prompt"] for s in samples)
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [m["step"] for m in metrics if "logging_reward/tokens" in m] == [1, 2]
+    assert all(1 <= m["logging_reward/tokens"] <= 6 for m in metrics if m["step"] > 0)
+    assert {"reward/accuracy_reward", "reward/async_length_reward"} <= metrics[-1].keys()

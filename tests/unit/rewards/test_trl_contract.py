@@ -1,0 +1,104 @@
+"""Reward functions written for TRL are called as TRL calls them: keywords, conversational
+prompts and completions as messages, `completion_ids`, `trainer_state`, `log_extra` and
+`log_metric` (their values come back with the scores), `async def` functions awaited, the
+batch calls of several together."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from oncurve.rewards.registry import resolve_reward
+from oncurve.rewards.runner import RewardRunner
+from oncurve.rewards.trl_contract import TrainerState, TrlReward
+
+MESSAGES = [
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
+    [{"role": "user", "content": "3+3?"}],
+]
+COLUMNS = {
+    "prompt_messages": MESSAGES,
+    "solution": ["4", "6"],
+    "completion_ids": [[5, 6, 7], [8]],
+}
+
+
+def runner(*names: str, timeout_s: float | None) -> RewardRunner:
+    fns = [resolve_reward(f"helpers.rewards_for_tests:{name}") for name in names]
+    return RewardRunner([(name, fn, 1.0) for name, fn in fns], timeout_s=timeout_s)
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0], ids=["in-process", "worker"])
+def test_trl_rewards_read_messages_and_log_beside_their_scores(timeout_s):
+    names = ("think_format_reward", "accuracy_reward", "logging_reward", "async_length_reward")
+    with runner(*names, timeout_s=timeout_s) as scorer:
+        result = scorer.score(
+            ["2+2?", "3+3?"], ["<a>4</a>", "5"], COLUMNS, TrainerState(global_step=7)
+        )
+    assert result.per_fn.tolist() == [[1.0, 1.0, 3.0, 8.0], [0.0, 0.0, 1.0, 1.0]]
+    assert result.extra == {"step_seen": [7, 7], "asked": ["2+2?", "3+3?"]}
+    assert result.metrics["logging_reward/tokens"] == 2.0
+    assert result.logged == {"logging_reward/tokens": [2.0]}
+
+
+def test_a_text_dataset_passes_text_and_built_ins_keep_taking_text():
+    seen = {}
+
+    def keep(prompts, completions, **kwargs):
+        seen.update(prompts=prompts, completions=completions, keys=sorted(kwargs))
+        return [0.0] * len(completions)
+
+    RewardRunner([("keep", TrlReward(keep), 1.0)], timeout_s=None).score(
+        ["p"], ["c"], {"answer": ["1"]}
+    )
+    assert seen == {
+        "prompts": ["p"],
+        "completions": ["c"],
+        "keys": ["answer", "log_extra", "log_metric", "trainer_state"],
+    }
+    name, correct = resolve_reward("correct")
+    assert not isinstance(correct, TrlReward)
+
+
+def test_a_positional_oncurve_reward_is_still_called_positionally():
+    """A function whose parameters are not named `completions` gets (prompts, completions)."""
+
+    def digits(p, c, **columns):
+        return [float(text.isdigit()) for text in c]
+
+    result = RewardRunner([("d", TrlReward(digits), 1.0)], timeout_s=None).score(
+        ["x", "y"], ["12", "ab"], {}
+    )
+    assert result.per_fn[:, 0].tolist() == [1.0, 0.0]
+
+
+def test_async_rewards_are_awaited_together():
+    """Two async rewards, each awaiting twice: both start before either finishes."""
+    order: list[str] = []
+
+    def make(tag: str):
+        async def reward(completions, **kwargs):
+            order.append(f"start {tag}")
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            order.append(f"end {tag}")
+            return [1.0] * len(completions)
+
+        return TrlReward(reward)
+
+    fns = [("a", make("a"), 1.0), ("b", make("b"), 1.0)]
+    result = RewardRunner(fns, timeout_s=None).score(["p"], ["c"], {})
+    assert result.total.tolist() == [2.0]
+    assert order == ["start a", "start b", "end a", "end b"]
+
+
+def test_log_extra_with_the_wrong_number_of_values_is_one_line():
+    def short(completions, log_extra, **kwargs):
+        log_extra("x", [1])
+        return [0.0] * len(completions)
+
+    with pytest.raises(ValueError, match=r"reward 's' logged 1 values of 'x'; log_extra takes"):
+        RewardRunner([("s", TrlReward(short), 1.0)], timeout_s=None).score(
+            ["p", "q"], ["c", "d"], {}
+        )
