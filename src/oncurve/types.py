@@ -151,7 +151,7 @@ class TrainBatch:
         old_logprobs: `[N, T]` pi_old, or None when mu = 1 (the update's own detached logprobs).
         ref_logprobs: `[N, T]` pi_ref, or None when beta = 0.
         sample_logprobs: `[N, T]` the sampler's logprobs, compared with pi_old as a health check
-            and the denominator of the TIS weight (`algo.tis_cap`).
+            and the denominator of the importance weight (`algo.is_correction`).
         prompt_index: `[N]` equal for rows with the same prompt (a group), so that the forward
             can run each prompt once; None to run every row whole.
         row_lengths: the rows' real lengths and prompt numbers, when known on the host (a

@@ -23,12 +23,15 @@ POLICY_LOSSES: dict[str, Callable] = {}
 AGGREGATIONS: dict[str, Callable] = {}
 # fn(logprobs, ref_logprobs) -> [N, T]
 KL_ESTIMATORS: dict[str, Callable] = {}
+# fn(old_logprobs, sampler_logprobs, mask [N, T], *, cap) -> (weights [N, T], capped [N, T])
+IS_CORRECTIONS: dict[str, Callable] = {}
 
 TABLES: dict[str, dict[str, Callable]] = {
     "advantage estimator": ADVANTAGE_ESTIMATORS,
     "policy loss": POLICY_LOSSES,
     "aggregation": AGGREGATIONS,
     "KL estimator": KL_ESTIMATORS,
+    "importance-sampling correction": IS_CORRECTIONS,
 }
 
 

@@ -25,6 +25,7 @@ RENAMED: dict[str, str] = {
     "run.reward_errors": "reward.errors",
     "algo.overlong_buffer": "reward.overlong_buffer",
     "algo.overlong_penalty": "reward.overlong_penalty",
+    "algo.tis_cap": "algo.is_cap",
 }
 
 

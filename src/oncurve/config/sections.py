@@ -7,7 +7,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from oncurve.algo.registry import ADVANTAGE_ESTIMATORS, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from oncurve.algo.registry import (
+    ADVANTAGE_ESTIMATORS,
+    AGGREGATIONS,
+    IS_CORRECTIONS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+)
 from oncurve.config.presets import PRESETS
 
 Check = Callable[[Any], str | None]
@@ -51,10 +57,13 @@ NON_NEGATIVE = _range(0, None)
 UNIT_OPEN = _range(0, 1, low_open=True, high_open=True)
 
 
-def _tis_cap_check(value: float | None) -> str | None:
+def _is_cap_check(value: float | None) -> str | None:
     if value is None or value == 0 or value >= 1:
         return None
-    return "must be 0 (off) or at least 1 (a cap below 1 scales every token's loss down)"
+    return (
+        "must be 0 (off) or at least 1 (a cap below 1 scales every token's loss down, or masks "
+        "every token the trainer finds likelier than the sampler)"
+    )
 
 
 @dataclass
@@ -342,13 +351,22 @@ class AlgoConfig:
     dual_clip: float | None = _opt(
         None, "dual-clip constant c > 1 bounding negative-A loss", _range(1, None, low_open=True)
     )
-    tis_cap: float | None = _opt(
+    is_correction: str = _opt(
+        "token_truncate",
+        "importance-sampling correction for a sampler whose logprobs differ from the training "
+        "forward's: each token's policy loss is weighted by ratio = pi_old / pi_sampler, with "
+        "algo.is_cap: token_truncate (min(ratio, cap), TIS), token_mask (the ratio, 0 above "
+        "the cap), sequence_truncate and sequence_mask (the same with the sequence's ratio, the "
+        "product of its tokens', for all its tokens; TRL's default is sequence_mask with cap "
+        "3), none (off)",
+        choices=(*IS_CORRECTIONS, "none"),
+    )
+    is_cap: float | None = _opt(
         None,
-        "truncated importance-sampling cap: each token's policy loss is weighted by "
-        "min(pi_old / pi_sampler, cap); null: 2.0 with the cuda_graph sampler, whose kernels "
+        "the cap of algo.is_correction; null: 2.0 with the cuda_graph sampler, whose kernels "
         "differ from the training forward's, 0 (off) with the others, whose logprobs equal it "
         "to float rounding; 0 off",
-        _tis_cap_check,
+        _is_cap_check,
     )
     beta: float = _opt(
         0.04, "weight of KL(pi || pi_ref) in the loss; 0 loads no reference", NON_NEGATIVE

@@ -143,7 +143,8 @@ class Sampler(Protocol):
         tokenizer: the tokenizer `generate` encodes with and the texts are decoded with.
         exact_logprobs: the backend's logprobs are computed as the trainer's forward computes
             them; False where another kernel path computes them (a run then corrects the update
-            with truncated importance sampling unless `algo.tis_cap` says otherwise).
+            with an importance-sampling correction unless `algo.is_correction` or `algo.is_cap`
+            says otherwise).
         holds_cache: the backend keeps its KV workspaces between calls (the memory plan counts
             them when `rollout.keep_cache` is on; `scratch` frees them otherwise).
         compiles_steps: the backend can compile its decode step and replay it as CUDA graphs

@@ -5,7 +5,7 @@ dtype, a Hub model's revision); then, once the model is loaded, the rest. What t
 read besides the config is gathered into `RunFacts`: the model's shape,
 the sampler backend's class, the device's memory and the host's, whether packed rows can run.
 `settle(config, facts)` then fills in the memory settings (the plan on CUDA, fixed defaults on
-the CPU), the TIS cap, CUDA graphs and compilation, and packing, and says what it chose in
+the CPU), the importance-sampling cap, CUDA graphs and compilation, and packing, and says what it chose in
 `Settled.report`. It loads nothing and changes nothing, so any shape or device can be settled
 in a test (`RunFacts` made by hand). The run's config.yaml records the result.
 """
@@ -34,8 +34,8 @@ from oncurve.run.memory_plan import (
     plan_memory,
 )
 
-# `algo.tis_cap` when left null with a sampler whose kernels differ from the training forward's
-SAMPLER_TIS_CAP = 2.0
+# `algo.is_cap` when left null with a sampler whose kernels differ from the training forward's
+SAMPLER_IS_CAP = 2.0
 # the settings the memory plan fills in where null, by the config section that holds each
 MEMORY_SETTINGS = {
     "gradient_checkpointing": "model",
@@ -154,7 +154,7 @@ def settle(config: Config, facts: RunFacts) -> Settled:
     `UserError` for a setting the facts rule out (`model.pack_rows: true` where packing
     cannot run)."""
     config, plan = settle_memory(config, facts)
-    config = settle_tis_cap(config, facts)
+    config = settle_is_cap(config, facts)
     config = settle_cuda_graphs(config, facts)
     config, packing_note = settle_pack_rows(config, facts)
     report = []
@@ -249,13 +249,13 @@ def memory_settings(config: Config) -> dict:
     return {key: getattr(getattr(config, name), key) for key, name in MEMORY_SETTINGS.items()}
 
 
-def settle_tis_cap(config: Config, facts: RunFacts) -> Config:
-    """`config` with `algo.tis_cap` filled in when null: `SAMPLER_TIS_CAP` when the sampler's
+def settle_is_cap(config: Config, facts: RunFacts) -> Config:
+    """`config` with `algo.is_cap` filled in when null: `SAMPLER_IS_CAP` when the sampler's
     logprobs are not `exact_logprobs`, else 0.0 (off)."""
-    if config.algo.tis_cap is not None:
+    if config.algo.is_cap is not None:
         return config
-    cap = 0.0 if facts.sampler.exact_logprobs else SAMPLER_TIS_CAP
-    return dataclasses.replace(config, algo=dataclasses.replace(config.algo, tis_cap=cap))
+    cap = 0.0 if facts.sampler.exact_logprobs else SAMPLER_IS_CAP
+    return dataclasses.replace(config, algo=dataclasses.replace(config.algo, is_cap=cap))
 
 
 def settle_cuda_graphs(config: Config, facts: RunFacts) -> Config:

@@ -17,7 +17,13 @@ import torch
 
 from oncurve import distributed
 from oncurve.advantages.sources import AdvantageSource, build_advantage_source
-from oncurve.algo.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, lookup
+from oncurve.algo.registry import (
+    AGGREGATIONS,
+    IS_CORRECTIONS,
+    KL_ESTIMATORS,
+    POLICY_LOSSES,
+    lookup,
+)
 from oncurve.config import Config, check_ranks, to_dict
 from oncurve.config.resume_settings import (
     DATA_ROWS,
@@ -301,7 +307,12 @@ def build_loss_fns(config: Config) -> LossFns:
         eps_high=config.epsilon_high,
         dual_clip=algo.dual_clip,
         norm_len=float(algo.norm_len or config.rollout.max_new_tokens),
-        tis_cap=algo.tis_cap or 0.0,
+        is_correction=(
+            None
+            if algo.is_correction == "none" or not algo.is_cap
+            else lookup(IS_CORRECTIONS, algo.is_correction)
+        ),
+        is_cap=algo.is_cap or 0.0,
     )
 
 

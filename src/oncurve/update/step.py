@@ -12,7 +12,7 @@ from functools import partial
 import torch
 
 from oncurve import distributed
-from oncurve.algo.correction import logprob_diff_mean, tis_weights
+from oncurve.algo.correction import correction_metrics, logprob_diff_mean
 from oncurve.model.compiled_layers import CompiledLayersFailed, compiled_layers
 from oncurve.types import TrainBatch
 from oncurve.update.determinism import NondeterministicOp, strictly_deterministic
@@ -32,9 +32,11 @@ class LossFns:
             dual_clip) -> ([N, T] loss, metrics)`.
         aggregate: `fn(per_token, mask, *, num_seqs, num_tokens, norm_len) -> scalar`.
         kl: `fn(logprobs, ref_logprobs) -> [N, T]`, used when beta > 0.
-        tis_cap: truncated importance sampling (`oncurve.algo.correction`): each token's policy
-            loss is weighted by min(pi_old / pi_sampler, tis_cap) where the batch has the
-            sampler's logprobs; 0 off.
+        is_correction: `fn(old_logprobs, sampler_logprobs, mask, *, cap) -> (weights,
+            capped)` (`oncurve.algo.correction`): where the batch has the sampler's logprobs,
+            each token's policy loss is weighted by its importance weight pi_old / pi_sampler,
+            truncated or masked at `is_cap`; None off.
+        is_cap: the correction's cap.
     """
 
     policy_loss: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -45,7 +47,8 @@ class LossFns:
     eps_high: float
     dual_clip: float | None
     norm_len: float
-    tis_cap: float = 0.0
+    is_correction: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+    is_cap: float = 0.0
 
 
 def accumulate(
@@ -145,8 +148,9 @@ def accumulate_gradients(
         the step's loss (sum over microbatches) and token-weighted means of kl, entropy, clip
         fractions and the ratio, plus the ratio's min and max and the largest gap between pi_old
         and the sampler's logprobs (`logprob_diff/max`, the sampler/trainer health check; its
-        token mean is `logprob_diff/mean`, and `tis/capped_frac` the fraction of tokens whose
-        TIS weight was truncated, when `fns.tis_cap` > 0).
+        token mean is `logprob_diff/mean`; with `fns.is_correction`, `is/capped_frac` is the
+        fraction of tokens whose importance weight the cap truncated or masked and
+        `is/weight_mean` the mean weight).
     """
 
     totals: dict[str, float] = {"loss/policy": 0.0, "logprob_diff/max": 0.0}
@@ -184,8 +188,9 @@ def microbatch_loss(
     and the step's counts bound. `rows`, the microbatch's `[n]` rows in its minibatch, is what
     `accumulate` passes every loss; the policy's targets travel in `micro` itself.
 
-    With `fns.tis_cap` > 0 and the sampler's logprobs in `micro`, each token's policy term (not
-    the KL term, as in verl) is weighted by min(pi_old / pi_sampler, tis_cap) (`tis_weights`).
+    With `fns.is_correction` and the sampler's logprobs in `micro`, each token's policy term (not
+    the KL term, as in verl and TRL) is weighted by its importance weight pi_old / pi_sampler,
+    truncated or masked at `fns.is_cap`.
     """
     mask = micro.completion_mask.to(torch.float32)
     logprobs, entropy = policy(
@@ -212,12 +217,11 @@ def microbatch_loss(
         dual_clip=fns.dual_clip,
     )
     if micro.sample_logprobs is not None:
-        if fns.tis_cap > 0:
-            weights, correction = tis_weights(old, micro.sample_logprobs, mask, fns.tis_cap)
+        stats["logprob_diff/mean"] = logprob_diff_mean(old, micro.sample_logprobs, mask)
+        if fns.is_correction is not None:
+            weights, capped = fns.is_correction(old, micro.sample_logprobs, mask, cap=fns.is_cap)
             per_token = per_token * weights
-            stats.update(correction)
-        else:
-            stats["logprob_diff/mean"] = logprob_diff_mean(old, micro.sample_logprobs, mask)
+            stats.update(correction_metrics(weights, capped, mask))
     if fns.beta > 0:
         kl = fns.kl(logprobs, micro.ref_logprobs)
         per_token = per_token + fns.beta * kl

@@ -9,6 +9,7 @@ from oncurve.algo import losses
 from oncurve.algo.registry import (
     ADVANTAGE_ESTIMATORS,
     AGGREGATIONS,
+    IS_CORRECTIONS,
     KL_ESTIMATORS,
     POLICY_LOSSES,
     registered,
@@ -81,9 +82,10 @@ from oncurve.errors import UserError
             ["algo.preset=dapo", "rollout.max_new_tokens=8"],
             "reward.overlong_buffer must be at most rollout.max_new_tokens (8), got 16",
         ),
-        (["algo.tis_cap=0.5"], "algo.tis_cap must be 0 (off) or at least 1 (a cap below 1"),
-        (["algo.tis_cap=-1"], "algo.tis_cap must be 0 (off) or at least 1"),
-        (["algo.tis_cap=.nan"], "algo.tis_cap must be 0 (off) or at least 1"),
+        (["algo.is_cap=0.5"], "algo.is_cap must be 0 (off) or at least 1 (a cap below 1"),
+        (["algo.is_cap=-1"], "algo.is_cap must be 0 (off) or at least 1"),
+        (["algo.is_cap=.nan"], "algo.is_cap must be 0 (off) or at least 1"),
+        (["algo.is_correction=tis"], "algo.is_correction must be one of token_truncate, "),
     ],
 )
 def test_invalid_values_give_one_line_naming_the_field(overrides, message):
@@ -130,6 +132,7 @@ def test_preset_sets_fields_and_explicit_values_win(tmp_path):
         ("run.reward_timeout_score=0", "run.reward_timeout_score was renamed reward.timeout_score"),
         ("run.reward_errors=none", "run.reward_errors was renamed reward.errors"),
         ("algo.overlong_buffer=4", "algo.overlong_buffer moved to reward.overlong_buffer"),
+        ("algo.tis_cap=2", "algo.tis_cap was renamed algo.is_cap"),
         ("algo.overlong_penalty=0.5", "algo.overlong_penalty moved to reward.overlong_penalty"),
     ],
 )
@@ -210,10 +213,12 @@ def test_the_algorithm_checks_accept_the_valid_neighbours():
     assert load_config(None, ["reward.overlong_buffer=64"]).reward.overlong_buffer == 64
     assert load_config(None, ["algo.ref_sync_every=10"]).algo.ref_sync_every == 10
     assert load_config(None, ["model.lora.r=8"]).model.lora.r == 8
-    # TIS off, a cap of exactly 1, and null (settled at the start of a run)
-    assert load_config(None, ["algo.tis_cap=0"]).algo.tis_cap == 0.0
-    assert load_config(None, ["algo.tis_cap=1"]).algo.tis_cap == 1.0
-    assert load_config().algo.tis_cap is None
+    # the correction off, a cap of exactly 1, and null (settled at the start of a run)
+    assert load_config(None, ["algo.is_cap=0"]).algo.is_cap == 0.0
+    assert load_config(None, ["algo.is_cap=1"]).algo.is_cap == 1.0
+    assert load_config().algo.is_cap is None
+    assert load_config().algo.is_correction == "token_truncate"
+    assert load_config(None, ["algo.is_correction=none"]).algo.is_correction == "none"
 
 
 def test_help_says_which_kl_each_estimator_follows_in_the_loss():
@@ -302,6 +307,13 @@ def test_algorithm_choices_are_the_registry_names():
     assert POLICY_LOSSES["cispo"] is losses.cispo
     assert choices["loss_agg"] == tuple(AGGREGATIONS) and len(AGGREGATIONS) == 3
     assert choices["kl_estimator"] == ("k1", "k2", "k3") == tuple(KL_ESTIMATORS)
+    assert choices["is_correction"] == (*IS_CORRECTIONS, "none")
+    assert tuple(IS_CORRECTIONS) == (
+        "token_truncate",
+        "token_mask",
+        "sequence_truncate",
+        "sequence_mask",
+    )
     assert choices["preset"] == tuple(PRESETS)
     with pytest.raises(ValueError, match="'k3' is registered twice"):
         registered(dict(KL_ESTIMATORS), "k3")(losses.cispo)

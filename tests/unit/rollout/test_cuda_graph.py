@@ -36,7 +36,7 @@ def test_logprobs_of_its_samples_equal_the_training_forward(kind):
 
 def test_bfloat16_logprobs_stay_within_the_preflight_tolerance():
     """In bf16 the static step and the training forward round differently; the gap is what
-    `algo.tis_cap` corrects, and must stay within what the preflight accepts."""
+    `algo.is_correction` corrects, and must stay within what the preflight accepts."""
     model = make_model("qwen2").to(torch.bfloat16)
     batch = GraphSampler(model, TOKENIZER).generate(
         PROMPTS, 4, SamplingParams(max_new_tokens=12, seed=0)

@@ -44,7 +44,7 @@ def test_a_cuda_run_of_a_model_never_loaded_is_settled_whole_with_its_report() -
     c = settled.config
     assert all(value is not None for value in memory_settings(c).values())
     assert len(memory_settings(c)) == len(MEMORY_SETTINGS)
-    assert c.algo.tis_cap == 2.0  # the graph sampler's logprobs are not the forward's
+    assert c.algo.is_cap == 2.0  # the graph sampler's logprobs are not the forward's
     assert (c.rollout.cuda_graphs, c.rollout.compile, c.model.pack_rows) == (True, True, True)
     assert settled.plan is not None and settled.plan.budget_bytes == 78 * GIB
     assert c.optim.microbatch_size == settled.plan.microbatch_rows
@@ -58,16 +58,16 @@ def test_the_same_config_on_the_cpu_takes_the_fixed_defaults_and_compiles_nothin
     settled = settle(config, cpu)
     c = settled.config
     assert settled.plan is None and settled.report == []
-    assert c.algo.tis_cap == 0.0
+    assert c.algo.is_cap == 0.0
     assert (c.rollout.cuda_graphs, c.rollout.compile, c.model.pack_rows) == (False,) * 3
     assert (c.model.gradient_checkpointing, c.optim.microbatch_size) == (False, 64)
     assert c.model.offload_reference is False
 
 
 def test_what_the_user_set_is_kept_and_what_the_facts_rule_out_is_refused() -> None:
-    chosen = ["algo.tis_cap=0", "rollout.cuda_graphs=false", "optim.microbatch_size=3"]
+    chosen = ["algo.is_cap=0", "rollout.cuda_graphs=false", "optim.microbatch_size=3"]
     c = settle(load_config(None, chosen), H100).config
-    assert (c.algo.tis_cap, c.rollout.cuda_graphs, c.optim.microbatch_size) == (0.0, False, 3)
+    assert (c.algo.is_cap, c.rollout.cuda_graphs, c.optim.microbatch_size) == (0.0, False, 3)
     assert c.rollout.compile is True  # still null in the config: settled
     unpackable = dataclasses.replace(H100, unpackable="the model soft-caps its attention logits")
     with pytest.raises(UserError, match=r"^model\.pack_rows: the model soft-caps"):
