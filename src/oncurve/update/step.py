@@ -189,7 +189,7 @@ def microbatch_loss(
     `accumulate` passes every loss; the policy's targets travel in `micro` itself.
 
     With `fns.is_correction` and the sampler's logprobs in `micro`, each token's policy term (not
-    the KL term, as in verl and TRL) is weighted by its importance weight pi_old / pi_sampler,
+    the KL term, as in verl) is weighted by its importance weight pi_old / pi_sampler,
     truncated or masked at `fns.is_cap`.
     """
     mask = micro.completion_mask.to(torch.float32)
