@@ -51,11 +51,12 @@ from oncurve.sandbox.limits import (
     OUTPUT_LIMIT,
     PROCESS_LIMIT,
     SCRATCH_MB,
+    Isolation,
     SandboxError,
     SandboxResult,
 )
 from oncurve.sandbox.pool import SandboxPool, run_python
-from oncurve.sandbox.probing import Isolation, check_isolation, isolation
+from oncurve.sandbox.probing import check_isolation, isolation
 
 __all__ = [
     "FILE_SIZE_LIMIT",

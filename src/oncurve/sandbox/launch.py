@@ -19,7 +19,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from oncurve.sandbox import _cgroup
 from oncurve.sandbox.limits import (
@@ -28,13 +27,11 @@ from oncurve.sandbox.limits import (
     OPEN_FILES_LIMIT,
     PROCESS_LIMIT,
     SCRATCH_MB,
+    Isolation,
     SandboxError,
     SandboxResult,
 )
 from oncurve.sandbox.supervise import Run
-
-if TYPE_CHECKING:
-    from oncurve.sandbox.probing import Isolation
 
 # Far above login users and the usual subordinate-id ranges of rootless containers (100000+).
 UID_BASE = 1 << 30

@@ -1,4 +1,5 @@
-"""The sandbox's limits, and what a run returns (`SandboxResult`) or raises (`SandboxError`)."""
+"""The sandbox's limits, what the machine gives it (`Isolation`), and what a run returns
+(`SandboxResult`) or raises (`SandboxError`)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,16 @@ class SandboxResult:
     status: str
     reason: str
     seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Isolation:
+    """What the machine gave: namespaces (network, PID, mount, IPC, UTS); whether the program
+    runs as a user other than the trainer's; what is missing compared with the full sandbox,
+    one sentence each (empty when nothing is); and the cgroup version (2 or 1) that bounds each
+    run's total memory, CPU and processes, 0 when none does."""
+
+    namespaces: bool
+    drops_user: bool
+    missing: tuple[str, ...]
+    cgroups: int = 0

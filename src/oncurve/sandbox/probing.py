@@ -13,26 +13,13 @@ import threading
 import warnings
 
 from oncurve.sandbox import _cgroup, launch
-from oncurve.sandbox.limits import PROCESS_LIMIT, SCRATCH_MB, SandboxError
+from oncurve.sandbox.limits import PROCESS_LIMIT, SCRATCH_MB, Isolation, SandboxError
 
 _PROBE_SOURCE = (
     "for line in open('/proc/self/status'):\n"
     "    if line.startswith('Seccomp:'):\n"
     "        print(line.split()[1])\n"
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Isolation:
-    """What the machine gave: namespaces (network, PID, mount, IPC, UTS); whether the program
-    runs as a user other than the trainer's; what is missing compared with the full sandbox,
-    one sentence each (empty when nothing is); and the cgroup version (2 or 1) that bounds each
-    run's total memory, CPU and processes, 0 when none does."""
-
-    namespaces: bool
-    drops_user: bool
-    missing: tuple[str, ...]
-    cgroups: int = 0
 
 
 _MISSING_NET = (
