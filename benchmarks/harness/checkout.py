@@ -1,0 +1,45 @@
+"""Where the checkout's files are, and the environment in which a child process runs the
+checkout's oncurve and this harness."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent.parent
+ROOT = BENCHMARKS.parent
+SRC = ROOT / "src"
+CACHE = BENCHMARKS / ".cache"
+RESULTS = BENCHMARKS / "results"
+# What a GPU machine without internet access lacks, in one gitignored folder that the device
+# tool carries (`gpu_check.py --prepare` fills it): `tokenizer/` (the Qwen3 tokenizer, from
+# ../shared) and `wheels/` (TRL and what it needs beyond a CUDA torch image).
+GPU_BUNDLE = BENCHMARKS / ".gpu-bundle"
+
+
+def pythonpath() -> list[str]:
+    """The entries of this process's PYTHONPATH."""
+    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
+def checkout_env(*first: str | Path, **extra: str) -> dict[str, str]:
+    """This process's environment with `first`, the checkout's `src` and `benchmarks/` ahead of
+    its PYTHONPATH (a Python without oncurve installed, such as a GPU image's, runs the
+    checkout's), and `extra` variables set."""
+    path = [*map(str, first), str(SRC), str(BENCHMARKS), *pythonpath()]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), **extra}
+
+
+def commit() -> str:
+    """The checkout's short commit, with `+dirty` when tracked files differ from it; "unknown"
+    outside a git checkout."""
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+    head = git("rev-parse", "--short", "HEAD")
+    if head.returncode:
+        return "unknown"
+    dirty = git("diff", "--quiet", "HEAD", "--", "src", "benchmarks").returncode != 0
+    return head.stdout.strip() + ("+dirty" if dirty else "")

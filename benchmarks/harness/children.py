@@ -1,0 +1,168 @@
+"""Child processes: run one with its output in a log, with or without a time limit, and read
+its peak memory; `oncurve train` and `oncurve eval` as children of the checkout's oncurve."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def run_child(
+    command: list[str], env: dict[str, str], log: Path, check: bool = True
+) -> tuple[float, float, int]:
+    """Run `command` with its output in `log`; returns (wall seconds, peak RSS in MB of that
+    process alone, exit status). A failure raises SystemExit with the log's tail unless `check`
+    is false."""
+    start = time.perf_counter()
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode and check:
+        raise SystemExit(
+            f"{' '.join(command[:4])} ... failed ({process.returncode}):\n{log_tail(log)}"
+        )
+    return time.perf_counter() - start, usage.ru_maxrss / 1024, process.returncode
+
+
+def run_limited(
+    command: list[str], env: dict[str, str], log: Path, limit: float, cwd: Path | None = None
+) -> tuple[int | None, float]:
+    """Run `command` (in `cwd`) with its output in `log` for at most `limit` seconds; returns
+    (its exit status, or None when it ran out of time, wall seconds). The child leads a process
+    group of its own, and on a timeout the whole group is killed: pytest's workers and a
+    trainer's reward workers would otherwise live on, holding the GPU."""
+    start = time.perf_counter()
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+        try:
+            code: int | None = process.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):  # the group ended meanwhile
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            code = None
+    return code, time.perf_counter() - start
+
+
+def log_tail(log: Path, lines: int = 30) -> str:
+    """The last `lines` lines of the text file `log` ("" when there is none)."""
+    if not log.is_file():
+        return ""
+    return "".join(log.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def peak_memory(fn: Callable[[], Any], interval: float = 0.0005) -> tuple[Any, float]:
+    """Run `fn` and return (its result, peak resident memory above the start, in MB).
+
+    RSS is sampled by a thread every `interval` seconds, and the process's lifetime peak
+    (`ru_maxrss`) counts too when `fn` raised it. RSS follows torch tensors only when freed
+    memory goes back to the OS: run this in a fresh process started with
+    `MALLOC_MMAP_THRESHOLD_` set low (see `isolated_env`), after a small warm-up call.
+    """
+    base = _rss_bytes()
+    lifetime_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = base
+    done = threading.Event()
+
+    def watch() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _rss_bytes())
+            time.sleep(interval)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        result = fn()
+    finally:
+        done.set()
+        thread.join()
+    lifetime = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = max(peak, _rss_bytes(), lifetime if lifetime > lifetime_before else 0)
+    return result, (peak - base) / 2**20
+
+
+def own_peak_rss() -> float | None:
+    """This process's peak RSS in MB (Linux `VmHWM`), None elsewhere.
+
+    Not `ru_maxrss` as the parent's `wait4` reports it: Python starts children with vfork, and
+    Linux carries the parent's high-water mark into the child's `ru_maxrss` at exec, so a child
+    smaller than its parent would show the parent's peak. `VmHWM` belongs to the process's own
+    address space, created at exec.
+    """
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    match = re.search(r"VmHWM:\s+(\d+) kB", status)
+    return int(match.group(1)) / 1024 if match else None
+
+
+def isolated_env() -> dict[str, str]:
+    """Environment for a memory-measuring child: glibc returns every allocation over 64 KB to
+    the OS when freed, so RSS is the live memory rather than the heap's high-water mark."""
+    return {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
+def setting_args(overrides: dict[str, Any]) -> list[str]:
+    """`key=value` command-line overrides of oncurve settings (booleans as `true`/`false`)."""
+    return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in overrides.items()]
+
+
+def train_oncurve(
+    args: list[str], run_dir: Path, log: Path, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """`oncurve train --quiet ARGS` with its run in `run_dir` (overwritten) and its output in
+    `log`; returns its wall seconds, peak RSS in MB, and the metrics rows of its steps."""
+    from oncurve.run.metrics import read_jsonl
+
+    command = [sys.executable, "-m", "oncurve", "train", "--quiet", *args]
+    command += [f"run.dir={run_dir}", "run.overwrite=true"]
+    wall, rss, _ = run_child(command, env or dict(os.environ), log)
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "time/step" in r]
+    return {"wall": wall, "rss": rss, "rows": rows}
+
+
+def export_task(task: str, split: str, count: int, path: Path) -> Path:
+    """`oncurve tasks export`: `count` rows of a built-in task's split into the JSONL `path`."""
+    subprocess.run(
+        [sys.executable, "-m", "oncurve", "tasks", "export", task, "--split", split]
+        + ["-n", str(count), "-o", str(path)],
+        check=True,
+    )
+    return path
+
+
+def greedy_accuracy(final: str | Path, test_file: Path, tokens: int) -> float:
+    """The greedy accuracy `oncurve eval` gives the model directory `final` on `test_file`,
+    on the CPU, with `tokens` new tokens at most."""
+    command = [sys.executable, "-m", "oncurve", "eval", "--model", str(final), "--device", "cpu"]
+    command += ["--data", str(test_file), "--max-new-tokens", str(tokens)]
+    out = subprocess.run(command, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"oncurve eval {final} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])["accuracy"]

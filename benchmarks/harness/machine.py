@@ -1,0 +1,94 @@
+"""The machine a figure was measured on: its CPU or GPU, load, library versions, and the fp32
+matmul rate that a FLOP floor divides by."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo ("unknown CPU" elsewhere)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    for line in cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def gpu_name() -> str:
+    """The first GPU's name from nvidia-smi (no CUDA context in this process), else torch's."""
+    if shutil.which("nvidia-smi"):
+        query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"]
+        out = subprocess.run(query, capture_output=True, text=True)
+        if out.returncode == 0:
+            return out.stdout.strip()
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (CPU)"
+
+
+def torch_threads() -> int:
+    """The threads torch's CPU kernels use in this process."""
+    import torch
+
+    return torch.get_num_threads()
+
+
+def load_average() -> tuple[float, float]:
+    """The 1- and 5-minute load averages: other work on the cores slows every trainer."""
+    one, five, _ = os.getloadavg()
+    return round(one, 2), round(five, 2)
+
+
+def load_note() -> str:
+    """This machine's load as a sentence, printed with results."""
+    one, five = load_average()
+    return f"load average {one:.1f} / {five:.1f} (1 / 5 min) on {os.cpu_count()} cores"
+
+
+def versions() -> dict[str, str]:
+    """Python, torch and transformers of this interpreter."""
+    import torch
+    import transformers
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def describe() -> dict[str, object]:
+    """The machine's facts a result row keeps: CPU, cores, GPU where torch sees one."""
+    import torch
+
+    facts: dict[str, object] = {"cpu": cpu_name(), "cores": os.cpu_count()}
+    if torch.cuda.is_available():
+        facts["gpu"] = f"{torch.cuda.device_count()} x {gpu_name()}"
+    return facts
+
+
+def matmul_gflops(rows: int, inner: int, cols: int, seconds: float = 0.5) -> float:
+    """fp32 GFLOP/s of torch's `[rows, inner] @ [inner, cols]` on this machine, best of a few
+    timed batches and of both orientations (the product or its transpose, `[cols, inner] @
+    [inner, rows]`: MKL is faster one way or the other depending on the shape, and a decode
+    step with few rows uses the faster one), i.e. the floor those matmuls could reach."""
+    import torch
+
+    flops = 2 * rows * inner * cols
+    reps = max(1, int(2e8 / flops))
+    best = float("inf")
+    for m, n in ((rows, cols), (cols, rows)):
+        a, b, out = torch.randn(m, inner), torch.randn(inner, n), torch.empty(m, n)
+        deadline = time.perf_counter() + seconds / 2
+        while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            for _ in range(reps):
+                torch.matmul(a, b, out=out)
+            best = min(best, (time.perf_counter() - start) / reps)
+    return flops / best / 1e9

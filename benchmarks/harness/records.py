@@ -1,0 +1,65 @@
+"""Results as data: each benchmark appends one JSON row per measurement to
+`results/records/<benchmark>.jsonl`, the source its `results/<benchmark>.md` is rendered from
+(`tables.render_page`). A row holds its context (date, commit, command, machine, load,
+versions) and either its figures, which the spec module named by "renderer" turns into markdown,
+or the markdown itself (rows imported from the earlier hand-kept tables, and benchmarks that
+format their own)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from harness.checkout import RESULTS, ROOT, commit
+from harness.machine import describe, load_average, versions
+
+RECORDS = RESULTS / "records"
+
+
+def record_path(benchmark: str) -> Path:
+    """The JSONL record of `benchmark`."""
+    return RECORDS / f"{benchmark}.jsonl"
+
+
+def context() -> dict[str, Any]:
+    """What a row says about where and when it was measured."""
+    script = Path(sys.argv[0]).resolve()
+    shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script.name
+    return {
+        "date": f"{datetime.now():%Y-%m-%d %H:%M}",
+        "commit": commit(),
+        "command": " ".join(["python", str(shown), *sys.argv[1:]]),
+        "machine": describe(),
+        "load": load_average(),
+        "versions": versions(),
+    }
+
+
+def append(benchmark: str, title: str, key: str, row: dict[str, Any]) -> dict[str, Any]:
+    """Append `row` (figures, or "markdown") as section `key` of `benchmark`'s page titled
+    `title`, with this run's context; returns the row as written."""
+    full = {"benchmark": benchmark, "title": title, "key": key, **context(), **row}
+    path = record_path(benchmark)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(full) + "\n")
+    return full
+
+
+def read(benchmark: str) -> list[dict[str, Any]]:
+    """Every row of `benchmark`'s record, oldest first."""
+    path = record_path(benchmark)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def latest(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The newest row of each section key, keys in the order they first appeared."""
+    sections: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        sections[row["key"]] = row
+    return sections

@@ -1,0 +1,55 @@
+"""Markdown from result rows: tables, and each benchmark's page (`results/<benchmark>.md`)
+rendered from its record, a section per key with the newest row of that key."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from harness.checkout import RESULTS
+from harness.records import append, latest, read
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A markdown table of string cells."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def section_text(row: dict[str, Any]) -> str:
+    """One row's markdown: its own "markdown", or what its spec module's `section(row)` makes
+    of its figures (the module named by "renderer", a script beside the harness)."""
+    if "markdown" in row:
+        return row["markdown"]
+    return importlib.import_module(row["renderer"]).section(row)
+
+
+def render_page(benchmark: str) -> Path | None:
+    """Write `results/<benchmark>.md` from its record: the newest row's title, then each key's
+    newest section behind a `<!-- model: key -->` marker (a row keyed "" is the whole page).
+    None when the benchmark has no record."""
+    sections = latest(read(benchmark))
+    if not sections:
+        return None
+    path = RESULTS / f"{benchmark}.md"
+    if "" in sections:
+        text = section_text(sections[""])
+    else:
+        title = list(sections.values())[-1]["title"]
+        body = [
+            f"<!-- model: {key} -->\n{section_text(row).strip()}" for key, row in sections.items()
+        ]
+        text = f"# {title}\n\n" + "\n\n".join(body) + "\n"
+    path.write_text(text)
+    return path
+
+
+def publish(benchmark: str, title: str, key: str, row: dict[str, Any]) -> Path:
+    """Record `row` as section `key` of `benchmark` and render its page again; prints where."""
+    append(benchmark, title, key, row)
+    path = render_page(benchmark)
+    assert path is not None  # the row just appended
+    print(f"recorded {benchmark} (section {key or 'page'}); wrote {path}")
+    return path

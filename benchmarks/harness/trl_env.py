@@ -1,0 +1,129 @@
+"""TRL's environment and its child, from the parent's side. TRL is never a dependency of
+oncurve: on a CPU machine it lives in its own virtual environment, `benchmarks/.venv-trl`
+(created on first use: the CPU torch wheel first, then whatever `pip install trl` resolves); on a
+GPU image it is the interpreter's own, or the GPU bundle's wheels installed offline beside it.
+The child (`harness.trl_child`) imports oncurve from the checkout only for the job's prompts and
+reward functions."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from harness.checkout import BENCHMARKS, CACHE, GPU_BUNDLE, checkout_env
+from harness.children import run_child, run_limited
+from harness.spec import Job
+
+TRL_VENV = BENCHMARKS / ".venv-trl"
+TORCH_PIN = "torch==2.13.0"  # the CPU wheel on disk; a loose torch pulls a multi-GB CUDA build
+TRL_SITE = CACHE / "trl-site"  # the bundle's wheels, installed when the interpreter lacks trl
+VERSIONS = (
+    "import trl, transformers, torch, accelerate; print(f'trl {trl.__version__}, "
+    "transformers {transformers.__version__}, torch {torch.__version__}, "
+    "accelerate {accelerate.__version__}')"
+)
+
+
+def venv_python() -> Path:
+    """The TRL venv's python (which may not exist yet)."""
+    return TRL_VENV / "bin" / "python"
+
+
+def ensure_trl_venv() -> str:
+    """The TRL venv's python, creating the venv on first use."""
+    python = venv_python()
+    probe = [str(python), "-c", "import trl"]
+    if not python.exists() or subprocess.run(probe, capture_output=True).returncode:
+        print(f"creating {TRL_VENV} (torch CPU wheel, then trl) ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(TRL_VENV)], check=True)
+        pip = [str(python), "-m", "pip", "install", "-q"]
+        subprocess.run([*pip, "--upgrade", "pip"], check=True)
+        subprocess.run([*pip, TORCH_PIN], check=True)
+        subprocess.run([*pip, "trl"], check=True)
+    return str(python)
+
+
+def trl_env(python: str) -> dict[str, str] | None:
+    """The environment in which `python` imports trl and the checkout's oncurve and harness:
+    its own packages, else the GPU bundle's wheels installed offline into `TRL_SITE` (once) and
+    put first on its path. None when neither gives trl."""
+    env = checkout_env(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    env["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+    env.pop("VIRTUAL_ENV", None)
+    if imports_trl(python, env):
+        return env
+    wheels = sorted((GPU_BUNDLE / "wheels").glob("*.whl"))
+    if not wheels:
+        return None
+    if not TRL_SITE.is_dir():
+        partial = TRL_SITE.with_name(TRL_SITE.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        # --no-deps: the wheels are what the image lacks, the rest (torch, transformers,
+        # accelerate) is the interpreter's own, which pip --target would not see
+        install = [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
+        done = subprocess.run([*install, "--target", str(partial), *map(str, wheels)])
+        if done.returncode:  # e.g. wheels for another Python: pip said which
+            return None
+        partial.rename(TRL_SITE)
+    env["PYTHONPATH"] = f"{TRL_SITE}:{env['PYTHONPATH']}"
+    return env if imports_trl(python, env) else None
+
+
+def imports_trl(python: str, env: dict[str, str]) -> bool:
+    """Whether `python` finds trl in `env` (found, not imported: importing it and its
+    dependencies takes seconds, and the TRL child fails with its own error if one is missing)."""
+    code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('trl') is None)"
+    return subprocess.run([python, "-c", code], env=env).returncode == 0
+
+
+def trl_versions(python: str, env: dict[str, str]) -> str:
+    """trl, transformers, torch and accelerate of TRL's environment, as one line."""
+    out = subprocess.run([python, "-c", VERSIONS], capture_output=True, text=True, env=env)
+    return out.stdout.strip() or f"unknown ({out.stderr.strip().splitlines()[-1:]})"
+
+
+def run_trl(
+    job: Job,
+    out: Path,
+    python: str,
+    env: dict[str, str],
+    save: bool = False,
+    limit: float | None = None,
+) -> dict[str, Any]:
+    """TRL's run of `job` in a fresh child writing into `out`: its result (`trl_child`) with
+    "wall", "rss" (peak MB), "code" (exit status; None when it ran past `limit` seconds) and,
+    with `save`, "final" (the model directory). A failure without `limit` raises SystemExit."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "job.json").write_text(job.to_json())
+    command = [python, "-m", "harness.trl_child", str(out), *(["--save"] if save else [])]
+    log = out / "log.txt"
+    if limit is None:
+        wall, rss, code = run_child(command, env, log)
+    else:
+        code, wall = run_limited(command, env, log, limit)
+        rss = None
+    result: dict[str, Any] = {"wall": wall, "rss": rss, "code": code, "log": str(log)}
+    if code == 0:
+        result.update(json.loads((out / "result.json").read_text()))
+        result["phases"] = trl_phases(result)
+        if save:
+            result["final"] = str(out / "final")
+    return result
+
+
+def trl_phases(result: dict[str, Any], generation: str = "generate") -> dict[str, list[float]]:
+    """Per-step seconds of TRL's phases from the child's timings: generation, reward, the
+    reference forward (the rest of its preparation: no old-logprob pass at mu = 1, with its
+    tokenising and advantage bookkeeping) and train (the rest of the step)."""
+    seconds, prepare = result["seconds"], result["prepare"]
+    generate, reward = result["generate"], result["reward"]
+    return {
+        generation: generate,
+        "reward": reward,
+        "reference": [p - g - r for p, g, r in zip(prepare, generate, reward, strict=True)],
+        "train": [s - p for s, p in zip(seconds, prepare, strict=True)],
+    }
