@@ -25,6 +25,7 @@ def run_child(
     process alone, exit status). A failure raises SystemExit with the log's tail unless `check`
     is false."""
     start = time.perf_counter()
+    log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
         _, status, usage = os.wait4(process.pid, 0)
