@@ -62,7 +62,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path[:0] = [str(HERE), str(ROOT / "src")]  # oncurve from the checkout: no install needed
+
 
 CORPUS = HERE / "data" / "answer_corpus.jsonl"
 RESULTS_MD = HERE / "results" / "answer_checkers.md"
@@ -440,7 +440,7 @@ def set_table(
     failed: dict[str, str],
 ) -> str:
     """The markdown table of one set: a line per checker, best agreement first."""
-    from common import markdown_table
+    from harness.tables import markdown_table
 
     right = sum(row["label"] for row in rows)
     lines = []
@@ -554,7 +554,7 @@ def main() -> None:
         ]
         for row in disagreements
     ]
-    from common import markdown_table
+    from harness.tables import markdown_table
 
     body = (
         markdown_table(

@@ -26,10 +26,13 @@ import sys
 import time
 from pathlib import Path
 
+from harness.children import run_child
+from harness.machine import load_note
+from harness.run_logs import step_phases
+from harness.tables import markdown_table
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-from common import load_note, markdown_table, run_child, step_phases  # noqa: E402
 
 CONFIG = ROOT / "configs" / "code_smollm2.yaml"
 CACHE = HERE / ".cache" / "code_task"

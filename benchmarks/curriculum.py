@@ -34,11 +34,11 @@ import sys
 import time
 from pathlib import Path
 
+from harness.machine import cpu_name, load_note
+from harness.tables import markdown_table, publish
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-from common import load_note, markdown_table, write_section  # noqa: E402
-from vs_trl import cpu_name  # noqa: E402
 
 CACHE = HERE / ".cache" / "curriculum"
 RESULTS = HERE / "results" / "curriculum.md"
@@ -325,7 +325,7 @@ def main() -> None:
     plot(runs, args.arms)
     section = report(runs, args, measured)
     print(section)
-    write_section(RESULTS, TITLE, f"arith-4x4-{args.steps}-{args.train}", section)
+    publish(RESULTS.stem, TITLE, f"arith-4x4-{args.steps}-{args.train}", {"markdown": section})
 
 
 if __name__ == "__main__":

@@ -23,10 +23,12 @@ import sys
 import time
 from pathlib import Path
 
+from harness.children import own_peak_rss
+from harness.machine import cpu_name, load_note
+from harness.models import model_dir
+from harness.tables import markdown_table, publish
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from common import load_note, markdown_table, own_peak_rss, write_section  # noqa: E402
-from vs_trl import cpu_name, model_dir  # noqa: E402
 
 CACHE = HERE / ".cache" / "fsdp_memory"
 RESULTS = HERE / "results" / "fsdp_memory.md"
@@ -133,7 +135,7 @@ def main() -> None:
         ]
     )
     print(section)
-    write_section(RESULTS, TITLE, key, section)
+    publish(RESULTS.stem, TITLE, key, {"markdown": section})
 
 
 if __name__ == "__main__":

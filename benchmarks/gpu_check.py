@@ -57,7 +57,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import re
 import shutil
 import statistics
@@ -70,21 +69,18 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import yaml
-
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path[:0] = [str(HERE), str(ROOT / "src")]  # oncurve from the checkout: no install needed
-from common import (  # noqa: E402
-    GPU_BUNDLE,
-    log_tail,
-    markdown_table,
+from harness.checkout import GPU_BUNDLE, checkout_env
+from harness.children import log_tail, run_limited
+from harness.run_logs import (
     measured_phase_peaks_gb,
     planned_peak_gb,
     planned_phase_peaks_gb,
-    run_limited,
     sampler_setup_seconds,
-    write_section,
 )
+from harness.tables import markdown_table, publish
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 
 CACHE = HERE / ".cache" / "gpu_check"
 RESULTS = HERE / "results" / "gpu_check.md"
@@ -540,7 +536,7 @@ def compile_capture(seconds: float | None) -> str:
 def prepare() -> int:
     """Fill `GPU_BUNDLE` with the Qwen3 tokenizer and TRL's wheels; print its size against what
     the device tool carries."""
-    from gpu_vs_trl import SHARED_TOKENIZER, copy_files  # contents only: ../shared is read-only
+    from harness.models import SHARED_TOKENIZER, copy_files
 
     if not (SHARED_TOKENIZER / "tokenizer.json").is_file():
         print(f"gpu_check: error: no Qwen3 tokenizer at {SHARED_TOKENIZER}", file=sys.stderr)
@@ -582,14 +578,6 @@ def stage_names(text: str) -> list[str]:
     return names
 
 
-def child_env() -> dict[str, str]:
-    """The environment with the checkout's `src` first on the path, so that a Python where
-    oncurve is not installed (a GPU image's own, with its CUDA torch) runs it too."""
-    # the checkout's oncurve, and this folder for the tests stage's pytest plugin
-    path = [str(ROOT / "src"), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), "PYTHONUNBUFFERED": "1"}
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=None, help="run.steps of the default job")
@@ -624,7 +612,7 @@ def main() -> int:
         )
         return 2
     import transformers
-    from gpu_vs_trl import gpu_name  # nvidia-smi's: no CUDA context in this process
+    from harness.machine import gpu_name
 
     gpu = gpu_name()
     budget = sum(stage.limit for stage in chosen)
@@ -632,7 +620,7 @@ def main() -> int:
         f"gpu_check: {len(chosen)} stages, time limits {budget:.0f} s in all (the whole "
         f"check's budget: {TOTAL_LIMIT} s)"
     )
-    reports = run_stages(chosen, child_env(), CACHE / "logs")
+    reports = run_stages(chosen, checkout_env(PYTHONUNBUFFERED="1"), CACHE / "logs")
     text = table(reports)
     failures = tails(reports)
     command = " ".join(["benchmarks/gpu_check.py", *sys.argv[1:]])
@@ -645,7 +633,7 @@ def main() -> int:
     print(f"\n{text}\n")
     if failures:
         print(failures)
-    write_section(RESULTS, TITLE, gpu, section)
+    publish(RESULTS.stem, TITLE, gpu, {"markdown": section})
     ran = [r.outcome for r in reports if r.outcome is not None]
     return 0 if all(o.code == 0 for o in ran) else 1
 

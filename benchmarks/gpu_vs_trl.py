@@ -39,30 +39,27 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path[:0] = [str(HERE), str(ROOT / "src")]  # oncurve from the checkout: no install needed
-from common import (  # noqa: E402
-    GPU_BUNDLE,
-    markdown_table,
+from harness.checkout import GPU_BUNDLE, pythonpath
+from harness.children import run_child
+from harness.machine import gpu_name
+from harness.models import SHAPES, TOKENIZER, VOCAB, build_model, tokenizer_dir
+from harness.run_logs import (
     measured_phase_peaks_gb,
     planned_peak_gb,
     planned_phase_peaks_gb,
-    qwen2_config,
-    run_child,
     sampler_setup_seconds,
     step_phases,
-    train_trl_timed,
-    trl_phases,
-    trl_reward,
-    write_section,
 )
+from harness.spec import chat_text
+from harness.tables import markdown_table, publish
+from harness.trl_child import train_trl_timed, trl_reward
+from harness.trl_env import trl_env, trl_phases
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 
 CACHE = HERE / ".cache" / "gpu_vs_trl"
-TOKENIZER = CACHE / "tokenizer"  # the one folder of the cache that travels to the GPU machine
-SHARED_TOKENIZER = ROOT.parent / "shared" / "assets" / "qwen3-tokenizer"
 PROMPTS_FILE = CACHE / "prompts.jsonl"
-TRL_SITE = CACHE / "trl-site"  # the bundle's wheels, installed when the interpreter lacks trl
 RESULTS = HERE / "results" / "gpu_vs_trl.md"
 TITLE = (
     "oncurve vs TRL's GRPOTrainer on one GPU\n\n"
@@ -70,13 +67,6 @@ TITLE = (
 )
 GIB = 2**30
 
-# name -> (hidden, intermediate, layers, heads, kv_heads), as common.QWEN2_SIZES; the vocabulary
-# is Qwen2.5/Qwen3's. `smoke` is the same family cut to 2 narrow layers, for a CPU check.
-SHAPES = {
-    "qwen2.5-0.5b": (896, 4864, 24, 14, 2),
-    "smoke": (128, 704, 2, 2, 1),
-}
-VOCAB = 151936
 PROMPT_ROWS = 512
 TRL_MICROBATCH = 8  # TrainingArguments' default per_device_train_batch_size
 SPEED_TARGET = 0.35  # issue 39 (34 asked 0.5x, 22 0.85x): oncurve s/step <= 0.35x TRL's, 256 tokens
@@ -148,13 +138,6 @@ def step_rows(job: Job, tokenizer: Any) -> list[dict]:
     return [row for step in range(1, job.steps + 1) for row in ordered.batch(step, job.prompts)]
 
 
-def render(tokenizer: Any, prompt: str) -> str:
-    """A prompt as its chat-template text, the string TRL is given (it tokenizes plain-text
-    prompts as they are, to the same ids as oncurve's `data.chat_template`)."""
-    messages = [{"role": "user", "content": prompt}]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-
-
 def reward_specs() -> list[tuple[str, Any, float]]:
     """(name, function, weight) of the arith task's rewards, which both trainers use."""
     from oncurve.data.tasks import get_task
@@ -183,7 +166,7 @@ def trl_child(job: Job, out_dir: Path) -> None:
             torch.cuda.set_per_process_memory_fraction(min(1.0, job.gpu_memory_gb * GIB / total))
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
     rows = step_rows(job, tokenizer)
-    texts = [render(tokenizer, row["prompt"]) for row in rows]
+    texts = [chat_text(tokenizer, row["prompt"]) for row in rows]
     for text, row in zip(texts, rows, strict=True):
         if tokenizer(text=text)["input_ids"] != row["prompt_ids"]:
             raise SystemExit(f"TRL would tokenize {text!r} to other ids than oncurve")
@@ -231,15 +214,15 @@ def trl_child(job: Job, out_dir: Path) -> None:
     )
     seen: list[list[str]] = []  # the prompts each reward call scored, checked by the parent
     funcs = [trl_reward(name, fn, job.group, seen) for name, fn, _ in rewards]
-    trainer, phases, steps = train_trl_timed(args, job.model_dir, funcs, dataset, tokenizer, sync)
-    if len(steps.seconds) != job.steps or len(phases["prepare"]) != job.steps:
+    trainer, phases, seconds = train_trl_timed(args, job.model_dir, funcs, dataset, tokenizer, sync)
+    if len(seconds) != job.steps or len(phases["prepare"]) != job.steps:
         raise SystemExit(
-            f"expected {job.steps} steps of one generation each, timed {len(steps.seconds)} "
+            f"expected {job.steps} steps of one generation each, timed {len(seconds)} "
             f"steps and {len(phases['prepare'])} generations"
         )
     logs = [entry for entry in trainer.state.log_history if "reward" in entry]
     result = {
-        "seconds": steps.seconds,
+        "seconds": seconds,
         **phases,
         "length": [entry["completions/mean_length"] for entry in logs],
         "prompts": seen[:: len(rewards)],
@@ -249,67 +232,6 @@ def trl_child(job: Job, out_dir: Path) -> None:
 
 
 # --- the parent --------------------------------------------------------------------------------
-
-
-def tokenizer_dir(source: str | None) -> Path:
-    """The Qwen3 tokenizer in the cache, copied there first from `source` (`--tokenizer`), or
-    from ../shared or the GPU bundle when the cache has none yet."""
-    if source or not (TOKENIZER / "tokenizer.json").is_file():
-        found = [p for p in (SHARED_TOKENIZER, GPU_BUNDLE / "tokenizer") if p.is_dir()]
-        origin = Path(source) if source else (found or [SHARED_TOKENIZER])[0]
-        if not (origin / "tokenizer.json").is_file():
-            raise SystemExit(
-                f"no Qwen3 tokenizer in {TOKENIZER} nor in {origin}: run `make gpu-bundle` "
-                f"where {SHARED_TOKENIZER} exists and carry "
-                f"{GPU_BUNDLE.relative_to(ROOT)}, or pass --tokenizer DIR"
-            )
-        shutil.rmtree(TOKENIZER, ignore_errors=True)
-        copy_files(origin, TOKENIZER)
-    return TOKENIZER
-
-
-def copy_files(source: Path, dest: Path, pattern: str = "*") -> None:
-    """The files of `source` matching `pattern` into `dest`, contents only (the shared copy is
-    read-only)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for path in source.glob(pattern):
-        shutil.copyfile(path, dest / path.name)
-
-
-def build_model(name: str, tokenizer_path: Path) -> Path:
-    """The random bf16 model `name` of `SHAPES` with the Qwen3 tokenizer beside it, built once
-    under the cache (seed 0); its eos, pad and bos ids are the tokenizer's."""
-    import torch
-    import transformers
-
-    path = CACHE / "models" / name
-    if (path / "config.json").is_file():
-        return path
-    print(f"building {name} in {path} ...", flush=True)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_path)
-    ids = {
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
-    }
-    config = qwen2_config(
-        SHAPES[name],
-        VOCAB,
-        max_position_embeddings=32768,
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-        dtype="bfloat16",
-        **ids,
-    )
-    torch.manual_seed(0)
-    model = transformers.Qwen2ForCausalLM(config).to(torch.bfloat16)
-    for key, value in ids.items():
-        setattr(model.generation_config, key, value)
-    partial = path.with_name(name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial)
-    copy_files(tokenizer_path, partial, "tokenizer*")
-    partial.rename(path)
-    return path
 
 
 def prepare(model: str, tokenizer_source: str | None) -> tuple[Path, Path]:
@@ -323,7 +245,7 @@ def prepare(model: str, tokenizer_source: str | None) -> tuple[Path, Path]:
     PROMPTS_FILE.write_text("".join(json.dumps(row) + "\n" for row in problems))
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_path)
     lengths = [
-        len(tokenizer(text=render(tokenizer, row["prompt"]))["input_ids"]) for row in problems
+        len(tokenizer(text=chat_text(tokenizer, row["prompt"]))["input_ids"]) for row in problems
     ]
     print(
         f"{len(problems)} prompts in {PROMPTS_FILE}, {statistics.mean(lengths):.1f} tokens on "
@@ -331,42 +253,6 @@ def prepare(model: str, tokenizer_source: str | None) -> tuple[Path, Path]:
         flush=True,
     )
     return build_model(model, tokenizer_path), PROMPTS_FILE
-
-
-def trl_env(python: str) -> dict[str, str] | None:
-    """The environment in which `python` imports trl (and oncurve from src/): its own
-    packages, else the GPU bundle's wheels installed offline into `TRL_SITE` (once) and put
-    first on its path. None when neither gives trl."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *pythonpath()])}
-    if imports_trl(python, env):
-        return env
-    wheels = sorted((GPU_BUNDLE / "wheels").glob("*.whl"))
-    if not wheels:
-        return None
-    if not TRL_SITE.is_dir():
-        partial = TRL_SITE.with_name(TRL_SITE.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        # --no-deps: the wheels are what the image lacks, the rest (torch, transformers,
-        # accelerate) is the interpreter's own, which pip --target would not see
-        install = [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
-        done = subprocess.run([*install, "--target", str(partial), *map(str, wheels)])
-        if done.returncode:  # e.g. wheels for another Python: pip said which
-            return None
-        partial.rename(TRL_SITE)
-    env["PYTHONPATH"] = os.pathsep.join([str(TRL_SITE), env["PYTHONPATH"]])
-    return env if imports_trl(python, env) else None
-
-
-def pythonpath() -> list[str]:
-    """The entries of this process's PYTHONPATH."""
-    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-
-
-def imports_trl(python: str, env: dict[str, str]) -> bool:
-    """Whether `python` finds trl in `env` (found, not imported: importing it and its
-    dependencies takes seconds, and the TRL child fails with its own error if one is missing)."""
-    code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('trl') is None)"
-    return subprocess.run([python, "-c", code], env=env).returncode == 0
 
 
 def versions(python: str, env: dict[str, str], trl: bool = False) -> str:
@@ -377,18 +263,6 @@ def versions(python: str, env: dict[str, str], trl: bool = False) -> str:
     code += f"[{', '.join(names)}]))"
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env)
     return out.stdout.strip() if out.returncode == 0 else f"({python}: {out.stderr.strip()[-200:]})"
-
-
-def gpu_name() -> str:
-    """The first GPU's name from nvidia-smi (no CUDA context in the parent), else torch's."""
-    if shutil.which("nvidia-smi"):
-        query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"]
-        out = subprocess.run(query, capture_output=True, text=True)
-        if out.returncode == 0:
-            return out.stdout.strip()
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (CPU)"
 
 
 class NvidiaSmiPeak:
@@ -514,15 +388,13 @@ def read_trl(job: Job, out: Path) -> dict:
 
     result = json.loads((out / "result.json").read_text())
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
-    texts = [render(tokenizer, row["prompt"]) for row in step_rows(job, tokenizer)]
+    texts = [chat_text(tokenizer, row["prompt"]) for row in step_rows(job, tokenizer)]
     expected = [texts[i : i + job.prompts] for i in range(0, len(texts), job.prompts)]
     if result["prompts"] != expected:
         raise SystemExit(f"TRL trained on other prompts than oncurve; see {out / 'result.json'}")
     return {
         "seconds": result["seconds"],
-        "phases": trl_phases(
-            result["seconds"], result["prepare"], result["generate"], result["reward"], "generation"
-        ),
+        "phases": trl_phases(result, "generation"),
         "gpu_peak_gb": result["gpu_peak_gb"],
         "length": result["length"],
     }
@@ -956,7 +828,7 @@ def main() -> None:
     if args.smoke:
         print("(--smoke: not written to results)")
     else:
-        write_section(RESULTS, TITLE, key, section)
+        publish(RESULTS.stem, TITLE, key, {"markdown": section})
 
 
 if __name__ == "__main__":

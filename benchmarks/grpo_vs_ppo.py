@@ -40,19 +40,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from harness.checkout import checkout_env
+from harness.children import greedy_accuracy, own_peak_rss, run_child
+from harness.machine import cpu_name, load_note, torch_threads
+from harness.models import SHAPES, build_model, model_dir, tokenizer_dir
+from harness.run_logs import planned_peak_gb, step_phases
+from harness.tables import markdown_table, publish
+
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "src")]  # oncurve from the checkout: no install needed
-from common import (  # noqa: E402
-    load_note,
-    markdown_table,
-    own_peak_rss,
-    planned_peak_gb,
-    run_child,
-    step_phases,
-    write_section,
-)
-from gpu_vs_trl import SHAPES, build_model, tokenizer_dir  # noqa: E402
-from vs_trl import cpu_name, greedy_accuracy, model_dir, torch_threads  # noqa: E402
 
 CACHE = HERE / ".cache" / "grpo_vs_ppo"
 RESULTS = HERE / "results" / "grpo_vs_ppo.md"
@@ -213,11 +208,9 @@ def runtime_floor(model_dir: str) -> float:
     builds `model_dir`'s model class on the meta device (no weights): the fixed cost inside
     every run's peak. The model class matters: transformers' model code and loading machinery
     import ~1,100 more modules (torch.distributed.tensor, sympy, dynamo), 87 MB at 30M."""
-    here = str(Path(__file__).resolve().parent)
     code = (
-        f"import sys; sys.path.insert(0, {here!r})\n"
         "import torch, transformers, oncurve.loop.trainer\n"
-        "from common import own_peak_rss\n"
+        "from harness.children import own_peak_rss\n"
         f"config = transformers.AutoConfig.from_pretrained({model_dir!r})\n"
         "with torch.device('meta'):\n"
         "    transformers.AutoModelForCausalLM.from_config(config)\n"
@@ -226,7 +219,8 @@ def runtime_floor(model_dir: str) -> float:
     # The first import in a fresh tree also compiles every module to bytecode, a peak no
     # training run pays; the second process measures a warm import.
     for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        command = [sys.executable, "-c", code]
+        out = subprocess.run(command, capture_output=True, text=True, env=checkout_env())
         if out.returncode:
             raise SystemExit(f"importing oncurve failed:\n{out.stderr[-2000:]}")
     value = out.stdout.strip().splitlines()[-1]
@@ -569,7 +563,7 @@ def main() -> None:
         key = section_key(args)
         section = benchmark(args.model, args)
     print("\n" + section, flush=True)
-    write_section(RESULTS, TITLE, key, section)
+    publish(RESULTS.stem, TITLE, key, {"markdown": section})
 
 
 if __name__ == "__main__":

@@ -34,10 +34,12 @@ import time
 import zipfile
 from pathlib import Path
 
+from harness.children import run_child
+from harness.machine import load_note
+from harness.tables import markdown_table
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path[:0] = [str(HERE), str(ROOT / "src")]  # oncurve from the checkout: no install needed
-from common import load_note, markdown_table, run_child  # noqa: E402
 
 CONFIG = ROOT / "configs" / "gsm8k_smollm2.yaml"
 DATA = ROOT / "data" / "gsm8k"

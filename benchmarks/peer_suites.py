@@ -66,14 +66,13 @@ import math
 import platform
 import re
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path[:0] = [str(ROOT / "src")]  # oncurve from the checkout: no install needed
+
 
 DATA = HERE / "data" / "math_verify_cases.jsonl"
 TRL_DATA = HERE / "data" / "trl_cases.jsonl"

@@ -47,20 +47,15 @@ from pathlib import Path
 
 import torch
 import transformers
+from harness.children import isolated_env, peak_memory
+from harness.machine import load_note, matmul_gflops
+from harness.models import load_model
+from harness.tables import markdown_table
+
+from oncurve.rollout import BACKENDS, SamplingParams, build_sampler
+from oncurve.rollout.cuda_graph import GraphSampler
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "src")]  # oncurve from the checkout: no install needed
-from common import (  # noqa: E402
-    isolated_env,
-    load_model,
-    load_note,
-    markdown_table,
-    matmul_gflops,
-    peak_memory,
-)
-
-from oncurve.rollout import BACKENDS, SamplingParams, build_sampler  # noqa: E402
-from oncurve.rollout.cuda_graph import GraphSampler  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "rollout.md"
 # model -> (prompts, group size, new tokens, force full length)
@@ -211,7 +206,7 @@ def run_scenario(name: str, repeats: int, backends: list[str]) -> str:
 
 def cuda_model() -> tuple[transformers.PreTrainedModel, object]:
     """`gpu_vs_trl.py`'s random Qwen2.5-0.5B shape in bf16 on the GPU, and its tokenizer."""
-    from gpu_vs_trl import build_model, tokenizer_dir
+    from harness.models import build_model, tokenizer_dir
 
     path = build_model("qwen2.5-0.5b", tokenizer_dir(None))
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)

@@ -30,10 +30,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from harness.children import run_child
+from harness.machine import load_note
+from harness.run_logs import step_phases
+from harness.tables import markdown_table
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-from common import load_note, markdown_table, run_child, step_phases  # noqa: E402
 
 CONFIG = ROOT / "configs" / "smollm2_135m.yaml"
 CACHE = HERE / ".cache" / "smollm2"
@@ -99,8 +102,8 @@ def render(tokenizer, prompt: str) -> str:
 
 def trl_child(job: Job, out_dir: Path) -> None:
     import torch
-    from common import train_trl_timed, trl_reward
     from datasets import Dataset
+    from harness.trl_child import train_trl_timed, trl_reward
     from transformers import AutoTokenizer
     from trl import GRPOConfig
 
@@ -154,12 +157,12 @@ def trl_child(job: Job, out_dir: Path) -> None:
     )
     seen: list[list[str]] = []
     funcs = [trl_reward(name, fn, job.group, seen) for name, fn in fns.items()]
-    trainer, _, steps = train_trl_timed(args, job.model_dir, funcs, dataset, tokenizer)
+    trainer, _, seconds = train_trl_timed(args, job.model_dir, funcs, dataset, tokenizer)
     trainer.save_model(str(out_dir / "final"))
     tokenizer.save_pretrained(str(out_dir / "final"))
     logs = [entry for entry in trainer.state.log_history if "reward" in entry]
     result = {
-        "seconds": steps.seconds,
+        "seconds": seconds,
         "correct": [entry.get("rewards/correct/mean", float("nan")) for entry in logs],
     }
     (out_dir / "result.json").write_text(json.dumps(result))

@@ -22,29 +22,26 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 import transformers
+from harness.models import qwen2_config
+from harness.op_count import OneOpAttention, OpCount
+from harness.tables import markdown_table, publish
+
+from oncurve.config import load_config
+from oncurve.model import packed_attention
+from oncurve.model.compiled_layers import compile_decoder_layers
+from oncurve.model.forward import PolicyLogprobs
+from oncurve.model.weights import enable_gradient_checkpointing
+from oncurve.run.setup import build_loss_fns
+from oncurve.types import TrainBatch
+from oncurve.update.microbatches import ForwardSettings
+from oncurve.update.step import accumulate, microbatch_loss
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "src"))
-sys.path.insert(0, str(HERE))
-
-from common import markdown_table, qwen2_config, write_section  # noqa: E402
-from update_ops import OneOpAttention, OpCount  # noqa: E402
-
-from oncurve.config import load_config  # noqa: E402
-from oncurve.model import packed_attention  # noqa: E402
-from oncurve.model.compiled_layers import compile_decoder_layers  # noqa: E402
-from oncurve.model.forward import PolicyLogprobs  # noqa: E402
-from oncurve.model.weights import enable_gradient_checkpointing  # noqa: E402
-from oncurve.run.setup import build_loss_fns  # noqa: E402
-from oncurve.types import TrainBatch  # noqa: E402
-from oncurve.update.microbatches import ForwardSettings  # noqa: E402
-from oncurve.update.step import accumulate, microbatch_loss  # noqa: E402
 
 RESULTS = HERE / "results" / "update_host_time.md"
 VOCAB = 512
@@ -133,7 +130,7 @@ def main() -> None:
         f"\n\n{table}\n"
     )
     print(section)
-    write_section(RESULTS, "The host's time for one update", "host", section)
+    publish(RESULTS.stem, "The host's time for one update", "host", {"markdown": section})
 
 
 if __name__ == "__main__":

@@ -28,29 +28,26 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import transformers
-from torch.utils._python_dispatch import TorchDispatchMode
+from harness.models import qwen2_config
+from harness.op_count import OneOpAttention, OpCount
+from harness.tables import markdown_table, publish
+
+from oncurve.config import load_config
+from oncurve.model import packed_attention
+from oncurve.model.forward import PolicyLogprobs
+from oncurve.run.memory_plan import GIB, ModelShape, plan_memory
+from oncurve.run.setup import build_loss_fns
+from oncurve.types import TrainBatch
+from oncurve.update.microbatches import ForwardSettings, batch_logprobs, microbatches
+from oncurve.update.step import LossFns, accumulate, microbatch_loss
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "src"))
-sys.path.insert(0, str(HERE))
-
-from common import markdown_table, qwen2_config, write_section  # noqa: E402
-
-from oncurve.config import load_config  # noqa: E402
-from oncurve.model import packed_attention  # noqa: E402
-from oncurve.model.forward import PolicyLogprobs  # noqa: E402
-from oncurve.run.memory_plan import GIB, ModelShape, plan_memory  # noqa: E402
-from oncurve.run.setup import build_loss_fns  # noqa: E402
-from oncurve.types import TrainBatch  # noqa: E402
-from oncurve.update.microbatches import ForwardSettings, batch_logprobs, microbatches  # noqa: E402
-from oncurve.update.step import LossFns, accumulate, microbatch_loss  # noqa: E402
 
 RESULTS = HERE / "results" / "update_ops.md"
 VOCAB = 151_936
@@ -63,34 +60,6 @@ QWEN_05B = ModelShape(
     params=494_032_768, trainable=494_032_768, layers=24, hidden=896, intermediate=4864,
     kv_dim=128, vocab=VOCAB, weight_bytes=2, tied=True,
 )  # fmt: skip
-
-
-class OpCount(TorchDispatchMode):
-    """Counts the ops dispatched inside it: all of them, and those that are not views."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = self.kernels = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        self.ops += 1
-        self.kernels += not func.is_view
-        return func(*args, **(kwargs or {}))
-
-
-class OneOpAttention(torch.autograd.Function):
-    """Stands in for torch's variable-length attention on the CPU: one op forward, three
-    backward (its gradients' values are not the attention's; only the count matters)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v):  # type: ignore[override]
-        ctx.shapes = (k, v)
-        return q.clone()
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        k, v = ctx.shapes
-        return grad.clone(), torch.zeros_like(k), torch.zeros_like(v)
 
 
 def the_step(seed: int = 0) -> tuple[torch.nn.Module, TrainBatch]:
@@ -264,7 +233,7 @@ def main() -> None:
         f"widest length\n\n{table}\n"
     )
     print(section)
-    write_section(RESULTS, "Ops one GRPO update dispatches", "ops", section)
+    publish(RESULTS.stem, "Ops one GRPO update dispatches", "ops", {"markdown": section})
 
 
 if __name__ == "__main__":

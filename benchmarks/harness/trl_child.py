@@ -75,12 +75,44 @@ def step_callback(base: type, seconds: list[float], sync: Callable[[], None] | N
     return StepTimes()
 
 
+def train_trl_timed(
+    args: Any,
+    model_dir: str,
+    reward_funcs: list[Callable],
+    dataset: Any,
+    tokenizer: Any,
+    sync: Callable[[], None] | None = None,
+) -> tuple[Any, dict[str, list[float]], list[float]]:
+    """Build TRL's GRPOTrainer with the `GRPOConfig` `args`, time its phases (`generate`: each
+    generation call, `reward`: each reward call, `prepare`: generation + rewards + reference
+    forward) and its steps, and train. Returns (trainer, phase seconds, step seconds); `sync`
+    as in `timed`."""
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+
+    trainer = GRPOTrainer(
+        model=model_dir,
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
+    phases: dict[str, list[float]] = {"generate": [], "reward": [], "prepare": []}
+    timed(trainer, "_generate_single_turn", phases["generate"], sync)
+    timed(trainer, "_calculate_rewards", phases["reward"], sync)
+    timed(trainer, "_generate_and_score_completions", phases["prepare"], sync)
+    seconds: list[float] = []
+    trainer.add_callback(step_callback(TrainerCallback, seconds, sync))
+    trainer.train()
+    return trainer, phases, seconds
+
+
 def train(job: Job, out: Path, save: bool) -> dict[str, Any]:
     """Train `job` with TRL's GRPOTrainer, its phases and steps timed; the result's fields."""
     import torch
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig
 
     config = job.config()
     cuda = config.run.device.startswith("cuda")
@@ -106,20 +138,10 @@ def train(job: Job, out: Path, save: bool) -> dict[str, Any]:
     rewards = job.rewards()
     group = config.rollout.group_size
     seen: list[list[str]] = []  # the prompts each reward call scored, checked below
-    trainer = GRPOTrainer(
-        model=config.model.path,
-        reward_funcs=[trl_reward(name, fn, group, seen) for name, fn, _ in rewards],
-        args=GRPOConfig(**settings),
-        train_dataset=dataset,
-        processing_class=tokenizer,
+    funcs = [trl_reward(name, fn, group, seen) for name, fn, _ in rewards]
+    trainer, phases, seconds = train_trl_timed(
+        GRPOConfig(**settings), config.model.path, funcs, dataset, tokenizer, sync
     )
-    phases: dict[str, list[float]] = {"generate": [], "reward": [], "prepare": []}
-    timed(trainer, "_generate_single_turn", phases["generate"], sync)
-    timed(trainer, "_calculate_rewards", phases["reward"], sync)
-    timed(trainer, "_generate_and_score_completions", phases["prepare"], sync)
-    seconds: list[float] = []
-    trainer.add_callback(step_callback(TrainerCallback, seconds, sync))
-    trainer.train()
     per_step = config.data.prompts_per_step
     expected = [texts[i : i + per_step] for i in range(0, len(texts), per_step)]
     if seen[:: len(rewards)] != expected:

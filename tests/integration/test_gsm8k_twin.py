@@ -6,14 +6,10 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 
+import gsm8k_smollm2
 import pytest
-from helpers.paths import REPO
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-import gsm8k_smollm2  # noqa: E402
-from gsm8k_smollm2 import easiest_split, read_requests  # noqa: E402
+from gsm8k_smollm2 import easiest_split, read_requests
 
 
 def problem(i: int) -> dict[str, str]:

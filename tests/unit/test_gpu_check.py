@@ -10,14 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import gpu_check
 import pytest
-from helpers.paths import REPO
+from gpu_check import DEFAULT_STAGES, LIMITS, TOTAL_LIMIT, Outcome, Stage, job_rows
 
-sys.path.insert(0, str(REPO / "benchmarks"))
-import gpu_check  # noqa: E402
-from gpu_check import DEFAULT_STAGES, LIMITS, TOTAL_LIMIT, Outcome, Stage, job_rows  # noqa: E402
-
-from oncurve.run.memory_plan import MemoryPlan  # noqa: E402
+from oncurve.run.memory_plan import MemoryPlan
 
 
 def python(code: str) -> list[str]:
