@@ -29,6 +29,7 @@ from oncurve.config.sections import (
     RewardFnConfig,
     RolloutConfig,
     RunConfig,
+    TrackioConfig,
     WandbConfig,
 )
 from oncurve.config.validation import check_ranks
@@ -51,6 +52,7 @@ __all__ = [
     "RewardFnConfig",
     "RolloutConfig",
     "RunConfig",
+    "TrackioConfig",
     "WandbConfig",
     "build_config",
     "check_ranks",

@@ -479,9 +479,20 @@ class WandbConfig:
 
 
 @dataclass
+class TrackioConfig:
+    project: str | None = _opt(
+        None,
+        "trackio project to log metrics and config to (extra `trackio`), in trackio's local "
+        "directory (TRACKIO_DIR); null: off",
+    )
+    name: str | None = _opt(None, "the trackio run's name; null: the run directory's name")
+
+
+@dataclass
 class LogConfig:
     tensorboard: bool = _opt(False, "also write TensorBoard scalars (extra `tb`)")
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    trackio: TrackioConfig = field(default_factory=TrackioConfig)
     samples_per_step: int = _opt(4, "completions per step written to samples.jsonl", NON_NEGATIVE)
 
 

@@ -1,5 +1,5 @@
-"""Per-step metrics and sample completions as JSON lines, optionally mirrored to TensorBoard and
-Weights & Biases.
+"""Per-step metrics and sample completions as JSON lines, optionally mirrored to TensorBoard,
+Weights & Biases and trackio under the same names.
 
 `RUN/metrics.jsonl` holds one row per training step, {"step": 3, "reward/mean": 0.4, ...}, plus
 rows of evaluation metrics ({"step": 10, "eval/accuracy": ...}) that share the step they follow.
@@ -42,20 +42,25 @@ class MetricsLogger:
         tensorboard: bool = False,
         enabled: bool = True,
         wandb: dict[str, Any] | None = None,
+        trackio: dict[str, Any] | None = None,
     ) -> None:
         """`wandb`: `wandb.init`'s project, name (null: the run directory's), mode and config;
-        None logs nothing there."""
+        `trackio`: `trackio.init`'s project, name (null: the run directory's) and config; None
+        logs nothing there."""
         self.run_dir = Path(run_dir)
         self.enabled = enabled
         self._writer = None
-        self._wandb = None
+        # Runs of W&B-style trackers: each takes log(scalars, step=) and finish().
+        self._trackers: list[Any] = []
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if tensorboard:
             self._writer = _summary_writer(self.run_dir / "tensorboard")
         if wandb is not None:
-            self._wandb = _wandb_run(self.run_dir, **wandb)
+            self._trackers.append(_wandb_run(self.run_dir, **wandb))
+        if trackio is not None:
+            self._trackers.append(_trackio_run(self.run_dir, **trackio))
 
     def log(self, step: int, values: dict[str, float]) -> None:
         """Append {"step": step, **values}; non-finite values become null."""
@@ -68,9 +73,10 @@ class MetricsLogger:
                 if key != "step" and value is not None:
                     self._writer.add_scalar(key, value, global_step=row["step"])
             self._writer.flush()
-        if self._wandb is not None:
+        if self._trackers:
             scalars = {k: v for k, v in row.items() if k != "step" and v is not None}
-            self._wandb.log(scalars, step=row["step"])
+            for tracker in self._trackers:
+                tracker.log(scalars, step=row["step"])
 
     def log_samples(self, step: int, rows: list[dict]) -> None:
         """Append one row per sample, {"step": step, **row}; non-finite floats become null."""
@@ -85,9 +91,8 @@ class MetricsLogger:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        if self._wandb is not None:
-            self._wandb.finish()
-            self._wandb = None
+        while self._trackers:
+            self._trackers.pop().finish()
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -202,6 +207,22 @@ def _wandb_run(run_dir: Path, project: str, name: str | None, mode: str, config:
     return wandb.init(
         project=project, name=name or run_dir.name, mode=mode, dir=str(run_dir), config=config
     )
+
+
+def _trackio_run(run_dir: Path, project: str, name: str | None, config: dict) -> Any:
+    """Start trackio's run and return the trackio module, which logs to and finishes it (trackio
+    keeps one current run per process). The run lives in trackio's own directory (TRACKIO_DIR,
+    by default under the Hugging Face cache) where `trackio show` finds it; each start of a run
+    (a resume too) is its own trackio run, named after the run directory unless `name` is given."""
+    try:
+        import trackio
+    except ImportError:
+        raise UserError(
+            "log.trackio.project needs the trackio package: pip install 'oncurve[trackio]'"
+        ) from None
+    # embed=False: no dashboard server, even in a notebook; `trackio show` opens one on demand.
+    trackio.init(project=project, name=name or run_dir.name, config=config, embed=False)
+    return trackio
 
 
 def log_samples(

@@ -126,6 +126,7 @@ def setup(config: Config) -> Session:
             tensorboard=config.log.tensorboard,
             enabled=rank == 0,
             wandb=_wandb_settings(config),
+            trackio=_trackio_settings(config),
         ),
         rank=rank,
         world_size=world_size,
@@ -225,6 +226,15 @@ def _wandb_settings(config: Config) -> dict[str, Any] | None:
         "mode": wandb.mode,
         "config": to_dict(config),
     }
+
+
+def _trackio_settings(config: Config) -> dict[str, Any] | None:
+    """`MetricsLogger`'s trackio settings (the run's config among them), None when log.trackio
+    is off."""
+    trackio = config.log.trackio
+    if trackio.project is None:
+        return None
+    return {"project": trackio.project, "name": trackio.name, "config": to_dict(config)}
 
 
 def _resume(s: Session, checkpoint_dir: Path) -> None:

@@ -1,4 +1,6 @@
 import json
+import socket
+import sqlite3
 import struct
 import sys
 import time
@@ -227,3 +229,89 @@ def test_wandb_without_its_package_names_the_extra(tmp_path, monkeypatch):
     with pytest.raises(UserError, match=r"^log.wandb.project needs the wandb package: pip install"):
         MetricsLogger(tmp_path, wandb=settings)
     MetricsLogger(tmp_path, wandb=settings, enabled=False).log(1, {"x": 1.0})  # other ranks
+
+
+@pytest.fixture
+def offline_trackio(tmp_path, monkeypatch):
+    """trackio imported afresh with TRACKIO_DIR = tmp_path/trackio (trackio reads it at import),
+    local (no Space or server from the environment), the Hub offline for its user-name lookup,
+    and every network connection refused and recorded in the list it yields with the module."""
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
+    for variable in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL"):
+        monkeypatch.delenv(variable, raising=False)
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    connections = []
+
+    def refuse(sock, address):
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            connections.append(address)
+            raise OSError("this test makes no network connection")
+        return connect(sock, address)
+
+    connect = socket.socket.connect
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    earlier = {n: m for n, m in sys.modules.items() if n == "trackio" or n.startswith("trackio.")}
+    for name in earlier:
+        del sys.modules[name]
+    try:
+        yield (
+            pytest.importorskip("trackio", reason="trackio (extra `trackio`) not installed"),
+            connections,
+        )
+    finally:
+        for name in [n for n in sys.modules if n == "trackio" or n.startswith("trackio.")]:
+            del sys.modules[name]
+        sys.modules.update(earlier)
+
+
+def test_trackio_gets_the_runs_config_and_every_metric(
+    tiny_model_dir, data_file, tmp_path, offline_trackio
+):
+    from oncurve.loop.trainer import train
+
+    trackio, connections = offline_trackio
+    run_dir = tmp_path / "run"
+    overrides = [
+        f"model.path={tiny_model_dir}",
+        f"data.path={data_file}",
+        f"eval.path={data_file}",
+        "eval.num_prompts=4",
+        "data.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=4",
+        "reward.functions=[helpers.rewards_for_tests:count_digits]",
+        "run.steps=2",
+        "log.trackio.project=oncurve-test",
+        f"run.dir={run_dir}",
+        "run.device=cpu",
+    ]
+    train(load_config(None, overrides), quiet=True)
+    (run,) = trackio.Api().runs("oncurve-test")
+    assert run.name == "run"
+    assert run.config["log"]["trackio"]["project"] == "oncurve-test"
+    assert run.config["run"]["steps"] == 2
+    # trackio's API reads no metrics back: its database holds one JSON object per log call
+    (database,) = (tmp_path / "trackio").glob("*.db")
+    with sqlite3.connect(database) as db:
+        stored = db.execute("SELECT run_name, step, metrics FROM metrics ORDER BY id").fetchall()
+    logged, expected = {}, {}
+    for name, step, metrics in stored:
+        assert name == "run"
+        logged.setdefault(step, {}).update(json.loads(metrics))
+    for row in read_jsonl(run_dir / "metrics.jsonl"):
+        values = {k: v for k, v in row.items() if k != "step" and v is not None}
+        expected.setdefault(row["step"], {}).update(values)
+    assert sorted(logged) == [0, 1, 2]  # the evaluation before step 1, then steps 1 and 2
+    assert logged == expected
+    assert connections == []
+
+
+def test_trackio_without_its_package_names_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "trackio", None)
+    settings = {"project": "p", "name": None, "config": {}}
+    with pytest.raises(
+        UserError, match=r"^log.trackio.project needs the trackio package: pip install"
+    ):
+        MetricsLogger(tmp_path, trackio=settings)
+    MetricsLogger(tmp_path, trackio=settings, enabled=False).log(1, {"x": 1.0})  # other ranks
