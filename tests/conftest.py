@@ -1,6 +1,6 @@
 """Shared fixtures: tiny models built from a config, saved like a user's local model dir (one
-with a chat template); the
-`gpu` marker, whose tests are skipped where torch sees no CUDA device."""
+with a chat template); the `gpu` marker, whose tests are skipped where torch sees no CUDA
+device, and the `browser` marker, whose tests are skipped where no Chromium is installed."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from helpers.browser import BINARIES, INSTALL, find_browser
 from helpers.models import tiny_qwen2
 from helpers.rank_pool import RankPool
 
@@ -20,15 +21,21 @@ from oncurve.model.char_tokenizer import char_tokenizer
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked `gpu` are collected everywhere and run only where CUDA is available, so
-    that `make test` never needs a GPU (`make gpu-check` runs them on one)."""
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(
-        reason=f"needs a CUDA device; this torch ({torch.__version__}) sees none"
-    )
+    that `make test` never needs a GPU (`make gpu-check` runs them on one); tests marked
+    `browser` run only where a Chromium binary is on PATH."""
+    skips = {}
+    if not torch.cuda.is_available():
+        skips["gpu"] = pytest.mark.skip(
+            reason=f"needs a CUDA device; this torch ({torch.__version__}) sees none"
+        )
+    if find_browser() is None:
+        skips["browser"] = pytest.mark.skip(
+            reason=f"needs Chromium ({', '.join(BINARIES)} on PATH): {INSTALL}"
+        )
     for item in items:
-        if item.get_closest_marker("gpu") is not None:  # the marker, not a folder named gpu
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if item.get_closest_marker(marker) is not None:  # the marker, not a folder's name
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
