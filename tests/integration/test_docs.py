@@ -125,6 +125,7 @@ PARSED_ONLY = {
     "oncurve train configs/gsm8k_qwen2.5_0.5b.yaml": ("a 0.5B model on a GPU", "gpu/test_gpu.py"),
     "oncurve train CONFIG.yaml": ("eight GPUs", "integration/test_distributed.py"),
     "torchrun ": ("several processes or nodes", "integration/test_distributed.py"),
+    "sudo apt-get install ": ("installs a system package", "integration/test_report_browser.py"),
 }
 
 
