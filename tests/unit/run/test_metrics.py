@@ -7,6 +7,7 @@ import time
 import types
 from pathlib import Path
 
+import huggingface_hub
 import pytest
 
 from oncurve.config import load_config
@@ -239,7 +240,6 @@ def offline_trackio(tmp_path, monkeypatch):
     monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
     for variable in ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL"):
         monkeypatch.delenv(variable, raising=False)
-    huggingface_hub = pytest.importorskip("huggingface_hub")
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     connections = []
 
