@@ -1,0 +1,106 @@
+"""TRL's own reward functions, imported from an installed TRL, train through oncurve unchanged.
+
+In the benchmarks' TRL environment (`harness.trl_env`, with math-verify added for TRL's
+`accuracy_reward`), `oncurve train` runs on a dataset prepared as TRL's `GRPOTrainer` takes it
+(each prompt a list of messages, the gold under `solution`) with
+`reward.functions=[trl.rewards:think_format_reward, trl.rewards:accuracy_reward]` and nothing
+else changed. The model is the random `smoke` shape with the Qwen3 tokenizer and its chat
+template (nothing downloaded): what is measured is that TRL's functions, which index
+`completion[0]["content"]` and read `solution`, score every completion, not what they score.
+
+    .venv/bin/python benchmarks/trl_rewards.py [--steps 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+
+from harness.checkout import CACHE
+from harness.children import run_child
+from harness.models import build_model, tokenizer_dir
+from harness.tables import markdown_table, publish
+from harness.trl_env import ensure_trl_venv, trl_env, trl_versions
+
+NAME = "trl_rewards"
+TITLE = "TRL's reward functions through oncurve"
+REWARDS = ("think_format_reward", "accuracy_reward")
+
+
+def trl_dataset(path, rows: int = 16):
+    """`rows` sums as TRL's conversational datasets hold them."""
+    lines = []
+    for i in range(rows):
+        a, b = 3 * i + 1, 7 * i + 2
+        prompt = f"What is {a} + {b}? Think in <think></think>, then put the answer in \\boxed{{}}."
+        row = {"prompt": [{"role": "user", "content": prompt}], "solution": f"${a + b}$"}
+        lines.append(json.dumps(row))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=2)
+    args = parser.parse_args()
+    python = ensure_trl_venv()
+    env = trl_env(python)
+    if env is None:
+        raise SystemExit(f"{python} does not import trl")
+    probe = [python, "-c", "import math_verify"]
+    if subprocess.run(probe, env=env, capture_output=True).returncode:
+        subprocess.run([python, "-m", "pip", "install", "-q", "math-verify"], check=True)
+    work = CACHE / NAME
+    work.mkdir(parents=True, exist_ok=True)
+    data = trl_dataset(work / "trl_sums.jsonl")
+    model = build_model("smoke", tokenizer_dir())
+    functions = ", ".join(f"trl.rewards:{name}" for name in REWARDS)
+    run_dir = work / "run"
+    command = [python, "-m", "oncurve", "train", "--quiet", f"data.path={data}",
+               f"reward.functions=[{functions}]", f"model.path={model}", "run.device=cpu",
+               f"run.steps={args.steps}", "data.prompts_per_step=2", "rollout.group_size=4",
+               "rollout.max_new_tokens=32", "eval.at_start_end=false",
+               f"run.dir={run_dir}", "run.overwrite=true"]  # fmt: skip
+    wall, _, code = run_child(command, env, work / "train.log")
+    if code:
+        raise SystemExit(f"oncurve train failed (exit {code}); see {work / 'train.log'}")
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [row for row in steps if "time/step" in row]
+    means = {name: [row[f"reward/{name}"] for row in steps] for name in REWARDS}
+    scored = all(math.isfinite(v) for values in means.values() for v in values)
+    publish(
+        NAME,
+        TITLE,
+        "smoke",
+        {
+            "renderer": NAME,
+            "trl": trl_versions(python, env),
+            "steps": len(steps),
+            "wall_s": round(wall, 1),
+            "every_completion_scored": scored,
+            "reward_means": means,
+        },
+    )
+    if not scored:
+        raise SystemExit("a TRL reward left completions unscored")
+
+
+def section(row: dict) -> str:
+    """One run's section of results/trl_rewards.md."""
+    means = ", ".join(f"`{k}` {v[-1]:.2f}" for k, v in row["reward_means"].items())
+    cells = [
+        row["date"],
+        row["commit"],
+        row["trl"],
+        str(row["steps"]),
+        "yes" if row["every_completion_scored"] else "no",
+        means,
+    ]
+    header = ["date", "commit", "TRL", "steps", "every completion scored", "last step's means"]
+    return f"`{row['command']}`\n\n" + markdown_table(header, [cells])
+
+
+if __name__ == "__main__":
+    main()
