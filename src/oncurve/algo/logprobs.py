@@ -5,6 +5,10 @@ The naive path, `log_softmax(hidden @ W.T / temperature)`, materialises `[N, T, 
 a GRPO step. `logprobs_from_hidden` instead walks over chunks of rows, keeps only one row's
 log-sum-exp for backward, and recomputes a chunk's logits there, so at most `[chunk, vocab]`
 logits exist at any time. Logits are computed in float32 whatever the model's dtype.
+
+With a `Truncation` (top-k, top-p, min-p sampling) the logprobs are those of the truncated,
+renormalised distribution the sampler draws from (`oncurve.algo.truncation`): each row's kept
+tokens are found from its own logits, and only they (and the chosen token) make the normaliser.
 """
 
 from __future__ import annotations
@@ -14,11 +18,24 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
+from oncurve.algo.truncation import (
+    KEEP_ALL,
+    Truncation,
+    chosen_normaliser,
+    keep_threshold,
+    kept_logsumexp,
+    truncated_entropy,
+)
+
 
 def logprobs_from_logits(
-    logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    truncation: Truncation = KEEP_ALL,
 ) -> torch.Tensor:
-    """log softmax(logits / temperature)[label], the unchunked reference.
+    """log softmax(logits / temperature)[label], the unchunked reference; with `truncation`
+    active, the softmax over the tokens it keeps and the label (`oncurve.algo.truncation`).
 
     Args:
         logits: `[..., V]`.
@@ -26,13 +43,25 @@ def logprobs_from_logits(
     Returns:
         `[...]` float32 log-probabilities.
     """
-    logp = F.log_softmax(logits.float() / temperature, dim=-1)
-    return logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    scaled = logits.float() / temperature
+    if not truncation.active:
+        logp = F.log_softmax(scaled, dim=-1)
+        return logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    threshold = keep_threshold(scaled.detach(), truncation)
+    chosen = scaled.gather(-1, labels.unsqueeze(-1))
+    normaliser = chosen_normaliser(chosen, kept_logsumexp(scaled, threshold), threshold)
+    return (chosen - normaliser).squeeze(-1)
 
 
-def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Entropy `-sum_v p_v log p_v` of softmax(logits / temperature): `[..., V]` -> `[...]`."""
-    logp = F.log_softmax(logits.float() / temperature, dim=-1)
+def entropy_from_logits(
+    logits: torch.Tensor, temperature: float = 1.0, truncation: Truncation = KEEP_ALL
+) -> torch.Tensor:
+    """Entropy `-sum_v p_v log p_v` of softmax(logits / temperature), or of its truncation:
+    `[..., V]` -> `[...]`."""
+    scaled = logits.float() / temperature
+    if truncation.active:
+        return truncated_entropy(scaled, keep_threshold(scaled, truncation))
+    logp = F.log_softmax(scaled, dim=-1)
     return -(logp.exp() * logp).sum(-1)
 
 
@@ -42,10 +71,14 @@ class _ChunkedLogprobs(torch.autograd.Function):
     d logp / d logits = (onehot(y) - softmax) / temperature, so backward needs only the saved
     log-sum-exp per row and the recomputed logits, which it forms one `head_blocks` block of the
     vocabulary at a time: a block's float32 weight and gradient are all it holds of the head.
+    With a truncation the softmax is over the kept tokens and the label, and each row's
+    `keep_threshold` is saved too, so that the backward finds the same tokens in every block.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, temperature, chunk_size, with_entropy, shape):  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx, hidden, weight, bias, labels, temperature, chunk_size, with_entropy, shape, truncation
+    ):
         rows = hidden.shape[0]
         # Outputs are made in their final `shape` and written through flat views: a returned
         # view is one that FSDP2 warns could lose its pre-backward hook to an in-place op.
@@ -53,23 +86,32 @@ class _ChunkedLogprobs(torch.autograd.Function):
         entropy_out = hidden.new_empty(shape if with_entropy else (0,), dtype=torch.float32)
         logprobs, entropy = logprobs_out.view(-1), entropy_out.view(-1)
         lse = hidden.new_empty(rows, dtype=torch.float32)
+        thresholds = hidden.new_empty(rows if truncation.active else 0, dtype=torch.float32)
         for start in range(0, rows, chunk_size):
             part = slice(start, start + chunk_size)
             logits = float_logits(hidden[part], weight, bias).div_(temperature)
+            if truncation.active:
+                lse[part], logprobs[part], thresholds[part], chunk_entropy = _truncated_chunk(
+                    logits, labels[part], truncation, with_entropy
+                )
+                if with_entropy:
+                    entropy[part] = chunk_entropy
+                continue
             lse[part] = torch.logsumexp(logits, dim=-1)
             logprobs[part] = logits.gather(-1, labels[part].unsqueeze(-1)).squeeze(-1) - lse[part]
             if with_entropy:
                 probs = (logits - lse[part].unsqueeze(-1)).exp_()
                 entropy[part] = lse[part] - (probs * logits).sum(-1)
-        ctx.save_for_backward(hidden, weight, bias, labels, lse)
+        ctx.save_for_backward(hidden, weight, bias, labels, lse, thresholds)
         ctx.temperature = temperature
         ctx.chunk_size = chunk_size
+        ctx.truncated = truncation.active
         ctx.mark_non_differentiable(entropy_out)
         return logprobs_out, entropy_out
 
     @staticmethod
     def backward(ctx, grad_logprobs, _grad_entropy):  # type: ignore[override]
-        hidden, weight, bias, labels, lse = ctx.saved_tensors
+        hidden, weight, bias, labels, lse, thresholds = ctx.saved_tensors
         temperature, chunk_size = ctx.temperature, ctx.chunk_size
         grad_logprobs = grad_logprobs.reshape(-1)
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
@@ -103,14 +145,20 @@ class _ChunkedLogprobs(torch.autograd.Function):
                 if block_bias is not None:
                     logits += block_bias
                 g = grad_rows[part]
-                # in place: one [rows, block] buffer holds logits, then softmax, then gradient
-                grad_logits = logits.div_(temperature).sub_(lse[part].unsqueeze(-1)).exp_().mul_(-g)
                 label = labels[part] - vocab.start
                 inside = (label >= 0) & (label < block.shape[0])
+                at = (positions[: label.shape[0]], label.clamp(0, block.shape[0] - 1))
+                logits.div_(temperature)
+                if ctx.truncated:
+                    # the dropped tokens have no probability; the label keeps its own
+                    chosen = logits[at]
+                    logits.masked_fill_(logits < thresholds[part].unsqueeze(-1), float("-inf"))
+                    logits.index_put_(at, torch.where(inside, chosen, logits[at]))
+                # in place: one [rows, block] buffer holds logits, then softmax, then gradient
+                grad_logits = logits.sub_(lse[part].unsqueeze(-1)).exp_().mul_(-g)
                 # one label per row, so a plain write of the sum adds it: scatter_add_ would
                 # take CUDA's deterministic-mode reroute, which copies its coordinates from the
                 # host at every chunk
-                at = (positions[: label.shape[0]], label.clamp(0, block.shape[0] - 1))
                 grad_logits.index_put_(at, grad_logits[at] + g.squeeze(1) * inside)
                 grad_logits /= temperature
                 if need_b:
@@ -129,7 +177,36 @@ class _ChunkedLogprobs(torch.autograd.Function):
                 grad_bias[vocab] = block_grad_bias
         if need_h:
             grad_hidden = grad_hidden.to(hidden.dtype)
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None
+
+
+# Rows of a chunk whose `keep_threshold` is found at once: top-p sorts each row's vocabulary,
+# and the sort and the sums around it hold about six `[rows, V]` float32 buffers at a time, so
+# an eighth of the chunk's rows keeps them within one buffer of the chunk's size.
+THRESHOLD_PARTS = 8
+
+
+def _truncated_chunk(
+    logits: torch.Tensor, labels: torch.Tensor, truncation: Truncation, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The forward of one chunk of rows under `truncation`, from their `[rows, V]` float32
+    logits divided by the temperature (used up: the dropped tokens are left at -inf) and their
+    `[rows]` labels: `[rows]` normalisers (over the kept tokens and the label), logprobs,
+    `keep_threshold`s, and the entropy of the truncated distribution (or None)."""
+    rows = logits.shape[0]
+    piece = -(-rows // THRESHOLD_PARTS)
+    threshold = torch.cat(
+        [keep_threshold(logits[i : i + piece], truncation) for i in range(0, rows, piece)]
+    )
+    chosen = logits.gather(-1, labels.unsqueeze(-1))
+    logits.masked_fill_(logits < threshold, float("-inf"))
+    kept = torch.logsumexp(logits, dim=-1, keepdim=True)
+    normaliser = chosen_normaliser(chosen, kept, threshold)
+    entropy = None
+    if with_entropy:
+        entropy = torch.special.entr(logits.sub_(kept).exp_()).sum(-1)
+    logprobs = chosen - normaliser
+    return normaliser.squeeze(-1), logprobs.squeeze(-1), threshold.squeeze(-1), entropy
 
 
 # Vocabulary rows of a non-float32 output embedding made float32 at once: 16k rows of a
@@ -235,8 +312,11 @@ def logprobs_from_hidden(
     chunk_size: int = 1024,
     bias: torch.Tensor | None = None,
     with_entropy: bool = False,
+    truncation: Truncation = KEEP_ALL,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log softmax((hidden @ weight.T + bias) / temperature)[labels], chunked over rows.
+    """log softmax((hidden @ weight.T + bias) / temperature)[labels], chunked over rows; with
+    `truncation` active, the softmax over the tokens it keeps and the label (see the module
+    docstring).
 
     Args:
         hidden: `[N, T, H]` final hidden states at the positions that predict `labels`.
@@ -247,7 +327,9 @@ def logprobs_from_hidden(
             float32 values (a chunk's logits and one temporary), plus, for weights that are not
             float32, one `head_blocks` block's float32 copy and gradient.
         bias: optional `[V]` lm_head bias.
-        with_entropy: also return the entropy of each position's distribution (no gradient).
+        with_entropy: also return the entropy of each position's distribution (no gradient),
+            the truncated one's under a truncation.
+        truncation: the sampler's top-k / top-p / min-p (`oncurve.algo.truncation`).
     Returns:
         (`[N, T]` float32 log-probabilities, differentiable in hidden/weight/bias;
         `[N, T]` entropy or None).
@@ -256,6 +338,7 @@ def logprobs_from_hidden(
     flat_hidden = hidden.reshape(n * t, h)
     flat_labels = labels.reshape(n * t)
     logprobs, entropy = _ChunkedLogprobs.apply(
-        flat_hidden, weight, bias, flat_labels, temperature, chunk_size, with_entropy, (n, t)
-    )
+        flat_hidden, weight, bias, flat_labels, temperature, chunk_size, with_entropy, (n, t),
+        truncation,
+    )  # fmt: skip
     return logprobs, entropy if with_entropy else None
