@@ -7,6 +7,7 @@ import torch
 import transformers
 
 from oncurve.algo.logprobs import logprobs_from_hidden
+from oncurve.algo.truncation import KEEP_ALL, Truncation
 from oncurve.model.kv_cache import cache_argument, real_token_positions
 from oncurve.model.packing import RowLengths, packed_hidden
 
@@ -21,8 +22,11 @@ def completion_logprobs(
     with_entropy: bool = False,
     prompt_index: torch.Tensor | None = None,
     packed: RowLengths | None = None,
+    truncation: Truncation = KEEP_ALL,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probabilities of the last `completion_len` tokens of each row under `model`.
+    """Log-probabilities of the last `completion_len` tokens of each row under `model`, at
+    `temperature` and under the sampler's `truncation` (top-k, top-p, min-p: the truncated,
+    renormalised distribution it draws from, `oncurve.algo.truncation`).
 
     The decoder trunk runs once; logits are formed only at the completion positions and in
     chunks (see `oncurve.algo.logprobs`). Position ids count real tokens only, so a left-padded
@@ -55,7 +59,7 @@ def completion_logprobs(
     labels = input_ids[:, -completion_len:]
     head = model.get_output_embeddings()
     return logprobs_from_hidden(
-        hidden, head.weight, labels, temperature, chunk_size, head.bias, with_entropy
+        hidden, head.weight, labels, temperature, chunk_size, head.bias, with_entropy, truncation
     )
 
 
@@ -153,6 +157,7 @@ class PolicyLogprobs(torch.nn.Module):
         with_entropy: bool = False,
         prompt_index: torch.Tensor | None = None,
         packed: RowLengths | None = None,
+        truncation: Truncation = KEEP_ALL,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return completion_logprobs(
             self.model,
@@ -164,4 +169,5 @@ class PolicyLogprobs(torch.nn.Module):
             with_entropy,
             prompt_index,
             packed,
+            truncation,
         )

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import torch
 
 from oncurve.advantages.sources import AdvantageSource
+from oncurve.algo.truncation import Truncation
 from oncurve.config import Config, save_config
 from oncurve.data.curriculum import Curriculum
 from oncurve.data.prompts import PromptData
@@ -162,6 +163,9 @@ def forward_settings(model: torch.nn.Module, config: Config) -> ForwardSettings:
         compile_layers=config.model.compile_layers,
         pack_rows=config.model.pack_rows,
         share_prompt=shares_prompt_forward(config),
+        truncation=Truncation(
+            top_k=config.rollout.top_k, top_p=config.rollout.top_p, min_p=config.rollout.min_p
+        ),
         **token_caps(model, config),
     )
 

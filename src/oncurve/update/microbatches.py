@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from oncurve import distributed
+from oncurve.algo.truncation import KEEP_ALL, Truncation
 from oncurve.model.compiled_layers import compiled_layers
 from oncurve.model.devices import host_to_device
 from oncurve.model.packing import RowLengths
@@ -30,6 +31,8 @@ class ForwardSettings:
             for a backward (`memory_plan.forward_only_tokens`); None: `microbatch_tokens`.
         share_prompt: run each group's prompt once, where the batch says which rows share one
             (`TrainBatch.prompt_index`); off where the forward cannot (`session.forward_settings`).
+        truncation: the sampler's top-k / top-p / min-p, under which the policy's (and the
+            reference's) logprobs are taken (`oncurve.algo.truncation`).
     """
 
     temperature: float = 1.0
@@ -40,6 +43,7 @@ class ForwardSettings:
     pack_rows: bool = False
     reference_tokens: int | None = None
     share_prompt: bool = True
+    truncation: Truncation = KEEP_ALL
 
     def for_reference(self) -> ForwardSettings:
         """These settings with the reference pass's token cap. The old policy's pass keeps
@@ -277,6 +281,7 @@ def batch_logprobs(
             forward.chunk_size,
             prompt_index=forward.prompt_index(micro),
             packed=forward.packed(micro),
+            truncation=forward.truncation,
         )
         return values
 

@@ -202,6 +202,7 @@ def microbatch_loss(
         with_entropy=True,
         prompt_index=forward.prompt_index(micro),
         packed=forward.packed(micro),
+        truncation=forward.truncation,
     )
     old = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs
     advantages = micro.advantages
