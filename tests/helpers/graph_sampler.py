@@ -11,6 +11,7 @@ import weakref
 import pytest
 import torch
 
+from oncurve.algo.truncation import KEEP_ALL, Truncation
 from oncurve.model.forward import completion_logprobs
 
 
@@ -80,9 +81,12 @@ class FakePools:
         monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
 
 
-def trained_logprobs(model: torch.nn.Module, batch, temperature: float) -> torch.Tensor:
+def trained_logprobs(
+    model: torch.nn.Module, batch, temperature: float, truncation: Truncation = KEEP_ALL
+) -> torch.Tensor:
     with torch.no_grad():
         logprobs, _ = completion_logprobs(
-            model, batch.input_ids, batch.attention_mask, batch.completion_ids.shape[1], temperature
-        )
+            model, batch.input_ids, batch.attention_mask, batch.completion_ids.shape[1],
+            temperature, truncation=truncation,
+        )  # fmt: skip
     return logprobs * batch.completion_mask

@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from oncurve.algo.truncation import Truncation
 from oncurve.errors import UserError
 from oncurve.types import RolloutBatch
 
@@ -31,12 +32,14 @@ class SamplingParams:
     Attributes:
         max_new_tokens: longest completion; a row that reaches it ends with reason "length".
         min_new_tokens: EOS cannot be sampled before this many tokens (as in transformers); the
-            logprobs stay those of the unmodified distribution, as the trainer computes them.
+            logprobs stay those of the distribution without it, as the trainer computes them.
         temperature: divides the logits; 0 means greedy decoding, whose logprobs are then taken
             under temperature 1 (the trainer must use temperature 1 for them to match).
         top_p: keep the smallest set of most likely tokens whose mass reaches top_p.
         top_k: keep the k most likely tokens; 0 keeps all.
         min_p: drop tokens whose probability is below min_p times the top probability.
+            The three truncate the distribution drawn from (`truncation`); the logprobs are
+            those of the truncated, renormalised distribution, as the trainer computes them.
         stop: strings that end a completion (reason "stop"); the text is cut after the string,
             the token that completed it is the last one of the row.
         seed: same seed, same completions; None draws a fresh seed. The global torch RNG is
@@ -73,6 +76,11 @@ class SamplingParams:
                 raise ValueError(f"SamplingParams: {message}")
         # A list given for `stop` (e.g. from YAML) would make the frozen dataclass unhashable.
         object.__setattr__(self, "stop", tuple(self.stop))
+
+    @property
+    def truncation(self) -> Truncation:
+        """The top-k, top-p and min-p that truncate the distribution drawn from."""
+        return Truncation(top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
 
     @property
     def decode_seed(self) -> int | None:

@@ -18,6 +18,12 @@ import contextlib
 import torch
 import transformers
 
+from oncurve.algo.truncation import (
+    Truncation,
+    chosen_normaliser,
+    keep_threshold,
+    kept_logsumexp,
+)
 from oncurve.rollout import cpu_llama
 from oncurve.rollout.base import (
     FINISH_EOS,
@@ -316,11 +322,13 @@ def sample_tokens(
     generator: torch.Generator,
     suppress: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row and its logprob under softmax(logits / temperature).
+    """Draw one token per row and its logprob under the policy the trainer models:
+    softmax(logits / temperature), truncated by top-k, then top-p, then min-p (as in
+    transformers; `oncurve.algo.truncation`), as the training forward computes it.
 
-    Filtering (top-k, then top-p, then min-p, as in transformers) and EOS suppression change
-    what is drawn, not the returned logprob, which is over the full vocabulary as the trainer
-    computes it. Temperature 0 takes the argmax and returns logprobs at temperature 1.
+    EOS suppression changes what is drawn (the truncation of the suppressed distribution), not
+    the returned logprob. Temperature 0 takes the argmax and returns logprobs at temperature 1
+    over the full vocabulary.
 
     Args:
         logits: `[n, V]` float32 next-token logits.
@@ -329,63 +337,72 @@ def sample_tokens(
         (`[n]` token ids, `[n]` float32 logprobs).
     """
     scaled = logits / params.temperature if params.temperature not in (0, 1) else logits
-    lse = torch.logsumexp(scaled, dim=-1)
     work = scaled if suppress is None else scaled.index_fill(1, suppress, float("-inf"))
+    truncation = params.truncation
+    threshold, draw_threshold = truncation_thresholds(scaled, work, params.temperature, truncation)
+    lse = policy_logsumexp(scaled, threshold)
     uniforms = None
     if params.temperature != 0:
         uniforms = torch.rand(logits.shape[0], 1, generator=generator, device=logits.device)
-    return draw_tokens(scaled, lse, work, params, uniforms)
+    tokens = draw_token_ids(work, params, uniforms, draw_threshold)
+    return tokens, drawn_logprobs(scaled, tokens, lse, threshold)
 
 
-def draw_tokens(
-    scaled: torch.Tensor,
-    lse: torch.Tensor,
-    work: torch.Tensor,
-    params: SamplingParams,
-    uniforms: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The draw of `sample_tokens`, with its randomness given: static shapes and no host
-    synchronisation, so that a CUDA graph can hold it.
+def truncation_thresholds(
+    scaled: torch.Tensor, work: torch.Tensor, temperature: float, truncation: Truncation
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The `[n, 1]` `keep_threshold`s of `truncation` in the policy's distribution, from
+    `scaled` `[n, V]` (logits / temperature), and in the draw's, from `work` (`scaled` with the
+    tokens that must not be drawn at -inf; the same threshold when `work` is `scaled`);
+    (None, None) when nothing is truncated or the draw is greedy (temperature 0). Static
+    shapes, no host reads."""
+    if temperature == 0 or not truncation.active:
+        return None, None
+    threshold = keep_threshold(scaled, truncation)
+    if work is scaled:
+        return threshold, threshold
+    return threshold, keep_threshold(work, truncation)
 
-    Args:
-        scaled: `[n, V]` logits / temperature; `lse` `[n]` their logsumexp.
-        work: `scaled` with the tokens that must not be drawn at -inf.
-        uniforms: `[n, 1]` uniform draws in [0, 1); None for greedy (temperature 0).
-    Returns:
-        (`[n]` token ids, `[n]` float32 logprobs under `scaled`).
-    """
-    tokens = draw_token_ids(work, params, uniforms)
-    chosen = scaled.gather(1, tokens[:, None]).squeeze(1)
-    return tokens, chosen - lse
+
+def policy_logsumexp(scaled: torch.Tensor, threshold: torch.Tensor | None) -> torch.Tensor:
+    """`[n]` the logsumexp of the `[n, V]` `scaled` logits that reach `threshold` `[n, 1]`
+    (every one where it is None): log Z_K of the policy's distribution."""
+    if threshold is None:
+        return torch.logsumexp(scaled, dim=-1)
+    return kept_logsumexp(scaled, threshold).squeeze(-1)
+
+
+def drawn_logprobs(
+    scaled: torch.Tensor, tokens: torch.Tensor, lse: torch.Tensor, threshold: torch.Tensor | None
+) -> torch.Tensor:
+    """`[n]` float32 logprobs of the drawn `tokens` `[n]` under the policy's distribution:
+    from the `[n, V]` `scaled` logits, `policy_logsumexp`'s `lse` `[n]` and the `threshold`
+    `[n, 1]` it was given (`chosen_normaliser`: a token is its own normaliser's too)."""
+    chosen = scaled.gather(1, tokens[:, None])
+    if threshold is None:
+        return chosen.squeeze(1) - lse
+    return (chosen - chosen_normaliser(chosen, lse[:, None], threshold)).squeeze(1)
 
 
 def draw_token_ids(
-    work: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor | None
+    work: torch.Tensor,
+    params: SamplingParams,
+    uniforms: torch.Tensor | None,
+    threshold: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The token ids `[n]` of `draw_tokens`, without their logprobs."""
+    """The token ids `[n]` drawn from `work` `[n, V]` (logits / temperature, the tokens that
+    must not be drawn at -inf): its argmax for greedy (`uniforms` None), else by inverse CDF
+    with one uniform `[n, 1]` per row, over the tokens whose logits reach `threshold` `[n, 1]`
+    (`truncation_thresholds`; all of them when None). Static shapes and no host
+    synchronisation, so that a CUDA graph can hold it."""
     if params.temperature == 0:
-        tokens = work.argmax(-1)
-    else:
-        if 0 < params.top_k < work.shape[-1]:
-            kth = work.topk(params.top_k, dim=-1).values[:, -1:]
-            work = work.masked_fill(work < kth, float("-inf"))
-        probs = work.softmax(-1)
-        if params.top_p < 1:
-            sorted_probs = probs.sort(dim=-1, descending=True).values
-            # the nucleus: the tokens whose more likely ones hold less than top_p of the mass.
-            # Its smallest probability is the floor, so nothing is scattered back to vocabulary
-            # order (a scatter that deterministic mode reroutes through a host copy on CUDA).
-            before = sorted_probs.cumsum(-1) - sorted_probs
-            kept = (before < params.top_p).sum(-1, keepdim=True)
-            probs.masked_fill_(probs < sorted_probs.gather(1, kept - 1), 0.0)
-        if params.min_p > 0:
-            floor = params.min_p * probs.max(dim=-1, keepdim=True).values
-            probs.masked_fill_(probs < floor, 0.0)
-        # inverse-CDF draw: one uniform per row (multinomial draws one exponential per token)
-        cdf = probs.cumsum_(-1)
-        u = uniforms * cdf[:, -1:]
-        tokens = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
-    return tokens
+        return work.argmax(-1)
+    if threshold is not None:
+        work = work.masked_fill(work < threshold, float("-inf"))
+    # inverse-CDF draw: one uniform per row (multinomial draws one exponential per token)
+    cdf = work.softmax(-1).cumsum_(-1)
+    u = uniforms * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.shape[1] - 1)
 
 
 def _stop_candidates(tokenizer, stops: tuple[str, ...], vocab: int) -> torch.Tensor:

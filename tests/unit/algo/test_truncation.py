@@ -1,6 +1,7 @@
 """The truncated distribution (top-k, top-p, min-p) against a brute-force computation on a
 vocabulary of 7: which tokens are kept (ties included), the logprobs of the unchunked and the
-chunked head, their gradients, and the entropy."""
+chunked head, their gradients, and the entropy; and the sampler's logprobs against the
+training forward's."""
 
 from __future__ import annotations
 
@@ -8,9 +9,14 @@ import math
 
 import pytest
 import torch
+from helpers.models import TOKENIZER, make_model
 
 from oncurve.algo import entropy_from_logits, logprobs_from_hidden, logprobs_from_logits
 from oncurve.algo.truncation import KEEP_ALL, Truncation, keep_mask, keep_threshold
+from oncurve.rollout import SamplingParams
+from oncurve.rollout.torch_sampler import TorchSampler, sample_tokens
+from oncurve.types import TrainBatch
+from oncurve.update.microbatches import ForwardSettings, batch_logprobs
 
 # probabilities with ties at 0.2, 0.1 and 0.05, in a shuffled order
 PROBS = [0.1, 0.3, 0.05, 0.2, 0.1, 0.2, 0.05]
@@ -185,3 +191,63 @@ def test_the_chunked_head_is_the_brute_force(monkeypatch, case, chunk_size, with
     for g, w in zip(got_grads, want_grads, strict=True):
         assert w.abs().max() > 1e-3
         torch.testing.assert_close(g, w, rtol=0, atol=1e-5)
+
+
+def test_the_sampler_records_the_truncated_logprob():
+    logits = LOGITS.expand(4000, 7)
+    params = SamplingParams(top_p=0.45)
+    tokens, logprobs = sample_tokens(logits, params, torch.Generator().manual_seed(0))
+    counts = torch.bincount(tokens, minlength=7)
+    assert set(counts.nonzero().squeeze(1).tolist()) == {1, 3, 5}
+    assert abs(counts[1] / 4000 - 0.3 / 0.7) < 0.03
+    want = logprobs_from_logits(logits, tokens, 1.0, params.truncation)
+    torch.testing.assert_close(logprobs, want, rtol=0, atol=1e-6)
+    assert logprobs[tokens == 1][0].item() == pytest.approx(math.log(0.3 / 0.7), abs=1e-6)
+
+
+def test_a_suppressed_token_changes_the_draw_not_the_logprob():
+    """EOS (token 1, the likeliest) suppressed: the draw keeps the suppressed distribution's
+    top 2, the logprob is the policy's, over its own top 2 and the token."""
+    logits = LOGITS.expand(2000, 7)
+    params = SamplingParams(top_k=2)
+    tokens, logprobs = sample_tokens(
+        logits, params, torch.Generator().manual_seed(0), torch.tensor([1])
+    )
+    assert set(tokens.tolist()) == {3, 5}  # the tie at 0.2 after 0.3 is gone
+    torch.testing.assert_close(
+        logprobs, logprobs_from_logits(logits, tokens, 1.0, params.truncation), rtol=0, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize(
+    "truncation", [Truncation(top_p=0.9), Truncation(top_k=5), Truncation(top_k=20, min_p=0.1)]
+)
+def test_the_samplers_logprobs_are_the_training_forwards(truncation):
+    """The decode loop against the training forward of its own samples: equal to float32
+    rounding, and far from the full distribution's."""
+    model = make_model("qwen2", eos_bias=-2.0)
+    sampler = TorchSampler(model, TOKENIZER)
+    params = SamplingParams(
+        max_new_tokens=12, temperature=1.3, seed=0, top_k=truncation.top_k,
+        top_p=truncation.top_p, min_p=truncation.min_p,
+    )  # fmt: skip
+    rollout = sampler.generate_ids([[5, 6, 7], [9, 4]], 4, params)
+    batch = TrainBatch(
+        input_ids=rollout.input_ids,
+        attention_mask=rollout.attention_mask,
+        completion_mask=rollout.completion_mask,
+        advantages=torch.zeros(rollout.num_rows),
+    )
+    mask = rollout.completion_mask.bool()
+    for chunk in (16, 1024):
+        forward = ForwardSettings(1.3, chunk, 3, truncation=truncation)
+        trained = batch_logprobs(model_forward(model), batch, forward)
+        torch.testing.assert_close(trained[mask], rollout.logprobs[mask], rtol=0, atol=1e-5)
+    full = batch_logprobs(model_forward(model), batch, ForwardSettings(1.3, 16, 3))
+    assert (full[mask] - rollout.logprobs[mask]).abs().max() > 0.05
+
+
+def model_forward(model):
+    from oncurve.model.forward import PolicyLogprobs
+
+    return PolicyLogprobs(model)

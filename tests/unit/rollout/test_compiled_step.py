@@ -73,7 +73,10 @@ def test_the_compiled_step_samples_as_the_eager_one_and_reads_weights_in_place(k
     eager = GraphSampler(model, TOKENIZER, compile_step=False).generate(PROMPTS, 2, PARAMS)
     assert_same_samples(moved, eager, atol=1e-5)
     torch.testing.assert_close(
-        moved.logprobs, trained_logprobs(model, moved, PARAMS.temperature), atol=2e-5, rtol=0
+        moved.logprobs,
+        trained_logprobs(model, moved, PARAMS.temperature, PARAMS.truncation),
+        atol=2e-5,
+        rtol=0,
     )
 
 

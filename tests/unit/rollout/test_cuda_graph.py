@@ -30,7 +30,7 @@ def test_logprobs_of_its_samples_equal_the_training_forward(kind):
     params = SamplingParams(max_new_tokens=12, temperature=0.7, top_k=20, seed=1)
     batch = sampler.generate(PROMPTS, 3, params)
     assert batch.num_rows == 9 and batch.completion_mask.sum() > 9
-    expected = trained_logprobs(model, batch, 0.7)
+    expected = trained_logprobs(model, batch, 0.7, params.truncation)
     torch.testing.assert_close(batch.logprobs, expected, atol=2e-5, rtol=0)
 
 

@@ -11,6 +11,7 @@ import torch
 import transformers
 from helpers.models import EOS, PROMPTS, TOKENIZER, VOCAB, make_model
 
+from oncurve.algo.truncation import Truncation
 from oncurve.errors import UserError
 from oncurve.model.forward import completion_logprobs
 from oncurve.model.kv_cache import cache_argument
@@ -52,9 +53,11 @@ def test_logprobs_equal_training_forward(kind: str, backend: str) -> None:
     )
     assert {"eos", "length"} <= set(batch.finish_reasons)
     assert len(set(batch.completion_lengths.tolist())) >= 3
-    logprobs, _ = completion_logprobs(
-        model, batch.input_ids, batch.attention_mask, batch.completion_ids.shape[1], 0.7
-    )
+    width = batch.completion_ids.shape[1]
+    ids, mask = batch.input_ids, batch.attention_mask
+    # the logprobs of the top-k distribution the rows were drawn from
+    truncation = Truncation(top_k=20)
+    logprobs, _ = completion_logprobs(model, ids, mask, width, 0.7, truncation=truncation)
     mask = batch.completion_mask.bool()
     assert torch.allclose(logprobs[mask], batch.logprobs[mask], atol=1e-5, rtol=0)
     assert (batch.logprobs[~mask] == 0).all()
@@ -198,9 +201,11 @@ def test_generic_path_keeps_hf_sliding_window_layers_exact() -> None:
     assert not cpu_llama.supports(model, 20)
     batch = sample(model, group=3, max_new_tokens=12, temperature=0.7, top_k=20, seed=1)
     assert max(batch.prompt_mask.sum(1)) + max(batch.completion_lengths) > 8  # the window slides
-    logprobs, _ = completion_logprobs(
-        model, batch.input_ids, batch.attention_mask, batch.completion_ids.shape[1], 0.7
-    )
+    width = batch.completion_ids.shape[1]
+    ids, mask = batch.input_ids, batch.attention_mask
+    # the logprobs of the top-k distribution the rows were drawn from
+    truncation = Truncation(top_k=20)
+    logprobs, _ = completion_logprobs(model, ids, mask, width, 0.7, truncation=truncation)
     mask = batch.completion_mask.bool()
     assert torch.allclose(logprobs[mask], batch.logprobs[mask], atol=1e-5, rtol=0)
 
@@ -320,7 +325,9 @@ def test_sample_tokens_top_p_keeps_the_nucleus() -> None:
     counts = torch.bincount(tokens, minlength=4)
     assert counts[2:].sum() == 0  # 0.5 + 0.3 already reach 0.7
     assert abs(counts[0] / 4000 - 0.5 / 0.8) < 0.03
-    assert torch.allclose(logprobs, logits.gather(1, tokens[:, None]).squeeze(1), atol=1e-6)
+    # the logprobs are the nucleus's, renormalised: log 0.5 / 0.8 and log 0.3 / 0.8
+    nucleus = torch.tensor([0.5, 0.3]).div(0.8).log()
+    assert torch.allclose(logprobs, nucleus[tokens], atol=1e-6)
 
 
 def test_invalid_input_is_reported() -> None:

@@ -10,9 +10,15 @@ from collections.abc import Callable
 import torch
 
 from oncurve.algo.logprobs import float_logits
+from oncurve.algo.truncation import Truncation
 from oncurve.rollout.base import FINISH_EOS, SamplingParams
 from oncurve.rollout.cuda_graph.workspace import Workspace
-from oncurve.rollout.torch_sampler import draw_token_ids
+from oncurve.rollout.torch_sampler import (
+    draw_token_ids,
+    drawn_logprobs,
+    policy_logsumexp,
+    truncation_thresholds,
+)
 
 
 class StepEdges:
@@ -45,6 +51,7 @@ class StepEdges:
         mlp_out: torch.Tensor,
         temperature: float,
         min_new_tokens: int,
+        truncation: Truncation,
         eos: torch.Tensor,
     ) -> tuple[torch.Tensor | None, ...]:
         """The region after the layers: from the last layer's residual stream (`_layer_step`),
@@ -53,7 +60,7 @@ class StepEdges:
         hidden = trunk.norm(x + mlp_out)[:, 0]
         head = self.model.get_output_embeddings()
         logits = float_logits(hidden, head.weight, head.bias)
-        return self._draw_inputs(ws, rows, logits, temperature, min_new_tokens, eos)
+        return self._draw_inputs(ws, rows, logits, temperature, min_new_tokens, truncation, eos)
 
     def _draw_inputs(
         self,
@@ -62,22 +69,27 @@ class StepEdges:
         logits: torch.Tensor,
         temperature: float,
         min_new_tokens: int,
+        truncation: Truncation,
         eos: torch.Tensor,
     ) -> tuple[torch.Tensor | None, ...]:
-        """What the draw of token t (`draw_tokens`) reads, from `[rows, V]` float32 logits:
-        them divided by the temperature, their logsumexp `[rows]`, the same with EOS (`eos`,
-        `[V]` bool) at -inf while fewer than `min_new_tokens` tokens were drawn, and each row's
-        uniform `[rows, 1]` (None for greedy). A decode step forms them in its compiled last
-        region, where the logsumexp and the mask are a kernel or two instead of a dozen."""
+        """What the draw of token t reads, from `[rows, V]` float32 logits (as
+        `torch_sampler.sample_tokens`): them divided by the temperature, the policy's
+        logsumexp `[rows]` (`policy_logsumexp`), the same logits with EOS (`eos`, `[V]` bool)
+        at -inf while fewer than `min_new_tokens` tokens were drawn, each row's uniform
+        `[rows, 1]` (None for greedy), and the `[rows, 1]` thresholds of `truncation` of the
+        policy and of the draw (`truncation_thresholds`; None when nothing is truncated). A
+        decode step forms them in its compiled last region, where the logsumexp and the masks
+        are a few kernels instead of dozens."""
         scaled = logits / temperature if temperature not in (0, 1) else logits
-        lse = torch.logsumexp(scaled, dim=-1)
         work = scaled
         if min_new_tokens > 0:
             work = scaled.masked_fill(eos[None] & (ws.t < min_new_tokens), float("-inf"))
+        threshold, draw_threshold = truncation_thresholds(scaled, work, temperature, truncation)
+        lse = policy_logsumexp(scaled, threshold)
         uniforms = None
         if temperature != 0:
             uniforms = ws.uniforms.index_select(0, ws.t)[0, ws.row_ids[:rows]][:, None]
-        return scaled, lse, work, uniforms
+        return scaled, lse, work, uniforms, threshold, draw_threshold
 
     def _sample_and_record(
         self,
@@ -91,12 +103,12 @@ class StepEdges:
         """Draw token t for the first `rows` decoder rows from their `_draw_inputs` and record
         it with `record`, a step's last region (the positions and the cache column advance),
         or else `_record` alone (after the prefill, whose state is the first step's)."""
-        scaled, lse, work, uniforms = inputs
-        tokens = draw_token_ids(work, params, uniforms)
+        scaled, lse, work, uniforms, threshold, draw_threshold = inputs
+        tokens = draw_token_ids(work, params, uniforms, draw_threshold)
         if record is None:
-            self._record(ws, rows, tokens, scaled, lse, eos, advance=False)
+            self._record(ws, rows, tokens, scaled, lse, threshold, eos, advance=False)
         else:
-            record(ws, rows, tokens, scaled, lse, eos, advance=True)
+            record(ws, rows, tokens, scaled, lse, threshold, eos, advance=True)
 
     def _record(
         self,
@@ -105,11 +117,13 @@ class StepEdges:
         tokens: torch.Tensor,
         scaled: torch.Tensor,
         lse: torch.Tensor,
+        threshold: torch.Tensor | None,
         eos: torch.Tensor,
         advance: bool,
     ) -> None:
-        """Write the drawn `tokens` `[rows]`, their logprobs under `scaled` `[rows, V]` (whose
-        logsumexp is `lse`) and any EOS (`eos`, `[V]` bool) in the output rows, and feed the
+        """Write the drawn `tokens` `[rows]`, their logprobs under `scaled` `[rows, V]`
+        truncated at `threshold` `[rows, 1]` (`drawn_logprobs`; `lse` is the policy's
+        logsumexp) and any EOS (`eos`, `[V]` bool) in the output rows, and feed the
         tokens back; t advances, and with `advance` the rows' positions and the cache column
         (the step that fed the previous tokens is over). The only writes of a step that are
         not rewrites, so a step whose compilation fails runs again eagerly from its start.
@@ -117,7 +131,7 @@ class StepEdges:
         if advance:
             ws.positions[:rows] += 1
             ws.column += 1
-        token_logprobs = scaled.gather(1, tokens[:, None]).squeeze(1) - lse
+        token_logprobs = drawn_logprobs(scaled, tokens, lse, threshold)
         out_rows = ws.row_ids[:rows]
         at = (out_rows, ws.t.expand(rows))
         ws.completion.index_put_(at, tokens)
@@ -136,7 +150,7 @@ class StepEdges:
         """Draw and record token 0 of the first `rows` rows from the prefill's `[rows, V]`
         logits, outside a step."""
         eos = self._eos_mask(logits.shape[-1], logits.device)
-        settings = (params.temperature, params.min_new_tokens, eos)
+        settings = (params.temperature, params.min_new_tokens, params.truncation, eos)
         inputs = self._draw_inputs(ws, rows, logits, *settings)
         self._sample_and_record(ws, rows, inputs, eos, params)
 

@@ -276,7 +276,7 @@ class StaticStep:
                 kv_heads, qkv, gate_up,
             )  # fmt: skip
         eos = self._eos_mask(self.model.get_output_embeddings().weight.shape[0], x.device)
-        settings = (params.temperature, params.min_new_tokens, eos)
+        settings = (params.temperature, params.min_new_tokens, params.truncation, eos)
         inputs = regions.leave(ws, rows, x, mlp_out, *settings)
         self._sample_and_record(ws, rows, inputs, eos, params, regions.record)
 
