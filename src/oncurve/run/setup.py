@@ -353,8 +353,7 @@ def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | None:
 def startup_notes(config: Config, rewards: RewardRunner, data: PromptData) -> list[str]:
     """What the start-up report says of the run's choices beyond the settled ones: the column
     the reference answers were found in when the config does not name it and it is not
-    `answer`, which rewards the curriculum and dynamic sampling read, and a sampling
-    distribution that the loss does not model."""
+    `answer`, and which rewards the curriculum and dynamic sampling read."""
     notes = []
     found = data.rows[0].answer_field
     if config.data.answer_field is None and found not in ("", "answer"):
@@ -371,30 +370,7 @@ def startup_notes(config: Config, rewards: RewardRunner, data: PromptData) -> li
             f"dynamic sampling keeps the groups whose {rewards.filter_name} rewards differ"
             + correct
         )
-    truncation = truncated_sampling(config)
-    if truncation:
-        notes.append(
-            f"warning: {truncation} samples from a truncated distribution, while the loss and "
-            "the sampler's logprobs assume the full one (the policy ratio is not the importance "
-            "weight of what was sampled)"
-        )
     return notes
-
-
-def truncated_sampling(config: Config) -> str:
-    """The rollout settings that truncate the sampling distribution (top-p < 1, top-k > 0,
-    min-p > 0), as `key=value` joined by " and ", or "" when none does."""
-    r = config.rollout
-    settings = [
-        f"rollout.{key}={value}"
-        for key, value, truncates in (
-            ("top_p", r.top_p, r.top_p < 1),
-            ("top_k", r.top_k, r.top_k > 0),
-            ("min_p", r.min_p, r.min_p > 0),
-        )
-        if truncates
-    ]
-    return " and ".join(settings)
 
 
 def build_optimizer(

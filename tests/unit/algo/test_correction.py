@@ -1,7 +1,7 @@
 """The importance-sampling corrections (`algo.is_correction`, `algo.is_cap`): each mode's weights
 against hand values, the setting's check and how null settles, a training step against the same
-step assembled by hand with the weights applied, and the start-of-run warning about truncated
-sampling distributions."""
+step assembled by hand with the weights applied, and training runs that sample from truncated
+distributions, whose weights are then exactly 1."""
 
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ from helpers.hand_assembly import (
     seq_mean_token_mean,
 )
 from helpers.models import tiny_qwen2
+from helpers.runs import metric_rows
 
 from oncurve.algo import IS_CORRECTIONS, correction_metrics, logprob_diff_mean
 from oncurve.config import load_config
-from oncurve.loop.trainer import setup
+from oncurve.loop.trainer import setup, train
 from oncurve.rollout import TorchSampler
 from oncurve.rollout import registry as sampler_registry
 from oncurve.run.settle import RunFacts, settle_is_cap
@@ -281,23 +282,28 @@ def test_is_correction_none_weighs_nothing(tiny_model_dir, data_file, tmp_path):
     assert setup(config).loss_fns.is_correction is None
 
 
-# --- the warning ----------------------------------------------------------------------------
+# --- truncated sampling ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("overrides", "named"),
-    [
-        (["rollout.top_p=0.9"], "rollout.top_p=0.9"),
-        (["rollout.top_k=5", "rollout.min_p=0.1"], "rollout.top_k=5 and rollout.min_p=0.1"),
-    ],
-)
-def test_truncated_sampling_is_warned_about_at_start(
-    tiny_model_dir, data_file, tmp_path, capsys, overrides, named
+@pytest.mark.parametrize("truncation", ["rollout.top_p=0.9", "rollout.top_k=5"])
+def test_truncated_sampling_trains_the_truncated_policy_exactly(
+    tiny_model_dir, data_file, tmp_path, capsys, truncation
 ):
-    setup(raw_gradient_config(tiny_model_dir, data_file, tmp_path / "run", *overrides))
-    lines = [line for line in capsys.readouterr().err.splitlines() if "truncated" in line]
-    assert lines == [
-        f"warning: {named} samples from a truncated distribution, while the loss and the "
-        "sampler's logprobs assume the full one (the policy ratio is not the importance weight "
-        "of what was sampled)"
-    ]
+    """With top-p or top-k, the sampler's logprobs and the training forward's are those of one
+    truncated distribution: at mu = 1 the importance weights are 1 to float32 rounding (full
+    logprobs in the trainer would be off by up to log 1/0.9 and more), and nothing warns."""
+    run_dir = tmp_path / "run"
+    config = raw_gradient_config(
+        tiny_model_dir, data_file, run_dir, truncation, "run.steps=2", "algo.is_cap=2",
+        "run.preflight=true",
+    )  # fmt: skip
+    train(config)
+    rows = [row for row in metric_rows(run_dir) if "ratio/min" in row]
+    assert len(rows) == 2
+    for row in rows:
+        assert row["ratio/min"] == row["ratio/max"] == 1.0
+        assert row["logprob_diff/max"] < 1e-5
+        assert abs(row["logprob_diff/mean"]) < 1e-6
+        assert row["is/weight_mean"] == pytest.approx(1.0, abs=1e-6)
+        assert row["is/capped_frac"] == 0.0
+    assert "truncated" not in capsys.readouterr().err
