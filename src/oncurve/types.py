@@ -25,9 +25,9 @@ class RolloutBatch:
         completion_ids: `[N, T]` sampled tokens, right-padded with the pad id after the end.
         completion_mask: `[N, T]` 1 on sampled tokens (the EOS or stop token that ended a row
             included), 0 on padding.
-        logprobs: `[N, T]` log pi(token) under softmax(logits / temperature) over the full
-            vocabulary (before top-p/top-k/min-p filtering), the quantity the trainer's forward
-            recomputes; 0 on padding.
+        logprobs: `[N, T]` log pi(token) under softmax(logits / temperature), truncated by
+            top-k/top-p/min-p and renormalised (`oncurve.algo.truncation`), the quantity the
+            trainer's forward recomputes; 0 on padding.
         texts: N decoded completions (special tokens skipped, cut after a stop string).
         finish_reasons: N of "eos", "stop" (a stop string) or "length" (max_new_tokens reached).
         group_size: G.
