@@ -154,20 +154,41 @@ def head_inputs(seed: int, with_bias: bool):
     return hidden, weight, bias, labels, upstream
 
 
+def read_bfloat16_head_in_place(monkeypatch) -> None:
+    """The CUDA path that reads a bfloat16 head in place (`torch.mm(..., out_dtype=float32)`),
+    on the CPU: float32 products of bfloat16 values, summed in float32."""
+    import oncurve.algo.logprobs as logprobs_module
+
+    monkeypatch.setattr(logprobs_module, "half_matmul", lambda a, b: a.float() @ b.float())
+    monkeypatch.setattr(
+        logprobs_module,
+        "reads_head_in_place",
+        lambda hidden, weight: hidden.dtype == weight.dtype == torch.bfloat16,
+    )
+
+
 @pytest.mark.parametrize("case", ["top_k 2, the tie at 0.2 kept", "top_p 0.75", "all three"])
 @pytest.mark.parametrize("chunk_size", [1, 4, 1024])
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_the_chunked_head_is_the_brute_force(monkeypatch, case, chunk_size, with_bias):
-    """Values, entropy and gradients in hidden, weight and bias; the backward's vocabulary in
-    blocks of 3 (so a label's block is not every block)."""
+@pytest.mark.parametrize("head", ["float32", "bfloat16 blocks", "bfloat16 in place"])
+def test_the_chunked_head_is_the_brute_force(monkeypatch, case, chunk_size, head):
+    """Values, entropy and gradients in hidden, weight and bias, with a float32 head (one
+    block) or a bfloat16 one whose backward forms the logits 3 vocabulary rows at a time (so a
+    row's label is in one block of three), as float32 copies or read in place."""
     import oncurve.algo.logprobs as logprobs_module
 
     monkeypatch.setattr(logprobs_module, "HEAD_BLOCK_ROWS", 3)
+    if head == "bfloat16 in place":
+        read_bfloat16_head_in_place(monkeypatch)
+    dtype = torch.float32 if head == "float32" else torch.bfloat16
     truncation, _ = CASES[case]
-    hidden, weight, bias, labels, upstream = head_inputs(1, with_bias)
-    weight16 = weight.detach().bfloat16().float().requires_grad_()  # exact in both paths
-    got, entropy = logprobs_from_hidden(hidden, weight16, labels, 0.7, chunk_size, bias, True, truncation)  # fmt: skip
-    logits = hidden @ weight16.T + (0 if bias is None else bias)
+    hidden, weight, bias, labels, upstream = head_inputs(1, True)
+    # the model's tensors, and float32 copies of their values for the brute force
+    model = [t.detach().to(dtype).requires_grad_() for t in (hidden, weight, bias)]
+    exact = [t.detach().float().requires_grad_() for t in model]
+    got, entropy = logprobs_from_hidden(
+        model[0], model[1], labels, 0.7, chunk_size, model[2], True, truncation
+    )
+    logits = exact[0] @ exact[1].T + exact[2]
     scaled = (logits.detach() / 0.7).reshape(15, 7).tolist()
     flat = labels.reshape(15).tolist()
     want = [brute_logprob(row, y, truncation) for row, y in zip(scaled, flat, strict=True)]
@@ -178,19 +199,16 @@ def test_the_chunked_head_is_the_brute_force(monkeypatch, case, chunk_size, with
         entropy, entropy_from_logits(logits.detach(), 0.7, truncation), rtol=0, atol=1e-5
     )
     # the gradient through the logits is the brute force's, carried to hidden, weight, bias
-    brute = (
-        torch.tensor(
-            [brute_gradient(row, y, truncation) for row, y in zip(scaled, flat, strict=True)]
-        ).view(3, 5, 7)
-        / 0.7
-        * upstream[..., None]
-    )
-    tensors = [t for t in (hidden, weight16, bias) if t is not None]
-    want_grads = torch.autograd.grad(logits, tensors, brute)
-    got_grads = torch.autograd.grad((got * upstream).sum(), tensors)
+    brute = [brute_gradient(row, y, truncation) for row, y in zip(scaled, flat, strict=True)]
+    grad_logits = torch.tensor(brute).view(3, 5, 7) / 0.7 * upstream[..., None]
+    want_grads = torch.autograd.grad(logits, exact, grad_logits)
+    got_grads = torch.autograd.grad((got * upstream).sum(), model)
     for g, w in zip(got_grads, want_grads, strict=True):
-        assert w.abs().max() > 1e-3
-        torch.testing.assert_close(g, w, rtol=0, atol=1e-5)
+        assert g.dtype == dtype and w.abs().max() > 1e-3
+        # a bfloat16 model's gradients are the float32 ones rounded to bfloat16
+        torch.testing.assert_close(
+            g, w.to(dtype), rtol=0, atol=1e-5 if dtype is torch.float32 else 0
+        )
 
 
 def test_the_sampler_records_the_truncated_logprob():
