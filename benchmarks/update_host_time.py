@@ -9,9 +9,9 @@ that model) at a width of 28 and a 512-token vocabulary, on 16 rows of 6 prompt 
 completion tokens (two groups of 8), so that what it times is Python, the dispatcher and
 autograd, which a GPU's host pays too. (Padded rows share no prompt under gradient
 checkpointing: the trainer runs them whole.) Packed rows' variable-length attention is a stand-in of
-one op (`update_ops.OneOpAttention`). Medians of `--repeats` updates after one warm-up; the
+one op (`harness.op_count.one_op_varlen`). Medians of `--repeats` updates after one warm-up; the
 compiled variant first compiles (its seconds are reported apart). Counts of ops that are not
-views come from `update_ops.OpCount`, after the timing (compiled code does not run under a
+views come from `harness.op_count.OpCount`, after the timing (compiled code does not run under a
 dispatch mode, so the compiled variant has none).
 
     .venv/bin/python benchmarks/update_host_time.py [--repeats 7]
@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 import transformers
 from harness.models import qwen2_config
-from harness.op_count import OneOpAttention, OpCount
+from harness.op_count import OpCount, count_packed_as_on_cuda
 from harness.tables import markdown_table, publish
 
-from oncurve.config import load_config
+from oncurve import load_config
 from oncurve.model import packed_attention
 from oncurve.model.compiled_layers import compile_decoder_layers
 from oncurve.model.forward import PolicyLogprobs
@@ -71,8 +71,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="updates timed per variant")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    packed_attention.VARLEN_DEVICES = ("cpu",)
-    packed_attention._varlen_attention = lambda q, k, v, *rest: OneOpAttention.apply(q, k, v)
+    count_packed_as_on_cuda()
     model, batch = the_update()
     policy = PolicyLogprobs(model)
     fns = build_loss_fns(load_config(None, []))  # the default GRPO objective

@@ -35,10 +35,10 @@ from pathlib import Path
 import torch
 import transformers
 from harness.models import qwen2_config
-from harness.op_count import OneOpAttention, OpCount
+from harness.op_count import OpCount, count_packed_as_on_cuda
 from harness.tables import markdown_table, publish
 
-from oncurve.config import load_config
+from oncurve import load_config
 from oncurve.model import packed_attention
 from oncurve.model.forward import PolicyLogprobs
 from oncurve.run.memory_plan import GIB, ModelShape, plan_memory
@@ -196,8 +196,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=20, help="draws of sampled lengths")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    packed_attention.VARLEN_DEVICES = ("cpu",)
-    packed_attention._varlen_attention = lambda q, k, v, *rest: OneOpAttention.apply(q, k, v)
+    count_packed_as_on_cuda()
     model, batch = the_step()
     rows = layouts(model, batch, args)
     base = rows[1]

@@ -5,8 +5,9 @@ a mask: on CUDA torch's variable-length flash attention (`torch.nn.attention.var
 elsewhere one `scaled_dot_product_attention` call a segment. Every other call (the sampler's,
 evaluation's, a padded forward's) goes to sdpa unchanged.
 
-Also here: whether a model can run packed (`unsupported`), the switch (`use_packed_attention`),
-and the check that the packed forward equals the padded one where it runs (`packed_failure`).
+Also here: the variable-length kernel of each device type (`VARLEN_KERNELS`), whether a model
+can run packed (`unsupported`), the switch (`use_packed_attention`), and the check that the
+packed forward equals the padded one where it runs (`packed_failure`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import warnings
+from collections.abc import Callable
 
 import torch
 import transformers
@@ -25,9 +27,13 @@ from oncurve.model.kv_cache import real_token_positions
 from oncurve.model.packing import RowLengths, SharedPrompts, packed_hidden
 
 ATTENTION = "oncurve_packed"
-# where packed rows take torch's variable-length flash attention (tests add "meta": the CUDA
-# path's shapes and calls, checked without a GPU)
-VARLEN_DEVICES = ("cuda",)
+# fn(q, k, v, query_bounds, key_bounds, (longest query, longest key), scale, window) -> [S, H, D],
+# with q `[S, H, D]` and k, v `[S_k, H_kv, D]`, each segment causal aligned at its end
+VarlenKernel = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, tuple[int, int],
+     float | None, int | None],
+    torch.Tensor,
+]  # fmt: skip
 
 
 def packed_attention(
@@ -59,8 +65,9 @@ def packed_attention(
         k, v = shared.keys_and_values(k, v)
     key_bounds = kwargs["cu_seq_lens_k"]
     longest = (int(kwargs["max_length_q"]), int(kwargs["max_length_k"]))
-    if q.device.type in VARLEN_DEVICES:
-        out = _varlen_attention(q, k, v, query_bounds, key_bounds, longest, scaling, window)
+    kernel = VARLEN_KERNELS.get(q.device.type)
+    if kernel is not None:
+        out = kernel(q, k, v, query_bounds, key_bounds, longest, scaling, window)
     else:
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
@@ -145,6 +152,13 @@ def _varlen_parameters() -> frozenset[str]:
 # read once at import: a compiled layer (`model.compile_layers`) then finds a constant, where a
 # call would be traced into `inspect` on every compilation
 VARLEN_PARAMETERS = _varlen_parameters()
+
+# The public registry of variable-length kernels: device type -> the kernel packed rows run
+# there, read by every packed call. Null `model.pack_rows` packs by default on the device types
+# listed. A device type without one runs an sdpa call a segment. Registering a kernel for
+# another device type lets a caller run CUDA's path where no GPU is: the tests register "meta"
+# (the path's shapes and calls), the micro-benchmarks a one-op stand-in on the CPU.
+VARLEN_KERNELS: dict[str, VarlenKernel] = {"cuda": _varlen_attention}
 
 
 def unsupported(model: transformers.PreTrainedModel) -> str | None:

@@ -103,7 +103,7 @@ class RunFacts:
         if (
             config.model.pack_rows is None
             and unpackable is None
-            and device.type in packed_attention.VARLEN_DEVICES
+            and device.type in packed_attention.VARLEN_KERNELS
         ):
             packed_attention.use_packed_attention(model)
             failure = packed_attention.packed_failure(model)
@@ -282,7 +282,7 @@ def settle_pack_rows(config: Config, facts: RunFacts) -> tuple[Config, str]:
     if wanted and facts.unpackable:
         raise UserError(f"model.pack_rows: {facts.unpackable}; set it to false or null")
     on = bool(wanted) or (
-        facts.device_type in packed_attention.VARLEN_DEVICES and facts.unpackable is None
+        facts.device_type in packed_attention.VARLEN_KERNELS and facts.unpackable is None
     )
     note = ""
     if on and wanted is None and facts.packing_failure:

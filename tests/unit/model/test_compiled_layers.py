@@ -140,7 +140,8 @@ def test_the_cuda_packed_path_compiles_once_per_layout_for_every_length(monkeypa
         graphs.append(gm)
         return make_boxed_func(gm.forward)
 
-    monkeypatch.setattr(packed_attention, "VARLEN_DEVICES", ("cuda", "meta"))
+    kernels = packed_attention.VARLEN_KERNELS
+    monkeypatch.setitem(kernels, "meta", kernels["cuda"])
     monkeypatch.setattr(
         compiled_module, "BACKEND", aot_autograd(fw_compiler=keep, bw_compiler=keep)
     )

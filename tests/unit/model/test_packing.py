@@ -138,6 +138,39 @@ def test_padded_calls_through_the_packed_attention_are_sdpas_bit_for_bit() -> No
     assert torch.equal(after, before)
 
 
+def test_a_kernel_registered_for_a_device_is_what_its_packed_rows_run(monkeypatch) -> None:
+    """`VARLEN_KERNELS` chooses the attention of packed rows by device type: a kernel
+    registered for the CPU is called once a layer, with the query's heads and the key's, the
+    same bounds and longest segments in every layer, and the model's scale, and its output is the
+    attention's; padded calls never reach it. Unregistered, the CPU runs an sdpa call a
+    segment again."""
+    model = make_model("qwen2")
+    packed_attention.use_packed_attention(model)
+    ids, mask, _, groups = grouped_rows()
+    rows = lengths_of(mask, groups)
+    expected, _ = completion_logprobs(model, ids, mask, COMPLETION_LEN, packed=rows)
+    calls = []
+
+    def zeros(q, k, v, query_bounds, key_bounds, longest, scale, window):
+        calls.append((q.shape[1], k.shape[1], int(query_bounds[-1]), longest, scale, window))
+        return torch.zeros_like(q)
+
+    monkeypatch.setitem(packed_attention.VARLEN_KERNELS, "cpu", zeros)
+    completion_logprobs(model, ids, mask, COMPLETION_LEN)
+    assert calls == []
+    replaced, _ = completion_logprobs(model, ids, mask, COMPLETION_LEN, packed=rows)
+    config = model.config
+    heads = (config.num_attention_heads, config.num_key_value_heads)
+    assert [c[:2] for c in calls] == [heads] * config.num_hidden_layers
+    head_dim = config.hidden_size // config.num_attention_heads
+    assert all(c[4] == pytest.approx(head_dim**-0.5) and c[5] is None for c in calls)
+    assert len({c[2:4] for c in calls}) == 1 and 0 < calls[0][3][0] <= calls[0][2]
+    assert not torch.allclose(replaced, expected)
+    monkeypatch.delitem(packed_attention.VARLEN_KERNELS, "cpu")
+    again, _ = completion_logprobs(model, ids, mask, COMPLETION_LEN, packed=rows)
+    assert torch.equal(again, expected)
+
+
 @pytest.mark.parametrize("shared", [False, True], ids=["whole rows", "shared prompts"])
 def test_the_packing_reads_nothing_back_but_the_cpu_segments_bounds(shared) -> None:
     """transformers finds packed rows from the position ids with a host read, and would build
@@ -169,15 +202,14 @@ def test_the_cuda_path_runs_forward_and_backward_on_meta_tensors(
     calls torch's variable-length attention once a layer, with GQA and a sliding window, and
     the backward reaches every weight of the trunk. Meta tensors cannot be read, so this also
     shows that the path reads nothing back from the device."""
-    monkeypatch.setattr(packed_attention, "VARLEN_DEVICES", ("cuda", "meta"))
     calls = []
-    original = packed_attention._varlen_attention
+    original = packed_attention.VARLEN_KERNELS["cuda"]
 
     def counting(*args):
         calls.append(args[-1])
         return original(*args)
 
-    monkeypatch.setattr(packed_attention, "_varlen_attention", counting)
+    monkeypatch.setitem(packed_attention.VARLEN_KERNELS, "meta", counting)
     model = make_model("mistral" if window else "qwen2").to(torch.bfloat16)
     if window:
         model.config.sliding_window = window
@@ -349,7 +381,8 @@ def test_null_packs_where_the_check_passes_and_else_warns_once_and_stays_padded(
     segments loop standing in for it where it passes); torch's own on the CPU, which has no
     kernel there, fails the check: one warning, rows padded. The check leaves the model's
     attention as it found it; the run switches it when it packs."""
-    monkeypatch.setattr(packed_attention, "VARLEN_DEVICES", ("cpu",))
+    kernels = packed_attention.VARLEN_KERNELS
+    monkeypatch.setitem(kernels, "cpu", kernels["cuda"])
     model = make_model("qwen2")
     failing, note = settle_pack_rows_of(load_config(None, []), model)
     assert failing.model.pack_rows is False
@@ -363,7 +396,7 @@ def test_null_packs_where_the_check_passes_and_else_warns_once_and_stays_padded(
             q, k, v, query_bounds, key_bounds, scale, window
         )
 
-    monkeypatch.setattr(packed_attention, "_varlen_attention", segments_loop)
+    monkeypatch.setitem(kernels, "cpu", segments_loop)
     passing, note = settle_pack_rows_of(load_config(None, []), model)
     assert passing.model.pack_rows is True and note == ""
     assert model.config._attn_implementation == "sdpa"  # switched when the run is built
