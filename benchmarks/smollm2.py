@@ -1,16 +1,11 @@
 """SmolLM2-135M-Instruct RL-fine-tuned on 2 CPU cores: held-out accuracy over time, oncurve and
-TRL's GRPOTrainer on the same job in one run (configs/smollm2_135m.yaml).
-
-The job: the `sums` task ("What is 37 + 8? Put the final answer in \\boxed{}.") in the model's
-chat template, 8 prompts x G=8 a step, 32 new tokens, lr 2e-5 decayed by a cosine to 0, beta 0,
-10 steps (the recipe's schedule, which TRL gets too). Both trainers get the same model
-directory, the same prompt rows in the same order (TRL's dataset is oncurve's per-step order,
-rendered with the chat template, shuffling off) and the task's rewards with their weights.
-Held-out accuracy is one function for every model (the base, each final model, and oncurve's
-own evaluations every 5 steps): greedy, 32 tokens, the task's
-`correct` reward on all 50 held-out problems. The table gives seconds per step (median, the
-first step left out), each run's wall time, accuracy before and after; the curve is accuracy
-against training seconds; a few completions before and after show what changed.
+TRL's GRPOTrainer on the same job (`harness.spec.Job` of configs/smollm2_135m.yaml: the `sums`
+task in the model's chat template, 8 prompts x G=8, 32 new tokens, lr 2e-5 cosine to 0, beta 0,
+10 steps). Held-out accuracy is one function for every model (the base, each final model, and
+oncurve's own evaluations every 5 steps): greedy, 32 tokens, the task's `correct` reward on all
+50 held-out problems. The page gives seconds per step (median, the first step left out), wall
+time, accuracy before and after, the curve against training seconds, and a few completions
+before and after.
 
     make smollm2                                   # once: fetch and import the model
     .venv/bin/python benchmarks/smollm2.py         # both trainers (about 20 minutes)
@@ -21,157 +16,32 @@ against training seconds; a few completions before and after show what changed.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
-import os
 import statistics
-import sys
-import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.children import run_child
+from harness.checkout import CACHE, RESULTS, ROOT
+from harness.children import train_oncurve
 from harness.machine import load_note
-from harness.run_logs import step_phases
-from harness.tables import markdown_table
-
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+from harness.spec import Job
+from harness.tables import markdown_table, publish
+from harness.trl_env import ensure_trl_venv, run_trl, trl_env
 
 CONFIG = ROOT / "configs" / "smollm2_135m.yaml"
-CACHE = HERE / ".cache" / "smollm2"
-RESULTS = HERE / "results" / "smollm2.md"
-CURVE = HERE / "results" / "smollm2.png"
-TRL_VENV = HERE / ".venv-trl"
+CURVE = RESULTS / "smollm2.png"
 SAMPLES = 4  # completions shown before and after
 
 
-@dataclass
-class Job:
-    """The settings both trainers get, read from the recipe's config."""
-
-    model_dir: str
-    prompts: int
-    group: int
-    tokens: int
-    lr: float
-    schedule: str
-    warmup: int
-    beta: float
-    steps: int
-    seed: int
-
-
-def load_job(steps: int | None) -> Job:
+def make_job(steps: int | None) -> Job:
+    """The recipe's job for both trainers, `steps` long (default: the config's)."""
     from oncurve.config import load_config
 
-    c = load_config(CONFIG)
-    return Job(
-        model_dir=str(ROOT / c.model.path),
-        prompts=c.data.prompts_per_step,
-        group=c.rollout.group_size,
-        tokens=c.rollout.max_new_tokens,
-        lr=c.optim.lr,
-        schedule=c.optim.schedule,
-        warmup=c.optim.warmup_steps,
-        beta=c.algo.beta,
-        steps=steps or c.run.steps,
-        seed=c.run.seed,
-    )
+    config = load_config(CONFIG)
+    settings = {"model.path": str(ROOT / config.model.path), "run.device": "cpu"}
+    settings["run.steps"] = steps or config.run.steps
+    return Job(settings, config_file=str(CONFIG), reward_task="sums", trl_microbatch=16)
 
 
-def step_rows(job: Job, tokenizer) -> list[dict]:
-    """The rows oncurve's trainer draws for steps 1..steps, in order, with their prompt ids."""
-    from oncurve.config import load_config
-    from oncurve.data.prompts import PromptData
-    from oncurve.data.tasks import get_task
-
-    data = load_config(CONFIG).data
-    rows = get_task("sums").examples("train", data.num_train, job.seed)
-    ordered = PromptData(rows, tokenizer, data, seed=job.seed)
-    return [row for step in range(1, job.steps + 1) for row in ordered.batch(step, job.prompts)]
-
-
-def render(tokenizer, prompt: str) -> str:
-    messages = [{"role": "user", "content": prompt}]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-
-
-# --- the TRL child (runs in .venv-trl) ---------------------------------------------------------
-
-
-def trl_child(job: Job, out_dir: Path) -> None:
-    import torch
-    from datasets import Dataset
-    from harness.trl_child import train_trl_timed, trl_reward
-    from transformers import AutoTokenizer
-    from trl import GRPOConfig
-
-    from oncurve.data.tasks import get_task
-
-    tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
-    rows = step_rows(job, tokenizer)
-    texts = [render(tokenizer, row["prompt"]) for row in rows]
-    for text, row in zip(texts, rows, strict=True):
-        if tokenizer(text=text)["input_ids"] != row["prompt_ids"]:
-            raise SystemExit(f"TRL would tokenize {text!r} otherwise than oncurve")
-    dataset = Dataset.from_list(
-        [{"prompt": text, "answer": row["answer"]} for text, row in zip(texts, rows, strict=True)]
-    )
-    task = get_task("sums")
-    fns = task.reward_fns()
-    args = GRPOConfig(
-        output_dir=str(out_dir / "trainer"),
-        use_cpu=True,
-        bf16=False,
-        model_init_kwargs={"dtype": torch.float32},
-        per_device_train_batch_size=16,
-        gradient_accumulation_steps=job.prompts * job.group // 16,
-        num_generations=job.group,
-        max_completion_length=job.tokens,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        learning_rate=job.lr,
-        lr_scheduler_type="cosine" if job.schedule == "cosine" else "constant_with_warmup",
-        warmup_steps=job.warmup,
-        weight_decay=0.0,
-        adam_beta1=0.9,
-        adam_beta2=0.99,
-        max_grad_norm=1.0,
-        beta=job.beta,
-        epsilon=0.2,
-        num_iterations=1,
-        loss_type="grpo",
-        scale_rewards="group",
-        mask_truncated_completions=False,
-        reward_weights=[task.reward_weights[name] for name in fns],
-        shuffle_dataset=False,
-        max_steps=job.steps,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=job.seed,
-        dataloader_num_workers=0,
-    )
-    seen: list[list[str]] = []
-    funcs = [trl_reward(name, fn, job.group, seen) for name, fn in fns.items()]
-    trainer, _, seconds = train_trl_timed(args, job.model_dir, funcs, dataset, tokenizer)
-    trainer.save_model(str(out_dir / "final"))
-    tokenizer.save_pretrained(str(out_dir / "final"))
-    logs = [entry for entry in trainer.state.log_history if "reward" in entry]
-    result = {
-        "seconds": seconds,
-        "correct": [entry.get("rewards/correct/mean", float("nan")) for entry in logs],
-    }
-    (out_dir / "result.json").write_text(json.dumps(result))
-
-
-# --- the parent (runs in oncurve's .venv) ------------------------------------------------------
-
-
-def held_out(model_dir: str, count: int | None = None) -> tuple[float, list[dict]]:
+def held_out(model_dir: str) -> tuple[float, list[dict]]:
     """Greedy held-out accuracy of a model directory on the task's test problems (the trainer's
     evaluation: chat template, `rollout.max_new_tokens`, the `correct` reward), and the first
     `SAMPLES` completions."""
@@ -186,15 +56,14 @@ def held_out(model_dir: str, count: int | None = None) -> tuple[float, list[dict
     tokenizer = load_tokenizer(model_dir)
     model = load_model(model_dir, "float32", "cpu").eval()
     task = get_task("sums")
-    rows = task.examples("test", count or config.eval.num_prompts, config.run.seed)
+    rows = task.examples("test", config.eval.num_prompts, config.run.seed)
     data = PromptData(rows, tokenizer, config.data, seed=config.run.seed)
     sampler = build_sampler("auto", model, tokenizer)
     tokens = config.rollout.max_new_tokens
     accuracy = evaluate(sampler, data.rows, task.reward_fns()["correct"], max_new_tokens=tokens)
     shown = data.rows[:SAMPLES]
-    batch = sampler.generate_ids(
-        [r["prompt_ids"] for r in shown], 1, SamplingParams(max_new_tokens=tokens, temperature=0)
-    )
+    greedy = SamplingParams(max_new_tokens=tokens, temperature=0)
+    batch = sampler.generate_ids([r["prompt_ids"] for r in shown], 1, greedy)
     samples = [
         {"prompt": r["prompt"], "answer": r["answer"], "completion": text}
         for r, text in zip(shown, batch.texts, strict=True)
@@ -203,62 +72,40 @@ def held_out(model_dir: str, count: int | None = None) -> tuple[float, list[dict
 
 
 def run_oncurve(job: Job, out: Path) -> dict:
+    """oncurve's run: wall, peak RSS, per-step seconds and `correct`, its evaluations as
+    (training seconds, accuracy), and the final model."""
     from oncurve.run.metrics import read_jsonl
 
-    command = [sys.executable, "-m", "oncurve", "train", str(CONFIG), "--quiet"]
-    command += [f"run.dir={out / 'run'}", "run.overwrite=true", "run.device=cpu"]
-    command += [f"run.steps={job.steps}", f"model.path={job.model_dir}"]
-    wall, rss, _ = run_child(command, dict(os.environ), out / "log.txt")
-    rows = read_jsonl(out / "run" / "metrics.jsonl")
-    steps = [r for r in rows if "time/step" in r]
+    done = train_oncurve(job.oncurve_args(), out / "run", out / "log.txt")
     elapsed, curve = 0.0, []
-    for r in rows:
+    for r in read_jsonl(out / "run" / "metrics.jsonl"):
         elapsed += r.get("time/step", 0.0)
         if "eval/accuracy" in r:
             curve.append((elapsed, r["eval/accuracy"]))
-    return {
-        "wall": wall,
-        "rss": rss,
+    steps = done.pop("rows")
+    return done | {
         "final": str(out / "run" / "final"),
         "seconds": [r["time/step"] for r in steps],
-        "phases": step_phases(steps),
         "correct": [r["reward/correct"] for r in steps],
         "curve": curve,
     }
 
 
-def run_trl(job: Job, out: Path) -> dict:
-    (out / "job.json").write_text(json.dumps(asdict(job)))
-    env = {
-        **os.environ,
-        "PYTHONPATH": f"{ROOT / 'src'}:{HERE}",
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-    }
-    env.pop("VIRTUAL_ENV", None)
-    python = str(TRL_VENV / "bin" / "python")
-    if not Path(python).exists():
-        raise SystemExit(f"no TRL venv at {TRL_VENV}: run benchmarks/vs_trl.py once to make it")
-    command = [python, str(Path(__file__).resolve()), "--trl-child", str(out)]
-    wall, rss, _ = run_child(command, env, out / "log.txt")
-    result = json.loads((out / "result.json").read_text())
-    return {"wall": wall, "rss": rss, "final": str(out / "final"), **result}
-
-
-def plot(results: dict[str, dict], base: float) -> None:
+def plot(row: dict) -> None:
+    """Held-out accuracy and the sampled `correct` reward against training seconds, `CURVE`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, r in results.items():
+    for name, r in row["trainers"].items():
         times = [sum(r["seconds"][: i + 1]) for i in range(len(r["seconds"]))]
         right.plot(times, r["correct"], label=name)
-        if "curve" in r:
+        if r.get("curve"):
             left.plot(*zip(*r["curve"], strict=True), marker="o", label=f"{name} (its evaluations)")
         left.scatter([sum(r["seconds"])], [r["after"]], marker="x", s=80, label=f"{name}: final")
-    left.axhline(base, color="grey", linestyle=":", label="base model")
+    left.axhline(row["before"], color="grey", linestyle=":", label="base model")
     left.set(xlabel="training seconds", ylabel="held-out greedy accuracy", title="held-out")
     right.set(xlabel="training seconds", ylabel="reward/correct (sampled)", title="training")
     for axis in (left, right):
@@ -268,6 +115,37 @@ def plot(results: dict[str, dict], base: float) -> None:
     fig.savefig(CURVE, dpi=110)
 
 
+def section(row: dict) -> str:
+    """The page of one row: the table, oncurve's curve, what the model writes."""
+    s, before = row["settings"], row["before"]
+    table = [
+        [name, str(r["steps"]), f"{statistics.median(r['seconds'][1:]):.1f}",
+         f"{r['wall'] / 60:.1f}", f"{r['rss']:.0f}", f"{before:.1%}", f"{r['after']:.1%}",
+         f"{100 * (r['after'] - before):+.1f}"]
+        for name, r in row["trainers"].items()
+    ]  # fmt: skip
+    header = ["trainer", "steps", "s/step (median)", "wall min", "peak RSS MB", "before",
+              "after", "points"]  # fmt: skip
+    curve = ", ".join(f"{t:.0f} s {a:.1%}" for t, a in row["trainers"]["oncurve"]["curve"])
+    shown = [("before", row["before_samples"])]
+    shown += [(f"after, {name}", r["samples"]) for name, r in row["trainers"].items()]
+    samples = "".join(
+        f"\n{label}:\n\n"
+        + "\n".join(f"- {x['prompt']} (answer {x['answer']}) -> {x['completion']!r}" for x in xs)
+        + "\n"
+        for label, xs in shown
+    )
+    return (
+        f"# {row['title']}\n\nWritten by `benchmarks/smollm2.py` on {row['date']} at "
+        f"{row['commit']}: {s['run.steps']} steps of {s['data.prompts_per_step']} prompts x "
+        f"G={s['rollout.group_size']}, {s['rollout.max_new_tokens']} tokens, lr {s['optim.lr']} "
+        f"({s['optim.schedule']}), beta {s['algo.beta']}; held-out: greedy on all 50 test "
+        f"problems. {row['load_note']}.\n\n{markdown_table(header, table)}\n\noncurve's "
+        f"held-out accuracy during training (training seconds, accuracy): {curve}. Curve: "
+        f"`{CURVE.name}`.\n\n## What the model writes\n{samples}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, help="training steps (default: the config's)")
@@ -275,77 +153,42 @@ def main() -> None:
     parser.add_argument(
         "--trl-steps", type=int, help="TRL's steps (default: the same); fewer bound its wall time"
     )
-    parser.add_argument("--trl-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.trl_child:
-        out = Path(args.trl_child)
-        trl_child(Job(**json.loads((out / "job.json").read_text())), out)
-        return
-    job = load_job(args.steps)
-    if not (Path(job.model_dir) / "config.json").is_file():
-        raise SystemExit(f"no model in {job.model_dir}: run `make smollm2` first")
+    job = make_job(args.steps)
+    if not (Path(job.settings["model.path"]) / "config.json").is_file():
+        raise SystemExit(f"no model in {job.settings['model.path']}: run `make smollm2` first")
     load_before = load_note()
-    base, base_samples = held_out(job.model_dir)
-    results: dict[str, dict] = {}
-    runners = {"oncurve": run_oncurve} | ({} if args.skip_trl else {"TRL": run_trl})
-    for name, runner in runners.items():
-        out = CACHE / name
-        out.mkdir(parents=True, exist_ok=True)
+    before, before_samples = held_out(job.settings["model.path"])
+    trainers: dict[str, dict] = {}
+    for name in ("oncurve",) if args.skip_trl else ("oncurve", "TRL"):
+        out = CACHE / "smollm2" / name
         print(f"{name} ...", flush=True)
-        own = (
-            job
-            if name == "oncurve"
-            else dataclasses.replace(job, steps=args.trl_steps or job.steps)
-        )
-        results[name] = runner(own, out)
-        results[name]["steps"] = own.steps
-        results[name]["after"], results[name]["samples"] = held_out(results[name]["final"])
-        print(f"{name}: {results[name]['after']:.1%} after {own.steps} steps", flush=True)
-    plot(results, base)
-    rows = [
-        [
-            name,
-            str(r["steps"]),
-            f"{statistics.median(r['seconds'][1:]):.1f}",
-            f"{r['wall'] / 60:.1f}",
-            f"{r['rss']:.0f}",
-            f"{base:.1%}",
-            f"{r['after']:.1%}",
-            f"{100 * (r['after'] - base):+.1f}",
-        ]
-        for name, r in results.items()
-    ]
-    header = [
-        "trainer",
-        "steps",
-        "s/step (median)",
-        "wall min",
-        "peak RSS MB",
-        "before",
-        "after",
-        "points",
-    ]
-    curve = results["oncurve"]["curve"]
-    lines = [
-        "# SmolLM2-135M-Instruct on `sums`, 2 CPU cores\n",
-        f"Written by `benchmarks/smollm2.py` on {time.strftime('%Y-%m-%d')}: {job.steps} steps of "
-        f"{job.prompts} prompts x G={job.group}, {job.tokens} tokens, lr {job.lr} "
-        f"({job.schedule}), beta {job.beta}; held-out: greedy on all 50 test problems. Load: {load_before}; after: "
-        f"{load_note()}.\n",
-        markdown_table(header, rows),
-        "\noncurve's held-out accuracy during training (training seconds, accuracy): "
-        + ", ".join(f"{s:.0f} s {a:.1%}" for s, a in curve)
-        + f". Curve: `{CURVE.name}`.\n",
-        "\n## What the model writes\n",
-    ]
-    for label, samples in [("before", base_samples)] + [
-        (f"after, {name}", r["samples"]) for name, r in results.items()
-    ]:
-        lines.append(f"\n{label}:\n")
-        for s in samples:
-            lines.append(f"- {s['prompt']} (answer {s['answer']}) -> {s['completion']!r}")
-    RESULTS.write_text("\n".join(lines) + "\n")
-    print(RESULTS.read_text())
+        if name == "oncurve":
+            own, done = job, run_oncurve(job, out)
+        else:
+            own = job.with_settings(run__steps=args.trl_steps or job.settings["run.steps"])
+            python = ensure_trl_venv()
+            done = run_trl(own, out, python, trl_env(python), save=True)
+            done["correct"] = done["rewards"]["correct"]
+        after, samples = held_out(done["final"])
+        kept = {k: done[k] for k in ("wall", "rss", "seconds", "correct", "curve") if k in done}
+        trainers[name] = kept | {"steps": own.settings["run.steps"], "after": after}
+        trainers[name]["samples"] = samples
+        print(f"{name}: {after:.1%} after {trainers[name]['steps']} steps", flush=True)
+    c = job.config()
+    row = {
+        "renderer": "smollm2",
+        "settings": {"run.steps": c.run.steps, "data.prompts_per_step": c.data.prompts_per_step,
+                     "rollout.group_size": c.rollout.group_size, "optim.lr": c.optim.lr,
+                     "rollout.max_new_tokens": c.rollout.max_new_tokens,
+                     "optim.schedule": c.optim.schedule, "algo.beta": c.algo.beta},
+        "load_note": f"Load: {load_before}; after: {load_note()}",
+        "before": before,
+        "before_samples": before_samples,
+        "trainers": trainers,
+    }  # fmt: skip
+    plot(row)
+    publish("smollm2", "SmolLM2-135M-Instruct on `sums`, 2 CPU cores", "", row)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -135,17 +136,57 @@ def setting_args(overrides: dict[str, Any]) -> list[str]:
 
 
 def train_oncurve(
-    args: list[str], run_dir: Path, log: Path, env: dict[str, str] | None = None
+    args: list[str],
+    run_dir: Path,
+    log: Path,
+    env: dict[str, str] | None = None,
+    python: str = sys.executable,
+    check: bool = True,
 ) -> dict[str, Any]:
-    """`oncurve train --quiet ARGS` with its run in `run_dir` (overwritten) and its output in
-    `log`; returns its wall seconds, peak RSS in MB, and the metrics rows of its steps."""
+    """`oncurve train --quiet ARGS` under `python` with its run in `run_dir` (overwritten) and
+    its output in `log`; returns its wall seconds, peak RSS in MB, exit status ("code") and the
+    metrics rows of its steps (none when it failed). A failure raises SystemExit with the log's
+    tail unless `check` is false."""
     from oncurve.run.metrics import read_jsonl
 
-    command = [sys.executable, "-m", "oncurve", "train", "--quiet", *args]
+    command = [python, "-m", "oncurve", "train", "--quiet", *args]
     command += [f"run.dir={run_dir}", "run.overwrite=true"]
-    wall, rss, _ = run_child(command, env or dict(os.environ), log)
-    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "time/step" in r]
-    return {"wall": wall, "rss": rss, "rows": rows}
+    wall, rss, code = run_child(command, env or dict(os.environ), log, check)
+    metrics = run_dir / "metrics.jsonl"
+    rows = [r for r in read_jsonl(metrics) if "time/step" in r] if metrics.is_file() else []
+    return {"wall": wall, "rss": rss, "code": code, "rows": rows}
+
+
+class GpuMemoryPeak:
+    """Peak `memory.used` of GPU 0 in GiB as nvidia-smi reports it, sampled every `interval`
+    seconds while the `with` block runs (a child's CUDA context and its allocator's cached
+    blocks included, which `torch.cuda.max_memory_allocated` leaves out); `peak_gb` stays None
+    without nvidia-smi."""
+
+    def __init__(self, interval: float = 0.5) -> None:
+        self.interval = interval
+        self.peak_gb: float | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i"]
+        while not self._done.is_set():
+            out = subprocess.run([*query, "0"], capture_output=True, text=True)
+            if out.returncode == 0:
+                used = float(out.stdout.strip()) / 1024  # MiB
+                self.peak_gb = max(self.peak_gb or 0.0, used)
+            self._done.wait(self.interval)
+
+    def __enter__(self) -> GpuMemoryPeak:
+        if shutil.which("nvidia-smi"):
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
 
 
 def export_task(task: str, split: str, count: int, path: Path) -> Path:

@@ -63,6 +63,15 @@ def versions() -> dict[str, str]:
     }
 
 
+def interpreter_versions(python: str, env: dict[str, str], modules: tuple[str, ...]) -> str:
+    """The versions of `modules` that `python` imports in `env`, as one line ("unknown (...)"
+    with its error when an import fails)."""
+    names = ", ".join(modules)
+    code = f"import {names}; print(', '.join(m.__name__ + ' ' + m.__version__ for m in [{names}]))"
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env)
+    return out.stdout.strip() or f"unknown ({out.stderr.strip().splitlines()[-1:]})"
+
+
 def describe() -> dict[str, object]:
     """The machine's facts a result row keeps: CPU, cores, GPU where torch sees one."""
     import torch

@@ -16,16 +16,12 @@ from typing import Any
 
 from harness.checkout import BENCHMARKS, CACHE, GPU_BUNDLE, checkout_env
 from harness.children import run_child, run_limited
+from harness.machine import interpreter_versions
 from harness.spec import Job
 
 TRL_VENV = BENCHMARKS / ".venv-trl"
 TORCH_PIN = "torch==2.13.0"  # the CPU wheel on disk; a loose torch pulls a multi-GB CUDA build
 TRL_SITE = CACHE / "trl-site"  # the bundle's wheels, installed when the interpreter lacks trl
-VERSIONS = (
-    "import trl, transformers, torch, accelerate; print(f'trl {trl.__version__}, "
-    "transformers {transformers.__version__}, torch {torch.__version__}, "
-    "accelerate {accelerate.__version__}')"
-)
 
 
 def venv_python() -> Path:
@@ -82,8 +78,7 @@ def imports_trl(python: str, env: dict[str, str]) -> bool:
 
 def trl_versions(python: str, env: dict[str, str]) -> str:
     """trl, transformers, torch and accelerate of TRL's environment, as one line."""
-    out = subprocess.run([python, "-c", VERSIONS], capture_output=True, text=True, env=env)
-    return out.stdout.strip() or f"unknown ({out.stderr.strip().splitlines()[-1:]})"
+    return interpreter_versions(python, env, ("trl", "transformers", "torch", "accelerate"))
 
 
 def run_trl(
@@ -93,16 +88,18 @@ def run_trl(
     env: dict[str, str],
     save: bool = False,
     limit: float | None = None,
+    check: bool = True,
 ) -> dict[str, Any]:
     """TRL's run of `job` in a fresh child writing into `out`: its result (`trl_child`) with
     "wall", "rss" (peak MB), "code" (exit status; None when it ran past `limit` seconds) and,
-    with `save`, "final" (the model directory). A failure without `limit` raises SystemExit."""
+    with `save`, "final" (the model directory). A failure without `limit` raises SystemExit
+    unless `check` is false."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.json").write_text(job.to_json())
     command = [python, "-m", "harness.trl_child", str(out), *(["--save"] if save else [])]
     log = out / "log.txt"
     if limit is None:
-        wall, rss, code = run_child(command, env, log)
+        wall, rss, code = run_child(command, env, log, check)
     else:
         code, wall = run_limited(command, env, log, limit)
         rss = None
