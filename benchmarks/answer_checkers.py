@@ -60,16 +60,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+from harness.checkout import BENCHMARKS, CACHE, RESULTS, ROOT, commit
+from harness.tables import publish
 
-
-CORPUS = HERE / "data" / "answer_corpus.jsonl"
-RESULTS_MD = HERE / "results" / "answer_checkers.md"
-RESULTS_JSONL = HERE / "results" / "answer_checkers.jsonl"
-PEERS_VENV = HERE / ".venv-peers"
+CORPUS = BENCHMARKS / "data" / "answer_corpus.jsonl"
+RESULTS_JSONL = RESULTS / "answer_checkers.jsonl"
+PEERS_VENV = BENCHMARKS / ".venv-peers"
 PEERS_PYTHON = PEERS_VENV / "bin" / "python"
-RUNNER = HERE / ".cache" / "answer_checkers" / "peer_runner.py"
+RUNNER = CACHE / "answer_checkers" / "peer_runner.py"
 SETS = (("gsm8k", "GSM8K"), ("math", "MATH"))
 
 # What `--prepare` installs: math-verify with the ANTLR runtime its LaTeX parser needs, and what
@@ -389,26 +387,6 @@ def score_peers(rows: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], 
     return scored, header
 
 
-def _checkout_note() -> str:
-    """The checkout oncurve was imported from: its commit, and whether `src/oncurve/rewards`
-    differs from it (read-only git calls)."""
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "src/oncurve/rewards"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
-        return "this checkout (no git)"
-    if not rev:
-        return "this checkout (no git)"
-    return f"commit {rev}" + (" with uncommitted changes in src/oncurve/rewards" if dirty else "")
-
-
 def _peer_keys() -> list[str]:
     return [key for key, _, _ in PEER_CHECKERS]
 
@@ -511,7 +489,7 @@ def main() -> None:
 
     sections = []
     versions = ", ".join(f"{k} {v}" for k, v in header["versions"].items() if v)
-    oncurve_rev = _checkout_note()
+    oncurve_rev = f"commit {commit()}"
     sections.append(
         f"Run {datetime.date.today().isoformat()}: `.venv/bin/python benchmarks/answer_checkers.py`"
         f" on {platform.node() or 'this machine'} (Python {platform.python_version()}), "
@@ -584,10 +562,9 @@ def main() -> None:
             + "."
         )
 
-    RESULTS_MD.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS_MD.write_text(
-        "# Answer checkers against human labels\n\n" + "\n\n".join(sections) + "\n"
-    )
+    title = "Answer checkers against human labels"
+    page = f"# {title}\n\n" + "\n\n".join(sections) + "\n"
+    publish("answer_checkers", title, "", {"markdown": page})
     with RESULTS_JSONL.open("w") as f:
         for row in rows:
             record = {
@@ -600,7 +577,7 @@ def main() -> None:
                 "errors": peers.get(row["id"], {}).get("errors", {}),
             }
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    print(f"\nwrote {RESULTS_MD.relative_to(ROOT)} and {RESULTS_JSONL.relative_to(ROOT)}")
+    print(f"\nwrote {RESULTS_JSONL.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

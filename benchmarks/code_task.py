@@ -26,17 +26,14 @@ import sys
 import time
 from pathlib import Path
 
+from harness.checkout import CACHE, ROOT
 from harness.children import run_child
 from harness.machine import load_note
 from harness.run_logs import step_phases
-from harness.tables import markdown_table
-
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+from harness.tables import markdown_table, publish
 
 CONFIG = ROOT / "configs" / "code_smollm2.yaml"
-CACHE = HERE / ".cache" / "code_task"
-RESULTS = HERE / "results" / "code_task.md"
+WORK = CACHE / "code_task"
 SHOWN = 4  # greedy completions shown before and after
 BLOCK = 5  # steps per line of the reward curve summary
 
@@ -131,9 +128,9 @@ def main() -> None:
     print("held-out, before ...", flush=True)
     before = held_out(model_dir, overrides, args.samples)
     print({k: v for k, v in before.items() if k != "shown"}, flush=True)
-    CACHE.mkdir(parents=True, exist_ok=True)
+    WORK.mkdir(parents=True, exist_ok=True)
     print("training ...", flush=True)
-    run = train(args.steps, overrides, CACHE)
+    run = train(args.steps, overrides, WORK)
     print("held-out, after ...", flush=True)
     after = held_out(run["final"], overrides, args.samples)
     steps = len(run["reward"])
@@ -184,9 +181,9 @@ def main() -> None:
         lines.append(f"\n{label}:\n")
         for s in result["shown"]:
             lines.append(f"- {s['prompt']!r} -> {s['completion']!r} (score {s['score']:.2f})")
-    RESULTS.write_text("\n".join(lines) + "\n")
-    print(RESULTS.read_text())
-    (CACHE / "summary.json").write_text(
+    print("\n".join(lines))
+    publish("code_task", lines[0][2:].strip(), "", {"markdown": "\n".join(lines) + "\n"})
+    (WORK / "summary.json").write_text(
         json.dumps({"before": before, "after": after, "run": run}, indent=1)
     )
 

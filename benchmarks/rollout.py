@@ -50,14 +50,12 @@ import transformers
 from harness.children import isolated_env, peak_memory
 from harness.machine import load_note, matmul_gflops
 from harness.models import load_model
-from harness.tables import markdown_table
+from harness.records import latest, read
+from harness.tables import markdown_table, publish
 
 from oncurve.rollout import BACKENDS, SamplingParams, build_sampler
 from oncurve.rollout.cuda_graph import GraphSampler
 
-HERE = Path(__file__).resolve().parent
-
-RESULTS = Path(__file__).resolve().parent / "results" / "rollout.md"
 # model -> (prompts, group size, new tokens, force full length)
 SCENARIOS = {"tiny": (16, 8, 64, False), "default": (16, 8, 64, False), "30m": (8, 8, 128, True)}
 
@@ -411,16 +409,18 @@ def logprob_gap(model, sampler, prompts, group, params) -> tuple[float, float]:
 
 
 def write_results(sections: dict[str, str]) -> None:
-    """Replace the sections of the scenarios just run in `RESULTS`, keeping the others."""
-    old = RESULTS.read_text().split("\n### ")[1:] if RESULTS.exists() else []
-    kept = {part.split(":", 1)[0]: "### " + part for part in old}
+    """Record the page with the sections of the scenarios just run replacing theirs in the
+    newest page of the record, the others kept."""
+    page = latest(read("rollout")).get("", {}).get("markdown", "")
+    kept = {part.split(":", 1)[0]: "### " + part for part in page.split("\n### ")[1:]}
     kept.update(sections)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
     body = "\n".join(section.rstrip("\n") + "\n" for section in kept.values())
-    RESULTS.write_text(
-        "# Rollout benchmark\n\nWritten by `python benchmarks/rollout.py [--model NAME]`; "
-        "each run replaces the sections of the models it ran.\n\n" + body
+    title = "Rollout benchmark"
+    page = (
+        f"# {title}\n\nWritten by `python benchmarks/rollout.py [--model NAME]`; each run "
+        "replaces the sections of the models it ran.\n\n" + body
     )
+    publish("rollout", title, "", {"markdown": page})
 
 
 def main() -> None:
@@ -472,7 +472,6 @@ def main() -> None:
             sections[f"cuda-{scenario[0]['scenario']}"] = section
             records += scenario
         write_results(sections)
-        print(f"wrote {RESULTS}")
         return
     if args.memory_of:
         calls, small, _ = make_calls(args.model, backends)
@@ -485,7 +484,6 @@ def main() -> None:
         sections[name] = run_scenario(name, args.repeats, backends)
         print(sections[name], flush=True)
     write_results(sections)
-    print(f"wrote {RESULTS}")
 
 
 if __name__ == "__main__":
