@@ -34,7 +34,7 @@ from harness.run_logs import (
     step_phases,
 )
 from harness.spec import Job, chat_text
-from harness.tables import markdown_table, publish
+from harness.tables import cell, markdown_table, publish
 from harness.trl_env import run_trl, trl_env, trl_versions
 
 WORK = CACHE / "gpu_vs_trl"
@@ -240,10 +240,6 @@ def summarize(runs: list[dict]) -> dict | None:
     }
 
 
-def number(value: float | None, digits: int = 2) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
 def times(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x" if a is not None and b else "n/a"
 
@@ -255,7 +251,7 @@ def section(row: dict) -> str:
     figures = ("seconds", *PHASES, "gpu_peak_gb", "smi_peak_gb")
     value = {label: {k: (t["phases"].get(k) if k in PHASES else t[k]) for k in figures}
              for label, t in stats.items() if t}  # fmt: skip
-    table = [[label, *(number(value[label][k], 3 if i < 5 else 2) if label in value else "n/a"
+    table = [[label, *(cell(value[label][k], ".3f" if i < 5 else ".2f") if label in value else "n/a"
                        for i, k in enumerate(figures)),
               f"{sum(r['ok'] for r in results[label])}/{len(results[label])}"]
              for label in results]  # fmt: skip
@@ -272,7 +268,7 @@ def section(row: dict) -> str:
             q = ours[k] / base[k] if ours[k] is not None and base[k] else None
             holds = "n/a" if q is None else f"{q:.2f}x, {'yes' if q <= limit else 'no'}"
             targets.append([f"{name} <= {limit:g}x TRL's{scope}",
-                            f"{number(ours[k])} vs {number(base[k])}", holds])  # fmt: skip
+                            f"{cell(ours[k])} vs {cell(base[k])}", holds])  # fmt: skip
     for label, runs in results.items() if cap else ():
         finished = sum(r["ok"] for r in runs)
         targets.append([f"{label} fits in {cap:g} GiB at {tokens} tokens",
@@ -280,7 +276,7 @@ def section(row: dict) -> str:
                         f"({', '.join(r['status'] for r in runs)})",
                         "yes" if finished == len(runs) else "no"])  # fmt: skip
     per_run = [[label, str(i + 1), r["status"], " ".join(f"{x:.2f}" for x in r.get("seconds", [])),
-                number(r.get("gpu_peak_gb")), number(r["smi_peak_gb"]), f"{r['wall']:.0f}"]
+                cell(r.get("gpu_peak_gb")), cell(r["smi_peak_gb"]), f"{r['wall']:.0f}"]
                for i in range(row["runs_per_trainer"]) for label in results
                for r in [results[label][i]]]  # fmt: skip
     lengths = ", ".join(f"{label} {t['length']:.1f}" for label, t in stats.items() if t)

@@ -36,47 +36,23 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.checkout import checkout_env
-from harness.children import greedy_accuracy, own_peak_rss, run_child
+from harness.checkout import CACHE, checkout_env
+from harness.children import export_task, greedy_accuracy, own_peak_rss, run_child
 from harness.machine import cpu_name, load_note, torch_threads
 from harness.models import SHAPES, build_model, model_dir, tokenizer_dir
 from harness.run_logs import planned_peak_gb, step_phases
-from harness.tables import markdown_table, publish
+from harness.spec import Job
+from harness.tables import cell, markdown_table, publish
 
-HERE = Path(__file__).resolve().parent
-
-CACHE = HERE / ".cache" / "grpo_vs_ppo"
-RESULTS = HERE / "results" / "grpo_vs_ppo.md"
+WORK = CACHE / "grpo_vs_ppo"
 TITLE = (
     "GRPO vs PPO with a critic\n\nWritten by `benchmarks/grpo_vs_ppo.py`, one section per model "
     "and setting."
 )
 TRAINERS = ("GRPO", "PPO")
 PRESET = {"GRPO": "grpo", "PPO": "ppo"}
-
-
-@dataclass
-class Job:
-    """The settings both trainers are given."""
-
-    model_dir: str
-    prompts: int
-    group: int
-    tokens: int
-    force_length: bool  # suppress EOS until `tokens` (random weights: every completion full)
-    lr: float
-    beta: float
-    epsilon: float
-    mu: int
-    steps: int
-    save_every: int
-    microbatch: int
-    gradient_checkpointing: bool
-    device: str = "cpu"
 
 
 # model -> (prompts per step, G, completion tokens, force full length, steps, save every)
@@ -89,56 +65,58 @@ SCENARIOS = {
 TARGET = 0.70  # GRPO peak memory <= TARGET x PPO's (issue 7, on the ~30M model)
 
 
-def overrides(job: Job, trainer: str, seed: int, run_dir: Path) -> dict[str, object]:
-    """`oncurve train` settings of one run; only the preset differs between the trainers."""
-    return {
-        "model.path": job.model_dir,
-        "model.gradient_checkpointing": job.gradient_checkpointing,
+def make_job(name: str, args: argparse.Namespace) -> Job:
+    """GRPO's job of model `name`'s scenario with what the command line sets; PPO's differs only
+    in `algo.preset` (`Job.with_settings`)."""
+    prompts, group, tokens, force, steps, save_every = SCENARIOS.get(name, SCENARIOS["default"])
+    # gpu_vs_trl's shapes carry the Qwen3 tokenizer; the others are vs_trl's
+    path = build_model(name, tokenizer_dir(None)) if name in SHAPES else model_dir(name)
+    tokens, steps = args.tokens or tokens, args.steps or steps
+    save_every = args.save_every or save_every
+    return Job({
+        "model.path": str(path),
+        "model.gradient_checkpointing": args.gradient_checkpointing,
         "data.task": "arith",
-        "data.prompts_per_step": job.prompts,
-        "rollout.group_size": job.group,
-        "rollout.max_new_tokens": job.tokens,
-        "rollout.min_new_tokens": job.tokens if job.force_length else 0,
+        "data.prompts_per_step": args.prompts or prompts,
+        "rollout.group_size": args.group or group,
+        "rollout.max_new_tokens": tokens,
+        "rollout.min_new_tokens": tokens if force or args.force_length else 0,
         "rollout.temperature": 1.0,
-        "algo.preset": PRESET[trainer],
-        "algo.beta": job.beta,
-        "algo.epsilon": job.epsilon,
-        "algo.mu": job.mu,
-        "optim.lr": job.lr,
+        "algo.preset": "grpo",
+        "algo.beta": args.beta,
+        "algo.epsilon": args.epsilon,
+        "algo.mu": args.mu,
+        "optim.lr": args.lr,
         "optim.schedule": "constant",
-        "optim.microbatch_size": job.microbatch,
+        "optim.microbatch_size": args.microbatch,
         "eval.at_start_end": False,
         "log.samples_per_step": 0,
-        "run.steps": job.steps,
-        "run.seed": seed,
-        "run.save_every": job.save_every,
-        "run.keep_last": job.steps // job.save_every + 1,
-        "run.dir": str(run_dir),
-        "run.overwrite": True,
-        "run.device": job.device,  # cpu unless --device cuda, also on a machine with a GPU
-    }
+        "run.steps": steps,
+        "run.save_every": save_every,
+        "run.keep_last": steps // save_every + 1,
+        "run.device": args.device,  # cpu unless --device cuda, also on a machine with a GPU
+    })  # fmt: skip
 
 
 def child(out: Path) -> None:
-    """Train one run as `out/overrides.json` says; write the CUDA peak (if any) to `out`."""
+    """Train the job of `out/job.json` into `out/run`; write the CUDA peak (if any) and this
+    process's own peak RSS to `out/child.json`."""
     import torch
 
-    from oncurve.config import load_config
     from oncurve.loop.trainer import train
 
-    settings = json.loads((out / "overrides.json").read_text())
-    flags = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items()]
-    train(load_config(None, flags), quiet=True)
+    job = Job.from_json((out / "job.json").read_text())
+    train(job.with_settings(run__dir=str(out / "run"), run__overwrite=True).config(), quiet=True)
     cuda = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
     (out / "child.json").write_text(json.dumps({"cuda_peak_mb": cuda, "rss_mb": own_peak_rss()}))
 
 
-def run(job: Job, trainer: str, seed: int, out: Path) -> dict:
+def run(job: Job, out: Path) -> dict:
     """One training run in a fresh process; its peak memory, per-step times and metrics."""
     from oncurve.run.metrics import read_jsonl
 
     run_dir = out / "run"
-    (out / "overrides.json").write_text(json.dumps(overrides(job, trainer, seed, run_dir)))
+    (out / "job.json").write_text(job.to_json())
     command = [sys.executable, str(Path(__file__).resolve()), "--child", str(out)]
     wall, rss, _ = run_child(command, dict(os.environ), out / "log.txt")
     reported = json.loads((out / "child.json").read_text())
@@ -186,18 +164,20 @@ def equal_time_step(fast: dict, slow: dict, save_every: int, steps: int) -> tupl
 
 def score_equal_time(job: Job, pair: dict[str, dict], test_file: Path, work: Path, start: float):
     """Held-out accuracy of both trainers at the faster one's training time (see module doc)."""
+    steps, tokens = job.settings["run.steps"], job.settings["rollout.max_new_tokens"]
     total = {t: sum(pair[t]["seconds"]) for t in TRAINERS}
     fast, slow = sorted(TRAINERS, key=total.get)
-    budget, step = equal_time_step(pair[fast], pair[slow], job.save_every, job.steps)
-    if step == job.steps:
+    budget, step = equal_time_step(pair[fast], pair[slow], job.settings["run.save_every"], steps)
+    if step == steps:
         accuracy = pair[slow]["accuracy"]
     elif step == 0:
         accuracy = start
     else:
         checkpoint = Path(pair[slow]["run_dir"]) / "checkpoints" / f"step-{step:06d}"
-        directory = checkpoint_model(job.model_dir, checkpoint, work / f"{slow}-step{step}")
-        accuracy = greedy_accuracy(str(directory), test_file, job.tokens)
-    pair[fast]["equal_time"] = {"step": job.steps, "accuracy": pair[fast]["accuracy"]}
+        base = job.settings["model.path"]
+        directory = checkpoint_model(base, checkpoint, work / f"{slow}-step{step}")
+        accuracy = greedy_accuracy(str(directory), test_file, tokens)
+    pair[fast]["equal_time"] = {"step": steps, "accuracy": pair[fast]["accuracy"]}
     pair[slow]["equal_time"] = {"step": step, "accuracy": accuracy}
     for trainer in TRAINERS:
         pair[trainer]["equal_time"]["budget"] = budget
@@ -227,49 +207,29 @@ def runtime_floor(model_dir: str) -> float:
     return float(value) if value != "None" else 0.0  # no /proc: the breakdown shows no runtime
 
 
-def benchmark(name: str, args: argparse.Namespace) -> str:
+def benchmark(args: argparse.Namespace) -> dict:
+    """GRPO and PPO alternately, `args.runs` pairs; the row's figures."""
     import torch
     import transformers
 
-    prompts, group, tokens, force, steps, save_every = SCENARIOS.get(name, SCENARIOS["default"])
-    # gpu_vs_trl's shapes carry the Qwen3 tokenizer; the others are vs_trl's
-    path = build_model(name, tokenizer_dir(None)) if name in SHAPES else model_dir(name)
-    job = Job(
-        model_dir=str(path),
-        prompts=args.prompts or prompts,
-        group=args.group or group,
-        tokens=args.tokens or tokens,
-        force_length=force or args.force_length,
-        lr=args.lr,
-        beta=args.beta,
-        epsilon=args.epsilon,
-        mu=args.mu,
-        steps=args.steps or steps,
-        save_every=args.save_every or save_every,
-        microbatch=args.microbatch,
-        gradient_checkpointing=args.gradient_checkpointing,
-        device=args.device,
-    )
+    job = make_job(args.model, args)
+    path, tokens = job.settings["model.path"], job.settings["rollout.max_new_tokens"]
     key = section_key(args)
-    work = CACHE / "runs" / key
+    work = WORK / "runs" / key
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    test_file = work / "test.jsonl"
-    if args.eval_n:
-        subprocess.run(
-            [sys.executable, "-m", "oncurve", "tasks", "export", "arith", "--split", "test"]
-            + ["-n", str(args.eval_n), "-o", str(test_file)],
-            check=True,
-        )
+    test_file = (
+        export_task("arith", "test", args.eval_n, work / "test.jsonl") if args.eval_n else None
+    )
     config = transformers.AutoConfig.from_pretrained(path)
     with torch.device("meta"):  # parameters counted without allocating them
         params = transformers.AutoModelForCausalLM.from_config(config).num_parameters()
     load_before = load_note()
     # the breakdown of a peak RSS into the runtime and the states is the CPU's question
-    floor = runtime_floor(job.model_dir) if job.device == "cpu" else None
-    start = greedy_accuracy(str(path), test_file, job.tokens) if args.eval_n else None
-    print(f"[{key}] runtime floor {number(floor, '.0f')} MB; starting accuracy "
-          f"{number(start, '.1%')}", flush=True)  # fmt: skip
+    floor = runtime_floor(path) if args.device == "cpu" else None
+    start = greedy_accuracy(path, test_file, tokens) if test_file else None
+    print(f"[{key}] runtime floor {cell(floor, '.0f')} MB; starting accuracy "
+          f"{cell(start, '.1%')}", flush=True)  # fmt: skip
     pairs: list[dict[str, dict]] = []
     for index in range(args.runs):
         pair: dict[str, dict] = {}
@@ -277,198 +237,160 @@ def benchmark(name: str, args: argparse.Namespace) -> str:
             out = work / f"{trainer}-{index}"
             out.mkdir()
             print(f"[{key}] run {index + 1}/{args.runs}: {trainer} ...", flush=True)
-            result = run(job, trainer, index, out)
+            own = job.with_settings(algo__preset=trainer.lower(), run__seed=index)
+            result = run(own, out)
             final = str(Path(result["run_dir"]) / "final")
-            result["accuracy"] = greedy_accuracy(final, test_file, job.tokens) if start else None
+            result["accuracy"] = greedy_accuracy(final, test_file, tokens) if start else None
             median = statistics.median(result["seconds"][1:] or result["seconds"])
-            print(
-                f"  {median:.2f} s/step, peak RSS {result['rss']:.0f} MB, peak CUDA "
-                f"{number(result['cuda'], ',.0f')} MB (plan {number(result['plan_gb'], '.1f')} "
-                f"GiB), final reward {result['reward'][-1]:.3f}, accuracy "
-                f"{number(result['accuracy'], '.1%')}",
-                flush=True,
-            )
+            print(f"  {median:.2f} s/step, peak RSS {result['rss']:.0f} MB, peak CUDA "
+                  f"{cell(result['cuda'], ',.0f')} MB (plan {cell(result['plan_gb'], '.1f')} "
+                  f"GiB), final reward {result['reward'][-1]:.3f}, accuracy "
+                  f"{cell(result['accuracy'], '.1%')}", flush=True)  # fmt: skip
             pair[trainer] = result
             if args.json:  # after each run: a caller's time limit may stop the next one
-                done = {"job": asdict(job), "pairs": [*pairs, pair]}
-                Path(args.json).write_text(json.dumps(done))
+                Path(args.json).write_text(json.dumps({"pairs": [*pairs, pair]}))
         if start is not None:
             score_equal_time(job, pair, test_file, work, start)
         pairs.append(pair)
-    machine = {
-        "load": f"{load_before} before, {load_note()} after",
-        "floor": floor,
-        "date": time.strftime("%Y-%m-%d"),
-        "cpu": f"{cpu_name()}, {os.cpu_count()} cores, torch threads {torch_threads()}",
-    }
-    if job.device == "cuda":
-        machine["cpu"] = f"{torch.cuda.get_device_name()} ({machine['cpu']})"
-    raw = {"job": asdict(job), "params": params, "machine": machine, "start": start}
-    (work / "results.json").write_text(json.dumps({**raw, "pairs": pairs, "args": vars(args)}))
     if args.json:  # again: equal-time scores were added to the pairs
-        Path(args.json).write_text(json.dumps({"job": asdict(job), "pairs": pairs}))
-    return report(key, job, params, machine, start, pairs, args)
-
-
-def number(value: float | None, spec: str) -> str:
-    """`value` formatted with `spec`, or "n/a" when it was not measured."""
-    return "n/a" if value is None else format(value, spec)
+        Path(args.json).write_text(json.dumps({"pairs": pairs}))
+    cpu = f"{cpu_name()}, {os.cpu_count()} cores, torch threads {torch_threads()}"
+    return {
+        "model": args.model,
+        "settings": job.settings | {"algo.preset": "grpo | ppo", "run.seed": "0..runs-1"},
+        "runs_per_trainer": args.runs,
+        "eval_n": args.eval_n,
+        "params": params,
+        "floor": floor,
+        "start": start,
+        "load_note": f"{load_before} before, {load_note()} after",
+        "cpu": f"{torch.cuda.get_device_name()} ({cpu})" if args.device == "cuda" else cpu,
+        "pairs": pairs,
+    }
 
 
 def section_key(args: argparse.Namespace) -> str:
     """The results section of a run: model, checkpointing, device."""
     key = args.model + ("-gc" if args.gradient_checkpointing else "")
-    return key + ("-cuda" if getattr(args, "device", "cpu") == "cuda" else "")
+    return key + ("-cuda" if args.device == "cuda" else "")
 
 
-def report(
-    key: str,
-    job: Job,
-    params: int,
-    machine: dict,
-    start: float | None,
-    pairs: list[dict[str, dict]],
-    args: argparse.Namespace,
-) -> str:
-    """The markdown section of one model and setting; accuracies are "n/a" when none were
-    scored (`start` None: `--eval-n 0`)."""
-    scored = start is not None
-    stats = {}
-    for trainer in TRAINERS:
-        runs = [pair[trainer] for pair in pairs]
-        cuda = [r["cuda"] for r in runs if r["cuda"] is not None]
-        plans = [r["plan_gb"] for r in runs if r.get("plan_gb") is not None]
-        stats[trainer] = {
-            "seconds": statistics.median(s for r in runs for s in r["seconds"][1:] or r["seconds"]),
-            "rss": max(r["rss"] for r in runs),
-            "cuda": max(cuda) if cuda else None,
-            "plan_gb": max(plans) if plans else None,
-            "reward": statistics.mean(x for r in runs for x in r["reward"]),
-            "accuracy": statistics.mean(r["accuracy"] for r in runs) if scored else None,
-            "equal_step": (
-                statistics.mean(r["equal_time"]["step"] for r in runs) if scored else None
-            ),
-            "equal_acc": (
-                statistics.mean(r["equal_time"]["accuracy"] for r in runs) if scored else None
-            ),
-        }
-    base = stats["PPO"]
+def summary(runs: list[dict], scored: bool) -> dict:
+    """One trainer's figures over its runs: median s/step after each run's first, the peaks,
+    mean reward, and the accuracies (None unscored)."""
+
+    def mean(key: str, inner: str | None = None) -> float | None:
+        if not scored:
+            return None
+        return statistics.mean(r[key][inner] if inner else r[key] for r in runs)
+
+    return {
+        "seconds": statistics.median(s for r in runs for s in r["seconds"][1:] or r["seconds"]),
+        "rss": max(r["rss"] for r in runs),
+        "cuda": max((r["cuda"] for r in runs if r["cuda"] is not None), default=None),
+        "plan_gb": max((r["plan_gb"] for r in runs if r.get("plan_gb") is not None), default=None),
+        "reward": statistics.mean(x for r in runs for x in r["reward"]),
+        "accuracy": mean("accuracy"),
+        "equal_step": mean("equal_time", "step"),
+        "equal_acc": mean("equal_time", "accuracy"),
+    }
+
+
+def section(row: dict) -> str:
+    """The markdown section of one row; accuracies are "n/a" when none were scored (`--eval-n
+    0`)."""
+    s, pairs, start = row["settings"], row["pairs"], row["start"]
+    scored, steps, key = start is not None, s["run.steps"], row["key"]
+    stats = {t: summary([pair[t] for pair in pairs], scored) for t in TRAINERS}
+    base, cuda = stats["PPO"], stats["PPO"]["cuda"] is not None
     header = ["trainer", "peak RSS MB", "vs PPO"]
-    if base["cuda"] is not None:
-        header += ["peak CUDA MB", "vs PPO", "memory plan's peak GiB"]
-    header += [
-        "median s/step",
-        "vs PPO",
-        "mean reward, all steps",
-        f"greedy acc. after {job.steps} steps",
-        "step at equal time",
-        "greedy acc. at equal time",
-    ]
+    header += ["peak CUDA MB", "vs PPO", "memory plan's peak GiB"] if cuda else []
+    header += ["median s/step", "vs PPO", "mean reward, all steps",
+               f"greedy acc. after {steps} steps", "step at equal time", "greedy acc. at equal time"]  # fmt: skip
     rows = []
-    for trainer, s in stats.items():
-        row = [trainer, f"{s['rss']:,.0f}", f"{s['rss'] / base['rss']:.2f}x"]
-        if base["cuda"] is not None:
-            row += [
-                f"{s['cuda']:,.0f}",
-                f"{s['cuda'] / base['cuda']:.2f}x",
-                number(s["plan_gb"], ".1f"),
+    for trainer, t in stats.items():
+        line = [trainer, f"{t['rss']:,.0f}", f"{t['rss'] / base['rss']:.2f}x"]
+        if cuda:
+            line += [
+                f"{t['cuda']:,.0f}",
+                f"{t['cuda'] / base['cuda']:.2f}x",
+                cell(t["plan_gb"], ".1f"),
             ]
-        row += [
-            f"{s['seconds']:.3f}",
-            f"{s['seconds'] / base['seconds']:.2f}x",
-            f"{s['reward']:.3f}",
-            number(s["accuracy"], ".1%"),
-            number(s["equal_step"], "g"),
-            number(s["equal_acc"], ".1%"),
-        ]
-        rows.append(row)
+        line += [f"{t['seconds']:.3f}", f"{t['seconds'] / base['seconds']:.2f}x",
+                 f"{t['reward']:.3f}", cell(t["accuracy"], ".1%"), cell(t["equal_step"], "g"),
+                 cell(t["equal_acc"], ".1%")]  # fmt: skip
+        rows.append(line)
     memory = stats["GRPO"]["rss"] / base["rss"]
-    if base["cuda"] is not None:
-        gpu = stats["GRPO"]["cuda"] / base["cuda"]
+    if cuda:
         verdict = (
-            f"Peak GPU memory (`torch.cuda.max_memory_allocated`): GRPO **{gpu:.3f}x** PPO's "
-            f"(the claim: 25-50% less, 0.50-0.75x); peak RSS {memory:.3f}x."
-        )
-    elif key.startswith("30m"):
-        verdict = (
-            f"Peak memory (process peak RSS, runtime included): GRPO **{memory:.3f}x** PPO's; "
-            f"target <= {TARGET}x: **{'met' if memory <= TARGET else 'missed'}**."
+            f"Peak GPU memory (`torch.cuda.max_memory_allocated`): GRPO "
+            f"**{stats['GRPO']['cuda'] / base['cuda']:.3f}x** PPO's (the claim: 25-50% less, "
+            f"0.50-0.75x); peak RSS {memory:.3f}x."
         )
     else:
-        verdict = (
-            f"Peak memory (process peak RSS, runtime included): GRPO **{memory:.3f}x** PPO's; "
-            f"reported only (the {TARGET}x target is for the ~30M model)."
-        )
+        target = (f"target <= {TARGET}x: **{'met' if memory <= TARGET else 'missed'}**"
+                  if key.startswith("30m") else f"reported only (the {TARGET}x target is for the "
+                  "~30M model)")  # fmt: skip
+        verdict = (f"Peak memory (process peak RSS, runtime included): GRPO **{memory:.3f}x** "
+                   f"PPO's; {target}.")  # fmt: skip
     equal_time = ""
     if scored:
         p = max(min((stats["GRPO"]["accuracy"] + base["accuracy"]) / 2, 1.0), 0.0)
-        noise = 2 * (p * (1 - p) / args.eval_n) ** 0.5
+        n = row["eval_n"]
         verdict += (
-            f" Held-out greedy accuracy ({args.eval_n} prompts, starting model {start:.1%}; two "
-            f"binomial standard errors {noise:.1%})."
+            f" Held-out greedy accuracy ({n} prompts, starting model {start:.1%}; two binomial "
+            f"standard errors {2 * (p * (1 - p) / n) ** 0.5:.1%})."
         )
-        if start == 0 and all(s["accuracy"] == 0 for s in stats.values()):
-            verdict += (
-                " Random weights: accuracy is 0 for both after so few steps; the accuracy "
-                "comparison is the bundled default's."
-            )
+        if start == 0 and all(t["accuracy"] == 0 for t in stats.values()):
+            verdict += (" Random weights: accuracy is 0 for both after so few steps; the "
+                        "accuracy comparison is the bundled default's.")  # fmt: skip
         budget = statistics.mean(pair["GRPO"]["equal_time"]["budget"] for pair in pairs)
         equal_time = (
             f"Equal wall-clock time: the budget is the faster trainer's training time for "
-            f"{job.steps} steps (sum of `time/step`, mean {budget:.0f} s); the slower trainer is "
-            f"scored at its newest checkpoint (saved every {job.save_every} steps) whose "
+            f"{steps} steps (sum of `time/step`, mean {budget:.0f} s); the slower trainer is "
+            f"scored at its newest checkpoint (saved every {s['run.save_every']} steps) whose "
             "cumulative `time/step` fits in it (step 0 = the starting model).\n\n"
         )
     breakdown = ""
-    if machine["floor"] is not None:
+    if row["floor"] is not None:
         breakdown = (
             "Where the peak comes from (MB; states computed from parameter counts, runtime "
             "measured as the peak RSS of a process that imports torch, transformers and oncurve "
             "and builds the model class without weights; the rest is activations, logits, the "
             "rollout's cache and allocator slack):\n\n"
-            + memory_breakdown(job, params, machine["floor"], stats)
+            + memory_breakdown(s["algo.beta"], row["params"], row["floor"], stats)
             + "\n\n"
         )
     phase_rows = []
     for trainer in TRAINERS:
-        for phase in pairs[0][trainer]["phases"]:
+        for phase, first in pairs[0][trainer]["phases"].items():
             values = [x for pair in pairs for x in pair[trainer]["phases"][phase][1:]]
-            median = statistics.median(values or pairs[0][trainer]["phases"][phase])
-            share = median / stats[trainer]["seconds"]
-            phase_rows.append([trainer, phase, f"{median:.3f}", f"{share:.0%}"])
+            median = statistics.median(values or first)
+            phase_rows.append([trainer, phase, f"{median:.3f}",
+                               f"{median / stats[trainer]['seconds']:.0%}"])  # fmt: skip
     per_run = [
-        [
-            trainer,
-            str(i + 1),
-            " ".join(f"{s:.2f}" for s in r["seconds"]) if len(r["seconds"]) <= 10 else "...",
-            f"{sum(r['seconds']):.0f}",
-            f"{r['rss']:,.0f}",
-            f"{r['wall']:.0f}",
-            number(r["accuracy"], ".1%"),
-            f"{r['equal_time']['step']} / {r['equal_time']['accuracy']:.1%}" if scored else "n/a",
-        ]
-        for i, pair in enumerate(pairs)
-        for trainer in TRAINERS
-        for r in [pair[trainer]]
-    ]
-    command = (
-        f"python benchmarks/grpo_vs_ppo.py --model {args.model} --steps {job.steps} "
-        f"--runs {args.runs} --lr {job.lr} --eval-n {args.eval_n} --microbatch {job.microbatch}"
-        + (" --gradient-checkpointing" if job.gradient_checkpointing else "")
-        + (" --device cuda" if job.device == "cuda" else "")
-    )
-    forced = ", forced to full length" if job.force_length else ""
-    precision = "fp32" if job.device == "cpu" else "model.dtype auto (bf16 on the GPU)"
+        [trainer, str(i + 1),
+         " ".join(f"{x:.2f}" for x in r["seconds"]) if len(r["seconds"]) <= 10 else "...",
+         f"{sum(r['seconds']):.0f}", f"{r['rss']:,.0f}", f"{r['wall']:.0f}",
+         cell(r["accuracy"], ".1%"),
+         f"{r['equal_time']['step']} / {r['equal_time']['accuracy']:.1%}" if scored else "n/a"]
+        for i, pair in enumerate(pairs) for trainer in TRAINERS for r in [pair[trainer]]
+    ]  # fmt: skip
+    forced = ", forced to full length" if s["rollout.min_new_tokens"] else ""
+    device = s["run.device"]
+    precision = "fp32" if device == "cpu" else "model.dtype auto (bf16 on the GPU)"
     return (
-        f"### {key}: {params / 1e6:.2f}M params, {job.prompts} prompts x G={job.group}, "
-        f"{job.tokens} tokens{forced}, {job.steps} steps x {args.runs} runs per trainer\n\n"
-        f"Measured {machine['date']} on {machine['cpu']}; `{command}`; lr {job.lr} (both; PPO's critic too), beta "
-        f"{job.beta} (GRPO: k3 in the loss; PPO: k1 in the reward), epsilon {job.epsilon}, mu "
-        f"{job.mu}, microbatch {job.microbatch} rows, gradient checkpointing "
-        f"{'on' if job.gradient_checkpointing else 'off'}, {precision}; {machine['load']}.\n\n"
+        f"### {key}: {row['params'] / 1e6:.2f}M params, {s['data.prompts_per_step']} prompts x "
+        f"G={s['rollout.group_size']}, {s['rollout.max_new_tokens']} tokens{forced}, {steps} "
+        f"steps x {row['runs_per_trainer']} runs per trainer\n\n"
+        f"Measured {row['date']} at {row['commit']} on {row['cpu']}; `{row['command']}`; lr "
+        f"{s['optim.lr']} (both; PPO's critic too), beta {s['algo.beta']} (GRPO: k3 in the loss; "
+        f"PPO: k1 in the reward), epsilon {s['algo.epsilon']}, mu {s['algo.mu']}, microbatch "
+        f"{s['optim.microbatch_size']} rows, gradient checkpointing "
+        f"{'on' if s['model.gradient_checkpointing'] else 'off'}, {precision}; "
+        f"{row['load_note']}.\n\n"
         + markdown_table(header, rows)
-        + f"\n\n{verdict}\n\n{equal_time}"
-        + breakdown
+        + f"\n\n{verdict}\n\n{equal_time}{breakdown}"
         + "Median seconds per phase (steps after the first; PPO's `train` includes the "
         "critic's value forward and its update):\n\n"
         + markdown_table(["trainer", "phase", "median s", "share of step"], phase_rows)
@@ -485,17 +407,17 @@ def report(
                 "equal time: step / acc.",
             ],
             per_run,
-        )
+        )  # fmt: skip
         + "\n"
     )
 
 
-def memory_breakdown(job: Job, params: int, floor: float, stats: dict) -> str:
+def memory_breakdown(beta: float, params: int, floor: float, stats: dict) -> str:
     """The peaks split into the runtime's fixed cost, the models' states and the rest, plus the
     ratio the two trainers would have with no activations at all (the best case for GRPO)."""
     size = params * 4 / 2**20  # MB of one fp32 copy; the critic (trunk + scalar head, tied
     # embeddings) has the policy's count to within its head
-    reference = size if job.beta > 0 else 0.0
+    reference = size if beta > 0 else 0.0
     # Gradients are freed after each optimizer step, so one model's gradients exist at a time.
     states = {
         "GRPO": {"policy": 3 * size, "reference": reference, "critic": 0.0, "gradients": size},
@@ -543,27 +465,15 @@ def main() -> None:
         "--force-length", action="store_true", help="every completion --tokens long (EOS held)"
     )
     parser.add_argument("--json", help="also write each run's peaks and seconds to this file")
-    parser.add_argument(
-        "--report-from", help="write the section again from a run's results.json, no training"
-    )
     parser.add_argument("--child", help=argparse.SUPPRESS)  # train one run into this dir
     args = parser.parse_args()
     if args.child:
         child(Path(args.child))
         return
-    if args.report_from:
-        raw = json.loads(Path(args.report_from).read_text())
-        args = argparse.Namespace(**raw["args"])
-        job = Job(**raw["job"])
-        key = section_key(args)
-        section = report(key, job, raw["params"], raw["machine"], raw["start"], raw["pairs"], args)
-    else:
-        if args.device == "cuda" and args.eval_n:
-            print("note: accuracy is scored by `oncurve eval` on the CPU (--eval-n 0 skips it)")
-        key = section_key(args)
-        section = benchmark(args.model, args)
-    print("\n" + section, flush=True)
-    publish(RESULTS.stem, TITLE, key, {"markdown": section})
+    if args.device == "cuda" and args.eval_n:
+        print("note: accuracy is scored by `oncurve eval` on the CPU (--eval-n 0 skips it)")
+    row = {"renderer": "grpo_vs_ppo", **benchmark(args)}
+    publish("grpo_vs_ppo", TITLE, section_key(args), row)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,8 @@
 padded rows (every row whole, as TRL runs them, or each group's prompt once through its KV
 cache) against packed rows (`model.pack_rows`, every row whole or each prompt once).
 
-On a GPU each op that is not a view is about one kernel launch, and the first GPU session
-found the update far slower than its arithmetic (2.25 s for about 0.5 s of matmuls on an H200),
-so the count is a CPU-measurable stand-in for launch overhead. The model has the layer
+On a GPU each op that is not a view is about one kernel launch; where the update runs far
+slower than its arithmetic, the count is a CPU-measurable stand-in for launch overhead. The model has the layer
 structure of `gpu_vs_trl.py`'s Qwen2.5-0.5B shape (24 layers, 14 query and 2 key-value heads,
 its vocabulary, tied embeddings) at a narrow width, which changes no count; the batch is that
 script's step: 8 prompts x G=8 of 67-83 tokens, completions forced to 256.
@@ -28,28 +27,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import time
-from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import transformers
 from harness.models import qwen2_config
-from harness.op_count import OpCount, count_packed_as_on_cuda
 from harness.tables import markdown_table, publish
+from harness.updates import OpCount, count_packed_as_on_cuda, default_loss_fns, update_of
 
-from oncurve import load_config
 from oncurve.model import packed_attention
 from oncurve.model.forward import PolicyLogprobs
 from oncurve.run.memory_plan import GIB, ModelShape, plan_memory
-from oncurve.run.setup import build_loss_fns
 from oncurve.types import TrainBatch
 from oncurve.update.microbatches import ForwardSettings, batch_logprobs, microbatches
-from oncurve.update.step import LossFns, accumulate, microbatch_loss
+from oncurve.update.step import LossFns
 
-HERE = Path(__file__).resolve().parent
-
-RESULTS = HERE / "results" / "update_ops.md"
 VOCAB = 151_936
 # Qwen2.5-0.5B's layers (24, 14 heads, 2 key-value heads) at 112 wide instead of 896
 SHAPE = (112, 224, 24, 14, 2)
@@ -109,37 +100,21 @@ def tokens_run(batch: TrainBatch, max_rows: int, max_tokens: int, packed: bool) 
     return out
 
 
-def counted(fn: Callable[[], object]) -> OpCount:
-    with OpCount() as count:
-        fn()
-    return count
-
-
 def counts(
     policy: PolicyLogprobs, step: TrainBatch, fns: LossFns, forward: ForwardSettings
-) -> tuple[int, int, int]:
+) -> list:
     """Kernel-launching ops of the reference pass and of the update, and the update's ops."""
-    reference = counted(lambda: batch_logprobs(policy, step, forward))
-    tokens = float(step.completion_mask.sum())
-
-    def loss(micro: TrainBatch, _: torch.Tensor) -> tuple:
-        return microbatch_loss(
-            policy,
-            micro,
-            fns=fns,
-            forward=forward,
-            num_seqs=float(step.num_rows),
-            num_tokens=tokens,
-        )
-
-    update = counted(lambda: accumulate(policy, step, forward, loss))
-    policy.zero_grad(set_to_none=True)
-    return reference.kernels, update.kernels, update.ops
+    with OpCount() as reference:
+        batch_logprobs(policy, step, forward)
+    one_update = update_of(policy, step, forward, fns)
+    with OpCount() as update:
+        one_update()
+    return [reference.kernels, update.kernels, update.ops]
 
 
 def layouts(model: torch.nn.Module, batch: TrainBatch, args: argparse.Namespace) -> list[list]:
-    fns = build_loss_fns(load_config(None, []))  # the default GRPO objective
-    policy = PolicyLogprobs(model)
+    """The first table's rows: (layout, reference ops, update ops, update ops with views)."""
+    fns, policy = default_loss_fns(), PolicyLogprobs(model)
     rows = []
     for name, packed, shared in (
         ("padded, every row whole (TRL's layout)", False, False),
@@ -151,9 +126,8 @@ def layouts(model: torch.nn.Module, batch: TrainBatch, args: argparse.Namespace)
             packed_attention.use_packed_attention(model)
         step = dataclasses.replace(batch, prompt_index=batch.prompt_index if shared else None)
         forward = ForwardSettings(1.0, args.chunk, args.microbatch, pack_rows=packed)
-        reference, update, total = counts(policy, step, fns, forward)
-        rows.append([name, reference, update, total])
-        print(f"{name}: reference {reference}, update {update}", flush=True)
+        rows.append([name, *counts(policy, step, fns, forward)])
+        print(f"{name}: reference {rows[-1][1]}, update {rows[-1][2]}", flush=True)
     return rows
 
 
@@ -170,8 +144,7 @@ def sampled_microbatches(
     widest = budget // (83 + MAX_NEW_TOKENS)
     generator = torch.Generator().manual_seed(0)
     batches = [a_batch(sampled_lengths(generator)) for _ in range(args.batches)]
-    fns = build_loss_fns(load_config(None, []))
-    policy = PolicyLogprobs(model)
+    fns, policy = default_loss_fns(), PolicyLogprobs(model)
     rows = []
     for name, max_rows, packed in (
         (f"padded, at most {widest} rows (the plan before)", widest, False),
@@ -181,12 +154,41 @@ def sampled_microbatches(
     ):  # fmt: skip
         cuts = [tokens_run(batch, max_rows, budget, packed) for batch in batches]
         forward = ForwardSettings(1.0, args.chunk, max_rows, budget, pack_rows=packed)
-        _, update, _ = counts(policy, batches[0], fns, forward)
+        update = counts(policy, batches[0], fns, forward)[1]
         count = sum(map(len, cuts)) / len(cuts)
         tokens = sum(map(sum, cuts)) / len(cuts)
         rows.append([name, count, tokens, update])
         print(f"{name}: {count:.1f} microbatches, {tokens:,.0f} tokens, {update:,} ops", flush=True)
     return rows, budget, widest
+
+
+def section(row: dict) -> str:
+    """The markdown section of one row: ops by layout, microbatches of sampled lengths."""
+    base = row["layouts"][1][2]
+    layouts = markdown_table(
+        ["forward layout", "reference pass", "update (fwd + bwd)", "vs each prompt once, padded",
+         "update, views included"],
+        [[name, f"{ref:,}", f"{upd:,}", f"{upd / base:.2f}x", f"{total:,}"]
+         for name, ref, upd, total in row["layouts"]],
+    )  # fmt: skip
+    base = row["sampled"][0][3]
+    sampled = markdown_table(
+        ["microbatches", "per update", "tokens run", "update ops (first draw)", "ops vs before"],
+        [[name, f"{count:.1f}", f"{tokens:,.0f}", f"{update:,}", f"{update / base:.2f}x"]
+         for name, count, tokens, update in row["sampled"]],
+    )  # fmt: skip
+    a = row["args"]
+    return (
+        f"{row['date']} at {row['commit']}, `{row['command']}`, torch {row['versions']['torch']}, "
+        f"transformers {row['versions']['transformers']} (counts, not times: the machine's load "
+        f"does not enter). {PROMPTS} prompts x G={GROUP}, completions {COMPLETION} tokens, "
+        f"{-(-PROMPTS * GROUP // a['microbatch'])} microbatches of {a['microbatch']} rows, "
+        f"logprob chunk {a['chunk']}; ops that are not views (about one kernel launch each on a "
+        f"GPU)\n\n{layouts}\n\nCompletions of sampled lengths (geometric, mean {MEAN_LENGTH}, "
+        f"at most {MAX_NEW_TOKENS}), mean of {a['batches']} draws (`--batches`); the memory "
+        f"plan's budget for the 0.5B shape: {row['budget']:,} tokens a microbatch, "
+        f"{row['widest']} rows of the widest length\n\n{sampled}\n"
+    )
 
 
 def main() -> None:
@@ -199,40 +201,10 @@ def main() -> None:
     count_packed_as_on_cuda()
     model, batch = the_step()
     rows = layouts(model, batch, args)
-    base = rows[1]
-    table = markdown_table(
-        ["forward layout", "reference pass", "update (fwd + bwd)", "vs each prompt once, padded",
-         "update, views included"],
-        [[name, f"{ref:,}", f"{upd:,}", f"{upd / base[2]:.2f}x", f"{total:,}"]
-         for name, ref, upd, total in rows],
-    )  # fmt: skip
-    microbatches = -(-PROMPTS * GROUP // args.microbatch)
-    command = (
-        f"benchmarks/update_ops.py --microbatch {args.microbatch} --chunk {args.chunk} "
-        f"--batches {args.batches}"
-    )
-    section = (
-        f"{time.strftime('%Y-%m-%d')}, `{command}`, torch {torch.__version__}, transformers "
-        f"{transformers.__version__} (counts, not times: the machine's load does not enter). "
-        f"{PROMPTS} prompts x G={GROUP}, completions {COMPLETION} tokens, {microbatches} "
-        f"microbatches of {args.microbatch} rows, logprob chunk {args.chunk}; ops that are "
-        f"not views (about one kernel launch each on a GPU)\n\n{table}\n"
-    )
     sampled, budget, widest = sampled_microbatches(model, args)
-    base = sampled[0]
-    table = markdown_table(
-        ["microbatches", "per update", "tokens run", "update ops (first draw)", "ops vs before"],
-        [[name, f"{count:.1f}", f"{tokens:,.0f}", f"{update:,}", f"{update / base[3]:.2f}x"]
-         for name, count, tokens, update in sampled],
-    )  # fmt: skip
-    section += (
-        f"\nCompletions of sampled lengths (geometric, mean {MEAN_LENGTH}, at most "
-        f"{MAX_NEW_TOKENS}), mean of {args.batches} draws (`--batches`); the memory plan's "
-        f"budget for the 0.5B shape: {budget:,} tokens a microbatch, {widest} rows of the "
-        f"widest length\n\n{table}\n"
-    )
-    print(section)
-    publish(RESULTS.stem, "Ops one GRPO update dispatches", "ops", {"markdown": section})
+    row = {"renderer": "update_ops", "args": vars(args), "layouts": rows, "sampled": sampled}
+    row |= {"budget": budget, "widest": widest}
+    publish("update_ops", "Ops one GRPO update dispatches", "ops", row)
 
 
 if __name__ == "__main__":

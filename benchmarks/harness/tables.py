@@ -18,6 +18,11 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def cell(value: float | None, spec: str = ".2f") -> str:
+    """`value` formatted with `spec`, or "n/a" when it was not measured."""
+    return "n/a" if value is None else format(value, spec)
+
+
 def section_text(row: dict[str, Any]) -> str:
     """One row's markdown: its own "markdown", or what its spec module's `section(row)` makes
     of its figures (the module named by "renderer", a script beside the harness)."""
