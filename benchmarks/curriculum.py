@@ -34,15 +34,12 @@ import sys
 import time
 from pathlib import Path
 
+from harness.checkout import CACHE, RESULTS
 from harness.machine import cpu_name, load_note
 from harness.tables import markdown_table, publish
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-
-CACHE = HERE / ".cache" / "curriculum"
-RESULTS = HERE / "results" / "curriculum.md"
-CURVE = HERE / "results" / "curriculum.png"
+WORK = CACHE / "curriculum"
+CURVE = RESULTS / "curriculum.png"
 TITLE = (
     "Curriculum against none\n\nWritten by `benchmarks/curriculum.py`, one section per job setting."
 )
@@ -78,7 +75,7 @@ def run_all(args: argparse.Namespace) -> dict[tuple[str, int], Path]:
     """Every (arm, seed) run, `args.parallel` at a time, seeds outermost so that a slow patch
     of the shared machine falls on every arm alike; their run directories."""
     jobs = [(arm, seed) for seed in range(args.seeds) for arm in args.arms]
-    dirs = {job: CACHE / f"{job[0]}-seed{job[1]}" for job in jobs}
+    dirs = {job: WORK / f"{job[0]}-seed{job[1]}" for job in jobs}
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     waiting, running = list(jobs), {}
     while waiting or running:
@@ -86,7 +83,7 @@ def run_all(args: argparse.Namespace) -> dict[tuple[str, int], Path]:
             job = waiting.pop(0)
             command = [sys.executable, "-m", "oncurve", "train", "--quiet"]
             command += job_args(*job, args, dirs[job])
-            log = open(CACHE / f"{job[0]}-seed{job[1]}.log", "w")  # noqa: SIM115
+            log = open(WORK / f"{job[0]}-seed{job[1]}.log", "w")  # noqa: SIM115
             running[job] = (subprocess.Popen(command, stdout=log, stderr=log, env=env), log)
             print(f"started {job[0]} seed {job[1]}", flush=True)
         time.sleep(2)
@@ -306,11 +303,11 @@ def main() -> None:
         "--report-only", action="store_true", help="tabulate the runs already in the cache"
     )
     args = parser.parse_args()
-    CACHE.mkdir(parents=True, exist_ok=True)
+    WORK.mkdir(parents=True, exist_ok=True)
     # when, how and under what load the cached runs were measured, for --report-only
-    measured_file = CACHE / "measured.json"
+    measured_file = WORK / "measured.json"
     if args.report_only:
-        dirs = {(a, s): CACHE / f"{a}-seed{s}" for s in range(args.seeds) for a in args.arms}
+        dirs = {(a, s): WORK / f"{a}-seed{s}" for s in range(args.seeds) for a in args.arms}
         measured = json.loads(measured_file.read_text())
     else:
         load = load_note()
@@ -325,7 +322,7 @@ def main() -> None:
     plot(runs, args.arms)
     section = report(runs, args, measured)
     print(section)
-    publish(RESULTS.stem, TITLE, f"arith-4x4-{args.steps}-{args.train}", {"markdown": section})
+    publish("curriculum", TITLE, f"arith-4x4-{args.steps}-{args.train}", {"markdown": section})
 
 
 if __name__ == "__main__":

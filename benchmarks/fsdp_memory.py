@@ -23,15 +23,13 @@ import sys
 import time
 from pathlib import Path
 
+from harness.checkout import CACHE
 from harness.children import own_peak_rss
 from harness.machine import cpu_name, load_note
 from harness.models import model_dir
 from harness.tables import markdown_table, publish
 
-HERE = Path(__file__).resolve().parent
-
-CACHE = HERE / ".cache" / "fsdp_memory"
-RESULTS = HERE / "results" / "fsdp_memory.md"
+WORK = CACHE / "fsdp_memory"
 TITLE = (
     "Per-rank peak memory: DDP vs FSDP2\n\nWritten by `benchmarks/fsdp_memory.py`, one section "
     "per model and setting."
@@ -50,7 +48,7 @@ def child(out: Path, overrides: list[str]) -> None:
 
 def run(args: argparse.Namespace, fsdp: bool) -> tuple[list[float], float]:
     """(peak RSS of each rank in MB, wall seconds) of one torchrun job."""
-    out = CACHE / ("fsdp" if fsdp else "ddp")
+    out = WORK / ("fsdp" if fsdp else "ddp")
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("rank*.json"):
         stale.unlink()
@@ -135,7 +133,7 @@ def main() -> None:
         ]
     )
     print(section)
-    publish(RESULTS.stem, TITLE, key, {"markdown": section})
+    publish("fsdp_memory", TITLE, key, {"markdown": section})
 
 
 if __name__ == "__main__":

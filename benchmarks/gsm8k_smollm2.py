@@ -169,10 +169,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.prepare:
         prepare()
-        return
-    section = benchmark()
-    print(section)
-    publish("gsm8k_smollm2", "GSM8K CPU twin", "", {"markdown": "# GSM8K CPU twin\n\n" + section})
+    else:
+        page = "# GSM8K CPU twin\n\n" + benchmark()
+        print(page)
+        publish("gsm8k_smollm2", "GSM8K CPU twin", "", {"markdown": page})
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 import transformers
 from harness.models import qwen2_config
-from harness.tables import markdown_table, publish
+from harness.tables import markdown_table, measured, publish
 from harness.updates import OpCount, count_packed_as_on_cuda, default_loss_fns, update_of
 
 from oncurve.model import packed_attention
@@ -75,7 +75,10 @@ def seconds(update: Callable[[], None]) -> float:
 
 
 def measure(repeats: int) -> dict:
-    """Each variant's median seconds and ops (None compiled), and the compilation's seconds."""
+    """Each variant's median seconds and ops (None compiled), and the compilation's seconds, on
+    one thread (the host's share of a GPU's update is one thread's)."""
+    torch.set_num_threads(1)
+    count_packed_as_on_cuda()
     model, batch = the_update()
     policy, fns = PolicyLogprobs(model), default_loss_fns()
     variants, compile_seconds = [], 0.0
@@ -108,23 +111,21 @@ def section(row: dict) -> str:
         [[v["name"], f"{v['seconds'] * 1e3:.1f}", f"{v['seconds'] / base:.2f}x",
           "-" if v["ops"] is None else f"{v['ops']:,}"] for v in row["variants"]],
     )  # fmt: skip
-    return (
-        f"{row['date']} at {row['commit']}, `{row['command']}`, torch "
-        f"{row['versions']['torch']}, transformers {row['versions']['transformers']}, 1 thread. "
-        f"{ROWS} rows ({ROWS // GROUP} groups) of {PROMPT} + {COMPLETION} tokens, 24 layers 28 "
-        f"wide, gradient checkpointing; the compiled layers' first update (compiling) took "
-        f"{row['compile_seconds']:.1f} s, left out\n\n{table}\n"
-    )
+    shape = f"{ROWS} rows ({ROWS // GROUP} groups) of {PROMPT} + {COMPLETION} tokens"
+    compiling = f"the compiled layers' first update (compiling) took {row['compile_seconds']:.1f} s"
+    return f"{measured(row)}, 1 thread. {shape}, 24 layers 28 wide, gradient checkpointing; {compiling}, left out\n\n{table}\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=7, help="updates timed per variant")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    count_packed_as_on_cuda()
-    row = {"renderer": "update_host_time", **measure(args.repeats)}
-    publish("update_host_time", "The host's time for one update", "host", row)
+    row = measure(parser.parse_args().repeats)
+    publish(
+        "update_host_time",
+        "The host's time for one update",
+        "host",
+        {"renderer": "update_host_time", **row},
+    )
 
 
 if __name__ == "__main__":

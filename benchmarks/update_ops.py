@@ -31,7 +31,7 @@ import dataclasses
 import torch
 import transformers
 from harness.models import qwen2_config
-from harness.tables import markdown_table, publish
+from harness.tables import markdown_table, measured, publish
 from harness.updates import OpCount, count_packed_as_on_cuda, default_loss_fns, update_of
 
 from oncurve.model import packed_attention
@@ -179,9 +179,7 @@ def section(row: dict) -> str:
     )  # fmt: skip
     a = row["args"]
     return (
-        f"{row['date']} at {row['commit']}, `{row['command']}`, torch {row['versions']['torch']}, "
-        f"transformers {row['versions']['transformers']} (counts, not times: the machine's load "
-        f"does not enter). {PROMPTS} prompts x G={GROUP}, completions {COMPLETION} tokens, "
+        f"{measured(row)} (counts, not times: the machine's load does not enter). {PROMPTS} prompts x G={GROUP}, completions {COMPLETION} tokens, "
         f"{-(-PROMPTS * GROUP // a['microbatch'])} microbatches of {a['microbatch']} rows, "
         f"logprob chunk {a['chunk']}; ops that are not views (about one kernel launch each on a "
         f"GPU)\n\n{layouts}\n\nCompletions of sampled lengths (geometric, mean {MEAN_LENGTH}, "

@@ -23,6 +23,16 @@ def cell(value: float | None, spec: str = ".2f") -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def measured(row: dict[str, Any]) -> str:
+    """Where a row was measured, for the top of its section: date, commit, command, torch and
+    transformers."""
+    versions = row["versions"]
+    return (
+        f"{row['date']} at {row['commit']}, `{row['command']}`, torch {versions['torch']}, "
+        f"transformers {versions['transformers']}"
+    )
+
+
 def section_text(row: dict[str, Any]) -> str:
     """One row's markdown: its own "markdown", or what its spec module's `section(row)` makes
     of its figures (the module named by "renderer", a script beside the harness)."""
