@@ -3,7 +3,7 @@
 Both runs are `oncurve train` under torchrun on `--ranks` CPU ranks (gloo) with the same model,
 task, batch and steps; only `dist.fsdp` differs. Each rank reports its own peak RSS (Linux
 `VmHWM`, the Python, torch and transformers start-up included); the table shows the largest
-rank's and the ratio FSDP2 / DDP, and is written to `benchmarks/results/fsdp_memory.md`.
+rank's and the ratio FSDP2 / DDP, recorded in `results/records/fsdp_memory.jsonl`.
 
 What to expect: FSDP2 divides the trained weights, their gradients and the AdamW state by the
 number of ranks, but every rank keeps a whole copy of the policy for sampling and the whole
@@ -27,6 +27,7 @@ from harness.checkout import CACHE
 from harness.children import own_peak_rss
 from harness.machine import cpu_name, load_note
 from harness.models import model_dir
+from harness.spec import Job
 from harness.tables import markdown_table, publish
 
 WORK = CACHE / "fsdp_memory"
@@ -46,46 +47,57 @@ def child(out: Path, overrides: list[str]) -> None:
     (out / f"rank{rank}.json").write_text(json.dumps({"rss_mb": own_peak_rss()}))
 
 
-def run(args: argparse.Namespace, fsdp: bool) -> tuple[list[float], float]:
-    """(peak RSS of each rank in MB, wall seconds) of one torchrun job."""
+def make_job(args: argparse.Namespace) -> Job:
+    """The job both runs train; only `dist.fsdp` differs."""
+    return Job({
+        "model.path": str(model_dir(args.model)),
+        "model.gradient_checkpointing": args.gradient_checkpointing,
+        "data.task": "arith",
+        "data.prompts_per_step": args.prompts,
+        "rollout.group_size": args.group,
+        "rollout.max_new_tokens": args.tokens,
+        "rollout.min_new_tokens": args.tokens,
+        "optim.microbatch_size": args.microbatch,
+        "run.steps": args.steps,
+        "run.save_every": 0,
+        "eval.at_start_end": False,
+        "log.samples_per_step": 0,
+        "run.device": "cpu",  # gloo ranks on the CPU, also on a machine with a GPU
+    })  # fmt: skip
+
+
+def run(job: Job, ranks: int, fsdp: bool) -> dict:
+    """The peak RSS of each rank in MB and the wall seconds of one torchrun job."""
     out = WORK / ("fsdp" if fsdp else "ddp")
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("rank*.json"):
         stale.unlink()
-    overrides = [
-        f"model.path={model_dir(args.model)}",
-        f"model.gradient_checkpointing={str(args.gradient_checkpointing).lower()}",
-        "data.task=arith",
-        f"data.prompts_per_step={args.prompts}",
-        f"rollout.group_size={args.group}",
-        f"rollout.max_new_tokens={args.tokens}",
-        f"rollout.min_new_tokens={args.tokens}",
-        f"optim.microbatch_size={args.microbatch}",
-        f"run.steps={args.steps}",
-        "run.save_every=0",
-        "eval.at_start_end=false",
-        "log.samples_per_step=0",
-        f"run.dir={out / 'run'}",
-        "run.overwrite=true",
-        "run.device=cpu",  # gloo ranks on the CPU, also on a machine with a GPU
-        f"dist.fsdp={str(fsdp).lower()}",
-    ]
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc-per-node={args.ranks}",
-        str(Path(__file__).resolve()),
-        "--child",
-        str(out),
-        *overrides,
-    ]
+    settings = [f"run.dir={out / 'run'}", "run.overwrite=true", f"dist.fsdp={str(fsdp).lower()}"]
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
+               str(Path(__file__).resolve()), "--child", str(out), *job.oncurve_args(), *settings]  # fmt: skip
     start = time.perf_counter()
     proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"{'FSDP2' if fsdp else 'DDP'} run failed:\n{proc.stderr[-3000:]}")
-    ranks = [json.loads((out / f"rank{r}.json").read_text())["rss_mb"] for r in range(args.ranks)]
-    return ranks, time.perf_counter() - start
+    rss = [json.loads((out / f"rank{r}.json").read_text())["rss_mb"] for r in range(ranks)]
+    return {"rss": rss, "wall": time.perf_counter() - start}
+
+
+def section(row: dict) -> str:
+    """The markdown section of one row: each run's per-rank peaks against DDP's."""
+    s, runs = row["settings"], row["runs"]
+    base = max(runs["DDP"]["rss"])
+    table = [[name, " / ".join(f"{mb:,.0f}" for mb in r["rss"]), f"{max(r['rss']):,.0f}",
+              f"{max(r['rss']) / base:.2f}x", f"{r['wall']:.0f}"] for name, r in runs.items()]  # fmt: skip
+    checkpointing = "on" if s["model.gradient_checkpointing"] else "off"
+    return (
+        f"### {row['key']}: {row['ranks']} ranks, {s['data.prompts_per_step']} prompts x "
+        f"G={s['rollout.group_size']}, {s['rollout.max_new_tokens']} tokens (full length), "
+        f"{s['run.steps']} steps\n\nMeasured {row['date']} at {row['commit']} on {row['cpu']}; "
+        f"`{row['command']}`; microbatch {s['optim.microbatch_size']} rows, gradient "
+        f"checkpointing {checkpointing}, fp32; {row['load_before']} before.\n\n"
+        + markdown_table(["trainer", "peak RSS per rank MB", "largest", "vs DDP", "wall s"], table)
+    )
 
 
 def main() -> None:
@@ -103,37 +115,14 @@ def main() -> None:
     if args.child:
         child(Path(args.child), rest)
         return
-    before = load_note()
-    results = {name: run(args, fsdp) for name, fsdp in (("DDP", False), ("FSDP2", True))}
-    base = max(results["DDP"][0])
-    rows = [
-        [
-            name,
-            " / ".join(f"{mb:,.0f}" for mb in ranks),
-            f"{max(ranks):,.0f}",
-            f"{max(ranks) / base:.2f}x",
-            f"{wall:.0f}",
-        ]
-        for name, (ranks, wall) in results.items()
-    ]
-    setting = "on" if args.gradient_checkpointing else "off"
+    job, load_before = make_job(args), load_note()
+    runs = {name: run(job, args.ranks, fsdp) for name, fsdp in (("DDP", False), ("FSDP2", True))}
     key = f"{Path(args.model).name}-{args.ranks}ranks" + (
         "-gc" if args.gradient_checkpointing else ""
     )
-    section = "\n\n".join(
-        [
-            f"### {key}: {args.ranks} ranks, {args.prompts} prompts x G={args.group}, "
-            f"{args.tokens} tokens (full length), {args.steps} steps",
-            f"Measured {time.strftime('%Y-%m-%d')} on {cpu_name()}, {os.cpu_count()} cores; "
-            f"`python benchmarks/fsdp_memory.py {' '.join(sys.argv[1:])}`; microbatch "
-            f"{args.microbatch} rows, gradient checkpointing {setting}, fp32; {before} before.",
-            markdown_table(
-                ["trainer", "peak RSS per rank MB", "largest", "vs DDP", "wall s"], rows
-            ),
-        ]
-    )
-    print(section)
-    publish("fsdp_memory", TITLE, key, {"markdown": section})
+    row = {"renderer": "fsdp_memory", "settings": job.settings, "ranks": args.ranks, "runs": runs}
+    row |= {"cpu": f"{cpu_name()}, {os.cpu_count()} cores", "load_before": load_before}
+    publish("fsdp_memory", TITLE, key, row)
 
 
 if __name__ == "__main__":
