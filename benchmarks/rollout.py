@@ -8,7 +8,7 @@ of the ratios within a repeat (which drift in the machine's speed between repeat
 the FLOP floor (2 x parameters x generated tokens at this machine's fp32 matmul rate, measured
 at the decode's largest matmul shape) and how far above it each sampler is; and the peak memory
 of one call (RSS above the start, each sampler in a fresh process after a small warm-up call;
-see `common.peak_memory`).
+see `harness.children.peak_memory`).
 
     python benchmarks/rollout.py                 # both scenarios of issue 3
     python benchmarks/rollout.py --model 30m     # one scenario: tiny|default|30m|PATH
