@@ -504,7 +504,7 @@ def gib(value: float | None) -> str:
 
 
 def phase_peaks(measured: dict[str, float], planned: dict[str, float]) -> str:
-    """Each phase's measured peak against the plan's (`common.PEAK_PHASES`), GiB."""
+    """Each phase's measured peak against the plan's (`harness.run_logs.PEAK_PHASES`), GiB."""
     if not measured:
         return "n/a"
     return ", ".join(
