@@ -99,9 +99,11 @@ def run_all(args: argparse.Namespace) -> dict[tuple[str, int], Path]:
 
 
 def read_run(run_dir: Path) -> dict:
-    """The curve (step, held-out accuracy), the per-step metrics, and the training seconds."""
+    """The curve (step, held-out accuracy) and, by step, the metrics the page reads: seconds,
+    the all-equal fraction and the curriculum's level."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = {r["step"]: r for r in rows if "time/step" in r}
+    kept = ("time/step", "groups/all_equal_frac", "curriculum/level")
+    steps = {r["step"]: {k: r[k] for k in kept if k in r} for r in rows if "time/step" in r}
     curve = sorted((r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r)
     return {"steps": steps, "curve": curve}
 
@@ -195,9 +197,14 @@ def mean_accuracy(run: dict) -> float:
     return mean([acc for step, acc in run["curve"] if step > 0])
 
 
-def report(
-    runs: dict[tuple[str, int], dict], args: argparse.Namespace, measured: dict[str, str]
-) -> str:
+def section(row: dict) -> str:
+    """The markdown section of one row: each arm over its seeds, each run, the levels."""
+    args = argparse.Namespace(**row["args"])
+    runs = {
+        (arm, seed): {"curve": run["curve"], "steps": {int(k): v for k, v in run["steps"].items()}}
+        for key, run in row["runs"].items()
+        for arm, seed in [(key.rsplit("/", 1)[0], int(key.rsplit("/", 1)[1]))]
+    }
     per_run, summary = [], []
     for arm in args.arms:
         mine = {seed: runs[(arm, seed)] for seed in range(args.seeds)}
@@ -243,8 +250,8 @@ def report(
     targets = [f"reach {t:.0%}" for t in args.targets]
     lines = [
         f"## arith, 4+4 digits, {args.steps} steps, {args.train} training problems\n",
-        f"{measured['date']}, `{measured['command']}`, {cpu_name()}, "
-        f"{args.parallel} runs at once on one thread each; {measured['load']}.\n",
+        f"{row['date']} at {row['commit']}, `{row['command']}`, {row['cpu']}, "
+        f"{args.parallel} runs at once on one thread each; {row['load_note']}.\n",
         f"Bundled model, `data.task_options={{min_digits: 4}}`, correctness reward only, "
         f"B={PROMPTS} x G={GROUP}, 64 tokens, lr 1e-4, beta 0.04; pass_rate floor 0.1, "
         f"difficulty threshold {args.threshold}; held-out greedy accuracy on {args.eval_n} test problems "
@@ -299,30 +306,17 @@ def main() -> None:
     parser.add_argument(
         "--threshold", type=float, default=0.6, help="data.curriculum_threshold (difficulty)"
     )
-    parser.add_argument(
-        "--report-only", action="store_true", help="tabulate the runs already in the cache"
-    )
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
-    # when, how and under what load the cached runs were measured, for --report-only
-    measured_file = WORK / "measured.json"
-    if args.report_only:
-        dirs = {(a, s): WORK / f"{a}-seed{s}" for s in range(args.seeds) for a in args.arms}
-        measured = json.loads(measured_file.read_text())
-    else:
-        load = load_note()
-        dirs = run_all(args)
-        measured = {
-            "date": time.strftime("%Y-%m-%d"),
-            "command": " ".join(["benchmarks/curriculum.py", *sys.argv[1:]]),
-            "load": f"{load} at start, {load_note()} at the end",
-        }
-        measured_file.write_text(json.dumps(measured))
-    runs = {job: read_run(path) for job, path in dirs.items()}
+    before = load_note()
+    runs = {job: read_run(path) for job, path in run_all(args).items()}
     plot(runs, args.arms)
-    section = report(runs, args, measured)
-    print(section)
-    publish("curriculum", TITLE, f"arith-4x4-{args.steps}-{args.train}", {"markdown": section})
+    kept = ("arms", "seeds", "steps", "train", "eval_every", "eval_n", "parallel", "targets",
+            "threshold")  # fmt: skip
+    row = {"renderer": "curriculum", "args": {k: getattr(args, k) for k in kept}}
+    row |= {"cpu": cpu_name(), "load_note": f"{before} at start, {load_note()} at the end"}
+    row["runs"] = {f"{arm}/{seed}": run for (arm, seed), run in runs.items()}
+    publish("curriculum", TITLE, f"arith-4x4-{args.steps}-{args.train}", row)
 
 
 if __name__ == "__main__":
