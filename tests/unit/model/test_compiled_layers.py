@@ -125,6 +125,8 @@ def test_compiled_layers_with_packed_rows_give_the_eager_packed_gradients(compil
     "window_size" not in packed_attention.VARLEN_PARAMETERS,
     reason=f"torch {torch.__version__} has no variable-length attention with windows",
 )
+# slow (a compile per layout): make test keeps the padded run's once-per-grad-mode guard
+@pytest.mark.slow
 def test_the_cuda_packed_path_compiles_once_per_layout_for_every_length(monkeypatch) -> None:
     """CUDA's packed attention (torch's variable-length flash attention) inside the compiled
     layers, without a GPU: traced by Dynamo and AOTAutograd on meta tensors, microbatches of
@@ -211,6 +213,8 @@ def test_a_compilation_that_fails_gives_one_warning_and_the_eager_gradients(
     assert says in warnings[0] and "model.compile_layers" in warnings[0]
 
 
+# slow (inductor over many lengths): make test keeps the padded run's once-per-grad-mode guard
+@pytest.mark.slow
 def test_inductor_compiles_the_layers_once_for_every_length_with_recomputation(monkeypatch):
     """The real backend on the CPU, activations recomputed, microbatches of several lengths
     (sizes are symbolic): the eager gradients to float32 rounding, and no fallback."""
