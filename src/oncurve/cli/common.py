@@ -44,6 +44,10 @@ def run_config(args: argparse.Namespace):
     return config
 
 
+# the sampling settings besides max_new_tokens that a run or a model directory can carry
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")
+
+
 @dataclasses.dataclass(frozen=True)
 class Sampling:
     """How `oncurve eval` and `oncurve sample` sample, and where `max_new_tokens` came from
@@ -81,9 +85,6 @@ def sampling(args: argparse.Namespace, config) -> Sampling:
     chosen.setdefault("temperature", 1.0)
     from_flag = given["max_new_tokens"] is not None
     return Sampling(**chosen, new_tokens_from=None if from_flag else source)
-
-
-_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")
 
 
 def fitted_new_tokens(chosen: Sampling, longest_prompt: int, model_config) -> int:

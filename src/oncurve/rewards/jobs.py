@@ -45,7 +45,10 @@ def run_jobs(
     """One outcome per job, in order. The whole-batch calls of async rewards are awaited
     together, in one event loop, before the first outcome; every other call runs in turn."""
     together = [job for job in jobs if job[1] is None and getattr(fns[job[0]][1], "is_async", 0)]
-    awaited = dict(zip(together, asyncio.run(_gather(fns, together, batch)), strict=True))
+    # an event loop only for async rewards: a batch without one starts none (nor fails where a
+    # loop already runs, as in a notebook)
+    outcomes = asyncio.run(_gather(fns, together, batch)) if together else []
+    awaited = dict(zip(together, outcomes, strict=True))
     for job in jobs:
         yield awaited[job] if job in awaited else run_job(fns, job, batch)
 

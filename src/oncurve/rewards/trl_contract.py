@@ -48,7 +48,8 @@ class RewardLog:
         self.extra.setdefault(str(column), []).extend(values)
 
     def log_metric(self, name: str, value: float) -> None:
-        """TRL's `log_metric`: a number, averaged over the step into its metrics."""
+        """TRL's `log_metric`: a number, averaged over the step into its metrics; NaN and inf
+        are left out of the average, as a reward's None is."""
         number = float(value)
         if math.isfinite(number):
             self.metrics.setdefault(str(name), []).append(number)

@@ -102,3 +102,17 @@ def test_log_extra_with_the_wrong_number_of_values_is_one_line():
         RewardRunner([("s", TrlReward(short), 1.0)], timeout_s=None).score(
             ["p", "q"], ["c", "d"], {}
         )
+
+
+def test_rewards_without_async_ones_score_inside_a_running_event_loop():
+    """A notebook runs an event loop: scoring there with plain rewards starts no loop of its
+    own (asyncio.run would refuse)."""
+
+    def ones(prompts, completions, **columns):
+        return [1.0] * len(completions)
+
+    async def score_in_a_loop():
+        runner = RewardRunner([("ones", TrlReward(ones), 1.0)], timeout_s=None)
+        return runner.score(["p"], ["c"], {}).total.tolist()
+
+    assert asyncio.run(score_in_a_loop()) == [1.0]
