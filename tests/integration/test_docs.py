@@ -108,6 +108,7 @@ RUN_HERE = (
     "oncurve eval --model runs/a/final --data test.jsonl --samples 4",
     "oncurve eval --run runs/a --data test.jsonl --out rows.jsonl",
     'oncurve sample --model runs/a/final --prompt "0012+0034=" -n 4',
+    'oncurve sample --model runs/a/checkpoints/latest --prompt "0012+0034="',
     "oncurve train configs/dapo.yaml rollout.group_size=16 run.dir=runs/b",
     "oncurve report runs/a runs/b",
     "oncurve train --help-config",
@@ -150,8 +151,9 @@ def test_every_command_shown_is_run_here_or_parsed(page: Path):
 
 def test_the_readme_commands_run_as_shown(tmp_path, monkeypatch, capsys):
     """Export held-out problems, train the bundled model into runs/a, evaluate and sample its
-    final model (whose 64 trained new tokens fit the model's 256 positions), a DAPO run into
-    runs/b, and a report of both: each exits 0 and writes what the README says."""
+    final model (whose 64 trained new tokens fit the model's 256 positions) and its latest
+    checkpoint, a DAPO run into runs/b, and a report of both: each exits 0 and writes what the
+    README says."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "configs").symlink_to(ROOT / "configs")
     printed = {}
@@ -171,5 +173,6 @@ def test_the_readme_commands_run_as_shown(tmp_path, monkeypatch, capsys):
     assert len(printed[RUN_HERE[4]]) == 4
     dapo = load_config(tmp_path / "runs/b/config.yaml")
     assert (dapo.algo.loss_agg, dapo.rollout.group_size) == ("token-mean", 16)
-    assert Path(printed[RUN_HERE[6]][-1]).is_file()
-    assert "rollout.max_new_tokens" in "\n".join(printed[RUN_HERE[7]])
+    assert len(printed[RUN_HERE[5]]) == 4  # -n 4 by default
+    assert Path(printed[RUN_HERE[7]][-1]).is_file()
+    assert "rollout.max_new_tokens" in "\n".join(printed[RUN_HERE[8]])

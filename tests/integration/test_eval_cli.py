@@ -143,3 +143,31 @@ def test_a_run_s_final_model_carries_the_sampling_it_trained_with(tmp_path):
     assert (generation.do_sample, generation.max_new_tokens) == (True, 24)
     assert (generation.temperature, generation.top_p, generation.top_k) == (0.7, 1.0, 5)
     assert generation.eos_token_id is not None
+
+
+def test_a_checkpoint_samples_and_evaluates_as_its_run(tiny_model_dir, data_file, tmp_path, capsys):
+    """`--model RUN/checkpoints/step-N` loads the policy of step N and samples with the settings
+    its run trained with (from its state.json); the last step's gives what final/ gives. A run
+    with no final/ yet names its newest checkpoint in its one-line error."""
+    run_dir = tmp_path / "run"
+    extra = ["run.steps=2", "run.save_every=1", "rollout.temperature=0.7", "rollout.top_k=5"]
+    train(make_config(tiny_model_dir, data_file, run_dir, *extra), quiet=True)
+    last = run_dir / "checkpoints" / "step-000002"
+    prompt = ["--prompt", "3+3=", "-n", "3", "--seed", "1"]
+
+    def sample(*argv: str) -> str:
+        assert main(["sample", "--device", "cpu", *argv, *prompt]) == 0
+        return capsys.readouterr().out
+
+    from_checkpoint = sample("--model", str(last))
+    flags = ["--max-new-tokens", "8", "--temperature", "0.7", "--top-k", "5"]
+    assert from_checkpoint == sample("--model", str(run_dir / "final"), *flags)
+    assert from_checkpoint != sample("--model", str(last), "--temperature", "1")
+    scored = eval_json(capsys, "--model", str(last), "--data", str(data_file))
+    assert scored == eval_json(capsys, "--model", str(run_dir / "final"), "--data", str(data_file))
+    assert scored["n"] == 40
+    shutil.rmtree(run_dir / "final")
+    assert main(["eval", "--run", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"no final/ model yet (the run has not finished): name a checkpoint "
+                        f"with --model {last}")  # fmt: skip

@@ -107,8 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     def model_args(p: argparse.ArgumentParser) -> None:
         p.add_argument(
             "--model",
-            help="model directory, Hugging Face Hub id (owner/name), .gguf file, or `default`; "
-            "with --run, the run's final/ model by default",
+            help="model directory, Hugging Face Hub id (owner/name), .gguf file, `default`, or a "
+            "run's checkpoint (RUN/checkpoints/step-N: its run's settings with it); with --run, "
+            "the run's final/ model by default",
         )
         p.add_argument(
             "--run",

@@ -13,19 +13,27 @@ from oncurve.errors import UserError
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from oncurve.config import Config
     from oncurve.rollout import Sampler
 
 
-def run_config(args: argparse.Namespace):
-    """The resolved config of `--run RUN_DIR` (None without it); fills in `--model` (the run's
-    final model) when it is not given."""
+def run_config(args: argparse.Namespace) -> tuple[Config | None, str]:
+    """The resolved config of the run the command follows, and the file it was read from:
+    `--run RUN_DIR`'s config.yaml (filling in `--model` with the run's final model when it is
+    not given); else, when `--model` is a checkpoint (`RUN/checkpoints/step-N`, or
+    `RUN/checkpoints/latest`), the config its state.json was saved with; else (None, "")."""
     from oncurve.config import load_config
     from oncurve.model.saving import missing_from_final
+    from oncurve.run.checkpoint import STATE_FILE, latest_checkpoint
+    from oncurve.run.checkpoint_model import checkpoint_config, find_checkpoint
 
     if args.run_dir is None:
         if args.model is None:
             raise UserError("--model or --run is required")
-        return None
+        checkpoint = find_checkpoint(args.model)
+        if checkpoint is not None:
+            return checkpoint_config(checkpoint), str(checkpoint / STATE_FILE)
+        return None, ""
     path = Path(args.run_dir) / "config.yaml"
     if not path.is_file():
         raise UserError(f"--run {args.run_dir}: no config.yaml (not a run directory)")
@@ -33,7 +41,11 @@ def run_config(args: argparse.Namespace):
     if args.model is None:
         final = Path(args.run_dir) / "final"
         if not final.exists():
-            raise UserError(f"--run {args.run_dir}: no final/ model yet (the run has not finished)")
+            latest = latest_checkpoint(Path(args.run_dir))
+            hint = f": name a checkpoint with --model {latest}" if latest else ""
+            raise UserError(
+                f"--run {args.run_dir}: no final/ model yet (the run has not finished){hint}"
+            )
         missing = missing_from_final(final)
         if missing:
             raise UserError(
@@ -41,7 +53,7 @@ def run_config(args: argparse.Namespace):
                 f"short): write it again with oncurve train run.resume=auto run.dir={args.run_dir}"
             )
         args.model = str(final)
-    return config
+    return config, str(path)
 
 
 # the sampling settings besides max_new_tokens that a run or a model directory can carry
@@ -61,17 +73,18 @@ class Sampling:
     new_tokens_from: str | None = None
 
 
-def sampling(args: argparse.Namespace, config) -> Sampling:
-    """Each setting from its flag; else from the run (`--run`: its rollout settings); else from
-    the model directory's generation_config.json (a run's final/ states what it trained with);
-    else a run's default for the model (64 new tokens for `default`, else 256; temperature 1)."""
+def sampling(args: argparse.Namespace, config: Config | None, config_file: str) -> Sampling:
+    """Each setting from its flag; else from the run's `config` (read from `config_file`: its
+    rollout settings); else from the model directory's generation_config.json (a run's final/
+    states what it trained with); else a run's default for the model (64 new tokens for
+    `default`, else 256; temperature 1)."""
     from oncurve.config import build_config
     from oncurve.model.saving import GENERATION_FILE, read_generation_config
 
     if config is not None:
         rollout = config.rollout
         stated = {key: getattr(rollout, key) for key in ("max_new_tokens", *_SAMPLING_KEYS)}
-        source = f"the run's rollout.max_new_tokens ({args.run_dir}/config.yaml)"
+        source = f"the run's rollout.max_new_tokens ({config_file})"
     else:
         stated = read_generation_config(args.model)
         source = f"{Path(args.model) / GENERATION_FILE}"
@@ -129,18 +142,34 @@ def prompt_format(args: argparse.Namespace, config, tokenizer):
     return dataclasses.replace(data, chat_template=chat, system_prompt=system, **given)
 
 
-def load_sampler(args: argparse.Namespace, config=None) -> tuple[Sampler, PreTrainedModel]:
+def load_sampler(
+    args: argparse.Namespace, config: Config | None = None
+) -> tuple[Sampler, PreTrainedModel]:
     """The `--backend` sampler of the `--model` model (a run's `config`: its tokenizer's
-    remote-code setting), and the model."""
+    remote-code setting), and the model. A checkpoint's policy is loaded on the base model
+    its run started from (`load_checkpoint_model`)."""
     from oncurve.model.devices import resolve_device, resolve_dtype
     from oncurve.model.sources import load_model, load_tokenizer, resolve_model_path
     from oncurve.rollout import build_sampler
+    from oncurve.run.checkpoint_model import (
+        checkpoint_config,
+        find_checkpoint,
+        load_checkpoint_model,
+    )
 
-    path = resolve_model_path(args.model, args.revision, what="--model")
-    if config is not None:
-        args.trust_remote_code = args.trust_remote_code or config.model.trust_remote_code
-    tokenizer = load_tokenizer(path, args.trust_remote_code)
     device = resolve_device(args.device, what="--device")
     dtype = resolve_dtype(args.dtype, device)
-    model = load_model(path, dtype, device, trust_remote_code=args.trust_remote_code)
+    checkpoint = find_checkpoint(args.model)
+    if checkpoint is not None:
+        if args.revision is not None:
+            raise UserError(f"--revision applies to a Hub id; --model {args.model} is a checkpoint")
+        model, tokenizer = load_checkpoint_model(
+            checkpoint, checkpoint_config(checkpoint), dtype, device
+        )
+    else:
+        path = resolve_model_path(args.model, args.revision, what="--model")
+        if config is not None:
+            args.trust_remote_code = args.trust_remote_code or config.model.trust_remote_code
+        tokenizer = load_tokenizer(path, args.trust_remote_code)
+        model = load_model(path, dtype, device, trust_remote_code=args.trust_remote_code)
     return build_sampler(args.backend, model, tokenizer, name="--backend"), model

@@ -18,8 +18,8 @@ def eval_command(args: argparse.Namespace) -> int:
     from oncurve.rewards.registry import ANSWER_MATCH_REWARDS
     from oncurve.rewards.runner import runner_settings
 
-    config = run_config(args)
-    chosen = sampling(args, config)
+    config, config_file = run_config(args)
+    chosen = sampling(args, config, config_file)
     sampler, model = load_sampler(args, config)
     data = prompt_format(args, config, sampler.tokenizer)
     scorer, correct = _eval_scorer(args, config)

@@ -12,8 +12,8 @@ def sample_command(args: argparse.Namespace) -> int:
     from oncurve.data.prompts import encode_prompt
     from oncurve.rollout import SamplingParams
 
-    config = run_config(args)
-    chosen = sampling(args, config)
+    config, config_file = run_config(args)
+    chosen = sampling(args, config, config_file)
     sampler, model = load_sampler(args, config)
     data = prompt_format(args, config, sampler.tokenizer)
     ids = encode_prompt(sampler.tokenizer, args.prompt, data, "--prompt")
