@@ -1,0 +1,283 @@
+"""One trainer against another on the `arith` GRPO job, both measured in the same command
+(`vs_trl.py`, `grpo_vs_ppo.py`): the flags and the job they share, the runs alternating fresh
+processes, each trainer's figures over its runs (median seconds per step and per phase after
+each run's first step, peak memory, reward, held-out accuracy), and the markdown of those
+figures."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from harness.children import train_oncurve
+from harness.run_logs import planned_peak_gb, step_phases
+from harness.spec import Job
+from harness.tables import cell, markdown_table
+
+
+def parser(doc: str, models: str, runs: int, microbatch: int | None) -> argparse.ArgumentParser:
+    """The command line both comparisons take: the model (`models` lists the names), steps,
+    runs per trainer (default `runs`), the job's sizes and GRPO settings, held-out prompts,
+    rows per forward/backward (default `microbatch`; None: per model) and checkpointing."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--model", default="default", help=f"{models} | PATH")
+    p.add_argument("--steps", type=int, help="steps per run (default: per model)")
+    p.add_argument("--runs", type=int, default=runs, help="runs per trainer, alternating")
+    p.add_argument("--prompts", type=int, help="prompts per step (default: per model)")
+    p.add_argument("--group", type=int, help="G (default: per model)")
+    p.add_argument("--tokens", type=int, help="completion tokens (default: per model)")
+    p.add_argument("--lr", type=float, default=1e-4, help="both trainers (and PPO's critic)")
+    p.add_argument("--beta", type=float, default=0.04)
+    p.add_argument("--epsilon", type=float, default=0.2)
+    p.add_argument("--mu", type=int, default=1)
+    p.add_argument("--eval-n", type=int, default=200, help="held-out prompts scored (0: none)")
+    p.add_argument("--microbatch", type=int, default=microbatch, help="rows per forward/backward")
+    p.add_argument("--gradient-checkpointing", action="store_true", help="on in both")
+    return p
+
+
+def arith_job(
+    args: argparse.Namespace,
+    path: str | Path,
+    scenario: tuple[int, int, int, bool, int],
+    more: dict[str, Any],
+) -> Job:
+    """GRPO on `arith` with the model at `path`: the scenario's prompts per step, G, completion
+    tokens (all of them forced when its flag is set) and steps unless the command line sets
+    them, the command line's GRPO settings, and `more` settings (dotted keys) on top."""
+    prompts, group, tokens, force, steps = scenario
+    tokens = args.tokens or tokens
+    return Job({
+        "model.path": str(path),
+        "model.gradient_checkpointing": args.gradient_checkpointing,
+        "data.task": "arith",
+        "data.prompts_per_step": args.prompts or prompts,
+        "rollout.group_size": args.group or group,
+        "rollout.max_new_tokens": tokens,
+        "rollout.min_new_tokens": tokens if force else 0,
+        "algo.preset": "grpo",
+        "algo.beta": args.beta,
+        "algo.epsilon": args.epsilon,
+        "algo.mu": args.mu,
+        "optim.lr": args.lr,
+        "eval.at_start_end": False,
+        "log.samples_per_step": 0,
+        "run.steps": args.steps or steps,
+        **more,
+    })  # fmt: skip
+
+
+def fresh(work: Path) -> Path:
+    """`work` emptied (a previous command's runs removed) and created."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    return work
+
+
+def oncurve_run(job: Job, out: Path) -> dict[str, Any]:
+    """oncurve's run of `job` in a fresh `oncurve train` process writing into `out/run`: wall
+    seconds, peak RSS (MB, `ru_maxrss`), seconds, phases, mean reward and mean length of each
+    step, the steps' peak CUDA memory in MB and the memory plan's peak in GiB (None on the
+    CPU), and its final model's directory."""
+    done = train_oncurve(job.oncurve_args(), out / "run", out / "log.txt")
+    steps = done.pop("rows")
+    cuda = [r["memory/gpu_peak_gb"] * 1024 for r in steps if "memory/gpu_peak_gb" in r]
+    return done | {
+        "seconds": [r["time/step"] for r in steps],
+        "phases": step_phases(steps),
+        "mean_reward": [r["reward/mean"] for r in steps],
+        "length": [r["length/mean"] for r in steps],
+        "cuda": max(cuda, default=None),
+        "plan_gb": planned_peak_gb((out / "log.txt").read_text()),
+        "final": str(out / "run" / "final"),
+    }
+
+
+def alternate(
+    labels: Iterable[str],
+    runs: int,
+    run: Callable[[str, int], dict],
+    tag: str,
+    after: Callable[[dict[str, list[dict]]], None] | None = None,
+) -> dict[str, list[dict]]:
+    """`run(label, index)` for each index below `runs`, the labels in turn within each (A, B,
+    A, B, ...: a slow patch of a shared machine falls on both trainers); each run's figures by
+    label, in order, each printed ("seconds", "rss", "accuracy", and "cuda" where kept).
+    `after` sees them after every run (a caller's time limit may stop the next)."""
+    done: dict[str, list[dict]] = {label: [] for label in labels}
+    for index in range(runs):
+        for label in done:
+            print(f"[{tag}] run {index + 1}/{runs}: {label} ...", flush=True)
+            figures = run(label, index)
+            cuda = f", peak CUDA {figures['cuda']:,.0f} MB" if figures.get("cuda") else ""
+            print(f"  {statistics.median(figures['seconds']):.2f} s/step (median), peak RSS "
+                  f"{figures['rss']:,.0f} MB{cuda}, accuracy {cell(figures['accuracy'], '.1%')}",
+                  flush=True)  # fmt: skip
+            done[label].append(figures)
+            if after:
+                after(done)
+    return done
+
+
+def steady_median(series: Iterable[list[float]]) -> float:
+    """The median over every series' values after its first (all of a one-value series): the
+    first step of a run pays its warm-up."""
+    return statistics.median(x for values in series for x in values[1:] or values)
+
+
+def summary(runs: list[dict], floor: tuple[dict, int, float] | None = None) -> dict[str, Any]:
+    """One trainer's figures over its runs ("seconds", "phases", "rss", "mean_reward" and
+    "accuracy" each; "cuda" and "plan_gb" where kept): median seconds per step and per phase
+    after each run's first step, the highest peaks, the mean reward over all steps and at the
+    last, the mean accuracy (None unscored); with `floor` (the job's settings, the model's
+    parameters, the matmul GFLOP/s) also the figures of `against_floor`."""
+    scored = all(r["accuracy"] is not None for r in runs)
+
+    def highest(key: str) -> float | None:
+        return max((r[key] for r in runs if r.get(key) is not None), default=None)
+
+    figures = {
+        "s": steady_median(r["seconds"] for r in runs),
+        "rss": highest("rss"),
+        "cuda": highest("cuda"),
+        "plan_gb": highest("plan_gb"),
+        "reward": statistics.mean(x for r in runs for x in r["mean_reward"]),
+        "last": statistics.mean(r["mean_reward"][-1] for r in runs),
+        "acc": statistics.mean(r["accuracy"] for r in runs) if scored else None,
+        "phases": {p: steady_median(r["phases"][p] for r in runs) for p in runs[0]["phases"]},
+    }
+    return figures | (against_floor(figures["phases"], runs, *floor) if floor else {})
+
+
+def against_floor(
+    phases: dict[str, float], runs: list[dict], settings: dict, params: int, gflops: float
+) -> dict[str, Any]:
+    """One trainer's mean completion length over its runs, the FLOP floor of its step in seconds
+    and each phase's median seconds (`phases`) as a multiple of its own floor. The floor is
+    the time at `gflops` for a model of `params` parameters: 2N per generated and per reference
+    token (beta > 0), 6N per trained token (mu passes), with each run's own mean "length" and
+    "prompt_tokens" per step."""
+    rows = settings["data.prompts_per_step"] * settings["rollout.group_size"]
+    seconds: dict[str, list[float]] = {}
+    for run in runs:
+        generated = rows * statistics.mean(run["length"])
+        tokens = run["prompt_tokens"] + generated
+        flops = {"generate": 2 * params * generated, "rollout": 2 * params * generated}
+        flops["reference"] = 2 * params * tokens * (settings["algo.beta"] > 0)
+        flops["train"] = 6 * params * tokens * settings["algo.mu"]
+        for phase, f in flops.items():
+            seconds.setdefault(phase, []).append(f / (gflops * 1e9))
+    floor = {phase: statistics.mean(values) for phase, values in seconds.items()}
+    return {
+        "length": statistics.mean(x for r in runs for x in r["length"]),
+        "floor": floor["rollout"] + floor["reference"] + floor["train"],
+        "x_floor": {p: s / floor[p] for p, s in phases.items() if floor.get(p)},
+    }
+
+
+def two_errors(p: float, n: int) -> float:
+    """Two binomial standard errors of an accuracy `p` over `n` prompts."""
+    p = min(max(p, 0.0), 1.0)
+    return 2 * (p * (1 - p) / n) ** 0.5
+
+
+def times(value: float, base: float) -> str:
+    """`value` as a multiple of `base`, "0.75x"."""
+    return f"{value / base:.2f}x"
+
+
+def section(
+    row: dict[str, Any], details: str, table: str, notes: list[str], runs: str, phases: str = ""
+) -> str:
+    """A comparison's markdown section: a heading (key, model size, job shape, steps and runs),
+    where it was measured with `details` (settings), the trainers' `table`, the `notes`, the
+    phase table (`phases` says more of it) and the `runs` table."""
+    s = row["settings"]
+    forced = ", forced to full length" if s["rollout.min_new_tokens"] else ""
+    checkpointing = "on" if s["model.gradient_checkpointing"] else "off"
+    return "\n\n".join([
+        f"### {row['key']}: {row['params'] / 1e6:.2f}M params, {s['data.prompts_per_step']} "
+        f"prompts x G={s['rollout.group_size']}, {s['rollout.max_new_tokens']} tokens{forced}, "
+        f"{s['run.steps']} steps x {row['runs_per_trainer']} runs per trainer",
+        f"Measured {row['date']} at {row['commit']} on {row['cpu']}; `{row['command']}`; "
+        f"{details}, gradient checkpointing {checkpointing}; {row['load_note']}.",
+        table,
+        *notes,
+        f"Median seconds per phase (steps after the first{phases}):",
+        phase_table(row["trainers"]),
+        "Per run (steps in order; wall includes start-up, saving and logging):",
+        runs,
+    ]) + "\n"  # fmt: skip
+
+
+def trainer_table(
+    trainers: dict[str, dict], base: str, columns: list[tuple[str, str | Callable, str]]
+) -> str:
+    """One line per trainer: for each column (header, figure, spec) the trainer's figure (a key
+    of its figures, or a function of them) formatted with `spec` ("n/a" when None), or with
+    spec "x" as a multiple of the `base` trainer's."""
+
+    def value(figures: dict, figure: str | Callable) -> Any:
+        return figure(figures) if callable(figure) else figures[figure]
+
+    rows = [
+        [label]
+        + [
+            times(value(t, figure), value(trainers[base], figure))
+            if spec == "x"
+            else cell(value(t, figure), spec)
+            for _, figure, spec in columns
+        ]
+        for label, t in trainers.items()
+    ]
+    return markdown_table(["trainer", *(header for header, _, _ in columns)], rows)
+
+
+def phase_table(trainers: dict[str, dict]) -> str:
+    """Each trainer's median seconds per phase and its share of the step; with a column for
+    each phase's multiple of its FLOP floor when the figures have one ("x_floor")."""
+    floors = any(t.get("x_floor") for t in trainers.values())
+    rows = []
+    for label, t in trainers.items():
+        for phase, s in t["phases"].items():
+            x = t.get("x_floor", {}).get(phase)
+            rows.append([label, phase, f"{s:.3f}", f"{s / t['s']:.0%}"])
+            rows[-1] += [f"{x:.1f}x" if x else ""] if floors else []
+    header = ["trainer", "phase", "median s", "share of step"] + (["x floor"] if floors else [])
+    return markdown_table(header, rows)
+
+
+def run_table(
+    runs: dict[str, list[dict]],
+    most: int | None = None,
+    more: dict[str, Callable[[dict], str]] | None = None,
+) -> str:
+    """One line per run, in the order they ran: trainer, run number, seconds of each step
+    ("..." beyond `most` steps, or when none were kept), peak RSS, wall seconds, held-out
+    accuracy, and the `more` columns."""
+
+    def steps(run: dict) -> str:
+        seconds = run.get("seconds") or []
+        if not seconds or (most is not None and len(seconds) > most):
+            return "..."
+        return " ".join(f"{x:.2f}" for x in seconds)
+
+    columns = {
+        "s per step": steps,
+        "peak RSS MB": lambda r: f"{r['rss']:,.0f}",
+        "wall s": lambda r: f"{r['wall']:.0f}",
+        "acc.": lambda r: cell(r["accuracy"], ".1%"),
+        **(more or {}),
+    }
+    count = max(len(done) for done in runs.values())
+    rows = [
+        [label, str(i + 1), *(show(done[i]) for show in columns.values())]
+        for i in range(count)
+        for label, done in runs.items()
+        if i < len(done)
+    ]
+    return markdown_table(["trainer", "run", *columns], rows)
