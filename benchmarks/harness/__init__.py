@@ -3,7 +3,9 @@ are (`checkout`), the machine (`machine`), the models built from a config (`mode
 processes with their time limits and peak memory (`children`), what an oncurve run logged
 (`run_logs`), one GRPO job for both trainers (`spec`), TRL's environment and child (`trl_env`,
 `trl_child`), results as JSON rows (`records`) and markdown rendered from them (`tables`), one
-update through the package's public seams for the micro-benchmarks (`updates`).
+update through the package's public seams for the micro-benchmarks (`updates`), one trainer
+against another on the arith job (`comparison`, with `equal_time` and `memory_parts`), and
+learning curves drawn as a figure (`curves`).
 
 Nothing here imports oncurve at module level where `gpu_check.py` reaches it: on a GPU image
 oncurve comes from the checkout's `src` through the children's PYTHONPATH."""
