@@ -4,8 +4,10 @@ processes with their time limits and peak memory (`children`), what an oncurve r
 (`run_logs`), one GRPO job for both trainers (`spec`), TRL's environment and child (`trl_env`,
 `trl_child`), results as JSON rows (`records`) and markdown rendered from them (`tables`), one
 update through the package's public seams for the micro-benchmarks (`updates`), one trainer
-against another on the arith job (`comparison`, with `equal_time` and `memory_parts`), and
-learning curves drawn as a figure (`curves`).
+against another on the arith job (`comparison`, with `equal_time` and `memory_parts`), learning
+curves drawn as a figure (`curves`); and for one spec each, samplers timed against `generate`
+(`sampling`), a trainer's run on one GPU (`gpu_comparison`) and oncurve's step under
+`torch.profiler` (`step_profile`).
 
 Nothing here imports oncurve at module level where `gpu_check.py` reaches it: on a GPU image
 oncurve comes from the checkout's `src` through the children's PYTHONPATH."""
