@@ -6,8 +6,9 @@ processes with their time limits and peak memory (`children`), what an oncurve r
 update through the package's public seams for the micro-benchmarks (`updates`), one trainer
 against another on the arith job (`comparison`, with `equal_time` and `memory_parts`), learning
 curves drawn as a figure (`curves`); and for one spec each, samplers timed against `generate`
-(`sampling`), a trainer's run on one GPU (`gpu_comparison`) and oncurve's step under
-`torch.profiler` (`step_profile`).
+(`sampling`), a trainer's run on one GPU (`gpu_comparison`), oncurve's step under
+`torch.profiler` (`step_profile`), peers' answer checkers in their own environment and child
+(`answer_peers`, `peer_child`) and a peer's pytest cases as data (`parametrize_cases`).
 
 Nothing here imports oncurve at module level where `gpu_check.py` reaches it: on a GPU image
 oncurve comes from the checkout's `src` through the children's PYTHONPATH."""

@@ -4,6 +4,7 @@ rendered from its record, a section per key with the newest row of that key."""
 from __future__ import annotations
 
 import importlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,18 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 def cell(value: float | None, spec: str = ".2f") -> str:
     """`value` formatted with `spec`, or "n/a" when it was not measured."""
     return "n/a" if value is None else format(value, spec)
+
+
+def code_cell(text: object, limit: int | None = None) -> str:
+    """`text` as one code cell: "(none)" for None, line breaks shown as `\\n`, whitespace
+    collapsed, cut to `limit` characters with "…", backticks and `|` escaped."""
+    if text is None:
+        return "(none)"
+    text = re.sub(r"\s*\n\s*", "\\\\n", str(text).strip())
+    text = " ".join(text.split())
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return "`" + text.replace("`", "'").replace("|", "\\|") + "`" if text else ""
 
 
 def measured(row: dict[str, Any]) -> str:
