@@ -246,8 +246,8 @@ class RolloutConfig:
     )
     env: str | None = _opt(
         None,
-        "multi-turn environment: python_tool or a `module:Class` path (docs/environments.md); "
-        "null samples one completion per episode",
+        "multi-turn environment: python_tool, a game `textarena:<id>` or `gem:<id>`, or a "
+        "`module:Class` path (docs/environments.md); null samples one completion per episode",
     )
     env_args: dict[str, Any] = _opt({}, "keyword arguments of rollout.env's class")
     max_turns: int = _opt(

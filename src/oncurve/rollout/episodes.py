@@ -19,6 +19,7 @@ is the sum of its steps' rewards; the trainer's group advantage is computed on i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -62,12 +63,17 @@ EnvFactory = Callable[[], Environment]
 
 
 def resolve_environment(spec: str, args: dict[str, Any] | None = None) -> EnvFactory:
-    """A factory of fresh environments for `rollout.env`: a built-in name (`python_tool`) or a
+    """A factory of fresh environments for `rollout.env`: a built-in name (`python_tool`), a
+    library's game (`textarena:<id>`, `gem:<id>`: `oncurve.envs.libraries`) or a
     `package.module:Class` path, called with `args` (`rollout.env_args`)."""
     from oncurve.envs import ENVIRONMENTS
+    from oncurve.envs.libraries import LIBRARIES
 
+    library, _, game = spec.partition(":")
     if spec in ENVIRONMENTS:
         cls = ENVIRONMENTS[spec]
+    elif library in LIBRARIES and game:
+        cls = functools.partial(LIBRARIES[library], game)
     elif ":" in spec:
         module_name, _, attr = spec.partition(":")
         try:
@@ -78,15 +84,23 @@ def resolve_environment(spec: str, args: dict[str, Any] | None = None) -> EnvFac
             raise UserError(f"rollout.env {spec!r}: module {module_name!r} has no {attr!r}")
     else:
         raise UserError(
-            f"rollout.env {spec!r}: not a built-in ({', '.join(ENVIRONMENTS)}) "
-            "and not a `module:Class` path"
+            f"rollout.env {spec!r}: not a built-in ({', '.join(ENVIRONMENTS)}), not "
+            f"{' or '.join(f'{name}:<id>' for name in LIBRARIES)} and not a `module:Class` path"
         )
     kwargs = dict(args or {})
     try:
         cls(**kwargs)
     except TypeError as e:
         raise UserError(f"rollout.env_args do not fit {spec!r}: {e}") from None
-    return lambda: cls(**kwargs)
+    return functools.partial(cls, **kwargs)
+
+
+def observation_role(make_env: EnvFactory) -> str | None:
+    """The chat role of an environment's observations: its class's `observation_role` ("user"
+    for a game's messages), else None (a tool's output)."""
+    while isinstance(make_env, functools.partial):
+        make_env = make_env.func
+    return getattr(make_env, "observation_role", None)
 
 
 class ObservationFormat:
@@ -95,17 +109,20 @@ class ObservationFormat:
     With a chat template: the template's rendering of a `role` message (a "tool" message where
     the template renders one, else "user") that follows an assistant turn, up to and including
     the next assistant header, less the end-of-turn text when the turn already ended with the
-    EOS token. Without one: the observation between newlines. The observation's own text is cut
-    to `max_tokens` tokens first, so that the episode's length is bounded.
+    EOS token; `role` names the role instead (a game's messages are the user's). Without one:
+    the observation between newlines. The observation's own text is cut to `max_tokens` tokens
+    first, so that the episode's length is bounded.
     """
 
     _MARK = "\u2063oncurve-turn\u2063"
 
-    def __init__(self, tokenizer: Any, chat_template: bool, max_tokens: int) -> None:
+    def __init__(
+        self, tokenizer: Any, chat_template: bool, max_tokens: int, role: str | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.max_tokens = max_tokens
-        self.role = "tool" if chat_template and self._renders("tool") else "user"
+        self.role = role or ("tool" if chat_template and self._renders("tool") else "user")
         # the tokens around an empty observation: with max_tokens, the longest possible feed
         self.overhead = len(self(" ", ended_with_eos=False))
 

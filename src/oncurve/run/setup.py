@@ -54,7 +54,12 @@ from oncurve.model.weights import add_lora, enable_gradient_checkpointing
 from oncurve.rewards.runner import RewardRunner
 from oncurve.rollout import Sampler, SamplerSettings, backend_named
 from oncurve.rollout.base import check_room
-from oncurve.rollout.episodes import EpisodeSettings, ObservationFormat, resolve_environment
+from oncurve.rollout.episodes import (
+    EpisodeSettings,
+    ObservationFormat,
+    observation_role,
+    resolve_environment,
+)
 from oncurve.run import checkpoint, oom
 from oncurve.run.metrics import MetricsLogger, truncate_after
 from oncurve.run.rewards import build_rewards
@@ -340,12 +345,16 @@ def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | None:
     r = config.rollout
     if r.env is None:
         return None
+    make_env = resolve_environment(r.env, r.env_args)
     return EpisodeSettings(
-        make_env=resolve_environment(r.env, r.env_args),
+        make_env=make_env,
         max_turns=r.max_turns,
         encode_prompt=lambda text: encode_prompt(tokenizer, text, config.data, "rollout.env"),
         observation=ObservationFormat(
-            tokenizer, config.data.chat_template, r.max_observation_tokens
+            tokenizer,
+            config.data.chat_template,
+            r.max_observation_tokens,
+            role=observation_role(make_env),
         ),
     )
 

@@ -3,7 +3,6 @@ the transcript, masks, rewards and the decoder's feed are checked token for toke
 
 from __future__ import annotations
 
-import contextlib
 import re
 import sys
 from pathlib import Path
@@ -11,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from helpers.models import tiny_qwen2
-from helpers.paths import REPO
+from helpers.episodes import chat_ids, load_qwen3_tokenizer, scripted_sampler, settings
 from helpers.rewards_for_tests import DigitsEnv
 from helpers.runs import metric_rows
 from safetensors.torch import load_file
@@ -23,88 +21,19 @@ from oncurve.envs import PythonToolEnv
 from oncurve.errors import UserError
 from oncurve.loop.trainer import train
 from oncurve.report import write_report
-from oncurve.rollout import SamplingParams, TorchSampler, episodes
+from oncurve.rollout import SamplingParams, episodes
 from oncurve.rollout.episodes import (
     Episodes,
-    EpisodeSettings,
     ObservationFormat,
     resolve_environment,
     run_episodes,
 )
 from oncurve.sandbox import isolation
 
-QWEN3_TOKENIZER = REPO.parent / "shared" / "assets" / "qwen3-tokenizer"
-
 
 @pytest.fixture(scope="module")
 def qwen3_tokenizer() -> transformers.PreTrainedTokenizerBase:
-    if not QWEN3_TOKENIZER.is_dir():
-        pytest.skip(f"the Qwen3 tokenizer is not at {QWEN3_TOKENIZER}")
-    return transformers.AutoTokenizer.from_pretrained(QWEN3_TOKENIZER)
-
-
-class ScriptedDecoder:
-    """A `Decoder` that plays a fixed token sequence per row: every call's logits put all
-    mass on the row's next scripted token, whatever it was fed. It records what it was fed
-    and how often the prompt was prefilled, so a test can check the cache's contents."""
-
-    def __init__(self, scripts: list[list[int]], vocab: int, eos: int) -> None:
-        self.scripts, self.vocab, self.eos = scripts, vocab, eos
-        self.rows = list(range(len(scripts)))
-        self.fed: list[list[int]] = [[] for _ in scripts]
-        self.prefills = 0
-
-    def prefill(self, prompt_ids, prompt_mask, group_size):
-        self.prefills += 1
-        return self._logits()
-
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        for i, row in enumerate(self.rows):
-            self.fed[row].append(int(tokens[i]))
-        return self._logits()
-
-    def keep(self, index: torch.Tensor) -> None:
-        self.rows = [self.rows[i] for i in index.tolist()]
-
-    def decoding(self):
-        return contextlib.nullcontext()
-
-    def _logits(self) -> torch.Tensor:
-        logits = torch.full((len(self.rows), self.vocab), -1e4)
-        for i, row in enumerate(self.rows):
-            script, at = self.scripts[row], len(self.fed[row])
-            logits[i, script[at] if at < len(script) else self.eos] = 0.0
-        return logits
-
-
-def scripted_sampler(tokenizer, scripts: list[list[int]]) -> tuple[TorchSampler, list]:
-    model = tiny_qwen2(len(tokenizer))
-    model.config.max_position_embeddings = 4096
-    model.config.eos_token_id = tokenizer.eos_token_id
-    decoders: list[ScriptedDecoder] = []
-
-    def make(model, rows, width, new, reserve):
-        decoders.append(ScriptedDecoder(scripts, model.config.vocab_size, tokenizer.eos_token_id))
-        return decoders[-1]
-
-    return TorchSampler(model, tokenizer, decoder=make), decoders
-
-
-def chat_ids(tokenizer, messages: list[dict], generation_prompt: bool = False) -> list[int]:
-    return list(
-        tokenizer.apply_chat_template(
-            messages, add_generation_prompt=generation_prompt, tokenize=True, return_dict=False
-        )
-    )
-
-
-def settings(tokenizer, make_env, max_turns: int) -> EpisodeSettings:
-    return EpisodeSettings(
-        make_env=make_env,
-        max_turns=max_turns,
-        encode_prompt=lambda text: chat_ids(tokenizer, [{"role": "user", "content": text}], True),
-        observation=ObservationFormat(tokenizer, chat_template=True, max_tokens=64),
-    )
+    return load_qwen3_tokenizer()
 
 
 TOOL_TURNS = [

@@ -1,0 +1,105 @@
+"""Text games of the ecosystem's environment libraries as oncurve environments, in-process:
+`rollout.env: textarena:<id>` (TextArena's single-player games) and `rollout.env: gem:<id>`
+(GEM's environments, `gem.make(id)`).
+
+Each dataset row is one game: the G episodes of a row play it with the same seed (the row's
+`seed` column, else a number taken from its prompt's text), so that the group's advantage
+compares the policy's play, not the games' luck. The game's messages are the user's turns (the
+chat keeps the history, so each observation is only what is new since the policy's last
+turn), the policy's turns are the game's actions as written, and the game's rewards are the
+episode's: GEM's at every step, TextArena's when the game ends.
+"""
+
+from __future__ import annotations
+
+import importlib
+import zlib
+from typing import Any
+
+from oncurve.errors import UserError
+
+
+def episode_seed(row: dict[str, Any]) -> int:
+    """The seed of the game a dataset row stands for: its `seed` column, else the CRC-32 of its
+    prompt's text (train and test prompts differ, so do their games)."""
+    if "seed" in row:
+        return int(row["seed"])
+    return zlib.crc32(str(row.get("prompt", "")).encode())
+
+
+def _library(module: str, extra: str, spec: str) -> Any:
+    """`module` imported, or a one-line error naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UserError(
+            f"rollout.env {spec}: needs {module}: pip install 'oncurve[{extra}]'"
+        ) from None
+
+
+class TextArenaGame:
+    """A single-player TextArena game (`textarena.make(game)` without its wrappers, so that the
+    policy's turn is the action as written and each observation is the game's new messages).
+    The reward is the game's at its end (TextArena's: 1 for a win)."""
+
+    observation_role = "user"
+
+    def __init__(self, game: str, **make_args: Any) -> None:
+        textarena = _library("textarena", "textarena", f"textarena:{game}")
+        try:
+            env = textarena.make(env_id=game, **make_args)
+        except ValueError as err:  # the registry's "not found"
+            raise UserError(f"rollout.env textarena:{game}: {err}") from None
+        while isinstance(getattr(env, "env", None), textarena.Env):  # its default wrappers
+            env = env.env
+        self.env, self.game, self.player = env, game, 0
+
+    def reset(self, row: dict[str, Any]) -> str:
+        try:
+            self.env.reset(num_players=1, seed=episode_seed(row))
+        except AssertionError as err:  # TextArena's check of the number of players
+            raise UserError(f"rollout.env textarena:{self.game}: {err} (one player only)") from None
+        return self._news()
+
+    def step(self, turn: str) -> tuple[str | None, float, bool]:
+        done, _ = self.env.step(action=turn)
+        if done:
+            rewards, _ = self.env.close()
+            return None, float(rewards[self.player]), True
+        return self._news(), 0.0, False
+
+    def _news(self) -> str:
+        """The game's messages since the policy's last turn (its own action left out)."""
+        self.player, messages = self.env.get_observation()
+        return "\n".join(text.strip() for sender, text, *_ in messages if sender != self.player)
+
+
+class GemEnv:
+    """A GEM environment (`gem.make(env_id)`): its observation is the user's turn (a step's with
+    the instruction GEM puts in `info["suffix"]`; the first already holds it), the policy's turn
+    its action; `terminated` or `truncated` ends the episode, and each step's reward adds to the
+    episode's."""
+
+    observation_role = "user"
+
+    def __init__(self, env_id: str, **make_args: Any) -> None:
+        gem = _library("gem", "gem", f"gem:{env_id}")
+        try:
+            self.env = gem.make(env_id, **make_args)
+        except (KeyError, ValueError) as err:
+            raise UserError(f"rollout.env gem:{env_id}: {err}") from None
+
+    def reset(self, row: dict[str, Any]) -> str:
+        observation, _ = self.env.reset(seed=episode_seed(row))
+        return observation
+
+    def step(self, turn: str) -> tuple[str | None, float, bool]:
+        observation, reward, terminated, truncated, info = self.env.step(turn)
+        if terminated or truncated:
+            return None, float(reward), True
+        suffix = (info or {}).get("suffix")
+        return f"{observation}\n{suffix}" if suffix else observation, float(reward), False
+
+
+# `rollout.env` prefixes -> the adapter class, built with the id after the prefix
+LIBRARIES = {"textarena": TextArenaGame, "gem": GemEnv}

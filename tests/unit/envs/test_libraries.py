@@ -1,0 +1,107 @@
+"""TextArena's and GEM's games as oncurve environments: a row's seed fixes the game, the
+observations are the game's new messages as user turns, the rewards are the game's, and a
+missing library, an unknown game or a game for two players is a one-line error."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from helpers.episodes import chat_ids, load_qwen3_tokenizer, scripted_sampler, settings
+
+from oncurve.envs.libraries import GemEnv, TextArenaGame, episode_seed
+from oncurve.errors import UserError
+from oncurve.rollout import SamplingParams
+from oncurve.rollout.episodes import observation_role, resolve_environment, run_episodes
+
+textarena = pytest.importorskip("textarena", reason="the textarena extra is not installed")
+GUESS = "GuessTheNumber-v0"
+
+
+def binary_search(game: TextArenaGame, row: dict) -> tuple[list[str], list[str | None], float]:
+    """Plays `game` on `row` by halving 1..20: the turns, the observations after each, the
+    reward at the end."""
+    low, high, turns, observations = 1, 20, [], []
+    game.reset(row)
+    while True:
+        guess = (low + high) // 2
+        turns.append(f"I guess [{guess}]")
+        observation, reward, done = game.step(turns[-1])
+        observations.append(observation)
+        if done:
+            return turns, observations, reward
+        low, high = (guess + 1, high) if "higher" in observation else (low, guess - 1)
+
+
+def test_a_row_s_seed_fixes_the_game_and_a_win_pays_one():
+    first = TextArenaGame(GUESS).reset({"seed": 3})
+    assert "Guess The Number" in first and "[5]" in first
+    turns, observations, reward = binary_search(TextArenaGame(GUESS), {"seed": 3})
+    assert reward == 1.0 and observations[-1] is None and len(turns) > 1
+    assert all(o in ("The target number is higher.", "The target number is lower.")
+               for o in observations[:-1])  # fmt: skip
+    assert binary_search(TextArenaGame(GUESS), {"seed": 3})[0] == turns
+    targets = {binary_search(TextArenaGame(GUESS), {"seed": s})[0][-1] for s in range(6)}
+    assert len(targets) > 1
+    assert (
+        episode_seed({"prompt": "a"})
+        == episode_seed({"prompt": "a"})
+        != episode_seed({"prompt": "b"})
+    )
+
+
+def test_gem_steps_reward_each_turn_and_end_the_episode():
+    pytest.importorskip("gem", reason="the gem extra is not installed")
+    env = GemEnv("game:GuessTheNumber-v0-easy")
+    assert "Guess The Number" in env.reset({"seed": 3})
+    total, done, guess = 0.0, False, 0
+    while not done:
+        guess += 1
+        observation, reward, done = env.step(f"\\boxed{{{guess}}}")
+        total += reward
+        assert done or observation.endswith("Enter your next guess.")
+    assert observation is None and total == 1.0 and 1 <= guess <= 10
+
+
+def test_library_games_resolve_and_bad_ones_fail_in_one_line(monkeypatch):
+    make = resolve_environment(f"textarena:{GUESS}")
+    assert isinstance(make(), TextArenaGame) and observation_role(make) == "user"
+    assert observation_role(resolve_environment("python_tool")) is None
+    with pytest.raises(UserError, match="not found in registry"):
+        resolve_environment("textarena:NoSuchGame-v0")
+    with pytest.raises(UserError, match=r"has to be 2, received 1 \(one player only\)$"):
+        TextArenaGame("TicTacToe-v0").reset({"seed": 0})
+    monkeypatch.setitem(sys.modules, "gem", None)  # as if not installed
+    with pytest.raises(UserError, match=r"needs gem: pip install 'oncurve\[gem\]'$"):
+        resolve_environment("gem:game:GuessTheNumber-v0-easy")
+
+
+def test_a_played_game_is_a_chat_of_user_turns_and_the_win_is_the_reward():
+    """A scripted model plays the binary search of seed 3: the transcript is the chat template's
+    rendering of the game (its messages as user turns), and the episode's reward is the win."""
+    tok = load_qwen3_tokenizer()
+    row = {"prompt": "any", "seed": 3}
+    game = TextArenaGame(GUESS)
+    conversation = [{"role": "user", "content": game.reset(row)}]
+    turns, observations, _ = binary_search(TextArenaGame(GUESS), row)
+    for turn, observation in zip(turns, observations, strict=True):
+        conversation.append({"role": "assistant", "content": turn})
+        if observation is not None:
+            conversation.append({"role": "user", "content": observation})
+    prompt = chat_ids(tok, conversation[:1], generation_prompt=True)
+    expected = chat_ids(tok, conversation)[len(prompt) :]
+    while tok.decode(expected[-1:]).isspace():  # the template's newline after the last turn
+        expected.pop()
+    sampler, _ = scripted_sampler(tok, [expected])
+    played = run_episodes(
+        sampler,
+        [row],
+        group_size=1,
+        params=SamplingParams(max_new_tokens=16, temperature=1.0, seed=0),
+        settings=settings(tok, lambda: TextArenaGame(GUESS), max_turns=10, role="user"),
+    )
+    out = played.rollout
+    assert out.completion_ids[0, : len(expected)].tolist() == expected
+    assert played.rewards.tolist() == [1.0] and played.turns.tolist() == [len(turns)]
+    fed = tok.decode(out.completion_ids[0][out.tool_mask[0].bool()])
+    assert "<|im_start|>user\nThe target number is" in fed and "tool_response" not in fed
