@@ -1,6 +1,7 @@
-"""`benchmarks/gpu_check.py` on the CPU: its stage runner and table with fake children (one that
-passes, one that fails, one that runs out of time, one skipped), and its readers of the results
-the real stages write. The stages themselves need a GPU (`make gpu-check`)."""
+"""`benchmarks/gpu_check.py` on the CPU: its stage runner (`harness.stages`), table and section
+with fake children (one that passes, one that fails, one that runs out of time, one skipped),
+and its readers of the results the real stages write. The stages themselves need a GPU (`make
+gpu-check`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from pathlib import Path
 
 import gpu_check
 import pytest
-from gpu_check import DEFAULT_STAGES, LIMITS, TOTAL_LIMIT, Outcome, Stage, job_rows
+from gpu_check import DEFAULT_STAGES, LIMITS, TOTAL_LIMIT, job_rows
+from harness import gpu_bundle
+from harness.stages import Outcome, Stage, run_stage, status, table, tails
 
 from oncurve.run.memory_plan import MemoryPlan
 
@@ -64,32 +67,40 @@ def test_failed_and_timed_out_stages_get_their_rows_and_log_tails(tmp_path):
         Stage("slow", "a stage out of time", 2, lambda: python(sleeper), lambda o: []),
         Stage("trl", "a skipped stage", 30, lambda: "no TRL here", lambda o: []),
     ]  # fmt: skip
-    reports = gpu_check.run_stages(stages, {}, tmp_path / "logs")
+    reports = [run_stage(stage, {}, tmp_path / "logs", tmp_path) for stage in stages]
     good, bad, slow, skipped = reports
-    assert good.outcome.status == "passed"
-    assert good.rows == [["stale output gone", "True"], ["second", "row"]]
-    assert bad.outcome.status == "failed (exit 3)"
-    assert bad.rows == [
+    assert status(good) == "passed" and "tail" not in good
+    assert good["rows"] == [["stale output gone", "True"], ["second", "row"]]
+    assert status(bad) == "failed (exit 3)"
+    assert bad["rows"] == [
         ["results", "none readable (ValueError: no results | a second line\nof the message)"]
     ]
-    assert slow.outcome.status == "timed out at 2 s"
+    assert status(slow) == "timed out at 2 s"
     assert ends(int(grandchild.read_text()))  # its whole process group was killed
-    assert skipped.outcome is None and skipped.rows == [["skipped", "no TRL here"]]
+    assert status(skipped) == "skipped" and skipped["rows"] == [["skipped", "no TRL here"]]
+    assert json.loads(json.dumps(reports)) == reports  # a result row keeps them as they are
 
-    table = gpu_check.table(reports).splitlines()
-    assert table[0] == "| stage | status | s (limit) | check | result |"
-    assert table[2].startswith("| a passing stage | passed | ")
-    assert table[3] == "|  |  |  | second | row |"
-    assert table[4].startswith("| a failing stage | failed (exit 3) | ")
-    assert table[4].endswith(
+    rendered = table(reports)
+    table_lines = rendered.splitlines()
+    assert table_lines[0] == "| stage | status | s (limit) | check | result |"
+    assert table_lines[2].startswith("| a passing stage | passed | ")
+    assert table_lines[3] == "|  |  |  | second | row |"
+    assert table_lines[4].startswith("| a failing stage | failed (exit 3) | ")
+    assert table_lines[4].endswith(
         "| results | none readable (ValueError: no results \\| a second line of the message) |"
     )
-    assert table[5].startswith("| a stage out of time | timed out at 2 s | ")
-    assert table[5].endswith("| results | none |")
-    assert table[6] == "| a skipped stage | skipped |  | skipped | no TRL here |"
-    tails = gpu_check.tails(reports)
-    assert "the cause of the failure" in tails and "#### slow: timed out at 2 s" in tails
-    assert "#### good" not in tails and "#### trl" not in tails
+    assert table_lines[5].startswith("| a stage out of time | timed out at 2 s | ")
+    assert table_lines[5].endswith("| results | none |")
+    assert table_lines[6] == "| a skipped stage | skipped |  | skipped | no TRL here |"
+    text = tails(reports)
+    assert "the cause of the failure" in text and "#### slow: timed out at 2 s" in text
+    assert "#### good" not in text and "#### trl" not in text
+    row = {"key": "GPU", "date": "2026-11-26 14:57", "machine": {"gpu": "1 x GPU"},
+           "versions": {"torch": "2.11", "transformers": "5.17"}, "cuda": "13.0",
+           "command": "python benchmarks/gpu_check.py", "stages": reports}  # fmt: skip
+    section = gpu_check.section(row)
+    assert section.startswith("## GPU\n\n2026-11-26 14:57, 1 x GPU, torch 2.11 (CUDA 13.0), ")
+    assert rendered in section and section.endswith(f"### Log tails\n\n{text}")
 
 
 def test_the_default_stages_fit_one_device_call_and_stages_picks_a_subset(monkeypatch, tmp_path):
@@ -104,8 +115,8 @@ def test_the_default_stages_fit_one_device_call_and_stages_picks_a_subset(monkey
     assert [s.name for s in chosen] == ["job", "ppo"]  # the order of LIMITS
     assert [s.limit for s in chosen] == [2 * LIMITS["job"], 2 * LIMITS["ppo"]]
     assert "run.steps=5" in chosen[0].command()
-    monkeypatch.setattr(gpu_check, "GPU_BUNDLE", tmp_path)  # no wheels there
-    monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(gpu_bundle, "GPU_BUNDLE", tmp_path)  # no wheels there
+    monkeypatch.setattr(gpu_bundle.importlib.util, "find_spec", lambda name: None)
     assert "make gpu-bundle" in gpu_check.trl_stage(10).command()
 
 
@@ -155,7 +166,7 @@ def test_the_default_jobs_rows_from_its_metrics_and_memory_plan():
 
 
 def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
-    monkeypatch.setattr(gpu_check, "CACHE", tmp_path)
+    monkeypatch.setattr(gpu_check, "WORK", tmp_path)
     outcome = Outcome(0, 1.0, 10, tmp_path / "log")
     (tmp_path / "rollout.json").write_text(json.dumps([
         {"scenario": "64x256", "sampler": "cuda_graph", "tokens": 16384, "best_s": 1.0,
@@ -220,9 +231,9 @@ def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
 def test_the_tests_stage_reports_the_tests_that_ended_when_pytest_was_stopped(
     monkeypatch, tmp_path
 ):
-    monkeypatch.setattr(gpu_check, "CACHE", tmp_path)
+    monkeypatch.setattr(gpu_check, "WORK", tmp_path)
     stage = gpu_check.gpu_tests_stage(10)
-    assert "gpu_check_results" in stage.command()
+    assert "harness.pytest_outcomes" in stage.command()
     outcome = Outcome(None, 10.0, 10, tmp_path / "log")
     assert stage.read(outcome) == [["`pytest -m gpu`", "no test finished"]]
     lines = [
