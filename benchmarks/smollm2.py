@@ -1,11 +1,11 @@
 """SmolLM2-135M-Instruct RL-fine-tuned on 2 CPU cores: held-out accuracy over time, oncurve and
 TRL's GRPOTrainer on the same job (`harness.spec.Job` of configs/smollm2_135m.yaml: the `sums`
 task in the model's chat template, 8 prompts x G=8, 32 new tokens, lr 2e-5 cosine to 0, beta 0,
-10 steps). Held-out accuracy is one function for every model (the base, each final model, and
-oncurve's own evaluations every 5 steps): greedy, 32 tokens, the task's `correct` reward on all
-50 held-out problems. The page gives seconds per step (median, the first step left out), wall
-time, accuracy before and after, the curve against training seconds, and a few completions
-before and after.
+10 steps). Held-out accuracy is the trainer's evaluation for every model (the base, each final
+model, and oncurve's own evaluations every 5 steps): greedy, 32 tokens, the task's `correct`
+reward on all 50 held-out problems (`harness.learning.held_out`). The page gives seconds per
+step (median, the first step left out), wall time, accuracy before and after, oncurve's curve
+against training seconds (and `results/smollm2.png`), and a few completions before and after.
 
     make smollm2                                   # once: fetch and import the model
     .venv/bin/python benchmarks/smollm2.py         # both trainers (about 20 minutes)
@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from itertools import accumulate
 from pathlib import Path
 
+from harness import learning
 from harness.checkout import CACHE, RESULTS, ROOT
-from harness.children import train_oncurve
 from harness.machine import load_note
 from harness.spec import Job
 from harness.tables import markdown_table, publish
 from harness.trl_env import ensure_trl_venv, run_trl, trl_env
 
+NAME = "smollm2"
 CONFIG = ROOT / "configs" / "smollm2_135m.yaml"
 CURVE = RESULTS / "smollm2.png"
 SAMPLES = 4  # completions shown before and after
@@ -41,92 +43,42 @@ def make_job(steps: int | None) -> Job:
     return Job(settings, config_file=str(CONFIG), reward_task="sums", trl_microbatch=16)
 
 
-def held_out(model_dir: str) -> tuple[float, list[dict]]:
-    """Greedy held-out accuracy of a model directory on the task's test problems (the trainer's
-    evaluation: chat template, `rollout.max_new_tokens`, the `correct` reward), and the first
-    `SAMPLES` completions."""
-    from oncurve.config import load_config
-    from oncurve.data.prompts import PromptData
-    from oncurve.data.tasks import get_task
-    from oncurve.loop.evaluate import evaluate
-    from oncurve.model.sources import load_model, load_tokenizer
-    from oncurve.rollout import SamplingParams, build_sampler
-
-    config = load_config(CONFIG)
-    tokenizer = load_tokenizer(model_dir)
-    model = load_model(model_dir, "float32", "cpu").eval()
-    task = get_task("sums")
-    rows = task.examples("test", config.eval.num_prompts, config.run.seed)
-    data = PromptData(rows, tokenizer, config.data, seed=config.run.seed)
-    sampler = build_sampler("auto", model, tokenizer)
-    tokens = config.rollout.max_new_tokens
-    accuracy = evaluate(sampler, data.rows, task.reward_fns()["correct"], max_new_tokens=tokens)
-    shown = data.rows[:SAMPLES]
-    greedy = SamplingParams(max_new_tokens=tokens, temperature=0)
-    batch = sampler.generate_ids([r["prompt_ids"] for r in shown], 1, greedy)
+def held_out(model_dir: str, job: Job) -> tuple[float, list[dict]]:
+    """The model's held-out accuracy and its first `SAMPLES` greedy completions."""
+    result, rows, records = learning.held_out(model_dir, job.config())
+    shown = zip(rows[:SAMPLES], records, strict=False)
     samples = [
-        {"prompt": r["prompt"], "answer": r["answer"], "completion": text}
-        for r, text in zip(shown, batch.texts, strict=True)
+        {"prompt": r["prompt"], "answer": r["answer"], "completion": x["greedy"]} for r, x in shown
     ]
-    return accuracy["accuracy"], samples
+    return result["accuracy"], samples
 
 
-def run_oncurve(job: Job, out: Path) -> dict:
-    """oncurve's run: wall, peak RSS, per-step seconds and `correct`, its evaluations as
-    (training seconds, accuracy), and the final model."""
-    from oncurve.run.metrics import read_jsonl
-
-    done = train_oncurve(job.oncurve_args(), out / "run", out / "log.txt")
-    elapsed, curve = 0.0, []
-    for r in read_jsonl(out / "run" / "metrics.jsonl"):
-        elapsed += r.get("time/step", 0.0)
-        if "eval/accuracy" in r:
-            curve.append((elapsed, r["eval/accuracy"]))
-    steps = done.pop("rows")
-    return done | {
-        "final": str(out / "run" / "final"),
-        "seconds": [r["time/step"] for r in steps],
-        "correct": [r["reward/correct"] for r in steps],
-        "curve": curve,
-    }
-
-
-def plot(row: dict) -> None:
+def plot(trainers: dict[str, dict], before: float) -> None:
     """Held-out accuracy and the sampled `correct` reward against training seconds, `CURVE`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for name, r in row["trainers"].items():
-        times = [sum(r["seconds"][: i + 1]) for i in range(len(r["seconds"]))]
-        right.plot(times, r["correct"], label=name)
-        if r.get("curve"):
-            left.plot(*zip(*r["curve"], strict=True), marker="o", label=f"{name} (its evaluations)")
-        left.scatter([sum(r["seconds"])], [r["after"]], marker="x", s=80, label=f"{name}: final")
-    left.axhline(row["before"], color="grey", linestyle=":", label="base model")
-    left.set(xlabel="training seconds", ylabel="held-out greedy accuracy", title="held-out")
-    right.set(xlabel="training seconds", ylabel="reward/correct (sampled)", title="training")
-    for axis in (left, right):
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(CURVE, dpi=110)
+    evals = {f"{n} (its evaluations)": ([e[1] for e in r["evals"]], [e[2] for e in r["evals"]])
+             for n, r in trainers.items() if r.get("evals")}  # fmt: skip
+    finals = {f"{n}: final": (sum(r["seconds"]), r["after"]) for n, r in trainers.items()}
+    rewards = {n: (list(accumulate(r["seconds"])), r["reward"]) for n, r in trainers.items()}
+    learning.plot(CURVE, [
+        {"title": "held-out", "x": "training seconds", "y": "held-out greedy accuracy",
+         "lines": evals, "points": finals, "base": before},
+        {"title": "training", "x": "training seconds", "y": "reward/correct (sampled)",
+         "lines": rewards},
+    ])  # fmt: skip
 
 
 def section(row: dict) -> str:
     """The page of one row: the table, oncurve's curve, what the model writes."""
-    s, before = row["settings"], row["before"]
+    before = row["before"]
     table = [
-        [name, str(r["steps"]), f"{statistics.median(r['seconds'][1:]):.1f}",
-         f"{r['wall'] / 60:.1f}", f"{r['rss']:.0f}", f"{before:.1%}", f"{r['after']:.1%}",
+        [name, str(r["steps"]), f"{r['s_per_step']:.1f}", f"{r['wall_s'] / 60:.1f}",
+         f"{r['rss_mb']:.0f}", f"{before:.1%}", f"{r['after']:.1%}",
          f"{100 * (r['after'] - before):+.1f}"]
         for name, r in row["trainers"].items()
     ]  # fmt: skip
     header = ["trainer", "steps", "s/step (median)", "wall min", "peak RSS MB", "before",
               "after", "points"]  # fmt: skip
-    curve = ", ".join(f"{t:.0f} s {a:.1%}" for t, a in row["trainers"]["oncurve"]["curve"])
+    curve = ", ".join(f"{t:.0f} s {a:.1%}" for _, t, a in row["trainers"]["oncurve"]["evals"])
     shown = [("before", row["before_samples"])]
     shown += [(f"after, {name}", r["samples"]) for name, r in row["trainers"].items()]
     samples = "".join(
@@ -135,14 +87,13 @@ def section(row: dict) -> str:
         + "\n"
         for label, xs in shown
     )
+    at = f" at {row['commit']}" if row["commit"] else ""
     return (
-        f"# {row['title']}\n\nWritten by `benchmarks/smollm2.py` on {row['date']} at "
-        f"{row['commit']}: {s['run.steps']} steps of {s['data.prompts_per_step']} prompts x "
-        f"G={s['rollout.group_size']}, {s['rollout.max_new_tokens']} tokens, lr {s['optim.lr']} "
-        f"({s['optim.schedule']}), beta {s['algo.beta']}; held-out: greedy on all 50 test "
-        f"problems. {row['load_note']}.\n\n{markdown_table(header, table)}\n\noncurve's "
-        f"held-out accuracy during training (training seconds, accuracy): {curve}. Curve: "
-        f"`{CURVE.name}`.\n\n## What the model writes\n{samples}"
+        f"# {row['title']}\n\nWritten by `benchmarks/smollm2.py` on {row['date']}{at}: "
+        f"{learning.describe(row['settings'])}; held-out: greedy on all 50 test problems. Load: "
+        f"{row['load_before']}; after: {row['load_after']}.\n\n{markdown_table(header, table)}"
+        f"\n\noncurve's held-out accuracy during training (training seconds, accuracy): {curve}. "
+        f"Curve: `{CURVE.name}`.\n\n## What the model writes\n{samples}"
     )
 
 
@@ -158,37 +109,30 @@ def main() -> None:
     if not (Path(job.settings["model.path"]) / "config.json").is_file():
         raise SystemExit(f"no model in {job.settings['model.path']}: run `make smollm2` first")
     load_before = load_note()
-    before, before_samples = held_out(job.settings["model.path"])
+    before, before_samples = held_out(job.settings["model.path"], job)
     trainers: dict[str, dict] = {}
     for name in ("oncurve",) if args.skip_trl else ("oncurve", "TRL"):
-        out = CACHE / "smollm2" / name
+        out = CACHE / NAME / name
         print(f"{name} ...", flush=True)
         if name == "oncurve":
-            own, done = job, run_oncurve(job, out)
+            own, done = job, learning.train(job.oncurve_args(), out)
         else:
             own = job.with_settings(run__steps=args.trl_steps or job.settings["run.steps"])
             python = ensure_trl_venv()
-            done = run_trl(own, out, python, trl_env(python), save=True)
-            done["correct"] = done["rewards"]["correct"]
-        after, samples = held_out(done["final"])
-        kept = {k: done[k] for k in ("wall", "rss", "seconds", "correct", "curve") if k in done}
-        trainers[name] = kept | {"steps": own.settings["run.steps"], "after": after}
+            trl = run_trl(own, out, python, trl_env(python), save=True)
+            done = {"wall_s": round(trl["wall"], 1), "rss_mb": round(trl["rss"]),
+                    "seconds": trl["seconds"], "reward": trl["rewards"]["correct"],
+                    "s_per_step": statistics.median(trl["seconds"][1:]), "phases": trl["phases"],
+                    "final": trl["final"]}  # fmt: skip
+        after, samples = held_out(done.pop("final"), job)
+        trainers[name] = done | {"steps": own.settings["run.steps"], "after": after}
         trainers[name]["samples"] = samples
         print(f"{name}: {after:.1%} after {trainers[name]['steps']} steps", flush=True)
-    c = job.config()
-    row = {
-        "renderer": "smollm2",
-        "settings": {"run.steps": c.run.steps, "data.prompts_per_step": c.data.prompts_per_step,
-                     "rollout.group_size": c.rollout.group_size, "optim.lr": c.optim.lr,
-                     "rollout.max_new_tokens": c.rollout.max_new_tokens,
-                     "optim.schedule": c.optim.schedule, "algo.beta": c.algo.beta},
-        "load_note": f"Load: {load_before}; after: {load_note()}",
-        "before": before,
-        "before_samples": before_samples,
-        "trainers": trainers,
-    }  # fmt: skip
-    plot(row)
-    publish("smollm2", "SmolLM2-135M-Instruct on `sums`, 2 CPU cores", "", row)
+    plot(trainers, before)
+    row = {"renderer": NAME, "settings": learning.settings(job.config()), "before": before,
+           "load_before": load_before, "load_after": load_note(),
+           "before_samples": before_samples, "trainers": trainers}  # fmt: skip
+    publish(NAME, "SmolLM2-135M-Instruct on `sums`, 2 CPU cores", "", row)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,152 @@
+"""What the learning-curve studies share (`smollm2.py`, `gsm8k_smollm2.py`, `code_task.py`): a
+model's held-out greedy score on its task's test problems, prompted and scored as the trainer's
+evaluation does them, before training and after; an `oncurve train` run of the checkout and the
+curve it logged; the settings a page states; a figure of curves."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from harness.checkout import checkout_env
+from harness.children import train_oncurve
+from harness.run_logs import step_phases
+
+# the settings a study's page states, as `key=value` overrides name them
+SETTINGS = (
+    "run.steps",
+    "data.prompts_per_step",
+    "rollout.group_size",
+    "rollout.max_new_tokens",
+    "optim.lr",
+    "optim.schedule",
+    "algo.beta",
+)
+
+
+def settings(config: Any) -> dict[str, Any]:
+    """`SETTINGS` of an oncurve `Config`."""
+    found = {}
+    for key in SETTINGS:
+        value = config
+        for part in key.split("."):
+            value = getattr(value, part)
+        found[key] = value
+    return found
+
+
+def describe(values: dict[str, Any]) -> str:
+    """`10 steps of 8 prompts x G=8, 32 new tokens, lr 2e-05 (cosine), beta 0.0`: the job's
+    settings (`settings`; the schedule where the row has it)."""
+    schedule = f" ({values['optim.schedule']})" if "optim.schedule" in values else ""
+    return (
+        f"{values['run.steps']} steps of {values['data.prompts_per_step']} prompts x "
+        f"G={values['rollout.group_size']}, {values['rollout.max_new_tokens']} new tokens, lr "
+        f"{values['optim.lr']}{schedule}, beta {values['algo.beta']}"
+    )
+
+
+def held_out(
+    model_dir: str, config: Any, samples: int = 1
+) -> tuple[dict[str, float], list[dict], list[dict]]:
+    """A model directory's held-out scores on `config.eval.num_prompts` test problems of
+    `config.data.task`, on the CPU in float32, as the trainer evaluates: prompts formatted as it
+    formats them, greedy with `rollout.max_new_tokens` tokens, its held-out reward
+    (`correctness_fn`, the task's settings applied), and with `samples` > 1 that many
+    completions per prompt at temperature 1. Returns `evaluate`'s result, the rows (the task's
+    fields with the prompt's ids) and one record per row (the greedy completion and whether it
+    is right; with samples, the sampled completions)."""
+    from oncurve.data.prompts import PromptData, correctness_fn
+    from oncurve.data.tasks import get_task
+    from oncurve.loop.evaluate import evaluate
+    from oncurve.model.sources import load_model, load_tokenizer
+    from oncurve.rollout import build_sampler
+
+    task = get_task(config.data.task)
+    reward = correctness_fn(config, task)
+    if hasattr(reward, "configure"):  # the code sandbox's settings, as a run applies them
+        reward.configure(config.reward)
+    tokenizer = load_tokenizer(model_dir)
+    model = load_model(model_dir, "float32", "cpu").eval()
+    examples = task.examples("test", config.eval.num_prompts, config.run.seed)
+    rows = PromptData(examples, tokenizer, config.data, seed=config.run.seed).rows
+    records: list[dict] = []
+    result = evaluate(
+        build_sampler("auto", model, tokenizer),
+        rows,
+        reward,
+        max_new_tokens=config.rollout.max_new_tokens,
+        samples=samples,
+        seed=config.run.seed,
+        records=records,
+    )
+    return result, rows, records
+
+
+def logged(run_dir: Path) -> dict[str, Any]:
+    """What an oncurve run logged in `run_dir`: each step's "seconds", "phases" and mean
+    `correct` reward of its sampled completions ("reward"), the median s/step with the first
+    step left out ("s_per_step"), and each of its evaluations as [step, training seconds so
+    far, accuracy] ("evals")."""
+    from oncurve.run.metrics import read_jsonl
+
+    rows = list(read_jsonl(run_dir / "metrics.jsonl"))
+    steps = [r for r in rows if "time/step" in r]
+    elapsed, evals = 0.0, []
+    for r in rows:
+        elapsed += r.get("time/step", 0.0)
+        if "eval/accuracy" in r:
+            evals.append([r["step"], round(elapsed, 1), r["eval/accuracy"]])
+    seconds = [r["time/step"] for r in steps]
+    return {
+        "seconds": seconds,
+        "s_per_step": statistics.median(seconds[1:] or seconds),
+        "phases": step_phases(steps),
+        "reward": [r["reward/correct"] for r in steps],
+        "evals": evals,
+    }
+
+
+def last_samples(run_dir: Path, count: int) -> list[dict[str, Any]]:
+    """The first `count` completions an oncurve run logged of its last step (`samples.jsonl`),
+    each with its prompt, gold answer and reward."""
+    from oncurve.run.metrics import SAMPLES_FILE, read_jsonl
+
+    rows = list(read_jsonl(run_dir / SAMPLES_FILE))
+    last = [r for r in rows if r["step"] == rows[-1]["step"]] if rows else []
+    keys = ("step", "prompt", "answer", "reward", "completion")
+    return [{k: r.get(k) for k in keys} for r in last[:count]]
+
+
+def train(args: list[str], out: Path) -> dict[str, Any]:
+    """`oncurve train --quiet ARGS` of the checkout with its run in `out/run` (overwritten) and
+    its output in `out/log.txt`: its wall seconds ("wall_s"), peak RSS in MB ("rss_mb"), final
+    model ("final") and what it logged (`logged`)."""
+    done = train_oncurve(args, out / "run", out / "log.txt", env=checkout_env())
+    run = {"wall_s": round(done["wall"], 1), "rss_mb": round(done["rss"])}
+    return run | {"final": str(out / "run" / "final"), **logged(out / "run")}
+
+
+def plot(path: Path, panels: list[dict[str, Any]]) -> None:
+    """Write the PNG `path`, one axis per panel side by side: {"title", "x", "y" (the axes'
+    labels), "lines": {label: (xs, ys)}, and optionally "points": {label: (x, y)}, marked, and
+    "base": a y drawn as a dotted line (the base model's)}."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for axis, panel in zip(axes[0], panels, strict=True):
+        for label, (xs, ys) in panel["lines"].items():
+            axis.plot(xs, ys, marker="o" if len(xs) < 20 else None, label=label)
+        for label, (x, y) in panel.get("points", {}).items():
+            axis.scatter([x], [y], marker="x", s=80, label=label)
+        if panel.get("base") is not None:
+            axis.axhline(panel["base"], color="grey", linestyle=":", label="base model")
+        axis.set(xlabel=panel["x"], ylabel=panel["y"], title=panel["title"])
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
