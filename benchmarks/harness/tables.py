@@ -37,11 +37,11 @@ def code_cell(text: object, limit: int | None = None) -> str:
 
 
 def measured(row: dict[str, Any]) -> str:
-    """Where a row was measured, for the top of its section: date, commit, command, torch and
-    transformers."""
-    versions = row["versions"]
+    """Where a row was measured, for the top of its section: date, commit (none in a row
+    imported from a hand-kept page), command, torch and transformers."""
+    versions, at = row["versions"], f" at {row['commit']}" if row["commit"] else ""
     return (
-        f"{row['date']} at {row['commit']}, `{row['command']}`, torch {versions['torch']}, "
+        f"{row['date']}{at}, `{row['command']}`, torch {versions['torch']}, "
         f"transformers {versions['transformers']}"
     )
 
