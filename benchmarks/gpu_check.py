@@ -41,9 +41,9 @@ import yaml
 from harness import pytest_outcomes, run_logs
 from harness.checkout import BENCHMARKS, CACHE, ROOT, checkout_env
 from harness.gpu_bundle import prepare, trl_at_hand
-from harness.gpu_cells import compile_capture, gib, met, percent, phase_peaks, plan_against
+from harness.gpu_cells import compile_capture, gib, met, phase_peaks, plan_against
 from harness.stages import Outcome, Stage, run_stage, table, tails
-from harness.tables import publish
+from harness.tables import cell, publish
 
 NAME = "gpu_check"
 TITLE = "GPU check\n\nWritten by `benchmarks/gpu_check.py` (`make gpu-check`), one section per GPU."
@@ -121,8 +121,8 @@ def job_rows(rows: list[dict], log: str, config: dict) -> list[list[str]]:
         off = [r["step"] for r in trained if r.get(key) != 1.0]
         return f"off at steps {off[:5]}" if off else "every step" if trained else "n/a"
 
-    before = percent(evaluated[0] if evaluated else None)
-    after = percent(evaluated[-1] if len(evaluated) > 1 else None)
+    before = cell(evaluated[0] if evaluated else None, ".1%")
+    after = cell(evaluated[-1] if len(evaluated) > 1 else None, ".1%")
     why = re.search(r"warning: rows stay padded .*failed its check: (.*)", log)
     packed = "yes" if config["model"]["pack_rows"] else f"no: {why.group(1)}" if why else "no"
     setup = run_logs.sampler_setup_seconds(trained[-1]) if trained else None

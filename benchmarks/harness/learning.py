@@ -5,6 +5,7 @@ curve it logged; the settings a page states; a figure of curves."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 from pathlib import Path
 from typing import Any
@@ -14,26 +15,13 @@ from harness.children import train_oncurve
 from harness.run_logs import step_phases
 
 # the settings a study's page states, as `key=value` overrides name them
-SETTINGS = (
-    "run.steps",
-    "data.prompts_per_step",
-    "rollout.group_size",
-    "rollout.max_new_tokens",
-    "optim.lr",
-    "optim.schedule",
-    "algo.beta",
-)
+SETTINGS = ("run.steps", "data.prompts_per_step", "rollout.group_size", "rollout.max_new_tokens",
+            "optim.lr", "optim.schedule", "algo.beta")  # fmt: skip
 
 
 def settings(config: Any) -> dict[str, Any]:
     """`SETTINGS` of an oncurve `Config`."""
-    found = {}
-    for key in SETTINGS:
-        value = config
-        for part in key.split("."):
-            value = getattr(value, part)
-        found[key] = value
-    return found
+    return {key: functools.reduce(getattr, key.split("."), config) for key in SETTINGS}
 
 
 def describe(values: dict[str, Any]) -> str:
