@@ -1,5 +1,6 @@
 """Render every benchmark's page, `results/<benchmark>.md`, from its JSONL record in
-`results/records/` (one command after editing or merging records):
+`results/records/`, and the tables of figures in README.md and benchmarks/README.md from all of
+them (one command after recording, editing or merging records):
 
     .venv/bin/python benchmarks/render.py            # every record
     .venv/bin/python benchmarks/render.py vs_trl     # one
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from harness.figures import rendered_pages
 from harness.records import RECORDS
 from harness.tables import render_page
 
@@ -20,6 +22,9 @@ def main() -> None:
     for name in names:
         path = render_page(name)
         print(f"{name}: {path or 'no record'}")
+    for path, text in rendered_pages().items():
+        path.write_text(text)
+        print(f"figures: {path}")
 
 
 if __name__ == "__main__":

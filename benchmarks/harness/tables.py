@@ -57,8 +57,9 @@ def section_text(row: dict[str, Any]) -> str:
 def render_page(benchmark: str) -> Path | None:
     """Write `results/<benchmark>.md` from its record: the newest row's title, then each key's
     newest section behind a `<!-- model: key -->` marker (a row keyed "" is the whole page).
-    None when the benchmark has no record."""
-    sections = latest(read(benchmark))
+    Rows with a summary alone (imported one-line figures) have no section. None when the
+    benchmark has no record."""
+    sections = latest([row for row in read(benchmark) if "markdown" in row or "renderer" in row])
     if not sections:
         return None
     path = RESULTS / f"{benchmark}.md"

@@ -1,0 +1,108 @@
+"""Every record's figures in one line each: the table of recorded figures in
+benchmarks/README.md (each row with a summary, newest first) and the README's Results table
+(the newest headline of each area), written between their markers by `render.py`.
+
+A row's summary and headline come from its spec module's `summary(row)` and `headline(row)`
+(the module named by "renderer") where it has them, else from the row's own "summary" and
+"headline" fields (rows imported from the tables kept by hand before the records)."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+from typing import Any
+
+from harness.checkout import BENCHMARKS, ROOT
+from harness.records import RECORDS, read
+from harness.tables import markdown_table
+
+# The README's Results table: one row per area, in this order.
+AREAS = (
+    "the default job, 2 CPU cores",
+    "a step against TRL, 1 x H100",
+    "the sampler, 1 x H100",
+    "an instruct model, 2 CPU cores",
+    "RL on code, 2 CPU cores",
+    "memory against PPO with a critic",
+)
+HEADLINES = ROOT / "README.md"
+HISTORY = BENCHMARKS / "README.md"
+
+
+def _from_spec(row: dict[str, Any], name: str) -> Any:
+    """`name(row)` of the row's renderer module when it defines one, else the row's field."""
+    if "renderer" in row:
+        module = importlib.import_module(row["renderer"])
+        if hasattr(module, name):
+            return getattr(module, name)(row)
+    return row.get(name)
+
+
+def machine_label(row: dict[str, Any]) -> str:
+    """The machine a row was measured on, short: its GPUs, else its CPU and cores."""
+    machine = row.get("machine") or {}
+    if "gpu" in machine:
+        return str(machine["gpu"]).replace("NVIDIA ", "")
+    cpu = " ".join(str(machine.get("cpu", "unknown CPU")).split()[:2])
+    return f"{cpu}, {machine.get('cores', '?')} cores"
+
+
+def all_rows() -> list[dict[str, Any]]:
+    """Every row of every record, newest first: by day, then by record name, then the record's
+    later row first."""
+    rows = [
+        (str(row.get("date", ""))[:10], path.stem, -index, row)
+        for path in sorted(RECORDS.glob("*.jsonl"))
+        for index, row in enumerate(read(path.stem))
+    ]
+    rows.sort(key=lambda entry: entry[:3])
+    rows.sort(key=lambda entry: entry[0], reverse=True)
+    return [row for *_, row in rows]
+
+
+def history_table(rows: list[dict[str, Any]]) -> str:
+    """The recorded figures: date, machine, commit, command and summary of each row with a
+    summary."""
+    lines = []
+    for row in rows:
+        summary = _from_spec(row, "summary")
+        if summary:
+            when = str(row["date"])[:10]
+            command = row.get("shown_command") or f"`{row.get('command', '')}`"
+            commit = row.get("commit") or "?"
+            lines.append([when, machine_label(row), commit, command, summary])
+    return markdown_table(["date", "machine", "commit", "command", "result"], lines)
+
+
+def headline_table(rows: list[dict[str, Any]]) -> str:
+    """The newest headline of each area of `AREAS`: its figure and the command that measures
+    it. An area without one is an error: the README would lose a row."""
+    newest: dict[str, dict[str, str]] = {}
+    for row in rows:
+        headline = _from_spec(row, "headline")
+        if headline and headline["area"] not in newest:
+            newest[headline["area"]] = headline
+    missing = [area for area in AREAS if area not in newest]
+    if missing:
+        raise ValueError(f"no record holds a headline for {missing}")
+    lines = [[area, newest[area]["figure"], f"`{newest[area]['command']}`"] for area in AREAS]
+    return markdown_table(["area", "figure", "command"], lines)
+
+
+def between_markers(text: str, name: str, table: str) -> str:
+    """`text` with what stands between `<!-- figures: name -->` and `<!-- /figures: name -->`
+    replaced by `table`; ValueError when the markers are missing."""
+    pattern = re.compile(rf"(<!-- figures: {name} -->\n).*?(\n<!-- /figures: {name} -->)", re.S)
+    if not pattern.search(text):
+        raise ValueError(f"no <!-- figures: {name} --> markers")
+    return pattern.sub(lambda m: m.group(1) + table + m.group(2), text)
+
+
+def rendered_pages() -> dict[Path, str]:
+    """README.md and benchmarks/README.md as `render.py` writes them from the records."""
+    rows = all_rows()
+    return {
+        HEADLINES: between_markers(HEADLINES.read_text(), "headlines", headline_table(rows)),
+        HISTORY: between_markers(HISTORY.read_text(), "history", history_table(rows)),
+    }

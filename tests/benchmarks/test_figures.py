@@ -1,0 +1,45 @@
+"""The README's Results table and benchmarks/README.md's recorded figures are what the records
+give (`benchmarks/render.py` writes them), and each area keeps a headline."""
+
+from __future__ import annotations
+
+import pytest
+from harness.figures import (
+    AREAS,
+    all_rows,
+    between_markers,
+    headline_table,
+    history_table,
+    machine_label,
+    rendered_pages,
+)
+
+
+def test_the_pages_tables_are_the_records():
+    for path, text in rendered_pages().items():
+        assert path.read_text() == text, (
+            f"{path} differs from its records: run benchmarks/render.py"
+        )
+
+
+def test_every_area_has_a_headline_and_every_row_a_line():
+    rows = all_rows()
+    table = headline_table(rows).splitlines()
+    assert [line.split(" | ")[0].lstrip("| ") for line in table[2:]] == list(AREAS)
+    with_summary = [row for row in rows if row.get("summary")]
+    assert len(history_table(rows).splitlines()) >= 2 + len(with_summary)
+    with pytest.raises(ValueError, match="no record holds a headline for"):
+        headline_table([row for row in rows if row.get("benchmark") != "default_job"])
+
+
+def test_machines_and_markers():
+    assert machine_label({"machine": {"gpu": "1 x NVIDIA H200"}}) == "1 x H200"
+    assert machine_label({"machine": {"cpu": "AMD EPYC 7B13 64-Core", "cores": 2}}) == (
+        "AMD EPYC, 2 cores"
+    )
+    text = "a\n<!-- figures: x -->\nold\n<!-- /figures: x -->\nb"
+    assert (
+        between_markers(text, "x", "new") == "a\n<!-- figures: x -->\nnew\n<!-- /figures: x -->\nb"
+    )
+    with pytest.raises(ValueError, match="no <!-- figures: y --> markers"):
+        between_markers(text, "y", "new")
