@@ -256,6 +256,12 @@ class RolloutConfig:
     max_observation_tokens: int = _opt(
         256, "an observation's text is cut to this many tokens before it is fed", POSITIVE
     )
+    env_timeout_s: float | None = _opt(
+        60.0,
+        "seconds an episode's environment steps may take in all; past it the episode ends and "
+        "scores reward.timeout_score; null waits forever",
+        POSITIVE,
+    )
     prompts_per_call: int | None = _opt(
         None,
         "prompts handed to the sampler at once (their G rows each); null: all of a sampling "

@@ -59,8 +59,9 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
     ranks run the same optimizer steps (`update_policy`); none at all is an error on every rank.
 
     Metrics: `reward/*` and `groups/all_equal_frac` (groups whose finite total rewards are all
-    equal) cover every group sampled, in every round, as does `episode/turns_mean` (policy
-    turns per episode) with `rollout.env`. With dynamic sampling also
+    equal) cover every group sampled, in every round, as do `episode/turns_mean` (policy
+    turns per episode) and `episode/errors` and `episode/timeouts` (episodes ended on their
+    environment's fault) with `rollout.env`. With dynamic sampling also
     `kept/reward_mean` and `kept/reward_std` (the rows kept for the update), `kept/groups` (every
     rank's), `groups/dropped` (by the filter, this rank) and `groups/sampling_rounds`.
 
@@ -78,6 +79,7 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
     kept: list[tuple[RolloutBatch, torch.Tensor, list[dict], dict[str, list]]] = []
     state = TrainerState(step, cfg.run.steps)
     turns: list[int] = []  # policy turns of every multi-turn episode sampled
+    faults: list[str | None] = []  # and what ended each on its environment's fault
     visits: list[tuple[int, torch.Tensor]] = []  # (round, group pass rates) for the curriculum
     kept_groups = dropped = tokens = fewest = rounds = 0
     while rounds < rounds_per_step and fewest < share:
@@ -92,6 +94,7 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
                 )
             results.append(scored)
             turns.extend(outcomes.get("turns", []))
+            faults.extend(outcomes.get("episode_fault", []))
             tokens += int(rollout.completion_mask.sum())
             # Rewards are scored on the CPU; the advantages they become index the rollout's rows.
             total = scored.total.to(rollout.completion_ids.device)
@@ -142,6 +145,8 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
     metrics = {**every_round.metrics, **reward_metrics(every_round.total, group_size)}
     if turns:
         metrics["episode/turns_mean"] = sum(turns) / len(turns)
+        metrics["episode/errors"] = float(faults.count("error"))
+        metrics["episode/timeouts"] = float(faults.count("timeout"))
     if dynamic:
         mean, std = _mean_std(rewards)
         metrics |= {

@@ -21,8 +21,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import sys
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,12 +37,9 @@ from oncurve.rollout.base import (
     SamplingParams,
     seeded_generator,
 )
+from oncurve.rollout.env_calls import EnvFaults, call_steps
 from oncurve.rollout.torch_sampler import COMPACT_FRACTION, TorchSampler, sample_tokens
 from oncurve.types import RolloutBatch
-
-# Environment steps of the rows that end a turn at the same decode step run in threads: a tool
-# call is usually a subprocess (the sandbox), so they overlap.
-_STEP_THREADS = 16
 
 
 class Environment(Protocol):
@@ -168,13 +165,16 @@ class Episodes:
 
     Attributes:
         rollout: N = B*G transcripts after the prompt, `tool_mask` on observation tokens.
-        rewards: `[N]` float32 the sum of each episode's step rewards (on the CPU).
+        rewards: `[N]` float32 the sum of each episode's step rewards (on the CPU); after a
+            fault, what `EnvFaults` scores it (NaN: unscored).
         turns: `[N]` policy turns per episode.
+        faults: per episode None, or the fault that ended it ("error", "timeout").
     """
 
     rollout: RolloutBatch
     rewards: torch.Tensor
     turns: torch.Tensor
+    faults: list[str | None]
 
 
 @dataclass(frozen=True)
@@ -186,6 +186,7 @@ class EpisodeSettings:
     max_turns: int
     encode_prompt: Callable[[str], list[int]]
     observation: ObservationFormat
+    faults: EnvFaults = EnvFaults()
 
     def budget(self, max_new_tokens: int) -> int:
         """Completion columns an episode can fill: every turn at full length, every
@@ -214,6 +215,7 @@ def draw(
     return played.rollout, {
         "episode_reward": played.rewards.tolist(),
         "turns": played.turns.tolist(),
+        "episode_fault": played.faults,
     }
 
 
@@ -230,7 +232,7 @@ def run_episodes(
     envs = [settings.make_env() for _ in range(len(rows) * group_size)]
     first: list[list[int]] = []
     for r, row in enumerate(rows):
-        messages = [envs[r * group_size + g].reset(row) for g in range(group_size)]
+        messages = [_reset(envs[r * group_size + g], row) for g in range(group_size)]
         if len(set(messages)) != 1:
             raise UserError("rollout.env: reset() gave different first messages for one row")
         first.append(settings.encode_prompt(messages[0]))
@@ -269,11 +271,29 @@ def run_episodes(
     rollout = dataclasses.replace(
         rollout, texts=transcripts, tool_mask=tool, logprobs=rollout.logprobs * (1 - tool)
     )
+    if loop.fault_notes:
+        print(
+            f"oncurve: warning: {len(loop.fault_notes)} of {n} episodes ended on their "
+            f"environment's fault (reward.errors, rollout.env_timeout_s); the first: "
+            f"{loop.fault_notes[0]}",
+            file=sys.stderr,
+        )
     return Episodes(
         rollout,
         torch.tensor(loop.rewards, dtype=torch.float32),
         torch.tensor(loop.turns, dtype=torch.long),
+        loop.faults,
     )
+
+
+def _reset(env: Environment, row: dict[str, Any]) -> str:
+    """`env.reset(row)`; an exception of the environment's own is a one-line UserError."""
+    try:
+        return env.reset(row)
+    except UserError:
+        raise
+    except Exception as error:
+        raise UserError(f"rollout.env: reset raised {type(error).__name__}: {error}") from None
 
 
 class _EpisodeLoop:
@@ -300,6 +320,9 @@ class _EpisodeLoop:
         self.ends = torch.full((n,), budget, dtype=torch.long, device=device)
         self.reasons = torch.full((n,), FINISH_LENGTH, dtype=torch.long, device=device)
         self.rewards = [0.0] * n
+        self.env_seconds = [0.0] * n  # each episode's time in `step` so far
+        self.faults: list[str | None] = [None] * n
+        self.fault_notes: list[str] = []
         self.turns = [1] * n
         self.turn_start = [0] * n
         self.feeding: dict[int, list[int]] = {}  # output row -> observation tokens still to feed
@@ -391,14 +414,24 @@ class _EpisodeLoop:
                 cuts = [text.find(s) + len(s) for s in self.params.stop if s in text]
                 text = text[: min(cuts)] if cuts else text
             texts.append(text)
-        with ThreadPoolExecutor(min(_STEP_THREADS, len(rows))) as pool:
-            results = list(
-                pool.map(lambda a: self.envs[a[0]].step(a[1]), zip(rows, texts, strict=True))
-            )
+        faults = self.settings.faults
+        left = [
+            None if faults.timeout_s is None else faults.timeout_s - self.env_seconds[row]
+            for row in rows
+        ]
+        results = call_steps([self.envs[row] for row in rows], texts, left)
         over = []
-        for row, reason, (observation, reward, done) in zip(rows, reasons, results, strict=True):
-            self.rewards[row] += float(reward)
-            last = done or observation is None or reason == FINISH_LENGTH
+        for row, reason, result in zip(rows, reasons, results, strict=True):
+            self.env_seconds[row] += result.seconds
+            if result.fault is not None:
+                self.rewards[row] = faults.score(result.fault, result.why)
+                self.faults[row] = result.fault
+                self.fault_notes.append(result.why)
+            else:
+                self.rewards[row] += result.reward
+            observation = result.observation
+            last = result.fault is not None or result.done or observation is None
+            last = last or reason == FINISH_LENGTH
             if last or self.turns[row] >= self.settings.max_turns:
                 self.ends[row] = t + 1
                 self.reasons[row] = reason

@@ -54,6 +54,7 @@ from oncurve.model.weights import add_lora, enable_gradient_checkpointing
 from oncurve.rewards.runner import RewardRunner
 from oncurve.rollout import Sampler, SamplerSettings, backend_named
 from oncurve.rollout.base import check_room
+from oncurve.rollout.env_calls import EnvFaults
 from oncurve.rollout.episodes import (
     EpisodeSettings,
     ObservationFormat,
@@ -356,6 +357,7 @@ def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | None:
             r.max_observation_tokens,
             role=observation_role(make_env),
         ),
+        faults=EnvFaults(r.env_timeout_s, config.reward.errors, config.reward.timeout_score),
     )
 
 

@@ -1,0 +1,105 @@
+"""An environment's `step` called so that no environment can end or hang a run: each call on a
+daemon thread of its own, given what is left of its episode's time, its result checked. An
+exception, a call past the episode's time, or a result that is not (text or None, a finite
+number, a flag) is a fault, which the reward settings turn into the episode's score
+(`EnvFaults`)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from oncurve.errors import UserError
+
+ERROR, TIMEOUT = "error", "timeout"
+
+
+@dataclass(frozen=True)
+class EnvFaults:
+    """What a faulty environment costs: `timeout_s` seconds of `step` calls per episode (None:
+    no limit), then the episode ends and scores `timeout_score` (None: unscored); a step that
+    raises or returns a malformed result stops the run in one line (`on_error` "raise") or
+    leaves the episode unscored ("none")."""
+
+    timeout_s: float | None = None
+    on_error: str = "raise"
+    timeout_score: float | None = 0.0
+
+    def score(self, kind: str, why: str) -> float:
+        """The episode's reward after a fault of `kind` (NaN: unscored); UserError with `why`
+        when faults stop the run."""
+        if kind == TIMEOUT:
+            return math.nan if self.timeout_score is None else self.timeout_score
+        if self.on_error == "raise":
+            raise UserError(f"rollout.env: {why} (reward.errors=none scores such episodes None)")
+        return math.nan
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One `step` call's (observation, reward, done), or its fault ("error" or "timeout") and
+    why; `seconds` the call took (at most the time it was given)."""
+
+    observation: str | None = None
+    reward: float = 0.0
+    done: bool = True
+    fault: str | None = None
+    why: str = ""
+    seconds: float = 0.0
+
+
+def call_steps(envs: list[Any], turns: list[str], seconds: list[float | None]) -> list[StepResult]:
+    """`envs[i].step(turns[i])` for every i at once, each on a daemon thread (a call that never
+    returns is left running and cannot hold the process at exit), waiting at most `seconds[i]`
+    for it (None: as long as it takes)."""
+    results: list[StepResult | None] = [None] * len(envs)
+
+    def call(i: int) -> None:
+        start = time.perf_counter()
+        try:
+            results[i] = _checked(envs[i].step(turns[i]), time.perf_counter() - start)
+        except Exception as error:  # an environment's own bug: its episode's fault, not the run's
+            why = f"step raised {type(error).__name__}: {error}"
+            results[i] = StepResult(fault=ERROR, why=_one_line(why))
+
+    threads = [threading.Thread(target=call, args=(i,), daemon=True) for i in range(len(envs))]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    outcomes = []
+    for i, thread in enumerate(threads):
+        limit = seconds[i]
+        thread.join(None if limit is None else max(0.0, start + limit - time.perf_counter()))
+        result = results[i]
+        if thread.is_alive() or result is None:
+            why = f"step took longer than the {limit:g} s left of its episode"
+            result = StepResult(fault=TIMEOUT, why=why, seconds=limit or 0.0)
+        outcomes.append(result)
+    return outcomes
+
+
+def _checked(result: Any, seconds: float) -> StepResult:
+    """`step`'s return value as a StepResult, or an error naming what is wrong with it."""
+    if not isinstance(result, tuple) or len(result) != 3:
+        why = f"step returned {type(result).__name__}, not (observation, reward, done)"
+        return StepResult(fault=ERROR, why=why, seconds=seconds)
+    observation, reward, done = result
+    if (
+        isinstance(reward, bool)
+        or not isinstance(reward, numbers.Real)
+        or not math.isfinite(reward)
+    ):
+        why = f"step returned the reward {reward!r}, not a finite number"
+        return StepResult(fault=ERROR, why=_one_line(why), seconds=seconds)
+    if observation is not None and not isinstance(observation, str):
+        why = f"step returned an observation of type {type(observation).__name__}, not text"
+        return StepResult(fault=ERROR, why=why, seconds=seconds)
+    return StepResult(observation, float(reward), bool(done), seconds=seconds)
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    return " ".join(text.split())[:limit]

@@ -1,0 +1,97 @@
+"""A faulty environment costs its episode, never the run: a step that raises, returns a malformed
+result or hangs past the episode's time ends the episode, scored as the reward settings say,
+with a counted warning; with reward.errors=raise an error stops the run in one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+
+import pytest
+from helpers.episodes import load_qwen3_tokenizer, scripted_sampler, settings
+
+from oncurve.errors import UserError
+from oncurve.rollout import SamplingParams
+from oncurve.rollout.env_calls import ERROR, TIMEOUT, EnvFaults, call_steps
+from oncurve.rollout.episodes import run_episodes
+
+
+class Scripted:
+    """An environment whose `step` returns (or raises) `result`, after `delay` seconds."""
+
+    def __init__(self, result: object = ("next", 0.5, False), delay: float = 0.0) -> None:
+        self.result, self.delay = result, delay
+        self.released = threading.Event()
+
+    def reset(self, row: dict) -> str:
+        return "Say something."
+
+    def step(self, turn: str):
+        if self.delay:
+            self.released.wait(self.delay)
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+
+MALFORMED = [
+    (("x", "1.0", False), "the reward '1.0', not a finite number"),
+    (("x", math.nan, False), "the reward nan, not a finite number"),
+    (("x", True, False), "the reward True, not a finite number"),
+    ((3, 1.0, False), "an observation of type int, not text"),
+    (("x", 1.0), "returned tuple, not (observation, reward, done)"),
+    (None, "returned NoneType, not (observation, reward, done)"),
+    (ValueError("bad\nmove"), "step raised ValueError: bad move"),
+]
+
+
+@pytest.mark.parametrize(("result", "why"), MALFORMED, ids=[w for _, w in MALFORMED])
+def test_an_exception_or_a_malformed_result_is_an_error(result, why):
+    (outcome,) = call_steps([Scripted(result)], ["turn"], [None])
+    assert (outcome.fault, outcome.observation) == (ERROR, None)
+    assert why in outcome.why
+
+
+def test_a_step_past_its_episode_s_time_is_a_timeout_and_the_others_come_back():
+    hung, quick = Scripted(delay=30.0), Scripted(("next", 0.25, True))
+    start = time.perf_counter()
+    outcomes = call_steps([hung, quick], ["a", "b"], [0.2, 0.2])
+    assert time.perf_counter() - start < 5.0
+    assert (outcomes[0].fault, outcomes[0].seconds) == (TIMEOUT, 0.2)
+    assert "longer than the 0.2 s left of its episode" in outcomes[0].why
+    assert (outcomes[1].fault, outcomes[1].reward, outcomes[1].done) == (None, 0.25, True)
+    hung.released.set()
+
+
+def test_the_reward_settings_score_a_fault():
+    assert EnvFaults().score(TIMEOUT, "") == 0.0
+    assert math.isnan(EnvFaults(timeout_score=None).score(TIMEOUT, ""))
+    assert math.isnan(EnvFaults(on_error="none").score(ERROR, "step raised X"))
+    with pytest.raises(UserError, match=r"^rollout.env: step raised X \(reward.errors=none"):
+        EnvFaults().score(ERROR, "step raised X")
+
+
+def test_an_episode_ended_by_a_fault_is_unscored_and_counted(capsys):
+    """Two episodes of one row: the first environment raises at its first step, the second
+    plays on; the first ends there, unscored (reward.errors=none), with one warning."""
+    tok = load_qwen3_tokenizer()
+    turn = tok("Hello.", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    made = iter([Scripted(RuntimeError("boom")), Scripted(("", 1.0, True))])
+    sampler, _ = scripted_sampler(tok, [turn, turn])
+    episode_settings = dataclasses.replace(
+        settings(tok, lambda: next(made), max_turns=3), faults=EnvFaults(on_error="none")
+    )
+    played = run_episodes(
+        sampler,
+        [{"prompt": "p"}],
+        group_size=2,
+        params=SamplingParams(max_new_tokens=8, temperature=1.0, seed=0),
+        settings=episode_settings,
+    )
+    assert math.isnan(played.rewards[0]) and played.rewards[1] == 1.0
+    assert played.faults == [ERROR, None] and played.turns.tolist() == [1, 1]
+    err = capsys.readouterr().err
+    assert "1 of 2 episodes ended on their environment's fault" in err
+    assert "step raised RuntimeError: boom" in err
