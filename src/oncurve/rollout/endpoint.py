@@ -1,0 +1,325 @@
+"""An OpenAI-compatible endpoint over oncurve's sampler, for agent harnesses that talk to one.
+
+`POST /v1/chat/completions` and `POST /v1/completions` on the loopback interface only, sampled
+with the run's settings (a request may shorten `max_tokens` and add `stop` strings, and ask for
+`n` choices; its temperature and the like are the run's, so that what trains is on-policy).
+Each response carries vLLM's extension fields: `prompt_token_ids`, and per choice `token_ids`
+and the sampler's logprobs. Requests that arrive within `max_wait_s` of each other are sampled
+in one call. The chat template is applied once, here: an assistant message whose text is a
+completion this endpoint sampled is spliced back as the tokens it sampled, so a conversation's
+tokens are the ones the policy produced; one it did not sample (text a harness rewrote) is
+tokenized as text and its call marked `rewritten`. Every call is kept in `Endpoint.calls`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from oncurve.errors import UserError
+from oncurve.rollout.base import Sampler, SamplingParams
+
+LOOPBACK = ("127.0.0.1", "::1")
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+_MARK = "\u2063oncurve-{}\u2063"
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One choice the endpoint sampled: the prompt's and the completion's token ids, the
+    sampler's logprob of each completion token, its finish reason ("eos", "stop", "length"),
+    its text, and whether its prompt held text the endpoint did not sample."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    text: str
+    rewritten: bool
+
+
+@dataclasses.dataclass
+class _Request:
+    prompt_ids: list[int]
+    rewritten: bool
+    n: int
+    params: SamplingParams
+    done: Future = dataclasses.field(default_factory=Future)
+
+
+class Endpoint:
+    """The endpoint, served for the `with` block (`base_url`), gone after it."""
+
+    def __init__(
+        self,
+        sampler: Sampler,
+        params: SamplingParams,
+        *,
+        model_name: str = "oncurve",
+        max_wait_s: float = 0.005,
+        seed: int = 0,
+    ) -> None:
+        self.sampler, self.params, self.model_name = sampler, params, model_name
+        self.max_wait_s, self.seed = max_wait_s, seed
+        self.calls: list[Call] = []
+        self.sampler_calls = 0
+        self._sampled: dict[str, list[int]] = {}  # completion text -> its token ids
+        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+
+    @property
+    def base_url(self) -> str:
+        """`http://127.0.0.1:PORT/v1`, what a harness's OpenAI client is given."""
+        assert self._server is not None, "the endpoint is served inside its `with` block"
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def __enter__(self) -> Endpoint:
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server.daemon_threads = True
+        self._threads = [
+            threading.Thread(target=self._server.serve_forever, daemon=True),
+            threading.Thread(target=self._sample_batches, daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.shutdown()
+        self._server.server_close()
+        self._queue.put(None)
+        for thread in self._threads:
+            thread.join()
+        self._server = None
+
+    # -- prompts ------------------------------------------------------------------------------
+
+    def chat_prompt(self, messages: list[dict[str, Any]]) -> tuple[list[int], bool]:
+        """The token ids of `messages` in the chat template, with a generation prompt: every
+        assistant message whose text this endpoint sampled as the ids it sampled; and whether
+        any assistant message was text it did not sample."""
+        tokenizer = self.sampler.tokenizer
+        marked, spliced, rewritten = [], [], False
+        for message in messages:
+            content = message.get("content")
+            if message.get("role") == "assistant" and isinstance(content, str):
+                with self._lock:
+                    sampled_ids = self._sampled.get(content)
+                if sampled_ids is None:
+                    rewritten = True
+                else:
+                    message = {**message, "content": _MARK.format(len(spliced))}
+                    spliced.append(sampled_ids)
+            marked.append(message)
+        text = tokenizer.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
+        ids: list[int] = []
+        eos = tokenizer.eos_token or ""
+        for k, sampled in enumerate(spliced):
+            before, mark, text = text.partition(_MARK.format(k))
+            if not mark:  # the template dropped the turn: nothing of it to splice
+                return self.encode_text(tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=False)), True  # fmt: skip
+            ids += self.encode_text(before) + sampled
+            if eos and tokenizer.decode(sampled[-1:]) == eos and text.startswith(eos):
+                text = text[len(eos) :]  # the turn's end is the sampled EOS token
+        return ids + self.encode_text(text), rewritten
+
+    def encode_text(self, text: str) -> list[int]:
+        """`text`'s token ids, no special tokens added (a template's are in its text)."""
+        return self.sampler.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    # -- sampling -----------------------------------------------------------------------------
+
+    def sample(self, prompt_ids: list[int], rewritten: bool, n: int, params: SamplingParams):
+        """The `n` Calls of one request, sampled with the other requests that arrive within
+        `max_wait_s` (from any thread)."""
+        request = _Request(prompt_ids, rewritten, n, params)
+        self._queue.put(request)
+        return request.done.result()
+
+    def _sample_batches(self) -> None:
+        while (first := self._queue.get()) is not None:
+            batch, deadline = [first], time.perf_counter() + self.max_wait_s
+            while (left := deadline - time.perf_counter()) > 0:
+                try:
+                    request = self._queue.get(timeout=left)
+                except queue.Empty:
+                    break
+                if request is None:
+                    self._queue.put(None)
+                    break
+                batch.append(request)
+            by_params: dict[SamplingParams, list[_Request]] = {}
+            for request in batch:
+                by_params.setdefault(request.params, []).append(request)
+            for params, requests in by_params.items():
+                try:
+                    self._sample(params, requests)
+                except Exception as error:  # the requests' failure, answered to their callers
+                    for request in requests:
+                        request.done.set_exception(error)
+
+    def _sample(self, params: SamplingParams, requests: list[_Request]) -> None:
+        prompts = [r.prompt_ids for r in requests for _ in range(r.n)]
+        seeded = dataclasses.replace(params, seed=self.seed + self.sampler_calls)
+        self.sampler_calls += 1
+        out = self.sampler.generate_ids(prompts, 1, seeded)
+        row = 0
+        for request in requests:
+            calls = []
+            for _ in range(request.n):
+                length = int(out.completion_mask[row].sum())
+                ids = out.completion_ids[row, :length].tolist()
+                logprobs = out.logprobs[row, :length].tolist()
+                text, reason = out.texts[row], out.finish_reasons[row]
+                calls.append(
+                    Call(request.prompt_ids, ids, logprobs, reason, text, request.rewritten)
+                )
+                row += 1
+            with self._lock:
+                self.calls += calls
+                self._sampled.update((call.text, call.completion_ids) for call in calls)
+            request.done.set_result(calls)
+
+    def request_params(self, body: dict[str, Any]) -> SamplingParams:
+        """The run's sampling settings, with the request's `max_tokens` (or
+        `max_completion_tokens`) when shorter and its `stop` strings added."""
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        longest = self.params.max_new_tokens
+        stop = body.get("stop") or []
+        stop = [stop] if isinstance(stop, str) else list(stop)
+        return dataclasses.replace(
+            self.params,
+            max_new_tokens=min(int(limit), longest) if limit else longest,
+            stop=tuple(dict.fromkeys([*self.params.stop, *stop])),
+        )
+
+
+def _choice_logprobs(tokenizer: Any, call: Call) -> dict[str, Any]:
+    """OpenAI's chat `logprobs` of a choice: one entry per completion token."""
+    tokens = tokenizer.convert_ids_to_tokens(call.completion_ids)
+    return {
+        "content": [
+            {"token": token, "logprob": logprob, "top_logprobs": []}
+            for token, logprob in zip(tokens, call.logprobs, strict=True)
+        ]
+    }
+
+
+def _finish(call: Call) -> str:
+    """OpenAI's finish reason: "length", else "stop" (EOS or a stop string)."""
+    return "length" if call.finish_reason == "length" else "stop"
+
+
+def _usage(calls: list[Call]) -> dict[str, int]:
+    prompt, completion = len(calls[0].prompt_ids), sum(len(c.completion_ids) for c in calls)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def respond(endpoint: Endpoint, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The JSON answer to a POST of `body` to `path` (`CHAT` or `COMPLETIONS`); ValueError for
+    a request it cannot serve."""
+    n = int(body.get("n") or 1)
+    if n < 1:
+        raise ValueError("n: at least 1 choice")
+    params = endpoint.request_params(body)
+    if path == CHAT:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages: a non-empty list of messages is required")
+        prompt_ids, rewritten = endpoint.chat_prompt(messages)
+        calls = endpoint.sample(prompt_ids, rewritten, n, params)
+        tokenizer = endpoint.sampler.tokenizer
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": call.text},
+                "finish_reason": _finish(call),
+                "token_ids": call.completion_ids,
+                "logprobs": _choice_logprobs(tokenizer, call),
+            }
+            for i, call in enumerate(calls)
+        ]
+        kind = "chat.completion"
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            prompt_ids = endpoint.encode_text(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            prompt_ids = list(prompt)
+        else:
+            raise ValueError("prompt: a string or a list of token ids is required")
+        calls = endpoint.sample(prompt_ids, False, n, params)
+        choices = [
+            {
+                "index": i,
+                "text": call.text,
+                "finish_reason": _finish(call),
+                "token_ids": call.completion_ids,
+                "logprobs": {"token_logprobs": call.logprobs},
+            }
+            for i, call in enumerate(calls)
+        ]
+        kind = "text_completion"
+    return {
+        "id": f"oncurve-{len(endpoint.calls)}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": endpoint.model_name,
+        "prompt_token_ids": calls[0].prompt_ids,
+        "choices": choices,
+        "usage": _usage(calls),
+    }
+
+
+def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            if self.client_address[0] not in LOOPBACK:
+                return self._answer(403, {"error": {"message": "loopback clients only"}})
+            if self.path not in (CHAT, COMPLETIONS):
+                return self._answer(404, {"error": {"message": f"no route {self.path}"}})
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                if not isinstance(body, dict):
+                    raise ValueError("the body must be a JSON object")
+                self._answer(200, respond(endpoint, self.path, body))
+            except (ValueError, TypeError, UserError) as error:
+                self._answer(400, {"error": {"message": str(error), "type": "invalid_request"}})
+            except Exception as error:  # the sampler's: the harness gets an answer, not a hang
+                self._answer(500, {"error": {"message": f"{type(error).__name__}: {error}"}})
+
+        def do_GET(self) -> None:
+            if self.path.rstrip("/").endswith("/models"):
+                models = {
+                    "object": "list",
+                    "data": [{"id": endpoint.model_name, "object": "model"}],
+                }
+                return self._answer(200, models)
+            self._answer(404, {"error": {"message": f"no route {self.path}"}})
+
+        def _answer(self, status: int, payload: dict[str, Any]) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:  # a harness's requests are not news
+            pass
+
+    return Handler

@@ -1,0 +1,165 @@
+"""The OpenAI-compatible endpoint: each choice carries the tokens the sampler drew and their
+logprobs under the policy; a conversation's earlier turns are the tokens sampled, and text a
+harness rewrote is flagged; concurrent requests share sampler calls; bad requests get an
+error answer, and the endpoint is gone after its block."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+from helpers.episodes import load_qwen3_tokenizer
+from helpers.models import tiny_qwen2
+
+from oncurve.rollout import SamplingParams, TorchSampler
+from oncurve.rollout.endpoint import Endpoint
+from oncurve.types import RolloutBatch
+
+QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
+
+
+@pytest.fixture(scope="module")
+def sampler() -> TorchSampler:
+    tokenizer = load_qwen3_tokenizer()
+    model = tiny_qwen2(len(tokenizer))
+    model.config.eos_token_id = tokenizer.eos_token_id
+    return TorchSampler(model, tokenizer)
+
+
+def post(base_url: str, route: str, body: object) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(f"{base_url}{route}", data=data, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_a_choice_carries_the_sampled_tokens_and_the_policy_s_logprobs(sampler):
+    """Two choices of a chat request through OpenAI's client: the prompt ids are the chat
+    template's, each choice's ids decode to its text, and its logprobs are the model's own
+    (teacher-forced, temperature 1) to 1e-4."""
+    openai = pytest.importorskip("openai", reason="the openai client is not installed")
+    tokenizer = sampler.tokenizer
+    with Endpoint(sampler, SamplingParams(max_new_tokens=8), seed=3) as endpoint:
+        assert endpoint.base_url.startswith("http://127.0.0.1:")
+        client = openai.OpenAI(base_url=endpoint.base_url, api_key="none")
+        answer = client.chat.completions.create(model="oncurve", messages=QUESTION, n=2)
+    prompt = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=True,
+                                           return_dict=False)  # fmt: skip
+    assert answer.model_extra["prompt_token_ids"] == list(prompt)
+    assert [c.completion_ids for c in endpoint.calls] == [
+        c.model_extra["token_ids"] for c in answer.choices
+    ]
+    for choice, call in zip(answer.choices, endpoint.calls, strict=True):
+        ids = call.completion_ids
+        assert 1 <= len(ids) <= 8 and len(choice.logprobs.content) == len(ids)
+        assert choice.message.content == tokenizer.decode(ids, skip_special_tokens=True)
+        with torch.no_grad():
+            logits = sampler.model(torch.tensor([list(prompt) + ids])).logits[
+                0, len(prompt) - 1 : -1
+            ]
+        expected = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(ids)[:, None])
+        got = torch.tensor([entry.logprob for entry in choice.logprobs.content])
+        torch.testing.assert_close(got, expected[:, 0], atol=1e-4, rtol=0)
+        assert choice.finish_reason in ("stop", "length")
+
+
+def test_a_conversation_s_earlier_turns_are_the_tokens_sampled(sampler):
+    """A second turn's prompt begins with the first turn's prompt and the ids sampled for it,
+    whatever re-tokenising the text would give; an assistant text the endpoint did not sample
+    marks the call rewritten."""
+    with Endpoint(sampler, SamplingParams(max_new_tokens=6)) as endpoint:
+        _, first = post(endpoint.base_url, "/chat/completions", {"messages": QUESTION})
+        said = first["choices"][0]["message"]["content"]
+        again = [
+            *QUESTION,
+            {"role": "assistant", "content": said},
+            {"role": "user", "content": "?"},
+        ]
+        _, second = post(endpoint.base_url, "/chat/completions", {"messages": again})
+        changed = [*again[:1], {"role": "assistant", "content": said + " (edited)"}, *again[2:]]
+        post(endpoint.base_url, "/chat/completions", {"messages": changed})
+    earlier = first["prompt_token_ids"] + first["choices"][0]["token_ids"]
+    assert second["prompt_token_ids"][: len(earlier)] == earlier
+    assert len(second["prompt_token_ids"]) > len(earlier)
+    assert [call.rewritten for call in endpoint.calls] == [False, False, True]
+
+
+def test_concurrent_requests_share_sampler_calls_and_each_gets_its_own(sampler):
+    answers: list[dict] = []
+    with Endpoint(sampler, SamplingParams(max_new_tokens=4), max_wait_s=0.5) as endpoint:
+
+        def ask(k: int) -> None:
+            body = {"prompt": f"{k} + {k} =", "max_tokens": 3}
+            answers.append(post(endpoint.base_url, "/completions", body)[1])
+
+        threads = [threading.Thread(target=ask, args=(k,)) for k in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert len(answers) == 6 and endpoint.sampler_calls < 6
+    prompts = {tuple(a["prompt_token_ids"]) for a in answers}
+    assert len(prompts) == 6 and all(len(a["choices"][0]["token_ids"]) <= 3 for a in answers)
+
+
+def test_bad_requests_get_an_error_answer_and_the_endpoint_is_gone_after(sampler):
+    with Endpoint(sampler, SamplingParams(max_new_tokens=4)) as endpoint:
+        url = endpoint.base_url
+        assert post(url, "/chat/completions", b"{not json")[0] == 400
+        status, answer = post(url, "/chat/completions", {"messages": []})
+        assert status == 400 and "messages" in answer["error"]["message"]
+        assert post(url, "/completions", {"prompt": 3})[0] == 400
+        assert post(url, "/embeddings", {"input": "x"})[0] == 404
+        with urllib.request.urlopen(f"{url}/models", timeout=10) as models:
+            assert json.loads(models.read())["data"][0]["id"] == "oncurve"
+    with pytest.raises(urllib.error.URLError):
+        post(url, "/completions", {"prompt": "x"})
+
+
+class OneCompletion:
+    """A sampler that answers every prompt with `ids` (then EOS): ids a tokenizer would not
+    give the same text, as a policy may sample."""
+
+    def __init__(self, tokenizer, ids: list[int]) -> None:
+        self.tokenizer, self.ids = tokenizer, [*ids, tokenizer.eos_token_id]
+
+    def generate_ids(self, prompt_ids, group_size, params) -> RolloutBatch:
+        rows = len(prompt_ids) * group_size
+        ids = torch.tensor([self.ids] * rows)
+        return RolloutBatch(
+            prompt_ids=torch.zeros(rows, 1, dtype=torch.long),
+            prompt_mask=torch.ones(rows, 1, dtype=torch.long),
+            completion_ids=ids,
+            completion_mask=torch.ones_like(ids),
+            logprobs=torch.full(ids.shape, -0.5),
+            texts=[self.tokenizer.decode(self.ids, skip_special_tokens=True)] * rows,
+            finish_reasons=["eos"] * rows,
+            group_size=group_size,
+        )
+
+
+def test_an_earlier_turn_keeps_tokens_its_text_would_not_give():
+    """ "hello" sampled as "hel" + "lo": the next turn's prompt holds those two tokens and the
+    sampled end of turn, where the template's text would give one token."""
+    tokenizer = load_qwen3_tokenizer()
+    pieces = [tokenizer.convert_tokens_to_ids(t) for t in ("hel", "lo")]
+    assert tokenizer("hello", add_special_tokens=False)["input_ids"] != pieces
+    with Endpoint(OneCompletion(tokenizer, pieces), SamplingParams(max_new_tokens=4)) as endpoint:
+        _, first = post(endpoint.base_url, "/chat/completions", {"messages": QUESTION})
+        assert first["choices"][0]["message"]["content"] == "hello"
+        again = [
+            *QUESTION,
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "?"},
+        ]
+        _, second = post(endpoint.base_url, "/chat/completions", {"messages": again})
+    earlier = first["prompt_token_ids"] + [*pieces, tokenizer.eos_token_id]
+    assert second["prompt_token_ids"][: len(earlier)] == earlier
+    assert [call.rewritten for call in endpoint.calls] == [False, False]
