@@ -246,8 +246,9 @@ class RolloutConfig:
     )
     env: str | None = _opt(
         None,
-        "multi-turn environment: python_tool, a game `textarena:<id>` or `gem:<id>`, or a "
-        "`module:Class` path (docs/environments.md); null samples one completion per episode",
+        "multi-turn environment: python_tool, a game `textarena:<id>` or `gem:<id>`, an agent "
+        "harness `harness:module:function` (plays against oncurve's OpenAI-compatible endpoint), "
+        "or a `module:Class` path (docs/environments.md); null samples one completion per episode",
     )
     env_args: dict[str, Any] = _opt({}, "keyword arguments of rollout.env's class")
     max_turns: int = _opt(

@@ -13,6 +13,7 @@ from oncurve.rewards.runner import RewardRunner
 from oncurve.rewards.trl_contract import TrainerState
 from oncurve.rollout.base import Sampler, SamplingParams
 from oncurve.rollout.episodes import EpisodeSettings, draw
+from oncurve.rollout.harness import HarnessSettings
 
 
 def evaluate(
@@ -26,7 +27,7 @@ def evaluate(
     seed: int = 0,
     batch_size: int = 256,
     records: list[dict] | None = None,
-    episodes: EpisodeSettings | None = None,
+    episodes: EpisodeSettings | HarnessSettings | None = None,
     timeout_s: float | None = 10.0,
     timeout_score: float | None = 0.0,
     on_error: str = "raise",
@@ -94,7 +95,7 @@ def evaluate(
 
 def _scores(
     sampler: Sampler,
-    episodes: EpisodeSettings | None,
+    episodes: EpisodeSettings | HarnessSettings | None,
     rows: list[dict],
     runner: RewardRunner,
     group_size: int,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import queue
+import re
 import threading
 import time
 from concurrent.futures import Future
@@ -27,6 +28,7 @@ from oncurve.rollout.base import Sampler, SamplingParams
 
 LOOPBACK = ("127.0.0.1", "::1")
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+_ROUTE = re.compile(r"(?:/e/(?P<episode>\d+))?(?P<path>/v1/(?:chat/)?completions)")
 _MARK = "\u2063oncurve-{}\u2063"
 
 
@@ -34,7 +36,8 @@ _MARK = "\u2063oncurve-{}\u2063"
 class Call:
     """One choice the endpoint sampled: the prompt's and the completion's token ids, the
     sampler's logprob of each completion token, its finish reason ("eos", "stop", "length"),
-    its text, and whether its prompt held text the endpoint did not sample."""
+    its text, whether its prompt held text the endpoint did not sample, and the episode whose
+    URL it came through (`Endpoint.episode_url`; None: `base_url`)."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
@@ -42,6 +45,7 @@ class Call:
     finish_reason: str
     text: str
     rewritten: bool
+    episode: int | None = None
 
 
 @dataclasses.dataclass
@@ -50,6 +54,7 @@ class _Request:
     rewritten: bool
     n: int
     params: SamplingParams
+    episode: int | None
     done: Future = dataclasses.field(default_factory=Future)
 
 
@@ -73,6 +78,10 @@ class Endpoint:
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
+
+    def episode_url(self, episode: int) -> str:
+        """A base URL whose calls are marked with `episode` (`Call.episode`)."""
+        return self.base_url.replace("/v1", f"/e/{episode}/v1")
 
     @property
     def base_url(self) -> str:
@@ -138,10 +147,17 @@ class Endpoint:
 
     # -- sampling -----------------------------------------------------------------------------
 
-    def sample(self, prompt_ids: list[int], rewritten: bool, n: int, params: SamplingParams):
+    def sample(
+        self,
+        prompt_ids: list[int],
+        rewritten: bool,
+        n: int,
+        params: SamplingParams,
+        episode: int | None = None,
+    ) -> list[Call]:
         """The `n` Calls of one request, sampled with the other requests that arrive within
         `max_wait_s` (from any thread)."""
-        request = _Request(prompt_ids, rewritten, n, params)
+        request = _Request(prompt_ids, rewritten, n, params, episode)
         self._queue.put(request)
         return request.done.result()
 
@@ -181,7 +197,15 @@ class Endpoint:
                 logprobs = out.logprobs[row, :length].tolist()
                 text, reason = out.texts[row], out.finish_reasons[row]
                 calls.append(
-                    Call(request.prompt_ids, ids, logprobs, reason, text, request.rewritten)
+                    Call(
+                        request.prompt_ids,
+                        ids,
+                        logprobs,
+                        reason,
+                        text,
+                        request.rewritten,
+                        request.episode,
+                    )
                 )
                 row += 1
             with self._lock:
@@ -228,9 +252,11 @@ def _usage(calls: list[Call]) -> dict[str, int]:
     }
 
 
-def respond(endpoint: Endpoint, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    """The JSON answer to a POST of `body` to `path` (`CHAT` or `COMPLETIONS`); ValueError for
-    a request it cannot serve."""
+def respond(
+    endpoint: Endpoint, path: str, body: dict[str, Any], episode: int | None = None
+) -> dict[str, Any]:
+    """The JSON answer to a POST of `body` to `path` (`CHAT` or `COMPLETIONS`) for `episode`;
+    ValueError for a request it cannot serve."""
     n = int(body.get("n") or 1)
     if n < 1:
         raise ValueError("n: at least 1 choice")
@@ -240,7 +266,7 @@ def respond(endpoint: Endpoint, path: str, body: dict[str, Any]) -> dict[str, An
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages: a non-empty list of messages is required")
         prompt_ids, rewritten = endpoint.chat_prompt(messages)
-        calls = endpoint.sample(prompt_ids, rewritten, n, params)
+        calls = endpoint.sample(prompt_ids, rewritten, n, params, episode)
         tokenizer = endpoint.sampler.tokenizer
         choices = [
             {
@@ -261,7 +287,7 @@ def respond(endpoint: Endpoint, path: str, body: dict[str, Any]) -> dict[str, An
             prompt_ids = list(prompt)
         else:
             raise ValueError("prompt: a string or a list of token ids is required")
-        calls = endpoint.sample(prompt_ids, False, n, params)
+        calls = endpoint.sample(prompt_ids, False, n, params, episode)
         choices = [
             {
                 "index": i,
@@ -289,14 +315,16 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             if self.client_address[0] not in LOOPBACK:
                 return self._answer(403, {"error": {"message": "loopback clients only"}})
-            if self.path not in (CHAT, COMPLETIONS):
+            route = _ROUTE.fullmatch(self.path)
+            if route is None:
                 return self._answer(404, {"error": {"message": f"no route {self.path}"}})
+            episode = int(route["episode"]) if route["episode"] else None
             try:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
                 if not isinstance(body, dict):
                     raise ValueError("the body must be a JSON object")
-                self._answer(200, respond(endpoint, self.path, body))
+                self._answer(200, respond(endpoint, route["path"], body, episode))
             except (ValueError, TypeError, UserError) as error:
                 self._answer(400, {"error": {"message": str(error), "type": "invalid_request"}})
             except Exception as error:  # the sampler's: the harness gets an answer, not a hang

@@ -6,9 +6,8 @@ or `max_new_tokens`; `Environment.step(turn)` answers with an observation, a rew
 the episode is over. An observation becomes tokens (`ObservationFormat`: with a chat template,
 exactly what the template puts between the end of an assistant turn and the start of the next
 one) that are fed into the KV cache one decode step at a time, batched with the other rows'
-sampled tokens: the prompt and every earlier turn stay cached, and the rows of a step never
-wait for one another's prefill. After `max_turns` model turns the episode ends whatever the
-environment says.
+sampled tokens: the prompt and every earlier turn stay cached. After `max_turns` model turns
+the episode ends whatever the environment says.
 
 The result is an ordinary `RolloutBatch` whose completion is the whole transcript after the
 prompt (turns and observations), with `tool_mask` marking the observation tokens: the trainer's
@@ -38,6 +37,7 @@ from oncurve.rollout.base import (
     seeded_generator,
 )
 from oncurve.rollout.env_calls import EnvFaults, call_steps
+from oncurve.rollout.harness import HarnessSettings, play_harness
 from oncurve.rollout.torch_sampler import COMPACT_FRACTION, TorchSampler, sample_tokens
 from oncurve.types import RolloutBatch
 
@@ -93,8 +93,8 @@ def resolve_environment(spec: str, args: dict[str, Any] | None = None) -> EnvFac
 
 
 def observation_role(make_env: EnvFactory) -> str | None:
-    """The chat role of an environment's observations: its class's `observation_role` ("user"
-    for a game's messages), else None (a tool's output)."""
+    """The chat role of an environment's observations: its class's `observation_role`, else
+    None (a tool's output)."""
     while isinstance(make_env, functools.partial):
         make_env = make_env.func
     return getattr(make_env, "observation_role", None)
@@ -197,16 +197,19 @@ class EpisodeSettings:
 
 def draw(
     sampler: Sampler,
-    episodes: EpisodeSettings | None,
+    episodes: EpisodeSettings | HarnessSettings | None,
     rows: list[dict],
     group_size: int,
     params: SamplingParams,
 ) -> tuple[RolloutBatch, dict[str, list]]:
-    """G completions of each of `rows`, or with `episodes` G multi-turn episodes; the second
-    item holds what the episodes add to the reward functions' columns: `episode_reward` (the
-    environment's) and `turns`, one value per row of the rollout."""
+    """G completions of each of `rows`, or G multi-turn episodes (played here, or by a harness:
+    `oncurve.rollout.harness`) with the reward functions' columns they add, one value per row:
+    `episode_reward` (the environment's), `turns` and `episode_fault`."""
     if episodes is None:
         return sampler.generate_ids([r["prompt_ids"] for r in rows], group_size, params), {}
+    if isinstance(episodes, HarnessSettings):
+        rollout, rewards, turns, faults = play_harness(sampler, rows, group_size, params, episodes)
+        return rollout, {"episode_reward": rewards, "turns": turns, "episode_fault": faults}
     if not isinstance(sampler, TorchSampler):
         raise UserError(
             f"rollout.env needs a decode-loop sampler backend, not {type(sampler).__name__}"

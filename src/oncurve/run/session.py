@@ -23,6 +23,7 @@ from oncurve.model.weights import enable_gradient_checkpointing
 from oncurve.rewards.runner import RewardRunner
 from oncurve.rollout import Sampler
 from oncurve.rollout.episodes import EpisodeSettings
+from oncurve.rollout.harness import HarnessSettings
 from oncurve.run import oom
 from oncurve.run.memory_plan import ModelShape, forward_only_tokens
 from oncurve.run.metrics import MetricsLogger
@@ -70,7 +71,9 @@ class Session:
     loss_fns: LossFns
     advantage: AdvantageSource
     logger: MetricsLogger
-    episodes: EpisodeSettings | None = None  # with rollout.env: multi-turn episodes
+    episodes: EpisodeSettings | HarnessSettings | None = (
+        None  # with rollout.env: multi-turn episodes
+    )
     curriculum: Curriculum | None = None  # data.curriculum's sampler; None: the seeded order
     rank: int = 0
     world_size: int = 1

@@ -61,6 +61,8 @@ from oncurve.rollout.episodes import (
     observation_role,
     resolve_environment,
 )
+from oncurve.rollout.harness import PREFIX as HARNESS_PREFIX
+from oncurve.rollout.harness import HarnessSettings, resolve_harness
 from oncurve.run import checkpoint, oom
 from oncurve.run.metrics import MetricsLogger, truncate_after
 from oncurve.run.rewards import build_rewards
@@ -176,7 +178,10 @@ def prompt_rows(data: PromptData, eval_data: PromptData | None) -> list[dict]:
 
 
 def completion_room(
-    config: Config, episodes: EpisodeSettings | None, longest: int, model_config: Any
+    config: Config,
+    episodes: EpisodeSettings | HarnessSettings | None,
+    longest: int,
+    model_config: Any,
 ) -> int:
     """The most tokens a completion (or a whole episode) may take after the `longest` prompt;
     an error naming the setting when that does not fit the model's positions."""
@@ -341,11 +346,16 @@ def make_sampler(config: Config, model: torch.nn.Module, tokenizer: Any, longest
     return sampler
 
 
-def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | None:
-    """How multi-turn episodes are played with `rollout.env`, or None without one."""
+def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | HarnessSettings | None:
+    """How multi-turn episodes are played with `rollout.env` (by an agent harness against the
+    endpoint for `harness:module:function`), or None without one."""
     r = config.rollout
     if r.env is None:
         return None
+    faults = EnvFaults(r.env_timeout_s, config.reward.errors, config.reward.timeout_score)
+    if r.env.startswith(HARNESS_PREFIX):
+        play = resolve_harness(r.env)
+        return HarnessSettings(play, r.max_turns, r.max_observation_tokens, faults)
     make_env = resolve_environment(r.env, r.env_args)
     return EpisodeSettings(
         make_env=make_env,
@@ -357,7 +367,7 @@ def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | None:
             r.max_observation_tokens,
             role=observation_role(make_env),
         ),
-        faults=EnvFaults(r.env_timeout_s, config.reward.errors, config.reward.timeout_score),
+        faults=faults,
     )
 
 

@@ -1,0 +1,232 @@
+"""Episodes an agent harness plays against the policy's OpenAI-compatible endpoint.
+
+`rollout.env: harness:package.module:function` names `async def function(client, model, row)`
+that plays one episode of a dataset row with `client`, an `openai.AsyncOpenAI` of the episode's
+own (its calls are the episode's, `Endpoint.episode_url`), and returns the episode's reward (a
+number, or None: unscored). The G episodes of every row play at once, their requests batched
+into the sampler's calls. An episode's transcript is its calls chained token for token: each
+call's prompt must begin with the previous call's prompt and completion, exactly as sampled (the
+endpoint splices earlier turns back as their tokens); what a later prompt adds (the harness's
+tool results, the environment's messages) is fed, read by the forward and out of the loss
+(`tool_mask`). An episode whose harness raised, ran past `rollout.env_timeout_s`, asked nothing,
+rewrote a turn's text, broke the chain or outgrew its budget is dropped: all its tokens out of
+the loss, its reward unscored (a timeout: `reward.timeout_score`), with one warning line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import math
+import sys
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from oncurve.errors import UserError
+from oncurve.rollout.base import Sampler, SamplingParams
+from oncurve.rollout.endpoint import Call, Endpoint
+from oncurve.rollout.env_calls import ERROR, TIMEOUT, EnvFaults
+from oncurve.types import RolloutBatch
+
+Play = Callable[[Any, str, dict[str, Any]], Awaitable[float | None]]
+PREFIX = "harness:"
+
+
+@dataclasses.dataclass(frozen=True)
+class HarnessSettings:
+    """The harness's function, the turns and observation tokens an episode may hold (its
+    budget), and what a fault costs."""
+
+    play: Play
+    max_turns: int
+    max_observation_tokens: int
+    faults: EnvFaults = EnvFaults()
+
+    def budget(self, max_new_tokens: int) -> int:
+        """Completion columns an episode can fill: every turn at full length, every
+        observation at its longest."""
+        return self.max_turns * max_new_tokens + (self.max_turns - 1) * self.max_observation_tokens
+
+
+def resolve_harness(spec: str) -> Play:
+    """The function `harness:module:function` names; a one-line error when it is missing or
+    openai's client (what it is given) is not installed."""
+    module_name, _, name = spec.removeprefix(PREFIX).partition(":")
+    try:
+        importlib.import_module("openai")
+        play = getattr(importlib.import_module(module_name), name, None)
+    except ImportError as error:
+        raise UserError(f"rollout.env {spec}: {error} (pip install 'oncurve[harness]')") from None
+    if not callable(play):
+        raise UserError(f"rollout.env {spec}: {module_name} has no function {name!r}")
+    return play
+
+
+def play_harness(
+    sampler: Sampler,
+    rows: list[dict[str, Any]],
+    group_size: int,
+    params: SamplingParams,
+    settings: HarnessSettings,
+) -> tuple[RolloutBatch, list[float], list[int], list[str | None]]:
+    """G episodes of each of `rows` (a row's G contiguous): the rollout, each episode's reward
+    (NaN: unscored), its policy turns and its fault (None, "error" or "timeout")."""
+    import openai
+
+    n = len(rows) * group_size
+    with Endpoint(sampler, params, seed=params.seed or 0) as endpoint:
+
+        async def one(k: int) -> tuple[float | None, str | None, str]:
+            client = openai.AsyncOpenAI(
+                base_url=endpoint.episode_url(k), api_key="oncurve", max_retries=0
+            )
+            try:
+                reward = await asyncio.wait_for(
+                    settings.play(client, endpoint.model_name, rows[k // group_size]),
+                    settings.faults.timeout_s,
+                )
+                return reward, None, ""
+            except TimeoutError:
+                return None, TIMEOUT, f"the harness took over {settings.faults.timeout_s:g} s"
+            except Exception as error:  # the harness's own bug: its episode's, not the run's
+                return None, ERROR, f"the harness raised {type(error).__name__}: {error}"
+            finally:
+                await client.close()
+
+        async def every() -> list[tuple[float | None, str | None, str]]:
+            return await asyncio.gather(*(one(k) for k in range(n)))
+
+        with ThreadPoolExecutor(1) as thread:  # its own event loop, whatever runs in this one
+            outcomes = thread.submit(asyncio.run, every()).result()
+    calls = [[c for c in endpoint.calls if c.episode == k] for k in range(n)]
+    budget = settings.budget(params.max_new_tokens)
+    rewards, faults, notes, chains = [], [], [], []
+    for (reward, fault, why), episode in zip(outcomes, calls, strict=True):
+        chain, broken = _chain(episode, budget)
+        if fault is None and broken:
+            fault, why = ERROR, broken
+        if fault is None and not _is_number(reward):
+            fault, why = ERROR, f"the harness returned the reward {reward!r}"
+        if fault is not None:
+            notes.append(why)
+            score = settings.faults.timeout_score if fault == TIMEOUT else None
+            reward = math.nan if score is None else score
+        rewards.append(math.nan if reward is None else float(reward))
+        faults.append(fault)
+        chains.append(chain if fault is None else _dropped(chain))
+    if notes:
+        print(
+            f"oncurve: warning: {len(notes)} of {n} harness episodes dropped (no loss, "
+            f"unscored); the first: {notes[0]}",
+            file=sys.stderr,
+        )
+    turns = [len(episode) for episode in calls]
+    return _rollout(sampler, chains, group_size), rewards, turns, faults
+
+
+def _is_number(value: Any) -> bool:
+    return value is None or (
+        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    )
+
+
+@dataclasses.dataclass
+class _Chain:
+    """An episode's tokens: its first prompt, then every later token with whether the policy
+    sampled it and its logprob."""
+
+    prompt: list[int]
+    tokens: list[int]
+    sampled: list[bool]
+    logprobs: list[float]
+    finish_reason: str
+
+
+def _chain(calls: list[Call], budget: int) -> tuple[_Chain, str]:
+    """The episode's calls chained token for token, and why they do not chain ("" when they
+    do)."""
+    if not calls:
+        return _Chain([0], [], [], [], "length"), "the harness asked the endpoint nothing"
+    first = calls[0]
+    chain = _Chain(list(first.prompt_ids), [], [], [], first.finish_reason)
+    for k, call in enumerate(calls):
+        if call.rewritten:
+            return chain, "the harness sent back a turn's text rewritten"
+        seen = chain.prompt + chain.tokens
+        if call.prompt_ids[: len(seen)] != seen:
+            return chain, f"call {k + 1}'s prompt does not continue the episode's tokens"
+        fed = call.prompt_ids[len(seen) :]
+        chain.tokens += fed + call.completion_ids
+        chain.sampled += [False] * len(fed) + [True] * len(call.completion_ids)
+        chain.logprobs += [0.0] * len(fed) + list(call.logprobs)
+        chain.finish_reason = call.finish_reason
+    if len(chain.tokens) > budget:
+        return chain, f"the episode's {len(chain.tokens)} tokens exceed its budget of {budget}"
+    return chain, ""
+
+
+def _dropped(chain: _Chain) -> _Chain:
+    """`chain` with none of its tokens sampled (none in the loss)."""
+    no = [False] * len(chain.tokens)
+    return dataclasses.replace(chain, sampled=no, logprobs=[0.0] * len(chain.tokens))
+
+
+def _rollout(sampler: Sampler, chains: list[_Chain], group_size: int) -> RolloutBatch:
+    """The episodes as a RolloutBatch: each group's prompt is what its episodes' first prompts
+    share; the rest of each is fed, with the later tokens, in the completion."""
+    pad = sampler.tokenizer.pad_token_id or 0
+    model = getattr(sampler, "model", None)
+    device = next(model.parameters()).device if model is not None else torch.device("cpu")
+    prompts, completions = [], []
+    for g in range(0, len(chains), group_size):
+        group = chains[g : g + group_size]
+        shared = _common_prefix([c.prompt for c in group])
+        if not shared:
+            raise UserError(
+                "rollout.env harness: the episodes of one row start with no token in common"
+            )
+        for c in group:
+            extra = c.prompt[len(shared) :]
+            prompts.append(shared)
+            completions.append(
+                (
+                    extra + c.tokens,
+                    [False] * len(extra) + c.sampled,
+                    [0.0] * len(extra) + c.logprobs,
+                )
+            )
+    width_p = max(len(p) for p in prompts)
+    width_t = max(1, max(len(t) for t, _, _ in completions))
+    n = len(chains)
+    prompt_ids = torch.full((n, width_p), pad, dtype=torch.long)
+    prompt_mask = torch.zeros((n, width_p), dtype=torch.long)
+    completion_ids = torch.full((n, width_t), pad, dtype=torch.long)
+    completion_mask = torch.zeros((n, width_t), dtype=torch.long)
+    tool_mask = torch.zeros((n, width_t), dtype=torch.long)
+    logprobs = torch.zeros((n, width_t), dtype=torch.float32)
+    for i, (prompt, (tokens, sampled, lps)) in enumerate(zip(prompts, completions, strict=True)):
+        prompt_ids[i, width_p - len(prompt) :] = torch.tensor(prompt)
+        prompt_mask[i, width_p - len(prompt) :] = 1
+        if tokens:
+            completion_ids[i, : len(tokens)] = torch.tensor(tokens)
+            completion_mask[i, : len(tokens)] = 1
+            tool_mask[i, : len(tokens)] = 1 - torch.tensor(sampled, dtype=torch.long)
+            logprobs[i, : len(tokens)] = torch.tensor(lps)
+    texts = [sampler.tokenizer.decode(t, skip_special_tokens=True) for t, _, _ in completions]
+    tensors = [t.to(device) for t in (prompt_ids, prompt_mask, completion_ids, completion_mask)]
+    reasons = [c.finish_reason for c in chains]
+    return RolloutBatch(
+        *tensors, logprobs.to(device), texts, reasons, group_size, tool_mask.to(device)
+    )
+
+
+def _common_prefix(lists: list[list[int]]) -> list[int]:
+    shortest = min(lists, key=len)
+    for i, token in enumerate(shortest):
+        if any(other[i] != token for other in lists):
+            return shortest[:i]
+    return list(shortest)

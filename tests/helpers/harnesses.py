@@ -1,0 +1,33 @@
+"""Agent harnesses as users write them for `rollout.env: harness:module:function`: an async
+function that plays one episode with an OpenAI client and returns its reward."""
+
+from __future__ import annotations
+
+FOLLOW_UP = "Are you sure?"
+
+
+async def two_turns(client, model: str, row: dict) -> float:
+    """Asks the row's prompt, then asks again after the answer; pays the second answer's
+    length parity (a number that differs between episodes)."""
+    messages = [{"role": "user", "content": row["prompt"]}]
+    first = await client.chat.completions.create(model=model, messages=messages)
+    messages.append({"role": "assistant", "content": first.choices[0].message.content})
+    messages.append({"role": "user", "content": FOLLOW_UP})
+    second = await client.chat.completions.create(model=model, messages=messages)
+    return float(len(second.choices[0].message.content) % 2)
+
+
+async def rewrites_its_turn(client, model: str, row: dict) -> float:
+    """As `two_turns`, but sends its first answer back edited: the episode cannot train."""
+    messages = [{"role": "user", "content": row["prompt"]}]
+    first = await client.chat.completions.create(model=model, messages=messages)
+    edited = first.choices[0].message.content + " (edited)"
+    messages += [{"role": "assistant", "content": edited}, {"role": "user", "content": FOLLOW_UP}]
+    await client.chat.completions.create(model=model, messages=messages)
+    return 1.0
+
+
+async def fails(client, model: str, row: dict) -> float:
+    """Raises after one call."""
+    await client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}])
+    raise RuntimeError("the harness's bug")

@@ -1,0 +1,80 @@
+"""Episodes an agent harness plays against the endpoint: the transcript is the calls chained
+token for token (the harness's own text fed, out of the loss; the sampled tokens in it with
+their logprobs), the reward is the harness's, and an episode that rewrote a turn or raised is
+dropped with a warning; `oncurve train rollout.env=harness:...` trains on it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from helpers.configs import make_config
+from helpers.episodes import load_qwen3_tokenizer
+from helpers.harnesses import FOLLOW_UP, fails, rewrites_its_turn, two_turns
+from helpers.models import tiny_qwen2
+from helpers.runs import metric_rows
+
+from oncurve.loop.trainer import train
+from oncurve.rollout import SamplingParams, TorchSampler
+from oncurve.rollout.env_calls import ERROR, EnvFaults
+from oncurve.rollout.harness import HarnessSettings, play_harness
+
+pytest.importorskip("openai", reason="the openai client is not installed")
+ROWS = [{"prompt": "What is 2 + 2?"}, {"prompt": "What is 3 + 3?"}]
+
+
+@pytest.fixture(scope="module")
+def sampler() -> TorchSampler:
+    tokenizer = load_qwen3_tokenizer()
+    model = tiny_qwen2(len(tokenizer))
+    model.config.eos_token_id = tokenizer.eos_token_id
+    return TorchSampler(model, tokenizer)
+
+
+def play(sampler, harness, faults: EnvFaults | None = None):
+    settings = HarnessSettings(harness, 2, 64, faults or EnvFaults())
+    return play_harness(sampler, ROWS, 2, SamplingParams(max_new_tokens=6, seed=1), settings)
+
+
+def test_a_harness_s_episode_is_its_calls_chained_token_for_token(sampler):
+    rollout, rewards, turns, faults = play(sampler, two_turns)
+    tok = sampler.tokenizer
+    assert turns == [2] * 4 and faults == [None] * 4
+    assert all(r in (0.0, 1.0) for r in rewards)
+    first = tok.apply_chat_template(
+        [{"role": "user", "content": ROWS[1]["prompt"]}], add_generation_prompt=True,
+        tokenize=True, return_dict=False,
+    )  # fmt: skip
+    prompt = rollout.prompt_ids[2][rollout.prompt_mask[2].bool()].tolist()
+    assert prompt == list(first)
+    for i in range(4):
+        ids = rollout.completion_ids[i][rollout.completion_mask[i].bool()]
+        fed = ids[rollout.tool_mask[i][: len(ids)].bool()]
+        assert FOLLOW_UP in tok.decode(fed) and "<|im_start|>assistant" in tok.decode(fed)
+        sampled = rollout.loss_mask[i].bool()
+        assert 2 <= int(sampled.sum()) <= 12
+        assert bool((rollout.logprobs[i][sampled] < 0).all())
+        assert bool((rollout.logprobs[i][~sampled] == 0).all())
+    assert rollout.group_size == 2
+
+
+def test_an_episode_that_rewrote_a_turn_or_raised_is_dropped(sampler, capsys):
+    rollout, rewards, _, faults = play(sampler, rewrites_its_turn, EnvFaults(on_error="none"))
+    assert faults == [ERROR] * 4 and all(math.isnan(r) for r in rewards)
+    assert int(rollout.loss_mask.sum()) == 0
+    assert "4 of 4 harness episodes dropped" in capsys.readouterr().err
+    _, rewards, _, faults = play(sampler, fails)
+    assert faults == [ERROR] * 4 and all(math.isnan(r) for r in rewards)
+    assert "the harness raised RuntimeError: the harness's bug" in capsys.readouterr().err
+
+
+def test_a_run_trains_on_a_harness(chat_model_dir, data_file, tmp_path):
+    config = make_config(
+        chat_model_dir, data_file, tmp_path / "run", "rollout.env=harness:helpers.harnesses:two_turns",
+        "rollout.max_turns=2", "rollout.max_observation_tokens=64", "data.chat_template=true",
+        "reward.functions=[env]", "run.steps=1", "eval.at_start_end=false",
+    )  # fmt: skip
+    train(config, quiet=True)
+    (row,) = metric_rows(tmp_path / "run")
+    assert row["episode/turns_mean"] == 2.0 and row["episode/errors"] == 0.0
+    assert 0.0 <= row["reward/env"] <= 1.0
