@@ -31,3 +31,24 @@ async def fails(client, model: str, row: dict) -> float:
     """Raises after one call."""
     await client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}])
     raise RuntimeError("the harness's bug")
+
+
+async def digits(client, model: str, row: dict) -> float:
+    """`DigitsEnv(3)` played through the endpoint as `rollout.env` plays it in-process: its
+    answers as user turns, a turn cut at the length limit the last; the steps' rewards summed."""
+    from helpers.rewards_for_tests import DigitsEnv
+
+    env = DigitsEnv(3)
+    messages = [{"role": "user", "content": env.reset(row)}]
+    total = 0.0
+    while True:
+        answer = await client.chat.completions.create(model=model, messages=messages)
+        choice = answer.choices[0]
+        observation, reward, done = env.step(choice.message.content)
+        total += reward
+        if done or observation is None or choice.finish_reason == "length":
+            return total
+        messages += [
+            {"role": "assistant", "content": choice.message.content},
+            {"role": "user", "content": observation},
+        ]

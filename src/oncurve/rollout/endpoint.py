@@ -32,6 +32,12 @@ _ROUTE = re.compile(r"(?:/e/(?P<episode>\d+))?(?P<path>/v1/(?:chat/)?completions
 _MARK = "\u2063oncurve-{}\u2063"
 
 
+class _Server(ThreadingHTTPServer):
+    # every episode of a step connects at once: the default backlog of 5 refuses the rest
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 @dataclasses.dataclass(frozen=True)
 class Call:
     """One choice the endpoint sampled: the prompt's and the completion's token ids, the
@@ -77,7 +83,7 @@ class Endpoint:
         self._sampled: dict[str, list[int]] = {}  # completion text -> its token ids
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
+        self._server: _Server | None = None
 
     def episode_url(self, episode: int) -> str:
         """A base URL whose calls are marked with `episode` (`Call.episode`)."""
@@ -90,8 +96,7 @@ class Endpoint:
         return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
 
     def __enter__(self) -> Endpoint:
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
+        self._server = _Server(("127.0.0.1", 0), _handler(self))
         self._threads = [
             threading.Thread(target=self._server.serve_forever, daemon=True),
             threading.Thread(target=self._sample_batches, daemon=True),

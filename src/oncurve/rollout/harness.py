@@ -117,7 +117,7 @@ def play_harness(
             reward = math.nan if score is None else score
         rewards.append(math.nan if reward is None else float(reward))
         faults.append(fault)
-        chains.append(chain if fault is None else _dropped(chain))
+        chains.append(chain if fault is None else None)
     if notes:
         print(
             f"oncurve: warning: {len(notes)} of {n} harness episodes dropped (no loss, "
@@ -125,7 +125,7 @@ def play_harness(
             file=sys.stderr,
         )
     turns = [len(episode) for episode in calls]
-    return _rollout(sampler, chains, group_size), rewards, turns, faults
+    return _rollout(sampler, chains, rows, group_size), rewards, turns, faults
 
 
 def _is_number(value: Any) -> bool:
@@ -150,7 +150,7 @@ def _chain(calls: list[Call], budget: int) -> tuple[_Chain, str]:
     """The episode's calls chained token for token, and why they do not chain ("" when they
     do)."""
     if not calls:
-        return _Chain([0], [], [], [], "length"), "the harness asked the endpoint nothing"
+        return _Chain([], [], [], [], "length"), "the harness asked the endpoint nothing"
     first = calls[0]
     chain = _Chain(list(first.prompt_ids), [], [], [], first.finish_reason)
     for k, call in enumerate(calls):
@@ -169,27 +169,29 @@ def _chain(calls: list[Call], budget: int) -> tuple[_Chain, str]:
     return chain, ""
 
 
-def _dropped(chain: _Chain) -> _Chain:
-    """`chain` with none of its tokens sampled (none in the loss)."""
-    no = [False] * len(chain.tokens)
-    return dataclasses.replace(chain, sampled=no, logprobs=[0.0] * len(chain.tokens))
-
-
-def _rollout(sampler: Sampler, chains: list[_Chain], group_size: int) -> RolloutBatch:
-    """The episodes as a RolloutBatch: each group's prompt is what its episodes' first prompts
-    share; the rest of each is fed, with the later tokens, in the completion."""
+def _rollout(
+    sampler: Sampler, chains: list[_Chain | None], rows: list[dict[str, Any]], group_size: int
+) -> RolloutBatch:
+    """The episodes as a RolloutBatch: each group's prompt is what its kept episodes' first
+    prompts share (the row's own prompt when none is kept); the rest of each is fed, with the
+    later tokens, in the completion. A dropped episode (None) is the prompt alone."""
     pad = sampler.tokenizer.pad_token_id or 0
     model = getattr(sampler, "model", None)
     device = next(model.parameters()).device if model is not None else torch.device("cpu")
     prompts, completions = [], []
     for g in range(0, len(chains), group_size):
-        group = chains[g : g + group_size]
-        shared = _common_prefix([c.prompt for c in group])
+        kept = [c for c in chains[g : g + group_size] if c is not None]
+        shared = (
+            _common_prefix([c.prompt for c in kept])
+            if kept
+            else rows[g // group_size]["prompt_ids"]
+        )
         if not shared:
             raise UserError(
                 "rollout.env harness: the episodes of one row start with no token in common"
             )
-        for c in group:
+        for c in chains[g : g + group_size]:
+            c = c or _Chain(shared, [], [], [], "length")
             extra = c.prompt[len(shared) :]
             prompts.append(shared)
             completions.append(
@@ -218,7 +220,7 @@ def _rollout(sampler: Sampler, chains: list[_Chain], group_size: int) -> Rollout
             logprobs[i, : len(tokens)] = torch.tensor(lps)
     texts = [sampler.tokenizer.decode(t, skip_special_tokens=True) for t, _, _ in completions]
     tensors = [t.to(device) for t in (prompt_ids, prompt_mask, completion_ids, completion_mask)]
-    reasons = [c.finish_reason for c in chains]
+    reasons = [c.finish_reason if c is not None else "length" for c in chains]
     return RolloutBatch(
         *tensors, logprobs.to(device), texts, reasons, group_size, tool_mask.to(device)
     )

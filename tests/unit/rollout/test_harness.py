@@ -8,16 +8,20 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 from helpers.configs import make_config
-from helpers.episodes import load_qwen3_tokenizer
-from helpers.harnesses import FOLLOW_UP, fails, rewrites_its_turn, two_turns
+from helpers.episodes import load_qwen3_tokenizer, settings
+from helpers.harnesses import FOLLOW_UP, digits, fails, rewrites_its_turn, two_turns
 from helpers.models import tiny_qwen2
+from helpers.rewards_for_tests import DigitsEnv
 from helpers.runs import metric_rows
 
 from oncurve.loop.trainer import train
 from oncurve.rollout import SamplingParams, TorchSampler
 from oncurve.rollout.env_calls import ERROR, EnvFaults
+from oncurve.rollout.episodes import run_episodes
 from oncurve.rollout.harness import HarnessSettings, play_harness
+from oncurve.rollout.hf_decoder import HFDecoder
 
 pytest.importorskip("openai", reason="the openai client is not installed")
 ROWS = [{"prompt": "What is 2 + 2?"}, {"prompt": "What is 3 + 3?"}]
@@ -28,12 +32,14 @@ def sampler() -> TorchSampler:
     tokenizer = load_qwen3_tokenizer()
     model = tiny_qwen2(len(tokenizer))
     model.config.eos_token_id = tokenizer.eos_token_id
+    model.config.max_position_embeddings = 4096  # a game's transcript is longer than 256
     return TorchSampler(model, tokenizer)
 
 
 def play(sampler, harness, faults: EnvFaults | None = None):
     settings = HarnessSettings(harness, 2, 64, faults or EnvFaults())
-    return play_harness(sampler, ROWS, 2, SamplingParams(max_new_tokens=6, seed=1), settings)
+    rows = [{**row, "prompt_ids": sampler.tokenizer(row["prompt"]).input_ids} for row in ROWS]
+    return play_harness(sampler, rows, 2, SamplingParams(max_new_tokens=6, seed=1), settings)
 
 
 def test_a_harness_s_episode_is_its_calls_chained_token_for_token(sampler):
@@ -78,3 +84,37 @@ def test_a_run_trains_on_a_harness(chat_model_dir, data_file, tmp_path):
     (row,) = metric_rows(tmp_path / "run")
     assert row["episode/turns_mean"] == 2.0 and row["episode/errors"] == 0.0
     assert 0.0 <= row["reward/env"] <= 1.0
+
+
+def test_an_environment_through_the_endpoint_is_the_environment_played_in_process():
+    """Greedy, an environment played by a harness against the endpoint gives the tokens, the
+    fed positions and the rewards that the in-process episode loop gives, over three turns
+    (the model's EOS logit raised: each turn ends at once, its empty text spliced back as
+    its EOS token)."""
+
+    tok = load_qwen3_tokenizer()
+    model = tiny_qwen2(len(tok), seed=1)
+    model.config.eos_token_id = tok.eos_token_id
+    model.config.max_position_embeddings = 4096
+    eos_bias = torch.zeros(len(tok))
+    eos_bias[tok.eos_token_id] = 100.0
+    model.lm_head.bias = torch.nn.Parameter(eos_bias)
+    sampler = TorchSampler(model, tok, decoder=HFDecoder)
+    rows = [{"prompt": "Count to three."}, {"prompt": "Name a prime."}]
+    params = SamplingParams(max_new_tokens=5, temperature=0.0, seed=0)
+    played = run_episodes(
+        sampler, rows, 1, params, settings(tok, lambda: DigitsEnv(3), max_turns=3, role="user")
+    )
+    in_process = played.rollout
+    harness = HarnessSettings(digits, 3, 256)
+    through, rewards, turns, faults = play_harness(sampler, rows, 1, params, harness)
+    assert rewards == played.rewards.tolist()
+    assert faults == [None, None] and turns == [3, 3]
+    assert in_process.finish_reasons == through.finish_reasons == ["eos", "eos"]
+    for i in range(2):
+        a = in_process.input_ids[i][in_process.attention_mask[i].bool()].tolist()
+        b = through.input_ids[i][through.attention_mask[i].bool()].tolist()
+        assert a == b
+        width = int(in_process.completion_mask[i].sum())
+        assert in_process.tool_mask[i][:width].tolist() == through.tool_mask[i][:width].tolist()
+        assert int(in_process.loss_mask[i].sum()) == int(through.loss_mask[i].sum()) == 3
