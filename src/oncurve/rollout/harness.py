@@ -8,9 +8,11 @@ into the sampler's calls. An episode's transcript is its calls chained token for
 call's prompt must begin with the previous call's prompt and completion, exactly as sampled (the
 endpoint splices earlier turns back as their tokens); what a later prompt adds (the harness's
 tool results, the environment's messages) is fed, read by the forward and out of the loss
-(`tool_mask`). An episode whose harness raised, ran past `rollout.env_timeout_s`, asked nothing,
-rewrote a turn's text, broke the chain or outgrew its budget is dropped: all its tokens out of
-the loss, its reward unscored (a timeout: `reward.timeout_score`), with one warning line.
+(`tool_mask`). An episode whose harness raised or returned a reward that is not a number is
+scored as `reward.errors` says (raise: the run stops in one line; none: unscored), one past
+`rollout.env_timeout_s` scores `reward.timeout_score`; one that asked nothing, rewrote a turn's
+text, broke the chain or outgrew its budget is unscored. Each of them is dropped (all its tokens
+out of the loss), with one warning line a step.
 """
 
 from __future__ import annotations
@@ -107,14 +109,14 @@ def play_harness(
     rewards, faults, notes, chains = [], [], [], []
     for (reward, fault, why), episode in zip(outcomes, calls, strict=True):
         chain, broken = _chain(episode, budget)
-        if fault is None and broken:
-            fault, why = ERROR, broken
         if fault is None and not _is_number(reward):
             fault, why = ERROR, f"the harness returned the reward {reward!r}"
+        if fault is not None:  # the reward settings' to score (reward.errors=raise: stop)
+            reward = settings.faults.score(fault, why)
+        elif broken:  # tokens that cannot train: dropped whatever the settings
+            fault, why, reward = ERROR, broken, None
         if fault is not None:
             notes.append(why)
-            score = settings.faults.timeout_score if fault == TIMEOUT else None
-            reward = math.nan if score is None else score
         rewards.append(math.nan if reward is None else float(reward))
         faults.append(fault)
         chains.append(chain if fault is None else None)

@@ -16,6 +16,7 @@ from helpers.models import tiny_qwen2
 from helpers.rewards_for_tests import DigitsEnv
 from helpers.runs import metric_rows
 
+from oncurve.errors import UserError
 from oncurve.loop.trainer import train
 from oncurve.rollout import SamplingParams, TorchSampler
 from oncurve.rollout.env_calls import ERROR, EnvFaults
@@ -69,9 +70,11 @@ def test_an_episode_that_rewrote_a_turn_or_raised_is_dropped(sampler, capsys):
     assert faults == [ERROR] * 4 and all(math.isnan(r) for r in rewards)
     assert int(rollout.loss_mask.sum()) == 0
     assert "4 of 4 harness episodes dropped" in capsys.readouterr().err
-    _, rewards, _, faults = play(sampler, fails)
+    _, rewards, _, faults = play(sampler, fails, EnvFaults(on_error="none"))
     assert faults == [ERROR] * 4 and all(math.isnan(r) for r in rewards)
     assert "the harness raised RuntimeError: the harness's bug" in capsys.readouterr().err
+    with pytest.raises(UserError, match=r"^rollout.env: the harness raised RuntimeError"):
+        play(sampler, fails)  # reward.errors=raise, the default
 
 
 def test_a_run_trains_on_a_harness(chat_model_dir, data_file, tmp_path):
