@@ -163,6 +163,31 @@ def section(row: dict) -> str:
     return comparison.section(row, details, table, parts, runs, phases)
 
 
+def summary(row: dict) -> str:
+    """The comparison in one line: GRPO's peak RSS (CUDA peak on a GPU) and s/step as
+    fractions of PPO's."""
+    grpo, ppo = row["trainers"]["GRPO"], row["trainers"]["PPO"]
+    peak = "cuda" if grpo.get("cuda") else "rss"
+    memory = "peak GPU memory" if peak == "cuda" else "peak RSS"
+    line = f"GRPO {memory} {grpo[peak] / ppo[peak]:.3f}x PPO's, s/step {grpo['s'] / ppo['s']:.2f}x"
+    if grpo.get("acc") is None:
+        return line
+    return f"{line}; held-out {grpo['acc']:.1%} vs {ppo['acc']:.1%}"
+
+
+def headline(row: dict) -> dict | None:
+    """The README's memory row, from the 30M model with checkpointing on the CPU."""
+    if row["key"] != "30m-gc":
+        return None
+    grpo, ppo = row["trainers"]["GRPO"], row["trainers"]["PPO"]
+    figure = f"GRPO's peak RSS {grpo['rss'] / ppo['rss']:.2f}x PPO's (30M model, CPU)"
+    return {
+        "area": "memory against PPO with a critic",
+        "figure": figure,
+        "command": "benchmarks/grpo_vs_ppo.py",
+    }
+
+
 def main() -> None:
     p = comparison.parser(__doc__, "default | tiny | 30m | qwen2.5-0.5b", runs=1, microbatch=64)
     p.add_argument("--save-every", type=int, help="checkpoint interval (default: per model)")

@@ -63,11 +63,15 @@ def all_rows() -> list[dict[str, Any]]:
 
 def history_table(rows: list[dict[str, Any]]) -> str:
     """The recorded figures: date, machine, commit, command and summary of each row with a
-    summary."""
+    summary (an imported line left out where its measurement's figures row summarises it)."""
     lines = []
+    # a measurement's figures row, once its spec summarises it, stands for its imported line
+    summarised = {(r["benchmark"], r.get("commit")) for r in rows if "renderer" in r
+                  and _from_spec(r, "summary")}  # fmt: skip
     for row in rows:
         summary = _from_spec(row, "summary")
-        if summary:
+        duplicate = "renderer" not in row and (row["benchmark"], row.get("commit")) in summarised
+        if summary and not duplicate:
             when = str(row["date"])[:10]
             command = row.get("shown_command") or f"`{row.get('command', '')}`"
             commit = row.get("commit") or "?"
