@@ -163,9 +163,9 @@ def load_sampler(
     if checkpoint is not None:
         if args.revision is not None:
             raise UserError(f"--revision applies to a Hub id; --model {args.model} is a checkpoint")
-        model, tokenizer = load_checkpoint_model(
-            checkpoint, checkpoint_config(checkpoint), dtype, device
-        )
+        # without --run, `config` is the checkpoint's own (`run_config`)
+        saved = config if args.run_dir is None else checkpoint_config(checkpoint)
+        model, tokenizer = load_checkpoint_model(checkpoint, saved, dtype, device)
     else:
         path = resolve_model_path(args.model, args.revision, what="--model")
         if config is not None:

@@ -193,21 +193,21 @@ class Endpoint:
         seeded = dataclasses.replace(params, seed=self.seed + self.sampler_calls)
         self.sampler_calls += 1
         out = self.sampler.generate_ids(prompts, 1, seeded)
+        # one read of the call's results, not three per row
+        lengths = out.completion_mask.sum(1).tolist()
+        all_ids, all_logprobs = out.completion_ids.tolist(), out.logprobs.tolist()
         row = 0
         for request in requests:
             calls = []
             for _ in range(request.n):
-                length = int(out.completion_mask[row].sum())
-                ids = out.completion_ids[row, :length].tolist()
-                logprobs = out.logprobs[row, :length].tolist()
-                text, reason = out.texts[row], out.finish_reasons[row]
+                length = lengths[row]
                 calls.append(
                     Call(
                         request.prompt_ids,
-                        ids,
-                        logprobs,
-                        reason,
-                        text,
+                        all_ids[row][:length],
+                        all_logprobs[row][:length],
+                        out.finish_reasons[row],
+                        out.texts[row],
                         request.rewritten,
                         request.episode,
                     )

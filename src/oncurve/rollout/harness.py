@@ -104,7 +104,10 @@ def play_harness(
 
         with ThreadPoolExecutor(1) as thread:  # its own event loop, whatever runs in this one
             outcomes = thread.submit(asyncio.run, every()).result()
-    calls = [[c for c in endpoint.calls if c.episode == k] for k in range(n)]
+    calls: list[list[Call]] = [[] for _ in range(n)]
+    for call in endpoint.calls:
+        if call.episode is not None:  # every episode's client has its own URL
+            calls[call.episode].append(call)
     budget = settings.budget(params.max_new_tokens)
     rewards, faults, notes, chains = [], [], [], []
     for (reward, fault, why), episode in zip(outcomes, calls, strict=True):
@@ -205,26 +208,26 @@ def _rollout(
             )
     width_p = max(len(p) for p in prompts)
     width_t = max(1, max(len(t) for t, _, _ in completions))
-    n = len(chains)
-    prompt_ids = torch.full((n, width_p), pad, dtype=torch.long)
-    prompt_mask = torch.zeros((n, width_p), dtype=torch.long)
-    completion_ids = torch.full((n, width_t), pad, dtype=torch.long)
-    completion_mask = torch.zeros((n, width_t), dtype=torch.long)
-    tool_mask = torch.zeros((n, width_t), dtype=torch.long)
-    logprobs = torch.zeros((n, width_t), dtype=torch.float32)
-    for i, (prompt, (tokens, sampled, lps)) in enumerate(zip(prompts, completions, strict=True)):
-        prompt_ids[i, width_p - len(prompt) :] = torch.tensor(prompt)
-        prompt_mask[i, width_p - len(prompt) :] = 1
-        if tokens:
-            completion_ids[i, : len(tokens)] = torch.tensor(tokens)
-            completion_mask[i, : len(tokens)] = 1
-            tool_mask[i, : len(tokens)] = 1 - torch.tensor(sampled, dtype=torch.long)
-            logprobs[i, : len(tokens)] = torch.tensor(lps)
+
+    def right(values: list, fill: float) -> list:
+        return values + [fill] * (width_t - len(values))
+
+    def tensor(rows: list[list], dtype: torch.dtype = torch.long) -> torch.Tensor:
+        return torch.tensor(rows, dtype=dtype, device=device)
+
     texts = [sampler.tokenizer.decode(t, skip_special_tokens=True) for t, _, _ in completions]
-    tensors = [t.to(device) for t in (prompt_ids, prompt_mask, completion_ids, completion_mask)]
-    reasons = [c.finish_reason if c is not None else "length" for c in chains]
     return RolloutBatch(
-        *tensors, logprobs.to(device), texts, reasons, group_size, tool_mask.to(device)
+        prompt_ids=tensor([[pad] * (width_p - len(p)) + p for p in prompts]),
+        prompt_mask=tensor([[0] * (width_p - len(p)) + [1] * len(p) for p in prompts]),
+        completion_ids=tensor([right(t, pad) for t, _, _ in completions]),
+        completion_mask=tensor([right([1] * len(t), 0) for t, _, _ in completions]),
+        logprobs=tensor([right(lps, 0.0) for _, _, lps in completions], torch.float32),
+        texts=texts,
+        finish_reasons=[c.finish_reason if c is not None else "length" for c in chains],
+        group_size=group_size,
+        tool_mask=tensor(
+            [right([int(not x) for x in sampled], 0) for _, sampled, _ in completions]
+        ),
     )
 
 

@@ -172,6 +172,27 @@ def wandb_records(path: Path) -> list:
     return records
 
 
+def tracked_run(model_dir, data_file, run_dir, *tracker: str):
+    """Two logged steps and an evaluation of the tiny model, with a tracker's settings."""
+    return load_config(
+        None,
+        [
+            f"model.path={model_dir}",
+            f"data.path={data_file}",
+            f"eval.path={data_file}",
+            "eval.num_prompts=4",
+            "data.prompts_per_step=2",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=4",
+            "reward.functions=[helpers.rewards_for_tests:count_digits]",
+            "run.steps=2",
+            f"run.dir={run_dir}",
+            "run.device=cpu",
+            *tracker,
+        ],
+    )
+
+
 def test_wandb_offline_gets_the_runs_config_and_every_metric(
     tiny_model_dir, data_file, tmp_path, monkeypatch
 ):
@@ -180,22 +201,8 @@ def test_wandb_offline_gets_the_runs_config_and_every_metric(
 
     monkeypatch.setenv("WANDB_SILENT", "true")
     run_dir = tmp_path / "run"
-    overrides = [
-        f"model.path={tiny_model_dir}",
-        f"data.path={data_file}",
-        f"eval.path={data_file}",
-        "eval.num_prompts=4",
-        "data.prompts_per_step=2",
-        "rollout.group_size=2",
-        "rollout.max_new_tokens=4",
-        "reward.functions=[helpers.rewards_for_tests:count_digits]",
-        "run.steps=2",
-        "log.wandb.project=oncurve-test",
-        "log.wandb.mode=offline",
-        f"run.dir={run_dir}",
-        "run.device=cpu",
-    ]
-    train(load_config(None, overrides), quiet=True)
+    tracker = ["log.wandb.project=oncurve-test", "log.wandb.mode=offline"]
+    train(tracked_run(tiny_model_dir, data_file, run_dir, *tracker), quiet=True)
     # wandb's service process may still be writing the file when finish() returns (under load):
     # it is whole once it holds the run's exit record
     deadline, records = time.monotonic() + 30, []
@@ -272,21 +279,10 @@ def test_trackio_gets_the_runs_config_and_every_metric(
 
     trackio, connections = offline_trackio
     run_dir = tmp_path / "run"
-    overrides = [
-        f"model.path={tiny_model_dir}",
-        f"data.path={data_file}",
-        f"eval.path={data_file}",
-        "eval.num_prompts=4",
-        "data.prompts_per_step=2",
-        "rollout.group_size=2",
-        "rollout.max_new_tokens=4",
-        "reward.functions=[helpers.rewards_for_tests:count_digits]",
-        "run.steps=2",
-        "log.trackio.project=oncurve-test",
-        f"run.dir={run_dir}",
-        "run.device=cpu",
-    ]
-    train(load_config(None, overrides), quiet=True)
+    train(
+        tracked_run(tiny_model_dir, data_file, run_dir, "log.trackio.project=oncurve-test"),
+        quiet=True,
+    )
     (run,) = trackio.Api().runs("oncurve-test")
     assert run.name == "run"
     assert run.config["log"]["trackio"]["project"] == "oncurve-test"
