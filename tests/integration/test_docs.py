@@ -126,6 +126,10 @@ PARSED_ONLY = {
     "oncurve train rollout.env=textarena:": ("SmolLM2 on a game", "unit/envs/test_libraries.py"),
     "oncurve train rollout.env=gem:": ("SmolLM2 on a game", "unit/envs/test_libraries.py"),
     "oncurve train rollout.env=harness:my": ("a user's module", "unit/rollout/test_harness.py"),
+    "oncurve train rollout.env=verifiers:": (
+        "a user's package",
+        "unit/envs/test_verifiers_envs.py",
+    ),
     "pip install 'oncurve[": ("installs an extra", "unit/envs/test_libraries.py"),
     "oncurve train configs/gsm8k_qwen2.5_0.5b.yaml": ("a 0.5B model on a GPU", "gpu/test_gpu.py"),
     "oncurve train CONFIG.yaml": ("eight GPUs", "integration/test_distributed.py"),

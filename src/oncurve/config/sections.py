@@ -248,9 +248,12 @@ class RolloutConfig:
         None,
         "multi-turn environment: python_tool, a game `textarena:<id>` or `gem:<id>`, an agent "
         "harness `harness:module:function` (plays against oncurve's OpenAI-compatible endpoint), "
-        "or a `module:Class` path (docs/environments.md); null samples one completion per episode",
+        "a verifiers environment `verifiers:NAME` (its dataset, rollouts and rubric), or a "
+        "`module:Class` path (docs/environments.md); null samples one completion per episode",
     )
-    env_args: dict[str, Any] = _opt({}, "keyword arguments of rollout.env's class")
+    env_args: dict[str, Any] = _opt(
+        {}, "keyword arguments of rollout.env's class (of a verifiers environment's loader)"
+    )
     max_turns: int = _opt(
         1, "policy turns per episode with rollout.env; max_new_tokens bounds each", POSITIVE
     )

@@ -11,6 +11,8 @@ from oncurve.config import Config, DataConfig
 from oncurve.data.files import Row, load_rows
 from oncurve.data.tasks import get_task
 from oncurve.data.tasks.base import Task, leveled_examples
+from oncurve.envs.verifiers_envs import PREFIX as VERIFIERS_PREFIX
+from oncurve.envs.verifiers_envs import environment_rows
 from oncurve.errors import UserError
 from oncurve.rewards.registry import (
     ANSWER_MATCH_REWARDS,
@@ -29,8 +31,14 @@ def load_prompts(config: Config) -> tuple[list[dict], list[dict], Task | None]:
     """(train rows, held-out rows, task or None); rows hold "prompt", "answer" and any other
     columns, which reach the reward functions by name. With `data.curriculum=difficulty` the
     train rows are every level's, each with its "level"; the held-out rows are the task's own
-    distribution."""
+    distribution. A `verifiers:NAME` environment gives its own rows."""
     data = config.data
+    env = config.rollout.env or ""
+    if env.startswith(VERIFIERS_PREFIX):
+        if data.path is not None:
+            raise UserError(f"data.path: rollout.env {env} trains on its own dataset; unset it")
+        args = config.rollout.env_args
+        return environment_rows(env, args, "train"), environment_rows(env, args, "eval"), None
     task = get_task(data.task, data.task_options) if data.task and data.path is None else None
     if task is not None:
         if data.curriculum == "difficulty":

@@ -204,12 +204,12 @@ def draw(
 ) -> tuple[RolloutBatch, dict[str, list]]:
     """G completions of each of `rows`, or G multi-turn episodes (played here, or by a harness:
     `oncurve.rollout.harness`) with the reward functions' columns they add, one value per row:
-    `episode_reward` (the environment's), `turns` and `episode_fault`."""
+    `episode_reward` (the environment's), `turns` and `episode_fault` (and a harness's
+    `episode_metrics`)."""
     if episodes is None:
         return sampler.generate_ids([r["prompt_ids"] for r in rows], group_size, params), {}
     if isinstance(episodes, HarnessSettings):
-        rollout, rewards, turns, faults = play_harness(sampler, rows, group_size, params, episodes)
-        return rollout, {"episode_reward": rewards, "turns": turns, "episode_fault": faults}
+        return play_harness(sampler, rows, group_size, params, episodes)
     if not isinstance(sampler, TorchSampler):
         raise UserError(
             f"rollout.env needs a decode-loop sampler backend, not {type(sampler).__name__}"

@@ -13,6 +13,12 @@ scored as `reward.errors` says (raise: the run stops in one line; none: unscored
 `rollout.env_timeout_s` scores `reward.timeout_score`; one that asked nothing, rewrote a turn's
 text, broke the chain or outgrew its budget is unscored. Each of them is dropped (all its tokens
 out of the loss), with one warning line a step.
+
+A harness may return, instead of a number, a mapping with the reward under "reward" and other
+numbers beside it (the parts of a rubric, say), which are logged as `env/<name>` metrics. A
+harness that scores a group together (`HarnessSettings.groups`: `verifiers`' rubrics compare a
+prompt's episodes) is called once per row with the G episodes' clients, `play(clients, model,
+row)`, and returns G outcomes, an exception standing for an episode that failed.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import dataclasses
 import importlib
 import math
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -34,19 +40,22 @@ from oncurve.rollout.endpoint import Call, Endpoint
 from oncurve.rollout.env_calls import ERROR, TIMEOUT, EnvFaults
 from oncurve.types import RolloutBatch
 
-Play = Callable[[Any, str, dict[str, Any]], Awaitable[float | None]]
+Play = Callable[[Any, str, dict[str, Any]], Awaitable[Any]]
 PREFIX = "harness:"
+# An episode's outcome: its reward (None: unscored), its fault and why, its metrics.
+Outcome = tuple[float | None, str | None, str, dict[str, float]]
 
 
 @dataclasses.dataclass(frozen=True)
 class HarnessSettings:
     """The harness's function, the turns and observation tokens an episode may hold (its
-    budget), and what a fault costs."""
+    budget), what a fault costs, and whether the function plays a row's G episodes at once."""
 
     play: Play
     max_turns: int
     max_observation_tokens: int
     faults: EnvFaults = EnvFaults()
+    groups: bool = False
 
     def budget(self, max_new_tokens: int) -> int:
         """Completion columns an episode can fill: every turn at full length, every
@@ -74,33 +83,53 @@ def play_harness(
     group_size: int,
     params: SamplingParams,
     settings: HarnessSettings,
-) -> tuple[RolloutBatch, list[float], list[int], list[str | None]]:
-    """G episodes of each of `rows` (a row's G contiguous): the rollout, each episode's reward
-    (NaN: unscored), its policy turns and its fault (None, "error" or "timeout")."""
+) -> tuple[RolloutBatch, dict[str, list]]:
+    """G episodes of each of `rows` (a row's G contiguous): the rollout, and per episode its
+    reward (`episode_reward`, NaN: unscored), policy turns (`turns`), fault (`episode_fault`:
+    None, "error" or "timeout") and the numbers its harness returned beside the reward
+    (`episode_metrics`)."""
     import openai
 
     n = len(rows) * group_size
+    timeout_s = settings.faults.timeout_s
     with Endpoint(sampler, params, seed=params.seed or 0) as endpoint:
 
-        async def one(k: int) -> tuple[float | None, str | None, str]:
-            client = openai.AsyncOpenAI(
-                base_url=endpoint.episode_url(k), api_key="oncurve", max_retries=0
-            )
-            try:
-                reward = await asyncio.wait_for(
-                    settings.play(client, endpoint.model_name, rows[k // group_size]),
-                    settings.faults.timeout_s,
+        async def played(episodes: range) -> list[Outcome]:
+            clients = [
+                openai.AsyncOpenAI(
+                    base_url=endpoint.episode_url(k), api_key="oncurve", max_retries=0
                 )
-                return reward, None, ""
+                for k in episodes
+            ]
+            row = rows[episodes.start // group_size]
+            try:
+                if settings.groups:
+                    returned = await asyncio.wait_for(
+                        settings.play(clients, endpoint.model_name, row), timeout_s
+                    )
+                    if not isinstance(returned, list | tuple) or len(returned) != group_size:
+                        returned = [ValueError(f"{group_size} outcomes expected")] * group_size
+                else:
+                    returned = [
+                        await asyncio.wait_for(
+                            settings.play(clients[0], endpoint.model_name, row), timeout_s
+                        )
+                    ]
+                return [_outcome(value) for value in returned]
             except TimeoutError:
-                return None, TIMEOUT, f"the harness took over {settings.faults.timeout_s:g} s"
-            except Exception as error:  # the harness's own bug: its episode's, not the run's
-                return None, ERROR, f"the harness raised {type(error).__name__}: {error}"
+                return [(None, TIMEOUT, f"the harness took over {timeout_s:g} s", {})] * len(
+                    episodes
+                )
+            except Exception as error:  # the harness's own bug: its episodes', not the run's
+                return [_outcome(error)] * len(episodes)
             finally:
-                await client.close()
+                for client in clients:
+                    await client.close()
 
-        async def every() -> list[tuple[float | None, str | None, str]]:
-            return await asyncio.gather(*(one(k) for k in range(n)))
+        async def every() -> list[Outcome]:
+            size = group_size if settings.groups else 1
+            parts = await asyncio.gather(*(played(range(k, k + size)) for k in range(0, n, size)))
+            return [outcome for part in parts for outcome in part]
 
         with ThreadPoolExecutor(1) as thread:  # its own event loop, whatever runs in this one
             outcomes = thread.submit(asyncio.run, every()).result()
@@ -110,10 +139,8 @@ def play_harness(
             calls[call.episode].append(call)
     budget = settings.budget(params.max_new_tokens)
     rewards, faults, notes, chains = [], [], [], []
-    for (reward, fault, why), episode in zip(outcomes, calls, strict=True):
+    for (reward, fault, why, _), episode in zip(outcomes, calls, strict=True):
         chain, broken = _chain(episode, budget)
-        if fault is None and not _is_number(reward):
-            fault, why = ERROR, f"the harness returned the reward {reward!r}"
         if fault is not None:  # the reward settings' to score (reward.errors=raise: stop)
             reward = settings.faults.score(fault, why)
         elif broken:  # tokens that cannot train: dropped whatever the settings
@@ -129,8 +156,30 @@ def play_harness(
             f"unscored); the first: {notes[0]}",
             file=sys.stderr,
         )
-    turns = [len(episode) for episode in calls]
-    return _rollout(sampler, chains, rows, group_size), rewards, turns, faults
+    return _rollout(sampler, chains, rows, group_size), {
+        "episode_reward": rewards,
+        "turns": [len(episode) for episode in calls],
+        "episode_fault": faults,
+        "episode_metrics": [metrics for *_, metrics in outcomes],
+    }
+
+
+def _outcome(value: Any) -> Outcome:
+    """What a harness returned for one episode as its outcome: a number or None, a mapping with
+    the reward under "reward" and numbers beside it, or the exception that ended it."""
+    if isinstance(value, Exception):
+        return None, ERROR, f"the harness raised {type(value).__name__}: {value}", {}
+    metrics: dict[str, float] = {}
+    if isinstance(value, Mapping):
+        metrics = {
+            str(k): float(v)
+            for k, v in value.items()
+            if k != "reward" and v is not None and _is_number(v)
+        }
+        value = value.get("reward")
+    if not _is_number(value):
+        return None, ERROR, f"the harness returned the reward {value!r}", {}
+    return value, None, "", metrics
 
 
 def _is_number(value: Any) -> bool:

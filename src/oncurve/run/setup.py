@@ -39,6 +39,8 @@ from oncurve.data.prompts import (
     encode_prompt,
     load_prompts,
 )
+from oncurve.envs.verifiers_envs import PREFIX as VERIFIERS_PREFIX
+from oncurve.envs.verifiers_envs import GroupPlay, load_environment
 from oncurve.errors import UserError
 from oncurve.model import packed_attention
 from oncurve.model.compiled_layers import compile_decoder_layers
@@ -348,7 +350,7 @@ def make_sampler(config: Config, model: torch.nn.Module, tokenizer: Any, longest
 
 def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | HarnessSettings | None:
     """How multi-turn episodes are played with `rollout.env` (by an agent harness against the
-    endpoint for `harness:module:function`), or None without one."""
+    endpoint for `harness:module:function` and `verifiers:NAME`), or None without one."""
     r = config.rollout
     if r.env is None:
         return None
@@ -356,6 +358,9 @@ def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | Harnes
     if r.env.startswith(HARNESS_PREFIX):
         play = resolve_harness(r.env)
         return HarnessSettings(play, r.max_turns, r.max_observation_tokens, faults)
+    if r.env.startswith(VERIFIERS_PREFIX):
+        play = GroupPlay(load_environment(r.env, r.env_args))
+        return HarnessSettings(play, r.max_turns, r.max_observation_tokens, faults, groups=True)
     make_env = resolve_environment(r.env, r.env_args)
     return EpisodeSettings(
         make_env=make_env,

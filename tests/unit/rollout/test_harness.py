@@ -40,7 +40,10 @@ def sampler() -> TorchSampler:
 def play(sampler, harness, faults: EnvFaults | None = None):
     settings = HarnessSettings(harness, 2, 64, faults or EnvFaults())
     rows = [{**row, "prompt_ids": sampler.tokenizer(row["prompt"]).input_ids} for row in ROWS]
-    return play_harness(sampler, rows, 2, SamplingParams(max_new_tokens=6, seed=1), settings)
+    rollout, columns = play_harness(
+        sampler, rows, 2, SamplingParams(max_new_tokens=6, seed=1), settings
+    )
+    return rollout, columns["episode_reward"], columns["turns"], columns["episode_fault"]
 
 
 def test_a_harness_s_episode_is_its_calls_chained_token_for_token(sampler):
@@ -110,9 +113,9 @@ def test_an_environment_through_the_endpoint_is_the_environment_played_in_proces
     )
     in_process = played.rollout
     harness = HarnessSettings(digits, 3, 256)
-    through, rewards, turns, faults = play_harness(sampler, rows, 1, params, harness)
-    assert rewards == played.rewards.tolist()
-    assert faults == [None, None] and turns == [3, 3]
+    through, columns = play_harness(sampler, rows, 1, params, harness)
+    assert columns["episode_reward"] == played.rewards.tolist()
+    assert columns["episode_fault"] == [None, None] and columns["turns"] == [3, 3]
     assert in_process.finish_reasons == through.finish_reasons == ["eos", "eos"]
     for i in range(2):
         a = in_process.input_ids[i][in_process.attention_mask[i].bool()].tolist()

@@ -1,0 +1,124 @@
+"""`verifiers` environments (Prime Intellect's environment hub) trained as they are.
+
+`rollout.env: verifiers:NAME` loads environment NAME as `verifiers.load_environment` does (its
+installed package, or a module NAME on the path with a `load_environment`), with
+`rollout.env_args` as that function's arguments. The environment's dataset is the run's prompts
+(its eval dataset, when it has one, the held-out ones), each row kept whole for its rollout
+(`INPUT`); its rollouts (single- or multi-turn, tools included) play against oncurve's
+OpenAI-compatible endpoint, a row's G episodes at once, each with a client of its own
+(`oncurve.rollout.harness`, which records every turn token for token); its rubric scores the G
+together (group-wise reward functions see the group), the total trains and every part is logged
+as `env/<name>`. An episode that verifiers ended on the environment's error (a tool that
+failed, its infrastructure) gets the reward error policy; one it ended on the policy's (an empty
+or malformed answer) keeps the rubric's score.
+
+The classic verifiers API (`verifiers.Environment`; in verifiers 0.3, `verifiers.legacy`,
+answering at the package's top level) is what is called: `load_environment`, `get_dataset`,
+`rollout` and the rubric's `score_group`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from oncurve.data.files import Row
+from oncurve.errors import UserError
+
+PREFIX = "verifiers:"
+# The column that keeps a row as the environment gave it: what its rollout starts from.
+INPUT = "verifiers_input"
+
+_loaded: dict[str, Any] = {}
+
+
+def _verifiers(spec: str) -> Any:
+    try:
+        import verifiers
+    except ImportError:
+        raise UserError(
+            f"rollout.env {spec}: needs verifiers: pip install 'oncurve[verifiers]'"
+        ) from None
+    return verifiers
+
+
+def load_environment(spec: str, env_args: dict[str, Any]) -> Any:
+    """The environment `verifiers:NAME` names, loaded with `env_args` once per process (the
+    prompts and the rollouts share it); a one-line error when it cannot be loaded."""
+    key = json.dumps([spec, env_args], sort_keys=True, default=str)
+    if key not in _loaded:
+        vf = _verifiers(spec)
+        try:
+            _loaded[key] = vf.load_environment(spec.removeprefix(PREFIX), **env_args)
+        except (ImportError, AttributeError, TypeError, ValueError) as error:
+            message = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise UserError(f"rollout.env {spec}: {message}") from None
+    return _loaded[key]
+
+
+def environment_rows(spec: str, env_args: dict[str, Any], split: str) -> list[dict[str, Any]]:
+    """The environment's rows of `split` ("train": its dataset; "eval": its eval dataset, none
+    when it has none) as prompt rows: the prompt's messages (`prompt_messages`, rendered with the
+    chat template), its last user message as `prompt`, the `answer`, and the row as given."""
+    env = load_environment(spec, env_args)
+    if split == "train":
+        dataset = env.get_dataset()
+    else:
+        env.build_eval_dataset()
+        dataset = [] if env.eval_dataset is None else env.get_eval_dataset()
+    rows = []
+    for index, record in enumerate(dataset):
+        where = f"rollout.env {spec} {split} row {index}"
+        prompt = record.get("prompt")
+        if not isinstance(prompt, list) or not prompt:
+            raise UserError(f"{where}: its prompt is not a list of messages (a chat environment)")
+        messages = [{"role": m["role"], "content": _text(m["content"], where)} for m in prompt]
+        user = [m["content"] for m in messages if m["role"] == "user"]
+        row = Row(
+            prompt=user[-1] if user else messages[-1]["content"],
+            prompt_messages=messages,
+            answer=record.get("answer"),
+            **{INPUT: dict(record)},
+        )
+        row.where = where
+        rows.append(row)
+    return rows
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(p.get("type") == "text" for p in content):
+        return "".join(p["text"] for p in content)
+    raise UserError(f"{where}: a message's content is not text")
+
+
+class GroupPlay:
+    """A row's G rollouts of the environment, each with its own client (an `openai.AsyncOpenAI`
+    on the endpoint), scored together by its rubric: per episode a mapping of the reward and
+    the rubric's parts, or the error verifiers recorded."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+
+    async def __call__(self, clients: list[Any], model: str, row: dict[str, Any]) -> list[Any]:
+        vf = _verifiers(PREFIX)
+        states = list(
+            await asyncio.gather(
+                *(
+                    self.env.rollout(row[INPUT], vf.OpenAIChatCompletionsClient(client), model, {})
+                    for client in clients
+                )
+            )
+        )
+        await self.env.rubric.score_group(states)
+        # The policy's own faults (an empty or malformed answer, a tool call that does not
+        # parse) are the rubric's to score: training should learn them away.
+        policy_faults = (vf.errors.ModelError, vf.errors.ToolParseError)
+        return [
+            RuntimeError(f"verifiers: {state['error']}")
+            if state.get("error") and not isinstance(state["error"], policy_faults)
+            else {"reward": state["reward"], **(state.get("metrics") or {})}
+            for state in states
+        ]

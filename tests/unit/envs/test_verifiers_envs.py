@@ -1,0 +1,117 @@
+"""verifiers environments train as they are (`rollout.env: verifiers:NAME`): the environment's
+dataset is the prompts, its rollouts play against the endpoint token for token, its rubric
+scores each group together, and its parts are logged as `env/<name>`."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from helpers.configs import make_config
+from helpers.episodes import load_qwen3_tokenizer
+from helpers.models import tiny_qwen2
+from helpers.runs import metric_rows
+from helpers.vf_environments import FOLLOW_UP, QUESTIONS
+
+from oncurve.data.prompts import load_prompts
+from oncurve.envs.verifiers_envs import GroupPlay, environment_rows, load_environment
+from oncurve.errors import UserError
+from oncurve.loop.trainer import train
+from oncurve.rollout import SamplingParams, TorchSampler
+from oncurve.rollout.harness import HarnessSettings, play_harness
+
+pytest.importorskip("verifiers", reason="the verifiers extra is not installed")
+SINGLE = "verifiers:helpers.vf_environments"
+
+
+@pytest.fixture(scope="module")
+def sampler() -> TorchSampler:
+    tokenizer = load_qwen3_tokenizer()
+    model = tiny_qwen2(len(tokenizer))
+    model.config.eos_token_id = tokenizer.eos_token_id
+    model.config.max_position_embeddings = 4096
+    return TorchSampler(model, tokenizer)
+
+
+def play(sampler, kind: str):
+    env_args = {"kind": kind}
+    rows = environment_rows(SINGLE, env_args, "train")[:2]
+    for row in rows:
+        row["prompt_ids"] = sampler.tokenizer.apply_chat_template(
+            row["prompt_messages"], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+    settings = HarnessSettings(GroupPlay(load_environment(SINGLE, env_args)), 2, 64, groups=True)
+    params = SamplingParams(max_new_tokens=6, seed=3)
+    return rows, *play_harness(sampler, rows, 3, params, settings)
+
+
+def test_the_environment_s_dataset_is_the_prompts():
+    train_rows = environment_rows(SINGLE, {"eval_rows": 2}, "train")
+    held_out = environment_rows(SINGLE, {"eval_rows": 2}, "eval")
+    assert [r["prompt"] for r in train_rows] == [q["question"] for q in QUESTIONS]
+    assert [r["answer"] for r in held_out] == ["3", "7"]
+    assert [m["role"] for m in train_rows[0]["prompt_messages"]] == ["system", "user"]
+    assert environment_rows(SINGLE, {}, "eval") == []  # no eval dataset: no held-out rows
+
+
+def test_a_group_is_scored_by_the_rubric_on_the_tokens_the_policy_sampled(sampler):
+    rows, rollout, columns = play(sampler, "single")
+    tok = sampler.tokenizer
+    assert columns["episode_fault"] == [None] * 6 and columns["turns"] == [1] * 6
+    for i, metrics in enumerate(columns["episode_metrics"]):
+        # the rubric's weights: has_answer 1, longest_in_group 0.5
+        expected = metrics["has_answer"] + 0.5 * metrics["longest_in_group"]
+        assert columns["episode_reward"][i] == pytest.approx(expected)
+    for g in range(2):  # the group-wise part saw the group: its longest answer is paid
+        group = columns["episode_metrics"][3 * g : 3 * g + 3]
+        assert max(m["longest_in_group"] for m in group) == 1.0
+        prompt = rollout.prompt_ids[3 * g][rollout.prompt_mask[3 * g].bool()].tolist()
+        assert prompt == list(rows[g]["prompt_ids"])
+    sampled = rollout.loss_mask.bool()
+    assert bool(sampled.any()) and bool((rollout.logprobs[sampled] < 0).all())
+    assert int(rollout.tool_mask.sum()) == 0  # one turn: nothing fed
+    assert tok.decode(rollout.completion_ids[0][sampled[0]]) == rollout.texts[0]
+
+
+def test_a_multi_turn_environment_s_answers_are_fed_out_of_the_loss(sampler):
+    _, rollout, columns = play(sampler, "multi")
+    assert columns["turns"] == [2] * 6
+    assert all(m["num_turns"] == 2.0 for m in columns["episode_metrics"])
+    for i in range(6):
+        width = int(rollout.completion_mask[i].sum())
+        fed = rollout.completion_ids[i][:width][rollout.tool_mask[i][:width].bool()]
+        assert FOLLOW_UP in sampler.tokenizer.decode(fed)
+        assert not bool((rollout.loss_mask[i][:width] & rollout.tool_mask[i][:width]).any())
+
+
+def test_a_run_trains_on_a_verifiers_environment(chat_model_dir, data_file, tmp_path):
+    config = make_config(
+        chat_model_dir, data_file, tmp_path / "run", "data.path=null", f"rollout.env={SINGLE}",
+        "rollout.env_args={kind: multi, eval_rows: 2}", "rollout.max_turns=2",
+        "rollout.max_observation_tokens=32", "data.chat_template=true", "reward.functions=[]",
+        "run.steps=1", "eval.at_start_end=true",
+    )  # fmt: skip
+    train(config, quiet=True)
+    before, row, after = metric_rows(tmp_path / "run")
+    assert before["eval/accuracy"] == after["eval/accuracy"] == 0.0  # on its 2 eval rows
+    # an empty answer ends an episode (verifiers' rule), else the environment asks again
+    assert 1.0 < row["episode/turns_mean"] <= 2.0 and row["episode/errors"] == 0.0
+    assert 1.0 <= row["env/num_turns"] <= 2.0 and 0.0 <= row["env/has_answer"] <= 1.0
+    expected = row["env/has_answer"] + 0.5 * row["env/longest_in_group"]
+    assert row["reward/env"] == pytest.approx(expected)
+
+
+def test_a_missing_extra_or_environment_is_one_line(monkeypatch):
+    with pytest.raises(UserError, match=r"^rollout.env verifiers:no_such_env: Could not import"):
+        load_environment("verifiers:no_such_env", {})
+    monkeypatch.setitem(sys.modules, "verifiers", None)
+    with pytest.raises(UserError, match=r"pip install 'oncurve\[verifiers\]'$"):
+        load_environment("verifiers:other", {})
+
+
+def test_a_data_file_beside_the_environment_s_dataset_is_refused(
+    tiny_model_dir, data_file, tmp_path
+):
+    config = make_config(tiny_model_dir, data_file, tmp_path / "run", f"rollout.env={SINGLE}")
+    with pytest.raises(UserError, match=r"^data.path: rollout.env verifiers:\S+ trains on its own"):
+        load_prompts(config)
