@@ -1,21 +1,14 @@
 """`make gpu-check`: one command that verifies a CUDA GPU, written as one table.
 
-Each stage is a child process with its own time limit (`LIMITS`, set from what each took on an
-H200 and an H100; `harness.stages` runs them). The default stages (`DEFAULT_STAGES`, 500 s
-together) fit one 10-minute call of a GPU machine with its start, leaving a session of 15
-device minutes enough for a second call of one of the others (`--stages profile`, 210 s, or
-`--stages ppo`, 110 s). A stage that fails or runs out of time gets its row all the same (its
-whole process group is killed at the limit) with its log's tail; the stages after it still run.
-
-- `tests`: `pytest -m gpu`, passed / failed / skipped, the failed ones named; each outcome
-  written as the test ends (`harness.pytest_outcomes`), for a pytest stopped at its limit.
-- `job`: the default job, `oncurve train run.device=cuda` (`--steps N`): held-out accuracy
-  before and after, s/step, peak GPU memory against the memory plan's, CUDA graphs, packing.
-- `rollout`: `rollout.py --device cuda --backends cuda_graph --quick` at 64 rows x 256 tokens.
-- `trl`: `gpu_vs_trl.py` at 256 tokens, one run of 3 steps each (skipped, with the line that
-  says how to add TRL, when neither the interpreter nor the GPU bundle has it).
-- `ppo` (not by default): `grpo_vs_ppo.py --model qwen2.5-0.5b --device cuda`, peak memory.
-- `profile` (not by default): `gpu_vs_trl.py --profile`, oncurve's step under several settings.
+Each stage is a child process with its own time limit (`LIMITS`, from what each took on an H200
+and an H100; `harness.stages` runs them): `tests` (`pytest -m gpu`, each outcome written as the
+test ends by `harness.pytest_outcomes`), `job` (the default job on CUDA), `rollout`
+(`rollout.py`'s 64 x 256 `cuda_graph` scenario), `trl` (`gpu_vs_trl.py` at 256 tokens; skipped
+with the line that says how to add TRL when neither the interpreter nor the GPU bundle has
+it), and not by default `ppo` (`grpo_vs_ppo.py` on the 0.5B shape) and `profile`
+(`gpu_vs_trl.py --profile`). The default stages (`DEFAULT_STAGES`) fit one 10-minute call of a
+GPU machine with its start, leaving a 15-minute session room for a second call of one of the
+others. A stage that fails or runs out of time gets its row all the same, with its log's tail.
 
 The table, a section per GPU (and per other choice of stages), is printed and recorded
 (`results/gpu_check.md`). Exit status: 0 when every stage run exited 0, 1 otherwise, 2 without a
@@ -41,7 +34,6 @@ import yaml
 from harness import pytest_outcomes, run_logs
 from harness.checkout import BENCHMARKS, CACHE, ROOT, checkout_env
 from harness.gpu_bundle import prepare, trl_at_hand
-from harness.gpu_cells import compile_capture, gib, met, phase_peaks, plan_against
 from harness.stages import Outcome, Stage, run_stage, table, tails
 from harness.tables import cell, publish
 
@@ -53,6 +45,40 @@ TOTAL_LIMIT = 510  # seconds: a 10-minute device call, less the machine's start 
 # process's own work
 LIMITS = {"tests": 180, "job": 80, "rollout": 80, "trl": 160, "ppo": 110, "profile": 210}
 DEFAULT_STAGES = ("tests", "job", "rollout", "trl")
+COMPILE_CAPTURE_TARGET = 30  # seconds a run spends compiling and capturing its sampler, at most
+
+
+def gib(value: float | None) -> str:
+    """`0.33 GiB`, or "n/a" when not measured."""
+    return "n/a" if value is None else f"{value:.2f} GiB"
+
+
+def met(done: bool) -> str:
+    """Whether a target was met, in a word."""
+    return "met" if done else "missed"
+
+
+def phase_peaks(measured: dict[str, float], planned: dict[str, float]) -> str:
+    """Each phase's measured peak against the plan's (`harness.run_logs.PEAK_PHASES`), GiB."""
+    pairs = [
+        f"{phase} {value:.2f} / {gib(planned.get(phase))}" for phase, value in measured.items()
+    ]
+    return ", ".join(pairs) or "n/a"
+
+
+def plan_against(plan: float | None, measured: float | None) -> str:
+    """The plan's predicted peak (GiB, to 0.1 as the trainer prints it) against the measured."""
+    if plan is None or measured is None:
+        return f"{gib(plan)} / {gib(measured)}"
+    return f"{plan:.1f} / {measured:.2f} GiB ({plan - measured:+.2f} GiB)"
+
+
+def compile_capture(seconds: float | None) -> str:
+    """A run's compile plus capture seconds against `COMPILE_CAPTURE_TARGET`."""
+    if seconds is None:
+        return "n/a"
+    target = COMPILE_CAPTURE_TARGET
+    return f"{seconds:.1f} s (target <= {target} s: {met(seconds <= target)})"
 
 
 def script(name: str, *args: str) -> list[str]:

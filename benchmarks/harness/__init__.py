@@ -7,8 +7,8 @@ update through the package's public seams for the micro-benchmarks (`updates`) a
 comparison's step as their batch (`step_batches`), one trainer against another on the arith job
 (`comparison`, with `equal_time` and `memory_parts`), learning curves drawn as a figure
 (`curves`) and what the learning-curve studies share (`learning`), a check run as stages with
-time limits (`stages`; the GPU check's tests stage through `pytest_outcomes`, its cells in
-`gpu_cells`, what an offline GPU machine needs in `gpu_bundle`); and for one spec each,
+time limits (`stages`; the GPU check's tests stage through `pytest_outcomes`, what an
+offline GPU machine needs in `gpu_bundle`); and for one spec each,
 samplers timed against `generate` (`sampling`), a trainer's run on one GPU (`gpu_comparison`),
 oncurve's step under `torch.profiler` (`step_profile`), peers' answer checkers in their own
 environment and child (`answer_peers`, `peer_child`) and a peer's pytest cases as data
