@@ -15,6 +15,7 @@ from typing import Any
 from harness import run_logs
 from harness.checkout import BENCHMARKS, GPU_BUNDLE, checkout_env
 from harness.children import GpuMemoryPeak, train_oncurve
+from harness.comparison import steady_median
 from harness.models import build_model, tokenizer_dir
 from harness.spec import Job, chat_text
 from harness.tables import cell, markdown_table
@@ -110,17 +111,14 @@ def run_trainer(label: str, job: Job, out: Path, python: str, env: dict[str, str
         else:
             done = run_trl(job, out, python, env, check=False)
             log = Path(done.pop("log"))
-    keep = ("seconds", "phases", "gpu_peak_gb", "length", "wall", "phase_peaks_gb", "plan_gb",
-            "plan_phases_gb", "compile_capture_s")  # fmt: skip
-    result = {k: done[k] for k in keep if k in done} | {"smi_peak_gb": smi.peak_gb}
-    result["ok"] = not done["code"]
+    result = done | {"smi_peak_gb": smi.peak_gb, "ok": not done["code"]}
     text = log.read_text(errors="replace")
     result["status"] = "finished" if result["ok"] else (
         "OOM" if "out of memory" in text.lower() else f"failed ({done['code']})")  # fmt: skip
     if not result["ok"]:
         print(f"  {label} {result['status']}; log: {log}\n{text[-1500:]}", flush=True)
     else:
-        steady = statistics.median(result["seconds"][1:] or result["seconds"])
+        steady = steady_median([result["seconds"]])
         print(f"  {steady:.2f} s/step, peak GPU {result['gpu_peak_gb']} GiB (torch), "
               f"{result['smi_peak_gb']} GiB (nvidia-smi)", flush=True)  # fmt: skip
     return result
@@ -151,9 +149,6 @@ def summarize(runs: list[dict]) -> dict | None:
     if not done:
         return None
 
-    def steady(values: list[list[float]]) -> float:
-        return statistics.median([x for v in values for x in (v[1:] or v)])
-
     def largest(key: str) -> float | None:
         return max((r[key] for r in done if r.get(key) is not None), default=None)
 
@@ -164,8 +159,8 @@ def summarize(runs: list[dict]) -> dict | None:
         return merged
 
     return {
-        "seconds": steady([r["seconds"] for r in done]),
-        "phases": {p: steady([r["phases"][p] for r in done]) for p in done[0]["phases"]},
+        "seconds": steady_median(r["seconds"] for r in done),
+        "phases": {p: steady_median(r["phases"][p] for r in done) for p in done[0]["phases"]},
         "length": statistics.mean(x for r in done for x in r["length"]),
         **{k: largest(k) for k in ("gpu_peak_gb", "smi_peak_gb", "plan_gb", "compile_capture_s")},
         **{k: largest_by_phase(k) for k in ("phase_peaks_gb", "plan_phases_gb")},
