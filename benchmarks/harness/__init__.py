@@ -10,7 +10,7 @@ comparison's step as their batch (`step_batches`), one trainer against another o
 time limits (`stages`; the GPU check's tests stage through `pytest_outcomes`, what an
 offline GPU machine needs in `gpu_bundle`); and for one spec each,
 samplers timed against `generate` (`sampling`), a trainer's run on one GPU (`gpu_comparison`),
-oncurve's step under `torch.profiler` (`step_profile`), peers' answer checkers in their own
+peers' answer checkers in their own
 environment and child (`answer_peers`, `peer_child`) and a peer's pytest cases as data
 (`parametrize_cases`).
 
