@@ -1,24 +1,17 @@
-"""The ops one GRPO update and one reference pass dispatch, by the training forward's layout:
-padded rows (every row whole, as TRL runs them, or each group's prompt once through its KV
-cache) against packed rows (`model.pack_rows`, every row whole or each prompt once).
+"""The ops one GRPO update and one reference pass dispatch (each op that is not a view is
+about one kernel launch on a GPU, what an update far slower than its arithmetic waits on), by
+the training forward's layout: padded or packed rows (`model.pack_rows`), every row whole (as
+TRL runs them) or each group's prompt once. The step is `gpu_vs_trl.py`'s: 8 prompts x G=8 of
+67-83 tokens, completions of 256, its Qwen2.5-0.5B layers and vocabulary at a narrow width
+(which changes no count). Packed rows take CUDA's path with a stand-in for the variable-length
+attention of one op forward and three backward (two ops a layer too many); the logprob head
+runs its CPU path in every layout.
 
-On a GPU each op that is not a view is about one kernel launch; where the update runs far
-slower than its arithmetic, the count is a CPU-measurable stand-in for launch overhead. The
-model has the layer structure of `gpu_vs_trl.py`'s Qwen2.5-0.5B shape (24 layers, 14 query and
-2 key-value heads, its vocabulary, tied embeddings) at a narrow width, which changes no count;
-the batch is that script's step: 8 prompts x G=8 of 67-83 tokens, completions forced to 256.
-
-Packed rows run CUDA's path with the variable-length attention replaced by a stand-in of one
-op forward and three backward (the real one is one each way), so their count errs high by
-two ops a layer. The logprob head runs its CPU path (float32 blocks, not the bfloat16 head
-read in place), the same for every layout.
-
-A second table takes completions of sampled lengths (geometric, mean 256, at most 1,024, as
-`rollout.py`'s varying scenario) and the microbatches CUDA's memory plan sets for them
-(`memory.plan_memory` for the 0.5B shape, 80 GiB): its token budget alone, or as before also
-capped at the rows of the widest length that budget holds, padded and packed; it counts the
-microbatches, the tokens their forwards run (padding and each prompt's runs included) and the
-update's ops, over `--batches` draws (ops of the first).
+A second table draws completions of sampled lengths (geometric, mean 256, at most 1,024) and
+cuts them as CUDA's memory plan for the 0.5B shape at 80 GiB does: its token budget alone, or
+also capped at the rows of the widest length (as before), padded and packed; it counts the
+microbatches, the tokens their forwards run and the update's ops, over `--batches` draws (ops
+of the first).
 
     .venv/bin/python benchmarks/update_ops.py [--microbatch 16] [--chunk 256] [--batches 20]
 """
@@ -26,50 +19,91 @@ update's ops, over `--batches` draws (ops of the first).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 import torch
-from harness import step_batches
+import transformers
+from harness import updates
+from harness.models import SHAPES, VOCAB, qwen2_config
 from harness.tables import markdown_table, measured, publish
-from harness.updates import OpCount, count_packed_as_on_cuda, default_loss_fns, update_of
 
-from oncurve.model import packed_attention
 from oncurve.model.forward import PolicyLogprobs
-from oncurve.run.memory_plan import GIB, plan_memory
+from oncurve.run.memory_plan import GIB, ModelShape, plan_memory
 from oncurve.types import TrainBatch
-from oncurve.update.microbatches import ForwardSettings, batch_logprobs
+from oncurve.update.microbatches import ForwardSettings, batch_logprobs, microbatches
 from oncurve.update.step import LossFns
+
+# Qwen2.5-0.5B's layers (24, 14 heads, 2 key-value heads) at 112 wide instead of 896
+NARROW = (112, 224, 24, 14, 2)
+PROMPTS, GROUP, COMPLETION = 8, 8, 256
+ROWS = PROMPTS * GROUP
+SHORTEST_PROMPT, LONGEST_PROMPT = 67, 83
+# sampled lengths: geometric with this mean, cut at this many tokens
+MEAN_LENGTH, MAX_NEW_TOKENS = 256, 1024
+LAYOUTS = (  # name, packed, each prompt once
+    ("padded, every row whole (TRL's layout)", False, False),
+    ("padded, each prompt once (KV cache; the default before packing)", False, True),
+    ("packed, every row whole", True, False),
+    ("packed, each prompt once (`model.pack_rows`, null on CUDA)", True, True),
+)
+
+
+def a_batch(lengths: torch.Tensor) -> TrainBatch:
+    """The step's 8 groups of 8 rows, prompts of 67-83 tokens, completions of `lengths`."""
+    prompt_lengths = torch.randint(SHORTEST_PROMPT, LONGEST_PROMPT + 1, (PROMPTS,))
+    return updates.group_batch(prompt_lengths, GROUP, lengths, VOCAB)
+
+
+def sampled_lengths(generator: torch.Generator) -> torch.Tensor:
+    """`[64]` completion lengths, geometric with mean `MEAN_LENGTH`, 1 to `MAX_NEW_TOKENS`."""
+    draws = torch.rand(ROWS, generator=generator)
+    lengths = torch.log1p(-draws) / torch.log1p(torch.tensor(-1.0 / MEAN_LENGTH))
+    return lengths.ceil().long().clamp(1, MAX_NEW_TOKENS)
+
+
+def full_shape() -> ModelShape:
+    """The memory plan's `ModelShape` of the whole Qwen2.5-0.5B shape in bfloat16 (built on no
+    device)."""
+    with torch.device("meta"):
+        model = transformers.Qwen2ForCausalLM(qwen2_config(SHAPES["qwen2.5-0.5b"], VOCAB))
+    return ModelShape.of(model.to(torch.bfloat16))
+
+
+def tokens_run(batch: TrainBatch, max_rows: int, max_tokens: int, packed: bool) -> list[int]:
+    """Each microbatch's tokens through the forward of `batch` cut as a run cuts it: padded,
+    rows x (longest prompt + longest completion); packed, real tokens with each group's prompt
+    once."""
+    cuts = microbatches(batch, max_rows, max_tokens, packed)
+    if not packed:
+        return [len(c.lengths.prompts) * (c.longest_prompt + c.longest_completion) for c in cuts]
+    out = []
+    for cut in cuts:
+        lengths = cut.lengths
+        prompts = dict(zip(lengths.groups or (), lengths.prompts, strict=True))
+        out.append(sum(prompts.values()) + sum(lengths.completions))
+    return out
 
 
 def counts(
     policy: PolicyLogprobs, step: TrainBatch, fns: LossFns, forward: ForwardSettings
 ) -> list:
     """Kernel-launching ops of the reference pass and of the update, and the update's ops."""
-    with OpCount() as reference:
+    with updates.OpCount() as reference:
         batch_logprobs(policy, step, forward)
-    one_update = update_of(policy, step, forward, fns)
-    with OpCount() as update:
+    one_update = updates.update_of(policy, step, forward, fns)
+    with updates.OpCount() as update:
         one_update()
     return [reference.kernels, update.kernels, update.ops]
 
 
 def layouts(model: torch.nn.Module, batch: TrainBatch, args: argparse.Namespace) -> list[list]:
     """The first table's rows: (layout, reference ops, update ops, update ops with views)."""
-    fns, policy = default_loss_fns(), PolicyLogprobs(model)
+    fns, policy = updates.default_loss_fns(), PolicyLogprobs(model)
     rows = []
-    for packed, names in (
-        (False, ("padded, every row whole (TRL's layout)",
-                 "padded, each prompt once (KV cache; the default before packing)")),
-        (True, ("packed, every row whole",
-                "packed, each prompt once (`model.pack_rows`, null on CUDA)")),
-    ):  # fmt: skip
-        if packed:  # the padded layouts ran with the model's own attention
-            packed_attention.use_packed_attention(model)
-        for name, shared in zip(names, (False, True), strict=True):
-            step = dataclasses.replace(batch, prompt_index=batch.prompt_index if shared else None)
-            forward = ForwardSettings(1.0, args.chunk, args.microbatch, pack_rows=packed)
-            rows.append([name, *counts(policy, step, fns, forward)])
-            print(f"{name}: reference {rows[-1][1]}, update {rows[-1][2]}", flush=True)
+    for name, packed, shared in LAYOUTS:
+        step = updates.in_layout(model, batch, packed, shared)
+        forward = ForwardSettings(1.0, args.chunk, args.microbatch, pack_rows=packed)
+        rows.append([name, *counts(policy, step, fns, forward)])
+        print(f"{name}: reference {rows[-1][1]}, update {rows[-1][2]}", flush=True)
     return rows
 
 
@@ -78,16 +112,14 @@ def sampled_microbatches(
 ) -> tuple[list[list], int, int]:
     """The second table's rows: (settings, microbatches, tokens run, update ops); and the plan's
     token budget and rows of the widest length."""
-    longest, rows = step_batches.LONGEST_PROMPT + step_batches.MAX_NEW_TOKENS, step_batches.ROWS
-    plan = plan_memory(step_batches.full_shape(), seq_len=longest, rows_per_step=rows,
-                       sample_rows=rows, budget_bytes=80 * GIB, reference=True)  # fmt: skip
+    longest = LONGEST_PROMPT + MAX_NEW_TOKENS
+    plan = plan_memory(full_shape(), seq_len=longest, rows_per_step=ROWS, sample_rows=ROWS,
+                       budget_bytes=80 * GIB, reference=True)  # fmt: skip
     budget = plan.microbatch_tokens
     widest = budget // longest
     generator = torch.Generator().manual_seed(0)
-    batches = [
-        step_batches.a_batch(step_batches.sampled_lengths(generator)) for _ in range(args.batches)
-    ]
-    fns, policy = default_loss_fns(), PolicyLogprobs(model)
+    batches = [a_batch(sampled_lengths(generator)) for _ in range(args.batches)]
+    fns, policy = updates.default_loss_fns(), PolicyLogprobs(model)
     rows = []
     for name, max_rows, packed in (
         (f"padded, at most {widest} rows (the plan before)", widest, False),
@@ -95,7 +127,7 @@ def sampled_microbatches(
         ("padded, the token budget alone (the plan now)", plan.microbatch_rows, False),
         ("packed, the token budget alone (the plan now, CUDA's default)", plan.microbatch_rows, True),
     ):  # fmt: skip
-        cuts = [step_batches.tokens_run(batch, max_rows, budget, packed) for batch in batches]
+        cuts = [tokens_run(batch, max_rows, budget, packed) for batch in batches]
         forward = ForwardSettings(1.0, args.chunk, max_rows, budget, pack_rows=packed)
         update = counts(policy, batches[0], fns, forward)[1]
         count = sum(map(len, cuts)) / len(cuts)
@@ -120,14 +152,14 @@ def section(row: dict) -> str:
         [[name, f"{count:.1f}", f"{tokens:,.0f}", f"{update:,}", f"{update / base:.2f}x"]
          for name, count, tokens, update in row["sampled"]],
     )  # fmt: skip
-    a, b = row["args"], step_batches
+    a = row["args"]
     return (
-        f"{measured(row)} (counts, not times: the machine's load does not enter). {b.PROMPTS} "
-        f"prompts x G={b.GROUP}, completions {b.COMPLETION} tokens, "
-        f"{-(-b.ROWS // a['microbatch'])} microbatches of {a['microbatch']} rows, "
+        f"{measured(row)} (counts, not times: the machine's load does not enter). {PROMPTS} "
+        f"prompts x G={GROUP}, completions {COMPLETION} tokens, "
+        f"{-(-ROWS // a['microbatch'])} microbatches of {a['microbatch']} rows, "
         f"logprob chunk {a['chunk']}; ops that are not views (about one kernel launch each on a "
-        f"GPU)\n\n{layouts}\n\nCompletions of sampled lengths (geometric, mean {b.MEAN_LENGTH}, "
-        f"at most {b.MAX_NEW_TOKENS}), mean of {a['batches']} draws (`--batches`); the memory "
+        f"GPU)\n\n{layouts}\n\nCompletions of sampled lengths (geometric, mean {MEAN_LENGTH}, "
+        f"at most {MAX_NEW_TOKENS}), mean of {a['batches']} draws (`--batches`); the memory "
         f"plan's budget for the 0.5B shape: {row['budget']:,} tokens a microbatch, "
         f"{row['widest']} rows of the widest length\n\n{sampled}\n"
     )
@@ -140,10 +172,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=20, help="draws of sampled lengths")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    count_packed_as_on_cuda()
-    model = step_batches.narrow_model()
-    batch = step_batches.a_batch(torch.full((step_batches.ROWS,), step_batches.COMPLETION))
-    rows = layouts(model, batch, args)
+    updates.count_packed_as_on_cuda()
+    model = updates.random_model(NARROW, VOCAB)
+    rows = layouts(model, a_batch(torch.full((ROWS,), COMPLETION)), args)
     sampled, budget, widest = sampled_microbatches(model, args)
     row = {"renderer": "update_ops", "args": vars(args), "layouts": rows, "sampled": sampled}
     row |= {"budget": budget, "widest": widest}

@@ -3,8 +3,8 @@ are (`checkout`), the machine (`machine`), the models built from a config (`mode
 processes with their time limits and peak memory (`children`), what an oncurve run logged
 (`run_logs`), one GRPO job for both trainers (`spec`), TRL's environment and child (`trl_env`,
 `trl_child`), results as JSON rows (`records`) and markdown rendered from them (`tables`), one
-update through the package's public seams for the micro-benchmarks (`updates`) and the GPU
-comparison's step as their batch (`step_batches`), one trainer against another on the arith job
+update and its batch through the package's public seams for the micro-benchmarks (`updates`),
+one trainer against another on the arith job
 (`comparison`, with `equal_time` and `memory_parts`), learning curves drawn as a figure
 (`curves`) and what the learning-curve studies share (`learning`), a check run as stages with
 time limits (`stages`; the GPU check's tests stage through `pytest_outcomes`, what an

@@ -1,16 +1,21 @@
-"""One GRPO update for the micro-benchmarks, through the package's public seams: the default
-objective's loss functions as training builds them, one update of a batch, counting the ops a
-call dispatches (about the kernels it would launch on a GPU), and a one-op stand-in for
-variable-length attention where torch has no CPU kernel for it, registered in the package's
-registry of such kernels (`count_packed_as_on_cuda`)."""
+"""One GRPO update for the micro-benchmarks (`update_ops.py`, `update_host_time.py`), through the
+package's public seams: a random model of a Qwen2 layer structure, a batch of groups that share
+their prompts, the batch in a layout of the training forward, the default objective's loss
+functions as training builds them, one update of a batch, counting the ops a call dispatches
+(about the kernels it would launch on a GPU), and a one-op stand-in for variable-length
+attention where torch has no CPU kernel for it, registered in the package's registry of such
+kernels (`count_packed_as_on_cuda`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from harness.models import qwen2_config
 
 
 class OpCount(TorchDispatchMode):
@@ -52,6 +57,49 @@ def count_packed_as_on_cuda() -> None:
     from oncurve.model.packed_attention import VARLEN_KERNELS
 
     VARLEN_KERNELS["cpu"] = one_op_varlen
+
+
+def random_model(shape: tuple[int, int, int, int, int], vocab: int, seed: int = 0) -> Any:
+    """A random float32 `Qwen2ForCausalLM` of `shape` (`models.qwen2_config`) and `vocab`
+    tokens, seeded with `seed`, which also seeds the batches drawn after it."""
+    import transformers
+
+    torch.manual_seed(seed)
+    return transformers.Qwen2ForCausalLM(qwen2_config(shape, vocab))
+
+
+def group_batch(prompt_lengths: torch.Tensor, group: int, lengths: torch.Tensor, vocab: int) -> Any:
+    """A `TrainBatch` of `len(prompt_lengths)` groups of `group` rows: each group's prompt of
+    its `prompt_lengths` random tokens (left-padded), completions of `lengths` `[rows]` random
+    tokens, advantages from -1 to 1, reference logprobs -3."""
+    from oncurve.types import TrainBatch
+
+    prompt_lengths = prompt_lengths.repeat_interleave(group)
+    rows, longest, width = len(prompt_lengths), int(prompt_lengths.max()), int(lengths.max())
+    prompt_mask = (torch.arange(longest) >= longest - prompt_lengths[:, None]).long()
+    prompts = torch.randint(3, vocab, (rows // group, longest)).repeat_interleave(group, 0)
+    completion_mask = (torch.arange(width) < lengths[:, None]).long()
+    mask = torch.cat([prompt_mask, completion_mask], 1)
+    ids = torch.cat([prompts, torch.randint(3, vocab, (rows, width))], 1) * mask
+    return TrainBatch(
+        ids,
+        mask,
+        completion_mask,
+        torch.linspace(-1.0, 1.0, rows),
+        ref_logprobs=torch.full((rows, width), -3.0) * completion_mask,
+        prompt_index=torch.arange(rows) // group,
+    )
+
+
+def in_layout(model: Any, batch: Any, packed: bool, shared: bool) -> Any:
+    """`batch` as the training forward of a layout takes it: each group's prompt once
+    (`shared`) or every row whole. With `packed`, `model`'s attention is switched to packed
+    rows' for good: a caller runs its padded layouts first."""
+    from oncurve.model.packed_attention import use_packed_attention
+
+    if packed:
+        use_packed_attention(model)
+    return dataclasses.replace(batch, prompt_index=batch.prompt_index if shared else None)
 
 
 def default_loss_fns() -> Any:
