@@ -1,7 +1,8 @@
 """The host's time for one GRPO update whose arithmetic is negligible, by the training
-forward's layout and with the decoder layers compiled (`model.compile_layers`): what a GPU's
-update waits on when it is launch-bound (Python, the dispatcher, autograd), on the CPU, one
-thread. The model has the Qwen2.5-0.5B shape's 24 layers, 14 query and 2 key-value heads and
+forward's layout and with the decoder layers compiled (`model.compile_layers`).
+
+What a GPU's update waits on when it is launch-bound (Python, the dispatcher, autograd),
+measured on the CPU, one thread. The model has the Qwen2.5-0.5B shape's 24 layers, 14 query and 2 key-value heads and
 gradient checkpointing (as the memory plan sets it for that model) at a width of 28 and a
 512-token vocabulary; the batch is 16 rows of 6 prompt and 8 completion tokens, two groups of
 8. Padded rows run whole (under gradient checkpointing the trainer shares no prompt); packed

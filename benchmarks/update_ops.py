@@ -1,9 +1,11 @@
-"""The ops one GRPO update and one reference pass dispatch (each op that is not a view is
-about one kernel launch on a GPU, what an update far slower than its arithmetic waits on), by
-the training forward's layout: padded or packed rows (`model.pack_rows`), every row whole (as
-TRL runs them) or each group's prompt once. The step is `gpu_vs_trl.py`'s: 8 prompts x G=8 of
-67-83 tokens, completions of 256, its Qwen2.5-0.5B layers and vocabulary at a narrow width
-(which changes no count). Packed rows take CUDA's path with a stand-in for the variable-length
+"""The ops one GRPO update and one reference pass dispatch, by the training forward's layout:
+padded or packed rows (`model.pack_rows`), every row whole (as TRL runs them) or each group's
+prompt once.
+
+On a GPU each op that is not a view is about one kernel launch, what an update far slower than
+its arithmetic waits on. The step is `gpu_vs_trl.py`'s: 8 prompts x G=8 of 67-83 tokens,
+completions of 256, its Qwen2.5-0.5B layers and vocabulary at a narrow width (which changes no
+count). Packed rows take CUDA's path with a stand-in for the variable-length
 attention of one op forward and three backward (two ops a layer too many); the logprob head
 runs its CPU path in every layout.
 
