@@ -108,8 +108,7 @@ def main() -> None:
     from oncurve.config import load_config
 
     model_dir = str(ROOT / load_config(CONFIG, args.set).model.path)
-    if not (Path(model_dir) / "config.json").is_file():
-        raise SystemExit(f"no model in {model_dir}: run `make smollm2` first")
+    learning.require(Path(model_dir) / "config.json")
     overrides = [f"model.path={model_dir}", "run.device=cpu", *args.set]
     overrides += [f"run.steps={args.steps}"] if args.steps else []
     config = load_config(CONFIG, overrides)

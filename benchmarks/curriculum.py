@@ -18,14 +18,13 @@ sum over steps of `groups/all_equal_frac` x B x G, completions whose group had n
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
+import statistics
 from concurrent.futures import ThreadPoolExecutor
 
 from harness.checkout import CACHE, RESULTS
-from harness.children import run_child, setting_args
-from harness.curves import curve_figures, over_seeds, plot_arms
+from harness.children import setting_args, train_oncurve
+from harness.learning import curve_figures, over_seeds, plot
 from harness.machine import cpu_name, load_note
 from harness.tables import markdown_table, publish
 
@@ -35,27 +34,30 @@ TITLE = (
 )
 PROMPTS, GROUP = 16, 8
 CORRECT_ONLY = "oncurve.data.tasks.arith:exact_sum_reward"  # the task's reward without format
+ALL_EQUAL = "groups/all_equal_frac"
 
 
 def train(arm: str, seed: int, args: argparse.Namespace) -> dict:
     """One run in a fresh `oncurve train` process; its held-out curve [(step, accuracy)] and,
     by step, its seconds, all-equal fraction and curriculum level."""
+    from oncurve.run.metrics import read_jsonl
+
     run_dir = WORK / f"{arm}-seed{seed}"
     settings = {"data.task": "arith", "data.task_options": "{min_digits: 4}",
                 "data.num_train": args.train, "data.prompts_per_step": PROMPTS,
                 "rollout.group_size": GROUP, "reward.functions": f"[{CORRECT_ONLY}]",
                 "data.curriculum": arm, "data.curriculum_threshold": args.threshold,
                 "run.steps": args.steps, "run.seed": seed, "eval.every": args.eval_every,
-                "eval.num_prompts": args.eval_n, "run.threads": 1, "run.device": "cpu",
-                "run.dir": run_dir, "run.overwrite": True}  # fmt: skip
-    command = [sys.executable, "-m", "oncurve", "train", "--quiet", *setting_args(settings)]
+                "eval.num_prompts": args.eval_n, "run.threads": 1,
+                "run.device": "cpu"}  # fmt: skip
     print(f"started {arm} seed {seed}", flush=True)
-    run_child(command, {**os.environ, "OMP_NUM_THREADS": "1"}, run_dir.with_suffix(".log"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = train_oncurve(setting_args(settings), run_dir, run_dir.with_suffix(".log"), env)
     print(f"finished {arm} seed {seed}", flush=True)
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    kept = ("time/step", "groups/all_equal_frac", "curriculum/level")
+    kept = ("time/step", ALL_EQUAL, "curriculum/level")
+    rows = read_jsonl(run_dir / "metrics.jsonl")
     curve = sorted((r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r)
-    steps = {r["step"]: {k: r[k] for k in kept if k in r} for r in rows if "time/step" in r}
+    steps = {r["step"]: {k: r[k] for k in kept if k in r} for r in done["rows"]}
     return {"curve": curve, "steps": steps}
 
 
@@ -68,9 +70,31 @@ def run_figures(run: dict, args: argparse.Namespace) -> dict:
         levels.setdefault(int(steps[step]["curriculum/level"]), step)
     seconds = {step: r["time/step"] for step, r in steps.items()}
     return curve_figures(run["curve"], seconds, args.targets) | {
-        "all_equal": sum(r["groups/all_equal_frac"] for r in steps.values()) * PROMPTS * GROUP,
+        "all_equal": sum(r[ALL_EQUAL] for r in steps.values()) * PROMPTS * GROUP,
         "levels": sorted(levels.items()),
     }
+
+
+def plot_arms(arms: dict[str, list[dict]], window: int = 10) -> None:
+    """`CURVE`: on the left each arm's held-out curves, every seed faint and their mean bold; on
+    the right the `window`-step mean of `groups/all_equal_frac` over the arm's runs."""
+    curves, smoothed = [], []
+    for index, (arm, runs) in enumerate(arms.items()):
+        color = {"color": f"C{index}"}
+        faint = {**color, "alpha": 0.25, "marker": None}
+        curves += [(None, *zip(*r["curve"], strict=True), faint) for r in runs]
+        steps = [s for s, _ in runs[0]["curve"]]
+        mean = [statistics.fmean(dict(r["curve"])[s] for r in runs) for s in steps]
+        curves.append((f"{arm} (mean of {len(runs)})", steps, mean, color))
+        values = [[r["steps"][s][ALL_EQUAL] for s in sorted(r["steps"])] for r in runs]
+        smooth = [
+            statistics.fmean(x for v in values for x in v[max(0, t + 1 - window) : t + 1])
+            for t in range(len(values[0]))
+        ]
+        smoothed.append((arm, range(1, len(smooth) + 1), smooth, color))
+    held = {"title": "4+4-digit arith, held out", "x": "step", "lines": curves}
+    held["y"] = "held-out greedy accuracy"
+    plot(CURVE, [held, {"x": "step", "y": f"{ALL_EQUAL} ({window}-step mean)", "lines": smoothed}])
 
 
 def section(row: dict) -> str:
@@ -143,7 +167,7 @@ def main() -> None:
         runs = dict(zip(jobs, pool.map(lambda job: train(*job, args), jobs), strict=True))
     figures = {job: run | run_figures(run, args) for job, run in runs.items()}
     arms = {arm: [figures[(arm, seed)] for seed in range(args.seeds)] for arm in args.arms}
-    plot_arms(CURVE, arms, "groups/all_equal_frac", "4+4-digit arith, held out")
+    plot_arms(arms)
     row = {"renderer": "curriculum", "args": vars(args), "cpu": cpu_name()}
     row["load_note"] = f"{before} at start, {load_note()} at the end"
     row["runs"] = {f"{arm}/{seed}": run for (arm, seed), run in figures.items()}

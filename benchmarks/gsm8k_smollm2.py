@@ -27,7 +27,6 @@ import re
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 from harness import learning
 from harness.checkout import CACHE, ROOT
@@ -139,19 +138,17 @@ def main() -> None:
         return prepare()
     from oncurve.config import load_config
 
-    for path in (CONFIG, DATA / "easy_train.jsonl", ROOT / "models" / "smollm2-135m-instruct"):
-        if not path.exists():
-            raise SystemExit(f"gsm8k_smollm2.py: {path} is missing: run `make smollm2` first")
+    learning.require(CONFIG, DATA / "easy_train.jsonl", ROOT / "models" / "smollm2-135m-instruct")
     print(f"running oncurve train {CONFIG} (log: {WORK / 'log.txt'})", flush=True)
     load_before = load_note()
     run = learning.train([str(CONFIG)], WORK)
-    run_dir = Path(run.pop("final")).parent
+    del run["final"]  # the model is not scored again: the run's own evaluations are the figures
     problems = [len((DATA / f"easy_{split}.jsonl").read_text().splitlines())
                 for split in ("train", "held_out")]  # fmt: skip
     row = {"renderer": NAME, "settings": learning.settings(load_config(CONFIG)),
            "problems": problems, "max_steps": MAX_STEPS, "before": run["evals"][0][2],
            "after": run["evals"][-1][2], "load_before": load_before, "load_after": load_note(),
-           "run": run, "completions": learning.last_samples(run_dir, SAMPLES)}  # fmt: skip
+           "run": run, "completions": learning.last_samples(WORK / "run", SAMPLES)}  # fmt: skip
     publish(NAME, TITLE, "", row)
 
 

@@ -55,10 +55,10 @@ def held_out(model_dir: str, job: Job) -> tuple[float, list[dict]]:
 
 def plot(trainers: dict[str, dict], before: float) -> None:
     """Held-out accuracy and the sampled `correct` reward against training seconds, `CURVE`."""
-    evals = {f"{n} (its evaluations)": ([e[1] for e in r["evals"]], [e[2] for e in r["evals"]])
-             for n, r in trainers.items() if r.get("evals")}  # fmt: skip
+    evals = [(f"{n} (its evaluations)", [e[1] for e in r["evals"]], [e[2] for e in r["evals"]], {})
+             for n, r in trainers.items() if r.get("evals")]  # fmt: skip
     finals = {f"{n}: final": (sum(r["seconds"]), r["after"]) for n, r in trainers.items()}
-    rewards = {n: (list(accumulate(r["seconds"])), r["reward"]) for n, r in trainers.items()}
+    rewards = [(n, list(accumulate(r["seconds"])), r["reward"], {}) for n, r in trainers.items()]
     learning.plot(CURVE, [
         {"title": "held-out", "x": "training seconds", "y": "held-out greedy accuracy",
          "lines": evals, "points": finals, "base": before},
@@ -106,8 +106,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     job = make_job(args.steps)
-    if not (Path(job.settings["model.path"]) / "config.json").is_file():
-        raise SystemExit(f"no model in {job.settings['model.path']}: run `make smollm2` first")
+    learning.require(Path(job.settings["model.path"]) / "config.json")
     load_before = load_note()
     before, before_samples = held_out(job.settings["model.path"], job)
     trainers: dict[str, dict] = {}

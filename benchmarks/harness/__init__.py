@@ -4,11 +4,11 @@ processes with their time limits and peak memory (`children`), what an oncurve r
 (`run_logs`), one GRPO job for both trainers (`spec`), TRL's environment and child (`trl_env`,
 `trl_child`), results as JSON rows (`records`) and markdown rendered from them (`tables`), one
 update and its batch through the package's public seams for the micro-benchmarks (`updates`),
-one trainer against another on the arith job
-(`comparison`, with `equal_time` and `memory_parts`), learning curves drawn as a figure
-(`curves`) and what the learning-curve studies share (`learning`), a check run as stages with
-time limits (`stages`; the GPU check's tests stage through `pytest_outcomes`, what an
-offline GPU machine needs in `gpu_bundle`); and for one spec each,
+one trainer against another on the arith job (`comparison`, with `equal_time` and
+`memory_parts`), what the learning-curve studies share, their curves drawn as a figure included
+(`learning`), a check run as stages with time limits (`stages`; the GPU check's tests stage
+through `pytest_outcomes`, what an offline GPU machine needs in `gpu_bundle`); and for one spec
+each,
 samplers timed against `generate` (`sampling`), a trainer's run on one GPU (`gpu_comparison`),
 peers' answer checkers in their own
 environment and child (`answer_peers`, `peer_child`) and a peer's pytest cases as data

@@ -1,7 +1,8 @@
-"""What the learning-curve studies share (`smollm2.py`, `gsm8k_smollm2.py`, `code_task.py`): a
-model's held-out greedy score on its task's test problems, prompted and scored as the trainer's
-evaluation does them, before training and after; an `oncurve train` run of the checkout and the
-curve it logged; the settings a page states; a figure of curves."""
+"""What the learning-curve studies share (`smollm2.py`, `gsm8k_smollm2.py`, `code_task.py`,
+`curriculum.py`): the settings a page states; a model's held-out greedy score on its task's test
+problems, prompted and scored as the trainer's evaluation does them; an `oncurve train` run of
+the checkout and the curve it logged; a held-out curve as figures, and an arm's over its seeds;
+curves drawn as a figure."""
 
 from __future__ import annotations
 
@@ -33,6 +34,13 @@ def describe(values: dict[str, Any]) -> str:
         f"G={values['rollout.group_size']}, {values['rollout.max_new_tokens']} new tokens, lr "
         f"{values['optim.lr']}{schedule}, beta {values['algo.beta']}"
     )
+
+
+def require(*paths: Path) -> None:
+    """Exit with a pointer to `make smollm2` when one of `paths` (a model, data) is missing."""
+    for path in paths:
+        if not path.exists():
+            raise SystemExit(f"{path} is missing: run `make smollm2` first")
 
 
 def held_out(
@@ -72,26 +80,29 @@ def held_out(
     return result, rows, records
 
 
-def logged(run_dir: Path) -> dict[str, Any]:
-    """What an oncurve run logged in `run_dir`: each step's "seconds", "phases" and mean
-    `correct` reward of its sampled completions ("reward"), the median s/step with the first
-    step left out ("s_per_step"), and each of its evaluations as [step, training seconds so
-    far, accuracy] ("evals")."""
+def train(args: list[str], out: Path) -> dict[str, Any]:
+    """`oncurve train --quiet ARGS` of the checkout with its run in `out/run` (overwritten) and
+    its output in `out/log.txt`: its wall seconds ("wall_s"), peak RSS in MB ("rss_mb"), final
+    model ("final"), each step's "seconds", "phases" and mean `correct` reward of its sampled
+    completions ("reward"), the median s/step with the first step left out ("s_per_step"), and
+    each evaluation as [step, training seconds so far, accuracy] ("evals")."""
     from oncurve.run.metrics import read_jsonl
 
-    rows = list(read_jsonl(run_dir / "metrics.jsonl"))
-    steps = [r for r in rows if "time/step" in r]
+    done = train_oncurve(args, out / "run", out / "log.txt", env=checkout_env())
     elapsed, evals = 0.0, []
-    for r in rows:
+    for r in read_jsonl(out / "run" / "metrics.jsonl"):
         elapsed += r.get("time/step", 0.0)
         if "eval/accuracy" in r:
             evals.append([r["step"], round(elapsed, 1), r["eval/accuracy"]])
-    seconds = [r["time/step"] for r in steps]
+    seconds = [r["time/step"] for r in done["rows"]]
     return {
+        "wall_s": round(done["wall"], 1),
+        "rss_mb": round(done["rss"]),
+        "final": str(out / "run" / "final"),
         "seconds": seconds,
         "s_per_step": statistics.median(seconds[1:] or seconds),
-        "phases": step_phases(steps),
-        "reward": [r["reward/correct"] for r in steps],
+        "phases": step_phases(done["rows"]),
+        "reward": [r["reward/correct"] for r in done["rows"]],
         "evals": evals,
     }
 
@@ -107,19 +118,43 @@ def last_samples(run_dir: Path, count: int) -> list[dict[str, Any]]:
     return [{k: r.get(k) for k in keys} for r in last[:count]]
 
 
-def train(args: list[str], out: Path) -> dict[str, Any]:
-    """`oncurve train --quiet ARGS` of the checkout with its run in `out/run` (overwritten) and
-    its output in `out/log.txt`: its wall seconds ("wall_s"), peak RSS in MB ("rss_mb"), final
-    model ("final") and what it logged (`logged`)."""
-    done = train_oncurve(args, out / "run", out / "log.txt", env=checkout_env())
-    run = {"wall_s": round(done["wall"], 1), "rss_mb": round(done["rss"])}
-    return run | {"final": str(out / "run" / "final"), **logged(out / "run")}
+def curve_figures(
+    curve: list[tuple[int, float]], seconds: dict[int, float], targets: list[float]
+) -> dict[str, Any]:
+    """A run's held-out curve ([(step, accuracy)], the start first) as figures: the accuracy
+    before, after, at best and on average after the start (less noisy than one evaluation), per
+    target the first evaluated step reaching it and the training seconds to it ([step, seconds];
+    None unreached), and all its training seconds (`seconds`: each step's)."""
+
+    def until(step: int) -> float:
+        return sum(s for k, s in seconds.items() if k <= step)
+
+    reach = [next((step for step, acc in curve if acc >= t), None) for t in targets]
+    return {
+        "before": curve[0][1],
+        "after": curve[-1][1],
+        "best": max(acc for _, acc in curve),
+        "mean": statistics.fmean(acc for step, acc in curve if step > 0),
+        "reach": [None if step is None else [step, until(step)] for step in reach],
+        "train_s": until(max(seconds)),
+    }
+
+
+def over_seeds(runs: list[dict], keys: tuple[str, ...]) -> dict[str, Any]:
+    """An arm's figures over its seeds' runs (`curve_figures` and more): the mean of each of
+    `keys`, and per target the runs that reached it ([reached, runs, their mean first step])."""
+    firsts = [
+        [r["reach"][i][0] for r in runs if r["reach"][i]] for i in range(len(runs[0]["reach"]))
+    ]
+    reach = [[len(f), len(runs), statistics.fmean(f) if f else None] for f in firsts]
+    return {key: statistics.fmean(r[key] for r in runs) for key in keys} | {"reach": reach}
 
 
 def plot(path: Path, panels: list[dict[str, Any]]) -> None:
-    """Write the PNG `path`, one axis per panel side by side: {"title", "x", "y" (the axes'
-    labels), "lines": {label: (xs, ys)}, and optionally "points": {label: (x, y)}, marked, and
-    "base": a y drawn as a dotted line (the base model's)}."""
+    """Write the PNG `path`, one axis per panel side by side: {"x", "y" (the axes' labels),
+    "lines": [(label or None, xs, ys, matplotlib's line options)] (marked when under 20
+    points unless the options say), and optionally "title", "points": {label: (x, y)}, marked,
+    and "base": a y drawn as a dotted line (the base model's)}."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -127,13 +162,13 @@ def plot(path: Path, panels: list[dict[str, Any]]) -> None:
 
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
     for axis, panel in zip(axes[0], panels, strict=True):
-        for label, (xs, ys) in panel["lines"].items():
-            axis.plot(xs, ys, marker="o" if len(xs) < 20 else None, label=label)
+        for label, xs, ys, options in panel["lines"]:
+            axis.plot(xs, ys, **{"marker": "o" if len(xs) < 20 else None, **options}, label=label)
         for label, (x, y) in panel.get("points", {}).items():
             axis.scatter([x], [y], marker="x", s=80, label=label)
         if panel.get("base") is not None:
             axis.axhline(panel["base"], color="grey", linestyle=":", label="base model")
-        axis.set(xlabel=panel["x"], ylabel=panel["y"], title=panel["title"])
+        axis.set(xlabel=panel["x"], ylabel=panel["y"], title=panel.get("title", ""))
         axis.grid(alpha=0.3)
         axis.legend(fontsize=8)
     fig.tight_layout()
