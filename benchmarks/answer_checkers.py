@@ -12,11 +12,14 @@ equal to the gold, simplified).
 What it measures, per set and checker: agreement with the labels; true positives (right rows
 paid), false positives (wrong rows paid: what a policy learns to exploit) and false negatives
 (right rows unpaid: signal lost). Checkers: oncurve's `correct`, strict and lenient
-(`reward.answer_match`), the reward functions of `oncurve.rewards.registry` called on one row
-with the gold as GSM8K and MATH write it, from this checkout's `src`; and the peers'
-(math-verify, verl, TRL, lm-eval) from their own packages in `benchmarks/.venv-peers`, called
-as `harness.answer_peers` describes. A peer that cannot be installed or imported is listed as
-not run, with the reason.
+(`reward.answer_match`), called as the trainer calls them, on one row with the gold as GSM8K and
+MATH write it, from this checkout's `src`; and the peers' (`CHECKERS`) from their own published
+packages, in a child (`harness.peer_child`, which says how each is called) in a virtual
+environment of their own, `benchmarks/.venv-peers` (gitignored; `--prepare` makes it from
+PyPI). No peer package is a dependency of oncurve, and none of their code is in this
+repository. GSM8K golds reach every peer without thousands separators, as verl's GSM8K
+preprocessing writes them. A peer that cannot be installed or imported is listed as not run,
+with the reason.
 
     .venv/bin/python benchmarks/answer_checkers.py --prepare   # once: the peers' environment
     .venv/bin/python benchmarks/answer_checkers.py             # score, print, write results/
@@ -29,12 +32,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import time
 from collections import Counter
 from typing import Any
 
-from harness.answer_peers import checker_table, prepare, score_peers, set_counts
-from harness.checkout import BENCHMARKS, RESULTS, ROOT
+from harness.checkout import BENCHMARKS, CACHE, RESULTS, ROOT
+from harness.peer_child import score_row
 from harness.tables import code_cell, markdown_table, publish
 
 NAME = "answer_checkers"
@@ -48,6 +54,52 @@ LEGEND = (
     "counted in FN or TN). ms/row: mean milliseconds per row of the call (verl `prime_math` "
     "forks a process per comparison). GSM8K-only checkers are not run on MATH."
 )
+PEERS_VENV = BENCHMARKS / ".venv-peers"
+PEERS_PYTHON = PEERS_VENV / "bin" / "python"
+# math-verify with the ANTLR runtime its LaTeX parser needs (latex2sympy2_extended's
+# `antlr4-13-2` extra pins it; math-verify 0.9 has no such extra), and what the peers' checker
+# modules import; the peers' own packages then without their dependencies (torch,
+# transformers, Ray, datasets...), which the checker modules do not need.
+PEER_REQUIREMENTS = [
+    "math-verify",
+    "antlr4-python3-runtime==4.13.2",
+    "pylatexenc",  # verl prime_math
+    "packaging",  # trl.import_utils
+    "numpy",  # verl py_functional, lm-eval metrics
+    "typing_extensions",
+    "sacrebleu",  # imported at the top of lm_eval.api.metrics
+    "pyyaml",  # to read lm-eval's gsm8k task yaml
+]
+PEER_PACKAGES_NO_DEPS = ["trl", "verl", "lm_eval"]
+# Every checker: key -> (label, the one set it runs on or None for all); oncurve's first.
+CHECKERS: dict[str, tuple[str, str | None]] = {
+    "oncurve_strict": ("oncurve `correct` (strict, the default)", None),
+    "oncurve_lenient": ("oncurve `correct` (lenient)", None),
+    "math_verify": ("math-verify `parse`+`verify` (lm-eval minerva_math `math_verify`)", None),
+    "verl_math_verify": ("verl `math_verify`", None),
+    "verl_math_reward": ("verl `math_reward` (Hendrycks `is_equiv`)", None),
+    "verl_prime_math": ("verl `prime_math`", None),
+    "verl_math_dapo": ("verl `math_dapo`", None),
+    "trl_accuracy": ("TRL `accuracy_reward`", None),
+    "verl_gsm8k": ("verl `gsm8k` (strict `####`)", "gsm8k"),
+    "lm_eval_gsm8k_strict": ("lm-eval gsm8k `strict-match`", "gsm8k"),
+    "lm_eval_gsm8k_flexible": ("lm-eval gsm8k `flexible-extract`", "gsm8k"),
+}
+PEERS = {key: only for key, (_, only) in CHECKERS.items() if not key.startswith("oncurve")}
+
+
+def prepare() -> None:
+    """Create `benchmarks/.venv-peers` and install the peers' checkers into it from PyPI."""
+    if not PEERS_PYTHON.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
+    pip = [str(PEERS_PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, *PEER_REQUIREMENTS], check=True)
+    for package in PEER_PACKAGES_NO_DEPS:  # each alone: one that fails leaves the others
+        if subprocess.run([*pip, "--no-deps", package]).returncode:
+            print(f"could not install {package}; it will be reported as not run")
+    freeze = [str(PEERS_PYTHON), "-m", "pip", "list", "--format=freeze"]
+    print(f"peers' environment ready: {PEERS_VENV}")
+    print(subprocess.run(freeze, capture_output=True, text=True, check=True).stdout)
 
 
 def read_corpus() -> list[dict[str, Any]]:
@@ -63,29 +115,109 @@ def read_corpus() -> list[dict[str, Any]]:
 
 
 def score_oncurve(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """{row id: {"verdicts", "extracted", "seconds"}} from oncurve's `correct` reward, strict and
-    lenient, called as the trainer calls it: one row, the `answer` column holding the gold. No
-    verdict (None) where the reward leaves the row unscored or its comparison timed out."""
+    """{row id: {"verdicts", "errors" (none), "seconds", "extracted"}} from oncurve's `correct`
+    reward, strict and lenient, called as the trainer calls it: one row, the `answer` column
+    holding the gold. No verdict (None) where the reward leaves the row unscored or its
+    comparison timed out; any other error is raised."""
     from oncurve.rewards.extraction import extract_answer
     from oncurve.rewards.registry import answer_match_reward, lenient_answer_match_reward
 
-    functions = {
-        "oncurve_strict": answer_match_reward,
-        "oncurve_lenient": lenient_answer_match_reward,
-    }
-    out: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        item: dict[str, Any] = {"verdicts": {}, "seconds": {}}
-        for key, fn in functions.items():
-            start = time.perf_counter()
+    def check(fn: Any) -> Any:
+        def verdict(row: dict[str, Any]) -> bool | None:
             try:
                 (score,) = fn([row["prompt"]], [row["completion"]], answer=[row["gold"]])
-                item["verdicts"][key] = None if score is None else score == 1.0
             except TimeoutError:
-                item["verdicts"][key] = None
-            item["seconds"][key] = time.perf_counter() - start
-        out[row["id"]] = {**item, "extracted": extract_answer(row["completion"])}
-    return out
+                return None
+            return None if score is None else score == 1.0
+
+        return verdict
+
+    checks = {"oncurve_strict": check(answer_match_reward)}
+    checks["oncurve_lenient"] = check(lenient_answer_match_reward)
+    only = dict.fromkeys(checks)
+    return {
+        row["id"]: score_row(checks, only, row, catch=())
+        | {"extracted": extract_answer(row["completion"])}
+        for row in rows
+    }
+
+
+def score_peers(rows: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """(per row id {"verdicts", "errors", "seconds"}, {"loaded", "failed", "versions"}) from the
+    peers' child, run in `.cache/answer_checkers`; every peer failed, with the reason, when the
+    environment is missing or the child dies. GSM8K golds go without thousands separators."""
+
+    def all_failed(reason: str) -> tuple[dict, dict[str, Any]]:
+        return {}, {"loaded": [], "failed": dict.fromkeys(PEERS, reason), "versions": {}}
+
+    if not PEERS_PYTHON.exists():
+        return all_failed(f"no peers' environment at {PEERS_VENV.relative_to(ROOT)} (--prepare)")
+    sent = [{k: row[k] for k in ("id", "set", "gold", "prompt", "completion")} for row in rows]
+    for row in sent:
+        if row["set"] == "gsm8k":
+            row["gold"] = row["gold"].replace(",", "")
+    work = CACHE / NAME  # the child's cwd, for whatever a peer writes there
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(BENCHMARKS), "TOKENIZERS_PARALLELISM": "false"}
+    command = [str(PEERS_PYTHON), "-m", "harness.peer_child", json.dumps(PEERS)]
+    stdin = "".join(json.dumps(row) + "\n" for row in sent)
+    result = subprocess.run(command, input=stdin, capture_output=True, text=True, env=env, cwd=work)
+    out = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode or not out:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        return all_failed(f"the peers' child exited {result.returncode}: {last}")
+    scored = {item.pop("id"): item for item in map(json.loads, out[1:])}
+    if len(scored) != len(rows):
+        raise RuntimeError(f"the peers' child scored {len(scored)} of {len(rows)} rows")
+    return scored, json.loads(out[0])
+
+
+def set_counts(
+    name: str, rows: list[dict[str, Any]], scored: dict[str, dict[str, Any]], failed: dict
+) -> dict[str, Any]:
+    """The figures of set `name` of the labelled `rows`: its rows, how many are right, and per
+    checker that runs on it {"not_run": reason} when it is in `failed`, else its counts against
+    the labels from `scored` ({row id: {"verdicts", "seconds"}}): tp (right rows paid), fp
+    (wrong rows paid), fn (right rows unpaid), tn, skipped (no verdict: unscored, an error, a
+    timeout; unpaid), and its mean milliseconds per row."""
+    subset = [row for row in rows if row["set"] == name]
+    checkers: dict[str, dict[str, Any]] = {}
+    for key, (_, only) in CHECKERS.items():
+        if only not in (None, name):
+            continue
+        if key in failed:
+            checkers[key] = {"not_run": failed[key]}
+            continue
+        counts: dict[str, Any] = dict.fromkeys(("tp", "fp", "fn", "tn", "skipped"), 0)
+        for row in subset:
+            verdict = scored[row["id"]]["verdicts"][key]
+            paid = bool(verdict)
+            counts["skipped"] += verdict is None
+            counts[("t" if paid == row["label"] else "f") + ("p" if paid else "n")] += 1
+        seconds = sum(scored[row["id"]]["seconds"][key] for row in subset)
+        checkers[key] = counts | {"ms_per_row": round(1000 * seconds / max(len(subset), 1), 2)}
+    right = sum(row["label"] for row in subset)
+    return {"rows": len(subset), "right": right, "checkers": checkers}
+
+
+def checker_table(rows: int, right: int, checkers: dict[str, dict[str, Any]]) -> str:
+    """The markdown table of one set of `rows` labelled rows, `right` of them right, from each
+    checker's counts (`set_counts`) or {"not_run": reason}: best agreement first, not run last."""
+    lines = []
+    for key, c in checkers.items():
+        label = CHECKERS[key][0]
+        if "not_run" in c:
+            reason = " ".join(c["not_run"].split())[:160].replace("|", "\\|")
+            lines.append((-1.0, [label, "not run", "", "", "", "", "", reason]))
+            continue
+        agree = c["tp"] + c["tn"]
+        cells = [f"{100 * agree / rows:.1f}% ({agree}/{rows})", f"{c['tp']}/{right}"]
+        cells += [f"{c['fp']}/{rows - right}", *(str(c[k]) for k in ("fn", "tn", "skipped"))]
+        lines.append((agree / rows, [label, *cells, f"{c['ms_per_row']:.1f}"]))
+    lines.sort(key=lambda item: -item[0])
+    header = ["checker", "agreement", "TP: right rows paid", "FP: wrong rows paid"]
+    header += ["FN: right rows unpaid", "TN", "no verdict", "ms/row"]
+    return markdown_table(header, [line for _, line in lines])
 
 
 def main() -> None:

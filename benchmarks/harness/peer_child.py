@@ -1,10 +1,20 @@
 """The peers' answer checkers, run as `python -m harness.peer_child WANTED` in the peers'
-environment (`harness.answer_peers`; no oncurve on its path): imports each checker named in
+environment (`answer_checkers.py`; no oncurve on its path): imports each checker named in
 `WANTED` (JSON, {checker: the set it runs on, or null for every set}) from its installed
 package, writes one JSON line saying which loaded ({"loaded", "failed", "versions"}), then
 reads {"id", "set", "gold", "prompt", "completion"} JSON lines on stdin and writes
-{"id", "verdicts", "errors", "seconds"} for each. A checker that cannot be imported is
-reported in "failed" and the others run; one that raises on a row gives no verdict there."""
+{"id", "verdicts", "errors", "seconds"} for each (`score_row`). A checker that cannot be
+imported is reported in "failed" and the others run; one that raises on a row gives no verdict
+there.
+
+How each is called: verl's package `__init__` imports torch and Ray, so verl's reward modules
+are imported without it (`verl_scores`); verl's `math_verify.compute_score` runs its check in a
+spawned process pool, so the child calls the function that pool runs with compute_score's own
+gold, `\\boxed{gold}`. TRL's `accuracy_reward` gets the gold as the last line of a MATH
+solution, `\\boxed{gold}` (a gold it cannot parse returns None: unpaid, and no verdict).
+math-verify gets `parse(\\boxed{gold})` against `parse(completion)`, as lm-eval's minerva_math
+passes the solution. lm-eval's gsm8k reference is `#### gold` (its `doc_to_target` is GSM8K's
+answer text, whose `#### ` its `regexes_to_ignore` strip)."""
 
 from __future__ import annotations
 
@@ -102,14 +112,8 @@ def lm_eval_gsm8k(filter_name: str) -> Callable[[], Check]:
         dropped = ("metric", "aggregation", "higher_is_better")
         options = {k: v for k, v in metric.items() if k not in dropped}
         (chosen,) = [f for f in task["filter_list"] if f["name"] == filter_name]
-        steps = []
-        for step in chosen["filter"]:
-            if step["function"] == "regex":
-                steps.append(RegexFilter(**{k: v for k, v in step.items() if k != "function"}))
-            elif step["function"] == "take_first":
-                steps.append(TakeFirstFilter())
-            else:
-                raise ValueError(f"unexpected filter {step['function']!r} in {path}")
+        kinds = {"regex": RegexFilter, "take_first": TakeFirstFilter}
+        steps = [kinds[step.pop("function")](**step) for step in chosen["filter"]]
 
         def check(row: dict[str, Any]) -> bool:
             responses: Any = [[row["completion"]]]
@@ -141,10 +145,35 @@ MAKERS: dict[str, Callable[[], Check]] = {
 
 
 def version(dist: str) -> str | None:
+    """The installed version of distribution `dist`, None when it is not installed."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def score_row(
+    checks: dict[str, Check],
+    only: dict[str, str | None],
+    row: dict[str, Any],
+    catch: tuple[type[Exception], ...] = (Exception,),
+) -> dict[str, dict[str, Any]]:
+    """{"verdicts", "errors", "seconds"}, each by checker, of the `checks` that run on `row`'s
+    set (`only`: the one set each runs on, or None for all): a verdict (None: no verdict), the
+    error of one that raised `catch` (no verdict), and the seconds of its call."""
+    scored: dict[str, dict[str, Any]] = {"verdicts": {}, "errors": {}, "seconds": {}}
+    for key, check in checks.items():
+        if only[key] not in (None, row["set"]):
+            continue
+        start = time.perf_counter()
+        try:
+            verdict = check(row)
+            scored["verdicts"][key] = None if verdict is None else bool(verdict)
+        except catch as e:  # scored unpaid, the error kept
+            scored["verdicts"][key] = None
+            scored["errors"][key] = f"{type(e).__name__}: {e}"[:200]
+        scored["seconds"][key] = time.perf_counter() - start
+    return scored
 
 
 def main() -> None:
@@ -162,22 +191,7 @@ def main() -> None:
     print(json.dumps({"loaded": list(peers), "failed": failed, "versions": versions}), flush=True)
     for line in sys.stdin:
         row = json.loads(line)
-        verdicts: dict[str, bool | None] = {}
-        errors: dict[str, str] = {}
-        seconds: dict[str, float] = {}
-        for key, check in peers.items():
-            if wanted[key] not in (None, row["set"]):
-                continue
-            start = time.perf_counter()
-            try:
-                verdict = check(row)
-                verdicts[key] = None if verdict is None else bool(verdict)
-            except Exception as e:  # scored unpaid, the error kept
-                verdicts[key] = None
-                errors[key] = f"{type(e).__name__}: {e}"[:200]
-            seconds[key] = time.perf_counter() - start
-        out = {"id": row["id"], "verdicts": verdicts, "errors": errors, "seconds": seconds}
-        print(json.dumps(out), flush=True)
+        print(json.dumps({"id": row["id"], **score_row(peers, wanted, row)}), flush=True)
 
 
 if __name__ == "__main__":
