@@ -1,17 +1,12 @@
 """oncurve's answer checker against peers' own test suites: math-verify's, TRL's and verl's.
 
-The cases, as data only (none of the peers' code is copied): `data/math_verify_cases.jsonl`,
-the parametrized cases of tests/test_all.py of huggingface/Math-Verify, commit
-5d148cfaaf99214c2e4ffb4bc497ab042c592a7a (version 0.8.0), that file under the MIT licence,
-Copyright (c) 2024 The HuggingFace Team (the repository under the Apache License 2.0), without
-its one unparametrized compare and its commented-out cases, its repeated cases kept;
-`data/trl_cases.jsonl`, the `accuracy_reward` tests of tests/test_rewards.py of huggingface/trl,
-commit f2cd57710ae345ea6428ae95363267fcf38a3dc8, Apache License 2.0, Copyright The HuggingFace
-Team (without the unparsable-gold test, which expects None, and `reasoning_accuracy_reward`);
-`data/verl_cases.jsonl`, `test_prime_math` of tests/utils/reward_score/test_sandbox_on_cpu.py of
-volcengine/verl, commit b178a3cd56f58b2d502255daba591e92833930a7, Apache License 2.0, Copyright
-2024 PRIME team and/or its affiliates (verl's only string cases of its math scorers). TRL's and
-verl's by hand, each completion as the prediction and its solution as the gold.
+The cases, as data only (none of the peers' code is copied), each suite's provenance and
+licence in its "source" in `data/peer_suites.json`: `data/math_verify_cases.jsonl`, the
+parametrized cases of tests/test_all.py of huggingface/Math-Verify (commit 5d148cfaaf99, MIT,
+Copyright (c) 2024 The HuggingFace Team), its repeated cases kept, written by `--extract` from a
+local bare git mirror (`--mirror`; the file is read with `ast`, never imported or run);
+`data/trl_cases.jsonl` (TRL's `accuracy_reward` tests) and `data/verl_cases.jsonl` (verl's
+`test_prime_math`), by hand, each completion as the prediction and its solution as the gold.
 
 For each case (a gold, a prediction, and the suite's expectation: 1 when it requires the pair to
 verify, 0 when it requires it not to): does oncurve's `correct` reward pay the prediction,
@@ -25,19 +20,20 @@ notation oncurve does not read, or "to fix"; one without is "unclassified".
     .venv/bin/python benchmarks/peer_suites.py --extract  # rebuild math-verify's data file first
 
 No network and no peer package (lenient matching uses math-verify, oncurve's `math` extra).
-`--extract` reads tests/test_all.py from a local bare git mirror (`--mirror`) with `ast`.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
+import math
+import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from harness.checkout import BENCHMARKS
-from harness.parametrize_cases import MATH_VERIFY_MIRROR, write_math_verify_cases
 from harness.tables import code_cell, markdown_table, publish
 
 NAME = "peer_suites"
@@ -45,6 +41,101 @@ TITLE = "Peer test suites"
 SUITES = json.loads((BENCHMARKS / "data" / "peer_suites.json").read_text())
 SHORT_GOLD_CHARS = 200  # a gold longer than this is a whole solution, not an answer
 PRED_CHARS = 80  # a gold, prediction or extraction is shortened to this in the table
+MATH_VERIFY_MIRROR = Path("/work/.mirror/huggingface+Math-Verify/repo")
+MATH_VERIFY_TESTS = "tests/test_all.py"
+# compare_strings' defaults in math-verify's tests: an option equal to its default is not kept
+COMPARE_DEFAULTS = {
+    "match_types": ["latex", "expr"],
+    "precision": 6,
+    "strict": True,
+    "allow_set_relation_comp": False,
+}
+
+
+def literal(node: ast.expr) -> Any:
+    """A parametrize entry's value: a literal, or an f-string of literals and `math.f(const)`
+    calls (math-verify's test that builds its gold as `f"{math.sqrt(17):.15f}"`)."""
+    if not isinstance(node, ast.JoinedStr):
+        return ast.literal_eval(node)
+    parts = []
+    for part in node.values:
+        if isinstance(part, ast.Constant):
+            parts.append(str(part.value))
+            continue
+        assert isinstance(part, ast.FormattedValue)
+        call = part.value
+        if not (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and isinstance(call.func.value, ast.Name)
+            and call.func.value.id == "math"
+            and not call.keywords
+        ):
+            raise ValueError(f"line {node.lineno}: unsupported f-string value")
+        value = getattr(math, call.func.attr)(*(ast.literal_eval(a) for a in call.args))
+        spec = "".join(str(s.value) for s in getattr(part.format_spec, "values", []))
+        parts.append(format(value, spec))
+    return "".join(parts)
+
+
+def compare_options(func: ast.FunctionDef, row: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments the test `func` passes to `compare_strings` that differ from
+    `COMPARE_DEFAULTS`, a test parameter resolved to its value in `row`."""
+    for node in ast.walk(func):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "compare_strings":
+            values = {
+                k.arg: row[k.value.id]
+                if isinstance(k.value, ast.Name)
+                else ast.literal_eval(k.value)
+                for k in node.keywords
+                if k.arg
+            }
+            return {k: v for k, v in values.items() if COMPARE_DEFAULTS.get(k) != v}
+    return {}
+
+
+def extract_cases(source: str, suite: str) -> list[dict[str, Any]]:
+    """Every case of every `pytest.mark.parametrize` test in the test file `source` whose
+    parameters include gold, pred and expected, in file order: {"suite", "test", "index" (its
+    position in the list), "gold", "prediction", "expected" (0 or 1), and "options" where the
+    test passes `compare_strings` any (`compare_options`)}."""
+    cases = []
+    for func in ast.parse(source).body:
+        if not isinstance(func, ast.FunctionDef):
+            continue
+        for decorator in func.decorator_list:
+            if not (
+                isinstance(decorator, ast.Call)
+                and isinstance(decorator.func, ast.Attribute)
+                and decorator.func.attr == "parametrize"
+            ):
+                continue
+            names = [n.strip() for n in ast.literal_eval(decorator.args[0]).split(",")]
+            if not {"gold", "pred", "expected"} <= set(names):
+                continue
+            entries = decorator.args[1]
+            assert isinstance(entries, ast.List)
+            for index, entry in enumerate(entries.elts):
+                assert isinstance(entry, ast.Tuple)
+                row = dict(zip(names, map(literal, entry.elts), strict=True))
+                case = {"suite": suite, "test": func.name, "index": index, "gold": row["gold"]}
+                case |= {"prediction": row["pred"], "expected": int(row["expected"])}
+                if options := compare_options(func, row):
+                    case["options"] = options
+                cases.append(case)
+    return cases
+
+
+def write_math_verify_cases(mirror: Path, path: Path, suite: str) -> None:
+    """Write the cases of math-verify's tests/test_all.py at the HEAD of its bare git `mirror`
+    to `path`, one JSON line each, named `suite`; prints how many and from which commit."""
+    git = ["git", f"--git-dir={mirror}"]
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True)
+    show = [*git, "show", f"{commit.stdout.strip()}:{MATH_VERIFY_TESTS}"]
+    source = subprocess.run(show, check=True, capture_output=True, text=True).stdout
+    cases = extract_cases(source, suite)
+    path.write_text("".join(json.dumps(case, ensure_ascii=False) + "\n" for case in cases))
+    print(f"{len(cases)} cases from {MATH_VERIFY_TESTS} at {commit.stdout.strip()} -> {path}")
 
 
 def reference(gold: str) -> str:

@@ -11,8 +11,7 @@ time limits (`stages`; the GPU check's tests stage through `pytest_outcomes`, it
 `gpu_cells`, what an offline GPU machine needs in `gpu_bundle`); and for one spec each,
 samplers timed against `generate` (`sampling`), a trainer's run on one GPU (`gpu_comparison`),
 oncurve's step under `torch.profiler` (`step_profile`), peers' answer checkers in their own
-environment's child (`peer_child`) and a peer's pytest cases as data
-(`parametrize_cases`).
+environment's child (`peer_child`).
 
 Nothing here imports oncurve at module level where `gpu_check.py` reaches it: on a GPU image
 oncurve comes from the checkout's `src` through the children's PYTHONPATH."""
