@@ -17,9 +17,10 @@ import argparse
 import json
 import math
 import subprocess
+from pathlib import Path
 
 from harness.checkout import CACHE
-from harness.children import run_child
+from harness.children import setting_args, train_oncurve
 from harness.models import build_model, tokenizer_dir
 from harness.tables import markdown_table, publish
 from harness.trl_env import ensure_trl_venv, trl_env, trl_versions
@@ -29,14 +30,15 @@ TITLE = "TRL's reward functions through oncurve"
 REWARDS = ("think_format_reward", "accuracy_reward")
 
 
-def trl_dataset(path, rows: int = 16):
-    """`rows` sums as TRL's conversational datasets hold them."""
+def trl_dataset(path: Path, rows: int = 16) -> Path:
+    """Write `rows` sums to `path` as TRL's conversational datasets hold them; returns `path`."""
     lines = []
     for i in range(rows):
         a, b = 3 * i + 1, 7 * i + 2
         prompt = f"What is {a} + {b}? Think in <think></think>, then put the answer in \\boxed{{}}."
-        row = {"prompt": [{"role": "user", "content": prompt}], "solution": f"${a + b}$"}
-        lines.append(json.dumps(row))
+        lines.append(
+            json.dumps({"prompt": [{"role": "user", "content": prompt}], "solution": f"${a + b}$"})
+        )
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -54,50 +56,28 @@ def main() -> None:
         subprocess.run([python, "-m", "pip", "install", "-q", "math-verify"], check=True)
     work = CACHE / NAME
     work.mkdir(parents=True, exist_ok=True)
-    data = trl_dataset(work / "trl_sums.jsonl")
-    model = build_model("smoke", tokenizer_dir())
     functions = ", ".join(f"trl.rewards:{name}" for name in REWARDS)
-    run_dir = work / "run"
-    command = [python, "-m", "oncurve", "train", "--quiet", f"data.path={data}",
-               f"reward.functions=[{functions}]", f"model.path={model}", "run.device=cpu",
-               f"run.steps={args.steps}", "data.prompts_per_step=2", "rollout.group_size=4",
-               "rollout.max_new_tokens=32", "eval.at_start_end=false",
-               f"run.dir={run_dir}", "run.overwrite=true"]  # fmt: skip
-    wall, _, code = run_child(command, env, work / "train.log")
-    if code:
-        raise SystemExit(f"oncurve train failed (exit {code}); see {work / 'train.log'}")
-    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [row for row in steps if "time/step" in row]
-    means = {name: [row[f"reward/{name}"] for row in steps] for name in REWARDS}
+    settings = {"data.path": trl_dataset(work / "trl_sums.jsonl"),
+                "reward.functions": f"[{functions}]",
+                "model.path": build_model("smoke", tokenizer_dir()), "run.device": "cpu",
+                "run.steps": args.steps, "data.prompts_per_step": 2, "rollout.group_size": 4,
+                "rollout.max_new_tokens": 32, "eval.at_start_end": False}  # fmt: skip
+    done = train_oncurve(setting_args(settings), work / "run", work / "train.log", env, python)
+    means = {name: [row[f"reward/{name}"] for row in done["rows"]] for name in REWARDS}
     scored = all(math.isfinite(v) for values in means.values() for v in values)
-    publish(
-        NAME,
-        TITLE,
-        "smoke",
-        {
-            "renderer": NAME,
-            "trl": trl_versions(python, env),
-            "steps": len(steps),
-            "wall_s": round(wall, 1),
-            "every_completion_scored": scored,
-            "reward_means": means,
-        },
-    )
+    row = {"renderer": NAME, "trl": trl_versions(python, env), "steps": len(done["rows"])}
+    row |= {"wall_s": round(done["wall"], 1), "every_completion_scored": scored}
+    publish(NAME, TITLE, "smoke", row | {"reward_means": means})
     if not scored:
         raise SystemExit("a TRL reward left completions unscored")
 
 
 def section(row: dict) -> str:
-    """One run's section of results/trl_rewards.md."""
+    """One run's section of results/trl_rewards.md: its command, then a table of its date,
+    commit, TRL's versions, steps, whether every completion was scored, the last step's means."""
     means = ", ".join(f"`{k}` {v[-1]:.2f}" for k, v in row["reward_means"].items())
-    cells = [
-        row["date"],
-        row["commit"],
-        row["trl"],
-        str(row["steps"]),
-        "yes" if row["every_completion_scored"] else "no",
-        means,
-    ]
+    scored = "yes" if row["every_completion_scored"] else "no"
+    cells = [row["date"], row["commit"], row["trl"], str(row["steps"]), scored, means]
     header = ["date", "commit", "TRL", "steps", "every completion scored", "last step's means"]
     return f"`{row['command']}`\n\n" + markdown_table(header, [cells])
 
