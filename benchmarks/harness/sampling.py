@@ -62,6 +62,16 @@ def generate_call(model: Any, tokenizer: Any, prompts: list[str], group: int, pa
     return call
 
 
+def time_call(call: Call, sync: Callable[[], None] = lambda: None) -> tuple[int, float]:
+    """(completion tokens, seconds) of one call; `sync` before each reading of the clock, so
+    that a device's queued work counts."""
+    sync()
+    start = time.perf_counter()
+    tokens = call()
+    sync()
+    return tokens, time.perf_counter() - start
+
+
 def measure_cpu(calls: dict[str, Call], repeats: int, model: Any, rows: int,
                 peak_mb: Callable[[str], float]) -> dict[str, Any]:  # fmt: skip
     """A CPU scenario: a warm-up call each, then `repeats` rounds of the calls alternating (drift
@@ -78,9 +88,7 @@ def measure_cpu(calls: dict[str, Call], repeats: int, model: Any, rows: int,
     runs: dict[str, list[tuple[int, float]]] = {label: [] for label in calls}
     for _ in range(repeats):
         for label, call in calls.items():
-            start = time.perf_counter()
-            tokens = call()
-            runs[label].append((tokens, time.perf_counter() - start))
+            runs[label].append(time_call(call))
     rate, load_after = max(rate, matmul_gflops(*shape)), load_note()
     speed = {label: statistics.median(n / s for n, s in timed) for label, timed in runs.items()}
     base = list(calls)[-1]
@@ -137,21 +145,11 @@ def time_on_gpu(scenario: str, calls: dict[str, tuple[Call, Any]], repeats: int,
     each call (a run stopped at a time limit keeps them)."""
     import torch
 
-    # before each reading of the clock, so that the device's queued work counts
     sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
     records: list[dict[str, Any]] = []
     for label, (call, sampler) in calls.items():
-        sync()
-        start = time.perf_counter()
-        call()
-        sync()
-        first = time.perf_counter() - start
-        runs = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            tokens = call()
-            sync()
-            runs.append((tokens, time.perf_counter() - start))
+        first = time_call(call, sync)[1]
+        runs = [time_call(call, sync) for _ in range(repeats)]
         tokens, seconds = max(runs, key=lambda run: run[0] / run[1])
         base = records[0]["tokens_per_s"] if records else tokens / seconds
         records.append({
