@@ -21,11 +21,11 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
-import os
 import sys
 import time
 import types
 from collections.abc import Callable
+from importlib.resources import files
 from typing import Any
 
 Check = Callable[[dict[str, Any]], bool | None]
@@ -103,11 +103,7 @@ def lm_eval_gsm8k(filter_name: str) -> Callable[[], Check]:
         from lm_eval.filters.extraction import RegexFilter
         from lm_eval.filters.selection import TakeFirstFilter
 
-        spec = importlib.util.find_spec("lm_eval")
-        assert spec is not None and spec.submodule_search_locations is not None
-        path = os.path.join(spec.submodule_search_locations[0], "tasks", "gsm8k", "gsm8k.yaml")
-        with open(path) as f:
-            task = yaml.safe_load(f)
+        task = yaml.safe_load(files("lm_eval").joinpath("tasks/gsm8k/gsm8k.yaml").read_text())
         (metric,) = [m for m in task["metric_list"] if m["metric"] == "exact_match"]
         dropped = ("metric", "aggregation", "higher_is_better")
         options = {k: v for k, v in metric.items() if k not in dropped}
