@@ -7,14 +7,10 @@
     python benchmarks/rollout.py --device cuda --cuda-shapes 64x256,256x256 --repeats 1 --no-gaps
 
 Same model, prompts and sampling (temperature 1, no top-k/top-p) for every sampler. On the CPU
-they alternate over `--repeats` rounds (`harness.sampling.measure_cpu`: speed, FLOP floor, peak
-memory). On CUDA, `gpu_vs_trl.py`'s random Qwen2.5-0.5B shape in bf16: static-cache `generate`
-(the baseline), the samplers (unless `--quick`, also `cuda_graph` uncompiled and compiled once
-for every size) and, unless `--quick`, dynamic-cache `generate` (TRL's), each warmed up and the
-best of `--repeats` counted (`harness.sampling.time_on_gpu`); `--cuda-shapes` are ROWSxTOKENS
-(rows = prompts x G=8, lengths forced) or ROWSxTOKENS~MEAN (lengths roughly geometric with mean
-MEAN, cut at TOKENS). `--no-gaps` leaves out the logprob gaps to the training forward; `--json`
-also writes the GPU figures (what `gpu_check.py` reads). Columns: benchmarks/README.md.
+they alternate over `--repeats` rounds (`harness.sampling.measure_cpu`); on CUDA each is warmed
+up and the best of `--repeats` counted (`harness.sampling.time_on_gpu`), static-cache `generate`
+the baseline, at each of `--cuda-shapes`. The scenarios, samplers and columns:
+benchmarks/README.md.
 """
 
 from __future__ import annotations
