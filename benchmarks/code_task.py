@@ -41,15 +41,13 @@ def held_out(model_dir: str, config: object, samples: int) -> dict:
         [text for r in records for text in r["samples"]],
         tests=[t for t in tests for _ in range(samples)],
     )
-    shown = zip(prompts, records, greedy, strict=True)
+    shown = list(zip(prompts, records, greedy, strict=True))[:SHOWN]
     return {
         "pass": statistics.mean(score == 1.0 for score in greedy),
         "greedy": statistics.mean(greedy),
         "accuracy": result["accuracy"],
         "sampled": statistics.mean(sampled),
-        "shown": [{"prompt": p, "completion": r["greedy"], "score": s} for p, r, s in shown][
-            :SHOWN
-        ],
+        "shown": [{"prompt": p, "completion": r["greedy"], "score": s} for p, r, s in shown],
     }
 
 
