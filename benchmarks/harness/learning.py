@@ -80,15 +80,22 @@ def held_out(
     return result, rows, records
 
 
-def train(args: list[str], out: Path) -> dict[str, Any]:
-    """`oncurve train --quiet ARGS` of the checkout with its run in `out/run` (overwritten) and
-    its output in `out/log.txt`: its wall seconds ("wall_s"), peak RSS in MB ("rss_mb"), final
-    model ("final"), each step's "seconds", "phases" and mean `correct` reward of its sampled
-    completions ("reward"), the median s/step with the first step left out ("s_per_step"), and
-    each evaluation as [step, training seconds so far, accuracy] ("evals")."""
+def train(
+    args: list[str],
+    out: Path,
+    reward: str = "correct",
+    metrics: tuple[str, ...] = (),
+    path: tuple[Path, ...] = (),
+) -> dict[str, Any]:
+    """`oncurve train --quiet ARGS` of the checkout (`path` ahead on its PYTHONPATH) with its
+    run in `out/run` (overwritten) and its output in `out/log.txt`: its wall seconds ("wall_s"),
+    peak RSS in MB ("rss_mb"), final model ("final"), each step's "seconds", "phases", mean
+    `reward` of its sampled completions ("reward") and each of `metrics` (by its name), the
+    median s/step with the first step left out ("s_per_step"), and each evaluation as [step,
+    training seconds so far, accuracy] ("evals")."""
     from oncurve.run.metrics import read_jsonl
 
-    done = train_oncurve(args, out / "run", out / "log.txt", env=checkout_env())
+    done = train_oncurve(args, out / "run", out / "log.txt", env=checkout_env(*path))
     elapsed, evals = 0.0, []
     for r in read_jsonl(out / "run" / "metrics.jsonl"):
         elapsed += r.get("time/step", 0.0)
@@ -102,8 +109,9 @@ def train(args: list[str], out: Path) -> dict[str, Any]:
         "seconds": seconds,
         "s_per_step": statistics.median(seconds[1:] or seconds),
         "phases": step_phases(done["rows"]),
-        "reward": [r["reward/correct"] for r in done["rows"]],
+        "reward": [r[f"reward/{reward}"] for r in done["rows"]],
         "evals": evals,
+        **{name: [r[name] for r in done["rows"]] for name in metrics},
     }
 
 
