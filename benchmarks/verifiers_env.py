@@ -1,5 +1,5 @@
 """SmolLM2-135M-Instruct trained on 2 CPU cores on a multi-turn verifiers environment, through
-oncurve's endpoint (`rollout.env=verifiers:sums_second_chance`, `environments/`: the `sums`
+oncurve's endpoint (`rollout.env=verifiers:environments.sums_second_chance`: the `sums`
 problems with a second turn after a wrong answer, scored 1 / 0.75 / 0): held-out success (greedy,
 a score above 0.5: right within two turns) before and after, first-try and solved rates of the
 sampled episodes, the episodes played and the wall time. First, the same environment played
@@ -16,14 +16,13 @@ import argparse
 from typing import Any
 
 from harness import learning
-from harness.checkout import BENCHMARKS, CACHE, ROOT
+from harness.checkout import CACHE, ROOT
 from harness.children import setting_args
 from harness.machine import load_note
 from harness.tables import markdown_table, publish
 
 NAME = "verifiers_env"
-ENV = "verifiers:sums_second_chance"
-ENVIRONMENTS = BENCHMARKS / "environments"
+ENV = "verifiers:environments.sums_second_chance"
 MODEL = ROOT / "models" / "smollm2-135m-instruct"
 # the smollm2 recipe's job (configs/smollm2_135m.yaml) on the environment: two turns of 32 tokens
 JOB = {
@@ -37,7 +36,7 @@ JOB = {
 def same_tokens(count: int) -> tuple[int, int]:
     """Of `count` held-out problems played greedy in-process and through the endpoint by
     verifiers, how many episodes have the same tokens (prompt, turns and observations)."""
-    from sums_second_chance import SecondChance
+    from environments.sums_second_chance import SecondChance
 
     from oncurve.config import load_config
     from oncurve.data.prompts import encode_prompt
@@ -108,7 +107,7 @@ def main() -> None:
     overrides = {**JOB, "run.steps": args.steps}
     run = learning.train(
         setting_args(overrides), CACHE / NAME, reward="env",
-        metrics=("env/first_try", "env/solved"), path=(ENVIRONMENTS,),
+        metrics=("env/first_try", "env/solved"),
     )  # fmt: skip
     publish(NAME, "SmolLM2-135M-Instruct on a multi-turn verifiers environment, 2 CPU cores", "", {
         "renderer": NAME, "job": f"{args.steps} steps of 8 prompts x G=8, two turns of 32 tokens, lr 2e-5 (cosine), beta 0",

@@ -1,7 +1,8 @@
 """Sums with a second chance, a two-turn environment in the two shapes oncurve trains on: a
 verifiers environment as the hub's are written (`load_environment`, for
-`rollout.env=verifiers:sums_second_chance`) and oncurve's own protocol (`SecondChance`, for
-`rollout.env=sums_second_chance:SecondChance`), one game behind both.
+`rollout.env=verifiers:environments.sums_second_chance` with `benchmarks/` on the path) and
+oncurve's own protocol (`SecondChance`, for `rollout.env=environments.sums_second_chance:SecondChance`),
+one game behind both.
 
 The policy is asked oncurve's `sums` problem; a wrong first answer gets `TRY_AGAIN` and a second
 turn, unless the first was cut at the length limit. The score is 1 for a right first answer, 0.75 for a right second one, else 0 (a score

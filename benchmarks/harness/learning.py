@@ -85,17 +85,16 @@ def train(
     out: Path,
     reward: str = "correct",
     metrics: tuple[str, ...] = (),
-    path: tuple[Path, ...] = (),
 ) -> dict[str, Any]:
-    """`oncurve train --quiet ARGS` of the checkout (`path` ahead on its PYTHONPATH) with its
-    run in `out/run` (overwritten) and its output in `out/log.txt`: its wall seconds ("wall_s"),
-    peak RSS in MB ("rss_mb"), final model ("final"), each step's "seconds", "phases", mean
-    `reward` of its sampled completions ("reward") and each of `metrics` (by its name), the
-    median s/step with the first step left out ("s_per_step"), and each evaluation as [step,
-    training seconds so far, accuracy] ("evals")."""
+    """`oncurve train --quiet ARGS` of the checkout with its run in `out/run` (overwritten) and
+    its output in `out/log.txt`: its wall seconds ("wall_s"), peak RSS in MB ("rss_mb"), final
+    model ("final"), each step's "seconds", "phases", mean `reward` of its sampled completions
+    ("reward") and each of `metrics` (by its name), the median s/step with the first step left
+    out ("s_per_step"), and each evaluation as [step, training seconds so far, accuracy]
+    ("evals")."""
     from oncurve.run.metrics import read_jsonl
 
-    done = train_oncurve(args, out / "run", out / "log.txt", env=checkout_env(*path))
+    done = train_oncurve(args, out / "run", out / "log.txt", env=checkout_env())
     elapsed, evals = 0.0, []
     for r in read_jsonl(out / "run" / "metrics.jsonl"):
         elapsed += r.get("time/step", 0.0)
