@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+from oncurve.envs.libraries import GemEnv, TextArenaGame
+from oncurve.envs.openenv_client import OpenEnvSession
 from oncurve.envs.python_tool import PythonToolEnv
 
 ENVIRONMENTS = {"python_tool": PythonToolEnv}
+# `rollout.env` prefixes -> the adapter class, built with what follows the prefix (an id, a URL)
+LIBRARIES = {"textarena": TextArenaGame, "gem": GemEnv, "openenv": OpenEnvSession}
 
-__all__ = ["ENVIRONMENTS", "PythonToolEnv"]
+__all__ = ["ENVIRONMENTS", "LIBRARIES", "OpenEnvSession", "PythonToolEnv"]

@@ -99,7 +99,3 @@ class GemEnv:
             return None, float(reward), True
         suffix = (info or {}).get("suffix")
         return f"{observation}\n{suffix}" if suffix else observation, float(reward), False
-
-
-# `rollout.env` prefixes -> the adapter class, built with the id after the prefix
-LIBRARIES = {"textarena": TextArenaGame, "gem": GemEnv}

@@ -61,10 +61,9 @@ EnvFactory = Callable[[], Environment]
 
 def resolve_environment(spec: str, args: dict[str, Any] | None = None) -> EnvFactory:
     """A factory of fresh environments for `rollout.env`: a built-in name (`python_tool`), a
-    library's game (`textarena:<id>`, `gem:<id>`: `oncurve.envs.libraries`) or a
-    `package.module:Class` path, called with `args` (`rollout.env_args`)."""
-    from oncurve.envs import ENVIRONMENTS
-    from oncurve.envs.libraries import LIBRARIES
+    library's game or server (`textarena:<id>`, `gem:<id>`, `openenv:<url>`: `LIBRARIES`) or
+    a `package.module:Class` path, called with `args` (`rollout.env_args`)."""
+    from oncurve.envs import ENVIRONMENTS, LIBRARIES
 
     library, _, game = spec.partition(":")
     if spec in ENVIRONMENTS:
