@@ -126,6 +126,7 @@ PARSED_ONLY = {
     "oncurve train rollout.env=textarena:": ("SmolLM2 on a game", "unit/envs/test_libraries.py"),
     "oncurve train rollout.env=gem:": ("SmolLM2 on a game", "unit/envs/test_libraries.py"),
     "oncurve train rollout.env=harness:my": ("a user's module", "unit/rollout/test_harness.py"),
+    "oncurve train rollout.env=openenv:": ("a running server", "unit/envs/test_openenv.py"),
     "oncurve train rollout.env=verifiers:": (
         "a user's package",
         "unit/envs/test_verifiers_envs.py",

@@ -246,9 +246,9 @@ class RolloutConfig:
     )
     env: str | None = _opt(
         None,
-        "multi-turn environment: python_tool, a game `textarena:<id>` or `gem:<id>`, an agent "
-        "harness `harness:module:function` (plays against oncurve's OpenAI-compatible endpoint), "
-        "a verifiers environment `verifiers:NAME` (its dataset, rollouts and rubric), or a "
+        "multi-turn environment: python_tool, a game `textarena:<id>` or `gem:<id>`, an OpenEnv "
+        "server `openenv:<url>`, an agent harness `harness:module:function` (plays against "
+        "oncurve's OpenAI-compatible endpoint), a verifiers environment `verifiers:NAME` (its dataset, rollouts and rubric), or a "
         "`module:Class` path (docs/environments.md); null samples one completion per episode",
     )
     env_args: dict[str, Any] = _opt(
