@@ -1,5 +1,6 @@
 """Child processes: run one with its output in a log, with or without a time limit, and read
-its peak memory; `oncurve train` and `oncurve eval` as children of the checkout's oncurve."""
+its peak memory; `oncurve train`, `oncurve eval` and `oncurve tasks export` as children of the
+checkout's oncurve."""
 
 from __future__ import annotations
 
@@ -30,12 +31,10 @@ def run_child(
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
         _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = os.waitstatus_to_exitcode(status)
-    if process.returncode and check:
-        raise SystemExit(
-            f"{' '.join(command[:4])} ... failed ({process.returncode}):\n{log_tail(log)}"
-        )
-    return time.perf_counter() - start, usage.ru_maxrss / 1024, process.returncode
+    code = os.waitstatus_to_exitcode(status)
+    if code and check:
+        raise SystemExit(f"{' '.join(command[:4])} ... failed ({code}):\n{log_tail(log)}")
+    return time.perf_counter() - start, usage.ru_maxrss / 1024, code
 
 
 def run_limited(
@@ -48,12 +47,7 @@ def run_limited(
     start = time.perf_counter()
     with log.open("w") as out:
         process = subprocess.Popen(
-            command,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=cwd,
-            start_new_session=True,
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
         )
         try:
             code: int | None = process.wait(timeout=limit)
@@ -72,6 +66,32 @@ def log_tail(log: Path, lines: int = 30) -> str:
     return "".join(log.read_text(errors="replace").splitlines(keepends=True)[-lines:])
 
 
+class _Sampled:
+    """The largest value `read()` returns, sampled by a thread every `interval` seconds while
+    the `with` block runs (`peak`, None until a sample; a `read` returning None is skipped)."""
+
+    def __init__(self, read: Callable[[], float | None], interval: float) -> None:
+        self.read, self.interval, self.peak = read, interval, None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        while not self._done.is_set():
+            value = self.read()
+            if value is not None:
+                self.peak = max(self.peak or value, value)
+            self._done.wait(self.interval)
+
+    def __enter__(self) -> _Sampled:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
@@ -87,25 +107,36 @@ def peak_memory(fn: Callable[[], Any], interval: float = 0.0005) -> tuple[Any, f
     """
     base = _rss_bytes()
     lifetime_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    peak = base
-    done = threading.Event()
-
-    def watch() -> None:
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, _rss_bytes())
-            time.sleep(interval)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    try:
+    with _Sampled(_rss_bytes, interval) as sampled:
         result = fn()
-    finally:
-        done.set()
-        thread.join()
     lifetime = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    peak = max(peak, _rss_bytes(), lifetime if lifetime > lifetime_before else 0)
+    peak = max(sampled.peak or base, _rss_bytes(), lifetime if lifetime > lifetime_before else 0)
     return result, (peak - base) / 2**20
+
+
+class GpuMemoryPeak(_Sampled):
+    """Peak `memory.used` of GPU 0 in GiB as nvidia-smi reports it, sampled every `interval`
+    seconds while the `with` block runs (a child's CUDA context and its allocator's cached
+    blocks included, which `torch.cuda.max_memory_allocated` leaves out); `peak_gb` stays None
+    without nvidia-smi."""
+
+    def __init__(self, interval: float = 0.5) -> None:
+        super().__init__(self._used_gb, interval)
+
+    @staticmethod
+    def _used_gb() -> float | None:
+        query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i"]
+        out = subprocess.run([*query, "0"], capture_output=True, text=True)
+        return float(out.stdout.strip()) / 1024 if out.returncode == 0 else None  # MiB
+
+    @property
+    def peak_gb(self) -> float | None:
+        return self.peak
+
+    def __enter__(self) -> GpuMemoryPeak:
+        if shutil.which("nvidia-smi"):
+            super().__enter__()
+        return self
 
 
 def own_peak_rss() -> float | None:
@@ -117,10 +148,9 @@ def own_peak_rss() -> float | None:
     address space, created at exec.
     """
     try:
-        status = Path("/proc/self/status").read_text()
+        match = re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text())
     except OSError:
         return None
-    match = re.search(r"VmHWM:\s+(\d+) kB", status)
     return int(match.group(1)) / 1024 if match else None
 
 
@@ -157,45 +187,10 @@ def train_oncurve(
     return {"wall": wall, "rss": rss, "code": code, "rows": rows}
 
 
-class GpuMemoryPeak:
-    """Peak `memory.used` of GPU 0 in GiB as nvidia-smi reports it, sampled every `interval`
-    seconds while the `with` block runs (a child's CUDA context and its allocator's cached
-    blocks included, which `torch.cuda.max_memory_allocated` leaves out); `peak_gb` stays None
-    without nvidia-smi."""
-
-    def __init__(self, interval: float = 0.5) -> None:
-        self.interval = interval
-        self.peak_gb: float | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def _watch(self) -> None:
-        query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i"]
-        while not self._done.is_set():
-            out = subprocess.run([*query, "0"], capture_output=True, text=True)
-            if out.returncode == 0:
-                used = float(out.stdout.strip()) / 1024  # MiB
-                self.peak_gb = max(self.peak_gb or 0.0, used)
-            self._done.wait(self.interval)
-
-    def __enter__(self) -> GpuMemoryPeak:
-        if shutil.which("nvidia-smi"):
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-
 def export_task(task: str, split: str, count: int, path: Path) -> Path:
     """`oncurve tasks export`: `count` rows of a built-in task's split into the JSONL `path`."""
-    subprocess.run(
-        [sys.executable, "-m", "oncurve", "tasks", "export", task, "--split", split]
-        + ["-n", str(count), "-o", str(path)],
-        check=True,
-    )
+    command = [sys.executable, "-m", "oncurve", "tasks", "export", task, "--split", split]
+    subprocess.run([*command, "-n", str(count), "-o", str(path)], check=True)
     return path
 
 
