@@ -31,37 +31,36 @@ def trl_reward(name: str, fn: Callable, group: int, seen: list[list[str]]) -> Ca
     return reward
 
 
-def timed(
-    obj: object, method: str, into: list[float], sync: Callable[[], None] | None = None
-) -> None:
-    """Wrap `obj.method` so each call's wall time is appended to `into`; `sync` (for example
-    `torch.cuda.synchronize`) is called before reading the clock at both ends, so that queued
-    GPU work counts in the call that queued it."""
-    inner = getattr(obj, method)
-
-    def wrapper(*args, **kwargs):
-        if sync:
-            sync()
-        start = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            if sync:
-                sync()
-            into.append(time.perf_counter() - start)
-
-    setattr(obj, method, wrapper)
-
-
-def step_callback(base: type, seconds: list[float], sync: Callable[[], None] | None) -> Any:
-    """An instance of a `base` (transformers' `TrainerCallback`) subclass appending to
-    `seconds` the wall time from each on_step_begin to on_step_end: generation, rewards, the
-    reference forward and every microbatch's forward/backward up to the optimizer step."""
+def clock(sync: Callable[[], None] | None) -> Callable[[], float]:
+    """`time.perf_counter`, after `sync()` when given (for example `torch.cuda.synchronize`, so
+    that queued GPU work counts in the span that queued it)."""
 
     def now() -> float:
         if sync:
             sync()
         return time.perf_counter()
+
+    return now
+
+
+def timed(obj: object, method: str, into: list[float], now: Callable[[], float]) -> None:
+    """Wrap `obj.method` so that each call's seconds by `now` are appended to `into`."""
+    inner = getattr(obj, method)
+
+    def wrapper(*args, **kwargs):
+        start = now()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            into.append(now() - start)
+
+    setattr(obj, method, wrapper)
+
+
+def step_callback(base: type, seconds: list[float], now: Callable[[], float]) -> Any:
+    """An instance of a `base` (transformers' `TrainerCallback`) subclass appending to
+    `seconds` the time from each on_step_begin to on_step_end: generation, rewards, the
+    reference forward and every microbatch's forward/backward up to the optimizer step."""
 
     class StepTimes(base):
         start = 0.0
@@ -75,48 +74,18 @@ def step_callback(base: type, seconds: list[float], sync: Callable[[], None] | N
     return StepTimes()
 
 
-def train_trl_timed(
-    args: Any,
-    model_dir: str,
-    reward_funcs: list[Callable],
-    dataset: Any,
-    tokenizer: Any,
-    sync: Callable[[], None] | None = None,
-) -> tuple[Any, dict[str, list[float]], list[float]]:
-    """Build TRL's GRPOTrainer with the `GRPOConfig` `args`, time its phases (`generate`: each
-    generation call, `reward`: each reward call, `prepare`: generation + rewards + reference
-    forward) and its steps, and train. Returns (trainer, phase seconds, step seconds); `sync`
-    as in `timed`."""
-    from transformers import TrainerCallback
-    from trl import GRPOTrainer
-
-    trainer = GRPOTrainer(
-        model=model_dir,
-        reward_funcs=reward_funcs,
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-    )
-    phases: dict[str, list[float]] = {"generate": [], "reward": [], "prepare": []}
-    timed(trainer, "_generate_single_turn", phases["generate"], sync)
-    timed(trainer, "_calculate_rewards", phases["reward"], sync)
-    timed(trainer, "_generate_and_score_completions", phases["prepare"], sync)
-    seconds: list[float] = []
-    trainer.add_callback(step_callback(TrainerCallback, seconds, sync))
-    trainer.train()
-    return trainer, phases, seconds
-
-
 def train(job: Job, out: Path, save: bool) -> dict[str, Any]:
-    """Train `job` with TRL's GRPOTrainer, its phases and steps timed; the result's fields."""
+    """Train `job` with TRL's GRPOTrainer, timing its steps and phases (`generate`: each
+    generation call, `reward`: each reward call, `prepare`: generation + rewards + reference
+    forward); the result's fields. Checks that TRL tokenizes chat prompts to oncurve's ids and
+    that its reward calls scored the prompts of oncurve's steps, in order."""
     import torch
     from datasets import Dataset
-    from transformers import AutoTokenizer
-    from trl import GRPOConfig
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
 
     config = job.config()
     cuda = config.run.device.startswith("cuda")
-    sync = torch.cuda.synchronize if cuda else None
     if cuda:
         torch.cuda.reset_peak_memory_stats()
         if job.gpu_memory_gb:
@@ -130,26 +99,35 @@ def train(job: Job, out: Path, save: bool) -> dict[str, Any]:
         for text, row in zip(texts, rows, strict=True):
             if tokenizer(text=text)["input_ids"] != row["prompt_ids"]:
                 raise SystemExit(f"TRL would tokenize {text!r} to other ids than oncurve")
-    columns = [{**r, "prompt": t} for r, t in zip(rows, texts, strict=True)]
-    dataset = Dataset.from_list([{"prompt": c["prompt"], "answer": c["answer"]} for c in columns])
-    settings = job.trl_config(out)
-    dtype = settings["model_init_kwargs"]["dtype"]
-    settings["model_init_kwargs"] = {"dtype": getattr(torch, dtype)}
-    rewards = job.rewards()
-    group = config.rollout.group_size
-    seen: list[list[str]] = []  # the prompts each reward call scored, checked below
-    funcs = [trl_reward(name, fn, group, seen) for name, fn, _ in rewards]
-    trainer, phases, seconds = train_trl_timed(
-        GRPOConfig(**settings), config.model.path, funcs, dataset, tokenizer, sync
+    dataset = Dataset.from_list(
+        [{"prompt": t, "answer": r["answer"]} for r, t in zip(rows, texts, strict=True)]
     )
-    per_step = config.data.prompts_per_step
-    expected = [texts[i : i + per_step] for i in range(0, len(texts), per_step)]
-    if seen[:: len(rewards)] != expected:
+    settings = job.trl_config(out)
+    settings["model_init_kwargs"]["dtype"] = getattr(torch, settings["model_init_kwargs"]["dtype"])
+    rewards = job.rewards()
+    seen: list[list[str]] = []  # the prompts each reward call scored, checked below
+    trainer = GRPOTrainer(
+        model=config.model.path,
+        reward_funcs=[trl_reward(n, fn, config.rollout.group_size, seen) for n, fn, _ in rewards],
+        args=GRPOConfig(**settings),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
+    now = clock(torch.cuda.synchronize if cuda else None)
+    phases: dict[str, list[float]] = {"generate": [], "reward": [], "prepare": []}
+    timed(trainer, "_generate_single_turn", phases["generate"], now)
+    timed(trainer, "_calculate_rewards", phases["reward"], now)
+    timed(trainer, "_generate_and_score_completions", phases["prepare"], now)
+    seconds: list[float] = []
+    trainer.add_callback(step_callback(TrainerCallback, seconds, now))
+    trainer.train()
+    per_step, steps = config.data.prompts_per_step, config.run.steps
+    if seen[:: len(rewards)] != [texts[i : i + per_step] for i in range(0, len(texts), per_step)]:
         raise SystemExit("TRL's reward calls scored other prompts than oncurve's steps draw")
-    if len(seconds) != config.run.steps or len(phases["prepare"]) != config.run.steps:
+    if len(seconds) != steps or len(phases["prepare"]) != steps:
         raise SystemExit(
-            f"expected {config.run.steps} steps of one generation each, timed {len(seconds)} "
-            f"steps and {len(phases['prepare'])} generations"
+            f"expected {steps} steps of one generation each, timed {len(seconds)} steps and "
+            f"{len(phases['prepare'])} generations"
         )
     if save:
         trainer.save_model(str(out / "final"))
@@ -174,8 +152,7 @@ def main() -> None:
     parser.add_argument("--save", action="store_true", help="save the final model to OUT/final")
     args = parser.parse_args()
     job = Job.from_json((args.out / "job.json").read_text())
-    result = train(job, args.out, args.save)
-    (args.out / "result.json").write_text(json.dumps(result))
+    (args.out / "result.json").write_text(json.dumps(train(job, args.out, args.save)))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.checkout import BENCHMARKS, CACHE, GPU_BUNDLE, checkout_env
-from harness.children import run_child, run_limited
+from harness.children import run_child
 from harness.machine import interpreter_versions
 from harness.spec import Job
 
@@ -37,9 +37,8 @@ def ensure_trl_venv() -> str:
         print(f"creating {TRL_VENV} (torch CPU wheel, then trl) ...", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(TRL_VENV)], check=True)
         pip = [str(python), "-m", "pip", "install", "-q"]
-        subprocess.run([*pip, "--upgrade", "pip"], check=True)
-        subprocess.run([*pip, TORCH_PIN], check=True)
-        subprocess.run([*pip, "trl"], check=True)
+        for what in (["--upgrade", "pip"], [TORCH_PIN], ["trl"]):
+            subprocess.run([*pip, *what], check=True)
     return str(python)
 
 
@@ -61,9 +60,8 @@ def trl_env(python: str) -> dict[str, str] | None:
         # --no-deps: the wheels are what the image lacks, the rest (torch, transformers,
         # accelerate) is the interpreter's own, which pip --target would not see
         install = [python, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
-        done = subprocess.run([*install, "--target", str(partial), *map(str, wheels)])
-        if done.returncode:  # e.g. wheels for another Python: pip said which
-            return None
+        if subprocess.run([*install, "--target", str(partial), *map(str, wheels)]).returncode:
+            return None  # e.g. wheels for another Python: pip said which
         partial.rename(TRL_SITE)
     env["PYTHONPATH"] = f"{TRL_SITE}:{env['PYTHONPATH']}"
     return env if imports_trl(python, env) else None
@@ -82,28 +80,17 @@ def trl_versions(python: str, env: dict[str, str]) -> str:
 
 
 def run_trl(
-    job: Job,
-    out: Path,
-    python: str,
-    env: dict[str, str],
-    save: bool = False,
-    limit: float | None = None,
-    check: bool = True,
+    job: Job, out: Path, python: str, env: dict[str, str], save: bool = False, check: bool = True
 ) -> dict[str, Any]:
     """TRL's run of `job` in a fresh child writing into `out`: its result (`trl_child`) with
-    "wall", "rss" (peak MB), "code" (exit status; None when it ran past `limit` seconds) and,
-    with `save`, "final" (the model directory). A failure without `limit` raises SystemExit
-    unless `check` is false."""
+    "wall", "rss" (peak MB), "code" (exit status), "log", "phases" (`trl_phases`) and, with
+    `save`, "final" (the model directory). A failure raises SystemExit unless `check` is
+    false (then the result has no figures)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.json").write_text(job.to_json())
     command = [python, "-m", "harness.trl_child", str(out), *(["--save"] if save else [])]
-    log = out / "log.txt"
-    if limit is None:
-        wall, rss, code = run_child(command, env, log, check)
-    else:
-        code, wall = run_limited(command, env, log, limit)
-        rss = None
-    result: dict[str, Any] = {"wall": wall, "rss": rss, "code": code, "log": str(log)}
+    wall, rss, code = run_child(command, env, out / "log.txt", check)
+    result: dict[str, Any] = {"wall": wall, "rss": rss, "code": code, "log": str(out / "log.txt")}
     if code == 0:
         result.update(json.loads((out / "result.json").read_text()))
         result["phases"] = trl_phases(result)
@@ -112,14 +99,14 @@ def run_trl(
     return result
 
 
-def trl_phases(result: dict[str, Any], generation: str = "generate") -> dict[str, list[float]]:
-    """Per-step seconds of TRL's phases from the child's timings: generation, reward, the
+def trl_phases(result: dict[str, Any]) -> dict[str, list[float]]:
+    """Per-step seconds of TRL's phases from the child's timings: generate, reward, the
     reference forward (the rest of its preparation: no old-logprob pass at mu = 1, with its
     tokenising and advantage bookkeeping) and train (the rest of the step)."""
     seconds, prepare = result["seconds"], result["prepare"]
     generate, reward = result["generate"], result["reward"]
     return {
-        generation: generate,
+        "generate": generate,
         "reward": reward,
         "reference": [p - g - r for p, g, r in zip(prepare, generate, reward, strict=True)],
         "train": [s - p for s, p in zip(seconds, prepare, strict=True)],
