@@ -10,11 +10,13 @@ process; seconds per step are the median over every run's steps after its first.
 from __future__ import annotations
 
 import argparse
+import statistics
 from pathlib import Path
+from typing import Any
 
 from harness import comparison
 from harness.checkout import CACHE
-from harness.children import export_task, greedy_accuracy
+from harness.children import greedy_accuracy
 from harness.machine import cpu_name, load_note, matmul_gflops, torch_threads
 from harness.models import model_dir
 from harness.spec import Job
@@ -44,6 +46,31 @@ def make_job(args: argparse.Namespace) -> Job:
     return comparison.arith_job(args, model_dir(args.model), scenario[:5], more)
 
 
+def trainer_figures(runs: list[dict], settings: dict, params: int, gflops: float) -> dict[str, Any]:
+    """One trainer's summary (`comparison.summary`) with its mean completion length over its
+    `runs`, the FLOP floor of its step in seconds ("floor") and each phase's median seconds
+    over its own floor ("x_floor"). The floor is the time at `gflops` for a model of `params`
+    parameters: 2N per generated and per reference token (beta > 0), 6N per trained token (mu
+    passes), with each run's own mean "length" and "prompt_tokens" per step."""
+    rows = settings["data.prompts_per_step"] * settings["rollout.group_size"]
+    seconds: dict[str, list[float]] = {}
+    for run in runs:
+        generated = rows * statistics.mean(run["length"])
+        tokens = run["prompt_tokens"] + generated
+        flops = {"generate": 2 * params * generated, "rollout": 2 * params * generated}
+        flops["reference"] = 2 * params * tokens * (settings["algo.beta"] > 0)
+        flops["train"] = 6 * params * tokens * settings["algo.mu"]
+        for phase, f in flops.items():
+            seconds.setdefault(phase, []).append(f / (gflops * 1e9))
+    floor = {phase: statistics.mean(values) for phase, values in seconds.items()}
+    figures = comparison.summary(runs)
+    return figures | {
+        "length": statistics.mean(x for r in runs for x in r["length"]),
+        "floor": floor["rollout"] + floor["reference"] + floor["train"],
+        "x_floor": {p: s / floor[p] for p, s in figures["phases"].items() if floor.get(p)},
+    }
+
+
 def measure(args: argparse.Namespace) -> dict:
     """Both trainers' runs of the job, alternating; the row's figures."""
     import transformers
@@ -55,8 +82,7 @@ def measure(args: argparse.Namespace) -> dict:
     config = job.config()
     python = ensure_trl_venv()
     env = trl_env(python)
-    work = comparison.fresh(CACHE / "vs_trl" / args.model)
-    test = export_task("arith", "test", args.eval_n, work / "test.jsonl") if args.eval_n else None
+    work, test = comparison.fresh(CACHE / "vs_trl" / args.model, args.eval_n)
     shape = transformers.AutoConfig.from_pretrained(config.model.path)
     model = transformers.AutoModelForCausalLM.from_config(shape)
     tokenizer = load_tokenizer(config.model.path)
@@ -95,8 +121,7 @@ def measure(args: argparse.Namespace) -> dict:
         "runs": runs,
     }
     at = (job.settings, row["params"], row["matmul_gflops"])
-    trainers = {label: comparison.summary(done, at) for label, done in runs.items()}
-    return row | {"trainers": trainers}
+    return row | {"trainers": {label: trainer_figures(done, *at) for label, done in runs.items()}}
 
 
 def section(row: dict) -> str:

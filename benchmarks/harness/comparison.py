@@ -13,10 +13,18 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from harness.children import train_oncurve
+from harness.children import export_task, train_oncurve
 from harness.run_logs import planned_peak_gb, step_phases
 from harness.spec import Job
 from harness.tables import cell, markdown_table
+
+# the job's sizes, each defaulting to the model's scenario: flag -> help
+SIZES = {
+    "--steps": "steps per run",
+    "--prompts": "prompts per step",
+    "--group": "G",
+    "--tokens": "completion tokens",
+}
 
 
 def parser(doc: str, models: str, runs: int, microbatch: int | None) -> argparse.ArgumentParser:
@@ -25,11 +33,9 @@ def parser(doc: str, models: str, runs: int, microbatch: int | None) -> argparse
     rows per forward/backward (default `microbatch`; None: per model) and checkpointing."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--model", default="default", help=f"{models} | PATH")
-    p.add_argument("--steps", type=int, help="steps per run (default: per model)")
+    for flag, meaning in SIZES.items():
+        p.add_argument(flag, type=int, help=f"{meaning} (default: per model)")
     p.add_argument("--runs", type=int, default=runs, help="runs per trainer, alternating")
-    p.add_argument("--prompts", type=int, help="prompts per step (default: per model)")
-    p.add_argument("--group", type=int, help="G (default: per model)")
-    p.add_argument("--tokens", type=int, help="completion tokens (default: per model)")
     p.add_argument("--lr", type=float, default=1e-4, help="both trainers (and PPO's critic)")
     p.add_argument("--beta", type=float, default=0.04)
     p.add_argument("--epsilon", type=float, default=0.2)
@@ -71,11 +77,12 @@ def arith_job(
     })  # fmt: skip
 
 
-def fresh(work: Path) -> Path:
-    """`work` emptied (a previous command's runs removed) and created."""
+def fresh(work: Path, eval_n: int) -> tuple[Path, Path | None]:
+    """`work` emptied (a previous command's runs removed) and created, and `eval_n` held-out
+    `arith` prompts exported into it (None when `eval_n` is 0)."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    return work
+    return work, export_task("arith", "test", eval_n, work / "test.jsonl") if eval_n else None
 
 
 def oncurve_run(job: Job, out: Path) -> dict[str, Any]:
@@ -129,18 +136,17 @@ def steady_median(series: Iterable[list[float]]) -> float:
     return statistics.median(x for values in series for x in values[1:] or values)
 
 
-def summary(runs: list[dict], floor: tuple[dict, int, float] | None = None) -> dict[str, Any]:
-    """One trainer's figures over its runs ("seconds", "phases", "rss", "mean_reward" and
-    "accuracy" each; "cuda" and "plan_gb" where kept): median seconds per step and per phase
-    after each run's first step, the highest peaks, the mean reward over all steps and at the
-    last, the mean accuracy (None unscored); with `floor` (the job's settings, the model's
-    parameters, the matmul GFLOP/s) also the figures of `against_floor`."""
-    scored = all(r["accuracy"] is not None for r in runs)
+def summary(runs: list[dict]) -> dict[str, Any]:
+    """One trainer's figures over its runs (each with "seconds", "phases", "rss",
+    "mean_reward" and "accuracy"; "cuda" and "plan_gb" where kept): median seconds per step
+    ("s") and per phase after each run's first step, the highest peaks, the mean reward over
+    all steps and at the last, the mean accuracy (None unscored)."""
 
     def highest(key: str) -> float | None:
         return max((r[key] for r in runs if r.get(key) is not None), default=None)
 
-    figures = {
+    scored = all(r["accuracy"] is not None for r in runs)
+    return {
         "s": steady_median(r["seconds"] for r in runs),
         "rss": highest("rss"),
         "cuda": highest("cuda"),
@@ -150,44 +156,12 @@ def summary(runs: list[dict], floor: tuple[dict, int, float] | None = None) -> d
         "acc": statistics.mean(r["accuracy"] for r in runs) if scored else None,
         "phases": {p: steady_median(r["phases"][p] for r in runs) for p in runs[0]["phases"]},
     }
-    return figures | (against_floor(figures["phases"], runs, *floor) if floor else {})
-
-
-def against_floor(
-    phases: dict[str, float], runs: list[dict], settings: dict, params: int, gflops: float
-) -> dict[str, Any]:
-    """One trainer's mean completion length over its runs, the FLOP floor of its step in seconds
-    and each phase's median seconds (`phases`) as a multiple of its own floor. The floor is
-    the time at `gflops` for a model of `params` parameters: 2N per generated and per reference
-    token (beta > 0), 6N per trained token (mu passes), with each run's own mean "length" and
-    "prompt_tokens" per step."""
-    rows = settings["data.prompts_per_step"] * settings["rollout.group_size"]
-    seconds: dict[str, list[float]] = {}
-    for run in runs:
-        generated = rows * statistics.mean(run["length"])
-        tokens = run["prompt_tokens"] + generated
-        flops = {"generate": 2 * params * generated, "rollout": 2 * params * generated}
-        flops["reference"] = 2 * params * tokens * (settings["algo.beta"] > 0)
-        flops["train"] = 6 * params * tokens * settings["algo.mu"]
-        for phase, f in flops.items():
-            seconds.setdefault(phase, []).append(f / (gflops * 1e9))
-    floor = {phase: statistics.mean(values) for phase, values in seconds.items()}
-    return {
-        "length": statistics.mean(x for r in runs for x in r["length"]),
-        "floor": floor["rollout"] + floor["reference"] + floor["train"],
-        "x_floor": {p: s / floor[p] for p, s in phases.items() if floor.get(p)},
-    }
 
 
 def two_errors(p: float, n: int) -> float:
     """Two binomial standard errors of an accuracy `p` over `n` prompts."""
     p = min(max(p, 0.0), 1.0)
     return 2 * (p * (1 - p) / n) ** 0.5
-
-
-def times(value: float, base: float) -> str:
-    """`value` as a multiple of `base`, "0.75x"."""
-    return f"{value / base:.2f}x"
 
 
 def section(
@@ -219,20 +193,18 @@ def trainer_table(
 ) -> str:
     """One line per trainer: for each column (header, figure, spec) the trainer's figure (a key
     of its figures, or a function of them) formatted with `spec` ("n/a" when None), or with
-    spec "x" as a multiple of the `base` trainer's."""
+    spec "x" as a multiple of the `base` trainer's ("0.75x")."""
 
     def value(figures: dict, figure: str | Callable) -> Any:
         return figure(figures) if callable(figure) else figures[figure]
 
+    def shown(figures: dict, figure: str | Callable, spec: str) -> str:
+        if spec == "x":
+            return f"{value(figures, figure) / value(trainers[base], figure):.2f}x"
+        return cell(value(figures, figure), spec)
+
     rows = [
-        [label]
-        + [
-            times(value(t, figure), value(trainers[base], figure))
-            if spec == "x"
-            else cell(value(t, figure), spec)
-            for _, figure, spec in columns
-        ]
-        for label, t in trainers.items()
+        [label, *(shown(t, f, spec) for _, f, spec in columns)] for label, t in trainers.items()
     ]
     return markdown_table(["trainer", *(header for header, _, _ in columns)], rows)
 
