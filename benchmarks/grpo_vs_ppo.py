@@ -1,8 +1,8 @@
 """GRPO against PPO with a critic on one job (`harness.comparison.arith_job`): peak memory, seconds
-per step, held-out greedy accuracy after the same steps and after the same training time
-(`harness.equal_time`), and each peak's parts (`harness.memory_parts`). Both trainers are oncurve
-(`algo.preset=grpo` and `=ppo`), alternating, each run a fresh `oncurve train` process; what is
-held equal and how it measures: benchmarks/README.md.
+per step, held-out greedy accuracy after the same steps and after the same training time, and
+each peak's parts. Both trainers are oncurve (`algo.preset=grpo` and `=ppo`), alternating, each
+run a fresh `oncurve train` process; what is held equal and how it measures:
+benchmarks/README.md.
 
     .venv/bin/python benchmarks/grpo_vs_ppo.py --model 30m     # ~30M params, 8 x 8, 128 tokens
     .venv/bin/python benchmarks/grpo_vs_ppo.py                 # the bundled default, 100 steps
@@ -18,17 +18,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import subprocess
+import sys
 from itertools import zip_longest
 from pathlib import Path
 
-from harness import comparison, equal_time
-from harness.checkout import CACHE
-from harness.children import export_task, greedy_accuracy
+from harness import comparison
+from harness.checkout import CACHE, checkout_env
+from harness.children import greedy_accuracy
 from harness.machine import cpu_name, gpu_name, load_note, torch_threads
-from harness.memory_parts import breakdown, runtime_floor
 from harness.models import SHAPES, build_model, model_dir, tokenizer_dir
 from harness.spec import Job
-from harness.tables import cell, publish
+from harness.tables import cell, markdown_table, publish
 
 TITLE = (
     "GRPO vs PPO with a critic\n\nWritten by `benchmarks/grpo_vs_ppo.py`, one section per model "
@@ -65,6 +67,92 @@ def section_key(args: argparse.Namespace) -> str:
     return key + ("-cuda" if args.device == "cuda" else "")
 
 
+def runtime_floor(model_dir: str) -> float:
+    """Peak RSS in MB of a process that imports torch, transformers and oncurve's trainer and
+    builds `model_dir`'s model class on the meta device (no weights): the fixed cost inside
+    every run's peak. The model class matters: transformers' model code and loading machinery
+    import ~1,100 more modules (torch.distributed.tensor, sympy, dynamo), 87 MB at 30M."""
+    code = (
+        "import torch, transformers, oncurve.loop.trainer\n"
+        "from harness.children import own_peak_rss\n"
+        f"config = transformers.AutoConfig.from_pretrained({model_dir!r})\n"
+        "with torch.device('meta'):\n"
+        "    transformers.AutoModelForCausalLM.from_config(config)\n"
+        "print(own_peak_rss())\n"
+    )
+    # The first import in a fresh tree also compiles every module to bytecode, a peak no
+    # training run pays; the second process measures a warm import.
+    for _ in range(2):
+        command = [sys.executable, "-c", code]
+        out = subprocess.run(command, capture_output=True, text=True, env=checkout_env())
+        if out.returncode:
+            raise SystemExit(f"importing oncurve failed:\n{out.stderr[-2000:]}")
+    value = out.stdout.strip().splitlines()[-1]
+    return float(value) if value != "None" else 0.0  # no /proc: the breakdown shows no runtime
+
+
+def budget_step(fast: list[float], slow: list[float], save_every: int) -> tuple[float, int]:
+    """(the budget: the sum of `fast`'s seconds per step, the newest step the run of `slow`
+    seconds per step saved within it; 0 if none)."""
+    budget = sum(fast)
+    elapsed, best = 0.0, 0
+    for step, seconds in enumerate(slow, start=1):
+        elapsed += seconds
+        if elapsed > budget:
+            break
+        if step % save_every == 0 or step == len(slow):
+            best = step
+    return budget, best
+
+
+def checkpoint_model(base_dir: str, checkpoint: Path, out: Path) -> Path:
+    """A loadable model directory holding a checkpoint's policy weights (the checkpoint keeps
+    only weights; config and tokenizer come from the starting model)."""
+    from safetensors.torch import load_model as load_weights
+
+    from oncurve.model.saving import save_final
+    from oncurve.model.sources import load_model, load_tokenizer
+
+    model = load_model(Path(base_dir))
+    load_weights(model, checkpoint / "model.safetensors")
+    save_final(model, load_tokenizer(Path(base_dir)), out, model.generation_config)
+    return out
+
+
+def score_equal_time(
+    job: Job, runs: dict[str, list[dict]], test_file: Path, work: Path, start: float
+) -> None:
+    """Add "equal_time" ({"step", "accuracy", "budget"}) to the runs of both trainers, pair by
+    pair. The budget is the faster run's training time for all its steps (the sum of its
+    `time/step`, without start-up, saving or logging); the faster run is scored at its last
+    step, the slower at its newest checkpoint within the budget (at most one save interval
+    short of the exact point, so the comparison never favours it; step 0: the starting model,
+    whose accuracy is `start`), that checkpoint made a model directory under `work`."""
+    save_every, tokens = job.settings["run.save_every"], job.settings["rollout.max_new_tokens"]
+    for pair in zip(*runs.values(), strict=True):
+        fast, slow = sorted(pair, key=lambda run: sum(run["seconds"]))
+        budget, step = budget_step(fast["seconds"], slow["seconds"], save_every)
+        accuracy = slow["accuracy"] if step == len(slow["seconds"]) else start
+        if 0 < step < len(slow["seconds"]):
+            checkpoint = Path(slow["final"]).parent / "checkpoints" / f"step-{step:06d}"
+            out = work / f"{Path(slow['final']).parent.parent.name}-step{step}"
+            model = checkpoint_model(job.settings["model.path"], checkpoint, out)
+            accuracy = greedy_accuracy(model, test_file, tokens)
+        last = len(fast["seconds"])
+        fast["equal_time"] = {"step": last, "accuracy": fast["accuracy"], "budget": budget}
+        slow["equal_time"] = {"step": step, "accuracy": accuracy, "budget": budget}
+
+
+def equal_time_means(runs: list[dict]) -> dict[str, float | None]:
+    """One trainer's mean step and accuracy at equal time over its runs (None unscored)."""
+    if not all("equal_time" in r for r in runs):
+        return {"equal_step": None, "equal_acc": None}
+    return {
+        "equal_step": statistics.mean(r["equal_time"]["step"] for r in runs),
+        "equal_acc": statistics.mean(r["equal_time"]["accuracy"] for r in runs),
+    }
+
+
 def benchmark(args: argparse.Namespace) -> dict:
     """GRPO and PPO alternately, `args.runs` pairs; the row's figures."""
     import torch
@@ -72,8 +160,7 @@ def benchmark(args: argparse.Namespace) -> dict:
 
     job, key = make_job(args.model, args), section_key(args)
     path, tokens = job.settings["model.path"], job.settings["rollout.max_new_tokens"]
-    work = comparison.fresh(CACHE / "grpo_vs_ppo" / "runs" / key)
-    test = export_task("arith", "test", args.eval_n, work / "test.jsonl") if args.eval_n else None
+    work, test = comparison.fresh(CACHE / "grpo_vs_ppo" / "runs" / key, args.eval_n)
     with torch.device("meta"):  # parameters counted without allocating them
         config = transformers.AutoConfig.from_pretrained(path)
         params = transformers.AutoModelForCausalLM.from_config(config).num_parameters()
@@ -98,7 +185,7 @@ def benchmark(args: argparse.Namespace) -> dict:
 
     runs = comparison.alternate(TRAINERS, args.runs, run, key, write_json)
     if test:
-        equal_time.score(job, runs, test, work, start)
+        score_equal_time(job, runs, test, work, start)
         write_json(runs)  # again, with the equal-time scores
     cpu = f"{cpu_name()}, {os.cpu_count()} cores, torch threads {torch_threads()}"
     return {
@@ -112,8 +199,40 @@ def benchmark(args: argparse.Namespace) -> dict:
         "load_note": f"{load} before, {load_note()} after",
         "cpu": f"{gpu_name()} ({cpu})" if args.device == "cuda" else cpu,
         "runs": runs,
-        "trainers": {t: comparison.summary(rs) | equal_time.means(rs) for t, rs in runs.items()},
+        "trainers": {t: comparison.summary(rs) | equal_time_means(rs) for t, rs in runs.items()},
     }
+
+
+def breakdown(params: int, beta: float, floor: float, peaks: dict[str, tuple[float, bool]]) -> str:
+    """A table of each trainer's peak (`peaks`: label -> (peak RSS in MB, whether it trains a
+    critic)) split into the runtime `floor`, the states of a model of `params` parameters and
+    the rest, and the ratio of the first two trainers' peaks with no activations at all; with
+    what the parts are."""
+    size = params * 4 / 2**20  # MB of one fp32 copy; the critic (trunk + scalar head, tied
+    # embeddings) has the policy's count to within its head
+    reference = size if beta > 0 else 0.0
+
+    def states(critic: bool) -> list[float]:
+        # gradients are freed after each optimizer step, so one model's exist at a time
+        return [3 * size, reference, 3 * size if critic else 0.0, size]
+
+    rows = [
+        [label]
+        + [f"{x:,.0f}" for x in (rss, floor, *states(critic), rss - floor - sum(states(critic)))]
+        for label, (rss, critic) in peaks.items()
+    ]
+    first, second = (floor + sum(states(critic)) for _, critic in peaks.values())
+    header = ["trainer", "peak RSS", "runtime", "policy + AdamW", "reference", "critic + AdamW"]
+    return (
+        "Where the peak comes from (MB; states computed from parameter counts, runtime measured "
+        "as the peak RSS of a process that imports torch, transformers and oncurve and builds "
+        "the model class without weights; the rest is activations, logits, the rollout's cache "
+        f"and allocator slack):\n\n{markdown_table([*header, 'gradients', 'rest'], rows)}"
+        "\n\nWith no activations in either trainer the ratio would be (runtime + "
+        f"{list(peaks)[0]}'s states) / (runtime + {list(peaks)[1]}'s states) = "
+        f"**{first / second:.3f}x**; the measured ratio differs from it by the two rests (the "
+        "critic's own forward and backward and the allocator slack around them)."
+    )
 
 
 def section(row: dict) -> str:
@@ -128,7 +247,8 @@ def section(row: dict) -> str:
     columns += [("median s/step", "s", ".3f"), ("vs PPO", "s", "x"),
                 ("mean reward, all steps", "reward", ".3f"),
                 (f"greedy acc. after {steps} steps", "acc", ".1%"),
-                *equal_time.COLUMNS]  # fmt: skip
+                ("step at equal time", "equal_step", "g"),
+                ("greedy acc. at equal time", "equal_acc", ".1%")]  # fmt: skip
     if cuda:
         verdict = (f"Peak GPU memory (`torch.cuda.max_memory_allocated`): GRPO "
                    f"**{grpo['cuda'] / ppo['cuda']:.3f}x** PPO's (the claim: 25-50% less, "
@@ -147,7 +267,13 @@ def section(row: dict) -> str:
         if start == 0 and grpo["acc"] == 0 == ppo["acc"]:
             parts[0] += (" Random weights: accuracy is 0 for both after so few steps; the "
                          "accuracy comparison is the bundled default's.")  # fmt: skip
-        parts.append(equal_time.note(row["runs"]["GRPO"], steps, s["run.save_every"]))
+        budget = statistics.mean(r["equal_time"]["budget"] for r in row["runs"]["GRPO"])
+        parts.append(
+            "Equal wall-clock time: the budget is the faster trainer's training time for "
+            f"{steps} steps (sum of `time/step`, mean {budget:.0f} s); the slower trainer is "
+            f"scored at its newest checkpoint (saved every {s['run.save_every']} steps) whose "
+            "cumulative `time/step` fits in it (step 0 = the starting model)."
+        )
     if row["floor"] is not None:
         peaks = {"GRPO": (grpo["rss"], False), "PPO": (ppo["rss"], True)}
         parts.append(breakdown(row["params"], s["algo.beta"], row["floor"], peaks))
@@ -157,8 +283,18 @@ def section(row: dict) -> str:
         f"loss; PPO: k1 in the reward), epsilon {s['algo.epsilon']}, mu {s['algo.mu']}, "
         f"microbatch {s['optim.microbatch_size']} rows, {precision}"
     )
+
+    def at_equal_time(run: dict) -> str:
+        if "equal_time" not in run:
+            return "n/a"
+        return f"{run['equal_time']['step']} / {run['equal_time']['accuracy']:.1%}"
+
+    more = {
+        "train s": lambda run: f"{run['train_s']:.0f}",
+        "equal time: step / acc.": at_equal_time,
+    }
     table = comparison.trainer_table(trainers, "PPO", columns)
-    runs = comparison.run_table(row["runs"], most=10, more=equal_time.RUN_COLUMNS)
+    runs = comparison.run_table(row["runs"], most=10, more=more)
     phases = "; PPO's `train` includes the critic's value forward and its update"
     return comparison.section(row, details, table, parts, runs, phases)
 
