@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from harness.checkout import CACHE
 from harness.children import train_oncurve
@@ -18,26 +17,21 @@ NAME = "default_job"
 TITLE = "The default job"
 
 
-def evaluations(run_dir) -> list[float]:
-    """The held-out accuracies the run logged, in order (before step 1, then after the last)."""
+def main() -> None:
     from oncurve.run.metrics import read_jsonl
 
-    rows = read_jsonl(run_dir / "metrics.jsonl")
-    return [row["eval/accuracy"] for row in rows if "eval/accuracy" in row]
-
-
-def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("settings", nargs="*", help="oncurve settings (none: the default job)")
     args = parser.parse_args()
-    work = CACHE / NAME
-    run_dir = work / "run"
-    run = train_oncurve(args.settings, run_dir, work / "train.log", python=sys.executable)
-    before, after = evaluations(run_dir)[0], evaluations(run_dir)[-1]
-    figures = {"steps": len(run["rows"]), "wall_s": round(run["wall"], 1), "rss_mb": run["rss"]}
-    key = " ".join(args.settings) or "default"
-    row = {"renderer": NAME, **figures, "accuracy_before": before, "accuracy_after": after}
-    publish(NAME, TITLE, key, {**row, "cores": os.cpu_count()})
+    run_dir = CACHE / NAME / "run"
+    run = train_oncurve(args.settings, run_dir, CACHE / NAME / "train.log")
+    # the held-out accuracies the run logged: before step 1, then after the last
+    accuracy = [
+        r["eval/accuracy"] for r in read_jsonl(run_dir / "metrics.jsonl") if "eval/accuracy" in r
+    ]
+    row = {"renderer": NAME, "steps": len(run["rows"]), "wall_s": round(run["wall"], 1)}
+    row |= {"rss_mb": run["rss"], "accuracy_before": accuracy[0], "accuracy_after": accuracy[-1]}
+    publish(NAME, TITLE, " ".join(args.settings) or "default", {**row, "cores": os.cpu_count()})
 
 
 def minutes(seconds: float) -> str:

@@ -18,13 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from harness.checkout import CACHE
-from harness.children import own_peak_rss
+from harness.children import own_peak_rss, run_child
 from harness.machine import cpu_name, load_note
 from harness.models import model_dir
 from harness.spec import Job
@@ -67,7 +65,8 @@ def make_job(args: argparse.Namespace) -> Job:
 
 
 def run(job: Job, ranks: int, fsdp: bool) -> dict:
-    """The peak RSS of each rank in MB and the wall seconds of one torchrun job."""
+    """The peak RSS of each rank in MB and the wall seconds of one torchrun job; its output
+    in `log.txt` beside the ranks' reports."""
     out = WORK / ("fsdp" if fsdp else "ddp")
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("rank*.json"):
@@ -75,12 +74,9 @@ def run(job: Job, ranks: int, fsdp: bool) -> dict:
     settings = [f"run.dir={out / 'run'}", "run.overwrite=true", f"dist.fsdp={str(fsdp).lower()}"]
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
                str(Path(__file__).resolve()), "--child", str(out), *job.oncurve_args(), *settings]  # fmt: skip
-    start = time.perf_counter()
-    proc = subprocess.run(command, capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(f"{'FSDP2' if fsdp else 'DDP'} run failed:\n{proc.stderr[-3000:]}")
+    wall, _, _ = run_child(command, dict(os.environ), out / "log.txt")
     rss = [json.loads((out / f"rank{r}.json").read_text())["rss_mb"] for r in range(ranks)]
-    return {"rss": rss, "wall": time.perf_counter() - start}
+    return {"rss": rss, "wall": wall}
 
 
 def section(row: dict) -> str:
@@ -117,9 +113,8 @@ def main() -> None:
         return
     job, load_before = make_job(args), load_note()
     runs = {name: run(job, args.ranks, fsdp) for name, fsdp in (("DDP", False), ("FSDP2", True))}
-    key = f"{Path(args.model).name}-{args.ranks}ranks" + (
-        "-gc" if args.gradient_checkpointing else ""
-    )
+    checkpointing = "-gc" if args.gradient_checkpointing else ""
+    key = f"{Path(args.model).name}-{args.ranks}ranks{checkpointing}"
     row = {"renderer": "fsdp_memory", "settings": job.settings, "ranks": args.ranks, "runs": runs}
     row |= {"cpu": f"{cpu_name()}, {os.cpu_count()} cores", "load_before": load_before}
     publish("fsdp_memory", TITLE, key, row)
