@@ -10,6 +10,7 @@ import argparse
 import shutil
 import statistics
 from collections.abc import Callable, Iterable
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -245,11 +246,10 @@ def run_table(
         "acc.": lambda r: cell(r["accuracy"], ".1%"),
         **(more or {}),
     }
-    count = max(len(done) for done in runs.values())
     rows = [
-        [label, str(i + 1), *(show(done[i]) for show in columns.values())]
-        for i in range(count)
-        for label, done in runs.items()
-        if i < len(done)
+        [label, str(i + 1), *(show(run) for show in columns.values())]
+        for i, pair in enumerate(zip_longest(*runs.values()))
+        for label, run in zip(runs, pair, strict=True)
+        if run
     ]
     return markdown_table(["trainer", "run", *columns], rows)
