@@ -105,29 +105,13 @@ def budget_step(fast: list[float], slow: list[float], save_every: int) -> tuple[
     return budget, best
 
 
-def checkpoint_model(base_dir: str, checkpoint: Path, out: Path) -> Path:
-    """A loadable model directory holding a checkpoint's policy weights (the checkpoint keeps
-    only weights; config and tokenizer come from the starting model)."""
-    from safetensors.torch import load_model as load_weights
-
-    from oncurve.model.saving import save_final
-    from oncurve.model.sources import load_model, load_tokenizer
-
-    model = load_model(Path(base_dir))
-    load_weights(model, checkpoint / "model.safetensors")
-    save_final(model, load_tokenizer(Path(base_dir)), out, model.generation_config)
-    return out
-
-
-def score_equal_time(
-    job: Job, runs: dict[str, list[dict]], test_file: Path, work: Path, start: float
-) -> None:
+def score_equal_time(job: Job, runs: dict[str, list[dict]], test_file: Path, start: float) -> None:
     """Add "equal_time" ({"step", "accuracy", "budget"}) to the runs of both trainers, pair by
     pair. The budget is the faster run's training time for all its steps (the sum of its
     `time/step`, without start-up, saving or logging); the faster run is scored at its last
     step, the slower at its newest checkpoint within the budget (at most one save interval
     short of the exact point, so the comparison never favours it; step 0: the starting model,
-    whose accuracy is `start`), that checkpoint made a model directory under `work`."""
+    whose accuracy is `start`), that checkpoint evaluated as `oncurve eval` loads it."""
     save_every, tokens = job.settings["run.save_every"], job.settings["rollout.max_new_tokens"]
     for pair in zip(*runs.values(), strict=True):
         fast, slow = sorted(pair, key=lambda run: sum(run["seconds"]))
@@ -135,9 +119,7 @@ def score_equal_time(
         accuracy = slow["accuracy"] if step == len(slow["seconds"]) else start
         if 0 < step < len(slow["seconds"]):
             checkpoint = Path(slow["final"]).parent / "checkpoints" / f"step-{step:06d}"
-            out = work / f"{Path(slow['final']).parent.parent.name}-step{step}"
-            model = checkpoint_model(job.settings["model.path"], checkpoint, out)
-            accuracy = greedy_accuracy(model, test_file, tokens)
+            accuracy = greedy_accuracy(checkpoint, test_file, tokens)
         last = len(fast["seconds"])
         fast["equal_time"] = {"step": last, "accuracy": fast["accuracy"], "budget": budget}
         slow["equal_time"] = {"step": step, "accuracy": accuracy, "budget": budget}
@@ -185,7 +167,7 @@ def benchmark(args: argparse.Namespace) -> dict:
 
     runs = comparison.alternate(TRAINERS, args.runs, run, key, write_json)
     if test:
-        score_equal_time(job, runs, test, work, start)
+        score_equal_time(job, runs, test, start)
         write_json(runs)  # again, with the equal-time scores
     cpu = f"{cpu_name()}, {os.cpu_count()} cores, torch threads {torch_threads()}"
     return {

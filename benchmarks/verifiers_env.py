@@ -96,6 +96,19 @@ def summary(row: dict[str, Any]) -> str:
     )
 
 
+def headline(row: dict[str, Any]) -> dict[str, str]:
+    """The README's row for training on an environment of the ecosystem."""
+    same, count = row["same_tokens"]
+    figure = (
+        f"SmolLM2-135M-Instruct on a two-turn verifiers environment: held-out success "
+        f"{row['before']:.0%} -> {row['after']:.0%} in {row['steps']} steps "
+        f"({row['wall_s'] / 60:.0f} min); {same} of {count} episodes the same tokens "
+        f"in-process and through the endpoint"
+    )
+    return {"area": "a multi-turn environment, 2 CPU cores", "figure": figure,
+            "command": "benchmarks/verifiers_env.py"}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10)

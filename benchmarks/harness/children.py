@@ -195,8 +195,8 @@ def export_task(task: str, split: str, count: int, path: Path) -> Path:
 
 
 def greedy_accuracy(final: str | Path, test_file: Path, tokens: int) -> float:
-    """The greedy accuracy `oncurve eval` gives the model directory `final` on `test_file`,
-    on the CPU, with `tokens` new tokens at most."""
+    """The greedy accuracy `oncurve eval` gives `final` (a model directory, or a run's
+    checkpoint) on `test_file`, on the CPU, with `tokens` new tokens at most."""
     command = [sys.executable, "-m", "oncurve", "eval", "--model", str(final), "--device", "cpu"]
     command += ["--data", str(test_file), "--max-new-tokens", str(tokens)]
     out = subprocess.run(command, capture_output=True, text=True)

@@ -24,6 +24,7 @@ AREAS = (
     "the sampler, 1 x H100",
     "an instruct model, 2 CPU cores",
     "RL on code, 2 CPU cores",
+    "a multi-turn environment, 2 CPU cores",
     "memory against PPO with a critic",
 )
 HEADLINES = ROOT / "README.md"
