@@ -23,7 +23,6 @@ import asyncio
 import json
 from typing import Any
 
-from oncurve.data.files import Row
 from oncurve.errors import UserError
 
 PREFIX = "verifiers:"
@@ -75,14 +74,12 @@ def environment_rows(spec: str, env_args: dict[str, Any], split: str) -> list[di
             raise UserError(f"{where}: its prompt is not a list of messages (a chat environment)")
         messages = [{"role": m["role"], "content": _text(m["content"], where)} for m in prompt]
         user = [m["content"] for m in messages if m["role"] == "user"]
-        row = Row(
-            prompt=user[-1] if user else messages[-1]["content"],
-            prompt_messages=messages,
-            answer=record.get("answer"),
-            **{INPUT: dict(record)},
-        )
-        row.where = where
-        rows.append(row)
+        rows.append({
+            "prompt": user[-1] if user else messages[-1]["content"],
+            "prompt_messages": messages,
+            "answer": record.get("answer"),
+            INPUT: dict(record),
+        })  # fmt: skip
     return rows
 
 
