@@ -11,8 +11,9 @@ FOLLOW_UP = "Again:"
 
 
 def load_environment(kind: str = "single", eval_rows: int = 0):
-    """The `kind` ("single" or "multi") environment; its eval dataset the first `eval_rows`
-    questions (none when 0)."""
+    """The `kind` ("single", "multi", or "down": "multi" whose second turn fails on its
+    infrastructure) environment; its eval dataset the first `eval_rows` questions (none when
+    0)."""
     import verifiers as vf
     from datasets import Dataset
 
@@ -36,6 +37,8 @@ def load_environment(kind: str = "single", eval_rows: int = 0):
 
     class AskAgain(vf.MultiTurnEnv):
         async def env_response(self, messages, state, **_):
+            if kind == "down":
+                raise vf.InfraError("the tool server is down")
             return [vf.UserMessage(content=FOLLOW_UP)]
 
     return AskAgain(dataset=data, eval_dataset=held_out, rubric=rubric, max_turns=2)

@@ -214,7 +214,9 @@ class RolloutConfig:
     max_new_tokens: int = _opt(
         256, "longest completion; longer ones are cut (64 with model.path=default)", POSITIVE
     )
-    min_new_tokens: int = _opt(0, "EOS is suppressed until this many tokens", NON_NEGATIVE)
+    min_new_tokens: int = _opt(
+        0, "EOS is suppressed until this many tokens (in each turn of an episode)", NON_NEGATIVE
+    )
     temperature: float = _opt(1.0, "sampling temperature (also scales training logprobs)", POSITIVE)
     top_p: float = _opt(1.0, "nucleus sampling mass", _range(0, 1, low_open=True))
     top_k: int = _opt(0, "keep the k most likely tokens; 0 keeps all", NON_NEGATIVE)

@@ -202,9 +202,8 @@ def draw(
     params: SamplingParams,
 ) -> tuple[RolloutBatch, dict[str, list]]:
     """G completions of each of `rows`, or G multi-turn episodes (played here, or by a harness:
-    `oncurve.rollout.harness`) with the reward functions' columns they add, one value per row:
-    `episode_reward` (the environment's), `turns` and `episode_fault` (and a harness's
-    `episode_metrics`)."""
+    `oncurve.rollout.harness`) with the columns they add for the rewards, one value per episode:
+    `episode_reward`, `turns`, `episode_fault` (and a harness's `episode_metrics`)."""
     if episodes is None:
         return sampler.generate_ids([r["prompt_ids"] for r in rows], group_size, params), {}
     if isinstance(episodes, HarnessSettings):
@@ -342,8 +341,10 @@ class _EpisodeLoop:
         rows = list(range(n))  # the same, on the host
         alive = [True] * n  # per decoder row: the episode goes on
         for t in range(self.budget):
-            suppress = eos_index if t < params.min_new_tokens else None
-            tokens, token_logprobs = sample_tokens(logits, params, generator, suppress)
+            short_turns = [t - self.turn_start[row] < params.min_new_tokens for row in rows]
+            held = None if all(short_turns) else torch.tensor(short_turns, device=device)
+            suppress = eos_index if any(short_turns) else None
+            tokens, token_logprobs = sample_tokens(logits, params, generator, suppress, held)
             fed_at = [i for i, row in enumerate(rows) if row in self.feeding]
             fed = torch.zeros(len(rows), dtype=torch.bool, device=device)
             if fed_at:  # observation tokens replace the draws of the rows being fed

@@ -102,24 +102,20 @@ def play_harness(
                 for k in episodes
             ]
             row = rows[episodes.start // group_size]
+            players = clients if settings.groups else clients[0]
             try:
-                if settings.groups:
-                    returned = await asyncio.wait_for(
-                        settings.play(clients, endpoint.model_name, row), timeout_s
-                    )
-                    if not isinstance(returned, list | tuple) or len(returned) != group_size:
-                        returned = [ValueError(f"{group_size} outcomes expected")] * group_size
-                else:
-                    returned = [
-                        await asyncio.wait_for(
-                            settings.play(clients[0], endpoint.model_name, row), timeout_s
-                        )
-                    ]
-                return [_outcome(value) for value in returned]
-            except TimeoutError:
-                return [(None, TIMEOUT, f"the harness took over {timeout_s:g} s", {})] * len(
-                    episodes
+                returned = await asyncio.wait_for(
+                    settings.play(players, endpoint.model_name, row), timeout_s
                 )
+                if not settings.groups:
+                    return [_outcome(returned)]
+                if isinstance(returned, list | tuple) and len(returned) == group_size:
+                    return [_outcome(value) for value in returned]
+                why = f"the harness returned {type(returned).__name__}, not {group_size} outcomes"
+                return [(None, ERROR, why, {})] * group_size
+            except TimeoutError:
+                why = f"the harness took over {timeout_s:g} s"
+                return [(None, TIMEOUT, why, {})] * len(episodes)
             except Exception as error:  # the harness's own bug: its episodes', not the run's
                 return [_outcome(error)] * len(episodes)
             finally:

@@ -321,6 +321,7 @@ def sample_tokens(
     params: SamplingParams,
     generator: torch.Generator,
     suppress: torch.Tensor | None = None,
+    suppress_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row and its logprob under the policy the trainer models:
     softmax(logits / temperature), truncated by top-k, then top-p, then min-p (as in
@@ -333,11 +334,14 @@ def sample_tokens(
     Args:
         logits: `[n, V]` float32 next-token logits.
         suppress: token ids that must not be drawn (EOS before min_new_tokens).
+        suppress_rows: `[n]` bool, the rows `suppress` holds for (None: every row).
     Returns:
         (`[n]` token ids, `[n]` float32 logprobs).
     """
     scaled = logits / params.temperature if params.temperature not in (0, 1) else logits
     work = scaled if suppress is None else scaled.index_fill(1, suppress, float("-inf"))
+    if suppress_rows is not None:
+        work = torch.where(suppress_rows[:, None], work, scaled)
     truncation = params.truncation
     threshold, draw_threshold = truncation_thresholds(scaled, work, params.temperature, truncation)
     lse = policy_logsumexp(scaled, threshold)

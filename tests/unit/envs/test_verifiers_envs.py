@@ -4,6 +4,7 @@ scores each group together, and its parts are logged as `env/<name>`."""
 
 from __future__ import annotations
 
+import math
 import sys
 
 import pytest
@@ -18,6 +19,7 @@ from oncurve.envs.verifiers_envs import GroupPlay, environment_rows, load_enviro
 from oncurve.errors import UserError
 from oncurve.loop.trainer import train
 from oncurve.rollout import SamplingParams, TorchSampler
+from oncurve.rollout.env_calls import ERROR, EnvFaults
 from oncurve.rollout.harness import HarnessSettings, play_harness
 
 pytest.importorskip("verifiers", reason="the verifiers extra is not installed")
@@ -33,14 +35,15 @@ def sampler() -> TorchSampler:
     return TorchSampler(model, tokenizer)
 
 
-def play(sampler, kind: str):
+def play(sampler, kind: str, faults: EnvFaults | None = None):
     env_args = {"kind": kind}
     rows = environment_rows(SINGLE, env_args, "train")[:2]
     for row in rows:
         row["prompt_ids"] = sampler.tokenizer.apply_chat_template(
             row["prompt_messages"], add_generation_prompt=True, tokenize=True, return_dict=False
         )
-    settings = HarnessSettings(GroupPlay(load_environment(SINGLE, env_args)), 2, 64, groups=True)
+    play = GroupPlay(load_environment(SINGLE, env_args))
+    settings = HarnessSettings(play, 2, 64, faults or EnvFaults(), groups=True)
     params = SamplingParams(max_new_tokens=6, seed=3)
     return rows, *play_harness(sampler, rows, 3, params, settings)
 
@@ -82,6 +85,17 @@ def test_a_multi_turn_environment_s_answers_are_fed_out_of_the_loss(sampler):
         fed = rollout.completion_ids[i][:width][rollout.tool_mask[i][:width].bool()]
         assert FOLLOW_UP in sampler.tokenizer.decode(fed)
         assert not bool((rollout.loss_mask[i][:width] & rollout.tool_mask[i][:width]).any())
+
+
+def test_an_episode_the_environment_failed_gets_the_error_policy(sampler):
+    """verifiers records the environment's own error (its infrastructure down) in the
+    episode's state: the episode is dropped, or the run stops, as `reward.errors` says."""
+    _, rollout, columns = play(sampler, "down", EnvFaults(on_error="none"))
+    assert columns["episode_fault"] == [ERROR] * 6  # every episode reaches the failing turn
+    assert all(math.isnan(r) for r in columns["episode_reward"])
+    assert int(rollout.loss_mask.sum()) == 0
+    with pytest.raises(UserError, match=r"verifiers: the tool server is down"):
+        play(sampler, "down")  # reward.errors=raise, the default
 
 
 def test_a_run_trains_on_a_verifiers_environment(chat_model_dir, data_file, tmp_path):

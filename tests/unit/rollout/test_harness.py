@@ -92,11 +92,14 @@ def test_a_run_trains_on_a_harness(chat_model_dir, data_file, tmp_path):
     assert 0.0 <= row["reward/env"] <= 1.0
 
 
-def test_an_environment_through_the_endpoint_is_the_environment_played_in_process():
+@pytest.mark.parametrize(("min_new_tokens", "turn_tokens"), [(0, 1), (2, 3)])
+def test_an_environment_through_the_endpoint_is_the_environment_played_in_process(
+    min_new_tokens, turn_tokens
+):
     """Greedy, an environment played by a harness against the endpoint gives the tokens, the
     fed positions and the rewards that the in-process episode loop gives, over three turns
     (the model's EOS logit raised: each turn ends at once, its empty text spliced back as
-    its EOS token)."""
+    its EOS token, or after `rollout.min_new_tokens`, which holds in every turn)."""
 
     tok = load_qwen3_tokenizer()
     model = tiny_qwen2(len(tok), seed=1)
@@ -107,7 +110,9 @@ def test_an_environment_through_the_endpoint_is_the_environment_played_in_proces
     model.lm_head.bias = torch.nn.Parameter(eos_bias)
     sampler = TorchSampler(model, tok, decoder=HFDecoder)
     rows = [{"prompt": "Count to three."}, {"prompt": "Name a prime."}]
-    params = SamplingParams(max_new_tokens=5, temperature=0.0, seed=0)
+    params = SamplingParams(
+        max_new_tokens=5, temperature=0.0, seed=0, min_new_tokens=min_new_tokens
+    )
     played = run_episodes(
         sampler, rows, 1, params, settings(tok, lambda: DigitsEnv(3), max_turns=3, role="user")
     )
@@ -123,4 +128,5 @@ def test_an_environment_through_the_endpoint_is_the_environment_played_in_proces
         assert a == b
         width = int(in_process.completion_mask[i].sum())
         assert in_process.tool_mask[i][:width].tolist() == through.tool_mask[i][:width].tolist()
-        assert int(in_process.loss_mask[i].sum()) == int(through.loss_mask[i].sum()) == 3
+        sampled = int(in_process.loss_mask[i].sum())
+        assert sampled == int(through.loss_mask[i].sum()) == 3 * turn_tokens
