@@ -491,9 +491,11 @@ def test_resident_memory_and_live_objects_hold_steady_after_warm_up(
     monkeypatch.setattr(trainer, "training_step", measured_step)
     train(config, quiet=True)
     # A steady run stays far under the bound; keeping one step's autograd graph a step passes
-    # it many times over.
-    growth = sum(rss_mb[29:40]) / 11 - sum(rss_mb[9:20]) / 11
-    assert growth < 4.0, rss_mb
+    # it many times over. As with the objects below, a one-off rise (a library's lazy buffer,
+    # once in the run) lifts one 10-step span over the one before, while a leak lifts both.
+    spans = [sum(rss_mb[first : first + 10]) / 10 for first in (10, 20, 30)]
+    growth = min(spans[1] - spans[0], spans[2] - spans[1])
+    assert growth < 2.0, rss_mb
     # Once in a run, at a step that moves with the machine's load, a batch of objects appears
     # for good, in one span or the other: the smaller span ignores it, while a leak of even one
     # object a step grows both 10-step spans.
