@@ -28,8 +28,10 @@ lint: .venv/.installed-test
 	.venv/bin/ruff check src tests benchmarks
 	.venv/bin/ruff format --check src tests benchmarks
 
+# Two workers: much of the suite waits on child processes and time limits, which a second
+# worker overlaps with work even on two cores.
 test: lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2
 
 # On a machine with a CUDA device and a CUDA build of torch: the `gpu` tests (skipped by `make
 # test` without one), the default job, the rollout, a step against TRL and the memory plan, each
