@@ -5,10 +5,11 @@ and an H100; `harness.stages` runs them): `tests` (`pytest -m gpu`, each outcome
 test ends by `harness.pytest_outcomes`), `job` (the default job on CUDA), `rollout`
 (`rollout.py`'s 64 x 256 `cuda_graph` scenario), `trl` (`gpu_vs_trl.py` at 256 tokens; skipped
 with the line that says how to add TRL when neither the interpreter nor the GPU bundle has
-it), and not by default `ppo` (`grpo_vs_ppo.py` on the 0.5B shape) and `profile`
-(`gpu_vs_trl.py --profile`). The default stages (`DEFAULT_STAGES`) fit one 10-minute call of a
-GPU machine with its start, leaving a 15-minute session room for a second call of one of the
-others. A stage that fails or runs out of time gets its row all the same, with its log's tail.
+it), and not by default `ppo` (`grpo_vs_ppo.py` on the 0.5B shape), `profile`
+(`gpu_vs_trl.py --profile`) and the workload `long` (`gpu_vs_trl.py --long`: long reasoning
+against TRL on the 1.5B shape). The default stages (`DEFAULT_STAGES`) fit one 10-minute call of
+a GPU machine with its start, leaving a 15-minute session room for a second call of `ppo` or
+`profile`; a workload (`WORKLOAD_STAGES`) fills a call of its own. A stage that fails or runs out of time gets its row all the same, with its log's tail.
 
 The table, a section per GPU (and per other choice of stages), is printed and recorded
 (`results/gpu_check.md`). Exit status: 0 when every stage run exited 0, 1 otherwise, 2 without a
@@ -18,6 +19,7 @@ machine without internet access lacks into benchmarks/.gpu-bundle (`harness.gpu_
     .venv/bin/python benchmarks/gpu_check.py --prepare        # or: make gpu-bundle
     python3 benchmarks/gpu_check.py                           # any Python with a CUDA torch
     python3 benchmarks/gpu_check.py --stages profile          # the second call
+    python3 benchmarks/gpu_check.py --stages long             # a session's one call
     .venv/bin/python benchmarks/gpu_check.py --dry-run        # the commands, nothing run
 """
 
@@ -43,8 +45,12 @@ WORK = CACHE / NAME
 TOTAL_LIMIT = 510  # seconds: a 10-minute device call, less the machine's start and transfers
 # seconds per stage; the default ones together under TOTAL_LIMIT, leaving 10 s for this
 # process's own work
-LIMITS = {"tests": 180, "job": 80, "rollout": 80, "trl": 160, "ppo": 110, "profile": 210}
+# `long`: an estimate until its first GPU run (TRL's `generate` runs to 4,096 tokens at every
+# step, since one row of 128 almost always reaches the cap)
+LIMITS = {"tests": 180, "job": 80, "rollout": 80, "trl": 160, "ppo": 110, "profile": 210,
+          "long": 500}  # fmt: skip
 DEFAULT_STAGES = ("tests", "job", "rollout", "trl")
+WORKLOAD_STAGES = ("long",)  # each one device call of its own
 COMPILE_CAPTURE_TARGET = 30  # seconds a run spends compiling and capturing its sampler, at most
 
 
@@ -196,8 +202,10 @@ def rollout_stage(limit: float) -> Stage:
     return Stage("rollout", "rollout (rows x tokens)", limit, command, read, (out,))
 
 
-def trl_stage(limit: float) -> Stage:
-    out = WORK / "trl.json"
+def against_trl_stage(name: str, title: str, limit: float, *args: str) -> Stage:
+    """A stage running `gpu_vs_trl.py` with `args`: s/step, phases, peaks and mean lengths of
+    both trainers, against the targets the run wrote."""
+    out = WORK / f"{name}.json"
 
     def command() -> list[str] | str:
         if not trl_at_hand():
@@ -205,13 +213,11 @@ def trl_stage(limit: float) -> Stage:
                 "TRL is not importable and benchmarks/.gpu-bundle has no wheels: run `make "
                 "gpu-bundle` where PyPI is reachable and carry benchmarks/.gpu-bundle"
             )
-        return script("gpu_vs_trl.py", "--tokens", "256", "--steps", "3", "--runs", "1",
-                      "--json", str(out))  # fmt: skip
+        return script("gpu_vs_trl.py", *args, "--runs", "1", "--json", str(out))
 
     def read(outcome: Outcome) -> list[list[str]]:
-        from gpu_vs_trl import SPEED_TARGET
-
-        stats = json.loads(out.read_text())["stats"]
+        figures = json.loads(out.read_text())
+        stats, target = figures["stats"], figures["speed_target"]
         if "TRL" not in stats:
             return [["TRL", "not run: the interpreter could not import it"]]
         ours, base = stats["oncurve"], stats["TRL"]  # None: that run failed
@@ -228,6 +234,7 @@ def trl_stage(limit: float) -> Stage:
             return [["TRL", "its run failed or did not finish (log below)"], *rows]
         speed = ours["seconds"] / base["seconds"]
         memory = ours["gpu_peak_gb"] / base["gpu_peak_gb"]
+        lengths = f"{ours['length']:.1f} / {base['length']:.1f}"
         phases = ", ".join(
             f"{name} {ours['phases'][name]:.2f} / {seconds:.2f}"
             for name, seconds in base.get("phases", {}).items()
@@ -235,14 +242,15 @@ def trl_stage(limit: float) -> Stage:
         )
         return [
             ["s/step oncurve / TRL", f"{ours['seconds']:.2f} / {base['seconds']:.2f} s = "
-             f"{speed:.2f}x (target <= {SPEED_TARGET}x: {met(speed <= SPEED_TARGET)})"],
+             f"{speed:.2f}x (target <= {target}x: {met(speed <= target)})"],
             ["phases oncurve / TRL, s", phases or "n/a"],
             ["peak GPU memory oncurve / TRL", f"{gib(ours['gpu_peak_gb'])} / "
              f"{gib(base['gpu_peak_gb'])} = {memory:.2f}x (target <= 1x: {met(memory <= 1)})"],
+            ["mean completion length oncurve / TRL, tokens", lengths],
             *rows,
         ]  # fmt: skip
 
-    return Stage("trl", "one step against TRL (256 tokens)", limit, command, read, (out,))
+    return Stage(name, title, limit, command, read, (out,))
 
 
 def ppo_stage(limit: float) -> Stage:
@@ -288,7 +296,12 @@ def profile_stage(limit: float) -> Stage:
 def stages(args: argparse.Namespace) -> list[Stage]:
     """The stages `args.stages` names, in the order of `LIMITS`."""
     made = {"tests": gpu_tests_stage, "job": lambda limit: default_job_stage(limit, args.steps),
-            "rollout": rollout_stage, "trl": trl_stage, "ppo": ppo_stage, "profile": profile_stage}  # fmt: skip
+            "rollout": rollout_stage, "ppo": ppo_stage, "profile": profile_stage,
+            "trl": lambda limit: against_trl_stage(
+                "trl", "one step against TRL (256 tokens)", limit, "--tokens", "256", "--steps", "3"),
+            "long": lambda limit: against_trl_stage(
+                "long", "long reasoning against TRL (1.5B shape, EOS within 4,096 tokens)", limit,
+                "--long")}  # fmt: skip
     return [made[name](LIMITS[name] * args.time_scale) for name in LIMITS if name in args.stages]
 
 

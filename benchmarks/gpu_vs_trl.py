@@ -5,12 +5,17 @@ task's operands and answers in a chat prompt) x G=8 completions forced to `--tok
 0.04, lr 1e-6 constant, bf16; oncurve's memory settings its defaults, TRL's 8 rows a microbatch.
 The trainers alternate, each run a fresh process; a failed run (OOM) is recorded as such.
 `--profile` runs oncurve alone in this process under each of `VARIANTS`, its last step under
-`torch.profiler` (`gpu_check.py`'s `profile` stage).
+`torch.profiler` (`gpu_check.py`'s `profile` stage). `--long` is the long-reasoning workload
+(`gpu_check.py`'s `long` stage): the Qwen2.5-1.5B shape, 16 prompts x G=8, completions of up to
+4,096 tokens that end where the model samples EOS, one token in 2,048 at every position
+(`harness.models.end_at_eos`: a mean of about 1,770 with the cap, the same draw in both
+trainers, whose mean lengths the section shows), target `LONG_SPEED_TARGET`.
 
     .venv/bin/python benchmarks/gpu_vs_trl.py --prepare      # here: tokenizer, prompts, model
     .venv/bin/python benchmarks/gpu_vs_trl.py --smoke        # here: 2-layer model, CPU, 16 tokens
     python3 benchmarks/gpu_vs_trl.py                         # GPU machine: 256 tokens
     python3 benchmarks/gpu_vs_trl.py --tokens 1024 --gpu-memory-gb 16
+    python3 benchmarks/gpu_vs_trl.py --long --runs 1           # the long-reasoning workload
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from harness.trl_env import trl_versions
 WORK = CACHE / "gpu_vs_trl"
 PROMPTS_FILE = WORK / "prompts.jsonl"
 SPEED_TARGET = 0.35  # issue 39: oncurve's s/step <= 0.35x TRL's at 256 tokens
+LONG_SPEED_TARGET = 0.3  # the long-reasoning workload's
 TITLE = (
     "oncurve vs TRL's GRPOTrainer on one GPU\n\n"
     "Written by `benchmarks/gpu_vs_trl.py`, one section per completion length and memory cap."
@@ -59,16 +65,19 @@ VARIANTS = {
 
 def make_job(args: argparse.Namespace, model: str) -> Job:
     """The job both trainers run, its model prepared."""
-    tokens = args.tokens or (16 if args.smoke else 256)
+    tokens = args.tokens or (32 if args.smoke and args.long else 16 if args.smoke else
+                             4096 if args.long else 256)  # fmt: skip
+    eos_mean_length = tokens / 2 if args.long else None
     rewards = [{"name": f"{fn.__module__}:{fn.__qualname__}", "weight": w}
                for _, fn, w in Job({}).rewards()]  # fmt: skip
     settings = {
         "run.device": "cpu" if args.smoke else "cuda", "run.seed": 0,
-        "run.steps": args.steps or (2 if args.smoke else 5 if tokens <= 256 else 3),
-        "model.path": str(gpu.prepare(model, args.tokenizer, PROMPTS_FILE)),
-        "data.path": str(PROMPTS_FILE), "data.chat_template": True, "data.prompts_per_step": 8,
+        "run.steps": args.steps or (2 if args.smoke or args.long else 5 if tokens <= 256 else 3),
+        "model.path": str(gpu.prepare(model, args.tokenizer, PROMPTS_FILE, eos_mean_length)),
+        "data.path": str(PROMPTS_FILE), "data.chat_template": True,
+        "data.prompts_per_step": 16 if args.long else 8,
         "reward.functions": json.dumps(rewards), "rollout.group_size": 8,
-        "rollout.max_new_tokens": tokens, "rollout.min_new_tokens": tokens,
+        "rollout.max_new_tokens": tokens, "rollout.min_new_tokens": 0 if args.long else tokens,
         "rollout.temperature": 1.0, "algo.preset": "grpo", "algo.beta": 0.04, "algo.mu": 1,
         "optim.lr": 1e-6, "optim.warmup_steps": 0, "eval.at_start_end": False,
         "log.samples_per_step": 0,
@@ -82,6 +91,7 @@ def benchmark(args: argparse.Namespace, model: str) -> tuple[str, dict]:
     import transformers
 
     job = make_job(args, model)
+    target = LONG_SPEED_TARGET if args.long else SPEED_TARGET
     tokenizer = transformers.AutoTokenizer.from_pretrained(job.settings["model.path"])
     prompt_tokens = statistics.mean(len(r["prompt_ids"]) for r in job.step_rows(tokenizer))
     print(f"mean prompt length {prompt_tokens:.1f} tokens (chat template included)", flush=True)
@@ -100,7 +110,8 @@ def benchmark(args: argparse.Namespace, model: str) -> tuple[str, dict]:
     def after(results: dict[str, list[dict]]) -> None:
         if args.json:  # after each run: a caller's time limit may stop the next one
             stats = {label: gpu.summarize(runs) for label, runs in results.items()}
-            Path(args.json).write_text(json.dumps({"job": job.settings, "stats": stats}))
+            figures = {"job": job.settings, "stats": stats, "speed_target": target}
+            Path(args.json).write_text(json.dumps(figures))
 
     results = gpu.alternate(list(envs), args.runs, run_one, after)
     versions = {"oncurve": interpreter_versions(pythons["oncurve"], envs["oncurve"],
@@ -116,7 +127,8 @@ def benchmark(args: argparse.Namespace, model: str) -> tuple[str, dict]:
         "prompt_tokens": prompt_tokens,
         "gpu": gpu_name(),
         "python_versions": versions,
-        "speed_target": SPEED_TARGET,
+        "speed_target": target,
+        **({"workload": "long"} if args.long else {}),
         **gpu.figures(stats, results),
     }
 
@@ -193,14 +205,15 @@ def main() -> None:
     add("--json", help="also write the summary of each trainer to this file")
     add("--prepare", action="store_true", help="copy the tokenizer, write prompts, build the model")
     add("--smoke", action="store_true", help="2-layer model on the CPU, 16 tokens (development)")
+    add("--long", action="store_true", help="the long-reasoning workload (module docstring)")
     add("--profile", action="store_true",
         help="oncurve alone, in this process, under each of the settings `VARIANTS` lists: "
         "seconds per phase and the ops that take the most GPU and CPU time")  # fmt: skip
     args = parser.parse_args()
     args.runs = args.runs or (1 if args.smoke else 2)
-    model = "smoke" if args.smoke else "qwen2.5-0.5b"
+    model = "smoke" if args.smoke else "qwen2.5-1.5b" if args.long else "qwen2.5-0.5b"
     if args.prepare:
-        path = gpu.prepare(model, args.tokenizer, PROMPTS_FILE)
+        path = make_job(args, model).settings["model.path"]
         print(f"tokenizer {TOKENIZER}\nprompts {PROMPTS_FILE}\nmodel {path}")
         return
     import torch

@@ -44,10 +44,12 @@ def word_problems(count: int) -> list[dict[str, str]]:
     return rows
 
 
-def prepare(model: str, tokenizer_source: str | None, prompts: Path) -> Path:
+def prepare(
+    model: str, tokenizer_source: str | None, prompts: Path, eos_mean_length: float | None = None
+) -> Path:
     """The Qwen3 tokenizer in the cache (`tokenizer_dir`), 512 word problems in the JSONL
     `prompts` (their mean length with the chat template printed) and the model `model` built
-    with that tokenizer; returns the model's directory."""
+    with that tokenizer (`build_model`, `eos_mean_length` passed on); returns its directory."""
     import transformers
 
     tokenizer_path = tokenizer_dir(tokenizer_source)
@@ -58,7 +60,7 @@ def prepare(model: str, tokenizer_source: str | None, prompts: Path) -> Path:
     lengths = [len(tokenizer(text=chat_text(tokenizer, r["prompt"]))["input_ids"]) for r in rows]
     print(f"{len(rows)} prompts in {prompts}, {statistics.mean(lengths):.1f} tokens on average "
           f"with the chat template ({min(lengths)}-{max(lengths)})", flush=True)  # fmt: skip
-    return build_model(model, tokenizer_path)
+    return build_model(model, tokenizer_path, eos_mean_length)
 
 
 def oncurve_figures(rows: list[dict], log: str) -> dict[str, Any]:
@@ -207,7 +209,11 @@ def section(row: dict) -> str:
                       f"{sum(r['ok'] for r in runs)}/{len(runs)}"])  # fmt: skip
     if ratios:
         table.append(["oncurve / TRL", *(times(ratios.get(k)) for k in keys), ""])
-    scope = "" if tokens == 256 and not cap else " (target set at 256 tokens)"
+    scope = (
+        ""
+        if (tokens == 256 or row.get("workload") == "long") and not cap
+        else (" (target set at 256 tokens)")
+    )
     targets = []
     checks = [("peak GPU memory", "gpu_peak_gb", 1.0, "GiB"),
               ("s/step", "seconds", row["speed_target"], "s")]  # fmt: skip
@@ -227,6 +233,12 @@ def section(row: dict) -> str:
                for i in range(row["runs_per_trainer"]) for label in results
                for r in [results[label][i]]]  # fmt: skip
     lengths = ", ".join(f"{label} {t['length']:.1f}" for label, t in stats.items() if t)
+    forced = s.get("rollout.min_new_tokens", tokens) == tokens  # rows without it: forced
+    ending = (
+        f"completions forced to {tokens}"
+        if forced
+        else f"completions ending at EOS, {tokens} at most"
+    )
     versions = "; ".join(f"{label}'s python: {v}" for label, v in row["python_versions"].items())
     at = f" at {row['commit']}" if row.get("commit") else ""
     header = ["trainer", "s/step", *(f"{p} s" for p in PHASES), "peak GPU GiB (torch)",
@@ -237,7 +249,7 @@ def section(row: dict) -> str:
         f"{s['run.steps']} steps x {row['runs_per_trainer']} runs per trainer\n\n"
         f"Measured {row['date']}{at} on {row['gpu']}; `{row['command']}`; {versions}. Medians "
         f"over the steps after each run's first; prompts {row['prompt_tokens']:.1f} tokens on "
-        f"average, completions forced to {tokens} (mean length {lengths}); memory cap "
+        f"average, {ending} (mean length {lengths}); memory cap "
         f"{f'{cap:g} GiB' if cap else 'none'}. What is held equal and how each figure is "
         "measured: benchmarks/README.md, gpu_vs_trl.py.\n\n"
         f"{markdown_table(header, table)}\n\nTargets (issues 22, 34 and 39):\n\n"

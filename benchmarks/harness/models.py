@@ -1,9 +1,11 @@
 """The models the benchmarks train, built from a config (nothing is downloaded): random
-Qwen2-style models with the bundled character tokenizer (`tiny`, `30m`), the Qwen2.5-0.5B shape
-with the Qwen3 tokenizer for the GPU, and the bundled `default` or a model directory by path."""
+Qwen2-style models with the bundled character tokenizer (`tiny`, `30m`), the Qwen2.5-0.5B and
+1.5B shapes with the Qwen3 tokenizer for the GPU (optionally ending their completions at EOS
+after a set mean length: `end_at_eos`), and the bundled `default` or a model directory by path."""
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ QWEN2_SIZES = {
 # family cut to 2 narrow layers, for a CPU check.
 SHAPES = {
     "qwen2.5-0.5b": (896, 4864, 24, 14, 2),
+    "qwen2.5-1.5b": (1536, 8960, 28, 12, 2),
     "smoke": (128, 704, 2, 2, 1),
 }
 VOCAB = 151936
@@ -114,13 +117,47 @@ def tokenizer_dir(source: str | None = None) -> Path:
     return TOKENIZER
 
 
-def build_model(name: str, tokenizer_path: Path) -> Path:
+def end_at_eos(model: Any, eos_id: int, mean_length: float, calibration_ids: Any) -> None:
+    """Make a random Qwen2 model with tied embeddings sample `eos_id` with probability about
+    1 / `mean_length` at every position, so that sampled completions end at EOS with lengths
+    drawn (geometrically) rather than always running to the cap; in place.
+
+    Hidden coordinate 0 of the residual stream is made the same at every position (each
+    token's embedding holds 1 there and no layer's output projection writes it), so the final
+    norm's coordinate 0 varies only with the norm of the other coordinates, which concentrates.
+    The tied output head multiplies it by each token's embedding coordinate 0: the same for
+    every token but EOS, whose value is then set so that EOS's probability, averaged in log
+    space over the positions of `calibration_ids` ([B, T], no EOS in them), is 1 / mean_length.
+    """
+    import torch
+
+    embedding = model.get_input_embeddings().weight  # [V, H], also the output head
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[0] = 0
+            layer.mlp.down_proj.weight[0] = 0
+        embedding[:, 0] = 1
+        normed: list[Any] = []
+        hook = model.model.norm.register_forward_hook(
+            lambda module, inputs, output: normed.append(output[..., 0].float())
+        )
+        logits = model(calibration_ids).logits.float()  # [B, T, V]
+        hook.remove()
+        others = torch.cat([logits[..., :eos_id], logits[..., eos_id + 1 :]], dim=-1)
+        p = 1 / mean_length
+        wanted = others.logsumexp(-1) + math.log(p / (1 - p))  # EOS's logit for probability p
+        embedding[eos_id, 0] += ((wanted - logits[..., eos_id]) / normed[0]).median()
+
+
+def build_model(name: str, tokenizer_path: Path, eos_mean_length: float | None = None) -> Path:
     """The random bf16 model `name` of `SHAPES` with the Qwen3 tokenizer beside it, built once
-    under the cache (seed 0); its eos, pad and bos ids are the tokenizer's."""
+    under the cache (seed 0); its eos, pad and bos ids are the
+    tokenizer's. With `eos_mean_length`, its completions end at EOS after that many tokens on
+    average (`end_at_eos`, calibrated on random token ids), in a folder of its own."""
     import torch
     import transformers
 
-    path = MODELS / name
+    path = MODELS / (f"{name}-eos{eos_mean_length:g}" if eos_mean_length else name)
     if (path / "config.json").is_file():
         return path
     print(f"building {name} in {path} ...", flush=True)
@@ -140,9 +177,14 @@ def build_model(name: str, tokenizer_path: Path) -> Path:
     )
     torch.manual_seed(0)
     model = transformers.Qwen2ForCausalLM(config).to(torch.bfloat16)
+    if eos_mean_length:
+        if torch.cuda.is_available():  # the calibration's forward pass: minutes on a CPU
+            model.cuda()
+        calibration = torch.randint(0, tokenizer.pad_token_id, (2, 256), device=model.device)
+        end_at_eos(model, tokenizer.eos_token_id, eos_mean_length, calibration)
     for key, value in ids.items():
         setattr(model.generation_config, key, value)
-    partial = path.with_name(name + ".partial")
+    partial = path.with_name(path.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(partial)
     copy_files(tokenizer_path, partial, "tokenizer*")

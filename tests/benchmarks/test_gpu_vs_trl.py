@@ -1,14 +1,17 @@
 """`benchmarks/gpu_vs_trl.py` and `harness.gpu_comparison` on the CPU, without training: its
 prompts, what an oncurve run's metrics and log give, the trainers alternating, a row's figures
-and section (both trainers, a failed run, a memory cap), and results/gpu_vs_trl.md rendered from
-its record. The runs themselves need a GPU (`gpu_check.py`'s `trl` stage)."""
+and section (both trainers, a failed run, a memory cap, the long workload), the long workload's
+model ending at EOS, and results/gpu_vs_trl.md rendered from its record. The runs themselves need a GPU (`gpu_check.py`'s `trl` stage)."""
 
 from __future__ import annotations
 
 import gpu_vs_trl
+import torch
+import transformers
 from harness import gpu_comparison as gpu
 from harness import tables
 from harness.checkout import RESULTS
+from harness.models import SHAPES, end_at_eos, qwen2_config
 
 
 def test_the_word_problems_are_the_arith_tasks_sums():
@@ -93,3 +96,35 @@ def test_the_committed_page_is_the_one_its_record_renders(monkeypatch, tmp_path)
     monkeypatch.setattr(tables, "RESULTS", tmp_path)
     tables.render_page("gpu_vs_trl")
     assert (tmp_path / "gpu_vs_trl.md").read_text() == (RESULTS / "gpu_vs_trl.md").read_text()
+
+
+def test_a_random_model_made_to_end_at_eos_samples_it_once_in_mean_length_tokens():
+    torch.manual_seed(0)
+    config = qwen2_config(SHAPES["smoke"], 2000, max_position_embeddings=1024)
+    model = transformers.Qwen2ForCausalLM(config)
+    eos = 1999
+    with torch.no_grad():
+        before = model(torch.randint(0, eos, (2, 64))).logits.softmax(-1)[..., eos].mean()
+    assert before * 16 < 0.05  # without it: about one token in the vocabulary's size
+    end_at_eos(model, eos, 16, torch.randint(0, eos, (2, 128)))
+    with torch.no_grad():  # fresh ids, longer than the calibration's
+        p = model(torch.randint(0, eos, (4, 512))).logits.softmax(-1)[..., eos]  # [B, T]
+    assert abs(p.mean().item() * 16 - 1) < 0.1
+    for first, last in ((0, 32), (32, 128), (128, 512)):  # the same early and late
+        assert abs(p[:, first:last].mean().item() * 16 - 1) < 0.2, (first, last)
+
+
+def test_a_long_workload_row_says_its_lengths_end_at_eos_and_holds_its_own_target():
+    results = {"oncurve": [run([90.0, 40.0], 30.0)], "TRL": [run([300.0, 150.0], 31.0)]}
+    stats = {label: gpu.summarize(r) for label, r in results.items()}
+    row = {"model": "qwen2.5-1.5b", "gpu_memory_gb": None, "runs_per_trainer": 1,
+           "prompt_tokens": 72.8, "gpu": "NVIDIA H100", "date": "2026-11-28", "command": "x",
+           "speed_target": gpu_vs_trl.LONG_SPEED_TARGET, "workload": "long",
+           "python_versions": {"oncurve": "torch 2", "TRL": "trl 1"},
+           "settings": {"rollout.max_new_tokens": 4096, "rollout.min_new_tokens": 0,
+                        "data.prompts_per_step": 16, "rollout.group_size": 8, "run.steps": 2},
+           **gpu.figures(stats, results)}  # fmt: skip
+    text = gpu.section(row)
+    assert text.startswith("### qwen2.5-1.5b-4096: 16 prompts x G=8, 4096 tokens, 2 steps")
+    assert "completions ending at EOS, 4096 at most" in text
+    assert "| s/step <= 0.3x TRL's | 40.00 vs 150.00 s | 0.27x, yes |" in text

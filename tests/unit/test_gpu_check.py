@@ -13,11 +13,15 @@ from pathlib import Path
 
 import gpu_check
 import pytest
-from gpu_check import DEFAULT_STAGES, LIMITS, TOTAL_LIMIT, job_rows
+from gpu_check import DEFAULT_STAGES, LIMITS, TOTAL_LIMIT, WORKLOAD_STAGES, job_rows
 from harness import gpu_bundle
 from harness.stages import Outcome, Stage, run_stage, status, table, tails
 
 from oncurve.run.memory_plan import MemoryPlan
+
+
+def trl_stage() -> Stage:
+    return gpu_check.against_trl_stage("trl", "one step against TRL", 10, "--tokens", "256")
 
 
 def python(code: str) -> list[str]:
@@ -105,8 +109,11 @@ def test_failed_and_timed_out_stages_get_their_rows_and_log_tails(tmp_path):
 
 def test_the_default_stages_fit_one_device_call_and_stages_picks_a_subset(monkeypatch, tmp_path):
     assert sum(LIMITS[name] for name in DEFAULT_STAGES) <= TOTAL_LIMIT - 10
-    # each of the others makes a second call that a 15-minute session still has room for
-    assert all(LIMITS[name] <= 240 for name in set(LIMITS) - set(DEFAULT_STAGES))
+    # each of the others makes a second call that a 15-minute session still has room for; a
+    # workload takes one call of a session of its own
+    others = set(LIMITS) - set(DEFAULT_STAGES) - set(WORKLOAD_STAGES)
+    assert all(LIMITS[name] <= 240 for name in others)
+    assert all(LIMITS[name] <= TOTAL_LIMIT - 10 for name in WORKLOAD_STAGES)
     parser_type = gpu_check.stage_names
     with pytest.raises(argparse.ArgumentTypeError, match="unknown stages"):
         parser_type("job,nope")
@@ -117,7 +124,7 @@ def test_the_default_stages_fit_one_device_call_and_stages_picks_a_subset(monkey
     assert "run.steps=5" in chosen[0].command()
     monkeypatch.setattr(gpu_bundle, "GPU_BUNDLE", tmp_path)  # no wheels there
     monkeypatch.setattr(gpu_bundle.importlib.util, "find_spec", lambda name: None)
-    assert "make gpu-bundle" in gpu_check.trl_stage(10).command()
+    assert "make gpu-bundle" in trl_stage().command()
 
 
 def test_the_default_jobs_rows_from_its_metrics_and_memory_plan():
@@ -189,14 +196,16 @@ def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
                          "plan_phases_gb": {"sampling": 3.0, "reference": 5.2, "update": 4.6}},
              "TRL": {"seconds": 8.0, "gpu_peak_gb": 5.0,
                      "phases": {"generation": 6.0, "reward": 0.0, "reference": 0.4, "train": 1.6}}}  # fmt: skip
-    (tmp_path / "trl.json").write_text(json.dumps({"stats": stats}))
-    speed, split, memory, plan, by_phase, spent = gpu_check.trl_stage(10).read(outcome)
+    stats["oncurve"]["length"], stats["TRL"]["length"] = 250.0, 256.0
+    (tmp_path / "trl.json").write_text(json.dumps({"stats": stats, "speed_target": 0.35}))
+    speed, split, memory, lengths, plan, by_phase, spent = trl_stage().read(outcome)
     assert by_phase[1] == (
         "sampling 3.10 / 3.00 GiB, reference 4.00 / 5.20 GiB, update 3.90 / 4.60 GiB"
     )
     assert speed[1] == "2.00 / 8.00 s = 0.25x (target <= 0.35x: met)"
     assert split[1] == "generation 0.50 / 6.00, reference 0.30 / 0.40, train 1.20 / 1.60"
     assert memory[1] == "4.00 GiB / 5.00 GiB = 0.80x (target <= 1x: met)"
+    assert lengths[1] == "250.0 / 256.0"
     assert plan[1] == "5.2 / 4.00 GiB (+1.20 GiB)"
     assert spent[1] == "23.0 s (target <= 30 s: met)"
     runs = {"GRPO": {"cuda": 4096.0, "plan_gb": 4.5}, "PPO": {"cuda": 8192.0, "plan_gb": None}}
@@ -210,8 +219,8 @@ def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
     assert missing == ["PPO", "its run did not finish (log below)"]
     assert grpo[1] == "4.5 / 4.00 GiB (+0.50 GiB)"
     stats["TRL"] = None  # TRL's run cut short: oncurve's plan still reported
-    (tmp_path / "trl.json").write_text(json.dumps({"stats": stats}))
-    cut, plan, _, _ = gpu_check.trl_stage(10).read(outcome)
+    (tmp_path / "trl.json").write_text(json.dumps({"stats": stats, "speed_target": 0.35}))
+    cut, plan, _, _ = trl_stage().read(outcome)
     assert cut == ["TRL", "its run failed or did not finish (log below)"]
     assert plan[1] == "5.2 / 4.00 GiB (+1.20 GiB)"
     outcome.log.write_text(
@@ -226,6 +235,38 @@ def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
         == "memory plan: step 1: {'rollout': 2.9}; one microbatch: step 1: {'rollout': 1.7}"
     )
     assert str(outcome.log) in ops[1]
+
+
+def test_the_long_workload_stage_runs_gpu_vs_trl_long_and_holds_its_own_target(
+    monkeypatch, tmp_path
+):
+    monkeypatch.setattr(gpu_check, "WORK", tmp_path)
+    monkeypatch.setattr(gpu_check, "trl_at_hand", lambda: True)
+    args = type("Args", (), {"stages": ["long"], "time_scale": 1.0, "steps": None})
+    (stage,) = gpu_check.stages(args)
+    assert stage.limit == LIMITS["long"]
+    assert stage.command()[-5:] == ["--long", "--runs", "1", "--json", str(tmp_path / "long.json")]
+    ours = {
+        "seconds": 40.0,
+        "gpu_peak_gb": 30.0,
+        "plan_gb": 33.0,
+        "length": 1771.5,
+        "phases": {"generation": 30.0, "reference": 3.0, "train": 7.0},
+    }
+    theirs = {"seconds": 150.0, "gpu_peak_gb": 31.0, "length": 1765.0,
+              "phases": {"generation": 125.0, "reference": 5.0, "train": 20.0}}  # fmt: skip
+    figures = {"stats": {"oncurve": ours, "TRL": theirs}, "speed_target": 0.3}
+    (tmp_path / "long.json").write_text(json.dumps(figures))
+    speed, split, memory, lengths, *_ = stage.read(Outcome(0, 1.0, 10, tmp_path / "log"))
+    assert speed[1] == "40.00 / 150.00 s = 0.27x (target <= 0.3x: met)"
+    assert split[1] == "generation 30.00 / 125.00, reference 3.00 / 5.00, train 7.00 / 20.00"
+    assert memory[1] == "30.00 GiB / 31.00 GiB = 0.97x (target <= 1x: met)"
+    assert lengths[1] == "1771.5 / 1765.0"
+    figures["stats"]["oncurve"] = None  # oncurve's run failed: said so, nothing divided
+    (tmp_path / "long.json").write_text(json.dumps(figures))
+    assert stage.read(Outcome(1, 1.0, 10, tmp_path / "log")) == [
+        ["oncurve", "its run failed or did not finish (log below)"]
+    ]
 
 
 def test_the_tests_stage_reports_the_tests_that_ended_when_pytest_was_stopped(
