@@ -9,7 +9,8 @@ it), and not by default `ppo` (`grpo_vs_ppo.py` on the 0.5B shape), `profile`
 (`gpu_vs_trl.py --profile`) and the workload `long` (`gpu_vs_trl.py --long`: long reasoning
 against TRL on the 1.5B shape). The default stages (`DEFAULT_STAGES`) fit one 10-minute call of
 a GPU machine with its start, leaving a 15-minute session room for a second call of `ppo` or
-`profile`; a workload (`WORKLOAD_STAGES`) fills a call of its own. A stage that fails or runs out of time gets its row all the same, with its log's tail.
+`profile`; a workload (`WORKLOAD_STAGES`) fills a call of its own. A stage that fails or runs
+out of time gets its row all the same, with its log's tail.
 
 The table, a section per GPU (and per other choice of stages), is printed and recorded
 (`results/gpu_check.md`). Exit status: 0 when every stage run exited 0, 1 otherwise, 2 without a
