@@ -186,11 +186,15 @@ def _math_answer(math_text: str) -> str | None:
 
 def _whole_math(text: str) -> str | None:
     """A completion that is one short piece of math and nothing else (`\\frac{\\sqrt{505}}{7}`),
-    whole: its last number would be a denominator or an exponent."""
+    whole: its last number would be a denominator or an exponent; of one worked sum without
+    letters (`2 + 8 = 10`), the result it states, as `_final_math` reads the sum in a sentence."""
     math_text = text.strip().strip("$").strip()
     words = re.search(r"[a-zA-Z]{2,}|[,;]", COMMAND_RE.sub("", ENVIRONMENT_RE.sub("", math_text)))
     if "\n" in math_text or not math_text or words or not looks_symbolic(math_text):
         return None  # "11H = 88000, so H = 8000.": a sentence, not one piece of math
+    sides = EQUALS_RE.split(math_text)
+    if len(sides) == 2 and not re.search(r"[a-zA-Z]", COMMAND_RE.sub("", sides[0])):
+        return _math_answer(math_text)
     return math_text if re.search(r"[\\^/()+*=]|\d\s*[a-zA-Z]", math_text) else None
 
 

@@ -67,6 +67,8 @@ UNDONE = [
     case("p", "\\boxed{x = 2x + 3}", "y=2x+3", 0.0),
     case("p", "\\boxed{1 = 2 = 3 = 2\\sqrt{3}}", "2\\sqrt{3}", 0.0),
     case("p", "\\boxed{1 = 2 = 18}", "18", 0.0),
+    case("What is 2 + 8?", "10 = 2 + 8", "10", 0.0),
+    case("p", "1 = 2 = 10", "10", 0.0),
     case("p", "The temperature fell to −4 degrees.", "4", 0.0),
     # the last number of an unboxed completion: a hedge, or a fraction's denominator
     case("p", "So it is 4 or 3.", "3", 0.0),
@@ -163,6 +165,11 @@ STATED = [
     # verl's prime_math tests: a completion that is one piece of math, whole
     case("p", "\\frac{\\sqrt{505}}{7}", "\\frac{\\sqrt{505}}{7}", 1.0),
     case("p", "x^2 + y^2 + 4x - 6y + 13", "(x + 2)^2 + (y - 3)^2", 0.0),
+    # a completion that is one worked sum states its result, as the same sum in a sentence does
+    case("What is 2 + 8?", "2 + 8 = 10", "10", 1.0),
+    case("What is 2 + 8?", "So 2 + 8 = 10.", "10", 1.0),
+    case("p", "\\frac{1}{2} + 1 = \\frac{3}{2}", "\\frac{3}{2}", 1.0),
+    case("p", "2 + 8 = 11", "10", 0.0),
     case("p", "Final Answer: The final answer is \\((-6, 10)\\). I hope it is correct.",
          "(-6, 10)", 1.0),
     case("p", "\\boxed{\\frac{1}{\\sqrt{3}}}", "\\frac{\\sqrt{3}}{3}", 0.0),
