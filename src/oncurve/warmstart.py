@@ -104,6 +104,7 @@ def greedy_completions(
     texts = []
     for start in range(0, len(prompts), batch_size):
         batch = tokenizer(prompts[start : start + batch_size], padding=True, return_tensors="pt")
+        batch = batch.to(model.device)
         out = model.generate(
             **batch,
             do_sample=False,
@@ -120,7 +121,8 @@ def greedy_completions(
 def greedy_accuracy(
     model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, rows: list[dict[str, str]]
 ) -> float:
-    """Fraction of `rows` whose greedy completion earns arith's "correct" reward."""
+    """Fraction of `rows` whose greedy completion earns arith's "correct" reward (the same at
+    any number of digits)."""
     texts = greedy_completions(model, tokenizer, [r["prompt"] for r in rows])
     correct = ArithTask().reward_fns()["correct"]
     scores = correct([r["prompt"] for r in rows], texts, answer=[r["answer"] for r in rows])
@@ -138,7 +140,9 @@ def warmstart(
     hidden_size: int = 128,
     num_layers: int = 4,
     intermediate_size: int = 384,
+    max_digits: int = 4,
     eval_prompts: int = 500,
+    device: str = "cpu",
     log: Callable[[str], None] = print,
 ) -> WarmstartResult:
     """Train the warm-start model on arith's train split and save it to `out_dir` as a
@@ -147,7 +151,8 @@ def warmstart(
 
     `steps` defaults to DEFAULT_STEPS, the stopping point of the bundled model; each step is
     one AdamW update on `batch_size` fresh problems (no problem is seen twice), with a linear
-    warmup then a constant `lr`. The model sizes exist so a test can run the recipe in seconds.
+    warmup then a constant `lr`. The model sizes exist so a test can run the recipe in seconds,
+    and a benchmark a larger model on longer sums (arith's `max_digits`) on `device`.
     """
     steps = DEFAULT_STEPS if steps is None else steps
     if steps < 1:
@@ -163,8 +168,8 @@ def warmstart(
         num_layers=num_layers,
         intermediate_size=intermediate_size,
     )
-    model = Qwen2ForCausalLM(config)
-    task = ArithTask()
+    model = Qwen2ForCausalLM(config).to(device)
+    task = ArithTask(max_digits)
     train_rows = task.examples("train", steps * batch_size, seed)
     test_rows = task.examples("test", eval_prompts, seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
@@ -178,7 +183,8 @@ def warmstart(
         input_ids, attention_mask, labels = encode_sft(
             tokenizer, train_rows[step * batch_size : (step + 1) * batch_size]
         )
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+        loss = model(**{name: value.to(device) for name, value in batch.items()}).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -94,3 +94,18 @@ def test_same_seed_rebuilds_the_same_weights(tiny_run, tmp_path):
 def test_bad_budget_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="steps must be at least 1"):
         warmstart(tmp_path, steps=0, **TINY)
+
+
+def test_max_digits_trains_and_evaluates_on_longer_sums(tmp_path, monkeypatch):
+    import oncurve.warmstart as recipe
+
+    prompts: list[str] = []
+
+    def recorded(tokenizer, rows):
+        prompts.extend(row["prompt"] for row in rows)
+        return encode_sft(tokenizer, rows)
+
+    monkeypatch.setattr(recipe, "encode_sft", recorded)
+    warmstart(tmp_path, steps=2, max_digits=6, device="cpu", **TINY)
+    assert len(prompts) == 2 * TINY["batch_size"]
+    assert all(len(p) == len("000030+000008=") for p in prompts), prompts[:3]
