@@ -6,8 +6,8 @@ test ends by `harness.pytest_outcomes`), `job` (the default job on CUDA), `rollo
 (`rollout.py`'s 64 x 256 `cuda_graph` scenario), `trl` (`gpu_vs_trl.py` at 256 tokens; skipped
 with the line that says how to add TRL when neither the interpreter nor the GPU bundle has
 it), and not by default `ppo` (`grpo_vs_ppo.py` on the 0.5B shape), `profile`
-(`gpu_vs_trl.py --profile`) and the workload `long` (`gpu_vs_trl.py --long`: long reasoning
-against TRL on the 1.5B shape). The default stages (`DEFAULT_STAGES`) fit one 10-minute call of
+(`gpu_vs_trl.py --profile`) and the workloads `long` (`gpu_vs_trl.py --long`: long reasoning
+against TRL on the 1.5B shape) and `curve` (`gpu_curve.py`: time to accuracy against TRL). The default stages (`DEFAULT_STAGES`) fit one 10-minute call of
 a GPU machine with its start, leaving a 15-minute session room for a second call of `ppo` or
 `profile`; a workload (`WORKLOAD_STAGES`) fills a call of its own. A stage that fails or runs
 out of time gets its row all the same, with its log's tail.
@@ -46,12 +46,13 @@ WORK = CACHE / NAME
 TOTAL_LIMIT = 510  # seconds: a 10-minute device call, less the machine's start and transfers
 # seconds per stage; the default ones together under TOTAL_LIMIT, leaving 10 s for this
 # process's own work
-# `long`: an estimate until its first GPU run (TRL's `generate` runs to 4,096 tokens at every
-# step, since one row of 128 almost always reaches the cap)
+# `long` and `curve`: estimates until their first GPU run (`long`: TRL's `generate` runs to
+# 4,096 tokens at every step, since one row of 128 almost always reaches the cap; `curve`: the
+# warm start, two budgets of `gpu_curve.SIZES` and scoring every checkpoint)
 LIMITS = {"tests": 180, "job": 80, "rollout": 80, "trl": 160, "ppo": 110, "profile": 210,
-          "long": 500}  # fmt: skip
+          "long": 500, "curve": 500}  # fmt: skip
 DEFAULT_STAGES = ("tests", "job", "rollout", "trl")
-WORKLOAD_STAGES = ("long",)  # each one device call of its own
+WORKLOAD_STAGES = ("long", "curve")  # each one device call of its own
 COMPILE_CAPTURE_TARGET = 30  # seconds a run spends compiling and capturing its sampler, at most
 
 
@@ -277,6 +278,38 @@ def ppo_stage(limit: float) -> Stage:
     return Stage("ppo", "GRPO against PPO, 0.5B shape", limit, command, read, (out,))
 
 
+def curve_stage(limit: float) -> Stage:
+    out = WORK / "curve.json"
+
+    def command() -> list[str] | str:
+        if not trl_at_hand():
+            return (
+                "TRL is not importable and benchmarks/.gpu-bundle has no wheels: run `make "
+                "gpu-bundle` where PyPI is reachable and carry benchmarks/.gpu-bundle"
+            )
+        return script("gpu_curve.py", "--json", str(out))
+
+    def read(outcome: Outcome) -> list[list[str]]:
+        from gpu_curve import TARGET
+
+        row = json.loads(out.read_text())
+        rows = [["warm start: held-out greedy accuracy", f"{row['warm_accuracy']:.1%}"]]
+        rows += [[f"{label}: held-out accuracy before / after",
+                  f"{points[0][1]:.1%} / {points[-1][1]:.1%} ({len(points) - 1} checkpoints "
+                  f"in {points[-1][0]:.0f} s of training)"]
+                 for label, points in row["curves"].items()]  # fmt: skip
+        if row["trl_final"] is None:
+            return [*rows, ["TRL", "its run failed or did not run (log below)"]]
+        reach, ratio = row["reach_s"], row["ratio"]
+        reached = (f"never, in {row['curves']['oncurve'][-1][0]:.0f} s (target <= {TARGET}x: missed)"
+                   if reach is None else f"{reach:.0f} s of TRL's {row['trl_seconds']:.0f} s = "
+                   f"{ratio:.2f}x (target <= {TARGET}x: {met(ratio <= TARGET)})")  # fmt: skip
+        return [*rows, [f"oncurve's time to TRL's final {row['trl_final']:.1%}", reached]]
+
+    return Stage("curve", "time to accuracy against TRL (30M, 6-digit sums)", limit, command,
+                 read, (out,))  # fmt: skip
+
+
 def profile_stage(limit: float) -> Stage:
     def command() -> list[str]:
         return script("gpu_vs_trl.py", "--profile", "--tokens", "256", "--steps", "3")
@@ -298,6 +331,7 @@ def stages(args: argparse.Namespace) -> list[Stage]:
     """The stages `args.stages` names, in the order of `LIMITS`."""
     made = {"tests": gpu_tests_stage, "job": lambda limit: default_job_stage(limit, args.steps),
             "rollout": rollout_stage, "ppo": ppo_stage, "profile": profile_stage,
+            "curve": curve_stage,
             "trl": lambda limit: against_trl_stage(
                 "trl", "one step against TRL (256 tokens)", limit, "--tokens", "256", "--steps", "3"),
             "long": lambda limit: against_trl_stage(

@@ -44,10 +44,11 @@ def require(*paths: Path) -> None:
 
 
 def held_out(
-    model_dir: str, config: Any, samples: int = 1
+    model_dir: str, config: Any, samples: int = 1, device: str = "cpu"
 ) -> tuple[dict[str, float], list[dict], list[dict]]:
-    """A model directory's held-out scores on `config.eval.num_prompts` test problems of
-    `config.data.task`, on the CPU in float32, as the trainer evaluates: prompts formatted as it
+    """A model directory's (or a run's checkpoint's) held-out scores on `config.eval.num_prompts`
+    test problems of `config.data.task` with its `data.task_options`, on `device` in float32, as
+    the trainer evaluates: prompts formatted as it
     formats them, greedy with `rollout.max_new_tokens` tokens, its held-out reward
     (`correctness_fn`, the task's settings applied), and with `samples` > 1 that many
     completions per prompt at temperature 1. Returns `evaluate`'s result, the rows (the task's
@@ -58,13 +59,21 @@ def held_out(
     from oncurve.loop.evaluate import evaluate
     from oncurve.model.sources import load_model, load_tokenizer
     from oncurve.rollout import build_sampler
+    from oncurve.run.checkpoint_model import checkpoint_config, find_checkpoint
+    from oncurve.run.checkpoint_model import load_checkpoint_model as load_checkpoint
 
-    task = get_task(config.data.task)
+    task = get_task(config.data.task, config.data.task_options)
     reward = correctness_fn(config, task)
     if hasattr(reward, "configure"):  # the code sandbox's settings, as a run applies them
         reward.configure(config.reward)
-    tokenizer = load_tokenizer(model_dir)
-    model = load_model(model_dir, "float32", "cpu").eval()
+    if (checkpoint := find_checkpoint(model_dir)) is not None:
+        model, tokenizer = load_checkpoint(
+            checkpoint, checkpoint_config(checkpoint), "float32", device
+        )
+    else:
+        tokenizer = load_tokenizer(model_dir)
+        model = load_model(model_dir, "float32", device)
+    model.eval()
     examples = task.examples("test", config.eval.num_prompts, config.run.seed)
     rows = PromptData(examples, tokenizer, config.data, seed=config.run.seed).rows
     records: list[dict] = []

@@ -29,6 +29,8 @@ class Job:
     reward_task: str = "arith"  # the task whose reward functions and weights both trainers use
     trl_microbatch: int | None = None  # TRL's rows per forward/backward; None: oncurve's
     gpu_memory_gb: float | None = None  # GiB both trainers are capped at; None: the whole card
+    # seconds of training steps after which a trainer stops (before run.steps); None: no limit
+    seconds_budget: float | None = None
 
     def with_settings(self, **settings: Any) -> Job:
         """This job with some settings replaced (keys as `run__seed` for `run.seed`)."""
@@ -114,7 +116,10 @@ class Job:
             "shuffle_dataset": False,
             "max_steps": c.run.steps,
             "logging_steps": 1,
-            "save_strategy": "no",
+            # oncurve's checkpoints every run.save_every steps, as TRL's (the model alone)
+            "save_strategy": "steps" if c.run.save_every else "no",
+            "save_steps": c.run.save_every or 500,
+            "save_only_model": True,
             "report_to": "none",
             "disable_tqdm": True,
             "seed": c.run.seed,

@@ -57,10 +57,13 @@ def timed(obj: object, method: str, into: list[float], now: Callable[[], float])
     setattr(obj, method, wrapper)
 
 
-def step_callback(base: type, seconds: list[float], now: Callable[[], float]) -> Any:
+def step_callback(
+    base: type, seconds: list[float], now: Callable[[], float], budget: float | None = None
+) -> Any:
     """An instance of a `base` (transformers' `TrainerCallback`) subclass appending to
     `seconds` the time from each on_step_begin to on_step_end: generation, rewards, the
-    reference forward and every microbatch's forward/backward up to the optimizer step."""
+    reference forward and every microbatch's forward/backward up to the optimizer step; with
+    a `budget`, it stops the training (and saves) at the first step that brings the sum to it."""
 
     class StepTimes(base):
         start = 0.0
@@ -70,6 +73,8 @@ def step_callback(base: type, seconds: list[float], now: Callable[[], float]) ->
 
         def on_step_end(self, args, state, control, **kwargs):
             seconds.append(now() - self.start)
+            if budget is not None and sum(seconds) >= budget:
+                control.should_training_stop = control.should_save = True
 
     return StepTimes()
 
@@ -119,11 +124,14 @@ def train(job: Job, out: Path, save: bool) -> dict[str, Any]:
     timed(trainer, "_calculate_rewards", phases["reward"], now)
     timed(trainer, "_generate_and_score_completions", phases["prepare"], now)
     seconds: list[float] = []
-    trainer.add_callback(step_callback(TrainerCallback, seconds, now))
+    trainer.add_callback(step_callback(TrainerCallback, seconds, now, job.seconds_budget))
     trainer.train()
     per_step, steps = config.data.prompts_per_step, config.run.steps
-    if seen[:: len(rewards)] != [texts[i : i + per_step] for i in range(0, len(texts), per_step)]:
+    drawn = [texts[i : i + per_step] for i in range(0, len(seconds) * per_step, per_step)]
+    if seen[:: len(rewards)] != drawn:
         raise SystemExit("TRL's reward calls scored other prompts than oncurve's steps draw")
+    if job.seconds_budget is not None:  # stopped by its budget: the steps it took
+        steps = len(seconds)
     if len(seconds) != steps or len(phases["prepare"]) != steps:
         raise SystemExit(
             f"expected {steps} steps of one generation each, timed {len(seconds)} steps and "

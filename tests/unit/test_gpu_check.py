@@ -306,3 +306,35 @@ def test_the_tests_stage_reports_the_tests_that_ended_when_pytest_was_stopped(
     summary, failed = stage.read(outcome)
     assert summary[1] == "1 passed, 1 failed, 1 skipped"
     assert failed == ["failed: `test_gpu_paths::test_b[lora]`", "assert 1 == 2"]
+
+
+def test_the_curve_stage_reads_both_curves_and_times_oncurve_to_trls_final_accuracy(
+    monkeypatch, tmp_path
+):
+    monkeypatch.setattr(gpu_check, "WORK", tmp_path)
+    monkeypatch.setattr(gpu_check, "trl_at_hand", lambda: True)
+    args = type("Args", (), {"stages": ["curve"], "time_scale": 1.0, "steps": None})
+    (stage,) = gpu_check.stages(args)
+    assert stage.command()[-2:] == ["--json", str(tmp_path / "curve.json")]
+    assert stage.command()[-3].endswith("gpu_curve.py")
+    curves = {"oncurve": [[0.0, 0.2], [40.0, 0.45], [80.0, 0.6], [150.0, 0.7]],
+              "TRL": [[0.0, 0.2], [90.0, 0.4], [150.0, 0.5]]}  # fmt: skip
+    row = {"warm_accuracy": 0.2, "curves": curves, "trl_final": 0.5, "trl_seconds": 150.0,
+           "reach_s": 80.0, "ratio": 80 / 150}  # fmt: skip
+    (tmp_path / "curve.json").write_text(json.dumps(row))
+    outcome = Outcome(0, 1.0, 10, tmp_path / "log")
+    warm, ours, theirs, reached = stage.read(outcome)
+    assert warm == ["warm start: held-out greedy accuracy", "20.0%"]
+    assert ours[1] == "20.0% / 70.0% (3 checkpoints in 150 s of training)"
+    assert theirs[1] == "20.0% / 50.0% (2 checkpoints in 150 s of training)"
+    assert reached == ["oncurve's time to TRL's final 50.0%",
+                       "80 s of TRL's 150 s = 0.53x (target <= 0.5x: missed)"]  # fmt: skip
+    row |= {"reach_s": None, "ratio": None}  # oncurve never reached it
+    (tmp_path / "curve.json").write_text(json.dumps(row))
+    assert stage.read(outcome)[-1][1] == "never, in 150 s (target <= 0.5x: missed)"
+    del row["curves"]["TRL"]  # TRL's run failed: oncurve's curve still shown
+    row |= {"trl_final": None, "trl_seconds": None}
+    (tmp_path / "curve.json").write_text(json.dumps(row))
+    *_, ours, failed = stage.read(outcome)
+    assert ours[0] == "oncurve: held-out accuracy before / after"
+    assert failed == ["TRL", "its run failed or did not run (log below)"]

@@ -1,0 +1,191 @@
+"""Time to accuracy against TRL on one GPU (`gpu_check.py`'s `curve` stage): a 30M-parameter
+model warm-started inside the command (`oncurve.warmstart` on 6-digit sums, stopped early so that
+its held-out accuracy leaves headroom), then GRPO on the same sums with oncurve and with TRL's
+GRPOTrainer (`harness.spec.Job`: the default job's settings), each for `--budget` seconds of
+training steps by its own step timer (oncurve's `time/step`, TRL's step callback), with a
+checkpoint every `SAVE_EVERY` steps and one where the budget ends it. oncurve is stopped with
+SIGTERM once its logged steps reach the budget (it saves that step and exits 0); TRL stops
+itself at the step that reaches it (`Job.seconds_budget`). Every checkpoint is scored alike
+afterwards (`learning.held_out`: greedy, the same held-out problems), giving held-out accuracy
+against training seconds: one figure (`results/gpu_curve.png`) and one table. Target: oncurve
+reaches TRL's final accuracy in at most `TARGET` x TRL's training seconds. The warm-start steps
+and the budget (`SIZES`) are estimates until the first GPU run.
+
+    python3 benchmarks/gpu_curve.py                       # GPU machine
+    .venv/bin/python benchmarks/gpu_curve.py --smoke      # here: a tiny model on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import learning
+from harness.checkout import CACHE, RESULTS, checkout_env
+from harness.gpu_comparison import environments
+from harness.spec import Job
+from harness.tables import markdown_table, publish
+from harness.trl_env import run_trl
+
+NAME = "gpu_curve"
+WORK = CACHE / NAME
+FIGURE = RESULTS / f"{NAME}.png"
+TARGET = 0.5
+SAVE_EVERY = 10
+DIGITS = 6
+# size -> (hidden, layers, intermediate, warm-start steps, budget seconds, held-out problems)
+SIZES = {"30m": (512, 8, 1536, 600, 150, 200), "smoke": (32, 2, 64, 20, 30, 16)}
+
+
+def warm_model(size: str, device: str) -> tuple[Path, float]:
+    """The warm-started model of `size` (built afresh) and its held-out greedy accuracy."""
+    from oncurve.warmstart import warmstart
+
+    hidden, layers, intermediate, steps, _, held = SIZES[size]
+    out = WORK / f"model-{size}"
+    result = warmstart(out, steps, hidden_size=hidden, num_layers=layers, max_digits=DIGITS,
+                       intermediate_size=intermediate, eval_prompts=held, device=device)  # fmt: skip
+    return out, result.accuracy
+
+
+def make_job(model: Path, size: str, device: str) -> Job:
+    """The default job's settings (configs/default.yaml) on 6-digit sums from `model`, saving
+    every `SAVE_EVERY` steps, with `size`'s budget (its steps a bound the budget ends first)."""
+    held, budget = SIZES[size][5], SIZES[size][4]
+    settings = {"model.path": str(model), "run.device": device, "run.steps": 1000,
+                "run.save_every": SAVE_EVERY, "run.keep_last": 1000, "data.task": "arith",
+                "data.prompts_per_step": 16, "rollout.group_size": 8, "rollout.max_new_tokens": 64,
+                "optim.lr": 1e-4, "optim.warmup_steps": 10,
+                "data.task_options": json.dumps({"max_digits": DIGITS}),
+                "eval.at_start_end": False, "eval.num_prompts": held, "log.samples_per_step": 0}  # fmt: skip
+    return Job(settings, seconds_budget=budget)
+
+
+def logged_seconds(run_dir: Path) -> list[float]:
+    """The `time/step` of each step an oncurve run has logged so far (a line being written is
+    left for the next read)."""
+    path, seconds = run_dir / "metrics.jsonl", []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            seconds.append(json.loads(line)["time/step"])
+        except (json.JSONDecodeError, KeyError):
+            continue
+    return seconds
+
+
+def train_oncurve_for(job: Job, run_dir: Path) -> list[float]:
+    """oncurve's run of `job`, stopped by SIGTERM once its steps' seconds reach the budget;
+    its steps' seconds."""
+    command = [sys.executable, "-m", "oncurve", "train", "--quiet", *job.oncurve_args(),
+               f"run.dir={run_dir}", "run.overwrite=true"]  # fmt: skip
+    shutil.rmtree(run_dir, ignore_errors=True)  # an earlier run's metrics would stop this one
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    with (run_dir.parent / "oncurve.log").open("w") as log:
+        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=checkout_env())
+        while child.poll() is None:
+            if sum(logged_seconds(run_dir)) >= job.seconds_budget:
+                child.send_signal(signal.SIGTERM)
+                child.wait()
+            time.sleep(0.2)
+    if child.returncode:
+        raise SystemExit(f"oncurve's run failed ({child.returncode}): {run_dir.parent}/oncurve.log")
+    return logged_seconds(run_dir)
+
+
+def curve(checkpoints: list[tuple[int, Path]], seconds: list[float], job: Job, device: str,
+          start: float) -> list[list[float]]:  # fmt: skip
+    """[[training seconds, held-out accuracy]] from the start, one point per checkpoint
+    ((step, path), in order) at the seconds of its steps."""
+    config = job.config()
+    points = [[0.0, start]]
+    for step, path in checkpoints:
+        accuracy = learning.held_out(str(path), config, device=device)[0]["accuracy"]
+        points.append([round(sum(seconds[:step]), 2), accuracy])
+    return points
+
+
+def time_to_reach(points: list[list[float]], level: float) -> float | None:
+    """The training seconds of the first point at `level` or above, None if none is."""
+    return next((seconds for seconds, accuracy in points if accuracy >= level), None)
+
+
+def figures(curves: dict[str, list[list[float]]]) -> dict[str, Any]:
+    """TRL's final accuracy and seconds, oncurve's seconds to reach that accuracy and the ratio
+    (None where a trainer did not run or oncurve never reached it)."""
+    if "TRL" not in curves:
+        return {"trl_final": None, "trl_seconds": None, "reach_s": None, "ratio": None}
+    trl_seconds, trl_final = curves["TRL"][-1]
+    reach = time_to_reach(curves["oncurve"], trl_final)
+    ratio = None if reach is None or not trl_seconds else reach / trl_seconds
+    return {"trl_final": trl_final, "trl_seconds": trl_seconds, "reach_s": reach, "ratio": ratio}
+
+
+def section(row: dict) -> str:
+    """The page of one row: the curves' table and the target."""
+    table = [[label, f"{points[-1][0]:.0f}", f"{points[0][1]:.1%}", f"{points[-1][1]:.1%}",
+              ", ".join(f"{s:.0f} s {a:.0%}" for s, a in points[1:])]
+             for label, points in row["curves"].items()]  # fmt: skip
+    ratio, reach = row["ratio"], row["reach_s"]
+    holds = "n/a" if row["trl_final"] is None else (
+        "never reached: missed" if reach is None else
+        f"{reach:.0f} s of TRL's {row['trl_seconds']:.0f} s = {ratio:.2f}x: "
+        + ("met" if ratio <= TARGET else "missed"))  # fmt: skip
+    return (
+        f"### {row['key']}\n\nMeasured {row['date']} at {row['commit']} on {row['gpu']}; "
+        f"`{row['command']}`; warm start {row['warm_accuracy']:.1%} held-out, budget "
+        f"{row['budget']:.0f} s of training steps each, checkpoints every {SAVE_EVERY} steps.\n\n"
+        + markdown_table(["trainer", "training s", "before", "after", "checkpoints"], table)
+        + f"\n\nTarget: oncurve reaches TRL's final accuracy in at most {TARGET}x its time: "
+        f"{holds}. Figure: `{FIGURE.name}`.\n"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU")
+    parser.add_argument("--trl-python", default=sys.executable, help="runs the TRL child")
+    parser.add_argument("--json", help="also write the row to this file")
+    args = parser.parse_args()
+    import torch
+
+    size, device = ("smoke", "cpu") if args.smoke else ("30m", "cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("gpu_curve.py: no CUDA device (use --smoke here)")
+    model, warm = warm_model(size, device)
+    job = make_job(model, size, device)
+    runs: dict[str, list[float]] = {"oncurve": train_oncurve_for(job, WORK / "oncurve" / "run")}
+    checkpoints = {"oncurve": sorted((int(p.name.split("-")[1]), p)
+                                     for p in (WORK / "oncurve" / "run" / "checkpoints").glob("step-*"))}  # fmt: skip
+    envs = environments(args.trl_python, trl_required=not args.smoke)
+    shutil.rmtree(WORK / "trl", ignore_errors=True)  # an earlier run's checkpoints
+    if "TRL" in envs and not (done := run_trl(job, WORK / "trl", args.trl_python, envs["TRL"],
+                                               check=False))["code"]:  # fmt: skip
+        runs["TRL"] = done["seconds"]
+        checkpoints["TRL"] = sorted((int(p.name.split("-")[1]), p)
+                                    for p in (WORK / "trl" / "trainer").glob("checkpoint-*"))  # fmt: skip
+    curves = {label: curve(checkpoints[label], seconds, job, device, warm)
+              for label, seconds in runs.items()}  # fmt: skip
+    row = {"warm_accuracy": warm, "budget": job.seconds_budget, "curves": curves,
+           **figures(curves), "gpu": torch.cuda.get_device_name() if device == "cuda" else "CPU"}  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(row))
+    lines = [(label, [s for s, _ in points], [a for _, a in points], {})
+             for label, points in curves.items()]  # fmt: skip
+    plot_path = WORK / FIGURE.name if args.smoke else FIGURE
+    learning.plot(plot_path, [{"x": "training seconds", "y": "held-out greedy accuracy",
+                               "lines": lines, "base": warm}])  # fmt: skip
+    if args.smoke:
+        print(json.dumps(row, indent=1) + "\n(--smoke: not written to results)")
+    else:
+        publish(NAME, "Time to accuracy against TRL on one GPU", size, {"renderer": NAME, **row})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""`benchmarks/gpu_curve.py` on the CPU: the time to reach an accuracy on a curve, the row's
+figures with and without TRL, the steps' seconds read from a run being written, and its page.
+The comparison itself needs a GPU (`gpu_check.py`'s `curve` stage); its `--smoke` path on the
+CPU is the `slow` test."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import gpu_curve
+import pytest
+from harness.checkout import BENCHMARKS, checkout_env
+
+
+def test_the_time_to_an_accuracy_is_that_of_the_first_point_at_it_or_above():
+    points = [[0.0, 0.2], [30.0, 0.35], [60.0, 0.5], [90.0, 0.45], [120.0, 0.6]]
+    assert gpu_curve.time_to_reach(points, 0.5) == 60.0
+    assert gpu_curve.time_to_reach(points, 0.2) == 0.0
+    assert gpu_curve.time_to_reach(points, 0.61) is None
+
+
+def test_the_figures_hold_oncurves_time_to_trls_final_accuracy():
+    curves = {"oncurve": [[0.0, 0.2], [20.0, 0.4], [45.0, 0.55]],
+              "TRL": [[0.0, 0.2], [60.0, 0.3], [120.0, 0.5]]}  # fmt: skip
+    assert gpu_curve.figures(curves) == {
+        "trl_final": 0.5, "trl_seconds": 120.0, "reach_s": 45.0, "ratio": 45.0 / 120.0
+    }  # fmt: skip
+    curves["oncurve"][-1][1] = 0.45  # never at TRL's final accuracy
+    assert gpu_curve.figures(curves)["reach_s"] is None
+    assert gpu_curve.figures(curves)["ratio"] is None
+    del curves["TRL"]
+    assert set(gpu_curve.figures(curves).values()) == {None}
+
+
+def test_the_steps_seconds_are_read_while_a_line_is_being_written(tmp_path):
+    assert gpu_curve.logged_seconds(tmp_path) == []  # no metrics yet
+    (tmp_path / "metrics.jsonl").write_text(
+        json.dumps({"step": 1, "time/step": 1.5}) + "\n" + json.dumps({"eval/accuracy": 0.3})
+        + "\n" + json.dumps({"step": 2, "time/step": 2.0}) + '\n{"step": 3, "time/st'
+    )  # fmt: skip
+    assert gpu_curve.logged_seconds(tmp_path) == [1.5, 2.0]
+
+
+def test_a_rows_page_gives_both_curves_and_the_target():
+    row = {"key": "30m", "date": "2026-11-28", "commit": "abc", "gpu": "NVIDIA H100",
+           "command": "python benchmarks/gpu_curve.py", "warm_accuracy": 0.2, "budget": 150.0,
+           "curves": {"oncurve": [[0.0, 0.2], [45.0, 0.55]], "TRL": [[0.0, 0.2], [120.0, 0.5]]},
+           "trl_final": 0.5, "trl_seconds": 120.0, "reach_s": 45.0, "ratio": 0.375}  # fmt: skip
+    text = gpu_curve.section(row)
+    assert "| oncurve | 45 | 20.0% | 55.0% | 45 s 55% |" in text
+    assert "| TRL | 120 | 20.0% | 50.0% | 120 s 50% |" in text
+    assert "45 s of TRL's 120 s = 0.38x: met" in text
+
+
+@pytest.mark.slow
+def test_the_smoke_path_trains_for_its_budget_and_scores_every_checkpoint(tmp_path):
+    out = tmp_path / "row.json"
+    command = [sys.executable, str(BENCHMARKS / "gpu_curve.py"), "--smoke", "--json", str(out)]
+    subprocess.run(command, check=True, env=checkout_env(), capture_output=True)
+    row = json.loads(out.read_text())
+    points = row["curves"]["oncurve"]
+    assert len(points) >= 3 and points[0] == [0.0, row["warm_accuracy"]]
+    assert points[-2][0] < row["budget"] <= points[-1][0]  # stopped at the step that reached it
