@@ -301,6 +301,8 @@ def curve_stage(limit: float) -> Stage:
         if row["trl_final"] is None:
             return [*rows, ["TRL", "its run failed or did not run (log below)"]]
         reach, ratio = row["reach_s"], row["ratio"]
+        if row["trl_final"] <= row["warm_accuracy"]:
+            return [*rows, ["TRL", "it did not improve on the warm start: nothing to reach"]]
         reached = (f"never, in {row['curves']['oncurve'][-1][0]:.0f} s (target <= {TARGET}x: missed)"
                    if reach is None else f"{reach:.0f} s of TRL's {row['trl_seconds']:.0f} s = "
                    f"{ratio:.2f}x (target <= {TARGET}x: {met(ratio <= TARGET)})")  # fmt: skip

@@ -112,17 +112,19 @@ def curve(checkpoints: list[tuple[int, Path]], seconds: list[float], job: Job, d
 
 
 def time_to_reach(points: list[list[float]], level: float) -> float | None:
-    """The training seconds of the first point at `level` or above, None if none is."""
-    return next((seconds for seconds, accuracy in points if accuracy >= level), None)
+    """The training seconds of the first checkpoint (the start left out) at `level` or above,
+    None if none is."""
+    return next((seconds for seconds, accuracy in points[1:] if accuracy >= level), None)
 
 
 def figures(curves: dict[str, list[list[float]]]) -> dict[str, Any]:
     """TRL's final accuracy and seconds, oncurve's seconds to reach that accuracy and the ratio
-    (None where a trainer did not run or oncurve never reached it)."""
+    (None where TRL did not run, did not improve on the start, or oncurve never reached it)."""
     if "TRL" not in curves:
         return {"trl_final": None, "trl_seconds": None, "reach_s": None, "ratio": None}
     trl_seconds, trl_final = curves["TRL"][-1]
-    reach = time_to_reach(curves["oncurve"], trl_final)
+    improved = trl_final > curves["TRL"][0][1]  # else there is nothing to reach
+    reach = time_to_reach(curves["oncurve"], trl_final) if improved else None
     ratio = None if reach is None or not trl_seconds else reach / trl_seconds
     return {"trl_final": trl_final, "trl_seconds": trl_seconds, "reach_s": reach, "ratio": ratio}
 
@@ -133,7 +135,9 @@ def section(row: dict) -> str:
               ", ".join(f"{s:.0f} s {a:.0%}" for s, a in points[1:])]
              for label, points in row["curves"].items()]  # fmt: skip
     ratio, reach = row["ratio"], row["reach_s"]
+    start = row["warm_accuracy"]
     holds = "n/a" if row["trl_final"] is None else (
+        "TRL did not improve on the start: nothing to reach" if row["trl_final"] <= start else
         "never reached: missed" if reach is None else
         f"{reach:.0f} s of TRL's {row['trl_seconds']:.0f} s = {ratio:.2f}x: "
         + ("met" if ratio <= TARGET else "missed"))  # fmt: skip

@@ -17,7 +17,7 @@ from harness.checkout import BENCHMARKS, checkout_env
 def test_the_time_to_an_accuracy_is_that_of_the_first_point_at_it_or_above():
     points = [[0.0, 0.2], [30.0, 0.35], [60.0, 0.5], [90.0, 0.45], [120.0, 0.6]]
     assert gpu_curve.time_to_reach(points, 0.5) == 60.0
-    assert gpu_curve.time_to_reach(points, 0.2) == 0.0
+    assert gpu_curve.time_to_reach(points, 0.2) == 30.0  # the start is not a checkpoint
     assert gpu_curve.time_to_reach(points, 0.61) is None
 
 
@@ -29,6 +29,8 @@ def test_the_figures_hold_oncurves_time_to_trls_final_accuracy():
     }  # fmt: skip
     curves["oncurve"][-1][1] = 0.45  # never at TRL's final accuracy
     assert gpu_curve.figures(curves)["reach_s"] is None
+    assert gpu_curve.figures(curves)["ratio"] is None
+    curves["TRL"][-1][1] = 0.2  # TRL no better than the start: nothing to reach
     assert gpu_curve.figures(curves)["ratio"] is None
     del curves["TRL"]
     assert set(gpu_curve.figures(curves).values()) == {None}

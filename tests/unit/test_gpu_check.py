@@ -332,6 +332,12 @@ def test_the_curve_stage_reads_both_curves_and_times_oncurve_to_trls_final_accur
     row |= {"reach_s": None, "ratio": None}  # oncurve never reached it
     (tmp_path / "curve.json").write_text(json.dumps(row))
     assert stage.read(outcome)[-1][1] == "never, in 150 s (target <= 0.5x: missed)"
+    row |= {"trl_final": 0.2}  # TRL no better than the warm start
+    (tmp_path / "curve.json").write_text(json.dumps(row))
+    assert stage.read(outcome)[-1] == [
+        "TRL",
+        "it did not improve on the warm start: nothing to reach",
+    ]
     del row["curves"]["TRL"]  # TRL's run failed: oncurve's curve still shown
     row |= {"trl_final": None, "trl_seconds": None}
     (tmp_path / "curve.json").write_text(json.dumps(row))
