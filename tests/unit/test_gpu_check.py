@@ -24,6 +24,15 @@ def trl_stage() -> Stage:
     return gpu_check.against_trl_stage("trl", "one step against TRL", 10, "--tokens", "256")
 
 
+def workload_stage(name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Stage:
+    """The stage `name` as `--stages` makes it, writing under `tmp_path`, TRL at hand."""
+    monkeypatch.setattr(gpu_check, "WORK", tmp_path)
+    monkeypatch.setattr(gpu_check, "trl_at_hand", lambda: True)
+    args = type("Args", (), {"stages": [name], "time_scale": 1.0, "steps": None})
+    (stage,) = gpu_check.stages(args)
+    return stage
+
+
 def python(code: str) -> list[str]:
     return [sys.executable, "-c", code]
 
@@ -240,10 +249,7 @@ def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
 def test_the_long_workload_stage_runs_gpu_vs_trl_long_and_holds_its_own_target(
     monkeypatch, tmp_path
 ):
-    monkeypatch.setattr(gpu_check, "WORK", tmp_path)
-    monkeypatch.setattr(gpu_check, "trl_at_hand", lambda: True)
-    args = type("Args", (), {"stages": ["long"], "time_scale": 1.0, "steps": None})
-    (stage,) = gpu_check.stages(args)
+    stage = workload_stage("long", monkeypatch, tmp_path)
     assert stage.limit == LIMITS["long"]
     assert stage.command()[-5:] == ["--long", "--runs", "1", "--json", str(tmp_path / "long.json")]
     ours = {
@@ -311,10 +317,7 @@ def test_the_tests_stage_reports_the_tests_that_ended_when_pytest_was_stopped(
 def test_the_curve_stage_reads_both_curves_and_times_oncurve_to_trls_final_accuracy(
     monkeypatch, tmp_path
 ):
-    monkeypatch.setattr(gpu_check, "WORK", tmp_path)
-    monkeypatch.setattr(gpu_check, "trl_at_hand", lambda: True)
-    args = type("Args", (), {"stages": ["curve"], "time_scale": 1.0, "steps": None})
-    (stage,) = gpu_check.stages(args)
+    stage = workload_stage("curve", monkeypatch, tmp_path)
     assert stage.command()[-2:] == ["--json", str(tmp_path / "curve.json")]
     assert stage.command()[-3].endswith("gpu_curve.py")
     curves = {"oncurve": [[0.0, 0.2], [40.0, 0.45], [80.0, 0.6], [150.0, 0.7]],
