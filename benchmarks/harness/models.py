@@ -126,8 +126,8 @@ def end_at_eos(model: Any, eos_id: int, mean_length: float, calibration_ids: Any
     token's embedding holds 1 there and no layer's output projection writes it), so the final
     norm's coordinate 0 varies only with the norm of the other coordinates, which concentrates.
     The tied output head multiplies it by each token's embedding coordinate 0: the same for
-    every token but EOS, whose value is then set so that EOS's probability, averaged in log
-    space over the positions of `calibration_ids` ([B, T], no EOS in them), is 1 / mean_length.
+    every token but EOS, whose value is then set so that EOS's probability, averaged over the
+    positions of `calibration_ids` ([B, T], no EOS in them), is 1 / mean_length.
     """
     import torch
 
@@ -144,9 +144,20 @@ def end_at_eos(model: Any, eos_id: int, mean_length: float, calibration_ids: Any
         logits = model(calibration_ids).logits.float()  # [B, T, V]
         hook.remove()
         others = torch.cat([logits[..., :eos_id], logits[..., eos_id + 1 :]], dim=-1)
+        # EOS's probability at a position is sigmoid(its logit - logsumexp(the others')), its
+        # logit rising by normed * delta: each position's own delta brackets the one whose mean
+        # probability is 1 / mean_length, found by bisection
+        gap, slope = logits[..., eos_id] - others.logsumexp(-1), normed[0]
         p = 1 / mean_length
-        wanted = others.logsumexp(-1) + math.log(p / (1 - p))  # EOS's logit for probability p
-        embedding[eos_id, 0] += ((wanted - logits[..., eos_id]) / normed[0]).median()
+        own = (math.log(p / (1 - p)) - gap) / slope
+        low, high = own.min().item(), own.max().item()
+        for _ in range(60):
+            middle = (low + high) / 2
+            if torch.sigmoid(gap + slope * middle).mean() < p:
+                low = middle
+            else:
+                high = middle
+        embedding[eos_id, 0] += (low + high) / 2
 
 
 def build_model(name: str, tokenizer_path: Path, eos_mean_length: float | None = None) -> Path:
@@ -180,7 +191,7 @@ def build_model(name: str, tokenizer_path: Path, eos_mean_length: float | None =
     if eos_mean_length:
         if torch.cuda.is_available():  # the calibration's forward pass: minutes on a CPU
             model.cuda()
-        calibration = torch.randint(0, tokenizer.pad_token_id, (2, 256), device=model.device)
+        calibration = torch.randint(0, tokenizer.pad_token_id, (2, 512), device=model.device)
         end_at_eos(model, tokenizer.eos_token_id, eos_mean_length, calibration)
     for key, value in ids.items():
         setattr(model.generation_config, key, value)
