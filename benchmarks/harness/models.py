@@ -119,8 +119,8 @@ def tokenizer_dir(source: str | None = None) -> Path:
 
 def end_at_eos(model: Any, eos_id: int, mean_length: float, calibration_ids: Any) -> None:
     """Make a random Qwen2 model with tied embeddings sample `eos_id` with probability about
-    1 / `mean_length` at every position, so that sampled completions end at EOS with lengths
-    drawn (geometrically) rather than always running to the cap; in place.
+    1 / `mean_length` on average over positions, so that sampled completions end at EOS with
+    lengths drawn (about geometrically) rather than always running to the cap; in place.
 
     Hidden coordinate 0 of the residual stream is made the same at every position (each
     token's embedding holds 1 there and no layer's output projection writes it), so the final
