@@ -143,6 +143,8 @@ def warmstart(
     max_digits: int = 4,
     eval_prompts: int = 500,
     device: str = "cpu",
+    stop_at: float | None = None,
+    check_every: int = 50,
     log: Callable[[str], None] = print,
 ) -> WarmstartResult:
     """Train the warm-start model on arith's train split and save it to `out_dir` as a
@@ -153,6 +155,11 @@ def warmstart(
     one AdamW update on `batch_size` fresh problems (no problem is seen twice), with a linear
     warmup then a constant `lr`. The model sizes exist so a test can run the recipe in seconds,
     and a benchmark a larger model on longer sums (arith's `max_digits`) on `device`.
+
+    With `stop_at`, `steps` is a bound: every `check_every` steps the model's greedy accuracy
+    on `eval_prompts` train-split problems of another seed (the test problems stay unseen) is
+    checked, and training stops at the first check at `stop_at` or above, so that a model whose
+    learning speed is not known beforehand still leaves GRPO its headroom.
     """
     steps = DEFAULT_STEPS if steps is None else steps
     if steps < 1:
@@ -172,6 +179,7 @@ def warmstart(
     task = ArithTask(max_digits)
     train_rows = task.examples("train", steps * batch_size, seed)
     test_rows = task.examples("test", eval_prompts, seed)
+    check_rows = task.examples("train", eval_prompts, seed + 1) if stop_at is not None else []
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.99), weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / max(1, warmup_steps))
@@ -193,6 +201,13 @@ def warmstart(
         losses.append(loss.item())
         if (step + 1) % 100 == 0 or step + 1 == steps:
             log(f"warmstart step {step + 1}/{steps} loss {losses[-1]:.4f}")
+        if check_rows and (step + 1) % check_every == 0 and step + 1 < steps:
+            model.eval()
+            checked = greedy_accuracy(model, tokenizer, check_rows)
+            model.train()
+            log(f"warmstart step {step + 1}: accuracy {checked:.3f} on the check problems")
+            if checked >= stop_at:
+                break
 
     model.eval()
     accuracy = greedy_accuracy(model, tokenizer, test_rows)
@@ -211,7 +226,7 @@ def warmstart(
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     recipe = {
-        "steps": steps,
+        "steps": len(losses),
         "seed": seed,
         "batch_size": batch_size,
         "lr": lr,

@@ -109,3 +109,12 @@ def test_max_digits_trains_and_evaluates_on_longer_sums(tmp_path, monkeypatch):
     warmstart(tmp_path, steps=2, max_digits=6, device="cpu", **TINY)
     assert len(prompts) == 2 * TINY["batch_size"]
     assert all(len(p) == len("000030+000008=") for p in prompts), prompts[:3]
+
+
+def test_stop_at_ends_training_at_the_first_check_that_reaches_it(tmp_path):
+    lines: list[str] = []
+    options = TINY | {"log": lines.append}
+    result = warmstart(tmp_path, steps=20, stop_at=0.0, check_every=5, **options)
+    assert len(result.losses) == 5  # every accuracy is at least 0: the first check stops it
+    assert any("step 5: accuracy" in line for line in lines)
+    assert '"steps": 5' in (tmp_path / "README.md").read_text()
