@@ -7,10 +7,11 @@ test ends by `harness.pytest_outcomes`), `job` (the default job on CUDA), `rollo
 with the line that says how to add TRL when neither the interpreter nor the GPU bundle has
 it), and not by default `ppo` (`grpo_vs_ppo.py` on the 0.5B shape), `profile`
 (`gpu_vs_trl.py --profile`) and the workloads `long` (`gpu_vs_trl.py --long`: long reasoning
-against TRL on the 1.5B shape) and `curve` (`gpu_curve.py`: time to accuracy against TRL). The default stages (`DEFAULT_STAGES`) fit one 10-minute call of
-a GPU machine with its start, leaving a 15-minute session room for a second call of `ppo` or
-`profile`; a workload (`WORKLOAD_STAGES`) fills a call of its own. A stage that fails or runs
-out of time gets its row all the same, with its log's tail.
+against TRL on the 1.5B shape) and `curve` (`gpu_curve.py`: time to accuracy against TRL on a
+30M model warm-started in the stage). The default stages (`DEFAULT_STAGES`) fit one 10-minute
+call of a GPU machine with its start, leaving a 15-minute session room for a second call of
+`ppo` or `profile`; a workload (`WORKLOAD_STAGES`) fills a call of its own. A stage that fails
+or runs out of time gets its row all the same, with its log's tail.
 
 The table, a section per GPU (and per other choice of stages), is printed and recorded
 (`results/gpu_check.md`). Exit status: 0 when every stage run exited 0, 1 otherwise, 2 without a
@@ -21,6 +22,7 @@ machine without internet access lacks into benchmarks/.gpu-bundle (`harness.gpu_
     python3 benchmarks/gpu_check.py                           # any Python with a CUDA torch
     python3 benchmarks/gpu_check.py --stages profile          # the second call
     python3 benchmarks/gpu_check.py --stages long             # a session's one call
+    python3 benchmarks/gpu_check.py --stages curve            # a session's one call
     .venv/bin/python benchmarks/gpu_check.py --dry-run        # the commands, nothing run
 """
 

@@ -347,3 +347,14 @@ def test_the_curve_stage_reads_both_curves_and_times_oncurve_to_trls_final_accur
     *_, ours, failed = stage.read(outcome)
     assert ours[0] == "oncurve: held-out accuracy before / after"
     assert failed == ["TRL", "its run failed or did not run (log below)"]
+
+
+def test_dry_run_lists_the_curve_stages_command_and_runs_nothing(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(gpu_check, "WORK", tmp_path)
+    monkeypatch.setattr(gpu_check, "trl_at_hand", lambda: True)
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--stages", "curve", "--dry-run"])
+    assert gpu_check.main() == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"curve (limit {LIMITS['curve']} s): ")
+    assert line.endswith(f"gpu_curve.py --json {tmp_path / 'curve.json'}")
+    assert list(tmp_path.iterdir()) == []  # nothing run, nothing written
