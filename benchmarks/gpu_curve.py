@@ -1,15 +1,26 @@
-"""Time to accuracy against TRL on one GPU (`gpu_check.py`'s `curve` stage): a 30M-parameter
-model warm-started inside the command (`oncurve.warmstart` on 6-digit sums, stopped early so that
-its held-out accuracy leaves headroom), then GRPO on the same sums with oncurve and with TRL's
-GRPOTrainer (`harness.spec.Job`: the default job's settings), each for `--budget` seconds of
-training steps by its own step timer (oncurve's `time/step`, TRL's step callback), with a
-checkpoint every `SAVE_EVERY` steps and one where the budget ends it. oncurve is stopped with
-SIGTERM once its logged steps reach the budget (it saves that step and exits 0); TRL stops
-itself at the step that reaches it (`Job.seconds_budget`). Every checkpoint is scored alike
-afterwards (`learning.held_out`: greedy, the same held-out problems), giving held-out accuracy
-against training seconds: one figure (`results/gpu_curve.png`) and one table. Target: oncurve
-reaches TRL's final accuracy in at most `TARGET` x TRL's training seconds. The warm-start steps
-and the budget (`SIZES`) are estimates until the first GPU run.
+"""Time to accuracy against TRL on one GPU (`gpu_check.py`'s `curve` stage): a 30M-parameter model
+warm-started inside the command (`oncurve.warmstart` on 6-digit sums, stopped at the first check
+that finds it `STOP_AT` accurate, so that it leaves headroom whatever its learning speed), then
+GRPO on the same sums with oncurve and with TRL's GRPOTrainer (`harness.spec.Job`: the default
+job's settings), each for the size's budget of seconds of training steps by its own step timer
+(oncurve's `time/step`, TRL's step callback), with a checkpoint every `Size.save_every` steps and
+one where the budget ends it. oncurve is stopped with SIGTERM once its logged steps reach the
+budget (it finishes the step in progress, saves it and exits 0: its last point may lie a step
+past the budget, at that step's seconds); TRL stops itself at the step that reaches it
+(`Job.seconds_budget`). The warm start and every checkpoint are scored alike afterwards
+(`learning.held_out`: greedy, the same held-out problems, HF's eager decode: a fresh `cuda_graph`
+sampler would compile again for each checkpoint), giving held-out accuracy against training
+seconds: one figure (`results/gpu_curve.png`) and one table. Target: oncurve reaches TRL's final
+accuracy in at most `TARGET` x TRL's training seconds.
+
+The sizes are estimates until the first GPU run, planned to fit the stage's 500 s on an H100:
+a warm-start step (64 sums, a 30M model in float32) is about 0.7 TFLOP and a few hundred kernel
+launches, about 25 ms, so its bound of 1,500 steps with a check of 200 greedy completions every
+50 is under a minute and its likely stop a few hundred steps; each trainer takes its 120 s
+budget plus about 40 s of start (imports; oncurve's compiling is inside its first step's
+seconds) and saving; scoring takes about 1 s a checkpoint, about 40 of them (the default job's
+shape at this size is about 0.2-0.4 s an oncurve step, about 1 s a TRL step, whose `generate`
+decodes eagerly). That leaves about 80 s of margin.
 
     python3 benchmarks/gpu_curve.py                       # GPU machine
     .venv/bin/python benchmarks/gpu_curve.py --smoke      # here: a tiny model on the CPU
@@ -26,7 +37,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from harness import learning
 from harness.checkout import CACHE, RESULTS, checkout_env
@@ -39,34 +50,50 @@ NAME = "gpu_curve"
 WORK = CACHE / NAME
 FIGURE = RESULTS / f"{NAME}.png"
 TARGET = 0.5
-SAVE_EVERY = 10
 DIGITS = 6
-# size -> (hidden, layers, intermediate, warm-start steps, budget seconds, held-out problems)
-SIZES = {"30m": (512, 8, 1536, 600, 150, 200), "smoke": (32, 2, 64, 20, 30, 16)}
+STOP_AT = 0.2  # the warm start's accuracy on its check problems that ends it
 
 
-def warm_model(size: str, device: str) -> tuple[Path, float]:
-    """The warm-started model of `size` (built afresh) and its held-out greedy accuracy."""
+class Size(NamedTuple):
+    """A model's shape, its warm start (at most `warm_steps`, checked every `check_every`),
+    the training budget in seconds, the checkpoint interval and the held-out problems."""
+
+    hidden: int
+    layers: int
+    intermediate: int
+    warm_steps: int
+    check_every: int
+    budget: float
+    save_every: int
+    held: int
+
+
+SIZES = {"30m": Size(512, 8, 1536, 1500, 50, 120, 20, 200),
+         "smoke": Size(32, 2, 64, 20, 10, 30, 10, 16)}  # fmt: skip
+
+
+def warm_model(size: str, device: str) -> Path:
+    """The warm-started model of `size`, built afresh."""
     from oncurve.warmstart import warmstart
 
-    hidden, layers, intermediate, steps, _, held = SIZES[size]
-    out = WORK / f"model-{size}"
-    result = warmstart(out, steps, hidden_size=hidden, num_layers=layers, max_digits=DIGITS,
-                       intermediate_size=intermediate, eval_prompts=held, device=device)  # fmt: skip
-    return out, result.accuracy
+    shape, out = SIZES[size], WORK / f"model-{size}"
+    warmstart(out, shape.warm_steps, hidden_size=shape.hidden, num_layers=shape.layers,
+              intermediate_size=shape.intermediate, max_digits=DIGITS, eval_prompts=shape.held,
+              device=device, stop_at=STOP_AT, check_every=shape.check_every)  # fmt: skip
+    return out
 
 
 def make_job(model: Path, size: str, device: str) -> Job:
-    """The default job's settings (configs/default.yaml) on 6-digit sums from `model`, saving
-    every `SAVE_EVERY` steps, with `size`'s budget (its steps a bound the budget ends first)."""
-    held, budget = SIZES[size][5], SIZES[size][4]
+    """The default job's settings (configs/default.yaml) on 6-digit sums from `model`, with
+    `size`'s checkpoints and budget (its steps a bound the budget ends first)."""
+    shape = SIZES[size]
     settings = {"model.path": str(model), "run.device": device, "run.steps": 1000,
-                "run.save_every": SAVE_EVERY, "run.keep_last": 1000, "data.task": "arith",
+                "run.save_every": shape.save_every, "run.keep_last": 1000, "data.task": "arith",
                 "data.prompts_per_step": 16, "rollout.group_size": 8, "rollout.max_new_tokens": 64,
                 "optim.lr": 1e-4, "optim.warmup_steps": 10,
                 "data.task_options": json.dumps({"max_digits": DIGITS}),
-                "eval.at_start_end": False, "eval.num_prompts": held, "log.samples_per_step": 0}  # fmt: skip
-    return Job(settings, seconds_budget=budget)
+                "eval.at_start_end": False, "eval.num_prompts": shape.held, "log.samples_per_step": 0}  # fmt: skip
+    return Job(settings, seconds_budget=shape.budget)
 
 
 def logged_seconds(run_dir: Path) -> list[float]:
@@ -100,15 +127,18 @@ def train_oncurve_for(job: Job, run_dir: Path) -> list[float]:
     return logged_seconds(run_dir)
 
 
+def accuracy(model: Path, job: Job, device: str) -> float:
+    """The held-out greedy accuracy of a model directory or checkpoint on `job`'s problems."""
+    return learning.held_out(str(model), job.config(), device=device, backend="hf")[0]["accuracy"]
+
+
 def curve(checkpoints: list[tuple[int, Path]], seconds: list[float], job: Job, device: str,
           start: float) -> list[list[float]]:  # fmt: skip
     """[[training seconds, held-out accuracy]] from the start, one point per checkpoint
     ((step, path), in order) at the seconds of its steps."""
-    config = job.config()
     points = [[0.0, start]]
     for step, path in checkpoints:
-        accuracy = learning.held_out(str(path), config, device=device)[0]["accuracy"]
-        points.append([round(sum(seconds[:step]), 2), accuracy])
+        points.append([round(sum(seconds[:step]), 2), accuracy(path, job, device)])
     return points
 
 
@@ -145,7 +175,8 @@ def section(row: dict) -> str:
     return (
         f"### {row['key']}\n\nMeasured {row['date']} at {row['commit']} on {row['gpu']}; "
         f"`{row['command']}`; warm start {row['warm_accuracy']:.1%} held-out, budget "
-        f"{row['budget']:.0f} s of training steps each, checkpoints every {SAVE_EVERY} steps.\n\n"
+        f"{row['budget']:.0f} s of training steps each, checkpoints every {row['save_every']} "
+        "steps.\n\n"
         + markdown_table(["trainer", "training s", "before", "after", "checkpoints"], table)
         + f"\n\nTarget: oncurve reaches TRL's final accuracy in at most {TARGET}x its time: "
         f"{holds}. Figure: `{FIGURE.name}`.\n"
@@ -163,8 +194,9 @@ def main() -> None:
     size, device = ("smoke", "cpu") if args.smoke else ("30m", "cuda")
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_curve.py: no CUDA device (use --smoke here)")
-    model, warm = warm_model(size, device)
+    model = warm_model(size, device)
     job = make_job(model, size, device)
+    warm = accuracy(model, job, device)
     runs: dict[str, list[float]] = {"oncurve": train_oncurve_for(job, WORK / "oncurve" / "run")}
     checkpoints = {"oncurve": sorted((int(p.name.split("-")[1]), p)
                                      for p in (WORK / "oncurve" / "run" / "checkpoints").glob("step-*"))}  # fmt: skip
@@ -178,6 +210,7 @@ def main() -> None:
     curves = {label: curve(checkpoints[label], seconds, job, device, warm)
               for label, seconds in runs.items()}  # fmt: skip
     row = {"warm_accuracy": warm, "budget": job.seconds_budget, "curves": curves,
+           "save_every": job.settings["run.save_every"],
            **figures(curves), "gpu": torch.cuda.get_device_name() if device == "cuda" else "CPU"}  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(row))

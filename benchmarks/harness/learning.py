@@ -44,12 +44,13 @@ def require(*paths: Path) -> None:
 
 
 def held_out(
-    model_dir: str, config: Any, samples: int = 1, device: str = "cpu"
+    model_dir: str, config: Any, samples: int = 1, device: str = "cpu", backend: str = "auto"
 ) -> tuple[dict[str, float], list[dict], list[dict]]:
     """A model directory's (or a run's checkpoint's) held-out scores on `config.eval.num_prompts`
-    test problems of `config.data.task` with its `data.task_options`, on `device` in float32, as
-    the trainer evaluates: prompts formatted as it
-    formats them, greedy with `rollout.max_new_tokens` tokens, its held-out reward
+    test problems of `config.data.task` with its `data.task_options`, on `device` in float32
+    with the sampler `backend` (`oncurve.rollout.build_sampler`'s names), as the trainer
+    evaluates: prompts formatted as it formats them, greedy with `rollout.max_new_tokens`
+    tokens, its held-out reward
     (`correctness_fn`, the task's settings applied), and with `samples` > 1 that many
     completions per prompt at temperature 1. Returns `evaluate`'s result, the rows (the task's
     fields with the prompt's ids) and one record per row (the greedy completion and whether it
@@ -78,7 +79,7 @@ def held_out(
     rows = PromptData(examples, tokenizer, config.data, seed=config.run.seed).rows
     records: list[dict] = []
     result = evaluate(
-        build_sampler("auto", model, tokenizer),
+        build_sampler(backend, model, tokenizer),
         rows,
         reward,
         max_new_tokens=config.rollout.max_new_tokens,
