@@ -13,14 +13,15 @@ sampler would compile again for each checkpoint), giving held-out accuracy again
 seconds: one figure (`results/gpu_curve.png`) and one table. Target: oncurve reaches TRL's final
 accuracy in at most `TARGET` x TRL's training seconds.
 
-The sizes are estimates until the first GPU run, planned to fit the stage's 500 s on an H100:
-a warm-start step (64 sums, a 30M model in float32) is about 0.7 TFLOP and a few hundred kernel
-launches, about 25 ms, so its bound of 1,500 steps with a check of 200 greedy completions every
-50 is under a minute and its likely stop a few hundred steps; each trainer takes its 120 s
-budget plus about 40 s of start (imports; oncurve's compiling is inside its first step's
-seconds) and saving; scoring takes about 1 s a checkpoint, about 40 of them (the default job's
-shape at this size is about 0.2-0.4 s an oncurve step, about 1 s a TRL step, whose `generate`
-decodes eagerly). That leaves about 80 s of margin.
+The sizes are estimates until the first GPU run, planned to fit the stage's 500 s on an H100: a
+warm-start step (64 sums, a 30M model in float32) is about 0.7 TFLOP and a few hundred kernel
+launches, about 25 ms, so its bound of 1,500 steps with a check of 200 greedy completions every 25
+is about a minute and its likely stop a few hundred steps (checks this close, since accuracy on
+these sums rises from a few percent to its first tens within about 50 steps); each trainer takes its
+120 s budget plus about 40 s of start (imports; oncurve's compiling is inside its first step's
+seconds) and saving; scoring takes about 1 s a checkpoint, about 40 of them (the default job's shape
+at this size is about 0.2-0.4 s an oncurve step, about 1 s a TRL step, whose `generate` decodes
+eagerly). That leaves about 60 s of margin at worst.
 
     python3 benchmarks/gpu_curve.py                       # GPU machine
     .venv/bin/python benchmarks/gpu_curve.py --smoke      # here: a tiny model on the CPU
@@ -68,7 +69,7 @@ class Size(NamedTuple):
     held: int
 
 
-SIZES = {"30m": Size(512, 8, 1536, 1500, 50, 120, 20, 200),
+SIZES = {"30m": Size(512, 8, 1536, 1500, 25, 120, 20, 200),
          "smoke": Size(32, 2, 64, 20, 10, 30, 10, 16)}  # fmt: skip
 
 
