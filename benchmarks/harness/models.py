@@ -6,7 +6,9 @@ after a set mean length: `end_at_eos`), and the bundled `default` or a model dir
 from __future__ import annotations
 
 import math
+import multiprocessing
 import shutil
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -161,17 +163,28 @@ def end_at_eos(model: Any, eos_id: int, mean_length: float, calibration_ids: Any
 
 
 def build_model(name: str, tokenizer_path: Path, eos_mean_length: float | None = None) -> Path:
-    """The random bf16 model `name` of `SHAPES` with the Qwen3 tokenizer beside it, built once
-    under the cache (seed 0); its eos, pad and bos ids are the
-    tokenizer's. With `eos_mean_length`, its completions end at EOS after that many tokens on
-    average (`end_at_eos`, calibrated on random token ids), in a folder of its own."""
+    """The directory of the random bf16 model `name` of `SHAPES` with the Qwen3 tokenizer
+    beside it, built once under the cache by a child process (`write_model`). With
+    `eos_mean_length`, its completions end at EOS after that many tokens on average, in a folder
+    of its own. The child calibrates that model on the GPU when there is one, and its exit
+    leaves this process, which runs the trainers, without a CUDA context or cached GPU memory."""
+    path = MODELS / (f"{name}-eos{eos_mean_length:g}" if eos_mean_length else name)
+    if not (path / "config.json").is_file():
+        print(f"building {path.name} in {path} ...", flush=True)
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+            pool.submit(write_model, name, tokenizer_path, eos_mean_length, path).result()
+    return path
+
+
+def write_model(name: str, tokenizer_path: Path, eos_mean_length: float | None, path: Path) -> None:
+    """`build_model`'s work: the random model `name` (seed 0), made to end at EOS after
+    `eos_mean_length` tokens on average when given (`end_at_eos`, calibrated on random ids), its
+    eos, pad and bos ids the tokenizer's, saved in bf16 with the tokenizer to `path` (whole or
+    not at all)."""
     import torch
     import transformers
 
-    path = MODELS / (f"{name}-eos{eos_mean_length:g}" if eos_mean_length else name)
-    if (path / "config.json").is_file():
-        return path
-    print(f"building {name} in {path} ...", flush=True)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_path)
     ids = {
         "bos_token_id": tokenizer.bos_token_id,
@@ -200,4 +213,3 @@ def build_model(name: str, tokenizer_path: Path, eos_mean_length: float | None =
     model.save_pretrained(partial)
     copy_files(tokenizer_path, partial, "tokenizer*")
     partial.rename(path)
-    return path

@@ -812,8 +812,10 @@ def test_a_cpu_hog_does_not_starve_its_neighbour(host: str) -> None:
         beside = pool.submit(work, timeout_s=10.0).result()
         assert hogging.result().status == "timeout"
     assert beside.status == "ok"
-    # One CPU per run: on two cores the hog gets one, the neighbour the other.
-    assert beside.seconds < 2.5 * alone + 0.5, (alone, beside.seconds)
+    # One CPU per run: on two cores the hog gets one, the neighbour the other, which it may
+    # share with other work (a second test worker); unconfined, the hog's 24 processes would
+    # leave it a 25th of the machine, over ten times slower.
+    assert beside.seconds < 4 * alone + 0.5, (alone, beside.seconds)
 
 
 REFUSED_CALLS = {
