@@ -55,6 +55,10 @@ LIMITS = {"tests": 180, "job": 80, "rollout": 80, "trl": 160, "ppo": 110, "profi
           "long": 500, "curve": 500}  # fmt: skip
 DEFAULT_STAGES = ("tests", "job", "rollout", "trl")
 WORKLOAD_STAGES = ("long", "curve")  # each one device call of its own
+TRL_MISSING = (
+    "TRL is not importable and benchmarks/.gpu-bundle has no wheels: run `make gpu-bundle` "
+    "where PyPI is reachable and carry benchmarks/.gpu-bundle"
+)  # a stage against TRL's line when it is skipped
 COMPILE_CAPTURE_TARGET = 30  # seconds a run spends compiling and capturing its sampler, at most
 
 
@@ -213,10 +217,7 @@ def against_trl_stage(name: str, title: str, limit: float, *args: str) -> Stage:
 
     def command() -> list[str] | str:
         if not trl_at_hand():
-            return (
-                "TRL is not importable and benchmarks/.gpu-bundle has no wheels: run `make "
-                "gpu-bundle` where PyPI is reachable and carry benchmarks/.gpu-bundle"
-            )
+            return TRL_MISSING
         return script("gpu_vs_trl.py", *args, "--runs", "1", "--json", str(out))
 
     def read(outcome: Outcome) -> list[list[str]]:
@@ -285,10 +286,7 @@ def curve_stage(limit: float) -> Stage:
 
     def command() -> list[str] | str:
         if not trl_at_hand():
-            return (
-                "TRL is not importable and benchmarks/.gpu-bundle has no wheels: run `make "
-                "gpu-bundle` where PyPI is reachable and carry benchmarks/.gpu-bundle"
-            )
+            return TRL_MISSING
         return script("gpu_curve.py", "--json", str(out))
 
     def read(outcome: Outcome) -> list[list[str]]:

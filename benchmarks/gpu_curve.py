@@ -86,10 +86,13 @@ def warm_model(size: str, device: str) -> Path:
 
 def make_job(model: Path, size: str, device: str) -> Job:
     """The default job's settings (configs/default.yaml) on 6-digit sums from `model`, with
-    `size`'s checkpoints and budget (its steps a bound the budget ends first)."""
+    `size`'s checkpoints and budget (its steps a bound the budget ends first), and gradient
+    checkpointing off in both trainers (TRL's own default turns it on on CUDA, oncurve's memory
+    plan leaves a model of this size without it)."""
     shape = SIZES[size]
-    settings = {"model.path": str(model), "run.device": device, "run.steps": 1000,
-                "run.save_every": shape.save_every, "run.keep_last": 1000, "data.task": "arith",
+    settings = {"model.path": str(model), "run.device": device, "run.steps": 4000,
+                "run.save_every": shape.save_every, "run.keep_last": 4000,
+                "model.gradient_checkpointing": False, "data.task": "arith",
                 "data.prompts_per_step": 16, "rollout.group_size": 8, "rollout.max_new_tokens": 64,
                 "optim.lr": 1e-4, "optim.warmup_steps": 10,
                 "data.task_options": json.dumps({"max_digits": DIGITS}),
@@ -126,6 +129,12 @@ def train_oncurve_for(job: Job, run_dir: Path) -> list[float]:
     if child.returncode:
         raise SystemExit(f"oncurve's run failed ({child.returncode}): {run_dir.parent}/oncurve.log")
     return logged_seconds(run_dir)
+
+
+def numbered(folder: Path, pattern: str) -> list[tuple[int, Path]]:
+    """The checkpoints in `folder` whose names match `pattern` (`step-*`, `checkpoint-*`), as
+    (the step after the name's dash, path), in step order."""
+    return sorted((int(path.name.split("-")[1]), path) for path in folder.glob(pattern))
 
 
 def accuracy(model: Path, job: Job, device: str) -> float:
@@ -199,15 +208,13 @@ def main() -> None:
     job = make_job(model, size, device)
     warm = accuracy(model, job, device)
     runs: dict[str, list[float]] = {"oncurve": train_oncurve_for(job, WORK / "oncurve" / "run")}
-    checkpoints = {"oncurve": sorted((int(p.name.split("-")[1]), p)
-                                     for p in (WORK / "oncurve" / "run" / "checkpoints").glob("step-*"))}  # fmt: skip
+    checkpoints = {"oncurve": numbered(WORK / "oncurve" / "run" / "checkpoints", "step-*")}
     envs = environments(args.trl_python, trl_required=not args.smoke)
     shutil.rmtree(WORK / "trl", ignore_errors=True)  # an earlier run's checkpoints
     if "TRL" in envs and not (done := run_trl(job, WORK / "trl", args.trl_python, envs["TRL"],
                                                check=False))["code"]:  # fmt: skip
         runs["TRL"] = done["seconds"]
-        checkpoints["TRL"] = sorted((int(p.name.split("-")[1]), p)
-                                    for p in (WORK / "trl" / "trainer").glob("checkpoint-*"))  # fmt: skip
+        checkpoints["TRL"] = numbered(WORK / "trl" / "trainer", "checkpoint-*")
     curves = {label: curve(checkpoints[label], seconds, job, device, warm)
               for label, seconds in runs.items()}  # fmt: skip
     row = {"warm_accuracy": warm, "budget": job.seconds_budget, "curves": curves,

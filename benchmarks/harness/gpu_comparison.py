@@ -209,11 +209,8 @@ def section(row: dict) -> str:
                       f"{sum(r['ok'] for r in runs)}/{len(runs)}"])  # fmt: skip
     if ratios:
         table.append(["oncurve / TRL", *(times(ratios.get(k)) for k in keys), ""])
-    scope = (
-        ""
-        if (tokens == 256 or row.get("workload") == "long") and not cap
-        else (" (target set at 256 tokens)")
-    )
+    own_target = tokens == 256 or row.get("workload") == "long"
+    scope = "" if own_target and not cap else " (target set at 256 tokens)"
     targets = []
     checks = [("peak GPU memory", "gpu_peak_gb", 1.0, "GiB"),
               ("s/step", "seconds", row["speed_target"], "s")]  # fmt: skip
@@ -234,11 +231,7 @@ def section(row: dict) -> str:
                for r in [results[label][i]]]  # fmt: skip
     lengths = ", ".join(f"{label} {t['length']:.1f}" for label, t in stats.items() if t)
     forced = s.get("rollout.min_new_tokens", tokens) == tokens  # rows without it: forced
-    ending = (
-        f"completions forced to {tokens}"
-        if forced
-        else f"completions ending at EOS, {tokens} at most"
-    )
+    ending = f"forced to {tokens}" if forced else f"ending at EOS, {tokens} at most"
     versions = "; ".join(f"{label}'s python: {v}" for label, v in row["python_versions"].items())
     at = f" at {row['commit']}" if row.get("commit") else ""
     header = ["trainer", "s/step", *(f"{p} s" for p in PHASES), "peak GPU GiB (torch)",
@@ -249,7 +242,7 @@ def section(row: dict) -> str:
         f"{s['run.steps']} steps x {row['runs_per_trainer']} runs per trainer\n\n"
         f"Measured {row['date']}{at} on {row['gpu']}; `{row['command']}`; {versions}. Medians "
         f"over the steps after each run's first; prompts {row['prompt_tokens']:.1f} tokens on "
-        f"average, {ending} (mean length {lengths}); memory cap "
+        f"average, completions {ending} (mean length {lengths}); memory cap "
         f"{f'{cap:g} GiB' if cap else 'none'}. What is held equal and how each figure is "
         "measured: benchmarks/README.md, gpu_vs_trl.py.\n\n"
         f"{markdown_table(header, table)}\n\nTargets (issues 22, 34 and 39):\n\n"

@@ -117,9 +117,11 @@ class Job:
             "max_steps": c.run.steps,
             "logging_steps": 1,
             # oncurve's checkpoints every run.save_every steps, as TRL's (the model alone)
-            "save_strategy": "steps" if c.run.save_every else "no",
-            "save_steps": c.run.save_every or 500,
-            "save_only_model": True,
+            **(
+                {"save_strategy": "steps", "save_steps": c.run.save_every, "save_only_model": True}
+                if c.run.save_every
+                else {"save_strategy": "no"}
+            ),
             "report_to": "none",
             "disable_tqdm": True,
             "seed": c.run.seed,
