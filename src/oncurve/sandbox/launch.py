@@ -133,7 +133,8 @@ def execute(
             launcher = ["unshare", *flags, "--"]
             mode = "root-ns" if iso.drops_user else "user-ns"
         else:
-            workdir = tempfile.mkdtemp(prefix="oncurve-sandbox-")
+            # named by this process, as its cgroups are: another process's are not its leftovers
+            workdir = tempfile.mkdtemp(prefix=f"oncurve-sandbox-{os.getpid()}-")
             if uid is not None:
                 os.chown(workdir, uid, uid)
             launcher, mode = [], "fallback"
