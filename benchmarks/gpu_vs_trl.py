@@ -7,8 +7,8 @@ The trainers alternate, each run a fresh process; a failed run (OOM) is recorded
 `--profile` runs oncurve alone in this process under each of `VARIANTS`, its last step under
 `torch.profiler` (`gpu_check.py`'s `profile` stage). `--long` is the long-reasoning workload
 (`gpu_check.py`'s `long` stage): the Qwen2.5-1.5B shape, 16 prompts x G=8, completions of up to
-4,096 tokens that end where the model samples EOS, one token in 2,048 on average
-(`harness.models.end_at_eos`: a mean of about 1,770 with the cap, the same draw in both
+4,096 tokens that end where the model samples EOS, with probability 1/2,048 at every
+position (`harness.models.end_at_eos`: a mean of about 1,770 with the cap, the same draw in both
 trainers, whose mean lengths the section shows), target `LONG_SPEED_TARGET`.
 
     .venv/bin/python benchmarks/gpu_vs_trl.py --prepare      # here: tokenizer, prompts, model

@@ -16,6 +16,7 @@ benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import json
 import subprocess
@@ -27,7 +28,7 @@ from typing import Any
 from harness import sampling
 from harness.children import isolated_env, peak_memory
 from harness.machine import gpu_name
-from harness.models import load_model
+from harness.models import end_at_eos, load_model
 from harness.records import context
 from harness.tables import publish
 
@@ -84,7 +85,9 @@ def cuda_row(model: Any, tokenizer: Any, shape: tuple, args: argparse.Namespace,
     prompts = sampling.make_prompts(rows // GROUP)
     forced = new if mean_length is None else 0
     params = SamplingParams(max_new_tokens=new, min_new_tokens=forced, seed=0)
-    old_head = None if forced else sampling.raise_eos(model, tokenizer.eos_token_id, mean_length)
+    if not forced:  # a copy, so that the forced shapes' model stays as it is
+        model = copy.deepcopy(model)
+        end_at_eos(model, tokenizer.eos_token_id, mean_length)
     samplers = sampling.gpu_samplers(model, tokenizer, backends, variants=not args.quick)
     generate = functools.partial(sampling.generate_call, model, tokenizer, prompts, GROUP, params)
     calls = {"model.generate (static cache)": (generate("static"), None)}
@@ -92,14 +95,10 @@ def cuda_row(model: Any, tokenizer: Any, shape: tuple, args: argparse.Namespace,
     if not args.quick:
         calls["model.generate (dynamic cache)"] = (generate(None), None)
     scenario = f"{rows}x{new}" + (f"~{mean_length}" if mean_length else "")
-    try:
-        records = sampling.time_on_gpu(scenario, calls, args.repeats, rows, after)
-        gaps = {} if args.no_gaps else {
-            k: sampling.logprob_gap(model, s, prompts, GROUP, params) for k, s in samplers.items()
-        }  # fmt: skip
-    finally:
-        if old_head is not None:
-            model.set_output_embeddings(old_head)
+    records = sampling.time_on_gpu(scenario, calls, args.repeats, rows, after)
+    gaps = {} if args.no_gaps else {
+        k: sampling.logprob_gap(model, s, prompts, GROUP, params) for k, s in samplers.items()
+    }  # fmt: skip
     return {"scenario": scenario, "rows": rows, "group": GROUP, "new_tokens": new,
             "mean_length": mean_length, "repeats": args.repeats, "gpu": gpu_name(),
             "samplers": records, "logprob_gaps": gaps}  # fmt: skip

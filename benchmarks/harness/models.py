@@ -6,9 +6,7 @@ after a set mean length: `end_at_eos`), and the bundled `default` or a model dir
 from __future__ import annotations
 
 import math
-import multiprocessing
 import shutil
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -119,72 +117,52 @@ def tokenizer_dir(source: str | None = None) -> Path:
     return TOKENIZER
 
 
-def end_at_eos(model: Any, eos_id: int, mean_length: float, calibration_ids: Any) -> None:
-    """Make a random Qwen2 model with tied embeddings sample `eos_id` with probability about
-    1 / `mean_length` on average over positions, so that sampled completions end at EOS with
-    lengths drawn (about geometrically) rather than always running to the cap; in place.
+def end_at_eos(model: Any, eos_id: int, mean_length: float) -> None:
+    """Make a random Qwen2 model sample `eos_id` with probability 1 / `mean_length` at every
+    position, so that sampled completions end at EOS with geometric lengths rather than always
+    running to the cap; in place, with no calibration.
 
-    Hidden coordinate 0 of the residual stream is made the same at every position (each
-    token's embedding holds 1 there and no layer's output projection writes it), so the final
-    norm's coordinate 0 varies only with the norm of the other coordinates, which concentrates.
-    The tied output head multiplies it by each token's embedding coordinate 0: the same for
-    every token but EOS, whose value is then set so that EOS's probability, averaged over the
-    positions of `calibration_ids` ([B, T], no EOS in them), is 1 / mean_length.
+    Residual coordinate 0 becomes a large constant at every position: the first layer's value
+    projection gives its first value dimension a constant bias, which its output projection
+    routes into coordinate 0 alone, and which no embedding and no other projection writes. Every
+    norm after it is dominated by that coordinate: the final norm's output is sqrt(hidden) there
+    and near 0 elsewhere, so every logit is near 0 but EOS's, sqrt(hidden) x the output head's
+    coordinate 0 of EOS, set to ln((V - 1) / (mean_length - 1)). The layers still run all their
+    arithmetic; only what it computes is fixed.
     """
     import torch
 
-    embedding = model.get_input_embeddings().weight  # [V, H], also the output head
+    embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    vocab, hidden = head.shape  # [V, H]; one tensor when the embeddings are tied
+    first = model.model.layers[0].self_attn
+    head_dim = first.head_dim
+    heads_per_value = model.config.num_attention_heads // model.config.num_key_value_heads
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight[0] = 0
             layer.mlp.down_proj.weight[0] = 0
-        embedding[:, 0] = 1
-        normed: list[Any] = []
-        hook = model.model.norm.register_forward_hook(
-            lambda module, inputs, output: normed.append(output[..., 0].float())
-        )
-        logits = model(calibration_ids).logits.float()  # [B, T, V]
-        hook.remove()
-        others = torch.cat([logits[..., :eos_id], logits[..., eos_id + 1 :]], dim=-1)
-        # EOS's probability at a position is sigmoid(its logit - logsumexp(the others')), its
-        # logit rising by normed * delta: each position's own delta brackets the one whose mean
-        # probability is 1 / mean_length, found by bisection
-        gap, slope = logits[..., eos_id] - others.logsumexp(-1), normed[0]
-        p = 1 / mean_length
-        own = (math.log(p / (1 - p)) - gap) / slope
-        low, high = own.min().item(), own.max().item()
-        for _ in range(60):
-            middle = (low + high) / 2
-            if torch.sigmoid(gap + slope * middle).mean() < p:
-                low = middle
-            else:
-                high = middle
-        embedding[eos_id, 0] += (low + high) / 2
+        first.v_proj.weight[0] = 0
+        first.v_proj.bias[0] = 1e4
+        for query in range(heads_per_value):  # the query heads that read value head 0
+            first.o_proj.weight[:, query * head_dim] = 0
+        first.o_proj.weight[0, 0] = 1
+        embedding[:, 0] = 0
+        head[:, 0] = 0
+        head[eos_id, 0] = math.log((vocab - 1) / (mean_length - 1)) / math.sqrt(hidden)
 
 
 def build_model(name: str, tokenizer_path: Path, eos_mean_length: float | None = None) -> Path:
-    """The directory of the random bf16 model `name` of `SHAPES` with the Qwen3 tokenizer
-    beside it, built once under the cache by a child process (`write_model`). With
-    `eos_mean_length`, its completions end at EOS after that many tokens on average, in a folder
-    of its own. The child calibrates that model on the GPU when there is one, and its exit
-    leaves this process, which runs the trainers, without a CUDA context or cached GPU memory."""
-    path = MODELS / (f"{name}-eos{eos_mean_length:g}" if eos_mean_length else name)
-    if not (path / "config.json").is_file():
-        print(f"building {path.name} in {path} ...", flush=True)
-        spawn = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(1, mp_context=spawn) as pool:
-            pool.submit(write_model, name, tokenizer_path, eos_mean_length, path).result()
-    return path
-
-
-def write_model(name: str, tokenizer_path: Path, eos_mean_length: float | None, path: Path) -> None:
-    """`build_model`'s work: the random model `name` (seed 0), made to end at EOS after
-    `eos_mean_length` tokens on average when given (`end_at_eos`, calibrated on random ids), its
-    eos, pad and bos ids the tokenizer's, saved in bf16 with the tokenizer to `path` (whole or
-    not at all)."""
+    """The directory of the random model `name` of `SHAPES` (seed 0, saved in bf16, whole or
+    not at all) with the Qwen3 tokenizer beside it and its eos, pad and bos ids, built once
+    under the cache. With `eos_mean_length`, its completions end at EOS after that many tokens
+    on average (`end_at_eos`), in a folder of its own."""
     import torch
     import transformers
 
+    path = MODELS / (f"{name}-eos{eos_mean_length:g}" if eos_mean_length else name)
+    if (path / "config.json").is_file():
+        return path
+    print(f"building {path.name} in {path} ...", flush=True)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_path)
     ids = {
         "bos_token_id": tokenizer.bos_token_id,
@@ -200,16 +178,14 @@ def write_model(name: str, tokenizer_path: Path, eos_mean_length: float | None, 
         **ids,
     )
     torch.manual_seed(0)
-    model = transformers.Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model = transformers.Qwen2ForCausalLM(config)
     if eos_mean_length:
-        if torch.cuda.is_available():  # the calibration's forward pass: minutes on a CPU
-            model.cuda()
-        calibration = torch.randint(0, tokenizer.pad_token_id, (2, 512), device=model.device)
-        end_at_eos(model, tokenizer.eos_token_id, eos_mean_length, calibration)
+        end_at_eos(model, tokenizer.eos_token_id, eos_mean_length)
     for key, value in ids.items():
         setattr(model.generation_config, key, value)
     partial = path.with_name(path.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial)
+    model.to(torch.bfloat16).save_pretrained(partial)
     copy_files(tokenizer_path, partial, "tokenizer*")
     partial.rename(path)
+    return path

@@ -164,41 +164,6 @@ def time_on_gpu(scenario: str, calls: dict[str, tuple[Call, Any]], repeats: int,
     return records
 
 
-def raise_eos(model: Any, eos_id: int, mean_length: float) -> Any:
-    """Give `model` an output head whose EOS logit is raised by a constant, chosen so that EOS
-    is drawn with probability 1 / `mean_length` per token on average over the positions of
-    random sequences (completion lengths then roughly geometric with that mean); the head's
-    weight stays the same tensor (tied embeddings stay tied). Returns the old head, to put
-    back with `set_output_embeddings`."""
-    import torch
-
-    old = model.get_output_embeddings()
-    ids = torch.randint(model.config.vocab_size, (8, 64), device=old.weight.device)
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits.float().flatten(0, 1)  # [positions, V]
-    eos = logits[:, eos_id].clone()
-    logits[:, eos_id] = float("-inf")
-    # EOS's probability with a bias b is sigmoid(b - gap): bisect for b
-    gap = torch.logsumexp(logits, dim=-1) - eos
-    low, high = -100.0, 100.0
-    for _ in range(60):
-        bias = (low + high) / 2
-        if float(torch.sigmoid(bias - gap).mean()) < 1 / mean_length:
-            low = bias
-        else:
-            high = bias
-    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
-    head.to(device=old.weight.device, dtype=old.weight.dtype)
-    head.weight = old.weight
-    with torch.no_grad():
-        head.bias.zero_()
-        if old.bias is not None:
-            head.bias.copy_(old.bias)
-        head.bias[eos_id] += bias
-    model.set_output_embeddings(head)
-    return old
-
-
 def logprob_gap(model: Any, sampler: Any, prompts: list[str], group: int,
                 params: Any) -> tuple[float, float]:  # fmt: skip
     """Mean and max |sampler logprob - training forward logprob| over the completion tokens of

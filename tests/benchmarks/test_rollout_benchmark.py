@@ -10,6 +10,7 @@ import pytest
 import rollout
 from harness import sampling, tables
 from harness.checkout import RESULTS
+from harness.models import end_at_eos
 from helpers.models import TOKENIZER, make_model
 
 from oncurve.rollout import SamplingParams, build_sampler
@@ -48,13 +49,12 @@ def test_a_cpu_scenario_gives_every_figure_of_its_section():
 
 def test_the_gpu_scenario_code_times_eos_and_gaps_on_the_cpu():
     model = make_model("qwen2")
-    old = sampling.raise_eos(model, TOKENIZER.eos_token_id, mean_length=4)
-    assert model.get_output_embeddings().weight is old.weight  # tied weights stay tied
+    end_at_eos(model, TOKENIZER.eos_token_id, mean_length=4)
     prompts = sampling.make_prompts(8)
     params = SamplingParams(max_new_tokens=32, seed=0)
     sampler = build_sampler("hf", model, TOKENIZER)
     lengths = sampler.generate(prompts, 8, params).completion_mask.sum(1).float()
-    assert 2 < float(lengths.mean()) < 8  # roughly geometric with mean 4, cut at 32
+    assert 3 < float(lengths.mean()) < 5  # geometric with mean 4, cut at 32
     calls = {
         "model.generate (static cache)": (
             sampling.generate_call(model, TOKENIZER, prompts, 8, params, "static"),
@@ -68,7 +68,6 @@ def test_the_gpu_scenario_code_times_eos_and_gaps_on_the_cpu():
     assert records[1]["compile_s"] is None and 1 < records[1]["mean_length"] < 32
     mean, largest = sampling.logprob_gap(model, sampler, prompts, 8, params)
     assert 0 <= mean <= largest < 1e-3
-    model.set_output_embeddings(old)
     row = {"scenario": "64x32~4", "rows": 64, "group": 8, "new_tokens": 32, "mean_length": 4,
            "repeats": 2, "gpu": "no GPU (CPU)", "samplers": records, "date": "2026-11-28",
            "logprob_gaps": {"hf": (mean, largest)}}  # fmt: skip
