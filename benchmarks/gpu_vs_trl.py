@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from harness import comparison
 from harness import gpu_comparison as gpu
 from harness.checkout import CACHE
 from harness.machine import gpu_name, interpreter_versions
@@ -113,7 +114,7 @@ def benchmark(args: argparse.Namespace, model: str) -> tuple[str, dict]:
             figures = {"job": job.settings, "stats": stats, "speed_target": target}
             Path(args.json).write_text(json.dumps(figures))
 
-    results = gpu.alternate(list(envs), args.runs, run_one, after)
+    results = comparison.alternate(envs, args.runs, run_one, after)
     versions = {"oncurve": interpreter_versions(pythons["oncurve"], envs["oncurve"],
                                                 ("torch", "transformers"))}  # fmt: skip
     if "TRL" in envs:

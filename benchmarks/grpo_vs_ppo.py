@@ -156,7 +156,7 @@ def benchmark(args: argparse.Namespace) -> dict:
         own = job.with_settings(algo__preset=trainer.lower(), run__seed=index)
         done = comparison.oncurve_run(own, work / f"{trainer}-{index}")
         done["accuracy"] = greedy_accuracy(done["final"], test, tokens) if test else None
-        return done | {"train_s": sum(done["seconds"])}
+        return comparison.printed(done | {"train_s": sum(done["seconds"])})
 
     def write_json(runs: dict[str, list[dict]]) -> None:
         if args.json:  # after each run: a caller's time limit may stop the next one
@@ -165,7 +165,7 @@ def benchmark(args: argparse.Namespace) -> dict:
                 json.dumps({"pairs": [{t: r for t, r in p if r} for p in pairs]})
             )
 
-    runs = comparison.alternate(TRAINERS, args.runs, run, key, write_json)
+    runs = comparison.alternate(TRAINERS, args.runs, run, write_json)
     if test:
         score_equal_time(job, runs, test, start)
         write_json(runs)  # again, with the equal-time scores

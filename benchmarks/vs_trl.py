@@ -102,9 +102,9 @@ def measure(args: argparse.Namespace) -> dict:
         done["accuracy"] = greedy_accuracy(done["final"], test, tokens) if test else None
         prompt_ids = sum(len(r["prompt_ids"]) for r in seeded.step_rows(tokenizer))
         done["prompt_tokens"] = prompt_ids * group / config.run.steps
-        return {k: done[k] for k in KEPT}
+        return comparison.printed({k: done[k] for k in KEPT})
 
-    runs = comparison.alternate(("oncurve", "TRL"), args.runs, run, args.model)
+    runs = comparison.alternate(("oncurve", "TRL"), args.runs, run)
     row = {
         "model": args.model,
         "params": model.num_parameters(),

@@ -32,8 +32,9 @@ def checkout_env(*first: str | Path, **extra: str) -> dict[str, str]:
 
 
 def commit() -> str:
-    """The checkout's short commit, with `+dirty` when tracked files differ from it; "unknown"
-    outside a git checkout."""
+    """The checkout's short commit, with `+dirty` when tracked code differs from it (src and
+    benchmarks, not the results a run writes before it records); "unknown" outside a git
+    checkout."""
 
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
@@ -41,5 +42,6 @@ def commit() -> str:
     head = git("rev-parse", "--short", "HEAD")
     if head.returncode:
         return "unknown"
-    dirty = git("diff", "--quiet", "HEAD", "--", "src", "benchmarks").returncode != 0
+    code = ("src", "benchmarks", ":(exclude)benchmarks/results")
+    dirty = git("diff", "--quiet", "HEAD", "--", *code).returncode != 0
     return head.stdout.strip() + ("+dirty" if dirty else "")

@@ -109,26 +109,29 @@ def alternate(
     labels: Iterable[str],
     runs: int,
     run: Callable[[str, int], dict],
-    tag: str,
     after: Callable[[dict[str, list[dict]]], None] | None = None,
 ) -> dict[str, list[dict]]:
     """`run(label, index)` for each index below `runs`, the labels in turn within each (A, B,
     A, B, ...: a slow patch of a shared machine falls on both trainers); each run's figures by
-    label, in order, each printed ("seconds", "rss", "accuracy", and "cuda" where kept).
-    `after` sees them after every run (a caller's time limit may stop the next)."""
+    label, in order. `after` sees them after every run (a caller's time limit may stop the
+    next)."""
     done: dict[str, list[dict]] = {label: [] for label in labels}
     for index in range(runs):
         for label in done:
-            print(f"[{tag}] run {index + 1}/{runs}: {label} ...", flush=True)
-            figures = run(label, index)
-            cuda = f", peak CUDA {figures['cuda']:,.0f} MB" if figures.get("cuda") else ""
-            print(f"  {statistics.median(figures['seconds']):.2f} s/step (median), peak RSS "
-                  f"{figures['rss']:,.0f} MB{cuda}, accuracy {cell(figures['accuracy'], '.1%')}",
-                  flush=True)  # fmt: skip
-            done[label].append(figures)
+            print(f"run {index + 1}/{runs}: {label} ...", flush=True)
+            done[label].append(run(label, index))
             if after:
                 after(done)
     return done
+
+
+def printed(figures: dict[str, Any]) -> dict[str, Any]:
+    """`figures` of a CPU run, once printed: median s/step, peak RSS (and CUDA), accuracy."""
+    cuda = f", peak CUDA {figures['cuda']:,.0f} MB" if figures.get("cuda") else ""
+    print(f"  {statistics.median(figures['seconds']):.2f} s/step (median), peak RSS "
+          f"{figures['rss']:,.0f} MB{cuda}, accuracy {cell(figures['accuracy'], '.1%')}",
+          flush=True)  # fmt: skip
+    return figures
 
 
 def steady_median(series: Iterable[list[float]]) -> float:

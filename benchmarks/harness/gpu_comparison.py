@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,24 +123,6 @@ def run_trainer(label: str, job: Job, out: Path, python: str, env: dict[str, str
         print(f"  {steady:.2f} s/step, peak GPU {result['gpu_peak_gb']} GiB (torch), "
               f"{result['smi_peak_gb']} GiB (nvidia-smi)", flush=True)  # fmt: skip
     return result
-
-
-def alternate(
-    labels: list[str],
-    runs: int,
-    run_one: Callable[[str, int], dict],
-    after: Callable[[dict[str, list[dict]]], None],
-) -> dict[str, list[dict]]:
-    """`runs` rounds of `run_one(label, round)` for each of `labels` in turn (the trainers
-    alternate, so that a drift in the machine's speed moves both); `after` gets the results so
-    far after each run (a caller's time limit may stop the next one)."""
-    results: dict[str, list[dict]] = {label: [] for label in labels}
-    for run in range(runs):
-        for label in labels:
-            print(f"run {run + 1}/{runs}: {label} ...", flush=True)
-            results[label].append(run_one(label, run))
-            after(results)
-    return results
 
 
 def summarize(runs: list[dict]) -> dict | None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import gpu_vs_trl
 import torch
 import transformers
+from harness import comparison, tables
 from harness import gpu_comparison as gpu
-from harness import tables
 from harness.checkout import RESULTS
 from harness.models import SHAPES, end_at_eos, qwen2_config
 
@@ -52,7 +52,7 @@ def test_the_trainers_alternate_and_a_row_renders_both_with_targets_and_runs():
     done: list[int] = []
     runs = {"oncurve": [run([9.0, 3.0, 3.2], 5.0), run([9.0, 2.8], 5.5)],
             "TRL": [run([20.0, 8.0], 6.0), run([], None, ok=False)]}  # fmt: skip
-    results = gpu.alternate(["oncurve", "TRL"], 2, lambda label, i: runs[label][i],
+    results = comparison.alternate(["oncurve", "TRL"], 2, lambda label, i: runs[label][i],
                             lambda got: done.append(sum(map(len, got.values()))))  # fmt: skip
     assert results == runs and done == [1, 2, 3, 4]
     stats = {label: gpu.summarize(r) for label, r in results.items()}
