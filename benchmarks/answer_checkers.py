@@ -254,6 +254,16 @@ def main() -> None:
     print(f"wrote {(RESULTS / f'{NAME}.jsonl').relative_to(ROOT)}")
 
 
+def summary(row: dict[str, Any]) -> str:
+    """The row in one line: oncurve strict's agreement with the labels and its wrong rows
+    paid, by set."""
+    parts = []
+    for name, figures in row["sets"].items():
+        c, n = figures["checkers"]["oncurve_strict"], figures["rows"]
+        parts.append(f"{SETS[name]} {c['tp'] + c['tn']}/{n} agree, {c['fp']} wrong rows paid")
+    return "oncurve `correct` (strict) against hand labels: " + "; ".join(parts)
+
+
 def section(row: dict[str, Any]) -> str:
     """results/answer_checkers.md from a row: a table per set, the rows strict gets wrong."""
     versions = ", ".join(f"{k} {v}" for k, v in row["peer_versions"].items() if v)

@@ -96,6 +96,13 @@ def section(row: dict) -> str:
     )
 
 
+def summary(row: dict) -> str:
+    """The row in one line: FSDP2's largest per-rank peak against DDP's."""
+    ddp, fsdp = (max(row["runs"][name]["rss"]) for name in ("DDP", "FSDP2"))
+    return (f"{row['key']}: per-rank peak RSS FSDP2 {fsdp:,.0f} MB = {fsdp / ddp:.2f}x DDP's "
+            f"{ddp:,.0f}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="30m", help="default | tiny | 30m | PATH")

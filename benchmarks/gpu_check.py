@@ -39,7 +39,7 @@ import yaml
 from harness import pytest_outcomes, run_logs
 from harness.checkout import BENCHMARKS, CACHE, ROOT, checkout_env
 from harness.gpu_bundle import prepare, trl_at_hand
-from harness.stages import Outcome, Stage, run_stage, table, tails
+from harness.stages import Outcome, Stage, run_stage, status, table, tails
 from harness.tables import cell, publish
 
 NAME = "gpu_check"
@@ -340,6 +340,11 @@ def stages(args: argparse.Namespace) -> list[Stage]:
                 "long", "long reasoning against TRL (1.5B shape, EOS within 4,096 tokens)", limit,
                 "--long")}  # fmt: skip
     return [made[name](LIMITS[name] * args.time_scale) for name in LIMITS if name in args.stages]
+
+
+def summary(row: dict) -> str:
+    """The row in one line: each stage's verdict."""
+    return "; ".join(f"{r['name']} {status(r)}" for r in row["stages"])
 
 
 def section(row: dict) -> str:

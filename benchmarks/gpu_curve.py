@@ -170,6 +170,14 @@ def figures(curves: dict[str, list[list[float]]]) -> dict[str, Any]:
     return {"trl_final": trl_final, "trl_seconds": trl_seconds, "reach_s": reach, "ratio": ratio}
 
 
+def summary(row: dict) -> str:
+    """The row in one line: accuracy before and after each trainer, the time to TRL's final."""
+    curves = "; ".join(f"{label} {points[0][1]:.1%} -> {points[-1][1]:.1%} in {points[-1][0]:.0f} s"
+                       for label, points in row["curves"].items())  # fmt: skip
+    reach = "" if row["ratio"] is None else f"; TRL's final reached in {row['ratio']:.2f}x its time"
+    return f"held-out accuracy {curves}{reach}"
+
+
 def section(row: dict) -> str:
     """The page of one row: the curves' table and the target."""
     table = [[label, f"{points[-1][0]:.0f}", f"{points[0][1]:.1%}", f"{points[-1][1]:.1%}",

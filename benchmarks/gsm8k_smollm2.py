@@ -127,6 +127,13 @@ def section(row: dict) -> str:
     )
 
 
+def summary(row: dict) -> str:
+    """The row in one line: held-out accuracy before, at each evaluation and after; wall."""
+    evals = ", ".join(f"{accuracy:.0%} at step {step}" for step, _, accuracy in row["run"]["evals"])
+    return (f"SmolLM2-135M-Instruct on the {row['problems'][0]} easiest GSM8K test problems: "
+            f"held-out {evals}; {row['run']['wall_s'] / 60:.1f} min")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prepare", action="store_true", help="write data/gsm8k/ (make smollm2)")

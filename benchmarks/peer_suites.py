@@ -233,6 +233,13 @@ def section(row: dict[str, Any]) -> str:
     return f"# {TITLE}\n\n" + "\n".join(sections)
 
 
+def summary(row: dict[str, Any]) -> str:
+    """The row in one line: each suite's cases oncurve's checker agrees with, strict."""
+    return "oncurve's checker on peers' suites, strict: " + "; ".join(
+        f"{suite['name']} {suite['agree']['strict'][0]}/{suite['cases']}" for suite in row["suites"]
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--extract", action="store_true", help="rebuild math-verify's data file")

@@ -94,6 +94,14 @@ def section(row: dict) -> str:
     )
 
 
+def summary(row: dict) -> str:
+    """The row in one line: held-out accuracy before and after each trainer, s/step, wall."""
+    parts = [f"{name} {row['before']:.0%} -> {r['after']:.0%} held-out in {r['steps']} steps, "
+             f"{r['s_per_step']:.1f} s/step, {r['wall_s'] / 60:.1f} min"
+             for name, r in row["trainers"].items()]  # fmt: skip
+    return "SmolLM2-135M-Instruct on `sums`: " + "; ".join(parts)
+
+
 def headline(row: dict) -> dict[str, str]:
     """The README's row for an instruct model: oncurve's held-out accuracy before and after,
     TRL's after the same steps and oncurve's s/step against TRL's when TRL ran."""

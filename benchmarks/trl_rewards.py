@@ -72,6 +72,12 @@ def main() -> None:
         raise SystemExit("a TRL reward left completions unscored")
 
 
+def summary(row: dict) -> str:
+    """The row in one line: whether TRL's reward functions scored every completion."""
+    scored = "every completion scored" if row["every_completion_scored"] else "NOT every one"
+    return f"TRL's own reward functions through oncurve, {row['steps']} steps: {scored}"
+
+
 def section(row: dict) -> str:
     """One run's section of results/trl_rewards.md: its command, then a table of its date,
     commit, TRL's versions, steps, whether every completion was scored, the last step's means."""

@@ -89,6 +89,14 @@ def section(row: dict) -> str:
     return f"{measured(row)}, 1 thread. {shape}, 24 layers 28 wide, gradient checkpointing; {compiling}, left out\n\n{table}\n"
 
 
+def summary(row: dict) -> str:
+    """The row in one line: each variant's host time against TRL's layout."""
+    base = row["variants"][0]["seconds"]
+    return "host time of one update against TRL's padded layout: " + "; ".join(
+        f"{v['name']} {v['seconds'] / base:.2f}x" for v in row["variants"][1:]
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=7, help="updates timed per variant")

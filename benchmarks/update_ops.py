@@ -167,6 +167,15 @@ def section(row: dict) -> str:
     )
 
 
+def summary(row: dict) -> str:
+    """The row in one line: the update's ops by layout, and the sampled microbatches."""
+    base = row["layouts"][0][2]
+    layouts = "; ".join(f"{name} {upd:,} ({upd / base:.2f}x)" for name, _, upd, _ in row["layouts"])
+    sampled = "; ".join(f"{name} {count:.1f} microbatches, {update:,} ops"
+                        for name, count, _, update in row["sampled"])  # fmt: skip
+    return f"update ops: {layouts}. Sampled lengths: {sampled}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--microbatch", type=int, default=16, help="rows per microbatch")

@@ -171,6 +171,15 @@ def section(row: dict) -> str:
     return comparison.section(row, details, table, [verdict, unmatched], runs, phases)
 
 
+def summary(row: dict) -> str:
+    """The row in one line: s/step and peak RSS against TRL's, held-out accuracy if scored."""
+    ours, base = row["trainers"]["oncurve"], row["trainers"]["TRL"]
+    line = (f"{row['model']}: s/step {ours['s'] / base['s']:.2f}x TRL ({ours['s']:.2f} vs "
+            f"{base['s']:.2f} s, matmul {row['matmul_gflops']:.0f} GFLOP/s); peak RSS "
+            f"{ours['rss'] / base['rss']:.2f}x")  # fmt: skip
+    return line + (f"; accuracy {ours['acc']:.1%} vs {base['acc']:.1%}" if row["eval_n"] else "")
+
+
 def main() -> None:
     args = comparison.parser(__doc__, "default | tiny | 30m", runs=2, microbatch=None).parse_args()
     key = args.model if args.model in SCENARIOS else Path(args.model).name

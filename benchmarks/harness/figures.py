@@ -68,9 +68,10 @@ def history_table(rows: list[dict[str, Any]]) -> str:
     lines = []
     # a measurement's figures row, once its spec summarises it, stands for its imported line
     summarised = {(r["benchmark"], r.get("commit")) for r in rows if "renderer" in r
-                  and _from_spec(r, "summary")}  # fmt: skip
+                  and "imported" not in r and _from_spec(r, "summary")}  # fmt: skip
     for row in rows:
-        summary = _from_spec(row, "summary")
+        # an imported row stands as the line imported with it, not as its spec would sum it up
+        summary = row.get("summary") if "imported" in row else _from_spec(row, "summary")
         duplicate = "renderer" not in row and (row["benchmark"], row.get("commit")) in summarised
         if summary and not duplicate:
             when = str(row["date"])[:10]

@@ -176,6 +176,15 @@ def times(ratio: float | None) -> str:
     return cell(ratio) + ("x" if ratio is not None else "")
 
 
+def summary(row: dict) -> str:
+    """The row in one line: s/step and peak GPU memory against TRL's, where both ran."""
+    ratios, tokens = row["ratios"], row["settings"]["rollout.max_new_tokens"]
+    if not ratios:
+        return f"{row['model']}, {tokens} tokens: not both trainers finished"
+    return (f"{row['model']}, {tokens} tokens: s/step {times(ratios['seconds'])} TRL's (target "
+            f"{row['speed_target']}x); peak GPU memory {times(ratios['gpu_peak_gb'])}")  # fmt: skip
+
+
 def section(row: dict) -> str:
     """The markdown section of one row: the trainers and their quotient, the targets, the
     runs."""

@@ -206,6 +206,15 @@ def table(columns: dict[str, str], records: list[dict[str, Any]], missing: str) 
     return markdown_table(list(columns), [[fill(f, r) for f in columns.values()] for r in records])
 
 
+def summary(row: dict[str, Any]) -> str:
+    """The row in one line: each sampler's tokens/s against the baseline (`generate`; on a
+    GPU, its static cache)."""
+    key = "vs_static" if "gpu" in row else "vs_generate"
+    samplers = "; ".join(f"`{s['sampler']}` {s['tokens_per_s']:,.0f} tokens/s = {s[key]:.2f}x"
+                         for s in row["samplers"])  # fmt: skip
+    return f"{row['scenario']}: {samplers}"
+
+
 def section(row: dict[str, Any]) -> str:
     """The section of `results/rollout.md` for one scenario's row, on the CPU or a GPU: how,
     when and with what it was measured (as far as a row imported from the hand-kept page says),

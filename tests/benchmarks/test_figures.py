@@ -43,3 +43,13 @@ def test_machines_and_markers():
     )
     with pytest.raises(ValueError, match="no <!-- figures: y --> markers"):
         between_markers(text, "y", "new")
+
+
+def test_every_measured_row_is_a_line_of_the_recorded_figures():
+    rows = all_rows()
+    table = history_table(rows)
+    measured = [row for row in rows if "renderer" in row and "imported" not in row]
+    assert {row["benchmark"] for row in measured} >= {"smollm2", "vs_trl", "answer_checkers"}
+    for row in measured:  # a spec without `summary(row)` would leave its rows out
+        line = f"| {str(row['date'])[:10]} | {machine_label(row)} | {row['commit']} |"
+        assert line in table, (row["benchmark"], row.get("key"))
