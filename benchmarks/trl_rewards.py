@@ -74,7 +74,7 @@ def main() -> None:
 
 def summary(row: dict) -> str:
     """The row in one line: whether TRL's reward functions scored every completion."""
-    scored = "every completion scored" if row["every_completion_scored"] else "NOT every one"
+    scored = "every completion scored" if row["every_completion_scored"] else "some unscored"
     return f"TRL's own reward functions through oncurve, {row['steps']} steps: {scored}"
 
 

@@ -56,6 +56,10 @@ def test_a_rows_page_gives_both_curves_and_the_target():
     assert "| TRL | 120 | 20.0% | 50.0% | 120 s 50% |" in text
     assert "45 s of TRL's 120 s = 0.38x: met" in text
     assert "checkpoints every 20 steps" in text
+    assert gpu_curve.summary(row) == (
+        "held-out accuracy oncurve 20.0% -> 55.0% in 45 s; TRL 20.0% -> 50.0% in 120 s; "
+        "TRL's final reached in 0.38x its time"
+    )
 
 
 @pytest.mark.slow

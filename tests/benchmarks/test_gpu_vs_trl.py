@@ -132,3 +132,6 @@ def test_a_long_workload_row_says_its_lengths_end_at_eos_and_holds_its_own_targe
     assert text.startswith("### qwen2.5-1.5b-4096: 16 prompts x G=8, 4096 tokens, 2 steps")
     assert "completions ending at EOS, 4096 at most" in text
     assert "| s/step <= 0.3x TRL's | 40.00 vs 150.00 s | 0.27x, yes |" in text
+    assert gpu.summary(row).startswith(
+        "qwen2.5-1.5b, 4096 tokens: s/step 0.27x TRL's (target 0.3x)"
+    )

@@ -114,6 +114,8 @@ def test_failed_and_timed_out_stages_get_their_rows_and_log_tails(tmp_path):
     section = gpu_check.section(row)
     assert section.startswith("## GPU\n\n2026-11-26 14:57, 1 x GPU, torch 2.11 (CUDA 13.0), ")
     assert rendered in section and section.endswith(f"### Log tails\n\n{text}")
+    line = gpu_check.summary(row)
+    assert "failed (exit 3)" in line and "timed out at 2 s" in line and "skipped" in line
 
 
 def test_the_default_stages_fit_one_device_call_and_stages_picks_a_subset(monkeypatch, tmp_path):
