@@ -65,13 +65,17 @@ def all_rows() -> list[dict[str, Any]]:
 def history_table(rows: list[dict[str, Any]]) -> str:
     """The recorded figures: date, machine, commit, command and summary of each row with a
     summary (an imported line left out where its measurement's figures row summarises it)."""
+
+    def summary_of(row: dict[str, Any]) -> str | None:
+        # an imported row stands as the line imported with it, not as its spec would sum it up
+        return row.get("summary") if "imported" in row else _from_spec(row, "summary")
+
     lines = []
     # a measurement's figures row, once its spec summarises it, stands for its imported line
     summarised = {(r["benchmark"], r.get("commit")) for r in rows if "renderer" in r
-                  and "imported" not in r and _from_spec(r, "summary")}  # fmt: skip
+                  and summary_of(r)}  # fmt: skip
     for row in rows:
-        # an imported row stands as the line imported with it, not as its spec would sum it up
-        summary = row.get("summary") if "imported" in row else _from_spec(row, "summary")
+        summary = summary_of(row)
         duplicate = "renderer" not in row and (row["benchmark"], row.get("commit")) in summarised
         if summary and not duplicate:
             when = str(row["date"])[:10]
