@@ -1,6 +1,7 @@
 """Every record's figures in one line each: the table of recorded figures in
-benchmarks/README.md (each row with a summary, newest first) and the README's Results table
-(the newest headline of each area), written between their markers by `render.py`.
+benchmarks/README.md (each row with a summary, newest first), the README's Results table (the
+newest headline of each area) and the figures of benchmarks/LOG.md's entries (a row each,
+named by its record and date), written between their markers by `render.py`.
 
 A row's summary and headline come from its spec module's `summary(row)` and `headline(row)`
 (the module named by "renderer") where it has them, else from the row's own "summary" and
@@ -29,6 +30,11 @@ AREAS = (
 )
 HEADLINES = ROOT / "README.md"
 HISTORY = BENCHMARKS / "README.md"
+LOG = BENCHMARKS / "LOG.md"
+# a LOG entry's figures: the row of record NAME measured at DATE ("YYYY-MM-DD HH:MM")
+LOG_ROW = re.compile(
+    r"^( *)(<!-- row: (\S+) ([\d-]+ [\d:]+) -->)\n(?:[^\n]*\n)*?\1<!-- /row -->", re.M
+)
 
 
 def _from_spec(row: dict[str, Any], name: str) -> Any:
@@ -109,10 +115,32 @@ def between_markers(text: str, name: str, table: str) -> str:
     return pattern.sub(lambda m: m.group(1) + table + m.group(2), text)
 
 
+def row_line(row: dict[str, Any]) -> str:
+    """A row's figures as a LOG entry gives them: its command, commit and summary."""
+    return f"`{row['command']}` at {row['commit']}: {_from_spec(row, 'summary')}."
+
+
+def log_rows(text: str, rows: list[dict[str, Any]]) -> str:
+    """`text` with each `<!-- row: NAME DATE -->` ... `<!-- /row -->` block filled with the
+    `row_line` of record NAME's row measured at DATE; ValueError naming a marker that names
+    no row, or more than one."""
+
+    def fill(match: re.Match[str]) -> str:
+        indent, name, date = match.group(1), match.group(3), match.group(4)
+        found = [row for row in rows if row["benchmark"] == name and str(row.get("date")) == date]
+        if len(found) != 1:
+            raise ValueError(f"<!-- row: {name} {date} --> names {len(found)} rows, not one")
+        return f"{indent}{match.group(2)}\n{indent}{row_line(found[0])}\n{indent}<!-- /row -->"
+
+    return LOG_ROW.sub(fill, text)
+
+
 def rendered_pages() -> dict[Path, str]:
-    """README.md and benchmarks/README.md as `render.py` writes them from the records."""
+    """README.md, benchmarks/README.md and benchmarks/LOG.md as `render.py` writes them from
+    the records."""
     rows = all_rows()
     return {
         HEADLINES: between_markers(HEADLINES.read_text(), "headlines", headline_table(rows)),
         HISTORY: between_markers(HISTORY.read_text(), "history", history_table(rows)),
+        LOG: log_rows(LOG.read_text(), rows),
     }

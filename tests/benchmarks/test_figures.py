@@ -1,5 +1,6 @@
-"""The README's Results table and benchmarks/README.md's recorded figures are what the records
-give (`benchmarks/render.py` writes them), and each area keeps a headline."""
+"""The README's Results table, benchmarks/README.md's recorded figures and LOG.md's entries'
+figures are what the records give (`benchmarks/render.py` writes them), and each area keeps a
+headline."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from harness.figures import (
     between_markers,
     headline_table,
     history_table,
+    log_rows,
     machine_label,
     rendered_pages,
 )
@@ -53,3 +55,25 @@ def test_every_measured_row_is_a_line_of_the_recorded_figures():
     for row in measured:  # a spec without `summary(row)` would leave its rows out
         line = f"| {str(row['date'])[:10]} | {machine_label(row)} | {row['commit']} |"
         assert line in table, (row["benchmark"], row.get("key"))
+
+
+def test_a_log_marker_is_filled_with_its_row_and_an_unknown_one_is_an_error():
+    rows = [
+        {"benchmark": "b", "date": "2026-01-02 03:04", "command": "python b.py", "commit": "abc",
+         "summary": "1.5x"},
+        {"benchmark": "b", "date": "2026-01-03", "commit": "d"},
+        {"benchmark": "b", "date": "2026-01-03", "commit": "e"},
+    ]  # fmt: skip
+    text = "- why:\n  <!-- row: b 2026-01-02 03:04 -->\n  stale\n  <!-- /row -->\nafter\n"
+    assert log_rows(text, rows) == (
+        "- why:\n  <!-- row: b 2026-01-02 03:04 -->\n  `python b.py` at abc: 1.5x.\n"
+        "  <!-- /row -->\nafter\n"
+    )
+    empty = "<!-- row: b 2026-01-02 03:04 -->\n<!-- /row -->\n<!-- row: b 2026-01-02 03:04 -->\n<!-- /row -->"
+    assert log_rows(empty, rows).count("`python b.py` at abc: 1.5x.") == 2  # neither eats the next
+    with pytest.raises(ValueError, match="row: b 2026-01-09 00:00 --> names 0 rows"):
+        log_rows("<!-- row: b 2026-01-09 00:00 -->\n<!-- /row -->", rows)
+    with pytest.raises(ValueError, match="names 2 rows"):
+        log_rows("<!-- row: b 2026-01-03 00:00 -->\n<!-- /row -->", [
+            {**rows[1], "date": "2026-01-03 00:00"}, {**rows[2], "date": "2026-01-03 00:00"}
+        ])  # fmt: skip
