@@ -4,9 +4,12 @@ headline."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from harness.figures import (
     AREAS,
+    HISTORY,
     all_rows,
     between_markers,
     headline_table,
@@ -77,3 +80,11 @@ def test_a_log_marker_is_filled_with_its_row_and_an_unknown_one_is_an_error():
         log_rows("<!-- row: b 2026-01-03 00:00 -->\n<!-- /row -->", [
             {**rows[1], "date": "2026-01-03 00:00"}, {**rows[2], "date": "2026-01-03 00:00"}
         ])  # fmt: skip
+
+
+def test_every_script_is_in_the_benchmarks_tables():
+    listed = set(re.findall(r"^\| `(\w+\.py)` \|", HISTORY.read_text(), re.M))
+    scripts = {path.name for path in HISTORY.parent.glob("*.py")} - {
+        "render.py"
+    }  # measures nothing
+    assert scripts == listed, f"not in benchmarks/README.md's tables: {scripts - listed}"
