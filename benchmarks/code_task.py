@@ -89,6 +89,30 @@ def section(row: dict) -> str:
     )
 
 
+def summary(row: dict) -> str:
+    """The row in one line: greedy pass rate and sampled mean reward before and after, wall."""
+    before, after, run = row["before"], row["after"], row["run"]
+    return (
+        f"SmolLM2-135M-Instruct on `code`, {len(run['reward'])} steps "
+        f"({run['wall_s'] / 60:.1f} min): held-out greedy pass rate {before['pass']:.0%} -> "
+        f"{after['pass']:.0%}, sampled mean reward {before['sampled']:.2f} -> "
+        f"{after['sampled']:.2f} ({row['problems']} problems)"
+    )
+
+
+def headline(row: dict) -> dict[str, str]:
+    """The README's code row: the greedy pass rate before and after training."""
+    figure = (
+        f"greedy pass rate {row['before']['pass']:.0%} -> {row['after']['pass']:.0%} on held-out "
+        f"problems in {len(row['run']['reward'])} steps"
+    )
+    return {
+        "area": "RL on code, 2 CPU cores",
+        "figure": figure,
+        "command": "benchmarks/code_task.py",
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, help="training steps (default: the config's)")

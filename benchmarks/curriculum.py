@@ -144,6 +144,21 @@ def section(row: dict) -> str:
     ]) + "\n"  # fmt: skip
 
 
+def summary(row: dict) -> str:
+    """The row in one line: each arm's final and mean held-out accuracy, all-equal rollouts and
+    the runs that reached the first target."""
+    a = row["args"]
+    arms = "; ".join(
+        f"{arm} {f['after']:.1%} / {f['mean']:.1%}, {f['all_equal']:,.0f} all-equal, reached "
+        f"{a['targets'][0]:.0%} {f['reach'][0][0]}/{f['reach'][0][1]}"
+        for arm, f in row["arms"].items()
+    )
+    return (
+        f"4+4-digit arith, {a['steps']} steps x {a['seeds']} seeds, final / mean held-out "
+        f"accuracy: {arms} (of {a['steps'] * PROMPTS * GROUP:,} rollouts)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arms", nargs="+", default=["none", "pass_rate", "difficulty"])
