@@ -68,14 +68,15 @@ def all_rows() -> list[dict[str, Any]]:
     return [row for *_, row in rows]
 
 
+def summary_of(row: dict[str, Any]) -> str | None:
+    """A row's figures in one line: an imported row's own line (not what its spec would sum
+    up), else its spec's `summary(row)`; None for a row without one."""
+    return row.get("summary") if "imported" in row else _from_spec(row, "summary")
+
+
 def history_table(rows: list[dict[str, Any]]) -> str:
     """The recorded figures: date, machine, commit, command and summary of each row with a
     summary (an imported line left out where its measurement's figures row summarises it)."""
-
-    def summary_of(row: dict[str, Any]) -> str | None:
-        # an imported row stands as the line imported with it, not as its spec would sum it up
-        return row.get("summary") if "imported" in row else _from_spec(row, "summary")
-
     lines = []
     # a measurement's figures row, once its spec summarises it, stands for its imported line
     summarised = {(r["benchmark"], r.get("commit")) for r in rows if "renderer" in r
@@ -117,7 +118,7 @@ def between_markers(text: str, name: str, table: str) -> str:
 
 def row_line(row: dict[str, Any]) -> str:
     """A row's figures as a LOG entry gives them: its command, commit and summary."""
-    return f"`{row['command']}` at {row['commit']}: {_from_spec(row, 'summary')}."
+    return f"`{row['command']}` at {row['commit']}: {summary_of(row)}."
 
 
 def log_rows(text: str, rows: list[dict[str, Any]]) -> str:
