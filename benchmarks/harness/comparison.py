@@ -126,7 +126,7 @@ def alternate(
 
 
 def printed(figures: dict[str, Any]) -> dict[str, Any]:
-    """`figures` of a CPU run, once printed: median s/step, peak RSS (and CUDA), accuracy."""
+    """A run's `figures`, once printed: median s/step, peak RSS (and CUDA), accuracy."""
     cuda = f", peak CUDA {figures['cuda']:,.0f} MB" if figures.get("cuda") else ""
     print(f"  {statistics.median(figures['seconds']):.2f} s/step (median), peak RSS "
           f"{figures['rss']:,.0f} MB{cuda}, accuracy {cell(figures['accuracy'], '.1%')}",

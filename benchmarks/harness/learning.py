@@ -51,9 +51,9 @@ def held_out(
     with the sampler `backend` (`oncurve.rollout.build_sampler`'s names), as the trainer
     evaluates: prompts formatted as it formats them, greedy with `rollout.max_new_tokens`
     tokens, its held-out reward (`correctness_fn`, the task's settings applied), and with
-    `samples` > 1 that many completions per prompt at temperature 1. Returns `evaluate`'s result, the rows (the task's
-    fields with the prompt's ids) and one record per row (the greedy completion and whether it
-    is right; with samples, the sampled completions)."""
+    `samples` > 1 that many completions per prompt at temperature 1. Returns `evaluate`'s
+    result, the rows (the task's fields with the prompt's ids) and one record per row (the
+    greedy completion and whether it is right; with samples, the sampled completions)."""
     from oncurve.data.prompts import PromptData, correctness_fn
     from oncurve.data.tasks import get_task
     from oncurve.loop.evaluate import evaluate

@@ -53,7 +53,7 @@ def test_the_trainers_alternate_and_a_row_renders_both_with_targets_and_runs():
     runs = {"oncurve": [run([9.0, 3.0, 3.2], 5.0), run([9.0, 2.8], 5.5)],
             "TRL": [run([20.0, 8.0], 6.0), run([], None, ok=False)]}  # fmt: skip
     results = comparison.alternate(["oncurve", "TRL"], 2, lambda label, i: runs[label][i],
-                            lambda got: done.append(sum(map(len, got.values()))))  # fmt: skip
+                                   lambda got: done.append(sum(map(len, got.values()))))  # fmt: skip
     assert results == runs and done == [1, 2, 3, 4]
     stats = {label: gpu.summarize(r) for label, r in results.items()}
     assert stats["oncurve"]["seconds"] == 3.0 and stats["oncurve"]["gpu_peak_gb"] == 5.5
@@ -108,10 +108,10 @@ def test_a_random_model_made_to_end_at_eos_samples_it_once_in_mean_length_tokens
     assert before.mean() * 16 < 0.05  # without it: about one token in the vocabulary's size
     end_at_eos(model, eos, 16)
     with torch.no_grad():
-        p = model(ids).logits.softmax(-1)[..., eos]  # [B, T]
+        probs = model(ids).logits.softmax(-1)  # [B, T, V]
+    p = probs[..., eos]
     assert p.min() * 16 > 0.99 and p.max() * 16 < 1.01  # at every position, early and late
-    with torch.no_grad():  # the rest of the vocabulary stays about uniform
-        others = model(ids).logits.softmax(-1)[..., :eos] * (eos / (1 - 1 / 16))
+    others = probs[..., :eos] * (eos / (1 - 1 / 16))  # the rest stays about uniform
     assert others.min() > 0.99 and others.max() < 1.01
     with torch.no_grad():  # bf16, as build_model saves it: still within a few percent
         p = model.to(torch.bfloat16)(ids).logits.float().softmax(-1)[..., eos]
