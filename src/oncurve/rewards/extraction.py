@@ -26,10 +26,12 @@ import collections
 import re
 
 from oncurve.rewards.normalization import (
+    BOX_RE,
     COMMAND_RE,
     ENVIRONMENT_RE,
     EQUALS_RE,
     LHS_RE,
+    NOT_UNITS,
     last_boxed,
     looks_symbolic,
     stated_number,
@@ -57,7 +59,17 @@ _STATED_ANSWER_RE = re.compile(
 _SCALE_WORDS = r"thousand|million|billion|trillion"
 _ANSWER_NUMBER_RE = re.compile(
     rf"answer\s*(?:is|:)\s*(?:\*\*)?\s*\\?\$?\s*(?P<number>(?:{_NUMBER})(?![\d_]|[.,]\d)"
-    rf"(?:\s+(?:{_SCALE_WORDS})\b)?)(?P<hedge>\s*(?:\$\s*)?(?:or|and/or)\s+\$?[-−]?\d)?",
+    rf"(?:\s+(?:{_SCALE_WORDS})\b)?(?:\s*\\?%|\s+per\s?cent\b)?)(?P<rest>[^\n]{{0,200}})",
+    re.IGNORECASE,
+)
+# What may not follow a stated number in its sentence: an operator, a factorial or a power
+# (`18 + 1`, `18!`, `18^2`), another number joined to it (`18, 19`, `18 (or 19)`, `18 to 20`),
+# or a word that denies it (`18 (wrong)`, `18 — no, 19`).
+_QUALIFIED_RE = re.compile(
+    r"\s*(?:\$|\*\*)*\s*(?:[-−+*/^!×·÷±∓=<>–]|\\(?:times|cdot|div|pm|mp)(?![a-zA-Z])"
+    r"|[(,;:—]?\s*(?:(?:or|and|and/or|to|vs\.?|versus)\s+)?"
+    r"(?:(?:possibly|maybe|perhaps|even|rather|actually)\s+)?\$?[-−]?\d"
+    r"|[(,;:—]?\s*(?:no|not|wrong|incorrect)\b|\([^)]*\d)",
     re.IGNORECASE,
 )
 # "The answer is East." / "The answer is (C)." / "**Answer:** B": a word or a choice's letter
@@ -73,8 +85,24 @@ _STATES_NUMBER_RE = re.compile(r"\b(?:is|are|was|were|equals?|be)\s+\\?\$?[-−]
 _LHS_NAME_RE = re.compile(r"\s*[a-zA-Z](?:_\{?[a-zA-Z0-9]+\}?)?\s*")
 _INLINE_MATH_RE = re.compile(r"(?<!\\)\$\$?((?:\\\$|[^$]){1,500})\$\$?")
 _JOINER_RE = re.compile(r"\s*(?:,|and|or|,\s*and|,\s*or)\s*", re.IGNORECASE)
-# A number, then "or" (or "and/or") just before the last one: an answer that hedges.
-_HEDGE_RE = re.compile(r"\d\s*(?:\$\s*)?(?:or|and/or)\s*(?:\$\s*)?[-−]?$", re.IGNORECASE)
+# Just before the last number, what makes it no answer: a hedge between it and another
+# (`4 or 3`, `19, or perhaps 18`, `x = 17 or x = 18`, `19 vs 18`, `between 17 and 18`) or a
+# negation (`not 18`, `can't be 18`); just after it, a denial (`18 is wrong`).
+_HEDGE_RE = re.compile(
+    r"(?:\d\s*(?:\$\s*)?,?\s*(?:or|and/or|vs\.?|versus)\s*"
+    r"(?:(?:maybe|perhaps|possibly|even|rather)\s+)?(?:[a-zA-Z]\s*=\s*)?"
+    r"|\bbetween\s+\S+\s+and\s+"
+    r"|(?:\bnot|n't|\bnever|\bno)\s+(?:[a-zA-Z]+\s+){0,2})(?:\$\s*)?[-−]?$",
+    re.IGNORECASE,
+)
+_FIRST_WORD_RE = re.compile(r"\s*(?:\$|\*\*)*\s*([a-zA-Z]+)")
+_DENIED_RE = re.compile(r"\s*\$?\s*(?:is|are|was|were)\s+(?:wrong|incorrect|not)\b", re.IGNORECASE)
+# Two boxes side by side, or joined by "or", "and" or a comma: two answers offered.
+_JOINED_BOXES_RE = re.compile(
+    r"\\(?:boxed|fbox)\s*\{(?P<first>[^{}]{1,200})\}\s*\$*\s*(?:,|;|or|and/or|and)?\s*\$*\s*"
+    r"\\(?:boxed|fbox)\s*\{(?P<last>[^{}]{1,200})\}",
+    re.IGNORECASE,
+)
 
 
 def extract_answer(text: str, style: str = "auto") -> str | None:
@@ -84,8 +112,8 @@ def extract_answer(text: str, style: str = "auto") -> str | None:
     if style == "auto":
         tagged = _last_tag(text)
         if tagged is not None:
-            return last_boxed(tagged) or tagged
-        finders = (last_boxed, _gsm8k, _stated_answer, _final_math, _whole_math, _last_number)
+            return _boxed(tagged) or tagged
+        finders = (_boxed, _gsm8k, _stated_answer, _final_math, _whole_math, _last_number)
         for finder in finders:
             found = finder(text)
             if found is not None:
@@ -108,6 +136,19 @@ def _last_tag(text: str) -> str | None:
         if content:
             return content
     return None
+
+
+def _boxed(text: str) -> str | None:
+    """The last box's content (`last_boxed`); with the box before it when the two are offered
+    together (`\\boxed{50} or \\boxed{18}`), as a list ("50 \\text{ or } 18") that matching
+    pays only where the reference lists both."""
+    answer = last_boxed(text)
+    if answer is None:
+        return None
+    joined = _last_match(_JOINED_BOXES_RE, text, len(text))
+    if joined is None or joined["last"].strip() != answer or BOX_RE.search(text, joined.end()):
+        return answer
+    return f"{joined['first'].strip()} \\text{{ or }} {answer}"
 
 
 def _last_match(
@@ -141,7 +182,12 @@ def _stated_answer(text: str) -> str | None:
         return stated
     found = _last_match(_ANSWER_NUMBER_RE, text, len(text), tail)
     if found is not None:
-        return None if found["hedge"] else found["number"]  # "18 or 26" states no one answer
+        word = _FIRST_WORD_RE.match(found["rest"])
+        if not _QUALIFIED_RE.match(found["rest"]) and not (word and word[1].lower() in NOT_UNITS):
+            return found["number"]
+        # "18 or 26", "18 squared": the sentence states no one number; matching judges it whole
+        sentence = _SENTENCE_END_RE.split(found["rest"], maxsplit=1)[0]
+        return f"{found['number']}{sentence}".strip()
     found = _ANSWER_WORD_RE.search(text, tail)
     return None if found is None else found["word"]
 
@@ -199,8 +245,9 @@ def _whole_math(text: str) -> str | None:
 
 
 def _last_number(text: str) -> str | None:
-    """The last number of `text`; None when it ends a hedge between two (`4 or 3`)."""
+    """The last number of `text`; None when it ends a hedge or is denied (`4 or 3`, `not 18`,
+    `18 is wrong`: `_HEDGE_RE`, `_DENIED_RE`)."""
     found = _last_match(_NUMBER_RE, text, len(text))
     if found is None or _HEDGE_RE.search(text, max(0, found.start() - 40), found.start()):
         return None
-    return found.group()
+    return None if _DENIED_RE.match(text, found.end()) else found.group()

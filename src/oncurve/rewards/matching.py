@@ -32,6 +32,7 @@ by `oncurve.rewards.math` (TimeoutError past it).
 
 from __future__ import annotations
 
+import collections
 import math
 import re
 from fractions import Fraction
@@ -43,6 +44,7 @@ from oncurve.rewards.normalization import (
     LHS_RE,
     MAX_ANSWER_CHARS,
     NOT_UNITS,
+    PERCENT_WORDS,
     SPACING_RE,
     TEXT_RE,
     last_boxed,
@@ -55,7 +57,7 @@ from oncurve.rewards.normalization import (
 _PERCENT_PROMPT_RE = re.compile(r"percent|%", re.IGNORECASE)
 _TEXT_COMMAND_RE = re.compile(r"\\(?:text|textnormal|mathrm|mbox)\b")
 _TRAILING_UNITS_RE = re.compile(
-    r"\s*\\(?:text|textnormal|mathrm|mbox)\s*\{(?P<words>\s*[a-zA-Z][a-zA-Z ./-]*)\}"
+    r"(?:\s|(?<!\\)\\ )*\\(?:text|textnormal|mathrm|mbox)\s*\{(?P<words>\s*[a-zA-Z][a-zA-Z ./-]*)\}"
     r"\s*(?:\^\s*\{?\s*\d\s*\}?)?\s*\.?\s*$"
 )
 _CHOICE_RE = re.compile(r"\(?(?P<letter>[A-Ea-e])\)?")
@@ -68,9 +70,11 @@ _ANSWER_PHRASE_RE = re.compile(
     r"(?P<answer>.+?)\s*\.?\s*",
     re.IGNORECASE | re.DOTALL,
 )
-# A literal number of a prompt: a fraction (LaTeX or a/b) or a decimal, for `_converts_back`.
+# A literal number of a prompt, for `_converts_back`: a fraction (LaTeX, a/b or a quotient
+# `7 \div 8`), a decimal (repeating too: `0.\overline{36}`) or a percentage.
 _PROMPT_NUMBER_RE = re.compile(
-    r"\\[dtc]?frac\s*(?:\{\s*\d+\s*\}|\d)\s*(?:\{\s*\d+\s*\}|\d)|\d+\s*/\s*\d+|\d*\.\d+"
+    r"\\[dtc]?frac\s*(?:\{\s*\d+\s*\}|\d)\s*(?:\{\s*\d+\s*\}|\d)|\d+\s*(?:/|\\div)\s*\d+"
+    r"|\d*\.\d*\\overline\s*\{\s*\d+\s*\}|(?:\d*\.)?\d+\s*\\?%|\d*\.\d+"
 )
 _LIST_SEPARATOR_RE = re.compile(r"\s*(?:,(?!\d{3}(?!\d))|;|\bor\b|\band\b)\s*")
 _DECIMAL_RE = re.compile(r"\d\.\d|(?<!\d)\.\d")
@@ -80,8 +84,18 @@ _FRACTIONAL_POWER_RE = re.compile(
 )
 _SQRT_RE = re.compile(r"\\sqrt(?:\s*\[\s*(?P<index>2)\s*\])?\s*|(?<![a-zA-Z\\])sqrt\s*")
 # Brackets multiplied or raised: `(x+1)(x+1)`, `(1+x)^2`, `2(x+1)`, `(x+1) \cdot (x-1)`
-_BRACKET_PRODUCT_RE = re.compile(r"\)\s*(?:\\cdot|\\times|\*)?\s*[(\^]|[\w}]\s*\(")
+_BRACKET_PRODUCT_RE = re.compile(r"\)\s*(?:\\cdot|\\times|\*)?\s*[(\^\d]|[\w}]\s*\(")
 _FRAC_RE = re.compile(r"\\[dtc]?frac\s*\{")
+_FUNCTION_RE = re.compile(
+    r"\\(?:log|ln|lg|exp|sin|cos|tan|cot|sec|csc|arcsin|arccos|arctan|sinh|cosh|tanh)(?![a-zA-Z])"
+    r"|(?<![a-zA-Z\\])e\s*\^"
+)
+_NUMBER_POWER_RE = re.compile(r"(?<![\w\\.^])\d+\s*\^")  # `3^2`: a power of a number
+_LEADING_COEFFICIENT_RE = re.compile(r"\s*(\d+)")
+# What `_restates` compares: commands, single digits, letters and operators; brackets, braces,
+# `$` and multiplication signs only change how an expression looks.
+_TOKEN_RE = re.compile(r"\\[a-zA-Z]+|[^\s{}()\[\]$*]")
+_TIMES = frozenset(("\\cdot", "\\times"))
 # An operation between terms, a power, a factorial, a command or a bracket: not a bare number
 # or symbol (`-1` is not one).
 _EXPRESSION_RE = re.compile(r".[-+*/^!]|\\[a-zA-Z]|\(")
@@ -178,7 +192,10 @@ def _without_units(text: str) -> str:
     if len(text) > MAX_ANSWER_CHARS:
         return text
     match = _TRAILING_UNITS_RE.search(text)
-    if match is None or NOT_UNITS.intersection(re.split(r"[ ./-]+", match["words"].lower())):
+    if match is None:
+        return text
+    words = re.split(r"[ ./-]+", match["words"].lower().strip())
+    if NOT_UNITS.intersection(words) or " ".join(words) in PERCENT_WORDS:  # `18\text{ percent}`
         return text
     return text[: match.start()]
 
@@ -193,6 +210,8 @@ def _answer_phrase(text: str) -> str:
 
 def _other_variable(predicted: str, gold: str) -> bool:
     """Whether both name what they solve for, and not the same (`x = 2x+3` for `y=2x+3`)."""
+    if len(predicted) > MAX_ANSWER_CHARS:
+        return False
     named = [LHS_RE.match(undress(text)) for text in (predicted, gold)]
     return all(named) and named[0]["name"] != named[1]["name"]
 
@@ -214,17 +233,23 @@ def _same_value(
 def _converts_back(
     pred: tuple[Fraction, bool, str], gold: tuple[Fraction, bool, str], prompt: str
 ) -> bool:
-    """Whether the answer is the prompt's own number in another form than the gold's: 0.75 for
-    "Express 0.75 as a common fraction", `\\frac{7}{8}` for "Express 7/8 as a decimal"."""
-    value, _, kind = pred
-    if kind == gold[2]:
+    """Whether the answer is the prompt's own number in another form than the gold's: 0.75 or
+    75% for "Express 0.75 as a common fraction", `\\frac{7}{8}` for "Express $7 \\div 8$ as a
+    decimal". A percentage is a form of its own, its value over 100."""
+    if _form(pred) == _form(gold):
         return False
-    literals = {"fraction": [], "decimal": [], "integer": []}
+    literals = set()
     for match in _PROMPT_NUMBER_RE.finditer(prompt[: 4 * MAX_ANSWER_CHARS]):
-        literal = stated(match.group())
+        literal = stated(match.group().replace("\\div", "/"))
         if literal is not None:
-            literals[literal[2]].append(literal[0])
-    return value in literals[kind]
+            literals.add(_form(literal)[0])
+    return _form(pred)[0] in literals
+
+
+def _form(number: tuple[Fraction, bool, str]) -> tuple[Fraction, str]:
+    """(value, form) of a stated number: a percentage's value is over 100, its form "percent"."""
+    value, percent, kind = number
+    return (value / 100, "percent") if percent else (value, kind)
 
 
 def _number_list(text: str, *, reduced: bool = False) -> list[Fraction] | None:
@@ -249,9 +274,20 @@ def _number_list(text: str, *, reduced: bool = False) -> list[Fraction] | None:
 def _undone(pred: str, ref: str) -> bool:
     """Whether the normalised answer `pred` still shows work the reference `ref` has done: a
     decimal for an exact reference, a root written as a power or with index 2, a root of a
-    number that is not square-free or of arithmetic, a product or power of brackets where the
-    reference has none, a sum where the reference is a product or power of brackets, a
-    fraction with letters in its denominator where the reference has none."""
+    number that is not square-free or of arithmetic, more roots than the reference has, a
+    product or power of brackets where the reference has none, a sum where the reference is a
+    product or power of brackets, a fraction with letters in its denominator where the
+    reference has none, a fraction whose numerator's coefficients share a factor with its
+    denominator (`\\frac{4\\sqrt{3}}{2}`), like terms not collected (`\\sqrt{3}+\\sqrt{3}`,
+    `x+0`), a power of a number (`3^2\\pi`), or a function the reference does not hold
+    (`x+\\log_2 2`, `x+e^0`)."""
+    for undone in (_unreduced_fraction, _like_terms, _NUMBER_POWER_RE.search):
+        if undone(pred) and not undone(ref):
+            return True
+    if set(_FUNCTION_RE.findall(pred)) - set(_FUNCTION_RE.findall(ref)):
+        return True
+    if len(_SQRT_RE.findall(pred)) > len(_SQRT_RE.findall(ref)):
+        return True
     if _DECIMAL_RE.search(pred) and not _DECIMAL_RE.search(ref):
         return True
     if _FRACTIONAL_POWER_RE.search(pred) and not _FRACTIONAL_POWER_RE.search(ref):
@@ -268,6 +304,57 @@ def _undone(pred: str, ref: str) -> bool:
     if _letter_denominator(pred) and not _letter_denominator(ref):
         return True
     return _root_denominator(pred) and not _root_denominator(ref)  # not rationalised
+
+
+def _unreduced_fraction(text: str) -> bool:
+    """Whether a fraction of `text` with a whole-number denominator shares a factor with every
+    coefficient of its numerator's terms (`\\frac{4\\sqrt{3}}{2}`, `\\frac{12+18i}{2}`; not
+    `\\frac{2+\\sqrt{2}}{4}`)."""
+    for match in _FRAC_RE.finditer(text):
+        numerator_end = _closing(text, match.end() - 1)
+        if numerator_end is None or not text.startswith("{", numerator_end + 1):
+            continue
+        denominator_end = _closing(text, numerator_end + 1)
+        denominator = text[numerator_end + 2 : denominator_end].strip()
+        if not denominator.isdigit():
+            continue
+        terms = _terms(text[match.end() : numerator_end])
+        coefficients = [_coefficient(term)[0] for term in terms]
+        if terms and math.gcd(int(denominator), *coefficients) > 1:
+            return True
+    return False
+
+
+def _like_terms(text: str) -> bool:
+    """Whether two terms of the sum `text` differ only in their whole-number coefficient
+    (`3\\sqrt3-\\sqrt3`, `x^2+x+x+1`, two constants), or a term is zero."""
+    if "=" in text or "," in text:
+        return False
+    rests = [_coefficient(term) for term in _terms(text)]
+    if any(coefficient == 0 and not rest for coefficient, rest in rests):
+        return True
+    return len({rest for _, rest in rests}) < len(rests)
+
+
+def _terms(text: str) -> list[str]:
+    """The terms of `text` split at its top-level `+` and `-` (not inside brackets, braces or
+    an exponent), signs dropped, empty ones left out."""
+    terms, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        depth += (char in "({[") - (char in ")}]")
+        if depth == 0 and char in "+-" and (index == 0 or text[index - 1] not in "^_"):
+            terms.append(text[start:index])
+            start = index + 1
+    terms.append(text[start:])
+    return [term.strip() for term in terms if term.strip()]
+
+
+def _coefficient(term: str) -> tuple[int, str]:
+    """(the term's leading whole-number coefficient, 1 without one; the rest)."""
+    match = _LEADING_COEFFICIENT_RE.match(term)
+    if match is None:
+        return 1, term.strip()
+    return int(match[1]), re.sub(r"^\s*(?:\\cdot|\\times|\*)", "", term[match.end() :]).strip()
 
 
 def _bracket_product(text: str) -> bool:
@@ -358,11 +445,25 @@ def _restates(pred: str, prompt: str, ref: str) -> bool:
         return False
     if answer in _canonical(prompt):
         return True
+    tokens = _tokens(pred)
     for match in _MATH_SEGMENT_RE.finditer(prompt):
-        segment = _canonical(next(group for group in match.groups() if group is not None))
-        if _EXPRESSION_RE.search(segment) and segment in answer and segment not in reference:
+        written = next(group for group in match.groups() if group is not None)
+        segment = _canonical(written)
+        if not _EXPRESSION_RE.search(segment):
+            continue
+        if segment in answer and segment not in reference:
+            return True
+        if tokens == _tokens(written) and tokens != _tokens(ref):  # reordered, renotated
             return True
     return False
+
+
+def _tokens(text: str) -> collections.Counter[str]:
+    """The tokens of `text` as a multiset (`_TOKEN_RE`; a fraction as `/`), whatever their
+    order: `\\pi + \\log_2 8` has those of `\\log_2 8 + \\pi`, `\\cos(\\pi/6)` those of
+    `\\cos\\frac{\\pi}{6}`."""
+    text = re.sub(r"\\[dtc]?frac(?![a-zA-Z])", "/", SPACING_RE.sub("", text))
+    return collections.Counter(t for t in _TOKEN_RE.findall(text) if t not in _TIMES)
 
 
 def _canonical(text: str) -> str:

@@ -29,9 +29,9 @@ TEXT_RE = re.compile(
 # A spacing command's backslash is not the second of a row break `\\\\` (`\\\\ 2` keeps its row).
 SPACING_RE = re.compile(r"\\left|\\right|\\displaystyle|(?<!\\)\\[,;:! ]")
 _WRAPPERS = (("**", "**"), ("__", "__"), ("*", "*"), ("`", "`"), ("$$", "$$"), ("$", "$"))
-_WRAPPERS += (("\\(", "\\)"), ("\\[", "\\]"), ("(", ")"))
+_WRAPPERS += (("\\(", "\\)"), ("\\[", "\\]"), ("(", ")"), ("{", "}"))
 _STATED_RE = re.compile(
-    r"""(?:(?:[a-zA-Z]{1,3}(?:_\{?[a-zA-Z0-9]+\}?)?|\\[a-zA-Z]+)\s*=|\\approx|≈|=)?\s*
+    r"""(?:(?:[a-zA-Z]{1,3}(?:_\{?[a-zA-Z0-9]+\}?)?|\\(?!not(?![a-zA-Z]))[a-zA-Z]+)\s*=|\\approx|≈|=)?\s*
     (?P<sign>[-+]?)\s*(?:\$|€|£|¥|₹|₩|₽)?\s*(?P<sign2>[-+]?)\s*
     (?:
         (?:(?P<mixed>\d+)\s*)?
@@ -43,7 +43,7 @@ _STATED_RE = re.compile(
         (?:[eE](?P<exp>[-+]?\d+)
           |\s*(?:\\times|\\cdot|×|·)\s*10\s*\^\s*(?:\{\s*(?P<exp2>[-+]?\d+)\s*\}|(?P<exp1>\d)))?
     )
-    \s*(?P<percent>%)?(?:\^\s*\{?\s*\\circ\s*\}?|\\circ|°)?
+    \s*(?P<percent>%)?(?:(?:\^\s*\{?\s*\\circ\s*\}?|\\circ|°)(?:\s*[CFK](?![a-zA-Z]))?)?
     (?:\s*(?P<scale>thousand|million|billion|trillion)\b)?
     (?P<words>(?:\s+|(?=[a-zA-Z]{2}))[a-zA-Z]+(?:[ /-]+[a-zA-Z]+){0,3}(?:\^\{?\d\}?)?)?
     \s*\.?""",
@@ -87,13 +87,37 @@ NOT_UNITS = frozenset(
         "over",
         "half",
         "quarter",
+        "tenth",
+        "tenths",
+        "hundredth",
+        "hundredths",
+        "thousandth",
+        "thousandths",
+        "k",
+        "grand",
+        "lakh",
+        "lakhs",
+        "crore",
+        "crores",
+        "factorial",
+        "doubled",
+        "tripled",
+        "halved",
+        "reciprocal",
+        "inverse",
+        "below",
+        "above",
+        "least",
+        "most",
+        "wrong",
+        "incorrect",
     ]
 )
-_PERCENT_WORDS = frozenset(("percent", "per cent", "percentage points"))
+PERCENT_WORDS = frozenset(("percent", "per cent", "percentage points"))
 
 COMMAND_RE = re.compile(r"\\[a-zA-Z]+")
 ENVIRONMENT_RE = re.compile(r"\\(?:begin|end)\s*\{[a-zA-Z*]+\}")
-EQUALS_RE = re.compile(r"(?<![<>!\\])=")
+EQUALS_RE = re.compile(r"(?<![<>!\\])(?<!\\not)(?<!\\not )=")
 LHS_RE = re.compile(r"\s*(?P<name>[a-zA-Z](?:_\{?[a-zA-Z0-9]+\}?)?)\s*=(?!=)")
 
 
@@ -138,7 +162,7 @@ def stated(text: str, *, reduced: bool = False) -> tuple[Fraction, bool, str] | 
     words = (match["words"] or "").strip().lower()
     if NOT_UNITS.intersection(re.split(r"[ /-]+", words)):
         return None
-    percent = bool(match["percent"]) or words in _PERCENT_WORDS
+    percent = bool(match["percent"]) or words in PERCENT_WORDS
     sign = -1 if "-" in (match["sign"], match["sign2"]) else 1
     num, den = match["fnum"] or match["fnum1"] or match["rnum"], match["fden"] or match["fden1"]
     den = den or match["rden"]

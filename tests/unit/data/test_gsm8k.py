@@ -70,7 +70,7 @@ def gsm8k_hub_cache(tmp_path, monkeypatch):
         ("#### Step 1\nadd them: \\boxed{\\frac{1}{2}}", "auto", "\\frac{1}{2}"),
         ("#### Step 1\nthen 7", "auto", "#### Step 1\nthen 7"),  # a heading, not an answer line
         ("42", "auto", "42"),
-        ("it is 3.5 metres, not 4 feet", "last_number", "4"),
+        ("it is 3.5 metres wide and 4 feet tall", "last_number", "4"),
         ("She has 5.\n#### 5", "raw", "She has 5.\n#### 5"),
         ("no answer line", "gsm8k", None),
     ],

@@ -73,6 +73,61 @@ UNDONE = [
     # the last number of an unboxed completion: a hedge, or a fraction's denominator
     case("p", "So it is 4 or 3.", "3", 0.0),
     case("p", "The share is \\frac{3}{4}.", "4", 0.0),
+    # "The answer is N" followed by what changes N, hedges or corrects it
+    *(case("p", f"The answer is 18{rest}", "18", 0.0) for rest in (
+        " squared.", "^2.", "!", " factorial.", " + 1.", " × 2.", " / 2.", " hundred.",
+        " dozen.", " k.", " thousandths.", " percent.", "%.", " (or 19).", ", or possibly 19.",
+        " to 20.", "-20.", " ± 3.", " (wrong).", " — no, 19.", ", 19.", " and 19.")),
+    # a negation or a hedge in the sentence of the last number
+    case("p", "The answer is not 18.", "18", 0.0),
+    case("p", "It is not 18.", "18", 0.0),
+    case("p", "18 is wrong.", "18", 0.0),
+    case("p", "It can't be 18.", "18", 0.0),
+    case("p", "19 or maybe 18", "18", 0.0),
+    case("p", "It is 19, or perhaps 18", "18", 0.0),
+    case("p", "It is 19 vs 18.", "18", 0.0),
+    case("p", "x = 17 or x = 18", "18", 0.0),
+    case("p", "The answer is between 17 and 18.", "18", 0.0),
+    # two boxed answers offered together
+    case("p", "The sum is $\\boxed{50}$ or $\\boxed{18}$ depending on the sign convention.",
+         "18", 0.0),
+    case("p", "Either \\boxed{19} or \\boxed{18}.", "18", 0.0),
+    case("p", "\\boxed{17} \\boxed{18}", "18", 0.0),
+    # words after a boxed number that change or deny it, and `\not=`
+    *(case("How many apples?", f"\\boxed{{18 \\text{{ {word}}}}}", "18", 0.0) for word in (
+        "factorial", "k", "grand", "below zero", "incorrect", "wrong", "at least", "doubled",
+        "reciprocal", "lakh", "hundredths", "percent")),
+    case("p", "\\boxed{\\not= 18}", "18", 0.0),
+    case("p", "$x \\not= 18$", "18", 0.0),
+    case("p", "The answer is $\\not= 18$.", "18", 0.0),
+    # a conversion question's own literal: a repeating decimal, a percentage, a quotient
+    case("Express $0.\\overline{36}$ as a common fraction in lowest terms.",
+         "\\boxed{0.\\overline{36}}", "\\frac{4}{11}", 0.0),
+    case("Express 75% as a common fraction.", "\\boxed{0.75}", "\\frac34", 0.0),
+    case("Express 75% as a common fraction.", "\\boxed{75\\%}", "\\frac34", 0.0),
+    case(TO_FRACTION, "\\boxed{75\\%}", "\\frac{3}{4}", 0.0),
+    case("Express $7 \\div 8$ as a decimal.", "\\boxed{\\frac{7}{8}}", "0.875", 0.0),
+    case(TO_DECIMAL, "\\boxed{87.5\\%}", "0.875", 0.0),
+    # the question's expression reordered or renotated
+    case("Compute $\\sin^2 x + \\cos^2 x + x$.", "\\boxed{x+\\sin^2 x+\\cos^2 x}", "1+x", 0.0),
+    case("Simplify $\\sqrt{2}\\cdot\\sqrt{6}$.", "\\boxed{\\sqrt{6}\\sqrt{2}}", "2\\sqrt{3}",
+         0.0),
+    case("Compute $\\log_2 8 + \\pi$.", "\\boxed{\\pi + \\log_2 8}", "3+\\pi", 0.0),
+    case("Simplify $\\frac{4\\sqrt{3}}{2}$.", "\\boxed{4\\sqrt{3}/2}", "2\\sqrt{3}", 0.0),
+    case("What is $\\cos\\frac{\\pi}{6}$?", "\\boxed{\\cos(\\pi/6)}", "\\frac{\\sqrt{3}}{2}", 0.0),
+    # symbolic answers left unsimplified
+    *(case(SIMPLIFY, f"\\boxed{{{answer}}}", "2\\sqrt{3}", 0.0) for answer in (
+        "\\frac{4\\sqrt{3}}{2}", "\\sqrt{3}+\\sqrt{3}", "3\\sqrt3-\\sqrt3", "\\sqrt{2}\\sqrt{6}",
+        "2\\sqrt{3}+0")),
+    case(EXPAND, "\\boxed{x^2+x+x+1}", "x^2+2x+1", 0.0),
+    *(case("p", f"\\boxed{{{answer}}}", "9\\pi", 0.0) for answer in (
+        "\\frac{18\\pi}{2}", "3^2\\pi", "10\\pi-\\pi", "\\ln(e^9)\\pi")),
+    *(case("p", f"\\boxed{{{answer}}}", "x+1", 0.0) for answer in (
+        "x+\\log_2 2", "x+e^0", "x+1^2", "x + \\sin^2 x + \\cos^2 x")),
+    case("p", "\\boxed{\\frac{6\\pi}{4}}", "\\frac{3\\pi}{2}", 0.0),
+    case("p", "\\boxed{\\frac{2\\sqrt{3}}{4}}", "\\frac{\\sqrt3}{2}", 0.0),
+    *(case("p", f"\\boxed{{{answer}}}", "6+9i", 0.0) for answer in (
+        "(2+3i)\\cdot 3", "(2+3i)3", "\\frac{12+18i}{2}")),
 ]
 
 # Malformed golds are not scored: a policy repeating them learns nothing true.
@@ -176,6 +231,29 @@ STATED = [
     case("p", "\\boxed{\\begin{pmatrix} -\\frac{1}{3} \\\\ \\frac{2}{3} \\end{pmatrix}}",
          "\\begin{pmatrix} -1/3 \\\\ 2/3 \\end{pmatrix}", 1.0),
     case("p", "\\boxed{9\\pi \\text{ cm}^2}", "9\\pi", 1.0),
+    # right answers in forms the rules above must not refuse
+    case("p", "\\boxed{18\\ \\text{cm}^2}", "18", 1.0),
+    case("p", "\\boxed{18\\ \\text{eggs}}", "18", 1.0),
+    case("p", "The area is $18\\ \\text{cm}^2$.", "18", 1.0),
+    case("p", "\\boxed{{18}}", "18", 1.0),
+    case("p", "\\boxed{{\\frac{3}{4}}}", "\\frac34", 1.0),
+    case("p", "\\boxed{18°C}", "18", 1.0),
+    case("p", "The answer is 18 because each bag holds 6.", "18", 1.0),
+    case("p", "The answer is 18 apples, since 3 bags hold 6 each.", "18", 1.0),
+    case("p", "The answer is 18, as 3 x 6 = 18.", "18", 1.0),
+    case("p", "The answer is 18 (eighteen).", "18", 1.0),
+    case("What percent of the class passed?", "The answer is 18%.", "18", 1.0),
+    case("p", "The roots are \\boxed{2} and \\boxed{3}.", "2, 3", 1.0),
+    case("p", "First \\boxed{5}. Checking again, the total is \\boxed{18}.", "18", 1.0),
+    case("p", "He has 3 bags, so he has 18 apples.", "18", 1.0),
+    case("p", "It is not 17; it is 18.", "18", 1.0),
+    case(SIMPLIFY, "\\boxed{\\frac{2+\\sqrt{2}}{4}}", "\\frac{2+\\sqrt{2}}{4}", 1.0),
+    case("p", "\\boxed{\\frac{3+\\sqrt{5}}{2}}", "\\frac{3+\\sqrt5}{2}", 1.0),
+    case("p", "\\boxed{\\sqrt{3}+\\sqrt{2}}", "\\sqrt2+\\sqrt3", 1.0),
+    case("p", "\\boxed{3 \\cdot 2^{n}}", "3\\cdot 2^n", 1.0),
+    case("p", "\\boxed{2\\ln 2}", "\\ln 4", 1.0),
+    case("p", "\\boxed{e^{2}}", "e^2", 1.0),
+    case("p", "\\boxed{x^2-2x+1}", "x^2-2x+1", 1.0),
 ]
 # fmt: on
 
