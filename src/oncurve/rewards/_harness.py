@@ -23,7 +23,9 @@ row's entry point, when given, is always the program's (MBPP's task 126 names it
 `sum`). Nothing the tests bind reaches the child.
 An exception the program raises fails the case, whatever the tests do with it: it arrives as
 ``ProgramRaised``, which no iteration takes for its end and ``except Exception`` does not catch,
-and the verdict is withheld even if a bare ``except`` swallows it.
+and the verdict is withheld even if a bare ``except`` swallows it. So is an error the program
+causes here without raising (a reply that is not plain data, its process ended, an object of its
+own asked for a truth value).
 
 A case passes when stdout is exactly that line.
 """
@@ -199,7 +201,8 @@ class _Remote:
 
     def __bool__(self):
         # an object that calls itself true would pass `assert f(x)` whatever f computed
-        raise TypeError("an object of the program has no truth value in the tests")
+        self._link.raised = True
+        raise ProgramRaised("an object of the program has no truth value in the tests")
 
     def __repr__(self):
         return "<object of the program>"
@@ -216,27 +219,34 @@ class _Link:
 
     def ask(self, *request: object) -> Any:
         try:
-            _send(self.requests, request)
-        except ValueError:  # marshal: an argument that is not plain data
+            marshal.dumps(request)
+        except ValueError:  # an argument of the tests' that is not plain data
             raise TypeError("only plain data can be passed to the program") from None
-        return self.decode(_receive(self.replies), request)
+        try:
+            _send(self.requests, request)
+            reply = _receive(self.replies)
+        except (OSError, EOFError, ValueError, TypeError) as exc:  # its process ended or lied
+            self.raised = True
+            raise ProgramRaised(f"the program's process failed: {exc}") from None
+        return self.decode(reply, request)
 
     def decode(self, reply: Any, request: tuple = ("names",)) -> Any:
-        if reply[0] == "ref" and type(reply[1]) is int:
+        if type(reply) is tuple and reply and reply[0] == "ref" and type(reply[1]) is int:
             return _Remote(self, reply[1])
-        if reply[0] == "raise":
+        if type(reply) is tuple and reply and reply[0] == "raise":
             if request[0] == "getattr" and reply[1] == "AttributeError":
                 raise AttributeError(str(reply[2]))  # a missing attribute, as getattr says
             self.raised = True
             raise ProgramRaised(f"{reply[1]}: {reply[2]}")
-        if reply[0] != "value" or not _plain(reply[1]):
-            raise TypeError("the program's process sent something other than plain data")
+        if type(reply) is not tuple or reply[0] != "value" or not _plain(reply[1]):
+            self.raised = True
+            raise ProgramRaised("the program's process sent something other than plain data")
         return reply[1]
 
 
-def _real_module(name: object) -> types.ModuleType | None:
-    """The standard-library module `name`, imported here; None for any other name."""
-    if type(name) is not str or name.partition(".")[0] not in sys.stdlib_module_names:
+def _real_module(name: str) -> types.ModuleType | None:
+    """The top-level standard-library module `name`, imported here; None for any other name."""
+    if name not in sys.stdlib_module_names:
         return None
     try:
         return importlib.import_module(name)
@@ -266,7 +276,9 @@ def _tests_namespace(names: Any, link: _Link, read: set[str], entry_point: str |
         if name not in read or (name != entry_point and name in _BUILTIN_NAMES):
             continue
         if reply[0] == "module" or (name != entry_point and name in sys.stdlib_module_names):
-            module = _real_module(reply[1] if reply[0] == "module" else name)
+            # by the tests' name, never the program's: importing a module the program names
+            # (`unittest.__main__`) could run code of its own here
+            module = _real_module(name)
             if module is not None:
                 namespace[name] = module
             continue

@@ -229,3 +229,76 @@ def test_the_tests_call_the_datasets_helpers_not_the_programs(tmp_path, reward, 
     columns = {k: [row[k]] * 2 for k in ("tests", "test_setup", "entry_point") if k in row}
     scores = reward([""] * 2, [fenced(wrong), fenced(row["answer"])], **columns)
     assert scores == [0.0, 1.0]
+
+
+# A standard module's name the tests read is the real module, whatever module the program binds
+# to it: importing one the program names (`unittest.__main__` discovers and runs test files in
+# the working directory the program writes to) would run the program's code in the judge.
+VERDICT_WRITER = (
+    "import os, sys\nframe = sys._getframe()\nwhile frame is not None:\n"
+    "    job = frame.f_locals.get('job')\n"
+    "    if isinstance(job, dict) and 'secret' in job:\n"
+    "        os.write(1, (job['secret'] + ' pass\\n').encode())\n        os._exit(0)\n"
+    "    frame = frame.f_back\n"
+)
+MODULES = {
+    "a module the program names": (
+        ["assert math.isclose(f(1), 8)"],
+        WRONG_F,
+        f"import types\nopen('test_x.py', 'w').write({VERDICT_WRITER!r})\n"
+        "math = types.ModuleType('unittest.__main__')\n",
+        "import math\n" + PLUS_7,
+    ),
+}
+
+
+@pytest.mark.parametrize(("tests", "wrong", "trick", "right"), MODULES.values(), ids=MODULES.keys())
+def test_a_program_cannot_choose_the_modules_the_tests_import(reward, tests, wrong, trick, right):
+    programs = [wrong + trick, right, right + trick]
+    scores = reward([""] * 3, [fenced(p) for p in programs], tests=[tests] * 3)
+    assert scores == [0.0, 1.0, 1.0]
+
+
+# A wrong answer the program turns into an error of the judge's own (a reply that is not
+# marshal data, data nested too deep, its process ended, its pipe closed, an object with no
+# truth value): the error is the program's, and the tests catching it do not pass the case.
+def breaks_on_two(action: str) -> str:
+    return f"def f(x):\n    if x == 2:\n{action}\n    return x + 7\n"
+
+
+LINK_FAILURES = {
+    "a reply that is not marshal data": (
+        "ValueError",
+        "import marshal\n"
+        + breaks_on_two(
+            "        real = marshal.dumps\n        def once(message):\n"
+            "            marshal.dumps = real\n            return b'\\xff'\n"
+            "        marshal.dumps = once\n        return None"
+        ),
+    ),
+    "data nested too deep": (
+        "TypeError",
+        breaks_on_two(
+            "        x = []\n        for _ in range(300):\n            x = [x]\n        return x"
+        ),
+    ),
+    "its process ended": ("Exception", "import os\n" + breaks_on_two("        os._exit(0)")),
+    "its pipes closed": (
+        "OSError",
+        "import os\n"
+        + breaks_on_two(
+            "        for fd in range(3, 64):\n            try:\n                os.close(fd)\n"
+            "            except OSError:\n                pass"
+        ),
+    ),
+    "no truth value": ("TypeError", breaks_on_two("        return object()")),
+}
+
+
+@pytest.mark.parametrize(("caught", "wrong"), LINK_FAILURES.values(), ids=LINK_FAILURES.keys())
+def test_errors_the_program_causes_in_the_judge_are_the_programs(reward, caught, wrong):
+    tests = [
+        f"assert f(1) == 8\ntry:\n    assert f(2)\n    assert f(2) == 9\nexcept {caught}:\n    pass"
+    ]
+    scores = reward([""] * 2, [fenced(wrong), fenced(PLUS_7)], tests=[tests] * 2)
+    assert scores == [0.0, 1.0]
