@@ -9,12 +9,13 @@ Extraction styles (`extract_answer`), each linear in the completion's length:
                the last GSM8K_LINES such lines, so a markdown heading such as `#### Step 2` is
                not taken for the answer
   last_number  the last number: `-12`, `1,000`, `3.5`, `3/4`, `\\frac{3}{4}`; none when it ends
-               a hedge (`4 or 3`)
-  auto         the first of tags, boxed, gsm8k, a stated answer in the completion's tail
-               ("The final answer is $...$", "The answer is 18", "**Answer:** B"; none for a
-               hedge "18 or 26"), the math of its last sentence (`_final_math`), a completion
-               that is one short piece of math (`_whole_math`), last_number that finds
-               something; inside `<answer>` a `\\boxed{}` is unwrapped
+               a hedge (`4 or 3`) or is denied (`not 18`, `18 is wrong`)
+  auto         the first of tags, boxed (two boxes offered together as a list), gsm8k, a stated
+               answer in the completion's tail ("The final answer is $...$", "The answer is 18",
+               "**Answer:** B"; the whole phrase where the sentence goes on to change, hedge or
+               deny the number: "18 or 26", "18 squared"), the math of its last sentence
+               (`_final_math`), a completion that is one short piece of math (`_whole_math`),
+               last_number that finds something; inside `<answer>` a `\\boxed{}` is unwrapped
 The stated number a gsm8k line must hold, box reading and the test for math worth a symbolic
 comparison live in `oncurve.rewards.normalization`; matching in `oncurve.rewards.matching`.
 """
@@ -95,6 +96,9 @@ _HEDGE_RE = re.compile(
     r"|(?:\bnot|n't|\bnever|\bno)\s+(?:[a-zA-Z]+\s+){0,2})(?:\$\s*)?[-−]?$",
     re.IGNORECASE,
 )
+# Words that change a number in a box but may be the unit a question asks for ("How many dozen
+# eggs?" "The answer is 7 dozen.")
+_QUESTION_UNITS = frozenset(("dozen", "dozens"))
 _FIRST_WORD_RE = re.compile(r"\s*(?:\$|\*\*)*\s*([a-zA-Z]+)")
 _DENIED_RE = re.compile(r"\s*\$?\s*(?:is|are|was|were)\s+(?:wrong|incorrect|not)\b", re.IGNORECASE)
 # Two boxes side by side, or joined by "or", "and" or a comma: two answers offered.
@@ -183,7 +187,8 @@ def _stated_answer(text: str) -> str | None:
     found = _last_match(_ANSWER_NUMBER_RE, text, len(text), tail)
     if found is not None:
         word = _FIRST_WORD_RE.match(found["rest"])
-        if not _QUALIFIED_RE.match(found["rest"]) and not (word and word[1].lower() in NOT_UNITS):
+        changes = word is not None and word[1].lower() in NOT_UNITS - _QUESTION_UNITS
+        if not _QUALIFIED_RE.match(found["rest"]) and not changes:
             return found["number"]
         # "18 or 26", "18 squared": the sentence states no one number; matching judges it whole
         sentence = _SENTENCE_END_RE.split(found["rest"], maxsplit=1)[0]

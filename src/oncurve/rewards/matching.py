@@ -20,8 +20,10 @@ unscored. Otherwise, after a leading "The answer is":
     math-verify (extra `math`), except, when `strict`, an answer that still shows work the
     reference has done (`_undone`: a decimal for an exact value, a root as a power or of a
     number that is not square-free, brackets multiplied where the reference is expanded or
-    expanded where it is factored, letters in a denominator the reference has not), that
-    restates the prompt (`_restates`), chains equalities, or names another variable;
+    expanded where it is factored, letters in a denominator the reference has not, a fraction
+    unreduced, like terms uncollected, a power of a number, a function evaluated), that
+    restates the prompt, its expression reordered or renotated too (`_restates`), chains
+    equalities, or names another variable;
   - `strict=False` (`reward.answer_match: lenient`) sends any pair that is not two equal numbers
     to math-verify and lets restated expressions match: the matching before strict existed.
 Numbers are bounded before they are built (MAX_ANSWER_CHARS, MAX_EXPONENT:
@@ -90,6 +92,7 @@ _FUNCTION_RE = re.compile(
     r"\\(?:log|ln|lg|exp|sin|cos|tan|cot|sec|csc|arcsin|arccos|arctan|sinh|cosh|tanh)(?![a-zA-Z])"
     r"|(?<![a-zA-Z\\])e\s*\^"
 )
+_ROOT_PRODUCT_RE = re.compile(r"\\sqrt\s*(?:\{[^{}]*\}|\w)\s*(?:\\cdot|\\times|\*)?\s*\\sqrt")
 _NUMBER_POWER_RE = re.compile(r"(?<![\w\\.^])\d+\s*\^")  # `3^2`: a power of a number
 _LEADING_COEFFICIENT_RE = re.compile(r"\s*(\d+)")
 # What `_restates` compares: commands, single digits, letters and operators; brackets, braces,
@@ -102,7 +105,10 @@ _EXPRESSION_RE = re.compile(r".[-+*/^!]|\\[a-zA-Z]|\(")
 _MATH_SEGMENT_RE = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
 # Operators whose value sympy computes however large: factorials of brackets (`(x-x+9999999)!`,
 # `(3!)!`), the gamma function, products and sums.
-_UNBOUNDED_RE = re.compile(r"[)}\]]\s*!|\\(?:Gamma|prod|sum|operatorname\s*\{\s*[a-zA-Z]*\s*\})")
+_UNBOUNDED_RE = re.compile(
+    r"[)}\]]\s*!|\\(?:Gamma|prod|sum|operatorname\s*\{\s*[a-zA-Z]*\s*\})"
+    r"|\\exp\s*[({]?\s*\\exp"  # an exponential of an exponential
+)
 _EXPLOSIVE_RE = re.compile(
     r"\d{21,}"  # a number past any answer's size
     r"|\d[eE][-+]?\d{4,}"  # 1e999999999
@@ -279,14 +285,14 @@ def _undone(pred: str, ref: str) -> bool:
     product or power of brackets, a fraction with letters in its denominator where the
     reference has none, a fraction whose numerator's coefficients share a factor with its
     denominator (`\\frac{4\\sqrt{3}}{2}`), like terms not collected (`\\sqrt{3}+\\sqrt{3}`,
-    `x+0`), a power of a number (`3^2\\pi`), or a function the reference does not hold
-    (`x+\\log_2 2`, `x+e^0`)."""
-    for undone in (_unreduced_fraction, _like_terms, _NUMBER_POWER_RE.search):
+    `x+0`), a power of a number (`3^2\\pi`), roots multiplied (`\\sqrt{2}\\sqrt{6}`), or a
+    function where the reference holds none (`x+\\log_2 2`, `x+e^0`; `\\tan^2 y+1` for
+    `\\sec^2 y` is another form, not work undone)."""
+    checks = (_unreduced_fraction, _like_terms, _NUMBER_POWER_RE.search, _ROOT_PRODUCT_RE.search)
+    for undone in checks:
         if undone(pred) and not undone(ref):
             return True
-    if set(_FUNCTION_RE.findall(pred)) - set(_FUNCTION_RE.findall(ref)):
-        return True
-    if len(_SQRT_RE.findall(pred)) > len(_SQRT_RE.findall(ref)):
+    if _FUNCTION_RE.search(pred) and not _FUNCTION_RE.search(ref):
         return True
     if _DECIMAL_RE.search(pred) and not _DECIMAL_RE.search(ref):
         return True
@@ -331,7 +337,7 @@ def _like_terms(text: str) -> bool:
     if "=" in text or "," in text:
         return False
     rests = [_coefficient(term) for term in _terms(text)]
-    if any(coefficient == 0 and not rest for coefficient, rest in rests):
+    if len(rests) > 1 and any(coefficient == 0 and not rest for coefficient, rest in rests):
         return True
     return len({rest for _, rest in rests}) < len(rests)
 
@@ -476,13 +482,16 @@ def _tame(text: str) -> bool:
     """Safe to hand to math-verify: no number that sympy would build in C, past any timeout's
     reach and with gigabytes of memory (a tower `9^{9^{9^{9}}}`, `9!!!`, `1e999999999`, a
     binomial of powers), whatever letters dress it (`(x-x+9999999)!` cancels to a number): no
-    factorial of a bracket, no gamma function, product or sum operator, no power inside an
-    exponent. Applied to the reference too. `text` is short (`looks_symbolic`)."""
+    factorial of a bracket, no gamma function, product or sum operator, no exponential of an
+    exponential, no power, product or exponential inside an exponent. Applied to the reference too. `text` is short (`looks_symbolic`)."""
     if _EXPLOSIVE_RE.search(text) or _UNBOUNDED_RE.search(text):
         return False
     if re.search(r"\\(?:[dt]?binom|choose)", text) and re.search(r"\^|\d{4,}", text):
         return False
-    return all(not re.search(r"\d{4,}|[\^!]", exponent) for exponent in _exponents(text))
+    return all(
+        not re.search(r"\d{4,}|[\^!*]|\\(?:cdot|times|exp)", exponent)
+        for exponent in _exponents(text)
+    )
 
 
 def _exponents(text: str) -> list[str]:

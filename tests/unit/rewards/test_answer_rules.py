@@ -75,8 +75,7 @@ UNDONE = [
     case("p", "The share is \\frac{3}{4}.", "4", 0.0),
     # "The answer is N" followed by what changes N, hedges or corrects it
     *(case("p", f"The answer is 18{rest}", "18", 0.0) for rest in (
-        " squared.", "^2.", "!", " factorial.", " + 1.", " × 2.", " / 2.", " hundred.",
-        " dozen.", " k.", " thousandths.", " percent.", "%.", " (or 19).", ", or possibly 19.",
+        " squared.", "^2.", "!", " factorial.", " + 1.", " × 2.", " / 2.", " hundred.", " k.", " thousandths.", " percent.", "%.", " (or 19).", ", or possibly 19.",
         " to 20.", "-20.", " ± 3.", " (wrong).", " — no, 19.", ", 19.", " and 19.")),
     # a negation or a hedge in the sentence of the last number
     case("p", "The answer is not 18.", "18", 0.0),
@@ -308,6 +307,10 @@ UNBOUNDED = [
     ("\\boxed{\\prod_{i=1}^{10^8} i}", "\\frac{\\sqrt{2}}{2}"),
     ("\\boxed{\\sum_{i=1}^{10^9} i^{i}}", "\\frac{\\sqrt{2}}{2}"),
     ("\\boxed{2^{x^{x^{9}}}}", "\\frac{\\sqrt{2}}{2}"),
+    ("\\boxed{2^{999 \\cdot 999 \\cdot 999}}", "\\sqrt{2}"),
+    ("\\boxed{2^{999 \\times 999}}", "\\sqrt{2}"),
+    ("\\boxed{\\exp(\\exp(\\exp(99)))}", "\\sqrt{2}"),
+    ("\\boxed{e^{e^{99}}}", "\\sqrt{2}"),
     ("\\boxed{x}", "(x-x+9999999)!"),
     ("\\boxed{x}", "\\Gamma(10^{8})"),
 ]
