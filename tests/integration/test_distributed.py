@@ -282,6 +282,7 @@ def test_fsdp2_run_equals_the_data_parallel_run_and_resumes_exactly(two_rank_run
     assert shapes == sorted(tuple(v.shape) for v in final.values())  # whole, not shards
 
     resume = [f"run.dir={sharded}", "dist.fsdp=true", f"run.resume={resume_from}"]
+    resume.append("run.overwrite=true")  # step 3's checkpoint is written again
     proc = run_cli(*common, *resume)
     assert proc.returncode == 0, proc.stderr[-2000:]
     for name, value in load_file(sharded / "final" / "model.safetensors").items():

@@ -306,8 +306,15 @@ def test_resume_from_a_given_checkpoint_and_refuse_another_world_size(
     run_dir = tmp_path / "run"
     train(make_config(tiny_model_dir, data_file, run_dir, "run.save_every=1", "run.keep_last=3"))
     first = run_dir / "checkpoints" / "step-000001"
-    s = setup(make_config(tiny_model_dir, data_file, run_dir, f"run.resume={first}"))
+    later = sorted(p.name for p in (run_dir / "checkpoints").glob("step-*"))[1:]
+    with pytest.raises(UserError, match="older than the run's newest checkpoints") as refused:
+        setup(make_config(tiny_model_dir, data_file, run_dir, f"run.resume={first}"))
+    assert later and all(name in str(refused.value) for name in later[:3])
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step-*"))[1:] == later
+    overwrite = "run.overwrite=true"
+    s = setup(make_config(tiny_model_dir, data_file, run_dir, f"run.resume={first}", overwrite))
     assert s.start_step == 1
+    assert [p.name for p in (run_dir / "checkpoints").glob("step-*")] == ["step-000001"]
     assert [r["step"] for r in metric_rows(run_dir)] == [1]
     saved = load_file(first / "model.safetensors")
     for name, value in s.policy.model.state_dict().items():
@@ -339,7 +346,9 @@ def test_a_synced_reference_is_checkpointed_and_restored(tiny_model_dir, data_fi
     )
     assert not same_weights(reference, load_file(second / "model.safetensors"))
 
-    s = setup(make_config(tiny_model_dir, data_file, run_dir, f"run.resume={first}", *sync))
+    s = setup(
+        make_config(tiny_model_dir, data_file, tmp_path / "branch", f"run.resume={first}", *sync)
+    )
     restored = s.policy.reference.state_dict()
     for name, value in reference.items():
         assert torch.equal(restored[name], value), name
@@ -542,10 +551,8 @@ def test_a_killed_rewrite_is_cleaned_at_the_next_start_and_modes_follow_the_umas
         path.write_text("half a rewrite")
     before = {name: os.stat(run_dir / name).st_mode for name in ("metrics.jsonl", "samples.jsonl")}
     step_1 = run_dir / "checkpoints" / "step-000001"
-    assert (
-        setup(make_config(tiny_model_dir, data_file, run_dir, f"run.resume={step_1}")).start_step
-        == 1
-    )
+    branch = f"run.resume={step_1}", "run.overwrite=true"
+    assert setup(make_config(tiny_model_dir, data_file, run_dir, *branch)).start_step == 1
     assert not any(path.exists() for path in leftovers)
     after = {name: os.stat(run_dir / name).st_mode for name in before}
     assert after == before and all(mode & 0o044 for mode in after.values())  # not mkstemp's 0600
@@ -598,10 +605,34 @@ def test_resume_from_another_runs_checkpoint_never_writes_into_a_third_run(
         setup(make_config(tiny_model_dir, data_file, branch, f"run.resume={step_1}")).start_step
         == 1
     )
-    assert (
-        setup(make_config(tiny_model_dir, data_file, source, f"run.resume={step_1}")).start_step
-        == 1
+    resumed = setup(
+        make_config(tiny_model_dir, data_file, source, f"run.resume={step_1}", "run.overwrite=true")
     )
+    assert resumed.start_step == 1
+
+
+def test_a_checkpoint_outside_a_runs_checkpoints_needs_run_dir_and_never_writes_beside_it(
+    tiny_model_dir, data_file, tmp_path
+):
+    source = tmp_path / "a"
+    train(make_config(tiny_model_dir, data_file, source, "run.save_every=1"))
+    project = tmp_path / "project"
+    copy = project / "saved" / "mine"
+    shutil.copytree(checkpoint.latest_checkpoint(source), copy)
+    (project / "config.yaml").write_text("my: notes\n")
+    files = {p: p.read_bytes() for p in project.rglob("*") if p.is_file()}
+    config = make_config(tiny_model_dir, data_file, source, f"run.resume={copy}")
+    with pytest.raises(UserError, match="names no run to continue; pass run.dir"):
+        setup(dataclasses.replace(config, run=dataclasses.replace(config.run, dir=None)))
+    assert {p: p.read_bytes() for p in project.rglob("*") if p.is_file()} == files
+    # through a link, the checkpoint's own run is the one the link points into
+    link = tmp_path / "elsewhere" / "ck"
+    link.parent.mkdir()
+    link.symlink_to(checkpoint.latest_checkpoint(source))
+    linked = make_config(tiny_model_dir, data_file, source, f"run.resume={link}")
+    s = setup(dataclasses.replace(linked, run=dataclasses.replace(linked.run, dir=None)))
+    assert s.run_dir.resolve() == source.resolve()
+    assert not any((tmp_path / "elsewhere").glob("*.yaml"))
 
 
 def test_a_resume_applies_what_can_change_and_refuses_what_cannot(

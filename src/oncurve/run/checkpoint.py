@@ -261,19 +261,34 @@ def _write_checkpoint(
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def _prune(root: Path, newest: Path, keep_last: int) -> None:
-    """Remove complete checkpoints beyond `keep_last`, never `newest`; failures only warn."""
-    step = _step_of(newest)
-    older = [d for d in _complete_checkpoints(root) if _step_of(d) < step]
-    later = [d for d in _complete_checkpoints(root) if _step_of(d) > step]
-    for old in later + older[: max(0, len(older) - (keep_last - 1))]:
-        # Renamed first so that a kill mid-deletion cannot leave a half-deleted step directory.
-        trash = root / f".trash-{old.name}-{os.getpid()}"
+def checkpoint_step(path: Path) -> int | None:
+    """The step of a `step-000010` checkpoint directory in a run's `checkpoints/`, else None."""
+    found = _STEP_DIR.fullmatch(path.name)
+    return int(found.group(1)) if found and path.parent.name == CHECKPOINTS else None
+
+
+def later_checkpoints(run_dir: Path, step: int) -> list[Path]:
+    """The complete checkpoints of `run_dir` after `step`, oldest first."""
+    return [d for d in _complete_checkpoints(Path(run_dir) / CHECKPOINTS) if _step_of(d) > step]
+
+
+def remove_checkpoints(directories: list[Path]) -> None:
+    """Delete checkpoint directories, each renamed first so that a kill mid-deletion cannot
+    leave a half-deleted one; failures only warn."""
+    for directory in directories:
+        trash = directory.parent / f".trash-{directory.name}-{os.getpid()}"
         try:
-            os.replace(old, trash)
+            os.replace(directory, trash)
             shutil.rmtree(trash)
         except OSError as err:
-            print(f"warning: could not remove old checkpoint {old}: {err}", file=sys.stderr)
+            print(f"warning: could not remove old checkpoint {directory}: {err}", file=sys.stderr)
+
+
+def _prune(root: Path, newest: Path, keep_last: int) -> None:
+    """Remove complete checkpoints beyond `keep_last`, never `newest` (nor any later one: a
+    resume from an older checkpoint removed those before it trained, `rundir.claim_run_dir`)."""
+    older = [d for d in _complete_checkpoints(root) if _step_of(d) < _step_of(newest)]
+    remove_checkpoints(older[: max(0, len(older) - (keep_last - 1))])
 
 
 def _remove_leftovers(root: Path) -> None:

@@ -5,8 +5,9 @@ the OS releases when the process ends, however it ends) from before it reads or 
 there until the process exits; a second trainer on the directory is refused in one line naming
 the holder. A run never deletes a file it did not write: `run.overwrite` replaces only a
 previous run's files (`RUN_FILES`), and `run.resume=auto` on a directory without a checkpoint
-restarts only when nothing foreign is there. `run.resume=PATH` writes into PATH's own run, or
-into an empty directory, never into another run's.
+restarts only when nothing foreign is there. `run.resume=PATH` writes into PATH's own run (a
+`step-NNNNNN` directory in its `checkpoints/`; its later checkpoints deleted only with
+`run.overwrite`), or into an empty directory, never into another run's.
 """
 
 from __future__ import annotations
@@ -80,14 +81,32 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None]:
         path = Path(resume)
         if not (path / "COMPLETE").is_file():
             raise UserError(f"run.resume {resume} is not a complete checkpoint directory")
-        own = path.parent.parent
+        step = checkpoint.checkpoint_step(path.resolve())
+        if step is None and config.run.dir is None:
+            raise UserError(
+                f"run.resume {resume} is not a step-NNNNNN directory in a run's checkpoints/, so "
+                "it names no run to continue; pass run.dir (that run, or an empty directory)"
+            )
+        own = path.resolve().parent.parent
         run_dir = Path(config.run.dir) if config.run.dir else own
         with _locked(run_dir) as contents:
-            if contents and run_dir.resolve() != own.resolve():
+            same = run_dir.resolve() == own
+            if contents and not same:
                 raise UserError(
                     f"run.resume {resume} is a checkpoint of the run in {own}, and run.dir "
                     f"{run_dir} holds another run; resume into {own} or into an empty run.dir"
                 )
+            later = checkpoint.later_checkpoints(own, step) if same and step is not None else []
+            if later and not config.run.overwrite:
+                names = ", ".join(d.name for d in later[:3]) + (", ..." if len(later) > 3 else "")
+                raise UserError(
+                    f"run.resume {resume} is older than the run's newest checkpoints ({names}); "
+                    "pass run.overwrite=true to continue from it and delete them, or resume "
+                    "into an empty run.dir"
+                )
+            # before the metrics are cut back to its step: a crash between the two then leaves
+            # checkpoints and metrics that agree
+            checkpoint.remove_checkpoints(later)
         return run_dir, path
     if config.run.dir is None:
         if resume == "auto":

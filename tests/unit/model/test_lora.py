@@ -91,7 +91,8 @@ def test_checkpoints_hold_the_adapter_and_resume_restores_it(tiny_model_dir, dat
     # the adapter alone: the frozen base weights come from model.path on resume
     assert adapter and all("lora_" in name for name in adapter)
     assert all(saved[n].abs().sum() > 0 for n in adapter if "lora_B" in n)
-    resumed = setup(make_config(tiny_model_dir, data_file, run_dir, *LORA, f"run.resume={first}"))
+    branch = f"run.resume={first}", "run.overwrite=true"  # its later checkpoints dropped
+    resumed = setup(make_config(tiny_model_dir, data_file, run_dir, *LORA, *branch))
     assert resumed.start_step == 1
     state = resumed.policy.model.state_dict()
     for name in adapter:

@@ -244,11 +244,11 @@ def test_saving_the_same_step_again_replaces_it(tmp_path: Path) -> None:
     assert state == {"step": 2, "again": True}
 
 
-def test_resumed_older_checkpoint_drops_the_abandoned_later_ones(tmp_path: Path) -> None:
+def test_a_save_never_deletes_a_later_checkpoint(tmp_path: Path) -> None:
     saved_run(tmp_path, (1, 2, 3), keep_last=3)
     model, optimizer, _ = make_setup(0)
-    save_checkpoint(tmp_path, 2, model, optimizer, None, {"step": 2}, keep_last=2)
-    assert step_dirs(tmp_path) == ["latest", "step-000001", "step-000002"]
+    save_checkpoint(tmp_path, 2, model, optimizer, None, {"step": 2}, keep_last=1)
+    assert step_dirs(tmp_path) == ["latest", "step-000002", "step-000003"]
 
 
 @pytest.mark.parametrize("failing", ["model.safetensors", "optimizer.pt", "COMPLETE", "latest"])
