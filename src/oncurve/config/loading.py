@@ -4,6 +4,7 @@ to its field's type and checked, then the checks across fields."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -95,13 +96,43 @@ def save_config(config: Config, path: Path) -> None:
     path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
 
 
+class _DuplicateKey(Exception):
+    """A key given twice in one mapping of a config file, at `line`."""
+
+    def __init__(self, key: object, line: int) -> None:
+        super().__init__(key, line)
+        self.key, self.line = key, line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (which `safe_load` would
+    read as the last one, dropping the first silently)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key, typing.Hashable):
+            continue  # construct_mapping refuses it
+        if key in seen:
+            raise _DuplicateKey(key, key_node.start_mark.line + 1)
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"config file {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except UnicodeDecodeError:
         raise UserError(f"config file {path} is not UTF-8 text") from None
+    except _DuplicateKey as err:
+        raise UserError(f"config file {path} line {err.line}: {err.key!r} is given twice") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
@@ -182,6 +213,8 @@ def _coerce(hint: Any, value: Any, name: str, spec: dataclasses.Field) -> Any:
     problem = check(value) if check else None
     if problem:
         raise UserError(f"{name} {problem}, got {value!r}")
+    if isinstance(value, float) and math.isnan(value):  # a check of its own lets nothing through
+        raise UserError(f"{name} must be a number, got nan")
     return value
 
 

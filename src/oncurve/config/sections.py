@@ -3,6 +3,7 @@ default, its help text and the checks a value alone must pass (`_opt`)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,8 @@ def _range(low: float | None, high: float | None, low_open: bool = False, high_o
     def check(value: Any) -> str | None:
         if value is None:
             return None
+        if not math.isfinite(value):  # nan passes every comparison; inf is no setting's value
+            return f"must be in {text}"
         too_low = low is not None and (value <= low if low_open else value < low)
         too_high = high is not None and (value >= high if high_open else value > high)
         return f"must be in {text}" if too_low or too_high else None

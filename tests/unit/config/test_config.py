@@ -85,6 +85,11 @@ from oncurve.errors import UserError
         (["algo.is_cap=0.5"], "algo.is_cap must be 0 (off) or at least 1 (a cap below 1"),
         (["algo.is_cap=-1"], "algo.is_cap must be 0 (off) or at least 1"),
         (["algo.is_cap=.nan"], "algo.is_cap must be 0 (off) or at least 1"),
+        (["optim.lr=nan"], "optim.lr must be in (0, inf), got nan"),
+        (["optim.lr=inf"], "optim.lr must be in (0, inf), got inf"),
+        (["algo.beta=.inf"], "algo.beta must be in [0, inf), got inf"),
+        (["algo.epsilon=nan"], "algo.epsilon must be in (0, 1), got nan"),
+        (["rollout.temperature=nan"], "rollout.temperature must be in (0, inf), got nan"),
         (["algo.is_correction=tis"], "algo.is_correction must be one of token_truncate, "),
     ],
 )
@@ -271,6 +276,12 @@ def test_bad_yaml_file_names_the_file(tmp_path):
     path.write_text("algo: [\n")
     with pytest.raises(UserError, match="bad.yaml.*not valid YAML"):
         load_config(path)
+    path.write_text("run:\n  steps: 1\nrun:\n  steps: 2\n")  # safe_load would keep the last
+    with pytest.raises(UserError, match=r"bad.yaml line 3: 'run' is given twice"):
+        load_config(path)
+    path.write_text("optim:\n  lr: 0.1\n  lr: 0.2\n")
+    with pytest.raises(UserError, match=r"bad.yaml line 3: 'lr' is given twice"):
+        load_config(path)
     with pytest.raises(UserError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")
 
@@ -317,3 +328,14 @@ def test_algorithm_choices_are_the_registry_names():
     assert choices["preset"] == tuple(PRESETS)
     with pytest.raises(ValueError, match="'k3' is registered twice"):
         registered(dict(KL_ESTIMATORS), "k3")(losses.cispo)
+
+
+# the sections' annotations are strings (`from __future__ import annotations`)
+FLOAT_SETTINGS = [name for name, f in leaf_fields(Config) if f.type in ("float", "float | None")]
+
+
+@pytest.mark.parametrize("name", FLOAT_SETTINGS)
+def test_every_number_setting_refuses_nan_in_one_line_naming_it(name):
+    with pytest.raises(UserError) as err:
+        load_config(None, [f"{name}=nan"])
+    assert str(err.value).startswith(f"{name} must be") and "\n" not in str(err.value)
