@@ -1,6 +1,7 @@
 """Programs that get a task wrong and try to pass its assert-style tests anyway, through the names
-they define, the helpers the tests call, the names the tests bind, or an exception that ends the
-tests' iteration: each scores 0 through `code_tests`, and a right program beside it scores 1.
+they define, the helpers the tests call, the names the tests bind, the module a standard
+module's name is bound to, an exception that ends the tests' iteration, or an error they cause
+in the judging process itself: each scores 0 through `code_tests`, and a right program beside it scores 1.
 
 A row is (tests, wrong function, trick, right function): the wrong program is the wrong function
 plus the trick, the right one is scored alone and with the same trick beside it."""
@@ -175,10 +176,31 @@ STOP_ITERATION = {
     ),
 }
 
+# A standard module's name the tests read is the real module, whatever module the program binds
+# to it: importing one the program names (`unittest.__main__` discovers and runs test files in
+# the working directory the program writes to) would run the program's code in the judge.
+VERDICT_WRITER = (
+    "import os, sys\nframe = sys._getframe()\nwhile frame is not None:\n"
+    "    job = frame.f_locals.get('job')\n"
+    "    if isinstance(job, dict) and 'secret' in job:\n"
+    "        os.write(1, (job['secret'] + ' pass\\n').encode())\n        os._exit(0)\n"
+    "    frame = frame.f_back\n"
+)
+MODULES = {
+    "a module the program names": (
+        ["assert math.isclose(f(1), 8)"],
+        WRONG_F,
+        f"import types\nopen('test_x.py', 'w').write({VERDICT_WRITER!r})\n"
+        "math = types.ModuleType('unittest.__main__')\n",
+        "import math\n" + PLUS_7,
+    ),
+}
+
 TABLE = {
     **{f"builtin {k}": v for k, v in BUILTINS.items()},
     **{f"globals: {k}": v for k, v in GLOBALS.items()},
     **{f"StopIteration through {k}": v for k, v in STOP_ITERATION.items()},
+    **{f"standard modules: {k}": v for k, v in MODULES.items()},
 }
 
 
@@ -229,34 +251,6 @@ def test_the_tests_call_the_datasets_helpers_not_the_programs(tmp_path, reward, 
     columns = {k: [row[k]] * 2 for k in ("tests", "test_setup", "entry_point") if k in row}
     scores = reward([""] * 2, [fenced(wrong), fenced(row["answer"])], **columns)
     assert scores == [0.0, 1.0]
-
-
-# A standard module's name the tests read is the real module, whatever module the program binds
-# to it: importing one the program names (`unittest.__main__` discovers and runs test files in
-# the working directory the program writes to) would run the program's code in the judge.
-VERDICT_WRITER = (
-    "import os, sys\nframe = sys._getframe()\nwhile frame is not None:\n"
-    "    job = frame.f_locals.get('job')\n"
-    "    if isinstance(job, dict) and 'secret' in job:\n"
-    "        os.write(1, (job['secret'] + ' pass\\n').encode())\n        os._exit(0)\n"
-    "    frame = frame.f_back\n"
-)
-MODULES = {
-    "a module the program names": (
-        ["assert math.isclose(f(1), 8)"],
-        WRONG_F,
-        f"import types\nopen('test_x.py', 'w').write({VERDICT_WRITER!r})\n"
-        "math = types.ModuleType('unittest.__main__')\n",
-        "import math\n" + PLUS_7,
-    ),
-}
-
-
-@pytest.mark.parametrize(("tests", "wrong", "trick", "right"), MODULES.values(), ids=MODULES.keys())
-def test_a_program_cannot_choose_the_modules_the_tests_import(reward, tests, wrong, trick, right):
-    programs = [wrong + trick, right, right + trick]
-    scores = reward([""] * 3, [fenced(p) for p in programs], tests=[tests] * 3)
-    assert scores == [0.0, 1.0, 1.0]
 
 
 # A wrong answer the program turns into an error of the judge's own (a reply that is not
