@@ -100,10 +100,10 @@ _HEDGE_RE = re.compile(
 # eggs?" "The answer is 7 dozen.")
 _QUESTION_UNITS = frozenset(("dozen", "dozens"))
 _FIRST_WORD_RE = re.compile(r"\s*(?:\$|\*\*)*\s*([a-zA-Z]+)")
-_DENIED_RE = re.compile(r"\s*\$?\s*(?:is|are|was|were)\s+(?:wrong|incorrect|not)\b", re.IGNORECASE)
+_DENIED_RE = re.compile(r"[\s$]*(?:is|are|was|were)\s+(?:wrong|incorrect|not)\b", re.IGNORECASE)
 # Two boxes side by side, or joined by "or", "and" or a comma: two answers offered.
 _JOINED_BOXES_RE = re.compile(
-    r"\\(?:boxed|fbox)\s*\{(?P<first>[^{}]{1,200})\}\s*\$*\s*(?:,|;|or|and/or|and)?\s*\$*\s*"
+    r"\\(?:boxed|fbox)\s*\{(?P<first>[^{}]{1,200})\}[\s$]*(?:(?:,|;|or|and/or|and)[\s$]*)?"
     r"\\(?:boxed|fbox)\s*\{(?P<last>[^{}]{1,200})\}",
     re.IGNORECASE,
 )
@@ -151,6 +151,8 @@ def _boxed(text: str) -> str | None:
         return None
     joined = _last_match(_JOINED_BOXES_RE, text, len(text))
     if joined is None or joined["last"].strip() != answer or BOX_RE.search(text, joined.end()):
+        return answer
+    if joined["first"].strip() == answer:  # the same answer boxed twice is one answer
         return answer
     return f"{joined['first'].strip()} \\text{{ or }} {answer}"
 

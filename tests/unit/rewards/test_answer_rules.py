@@ -244,6 +244,7 @@ STATED = [
     case("What percent of the class passed?", "The answer is 18%.", "18", 1.0),
     case("p", "The roots are \\boxed{2} and \\boxed{3}.", "2, 3", 1.0),
     case("p", "First \\boxed{5}. Checking again, the total is \\boxed{18}.", "18", 1.0),
+    case("p", "So \\boxed{18}\n\n\\boxed{18}", "18", 1.0),
     case("p", "He has 3 bags, so he has 18 apples.", "18", 1.0),
     case("p", "It is not 17; it is 18.", "18", 1.0),
     case(SIMPLIFY, "\\boxed{\\frac{2+\\sqrt{2}}{4}}", "\\frac{2+\\sqrt{2}}{4}", 1.0),

@@ -180,6 +180,15 @@ SHAPES: dict[str, Callable[[], str]] = {
     "open braces": lambda: "{" * KB128,
     "tags repeated": lambda: "<think></think><answer>" * (KB128 // 23),
 }
+# Between two boxes, after a stated or a last number: where `correct` looks for a hedge or a
+# denial (its answer, 72, is in none of them).
+ANSWER_SHAPES: dict[str, Callable[[], str]] = {
+    "spaces after a box": lambda: "\\boxed{7}" + " " * KB128 + "x",
+    "boxes side by side": lambda: "\\boxed{7}$ $" * (KB128 // 12),
+    "spaces after a number": lambda: "7 " + " " * KB128 + "x",
+    "a stated number, then dollars": lambda: "The answer is 7" + " $" * (KB128 // 2),
+    "negations": lambda: "It is not " * (KB128 // 10) + "7",
+}
 COLUMNS = {"correct": {"answer": ["72"]}, "countdown": {k: [v] for k, v in NUMBERS.items()}}
 CASES += [
     pytest.param(
@@ -187,6 +196,10 @@ CASES += [
     )
     for name in ("correct", "format", "tags_format", "boxed_format", "countdown")
     for label, shape in SHAPES.items()
+]
+CASES += [
+    pytest.param("correct", SUM, shape, COLUMNS["correct"], 0.0, QUICK, id=f"correct: {label}")
+    for label, shape in ANSWER_SHAPES.items()
 ]
 
 
