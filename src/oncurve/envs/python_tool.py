@@ -1,6 +1,6 @@
 """`python_tool`: the policy may run Python in the sandbox before it answers.
 
-A turn with a ```python fenced block is a tool call: the block runs in `oncurve.sandbox` and its
+A turn with a ```python fenced block is a tool call (a block in another language is not): the block runs in `oncurve.sandbox` and its
 output (stdout, and stderr's tail when it failed) comes back as the next message. A turn without
 one is the final answer, scored as the `correct` reward scores it: 1.0 when its answer
 (`extract_answer`: the last `\\boxed{}`, else the last number) strictly matches the row's
@@ -54,7 +54,7 @@ class PythonToolEnv:
         return row["prompt"] + self.instructions
 
     def step(self, turn: str) -> tuple[str | None, float, bool]:
-        program = extract_program(turn)
+        program = extract_program(turn, python_only=True)  # a ```text block is no tool call
         if program is None:
             if self.answer is None:
                 return None, math.nan, True

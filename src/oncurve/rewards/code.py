@@ -67,12 +67,12 @@ _HARNESS = Path(__file__).with_name("_harness.py").read_text()
 _FENCE_RE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
 
 
-def extract_program(completion: str) -> str | None:
-    """The code of the last ```python block of `completion`, else of its last fenced block;
-    None when there is none, or it is blank."""
+def extract_program(completion: str, *, python_only: bool = False) -> str | None:
+    """The code of the last ```python block of `completion`, else (unless `python_only`) of its
+    last fenced block; None when there is none, or it is blank."""
     blocks = _FENCE_RE.findall(completion)
     python = [code for tag, code in blocks if tag.strip().lower() in PYTHON_TAGS]
-    candidates = python or [code for _, code in blocks]
+    candidates = python or ([] if python_only else [code for _, code in blocks])
     if not candidates or not candidates[-1].strip():
         return None
     return candidates[-1]

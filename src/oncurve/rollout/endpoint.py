@@ -17,6 +17,7 @@ import dataclasses
 import json
 import queue
 import re
+import secrets
 import threading
 import time
 from concurrent.futures import Future
@@ -29,7 +30,7 @@ from oncurve.rollout.base import Sampler, SamplingParams
 LOOPBACK = ("127.0.0.1", "::1")
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 _ROUTE = re.compile(r"(?:/e/(?P<episode>\d+))?(?P<path>/v1/(?:chat/)?completions)")
-_MARK = "\u2063oncurve-{}\u2063"
+_MARK = "\u2063oncurve-{}-{}\u2063"  # (a nonce of the prompt's, a turn's number)
 
 
 class _Server(ThreadingHTTPServer):
@@ -122,6 +123,8 @@ class Endpoint:
         any assistant message was text it did not sample."""
         tokenizer = self.sampler.tokenizer
         marked, spliced, rewritten = [], [], False
+        # a mark no message holds: a tool's output that printed one would split the text there
+        nonce = secrets.token_hex(8)
         for message in messages:
             content = message.get("content")
             if message.get("role") == "assistant" and isinstance(content, str):
@@ -130,14 +133,14 @@ class Endpoint:
                 if sampled_ids is None:
                     rewritten = True
                 else:
-                    message = {**message, "content": _MARK.format(len(spliced))}
+                    message = {**message, "content": _MARK.format(nonce, len(spliced))}
                     spliced.append(sampled_ids)
             marked.append(message)
         text = tokenizer.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
         ids: list[int] = []
         eos = tokenizer.eos_token or ""
         for k, sampled in enumerate(spliced):
-            before, mark, text = text.partition(_MARK.format(k))
+            before, mark, text = text.partition(_MARK.format(nonce, k))
             if not mark:  # the template dropped the turn: nothing of it to splice
                 return self.encode_text(tokenizer.apply_chat_template(
                     messages, add_generation_prompt=True, tokenize=False)), True  # fmt: skip

@@ -91,9 +91,9 @@ def _checked(result: Any, seconds: float) -> StepResult:
     if (
         isinstance(reward, bool)
         or not isinstance(reward, numbers.Real)
-        or not math.isfinite(reward)
+        or math.isinf(reward)  # NaN: the episode is unscored (no answer to score it against)
     ):
-        why = f"step returned the reward {reward!r}, not a finite number"
+        why = f"step returned the reward {reward!r}, not a finite number or NaN"
         return StepResult(fault=ERROR, why=_one_line(why), seconds=seconds)
     if observation is not None and not isinstance(observation, str):
         why = f"step returned an observation of type {type(observation).__name__}, not text"

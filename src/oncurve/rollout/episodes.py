@@ -107,10 +107,13 @@ class ObservationFormat:
     the next assistant header, less the end-of-turn text when the turn already ended with the
     EOS token; `role` names the role instead (a game's messages are the user's). Without one:
     the observation between newlines. The observation's own text is cut to `max_tokens` tokens
-    first, so that the episode's length is bounded.
+    first, so that the episode's length is bounded, and is tokenized as text: a special token's
+    name it prints (`<|im_end|>`) is not that token, so no output can end the turn or forge
+    another.
     """
 
     _MARK = "\u2063oncurve-turn\u2063"
+    _CONTENT = "\u2063oncurve-content\u2063"
 
     def __init__(
         self, tokenizer: Any, chat_template: bool, max_tokens: int, role: str | None = None
@@ -124,17 +127,27 @@ class ObservationFormat:
 
     def __call__(self, observation: str, ended_with_eos: bool) -> list[int]:
         """Token ids of `observation` after a turn that ended with EOS or not."""
-        ids = self.tokenizer(observation, add_special_tokens=False)["input_ids"]
-        if len(ids) > self.max_tokens:
-            observation = self.tokenizer.decode(ids[: self.max_tokens])
+        ids = self._text_ids(observation)[: self.max_tokens]
         if not self.chat_template:
-            text = f"\n{observation}\n"
+            before, after = "\n", "\n"
         else:
-            text = self._between_turns(observation, self.role)
+            before, _, after = self._between_turns(self._CONTENT, self.role).partition(
+                self._CONTENT
+            )
             end = self.tokenizer.eos_token or ""
-            if ended_with_eos and end and text.startswith(end):
-                text = text[len(end) :]
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            if ended_with_eos and end and before.startswith(end):
+                before = before[len(end) :]
+        encode = self.tokenizer
+        return (
+            encode(before, add_special_tokens=False)["input_ids"]
+            + ids
+            + encode(after, add_special_tokens=False)["input_ids"]
+        )
+
+    def _text_ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)[
+            "input_ids"
+        ]
 
     def _between_turns(self, content: str, role: str) -> str:
         messages = [

@@ -91,6 +91,24 @@ def test_a_conversation_s_earlier_turns_are_the_tokens_sampled(sampler):
     assert [call.rewritten for call in endpoint.calls] == [False, False, True]
 
 
+def test_a_tool_s_output_cannot_split_the_conversation_where_a_turn_was_sampled(sampler):
+    """A tool message holding text like the marks the endpoint splices sampled turns at leaves
+    the earlier turns' sampled ids in place."""
+    with Endpoint(sampler, SamplingParams(max_new_tokens=6)) as endpoint:
+        _, first = post(endpoint.base_url, "/chat/completions", {"messages": QUESTION})
+        said = first["choices"][0]["message"]["content"]
+        marks = "".join(f"\u2063oncurve-{k}\u2063 \u2063oncurve-x-{k}\u2063" for k in range(3))
+        again = [
+            *QUESTION,
+            {"role": "assistant", "content": said},
+            {"role": "tool", "content": marks},
+        ]
+        _, second = post(endpoint.base_url, "/chat/completions", {"messages": again})
+    earlier = first["prompt_token_ids"] + first["choices"][0]["token_ids"]
+    assert second["prompt_token_ids"][: len(earlier)] == earlier
+    assert [call.rewritten for call in endpoint.calls] == [False, False]
+
+
 def test_concurrent_requests_share_sampler_calls_and_each_gets_its_own(sampler):
     answers: list[dict] = []
     with Endpoint(sampler, SamplingParams(max_new_tokens=4), max_wait_s=0.5) as endpoint:

@@ -37,9 +37,9 @@ class Scripted:
 
 
 MALFORMED = [
-    (("x", "1.0", False), "the reward '1.0', not a finite number"),
-    (("x", math.nan, False), "the reward nan, not a finite number"),
-    (("x", True, False), "the reward True, not a finite number"),
+    (("x", "1.0", False), "the reward '1.0', not a finite number or NaN"),
+    (("x", math.inf, False), "the reward inf, not a finite number or NaN"),
+    (("x", True, False), "the reward True, not a finite number or NaN"),
     ((3, 1.0, False), "an observation of type int, not text"),
     (("x", 1.0), "returned tuple, not (observation, reward, done)"),
     (None, "returned NoneType, not (observation, reward, done)"),
@@ -52,6 +52,11 @@ def test_an_exception_or_a_malformed_result_is_an_error(result, why):
     (outcome,) = call_steps([Scripted(result)], ["turn"], [None])
     assert (outcome.fault, outcome.observation) == (ERROR, None)
     assert why in outcome.why
+
+
+def test_a_nan_reward_is_an_unscored_episode_not_a_fault():
+    (outcome,) = call_steps([Scripted(("x", math.nan, True))], ["turn"], [None])
+    assert outcome.fault is None and math.isnan(outcome.reward) and outcome.done
 
 
 def test_a_step_past_its_episode_s_time_is_a_timeout_and_the_others_come_back():
