@@ -38,6 +38,13 @@ class Row(dict):
 
 # Where the reference answer is when the data section does not say: oncurve's name, then TRL's.
 ANSWER_FIELDS = ("answer", "solution")
+# What the trainer itself passes reward functions by name: a column of the same name would
+# replace it (a `state` column breaks every TRL reward, a `completion_lengths` one fakes lengths).
+TRAINER_COLUMNS = frozenset(
+    ("prompts", "completions", "completion_lengths", "completion_ids", "episode_reward",
+     "episode_metrics", "episode_fault", "turns", "log", "state", "trainer_state", "log_extra",
+     "log_metric")
+)  # fmt: skip
 
 
 ANSWER_FORMATS = ("auto", "raw", "gsm8k", "boxed", "last_number")
@@ -76,6 +83,11 @@ def load_rows(
         answer_field = next((name for name in ANSWER_FIELDS if name in first), "answer")
     for where, record in records:
         location = f"{path} {where}"
+        if clash := sorted(TRAINER_COLUMNS.intersection(record)):
+            raise UserError(
+                f"{location}: column {clash[0]!r} is a name the trainer passes reward functions "
+                "itself; rename it"
+            )
         if prompt_template is None and prompt_field not in record:
             _missing(location, prompt_field, record)
         if require_answer and answer_field not in record:

@@ -9,10 +9,12 @@ import torch
 from oncurve.config import Config
 from oncurve.data.prompts import correctness_fn
 from oncurve.data.tasks.base import Task
+from oncurve.errors import UserError
 from oncurve.model.devices import DTYPES, resolve_dtype
 from oncurve.rewards.registry import (
     RewardFn,
     episode_reward,
+    length_penalty,
     overlong_penalty,
     resolve_reward,
     with_answer_match,
@@ -25,7 +27,8 @@ def build_rewards(
 ) -> RewardRunner:
     """The configured reward functions, or when `reward.functions` is empty the environment's,
     the task's own, or for a dataset the `correct` reward;
-    DAPO's soft overlong penalty is added when `reward.overlong_buffer` > 0. The runner's
+    DAPO's soft overlong penalty is added when `reward.overlong_buffer` > 0 (never by name), and
+    the `length` penalty is taken against `rollout.max_new_tokens`. The runner's
     verifier is the reward among them that `correctness_fn` returns (what evaluation calls
     correct), if any. A `model:PATH_OR_ID` reward model is loaded on `device` (the trainer's)
     in `model.dtype`, with `model.trust_remote_code`. A reward with a `configure` method (the
@@ -42,6 +45,13 @@ def build_rewards(
                 dtype=dtype,
                 trust_remote_code=config.model.trust_remote_code,
             )
+            if fn is overlong_penalty:
+                raise UserError(
+                    "reward.functions: overlong is set by reward.overlong_buffer (its window in "
+                    "tokens before rollout.max_new_tokens) and reward.overlong_penalty"
+                )
+            if fn is length_penalty:  # against the run's own limit, not the function's default
+                fn = functools.partial(length_penalty, max_len=config.rollout.max_new_tokens)
             fns.append((name, fn, spec.weight))
     elif config.rollout.env is not None:
         fns = [("env", episode_reward, 1.0)]

@@ -165,6 +165,11 @@ def test_bad_files(tmp_path):
     with pytest.raises(ValueError, match=r"d.csv line 3: more values than header columns"):
         load_rows(str(csv_path))
 
+    for name in ("state", "completion_lengths", "trainer_state"):
+        clash = _write_jsonl(tmp_path / f"{name}.jsonl", [{"prompt": "a", "answer": "1", name: 1}])
+        with pytest.raises(ValueError, match=rf"{name}.jsonl line 1: column '{name}' is a name"):
+            load_rows(clash)
+
     with pytest.raises(ValueError, match=r"no such file"):
         load_rows(str(tmp_path / "nope.jsonl"))
     with pytest.raises(ValueError, match=r"unknown data file kind '.txt'"):

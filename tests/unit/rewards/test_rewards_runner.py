@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from oncurve.config import load_config
+from oncurve.errors import UserError
 from oncurve.rewards.jobs import RewardError
 from oncurve.rewards.runner import RewardRunner
 from oncurve.run.rewards import build_rewards
@@ -319,3 +320,16 @@ def test_an_unordered_container_of_scores_is_a_reward_error(timeout_s, returned,
 def test_ordered_scores_of_any_sequence_or_array_are_read(returned):
     runner = RewardRunner([("ordered", lambda p, c, **k: returned, 1.0)], timeout_s=None)
     _close(_score(runner, ["a", "b"]).total, [1.0, 2.0])
+
+
+def test_the_length_penalty_is_taken_against_the_runs_own_limit():
+    overrides = ["data.path=d.jsonl", "reward.functions=[length]", "rollout.max_new_tokens=64"]
+    runner = build_rewards(load_config(None, overrides), task=None)
+    result = _score(runner, ["a", "b"], completion_lengths=[32, 100])
+    _close(result.per_fn[:, 0], [-0.5, -1.0])
+
+
+def test_overlong_by_name_points_to_its_settings():
+    overrides = ["data.path=d.jsonl", "reward.functions=[correct, overlong]"]
+    with pytest.raises(UserError, match="overlong is set by reward.overlong_buffer"):
+        build_rewards(load_config(None, overrides), task=None)
