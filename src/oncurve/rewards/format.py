@@ -64,8 +64,12 @@ _SHOWS_NOTHING = _names(
     "mathopen mathclose mathinner ensuremath sqrt frac dfrac tfrac cfrac binom dbinom tbinom "
     "hat widehat tilde widetilde bar vec dot ddot acute grave breve check mathring "
     "overrightarrow overleftarrow underbrace overbrace cancel bcancel xcancel "
-    "ldots dots dotso dotsc textellipsis colon"
+    "ldots dots dotso dotsc textellipsis colon cdots vdots ddots dotsb dotsm dotsi hdots "
+    "null empty nonumber notag leavevmode bigskip medskip smallskip "
+    "underset overset stackrel substack vcenter mathchoice"
 )
+# Mathematical symbols that are not an answer alone: ellipses (`⋯`, `⋮`) and a bare minus.
+_NOT_CONTENT_SYMBOLS = frozenset("\u22ee\u22ef\u22f0\u22f1\u2212")
 # Size commands and the delimiter each sizes (`\left(`, `\right.`, `\bigl\langle`).
 _SIZERS = frozenset(
     ["left", "right", "middle"]
@@ -201,7 +205,10 @@ def _shows_characters(text: str, start: int, stop: int) -> bool:
     plain = text[start:stop]
     if plain.isascii():
         return False
-    return any(c > "\x7f" and unicodedata.category(c) == "Sm" for c in plain)  # `∞`, `∅`, `−`
+    return any(  # `∞`, `∅`
+        c > "\x7f" and unicodedata.category(c) == "Sm" and c not in _NOT_CONTENT_SYMBOLS
+        for c in plain
+    )
 
 
 def _read_construct(text: str, pos: int) -> tuple[int, bool]:

@@ -160,6 +160,19 @@ Reward = Callable[..., list[float]]
 
 # (reward, a completion with structure and no content, the same structure with an answer in it)
 CONTENT_FREE_CASES = [
+    *(
+        pytest.param(boxed_format_reward, f"\\boxed{{{empty}}}", f"\\boxed{{{empty} 1}}", id=label)
+        for label, empty in (
+            ("boxed-cdots", "\\cdots"),
+            ("boxed-vdots", "\\vdots"),
+            ("boxed-unicode-ellipsis", "\u22ef"),
+            ("boxed-null", "\\null"),
+            ("boxed-nonumber", "\\nonumber"),
+            ("boxed-underset-of-nothing", "\\underset{}{}"),
+            ("boxed-stackrel-of-nothing", "\\stackrel{}{}"),
+            ("boxed-unicode-minus", "\u2212"),
+        )
+    ),
     pytest.param(boxed_format_reward, "\\boxed{\\,}", "\\boxed{\\,12}", id="boxed-thin-space"),
     pytest.param(boxed_format_reward, "\\boxed{\\;}", "\\boxed{12\\;}", id="boxed-thick-space"),
     pytest.param(boxed_format_reward, "\\boxed{\\quad}", "\\boxed{\\quad x}", id="boxed-quad"),
