@@ -29,6 +29,7 @@ from fractions import Fraction
 from typing import Any
 
 from oncurve.rewards.extraction import extract_answer
+from oncurve.rewards.normalization import last_boxed
 
 MAX_EXPRESSION_CHARS = 256
 # A dataset column longer than this is not a Countdown problem (and is not parsed).
@@ -44,7 +45,7 @@ _SIGNS = [
     (re.compile(r"[−–]"), "-"),
     (re.compile(r"\\left\s*\(|\\bigl?\s*\(|\\Bigl?\s*\("), "("),
     (re.compile(r"\\right\s*\)|\\bigr?\s*\)|\\Bigr?\s*\)"), ")"),
-    (re.compile(r"\\[,;:! ]|\\q?quad(?![a-zA-Z])|~"), " "),
+    (re.compile(r"\\[,;:! ]|\\q?quad(?![a-zA-Z])|~|\$|\\[()\[\]]"), " "),  # math delimiters too
 ]
 # An integer in text, possibly written as a float with a zero fraction: `46`, `-3`, `46.0`.
 _INTEGER_TEXT_RE = re.compile(r"\s*([-+]?\d+)(?:\.0*)?\s*")
@@ -133,7 +134,8 @@ def check_equation(expression: str, numbers: Sequence[int], target: int) -> bool
     if len(expression) > 4 * MAX_EXPRESSION_CHARS:
         return False
     lhs, _, rhs = normalize_expression(expression).partition("=")
-    if rhs.strip() and rhs.strip() != str(target):
+    rhs = rhs.strip().removesuffix(".").strip()  # `3 * 7 + 25 = 46.`
+    if rhs and rhs != str(target):
         return False
     result = evaluate_expression(lhs)
     if result is None:
@@ -168,7 +170,8 @@ def countdown_reward(
             problems.append(f"row {row} {column}: {e}")
             scores.append(None)
             continue
-        expression = extract_answer(completion, "tags") or extract_answer(completion, "boxed")
+        tagged = extract_answer(completion, "tags")
+        expression = (last_boxed(tagged) or tagged) if tagged else last_boxed(completion)
         ok = expression is not None and check_equation(expression, row_numbers, row_target)
         scores.append(1.0 if ok else 0.0)
     if problems:

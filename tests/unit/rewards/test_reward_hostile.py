@@ -154,6 +154,13 @@ CASES = [
     row("boxed_format", "so \\boxed{72}.", 1.0),
     # -- countdown (held before: guards)
     row("countdown", "<answer>25 + 7*3</answer>", 1.0, **NUMBERS),
+    # the notations an answer is written in: a box inside the tags, math delimiters, a period
+    row("countdown", "<answer>\\boxed{25 + 7*3}</answer>", 1.0, **NUMBERS),
+    row("countdown", "<answer>$25 + 7 \\times 3$</answer>", 1.0, **NUMBERS),
+    row("countdown", "<answer>\\(25 + 7 \\times 3\\)</answer>", 1.0, **NUMBERS),
+    row("countdown", "<answer>25 + 7*3 = 46.</answer>", 1.0, **NUMBERS),
+    row("countdown", "<answer>25 + 7*3 = 47.</answer>", 0.0, **NUMBERS),
+    row("countdown", "<answer>\\boxed{25 + 21}</answer>", 0.0, **NUMBERS),
     row("countdown", "<answer>25 + 21</answer>", 0.0, **NUMBERS),
     row("countdown", "<answer>25 + 7*3 + 3 - 3</answer>", 0.0, **NUMBERS),
     row("countdown", "<answer>__import__('os').system('true')</answer>", 0.0, **NUMBERS),
