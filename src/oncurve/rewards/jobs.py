@@ -138,13 +138,13 @@ def _check_values(name: str, values: Any, n: int, row: int | None) -> list[float
         sample = i if row is None else row
         try:
             number = None if isinstance(value, str | bytes) else float(value)
-        except (TypeError, ValueError):
-            number = None
         except OverflowError:
             raise _TooLarge(
                 f"reward {name!r} returned {_size(value)} ({type(value).__name__}), too large "
                 f"for a float, for sample {sample}; expected a float or None"
             ) from None
+        except Exception:  # a value whose __float__ raises anything: not a number either
+            number = None
         if number is None:
             raise RewardError(
                 f"reward {name!r} returned {value!r} ({type(value).__name__}) for sample "

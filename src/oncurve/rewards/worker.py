@@ -88,6 +88,9 @@ def _serve(requests: Any, outcomes: Any, parent_ends: tuple, fns: list) -> None:
                     outcomes.send(outcome)
                 except BrokenPipeError:
                     return
+                except Exception as err:  # a log value that does not pickle (a lambda)
+                    why = f"it logged a value that cannot leave the worker ({err})"
+                    outcomes.send(("error", why, None, seconds, None))
 
 
 def _picklable(exc: BaseException) -> BaseException | None:

@@ -9,6 +9,7 @@ import asyncio
 
 import pytest
 
+from oncurve.rewards.jobs import RewardError
 from oncurve.rewards.registry import resolve_reward
 from oncurve.rewards.runner import RewardRunner
 from oncurve.rewards.trl_contract import TrainerState, TrlReward
@@ -116,3 +117,35 @@ def test_rewards_without_async_ones_score_inside_a_running_event_loop():
         return runner.score(["p"], ["c"], {}).total.tolist()
 
     assert asyncio.run(score_in_a_loop()) == [1.0]
+
+
+class NoNumber:
+    """A value whose conversion to float raises something else than TypeError or ValueError."""
+
+    def __float__(self) -> float:
+        raise RuntimeError("boom")
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0], ids=["in-process", "worker"])
+def test_a_value_that_is_no_number_is_one_line_naming_the_reward(timeout_s):
+    def odd(completions, **kwargs):
+        return [NoNumber() for _ in completions]
+
+    with (
+        RewardRunner([("odd", TrlReward(odd), 1.0)], timeout_s=timeout_s) as scorer,
+        pytest.raises(RewardError, match=r"reward 'odd' returned .*NoNumber.* for sample 0;"),
+    ):
+        scorer.score(["p"], ["c"], {})
+
+
+def test_a_log_value_that_cannot_leave_the_worker_is_one_line_naming_the_reward():
+    def logs_a_function(completions, log_extra, **kwargs):
+        log_extra("f", [len for _ in completions])
+        log_extra("g", [lambda: 0 for _ in completions])
+        return [0.0] * len(completions)
+
+    with (
+        RewardRunner([("l", TrlReward(logs_a_function), 1.0)], timeout_s=5.0) as scorer,
+        pytest.raises(RewardError, match=r"reward 'l' failed on sample 0: it logged a value th"),
+    ):
+        scorer.score(["p"], ["c"], {})
