@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from oncurve.config import Config
@@ -51,7 +49,7 @@ def build_rewards(
                     "tokens before rollout.max_new_tokens) and reward.overlong_penalty"
                 )
             if fn is length_penalty:  # against the run's own limit, not the function's default
-                fn = functools.partial(length_penalty, max_len=config.rollout.max_new_tokens)
+                fn = _with_settings(length_penalty, max_len=config.rollout.max_new_tokens)
             fns.append((name, fn, spec.weight))
     elif config.rollout.env is not None:
         fns = [("env", episode_reward, 1.0)]
@@ -62,7 +60,7 @@ def build_rewards(
         fns = [("correct", resolve_reward("correct")[1], 1.0)]
     fns = [(name, with_answer_match(fn, reward.answer_match), w) for name, fn, w in fns]
     if reward.overlong_buffer:
-        penalty = functools.partial(
+        penalty = _with_settings(
             overlong_penalty,
             max_len=config.rollout.max_new_tokens,
             buffer=reward.overlong_buffer,
@@ -77,3 +75,13 @@ def build_rewards(
     # Compared with ==, not `is`: a task's reward may be a bound method, made afresh per access.
     verifier = next((name for name, fn, _ in fns if fn == correct), None)
     return RewardRunner(fns, verifier=verifier, **runner_settings(reward))
+
+
+def _with_settings(fn: RewardFn, **settings: object) -> RewardFn:
+    """`fn` called with `settings` whatever the data's columns are named (a `max_len` or
+    `factor` column would override `functools.partial`'s keywords)."""
+
+    def call(prompts: list[str], completions: list[str], **columns: object) -> list:
+        return fn(prompts, completions, **{**columns, **settings})
+
+    return call

@@ -325,8 +325,8 @@ def test_ordered_scores_of_any_sequence_or_array_are_read(returned):
 def test_the_length_penalty_is_taken_against_the_runs_own_limit():
     overrides = ["data.path=d.jsonl", "reward.functions=[length]", "rollout.max_new_tokens=64"]
     runner = build_rewards(load_config(None, overrides), task=None)
-    result = _score(runner, ["a", "b"], completion_lengths=[32, 100])
-    _close(result.per_fn[:, 0], [-0.5, -1.0])
+    result = _score(runner, ["a", "b"], completion_lengths=[32, 100], max_len=[1, 1])
+    _close(result.per_fn[:, 0], [-0.5, -1.0])  # a column of the same name as a setting: ignored
 
 
 def test_overlong_by_name_points_to_its_settings():
