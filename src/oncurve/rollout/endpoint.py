@@ -119,12 +119,15 @@ class Endpoint:
 
     def chat_prompt(self, messages: list[dict[str, Any]]) -> tuple[list[int], bool]:
         """The token ids of `messages` in the chat template, with a generation prompt: every
-        assistant message whose text this endpoint sampled as the ids it sampled; and whether
-        any assistant message was text it did not sample."""
+        assistant message whose text this endpoint sampled as the ids it sampled, and any other
+        message that holds a special token's text (a tool that printed `<|im_end|>`) as that
+        text's ids, so that it cannot end its message or forge a turn; and whether any assistant
+        message was text it did not sample."""
         tokenizer = self.sampler.tokenizer
         marked, spliced, rewritten = [], [], False
         # a mark no message holds: a tool's output that printed one would split the text there
         nonce = secrets.token_hex(8)
+        specials = tokenizer.all_special_tokens
         for message in messages:
             content = message.get("content")
             if message.get("role") == "assistant" and isinstance(content, str):
@@ -135,6 +138,13 @@ class Endpoint:
                 else:
                     message = {**message, "content": _MARK.format(nonce, len(spliced))}
                     spliced.append(sampled_ids)
+            elif isinstance(content, str) and any(token in content for token in specials):
+                message = {**message, "content": _MARK.format(nonce, len(spliced))}
+                spliced.append(
+                    tokenizer(content, add_special_tokens=False, split_special_tokens=True)[
+                        "input_ids"
+                    ]
+                )
             marked.append(message)
         text = tokenizer.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
         ids: list[int] = []
