@@ -1,8 +1,10 @@
 """What strict `correct` pays for: a stated, simplified answer equal to the reference, and nothing
 else. Each row is (prompt, completion, gold, expected score): the question's undone work in any
-notation, a conversion question's own literal, a decimal for an exact gold, dressing that
-changes the value or is not an answer, and malformed golds (unscored: None); beside them the
-stated answers that must still be paid, in the forms instruct models write."""
+notation (its expression reordered too), a conversion question's own literal, a decimal for an
+exact gold, dressing that changes the value or is not an answer, a stated number hedged,
+changed or denied by the rest of its sentence, two boxes offered together, and malformed golds
+(unscored: None); beside them the stated answers that must still be paid, in the forms instruct
+models write."""
 
 from __future__ import annotations
 
