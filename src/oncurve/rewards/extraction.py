@@ -65,12 +65,14 @@ _ANSWER_NUMBER_RE = re.compile(
 )
 # What may not follow a stated number in its sentence: an operator, a factorial or a power
 # (`18 + 1`, `18!`, `18^2`), another number joined to it (`18, 19`, `18 (or 19)`, `18 to 20`),
-# or a word that denies it (`18 (wrong)`, `18 — no, 19`).
+# or a word that denies it (`18 (wrong)`, `18 — no, 19`). A reason after it may hold numbers
+# (`18 (6 × 3)`, `18: 6 in each of 3 bags`).
 _QUALIFIED_RE = re.compile(
     r"\s*(?:\$|\*\*)*\s*(?:[-−+*/^!×·÷±∓=<>–]|\\(?:times|cdot|div|pm|mp)(?![a-zA-Z])"
-    r"|[(,;:—]?\s*(?:(?:or|and|and/or|to|vs\.?|versus)\s+)?"
+    r"|[,—]?\s*(?:(?:or|and|and/or|to|vs\.?|versus)\s+)?"
     r"(?:(?:possibly|maybe|perhaps|even|rather|actually)\s+)?\$?[-−]?\d"
-    r"|[(,;:—]?\s*(?:no|not|wrong|incorrect)\b|\([^)]*\d)",
+    r"|\(\s*(?:or|and/or|to|vs\.?|versus|possibly|maybe|perhaps)\b"
+    r"|[(,;:—]?\s*(?:no|not|wrong|incorrect)\b)",
     re.IGNORECASE,
 )
 # "The answer is East." / "The answer is (C)." / "**Answer:** B": a word or a choice's letter
