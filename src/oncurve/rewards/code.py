@@ -69,9 +69,12 @@ _FENCE_RE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
 
 def extract_program(completion: str, *, python_only: bool = False) -> str | None:
     """The code of the last ```python block of `completion`, else (unless `python_only`) of its
-    last fenced block; None when there is none, or it is blank."""
+    last fenced block; None when there is none, or it is blank. With `python_only` (a tool
+    call) a blank last block does not hide the code before it."""
     blocks = _FENCE_RE.findall(completion)
     python = [code for tag, code in blocks if tag.strip().lower() in PYTHON_TAGS]
+    if python_only:
+        python = [code for code in python if code.strip()]
     candidates = python or ([] if python_only else [code for _, code in blocks])
     if not candidates or not candidates[-1].strip():
         return None

@@ -60,6 +60,18 @@ def test_extract_program(completion, program):
     assert extract_program(completion) == program
 
 
+@pytest.mark.parametrize(
+    ("completion", "program"),
+    [
+        (fenced(ADD_ONE) + "\n```python\n```", ADD_ONE),  # a blank block after the code
+        ("```text\n43\n```", None),  # another language is no tool call
+        ("```\nprint(2)\n```", None),
+    ],
+)
+def test_a_tool_call_is_the_last_python_block_with_code(completion, program):
+    assert extract_program(completion, python_only=True) == program
+
+
 def test_compiles_parses_without_running_and_without_warnings():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
