@@ -1,13 +1,12 @@
 """`python_tool`: the policy may run Python in the sandbox before it answers.
 
 A turn with a ```python fenced block is a tool call (a block tagged otherwise, or not at all, is
-not): the block runs in `oncurve.sandbox` and its
-output (stdout, and stderr's tail when it failed) comes back as the next message. A turn without
-one is the final answer, scored as the `correct` reward scores it: 1.0 when its answer
-(`extract_answer`: the last `\\boxed{}`, else the last number) strictly matches the row's
-"answer" without restating the row's prompt (`answers_match`), else 0.0; NaN (unscored) for a
-row without a usable answer (`usable_gold`). An episode that runs out of turns while still
-calling the tool scores 0.0.
+not): the block runs in `oncurve.sandbox` and its output (stdout, and stderr's tail when it
+failed) comes back as the next message. A turn without one is the final answer, scored as the
+`correct` reward scores it: 1.0 when its answer (`extract_answer`: the last `\\boxed{}`, else
+the last number) strictly matches the row's "answer" without restating the row's prompt
+(`answers_match`), else 0.0; NaN (unscored) for a row without a usable answer (`usable_gold`).
+An episode that runs out of turns while still calling the tool scores 0.0.
 """
 
 from __future__ import annotations
