@@ -280,8 +280,7 @@ def _number_list(text: str, *, reduced: bool = False) -> list[Fraction] | None:
 def _undone(pred: str, ref: str) -> bool:
     """Whether the normalised answer `pred` still shows work the reference `ref` has done: a
     decimal for an exact reference, a root written as a power or with index 2, a root of a
-    number that is not square-free or of arithmetic, more roots than the reference has, a
-    product or power of brackets where the reference has none, a sum where the reference is a
+    number that is not square-free or of arithmetic, a product or power of brackets where the reference has none, a sum where the reference is a
     product or power of brackets, a fraction with letters in its denominator where the
     reference has none, a fraction whose numerator's coefficients share a factor with its
     denominator (`\\frac{4\\sqrt{3}}{2}`), like terms not collected (`\\sqrt{3}+\\sqrt{3}`,
@@ -452,6 +451,7 @@ def _restates(pred: str, prompt: str, ref: str) -> bool:
     if answer in _canonical(prompt):
         return True
     tokens = _tokens(pred)
+    reordered_reference = tokens == _tokens(ref)  # the reference's own form, reordered
     for match in _MATH_SEGMENT_RE.finditer(prompt):
         written = next(group for group in match.groups() if group is not None)
         segment = _canonical(written)
@@ -459,7 +459,7 @@ def _restates(pred: str, prompt: str, ref: str) -> bool:
             continue
         if segment in answer and segment not in reference:
             return True
-        if tokens == _tokens(written) and tokens != _tokens(ref):  # reordered, renotated
+        if not reordered_reference and tokens == _tokens(written):  # reordered, renotated
             return True
     return False
 
@@ -483,7 +483,8 @@ def _tame(text: str) -> bool:
     reach and with gigabytes of memory (a tower `9^{9^{9^{9}}}`, `9!!!`, `1e999999999`, a
     binomial of powers), whatever letters dress it (`(x-x+9999999)!` cancels to a number): no
     factorial of a bracket, no gamma function, product or sum operator, no exponential of an
-    exponential, no power, product or exponential inside an exponent. Applied to the reference too. `text` is short (`looks_symbolic`)."""
+    exponential, no power, product or exponential inside an exponent. Applied to the reference
+    too. `text` is short (`looks_symbolic`)."""
     if _EXPLOSIVE_RE.search(text) or _UNBOUNDED_RE.search(text):
         return False
     if re.search(r"\\(?:[dt]?binom|choose)", text) and re.search(r"\^|\d{4,}", text):

@@ -127,7 +127,8 @@ class ObservationFormat:
 
     def __call__(self, observation: str, ended_with_eos: bool) -> list[int]:
         """Token ids of `observation` after a turn that ended with EOS or not."""
-        ids = self._text_ids(observation)[: self.max_tokens]
+        encode = functools.partial(self.tokenizer, add_special_tokens=False)
+        ids = encode(observation, split_special_tokens=True)["input_ids"][: self.max_tokens]
         if not self.chat_template:
             before, after = "\n", "\n"
         else:
@@ -137,17 +138,7 @@ class ObservationFormat:
             end = self.tokenizer.eos_token or ""
             if ended_with_eos and end and before.startswith(end):
                 before = before[len(end) :]
-        encode = self.tokenizer
-        return (
-            encode(before, add_special_tokens=False)["input_ids"]
-            + ids
-            + encode(after, add_special_tokens=False)["input_ids"]
-        )
-
-    def _text_ids(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)[
-            "input_ids"
-        ]
+        return encode(before)["input_ids"] + ids + encode(after)["input_ids"]
 
     def _between_turns(self, content: str, role: str) -> str:
         messages = [
