@@ -651,6 +651,8 @@ def test_a_resume_applies_what_can_change_and_refuses_what_cannot(
         "rollout.group_size=2": "rollout.group_size was 4 and is now 2",
         "data.prompts_per_step=1": "data.prompts_per_step was 2",
         "run.seed=7": "run.seed was",
+        "model.lora.r=4": "model.lora.r was 0 and is now 4",
+        "model.dtype=bfloat16": "model.dtype was",
         "run.steps=1": "run.steps=1 is below the 2 steps the checkpoint has done",
     }
     files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}

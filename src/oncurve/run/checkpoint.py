@@ -32,7 +32,7 @@ import pickle
 import re
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -173,8 +173,7 @@ def load_checkpoint(
     data (it is never unpickled beyond what `weights_only=True` allows).
     """
     path = Path(path)
-    if not (path / COMPLETE).is_file():
-        raise UserError(f"checkpoint {path} is not complete (no {COMPLETE} marker); not loaded")
+    state = read_state(path)
     verify_checksums(path)
     if trainable_only:
         load_trainable(path / MODEL_FILE, model)
@@ -199,12 +198,16 @@ def load_checkpoint(
         ) from None
     rank, _ = distributed.world()
     set_rng_state(_read_json(path / f"rng-rank{rank}.json"))
-    return read_state(path)
+    return state
 
 
 def read_state(path: Path) -> dict:
     """The trainer's counters of a complete checkpoint (`state.json`), without loading it;
-    UserError naming the file when it is not a JSON object with the step."""
+    UserError naming the checkpoint when it is not complete, or the file when it is not a JSON
+    object with the step."""
+    if not (Path(path) / COMPLETE).is_file():
+        raise UserError(f"checkpoint {path} is not complete (no {COMPLETE} marker); not loaded")
+    verify_checksums(path, (STATE_FILE,))
     file = Path(path) / STATE_FILE
     state = _read_json(file)
     if not isinstance(state, dict) or not isinstance(state.get("step"), int):
@@ -300,16 +303,18 @@ def _remove_leftovers(root: Path) -> None:
                 entry.unlink(missing_ok=True)
 
 
-def verify_checksums(path: Path) -> None:
-    """UserError naming the first file of checkpoint `path` whose bytes are not those saved
-    (flipped bits, a truncated copy), and the previous complete checkpoint to resume from; a
-    checkpoint saved without checksums passes."""
+def verify_checksums(path: Path, names: Iterable[str] | None = None) -> None:
+    """UserError naming the first file of checkpoint `path` (of `names`, every file when None)
+    whose bytes are not those saved (flipped bits, a truncated copy), and the previous complete
+    checkpoint to resume from; a checkpoint saved without checksums passes."""
     path = Path(path)
     sums_file = path / CHECKSUMS_FILE
     if not sums_file.is_file():
         return
     sums = _read_json(sums_file)
     for name, expected in sums.items() if isinstance(sums, dict) else []:
+        if names is not None and name not in names:
+            continue
         file = path / name
         if file.is_file() and sha256(file) == expected:
             continue

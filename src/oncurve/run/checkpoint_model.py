@@ -15,7 +15,6 @@ from oncurve.model.sources import load_model, load_tokenizer, resolve_model_path
 from oncurve.model.weights import add_lora
 from oncurve.run.checkpoint import (
     CHECKPOINTS,
-    COMPLETE,
     LATEST,
     MODEL_FILE,
     STATE_FILE,
@@ -46,8 +45,6 @@ def checkpoint_config(path: str | Path) -> Config:
     prompt format among it); UserError naming the checkpoint when it is not complete or holds
     none."""
     path = Path(path)
-    if not (path / COMPLETE).is_file():
-        raise UserError(f"checkpoint {path} is not complete (no {COMPLETE} marker); not loaded")
     saved = read_state(path).get("config")
     if not isinstance(saved, dict):
         raise UserError(

@@ -251,7 +251,17 @@ def _trackio_settings(config: Config) -> dict[str, Any] | None:
 
 
 def _resume(s: Session, checkpoint_dir: Path) -> None:
-    """Load the checkpoint into the session and drop the metrics logged after it."""
+    """Load the checkpoint into the session and drop the metrics logged after it. Its ranks and
+    settings are compared first, from its `state.json`: a changed setting is named before any
+    tensor that would not fit it loads."""
+    saved = checkpoint.read_state(checkpoint_dir)
+    if saved.get("world_size", 1) != s.world_size:
+        raise UserError(
+            f"checkpoint {checkpoint_dir} was written by {saved.get('world_size', 1)} ranks; "
+            f"resume it with the same number, not {s.world_size}"
+        )
+    s.start_step = int(saved["step"])
+    changes = _changes(s, saved, checkpoint_dir)
     modules, optimizers = s.checkpoint_extras()
     state = checkpoint.load_checkpoint(
         checkpoint_dir,
@@ -262,14 +272,8 @@ def _resume(s: Session, checkpoint_dir: Path) -> None:
         optimizers=optimizers,
         trainable_only=s.config.model.lora.r > 0,
     )
-    if state.get("world_size", 1) != s.world_size:
-        raise UserError(
-            f"checkpoint {checkpoint_dir} was written by {state.get('world_size', 1)} ranks; "
-            f"resume it with the same number, not {s.world_size}"
-        )
     if s.policy.fsdp:
         distributed.scatter_weights(s.policy.whole_model, s.policy.model)
-    s.start_step = int(state["step"])
     shrunk = state.get("oom_settings") or {}
     if shrunk:
         s.adopt(oom.with_settings(s.config, shrunk))
@@ -288,18 +292,18 @@ def _resume(s: Session, checkpoint_dir: Path) -> None:
                 f"{s.config.data.curriculum}; resume it with the curriculum it had"
             )
         s.curriculum.load_state_dict(state["curriculum"])
-    _settle_changes(s, state, checkpoint_dir)
+    s.config_history = list(state.get("config_history", []))
+    if changes:
+        _apply_changes(s, changes)
     if s.rank == 0:
         truncate_after(s.run_dir, s.start_step)
 
 
-def _settle_changes(s: Session, state: dict, checkpoint_dir: Path) -> None:
-    """Compare the session's settings with the checkpoint's (`oncurve.config.resume_settings`): refuse
-    a change that cannot apply, put the others in effect, say them and add them to the run's
-    history of changes."""
-    s.config_history = list(state.get("config_history", []))
+def _changes(s: Session, state: dict, checkpoint_dir: Path) -> dict[str, list[Any]]:
+    """The session's settings that differ from the checkpoint's (`oncurve.config.resume_settings`),
+    by dotted name: `[saved, current]`; a UserError naming the first that cannot apply."""
     if "config" not in state:  # a checkpoint from before settings were kept
-        return
+        return {}
     changes = changed_settings(state["config"], to_dict(s.config))
     fingerprints = (state.get("data_fingerprint"), s.data_fingerprint)
     forced = s.config.run.force_changes
@@ -308,8 +312,12 @@ def _settle_changes(s: Session, state: dict, checkpoint_dir: Path) -> None:
         raise UserError(f"cannot resume {checkpoint_dir}: {why}")
     if fingerprints[0] is not None and fingerprints[0] != fingerprints[1]:
         changes[DATA_ROWS] = list(fingerprints)  # forced: said and kept like any change
-    if not changes:
-        return
+    return changes
+
+
+def _apply_changes(s: Session, changes: dict[str, list[Any]]) -> None:
+    """Put the `changes` in effect after the checkpoint loaded (the optimizer's saved state
+    would keep the old hyperparameters), say them and add them to the run's history."""
     o = s.config.optim
     apply_optimizer_settings(s.optimizer, s.scheduler, o.lr, (o.beta1, o.beta2), o.weight_decay)
     s.config_history.append({"step": s.start_step, "changed": changes})

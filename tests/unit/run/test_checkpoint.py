@@ -29,6 +29,7 @@ from oncurve.run.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     load_checkpoint,
+    read_state,
     save_checkpoint,
 )
 
@@ -382,6 +383,8 @@ def test_incomplete_checkpoint_is_refused(tmp_path: Path) -> None:
     model, optimizer, scheduler = make_setup(0)
     with pytest.raises(UserError, match=r"step-000001 is not complete \(no COMPLETE marker\)"):
         load_checkpoint(path, model, optimizer, scheduler)
+    with pytest.raises(UserError, match=r"step-000001 is not complete \(no COMPLETE marker\)"):
+        read_state(path)
 
 
 def test_mismatched_model_is_refused_with_file_name(tmp_path: Path) -> None:

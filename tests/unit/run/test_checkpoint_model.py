@@ -61,6 +61,9 @@ def test_an_incomplete_checkpoint_or_one_without_a_config_is_a_one_line_error(
     state = json.loads((path / STATE_FILE).read_text())
     del state["config"]
     (path / STATE_FILE).write_text(json.dumps(state))
+    with pytest.raises(UserError, match=r"state.json is damaged \(its checksum differs\)"):
+        checkpoint_config(path)
+    (path / "checksums.json").unlink()  # as a checkpoint saved before checksums were kept
     with pytest.raises(UserError, match=r"holds no run config; name the run with --run$"):
         checkpoint_config(path)
     (path / COMPLETE).unlink()
