@@ -324,5 +324,9 @@ def test_the_difficulty_curriculum_trains_on_the_easiest_level_first(tiny_model_
 def test_a_resume_keeps_the_curriculum_it_was_saved_with(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     trainer.train(job(tiny_model_dir, run_dir, "run.steps=1"), quiet=True)
+    resume = ("data.curriculum=pass_rate", "run.resume=auto")
+    with pytest.raises(UserError, match="data.curriculum was 'none' and is now 'pass_rate'"):
+        setup(job(tiny_model_dir, run_dir, *resume))
+    forced = "run.force_changes=[data.curriculum]"
     with pytest.raises(UserError, match="written without data.curriculum=pass_rate"):
-        setup(job(tiny_model_dir, run_dir, "data.curriculum=pass_rate", "run.resume=auto"))
+        setup(job(tiny_model_dir, run_dir, *resume, forced))
