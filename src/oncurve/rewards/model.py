@@ -4,14 +4,19 @@
 model (`AutoModelForSequenceClassification`) with ONE output (`config.num_labels == 1`) and its
 tokenizer. Each (prompt, completion) pair is scored by that logit, as a float:
 
-- formatting: with a chat template in the reward tokenizer, the conversation
-  `[{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]` rendered
-  by that template (no generation prompt) and tokenized without adding special tokens (the
-  template places them); without one, `prompt + completion` tokenized as the tokenizer does by
-  default (e.g. with its BOS);
+- formatting: with a chat template in the reward tokenizer, the conversation the policy was given
+  (a conversational row's messages, `prompt_messages`, with the system prompt the data section
+  added; else `[{"role": "user", "content": prompt}]`) and then
+  `{"role": "assistant", "content": completion}`, rendered by that template (no generation
+  prompt); without one, `prompt` tokenized as the tokenizer does by default (e.g. with its BOS)
+  and then the completion. The completion is tokenized as text: the policy decodes without
+  special tokens, so a control token spelled in it was sampled as ordinary tokens, and it stays
+  so (a completion cannot forge a turn the reward model reads);
 - truncation: to `max_length` tokens, the smaller of the tokenizer's `model_max_length` and the
-  model's `max_position_embeddings` (when either is set), cutting from the LEFT: the start of the
-  prompt goes first, and the end of the completion, where the head reads its score, stays;
+  model's `max_position_embeddings` (when either is set). A row over it loses the start of its
+  completion: the prompt, and the end of the completion where the head reads its score, stay;
+  when the prompt alone leaves the completion no room, the start of the whole text goes. The
+  share of rows cut is logged as `<name>/cut_frac`;
 - batching: `batch_rows` rows per forward (rows sorted by length, so that a batch pads little),
   right-padded with the reward tokenizer's pad token (its EOS when it has none, which then also
   becomes the model config's `pad_token_id`: Hugging Face's head reads the last token that is not
@@ -28,12 +33,15 @@ forward, taken after sampling, do not.
 
 from __future__ import annotations
 
+import functools
+import secrets
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from oncurve.errors import UserError
+from oncurve.rewards.trl_contract import MESSAGES_COLUMN, RewardLog, TrainerState
 
 PREFIX = "model:"  # a `reward.functions` name with it is a reward model
 BATCH_ROWS = 32
@@ -51,6 +59,7 @@ class RewardModel:
     """A sequence-classification model called with the reward protocol (module docstring)."""
 
     runs_in_process = True  # RewardRunner calls it in the trainer's process, never in its worker
+    takes_context = True  # its log, for the share of rows cut
 
     def __init__(
         self,
@@ -71,31 +80,51 @@ class RewardModel:
         self.chat_template = bool(getattr(self.tokenizer, "chat_template", None))
         self.max_length = _max_length(self.tokenizer, self.model.config)
 
-    def format(self, prompt: str, completion: str) -> str:
-        """The text the model reads for one (prompt, completion) pair."""
-        if not self.chat_template:
-            return prompt + completion
-        messages = [
-            {"role": "user", "content": prompt},
-            {"role": "assistant", "content": completion},
-        ]
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=False
-        )
+    def encode(
+        self, prompt: str, completion: str, messages: list[dict[str, str]] | None = None
+    ) -> list[int]:
+        """Token ids of one pair (the module docstring's formatting), at most `max_length`."""
+        return _fit(*self._pieces(prompt, completion, messages), self.max_length)[0]
 
-    def encode(self, prompt: str, completion: str) -> list[int]:
-        """Token ids of one pair, truncated from the left to `max_length`."""
-        return self.tokenizer(
-            self.format(prompt, completion),
-            add_special_tokens=not self.chat_template,
-            truncation=self.max_length is not None,
-            max_length=self.max_length,
-        )["input_ids"]
+    def _pieces(
+        self, prompt: str, completion: str, messages: list[dict[str, str]] | None
+    ) -> tuple[list[int], list[int], list[int]]:
+        """Token ids before the completion, of it (as text), and after it."""
+        tokenizer = self.tokenizer
+        body = tokenizer(completion, add_special_tokens=False, split_special_tokens=True)
+        if not self.chat_template:
+            return tokenizer(prompt)["input_ids"], body["input_ids"], []
+        mark = f"oncurve-completion-{secrets.token_hex(8)}"
+        conversation = [
+            *(messages or [{"role": "user", "content": prompt}]),
+            {"role": "assistant", "content": mark},
+        ]
+        text = tokenizer.apply_chat_template(
+            conversation, tokenize=False, add_generation_prompt=False
+        )
+        before, found, after = text.partition(mark)
+        if not found:  # the template dropped the answer's turn: the model reads no completion
+            return tokenizer(text, add_special_tokens=False)["input_ids"], [], []
+        encode = functools.partial(tokenizer, add_special_tokens=False)
+        return encode(before)["input_ids"], body["input_ids"], encode(after)["input_ids"]
 
     def __call__(
-        self, prompts: list[str], completions: list[str], **columns: Any
+        self,
+        prompts: list[str],
+        completions: list[str],
+        *,
+        log: RewardLog | None = None,
+        state: TrainerState | None = None,
+        **columns: Any,
     ) -> list[float | None]:
-        encoded = [self.encode(p, c) for p, c in zip(prompts, completions, strict=True)]
+        conversations = columns.get(MESSAGES_COLUMN) or [None] * len(prompts)
+        fitted = [
+            _fit(*self._pieces(p, c, m), self.max_length)
+            for p, c, m in zip(prompts, completions, conversations, strict=True)
+        ]
+        encoded = [ids for ids, _ in fitted]
+        if log is not None and fitted:
+            log.log_metric(f"{self.name}/cut_frac", sum(cut for _, cut in fitted) / len(fitted))
         scores: list[float | None] = [None] * len(encoded)
         order = sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
         pad = self.tokenizer.pad_token_id
@@ -150,13 +179,24 @@ def _load(
         )
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
-        model = AutoModelForSequenceClassification.from_pretrained(
-            location, config=config, dtype=dtype, trust_remote_code=trust_remote_code
+        model, loading = AutoModelForSequenceClassification.from_pretrained(
+            location,
+            config=config,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            output_loading_info=True,
         )
     except (OSError, ValueError) as err:
         raise UserError(
             f"{where}: cannot load a model from {location} ({_first_line(err)})"
         ) from None
+    missing = sorted(loading.get("missing_keys") or ())
+    if missing:  # transformers initialises them at random: the scores would be noise
+        raise UserError(
+            f"{where}: {location} has no weights for {', '.join(missing[:3])}"
+            f"{' and more' if len(missing) > 3 else ''} (not a trained sequence-classification "
+            "model; its head would be random)"
+        )
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:
             raise UserError(f"{where}: its tokenizer has neither a pad nor an EOS token")
@@ -165,8 +205,21 @@ def _load(
     model.config.pad_token_id = tokenizer.pad_token_id
     model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
     tokenizer.padding_side = "right"
-    tokenizer.truncation_side = "left"
     return model, tokenizer
+
+
+def _fit(
+    head: list[int], body: list[int], tail: list[int], max_length: int | None
+) -> tuple[list[int], bool]:
+    """`head + body + tail` in at most `max_length` tokens (the module docstring's truncation),
+    and whether it was cut."""
+    ids = head + body + tail
+    if max_length is None or len(ids) <= max_length:
+        return ids, False
+    room = max_length - len(head) - len(tail)
+    if room <= 0:
+        return ids[-max_length:], True
+    return head + body[len(body) - room :] + tail, True
 
 
 def _max_length(tokenizer: Any, config: Any) -> int | None:
