@@ -3,6 +3,7 @@ for the model, and their order per step."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -92,9 +93,11 @@ class PromptData:
         self.rows: list[Row] = []
         for index, row in enumerate(rows):
             where = getattr(row, "where", "") or f"row {index}"
-            messages = row.get("prompt_messages")
+            messages = chat_messages(row["prompt"], data, row.get("prompt_messages"))
             ids = encode_prompt(tokenizer, row["prompt"], data, where, messages=messages)
             kept = Row(row, prompt_ids=ids)
+            if messages is not None:  # what the policy was given, for the rewards to read
+                kept["prompt_messages"] = messages
             kept.where = where  # for the checks that read rows later (`reward_signal`)
             kept.answer_field = getattr(row, "answer_field", "")
             self.rows.append(kept)
@@ -126,6 +129,20 @@ class PromptData:
 MAX_CHARS_PER_TOKEN = 64
 
 
+def chat_messages(
+    prompt: str, data: DataConfig, messages: list[dict[str, str]] | None
+) -> list[dict[str, str]] | None:
+    """The messages the chat template renders for a prompt: a conversational row's own
+    (`messages`) or, under `data.chat_template`, the text prompt as one user message; after
+    `data.system_prompt` when they have no system message. None for a plain text prompt."""
+    if not data.chat_template and messages is None:
+        return None
+    messages = list(messages or [{"role": "user", "content": prompt}])
+    if data.system_prompt and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": data.system_prompt})
+    return messages
+
+
 def encode_prompt(
     tokenizer: Any,
     prompt: str,
@@ -150,10 +167,8 @@ def encode_prompt(
             f"data.max_prompt_tokens={data.max_prompt_tokens} tokens hold (at most "
             f"{MAX_CHARS_PER_TOKEN} characters each)"
         )
-    if data.chat_template or messages is not None:
-        messages = list(messages or [{"role": "user", "content": prompt}])
-        if data.system_prompt and messages[0]["role"] != "system":
-            messages.insert(0, {"role": "system", "content": data.system_prompt})
+    messages = chat_messages(prompt, data, messages)
+    if messages is not None:
         # transformers 5 returns a BatchEncoding (a Mapping, not a dict) unless told otherwise
         ids = tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=True, return_dict=False
@@ -174,10 +189,16 @@ def encode_prompt(
 
 def group_columns(rows: list[dict], group_size: int) -> tuple[list[str], dict[str, list]]:
     """The prompts and the dataset's other columns (all but `prompt_ids`) of `rows`, each
-    repeated `group_size` times: one value per completion, as reward functions take them."""
+    repeated `group_size` times: one value per completion, as reward functions take them. A
+    list or dict value is copied for each completion: a reward that edits one in place edits
+    neither another completion's nor the dataset's."""
     prompts = [row["prompt"] for row in rows for _ in range(group_size)]
     columns = {
-        key: [row[key] for row in rows for _ in range(group_size)]
+        key: [
+            copy.deepcopy(row[key]) if isinstance(row[key], (list, dict)) else row[key]
+            for row in rows
+            for _ in range(group_size)
+        ]
         for key in rows[0]
         if key not in ("prompt", "prompt_ids")
     }

@@ -77,7 +77,7 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
     rounds_per_step = 1 + cfg.algo.max_resample if dynamic else 1
     results: list[RewardResult] = []
     kept: list[tuple[RolloutBatch, torch.Tensor, list[dict], dict[str, list]]] = []
-    state = TrainerState(step, cfg.run.steps)
+    state = TrainerState(step - 1, cfg.run.steps)  # as TRL's: the steps done before this one
     turns: list[int] = []  # policy turns of every multi-turn episode sampled
     faults: list[str | None] = []  # and what ended each on its environment's fault
     visits: list[tuple[int, torch.Tensor]] = []  # (round, group pass rates) for the curriculum

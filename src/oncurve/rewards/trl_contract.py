@@ -1,9 +1,10 @@
 """Reward functions written for TRL's `GRPOTrainer`, called as TRL calls them.
 
 TRL calls a reward function with keywords: `prompts`, `completions`, `completion_ids`, every
-other dataset column by its name, `trainer_state` (its `global_step` is the step being
-trained), and `log_extra(column, values)` / `log_metric(name, value)`, whose values land in
-samples.jsonl and the step's metrics. When the dataset's prompts are messages, `prompts` are
+other dataset column by its name, `trainer_state` (its `global_step` is the number of steps
+done before the one being trained, as TRL's), and `log_extra(column, values)` / `log_metric(name, value)`, whose values land in
+samples.jsonl and the step's metrics. When the prompts are messages (the dataset's, or a text
+prompt under `data.chat_template`, with the system prompt the policy was given), `prompts` are
 the rows' message lists and each completion is one assistant message,
 `[{"role": "assistant", "content": text}]`, which is what `completion[0]["content"]` reads. An
 `async def` function is awaited; the runner awaits the batch calls of several together
@@ -28,8 +29,8 @@ MESSAGES_COLUMN = "prompt_messages"
 
 @dataclass(frozen=True)
 class TrainerState:
-    """What TRL's `trainer_state` offers a reward function: the step being trained (0 during an
-    evaluation before the first step) and the run's number of steps, when known."""
+    """What TRL's `trainer_state` offers a reward function: the steps done (0 while the first is
+    trained and in an evaluation before it) and the run's number of steps, when known."""
 
     global_step: int
     max_steps: int | None = None
@@ -69,7 +70,6 @@ class TrlReward:
         for attribute in ("rowwise", "runs_in_process"):
             if hasattr(fn, attribute):
                 setattr(self, attribute, getattr(fn, attribute))
-        self._by_keyword = _names_completions(fn)
 
     def __call__(
         self,
@@ -114,7 +114,7 @@ class TrlReward:
             "log_metric": log.log_metric,
             **columns,
         }
-        if self._by_keyword:
+        if _binds(self.fn, ("prompts", "completions", *context)):
             return self.fn(prompts=prompts, completions=completions, **context)
         return self.fn(prompts, completions, **context)
 
@@ -123,15 +123,17 @@ async def _awaited(result: Any) -> Any:
     return await result if inspect.isawaitable(result) else result
 
 
-def _names_completions(fn: Callable[..., Any]) -> bool:
-    """Whether `fn` takes `completions` by that name (TRL's functions do, and may put it
-    first); else it is called positionally, as `fn(prompts, completions, **columns)`."""
+def _binds(fn: Callable[..., Any], names: tuple[str, ...]) -> bool:
+    """Whether `fn` takes every one of `names` by keyword, as TRL calls a reward (a parameter
+    list of its own, `**kwargs` alone, or a wrapper's `*args, **kwargs`); else it is called
+    positionally, as `fn(prompts, completions, **columns)`, whatever its first two parameters
+    are named. A callable without a signature is called as TRL calls it."""
     try:
-        parameters = inspect.signature(fn).parameters
+        signature = inspect.signature(fn)
     except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind(**dict.fromkeys(names))
+    except TypeError:
         return False
-    named = parameters.get("completions")
-    return named is not None and named.kind in (
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        inspect.Parameter.KEYWORD_ONLY,
-    )
+    return True

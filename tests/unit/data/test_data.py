@@ -6,7 +6,7 @@ import pytest
 
 from oncurve.config import DataConfig
 from oncurve.data.files import load_rows
-from oncurve.data.prompts import MAX_CHARS_PER_TOKEN, PromptData, encode_prompt
+from oncurve.data.prompts import MAX_CHARS_PER_TOKEN, PromptData, encode_prompt, group_columns
 from oncurve.data.tasks.convert import gsm8k_rows, main, math_rows
 from oncurve.model.char_tokenizer import char_tokenizer
 from oncurve.rewards import answers_match, extract_answer
@@ -264,6 +264,41 @@ def test_system_prompt_and_chat_template():
     assert text(DataConfig(chat_template=True, system_prompt="Add.")) == (
         "[system]Add.\n[user]1+1=\n[assistant]"
     )
+
+
+def test_a_chat_templated_rows_messages_are_the_ones_the_policy_was_given():
+    """Reward functions (TRL's, a reward model) read `prompt_messages`: the system prompt and a
+    text prompt under the chat template are in them; a plain text prompt has none."""
+    tokenizer = char_tokenizer()
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    rows = [{"prompt": "1+1=", "answer": "2"}]
+    conversation = [{"role": "user", "content": "hi"}, {"role": "user", "content": "1+1="}]
+
+    def messages(data: DataConfig, row: dict) -> list | None:
+        return PromptData([row], tokenizer, data, seed=0).rows[0].get("prompt_messages")
+
+    assert messages(DataConfig(system_prompt="Add."), rows[0]) is None
+    assert messages(DataConfig(chat_template=True, system_prompt="Add."), rows[0]) == [
+        {"role": "system", "content": "Add."},
+        {"role": "user", "content": "1+1="},
+    ]
+    row = {"prompt": "1+1=", "prompt_messages": conversation, "answer": "2"}
+    assert messages(DataConfig(system_prompt="Add."), row) == [
+        {"role": "system", "content": "Add."},
+        *conversation,
+    ]
+    assert len(conversation) == 2  # the dataset's own list is left as it was
+
+
+def test_group_columns_give_every_completion_its_own_copy_of_a_rows_values():
+    """A reward that edits a prompt's messages in place (TRL's rows are each their own) edits
+    neither the other completions' nor the dataset's."""
+    row = {"prompt": "p", "prompt_ids": [1], "prompt_messages": [{"role": "user"}], "n": 3}
+    prompts, columns = group_columns([row], 2)
+    assert prompts == ["p", "p"] and columns["n"] == [3, 3]
+    first, second = columns["prompt_messages"]
+    first.append({"role": "assistant"})
+    assert second == [{"role": "user"}] and row["prompt_messages"] == [{"role": "user"}]
 
 
 def test_gsm8k_converter(tmp_path):

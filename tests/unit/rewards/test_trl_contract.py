@@ -74,6 +74,37 @@ def test_a_positional_oncurve_reward_is_still_called_positionally():
     assert result.per_fn[:, 0].tolist() == [1.0, 0.0]
 
 
+class KeywordScorer:
+    """A callable object taking keywords only, as TRL passes them."""
+
+    def __call__(self, **kwargs):
+        return [float(len(text)) for text in kwargs["completions"]]
+
+
+def without_wraps(fn):
+    def wrapper(*args, **kwargs):  # a decorator that does not keep fn's signature
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@without_wraps
+def wrapped_length(prompts, completions, **kwargs):
+    return [float(len(text)) for text in completions]
+
+
+def keywords_only(**kwargs):
+    return [float(len(text)) for text in kwargs["completions"]]
+
+
+@pytest.mark.parametrize("fn", [KeywordScorer(), wrapped_length, keywords_only])
+def test_a_function_taking_keywords_is_called_with_keywords_as_trl_calls_it(fn):
+    result = RewardRunner([("k", TrlReward(fn), 1.0)], timeout_s=None).score(
+        ["x", "y"], ["12", "abc"], {}
+    )
+    assert result.per_fn[:, 0].tolist() == [2.0, 3.0]
+
+
 def test_async_rewards_are_awaited_together():
     """Two async rewards, each awaiting twice: both start before either finishes."""
     order: list[str] = []
