@@ -11,6 +11,7 @@ from contextlib import contextmanager, suppress
 from types import TracebackType
 from typing import Any, TextIO
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 from rich.progress import Progress as RichProgress
 
@@ -112,6 +113,7 @@ class Progress:
                 TextColumn("{task.fields[stats]}"),
                 TimeRemainingColumn(),
                 transient=False,
+                console=Console(file=sys.stderr),  # stdout is the run's summary
             )
             self._bar.start()
             self._task = self._bar.add_task(
@@ -120,9 +122,10 @@ class Progress:
         return self
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
+        kl = f"kl {metrics['kl']:.4f}  " if "kl" in metrics else ""  # none without a KL term
         stats = (
-            f"reward {metrics.get('reward/mean', float('nan')):.3f}  "
-            f"kl {metrics.get('kl', 0.0):.4f}  len {metrics.get('length/mean', 0.0):.1f}  "
+            f"reward {metrics.get('reward/mean', float('nan')):.3f}  {kl}"
+            f"len {metrics.get('length/mean', 0.0):.1f}  "
             f"{metrics.get('time/step', 0.0):.2f}s/step"
         )
         if "memory/gpu_peak_gb" in metrics:
