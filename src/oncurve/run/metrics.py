@@ -180,9 +180,22 @@ def _finite(key: str, value: Any) -> float | None:
 
 
 def _json_value(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+    """`value` as plain JSON: non-finite floats null, numpy and torch values as numbers and
+    lists, a string's lone surrogates escaped (UTF-8 cannot hold them), any other object its
+    `str`. A reward's `log_extra` may hand any of them."""
+    if isinstance(value, bool | int | None):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value]
+    if hasattr(value, "tolist"):  # numpy and torch numbers and arrays
+        return _json_value(value.tolist())
+    return str(value)
 
 
 def _summary_writer(log_dir: Path):

@@ -39,6 +39,30 @@ def test_rows_round_trip_and_are_on_disk_before_close(tmp_path):
     logger.close()
 
 
+class Opaque:
+    def __str__(self) -> str:
+        return "opaque"
+
+
+def test_sample_values_a_reward_logged_are_written_as_plain_json(tmp_path):
+    """What `log_extra` gives (numpy and torch numbers and arrays, NaN inside a list, a string
+    with a lone surrogate, any other object) reaches samples.jsonl as JSON, not a crash."""
+    import numpy as np
+    import torch
+
+    logger = MetricsLogger(tmp_path)
+    logger.log_samples(1, [{
+        "np": np.float32(0.5), "array": np.array([1, 2]), "tensor": torch.tensor([0.25]),
+        "nested": {"a": [1.0, float("nan")], "b": (np.int64(3),)}, "text": "2\ud800",
+        "object": Opaque(),
+    }])  # fmt: skip
+    (row,) = read_jsonl(tmp_path / "samples.jsonl")
+    assert row == {
+        "step": 1, "np": 0.5, "array": [1, 2], "tensor": [0.25],
+        "nested": {"a": [1.0, None], "b": [3]}, "text": "2\\ud800", "object": "opaque",
+    }  # fmt: skip
+
+
 def test_non_number_metric_names_the_key(tmp_path):
     with pytest.raises(TypeError, match="metric 'kl' must be a number, got str"):
         MetricsLogger(tmp_path).log(1, {"kl": "high"})
