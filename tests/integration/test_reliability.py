@@ -641,10 +641,11 @@ def test_a_resume_applies_what_can_change_and_refuses_what_cannot(
     own_data = tmp_path / "data.jsonl"
     shutil.copy(data_file, own_data)
     run_dir = tmp_path / "run"
-    base = ("run.save_every=1", "run.keep_last=3", "run.steps=2", "optim.warmup_steps=0")
+    base = ("run.save_every=1", "run.keep_last=3", "run.steps=2", "optim.warmup_steps=0",
+            "log.tensorboard=true")  # fmt: skip
     train(make_config(tiny_model_dir, own_data, run_dir, *base))
     capsys.readouterr()
-    # changes a run cannot take: one line naming the setting, nothing touched
+    # changes a run cannot take: one line naming the setting, nothing touched, no tracker run
     copy = shutil.copytree(tiny_model_dir, tmp_path / "model-copy")
     refused = {
         f"model.path={copy}": "model.path was",

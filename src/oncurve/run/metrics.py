@@ -43,10 +43,12 @@ class MetricsLogger:
         enabled: bool = True,
         wandb: dict[str, Any] | None = None,
         trackio: dict[str, Any] | None = None,
+        start_step: int = 0,
     ) -> None:
         """`wandb`: `wandb.init`'s project, name (null: the run directory's), mode and config;
         `trackio`: `trackio.init`'s project, name (null: the run directory's) and config; None
-        logs nothing there."""
+        logs nothing there. `start_step`: the step a resumed run continues after; TensorBoard
+        drops the events of later steps an earlier start wrote (metrics.jsonl is cut there)."""
         self.run_dir = Path(run_dir)
         self.enabled = enabled
         self._writer = None
@@ -56,7 +58,7 @@ class MetricsLogger:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if tensorboard:
-            self._writer = _summary_writer(self.run_dir / "tensorboard")
+            self._writer = _summary_writer(self.run_dir / "tensorboard", start_step)
         if wandb is not None:
             self._trackers.append(_wandb_run(self.run_dir, **wandb))
         if trackio is not None:
@@ -198,14 +200,14 @@ def _json_value(value: Any) -> Any:
     return str(value)
 
 
-def _summary_writer(log_dir: Path):
+def _summary_writer(log_dir: Path, start_step: int):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         raise UserError(
             "log.tensorboard=true needs the tensorboard package: pip install 'oncurve[tb]'"
         ) from None
-    return SummaryWriter(log_dir=str(log_dir))
+    return SummaryWriter(log_dir=str(log_dir), purge_step=start_step + 1 if start_step else None)
 
 
 def _wandb_run(run_dir: Path, project: str, name: str | None, mode: str, config: dict) -> Any:

@@ -131,19 +131,23 @@ def setup(config: Config) -> Session:
         advantage=advantage,
         episodes=episodes,
         curriculum=build_curriculum(config, data.rows),
-        logger=MetricsLogger(
-            run_dir,
-            tensorboard=config.log.tensorboard,
-            enabled=rank == 0,
-            wandb=_wandb_settings(config),
-            trackio=_trackio_settings(config),
-        ),
+        # writes nothing: the run's own opens once a resume is settled (a refused one starts no
+        # tracker run) and knows the step its TensorBoard events continue from
+        logger=MetricsLogger(run_dir, enabled=False),
         rank=rank,
         world_size=world_size,
         data_fingerprint=data_fingerprint(data.rows),
     )
     if resume_from is not None:
         _resume(s, resume_from)
+    s.logger = MetricsLogger(
+        run_dir,
+        tensorboard=config.log.tensorboard,
+        enabled=rank == 0,
+        wandb=_wandb_settings(config),
+        trackio=_trackio_settings(config),
+        start_step=s.start_step,
+    )
     policy.release()
     s.record_settings()
     return s

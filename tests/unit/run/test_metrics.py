@@ -126,8 +126,8 @@ def test_tensorboard_gets_every_finite_scalar(tmp_path, monkeypatch):
     calls = []
 
     class Writer:
-        def __init__(self, log_dir):
-            calls.append(("init", log_dir))
+        def __init__(self, log_dir, purge_step):
+            calls.append(("init", log_dir, purge_step))
 
         def add_scalar(self, tag, value, global_step):
             calls.append((tag, value, global_step))
@@ -145,7 +145,7 @@ def test_tensorboard_gets_every_finite_scalar(tmp_path, monkeypatch):
     logger.log(4, {"kl": 0.5, "entropy": float("nan"), "reward/mean": 2})
     logger.close()
     assert calls == [
-        ("init", str(tmp_path / "tensorboard")),
+        ("init", str(tmp_path / "tensorboard"), None),
         ("kl", 0.5, 4),
         ("reward/mean", 2.0, 4),
         "flush",
@@ -168,6 +168,27 @@ def test_real_tensorboard_event_files_hold_the_scalars(tmp_path):
     assert sorted(events.Tags()["scalars"]) == ["entropy", "kl"]
     assert [(e.step, e.value) for e in events.Scalars("kl")] == [(1, 0.25), (2, 0.5)]
     assert [(e.step, e.value) for e in events.Scalars("entropy")] == [(2, 1.5)]
+
+
+def test_a_resumed_runs_tensorboard_events_hold_each_step_once(tmp_path):
+    """A resume from step 1 of a run that logged 2: TensorBoard drops the first start's step
+    2, as metrics.jsonl is cut there."""
+    event_accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator",
+        reason="the tb extra (tensorboard) is not installed",
+    )
+    first = MetricsLogger(tmp_path, tensorboard=True)
+    first.log(1, {"kl": 0.25})
+    first.log(2, {"kl": 0.5})
+    first.close()
+    truncate_after(tmp_path, 1)
+    resumed = MetricsLogger(tmp_path, tensorboard=True, start_step=1)
+    resumed.log(2, {"kl": 0.75})
+    resumed.log(3, {"kl": 1.0})
+    resumed.close()
+    events = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("kl")] == [(1, 0.25), (2, 0.75), (3, 1.0)]
 
 
 def wandb_records(path: Path) -> list:
