@@ -186,6 +186,7 @@ def test_an_unknown_flag_after_overrides_is_still_an_error(capsys):
 
 SAMPLE = ["sample", "--model", "default", "--prompt", "1+1="]
 EVAL = ["eval", "--model", "default", "--data", "x.jsonl"]
+HERE = str(Path(__file__).parent)  # a directory that is not empty
 
 
 @pytest.mark.parametrize(
@@ -209,6 +210,14 @@ EVAL = ["eval", "--model", "default", "--data", "x.jsonl"]
         ([*SAMPLE, "--temperature", "-1"], "argument --temperature: must be at least 0"),
         ([*SAMPLE, "--seed", "x"], "argument --seed: invalid int value: 'x'"),
         ([*SAMPLE, "--backend", "nope"], "--backend='nope' is not a sampler backend"),
+        ([*SAMPLE, "--top-p", "2"], "argument --top-p: must be in (0, 1], got 2"),
+        ([*SAMPLE, "--top-p", "0"], "argument --top-p: must be in (0, 1], got 0"),
+        ([*SAMPLE, "--min-p", "nan"], "argument --min-p: must be in [0, 1], got nan"),
+        ([*SAMPLE, "--min-p", "x"], "argument --min-p: must be a number, got 'x'"),
+        ([*EVAL, "--out", __file__], f"argument --out: {__file__} exists; name a new file"),
+        ([*EVAL, "--out", "/nonexistent/x.jsonl"], "argument --out: no directory /nonexistent"),
+        (["tasks", "export", "arith", "-o", __file__], f"{__file__} exists; name a new file"),
+        (["warmstart", "--out", HERE], f"argument --out: {HERE} is not an empty directory"),
         (["warmstart", "--out", "w", "--steps", "0"], "argument --steps: must be at least 1"),
         (["warmstart"], "the following arguments are required: --out"),
         (["tasks", "export", "sums", "--split", "test", "-n", "200"], "only 50 test problems"),

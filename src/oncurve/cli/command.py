@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 from oncurve.cli.evaluate import eval_command
@@ -85,6 +86,41 @@ def _temperature(text: str) -> float:
     if not value >= 0:  # NaN too
         raise argparse.ArgumentTypeError(f"must be at least 0 (0 is greedy), got {text}")
     return value
+
+
+def _fraction(low_open: bool) -> Callable[[str], float]:
+    """An argparse type: a number in (0, 1] when `low_open`, else in [0, 1]."""
+    interval = "(0, 1]" if low_open else "[0, 1]"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        if not (0 < value <= 1 if low_open else 0 <= value <= 1):  # NaN too
+            raise argparse.ArgumentTypeError(f"must be in {interval}, got {text}")
+        return value
+
+    return parse
+
+
+def _new_file(text: str) -> str:
+    """An argparse type: a file to write that does not exist yet, in a directory that does
+    (checked before the command's work; an existing file is never overwritten)."""
+    path = Path(text).expanduser()
+    if path.exists():
+        raise argparse.ArgumentTypeError(f"{text} exists; name a new file")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"no directory {path.parent} to write {path.name} in")
+    return text
+
+
+def _new_directory(text: str) -> str:
+    """An argparse type: a directory to write that does not exist yet or is empty."""
+    path = Path(text).expanduser()
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise argparse.ArgumentTypeError(f"{text} is not an empty directory; name a new one")
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -189,7 +225,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--task", help="score with a built-in task's own `correct` reward instead")
     ev.add_argument(
-        "--out", help="write one JSON row per prompt: prompt as formatted, completions, scores"
+        "--out",
+        type=_new_file,
+        help="write one JSON row per prompt to this new file: prompt as formatted, completions, "
+        "scores",
     )
     ev.set_defaults(run=eval_command)
 
@@ -197,13 +236,17 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(sample)
     sample.add_argument("--prompt", required=True)
     sample.add_argument("-n", type=_at_least(1), default=4, help="completions to sample")
-    sample.add_argument("--top-p", type=float, help="nucleus mass (default: as --temperature)")
+    sample.add_argument(
+        "--top-p", type=_fraction(low_open=True), help="nucleus mass (default: as --temperature)"
+    )
     sample.add_argument("--top-k", type=_at_least(0), help="keep the k most likely; 0 keeps all")
-    sample.add_argument("--min-p", type=float, help="drop tokens below min_p x the top one")
+    sample.add_argument(
+        "--min-p", type=_fraction(low_open=False), help="drop tokens below min_p x the top one"
+    )
     sample.set_defaults(run=sample_command)
 
     warm = commands.add_parser("warmstart", help="the supervised recipe of the bundled model")
-    warm.add_argument("--out", required=True)
+    warm.add_argument("--out", required=True, type=_new_directory, help="new (or empty) directory")
     warm.add_argument("--steps", type=_at_least(1), default=None)
     warm.add_argument("--seed", type=int, default=0)
     warm.set_defaults(run=warmstart_command)
@@ -214,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--split", choices=("train", "test"), default="test")
     export.add_argument("--seed", type=int, default=0)
     export.add_argument("-n", type=_at_least(1), default=500)
-    export.add_argument("-o", "--output")
+    export.add_argument("-o", "--output", type=_new_file, help="a new file (default: stdout)")
     export.set_defaults(run=export_command)
 
     models = commands.add_parser("models", help="model files").add_subparsers(required=True)
