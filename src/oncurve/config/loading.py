@@ -144,6 +144,13 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+class _Given(str):
+    """An override's text that YAML reads as a number, boolean or date (`parsed`): a text field
+    takes the text as written (`run.dir=007` stays "007"), any other field YAML's reading."""
+
+    parsed: Any
+
+
 def _parse_override(item: str) -> tuple[str, Any]:
     key, sep, text = item.partition("=")
     if not sep or not key:
@@ -152,7 +159,11 @@ def _parse_override(item: str) -> tuple[str, Any]:
         value = yaml.safe_load(text) if text else ""
     except yaml.YAMLError:
         value = text
-    return key.strip(), value
+    if value is None or isinstance(value, str | list | dict):
+        return key.strip(), value
+    given = _Given(text)
+    given.parsed = value
+    return key.strip(), given
 
 
 def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
@@ -183,6 +194,9 @@ def _from_dict(cls: type, raw: Any, prefix: str) -> Any:
 
 
 def _coerce(hint: Any, value: Any, name: str, spec: dataclasses.Field) -> Any:
+    if isinstance(value, _Given):
+        takes_text = hint is str or str in typing.get_args(hint)
+        value = str(value) if takes_text else value.parsed
     if dataclasses.is_dataclass(hint):
         if isinstance(value, str) and hint is RewardFnConfig:
             value = {"name": value}

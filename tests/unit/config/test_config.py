@@ -108,6 +108,17 @@ def test_overrides_are_typed_from_yaml_syntax():
     assert config.optim.lr == pytest.approx(1e-5)
 
 
+@pytest.mark.parametrize(
+    "text", ["2024_01_05", "007", "10:30", "1.50", "0123456", "yes", "2024-01-05", "1e3"]
+)
+def test_a_text_setting_keeps_the_override_as_written(text):
+    """YAML would read these as numbers, booleans or dates: a text field takes the text."""
+    config = load_config(None, [f"run.dir={text}", f"model.revision={text}"])
+    assert (config.run.dir, config.model.revision) == (text, text)
+    assert load_config(None, ["run.dir=null"]).run.dir is None
+    assert load_config(None, ["run.dir='x y'"]).run.dir == "x y"
+
+
 def test_rewards_accept_names_and_weighted_mappings():
     config = load_config(None, ["reward.functions=[correct, {name: 'pkg.mod:fn', weight: 0.5}]"])
     assert [(r.name, r.weight) for r in config.reward.functions] == [
