@@ -112,8 +112,9 @@ def iter_jsonl(path: Path) -> Iterator[dict]:
         yield row
 
 
-def truncate_after(run_dir: Path, step: int) -> None:
-    """Drop the rows with "step" > `step` from metrics.jsonl and samples.jsonl (atomic rewrite).
+def truncate_after(run_dir: Path, step: int, drop_evaluation: bool = False) -> None:
+    """Drop the rows with "step" > `step` from metrics.jsonl and samples.jsonl (atomic rewrite),
+    and with `drop_evaluation` the evaluation's row (`eval/*`) of `step` itself.
 
     Resuming from the checkpoint of `step` then continues the files exactly where an
     uninterrupted run would be. Missing files are left missing.
@@ -122,7 +123,13 @@ def truncate_after(run_dir: Path, step: int) -> None:
         path = Path(run_dir) / name
         if not path.is_file():
             continue
-        kept = [line for line, row in _iter_lines(path) if row["step"] <= step]
+        kept = [
+            line
+            for line, row in _iter_lines(path)
+            if row["step"] < step
+            or row["step"] == step
+            and not (drop_evaluation and any(key.startswith("eval/") for key in row))
+        ]
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
         os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))  # mkstemp's 0600 is no run file's mode
         try:

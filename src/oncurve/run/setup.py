@@ -300,7 +300,10 @@ def _resume(s: Session, checkpoint_dir: Path) -> None:
     if changes:
         _apply_changes(s, changes)
     if s.rank == 0:
-        truncate_after(s.run_dir, s.start_step)
+        # at the last step, an evaluation row is the final one's, which a stop cut short of the
+        # final save: the resume evaluates again
+        done = s.start_step == s.config.run.steps and s.config.eval.at_start_end
+        truncate_after(s.run_dir, s.start_step, drop_evaluation=done)
 
 
 def _changes(s: Session, state: dict, checkpoint_dir: Path) -> dict[str, list[Any]]:

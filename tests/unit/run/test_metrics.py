@@ -92,6 +92,17 @@ def test_resume_after_truncate_gives_the_uninterrupted_files(tmp_path):
     assert sorted(p.name for p in resumed.iterdir()) == ["metrics.jsonl", "samples.jsonl"]
 
 
+def test_truncate_can_drop_the_evaluation_of_the_step_it_keeps(tmp_path):
+    """A run stopped during its final evaluation resumes at its last step and evaluates again:
+    the first evaluation's row goes, the step's training row stays."""
+    logger = MetricsLogger(tmp_path)
+    _log_steps(logger, range(1, 4))  # an evaluation row at step 3
+    truncate_after(tmp_path, 3, drop_evaluation=True)
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [(r["step"], "eval/accuracy" in r) for r in rows] == [(1, False), (2, False), (3, False)]
+    assert [r["step"] for r in read_jsonl(tmp_path / "samples.jsonl")] == [1, 2, 3]
+
+
 def test_truncate_drops_a_row_cut_by_a_crash_and_ignores_missing_files(tmp_path):
     MetricsLogger(tmp_path).log(1, {"kl": 1.0})
     with (tmp_path / "metrics.jsonl").open("a") as f:
