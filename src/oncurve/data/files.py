@@ -1,11 +1,12 @@
 """Dataset files and Hub datasets -> rows of {"prompt", "answer", other columns...}.
 
-Kinds, by extension: `.jsonl` / `.json` (one JSON object per line), `.csv` (header row),
-`.parquet` (pyarrow, extra `data`), and a directory written by `datasets.save_to_disk` (extra
-`data`; a DatasetDict uses its "train" split, or its only split). A path that does not exist
-locally and reads `owner/name` is a Hugging Face Hub dataset, loaded (downloaded into the
-Hugging Face cache, or read from it) with `datasets.load_dataset` at a config and split (extra
-`data`). Every problem is reported in one line naming the file, the line (or row) and the field.
+Kinds, by extension: `.jsonl` (one JSON object per line), `.json` (the same, or one JSON array
+of objects), `.csv` (header row), `.parquet` (pyarrow, extra `data`), and a directory written by
+`datasets.save_to_disk` (extra `data`; of a DatasetDict, the split asked for). Text files are
+UTF-8, a byte-order mark at the start ignored. A path that does not exist locally and reads
+`owner/name` is a Hugging Face Hub dataset, loaded (downloaded into the Hugging Face cache, or
+read from it) with `datasets.load_dataset` at a config and split (extra `data`). Every problem is
+reported in one line naming the file, the line (or row) and the field.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from oncurve.errors import UserError
+from oncurve.errors import UserError, error_line
 
 Record = tuple[str, dict[str, Any]]  # (location such as "line 3" or "row 3", raw record)
 # `owner/name`, as the Hugging Face Hub spells a repository id: a missing local path of this
@@ -45,6 +46,9 @@ TRAINER_COLUMNS = frozenset(
      "episode_metrics", "episode_fault", "turns", "log", "state", "trainer_state", "log_extra",
      "log_metric")
 )  # fmt: skip
+# What `load_rows` and `PromptData` write into each row: a column of the same name would be
+# overwritten (the original answer, the prompt's token ids, a conversational prompt's messages).
+ROW_COLUMNS = frozenset(("answer_raw", "prompt_ids", "prompt_messages"))
 
 
 ANSWER_FORMATS = ("auto", "raw", "gsm8k", "boxed", "last_number")
@@ -52,6 +56,8 @@ ANSWER_FORMATS = ("auto", "raw", "gsm8k", "boxed", "last_number")
 # is no answer line.
 _FINAL_GSM8K = re.compile(r"(?:^|\n)####[ \t]*([^\n]*?)\s*$")
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# JSON's whitespace; `str.strip` would also take the line separators a JSON string may hold
+_JSON_SPACE = " \t\r\n"
 
 
 def load_rows(
@@ -74,23 +80,32 @@ def load_rows(
     template), with its last user message as "prompt". The answer is read off `answer_field`
     (None: "answer", else TRL's "solution", whichever the first row has) in `answer_format`
     (`final_answer`), the original value kept as "answer_raw" when that changed any row's, and
-    under its own name too when that is "solution" (TRL's rewards read it). Without
-    `require_answer`, a row may lack the answer field (its answer is None)."""
+    under its own name too when that is "solution" (TRL's rewards read it). An answer that is
+    null or blank text counts as missing: an error, or without `require_answer` an answer of
+    None. A column named as one the trainer passes reward functions, or as one written here
+    (`ROW_COLUMNS`), is an error unless it is the prompt or answer field read here."""
     rows = []
     records = read_records(path, config, split)
     if answer_field is None:
         first = records[0][1]
         answer_field = next((name for name in ANSWER_FIELDS if name in first), "answer")
+    # the prompt and answer columns are read and replaced here, whatever their names
+    consumed = {answer_field} - {"solution"} | (
+        {prompt_field} if prompt_template is None else set()
+    )
     for where, record in records:
         location = f"{path} {where}"
-        if clash := sorted(TRAINER_COLUMNS.intersection(record)):
-            raise UserError(
-                f"{location}: column {clash[0]!r} is a name the trainer passes reward functions "
-                "itself; rename it"
+        if clash := sorted((TRAINER_COLUMNS | ROW_COLUMNS).intersection(record) - consumed):
+            owner = (
+                "the trainer passes reward functions"
+                if clash[0] in TRAINER_COLUMNS
+                else "oncurve writes into each row"
             )
+            raise UserError(f"{location}: column {clash[0]!r} is a name {owner} itself; rename it")
         if prompt_template is None and prompt_field not in record:
             _missing(location, prompt_field, record)
-        if require_answer and answer_field not in record:
+        # a null (JSON, Parquet, a short CSV row) or blank answer would leave the row unscored
+        if require_answer and _blank(record.get(answer_field)):
             _missing(location, answer_field, record)
         prompt: Any = (
             fill_template(prompt_template, record, location)
@@ -120,7 +135,7 @@ def load_rows(
         row = Row(record, prompt=prompt)
         if messages is not None:
             row["prompt_messages"] = messages
-        raw = None if raw is None else str(raw)
+        raw = None if _blank(raw) else str(raw)
         row["answer"] = None if raw is None else final_answer(raw, answer_format)
         if raw is not None and row["answer"] is None:
             raise UserError(
@@ -193,8 +208,15 @@ def _messages(value: list, where: str, field: str) -> list[dict[str, str]]:
 
 
 def _missing(where: str, field: str, record: dict[str, Any], what: str = "field") -> None:
+    if field in record:
+        value = "null" if record[field] is None else "empty"
+        raise UserError(f"{where}: missing {what} {field!r} (its value is {value})")
     present = ", ".join(record) or "none"
     raise UserError(f"{where}: missing {what} {field!r} (fields: {present})")
+
+
+def _blank(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
 
 
 def read_records(path: str, config: str | None = None, split: str = "train") -> list[Record]:
@@ -207,7 +229,7 @@ def read_records(path: str, config: str | None = None, split: str = "train") -> 
             raise UserError(f"{path}: no such file or directory")
         records = list(_hub_dataset(path, config, split))
     elif p.is_dir():
-        records = list(_saved_dataset(p))
+        records = list(_saved_dataset(p, split))
     elif p.suffix in (".jsonl", ".json"):
         records = list(_jsonl(p))
     elif p.suffix == ".csv":
@@ -234,15 +256,25 @@ def write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
 def _text(p: Path) -> str:
     data = p.read_bytes()
     try:
-        return data.decode("utf-8")
+        # a byte-order mark (Excel's and Notepad's UTF-8) would start the first field name; it is
+        # dropped after decoding so that a bad byte's offset counts from the file's start
+        return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
         raise UserError(f"{p} line {line}: not valid UTF-8 (byte {e.start})") from None
 
 
 def _jsonl(p: Path) -> Iterator[Record]:
-    for number, line in enumerate(_text(p).splitlines(), start=1):
-        if not line.strip():
+    """The objects of a JSON Lines file or, for a `.json` file holding one JSON array (as
+    `to_json(lines=False)` writes), of that array."""
+    text = _text(p)
+    if p.suffix == ".json" and text.lstrip(_JSON_SPACE).startswith("["):
+        yield from _json_array(p, text)
+        return
+    # only "\n" ends a line ("\r" before it is JSON whitespace): `splitlines` would also split
+    # at U+2028, U+2029 and U+0085, which JSON strings may hold unescaped
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip(_JSON_SPACE):
             continue
         try:
             record = json.loads(line)
@@ -255,6 +287,17 @@ def _jsonl(p: Path) -> Iterator[Record]:
         yield f"line {number}", record
 
 
+def _json_array(p: Path, text: str) -> Iterator[Record]:
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{p} line {e.lineno}: invalid JSON ({e.msg})") from None
+    for number, item in enumerate(items, start=1):
+        if not isinstance(item, dict):
+            raise UserError(f"{p} row {number}: expected a JSON object, got {type(item).__name__}")
+        yield f"row {number}", item
+
+
 def _csv(p: Path) -> Iterator[Record]:
     reader = csv.DictReader(io.StringIO(_text(p), newline=""))
     for record in reader:
@@ -265,16 +308,21 @@ def _csv(p: Path) -> Iterator[Record]:
 
 def _parquet(p: Path) -> Iterator[Record]:
     try:
+        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise UserError(
             f"{p}: reading Parquet needs pyarrow (pip install 'oncurve[data]')"
         ) from None
-    for number, record in enumerate(pq.read_table(p).to_pylist(), start=1):
+    try:
+        table = pq.read_table(p)
+    except (pa.ArrowException, OSError) as e:  # not Parquet, truncated or corrupt
+        raise UserError(f"{p}: cannot read it as Parquet ({error_line(e)})") from None
+    for number, record in enumerate(table.to_pylist(), start=1):
         yield f"row {number}", record
 
 
-def _saved_dataset(p: Path) -> Iterator[Record]:
+def _saved_dataset(p: Path, split: str) -> Iterator[Record]:
     try:
         import datasets
     except ImportError:
@@ -286,16 +334,15 @@ def _saved_dataset(p: Path) -> Iterator[Record]:
         data = datasets.load_from_disk(str(p))
     except FileNotFoundError as e:
         raise UserError(f"{p}: not a directory saved by datasets.save_to_disk ({e})") from None
+    where = "row"
     if isinstance(data, datasets.DatasetDict):
-        splits = list(data)
-        if "train" in data:
-            data = data["train"]
-        elif len(splits) == 1:
-            data = data[splits[0]]
-        else:
-            raise UserError(f"{p}: dataset has splits {splits} and none is 'train'; save one split")
+        if split not in data:
+            raise UserError(
+                f"{p}: the saved dataset has no split {split!r} (splits: {', '.join(data)})"
+            )
+        data, where = data[split], f"{split} row"
     for number, record in enumerate(data, start=1):
-        yield f"row {number}", dict(record)
+        yield f"{where} {number}", dict(record)
 
 
 def _hub_dataset(path: str, config: str | None, split: str) -> Iterator[Record]:

@@ -1,0 +1,177 @@
+"""Reading dataset files: splits of saved datasets, line breaks, byte-order marks, JSON arrays,
+empty answers and the column names oncurve writes itself."""
+
+import json
+
+import pytest
+
+from oncurve.data.files import load_rows, write_jsonl
+from oncurve.errors import UserError
+
+ROWS = [
+    {"question": "1+1?", "result": 2, "level": "easy"},
+    {"question": "2*3?", "result": 6, "level": "hard"},
+]
+EXPECTED = [
+    {"level": "easy", "prompt": "1+1?", "answer": "2"},
+    {"level": "hard", "prompt": "2*3?", "answer": "6"},
+]
+
+
+def _one_line_error(match: str, *args, **kwargs) -> str:
+    with pytest.raises(UserError, match=match) as err:
+        load_rows(*args, **kwargs)
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+@pytest.fixture
+def saved_dict(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="datasets (extra `data`) not installed")
+    train = datasets.Dataset.from_list(ROWS)
+    datasets.DatasetDict({"train": train, "test": train.select([1])}).save_to_disk(
+        str(tmp_path / "saved")
+    )
+    return str(tmp_path / "saved")
+
+
+def test_a_saved_dataset_dict_reads_the_split_asked_for(saved_dict):
+    assert load_rows(saved_dict, "question", "result") == EXPECTED
+    (row,) = load_rows(saved_dict, "question", "result", split="test")
+    assert row == EXPECTED[1]
+    assert row.where == f"{saved_dict} test row 1"
+    message = _one_line_error("no split", saved_dict, "question", "result", split="dev")
+    assert message == f"{saved_dict}: the saved dataset has no split 'dev' (splits: train, test)"
+
+
+def test_a_saved_dataset_dicts_splits_reach_the_train_and_held_out_rows(saved_dict):
+    from oncurve.config import load_config
+    from oncurve.data.prompts import load_prompts
+
+    settings = ["data.prompt_field=question", "data.answer_field=result"]
+    config = load_config(
+        None,
+        [f"data.path={saved_dict}", f"eval.path={saved_dict}", "eval.split=test", *settings],
+    )
+    train, held_out, _ = load_prompts(config)
+    assert (train, held_out) == (EXPECTED, EXPECTED[1:])
+
+
+def test_line_separators_inside_json_strings_are_text_not_line_breaks(tmp_path):
+    rows = [
+        {"prompt": "one\u2028two", "answer": "1"},
+        {"prompt": "three\u2029four\x85five", "answer": "2"},
+    ]
+    path = tmp_path / "d.jsonl"
+    write_jsonl(str(path), rows)
+    loaded = load_rows(str(path))
+    assert loaded == rows
+    assert loaded[1].where == f"{path} line 2"
+
+    crlf = tmp_path / "crlf.jsonl"
+    crlf.write_bytes(b'{"prompt": "a", "answer": "1"}\r\n\r\n{"prompt": "b", "answer": "2"}\r\n')
+    assert [row["prompt"] for row in load_rows(str(crlf))] == ["a", "b"]
+    assert load_rows(str(crlf))[1].where == f"{crlf} line 3"
+
+
+def test_a_file_that_is_not_parquet_is_one_line_naming_it(tmp_path):
+    pytest.importorskip("pyarrow", reason="pyarrow (extra `data`) not installed")
+    path = tmp_path / "d.parquet"
+    path.write_text("not parquet")
+    message = _one_line_error("as Parquet", str(path))
+    assert message.startswith(f"{path}: cannot read it as Parquet (")
+
+
+def test_a_null_or_empty_answer_is_a_missing_one(tmp_path):
+    null = tmp_path / "null.jsonl"
+    write_jsonl(str(null), [{"prompt": "a", "answer": "1"}, {"prompt": "b", "answer": None}])
+    assert (
+        _one_line_error("missing field", str(null))
+        == f"{null} line 2: missing field 'answer' (its value is null)"
+    )
+    empty = tmp_path / "empty.jsonl"
+    write_jsonl(str(empty), [{"prompt": "a", "solution": " "}])
+    assert (
+        _one_line_error("missing field", str(empty))
+        == f"{empty} line 1: missing field 'solution' (its value is empty)"
+    )
+    assert load_rows(str(null), require_answer=False)[1]["answer"] is None
+    assert load_rows(str(empty), require_answer=False)[0]["answer"] is None
+
+    short = tmp_path / "d.csv"
+    short.write_text("prompt,answer\na,1\nb\n", encoding="utf-8")
+    assert (
+        _one_line_error("missing field", str(short))
+        == f"{short} line 3: missing field 'answer' (its value is null)"
+    )
+    short.write_text("prompt,answer\na,1\nc,\n", encoding="utf-8")
+    assert (
+        _one_line_error("missing field", str(short))
+        == f"{short} line 3: missing field 'answer' (its value is empty)"
+    )
+
+
+def test_a_null_parquet_answer_is_a_missing_one(tmp_path):
+    pa = pytest.importorskip("pyarrow", reason="pyarrow (extra `data`) not installed")
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": "a", "answer": None}]), path)
+    assert (
+        _one_line_error("missing field", str(path))
+        == f"{path} row 1: missing field 'answer' (its value is null)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("answer_raw", "zzz"), ("prompt_ids", [1, 2]), ("prompt_messages", "x")],
+)
+def test_a_column_named_as_one_oncurve_writes_is_refused(tmp_path, name, value):
+    path = tmp_path / "d.jsonl"
+    write_jsonl(str(path), [{"prompt": "a", "answer": "1", name: value}])
+    assert _one_line_error("column", str(path)) == (
+        f"{path} line 1: column '{name}' is a name oncurve writes into each row itself; rename it"
+    )
+
+
+def test_the_prompt_column_may_be_called_prompt_messages(tmp_path):
+    messages = [{"role": "user", "content": "2+2?"}]
+    path = tmp_path / "d.jsonl"
+    write_jsonl(str(path), [{"prompt_messages": messages, "answer": "4"}])
+    (row,) = load_rows(str(path), "prompt_messages")
+    assert row == {"prompt": "2+2?", "prompt_messages": messages, "answer": "4"}
+
+
+def test_a_byte_order_mark_is_no_part_of_the_first_field(tmp_path):
+    bom = b"\xef\xbb\xbf"
+    csv_path = tmp_path / "d.csv"
+    csv_path.write_bytes(bom + b"question,result,level\n1+1?,2,easy\n2*3?,6,hard\n")
+    assert load_rows(str(csv_path), "question", "result") == EXPECTED
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_bytes(bom + "".join(json.dumps(r) + "\n" for r in ROWS).encode())
+    assert load_rows(str(jsonl), "question", "result") == EXPECTED
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(bom + b'{"prompt": "a", "answer": "1"}\n{"prompt": "caf\xe9"}\n')
+    assert _one_line_error("UTF-8", str(bad)) == f"{bad} line 2: not valid UTF-8 (byte 49)"
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_a_json_file_may_hold_an_array_of_objects(tmp_path, indent):
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(ROWS, indent=indent), encoding="utf-8")
+    rows = load_rows(str(path), "question", "result")
+    assert rows == EXPECTED
+    assert rows[1].where == f"{path} row 2"
+
+
+def test_a_json_array_with_a_bad_item_names_it(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_text('[\n  {"prompt": "a", "answer": "1"},\n  3\n]\n', encoding="utf-8")
+    assert (
+        _one_line_error("expected", str(path)) == f"{path} row 2: expected a JSON object, got int"
+    )
+    path.write_text('[\n  {"prompt": "a", "answer": "1"},\n  {"prompt": }\n]\n', encoding="utf-8")
+    assert _one_line_error("invalid JSON", str(path)).startswith(f"{path} line 3: invalid JSON (")
+    path.write_text("[]\n", encoding="utf-8")
+    assert _one_line_error("empty", str(path)) == f"{path}: empty, no rows"
