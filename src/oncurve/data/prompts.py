@@ -93,11 +93,11 @@ class PromptData:
         self.rows: list[Row] = []
         for index, row in enumerate(rows):
             where = getattr(row, "where", "") or f"row {index}"
-            messages = chat_messages(row["prompt"], data, row.get("prompt_messages"))
+            messages = row.get("prompt_messages")
             ids = encode_prompt(tokenizer, row["prompt"], data, where, messages=messages)
             kept = Row(row, prompt_ids=ids)
-            if messages is not None:  # what the policy was given, for the rewards to read
-                kept["prompt_messages"] = messages
+            if messages is not None:  # as the policy was given them, for the rewards to read
+                kept["prompt_messages"] = chat_messages(row["prompt"], data, messages)
             kept.where = where  # for the checks that read rows later (`reward_signal`)
             kept.answer_field = getattr(row, "answer_field", "")
             self.rows.append(kept)

@@ -6,7 +6,8 @@ tokenizer. Each (prompt, completion) pair is scored by that logit, as a float:
 
 - formatting: with a chat template in the reward tokenizer, the conversation the policy was given
   (a conversational row's messages, `prompt_messages`, with the system prompt the data section
-  added; else `[{"role": "user", "content": prompt}]`) and then
+  added; else `[{"role": "user", "content": prompt}]` after `system_prompt`, the data section's,
+  when set) and then
   `{"role": "assistant", "content": completion}`, rendered by that template (no generation
   prompt); without one, `prompt` tokenized as the tokenizer does by default (e.g. with its BOS)
   and then the completion. The completion is tokenized as text: the policy decodes without
@@ -75,6 +76,7 @@ class RewardModel:
         self.name = metric_name(source)
         self.device = torch.device(device)
         self.batch_rows = batch_rows
+        self.system_prompt: str | None = None  # `data.system_prompt`, set by the run's setup
         self.model, self.tokenizer = _load(source, self.name, dtype, trust_remote_code)
         self.model.to(self.device).eval().requires_grad_(False)
         self.chat_template = bool(getattr(self.tokenizer, "chat_template", None))
@@ -95,10 +97,12 @@ class RewardModel:
         if not self.chat_template:
             return tokenizer(prompt)["input_ids"], body["input_ids"], []
         mark = f"oncurve-completion-{secrets.token_hex(8)}"
-        conversation = [
-            *(messages or [{"role": "user", "content": prompt}]),
-            {"role": "assistant", "content": mark},
-        ]
+        if messages is None:
+            system = (
+                [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+            )
+            messages = [*system, {"role": "user", "content": prompt}]
+        conversation = [*messages, {"role": "assistant", "content": mark}]
         text = tokenizer.apply_chat_template(
             conversation, tokenize=False, add_generation_prompt=False
         )

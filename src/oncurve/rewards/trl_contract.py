@@ -3,9 +3,9 @@
 TRL calls a reward function with keywords: `prompts`, `completions`, `completion_ids`, every
 other dataset column by its name, `trainer_state` (its `global_step` is the number of steps
 done before the one being trained, as TRL's), and `log_extra(column, values)` / `log_metric(name, value)`, whose values land in
-samples.jsonl and the step's metrics. When the prompts are messages (the dataset's, or a text
-prompt under `data.chat_template`, with the system prompt the policy was given), `prompts` are
-the rows' message lists and each completion is one assistant message,
+samples.jsonl and the step's metrics. When the dataset's prompts are messages, `prompts` are
+the rows' message lists (after the system prompt the policy was given) and each completion is
+one assistant message,
 `[{"role": "assistant", "content": text}]`, which is what `completion[0]["content"]` reads. An
 `async def` function is awaited; the runner awaits the batch calls of several together
 (`oncurve.rewards.jobs.run_jobs`).

@@ -9,6 +9,7 @@ from oncurve.data.prompts import correctness_fn
 from oncurve.data.tasks.base import Task
 from oncurve.errors import UserError
 from oncurve.model.devices import DTYPES, resolve_dtype
+from oncurve.rewards.model import RewardModel
 from oncurve.rewards.registry import (
     RewardFn,
     episode_reward,
@@ -29,7 +30,7 @@ def build_rewards(
     the `length` penalty is taken against `rollout.max_new_tokens`. The runner's
     verifier is the reward among them that `correctness_fn` returns (what evaluation calls
     correct), if any. A `model:PATH_OR_ID` reward model is loaded on `device` (the trainer's)
-    in `model.dtype`, with `model.trust_remote_code`. A reward with a `configure` method (the
+    in `model.dtype`, with `model.trust_remote_code`, and reads `data.system_prompt`. A reward with a `configure` method (the
     `code_tests` reward) is given the `reward` section."""
     fns: list[tuple[str, RewardFn, float]] = []
     reward = config.reward
@@ -50,6 +51,8 @@ def build_rewards(
                 )
             if fn is length_penalty:  # against the run's own limit, not the function's default
                 fn = _with_settings(length_penalty, max_len=config.rollout.max_new_tokens)
+            if isinstance(fn, RewardModel):  # it reads the prompt as the policy was given it
+                fn.system_prompt = config.data.system_prompt
             fns.append((name, fn, spec.weight))
     elif config.rollout.env is not None:
         fns = [("env", episode_reward, 1.0)]

@@ -266,9 +266,10 @@ def test_system_prompt_and_chat_template():
     )
 
 
-def test_a_chat_templated_rows_messages_are_the_ones_the_policy_was_given():
-    """Reward functions (TRL's, a reward model) read `prompt_messages`: the system prompt and a
-    text prompt under the chat template are in them; a plain text prompt has none."""
+def test_a_conversational_rows_messages_are_the_ones_the_policy_was_given():
+    """Reward functions (TRL's, a reward model) read a conversational row's `prompt_messages`
+    with the system prompt the policy was given; a text prompt has none, chat template or
+    not (its rewards take text)."""
     tokenizer = char_tokenizer()
     tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     rows = [{"prompt": "1+1=", "answer": "2"}]
@@ -278,10 +279,7 @@ def test_a_chat_templated_rows_messages_are_the_ones_the_policy_was_given():
         return PromptData([row], tokenizer, data, seed=0).rows[0].get("prompt_messages")
 
     assert messages(DataConfig(system_prompt="Add."), rows[0]) is None
-    assert messages(DataConfig(chat_template=True, system_prompt="Add."), rows[0]) == [
-        {"role": "system", "content": "Add."},
-        {"role": "user", "content": "1+1="},
-    ]
+    assert messages(DataConfig(chat_template=True, system_prompt="Add."), rows[0]) is None
     row = {"prompt": "1+1=", "prompt_messages": conversation, "answer": "2"}
     assert messages(DataConfig(system_prompt="Add."), row) == [
         {"role": "system", "content": "Add."},

@@ -148,6 +148,14 @@ def test_the_model_reads_the_conversation_the_policy_was_given(tmp_path):
     assert ids == fn.tokenizer(text, add_special_tokens=False)["input_ids"]
     scores = fn(["What is my name?"] * 2, ["Ada"] * 2, prompt_messages=[messages, None])
     assert scores[0] != scores[1]
+    # a text prompt after the data section's system prompt, as the run's setup gives it
+    path = save_reward_model(tmp_path / "rm2", template=True)
+    runner = build_rewards(reward_config(path, "data.system_prompt=Be brief."), task=None)
+    (_, with_system, _) = runner.fns[0]
+    text = "[system] Be brief.\n[user] 2+2?\n[assistant] 4\n"
+    assert (
+        with_system.encode("2+2?", "4") == fn.tokenizer(text, add_special_tokens=False)["input_ids"]
+    )
 
 
 @pytest.mark.parametrize(
