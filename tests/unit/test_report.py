@@ -15,6 +15,7 @@ from oncurve.cli import main
 from oncurve.errors import UserError
 from oncurve.loop.trainer import train
 from oncurve.report import FIGURES, auto_smoothing, ema, load_run, render_figures, write_report
+from oncurve.report.figures import metric_name
 from oncurve.run.metrics import MetricsLogger
 
 FIGURE_NAMES = [
@@ -142,6 +143,13 @@ def test_a_real_run_evaluates_every_n_steps_and_its_report_has_every_figure(
 
 def test_figure_list_is_the_one_tested():
     assert [spec.name for spec in FIGURES] == FIGURE_NAMES
+
+
+def test_every_metric_a_note_names_is_a_name_not_a_pattern():
+    keys = [k for spec in FIGURES for panel in spec.panels for k in panel.keys]
+    names = [metric_name(k) for k in keys]
+    assert all(re.fullmatch(r"[\w/@<>]+", name) for name in names), names
+    assert "reward/<name>" in names and "eval/pass@K" in names
 
 
 def test_report_of_one_run_has_every_figure_and_the_samples(tmp_path):
@@ -290,6 +298,10 @@ def test_runs_with_the_same_name_are_told_apart(tmp_path):
             lambda d: (d.mkdir(), (d / "metrics.jsonl").write_text("")),
             "metrics.jsonl has no metrics yet",
         ),
+        (
+            lambda d: (d.mkdir(), (d / "metrics.jsonl").write_text('{"step": 1, "kl": null}\n')),
+            "every value in metrics.jsonl is null (non-finite)",
+        ),
     ],
 )
 def test_run_without_metrics_gives_a_one_line_error(tmp_path, setup, message):
@@ -328,3 +340,99 @@ def test_report_without_matplotlib_is_one_line_naming_the_extra(tmp_path, monkey
         if re.search(r"^\s*(from|import) matplotlib", module.read_text(), re.M)
     ]
     assert importers == ["report/figures.py"]
+
+
+def log_rows(run_dir, rows):
+    """A run directory whose metrics.jsonl holds `rows`, {step: {key: value}}, written as is."""
+    run_dir.mkdir(parents=True)
+    text = "".join(json.dumps({"step": step, **row}) + "\n" for step, row in rows.items())
+    (run_dir / "metrics.jsonl").write_text(text)
+
+
+def stack_top(ax):
+    """step -> height of the stack drawn on `ax` (the top of its last area)."""
+    top = {}
+    for x, y in ax.collections[-1].get_paths()[0].vertices:
+        top[float(x)] = max(top.get(float(x), 0.0), float(y))
+    return top
+
+
+def test_time_figure_keeps_the_steps_where_a_part_is_missing(tmp_path):
+    """After a resume with another beta, time/reference stops (or starts): every step is still
+    drawn, the missing part counted as 0."""
+    rows = {
+        step: {"time/rollout": 2.0, "time/reward": 0.5, "time/train": 1.0}
+        | ({"time/reference": 0.25} if step <= 4 else {})
+        for step in range(1, 7)
+    }
+    rows[7] = {"time/reference": 0.25}  # a part logged alone still shows
+    log_rows(tmp_path / "run", rows)
+    figures = dict((s.name, f) for s, f in render_figures([load_run(tmp_path / "run")], 0.0))
+    (ax,) = figures["time"].axes
+    assert legend_texts(ax) == ["time/rollout", "time/reward", "time/reference", "time/train"]
+    assert stack_top(ax) == {1: 3.75, 2: 3.75, 3: 3.75, 4: 3.75, 5: 3.5, 6: 3.5, 7: 0.25}
+
+
+def test_run_names_show_in_legends_and_titles_as_written(tmp_path):
+    """matplotlib hides a label starting with `_` and reads `$...$` as mathtext: the names
+    show as they are, and a name that is no valid mathtext does not stop the report."""
+    names = ["_base", "a$\\x$"]
+    for seed, name in enumerate(names):
+        make_run(tmp_path / name, seed=seed)
+    runs = [load_run(tmp_path / name) for name in names]
+    figures = dict((s.name, f) for s, f in render_figures(runs, 0.0))
+    shown = [t.lstrip("\u200b") for t in legend_texts(figures["kl"].axes[0])]
+    assert shown == names
+    assert [ax.get_title() for ax in figures["time"].axes] == names
+    for fig in figures.values():
+        for text in fig.findobj(lambda artist: hasattr(artist, "get_parse_math")):
+            assert "$" not in text.get_text() or not text.get_parse_math()
+    out = tmp_path / "out"
+    assert main(["report", *(str(tmp_path / n) for n in names), "--out", str(out)]) == 0
+    assert (out / "kl.png").is_file()
+
+
+def test_a_metric_non_finite_at_every_step_is_named_so(tmp_path):
+    """Null in metrics.jsonl is a non-finite value: the note says so, and names the metrics as
+    the captions do rather than by the patterns that find them."""
+    log_rows(
+        tmp_path / "run",
+        {s: {"reward/mean": None, "reward/std": None, "length/mean": 3.0} for s in (1, 2, 3)},
+    )
+    page = write_report([tmp_path / "run"]).read_text()
+    reward = re.search('<section id="reward">(.*?)</section>', page, re.S).group(1)
+    assert (
+        '<p class="note">Non-finite (NaN or infinite) at every step: reward/mean. '
+        "No run logged reward/&lt;name&gt;. Figure skipped.</p>"
+    ) in reward
+    evaluation = re.search('<section id="eval">(.*?)</section>', page, re.S).group(1)
+    assert (
+        '<p class="note">No run logged these metrics '
+        "(eval/accuracy, eval/mean@K, eval/pass@K); figure skipped.</p>"
+    ) in evaluation
+    assert "(?!" not in page and "\\d" not in page
+
+
+@pytest.mark.parametrize(
+    ("steps", "phases"),
+    [
+        (1, [(1, "late")]),
+        (2, [(1, "early"), (2, "late")]),
+        (3, [(1, "early"), (2, "middle"), (3, "late")]),
+    ],
+)
+def test_samples_of_the_first_step_are_early_and_of_the_last_late(tmp_path, steps, phases):
+    make_run(tmp_path / "run", steps=steps, eval_every=0)
+    page = write_report([tmp_path / "run"]).read_text()
+    shown = re.findall(r'<td class="num">(\d+)<br><span class="phase">(\w+)</span>', page)
+    assert shown == [(str(step), phase) for step, phase in phases for _ in range(4)]
+
+
+def test_a_one_step_run_has_whole_step_ticks(tmp_path):
+    make_run(tmp_path / "run", steps=1, eval_every=1)
+    for spec, fig in render_figures([load_run(tmp_path / "run")]):
+        fig.canvas.draw()
+        for ax in fig.axes:
+            low, high = ax.get_xlim()
+            ticks = [t for t in ax.get_xticks() if low <= t <= high]
+            assert ticks == [1.0], spec.name

@@ -22,6 +22,13 @@ from matplotlib.ticker import MaxNLocator
 from oncurve.report.runs import Run
 
 LINE_STYLES = ("-", "--", ":", "-.")
+REWARD_FUNCTIONS = r"reward/(?!mean$|std$|timeouts$|errors$|slowest_row_s$)[^/]+"
+# The Panel keys that are patterns, named as the captions name them.
+PATTERN_NAMES = {
+    REWARD_FUNCTIONS: "reward/<name>",
+    r"eval/mean@\d+": "eval/mean@K",
+    r"eval/pass@\d+": "eval/pass@K",
+}
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,7 @@ FIGURES = (
         (
             Panel(
                 "reward",
-                ("reward/mean", r"reward/(?!mean$|std$|timeouts$|errors$|slowest_row_s$)[^/]+"),
+                ("reward/mean", REWARD_FUNCTIONS),
                 band="reward/std",
             ),
         ),
@@ -144,6 +151,12 @@ FIGURES = (
 )
 
 
+def metric_name(key: str) -> str:
+    """A Panel key as a reader knows it: the metric's name, or the family a pattern finds
+    (reward/<name>, eval/mean@K)."""
+    return PATTERN_NAMES.get(key, key)
+
+
 def ema(values: np.ndarray, weight: float) -> np.ndarray:
     """Exponential moving average with bias correction (as TensorBoard): [S] -> [S].
 
@@ -199,19 +212,24 @@ def _render(spec: FigureSpec, runs: list[Run], smoothing: float | None) -> Figur
             _draw_stacked(ax, panel, panel_runs[0], smoothing)
             stacked_axes.append(ax)
             if several:
-                ax.set_title(panel_runs[0].name, fontsize=11)
+                ax.set_title(panel_runs[0].name, fontsize=11, parse_math=False)
         else:
             for run in panel_runs:
                 _draw_lines(ax, panel, run, runs.index(run), several, smoothing)
         ax.set_xlabel("step")
         ax.set_ylabel(panel.ylabel)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        # min_n_ticks=1: a one-step run gets its one whole step, not fractional steps around it.
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
         ax.grid(alpha=0.3)
         if panel.from_zero:
             ax.set_ylim(bottom=0)
         handles, labels = ax.get_legend_handles_labels()
         if len(labels) > 1 or several:
-            ax.legend(handles, labels, fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+            legend = ax.legend(
+                handles, labels, fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0)
+            )
+            for text in legend.get_texts():  # run names as written: `$` is no mathtext here
+                text.set_parse_math(False)
     if len(stacked_axes) > 1:  # one scale, so that the runs' step times compare by eye
         top = max(ax.get_ylim()[1] for ax in stacked_axes)
         for ax in stacked_axes:
@@ -228,7 +246,7 @@ def _draw_lines(
         if several:
             color = f"C{run_index % 10}"
             style = LINE_STYLES[key_index % len(LINE_STYLES)]
-            label = run.name if len(keys) == 1 else f"{run.name}: {key}"
+            label = _shown(run.name if len(keys) == 1 else f"{run.name}: {key}")
         else:
             color, style, label = f"C{key_index % 10}", "-", key
         marker = "o" if not panel.smooth or len(steps) < 2 else None
@@ -282,19 +300,26 @@ def _all_keys(panel: Panel, run: Run) -> list[str]:
 
 def _draw_stacked(ax, panel: Panel, run: Run, smoothing: float | None) -> None:
     keys = _all_keys(panel, run)
-    steps = run.series[keys[0]][0]
-    for key in keys[1:]:
-        steps = np.intersect1d(steps, run.series[key][0])
+    # Every step of any part: a part that a resume added or dropped (time/reference when beta
+    # changes) counts as 0 where it is missing, rather than hiding the other parts' steps.
+    steps = np.unique(np.concatenate([run.series[key][0] for key in keys]))
     weight = _weight(panel, len(steps), smoothing)
     layers = []
     for key in keys:
-        key_steps, values = run.series[key]
-        values = values[np.isin(key_steps, steps)]
+        key_steps, key_values = run.series[key]
+        values = np.zeros(len(steps))
+        values[np.searchsorted(steps, key_steps)] = key_values
         layers.append(ema(values, weight) if weight > 0 else values)
     ax.stackplot(
         steps, *layers, labels=keys, colors=[f"C{i}" for i in range(len(keys))], alpha=0.85
     )
     ax.set_ylim(bottom=0)
+
+
+def _shown(label: str) -> str:
+    """`label` with a zero-width space before a leading `_`: matplotlib leaves labels that
+    start with `_` out of legends, and a run directory may well be named so."""
+    return "\u200b" + label if label.startswith("_") else label
 
 
 def _weight(panel: Panel, num_points: int, smoothing: float | None) -> float:

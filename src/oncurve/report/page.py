@@ -6,30 +6,43 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 
 import numpy as np
 import yaml
 
 from oncurve.errors import UserError
-from oncurve.report.figures import FIGURES, FigureSpec
+from oncurve.report.figures import FIGURES, FigureSpec, metric_name
 from oncurve.report.runs import Run
 from oncurve.run.metrics import SAMPLES_FILE, iter_jsonl
 
 SAMPLES_PER_STEP = 4  # rows shown for each of the early, middle and late steps
 
 
-def figure_section(spec: FigureSpec, png: bytes | None) -> str:
+def figure_section(spec: FigureSpec, png: bytes | None, runs: list[Run]) -> str:
     """A figure's section: its title, caption and PNG inline as base64, or without a PNG a note
-    naming the metrics that no run logged."""
+    naming the metrics that the runs logged with no finite value and those no run logged."""
     head = f'<section id="{spec.name}"><h2>{html.escape(spec.title)}</h2>'
     caption = f'<p class="caption">{html.escape(spec.caption)}</p>'
     if png is None:
-        wanted = ", ".join(k for p in spec.panels for k in p.keys)
-        note = f'<p class="note">No run logged these metrics ({html.escape(wanted)}); figure skipped.</p>'
+        note = f'<p class="note">{html.escape(_skipped_note(spec, runs))}</p>'
         return head + caption + note + "</section>"
     data = base64.b64encode(png).decode("ascii")
     img = f'<img src="data:image/png;base64,{data}" alt="{html.escape(spec.title)}">'
     return head + caption + img + "</section>"
+
+
+def _skipped_note(spec: FigureSpec, runs: list[Run]) -> str:
+    keys = [k for p in spec.panels for k in p.keys]
+    logged = {name for run in runs for name in run.non_finite}
+    non_finite = sorted(n for n in logged if any(re.fullmatch(k, n) for k in keys))
+    unlogged = [metric_name(k) for k in keys if not any(re.fullmatch(k, n) for n in non_finite)]
+    if not non_finite:
+        return f"No run logged these metrics ({', '.join(unlogged)}); figure skipped."
+    note = f"Non-finite (NaN or infinite) at every step: {', '.join(non_finite)}."
+    if unlogged:
+        note += f" No run logged {', '.join(unlogged)}."
+    return note + " Figure skipped."
 
 
 def samples_section(run: Run) -> str:
@@ -39,17 +52,21 @@ def samples_section(run: Run) -> str:
     steps = sorted({row["step"] for row in iter_jsonl(path)}) if path.is_file() else []
     if not steps:
         return title + f'<p class="note">No {SAMPLES_FILE} rows (log.samples_per_step = 0?).</p>'
-    chosen = dict.fromkeys([steps[0], steps[len(steps) // 2], steps[-1]])
+    # Set in this order so that with fewer than 3 steps the last is still late, the first early.
+    phases = {steps[len(steps) // 2]: "middle"}
+    phases[steps[0]] = "early"
+    phases[steps[-1]] = "late"
+    chosen = sorted(phases)
     rows: dict[int, list[dict]] = {step: [] for step in chosen}
     for row in iter_jsonl(path):
         if row["step"] in rows and len(rows[row["step"]]) < SAMPLES_PER_STEP:
             rows[row["step"]].append(row)
     body = []
-    for phase, step in zip(("early", "middle", "late"), chosen, strict=False):
+    for step in chosen:
         for row in rows[step]:
             body.append(
                 "<tr>"
-                f'<td class="num">{step}<br><span class="phase">{phase}</span></td>'
+                f'<td class="num">{step}<br><span class="phase">{phases[step]}</span></td>'
                 f'<td class="num">{_cell(row.get("reward"))}</td>'
                 f"<td>{_cell(row.get('answer'))}</td>"
                 f'<td><div class="text">{_cell(row.get("prompt"))}</div></td>'
@@ -59,7 +76,7 @@ def samples_section(run: Run) -> str:
     head = "<tr><th>step</th><th>reward</th><th>answer</th><th>prompt</th><th>completion</th></tr>"
     # once per run, the prompt as the model saw it (system prompt, chat template, special
     # tokens), so that a formatting mistake shows
-    first = rows[next(iter(chosen))][0] if rows[next(iter(chosen))] else {}
+    first = rows[chosen[0]][0] if rows[chosen[0]] else {}
     seen = first.get("prompt_as_seen")
     shown = (
         f'<p class="note">The first prompt as the model saw it:</p><div class="text">'

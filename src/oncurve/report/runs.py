@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +14,13 @@ from oncurve.run.metrics import METRICS_FILE, iter_jsonl
 
 @dataclass
 class Run:
-    """The metrics of one run: metric name -> (steps [S], values [S]), sorted by step."""
+    """The metrics of one run: metric name -> (steps [S], values [S]), sorted by step, and the
+    names of the metrics logged with no finite value (null at every step)."""
 
     name: str
     path: Path
     series: dict[str, tuple[np.ndarray, np.ndarray]]
+    non_finite: set[str] = field(default_factory=set)
 
     def keys(self, pattern: str) -> list[str]:
         """The names of this run's series that `pattern` matches in full, sorted."""
@@ -26,8 +28,8 @@ class Run:
 
 
 def load_run(run_dir: Path, name: str | None = None) -> Run:
-    """Read `run_dir/metrics.jsonl`; null values are skipped, a repeated (step, key) keeps the
-    last value. Raises UserError naming the directory when there is nothing to read."""
+    """Read `run_dir/metrics.jsonl`; null (non-finite) values are skipped, a repeated (step, key)
+    keeps the last value. Raises UserError naming the directory when there is nothing to read."""
     run_dir = Path(run_dir)
     path = run_dir / METRICS_FILE
     if not run_dir.is_dir():
@@ -35,17 +37,22 @@ def load_run(run_dir: Path, name: str | None = None) -> Run:
     if not path.is_file():
         raise UserError(f"{run_dir}: no {METRICS_FILE}; is it the run.dir of `oncurve train`?")
     values: dict[str, dict[int, float]] = {}
+    nulls: set[str] = set()
     for row in iter_jsonl(path):
         for key, value in row.items():
             if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
                 values.setdefault(key, {})[row["step"]] = float(value)
+            elif value is None:
+                nulls.add(key)
     if not values:
+        if nulls:
+            raise UserError(f"{run_dir}: every value in {METRICS_FILE} is null (non-finite)")
         raise UserError(f"{run_dir}: {METRICS_FILE} has no metrics yet (no step has finished)")
     series = {}
     for key, by_step in values.items():
         steps = np.array(sorted(by_step))
         series[key] = (steps, np.array([by_step[s] for s in steps.tolist()]))
-    return Run(name or run_dir.name, run_dir, series)
+    return Run(name or run_dir.name, run_dir, series, nulls - set(values))
 
 
 def run_names(paths: list[Path]) -> list[str]:

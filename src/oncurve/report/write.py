@@ -39,13 +39,13 @@ def write_report(
         png_path = out_dir / f"{spec.name}.png"
         if fig is None:
             png_path.unlink(missing_ok=True)  # a stale figure from an earlier report would mislead
-            sections.append(figure_section(spec, None))
+            sections.append(figure_section(spec, None, runs))
             continue
         buffer = io.BytesIO()
         fig.savefig(buffer, format="png", dpi=100, metadata={"Software": None})
         png = buffer.getvalue()
         png_path.write_bytes(png)
-        sections.append(figure_section(spec, png))
+        sections.append(figure_section(spec, png, runs))
     text = page(runs, sections, [samples_section(run) for run in runs], config_section(runs))
     report = out_dir / "report.html"
     report.write_text(text, encoding="utf-8")
