@@ -242,3 +242,29 @@ def test_sample_on_an_unknown_device_is_a_one_line_user_error(capsys, device):
     assert main(["sample", "--model", "default", "--prompt", "1+1=", "--device", device]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"oncurve: error: --device must be cpu, cuda, cuda:N or auto, got {device!r}"
+
+
+@pytest.mark.parametrize(("own", "trusted"), [(True, True), (False, False)])
+def test_a_runs_remote_code_setting_reaches_its_own_model_only(tmp_path, monkeypatch, own, trusted):
+    """`--run R --model OTHER`: R's model.trust_remote_code=true is R's model's, not OTHER's."""
+    import argparse
+
+    import oncurve.model.sources as sources
+    from oncurve.cli.common import load_sampler
+    from oncurve.config import load_config
+
+    seen = []
+    monkeypatch.setattr(sources, "resolve_model_path", lambda path, *a, **k: path)
+    monkeypatch.setattr(sources, "load_tokenizer", lambda path, trust: seen.append(trust))
+    monkeypatch.setattr(
+        sources, "load_model", lambda *a, trust_remote_code: seen.append(trust_remote_code)
+    )
+    monkeypatch.setattr("oncurve.rollout.build_sampler", lambda *a, **k: None)
+    run = tmp_path / "run"
+    (run / "final").mkdir(parents=True)
+    config = load_config(None, ["model.path=org/remote", "model.trust_remote_code=true"])
+    model = str(run / "final") if own else str(tmp_path / "other")
+    args = argparse.Namespace(model=model, run_dir=str(run), revision=None, device="cpu",
+                              dtype="float32", backend="hf", trust_remote_code=False)  # fmt: skip
+    load_sampler(args, config)
+    assert seen == [trusted, trusted]

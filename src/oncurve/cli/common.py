@@ -145,8 +145,8 @@ def prompt_format(args: argparse.Namespace, config, tokenizer):
 def load_sampler(
     args: argparse.Namespace, config: Config | None = None
 ) -> tuple[Sampler, PreTrainedModel]:
-    """The `--backend` sampler of the `--model` model (a run's `config`: its tokenizer's
-    remote-code setting), and the model. A checkpoint's policy is loaded on the base model
+    """The `--backend` sampler of the `--model` model (a run's `config`: its remote-code
+    setting, for the run's own model only), and the model. A checkpoint's policy is loaded on the base model
     its run started from (`load_checkpoint_model`)."""
     from oncurve.model.devices import resolve_device, resolve_dtype
     from oncurve.model.sources import load_model, load_tokenizer, resolve_model_path
@@ -168,8 +168,19 @@ def load_sampler(
         model, tokenizer = load_checkpoint_model(checkpoint, saved, dtype, device)
     else:
         path = resolve_model_path(args.model, args.revision, what="--model")
-        if config is not None:
+        if config is not None and _the_runs_model(args, config):
             args.trust_remote_code = args.trust_remote_code or config.model.trust_remote_code
         tokenizer = load_tokenizer(path, args.trust_remote_code)
         model = load_model(path, dtype, device, trust_remote_code=args.trust_remote_code)
     return build_sampler(args.backend, model, tokenizer, name="--backend"), model
+
+
+def _the_runs_model(args: argparse.Namespace, config: Config) -> bool:
+    """Whether `--model` is the model of the `--run` run (its final/ or the model it started
+    from): a run's `model.trust_remote_code` is trust in its own model's code, no other's."""
+    if args.model == config.model.path:
+        return True
+    return (
+        args.run_dir is not None
+        and Path(args.model).resolve() == (Path(args.run_dir) / "final").resolve()
+    )
