@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+import yaml
 from helpers.run_processes import finish, latest_step, wait_for
 from helpers.runs import STEPS, cli_args, metric_rows, rewards_env, train_process
 from safetensors.torch import load_file
@@ -35,6 +36,7 @@ from oncurve.loop.trainer import setup, train
 from oncurve.loop.training_step import training_step
 from oncurve.model.sources import load_model, load_tokenizer
 from oncurve.run import checkpoint
+from oncurve.run.checkpoint_model import checkpoint_config
 
 
 def assert_same_run(run_dir: Path, reference: Path) -> None:
@@ -682,6 +684,31 @@ def test_a_resume_applies_what_can_change_and_refuses_what_cannot(
     assert (
         entry["changed"]["optim.weight_decay"][1] == 0.25 and state["config"]["run"]["steps"] == 4
     )
+
+
+def test_local_paths_are_recorded_whole_and_a_relative_one_resumes_as_the_same(
+    tiny_model_dir, data_file, tmp_path, monkeypatch
+):
+    """A run started with relative model and data paths records them whole, so that its
+    checkpoints load from any directory; a resume that gives them relative again (or a run
+    that recorded them relative) is no change."""
+    shutil.copytree(tiny_model_dir, tmp_path / "model")
+    shutil.copy(data_file, tmp_path / "data.jsonl")
+    monkeypatch.chdir(tmp_path)
+    relative = ("model.path=model", "data.path=data.jsonl", "run.save_every=1")
+    train(make_config(tiny_model_dir, data_file, tmp_path / "run", *relative, "run.steps=1"))
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert (saved["model"]["path"], saved["data"]["path"]) == (
+        str(tmp_path / "model"),
+        str(tmp_path / "data.jsonl"),
+    )
+    monkeypatch.chdir(tmp_path / "run")
+    config = checkpoint_config(checkpoint.latest_checkpoint(tmp_path / "run"))
+    assert config.model.path == str(tmp_path / "model")
+    monkeypatch.chdir(tmp_path)
+    resume = (*relative, "run.resume=auto", "run.steps=2")
+    s = setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *resume))
+    assert s.start_step == 1 and [list(e["changed"]) for e in s.config_history] == [["run.steps"]]
 
 
 def test_a_forced_change_resumes_says_it_and_keeps_it_in_the_history(

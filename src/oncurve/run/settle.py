@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -124,6 +125,35 @@ class RunFacts:
             unpackable=unpackable,
             packing_failure=failure,
         )
+
+
+# Settings that may name a local file or directory: recorded whole, so that the run's config
+# and checkpoints name the same files from any working directory.
+LOCAL_PATHS = ("model.path", "data.path", "eval.path")
+
+
+def settle_paths(config: Config) -> Config:
+    """`config` with each setting of `LOCAL_PATHS` that names an existing local path (the
+    bundled model's name `default` aside) made absolute."""
+    for setting in LOCAL_PATHS:
+        section, key = setting.split(".")
+        part = getattr(config, section)
+        value = getattr(part, key)
+        if value and value != "default" and Path(value).expanduser().exists():
+            whole = os.path.abspath(Path(value).expanduser())
+            config = dataclasses.replace(
+                config, **{section: dataclasses.replace(part, **{key: whole})}
+            )
+    return config
+
+
+def same_local_path(before: object, now: object) -> bool:
+    """Whether two values of a `LOCAL_PATHS` setting name the same existing local path (a run
+    that recorded it relative, resumed from the same directory)."""
+    if not isinstance(before, str) or not isinstance(now, str):
+        return False
+    paths = [Path(value).expanduser() for value in (before, now)]
+    return all(p.exists() for p in paths) and paths[0].resolve() == paths[1].resolve()
 
 
 def settle_loading(config: Config, auto_dtype: str, hub_commit: str | None) -> Config:

@@ -70,7 +70,14 @@ from oncurve.run.metrics import MetricsLogger, truncate_after
 from oncurve.run.rewards import build_rewards
 from oncurve.run.rundir import prepare_run_dir
 from oncurve.run.session import Session, forward_settings
-from oncurve.run.settle import RunFacts, settle, settle_loading
+from oncurve.run.settle import (
+    LOCAL_PATHS,
+    RunFacts,
+    same_local_path,
+    settle,
+    settle_loading,
+    settle_paths,
+)
 from oncurve.update.adamw import AdamW as StochasticRoundingAdamW
 from oncurve.update.policy import Policy
 from oncurve.update.step import LossFns
@@ -78,6 +85,7 @@ from oncurve.update.step import LossFns
 
 def setup(config: Config) -> Session:
     """Build the session: settle the config, load and assemble the run; resume if asked."""
+    config = settle_paths(config)
     device, rank, world_size = start_devices(config)
     run_dir, resume_from = prepare_run_dir(config, rank)
     if config.run.threads:
@@ -312,6 +320,9 @@ def _changes(s: Session, state: dict, checkpoint_dir: Path) -> dict[str, list[An
     if "config" not in state:  # a checkpoint from before settings were kept
         return {}
     changes = changed_settings(state["config"], to_dict(s.config))
+    for setting in LOCAL_PATHS:
+        if setting in changes and same_local_path(*changes[setting]):
+            del changes[setting]
     fingerprints = (state.get("data_fingerprint"), s.data_fingerprint)
     forced = s.config.run.force_changes
     why = refusal(changes, s.start_step, s.config.run.steps, fingerprints, forced)

@@ -12,7 +12,15 @@ from oncurve.errors import UserError
 from oncurve.rollout import TorchSampler
 from oncurve.rollout.cuda_graph import GraphSampler
 from oncurve.run.memory_plan import GIB, ModelShape
-from oncurve.run.settle import MEMORY_SETTINGS, RunFacts, memory_settings, settle, settle_loading
+from oncurve.run.settle import (
+    MEMORY_SETTINGS,
+    RunFacts,
+    memory_settings,
+    same_local_path,
+    settle,
+    settle_loading,
+    settle_paths,
+)
 
 # Qwen2.5-1.5B in bfloat16: no weights are loaded, only its sizes are read
 QWEN_15B = ModelShape(
@@ -100,3 +108,24 @@ def test_loading_settles_auto_dtype_to_the_devices_and_records_a_hub_commit() ->
     kept = settle_loading(named, "bfloat16", None)
     assert kept.model.dtype == "float32" and kept.model.revision == "v1"
     assert settle_loading(kept, "bfloat16", None) == kept
+
+
+def test_local_paths_are_made_whole_and_compare_by_what_they_name(tmp_path, monkeypatch):
+    """A relative model or data path is recorded absolute (`default` and Hub ids as given); a
+    run that recorded one relative names the same path as its absolute form, from the same
+    directory."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "rows.jsonl").write_text("")
+    monkeypatch.chdir(tmp_path)
+    config = settle_paths(load_config(None, ["model.path=model", "data.path=rows.jsonl"]))
+    assert (config.model.path, config.data.path) == (
+        str(tmp_path / "model"),
+        str(tmp_path / "rows.jsonl"),
+    )
+    hub = settle_paths(load_config(None, ["model.path=org/name", "data.path=org/rows"]))
+    assert (hub.model.path, hub.data.path) == ("org/name", "org/rows")
+    assert settle_paths(load_config(None, [])).model.path == "default"
+    assert same_local_path("model", str(tmp_path / "model"))
+    assert same_local_path("./model/", str(tmp_path / "model"))
+    assert not same_local_path("rows.jsonl", str(tmp_path / "model"))
+    assert not same_local_path("org/name", "org/name2") and not same_local_path(None, "model")
