@@ -196,6 +196,8 @@ HERE = str(Path(__file__).parent)  # a directory that is not empty
         (["train", "run.steps=0"], "run.steps must be in (0, inf), got 0"),
         (["train", "algo.beta=abc"], "algo.beta must be float, got str 'abc'"),
         (["train", "run.steps=2", "extra"], "argument 'extra' must be key=value"),
+        (["train", "run.steps"], "argument 'run.steps' is neither a YAML file nor key=value"),
+        (["train", "missing.yaml"], "config file missing.yaml does not exist"),
         ([*EVAL, "--samples", "0"], "argument --samples: must be at least 1, got 0"),
         ([*EVAL, "--samples", "x"], "argument --samples: must be an integer, got 'x'"),
         ([*EVAL, "--max-new-tokens", "-5"], "argument --max-new-tokens: must be at least 1"),
@@ -268,3 +270,11 @@ def test_a_runs_remote_code_setting_reaches_its_own_model_only(tmp_path, monkeyp
                               dtype="float32", backend="hf", trust_remote_code=False)  # fmt: skip
     load_sampler(args, config)
     assert seen == [trusted, trusted]
+
+
+def test_a_run_directory_given_as_the_model_points_to_run(tmp_path, capsys):
+    (tmp_path / "config.yaml").write_text("run: {steps: 1}\n")
+    assert main(["sample", "--model", str(tmp_path), "--prompt", "1+1="]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"has no config.json (not a Hugging Face model dir); a run directory: "
+                        f"--run {tmp_path}, or its final/")  # fmt: skip

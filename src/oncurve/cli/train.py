@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from oncurve.errors import UserError
 
@@ -128,7 +129,12 @@ def _children(pid: int) -> list[int]:
 def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
     """The first argument may be a YAML file; every other one is a key=value override."""
     if items and "=" not in items[0]:
-        return items[0], items[1:]
+        first = items[0]
+        if not first.endswith((".yaml", ".yml")) and not Path(first).exists():
+            raise UserError(
+                f"argument {first!r} is neither a YAML file nor key=value (a setting needs =)"
+            )
+        return first, items[1:]
     for item in items:
         if "=" not in item:
             raise UserError(f"argument {item!r} must be key=value (only the first may be a file)")

@@ -77,7 +77,12 @@ def _local_model(path: str, resolved: Path, what: str) -> Path:
             "Hugging Face Hub id (owner/name)"
         )
     if not (resolved / "config.json").is_file():
-        raise UserError(f"{what} {path} has no config.json (not a Hugging Face model dir)")
+        hint = (
+            f"; a run directory: --run {path}, or its final/"
+            if (resolved / "config.yaml").is_file()
+            else ""
+        )
+        raise UserError(f"{what} {path} has no config.json (not a Hugging Face model dir){hint}")
     return resolved
 
 
