@@ -362,9 +362,9 @@ def _hub_dataset(path: str, config: str | None, split: str) -> Iterator[Record]:
         ) from None
     except ConnectionError:
         raise UserError(
-            f"{path} is not in the local Hugging Face cache and the Hub cannot be reached "
-            "(or HF_HUB_OFFLINE is set); load it once with network, which caches it, or give a "
-            "local file"
+            f"{path}: no such local file or directory, and as a Hub dataset it is not in the "
+            "local Hugging Face cache and the Hub cannot be reached (or HF_HUB_OFFLINE is set); "
+            "load it once with network, which caches it, or give a local file"
         ) from None
     except (OSError, ValueError) as e:
         part = f"config {config!r}, split {split!r}" if config else f"split {split!r}"

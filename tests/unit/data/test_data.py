@@ -95,7 +95,8 @@ def test_a_hub_dataset_id_loads_its_config_and_split(fake_hub):
         load_rows("openai/gsm8k", "question", "result", config="main", split="dev")
     with pytest.raises(ValueError, match="no such local file or directory, nor a dataset on the"):
         load_rows("acme/absent")
-    with pytest.raises(ValueError, match="acme/unreachable is not in the local Hugging Face cache"):
+    unreachable = "acme/unreachable: no such local file or directory, and as a Hub dataset it"
+    with pytest.raises(ValueError, match=unreachable):
         load_rows("acme/unreachable")
 
 
