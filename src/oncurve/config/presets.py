@@ -54,6 +54,19 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "epsilon_high": 4e-4,
         },
     },
+    # CISPO (MiniMax-M1): token-level REINFORCE with a stopped-gradient importance weight,
+    # capped above only (a ratio is never below 1 - 1), at 5 as TRL recommends; no KL.
+    "cispo": {
+        "algo": {
+            "estimator": "grpo",
+            "adv_scale": "group",
+            "loss": "cispo",
+            "loss_agg": "token-mean",
+            "beta": 0.0,
+            "epsilon": 1.0,
+            "epsilon_high": 4.0,
+        },
+    },
     # PPO with a learned critic (the baseline GRPO is measured against).
     "ppo": {
         "algo": {

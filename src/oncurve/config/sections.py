@@ -335,7 +335,7 @@ class AlgoConfig:
     preset: str = _opt(
         "grpo",
         "named bundle of the fields below (dapo also sets reward.overlong_buffer): grpo "
-        "(DeepSeekMath), dr_grpo, dapo, gspo, ppo",
+        "(DeepSeekMath), dr_grpo, dapo, gspo, cispo (MiniMax-M1), ppo",
         choices=tuple(PRESETS),
     )
     estimator: str = _opt(
@@ -361,8 +361,16 @@ class AlgoConfig:
         "how token losses become one number",
         choices=tuple(AGGREGATIONS),
     )
-    epsilon: float = _opt(0.2, "clip range below 1 (and above, unless epsilon_high)", UNIT_OPEN)
-    epsilon_high: float | None = _opt(None, "clip range above 1 (DAPO clip-higher)", UNIT_OPEN)
+    epsilon: float = _opt(
+        0.2,
+        "clip range below 1 (and above, unless epsilon_high); 1 sets no lower bound (CISPO)",
+        _range(0, 1, low_open=True),
+    )
+    epsilon_high: float | None = _opt(
+        None,
+        "clip range above 1 (DAPO clip-higher; CISPO's cap on the weight is 1 + epsilon_high)",
+        _range(0, None, low_open=True),
+    )
     dual_clip: float | None = _opt(
         None, "dual-clip constant c > 1 bounding negative-A loss", _range(1, None, low_open=True)
     )

@@ -135,6 +135,21 @@ def test_cispo_gradient_flows_when_clipped():
     assert metrics["clip/low_frac"].item() == pytest.approx(2 / 6)
 
 
+def test_cispo_without_a_lower_bound_is_the_papers_weight():
+    """epsilon 1 bounds the weight below at 0, which a ratio never reaches: sg(min(r, 1 +
+    eps_high)) * A * log p, MiniMax-M1's objective; a ratio of 3 keeps its weight of 3 under a
+    cap of 5."""
+    logp, old, adv, ratio, mask = region_inputs()
+    loss, metrics = cispo(logp, old, adv, mask, eps_low=1.0, eps_high=4.0)
+    loss.sum().backward()
+    torch.testing.assert_close(logp.grad, -ratio.clamp(max=5.0) * adv)
+    assert metrics["clip/low_frac"].item() == 0.0
+    big = torch.tensor([[0.0]], dtype=torch.float64, requires_grad=True)
+    cispo(big, big.detach() - math.log(3.0), torch.ones(1, 1, dtype=torch.float64),
+          torch.ones(1, 1), eps_low=1.0, eps_high=4.0)[0].sum().backward()  # fmt: skip
+    assert big.grad.item() == pytest.approx(-3.0)
+
+
 @pytest.mark.parametrize("loss_name", sorted(POLICY_LOSSES))
 def test_padding_is_zero_and_finite(loss_name):
     logp = torch.tensor([[-1.0, -2.0, -5.0]], requires_grad=True)

@@ -32,14 +32,15 @@ from oncurve.errors import UserError
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["algo.epsilon=1.5"], "algo.epsilon must be in (0, 1), got 1.5"),
+        (["algo.epsilon=1.5"], "algo.epsilon must be in (0, 1], got 1.5"),
+        (["algo.epsilon_high=0"], "algo.epsilon_high must be in (0, inf), got 0.0"),
         (["optim.lr=-1"], "optim.lr must be in (0, inf), got -1.0"),
         (["algo.beta=-0.1"], "algo.beta must be in [0, inf), got -0.1"),
         (["rollout.group_size=1"], "rollout.group_size must be in [2, inf), got 1"),
         (["rollout.group_size=abc"], "rollout.group_size must be int, got str 'abc'"),
         (["model.trust_remote_code=1"], "model.trust_remote_code must be bool, got int 1"),
         (["algo.loss_agg=mean"], "algo.loss_agg must be one of seq-mean-token-mean, token-mean"),
-        (["algo.preset=ppo2"], "algo.preset must be one of grpo, dr_grpo, dapo, gspo, ppo"),
+        (["algo.preset=ppo2"], "algo.preset must be one of grpo, dr_grpo, dapo, gspo, cispo, ppo"),
         (["algo.estimator=gea"], "algo.estimator must be one of grpo, rloo, gae, got 'gea'"),
         (["algo.loss=ppo"], "algo.loss must be one of ppo_clip, gspo, cispo, got 'ppo'"),
         (["algo.foo=1"], "unknown key algo.foo; algo has: preset,"),
@@ -88,7 +89,7 @@ from oncurve.errors import UserError
         (["optim.lr=nan"], "optim.lr must be in (0, inf), got nan"),
         (["optim.lr=inf"], "optim.lr must be in (0, inf), got inf"),
         (["algo.beta=.inf"], "algo.beta must be in [0, inf), got inf"),
-        (["algo.epsilon=nan"], "algo.epsilon must be in (0, 1), got nan"),
+        (["algo.epsilon=nan"], "algo.epsilon must be in (0, 1], got nan"),
         (["rollout.temperature=nan"], "rollout.temperature must be in (0, inf), got nan"),
         (["algo.is_correction=tis"], "algo.is_correction must be one of token_truncate, "),
     ],
@@ -261,6 +262,19 @@ def test_rloo_divides_by_no_std_unless_told(tmp_path, preset):
     path.write_text(f"algo:\n  preset: {preset}\n  adv_scale: batch\n")
     assert load_config(path, ["algo.estimator=rloo"]).algo.adv_scale == "batch"
     assert load_config(None, [f"algo.preset={preset}"]).algo.adv_scale == "group"
+
+
+def test_the_cispo_preset_is_minimax_m1s_objective():
+    """Token-level REINFORCE with the importance weight capped above only (epsilon 1: a ratio
+    is never below 0), at 5 as TRL recommends, and no KL."""
+    algo = load_config(None, ["algo.preset=cispo"]).algo
+    assert (algo.loss, algo.loss_agg, algo.beta, algo.epsilon, algo.epsilon_high) == (
+        "cispo",
+        "token-mean",
+        0.0,
+        1.0,
+        4.0,
+    )
 
 
 def test_default_preset_is_deepseekmath():
