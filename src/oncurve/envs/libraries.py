@@ -75,10 +75,10 @@ class TextArenaGame:
 
 
 class GemEnv:
-    """A GEM environment (`gem.make(env_id)`): its observation is the user's turn (a step's with
-    the instruction GEM puts in `info["suffix"]`; the first already holds it), the policy's turn
-    its action; `terminated` or `truncated` ends the episode, and each step's reward adds to the
-    episode's."""
+    """A GEM environment (`gem.make(env_id)`): its observation is the user's turn, with what GEM
+    puts in `info["suffix"]` (the board, the instruction) as GEM's own observation wrapper adds
+    it, the policy's turn its action; `terminated` or `truncated` ends the episode, and each
+    step's reward adds to the episode's."""
 
     observation_role = "user"
 
@@ -90,12 +90,16 @@ class GemEnv:
             raise UserError(f"rollout.env gem:{env_id}: {err}") from None
 
     def reset(self, row: dict[str, Any]) -> str:
-        observation, _ = self.env.reset(seed=episode_seed(row))
-        return observation
+        observation, info = self.env.reset(seed=episode_seed(row))
+        return _with_suffix(observation, info)
 
     def step(self, turn: str) -> tuple[str | None, float, bool]:
         observation, reward, terminated, truncated, info = self.env.step(turn)
         if terminated or truncated:
             return None, float(reward), True
-        suffix = (info or {}).get("suffix")
-        return f"{observation}\n{suffix}" if suffix else observation, float(reward), False
+        return _with_suffix(observation, info), float(reward), False
+
+
+def _with_suffix(observation: str, info: dict[str, Any] | None) -> str:
+    suffix = (info or {}).get("suffix")
+    return f"{observation}\n{suffix}" if suffix else observation

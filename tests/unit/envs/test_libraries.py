@@ -63,6 +63,15 @@ def test_gem_steps_reward_each_turn_and_end_the_episode():
     assert observation is None and total == 1.0 and 1 <= guess <= 10
 
 
+def test_a_gem_games_first_message_shows_its_board():
+    """GEM's own observation wrapper adds `info["suffix"]` (the board, the instruction) on
+    reset as on every step: a Sudoku starts with its grid."""
+    gem = pytest.importorskip("gem", reason="the gem extra is not installed")
+    _, info = gem.make("game:Sudoku-v0-easy").reset(seed=3)
+    first = GemEnv("game:Sudoku-v0-easy").reset({"seed": 3})
+    assert info["suffix"].strip() and info["suffix"].strip() in first
+
+
 def test_library_games_resolve_and_bad_ones_fail_in_one_line(monkeypatch):
     make = resolve_environment(f"textarena:{GUESS}")
     assert isinstance(make(), TextArenaGame) and observation_role(make) == "user"
