@@ -22,6 +22,7 @@ from oncurve.rewards.registry import (
     resolve_reward,
     with_answer_match,
 )
+from oncurve.rollout.base import MAX_CHARS_PER_TOKEN
 
 # A built-in task's test split may be endless (arith draws fresh problems); eval.num_prompts=null
 # takes this many of it.
@@ -122,11 +123,6 @@ class PromptData:
                 torch.randperm(len(self.rows), generator=generator).tolist(),
             )
         return self._order_cache[1]
-
-
-# More characters than any tokenizer's token holds: a prompt longer than data.max_prompt_tokens
-# times this is refused without tokenizing it (a 50 MB prompt would take minutes and gigabytes).
-MAX_CHARS_PER_TOKEN = 64
 
 
 def chat_messages(

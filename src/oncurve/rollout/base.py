@@ -19,6 +19,10 @@ from oncurve.algo.truncation import Truncation
 from oncurve.errors import UserError
 from oncurve.types import RolloutBatch
 
+# More characters than any tokenizer's token holds: a text longer than this times the tokens it
+# may take is cut or refused without tokenizing it (50 MB would take minutes and gigabytes).
+MAX_CHARS_PER_TOKEN = 64
+
 # Why a row ended (`RolloutBatch.finish_reasons`); decode loops record the codes, in `[N]` long
 # tensors, and the rollout names them by `FINISH_REASONS[code]`.
 FINISH_REASONS = ("eos", "stop", "length")

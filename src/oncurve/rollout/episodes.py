@@ -32,6 +32,7 @@ from oncurve.rollout.base import (
     FINISH_EOS,
     FINISH_LENGTH,
     FINISH_STOP,
+    MAX_CHARS_PER_TOKEN,
     Sampler,
     SamplingParams,
     seeded_generator,
@@ -128,7 +129,9 @@ class ObservationFormat:
     def __call__(self, observation: str, ended_with_eos: bool) -> list[int]:
         """Token ids of `observation` after a turn that ended with EOS or not."""
         encode = functools.partial(self.tokenizer, add_special_tokens=False)
-        ids = encode(observation, split_special_tokens=True)["input_ids"][: self.max_tokens]
+        # no token holds more characters: a megabyte of output is not tokenized for a few tokens
+        text = observation[: self.max_tokens * MAX_CHARS_PER_TOKEN]
+        ids = encode(text, split_special_tokens=True)["input_ids"][: self.max_tokens]
         if not self.chat_template:
             before, after = "\n", "\n"
         else:

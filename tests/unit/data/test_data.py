@@ -6,11 +6,11 @@ import pytest
 
 from oncurve.config import DataConfig
 from oncurve.data.files import load_rows
-from oncurve.data.prompts import MAX_CHARS_PER_TOKEN, PromptData, encode_prompt, group_columns
+from oncurve.data.prompts import PromptData, encode_prompt, group_columns
 from oncurve.data.tasks.convert import gsm8k_rows, main, math_rows
 from oncurve.model.char_tokenizer import char_tokenizer
 from oncurve.rewards import answers_match, extract_answer
-from oncurve.rollout.base import check_room
+from oncurve.rollout.base import MAX_CHARS_PER_TOKEN, check_room
 
 ROWS = [
     {"question": "1+1?", "result": 2, "level": "easy"},

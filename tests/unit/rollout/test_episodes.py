@@ -23,6 +23,7 @@ from oncurve.errors import UserError
 from oncurve.loop.trainer import train
 from oncurve.report import write_report
 from oncurve.rollout import SamplingParams, episodes
+from oncurve.rollout.base import MAX_CHARS_PER_TOKEN
 from oncurve.rollout.episodes import (
     Episodes,
     ObservationFormat,
@@ -194,6 +195,24 @@ def test_observations_without_a_chat_template_are_cut_to_max_tokens(qwen3_tokeni
     fmt = ObservationFormat(qwen3_tokenizer, chat_template=False, max_tokens=3)
     ids = fmt("one two three four five", ended_with_eos=False)
     assert qwen3_tokenizer.decode(ids) == "\none two three\n"
+
+
+def test_a_huge_observation_is_cut_before_it_is_tokenized(qwen3_tokenizer):
+    """Only the text `max_tokens` tokens can hold reaches the tokenizer (a megabyte of output
+    took seconds to tokenize for a few tokens fed)."""
+    seen: list[int] = []
+
+    def tokenizer(text, **kwargs):
+        seen.append(len(text))
+        return qwen3_tokenizer(text, **kwargs)
+
+    for name in ("eos_token", "chat_template", "apply_chat_template"):
+        setattr(tokenizer, name, getattr(qwen3_tokenizer, name))
+    fmt = ObservationFormat(tokenizer, chat_template=False, max_tokens=3)
+    seen.clear()
+    ids = fmt("one two three four five " * 200_000, ended_with_eos=False)
+    assert qwen3_tokenizer.decode(ids) == "\none two three\n"
+    assert max(seen) <= 3 * MAX_CHARS_PER_TOKEN
 
 
 def test_environment_specs_are_checked():
