@@ -111,11 +111,20 @@ class GroupPlay:
         )
         await self.env.rubric.score_group(states)
         # The policy's own faults (an empty or malformed answer, a tool call that does not
-        # parse) are the rubric's to score: training should learn them away.
-        policy_faults = (vf.errors.ModelError, vf.errors.ToolParseError)
-        return [
-            RuntimeError(f"verifiers: {state['error']}")
-            if state.get("error") and not isinstance(state["error"], policy_faults)
-            else {"reward": state["reward"], **(state.get("metrics") or {})}
-            for state in states
-        ]
+        # parse) are the rubric's to score: training should learn them away. A bare ModelError
+        # is verifiers' wrapping of any failed call (the endpoint down, refused, timed out): no
+        # answer the policy gave.
+        policy_faults = (vf.errors.InvalidModelResponseError, vf.errors.ToolParseError)
+        return [_outcome(state, policy_faults) for state in states]
+
+
+def _outcome(state: dict[str, Any], policy_faults: tuple[type, ...]) -> Any:
+    """One episode's outcome for the harness: a mapping of its reward and the rubric's parts,
+    or the exception that says why it has none."""
+    error = state.get("error")
+    if error and not isinstance(error, policy_faults):
+        cause = f" ({type(error.__cause__).__name__}: {error.__cause__})" if error.__cause__ else ""
+        return RuntimeError(f"verifiers: {str(error) or type(error).__name__}{cause}")
+    if state.get("timed_out"):  # the environment's own rollout time limit
+        return TimeoutError("verifiers: the rollout ran past the environment's timeout")
+    return {"reward": state["reward"], **(state.get("metrics") or {})}

@@ -162,7 +162,10 @@ def play_harness(
 
 def _outcome(value: Any) -> Outcome:
     """What a harness returned for one episode as its outcome: a number or None, a mapping with
-    the reward under "reward" and numbers beside it, or the exception that ended it."""
+    the reward under "reward" and numbers beside it, or the exception that ended it (a
+    TimeoutError: the episode timed out)."""
+    if isinstance(value, TimeoutError):
+        return None, TIMEOUT, f"the harness's episode timed out: {value}", {}
     if isinstance(value, Exception):
         return None, ERROR, f"the harness raised {type(value).__name__}: {value}", {}
     metrics: dict[str, float] = {}

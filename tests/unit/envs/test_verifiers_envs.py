@@ -98,6 +98,46 @@ def test_an_episode_the_environment_failed_gets_the_error_policy(sampler):
         play(sampler, "down")  # reward.errors=raise, the default
 
 
+class FakeEnvironment:
+    """An environment whose rollouts end in the given states; its rubric pays 1."""
+
+    def __init__(self, states: list[dict]) -> None:
+        self.states = iter(states)
+        self.rubric = self
+
+    async def rollout(self, *args) -> dict:
+        return next(self.states)
+
+    async def score_group(self, states: list[dict]) -> None:
+        for state in states:
+            state["reward"] = 1.0
+
+
+def test_only_the_policys_own_faults_are_scored():
+    """An empty or malformed answer or a tool call that does not parse is the policy's to
+    learn (the rubric scores it); a failed model call (the endpoint down, refused, timed out)
+    and verifiers' own rollout timeout are faults, never a score."""
+    import asyncio
+
+    import verifiers as vf
+
+    down = vf.errors.ModelError()
+    down.__cause__ = ConnectionError("connection refused")
+    states = [
+        {"error": vf.errors.EmptyModelResponseError()},
+        {"error": vf.errors.ToolParseError()},
+        {"error": down},
+        {"timed_out": True},
+        {},
+    ]
+    played = asyncio.run(
+        GroupPlay(FakeEnvironment(states))([None] * 5, "m", {"verifiers_input": {}})
+    )
+    assert played[0] == played[1] == played[4] == {"reward": 1.0}
+    assert isinstance(played[2], RuntimeError) and "ModelError" in str(played[2])
+    assert isinstance(played[3], TimeoutError)
+
+
 def test_a_run_trains_on_a_verifiers_environment(chat_model_dir, data_file, tmp_path):
     config = make_config(
         chat_model_dir, data_file, tmp_path / "run", "data.path=null", f"rollout.env={SINGLE}",

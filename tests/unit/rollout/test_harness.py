@@ -19,7 +19,7 @@ from helpers.runs import metric_rows
 from oncurve.errors import UserError
 from oncurve.loop.trainer import train
 from oncurve.rollout import SamplingParams, TorchSampler
-from oncurve.rollout.env_calls import ERROR, EnvFaults
+from oncurve.rollout.env_calls import ERROR, TIMEOUT, EnvFaults
 from oncurve.rollout.episodes import run_episodes
 from oncurve.rollout.harness import HarnessSettings, play_harness
 from oncurve.rollout.hf_decoder import HFDecoder
@@ -78,6 +78,18 @@ def test_an_episode_that_rewrote_a_turn_or_raised_is_dropped(sampler, capsys):
     assert "the harness raised RuntimeError: the harness's bug" in capsys.readouterr().err
     with pytest.raises(UserError, match=r"^rollout.env: the harness raised RuntimeError"):
         play(sampler, fails)  # reward.errors=raise, the default
+
+
+def test_an_episode_a_group_harness_says_timed_out_is_a_timeout(sampler):
+    async def timed_out(clients, model: str, row: dict) -> list:
+        return [TimeoutError("the game server stalled")] * len(clients)
+
+    rows = [{**row, "prompt_ids": sampler.tokenizer(row["prompt"]).input_ids} for row in ROWS]
+    faults = EnvFaults(timeout_score=None)
+    settings = HarnessSettings(timed_out, 2, 64, faults, groups=True)
+    _, columns = play_harness(sampler, rows, 2, SamplingParams(max_new_tokens=6), settings)
+    assert columns["episode_fault"] == [TIMEOUT] * 4
+    assert all(math.isnan(r) for r in columns["episode_reward"])
 
 
 def test_a_run_trains_on_a_harness(chat_model_dir, data_file, tmp_path):
