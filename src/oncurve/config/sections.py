@@ -268,7 +268,7 @@ class RolloutConfig:
     env_timeout_s: float | None = _opt(
         60.0,
         "seconds an episode's environment steps may take in all; past it the episode ends and "
-        "scores reward.timeout_score; null waits forever",
+        "scores reward.timeout_score (a reset past it stops the run); null waits forever",
         POSITIVE,
     )
     prompts_per_call: int | None = _opt(

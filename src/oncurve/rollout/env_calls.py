@@ -52,6 +52,10 @@ class StepResult:
     seconds: float = 0.0
 
 
+# The largest float32: an episode's reward is summed in it.
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
 def call_steps(envs: list[Any], turns: list[str], seconds: list[float | None]) -> list[StepResult]:
     """`envs[i].step(turns[i])` for every i at once, each on a daemon thread (a call that never
     returns is left running and cannot hold the process at exit), waiting at most `seconds[i]`
@@ -82,6 +86,40 @@ def call_steps(envs: list[Any], turns: list[str], seconds: list[float | None]) -
     return outcomes
 
 
+def call_reset(env: Any, row: dict[str, Any], seconds: float | None) -> str:
+    """`env.reset(row)` on a daemon thread, waiting at most `seconds` (None: as long as it
+    takes): the episode's first message, or a one-line UserError when it raised, took longer or
+    returned something other than text (no episode can start: the run stops)."""
+    outcome: list[Any] = []
+
+    def call() -> None:
+        try:
+            outcome.append(env.reset(row))
+        except BaseException as error:  # handed to the caller's thread
+            outcome.append(error)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise UserError(
+            f"rollout.env: reset took longer than {seconds:g} s (rollout.env_timeout_s)"
+        )
+    (first,) = outcome
+    if isinstance(first, UserError):
+        raise first
+    if isinstance(first, Exception):
+        why = _one_line(f"reset raised {type(first).__name__}: {first}")
+        raise UserError(f"rollout.env: {why}") from None
+    if isinstance(first, BaseException):
+        raise first
+    if not isinstance(first, str):
+        raise UserError(
+            f"rollout.env: reset returned {type(first).__name__}, not the first message's text"
+        )
+    return first
+
+
 def _checked(result: Any, seconds: float) -> StepResult:
     """`step`'s return value as a StepResult, or an error naming what is wrong with it."""
     if not isinstance(result, tuple) or len(result) != 3:
@@ -91,7 +129,9 @@ def _checked(result: Any, seconds: float) -> StepResult:
     if (
         isinstance(reward, bool)
         or not isinstance(reward, numbers.Real)
-        or math.isinf(reward)  # NaN: the episode is unscored (no answer to score it against)
+        # NaN: the episode is unscored (no answer to score it against); past float32's range
+        # the episode's reward would be infinite
+        or abs(reward) > _FLOAT32_MAX
     ):
         why = f"step returned the reward {reward!r}, not a finite number or NaN"
         return StepResult(fault=ERROR, why=_one_line(why), seconds=seconds)

@@ -37,7 +37,7 @@ from oncurve.rollout.base import (
     SamplingParams,
     seeded_generator,
 )
-from oncurve.rollout.env_calls import EnvFaults, call_steps
+from oncurve.rollout.env_calls import EnvFaults, call_reset, call_steps
 from oncurve.rollout.harness import HarnessSettings, play_harness
 from oncurve.rollout.torch_sampler import COMPACT_FRACTION, TorchSampler, sample_tokens
 from oncurve.types import RolloutBatch
@@ -240,7 +240,10 @@ def run_episodes(
     envs = [settings.make_env() for _ in range(len(rows) * group_size)]
     first: list[list[int]] = []
     for r, row in enumerate(rows):
-        messages = [_reset(envs[r * group_size + g], row) for g in range(group_size)]
+        messages = [
+            call_reset(envs[r * group_size + g], row, settings.faults.timeout_s)
+            for g in range(group_size)
+        ]
         if len(set(messages)) != 1:
             raise UserError("rollout.env: reset() gave different first messages for one row")
         first.append(settings.encode_prompt(messages[0]))
@@ -292,16 +295,6 @@ def run_episodes(
         torch.tensor(loop.turns, dtype=torch.long),
         loop.faults,
     )
-
-
-def _reset(env: Environment, row: dict[str, Any]) -> str:
-    """`env.reset(row)`; an exception of the environment's own is a one-line UserError."""
-    try:
-        return env.reset(row)
-    except UserError:
-        raise
-    except Exception as error:
-        raise UserError(f"rollout.env: reset raised {type(error).__name__}: {error}") from None
 
 
 class _EpisodeLoop:

@@ -39,6 +39,7 @@ class Scripted:
 MALFORMED = [
     (("x", "1.0", False), "the reward '1.0', not a finite number or NaN"),
     (("x", math.inf, False), "the reward inf, not a finite number or NaN"),
+    (("x", 1e39, False), "the reward 1e+39, not a finite number or NaN"),
     (("x", True, False), "the reward True, not a finite number or NaN"),
     ((3, 1.0, False), "an observation of type int, not text"),
     (("x", 1.0), "returned tuple, not (observation, reward, done)"),
@@ -68,6 +69,41 @@ def test_a_step_past_its_episode_s_time_is_a_timeout_and_the_others_come_back():
     assert "longer than the 0.2 s left of its episode" in outcomes[0].why
     assert (outcomes[1].fault, outcomes[1].reward, outcomes[1].done) == (None, 0.25, True)
     hung.released.set()
+
+
+class Resets(Scripted):
+    """An environment whose `reset` returns `first` after `delay` seconds."""
+
+    def __init__(self, first: object, delay: float = 0.0) -> None:
+        super().__init__()
+        self.first, self.delay = first, delay
+
+    def reset(self, row: dict) -> str:
+        if self.delay:
+            self.released.wait(self.delay)
+        return self.first
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (Resets({"text": "hi"}), r"^rollout.env: reset returned dict, not the first message's"),
+        (Resets("hi", delay=30.0), r"^rollout.env: reset took longer than 0.2 s"),
+    ],
+)
+def test_a_reset_that_hangs_or_gives_no_text_stops_the_run_in_one_line(env, message):
+    tok = load_qwen3_tokenizer()
+    sampler, _ = scripted_sampler(tok, [[tok.eos_token_id]])
+    episode_settings = dataclasses.replace(
+        settings(tok, lambda: env, max_turns=2), faults=EnvFaults(timeout_s=0.2)
+    )
+    start = time.perf_counter()
+    with pytest.raises(UserError, match=message):
+        run_episodes(
+            sampler, [{"prompt": "p"}], 1, SamplingParams(max_new_tokens=4), episode_settings
+        )
+    assert time.perf_counter() - start < 5.0
+    env.released.set()
 
 
 def test_the_reward_settings_score_a_fault():
