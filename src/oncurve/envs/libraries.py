@@ -12,11 +12,19 @@ episode's: GEM's at every step, TextArena's when the game ends.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import random
+import threading
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 from oncurve.errors import UserError
+
+# Python's and NumPy's process-wide generators, which the games draw from (a new 2048 tile, a
+# dealt card): one episode's calls hold them at a time.
+_PROCESS_GENERATORS = threading.Lock()
 
 
 def episode_seed(row: dict[str, Any]) -> int:
@@ -25,6 +33,35 @@ def episode_seed(row: dict[str, Any]) -> int:
     if "seed" in row:
         return int(row["seed"])
     return zlib.crc32(str(row.get("prompt", "")).encode())
+
+
+class OwnRandomness:
+    """An episode's own state of the process-wide generators, swapped in for each of its calls
+    (`with randomness(seed):` at reset seeds it, `with randomness():` continues it), so that
+    a row's G episodes play the same game whatever order their steps run in, and the caller's
+    generators are as they were after each call."""
+
+    def __init__(self) -> None:
+        self.state: tuple[Any, Any] | None = None
+
+    @contextlib.contextmanager
+    def __call__(self, seed: int | None = None) -> Iterator[None]:
+        import numpy as np
+
+        with _PROCESS_GENERATORS:
+            outer = random.getstate(), np.random.get_state()
+            if seed is not None:
+                random.seed(seed)
+                np.random.seed(seed % 2**32)
+            elif self.state is not None:
+                random.setstate(self.state[0])
+                np.random.set_state(self.state[1])
+            try:
+                yield
+            finally:
+                self.state = random.getstate(), np.random.get_state()
+                random.setstate(outer[0])
+                np.random.set_state(outer[1])
 
 
 def _library(module: str, extra: str, spec: str) -> Any:
@@ -40,7 +77,7 @@ def _library(module: str, extra: str, spec: str) -> Any:
 class TextArenaGame:
     """A single-player TextArena game (`textarena.make(game)` without its wrappers, so that the
     policy's turn is the action as written and each observation is the game's new messages).
-    The reward is the game's at its end (TextArena's: 1 for a win)."""
+    The reward is the game's at its end (1 for a win; part of it, in many games, for a loss)."""
 
     observation_role = "user"
 
@@ -53,19 +90,23 @@ class TextArenaGame:
         while isinstance(getattr(env, "env", None), textarena.Env):  # its default wrappers
             env = env.env
         self.env, self.game, self.player = env, game, 0
+        self.randomness = OwnRandomness()
 
     def reset(self, row: dict[str, Any]) -> str:
+        seed = episode_seed(row)
         try:
-            self.env.reset(num_players=1, seed=episode_seed(row))
+            with self.randomness(seed):
+                self.env.reset(num_players=1, seed=seed)
         except AssertionError as err:  # TextArena's check of the number of players
             raise UserError(f"rollout.env textarena:{self.game}: {err} (one player only)") from None
         return self._news()
 
     def step(self, turn: str) -> tuple[str | None, float, bool]:
-        done, _ = self.env.step(action=turn)
-        if done:
-            rewards, _ = self.env.close()
-            return None, float(rewards[self.player]), True
+        with self.randomness():
+            done, _ = self.env.step(action=turn)
+            if done:
+                rewards, _ = self.env.close()
+                return None, float(rewards[self.player]), True
         return self._news(), 0.0, False
 
     def _news(self) -> str:
@@ -88,13 +129,17 @@ class GemEnv:
             self.env = gem.make(env_id, **make_args)
         except (KeyError, ValueError) as err:
             raise UserError(f"rollout.env gem:{env_id}: {err}") from None
+        self.randomness = OwnRandomness()
 
     def reset(self, row: dict[str, Any]) -> str:
-        observation, info = self.env.reset(seed=episode_seed(row))
+        seed = episode_seed(row)
+        with self.randomness(seed):
+            observation, info = self.env.reset(seed=seed)
         return _with_suffix(observation, info)
 
     def step(self, turn: str) -> tuple[str | None, float, bool]:
-        observation, reward, terminated, truncated, info = self.env.step(turn)
+        with self.randomness():
+            observation, reward, terminated, truncated, info = self.env.step(turn)
         if terminated or truncated:
             return None, float(reward), True
         return _with_suffix(observation, info), float(reward), False

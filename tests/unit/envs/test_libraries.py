@@ -4,6 +4,7 @@ missing library, an unknown game or a game for two players is a one-line error."
 
 from __future__ import annotations
 
+import random
 import sys
 
 import pytest
@@ -70,6 +71,26 @@ def test_a_gem_games_first_message_shows_its_board():
     _, info = gem.make("game:Sudoku-v0-easy").reset(seed=3)
     first = GemEnv("game:Sudoku-v0-easy").reset({"seed": 3})
     assert info["suffix"].strip() and info["suffix"].strip() in first
+
+
+@pytest.mark.parametrize(
+    ("library", "game", "move"),
+    [("gem", "game:Game2048-v0-easy", "\\boxed{left}"), ("textarena", "2048-v0", "[left]")],
+)
+def test_a_rows_episodes_play_the_same_game_whatever_order_they_step_in(library, game, move):
+    """The games draw new tiles from the process-wide generators: each episode keeps its own,
+    so the same moves give the same boards however the G episodes' steps interleave."""
+    pytest.importorskip(library, reason=f"the {library} extra is not installed")
+    make = GemEnv if library == "gem" else TextArenaGame
+    envs = [make(game) for _ in range(4)]
+    assert len({env.reset({"seed": 7}) for env in envs}) == 1
+    before = random.getstate()
+    boards = [[], [], [], []]
+    for order in ([0, 1, 2, 3], [3, 1, 0, 2], [2, 3, 1, 0]):
+        for i in order:
+            boards[i].append(envs[i].step(move)[0])
+    assert boards[0] == boards[1] == boards[2] == boards[3]
+    assert random.getstate() == before  # the caller's generator is as it was
 
 
 def test_library_games_resolve_and_bad_ones_fail_in_one_line(monkeypatch):
