@@ -11,8 +11,8 @@ FOLLOW_UP = "Again:"
 
 
 def load_environment(kind: str = "single", eval_rows: int = 0):
-    """The `kind` ("single", "multi", or "down": "multi" whose second turn fails on its
-    infrastructure) environment; its eval dataset the first `eval_rows` questions (none when
+    """The `kind` ("single", "multi", "down": "multi" whose second turn fails on its
+    infrastructure, or "tools": a ToolEnv) environment; its eval dataset the first `eval_rows` questions (none when
     0)."""
     import verifiers as vf
     from datasets import Dataset
@@ -34,6 +34,18 @@ def load_environment(kind: str = "single", eval_rows: int = 0):
         return vf.SingleTurnEnv(
             dataset=data, eval_dataset=held_out, rubric=rubric, system_prompt="Answer briefly."
         )
+    if kind == "tools":
+
+        def add(a: int, b: int) -> int:
+            """Adds two integers.
+
+            Args:
+                a: the first
+                b: the second
+            """
+            return a + b
+
+        return vf.ToolEnv(dataset=data, tools=[add], rubric=rubric, max_turns=3)
 
     class AskAgain(vf.MultiTurnEnv):
         async def env_response(self, messages, state, **_):

@@ -53,6 +53,14 @@ def load_environment(spec: str, env_args: dict[str, Any]) -> Any:
         except (ImportError, AttributeError, TypeError, ValueError) as error:
             message = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise UserError(f"rollout.env {spec}: {message}") from None
+        tools = getattr(_loaded[key], "tool_defs", None)
+        if tools:  # they would never run: the model is not shown them, its calls not parsed
+            names = ", ".join(getattr(tool, "name", "?") for tool in tools)
+            del _loaded[key]
+            raise UserError(
+                f"rollout.env {spec} offers tools ({names}): oncurve's endpoint does not show "
+                "tools to the model or parse its tool calls; use an environment without them"
+            )
     return _loaded[key]
 
 

@@ -155,6 +155,14 @@ def test_a_run_trains_on_a_verifiers_environment(chat_model_dir, data_file, tmp_
     assert row["reward/env"] == pytest.approx(expected)
 
 
+def test_an_environment_with_tools_is_refused_at_start():
+    """The endpoint neither shows a tool's schema to the model nor parses its tool calls: a
+    ToolEnv would train without ever running its tools."""
+    with pytest.raises(UserError, match=r"^rollout.env verifiers:helpers.vf_environments offers "
+                       r"tools \(add\)"):  # fmt: skip
+        load_environment(SINGLE, {"kind": "tools"})
+
+
 def test_a_missing_extra_or_environment_is_one_line(monkeypatch):
     with pytest.raises(UserError, match=r"^rollout.env verifiers:no_such_env: Could not import"):
         load_environment("verifiers:no_such_env", {})
