@@ -263,6 +263,32 @@ def test_two_rank_run_writes_one_log_one_checkpoint_set_and_resumes(two_rank_run
     rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, stopped_at + 1))
     assert f"stopped at step {stopped_at} on request" in err
+    # a launcher killed outright forwards nothing: torchrun is sent SIGTERM by the kernel and
+    # the job stops (at a step's end, with its checkpoint) instead of training on orphaned
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "oncurve", *resume],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
+    )
+    try:
+        logged = stopped_at + 1
+        wait_for(lambda: len(metrics.read_text().splitlines()) > logged, launcher, "two steps")
+        job_pids = descendants(launcher.pid)
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 60
+        while any(map(alive, job_pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [pid for pid in job_pids if alive(pid)]
+    finally:
+        for pid in job_pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        launcher.stderr.close()
+    assert left == []
+    assert latest_step(run_dir) < LONG  # stopped, not run to its end
     # one process (in this one: the refusal comes before any rank would start)
     one_rank = [a for a in common if a != "dist.nproc=2"]
     assert main([*one_rank, "dist.nproc=1", f"run.steps={LONG + 1}", "run.resume=auto"]) == 2

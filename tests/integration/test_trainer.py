@@ -98,6 +98,14 @@ def test_first_step_matches_hand_assembled_grpo(tiny_model_dir, data_file, tmp_p
     assert metrics["ratio/min"] == metrics["ratio/max"] == 1.0
 
 
+def test_fewer_rows_than_a_step_takes_are_said_at_start(tiny_model_dir, tmp_path, capsys):
+    """A step then repeats prompts: said in one line, as a file of the wrong split would be."""
+    rows = tmp_path / "three.jsonl"
+    rows.write_text("".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(3)))
+    setup(make_config(tiny_model_dir, rows, tmp_path / "run", "data.prompts_per_step=4"))
+    assert "data: 3 training rows, fewer than data.prompts_per_step=4" in capsys.readouterr().err
+
+
 def test_beta_zero_never_builds_a_reference(tiny_model_dir, data_file, tmp_path, monkeypatch):
     copies = []
     monkeypatch.setattr(policy, "frozen_copy", lambda m: copies.append(m) or m)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from oncurve.errors import UserError
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
 
 def train_command(args: argparse.Namespace) -> int:
     from oncurve.config import describe, load_config
@@ -62,7 +64,10 @@ def _launch_torchrun(nproc: int, argv: list[str]) -> int:
     ranks once, through this launcher. The launcher signals the ranks (torchrun's children)
     itself rather than torchrun: torchrun would signal each rank's whole process group (its
     reward worker too), kill the ranks after `--shutdown-timeout`, and exit 1 with a traceback
-    however cleanly they stopped. A signal before the ranks exist goes to torchrun."""
+    however cleanly they stopped. A signal before the ranks exist goes to torchrun. SIGQUIT
+    (Ctrl-\\) is forwarded too, and should the launcher die without forwarding anything (SIGKILL),
+    the kernel sends torchrun SIGTERM (Linux), which stops the ranks: no job trains on
+    orphaned."""
     import signal
 
     from oncurve.run.stopping import STOP_SIGNALS
@@ -89,9 +94,14 @@ def _launch_torchrun(nproc: int, argv: list[str]) -> int:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
+    previous = {sig: signal.signal(sig, forward) for sig in (*STOP_SIGNALS, signal.SIGQUIT)}
+    launcher = os.getpid()
     try:
-        started.append(subprocess.Popen(command, start_new_session=True))
+        started.append(
+            subprocess.Popen(
+                command, start_new_session=True, preexec_fn=lambda: _end_with(launcher)
+            )
+        )
         if forwarded:  # a signal came while torchrun was starting
             forward(forwarded.pop(), None)
         code = started[0].wait()  # a signal runs `forward`, and the wait goes on
@@ -103,6 +113,20 @@ def _launch_torchrun(nproc: int, argv: list[str]) -> int:
     if forwarded and code != 0:
         return 128 + forwarded[-1]
     return code
+
+
+def _end_with(parent: int) -> None:
+    """In a child before it runs its program: ask Linux to send it SIGTERM when `parent`, the
+    process that started it, ends (prctl's PR_SET_PDEATHSIG); nothing elsewhere. A parent that
+    already ended ends it now."""
+    import ctypes
+    import signal
+
+    if not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _children(pid: int) -> list[int]:

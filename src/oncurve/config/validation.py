@@ -36,9 +36,14 @@ def check_cross_fields(config: Config) -> None:
 
 
 def check_ranks(config: Config, world_size: int) -> None:
-    """Every rank must hold a group of every minibatch (`training_step.update_policy`):
-    checked on loading with `dist.nproc`, and again at setup with the ranks torchrun really
-    started."""
+    """Every rank samples an equal share of the step's groups and must hold a group of every
+    minibatch (`training_step.update_policy`): checked on loading with `dist.nproc`, and again
+    at setup with the ranks torchrun really started."""
+    if config.data.prompts_per_step % world_size:
+        raise UserError(
+            f"data.prompts_per_step ({config.data.prompts_per_step}) must be divisible by the "
+            f"number of ranks (dist.nproc: {world_size}): each rank samples whole groups"
+        )
     per_rank = config.data.prompts_per_step // world_size
     if config.algo.minibatches > per_rank:
         raise UserError(

@@ -157,7 +157,7 @@ def _train(config: Config, quiet: bool) -> TrainResult:
                 trained_generation(peft_model, **sampling),
             )
         s.logger.close()
-        if eval_before and eval_after:
+        if eval_before and eval_after and s.rank == 0:
             print(
                 f"held-out greedy accuracy: {eval_before['accuracy']:.1%} before, "
                 f"{eval_after['accuracy']:.1%} after {cfg.run.steps} steps",

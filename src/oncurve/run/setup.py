@@ -403,10 +403,17 @@ def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | Harnes
 
 
 def startup_notes(config: Config, rewards: RewardRunner, data: PromptData) -> list[str]:
-    """What the start-up report says of the run's choices beyond the settled ones: the column
-    the reference answers were found in when the config does not name it and it is not
-    `answer`, and which rewards the curriculum and dynamic sampling read."""
+    """What the start-up report says of the run's choices beyond the settled ones: fewer
+    training rows than a step takes, the column the reference answers were found in when the
+    config does not name it and it is not `answer`, and which rewards the curriculum and
+    dynamic sampling read."""
     notes = []
+    rows, per_step = len(data.rows), config.data.prompts_per_step
+    if rows < per_step:
+        notes.append(
+            f"data: {rows} training rows, fewer than data.prompts_per_step={per_step}: each step "
+            "repeats prompts"
+        )
     found = data.rows[0].answer_field
     if config.data.answer_field is None and found not in ("", "answer"):
         notes.append(f"data: reference answers from column {found!r} (there is no 'answer')")

@@ -34,6 +34,10 @@ from oncurve.errors import UserError
     [
         (["algo.epsilon=1.5"], "algo.epsilon must be in (0, 1], got 1.5"),
         (["algo.epsilon_high=0"], "algo.epsilon_high must be in (0, inf), got 0.0"),
+        (
+            ["dist.nproc=2", "data.prompts_per_step=3"],
+            "data.prompts_per_step (3) must be divisible by the number of ranks (dist.nproc: 2)",
+        ),
         (["optim.lr=-1"], "optim.lr must be in (0, inf), got -1.0"),
         (["algo.beta=-0.1"], "algo.beta must be in [0, inf), got -0.1"),
         (["rollout.group_size=1"], "rollout.group_size must be in [2, inf), got 1"),
