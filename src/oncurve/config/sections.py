@@ -579,7 +579,12 @@ class DistConfig:
         1, "ranks to launch with torchrun from `oncurve train` (data parallel)", POSITIVE
     )
     fsdp: bool = _opt(False, "FSDP2: shard weights, gradients and AdamW state across ranks")
-    timeout_s: float = _opt(300.0, "seconds a collective may wait before the job fails", POSITIVE)
+    timeout_s: float = _opt(
+        300.0,
+        "seconds a collective may wait before the job fails; the other ranks wait as long for "
+        "rank 0 to write a checkpoint or the final model, so a save must fit in it",
+        POSITIVE,
+    )
 
 
 @dataclass
