@@ -3,6 +3,8 @@ their run directory, their newest checkpoint; the processes a launcher started."
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -68,3 +70,18 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def still_alive(pids: list[int], seconds: float) -> list[int]:
+    """The processes of `pids` still running after waiting up to `seconds` for all to end."""
+    deadline = time.monotonic() + seconds
+    while any(map(alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [pid for pid in pids if alive(pid)]
+
+
+def kill_all(pids: list[int]) -> None:
+    """SIGKILL to each process of `pids` that still runs (a test's cleanup)."""
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)

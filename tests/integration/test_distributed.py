@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
@@ -26,7 +25,14 @@ from helpers.data_parallel import (
 from helpers.models import tiny_qwen2
 from helpers.paths import TESTS
 from helpers.rank_pool import RankPool
-from helpers.run_processes import alive, descendants, finish, latest_step, wait_for
+from helpers.run_processes import (
+    descendants,
+    finish,
+    kill_all,
+    latest_step,
+    still_alive,
+    wait_for,
+)
 from helpers.runs import run_clis, tiny_job
 from safetensors.torch import load_file
 
@@ -209,6 +215,17 @@ def two_rank_runs(
     )
 
 
+def oncurve_process(args: list[str], stdout: int = subprocess.PIPE) -> subprocess.Popen:
+    """`python -m oncurve ARGS` started, the tests' helpers importable, its stderr piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "oncurve", *args],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
+    )
+
+
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks' pids in /proc")
 def test_two_rank_run_writes_one_log_one_checkpoint_set_and_resumes(two_rank_runs, capsys):
     _, run_dir, common, first = two_rank_runs
@@ -229,13 +246,7 @@ def test_two_rank_run_writes_one_log_one_checkpoint_set_and_resumes(two_rank_run
     # ranks, both finish the step under way, one checkpoint holds both ranks' state (no
     # periodic one: the stop's), every process of the job has ended and the launcher exits 0
     resume = [*common, f"run.steps={LONG}", "run.save_every=1000", "run.resume=auto"]
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "oncurve", *resume],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(TESTS)},
-    )
+    launcher = oncurve_process(resume)
     metrics = run_dir / "metrics.jsonl"
     job_pids: list[int] = []
     try:
@@ -244,14 +255,9 @@ def test_two_rank_run_writes_one_log_one_checkpoint_set_and_resumes(two_rank_run
         assert len(job_pids) >= 3  # torchrun and two ranks
         launcher.send_signal(signal.SIGTERM)
         code, err = finish(launcher)
-        deadline = time.monotonic() + 10
-        while any(map(alive, job_pids)) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        left = [pid for pid in job_pids if alive(pid)]
+        left = still_alive(job_pids, 10)
     finally:
-        for pid in job_pids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(job_pids)
         launcher.kill()
         launcher.wait()
     assert code == 0, err[-3000:]
@@ -265,27 +271,16 @@ def test_two_rank_run_writes_one_log_one_checkpoint_set_and_resumes(two_rank_run
     assert f"stopped at step {stopped_at} on request" in err
     # a launcher killed outright forwards nothing: torchrun is sent SIGTERM by the kernel and
     # the job stops (at a step's end, with its checkpoint) instead of training on orphaned
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "oncurve", *resume],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(TESTS)},
-    )
+    launcher = oncurve_process(resume, stdout=subprocess.DEVNULL)
     try:
         logged = stopped_at + 1
         wait_for(lambda: len(metrics.read_text().splitlines()) > logged, launcher, "two steps")
         job_pids = descendants(launcher.pid)
         launcher.kill()
         launcher.wait()
-        deadline = time.monotonic() + 60
-        while any(map(alive, job_pids)) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        left = [pid for pid in job_pids if alive(pid)]
+        left = still_alive(job_pids, 60)
     finally:
-        for pid in job_pids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(job_pids)
         launcher.stderr.close()
     assert left == []
     assert latest_step(run_dir) < LONG  # stopped, not run to its end

@@ -3,6 +3,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from helpers.dataset_rows import EXPECTED, ROWS
 
 from oncurve.config import DataConfig
 from oncurve.data.files import load_rows
@@ -11,15 +12,6 @@ from oncurve.data.tasks.convert import gsm8k_rows, main, math_rows
 from oncurve.model.char_tokenizer import char_tokenizer
 from oncurve.rewards import answers_match, extract_answer
 from oncurve.rollout.base import MAX_CHARS_PER_TOKEN, check_room
-
-ROWS = [
-    {"question": "1+1?", "result": 2, "level": "easy"},
-    {"question": "2*3?", "result": 6, "level": "hard"},
-]
-EXPECTED = [
-    {"level": "easy", "prompt": "1+1?", "answer": "2"},
-    {"level": "hard", "prompt": "2*3?", "answer": "6"},
-]
 
 
 def _write_jsonl(path, rows):

@@ -4,18 +4,10 @@ empty answers and the column names oncurve writes itself."""
 import json
 
 import pytest
+from helpers.dataset_rows import EXPECTED, ROWS
 
 from oncurve.data.files import load_rows, write_jsonl
 from oncurve.errors import UserError
-
-ROWS = [
-    {"question": "1+1?", "result": 2, "level": "easy"},
-    {"question": "2*3?", "result": 6, "level": "hard"},
-]
-EXPECTED = [
-    {"level": "easy", "prompt": "1+1?", "answer": "2"},
-    {"level": "hard", "prompt": "2*3?", "answer": "6"},
-]
 
 
 def _one_line_error(match: str, *args, **kwargs) -> str:
