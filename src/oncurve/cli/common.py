@@ -146,8 +146,8 @@ def load_sampler(
     args: argparse.Namespace, config: Config | None = None
 ) -> tuple[Sampler, PreTrainedModel]:
     """The `--backend` sampler of the `--model` model (a run's `config`: its remote-code
-    setting, for the run's own model only), and the model. A checkpoint's policy is loaded on the base model
-    its run started from (`load_checkpoint_model`)."""
+    setting, for the run's own model only), and the model. A checkpoint's policy is loaded on
+    the base model its run started from (`load_checkpoint_model`)."""
     from oncurve.model.devices import resolve_device, resolve_dtype
     from oncurve.model.sources import load_model, load_tokenizer, resolve_model_path
     from oncurve.rollout import build_sampler

@@ -4,14 +4,14 @@
 model (`AutoModelForSequenceClassification`) with ONE output (`config.num_labels == 1`) and its
 tokenizer. Each (prompt, completion) pair is scored by that logit, as a float:
 
-- formatting: with a chat template in the reward tokenizer, the conversation the policy was given
-  (a conversational row's messages, `prompt_messages`, with the system prompt the data section
-  added; else `[{"role": "user", "content": prompt}]` after `system_prompt`, the data section's,
-  when set) and then `{"role": "assistant", "content": completion}`, rendered by that template
-  (no generation prompt); without one, `prompt` tokenized as the tokenizer does by default (e.g.
-  with its BOS) and then the completion. The completion is tokenized as text: the policy decodes without
-  special tokens, so a control token spelled in it was sampled as ordinary tokens, and it stays
-  so (a completion cannot forge a turn the reward model reads);
+- formatting: with a chat template in the reward tokenizer, the conversation the policy was given (a
+  conversational row's messages, `prompt_messages`, with the system prompt the data section added;
+  else `[{"role": "user", "content": prompt}]` after `system_prompt`, the data section's, when set)
+  and then `{"role": "assistant", "content": completion}`, rendered by that template (no generation
+  prompt); without one, `prompt` tokenized as the tokenizer does by default (e.g. with its BOS) and
+  then the completion. The completion is tokenized as text: the policy decodes without special
+  tokens, so a control token spelled in it was sampled as ordinary tokens, and it stays so (a
+  completion cannot forge a turn the reward model reads);
 - truncation: to `max_length` tokens, the smaller of the tokenizer's `model_max_length` and the
   model's `max_position_embeddings` (when either is set). A row over it loses the start of its
   completion: the prompt, and the end of the completion where the head reads its score, stay;

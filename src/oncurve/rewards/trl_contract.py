@@ -1,14 +1,13 @@
 """Reward functions written for TRL's `GRPOTrainer`, called as TRL calls them.
 
-TRL calls a reward function with keywords: `prompts`, `completions`, `completion_ids`, every
-other dataset column by its name, `trainer_state` (its `global_step` is the number of steps
-done before the one being trained, as TRL's), and `log_extra(column, values)` / `log_metric(name, value)`, whose values land in
-samples.jsonl and the step's metrics. When the dataset's prompts are messages, `prompts` are
-the rows' message lists (after the system prompt the policy was given) and each completion is
-one assistant message,
-`[{"role": "assistant", "content": text}]`, which is what `completion[0]["content"]` reads. An
-`async def` function is awaited; the runner awaits the batch calls of several together
-(`oncurve.rewards.jobs.run_jobs`).
+TRL calls a reward function with keywords: `prompts`, `completions`, `completion_ids`, every other
+dataset column by its name, `trainer_state` (its `global_step` is the number of steps done before
+the one being trained, as TRL's), and `log_extra(column, values)` / `log_metric(name, value)`, whose
+values land in samples.jsonl and the step's metrics. When the dataset's prompts are messages,
+`prompts` are the rows' message lists (after the system prompt the policy was given) and each
+completion is one assistant message, `[{"role": "assistant", "content": text}]`, which is what
+`completion[0]["content"]` reads. An `async def` function is awaited; the runner awaits the batch
+calls of several together (`oncurve.rewards.jobs.run_jobs`).
 
 A `module:function` reward is wrapped in `TrlReward`; the built-ins keep the plain protocol of
 `oncurve.rewards.registry` (texts, columns).

@@ -24,14 +24,14 @@ from oncurve.rewards.runner import RewardRunner, runner_settings
 def build_rewards(
     config: Config, task: Task | None, device: str | torch.device = "cpu"
 ) -> RewardRunner:
-    """The configured reward functions, or when `reward.functions` is empty the environment's,
-    the task's own, or for a dataset the `correct` reward;
-    DAPO's soft overlong penalty is added when `reward.overlong_buffer` > 0 (never by name), and
-    the `length` penalty is taken against `rollout.max_new_tokens`. The runner's
-    verifier is the reward among them that `correctness_fn` returns (what evaluation calls
-    correct), if any. A `model:PATH_OR_ID` reward model is loaded on `device` (the trainer's)
-    in `model.dtype`, with `model.trust_remote_code`, and reads `data.system_prompt`. A reward with a `configure` method (the
-    `code_tests` reward) is given the `reward` section."""
+    """The configured reward functions, or when `reward.functions` is empty the environment's, the
+    task's own, or for a dataset the `correct` reward; DAPO's soft overlong penalty is added when
+    `reward.overlong_buffer` > 0 (never by name), and the `length` penalty is taken against
+    `rollout.max_new_tokens`. The runner's verifier is the reward among them that `correctness_fn`
+    returns (what evaluation calls correct), if any. A `model:PATH_OR_ID` reward model is loaded on
+    `device` (the trainer's) in `model.dtype`, with `model.trust_remote_code`, and reads
+    `data.system_prompt`. A reward with a `configure` method (the `code_tests` reward) is given the
+    `reward` section."""
     fns: list[tuple[str, RewardFn, float]] = []
     reward = config.reward
     if reward.functions:
