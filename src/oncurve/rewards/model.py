@@ -175,6 +175,12 @@ def _load(
             else "neither a local directory nor a Hub model id that loads"
         )
         raise UserError(f"{where}: {what} ({_first_line(err)})") from None
+    architectures = getattr(config, "architectures", None) or []
+    if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
+        raise UserError(
+            f"{where}: {location} is a {architectures[0]}, not a sequence-classification model "
+            "(AutoModelForSequenceClassification) with a trained score head"
+        )
     if config.num_labels != 1:
         raise UserError(
             f"{where}: the model's head has num_labels={config.num_labels}; a reward model "

@@ -191,6 +191,12 @@ def test_a_directory_without_a_score_head_is_a_one_line_error(tmp_path):
     path = tmp_path / "lm"
     transformers.Qwen2ForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
+    with pytest.raises(UserError, match=r"is a Qwen2ForCausalLM, not a sequence-classification"):
+        RewardModel(str(path))
+    # labelled a classifier, it still lacks the head's weights
+    config = transformers.AutoConfig.from_pretrained(path)
+    config.architectures = ["Qwen2ForSequenceClassification"]
+    config.save_pretrained(path)
     with pytest.raises(UserError, match=r"reward 'model:.*lm'.* no weights for score\.weight"):
         RewardModel(str(path))
 
