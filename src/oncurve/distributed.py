@@ -45,6 +45,22 @@ def leave() -> None:
     gc.collect()
 
 
+def collective_failure(error: BaseException) -> str | None:
+    """One line for `error` when it is a collective of the job failing (another rank raised,
+    died or stalled past `dist.timeout_s`; its own error is that rank's to say), else None."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    text = " ".join(str(error).split())
+    if not isinstance(error, dist.DistError) and not any(
+        name in text for name in ("gloo", "NCCL", "c10d")
+    ):
+        return None
+    return (
+        f"rank {dist.get_rank()}: a collective failed: another rank of the job failed, ended or "
+        f"took longer than dist.timeout_s (its own error says why) ({text[:200]})"
+    )
+
+
 def world() -> tuple[int, int]:
     """(rank, world size) of the current process group, (0, 1) without one."""
     if dist.is_available() and dist.is_initialized():

@@ -359,6 +359,9 @@ def test_a_rank_that_raises_fails_the_job_instead_of_hanging(rank_1_fault_runs):
     _, proc = rank_1_fault_runs["raises"]
     assert proc.returncode != 0
     assert "reward 'fails_on_rank_1' failed" in proc.stderr
+    # rank 0 says in one line that a peer failed, with no traceback of its own
+    assert "rank 0: a collective failed: another rank" in proc.stderr
+    assert "[rank0]: Traceback" not in proc.stderr
 
 
 def test_a_rank_that_runs_out_of_memory_sampling_redoes_it_and_every_rank_takes_its_setting(

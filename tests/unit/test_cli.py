@@ -278,3 +278,29 @@ def test_a_run_directory_given_as_the_model_points_to_run(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.endswith(f"has no config.json (not a Hugging Face model dir); a run directory: "
                         f"--run {tmp_path}, or its final/")  # fmt: skip
+
+
+def test_a_rank_whose_peer_failed_says_so_in_one_line(monkeypatch, capsys):
+    """A collective that fails on this rank (the other raised or died): one line that points
+    at the other rank's own error, not a traceback; any other RuntimeError keeps its trace."""
+    import torch.distributed as dist
+
+    import oncurve.loop.trainer as trainer
+
+    def collective_times_out(config, quiet=False):
+        raise RuntimeError("[gloo/transport/tcp] Timed out waiting 20000ms for recv operation")
+
+    monkeypatch.setattr(trainer, "train", collective_times_out)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    assert main(["train", "run.steps=1"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("oncurve: error: rank 0: a collective failed: another rank of the job")
+
+    def a_bug(config, quiet=False):
+        raise RuntimeError("shape mismatch in the loss")
+
+    monkeypatch.setattr(trainer, "train", a_bug)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        main(["train", "run.steps=1"])

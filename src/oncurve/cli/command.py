@@ -53,6 +53,14 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{err.filename}: " if err.filename else ""
         print(f"oncurve: error: {where}{err.strerror or err}", file=sys.stderr)
         return 1
+    except RuntimeError as err:  # on a rank of a job whose peer failed: one line, not a trace
+        from oncurve.distributed import collective_failure
+
+        line = collective_failure(err)
+        if line is None:
+            raise
+        print(f"oncurve: error: {line}", file=sys.stderr)
+        return 1
 
 
 class _Parser(argparse.ArgumentParser):
