@@ -303,7 +303,7 @@ def test_resume_auto_without_a_checkpoint_starts_fresh_but_never_deletes_foreign
 
 
 def test_resume_from_a_given_checkpoint_and_refuse_another_world_size(
-    tiny_model_dir, data_file, tmp_path
+    tiny_model_dir, data_file, tmp_path, capsys
 ):
     run_dir = tmp_path / "run"
     train(make_config(tiny_model_dir, data_file, run_dir, "run.save_every=1", "run.keep_last=3"))
@@ -329,6 +329,14 @@ def test_resume_from_a_given_checkpoint_and_refuse_another_world_size(
     )
     with pytest.raises(UserError, match="written by 2 ranks; resume it with the same number"):
         setup(make_config(tiny_model_dir, data_file, other, "run.resume=auto"))
+    # two ranks asked of a one-rank run: refused before torchrun starts, in one line
+    two = cli_args(tiny_model_dir, data_file, run_dir, "dist.nproc=2", "run.resume=auto")
+    capsys.readouterr()
+    assert main(["train", *two, "run.steps=3"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1 and "written by 1 ranks; resume it with the same number, not 2" in err
+    )
 
 
 def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:

@@ -28,6 +28,7 @@ def train_command(args: argparse.Namespace) -> int:
     config_path, overrides = _split_config_args(args.args)
     config = load_config(config_path, overrides)
     if config.dist.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        _check_resumed_ranks(config)
         return _launch_torchrun(config.dist.nproc, args.argv)
     from oncurve import distributed
     from oncurve.loop.progress import silence
@@ -51,6 +52,17 @@ def train_command(args: argparse.Namespace) -> int:
 # it directly, as a scheduler that signals every process of a job does) before it kills them:
 # a step and a checkpoint, not torchrun's 30 s.
 _SHUTDOWN_TIMEOUT_S = 3600
+
+
+def _check_resumed_ranks(config) -> None:
+    """Before torchrun starts: a checkpoint to resume that other ranks wrote is one line here,
+    not the same error from every rank and torchrun's report of their failure."""
+    from oncurve.run import checkpoint
+
+    found = checkpoint.resume_point(config.run.resume, config.run.dir)
+    if found is not None and (found / checkpoint.COMPLETE).is_file():
+        state = checkpoint.read_state(found)
+        checkpoint.check_saved_ranks(found, state, config.dist.nproc)
 
 
 def _launch_torchrun(nproc: int, argv: list[str]) -> int:

@@ -140,6 +140,28 @@ def save_checkpoint(
     return final
 
 
+def check_saved_ranks(path: Path, state: dict, world_size: int) -> None:
+    """UserError unless checkpoint `path` (its `state`) was written by `world_size` ranks: its
+    optimizer shards and RNG states are one per rank."""
+    saved = state.get("world_size", 1)
+    if saved != world_size:
+        raise UserError(
+            f"checkpoint {path} was written by {saved} ranks; resume it with the same number, "
+            f"not {world_size}"
+        )
+
+
+def resume_point(resume: str | None, run_dir: str | None) -> Path | None:
+    """The checkpoint `run.resume` names (`auto`: `run_dir`'s newest complete one), None for a
+    fresh run; nothing is locked or checked (`oncurve.run.rundir` does that when the run
+    starts)."""
+    if resume is None:
+        return None
+    if resume != "auto":
+        return Path(resume)
+    return latest_checkpoint(Path(run_dir)) if run_dir is not None else None
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint of `run_dir`, or None when there is none.
 

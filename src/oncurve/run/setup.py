@@ -267,11 +267,7 @@ def _resume(s: Session, checkpoint_dir: Path) -> None:
     settings are compared first, from its `state.json`: a changed setting is named before any
     tensor that would not fit it loads."""
     saved = checkpoint.read_state(checkpoint_dir)
-    if saved.get("world_size", 1) != s.world_size:
-        raise UserError(
-            f"checkpoint {checkpoint_dir} was written by {saved.get('world_size', 1)} ranks; "
-            f"resume it with the same number, not {s.world_size}"
-        )
+    checkpoint.check_saved_ranks(checkpoint_dir, saved, s.world_size)
     s.start_step = int(saved["step"])
     changes = _changes(s, saved, checkpoint_dir)
     modules, optimizers = s.checkpoint_extras()
