@@ -12,10 +12,12 @@ file rewritten by `truncate_after` (resume) is the one the next row goes to.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -94,7 +96,8 @@ class MetricsLogger:
             self._writer.close()
             self._writer = None
         while self._trackers:
-            self._trackers.pop().finish()
+            with contextlib.redirect_stdout(sys.stderr):  # stdout is the command's summary
+                self._trackers.pop().finish()
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -243,7 +246,9 @@ def _trackio_run(run_dir: Path, project: str, name: str | None, config: dict) ->
             "log.trackio.project needs the trackio package: pip install 'oncurve[trackio]'"
         ) from None
     # embed=False: no dashboard server, even in a notebook; `trackio show` opens one on demand.
-    trackio.init(project=project, name=name or run_dir.name, config=config, embed=False)
+    # Its messages go to stderr: stdout is the command's summary.
+    with contextlib.redirect_stdout(sys.stderr):
+        trackio.init(project=project, name=name or run_dir.name, config=config, embed=False)
     return trackio
 
 

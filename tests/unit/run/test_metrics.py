@@ -329,7 +329,7 @@ def offline_trackio(tmp_path, monkeypatch):
 
 
 def test_trackio_gets_the_runs_config_and_every_metric(
-    tiny_model_dir, data_file, tmp_path, offline_trackio
+    tiny_model_dir, data_file, tmp_path, offline_trackio, capfd
 ):
     from oncurve.loop.trainer import train
 
@@ -339,6 +339,8 @@ def test_trackio_gets_the_runs_config_and_every_metric(
         tracked_run(tiny_model_dir, data_file, run_dir, "log.trackio.project=oncurve-test"),
         quiet=True,
     )
+    # trackio's own messages go to stderr: stdout is the command's summary
+    assert capfd.readouterr().out == ""
     (run,) = trackio.Api().runs("oncurve-test")
     assert run.name == "run"
     assert run.config["log"]["trackio"]["project"] == "oncurve-test"
