@@ -6,6 +6,7 @@ import copy
 import gc
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -71,6 +72,10 @@ def test_three_steps_write_finite_metrics_samples_and_a_loadable_final_model(
     assert (run_dir / "samples.jsonl").read_text().count("\n") == 3 * 4
     assert result.steps == 3
 
+    # the final model's files follow the umask, as the run's others do (safetensors writes 0600)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert {p.stat().st_mode & 0o777 for p in (run_dir / "final").iterdir()} == {0o666 & ~umask}
     final = transformers.AutoModelForCausalLM.from_pretrained(run_dir / "final")
     tokenizer = transformers.AutoTokenizer.from_pretrained(run_dir / "final")
     initial = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir)

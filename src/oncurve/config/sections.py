@@ -73,10 +73,16 @@ def _is_cap_check(value: float | None) -> str | None:
 class LoraConfig:
     r: int = _opt(0, "LoRA rank; 0 trains every weight (extra `lora` installs peft)", NON_NEGATIVE)
     alpha: float = _opt(16.0, "LoRA scaling numerator (scale = alpha / r)", POSITIVE)
-    dropout: float = _opt(0.0, "dropout on the LoRA input", _range(0, 1, high_open=True))
+    dropout: float = _opt(
+        0.0,
+        "dropout on the LoRA input; must be 0 with an adapter: a step's forwards run without "
+        "dropout, so that the update's ratios compare like with like",
+        _range(0, 1, high_open=True),
+    )
     target_modules: list[str] = _opt(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        "module names that get adapters",
+        "module names that get adapters; each must match a module, and not the output head or "
+        "an embedding tied to it",
     )
     save_adapter: bool = _opt(False, "also write the adapter alone to final/adapter")
 

@@ -15,6 +15,11 @@ def check_cross_fields(config: Config) -> None:
     if config.data.task is None and config.data.path is None:
         raise UserError("data.task or data.path must be set")
     check_ranks(config, config.dist.nproc)
+    if config.model.lora.r and config.model.lora.dropout:
+        raise UserError(
+            "model.lora.dropout must be 0: every forward of a step runs without dropout, so "
+            "that the update's ratios compare like with like (a dropout would do nothing)"
+        )
     if config.dist.fsdp and config.model.lora.r:
         raise UserError("dist.fsdp=true with model.lora.r > 0 is not supported; use one of them")
     if config.rollout.min_new_tokens > config.rollout.max_new_tokens:
@@ -94,6 +99,17 @@ def _check_data(config: Config) -> None:
     # data.path replaces the task, so the task's settings would do nothing
     if data.path is not None and data.task_options:
         raise UserError("data.task_options applies to data.task, which data.path replaces")
+    # a curriculum's own setting given for another curriculum would do nothing
+    defaults = type(data)()
+    for setting, curriculum in (
+        ("curriculum_threshold", "difficulty"),
+        ("curriculum_floor", "pass_rate"),
+    ):
+        if data.curriculum != curriculum and getattr(data, setting) != getattr(defaults, setting):
+            raise UserError(
+                f"data.{setting} applies to data.curriculum={curriculum}, not "
+                f"{data.curriculum}; leave it out"
+            )
     if data.path is not None and data.curriculum == "difficulty":
         raise UserError(
             "data.curriculum=difficulty needs a built-in task with difficulty levels (data.task), "

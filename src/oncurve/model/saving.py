@@ -17,6 +17,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from oncurve.errors import CheckpointError, UserError
+from oncurve.run.durable_files import follow_umask
 
 GENERATION_FILE = "generation_config.json"
 
@@ -118,6 +119,7 @@ def _written_whole(out: Path) -> Iterator[Path]:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         yield partial
+        follow_umask(partial)
         if out.exists():
             os.replace(out, trash)
         os.replace(partial, out)

@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from oncurve.data.files import HUB_ID
 from oncurve.errors import UserError
 from oncurve.model.devices import DTYPES
+from oncurve.run.durable_files import follow_umask
 
 # the oldest transformers whose GGUF tokenizers come out right (the `gguf` extra asks for it)
 GGUF_TRANSFORMERS = "5.18"
@@ -301,6 +302,7 @@ def import_gguf(file: str | Path, out: str | Path, dtype: str = "float32") -> Pa
     try:
         model.save_pretrained(partial, safe_serialization=True)
         tokenizer.save_pretrained(partial)
+        follow_umask(partial)
         if target.exists():
             target.rmdir()
         partial.rename(target)

@@ -89,6 +89,7 @@ def add_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
         import peft
     except ImportError:
         raise UserError("model.lora.r > 0 needs peft: pip install 'oncurve[lora]'") from None
+    _check_targets(model, lora.target_modules)
     config = peft.LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
@@ -100,3 +101,32 @@ def add_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
         return peft.get_peft_model(model, config)
     except ValueError as err:
         raise UserError(f"model.lora.target_modules: {str(err).splitlines()[0]}") from None
+
+
+def _check_targets(model: torch.nn.Module, targets: list[str]) -> None:
+    """UserError naming `model.lora.target_modules` when a name matches no module (a default
+    list on a model whose layers are named otherwise would adapt some and skip the rest), or
+    names the output head (the training forward reads its weight: an adapter there never
+    trains) or an input embedding tied to it (merged into final/, it would change the head)."""
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    tied = head is not None and embed is not None and head.weight is embed.weight
+    matched = set()
+    for name, module in model.named_modules():
+        hits = [t for t in targets if name == t or name.endswith(f".{t}")]
+        if not hits:
+            continue
+        matched.update(hits)
+        if module is head or (tied and module is embed):
+            what = "the output head" if module is head else "an embedding tied to the output head"
+            raise UserError(
+                f"model.lora.target_modules: {hits[0]!r} is {what}, which an adapter cannot "
+                "train here (the forward reads the head's weight itself); leave it out"
+            )
+    unmatched = [t for t in targets if t not in matched]
+    if unmatched and matched:
+        leaves = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                         if isinstance(m, torch.nn.Linear)})  # fmt: skip
+        raise UserError(
+            f"model.lora.target_modules: {', '.join(unmatched)} match no module of this model "
+            f"(its linear layers: {', '.join(leaves)}); name the ones to adapt"
+        )

@@ -26,6 +26,14 @@ def write_file(path: Path, dump: Callable[[Path], Any]) -> None:
     fsync(path)
 
 
+def follow_umask(directory: Path) -> None:
+    """Give every file below `directory` the umask's mode (safetensors and tempfile write 0600:
+    a model another user or a server reads must follow the umask, as a run's files do)."""
+    for path in Path(directory).rglob("*"):
+        if path.is_file():
+            path.chmod(0o666 & ~_UMASK)
+
+
 def replace_file(src: Path, dst: Path) -> None:
     """Rename `src` to `dst` and fsync their directory so that the rename itself is durable."""
     os.replace(src, dst)

@@ -34,6 +34,15 @@ from oncurve.errors import UserError
     [
         (["algo.epsilon=1.5"], "algo.epsilon must be in (0, 1], got 1.5"),
         (["algo.epsilon_high=0"], "algo.epsilon_high must be in (0, inf), got 0.0"),
+        (["model.lora.r=4", "model.lora.dropout=0.1"], "model.lora.dropout must be 0: every"),
+        (
+            ["data.curriculum_floor=0.3"],
+            "data.curriculum_floor applies to data.curriculum=pass_rate, not none",
+        ),
+        (
+            ["data.curriculum=pass_rate", "data.curriculum_threshold=0.5"],
+            "data.curriculum_threshold applies to data.curriculum=difficulty, not pass_rate",
+        ),
         (
             ["dist.nproc=2", "data.prompts_per_step=3"],
             "data.prompts_per_step (3) must be divisible by the number of ranks (dist.nproc: 2)",

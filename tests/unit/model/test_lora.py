@@ -9,6 +9,7 @@ import transformers
 from helpers.configs import make_config
 from safetensors.torch import load_file
 
+from oncurve.errors import UserError
 from oncurve.loop.trainer import setup, train
 from oncurve.loop.training_step import training_step
 from oncurve.model.forward import PolicyLogprobs
@@ -103,3 +104,23 @@ def test_checkpoints_hold_the_adapter_and_resume_restores_it(tiny_model_dir, dat
     ]
     assert all(float(m["step"]) == 1.0 for m in moments)
     assert len(resumed.optimizer.state) == len(moments)
+
+
+@pytest.mark.parametrize(
+    ("targets", "message"),
+    [
+        ("[q_proj,lm_head]", r"'lm_head' is the output head, which an adapter cannot train"),
+        ("[embed_tokens]", r"'embed_tokens' is an embedding tied to the output head"),
+        ("[q_proj,qkv_proj]", r"qkv_proj match no module of this model \(its linear layers: "),
+    ],
+)
+def test_targets_an_adapter_could_not_train_are_one_line(tiny_model_dir, data_file, tmp_path,
+                                                         targets, message):  # fmt: skip
+    """The head's weight is read by the forward itself (an adapter there never trains), a tied
+    embedding's adapter would change the head when merged, and a name that matches nothing
+    leaves part of the model without adapters."""
+    config = make_config(
+        tiny_model_dir, data_file, tmp_path / "run", *LORA, f"model.lora.target_modules={targets}"
+    )
+    with pytest.raises(UserError, match=f"^model.lora.target_modules: {message}"):
+        setup(config)
