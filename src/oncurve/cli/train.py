@@ -9,8 +9,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from oncurve.errors import UserError
+
+if TYPE_CHECKING:
+    from oncurve.config import Config
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -54,7 +58,7 @@ def train_command(args: argparse.Namespace) -> int:
 _SHUTDOWN_TIMEOUT_S = 3600
 
 
-def _check_resumed_ranks(config) -> None:
+def _check_resumed_ranks(config: Config) -> None:
     """Before torchrun starts: a checkpoint to resume that other ranks wrote is one line here,
     not the same error from every rank and torchrun's report of their failure."""
     from oncurve.run import checkpoint

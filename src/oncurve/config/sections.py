@@ -75,8 +75,8 @@ class LoraConfig:
     alpha: float = _opt(16.0, "LoRA scaling numerator (scale = alpha / r)", POSITIVE)
     dropout: float = _opt(
         0.0,
-        "dropout on the LoRA input; must be 0 with an adapter: a step's forwards run without "
-        "dropout, so that the update's ratios compare like with like",
+        "dropout on the LoRA input; no forward applies it (a step's forwards run without "
+        "dropout, so that the update's ratios compare like with like), and the run says so",
         _range(0, 1, high_open=True),
     )
     target_modules: list[str] = _opt(

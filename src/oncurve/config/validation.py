@@ -15,11 +15,6 @@ def check_cross_fields(config: Config) -> None:
     if config.data.task is None and config.data.path is None:
         raise UserError("data.task or data.path must be set")
     check_ranks(config, config.dist.nproc)
-    if config.model.lora.r and config.model.lora.dropout:
-        raise UserError(
-            "model.lora.dropout must be 0: every forward of a step runs without dropout, so "
-            "that the update's ratios compare like with like (a dropout would do nothing)"
-        )
     if config.dist.fsdp and config.model.lora.r:
         raise UserError("dist.fsdp=true with model.lora.r > 0 is not supported; use one of them")
     if config.rollout.min_new_tokens > config.rollout.max_new_tokens:

@@ -116,11 +116,15 @@ def _check_targets(model: torch.nn.Module, targets: list[str]) -> None:
         if not hits:
             continue
         matched.update(hits)
-        if module is head or (tied and module is embed):
-            what = "the output head" if module is head else "an embedding tied to the output head"
+        if module is head:
             raise UserError(
-                f"model.lora.target_modules: {hits[0]!r} is {what}, which an adapter cannot "
-                "train here (the forward reads the head's weight itself); leave it out"
+                f"model.lora.target_modules: {hits[0]!r} is the output head, which an adapter "
+                "cannot train here (the forward reads the head's weight itself); leave it out"
+            )
+        if tied and module is embed:
+            raise UserError(
+                f"model.lora.target_modules: {hits[0]!r} is an embedding tied to the output "
+                "head: merged into final/, its adapter would change the head too; leave it out"
             )
     unmatched = [t for t in targets if t not in matched]
     if unmatched and matched:

@@ -399,11 +399,17 @@ def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | Harnes
 
 
 def startup_notes(config: Config, rewards: RewardRunner, data: PromptData) -> list[str]:
-    """What the start-up report says of the run's choices beyond the settled ones: fewer
-    training rows than a step takes, the column the reference answers were found in when the
+    """What the start-up report says of the run's choices beyond the settled ones: a LoRA
+    dropout (which no forward applies), fewer training rows than a step takes, the column the reference answers were found in when the
     config does not name it and it is not `answer`, and which rewards the curriculum and
     dynamic sampling read."""
     notes = []
+    if config.model.lora.r and config.model.lora.dropout:
+        notes.append(
+            f"warning: model.lora.dropout={config.model.lora.dropout} does nothing: every "
+            "forward of a step runs without dropout, so that the update's ratios compare like "
+            "with like"
+        )
     rows, per_step = len(data.rows), config.data.prompts_per_step
     if rows < per_step:
         notes.append(

@@ -34,7 +34,6 @@ from oncurve.errors import UserError
     [
         (["algo.epsilon=1.5"], "algo.epsilon must be in (0, 1], got 1.5"),
         (["algo.epsilon_high=0"], "algo.epsilon_high must be in (0, inf), got 0.0"),
-        (["model.lora.r=4", "model.lora.dropout=0.1"], "model.lora.dropout must be 0: every"),
         (
             ["data.curriculum_floor=0.3"],
             "data.curriculum_floor applies to data.curriculum=pass_rate, not none",

@@ -124,3 +124,10 @@ def test_targets_an_adapter_could_not_train_are_one_line(tiny_model_dir, data_fi
     )
     with pytest.raises(UserError, match=f"^model.lora.target_modules: {message}"):
         setup(config)
+
+
+def test_a_lora_dropout_is_said_to_do_nothing(tiny_model_dir, data_file, tmp_path, capsys):
+    """Every forward of a step runs without dropout (the update's ratios compare like with
+    like): a dropout set is said at start, not silently ignored."""
+    setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *LORA, "model.lora.dropout=0.1"))
+    assert "warning: model.lora.dropout=0.1 does nothing" in capsys.readouterr().err
