@@ -68,6 +68,7 @@ class RewardModel:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         trust_remote_code: bool = False,
+        system_prompt: str | None = None,
         batch_rows: int = BATCH_ROWS,
     ) -> None:
         if batch_rows < 1:
@@ -75,7 +76,7 @@ class RewardModel:
         self.name = metric_name(source)
         self.device = torch.device(device)
         self.batch_rows = batch_rows
-        self.system_prompt: str | None = None  # `data.system_prompt`, set by the run's setup
+        self.system_prompt = system_prompt  # `data.system_prompt`: before a text prompt
         self.model, self.tokenizer = _load(source, self.name, dtype, trust_remote_code)
         self.model.to(self.device).eval().requires_grad_(False)
         self.chat_template = bool(getattr(self.tokenizer, "chat_template", None))

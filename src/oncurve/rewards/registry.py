@@ -137,19 +137,26 @@ def resolve_reward(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     trust_remote_code: bool = False,
+    system_prompt: str | None = None,
 ) -> tuple[str, RewardFn]:
     """(metric name, function) for a built-in name, a `package.module:function` path (its
     metric name is the function's name; called with TRL's contract, `TrlReward`) or
-    `model:PATH_OR_ID`, a reward model loaded on
-    `device` in `dtype` (named `model:<last part of PATH_OR_ID>`; see `oncurve.rewards.model`).
-    """
+    `model:PATH_OR_ID`, a reward model loaded on `device` in `dtype`, which reads a text prompt
+    after `system_prompt` (named `model:<last part of PATH_OR_ID>`; see
+    `oncurve.rewards.model`)."""
     if spec in BUILTINS:
         return spec, BUILTINS[spec]
     if spec.startswith(MODEL_PREFIX):
         source = spec[len(MODEL_PREFIX) :]
         if not source:
             raise UserError(f"reward {spec!r}: name a model directory or Hub id after 'model:'")
-        model = RewardModel(source, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        model = RewardModel(
+            source,
+            device=device,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            system_prompt=system_prompt,
+        )
         return model.name, model
     if ":" not in spec:
         raise UserError(

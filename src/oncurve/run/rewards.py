@@ -9,7 +9,6 @@ from oncurve.data.prompts import correctness_fn
 from oncurve.data.tasks.base import Task
 from oncurve.errors import UserError
 from oncurve.model.devices import DTYPES, resolve_dtype
-from oncurve.rewards.model import RewardModel
 from oncurve.rewards.registry import (
     RewardFn,
     episode_reward,
@@ -43,6 +42,7 @@ def build_rewards(
                 device=device,
                 dtype=dtype,
                 trust_remote_code=config.model.trust_remote_code,
+                system_prompt=config.data.system_prompt,
             )
             if fn is overlong_penalty:
                 raise UserError(
@@ -51,8 +51,6 @@ def build_rewards(
                 )
             if fn is length_penalty:  # against the run's own limit, not the function's default
                 fn = _with_settings(length_penalty, max_len=config.rollout.max_new_tokens)
-            if isinstance(fn, RewardModel):  # it reads the prompt as the policy was given it
-                fn.system_prompt = config.data.system_prompt
             fns.append((name, fn, spec.weight))
     elif config.rollout.env is not None:
         fns = [("env", episode_reward, 1.0)]
