@@ -4,23 +4,28 @@
 stdin a JSON object {"secret", "tests", "setup", "entry_point"}. The process forks before it
 reads stdin:
 
-- the child runs the program (stdin empty, stdout merged into stderr), then the row's setup code
-  (so the program's functions read the names it defines, and it may use the program's classes),
-  then serves requests from the parent: call one of its objects, read or set an attribute,
-  iterate. Its answers travel by value (marshal, which takes exact built-in types only: an
-  object that always says equal, or any subclass, comes back as an opaque reference);
+- the child runs the program (stdin empty, what it prints discarded; an exit or exception at
+  its top level, a demo block's, ends only that code), then the row's setup code (so the
+  program's functions read the names it defines, and it may use the program's classes), then
+  serves requests from the parent: call one of its objects, read or set an attribute, take the
+  next items of an iterator. Its answers travel by value (marshal, which takes exact built-in
+  types only: an object that always says equal, or any other subclass, comes back as an opaque
+  reference), except a few standard-library types (`_STANDARD`), sent as their plain contents
+  and rebuilt in the parent by its own constructors, and a named tuple, sent as a tuple;
 - the parent runs the setup code and the tests in a process of its own, where the program's
   names are references into the child: every comparison, builtin and assert runs here, on
   values the child sent, so nothing the program patches, prints or exits with reaches the
-  verdict. When the tests finish it prints ``<secret> pass`` on the stdout that the child never
-  held. The child never sees the secret or the tests: they arrive after the fork, and this
-  process is not dumpable, so the child cannot read them through /proc.
+  verdict. The tests run as the main script (what they print is discarded); when they finish,
+  having used the program (called it, or read a value of its), it prints ``<secret> pass`` on
+  the stdout that the child never held. The child never sees the secret or the tests: they
+  arrive after the fork, and this process is not dumpable, so the child cannot read them
+  through /proc.
 
 What the tests see (``_tests_namespace``): those of the program's names that they or the setup
 code read, except that a builtin's name is always the builtin, a standard module's name always
 the real module (imported here), and a name the setup code defines always the setup's; the
 row's entry point, when given, is always the program's (MBPP's task 126 names its function
-`sum`). Nothing the tests bind reaches the child.
+`sum`), and a program that does not define it fails. Nothing the tests bind reaches the child.
 An exception the program raises fails the case, whatever the tests do with it: it arrives as
 ``ProgramRaised``, which no iteration takes for its end and ``except Exception`` does not catch,
 and the verdict is withheld even if a bare ``except`` swallows it. So is an error the program
@@ -33,6 +38,9 @@ A case passes when stdout is exactly that line.
 from __future__ import annotations
 
 import builtins
+import collections
+import decimal
+import fractions
 import importlib
 import json
 import marshal
@@ -45,6 +53,28 @@ _PLAIN = (int, float, complex, str, bytes, bool, type(None), tuple, list, dict, 
 # Marks, in a call's arguments, a reference to an object of the program's (`Pair(5, 24)` made
 # by an earlier call and passed back): (_REF, index).
 _REF = "\0oncurve-ref"
+# Marks a standard-library object sent as its plain contents: (_STD, kind, contents).
+_STD = "\0oncurve-std"
+_STANDARD = {
+    collections.Counter: ("Counter", dict, collections.Counter),
+    collections.OrderedDict: ("OrderedDict", lambda v: list(v.items()), collections.OrderedDict),
+    collections.deque: ("deque", lambda v: (list(v), v.maxlen), lambda c: collections.deque(*c)),
+    fractions.Fraction: (
+        "Fraction",
+        lambda v: (v.numerator, v.denominator),
+        lambda c: fractions.Fraction(*c),
+    ),
+    decimal.Decimal: ("Decimal", str, decimal.Decimal),
+    range: ("range", lambda v: (v.start, v.stop, v.step), lambda c: range(*c)),
+}
+_REBUILD = {kind: rebuild for kind, _, rebuild in _STANDARD.values()}
+# a defaultdict travels with its factory when that is one of these
+_FACTORIES = {t.__name__: t for t in (list, dict, set, frozenset, int, float, str, tuple, bool)}
+_REBUILD["defaultdict"] = lambda c: collections.defaultdict(
+    _FACTORIES[c[0]] if c[0] is not None else None, c[1]
+)
+# items fetched ahead from an iterator of the program's, at most (doubling from 1 per request)
+_MAX_ITEMS = 1024
 _MAX_MESSAGE = 1 << 28
 _BUILTIN_NAMES = frozenset(dir(builtins))
 
@@ -52,6 +82,58 @@ _BUILTIN_NAMES = frozenset(dir(builtins))
 class ProgramRaised(BaseException):
     """An exception of the program's, as the tests see it: a BaseException, so that neither an
     iteration (StopIteration) nor ``except Exception`` in the tests takes it for theirs."""
+
+
+def _pack(value: Any, swap: Any = lambda v: v, depth: int = 0) -> Any:
+    """`value` as plain data: each standard-library object of `_STANDARD`, or a defaultdict with
+    a builtin factory, as (_STD, kind, contents); a named tuple as a tuple; each part that
+    `swap` changes (a reference of the tests') swapped. TypeError for anything else."""
+    if depth > 200:
+        raise TypeError("nested too deep")
+    found = swap(value)
+    if found is not value:
+        return found
+    kind = type(value)
+    if kind in (int, float, complex, str, bytes, bool, type(None)):
+        return value
+    if kind in (list, tuple, set, frozenset):
+        return kind(_pack(item, swap, depth + 1) for item in value)
+    if kind is dict:
+        return {_pack(k, swap, depth + 1): _pack(v, swap, depth + 1) for k, v in value.items()}
+    if kind in _STANDARD:
+        name, contents, _ = _STANDARD[kind]
+        return (_STD, name, _pack(contents(value), swap, depth + 1))
+    if kind is collections.defaultdict:
+        factory = value.default_factory
+        if factory is None or _FACTORIES.get(getattr(factory, "__name__", None)) is factory:
+            name = None if factory is None else factory.__name__
+            return (_STD, "defaultdict", (name, _pack(dict(value), swap, depth + 1)))
+    if isinstance(value, tuple) and hasattr(kind, "_fields"):  # a named tuple
+        return tuple(_pack(item, swap, depth + 1) for item in tuple.__iter__(value))
+    raise TypeError(f"{kind.__name__} is not plain data")
+
+
+def _unpack(value: Any, swap: Any = lambda v: v, depth: int = 0) -> Any:
+    """`value` with each (_STD, kind, contents) rebuilt and each other part that `swap` changes
+    (a reference of the program's) swapped; ValueError for a mark that rebuilds nothing (and
+    TypeError for a rebuilt object that cannot be a key or in a set)."""
+    if depth > 200:
+        raise ValueError("nested too deep")
+    found = swap(value)
+    if found is not value:
+        return found
+    kind = type(value)
+    if kind is tuple and len(value) == 3 and value[0] == _STD:
+        rebuild = _REBUILD.get(value[1])
+        try:
+            return rebuild(_unpack(value[2], swap, depth + 1))
+        except Exception as exc:
+            raise ValueError(f"a malformed {value[1]!r}: {exc}") from None
+    if kind in (list, tuple, set, frozenset):
+        return kind(_unpack(item, swap, depth + 1) for item in value)
+    if kind is dict:
+        return {_unpack(k, swap, depth + 1): _unpack(v, swap, depth + 1) for k, v in value.items()}
+    return value
 
 
 def _send(fd: int, message: object) -> None:
@@ -82,10 +164,11 @@ def _receive(fd: int) -> Any:
 def _serve(source: str, setup: str, requests: int, replies: int) -> None:
     """The child: run the program and the setup code, then answer the parent until it hangs
     up."""
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
+    notes = os.dup(2)  # why the child stopped, for whoever reads the run's stderr
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
     os.close(null)
-    os.dup2(2, 1)
     namespace = {"__name__": "__main__", "__file__": "main.py", "__builtins__": builtins}
     objects = [namespace]
     dumps, send, receive = marshal.dumps, _send, _receive
@@ -96,12 +179,26 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
         try:
             dumps(value)
             return ("value", value)
-        except (ValueError, RecursionError):  # not plain data: the parent gets a reference
+        except (ValueError, RecursionError):
+            pass
+        try:
+            packed = _pack(value)
+            dumps(packed)
+            return ("packed", packed)
+        except (TypeError, ValueError, RecursionError):  # not plain data: a reference
             objects.append(value)
             return ("ref", len(objects) - 1)
 
+    def deref(value):
+        if type(value) is tuple and len(value) == 2 and value[0] == _REF:
+            return objects[value[1]]
+        return value
+
     try:
-        exec(compile(source, "main.py", "exec"), namespace)
+        try:
+            exec(compile(source, "main.py", "exec"), namespace)
+        except BaseException as exc:  # a demo block's exit or input(): the tests call the rest
+            os.write(notes, f"the program's top level raised {type(exc).__name__}\n".encode())
         if setup:
             exec(compile(setup, "<setup>", "exec"), namespace)
         send(replies, {k: encode(v) for k, v in namespace.items() if not k.startswith("__")})
@@ -110,46 +207,41 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
             target = objects[ref]
             try:
                 if kind == "call":
-                    args, kwargs, refs = rest
-                    if refs:
-                        args, kwargs = _map_refs((args, kwargs), lambda v: _deref(v, objects))
+                    args, kwargs, packed = rest
+                    if packed:
+                        args, kwargs = _unpack((args, kwargs), deref)
                     reply = encode(target(*args, **kwargs))
                 elif kind == "getattr":
                     reply = encode(getattr(target, rest[0]))
                 elif kind == "iter":
-                    reply = encode(list(target))
+                    iterator = iter(target)
+                    if iterator is not target:
+                        objects.append(iterator)
+                        ref = len(objects) - 1
+                    reply = ("ref", ref)
+                elif kind == "next":
+                    items, end = [], ("more",)
+                    try:
+                        while len(items) < rest[0]:
+                            items.append(encode(next(target)))
+                    except StopIteration:
+                        end = ("stop",)
+                    except Exception as exc:  # the tests see it after the items before it
+                        end = ("raise", type(exc).__name__, str(exc)[:300])
+                    reply = ("items", items, end)
                 else:  # "setattr"
-                    name, value, refs = rest
-                    if refs:
-                        value = _map_refs(value, lambda v: _deref(v, objects))
+                    name, value, packed = rest
+                    if packed:
+                        value = _unpack(value, deref)
                     setattr(target, name, value)
                     reply = ("value", None)
             except Exception as exc:
                 reply = ("raise", type(exc).__name__, str(exc)[:300])
             send(replies, reply)
     except BaseException as exc:
-        print(f"the program stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+        os.write(notes, f"the program stopped: {type(exc).__name__}: {exc}\n".encode())
     finally:
         os._exit(0)
-
-
-def _map_refs(value: Any, swap: Any) -> Any:
-    """`value` with `swap` applied to each part, containers rebuilt around what it changed."""
-    found = swap(value)
-    if found is not value:
-        return found
-    kind = type(value)
-    if kind in (list, tuple, set, frozenset):
-        return kind(_map_refs(item, swap) for item in value)
-    if kind is dict:
-        return {_map_refs(k, swap): _map_refs(v, swap) for k, v in value.items()}
-    return value
-
-
-def _deref(value: Any, objects: list) -> Any:
-    if type(value) is tuple and len(value) == 2 and value[0] == _REF and type(value[1]) is int:
-        return objects[value[1]]
-    return value
 
 
 def _plain(value: object, depth: int = 0) -> bool:
@@ -174,11 +266,11 @@ class _Remote:
     def __call__(self, *args, **kwargs):
         try:
             marshal.dumps((args, kwargs))
-            refs = False
-        except ValueError:  # objects of the program's among them, or what cannot travel
-            args, kwargs = _map_refs((args, kwargs), _mark)
-            refs = True
-        return self._link.ask("call", self._ref, args, kwargs, refs)
+            packed = False
+        except ValueError:  # objects of the program's among them, or of the standard library
+            args, kwargs = _outgoing((args, kwargs))
+            packed = True
+        return self._link.ask("call", self._ref, args, kwargs, packed)
 
     def __getattr__(self, name):
         if name.startswith("__"):  # protocols the tests' code probes for (copy, pickle)
@@ -191,13 +283,20 @@ class _Remote:
             return
         try:
             marshal.dumps(value)
-            refs = False
+            packed = False
         except ValueError:
-            value, refs = _map_refs(value, _mark), True
-        self._link.ask("setattr", self._ref, name, value, refs)
+            value, packed = _outgoing(value), True
+        self._link.ask("setattr", self._ref, name, value, packed)
 
     def __iter__(self):
-        return iter(self._link.ask("iter", self._ref))
+        iterator = self._link.ask("iter", self._ref)
+        if type(iterator) is not _Remote:  # else `iter()` would raise the judge's TypeError
+            self._link.raised = True
+            raise ProgramRaised("the program's process sent something other than an iterator")
+        return iterator
+
+    def __next__(self):
+        return self._link.next_item(self._ref)
 
     def __bool__(self):
         # an object that calls itself true would pass `assert f(x)` whatever f computed
@@ -208,16 +307,29 @@ class _Remote:
         return "<object of the program>"
 
 
-def _mark(value: Any) -> Any:
-    return (_REF, value._ref) if type(value) is _Remote else value
+def _outgoing(value: Any) -> Any:
+    """An argument of the tests' as plain data, with the program's objects as (_REF, index);
+    TypeError for one that cannot travel."""
+
+    def mark(part):
+        return (_REF, part._ref) if type(part) is _Remote else part
+
+    try:
+        return _pack(value, mark)
+    except TypeError:
+        raise TypeError("only plain data can be passed to the program") from None
 
 
 class _Link:
     def __init__(self, requests: int, replies: int) -> None:
         self.requests, self.replies = requests, replies
         self.raised = False  # the program raised during the tests: the case fails
+        self.used = False  # the tests called the program or read a value of its
+        # per iterator of the program's: (items fetched ahead, how it ended, next batch size)
+        self.fetched: dict[int, tuple[list, tuple, int]] = {}
 
     def ask(self, *request: object) -> Any:
+        self.used = True
         try:
             marshal.dumps(request)
         except ValueError:  # an argument of the tests' that is not plain data
@@ -230,6 +342,25 @@ class _Link:
             raise ProgramRaised(f"the program's process failed: {exc}") from None
         return self.decode(reply, request)
 
+    def next_item(self, ref: int) -> Any:
+        """The next item of the program's iterator `ref`, fetched in batches that double up to
+        `_MAX_ITEMS`; StopIteration at its end, and its error after the items before it."""
+        items, end, batch = self.fetched.get(ref, ([], ("more",), 1))
+        if not items and end == ("more",):
+            reply = self.ask("next", ref, batch)
+            if type(reply) is not tuple or len(reply) != 2 or type(reply[0]) is not list:
+                self.raised = True
+                raise ProgramRaised("the program's process sent something other than items")
+            items, end, batch = reply[0], reply[1], min(2 * batch, _MAX_ITEMS)
+        if items:
+            self.fetched[ref] = (items[1:], end, batch)
+            return items[0]
+        self.fetched[ref] = ([], end, batch)
+        if end == ("stop",):
+            raise StopIteration
+        self.raised = True
+        raise ProgramRaised(f"{end[1]}: {end[2]}" if len(end) == 3 else "a malformed end")
+
     def decode(self, reply: Any, request: tuple = ("names",)) -> Any:
         if type(reply) is tuple and reply and reply[0] == "ref" and type(reply[1]) is int:
             return _Remote(self, reply[1])
@@ -238,10 +369,20 @@ class _Link:
                 raise AttributeError(str(reply[2]))  # a missing attribute, as getattr says
             self.raised = True
             raise ProgramRaised(f"{reply[1]}: {reply[2]}")
-        if type(reply) is not tuple or reply[0] != "value" or not _plain(reply[1]):
-            self.raised = True
-            raise ProgramRaised("the program's process sent something other than plain data")
-        return reply[1]
+        kind = reply[0] if type(reply) is tuple and reply else None
+        if kind == "items" and len(reply) == 3 and type(reply[1]) is list:
+            if type(reply[2]) is tuple:
+                return [self.decode(item, request) for item in reply[1]], reply[2]
+        elif kind in ("value", "packed") and len(reply) == 2 and _plain(reply[1]):
+            if kind == "value":
+                return reply[1]
+            try:
+                return _unpack(reply[1])
+            except Exception as exc:  # an unhashable rebuilt into a set, too deep
+                self.raised = True
+                raise ProgramRaised(f"the program's process sent {exc}") from None
+        self.raised = True
+        raise ProgramRaised("the program's process sent something other than plain data")
 
 
 def _real_module(name: str) -> types.ModuleType | None:
@@ -264,10 +405,13 @@ def _names_read(*sources: str) -> set[str]:
     return names
 
 
-def _tests_namespace(names: Any, link: _Link, read: set[str], entry_point: str | None) -> dict:
+def _tests_namespace(
+    names: Any, link: _Link, read: set[str], tests_read: set[str], entry_point: str | None
+) -> dict:
     """The tests' globals before the setup code runs: those of the program's names that the
-    tests or the setup code read (module docstring)."""
-    namespace = {"__name__": "__tests__", "__builtins__": builtins}
+    tests or the setup code read (`read`; module docstring). A plain value of the program's
+    that the tests themselves read (`tests_read`) counts as a use of the program."""
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
     if type(names) is not dict:
         raise TypeError("the program's process sent something other than its names")
     for name, reply in names.items():
@@ -283,26 +427,42 @@ def _tests_namespace(names: Any, link: _Link, read: set[str], entry_point: str |
                 namespace[name] = module
             continue
         namespace[name] = link.decode(reply)
+        if name in tests_read and reply[0] in ("value", "packed"):
+            link.used = True
     return namespace
 
 
-def _judge(link: _Link) -> None:
-    """The parent: run the setup code and the tests against the child's objects; print the
-    verdict when they all pass and the program never raised (a failed assert raises out of
-    here)."""
+def _judge(link: _Link, verdict: int) -> None:
+    """The parent: run the setup code and the tests against the child's objects; write the
+    verdict to `verdict` when they all pass, having used the program, and the program never
+    raised (a failed assert raises out of here)."""
     job = json.loads(sys.stdin.read())
     entry_point = job.get("entry_point")
-    read = _names_read(job["tests"], job.get("setup") or "")
-    namespace = _tests_namespace(_receive(link.replies), link, read, entry_point)
+    tests_read = _names_read(job["tests"])
+    read = tests_read | _names_read(job.get("setup") or "")
+    names = _receive(link.replies)
+    # the tests are the main module, as when run as a script (`unittest.main()` reads it)
+    main = types.ModuleType("__main__")
+    namespace = main.__dict__
+    namespace.update(_tests_namespace(names, link, read, tests_read, entry_point))
+    sys.modules["__main__"] = main
+    if entry_point and entry_point not in names:
+        raise ProgramRaised(f"the program does not define {entry_point!r}")
     program_entry = namespace.get(entry_point) if entry_point else None
     if job.get("setup"):
         exec(compile(job["setup"], "<setup>", "exec"), namespace)
     if program_entry is not None:
         namespace[entry_point] = program_entry
-    exec(compile(job["tests"], "<tests>", "exec"), namespace)
+    try:
+        exec(compile(job["tests"], "<tests>", "exec"), namespace)
+    except SystemExit as exc:  # the tests ended themselves (`unittest.main()`): passed if 0
+        if exc.code not in (None, 0):
+            raise
     if link.raised:
         raise ProgramRaised("the program raised, and the tests went on")
-    os.write(1, f"{job['secret']} pass\n".encode())
+    if not link.used:
+        raise RuntimeError("the tests never called the program nor read a value of its")
+    os.write(verdict, f"{job['secret']} pass\n".encode())
 
 
 def run(source: str, setup: str = "") -> None:
@@ -325,8 +485,13 @@ def run(source: str, setup: str = "") -> None:
         _serve(source, setup, requests_r, replies_w)
     os.close(requests_r)
     os.close(replies_w)
+    # what the tests print goes nowhere: only the verdict is written to the run's stdout
+    verdict = os.dup(1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.close(null)
     try:
-        _judge(_Link(requests_w, replies_r))
+        _judge(_Link(requests_w, replies_r), verdict)
     except BaseException as exc:
         print(f"the tests failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         sys.exit(1)

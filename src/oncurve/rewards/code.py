@@ -8,15 +8,17 @@ in either common form:
 
 - stdin/stdout: a list of {"input": str, "output": str}; the program reads the input on stdin
   and passes when it exits cleanly and its stdout equals the output, trailing whitespace of each
-  line and trailing blank lines ignored;
+  line and trailing blank lines ignored (its stderr is discarded);
 - assert-style: a string of Python test code (HumanEval's `test` followed by
   `check(<entry_point>)`), or a list of them (MBPP's `test_list`). Each case runs under a
-  harness (`_harness.py`): the program in one process, the tests in another that calls the
-  program's functions through a pipe, with arguments and results by value as exact built-in
-  types, and evaluates every comparison and assert on its side. A case passes when that side
-  prints a secret made for the run, which the program never sees; so no early exit, exit hook,
-  always-equal object, patched builtin or printed verdict passes it. An object of the program's
-  that is not plain data comes back as a reference: the tests may call it, read and set its
+  harness (`_harness.py`): the program in one process, the tests in another, as the main
+  script, that calls the program's functions through a pipe, with arguments and results by
+  value as exact built-in types (and a few standard-library types rebuilt from their
+  contents), and evaluates every comparison and assert on its side. A case passes when that
+  side, having used the program, prints a secret made for the run, which the program never
+  sees; so no early exit, exit hook, always-equal object, patched builtin or printed verdict
+  passes it, and no test that never calls the program pays. An object of the program's that is
+  not plain data comes back as a reference: the tests may call it, read and set its
   attributes, iterate it and pass it back, but it equals nothing and has no truth value.
   Arguments the program changes in place are not seen by the tests.
 
@@ -63,6 +65,18 @@ PYTHON_TAGS = ("python", "py", "python3")
 # long comparison chain costs the compiler time and memory in proportion).
 MAX_PROGRAM_CHARS = 64 * 1024
 _HARNESS = Path(__file__).with_name("_harness.py").read_text()
+# A stdin/stdout case runs the program as the main module with its stderr discarded: only its
+# stdout is judged, and its debugging output must not reach the sandbox's output limit.
+_STDOUT_ONLY = (
+    "import os, sys, types\n"
+    "null = os.open(os.devnull, os.O_WRONLY)\n"
+    "os.dup2(null, 2)\n"
+    "os.close(null)\n"
+    "main = types.ModuleType('__main__')\n"
+    "main.__file__ = 'main.py'\n"
+    "sys.modules['__main__'] = main\n"
+    "exec(compile({program!r}, 'main.py', 'exec'), main.__dict__)\n"
+)
 # A fence's language tag is the rest of its opening line; its block ends at the next fence.
 _FENCE_RE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
 
@@ -92,8 +106,8 @@ class Case:
 
 
 def parse_tests(tests: Any) -> list[Case]:
-    """The cases of one row's `tests` value (see the module docstring); [] for None, "" or
-    []. UserError for anything else than the two forms."""
+    """The cases of one row's `tests` value (see the module docstring), blank items of a list
+    dropped; [] for None, "" or []. UserError for anything else than the two forms."""
     if tests is None:
         return []
     if isinstance(tests, str):
@@ -106,7 +120,8 @@ def parse_tests(tests: Any) -> list[Case]:
     cases = []
     for i, test in enumerate(tests):
         if isinstance(test, str):
-            cases.append(Case(code=test))
+            if test.strip():  # a blank item tests nothing (nor would it fail any program)
+                cases.append(Case(code=test))
         elif (
             isinstance(test, dict)
             and isinstance(test.get("input"), str)
@@ -252,7 +267,7 @@ def _job(
     assert-style case runs it under the harness, with the setup code after it, the tests and a
     fresh secret on stdin, and passes only when the harness prints `verdict`."""
     if not tests:
-        return program, stdin, ""
+        return _STDOUT_ONLY.format(program=program), stdin, ""
     secret = secrets.token_hex(16)
     source = f"{_HARNESS}\nrun({program!r}, {setup!r})\n"
     job = {"secret": secret, "tests": tests, "setup": setup, "entry_point": entry_point or None}

@@ -286,6 +286,18 @@ LINK_FAILURES = {
         ),
     ),
     "no truth value": ("TypeError", breaks_on_two("        return object()")),
+    # a standard-library object sent as contents that the judge cannot rebuild: a Counter
+    # (unhashable) in a set
+    "a standard object that does not rebuild": (
+        "TypeError",
+        "import marshal\n"
+        + breaks_on_two(
+            "        real = marshal.dumps\n        def once(message):\n"
+            "            marshal.dumps = real\n"
+            "            return real(('packed', {('\\0oncurve-std', 'Counter', ())}))\n"
+            "        marshal.dumps = once\n        return None"
+        ),
+    ),
 }
 
 

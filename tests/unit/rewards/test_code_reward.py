@@ -213,9 +213,10 @@ def test_a_program_cannot_forge_assert_verdicts(reward, trick):
     right = "def add(a, b):\n    return a + b\n"
     scores = reward(["p"] * 2, [fenced(program), fenced(right + trick)], tests=[ADD_TESTS] * 2)
     assert scores[0] == 0.0
-    # beside a right `add`, a trick costs nothing unless it replaces `add`, ends the program
-    # before the tests call it, or garbles its answers (bytes written to every descriptor)
-    breaks = [FORGERIES[k] for k in ("os._exit(0)", "sys.exit(0)", "printed verdicts")]
+    # beside a right `add`, a trick costs nothing unless it replaces `add`, ends the program's
+    # process before the tests call it, or garbles its answers (bytes written to every
+    # descriptor); a `sys.exit` ends only the program's top-level code
+    breaks = [FORGERIES[k] for k in ("os._exit(0)", "printed verdicts")]
     assert scores[1] == (0.0 if "def add" in trick or trick in breaks else 1.0)
 
 
@@ -436,3 +437,148 @@ def test_real_records_reference_solutions_score_1(reward, kind, convert):
     assert reward([""] * len(rows), references, **columns) == [1.0] * len(rows)
     # the tests call the program: a program that defines only the helpers fails every row
     assert reward([""] * len(rows), [fenced("x = 1\n")] * len(rows), **columns) == [0.0] * 7
+
+
+# --- right programs that must pass, and test data that must not pay a wrong one ---------------
+
+RIGHT_F = "def f(x):\n    return x + 1\n"
+WRONG_F = "def f(x):\n    return 0\n"
+NATURALS = "def nat():\n    n = 0\n    while True:\n        yield n\n        n += 1\n"
+# (program, tests): a right program and the tests it must pass, whatever it prints, returns
+# from the standard library or does at its top level outside what the tests call
+RIGHT_PROGRAMS = {
+    "prints 100 KB while the tests call it": (
+        "def f(x):\n    print('.' * 1000)\n    return x + 1\n",
+        ["for i in range(100):\n    assert f(i) == i + 1\n"],
+    ),
+    "tests that print their own success": (RIGHT_F, ["assert f(1) == 2\nprint('All passed!')\n"]),
+    "a Counter compared with a dict": (
+        "import collections\ndef freq(xs):\n    return collections.Counter(xs)\n",
+        [
+            "assert freq([1, 1, 2]) == {1: 2, 2: 1}",
+            "assert freq('aab').most_common(1) == [('a', 2)]",
+        ],
+    ),
+    "an OrderedDict and a defaultdict": (
+        "from collections import OrderedDict, defaultdict\n"
+        "def index(xs):\n    d = defaultdict(list)\n    for i, x in enumerate(xs):\n"
+        "        d[x].append(i)\n    return d\n"
+        "def ordered(xs):\n    return OrderedDict((x, 1) for x in xs)\n",
+        [
+            "assert index('aba') == {'a': [0, 2], 'b': [1]}",
+            "assert index('a')['z'] == []",
+            "assert list(ordered('ba')) == ['b', 'a'] and ordered('ba') == {'a': 1, 'b': 1}",
+        ],
+    ),
+    "a deque, a Fraction, a Decimal and a range": (
+        "from collections import deque\nfrom fractions import Fraction\nfrom decimal import Decimal\n"
+        "def last(xs, n):\n    return deque(xs, maxlen=n)\n"
+        "def half():\n    return Fraction(1, 2)\n"
+        "def cost():\n    return Decimal('1.10')\n"
+        "def upto(n):\n    return range(n)\n",
+        [
+            "assert list(last([1, 2, 3], 2)) == [2, 3] and last([1, 2, 3], 2).maxlen == 2",
+            "assert half() == 0.5 and half().denominator == 2",
+            "assert cost() + cost() == Decimal('2.20')",
+            "assert len(upto(3)) == 3 and list(upto(3)) == [0, 1, 2]",
+        ],
+    ),
+    "a namedtuple compared with a tuple": (
+        "from collections import namedtuple\nPoint = namedtuple('Point', 'x y')\n"
+        "def origin():\n    return Point(0, 0)\n"
+        "def points():\n    return [Point(1, 2), Point(3, 4)]\n",
+        ["assert origin() == (0, 0)", "assert points() == [(1, 2), (3, 4)]"],
+    ),
+    "an infinite generator read in part": (
+        NATURALS,
+        [
+            "import itertools\nassert list(itertools.islice(nat(), 3)) == [0, 1, 2]",
+            "g = nat()\nassert next(g) == 0 and next(g) == 1",
+            "for n in nat():\n    if n == 4:\n        break\nelse:\n    assert False",
+        ],
+    ),
+    "a finite generator read whole": (
+        "def squares(n):\n    for i in range(n):\n        yield i * i\n",
+        ["assert list(squares(3)) == [0, 1, 4] and sum(squares(2001)) == 2668667000"],
+    ),
+    "exits at its top level after defining f": (
+        RIGHT_F + "import sys\nsys.exit(0)\n",
+        ["assert f(1) == 2"],
+    ),
+    "a demo block that reads stdin": (
+        RIGHT_F + "if __name__ == '__main__':\n    print(f(int(input())))\n",
+        ["assert f(1) == 2"],
+    ),
+}
+
+
+@pytest.mark.parametrize(("program", "tests"), RIGHT_PROGRAMS.values(), ids=RIGHT_PROGRAMS.keys())
+def test_a_right_program_passes_whatever_else_it_does(reward, program, tests):
+    assert reward(["p"], [fenced(program)], tests=[tests]) == [1.0]
+
+
+def test_a_stdin_stdout_program_may_write_to_stderr(reward):
+    program = "import sys\nx = int(input())\nsys.stderr.write('debug ' * 20000)\nprint(x * 2)\n"
+    assert reward(["p"], [fenced(program)], tests=[[{"input": "3", "output": "6"}]]) == [1.0]
+
+
+def test_the_reference_counter_of_mbpp_task_88_scores_1(tmp_path, reward):
+    record = {
+        "task_id": 88,
+        "text": "Write a function to get the frequency of the elements in a list.",
+        "code": "import collections\ndef freq_count(list1):\n  freq_count= collections.Counter(list1)\n  return freq_count",
+        "test_list": [
+            "assert freq_count([10,10,10,10,20,20,20,20,40,40,50,50,30])==({10: 4, 20: 4, 40: 2, 50: 2, 30: 1}) ",
+            "assert freq_count([1,2,3,4,3,2,4,1,3,1,4])==({1:3, 2:2,3:3,4:3}) ",
+        ],
+        "test_setup_code": "",
+    }
+    (row,) = mbpp_rows(_write(tmp_path / "mbpp.jsonl", [record]))
+    columns = {k: [row[k]] for k in ("tests", "test_setup", "entry_point")}
+    assert reward([""], [fenced(row["answer"])], **columns) == [1.0]
+    wrong = "import collections\ndef freq_count(xs):\n  return collections.Counter(xs[1:])\n"
+    assert reward([""], [fenced(wrong)], **columns) == [0.0]
+
+
+# (tests, entry point): test data under which a wrong program must score 0 and a right one 1,
+# or, where the tests never call the program, every program 0
+GUARDED_CHECK = "def check(c):\n    assert c(1) == 2\nif __name__ == '__main__':\n    check(f)\n"
+UNITTEST_MAIN = (
+    "import unittest\nclass T(unittest.TestCase):\n    def test(self):\n"
+    "        self.assertEqual(f(1), 2)\nif __name__ == '__main__':\n    unittest.main()\n"
+)
+NEVER_CALLED = {
+    "check() never called": ("def check(candidate):\n    assert candidate(1) == 2\n", "f"),
+    "a pytest-style test function": ("def test_f():\n    assert f(1) == 2\n", None),
+}
+
+
+@pytest.mark.parametrize("tests", [GUARDED_CHECK, UNITTEST_MAIN], ids=["check", "unittest"])
+def test_tests_run_as_the_main_script(reward, tests):
+    scores = reward(["p"] * 2, [fenced(WRONG_F), fenced(RIGHT_F)], tests=[[tests]] * 2)
+    assert scores == [0.0, 1.0]
+
+
+@pytest.mark.parametrize(("tests", "entry"), NEVER_CALLED.values(), ids=NEVER_CALLED.keys())
+def test_tests_that_never_call_the_program_pay_nothing(reward, tests, entry):
+    programs = [fenced(WRONG_F), fenced("pass\n"), fenced(RIGHT_F)]
+    scores = reward(
+        ["p"] * 3, programs, tests=[[tests, "assert f(1) == 2"]] * 3, entry_point=[entry] * 3
+    )
+    assert scores == [0.0, 0.0, 0.5]
+
+
+def test_a_plain_value_of_the_program_read_by_the_tests_is_a_use(reward):
+    assert reward(["p"], [fenced("LIMIT = 7\n")], tests=[["assert LIMIT == 7"]]) == [1.0]
+    assert reward(["p"], [fenced("LIMIT = 6\n")], tests=[["assert LIMIT == 7"]]) == [0.0]
+
+
+def test_blank_test_items_are_not_cases():
+    assert parse_tests(["  ", "", "assert f(1) == 2"]) == [Case(code="assert f(1) == 2")]
+    assert parse_tests(["\n"]) == []
+    assert CodeTestsReward(workers=1)(["p"], [fenced(WRONG_F)], tests=[["  "]]) == [None]
+
+
+def test_an_entry_point_the_program_does_not_define_fails(reward):
+    tests = [["assert sorted([3, 1, 2]) == [1, 2, 3]"]]
+    assert reward(["p"], [fenced("pass\n")], tests=tests, entry_point=["sorted"]) == [0.0]
