@@ -75,6 +75,19 @@ _QUALIFIED_RE = re.compile(
     r"|[(,;:—]?\s*(?:no|not|wrong|incorrect)\b)",
     re.IGNORECASE,
 )
+# Its unit's words, then another number joined to it (`18 apples (or 19)`, `18 apples, or
+# maybe 19`, `18 apples or 19 apples`)
+_UNIT_HEDGE_RE = re.compile(
+    r"(?:\s+[a-zA-Z]+){1,3}\s*(?:[,(]?\s*(?:or|and/or|vs\.?|versus)\s+"
+    r"(?:(?:maybe|perhaps|possibly|even|rather)\s+)?|[,(]\s*(?:maybe|perhaps|possibly)\s+)"
+    r"\$?[-−]?\d",
+    re.IGNORECASE,
+)
+# The next sentence takes it back or offers another (`18. Or 19.`, `18. Actually, it is 19.`)
+_RETRACTED_RE = re.compile(
+    r"[^\n.!?]{0,200}[.!?]\s+(?:or|actually|wait|no|correction|rather)\b[^\n]{0,80}?\d",
+    re.IGNORECASE,
+)
 # "The answer is East." / "The answer is (C)." / "**Answer:** B": a word or a choice's letter
 _ANSWER_WORD_RE = re.compile(
     r"answer\s*(?:is|:)\s*(?:\*\*)?\s*(?P<word>\([A-Za-z]\)|[A-Za-z]+)\s*(?:\*\*)?\s*[.!]?\s*$",
@@ -92,7 +105,7 @@ _JOINER_RE = re.compile(r"\s*(?:,|and|or|,\s*and|,\s*or)\s*", re.IGNORECASE)
 # (`4 or 3`, `19, or perhaps 18`, `x = 17 or x = 18`, `19 vs 18`, `between 17 and 18`) or a
 # negation (`not 18`, `can't be 18`); just after it, a denial (`18 is wrong`).
 _HEDGE_RE = re.compile(
-    r"(?:\d\s*(?:\$\s*)?,?\s*(?:or|and/or|vs\.?|versus)\s*"
+    r"(?:\d\s*(?:\$\s*)?[,.]?\s*(?:or|and/or|vs\.?|versus)\s*"
     r"(?:(?:maybe|perhaps|possibly|even|rather)\s+)?(?:[a-zA-Z]\s*=\s*)?"
     r"|\bbetween\s+\S+\s+and\s+"
     r"|(?:\bnot|n't|\bnever|\bno)\s+(?:[a-zA-Z]+\s+){0,2})(?:\$\s*)?[-−]?$",
@@ -190,9 +203,12 @@ def _stated_answer(text: str) -> str | None:
         return stated
     found = _last_match(_ANSWER_NUMBER_RE, text, len(text), tail)
     if found is not None:
+        if _RETRACTED_RE.match(text, found.end("number")):
+            return None  # the statement taken back: what follows says what the answer is
         word = _FIRST_WORD_RE.match(found["rest"])
         changes = word is not None and word[1].lower() in NOT_UNITS - _QUESTION_UNITS
-        if not _QUALIFIED_RE.match(found["rest"]) and not changes:
+        hedged = _QUALIFIED_RE.match(found["rest"]) or _UNIT_HEDGE_RE.match(found["rest"])
+        if not hedged and not changes:
             return found["number"]
         # "18 or 26", "18 squared": the sentence states no one number; matching judges it whole
         sentence = _SENTENCE_END_RE.split(found["rest"], maxsplit=1)[0]

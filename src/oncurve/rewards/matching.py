@@ -95,6 +95,12 @@ _FUNCTION_RE = re.compile(
 _ROOT_PRODUCT_RE = re.compile(r"\\sqrt\s*(?:\{[^{}]*\}|\w)\s*(?:\\cdot|\\times|\*)?\s*\\sqrt")
 _NUMBER_POWER_RE = re.compile(r"(?<![\w\\.^])\d+\s*\^")  # `3^2`: a power of a number
 _LEADING_COEFFICIENT_RE = re.compile(r"\s*(\d+)")
+# An equation's left side that is a value, not a name (subscripts taken out first: `x_1`)
+_VALUE_RE = re.compile(r"\d|\\(?:sqrt|[dtc]?frac|pi|infty)(?![a-zA-Z])")
+_SUBSCRIPT_RE = re.compile(r"_\s*(?:\{[^{}]*\}|\w)")
+# Runs of digits split by spaces, and those that are one number in thousands (`10 000`)
+_SPACED_DIGITS_RE = re.compile(r"\d+(?:\s+\d+)+")
+_THOUSANDS_RE = re.compile(r"\d{1,3}(?:\s\d{3})+")
 # What `_restates` compares: commands, single digits, letters and operators; brackets, braces,
 # `$` and multiplication signs only change how an expression looks.
 _TOKEN_RE = re.compile(r"\\[a-zA-Z]+|[^\s{}()\[\]$*]")
@@ -109,6 +115,7 @@ _UNBOUNDED_RE = re.compile(
     r"[)}\]]\s*!|\\(?:Gamma|prod|sum|operatorname\s*\{\s*[a-zA-Z]*\s*\})"
     r"|\\exp\s*[({]?\s*\\exp"  # an exponential of an exponential
 )
+MAX_RADICAND = 10**10
 _EXPLOSIVE_RE = re.compile(
     r"\d{21,}"  # a number past any answer's size
     r"|\d[eE][-+]?\d{4,}"  # 1e999999999
@@ -128,7 +135,12 @@ def answers_match(
         return False
     gold = str(gold)
     predicted = _answer_phrase(predicted)
-    if strict and (_chained(predicted) or _other_variable(predicted, gold)):
+    if strict and (
+        _chained(predicted)
+        or _other_variable(predicted, gold)
+        or _false_equation(predicted, gold)
+        or _split_digits(predicted)
+    ):
         return False
     if not _TEXT_COMMAND_RE.search(gold):
         predicted = _without_units(predicted)
@@ -190,6 +202,34 @@ def _chained(text: str) -> bool:
         return False
     parts = _LIST_SEPARATOR_RE.split(TEXT_RE.sub(r" \1 ", text))
     return any(len(EQUALS_RE.findall(part)) > 1 for part in parts)
+
+
+def _false_equation(predicted: str, gold: str) -> bool:
+    """Whether the answer holds an equation that states no value of a name: its left side a
+    value (`1 = 2\\sqrt{3}`, `\\sqrt{3} = \\sqrt{2}`), any equation where the reference is a
+    choice's letter (`B = C`), or equations among more parts than the reference has (`x =
+    3\\sqrt{2} \\text{ or } x = 2\\sqrt{3}`: one of them at least is not the answer)."""
+    if len(predicted) > MAX_ANSWER_CHARS or not EQUALS_RE.search(predicted):
+        return False
+    if _CHOICE_RE.fullmatch(normalize_answer(gold)):
+        return True
+    parts = _LIST_SEPARATOR_RE.split(TEXT_RE.sub(r" \1 ", predicted))
+    if len(parts) > len(_LIST_SEPARATOR_RE.split(TEXT_RE.sub(r" \1 ", gold))):
+        return True
+    for part in parts:
+        left = EQUALS_RE.split(part)[0]
+        if _VALUE_RE.search(_SUBSCRIPT_RE.sub("", left)):
+            return True
+    return False
+
+
+def _split_digits(text: str) -> bool:
+    """Whether digits of `text` are split by a space that is no thousands separator (`1 8`,
+    `10 00`; `10 000` is one number)."""
+    if len(text) > MAX_ANSWER_CHARS:
+        return False
+    runs = _SPACED_DIGITS_RE.finditer(text)
+    return any(not _THOUSANDS_RE.fullmatch(run[0]) for run in runs)
 
 
 def _without_units(text: str) -> str:
@@ -300,7 +340,7 @@ def _undone(pred: str, ref: str) -> bool:
     for radicand in _radicands(pred):
         if radicand in _radicands(ref):
             continue
-        if not radicand.isdigit() or not _square_free(int(radicand)):
+        if not radicand.isdecimal() or not _square_free(int(radicand)):
             return True
     if _bracket_product(pred) and "(" not in ref:
         return True
@@ -321,7 +361,7 @@ def _unreduced_fraction(text: str) -> bool:
             continue
         denominator_end = _closing(text, numerator_end + 1)
         denominator = text[numerator_end + 2 : denominator_end].strip()
-        if not denominator.isdigit():
+        if not denominator.isdecimal():
             continue
         terms = _terms(text[match.end() : numerator_end])
         coefficients = [_coefficient(term)[0] for term in terms]
@@ -398,7 +438,10 @@ def _closing(text: str, start: int) -> int | None:
 
 
 def _square_free(n: int) -> bool:
-    if n < 2:
+    """Whether `n` has no square factor; False past `MAX_RADICAND` (a root of a number that
+    large is no simplified answer, and trial division would take the caller's thread
+    minutes)."""
+    if n < 2 or n > MAX_RADICAND:
         return False
     return all(n % (k * k) for k in range(2, math.isqrt(n) + 1))
 

@@ -9,6 +9,7 @@ models write."""
 from __future__ import annotations
 
 import math
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -129,6 +130,30 @@ UNDONE = [
     case("p", "\\boxed{\\frac{2\\sqrt{3}}{4}}", "\\frac{\\sqrt3}{2}", 0.0),
     *(case("p", f"\\boxed{{{answer}}}", "6+9i", 0.0) for answer in (
         "(2+3i)\\cdot 3", "(2+3i)3", "\\frac{12+18i}{2}")),
+    # a digit that is no decimal digit (a superscript, a circled one) where a number is read
+    case("p", "\\boxed{\\sqrt{²}}", "2\\sqrt{3}", 0.0),
+    case("p", "\\boxed{\\sqrt ³}", "2\\sqrt{3}", 0.0),
+    case("p", "\\boxed{\\frac{\\sqrt{3}}{²}}", "\\frac{\\sqrt{3}}{2}", 0.0),
+    case("p", "\\boxed{\\frac{1}{①}}", "\\frac{\\sqrt{3}}{2}", 0.0),
+    # digits split by a space that is no thousands separator
+    case("p", "\\boxed{1 8}", "18", 0.0),
+    case("p", "\\boxed{10 00}", "1000", 0.0),
+    case("p", "The answer is 1 8.", "18", 0.0),
+    # an equation whose left side is no name: a false equation, or a hedge before its last part
+    case("p", "\\boxed{1 = 2\\sqrt{3}}", "2\\sqrt{3}", 0.0),
+    case("p", "\\boxed{\\sqrt{3} = \\sqrt{2}}", "\\sqrt{2}", 0.0),
+    case("p", "\\boxed{3\\sqrt{2} \\text{ or } y = 2\\sqrt{3}}", "2\\sqrt{3}", 0.0),
+    case("p", "\\boxed{x = 3\\sqrt{2} \\text{ or } x = 2\\sqrt{3}}", "2\\sqrt{3}", 0.0),
+    case("p", "\\boxed{y = 3x + 2 \\text{ or } y = 2x+3}", "y = 2x+3", 0.0),
+    case("p", "\\boxed{B = C}", "(C)", 0.0),
+    case("p", "\\boxed{18 = 18}", "18", 0.0),
+    # a stated number hedged after its unit, or in the next sentence
+    case("p", "The answer is 18 apples (or 19).", "18", 0.0),
+    case("p", "The answer is 18 apples or 19 apples.", "18", 0.0),
+    case("p", "The answer is 18 apples, or maybe 19.", "18", 0.0),
+    case("p", "The answer is 18. Or 19.", "18", 0.0),
+    case("p", "The answer is 18. Or 19.", "19", 0.0),
+    case("p", "The answer is 18. Actually, it is 19.", "18", 0.0),
 ]
 
 # Malformed golds are not scored: a policy repeating them learns nothing true.
@@ -259,6 +284,13 @@ STATED = [
     case("p", "\\boxed{2\\ln 2}", "\\ln 4", 1.0),
     case("p", "\\boxed{e^{2}}", "e^2", 1.0),
     case("p", "\\boxed{x^2-2x+1}", "x^2-2x+1", 1.0),
+    case("p", "\\boxed{10 000}", "10000", 1.0),
+    case("p", "The answer is 18 apples.", "18", 1.0),
+    case("p", "The answer is 18 apples because 3 * 6 = 18.", "18", 1.0),
+    case("p", "The answer is 18. Actually, it is 19.", "19", 1.0),
+    case("p", "\\boxed{x = 2\\sqrt{3}}", "2\\sqrt{3}", 1.0),
+    case("p", "\\boxed{y = 2x+3}", "y = 2x+3", 1.0),
+    case("p", "\\boxed{x = 2 \\text{ or } x = 3}", "2, 3", 1.0),
 ]
 # fmt: on
 
@@ -330,3 +362,18 @@ def test_unbounded_values_never_reach_math_verify(monkeypatch, completion, gold)
     )
     assert answer_match_reward(["p"], [completion], answer=[gold]) == [0.0]
     assert compared == []
+
+
+@pytest.mark.parametrize("radicand", ["99999999999973", "99999999999999999989"])
+def test_a_large_radicand_is_refused_without_factoring_it(radicand):
+    # trial division of a 20-digit prime takes the caller's thread an hour: a hang, not a speed
+    scores = []
+    thread = threading.Thread(
+        target=lambda: scores.extend(
+            answer_match_reward(["p"], [f"\\boxed{{\\sqrt{{{radicand}}}}}"], answer=["2\\sqrt{3}"])
+        ),
+        daemon=True,
+    )
+    thread.start()
+    thread.join(60)
+    assert scores == [0.0]
