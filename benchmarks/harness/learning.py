@@ -56,6 +56,7 @@ def held_out(
     greedy completion and whether it is right; with samples, the sampled completions)."""
     from oncurve.data.prompts import PromptData, correctness_fn
     from oncurve.data.tasks import get_task
+    from oncurve.loop.collect import sampling_params
     from oncurve.loop.evaluate import evaluate
     from oncurve.model.sources import load_model, load_tokenizer
     from oncurve.rollout import build_sampler
@@ -81,9 +82,8 @@ def held_out(
         build_sampler(backend, model, tokenizer),
         rows,
         reward,
-        max_new_tokens=config.rollout.max_new_tokens,
+        sampling_params(config, config.run.seed),
         samples=samples,
-        seed=config.run.seed,
         records=records,
     )
     return result, rows, records

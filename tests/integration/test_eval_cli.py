@@ -13,6 +13,7 @@ from helpers.configs import make_config
 
 from oncurve.cli import main
 from oncurve.config import load_config
+from oncurve.data.tasks import get_task
 from oncurve.loop.trainer import train
 from oncurve.report import write_report
 
@@ -34,14 +35,34 @@ def test_eval_of_a_run_gives_the_trainers_held_out_accuracy(tmp_path, capsys):
     run_dir = tmp_path / "run"
     config = load_config(
         None,
-        ["run.steps=1", "eval.num_prompts=24", f"run.dir={run_dir}", "run.device=cpu"],
-    )
+        ["run.steps=1", "eval.num_prompts=24", "eval.samples=3", "eval.batch_rows=24",
+         "run.seed=5", f"run.dir={run_dir}", "run.device=cpu"],
+    )  # fmt: skip
     result = train(config, quiet=True)
     got = eval_json(capsys, "--run", str(run_dir))
     assert (got["n"], got["scorer"]) == (24, "arith task's correct")
     assert got["accuracy"] == pytest.approx(result.eval_after["accuracy"], abs=1e-9)
+    # sampled with the run's seed, K and batches, as the trainer's last evaluation
+    for metric in ("mean@3", "pass@3"):
+        assert got[metric] == pytest.approx(result.eval_after[metric], abs=1e-9)
     assert got["prompt_format"]["chat_template"] is False
     assert 0 < got["accuracy"] < 1  # a number that depends on the prompts and the model
+
+
+def test_eval_of_a_run_scores_the_eval_file_rows_the_trainer_scored(tmp_path, capsys):
+    rows = get_task("arith").examples("test", 16, 0)
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run_dir = tmp_path / "run"
+    config = load_config(
+        None,
+        ["run.steps=1", f"eval.path={held_out}", "eval.num_prompts=6", f"run.dir={run_dir}",
+         "run.device=cpu"],
+    )  # fmt: skip
+    result = train(config, quiet=True)
+    got = eval_json(capsys, "--run", str(run_dir))
+    assert got["n"] == 6
+    assert got["accuracy"] == pytest.approx(result.eval_after["accuracy"], abs=1e-9)
 
 
 def test_a_chat_template_run_is_evaluated_in_its_template(
@@ -171,3 +192,35 @@ def test_a_checkpoint_samples_and_evaluates_as_its_run(tiny_model_dir, data_file
     err = capsys.readouterr().err.strip()
     assert err.endswith(f"no final/ model yet (the run has not finished): name a checkpoint "
                         f"with --model {last}")  # fmt: skip
+
+
+def test_no_held_out_prompts_is_no_evaluation_and_eval_says_so(tmp_path, capsys):
+    rows = get_task("arith").examples("test", 4, 0)
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run_dir = tmp_path / "run"
+    config = load_config(
+        None,
+        ["run.steps=1", f"eval.path={held_out}", "eval.num_prompts=0", f"run.dir={run_dir}",
+         "run.device=cpu", "run.preflight=false"],
+    )  # fmt: skip
+    result = train(config, quiet=True)
+    assert result.eval_before is None and result.eval_after is None
+    assert main(["eval", "--run", str(run_dir)]) == 2
+    assert "eval.num_prompts=0): give --data" in capsys.readouterr().err
+
+
+def test_no_usable_reference_is_null_accuracy_in_strict_json(tmp_path, capsys):
+    data = tmp_path / "bad_golds.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "answer": "0/0"}) + "\n")
+    out = tmp_path / "rows.jsonl"
+    argv = ["eval", "--device", "cpu", "--model", "default", "--data", str(data)]
+    assert main([*argv, "--max-new-tokens", "4", "--samples", "2", "--out", str(out)]) == 0
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1], parse_constant=refuse)
+    assert (summary["accuracy"], summary["unscored"]) == (None, 1.0)
+    row = json.loads(out.read_text())
+    assert (row["greedy_correct"], row["samples_correct"]) == (None, None)

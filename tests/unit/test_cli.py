@@ -3,6 +3,7 @@ model, checked against transformers' own greedy `generate`."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -12,6 +13,8 @@ import pytest
 import transformers
 
 from oncurve.cli import main
+from oncurve.cli.common import sampling
+from oncurve.config import load_config
 from oncurve.model.sources import resolve_model_path
 from oncurve.rewards import extract_answer
 
@@ -304,3 +307,12 @@ def test_a_rank_whose_peer_failed_says_so_in_one_line(monkeypatch, capsys):
     monkeypatch.setattr(trainer, "train", a_bug)
     with pytest.raises(RuntimeError, match="shape mismatch"):
         main(["train", "run.steps=1"])
+
+
+def test_eval_and_sample_decode_with_the_runs_stop_strings_and_least_length():
+    config = load_config(None, ["rollout.stop=[<answer>]", "rollout.min_new_tokens=3"])
+    unset = dict.fromkeys(("max_new_tokens", "temperature", "top_p", "top_k", "min_p"))
+    chosen = sampling(argparse.Namespace(**unset), config, "run/config.yaml")
+    params = chosen.params(2, seed=5)
+    assert params.stop == ("<answer>",) and params.seed == 5
+    assert (params.max_new_tokens, params.min_new_tokens) == (2, 2)  # fitted under the length

@@ -184,7 +184,16 @@ def build_parser() -> argparse.ArgumentParser:
             type=_temperature,
             help="0 is greedy; default: as --max-new-tokens, else 1",
         )
-        p.add_argument("--seed", type=int, default=0)
+        p.add_argument(
+            "--top-p",
+            type=_fraction(low_open=True),
+            help="nucleus mass (default: as --temperature)",
+        )
+        p.add_argument("--top-k", type=_at_least(0), help="keep the k most likely; 0 keeps all")
+        p.add_argument(
+            "--min-p", type=_fraction(low_open=False), help="drop tokens below min_p x the top one"
+        )
+        p.add_argument("--seed", type=int, help="default: the run's run.seed, else 0")
         p.add_argument("--trust-remote-code", action="store_true")
         p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (as run.device)")
         p.add_argument(
@@ -225,7 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompt-template",
         help="the prompt as a format string over the columns, as data.prompt_template",
     )
-    ev.add_argument("--samples", type=_at_least(1), default=1, help="K completions per prompt")
+    ev.add_argument(
+        "--samples",
+        type=_at_least(1),
+        help="K completions per prompt (default: the run's eval.samples, else 1)",
+    )
     ev.add_argument(
         "--reward",
         help="reward that decides correctness: a built-in name or module:function (default: the "
@@ -244,13 +257,6 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(sample)
     sample.add_argument("--prompt", required=True)
     sample.add_argument("-n", type=_at_least(1), default=4, help="completions to sample")
-    sample.add_argument(
-        "--top-p", type=_fraction(low_open=True), help="nucleus mass (default: as --temperature)"
-    )
-    sample.add_argument("--top-k", type=_at_least(0), help="keep the k most likely; 0 keeps all")
-    sample.add_argument(
-        "--min-p", type=_fraction(low_open=False), help="drop tokens below min_p x the top one"
-    )
     sample.set_defaults(run=sample_command)
 
     warm = commands.add_parser("warmstart", help="the supervised recipe of the bundled model")

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from oncurve.config import Config
     from oncurve.rollout import Sampler
+    from oncurve.rollout.base import SamplingParams
 
 
 def run_config(args: argparse.Namespace) -> tuple[Config | None, str]:
@@ -70,12 +71,29 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    min_new_tokens: int = 0
+    stop: tuple[str, ...] = ()
     new_tokens_from: str | None = None
+
+    def params(self, max_new_tokens: int, seed: int | None) -> SamplingParams:
+        """The sampler's settings: these, with `max_new_tokens` (as fitted) and `seed`."""
+        from oncurve.rollout.base import SamplingParams
+
+        return SamplingParams(
+            max_new_tokens,
+            min_new_tokens=min(self.min_new_tokens, max_new_tokens),
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            stop=self.stop,
+            seed=seed,
+        )
 
 
 def sampling(args: argparse.Namespace, config: Config | None, config_file: str) -> Sampling:
     """Each setting from its flag; else from the run's `config` (read from `config_file`: its
-    rollout settings); else from the model directory's generation_config.json (a run's final/
+    rollout settings, the only source of `min_new_tokens` and `stop`); else from the model directory's generation_config.json (a run's final/
     states what it trained with); else a run's default for the model (64 new tokens for
     `default`, else 256; temperature 1)."""
     from oncurve.config import build_config
@@ -84,6 +102,7 @@ def sampling(args: argparse.Namespace, config: Config | None, config_file: str) 
     if config is not None:
         rollout = config.rollout
         stated = {key: getattr(rollout, key) for key in ("max_new_tokens", *_SAMPLING_KEYS)}
+        stated |= {"min_new_tokens": rollout.min_new_tokens, "stop": tuple(rollout.stop)}
         source = f"the run's rollout.max_new_tokens ({config_file})"
     else:
         stated = read_generation_config(args.model)
@@ -98,6 +117,13 @@ def sampling(args: argparse.Namespace, config: Config | None, config_file: str) 
     chosen.setdefault("temperature", 1.0)
     from_flag = given["max_new_tokens"] is not None
     return Sampling(**chosen, new_tokens_from=None if from_flag else source)
+
+
+def seed_of(args: argparse.Namespace, config: Config | None) -> int:
+    """`--seed`, else the run's `run.seed` (its evaluations drew with it), else 0."""
+    if args.seed is not None:
+        return args.seed
+    return config.run.seed if config is not None else 0
 
 
 def fitted_new_tokens(chosen: Sampling, longest_prompt: int, model_config) -> int:

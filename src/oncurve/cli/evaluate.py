@@ -6,7 +6,14 @@ import argparse
 import json
 from collections.abc import Callable
 
-from oncurve.cli.common import fitted_new_tokens, load_sampler, prompt_format, run_config, sampling
+from oncurve.cli.common import (
+    fitted_new_tokens,
+    load_sampler,
+    prompt_format,
+    run_config,
+    sampling,
+    seed_of,
+)
 from oncurve.errors import UserError
 
 
@@ -17,6 +24,7 @@ def eval_command(args: argparse.Namespace) -> int:
     from oncurve.rewards.extraction import extract_answer
     from oncurve.rewards.registry import ANSWER_MATCH_REWARDS
     from oncurve.rewards.runner import runner_settings
+    from oncurve.run.metrics import json_value
 
     config, config_file = run_config(args)
     chosen = sampling(args, config, config_file)
@@ -32,10 +40,9 @@ def eval_command(args: argparse.Namespace) -> int:
         sampler,
         rows,
         correct,
-        max_new_tokens=max_new_tokens,
-        samples=args.samples,
-        temperature=chosen.temperature,
-        seed=args.seed,
+        chosen.params(max_new_tokens, seed_of(args, config)),
+        samples=args.samples or (config.eval.samples if config is not None else 1),
+        batch_size=config.eval.batch_rows if config is not None else 256,
         records=records,
         **runner_settings((config or Config()).reward),
     )
@@ -55,7 +62,8 @@ def eval_command(args: argparse.Namespace) -> int:
         "prompt_template": data.prompt_template,
         "answer_format": data.answer_format,
     }
-    print(json.dumps({"n": len(rows), **result, "scorer": scorer, "prompt_format": prompts}))
+    summary = {"n": len(rows), **result, "scorer": scorer, "prompt_format": prompts}
+    print(json.dumps(json_value(summary)))  # no rows scored: accuracy null, not NaN
     return 0
 
 
@@ -90,9 +98,12 @@ def _eval_rows(args: argparse.Namespace, config, data, needs_answer: bool) -> li
 
     if args.data is not None:
         return read_rows(args.data, data, args.split or "test", require_answer=needs_answer)
+    if config is not None and config.eval.num_prompts == 0:
+        raise UserError("the run evaluated no held-out prompts (eval.num_prompts=0): give --data")
     if config is not None and config.eval.path:
         split = args.split or config.eval.split
-        return read_rows(config.eval.path, data, split, require_answer=needs_answer)
+        rows = read_rows(config.eval.path, data, split, require_answer=needs_answer)
+        return rows[: config.eval.num_prompts]  # the rows the trainer evaluated
     if config is not None and config.data.task and config.data.path is None:
         task = get_task(config.data.task, config.data.task_options)
         return task.examples("test", eval_size(config), config.run.seed)

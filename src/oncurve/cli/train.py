@@ -40,13 +40,17 @@ def train_command(args: argparse.Namespace) -> int:
 
     result = train(config, quiet=args.quiet)
     distributed.leave()
+    from oncurve.run.metrics import json_value
+
     summary = {"run_dir": str(result.run_dir), "steps": result.steps}
-    if result.eval_before and result.eval_after:
+    # each evaluation this process ran (a resumed run's start was evaluated before)
+    if result.eval_before:
         summary["accuracy_before"] = result.eval_before["accuracy"]
+    if result.eval_after:
         summary["accuracy_after"] = result.eval_after["accuracy"]
     if os.environ.get("RANK", "0") == "0":  # one summary for a torchrun job
         try:
-            print(json.dumps(summary), flush=True)
+            print(json.dumps(json_value(summary)), flush=True)
         except BrokenPipeError:  # `| head -0`: the run is complete, its summary unread
             silence(sys.stdout)
     return 0

@@ -476,7 +476,7 @@ class EvalConfig:
     num_prompts: int | None = _opt(
         None,
         "held-out prompts per evaluation; null: all of eval.path, or 500 of a built-in task's "
-        "(500 with model.path=default)",
+        "(500 with model.path=default); 0: no held-out evaluation",
         NON_NEGATIVE,
     )
     samples: int = _opt(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -20,11 +21,9 @@ def evaluate(
     sampler: Sampler,
     rows: list[dict],
     correct: RewardFn,
+    params: SamplingParams,
     *,
-    max_new_tokens: int,
     samples: int = 1,
-    temperature: float = 1.0,
-    seed: int = 0,
     batch_size: int = 256,
     records: list[dict] | None = None,
     episodes: EpisodeSettings | HarnessSettings | None = None,
@@ -35,6 +34,10 @@ def evaluate(
 ) -> dict[str, float]:
     """Score `rows` ({"prompt", "prompt_ids", "answer", ...}) with the `correct` reward; with
     `episodes`, multi-turn episodes are played and `correct` reads their columns.
+
+    Completions decode as training's do (`params`: length, stop strings, truncation, seed); the
+    greedy pass with temperature 0. Batches of `batch_size` rows draw apart (`first_row`: on
+    `cuda_graph`, exactly what one call of all the rows would draw for them).
 
     `correct` runs under the policy training scores with (`reward.timeout`, `timeout_score`,
     `errors`; `RewardRunner`): a row past the timeout scores `timeout_score`, a row whose score
@@ -50,10 +53,10 @@ def evaluate(
 
     Returns:
         {"accuracy": greedy fraction correct} and, when samples > 1, {"mean@K": mean correct
-        over K samples at `temperature`, "pass@K": fraction of prompts with one correct}; with
+        over K samples drawn with `params`, "pass@K": fraction of prompts with one correct}; with
         rows of malformed references, {"unscored": their number}.
     """
-    greedy_params = SamplingParams(max_new_tokens, temperature=0.0)
+    greedy_params = dataclasses.replace(params, temperature=0.0)
     runner = RewardRunner(
         [("correct", correct, 1.0)],
         timeout_s=timeout_s,
@@ -74,7 +77,6 @@ def evaluate(
         result = {"accuracy": float(greedy[scored].mean())}
         sampled_texts: list[str] = []
         if samples > 1:
-            params = SamplingParams(max_new_tokens, temperature=temperature, seed=seed)
             sampled, sampled_texts = _scores(
                 sampler, episodes, rows, runner, samples, params, batch_size, state
             )
@@ -88,7 +90,7 @@ def evaluate(
             record = {"greedy": greedy_texts[i], "greedy_correct": correct_value}
             if samples > 1:
                 record["samples"] = sampled_texts[i * samples : (i + 1) * samples]
-                record["samples_correct"] = sampled[i].tolist()
+                record["samples_correct"] = sampled[i].tolist() if scored[i] else None
             records.append(record)
     return result
 
@@ -112,9 +114,14 @@ def _scores(
     scores, texts = [], []
     for start in range(0, len(rows), per_call):
         chunk = rows[start : start + per_call]
-        rollout, outcomes = draw(sampler, episodes, chunk, group_size, params)
+        chunk_params = dataclasses.replace(params, first_row=start * group_size)
+        rollout, outcomes = draw(sampler, episodes, chunk, group_size, chunk_params)
         prompts, columns = group_columns(chunk, group_size)
-        columns |= {"completion_ids": rollout.completion_token_lists(), **outcomes}
+        columns |= {
+            "completion_lengths": rollout.completion_lengths.tolist(),
+            "completion_ids": rollout.completion_token_lists(),
+            **outcomes,
+        }
         values = runner.score(prompts, rollout.texts, columns, state).per_fn[:, 0]
         scores.append((values > 0.5).float())  # NaN compares False: unscored is wrong
         texts.extend(rollout.texts)

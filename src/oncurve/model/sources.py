@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import transformers
 from packaging import version
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from oncurve.data.files import HUB_ID
@@ -198,12 +199,19 @@ def _pretrained_tokenizer(path: Path, trust_remote_code: bool) -> PreTrainedToke
     """`AutoTokenizer.from_pretrained` of a directory or, with its vocabulary, merges, special
     tokens and chat template, of a GGUF file."""
     where, gguf = _pretrained_source(path)
+    errors = (OSError, ValueError, ImportError) + (_GGUF_ERRORS if gguf else ())
     try:
         return AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code, **gguf)
-    except (OSError, ValueError, ImportError) as err:
+    except errors as err:
         raise UserError(
             f"cannot load a tokenizer from {path}: {str(err).splitlines()[0]}"
         ) from None
+
+
+# What a damaged weights file raises in `from_pretrained` (safetensors' header errors, a shape
+# mismatch), beside a missing or unreadable one; and a GGUF file without a field it needs.
+_LOAD_ERRORS = (OSError, ValueError, ImportError, RuntimeError, SafetensorError)
+_GGUF_ERRORS = (KeyError, TypeError, AttributeError)
 
 
 def _pretrained_source(path: Path) -> tuple[Path, dict[str, Any]]:
@@ -240,12 +248,29 @@ def load_model(
     where, extra = _pretrained_source(path)
     if extra:
         extra.update(_dequantized_gguf())
+    errors = _LOAD_ERRORS + (_GGUF_ERRORS if extra else ())
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            where, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code, **extra
+        model, loading = AutoModelForCausalLM.from_pretrained(
+            where,
+            dtype=DTYPES[dtype],
+            trust_remote_code=trust_remote_code,
+            output_loading_info=True,
+            **extra,
         )
-    except (OSError, ValueError, ImportError) as err:
-        raise UserError(f"cannot load a model from {path}: {str(err).splitlines()[0]}") from None
+    except errors as err:
+        why = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if "ignore_mismatched_sizes" in why:
+            why = "a weight's shape is not the one its config.json gives"
+        raise UserError(f"cannot load a model from {path}: {why}") from None
+    # transformers initialises what the files lack at random and only logs it: a model that is
+    # not the one named
+    missing = loading.get("missing_keys") or loading.get("mismatched_keys")
+    if missing:
+        names = sorted(str(key if isinstance(key, str) else key[0]) for key in missing)
+        raise UserError(
+            f"cannot load a model from {path}: its weight files are missing {len(names)} of its "
+            f"tensors ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+        )
     if extra:
         _drop_gguf_quantizer(model)
     return model.to(device).eval()

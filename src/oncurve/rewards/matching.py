@@ -217,8 +217,8 @@ def _false_equation(predicted: str, gold: str) -> bool:
     if len(parts) > len(_LIST_SEPARATOR_RE.split(TEXT_RE.sub(r" \1 ", gold))):
         return True
     for part in parts:
-        left = EQUALS_RE.split(part)[0]
-        if _VALUE_RE.search(_SUBSCRIPT_RE.sub("", left)):
+        sides = EQUALS_RE.split(part)
+        if len(sides) > 1 and _VALUE_RE.search(_SUBSCRIPT_RE.sub("", sides[0])):
             return True
     return False
 

@@ -88,7 +88,7 @@ class MetricsLogger:
             return
         _append(
             self.run_dir / SAMPLES_FILE,
-            [{"step": int(step), **{k: _json_value(v) for k, v in row.items()}} for row in rows],
+            [{"step": int(step), **{k: json_value(v) for k, v in row.items()}} for row in rows],
         )
 
     def close(self) -> None:
@@ -191,7 +191,7 @@ def _finite(key: str, value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _json_value(value: Any) -> Any:
+def json_value(value: Any) -> Any:
     """`value` as plain JSON: non-finite floats null, numpy and torch values as numbers and
     lists, a string's lone surrogates escaped (UTF-8 cannot hold them), any other object its
     `str`. A reward's `log_extra` may hand any of them."""
@@ -202,11 +202,11 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, str):
         return value.encode("utf-8", "backslashreplace").decode("utf-8")
     if isinstance(value, dict):
-        return {str(k): _json_value(v) for k, v in value.items()}
+        return {str(k): json_value(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_json_value(v) for v in value]
+        return [json_value(v) for v in value]
     if hasattr(value, "tolist"):  # numpy and torch numbers and arrays
-        return _json_value(value.tolist())
+        return json_value(value.tolist())
     return str(value)
 
 

@@ -181,7 +181,9 @@ def prompt_data(config: Config, tokenizer: Any) -> tuple[PromptData, PromptData 
     train_rows, eval_rows, task = load_prompts(config)
     data = PromptData(train_rows, tokenizer, config.data, seed=config.run.seed)
     eval_data = (
-        PromptData(eval_rows, tokenizer, config.data, seed=config.run.seed) if eval_rows else None
+        PromptData(eval_rows, tokenizer, config.data, seed=config.run.seed)
+        if eval_rows and config.eval.num_prompts != 0
+        else None
     )
     return data, eval_data, task
 

@@ -13,11 +13,13 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from oncurve.envs import PythonToolEnv
 from oncurve.loop.evaluate import evaluate
 from oncurve.rewards.math import has_math_verify
 from oncurve.rewards.registry import answer_match_reward
+from oncurve.rollout import SamplingParams
 
 SIMPLIFY = "Simplify $\\sqrt{12}$."
 EXPAND = "Expand $(x+1)^2$."
@@ -291,6 +293,7 @@ STATED = [
     case("p", "\\boxed{x = 2\\sqrt{3}}", "2\\sqrt{3}", 1.0),
     case("p", "\\boxed{y = 2x+3}", "y = 2x+3", 1.0),
     case("p", "\\boxed{x = 2 \\text{ or } x = 3}", "2, 3", 1.0),
+    case("p", "**Answer:** $x = 3, 5, 7$", "3, 5, 7", 1.0),
 ]
 # fmt: on
 
@@ -309,14 +312,21 @@ def test_evaluation_counts_malformed_references_apart(monkeypatch):
     texts = ["\\boxed{18}", "\\boxed{None}", "\\boxed{3}", "\\boxed{nan}"]
     monkeypatch.setattr(
         "oncurve.loop.evaluate.draw",
-        lambda *args: (SimpleNamespace(texts=texts, completion_token_lists=lambda: [[1]] * 4), {}),
+        lambda *args: (
+            SimpleNamespace(
+                texts=texts,
+                completion_token_lists=lambda: [[1]] * 4,
+                completion_lengths=torch.ones(4, dtype=torch.long),
+            ),
+            {},
+        ),
     )
     rows = [
         {"prompt": "p", "prompt_ids": [1], "answer": answer}
         for answer in ("18", "None", "4", float("nan"))
     ]
     records: list[dict] = []
-    result = evaluate(None, rows, answer_match_reward, max_new_tokens=4, records=records)
+    result = evaluate(None, rows, answer_match_reward, SamplingParams(4), records=records)
     assert result == {"accuracy": 0.5, "unscored": 2.0}
     assert [r["greedy_correct"] for r in records] == [1.0, None, 0.0, None]
 

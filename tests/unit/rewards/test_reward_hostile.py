@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 from oncurve.config import load_config
 from oncurve.data.prompts import correctness_fn
@@ -26,6 +27,7 @@ from oncurve.rewards import resolve_reward
 from oncurve.rewards.math import has_math_verify
 from oncurve.rewards.registry import ANSWER_MATCH_REWARDS, lenient_answer_match_reward
 from oncurve.rewards.runner import RewardRunner
+from oncurve.rollout import SamplingParams
 from oncurve.run.rewards import build_rewards
 
 KB128 = 128 * 1024
@@ -321,7 +323,11 @@ def test_evaluation_scores_under_the_training_timeout_and_error_policy(tmp_path,
     monkeypatch.setattr(
         "oncurve.loop.evaluate.draw",
         lambda *args: (
-            SimpleNamespace(texts=texts, completion_token_lists=lambda: [[1]] * len(texts)),
+            SimpleNamespace(
+                texts=texts,
+                completion_token_lists=lambda: [[1]] * len(texts),
+                completion_lengths=torch.ones(len(texts), dtype=torch.long),
+            ),
             {},
         ),
     )
@@ -335,7 +341,7 @@ def test_evaluation_scores_under_the_training_timeout_and_error_policy(tmp_path,
     correct.rowwise = True  # type: ignore[attr-defined]
     rows = [{"prompt": "p", "prompt_ids": [1], "answer": "1"} for _ in texts]
     records: list[dict] = []
-    kwargs = {"max_new_tokens": 4, "records": records, "timeout_s": 0.5, "on_error": "none"}
-    result = evaluate(None, rows, correct, timeout_score=1.0, **kwargs)
+    kwargs = {"records": records, "timeout_s": 0.5, "on_error": "none"}
+    result = evaluate(None, rows, correct, SamplingParams(4), timeout_score=1.0, **kwargs)
     assert [r["greedy_correct"] for r in records] == [1.0, 1.0, 0.0]
     assert result == {"accuracy": pytest.approx(2 / 3)}

@@ -250,7 +250,7 @@ def test_evaluation_chunks_are_equal_and_share_one_workspace():
     def never(prompts, completions, **_):
         return [0.0] * len(completions)
 
-    evaluate(sampler, rows, never, max_new_tokens=4, batch_size=16)
+    evaluate(sampler, rows, never, SamplingParams(4), batch_size=16)
     assert sizes == [10, 10]
     assert len(sampler._workspaces) == 1
 
