@@ -230,7 +230,9 @@ class RolloutConfig:
     top_p: float = _opt(1.0, "nucleus sampling mass", _range(0, 1, low_open=True))
     top_k: int = _opt(0, "keep the k most likely tokens; 0 keeps all", NON_NEGATIVE)
     min_p: float = _opt(0.0, "drop tokens below min_p x the top probability", _range(0, 1))
-    stop: list[str] = _opt([], "stop strings that end a completion")
+    stop: list[str] = _opt(
+        [], "stop strings that end a completion, matched in its text without special tokens"
+    )
     backend: str = _opt(
         "auto",
         "sampler backend (oncurve.rollout.BACKENDS: hf, cpu_llama, cuda_graph): auto picks "
@@ -393,8 +395,8 @@ class AlgoConfig:
     is_cap: float | None = _opt(
         None,
         "the cap of algo.is_correction; null: 2.0 with the cuda_graph sampler, whose kernels "
-        "differ from the training forward's, 0 (off) with the others, whose logprobs equal it "
-        "to float rounding; 0 off",
+        "differ from the training forward's, and in bfloat16; 0 (off) with the others in "
+        "float32, whose logprobs equal it to float rounding; 0 off",
         _is_cap_check,
     )
     beta: float = _opt(

@@ -103,6 +103,21 @@ def seeded_generator(seed: int | None, device: torch.device) -> torch.Generator:
     return generator
 
 
+def check_stops(stops: list[str] | tuple[str, ...], tokenizer: Any, setting: str) -> None:
+    """UserError for a stop string that is one of the tokenizer's special tokens: stop strings
+    are matched in the text decoded without special tokens (as vLLM matches them), where it
+    would never appear, so it would never end a completion."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", {})
+    special = set(tokenizer.all_special_tokens) | {t.content for t in decoder.values() if t.special}
+    for stop in stops:
+        if stop in special:
+            raise UserError(
+                f"{setting}: {stop!r} is a special token of the tokenizer; stop strings are "
+                "matched in the text without special tokens, where it never shows, so it would "
+                "end no completion (completions end at the tokenizer's EOS)"
+            )
+
+
 def check_room(
     longest_prompt: int,
     max_new_tokens: int,
@@ -154,7 +169,9 @@ class Sampler(Protocol):
     Attributes:
         tokenizer: the tokenizer `generate` encodes with and the texts are decoded with.
         exact_logprobs: the backend's logprobs are computed as the trainer's forward computes
-            them; False where another kernel path computes them (a run then corrects the update
+            them (to float32 rounding: in bfloat16 a decode step's differ from the whole
+            sequence's in their last bits); False where another kernel path computes them (a
+            run then corrects the update
             with an importance-sampling correction unless `algo.is_correction` or `algo.is_cap`
             says otherwise).
         holds_cache: the backend keeps its KV workspaces between calls (the memory plan counts

@@ -243,7 +243,9 @@ class LlamaDecoder:
         rows of each group. Returns `[B*G, V]` float32 next-token logits."""
         batch, width = prompt_ids.shape
         positions = real_token_positions(prompt_mask)
-        cache = transformers.DynamicCache(config=self.model.config)
+        # full layers, not the config's sliding ones: `supports` has checked nothing slides, and
+        # a sliding layer keeps one column fewer than a prompt as wide as the window
+        cache = transformers.DynamicCache()
         out = self.model.base_model(
             input_ids=prompt_ids,
             attention_mask=prompt_mask,

@@ -280,11 +280,13 @@ def memory_settings(config: Config) -> dict:
 
 
 def settle_is_cap(config: Config, facts: RunFacts) -> Config:
-    """`config` with `algo.is_cap` filled in when null: `SAMPLER_IS_CAP` when the sampler's
-    logprobs are not `exact_logprobs`, else 0.0 (off)."""
+    """`config` with `algo.is_cap` filled in when null: 0.0 (off) when the sampler's logprobs
+    are `exact_logprobs` and the weights are float32, else `SAMPLER_IS_CAP` (in bfloat16 a
+    decode step's logprobs differ from the whole sequence's forward in their last bits)."""
     if config.algo.is_cap is not None:
         return config
-    cap = 0.0 if facts.sampler.exact_logprobs else SAMPLER_IS_CAP
+    exact = facts.sampler.exact_logprobs and facts.shape.weight_bytes == 4
+    cap = 0.0 if exact else SAMPLER_IS_CAP
     return dataclasses.replace(config, algo=dataclasses.replace(config.algo, is_cap=cap))
 
 

@@ -55,7 +55,7 @@ from oncurve.model.sources import (
 from oncurve.model.weights import add_lora, enable_gradient_checkpointing
 from oncurve.rewards.runner import RewardRunner
 from oncurve.rollout import Sampler, SamplerSettings, backend_named
-from oncurve.rollout.base import check_room
+from oncurve.rollout.base import check_room, check_stops
 from oncurve.rollout.env_calls import EnvFaults
 from oncurve.rollout.episodes import (
     EpisodeSettings,
@@ -93,6 +93,7 @@ def setup(config: Config) -> Session:
     torch.manual_seed(config.run.seed)
     model_path = resolve_model_path(config.model.path, config.model.revision)
     tokenizer = load_tokenizer(model_path, config.model.trust_remote_code)
+    check_stops(config.rollout.stop, tokenizer, "rollout.stop")
     data, eval_data, task = prompt_data(config, tokenizer)
     revision = hub_commit(model_path) if is_hub_id(config.model.path) else None
     config = settle_loading(config, resolve_dtype("auto", device), revision)

@@ -4,11 +4,13 @@ forward, and the backend registry."""
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
 import torch
 import transformers
+from helpers.episodes import load_qwen3_tokenizer
 from helpers.models import EOS, PROMPTS, TOKENIZER, VOCAB, make_model
 
 from oncurve.algo.truncation import Truncation
@@ -25,6 +27,7 @@ from oncurve.rollout import (
     build_sampler,
     cpu_llama,
 )
+from oncurve.rollout.base import check_stops
 from oncurve.rollout.hf_decoder import DYNAMIC_LAYER_ATTRIBUTES, HFDecoder, _GrowingLayer
 from oncurve.rollout.torch_sampler import _stop_candidates, sample_tokens
 
@@ -216,6 +219,17 @@ def test_fast_path_declined_for_gpt2_and_short_windows() -> None:
     mistral.config.sliding_window = 8
     assert not cpu_llama.supports(mistral, 10)
     assert cpu_llama.supports(mistral, 8)
+
+
+def test_a_prompt_as_wide_as_the_window_and_one_new_token_decodes_as_hf() -> None:
+    mistral = make_model("mistral")
+    mistral.config.sliding_window = 8
+    prompt = [[1, *range(10, 17)]]  # 8 tokens: the window, with nothing to slide
+    params = SamplingParams(max_new_tokens=1, temperature=0.0)
+    fast = build_sampler("cpu_llama", mistral, TOKENIZER).generate_ids(prompt, 2, params)
+    generic = build_sampler("hf", mistral, TOKENIZER).generate_ids(prompt, 2, params)
+    assert fast.completion_ids.tolist() == generic.completion_ids.tolist()
+    assert torch.allclose(fast.logprobs, generic.logprobs, atol=1e-6, rtol=0)
 
 
 def test_shapes_masks_and_group_layout() -> None:
@@ -446,3 +460,11 @@ def test_transformers_dynamic_layer_keeps_the_state_growing_layer_writes() -> No
         assert type(getattr(growing, name)) is type(getattr(layer, name)), name
     assert growing.get_seq_length() == layer.get_seq_length() == 3
     assert growing.get_mask_sizes(1) == layer.get_mask_sizes(1)
+
+
+def test_a_stop_string_that_is_a_special_token_is_refused() -> None:
+    qwen3 = load_qwen3_tokenizer()
+    check_stops(["</answer>", "\n\n"], qwen3, "rollout.stop")
+    for special in ("<|im_start|>", "<|endoftext|>"):
+        with pytest.raises(UserError, match=rf"rollout.stop: '{re.escape(special)}' is a special"):
+            check_stops([special], qwen3, "rollout.stop")

@@ -62,11 +62,16 @@ def test_a_cuda_run_of_a_model_never_loaded_is_settled_whole_with_its_report() -
 
 def test_the_same_config_on_the_cpu_takes_the_fixed_defaults_and_compiles_nothing() -> None:
     config = load_config(None, ["algo.beta=0.04"])
-    cpu = dataclasses.replace(H100, device_type="cpu", sampler=TorchSampler, budget_bytes=None)
+    float32 = dataclasses.replace(QWEN_15B, weight_bytes=4)
+    cpu = dataclasses.replace(
+        H100, device_type="cpu", sampler=TorchSampler, budget_bytes=None, shape=float32
+    )
     settled = settle(config, cpu)
     c = settled.config
     assert settled.plan is None and settled.report == []
-    assert c.algo.is_cap == 0.0
+    assert c.algo.is_cap == 0.0  # the sampler's float32 logprobs are the forward's
+    in_bfloat16 = dataclasses.replace(cpu, shape=QWEN_15B)
+    assert settle(config, in_bfloat16).config.algo.is_cap == 2.0
     assert (c.rollout.cuda_graphs, c.rollout.compile, c.model.pack_rows) == (False,) * 3
     assert (c.model.gradient_checkpointing, c.optim.microbatch_size) == (False, 64)
     assert c.model.offload_reference is False
