@@ -18,12 +18,6 @@ from oncurve.loop.trainer import train
 from oncurve.report import write_report
 
 
-def bare(text: str) -> str:
-    """`text` without whitespace: the tiny model's character tokenizer, as transformers loads
-    it from a directory, decodes without spaces and newlines."""
-    return "".join(text.split())
-
-
 def eval_json(capsys, *argv: str) -> dict:
     assert main(["eval", "--device", "cpu", *argv]) == 0
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -88,12 +82,12 @@ def test_a_chat_template_run_is_evaluated_in_its_template(
     assert (got["scorer"], got["prompt_format"]["system_prompt"]) == ("correct", "be brief")
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == got["n"] == 40
-    assert bare(rows[0]["prompt"]).endswith("[system]bebrief[user]0+0=[assistant]")
+    assert rows[0]["prompt"].endswith("[system] be brief\n[user] 0+0=\n[assistant] ")
     assert {"answer", "extracted", "greedy", "greedy_correct"} <= set(rows[0])
     # the prompt as the model saw it, in samples.jsonl (and so in the report)
     sample = json.loads((run_dir / "samples.jsonl").read_text().splitlines()[0])
-    assert "[system]bebrief[user]" in bare(sample["prompt_as_seen"])
-    assert bare(sample["prompt_as_seen"]).endswith("[assistant]")
+    assert "[system] be brief\n[user] " in sample["prompt_as_seen"]
+    assert sample["prompt_as_seen"].endswith("\n[assistant] ")
     page = write_report([run_dir], tmp_path / "report").read_text()
     shown = page.split("The first prompt as the model saw it:")[1].split("</div>")[0]
     assert "[system]" in shown and "[assistant]" in shown
@@ -107,8 +101,8 @@ def test_the_template_is_the_default_when_the_tokenizer_has_one(
     eval_json(capsys, *common, "--out", str(templated))
     eval_json(capsys, *common, "--no-chat-template", "--system-prompt", "hi", "--out", str(plain))
     first = json.loads(templated.read_text().splitlines()[1])["prompt"]
-    assert bare(first).endswith("[user]1+1=[assistant]")
-    assert bare(json.loads(plain.read_text().splitlines()[1])["prompt"]).endswith("hi1+1=")
+    assert first.endswith("[user] 1+1=\n[assistant] ")
+    assert json.loads(plain.read_text().splitlines()[1])["prompt"].endswith("hi\n\n1+1=")
 
 
 def test_sample_formats_its_prompt_and_errors_are_one_line(chat_model_dir, tmp_path, capsys):

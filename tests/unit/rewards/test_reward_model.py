@@ -22,7 +22,7 @@ from oncurve.rewards.trl_contract import RewardLog, TrainerState
 from oncurve.run.rewards import build_rewards
 
 TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
-MAX_POSITIONS = 96
+MAX_POSITIONS = 128
 PROMPTS = ["1+1=", "12+30=", "7+7=", "", "x" * 60, "3+4=", "9+1="]
 COMPLETIONS = ["2", "42 and more words", "", "14", "the end", "a much longer completion", "10"]
 
