@@ -77,8 +77,9 @@ def test_a_chat_template_run_is_evaluated_in_its_template(
     out = tmp_path / "rows.jsonl"
     got = eval_json(capsys, "--run", str(run_dir), "--data", str(data_file), "--out", str(out))
     assert got["accuracy"] == pytest.approx(result.eval_after["accuracy"], abs=1e-9)
-    # without --data, the run's own eval.path
+    # without --data, the run's own eval.path; and its final/ named alone is evaluated as the run
     assert eval_json(capsys, "--run", str(run_dir)) == got
+    assert eval_json(capsys, "--model", str(run_dir / "final")) == got
     assert (got["scorer"], got["prompt_format"]["system_prompt"]) == ("correct", "be brief")
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == got["n"] == 40

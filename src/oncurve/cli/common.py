@@ -22,7 +22,8 @@ def run_config(args: argparse.Namespace) -> tuple[Config | None, str]:
     """The resolved config of the run the command follows, and the file it was read from:
     `--run RUN_DIR`'s config.yaml (filling in `--model` with the run's final model when it is
     not given); else, when `--model` is a checkpoint (`RUN/checkpoints/step-N`, or
-    `RUN/checkpoints/latest`), the config its state.json was saved with; else (None, "")."""
+    `RUN/checkpoints/latest`), the config its state.json was saved with; else, when it is a
+    run's `final/` (`RUN/final` beside `RUN/config.yaml`), the run's config; else (None, "")."""
     from oncurve.config import load_config
     from oncurve.model.saving import missing_from_final
     from oncurve.run.checkpoint import STATE_FILE, latest_checkpoint
@@ -34,6 +35,10 @@ def run_config(args: argparse.Namespace) -> tuple[Config | None, str]:
         checkpoint = find_checkpoint(args.model)
         if checkpoint is not None:
             return checkpoint_config(checkpoint), str(checkpoint / STATE_FILE)
+        # a run's final model formats prompts and samples as its run did
+        model = Path(args.model)
+        if model.name == "final" and (model.parent / "config.yaml").is_file():
+            return load_config(model.parent / "config.yaml"), str(model.parent / "config.yaml")
         return None, ""
     path = Path(args.run_dir) / "config.yaml"
     if not path.is_file():
