@@ -549,6 +549,16 @@ def test_overwrite_replaces_a_previous_run_but_never_deletes_foreign_files(
         assert f"holds files no run wrote ({nested})" in capsys.readouterr().err
         assert (run_dir / nested).read_text() == "mine"
         (run_dir / nested).unlink()
+    # a resume replaces final/ at its end: a file of yours there refuses it before it trains
+    (run_dir / "final" / "NOTES.md").write_text("mine")
+    resume = [*args, "run.steps=3", "run.resume=auto"]
+    assert main(["train", "--quiet", *resume]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"oncurve: error: {run_dir / 'final'} holds files no run wrote (NOTES.md), and the "
+        "resumed run replaces final/ when it ends: move them out first"
+    ]
+    assert (run_dir / "final" / "NOTES.md").read_text() == "mine"
+    assert [r["step"] for r in metric_rows(run_dir)] == [1, 2]
 
 
 def test_a_killed_rewrite_is_cleaned_at_the_next_start_and_modes_follow_the_umask(

@@ -96,6 +96,8 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None]:
                     f"run.resume {resume} is a checkpoint of the run in {own}, and run.dir "
                     f"{run_dir} holds another run; resume into {own} or into an empty run.dir"
                 )
+            if same:
+                _refuse_foreign_final(run_dir)
             later = checkpoint.later_checkpoints(own, step) if same and step is not None else []
             if later and not config.run.overwrite:
                 names = ", ".join(d.name for d in later[:3]) + (", ..." if len(later) > 3 else "")
@@ -118,6 +120,7 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None]:
         if resume == "auto":
             found = checkpoint.latest_checkpoint(run_dir)
             if found is not None:
+                _refuse_foreign_final(run_dir)
                 return run_dir, found
         if contents:
             # Neither resume=auto (restarting a run killed before its first checkpoint) nor
@@ -151,6 +154,20 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None]:
     if resume == "auto":
         print(f"note: no checkpoint in {run_dir}; starting a new run", file=sys.stderr)
     return run_dir, None
+
+
+def _refuse_foreign_final(run_dir: Path) -> None:
+    """UserError when the run's final/ holds files no run wrote: a resumed run replaces
+    final/ whole when it ends."""
+    final = run_dir / "final"
+    foreign = [
+        p.relative_to(final).as_posix() for p in _foreign_inside(run_dir) if final in p.parents
+    ]
+    if foreign:
+        raise UserError(
+            f"{final} holds files no run wrote ({', '.join(foreign[:3])}), and the resumed run "
+            "replaces final/ when it ends: move them out first"
+        )
 
 
 def _foreign_inside(run_dir: Path) -> list[Path]:
