@@ -5,9 +5,11 @@ tokenizer, learns `arith` from reference scratchpads (prompt + solution + EOS, l
 completion only) and is stopped early on purpose: it always writes the right format and
 mostly the right procedure, but misreads digits and carries often enough that greedy accuracy
 on the test split sits in the 20-50% band. That leaves the headroom that GRPO then closes
-with reward alone. Everything is seeded, so the same command rebuilds the same weights:
+with reward alone. Everything is seeded, so the same command rebuilds the same weights on the
+same machine, torch build and thread count (float sums are ordered by them), into a new
+directory that then replaces the bundled one:
 
-    oncurve warmstart --out src/oncurve/assets/default --steps 350 --seed 0
+    oncurve warmstart --out NEW_DIR --steps 350 --seed 0
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase, Qwen2Config,
 
 from oncurve.data.tasks.arith import ArithTask
 from oncurve.model.char_tokenizer import char_tokenizer
+from oncurve.run.durable_files import follow_umask
 
 DEFAULT_STEPS = 350
 DEFAULT_SEED = 0
@@ -162,6 +165,9 @@ def warmstart(
     learning speed is not known beforehand still leaves GRPO its headroom.
     """
     steps = DEFAULT_STEPS if steps is None else steps
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ValueError(f"warmstart: {out_dir} exists and is not an empty directory")
     if steps < 1:
         raise ValueError(f"warmstart: steps must be at least 1, got {steps}")
     if eval_prompts < 1:
@@ -221,7 +227,6 @@ def warmstart(
         max_new_tokens=MAX_NEW_TOKENS,
         do_sample=False,
     )
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
@@ -235,8 +240,15 @@ def warmstart(
         "final_loss": losses[-1],
         "test_accuracy": accuracy,
         "test_prompts": eval_prompts,
+        "hidden_size": hidden_size,
+        "num_layers": num_layers,
+        "intermediate_size": intermediate_size,
+        "max_digits": max_digits,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
     }
     (out_dir / "README.md").write_text(_card(recipe))
+    follow_umask(out_dir)
     return WarmstartResult(losses=losses, accuracy=accuracy, seconds=seconds)
 
 
@@ -247,9 +259,10 @@ A {recipe["parameters"] / 1e6:.2f}M-parameter Qwen2-style causal LM with a chara
 tokenizer, trained by supervised learning on the `arith` task's scratchpad solutions and stopped
 early on purpose, so that GRPO (`oncurve train`) has room to raise its accuracy.
 
-Rebuild it with:
+Rebuilt, on the same machine, torch and thread count, by `oncurve.warmstart.warmstart` with the
+settings of the recipe below; with the bundled sizes, by:
 
-    oncurve warmstart --out src/oncurve/assets/default --steps {recipe["steps"]} --seed {recipe["seed"]}
+    oncurve warmstart --out NEW_DIR --steps {recipe["steps"]} --seed {recipe["seed"]}
 
 Measured at save time: greedy accuracy {recipe["test_accuracy"]:.3f} on {recipe["test_prompts"]}
 `arith` test problems (seed {recipe["seed"]}), final training loss {recipe["final_loss"]:.4f}.

@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 import torch
@@ -18,6 +19,12 @@ TINY = {
     "eval_prompts": 8,
     "log": lambda line: None,
 }
+
+
+def umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def test_encode_sft_puts_the_loss_on_the_completion_and_eos_only():
@@ -76,10 +83,16 @@ def test_recipe_output_loads_and_its_loss_fell(tiny_run):
 def test_card_records_the_command_and_the_measured_accuracy(tiny_run):
     out, result = tiny_run
     card = (out / "README.md").read_text()
-    assert "oncurve warmstart --out src/oncurve/assets/default --steps 20 --seed 1" in card
+    assert "oncurve warmstart --out NEW_DIR --steps 20 --seed 1" in card
     recipe = json.loads(card.split("Recipe: ", 1)[1])
     assert recipe["test_accuracy"] == result.accuracy
     assert recipe["final_loss"] == result.losses[-1]
+    # what rebuilds it: the sizes it was trained at, the torch and the threads it summed with
+    sizes = {k: recipe[k] for k in ("hidden_size", "num_layers", "intermediate_size")}
+    assert sizes == {k: TINY[k] for k in sizes} and recipe["threads"] == 1
+    assert recipe["torch"] == torch.__version__
+    # written with the umask's modes, as a run's final model is
+    assert all((p.stat().st_mode & 0o777) == 0o666 & ~umask() for p in out.iterdir())
 
 
 def test_same_seed_rebuilds_the_same_weights(tiny_run, tmp_path):
@@ -94,6 +107,13 @@ def test_same_seed_rebuilds_the_same_weights(tiny_run, tmp_path):
 def test_bad_budget_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="steps must be at least 1"):
         warmstart(tmp_path, steps=0, **TINY)
+
+
+def test_a_directory_that_is_not_empty_is_refused_before_training(tmp_path):
+    (tmp_path / "README.md").write_text("mine")
+    with pytest.raises(ValueError, match=r"exists and is not an empty directory"):
+        warmstart(tmp_path, steps=20, **TINY)
+    assert (tmp_path / "README.md").read_text() == "mine"
 
 
 def test_max_digits_trains_and_evaluates_on_longer_sums(tmp_path, monkeypatch):
