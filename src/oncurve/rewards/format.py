@@ -31,7 +31,7 @@ _CONTENT_RE = re.compile(r"[^\W_\u115f\u1160\u3164\uffa0]|[+=>|]")
 # or punctuation that shows nothing (`\,` `\;` `\:` `\!` `\ ` `\-` `\/` `\@`) starts none, nor
 # an `&` before no entity: they are read as plain text, in one step with what surrounds them.
 # `~` is plain text too.
-_CONSTRUCT_RE = re.compile(r"\\(?![,;:! \t\n\r/@-])|&(?=#[0-9]|#[xX][0-9a-fA-F]|[a-zA-Z])|<")
+_CONSTRUCT_RE = re.compile(r"\\(?![,;:! \t\n\r/@-])|&(?=#[0-9]|#[xX][0-9a-fA-F]|[a-zA-Z])|<|%")
 _COMMAND_RE = re.compile(r"\\(?:([a-zA-Z]+)|(.))", re.DOTALL)
 _ENTITY_RE = re.compile(r"&(?:#(?:[xX][0-9a-fA-F]+|[0-9]+);?|([a-zA-Z][a-zA-Z0-9]*)(;?))")
 _HTML_TAG_RE = re.compile(r"</?([a-zA-Z][a-zA-Z0-9]*)(?:[\s/][^<>]*)?>")
@@ -66,8 +66,12 @@ _SHOWS_NOTHING = _names(
     "overrightarrow overleftarrow underbrace overbrace cancel bcancel xcancel "
     "ldots dots dotso dotsc textellipsis colon cdots vdots ddots dotsb dotsm dotsi hdots "
     "null empty nonumber notag leavevmode bigskip medskip smallskip "
-    "underset overset stackrel substack vcenter mathchoice"
+    "underset overset stackrel substack vcenter mathchoice "
+    "ignorespaces protect unskip xspace"
 )
+# A colour or a scale that hides what it applies to: white text, a zero scale.
+_HIDING_COLOURS = frozenset(("white", "gray!0", "black!0"))
+_ZERO_SCALE_RE = re.compile(r"\{\s*[-+]?0*\.?0*\s*\}")
 # Mathematical symbols that are not an answer alone: ellipses (`⋯`, `⋮`) and a bare minus.
 _NOT_CONTENT_SYMBOLS = frozenset("\u22ee\u22ef\u22f0\u22f1\u2212")
 # Size commands and the delimiter each sizes (`\left(`, `\right.`, `\bigl\langle`).
@@ -94,6 +98,7 @@ _HIDDEN_ARGUMENTS = {
     "colorbox": 1,
     "fcolorbox": 2,
     "label": 1,
+    "footnote": 1,
     "tag": 1,
     "raisebox": 1,
     "scalebox": 1,
@@ -215,6 +220,9 @@ def _read_construct(text: str, pos: int) -> tuple[int, bool]:
     """(where it ends, whether it shows something) of the construct at `pos`: a LaTeX command,
     an HTML comment, tag or entity; a `<` or `&` that starts none is a character."""
     char = text[pos]
+    if char == "%":  # a LaTeX comment: the rest of its line
+        newline = text.find("\n", pos)
+        return (len(text) if newline < 0 else newline + 1), False
     if char == "&":
         entity = _ENTITY_RE.match(text, pos)
         if entity is not None and (entity[1] is None or entity[1] + entity[2] in html5):
@@ -225,7 +233,7 @@ def _read_construct(text: str, pos: int) -> tuple[int, bool]:
             close = text.find("-->", pos + 2)  # `<!-->` is a comment too
             return (len(text) if close < 0 else close + 3), False  # unclosed: hides the rest
         tag = _HTML_TAG_RE.match(text, pos)
-        if tag is not None and tag[1].lower() in _HTML_ELEMENTS:
+        if tag is not None:  # an element shows its content, not its tags (`<img>` no text)
             return tag.end(), False
         return pos + 1, True  # less-than
     return _read_command(text, pos)
@@ -245,6 +253,15 @@ def _read_command(text: str, pos: int) -> tuple[int, bool]:
         return after, _shows_characters(symbol, 0, 1)  # `\{`, `\%`, `\|`
     if name in _SHOWS_NOTHING:
         return after, False
+    if name == "iffalse":  # skipped to its `\fi`
+        close = text.find("\\fi", after)
+        return (len(text) if close < 0 else close + 3), False
+    if name in ("color", "textcolor", "scalebox") and _hides(name, text, after):
+        # white text, or a zero scale: what it applies to shows nothing
+        after = _skip_argument(text, _skip_options(text, after))
+        if name == "color":
+            return _group_end(text, after), False
+        return _skip_argument(text, after), False
     if name in _SIZERS:
         return _skip_delimiter(text, after), False
     if name in _HIDDEN_ARGUMENTS:
@@ -262,6 +279,28 @@ def _read_command(text: str, pos: int) -> tuple[int, bool]:
         dimension = _DIMENSION_RE.match(text, after)
         return (after if dimension is None else dimension.end()), False
     return after, True  # `\pi`, `\infty`, `\emptyset`: a symbol or an operator
+
+
+def _hides(name: str, text: str, pos: int) -> bool:
+    """Whether the colour or scale argument at `pos` hides what follows it."""
+    pos = _skip_options(text, pos)
+    argument = text[pos : _skip_argument(text, pos)]
+    if name == "scalebox":
+        return _ZERO_SCALE_RE.fullmatch(argument.strip()) is not None
+    return argument.strip("{} \t\n").lower() in _HIDING_COLOURS
+
+
+def _group_end(text: str, pos: int) -> int:
+    """Where the brace group around `pos` closes (a `\\color`'s reach), else the text's end."""
+    depth = 0
+    for brace in _BRACE_RE.finditer(text, pos):
+        if brace.group() == "{":
+            depth += 1
+        elif brace.group() == "}":
+            if depth == 0:
+                return brace.start()
+            depth -= 1
+    return len(text)
 
 
 def _skip_options(text: str, pos: int) -> int:

@@ -171,6 +171,31 @@ CONTENT_FREE_CASES = [
             ("boxed-underset-of-nothing", "\\underset{}{}"),
             ("boxed-stackrel-of-nothing", "\\stackrel{}{}"),
             ("boxed-unicode-minus", "\u2212"),
+            ("boxed-latex-comment", "% 7\n"),
+            ("boxed-iffalse", "\\iffalse 7\\fi"),
+            ("boxed-ignorespaces", "\\ignorespaces"),
+            ("boxed-protect", "\\protect"),
+            ("boxed-unskip", "\\unskip"),
+            ("boxed-xspace", "\\xspace"),
+            ("boxed-footnote", "\\footnote{7}"),
+            ("boxed-textcolor-white", "\\textcolor{white}{7}"),
+            ("boxed-scalebox-zero", "\\scalebox{0}{7}"),
+        )
+    ),
+    pytest.param(
+        boxed_format_reward,
+        "\\boxed{\\color{white}7}",
+        "\\boxed{1\\color{white}7}",
+        id="boxed-white",
+    ),
+    *(
+        pytest.param(
+            tags_format_reward, f"<answer>{empty}</answer>", f"<answer>{empty}4</answer>", id=label
+        )
+        for label, empty in (
+            ("tags-image", "<img src=x>"),
+            ("tags-unknown-tag", "<x>"),
+            ("tags-ignorespaces", "\\ignorespaces"),
         )
     ),
     pytest.param(boxed_format_reward, "\\boxed{\\,}", "\\boxed{\\,12}", id="boxed-thin-space"),
