@@ -78,6 +78,18 @@ _PROMPT_NUMBER_RE = re.compile(
     r"\\[dtc]?frac\s*(?:\{\s*\d+\s*\}|\d)\s*(?:\{\s*\d+\s*\}|\d)|\d+\s*(?:/|\\div)\s*\d+"
     r"|\d*\.\d*\\overline\s*\{\s*\d+\s*\}|(?:\d*\.)?\d+\s*\\?%|\d*\.\d+"
 )
+# A prompt that asks for a number in another form than its own
+_CONVERSION_RE = re.compile(
+    r"\b(?:express(?:ed)?|convert(?:ed)?|write|written|rewrite|round(?:ed)?)\b"
+    r"|\bas\s+an?\s+(?:common\s+|improper\s+|mixed\s+|reduced\s+)?"
+    r"(?:fraction|decimal|percent(?:age)?|mixed\s+number|integer)\b"
+    r"|\bin\s+(?:decimal|fraction(?:al)?|simplest|lowest|scientific)\b",
+    re.IGNORECASE,
+)
+# `\pm 3`, `±3`: a list of two numbers
+_PLUS_MINUS_RE = re.compile(r"(?:\\pm|±)\s*(?P<number>[^,;]+)")
+# A set's braces (`\{2, 3\}`, `x \in \{2, 3\}`): its members are a list
+_SET_RE = re.compile(r"(?:[a-zA-Z]\s*\\in\s*)?\\\{(?P<members>[^{}]*)\\\}")
 _LIST_SEPARATOR_RE = re.compile(r"\s*(?:,(?!\d{3}(?!\d))|;|\bor\b|\band\b)\s*")
 _DECIMAL_RE = re.compile(r"\d\.\d|(?<!\d)\.\d")
 # A power that is a root: `^{1/2}`, `^{\frac{1}{3}}`, `^(1/2)`, `^{0.5}`, `^.5`
@@ -279,10 +291,12 @@ def _same_value(
 def _converts_back(
     pred: tuple[Fraction, bool, str], gold: tuple[Fraction, bool, str], prompt: str
 ) -> bool:
-    """Whether the answer is the prompt's own number in another form than the gold's: 0.75 or
-    75% for "Express 0.75 as a common fraction", `\\frac{7}{8}` for "Express $7 \\div 8$ as a
-    decimal". A percentage is a form of its own, its value over 100."""
-    if _form(pred) == _form(gold):
+    """Whether the answer is the prompt's own number in another form than the gold's, where the
+    prompt asks for a conversion: 0.75 or 75% for "Express 0.75 as a common fraction",
+    `\\frac{7}{8}` for "Express $7 \\div 8$ as a decimal" (not 30% for "Which discount, in
+    percent, is larger?", which asks for none). A percentage is a form of its own, its value
+    over 100."""
+    if _form(pred) == _form(gold) or not _CONVERSION_RE.search(prompt[: 4 * MAX_ANSWER_CHARS]):
         return False
     literals = set()
     for match in _PROMPT_NUMBER_RE.finditer(prompt[: 4 * MAX_ANSWER_CHARS]):
@@ -299,14 +313,22 @@ def _form(number: tuple[Fraction, bool, str]) -> tuple[Fraction, str]:
 
 
 def _number_list(text: str, *, reduced: bool = False) -> list[Fraction] | None:
-    """The numbers of a bare list of two or more (`2, 3`; `x=2 \\text{ or } x=3`), or None."""
+    """The numbers of a bare list of two or more (`2, 3`; `x=2 \\text{ or } x=3`; `\\pm 3`; a
+    set, `\\{2, 3\\}`), or None."""
     if len(text) > MAX_ANSWER_CHARS:
         return None
     text = TEXT_RE.sub(r" \1 ", text.strip())
     if BOX_RE.search(text):
         text = last_boxed(text) or text
     text = text.strip().strip("$").strip()
-    if not text or text[0] in "([{" or "\\{" in text:  # a tuple, an interval or a set
+    members = _SET_RE.fullmatch(text)
+    if members is not None:  # a set of solutions: its members
+        text = members["members"].strip()
+    plus_minus = _PLUS_MINUS_RE.fullmatch(text)
+    if plus_minus is not None:
+        value = stated(plus_minus["number"], reduced=reduced)
+        return None if value is None or value[1] else [value[0], -value[0]]
+    if not text or text[0] in "([{" or "\\{" in text:  # a tuple or an interval
         return None
     parts = _LIST_SEPARATOR_RE.split(text)
     if len(parts) < 2:

@@ -201,7 +201,7 @@ def undress(text: str) -> str:
     text = TEXT_RE.sub(r" \1 ", TEXT_RE.sub(r" \1 ", text))  # `\bm{\text{18}}`
     text = re.sub(r",\s*\\[!,]\s*", ",", text)  # `32,\! 349`
     text = SPACING_RE.sub("", re.sub(r"(?<!\\)\\ ", " ", text)).replace("~", " ")
-    for old, new in (("{,}", ","), ("\\$", "$"), ("\\%", "%"), ("−", "-")):
+    for old, new in (("{,}", ","), ("\\$", "$"), ("\\%", "%"), ("−", "-"), ("－", "-")):
         text = text.replace(old, new)
     text = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", text)
     text = re.sub(r"\s+(?=\^)", "", text)  # `18 m ^2`: a unit's power

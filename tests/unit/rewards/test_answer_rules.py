@@ -294,6 +294,22 @@ STATED = [
     case("p", "\\boxed{y = 2x+3}", "y = 2x+3", 1.0),
     case("p", "\\boxed{x = 2 \\text{ or } x = 3}", "2, 3", 1.0),
     case("p", "**Answer:** $x = 3, 5, 7$", "3, 5, 7", 1.0),
+    # the prompt's number that is the answer, where the prompt asks for no conversion
+    case(
+        "Shirt A is 25% off and shirt B is 30% off. Which discount, in percent, is larger?",
+        "\\boxed{30\\%}", "30", 1.0,
+    ),
+    case(
+        "Tom ate 3/4 of a pie and Ann ate 1/8. What fraction of the pie did Tom eat?",
+        "\\boxed{\\frac{3}{4}}", "0.75", 1.0,
+    ),
+    # a list's numbers as plus-or-minus or as a set
+    case("p", "\\boxed{\\pm 3}", "3, -3", 1.0),
+    case("p", "\\boxed{\\pm 3}", "3", 0.0),
+    case("p", "\\boxed{\\{2, 3\\}}", "2, 3", 1.0),
+    case("p", "$x \\in \\{2, 3\\}$", "2, 3", 1.0),
+    case("p", "\\boxed{\\{2, 4\\}}", "2, 3", 0.0),
+    case("p", "\\boxed{\uff0d18}", "-18", 1.0),
 ]
 # fmt: on
 
