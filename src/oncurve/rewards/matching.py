@@ -72,12 +72,18 @@ _ANSWER_PHRASE_RE = re.compile(
     r"(?P<answer>.+?)\s*\.?\s*",
     re.IGNORECASE | re.DOTALL,
 )
-# A literal number of a prompt, for `_converts_back`: a fraction (LaTeX, a/b or a quotient
-# `7 \div 8`), a decimal (repeating too: `0.\overline{36}`) or a percentage.
+# A literal number of a prompt, for `_converts_back`: in scientific notation (`2.5 \times
+# 10^3`), a mixed number, a fraction (LaTeX, a/b or a quotient `7 \div 8`, `7 divided by 8`),
+# a decimal (repeating too: `0.\overline{36}`), a percentage or an integer.
+_FRACTION_PART = r"\\[dtc]?frac\s*(?:\{\s*\d+\s*\}|\d)\s*(?:\{\s*\d+\s*\}|\d)"
 _PROMPT_NUMBER_RE = re.compile(
-    r"\\[dtc]?frac\s*(?:\{\s*\d+\s*\}|\d)\s*(?:\{\s*\d+\s*\}|\d)|\d+\s*(?:/|\\div)\s*\d+"
-    r"|\d*\.\d*\\overline\s*\{\s*\d+\s*\}|(?:\d*\.)?\d+\s*\\?%|\d*\.\d+"
+    r"(?:\d*\.)?\d+\s*(?:\\times|×|\\cdot)\s*10\s*\^\s*(?:\{\s*[-−]?\d+\s*\}|[-−]?\d)"
+    rf"|\d+\s*{_FRACTION_PART}|{_FRACTION_PART}"
+    r"|\d+\s*(?:/|\\div|÷|divided\s+by)\s*\d+"
+    r"|\d*\.\d*\\overline\s*(?:\{\s*\d+\s*\}|\d)|(?:\d*\.)?\d+\s*\\?%|\d*\.\d+|\d+",
+    re.IGNORECASE,
 )
+_QUOTIENT_RE = re.compile(r"\s*(?:\\div|÷|divided\s+by)\s*", re.IGNORECASE)
 # A prompt that asks for a number in another form than its own
 _CONVERSION_RE = re.compile(
     r"\b(?:express(?:ed)?|convert(?:ed)?|write|written|rewrite|round(?:ed)?)\b"
@@ -300,7 +306,8 @@ def _converts_back(
         return False
     literals = set()
     for match in _PROMPT_NUMBER_RE.finditer(prompt[: 4 * MAX_ANSWER_CHARS]):
-        literal = stated(match.group().replace("\\div", "/"))
+        text = _QUOTIENT_RE.sub("/", match.group()).replace("×", "\\times")
+        literal = stated(re.sub(r"\\overline\s*(\d)", r"\\overline{\1}", text))
         if literal is not None:
             literals.add(_form(literal)[0])
     return _form(pred)[0] in literals

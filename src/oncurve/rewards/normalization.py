@@ -153,8 +153,9 @@ def stated_number(text: str, *, reduced: bool = False) -> Fraction | None:
 
 
 def stated(text: str, *, reduced: bool = False) -> tuple[Fraction, bool, str] | None:
-    """(value, whether it is a percentage, its kind: "integer", "decimal" or "fraction") of
-    the number `text` states (`stated_number`)."""
+    """(value, whether it is a percentage, its kind: "integer", "decimal", "scientific" (`2.5
+    \\times 10^3`, `1e3`), "fraction" or "mixed" (`2\\frac{1}{2}`)) of the number `text` states
+    (`stated_number`)."""
     if len(text) > MAX_ANSWER_CHARS:
         return None
     match = _STATED_RE.fullmatch(undress(text))
@@ -178,6 +179,7 @@ def stated(text: str, *, reduced: bool = False) -> tuple[Fraction, bool, str] | 
             if not 0 < value < 1:  # `7\frac{1}{2}` is seven and a half; `7\frac{3}{2}` is not
                 return None
             value += int(match["mixed"])
+            return sign * value, percent, "mixed"
         return sign * value, percent, "fraction"
     decimals = match["decimals"] or ""
     exponent = int(match["exp"] or match["exp2"] or match["exp1"] or 0) - len(decimals)
@@ -188,6 +190,8 @@ def stated(text: str, *, reduced: bool = False) -> tuple[Fraction, bool, str] | 
     if match["repeat"]:  # 0.1\overline{6}: the repeated digits add digits / (10^k - 1)
         value += Fraction(int(match["repeat"]), 10 ** len(match["repeat"]) - 1)
     kind = "decimal" if match["decimals"] is not None or exponent < 0 else "integer"
+    if match["exp"] or match["exp2"] or match["exp1"]:
+        kind = "scientific"
     scale = _SCALES[match["scale"].lower()] if match["scale"] else 1
     return sign * value * Fraction(10) ** exponent * scale, percent, kind
 

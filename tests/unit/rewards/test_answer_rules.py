@@ -156,6 +156,16 @@ UNDONE = [
     case("p", "The answer is 18. Or 19.", "18", 0.0),
     case("p", "The answer is 18. Or 19.", "19", 0.0),
     case("p", "The answer is 18. Actually, it is 19.", "18", 0.0),
+    # a conversion question's number restated in its own notation
+    case("Express 2500 in scientific notation.", "\\boxed{2500}", "2.5 \\times 10^3", 0.0),
+    case("Express 0.00045 in scientific notation.", "\\boxed{0.00045}", "4.5 \\times 10^{-4}", 0.0),
+    case("Write $2.5 \\times 10^3$ in standard form.", "\\boxed{2.5 \\times 10^3}", "2500", 0.0),
+    case("Express $\\frac{5}{2}$ as a mixed number.", "\\boxed{\\frac{5}{2}}", "2\\frac{1}{2}", 0.0),
+    case("Write $2\\frac12$ as an improper fraction.", "\\boxed{2\\frac{1}{2}}", "\\frac52", 0.0),
+    case("Express $3\\frac{1}{4}$ as a decimal.", "\\boxed{3\\frac{1}{4}}", "3.25", 0.0),
+    case("Express 7 ÷ 8 as a decimal.", "\\boxed{\\frac{7}{8}}", "0.875", 0.0),
+    case("Express 7 divided by 8 as a decimal.", "\\boxed{\\frac{7}{8}}", "0.875", 0.0),
+    case("Express $0.\\overline3$ as a common fraction.", "\\boxed{0.\\overline{3}}", "\\frac{1}{3}", 0.0),
 ]
 
 # Malformed golds are not scored: a policy repeating them learns nothing true.
@@ -310,6 +320,9 @@ STATED = [
     case("p", "$x \\in \\{2, 3\\}$", "2, 3", 1.0),
     case("p", "\\boxed{\\{2, 4\\}}", "2, 3", 0.0),
     case("p", "\\boxed{\uff0d18}", "-18", 1.0),
+    case("Express 2500 in scientific notation.", "\\boxed{2.5 \\times 10^3}", "2.5 \\times 10^3", 1.0),
+    case("Express $\\frac{5}{2}$ as a mixed number.", "\\boxed{2\\frac{1}{2}}", "2\\frac{1}{2}", 1.0),
+    case("Express 7 ÷ 8 as a decimal.", "\\boxed{0.875}", "0.875", 1.0),
 ]
 # fmt: on
 
