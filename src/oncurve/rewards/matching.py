@@ -104,7 +104,17 @@ _FRACTIONAL_POWER_RE = re.compile(
 )
 _SQRT_RE = re.compile(r"\\sqrt(?:\s*\[\s*(?P<index>2)\s*\])?\s*|(?<![a-zA-Z\\])sqrt\s*")
 # Brackets multiplied or raised: `(x+1)(x+1)`, `(1+x)^2`, `2(x+1)`, `(x+1) \cdot (x-1)`
-_BRACKET_PRODUCT_RE = re.compile(r"\)\s*(?:\\cdot|\\times|\*)?\s*[(\^\d]|[\w}]\s*\(")
+_BRACKET_PRODUCT_RE = re.compile(r"\)\s*(?:\\cdot|\\times|\*)?\s*[(\^\da-zA-Z]|[\w}]\s*\(")
+# Arithmetic between two written numbers (`5-3`, `1+1`, `6/2`, `2\cdot 2`; not an exponent's,
+# a subscript's or a coefficient's number: `x^2+1`, `2+3x`, `1+2\sqrt{3}`), a factorial or a
+# binomial coefficient of numbers (`0!`, `\binom{5}{0}`): work left undone. A command's bare
+# numeric argument (`\sqrt 3+1`) is taken out first.
+_CONSTANT_ARITHMETIC_RE = re.compile(
+    r"(?<![\w.^_\\])\d+(?:\.\d+)?\s*(?:[-+]\s*\d+(?:\.\d+)?(?![\w.\\^({])"
+    r"|(?:[*/]|\\cdot|\\times)\s*\d+(?:\.\d+)?(?![\w.^]))"
+    r"|(?<![\w.^_])\d+\s*!|\\[dt]?binom\s*\{\s*\d+\s*\}\s*\{\s*\d+\s*\}"
+)
+_COMMAND_NUMBER_RE = re.compile(r"\\(?!(?:cdot|times|div)(?![a-zA-Z]))[a-zA-Z]+\s*\d")
 _FRAC_RE = re.compile(r"\\[dtc]?frac\s*\{")
 _FUNCTION_RE = re.compile(
     r"\\(?:log|ln|lg|exp|sin|cos|tan|cot|sec|csc|arcsin|arccos|arctan|sinh|cosh|tanh)(?![a-zA-Z])"
@@ -356,7 +366,13 @@ def _undone(pred: str, ref: str) -> bool:
     `x+0`), a power of a number (`3^2\\pi`), roots multiplied (`\\sqrt{2}\\sqrt{6}`), or a
     function where the reference holds none (`x+\\log_2 2`, `x+e^0`; `\\tan^2 y+1` for
     `\\sec^2 y` is another form, not work undone)."""
-    checks = (_unreduced_fraction, _like_terms, _NUMBER_POWER_RE.search, _ROOT_PRODUCT_RE.search)
+    checks = (
+        _unreduced_fraction,
+        _like_terms,
+        _constant_arithmetic,
+        _NUMBER_POWER_RE.search,
+        _ROOT_PRODUCT_RE.search,
+    )
     for undone in checks:
         if undone(pred) and not undone(ref):
             return True
@@ -378,6 +394,11 @@ def _undone(pred: str, ref: str) -> bool:
     if _letter_denominator(pred) and not _letter_denominator(ref):
         return True
     return _root_denominator(pred) and not _root_denominator(ref)  # not rationalised
+
+
+def _constant_arithmetic(text: str) -> bool:
+    """Whether `text` leaves arithmetic on written numbers undone (`_CONSTANT_ARITHMETIC_RE`)."""
+    return _CONSTANT_ARITHMETIC_RE.search(_COMMAND_NUMBER_RE.sub(" C", text)) is not None
 
 
 def _unreduced_fraction(text: str) -> bool:

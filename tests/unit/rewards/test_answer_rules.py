@@ -156,6 +156,18 @@ UNDONE = [
     case("p", "The answer is 18. Or 19.", "18", 0.0),
     case("p", "The answer is 18. Or 19.", "19", 0.0),
     case("p", "The answer is 18. Actually, it is 19.", "18", 0.0),
+    # arithmetic on written numbers left undone, a product of a bracket and a letter
+    case("p", "\\boxed{(5-3)\\sqrt{3}}", "2\\sqrt{3}", 0.0),
+    case("p", "\\boxed{x+5\\cdot 4-19}", "x+1", 0.0),
+    case("p", "\\boxed{x+6/2-2}", "x+1", 0.0),
+    case("p", "\\boxed{x+0!}", "x+1", 0.0),
+    case("p", "\\boxed{x+\\binom{5}{0}}", "x+1", 0.0),
+    case("p", "\\boxed{(x+1)x}", "x^2+x", 0.0),
+    case("p", "\\boxed{\\frac{\\sqrt{3}}{1+1}}", "\\frac{\\sqrt{3}}{2}", 0.0),
+    case("p", "\\boxed{\\frac{2\\sqrt{3}}{2\\cdot 2}}", "\\frac{\\sqrt{3}}{2}", 0.0),
+    case("Simplify $\\sqrt3+\\sqrt3$.", "\\boxed{(1+1)\\sqrt{3}}", "2\\sqrt{3}", 0.0),
+    case("Simplify $3x+1-2x$.", "\\boxed{(3-2)x+1}", "x+1", 0.0),
+    case("p", "\\boxed{x^{2+1}}", "x^3", 0.0),
     # a conversion question's number restated in its own notation
     case("Express 2500 in scientific notation.", "\\boxed{2500}", "2.5 \\times 10^3", 0.0),
     case("Express 0.00045 in scientific notation.", "\\boxed{0.00045}", "4.5 \\times 10^{-4}", 0.0),
@@ -323,6 +335,14 @@ STATED = [
     case("Express 2500 in scientific notation.", "\\boxed{2.5 \\times 10^3}", "2.5 \\times 10^3", 1.0),
     case("Express $\\frac{5}{2}$ as a mixed number.", "\\boxed{2\\frac{1}{2}}", "2\\frac{1}{2}", 1.0),
     case("Express 7 ÷ 8 as a decimal.", "\\boxed{0.875}", "0.875", 1.0),
+    case("p", "\\boxed{\\sqrt 3+1}", "1+\\sqrt{3}", 1.0),
+    case("p", "\\boxed{x^2+2x+1}", "(x+1)^2", 0.0),
+    case("p", "\\boxed{2+3\\sqrt{2}}", "3\\sqrt{2}+2", 1.0),
+    case("p", "\\boxed{3 \\cdot 2^{n}+1}", "3\\cdot 2^n+1", 1.0),
+    case("p", "\\boxed{\\frac{1+\\sqrt{5}}{2}}", "\\frac{1+\\sqrt5}{2}", 1.0),
+    case("p", "\\boxed{x^2-4x+4}", "x^2-4x+4", 1.0),
+    case("p", "\\boxed{2x+1}", "1+2x", 1.0),
+    case("p", "\\boxed{x_{1}+x_{2}}", "x_1+x_2", 1.0),
 ]
 # fmt: on
 
