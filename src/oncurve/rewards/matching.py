@@ -146,6 +146,7 @@ _UNBOUNDED_RE = re.compile(
 MAX_RADICAND = 10**10
 _EXPLOSIVE_RE = re.compile(
     r"\d{21,}"  # a number past any answer's size
+    r"|\d{16,}"  # one whose reciprocal math-verify's evaluation chops to 0 (`\pi + 1/10^{17}`)
     r"|\d[eE][-+]?\d{4,}"  # 1e999999999
     r"|!\s*!"  # 9!!!: factorials of factorials
     r"|\d{4,}\s*!"  # 99999!
@@ -298,9 +299,9 @@ def _same_value(
     (value, percent, _), (gold_value, gold_percent, _) = pred, gold
     if percent == gold_percent:
         return value == gold_value
-    if percent:
+    if percent:  # `50%` is 50 where a percentage is asked (never 5000% for 50), else 0.5
         asked = prompt is None or _PERCENT_PROMPT_RE.search(prompt) is not None
-        return value / 100 == gold_value or (asked and value == gold_value)
+        return value == gold_value if asked else value / 100 == gold_value
     return value in (gold_value, gold_value / 100)
 
 

@@ -104,6 +104,9 @@ NOT_UNITS = frozenset(
         "doubled",
         "tripled",
         "halved",
+        "halves",
+        "divided",
+        "quartered",
         "reciprocal",
         "inverse",
         "below",
@@ -188,10 +191,14 @@ def stated(text: str, *, reduced: bool = False) -> tuple[Fraction, bool, str] | 
     digits = (match["whole"].replace(",", "") + decimals) or "0"
     value = Fraction(int(digits))
     if match["repeat"]:  # 0.1\overline{6}: the repeated digits add digits / (10^k - 1)
+        if reduced and set(match["repeat"]) == {"9"}:  # 17.\overline{9}: 18 left unwritten
+            return None
         value += Fraction(int(match["repeat"]), 10 ** len(match["repeat"]) - 1)
     kind = "decimal" if match["decimals"] is not None or exponent < 0 else "integer"
     if match["exp"] or match["exp2"] or match["exp1"]:
         kind = "scientific"
+        if reduced and not 1 <= int(digits) / 10 ** len(decimals) < 10:
+            return None  # `1800 \times 10^{-2}`: a mantissa outside [1, 10) is work undone
     scale = _SCALES[match["scale"].lower()] if match["scale"] else 1
     return sign * value * Fraction(10) ** exponent * scale, percent, kind
 

@@ -168,6 +168,14 @@ UNDONE = [
     case("Simplify $\\sqrt3+\\sqrt3$.", "\\boxed{(1+1)\\sqrt{3}}", "2\\sqrt{3}", 0.0),
     case("Simplify $3x+1-2x$.", "\\boxed{(3-2)x+1}", "x+1", 0.0),
     case("p", "\\boxed{x^{2+1}}", "x^3", 0.0),
+    # words or a notation that change the value, and a sum math-verify rounds to the gold
+    case("p", "\\boxed{18 \\text{ divided by two}}", "18", 0.0),
+    case("p", "\\boxed{18 \\text{ halves}}", "18", 0.0),
+    case("p", "\\boxed{1800 \\times 10^{-2}}", "18", 0.0),
+    case("p", "\\boxed{17.\\overline{9}}", "18", 0.0),
+    case("What percent of 200 is 100?", "\\boxed{5000\\%}", "50", 0.0),
+    case("p", "\\boxed{\\pi + \\frac{1}{100000000000000000}}", "\\pi", 0.0),
+    case("p", "\\boxed{2\\sqrt{3}+\\frac{1}{100000000000000000}}", "2\\sqrt{3}", 0.0),
     # a conversion question's number restated in its own notation
     case("Express 2500 in scientific notation.", "\\boxed{2500}", "2.5 \\times 10^3", 0.0),
     case("Express 0.00045 in scientific notation.", "\\boxed{0.00045}", "4.5 \\times 10^{-4}", 0.0),
@@ -343,6 +351,9 @@ STATED = [
     case("p", "\\boxed{x^2-4x+4}", "x^2-4x+4", 1.0),
     case("p", "\\boxed{2x+1}", "1+2x", 1.0),
     case("p", "\\boxed{x_{1}+x_{2}}", "x_1+x_2", 1.0),
+    case("What percent of 200 is 100?", "\\boxed{50\\%}", "50", 1.0),
+    case("p", "\\boxed{1.8 \\times 10^{1}}", "18", 1.0),
+    case("p", "\\boxed{0.\\overline{3}}", "\\frac{1}{3}", 1.0),
 ]
 # fmt: on
 
