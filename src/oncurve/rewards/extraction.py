@@ -116,6 +116,9 @@ _HEDGE_RE = re.compile(
 _QUESTION_UNITS = frozenset(("dozen", "dozens"))
 _FIRST_WORD_RE = re.compile(r"\s*(?:\$|\*\*)*\s*([a-zA-Z]+)")
 _DENIED_RE = re.compile(r"[\s$]*(?:is|are|was|were)\s+(?:wrong|incorrect|not)\b", re.IGNORECASE)
+_THINK_CLOSE_RE = re.compile(r"</think>", re.IGNORECASE)
+# A fenced code block (to the end of the text when unclosed)
+_FENCED_CODE_RE = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
 # Two boxes side by side, or joined by "or", "and" or a comma: two answers offered.
 _JOINED_BOXES_RE = re.compile(
     r"\\(?:boxed|fbox)\s*\{(?P<first>[^{}]{1,200})\}[\s$]*(?:(?:,|;|or|and/or|and)[\s$]*)?"
@@ -125,10 +128,13 @@ _JOINED_BOXES_RE = re.compile(
 
 
 def extract_answer(text: str, style: str = "auto") -> str | None:
-    """The answer part of a completion, stripped, or None when `style` finds none."""
+    """The answer part of a completion, stripped, or None when `style` finds none. `auto`
+    reads what follows the reasoning (after the last `</think>`) outside fenced code: a number
+    a program prints or a thought states is not the answer the completion gives."""
     if style not in STYLES:
         raise ValueError(f"extract_answer: style must be one of {', '.join(STYLES)}, got {style!r}")
     if style == "auto":
+        text = _FENCED_CODE_RE.sub("\n", _after_thinking(text))
         tagged = _last_tag(text)
         if tagged is not None:
             return _boxed(tagged) or tagged
@@ -170,6 +176,12 @@ def _boxed(text: str) -> str | None:
     if joined["first"].strip() == answer:  # the same answer boxed twice is one answer
         return answer
     return f"{joined['first'].strip()} \\text{{ or }} {answer}"
+
+
+def _after_thinking(text: str) -> str:
+    """`text` after its last `</think>` (all of it without one)."""
+    close = _last_match(_THINK_CLOSE_RE, text, len(text))
+    return text if close is None else text[close.end() :]
 
 
 def _last_match(

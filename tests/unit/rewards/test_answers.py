@@ -42,6 +42,12 @@ EXTRACT_CASES = [
     ("a .5 chance", "last_number", ".5"),
     ("version v2 and x3", "last_number", None),
     ("no digits at all", "auto", None),
+    # the answer is what follows the reasoning, outside code
+    ("<think>The answer is 18.</think>\nI could not solve it.", "auto", None),
+    ("<think>so 3</think> The answer is 4.", "auto", "4"),
+    ("```python\nprint(18)\n```\nI could not solve it.", "auto", None),
+    ("```\n#### 19\n```\nThe answer is 18.", "auto", "18"),
+    ("3 + 4 = 7\n```python\nx = 3\n```", "auto", "7"),
     ("", "auto", None),
 ]
 
