@@ -453,7 +453,12 @@ class OptimConfig:
         "that updates below bfloat16's precision add up instead of being lost; false uses "
         "torch's AdamW, which rounds to nearest (not under FSDP, which always does)",
     )
-    schedule: str = _opt("constant", "LR schedule", choices=("constant", "cosine"))
+    schedule: str = _opt(
+        "constant",
+        "LR schedule after the warmup: constant, or a half cosine that would reach 0 at step "
+        "run.steps (the last step trains just above 0, as Hugging Face's schedule)",
+        choices=("constant", "cosine"),
+    )
     warmup_steps: int = _opt(10, "linear warmup steps", NON_NEGATIVE)
     microbatch_size: int | None = _opt(
         None,

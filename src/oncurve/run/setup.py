@@ -456,7 +456,9 @@ def build_optimizer(
 
 
 def lr_schedule(config: Config):
-    """The learning-rate factor of each step: linear warmup, then constant or cosine to 0."""
+    """The learning-rate factor of each step: linear warmup, then constant or a half cosine
+    towards 0, which it would reach at step `run.steps` (the last step trains at
+    0.5 * (1 + cos(pi * (S - 1 - w) / (S - w))), as Hugging Face's schedule does)."""
     warmup, total = config.optim.warmup_steps, config.run.steps
     cosine = config.optim.schedule == "cosine"
 
