@@ -43,17 +43,20 @@ def test_eval_of_a_run_gives_the_trainers_held_out_accuracy(tmp_path, capsys):
     assert 0 < got["accuracy"] < 1  # a number that depends on the prompts and the model
 
 
-def test_eval_of_a_run_scores_the_eval_file_rows_the_trainer_scored(tmp_path, capsys):
-    rows = get_task("arith").examples("test", 16, 0)
+def train_with_held_out_file(tmp_path, problems: int, *overrides: str):
+    """A one-step run of the bundled model whose eval.path holds `problems` arith problems:
+    (its directory, its result)."""
     held_out = tmp_path / "held_out.jsonl"
+    rows = get_task("arith").examples("test", problems, 0)
     held_out.write_text("".join(json.dumps(row) + "\n" for row in rows))
     run_dir = tmp_path / "run"
-    config = load_config(
-        None,
-        ["run.steps=1", f"eval.path={held_out}", "eval.num_prompts=6", f"run.dir={run_dir}",
-         "run.device=cpu"],
-    )  # fmt: skip
-    result = train(config, quiet=True)
+    overrides = ("run.steps=1", f"eval.path={held_out}", f"run.dir={run_dir}", "run.device=cpu",
+                 *overrides)  # fmt: skip
+    return run_dir, train(load_config(None, list(overrides)), quiet=True)
+
+
+def test_eval_of_a_run_scores_the_eval_file_rows_the_trainer_scored(tmp_path, capsys):
+    run_dir, result = train_with_held_out_file(tmp_path, 16, "eval.num_prompts=6")
     got = eval_json(capsys, "--run", str(run_dir))
     assert got["n"] == 6
     assert got["accuracy"] == pytest.approx(result.eval_after["accuracy"], abs=1e-9)
@@ -190,16 +193,9 @@ def test_a_checkpoint_samples_and_evaluates_as_its_run(tiny_model_dir, data_file
 
 
 def test_no_held_out_prompts_is_no_evaluation_and_eval_says_so(tmp_path, capsys):
-    rows = get_task("arith").examples("test", 4, 0)
-    held_out = tmp_path / "held_out.jsonl"
-    held_out.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    run_dir = tmp_path / "run"
-    config = load_config(
-        None,
-        ["run.steps=1", f"eval.path={held_out}", "eval.num_prompts=0", f"run.dir={run_dir}",
-         "run.device=cpu", "run.preflight=false"],
-    )  # fmt: skip
-    result = train(config, quiet=True)
+    run_dir, result = train_with_held_out_file(
+        tmp_path, 4, "eval.num_prompts=0", "run.preflight=false"
+    )
     assert result.eval_before is None and result.eval_after is None
     assert main(["eval", "--run", str(run_dir)]) == 2
     assert "eval.num_prompts=0): give --data" in capsys.readouterr().err
