@@ -98,9 +98,9 @@ class Sampling:
 
 def sampling(args: argparse.Namespace, config: Config | None, config_file: str) -> Sampling:
     """Each setting from its flag; else from the run's `config` (read from `config_file`: its
-    rollout settings, the only source of `min_new_tokens` and `stop`); else from the model directory's generation_config.json (a run's final/
-    states what it trained with); else a run's default for the model (64 new tokens for
-    `default`, else 256; temperature 1)."""
+    rollout settings, the only source of `min_new_tokens` and `stop`); else from the model
+    directory's generation_config.json (a run's final/ states what it trained with); else a
+    run's default for the model (64 new tokens for `default`, else 256; temperature 1)."""
     from oncurve.config import build_config
     from oncurve.model.saving import GENERATION_FILE, read_generation_config
 

@@ -37,11 +37,10 @@ def train_command(args: argparse.Namespace) -> int:
     from oncurve import distributed
     from oncurve.loop.progress import silence
     from oncurve.loop.trainer import train
+    from oncurve.run.metrics import json_value
 
     result = train(config, quiet=args.quiet)
     distributed.leave()
-    from oncurve.run.metrics import json_value
-
     summary = {"run_dir": str(result.run_dir), "steps": result.steps}
     # each evaluation this process ran (a resumed run's start was evaluated before)
     if result.eval_before:
