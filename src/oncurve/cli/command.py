@@ -237,7 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--samples",
         type=_at_least(1),
-        help="K completions per prompt (default: the run's eval.samples, else 1)",
+        help="K completions per prompt for mean@K and pass@K, drawn at --temperature (accuracy "
+        "is greedy); default: the run's eval.samples, else 1",
     )
     ev.add_argument(
         "--reward",
