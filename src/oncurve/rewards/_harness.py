@@ -40,11 +40,13 @@ from __future__ import annotations
 import builtins
 import collections
 import decimal
+import dis
 import fractions
 import importlib
 import json
 import marshal
 import os
+import signal
 import sys
 import types
 from typing import Any
@@ -64,10 +66,19 @@ _STANDARD = {
         lambda v: (v.numerator, v.denominator),
         lambda c: fractions.Fraction(*c),
     ),
-    decimal.Decimal: ("Decimal", str, decimal.Decimal),
+    decimal.Decimal: ("Decimal", str, lambda c: _quiet_decimal(decimal.Decimal(c))),
     range: ("range", lambda v: (v.start, v.stop, v.step), lambda c: range(*c)),
 }
 _REBUILD = {kind: rebuild for kind, _, rebuild in _STANDARD.values()}
+
+
+def _quiet_decimal(value: decimal.Decimal) -> decimal.Decimal:
+    """`value`, unless it is a signalling NaN (every comparison with it raises)."""
+    if value.is_snan():
+        raise ValueError("a signalling NaN")
+    return value
+
+
 # a defaultdict travels with its factory when that is one of these
 _FACTORIES = {t.__name__: t for t in (list, dict, set, frozenset, int, float, str, tuple, bool)}
 _REBUILD["defaultdict"] = lambda c: collections.defaultdict(
@@ -77,6 +88,11 @@ _REBUILD["defaultdict"] = lambda c: collections.defaultdict(
 _MAX_ITEMS = 1024
 _MAX_MESSAGE = 1 << 28
 _BUILTIN_NAMES = frozenset(dir(builtins))
+
+
+class _Missing(AttributeError):
+    """An attribute the program's object does not have, as `getattr` says (the tests may
+    probe for one)."""
 
 
 class ProgramRaised(BaseException):
@@ -293,6 +309,10 @@ class _Remote:
         if type(iterator) is not _Remote:  # else `iter()` would raise the judge's TypeError
             self._link.raised = True
             raise ProgramRaised("the program's process sent something other than an iterator")
+        # iterated again: an object that starts over (its `__iter__` resets it) may have more
+        items, _, _ = self._link.fetched.get(iterator._ref, ([], (), 1))
+        if not items:
+            self._link.fetched.pop(iterator._ref, None)
         return iterator
 
     def __next__(self):
@@ -327,6 +347,7 @@ class _Link:
         self.used = False  # the tests called the program or read a value of its
         # per iterator of the program's: (items fetched ahead, how it ended, next batch size)
         self.fetched: dict[int, tuple[list, tuple, int]] = {}
+        self.last: tuple = ()  # the last request
 
     def ask(self, *request: object) -> Any:
         self.used = True
@@ -334,18 +355,22 @@ class _Link:
             marshal.dumps(request)
         except ValueError:  # an argument of the tests' that is not plain data
             raise TypeError("only plain data can be passed to the program") from None
+        self.last = request
         try:
             _send(self.requests, request)
-            reply = _receive(self.replies)
-        except (OSError, EOFError, ValueError, TypeError) as exc:  # its process ended or lied
+            return self.decode(_receive(self.replies), request)
+        except (ProgramRaised, _Missing):
+            raise
+        except Exception as exc:  # its process ended or lied (a MemoryError, a RecursionError)
             self.raised = True
-            raise ProgramRaised(f"the program's process failed: {exc}") from None
-        return self.decode(reply, request)
+            raise ProgramRaised(f"the program's process failed: {type(exc).__name__}") from None
 
     def next_item(self, ref: int) -> Any:
         """The next item of the program's iterator `ref`, fetched in batches that double up to
         `_MAX_ITEMS`; StopIteration at its end, and its error after the items before it."""
         items, end, batch = self.fetched.get(ref, ([], ("more",), 1))
+        if self.last[:2] != ("next", ref):  # read ahead only while the tests keep iterating it
+            batch = 1
         if not items and end == ("more",):
             reply = self.ask("next", ref, batch)
             if type(reply) is not tuple or len(reply) != 2 or type(reply[0]) is not list:
@@ -364,15 +389,15 @@ class _Link:
     def decode(self, reply: Any, request: tuple = ("names",)) -> Any:
         if type(reply) is tuple and reply and reply[0] == "ref" and type(reply[1]) is int:
             return _Remote(self, reply[1])
-        if type(reply) is tuple and reply and reply[0] == "raise":
+        if type(reply) is tuple and len(reply) == 3 and reply[0] == "raise":
             if request[0] == "getattr" and reply[1] == "AttributeError":
-                raise AttributeError(str(reply[2]))  # a missing attribute, as getattr says
+                raise _Missing(str(reply[2]))  # a missing attribute, as getattr says
             self.raised = True
             raise ProgramRaised(f"{reply[1]}: {reply[2]}")
         kind = reply[0] if type(reply) is tuple and reply else None
-        if kind == "items" and len(reply) == 3 and type(reply[1]) is list:
-            if type(reply[2]) is tuple:
-                return [self.decode(item, request) for item in reply[1]], reply[2]
+        if kind == "items" and request[0] == "next" and len(reply) == 3:
+            if type(reply[1]) is list and type(reply[2]) is tuple and _plain(reply[2]):
+                return [self.decode(item, ("item",)) for item in reply[1]], reply[2]
         elif kind in ("value", "packed") and len(reply) == 2 and _plain(reply[1]):
             if kind == "value":
                 return reply[1]
@@ -393,6 +418,21 @@ def _real_module(name: str) -> types.ModuleType | None:
         return importlib.import_module(name)
     except Exception:
         return None
+
+
+def _names_loaded(source: str) -> set[str]:
+    """The names that `source` reads before any binding of its own could stand for them: those
+    it loads and never binds (`x = 1; assert x == 1` reads its own `x`)."""
+    loaded, bound, stack = set(), set(), [compile(source, "<tests>", "exec")]
+    while stack:
+        code = stack.pop()
+        for instruction in dis.get_instructions(code):
+            if instruction.opname in ("LOAD_NAME", "LOAD_GLOBAL"):
+                loaded.add(instruction.argval)
+            elif instruction.opname in ("STORE_NAME", "STORE_GLOBAL", "DELETE_NAME"):
+                bound.add(instruction.argval)
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return loaded - bound
 
 
 def _names_read(*sources: str) -> set[str]:
@@ -419,6 +459,8 @@ def _tests_namespace(
             raise TypeError("the program's process sent something other than its names")
         if name not in read or (name != entry_point and name in _BUILTIN_NAMES):
             continue
+        if name == entry_point and reply[0] == "module":
+            raise ProgramRaised(f"the program's {entry_point!r} is a module")
         if reply[0] == "module" or (name != entry_point and name in sys.stdlib_module_names):
             # by the tests' name, never the program's: importing a module the program names
             # (`unittest.__main__`) could run code of its own here
@@ -438,8 +480,8 @@ def _judge(link: _Link, verdict: int) -> None:
     raised (a failed assert raises out of here)."""
     job = json.loads(sys.stdin.read())
     entry_point = job.get("entry_point")
-    tests_read = _names_read(job["tests"])
-    read = tests_read | _names_read(job.get("setup") or "")
+    tests_read = _names_loaded(job["tests"])
+    read = _names_read(job["tests"], job.get("setup") or "")
     names = _receive(link.replies)
     # the tests are the main module, as when run as a script (`unittest.main()` reads it)
     main = types.ModuleType("__main__")
@@ -456,7 +498,7 @@ def _judge(link: _Link, verdict: int) -> None:
     try:
         exec(compile(job["tests"], "<tests>", "exec"), namespace)
     except SystemExit as exc:  # the tests ended themselves (`unittest.main()`): passed if 0
-        if exc.code not in (None, 0):
+        if not (exc.code is None or exc.code is False or (type(exc.code) is int and exc.code == 0)):
             raise
     if link.raised:
         raise ProgramRaised("the program raised, and the tests went on")
@@ -477,6 +519,8 @@ def run(source: str, setup: str = "") -> None:
         ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)
     except Exception:
         pass
+    # the child may signal its parent: an interrupt would be an exception the tests could catch
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     requests_r, requests_w = os.pipe()
     replies_r, replies_w = os.pipe()
     if os.fork() == 0:

@@ -286,6 +286,39 @@ LINK_FAILURES = {
         ),
     ),
     "no truth value": ("TypeError", breaks_on_two("        return object()")),
+    # replies nested past the judge's recursion limit, or that ask it for gigabytes
+    "replies nested in replies": (
+        "Exception",
+        "import marshal\n"
+        + breaks_on_two(
+            "        real = marshal.dumps\n        def once(message):\n"
+            "            marshal.dumps = real\n            reply = ('value', 0)\n"
+            "            for _ in range(700):\n                reply = ('items', [reply], ())\n"
+            "            return real(reply)\n"
+            "        marshal.dumps = once\n        return None"
+        ),
+    ),
+    "a reply that asks for gigabytes": (
+        "Exception",
+        "import marshal\n"
+        + breaks_on_two(
+            "        real = marshal.dumps\n        def once(message):\n"
+            "            marshal.dumps = real\n"
+            "            return b'[' + (2**31 - 1).to_bytes(4, 'little')\n"
+            "        marshal.dumps = once\n        return None"
+        ),
+    ),
+    "an interrupt sent to the judge": (
+        "KeyboardInterrupt",
+        "import os, signal, time\n"
+        + breaks_on_two(
+            "        os.kill(os.getppid(), signal.SIGINT)\n        time.sleep(0.5)\n        return 0"
+        ),
+    ),
+    "a Decimal signalling NaN": (
+        "Exception",
+        breaks_on_two("        from decimal import Decimal\n        return Decimal('sNaN')"),
+    ),
     # a standard-library object sent as contents that the judge cannot rebuild: a Counter
     # (unhashable) in a set
     "a standard object that does not rebuild": (

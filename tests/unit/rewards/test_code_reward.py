@@ -579,6 +579,32 @@ def test_blank_test_items_are_not_cases():
     assert CodeTestsReward(workers=1)(["p"], [fenced(WRONG_F)], tests=[["  "]]) == [None]
 
 
+def test_an_entry_point_bound_to_a_module_fails_and_binding_a_name_is_no_use(reward):
+    tests = [
+        "METADATA = {}\n\ndef check(candidate):\n    assert candidate([3, 9, 2]) == 9\n\n"
+        "check(max)\n"
+    ]
+    right = "def max(xs):\n    best = xs[0]\n    for x in xs:\n        best = x if x > best else best\n    return best\n"
+    programs = [right, "import os as max\ncheck = 0\n", "import os as max\nMETADATA = 1\n"]
+    scores = reward(
+        ["p"] * 3, [fenced(p) for p in programs], tests=tests * 3, entry_point=["max"] * 3
+    )
+    assert scores == [1.0, 0.0, 0.0]
+    # a value of the program's that the tests bind before they read it is not a use of it
+    assert reward(["p"], [fenced("x = 0\n")], tests=[["x = 1\nassert x == 1\n"]]) == [0.0]
+
+
+def test_a_program_object_iterated_twice_starts_again(reward):
+    program = (
+        "class Again:\n    def __iter__(self):\n        self.i = 0\n        return self\n"
+        "    def __next__(self):\n        self.i += 1\n        if self.i > 3:\n"
+        "            raise StopIteration\n        return self.i\n"
+        "def make():\n    return Again()\n"
+    )
+    tests = [["r = make()\nassert list(r) == [1, 2, 3] and list(r) == [1, 2, 3]"]]
+    assert reward(["p"], [fenced(program)], tests=tests) == [1.0]
+
+
 def test_an_entry_point_the_program_does_not_define_fails(reward):
     tests = [["assert sorted([3, 1, 2]) == [1, 2, 3]"]]
     assert reward(["p"], [fenced("pass\n")], tests=tests, entry_point=["sorted"]) == [0.0]
