@@ -76,16 +76,22 @@ _QUALIFIED_RE = re.compile(
     re.IGNORECASE,
 )
 # Its unit's words, then another number joined to it (`18 apples (or 19)`, `18 apples, or
-# maybe 19`, `18 apples or 19 apples`)
+# maybe 19`, `18 apples or 19 apples`): a hedge unless the other number is the same quantity in
+# other units (`2 hours, or 120 minutes`) or the same number (`18 dollars (or $18.00)`)
 _UNIT_HEDGE_RE = re.compile(
-    r"(?:\s+[a-zA-Z]+){1,3}\s*(?:[,(]?\s*(?:or|and/or|vs\.?|versus)\s+"
-    r"(?:(?:maybe|perhaps|possibly|even|rather)\s+)?|[,(]\s*(?:maybe|perhaps|possibly)\s+)"
-    r"\$?[-−]?\d",
+    r"(?P<unit>(?:\s+[a-zA-Z]+){1,3})\s*(?:[,(]?\s*(?:or|and/or|vs\.?|versus)\s+"
+    r"(?P<doubt>(?:maybe|perhaps|possibly|even|rather)\s+)?"
+    r"|[,(]\s*(?P<doubt2>maybe|perhaps|possibly)\s+)"
+    r"\$?(?P<other>[-−]?\d[\d,]*(?:\.\d+)?)(?P<unit2>(?:\s+[a-zA-Z]+){0,3})",
     re.IGNORECASE,
 )
-# The next sentence takes it back or offers another (`18. Or 19.`, `18. Actually, it is 19.`)
+# The next sentence takes it back or offers another number at once (`18. Or 19.`, `18.
+# Actually, it is 19.`, `18. No, wait, it is 20.`; not `18. Actually, that is 9 eggs ...` nor
+# `No. of eggs sold: 9`)
 _RETRACTED_RE = re.compile(
-    r"[^\n.!?]{0,200}[.!?]\s+(?:or|actually|wait|no|correction|rather)\b[^\n]{0,80}?\d",
+    r"[^\n.!?]{0,200}[.!?]\s+(?:(?:or|actually|wait|no|correction|rather)\b(?!\.)[,:]?\s*)+"
+    r"(?:(?:it\s+is|it's|the\s+answer\s+is|should\s+be|i\s+meant|make\s+that|maybe|perhaps)\s+)?"
+    r"\$?[-−]?\d",
     re.IGNORECASE,
 )
 # "The answer is East." / "The answer is (C)." / "**Answer:** B": a word or a choice's letter
@@ -118,7 +124,13 @@ _FIRST_WORD_RE = re.compile(r"\s*(?:\$|\*\*)*\s*([a-zA-Z]+)")
 _DENIED_RE = re.compile(r"[\s$]*(?:is|are|was|were)\s+(?:wrong|incorrect|not)\b", re.IGNORECASE)
 _THINK_CLOSE_RE = re.compile(r"</think>", re.IGNORECASE)
 # A fenced code block (to the end of the text when unclosed)
-_FENCED_CODE_RE = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
+_FENCED_CODE_RE = re.compile(r"```(?P<tag>[^\n`]*)\n(?P<body>.*?)```", re.DOTALL)
+# Fences that hold text, not a program (unless it reads as one)
+_TEXT_FENCES = frozenset(("", "text", "txt", "plaintext", "markdown", "md", "latex", "tex", "math"))
+_PROGRAM_RE = re.compile(
+    r"^\s*(?:def |class |import |from \S+ import |print\(|for .+ in |while |return\b|#include)",
+    re.MULTILINE,
+)
 # Two boxes side by side, or joined by "or", "and" or a comma: two answers offered.
 _JOINED_BOXES_RE = re.compile(
     r"\\(?:boxed|fbox)\s*\{(?P<first>[^{}]{1,200})\}[\s$]*(?:(?:,|;|or|and/or|and)[\s$]*)?"
@@ -134,7 +146,7 @@ def extract_answer(text: str, style: str = "auto") -> str | None:
     if style not in STYLES:
         raise ValueError(f"extract_answer: style must be one of {', '.join(STYLES)}, got {style!r}")
     if style == "auto":
-        text = _FENCED_CODE_RE.sub("\n", _after_thinking(text))
+        text = _FENCED_CODE_RE.sub(_outside_code, _after_thinking(text))
         tagged = _last_tag(text)
         if tagged is not None:
             return _boxed(tagged) or tagged
@@ -179,9 +191,38 @@ def _boxed(text: str) -> str | None:
 
 
 def _after_thinking(text: str) -> str:
-    """`text` after its last `</think>` (all of it without one)."""
+    """`text` after its last `</think>` (all of it without one; what precedes it when nothing
+    but space follows: the reasoning then ends on its answer)."""
     close = _last_match(_THINK_CLOSE_RE, text, len(text))
-    return text if close is None else text[close.end() :]
+    if close is None:
+        return text
+    after = text[close.end() :]
+    return after if after.strip() else text[: close.start()]
+
+
+def _outside_code(block: re.Match[str]) -> str:
+    """A fenced block as `extract_answer` reads it: a program (a language's tag, or code in an
+    untagged or text block) as a line break, any other block as it is."""
+    tag = block["tag"].strip().lower()
+    return "\n" if tag not in _TEXT_FENCES or _PROGRAM_RE.search(block["body"]) else block.group()
+
+
+def _unit_hedged(number: str, rest: str) -> bool:
+    """Whether `rest`, after the stated `number`, offers another number after its unit
+    (`_UNIT_HEDGE_RE`)."""
+    found = _UNIT_HEDGE_RE.match(rest)
+    if found is None:
+        return False
+    if found["doubt"] or found["doubt2"]:
+        return True
+    units, other_units = found["unit"].lower().split(), found["unit2"].lower().split()
+    if other_units and other_units != units[: len(other_units)]:
+        return False  # the same quantity in other units
+    plain = [re.sub(r"[$,\s]", "", n).replace("−", "-") for n in (number, found["other"])]
+    try:
+        return float(plain[0]) != float(plain[1])
+    except ValueError:
+        return True
 
 
 def _last_match(
@@ -219,7 +260,7 @@ def _stated_answer(text: str) -> str | None:
             return None  # the statement taken back: what follows says what the answer is
         word = _FIRST_WORD_RE.match(found["rest"])
         changes = word is not None and word[1].lower() in NOT_UNITS - _QUESTION_UNITS
-        hedged = _QUALIFIED_RE.match(found["rest"]) or _UNIT_HEDGE_RE.match(found["rest"])
+        hedged = _QUALIFIED_RE.match(found["rest"]) or _unit_hedged(found["number"], found["rest"])
         if not hedged and not changes:
             return found["number"]
         # "18 or 26", "18 squared": the sentence states no one number; matching judges it whole

@@ -57,6 +57,16 @@ from oncurve.rewards.normalization import (
 )
 
 _PERCENT_PROMPT_RE = re.compile(r"percent|%", re.IGNORECASE)
+# A question that asks for a percentage (not one that only mentions one: "a 30% chance of rain;
+# what is the probability it does not rain?")
+_PERCENT_ASKED_RE = re.compile(
+    r"\b(?:what|which|how\s+many)\s+percent(?:age)?\b|\bpercentage\b|\bas\s+a\s+percent"
+    r"|\bin\s+percent|\bpercent\s+(?:increase|decrease|change|error)\b|\bby\s+what\s+percent",
+    re.IGNORECASE,
+)
+# A bracketed group without brackets inside (collapsed, innermost first, to count an answer's
+# top-level parts)
+_INNER_GROUP_RE = re.compile(r"\([^()]*\)|\[[^\[\]]*\]|\\\{[^{}]*\\\}")
 _TEXT_COMMAND_RE = re.compile(r"\\(?:text|textnormal|mathrm|mbox)\b")
 _TRAILING_UNITS_RE = re.compile(
     r"(?:\s|(?<!\\)\\ )*\\(?:text|textnormal|mathrm|mbox)\s*\{(?P<words>\s*[a-zA-Z][a-zA-Z ./-]*)\}"
@@ -114,6 +124,7 @@ _CONSTANT_ARITHMETIC_RE = re.compile(
     r"|(?:[*/]|\\cdot|\\times)\s*\d+(?:\.\d+)?(?![\w.^]))"
     r"|(?<![\w.^_])\d+\s*!|\\[dt]?binom\s*\{\s*\d+\s*\}\s*\{\s*\d+\s*\}"
 )
+_COMMAND_SUBSCRIPT_RE = re.compile(r"(\\[a-zA-Z]+)_\s*(?:\{[^{}]*\}|\w)")
 _COMMAND_NUMBER_RE = re.compile(r"\\(?!(?:cdot|times|div)(?![a-zA-Z]))[a-zA-Z]+\s*\d")
 _FRAC_RE = re.compile(r"\\[dtc]?frac\s*\{")
 _FUNCTION_RE = re.compile(
@@ -242,14 +253,32 @@ def _false_equation(predicted: str, gold: str) -> bool:
         return False
     if _CHOICE_RE.fullmatch(normalize_answer(gold)):
         return True
-    parts = _LIST_SEPARATOR_RE.split(TEXT_RE.sub(r" \1 ", predicted))
-    if len(parts) > len(_LIST_SEPARATOR_RE.split(TEXT_RE.sub(r" \1 ", gold))):
+    parts = _top_level_parts(predicted)
+    gold_parts = max(len(_top_level_parts(gold)), len(_LIST_SEPARATOR_RE.split(gold)))
+    if re.search(r"\\pm|±", gold):  # `\pm 1` is two answers, `x = 1, x = -1`
+        gold_parts *= 2
+    if len(parts) > gold_parts:
         return True
     for part in parts:
         sides = EQUALS_RE.split(part)
-        if len(sides) > 1 and _VALUE_RE.search(_SUBSCRIPT_RE.sub("", sides[0])):
+        left = _SUBSCRIPT_RE.sub("", sides[0])
+        # a left side without a letter is a value (`1`, `\sqrt{3}`); `2x + y`, `x^2` name one
+        named = re.search(r"[a-zA-Z]", COMMAND_RE.sub("", left))
+        if len(sides) > 1 and not named and _VALUE_RE.search(left):
             return True
     return False
+
+
+def _top_level_parts(text: str) -> list[str]:
+    """The parts of `text` joined by commas, "or", "and" outside brackets (`(a, b) = (2, 3)` is
+    one part)."""
+    text = TEXT_RE.sub(r" \1 ", text)
+    for _ in range(8):  # nested brackets, innermost first
+        collapsed = _INNER_GROUP_RE.sub("()", text)
+        if collapsed == text:
+            break
+        text = collapsed
+    return _LIST_SEPARATOR_RE.split(text)
 
 
 def _split_digits(text: str) -> bool:
@@ -257,6 +286,8 @@ def _split_digits(text: str) -> bool:
     `10 00`; `10 000` is one number)."""
     if len(text) > MAX_ANSWER_CHARS:
         return False
+    # a subscript or a command's bare argument is no digit of a number (`\\log_2 3`, `\\frac 3 4`)
+    text = _COMMAND_NUMBER_RE.sub(" C", _SUBSCRIPT_RE.sub("", text))
     runs = _SPACED_DIGITS_RE.finditer(text)
     return any(not _THOUSANDS_RE.fullmatch(run[0]) for run in runs)
 
@@ -300,8 +331,10 @@ def _same_value(
     if percent == gold_percent:
         return value == gold_value
     if percent:  # `50%` is 50 where a percentage is asked (never 5000% for 50), else 0.5
-        asked = prompt is None or _PERCENT_PROMPT_RE.search(prompt) is not None
-        return value == gold_value if asked else value / 100 == gold_value
+        if prompt is not None and _PERCENT_ASKED_RE.search(prompt):
+            return value == gold_value
+        mentioned = prompt is None or _PERCENT_PROMPT_RE.search(prompt) is not None
+        return value / 100 == gold_value or (mentioned and value == gold_value)
     return value in (gold_value, gold_value / 100)
 
 
@@ -399,6 +432,7 @@ def _undone(pred: str, ref: str) -> bool:
 
 def _constant_arithmetic(text: str) -> bool:
     """Whether `text` leaves arithmetic on written numbers undone (`_CONSTANT_ARITHMETIC_RE`)."""
+    text = _COMMAND_SUBSCRIPT_RE.sub(r"\1", text)  # `\\log_2 3 + 1`: the log's base and argument
     return _CONSTANT_ARITHMETIC_RE.search(_COMMAND_NUMBER_RE.sub(" C", text)) is not None
 
 

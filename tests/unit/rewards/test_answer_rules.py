@@ -156,6 +156,10 @@ UNDONE = [
     case("p", "The answer is 18. Or 19.", "18", 0.0),
     case("p", "The answer is 18. Or 19.", "19", 0.0),
     case("p", "The answer is 18. Actually, it is 19.", "18", 0.0),
+    case("p", "The answer is 18 apples or 19 apples.", "19", 0.0),
+    case("p", "```python\nprint('#### 19')\n```\nThe answer is 18.", "19", 0.0),
+    case("p", "```python\nprint(18)\n```\nI could not solve it.", "18", 0.0),
+    case("p", "She makes 9 * 2 dollars.\n```python\nprint(18)\n```", "18", 0.0),
     # arithmetic on written numbers left undone, a product of a bracket and a letter
     case("p", "\\boxed{(5-3)\\sqrt{3}}", "2\\sqrt{3}", 0.0),
     case("p", "\\boxed{x+5\\cdot 4-19}", "x+1", 0.0),
@@ -352,6 +356,39 @@ STATED = [
     case("p", "\\boxed{2x+1}", "1+2x", 1.0),
     case("p", "\\boxed{x_{1}+x_{2}}", "x_1+x_2", 1.0),
     case("What percent of 200 is 100?", "\\boxed{50\\%}", "50", 1.0),
+    # an equation, a named tuple, a subscripted log, a spaced fraction: as the gold writes them
+    case("p", "\\boxed{2x - y + 3z + 8 = 0}", "2x-y+3z+8=0", 1.0),
+    case("p", "\\boxed{x^2 + y^2 = 25}", "x^2+y^2=25", 1.0),
+    case("p", "\\boxed{\\frac{x^2}{4} + \\frac{y^2}{9} = 1}", "\\frac{x^2}{4}+\\frac{y^2}{9}=1", 1.0),
+    case("p", "\\boxed{(a, b) = (2, 3)}", "(2,3)", 1.0),
+    case("p", "\\boxed{(r, \\theta) = \\left(2, \\frac{\\pi}{3}\\right)}", "\\left(2, \\frac{\\pi}{3}\\right)", 1.0),
+    case("p", "\\boxed{x = 1, x = -1}", "\\pm 1", 1.0),
+    case("p", "\\boxed{\\log_2 3}", "\\log_2 3", 1.0),
+    case("p", "\\boxed{\\log_2 3 + 1}", "1+\\log_2 3", 1.0),
+    case("p", "\\boxed{\\frac 3 4}", "\\frac34", 1.0),
+    # a percentage where the prompt mentions one but asks for a probability or a fraction
+    case(
+        "There is a 30% chance of rain tomorrow. What is the probability that it does not rain?",
+        "\\boxed{70\\%}", "0.7", 1.0,
+    ),
+    case(
+        "A store sells 40% of its apples on Monday and 50% of the rest on Tuesday. What fraction "
+        "of the apples is left?", "The answer is 30%.", "0.3", 1.0,
+    ),
+    # the same quantity in another unit, and a next sentence that does not take it back
+    case("p", "The answer is 2 hours, or 120 minutes.", "2", 1.0),
+    case("p", "The answer is 18 dollars (or $18.00).", "18", 1.0),
+    case("p", "The answer is 18 apples, or 1.5 dozen apples.", "18", 1.0),
+    case("p", "The answer is 18. Actually, that is 9 eggs at $2 each.", "18", 1.0),
+    case("p", "The answer is 18.\n\nNo. of eggs sold: 9", "18", 1.0),
+    case("p", "The answer is 18. No eggs are wasted: 3 + 4 + 9 = 16.", "18", 1.0),
+    case("p", "The answer is 18.\nNo, wait, it is 20.", "20", 1.0),
+    # an answer set in an untagged fence, and a reasoning with nothing after it
+    case("p", "The answer is:\n```\n18\n```", "18", 1.0),
+    case("p", "```\n18\n```", "18", 1.0),
+    case("p", "Answer:\n\n```text\n18\n```", "18", 1.0),
+    case("p", "In markdown, write ``` to start code. She makes $18.\nThe answer is 18.", "18", 1.0),
+    case("p", "<think>So the answer is \\boxed{18}.\n</think>", "18", 1.0),
     case("p", "\\boxed{1.8 \\times 10^{1}}", "18", 1.0),
     case("p", "\\boxed{0.\\overline{3}}", "\\frac{1}{3}", 1.0),
 ]

@@ -46,7 +46,7 @@ EXTRACT_CASES = [
     ("<think>The answer is 18.</think>\nI could not solve it.", "auto", None),
     ("<think>so 3</think> The answer is 4.", "auto", "4"),
     ("```python\nprint(18)\n```\nI could not solve it.", "auto", None),
-    ("```\n#### 19\n```\nThe answer is 18.", "auto", "18"),
+    ("```python\nprint('#### 19')\n```\nThe answer is 18.", "auto", "18"),
     ("3 + 4 = 7\n```python\nx = 3\n```", "auto", "7"),
     ("", "auto", None),
 ]
