@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import collections
 import re
+from fractions import Fraction
 
 from oncurve.rewards.normalization import (
     BOX_RE,
@@ -82,16 +83,47 @@ _UNIT_HEDGE_RE = re.compile(
     r"(?P<unit>(?:\s+[a-zA-Z]+){1,3})\s*(?:[,(]?\s*(?:or|and/or|vs\.?|versus)\s+"
     r"(?P<doubt>(?:maybe|perhaps|possibly|even|rather)\s+)?"
     r"|[,(]\s*(?P<doubt2>maybe|perhaps|possibly)\s+)"
-    r"\$?(?P<other>[-−]?\d[\d,]*(?:\.\d+)?)(?P<unit2>(?:\s+[a-zA-Z]+){0,3})",
+    r"\$?(?P<other>[-−]?\d[\d,]*(?:\.\d+)?(?:/\d+)?)(?P<unit2>(?:\s+[a-zA-Z]+){0,3})",
     re.IGNORECASE,
 )
+# Units whose amounts convert to one another: (what they measure, size in the smallest unit)
+_UNITS = {
+    name: (measure, Fraction(size))
+    for measure, sizes in {
+        "time": {
+            "second": 1,
+            "sec": 1,
+            "minute": 60,
+            "min": 60,
+            "hour": 3600,
+            "hr": 3600,
+            "day": 86400,
+            "week": 604800,
+        },
+        "money": {"cent": 1, "dollar": 100},
+        "length": {
+            "inch": 1,
+            "foot": 12,
+            "feet": 12,
+            "yard": 36,
+            "mile": 63360,
+            "millimeter": Fraction(5, 127),
+            "centimeter": Fraction(50, 127),
+            "meter": Fraction(5000, 127),
+            "kilometer": Fraction(5000000, 127),
+        },
+        "mass": {"gram": 1, "kilogram": 1000},
+        "volume": {"milliliter": 1, "ml": 1, "liter": 1000},
+    }.items()
+    for name, size in sizes.items()
+}
 # The next sentence takes it back or offers another number at once (`18. Or 19.`, `18.
 # Actually, it is 19.`, `18. No, wait, it is 20.`; not `18. Actually, that is 9 eggs ...` nor
 # `No. of eggs sold: 9`)
 _RETRACTED_RE = re.compile(
-    r"[^\n.!?]{0,200}[.!?]\s+(?:(?:or|actually|wait|no|correction|rather)\b(?!\.)[,:]?\s*)+"
-    r"(?:(?:it\s+is|it's|the\s+answer\s+is|should\s+be|i\s+meant|make\s+that|maybe|perhaps)\s+)?"
-    r"\$?[-−]?\d",
+    r"[^\n.!?]{0,200}[.!?]\s+(?:or|actually|wait|no(?=\s*[,:!])|correction|hmm|but\s+wait)\b"
+    r"(?![,:\s]*(?:that\s+is\s+\$?\d|that's\s+\$?\d|which\s+is|i\.e\.|in\s+other\s+words"
+    r"|equivalently|because|since))[^\n]{0,80}?\d",
     re.IGNORECASE,
 )
 # "The answer is East." / "The answer is (C)." / "**Answer:** B": a word or a choice's letter
@@ -124,11 +156,14 @@ _FIRST_WORD_RE = re.compile(r"\s*(?:\$|\*\*)*\s*([a-zA-Z]+)")
 _DENIED_RE = re.compile(r"[\s$]*(?:is|are|was|were)\s+(?:wrong|incorrect|not)\b", re.IGNORECASE)
 _THINK_CLOSE_RE = re.compile(r"</think>", re.IGNORECASE)
 # A fenced code block (to the end of the text when unclosed)
-_FENCED_CODE_RE = re.compile(r"```(?P<tag>[^\n`]*)\n(?P<body>.*?)```", re.DOTALL)
+_FENCED_CODE_RE = re.compile(
+    r"```[ \t]*(?P<tag>[\w+#.-]*)[ \t]*\n(?P<body>.*?)(?:```|\Z)", re.DOTALL
+)
 # Fences that hold text, not a program (unless it reads as one)
 _TEXT_FENCES = frozenset(("", "text", "txt", "plaintext", "markdown", "md", "latex", "tex", "math"))
 _PROGRAM_RE = re.compile(
-    r"^\s*(?:def |class |import |from \S+ import |print\(|for .+ in |while |return\b|#include)",
+    r"^\s*(?:def |class |import |from \S+ import |print\(|for .+ in |while |return\b|#include)"
+    r"|[=(;]|>>>|//",
     re.MULTILINE,
 )
 # Two boxes side by side, or joined by "or", "and" or a comma: two answers offered.
@@ -146,11 +181,14 @@ def extract_answer(text: str, style: str = "auto") -> str | None:
     if style not in STYLES:
         raise ValueError(f"extract_answer: style must be one of {', '.join(STYLES)}, got {style!r}")
     if style == "auto":
-        text = _FENCED_CODE_RE.sub(_outside_code, _after_thinking(text))
+        text, reasoning_only = _after_thinking(text)
+        text = _FENCED_CODE_RE.sub(_outside_code, text)
         tagged = _last_tag(text)
         if tagged is not None:
             return _boxed(tagged) or tagged
         finders = (_boxed, _gsm8k, _stated_answer, _final_math, _whole_math, _last_number)
+        if reasoning_only:  # a reasoning's own numbers are its work: only a stated answer
+            finders = (_boxed, _gsm8k, _stated_answer)
         for finder in finders:
             found = finder(text)
             if found is not None:
@@ -190,14 +228,14 @@ def _boxed(text: str) -> str | None:
     return f"{joined['first'].strip()} \\text{{ or }} {answer}"
 
 
-def _after_thinking(text: str) -> str:
-    """`text` after its last `</think>` (all of it without one; what precedes it when nothing
-    but space follows: the reasoning then ends on its answer)."""
+def _after_thinking(text: str) -> tuple[str, bool]:
+    """(`text` after its last `</think>`, all of it without one; False), or, when nothing but
+    space follows it, (the reasoning before it, True): its answer only where it states one."""
     close = _last_match(_THINK_CLOSE_RE, text, len(text))
     if close is None:
-        return text
+        return text, False
     after = text[close.end() :]
-    return after if after.strip() else text[: close.start()]
+    return (after, False) if after.strip() else (text[: close.start()], True)
 
 
 def _outside_code(block: re.Match[str]) -> str:
@@ -215,14 +253,42 @@ def _unit_hedged(number: str, rest: str) -> bool:
         return False
     if found["doubt"] or found["doubt2"]:
         return True
-    units, other_units = found["unit"].lower().split(), found["unit2"].lower().split()
-    if other_units and other_units != units[: len(other_units)]:
-        return False  # the same quantity in other units
-    plain = [re.sub(r"[$,\s]", "", n).replace("−", "-") for n in (number, found["other"])]
-    try:
-        return float(plain[0]) != float(plain[1])
-    except ValueError:
+    values = [_plain_number(n) for n in (number, found["other"])]
+    if None in values:
         return True
+    scales = [_unit_scale(found["unit"]), _unit_scale(found["unit2"])]
+    if found["unit2"].strip() and None not in scales and scales[0][0] == scales[1][0]:
+        # the same quantity in other units: `2 hours, or 120 minutes`, `18, or 1.5 dozen`
+        return values[0] * scales[0][1] != values[1] * scales[1][1]
+    if found["unit2"].strip():
+        return True  # another quantity (`18 apples or 19 oranges`, `19 dollars total`)
+    return values[0] != values[1]  # `18 dollars (or $18.00)` restates it
+
+
+def _plain_number(text: str) -> Fraction | None:
+    """The value of a plain number (`$1,800`, `3/4`, `-2.5`), None for anything else."""
+    text = re.sub(r"[$,\s]", "", text).replace("−", "-")
+    try:
+        return Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def _unit_scale(words: str) -> tuple[str, Fraction] | None:
+    """(what the unit `words` measures, its size in that measure's smallest unit): a unit of
+    `_UNITS` (`hours`, `of an hour`), else a count of the thing it names (`apples`, and `dozen
+    apples` twelve of them); None without a word."""
+    names = [w.lower() for w in words.split() if w.lower() not in ("of", "a", "an", "the")]
+    if not names:
+        return None
+    scale = Fraction(1)
+    if names[0] == "dozen" and len(names) > 1:
+        names, scale = names[1:], Fraction(12)
+    for name in (names[0], names[0][:-1], names[0][:-2]):  # `hours`, `inches`
+        if name in _UNITS:
+            measure, size = _UNITS[name]
+            return measure, size * scale
+    return f"count of {names[0].rstrip('s')}", scale
 
 
 def _last_match(

@@ -60,8 +60,13 @@ _PERCENT_PROMPT_RE = re.compile(r"percent|%", re.IGNORECASE)
 # A question that asks for a percentage (not one that only mentions one: "a 30% chance of rain;
 # what is the probability it does not rain?")
 _PERCENT_ASKED_RE = re.compile(
-    r"\b(?:what|which|how\s+many)\s+percent(?:age)?\b|\bpercentage\b|\bas\s+a\s+percent"
+    r"\b(?:what|which|how\s+many|how\s+much)\s+percent(?:age)?\b"
+    r"|\b(?:what|which|find|give|express|as|the)\b[^.?]{0,40}\bpercentage\b|\bas\s+a\s+percent"
     r"|\bin\s+percent|\bpercent\s+(?:increase|decrease|change|error)\b|\bby\s+what\s+percent",
+    re.IGNORECASE,
+)
+_INSTRUCTION_RE = re.compile(
+    r"\s*(?:express|give|write|find|round|convert|answer|enter|state|compute|calculate)\b",
     re.IGNORECASE,
 )
 # A bracketed group without brackets inside (collapsed, innermost first, to count an answer's
@@ -125,7 +130,10 @@ _CONSTANT_ARITHMETIC_RE = re.compile(
     r"|(?<![\w.^_])\d+\s*!|\\[dt]?binom\s*\{\s*\d+\s*\}\s*\{\s*\d+\s*\}"
 )
 _COMMAND_SUBSCRIPT_RE = re.compile(r"(\\[a-zA-Z]+)_\s*(?:\{[^{}]*\}|\w)")
-_COMMAND_NUMBER_RE = re.compile(r"\\(?!(?:cdot|times|div)(?![a-zA-Z]))[a-zA-Z]+\s*\d")
+# A command's bare numeric argument (`\\sqrt 3`, `\\frac 3 4`, `\\log 3`), not a constant's (`\\pi 18`)
+_COMMAND_NUMBER_RE = re.compile(
+    r"\\(?:[dtc]?frac|sqrt|log|ln|lg|sin|cos|tan|sec|csc|cot|binom)(?![a-zA-Z])\s*\d"
+)
 _FRAC_RE = re.compile(r"\\[dtc]?frac\s*\{")
 _FUNCTION_RE = re.compile(
     r"\\(?:log|ln|lg|exp|sin|cos|tan|cot|sec|csc|arcsin|arccos|arctan|sinh|cosh|tanh)(?![a-zA-Z])"
@@ -137,6 +145,9 @@ _LEADING_COEFFICIENT_RE = re.compile(r"\s*(\d+)")
 # An equation's left side that is a value, not a name (subscripts taken out first: `x_1`)
 _VALUE_RE = re.compile(r"\d|\\(?:sqrt|[dtc]?frac|pi|infty)(?![a-zA-Z])")
 _SUBSCRIPT_RE = re.compile(r"_\s*(?:\{[^{}]*\}|\w)")
+# What names a quantity on an equation's left side: letters, commands (`\\angle ABC`), brackets
+# and commas (`f(x)`, `(a, b)`), primes; no digit or operator
+_NAME_RE = re.compile(r"[\sa-zA-Z\\{}(),']*[a-zA-Z][\sa-zA-Z\\{}(),']*")
 # Runs of digits split by spaces, and those that are one number in thousands (`10 000`)
 _SPACED_DIGITS_RE = re.compile(r"\d+(?:\s+\d+)+")
 _THOUSANDS_RE = re.compile(r"\d{1,3}(?:\s\d{3})+")
@@ -259,12 +270,19 @@ def _false_equation(predicted: str, gold: str) -> bool:
         gold_parts *= 2
     if len(parts) > gold_parts:
         return True
-    for part in parts:
+    equation = EQUALS_RE.search(gold) is not None
+    for part in _LIST_SEPARATOR_RE.split(TEXT_RE.sub(r" \1 ", predicted)):
         sides = EQUALS_RE.split(part)
+        if len(sides) < 2:
+            continue
         left = _SUBSCRIPT_RE.sub("", sides[0])
-        # a left side without a letter is a value (`1`, `\sqrt{3}`); `2x + y`, `x^2` name one
+        # a left side with a letter may be the gold equation's own (`2x + y = 5`); where the
+        # gold is a value, only a name (`x`, `AB`, `f(x)`, `P(A)`, `\theta`, `(a, b)`) stands
+        # there: `2x = 2\sqrt{3}` or `1 \text{ cm} = 2\sqrt{3}` states another value
         named = re.search(r"[a-zA-Z]", COMMAND_RE.sub("", left))
-        if len(sides) > 1 and not named and _VALUE_RE.search(left):
+        if not named and _VALUE_RE.search(left):
+            return True
+        if not equation and not _NAME_RE.fullmatch(left):
             return True
     return False
 
@@ -331,11 +349,20 @@ def _same_value(
     if percent == gold_percent:
         return value == gold_value
     if percent:  # `50%` is 50 where a percentage is asked (never 5000% for 50), else 0.5
-        if prompt is not None and _PERCENT_ASKED_RE.search(prompt):
+        if prompt is None:
+            return value / 100 == gold_value or value == gold_value
+        if any(_PERCENT_ASKED_RE.search(ask) for ask in _requests(prompt)):
             return value == gold_value
-        mentioned = prompt is None or _PERCENT_PROMPT_RE.search(prompt) is not None
-        return value / 100 == gold_value or (mentioned and value == gold_value)
+        return value / 100 == gold_value
     return value in (gold_value, gold_value / 100)
+
+
+def _requests(prompt: str) -> list[str]:
+    """The sentences of `prompt` that ask for something: questions and instructions (`Express
+    your answer as a percentage.`), not what it states (`The results are given as a
+    percentage.`)."""
+    sentences = re.split(r"(?<=[.!?])\s+", prompt.strip()[-4 * MAX_ANSWER_CHARS :])
+    return [s for s in sentences if s.endswith("?") or _INSTRUCTION_RE.match(s)]
 
 
 def _converts_back(
