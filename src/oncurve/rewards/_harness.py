@@ -84,15 +84,22 @@ _FACTORIES = {t.__name__: t for t in (list, dict, set, frozenset, int, float, st
 _REBUILD["defaultdict"] = lambda c: collections.defaultdict(
     _FACTORIES[c[0]] if c[0] is not None else None, c[1]
 )
-# items fetched ahead from an iterator of the program's, at most (doubling from 1 per request)
+# items fetched ahead from an iterator of the program's, at most (doubling from 1 per request),
+# and the iterators read ahead: the builtin containers', which run no code of the program's
 _MAX_ITEMS = 1024
+_READ_AHEAD = frozenset(
+    type(iter(container))
+    for container in ([], (), range(0), "", b"", bytearray(), {}, {}.values(), {}.items(), set())
+)
 _MAX_MESSAGE = 1 << 28
 _BUILTIN_NAMES = frozenset(dir(builtins))
+_BINDING_OPS = frozenset(("STORE_NAME", "DELETE_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"))
 
 
 class _Missing(AttributeError):
-    """An attribute the program's object does not have, as `getattr` says (the tests may
-    probe for one)."""
+    """A program's object without `keys`, as `getattr` says to `dict()`, which probes for it;
+    any other missing attribute is the program's error (one it could raise on purpose to end
+    a `try` the tests wrote for another)."""
 
 
 class ProgramRaised(BaseException):
@@ -237,8 +244,11 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
                     reply = ("ref", ref)
                 elif kind == "next":
                     items, end = [], ("more",)
+                    # a builtin iterator is read ahead; one of the program's code one item at a
+                    # time (its side effects happen when the tests ask)
+                    count = rest[0] if type(target) in _READ_AHEAD else 1
                     try:
-                        while len(items) < rest[0]:
+                        while len(items) < count:
                             items.append(encode(next(target)))
                     except StopIteration:
                         end = ("stop",)
@@ -310,8 +320,8 @@ class _Remote:
             self._link.raised = True
             raise ProgramRaised("the program's process sent something other than an iterator")
         # iterated again: an object that starts over (its `__iter__` resets it) may have more
-        items, _, _ = self._link.fetched.get(iterator._ref, ([], (), 1))
-        if not items:
+        items, end, _ = self._link.fetched.get(iterator._ref, ([], ("more",), 1))
+        if not items and end in (("more",), ("stop",)):  # an error it ended on stays pending
             self._link.fetched.pop(iterator._ref, None)
         return iterator
 
@@ -390,8 +400,8 @@ class _Link:
         if type(reply) is tuple and reply and reply[0] == "ref" and type(reply[1]) is int:
             return _Remote(self, reply[1])
         if type(reply) is tuple and len(reply) == 3 and reply[0] == "raise":
-            if request[0] == "getattr" and reply[1] == "AttributeError":
-                raise _Missing(str(reply[2]))  # a missing attribute, as getattr says
+            if request[0] == "getattr" and request[2] == "keys" and reply[1] == "AttributeError":
+                raise _Missing(str(reply[2]))  # `dict()` probing an object: no mapping
             self.raised = True
             raise ProgramRaised(f"{reply[1]}: {reply[2]}")
         kind = reply[0] if type(reply) is tuple and reply else None
@@ -421,18 +431,26 @@ def _real_module(name: str) -> types.ModuleType | None:
 
 
 def _names_loaded(source: str) -> set[str]:
-    """The names that `source` reads before any binding of its own could stand for them: those
-    it loads and never binds (`x = 1; assert x == 1` reads its own `x`)."""
-    loaded, bound, stack = set(), set(), [compile(source, "<tests>", "exec")]
+    """The global names `source` reads before it binds them itself: at its top level those it
+    loads before any store (`x = 1; assert x == 1` reads its own `x`), in its functions and
+    class bodies those its top level does not bind first."""
+    module = compile(source, "<tests>", "exec")
+    first: dict[str, str] = {}  # the top level's first access of each name
+    for instruction in dis.get_instructions(module):
+        if instruction.opname in ("LOAD_NAME", "LOAD_GLOBAL"):
+            first.setdefault(instruction.argval, "load")
+        elif instruction.opname in _BINDING_OPS:
+            first.setdefault(instruction.argval, "store")
+    nested: set[str] = set()
+    stack = [c for c in module.co_consts if isinstance(c, types.CodeType)]
     while stack:
         code = stack.pop()
-        for instruction in dis.get_instructions(code):
-            if instruction.opname in ("LOAD_NAME", "LOAD_GLOBAL"):
-                loaded.add(instruction.argval)
-            elif instruction.opname in ("STORE_NAME", "STORE_GLOBAL", "DELETE_NAME"):
-                bound.add(instruction.argval)
+        nested.update(
+            i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_NAME", "LOAD_GLOBAL")
+        )
         stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
-    return loaded - bound
+    loads = {name for name, access in first.items() if access == "load"}
+    return loads | {name for name in nested if first.get(name) != "store"}
 
 
 def _names_read(*sources: str) -> set[str]:
@@ -474,6 +492,22 @@ def _tests_namespace(
     return namespace
 
 
+def _unittest_results() -> list:
+    """The list that every `unittest.TestResult` made from now on joins, so that a failure
+    `unittest.main(exit=False)` only records fails the case."""
+    import unittest
+
+    results: list = []
+    made = unittest.TestResult.__init__
+
+    def joining(self, *args, **kwargs):
+        results.append(self)
+        made(self, *args, **kwargs)
+
+    unittest.TestResult.__init__ = joining
+    return results
+
+
 def _judge(link: _Link, verdict: int) -> None:
     """The parent: run the setup code and the tests against the child's objects; write the
     verdict to `verdict` when they all pass, having used the program, and the program never
@@ -495,11 +529,14 @@ def _judge(link: _Link, verdict: int) -> None:
         exec(compile(job["setup"], "<setup>", "exec"), namespace)
     if program_entry is not None:
         namespace[entry_point] = program_entry
+    unittest_results = _unittest_results() if "unittest" in job["tests"] else []
     try:
         exec(compile(job["tests"], "<tests>", "exec"), namespace)
     except SystemExit as exc:  # the tests ended themselves (`unittest.main()`): passed if 0
         if not (exc.code is None or exc.code is False or (type(exc.code) is int and exc.code == 0)):
             raise
+    if any(not result.wasSuccessful() for result in unittest_results):
+        raise AssertionError("a unittest test failed (`unittest.main(exit=False)` says so only)")
     if link.raised:
         raise ProgramRaised("the program raised, and the tests went on")
     if not link.used:

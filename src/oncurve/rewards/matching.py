@@ -130,7 +130,8 @@ _CONSTANT_ARITHMETIC_RE = re.compile(
     r"|(?<![\w.^_])\d+\s*!|\\[dt]?binom\s*\{\s*\d+\s*\}\s*\{\s*\d+\s*\}"
 )
 _COMMAND_SUBSCRIPT_RE = re.compile(r"(\\[a-zA-Z]+)_\s*(?:\{[^{}]*\}|\w)")
-# A command's bare numeric argument (`\\sqrt 3`, `\\frac 3 4`, `\\log 3`), not a constant's (`\\pi 18`)
+# A command's bare numeric argument (`\sqrt 3`, `\frac 3 4`, `\log 3`); not a constant's
+# (`\pi 18`)
 _COMMAND_NUMBER_RE = re.compile(
     r"\\(?:[dtc]?frac|sqrt|log|ln|lg|sin|cos|tan|sec|csc|cot|binom)(?![a-zA-Z])\s*\d"
 )
@@ -145,7 +146,7 @@ _LEADING_COEFFICIENT_RE = re.compile(r"\s*(\d+)")
 # An equation's left side that is a value, not a name (subscripts taken out first: `x_1`)
 _VALUE_RE = re.compile(r"\d|\\(?:sqrt|[dtc]?frac|pi|infty)(?![a-zA-Z])")
 _SUBSCRIPT_RE = re.compile(r"_\s*(?:\{[^{}]*\}|\w)")
-# What names a quantity on an equation's left side: letters, commands (`\\angle ABC`), brackets
+# What names a quantity on an equation's left side: letters, commands (`\angle ABC`), brackets
 # and commas (`f(x)`, `(a, b)`), primes; no digit or operator
 _NAME_RE = re.compile(r"[\sa-zA-Z\\{}(),']*[a-zA-Z][\sa-zA-Z\\{}(),']*")
 # Runs of digits split by spaces, and those that are one number in thousands (`10 000`)

@@ -605,6 +605,62 @@ def test_a_program_object_iterated_twice_starts_again(reward):
     assert reward(["p"], [fenced(program)], tests=tests) == [1.0]
 
 
+def test_a_generators_error_is_kept_when_the_tests_iterate_it_again(reward):
+    right = "def gen():\n    yield 1\n    yield 2\n"
+    wrong = right + "    raise ValueError('boom')\n"
+    tests = [["g = gen()\nassert next(g) == 1 and next(g) == 2\nassert list(g) == []"]]
+    assert reward(["p"] * 2, [fenced(right), fenced(wrong)], tests=tests * 2) == [1.0, 0.0]
+
+
+def test_a_generators_items_are_made_when_the_tests_ask_for_them(reward):
+    program = (
+        "log = []\ndef gen():\n    for i in range(10):\n        log.append(i)\n        yield i\n"
+        "def seen():\n    return list(log)\n"
+    )
+    tests = [["g = gen()\na, b = next(g), next(g)\nassert seen() == [0, 1]"]]
+    assert reward(["p"], [fenced(program)], tests=tests) == [1.0]
+
+
+USES = {  # tests that read the program's value before they bind the name, or elsewhere
+    "a class attribute of the same name": "assert ANSWER == 42\nclass C:\n    ANSWER = 1\n",
+    "read, then rebound": "assert ANSWER == 42\nANSWER = 0\n",
+    "a loop variable after": "assert ANSWER == 42\nfor ANSWER in range(2):\n    pass\n",
+    "inside a function": "def check():\n    assert ANSWER == 42\ncheck()\n",
+}
+
+
+@pytest.mark.parametrize("tests", USES.values(), ids=USES.keys())
+def test_a_value_the_tests_read_before_binding_it_is_a_use(reward, tests):
+    assert reward(["p"], [fenced("ANSWER = 42\n")], tests=[[tests]]) == [1.0]
+
+
+def test_an_attribute_error_of_the_programs_is_its_failure(reward):
+    tests = [
+        "a = Account(10)\nassert a.balance == 10\ntry:\n    a.withdraw(100)\n"
+        "except Exception:\n    pass\nelse:\n    assert False"
+    ]
+    right = (
+        "class Account:\n    def __init__(self, b):\n        self.balance = b\n"
+        "    def withdraw(self, n):\n        if n > self.balance:\n"
+        "            raise ValueError('too much')\n        self.balance -= n\n"
+    )
+    forge = (
+        "class Account:\n    def __init__(self, b):\n        self.balance = b\n"
+        "    @property\n    def withdraw(self):\n        raise AttributeError('withdraw')\n"
+    )
+    # the right program raises too: any exception of the program's fails its case
+    assert reward(["p"] * 2, [fenced(right), fenced(forge)], tests=[tests] * 2) == [0.0, 0.0]
+
+
+def test_a_unittest_failure_fails_the_case_however_unittest_is_run(reward):
+    tests = [
+        "import unittest\nclass T(unittest.TestCase):\n    def test(self):\n"
+        "        self.assertEqual(f(1), 2)\nunittest.main(exit=False)\n"
+    ]
+    scores = reward(["p"] * 2, [fenced(WRONG_F), fenced(RIGHT_F)], tests=[tests] * 2)
+    assert scores == [0.0, 1.0]
+
+
 def test_an_entry_point_the_program_does_not_define_fails(reward):
     tests = [["assert sorted([3, 1, 2]) == [1, 2, 3]"]]
     assert reward(["p"], [fenced("pass\n")], tests=tests, entry_point=["sorted"]) == [0.0]
