@@ -111,19 +111,54 @@ _UNITS = {
             "centimeter": Fraction(50, 127),
             "meter": Fraction(5000, 127),
             "kilometer": Fraction(5000000, 127),
+            "ft": 12,
+            "mi": 63360,
+            "mm": Fraction(5, 127),
+            "cm": Fraction(50, 127),
+            "m": Fraction(5000, 127),
+            "km": Fraction(5000000, 127),
         },
-        "mass": {"gram": 1, "kilogram": 1000},
+        "mass": {
+            "gram": 1,
+            "g": 1,
+            "kilogram": 1000,
+            "kg": 1000,
+            "ounce": Fraction("28.349523125"),
+            "oz": Fraction("28.349523125"),
+            "pound": Fraction("453.59237"),
+            "lb": Fraction("453.59237"),
+        },
         "volume": {"milliliter": 1, "ml": 1, "liter": 1000},
     }.items()
     for name, size in sizes.items()
 }
+# Words after a second number that make it the same thing under another condition
+_CONDITION_WORDS = frozenset(
+    [
+        "with",
+        "if",
+        "in",
+        "for",
+        "including",
+        "plus",
+        "after",
+        "before",
+        "more",
+        "total",
+        "when",
+        "without",
+        "excluding",
+    ]
+)
 # The next sentence takes it back or offers another number at once (`18. Or 19.`, `18.
 # Actually, it is 19.`, `18. No, wait, it is 20.`; not `18. Actually, that is 9 eggs ...` nor
 # `No. of eggs sold: 9`)
 _RETRACTED_RE = re.compile(
-    r"[^\n.!?]{0,200}[.!?]\s+(?:or|actually|wait|no(?=\s*[,:!])|correction|hmm|but\s+wait)\b"
-    r"(?![,:\s]*(?:that\s+is\s+\$?\d|that's\s+\$?\d|which\s+is|i\.e\.|in\s+other\s+words"
-    r"|equivalently|because|since))[^\n]{0,80}?\d",
+    r"[^\n.!?]{0,200}[.!?]\s+(?:(?:or|actually|wait|no(?=\s*[,:!])|correction|hmm|rather"
+    r"|but\s+wait)\b[,:]?\s*)+(?:(?:that's|that\s+is|i\s+was)\s+(?:wrong|incorrect|a\s+mistake)"
+    r"[,:;.]?\s*)?(?:(?:it\s+is|it's|i\s+think\s+it's|the\s+(?:correct\s+|right\s+)?answer\s+is"
+    r"|it\s+should\s+be|should\s+be|i\s+meant|make\s+that|maybe|perhaps|possibly"
+    r"|it\s+could\s+be|the\s+total\s+is)\s+)?\$?(?P<other>[-−]?\d[\d,]*(?:\.\d+)?)",
     re.IGNORECASE,
 )
 # "The answer is East." / "The answer is (C)." / "**Answer:** B": a word or a choice's letter
@@ -162,8 +197,8 @@ _FENCED_CODE_RE = re.compile(
 # Fences that hold text, not a program (unless it reads as one)
 _TEXT_FENCES = frozenset(("", "text", "txt", "plaintext", "markdown", "md", "latex", "tex", "math"))
 _PROGRAM_RE = re.compile(
-    r"^\s*(?:def |class |import |from \S+ import |print\(|for .+ in |while |return\b|#include)"
-    r"|[=(;]|>>>|//",
+    r"^\s*(?:def |class |import |from \S+ import |print\(|for .+ in |while |return\b|#include"
+    r"|>>>|//)|;\s*$|^\s*[A-Za-z_]\w*\s*=\s*[^\n$\\]*[-+*/%(]",  # `x = (16 - 3) * 2`
     re.MULTILINE,
 )
 # Two boxes side by side, or joined by "or", "and" or a comma: two answers offered.
@@ -187,8 +222,8 @@ def extract_answer(text: str, style: str = "auto") -> str | None:
         if tagged is not None:
             return _boxed(tagged) or tagged
         finders = (_boxed, _gsm8k, _stated_answer, _final_math, _whole_math, _last_number)
-        if reasoning_only:  # a reasoning's own numbers are its work: only a stated answer
-            finders = (_boxed, _gsm8k, _stated_answer)
+        if reasoning_only:  # a reasoning's own numbers are its work: only what it states
+            finders = (_boxed, _gsm8k, _stated_answer, _final_math, _plain_statement)
         for finder in finders:
             found = finder(text)
             if found is not None:
@@ -238,11 +273,22 @@ def _after_thinking(text: str) -> tuple[str, bool]:
     return (after, False) if after.strip() else (text[: close.start()], True)
 
 
+def _plain_statement(text: str) -> str | None:
+    """The last number of `text`'s last sentence when that sentence states it without working
+    (`She makes 18.`, not `9 * 2 = 18.`)."""
+    sentence = _SENTENCE_END_RE.split(text.rstrip().rstrip(".").strip())[-1]
+    if re.search(r"[=*×+÷/]|\d\s*-\s*\d|\\(?:times|cdot|div)", sentence):
+        return None
+    return _last_number(sentence)
+
+
 def _outside_code(block: re.Match[str]) -> str:
     """A fenced block as `extract_answer` reads it: a program (a language's tag, or code in an
     untagged or text block) as a line break, any other block as it is."""
     tag = block["tag"].strip().lower()
-    return "\n" if tag not in _TEXT_FENCES or _PROGRAM_RE.search(block["body"]) else block.group()
+    if tag and tag not in _TEXT_FENCES:
+        return "\n"
+    return "\n" if not tag and _PROGRAM_RE.search(block["body"]) else block.group()
 
 
 def _unit_hedged(number: str, rest: str) -> bool:
@@ -256,13 +302,19 @@ def _unit_hedged(number: str, rest: str) -> bool:
     values = [_plain_number(n) for n in (number, found["other"])]
     if None in values:
         return True
-    scales = [_unit_scale(found["unit"]), _unit_scale(found["unit2"])]
-    if found["unit2"].strip() and None not in scales and scales[0][0] == scales[1][0]:
-        # the same quantity in other units: `2 hours, or 120 minutes`, `18, or 1.5 dozen`
+    unit, other = found["unit"].lower().split(), found["unit2"].lower().split()
+    if not other or other[0] in _CONDITION_WORDS:  # `(or 19 with tax)`: another amount
+        return values[0] != values[1]  # `18 dollars (or $18.00)` restates it
+    if "and" in other or "per" in unit + other:  # `2 hours and 30 minutes`, a rate's
+        return False
+    if other == ["dozen"]:
+        other = ["dozen", *unit]
+    scales = [_unit_scale(" ".join(unit)), _unit_scale(" ".join(other))]
+    if scales[0][0] == scales[1][0]:
+        # in the same units, or ones that convert: `2 hours, or 120 minutes`; `19 dollars
+        # total` and `19 apples` are other amounts
         return values[0] * scales[0][1] != values[1] * scales[1][1]
-    if found["unit2"].strip():
-        return True  # another quantity (`18 apples or 19 oranges`, `19 dollars total`)
-    return values[0] != values[1]  # `18 dollars (or $18.00)` restates it
+    return False  # another unit: `2 cups, or 16 ounces`, `8 quarters, or 2 dollars`
 
 
 def _plain_number(text: str) -> Fraction | None:
@@ -322,7 +374,10 @@ def _stated_answer(text: str) -> str | None:
         return stated
     found = _last_match(_ANSWER_NUMBER_RE, text, len(text), tail)
     if found is not None:
-        if _RETRACTED_RE.match(text, found.end("number")):
+        retracted = _RETRACTED_RE.match(text, found.end("number"))
+        if retracted is not None and _plain_number(retracted["other"]) != _plain_number(
+            found["number"]
+        ):
             return None  # the statement taken back: what follows says what the answer is
         word = _FIRST_WORD_RE.match(found["rest"])
         changes = word is not None and word[1].lower() in NOT_UNITS - _QUESTION_UNITS

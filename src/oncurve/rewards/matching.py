@@ -61,12 +61,14 @@ _PERCENT_PROMPT_RE = re.compile(r"percent|%", re.IGNORECASE)
 # what is the probability it does not rain?")
 _PERCENT_ASKED_RE = re.compile(
     r"\b(?:what|which|how\s+many|how\s+much)\s+percent(?:age)?\b"
-    r"|\b(?:what|which|find|give|express|as|the)\b[^.?]{0,40}\bpercentage\b|\bas\s+a\s+percent"
+    r"|\b(?:what|which|find|give|express|as|the|determine)\b[^.?]{0,40}\bpercentage\b"
+    r"|^\s*percentage\b|\bas\s+a\s+percent"
     r"|\bin\s+percent|\bpercent\s+(?:increase|decrease|change|error)\b|\bby\s+what\s+percent",
     re.IGNORECASE,
 )
 _INSTRUCTION_RE = re.compile(
-    r"\s*(?:express|give|write|find|round|convert|answer|enter|state|compute|calculate)\b",
+    r"\s*(?:express|give|write|find|round|convert|answer|enter|state|compute|calculate"
+    r"|determine|what|how|which)\b",
     re.IGNORECASE,
 )
 # A bracketed group without brackets inside (collapsed, innermost first, to count an answer's
@@ -363,7 +365,8 @@ def _requests(prompt: str) -> list[str]:
     your answer as a percentage.`), not what it states (`The results are given as a
     percentage.`)."""
     sentences = re.split(r"(?<=[.!?])\s+", prompt.strip()[-4 * MAX_ANSWER_CHARS :])
-    return [s for s in sentences if s.endswith("?") or _INSTRUCTION_RE.match(s)]
+    asked = [s for s in sentences if s.endswith("?") or _INSTRUCTION_RE.match(s)]
+    return asked + sentences[-1:]  # the last, a question without its mark too
 
 
 def _converts_back(
