@@ -100,7 +100,15 @@ _UNITS = {
             "day": 86400,
             "week": 604800,
         },
-        "money": {"cent": 1, "dollar": 100},
+        "money": {
+            "cent": 1,
+            "penny": 1,
+            "pennies": 1,
+            "nickel": 5,
+            "dime": 10,
+            "quarter": 25,
+            "dollar": 100,
+        },
         "length": {
             "inch": 1,
             "foot": 12,
@@ -154,11 +162,9 @@ _CONDITION_WORDS = frozenset(
 # Actually, it is 19.`, `18. No, wait, it is 20.`; not `18. Actually, that is 9 eggs ...` nor
 # `No. of eggs sold: 9`)
 _RETRACTED_RE = re.compile(
-    r"[^\n.!?]{0,200}[.!?]\s+(?:(?:or|actually|wait|no(?=\s*[,:!])|correction|hmm|rather"
-    r"|but\s+wait)\b[,:]?\s*)+(?:(?:that's|that\s+is|i\s+was)\s+(?:wrong|incorrect|a\s+mistake)"
-    r"[,:;.]?\s*)?(?:(?:it\s+is|it's|i\s+think\s+it's|the\s+(?:correct\s+|right\s+)?answer\s+is"
-    r"|it\s+should\s+be|should\s+be|i\s+meant|make\s+that|maybe|perhaps|possibly"
-    r"|it\s+could\s+be|the\s+total\s+is)\s+)?\$?(?P<other>[-−]?\d[\d,]*(?:\.\d+)?)",
+    r"[^\n.!?]{0,200}[.!?]\s+(?:or|actually|wait|no(?=\s*[,:!])|correction|hmm|rather"
+    r"|but\s+wait)\b(?![,:\s]*(?:that\s+is\s+\$?\d|that's\s+(?:\$?\d|per\b)|which\s+is|i\.e\."
+    r"|in\s+(?:other\s+)?words|written\s+out|equivalently|because|since))(?P<after>[^\n]{0,80})",
     re.IGNORECASE,
 )
 # "The answer is East." / "The answer is (C)." / "**Answer:** B": a word or a choice's letter
@@ -198,7 +204,7 @@ _FENCED_CODE_RE = re.compile(
 _TEXT_FENCES = frozenset(("", "text", "txt", "plaintext", "markdown", "md", "latex", "tex", "math"))
 _PROGRAM_RE = re.compile(
     r"^\s*(?:def |class |import |from \S+ import |print\(|for .+ in |while |return\b|#include"
-    r"|>>>|//)|;\s*$|^\s*[A-Za-z_]\w*\s*=\s*[^\n$\\]*[-+*/%(]",  # `x = (16 - 3) * 2`
+    r"|>>>|//|console\.log|let |const |var )|;\s*$|^\s*[A-Za-z_]\w*\s*=(?!=)",
     re.MULTILINE,
 )
 # Two boxes side by side, or joined by "or", "and" or a comma: two answers offered.
@@ -270,13 +276,18 @@ def _after_thinking(text: str) -> tuple[str, bool]:
     if close is None:
         return text, False
     after = text[close.end() :]
-    return (after, False) if after.strip() else (text[: close.start()], True)
+    if after.strip():
+        return after, False
+    return re.sub(r"(?i)<think>", " ", text[: close.start()]), True
 
 
 def _plain_statement(text: str) -> str | None:
     """The last number of `text`'s last sentence when that sentence states it without working
     (`She makes 18.`, not `9 * 2 = 18.`)."""
     sentence = _SENTENCE_END_RE.split(text.rstrip().rstrip(".").strip())[-1]
+    named = re.fullmatch(r"\s*[A-Za-z]\w*\s*=\s*(\$?[-−]?\d[\d,]*(?:\.\d+)?)\s*", sentence)
+    if named is not None:  # `x = 3`
+        return named[1]
     if re.search(r"[=*×+÷/]|\d\s*-\s*\d|\\(?:times|cdot|div)", sentence):
         return None
     return _last_number(sentence)
@@ -288,7 +299,8 @@ def _outside_code(block: re.Match[str]) -> str:
     tag = block["tag"].strip().lower()
     if tag and tag not in _TEXT_FENCES:
         return "\n"
-    return "\n" if not tag and _PROGRAM_RE.search(block["body"]) else block.group()
+    last = not block.string[block.end() :].strip()  # the completion ends on it: its answer
+    return "\n" if not tag and not last and _PROGRAM_RE.search(block["body"]) else block.group()
 
 
 def _unit_hedged(number: str, rest: str) -> bool:
@@ -305,7 +317,8 @@ def _unit_hedged(number: str, rest: str) -> bool:
     unit, other = found["unit"].lower().split(), found["unit2"].lower().split()
     if not other or other[0] in _CONDITION_WORDS:  # `(or 19 with tax)`: another amount
         return values[0] != values[1]  # `18 dollars (or $18.00)` restates it
-    if "and" in other or "per" in unit + other:  # `2 hours and 30 minutes`, a rate's
+    compound = re.match(r"\s*\d", rest[found.end() :]) is not None  # `2 hours 30 minutes`
+    if "and" in other or compound or "per" in unit + other:  # `2 hours and 30 minutes`, rates
         return False
     if other == ["dozen"]:
         other = ["dozen", *unit]
@@ -314,7 +327,7 @@ def _unit_hedged(number: str, rest: str) -> bool:
         # in the same units, or ones that convert: `2 hours, or 120 minutes`; `19 dollars
         # total` and `19 apples` are other amounts
         return values[0] * scales[0][1] != values[1] * scales[1][1]
-    return False  # another unit: `2 cups, or 16 ounces`, `8 quarters, or 2 dollars`
+    return True  # another thing: `18 eggs or 36 dollars`, `10 cups and/or 5 bowls`
 
 
 def _plain_number(text: str) -> Fraction | None:
@@ -375,8 +388,9 @@ def _stated_answer(text: str) -> str | None:
     found = _last_match(_ANSWER_NUMBER_RE, text, len(text), tail)
     if found is not None:
         retracted = _RETRACTED_RE.match(text, found.end("number"))
-        if retracted is not None and _plain_number(retracted["other"]) != _plain_number(
-            found["number"]
+        stated = _plain_number(found["number"])
+        if retracted is not None and any(
+            _plain_number(n) != stated for n in _NUMBER_RE.findall(retracted["after"])
         ):
             return None  # the statement taken back: what follows says what the answer is
         word = _FIRST_WORD_RE.match(found["rest"])
