@@ -357,7 +357,6 @@ class _Link:
         self.used = False  # the tests called the program or read a value of its
         # per iterator of the program's: (items fetched ahead, how it ended, next batch size)
         self.fetched: dict[int, tuple[list, tuple, int]] = {}
-        self.last: tuple = ()  # the last request
 
     def ask(self, *request: object) -> Any:
         self.used = True
@@ -365,7 +364,6 @@ class _Link:
             marshal.dumps(request)
         except ValueError:  # an argument of the tests' that is not plain data
             raise TypeError("only plain data can be passed to the program") from None
-        self.last = request
         try:
             _send(self.requests, request)
             return self.decode(_receive(self.replies), request)
@@ -376,11 +374,10 @@ class _Link:
             raise ProgramRaised(f"the program's process failed: {type(exc).__name__}") from None
 
     def next_item(self, ref: int) -> Any:
-        """The next item of the program's iterator `ref`, fetched in batches that double up to
-        `_MAX_ITEMS`; StopIteration at its end, and its error after the items before it."""
+        """The next item of the program's iterator `ref`, asked for in batches that double up to
+        `_MAX_ITEMS` (the child fills them only from a builtin container's iterator, one item
+        otherwise); StopIteration at its end, and its error after the items before it."""
         items, end, batch = self.fetched.get(ref, ([], ("more",), 1))
-        if self.last[:2] != ("next", ref):  # read ahead only while the tests keep iterating it
-            batch = 1
         if not items and end == ("more",):
             reply = self.ask("next", ref, batch)
             if type(reply) is not tuple or len(reply) != 2 or type(reply[0]) is not list:

@@ -311,7 +311,7 @@ def _unit_hedged(number: str, rest: str) -> bool:
         return False
     if found["doubt"] or found["doubt2"]:
         return True
-    values = [_plain_number(n) for n in (number, found["other"])]
+    values = [stated_number(n) for n in (number, found["other"])]
     if None in values:
         return True
     unit, other = found["unit"].lower().split(), found["unit2"].lower().split()
@@ -328,15 +328,6 @@ def _unit_hedged(number: str, rest: str) -> bool:
         # total` and `19 apples` are other amounts
         return values[0] * scales[0][1] != values[1] * scales[1][1]
     return True  # another thing: `18 eggs or 36 dollars`, `10 cups and/or 5 bowls`
-
-
-def _plain_number(text: str) -> Fraction | None:
-    """The value of a plain number (`$1,800`, `3/4`, `-2.5`), None for anything else."""
-    text = re.sub(r"[$,\s]", "", text).replace("−", "-")
-    try:
-        return Fraction(text)
-    except (ValueError, ZeroDivisionError):
-        return None
 
 
 def _unit_scale(words: str) -> tuple[str, Fraction] | None:
@@ -388,9 +379,9 @@ def _stated_answer(text: str) -> str | None:
     found = _last_match(_ANSWER_NUMBER_RE, text, len(text), tail)
     if found is not None:
         retracted = _RETRACTED_RE.match(text, found.end("number"))
-        stated = _plain_number(found["number"])
+        stated = stated_number(found["number"])
         if retracted is not None and any(
-            _plain_number(n) != stated for n in _NUMBER_RE.findall(retracted["after"])
+            stated_number(n) != stated for n in _NUMBER_RE.findall(retracted["after"])
         ):
             return None  # the statement taken back: what follows says what the answer is
         word = _FIRST_WORD_RE.match(found["rest"])

@@ -125,13 +125,12 @@ _BRACKET_PRODUCT_RE = re.compile(r"\)\s*(?:\\cdot|\\times|\*)?\s*[(\^\da-zA-Z]|[
 # Arithmetic between two written numbers (`5-3`, `1+1`, `6/2`, `2\cdot 2`; not an exponent's,
 # a subscript's or a coefficient's number: `x^2+1`, `2+3x`, `1+2\sqrt{3}`), a factorial or a
 # binomial coefficient of numbers (`0!`, `\binom{5}{0}`): work left undone. A command's bare
-# numeric argument (`\sqrt 3+1`) is taken out first.
+# numeric argument (`\sqrt 3+1`) and subscripts are taken out first (`_without_arguments`).
 _CONSTANT_ARITHMETIC_RE = re.compile(
     r"(?<![\w.^_\\])\d+(?:\.\d+)?\s*(?:[-+]\s*\d+(?:\.\d+)?(?![\w.\\^({])"
     r"|(?:[*/]|\\cdot|\\times)\s*\d+(?:\.\d+)?(?![\w.^]))"
     r"|(?<![\w.^_])\d+\s*!|\\[dt]?binom\s*\{\s*\d+\s*\}\s*\{\s*\d+\s*\}"
 )
-_COMMAND_SUBSCRIPT_RE = re.compile(r"(\\[a-zA-Z]+)_\s*(?:\{[^{}]*\}|\w)")
 # A command's bare numeric argument (`\sqrt 3`, `\frac 3 4`, `\log 3`); not a constant's
 # (`\pi 18`)
 _COMMAND_NUMBER_RE = re.compile(
@@ -307,9 +306,7 @@ def _split_digits(text: str) -> bool:
     `10 00`; `10 000` is one number)."""
     if len(text) > MAX_ANSWER_CHARS:
         return False
-    # a subscript or a command's bare argument is no digit of a number (`\\log_2 3`, `\\frac 3 4`)
-    text = _COMMAND_NUMBER_RE.sub(" C", _SUBSCRIPT_RE.sub("", text))
-    runs = _SPACED_DIGITS_RE.finditer(text)
+    runs = _SPACED_DIGITS_RE.finditer(_without_arguments(text))
     return any(not _THOUSANDS_RE.fullmatch(run[0]) for run in runs)
 
 
@@ -463,8 +460,13 @@ def _undone(pred: str, ref: str) -> bool:
 
 def _constant_arithmetic(text: str) -> bool:
     """Whether `text` leaves arithmetic on written numbers undone (`_CONSTANT_ARITHMETIC_RE`)."""
-    text = _COMMAND_SUBSCRIPT_RE.sub(r"\1", text)  # `\\log_2 3 + 1`: the log's base and argument
-    return _CONSTANT_ARITHMETIC_RE.search(_COMMAND_NUMBER_RE.sub(" C", text)) is not None
+    return _CONSTANT_ARITHMETIC_RE.search(_without_arguments(text)) is not None
+
+
+def _without_arguments(text: str) -> str:
+    """`text` without the numbers that are no number of its own: subscripts and commands' bare
+    arguments (`\\log_2 3 + 1`, `\\frac 3 4`, `\\sqrt 3+1`)."""
+    return _COMMAND_NUMBER_RE.sub(" C", _SUBSCRIPT_RE.sub("", text))
 
 
 def _unreduced_fraction(text: str) -> bool:
