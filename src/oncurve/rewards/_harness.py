@@ -1,7 +1,8 @@
 """The sandboxed side of an assert-style `code_tests` case: runs as main.py, standard library only.
 
 `code.py` sends this file's text with ``run(<program source>, <setup source>)`` appended, and on
-stdin a JSON object {"secret", "tests", "setup", "entry_point"}. The process forks before it
+stdin a JSON object {"secret", "tests", "setup", "entry_point", "pytest"} ("pytest": the text of
+`_pytest_style.py`). The process forks before it
 reads stdin:
 
 - the child runs the program (stdin empty, what it prints discarded; an exit or exception at
@@ -26,17 +27,24 @@ code read, except that a builtin's name is always the builtin, a standard module
 the real module (imported here), and a name the setup code defines always the setup's; the
 row's entry point, when given, is always the program's (MBPP's task 126 names its function
 `sum`), and a program that does not define it fails. Nothing the tests bind reaches the child.
-An exception the program raises fails the case, whatever the tests do with it: it arrives as
-``ProgramRaised``, which no iteration takes for its end and ``except Exception`` does not catch,
-and the verdict is withheld even if a bare ``except`` swallows it. So is an error the program
-causes here without raising (a reply that is not plain data, its process ended, an object of its
-own asked for a truth value).
+The program is also the module `SOLUTION` (``from solution import f``), and ``import pytest``
+gets `_pytest_style.py`, whose `run_tests` runs a pytest file's tests after its top level.
+
+An exception the program raises reaches the tests as an instance of the same builtin class,
+made here from its arguments (`_Link.exception`; a class of the program's own arrives as a
+class of that name deriving from its nearest builtin one), for the tests to expect or not;
+except those in `_SIGNALS` and those that are not an Exception, which fail the case whatever the
+tests do with them: they arrive as ``ProgramRaised``, which no iteration takes for its end and
+``except Exception`` does not catch, and the verdict is withheld even if a bare ``except``
+swallows it. So is an error the program causes here without raising (a reply that is not plain
+data, its process ended, an object of its own asked for a truth value).
 
 A case passes when stdout is exactly that line.
 """
 
 from __future__ import annotations
 
+import ast
 import builtins
 import collections
 import decimal
@@ -92,6 +100,8 @@ _READ_AHEAD = frozenset(
     for container in ([], (), range(0), "", b"", bytearray(), {}, {}.values(), {}.items(), set())
 )
 _MAX_MESSAGE = 1 << 28
+# the module test files import the program as (KodCode's `from solution import f`)
+SOLUTION = "solution"
 _BUILTIN_NAMES = frozenset(dir(builtins))
 _BINDING_OPS = frozenset(("STORE_NAME", "DELETE_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"))
 
@@ -103,8 +113,31 @@ class _Missing(AttributeError):
 
 
 class ProgramRaised(BaseException):
-    """An exception of the program's, as the tests see it: a BaseException, so that neither an
-    iteration (StopIteration) nor ``except Exception`` in the tests takes it for theirs."""
+    """An error of the program's that fails its case, as the tests see it: a BaseException, so
+    that neither an iteration (StopIteration) nor ``except Exception`` in the tests takes it for
+    theirs."""
+
+
+# Python's own protocols take these for a signal (an iteration's end, a missing attribute), so
+# one the program raised would end a loop, or answer a `getattr` or `hasattr`, that the tests
+# did not write for it: the program's fail its case. Every other exception (an Exception's
+# subclass) reaches the tests as the same builtin class, for them to expect or not.
+_SIGNALS = ("StopIteration", "StopAsyncIteration", "AttributeError")
+_CATCHABLE = {
+    name: value
+    for name, value in vars(builtins).items()
+    if isinstance(value, type)
+    and issubclass(value, Exception)
+    and not issubclass(value, (BaseExceptionGroup, *(getattr(builtins, n) for n in _SIGNALS)))
+}
+
+
+class _Thrown:
+    """A reply that says the program raised `exception`, which the request raises in the
+    tests."""
+
+    def __init__(self, exception: BaseException) -> None:
+        self.exception = exception
 
 
 def _pack(value: Any, swap: Any = lambda v: v, depth: int = 0) -> Any:
@@ -195,10 +228,35 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
     namespace = {"__name__": "__main__", "__file__": "main.py", "__builtins__": builtins}
     objects = [namespace]
     dumps, send, receive = marshal.dumps, _send, _receive
+    class_refs: dict[int, int] = {}  # each exception class's reference, one per class
+
+    def class_ref(cls):
+        if id(cls) not in class_refs:
+            objects.append(cls)
+            class_refs[id(cls)] = len(objects) - 1
+        return class_refs[id(cls)]
+
+    def builtin_base(cls):
+        return next(c.__name__ for c in cls.__mro__ if getattr(builtins, c.__name__, None) is c)
+
+    def raised(exc):
+        """("raise", name, message, nearest builtin class, args, class reference or -1)."""
+        kind = type(exc)
+        try:
+            args = exc.args
+            dumps(args)
+            if not _plain(args):
+                raise ValueError
+        except (ValueError, RecursionError):
+            args = (str(exc)[:300],)
+        ref = -1 if getattr(builtins, kind.__name__, None) is kind else class_ref(kind)
+        return ("raise", kind.__name__, str(exc)[:300], builtin_base(kind), args, ref)
 
     def encode(value):
         if type(value) is types.ModuleType:  # the parent imports the real one by its name
             return ("module", value.__name__)
+        if isinstance(value, type) and issubclass(value, BaseException):
+            return ("exception class", class_ref(value), value.__name__, builtin_base(value))
         try:
             dumps(value)
             return ("value", value)
@@ -253,7 +311,7 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
                     except StopIteration:
                         end = ("stop",)
                     except Exception as exc:  # the tests see it after the items before it
-                        end = ("raise", type(exc).__name__, str(exc)[:300])
+                        end = raised(exc)
                     reply = ("items", items, end)
                 else:  # "setattr"
                     name, value, packed = rest
@@ -262,7 +320,7 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
                     setattr(target, name, value)
                     reply = ("value", None)
             except Exception as exc:
-                reply = ("raise", type(exc).__name__, str(exc)[:300])
+                reply = raised(exc)
             send(replies, reply)
     except BaseException as exc:
         os.write(notes, f"the program stopped: {type(exc).__name__}: {exc}\n".encode())
@@ -355,6 +413,9 @@ class _Link:
         self.requests, self.replies = requests, replies
         self.raised = False  # the program raised during the tests: the case fails
         self.used = False  # the tests called the program or read a value of its
+        # each reference's object here (the same object for the same reference), and the class
+        # standing in for each exception class of the program's
+        self.remotes: dict[int, Any] = {}
         # per iterator of the program's: (items fetched ahead, how it ended, next batch size)
         self.fetched: dict[int, tuple[list, tuple, int]] = {}
 
@@ -366,12 +427,15 @@ class _Link:
             raise TypeError("only plain data can be passed to the program") from None
         try:
             _send(self.requests, request)
-            return self.decode(_receive(self.replies), request)
+            result = self.decode(_receive(self.replies), request)
         except (ProgramRaised, _Missing):
             raise
         except Exception as exc:  # its process ended or lied (a MemoryError, a RecursionError)
             self.raised = True
             raise ProgramRaised(f"the program's process failed: {type(exc).__name__}") from None
+        if type(result) is _Thrown:
+            raise result.exception
+        return result
 
     def next_item(self, ref: int) -> Any:
         """The next item of the program's iterator `ref`, asked for in batches that double up to
@@ -387,21 +451,73 @@ class _Link:
         if items:
             self.fetched[ref] = (items[1:], end, batch)
             return items[0]
-        self.fetched[ref] = ([], end, batch)
         if end == ("stop",):
+            self.fetched[ref] = ([], end, batch)
             raise StopIteration
-        self.raised = True
-        raise ProgramRaised(f"{end[1]}: {end[2]}" if len(end) == 3 else "a malformed end")
+        error = self.exception(end)
+        # an error the tests may catch ends this batch only: asked again, the program's iterator
+        # says what comes next (a generator that raised has ended); any other stays pending
+        self.fetched[ref] = ([], ("more",) if not self.raised else end, batch)
+        raise error
+
+    def exception(self, reply: Any) -> BaseException:
+        """The exception of a ("raise", name, message, nearest builtin class, args, class
+        reference or -1) reply, as the tests see it: an instance of that builtin class, or of
+        the class standing in for the program's (`exception_class`), made from `args` here;
+        ProgramRaised (and the case fails) for any other, and for a malformed reply."""
+        if type(reply) is not tuple or len(reply) != 6 or not _plain(reply):
+            self.raised = True
+            return ProgramRaised("the program's process sent a malformed error")
+        _, name, message, base, args, ref = reply
+        kind = self.exception_class(ref, name, base) if ref != -1 else _CATCHABLE.get(name)
+        if kind is None or type(args) is not tuple or (ref == -1 and base != name):
+            self.raised = True
+            return ProgramRaised(f"{name}: {message}")
+        try:
+            return kind(*args)
+        except Exception:  # arguments its constructor refuses (UnicodeDecodeError's five)
+            error = kind.__new__(kind)
+            error.args = args
+            return error
+
+    def exception_class(self, ref: Any, name: Any, base: Any) -> type | None:
+        """The class that stands in for the program's exception class `ref`: one named `name`
+        that derives from builtin `base`, the same for every reply that names `ref`; None for
+        a class that fails its case when raised (`_SIGNALS`, a BaseException's subclass)."""
+        if type(ref) is not int or type(name) is not str or not name.isidentifier():
+            return None
+        if ref not in self.remotes:
+            parent = _CATCHABLE.get(base)
+            if parent is None:
+                return None
+            self.remotes[ref] = (
+                parent
+                if name == base
+                else type(name, (parent,), {"__module__": SOLUTION, "__qualname__": name})
+            )
+        found = self.remotes[ref]
+        return found if isinstance(found, type) and issubclass(found, Exception) else None
 
     def decode(self, reply: Any, request: tuple = ("names",)) -> Any:
-        if type(reply) is tuple and reply and reply[0] == "ref" and type(reply[1]) is int:
-            return _Remote(self, reply[1])
-        if type(reply) is tuple and len(reply) == 3 and reply[0] == "raise":
-            if request[0] == "getattr" and request[2] == "keys" and reply[1] == "AttributeError":
-                raise _Missing(str(reply[2]))  # `dict()` probing an object: no mapping
-            self.raised = True
-            raise ProgramRaised(f"{reply[1]}: {reply[2]}")
+        """The value a reply carries; _Thrown for an exception the program raised."""
         kind = reply[0] if type(reply) is tuple and reply else None
+        if kind == "ref" and len(reply) == 2 and type(reply[1]) is int:
+            if reply[1] not in self.remotes:
+                self.remotes[reply[1]] = _Remote(self, reply[1])
+            return self.remotes[reply[1]]
+        if kind == "exception class" and len(reply) == 4:
+            found = self.exception_class(*reply[1:])
+            if found is not None:
+                return found
+            return self.decode(("ref", reply[1]))
+        if kind == "raise" and request[0] in ("call", "getattr", "iter", "setattr"):
+            if (
+                request[0] == "getattr"
+                and request[2] == "keys"
+                and reply[1:2] == ("AttributeError",)
+            ):
+                raise _Missing("keys")  # `dict()` probing an object: no mapping
+            return _Thrown(self.exception(reply))
         if kind == "items" and request[0] == "next" and len(reply) == 3:
             if type(reply[1]) is list and type(reply[2]) is tuple and _plain(reply[2]):
                 return [self.decode(item, ("item",)) for item in reply[1]], reply[2]
@@ -472,7 +588,7 @@ def _tests_namespace(
     for name, reply in names.items():
         if type(name) is not str or type(reply) is not tuple or not reply:
             raise TypeError("the program's process sent something other than its names")
-        if name not in read or (name != entry_point and name in _BUILTIN_NAMES):
+        if name not in read or (name != entry_point and name in _BUILTIN_NAMES) or name == "pytest":
             continue
         if name == entry_point and reply[0] == "module":
             raise ProgramRaised(f"the program's {entry_point!r} is a module")
@@ -487,6 +603,54 @@ def _tests_namespace(
         if name in tests_read and reply[0] in ("value", "packed"):
             link.used = True
     return namespace
+
+
+def _program_module(names: dict, link: _Link, taken: set[str]) -> types.ModuleType:
+    """The program as the module `SOLUTION`, for tests that import it: all its names (a
+    standard module's name the real module). A plain value of the program's that the tests take
+    from it by name (`taken`) counts as a use of the program."""
+    module = types.ModuleType(SOLUTION)
+    for name, reply in names.items():
+        if reply[0] == "module":
+            found = _real_module(name)
+            if found is not None:
+                module.__dict__[name] = found
+            continue
+        module.__dict__[name] = link.decode(reply)
+        if name in taken and reply[0] in ("value", "packed"):
+            link.used = True
+    return module
+
+
+def _taken_from_program(source: str) -> set[str]:
+    """The names the tests read from the program's module: `solution.x`, and `x` after `from
+    solution import x` where their code reads `x` (an import alone checks nothing)."""
+    taken, read = set(), _names_looked_up(source)
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module == SOLUTION and not node.level:
+            taken.update(a.name for a in node.names if (a.asname or a.name) in read)
+        elif isinstance(node, ast.Attribute) and getattr(node.value, "id", None) == SOLUTION:
+            taken.add(node.attr)
+    return taken
+
+
+def _names_looked_up(source: str) -> set[str]:
+    """Every global name that the code of `source` reads, anywhere."""
+    names, stack = set(), [compile(source, "<tests>", "exec")]
+    while stack:
+        code = stack.pop()
+        names.update(
+            i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_NAME", "LOAD_GLOBAL")
+        )
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return names
+
+
+def _pytest_module(text: str) -> types.ModuleType:
+    """`_pytest_style.py`'s text as the module ``pytest``."""
+    module = types.ModuleType("pytest")
+    exec(compile(text, "<pytest>", "exec"), module.__dict__)
+    return module
 
 
 def _unittest_results() -> list:
@@ -518,7 +682,11 @@ def _judge(link: _Link, verdict: int) -> None:
     main = types.ModuleType("__main__")
     namespace = main.__dict__
     namespace.update(_tests_namespace(names, link, read, tests_read, entry_point))
+    namespace["__file__"] = "test_solution.py"
     sys.modules["__main__"] = main
+    sys.modules[SOLUTION] = _program_module(names, link, _taken_from_program(job["tests"]))
+    pytest = sys.modules["pytest"] = _pytest_module(job["pytest"])
+    pytest.prepare(_names_looked_up(job["tests"]))
     if entry_point and entry_point not in names:
         raise ProgramRaised(f"the program does not define {entry_point!r}")
     program_entry = namespace.get(entry_point) if entry_point else None
@@ -532,6 +700,8 @@ def _judge(link: _Link, verdict: int) -> None:
     except SystemExit as exc:  # the tests ended themselves (`unittest.main()`): passed if 0
         if not (exc.code is None or exc.code is False or (type(exc.code) is int and exc.code == 0)):
             raise
+    # what a pytest run of the file would run: its test functions and classes
+    pytest.run_tests(namespace, unittest_ran=bool(unittest_results))
     if any(not result.wasSuccessful() for result in unittest_results):
         raise AssertionError("a unittest test failed (`unittest.main(exit=False)` says so only)")
     if link.raised:

@@ -10,7 +10,8 @@ in either common form:
   and passes when it exits cleanly and its stdout equals the output, trailing whitespace of each
   line and trailing blank lines ignored (its stderr is discarded);
 - assert-style: a string of Python test code (HumanEval's `test` followed by
-  `check(<entry_point>)`), or a list of them (MBPP's `test_list`). Each case runs under a
+  `check(<entry_point>)`; KodCode's pytest file, which imports the program as `solution`), or a
+  list of them (MBPP's `test_list`). Each case runs under a
   harness (`_harness.py`): the program in one process, the tests in another, as the main
   script, that calls the program's functions through a pipe, with arguments and results by
   value as exact built-in types (and a few standard-library types rebuilt from their
@@ -28,7 +29,11 @@ in either common form:
   runs after the program in its process and again on the tests' side, so the helpers the tests
   call are the dataset's; the optional `entry_point` column names the function the tests call,
   which is the program's even where it shadows a builtin. Names the tests bind never reach the
-  program, and an exception the program raises fails its case, StopIteration included.
+  program. An exception the program raises reaches the tests as the same builtin class, for
+  them to expect or not, except StopIteration, AttributeError and any that is not an Exception,
+  which Python's protocols could take for a signal: those fail the case. A pytest file's tests
+  run as pytest runs them (`_pytest_style.py`, a stand-in for the part of pytest such files use:
+  the sandbox has the standard library only).
 
 Each case is its own sandboxed run (`oncurve.sandbox`, each limited by `reward.sandbox_timeout_s`
 and `reward.sandbox_memory_mb`), so a timeout or a crash fails that case alone. The score is the
@@ -65,6 +70,7 @@ PYTHON_TAGS = ("python", "py", "python3")
 # long comparison chain costs the compiler time and memory in proportion).
 MAX_PROGRAM_CHARS = 64 * 1024
 _HARNESS = Path(__file__).with_name("_harness.py").read_text()
+_PYTEST_STYLE = Path(__file__).with_name("_pytest_style.py").read_text()
 # A stdin/stdout case runs the program as the main module with its stderr discarded: only its
 # stdout is judged, and its debugging output must not reach the sandbox's output limit.
 _STDOUT_ONLY = (
@@ -270,7 +276,13 @@ def _job(
         return _STDOUT_ONLY.format(program=program), stdin, ""
     secret = secrets.token_hex(16)
     source = f"{_HARNESS}\nrun({program!r}, {setup!r})\n"
-    job = {"secret": secret, "tests": tests, "setup": setup, "entry_point": entry_point or None}
+    job = {
+        "secret": secret,
+        "tests": tests,
+        "setup": setup,
+        "entry_point": entry_point or None,
+        "pytest": _PYTEST_STYLE,
+    }
     return source, json.dumps(job), f"{secret} pass\n"
 
 

@@ -167,10 +167,10 @@ STOP_ITERATION = {
     ),
     "caught by the tests": (
         [
-            "for x in range(3):\n    try:\n        assert f(x) == x + 7\n    except Exception:\n"
-            "        pass"
+            "for x in range(3):\n    try:\n        assert f(x) == x + 7\n"
+            "    except StopIteration:\n        pass"
         ],
-        "def f(x):\n    raise ValueError(x)\n",
+        RAISES,
         "",
         PLUS_7,
     ),

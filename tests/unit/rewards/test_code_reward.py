@@ -244,13 +244,11 @@ def test_tests_see_the_programs_data_and_objects_by_value(reward):
         "assert list(squares(4)) == [0, 1, 4, 9] and LIMIT == 7",
         "assert scaled(2) == 6",  # FACTOR from the row's setup code, on both sides
         "assert FACTOR == 3",
-        # the program raised: the case fails, though the tests expected it
+        # the program raised the error the tests expect
         "try:\n    fails(1)\nexcept ValueError:\n    pass\nelse:\n    assert False",
     ]
     setup = ["FACTOR = 3"]
-    assert reward(["p"], [fenced(program)], tests=[tests], test_setup=setup) == [
-        pytest.approx(6 / 7)
-    ]
+    assert reward(["p"], [fenced(program)], tests=[tests], test_setup=setup) == [1.0]
     # without the setup code, a value the tests bind does not reach the program
     tests = ["FACTOR = 3\nassert scaled(2) == 6"]
     assert reward(["p"], [fenced(program)], tests=[tests]) == [0.0]
@@ -549,7 +547,7 @@ UNITTEST_MAIN = (
 )
 NEVER_CALLED = {
     "check() never called": ("def check(candidate):\n    assert candidate(1) == 2\n", "f"),
-    "a pytest-style test function": ("def test_f():\n    assert f(1) == 2\n", None),
+    "a helper that is no test": ("def helper_f():\n    assert f(1) == 2\n", None),
 }
 
 
@@ -648,8 +646,9 @@ def test_an_attribute_error_of_the_programs_is_its_failure(reward):
         "class Account:\n    def __init__(self, b):\n        self.balance = b\n"
         "    @property\n    def withdraw(self):\n        raise AttributeError('withdraw')\n"
     )
-    # the right program raises too: any exception of the program's fails its case
-    assert reward(["p"] * 2, [fenced(right), fenced(forge)], tests=[tests] * 2) == [0.0, 0.0]
+    # the right program's ValueError is the tests' to catch; the forge's AttributeError, which
+    # `getattr` and `hasattr` take for a missing attribute, fails its case
+    assert reward(["p"] * 2, [fenced(right), fenced(forge)], tests=[tests] * 2) == [1.0, 0.0]
 
 
 def test_a_unittest_failure_fails_the_case_however_unittest_is_run(reward):

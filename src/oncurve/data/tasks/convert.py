@@ -6,6 +6,7 @@ Hub dataset ids at `--config` and `--split` (extra `data`).
     python -m oncurve.data.tasks.convert math MATH/train data/math_train.jsonl
     python -m oncurve.data.tasks.convert mbpp mbpp.jsonl data/mbpp.jsonl
     python -m oncurve.data.tasks.convert humaneval HumanEval.jsonl data/humaneval.jsonl
+    python -m oncurve.data.tasks.convert kodcode KodCode/KodCode-Light-RL-10K data/kodcode.jsonl
 
 GSM8K records have "question" and "answer" ending in `#### 42`; MATH records have "problem" and
 "solution" with the answer in the last `\\boxed{}` (a directory of MATH's per-problem .json
@@ -22,7 +23,10 @@ defines `check`) and "entry_point". Rows get "prompt", "answer" (the reference s
 in samples, not scored), "tests", "test_setup" (code the dataset runs around the program: MBPP's
 imports and setup code, HumanEval's prompt without the function to write) and "entry_point"
 (the function the tests call), which the built-in `code_tests` reward reads:
-`reward: {functions: [code_tests]}`.
+`reward: {functions: [code_tests]}`. KodCode records have "question", "solution", "test" (a
+pytest file that imports the program as `solution`) and optionally "test_info" (the functions
+to write, each with its "function_declaration", which the prompt states); rows get "prompt",
+"answer" and "tests".
 """
 
 from __future__ import annotations
@@ -155,11 +159,39 @@ def humaneval_rows(
     return rows
 
 
+def kodcode_rows(
+    path: str, config: str | None = None, split: str = "train"
+) -> list[dict[str, Any]]:
+    """{"prompt", "answer", "tests", "task_id"} from KodCode records: the prompt is the question
+    and the declarations of the functions its tests import; the one test case is the pytest
+    file."""
+    rows = []
+    for where, record in read_records(path, config, split):
+        question, solution, test = _fields(path, where, record, "question", "solution", "test")
+        info = record.get("test_info") or []
+        if not isinstance(info, list) or not all(isinstance(i, dict) for i in info):
+            raise UserError(f"{path} {where}: field 'test_info' must be a list of objects")
+        declarations = [
+            i["function_declaration"].strip() for i in info if i.get("function_declaration")
+        ]
+        stated = "".join(f"\n\nThe function's declaration: `{d}`" for d in declarations)
+        rows.append(
+            {
+                "prompt": f"{question.strip()}{stated}\n\n{CODE_INSTRUCTION}",
+                "answer": solution,
+                "tests": test,
+                "task_id": record.get("question_id", where),
+            }
+        )
+    return rows
+
+
 CONVERTERS = {
     "gsm8k": gsm8k_rows,
     "math": math_rows,
     "mbpp": mbpp_rows,
     "humaneval": humaneval_rows,
+    "kodcode": kodcode_rows,
 }
 
 
@@ -212,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kind", choices=tuple(CONVERTERS))
     parser.add_argument(
-        "source", help="GSM8K/MATH/MBPP/HumanEval file or directory, or a Hub dataset id"
+        "source", help="GSM8K/MATH/MBPP/HumanEval/KodCode file or directory, or a Hub dataset id"
     )
     parser.add_argument("dest", help="output JSONL")
     parser.add_argument("--config", help="config name of a Hub dataset (main for openai/gsm8k)")

@@ -1,0 +1,426 @@
+"""The part of pytest that code datasets' test files use, for the judge of `_harness.py`: standard
+library only, as the sandbox has nothing else (pytest is not there). KodCode's `test` column is a
+pytest file that imports the program as `solution`.
+
+`code.py` sends this file's text to the judge, which makes it the module ``pytest`` of its
+process, so that the tests' ``import pytest`` finds `raises`, `approx`, `fixture`, `param`,
+`skip`, `fail`, `main` and the marks `parametrize`, `skip`, `skipif`, `xfail` and `usefixtures`
+(any other mark is kept and means nothing). After the tests' top level, the judge calls
+`run_tests`, which runs what pytest collects from the file: its functions named ``test*`` and
+the methods ``test*`` of its classes named ``Test*`` without an ``__init__`` (with the
+``setup_method``/``teardown_method`` they define), each once per parametrization, with the
+fixtures the file defines (function-scoped; a ``yield`` fixture is finished after its test;
+``autouse`` ones for every test), and its `unittest.TestCase` subclasses through unittest,
+unless the file ran unittest itself. A function the file calls or names itself is its own
+helper, not a test to collect. The first test that fails raises out of `run_tests`, and so does
+one that pytest would not pass either: one that asks for a fixture the file does not define
+(pytest's own, `capsys`, `tmp_path`, are not here), a coroutine or generator function, one that
+returns a value. A skipped test is not run, and an `xfail` test's outcome counts only under
+``strict=True``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import itertools
+import re
+import sys
+import types
+from typing import Any
+
+
+class Skipped(BaseException):
+    """A test that skipped itself (`skip`): it is not counted."""
+
+
+class Failed(AssertionError):
+    """A test that failed through this module (`fail`, a `raises` that saw no error)."""
+
+
+def skip(reason: str = "") -> None:
+    raise Skipped(reason)
+
+
+def fail(reason: str = "") -> None:
+    raise Failed(reason)
+
+
+def importorskip(name: str, *args: Any, **kwargs: Any) -> types.ModuleType:
+    """The module `name`; the test is skipped where it cannot be imported (the sandbox has the
+    standard library only)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise Skipped(f"no module {name!r}") from None
+
+
+class RaisesContext:
+    """What `raises` returns: a context that takes an exception of `expected` (matching `match`
+    where given) and holds it as `value`, or fails when none comes."""
+
+    def __init__(self, expected: Any, match: str | None) -> None:
+        kinds = expected if isinstance(expected, tuple) else (expected,)
+        if not kinds or not all(
+            isinstance(k, type) and issubclass(k, BaseException) for k in kinds
+        ):
+            raise TypeError(f"raises() expects exception types, got {expected!r}")
+        self.expected, self.match_expr = expected, match
+        self.value: BaseException | None = None
+        self.type: type | None = None
+
+    @property
+    def typename(self) -> str:
+        return self.type.__name__ if self.type else ""
+
+    def match(self, regexp: str) -> bool:
+        if not re.search(regexp, str(self.value)):
+            raise AssertionError(f"regex {regexp!r} does not match {str(self.value)!r}")
+        return True
+
+    def errisinstance(self, kinds: Any) -> bool:
+        return isinstance(self.value, kinds)
+
+    def __enter__(self) -> RaisesContext:
+        return self
+
+    def __exit__(self, kind: Any, value: Any, traceback: Any) -> bool:
+        if kind is None:
+            raise Failed(f"DID NOT RAISE {self.expected!r}")
+        if not issubclass(kind, self.expected):
+            return False
+        self.value, self.type = value, kind
+        if self.match_expr is not None:
+            self.match(self.match_expr)
+        return True
+
+
+def raises(expected: Any, *args: Any, match: str | None = None, **kwargs: Any) -> RaisesContext:
+    """`with raises(ValueError, match="zero"):`, or `raises(ValueError, f, *args)`."""
+    context = RaisesContext(expected, match)
+    if not args:
+        return context
+    with context:
+        args[0](*args[1:], **kwargs)
+    return context
+
+
+def _close(actual: Any, expected: Any, rel: float | None, abs_: float | None) -> bool:
+    if isinstance(expected, dict):
+        return (
+            isinstance(actual, dict)
+            and actual.keys() == expected.keys()
+            and all(_close(actual[k], v, rel, abs_) for k, v in expected.items())
+        )
+    if isinstance(expected, list | tuple):
+        return (
+            isinstance(actual, list | tuple)
+            and len(actual) == len(expected)
+            and all(_close(a, e, rel, abs_) for a, e in zip(actual, expected, strict=True))
+        )
+    if actual == expected:
+        return True
+    numbers = (int, float, complex)
+    if not (isinstance(actual, numbers) and isinstance(expected, numbers)):
+        return False
+    if isinstance(expected, float) and (expected != expected or abs(expected) == float("inf")):
+        return False  # NaN and infinities are equal only to themselves
+    if rel is None and abs_ is None:
+        tolerance = max(1e-6 * abs(expected), 1e-12)
+    else:
+        tolerance = max((rel or 0.0) * abs(expected), abs_ or 0.0)
+    return abs(actual - expected) <= tolerance
+
+
+class approx:  # noqa: N801 - pytest's name
+    """A number, or a list, tuple or dict of numbers, that equals whatever is within
+    `rel` (relative) or `abs` of it: 1e-6 relative or 1e-12 absolute, the larger, by default."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, expected: Any, rel: float | None = None, abs: float | None = None) -> None:  # noqa: A002
+        self.expected, self.rel, self.abs = expected, rel, abs
+
+    def __eq__(self, actual: object) -> bool:
+        return _close(actual, self.expected, self.rel, self.abs)
+
+    def __repr__(self) -> str:
+        return f"approx({self.expected!r})"
+
+
+class Mark:
+    def __init__(self, name: str, args: tuple, kwargs: dict) -> None:
+        self.name, self.args, self.kwargs = name, args, kwargs
+
+
+class MarkDecorator:
+    """`mark.NAME` and `mark.NAME(...)`: each puts the mark on the function or class it
+    decorates."""
+
+    def __init__(self, name: str, args: tuple = (), kwargs: dict | None = None) -> None:
+        self.mark = Mark(name, args, kwargs or {})
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if (
+            len(args) == 1
+            and not kwargs
+            and (inspect.isfunction(args[0]) or inspect.isclass(args[0]))
+        ):
+            target = args[0]
+            target.pytestmark = [*getattr(target, "pytestmark", []), self.mark]
+            return target
+        return MarkDecorator(self.mark.name, args, kwargs)
+
+
+class _Marks:
+    def __getattr__(self, name: str) -> MarkDecorator:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return MarkDecorator(name)
+
+
+mark = _Marks()
+
+
+class ParameterSet:
+    def __init__(self, values: tuple, marks: Any, id: str | None) -> None:  # noqa: A002
+        self.values, self.id = values, id
+        self.marks = [m.mark if isinstance(m, MarkDecorator) else m for m in _as_list(marks)]
+
+
+def param(*values: Any, marks: Any = (), id: str | None = None) -> ParameterSet:  # noqa: A002
+    return ParameterSet(values, marks, id)
+
+
+_FIXTURES: dict[str, dict] = {}  # each fixture function's settings, by the function's id
+
+
+def fixture(
+    function: Any = None, *, autouse: bool = False, name: str | None = None, **_: Any
+) -> Any:
+    """`@fixture` or `@fixture(autouse=..., name=...)`: a function whose result a test asks for
+    by its parameter's name (`scope` and the rest are taken as given: each test gets its own)."""
+
+    def register(target: Any) -> Any:
+        _FIXTURES[id(target)] = {"function": target, "autouse": autouse, "name": name}
+        return target
+
+    return register(function) if function is not None else register
+
+
+def _as_list(value: Any) -> list:
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+def _marks(*targets: Any) -> list[Mark]:
+    return [m for t in targets for m in getattr(t, "pytestmark", []) if isinstance(m, Mark)]
+
+
+def _parametrizations(marks: list[Mark]) -> list[tuple[dict, list[Mark]]]:
+    """The (arguments, marks) of each run that the `parametrize` marks ask for: their product."""
+    axes = []
+    for m in marks:
+        if m.name != "parametrize":
+            continue
+        names = m.args[0] if m.args else m.kwargs["argnames"]
+        values = m.args[1] if len(m.args) > 1 else m.kwargs["argvalues"]
+        if isinstance(names, str):
+            names = [n.strip() for n in names.split(",") if n.strip()]
+        axis = []
+        for value in values:
+            if isinstance(value, ParameterSet):
+                value, marks_of = value.values, value.marks
+            else:
+                value, marks_of = ((value,) if len(names) == 1 else tuple(value)), []
+            if len(value) != len(names):
+                raise TypeError(f"parametrize: {value!r} does not give {list(names)}")
+            axis.append((dict(zip(names, value, strict=True)), marks_of))
+        axes.append(axis)
+    runs = []
+    for combination in itertools.product(*axes):
+        arguments: dict = {}
+        extra: list[Mark] = []
+        for values, marks_of in combination:
+            arguments.update(values)
+            extra.extend(marks_of)
+        runs.append((arguments, extra))
+    return runs
+
+
+def _skipped(marks: list[Mark], namespace: dict) -> bool:
+    for m in marks:
+        if m.name == "skip":
+            return True
+        if m.name == "skipif":
+            conditions = m.args or (m.kwargs.get("condition"),)
+            for condition in conditions:
+                if eval(condition, namespace) if isinstance(condition, str) else condition:
+                    return True
+    return False
+
+
+def _run_one(test: Any, arguments: dict, fixtures: dict[str, Any], marks: list[Mark]) -> None:
+    """Call `test` with `arguments` and the fixtures it asks for; raise when it fails."""
+    if inspect.iscoroutinefunction(test) or inspect.isgeneratorfunction(test):
+        raise Failed(f"{test.__name__}: a coroutine or generator function is not a test")
+    values = dict(arguments)
+    finish: list = []
+
+    def resolve(name: str, asking: frozenset) -> Any:
+        if name in values:
+            return values[name]
+        function = fixtures.get(name)
+        if function is None or name in asking:
+            raise Failed(f"{test.__name__}: fixture {name!r} is not defined by the tests")
+        result = function(**{p: resolve(p, asking | {name}) for p in _parameters(function)})
+        if inspect.isgenerator(result):
+            finish.append(result)
+            result = next(result)
+        values[name] = result
+        return result
+
+    try:
+        for name, function in fixtures.items():
+            if _FIXTURES.get(id(_unbound(function)), {}).get("autouse"):
+                resolve(name, frozenset())
+        for m in marks:
+            if m.name == "usefixtures":
+                for name in m.args:
+                    resolve(name, frozenset())
+        outcome = test(**{p: resolve(p, frozenset()) for p in _parameters(test)})
+        if outcome is not None:
+            raise Failed(f"{test.__name__} returned {type(outcome).__name__}, not None")
+    finally:
+        for generator in reversed(finish):
+            for _ in generator:
+                raise Failed("a fixture yielded twice")
+
+
+def _parameters(function: Any) -> list[str]:
+    return [
+        p.name
+        for p in inspect.signature(function).parameters.values()
+        if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+
+
+def _unbound(function: Any) -> Any:
+    return getattr(function, "__func__", function)
+
+
+def _fixtures_in(namespace: Any) -> dict[str, Any]:
+    found = {}
+    for value in list(namespace.values()):
+        settings = _FIXTURES.get(id(_unbound(value))) if callable(value) else None
+        if settings is not None and settings["function"] is _unbound(value):
+            found[settings["name"] or _unbound(value).__name__] = value
+    return found
+
+
+def _defined_by_tests(value: Any) -> bool:
+    return type(value) is types.FunctionType and value.__code__.co_filename == "<tests>"
+
+
+def _run(
+    test: Any, fixtures: dict, marks: list[Mark], namespace: dict, instance: Any = None
+) -> int:
+    """Run `test` once per parametrization; the number of runs that counted."""
+    counted = 0
+    for arguments, extra in _parametrizations(marks) or [({}, [])]:
+        every = marks + extra
+        if _skipped(every, namespace):
+            continue
+        xfail = next((m for m in every if m.name == "xfail"), None)
+        try:
+            _call_hook(instance, "setup_method", test)
+            try:
+                _run_one(test, arguments, fixtures, every)
+            finally:
+                _call_hook(instance, "teardown_method", test)
+        except Skipped:
+            continue
+        except Exception:
+            if xfail is None:
+                raise
+            continue
+        if xfail is not None:
+            if xfail.kwargs.get("strict"):
+                raise Failed(f"{test.__name__} passed, and is marked xfail(strict=True)")
+            continue
+        counted += 1
+    return counted
+
+
+_ran = False
+_named: set[str] = set()
+
+
+def prepare(named: set[str]) -> None:
+    """Take the names the file's code looks up, before it runs: a function it calls itself is
+    its helper, not a test to collect."""
+    _named.update(named)
+
+
+def run_tests(namespace: dict, unittest_ran: bool) -> int:
+    """Run the tests the file defines (module docstring), once; the number of test runs that
+    counted. `unittest_ran`: whether the file ran unittest itself."""
+    global _ran
+    if _ran:
+        return 0
+    _ran = True
+    fixtures = _fixtures_in(namespace)
+    counted = 0
+    for name, value in list(namespace.items()):
+        if name in _named or id(_unbound(value)) in _FIXTURES:
+            continue
+        if name.startswith("test") and _defined_by_tests(value):
+            counted += _run(value, fixtures, _marks(value), namespace)
+        elif inspect.isclass(value) and value.__module__ == "__main__":
+            counted += _run_class(value, fixtures, namespace, unittest_ran)
+    return counted
+
+
+def _run_class(cls: type, fixtures: dict, namespace: dict, unittest_ran: bool) -> int:
+    unittest = sys.modules.get("unittest")
+    if unittest is not None and issubclass(cls, unittest.TestCase):
+        if unittest_ran:
+            return 0
+        result = unittest.TestResult()
+        unittest.defaultTestLoader.loadTestsFromTestCase(cls).run(result)
+        if not result.wasSuccessful():
+            problems = result.failures + result.errors + result.unexpectedSuccesses
+            raise Failed(f"{cls.__name__}: {problems[0] if problems else 'failed'}")
+        return result.testsRun - len(result.skipped)
+    if not cls.__name__.startswith("Test") or "__init__" in vars(cls):
+        return 0
+    if _skipped(_marks(cls), namespace):
+        return 0
+    names = dict.fromkeys(n for klass in reversed(cls.__mro__) for n in vars(klass))
+    counted = 0
+    _call_hook(cls, "setup_class")
+    try:
+        for name in names:
+            function = inspect.getattr_static(cls, name)
+            if not name.startswith("test") or not _defined_by_tests(_unbound(function)):
+                continue
+            instance = cls()
+            own = {**fixtures, **_fixtures_in({n: getattr(instance, n) for n in names})}
+            test = getattr(instance, name)
+            counted += _run(test, own, _marks(cls, function), namespace, instance)
+    finally:
+        _call_hook(cls, "teardown_class")
+    return counted
+
+
+def _call_hook(owner: Any, name: str, *argument: Any) -> None:
+    """Call `owner`'s xunit-style hook `name`, with `argument` when it takes one."""
+    hook = getattr(owner, name, None)
+    if hook is not None:
+        hook(*argument[: len(_parameters(hook))])
+
+
+def main(*args: Any, **kwargs: Any) -> int:
+    """`pytest.main()` at the end of a test file run as a script: the tests run now (a failure
+    raises out); 0."""
+    run_tests(sys.modules["__main__"].__dict__, unittest_ran=False)
+    return 0

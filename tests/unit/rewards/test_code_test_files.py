@@ -1,0 +1,330 @@
+"""Test code as code datasets write it beyond bare asserts, through `code_tests`: tests that expect
+the program to raise, and pytest files (KodCode's `test` column: `from solution import f`,
+`test_` functions and `Test` classes, `pytest.raises`, `approx`, `parametrize`, fixtures).
+
+A row is (tests, right program, wrong programs): the right program scores 1, each wrong one 0."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from oncurve.data.tasks.convert import kodcode_rows
+from oncurve.errors import UserError
+from oncurve.rewards.code import CodeTestsReward
+
+ADD = "def add(a, b):\n    return a + b\n"
+SUB = "def add(a, b):\n    return a - b\n"
+THREE = "def add(a, b):\n    return 3\n"
+DIVIDE = (
+    "def divide(a, b):\n    if b == 0:\n        raise ValueError('division by zero')\n"
+    "    return a // b\n"
+)
+ACCOUNT = (
+    "class InsufficientFunds(Exception):\n    pass\n"
+    "def withdraw(balance, amount):\n    if amount > balance:\n"
+    "        raise InsufficientFunds(f'{amount} > {balance}')\n    return balance - amount\n"
+)
+STACK = (
+    "class Stack:\n    def __init__(self):\n        self.items = []\n"
+    "    def push(self, x):\n        self.items.append(x)\n"
+    "    def pop(self):\n        return self.items.pop()\n"
+)
+
+EXPECTED_EXCEPTIONS = {
+    "try/except of the exception's type": (
+        "assert divide(7, 2) == 3\ntry:\n    divide(1, 0)\nexcept ValueError as e:\n"
+        "    assert 'zero' in str(e) and e.args == ('division by zero',)\n"
+        "else:\n    raise AssertionError('no error')\n",
+        DIVIDE,
+        [
+            "def divide(a, b):\n    return a // b if b else None\n",  # no error
+            "def divide(a, b):\n    return a // b\n",  # ZeroDivisionError, not ValueError
+            DIVIDE.replace("division by zero", "bad"),  # another message
+        ],
+    ),
+    "pytest.raises with match": (
+        "import pytest\nfrom solution import divide\n\ndef test_floor():\n"
+        "    assert divide(7, 2) == 3\n\ndef test_zero():\n"
+        "    with pytest.raises(ValueError, match='by zero') as info:\n        divide(1, 0)\n"
+        "    assert info.type is ValueError\n",
+        DIVIDE,
+        [
+            "def divide(a, b):\n    return a // b if b else None\n",
+            "def divide(a, b):\n    return a // b\n",
+            DIVIDE.replace("division by zero", "bad"),
+        ],
+    ),
+    "the program's own exception class": (
+        "import pytest\nfrom solution import withdraw, InsufficientFunds\n\ndef test_ok():\n"
+        "    assert withdraw(10, 3) == 7\n\ndef test_over():\n"
+        "    with pytest.raises(InsufficientFunds, match='5 > 1'):\n        withdraw(1, 5)\n"
+        "    assert issubclass(InsufficientFunds, Exception)\n",
+        ACCOUNT,
+        [
+            ACCOUNT.replace("raise InsufficientFunds", "raise ValueError"),
+            ACCOUNT + "class Other(Exception):\n    pass\n"
+            "def withdraw(balance, amount):\n    if amount > balance:\n        raise Other()\n"
+            "    return balance - amount\n",
+        ],
+    ),
+    "a class of the program's caught by its builtin base": (
+        "assert parse('4') == 4\ntry:\n    parse('x')\nexcept ValueError as e:\n"
+        "    assert type(e).__name__ == 'ParseError'\nelse:\n    raise AssertionError\n",
+        "class ParseError(ValueError):\n    pass\n"
+        "def parse(s):\n    if not s.isdigit():\n        raise ParseError(s)\n    return int(s)\n",
+        [
+            "def parse(s):\n    if not s.isdigit():\n        raise TypeError(s)\n    return int(s)\n",
+            "def parse(s):\n    if not s.isdigit():\n        raise ValueError(s)\n    return int(s)\n",
+        ],
+    ),
+    "unittest's assertRaises": (
+        "import unittest\nfrom solution import divide\n\nclass TestDivide(unittest.TestCase):\n"
+        "    def test_zero(self):\n        with self.assertRaises(ValueError):\n"
+        "            divide(1, 0)\n    def test_floor(self):\n"
+        "        self.assertEqual(divide(7, 2), 3)\n",
+        DIVIDE,
+        ["def divide(a, b):\n    return a // b if b else 0\n", "def divide(a, b):\n    return 0\n"],
+    ),
+    "an error raised while the tests iterate": (
+        "from solution import gen\nimport pytest\n\ndef test_gen():\n    g = gen(2)\n"
+        "    assert next(g) == 0 and next(g) == 1\n    with pytest.raises(RuntimeError):\n"
+        "        next(g)\n    assert list(g) == []\n",
+        "def gen(n):\n    yield from range(n)\n    raise RuntimeError('spent')\n",
+        [
+            "def gen(n):\n    yield from range(n)\n",
+            "def gen(n):\n    yield from range(n)\n    yield 5\n",
+        ],
+    ),
+}
+
+PYTEST_FILES = {
+    "test functions": (
+        "from solution import add\n\ndef test_small():\n    assert add(1, 2) == 3\n\n"
+        "def test_negative():\n    assert add(-1, -2) == -3\n",
+        ADD,
+        [SUB, THREE],
+    ),
+    "import solution": (
+        "import solution\n\ndef test_add():\n    assert solution.add(2, 2) == 4\n",
+        ADD,
+        [SUB],
+    ),
+    "a star import": (
+        "from solution import *\n\ndef test_add():\n    assert add(2, 5) == 7\n",
+        ADD,
+        [SUB],
+    ),
+    "a test class with setup_method": (
+        "from solution import add\n\nclass TestAdd:\n    def setup_method(self):\n"
+        "        self.base = 10\n\n    def test_base(self):\n        assert add(self.base, 1) == 11\n"
+        "\n    def test_zero(self):\n        assert add(0, 0) == 0\n",
+        ADD,
+        [SUB, "def add(a, b):\n    return 11\n"],
+    ),
+    "approx": (
+        "import pytest\nfrom pytest import approx\nfrom solution import mean\n\ndef test_mean():\n"
+        "    assert mean([0.1, 0.2]) == approx(0.15)\n"
+        "    assert mean([1, 2, 4]) == pytest.approx(2.3333333)\n"
+        "    assert [mean([1, 2]), 1.0] == approx([1.5, 1.0])\n"
+        "    assert mean([1, 2]) != approx(1.6)\n",
+        "def mean(xs):\n    return sum(xs) / len(xs)\n",
+        [
+            "def mean(xs):\n    return sum(xs) / (len(xs) + 1)\n",
+            "def mean(xs):\n    return round(sum(xs) / len(xs), 1)\n",
+        ],
+    ),
+    "parametrize": (
+        "import pytest\nfrom solution import square\n\n"
+        "@pytest.mark.parametrize('x, expected', [(2, 4), (3, 9), pytest.param(-2, 4, id='neg')])\n"
+        "def test_square(x, expected):\n    assert square(x) == expected\n\n"
+        "@pytest.mark.parametrize('a', [1, 2])\n@pytest.mark.parametrize('b', [0, 3])\n"
+        "def test_product(a, b):\n    assert square(a + b) == (a + b) ** 2\n",
+        "def square(x):\n    return x * x\n",
+        [
+            "def square(x):\n    return x * 2\n",
+            "def square(x):\n    return x * x if x > 0 else -x * x\n",
+            "def square(x):\n    return {2: 4, 3: 9, -2: 4}.get(x, 0)\n",
+        ],
+    ),
+    "fixtures": (
+        "import pytest\nfrom solution import Stack\n\n@pytest.fixture\ndef base():\n    return 1\n\n"
+        "@pytest.fixture\ndef stack(base):\n    s = Stack()\n    s.push(base)\n    yield s\n"
+        "    assert s.items == []\n\n"
+        "def test_pop(stack):\n    assert stack.pop() == 1\n\n"
+        "def test_empty(stack):\n    stack.pop()\n    with pytest.raises(IndexError):\n"
+        "        stack.pop()\n",
+        STACK,
+        [
+            STACK.replace(
+                "return self.items.pop()", "return self.items.pop() if self.items else None"
+            ),
+            STACK.replace("return self.items.pop()", "return self.items[-1]"),
+        ],
+    ),
+    "unittest test cases without unittest.main": (
+        "import unittest\nfrom solution import add\n\nclass AddTests(unittest.TestCase):\n"
+        "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n",
+        ADD,
+        [SUB],
+    ),
+    "skip marks": (
+        "import sys\nimport pytest\nfrom solution import add\n\n@pytest.mark.skip(reason='later')\n"
+        "def test_later():\n    assert add(1, 1) == 99\n\n"
+        "@pytest.mark.skipif(sys.version_info < (3, 0), reason='old')\n"
+        "def test_now():\n    assert add(1, 1) == 2\n\n"
+        "@pytest.mark.xfail(reason='known')\ndef test_known():\n    assert add(1, 1) == 3\n",
+        ADD,
+        [SUB],
+    ),
+    "pytest.main at the end": (
+        "import sys\nimport pytest\nfrom solution import add\n\ndef test_add():\n"
+        "    assert add(2, 3) == 5\n\nif __name__ == '__main__':\n"
+        "    sys.exit(pytest.main([__file__]))\n",
+        ADD,
+        [SUB],
+    ),
+    "a test function the file calls itself": (
+        "def test_add(f, a, b, expected):\n    assert f(a, b) == expected\n\n"
+        "test_add(add, 2, 3, 5)\n",
+        ADD,
+        [SUB],
+    ),
+}
+
+# Test files that pay no program (nothing they run uses it), and programs that are wrong
+# however the file is read: each program scores 0.
+NOTHING_PAID = {
+    "every test skipped": (
+        "import pytest\nfrom solution import add\n\n@pytest.mark.skip\ndef test_add():\n"
+        "    assert add(1, 1) == 2\n",
+        [ADD, SUB],
+    ),
+    "an import and no test": ("from solution import add, LIMIT\n", [ADD + "LIMIT = 3\n"]),
+    "a coroutine test": (
+        "from solution import add\n\nasync def test_add():\n    assert add(1, 1) == 2\n",
+        [ADD],
+    ),
+    "a test that yields": (
+        "from solution import add\n\ndef test_add():\n    yield add(1, 1) == 2\n",
+        [ADD],
+    ),
+    "a fixture the file does not define": (
+        "from solution import add\n\ndef test_add(capsys):\n    assert add(1, 1) == 2\n",
+        [ADD],
+    ),
+    # the program's own test functions are not the file's
+    "a star import of the program's tests": (
+        "from solution import *\n",
+        [SUB + "def test_add():\n    assert add(1, 1) == 2\n"],
+    ),
+    # Python's protocols take StopIteration and AttributeError for signals: the program's fail
+    # its case even where the tests expect an exception
+    "StopIteration in pytest.raises": (
+        "import pytest\nfrom solution import add\n\ndef test_add():\n    assert add(1, 1) == 2\n"
+        "    with pytest.raises(Exception):\n        add(None, 1)\n",
+        [
+            ADD.replace(
+                "return a + b", "if a is None:\n        raise StopIteration\n    return a + b"
+            )
+        ],
+    ),
+    "AttributeError in pytest.raises": (
+        "import pytest\nfrom solution import add\n\ndef test_add():\n    assert add(1, 1) == 2\n"
+        "    with pytest.raises(Exception):\n        add(None, 1)\n",
+        [
+            ADD.replace(
+                "return a + b", "if a is None:\n        raise AttributeError\n    return a + b"
+            )
+        ],
+    ),
+    "an interrupt the tests catch": (
+        "from solution import add\n\ndef test_add():\n    try:\n        assert add(1, 1) == 5\n"
+        "    except BaseException:\n        pass\n",
+        ["def add(a, b):\n    raise KeyboardInterrupt\n"],
+    ),
+    "a program's pytest": (
+        "def test_add():\n    with pytest.raises(AssertionError):\n        assert add(1, 1) == 2\n",
+        [ADD + "class pytest:\n    @staticmethod\n    def raises(kind):\n        return None\n"],
+    ),
+}
+
+
+def fenced(code: str) -> str:
+    return f"```python\n{code}```"
+
+
+@pytest.fixture(scope="module")
+def reward() -> CodeTestsReward:
+    return CodeTestsReward(workers=4, timeout_s=5.0, memory_mb=256)
+
+
+TABLE = {
+    **{f"expected exceptions: {k}": v for k, v in EXPECTED_EXCEPTIONS.items()},
+    **{f"pytest files: {k}": v for k, v in PYTEST_FILES.items()},
+}
+
+
+@pytest.mark.parametrize(("tests", "right", "wrongs"), TABLE.values(), ids=TABLE.keys())
+def test_the_right_program_passes_and_each_wrong_one_fails(reward, tests, right, wrongs):
+    programs = [right, *wrongs]
+    scores = reward(
+        [""] * len(programs), [fenced(p) for p in programs], tests=[tests] * len(programs)
+    )
+    assert scores == [1.0] + [0.0] * len(wrongs)
+
+
+@pytest.mark.parametrize(("tests", "programs"), NOTHING_PAID.values(), ids=NOTHING_PAID.keys())
+def test_test_files_that_run_no_test_of_the_program_pay_nothing(reward, tests, programs):
+    scores = reward(
+        [""] * len(programs), [fenced(p) for p in programs], tests=[tests] * len(programs)
+    )
+    assert scores == [0.0] * len(programs)
+
+
+# Records in KodCode's shape (its `test` a pytest file importing `solution`), written for this test.
+KODCODE = [
+    {
+        "question_id": "Leetcode_1",
+        "question": "Return the indices of the two numbers of `nums` that add up to `target`.",
+        "solution": "def two_sum(nums, target):\n    seen = {}\n    for i, x in enumerate(nums):\n"
+        "        if target - x in seen:\n            return [seen[target - x], i]\n"
+        "        seen[x] = i\n    return []\n",
+        "test": "from solution import two_sum\n\ndef test_found():\n"
+        "    assert two_sum([2, 7, 11, 15], 9) == [0, 1]\n\ndef test_missing():\n"
+        "    assert two_sum([1, 2], 7) == []\n",
+        "test_info": [
+            {"function_name": "two_sum", "function_declaration": "def two_sum(nums, target):"}
+        ],
+    },
+    {
+        "question_id": "Prefill_2",
+        "question": "Write `safe_sqrt(x)`: the square root of x, a ValueError for negative x.",
+        "solution": "import math\n\ndef safe_sqrt(x):\n    if x < 0:\n"
+        "        raise ValueError('negative')\n    return math.sqrt(x)\n",
+        "test": "import pytest\nfrom solution import safe_sqrt\n\n"
+        "@pytest.mark.parametrize('x, root', [(4, 2.0), (2, 1.41421356)])\n"
+        "def test_root(x, root):\n    assert safe_sqrt(x) == pytest.approx(root)\n\n"
+        "def test_negative():\n    with pytest.raises(ValueError):\n        safe_sqrt(-1)\n",
+    },
+]
+
+
+def test_kodcode_rows_score_the_reference_1_and_a_wrong_program_0(tmp_path, reward):
+    path = tmp_path / "kodcode.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in KODCODE))
+    rows = kodcode_rows(str(path))
+    assert [r["task_id"] for r in rows] == ["Leetcode_1", "Prefill_2"]
+    assert "`def two_sum(nums, target):`" in rows[0]["prompt"] and "```python" in rows[0]["prompt"]
+    assert rows[1]["tests"] == KODCODE[1]["test"]
+    references = [fenced(r["answer"]) for r in rows]
+    wrongs = [
+        fenced("def two_sum(nums, target):\n    return [0, 1]\n"),
+        fenced("import math\n\ndef safe_sqrt(x):\n    return math.sqrt(abs(x))\n"),
+    ]
+    tests = [r["tests"] for r in rows] * 2
+    assert reward([""] * 4, references + wrongs, tests=tests) == [1.0, 1.0, 0.0, 0.0]
+    path.write_text(json.dumps({**KODCODE[0], "test_info": "two_sum"}) + "\n")
+    with pytest.raises(UserError, match=r"line 1: field 'test_info' must be a list of objects"):
+        kodcode_rows(str(path))
