@@ -1,5 +1,7 @@
 """Reward functions that tests name by import path (`helpers.rewards_for_tests:...`)."""
 
+import asyncio
+
 
 def count_digits(prompts, completions, **columns):
     """Fraction of digit characters: varied on random text, so groups have advantages."""
@@ -64,7 +66,18 @@ def logging_reward(prompts, completions, completion_ids, trainer_state, log_extr
 
 async def async_length_reward(completions, **kwargs):
     """An `async def` reward, as TRL awaits them."""
-    import asyncio
-
     await asyncio.sleep(0)
     return [float(len(completion[0]["content"])) for completion in completions]
+
+
+FIRST_LOOP = []
+
+
+async def same_loop_reward(completions, **kwargs):
+    """1.0 per completion while every call runs on the event loop of the first (as a client
+    made on the first call needs); an error on any other loop."""
+    loop = asyncio.get_running_loop()
+    FIRST_LOOP[:] = FIRST_LOOP or [loop]
+    if loop is not FIRST_LOOP[0]:
+        raise RuntimeError("awaited on another event loop than the first call's")
+    return [1.0] * len(completions)

@@ -15,7 +15,6 @@ episodes of a step overlap their waits on the server without a thread per sessio
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import importlib
 import threading
@@ -23,6 +22,7 @@ import weakref
 from collections.abc import Coroutine
 from typing import Any
 
+from oncurve.background_loop import BackgroundLoop
 from oncurve.envs.libraries import episode_seed
 from oncurve.errors import UserError
 
@@ -30,25 +30,20 @@ URL_SCHEMES = ("http://", "https://", "ws://", "wss://")
 
 
 class _SessionLoop:
-    """The event loop the sessions run on (started at first use, and again in a forked child,
-    where the parent's thread is gone), and the closes it has not finished yet."""
+    """The event loop the sessions run on, and the closes it has not finished yet."""
 
     def __init__(self) -> None:
+        self.background = BackgroundLoop("oncurve-openenv")
         self.lock = threading.Lock()
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.thread: threading.Thread | None = None
         self.closing: set[concurrent.futures.Future] = set()
 
     def submit(self, coroutine: Coroutine) -> concurrent.futures.Future:
-        with self.lock:
-            if self.thread is None or not self.thread.is_alive():
-                self.loop = asyncio.new_event_loop()
-                self.thread = threading.Thread(
-                    target=self.loop.run_forever, name="oncurve-openenv", daemon=True
-                )
-                self.thread.start()
+        before = self.background.loop
+        future = self.background.submit(coroutine)
+        if self.background.loop is not before:  # a new loop (a forked child): none is closing
+            with self.lock:
                 self.closing.clear()
-            return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        return future
 
     def close_soon(self, client: Any) -> None:
         """Closes `client`'s session without waiting for the server."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from oncurve.errors import UserError
 from oncurve.rewards.registry import RewardFn
-from oncurve.rewards.trl_contract import RewardLog, TrainerState
+from oncurve.rewards.trl_contract import REWARD_LOOP, RewardLog, TrainerState
 
 # A job is (function index, row index or None for the whole batch). An outcome is
 # (kind, payload, exception, seconds the call took, what the call logged or None):
@@ -43,11 +43,10 @@ def run_jobs(
     fns: list[tuple[str, RewardFn, float]], jobs: list[Job], batch: Batch
 ) -> Iterator[Outcome]:
     """One outcome per job, in order. The whole-batch calls of async rewards are awaited
-    together, in one event loop, before the first outcome; every other call runs in turn."""
+    together, on the process's `REWARD_LOOP`, before the first outcome; every other call runs
+    in turn."""
     together = [job for job in jobs if job[1] is None and getattr(fns[job[0]][1], "is_async", 0)]
-    # an event loop only for async rewards: a batch without one starts none (nor fails where a
-    # loop already runs, as in a notebook)
-    outcomes = asyncio.run(_gather(fns, together, batch)) if together else []
+    outcomes = REWARD_LOOP.run(_gather(fns, together, batch)) if together else []
     awaited = dict(zip(together, outcomes, strict=True))
     for job in jobs:
         yield awaited[job] if job in awaited else run_job(fns, job, batch)

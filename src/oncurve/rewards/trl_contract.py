@@ -6,8 +6,9 @@ the one being trained, as TRL's), and `log_extra(column, values)` / `log_metric(
 values land in samples.jsonl and the step's metrics. When the dataset's prompts are messages,
 `prompts` are the rows' message lists (after the system prompt the policy was given) and each
 completion is one assistant message, `[{"role": "assistant", "content": text}]`, which is what
-`completion[0]["content"]` reads. An `async def` function is awaited; the runner awaits the batch
-calls of several together (`oncurve.rewards.jobs.run_jobs`).
+`completion[0]["content"]` reads. An `async def` function is awaited on `REWARD_LOOP`, the one
+event loop that every async reward of the process shares for the run, as TRL's; the runner
+awaits the batch calls of several together (`oncurve.rewards.jobs.run_jobs`).
 
 A `module:function` reward is wrapped in `TrlReward`; the built-ins keep the plain protocol of
 `oncurve.rewards.registry` (texts, columns).
@@ -15,15 +16,18 @@ A `module:function` reward is wrapped in `TrlReward`; the built-ins keep the pla
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import math
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from oncurve.background_loop import BackgroundLoop
+
 # The column that holds a conversational row's messages (`oncurve.data.files.load_rows`).
 MESSAGES_COLUMN = "prompt_messages"
+# The loop every async reward function of this process is awaited on.
+REWARD_LOOP = BackgroundLoop("oncurve-rewards")
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,7 @@ class TrlReward:
         **columns: Any,
     ) -> Any:
         result = self._call(prompts, completions, log, state, columns)
-        return asyncio.run(_awaited(result)) if inspect.isawaitable(result) else result
+        return REWARD_LOOP.run(_awaited(result)) if inspect.isawaitable(result) else result
 
     def coroutine(
         self,

@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from helpers.rewards_for_tests import FIRST_LOOP
 
 from oncurve.rewards.jobs import RewardError
 from oncurve.rewards.registry import resolve_reward
 from oncurve.rewards.runner import RewardRunner
-from oncurve.rewards.trl_contract import TrainerState, TrlReward
+from oncurve.rewards.trl_contract import RewardLog, TrainerState, TrlReward
 
 MESSAGES = [
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
@@ -134,6 +135,24 @@ def test_log_extra_with_the_wrong_number_of_values_is_one_line():
         RewardRunner([("s", TrlReward(short), 1.0)], timeout_s=None).score(
             ["p", "q"], ["c", "d"], {}
         )
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0], ids=["in-process", "worker"])
+def test_async_rewards_run_on_one_event_loop_for_the_run(timeout_s):
+    """A client or semaphore an async reward makes on its first call is bound to that call's
+    event loop: every later batch, and a row-wise retry, runs on the same loop."""
+    FIRST_LOOP.clear()  # a loop another test's calls made in this process is not this run's
+    scorer = runner("same_loop_reward", timeout_s=timeout_s)
+    for _ in range(3):
+        assert scorer.score(["p", "q"], ["a", "b"], {}).total.tolist() == [1.0, 1.0]
+    fn = TrlReward(resolve_reward("helpers.rewards_for_tests:same_loop_reward")[1].fn)
+    state = TrainerState(global_step=0)
+    assert fn(["p"], ["a"], log=RewardLog(), state=state) == [1.0]
+
+    async def score_in_a_loop():  # a notebook's running loop is no obstacle
+        return scorer.score(["p"], ["a"], {}).total.tolist()
+
+    assert asyncio.run(score_in_a_loop()) == [1.0]
 
 
 def test_rewards_without_async_ones_score_inside_a_running_event_loop():
