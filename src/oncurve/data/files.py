@@ -49,6 +49,8 @@ TRAINER_COLUMNS = frozenset(
 # What `load_rows` and `PromptData` write into each row: a column of the same name would be
 # overwritten (the original answer, the prompt's token ids, a conversational prompt's messages).
 ROW_COLUMNS = frozenset(("answer_raw", "prompt_ids", "prompt_messages"))
+# The columns TRL builds multimodal prompts from.
+IMAGE_COLUMNS = frozenset(("image", "images"))
 
 
 ANSWER_FORMATS = ("auto", "raw", "gsm8k", "boxed", "last_number")
@@ -102,6 +104,11 @@ def load_rows(
                 else "oncurve writes into each row"
             )
             raise UserError(f"{location}: column {clash[0]!r} is a name {owner} itself; rename it")
+        if images := sorted(IMAGE_COLUMNS.intersection(record)):
+            raise UserError(
+                f"{location}: column {images[0]!r} holds a vision-language model's images, which "
+                "oncurve does not train on (text-only models); drop the column to train on the text"
+            )
         if prompt_template is None and prompt_field not in record:
             _missing(location, prompt_field, record)
         # a null (JSON, Parquet, a short CSV row) or blank answer would leave the row unscored
@@ -150,6 +157,12 @@ def load_rows(
     if any(raw != row["answer"] for row, raw in rows):
         for row, raw in rows:
             row["answer_raw"] = raw
+    # a column some records lack (JSON lines need not agree) is None in those, as `datasets`
+    # reads them: reward functions take each column for a whole batch
+    columns = dict.fromkeys(k for row, _ in rows for k in row if k not in ROW_COLUMNS)
+    for row, _ in rows:
+        for name in columns.keys() - row.keys():
+            row[name] = None
     return [row for row, _ in rows]
 
 

@@ -111,12 +111,15 @@ class TrlReward:
         if messages is not None:
             prompts = messages
             completions = [[{"role": "assistant", "content": text}] for text in completions]
-        context = {
-            "trainer_state": state,
-            "log_extra": log.log_extra,
-            "log_metric": log.log_metric,
-            **columns,
-        }
+        context = _accepted(
+            self.fn,
+            {
+                "trainer_state": state,
+                "log_extra": log.log_extra,
+                "log_metric": log.log_metric,
+                **columns,
+            },
+        )
         if _binds(self.fn, ("prompts", "completions", *context)):
             return self.fn(prompts=prompts, completions=completions, **context)
         return self.fn(prompts, completions, **context)
@@ -124,6 +127,21 @@ class TrlReward:
 
 async def _awaited(result: Any) -> Any:
     return await result if inspect.isawaitable(result) else result
+
+
+def _accepted(fn: Callable[..., Any], context: dict[str, Any]) -> dict[str, Any]:
+    """The keywords of `context` that `fn` can take: all of them when it takes `**kwargs` (or
+    has no signature), else those it names. The trainer passes columns a dataset does not have
+    (`answer` read off TRL's `solution`, `completion_lengths`), which a function listing TRL's
+    keywords one by one does not take."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return context
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return context
+    named = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {name: value for name, value in context.items() if name in named}
 
 
 def _binds(fn: Callable[..., Any], names: tuple[str, ...]) -> bool:

@@ -9,6 +9,7 @@ from oncurve.config import DataConfig
 from oncurve.data.files import load_rows
 from oncurve.data.prompts import PromptData, encode_prompt, group_columns
 from oncurve.data.tasks.convert import gsm8k_rows, main, math_rows
+from oncurve.errors import UserError
 from oncurve.model.char_tokenizer import char_tokenizer
 from oncurve.rewards import answers_match, extract_answer
 from oncurve.rollout.base import MAX_CHARS_PER_TOKEN, check_room
@@ -290,6 +291,29 @@ def test_group_columns_give_every_completion_its_own_copy_of_a_rows_values():
     first, second = columns["prompt_messages"]
     first.append({"role": "assistant"})
     assert second == [{"role": "user"}] and row["prompt_messages"] == [{"role": "user"}]
+
+
+def test_a_column_some_json_lines_lack_is_none_there(tmp_path):
+    """As `datasets` reads JSON lines: every row has every column, whichever row has it."""
+    path = _write_jsonl(
+        tmp_path / "d.jsonl",
+        [
+            {"prompt": "a", "answer": "1"},
+            {"prompt": "b", "answer": "2", "hint": "h"},
+            {"prompt": "c"},
+        ],
+    )
+    rows = load_rows(path, require_answer=False)
+    assert [(r["hint"], r["answer"]) for r in rows] == [(None, "1"), ("h", "2"), (None, None)]
+    prompts, columns = group_columns(rows, 1)
+    assert prompts == ["a", "b", "c"] and columns["hint"] == [None, "h", None]
+
+
+@pytest.mark.parametrize("column", ["image", "images"])
+def test_a_column_of_images_is_refused_in_one_line(tmp_path, column):
+    path = _write_jsonl(tmp_path / "d.jsonl", [{"prompt": "a", "answer": "1", column: ["x.png"]}])
+    with pytest.raises(UserError, match=rf"d.jsonl line 1: column '{column}' holds a vision"):
+        load_rows(path)
 
 
 def test_gsm8k_converter(tmp_path):

@@ -137,6 +137,20 @@ def test_log_extra_with_the_wrong_number_of_values_is_one_line():
         )
 
 
+def test_a_function_listing_trls_keywords_one_by_one_takes_no_others():
+    """The trainer passes columns TRL does not (`answer` read off `solution`,
+    `completion_lengths`): a function without `**kwargs` gets only those it names."""
+
+    def exact(prompts, completions, completion_ids, solution, trainer_state, log_extra, log_metric):
+        return [float(c[0]["content"] == s) for c, s in zip(completions, solution, strict=True)]
+
+    columns = {**COLUMNS, "answer": ["4", "6"], "completion_lengths": [3, 1]}
+    result = RewardRunner([("exact", TrlReward(exact), 1.0)], timeout_s=None).score(
+        ["x", "y"], ["4", "5"], columns
+    )
+    assert result.total.tolist() == [1.0, 0.0]
+
+
 @pytest.mark.parametrize("timeout_s", [None, 5.0], ids=["in-process", "worker"])
 def test_async_rewards_run_on_one_event_loop_for_the_run(timeout_s):
     """A client or semaphore an async reward makes on its first call is bound to that call's
