@@ -71,7 +71,7 @@ class RolloutBatch:
 
     @property
     def completion_lengths(self) -> torch.Tensor:
-        """`[N]` number of sampled tokens in each row."""
+        """`[N]` completion tokens in each row, a multi-turn episode's observations included."""
         return self.completion_mask.sum(dim=1)
 
     def completion_token_lists(self) -> list[list[int]]:

@@ -120,3 +120,14 @@ def _check_reward(config: Config) -> None:
             f"reward.overlong_buffer must be at most rollout.max_new_tokens "
             f"({config.rollout.max_new_tokens}), got {reward.overlong_buffer}"
         )
+    # both measure a completion against max_new_tokens, which bounds each turn, not an episode
+    # of turns and observations
+    measured = "reward.overlong_buffer" if reward.overlong_buffer else None
+    if any(spec.name == "length" for spec in reward.functions):
+        measured = "the length reward"
+    if measured and config.rollout.max_turns > 1:
+        raise UserError(
+            f"{measured} measures a completion against rollout.max_new_tokens, which bounds each "
+            f"turn of an episode, not its {config.rollout.max_turns} turns and observations; "
+            "drop it (algo.preset=dapo sets reward.overlong_buffer: set it to 0)"
+        )

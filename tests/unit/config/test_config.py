@@ -95,6 +95,14 @@ from oncurve.errors import UserError
             ["algo.preset=dapo", "rollout.max_new_tokens=8"],
             "reward.overlong_buffer must be at most rollout.max_new_tokens (8), got 16",
         ),
+        (
+            ["algo.preset=dapo", "rollout.env=python_tool", "rollout.max_turns=3"],
+            "reward.overlong_buffer measures a completion against rollout.max_new_tokens, which",
+        ),
+        (
+            ["reward.functions=[length]", "rollout.env=python_tool", "rollout.max_turns=2"],
+            "the length reward measures a completion against rollout.max_new_tokens",
+        ),
         (["algo.is_cap=0.5"], "algo.is_cap must be 0 (off) or at least 1 (a cap below 1"),
         (["algo.is_cap=-1"], "algo.is_cap must be 0 (off) or at least 1"),
         (["algo.is_cap=.nan"], "algo.is_cap must be 0 (off) or at least 1"),
