@@ -90,6 +90,7 @@ class TextArenaGame:
         while isinstance(getattr(env, "env", None), textarena.Env):  # its default wrappers
             env = env.env
         self.env, self.game, self.player = env, game, 0
+        self.textarena = textarena
         self.randomness = OwnRandomness()
 
     def reset(self, row: dict[str, Any]) -> str:
@@ -110,9 +111,15 @@ class TextArenaGame:
         return self._news(), 0.0, False
 
     def _news(self) -> str:
-        """The game's messages since the policy's last turn (its own action left out)."""
+        """The game's messages since the policy's last turn, its own action left out (whoever
+        a game logs it as sent by: several log it as the game's)."""
         self.player, messages = self.env.get_observation()
-        return "\n".join(text.strip() for sender, text, *_ in messages if sender != self.player)
+        action = self.textarena.ObservationType.PLAYER_ACTION
+        return "\n".join(
+            str(text).strip()  # several games log a number as a message's text
+            for sender, text, *kind in messages
+            if sender != self.player and kind[:1] != [action]
+        )
 
 
 class GemEnv:

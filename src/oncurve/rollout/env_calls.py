@@ -66,7 +66,9 @@ def call_steps(envs: list[Any], turns: list[str], seconds: list[float | None]) -
         start = time.perf_counter()
         try:
             results[i] = _checked(envs[i].step(turns[i]), time.perf_counter() - start)
-        except Exception as error:  # an environment's own bug: its episode's fault, not the run's
+        # an environment's own bug, `sys.exit` in a library's code included: its episode's
+        # fault, not the run's (nor a timeout: the call ended)
+        except BaseException as error:
             why = f"step raised {type(error).__name__}: {error}"
             results[i] = StepResult(fault=ERROR, why=_one_line(why))
 
@@ -80,7 +82,7 @@ def call_steps(envs: list[Any], turns: list[str], seconds: list[float | None]) -
         thread.join(None if limit is None else max(0.0, start + limit - time.perf_counter()))
         result = results[i]
         if thread.is_alive() or result is None:
-            why = f"step took longer than the {limit:g} s left of its episode"
+            why = f"step took longer than the {limit or 0:g} s left of its episode"
             result = StepResult(fault=TIMEOUT, why=why, seconds=limit or 0.0)
         outcomes.append(result)
     return outcomes

@@ -51,6 +51,14 @@ def test_a_row_s_seed_fixes_the_game_and_a_win_pays_one():
     )
 
 
+def test_the_policys_own_action_is_not_fed_back_whoever_the_game_logs_it_from():
+    """TowerOfHanoi logs the player's action as the game's own message."""
+    game = TextArenaGame("TowerOfHanoi-v0")
+    game.reset({"seed": 0})
+    observation, reward, done = game.step("[move the disk] zzz-own-action")
+    assert "invalid move" in (observation or "") and "zzz-own-action" not in (observation or "")
+
+
 def test_gem_steps_reward_each_turn_and_end_the_episode():
     pytest.importorskip("gem", reason="the gem extra is not installed")
     env = GemEnv("game:GuessTheNumber-v0-easy")

@@ -31,7 +31,7 @@ class Scripted:
     def step(self, turn: str):
         if self.delay:
             self.released.wait(self.delay)
-        if isinstance(self.result, Exception):
+        if isinstance(self.result, BaseException):
             raise self.result
         return self.result
 
@@ -45,12 +45,14 @@ MALFORMED = [
     (("x", 1.0), "returned tuple, not (observation, reward, done)"),
     (None, "returned NoneType, not (observation, reward, done)"),
     (ValueError("bad\nmove"), "step raised ValueError: bad move"),
+    (SystemExit(3), "step raised SystemExit: 3"),  # a library's sys.exit
 ]
 
 
 @pytest.mark.parametrize(("result", "why"), MALFORMED, ids=[w for _, w in MALFORMED])
-def test_an_exception_or_a_malformed_result_is_an_error(result, why):
-    (outcome,) = call_steps([Scripted(result)], ["turn"], [None])
+@pytest.mark.parametrize("seconds", [None, 30.0], ids=["no limit", "a limit"])
+def test_an_exception_or_a_malformed_result_is_an_error(result, why, seconds):
+    (outcome,) = call_steps([Scripted(result)], ["turn"], [seconds])
     assert (outcome.fault, outcome.observation) == (ERROR, None)
     assert why in outcome.why
 
