@@ -122,14 +122,20 @@ class ProgramRaised(BaseException):
 # one the program raised would end a loop, or answer a `getattr` or `hasattr`, that the tests
 # did not write for it: the program's fail its case. Every other exception (an Exception's
 # subclass) reaches the tests as the same builtin class, for them to expect or not.
-_SIGNALS = ("StopIteration", "StopAsyncIteration", "AttributeError")
-_CATCHABLE = {
+_SIGNALS = (StopIteration, StopAsyncIteration, AttributeError, BaseExceptionGroup)
+_BUILTIN_EXCEPTIONS = {
     name: value
     for name, value in vars(builtins).items()
-    if isinstance(value, type)
-    and issubclass(value, Exception)
-    and not issubclass(value, (BaseExceptionGroup, *(getattr(builtins, n) for n in _SIGNALS)))
+    if isinstance(value, type) and issubclass(value, BaseException)
 }
+
+
+# Where an exception of a class of the program's keeps the message its `__str__` gave there.
+_MESSAGE = "\0message"
+
+
+def _program_str(self: BaseException) -> str:
+    return self.__dict__.get(_MESSAGE, Exception.__str__(self))
 
 
 class _Thrown:
@@ -236,27 +242,41 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
             class_refs[id(cls)] = len(objects) - 1
         return class_refs[id(cls)]
 
-    def builtin_base(cls):
-        return next(c.__name__ for c in cls.__mro__ if getattr(builtins, c.__name__, None) is c)
+    def describe(cls, depth=0):
+        """A builtin exception class's name; a class of the program's as (reference, name,
+        its exception bases described)."""
+        if getattr(builtins, cls.__name__, None) is cls:
+            return cls.__name__
+        if depth > 30:
+            raise RecursionError("exception classes nested too deep")
+        bases = tuple(
+            describe(b, depth + 1)
+            for b in cls.__bases__
+            if isinstance(b, type) and issubclass(b, BaseException)
+        )
+        return (class_ref(cls), cls.__name__, bases)
+
+    def plain(value):
+        try:
+            dumps(value)
+            return _plain(value)
+        except (ValueError, RecursionError):
+            return False
 
     def raised(exc):
-        """("raise", name, message, nearest builtin class, args, class reference or -1)."""
-        kind = type(exc)
-        try:
-            args = exc.args
-            dumps(args)
-            if not _plain(args):
-                raise ValueError
-        except (ValueError, RecursionError):
-            args = (str(exc)[:300],)
-        ref = -1 if getattr(builtins, kind.__name__, None) is kind else class_ref(kind)
-        return ("raise", kind.__name__, str(exc)[:300], builtin_base(kind), args, ref)
+        """("raise", its class described, str(exc), args, plain attributes)."""
+        args = exc.args if plain(exc.args) else (str(exc)[:300],)
+        own = getattr(exc, "__dict__", {})
+        attributes = {
+            k: v for k, v in own.items() if type(k) is str and not k.startswith("__") and plain(v)
+        }
+        return ("raise", describe(type(exc)), str(exc)[:300], args, attributes)
 
     def encode(value):
         if type(value) is types.ModuleType:  # the parent imports the real one by its name
             return ("module", value.__name__)
         if isinstance(value, type) and issubclass(value, BaseException):
-            return ("exception class", class_ref(value), value.__name__, builtin_base(value))
+            return ("exception class", describe(value))
         try:
             dumps(value)
             return ("value", value)
@@ -461,42 +481,61 @@ class _Link:
         raise error
 
     def exception(self, reply: Any) -> BaseException:
-        """The exception of a ("raise", name, message, nearest builtin class, args, class
-        reference or -1) reply, as the tests see it: an instance of that builtin class, or of
-        the class standing in for the program's (`exception_class`), made from `args` here;
-        ProgramRaised (and the case fails) for any other, and for a malformed reply."""
-        if type(reply) is not tuple or len(reply) != 6 or not _plain(reply):
+        """The exception of a ("raise", class described, message, args, attributes) reply, as
+        the tests see it: an instance of that builtin class, or of the class standing in for the
+        program's (`exception_class`), made from `args` here, with the program's plain
+        attributes and, for a class of the program's, its message; ProgramRaised (and the case
+        fails) for one that is not catchable, and for a malformed reply."""
+        if type(reply) is not tuple or len(reply) != 5 or not _plain(reply):
             self.raised = True
             return ProgramRaised("the program's process sent a malformed error")
-        _, name, message, base, args, ref = reply
-        kind = self.exception_class(ref, name, base) if ref != -1 else _CATCHABLE.get(name)
-        if kind is None or type(args) is not tuple or (ref == -1 and base != name):
+        _, description, message, args, attributes = reply
+        kind = self.exception_class(description)
+        catchable = (
+            kind is not None and issubclass(kind, Exception) and not issubclass(kind, _SIGNALS)
+        )
+        if not catchable or type(args) is not tuple or type(attributes) is not dict:
             self.raised = True
+            name = description if type(description) is str else "an exception of its own"
             return ProgramRaised(f"{name}: {message}")
         try:
-            return kind(*args)
+            error = kind(*args)
         except Exception:  # arguments its constructor refuses (UnicodeDecodeError's five)
             error = kind.__new__(kind)
             error.args = args
-            return error
+        for name, value in attributes.items():
+            if type(name) is str and name.isidentifier() and not name.startswith("__"):
+                error.__dict__[name] = value
+        if kind.__str__ is _program_str:
+            error.__dict__[_MESSAGE] = message  # what the program's own `__str__` said
+        return error
 
-    def exception_class(self, ref: Any, name: Any, base: Any) -> type | None:
-        """The class that stands in for the program's exception class `ref`: one named `name`
-        that derives from builtin `base`, the same for every reply that names `ref`; None for
-        a class that fails its case when raised (`_SIGNALS`, a BaseException's subclass)."""
+    def exception_class(self, description: Any, depth: int = 0) -> type | None:
+        """The class a described exception class is here: a builtin one, or for a class of the
+        program's, (reference, name, bases), one of that name deriving from its bases as they
+        are here, the same for every reply that names the reference; None for a malformed
+        description."""
+        if type(description) is str:
+            return _BUILTIN_EXCEPTIONS.get(description)
+        if type(description) is not tuple or len(description) != 3 or depth > 30:
+            return None
+        ref, name, bases = description
         if type(ref) is not int or type(name) is not str or not name.isidentifier():
             return None
         if ref not in self.remotes:
-            parent = _CATCHABLE.get(base)
-            if parent is None:
+            parents = [self.exception_class(b, depth + 1) for b in bases]
+            if not parents or None in parents:
                 return None
-            self.remotes[ref] = (
-                parent
-                if name == base
-                else type(name, (parent,), {"__module__": SOLUTION, "__qualname__": name})
-            )
+            try:
+                self.remotes[ref] = type(
+                    name,
+                    tuple(parents),
+                    {"__module__": SOLUTION, "__qualname__": name, "__str__": _program_str},
+                )
+            except TypeError:  # bases that cannot be combined here
+                return None
         found = self.remotes[ref]
-        return found if isinstance(found, type) and issubclass(found, Exception) else None
+        return found if isinstance(found, type) else None
 
     def decode(self, reply: Any, request: tuple = ("names",)) -> Any:
         """The value a reply carries; _Thrown for an exception the program raised."""
@@ -505,11 +544,12 @@ class _Link:
             if reply[1] not in self.remotes:
                 self.remotes[reply[1]] = _Remote(self, reply[1])
             return self.remotes[reply[1]]
-        if kind == "exception class" and len(reply) == 4:
-            found = self.exception_class(*reply[1:])
+        if kind == "exception class" and len(reply) == 2:
+            found = self.exception_class(reply[1])
             if found is not None:
                 return found
-            return self.decode(("ref", reply[1]))
+            if type(reply[1]) is tuple and reply[1]:
+                return self.decode(("ref", reply[1][0]))
         if kind == "raise" and request[0] in ("call", "getattr", "iter", "setattr"):
             if (
                 request[0] == "getattr"
@@ -605,44 +645,53 @@ def _tests_namespace(
     return namespace
 
 
-def _program_module(names: dict, link: _Link, taken: set[str]) -> types.ModuleType:
-    """The program as the module `SOLUTION`, for tests that import it: all its names (a
-    standard module's name the real module). A plain value of the program's that the tests take
-    from it by name (`taken`) counts as a use of the program."""
+def _program_module(
+    names: dict, link: _Link, source: str, entry_point: str | None
+) -> types.ModuleType:
+    """The program as the module `SOLUTION`, for tests that import it: all its names, except
+    that a builtin's or a standard module's name is the real one (a star import must not rebind
+    the tests' `sorted` or `math`) unless the tests take that name from it by name or it is the
+    entry point. A plain value of the program's that the tests read from it by name counts as a
+    use of the program."""
+    by_name, read = _taken_from_program(source)
     module = types.ModuleType(SOLUTION)
     for name, reply in names.items():
-        if reply[0] == "module":
-            found = _real_module(name)
+        real = name in _BUILTIN_NAMES or name in sys.stdlib_module_names or reply[0] == "module"
+        if real and name not in by_name and name != entry_point:
+            found = _real_module(name) if name not in _BUILTIN_NAMES else getattr(builtins, name)
             if found is not None:
                 module.__dict__[name] = found
             continue
         module.__dict__[name] = link.decode(reply)
-        if name in taken and reply[0] in ("value", "packed"):
+        if name in read and reply[0] in ("value", "packed"):
             link.used = True
     return module
 
 
-def _taken_from_program(source: str) -> set[str]:
-    """The names the tests read from the program's module: `solution.x`, and `x` after `from
-    solution import x` where their code reads `x` (an import alone checks nothing)."""
-    taken, read = set(), _names_looked_up(source)
+def _taken_from_program(source: str) -> tuple[set[str], set[str]]:
+    """The names the tests take from the program's module by name (`from solution import x`,
+    `solution.x`), and those of them they read (an import alone checks nothing)."""
+    taken, read, looked_up = set(), set(), _names_looked_up(source)
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and node.module == SOLUTION and not node.level:
-            taken.update(a.name for a in node.names if (a.asname or a.name) in read)
+            taken.update(a.name for a in node.names if a.name != "*")
+            read.update(a.name for a in node.names if (a.asname or a.name) in looked_up)
         elif isinstance(node, ast.Attribute) and getattr(node.value, "id", None) == SOLUTION:
             taken.add(node.attr)
-    return taken
+            read.add(node.attr)
+    return taken, read
 
 
-def _names_looked_up(source: str) -> set[str]:
-    """Every global name that the code of `source` reads, anywhere."""
+def _names_looked_up(source: str, top_level_only: bool = False) -> set[str]:
+    """Every global name that the code of `source` reads: anywhere, or at its top level."""
     names, stack = set(), [compile(source, "<tests>", "exec")]
     while stack:
         code = stack.pop()
         names.update(
             i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_NAME", "LOAD_GLOBAL")
         )
-        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+        if not top_level_only:
+            stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
     return names
 
 
@@ -684,9 +733,9 @@ def _judge(link: _Link, verdict: int) -> None:
     namespace.update(_tests_namespace(names, link, read, tests_read, entry_point))
     namespace["__file__"] = "test_solution.py"
     sys.modules["__main__"] = main
-    sys.modules[SOLUTION] = _program_module(names, link, _taken_from_program(job["tests"]))
+    sys.modules[SOLUTION] = _program_module(names, link, job["tests"], entry_point)
     pytest = sys.modules["pytest"] = _pytest_module(job["pytest"])
-    pytest.prepare(_names_looked_up(job["tests"]))
+    pytest.prepare(_names_looked_up(job["tests"], top_level_only=True))
     if entry_point and entry_point not in names:
         raise ProgramRaised(f"the program does not define {entry_point!r}")
     program_entry = namespace.get(entry_point) if entry_point else None

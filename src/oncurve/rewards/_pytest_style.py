@@ -4,19 +4,21 @@ pytest file that imports the program as `solution`.
 
 `code.py` sends this file's text to the judge, which makes it the module ``pytest`` of its
 process, so that the tests' ``import pytest`` finds `raises`, `approx`, `fixture`, `param`,
-`skip`, `fail`, `main` and the marks `parametrize`, `skip`, `skipif`, `xfail` and `usefixtures`
-(any other mark is kept and means nothing). After the tests' top level, the judge calls
-`run_tests`, which runs what pytest collects from the file: its functions named ``test*`` and
-the methods ``test*`` of its classes named ``Test*`` without an ``__init__`` (with the
-``setup_method``/``teardown_method`` they define), each once per parametrization, with the
-fixtures the file defines (function-scoped; a ``yield`` fixture is finished after its test;
-``autouse`` ones for every test), and its `unittest.TestCase` subclasses through unittest,
-unless the file ran unittest itself. A function the file calls or names itself is its own
-helper, not a test to collect. The first test that fails raises out of `run_tests`, and so does
-one that pytest would not pass either: one that asks for a fixture the file does not define
-(pytest's own, `capsys`, `tmp_path`, are not here), a coroutine or generator function, one that
-returns a value. A skipped test is not run, and an `xfail` test's outcome counts only under
-``strict=True``.
+`skip`, `fail`, `importorskip`, `main` and the marks `parametrize` (`indirect` too), `skip`,
+`skipif`, `xfail` (its conditions, `raises`, `run`, `strict`) and `usefixtures` (any other mark
+is kept and means nothing). After the tests' top level, the judge calls `run_tests`, which runs
+what pytest collects from the file: its functions named ``test*`` (under any decorators) that
+its top level does not call itself, and the methods ``test*`` of its classes named ``Test*``
+without an ``__init__`` (nested ones too), each once per parametrization, between the xunit
+hooks the file defines (``setup_module``, ``setup_function``, ``setup_class``,
+``setup_method`` and their teardowns), with the fixtures the file defines (their `params`
+through ``request.param``; a "class" scope kept for its class, "module", "package" and
+"session" for the file; a ``yield`` fixture finished after its scope), and its
+`unittest.TestCase` subclasses through unittest, unless the file ran unittest itself. The
+first test that fails raises out of `run_tests`, and so does one that pytest would not pass
+either: one that asks for a fixture the file does not define (pytest's own, `capsys`,
+`tmp_path`, `monkeypatch`, are not here), a coroutine or generator function, one that returns
+a value. A skipped test is not run, and an expected failure (`xfail`) does not count.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import itertools
+import numbers
 import re
 import sys
 import types
@@ -34,8 +37,9 @@ class Skipped(BaseException):
     """A test that skipped itself (`skip`): it is not counted."""
 
 
-class Failed(AssertionError):
-    """A test that failed through this module (`fail`, a `raises` that saw no error)."""
+class Failed(BaseException):
+    """A test that failed through this module (`fail`, a `raises` that saw no error): as
+    pytest's, no `except Exception` of the tests takes it."""
 
 
 def skip(reason: str = "") -> None:
@@ -81,6 +85,9 @@ class RaisesContext:
     def errisinstance(self, kinds: Any) -> bool:
         return isinstance(self.value, kinds)
 
+    def __repr__(self) -> str:
+        return f"<ExceptionInfo {self.value!r}>"
+
     def __enter__(self) -> RaisesContext:
         return self
 
@@ -120,8 +127,7 @@ def _close(actual: Any, expected: Any, rel: float | None, abs_: float | None) ->
         )
     if actual == expected:
         return True
-    numbers = (int, float, complex)
-    if not (isinstance(actual, numbers) and isinstance(expected, numbers)):
+    if not (isinstance(actual, numbers.Number) and isinstance(expected, numbers.Number)):
         return False
     if isinstance(expected, float) and (expected != expected or abs(expected) == float("inf")):
         return False  # NaN and infinities are equal only to themselves
@@ -129,7 +135,11 @@ def _close(actual: Any, expected: Any, rel: float | None, abs_: float | None) ->
         tolerance = max(1e-6 * abs(expected), 1e-12)
     else:
         tolerance = max((rel or 0.0) * abs(expected), abs_ or 0.0)
-    return abs(actual - expected) <= tolerance
+    try:
+        difference = abs(actual - expected)
+    except TypeError:  # a Decimal and a float
+        difference = abs(complex(actual) - complex(expected))
+    return difference <= tolerance
 
 
 class approx:  # noqa: N801 - pytest's name
@@ -196,13 +206,26 @@ _FIXTURES: dict[str, dict] = {}  # each fixture function's settings, by the func
 
 
 def fixture(
-    function: Any = None, *, autouse: bool = False, name: str | None = None, **_: Any
+    function: Any = None,
+    *,
+    scope: str = "function",
+    params: Any = None,
+    autouse: bool = False,
+    name: str | None = None,
+    **_: Any,
 ) -> Any:
-    """`@fixture` or `@fixture(autouse=..., name=...)`: a function whose result a test asks for
-    by its parameter's name (`scope` and the rest are taken as given: each test gets its own)."""
+    """`@fixture` or `@fixture(scope=..., params=..., autouse=..., name=...)`: a function whose
+    result a test asks for by its parameter's name; a "class" one is kept for its class's
+    tests, a "module", "package" or "session" one for the file's."""
 
     def register(target: Any) -> Any:
-        _FIXTURES[id(target)] = {"function": target, "autouse": autouse, "name": name}
+        _FIXTURES[id(target)] = {
+            "function": target,
+            "autouse": autouse,
+            "name": name,
+            "scope": scope,
+            "params": None if params is None else list(params),
+        }
         return target
 
     return register(function) if function is not None else register
@@ -248,22 +271,101 @@ def _parametrizations(marks: list[Mark]) -> list[tuple[dict, list[Mark]]]:
 
 
 def _skipped(marks: list[Mark], namespace: dict) -> bool:
-    for m in marks:
-        if m.name == "skip":
-            return True
-        if m.name == "skipif":
-            conditions = m.args or (m.kwargs.get("condition"),)
-            for condition in conditions:
-                if eval(condition, namespace) if isinstance(condition, str) else condition:
-                    return True
-    return False
+    return any(m.name == "skip" for m in marks) or any(
+        m.name == "skipif" and _holds(m, namespace) for m in marks
+    )
 
 
-def _run_one(test: Any, arguments: dict, fixtures: dict[str, Any], marks: list[Mark]) -> None:
-    """Call `test` with `arguments` and the fixtures it asks for; raise when it fails."""
+def _holds(m: Mark, namespace: dict) -> bool:
+    """Whether a skipif or xfail mark's conditions hold (no condition: it does)."""
+    conditions = m.args or ((m.kwargs["condition"],) if "condition" in m.kwargs else ())
+    return all(
+        eval(c, {"sys": sys, **namespace}) if isinstance(c, str) else bool(c) for c in conditions
+    )
+
+
+class FixtureRequest:
+    """What a fixture that takes `request` gets: its `param` (from `params`, or an indirect
+    parametrization), `addfinalizer`, `getfixturevalue`."""
+
+    def __init__(self, resolve: Any, finish: list, param: Any = None) -> None:
+        self._resolve, self._finish, self.param = resolve, finish, param
+
+    def addfinalizer(self, finalizer: Any) -> None:
+        self._finish.append(finalizer)
+
+    def getfixturevalue(self, name: str) -> Any:
+        return self._resolve(name, frozenset())
+
+
+class _Session:
+    """The fixture values kept beyond one test (`scope` other than "function"), per scope, and
+    what finishes them."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, dict] = {"class": {}, "module": {}}
+        self.finish: dict[str, list] = {"class": [], "module": []}
+
+    def end(self, scope: str) -> None:
+        self.values[scope].clear()
+        _finish(self.finish[scope])
+
+
+def _finish(finishers: list) -> None:
+    """Run the finishers (a yield fixture's rest, an `addfinalizer` function), last first."""
+    while finishers:
+        finisher = finishers.pop()
+        if inspect.isgenerator(finisher):
+            for _ in finisher:
+                raise Failed("a fixture yielded twice")
+        else:
+            finisher()
+
+
+def _settings(function: Any) -> dict:
+    return _FIXTURES.get(id(_unbound(function)), {})
+
+
+def _scope(function: Any) -> str:
+    scope = _settings(function).get("scope") or "function"
+    return "module" if scope in ("module", "package", "session") else scope
+
+
+def _fixture_params(
+    test: Any, fixtures: dict[str, Any], arguments: dict, marks: list[Mark]
+) -> list[dict]:
+    """Each combination of the `params` of the fixtures `test` uses, by fixture name."""
+    wanted = [*_parameters(test), *(n for m in marks if m.name == "usefixtures" for n in m.args)]
+    wanted += [n for n, f in fixtures.items() if _settings(f).get("autouse")]
+    seen: set[str] = set()
+    axes = []
+    while wanted:
+        name = wanted.pop()
+        if name in seen or name in arguments or name not in fixtures:
+            continue
+        seen.add(name)
+        params = _settings(fixtures[name]).get("params")
+        if params is not None:
+            axes.append([(name, p) for p in params])
+        wanted += _parameters(fixtures[name])
+    return [dict(c) for c in itertools.product(*axes)]
+
+
+def _run_one(
+    test: Any,
+    arguments: dict,
+    fixtures: dict[str, Any],
+    marks: list[Mark],
+    params: dict,
+    session: _Session,
+) -> None:
+    """Call `test` with `arguments` and the fixtures it asks for (a fixture's `request.param`
+    from `params`); raise when it fails."""
     if inspect.iscoroutinefunction(test) or inspect.isgeneratorfunction(test):
         raise Failed(f"{test.__name__}: a coroutine or generator function is not a test")
-    values = dict(arguments)
+    indirect = {n for m in marks if m.name == "parametrize" for n in _indirect(m)}
+    values = {k: v for k, v in arguments.items() if k not in indirect}
+    params = {**params, **{k: v for k, v in arguments.items() if k in indirect}}
     finish: list = []
 
     def resolve(name: str, asking: frozenset) -> Any:
@@ -272,16 +374,29 @@ def _run_one(test: Any, arguments: dict, fixtures: dict[str, Any], marks: list[M
         function = fixtures.get(name)
         if function is None or name in asking:
             raise Failed(f"{test.__name__}: fixture {name!r} is not defined by the tests")
-        result = function(**{p: resolve(p, asking | {name}) for p in _parameters(function)})
+        scope = _scope(function)
+        kept = session.values.get(scope, {})
+        key = (name, repr(params.get(name)))
+        if key in kept:
+            return kept[key]
+        finishers = session.finish.get(scope, finish)
+        request = FixtureRequest(resolve, finishers, params.get(name))
+        needed = {
+            p: request if p == "request" else resolve(p, asking | {name})
+            for p in _parameters(function)
+        }
+        result = function(**needed)
         if inspect.isgenerator(result):
-            finish.append(result)
+            finishers.append(result)
             result = next(result)
+        if scope in kept or scope in session.values:
+            kept[key] = result
         values[name] = result
         return result
 
     try:
         for name, function in fixtures.items():
-            if _FIXTURES.get(id(_unbound(function)), {}).get("autouse"):
+            if _settings(function).get("autouse"):
                 resolve(name, frozenset())
         for m in marks:
             if m.name == "usefixtures":
@@ -291,9 +406,18 @@ def _run_one(test: Any, arguments: dict, fixtures: dict[str, Any], marks: list[M
         if outcome is not None:
             raise Failed(f"{test.__name__} returned {type(outcome).__name__}, not None")
     finally:
-        for generator in reversed(finish):
-            for _ in generator:
-                raise Failed("a fixture yielded twice")
+        _finish(finish)
+
+
+def _indirect(m: Mark) -> list[str]:
+    """The argument names a parametrize mark sends to their fixtures (`indirect`)."""
+    indirect = m.kwargs.get("indirect", False)
+    names = m.args[0] if m.args else m.kwargs["argnames"]
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",") if n.strip()]
+    if indirect is True:
+        return list(names)
+    return list(indirect) if isinstance(indirect, list | tuple) else []
 
 
 def _parameters(function: Any) -> list[str]:
@@ -318,47 +442,65 @@ def _fixtures_in(namespace: Any) -> dict[str, Any]:
 
 
 def _defined_by_tests(value: Any) -> bool:
+    """Whether `value` is a function of the test file's, under any decorators that wrap it
+    (`unittest.mock.patch`)."""
+    try:
+        value = inspect.unwrap(value) if type(value) is not type else value
+    except ValueError:  # a cycle of __wrapped__
+        return False
     return type(value) is types.FunctionType and value.__code__.co_filename == "<tests>"
 
 
 def _run(
-    test: Any, fixtures: dict, marks: list[Mark], namespace: dict, instance: Any = None
+    test: Any,
+    fixtures: dict,
+    marks: list[Mark],
+    namespace: dict,
+    session: _Session,
+    hooks: tuple = (None, "function"),
 ) -> int:
-    """Run `test` once per parametrization; the number of runs that counted."""
+    """Run `test` once per parametrization (its marks' and its fixtures' `params`), each
+    between the xunit hooks of `hooks` (the owner: the test's class instance or the module's
+    namespace, and "method" or "function"); the number of runs that counted."""
+    owner, kind = hooks
     counted = 0
     for arguments, extra in _parametrizations(marks) or [({}, [])]:
         every = marks + extra
         if _skipped(every, namespace):
             continue
-        xfail = next((m for m in every if m.name == "xfail"), None)
-        try:
-            _call_hook(instance, "setup_method", test)
+        xfail = next((m for m in every if m.name == "xfail" and _holds(m, namespace)), None)
+        if xfail is not None and xfail.kwargs.get("run") is False:
+            continue
+        for params in _fixture_params(test, fixtures, arguments, every):
             try:
-                _run_one(test, arguments, fixtures, every)
-            finally:
-                _call_hook(instance, "teardown_method", test)
-        except Skipped:
-            continue
-        except Exception:
-            if xfail is None:
-                raise
-            continue
-        if xfail is not None:
-            if xfail.kwargs.get("strict"):
-                raise Failed(f"{test.__name__} passed, and is marked xfail(strict=True)")
-            continue
-        counted += 1
+                _call_hook(owner, f"setup_{kind}", test)
+                try:
+                    _run_one(test, arguments, fixtures, every, params, session)
+                finally:
+                    _call_hook(owner, f"teardown_{kind}", test)
+            except Skipped:
+                continue
+            except (Exception, Failed) as error:
+                expected = xfail.kwargs.get("raises", BaseException) if xfail else None
+                if expected is None or not isinstance(error, expected):
+                    raise
+                continue
+            if xfail is not None:
+                if xfail.kwargs.get("strict"):
+                    raise Failed(f"{test.__name__} passed, and is marked xfail(strict=True)")
+                continue
+            counted += 1
     return counted
 
 
 _ran = False
-_named: set[str] = set()
+_top_level: set[str] = set()
 
 
-def prepare(named: set[str]) -> None:
-    """Take the names the file's code looks up, before it runs: a function it calls itself is
-    its helper, not a test to collect."""
-    _named.update(named)
+def prepare(top_level: set[str]) -> None:
+    """Take the names the file's top level looks up, before it runs: a function it calls
+    there itself is its helper, not a test to collect."""
+    _top_level.update(top_level)
 
 
 def run_tests(namespace: dict, unittest_ran: bool) -> int:
@@ -369,18 +511,30 @@ def run_tests(namespace: dict, unittest_ran: bool) -> int:
         return 0
     _ran = True
     fixtures = _fixtures_in(namespace)
+    session = _Session()
+    module = types.SimpleNamespace(**namespace)
     counted = 0
-    for name, value in list(namespace.items()):
-        if name in _named or id(_unbound(value)) in _FIXTURES:
-            continue
-        if name.startswith("test") and _defined_by_tests(value):
-            counted += _run(value, fixtures, _marks(value), namespace)
-        elif inspect.isclass(value) and value.__module__ == "__main__":
-            counted += _run_class(value, fixtures, namespace, unittest_ran)
+    _call_hook(namespace.get("setup_module"), None, module)
+    try:
+        for name, value in list(namespace.items()):
+            if id(_unbound(value)) in _FIXTURES:
+                continue
+            if name.startswith("test") and name not in _top_level and _defined_by_tests(value):
+                hooks = (module, "function")
+                counted += _run(value, fixtures, _marks(value), namespace, session, hooks)
+            elif inspect.isclass(value) and value.__module__ == "__main__":
+                counted += _run_class(value, fixtures, namespace, unittest_ran, session)
+    finally:
+        try:
+            _call_hook(namespace.get("teardown_module"), None, module)
+        finally:
+            session.end("module")
     return counted
 
 
-def _run_class(cls: type, fixtures: dict, namespace: dict, unittest_ran: bool) -> int:
+def _run_class(
+    cls: type, fixtures: dict, namespace: dict, unittest_ran: bool, session: _Session
+) -> int:
     unittest = sys.modules.get("unittest")
     if unittest is not None and issubclass(cls, unittest.TestCase):
         if unittest_ran:
@@ -400,21 +554,29 @@ def _run_class(cls: type, fixtures: dict, namespace: dict, unittest_ran: bool) -
     _call_hook(cls, "setup_class")
     try:
         for name in names:
-            function = inspect.getattr_static(cls, name)
-            if not name.startswith("test") or not _defined_by_tests(_unbound(function)):
+            member = inspect.getattr_static(cls, name)
+            if inspect.isclass(member):  # a class of tests nested in this one
+                counted += _run_class(member, fixtures, namespace, unittest_ran, session)
+                continue
+            if not name.startswith("test") or not _defined_by_tests(_unbound(member)):
                 continue
             instance = cls()
             own = {**fixtures, **_fixtures_in({n: getattr(instance, n) for n in names})}
             test = getattr(instance, name)
-            counted += _run(test, own, _marks(cls, function), namespace, instance)
+            marks = _marks(cls, member)
+            counted += _run(test, own, marks, namespace, session, (instance, "method"))
     finally:
-        _call_hook(cls, "teardown_class")
+        try:
+            _call_hook(cls, "teardown_class")
+        finally:
+            session.end("class")
     return counted
 
 
-def _call_hook(owner: Any, name: str, *argument: Any) -> None:
-    """Call `owner`'s xunit-style hook `name`, with `argument` when it takes one."""
-    hook = getattr(owner, name, None)
+def _call_hook(owner: Any, name: str | None, *argument: Any) -> None:
+    """Call `owner`'s xunit-style hook `name` (`owner` itself when None), with `argument` when
+    it takes one."""
+    hook = owner if name is None else getattr(owner, name, None)
     if hook is not None:
         hook(*argument[: len(_parameters(hook))])
 

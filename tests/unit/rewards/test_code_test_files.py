@@ -32,6 +32,20 @@ STACK = (
     "    def pop(self):\n        return self.items.pop()\n"
 )
 
+BANK = (
+    "class BankError(Exception):\n    pass\n"
+    "class InsufficientFunds(BankError, ArithmeticError):\n"
+    "    def __init__(self, needed):\n        super().__init__()\n        self.needed = needed\n"
+    "    def __str__(self):\n        return f'short by {self.needed}'\n"
+    "def withdraw(balance, amount):\n    if amount > balance:\n"
+    "        raise InsufficientFunds(amount - balance)\n    return balance - amount\n"
+)
+INVENTORY = (
+    "class Inventory:\n    def __init__(self):\n        self.items = {}\n"
+    "    def add(self, name, n):\n        self.items[name] = self.items.get(name, 0) + n\n"
+    "    def count(self, name):\n        return self.items.get(name, 0)\n"
+)
+
 EXPECTED_EXCEPTIONS = {
     "try/except of the exception's type": (
         "assert divide(7, 2) == 3\ntry:\n    divide(1, 0)\nexcept ValueError as e:\n"
@@ -67,6 +81,21 @@ EXPECTED_EXCEPTIONS = {
             ACCOUNT + "class Other(Exception):\n    pass\n"
             "def withdraw(balance, amount):\n    if amount > balance:\n        raise Other()\n"
             "    return balance - amount\n",
+        ],
+    ),
+    "the program's class hierarchy, attributes and message": (
+        "import pytest\nfrom solution import withdraw, BankError, InsufficientFunds\n\n"
+        "def test_ok():\n    assert withdraw(10, 3) == 7\n\ndef test_base():\n"
+        "    with pytest.raises(BankError):\n        withdraw(10, 100)\n"
+        "    with pytest.raises(ArithmeticError):\n        withdraw(10, 100)\n\n"
+        "def test_details():\n    with pytest.raises(InsufficientFunds) as info:\n"
+        "        withdraw(10, 100)\n    assert info.value.needed == 90\n"
+        "    assert 'short by 90' in str(info.value)\n",
+        BANK,
+        [
+            BANK.replace("raise InsufficientFunds(amount - balance)", "raise BankError()"),
+            BANK.replace("amount - balance)", "amount)"),
+            BANK.replace("self.needed = needed", "self.needed = -needed"),
         ],
     ),
     "a class of the program's caught by its builtin base": (
@@ -178,6 +207,51 @@ PYTEST_FILES = {
         ADD,
         [SUB],
     ),
+    "a star import leaves builtins and standard modules alone": (
+        "import math\nfrom solution import *\n\ndef test_it():\n"
+        "    assert sorted(pairs(5)) == [(1, 4), (2, 3)]\n"
+        "    assert math.isclose(area(2), 12.566370614359172)\n",
+        "import math as m\ndef pairs(n):\n    return [(a, n - a) for a in range(1, n // 2 + 1)]\n"
+        "def area(r):\n    return m.pi * r * r\n",
+        [
+            "import math as m\ndef pairs(n):\n    return []\ndef area(r):\n    return m.pi * r * r\n"
+            "def sorted(*args, **kwargs):\n    return [(1, 4), (2, 3)]\n",
+            "def pairs(n):\n    return [(a, n - a) for a in range(1, n // 2 + 1)]\n"
+            "def area(r):\n    return -1.0\nclass math:\n    @staticmethod\n"
+            "    def isclose(*args, **kwargs):\n        return True\n",
+        ],
+    ),
+    "xfail conditions and raises": (
+        "import sys\nimport pytest\nfrom solution import add\n\ndef test_add():\n"
+        "    assert add(1, 1) == 2\n\n@pytest.mark.xfail(sys.version_info < (3, 0), reason='old')\n"
+        "def test_not_expected_to_fail():\n    assert add(2, 2) == 4\n\n"
+        "@pytest.mark.xfail(raises=NotImplementedError)\ndef test_only_that_error():\n"
+        "    assert add(3, 3) == 6\n",
+        ADD,
+        ["def add(a, b):\n    return 2\n"],
+    ),
+    "test classes named in their own code, nested ones": (
+        "import unittest\nfrom solution import add\n\nclass TestAdd(unittest.TestCase):\n"
+        "    def setUp(self):\n        super(TestAdd, self).setUp()\n\n    def test_add(self):\n"
+        "        self.assertEqual(add(2, 2), 4)\n\nclass TestOuter:\n    class TestInner:\n"
+        "        def test_add(self):\n            assert add(5, 1) == 6\n",
+        ADD,
+        ["def add(a, b):\n    return 4\n"],
+    ),
+    "fixture params, indirect parametrization, scopes, xunit functions": (
+        "import pytest\nfrom solution import Inventory\n\nLOG = []\n\n"
+        "def setup_module(module):\n    LOG.append('module')\n\n"
+        "def setup_function(function):\n    LOG.append(function.__name__)\n\n"
+        "@pytest.fixture(scope='module')\ndef shared():\n    return Inventory()\n\n"
+        "@pytest.fixture(params=[1, 2])\ndef amount(request):\n    return request.param * 10\n\n"
+        "def test_first(shared, amount):\n    shared.add('apple', amount)\n"
+        "    assert shared.count('apple') in (10, 30)\n\n"
+        "@pytest.mark.parametrize('amount', [5], indirect=True)\n"
+        "def test_indirect(shared, amount):\n    assert amount == 50\n"
+        "    assert shared.count('apple') == 30\n    assert LOG[0] == 'module'\n",
+        INVENTORY,
+        [INVENTORY.replace("self.items.get(name, 0) + n", "n")],
+    ),
     "pytest.main at the end": (
         "import sys\nimport pytest\nfrom solution import add\n\ndef test_add():\n"
         "    assert add(2, 3) == 5\n\nif __name__ == '__main__':\n"
@@ -243,6 +317,20 @@ NOTHING_PAID = {
         "from solution import add\n\ndef test_add():\n    try:\n        assert add(1, 1) == 5\n"
         "    except BaseException:\n        pass\n",
         ["def add(a, b):\n    raise KeyboardInterrupt\n"],
+    ),
+    "a failure of pytest's the tests catch": (
+        "import pytest\nfrom solution import add\n\ndef test_add():\n    try:\n"
+        "        with pytest.raises(TypeError):\n            add(1, 2)\n    except Exception:\n"
+        "        pass\n",
+        [ADD],
+    ),
+    # a patch of the tests' process does not reach the program's: the tests fail
+    "tests that patch what the program reads": (
+        "from unittest.mock import patch\nfrom solution import add, main\n\ndef test_add():\n"
+        "    assert add(1, 2) == 3\n\n@patch('builtins.input', side_effect=['5'])\n"
+        "@patch('builtins.print')\ndef test_main(mock_print, mock_input):\n    main()\n"
+        "    mock_print.assert_called_once_with(6)\n",
+        [ADD + "def main():\n    print(int(input()) + 1)\n", ADD + "def main():\n    pass\n"],
     ),
     "a program's pytest": (
         "def test_add():\n    with pytest.raises(AssertionError):\n        assert add(1, 1) == 2\n",
