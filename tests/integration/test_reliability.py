@@ -314,6 +314,11 @@ def test_resume_from_a_given_checkpoint_and_refuse_another_world_size(
     assert later and all(name in str(refused.value) for name in later[:3])
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step-*"))[1:] == later
     overwrite = "run.overwrite=true"
+    # a resume refused for a changed setting deletes nothing
+    with pytest.raises(UserError, match="cannot resume .* run.seed was 0 and is now 1"):
+        setup(make_config(tiny_model_dir, data_file, run_dir, f"run.resume={first}", overwrite,
+                          "run.seed=1"))  # fmt: skip
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step-*"))[1:] == later
     s = setup(make_config(tiny_model_dir, data_file, run_dir, f"run.resume={first}", overwrite))
     assert s.start_step == 1
     assert [p.name for p in (run_dir / "checkpoints").glob("step-*")] == ["step-000001"]
@@ -531,6 +536,12 @@ def test_overwrite_replaces_a_previous_run_but_never_deletes_foreign_files(
     assert main(["train", "--quiet", *args, "run.steps=2", "run.overwrite=true"]) == 0
     assert [r["step"] for r in metric_rows(run_dir)] == [1, 2]
     assert (run_dir / "metrics.jsonl").read_text() != first
+    # an overwrite refused for a bad setting leaves the previous run as it was
+    before = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*"))
+    capsys.readouterr()
+    assert main(["train", "--quiet", *args, "run.overwrite=true", "reward.functions=[corect]"]) == 2
+    assert "corect" in capsys.readouterr().err
+    assert sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")) == before
 
     (run_dir / "notes.txt").write_text("mine")
     capsys.readouterr()

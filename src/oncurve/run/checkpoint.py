@@ -311,7 +311,7 @@ def remove_checkpoints(directories: list[Path]) -> None:
 
 def _prune(root: Path, newest: Path, keep_last: int) -> None:
     """Remove complete checkpoints beyond `keep_last`, never `newest` (nor any later one: a
-    resume from an older checkpoint removed those before it trained, `rundir.claim_run_dir`)."""
+    resume from an older checkpoint removed those before it trained, `rundir.Replaced`)."""
     older = [d for d in _complete_checkpoints(root) if _step_of(d) < _step_of(newest)]
     remove_checkpoints(older[: max(0, len(older) - (keep_last - 1))])
 

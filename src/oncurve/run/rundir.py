@@ -21,6 +21,7 @@ import shutil
 import socket
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import TextIO
@@ -62,20 +63,43 @@ RUN_FILES = {
 }
 
 
-def prepare_run_dir(config: Config, rank: int) -> tuple[Path, Path | None]:
-    """The run directory and the checkpoint to resume from. Rank 0 checks and creates it; the
-    other ranks wait for that (a barrier) and then only read."""
-    run_dir, resume_from = claim_run_dir(config) if rank == 0 else (None, None)
+@dataclass
+class Replaced:
+    """What the new run replaces, deleted only once the rest of its setup has passed (a run
+    refused later, a typo in a setting or a resume's changed seed, leaves them): a previous
+    run's entries (`run.overwrite`), or a resumed run's checkpoints after the one it resumes."""
+
+    entries: list[Path] = field(default_factory=list)
+    checkpoints: list[Path] = field(default_factory=list)
+
+    def remove(self) -> None:
+        checkpoint.remove_checkpoints(self.checkpoints)
+        for path in self.entries:  # the lock stays: it is this trainer's
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        self.entries, self.checkpoints = [], []
+
+
+def prepare_run_dir(config: Config, rank: int) -> tuple[Path, Path | None, Replaced]:
+    """The run directory, the checkpoint to resume from and what the run replaces there (for
+    the caller to `remove` once the run is set up). Rank 0 checks and creates it; the other
+    ranks wait for that (a barrier) and then only read."""
+    run_dir, resume_from, replaced = (
+        claim_run_dir(config) if rank == 0 else (None, None, Replaced())
+    )
     if distributed.world()[1] > 1:
         shared = [str(run_dir), str(resume_from) if resume_from else ""]
         torch.distributed.broadcast_object_list(shared, src=0)
         run_dir, resume_from = Path(shared[0]), Path(shared[1]) if shared[1] else None
-    return run_dir, resume_from
+    return run_dir, resume_from, replaced
 
 
-def claim_run_dir(config: Config) -> tuple[Path, Path | None]:
+def claim_run_dir(config: Config) -> tuple[Path, Path | None, Replaced]:
     """Rank 0's side of `prepare_run_dir`: lock the run directory (creating it), then check
-    `run.dir`, `run.resume` and `run.overwrite`, and delete a previous run's files when asked."""
+    `run.dir`, `run.resume` and `run.overwrite`; what a previous run left that this one
+    replaces comes back, not deleted yet."""
     resume = config.run.resume
     if resume not in (None, "auto"):
         path = Path(resume)
@@ -106,10 +130,7 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None]:
                     "pass run.overwrite=true to continue from it and delete them, or resume "
                     "into an empty run.dir"
                 )
-            # before the metrics are cut back to its step: a crash between the two then leaves
-            # checkpoints and metrics that agree
-            checkpoint.remove_checkpoints(later)
-        return run_dir, path
+        return run_dir, path, Replaced(checkpoints=later)
     if config.run.dir is None:
         if resume == "auto":
             raise UserError("run.resume=auto needs run.dir (the run to continue)")
@@ -121,7 +142,7 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None]:
             found = checkpoint.latest_checkpoint(run_dir)
             if found is not None:
                 _refuse_foreign_final(run_dir)
-                return run_dir, found
+                return run_dir, found, Replaced()
         if contents:
             # Neither resume=auto (restarting a run killed before its first checkpoint) nor
             # run.overwrite deletes files that no run wrote: run.dir may point at the wrong one.
@@ -146,14 +167,9 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None]:
                         "start over"
                     )
                 )
-            for path in contents:  # the lock stays: it is this trainer's
-                if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink()
     if resume == "auto":
         print(f"note: no checkpoint in {run_dir}; starting a new run", file=sys.stderr)
-    return run_dir, None
+    return run_dir, None, Replaced(entries=contents)
 
 
 def _refuse_foreign_final(run_dir: Path) -> None:

@@ -68,7 +68,7 @@ from oncurve.rollout.harness import HarnessSettings, resolve_harness
 from oncurve.run import checkpoint, oom
 from oncurve.run.metrics import MetricsLogger, truncate_after
 from oncurve.run.rewards import build_rewards
-from oncurve.run.rundir import prepare_run_dir
+from oncurve.run.rundir import Replaced, prepare_run_dir
 from oncurve.run.session import Session, forward_settings
 from oncurve.run.settle import (
     LOCAL_PATHS,
@@ -87,7 +87,7 @@ def setup(config: Config) -> Session:
     """Build the session: settle the config, load and assemble the run; resume if asked."""
     config = settle_paths(config)
     device, rank, world_size = start_devices(config)
-    run_dir, resume_from = prepare_run_dir(config, rank)
+    run_dir, resume_from, replaced = prepare_run_dir(config, rank)
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     torch.manual_seed(config.run.seed)
@@ -148,7 +148,9 @@ def setup(config: Config) -> Session:
         data_fingerprint=data_fingerprint(data.rows),
     )
     if resume_from is not None:
-        _resume(s, resume_from)
+        _resume(s, resume_from, replaced)
+    else:  # the run is set up: what it replaces can go before it writes
+        replaced.remove()
     s.logger = MetricsLogger(
         run_dir,
         tensorboard=config.log.tensorboard,
@@ -265,10 +267,11 @@ def _trackio_settings(config: Config) -> dict[str, Any] | None:
     return {"project": trackio.project, "name": trackio.name, "config": to_dict(config)}
 
 
-def _resume(s: Session, checkpoint_dir: Path) -> None:
-    """Load the checkpoint into the session and drop the metrics logged after it. Its ranks and
-    settings are compared first, from its `state.json`: a changed setting is named before any
-    tensor that would not fit it loads."""
+def _resume(s: Session, checkpoint_dir: Path, replaced: Replaced) -> None:
+    """Load the checkpoint into the session, delete the later checkpoints it `replaced` and drop
+    the metrics logged after it. Its ranks and settings are compared first, from its
+    `state.json`: a changed setting is named before any tensor that would not fit it loads, and
+    before anything is deleted."""
     saved = checkpoint.read_state(checkpoint_dir)
     checkpoint.check_saved_ranks(checkpoint_dir, saved, s.world_size)
     s.start_step = int(saved["step"])
@@ -310,6 +313,9 @@ def _resume(s: Session, checkpoint_dir: Path) -> None:
         # at the last step, an evaluation row is the final one's, which a stop cut short of the
         # final save: the resume evaluates again
         done = s.start_step == s.config.run.steps and s.config.eval.at_start_end
+        # before the metrics are cut back to its step: a crash between the two then leaves
+        # checkpoints and metrics that agree
+        replaced.remove()
         truncate_after(s.run_dir, s.start_step, drop_evaluation=done)
 
 
