@@ -145,24 +145,29 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 
 class _Given(str):
-    """An override's text that YAML reads as a number, boolean or date (`parsed`): a text field
-    takes the text as written (`run.dir=007` stays "007"), any other field YAML's reading."""
+    """An override's text that YAML reads as something else (`parsed`: a number, a boolean, a
+    date, null, a list or mapping, or the text cut at a ` #` comment): a text field takes the
+    text as written (`run.dir=007` stays "007", `data.system_prompt=Answer: a number` and
+    `run.dir=runs/exp #2` stay whole), except `null` or `~`; any other field YAML's reading,
+    and a list or mapping field an error when YAML cannot read it (`invalid`)."""
 
     parsed: Any
+    invalid: str | None = None
 
 
 def _parse_override(item: str) -> tuple[str, Any]:
     key, sep, text = item.partition("=")
     if not sep or not key:
         raise UserError(f"override {item!r} must look like section.key=value")
-    try:
-        value = yaml.safe_load(text) if text else ""
-    except yaml.YAMLError:
-        value = text
-    if value is None or isinstance(value, str | list | dict):
-        return key.strip(), value
     given = _Given(text)
-    given.parsed = value
+    try:
+        given.parsed = yaml.safe_load(text) if text else ""
+    except yaml.YAMLError as err:
+        given.parsed = text
+        given.invalid = str(getattr(err, "problem", None) or err).splitlines()[0]
+    quoted = text.strip()[:1] in ("'", '"')
+    if given.invalid is None and isinstance(given.parsed, str) and (given.parsed == text or quoted):
+        return key.strip(), given.parsed  # plain text, or text quoted to be taken as text
     return key.strip(), given
 
 
@@ -170,7 +175,13 @@ def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     parts = key.split(".")
     node = raw
     for part in parts[:-1]:
-        child = node.setdefault(part, {})
+        child = node.get(part)
+        if child is None:  # a section left empty in YAML (`model:`) is an empty one
+            child = node[part] = {}
+        elif isinstance(child, _Given) and isinstance(child.parsed, dict):
+            child = node[part] = dict(child.parsed)
+        if isinstance(child, list):
+            raise UserError(f"{key}: {'.'.join(parts[:-1])} is a list; set it whole, [...]")
         if not isinstance(child, dict):
             raise UserError(f"{key}: {part} is not a section")
         node = child
@@ -195,8 +206,20 @@ def _from_dict(cls: type, raw: Any, prefix: str) -> Any:
 
 def _coerce(hint: Any, value: Any, name: str, spec: dataclasses.Field) -> Any:
     if isinstance(value, _Given):
-        takes_text = hint is str or str in typing.get_args(hint)
-        value = str(value) if takes_text else value.parsed
+        args = typing.get_args(hint)
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        text_field = hint is str or (union and str in args)
+        # a list of text given one item (`rollout.stop=42`) takes it as written too
+        text_item = typing.get_origin(hint) is list and args == (str,)
+        text_item = text_item and not isinstance(value.parsed, list)
+        if value.invalid and not text_field and value.lstrip()[:1] in ("[", "{"):
+            raise UserError(f"{name}: {str(value)!r} is not valid YAML ({value.invalid})")
+        if value.strip() in ("null", "Null", "NULL", "~"):
+            value = None
+        elif text_field or text_item:
+            value = str(value)
+        else:
+            value = value.parsed
     if dataclasses.is_dataclass(hint):
         if isinstance(value, str) and hint is RewardFnConfig:
             value = {"name": value}
@@ -214,7 +237,9 @@ def _coerce(hint: Any, value: Any, name: str, spec: dataclasses.Field) -> Any:
         return dict(value)
     if origin is list:
         (item_hint,) = typing.get_args(hint)
-        if isinstance(value, str | dict) or not isinstance(value, list):
+        if isinstance(value, dict):  # a dotted key into a list (`reward.functions.weight=2`)
+            raise UserError(f"{name} is a list; set it whole: {name}=[...]")
+        if not isinstance(value, list):
             value = [value]
         return [_coerce(item_hint, v, f"{name}[{i}]", spec) for i, v in enumerate(value)]
     if dataclasses.is_dataclass(hint):

@@ -140,6 +140,31 @@ def test_a_text_setting_keeps_the_override_as_written(text):
     assert load_config(None, ["run.dir='x y'"]).run.dir == "x y"
 
 
+@pytest.mark.parametrize(
+    "text",
+    ["runs/exp #2", "# Rules", "Answer: a number.", "Question: {question}", "[draft", "a, b"],
+)
+def test_a_text_setting_keeps_comment_marks_colons_and_brackets(text):
+    """YAML would cut a ` #` comment, read `: ` as a mapping or fail on `[`: a text field takes
+    the text as written."""
+    config = load_config(None, [f"run.dir={text}", f"data.system_prompt={text}"])
+    assert (config.run.dir, config.data.system_prompt) == (text, text)
+
+
+def test_list_settings_are_read_whole_and_refuse_what_yaml_cannot_read(tmp_path):
+    assert load_config(None, ["rollout.stop=42"]).rollout.stop == ["42"]
+    with pytest.raises(UserError, match=r"rollout.stop: '\[a' is not valid YAML"):
+        load_config(None, ["rollout.stop=[a"])
+    with pytest.raises(UserError, match=r"reward.functions is a list; set it whole"):
+        load_config(None, ["reward.functions.weight=0.5"])
+    path = tmp_path / "c.yaml"
+    path.write_text("reward:\n  functions: [correct]\nmodel:\n  # path: x\n")
+    with pytest.raises(UserError, match=r"reward.functions.weight: reward.functions is a list"):
+        load_config(path, ["reward.functions.weight=0.5"])
+    # a section left empty in the file takes overrides
+    assert load_config(path, ["model.path=default"]).model.path == "default"
+
+
 def test_rewards_accept_names_and_weighted_mappings():
     config = load_config(None, ["reward.functions=[correct, {name: 'pkg.mod:fn', weight: 0.5}]"])
     assert [(r.name, r.weight) for r in config.reward.functions] == [
