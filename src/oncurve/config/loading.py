@@ -14,7 +14,7 @@ import yaml
 
 from oncurve.config.presets import BUNDLED_MODEL_DEFAULTS, ESTIMATOR_DEFAULTS, PRESETS
 from oncurve.config.sections import Config, RewardFnConfig
-from oncurve.config.validation import check_cross_fields
+from oncurve.config.validation import check_cross_fields, check_given_settings
 from oncurve.errors import UserError
 
 # Keys that were renamed or moved, old dotted key -> new dotted key: a config that still uses
@@ -57,10 +57,44 @@ def build_config(raw: dict[str, Any]) -> Config:
     estimator = user_algo.get("estimator", merged["algo"]["estimator"])
     if isinstance(estimator, str):
         merged = _merge(merged, {"algo": ESTIMATOR_DEFAULTS.get(estimator, {})})
-    merged = _merge(merged, raw)
-    config = _from_dict(Config, merged, "")
+    baseline = _from_dict(Config, merged, "")
+    config = _from_dict(Config, _merge(merged, raw), "")
     check_cross_fields(config)
+    # the settings given a value of their own (a run's saved config.yaml gives every key, most
+    # at the value they would have anyway)
+    given = {key for key in _dotted_keys(raw) if _value(config, key) != _value(baseline, key)}
+    check_given_settings(config, given)
     return config
+
+
+def _dotted_keys(raw: dict[str, Any], prefix: str = "") -> set[str]:
+    """The dotted names of the settings `raw` gives (its sections' keys, not the sections)."""
+    keys = set()
+    for key, value in raw.items():
+        if isinstance(value, dict) and f"{prefix}{key}" in _SECTIONS:
+            keys |= _dotted_keys(value, f"{prefix}{key}.")
+        else:
+            keys.add(f"{prefix}{key}")
+    return keys
+
+
+def _value(config: Config, key: str) -> Any:
+    node: Any = config
+    for part in key.split("."):
+        node = getattr(node, part, None)
+    return node
+
+
+def _sections(cls: type, prefix: str = "") -> set[str]:
+    """The dotted names of the config's sections (`model`, `model.lora`, ...)."""
+    names = set()
+    for name, hint in typing.get_type_hints(cls).items():
+        if dataclasses.is_dataclass(hint):
+            names |= {f"{prefix}{name}"} | _sections(hint, f"{prefix}{name}.")
+    return names
+
+
+_SECTIONS = _sections(Config)
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -131,3 +131,54 @@ def _check_reward(config: Config) -> None:
             f"turn of an episode, not its {config.rollout.max_turns} turns and observations; "
             "drop it (algo.preset=dapo sets reward.overlong_buffer: set it to 0)"
         )
+
+
+def check_given_settings(config: Config, given: set[str]) -> None:
+    """A one-line error for a setting the user gave (`given`: dotted keys of the YAML file and
+    the overrides) that the rest of the config leaves without effect: a run must not train as
+    if it were honoured."""
+    algo, lora = config.algo, config.model.lora
+    from_file = config.data.path is not None
+    unused = {
+        "algo.dual_clip": (algo.loss == "cispo", "algo.loss=cispo bounds its weight itself"),
+        "algo.norm_len": (
+            algo.loss_agg != "seq-mean-token-sum-norm",
+            "only algo.loss_agg=seq-mean-token-sum-norm divides by it",
+        ),
+        "algo.is_cap": (algo.is_correction == "none", "algo.is_correction=none corrects nothing"),
+        "algo.max_resample": (not algo.dynamic_sampling, "algo.dynamic_sampling is off"),
+        "reward.overlong_penalty": (
+            not config.reward.overlong_buffer,
+            "reward.overlong_buffer=0 turns the penalty off",
+        ),
+        "eval.path": (
+            not from_file,
+            "a built-in task or a verifiers environment evaluates on its own held-out rows",
+        ),
+        **{
+            f"algo.{name}": (algo.estimator != "gae", "only algo.estimator=gae uses it")
+            for name in ("gamma", "lam", "value_clip", "value_coef", "value_lr")
+        },
+        **{
+            f"algo.{name}": (algo.estimator == "gae", "algo.estimator=gae scales by the critic")
+            for name in ("adv_scale", "adv_eps")
+        },
+        **{
+            f"model.lora.{name}": (not lora.r, "model.lora.r=0 trains no adapter")
+            for name in ("alpha", "dropout", "target_modules", "save_adapter")
+        },
+        **{
+            f"rollout.{name}": (config.rollout.env is None, "rollout.env is not set")
+            for name in ("env_args", "env_timeout_s", "max_observation_tokens")
+        },
+    }
+    for key in sorted(given):
+        ignored, why = unused.get(key, (False, ""))
+        if ignored:
+            raise UserError(f"{key} has no effect here: {why}; drop it")
+    asked = sorted(k for k in given if k in ("eval.every", "eval.samples", "eval.num_prompts"))
+    if from_file and config.eval.path is None and asked:
+        raise UserError(
+            f"{asked[0]} has no effect here: data.path has no held-out rows of its own; set "
+            "eval.path (a file or Hub dataset, eval.split) to evaluate"
+        )
