@@ -53,6 +53,7 @@ import fractions
 import importlib
 import json
 import marshal
+import operator
 import os
 import signal
 import sys
@@ -76,6 +77,7 @@ _STANDARD = {
     ),
     decimal.Decimal: ("Decimal", str, lambda c: _quiet_decimal(decimal.Decimal(c))),
     range: ("range", lambda v: (v.start, v.stop, v.step), lambda c: range(*c)),
+    slice: ("slice", lambda v: (v.start, v.stop, v.step), lambda c: slice(*c)),
 }
 _REBUILD = {kind: rebuild for kind, _, rebuild in _STANDARD.values()}
 
@@ -107,9 +109,13 @@ _BINDING_OPS = frozenset(("STORE_NAME", "DELETE_NAME", "STORE_GLOBAL", "DELETE_G
 
 
 class _Missing(AttributeError):
-    """A program's object without `keys`, as `getattr` says to `dict()`, which probes for it;
-    any other missing attribute is the program's error (one it could raise on purpose to end
-    a `try` the tests wrote for another)."""
+    """A program's object without one of the attributes `_PROBED`, as `getattr` says to
+    `dict()`, which probes for `keys`, or to the tests' `hasattr(x, "__dict__")` (a class with
+    `__slots__`); any other missing attribute is the program's error (one it could raise on
+    purpose to end a `try` the tests wrote for another)."""
+
+
+_PROBED = frozenset(("keys", "__dict__", "__slots__"))
 
 
 class ProgramRaised(BaseException):
@@ -312,6 +318,11 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
                     if packed:
                         args, kwargs = _unpack((args, kwargs), deref)
                     reply = encode(target(*args, **kwargs))
+                elif kind == "method":  # a protocol of its class (`len(x)`, `x < y`, `x[i]`)
+                    name, args, packed = rest
+                    if packed:
+                        args = _unpack(args, deref)
+                    reply = encode(_OPERATIONS[name](target, *args))
                 elif kind == "getattr":
                     reply = encode(getattr(target, rest[0]))
                 elif kind == "iter":
@@ -372,12 +383,14 @@ class _Remote:
             marshal.dumps((args, kwargs))
             packed = False
         except ValueError:  # objects of the program's among them, or of the standard library
-            args, kwargs = _outgoing((args, kwargs))
+            args, kwargs = self._link.outgoing((args, kwargs))
             packed = True
         return self._link.ask("call", self._ref, args, kwargs, packed)
 
     def __getattr__(self, name):
-        if name.startswith("__"):  # protocols the tests' code probes for (copy, pickle)
+        # protocols the tests' code probes for (copy, pickle) are not the program's, but
+        # whether its object has a `__dict__` (`__slots__`) is
+        if name.startswith("__") and name not in _PROBED:
             raise AttributeError(name)
         return self._link.ask("getattr", self._ref, name)
 
@@ -389,7 +402,7 @@ class _Remote:
             marshal.dumps(value)
             packed = False
         except ValueError:
-            value, packed = _outgoing(value), True
+            value, packed = self._link.outgoing(value), True
         self._link.ask("setattr", self._ref, name, value, packed)
 
     def __iter__(self):
@@ -411,8 +424,59 @@ class _Remote:
         self._link.raised = True
         raise ProgramRaised("an object of the program has no truth value in the tests")
 
-    def __repr__(self):
-        return "<object of the program>"
+    def __eq__(self, other):
+        # against another object of the program's, the program's `==`; against the tests' own
+        # values, identity: an object that says it equals anything passes no `assert f(x) == y`
+        if type(other) is _Remote and other._link is self._link:
+            return self._link.method(self._ref, "__eq__", (other,))
+        return NotImplemented
+
+    def __ne__(self, other):
+        if type(other) is _Remote and other._link is self._link:
+            return self._link.method(self._ref, "__ne__", (other,))
+        # identity would say "differs" whatever the program's `==` says
+        self._link.raised = True
+        raise ProgramRaised("an object of the program compared with != to a value of the tests'")
+
+
+def _forwarded(name: str) -> Any:
+    def protocol(self, *args):
+        return self._link.method(self._ref, name, args)
+
+    protocol.__name__ = name
+    return protocol
+
+
+# The protocols of a program's object that the tests' operators and builtins reach (`len`,
+# `str`, `repr`, `<`, `[]`, `in`, arithmetic, `hash`): the child applies the operator itself,
+# with Python's fallbacks and reflected methods, and the result comes back as any reply does
+# (an unsupported one as the TypeError Python raises). `==` and `!=` are `_Remote`'s own.
+_ARITHMETIC = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow")
+_OPERATIONS = {
+    "__len__": len,
+    "__getitem__": operator.getitem,
+    "__setitem__": operator.setitem,
+    "__delitem__": operator.delitem,
+    "__contains__": operator.contains,
+    "__hash__": hash,
+    "__str__": str,
+    "__repr__": repr,
+    "__neg__": operator.neg,
+    "__pos__": operator.pos,
+    "__abs__": abs,
+    "__int__": int,
+    "__float__": float,
+    "__index__": operator.index,
+    **{f"__{name}__": getattr(operator, name) for name in ("lt", "le", "gt", "ge", "eq", "ne")},
+    **{f"__{name}__": getattr(operator, name) for name in _ARITHMETIC},
+    **{
+        f"__r{name}__": (lambda f: lambda t, a: f(a, t))(getattr(operator, name))
+        for name in _ARITHMETIC
+    },
+}
+_PROTOCOLS = frozenset(_OPERATIONS)
+for _name in _PROTOCOLS - {"__eq__", "__ne__"}:
+    setattr(_Remote, _name, _forwarded(_name))
 
 
 def _outgoing(value: Any) -> Any:
@@ -439,12 +503,32 @@ class _Link:
         # per iterator of the program's: (items fetched ahead, how it ended, next batch size)
         self.fetched: dict[int, tuple[list, tuple, int]] = {}
 
+    def method(self, ref: int, name: str, args: tuple) -> Any:
+        """What protocol `name` of the program's object `ref` gives for `args`."""
+        packed = False
+        try:
+            marshal.dumps(args)
+        except ValueError:
+            args, packed = self.outgoing(args), True
+        return self.ask("method", ref, name, args, packed)
+
+    def outgoing(self, value: Any) -> Any:
+        """`_outgoing(value)`; a value of the tests' that cannot reach the program fails the
+        case (the tests cannot be run on it as written, and an error here would be theirs to
+        catch)."""
+        try:
+            return _outgoing(value)
+        except TypeError:
+            self.raised = True
+            raise ProgramRaised("the tests pass the program a value that cannot reach it") from None
+
     def ask(self, *request: object) -> Any:
         self.used = True
         try:
             marshal.dumps(request)
         except ValueError:  # an argument of the tests' that is not plain data
-            raise TypeError("only plain data can be passed to the program") from None
+            self.raised = True
+            raise ProgramRaised("the tests pass the program a value that cannot reach it") from None
         try:
             _send(self.requests, request)
             result = self.decode(_receive(self.replies), request)
@@ -550,13 +634,13 @@ class _Link:
                 return found
             if type(reply[1]) is tuple and reply[1]:
                 return self.decode(("ref", reply[1][0]))
-        if kind == "raise" and request[0] in ("call", "getattr", "iter", "setattr"):
+        if kind == "raise" and request[0] in ("call", "getattr", "iter", "setattr", "method"):
             if (
                 request[0] == "getattr"
-                and request[2] == "keys"
+                and request[2] in _PROBED
                 and reply[1:2] == ("AttributeError",)
             ):
-                raise _Missing("keys")  # `dict()` probing an object: no mapping
+                raise _Missing(request[2])  # `dict()` or `hasattr` probing an object
             return _Thrown(self.exception(reply))
         if kind == "items" and request[0] == "next" and len(reply) == 3:
             if type(reply[1]) is list and type(reply[2]) is tuple and _plain(reply[2]):
@@ -651,8 +735,8 @@ def _program_module(
     """The program as the module `SOLUTION`, for tests that import it: all its names, except
     that a builtin's or a standard module's name is the real one (a star import must not rebind
     the tests' `sorted` or `math`) unless the tests take that name from it by name or it is the
-    entry point. A plain value of the program's that the tests read from it by name counts as a
-    use of the program."""
+    entry point; a star import takes none that the tests have bound already. A plain value of
+    the program's that the tests read from it by name counts as a use of the program."""
     by_name, read = _taken_from_program(source)
     module = types.ModuleType(SOLUTION)
     for name, reply in names.items():
@@ -665,6 +749,17 @@ def _program_module(
         module.__dict__[name] = link.decode(reply)
         if name in read and reply[0] in ("value", "packed"):
             link.used = True
+    programs = {n: v for n, v in module.__dict__.items() if not n.startswith("_")}
+
+    def star(name: str) -> list[str]:
+        """`__all__`, for `from solution import *` when it runs: the program's names but those
+        the tests have bound to something else by then (`pytest`, `from math import isclose`)."""
+        if name != "__all__":
+            raise AttributeError(f"module {SOLUTION!r} has no attribute {name!r}")
+        bound = sys.modules["__main__"].__dict__
+        return [n for n, v in programs.items() if n != "pytest" and bound.get(n, v) is v]
+
+    module.__dict__["__getattr__"] = star
     return module
 
 

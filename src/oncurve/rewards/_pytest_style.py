@@ -464,7 +464,8 @@ def _run(
     namespace, and "method" or "function"); the number of runs that counted."""
     owner, kind = hooks
     counted = 0
-    for arguments, extra in _parametrizations(marks) or [({}, [])]:
+    runs = _parametrizations(marks) if any(m.name == "parametrize" for m in marks) else None
+    for arguments, extra in [({}, [])] if runs is None else runs:  # none: an empty list
         every = marks + extra
         if _skipped(every, namespace):
             continue

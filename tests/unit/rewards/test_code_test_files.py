@@ -45,6 +45,19 @@ INVENTORY = (
     "    def add(self, name, n):\n        self.items[name] = self.items.get(name, 0) + n\n"
     "    def count(self, name):\n        return self.items.get(name, 0)\n"
 )
+VERSION_STACK = (
+    "class Version:\n    def __init__(self, s):\n"
+    "        self.parts = tuple(int(p) for p in s.split('.'))\n"
+    "    def __lt__(self, other):\n        if not isinstance(other, Version):\n"
+    "            return NotImplemented\n        return self.parts < other.parts\n"
+    "    def __le__(self, other):\n        return self.parts <= other.parts\n"
+    "    def __eq__(self, other):\n        return self.parts == other.parts\n"
+    "class Stack:\n    __slots__ = ('items',)\n    def __init__(self):\n        self.items = []\n"
+    "    def push(self, x):\n        self.items.append(x)\n"
+    "    def __len__(self):\n        return len(self.items)\n"
+    "    def __getitem__(self, i):\n        return self.items[i]\n"
+    "    def __str__(self):\n        return f'Stack({self.items})'\n"
+)
 
 EXPECTED_EXCEPTIONS = {
     "try/except of the exception's type": (
@@ -252,6 +265,41 @@ PYTEST_FILES = {
         INVENTORY,
         [INVENTORY.replace("self.items.get(name, 0) + n", "n")],
     ),
+    "a star import leaves the names the tests imported before it alone": (
+        "import pytest\nfrom math import isclose\nfrom solution import *\n\n"
+        "@pytest.mark.parametrize('r', [1, 2])\ndef test_area(r):\n"
+        "    assert isclose(area(r), 3.14159 * r * r, rel_tol=1e-3)\n",
+        "import math\nfrom math import isclose\ndef area(r):\n    return math.pi * r * r\n",
+        [
+            "def area(r):\n    return 0\ndef isclose(*args, **kwargs):\n    return True\n",
+            "def area(r):\n    return 0\nclass pytest:\n    class mark:\n"
+            "        @staticmethod\n        def parametrize(*args):\n            return ValueError\n",
+        ],
+    ),
+    "operators on the program's objects": (
+        "import pytest\nfrom solution import Version, Stack\n\ndef test_order():\n"
+        "    assert Version('1.2') < Version('1.10') and not Version('1.10') < Version('1.2')\n"
+        "    assert not Version('2.0') <= Version('1.9')\n"
+        "    assert Version('1.2') != Version('1.3') and Version('1.2') == Version('1.2')\n"
+        "    with pytest.raises(TypeError):\n        Version('1.2') < '1.3'\n\n"
+        "def test_stack():\n    s = Stack()\n    s.push(1)\n    s.push(2)\n"
+        "    assert len(s) == 2 and s[0] == 1 and 2 in s and str(s) == 'Stack([1, 2])'\n"
+        "    with pytest.raises(TypeError):\n        s[0] = 5\n"
+        "    assert not hasattr(s, '__dict__')\n",
+        VERSION_STACK,
+        [
+            VERSION_STACK.replace("return self.parts < other.parts", "return True"),
+            VERSION_STACK.replace("return self.parts == other.parts", "return True"),
+            VERSION_STACK + "    def __setitem__(self, i, x):\n        self.items[i] = x\n",
+            VERSION_STACK.replace("    __slots__ = ('items',)\n", ""),
+        ],
+    ),
+    "an empty parametrization": (
+        "import pytest\nfrom solution import add\n\n@pytest.mark.parametrize('a', [])\n"
+        "def test_none(a):\n    assert add(a, 0) == -1\n\ndef test_add():\n    assert add(1, 2) == 3\n",
+        ADD,
+        [SUB],
+    ),
     "pytest.main at the end": (
         "import sys\nimport pytest\nfrom solution import add\n\ndef test_add():\n"
         "    assert add(2, 3) == 5\n\nif __name__ == '__main__':\n"
@@ -331,6 +379,13 @@ NOTHING_PAID = {
         "@patch('builtins.print')\ndef test_main(mock_print, mock_input):\n    main()\n"
         "    mock_print.assert_called_once_with(6)\n",
         [ADD + "def main():\n    print(int(input()) + 1)\n", ADD + "def main():\n    pass\n"],
+    ),
+    # an object of the tests' own cannot reach the program's process: the case fails rather
+    # than the tests catching the judge's error
+    "an object of the tests' passed to the program": (
+        "import pytest\nfrom solution import first\n\ndef test_first():\n"
+        "    with pytest.raises(TypeError):\n        first(object())\n",
+        ["def first(x):\n    return x[0]\n", "def first(x):\n    raise TypeError\n"],
     ),
     "a program's pytest": (
         "def test_add():\n    with pytest.raises(AssertionError):\n        assert add(1, 1) == 2\n",
