@@ -44,14 +44,14 @@ def test_eval_of_a_run_gives_the_trainers_held_out_accuracy(tmp_path, capsys):
 
 
 def train_with_held_out_file(tmp_path, problems: int, *overrides: str):
-    """A one-step run of the bundled model whose eval.path holds `problems` arith problems:
-    (its directory, its result)."""
+    """A one-step run of the bundled model on a file of `problems` arith problems, which is its
+    eval.path too: (its directory, its result)."""
     held_out = tmp_path / "held_out.jsonl"
     rows = get_task("arith").examples("test", problems, 0)
     held_out.write_text("".join(json.dumps(row) + "\n" for row in rows))
     run_dir = tmp_path / "run"
-    overrides = ("run.steps=1", f"eval.path={held_out}", f"run.dir={run_dir}", "run.device=cpu",
-                 *overrides)  # fmt: skip
+    overrides = ("run.steps=1", f"data.path={held_out}", f"eval.path={held_out}",
+                 f"run.dir={run_dir}", "run.device=cpu", *overrides)  # fmt: skip
     return run_dir, train(load_config(None, list(overrides)), quiet=True)
 
 

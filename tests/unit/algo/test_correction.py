@@ -277,7 +277,7 @@ def test_a_step_weights_the_policy_term_as_assembled_by_hand(
 
 def test_is_correction_none_weighs_nothing(tiny_model_dir, data_file, tmp_path):
     config = raw_gradient_config(
-        tiny_model_dir, data_file, tmp_path / "run", "algo.is_correction=none", "algo.is_cap=2"
+        tiny_model_dir, data_file, tmp_path / "run", "algo.is_correction=none"
     )
     assert setup(config).loss_fns.is_correction is None
 
