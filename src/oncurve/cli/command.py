@@ -71,6 +71,14 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{message} (see {self.prog} --help)")
 
 
+def _seed(text: str) -> int:
+    """An argparse type: a seed, as run.seed takes it (0 to 2**63 - 1)."""
+    value = _at_least(0)(text)
+    if value > 2**63 - 1:
+        raise argparse.ArgumentTypeError(f"must be at most 2**63 - 1, got {value}")
+    return value
+
+
 def _at_least(low: int) -> Callable[[str], int]:
     """An argparse type: an integer of at least `low`."""
 
@@ -193,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--min-p", type=_fraction(low_open=False), help="drop tokens below min_p x the top one"
         )
-        p.add_argument("--seed", type=int, help="default: the run's run.seed, else 0")
+        p.add_argument("--seed", type=_seed, help="default: the run's run.seed, else 0")
         p.add_argument("--trust-remote-code", action="store_true")
         p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (as run.device)")
         p.add_argument(
@@ -263,14 +271,14 @@ def build_parser() -> argparse.ArgumentParser:
     warm = commands.add_parser("warmstart", help="the supervised recipe of the bundled model")
     warm.add_argument("--out", required=True, type=_new_directory, help="new (or empty) directory")
     warm.add_argument("--steps", type=_at_least(1), default=None)
-    warm.add_argument("--seed", type=int, default=0)
+    warm.add_argument("--seed", type=_seed, default=0)
     warm.set_defaults(run=warmstart_command)
 
     tasks = commands.add_parser("tasks", help="built-in tasks").add_subparsers(required=True)
     export = tasks.add_parser("export", help="write a task's prompts and answers as JSONL")
     export.add_argument("name")
     export.add_argument("--split", choices=("train", "test"), default="test")
-    export.add_argument("--seed", type=int, default=0)
+    export.add_argument("--seed", type=_seed, default=0)
     export.add_argument("-n", type=_at_least(1), default=500)
     export.add_argument("-o", "--output", type=_new_file, help="a new file (default: stdout)")
     export.set_defaults(run=export_command)

@@ -535,7 +535,7 @@ class LogConfig:
 @dataclass
 class RunConfig:
     steps: int = _opt(150, "training steps", POSITIVE)
-    seed: int = _opt(0, "seed for data order, sampling and initialisation")
+    seed: int = _opt(0, "seed for data order, sampling and initialisation", _range(0, 2**63 - 1))
     dir: str | None = _opt(None, "run directory; default runs/<timestamp>")
     save_every: int = _opt(
         0, "checkpoint every N steps (and at the end); 0 only at the end", NON_NEGATIVE

@@ -229,9 +229,16 @@ def _wandb_run(run_dir: Path, project: str, name: str | None, mode: str, config:
         raise UserError(
             "log.wandb.project needs the wandb package: pip install 'oncurve[wandb]'"
         ) from None
-    return wandb.init(
-        project=project, name=name or run_dir.name, mode=mode, dir=str(run_dir), config=config
-    )
+    try:
+        return wandb.init(
+            project=project, name=name or run_dir.name, mode=mode, dir=str(run_dir), config=config
+        )
+    except Exception as err:  # no API key, no network in online mode: W&B's own words
+        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(
+            f"log.wandb.project {project}: W&B could not start ({why}); log in (wandb login), "
+            "or set log.wandb.mode=offline"
+        ) from None
 
 
 def _trackio_run(run_dir: Path, project: str, name: str | None, config: dict) -> Any:

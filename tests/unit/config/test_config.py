@@ -115,6 +115,7 @@ from oncurve.errors import UserError
         (["model.lora.alpha=99"], "model.lora.alpha has no effect here: model.lora.r=0"),
         (["rollout.env_timeout_s=1"], "rollout.env_timeout_s has no effect here: rollout.env"),
         (["reward.overlong_penalty=9"], "reward.overlong_penalty has no effect here"),
+        (["run.seed=99999999999999999999999"], "run.seed must be in [0, 9223372036854775807]"),
         (["algo.is_cap=0.5"], "algo.is_cap must be 0 (off) or at least 1 (a cap below 1"),
         (["algo.is_cap=-1"], "algo.is_cap must be 0 (off) or at least 1"),
         (["algo.is_cap=.nan"], "algo.is_cap must be 0 (off) or at least 1"),

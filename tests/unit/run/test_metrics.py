@@ -287,6 +287,19 @@ def test_wandb_offline_gets_the_runs_config_and_every_metric(
                 assert logged[row["step"]][key] == pytest.approx(value), key
 
 
+def test_wandb_that_cannot_start_is_one_line(tmp_path, monkeypatch):
+    """No API key in online mode: W&B's error, said in one line with what to do."""
+    wandb = pytest.importorskip("wandb", reason="wandb (extra `wandb`) not installed")
+
+    def refuse(**kwargs):
+        raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    settings = {"project": "p", "name": None, "mode": "online", "config": {}}
+    with pytest.raises(UserError, match=r"^log.wandb.project p: W&B could not start \(No API key"):
+        MetricsLogger(tmp_path, wandb=settings)
+
+
 def test_wandb_without_its_package_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)
     settings = {"project": "p", "name": None, "mode": "offline", "config": {}}
