@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +94,7 @@ class RewardRunner:
         self.on_error = on_error
         self.timeout_score = timeout_score
         self._worker: Worker | None = None
+        self._warned: set[tuple[str, str]] = set()  # (function, what) said once a run
 
     @property
     def filter_name(self) -> str:
@@ -151,6 +153,12 @@ class RewardRunner:
                     raise RewardError(payload)
                 else:
                     retry.append(f)
+                    self._warn_once(
+                        f,
+                        "batch",
+                        f"failed on a whole batch ({payload or kind}): its rows are scored one "
+                        "call each, so a reward that compares a batch's rows scores them alone",
+                    )
         for f in retry:
             with symbolic_budget(SYMBOLIC_BATCH_BUDGET_S):
                 values[f] = self._score_rows(f, batch, counts, logs)
@@ -202,12 +210,27 @@ class RewardRunner:
             raise RewardError(payload)
         if kind == "timeout":
             counts["timeouts"] += 1
+            score = "unscored" if self.timeout_score is None else f"scored {self.timeout_score}"
+            self._warn_once(
+                f,
+                "timeout",
+                f"took longer than reward.timeout ({self.timeout_s} s) on a row, which is {score} "
+                "(reward.timeout_score); a slow reward (a model judge) needs a larger "
+                "reward.timeout, or null",
+            )
             return math.nan if self.timeout_score is None else self.timeout_score
         if self.on_error == "raise":
             name = self.fns[f][0]
             raise RewardError(f"reward {name!r} failed on sample {i}: {payload}") from exc
         counts["errors"] += 1
         return math.nan
+
+    def _warn_once(self, f: int, what: str, message: str) -> None:
+        """Say `message` about function `f` the first time `what` happens to it in the run."""
+        name = self.fns[f][0]
+        if (name, what) not in self._warned:
+            self._warned.add((name, what))
+            warnings.warn(f"reward {name!r} {message}", RuntimeWarning, stacklevel=3)
 
     def memory_bytes(self) -> int:
         """Device bytes the reward functions hold (a reward model's weights), for the memory

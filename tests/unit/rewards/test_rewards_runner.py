@@ -77,7 +77,14 @@ def test_closures_work_in_the_forked_child():
 def test_hung_row_is_stopped_scored_and_counted():
     runner = RewardRunner([("by_text", by_text, 1.0)], timeout_s=0.5, timeout_score=-1.0)
     start = time.perf_counter()
-    result = _score(runner, ["ab", "hang", "abc"])
+    with pytest.warns(RuntimeWarning) as said:
+        result = _score(runner, ["ab", "hang", "abc"])
+    # each said once a run: the batch that failed, then the row that took too long
+    messages = [str(w.message) for w in said]
+    assert len(messages) == 2
+    assert messages[0].startswith("reward 'by_text' failed on a whole batch (timeout): its rows")
+    assert messages[1].startswith("reward 'by_text' took longer than reward.timeout (0.5 s)")
+    assert "which is scored -1.0 (reward.timeout_score)" in messages[1]
     # the batch call and the hung row each wait one timeout; the other rows are still scored
     assert time.perf_counter() - start < 5.0
     _close(result.per_fn[:, 0], [2.0, -1.0, 3.0])
