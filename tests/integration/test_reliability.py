@@ -319,6 +319,11 @@ def test_resume_from_a_given_checkpoint_and_refuse_another_world_size(
         setup(make_config(tiny_model_dir, data_file, run_dir, f"run.resume={first}", overwrite,
                           "run.seed=1"))  # fmt: skip
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step-*"))[1:] == later
+    # resume=auto with overwrite: the checkpoint wins, and the run says so
+    capsys.readouterr()
+    assert setup(make_config(tiny_model_dir, data_file, run_dir, "run.resume=auto", overwrite,
+                             "run.steps=4")).start_step == 3  # fmt: skip
+    assert "note: run.resume=auto continues" in capsys.readouterr().err
     s = setup(make_config(tiny_model_dir, data_file, run_dir, f"run.resume={first}", overwrite))
     assert s.start_step == 1
     assert [p.name for p in (run_dir / "checkpoints").glob("step-*")] == ["step-000001"]

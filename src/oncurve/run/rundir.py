@@ -142,6 +142,12 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None, Replaced]:
             found = checkpoint.latest_checkpoint(run_dir)
             if found is not None:
                 _refuse_foreign_final(run_dir)
+                if config.run.overwrite:  # the two ask for opposite things: say which is done
+                    print(
+                        f"note: run.resume=auto continues {run_dir} from {found.name}; "
+                        "run.overwrite=true starts a run over only where it has no checkpoint",
+                        file=sys.stderr,
+                    )
                 return run_dir, found, Replaced()
         if contents:
             # Neither resume=auto (restarting a run killed before its first checkpoint) nor
