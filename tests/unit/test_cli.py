@@ -201,6 +201,7 @@ HERE = str(Path(__file__).parent)  # a directory that is not empty
         (["train", "run.steps=2", "extra"], "argument 'extra' must be key=value"),
         (["train", "run.steps"], "argument 'run.steps' is neither a YAML file nor key=value"),
         (["train", "missing.yaml"], "config file missing.yaml does not exist"),
+        (["train", "src"], "config file src is a directory (a YAML file comes first"),
         ([*EVAL, "--samples", "0"], "argument --samples: must be at least 1, got 0"),
         ([*EVAL, "--samples", "x"], "argument --samples: must be an integer, got 'x'"),
         ([*EVAL, "--max-new-tokens", "-5"], "argument --max-new-tokens: must be at least 1"),

@@ -159,6 +159,10 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        raise UserError(
+            f"config file {path} is a directory (a YAML file comes first; settings as key=value)"
+        )
     if not path.is_file():
         raise UserError(f"config file {path} does not exist")
     try:

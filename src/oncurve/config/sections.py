@@ -49,6 +49,19 @@ def _range(low: float | None, high: float | None, low_open: bool = False, high_o
 POSITIVE = _range(0, None, low_open=True)
 
 
+def _finite(value: Any) -> str | None:
+    return None if value is None or math.isfinite(value) else "must be a finite number"
+
+
+def _not_blank(value: Any) -> str | None:
+    """A check that a path is not empty text (`run.dir=` would be the current directory)."""
+    return (
+        "must not be empty (null for the default)"
+        if value is not None and not value.strip()
+        else None
+    )
+
+
 def _device_check(value: str) -> str | None:
     kind, _, index = value.partition(":")
     if kind in ("cpu", "auto") and not index or kind == "cuda" and (not index or index.isdigit()):
@@ -159,6 +172,7 @@ class DataConfig:
         None,
         "JSONL/CSV/Parquet file, saved dataset dir, or Hugging Face Hub dataset id (owner/name, "
         "extra `data`; a local path wins); overrides task",
+        _not_blank,
     )
     config: str | None = _opt(None, "config name of a Hub dataset (e.g. main for openai/gsm8k)")
     split: str = _opt("train", "split of a Hub dataset to train on")
@@ -290,7 +304,7 @@ class RolloutConfig:
 @dataclass
 class RewardFnConfig:
     name: str = _opt("correct", "built-in reward name or `module:function` import path")
-    weight: float = _opt(1.0, "weight of this reward in the sum")
+    weight: float = _opt(1.0, "weight of this reward in the sum", _finite)
 
 
 @dataclass
@@ -307,6 +321,7 @@ class RewardConfig:
         0.0,
         "score of a reward call stopped by reward.timeout (or a verifier that gave up on a row); "
         "null leaves the row out, which pays a policy for slow answers over wrong ones",
+        _finite,
     )
     errors: str = _opt(
         "raise", "a reward fn that raises: stop the run, or score None", choices=("raise", "none")
@@ -536,7 +551,7 @@ class LogConfig:
 class RunConfig:
     steps: int = _opt(150, "training steps", POSITIVE)
     seed: int = _opt(0, "seed for data order, sampling and initialisation", _range(0, 2**63 - 1))
-    dir: str | None = _opt(None, "run directory; default runs/<timestamp>")
+    dir: str | None = _opt(None, "run directory; default runs/<timestamp>", _not_blank)
     save_every: int = _opt(
         0, "checkpoint every N steps (and at the end); 0 only at the end", NON_NEGATIVE
     )

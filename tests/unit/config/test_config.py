@@ -116,6 +116,13 @@ from oncurve.errors import UserError
         (["rollout.env_timeout_s=1"], "rollout.env_timeout_s has no effect here: rollout.env"),
         (["reward.overlong_penalty=9"], "reward.overlong_penalty has no effect here"),
         (["run.seed=99999999999999999999999"], "run.seed must be in [0, 9223372036854775807]"),
+        (["run.dir="], "run.dir must not be empty (null for the default), got ''"),
+        (["data.path="], "data.path must not be empty"),
+        (["reward.timeout_score=.inf"], "reward.timeout_score must be a finite number, got inf"),
+        (
+            ["reward.functions=[{name: correct, weight: .inf}]"],
+            "reward.functions[0].weight must be a finite number, got inf",
+        ),
         (["algo.is_cap=0.5"], "algo.is_cap must be 0 (off) or at least 1 (a cap below 1"),
         (["algo.is_cap=-1"], "algo.is_cap must be 0 (off) or at least 1"),
         (["algo.is_cap=.nan"], "algo.is_cap must be 0 (off) or at least 1"),
