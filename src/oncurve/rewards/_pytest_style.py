@@ -375,9 +375,9 @@ def _run_one(
         if function is None or name in asking:
             raise Failed(f"{test.__name__}: fixture {name!r} is not defined by the tests")
         scope = _scope(function)
-        kept = session.values.get(scope, {})
-        key = (name, repr(params.get(name)))
-        if key in kept:
+        kept = session.values.get(scope)  # None for a function-scoped fixture
+        key = (name, id(params.get(name)))  # a param of the test file's list, alive all run
+        if kept is not None and key in kept:
             return kept[key]
         finishers = session.finish.get(scope, finish)
         request = FixtureRequest(resolve, finishers, params.get(name))
@@ -389,7 +389,7 @@ def _run_one(
         if inspect.isgenerator(result):
             finishers.append(result)
             result = next(result)
-        if scope in kept or scope in session.values:
+        if kept is not None:
             kept[key] = result
         values[name] = result
         return result
