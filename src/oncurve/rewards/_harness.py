@@ -425,18 +425,9 @@ class _Remote:
         raise ProgramRaised("an object of the program has no truth value in the tests")
 
     def __eq__(self, other):
-        # against another object of the program's, the program's `==`; against the tests' own
-        # values, identity: an object that says it equals anything passes no `assert f(x) == y`
-        if type(other) is _Remote and other._link is self._link:
-            return self._link.method(self._ref, "__eq__", (other,))
+        # identity: an object that says it equals anything passes no `assert f(x) == y`, nor
+        # `f(x) == Point(4, 6)` with a point the program makes
         return NotImplemented
-
-    def __ne__(self, other):
-        if type(other) is _Remote and other._link is self._link:
-            return self._link.method(self._ref, "__ne__", (other,))
-        # identity would say "differs" whatever the program's `==` says
-        self._link.raised = True
-        raise ProgramRaised("an object of the program compared with != to a value of the tests'")
 
 
 def _forwarded(name: str) -> Any:
@@ -447,17 +438,26 @@ def _forwarded(name: str) -> Any:
     return protocol
 
 
-# The protocols of a program's object that the tests' operators and builtins reach (`len`,
-# `str`, `repr`, `<`, `[]`, `in`, arithmetic, `hash`): the child applies the operator itself,
-# with Python's fallbacks and reflected methods, and the result comes back as any reply does
-# (an unsupported one as the TypeError Python raises). `==` and `!=` are `_Remote`'s own.
-_ARITHMETIC = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow")
+def _refused(name: str) -> Any:
+    def protocol(self, *args):
+        self._link.raised = True
+        raise ProgramRaised(f"the tests applied {name} to an object of the program's")
+
+    protocol.__name__ = name
+    return protocol
+
+
+# The protocols of a program's object that give the tests a value to judge (`len`, `str`,
+# `repr`, `[]`, `hash`, `abs`, `int`): the child applies the operator itself, with Python's
+# fallbacks, and the result comes back as any reply does (an unsupported one as the TypeError
+# Python raises). The protocols that would judge for the tests, handed the value they expect
+# (`!=`, `<`, `in`, `-`: `abs(f(x) - y) < 1e-6` would ask the program's `__sub__` how far it
+# is from `y`), fail the case instead, as the TypeError the judge would raise could be caught.
 _OPERATIONS = {
     "__len__": len,
     "__getitem__": operator.getitem,
     "__setitem__": operator.setitem,
     "__delitem__": operator.delitem,
-    "__contains__": operator.contains,
     "__hash__": hash,
     "__str__": str,
     "__repr__": repr,
@@ -467,16 +467,20 @@ _OPERATIONS = {
     "__int__": int,
     "__float__": float,
     "__index__": operator.index,
-    **{f"__{name}__": getattr(operator, name) for name in ("lt", "le", "gt", "ge", "eq", "ne")},
-    **{f"__{name}__": getattr(operator, name) for name in _ARITHMETIC},
-    **{
-        f"__r{name}__": (lambda f: lambda t, a: f(a, t))(getattr(operator, name))
-        for name in _ARITHMETIC
-    },
 }
-_PROTOCOLS = frozenset(_OPERATIONS)
-for _name in _PROTOCOLS - {"__eq__", "__ne__"}:
+_JUDGING = (
+    *("__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__contains__"),
+    *(
+        f"__{kind}{op}__"
+        for op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "divmod")
+        for kind in ("", "r")
+    ),
+    *(f"__{op}__" for op in ("and", "or", "xor", "lshift", "rshift", "rand", "ror", "rxor")),
+)
+for _name in _OPERATIONS:
     setattr(_Remote, _name, _forwarded(_name))
+for _name in _JUDGING:
+    setattr(_Remote, _name, _refused(_name))
 
 
 def _outgoing(value: Any) -> Any:

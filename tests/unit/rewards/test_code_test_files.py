@@ -276,22 +276,22 @@ PYTEST_FILES = {
             "        @staticmethod\n        def parametrize(*args):\n            return ValueError\n",
         ],
     ),
-    "operators on the program's objects": (
-        "import pytest\nfrom solution import Version, Stack\n\ndef test_order():\n"
-        "    assert Version('1.2') < Version('1.10') and not Version('1.10') < Version('1.2')\n"
-        "    assert not Version('2.0') <= Version('1.9')\n"
-        "    assert Version('1.2') != Version('1.3') and Version('1.2') == Version('1.2')\n"
-        "    with pytest.raises(TypeError):\n        Version('1.2') < '1.3'\n\n"
-        "def test_stack():\n    s = Stack()\n    s.push(1)\n    s.push(2)\n"
-        "    assert len(s) == 2 and s[0] == 1 and 2 in s and str(s) == 'Stack([1, 2])'\n"
+    "operators that give the tests a value": (
+        "import pytest\nfrom solution import Stack, mean\n\ndef test_stack():\n    s = Stack()\n"
+        "    s.push(1)\n    s.push(2)\n"
+        "    assert len(s) == 2 and s[0] == 1 and s[-1:] == [2] and str(s) == 'Stack([1, 2])'\n"
         "    with pytest.raises(TypeError):\n        s[0] = 5\n"
-        "    assert not hasattr(s, '__dict__')\n",
-        VERSION_STACK,
+        "    assert not hasattr(s, '__dict__')\n\ndef test_mean():\n"
+        "    assert abs(mean([1, 2]) - 1.5) < 1e-9\n",
+        VERSION_STACK + "def mean(xs):\n    return sum(xs) / len(xs)\n",
         [
-            VERSION_STACK.replace("return self.parts < other.parts", "return True"),
-            VERSION_STACK.replace("return self.parts == other.parts", "return True"),
-            VERSION_STACK + "    def __setitem__(self, i, x):\n        self.items[i] = x\n",
-            VERSION_STACK.replace("    __slots__ = ('items',)\n", ""),
+            VERSION_STACK + "    def __setitem__(self, i, x):\n        self.items[i] = x\n"
+            "def mean(xs):\n    return sum(xs) / len(xs)\n",
+            VERSION_STACK.replace("    __slots__ = ('items',)\n", "")
+            + "def mean(xs):\n    return sum(xs) / len(xs)\n",
+            # an answer that says it is as close to anything as asked
+            VERSION_STACK + "class Near:\n    def __sub__(self, other):\n        return 0.0\n"
+            "    __rsub__ = __sub__\ndef mean(xs):\n    return Near()\n",
         ],
     ),
     "an empty parametrization": (
@@ -386,6 +386,13 @@ NOTHING_PAID = {
         "import pytest\nfrom solution import first\n\ndef test_first():\n"
         "    with pytest.raises(TypeError):\n        first(object())\n",
         ["def first(x):\n    return x[0]\n", "def first(x):\n    raise TypeError\n"],
+    ),
+    # operators that would judge for the tests, handed what they expect (`==`, `<`, `in`, `-`
+    # on objects of the program's) are its word, not its answer: the case fails, right or wrong
+    "operators that would judge for the tests": (
+        "from solution import Version\n\ndef test_order():\n"
+        "    assert Version('1.2') < Version('1.10')\n    assert Version('1.2') == Version('1.2')\n",
+        [VERSION_STACK, VERSION_STACK.replace("return self.parts == other.parts", "return True")],
     ),
     "a program's pytest": (
         "def test_add():\n    with pytest.raises(AssertionError):\n        assert add(1, 1) == 2\n",
