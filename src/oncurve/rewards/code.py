@@ -20,7 +20,9 @@ in either common form:
   sees; so no early exit, exit hook, always-equal object, patched builtin or printed verdict
   passes it, and no test that never calls the program pays. An object of the program's that is
   not plain data comes back as a reference: the tests may call it, read and set its
-  attributes, iterate it and pass it back, but it equals nothing and has no truth value.
+  attributes, iterate it, pass it back and take its `len`, `str`, `repr`, items, `hash`, `abs`,
+  `int` and `float`, but it equals nothing, has no truth value, and an operator that would
+  judge for the tests (`!=`, `<`, `in`, arithmetic) fails the case.
   Arguments the program changes in place are not seen by the tests.
 
   A verdict depends only on what the program does when the tests call it. The tests see the
