@@ -24,7 +24,7 @@ def run_config(args: argparse.Namespace) -> tuple[Config | None, str]:
     not given); else, when `--model` is a checkpoint (`RUN/checkpoints/step-N`, or
     `RUN/checkpoints/latest`), the config its state.json was saved with; else, when it is a
     run's `final/` (`RUN/final` beside `RUN/config.yaml`), the run's config; else (None, "")."""
-    from oncurve.config import load_config
+    from oncurve.config import load_run_config
     from oncurve.model.saving import missing_from_final
     from oncurve.run.checkpoint import STATE_FILE, latest_checkpoint
     from oncurve.run.checkpoint_model import checkpoint_config, find_checkpoint
@@ -38,12 +38,12 @@ def run_config(args: argparse.Namespace) -> tuple[Config | None, str]:
         # a run's final model formats prompts and samples as its run did
         model = Path(args.model)
         if model.name == "final" and (model.parent / "config.yaml").is_file():
-            return load_config(model.parent / "config.yaml"), str(model.parent / "config.yaml")
+            return load_run_config(model.parent / "config.yaml"), str(model.parent / "config.yaml")
         return None, ""
     path = Path(args.run_dir) / "config.yaml"
     if not path.is_file():
         raise UserError(f"--run {args.run_dir}: no config.yaml (not a run directory)")
-    config = load_config(path)
+    config = load_run_config(path)
     if args.model is None:
         final = Path(args.run_dir) / "final"
         if not final.exists():

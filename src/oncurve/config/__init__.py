@@ -13,7 +13,14 @@ One module per job: `sections` (the dataclasses and each field's own checks), `p
 """
 
 from oncurve.config.helptext import describe
-from oncurve.config.loading import RENAMED, build_config, load_config, save_config, to_dict
+from oncurve.config.loading import (
+    RENAMED,
+    build_config,
+    load_config,
+    load_run_config,
+    save_config,
+    to_dict,
+)
 from oncurve.config.presets import BUNDLED_MODEL_DEFAULTS, ESTIMATOR_DEFAULTS, PRESETS
 from oncurve.config.sections import (
     AlgoConfig,
@@ -58,6 +65,7 @@ __all__ = [
     "check_ranks",
     "describe",
     "load_config",
+    "load_run_config",
     "save_config",
     "to_dict",
 ]

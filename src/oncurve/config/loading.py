@@ -31,18 +31,39 @@ RENAMED: dict[str, str] = {
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Config from defaults, the preset, an optional YAML file and `key=value` overrides."""
+    """Config from defaults, the preset, an optional YAML file and `key=value` overrides: the
+    user's settings, so one that the rest leaves without effect is refused
+    (`check_given_settings`). A run's own config.yaml, settled at its start, loads with
+    `load_run_config`."""
     raw: dict[str, Any] = {}
     if path is not None:
         raw = _read_yaml(Path(path))
     for item in overrides or []:
         key, value = _parse_override(item)
         _set_dotted(raw, key, value)
-    return build_config(raw)
+    config = build_config(raw)
+    baseline = _from_dict(Config, _defaults(raw), "")
+    given = {key for key in _dotted_keys(raw) if _value(config, key) != _value(baseline, key)}
+    check_given_settings(config, given)
+    return config
+
+
+def load_run_config(path: str | Path) -> Config:
+    """The config a run saved (its config.yaml: every setting, the ones left null settled at
+    its start, `algo.is_cap` say)."""
+    return build_config(_read_yaml(Path(path)))
 
 
 def build_config(raw: dict[str, Any]) -> Config:
     """Config from a nested dict (YAML layout), with the preset applied below the user's keys."""
+    config = _from_dict(Config, _merge(_defaults(raw), raw), "")
+    check_cross_fields(config)
+    return config
+
+
+def _defaults(raw: dict[str, Any]) -> dict[str, Any]:
+    """What `raw`'s settings land on: the bundled model's (when `model.path` is `default`),
+    the preset's and the estimator's defaults."""
     if not isinstance(raw, dict):
         raise UserError(f"config must be a mapping of sections, got {type(raw).__name__}")
     _check_renamed(raw)
@@ -57,14 +78,7 @@ def build_config(raw: dict[str, Any]) -> Config:
     estimator = user_algo.get("estimator", merged["algo"]["estimator"])
     if isinstance(estimator, str):
         merged = _merge(merged, {"algo": ESTIMATOR_DEFAULTS.get(estimator, {})})
-    baseline = _from_dict(Config, merged, "")
-    config = _from_dict(Config, _merge(merged, raw), "")
-    check_cross_fields(config)
-    # the settings given a value of their own (a run's saved config.yaml gives every key, most
-    # at the value they would have anyway)
-    given = {key for key in _dotted_keys(raw) if _value(config, key) != _value(baseline, key)}
-    check_given_settings(config, given)
-    return config
+    return merged
 
 
 def _dotted_keys(raw: dict[str, Any], prefix: str = "") -> set[str]:
@@ -272,11 +286,16 @@ def _coerce(hint: Any, value: Any, name: str, spec: dataclasses.Field) -> Any:
     if origin is dict:
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             raise UserError(f"{name} must be a mapping of names to values, got {value!r}")
-        return dict(value)
+        # a dotted override into it (`data.task_options.counts=[3]`) is read as YAML reads it
+        return {k: v.parsed if isinstance(v, _Given) else v for k, v in value.items()}
     if origin is list:
         (item_hint,) = typing.get_args(hint)
-        if isinstance(value, dict):  # a dotted key into a list (`reward.functions.weight=2`)
-            raise UserError(f"{name} is a list; set it whole: {name}=[...]")
+        if isinstance(value, dict):
+            # one reward spec as a mapping is a list of one; any other mapping is a dotted key
+            # into the list (`reward.functions.weight=2`)
+            if not (dataclasses.is_dataclass(item_hint) and "name" in value):
+                raise UserError(f"{name} is a list; set it whole: {name}=[...]")
+            value = [value]
         if not isinstance(value, list):
             value = [value]
         return [_coerce(item_hint, v, f"{name}[{i}]", spec) for i, v in enumerate(value)]

@@ -28,9 +28,9 @@ _PROCESS_GENERATORS = threading.Lock()
 
 
 def episode_seed(row: dict[str, Any]) -> int:
-    """The seed of the game a dataset row stands for: its `seed` column, else the CRC-32 of its
-    prompt's text (train and test prompts differ, so do their games)."""
-    if "seed" in row:
+    """The seed of the game a dataset row stands for: its `seed` column (where not null), else
+    the CRC-32 of its prompt's text (train and test prompts differ, so do their games)."""
+    if row.get("seed") is not None:
         return int(row["seed"])
     return zlib.crc32(str(row.get("prompt", "")).encode())
 

@@ -282,8 +282,9 @@ def memory_settings(config: Config) -> dict:
 def settle_is_cap(config: Config, facts: RunFacts) -> Config:
     """`config` with `algo.is_cap` filled in when null: 0.0 (off) when the sampler's logprobs
     are `exact_logprobs` and the weights are float32, else `SAMPLER_IS_CAP` (in bfloat16 a
-    decode step's logprobs differ from the whole sequence's forward in their last bits)."""
-    if config.algo.is_cap is not None:
+    decode step's logprobs differ from the whole sequence's forward in their last bits); left
+    null under `algo.is_correction=none`, which has nothing to cap."""
+    if config.algo.is_cap is not None or config.algo.is_correction == "none":
         return config
     exact = facts.sampler.exact_logprobs and facts.shape.weight_bytes == 4
     cap = 0.0 if exact else SAMPLER_IS_CAP

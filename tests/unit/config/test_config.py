@@ -181,6 +181,11 @@ def test_list_settings_are_read_whole_and_refuse_what_yaml_cannot_read(tmp_path)
     path.write_text("reward:\n  functions: [correct]\nmodel:\n  # path: x\n")
     with pytest.raises(UserError, match=r"reward.functions.weight: reward.functions is a list"):
         load_config(path, ["reward.functions.weight=0.5"])
+    # one reward spec as a mapping is a list of one; a dotted key into a mapping setting is YAML
+    only = load_config(None, ["reward.functions={name: format, weight: 0.5}"]).reward.functions
+    assert [(r.name, r.weight) for r in only] == [("format", 0.5)]
+    options = ["data.task=countdown", "data.task_options.counts=[3]", "data.task_options.x=null"]
+    assert load_config(None, options).data.task_options == {"counts": [3], "x": None}
     # a section left empty in the file takes overrides
     assert load_config(path, ["model.path=default"]).model.path == "default"
 

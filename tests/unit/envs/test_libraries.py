@@ -46,6 +46,7 @@ def test_a_row_s_seed_fixes_the_game_and_a_win_pays_one():
     assert len(targets) > 1
     assert (
         episode_seed({"prompt": "a"})
+        == episode_seed({"prompt": "a", "seed": None})  # a column some rows lack
         == episode_seed({"prompt": "a"})
         != episode_seed({"prompt": "b"})
     )

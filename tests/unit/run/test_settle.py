@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from oncurve.config import load_config
+from oncurve.config import build_config, load_config, to_dict
 from oncurve.errors import UserError
 from oncurve.rollout import TorchSampler
 from oncurve.rollout.cuda_graph import GraphSampler
@@ -72,6 +72,11 @@ def test_the_same_config_on_the_cpu_takes_the_fixed_defaults_and_compiles_nothin
     assert c.algo.is_cap == 0.0  # the sampler's float32 logprobs are the forward's
     in_bfloat16 = dataclasses.replace(cpu, shape=QWEN_15B)
     assert settle(config, in_bfloat16).config.algo.is_cap == 2.0
+    # no correction, nothing to cap: left null, so the settled config loads again as given
+    uncorrected = load_config(None, ["algo.is_correction=none"])
+    settled_none = settle(uncorrected, in_bfloat16).config
+    assert settled_none.algo.is_cap is None
+    assert build_config(to_dict(settled_none)).algo.is_cap is None
     assert (c.rollout.cuda_graphs, c.rollout.compile, c.model.pack_rows) == (False,) * 3
     assert (c.model.gradient_checkpointing, c.optim.microbatch_size) == (False, 64)
     assert c.model.offload_reference is False
