@@ -446,7 +446,12 @@ class AlgoConfig:
     gamma: float = _opt(1.0, "PPO/GAE discount", _range(0, 1))
     lam: float = _opt(0.95, "PPO/GAE lambda", _range(0, 1))
     value_clip: float = _opt(0.2, "PPO value-loss clip range", POSITIVE)
-    value_coef: float = _opt(0.5, "PPO value-loss weight", POSITIVE)
+    value_coef: float = _opt(
+        0.5,
+        "PPO value-loss weight; the critic has an AdamW of its own, which undoes a constant "
+        "weight except against its epsilon and optim.grad_clip: tune algo.value_lr instead",
+        POSITIVE,
+    )
     value_lr: float | None = _opt(None, "critic learning rate; default optim.lr", POSITIVE)
     kl_in_reward: bool = _opt(
         False,

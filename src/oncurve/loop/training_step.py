@@ -224,9 +224,10 @@ def minibatch_rows(s: Session, batch: TrainBatch) -> list[torch.Tensor]:
 
 def rollout_metrics(rollout: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
     """Advantage and length statistics of the batch trained on; `advantages` is `[N]` or, from
-    a critic, `[N, T]` (then averaged over completion tokens)."""
+    a critic, `[N, T]` (then averaged over the tokens with a loss)."""
     if advantages.dim() == 2:
-        adv_abs_mean = float(masked_mean(advantages.abs(), rollout.completion_mask))
+        # over the tokens that have a loss: a multi-turn episode's observations have none
+        adv_abs_mean = float(masked_mean(advantages.abs(), rollout.loss_mask))
     else:
         adv_abs_mean = float(advantages.abs().mean())
     lengths = rollout.completion_lengths.float()

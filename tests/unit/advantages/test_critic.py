@@ -312,6 +312,13 @@ def test_ppo_resume_restores_the_critic(tiny_model_dir, data_file, tmp_path):
         assert torch.equal(param, saved[name]), name
     first = next(resumed.advantage.model.parameters())
     assert float(resumed.advantage.optimizer.state[first]["step"]) == 2.0
+    # a rate changed at the resume reaches the critic's optimizer too
+    changed = setup(
+        _ppo_config(tiny_model_dir, data_file, run_dir, "run.resume=auto", "run.steps=3",
+                    "algo.value_lr=1e-5", "optim.weight_decay=0.5")
+    )  # fmt: skip
+    groups = changed.advantage.optimizer.param_groups
+    assert [(g["lr"], g["weight_decay"]) for g in groups] == [(1e-5, 0.5)] * len(groups)
 
 
 def test_the_ppo_config_file_selects_the_critic_and_the_kl_in_the_reward():

@@ -18,7 +18,7 @@ from oncurve.algo import group_advantages, ppo_clip, seq_mean_token_mean
 from oncurve.algo.logprobs import logprobs_from_logits
 from oncurve.errors import UserError
 from oncurve.loop.trainer import setup
-from oncurve.loop.training_step import minibatch_groups, training_step
+from oncurve.loop.training_step import minibatch_groups, rollout_metrics, training_step
 from oncurve.types import RolloutBatch
 
 
@@ -177,3 +177,21 @@ def test_minibatches_above_the_groups_per_rank_are_refused(
     )
     with pytest.raises(UserError, match=message):
         setup(config)
+
+
+def test_the_advantage_metric_of_a_critic_averages_the_tokens_with_a_loss():
+    """A multi-turn row's observation tokens have no loss, nor any part in `adv/abs_mean`."""
+    ones = torch.ones(1, 8)
+    rollout = RolloutBatch(
+        prompt_ids=torch.ones(1, 2, dtype=torch.long),
+        prompt_mask=torch.ones(1, 2, dtype=torch.long),
+        completion_ids=torch.ones(1, 8, dtype=torch.long),
+        completion_mask=ones.long(),
+        logprobs=torch.zeros(1, 8),
+        texts=["x"],
+        finish_reasons=["eos"],
+        group_size=1,
+        tool_mask=torch.tensor([[0, 0, 1, 1, 1, 1, 0, 0]]),
+    )
+    advantages = torch.tensor([[1.0, -1.0, 0.0, 0.0, 0.0, 0.0, 1.0, -1.0]])
+    assert rollout_metrics(rollout, advantages)["adv/abs_mean"] == 1.0
