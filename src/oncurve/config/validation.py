@@ -155,6 +155,11 @@ def check_given_settings(config: Config, given: set[str]) -> None:
             not from_file,
             "a built-in task or a verifiers environment evaluates on its own held-out rows",
         ),
+        "eval.split": (config.eval.path is None, "it picks a split of eval.path, which is unset"),
+        "data.split": (not from_file, "it picks a split of data.path, which is unset"),
+        "data.config": (not from_file, "it picks a config of data.path, which is unset"),
+        "data.num_train": (from_file, "data.path's rows are its own; it sizes a built-in task's"),
+        "data.task_options": (from_file, "data.path overrides data.task"),
         **{
             f"algo.{name}": (algo.estimator != "gae", "only algo.estimator=gae uses it")
             for name in ("gamma", "lam", "value_clip", "value_coef", "value_lr")
