@@ -42,6 +42,8 @@ def train_command(args: argparse.Namespace) -> int:
     result = train(config, quiet=args.quiet)
     distributed.leave()
     summary = {"run_dir": str(result.run_dir), "steps": result.steps}
+    if not result.completed:  # a signal stopped it: resume it with run.resume=auto
+        summary["stopped"] = True
     # each evaluation this process ran (a resumed run's start was evaluated before)
     if result.eval_before:
         summary["accuracy_before"] = result.eval_before["accuracy"]

@@ -47,6 +47,8 @@ class TrainResult:
     steps: int
     eval_before: dict[str, float] | None
     eval_after: dict[str, float] | None
+    # the run reached its last step and wrote final/ (else a signal stopped it, resumable)
+    completed: bool = True
 
 
 def train(config: Config, *, quiet: bool = False) -> TrainResult:
@@ -119,20 +121,22 @@ def _train(config: Config, quiet: bool) -> TrainResult:
                 if stopping:
                     _say_stopped(s, step)
                     s.logger.close()
-                    return TrainResult(s.run_dir, step, eval_before, None)
+                    return TrainResult(s.run_dir, step, eval_before, None, completed=False)
         # a signal during the last step's save, or the final evaluation: the last step's
         # checkpoint stands, and a resume evaluates and writes final/
         stop.where = "after the final evaluation"
         if _agreed_stop(stop):
             _say_stopped(s, cfg.run.steps)
             s.logger.close()
-            return TrainResult(s.run_dir, cfg.run.steps, eval_before, None)
+            return TrainResult(s.run_dir, cfg.run.steps, eval_before, None, completed=False)
         if s.eval_data is not None and cfg.eval.at_start_end:
             eval_after = _evaluate(s, step=cfg.run.steps)
             if _agreed_stop(stop):
                 _say_stopped(s, cfg.run.steps)
                 s.logger.close()
-                return TrainResult(s.run_dir, cfg.run.steps, eval_before, eval_after)
+                return TrainResult(
+                    s.run_dir, cfg.run.steps, eval_before, eval_after, completed=False
+                )
         stop.where = "after the final save, the run complete"
         r = cfg.rollout
         sampling = dict(
