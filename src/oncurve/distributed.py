@@ -9,6 +9,7 @@ batch-level statistic needs (token and sequence counts, the batch reward std) an
 from __future__ import annotations
 
 import gc
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -116,14 +117,25 @@ def shards_weights(module: torch.nn.Module) -> bool:
     return isinstance(module, FSDPModule)
 
 
-def all_mean(metrics: dict[str, float]) -> dict[str, float]:
-    """Mean over ranks of each metric (min/max for keys ending so), for rank 0's log."""
+def across_ranks(
+    metrics: dict[str, float],
+    summed: frozenset[str] = frozenset(),
+    maxed: frozenset[str] = frozenset(),
+) -> dict[str, float]:
+    """Each metric over ranks, for rank 0's log: the sum of those `summed` (counts, rates), the
+    maximum of those `maxed` and of keys ending in /max, the minimum of keys ending in /min, for
+    `<name>/std` beside `<name>/mean` the population std of the ranks' values together (each
+    rank holds an equal share of the batch), the mean of the rest."""
     _, world_size = world()
     if world_size == 1:
         return metrics
     keys = sorted(metrics)
+    pooled = [k for k in keys if k.endswith("/std") and k[: -len("std")] + "mean" in metrics]
+    second_moments = [metrics[k] ** 2 + metrics[k[: -len("std")] + "mean"] ** 2 for k in pooled]
     tensor = torch.tensor(
-        [metrics[k] for k in keys], dtype=torch.float64, device=_collective_device()
+        [metrics[k] for k in keys] + second_moments,
+        dtype=torch.float64,
+        device=_collective_device(),
     )
     low, high, total = tensor.clone(), tensor.clone(), tensor.clone()
     dist.all_reduce(low, op=dist.ReduceOp.MIN)
@@ -133,10 +145,16 @@ def all_mean(metrics: dict[str, float]) -> dict[str, float]:
     for i, key in enumerate(keys):
         if key.endswith("/min"):
             out[key] = float(low[i])
-        elif key.endswith("/max"):
+        elif key.endswith("/max") or key in maxed:
             out[key] = float(high[i])
+        elif key in summed:
+            out[key] = float(total[i])
         else:
             out[key] = float(total[i]) / world_size
+    for j, key in enumerate(pooled):
+        mean = out[key[: -len("std")] + "mean"]
+        variance = float(total[len(keys) + j]) / world_size - mean**2
+        out[key] = math.sqrt(max(variance, 0.0))
     return out
 
 

@@ -41,6 +41,14 @@ from oncurve.update.determinism import deterministic_kernels
 __all__ = ["Session", "TrainResult", "setup", "train"]
 
 
+# A step's metrics that count or time something on each rank: summed or maxed over ranks.
+SUMMED = frozenset(
+    ("reward/errors", "reward/timeouts", "episode/errors", "episode/timeouts", "groups/dropped")
+    + ("tokens_per_s",)
+)
+MAXED = frozenset(("reward/slowest_row_s",))
+
+
 @dataclass
 class TrainResult:
     run_dir: Path
@@ -92,7 +100,7 @@ def _train(config: Config, quiet: bool) -> TrainResult:
             for step in range(s.start_step + 1, cfg.run.steps + 1):
                 stop.where = f"after step {step}"
                 where.in_step = True
-                metrics = distributed.all_mean(training_step(s, step))
+                metrics = distributed.across_ranks(training_step(s, step), SUMMED, MAXED)
                 where.in_step, where.finished = False, step
                 s.logger.log(step, metrics)
                 progress.update(step, metrics)

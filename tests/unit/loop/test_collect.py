@@ -15,9 +15,12 @@ from helpers.configs import make_config
 from helpers.rank_pool import on_ranks
 from helpers.scripted import scripted_session
 
+from oncurve import distributed
 from oncurve.config import Config
 from oncurve.errors import UserError
 from oncurve.loop import training_step as loop_step
+from oncurve.loop.collect import reward_metrics
+from oncurve.loop.trainer import MAXED, SUMMED
 from oncurve.loop.training_step import training_step
 from oncurve.rewards.runner import RewardRunner
 from oncurve.run.rewards import build_rewards
@@ -209,3 +212,21 @@ def test_a_row_the_verifier_leaves_unscored_has_no_total_whatever_the_penalty(da
 def test_a_verifier_must_be_one_of_the_rewards():
     with pytest.raises(UserError, match="reward verifier 'correct' is not one of the rewards"):
         RewardRunner([("format", lambda p, c, **_: [0.0] * len(c), 1.0)], verifier="correct")
+
+
+def _logged_on_rank(rank: int, world_size: int) -> dict[str, float]:
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
+    metrics = reward_metrics(torch.full((4,), float(rank)), 2)
+    metrics |= {"reward/timeouts": float(rank + 1), "reward/slowest_row_s": float(rank + 3)}
+    return distributed.across_ranks(metrics, SUMMED, MAXED)
+
+
+def test_two_ranks_log_the_whole_batchs_statistics(two_ranks):
+    """Rewards [0, 0, 0, 0] on one rank and [1, 1, 1, 1] on the other: the population std of
+    the batch is 0.5 (not the ranks' mean std, 0), counts add up, the slowest row is the
+    slowest of either."""
+    logged, _ = two_ranks.run(_logged_on_rank)
+    whole = reward_metrics(torch.tensor([0.0] * 4 + [1.0] * 4), 2)
+    assert (logged["reward/mean"], whole["reward/mean"]) == (0.5, 0.5)
+    assert logged["reward/std"] == pytest.approx(whole["reward/std"]) and whole["reward/std"] == 0.5
+    assert (logged["reward/timeouts"], logged["reward/slowest_row_s"]) == (3.0, 4.0)
