@@ -2,14 +2,14 @@
 
 `code.py` sends this file's text with ``run(<program source>, <setup source>)`` appended, and on
 stdin a JSON object {"secret", "tests", "setup", "entry_point", "pytest"} ("pytest": the text of
-`_pytest_style.py`). The process forks before it
-reads stdin:
+`_pytest_style.py`). The process forks before it reads stdin:
 
 - the child runs the program (stdin empty, what it prints discarded; an exit or exception at
   its top level, a demo block's, ends only that code), then the row's setup code (so the
   program's functions read the names it defines, and it may use the program's classes), then
-  serves requests from the parent: call one of its objects, read or set an attribute, take the
-  next items of an iterator. Its answers travel by value (marshal, which takes exact built-in
+  serves requests from the parent: call one of its objects, read or set an attribute, apply one
+  of the operators that give the tests a value (`_OPERATIONS`: `len`, `str`, `[]`, ...), take
+  the next items of an iterator. Its answers travel by value (marshal, which takes exact built-in
   types only: an object that always says equal, or any other subclass, comes back as an opaque
   reference), except a few standard-library types (`_STANDARD`), sent as their plain contents
   and rebuilt in the parent by its own constructors, and a named tuple, sent as a tuple;
@@ -27,12 +27,16 @@ code read, except that a builtin's name is always the builtin, a standard module
 the real module (imported here), and a name the setup code defines always the setup's; the
 row's entry point, when given, is always the program's (MBPP's task 126 names its function
 `sum`), and a program that does not define it fails. Nothing the tests bind reaches the child.
-The program is also the module `SOLUTION` (``from solution import f``), and ``import pytest``
-gets `_pytest_style.py`, whose `run_tests` runs a pytest file's tests after its top level.
+The program is also the module `SOLUTION` (``from solution import f``; a star import binds
+none of the names the tests have bound), and ``import pytest`` gets `_pytest_style.py`, whose
+`run_tests` runs a pytest file's tests after its top level. An object of the program's equals
+only itself, and an operator that would judge for the tests, handed what they expect (`!=`,
+`<`, `in`, arithmetic: `_JUDGING`), fails the case.
 
 An exception the program raises reaches the tests as an instance of the same builtin class,
-made here from its arguments (`_Link.exception`; a class of the program's own arrives as a
-class of that name deriving from its nearest builtin one), for the tests to expect or not;
+made here from its arguments and plain attributes (`_Link.exception`; a class of the
+program's own arrives as a class of that name deriving from its bases as they arrive, with
+the message its `__str__` gave), for the tests to expect or not;
 except those in `_SIGNALS` and those that are not an Exception, which fail the case whatever the
 tests do with them: they arrive as ``ProgramRaised``, which no iteration takes for its end and
 ``except Exception`` does not catch, and the verdict is withheld even if a bare ``except``
