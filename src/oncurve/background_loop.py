@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 
@@ -25,10 +25,15 @@ class BackgroundLoop:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.thread: threading.Thread | None = None
 
-    def submit(self, coroutine: Coroutine) -> concurrent.futures.Future:
-        """Schedule `coroutine` on the loop; its future."""
+    def submit(
+        self, coroutine: Coroutine, on_new_loop: Callable[[], None] | None = None
+    ) -> concurrent.futures.Future:
+        """Schedule `coroutine` on the loop; its future. `on_new_loop` is called, under the
+        lock, when the loop is (re)started for it."""
         with self.lock:
             if self.thread is None or not self.thread.is_alive():
+                if on_new_loop is not None:
+                    on_new_loop()
                 self.loop = asyncio.new_event_loop()
                 self.thread = threading.Thread(
                     target=self.loop.run_forever, name=self.name, daemon=True

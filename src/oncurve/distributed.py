@@ -124,8 +124,9 @@ def across_ranks(
 ) -> dict[str, float]:
     """Each metric over ranks, for rank 0's log: the sum of those `summed` (counts, rates), the
     maximum of those `maxed` and of keys ending in /max, the minimum of keys ending in /min, for
-    `<name>/std` beside `<name>/mean` the population std of the ranks' values together (each
-    rank holds an equal share of the batch), the mean of the rest."""
+    `<name>/std` beside `<name>/mean` the population std of the ranks' values together, the
+    mean of the rest. The pooled std and the means weigh each rank alike: each holds an equal
+    share of the batch, less any rows left unscored (NaN) there."""
     _, world_size = world()
     if world_size == 1:
         return metrics

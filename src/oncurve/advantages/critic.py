@@ -125,6 +125,22 @@ class Critic:
         """The modules and optimizers a checkpoint keeps for this source."""
         return {"value": self.model}, {"value": self.optimizer}
 
+    def adopt_settings(self, config: Config) -> None:
+        """`config`'s rate, betas and weight decay in the critic's AdamW (a constant rate)."""
+        for group in self.optimizer.param_groups:
+            group.update(_optimizer_settings(config))
+
+
+def _optimizer_settings(config: Config) -> dict:
+    """The critic's AdamW settings: `algo.value_lr` (else `optim.lr`) and the policy's betas and
+    weight decay."""
+    optim, algo = config.optim, config.algo
+    return {
+        "lr": algo.value_lr if algo.value_lr is not None else optim.lr,
+        "betas": (optim.beta1, optim.beta2),
+        "weight_decay": optim.weight_decay,
+    }
+
 
 @dataclass
 class CriticTargets:
@@ -153,9 +169,7 @@ def build_critic(
     optim, algo = config.optim, config.algo
     optimizer = torch.optim.AdamW(
         model.parameters(),
-        lr=algo.value_lr if algo.value_lr is not None else optim.lr,
-        betas=(optim.beta1, optim.beta2),
-        weight_decay=optim.weight_decay,
+        **_optimizer_settings(config),
         fused=True,  # as the policy's (see `trainer.setup`)
     )
     return Critic(

@@ -45,6 +45,11 @@ class AdvantageSource(Protocol):
         """The modules and optimizers a checkpoint must keep for the source."""
         ...
 
+    def adopt_settings(self, config: Config) -> None:
+        """Put `config`'s optimizer settings into the source's own optimizer, after a resume
+        loaded the saved ones."""
+        ...
+
 
 @dataclass(frozen=True)
 class GroupAdvantages:
@@ -74,6 +79,9 @@ class GroupAdvantages:
         self,
     ) -> tuple[dict[str, torch.nn.Module], dict[str, torch.optim.Optimizer]]:
         return {}, {}
+
+    def adopt_settings(self, config: Config) -> None:
+        pass
 
 
 def group_advantages(

@@ -85,6 +85,8 @@ def _dotted_keys(raw: dict[str, Any], prefix: str = "") -> set[str]:
     """The dotted names of the settings `raw` gives (its sections' keys, not the sections)."""
     keys = set()
     for key, value in raw.items():
+        if isinstance(value, _Given) and isinstance(value.parsed, dict):  # `model.lora={...}`
+            value = value.parsed
         if isinstance(value, dict) and f"{prefix}{key}" in _SECTIONS:
             keys |= _dotted_keys(value, f"{prefix}{key}.")
         else:

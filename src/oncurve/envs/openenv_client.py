@@ -38,12 +38,12 @@ class _SessionLoop:
         self.closing: set[concurrent.futures.Future] = set()
 
     def submit(self, coroutine: Coroutine) -> concurrent.futures.Future:
-        before = self.background.loop
-        future = self.background.submit(coroutine)
-        if self.background.loop is not before:  # a new loop (a forked child): none is closing
-            with self.lock:
-                self.closing.clear()
-        return future
+        return self.background.submit(coroutine, on_new_loop=self._forget_closing)
+
+    def _forget_closing(self) -> None:
+        """A new loop (a forked child's): no session of the old one is closing on it."""
+        with self.lock:
+            self.closing.clear()
 
     def close_soon(self, client: Any) -> None:
         """Closes `client`'s session without waiting for the server."""

@@ -115,11 +115,11 @@ _BINDING_OPS = frozenset(("STORE_NAME", "DELETE_NAME", "STORE_GLOBAL", "DELETE_G
 class _Missing(AttributeError):
     """A program's object without one of the attributes `_PROBED`, as `getattr` says to
     `dict()`, which probes for `keys`, or to the tests' `hasattr(x, "__dict__")` (a class with
-    `__slots__`); any other missing attribute is the program's error (one it could raise on
+    `__slots__` has none); any other missing attribute is the program's error (one it could raise on
     purpose to end a `try` the tests wrote for another)."""
 
 
-_PROBED = frozenset(("keys", "__dict__", "__slots__"))
+_PROBED = frozenset(("keys", "__dict__"))
 
 
 class ProgramRaised(BaseException):
@@ -253,10 +253,14 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
         return class_refs[id(cls)]
 
     def describe(cls, depth=0):
-        """A builtin exception class's name; a class of the program's as (reference, name,
-        its exception bases described)."""
+        """A builtin exception class's name; a standard module's as ("std", module, name); a
+        class of the program's as (reference, name, its exception bases described)."""
         if getattr(builtins, cls.__name__, None) is cls:
             return cls.__name__
+        module = getattr(cls, "__module__", None)
+        top = module.partition(".")[0] if type(module) is str else None
+        if top in sys.stdlib_module_names and top != "__main__":
+            return ("std", module, cls.__qualname__)
         if depth > 30:
             raise RecursionError("exception classes nested too deep")
         bases = tuple(
@@ -393,7 +397,7 @@ class _Remote:
 
     def __getattr__(self, name):
         # protocols the tests' code probes for (copy, pickle) are not the program's, but
-        # whether its object has a `__dict__` (`__slots__`) is
+        # whether its object has a `__dict__` (a class with `__slots__` has none) is
         if name.startswith("__") and name not in _PROBED:
             raise AttributeError(name)
         return self._link.ask("getattr", self._ref, name)
@@ -611,6 +615,8 @@ class _Link:
             return _BUILTIN_EXCEPTIONS.get(description)
         if type(description) is not tuple or len(description) != 3 or depth > 30:
             return None
+        if description[0] == "std":
+            return _standard_class(description[1], description[2])
         ref, name, bases = description
         if type(ref) is not int or type(name) is not str or not name.isidentifier():
             return None
@@ -665,6 +671,21 @@ class _Link:
         raise ProgramRaised("the program's process sent something other than plain data")
 
 
+def _standard_class(module: Any, qualname: Any) -> type | None:
+    """The exception class `qualname` of standard module `module` (`json.JSONDecodeError`), as
+    this process has it: only a module already imported here (by the tests that expect its
+    error, or by the judge), as importing one the program names could run code of its own
+    (`unittest.__main__`); None for any other."""
+    if type(module) is not str or type(qualname) is not str:
+        return None
+    if module.partition(".")[0] not in sys.stdlib_module_names or module not in sys.modules:
+        return None
+    found: Any = sys.modules[module]
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return found if isinstance(found, type) and issubclass(found, BaseException) else None
+
+
 def _real_module(name: str) -> types.ModuleType | None:
     """The top-level standard-library module `name`, imported here; None for any other name."""
     if name not in sys.stdlib_module_names:
@@ -686,14 +707,12 @@ def _names_loaded(source: str) -> set[str]:
             first.setdefault(instruction.argval, "load")
         elif instruction.opname in _BINDING_OPS:
             first.setdefault(instruction.argval, "store")
-    nested: set[str] = set()
-    stack = [c for c in module.co_consts if isinstance(c, types.CodeType)]
-    while stack:
-        code = stack.pop()
-        nested.update(
-            i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_NAME", "LOAD_GLOBAL")
-        )
-        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    nested = {
+        name
+        for code in module.co_consts
+        if isinstance(code, types.CodeType)
+        for name in _loads(code)
+    }
     loads = {name for name, access in first.items() if access == "load"}
     return loads | {name for name in nested if first.get(name) != "store"}
 
@@ -787,13 +806,20 @@ def _taken_from_program(source: str) -> tuple[set[str], set[str]]:
 
 def _names_looked_up(source: str, top_level_only: bool = False) -> set[str]:
     """Every global name that the code of `source` reads: anywhere, or at its top level."""
-    names, stack = set(), [compile(source, "<tests>", "exec")]
+    module = compile(source, "<tests>", "exec")
+    return _loads(module, nested=not top_level_only)
+
+
+def _loads(code: types.CodeType, nested: bool = True) -> set[str]:
+    """The global names `code` reads (LOAD_NAME, LOAD_GLOBAL), and those of the code objects
+    nested in it."""
+    names, stack = set(), [code]
     while stack:
         code = stack.pop()
         names.update(
             i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_NAME", "LOAD_GLOBAL")
         )
-        if not top_level_only:
+        if nested:
             stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
     return names
 

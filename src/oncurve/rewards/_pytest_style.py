@@ -458,12 +458,11 @@ def _run(
     namespace: dict,
     session: _Session,
     hooks: tuple = (None, "function"),
-) -> int:
+) -> None:
     """Run `test` once per parametrization (its marks' and its fixtures' `params`), each
     between the xunit hooks of `hooks` (the owner: the test's class instance or the module's
-    namespace, and "method" or "function"); the number of runs that counted."""
+    namespace, and "method" or "function")."""
     owner, kind = hooks
-    counted = 0
     runs = _parametrizations(marks) if any(m.name == "parametrize" for m in marks) else None
     for arguments, extra in [({}, [])] if runs is None else runs:  # none: an empty list
         every = marks + extra
@@ -486,12 +485,8 @@ def _run(
                 if expected is None or not isinstance(error, expected):
                     raise
                 continue
-            if xfail is not None:
-                if xfail.kwargs.get("strict"):
-                    raise Failed(f"{test.__name__} passed, and is marked xfail(strict=True)")
-                continue
-            counted += 1
-    return counted
+            if xfail is not None and xfail.kwargs.get("strict"):
+                raise Failed(f"{test.__name__} passed, and is marked xfail(strict=True)")
 
 
 _ran = False
@@ -504,17 +499,16 @@ def prepare(top_level: set[str]) -> None:
     _top_level.update(top_level)
 
 
-def run_tests(namespace: dict, unittest_ran: bool) -> int:
-    """Run the tests the file defines (module docstring), once; the number of test runs that
-    counted. `unittest_ran`: whether the file ran unittest itself."""
+def run_tests(namespace: dict, unittest_ran: bool) -> None:
+    """Run the tests the file defines (module docstring), once; a failure raises out.
+    `unittest_ran`: whether the file ran unittest itself."""
     global _ran
     if _ran:
-        return 0
+        return
     _ran = True
     fixtures = _fixtures_in(namespace)
     session = _Session()
     module = types.SimpleNamespace(**namespace)
-    counted = 0
     _call_hook(namespace.get("setup_module"), None, module)
     try:
         for name, value in list(namespace.items()):
@@ -522,42 +516,40 @@ def run_tests(namespace: dict, unittest_ran: bool) -> int:
                 continue
             if name.startswith("test") and name not in _top_level and _defined_by_tests(value):
                 hooks = (module, "function")
-                counted += _run(value, fixtures, _marks(value), namespace, session, hooks)
+                _run(value, fixtures, _marks(value), namespace, session, hooks)
             elif inspect.isclass(value) and value.__module__ == "__main__":
-                counted += _run_class(value, fixtures, namespace, unittest_ran, session)
+                _run_class(value, fixtures, namespace, unittest_ran, session)
     finally:
         try:
             _call_hook(namespace.get("teardown_module"), None, module)
         finally:
             session.end("module")
-    return counted
 
 
 def _run_class(
     cls: type, fixtures: dict, namespace: dict, unittest_ran: bool, session: _Session
-) -> int:
+) -> None:
     unittest = sys.modules.get("unittest")
     if unittest is not None and issubclass(cls, unittest.TestCase):
         if unittest_ran:
-            return 0
+            return
         result = unittest.TestResult()
         unittest.defaultTestLoader.loadTestsFromTestCase(cls).run(result)
         if not result.wasSuccessful():
             problems = result.failures + result.errors + result.unexpectedSuccesses
             raise Failed(f"{cls.__name__}: {problems[0] if problems else 'failed'}")
-        return result.testsRun - len(result.skipped)
+        return
     if not cls.__name__.startswith("Test") or "__init__" in vars(cls):
-        return 0
+        return
     if _skipped(_marks(cls), namespace):
-        return 0
+        return
     names = dict.fromkeys(n for klass in reversed(cls.__mro__) for n in vars(klass))
-    counted = 0
     _call_hook(cls, "setup_class")
     try:
         for name in names:
             member = inspect.getattr_static(cls, name)
             if inspect.isclass(member):  # a class of tests nested in this one
-                counted += _run_class(member, fixtures, namespace, unittest_ran, session)
+                _run_class(member, fixtures, namespace, unittest_ran, session)
                 continue
             if not name.startswith("test") or not _defined_by_tests(_unbound(member)):
                 continue
@@ -565,13 +557,12 @@ def _run_class(
             own = {**fixtures, **_fixtures_in({n: getattr(instance, n) for n in names})}
             test = getattr(instance, name)
             marks = _marks(cls, member)
-            counted += _run(test, own, marks, namespace, session, (instance, "method"))
+            _run(test, own, marks, namespace, session, (instance, "method"))
     finally:
         try:
             _call_hook(cls, "teardown_class")
         finally:
             session.end("class")
-    return counted
 
 
 def _call_hook(owner: Any, name: str | None, *argument: Any) -> None:

@@ -233,7 +233,7 @@ def _wandb_run(run_dir: Path, project: str, name: str | None, mode: str, config:
         return wandb.init(
             project=project, name=name or run_dir.name, mode=mode, dir=str(run_dir), config=config
         )
-    except Exception as err:  # no API key, no network in online mode: W&B's own words
+    except wandb.errors.Error as err:  # no API key, no network in online mode: W&B's words
         why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UserError(
             f"log.wandb.project {project}: W&B could not start ({why}); log in (wandb login), "

@@ -343,11 +343,7 @@ def _apply_changes(s: Session, changes: dict[str, list[Any]]) -> None:
     would keep the old hyperparameters), say them and add them to the run's history."""
     o = s.config.optim
     apply_optimizer_settings(s.optimizer, s.scheduler, o.lr, (o.beta1, o.beta2), o.weight_decay)
-    critic = s.checkpoint_extras()[1].get("value")
-    if critic is not None:  # its own AdamW, at a constant rate: algo.value_lr, else optim.lr
-        value_lr = s.config.algo.value_lr if s.config.algo.value_lr is not None else o.lr
-        for group in critic.param_groups:
-            group.update(lr=value_lr, betas=(o.beta1, o.beta2), weight_decay=o.weight_decay)
+    s.advantage.adopt_settings(s.config)  # a critic's own optimizer
     s.config_history.append({"step": s.start_step, "changed": changes})
     if s.rank == 0:
         said = ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changes.items())

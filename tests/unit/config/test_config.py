@@ -113,6 +113,7 @@ from oncurve.errors import UserError
         (["algo.max_resample=9"], "algo.max_resample has no effect here: algo.dynamic_sampling"),
         (["algo.gamma=0.5"], "algo.gamma has no effect here: only algo.estimator=gae uses it"),
         (["model.lora.alpha=99"], "model.lora.alpha has no effect here: model.lora.r=0"),
+        (["model.lora={alpha: 99}"], "model.lora.alpha has no effect here: model.lora.r=0"),
         (["rollout.env_timeout_s=1"], "rollout.env_timeout_s has no effect here: rollout.env"),
         (["reward.overlong_penalty=9"], "reward.overlong_penalty has no effect here"),
         (["data.split=test"], "data.split has no effect here: it picks a split of data.path"),

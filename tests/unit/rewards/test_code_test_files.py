@@ -111,6 +111,18 @@ EXPECTED_EXCEPTIONS = {
             BANK.replace("self.needed = needed", "self.needed = -needed"),
         ],
     ),
+    "a standard module's error": (
+        "import json\nimport pytest\nfrom solution import parse\n\ndef test_bad():\n"
+        "    with pytest.raises(json.JSONDecodeError):\n        parse('{')\n\n"
+        "def test_ok():\n    assert parse('[1]') == [1]\n",
+        "import json\ndef parse(s):\n    return json.loads(s)\n",
+        [
+            "import json\ndef parse(s):\n    if s == '{':\n        raise ValueError(s)\n"
+            "    return json.loads(s)\n",
+            "import json\ndef parse(s):\n    try:\n        return json.loads(s)\n"
+            "    except ValueError:\n        return None\n",
+        ],
+    ),
     "a class of the program's caught by its builtin base": (
         "assert parse('4') == 4\ntry:\n    parse('x')\nexcept ValueError as e:\n"
         "    assert type(e).__name__ == 'ParseError'\nelse:\n    raise AssertionError\n",

@@ -169,8 +169,13 @@ def kodcode_rows(
     for where, record in read_records(path, config, split):
         question, solution, test = _fields(path, where, record, "question", "solution", "test")
         info = record.get("test_info") or []
-        if not isinstance(info, list) or not all(isinstance(i, dict) for i in info):
-            raise UserError(f"{path} {where}: field 'test_info' must be a list of objects")
+        declared = (isinstance(i, dict) and isinstance(i.get("function_declaration", ""), str)
+                    for i in info) if isinstance(info, list) else [False]  # fmt: skip
+        if not all(declared):
+            raise UserError(
+                f"{path} {where}: field 'test_info' must be a list of objects whose "
+                "'function_declaration' is text"
+            )
         declarations = [
             i["function_declaration"].strip() for i in info if i.get("function_declaration")
         ]
