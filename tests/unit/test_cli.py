@@ -230,7 +230,7 @@ HERE = str(Path(__file__).parent)  # a directory that is not empty
         (["tasks", "export", "sums", "--split", "test", "-n", "200"], "only 50 test problems"),
         (["tasks", "export", "arith", "-n", "-1"], "argument -n: must be at least 1, got -1"),
         (["tasks", "export", "arith", "--split", "val"], "argument --split: invalid choice"),
-        (["tasks", "export", "nosuch"], "data.task: unknown task 'nosuch'"),
+        (["tasks", "export", "nosuch"], "NAME: unknown task 'nosuch'"),
         (["models", "import", "missing.gguf", "--out", "m"], "missing.gguf: no such GGUF file"),
         (["models", "import", "a.gguf", "--out", "m", "--dtype", "int4"], "invalid choice"),
         (["report", "/nonexistent/run"], "/nonexistent/run: no such run directory"),

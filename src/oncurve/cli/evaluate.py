@@ -78,7 +78,8 @@ def _eval_scorer(args: argparse.Namespace, config) -> tuple[str, Callable]:
     if args.reward:
         return resolve_reward(args.reward)
     if args.task:
-        return f"{args.task} task's correct", get_task(args.task).reward_fns()["correct"]
+        task = get_task(args.task, given="--task")
+        return f"{args.task} task's correct", task.reward_fns()["correct"]
     if config is None:
         return resolve_reward("correct")
     on_task = config.data.task and not config.data.path

@@ -20,7 +20,7 @@ def warmstart_command(args: argparse.Namespace) -> int:
 def export_command(args: argparse.Namespace) -> int:
     from oncurve.data.tasks import get_task
 
-    task = get_task(args.name)
+    task = get_task(args.name, given="NAME")
     try:
         rows = task.examples(args.split, args.n, args.seed)
     except UserError:

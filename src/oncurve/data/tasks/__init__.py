@@ -23,9 +23,9 @@ def task_names() -> list[str]:
     return [*_TASKS, f"{_GYM_PREFIX}<dataset>"]
 
 
-def get_task(name: str, options: dict[str, Any] | None = None) -> Task:
+def get_task(name: str, options: dict[str, Any] | None = None, *, given: str = "data.task") -> Task:
     """The built-in task called `name`, built with the keyword arguments `options`
-    (`data.task_options`)."""
+    (`data.task_options`); an unknown name is a UserError naming where it was `given`."""
     if name.startswith(_GYM_PREFIX):
         from oncurve.data.tasks.gym import GymTask
 
@@ -34,7 +34,7 @@ def get_task(name: str, options: dict[str, Any] | None = None) -> Task:
         module, cls = _TASKS[name]
         make, args = getattr(importlib.import_module(module), cls), ()
     else:
-        raise UserError(f"data.task: unknown task {name!r}; choices: {', '.join(task_names())}")
+        raise UserError(f"{given}: unknown task {name!r}; choices: {', '.join(task_names())}")
     if not options:
         return make(*args)
     try:
