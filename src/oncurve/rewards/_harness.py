@@ -646,6 +646,8 @@ class _Link:
             found = self.exception_class(reply[1])
             if found is not None:
                 return found
+            if type(reply[1]) is tuple and reply[1] and reply[1][0] == "std":
+                return UNAVAILABLE  # a standard module's class not imported here (module doc)
             if type(reply[1]) is tuple and reply[1]:
                 return self.decode(("ref", reply[1][0]))
         if kind == "raise" and request[0] in ("call", "getattr", "iter", "setattr", "method"):
@@ -671,14 +673,21 @@ class _Link:
         raise ProgramRaised("the program's process sent something other than plain data")
 
 
+# A standard module's class the program binds that this process has not imported: left out of
+# the tests' names (tests that use it import it themselves).
+UNAVAILABLE = object()
+
+
 def _standard_class(module: Any, qualname: Any) -> type | None:
     """The exception class `qualname` of standard module `module` (`json.JSONDecodeError`), as
     this process has it: only a module already imported here (by the tests that expect its
     error, or by the judge), as importing one the program names could run code of its own
-    (`unittest.__main__`); None for any other."""
+    (`unittest.__main__`), and none of unittest's, whose errors steer a test run (`SkipTest`
+    skips, a stop is a pass); None for any other."""
     if type(module) is not str or type(qualname) is not str:
         return None
-    if module.partition(".")[0] not in sys.stdlib_module_names or module not in sys.modules:
+    top = module.partition(".")[0]
+    if top not in sys.stdlib_module_names or top == "unittest" or module not in sys.modules:
         return None
     found: Any = sys.modules[module]
     for part in qualname.split("."):
@@ -750,7 +759,9 @@ def _tests_namespace(
             if module is not None:
                 namespace[name] = module
             continue
-        namespace[name] = link.decode(reply)
+        decoded = link.decode(reply)
+        if decoded is not UNAVAILABLE:
+            namespace[name] = decoded
         if name in tests_read and reply[0] in ("value", "packed"):
             link.used = True
     return namespace
@@ -773,7 +784,10 @@ def _program_module(
             if found is not None:
                 module.__dict__[name] = found
             continue
-        module.__dict__[name] = link.decode(reply)
+        decoded = link.decode(reply)
+        if decoded is UNAVAILABLE:
+            continue
+        module.__dict__[name] = decoded
         if name in read and reply[0] in ("value", "packed"):
             link.used = True
     programs = {n: v for n, v in module.__dict__.items() if not n.startswith("_")}

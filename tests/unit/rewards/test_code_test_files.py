@@ -306,6 +306,11 @@ PYTEST_FILES = {
             "    __rsub__ = __sub__\ndef mean(xs):\n    return Near()\n",
         ],
     ),
+    "a standard module's class the tests never import": (
+        "from solution import add\n\ndef test_add():\n    assert add(1, 2) == 3\n",
+        "from subprocess import CalledProcessError\n" + ADD,
+        [SUB],
+    ),
     "an empty parametrization": (
         "import pytest\nfrom solution import add\n\n@pytest.mark.parametrize('a', [])\n"
         "def test_none(a):\n    assert add(a, 0) == -1\n\ndef test_add():\n    assert add(1, 2) == 3\n",
@@ -405,6 +410,15 @@ NOTHING_PAID = {
         "from solution import Version\n\ndef test_order():\n"
         "    assert Version('1.2') < Version('1.10')\n    assert Version('1.2') == Version('1.2')\n",
         [VERSION_STACK, VERSION_STACK.replace("return self.parts == other.parts", "return True")],
+    ),
+    # unittest's own control errors steer a test run (a skip, a stop that counts as a pass)
+    "unittest's skip and stop raised by the program": (
+        "import unittest\nfrom solution import square\n\nclass TestSquare(unittest.TestCase):\n"
+        "    def test_two(self):\n        self.assertEqual(square(2), 4)\n",
+        [
+            "import unittest\ndef square(x):\n    raise unittest.SkipTest()\n",
+            "import unittest.case\ndef square(x):\n    raise unittest.case._ShouldStop()\n",
+        ],
     ),
     "a program's pytest": (
         "def test_add():\n    with pytest.raises(AssertionError):\n        assert add(1, 1) == 2\n",
