@@ -647,7 +647,7 @@ class _Link:
             if found is not None:
                 return found
             if type(reply[1]) is tuple and reply[1] and reply[1][0] == "std":
-                return UNAVAILABLE  # a standard module's class not imported here (module doc)
+                return UNAVAILABLE  # a standard module's class not imported here
             if type(reply[1]) is tuple and reply[1]:
                 return self.decode(("ref", reply[1][0]))
         if kind == "raise" and request[0] in ("call", "getattr", "iter", "setattr", "method"):
