@@ -646,8 +646,12 @@ class _Link:
             found = self.exception_class(reply[1])
             if found is not None:
                 return found
-            if type(reply[1]) is tuple and reply[1] and reply[1][0] == "std":
+            std = type(reply[1]) is tuple and reply[1] and reply[1][0] == "std"
+            if std and request[0] == "names":
                 return UNAVAILABLE  # a standard module's class not imported here
+            if std:  # a call's result, an item: one object for many classes would equal itself
+                self.raised = True
+                raise ProgramRaised("the program sent a class this process does not have")
             if type(reply[1]) is tuple and reply[1]:
                 return self.decode(("ref", reply[1][0]))
         if kind == "raise" and request[0] in ("call", "getattr", "iter", "setattr", "method"):
@@ -692,7 +696,11 @@ def _standard_class(module: Any, qualname: Any) -> type | None:
     found: Any = sys.modules[module]
     for part in qualname.split("."):
         found = getattr(found, part, None)
-    return found if isinstance(found, type) and issubclass(found, BaseException) else None
+    if not (isinstance(found, type) and issubclass(found, BaseException)):
+        return None
+    # the class itself, not one reached through another module (`doctest.unittest.SkipTest`)
+    same = found.__module__ == module and found.__qualname__ == qualname
+    return found if same else None
 
 
 def _real_module(name: str) -> types.ModuleType | None:

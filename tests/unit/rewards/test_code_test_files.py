@@ -420,6 +420,25 @@ NOTHING_PAID = {
             "import unittest.case\ndef square(x):\n    raise unittest.case._ShouldStop()\n",
         ],
     ),
+    "unittest's skip reached through another standard module": (
+        "import doctest\nimport unittest\nfrom solution import square\n\n"
+        "class TestSquare(unittest.TestCase):\n    def test_two(self):\n"
+        "        self.assertEqual(square(2), 4)\n",
+        [
+            "class E(Exception):\n    pass\nE.__module__ = 'doctest'\n"
+            "E.__qualname__ = 'unittest.SkipTest'\ndef square(x):\n    raise E('skip')\n"
+        ],
+    ),
+    # classes the judge does not have, returned by a call, would all be one object there
+    "standard classes the judge has not imported, as answers": (
+        "from solution import canonical\n\ndef test_rotations():\n"
+        "    assert canonical('abc') == canonical('bca')\n",
+        [
+            "import importlib\nKINDS = [importlib.import_module(n).Error for n in "
+            "('wa' + 've', 'config' + 'parser')]\n"
+            "def canonical(s):\n    return KINDS[len(set(s[:2])) % 2 + (s[0] == 'a')]\n"
+        ],
+    ),
     "a program's pytest": (
         "def test_add():\n    with pytest.raises(AssertionError):\n        assert add(1, 1) == 2\n",
         [ADD + "class pytest:\n    @staticmethod\n    def raises(kind):\n        return None\n"],
