@@ -70,6 +70,10 @@ class TrlReward:
         self.fn = fn
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.is_async = inspect.iscoroutinefunction(fn)
+        try:  # read once: every call of the function asks what it takes
+            self.signature: inspect.Signature | None = inspect.signature(fn)
+        except (TypeError, ValueError):  # a callable without one is called as TRL calls it
+            self.signature = None
         for attribute in ("rowwise", "runs_in_process"):
             if hasattr(fn, attribute):
                 setattr(self, attribute, getattr(fn, attribute))
@@ -112,7 +116,7 @@ class TrlReward:
             prompts = messages
             completions = [[{"role": "assistant", "content": text}] for text in completions]
         context = _accepted(
-            self.fn,
+            self.signature,
             {
                 "trainer_state": state,
                 "log_extra": log.log_extra,
@@ -120,7 +124,7 @@ class TrlReward:
                 **columns,
             },
         )
-        if _binds(self.fn, ("prompts", "completions", *context)):
+        if _binds(self.signature, ("prompts", "completions", *context)):
             return self.fn(prompts=prompts, completions=completions, **context)
         return self.fn(prompts, completions, **context)
 
@@ -129,29 +133,26 @@ async def _awaited(result: Any) -> Any:
     return await result if inspect.isawaitable(result) else result
 
 
-def _accepted(fn: Callable[..., Any], context: dict[str, Any]) -> dict[str, Any]:
-    """The keywords of `context` that `fn` can take: all of them when it takes `**kwargs` (or
-    has no signature), else those it names. The trainer passes columns a dataset does not have
-    (`answer` read off TRL's `solution`, `completion_lengths`), which a function listing TRL's
-    keywords one by one does not take."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
+def _accepted(signature: inspect.Signature | None, context: dict[str, Any]) -> dict[str, Any]:
+    """The keywords of `context` that a function of `signature` can take: all of them when it
+    takes `**kwargs` (or has no signature), else those it names. The trainer passes columns a
+    dataset does not have (`answer` read off TRL's `solution`, `completion_lengths`), which a
+    function listing TRL's keywords one by one does not take."""
+    if signature is None:
         return context
+    parameters = signature.parameters.values()
     if any(p.kind is p.VAR_KEYWORD for p in parameters):
         return context
     named = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     return {name: value for name, value in context.items() if name in named}
 
 
-def _binds(fn: Callable[..., Any], names: tuple[str, ...]) -> bool:
-    """Whether `fn` takes every one of `names` by keyword, as TRL calls a reward (a parameter
-    list of its own, `**kwargs` alone, or a wrapper's `*args, **kwargs`); else it is called
-    positionally, as `fn(prompts, completions, **columns)`, whatever its first two parameters
-    are named. A callable without a signature is called as TRL calls it."""
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
+def _binds(signature: inspect.Signature | None, names: tuple[str, ...]) -> bool:
+    """Whether a function of `signature` takes every one of `names` by keyword, as TRL calls a
+    reward (a parameter list of its own, `**kwargs` alone, or a wrapper's `*args, **kwargs`);
+    else it is called positionally, as `fn(prompts, completions, **columns)`, whatever its first
+    two parameters are named. A callable without a signature is called as TRL calls it."""
+    if signature is None:
         return True
     try:
         signature.bind(**dict.fromkeys(names))

@@ -12,6 +12,7 @@ import json
 
 import pytest
 from helpers.paths import FIXTURES
+from helpers.programs import fenced
 
 from oncurve.data.tasks.convert import humaneval_rows
 from oncurve.rewards.code import CodeTestsReward
@@ -202,10 +203,6 @@ TABLE = {
     **{f"StopIteration through {k}": v for k, v in STOP_ITERATION.items()},
     **{f"standard modules: {k}": v for k, v in MODULES.items()},
 }
-
-
-def fenced(code: str) -> str:
-    return f"```python\n{code}```"
 
 
 @pytest.fixture(scope="module")

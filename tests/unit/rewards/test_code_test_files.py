@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers.programs import fenced
 
 from oncurve.data.tasks.convert import kodcode_rows
 from oncurve.errors import UserError
@@ -444,10 +445,6 @@ NOTHING_PAID = {
         [ADD + "class pytest:\n    @staticmethod\n    def raises(kind):\n        return None\n"],
     ),
 }
-
-
-def fenced(code: str) -> str:
-    return f"```python\n{code}```"
 
 
 @pytest.fixture(scope="module")
