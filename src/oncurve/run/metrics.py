@@ -43,28 +43,29 @@ class MetricsLogger:
         run_dir: Path,
         tensorboard: bool = False,
         enabled: bool = True,
-        wandb: dict[str, Any] | None = None,
-        trackio: dict[str, Any] | None = None,
+        trackers: list[Any] | None = None,
         start_step: int = 0,
     ) -> None:
-        """`wandb`: `wandb.init`'s project, name (null: the run directory's), mode and config;
-        `trackio`: `trackio.init`'s project, name (null: the run directory's) and config; None
-        logs nothing there. `start_step`: the step a resumed run continues after; TensorBoard
-        drops the events of later steps an earlier start wrote (metrics.jsonl is cut there)."""
+        """`trackers`: the runs `start_trackers` started, which get every row and are finished
+        by `close`. `start_step`: the step a resumed run continues after; TensorBoard
+        keeps what metrics.jsonl (cut there first) keeps: the events an earlier start wrote at
+        later steps are dropped, and those of `start_step` are written again from the file (a
+        resume at the last step drops that step's evaluation and evaluates again)."""
         self.run_dir = Path(run_dir)
         self.enabled = enabled
         self._writer = None
         # Runs of W&B-style trackers: each takes log(scalars, step=) and finish().
-        self._trackers: list[Any] = []
+        self._trackers: list[Any] = list(trackers or [])
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if tensorboard:
             self._writer = _summary_writer(self.run_dir / "tensorboard", start_step)
-        if wandb is not None:
-            self._trackers.append(_wandb_run(self.run_dir, **wandb))
-        if trackio is not None:
-            self._trackers.append(_trackio_run(self.run_dir, **trackio))
+            metrics = self.run_dir / METRICS_FILE
+            if start_step and metrics.is_file():
+                for row in iter_jsonl(metrics):
+                    if row["step"] == start_step:
+                        self._write_scalars(row)
 
     def log(self, step: int, values: dict[str, float]) -> None:
         """Append {"step": step, **values}; non-finite values become null."""
@@ -73,14 +74,17 @@ class MetricsLogger:
         row = {"step": int(step), **{key: _finite(key, value) for key, value in values.items()}}
         _append(self.run_dir / METRICS_FILE, [row])
         if self._writer is not None:
-            for key, value in row.items():
-                if key != "step" and value is not None:
-                    self._writer.add_scalar(key, value, global_step=row["step"])
-            self._writer.flush()
+            self._write_scalars(row)
         if self._trackers:
             scalars = {k: v for k, v in row.items() if k != "step" and v is not None}
             for tracker in self._trackers:
                 tracker.log(scalars, step=row["step"])
+
+    def _write_scalars(self, row: dict) -> None:
+        for key, value in row.items():
+            if key != "step" and value is not None:
+                self._writer.add_scalar(key, value, global_step=row["step"])
+        self._writer.flush()
 
     def log_samples(self, step: int, rows: list[dict]) -> None:
         """Append one row per sample, {"step": step, **row}; non-finite floats become null."""
@@ -210,14 +214,33 @@ def json_value(value: Any) -> Any:
     return str(value)
 
 
-def _summary_writer(log_dir: Path, start_step: int):
+def require_tensorboard() -> type:
+    """torch's `SummaryWriter`; a UserError naming the extra when tensorboard is missing."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         raise UserError(
             "log.tensorboard=true needs the tensorboard package: pip install 'oncurve[tb]'"
         ) from None
-    return SummaryWriter(log_dir=str(log_dir), purge_step=start_step + 1 if start_step else None)
+    return SummaryWriter
+
+
+def _summary_writer(log_dir: Path, start_step: int):
+    return require_tensorboard()(log_dir=str(log_dir), purge_step=start_step or None)
+
+
+def start_trackers(
+    run_dir: Path, wandb: dict[str, Any] | None = None, trackio: dict[str, Any] | None = None
+) -> list[Any]:
+    """The tracker runs for `MetricsLogger`: `wandb` holds `wandb.init`'s project, name (null:
+    the run directory's), mode and config; `trackio` `trackio.init`'s project, name and config;
+    None starts nothing there. One that cannot start is a UserError."""
+    runs = []
+    if wandb is not None:
+        runs.append(_wandb_run(Path(run_dir), **wandb))
+    if trackio is not None:
+        runs.append(_trackio_run(Path(run_dir), **trackio))
+    return runs
 
 
 def _wandb_run(run_dir: Path, project: str, name: str | None, mode: str, config: dict) -> Any:

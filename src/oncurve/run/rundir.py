@@ -71,15 +71,46 @@ class Replaced:
 
     entries: list[Path] = field(default_factory=list)
     checkpoints: list[Path] = field(default_factory=list)
+    # What the entries (and an entry directory's own entries) were when the run claimed the
+    # directory: what appears there later is the new run's (a tracker's files: trackers start
+    # before anything is deleted, so that one that cannot start deletes nothing).
+    claimed: dict[Path, tuple[int, int]] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for path in self.entries:
+            inner = list(path.iterdir()) if path.is_dir() and not path.is_symlink() else []
+            for found in (path, *inner):
+                self.claimed[found] = _identity(found)
 
     def remove(self) -> None:
         checkpoint.remove_checkpoints(self.checkpoints)
         for path in self.entries:  # the lock stays: it is this trainer's
             if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
-        self.entries, self.checkpoints = [], []
+                for inner in list(path.iterdir()):
+                    if self.claimed.get(inner) == _identity(inner):
+                        _delete(inner)
+                if not any(path.iterdir()):
+                    path.rmdir()
+            elif self.claimed.get(path) == _identity(path):
+                _delete(path)
+        self.entries, self.checkpoints, self.claimed = [], [], {}
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """Which file `path` is (inode and change time: a file put in the place of one deleted may
+    reuse its inode), None when there is none."""
+    try:
+        found = path.lstat()
+    except FileNotFoundError:
+        return None
+    return found.st_ino, found.st_ctime_ns
+
+
+def _delete(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def prepare_run_dir(config: Config, rank: int) -> tuple[Path, Path | None, Replaced]:

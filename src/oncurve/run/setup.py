@@ -66,9 +66,14 @@ from oncurve.rollout.episodes import (
 from oncurve.rollout.harness import PREFIX as HARNESS_PREFIX
 from oncurve.rollout.harness import HarnessSettings, resolve_harness
 from oncurve.run import checkpoint, oom
-from oncurve.run.metrics import MetricsLogger, truncate_after
+from oncurve.run.metrics import (
+    MetricsLogger,
+    require_tensorboard,
+    start_trackers,
+    truncate_after,
+)
 from oncurve.run.rewards import build_rewards
-from oncurve.run.rundir import Replaced, prepare_run_dir
+from oncurve.run.rundir import prepare_run_dir
 from oncurve.run.session import Session, forward_settings
 from oncurve.run.settle import (
     LOCAL_PATHS,
@@ -148,15 +153,29 @@ def setup(config: Config) -> Session:
         data_fingerprint=data_fingerprint(data.rows),
     )
     if resume_from is not None:
-        _resume(s, resume_from, replaced)
-    else:  # the run is set up: what it replaces can go before it writes
-        replaced.remove()
+        _resume(s, resume_from)
+    # The run is set up; its trackers start before what it replaces goes, so that one that
+    # cannot start leaves a previous run whole.
+    trackers = []
+    if rank == 0:
+        if s.config.log.tensorboard:
+            require_tensorboard()
+        trackers = start_trackers(
+            run_dir, wandb=_wandb_settings(s.config), trackio=_trackio_settings(s.config)
+        )
+    # before the metrics are cut back to the resumed step: a crash between the two then leaves
+    # checkpoints and metrics that agree
+    replaced.remove()
+    if resume_from is not None and rank == 0:
+        # at the last step, an evaluation row is the final one's, which a stop cut short of the
+        # final save: the resume evaluates again
+        done = s.start_step == s.config.run.steps and s.config.eval.at_start_end
+        truncate_after(run_dir, s.start_step, drop_evaluation=done)
     s.logger = MetricsLogger(
         run_dir,
-        tensorboard=config.log.tensorboard,
+        tensorboard=s.config.log.tensorboard,
         enabled=rank == 0,
-        wandb=_wandb_settings(config),
-        trackio=_trackio_settings(config),
+        trackers=trackers,
         start_step=s.start_step,
     )
     policy.release()
@@ -267,11 +286,10 @@ def _trackio_settings(config: Config) -> dict[str, Any] | None:
     return {"project": trackio.project, "name": trackio.name, "config": to_dict(config)}
 
 
-def _resume(s: Session, checkpoint_dir: Path, replaced: Replaced) -> None:
-    """Load the checkpoint into the session, delete the later checkpoints it `replaced` and drop
-    the metrics logged after it. Its ranks and settings are compared first, from its
-    `state.json`: a changed setting is named before any tensor that would not fit it loads, and
-    before anything is deleted."""
+def _resume(s: Session, checkpoint_dir: Path) -> None:
+    """Load the checkpoint into the session. Its ranks and settings are compared first, from its
+    `state.json`: a changed setting is named before any tensor that would not fit it loads.
+    Nothing is deleted here: the caller removes what the run replaces once it is set up."""
     saved = checkpoint.read_state(checkpoint_dir)
     checkpoint.check_saved_ranks(checkpoint_dir, saved, s.world_size)
     s.start_step = int(saved["step"])
@@ -309,14 +327,6 @@ def _resume(s: Session, checkpoint_dir: Path, replaced: Replaced) -> None:
     s.config_history = list(state.get("config_history", []))
     if changes:
         _apply_changes(s, changes)
-    if s.rank == 0:
-        # at the last step, an evaluation row is the final one's, which a stop cut short of the
-        # final save: the resume evaluates again
-        done = s.start_step == s.config.run.steps and s.config.eval.at_start_end
-        # before the metrics are cut back to its step: a crash between the two then leaves
-        # checkpoints and metrics that agree
-        replaced.remove()
-        truncate_after(s.run_dir, s.start_step, drop_evaluation=done)
 
 
 def _changes(s: Session, state: dict, checkpoint_dir: Path) -> dict[str, list[Any]]:

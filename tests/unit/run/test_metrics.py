@@ -12,7 +12,7 @@ import pytest
 
 from oncurve.config import load_config
 from oncurve.errors import UserError
-from oncurve.run.metrics import MetricsLogger, read_jsonl, truncate_after
+from oncurve.run.metrics import MetricsLogger, read_jsonl, start_trackers, truncate_after
 
 
 def _log_steps(logger, steps, eval_every=3):
@@ -202,6 +202,28 @@ def test_a_resumed_runs_tensorboard_events_hold_each_step_once(tmp_path):
     assert [(e.step, e.value) for e in events.Scalars("kl")] == [(1, 0.25), (2, 0.75), (3, 1.0)]
 
 
+def test_a_finished_runs_resume_holds_its_final_evaluation_once(tmp_path):
+    """A resume at a run's last step evaluates again: TensorBoard keeps the step's training
+    scalars and only the new evaluation, as metrics.jsonl does."""
+    event_accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator",
+        reason="the tb extra (tensorboard) is not installed",
+    )
+    first = MetricsLogger(tmp_path, tensorboard=True)
+    first.log(1, {"kl": 0.25})
+    first.log(2, {"kl": 0.5})
+    first.log(2, {"eval/accuracy": 0.125})
+    first.close()
+    truncate_after(tmp_path, 2, drop_evaluation=True)
+    resumed = MetricsLogger(tmp_path, tensorboard=True, start_step=2)
+    resumed.log(2, {"eval/accuracy": 0.375})
+    resumed.close()
+    events = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("kl")] == [(1, 0.25), (2, 0.5)]
+    assert [(e.step, e.value) for e in events.Scalars("eval/accuracy")] == [(2, 0.375)]
+
+
 def wandb_records(path: Path) -> list:
     """The protobuf records of a W&B `.wandb` file: LevelDB's log format (32 KiB blocks of
     records with a 7-byte header: checksum, length, kind 1 full / 2 first / 3 middle / 4 last)
@@ -297,15 +319,70 @@ def test_wandb_that_cannot_start_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(wandb, "init", refuse)
     settings = {"project": "p", "name": None, "mode": "online", "config": {}}
     with pytest.raises(UserError, match=r"^log.wandb.project p: W&B could not start \(No API key"):
-        MetricsLogger(tmp_path, wandb=settings)
+        start_trackers(tmp_path, wandb=settings)
+
+
+def test_a_tracker_that_cannot_start_leaves_the_run_an_overwrite_would_replace(
+    tiny_model_dir, data_file, tmp_path, monkeypatch
+):
+    wandb = pytest.importorskip("wandb", reason="wandb (extra `wandb`) not installed")
+    from oncurve.loop.trainer import train
+
+    run_dir = tmp_path / "run"
+    train(tracked_run(tiny_model_dir, data_file, run_dir), quiet=True)
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+    def refuse(**kwargs):
+        raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    tracker = ["run.overwrite=true", "log.wandb.project=p", "log.wandb.mode=online"]
+    with pytest.raises(UserError, match="W&B could not start"):
+        train(tracked_run(tiny_model_dir, data_file, run_dir, *tracker), quiet=True)
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+def test_an_overwrite_deletes_the_previous_runs_tracker_files_and_keeps_the_new_ones(
+    tiny_model_dir, data_file, tmp_path, monkeypatch
+):
+    """The tracker starts before the previous run is deleted (so that one that cannot start
+    deletes nothing): what it writes into the run's `wandb/` then is the new run's."""
+    wandb = pytest.importorskip("wandb", reason="wandb (extra `wandb`) not installed")
+    from oncurve.loop.trainer import train
+
+    run_dir = tmp_path / "run"
+    old = run_dir / "wandb" / "offline-run-old"
+    old.mkdir(parents=True)
+    (old / "run-old.wandb").write_bytes(b"old")
+    (run_dir / "wandb" / "latest-run").symlink_to(old.name)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "kl": 9.0}\n')
+
+    def start(dir, **kwargs):
+        new = Path(dir) / "wandb" / "offline-run-new"
+        new.mkdir(parents=True)
+        (new / "run-new.wandb").write_bytes(b"new")
+        latest = Path(dir) / "wandb" / "latest-run"
+        latest.unlink(missing_ok=True)
+        latest.symlink_to(new.name)
+        return types.SimpleNamespace(log=lambda scalars, step: None, finish=lambda: None)
+
+    monkeypatch.setattr(wandb, "init", start)
+    tracker = ["run.overwrite=true", "log.wandb.project=p", "log.wandb.mode=offline"]
+    train(tracked_run(tiny_model_dir, data_file, run_dir, *tracker), quiet=True)
+    assert sorted(p.name for p in (run_dir / "wandb").iterdir()) == [
+        "latest-run", "offline-run-new"
+    ]  # fmt: skip
+    assert (run_dir / "wandb" / "latest-run").readlink() == Path("offline-run-new")
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [row["step"] for row in rows] == [0, 1, 2, 2]  # evaluations at start and end
+    assert all(row.get("kl") != 9.0 for row in rows)
 
 
 def test_wandb_without_its_package_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)
     settings = {"project": "p", "name": None, "mode": "offline", "config": {}}
     with pytest.raises(UserError, match=r"^log.wandb.project needs the wandb package: pip install"):
-        MetricsLogger(tmp_path, wandb=settings)
-    MetricsLogger(tmp_path, wandb=settings, enabled=False).log(1, {"x": 1.0})  # other ranks
+        start_trackers(tmp_path, wandb=settings)
 
 
 @pytest.fixture
@@ -380,5 +457,4 @@ def test_trackio_without_its_package_names_the_extra(tmp_path, monkeypatch):
     with pytest.raises(
         UserError, match=r"^log.trackio.project needs the trackio package: pip install"
     ):
-        MetricsLogger(tmp_path, trackio=settings)
-    MetricsLogger(tmp_path, trackio=settings, enabled=False).log(1, {"x": 1.0})  # other ranks
+        start_trackers(tmp_path, trackio=settings)
