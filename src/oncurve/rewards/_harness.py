@@ -915,8 +915,8 @@ def run(source: str, setup: str = "") -> None:
     """Judge one case of ``source`` after ``setup`` (module docstring); exit 1 when a test
     fails."""
     # Not dumpable before the fork: the child (the program) cannot open this process's
-    # /proc/PID/mem or /proc/PID/fd/0, where the secret and the tests are. Without ctypes (the
-    # fallback's audit hook refuses it) that barrier is missing, as docs/sandbox.md says.
+    # /proc/PID/mem or /proc/PID/fd/0, where the secret and the tests are. The fallback's audit
+    # hook refuses ctypes; there the sandbox made the process undumpable (docs/sandbox.md).
     try:
         import ctypes
 

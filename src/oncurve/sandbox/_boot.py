@@ -77,9 +77,17 @@ _SECCOMP_SPEC.loader.exec_module(_seccomp)
 # model-written code calls, exit and quit. In the fallback (``--audit``) an audit hook is the one
 # network barrier: hooks cannot be removed, and it also refuses the ways out of the interpreter
 # that would leave it behind (exec, ctypes, _posixsubprocess) and signals to other processes.
-# Native code could still get around it: docs/sandbox.md says so.
+# Native code could still get around it: docs/sandbox.md says so. Given ``--uid``, it first
+# becomes that user: the change of user leaves the process undumpable, so that what it forks
+# (a judge's program) cannot read its memory or its files in /proc.
 RUNNER = """\
 import _sitebuiltins, builtins, os, sys
+if "--uid" in sys.argv:
+    _uid = int(sys.argv[sys.argv.index("--uid") + 1])
+    os.setgroups([])
+    os.setresgid(_uid, _uid, _uid)
+    os.setresuid(_uid, _uid, _uid)
+    del _uid
 builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
 builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
 def _hook(event, args, _getpid=os.getpid,
@@ -239,7 +247,9 @@ def _start_program(spec: dict, status_fd: int) -> int:
             with open(path, "w") as file:
                 file.write("0")
         uid = spec["uid"]
-        if uid is not None:
+        # In the fallback the interpreter takes its user itself (RUNNER): exec would make the
+        # process dumpable again, and a change of user after it makes it undumpable.
+        if uid is not None and spec["mode"] != "fallback":
             os.setgroups([])
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
@@ -255,6 +265,8 @@ def _start_program(spec: dict, status_fd: int) -> int:
         if spec["mode"] == "fallback":
             workdir = spec["workdir"]
             argv.append("--audit")
+            if uid is not None:
+                argv += ["--uid", str(uid)]
         else:
             os.chroot(NEW_ROOT)
             workdir = WORKDIR

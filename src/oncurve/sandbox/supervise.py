@@ -275,7 +275,7 @@ class Run:
             if number == signal.SIGXCPU or at_limit:
                 status, reason = "timeout", "cpu time"
             else:
-                status, reason = "killed", f"signal {number} ({signal.Signals(number).name})"
+                status, reason = "killed", f"signal {number} ({_signal_name(number)})"
         elif "timeout" in outcome:
             status, reason = "timeout", "wall time"
         else:  # the bootstrap died without a word (the OOM killer, say)
@@ -303,3 +303,11 @@ def _parent_of(pid: int) -> int | None:
         return None
     # The command name may hold spaces and parentheses: the fields start after the last ')'.
     return int(line[line.rindex(b")") + 2 :].split()[1])
+
+
+def _signal_name(number: int) -> str:
+    """SIGSEGV, or SIGRTMIN+6 for a real-time signal (Python's enum names only the ends)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"SIGRTMIN+{number - signal.SIGRTMIN}"

@@ -4,6 +4,8 @@ that count as failed, its settings; and the MBPP and HumanEval converters it sco
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -80,6 +82,24 @@ def test_compiles_parses_without_running_and_without_warnings():
         assert not compiles("def f(:\n")
         assert not compiles("x = 1\0")
     assert not caught
+
+
+def test_compiles_folds_no_constants_in_the_trainers_process():
+    """`'a'*4096 + 'a'*4096 + ...` folded by the compiler holds every partial string at once
+    (gigabytes for a 6,000-character program); parsing holds the tree alone. Checked in a child
+    process under a 1 GiB address-space limit, where folding runs out of memory."""
+    terms = 700
+    program = "x = " + "'\U0001F600'*4096+" * terms + "''\n"
+    child = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+        "from oncurve.rewards.code import compiles\n"
+        "print(compiles(sys.stdin.read()))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", child], input=program, capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout == "True\n", done.stderr[-500:]
 
 
 def test_parse_tests_reads_both_forms_and_names_the_bad_item():

@@ -175,6 +175,8 @@ def test_program_reads_stdin_and_writes_stdout(host: str) -> None:
             -11,
             "",
         ),
+        # a real-time signal has no name of its own in Python's enum
+        ("import os\nos.kill(os.getpid(), 40)", "killed", "signal 40 (SIGRTMIN+6)", -40, ""),
     ],
 )
 def test_program_failures(
@@ -588,6 +590,26 @@ def test_fallback_kills_fork_bomb_and_detached_children(host: str, fallback: Non
     )
     result = sandbox.run_python(source, timeout_s=1.0)
     assert (result.status, result.reason) == ("timeout", "wall time")
+
+
+def test_fallback_children_cannot_read_their_parents_memory(host: str, fallback: None) -> None:
+    """A judge forks the program it judges: the child must not read what the parent holds (the
+    tests, the verdict's secret) through /proc."""
+    source = (
+        "import os\n"
+        "if os.fork() == 0:\n"
+        "    for name in ('mem', 'environ'):\n"
+        "        try:\n"
+        "            open(f'/proc/{os.getppid()}/{name}', 'rb').close()\n"
+        "            print(name, 'opened', flush=True)\n"
+        "        except OSError as exc:\n"
+        "            print(name, type(exc).__name__, flush=True)\n"
+        "    os._exit(0)\n"
+        "os.wait()\n"
+    )
+    result = sandbox.run_python(source)
+    assert result.status == "ok", result
+    assert result.stdout == "mem PermissionError\nenviron PermissionError\n"
 
 
 def test_fallback_kill_of_the_trainer_is_refused(host: str, fallback: None) -> None:
