@@ -89,7 +89,7 @@ def test_compiles_folds_no_constants_in_the_trainers_process():
     (gigabytes for a 6,000-character program); parsing holds the tree alone. Checked in a child
     process under a 1 GiB address-space limit, where folding runs out of memory."""
     terms = 700
-    program = "x = " + "'\U0001F600'*4096+" * terms + "''\n"
+    program = "x = " + "'\U0001f600'*4096+" * terms + "''\n"
     child = (
         "import resource, sys\n"
         "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
