@@ -17,6 +17,7 @@ from helpers.configs import make_config
 from helpers.first_step import capture_first_step, hand_assembled_grpo
 from helpers.models import tiny_qwen2
 
+from oncurve.config import load_config
 from oncurve.loop import trainer
 from oncurve.loop import training_step as loop_step
 from oncurve.loop.trainer import setup, train
@@ -109,6 +110,14 @@ def test_fewer_rows_than_a_step_takes_are_said_at_start(tiny_model_dir, tmp_path
     rows.write_text("".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(3)))
     setup(make_config(tiny_model_dir, rows, tmp_path / "run", "data.prompts_per_step=4"))
     assert "data: 3 training rows, fewer than data.prompts_per_step=4" in capsys.readouterr().err
+
+
+def test_a_task_with_fewer_test_problems_than_asked_says_so_at_start(tmp_path, capsys):
+    setup(load_config(None, ["data.task=sums", f"run.dir={tmp_path / 'run'}", "run.device=cpu"]))
+    assert (
+        "eval: sums has 50 test problems, fewer than eval.num_prompts=500: each evaluation "
+        "scores them all"
+    ) in capsys.readouterr().err
 
 
 def test_beta_zero_never_builds_a_reference(tiny_model_dir, data_file, tmp_path, monkeypatch):

@@ -94,7 +94,7 @@ def _eval_scorer(args: argparse.Namespace, config) -> tuple[str, Callable]:
 def _eval_rows(args: argparse.Namespace, config, data, needs_answer: bool) -> list[dict]:
     """The prompts to score: `--data` (a file or a Hub id at `--config` and `--split`), else
     the run's eval.path, else the run's task's held-out problems."""
-    from oncurve.data.prompts import eval_size, read_rows
+    from oncurve.data.prompts import held_out_examples, read_rows
     from oncurve.data.tasks import get_task
 
     if args.data is not None:
@@ -106,8 +106,7 @@ def _eval_rows(args: argparse.Namespace, config, data, needs_answer: bool) -> li
         rows = read_rows(config.eval.path, data, split, require_answer=needs_answer)
         return rows[: config.eval.num_prompts]  # the rows the trainer evaluated
     if config is not None and config.data.task and config.data.path is None:
-        task = get_task(config.data.task, config.data.task_options)
-        return task.examples("test", eval_size(config), config.run.seed)
+        return held_out_examples(get_task(config.data.task, config.data.task_options), config)
     raise UserError(
         "--data is required (with --run, unless the run has an eval.path or trained on a task)"
     )

@@ -503,7 +503,8 @@ class EvalConfig:
     num_prompts: int | None = _opt(
         None,
         "held-out prompts per evaluation; null: all of eval.path, or 500 of a built-in task's "
-        "(500 with model.path=default); 0: no held-out evaluation",
+        "(500 with model.path=default); a task with fewer test problems gives them all; 0: no "
+        "held-out evaluation",
         NON_NEGATIVE,
     )
     samples: int = _opt(

@@ -11,7 +11,7 @@ import torch
 from oncurve.config import Config, DataConfig
 from oncurve.data.files import Row, load_rows
 from oncurve.data.tasks import get_task
-from oncurve.data.tasks.base import Task, leveled_examples
+from oncurve.data.tasks.base import Task, TooFewProblems, leveled_examples
 from oncurve.envs.verifiers_envs import PREFIX as VERIFIERS_PREFIX
 from oncurve.envs.verifiers_envs import environment_rows
 from oncurve.errors import UserError
@@ -47,8 +47,7 @@ def load_prompts(config: Config) -> tuple[list[dict], list[dict], Task | None]:
             train = leveled_examples(task, data.num_train, config.run.seed)
         else:
             train = task.examples("train", data.num_train, config.run.seed)
-        held_out = task.examples("test", eval_size(config), config.run.seed)
-        return train, held_out, task
+        return train, held_out_examples(task, config), task
     scored = correctness_fn(config, None) in ANSWER_MATCH_REWARDS
     functions = config.reward.functions
     needed = any(s.name == "correct" for s in functions) or not (functions or config.rollout.env)
@@ -74,6 +73,15 @@ def read_rows(path: str, data: DataConfig, split: str, *, require_answer: bool) 
         answer_format=data.answer_format,
         require_answer=require_answer,
     )
+
+
+def held_out_examples(task: Task, config: Config) -> list[dict]:
+    """The task's `eval_size` test problems, or its whole test split when that has fewer (the
+    run's start-up report says so)."""
+    try:
+        return task.examples("test", eval_size(config), config.run.seed)
+    except TooFewProblems as short:
+        return task.examples("test", short.available, config.run.seed)
 
 
 def eval_size(config: Config) -> int:

@@ -123,7 +123,7 @@ def setup(config: Config) -> Session:
     settled = settle(config, facts)
     config = settled.config
     if rank == 0:
-        for line in settled.report + startup_notes(config, rewards, data):
+        for line in settled.report + startup_notes(config, rewards, data, eval_data, task):
             print(line, file=sys.stderr)
     policy, advantage = assemble_policy(config, model, peft_model, world_size)
     fsdp = config.dist.fsdp and world_size > 1
@@ -418,11 +418,18 @@ def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | Harnes
     )
 
 
-def startup_notes(config: Config, rewards: RewardRunner, data: PromptData) -> list[str]:
+def startup_notes(
+    config: Config,
+    rewards: RewardRunner,
+    data: PromptData,
+    eval_data: PromptData | None = None,
+    task: Any = None,
+) -> list[str]:
     """What the start-up report says of the run's choices beyond the settled ones: a LoRA
-    dropout (which no forward applies), fewer training rows than a step takes, the column the reference answers were found in when the
-    config does not name it and it is not `answer`, and which rewards the curriculum and
-    dynamic sampling read."""
+    dropout (which no forward applies), fewer training rows than a step takes, fewer held-out
+    problems in a task than eval.num_prompts asks, the column the reference answers were found
+    in when the config does not name it and it is not `answer`, and which rewards the
+    curriculum and dynamic sampling read."""
     notes = []
     if config.model.lora.r and config.model.lora.dropout:
         notes.append(
@@ -435,6 +442,12 @@ def startup_notes(config: Config, rewards: RewardRunner, data: PromptData) -> li
         notes.append(
             f"data: {rows} training rows, fewer than data.prompts_per_step={per_step}: each step "
             "repeats prompts"
+        )
+    asked = config.eval.num_prompts
+    if task is not None and eval_data is not None and asked and len(eval_data.rows) < asked:
+        notes.append(
+            f"eval: {task.name} has {len(eval_data.rows)} test problems, fewer than "
+            f"eval.num_prompts={asked}: each evaluation scores them all"
         )
     found = data.rows[0].answer_field
     if config.data.answer_field is None and found not in ("", "answer"):

@@ -29,7 +29,7 @@ import random
 import re
 from typing import Any
 
-from oncurve.data.tasks.base import hash_split
+from oncurve.data.tasks.base import TooFewProblems, hash_split
 from oncurve.rewards.extraction import extract_answer
 from oncurve.rewards.normalization import MAX_ANSWER_CHARS
 from oncurve.rewards.registry import RewardFn
@@ -152,9 +152,10 @@ class ArithTask:
                 }
             )
         if len(rows) < n:
-            raise ValueError(
+            raise TooFewProblems(
                 f"arith: only {len(rows)} distinct test problems with max_digits="
-                f"{self.max_digits}, asked for {n}"
+                f"{self.max_digits}, asked for {n}",
+                len(rows),
             )
         return rows
 

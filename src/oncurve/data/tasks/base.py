@@ -13,6 +13,14 @@ from oncurve.rewards.registry import RewardFn
 T = TypeVar("T")
 
 
+class TooFewProblems(ValueError):
+    """A split asked for more distinct problems than it has; `available`: how many it has."""
+
+    def __init__(self, message: str, available: int) -> None:
+        super().__init__(message)
+        self.available = available
+
+
 class Task(Protocol):
     """A built-in task. The trainer calls `examples` for the train and test splits and scores
     completions with `reward_fns` (each weighted 1.0 unless the task has a `reward_weights`
@@ -22,7 +30,9 @@ class Task(Protocol):
 
     def examples(self, split: str, n: int, seed: int) -> list[dict[str, str]]:
         """`n` rows with "prompt", "answer" and any other columns the rewards read; `split` is
-        "train" or "test", and the two splits never share a prompt for the same seed."""
+        "train" or "test", and the two splits never share a prompt for the same seed. Test
+        rows are distinct problems: asking for more than the split has raises
+        `TooFewProblems`."""
         ...
 
     def reward_fns(self) -> dict[str, RewardFn]:
@@ -70,11 +80,13 @@ TEST_BUCKETS = 10  # 1 in 10 problems is held out for the test split
 def draw_split(task: str, pool: Sequence[T], split: str, n: int, seed: int) -> list[T]:
     """`n` problems of `split` from its `pool`: train problems drawn with repetition, test
     problems distinct, both in an order seeded by (task, split, seed); asking for more test
-    problems than the pool holds is an error."""
+    problems than the pool holds raises `TooFewProblems`."""
     rng = random.Random(f"{task}:{split}:{seed}")
     if split == "test":
         if n > len(pool):
-            raise ValueError(f"{task}: only {len(pool)} test problems, asked for {n}")
+            raise TooFewProblems(
+                f"{task}: only {len(pool)} test problems, asked for {n}", len(pool)
+            )
         return rng.sample(list(pool), n)
     return [rng.choice(pool) for _ in range(n)]
 

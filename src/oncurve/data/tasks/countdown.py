@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from oncurve.data.tasks.base import hash_split
+from oncurve.data.tasks.base import TooFewProblems, hash_split
 from oncurve.rewards.countdown import countdown_reward
 from oncurve.rewards.format import think_answer_format_reward
 from oncurve.rewards.registry import RewardFn
@@ -63,11 +63,17 @@ class CountdownTask:
             rng = random.Random(f"countdown-{split}-{seed}-level{level}")
         else:
             raise ValueError(f"countdown: level must be in [0, {self.levels}), got {level}")
-        rows = []
-        while len(rows) < n:
+        rows, seen = [], set()
+        # The attempt budget keeps an impossible `n` (more test problems than small numbers
+        # make) from looping forever.
+        for _ in range(100 * n + 1000):
+            if len(rows) == n:
+                break
             numbers, target, solution = make_problem(rng, rng.choice(counts), self.max_number)
-            if hash_split(f"{sorted(numbers)}->{target}") != split:
+            key = f"{sorted(numbers)}->{target}"
+            if hash_split(key) != split or (split == "test" and key in seen):
                 continue
+            seen.add(key)
             rows.append(
                 {
                     "prompt": PROMPT.format(numbers=numbers, target=target),
@@ -75,6 +81,12 @@ class CountdownTask:
                     "numbers": ",".join(map(str, numbers)),
                     "target": str(target),
                 }
+            )
+        if len(rows) < n:
+            raise TooFewProblems(
+                f"countdown: only {len(rows)} distinct {split} problems with max_number="
+                f"{self.max_number}, asked for {n}",
+                len(rows),
             )
         return rows
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from oncurve.data.tasks.base import hash_split
+from oncurve.data.tasks.base import TooFewProblems, hash_split
 from oncurve.errors import UserError
 from oncurve.rewards.extraction import extract_answer
 from oncurve.rewards.registry import RewardFn
@@ -67,12 +67,15 @@ class GymTask:
             self.dataset_name, seed=seed, size=_MAX_INDEX, **self._level_config(level)
         )
         rows: list[dict[str, Any]] = []
+        seen: set[str] = set()
         budget = 50 * n + 1000
         for index in range(budget):
             if len(rows) == n:
                 break
             entry = data[index]
-            if hash_split(entry["question"]) == split:
+            question = entry["question"]
+            if hash_split(question) == split and not (split == "test" and question in seen):
+                seen.add(question)
                 rows.append(
                     {
                         "prompt": entry["question"].rstrip() + INSTRUCTION,
@@ -81,9 +84,10 @@ class GymTask:
                     }
                 )
         if len(rows) < n:
-            raise UserError(
-                f"{self.name}: found only {len(rows)} {split} examples in {budget} items"
-            )
+            why = f"{self.name}: found only {len(rows)} {split} examples in {budget} items"
+            if split == "test":
+                raise TooFewProblems(why, len(rows))
+            raise UserError(why)
         return rows
 
     def reward_fns(self) -> dict[str, RewardFn]:

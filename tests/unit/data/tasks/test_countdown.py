@@ -293,3 +293,9 @@ def test_under_the_runner_a_malformed_row_is_unscored_not_an_error(timeout_s: fl
     assert all(math.isnan(v) for v in result.per_fn[1:, 0].tolist())
     assert result.metrics["reward/errors"] == 0.0
     assert result.metrics["reward/countdown"] == 1.0
+
+
+def test_the_test_split_holds_each_problem_once() -> None:
+    rows = get_task("countdown").examples("test", 500, seed=0)
+    problems = {(tuple(sorted(row["numbers"].split(","))), row["target"]) for row in rows}
+    assert len(problems) == 500  # the same numbers in another order are the same problem

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from oncurve.config import load_config
+from oncurve.data.prompts import load_prompts
 from oncurve.data.tasks import get_task
 from oncurve.data.tasks.base import hash_split
 from oncurve.rewards.format import boxed_format_reward
@@ -36,3 +38,11 @@ def test_rows_hold_the_sum_and_the_rewards_score_a_boxed_right_answer():
 
 def test_boxed_format_needs_a_filled_box():
     assert boxed_format_reward(["p"] * 3, ["\\boxed{15}", "\\boxed{}", "boxed{3}"]) == [1, 0, 0]
+
+
+@pytest.mark.parametrize(("task", "pool"), [("sums", 50), ("code", 25)])
+@pytest.mark.parametrize("asked", [[], ["eval.num_prompts=60"]])
+def test_a_held_out_set_larger_than_the_test_split_is_the_whole_split(task, pool, asked):
+    _, held_out, _ = load_prompts(load_config(None, [f"data.task={task}", *asked]))
+    assert len(held_out) == pool
+    assert len({row["prompt"] for row in held_out}) == pool
