@@ -79,10 +79,14 @@ def pass_rate_weights(rates: torch.Tensor, group_size: int, floor: float) -> tor
 
 
 def draw_rows(weights: torch.Tensor, count: int, generator: torch.Generator) -> list[int]:
-    """`count` indices of `weights` `[R]` drawn in proportion to them, without replacement
-    while enough have weight, with it otherwise."""
-    replacement = int((weights > 0).sum()) < count
-    picks = torch.multinomial(weights, count, replacement=replacement, generator=generator)
+    """`count` indices of `weights` `[R]` drawn in proportion to them: without replacement
+    while rows with weight are left, then the rest with replacement (so the first draws, a
+    step's first round, hold no row twice)."""
+    distinct = min(count, int((weights > 0).sum()))
+    picks = torch.multinomial(weights, distinct, replacement=False, generator=generator)
+    if count > distinct:
+        more = torch.multinomial(weights, count - distinct, replacement=True, generator=generator)
+        picks = torch.cat([picks, more])
     return picks.tolist()
 
 

@@ -111,23 +111,30 @@ class PromptData:
             kept.answer_field = getattr(row, "answer_field", "")
             self.rows.append(kept)
         self.seed = seed
-        self._order_cache: tuple[int, list[int]] | None = None
+        self._order_cache: tuple[tuple[int, int], list[int]] | None = None
 
     def batch(self, step: int, size: int, round_: int = 0, rounds_per_step: int = 1) -> list[dict]:
         """The `size` rows of training step `step` (1-based) in sampling round `round_` of at
-        most `rounds_per_step` (dynamic sampling draws fresh prompts each round)."""
-        position = ((step - 1) * rounds_per_step + round_) * size
+        most `rounds_per_step`. The first rounds of the steps walk the epochs' orders, each row
+        once an epoch; dynamic sampling's later rounds walk orders of their own (seeded apart),
+        so that a step that needs none of them skips no row."""
+        if round_ == 0:
+            stream, position = 0, (step - 1) * size
+        else:
+            stream, position = 1, ((step - 1) * (rounds_per_step - 1) + round_ - 1) * size
         picks = []
         for offset in range(position, position + size):
             epoch, index = divmod(offset, len(self.rows))
-            picks.append(self.rows[self._order(epoch)[index]])
+            picks.append(self.rows[self._order(stream, epoch)[index]])
         return picks
 
-    def _order(self, epoch: int) -> list[int]:
-        if self._order_cache is None or self._order_cache[0] != epoch:
-            generator = torch.Generator().manual_seed(self.seed * 7919 + epoch)
+    def _order(self, stream: int, epoch: int) -> list[int]:
+        if self._order_cache is None or self._order_cache[0] != (stream, epoch):
+            # the later rounds' orders: seeds no epoch of the first rounds reaches
+            seed = self.seed * 7919 + epoch + stream * 104_729 * 2**32
+            generator = torch.Generator().manual_seed(seed % 2**64)
             self._order_cache = (
-                epoch,
+                (stream, epoch),
                 torch.randperm(len(self.rows), generator=generator).tolist(),
             )
         return self._order_cache[1]

@@ -78,6 +78,16 @@ def test_draw_rows_follows_the_weights_and_never_draws_a_zero_weight():
     assert sorted(distinct) == [0, 2, 3]  # without replacement while enough rows have weight
 
 
+def test_draw_rows_draws_every_weighted_row_before_any_twice():
+    """More draws than rows with weight (a step's dynamic-sampling rounds): the first ones
+    are distinct, so a round never holds a prompt twice while others are left."""
+    generator = torch.Generator().manual_seed(0)
+    weights = torch.tensor([1.0, 2.0, 0.0, 1.0, 4.0])
+    for _ in range(50):
+        picks = draw_rows(weights, 10, generator)
+        assert sorted(picks[:4]) == [0, 1, 3, 4] and 2 not in picks
+
+
 def test_the_difficulty_level_steps_up_after_a_full_window_at_the_threshold():
     window = [(6.0, 8)] * WINDOW  # 0.75 pooled
     assert rolling_accuracy([(6.0, 8), (2.0, 8)]) == 0.5

@@ -241,6 +241,23 @@ def test_the_longest_prompt_and_max_new_tokens_must_fit_the_models_positions():
         check_room(7, 20, positions, "--max-new-tokens")
 
 
+@pytest.mark.parametrize("rounds_per_step", [1, 5])
+def test_each_row_is_a_steps_first_round_once_per_epoch(rounds_per_step):
+    """Dynamic sampling's later rounds (up to `rounds_per_step`) draw prompts of their own,
+    whether or not a step runs them: the first rounds of an epoch's steps hold every row
+    once, and a step's rounds differ."""
+    rows = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(12)]
+    data = PromptData(rows, char_tokenizer(), DataConfig(), seed=3)
+    for epoch in range(2):
+        steps = range(3 * epoch + 1, 3 * epoch + 4)
+        first = [r["prompt"] for step in steps for r in data.batch(step, 4, 0, rounds_per_step)]
+        assert sorted(first) == sorted(r["prompt"] for r in rows)
+    if rounds_per_step > 1:
+        assert data.batch(2, 4, 1, rounds_per_step) != data.batch(2, 4, 0, rounds_per_step)
+    largest_seed = PromptData(rows, char_tokenizer(), DataConfig(), seed=2**63 - 1)
+    assert len(largest_seed.batch(7, 4, 1, rounds_per_step)) == 4
+
+
 def test_system_prompt_and_chat_template():
     tokenizer = char_tokenizer()
     tokenizer.chat_template = (
