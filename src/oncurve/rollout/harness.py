@@ -28,6 +28,7 @@ import dataclasses
 import importlib
 import math
 import sys
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -95,6 +96,7 @@ def play_harness(
     with Endpoint(sampler, params, seed=params.seed or 0) as endpoint:
 
         async def played(episodes: range) -> list[Outcome]:
+            started = time.monotonic()
             clients = [
                 openai.AsyncOpenAI(
                     base_url=endpoint.episode_url(k), api_key="oncurve", max_retries=0
@@ -107,6 +109,10 @@ def play_harness(
                 returned = await asyncio.wait_for(
                     settings.play(players, endpoint.model_name, row), timeout_s
                 )
+                if timeout_s is not None and time.monotonic() - started > timeout_s:
+                    # it blocked its loop, where wait_for could not interrupt it
+                    why = f"the harness took over {timeout_s:g} s and blocked its event loop"
+                    return [(None, TIMEOUT, why, {})] * len(episodes)
                 if not settings.groups:
                     return [_outcome(returned)]
                 if isinstance(returned, list | tuple) and len(returned) == group_size:
@@ -116,19 +122,21 @@ def play_harness(
             except TimeoutError:
                 why = f"the harness took over {timeout_s:g} s"
                 return [(None, TIMEOUT, why, {})] * len(episodes)
-            except Exception as error:  # the harness's own bug: its episodes', not the run's
+            except (Exception, asyncio.CancelledError) as error:  # the harness's own bug
                 return [_outcome(error)] * len(episodes)
             finally:
                 for client in clients:
                     await client.close()
 
-        async def every() -> list[Outcome]:
-            size = group_size if settings.groups else 1
-            parts = await asyncio.gather(*(played(range(k, k + size)) for k in range(0, n, size)))
-            return [outcome for part in parts for outcome in part]
+        def play_alone(episodes: range) -> list[Outcome]:
+            return asyncio.run(played(episodes))
 
-        with ThreadPoolExecutor(1) as thread:  # its own event loop, whatever runs in this one
-            outcomes = thread.submit(asyncio.run, every()).result()
+        # Each play on a thread and event loop of its own (whatever loop runs in this one): a
+        # harness that blocks its loop holds up only its own episodes.
+        size = group_size if settings.groups else 1
+        plays = [range(k, k + size) for k in range(0, n, size)]
+        with ThreadPoolExecutor(len(plays)) as threads:
+            outcomes = [outcome for part in threads.map(play_alone, plays) for outcome in part]
     calls: list[list[Call]] = [[] for _ in range(n)]
     for call in endpoint.calls:
         if call.episode is not None:  # every episode's client has its own URL
@@ -147,9 +155,14 @@ def play_harness(
         faults.append(fault)
         chains.append(chain if fault is None else None)
     if notes:
+        scored = [r for r, f in zip(rewards, faults, strict=True) if f and not math.isnan(r)]
+        said = ", ".join(
+            f"{scored.count(r)} scored {r:g}" for r in dict.fromkeys(scored)
+        )  # the fault settings' scores (a timeout's timeout_score)
+        how = f" ({said} by the fault settings)" if said else ", unscored"
         print(
-            f"oncurve: warning: {len(notes)} of {n} harness episodes dropped (no loss, "
-            f"unscored); the first: {notes[0]}",
+            f"oncurve: warning: {len(notes)} of {n} harness episodes dropped from the loss"
+            f"{how}; the first: {notes[0]}",
             file=sys.stderr,
         )
     return _rollout(sampler, chains, rows, group_size), {

@@ -5,7 +5,9 @@ dropped with a warning; `oncurve train rollout.env=harness:...` trains on it."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+import time
 
 import pytest
 import torch
@@ -90,6 +92,36 @@ def test_an_episode_a_group_harness_says_timed_out_is_a_timeout(sampler):
     _, columns = play_harness(sampler, rows, 2, SamplingParams(max_new_tokens=6), settings)
     assert columns["episode_fault"] == [TIMEOUT] * 4
     assert all(math.isnan(r) for r in columns["episode_reward"])
+
+
+def test_a_harness_that_blocks_its_event_loop_times_out_alone(sampler, capsys):
+    """A harness that blocks (a synchronous HTTP client, `time.sleep`) cannot be interrupted:
+    past `rollout.env_timeout_s` its episode is a timeout all the same, scored as
+    `reward.timeout_score` says, and it holds up no other episode's clock."""
+
+    async def blocks_on_the_first_row(client, model: str, row: dict) -> float:
+        await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": row["prompt"]}]
+        )
+        if row["prompt"] == ROWS[0]["prompt"]:
+            time.sleep(8)
+        return 1.0
+
+    faults = EnvFaults(timeout_s=6.0, timeout_score=-1.0)
+    _, rewards, _, episode_faults = play(sampler, blocks_on_the_first_row, faults)
+    assert episode_faults == [TIMEOUT, TIMEOUT, None, None]
+    assert rewards == [-1.0, -1.0, 1.0, 1.0]
+    err = capsys.readouterr().err
+    assert "2 of 4 harness episodes dropped from the loss (2 scored -1 by the fault settings)" in err
+    assert "blocked its event loop" in err
+
+
+def test_a_harness_that_raises_cancelled_error_fails_its_episode(sampler):
+    async def cancelled(client, model: str, row: dict) -> float:
+        raise asyncio.CancelledError("the harness cancelled itself")
+
+    _, rewards, _, faults = play(sampler, cancelled, EnvFaults(on_error="none"))
+    assert faults == [ERROR] * 4 and all(math.isnan(r) for r in rewards)
 
 
 def test_a_run_trains_on_a_harness(chat_model_dir, data_file, tmp_path):
