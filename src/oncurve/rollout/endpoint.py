@@ -234,7 +234,11 @@ class Endpoint:
     def request_params(self, body: dict[str, Any]) -> SamplingParams:
         """The run's sampling settings, with the request's `max_tokens` (or
         `max_completion_tokens`) when shorter and its `stop` strings added."""
-        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        limit = None
+        for key in ("max_completion_tokens", "max_tokens"):
+            if body.get(key) is not None:
+                limit = _count(body, key)
+                break
         longest = self.params.max_new_tokens
         stop = body.get("stop") or []
         stop = [stop] if isinstance(stop, str) else list(stop)
@@ -243,6 +247,34 @@ class Endpoint:
             max_new_tokens=min(int(limit), longest) if limit else longest,
             stop=tuple(dict.fromkeys([*self.params.stop, *stop])),
         )
+
+
+def _count(body: dict[str, Any], key: str) -> int:
+    """`body[key]` as a count of at least 1; ValueError naming the key otherwise."""
+    value = body[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{key}: a whole number of at least 1, got {value!r}")
+    return value
+
+
+def _text_messages(messages: Any) -> list[dict[str, Any]]:
+    """A request's `messages` with each content as text: OpenAI's list of parts joined when
+    they are all text parts; ValueError for anything else."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages: a non-empty list of messages is required")
+    texts = []
+    for k, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ValueError(f"messages[{k}]: an object with a role is required")
+        content = message.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise ValueError(f"messages[{k}].content: only text parts are read")
+            content = "".join(str(part.get("text", "")) for part in content)
+        elif content is not None and not isinstance(content, str):
+            raise ValueError(f"messages[{k}]: content must be text or a list of text parts")
+        texts.append({**message, "content": content})
+    return texts
 
 
 def _choice_logprobs(tokenizer: Any, call: Call) -> dict[str, Any]:
@@ -275,15 +307,15 @@ def respond(
 ) -> dict[str, Any]:
     """The JSON answer to a POST of `body` to `path` (`CHAT` or `COMPLETIONS`) for `episode`;
     ValueError for a request it cannot serve."""
-    n = int(body.get("n") or 1)
-    if n < 1:
-        raise ValueError("n: at least 1 choice")
+    n = _count(body, "n") if body.get("n") is not None else 1
+    if n > 1 and episode is not None:
+        raise ValueError(
+            "n: an episode's calls are one chain of turns, which several choices of one call "
+            "cannot all continue; ask for 1"
+        )
     params = endpoint.request_params(body)
     if path == CHAT:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ValueError("messages: a non-empty list of messages is required")
-        prompt_ids, rewritten = endpoint.chat_prompt(messages)
+        prompt_ids, rewritten = endpoint.chat_prompt(_text_messages(body.get("messages")))
         calls = endpoint.sample(prompt_ids, rewritten, n, params, episode)
         tokenizer = endpoint.sampler.tokenizer
         choices = [
@@ -299,9 +331,12 @@ def respond(
         kind = "chat.completion"
     else:
         prompt = body.get("prompt")
+        vocab = len(endpoint.sampler.tokenizer)
         if isinstance(prompt, str):
             prompt_ids = endpoint.encode_text(prompt)
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        elif isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+            if not all(0 <= t < vocab for t in prompt):
+                raise ValueError(f"prompt: token ids must be in [0, {vocab})")
             prompt_ids = list(prompt)
         else:
             raise ValueError("prompt: a string or a list of token ids is required")

@@ -70,6 +70,19 @@ def test_a_choice_carries_the_sampled_tokens_and_the_policy_s_logprobs(sampler):
         assert choice.finish_reason in ("stop", "length")
 
 
+def test_a_message_s_text_parts_are_its_text(sampler):
+    """OpenAI's list-of-parts content, as clients send it: its text parts joined are the
+    message's text in the chat template."""
+    parts = [{"role": "user", "content": [{"type": "text", "text": "What is "},
+                                          {"type": "text", "text": "2 + 2?"}]}]  # fmt: skip
+    with Endpoint(sampler, SamplingParams(max_new_tokens=2)) as endpoint:
+        status, answer = post(endpoint.base_url, "/chat/completions", {"messages": parts})
+    assert status == 200, answer
+    prompt = sampler.tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True,
+                                                   tokenize=True, return_dict=False)  # fmt: skip
+    assert answer["prompt_token_ids"] == list(prompt)
+
+
 def test_a_conversation_s_earlier_turns_are_the_tokens_sampled(sampler):
     """A second turn's prompt begins with the first turn's prompt and the ids sampled for it,
     whatever re-tokenising the text would give; an assistant text the endpoint did not sample
@@ -152,6 +165,27 @@ def test_bad_requests_get_an_error_answer_and_the_endpoint_is_gone_after(sampler
         assert status == 400 and "messages" in answer["error"]["message"]
         assert post(url, "/completions", {"prompt": 3})[0] == 400
         assert post(url, "/embeddings", {"input": "x"})[0] == 404
+        bad = {
+            "n": [{"messages": QUESTION, "n": 0}, {"messages": QUESTION, "n": 2.5}],
+            "max_tokens": [{"messages": QUESTION, "max_tokens": 0}],
+            "max_completion_tokens": [{"messages": QUESTION, "max_completion_tokens": -3}],
+            "messages": [{"messages": ["hi"]}, {"messages": [{"role": "user", "content": 3}]}],
+            "content": [
+                {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            ],
+        }
+        for field, bodies in bad.items():
+            for body in bodies:
+                status, answer = post(url, "/chat/completions", body)
+                assert status == 400 and field in answer["error"]["message"], (body, answer)
+        vocab = len(sampler.tokenizer)
+        for ids in ([1, vocab], [-1]):
+            status, answer = post(url, "/completions", {"prompt": ids})
+            assert status == 400 and "prompt" in answer["error"]["message"], answer
+        # an episode's calls are one chain: several choices of one call cannot all continue it
+        status, answer = post(endpoint.episode_url(0), "/chat/completions",
+                              {"messages": QUESTION, "n": 2})  # fmt: skip
+        assert status == 400 and "n: an episode" in answer["error"]["message"]
         with urllib.request.urlopen(f"{url}/models", timeout=10) as models:
             assert json.loads(models.read())["data"][0]["id"] == "oncurve"
     with pytest.raises(urllib.error.URLError):
