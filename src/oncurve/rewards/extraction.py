@@ -5,16 +5,18 @@ Extraction styles (`extract_answer`), each linear in the completion's length:
                nearest opening tag before it
   boxed        the last outermost `\\boxed{...}` (or `\\fbox{...}`) with something in it, nested
                braces balanced; a box that only wraps another box is unwrapped
-  gsm8k        the text after the last `####` whose line states a number (`stated_number`), of
-               the last GSM8K_LINES such lines, so a markdown heading such as `#### Step 2` is
-               not taken for the answer
-  last_number  the last number: `-12`, `1,000`, `3.5`, `3/4`, `\\frac{3}{4}`; none when it ends
-               a hedge (`4 or 3`) or is denied (`not 18`, `18 is wrong`)
-  auto         the first of tags, boxed (two boxes offered together as a list), gsm8k, a stated
-               answer in the completion's tail ("The final answer is $...$", "The answer is 18",
-               "**Answer:** B"; the whole phrase where the sentence goes on to change, hedge or
-               deny the number: "18 or 26", "18 squared"), the math of its last sentence
-               (`_final_math`), a completion that is one short piece of math (`_whole_math`),
+  gsm8k        the text after the last `####` whose line states a number (`stated_number`) or
+               lists numbers (`3,4`), of the last GSM8K_LINES such lines, so a markdown heading
+               such as `#### Step 2` is not taken for the answer
+  last_number  the last number: `-12`, `1,000`, `3.5`, `3/4`, `1 1/2`, `\\frac{3}{4}`, not a
+               power's base or exponent (`5^2`); none when it ends a hedge (`4 or 3`, `3 to 4`,
+               `possibly 4`, `at least 4`) or is denied (`not 18`, `18 is wrong`)
+  auto         the first of tags, boxed (two boxes offered together as a list), gsm8k, the last
+               stated answer in the completion's tail ("The final answer is $...$", "The answer
+               is 18", "**Answer:** B"; the whole phrase where the sentence goes on to change,
+               hedge or deny the number: "18 or 26", "18 squared", "3, but actually 4"), the
+               math of its last sentence (`_final_math`), a completion that is one short piece
+               of math (`_whole_math`),
                last_number that finds something; inside `<answer>` a `\\boxed{}` is unwrapped
 The stated number a gsm8k line must hold, box reading and the test for math worth a symbolic
 comparison live in `oncurve.rewards.normalization`; matching in `oncurve.rewards.matching`.
@@ -34,6 +36,8 @@ from oncurve.rewards.normalization import (
     EQUALS_RE,
     LHS_RE,
     NOT_UNITS,
+    SIGNS,
+    UNIT_LETTERS,
     last_boxed,
     looks_symbolic,
     stated_number,
@@ -46,30 +50,41 @@ TAIL_CHARS = 2000  # the end of a completion where a stated "final answer is $..
 _OPEN_TAG_RE = re.compile(r"<answer>", re.IGNORECASE)
 _CLOSE_TAG_RE = re.compile(r"</answer>", re.IGNORECASE)
 _GSM8K_RE = re.compile(r"####\s*([^\n]*)")
-# Thousands groups must be exact (`1,000`, not `1,00`), so a list like `1,2,3` gives `3`.
+# Thousands groups must be exact (`1,000`, not `1,00`), so a list like `1,2,3` gives `3`; a
+# mixed number is one (`1 1/2`, not `1/2`).
 _NUMBER = (
     r"[-−]?\\[dtc]?frac\{\d+\}\{\d+\}"  # a fraction whole, not its denominator
-    r"|[-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|[-−]?\.\d+"
+    r"|[-−]?(?:\d+ \d+/\d+|(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?)|[-−]?\.\d+"
 )
-# A unit may follow without a space (`12.5m`); a letter before (`x2`, `H2O`) is no number.
-_NUMBER_RE = re.compile(rf"(?<![\w.])(?:{_NUMBER})(?![\d_]|[.,]\d)")
+# A unit may follow without a space (`12.5m`); a letter before (`x2`, `H2O`) is no number, nor
+# is a power or a power's exponent (`48 m^2` gives 48; `5^2`, `4e2`, `4²` give none). A group
+# of a run of thousands groups after a comma and another 3-digit group is not tried: the group
+# before it was, with the same rest, so a run of groups is read once, not once per comma.
+_NUMBER_RE = re.compile(
+    rf"(?<![\w.^])(?<!\^\{{)(?!(?<=,\d{{3}},)\d{{3}},\d)(?:{_NUMBER})"
+    r"(?![\d_]|[.,]\d|\s*\^|[eE][-+]?\d|[⁰¹²³⁴⁵⁶⁷⁸⁹])"
+)
 _STATED_ANSWER_RE = re.compile(
     r"answer\s*(?:is|:)\s*(?:\*\*)?\s*(?:\$\$?(?P<math>(?:\\\$|[^$]){1,500})\$"
     r"|\\\((?P<inline>.{1,500}?)\\\))",
     re.IGNORECASE,
 )
 _SCALE_WORDS = r"thousand|million|billion|trillion"
+# The rest is looked at, not consumed: a later statement on the line is the last one.
 _ANSWER_NUMBER_RE = re.compile(
-    rf"answer\s*(?:is|:)\s*(?:\*\*)?\s*\\?\$?\s*(?P<number>(?:{_NUMBER})(?![\d_]|[.,]\d)"
-    rf"(?:\s+(?:{_SCALE_WORDS})\b)?(?:\s*\\?%|\s+per\s?cent\b)?)(?P<rest>[^\n]{{0,200}})",
+    rf"answer\s*(?:is|:)\s*(?:\*\*)?\s*\\?\$?\s*(?P<number>(?:[-−] )?(?:{_NUMBER})"
+    rf"(?![\d_]|\.\d|,\d{{3}}(?!\d))"
+    rf"(?:\s+(?:{_SCALE_WORDS})\b)?(?:\s*\\?%|\s+per\s?cent\b)?)(?=(?P<rest>[^\n]{{0,200}}))",
     re.IGNORECASE,
 )
-# What may not follow a stated number in its sentence: an operator, a factorial or a power
-# (`18 + 1`, `18!`, `18^2`), another number joined to it (`18, 19`, `18 (or 19)`, `18 to 20`),
+# What may not follow a stated number in its sentence (its closing emphasis or `$` read past
+# whole: `**18**.`): an operator, a factorial or a power (`18 + 1`, `18!`, `18^2`, `18²`,
+# `18e2`, `18 x 10^2`), another number joined to it (`18, 19`, `18 (or 19)`, `18 to 20`),
 # or a word that denies it (`18 (wrong)`, `18 — no, 19`). A reason after it may hold numbers
 # (`18 (6 × 3)`, `18: 6 in each of 3 bags`).
 _QUALIFIED_RE = re.compile(
-    r"\s*(?:\$|\*\*)*\s*(?:[-−+*/^!×·÷±∓=<>–]|\\(?:times|cdot|div|pm|mp)(?![a-zA-Z])"
+    r"\s*(?:\$|\*\*)*+\s*(?:[-−+*/^!×·÷±∓=<>–⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻]"
+    r"|\\(?:times|cdot|div|pm|mp)(?![a-zA-Z])|[eE][-+]?\d|[xX]\s*\d"
     r"|[,—]?\s*(?:(?:or|and|and/or|to|vs\.?|versus)\s+)?"
     r"(?:(?:possibly|maybe|perhaps|even|rather|actually)\s+)?\$?[-−]?\d"
     r"|\(\s*(?:or|and/or|to|vs\.?|versus|possibly|maybe|perhaps)\b"
@@ -159,11 +174,13 @@ _CONDITION_WORDS = frozenset(
     ]
 )
 # The next sentence takes it back or offers another number at once (`18. Or 19.`, `18.
-# Actually, it is 19.`, `18. No, wait, it is 20.`; not `18. Actually, that is 9 eggs ...` nor
-# `No. of eggs sold: 9`)
+# Actually, it is 19.`, `18. No, wait, it is 20.`, `18. Sorry, I meant 19.`; not `18.
+# Actually, that is 9 eggs ...` nor `No. of eggs sold: 9`)
 _RETRACTED_RE = re.compile(
     r"[^\n.!?]{0,200}[.!?]\s+(?:or|actually|wait|no(?=\s*[,:!])|correction|hmm|rather"
-    r"|but\s+wait)\b(?![,:\s]*(?:that\s+is\s+\$?\d|that's\s+(?:\$?\d|per\b)|which\s+is|i\.e\."
+    r"|but\s+wait|sorry(?=\s*[,:!])|i\s+meant|never\s*mind|on\s+second\s+thought"
+    r"|scratch\s+that|oops|whoops|my\s+(?:bad|mistake))\b"
+    r"(?![,:\s]*(?:that\s+is\s+\$?\d|that's\s+(?:\$?\d|per\b)|which\s+is|i\.e\."
     r"|in\s+(?:other\s+)?words|written\s+out|equivalently|because|since))(?P<after>[^\n]{0,80})",
     re.IGNORECASE,
 )
@@ -181,20 +198,49 @@ _LHS_NAME_RE = re.compile(r"\s*[a-zA-Z](?:_\{?[a-zA-Z0-9]+\}?)?\s*")
 _INLINE_MATH_RE = re.compile(r"(?<!\\)\$\$?((?:\\\$|[^$]){1,500})\$\$?")
 _JOINER_RE = re.compile(r"\s*(?:,|and|or|,\s*and|,\s*or)\s*", re.IGNORECASE)
 # Just before the last number, what makes it no answer: a hedge between it and another
-# (`4 or 3`, `19, or perhaps 18`, `x = 17 or x = 18`, `19 vs 18`, `between 17 and 18`) or a
-# negation (`not 18`, `can't be 18`); just after it, a denial (`18 is wrong`).
+# (`4 or 3`, `19, or perhaps 18`, `x = 17 or x = 18`, `19 vs 18`, `between 17 and 18`), a range
+# (`3 to 4`, `3-4`), a doubt (`possibly 4`, `maybe 4`), a bound (`at least 4`, `more than 4`) or
+# a negation (`not 18`, `can't be 18`); just after it, a denial (`18 is wrong`) or an operator
+# (`4×10^2`, whose power is no number of its own).
 _HEDGE_RE = re.compile(
-    r"(?:\d\s*(?:\$\s*)?[,.]?\s*(?:or|and/or|vs\.?|versus)\s*"
+    r"(?:\d\s*(?:\$\s*)?[,.]?\s*(?:or|and/or|vs\.?|versus|to)\s*"
     r"(?:(?:maybe|perhaps|possibly|even|rather)\s+)?(?:[a-zA-Z]\s*=\s*)?"
+    r"|\d\s*-\s*"
     r"|\bbetween\s+\S+\s+and\s+"
+    r"|\b(?:maybe|perhaps|possibly|probably|i\s+guess|at\s+(?:least|most)"
+    r"|(?:more|less|fewer|greater|smaller)\s+than)\s+"
     r"|(?:\bnot|n't|\bnever|\bno)\s+(?:[a-zA-Z]+\s+){0,2})(?:\$\s*)?[-−]?$",
     re.IGNORECASE,
 )
+_OPERAND_RE = re.compile(r"\s*(?:[*×·÷^]|\\(?:times|cdot|div)(?![a-zA-Z])|[xX]\s*\d)")
+# A minus sign set apart from its number after a word or a relation (`is - 4`), not a difference
+# (`10 - 4`)
+_SPACED_SIGN_RE = re.compile(r"(?:\b[a-zA-Z]{2,}|[=(:])\s*-\s+$")
+# In the rest of a stated number's sentence, the first of: a reason, which may hold numbers
+# (`18 (6 × 3)`, `18: 6 in each of 3 bags`, `18, as 3 x 6 = 18`, `18 because ...`); a hedge
+# word, which another number after it makes a second answer (`3, but actually 4`, `3 (if not
+# 4)`, `3; or 4`, `3 \text{ or } 4`); or another number, which is a second answer too.
+_HEDGE_WORDS = (
+    r"or|but|though|although|unless|if|not|nor|maybe|perhaps|possibly|probably|might|could"
+    r"|otherwise|else|alternatively|actually|rather|vs|versus|either"
+)
+_NEXT_IN_SENTENCE_RE = re.compile(
+    rf"(?P<hedge>[(;:]\s*(?:{_HEDGE_WORDS})\b|\b(?:{_HEDGE_WORDS})\b)"
+    r"|(?P<reason>[(;:=]|\b(?:because|since|as|given|from|so|thus|hence|therefore|which|that"
+    r"|i\.e|e\.g|each|per|every|with|in|of|for|after|before|when|where|by|is|are|was|were"
+    r"|makes?|gives?|equals?|at|on|out)\b)"
+    r"|(?P<number>\d)",
+    re.IGNORECASE,
+)
+# A `####` line that lists numbers (`#### 3,4`): two answers, read whole
+_NUMBER_LIST_RE = re.compile(r"[-−]?\d+(?:\.\d+)?(?:\s*[,;]\s*[-−]?\d+(?:\.\d+)?)+\.?")
 # Words that change a number in a box but may be the unit a question asks for ("How many dozen
 # eggs?" "The answer is 7 dozen.")
 _QUESTION_UNITS = frozenset(("dozen", "dozens"))
 _FIRST_WORD_RE = re.compile(r"\s*(?:\$|\*\*)*\s*([a-zA-Z]+)")
 _DENIED_RE = re.compile(r"[\s$]*(?:is|are|was|were)\s+(?:wrong|incorrect|not)\b", re.IGNORECASE)
+_LINE_RE = re.compile(r"[^\n]{0,200}")
+_DIGIT_RE = re.compile(r"\d")
 _THINK_CLOSE_RE = re.compile(r"</think>", re.IGNORECASE)
 # A fenced code block (to the end of the text when unclosed)
 _FENCED_CODE_RE = re.compile(
@@ -207,20 +253,31 @@ _PROGRAM_RE = re.compile(
     r"|>>>|//|console\.log|let |const |var )|;\s*$|^\s*[A-Za-z_]\w*\s*=(?!=)",
     re.MULTILINE,
 )
-# Two boxes side by side, or joined by "or", "and" or a comma: two answers offered.
-_JOINED_BOXES_RE = re.compile(
-    r"\\(?:boxed|fbox)\s*\{(?P<first>[^{}]{1,200})\}[\s$]*(?:(?:,|;|or|and/or|and)[\s$]*)?"
-    r"\\(?:boxed|fbox)\s*\{(?P<last>[^{}]{1,200})\}",
+# A box with a flat argument, and what may join two of them that offer two answers: spacing
+# (`\quad`, `~`), punctuation, brackets, `\text{}` and joining or doubting words (`\boxed{71}
+# \text{ or } \boxed{72}`, `\boxed{71} (or \boxed{72})`), or a condition (`\boxed{71} if she
+# counts all, otherwise \boxed{72}`); prose or a sentence's end between them is none.
+_FLAT_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{(?P<content>[^{}]{1,200})\}")
+_GAP_CHARS = r"[\s$~,;()]*"
+_BOX_JOINER_RE = re.compile(
+    rf"{_GAP_CHARS}(?:(?:or|and|and/or|vs\.?|versus|otherwise|else|either|maybe|perhaps"
+    rf"|possibly|alternatively)\b{_GAP_CHARS})*"
+    rf"|{_GAP_CHARS}if\b[^.!?\n]{{0,80}}\b(?:otherwise|else)\b{_GAP_CHARS}",
     re.IGNORECASE,
 )
+_GAP_TEXT_RE = re.compile(r"\\(?:text|textrm|textnormal|mathrm|mbox)\s*\{([^{}]*)\}")
+_GAP_SPACING_RE = re.compile(r"\\(?:q?quad|hspace\*?\s*\{[^{}]*\}|[,;:! ])")
+MAX_BOX_GAP = 120
 
 
 def extract_answer(text: str, style: str = "auto") -> str | None:
-    """The answer part of a completion, stripped, or None when `style` finds none. `auto`
-    reads what follows the reasoning (after the last `</think>`) outside fenced code: a number
-    a program prints or a thought states is not the answer the completion gives."""
+    """The answer part of a completion, stripped, or None when `style` finds none; a dash
+    written for a minus is read as `-` (`SIGNS`). `auto` reads what follows the reasoning
+    (after the last `</think>`) outside fenced code: a number a program prints or a thought
+    states is not the answer the completion gives."""
     if style not in STYLES:
         raise ValueError(f"extract_answer: style must be one of {', '.join(STYLES)}, got {style!r}")
+    text = text.translate(SIGNS)  # `–4` is -4, `4％` is 4%
     if style == "auto":
         text, reasoning_only = _after_thinking(text)
         text = _FENCED_CODE_RE.sub(_outside_code, text)
@@ -256,17 +313,36 @@ def _last_tag(text: str) -> str | None:
 
 def _boxed(text: str) -> str | None:
     """The last box's content (`last_boxed`); with the box before it when the two are offered
-    together (`\\boxed{50} or \\boxed{18}`), as a list ("50 \\text{ or } 18") that matching
-    pays only where the reference lists both."""
+    together (`\\boxed{50} or \\boxed{18}`, `_BOX_JOINER_RE`), in the text or in the last box
+    (`\\boxed{\\boxed{50} \\text{ or } \\boxed{18}}`), as a list ("50 \\text{ or } 18") that
+    matching pays only where the reference lists both."""
     answer = last_boxed(text)
     if answer is None:
         return None
-    joined = _last_match(_JOINED_BOXES_RE, text, len(text))
-    if joined is None or joined["last"].strip() != answer or BOX_RE.search(text, joined.end()):
-        return answer
-    if joined["first"].strip() == answer:  # the same answer boxed twice is one answer
-        return answer
-    return f"{joined['first'].strip()} \\text{{ or }} {answer}"
+    inner = last_boxed(answer) if BOX_RE.search(answer) else None
+    if inner is not None:
+        return _joined_boxes(answer, inner) or answer
+    return _joined_boxes(text, answer) or answer
+
+
+def _joined_boxes(text: str, answer: str) -> str | None:
+    """ "first \\text{ or } `answer`" when the last two flat boxes of `text` are offered together
+    and the last one holds `answer`, else None."""
+    pair = collections.deque(_FLAT_BOX_RE.finditer(text), maxlen=2)
+    if len(pair) < 2:
+        return None
+    first, last = pair
+    if last["content"].strip() != answer or BOX_RE.search(text, last.end()):
+        return None
+    if first["content"].strip() == answer:  # the same answer boxed twice is one answer
+        return None
+    gap = text[first.end() : last.start()]
+    if len(gap) > MAX_BOX_GAP:
+        return None
+    gap = _GAP_SPACING_RE.sub(" ", _GAP_TEXT_RE.sub(r" \1 ", gap))
+    if not _BOX_JOINER_RE.fullmatch(gap):
+        return None
+    return f"{first['content'].strip()} \\text{{ or }} {answer}"
 
 
 def _after_thinking(text: str) -> tuple[str, bool]:
@@ -361,7 +437,7 @@ def _gsm8k(text: str) -> str | None:
     # every line of a completion made of thousands would cost milliseconds each.
     for match in reversed(_GSM8K_RE.findall(text)[-GSM8K_LINES:]):
         answer = match.strip()
-        if stated_number(answer) is not None:
+        if stated_number(answer) is not None or _NUMBER_LIST_RE.fullmatch(answer[:100]):
             return answer
     return None
 
@@ -375,6 +451,9 @@ def _stated_answer(text: str) -> str | None:
     # dollars are money as often as math: "is $18. Then $5" states 18, not the math "18. Then "
     stated = None if found is None else (found["math"] or found["inline"] or "").strip()
     if stated and looks_symbolic(stated):
+        rest = _LINE_RE.match(text, found.end())[0]  # type: ignore[index]
+        if _QUALIFIED_RE.match(rest) or _another_number(rest):  # "$3$ or $4$": read whole
+            return f"{stated}{_SENTENCE_END_RE.split(rest, maxsplit=1)[0]}".strip()
         return stated
     found = _last_match(_ANSWER_NUMBER_RE, text, len(text), tail)
     if found is not None:
@@ -385,8 +464,15 @@ def _stated_answer(text: str) -> str | None:
         ):
             return None  # the statement taken back: what follows says what the answer is
         word = _FIRST_WORD_RE.match(found["rest"])
-        changes = word is not None and word[1].lower() in NOT_UNITS - _QUESTION_UNITS
-        hedged = _QUALIFIED_RE.match(found["rest"]) or _unit_hedged(found["number"], found["rest"])
+        changes = word is not None and (
+            word[1].lower() in NOT_UNITS - _QUESTION_UNITS
+            or (len(word[1]) == 1 and word[1] not in UNIT_LETTERS and word[1] != "a")
+        )
+        hedged = _QUALIFIED_RE.match(found["rest"])
+        if not hedged and _UNIT_HEDGE_RE.match(found["rest"]):
+            hedged = _unit_hedged(found["number"], found["rest"])
+        elif not hedged:
+            hedged = _another_number(found["rest"])
         if not hedged and not changes:
             return found["number"]
         # "18 or 26", "18 squared": the sentence states no one number; matching judges it whole
@@ -394,6 +480,16 @@ def _stated_answer(text: str) -> str | None:
         return f"{found['number']}{sentence}".strip()
     found = _ANSWER_WORD_RE.search(text, tail)
     return None if found is None else found["word"]
+
+
+def _another_number(rest: str) -> bool:
+    """Whether the rest of a stated answer's sentence offers another number not after a reason
+    (`_NEXT_IN_SENTENCE_RE`)."""
+    sentence = _SENTENCE_END_RE.split(rest, maxsplit=1)[0]
+    first = _NEXT_IN_SENTENCE_RE.search(sentence)
+    if first is None or first["reason"]:
+        return False
+    return first["number"] is not None or _DIGIT_RE.search(sentence, first.end()) is not None
 
 
 def _final_math(text: str) -> str | None:
@@ -452,6 +548,13 @@ def _last_number(text: str) -> str | None:
     """The last number of `text`; None when it ends a hedge or is denied (`4 or 3`, `not 18`,
     `18 is wrong`: `_HEDGE_RE`, `_DENIED_RE`)."""
     found = _last_match(_NUMBER_RE, text, len(text))
-    if found is None or _HEDGE_RE.search(text, max(0, found.start() - 40), found.start()):
+    if found is None:
         return None
-    return None if _DENIED_RE.match(text, found.end()) else found.group()
+    before = max(0, found.start() - 40)
+    if _HEDGE_RE.search(text, before, found.start()) or _OPERAND_RE.match(text, found.end()):
+        return None
+    if _DENIED_RE.match(text, found.end()):
+        return None
+    if found.group()[0].isdigit() and _SPACED_SIGN_RE.search(text, before, found.start()):
+        return f"-{found.group()}"  # `is - 4`
+    return found.group()

@@ -45,10 +45,10 @@ from oncurve.rewards.normalization import (
     EQUALS_RE,
     LHS_RE,
     MAX_ANSWER_CHARS,
-    NOT_UNITS,
     PERCENT_WORDS,
     SPACING_RE,
     TEXT_RE,
+    changes_value,
     last_boxed,
     looks_symbolic,
     normalize_answer,
@@ -153,6 +153,7 @@ _NAME_RE = re.compile(r"[\sa-zA-Z\\{}(),']*[a-zA-Z][\sa-zA-Z\\{}(),']*")
 # Runs of digits split by spaces, and those that are one number in thousands (`10 000`)
 _SPACED_DIGITS_RE = re.compile(r"\d+(?:\s+\d+)+")
 _THOUSANDS_RE = re.compile(r"\d{1,3}(?:\s\d{3})+")
+_OVER_RE = re.compile(r"\s*/")
 # What `_restates` compares: commands, single digits, letters and operators; brackets, braces,
 # `$` and multiplication signs only change how an expression looks.
 _TOKEN_RE = re.compile(r"\\[a-zA-Z]+|[^\s{}()\[\]$*]")
@@ -303,23 +304,28 @@ def _top_level_parts(text: str) -> list[str]:
 
 def _split_digits(text: str) -> bool:
     """Whether digits of `text` are split by a space that is no thousands separator (`1 8`,
-    `10 00`; `10 000` is one number)."""
+    `10 00`; `10 000` is one number, `1 1/2` a mixed number)."""
     if len(text) > MAX_ANSWER_CHARS:
         return False
-    runs = _SPACED_DIGITS_RE.finditer(_without_arguments(text))
-    return any(not _THOUSANDS_RE.fullmatch(run[0]) for run in runs)
+    text = _without_arguments(text)
+    return any(
+        not _THOUSANDS_RE.fullmatch(run[0])
+        and not (len(run[0].split()) == 2 and _OVER_RE.match(text, run.end()))  # `1 1/2`
+        for run in _SPACED_DIGITS_RE.finditer(text)
+    )
 
 
 def _without_units(text: str) -> str:
     """`text` without units in `\\text{}` after it (`9\\pi \\text{ cm}^2`), words that change
-    or deny the value (`\\text{ thousand}`, `\\text{ is not it}`) kept."""
+    or deny the value (`\\text{ thousand}`, `\\text{ is not it}`, `\\text{ x}`) kept, and a
+    `\\text{}` that is the whole answer (`\\text{B}`, `\\mathrm{East}`) too."""
     if len(text) > MAX_ANSWER_CHARS:
         return text
     match = _TRAILING_UNITS_RE.search(text)
-    if match is None:
+    if match is None or not text[: match.start()].strip():  # `\text{B}` is the answer itself
         return text
     words = re.split(r"[ ./-]+", match["words"].lower().strip())
-    if NOT_UNITS.intersection(words) or " ".join(words) in PERCENT_WORDS:  # `18\text{ percent}`
+    if changes_value(match["words"]) or " ".join(words) in PERCENT_WORDS:  # `18\text{ percent}`
         return text
     return text[: match.start()]
 

@@ -11,7 +11,11 @@ deadline works only on the main thread, while `correct` is also called on worker
   - Each comparison waits for the answer at most SYMBOLIC_TIMEOUT_S (less inside a
     `symbolic_budget`); past it the worker is killed (SIGKILL) and reaped, the comparison raises
     TimeoutError, and the next comparison starts a fresh worker. Starting one (~1 s) is not part
-    of a comparison's deadline but is charged to a budget.
+    of a comparison's deadline but is charged to a budget; outside one, a call that finds the
+    worker busy waits at most SYMBOLIC_WAIT_S for it, the lock and any worker start after it
+    together (TimeoutError past it), so N threads each with a hostile comparison do not queue
+    behind each other's timeouts and restarts. A call that finds the worker free starts it if
+    need be (a process's first comparison, on a loaded machine, may take seconds to start one).
   - The worker's address space is capped (SYMBOLIC_MEMORY_BYTES): a huge number fails there. A
     comparison that ends the worker (GMP aborts when it cannot allocate) raises TimeoutError too:
     to the reward runner both are a verifier that gave up on the row.
@@ -45,6 +49,11 @@ from typing import Any
 SYMBOLIC_TIMEOUT_S = 3.0
 # What the comparisons of one batch share inside `symbolic_budget(SYMBOLIC_BATCH_BUDGET_S)`.
 SYMBOLIC_BATCH_BUDGET_S = 2 * SYMBOLIC_TIMEOUT_S
+# Outside a budget, what a call that finds the worker busy may wait for it (other threads'
+# comparisons, then a fresh worker's start) before its own: a comparison after a hostile one on
+# another thread (3 s, then a restart of about 1 s) still runs, and such a call never takes
+# more than this plus its timeout.
+SYMBOLIC_WAIT_S = 2 * SYMBOLIC_TIMEOUT_S
 # The worker's address space (RLIMIT_AS), far above what sympy and math-verify hold when idle.
 SYMBOLIC_MEMORY_BYTES = 2 * 1024**3
 
@@ -72,15 +81,21 @@ def symbolic_equal(predicted: str, gold: str) -> bool | None:
     `\\sqrt{2}/2`, `(x+1)^2` = `x^2+2x+1`); None when math-verify is not installed.
 
     Computed in the worker process on any thread. Raises TimeoutError when the comparison takes
-    more than SYMBOLIC_TIMEOUT_S seconds or ends the worker (past its memory bound), and, inside
-    `symbolic_budget`, when the budget runs out (at once, without starting any work, once it is
-    spent)."""
+    more than SYMBOLIC_TIMEOUT_S seconds or ends the worker (past its memory bound); outside
+    `symbolic_budget`, when it finds the worker busy and it is not ready for it (another
+    thread's comparisons, a fresh worker's start) within SYMBOLIC_WAIT_S; inside it, when the
+    budget runs out (at once, without starting any work, once it is spent)."""
     if not has_math_verify():
         return None
     budgets = list(_budgets())
     start = time.monotonic()
+    if budgets:
+        budget_end = start + min(b.left for b in budgets)
+        wait_end = budget_end
+    else:
+        budget_end, wait_end = math.inf, start + SYMBOLIC_WAIT_S
     try:
-        return _compare(predicted, gold, start + min((b.left for b in budgets), default=math.inf))
+        return _compare(predicted, gold, budget_end, wait_end)
     finally:
         elapsed = time.monotonic() - start
         for budget in budgets:
@@ -197,14 +212,18 @@ def _budgets() -> list[_Budget]:
     return budgets
 
 
-def _compare(predicted: str, gold: str, budget_end: float) -> bool:
+def _compare(predicted: str, gold: str, budget_end: float, wait_end: float) -> bool:
+    """One comparison: the worker's lock by `wait_end` and, when the lock was held by another
+    call or inside a budget, a ready worker by then too; the answer by `budget_end` and within
+    SYMBOLIC_TIMEOUT_S of sending it."""
     if budget_end <= time.monotonic():
         raise TimeoutError("symbolic comparison budget spent")
-    wait = budget_end - time.monotonic()
-    if not _state.lock.acquire(timeout=-1 if wait == math.inf else max(wait, 0.0)):
-        raise TimeoutError("symbolic comparison budget spent waiting for the worker")
+    busy = not _state.lock.acquire(blocking=False)
+    if busy and not _state.lock.acquire(timeout=max(wait_end - time.monotonic(), 0.0)):
+        raise TimeoutError(_waited(budget_end))
     try:
-        worker = _ready_worker(budget_end)
+        ready_end = wait_end if busy or budget_end < math.inf else math.inf
+        worker = _ready_worker(ready_end, _waited(budget_end))
         seconds = min(SYMBOLIC_TIMEOUT_S, budget_end - time.monotonic())
         if seconds <= 0:
             raise TimeoutError("symbolic comparison budget spent")
@@ -234,9 +253,16 @@ def _compare(predicted: str, gold: str, budget_end: float) -> bool:
         _state.lock.release()
 
 
-def _ready_worker(budget_end: float) -> _Worker:
-    """The worker, started if there is none (or it has exited), once it is ready. Past the
-    budget it raises TimeoutError and leaves a starting worker to start on for the next call."""
+def _waited(budget_end: float) -> str:
+    if budget_end < math.inf:
+        return "symbolic comparison budget spent waiting for the worker"
+    return f"symbolic comparison waited more than {SYMBOLIC_WAIT_S:.3g} s for the worker"
+
+
+def _ready_worker(wait_end: float, waited: str) -> _Worker:
+    """The worker, started if there is none (or it has exited), once it is ready. Past
+    `wait_end` it raises TimeoutError(`waited`) and leaves a starting worker to start on for the
+    next call."""
     worker = _state.worker
     if worker is not None and worker.process.poll() is not None:
         _drop_worker()
@@ -249,7 +275,7 @@ def _ready_worker(budget_end: float) -> _Worker:
         return worker
     startup_end = worker.started + _STARTUP_TIMEOUT_S
     try:
-        message = worker.receive(min(budget_end, startup_end))
+        message = worker.receive(min(wait_end, startup_end))
     except EOFError:
         _drop_worker()
         raise RuntimeError(
@@ -257,7 +283,7 @@ def _ready_worker(budget_end: float) -> _Worker:
             f"{worker.process.returncode}); its stderr says why"
         ) from None
     if message is None and time.monotonic() < startup_end:
-        raise TimeoutError("symbolic comparison budget spent starting the worker")
+        raise TimeoutError(waited)
     if message is None:
         _drop_worker()
         raise TimeoutError(

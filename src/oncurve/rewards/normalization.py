@@ -38,7 +38,7 @@ _STATED_RE = re.compile(
         (?:(?P<mixed>\d+)\s*)?
         \\frac\s*(?:\{\s*(?P<fnum>-?\d+)\s*\}|(?P<fnum1>\d))
                 \s*(?:\{\s*(?P<fden>-?\d+)\s*\}|(?P<fden1>\d))
-      | (?P<rnum>\d+)\s*/\s*(?P<rden>\d+)
+      | (?:(?P<mixed2>\d+)\s+)?(?P<rnum>\d+)\s*/\s*(?P<rden>\d+)
       | (?P<whole>\d{1,3}(?:,\d{3})+|\d+|(?=\.\d))
         (?:\.(?P<decimals>\d*)(?:\\overline\s*\{\s*(?P<repeat>\d+)\s*\})?)?
         (?:[eE](?P<exp>[-+]?\d+)
@@ -115,9 +115,40 @@ NOT_UNITS = frozenset(
         "most",
         "wrong",
         "incorrect",
+        "negative",
+        "negatives",
+        "millionth",
+        "millionths",
+        "billionth",
+        "billionths",
+        "trillionth",
+        "trillionths",
+        "tens",
+        "score",
+        "scores",
+        "gross",
+        "twice",
+        "thrice",
+        "more",
+        "fewer",
+        "less",
+        "basis",
+        "pi",
+        "tau",
+        "phi",
     ]
 )
-PERCENT_WORDS = frozenset(("percent", "per cent", "percentage points"))
+PERCENT_WORDS = frozenset(("percent", "per cent", "percentage points", "pct"))
+# Letters that are units after a number (`12.5 m`, `5 s`, `3 A`); another letter is a variable
+# or a constant (`4 x`, `4 i`, `4 e`): a product, not a unit
+UNIT_LETTERS = frozenset("mgslLhAVWJNCFKT")
+# Dashes and signs a completion may write for a minus or a percent
+SIGNS = str.maketrans(
+    {
+        **dict.fromkeys("\u2010\u2011\u2012\u2013\u2212\ufe63\uff0d\u2796\u02d7", "-"),
+        **dict.fromkeys("\uff05\ufe6a", "%"),
+    }
+)
 
 COMMAND_RE = re.compile(r"\\[a-zA-Z]+")
 ENVIRONMENT_RE = re.compile(r"\\(?:begin|end)\s*\{[a-zA-Z*]+\}")
@@ -165,7 +196,7 @@ def stated(text: str, *, reduced: bool = False) -> tuple[Fraction, bool, str] | 
     if match is None or (match["sign"] and match["sign2"]):
         return None
     words = (match["words"] or "").strip().lower()
-    if NOT_UNITS.intersection(re.split(r"[ /-]+", words)):
+    if changes_value(match["words"] or ""):
         return None
     percent = bool(match["percent"]) or words in PERCENT_WORDS
     sign = -1 if "-" in (match["sign"], match["sign2"]) else 1
@@ -178,10 +209,11 @@ def stated(text: str, *, reduced: bool = False) -> tuple[Fraction, bool, str] | 
         if reduced and (abs(denominator) == 1 or math.gcd(numerator, denominator) != 1):
             return None
         value = Fraction(numerator, denominator)
-        if match["mixed"] is not None:
+        mixed = match["mixed"] or match["mixed2"]
+        if mixed is not None:
             if not 0 < value < 1:  # `7\frac{1}{2}` is seven and a half; `7\frac{3}{2}` is not
                 return None
-            value += int(match["mixed"])
+            value += int(mixed)
             return sign * value, percent, "mixed"
         return sign * value, percent, "fraction"
     decimals = match["decimals"] or ""
@@ -203,16 +235,28 @@ def stated(text: str, *, reduced: bool = False) -> tuple[Fraction, bool, str] | 
     return sign * value * Fraction(10) ** exponent * scale, percent, kind
 
 
+def changes_value(words: str) -> bool:
+    """Whether `words` after a number change or deny its value: a word of NOT_UNITS, or a
+    single letter first that is no unit (`4 x`, `4 i`; not `12 m`, nor `5 a day`)."""
+    split = [word for word in re.split(r"[ ./-]+", words.strip()) if word]
+    if not split:
+        return False
+    if NOT_UNITS.intersection(word.lower() for word in split):
+        return True
+    first = split[0]
+    return len(first) == 1 and first not in UNIT_LETTERS and not (first == "a" and split[1:])
+
+
 def undress(text: str) -> str:
     """`text` without what surrounds a stated number: a box, `\\text{}` (its words kept as
     words), spacing commands, math delimiters, markdown emphasis; `\\dfrac` as `\\frac`."""
-    text = text.strip()
+    text = text.strip().translate(SIGNS)
     if BOX_RE.search(text):
         text = last_boxed(text) or text
     text = TEXT_RE.sub(r" \1 ", TEXT_RE.sub(r" \1 ", text))  # `\bm{\text{18}}`
     text = re.sub(r",\s*\\[!,]\s*", ",", text)  # `32,\! 349`
     text = SPACING_RE.sub("", re.sub(r"(?<!\\)\\ ", " ", text)).replace("~", " ")
-    for old, new in (("{,}", ","), ("\\$", "$"), ("\\%", "%"), ("−", "-"), ("－", "-")):
+    for old, new in (("{,}", ","), ("\\$", "$"), ("\\%", "%")):
         text = text.replace(old, new)
     text = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", text)
     text = re.sub(r"\s+(?=\^)", "", text)  # `18 m ^2`: a unit's power

@@ -28,6 +28,7 @@ RATIONAL = "Simplify $\\frac{x^2-1}{x-1}$ for $x \\neq 1$."
 TO_FRACTION = "Express 0.75 as a common fraction."
 TO_DECIMAL = "Express $\\frac{7}{8}$ as a decimal."
 PERCENT = "What percent of the class passed?"
+W = "She sells 16 - 3 - 4 = 9 eggs at $2 each, so she makes 9 * 2 = $18.\n"
 
 
 def case(prompt: str, completion: str, gold: str | None, expected: float | None) -> object:
@@ -219,6 +220,51 @@ UNDONE = [
     case("Express 7 ÷ 8 as a decimal.", "\\boxed{\\frac{7}{8}}", "0.875", 0.0),
     case("Express 7 divided by 8 as a decimal.", "\\boxed{\\frac{7}{8}}", "0.875", 0.0),
     case("Express $0.\\overline3$ as a common fraction.", "\\boxed{0.\\overline{3}}", "\\frac{1}{3}", 0.0),
+    # a later statement, a hedge after the closing `$`, two boxes joined by anything but prose
+    case("p", "The answer is 71. The answer is 72.", "71", 0.0),
+    case("p", "Answer: 71. Final answer: 72.", "71", 0.0),
+    case("p", "The answer is $3$ or $4$.", "3", 0.0),
+    case("p", "The final answer is $3$ or $4$.", "3", 0.0),
+    *(case("p", completion, "72", 0.0) for completion in (
+        "\\boxed{71} \\text{ or } \\boxed{72}", "\\boxed{71}, or \\boxed{72}",
+        "\\boxed{71} or maybe \\boxed{72}", "\\boxed{71} \\quad \\boxed{72}",
+        "\\boxed{71} vs \\boxed{72}", "\\boxed{71} (or \\boxed{72})",
+        "It is \\boxed{71} if she counts all, otherwise \\boxed{72}.",
+        "\\boxed{\\boxed{71} \\text{ or } \\boxed{72}}",
+        "\\boxed{70} or \\boxed{71} or \\boxed{72}")),
+    # another number later in the sentence, not after a reason; a retraction in the next one
+    *(case("p", f"The answer is 3{rest}", "3", 0.0) for rest in (
+        ", but actually 4.", " (if not 4).", ", though it might be 4.", " \\text{ or } 4",
+        "; or 4.")),
+    case("p", "The answer is 3,4.", "4", 0.0),
+    case("p", "#### 3,4", "4", 0.0),
+    *(case("p", f"The answer is 72.{rest}", "72", 0.0) for rest in (
+        " Sorry, I meant 71.", " Never mind, 71.", " On second thought, 71.",
+        "\nScratch that: 71.")),
+    # the last number: a range, a hedge or a comparison
+    *(case("p", completion, "4", 0.0) for completion in (
+        "So she has 3 to 4 apples.", "So she has 3-4 apples.", "So she has 3 apples, possibly 4.",
+        "The answer is at least 4.", "So she has more than 4 apples.", "So she has maybe 4.",
+        "The answer is probably 4.", "I guess 4?")),
+    # a sign written with another dash
+    *(case("p", completion, "4", 0.0) for completion in (
+        "The answer is \u20134.", "#### \u20134", "The temperature is \u20124.",
+        "The temperature is \ufe634.", "The answer is - 4.")),
+    # a letter, a constant or a word after a number that changes its value
+    *(case("p", f"\\boxed{{4 {dressing}}}", "4", 0.0) for dressing in (
+        "i", "x", "e", "\\text{ pi}", "\\text{ negative}", "\\text{ billionths}", "\\text{ tens}",
+        "\\text{ score}", "\\text{ twice}", "\\text{ more}", "\\text{ fewer}", "\\text{ pct}",
+        "\\text{ basis points}", "\\text{ x}")),
+    case("p", "The answer is 4\uff05.", "4", 0.0),
+    # a power after a stated number, and an exponent read as the last number
+    *(case("p", f"The answer is 4{rest}", "4", 0.0) for rest in ("\u00b2.", "e2.", " x 10^2.")),
+    case("p", "The garden is 8 m by 6 m, so its area is 48 m^2.", "2", 0.0),
+    case("p", "So the result is 4\u00d710^2.", "2", 0.0),
+    case("p", "So the result is 4\u00d710^2.", "4", 0.0),
+    case("p", "So the area is 5^2.", "2", 0.0),
+    case("p", "So the area is 5^2.", "5", 0.0),
+    # a mixed number's fraction is no answer of its own
+    case("p", "It takes 1 1/2 hours.", "0.5", 0.0),
 ]
 
 # Malformed golds are not scored: a policy repeating them learns nothing true.
@@ -446,6 +492,25 @@ STATED = [
     ),
     case("p", "\\boxed{1.8 \\times 10^{1}}", "18", 1.0),
     case("p", "\\boxed{0.\\overline{3}}", "\\frac{1}{3}", 1.0),
+    # bold, a word in `\text{}`, a dash for a minus, an exponent's base, a mixed number
+    *(case("p", W + ending, "18", 1.0) for ending in (
+        "The answer is **18**.", "**Answer: 18**", "The final answer is **18**")),
+    case("p", "The answer is 71. The answer is 72.", "72", 1.0),
+    case("p", "\\boxed{\\text{B}}", "B", 1.0),
+    case("p", "\\boxed{\\text{B}}", "(B)", 1.0),
+    case("p", "\\boxed{\\text{Yes}}", "Yes", 1.0),
+    case("p", "\\boxed{\\mathrm{East}}", "East", 1.0),
+    case("p", "\\boxed{\u20134}", "-4", 1.0),
+    case("p", "The answer is \u20134.", "-4", 1.0),
+    case("p", "The answer is - 4.", "-4", 1.0),
+    case("p", "The garden is 8 m by 6 m, so its area is 48 m^2.", "48", 1.0),
+    case("p", "It takes 1 1/2 hours.", "1.5", 1.0),
+    case("p", "\\boxed{1 1/2}", "1.5", 1.0),
+    case("p", "The answer is 18 (6 \u00d7 3), since 3 bags hold 6 each.", "18", 1.0),
+    case("p", "The answer is 72. Sorry for the long working.", "72", 1.0),
+    case("p", "So she has 3 apples and 4 pears, so 7 fruits.", "7", 1.0),
+    case("p", "\\boxed{4 \\text{ m}}", "4", 1.0),
+    case("p", "The price rose to 4 dollars.", "4", 1.0),
 ]
 # fmt: on
 

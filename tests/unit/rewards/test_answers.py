@@ -1,3 +1,5 @@
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -55,6 +57,22 @@ EXTRACT_CASES = [
 @pytest.mark.parametrize(("text", "style", "expected"), EXTRACT_CASES)
 def test_extract_answer(text: str, style: str, expected: str | None) -> None:
     assert extract_answer(text, style) == expected
+
+
+@pytest.mark.parametrize("style", ["auto", "last_number"])
+def test_extraction_of_a_long_run_of_thousands_groups_is_linear(style: str) -> None:
+    """`1,111,...,1111`: a run of comma groups whose last group is no thousands group is read
+    once, not once per comma (200 KB took minutes, holding the GIL); in a process of its own,
+    killed after a deadline far above the milliseconds it takes."""
+    code = (
+        "from oncurve.rewards import extract_answer\n"
+        f"text = 'So the list is 1' + ',111' * 50_000 + '1'\n"
+        f"print(extract_answer(text, {style!r}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=20, check=True
+    )
+    assert done.stdout.strip() == "1111"
 
 
 def test_extract_answer_rejects_unknown_style() -> None:

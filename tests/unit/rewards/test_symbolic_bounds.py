@@ -302,3 +302,34 @@ def test_the_reward_runner_gives_each_batch_one_budget(monkeypatch: pytest.Monke
     assert result.per_fn[:, 0].tolist() == [0.0] * 6
     # one comparison ran to its deadline, a second at most used the rest: four never started
     assert symbolic_stats()["comparisons"] - before <= 2
+
+
+@pytest.mark.usefixtures("python_sympy")
+def test_threads_outside_a_budget_wait_a_bounded_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside a budget, a call that finds the worker busy waits at most SYMBOLIC_WAIT_S for it
+    (its lock and a fresh worker's start) before it raises TimeoutError: six threads with a
+    hostile comparison each cost about one comparison and one wait, not six comparisons and five
+    worker starts in a queue."""
+    predicted, gold = PYTHON_LEVEL
+    monkeypatch.setattr(symbolic, "SYMBOLIC_TIMEOUT_S", TIMEOUT_S)
+    assert symbolic_equal("\\frac{1}{2}", "0.5") is True  # the worker started
+    monkeypatch.setattr(symbolic, "SYMBOLIC_WAIT_S", TIMEOUT_S)
+    before = symbolic_stats()
+    barrier = threading.Barrier(6)
+    errors: list[BaseException | None] = [None] * 6
+
+    def compare(k: int) -> None:
+        barrier.wait()
+        _, errors[k], _ = outcome(lambda: symbolic_equal(predicted, gold), False)
+
+    threads = [threading.Thread(target=compare, args=(k,)) for k in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(isinstance(error, TimeoutError) for error in errors)
+    # one comparison ran to its deadline; the others waited for it, and a fresh worker starts
+    # in more than what was left of their wait: none or one more was sent
+    assert symbolic_stats()["comparisons"] - before["comparisons"] <= 2
+    monkeypatch.setattr(symbolic, "SYMBOLIC_WAIT_S", 60.0)
+    assert symbolic_equal("(x+1)^2", "x^2+2x+1") is True
