@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -222,13 +223,17 @@ def _messages(value: list, where: str, field: str) -> list[dict[str, str]]:
 
 def _missing(where: str, field: str, record: dict[str, Any], what: str = "field") -> None:
     if field in record:
-        value = "null" if record[field] is None else "empty"
+        found = record[field]
+        value = "null" if found is None else "NaN" if isinstance(found, float) else "empty"
         raise UserError(f"{where}: missing {what} {field!r} (its value is {value})")
     present = ", ".join(record) or "none"
     raise UserError(f"{where}: missing {what} {field!r} (fields: {present})")
 
 
 def _blank(value: Any) -> bool:
+    """None, NaN (what pandas writes for a missing value) or text of only spaces."""
+    if isinstance(value, float):
+        return math.isnan(value)
     return value is None or (isinstance(value, str) and not value.strip())
 
 
@@ -290,9 +295,11 @@ def _jsonl(p: Path) -> Iterator[Record]:
         if not line.strip(_JSON_SPACE):
             continue
         try:
-            record = json.loads(line)
+            record = json.loads(line, object_pairs_hook=_object)
         except json.JSONDecodeError as e:
             raise UserError(f"{p} line {number}: invalid JSON ({e.msg})") from None
+        except _RepeatedKey as e:
+            raise UserError(f"{p} line {number}: key {e.args[0]!r} is given twice") from None
         if not isinstance(record, dict):
             raise UserError(
                 f"{p} line {number}: expected a JSON object, got {type(record).__name__}"
@@ -300,11 +307,25 @@ def _jsonl(p: Path) -> Iterator[Record]:
         yield f"line {number}", record
 
 
+class _RepeatedKey(ValueError):
+    """A key given twice in one JSON object (`json` would keep the last value)."""
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    record = dict(pairs)
+    if len(record) < len(pairs):
+        keys = [key for key, _ in pairs]
+        raise _RepeatedKey(next(key for key in keys if keys.count(key) > 1))
+    return record
+
+
 def _json_array(p: Path, text: str) -> Iterator[Record]:
     try:
-        items = json.loads(text)
+        items = json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as e:
         raise UserError(f"{p} line {e.lineno}: invalid JSON ({e.msg})") from None
+    except _RepeatedKey as e:
+        raise UserError(f"{p}: key {e.args[0]!r} is given twice in an object") from None
     for number, item in enumerate(items, start=1):
         if not isinstance(item, dict):
             raise UserError(f"{p} row {number}: expected a JSON object, got {type(item).__name__}")
@@ -313,6 +334,10 @@ def _json_array(p: Path, text: str) -> Iterator[Record]:
 
 def _csv(p: Path) -> Iterator[Record]:
     reader = csv.DictReader(io.StringIO(_text(p), newline=""))
+    header = reader.fieldnames or []
+    for name in header:
+        if header.count(name) > 1:
+            raise UserError(f"{p}: column {name!r} is in the header twice")
     for record in reader:
         if None in record:
             raise UserError(f"{p} line {reader.line_num}: more values than header columns")

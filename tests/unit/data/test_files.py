@@ -103,6 +103,28 @@ def test_a_null_or_empty_answer_is_a_missing_one(tmp_path):
     )
 
 
+def test_a_nan_answer_is_a_missing_one(tmp_path):
+    """JSON's NaN (pandas and pyarrow write it for a missing float) is no answer "nan"."""
+    nan = tmp_path / "nan.jsonl"
+    nan.write_text('{"prompt": "a", "answer": 1}\n{"prompt": "b", "answer": NaN}\n')
+    assert (
+        _one_line_error("missing field", str(nan))
+        == f"{nan} line 2: missing field 'answer' (its value is NaN)"
+    )
+
+
+def test_a_column_given_twice_is_refused(tmp_path):
+    """Which of two values would be the answer is a guess (`datasets` keeps both, renamed)."""
+    header = tmp_path / "twice.csv"
+    header.write_text("prompt,answer,answer\nq,1,2\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"twice.csv: column 'answer' is in the header twice$"):
+        load_rows(str(header))
+    keys = tmp_path / "twice.jsonl"
+    keys.write_text('{"prompt": "q", "answer": "1"}\n{"prompt": "q", "answer": "1", "answer": "2"}\n')
+    with pytest.raises(UserError, match=r"twice.jsonl line 2: key 'answer' is given twice$"):
+        load_rows(str(keys))
+
+
 def test_a_null_parquet_answer_is_a_missing_one(tmp_path):
     pa = pytest.importorskip("pyarrow", reason="pyarrow (extra `data`) not installed")
     import pyarrow.parquet as pq
