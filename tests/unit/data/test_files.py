@@ -120,7 +120,9 @@ def test_a_column_given_twice_is_refused(tmp_path):
     with pytest.raises(UserError, match=r"twice.csv: column 'answer' is in the header twice$"):
         load_rows(str(header))
     keys = tmp_path / "twice.jsonl"
-    keys.write_text('{"prompt": "q", "answer": "1"}\n{"prompt": "q", "answer": "1", "answer": "2"}\n')
+    keys.write_text(
+        '{"prompt": "q", "answer": "1"}\n{"prompt": "q", "answer": "1", "answer": "2"}\n'
+    )
     with pytest.raises(UserError, match=r"twice.jsonl line 2: key 'answer' is given twice$"):
         load_rows(str(keys))
 
