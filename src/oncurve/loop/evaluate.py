@@ -74,14 +74,15 @@ def evaluate(
             ],
             device=greedy.device,
         )
-        result = {"accuracy": float(greedy[scored].mean())}
+        # in float64: a fraction of rows, not its float32 rounding (0.7, not 0.699999988)
+        result = {"accuracy": float(greedy[scored].cpu().double().mean())}
         sampled_texts: list[str] = []
         if samples > 1:
             sampled, sampled_texts = _scores(
                 sampler, episodes, rows, runner, samples, params, batch_size, state
             )
-            result[f"mean@{samples}"] = float(sampled[scored].mean())
-            result[f"pass@{samples}"] = float((sampled[scored] > 0).any(1).float().mean())
+            result[f"mean@{samples}"] = float(sampled[scored].cpu().double().mean())
+            result[f"pass@{samples}"] = float((sampled[scored] > 0).any(1).cpu().double().mean())
         if not scored.all():
             result["unscored"] = float((~scored).sum())
     if records is not None:

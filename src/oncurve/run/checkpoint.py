@@ -219,7 +219,13 @@ def load_checkpoint(
             f"checkpoint file {opt_file} does not match the optimizer: {what}"
         ) from None
     rank, _ = distributed.world()
-    set_rng_state(_read_json(path / f"rng-rank{rank}.json"))
+    rng_file = path / f"rng-rank{rank}.json"
+    try:
+        set_rng_state(_read_json(rng_file))
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise UserError(
+            f"checkpoint file {rng_file} is not a random generators' state ({type(err).__name__})"
+        ) from None
     return state
 
 
@@ -343,7 +349,8 @@ def verify_checksums(path: Path, names: Iterable[str] | None = None) -> None:
         step = _step_of(path) if _STEP_DIR.fullmatch(path.name) else 0
         earlier = [d for d in _complete_checkpoints(path.parent) if _step_of(d) < step]
         where = (
-            f"resume from the previous complete one: run.resume={earlier[-1]}"
+            f"resume from the previous complete one: run.resume={earlier[-1]} "
+            "run.overwrite=true (which deletes this one)"
             if earlier
             else "no earlier complete checkpoint is kept"
         )

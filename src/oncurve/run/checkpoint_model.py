@@ -61,9 +61,10 @@ def load_checkpoint_model(
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     """The policy `path` holds, in eval mode, and its tokenizer: `config`'s base model (the run's
     `model.path`) with the checkpoint's weights, or its LoRA adapter merged in; the files'
-    checksums verified first. UserError naming the file when they do not match."""
+    weights' checksum verified first (UserError naming the file when it does not match; the
+    optimizer's state, which a policy does not need, is not read)."""
     path = Path(path)
-    verify_checksums(path)
+    verify_checksums(path, (MODEL_FILE,))
     model_config = config.model
     base = resolve_model_path(model_config.path, model_config.revision)
     tokenizer = load_tokenizer(base, model_config.trust_remote_code)

@@ -137,17 +137,27 @@ def truncate_after(run_dir: Path, step: int, drop_evaluation: bool = False) -> N
             or row["step"] == step
             and not (drop_evaluation and any(key.startswith("eval/") for key in row))
         ]
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
-        os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))  # mkstemp's 0600 is no run file's mode
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.writelines(kept)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+            _rewrite(path, kept)
+        except OSError as err:
+            raise UserError(
+                f"{path}: cannot cut it back to step {step} for the resume ({err.strerror})"
+            ) from None
+
+
+def _rewrite(path: Path, lines: list[str]) -> None:
+    """`path` holding `lines`, atomically: written beside it, then renamed over it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))  # mkstemp's 0600 is no run file's mode
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.writelines(lines)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _iter_lines(path: Path) -> Iterator[tuple[str, dict]]:

@@ -158,13 +158,25 @@ def test_a_damaged_file_is_refused_naming_the_previous_complete_checkpoint(tmp_p
             load_checkpoint(newest, *make_setup(1))
         assert str(info.value) == (
             f"checkpoint file {newest / name} is damaged (its checksum differs); resume from "
-            f"the previous complete one: run.resume={run / 'checkpoints/step-000001'}"
+            f"the previous complete one: run.resume={run / 'checkpoints/step-000001'} "
+            "run.overwrite=true (which deletes this one)"
         )
         (newest / name).write_bytes(original)
     load_checkpoint(newest, *make_setup(1))  # whole again, it loads
     (run / "checkpoints/step-000001/optimizer.pt").write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(UserError, match=r"step-000001/optimizer.pt is damaged .* no earlier"):
         load_checkpoint(run / "checkpoints/step-000001", *make_setup(1))
+
+
+@pytest.mark.parametrize("saved", ["{}", '{"python": 3}', "[1, 2]"])
+def test_a_malformed_generator_state_is_one_line_naming_its_file(tmp_path: Path, saved) -> None:
+    """A checkpoint without checksums (an older one) whose RNG file was edited."""
+    run = saved_run(tmp_path)
+    path = run / "checkpoints/step-000001"
+    (path / "checksums.json").unlink()
+    (path / "rng-rank0.json").write_text(saved)
+    with pytest.raises(UserError, match=r"^checkpoint file .*rng-rank0.json is not a random "):
+        load_checkpoint(path, *make_setup(1))
 
 
 def test_a_tied_weight_stored_under_its_other_name_loads(tmp_path: Path) -> None:

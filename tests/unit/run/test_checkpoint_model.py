@@ -47,6 +47,18 @@ def test_the_last_checkpoint_is_the_final_model_and_an_earlier_one_is_not(two_st
     assert find_checkpoint(two_step_run / "checkpoints" / "latest") == path
 
 
+def test_a_damaged_optimizer_state_does_not_stop_the_policy_loading(two_step_run, tmp_path):
+    """Sampling and evaluation read the weights and the config, never the optimizer's state."""
+    path = tmp_path / "step-000002"
+    shutil.copytree(two_step_run / "checkpoints" / "step-000002", path)
+    (path / "optimizer.pt").write_bytes(b"PK\x03\x04 truncated")
+    model, _ = load_checkpoint_model(path, checkpoint_config(path), "float32", "cpu")
+    assert not model.training
+    (path / "model.safetensors").write_bytes(b"truncated")
+    with pytest.raises(UserError, match=r"model.safetensors is damaged \(its checksum differs\)"):
+        load_checkpoint_model(path, checkpoint_config(path), "float32", "cpu")
+
+
 def test_the_config_is_the_one_the_step_was_saved_with(two_step_run):
     config = checkpoint_config(two_step_run / "checkpoints" / "step-000001")
     assert (config.rollout.temperature, config.rollout.top_k) == (0.7, 5)

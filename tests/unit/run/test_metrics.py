@@ -1,4 +1,5 @@
 import json
+import os
 import socket
 import sqlite3
 import struct
@@ -90,6 +91,22 @@ def test_resume_after_truncate_gives_the_uninterrupted_files(tmp_path):
     for name in ("metrics.jsonl", "samples.jsonl"):
         assert (resumed / name).read_bytes() == (straight / name).read_bytes()
     assert sorted(p.name for p in resumed.iterdir()) == ["metrics.jsonl", "samples.jsonl"]
+
+
+def test_a_metrics_file_that_cannot_be_rewritten_is_named(tmp_path, monkeypatch):
+    _log_steps(MetricsLogger(tmp_path), range(1, 4))
+
+    def refuse(source, target):
+        raise PermissionError(1, "Operation not permitted", str(source))
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(UserError) as info:
+        truncate_after(tmp_path, 2)
+    assert str(info.value) == (
+        f"{tmp_path / 'metrics.jsonl'}: cannot cut it back to step 2 for the resume "
+        "(Operation not permitted)"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "samples.jsonl"]
 
 
 def test_truncate_can_drop_the_evaluation_of_the_step_it_keeps(tmp_path):
