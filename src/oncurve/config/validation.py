@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from oncurve.config.resume_settings import FORCEABLE, forceable
 from oncurve.config.sections import Config
 from oncurve.errors import UserError
@@ -139,6 +141,7 @@ def check_given_settings(config: Config, given: set[str]) -> None:
     if it were honoured."""
     algo, lora = config.algo, config.model.lora
     from_file = config.data.path is not None
+    data_file, eval_file = _local_file(config.data.path), _local_file(config.eval.path)
     unused = {
         "algo.dual_clip": (algo.loss == "cispo", "algo.loss=cispo bounds its weight itself"),
         "algo.norm_len": (
@@ -155,9 +158,21 @@ def check_given_settings(config: Config, given: set[str]) -> None:
             not from_file,
             "a built-in task or a verifiers environment evaluates on its own held-out rows",
         ),
-        "eval.split": (config.eval.path is None, "it picks a split of eval.path, which is unset"),
-        "data.split": (not from_file, "it picks a split of data.path, which is unset"),
-        "data.config": (not from_file, "it picks a config of data.path, which is unset"),
+        "eval.split": (
+            (config.eval.path is None, "it picks a split of eval.path, which is unset")
+            if not eval_file
+            else (True, f"eval.path {config.eval.path} is a file, which has no splits")
+        ),
+        "data.split": (
+            (not from_file, "it picks a split of data.path, which is unset")
+            if not data_file
+            else (True, f"data.path {config.data.path} is a file, which has no splits")
+        ),
+        "data.config": (
+            (not from_file, "it picks a config of data.path, which is unset")
+            if not data_file
+            else (True, f"data.path {config.data.path} is a file, which has no configs")
+        ),
         "data.num_train": (from_file, "data.path's rows are its own; it sizes a built-in task's"),
         "data.task_options": (from_file, "data.path overrides data.task"),
         **{
@@ -187,3 +202,9 @@ def check_given_settings(config: Config, given: set[str]) -> None:
             f"{asked[0]} has no effect here: data.path has no held-out rows of its own; set "
             "eval.path (a file or Hub dataset, eval.split) to evaluate"
         )
+
+
+def _local_file(path: str | None) -> bool:
+    """Whether `path` is a data file here (JSONL, CSV, JSON, Parquet), which has neither splits
+    nor configs, unlike a Hub dataset or a saved dataset's directory."""
+    return path is not None and Path(path).is_file()

@@ -1,4 +1,5 @@
 import dataclasses
+import re
 import typing
 
 import pytest
@@ -144,6 +145,26 @@ def test_invalid_values_give_one_line_naming_the_field(overrides, message):
     text = str(err.value)
     assert text.startswith(message)
     assert "\n" not in text
+
+
+def test_a_split_or_config_of_a_local_file_is_refused(tmp_path):
+    """A JSONL, CSV, JSON or Parquet file has no splits nor configs (a Hub dataset and a saved
+    dataset directory do): the setting would be said valid and do nothing."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    for overrides, message in [
+        ([f"data.path={rows}", "data.split=validation"], f"data.split has no effect here: "
+         f"data.path {rows} is a file, which has no splits"),
+        ([f"data.path={rows}", "data.config=main"], f"data.config has no effect here: "
+         f"data.path {rows} is a file, which has no configs"),
+        ([f"data.path={rows}", f"eval.path={rows}", "eval.split=bogus"], f"eval.split has no "
+         f"effect here: eval.path {rows} is a file, which has no splits"),
+    ]:  # fmt: skip
+        with pytest.raises(UserError, match=f"^{re.escape(message)}; drop it$"):
+            load_config(None, overrides)
+    saved = tmp_path / "saved"
+    saved.mkdir()  # a saved dataset's directory may hold splits
+    assert load_config(None, [f"data.path={saved}", "data.split=test"]).data.split == "test"
 
 
 def test_overrides_are_typed_from_yaml_syntax():
