@@ -112,6 +112,24 @@ def test_fewer_rows_than_a_step_takes_are_said_at_start(tiny_model_dir, tmp_path
     assert "data: 3 training rows, fewer than data.prompts_per_step=4" in capsys.readouterr().err
 
 
+def test_held_out_prompts_that_are_also_training_prompts_are_said_at_start(
+    tiny_model_dir, tmp_path, capsys
+):
+    train_rows = tmp_path / "train.jsonl"
+    train_rows.write_text(
+        "".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(6))
+    )
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text(
+        "".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(4, 9))
+    )
+    setup(make_config(tiny_model_dir, train_rows, tmp_path / "run", f"eval.path={held_out}"))
+    assert (
+        "eval: 2 of the 5 held-out prompts are training prompts too: held-out accuracy is "
+        "measured partly on the training set"
+    ) in capsys.readouterr().err
+
+
 def test_a_task_with_fewer_test_problems_than_asked_says_so_at_start(tmp_path, capsys):
     setup(load_config(None, ["data.task=sums", f"run.dir={tmp_path / 'run'}", "run.device=cpu"]))
     assert (

@@ -426,8 +426,9 @@ def startup_notes(
     task: Any = None,
 ) -> list[str]:
     """What the start-up report says of the run's choices beyond the settled ones: a LoRA
-    dropout (which no forward applies), fewer training rows than a step takes, fewer held-out
-    problems in a task than eval.num_prompts asks, the column the reference answers were found
+    dropout (which no forward applies), fewer training rows than a step takes, held-out prompts
+    that are training prompts too, fewer held-out problems in a task than eval.num_prompts
+    asks, the column the reference answers were found
     in when the config does not name it and it is not `answer`, and which rewards the
     curriculum and dynamic sampling read."""
     notes = []
@@ -443,6 +444,14 @@ def startup_notes(
             f"data: {rows} training rows, fewer than data.prompts_per_step={per_step}: each step "
             "repeats prompts"
         )
+    if eval_data is not None:
+        seen = {tuple(row["prompt_ids"]) for row in data.rows}
+        shared = sum(tuple(row["prompt_ids"]) in seen for row in eval_data.rows)
+        if shared:
+            notes.append(
+                f"eval: {shared} of the {len(eval_data.rows)} held-out prompts are training "
+                "prompts too: held-out accuracy is measured partly on the training set"
+            )
     asked = config.eval.num_prompts
     if task is not None and eval_data is not None and asked and len(eval_data.rows) < asked:
         notes.append(
