@@ -89,9 +89,10 @@ def load_rows(
     (`ROW_COLUMNS`), is an error unless it is the prompt or answer field read here."""
     rows = []
     records = read_records(path, config, split)
+    guessed = answer_field is None
+    first_fields = set(records[0][1])
     if answer_field is None:
-        first = records[0][1]
-        answer_field = next((name for name in ANSWER_FIELDS if name in first), "answer")
+        answer_field = next((name for name in ANSWER_FIELDS if name in first_fields), "answer")
     # the prompt and answer columns are read and replaced here, whatever their names
     consumed = {answer_field} - {"solution"} | (
         {prompt_field} if prompt_template is None else set()
@@ -109,6 +110,12 @@ def load_rows(
             raise UserError(
                 f"{location}: column {images[0]!r} holds a vision-language model's images, which "
                 "oncurve does not train on (text-only models); drop the column to train on the text"
+            )
+        if guessed and (other := sorted(set(ANSWER_FIELDS).intersection(record) - first_fields)):
+            raise UserError(
+                f"{location}: has an {other[0]!r} column the first row lacks, whose "
+                f"{answer_field!r} holds the answers; name the answers' column with "
+                "data.answer_field"
             )
         if prompt_template is None and prompt_field not in record:
             _missing(location, prompt_field, record)

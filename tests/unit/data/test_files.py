@@ -113,6 +113,19 @@ def test_a_nan_answer_is_a_missing_one(tmp_path):
     )
 
 
+def test_an_answer_column_the_first_row_lacks_is_refused_when_the_column_is_guessed(tmp_path):
+    """The first row decides which column holds the answers: a later row's own `answer` would
+    be passed over for its `solution` without a word."""
+    mixed = tmp_path / "mixed.jsonl"
+    write_jsonl(str(mixed), [{"prompt": "a", "solution": "1"},
+                             {"prompt": "b", "answer": "2", "solution": "3"}])  # fmt: skip
+    assert _one_line_error("answer", str(mixed)) == (
+        f"{mixed} line 2: has an 'answer' column the first row lacks, whose 'solution' holds "
+        "the answers; name the answers' column with data.answer_field"
+    )
+    assert load_rows(str(mixed), answer_field="solution")[1]["answer"] == "3"
+
+
 def test_a_column_given_twice_is_refused(tmp_path):
     """Which of two values would be the answer is a guess (`datasets` keeps both, renamed)."""
     header = tmp_path / "twice.csv"
