@@ -5,6 +5,8 @@ token for token."""
 from __future__ import annotations
 
 import contextlib
+import json
+import re
 
 import pytest
 import torch
@@ -57,6 +59,44 @@ class ScriptedDecoder:
             script, at = self.scripts[row], len(self.fed[row])
             logits[i, script[at] if at < len(script) else self.eos] = 0.0
         return logits
+
+
+class ToolUser(ScriptedDecoder):
+    """A `Decoder` for an `a+b=` question and an `add` tool: a prompt without a tool response
+    gets a Hermes call of `add(a, b)`, one with a response "The answer is <response>."."""
+
+    def __init__(self, tokenizer, vocab: int) -> None:
+        super().__init__([], vocab, tokenizer.eos_token_id)
+        self.tokenizer = tokenizer
+
+    def prefill(self, prompt_ids, prompt_mask, group_size):
+        self.scripts = []
+        for ids, mask in zip(prompt_ids.tolist(), prompt_mask.tolist(), strict=True):
+            text = self.tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
+            result = re.findall(r"<tool_response>\s*(.*?)\s*</tool_response>", text, re.DOTALL)
+            if result:
+                said = f"The answer is {result[-1]}."
+            else:
+                a, b = re.findall(r"(\d+)\+(\d+)=", text)[-1]
+                call = {"name": "add", "arguments": {"a": int(a), "b": int(b)}}
+                said = f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+            script = self.tokenizer(said, add_special_tokens=False)["input_ids"] + [self.eos]
+            self.scripts += [script] * group_size
+        self.rows = list(range(len(self.scripts)))
+        self.fed = [[] for _ in self.scripts]
+        return super().prefill(prompt_ids, prompt_mask, group_size)
+
+
+def tool_user_sampler(tokenizer) -> TorchSampler:
+    """A sampler whose every call is a `ToolUser`'s."""
+    model = tiny_qwen2(len(tokenizer))
+    model.config.max_position_embeddings = 4096
+    model.config.eos_token_id = tokenizer.eos_token_id
+    return TorchSampler(
+        model,
+        tokenizer,
+        decoder=lambda model, rows, width, new, reserve: ToolUser(tokenizer, len(tokenizer)),
+    )
 
 
 def scripted_sampler(tokenizer, scripts: list[list[int]]) -> tuple[TorchSampler, list]:

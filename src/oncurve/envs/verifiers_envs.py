@@ -4,8 +4,9 @@
 installed package, or a module NAME on the path with a `load_environment`), with
 `rollout.env_args` as that function's arguments. The environment's dataset is the run's prompts
 (its eval dataset, when it has one, the held-out ones), each row kept whole for its rollout
-(`INPUT`); its rollouts (single- or multi-turn, tools included) play against oncurve's
-OpenAI-compatible endpoint, a row's G episodes at once, each with a client of its own
+(`INPUT`); its rollouts (single- or multi-turn, tools included: the endpoint shows the model
+its tools and reads its calls in the Hermes format, `oncurve.rollout.tool_calls`) play against
+oncurve's OpenAI-compatible endpoint, a row's G episodes at once, each with a client of its own
 (`oncurve.rollout.harness`, which records every turn token for token); its rubric scores the G
 together (group-wise reward functions see the group), the total trains and every part is logged
 as `env/<name>`. An episode that verifiers ended on the environment's error (a tool that
@@ -53,14 +54,6 @@ def load_environment(spec: str, env_args: dict[str, Any]) -> Any:
         except (ImportError, AttributeError, TypeError, ValueError) as error:
             message = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise UserError(f"rollout.env {spec}: {message}") from None
-        tools = getattr(_loaded[key], "tool_defs", None)
-        if tools:  # they would never run: the model is not shown them, its calls not parsed
-            names = ", ".join(getattr(tool, "name", "?") for tool in tools)
-            del _loaded[key]
-            raise UserError(
-                f"rollout.env {spec} offers tools ({names}): oncurve's endpoint does not show "
-                "tools to the model or parse its tool calls; use an environment without them"
-            )
     return _loaded[key]
 
 

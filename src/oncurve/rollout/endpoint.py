@@ -8,7 +8,9 @@ and the sampler's logprobs. Requests that arrive within `max_wait_s` of each oth
 in one call. The chat template is applied once, here: an assistant message whose text is a
 completion this endpoint sampled is spliced back as the tokens it sampled, so a conversation's
 tokens are the ones the policy produced; one it did not sample (text a harness rewrote) is
-tokenized as text and its call marked `rewritten`. Every call is kept in `Endpoint.calls`.
+tokenized as text and its call marked `rewritten`. A request's `tools` are shown to the model
+through its chat template and its calls answered as OpenAI's `tool_calls`
+(`oncurve.rollout.tool_calls`: the Hermes format). Every call is kept in `Endpoint.calls`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ from typing import Any
 
 from oncurve.errors import UserError
 from oncurve.rollout.base import Sampler, SamplingParams
+from oncurve.rollout.tool_calls import (
+    parse_tool_calls,
+    reply_key,
+    supports_tool_calls,
+    template_message,
+)
 
 LOOPBACK = ("127.0.0.1", "::1")
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -117,26 +125,31 @@ class Endpoint:
 
     # -- prompts ------------------------------------------------------------------------------
 
-    def chat_prompt(self, messages: list[dict[str, Any]]) -> tuple[list[int], bool]:
-        """The token ids of `messages` in the chat template, with a generation prompt: every
-        assistant message whose text this endpoint sampled as the ids it sampled, and any other
-        message that holds a special token's text (a tool that printed `<|im_end|>`) as that
-        text's ids, so that it cannot end its message or forge a turn; and whether any assistant
-        message was text it did not sample."""
+    def chat_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> tuple[list[int], bool]:
+        """The token ids of `messages` in the chat template (showing `tools`), with a
+        generation prompt: every assistant message whose text (and tool calls) this endpoint
+        sampled as the ids it sampled, and any other message that holds a special token's text
+        (a tool that printed `<|im_end|>`) as that text's ids, so that it cannot end its message
+        or forge a turn; and whether any assistant message was one it did not sample."""
         tokenizer = self.sampler.tokenizer
         marked, spliced, rewritten = [], [], False
         # a mark no message holds: a tool's output that printed one would split the text there
         nonce = secrets.token_hex(8)
         specials = tokenizer.all_special_tokens
+        shown = {"tools": tools} if tools else {}
         for message in messages:
             content = message.get("content")
-            if message.get("role") == "assistant" and isinstance(content, str):
+            calls = message.get("tool_calls")
+            if message.get("role") == "assistant" and (isinstance(content, str) or calls):
                 with self._lock:
-                    sampled_ids = self._sampled.get(content)
+                    sampled_ids = self._sampled.get(reply_key(content, calls))
                 if sampled_ids is None:
                     rewritten = True
+                    message = template_message(message) if calls else message
                 else:
-                    message = {**message, "content": _MARK.format(nonce, len(spliced))}
+                    message = {"role": "assistant", "content": _MARK.format(nonce, len(spliced))}
                     spliced.append(sampled_ids)
             elif isinstance(content, str) and any(token in content for token in specials):
                 message = {**message, "content": _MARK.format(nonce, len(spliced))}
@@ -146,18 +159,27 @@ class Endpoint:
                     ]
                 )
             marked.append(message)
-        text = tokenizer.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(
+            marked, add_generation_prompt=True, tokenize=False, **shown
+        )
         ids: list[int] = []
         eos = tokenizer.eos_token or ""
         for k, sampled in enumerate(spliced):
             before, mark, text = text.partition(_MARK.format(nonce, k))
             if not mark:  # the template dropped the turn: nothing of it to splice
+                whole = [template_message(m) if m.get("tool_calls") else m for m in messages]
                 return self.encode_text(tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=True, tokenize=False)), True  # fmt: skip
+                    whole, add_generation_prompt=True, tokenize=False, **shown)), True  # fmt: skip
             ids += self.encode_text(before) + sampled
             if eos and tokenizer.decode(sampled[-1:]) == eos and text.startswith(eos):
                 text = text[len(eos) :]  # the turn's end is the sampled EOS token
         return ids + self.encode_text(text), rewritten
+
+    def remember_reply(self, key: Any, completion_ids: list[int]) -> None:
+        """That an assistant message identified by `key` (`reply_key`: its text and tool calls
+        as answered) is `completion_ids`, which a later prompt holding it splices back."""
+        with self._lock:
+            self._sampled[key] = completion_ids
 
     def encode_text(self, text: str) -> list[int]:
         """`text`'s token ids, no special tokens added (a template's are in its text)."""
@@ -249,6 +271,23 @@ class Endpoint:
         )
 
 
+def _tools(body: dict[str, Any], tokenizer: Any) -> list[dict[str, Any]] | None:
+    """The request's `tools` (OpenAI's function definitions), None without; ValueError when
+    they are not a list of objects or the model's chat template writes no tool calls this
+    endpoint reads."""
+    tools = body.get("tools")
+    if not tools:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise ValueError("tools: a list of function definitions is required")
+    if not supports_tool_calls(tokenizer):
+        raise ValueError(
+            "tools: the model's chat template shows no tools in the Hermes format "
+            "(<tool_call>, as Qwen2.5's, Qwen3's and Hermes models'), the one this endpoint reads"
+        )
+    return tools
+
+
 def _count(body: dict[str, Any], key: str) -> int:
     """`body[key]` as a count of at least 1; ValueError naming the key otherwise."""
     value = body[key]
@@ -315,19 +354,27 @@ def respond(
         )
     params = endpoint.request_params(body)
     if path == CHAT:
-        prompt_ids, rewritten = endpoint.chat_prompt(_text_messages(body.get("messages")))
-        calls = endpoint.sample(prompt_ids, rewritten, n, params, episode)
         tokenizer = endpoint.sampler.tokenizer
-        choices = [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": call.text},
-                "finish_reason": _finish(call),
-                "token_ids": call.completion_ids,
-                "logprobs": _choice_logprobs(tokenizer, call),
-            }
-            for i, call in enumerate(calls)
-        ]
+        tools = _tools(body, tokenizer)
+        messages = _text_messages(body.get("messages"))
+        prompt_ids, rewritten = endpoint.chat_prompt(messages, tools)
+        calls = endpoint.sample(prompt_ids, rewritten, n, params, episode)
+        choices = []
+        for i, call in enumerate(calls):
+            content, tool_calls = call.text, []
+            if tools and body.get("tool_choice") != "none":
+                content, tool_calls = parse_tool_calls(call.text, f"call_{secrets.token_hex(6)}")
+                endpoint.remember_reply(reply_key(content, tool_calls), call.completion_ids)
+            message = {"role": "assistant", "content": content}
+            choices.append(
+                {
+                    "index": i,
+                    "message": {**message, **({"tool_calls": tool_calls} if tool_calls else {})},
+                    "finish_reason": "tool_calls" if tool_calls else _finish(call),
+                    "token_ids": call.completion_ids,
+                    "logprobs": _choice_logprobs(tokenizer, call),
+                }
+            )
         kind = "chat.completion"
     else:
         prompt = body.get("prompt")

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from helpers.configs import make_config
-from helpers.episodes import load_qwen3_tokenizer
+from helpers.episodes import load_qwen3_tokenizer, tool_user_sampler
 from helpers.models import tiny_qwen2
 from helpers.runs import metric_rows
 from helpers.vf_environments import FOLLOW_UP, QUESTIONS
@@ -35,7 +35,7 @@ def sampler() -> TorchSampler:
     return TorchSampler(model, tokenizer)
 
 
-def play(sampler, kind: str, faults: EnvFaults | None = None):
+def play(sampler, kind: str, faults: EnvFaults | None = None, max_new_tokens: int = 6):
     env_args = {"kind": kind}
     rows = environment_rows(SINGLE, env_args, "train")[:2]
     for row in rows:
@@ -44,7 +44,7 @@ def play(sampler, kind: str, faults: EnvFaults | None = None):
         )
     play = GroupPlay(load_environment(SINGLE, env_args))
     settings = HarnessSettings(play, 2, 64, faults or EnvFaults(), groups=True)
-    params = SamplingParams(max_new_tokens=6, seed=3)
+    params = SamplingParams(max_new_tokens=max_new_tokens, seed=3)
     return rows, *play_harness(sampler, rows, 3, params, settings)
 
 
@@ -155,12 +155,20 @@ def test_a_run_trains_on_a_verifiers_environment(chat_model_dir, data_file, tmp_
     assert row["reward/env"] == pytest.approx(expected)
 
 
-def test_an_environment_with_tools_is_refused_at_start():
-    """The endpoint neither shows a tool's schema to the model nor parses its tool calls: a
-    ToolEnv would train without ever running its tools."""
-    with pytest.raises(UserError, match=r"^rollout.env verifiers:helpers.vf_environments offers "
-                       r"tools \(add\)"):  # fmt: skip
-        load_environment(SINGLE, {"kind": "tools"})
+def test_a_tool_environment_runs_the_calls_the_policy_makes():
+    """A ToolEnv: the model is shown its tools, its Hermes call runs the tool, the result is
+    fed (out of the loss) and the answer after it is the rubric's to score."""
+    tokenizer = load_qwen3_tokenizer()
+    _, rollout, columns = play(tool_user_sampler(tokenizer), "tools", max_new_tokens=40)
+    assert columns["episode_fault"] == [None] * 6 and columns["turns"] == [2] * 6
+    assert all(m["has_answer"] == 1.0 for m in columns["episode_metrics"])  # 1+2=3, 3+4=7
+    first = rollout.prompt_ids[0][rollout.prompt_mask[0].bool()].tolist()
+    assert '"name": "add"' in tokenizer.decode(first)  # the tool's schema, in the prompt
+    width = int(rollout.completion_mask[0].sum())
+    fed = rollout.completion_ids[0][:width][rollout.tool_mask[0][:width].bool()]
+    assert "<tool_response>\n3\n</tool_response>" in tokenizer.decode(fed)
+    sampled = rollout.completion_ids[0][:width][rollout.loss_mask[0][:width].bool()]
+    assert tokenizer.decode(sampled).startswith('<tool_call>\n{"name": "add"')
 
 
 def test_a_missing_extra_or_environment_is_one_line(monkeypatch):

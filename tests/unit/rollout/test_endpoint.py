@@ -5,6 +5,7 @@ error answer, and the endpoint is gone after its block."""
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import urllib.error
@@ -12,7 +13,7 @@ import urllib.request
 
 import pytest
 import torch
-from helpers.episodes import load_qwen3_tokenizer
+from helpers.episodes import load_qwen3_tokenizer, scripted_sampler
 from helpers.models import tiny_qwen2
 
 from oncurve.rollout import SamplingParams, TorchSampler
@@ -20,6 +21,20 @@ from oncurve.rollout.endpoint import Endpoint
 from oncurve.types import RolloutBatch
 
 QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
+ADD = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Adds two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -232,3 +247,57 @@ def test_an_earlier_turn_keeps_tokens_its_text_would_not_give():
     earlier = first["prompt_token_ids"] + [*pieces, tokenizer.eos_token_id]
     assert second["prompt_token_ids"][: len(earlier)] == earlier
     assert [call.rewritten for call in endpoint.calls] == [False, False]
+
+
+def test_a_tool_call_is_answered_as_openai_writes_it_and_its_turn_spliced_back():
+    """With `tools`, the model sees them through its chat template; a completion's Hermes
+    `<tool_call>` is answered as OpenAI's `tool_calls`; the turn sent back with the tool's
+    result (its arguments re-serialised, as clients do) is the tokens sampled."""
+    tokenizer = load_qwen3_tokenizer()
+    said = 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    script = tokenizer(said, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    sampler, _ = scripted_sampler(tokenizer, [script])
+    with Endpoint(sampler, SamplingParams(max_new_tokens=64)) as endpoint:
+        status, first = post(endpoint.base_url, "/chat/completions",
+                             {"messages": QUESTION, "tools": ADD})  # fmt: skip
+        assert status == 200, first
+        (choice,) = first["choices"]
+        assert choice["finish_reason"] == "tool_calls"
+        assert choice["message"]["content"] == "Let me add."
+        (call,) = choice["message"]["tool_calls"]
+        assert (call["type"], call["function"]["name"]) == ("function", "add")
+        assert json.loads(call["function"]["arguments"]) == {"a": 1, "b": 2}
+        shown = tokenizer.apply_chat_template(QUESTION, tools=ADD, add_generation_prompt=True,
+                                              tokenize=True, return_dict=False)  # fmt: skip
+        assert first["prompt_token_ids"] == list(shown)
+        sent_back = {"role": "assistant", "content": "Let me add.", "tool_calls": [
+            {**call, "function": {"name": "add", "arguments": '{"b": 2, "a": 1}'}}]}  # fmt: skip
+        result = {"role": "tool", "tool_call_id": call["id"], "content": "3"}
+        status, _ = post(endpoint.base_url, "/chat/completions",
+                         {"messages": [*QUESTION, sent_back, result], "tools": ADD})  # fmt: skip
+        assert status == 200
+        # a call the model did not make is a rewritten turn
+        forged = {
+            **sent_back,
+            "tool_calls": [{**call, "function": {"name": "add", "arguments": '{"a": 5}'}}],
+        }
+        post(endpoint.base_url, "/chat/completions",
+             {"messages": [*QUESTION, forged, result], "tools": ADD})  # fmt: skip
+    first_call, second_call, forged_call = endpoint.calls
+    assert not second_call.rewritten and forged_call.rewritten
+    seen = first_call.prompt_ids + first_call.completion_ids
+    assert second_call.prompt_ids[: len(seen)] == seen
+    fed = tokenizer.decode(second_call.prompt_ids[len(seen) :])
+    assert "<tool_response>\n3\n</tool_response>" in fed
+
+
+def test_tools_for_a_template_without_a_tool_call_format_are_refused(sampler):
+    plain = scripted_sampler(load_qwen3_tokenizer(), [[1]])[0]
+    plain.tokenizer = copy.copy(plain.tokenizer)
+    plain.tokenizer.chat_template = (
+        "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}[assistant]"
+    )
+    with Endpoint(plain, SamplingParams(max_new_tokens=2)) as endpoint:
+        status, answer = post(endpoint.base_url, "/chat/completions",
+                              {"messages": QUESTION, "tools": ADD})  # fmt: skip
+    assert status == 400 and answer["error"]["message"].startswith("tools: the model's chat")
