@@ -111,9 +111,11 @@ def load_rows(
                 f"{location}: column {images[0]!r} holds a vision-language model's images, which "
                 "oncurve does not train on (text-only models); drop the column to train on the text"
             )
-        if guessed and (other := sorted(set(ANSWER_FIELDS).intersection(record) - first_fields)):
+        # a column that ranks before the guessed one would have been this row's answer
+        ahead = ANSWER_FIELDS[: ANSWER_FIELDS.index(answer_field)] if guessed else ()
+        if other := [name for name in ahead if name in record and name not in first_fields]:
             raise UserError(
-                f"{location}: has an {other[0]!r} column the first row lacks, whose "
+                f"{location}: has a column {other[0]!r} the first row lacks, whose "
                 f"{answer_field!r} holds the answers; name the answers' column with "
                 "data.answer_field"
             )

@@ -81,7 +81,7 @@ def held_out_examples(task: Task, config: Config) -> list[dict]:
     try:
         return task.examples("test", eval_size(config), config.run.seed)
     except TooFewProblems as short:
-        return task.examples("test", short.available, config.run.seed)
+        return short.rows
 
 
 def eval_size(config: Config) -> int:
@@ -111,33 +111,48 @@ class PromptData:
             kept.answer_field = getattr(row, "answer_field", "")
             self.rows.append(kept)
         self.seed = seed
-        self._order_cache: tuple[tuple[int, int], list[int]] | None = None
+        self._orders: dict[tuple[int, int], list[int]] = {}
 
     def batch(self, step: int, size: int, round_: int = 0, rounds_per_step: int = 1) -> list[dict]:
         """The `size` rows of training step `step` (1-based) in sampling round `round_` of at
         most `rounds_per_step`. The first rounds of the steps walk the epochs' orders, each row
         once an epoch; dynamic sampling's later rounds walk orders of their own (seeded apart),
-        so that a step that needs none of them skips no row."""
+        so that a step that needs none of them skips no row, passing over the rows the step's
+        earlier rounds hold while others are left."""
+        return [self.rows[i] for i in self._picks(step, size, round_, rounds_per_step)]
+
+    def _picks(self, step: int, size: int, round_: int, rounds_per_step: int) -> list[int]:
+        count = len(self.rows)
         if round_ == 0:
-            stream, position = 0, (step - 1) * size
-        else:
-            stream, position = 1, ((step - 1) * (rounds_per_step - 1) + round_ - 1) * size
-        picks = []
-        for offset in range(position, position + size):
-            epoch, index = divmod(offset, len(self.rows))
-            picks.append(self.rows[self._order(stream, epoch)[index]])
+            position = (step - 1) * size
+            return [
+                self._order(0, epoch)[index]
+                for epoch, index in (divmod(o, count) for o in range(position, position + size))
+            ]
+        taken = {i for r in range(round_) for i in self._picks(step, size, r, rounds_per_step)}
+        position = ((step - 1) * (rounds_per_step - 1) + round_ - 1) * size
+        picks: list[int] = []
+        offset = position
+        while len(picks) < size:
+            epoch, index = divmod(offset, count)
+            row = self._order(1, epoch)[index]
+            # once the step holds every row, its rounds outnumber the rows: repeat
+            if row not in taken or len(taken) >= count:
+                picks.append(row)
+                taken.add(row)
+            offset += 1
         return picks
 
     def _order(self, stream: int, epoch: int) -> list[int]:
-        if self._order_cache is None or self._order_cache[0] != (stream, epoch):
+        key = (stream, epoch)
+        if key not in self._orders:
             # the later rounds' orders: seeds no epoch of the first rounds reaches
             seed = self.seed * 7919 + epoch + stream * 104_729 * 2**32
             generator = torch.Generator().manual_seed(seed % 2**64)
-            self._order_cache = (
-                (stream, epoch),
-                torch.randperm(len(self.rows), generator=generator).tolist(),
-            )
-        return self._order_cache[1]
+            if len(self._orders) >= 4:  # the epochs a step's rounds straddle, of both streams
+                self._orders.pop(next(iter(self._orders)))
+            self._orders[key] = torch.randperm(len(self.rows), generator=generator).tolist()
+        return self._orders[key]
 
 
 def chat_messages(

@@ -272,12 +272,18 @@ class Endpoint:
 
 
 def _tools(body: dict[str, Any], tokenizer: Any) -> list[dict[str, Any]] | None:
-    """The request's `tools` (OpenAI's function definitions), None without; ValueError when
-    they are not a list of objects or the model's chat template writes no tool calls this
-    endpoint reads."""
-    tools = body.get("tools")
-    if not tools:
+    """The request's `tools` (OpenAI's function definitions), None without or with
+    `tool_choice` "none"; ValueError for another `tool_choice` than "auto" (forcing a call would
+    take the sampling out of the policy's hands), tools that are not a list of objects, or a
+    chat template that writes no tool calls this endpoint reads."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if not tools or choice == "none":  # as vLLM: tools the model may not call are not shown
         return None
+    if choice not in (None, "auto"):
+        raise ValueError(
+            f"tool_choice: {json.dumps(choice)} is not read here (sampling is the policy's own); "
+            'give "auto" or "none"'
+        )
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise ValueError("tools: a list of function definitions is required")
     if not supports_tool_calls(tokenizer):
@@ -362,7 +368,7 @@ def respond(
         choices = []
         for i, call in enumerate(calls):
             content, tool_calls = call.text, []
-            if tools and body.get("tool_choice") != "none":
+            if tools:
                 content, tool_calls = parse_tool_calls(call.text, f"call_{secrets.token_hex(6)}")
                 endpoint.remember_reply(reply_key(content, tool_calls), call.completion_ids)
             message = {"role": "assistant", "content": content}

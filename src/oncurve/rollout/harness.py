@@ -42,6 +42,9 @@ from oncurve.rollout.env_calls import ERROR, TIMEOUT, EnvFaults
 from oncurve.types import RolloutBatch
 
 Play = Callable[[Any, str, dict[str, Any]], Awaitable[Any]]
+# Plays at once, each on its own thread and event loop: enough for every group of a step's
+# batch, few enough that a thousand single episodes do not start a thousand threads
+MAX_PLAY_THREADS = 128
 PREFIX = "harness:"
 # An episode's outcome: its reward (None: unscored), its fault and why, its metrics.
 Outcome = tuple[float | None, str | None, str, dict[str, float]]
@@ -96,7 +99,6 @@ def play_harness(
     with Endpoint(sampler, params, seed=params.seed or 0) as endpoint:
 
         async def played(episodes: range) -> list[Outcome]:
-            started = time.monotonic()
             clients = [
                 openai.AsyncOpenAI(
                     base_url=endpoint.episode_url(k), api_key="oncurve", max_retries=0
@@ -105,6 +107,7 @@ def play_harness(
             ]
             row = rows[episodes.start // group_size]
             players = clients if settings.groups else clients[0]
+            started = time.monotonic()
             try:
                 returned = await asyncio.wait_for(
                     settings.play(players, endpoint.model_name, row), timeout_s
@@ -132,10 +135,11 @@ def play_harness(
             return asyncio.run(played(episodes))
 
         # Each play on a thread and event loop of its own (whatever loop runs in this one): a
-        # harness that blocks its loop holds up only its own episodes.
+        # harness that blocks its loop holds up only its own episodes (up to MAX_PLAY_THREADS
+        # at once; a play's clock starts when it does).
         size = group_size if settings.groups else 1
         plays = [range(k, k + size) for k in range(0, n, size)]
-        with ThreadPoolExecutor(len(plays)) as threads:
+        with ThreadPoolExecutor(max(1, min(len(plays), MAX_PLAY_THREADS))) as threads:
             outcomes = [outcome for part in threads.map(play_alone, plays) for outcome in part]
     calls: list[list[Call]] = [[] for _ in range(n)]
     for call in endpoint.calls:

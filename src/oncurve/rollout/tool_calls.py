@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
+OPEN = "<tool_call>"
 _CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
@@ -51,13 +51,15 @@ def parse_tool_calls(text: str, call_id: str) -> tuple[str | None, list[dict[str
 
 def reply_key(content: Any, tool_calls: Any) -> Any:
     """What identifies an assistant message: its text alone, or with tool calls its text and
-    each call's name and arguments (parsed, so that a client's re-serialising does not count)."""
+    each call's id (unique to the completion that made it), name and arguments (parsed, so
+    that a client's re-serialising does not count)."""
     if not tool_calls:
         return content
     calls = []
     for call in tool_calls:
-        function = call.get("function", {}) if isinstance(call, dict) else {}
-        calls.append([function.get("name"), _parsed(function.get("arguments"))])
+        call = call if isinstance(call, dict) else {}
+        function = call.get("function") or {}
+        calls.append([call.get("id"), function.get("name"), _parsed(function.get("arguments"))])
     return json.dumps([content or "", calls], sort_keys=True)
 
 

@@ -71,9 +71,9 @@ class Replaced:
 
     entries: list[Path] = field(default_factory=list)
     checkpoints: list[Path] = field(default_factory=list)
-    # What the entries (and an entry directory's own entries) were when the run claimed the
-    # directory: what appears there later is the new run's (a tracker's files: trackers start
-    # before anything is deleted, so that one that cannot start deletes nothing).
+    # What the entries (and an entry directory's own entries, one level in) were when the run
+    # claimed the directory: what appears there later is the new run's (a tracker's files:
+    # trackers start before anything is deleted, so that one that cannot start deletes nothing).
     claimed: dict[Path, tuple[int, int]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:

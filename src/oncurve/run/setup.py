@@ -428,9 +428,8 @@ def startup_notes(
     """What the start-up report says of the run's choices beyond the settled ones: a LoRA
     dropout (which no forward applies), fewer training rows than a step takes, held-out prompts
     that are training prompts too, fewer held-out problems in a task than eval.num_prompts
-    asks, the column the reference answers were found
-    in when the config does not name it and it is not `answer`, and which rewards the
-    curriculum and dynamic sampling read."""
+    asks, the column the reference answers were found in when the config does not name it and
+    it is not `answer`, and which rewards the curriculum and dynamic sampling read."""
     notes = []
     if config.model.lora.r and config.model.lora.dropout:
         notes.append(
@@ -444,12 +443,14 @@ def startup_notes(
             f"data: {rows} training rows, fewer than data.prompts_per_step={per_step}: each step "
             "repeats prompts"
         )
-    if eval_data is not None:
+    evaluates = config.eval.at_start_end or config.eval.every > 0
+    if eval_data is not None and evaluates:
         seen = {tuple(row["prompt_ids"]) for row in data.rows}
-        shared = sum(tuple(row["prompt_ids"]) in seen for row in eval_data.rows)
+        evaluated = eval_data.rows[: config.eval.num_prompts]  # the rows evaluation scores
+        shared = sum(tuple(row["prompt_ids"]) in seen for row in evaluated)
         if shared:
             notes.append(
-                f"eval: {shared} of the {len(eval_data.rows)} held-out prompts are training "
+                f"eval: {shared} of the {len(evaluated)} held-out prompts are training "
                 "prompts too: held-out accuracy is measured partly on the training set"
             )
     asked = config.eval.num_prompts

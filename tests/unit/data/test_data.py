@@ -252,8 +252,11 @@ def test_each_row_is_a_steps_first_round_once_per_epoch(rounds_per_step):
         steps = range(3 * epoch + 1, 3 * epoch + 4)
         first = [r["prompt"] for step in steps for r in data.batch(step, 4, 0, rounds_per_step)]
         assert sorted(first) == sorted(r["prompt"] for r in rows)
-    if rounds_per_step > 1:
-        assert data.batch(2, 4, 1, rounds_per_step) != data.batch(2, 4, 0, rounds_per_step)
+    if rounds_per_step > 1:  # while rows are left, a step's rounds hold no row twice
+        for step in range(1, 20):
+            rounds = [data.batch(step, 4, r, rounds_per_step) for r in range(3)]
+            prompts = [row["prompt"] for picks in rounds for row in picks]
+            assert len(set(prompts)) == 12
     largest_seed = PromptData(rows, char_tokenizer(), DataConfig(), seed=2**63 - 1)
     assert len(largest_seed.batch(7, 4, 1, rounds_per_step)) == 4
 

@@ -120,10 +120,15 @@ def test_an_answer_column_the_first_row_lacks_is_refused_when_the_column_is_gues
     write_jsonl(str(mixed), [{"prompt": "a", "solution": "1"},
                              {"prompt": "b", "answer": "2", "solution": "3"}])  # fmt: skip
     assert _one_line_error("answer", str(mixed)) == (
-        f"{mixed} line 2: has an 'answer' column the first row lacks, whose 'solution' holds "
+        f"{mixed} line 2: has a column 'answer' the first row lacks, whose 'solution' holds "
         "the answers; name the answers' column with data.answer_field"
     )
     assert load_rows(str(mixed), answer_field="solution")[1]["answer"] == "3"
+    # a later `solution` beside the answers' own column passes nothing over
+    later = tmp_path / "later.jsonl"
+    write_jsonl(str(later), [{"prompt": "a", "answer": "1"},
+                             {"prompt": "b", "answer": "2", "solution": "3"}])  # fmt: skip
+    assert [row["answer"] for row in load_rows(str(later))] == ["1", "2"]
 
 
 def test_a_column_given_twice_is_refused(tmp_path):

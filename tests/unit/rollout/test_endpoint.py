@@ -18,6 +18,7 @@ from helpers.models import tiny_qwen2
 
 from oncurve.rollout import SamplingParams, TorchSampler
 from oncurve.rollout.endpoint import Endpoint
+from oncurve.rollout.tool_calls import parse_tool_calls
 from oncurve.types import RolloutBatch
 
 QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -291,7 +292,7 @@ def test_a_tool_call_is_answered_as_openai_writes_it_and_its_turn_spliced_back()
     assert "<tool_response>\n3\n</tool_response>" in fed
 
 
-def test_tools_for_a_template_without_a_tool_call_format_are_refused(sampler):
+def test_tools_for_a_template_without_a_tool_call_format_are_refused():
     plain = scripted_sampler(load_qwen3_tokenizer(), [[1]])[0]
     plain.tokenizer = copy.copy(plain.tokenizer)
     plain.tokenizer.chat_template = (
@@ -301,3 +302,69 @@ def test_tools_for_a_template_without_a_tool_call_format_are_refused(sampler):
         status, answer = post(endpoint.base_url, "/chat/completions",
                               {"messages": QUESTION, "tools": ADD})  # fmt: skip
     assert status == 400 and answer["error"]["message"].startswith("tools: the model's chat")
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        ("no call", "no call", []),
+        ('<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>', None, [("f", {"x": 1})]),
+        ('Two.\n<tool_call>{"name": "f"}</tool_call><tool_call>{"name": "g", "arguments": '
+         '{}}</tool_call> done', "Two.", [("f", {}), ("g", {})]),
+        # one call that does not parse: the whole text is the answer, as vLLM leaves it
+        ('<tool_call>{"name": "f"}</tool_call><tool_call>{name: g}</tool_call>', None, None),
+        ('<tool_call>["f"]</tool_call>', None, None),
+        ('<tool_call>{"arguments": {}}</tool_call>', None, None),
+    ],
+)  # fmt: skip
+def test_parse_tool_calls(text, content, calls):
+    got_content, got_calls = parse_tool_calls(text, "call_x")
+    if calls is None:
+        assert (got_content, got_calls) == (text, [])
+        return
+    assert got_content == content
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got_calls] \
+        == calls  # fmt: skip
+    assert [c["id"] for c in got_calls] == [f"call_x-{k}" for k in range(len(calls))]
+
+
+def test_two_choices_making_the_same_call_are_each_their_own_turn():
+    """Choices whose calls parse alike (spacing, key order) are told apart by their ids: the
+    turn sent back is the tokens of the choice it came from."""
+    tokenizer = load_qwen3_tokenizer()
+    said = ['<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>',
+            '<tool_call>{"name":"add","arguments":{"b":2,"a":1}}</tool_call>']  # fmt: skip
+    scripts = [tokenizer(t, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+               for t in said]  # fmt: skip
+    sampler, _ = scripted_sampler(tokenizer, scripts)
+    with Endpoint(sampler, SamplingParams(max_new_tokens=64)) as endpoint:
+        _, first = post(endpoint.base_url, "/chat/completions",
+                        {"messages": QUESTION, "tools": ADD, "n": 2})  # fmt: skip
+        message = first["choices"][0]["message"]
+        result = {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "3"}
+        del scripts[1:]  # the next call samples one row
+        post(endpoint.base_url, "/chat/completions",
+             {"messages": [*QUESTION, message, result], "tools": ADD})  # fmt: skip
+    chosen, _, second = endpoint.calls
+    assert not second.rewritten
+    seen = chosen.prompt_ids + chosen.completion_ids
+    assert second.prompt_ids[: len(seen)] == seen
+
+
+def test_tool_choice_none_shows_no_tools_and_a_forced_choice_is_refused():
+    tokenizer = load_qwen3_tokenizer()
+    said = '<tool_call>{"name": "add", "arguments": {}}</tool_call>'
+    sampler, _ = scripted_sampler(tokenizer, [tokenizer(said)["input_ids"]])
+    with Endpoint(sampler, SamplingParams(max_new_tokens=64)) as endpoint:
+        _, answer = post(endpoint.base_url, "/chat/completions",
+                         {"messages": QUESTION, "tools": ADD, "tool_choice": "none"})  # fmt: skip
+        status, refused = post(
+            endpoint.base_url,
+            "/chat/completions",
+            {"messages": QUESTION, "tools": ADD, "tool_choice": "required"},
+        )
+    plain = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=True,
+                                          return_dict=False)  # fmt: skip
+    assert answer["prompt_token_ids"] == list(plain)
+    assert answer["choices"][0]["message"]["content"] == said
+    assert status == 400 and refused["error"]["message"].startswith('tool_choice: "required"')

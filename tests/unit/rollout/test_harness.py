@@ -104,10 +104,10 @@ def test_a_harness_that_blocks_its_event_loop_times_out_alone(sampler, capsys):
             model=model, messages=[{"role": "user", "content": row["prompt"]}]
         )
         if row["prompt"] == ROWS[0]["prompt"]:
-            time.sleep(8)
+            time.sleep(5)
         return 1.0
 
-    faults = EnvFaults(timeout_s=6.0, timeout_score=-1.0)
+    faults = EnvFaults(timeout_s=3.0, timeout_score=-1.0)
     _, rewards, _, episode_faults = play(sampler, blocks_on_the_first_row, faults)
     assert episode_faults == [TIMEOUT, TIMEOUT, None, None]
     assert rewards == [-1.0, -1.0, 1.0, 1.0]

@@ -155,7 +155,7 @@ class ArithTask:
             raise TooFewProblems(
                 f"arith: only {len(rows)} distinct test problems with max_digits="
                 f"{self.max_digits}, asked for {n}",
-                len(rows),
+                rows,
             )
         return rows
 

@@ -14,11 +14,12 @@ T = TypeVar("T")
 
 
 class TooFewProblems(ValueError):
-    """A split asked for more distinct problems than it has; `available`: how many it has."""
+    """A split asked for more distinct problems than it has (or than a task's search found);
+    `rows`: the ones there are, in the order the draw gave them."""
 
-    def __init__(self, message: str, available: int) -> None:
+    def __init__(self, message: str, rows: list) -> None:
         super().__init__(message)
-        self.available = available
+        self.rows = rows
 
 
 class Task(Protocol):
@@ -80,15 +81,19 @@ TEST_BUCKETS = 10  # 1 in 10 problems is held out for the test split
 def draw_split(task: str, pool: Sequence[T], split: str, n: int, seed: int) -> list[T]:
     """`n` problems of `split` from its `pool`: train problems drawn with repetition, test
     problems distinct, both in an order seeded by (task, split, seed); asking for more test
-    problems than the pool holds raises `TooFewProblems`."""
+    problems than the pool holds gives them all (`all_drawn` says so to the caller)."""
     rng = random.Random(f"{task}:{split}:{seed}")
     if split == "test":
-        if n > len(pool):
-            raise TooFewProblems(
-                f"{task}: only {len(pool)} test problems, asked for {n}", len(pool)
-            )
-        return rng.sample(list(pool), n)
+        return rng.sample(list(pool), min(n, len(pool)))
     return [rng.choice(pool) for _ in range(n)]
+
+
+def all_drawn(task: str, rows: list, n: int) -> list:
+    """`rows` when they are the `n` test rows asked for; `TooFewProblems` (holding them) when
+    the split had fewer."""
+    if len(rows) < n:
+        raise TooFewProblems(f"{task}: only {len(rows)} test problems, asked for {n}", rows)
+    return rows
 
 
 def hash_split(key: str) -> str:

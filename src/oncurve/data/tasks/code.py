@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from oncurve.data.tasks.base import draw_split, hash_split
+from oncurve.data.tasks.base import all_drawn, draw_split, hash_split
 from oncurve.rewards.code import code_tests_reward
 from oncurve.rewards.registry import RewardFn
 
@@ -184,7 +184,7 @@ class CodeTask:
         rows = {
             p: {"prompt": p.prompt, "answer": p.solution, "tests": p.tests()} for p in set(chosen)
         }
-        return [dict(rows[p]) for p in chosen]
+        return all_drawn("code", [dict(rows[p]) for p in chosen], n)
 
     def reward_fns(self) -> dict[str, RewardFn]:
         return {"correct": code_tests_reward}

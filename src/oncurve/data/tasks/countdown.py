@@ -86,7 +86,7 @@ class CountdownTask:
             raise TooFewProblems(
                 f"countdown: only {len(rows)} distinct {split} problems with max_number="
                 f"{self.max_number}, asked for {n}",
-                len(rows),
+                rows,
             )
         return rows
 

@@ -86,7 +86,7 @@ class GymTask:
         if len(rows) < n:
             why = f"{self.name}: found only {len(rows)} {split} examples in {budget} items"
             if split == "test":
-                raise TooFewProblems(why, len(rows))
+                raise TooFewProblems(why, rows)
             raise UserError(why)
         return rows
 

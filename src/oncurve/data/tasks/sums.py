@@ -14,7 +14,7 @@ number; `rewards.extraction.extract_answer`) states the sum (`25 + 4` does not);
 
 from __future__ import annotations
 
-from oncurve.data.tasks.base import draw_split, hash_split
+from oncurve.data.tasks.base import all_drawn, draw_split, hash_split
 from oncurve.rewards.format import boxed_format_reward
 from oncurve.rewards.registry import RewardFn, answer_match_reward
 
@@ -40,7 +40,9 @@ class SumsTask:
             raise ValueError(f"sums: split must be one of {', '.join(SPLITS)}, got {split!r}")
         pairs = [(a, b) for a in FIRST for b in SECOND if hash_split(prompt(a, b)) == split]
         chosen = draw_split("sums", pairs, split, n, seed)
-        return [{"prompt": prompt(a, b), "answer": str(a + b)} for a, b in chosen]
+        return all_drawn(
+            "sums", [{"prompt": prompt(a, b), "answer": str(a + b)} for a, b in chosen], n
+        )
 
     def reward_fns(self) -> dict[str, RewardFn]:
         return {"correct": answer_match_reward, "boxed": boxed_format_reward}

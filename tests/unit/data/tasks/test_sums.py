@@ -40,6 +40,15 @@ def test_boxed_format_needs_a_filled_box():
     assert boxed_format_reward(["p"] * 3, ["\\boxed{15}", "\\boxed{}", "boxed{3}"]) == [1, 0, 0]
 
 
+def test_a_task_whose_search_finds_few_test_problems_evaluates_the_ones_it_found():
+    """Countdown with numbers up to 6 has fewer distinct test problems than 500: the held-out
+    set is the ones the seeded search found, each once."""
+    options = "data.task_options={counts: [3, 4], max_number: 6}"
+    _, held_out, _ = load_prompts(load_config(None, ["data.task=countdown", options]))
+    problems = {(row["numbers"], row["target"]) for row in held_out}
+    assert 0 < len(held_out) < 500 and len(problems) == len(held_out)
+
+
 @pytest.mark.parametrize(("task", "pool"), [("sums", 50), ("code", 25)])
 @pytest.mark.parametrize("asked", [[], ["eval.num_prompts=60"]])
 def test_a_held_out_set_larger_than_the_test_split_is_the_whole_split(task, pool, asked):
