@@ -6,15 +6,18 @@ Extraction styles (`extract_answer`), each linear in the completion's length:
   boxed        the last outermost `\\boxed{...}` (or `\\fbox{...}`) with something in it, nested
                braces balanced; a box that only wraps another box is unwrapped
   gsm8k        the text after the last `####` whose line states a number (`stated_number`) or
-               lists numbers (`3,4`), of the last GSM8K_LINES such lines, so a markdown heading
-               such as `#### Step 2` is not taken for the answer
-  last_number  the last number: `-12`, `1,000`, `3.5`, `3/4`, `1 1/2`, `\\frac{3}{4}`, not a
-               power's base or exponent (`5^2`); none when it ends a hedge (`4 or 3`, `3 to 4`,
-               `possibly 4`, `at least 4`) or is denied (`not 18`, `18 is wrong`)
+               lists numbers (`3,4`) or hedges its number (`18 (or 19)`, whole), of the last
+               GSM8K_LINES such lines, so a markdown heading such as `#### Step 2` is not taken
+               for the answer
+  last_number  the last number: `-12`, `1,000`, `3.5`, `3/4`, `1 1/2`, `\\frac{3}{4}`, `**18**`,
+               not a power's base or exponent (`5^2`); none when it ends a hedge (`4 or 3`, `3
+               to 4` but not `from 12 to 18`, `possibly 4`, `at least 4`), comes before a hedged
+               power (`18 or 3²`) or is denied (`not 18`, `18 is wrong`)
   auto         the first of tags, boxed (two boxes offered together as a list), gsm8k, the last
                stated answer in the completion's tail ("The final answer is $...$", "The answer
                is 18", "**Answer:** B"; the whole phrase where the sentence goes on to change,
-               hedge or deny the number: "18 or 26", "18 squared", "3, but actually 4"), the
+               hedge or deny the number: "18 or 26", "18 squared", "3, but actually 4", not
+               where a reason follows: "18, up 2 from yesterday", "$\\frac{3}{4}$ = 0.75"), the
                math of its last sentence (`_final_math`), a completion that is one short piece
                of math (`_whole_math`),
                last_number that finds something; inside `<answer>` a `\\boxed{}` is unwrapped
@@ -40,6 +43,7 @@ from oncurve.rewards.normalization import (
     UNIT_LETTERS,
     last_boxed,
     looks_symbolic,
+    stated,
     stated_number,
 )
 
@@ -83,7 +87,7 @@ _ANSWER_NUMBER_RE = re.compile(
 # or a word that denies it (`18 (wrong)`, `18 — no, 19`). A reason after it may hold numbers
 # (`18 (6 × 3)`, `18: 6 in each of 3 bags`).
 _QUALIFIED_RE = re.compile(
-    r"\s*(?:\$|\*\*)*+\s*(?:[-−+*/^!×·÷±∓=<>–⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻]"
+    r"\s*(?:\$|\*\*)*+\s*(?:[-−+*/^!×·÷±∓=<>–⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁄∨∧|~≈≤≥≠&]"
     r"|\\(?:times|cdot|div|pm|mp)(?![a-zA-Z])|[eE][-+]?\d|[xX]\s*\d"
     r"|[,—]?\s*(?:(?:or|and|and/or|to|vs\.?|versus)\s+)?"
     r"(?:(?:possibly|maybe|perhaps|even|rather|actually)\s+)?\$?[-−]?\d"
@@ -174,12 +178,13 @@ _CONDITION_WORDS = frozenset(
     ]
 )
 # The next sentence takes it back or offers another number at once (`18. Or 19.`, `18.
-# Actually, it is 19.`, `18. No, wait, it is 20.`, `18. Sorry, I meant 19.`; not `18.
-# Actually, that is 9 eggs ...` nor `No. of eggs sold: 9`)
+# Actually, it is 19.`, `18. No, wait, it is 20.`, `18. Sorry, I meant 19.`, `18. Sorry — I
+# meant 19.`, `18. I made an error; it should be 19.`; not `18. Actually, that is 9 eggs ...`
+# nor `No. of eggs sold: 9`)
 _RETRACTED_RE = re.compile(
     r"[^\n.!?]{0,200}[.!?]\s+(?:or|actually|wait|no(?=\s*[,:!])|correction|hmm|rather"
-    r"|but\s+wait|sorry(?=\s*[,:!])|i\s+meant|never\s*mind|on\s+second\s+thought"
-    r"|scratch\s+that|oops|whoops|my\s+(?:bad|mistake))\b"
+    r"|but\s+wait|sorry(?=\s*[,:!—-])|i\s+meant|never\s*mind|on\s+second\s+thought"
+    r"|scratch\s+that|oops|whoops|my\s+(?:bad|mistake)|i\s+made\s+(?:an?\s+)?(?:error|mistake))\b"
     r"(?![,:\s]*(?:that\s+is\s+\$?\d|that's\s+(?:\$?\d|per\b)|which\s+is|i\.e\."
     r"|in\s+(?:other\s+)?words|written\s+out|equivalently|because|since))(?P<after>[^\n]{0,80})",
     re.IGNORECASE,
@@ -199,11 +204,11 @@ _INLINE_MATH_RE = re.compile(r"(?<!\\)\$\$?((?:\\\$|[^$]){1,500})\$\$?")
 _JOINER_RE = re.compile(r"\s*(?:,|and|or|,\s*and|,\s*or)\s*", re.IGNORECASE)
 # Just before the last number, what makes it no answer: a hedge between it and another
 # (`4 or 3`, `19, or perhaps 18`, `x = 17 or x = 18`, `19 vs 18`, `between 17 and 18`), a range
-# (`3 to 4`, `3-4`), a doubt (`possibly 4`, `maybe 4`), a bound (`at least 4`, `more than 4`) or
-# a negation (`not 18`, `can't be 18`); just after it, a denial (`18 is wrong`) or an operator
-# (`4×10^2`, whose power is no number of its own).
+# (`3 to 4`, `3-4`; not a change, `_CHANGE_TO_RE`), a doubt (`possibly 4`, `maybe 4`), a bound
+# (`at least 4`, `more than 4`) or a negation (`not 18`, `can't be 18`); just after it, a denial
+# (`18 is wrong`) or an operator (`4×10^2`, whose power is no number of its own).
 _HEDGE_RE = re.compile(
-    r"(?:\d\s*(?:\$\s*)?[,.]?\s*(?:or|and/or|vs\.?|versus|to)\s*"
+    r"(?:\d\s*(?:\$\s*)?[,.]?\s*(?:or|and/or|vs\.?|versus|(?P<to>to))\s*"
     r"(?:(?:maybe|perhaps|possibly|even|rather)\s+)?(?:[a-zA-Z]\s*=\s*)?"
     r"|\d\s*-\s*"
     r"|\bbetween\s+\S+\s+and\s+"
@@ -212,35 +217,91 @@ _HEDGE_RE = re.compile(
     r"|(?:\bnot|n't|\bnever|\bno)\s+(?:[a-zA-Z]+\s+){0,2})(?:\$\s*)?[-−]?$",
     re.IGNORECASE,
 )
-_OPERAND_RE = re.compile(r"\s*(?:[*×·÷^]|\\(?:times|cdot|div)(?![a-zA-Z])|[xX]\s*\d)")
-# A minus sign set apart from its number after a word or a relation (`is - 4`), not a difference
-# (`10 - 4`)
-_SPACED_SIGN_RE = re.compile(r"(?:\b[a-zA-Z]{2,}|[=(:])\s*-\s+$")
-# In the rest of a stated number's sentence, the first of: a reason, which may hold numbers
-# (`18 (6 × 3)`, `18: 6 in each of 3 bags`, `18, as 3 x 6 = 18`, `18 because ...`); a hedge
-# word, which another number after it makes a second answer (`3, but actually 4`, `3 (if not
-# 4)`, `3; or 4`, `3 \text{ or } 4`); or another number, which is a second answer too.
-_HEDGE_WORDS = (
-    r"or|but|though|although|unless|if|not|nor|maybe|perhaps|possibly|probably|might|could"
-    r"|otherwise|else|alternatively|actually|rather|vs|versus|either"
-)
-_NEXT_IN_SENTENCE_RE = re.compile(
-    rf"(?P<hedge>[(;:]\s*(?:{_HEDGE_WORDS})\b|\b(?:{_HEDGE_WORDS})\b)"
-    r"|(?P<reason>[(;:=]|\b(?:because|since|as|given|from|so|thus|hence|therefore|which|that"
-    r"|i\.e|e\.g|each|per|every|with|in|of|for|after|before|when|where|by|is|are|was|were"
-    r"|makes?|gives?|equals?|at|on|out)\b)"
-    r"|(?P<number>\d)",
+# A change from one number to another ends on the second, no range: `from 12 to 18`,
+# `increases by 2 to 18`, `went from $12 to $18`
+_CHANGE_TO_RE = re.compile(
+    r"\b(?:from|by|increased?|increases|rose|rises?|grew|grows?|up|down|dropped|drops?|fell"
+    r"|falls?|changed?|changes|went|goes|go)\s+\$?\s*[-−]?\d[\d,.]*\s*(?:\$\s*)?to\s*(?:\$\s*)?$",
     re.IGNORECASE,
 )
+# An operator after the last number (`9 * 2`, `4×10^2`); a `*` only where an operand follows,
+# for `**18**` and `*18*` are markdown emphasis
+_OPERAND_RE = re.compile(
+    r"\s*(?:\*(?!\*)(?=\s*[-\d(\\$])|[×·÷^]|\\(?:times|cdot|div)(?![a-zA-Z])|[xX]\s*\d)"
+)
+# A power after the last number, which is read as no number (`2^{4}`, `3²`, `4e1`): where a
+# hedge comes before it (`18, or maybe 2^{4}`, `18 or 4e1`), the number before is no answer;
+# else it is (`32, since 2^5`)
+_POWER_AFTER_RE = re.compile(r"(?<![\d.])\d+(?:\.\d+)?(?:\s*\^|[eE][-+]?\d|[⁰¹²³⁴⁵⁶⁷⁸⁹])")
+_JOINED_BEFORE_RE = re.compile(
+    r"\b(?:or|and/or|vs\.?|versus)\s+(?:(?:maybe|perhaps|possibly|even|rather)\s+)?\$?\s*$",
+    re.IGNORECASE,
+)
+# A minus sign set apart from its number after a relation (`is - 4`, `= - 4`), not a difference
+# (`10 - 4`) nor a dash after a word (`Final answer - 18`)
+_SPACED_SIGN_RE = re.compile(r"(?:\b(?:is|are|was|were|be|equals?)|[=(])\s*-\s+$")
+# After a stated number, what makes another number in its sentence a second answer or a change
+# of it: a hedge word with the number close after it, after the unit's words (`3, but actually
+# 4`, `3 (if not 4)`, `3; or 4`, `3 \text{ or } 4`, `3, though it might be 4`); a word of
+# arithmetic before it (`18 mod 5`, `18 dollars less 2`, `18 raised to 2`; adding or taking 0
+# changes nothing); a word set right between the two (`3 C 2`, `3 over 2 days`) that is no
+# reason. Any other word first ends the look: what follows is a reason or a condition, whatever
+# numbers it holds (`18, up 2 from yesterday`, `18 if she sells all 9`, `2 hours, equivalent to
+# 120 minutes`, `18, or about 18.0`, `18 in 2 days`).
+_CLAUSE_WORDS = r"because|since|as|if|when|which|that|so|i\.e|e\.g"
+_REASON_WORDS = (
+    r"because|since|as|given|from|so|thus|hence|therefore|which|that|i\.e|e\.g|each|per|every"
+    r"|with|in|of|for|after|before|when|where|by|is|are|was|were|makes?|gives?|equals?|at|on"
+    r"|out|if|within|until|than|and|today|daily|weekly|monthly|yearly|total"
+)
+_SECOND_ANSWER_RE = re.compile(
+    r"[\s,;:(—*$-]*(?:\\text\s*\{\s*)?"
+    rf"(?:(?!(?:{_CLAUSE_WORDS})\b)[a-zA-Z]+\b[\s,;:()—-]*){{0,3}}?"
+    r"(?:(?:or|nor|but|though|although|otherwise|else|alternatively|either|vs\.?|versus)\b"
+    r"[\s,]*(?:(?:maybe|perhaps|possibly|probably|actually|rather|even|else|instead|really"
+    r"|if\s+not|it(?:'s|\s+is|\s+(?:might|could|may|would)(?:\s+(?:also|well|even))?\s+be))\b"
+    r"[\s,]*){0,2}"
+    r"|(?:if\s+not|maybe|perhaps|possibly|probably|actually|rather)\b[\s,]*)"
+    r"\}?\s*\$?[-−]?\d"
+    r"|[\s$*]*(?:[a-zA-Z]+\s+){0,3}?(?:(?:mod|choose|times|over|divided\s+by|multiplied\s+by"
+    r"|raised\s+to|to\s+the\s+power\s+of)\s+|(?:less|minus|plus)\s+(?!0(?![\d.,])))\$?[-−]?\d"
+    rf"|[\s$*]*(?!(?:{_REASON_WORDS})\b)[a-zA-Z]+\s+\$?[-−]?\d",
+    re.IGNORECASE,
+)
+# Anywhere in the sentence, a hedge word that offers another number whatever comes before it
+# (`18 if I'm not mistaken, else 19`, `18, which otherwise would be 19`)
+_STRONG_HEDGE_RE = re.compile(
+    r"\b(?:else|otherwise|alternatively|instead|if\s+not|or\s+(?:maybe|perhaps|possibly)"
+    r"|but\s+(?:actually|maybe|rather))\b[\s,]*(?:it(?:'s|\s+is|\s+(?:might|could|would)\s+be)"
+    r"\s+)?\$?[-−]?\d",
+    re.IGNORECASE,
+)
+# After stated math, an approximation or the same value in another form is no second answer
+# (`$\frac{\sqrt{3}}{2}$, approximately 0.866`, `$\frac{3}{4}$ = 0.75`, `$9\pi$, or roughly
+# 28.27`)
+_APPROXIMATION_RE = re.compile(
+    r"\s*(?:\$|\*\*)*\s*[,(]?\s*(?:or\s+)?(?:=|≈|~|\\approx\b|(?:approx|approximately|about"
+    r"|roughly|around|nearly|almost|equivalently)\b)",
+    re.IGNORECASE,
+)
+# Stated math, then another number in brackets or after "or" (`$\frac{1}{2}$ (or 50%)`)
+_OTHER_FORM_RE = re.compile(
+    r"\s*(?:\$|\*\*)*\s*[,(]?\s*or\s+\$?(?P<other>[-−]?\d[\d,]*(?:\.\d+)?(?:/\d+)?\s*\\?%?)\$?"
+    r"\s*\)?\s*[.!]?\s*$",
+    re.IGNORECASE,
+)
+# The number a `####` line starts with
+_LEADING_NUMBER_RE = re.compile(rf"\\?\$?\s*(?:{_NUMBER})(?![\d_]|[.,]\d)")
 # A `####` line that lists numbers (`#### 3,4`): two answers, read whole
 _NUMBER_LIST_RE = re.compile(r"[-−]?\d+(?:\.\d+)?(?:\s*[,;]\s*[-−]?\d+(?:\.\d+)?)+\.?")
 # Words that change a number in a box but may be the unit a question asks for ("How many dozen
-# eggs?" "The answer is 7 dozen.")
-_QUESTION_UNITS = frozenset(("dozen", "dozens"))
+# eggs?" "The answer is 7 dozen."; "How many more apples?" "The answer is 5 more apples.")
+_QUESTION_UNITS = frozenset(("dozen", "dozens", "more", "fewer", "less"))
+# A time of day after a number (`3 p.m.`, `9 am`): a unit, not the letter `p`
+_TIME_OF_DAY_RE = re.compile(r"\s*[ap]\.?m\b\.?", re.IGNORECASE)
 _FIRST_WORD_RE = re.compile(r"\s*(?:\$|\*\*)*\s*([a-zA-Z]+)")
 _DENIED_RE = re.compile(r"[\s$]*(?:is|are|was|were)\s+(?:wrong|incorrect|not)\b", re.IGNORECASE)
 _LINE_RE = re.compile(r"[^\n]{0,200}")
-_DIGIT_RE = re.compile(r"\d")
 _THINK_CLOSE_RE = re.compile(r"</think>", re.IGNORECASE)
 # A fenced code block (to the end of the text when unclosed)
 _FENCED_CODE_RE = re.compile(
@@ -439,6 +500,9 @@ def _gsm8k(text: str) -> str | None:
         answer = match.strip()
         if stated_number(answer) is not None or _NUMBER_LIST_RE.fullmatch(answer[:100]):
             return answer
+        first = _LEADING_NUMBER_RE.match(answer)
+        if first is not None and _another_number(answer[first.end() : first.end() + 200]):
+            return answer  # `#### 18 (or 19)`: hedged, read whole, not an earlier line's number
     return None
 
 
@@ -452,6 +516,8 @@ def _stated_answer(text: str) -> str | None:
     stated = None if found is None else (found["math"] or found["inline"] or "").strip()
     if stated and looks_symbolic(stated):
         rest = _LINE_RE.match(text, found.end())[0]  # type: ignore[index]
+        if _other_form(stated, rest):
+            return stated
         if _QUALIFIED_RE.match(rest) or _another_number(rest):  # "$3$ or $4$": read whole
             return f"{stated}{_SENTENCE_END_RE.split(rest, maxsplit=1)[0]}".strip()
         return stated
@@ -468,6 +534,7 @@ def _stated_answer(text: str) -> str | None:
             word[1].lower() in NOT_UNITS - _QUESTION_UNITS
             or (len(word[1]) == 1 and word[1] not in UNIT_LETTERS and word[1] != "a")
         )
+        changes = changes and not _TIME_OF_DAY_RE.match(found["rest"])
         hedged = _QUALIFIED_RE.match(found["rest"])
         if not hedged and _UNIT_HEDGE_RE.match(found["rest"]):
             hedged = _unit_hedged(found["number"], found["rest"])
@@ -483,13 +550,25 @@ def _stated_answer(text: str) -> str | None:
 
 
 def _another_number(rest: str) -> bool:
-    """Whether the rest of a stated answer's sentence offers another number not after a reason
-    (`_NEXT_IN_SENTENCE_RE`)."""
+    """Whether the rest of a stated answer's sentence offers a second answer or changes it
+    (`_SECOND_ANSWER_RE`, `_STRONG_HEDGE_RE`)."""
     sentence = _SENTENCE_END_RE.split(rest, maxsplit=1)[0]
-    first = _NEXT_IN_SENTENCE_RE.search(sentence)
-    if first is None or first["reason"]:
+    return bool(_SECOND_ANSWER_RE.match(sentence) or _STRONG_HEDGE_RE.search(sentence))
+
+
+def _other_form(math_text: str, rest: str) -> bool:
+    """Whether `rest`, after the stated math `math_text`, gives it again approximately or in another
+    form (`_APPROXIMATION_RE`; `$\\frac{1}{2}$ (or 50%)`, the same value)."""
+    if _APPROXIMATION_RE.match(rest):
+        return True
+    other = _OTHER_FORM_RE.match(_SENTENCE_END_RE.split(rest, maxsplit=1)[0])
+    value = stated_number(math_text)
+    if other is None or value is None:
         return False
-    return first["number"] is not None or _DIGIT_RE.search(sentence, first.end()) is not None
+    found = stated(other["other"])
+    if found is None:
+        return False
+    return (found[0] / 100 if found[1] else found[0]) == value
 
 
 def _final_math(text: str) -> str | None:
@@ -551,8 +630,18 @@ def _last_number(text: str) -> str | None:
     if found is None:
         return None
     before = max(0, found.start() - 40)
-    if _HEDGE_RE.search(text, before, found.start()) or _OPERAND_RE.match(text, found.end()):
+    hedge = _HEDGE_RE.search(text, before, found.start())
+    if hedge is not None and hedge["to"] and _CHANGE_TO_RE.search(text, before, found.start()):
+        hedge = None  # `from 12 to 18`: a change, no range
+    if hedge is not None or _OPERAND_RE.match(text, found.end()):
         return None
+    power = _last_match(_POWER_AFTER_RE, text, len(text), found.end())
+    if power is not None:
+        start = max(0, power.start() - 40)
+        if _HEDGE_RE.search(text, start, power.start()) or _JOINED_BEFORE_RE.search(
+            text, start, power.start()
+        ):
+            return None
     if _DENIED_RE.match(text, found.end()):
         return None
     if found.group()[0].isdigit() and _SPACED_SIGN_RE.search(text, before, found.start()):

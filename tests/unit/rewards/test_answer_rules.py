@@ -265,6 +265,24 @@ UNDONE = [
     case("p", "So the area is 5^2.", "5", 0.0),
     # a mixed number's fraction is no answer of its own
     case("p", "It takes 1 1/2 hours.", "0.5", 0.0),
+    # a hedge whose second number is a power: the earlier number is no answer either
+    *(case("p", completion, "18", 0.0) for completion in (
+        "Janet makes $18 a day, or maybe 2^{4} dollars.", "It is 18, or maybe 3\u00b2.",
+        "So she makes 18 or 4e1 dollars.")),
+    # a dash after a word that is no relation is a separator, not a minus
+    case("p", "Final answer - 5", "-5", 0.0),
+    case("p", "The change in temperature \u2013 5 degrees.", "-5", 0.0),
+    # a retraction after a dash or an admitted error, and a hedged `####` line
+    case("p", "The answer is 72. Sorry \u2014 I meant 71.", "72", 0.0),
+    case("p", "The answer is 72. I made an error; it should be 71.", "72", 0.0),
+    case("p", "#### 18 (or 19)", "19", 0.0),
+    case("p", "#### 18 (or 19)", "18", 0.0),
+    case("p", "#### 18\n#### 18 or 19", "18", 0.0),
+    # arithmetic in words after a stated number, and hedges a later reason does not excuse
+    *(case("p", f"The answer is 18{rest}", "18", 0.0) for rest in (
+        " multiplied by 2.", " to the power of 2.", " less 2.", " mod 5.", " \u2248 19.",
+        " if I'm not mistaken, else 19.", " dollars, but actually 19.", " (Janet) or 19 (Tom).")),
+    case("p", "The answer is 3 C 2.", "3", 0.0),
 ]
 
 # Malformed golds are not scored: a policy repeating them learns nothing true.
@@ -511,6 +529,45 @@ STATED = [
     case("p", "So she has 3 apples and 4 pears, so 7 fruits.", "7", 1.0),
     case("p", "\\boxed{4 \\text{ m}}", "4", 1.0),
     case("p", "The price rose to 4 dollars.", "4", 1.0),
+    # markdown emphasis around the last number is no multiplication
+    *(case("p", W + ending, "18", 1.0) for ending in (
+        "So, Janet makes **$18** every day.", "**18**", "## Answer\n**18**",
+        "She makes *18* dollars.", "**Final answer:** **18**", "In total: **18**")),
+    case("p", W + "Total cost: **$1,250**", "1250", 1.0),
+    case("p", "<think>9 \u00d7 2 = 18</think>\n\nJanet makes **$18** per day.", "18", 1.0),
+    # a change from one number to another ends on the second: no range
+    *(case("p", W + ending, "18", 1.0) for ending in (
+        "So the amount goes from 12 to 18.", "The count increases by 2 to 18.",
+        "So the count goes up by 3 to 18.", "The total rises from 9 to 18.")),
+    case("p", "The population grew from 1,200 to 1,500.", "1500", 1.0),
+    # a dash after a word that is no relation separates, it is no minus
+    *(case("p", W + ending, "18", 1.0) for ending in (
+        "Final answer - 18", "Final answer \u2013 18", "Final answer \u2014 18",
+        "Total \u2013 18 dollars", "Result - 18", "Result: - 18")),
+    # a later number in the sentence after a word that is no hedge: a reason or a condition
+    *(case("p", W + f"The answer is 18{rest}", "18", 1.0) for rest in (
+        ", up 2 from yesterday.", " dollars, and she sold 9 eggs.",
+        " dollars, not counting the 7 eggs she uses.", ", but note that she keeps 7 eggs.",
+        " dollars total, compared to 16 yesterday.", " dollars, to cover 2 meals.",
+        " dollars if she sells all 9 eggs.", " today and 20 tomorrow.", ", then 2 more tomorrow.",
+        ", against 16 last week.", ", or about 18.0.", ", within the 10-20 range.",
+        ", between 17 and 19.", " dollars daily, 126 weekly.")),
+    case("p", "The answer is 2 hours, equivalent to 120 minutes.", "2", 1.0),
+    case("p", "The answer is 540 meters, about half a kilometer, or 0.54 km.", "540", 1.0),
+    # an approximation or an equal value after stated math
+    case("p", "The final answer is $\\frac{\\sqrt{3}}{2}$, approximately 0.866.",
+         "\\frac{\\sqrt{3}}{2}", 1.0),
+    case("p", "The answer is $9\\pi$ square units, or roughly 28.27 square units.", "9\\pi", 1.0),
+    case("p", "The final answer is $5\\sqrt{2}$ units, about 7.07 units.", "5\\sqrt{2}", 1.0),
+    case("p", "The final answer is $\\frac{1}{2}$ (or 50%).", "\\frac{1}{2}", 1.0),
+    case("p", "The answer is $\\frac{3}{4}$ = 0.75.", "\\frac{3}{4}", 1.0),
+    # a difference a question asks for ("how many more"), and a time of day
+    case("How many more apples does Tom have?", "Tom has 12 - 7 = 5 more apples. The answer is 5 "
+         "more apples.", "5", 1.0),
+    case("p", "The answer is 3 fewer cookies.", "3", 1.0),
+    case("p", "The answer is 3 less.", "3", 1.0),
+    case("p", "He arrives at 3 p.m. The answer is 3 p.m.", "3", 1.0),
+    case("p", "The answer is 3 PM.", "3", 1.0),
 ]
 # fmt: on
 

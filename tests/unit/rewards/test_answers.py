@@ -51,6 +51,24 @@ EXTRACT_CASES = [
     ("```python\nprint('#### 19')\n```\nThe answer is 18.", "auto", "18"),
     ("3 + 4 = 7\n```python\nx = 3\n```", "auto", "7"),
     ("", "auto", None),
+    # emphasis is no operator, a change no range, a dash after a word no minus
+    ("So she makes **18** dollars.", "last_number", "18"),
+    ("She makes *18* dollars.", "last_number", "18"),
+    ("The count grew from 12 to 18.", "last_number", "18"),
+    ("The count increases by 2 to 18.", "last_number", "18"),
+    ("So she has 3 to 4 apples.", "last_number", None),
+    ("Final answer - 18", "last_number", "18"),
+    ("The answer is - 4.", "last_number", "-4"),
+    ("It is 18, or maybe 3\u00b2.", "last_number", None),
+    ("The number of subsets is 32, since 2^5.", "last_number", "32"),
+    # a stated number's later words: a reason keeps it, a hedge reads the sentence whole
+    ("The answer is 18, up 2 from yesterday.", "auto", "18"),
+    ("The answer is 3 p.m.", "auto", "3"),
+    ("The answer is 5 more apples.", "auto", "5"),
+    ("The answer is 3, but actually 4.", "auto", "3, but actually 4."),
+    ("The answer is $\\frac{3}{4}$ = 0.75.", "auto", "\\frac{3}{4}"),
+    ("The answer is $\\frac{1}{2}$ (or 50%).", "auto", "\\frac{1}{2}"),
+    ("#### 18 (or 19)", "gsm8k", "18 (or 19)"),
 ]
 
 
