@@ -182,11 +182,16 @@ def test_tensorboard_gets_every_finite_scalar(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["entropy"] is None
 
 
-def test_real_tensorboard_event_files_hold_the_scalars(tmp_path):
-    event_accumulator = pytest.importorskip(
+@pytest.fixture
+def event_accumulator():
+    """TensorBoard's reader of event files (the test is skipped without the tb extra)."""
+    return pytest.importorskip(
         "tensorboard.backend.event_processing.event_accumulator",
         reason="the tb extra (tensorboard) is not installed",
     )
+
+
+def test_real_tensorboard_event_files_hold_the_scalars(tmp_path, event_accumulator):
     logger = MetricsLogger(tmp_path, tensorboard=True)
     logger.log(1, {"kl": 0.25, "entropy": float("inf")})
     logger.log(2, {"kl": 0.5, "entropy": 1.5})
@@ -198,13 +203,9 @@ def test_real_tensorboard_event_files_hold_the_scalars(tmp_path):
     assert [(e.step, e.value) for e in events.Scalars("entropy")] == [(2, 1.5)]
 
 
-def test_a_resumed_runs_tensorboard_events_hold_each_step_once(tmp_path):
+def test_a_resumed_runs_tensorboard_events_hold_each_step_once(tmp_path, event_accumulator):
     """A resume from step 1 of a run that logged 2: TensorBoard drops the first start's step
     2, as metrics.jsonl is cut there."""
-    event_accumulator = pytest.importorskip(
-        "tensorboard.backend.event_processing.event_accumulator",
-        reason="the tb extra (tensorboard) is not installed",
-    )
     first = MetricsLogger(tmp_path, tensorboard=True)
     first.log(1, {"kl": 0.25})
     first.log(2, {"kl": 0.5})
@@ -219,13 +220,9 @@ def test_a_resumed_runs_tensorboard_events_hold_each_step_once(tmp_path):
     assert [(e.step, e.value) for e in events.Scalars("kl")] == [(1, 0.25), (2, 0.75), (3, 1.0)]
 
 
-def test_a_finished_runs_resume_holds_its_final_evaluation_once(tmp_path):
+def test_a_finished_runs_resume_holds_its_final_evaluation_once(tmp_path, event_accumulator):
     """A resume at a run's last step evaluates again: TensorBoard keeps the step's training
     scalars and only the new evaluation, as metrics.jsonl does."""
-    event_accumulator = pytest.importorskip(
-        "tensorboard.backend.event_processing.event_accumulator",
-        reason="the tb extra (tensorboard) is not installed",
-    )
     first = MetricsLogger(tmp_path, tensorboard=True)
     first.log(1, {"kl": 0.25})
     first.log(2, {"kl": 0.5})
