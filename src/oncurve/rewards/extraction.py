@@ -205,15 +205,15 @@ _JOINER_RE = re.compile(r"\s*(?:,|and|or|,\s*and|,\s*or)\s*", re.IGNORECASE)
 # Just before the last number, what makes it no answer: a hedge between it and another
 # (`4 or 3`, `19, or perhaps 18`, `x = 17 or x = 18`, `19 vs 18`, `between 17 and 18`), a range
 # (`3 to 4`, `3-4`; not a change, `_CHANGE_TO_RE`), a doubt (`possibly 4`, `maybe 4`), a bound
-# (`at least 4`, `more than 4`) or a negation (`not 18`, `can't be 18`); just after it, a denial
+# (`at least 4`, `more than 4`, `up to 4`, `nearly 4`) or a negation (`not 18`, `can't be 18`); just after it, a denial
 # (`18 is wrong`) or an operator (`4×10^2`, whose power is no number of its own).
 _HEDGE_RE = re.compile(
     r"(?:\d\s*(?:\$\s*)?[,.]?\s*(?:or|and/or|vs\.?|versus|(?P<to>to))\s*"
     r"(?:(?:maybe|perhaps|possibly|even|rather)\s+)?(?:[a-zA-Z]\s*=\s*)?"
     r"|\d\s*-\s*"
     r"|\bbetween\s+\S+\s+and\s+"
-    r"|\b(?:maybe|perhaps|possibly|probably|i\s+guess|at\s+(?:least|most)"
-    r"|(?:more|less|fewer|greater|smaller)\s+than)\s+"
+    r"|\b(?:maybe|perhaps|possibly|probably|i\s+guess|at\s+(?:least|most)|up\s+to|under|over"
+    r"|below|above|nearly|almost|(?:more|less|fewer|greater|smaller)\s+than)\s+"
     r"|(?:\bnot|n't|\bnever|\bno)\s+(?:[a-zA-Z]+\s+){0,2})(?:\$\s*)?[-−]?$",
     re.IGNORECASE,
 )

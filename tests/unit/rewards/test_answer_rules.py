@@ -245,7 +245,9 @@ UNDONE = [
     *(case("p", completion, "4", 0.0) for completion in (
         "So she has 3 to 4 apples.", "So she has 3-4 apples.", "So she has 3 apples, possibly 4.",
         "The answer is at least 4.", "So she has more than 4 apples.", "So she has maybe 4.",
-        "The answer is probably 4.", "I guess 4?")),
+        "The answer is probably 4.", "I guess 4?", "She can buy up to 4.",
+        "So she has under 4 apples.", "It costs over 4 dollars.", "It is below 4.",
+        "It is nearly 4.", "She has almost 4 apples.")),
     # a sign written with another dash
     *(case("p", completion, "4", 0.0) for completion in (
         "The answer is \u20134.", "#### \u20134", "The temperature is \u20124.",
