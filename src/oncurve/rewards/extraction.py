@@ -179,12 +179,14 @@ _CONDITION_WORDS = frozenset(
 )
 # The next sentence takes it back or offers another number at once (`18. Or 19.`, `18.
 # Actually, it is 19.`, `18. No, wait, it is 20.`, `18. Sorry, I meant 19.`, `18. Sorry — I
-# meant 19.`, `18. I made an error; it should be 19.`; not `18. Actually, that is 9 eggs ...`
+# meant 19.`, `18. I made an error; it should be 19.`, `18. Alternatively, 19.`, `18. It might
+# be 19.`; not `18. Actually, that is 9 eggs ...`
 # nor `No. of eggs sold: 9`)
 _RETRACTED_RE = re.compile(
     r"[^\n.!?]{0,200}[.!?]\s+(?:or|actually|wait|no(?=\s*[,:!])|correction|hmm|rather"
     r"|but\s+wait|sorry(?=\s*[,:!—-])|i\s+meant|never\s*mind|on\s+second\s+thought"
-    r"|scratch\s+that|oops|whoops|my\s+(?:bad|mistake)|i\s+made\s+(?:an?\s+)?(?:error|mistake))\b"
+    r"|scratch\s+that|oops|whoops|my\s+(?:bad|mistake)|i\s+made\s+(?:an?\s+)?(?:error|mistake)"
+    r"|alternatively|it\s+(?:might|could)\s+(?:also\s+)?be)\b"
     r"(?![,:\s]*(?:that\s+is\s+\$?\d|that's\s+(?:\$?\d|per\b)|which\s+is|i\.e\."
     r"|in\s+(?:other\s+)?words|written\s+out|equivalently|because|since))(?P<after>[^\n]{0,80})",
     re.IGNORECASE,
@@ -269,11 +271,12 @@ _SECOND_ANSWER_RE = re.compile(
     re.IGNORECASE,
 )
 # Anywhere in the sentence, a hedge word that offers another number whatever comes before it
-# (`18 if I'm not mistaken, else 19`, `18, which otherwise would be 19`)
+# (`18 if I'm not mistaken, else 19`, `18, which otherwise would be 19`, `18 unless she eats 2,
+# then 16`)
 _STRONG_HEDGE_RE = re.compile(
     r"\b(?:else|otherwise|alternatively|instead|if\s+not|or\s+(?:maybe|perhaps|possibly)"
-    r"|but\s+(?:actually|maybe|rather))\b[\s,]*(?:it(?:'s|\s+is|\s+(?:might|could|would)\s+be)"
-    r"\s+)?\$?[-−]?\d",
+    r"|but\s+(?:actually|maybe|rather)|unless\b[^.;]{0,60}?\b(?:then|it's|it\s+is))\b[\s,]*"
+    r"(?:it(?:'s|\s+is|\s+(?:might|could|would)\s+be)\s+)?\$?[-−]?\d",
     re.IGNORECASE,
 )
 # After stated math, an approximation or the same value in another form is no second answer

@@ -240,7 +240,9 @@ UNDONE = [
     case("p", "#### 3,4", "4", 0.0),
     *(case("p", f"The answer is 72.{rest}", "72", 0.0) for rest in (
         " Sorry, I meant 71.", " Never mind, 71.", " On second thought, 71.",
-        "\nScratch that: 71.")),
+        "\nScratch that: 71.", " Alternatively, 71.", " It might be 71.")),
+    case("p", "The answer is 72 unless she eats 2 more, then 71.", "72", 0.0),
+    case("p", "The answer is 72, unless I misread and it's 71.", "72", 0.0),
     # the last number: a range, a hedge or a comparison
     *(case("p", completion, "4", 0.0) for completion in (
         "So she has 3 to 4 apples.", "So she has 3-4 apples.", "So she has 3 apples, possibly 4.",
