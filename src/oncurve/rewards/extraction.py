@@ -226,6 +226,11 @@ _CHANGE_TO_RE = re.compile(
     r"|falls?|changed?|changes|went|goes|go)\s+\$?\s*[-−]?\d[\d,.]*\s*(?:\$\s*)?to\s*(?:\$\s*)?$",
     re.IGNORECASE,
 )
+# Words that make `from 18 to 20` a range the answer lies in, not a change
+_SPAN_RE = re.compile(
+    r"\b(?:anywhere|somewhere|could|might|may|range[sd]?|ranging|between|depending)\b",
+    re.IGNORECASE,
+)
 # An operator after the last number (`9 * 2`, `4×10^2`); a `*` only where an operand follows,
 # for `**18**` and `*18*` are markdown emphasis
 _OPERAND_RE = re.compile(
@@ -521,7 +526,8 @@ def _stated_answer(text: str) -> str | None:
         rest = _LINE_RE.match(text, found.end())[0]  # type: ignore[index]
         if _other_form(stated, rest):
             return stated
-        if _QUALIFIED_RE.match(rest) or _another_number(rest):  # "$3$ or $4$": read whole
+        # "$3$ or $4$", "$\frac{1}{2}$, approximately 0.7": read whole
+        if _QUALIFIED_RE.match(rest) or _another_number(rest) or _APPROXIMATION_RE.match(rest):
             return f"{stated}{_SENTENCE_END_RE.split(rest, maxsplit=1)[0]}".strip()
         return stated
     found = _last_match(_ANSWER_NUMBER_RE, text, len(text), tail)
@@ -562,16 +568,28 @@ def _another_number(rest: str) -> bool:
 def _other_form(math_text: str, rest: str) -> bool:
     """Whether `rest`, after the stated math `math_text`, gives it again approximately or in another
     form (`_APPROXIMATION_RE`; `$\\frac{1}{2}$ (or 50%)`, the same value)."""
-    if _APPROXIMATION_RE.match(rest):
-        return True
-    other = _OTHER_FORM_RE.match(_SENTENCE_END_RE.split(rest, maxsplit=1)[0])
     value = stated_number(math_text)
+    near = _APPROXIMATION_RE.match(rest)
+    if near:
+        said = _NUMBER_RE.search(_SENTENCE_END_RE.split(rest, maxsplit=1)[0], near.end())
+        return value is None or said is None or _rounds_to(said[0], value)
+    other = _OTHER_FORM_RE.match(_SENTENCE_END_RE.split(rest, maxsplit=1)[0])
     if other is None or value is None:
         return False
     found = stated(other["other"])
     if found is None:
         return False
     return (found[0] / 100 if found[1] else found[0]) == value
+
+
+def _rounds_to(shown: str, value: Fraction) -> bool:
+    """Whether the number written `shown` is `value` rounded to the decimals it shows (`0.33`
+    for 1/3; not `0.7` for 1/2, nor `4` for 3)."""
+    number = stated_number(shown)
+    if number is None:
+        return False
+    places = len(shown.partition(".")[2])
+    return abs(number - value) <= Fraction(1, 2 * 10**places)
 
 
 def _final_math(text: str) -> str | None:
@@ -634,7 +652,12 @@ def _last_number(text: str) -> str | None:
         return None
     before = max(0, found.start() - 40)
     hedge = _HEDGE_RE.search(text, before, found.start())
-    if hedge is not None and hedge["to"] and _CHANGE_TO_RE.search(text, before, found.start()):
+    if (
+        hedge is not None
+        and hedge["to"]
+        and _CHANGE_TO_RE.search(text, before, found.start())
+        and not _SPAN_RE.search(text, max(0, found.start() - 80), found.start())
+    ):
         hedge = None  # `from 12 to 18`: a change, no range
     if hedge is not None or _OPERAND_RE.match(text, found.end()):
         return None

@@ -242,6 +242,15 @@ UNDONE = [
         " Sorry, I meant 71.", " Never mind, 71.", " On second thought, 71.",
         "\nScratch that: 71.", " Alternatively, 71.", " It might be 71.")),
     case("p", "The answer is 72 unless she eats 2 more, then 71.", "72", 0.0),
+    # a range said with from ... to, not a change
+    *(case("p", completion, "20", 0.0) for completion in (
+        "She makes anywhere from 18 to 20 dollars.", "The answer is somewhere from 18 to 20.",
+        "It could go from 18 to 20 depending on the day.")),
+    # stated math, then another value said equal or near it
+    case("p", "The final answer is $3$ = 4.", "3", 0.0),
+    case("p", "The final answer is $\\frac{1}{2}$ = 0.6.", "1/2", 0.0),
+    case("p", "The final answer is $\\frac{1}{2}$, approximately 0.7.", "1/2", 0.0),
+    case("p", "The final answer is $\\frac{1}{3}$, approximately 0.33.", "1/3", 1.0),
     case("p", "The answer is 72, unless I misread and it's 71.", "72", 0.0),
     # the last number: a range, a hedge or a comparison
     *(case("p", completion, "4", 0.0) for completion in (
