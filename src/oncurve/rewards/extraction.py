@@ -269,19 +269,20 @@ _SECOND_ANSWER_RE = re.compile(
     r"|if\s+not|it(?:'s|\s+is|\s+(?:might|could|may|would)(?:\s+(?:also|well|even))?\s+be))\b"
     r"[\s,]*){0,2}"
     r"|(?:if\s+not|maybe|perhaps|possibly|probably|actually|rather)\b[\s,]*)"
-    r"\}?\s*\$?[-−]?\d"
+    r"\}?\s*\$?[-−]?(?:\d|\\[dtc]?frac\b)"
     r"|[\s$*]*(?:[a-zA-Z]+\s+){0,3}?(?:(?:mod|choose|times|over|divided\s+by|multiplied\s+by"
     r"|raised\s+to|to\s+the\s+power\s+of)\s+|(?:less|minus|plus)\s+(?!0(?![\d.,])))\$?[-−]?\d"
     rf"|[\s$*]*(?!(?:{_REASON_WORDS})\b)[a-zA-Z]+\s+\$?[-−]?\d",
     re.IGNORECASE,
 )
-# Anywhere in the sentence, a hedge word that offers another number whatever comes before it
+# Anywhere in the sentence, a hedge word that offers another number (a digit or a `\frac`)
+# whatever comes before it
 # (`18 if I'm not mistaken, else 19`, `18, which otherwise would be 19`, `18 unless she eats 2,
 # then 16`)
 _STRONG_HEDGE_RE = re.compile(
     r"\b(?:else|otherwise|alternatively|instead|if\s+not|or\s+(?:maybe|perhaps|possibly)"
     r"|but\s+(?:actually|maybe|rather)|unless\b[^.;]{0,60}?\b(?:then|it's|it\s+is))\b[\s,]*"
-    r"(?:it(?:'s|\s+is|\s+(?:might|could|would)\s+be)\s+)?\$?[-−]?\d",
+    r"(?:it(?:'s|\s+is|\s+(?:might|could|would)\s+be)\s+)?\$?[-−]?(?:\d|\\[dtc]?frac\b)",
     re.IGNORECASE,
 )
 # After stated math, an approximation or the same value in another form is no second answer

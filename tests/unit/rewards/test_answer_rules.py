@@ -247,6 +247,10 @@ UNDONE = [
         "She makes anywhere from 18 to 20 dollars.", "The answer is somewhere from 18 to 20.",
         "It could go from 18 to 20 depending on the day.")),
     # stated math, then another value said equal or near it
+    # an alternative written in LaTeX
+    case("p", "The final answer is $\\frac{1}{2}$, or perhaps $\\frac{1}{3}$.", "1/2", 0.0),
+    case("p", "The answer is 18, or maybe \\frac{1}{2}.", "18", 0.0),
+    case("p", "The answer is $18, but actually $\\frac{37}{2}$.", "18", 0.0),
     case("p", "The final answer is $3$ = 4.", "3", 0.0),
     case("p", "The final answer is $\\frac{1}{2}$ = 0.6.", "1/2", 0.0),
     case("p", "The final answer is $\\frac{1}{2}$, approximately 0.7.", "1/2", 0.0),
