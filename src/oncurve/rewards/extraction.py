@@ -204,14 +204,16 @@ _STATES_NUMBER_RE = re.compile(r"\b(?:is|are|was|were|equals?|be)\s+\\?\$?[-−]
 _LHS_NAME_RE = re.compile(r"\s*[a-zA-Z](?:_\{?[a-zA-Z0-9]+\}?)?\s*")
 _INLINE_MATH_RE = re.compile(r"(?<!\\)\$\$?((?:\\\$|[^$]){1,500})\$\$?")
 _JOINER_RE = re.compile(r"\s*(?:,|and|or|,\s*and|,\s*or)\s*", re.IGNORECASE)
-# Just before the last number, what makes it no answer: a hedge between it and another
-# (`4 or 3`, `19, or perhaps 18`, `x = 17 or x = 18`, `19 vs 18`, `between 17 and 18`), a range
-# (`3 to 4`, `3-4`; not a change, `_CHANGE_TO_RE`), a doubt (`possibly 4`, `maybe 4`), a bound
-# (`at least 4`, `more than 4`, `up to 4`, `nearly 4`) or a negation (`not 18`, `can't be 18`); just after it, a denial
-# (`18 is wrong`) or an operator (`4×10^2`, whose power is no number of its own).
+# Just before the last number, what makes it no answer: a hedge between it and another (`4 or 3`,
+# `19, or perhaps 18`, `3 (or 4)`, `3 apples or 4`, `x = 17 or x = 18`, `19 vs 18`, `between 17 and
+# 18`), a range (`3 to 4`, `3-4`; not a change, `_CHANGE_TO_RE`), a doubt (`possibly 4`, `maybe
+# 4`), a bound (`at least 4`, `more than 4`, `up to 4`, `nearly 4`) or a negation (`not 18`, `can't
+# be 18`); just after it, a denial (`18 is wrong`) or an operator (`4×10^2`, whose power is no
+# number of its own).
 _HEDGE_RE = re.compile(
-    r"(?:\d\s*(?:\$\s*)?[,.]?\s*(?:or|and/or|vs\.?|versus|(?P<to>to))\s*"
-    r"(?:(?:maybe|perhaps|possibly|even|rather)\s+)?(?:[a-zA-Z]\s*=\s*)?"
+    r"(?:\d\s*(?:\$\s*)?(?:[,.(—–]|[a-zA-Z]+\s+(?=or\b))?\s*"
+    r"(?:or|and/or|vs\.?|versus|(?P<to>to))\s*"
+    r"(?:(?:maybe|perhaps|possibly|even|rather|else)\s+)?(?:[a-zA-Z]\s*=\s*)?"
     r"|\d\s*-\s*"
     r"|\bbetween\s+\S+\s+and\s+"
     r"|\b(?:maybe|perhaps|possibly|probably|i\s+guess|at\s+(?:least|most)|up\s+to|under|over"

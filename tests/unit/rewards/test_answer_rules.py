@@ -262,7 +262,8 @@ UNDONE = [
         "The answer is at least 4.", "So she has more than 4 apples.", "So she has maybe 4.",
         "The answer is probably 4.", "I guess 4?", "She can buy up to 4.",
         "So she has under 4 apples.", "It costs over 4 dollars.", "It is below 4.",
-        "It is nearly 4.", "She has almost 4 apples.")),
+        "It is nearly 4.", "She has almost 4 apples.", "She has 3 (or 4) apples.",
+        "She has 3 apples or 4 apples.", "3 \u2014 or 4", "3 or else 4")),
     # a sign written with another dash
     *(case("p", completion, "4", 0.0) for completion in (
         "The answer is \u20134.", "#### \u20134", "The temperature is \u20124.",
