@@ -123,24 +123,23 @@ class PromptData:
 
     def _picks(self, step: int, size: int, round_: int, rounds_per_step: int) -> list[int]:
         count = len(self.rows)
-        if round_ == 0:
-            position = (step - 1) * size
-            return [
-                self._order(0, epoch)[index]
-                for epoch, index in (divmod(o, count) for o in range(position, position + size))
-            ]
-        taken = {i for r in range(round_) for i in self._picks(step, size, r, rounds_per_step)}
-        position = ((step - 1) * (rounds_per_step - 1) + round_ - 1) * size
-        picks: list[int] = []
-        offset = position
-        while len(picks) < size:
-            epoch, index = divmod(offset, count)
-            row = self._order(1, epoch)[index]
-            # once the step holds every row, its rounds outnumber the rows: repeat
-            if row not in taken or len(taken) >= count:
-                picks.append(row)
-                taken.add(row)
-            offset += 1
+        position = (step - 1) * size
+        picks = [
+            self._order(0, epoch)[index]
+            for epoch, index in (divmod(o, count) for o in range(position, position + size))
+        ]
+        taken = set(picks)
+        for later in range(1, round_ + 1):  # each earlier round once, for the rows it holds
+            offset = ((step - 1) * (rounds_per_step - 1) + later - 1) * size
+            picks = []
+            while len(picks) < size:
+                epoch, index = divmod(offset, count)
+                row = self._order(1, epoch)[index]
+                # once the step holds every row, its rounds outnumber the rows: repeat
+                if row not in taken or len(taken) >= count:
+                    picks.append(row)
+                    taken.add(row)
+                offset += 1
         return picks
 
     def _order(self, stream: int, epoch: int) -> list[int]:
