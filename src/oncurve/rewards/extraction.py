@@ -60,13 +60,16 @@ _NUMBER = (
     r"[-−]?\\[dtc]?frac\{\d+\}\{\d+\}"  # a fraction whole, not its denominator
     r"|[-−]?(?:\d+ \d+/\d+|(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?)|[-−]?\.\d+"
 )
+# Written right after a number, what makes it another value (`2π`, `2½`, `2√3`)
+_ATTACHED = "½⅓⅔¼¾⅕⅖⅗⅘⅙⅚⅐⅛⅜⅝⅞⅑⅒π√∞"
 # A unit may follow without a space (`12.5m`); a letter before (`x2`, `H2O`) is no number, nor
-# is a power or a power's exponent (`48 m^2` gives 48; `5^2`, `4e2`, `4²` give none). A group
+# is a power or a power's exponent (`48 m^2` gives 48; `5^2`, `4e2`, `4²` give none), nor one
+# with a constant, a root or a fraction's glyph right after it (`2π`, `2½`). A group
 # of a run of thousands groups after a comma and another 3-digit group is not tried: the group
 # before it was, with the same rest, so a run of groups is read once, not once per comma.
 _NUMBER_RE = re.compile(
     rf"(?<![\w.^])(?<!\^\{{)(?!(?<=,\d{{3}},)\d{{3}},\d)(?:{_NUMBER})"
-    r"(?![\d_]|[.,]\d|\s*\^|[eE][-+]?\d|[⁰¹²³⁴⁵⁶⁷⁸⁹])"
+    rf"(?![\d_]|[.,]\d|\s*\^|[eE][-+]?\d|[⁰¹²³⁴⁵⁶⁷⁸⁹{_ATTACHED}])"
 )
 _STATED_ANSWER_RE = re.compile(
     r"answer\s*(?:is|:)\s*(?:\*\*)?\s*(?:\$\$?(?P<math>(?:\\\$|[^$]){1,500})\$"
@@ -83,12 +86,13 @@ _ANSWER_NUMBER_RE = re.compile(
 )
 # What may not follow a stated number in its sentence (its closing emphasis or `$` read past
 # whole: `**18**.`): an operator, a factorial or a power (`18 + 1`, `18!`, `18^2`, `18²`,
-# `18e2`, `18 x 10^2`), another number joined to it (`18, 19`, `18 (or 19)`, `18 to 20`),
-# or a word that denies it (`18 (wrong)`, `18 — no, 19`). A reason after it may hold numbers
-# (`18 (6 × 3)`, `18: 6 in each of 3 bags`).
+# `18e2`, `18 x 10^2`), a constant, root or fraction's glyph (`2π`, `2 \pi`, `2½`), another
+# number joined to it (`18, 19`, `18 (or 19)`, `18 to 20`), or a word that denies it (`18
+# (wrong)`, `18 — no, 19`). A reason after it may hold numbers (`18 (6 × 3)`, `18: 6 in each
+# of 3 bags`).
 _QUALIFIED_RE = re.compile(
-    r"\s*(?:\$|\*\*)*+\s*(?:[-−+*/^!×·÷±∓=<>–⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁄∨∧|~≈≤≥≠&]"
-    r"|\\(?:times|cdot|div|pm|mp)(?![a-zA-Z])|[eE][-+]?\d|[xX]\s*\d"
+    rf"\s*(?:\$|\*\*)*+\s*(?:[-−+*/^!×·÷±∓=<>–⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁄∨∧|~≈≤≥≠&{_ATTACHED}]"
+    r"|\\(?:times|cdot|div|pm|mp|pi|sqrt|infty)(?![a-zA-Z])|[eE][-+]?\d|[xX]\s*\d"
     r"|[,—]?\s*(?:(?:or|and|and/or|to|vs\.?|versus)\s+)?"
     r"(?:(?:possibly|maybe|perhaps|even|rather|actually)\s+)?\$?[-−]?\d"
     r"|\(\s*(?:or|and/or|to|vs\.?|versus|possibly|maybe|perhaps)\b"
@@ -283,8 +287,16 @@ _SECOND_ANSWER_RE = re.compile(
 # then 16`)
 _STRONG_HEDGE_RE = re.compile(
     r"\b(?:else|otherwise|alternatively|instead|if\s+not|or\s+(?:maybe|perhaps|possibly)"
-    r"|but\s+(?:actually|maybe|rather)|unless\b[^.;]{0,60}?\b(?:then|it's|it\s+is))\b[\s,]*"
+    r"|but\s+(?:actually|maybe|rather)|unless\b[^.;]{0,60}?\b(?:then|it's|it\s+is)"
+    r"|as\s+well\s+as|(?:might|could|may|would)\s+(?:actually|also|well|even)\s+be)\b[\s,]*"
     r"(?:it(?:'s|\s+is|\s+(?:might|could|would)\s+be)\s+)?\$?[-−]?(?:\d|\\[dtc]?frac\b)",
+    re.IGNORECASE,
+)
+# Anywhere in the sentence, another number said to be an answer too (`18; 19 is also
+# acceptable`, `18 (19 would also be right)`, `$3$, with $4$ also possible`)
+_ALSO_ANSWER_RE = re.compile(
+    r"(?<![\w.])[-−]?\d[\d,.]*\$?\s+(?:[a-zA-Z]+\s+){0,2}?also\s+(?:be\s+)?"
+    r"(?:acceptable|possible|correct|right|valid|plausible|works?|an?\s+(?:\w+\s+)?answer)\b",
     re.IGNORECASE,
 )
 # After stated math, an approximation or the same value in another form is no second answer
@@ -300,6 +312,10 @@ _OTHER_FORM_RE = re.compile(
     r"\s*(?:\$|\*\*)*\s*[,(]?\s*or\s+\$?(?P<other>[-−]?\d[\d,]*(?:\.\d+)?(?:/\d+)?\s*\\?%?)\$?"
     r"\s*\)?\s*[.!]?\s*$",
     re.IGNORECASE,
+)
+# A stated sum worked out to its result, one `=` (`48 + 24 = 72`)
+_WORKED_SUM_RE = re.compile(
+    r"[\d\s.,()]+(?:[-−+*/×·÷][\d\s.,()]+)+=\s*(?P<result>[-−]?\d[\d,]*(?:\.\d+)?)\s*\.?"
 )
 # The number a `####` line starts with
 _LEADING_NUMBER_RE = re.compile(rf"\\?\$?\s*(?:{_NUMBER})(?![\d_]|[.,]\d)")
@@ -325,20 +341,27 @@ _PROGRAM_RE = re.compile(
     r"|>>>|//|console\.log|let |const |var )|;\s*$|^\s*[A-Za-z_]\w*\s*=(?!=)",
     re.MULTILINE,
 )
-# A box with a flat argument, and what may join two of them that offer two answers: spacing
-# (`\quad`, `~`), punctuation, brackets, `\text{}` and joining or doubting words (`\boxed{71}
-# \text{ or } \boxed{72}`, `\boxed{71} (or \boxed{72})`), or a condition (`\boxed{71} if she
-# counts all, otherwise \boxed{72}`); prose or a sentence's end between them is none.
-_FLAT_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{(?P<content>[^{}]{1,200})\}")
+# A box whose argument nests braces two deep at most (`\boxed{\frac{\sqrt{3}}{2}}`), and what
+# may join two of them that offer two answers: spacing (`\quad`, `~`), display-math brackets,
+# punctuation, brackets, `\text{}` or `\textbf{}` and joining or doubting words (`\boxed{71}
+# \text{ or } \boxed{72}`, `\boxed{71} (or \boxed{72})`, `\boxed{71}. Alternatively,
+# \boxed{72}`), an aside after such a word (`\boxed{71} or (depending on how she counts)
+# \boxed{72}`), or a condition (`\boxed{71} if she counts all, otherwise \boxed{72}`); prose
+# or a sentence's end alone between them is none.
+_FLAT_BOX_RE = re.compile(
+    r"\\(?:boxed|fbox)\s*\{(?P<content>(?:[^{}]|\{(?:[^{}]|\{[^{}]*\})*\}){1,200})\}"
+)
 _GAP_CHARS = r"[\s$~,;()]*"
 _BOX_JOINER_RE = re.compile(
-    rf"{_GAP_CHARS}(?:(?:or|and|and/or|vs\.?|versus|otherwise|else|either|maybe|perhaps"
-    rf"|possibly|alternatively)\b{_GAP_CHARS})*"
+    rf"{_GAP_CHARS}(?:(?:[.!]\s*)?(?:or|and|and/or|also|vs\.?|versus|otherwise|else|either"
+    rf"|maybe|perhaps|possibly|alternatively)\b{_GAP_CHARS}(?:\([^()]{{0,60}}\){_GAP_CHARS})?)*"
     rf"|{_GAP_CHARS}if\b[^.!?\n]{{0,80}}\b(?:otherwise|else)\b{_GAP_CHARS}",
     re.IGNORECASE,
 )
-_GAP_TEXT_RE = re.compile(r"\\(?:text|textrm|textnormal|mathrm|mbox)\s*\{([^{}]*)\}")
-_GAP_SPACING_RE = re.compile(r"\\(?:q?quad|hspace\*?\s*\{[^{}]*\}|[,;:! ])")
+_GAP_TEXT_RE = re.compile(
+    r"\\(?:text|textrm|textnormal|textbf|textit|emph|mathrm|mathbf|mbox)\s*\{([^{}]*)\}"
+)
+_GAP_SPACING_RE = re.compile(r"\\(?:q?quad|hspace\*?\s*\{[^{}]*\}|[,;:! \[\]()])")
 MAX_BOX_GAP = 120
 
 
@@ -398,23 +421,28 @@ def _boxed(text: str) -> str | None:
 
 
 def _joined_boxes(text: str, answer: str) -> str | None:
-    """ "first \\text{ or } `answer`" when the last two flat boxes of `text` are offered together
-    and the last one holds `answer`, else None."""
-    pair = collections.deque(_FLAT_BOX_RE.finditer(text), maxlen=2)
-    if len(pair) < 2:
+    """ "first \\text{ or } ... \\text{ or } `answer`" when the last boxes of `text` are offered
+    together (each joined to the next) with two answers or more among them, and the last one
+    holds `answer`; else None. The same answer boxed twice is one answer."""
+    boxes = list(_FLAT_BOX_RE.finditer(text))
+    if len(boxes) < 2 or boxes[-1]["content"].strip() != answer:
         return None
-    first, last = pair
-    if last["content"].strip() != answer or BOX_RE.search(text, last.end()):
+    if BOX_RE.search(text, boxes[-1].end()):
         return None
-    if first["content"].strip() == answer:  # the same answer boxed twice is one answer
+    offered = [answer]
+    for first, second in zip(reversed(boxes[:-1]), reversed(boxes[1:]), strict=True):
+        gap = text[first.end() : second.start()]
+        if len(gap) > MAX_BOX_GAP:
+            break
+        gap = _GAP_SPACING_RE.sub(" ", _GAP_TEXT_RE.sub(r" \1 ", gap))
+        if not _BOX_JOINER_RE.fullmatch(gap):
+            break
+        content = first["content"].strip()
+        if content not in offered:
+            offered.insert(0, content)
+    if len(offered) < 2:
         return None
-    gap = text[first.end() : last.start()]
-    if len(gap) > MAX_BOX_GAP:
-        return None
-    gap = _GAP_SPACING_RE.sub(" ", _GAP_TEXT_RE.sub(r" \1 ", gap))
-    if not _BOX_JOINER_RE.fullmatch(gap):
-        return None
-    return f"{first['content'].strip()} \\text{{ or }} {answer}"
+    return " \\text{ or } ".join(offered)
 
 
 def _after_thinking(text: str) -> tuple[str, bool]:
@@ -554,18 +582,25 @@ def _stated_answer(text: str) -> str | None:
             hedged = _another_number(found["rest"])
         if not hedged and not changes:
             return found["number"]
-        # "18 or 26", "18 squared": the sentence states no one number; matching judges it whole
+        # "18 or 26", "18 squared": the sentence states no one number; matching judges it whole;
+        # a worked sum states its result ("48 + 24 = 72", as `_whole_math` reads one)
         sentence = _SENTENCE_END_RE.split(found["rest"], maxsplit=1)[0]
-        return f"{found['number']}{sentence}".strip()
+        whole = f"{found['number']}{sentence}".strip()
+        worked = _WORKED_SUM_RE.fullmatch(whole)
+        return whole if worked is None else worked["result"]
     found = _ANSWER_WORD_RE.search(text, tail)
     return None if found is None else found["word"]
 
 
 def _another_number(rest: str) -> bool:
     """Whether the rest of a stated answer's sentence offers a second answer or changes it
-    (`_SECOND_ANSWER_RE`, `_STRONG_HEDGE_RE`)."""
+    (`_SECOND_ANSWER_RE`, `_STRONG_HEDGE_RE`, `_ALSO_ANSWER_RE`)."""
     sentence = _SENTENCE_END_RE.split(rest, maxsplit=1)[0]
-    return bool(_SECOND_ANSWER_RE.match(sentence) or _STRONG_HEDGE_RE.search(sentence))
+    return bool(
+        _SECOND_ANSWER_RE.match(sentence)
+        or _STRONG_HEDGE_RE.search(sentence)
+        or _ALSO_ANSWER_RE.search(sentence)
+    )
 
 
 def _other_form(math_text: str, rest: str) -> bool:

@@ -148,8 +148,12 @@ _LEADING_COEFFICIENT_RE = re.compile(r"\s*(\d+)")
 _VALUE_RE = re.compile(r"\d|\\(?:sqrt|[dtc]?frac|pi|infty)(?![a-zA-Z])")
 _SUBSCRIPT_RE = re.compile(r"_\s*(?:\{[^{}]*\}|\w)")
 # What names a quantity on an equation's left side: letters, commands (`\angle ABC`), brackets
-# and commas (`f(x)`, `(a, b)`), primes; no digit or operator
-_NAME_RE = re.compile(r"[\sa-zA-Z\\{}(),']*[a-zA-Z][\sa-zA-Z\\{}(),']*")
+# and commas (`f(x)`, `(a, b)`), primes, a function's number argument (`f(2)`); no other digit
+# nor an operator
+_NAME_RE = re.compile(
+    r"(?:[\sa-zA-Z\\{}(),']|\(\s*-?\d+(?:\.\d+)?\s*\))*[a-zA-Z]"
+    r"(?:[\sa-zA-Z\\{}(),']|\(\s*-?\d+(?:\.\d+)?\s*\))*"
+)
 # Runs of digits split by spaces, and those that are one number in thousands (`10 000`)
 _SPACED_DIGITS_RE = re.compile(r"\d+(?:\s+\d+)+")
 _THOUSANDS_RE = re.compile(r"\d{1,3}(?:\s\d{3})+")
@@ -229,6 +233,8 @@ def answers_match(
             return pred_list is not None and sorted(pred_list) == sorted(gold_list)
     if not (looks_symbolic(pred) and looks_symbolic(ref) and _tame(pred) and _tame(ref)):
         return False
+    if strict and _bracketed(ref) and not _bracketed(EQUALS_RE.split(pred)[-1]):
+        return False  # a pair or an interval asked for, a list or a set given (`3 or 4`)
     if strict and (_undone(pred, ref) or (prompt and _restates(pred, prompt, ref))):
         return False
     from oncurve.rewards.math import symbolic_equal
@@ -280,7 +286,7 @@ def _false_equation(predicted: str, gold: str) -> bool:
             continue
         left = _SUBSCRIPT_RE.sub("", sides[0])
         # a left side with a letter may be the gold equation's own (`2x + y = 5`); where the
-        # gold is a value, only a name (`x`, `AB`, `f(x)`, `P(A)`, `\theta`, `(a, b)`) stands
+        # gold is a value, only a name (`x`, `AB`, `f(x)`, `f(2)`, `P(A)`, `\theta`, `(a, b)`) stands
         # there: `2x = 2\sqrt{3}` or `1 \text{ cm} = 2\sqrt{3}` states another value
         named = re.search(r"[a-zA-Z]", COMMAND_RE.sub("", left))
         if not named and _VALUE_RE.search(left):
@@ -288,6 +294,24 @@ def _false_equation(predicted: str, gold: str) -> bool:
         if not equation and not _NAME_RE.fullmatch(left):
             return True
     return False
+
+
+def _bracketed(text: str) -> bool:
+    """Whether normalised `text` is one bracketed group with a comma at its top: an ordered
+    pair, a point or an interval (`(3,4)`, `[3,4)`), not a list nor a set (`3,4`, `\\{3,4\\}`)."""
+    if len(text) < 5 or text[0] not in "([" or text[-1] not in ")]":
+        return False
+    depth, comma = 0, False
+    for k, char in enumerate(text):
+        if char in "([":
+            depth += 1
+        elif char in ")]":
+            depth -= 1
+            if depth == 0 and k < len(text) - 1:
+                return False  # `(a,b)=(2,3)`: the first group closes before the end
+        elif char == "," and depth == 1:
+            comma = True
+    return comma and depth == 0
 
 
 def _top_level_parts(text: str) -> list[str]:

@@ -371,7 +371,9 @@ def _serve(memory_bytes: int) -> None:
         parsed_pred = parse(predicted)
         if not parsed_gold or not parsed_pred:
             return False
-        return bool(math_verify.verify(parsed_gold, parsed_pred, timeout_seconds=None))
+        if not math_verify.verify(parsed_gold, parsed_pred, timeout_seconds=None):
+            return False
+        return not _relatively_apart(parsed_gold[0], parsed_pred[0])
 
     # sympy's lazy imports and first-call caches, before any deadline
     equal("\\frac{1}{2}", "0.5")
@@ -399,6 +401,22 @@ def _serve(memory_bytes: int) -> None:
             reply({**message, "gold_parses": info.misses, "gold_hits": info.hits})
         except BrokenPipeError:  # the parent is gone
             return
+
+
+def _relatively_apart(gold: Any, predicted: Any) -> bool:
+    """Whether two exact numbers (sympy expressions without variables or floats) differ by more
+    than 1e-20 of the larger: math-verify compares them within an absolute tolerance, which
+    takes `2^{-60}` for `2^{-61}`."""
+    import sympy
+
+    if not all(
+        isinstance(x, sympy.Expr) and not x.free_symbols and not x.has(sympy.Float)
+        for x in (gold, predicted)
+    ):
+        return False
+    difference = abs((gold - predicted).evalf(60))
+    scale = max(abs(gold.evalf(60)), abs(predicted.evalf(60)))
+    return bool(difference > scale * sympy.Rational(1, 10**20))
 
 
 def _as_latex(text: str) -> str:

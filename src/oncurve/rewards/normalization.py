@@ -31,7 +31,8 @@ SPACING_RE = re.compile(r"\\left|\\right|\\displaystyle|(?<!\\)\\[,;:! ]")
 _WRAPPERS = (("**", "**"), ("__", "__"), ("*", "*"), ("`", "`"), ("$$", "$$"), ("$", "$"))
 _WRAPPERS += (("\\(", "\\)"), ("\\[", "\\]"), ("(", ")"), ("{", "}"))
 _STATED_RE = re.compile(
-    r"""(?:(?:[a-zA-Z]{1,3}(?:_\{?[a-zA-Z0-9]+\}?)?|\\(?!not(?![a-zA-Z]))[a-zA-Z]+)\s*=
+    r"""(?:(?:[a-zA-Z]{1,12}(?:_\{?[a-zA-Z0-9]+\}?)?|[a-zA-Z]{1,3}\(\s*-?\d+(?:\.\d+)?\s*\)
+           |\\(?!not(?![a-zA-Z]))[a-zA-Z]+)\s*=
         |\\approx|≈|=)?\s*
     (?P<sign>[-+]?)\s*(?:\$|€|£|¥|₹|₩|₽)?\s*(?P<sign2>[-+]?)\s*
     (?:
@@ -40,7 +41,7 @@ _STATED_RE = re.compile(
                 \s*(?:\{\s*(?P<fden>-?\d+)\s*\}|(?P<fden1>\d))
       | (?:(?P<mixed2>\d+)\s+)?(?P<rnum>\d+)\s*/\s*(?P<rden>\d+)
       | (?P<whole>\d{1,3}(?:,\d{3})+|\d+|(?=\.\d))
-        (?:\.(?P<decimals>\d*)(?:\\overline\s*\{\s*(?P<repeat>\d+)\s*\})?)?
+        (?:\.(?P<decimals>\d*)(?:\\(?:overline|bar)\s*\{\s*(?P<repeat>\d+)\s*\})?)?
         (?:[eE](?P<exp>[-+]?\d+)
           |\s*(?:\\times|\\cdot|×|·)\s*10\s*\^\s*(?:\{\s*(?P<exp2>[-+]?\d+)\s*\}|(?P<exp1>\d)))?
     )
@@ -74,6 +75,10 @@ NOT_UNITS = frozenset(
         "millions",
         "billion",
         "billions",
+        "bn",
+        "bln",
+        "mn",
+        "mln",
         "trillion",
         "trillions",
         "hundred",
@@ -158,7 +163,8 @@ LHS_RE = re.compile(r"\s*(?P<name>[a-zA-Z](?:_\{?[a-zA-Z0-9]+\}?)?)\s*=(?!=)")
 
 def normalize_answer(text: str) -> str:
     """Canonical surface form: a boxed answer unwrapped, no whitespace, `$`, trailing period,
-    `\\text{}` wrapper, `\\left`/`\\right`, degree or percent sign, or leading `x =`."""
+    `\\text{}` wrapper, `\\left`/`\\right`, degree or percent sign, or leading `x =`;
+    `\\varnothing` as `\\emptyset`."""
     text = text.strip()
     if BOX_RE.search(text):
         text = last_boxed(text) or text
@@ -167,16 +173,17 @@ def normalize_answer(text: str) -> str:
     text = text.replace("\\$", "").replace("$", "")
     text = re.sub(r"\s+", "", text)
     text = re.sub(r"^[a-zA-Z]=(?!=)", "", text)
+    text = re.sub(r"\\varnothing(?![a-zA-Z])", r"\\emptyset", text)
     return text.rstrip(".")
 
 
 def stated_number(text: str, *, reduced: bool = False) -> Fraction | None:
     """The value of `text` when it states one number: an integer, a decimal (`1e3`,
-    `1.5 \\times 10^3`, `0.\\overline{3}` too), a fraction (`3/4`, `\\frac{3}{4}`, `\\dfrac34`,
+    `1.5 \\times 10^3`, `0.\\overline{3}`, `0.\\bar{3}` too), a fraction (`3/4`, `\\frac{3}{4}`, `\\dfrac34`,
     `\\frac{2}{-3}`) or a mixed number (`7\\frac{1}{2}`), with its dressing: sign, thousands
     separators (`1,000`, `1{,}000`, `1\\,000`), a currency sign, `%`, degrees, units in words or
     `\\text{}` (`72 apples`, `5\\text{ hours}`, `18\\text{ m}^2`), a leading `x =`, `AB =`,
-    `x_1 =` or `\\approx`, markdown emphasis, math delimiters, brackets, a box, a trailing period.
+    `Total =`, `f(2) =`, `x_1 =` or `\\approx`, markdown emphasis, math delimiters, brackets, a box, a trailing period.
     A percentage's value is the number as written (`answers_match` reads the `%`). With
     `reduced`, a fraction counts only in lowest terms with a denominator above 1 (`\\frac{58}{2}`
     is arithmetic left undone). None for anything else: words that change the value or deny it

@@ -301,6 +301,31 @@ UNDONE = [
         " multiplied by 2.", " to the power of 2.", " less 2.", " mod 5.", " \u2248 19.",
         " if I'm not mistaken, else 19.", " dollars, but actually 19.", " (Janet) or 19 (Tom).")),
     case("p", "The answer is 3 C 2.", "3", 0.0),
+    # two boxes offered together across display math, emphasis, "also", an aside, a sentence's
+    # end before a hedge word, or a last box repeated
+    *(case("p", completion, "72", 0.0) for completion in (
+        "\\[\\boxed{71}\\] or \\[\\boxed{72}\\]", "\\boxed{\\frac{1}{2}} \\text{ or } \\boxed{72}",
+        "\\boxed{71} or \\boxed{72} or \\boxed{72}", "\\boxed{71}. Alternatively, \\boxed{72}.",
+        "\\boxed{71} and also \\boxed{72}",
+        "\\boxed{71} or (depending on interpretation) \\boxed{72}",
+        "\\boxed{71} \\textbf{ or } \\boxed{72}", "\\boxed{71}. Or \\boxed{72}.")),
+    # a second number a later word offers as an answer too
+    *(case("p", f"The answer is 18{rest}", "18", 0.0) for rest in (
+        "; 19 is also acceptable.", " as well as 19.", ", which might actually be 19.",
+        ", though 19 is also correct.", " (19 would also be right).")),
+    case("p", "The final answer is $3$, with $4$ also possible.", "3", 0.0),
+    # a constant, a fraction or a scale written right after the number
+    case("p", "The answer is 2\u03c0.", "2", 0.0),
+    case("p", "She needs 2\u00bd cups.", "2", 0.0),
+    case("p", "The answer is 18 bn.", "18", 0.0),
+    case("p", "The answer is 18 mn.", "18", 0.0),
+    # a list or a hedge for an ordered pair or an interval, and values apart by a tiny amount
+    case("p", "\\boxed{3 \\text{ or } 4}", "(3, 4)", 0.0),
+    case("p", "\\boxed{\\{1, 2\\}}", "(1,2)", 0.0),
+    case("p", "\\boxed{3, 4}", "[3, 4]", 0.0),
+    case("p", "\\boxed{2^{-60}}", "2^{-61}", 0.0),
+    case("p", "\\boxed{\\sqrt{2}\\cdot 2^{-60}}", "\\sqrt{3}\\cdot 2^{-60}", 0.0),
+    case("p", "\\boxed{10^{-20}}", "0", 0.0),
 ]
 
 # Malformed golds are not scored: a policy repeating them learns nothing true.
@@ -586,6 +611,22 @@ STATED = [
     case("p", "The answer is 3 less.", "3", 1.0),
     case("p", "He arrives at 3 p.m. The answer is 3 p.m.", "3", 1.0),
     case("p", "The answer is 3 PM.", "3", 1.0),
+    # two boxes that are two parts of one answer, a box repeated, a box after a finished sentence
+    case("p", "\\[\\boxed{2}\\] and \\[\\boxed{3}\\]", "2, 3", 1.0),
+    case("p", "\\boxed{72} or \\boxed{72}", "72", 1.0),
+    case("p", "First I got \\boxed{71}. Checking it, \\boxed{72}.", "72", 1.0),
+    # later words that are no second answer
+    case("p", "The answer is 18; 2 eggs are also left over.", "18", 1.0),
+    case("p", "The answer is 18 as well.", "18", 1.0),
+    # a named value, a bar over a repeating digit, the empty set's other symbol, a worked sum
+    case("p", "\\boxed{\\text{Total} = 18}", "18", 1.0),
+    case("p", "\\boxed{f(2) = 4}", "4", 1.0),
+    case("p", "\\boxed{0.\\bar{1}}", "\\frac{1}{9}", 1.0),
+    case("p", "\\boxed{\\varnothing}", "\\emptyset", 1.0),
+    case("p", "The answer is 48 + 24 = 72.", "72", 1.0),
+    case("p", "\\boxed{(3, 4)}", "(3, 4)", 1.0),
+    case("p", "\\boxed{[3, 4]}", "[3, 4]", 1.0),
+    case("p", "\\boxed{2^{-60}}", "2^{-60}", 1.0),
 ]
 # fmt: on
 
