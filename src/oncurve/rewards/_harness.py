@@ -12,7 +12,13 @@ stdin a JSON object {"secret", "tests", "setup", "entry_point", "pytest"} ("pyte
   the next items of an iterator. Its answers travel by value (marshal, which takes exact built-in
   types only: an object that always says equal, or any other subclass, comes back as an opaque
   reference), except a few standard-library types (`_STANDARD`), sent as their plain contents
-  and rebuilt in the parent by its own constructors, and a named tuple, sent as a tuple;
+  and rebuilt in the parent by its own constructors, and a named tuple, sent as a tuple; an
+  object sent twice is one reference, so one object in the tests (`detect_cycle(a) is b`).
+  A call's arguments travel by value too, but the lists, dicts and sets among them stay the
+  tests' own (`_containers`): after the call each holds what the child's copy holds (a sort in
+  place, a rotation), and one the call returns, or holds in what it returns, is the tests'
+  object itself (so `deep_copy(x) is not x` fails for `return x`). A container the child kept
+  from an earlier call is its own copy: later changes on either side do not reach the other;
 - the parent runs the setup code and the tests in a process of its own, where the program's
   names are references into the child: every comparison, builtin and assert runs here, on
   values the child sent, so nothing the program patches, prints or exits with reaches the
@@ -70,6 +76,12 @@ _PLAIN = (int, float, complex, str, bytes, bool, type(None), tuple, list, dict, 
 _REF = "\0oncurve-ref"
 # Marks a standard-library object sent as its plain contents: (_STD, kind, contents).
 _STD = "\0oncurve-std"
+# Marks, in a call's reply, one of the lists, dicts and sets the call was given (`_containers`),
+# which the tests get back as their own object: (_ARG, position).
+_ARG = "\0oncurve-arg"
+_MUTABLE = (list, dict, set)
+_WALKED = frozenset((list, tuple, dict, set))
+_SCALARS = frozenset((int, float, complex, str, bytes, bool, type(None)))
 _STANDARD = {
     collections.Counter: ("Counter", dict, collections.Counter),
     collections.OrderedDict: ("OrderedDict", lambda v: list(v.items()), collections.OrderedDict),
@@ -156,10 +168,11 @@ class _Thrown:
         self.exception = exception
 
 
-def _pack(value: Any, swap: Any = lambda v: v, depth: int = 0) -> Any:
+def _pack(value: Any, swap: Any = lambda v: v, depth: int = 0, memo: dict | None = None) -> Any:
     """`value` as plain data: each standard-library object of `_STANDARD`, or a defaultdict with
     a builtin factory, as (_STD, kind, contents); a named tuple as a tuple; each part that
-    `swap` changes (a reference of the tests') swapped. TypeError for anything else."""
+    `swap` changes (a reference of the tests') swapped; a list, dict or set that is in two
+    places one object still, as marshal keeps it. TypeError for anything else."""
     if depth > 200:
         raise TypeError("nested too deep")
     found = swap(value)
@@ -168,10 +181,26 @@ def _pack(value: Any, swap: Any = lambda v: v, depth: int = 0) -> Any:
     kind = type(value)
     if kind in (int, float, complex, str, bytes, bool, type(None)):
         return value
+    memo = {} if memo is None else memo
+    if kind in _MUTABLE and id(value) in memo:
+        return memo[id(value)]
     if kind in (list, tuple, set, frozenset):
-        return kind(_pack(item, swap, depth + 1) for item in value)
-    if kind is dict:
-        return {_pack(k, swap, depth + 1): _pack(v, swap, depth + 1) for k, v in value.items()}
+        packed = kind(_pack(item, swap, depth + 1, memo) for item in value)
+    elif kind is dict:
+        packed = {
+            _pack(k, swap, depth + 1, memo): _pack(v, swap, depth + 1, memo)
+            for k, v in value.items()
+        }
+    else:
+        return _pack_object(value, swap, depth)
+    if kind in _MUTABLE:
+        memo[id(value)] = packed
+    return packed
+
+
+def _pack_object(value: Any, swap: Any, depth: int) -> Any:
+    """`_pack` of a value that is no builtin container."""
+    kind = type(value)
     if kind in _STANDARD:
         name, contents, _ = _STANDARD[kind]
         return (_STD, name, _pack(contents(value), swap, depth + 1))
@@ -185,10 +214,11 @@ def _pack(value: Any, swap: Any = lambda v: v, depth: int = 0) -> Any:
     raise TypeError(f"{kind.__name__} is not plain data")
 
 
-def _unpack(value: Any, swap: Any = lambda v: v, depth: int = 0) -> Any:
+def _unpack(value: Any, swap: Any = lambda v: v, depth: int = 0, memo: dict | None = None) -> Any:
     """`value` with each (_STD, kind, contents) rebuilt and each other part that `swap` changes
-    (a reference of the program's) swapped; ValueError for a mark that rebuilds nothing (and
-    TypeError for a rebuilt object that cannot be a key or in a set)."""
+    (a reference of the program's) swapped, a list, dict or set in two places one object still;
+    ValueError for a mark that rebuilds nothing (and TypeError for a rebuilt object that cannot
+    be a key or in a set)."""
     if depth > 200:
         raise ValueError("nested too deep")
     found = swap(value)
@@ -201,11 +231,73 @@ def _unpack(value: Any, swap: Any = lambda v: v, depth: int = 0) -> Any:
             return rebuild(_unpack(value[2], swap, depth + 1))
         except Exception as exc:
             raise ValueError(f"a malformed {value[1]!r}: {exc}") from None
+    memo = {} if memo is None else memo
+    if kind in _MUTABLE and id(value) in memo:
+        return memo[id(value)]
     if kind in (list, tuple, set, frozenset):
-        return kind(_unpack(item, swap, depth + 1) for item in value)
-    if kind is dict:
-        return {_unpack(k, swap, depth + 1): _unpack(v, swap, depth + 1) for k, v in value.items()}
-    return value
+        unpacked = kind(_unpack(item, swap, depth + 1, memo) for item in value)
+    elif kind is dict:
+        unpacked = {
+            _unpack(k, swap, depth + 1, memo): _unpack(v, swap, depth + 1, memo)
+            for k, v in value.items()
+        }
+    else:
+        return value
+    if kind in _MUTABLE:
+        memo[id(value)] = unpacked
+    return unpacked
+
+
+def _containers(values: tuple, skip: dict | None = None) -> list:
+    """The lists, dicts and sets in `values` (a call's arguments, keyword ones last), each once,
+    in the order a walk first meets them (into lists, tuples, named tuples and dicts' values,
+    200 deep; not into the objects whose ids `skip` holds, the program's own): the same
+    positions in the tests' process and the program's, as marshal and `_pack`/`_unpack` keep
+    an object that is in two places one object, and a named tuple travels as a tuple."""
+    found: list = []
+    seen: dict[int, None] = {**(skip or {})}  # a dict: the program may have replaced `set`
+
+    def walk(value: Any, depth: int) -> None:
+        if id(value) in seen:
+            return
+        seen[id(value)] = None
+        kind = type(value)
+        if kind in _MUTABLE:
+            found.append(value)
+        if depth >= 200 or kind is set:
+            return
+        if kind is dict:
+            items = [*value.values()]
+        else:  # a list, a tuple, or a named tuple as `_pack` reads one
+            items = value if kind in (list, tuple) else [*tuple.__iter__(value)]
+        if _SCALARS.issuperset(map(type, items)):  # plain numbers and text: no loop in Python
+            return
+        for item in items:
+            if type(item) in _WALKED or (
+                isinstance(item, tuple) and hasattr(type(item), "_fields")
+            ):
+                walk(item, depth + 1)
+
+    walk(values, 0)
+    return found
+
+
+def _holds(value: Any, received: list) -> bool:
+    """Whether `value` is or holds one of the containers `received` (`_containers`)."""
+    inside = {id(c) for c in _containers((value,))}
+    return any(id(c) in inside for c in received)
+
+
+def _marker(received: list) -> Any:
+    """A `_pack` swap that marks each of the containers `received` as (_ARG, its position)."""
+    positions = {id(c): k for k, c in enumerate(received)}
+
+    def mark(part: Any) -> Any:
+        if type(part) in _MUTABLE and id(part) in positions:
+            return (_ARG, positions[id(part)])
+        return part
+
+    return mark
 
 
 def _send(fd: int, message: object) -> None:
@@ -243,14 +335,17 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
     os.close(null)
     namespace = {"__name__": "__main__", "__file__": "main.py", "__builtins__": builtins}
     objects = [namespace]
+    dereferenced: dict[int, None] = {}  # ids of the program's own objects among a call's arguments
     dumps, send, receive = marshal.dumps, _send, _receive
-    class_refs: dict[int, int] = {}  # each exception class's reference, one per class
+    references: dict[int, int] = {id(namespace): 0}  # each object's index in `objects`
 
-    def class_ref(cls):
-        if id(cls) not in class_refs:
-            objects.append(cls)
-            class_refs[id(cls)] = len(objects) - 1
-        return class_refs[id(cls)]
+    def reference(value):
+        """The one reference of `value` (its index in `objects`): the same object is the same
+        object in the tests (`detect_cycle(a) is b`)."""
+        if id(value) not in references:  # `objects` keeps it, and so its id, alive
+            objects.append(value)
+            references[id(value)] = len(objects) - 1
+        return references[id(value)]
 
     def describe(cls, depth=0):
         """A builtin exception class's name; a standard module's as ("std", module, name); a
@@ -268,7 +363,7 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
             for b in cls.__bases__
             if isinstance(b, type) and issubclass(b, BaseException)
         )
-        return (class_ref(cls), cls.__name__, bases)
+        return (reference(cls), cls.__name__, bases)
 
     def plain(value):
         try:
@@ -286,11 +381,18 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
         }
         return ("raise", describe(type(exc)), str(exc)[:300], args, attributes)
 
-    def encode(value):
+    def encode(value, mark=None):
         if type(value) is types.ModuleType:  # the parent imports the real one by its name
             return ("module", value.__name__)
         if isinstance(value, type) and issubclass(value, BaseException):
             return ("exception class", describe(value))
+        if mark is not None:  # a call's result that holds what the call was given
+            try:
+                packed = _pack(value, mark)
+                dumps(packed)
+                return ("packed", packed)
+            except (TypeError, ValueError, RecursionError):
+                pass
         try:
             dumps(value)
             return ("value", value)
@@ -301,13 +403,39 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
             dumps(packed)
             return ("packed", packed)
         except (TypeError, ValueError, RecursionError):  # not plain data: a reference
-            objects.append(value)
-            return ("ref", len(objects) - 1)
+            return ("ref", reference(value))
 
     def deref(value):
         if type(value) is tuple and len(value) == 2 and value[0] == _REF:
-            return objects[value[1]]
+            found = objects[value[1]]
+            dereferenced[id(found)] = None
+            return found
         return value
+
+    def snapshot(container):
+        # marshal's version 2 writes no references, whose flags follow reference counts: the
+        # same contents give the same bytes however many names hold them
+        try:
+            return marshal.dumps(container, 2)
+        except (ValueError, RecursionError):
+            return None
+
+    def contents(received, before, mark):
+        """Each container a call was given as it is after the call (a dict as its items), the
+        containers in it marked; None for one the call left as it was, or that holds what
+        cannot travel."""
+        states = []
+        for container, was in zip(received, before, strict=True):
+            try:
+                if was is not None and snapshot(container) == was:
+                    raise ValueError("unchanged")
+                items = list(container.items()) if type(container) is dict else list(container)
+                state = _pack(items, mark, 2)
+                dumps(state)
+            except (TypeError, ValueError, RecursionError):
+                state = None
+            states.append(state)
+        return states
 
     try:
         try:
@@ -322,10 +450,23 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
             target = objects[ref]
             try:
                 if kind == "call":
-                    args, kwargs, packed = rest
+                    args, kwargs, packed, given = rest
+                    dereferenced.clear()
                     if packed:
                         args, kwargs = _unpack((args, kwargs), deref)
-                    reply = encode(target(*args, **kwargs))
+                    received = _containers((*args, *kwargs.values()), dereferenced)
+                    if len(received) != given:
+                        received = []  # what the tests gave cannot be matched: by value only
+                    before = [snapshot(c) for c in received]
+                    mark = _marker(received)
+                    try:
+                        value = target(*args, **kwargs)
+                        gives_back = bool(received) and _holds(value, received)
+                        reply = encode(value, mark if gives_back else None)
+                    except Exception as exc:  # what it did to its arguments before still counts
+                        reply = raised(exc)
+                    if received:
+                        reply = ("shared", reply, contents(received, before, mark))
                 elif kind == "method":  # a protocol of its class (`len(x)`, `x < y`, `x[i]`)
                     name, args, packed = rest
                     if packed:
@@ -334,11 +475,7 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
                 elif kind == "getattr":
                     reply = encode(getattr(target, rest[0]))
                 elif kind == "iter":
-                    iterator = iter(target)
-                    if iterator is not target:
-                        objects.append(iterator)
-                        ref = len(objects) - 1
-                    reply = ("ref", ref)
+                    reply = ("ref", reference(iter(target)))
                 elif kind == "next":
                     items, end = [], ("more",)
                     # a builtin iterator is read ahead; one of the program's code one item at a
@@ -387,13 +524,18 @@ class _Remote:
         self._link, self._ref = link, ref
 
     def __call__(self, *args, **kwargs):
+        given = _containers((*args, *kwargs.values()))
         try:
             marshal.dumps((args, kwargs))
             packed = False
         except ValueError:  # objects of the program's among them, or of the standard library
             args, kwargs = self._link.outgoing((args, kwargs))
             packed = True
-        return self._link.ask("call", self._ref, args, kwargs, packed)
+        self._link.given = given
+        try:
+            return self._link.ask("call", self._ref, args, kwargs, packed, len(given))
+        finally:
+            self._link.given = []
 
     def __getattr__(self, name):
         # protocols the tests' code probes for (copy, pickle) are not the program's, but
@@ -514,6 +656,8 @@ class _Link:
         self.remotes: dict[int, Any] = {}
         # per iterator of the program's: (items fetched ahead, how it ended, next batch size)
         self.fetched: dict[int, tuple[list, tuple, int]] = {}
+        # the lists, dicts and sets the call being made gives the program (`_containers`)
+        self.given: list = []
 
     def method(self, ref: int, name: str, args: tuple) -> Any:
         """What protocol `name` of the program's object `ref` gives for `args`."""
@@ -575,6 +719,40 @@ class _Link:
         # says what comes next (a generator that raised has ended); any other stays pending
         self.fetched[ref] = ([], ("more",) if not self.raised else end, batch)
         raise error
+
+    def given_back(self, part: Any) -> Any:
+        """An `_unpack` swap: (_ARG, position) as the tests' own container the call gave."""
+        if type(part) is tuple and len(part) == 2 and part[0] == _ARG:
+            position = part[1]
+            if type(position) is not int or not 0 <= position < len(self.given):
+                raise ValueError("a mark of no container the call gave")
+            return self.given[position]
+        return part
+
+    def restore(self, states: Any) -> None:
+        """Makes each container the call gave hold what the program's copy holds after it
+        (`_Link.given`, states as `contents` sends them; None leaves one as it was)."""
+        if type(states) is not list or len(states) != len(self.given) or not _plain(states):
+            self.raised = True
+            raise ProgramRaised("the program's process sent malformed arguments back")
+        try:
+            unpacked = [None if s is None else _unpack(s, self.given_back) for s in states]
+            for container, items in zip(self.given, unpacked, strict=True):
+                if items is None:
+                    continue
+                if type(items) is not list:
+                    raise ValueError("contents that are not a list")
+                if type(container) is list:
+                    container[:] = items
+                    continue
+                rebuilt = dict(items) if type(container) is dict else set(items)
+                container.clear()
+                container.update(rebuilt)
+        except Exception as exc:  # unhashable items, pairs that are not pairs
+            self.raised = True
+            raise ProgramRaised(
+                f"the program's process sent arguments back malformed: {exc}"
+            ) from None
 
     def exception(self, reply: Any) -> BaseException:
         """The exception of a ("raise", class described, message, args, attributes) reply, as
@@ -638,6 +816,9 @@ class _Link:
     def decode(self, reply: Any, request: tuple = ("names",)) -> Any:
         """The value a reply carries; _Thrown for an exception the program raised."""
         kind = reply[0] if type(reply) is tuple and reply else None
+        if kind == "shared" and request[0] == "call" and len(reply) == 3:
+            self.restore(reply[2])
+            return self.decode(reply[1], request)
         if kind == "ref" and len(reply) == 2 and type(reply[1]) is int:
             if reply[1] not in self.remotes:
                 self.remotes[reply[1]] = _Remote(self, reply[1])
@@ -669,7 +850,7 @@ class _Link:
             if kind == "value":
                 return reply[1]
             try:
-                return _unpack(reply[1])
+                return _unpack(reply[1], self.given_back)
             except Exception as exc:  # an unhashable rebuilt into a set, too deep
                 self.raised = True
                 raise ProgramRaised(f"the program's process sent {exc}") from None

@@ -1,0 +1,135 @@
+"""A call's list, dict and set arguments under `code_tests`, as in one Python process: what the
+program does to them the tests see (a sort in place, a rotation, an item added), and one it
+returns, or holds in what it returns, is the tests' own object. So a program that edits an
+input the tests keep, or returns its input for a copy, fails; one that works in place passes.
+An object of the program's that reaches the tests twice is one object there (`is`, `==`).
+
+A row is (tests, wrong program, right program): the wrong one scores 0, the right one 1."""
+
+from __future__ import annotations
+
+import pytest
+from helpers.programs import fenced
+
+from oncurve.rewards.code import CodeTestsReward
+
+DEEP_COPY_TESTS = [
+    "original = [[1, 2], [3]]\ncopied = deep_copy(original)\nassert copied == original\n"
+    "assert copied is not original\nassert copied[0] is not original[0]"
+]
+RIGHT_DEEP_COPY = "def deep_copy(x):\n    return [list(row) for row in x]\n"
+
+NODE = "class ListNode:\n    def __init__(self, val):\n        self.val, self.next = val, None\n\n"
+
+ROWS = {
+    # wrong programs the tests' own objects catch
+    "a copy that returns its input": (
+        DEEP_COPY_TESTS,
+        "def deep_copy(x):\n    return x\n",
+        RIGHT_DEEP_COPY,
+    ),
+    "a shallow copy for a deep one": (
+        DEEP_COPY_TESTS,
+        "def deep_copy(x):\n    return list(x)\n",
+        RIGHT_DEEP_COPY,
+    ),
+    "a sort that edits the input the tests keep": (
+        ["data = [3, 1, 2]\nassert sorted_copy(data) == [1, 2, 3]\nassert data == [3, 1, 2]"],
+        "def sorted_copy(xs):\n    xs.sort()\n    return xs\n",
+        "def sorted_copy(xs):\n    return sorted(xs)\n",
+    ),
+    "an input emptied by pop": (
+        ["data = [5, 3, 9]\nassert largest(data) == 9\nassert data == [5, 3, 9]"],
+        "def largest(xs):\n    xs.sort()\n    return xs.pop()\n",
+        "def largest(xs):\n    return max(xs)\n",
+    ),
+    "a dict edited and returned": (
+        ["d = {'a': 1}\nassert with_b(d) == {'a': 1, 'b': 2}\nassert d == {'a': 1}"],
+        "def with_b(d):\n    d['b'] = 2\n    return d\n",
+        "def with_b(d):\n    return {**d, 'b': 2}\n",
+    ),
+    # right programs that work in place
+    "a rotation in place": (
+        ["m = [[1, 2], [3, 4]]\nrotate(m)\nassert m == [[3, 1], [4, 2]]"],
+        "def rotate(m):\n    return [list(r) for r in zip(*m[::-1])]\n",
+        "def rotate(m):\n    m[:] = [list(r) for r in zip(*m[::-1])]\n",
+    ),
+    "a row edited in place": (
+        [
+            "m = [[1, 2], [3, 4]]\nrow = m[0]\nzero_first(m)\nassert row == [0, 2]\n"
+            "assert m[0] is row"
+        ],
+        "def zero_first(m):\n    m[0] = [0, 2]\n",
+        "def zero_first(m):\n    m[0][0] = 0\n",
+    ),
+    "a sort in place": (
+        ["nums = [2, 0, 1, 0]\nassert sort_colors(nums) is None\nassert nums == [0, 0, 1, 2]"],
+        "def sort_colors(nums):\n    nums = sorted(nums)\n",
+        "def sort_colors(nums):\n    nums.sort()\n",
+    ),
+    "a set and a dict filled in place": (
+        ["s, d = {1}, {}\nfill(s, counts=d)\nassert s == {1, 2}\nassert d == {'n': 2}"],
+        "def fill(s, counts):\n    s = s | {2}\n    counts = {'n': 2}\n",
+        "def fill(s, counts):\n    s.add(2)\n    counts['n'] = len(s)\n",
+    ),
+    "the input returned as itself": (
+        ["xs = [1, 2]\nassert same(xs) is xs\nassert pair(xs)[1] is xs"],
+        "def same(xs):\n    return list(xs)\n\ndef pair(xs):\n    return (0, list(xs))\n",
+        "def same(xs):\n    return xs\n\ndef pair(xs):\n    return (0, xs)\n",
+    ),
+    "one list in two places": (
+        ["row = [1]\ngrid = [row, row]\ngrow(grid)\nassert row == [1, 2]\nassert grid[1] is row"],
+        "def grow(grid):\n    grid[0] = grid[0] + [2]\n",
+        "def grow(grid):\n    grid[0].append(2)\n",
+    ),
+    "an edit before an error": (
+        [
+            "data = []\ntry:\n    push_then_fail(data)\nexcept ValueError:\n    pass\n"
+            "assert data == [1]"
+        ],
+        "def push_then_fail(xs):\n    raise ValueError\n",
+        "def push_then_fail(xs):\n    xs.append(1)\n    raise ValueError\n",
+    ),
+    "a list of the program's objects passed back beside the tests' list": (
+        ["nodes = make()\nseen = []\ncount(nodes, seen)\nassert seen == [2]"],
+        "class Node:\n    pass\n\ndef make():\n    return [Node(), Node()]\n\n"
+        "def count(nodes, seen):\n    seen.append(3)\n",
+        "class Node:\n    pass\n\ndef make():\n    return [Node(), Node()]\n\n"
+        "def count(nodes, seen):\n    seen.append(len(nodes))\n",
+    ),
+    "a named tuple's list": (
+        [
+            "from collections import namedtuple\nP = namedtuple('P', 'xs y')\np = P([1], 2)\n"
+            "push(p)\nassert p.xs == [1, 0]"
+        ],
+        "def push(p):\n    return p[0] + [0]\n",
+        "def push(p):\n    p[0].append(0)\n",
+    ),
+    # the program's objects keep their identity in the tests
+    "a node found again is the tests' node": (
+        [
+            "a, b, c = ListNode(1), ListNode(2), ListNode(3)\na.next = b\nb.next = c\nc.next = b\n"
+            "assert detect_cycle(a) is b\nassert detect_cycle(a) == b\nassert a.next is b"
+        ],
+        NODE + "def detect_cycle(head):\n    return head.next.next\n",
+        NODE + "def detect_cycle(head):\n    seen = set()\n    while head not in seen:\n"
+        "        seen.add(head)\n        head = head.next\n    return head\n",
+    ),
+    "a pytest file's in-place test": (
+        "from solution import reverse_in_place\n\ndef test_reverse():\n    s = ['a', 'b', 'c']\n"
+        "    reverse_in_place(s)\n    assert s == ['c', 'b', 'a']\n",
+        "def reverse_in_place(s):\n    s = s[::-1]\n",
+        "def reverse_in_place(s):\n    s.reverse()\n",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def reward() -> CodeTestsReward:
+    return CodeTestsReward(workers=2, timeout_s=3.0, memory_mb=256)
+
+
+@pytest.mark.parametrize(("tests", "wrong", "right"), ROWS.values(), ids=ROWS.keys())
+def test_a_calls_arguments_are_the_tests_own_objects(reward, tests, wrong, right):
+    scores = reward([""] * 2, [fenced(wrong), fenced(right)], tests=[tests] * 2)
+    assert scores == [0.0, 1.0]
