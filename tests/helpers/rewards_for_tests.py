@@ -81,3 +81,9 @@ async def same_loop_reward(completions, **kwargs):
     if loop is not FIRST_LOOP[0]:
         raise RuntimeError("awaited on another event loop than the first call's")
     return [1.0] * len(completions)
+
+
+def text_prompt_reward(prompts, completions, **kwargs):
+    """A reward for TRL's standard format: prompts and completions are text."""
+    assert all(isinstance(p, str) for p in prompts + completions), (prompts, completions)
+    return [float(len(completion)) for completion in completions]

@@ -51,3 +51,34 @@ def test_a_trl_dataset_and_trl_rewards_train_unchanged(chat_model_dir, tmp_path,
     assert [m["step"] for m in metrics if "logging_reward/tokens" in m] == [1, 2]
     assert all(1 <= m["logging_reward/tokens"] <= 6 for m in metrics if m["step"] > 0)
     assert {"reward/accuracy_reward", "reward/async_length_reward"} <= metrics[-1].keys()
+
+
+def test_a_prompt_template_through_the_chat_template_is_conversational(chat_model_dir, tmp_path):
+    """TRL's recipe maps plain columns to a `prompt` of messages; oncurve's `prompt_template`
+    with `data.chat_template` is that map, so the same conversational rewards read it."""
+    data = tmp_path / "plain.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"question": f"{i}+{i}=", "solution": str(2 * i)}) + "\n" for i in range(4)
+        )
+    )
+    run = tmp_path / "run"
+    assert main([
+        "train", f"data.path={data}", "data.prompt_template={question} Answer:",
+        "data.chat_template=true", f"reward.functions=[{TRL_REWARDS}]", f"model.path={chat_model_dir}",
+        "run.steps=1", "data.prompts_per_step=2", "rollout.group_size=2",
+        "rollout.max_new_tokens=6", "run.device=cpu", "eval.at_start_end=false",
+        "run.preflight=false", f"run.dir={run}",
+    ]) == 0  # fmt: skip
+    samples = read_jsonl(run / "samples.jsonl")
+    assert all(s["asked"].endswith("= Answer:") for s in samples)
+    # the same data as text prompts (no chat template) reaches rewards as text, as TRL's
+    # standard format does: the conversational rewards cannot read it
+    text = tmp_path / "text"
+    assert main([
+        "train", f"data.path={data}", "data.prompt_template={question} Answer:",
+        "reward.functions=[helpers.rewards_for_tests:text_prompt_reward]",
+        f"model.path={chat_model_dir}", "run.steps=1", "data.prompts_per_step=2",
+        "rollout.group_size=2", "rollout.max_new_tokens=6", "run.device=cpu",
+        "eval.at_start_end=false", "run.preflight=false", f"run.dir={text}",
+    ]) == 0  # fmt: skip

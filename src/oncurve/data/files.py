@@ -152,19 +152,20 @@ def load_rows(
         row = Row(record, prompt=prompt)
         if messages is not None:
             row["prompt_messages"] = messages
-        raw = None if _blank(raw) else str(raw)
-        row["answer"] = None if raw is None else final_answer(raw, answer_format)
-        if raw is not None and row["answer"] is None:
+        raw = None if _blank(raw) else raw
+        text = None if raw is None else str(raw)
+        row["answer"] = None if text is None else final_answer(text, answer_format)
+        if text is not None and row["answer"] is None:
             raise UserError(
                 f"{location}: field {answer_field!r} has no {answer_format} answer (ends "
-                f"{raw[-60:]!r}); set data.answer_format: auto, raw, gsm8k, boxed or last_number"
+                f"{text[-60:]!r}); set data.answer_format: auto, raw, gsm8k, boxed or last_number"
             )
         row.where = location
         row.answer_field = answer_field
         rows.append((row, raw))
-    # the original is kept only where it says more than the answer, in every row alike (reward
-    # functions take each column for a whole batch)
-    if any(raw != row["answer"] for row, raw in rows):
+    # the original, as stored (a number, a list), is kept only where it says more than the
+    # answer text, in every row alike (reward functions take each column for a whole batch)
+    if any(raw is not None and (type(raw) is not str or raw != row["answer"]) for row, raw in rows):
         for row, raw in rows:
             row["answer_raw"] = raw
     # a column some records lack (JSON lines need not agree) is None in those, as `datasets`

@@ -105,7 +105,11 @@ class PromptData:
             messages = row.get("prompt_messages")
             ids = encode_prompt(tokenizer, row["prompt"], data, where, messages=messages)
             kept = Row(row, prompt_ids=ids)
-            if messages is not None:  # as the policy was given them, for the rewards to read
+            # a conversational prompt as the policy was given it, for the rewards to read: a
+            # row's messages, or a prompt_template through the chat template (TRL's recipes
+            # map columns to a `prompt` of messages); a text prompt stays text (TRL's
+            # standard format)
+            if messages is not None or (data.prompt_template is not None and data.chat_template):
                 kept["prompt_messages"] = chat_messages(row["prompt"], data, messages)
             kept.where = where  # for the checks that read rows later (`reward_signal`)
             kept.answer_field = getattr(row, "answer_field", "")

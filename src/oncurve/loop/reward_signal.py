@@ -46,7 +46,7 @@ def check_gold_answers(
     if not checked:
         return "gold answers: no row has an answer to check"
     golds = [
-        gold_completion(row["prompt"], stated_answer(row.get("answer_raw") or row["answer"]))
+        gold_completion(row["prompt"], stated_answer(str(row.get("answer_raw") or row["answer"])))
         for row in checked
     ]
     prompts, columns = group_columns(checked, 1)

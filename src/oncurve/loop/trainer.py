@@ -18,7 +18,7 @@ from pathlib import Path
 
 from oncurve import distributed
 from oncurve.config import Config, build_config, to_dict
-from oncurve.errors import TrainingError
+from oncurve.errors import TrainingError, UserError
 from oncurve.loop.collect import sampling_params
 from oncurve.loop.evaluate import evaluate
 from oncurve.loop.preflight import run_preflight
@@ -242,12 +242,23 @@ def _preflight(s: Session) -> None:
 
 
 def _check_gold(s: Session) -> None:
-    """`oncurve.loop.reward_signal.check_gold_answers` on a dataset run scored by the `correct`
-    reward (a built-in task's rows are made with their answers)."""
+    """`oncurve.loop.reward_signal.check_gold_answers` on a dataset run whose evaluation reads
+    the `correct` reward (a built-in task's rows are made with their answers): a reference that
+    reward cannot pay stops a run it trains, and is a note where the run's own rewards do not
+    read the answers (TRL's recipes pass a `solution` column that is a whole program)."""
     cfg = s.config
     if cfg.data.path is None or s.correct not in ANSWER_MATCH_REWARDS:
         return
-    line = check_gold_answers(s.data.rows, s.correct, s.data.rows[0].answer_field)
+    try:
+        line = check_gold_answers(s.data.rows, s.correct, s.data.rows[0].answer_field)
+    except UserError as error:
+        if s.rewards.verifier is not None:
+            raise
+        line = (
+            f"note: gold answers: {error}; no reward of reward.functions reads them, so "
+            "training goes on, but held-out accuracy (eval/accuracy, which reads them) will "
+            "not mean much"
+        )
     if s.rank == 0:
         print(line, file=sys.stderr)
 

@@ -3,7 +3,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from helpers.dataset_rows import EXPECTED, ROWS
+from helpers.dataset_rows import EXPECTED, EXPECTED_TEXT, ROWS
 
 from oncurve.config import DataConfig
 from oncurve.data.files import load_rows
@@ -29,7 +29,7 @@ def test_jsonl_with_field_mapping(tmp_path):
 def test_csv(tmp_path):
     path = tmp_path / "d.csv"
     path.write_text('question,result,level\n1+1?,2,easy\n"2*3?",6,hard\n', encoding="utf-8")
-    assert load_rows(str(path), "question", "result") == EXPECTED
+    assert load_rows(str(path), "question", "result") == EXPECTED_TEXT
 
 
 def test_parquet(tmp_path):

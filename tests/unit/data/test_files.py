@@ -4,7 +4,7 @@ empty answers and the column names oncurve writes itself."""
 import json
 
 import pytest
-from helpers.dataset_rows import EXPECTED, ROWS
+from helpers.dataset_rows import EXPECTED, EXPECTED_TEXT, ROWS
 
 from oncurve.data.files import load_rows, write_jsonl
 from oncurve.errors import UserError
@@ -181,7 +181,7 @@ def test_a_byte_order_mark_is_no_part_of_the_first_field(tmp_path):
     bom = b"\xef\xbb\xbf"
     csv_path = tmp_path / "d.csv"
     csv_path.write_bytes(bom + b"question,result,level\n1+1?,2,easy\n2*3?,6,hard\n")
-    assert load_rows(str(csv_path), "question", "result") == EXPECTED
+    assert load_rows(str(csv_path), "question", "result") == EXPECTED_TEXT
     jsonl = tmp_path / "d.jsonl"
     jsonl.write_bytes(bom + "".join(json.dumps(r) + "\n" for r in ROWS).encode())
     assert load_rows(str(jsonl), "question", "result") == EXPECTED
@@ -209,3 +209,15 @@ def test_a_json_array_with_a_bad_item_names_it(tmp_path):
     assert _one_line_error("invalid JSON", str(path)).startswith(f"{path} line 3: invalid JSON (")
     path.write_text("[]\n", encoding="utf-8")
     assert _one_line_error("empty", str(path)) == f"{path}: empty, no rows"
+
+
+def test_the_answer_column_as_stored_stays_in_answer_raw(tmp_path):
+    """A number or a list as the answer column holds it reaches the rewards unchanged in
+    `answer_raw` (TRL passes the column as stored); `answer` is its text."""
+    path = tmp_path / "typed.jsonl"
+    write_jsonl(str(path), [{"prompt": "a", "answer": 2}, {"prompt": "b", "answer": [2, 3]}])
+    rows = load_rows(str(path))
+    assert [(r["answer"], r["answer_raw"]) for r in rows] == [("2", 2), ("[2, 3]", [2, 3])]
+    text = tmp_path / "text.jsonl"
+    write_jsonl(str(text), [{"prompt": "a", "answer": "2"}, {"prompt": "b", "answer": "3"}])
+    assert all("answer_raw" not in row for row in load_rows(str(text)))

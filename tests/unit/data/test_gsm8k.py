@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from helpers.paths import REPO
 
-from oncurve.config import DataConfig, load_config
+from oncurve.config import DataConfig, RewardFnConfig, load_config
 from oncurve.data.files import final_answer, load_rows
 from oncurve.data.prompts import encode_prompt
 from oncurve.errors import UserError
@@ -233,6 +233,15 @@ def test_the_gsm8k_recipe_trains_end_to_end_from_the_hub_cache(
     with pytest.raises(UserError, match=r"train row 1: the correctness reward scores 0.0 for"):
         train(raw, quiet=True)
     assert not (tmp_path / "raw" / "metrics.jsonl").exists()
+    # rewards of the run's own that do not read the answers train on the same rows; a note
+    # says that held-out accuracy, which reads them, will not mean much
+    own = replace(raw, reward=replace(raw.reward, functions=[RewardFnConfig("format")]))
+    own.run = replace(raw.run, dir=str(tmp_path / "own"), steps=1)
+    train(own, quiet=True)
+    err = capsys.readouterr().err
+    assert "note: gold answers: openai/gsm8k train row 1: the correctness reward scores 0.0" in err
+    assert "held-out accuracy" in err
+    assert (tmp_path / "own" / "metrics.jsonl").exists()
     # the reward tells a right answer from a wrong one on these rows
     s = setup(replace(recipe, run=replace(recipe.run, dir=str(tmp_path / "again"))))
     s.rewards.close()
