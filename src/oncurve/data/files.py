@@ -134,7 +134,7 @@ def load_rows(
             messages = _messages(prompt, location, prompt_field)
             prompt = next(
                 (m["content"] for m in reversed(messages) if m["role"] == "user"),
-                messages[-1]["content"],
+                messages[-1]["content"] or "",
             )
         elif not isinstance(prompt, str):
             raise UserError(
@@ -217,10 +217,17 @@ def fill_template(template: str, record: dict[str, Any], where: str) -> str:
     return _PLACEHOLDER.sub(fill, template)
 
 
-def _messages(value: list, where: str, field: str) -> list[dict[str, str]]:
-    """A conversational prompt checked: a non-empty list of {"role", "content"} text pairs."""
+def _messages(value: list, where: str, field: str) -> list[dict[str, Any]]:
+    """A conversational prompt checked: a non-empty list of messages, each a text `role` and a
+    text `content` (null, read as "", in an assistant's message of `tool_calls`), with their
+    other keys (`tool_calls`, a tool's `name`, `reasoning_content`) for the chat template; a
+    key that is null (a columnar file fills every message's struct with each key) is left out."""
     ok = value and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        isinstance(m, dict)
+        and isinstance(m.get("role"), str)
+        and (
+            isinstance(m.get("content"), str) or (m.get("content") is None and m.get("tool_calls"))
+        )
         for m in value
     )
     if not ok:
@@ -228,7 +235,11 @@ def _messages(value: list, where: str, field: str) -> list[dict[str, str]]:
             f"{where}: field {field!r} is a list but not of {{role, content}} messages "
             f"(got {str(value)[:60]})"
         )
-    return [{"role": m["role"], "content": m["content"]} for m in value]
+    # a null content as "" (OpenAI writes null beside tool calls; Qwen's templates refuse it)
+    return [
+        {**{k: v for k, v in m.items() if v is not None}, "content": m["content"] or ""}
+        for m in value
+    ]
 
 
 def _missing(where: str, field: str, record: dict[str, Any], what: str = "field") -> None:

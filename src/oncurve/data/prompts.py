@@ -159,8 +159,8 @@ class PromptData:
 
 
 def chat_messages(
-    prompt: str, data: DataConfig, messages: list[dict[str, str]] | None
-) -> list[dict[str, str]] | None:
+    prompt: str, data: DataConfig, messages: list[dict[str, Any]] | None
+) -> list[dict[str, Any]] | None:
     """The messages the chat template renders for a prompt: a conversational row's own
     (`messages`) or, under `data.chat_template`, the text prompt as one user message; after
     `data.system_prompt` when they have no system message. None for a plain text prompt."""
@@ -177,7 +177,7 @@ def encode_prompt(
     prompt: str,
     data: DataConfig,
     where: str,
-    messages: list[dict[str, str]] | None = None,
+    messages: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """Token ids of a prompt after the optional system prompt and chat template; a
     conversational prompt (`messages`, which `prompt` then only names) always takes the chat

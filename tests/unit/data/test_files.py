@@ -221,3 +221,27 @@ def test_the_answer_column_as_stored_stays_in_answer_raw(tmp_path):
     text = tmp_path / "text.jsonl"
     write_jsonl(str(text), [{"prompt": "a", "answer": "2"}, {"prompt": "b", "answer": "3"}])
     assert all("answer_raw" not in row for row in load_rows(str(text)))
+
+
+def test_a_messages_other_keys_are_kept(tmp_path):
+    """A tool call, a tool's name, a reasoning trace: the chat template renders them, as TRL
+    has it render the messages as stored; a key a columnar file fills with null is left out."""
+    call = {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [call], "name": None},
+        {"role": "tool", "name": "weather", "content": "sunny"},
+        {"role": "user", "content": "And tomorrow?"},
+    ]
+    path = tmp_path / "tools.jsonl"
+    write_jsonl(str(path), [{"prompt": messages, "answer": "rain"}])
+    (row,) = load_rows(str(path))
+    assert row["prompt_messages"] == [
+        messages[0],
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        messages[2],
+        messages[3],
+    ]
+    bad = tmp_path / "bad.jsonl"
+    write_jsonl(str(bad), [{"prompt": [{"role": "user", "content": None}], "answer": "1"}])
+    assert "not of {role, content} messages" in _one_line_error("messages", str(bad))
