@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from oncurve.cli import main
+from oncurve.errors import UserError
 from oncurve.run.metrics import read_jsonl
 
 TRL_REWARDS = ", ".join(
@@ -82,3 +85,43 @@ def test_a_prompt_template_through_the_chat_template_is_conversational(chat_mode
         "rollout.group_size=2", "rollout.max_new_tokens=6", "run.device=cpu",
         "eval.at_start_end=false", "run.preflight=false", f"run.dir={text}",
     ]) == 0  # fmt: skip
+
+
+def test_reward_functions_pass_to_train_as_trl_takes_them(chat_model_dir, tmp_path):
+    """`oncurve.train(config, reward_funcs=[...], reward_weights=[...])`, as
+    `GRPOTrainer(reward_funcs=...)` takes them: functions of the script itself, a closure a
+    factory made, a callable object; each logged under its name."""
+    from helpers.rewards_for_tests import accuracy_reward
+
+    import oncurve
+
+    def length_bonus(scale):
+        def bonus(completions, **kwargs):
+            return [scale * len(c[0]["content"]) for c in completions]
+
+        return bonus
+
+    class Constant:
+        def __call__(self, completions, **kwargs):
+            return [0.5] * len(completions)
+
+    data = trl_dataset(tmp_path / "trl.jsonl", rows=4)
+    run = tmp_path / "run"
+    config = oncurve.load_config(None, [
+        f"data.path={data}", f"model.path={chat_model_dir}", "run.steps=1",
+        "data.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=6",
+        "run.device=cpu", "eval.at_start_end=false", "run.preflight=false", f"run.dir={run}",
+    ])  # fmt: skip
+    oncurve.train(
+        config,
+        quiet=True,
+        reward_funcs=[accuracy_reward, length_bonus(0.1), Constant()],
+        reward_weights=[1.0, 0.0, 2.0],
+    )
+    (metrics,) = [m for m in read_jsonl(run / "metrics.jsonl") if m["step"] == 1]
+    assert metrics["reward/Constant"] == 0.5
+    assert {"reward/accuracy_reward", "reward/bonus"} <= metrics.keys()
+    expected = metrics["reward/accuracy_reward"] + 2.0 * 0.5
+    assert abs(metrics["reward/mean"] - expected) < 1e-6
+    with pytest.raises(UserError, match="reward_weights: 2 weights for 3 reward_funcs"):
+        oncurve.train(config, reward_funcs=[accuracy_reward] * 3, reward_weights=[1.0, 1.0])

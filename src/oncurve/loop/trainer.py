@@ -10,14 +10,15 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from oncurve import distributed
-from oncurve.config import Config, build_config, to_dict
+from oncurve.config import Config, RewardFnConfig, build_config, to_dict
 from oncurve.errors import TrainingError, UserError
 from oncurve.loop.collect import sampling_params
 from oncurve.loop.evaluate import evaluate
@@ -27,7 +28,7 @@ from oncurve.loop.reward_signal import DeadStepWatch, check_gold_answers
 from oncurve.loop.training_step import training_step
 from oncurve.model.devices import resolve_device
 from oncurve.model.saving import save_final, save_lora_final, trained_generation
-from oncurve.rewards.registry import ANSWER_MATCH_REWARDS
+from oncurve.rewards.registry import ANSWER_MATCH_REWARDS, give_rewards
 from oncurve.rewards.runner import runner_settings
 from oncurve.rewards.trl_contract import TrainerState
 from oncurve.run import checkpoint, oom
@@ -59,8 +60,32 @@ class TrainResult:
     completed: bool = True
 
 
-def train(config: Config, *, quiet: bool = False) -> TrainResult:
-    """Run GRPO as configured; returns the run directory and held-out accuracy before/after."""
+def train(
+    config: Config,
+    *,
+    quiet: bool = False,
+    reward_funcs: Sequence[Callable[..., Any]] = (),
+    reward_weights: Sequence[float] | None = None,
+) -> TrainResult:
+    """Run GRPO as configured; returns the run directory and held-out accuracy before/after.
+    `reward_funcs` (weighted by `reward_weights`, else 1 each) are TRL's: reward functions,
+    called with TRL's keywords, added after `reward.functions`; a resumed run is given them
+    again (its config names each `given:<name>`)."""
+    if reward_funcs:
+        weights = [1.0] * len(reward_funcs) if reward_weights is None else list(reward_weights)
+        if len(weights) != len(reward_funcs):
+            raise UserError(
+                f"reward_weights: {len(weights)} weights for {len(reward_funcs)} reward_funcs"
+            )
+        given = [
+            RewardFnConfig(spec, w)
+            for spec, w in zip(give_rewards(reward_funcs), weights, strict=True)
+        ]
+        config = replace(
+            config, reward=replace(config.reward, functions=[*config.reward.functions, *given])
+        )
+    elif reward_weights is not None:
+        raise UserError("reward_weights: no reward_funcs to weigh")
     cuda = resolve_device(config.run.device).type == "cuda"
     with deterministic_kernels(cuda and config.run.deterministic):
         return _train(config, quiet)

@@ -1,4 +1,4 @@
-"""Built-in reward functions by name, and `module:function` import paths.
+"""Reward functions by name: built-ins, `module:function` paths, functions given to `train`.
 
 Every built-in follows one protocol: `fn(prompts, completions, **columns) -> list[float | None]`,
 where `columns` are the dataset's other fields, repeated per completion (e.g. `answer`), plus
@@ -10,7 +10,7 @@ row". A `module:function` reward is called as TRL calls it (`oncurve.rewards.trl
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -131,6 +131,30 @@ BUILTINS: dict[str, RewardFn] = {
 }
 
 
+# Reward functions handed to `oncurve.train(reward_funcs=...)`, by the name their spec carries
+# (`given:<name>`): the config names them, the process holds them.
+GIVEN_PREFIX = "given:"
+_GIVEN: dict[str, RewardFn] = {}
+
+
+def give_rewards(fns: Sequence[Callable[..., Any]]) -> list[str]:
+    """Specs (`given:<name>`) that `resolve_reward` resolves to `fns`, callables passed as TRL's
+    `reward_funcs` are (a function, a factory's closure, an object with `__call__`), each named
+    by its `__name__` or its class's, numbered after the first where two share one."""
+    specs = []
+    for fn in fns:
+        if not callable(fn):
+            raise UserError(f"reward_funcs: {fn!r} is not callable")
+        name = getattr(fn, "__name__", None) or type(fn).__name__
+        spec, count = f"{GIVEN_PREFIX}{name}", 1
+        while spec in specs or (spec in _GIVEN and _GIVEN[spec] is not fn):
+            count += 1
+            spec = f"{GIVEN_PREFIX}{name}_{count}"
+        _GIVEN[spec] = fn
+        specs.append(spec)
+    return specs
+
+
 def resolve_reward(
     spec: str,
     *,
@@ -139,13 +163,21 @@ def resolve_reward(
     trust_remote_code: bool = False,
     system_prompt: str | None = None,
 ) -> tuple[str, RewardFn]:
-    """(metric name, function) for a built-in name, a `package.module:function` path (its
-    metric name is the function's name; called with TRL's contract, `TrlReward`) or
+    """(metric name, function) for a built-in name, a `package.module:function` path or a
+    function given to `train` (`give_rewards`; either's metric name is the function's name;
+    called with TRL's contract, `TrlReward`) or
     `model:PATH_OR_ID`, a reward model loaded on `device` in `dtype`, which reads a text prompt
     after `system_prompt` (named `model:<last part of PATH_OR_ID>`; see
     `oncurve.rewards.model`)."""
     if spec in BUILTINS:
         return spec, BUILTINS[spec]
+    if spec.startswith(GIVEN_PREFIX):
+        if spec not in _GIVEN:
+            raise UserError(
+                f"reward {spec!r}: a function passed to oncurve.train(reward_funcs=...), which "
+                "this process was not given (pass it again, or name it `module:function`)"
+            )
+        return spec[len(GIVEN_PREFIX) :], TrlReward(_GIVEN[spec])
     if spec.startswith(MODEL_PREFIX):
         source = spec[len(MODEL_PREFIX) :]
         if not source:
