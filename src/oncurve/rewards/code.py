@@ -7,8 +7,9 @@ compiled here), scores 0.0 without running anything. The `tests` column holds th
 in either common form:
 
 - stdin/stdout: a list of {"input": str, "output": str}; the program reads the input on stdin
-  and passes when it exits cleanly and its stdout equals the output, trailing whitespace of each
-  line and trailing blank lines ignored (its stderr is discarded);
+  and passes when it exits cleanly and its stdout gives the output as judges' usual checkers
+  read it (`same_output`: line by line, each line's tokens however spaced, a number with a
+  fraction within 1e-6; its stderr is discarded);
 - assert-style: a string of Python test code (HumanEval's `test` followed by
   `check(<entry_point>)`; KodCode's pytest file, which imports the program as `solution`), or a
   list of them (MBPP's `test_list`). Each case runs under a
@@ -21,9 +22,10 @@ in either common form:
   passes it, and no test that never calls the program pays. An object of the program's that is
   not plain data comes back as a reference: the tests may call it, read and set its
   attributes, iterate it, pass it back and take its `len`, `str`, `repr`, items, `hash`, `abs`,
-  `int` and `float`, but it equals nothing, has no truth value, and an operator that would
-  judge for the tests (`!=`, `<`, `in`, arithmetic) fails the case.
-  Arguments the program changes in place are not seen by the tests.
+  `int` and `float`, but it equals only itself (one object, however often it comes back), has
+  no truth value, and an operator that would judge for the tests (`!=`, `<`, `in`,
+  arithmetic) fails the case. The lists, dicts and sets a call is given are the tests' own:
+  what the program does to them in place the tests see, and one it returns is their object.
 
   A verdict depends only on what the program does when the tests call it. The tests see the
   real builtins and standard modules whatever names the program defines; the optional
@@ -54,6 +56,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import os
 import re
 import secrets
@@ -146,13 +149,37 @@ def parse_tests(tests: Any) -> list[Case]:
 
 
 def same_output(printed: str, expected: str) -> bool:
-    """Whether two stdouts agree once trailing whitespace of each line and trailing blank lines
-    are dropped."""
+    """Whether a program's stdout gives the expected one, as judges' usual checkers read it:
+    line by line (trailing blank lines dropped), each line's whitespace-separated tokens, a
+    token the same text, or where the expected one is a number with a fraction or an exponent
+    (`0.333333333`, `1.5e3`), a finite number within 1e-6 of it, absolute or relative
+    (`0.3333333333333333`); an integer's digits exactly, letters in their case."""
 
-    def canonical(text: str) -> str:
-        return "\n".join(line.rstrip() for line in text.splitlines()).rstrip("\n")
+    def lines(text: str) -> list[list[str]]:
+        tokens = [line.split() for line in text.splitlines()]
+        while tokens and not tokens[-1]:
+            tokens.pop()
+        return tokens
 
-    return canonical(printed) == canonical(expected)
+    got, want = lines(printed), lines(expected)
+    return len(got) == len(want) and all(
+        len(a) == len(b) and all(map(_same_token, a, b)) for a, b in zip(got, want, strict=True)
+    )
+
+
+def _same_token(got: str, want: str) -> bool:
+    if got == want:
+        return True
+    if not (_FRACTIONAL_RE.fullmatch(want) and _NUMBER_RE.fullmatch(got)):
+        return False
+    a, b = float(got), float(want)
+    return math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
+
+
+# A printed number, and one with a fraction or an exponent (which a checker reads within a
+# tolerance: its last digits are the printing's, not the answer's)
+_NUMBER_RE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_FRACTIONAL_RE = re.compile(r"[-+]?(?:\d*\.\d+|\d+\.|\d+(?:\.\d*)?[eE][-+]?\d+)")
 
 
 def compiles(program: str) -> bool:

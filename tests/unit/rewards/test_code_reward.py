@@ -115,10 +115,23 @@ def test_parse_tests_reads_both_forms_and_names_the_bad_item():
         parse_tests(3)
 
 
-def test_same_output_ignores_trailing_whitespace_only():
+def test_same_output_compares_each_lines_tokens_and_numbers_within_1e_6():
+    """As judges' usual checkers: each line's tokens, however spaced; a number with a fraction
+    within 1e-6 (absolute or relative) of the expected one, an integer exactly."""
     assert same_output("1 2  \n3\n\n", "1 2\n3")
-    assert not same_output("1  2\n3", "1 2\n3")
+    assert same_output("1  2\t\n 3", "1 2\n3")
+    assert same_output("0.3333333333333333\n", "0.333333333\n")
+    assert same_output("0.666666667", "0.6666666667")
+    assert same_output("2.0000004 1.5e3", "2.000000 1500.0")
     assert not same_output("\n1", "1")
+    assert not same_output("0 1 2", "0\n1\n2")
+    assert not same_output("2.00001", "2.0")
+    assert not same_output("1000001", "1000000")
+    assert not same_output("1.0", "1")  # an integer asked for: its digits
+    assert not same_output("YES", "Yes")
+    assert not same_output("1 2", "1 2 3")
+    assert same_output("nan inf", "nan inf")  # as text
+    assert not same_output("1e400", "1.5e308")  # no infinite value is near a finite one
 
 
 def test_the_score_is_the_fraction_of_cases_passed(reward):
