@@ -363,6 +363,7 @@ _GAP_TEXT_RE = re.compile(
 )
 _GAP_SPACING_RE = re.compile(r"\\(?:q?quad|hspace\*?\s*\{[^{}]*\}|[,;:! \[\]()])")
 MAX_BOX_GAP = 120
+MAX_JOINED_BOXES = 16  # boxes offered together, read back from the last
 
 
 def extract_answer(text: str, style: str = "auto") -> str | None:
@@ -423,20 +424,24 @@ def _boxed(text: str) -> str | None:
 def _joined_boxes(text: str, answer: str) -> str | None:
     """ "first \\text{ or } ... \\text{ or } `answer`" when the last boxes of `text` are offered
     together (each joined to the next) with two answers or more among them, and the last one
-    holds `answer`; else None. The same answer boxed twice is one answer."""
+    holds `answer`; else None. The same answer boxed twice is one answer; a chain longer than
+    `MAX_JOINED_BOXES` is no one answer (it is read no further)."""
     boxes = list(_FLAT_BOX_RE.finditer(text))
     if len(boxes) < 2 or boxes[-1]["content"].strip() != answer:
         return None
     if BOX_RE.search(text, boxes[-1].end()):
         return None
     offered = [answer]
-    for first, second in zip(reversed(boxes[:-1]), reversed(boxes[1:]), strict=True):
+    pairs = zip(reversed(boxes[:-1]), reversed(boxes[1:]), strict=True)
+    for count, (first, second) in enumerate(pairs):
         gap = text[first.end() : second.start()]
         if len(gap) > MAX_BOX_GAP:
             break
         gap = _GAP_SPACING_RE.sub(" ", _GAP_TEXT_RE.sub(r" \1 ", gap))
         if not _BOX_JOINER_RE.fullmatch(gap):
             break
+        if count == MAX_JOINED_BOXES:  # a longer chain is read no further: no one answer
+            return " \\text{ or } ".join(["\\ldots", *offered])
         content = first["content"].strip()
         if content not in offered:
             offered.insert(0, content)

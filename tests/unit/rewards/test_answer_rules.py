@@ -308,7 +308,8 @@ UNDONE = [
         "\\boxed{71} or \\boxed{72} or \\boxed{72}", "\\boxed{71}. Alternatively, \\boxed{72}.",
         "\\boxed{71} and also \\boxed{72}",
         "\\boxed{71} or (depending on interpretation) \\boxed{72}",
-        "\\boxed{71} \\textbf{ or } \\boxed{72}", "\\boxed{71}. Or \\boxed{72}.")),
+        "\\boxed{71} \\textbf{ or } \\boxed{72}", "\\boxed{71}. Or \\boxed{72}.",
+        "\\boxed{71}" + " or \\boxed{72}" * 40)),
     # a second number a later word offers as an answer too
     *(case("p", f"The answer is 18{rest}", "18", 0.0) for rest in (
         "; 19 is also acceptable.", " as well as 19.", ", which might actually be 19.",
