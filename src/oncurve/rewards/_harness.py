@@ -57,9 +57,11 @@ from __future__ import annotations
 import ast
 import builtins
 import collections
+import datetime
 import decimal
 import dis
 import fractions
+import functools
 import importlib
 import json
 import marshal
@@ -94,6 +96,14 @@ _STANDARD = {
     decimal.Decimal: ("Decimal", str, lambda c: _quiet_decimal(decimal.Decimal(c))),
     range: ("range", lambda v: (v.start, v.stop, v.step), lambda c: range(*c)),
     slice: ("slice", lambda v: (v.start, v.stop, v.step), lambda c: slice(*c)),
+    datetime.date: ("date", lambda v: v.isoformat(), datetime.date.fromisoformat),
+    datetime.datetime: ("datetime", lambda v: v.isoformat(), datetime.datetime.fromisoformat),
+    datetime.time: ("time", lambda v: v.isoformat(), datetime.time.fromisoformat),
+    datetime.timedelta: (
+        "timedelta",
+        lambda v: (v.days, v.seconds, v.microseconds),
+        lambda c: datetime.timedelta(*c),
+    ),
 }
 _REBUILD = {kind: rebuild for kind, _, rebuild in _STANDARD.values()}
 
@@ -110,6 +120,8 @@ _FACTORIES = {t.__name__: t for t in (list, dict, set, frozenset, int, float, st
 _REBUILD["defaultdict"] = lambda c: collections.defaultdict(
     _FACTORIES[c[0]] if c[0] is not None else None, c[1]
 )
+_REBUILD["namedtuple"] = lambda c: _named_tuple_class(c[0], tuple(c[1]))(*c[2])
+_REBUILD["builtin"] = lambda name: _rebuild_builtin(name)
 # items fetched ahead from an iterator of the program's, at most (doubling from 1 per request),
 # and the iterators read ahead: the builtin containers', which run no code of the program's
 _MAX_ITEMS = 1024
@@ -192,26 +204,49 @@ def _pack(value: Any, swap: Any = lambda v: v, depth: int = 0, memo: dict | None
             for k, v in value.items()
         }
     else:
-        return _pack_object(value, swap, depth)
+        return _pack_object(value, swap, depth, memo)
     if kind in _MUTABLE:
         memo[id(value)] = packed
     return packed
 
 
-def _pack_object(value: Any, swap: Any, depth: int) -> Any:
+def _pack_object(value: Any, swap: Any, depth: int, memo: dict) -> Any:
     """`_pack` of a value that is no builtin container."""
     kind = type(value)
     if kind in _STANDARD:
         name, contents, _ = _STANDARD[kind]
-        return (_STD, name, _pack(contents(value), swap, depth + 1))
+        return (_STD, name, _pack(contents(value), swap, depth + 1, memo))
     if kind is collections.defaultdict:
         factory = value.default_factory
         if factory is None or _FACTORIES.get(getattr(factory, "__name__", None)) is factory:
             name = None if factory is None else factory.__name__
-            return (_STD, "defaultdict", (name, _pack(dict(value), swap, depth + 1)))
-    if isinstance(value, tuple) and hasattr(kind, "_fields"):  # a named tuple
-        return tuple(_pack(item, swap, depth + 1) for item in tuple.__iter__(value))
+            return (_STD, "defaultdict", (name, _pack(dict(value), swap, depth + 1, memo)))
+    if isinstance(value, tuple) and hasattr(kind, "_fields"):  # a named tuple, with its fields
+        items = tuple(_pack(item, swap, depth + 1, memo) for item in tuple.__iter__(value))
+        fields = getattr(kind, "_fields", None)
+        named = type(fields) is tuple and all(type(f) is str for f in fields)
+        if not (named and len(fields) == len(items) and str.isidentifier(kind.__name__)):
+            return items
+        return (_STD, "namedtuple", (kind.__name__, fields, items))
+    if kind in (type, types.BuiltinFunctionType):  # a builtin (`int`, `len`), by its name
+        name = getattr(value, "__name__", None)
+        if name in _BUILTIN_NAMES and getattr(builtins, name) is value:
+            return (_STD, "builtin", name)
     raise TypeError(f"{kind.__name__} is not plain data")
+
+
+@functools.lru_cache(maxsize=256)
+def _named_tuple_class(name: str, fields: tuple) -> type:
+    return collections.namedtuple(name, fields, rename=True)
+
+
+def _rebuild_builtin(name: Any) -> Any:
+    if type(name) is not str or name not in _BUILTIN_NAMES:
+        raise ValueError(f"no builtin {name!r}")
+    found = getattr(builtins, name)
+    if type(found) not in (type, types.BuiltinFunctionType):
+        raise ValueError(f"{name!r} is no builtin type or function")
+    return found
 
 
 def _unpack(value: Any, swap: Any = lambda v: v, depth: int = 0, memo: dict | None = None) -> Any:
@@ -225,13 +260,13 @@ def _unpack(value: Any, swap: Any = lambda v: v, depth: int = 0, memo: dict | No
     if found is not value:
         return found
     kind = type(value)
+    memo = {} if memo is None else memo
     if kind is tuple and len(value) == 3 and value[0] == _STD:
         rebuild = _REBUILD.get(value[1])
         try:
-            return rebuild(_unpack(value[2], swap, depth + 1))
+            return rebuild(_unpack(value[2], swap, depth + 1, memo))
         except Exception as exc:
             raise ValueError(f"a malformed {value[1]!r}: {exc}") from None
-    memo = {} if memo is None else memo
     if kind in _MUTABLE and id(value) in memo:
         return memo[id(value)]
     if kind in (list, tuple, set, frozenset):

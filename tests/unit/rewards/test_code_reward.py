@@ -520,6 +520,37 @@ RIGHT_PROGRAMS = {
         "def points():\n    return [Point(1, 2), Point(3, 4)]\n",
         ["assert origin() == (0, 0)", "assert points() == [(1, 2), (3, 4)]"],
     ),
+    "a namedtuple's fields read both ways": (
+        "from collections import namedtuple\nPoint = namedtuple('Point', 'x y')\n"
+        "def mid(a, b):\n    return Point((a.x + b.x) / 2, (a.y + b.y) / 2)\n",
+        [
+            "from collections import namedtuple\nP = namedtuple('P', 'x y')\n"
+            "p = mid(P(0, 0), P(2, 4))\nassert p.x == 1 and p.y == 2 and p == (1, 2)"
+        ],
+    ),
+    "dates, times and durations both ways": (
+        "import datetime\ndef next_day(d):\n    return d + datetime.timedelta(days=1)\n"
+        "def parse(s):\n    return datetime.datetime.fromisoformat(s)\n"
+        "def gap(a, b):\n    return b - a\n"
+        "def noon():\n    return datetime.time(12)\n",
+        [
+            "import datetime as dt\nassert next_day(dt.date(2024, 2, 28)) == dt.date(2024, 2, 29)",
+            "import datetime as dt\nassert parse('2024-02-29T10:30') == dt.datetime(2024, 2, 29, 10, 30)",
+            "import datetime as dt\nassert next_day(dt.datetime(2024, 1, 1, 5)).day == 2\n"
+            "assert gap(dt.date(2024, 1, 1), dt.date(2024, 1, 3)) == dt.timedelta(days=2)\n"
+            "assert noon() == dt.time(12)",
+        ],
+    ),
+    "a builtin type or function as an argument or a result (MBPP's remove_datatype)": (
+        "def remove_datatype(xs, data_type):\n    return [e for e in xs if not isinstance(e, data_type)]\n"
+        "def kind(x):\n    return type(x)\n"
+        "def apply(f, xs):\n    return [f(x) for x in xs]\n",
+        [
+            "assert remove_datatype((4, 5, 4, 7.7, 1.2), int) == [7.7, 1.2]",
+            "assert kind(3) is int and kind('a') is str",
+            "assert apply(len, ['ab', 'c']) == [2, 1] and apply(abs, [-1]) == [1]",
+        ],
+    ),
     "an infinite generator read in part": (
         NATURALS,
         [
