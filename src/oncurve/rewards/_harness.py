@@ -12,8 +12,9 @@ stdin a JSON object {"secret", "tests", "setup", "entry_point", "pytest"} ("pyte
   the next items of an iterator. Its answers travel by value (marshal, which takes exact built-in
   types only: an object that always says equal, or any other subclass, comes back as an opaque
   reference), except a few standard-library types (`_STANDARD`), sent as their plain contents
-  and rebuilt in the parent by its own constructors, and a named tuple, sent as a tuple; an
-  object sent twice is one reference, so one object in the tests (`detect_cycle(a) is b`).
+  and rebuilt in the parent by its own constructors (a named tuple as one with its name and
+  fields, a builtin type or function by its name); an object sent twice is one reference, so
+  one object in the tests (`detect_cycle(a) is b`).
   A call's arguments travel by value too, but the lists, dicts and sets among them stay the
   tests' own (`_containers`): after the call each holds what the child's copy holds (a sort in
   place, a rotation), and one the call returns, or holds in what it returns, is the tests'

@@ -15,8 +15,8 @@ in either common form:
   list of them (MBPP's `test_list`). Each case runs under a
   harness (`_harness.py`): the program in one process, the tests in another, as the main
   script, that calls the program's functions through a pipe, with arguments and results by
-  value as exact built-in types (and a few standard-library types rebuilt from their
-  contents), and evaluates every comparison and assert on its side. A case passes when that
+  value as exact built-in types (and a few standard-library types, named tuples and dates
+  among them, rebuilt from their contents; builtin types and functions by name), and evaluates every comparison and assert on its side. A case passes when that
   side, having used the program, prints a secret made for the run, which the program never
   sees; so no early exit, exit hook, always-equal object, patched builtin or printed verdict
   passes it, and no test that never calls the program pays. An object of the program's that is
