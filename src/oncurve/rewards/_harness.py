@@ -145,6 +145,9 @@ class _Missing(AttributeError):
 
 
 _PROBED = frozenset(("keys", "__dict__"))
+# Names a program's object answers for itself though they are a protocol's (`functools.wraps`
+# copies them; tests read them)
+_NAMED = frozenset(("__name__", "__qualname__", "__doc__"))
 
 
 class ProgramRaised(BaseException):
@@ -554,10 +557,10 @@ def _plain(value: object, depth: int = 0) -> bool:
 class _Remote:
     """An object of the program's: every use is a request to the child."""
 
-    __slots__ = ("_link", "_ref")
+    __slots__ = ("_oncurve_link", "_oncurve_ref")
 
     def __init__(self, link, ref):
-        self._link, self._ref = link, ref
+        self._oncurve_link, self._oncurve_ref = link, ref
 
     def __call__(self, *args, **kwargs):
         given = _containers((*args, *kwargs.values()))
@@ -565,20 +568,27 @@ class _Remote:
             marshal.dumps((args, kwargs))
             packed = False
         except ValueError:  # objects of the program's among them, or of the standard library
-            args, kwargs = self._link.outgoing((args, kwargs))
+            args, kwargs = self._oncurve_link.outgoing((args, kwargs))
             packed = True
-        self._link.given = given
+        self._oncurve_link.given = given
         try:
-            return self._link.ask("call", self._ref, args, kwargs, packed, len(given))
+            return self._oncurve_link.ask(
+                "call", self._oncurve_ref, args, kwargs, packed, len(given)
+            )
         finally:
-            self._link.given = []
+            self._oncurve_link.given = []
 
     def __getattr__(self, name):
         # protocols the tests' code probes for (copy, pickle) are not the program's, but
-        # whether its object has a `__dict__` (a class with `__slots__` has none) is
-        if name.startswith("__") and name not in _PROBED:
+        # whether its object has a `__dict__` (a class with `__slots__` has none) is, and its
+        # names are
+        if name.startswith("__") and name not in _PROBED and name not in _NAMED:
             raise AttributeError(name)
-        return self._link.ask("getattr", self._ref, name)
+        return self._oncurve_link.ask("getattr", self._oncurve_ref, name)
+
+    @property
+    def __doc__(self):  # the program's object's, not this class's
+        return self._oncurve_link.ask("getattr", self._oncurve_ref, "__doc__")
 
     def __setattr__(self, name, value):
         if name in _Remote.__slots__:
@@ -588,26 +598,26 @@ class _Remote:
             marshal.dumps(value)
             packed = False
         except ValueError:
-            value, packed = self._link.outgoing(value), True
-        self._link.ask("setattr", self._ref, name, value, packed)
+            value, packed = self._oncurve_link.outgoing(value), True
+        self._oncurve_link.ask("setattr", self._oncurve_ref, name, value, packed)
 
     def __iter__(self):
-        iterator = self._link.ask("iter", self._ref)
+        iterator = self._oncurve_link.ask("iter", self._oncurve_ref)
         if type(iterator) is not _Remote:  # else `iter()` would raise the judge's TypeError
-            self._link.raised = True
+            self._oncurve_link.raised = True
             raise ProgramRaised("the program's process sent something other than an iterator")
         # iterated again: an object that starts over (its `__iter__` resets it) may have more
-        items, end, _ = self._link.fetched.get(iterator._ref, ([], ("more",), 1))
+        items, end, _ = self._oncurve_link.fetched.get(iterator._oncurve_ref, ([], ("more",), 1))
         if not items and end in (("more",), ("stop",)):  # an error it ended on stays pending
-            self._link.fetched.pop(iterator._ref, None)
+            self._oncurve_link.fetched.pop(iterator._oncurve_ref, None)
         return iterator
 
     def __next__(self):
-        return self._link.next_item(self._ref)
+        return self._oncurve_link.next_item(self._oncurve_ref)
 
     def __bool__(self):
         # an object that calls itself true would pass `assert f(x)` whatever f computed
-        self._link.raised = True
+        self._oncurve_link.raised = True
         raise ProgramRaised("an object of the program has no truth value in the tests")
 
     def __eq__(self, other):
@@ -618,7 +628,7 @@ class _Remote:
 
 def _forwarded(name: str) -> Any:
     def protocol(self, *args):
-        return self._link.method(self._ref, name, args)
+        return self._oncurve_link.method(self._oncurve_ref, name, args)
 
     protocol.__name__ = name
     return protocol
@@ -626,7 +636,7 @@ def _forwarded(name: str) -> Any:
 
 def _refused(name: str) -> Any:
     def protocol(self, *args):
-        self._link.raised = True
+        self._oncurve_link.raised = True
         raise ProgramRaised(f"the tests applied {name} to an object of the program's")
 
     protocol.__name__ = name
@@ -653,6 +663,9 @@ _OPERATIONS = {
     "__int__": int,
     "__float__": float,
     "__index__": operator.index,
+    # `isinstance(s, Stack)` with a class of the program's: its own answer, as in one process
+    "__instancecheck__": lambda cls, instance: isinstance(instance, cls),
+    "__subclasscheck__": lambda cls, subclass: issubclass(subclass, cls),
 }
 _JUDGING = (
     *("__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__contains__"),
@@ -674,7 +687,7 @@ def _outgoing(value: Any) -> Any:
     TypeError for one that cannot travel."""
 
     def mark(part):
-        return (_REF, part._ref) if type(part) is _Remote else part
+        return (_REF, part._oncurve_ref) if type(part) is _Remote else part
 
     try:
         return _pack(value, mark)

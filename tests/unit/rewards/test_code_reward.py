@@ -541,6 +541,29 @@ RIGHT_PROGRAMS = {
             "assert noon() == dt.time(12)",
         ],
     ),
+    "its functions' names and docstrings, and attributes named as the judge's": (
+        "import functools\n"
+        "def logged(f):\n    @functools.wraps(f)\n    def inner(*a):\n        return f(*a)\n"
+        "    return inner\n"
+        "@logged\ndef square(x):\n    'The square of x.'\n    return x * x\n"
+        "def bare(x):\n    return x\n"
+        "class Box:\n    def __init__(self):\n        self._link, self._ref = 'a', 'b'\n",
+        [
+            "assert square.__name__ == 'square' and square.__qualname__ == 'square'",
+            "assert square.__doc__ == 'The square of x.' and bare.__doc__ is None",
+            "b = Box()\nassert (b._link, b._ref) == ('a', 'b')",
+        ],
+    ),
+    "isinstance and issubclass with the program's classes": (
+        "class Stack:\n    def __init__(self):\n        self.items = []\n"
+        "class Queue(Stack):\n    pass\n"
+        "def make():\n    return Queue()\n",
+        [
+            "s = Stack()\nassert isinstance(s, Stack) and not isinstance(s, Queue)",
+            "assert isinstance(make(), (int, Stack)) and issubclass(Queue, Stack)",
+            "assert not isinstance(3, Stack) and not issubclass(Stack, Queue)",
+        ],
+    ),
     "a builtin type or function as an argument or a result (MBPP's remove_datatype)": (
         "def remove_datatype(xs, data_type):\n    return [e for e in xs if not isinstance(e, data_type)]\n"
         "def kind(x):\n    return type(x)\n"
