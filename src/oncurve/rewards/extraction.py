@@ -181,13 +181,14 @@ _CONDITION_WORDS = frozenset(
         "excluding",
     ]
 )
-# The next sentence takes it back or offers another number at once (`18. Or 19.`, `18.
-# Actually, it is 19.`, `18. No, wait, it is 20.`, `18. Sorry, I meant 19.`, `18. Sorry — I
-# meant 19.`, `18. I made an error; it should be 19.`, `18. Alternatively, 19.`, `18. It might
-# be 19.`; not `18. Actually, that is 9 eggs ...`
+# The next sentence or line takes it back or offers another number at once (`18. Or 19.`,
+# `18\nor 19`, `18. Maybe 19.`, `18. Actually, it is 19.`, `18. No, wait, it is 20.`, `18.
+# Sorry, I meant 19.`, `18. Sorry — I meant 19.`, `18. I made an error; it should be 19.`, `18.
+# Alternatively, 19.`, `18. It might be 19.`; not `18. Actually, that is 9 eggs ...`
 # nor `No. of eggs sold: 9`)
 _RETRACTED_RE = re.compile(
-    r"[^\n.!?]{0,200}[.!?]\s+(?:or|actually|wait|no(?=\s*[,:!])|correction|hmm|rather"
+    r"[^\n.!?]{0,200}(?:[.!?]\s+|[ \t]*\n\s*)(?:or|actually|wait|no(?=\s*[,:!])|correction|hmm|rather"
+    r"|(?:maybe|perhaps|possibly)(?=\s+(?:it's\s+|it\s+is\s+)?\$?[-−]?\d)"
     r"|but\s+wait|sorry(?=\s*[,:!—-])|i\s+meant|never\s*mind|on\s+second\s+thought"
     r"|scratch\s+that|oops|whoops|my\s+(?:bad|mistake)|i\s+made\s+(?:an?\s+)?(?:error|mistake)"
     r"|alternatively|it\s+(?:might|could)\s+(?:also\s+)?be)\b"
@@ -211,7 +212,7 @@ _JOINER_RE = re.compile(r"\s*(?:,|and|or|,\s*and|,\s*or)\s*", re.IGNORECASE)
 # Just before the last number, what makes it no answer: a hedge between it and another (`4 or 3`,
 # `19, or perhaps 18`, `3 (or 4)`, `3 apples or 4`, `x = 17 or x = 18`, `19 vs 18`, `between 17 and
 # 18`), a range (`3 to 4`, `3-4`; not a change, `_CHANGE_TO_RE`), a doubt (`possibly 4`, `maybe
-# 4`), a bound (`at least 4`, `more than 4`, `up to 4`, `nearly 4`) or a negation (`not 18`, `can't
+# 4`), an approximation of a number before (`18, roughly 19`), a bound (`at least 4`, `more than 4`, `up to 4`, `nearly 4`) or a negation (`not 18`, `can't
 # be 18`); just after it, a denial (`18 is wrong`) or an operator (`4×10^2`, whose power is no
 # number of its own).
 _HEDGE_RE = re.compile(
@@ -220,6 +221,7 @@ _HEDGE_RE = re.compile(
     r"(?:(?:maybe|perhaps|possibly|even|rather|else)\s+)?(?:[a-zA-Z]\s*=\s*)?"
     r"|\d\s*-\s*"
     r"|\bbetween\s+\S+\s+and\s+"
+    r"|\d\s*[,(]\s*(?:or\s+)?(?:roughly|about|approximately|around|nearly|almost)\s+"
     r"|\b(?:maybe|perhaps|possibly|probably|i\s+guess|at\s+(?:least|most)|up\s+to|under|over"
     r"|below|above|nearly|almost|(?:more|less|fewer|greater|smaller)\s+than)\s+"
     r"|(?:\bnot|n't|\bnever|\bno)\s+(?:[a-zA-Z]+\s+){0,2})(?:\$\s*)?[-−]?$",
@@ -287,16 +289,34 @@ _SECOND_ANSWER_RE = re.compile(
 # then 16`)
 _STRONG_HEDGE_RE = re.compile(
     r"\b(?:else|otherwise|alternatively|instead|if\s+not|or\s+(?:maybe|perhaps|possibly)"
-    r"|but\s+(?:actually|maybe|rather)|unless\b[^.;]{0,60}?\b(?:then|it's|it\s+is)"
-    r"|as\s+well\s+as|(?:might|could|may|would)\s+(?:actually|also|well|even)\s+be)\b[\s,]*"
+    r"|but\s+(?:actually|maybe|rather)|unless(?:\b[^.;]{0,60}?\b(?:then|it's|it\s+is))?"
+    r"|failing\s+that|as\s+well\s+as|(?:might|could|may)\s+be"
+    r"|(?:might|could|may|would)\s+(?:actually|also|well|even)\s+be)\b[\s,]*"
     r"(?:it(?:'s|\s+is|\s+(?:might|could|would)\s+be)\s+)?\$?[-−]?(?:\d|\\[dtc]?frac\b)",
     re.IGNORECASE,
 )
 # Anywhere in the sentence, another number said to be an answer too (`18; 19 is also
 # acceptable`, `18 (19 would also be right)`, `$3$, with $4$ also possible`)
 _ALSO_ANSWER_RE = re.compile(
-    r"(?<![\w.])[-−]?\d[\d,.]*\$?\s+(?:[a-zA-Z]+\s+){0,2}?also\s+(?:be\s+)?"
-    r"(?:acceptable|possible|correct|right|valid|plausible|works?|an?\s+(?:\w+\s+)?answer)\b",
+    r"(?<![\w.])[-−]?\d[\d,.]*\$?\s+(?:instead\b|(?:[a-zA-Z]+\s+){0,2}?also\s+(?:be\s+)?"
+    r"(?:acceptable|possible|correct|right|valid|plausible|works?|an?\s+(?:\w+\s+)?answer)\b)",
+    re.IGNORECASE,
+)
+# After a condition or a reason, another number offered with "or" (`18 if she sells all, or
+# 19`, `18, up from 16, or 19`); `540 meters, about half a kilometer, or 0.54 km` restates it
+_OR_AFTER_CLAUSE_RE = re.compile(
+    r"\b(?:if|since|because|as|when|from|unless|assuming|given)\b[^.;]{0,80}?,\s*or\s+"
+    r"(?:(?:maybe|perhaps|possibly|even)\s+)?\$?[-−]?(?:\d|\\[dtc]?frac\b)",
+    re.IGNORECASE,
+)
+# Right after a stated number, another one said near it or in brackets alone (`18, roughly
+# 19`, `18 (19?)`): a second answer where its value differs (`18, or about 18.0` restates it;
+# one with a unit of its own, `18, around 2 dozen`, is another quantity)
+_NEAR_NUMBER_RE = re.compile(
+    r"\s*(?:\$|\*\*)*\s*(?:[,;]\s*(?:or\s+)?(?P<near>roughly|about|approximately|approx\.?"
+    r"|around|nearly|almost|~|≈)\s*|\(\s*(?P<bracket>)(?:(?:roughly|about|approximately|around"
+    r"|~|≈)\s*)?)\$?(?P<other>[-−]?\d[\d,]*(?:\.\d+)?)(?![\d,./]*\d|\s*[a-zA-Z])"
+    r"(?(bracket)\s*\??\s*\))",
     re.IGNORECASE,
 )
 # After stated math, an approximation or the same value in another form is no second answer
@@ -327,7 +347,9 @@ _QUESTION_UNITS = frozenset(("dozen", "dozens", "more", "fewer", "less"))
 # A time of day after a number (`3 p.m.`, `9 am`): a unit, not the letter `p`
 _TIME_OF_DAY_RE = re.compile(r"\s*[ap]\.?m\b\.?", re.IGNORECASE)
 _FIRST_WORD_RE = re.compile(r"\s*(?:\$|\*\*)*\s*([a-zA-Z]+)")
-_DENIED_RE = re.compile(r"[\s$]*(?:is|are|was|were)\s+(?:wrong|incorrect|not)\b", re.IGNORECASE)
+_DENIED_RE = re.compile(
+    r"[\s$]*(?:(?:is|are|was|were)\s+(?:wrong|incorrect|not)|or\s+so)\b", re.IGNORECASE
+)
 _LINE_RE = re.compile(r"[^\n]{0,200}")
 _THINK_CLOSE_RE = re.compile(r"</think>", re.IGNORECASE)
 # A fenced code block (to the end of the text when unclosed)
@@ -354,7 +376,9 @@ _FLAT_BOX_RE = re.compile(
 _GAP_CHARS = r"[\s$~,;()]*"
 _BOX_JOINER_RE = re.compile(
     rf"{_GAP_CHARS}(?:(?:[.!]\s*)?(?:or|and|and/or|also|vs\.?|versus|otherwise|else|either"
-    rf"|maybe|perhaps|possibly|alternatively)\b{_GAP_CHARS}(?:\([^()]{{0,60}}\){_GAP_CHARS})?)*"
+    rf"|maybe|perhaps|possibly|alternatively)\b{_GAP_CHARS}"
+    rf"(?:(?:it\s+(?:is|could\s+be|might\s+be|may\s+be)|it's)\b{_GAP_CHARS})?"
+    rf"(?:\([^()]{{0,60}}\){_GAP_CHARS})?)*"
     rf"|{_GAP_CHARS}if\b[^.!?\n]{{0,80}}\b(?:otherwise|else)\b{_GAP_CHARS}",
     re.IGNORECASE,
 )
@@ -580,7 +604,10 @@ def _stated_answer(text: str) -> str | None:
             or (len(word[1]) == 1 and word[1] not in UNIT_LETTERS and word[1] != "a")
         )
         changes = changes and not _TIME_OF_DAY_RE.match(found["rest"])
-        hedged = _QUALIFIED_RE.match(found["rest"])
+        near = _NEAR_NUMBER_RE.match(found["rest"])
+        hedged = _QUALIFIED_RE.match(found["rest"]) or (
+            near is not None and stated_number(near["other"]) != stated
+        )
         if not hedged and _UNIT_HEDGE_RE.match(found["rest"]):
             hedged = _unit_hedged(found["number"], found["rest"])
         elif not hedged:
@@ -599,12 +626,13 @@ def _stated_answer(text: str) -> str | None:
 
 def _another_number(rest: str) -> bool:
     """Whether the rest of a stated answer's sentence offers a second answer or changes it
-    (`_SECOND_ANSWER_RE`, `_STRONG_HEDGE_RE`, `_ALSO_ANSWER_RE`)."""
+    (`_SECOND_ANSWER_RE`, `_STRONG_HEDGE_RE`, `_ALSO_ANSWER_RE`, `_OR_AFTER_CLAUSE_RE`)."""
     sentence = _SENTENCE_END_RE.split(rest, maxsplit=1)[0]
     return bool(
         _SECOND_ANSWER_RE.match(sentence)
         or _STRONG_HEDGE_RE.search(sentence)
         or _ALSO_ANSWER_RE.search(sentence)
+        or _OR_AFTER_CLAUSE_RE.search(sentence)
     )
 
 
@@ -614,8 +642,12 @@ def _other_form(math_text: str, rest: str) -> bool:
     value = stated_number(math_text)
     near = _APPROXIMATION_RE.match(rest)
     if near:
-        said = _NUMBER_RE.search(_SENTENCE_END_RE.split(rest, maxsplit=1)[0], near.end())
-        return value is None or said is None or _rounds_to(said[0], value)
+        sentence = _SENTENCE_END_RE.split(rest, maxsplit=1)[0]
+        said = _NUMBER_RE.search(sentence, near.end())
+        if said is not None and _another_number(sentence[said.end() :]):
+            return False  # `$\frac{1}{2}$, about 0.5, or maybe $\frac{2}{3}$`
+        said_equal = "=" in near[0]
+        return value is None or said is None or _rounds_to(said[0], value, said_equal)
     other = _OTHER_FORM_RE.match(_SENTENCE_END_RE.split(rest, maxsplit=1)[0])
     if other is None or value is None:
         return False
@@ -625,14 +657,26 @@ def _other_form(math_text: str, rest: str) -> bool:
     return (found[0] / 100 if found[1] else found[0]) == value
 
 
-def _rounds_to(shown: str, value: Fraction) -> bool:
+def _rounds_to(shown: str, value: Fraction, said_equal: bool = False) -> bool:
     """Whether the number written `shown` is `value` rounded to the decimals it shows (`0.33`
-    for 1/3; not `0.7` for 1/2, nor `4` for 3)."""
+    for 1/3; not `0.7` for 1/2, nor `4` for 3); a fraction (`2/3`) is no rounding, nor a
+    decimal said equal (`= 0.8`) to a value whose decimals end (3/4 is 0.75)."""
     number = stated_number(shown)
     if number is None:
         return False
+    if "/" in shown or "frac" in shown or (said_equal and _terminates(value)):
+        return number == value
     places = len(shown.partition(".")[2])
     return abs(number - value) <= Fraction(1, 2 * 10**places)
+
+
+def _terminates(value: Fraction) -> bool:
+    """Whether `value`'s decimals end: its denominator has no prime factor but 2 and 5."""
+    denominator = value.denominator
+    for prime in (2, 5):
+        while denominator % prime == 0:
+            denominator //= prime
+    return denominator == 1
 
 
 def _final_math(text: str) -> str | None:

@@ -315,6 +315,21 @@ UNDONE = [
         "; 19 is also acceptable.", " as well as 19.", ", which might actually be 19.",
         ", though 19 is also correct.", " (19 would also be right).")),
     case("p", "The final answer is $3$, with $4$ also possible.", "3", 0.0),
+    # an approximation or a value said equal that is another number, after a stated one
+    *(case("p", f"The answer is 18{rest}", "18", 0.0) for rest in (
+        ", roughly 19.", ", or about 19.", ", approximately 19.", " (19).", " (19?).",
+        ", unless 19.", "; could be 19.", ", failing that 19.", " (19 instead if she eats two).",
+        " if she sells all, or 19.", " since 9 \u00d7 2 = 18, or 20.", ", up from 16, or 19.",
+        "\nor 19.", ". Maybe 19.", ". Perhaps 19 though.")),
+    case("p", "The final answer is $\\frac{3}{4}$ = 0.8.", "\\frac{3}{4}", 0.0),
+    case("p", "The final answer is $\\frac{1}{2}$, or roughly $\\frac{2}{3}$.", "\\frac{1}{2}", 0.0),
+    case("p", "The final answer is $\\frac{1}{2}$, about 0.5, or maybe $\\frac{2}{3}$.",
+         "\\frac{1}{2}", 0.0),
+    case("p", "The final answer is $\\frac{1}{2}$, equivalently 2/3.", "\\frac{1}{2}", 0.0),
+    case("p", "It is $\\boxed{19}$. Or it is $\\boxed{18}$.", "18", 0.0),
+    # the last number an approximation, or one near another
+    case("p", "She makes 18, roughly 19.", "19", 0.0),
+    case("p", "I'd guess around 18 or so.", "18", 0.0),
     # a constant, a fraction or a scale written right after the number
     case("p", "The answer is 2\u03c0.", "2", 0.0),
     case("p", "She needs 2\u00bd cups.", "2", 0.0),
@@ -612,6 +627,11 @@ STATED = [
     case("p", "The answer is 3 less.", "3", 1.0),
     case("p", "He arrives at 3 p.m. The answer is 3 p.m.", "3", 1.0),
     case("p", "The answer is 3 PM.", "3", 1.0),
+    # an approximate word before the last number, another quantity near a stated one
+    case("p", "The trip takes about 3 hours.", "3", 1.0),
+    case("p", "So she makes 18 dollars. That is approximately 18.", "18", 1.0),
+    case("p", "The answer is 18, around 2 dozen eggs' worth.", "18", 1.0),
+    case("p", "The answer is 3/8, or about 3/8.0.", "\\frac{3}{8}", 1.0),
     # two boxes that are two parts of one answer, a box repeated, a box after a finished sentence
     case("p", "\\[\\boxed{2}\\] and \\[\\boxed{3}\\]", "2, 3", 1.0),
     case("p", "\\boxed{72} or \\boxed{72}", "72", 1.0),
