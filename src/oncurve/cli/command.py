@@ -184,8 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
             type=_at_least(1),
             help="default: the run's rollout.max_new_tokens, else the model directory's "
             "generation_config.json (a run's final/ states what it trained with), else a run's "
-            "default for the model (64 for `default`, else 256); one that does not fit the "
-            "model is shortened, said in one line",
+            "default for the model (64 for `default`, else 256); a default that does not fit "
+            "the model is shortened, said in one line, and a value given that does not is an "
+            "error",
         )
         p.add_argument(
             "--temperature",

@@ -187,6 +187,12 @@ def encode_prompt(
             f"{where}: field {data.prompt_field!r} is a list of messages, and the tokenizer has "
             "no chat template to render them; give the prompt as text"
         )
+    if data.chat_template and not getattr(tokenizer, "chat_template", None):
+        raise UserError(
+            f"{where}: data.chat_template=true, but the model's tokenizer has no chat template "
+            "(model.path names a base model); set data.chat_template=false, or give model.path "
+            "an instruct model"
+        )
     chars = len(data.system_prompt or "") + (
         sum(len(str(m.get("content", ""))) for m in messages) if messages else len(prompt)
     )

@@ -162,6 +162,9 @@ def test_conversational_prompts_are_rendered_with_the_chat_template(tmp_path):
     path.write_text(json.dumps({"prompt": [{"text": "hi"}], "answer": "4"}) + "\n")
     with pytest.raises(UserError, match="line 1: field 'prompt' is a list but not of"):
         load_rows(str(path))
+    # a text prompt under data.chat_template with a tokenizer that has none: one line
+    with pytest.raises(UserError, match="x: data.chat_template=true, but the model's tokenizer"):
+        encode_prompt(tokenizer, "2+2?", DataConfig(chat_template=True), "x")
 
 
 def test_raw_gsm8k_answers_stop_the_run_before_step_1_and_extracted_ones_pass(
