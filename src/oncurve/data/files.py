@@ -49,7 +49,7 @@ TRAINER_COLUMNS = frozenset(
 )  # fmt: skip
 # What `load_rows` and `PromptData` write into each row: a column of the same name would be
 # overwritten (the original answer, the prompt's token ids, a conversational prompt's messages).
-ROW_COLUMNS = frozenset(("answer_raw", "prompt_ids", "prompt_messages"))
+ROW_COLUMNS = frozenset(("answer_raw", "prompt_ids", "prompt_messages", "prompt_tools"))
 # The columns TRL builds multimodal prompts from.
 IMAGE_COLUMNS = frozenset(("image", "images"))
 

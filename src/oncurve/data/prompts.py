@@ -103,7 +103,10 @@ class PromptData:
         for index, row in enumerate(rows):
             where = getattr(row, "where", "") or f"row {index}"
             messages = row.get("prompt_messages")
-            ids = encode_prompt(tokenizer, row["prompt"], data, where, messages=messages)
+            tools = row.get("prompt_tools")
+            ids = encode_prompt(
+                tokenizer, row["prompt"], data, where, messages=messages, tools=tools
+            )
             kept = Row(row, prompt_ids=ids)
             # a conversational prompt as the policy was given it, for the rewards to read: a
             # row's messages, or a prompt_template through the chat template (TRL's recipes
@@ -178,10 +181,12 @@ def encode_prompt(
     data: DataConfig,
     where: str,
     messages: list[dict[str, Any]] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """Token ids of a prompt after the optional system prompt and chat template; a
     conversational prompt (`messages`, which `prompt` then only names) always takes the chat
-    template. `where` locates the row in the error for a prompt over `data.max_prompt_tokens`."""
+    template, which shows `tools` (OpenAI's function definitions) where given. `where` locates
+    the row in the error for a prompt over `data.max_prompt_tokens`."""
     if messages is not None and not getattr(tokenizer, "chat_template", None):
         raise UserError(
             f"{where}: field {data.prompt_field!r} is a list of messages, and the tokenizer has "
@@ -205,8 +210,9 @@ def encode_prompt(
     messages = chat_messages(prompt, data, messages)
     if messages is not None:
         # transformers 5 returns a BatchEncoding (a Mapping, not a dict) unless told otherwise
+        shown = {"tools": tools} if tools else {}
         ids = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False, **shown
         )
         ids = list(ids)
     else:

@@ -60,13 +60,16 @@ def load_environment(spec: str, env_args: dict[str, Any]) -> Any:
 def environment_rows(spec: str, env_args: dict[str, Any], split: str) -> list[dict[str, Any]]:
     """The environment's rows of `split` ("train": its dataset; "eval": its eval dataset, none
     when it has none) as prompt rows: the prompt's messages (`prompt_messages`, rendered with the
-    chat template), its last user message as `prompt`, the `answer`, and the row as given."""
+    chat template), a tool environment's tools as the endpoint is sent them (`prompt_tools`, in
+    OpenAI's form: the chat template shows them, so the prompt's tokens count them), its last
+    user message as `prompt`, the `answer`, and the row as given."""
     env = load_environment(spec, env_args)
     if split == "train":
         dataset = env.get_dataset()
     else:
         env.build_eval_dataset()
         dataset = [] if env.eval_dataset is None else env.get_eval_dataset()
+    tools = [_openai_tool(tool) for tool in getattr(env, "tool_defs", None) or []]
     rows = []
     for index, record in enumerate(dataset):
         where = f"rollout.env {spec} {split} row {index}"
@@ -78,10 +81,20 @@ def environment_rows(spec: str, env_args: dict[str, Any], split: str) -> list[di
         rows.append({
             "prompt": user[-1] if user else messages[-1]["content"],
             "prompt_messages": messages,
+            **({"prompt_tools": tools} if tools else {}),
             "answer": record.get("answer"),
             INPUT: dict(record),
         })  # fmt: skip
     return rows
+
+
+def _openai_tool(tool: Any) -> dict[str, Any]:
+    """A verifiers `Tool` as its OpenAI client sends it (`{"type": "function", "function":
+    {...}}`)."""
+    function = {"name": tool.name, "description": tool.description, "parameters": tool.parameters}
+    if getattr(tool, "strict", None) is not None:
+        function["strict"] = tool.strict
+    return {"type": "function", "function": function}
 
 
 def _text(content: Any, where: str) -> str:

@@ -171,6 +171,19 @@ def test_a_tool_environment_runs_the_calls_the_policy_makes():
     assert tokenizer.decode(sampled).startswith('<tool_call>\n{"name": "add"')
 
 
+def test_a_tool_environments_rows_are_planned_with_their_tools_schema():
+    """The prompt the endpoint renders for a ToolEnv shows its tools: the rows' token counts,
+    which size the memory plan and the context checks, include them."""
+    from oncurve.config import DataConfig
+    from oncurve.data.prompts import PromptData
+
+    tokenizer = load_qwen3_tokenizer()
+    rows = environment_rows(SINGLE, {"kind": "tools"}, "train")
+    assert rows[0]["prompt_tools"][0]["function"]["name"] == "add"
+    (row,) = PromptData(rows[:1], tokenizer, DataConfig(chat_template=True), seed=0).rows
+    assert '"name": "add"' in tokenizer.decode(row["prompt_ids"])
+
+
 def test_a_missing_extra_or_environment_is_one_line(monkeypatch):
     with pytest.raises(UserError, match=r"^rollout.env verifiers:no_such_env: Could not import"):
         load_environment("verifiers:no_such_env", {})
