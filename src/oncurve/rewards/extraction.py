@@ -187,13 +187,16 @@ _CONDITION_WORDS = frozenset(
 # Alternatively, 19.`, `18. It might be 19.`; not `18. Actually, that is 9 eggs ...`
 # nor `No. of eggs sold: 9`)
 _RETRACTED_RE = re.compile(
-    r"[^\n.!?]{0,200}(?:[.!?]\s+|[ \t]*\n\s*)(?:or|actually|wait|no(?=\s*[,:!])|correction|hmm|rather"
+    r"[^\n.!?]{0,200}(?:[.!?]\s+(?:or|actually|wait|no(?=\s*[,:!])|correction|hmm|rather"
     r"|(?:maybe|perhaps|possibly)(?=\s+(?:it's\s+|it\s+is\s+)?\$?[-−]?\d)"
     r"|but\s+wait|sorry(?=\s*[,:!—-])|i\s+meant|never\s*mind|on\s+second\s+thought"
     r"|scratch\s+that|oops|whoops|my\s+(?:bad|mistake)|i\s+made\s+(?:an?\s+)?(?:error|mistake)"
     r"|alternatively|it\s+(?:might|could)\s+(?:also\s+)?be)\b"
     r"(?![,:\s]*(?:that\s+is\s+\$?\d|that's\s+(?:\$?\d|per\b)|which\s+is|i\.e\."
-    r"|in\s+(?:other\s+)?words|written\s+out|equivalently|because|since))(?P<after>[^\n]{0,80})",
+    r"|in\s+(?:other\s+)?words|written\s+out|equivalently|because|since))"
+    # a next line that is only another number (`18\nor 19`; not `18 dollars\nor 1800 cents`)
+    r"|[ \t]*\n\s*(?:or|maybe|perhaps|possibly)"
+    r"(?=\s+\$?[-−]?\d[\d,]*(?:\.\d+)?\s*[.!?]?[ \t]*(?:\n|$)))(?P<after>[^\n]{0,80})",
     re.IGNORECASE,
 )
 # "The answer is East." / "The answer is (C)." / "**Answer:** B": a word or a choice's letter
@@ -298,24 +301,30 @@ _STRONG_HEDGE_RE = re.compile(
 # Anywhere in the sentence, another number said to be an answer too (`18; 19 is also
 # acceptable`, `18 (19 would also be right)`, `$3$, with $4$ also possible`)
 _ALSO_ANSWER_RE = re.compile(
-    r"(?<![\w.])[-−]?\d[\d,.]*\$?\s+(?:instead\b|(?:[a-zA-Z]+\s+){0,2}?also\s+(?:be\s+)?"
+    r"(?<![\w.])(?P<other>[-−]?\d[\d,]*(?:\.\d+)?)\$?\s+(?:instead\b|(?P<words>(?:[a-zA-Z]+\s+){0,2}?)"
+    r"also\s+(?:be\s+)?"
     r"(?:acceptable|possible|correct|right|valid|plausible|works?|an?\s+(?:\w+\s+)?answer)\b)",
     re.IGNORECASE,
 )
-# After a condition or a reason, another number offered with "or" (`18 if she sells all, or
-# 19`, `18, up from 16, or 19`); `540 meters, about half a kilometer, or 0.54 km` restates it
+# Words between a number and "also acceptable" that say it is (`19 would also be right`); any
+# other is its unit (`1800 cents is also correct`: the same amount)
+_SAYING_WORDS = frozenset(("is", "are", "was", "would", "could", "might", "may", "will", "be"))
+# After a condition or a reason, another number offered with "or" at the sentence's end (`18 if
+# she sells all, or 19`, `18, up from 16, or 19`); one with a unit, an operator or the same
+# value restates it (`540 meters, as 9 x 60 = 540, or 0.54 km`, `18, since ..., or 36/2`)
 _OR_AFTER_CLAUSE_RE = re.compile(
     r"\b(?:if|since|because|as|when|from|unless|assuming|given)\b[^.;]{0,80}?,\s*or\s+"
-    r"(?:(?:maybe|perhaps|possibly|even)\s+)?\$?[-−]?(?:\d|\\[dtc]?frac\b)",
+    r"(?:(?:maybe|perhaps|possibly|even)\s+)?\$?(?P<other>[-−]?\d[\d,]*(?:\.\d+)?(?:/\d+)?)"
+    r"\$?\s*[.!?]?\s*$",
     re.IGNORECASE,
 )
 # Right after a stated number, another one said near it or in brackets alone (`18, roughly
 # 19`, `18 (19?)`): a second answer where its value differs (`18, or about 18.0` restates it;
-# one with a unit of its own, `18, around 2 dozen`, is another quantity)
+# one with a unit or a percent sign of its own, `18, around 2 dozen`, is another quantity)
 _NEAR_NUMBER_RE = re.compile(
     r"\s*(?:\$|\*\*)*\s*(?:[,;]\s*(?:or\s+)?(?P<near>roughly|about|approximately|approx\.?"
     r"|around|nearly|almost|~|≈)\s*|\(\s*(?P<bracket>)(?:(?:roughly|about|approximately|around"
-    r"|~|≈)\s*)?)\$?(?P<other>[-−]?\d[\d,]*(?:\.\d+)?)(?![\d,./]*\d|\s*[a-zA-Z])"
+    r"|~|≈)\s*)?)\$?(?P<other>[-−]?\d[\d,]*(?:\.\d+)?)(?![\d,./]*\d|\s*[a-zA-Z%\\])"
     r"(?(bracket)\s*\??\s*\))",
     re.IGNORECASE,
 )
@@ -334,8 +343,10 @@ _OTHER_FORM_RE = re.compile(
     re.IGNORECASE,
 )
 # A stated sum worked out to its result, one `=` (`48 + 24 = 72`)
+_SUM_OPERAND = r"\s*\d+(?:,\d{3})*(?:\.\d+)?\s*"
 _WORKED_SUM_RE = re.compile(
-    r"[\d\s.,()]+(?:[-−+*/×·÷][\d\s.,()]+)+=\s*(?P<result>[-−]?\d[\d,]*(?:\.\d+)?)\s*\.?"
+    rf"(?P<sum>{_SUM_OPERAND}(?:[-−+*/×·÷]{_SUM_OPERAND})+)="
+    r"\s*(?P<result>[-−]?\d+(?:,\d{3})*(?:\.\d+)?)\s*\.?"
 )
 # The number a `####` line starts with
 _LEADING_NUMBER_RE = re.compile(rf"\\?\$?\s*(?:{_NUMBER})(?![\d_]|[.,]\d)")
@@ -587,7 +598,12 @@ def _stated_answer(text: str) -> str | None:
         if _other_form(stated, rest):
             return stated
         # "$3$ or $4$", "$\frac{1}{2}$, approximately 0.7": read whole
-        if _QUALIFIED_RE.match(rest) or _another_number(rest) or _APPROXIMATION_RE.match(rest):
+        value = stated_number(stated)
+        if (
+            _QUALIFIED_RE.match(rest)
+            or _another_number(rest, value)
+            or _APPROXIMATION_RE.match(rest)
+        ):
             return f"{stated}{_SENTENCE_END_RE.split(rest, maxsplit=1)[0]}".strip()
         return stated
     found = _last_match(_ANSWER_NUMBER_RE, text, len(text), tail)
@@ -611,7 +627,7 @@ def _stated_answer(text: str) -> str | None:
         if not hedged and _UNIT_HEDGE_RE.match(found["rest"]):
             hedged = _unit_hedged(found["number"], found["rest"])
         elif not hedged:
-            hedged = _another_number(found["rest"])
+            hedged = _another_number(found["rest"], stated)
         if not hedged and not changes:
             return found["number"]
         # "18 or 26", "18 squared": the sentence states no one number; matching judges it whole;
@@ -619,21 +635,47 @@ def _stated_answer(text: str) -> str | None:
         sentence = _SENTENCE_END_RE.split(found["rest"], maxsplit=1)[0]
         whole = f"{found['number']}{sentence}".strip()
         worked = _WORKED_SUM_RE.fullmatch(whole)
-        return whole if worked is None else worked["result"]
+        if worked is None or _sum_value(worked["sum"]) != stated_number(worked["result"]):
+            return whole  # no sum, or a false one: no one result
+        return worked["result"]
     found = _ANSWER_WORD_RE.search(text, tail)
     return None if found is None else found["word"]
 
 
-def _another_number(rest: str) -> bool:
+def _sum_value(text: str) -> Fraction | None:
+    """The value of `text`, numbers joined by + - × ÷ (`_WORKED_SUM_RE`'s sum), the products
+    first; None for a division by zero."""
+    total = Fraction(0)
+    for sign, term in re.findall(r"([-−+]?)([^-−+]+)", text.replace(",", "")):
+        parts = re.split(r"([*/×·÷])", term)
+        value = Fraction(parts[0].strip())
+        for operator, operand in zip(parts[1::2], parts[2::2], strict=True):
+            number = Fraction(operand.strip())
+            if operator in "/÷" and number == 0:
+                return None
+            value = value / number if operator in "/÷" else value * number
+        total += -value if sign in ("-", "−") else value
+    return total
+
+
+def _another_number(rest: str, value: Fraction | None = None) -> bool:
     """Whether the rest of a stated answer's sentence offers a second answer or changes it
-    (`_SECOND_ANSWER_RE`, `_STRONG_HEDGE_RE`, `_ALSO_ANSWER_RE`, `_OR_AFTER_CLAUSE_RE`)."""
+    (`_SECOND_ANSWER_RE`, `_STRONG_HEDGE_RE`, `_ALSO_ANSWER_RE`, `_OR_AFTER_CLAUSE_RE`); a number
+    the last two offer that is the stated `value` restates it."""
     sentence = _SENTENCE_END_RE.split(rest, maxsplit=1)[0]
-    return bool(
-        _SECOND_ANSWER_RE.match(sentence)
-        or _STRONG_HEDGE_RE.search(sentence)
-        or _ALSO_ANSWER_RE.search(sentence)
-        or _OR_AFTER_CLAUSE_RE.search(sentence)
-    )
+    if _SECOND_ANSWER_RE.match(sentence) or _STRONG_HEDGE_RE.search(sentence):
+        return True
+    for also in _ALSO_ANSWER_RE.finditer(sentence):
+        words = (also["words"] or "").lower().split()
+        if all(w in _SAYING_WORDS for w in words) and _another_value(also["other"], value):
+            return True
+    clause = _OR_AFTER_CLAUSE_RE.search(sentence)
+    return clause is not None and _another_value(clause["other"], value)
+
+
+def _another_value(number: str, value: Fraction | None) -> bool:
+    """Whether the number written `number` is not the stated `value` (None: any number is)."""
+    return value is None or stated_number(number) != value
 
 
 def _other_form(math_text: str, rest: str) -> bool:

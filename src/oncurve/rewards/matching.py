@@ -233,8 +233,8 @@ def answers_match(
             return pred_list is not None and sorted(pred_list) == sorted(gold_list)
     if not (looks_symbolic(pred) and looks_symbolic(ref) and _tame(pred) and _tame(ref)):
         return False
-    if strict and _bracketed(ref) and not _bracketed(EQUALS_RE.split(pred)[-1]):
-        return False  # a pair or an interval asked for, a list or a set given (`3 or 4`)
+    if strict and _bracketed(ref) and _UNORDERED_RE.search(pred):
+        return False  # a pair or an interval asked for, a set or a hedge given (`3 or 4`)
     if strict and (_undone(pred, ref) or (prompt and _restates(pred, prompt, ref))):
         return False
     from oncurve.rewards.math import symbolic_equal
@@ -294,6 +294,10 @@ def _false_equation(predicted: str, gold: str) -> bool:
         if not equation and not _NAME_RE.fullmatch(left):
             return True
     return False
+
+
+# A set's braces, or "or" between parts (normalised: `3or4`): no pair nor interval
+_UNORDERED_RE = re.compile(r"^\\\{|(?<![a-zA-Z])or(?![a-zA-Z])")
 
 
 def _bracketed(text: str) -> bool:

@@ -31,7 +31,7 @@ SPACING_RE = re.compile(r"\\left|\\right|\\displaystyle|(?<!\\)\\[,;:! ]")
 _WRAPPERS = (("**", "**"), ("__", "__"), ("*", "*"), ("`", "`"), ("$$", "$$"), ("$", "$"))
 _WRAPPERS += (("\\(", "\\)"), ("\\[", "\\]"), ("(", ")"), ("{", "}"))
 _STATED_RE = re.compile(
-    r"""(?:(?:[a-zA-Z]{1,12}(?:_\{?[a-zA-Z0-9]+\}?)?|[a-zA-Z]{1,3}\(\s*-?\d+(?:\.\d+)?\s*\)
+    r"""(?:(?P<name>[a-zA-Z]{1,12}(?:_\{?[a-zA-Z0-9]+\}?)?|[a-zA-Z]{1,3}\(\s*-?\d+(?:\.\d+)?\s*\)
            |\\(?!not(?![a-zA-Z]))[a-zA-Z]+)\s*=
         |\\approx|≈|=)?\s*
     (?P<sign>[-+]?)\s*(?:\$|€|£|¥|₹|₩|₽)?\s*(?P<sign2>[-+]?)\s*
@@ -201,6 +201,8 @@ def stated(text: str, *, reduced: bool = False) -> tuple[Fraction, bool, str] | 
         return None
     match = _STATED_RE.fullmatch(undress(text))
     if match is None or (match["sign"] and match["sign2"]):
+        return None
+    if match["name"] and match["name"].lower() in NOT_UNITS:  # `wrong = 4`
         return None
     words = (match["words"] or "").strip().lower()
     if changes_value(match["words"] or ""):

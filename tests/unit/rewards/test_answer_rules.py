@@ -330,6 +330,10 @@ UNDONE = [
     # the last number an approximation, or one near another
     case("p", "She makes 18, roughly 19.", "19", 0.0),
     case("p", "I'd guess around 18 or so.", "18", 0.0),
+    # a worked sum after another number, or a false one, states no result
+    case("p", "The answer is 20, 9 \u00d7 2 = 18.", "18", 0.0),
+    case("p", "The answer is 18 + 2 = 18.", "18", 0.0),
+    case("p", "\\boxed{\\text{wrong} = 4}", "4", 0.0),
     # a constant, a fraction or a scale written right after the number
     case("p", "The answer is 2\u03c0.", "2", 0.0),
     case("p", "She needs 2\u00bd cups.", "2", 0.0),
@@ -627,6 +631,20 @@ STATED = [
     case("p", "The answer is 3 less.", "3", 1.0),
     case("p", "He arrives at 3 p.m. The answer is 3 p.m.", "3", 1.0),
     case("p", "The answer is 3 PM.", "3", 1.0),
+    # forms the rules above must not refuse: an interval after "x in", named values for a pair,
+    # a reason restating the value in another form, a percentage near it, an equal value "also
+    # acceptable", another unit on the next line
+    case("p", "\\boxed{x \\in [2, \\infty)}", "[2, \\infty)", 1.0),
+    case("p", "\\boxed{x \\in (-2, 2)}", "(-2, 2)", 1.0),
+    case("p", "\\boxed{x=1, y=3}", "(1, 3)", 1.0),
+    *(case("p", f"The answer is 18{rest}", "18", 1.0) for rest in (
+        " because she has 9 eggs left, or 9 \u00d7 2 dollars.", " since 9 \u00d7 2 = 18, or 36/2.",
+        " since 180/60 = 3 times 6, or 18.0.", ", about 83% of her hourly rate.",
+        "; 18.0 is also acceptable.", "; 1800 cents is also correct.",
+        " dollars\nor 1800 cents.")),
+    case("p", "The answer is $\\frac{3}{8}$ since 3 of the 8 outcomes work, or 0.375.",
+         "\\frac{3}{8}", 1.0),
+    case("p", "**Answer: 3** since white is half of 2, or 1 bolt.", "3", 1.0),
     # an approximate word before the last number, another quantity near a stated one
     case("p", "The trip takes about 3 hours.", "3", 1.0),
     case("p", "So she makes 18 dollars. That is approximately 18.", "18", 1.0),

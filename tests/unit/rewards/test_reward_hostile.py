@@ -243,6 +243,8 @@ def test_hostile_completion(
 def test_lenient_matching_pays_for_expressions_as_before() -> None:
     assert lenient_answer_match_reward([SUM], ["\\boxed{25+4}"], answer=["29"]) == [1.0]
     assert lenient_answer_match_reward(["p"], ["\\boxed{\\frac{144}{2}}"], answer=["72"]) == [1.0]
+    # an exact zero math-verify leaves unevaluated (`\sin(\pi)`) is still zero
+    assert lenient_answer_match_reward(["p"], ["\\boxed{\\sin(\\pi)}"], answer=["0"]) == [1.0]
     # the bounds hold in both modes
     assert lenient_answer_match_reward(["p"], ["\\boxed{9^{9^{9^{9}}}}"], answer=["5"]) == [0.0]
     assert lenient_answer_match_reward(["p"], ["\\boxed{1e999999999}"], answer=["1"]) == [0.0]
