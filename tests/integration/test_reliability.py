@@ -349,6 +349,20 @@ def test_resume_from_a_given_checkpoint_and_refuse_another_world_size(
     )
 
 
+def test_a_bad_input_on_every_rank_is_one_line_from_the_launcher(tiny_model_dir, tmp_path):
+    """Every rank of a 2-rank job meets the same bad input: the launcher says it once, with
+    the ranks' exit status (2), and no traceback of torchrun's."""
+    missing = tmp_path / "missing.jsonl"
+    command = [sys.executable, "-m", "oncurve", "train", "dist.nproc=2", "run.device=cpu",
+               f"model.path={tiny_model_dir}", f"data.path={missing}", "run.steps=1",
+               f"run.dir={tmp_path / 'run'}"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    line = f"oncurve: error: {missing}: no such file or directory"
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.count(line) == 1 and done.stderr.rstrip().endswith(line)
+    assert "Traceback" not in done.stderr and "OMP_NUM_THREADS" not in done.stderr
+
+
 def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 

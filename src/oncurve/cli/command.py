@@ -22,7 +22,7 @@ from oncurve.cli.tools import (
     report_command,
     warmstart_command,
 )
-from oncurve.cli.train import train_command
+from oncurve.cli.train import report_error, train_command
 from oncurve.errors import CheckpointError, TrainingError, UserError
 
 
@@ -44,23 +44,19 @@ def main(argv: list[str] | None = None) -> int:
         hf_logging.disable_progress_bar()
         return args.run(args)
     except UserError as err:
-        print(f"oncurve: error: {err}", file=sys.stderr)
-        return 2
+        return report_error(f"oncurve: error: {err}", 2)
     except (CheckpointError, TrainingError) as err:
-        print(f"oncurve: error: {err}", file=sys.stderr)
-        return 1
+        return report_error(f"oncurve: error: {err}", 1)
     except OSError as err:  # a full disk, a read-only or missing directory: the file and why
         where = f"{err.filename}: " if err.filename else ""
-        print(f"oncurve: error: {where}{err.strerror or err}", file=sys.stderr)
-        return 1
+        return report_error(f"oncurve: error: {where}{err.strerror or err}", 1)
     except RuntimeError as err:  # on a rank of a job whose peer failed: one line, not a trace
         from oncurve.distributed import collective_failure
 
         line = collective_failure(err)
         if line is None:
             raise
-        print(f"oncurve: error: {line}", file=sys.stderr)
-        return 1
+        return report_error(f"oncurve: error: {line}", 1)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -6,8 +6,10 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,6 +59,9 @@ def train_command(args: argparse.Namespace) -> int:
     return 0
 
 
+# Where a rank of a launched job leaves its error line (`report_error`)
+RANK_REPORTS = "ONCURVE_RANK_REPORTS"
+
 # How long torchrun lets its ranks finish after it forwards a signal itself (one that reached
 # it directly, as a scheduler that signals every process of a job does) before it kills them:
 # a step and a checkpoint, not torchrun's 30 s.
@@ -72,6 +77,44 @@ def _check_resumed_ranks(config: Config) -> None:
     if found is not None and (found / checkpoint.COMPLETE).is_file():
         state = checkpoint.read_state(found)
         checkpoint.check_saved_ranks(found, state, config.dist.nproc)
+
+
+# torchrun's main, whose failure (a rank's non-zero exit) ends it without a traceback: the
+# ranks' own errors are reported by the launcher (`report_error`)
+_TORCHRUN = (
+    "import sys\n"
+    "from torch.distributed.elastic.multiprocessing.errors import ChildFailedError\n"
+    "from torch.distributed.run import parse_args, run\n"
+    "try:\n"
+    "    run(parse_args(sys.argv[1:]))\n"
+    "except ChildFailedError:\n"
+    "    sys.exit(1)\n"
+)
+
+
+def report_error(line: str, code: int) -> int:
+    """`code`, with `line` printed to stderr; on a rank of a job `oncurve train` launched, the
+    line left for the launcher instead (`RANK_REPORTS`), which prints each rank's line once."""
+    reports, rank = os.environ.get(RANK_REPORTS), os.environ.get("RANK")
+    if reports and rank is not None:
+        try:
+            Path(reports, f"rank-{int(rank)}").write_text(json.dumps([code, line]))
+            return code
+        except (OSError, ValueError):  # the launcher's directory gone: say it here
+            pass
+    print(line, file=sys.stderr)
+    return code
+
+
+def _reported(reports: Path) -> tuple[list[str], int]:
+    """The ranks' error lines (each once, in rank order) and their worst exit status."""
+    found = []
+    for path in sorted(reports.glob("rank-*"), key=lambda p: int(p.name[len("rank-") :])):
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            code, line = json.loads(path.read_text())
+            found.append((int(code), str(line)))
+    lines = list(dict.fromkeys(line for _, line in found))
+    return lines, max((code for code, _ in found), default=0)
 
 
 def _launch_torchrun(nproc: int, argv: list[str]) -> int:
@@ -95,8 +138,8 @@ def _launch_torchrun(nproc: int, argv: list[str]) -> int:
 
     command = [
         sys.executable,
-        "-m",
-        "torch.distributed.run",
+        "-c",
+        _TORCHRUN,
         "--standalone",
         f"--nproc-per-node={nproc}",
         # a signal that reaches torchrun directly is forwarded too, never its default action
@@ -117,23 +160,31 @@ def _launch_torchrun(nproc: int, argv: list[str]) -> int:
 
     previous = {sig: signal.signal(sig, forward) for sig in (*STOP_SIGNALS, signal.SIGQUIT)}
     launcher = os.getpid()
+    reports = Path(tempfile.mkdtemp(prefix="oncurve-ranks-"))
+    # the ranks' errors come back here; one thread each, as torchrun gives them by default
+    env = {**os.environ, RANK_REPORTS: str(reports)}
+    env.setdefault("OMP_NUM_THREADS", "1")
     try:
         started.append(
             subprocess.Popen(
-                command, start_new_session=True, preexec_fn=lambda: _end_with(launcher)
+                command, env=env, start_new_session=True, preexec_fn=lambda: _end_with(launcher)
             )
         )
         if forwarded:  # a signal came while torchrun was starting
             forward(forwarded.pop(), None)
         code = started[0].wait()  # a signal runs `forward`, and the wait goes on
+        lines, ranks_code = _reported(reports)
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+        shutil.rmtree(reports, ignore_errors=True)
+    for line in lines:
+        print(line, file=sys.stderr)
     if code < 0:  # torchrun itself killed by a signal
         code = 128 - code
     if forwarded and code != 0:
         return 128 + forwarded[-1]
-    return code
+    return ranks_code if code != 0 and ranks_code else code
 
 
 def _end_with(parent: int) -> None:
