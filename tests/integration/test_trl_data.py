@@ -5,6 +5,7 @@ logged metrics in metrics.jsonl."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -125,3 +126,18 @@ def test_reward_functions_pass_to_train_as_trl_takes_them(chat_model_dir, tmp_pa
     assert abs(metrics["reward/mean"] - expected) < 1e-6
     with pytest.raises(UserError, match="reward_weights: 2 weights for 3 reward_funcs"):
         oncurve.train(config, reward_funcs=[accuracy_reward] * 3, reward_weights=[1.0, 1.0])
+    with pytest.raises(UserError, match="reward_weights: finite numbers are needed"):
+        oncurve.train(config, reward_funcs=accuracy_reward, reward_weights=[float("nan")])
+    with pytest.raises(UserError, match="reward_weights: numbers are needed"):
+        oncurve.train(config, reward_funcs=accuracy_reward, reward_weights=["x"])
+    # resumed from its own config.yaml, given the functions again (one alone, as TRL takes it)
+    saved = oncurve.load_config(run / "config.yaml", ["run.steps=2", "run.resume=auto"])
+    assert [f.name for f in saved.reward.functions][-1] == "given:Constant"
+    oncurve.train(saved, quiet=True, reward_funcs=[accuracy_reward, length_bonus(0.1), Constant()],
+                  reward_weights=[1.0, 0.0, 2.0])  # fmt: skip
+    assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")][-1] == 2
+    # and not given them: refused, not trained on another reward
+    again = oncurve.load_config(run / "config.yaml", ["run.steps=3", "run.resume=auto"])
+    again = dataclasses.replace(again, reward=dataclasses.replace(again.reward, functions=[]))
+    with pytest.raises(UserError, match="had given:Constant, given:bonus, passed to oncurve.train"):
+        oncurve.train(again, quiet=True, reward_funcs=accuracy_reward)

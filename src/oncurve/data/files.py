@@ -237,7 +237,7 @@ def _messages(value: list, where: str, field: str) -> list[dict[str, Any]]:
         )
     # a null content as "" (OpenAI writes null beside tool calls; Qwen's templates refuse it)
     return [
-        {**{k: v for k, v in m.items() if v is not None}, "content": m["content"] or ""}
+        {**{k: v for k, v in m.items() if v is not None}, "content": m.get("content") or ""}
         for m in value
     ]
 

@@ -211,9 +211,15 @@ def encode_prompt(
     if messages is not None:
         # transformers 5 returns a BatchEncoding (a Mapping, not a dict) unless told otherwise
         shown = {"tools": tools} if tools else {}
-        ids = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, return_dict=False, **shown
-        )
+        try:
+            ids = tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False, **shown
+            )
+        except Exception as error:  # the template's own refusal (jinja's or its raise_exception)
+            message = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise UserError(
+                f"{where}: the chat template cannot render the prompt's messages ({message})"
+            ) from None
         ids = list(ids)
     else:
         text = f"{data.system_prompt}\n\n{prompt}" if data.system_prompt else prompt

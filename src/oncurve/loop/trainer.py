@@ -8,6 +8,7 @@ Building a run is `oncurve.run.setup`; the run directory `oncurve.run.rundir`; s
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -28,7 +29,7 @@ from oncurve.loop.reward_signal import DeadStepWatch, check_gold_answers
 from oncurve.loop.training_step import training_step
 from oncurve.model.devices import resolve_device
 from oncurve.model.saving import save_final, save_lora_final, trained_generation
-from oncurve.rewards.registry import ANSWER_MATCH_REWARDS, give_rewards
+from oncurve.rewards.registry import ANSWER_MATCH_REWARDS, GIVEN_PREFIX, give_rewards
 from oncurve.rewards.runner import runner_settings
 from oncurve.rewards.trl_contract import TrainerState
 from oncurve.run import checkpoint, oom
@@ -64,31 +65,46 @@ def train(
     config: Config,
     *,
     quiet: bool = False,
-    reward_funcs: Sequence[Callable[..., Any]] = (),
+    reward_funcs: Callable[..., Any] | Sequence[Callable[..., Any]] = (),
     reward_weights: Sequence[float] | None = None,
 ) -> TrainResult:
     """Run GRPO as configured; returns the run directory and held-out accuracy before/after.
-    `reward_funcs` (weighted by `reward_weights`, else 1 each) are TRL's: reward functions,
-    called with TRL's keywords, added after `reward.functions`; a resumed run is given them
-    again (its config names each `given:<name>`)."""
+    `reward_funcs` (one or a list, weighted by `reward_weights`, else 1 each) are TRL's: reward
+    functions, called with TRL's keywords, after `reward.functions`, named `given:<name>` there
+    (a config that names them already, a resumed run's config.yaml, has them replaced); a
+    resumed run is given them again."""
+    if callable(reward_funcs):
+        reward_funcs = [reward_funcs]
     if reward_funcs:
-        weights = [1.0] * len(reward_funcs) if reward_weights is None else list(reward_weights)
-        if len(weights) != len(reward_funcs):
-            raise UserError(
-                f"reward_weights: {len(weights)} weights for {len(reward_funcs)} reward_funcs"
-            )
-        given = [
-            RewardFnConfig(spec, w)
-            for spec, w in zip(give_rewards(reward_funcs), weights, strict=True)
-        ]
         config = replace(
-            config, reward=replace(config.reward, functions=[*config.reward.functions, *given])
+            config,
+            reward=replace(
+                config.reward, functions=_with_given(config, reward_funcs, reward_weights)
+            ),
         )
     elif reward_weights is not None:
         raise UserError("reward_weights: no reward_funcs to weigh")
     cuda = resolve_device(config.run.device).type == "cuda"
     with deterministic_kernels(cuda and config.run.deterministic):
         return _train(config, quiet)
+
+
+def _with_given(
+    config: Config, fns: Sequence[Callable[..., Any]], weights: Sequence[float] | None
+) -> list[RewardFnConfig]:
+    """`reward.functions` with the functions given to `train` in place of any named before."""
+    weights = [1.0] * len(fns) if weights is None else list(weights)
+    if len(weights) != len(fns):
+        raise UserError(f"reward_weights: {len(weights)} weights for {len(fns)} reward_funcs")
+    try:
+        weights = [float(w) for w in weights]
+    except (TypeError, ValueError):
+        raise UserError(f"reward_weights: numbers are needed, got {weights!r}") from None
+    if not all(math.isfinite(w) for w in weights):
+        raise UserError(f"reward_weights: finite numbers are needed, got {weights}")
+    named = [f for f in config.reward.functions if not f.name.startswith(GIVEN_PREFIX)]
+    given = zip(give_rewards(fns), weights, strict=True)
+    return [*named, *(RewardFnConfig(spec, weight) for spec, weight in given)]
 
 
 def _train(config: Config, quiet: bool) -> TrainResult:
@@ -269,8 +285,8 @@ def _preflight(s: Session) -> None:
 def _check_gold(s: Session) -> None:
     """`oncurve.loop.reward_signal.check_gold_answers` on a dataset run whose evaluation reads
     the `correct` reward (a built-in task's rows are made with their answers): a reference that
-    reward cannot pay stops a run it trains, and is a note where the run's own rewards do not
-    read the answers (TRL's recipes pass a `solution` column that is a whole program)."""
+    reward cannot pay stops a run it trains, and is a note where `correct` is none of the run's
+    rewards (TRL's code recipes pass a `solution` column that is a whole program)."""
     cfg = s.config
     if cfg.data.path is None or s.correct not in ANSWER_MATCH_REWARDS:
         return
@@ -280,9 +296,9 @@ def _check_gold(s: Session) -> None:
         if s.rewards.verifier is not None:
             raise
         line = (
-            f"note: gold answers: {error}; no reward of reward.functions reads them, so "
-            "training goes on, but held-out accuracy (eval/accuracy, which reads them) will "
-            "not mean much"
+            f"note: gold answers: {error}; training goes on, as `correct` is none of "
+            "reward.functions, but held-out accuracy (eval/accuracy) reads them this way, and "
+            "a reward of reward.functions that compares with `answer` reads them as they are"
         )
     if s.rank == 0:
         print(line, file=sys.stderr)

@@ -140,14 +140,15 @@ _GIVEN: dict[str, RewardFn] = {}
 def give_rewards(fns: Sequence[Callable[..., Any]]) -> list[str]:
     """Specs (`given:<name>`) that `resolve_reward` resolves to `fns`, callables passed as TRL's
     `reward_funcs` are (a function, a factory's closure, an object with `__call__`), each named
-    by its `__name__` or its class's, numbered after the first where two share one."""
+    by its `__name__` or its class's, numbered after the first where two of them share one; a
+    run given a function of a name an earlier run of the process was given takes its place."""
     specs = []
     for fn in fns:
         if not callable(fn):
             raise UserError(f"reward_funcs: {fn!r} is not callable")
         name = getattr(fn, "__name__", None) or type(fn).__name__
         spec, count = f"{GIVEN_PREFIX}{name}", 1
-        while spec in specs or (spec in _GIVEN and _GIVEN[spec] is not fn):
+        while spec in specs:
             count += 1
             spec = f"{GIVEN_PREFIX}{name}_{count}"
         _GIVEN[spec] = fn

@@ -53,6 +53,7 @@ from oncurve.model.sources import (
     resolve_model_path,
 )
 from oncurve.model.weights import add_lora, enable_gradient_checkpointing
+from oncurve.rewards.registry import GIVEN_PREFIX
 from oncurve.rewards.runner import RewardRunner
 from oncurve.rollout import Sampler, SamplerSettings, backend_named
 from oncurve.rollout.base import check_room, check_stops
@@ -341,6 +342,13 @@ def _changes(s: Session, state: dict, checkpoint_dir: Path) -> dict[str, list[An
     fingerprints = (state.get("data_fingerprint"), s.data_fingerprint)
     forced = s.config.run.force_changes
     why = refusal(changes, s.start_step, s.config.run.steps, fingerprints, forced)
+    if why is None and "reward.functions" in changes:
+        saved, current = ({f["name"] for f in fns or []} for fns in changes["reward.functions"])
+        if missing := sorted(n for n in saved - current if n.startswith(GIVEN_PREFIX)):
+            why = (
+                f"reward.functions had {', '.join(missing)}, passed to "
+                "oncurve.train(reward_funcs=...): resume it from Python with them again"
+            )
     if why is not None:
         raise UserError(f"cannot resume {checkpoint_dir}: {why}")
     if fingerprints[0] is not None and fingerprints[0] != fingerprints[1]:

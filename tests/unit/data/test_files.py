@@ -242,6 +242,19 @@ def test_a_messages_other_keys_are_kept(tmp_path):
         messages[2],
         messages[3],
     ]
+    no_content = tmp_path / "no_content.jsonl"
+    write_jsonl(str(no_content), [{"prompt": [messages[0], {"role": "assistant", "tool_calls": [call]}, messages[3]], "answer": "rain"}])  # fmt: skip
+    assert load_rows(str(no_content))[0]["prompt_messages"][1]["content"] == ""
+    # a call the template cannot render (its arguments a string) is one line naming the row
+    from helpers.episodes import load_qwen3_tokenizer
+
+    from oncurve.config import DataConfig
+    from oncurve.data.prompts import encode_prompt
+
+    odd = [messages[0], {"role": "assistant", "content": "", "tool_calls": "[]"}]
+    tokenizer = load_qwen3_tokenizer()
+    with pytest.raises(UserError, match="^row 3: the chat template cannot render the prompt"):
+        encode_prompt(tokenizer, "x", DataConfig(chat_template=True), "row 3", messages=odd)
     bad = tmp_path / "bad.jsonl"
     write_jsonl(str(bad), [{"prompt": [{"role": "user", "content": None}], "answer": "1"}])
     assert "not of {role, content} messages" in _one_line_error("messages", str(bad))
