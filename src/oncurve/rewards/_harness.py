@@ -138,10 +138,10 @@ _BINDING_OPS = frozenset(("STORE_NAME", "DELETE_NAME", "STORE_GLOBAL", "DELETE_G
 
 
 class _Missing(AttributeError):
-    """A program's object without one of the attributes `_PROBED`, as `getattr` says to
-    `dict()`, which probes for `keys`, or to the tests' `hasattr(x, "__dict__")` (a class with
-    `__slots__` has none); any other missing attribute is the program's error (one it could raise on
-    purpose to end a `try` the tests wrote for another)."""
+    """A program's object without one of the attributes `_PROBED` or `_NAMED`, as `getattr`
+    says to `dict()`, which probes for `keys`, or to the tests' `hasattr(x, "__dict__")` (a class
+    with `__slots__` has none) and `hasattr(x, "__name__")`; any other missing attribute is the
+    program's error (one it could raise on purpose to end a `try` the tests wrote for another)."""
 
 
 _PROBED = frozenset(("keys", "__dict__"))
@@ -198,8 +198,8 @@ def _pack(value: Any, swap: Any = lambda v: v, depth: int = 0, memo: dict | None
     if kind in (int, float, complex, str, bytes, bool, type(None)):
         return value
     memo = {} if memo is None else memo
-    if kind in _MUTABLE and id(value) in memo:
-        return memo[id(value)]
+    if kind in _MUTABLE and (seen := memo.get(id(value))) is not None and seen[0] is value:
+        return seen[1]
     if kind in (list, tuple, set, frozenset):
         packed = kind(_pack(item, swap, depth + 1, memo) for item in value)
     elif kind is dict:
@@ -209,8 +209,8 @@ def _pack(value: Any, swap: Any = lambda v: v, depth: int = 0, memo: dict | None
         }
     else:
         return _pack_object(value, swap, depth, memo)
-    if kind in _MUTABLE:
-        memo[id(value)] = packed
+    if kind in _MUTABLE:  # kept beside its source, whose id no other object takes meanwhile
+        memo[id(value)] = (value, packed)
     return packed
 
 
@@ -271,8 +271,8 @@ def _unpack(value: Any, swap: Any = lambda v: v, depth: int = 0, memo: dict | No
             return rebuild(_unpack(value[2], swap, depth + 1, memo))
         except Exception as exc:
             raise ValueError(f"a malformed {value[1]!r}: {exc}") from None
-    if kind in _MUTABLE and id(value) in memo:
-        return memo[id(value)]
+    if kind in _MUTABLE and (seen := memo.get(id(value))) is not None and seen[0] is value:
+        return seen[1]
     if kind in (list, tuple, set, frozenset):
         unpacked = kind(_unpack(item, swap, depth + 1, memo) for item in value)
     elif kind is dict:
@@ -282,17 +282,18 @@ def _unpack(value: Any, swap: Any = lambda v: v, depth: int = 0, memo: dict | No
         }
     else:
         return value
-    if kind in _MUTABLE:
-        memo[id(value)] = unpacked
+    if kind in _MUTABLE:  # kept beside its source, whose id no other object takes meanwhile
+        memo[id(value)] = (value, unpacked)
     return unpacked
 
 
-def _containers(values: tuple, skip: dict | None = None) -> list:
+def _containers(values: tuple, skip: dict | None = None, owners: list | None = None) -> list:
     """The lists, dicts and sets in `values` (a call's arguments, keyword ones last), each once,
     in the order a walk first meets them (into lists, tuples, named tuples and dicts' values,
     200 deep; not into the objects whose ids `skip` holds, the program's own): the same
     positions in the tests' process and the program's, as marshal and `_pack`/`_unpack` keep
-    an object that is in two places one object, and a named tuple travels as a tuple."""
+    an object that is in two places one object, and a named tuple travels as a tuple. `owners`
+    gets, for each, the position in `values` of the argument it was met in."""
     found: list = []
     seen: dict[int, None] = {**(skip or {})}  # a dict: the program may have replaced `set`
 
@@ -312,13 +313,27 @@ def _containers(values: tuple, skip: dict | None = None) -> list:
         if _SCALARS.issuperset(map(type, items)):  # plain numbers and text: no loop in Python
             return
         for item in items:
-            if type(item) in _WALKED or (
-                isinstance(item, tuple) and hasattr(type(item), "_fields")
-            ):
+            kind = type(item)
+            if kind is list and _SCALARS.issuperset(map(type, item)):  # a row: no call for it
+                if id(item) not in seen:
+                    seen[id(item)] = None
+                    found.append(item)
+            elif kind in _WALKED or _walked(item):
                 walk(item, depth + 1)
 
-    walk(values, 0)
+    seen[id(values)] = None
+    for position, value in enumerate(values):
+        met = len(found)
+        if _walked(value):
+            walk(value, 1)
+        if owners is not None:
+            owners.extend([position] * (len(found) - met))
     return found
+
+
+def _walked(item: Any) -> bool:
+    """Whether `_containers` walks into `item`: a list, tuple, dict, set or named tuple."""
+    return type(item) in _WALKED or (isinstance(item, tuple) and hasattr(type(item), "_fields"))
 
 
 def _holds(value: Any, received: list) -> bool:
@@ -459,20 +474,27 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
         except (ValueError, RecursionError):
             return None
 
-    def contents(received, before, mark):
-        """Each container a call was given as it is after the call (a dict as its items), the
-        containers in it marked; None for one the call left as it was, or that holds what
-        cannot travel."""
+    def contents(received, changed, mark):
+        """Each container a call was given as it is after the call: ("value", items) (a dict's
+        items as pairs) where they are numbers and text, else ("packed", items) with the
+        containers in them marked; None for one in an argument the call left as it was, or
+        that holds what cannot travel."""
         states = []
-        for container, was in zip(received, before, strict=True):
-            try:
-                if was is not None and snapshot(container) == was:
-                    raise ValueError("unchanged")
+        for container, moved in zip(received, changed, strict=True):
+            state = None
+            if moved:
                 items = list(container.items()) if type(container) is dict else list(container)
-                state = _pack(items, mark, 2)
-                dumps(state)
-            except (TypeError, ValueError, RecursionError):
-                state = None
+                flat = (
+                    [*container.keys(), *container.values()] if type(container) is dict else items
+                )
+                try:
+                    if _SCALARS.issuperset(map(type, flat)):  # marshal's own speed
+                        state = ("value", items)
+                    else:
+                        state = ("packed", _pack(items, mark, 3))
+                    dumps(state)
+                except (TypeError, ValueError, RecursionError):
+                    state = None
             states.append(state)
         return states
 
@@ -489,23 +511,40 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
             target = objects[ref]
             try:
                 if kind == "call":
-                    args, kwargs, packed, given = rest
+                    args, kwargs, packed = rest
                     dereferenced.clear()
                     if packed:
                         args, kwargs = _unpack((args, kwargs), deref)
-                    received = _containers((*args, *kwargs.values()), dereferenced)
-                    if len(received) != given:
-                        received = []  # what the tests gave cannot be matched: by value only
-                    before = [snapshot(c) for c in received]
-                    mark = _marker(received)
+                    arguments, owners = (*args, *kwargs.values()), []
+                    # the containers given, as given (the call may move them); the tests' side
+                    # walks its own only when the reply says one changed or came back
+                    received = _containers(arguments, dereferenced, owners)
+                    # an argument's snapshot holds its containers': one unchanged left them so
+                    before = {}
+                    for k, argument in enumerate(arguments):
+                        if _walked(argument) and id(argument) not in dereferenced:
+                            before[k] = snapshot(argument)
+                    value, returned = None, False
                     try:
                         value = target(*args, **kwargs)
-                        gives_back = bool(received) and _holds(value, received)
-                        reply = encode(value, mark if gives_back else None)
+                        returned = True
                     except Exception as exc:  # what it did to its arguments before still counts
                         reply = raised(exc)
+                    changed = {
+                        k
+                        for k, was in before.items()
+                        if was is None or snapshot(arguments[k]) != was
+                    }
+                    if not (changed or (returned and _walked(value))):
+                        received = []  # nothing given came back changed, nor could be returned
+                    mark = _marker(received)
+                    if returned:
+                        gives_back = bool(received) and _holds(value, received)
+                        reply = encode(value, mark if gives_back else None)
                     if received:
-                        reply = ("shared", reply, contents(received, before, mark))
+                        moved = [k in changed for k in owners]
+                        states = contents(received, moved, mark)
+                        reply = ("shared", reply, states, len(received))
                 elif kind == "method":  # a protocol of its class (`len(x)`, `x < y`, `x[i]`)
                     name, args, packed = rest
                     if packed:
@@ -563,19 +602,18 @@ class _Remote:
         self._oncurve_link, self._oncurve_ref = link, ref
 
     def __call__(self, *args, **kwargs):
-        given = _containers((*args, *kwargs.values()))
+        arguments = (*args, *kwargs.values())
         try:
             marshal.dumps((args, kwargs))
             packed = False
         except ValueError:  # objects of the program's among them, or of the standard library
             args, kwargs = self._oncurve_link.outgoing((args, kwargs))
             packed = True
-        self._oncurve_link.given = given
+        self._oncurve_link.arguments = arguments
         try:
-            return self._oncurve_link.ask(
-                "call", self._oncurve_ref, args, kwargs, packed, len(given)
-            )
+            return self._oncurve_link.ask("call", self._oncurve_ref, args, kwargs, packed)
         finally:
+            self._oncurve_link.arguments = ()
             self._oncurve_link.given = []
 
     def __getattr__(self, name):
@@ -705,7 +743,9 @@ class _Link:
         self.remotes: dict[int, Any] = {}
         # per iterator of the program's: (items fetched ahead, how it ended, next batch size)
         self.fetched: dict[int, tuple[list, tuple, int]] = {}
-        # the lists, dicts and sets the call being made gives the program (`_containers`)
+        # the call being made: its arguments, and the lists, dicts and sets among them
+        # (`_containers`), walked when its reply says it changed or returned one
+        self.arguments: tuple = ()
         self.given: list = []
 
     def method(self, ref: int, name: str, args: tuple) -> Any:
@@ -778,6 +818,14 @@ class _Link:
             return self.given[position]
         return part
 
+    def restored(self, state: Any) -> Any:
+        """The items of one container as `contents` sent them (None: leave it)."""
+        if state is None:
+            return None
+        if type(state) is not tuple or len(state) != 2 or state[0] not in ("value", "packed"):
+            raise ValueError("a state that is no (kind, items)")
+        return state[1] if state[0] == "value" else _unpack(state[1], self.given_back)
+
     def restore(self, states: Any) -> None:
         """Makes each container the call gave hold what the program's copy holds after it
         (`_Link.given`, states as `contents` sends them; None leaves one as it was)."""
@@ -785,7 +833,7 @@ class _Link:
             self.raised = True
             raise ProgramRaised("the program's process sent malformed arguments back")
         try:
-            unpacked = [None if s is None else _unpack(s, self.given_back) for s in states]
+            unpacked = [self.restored(state) for state in states]
             for container, items in zip(self.given, unpacked, strict=True):
                 if items is None:
                     continue
@@ -865,7 +913,11 @@ class _Link:
     def decode(self, reply: Any, request: tuple = ("names",)) -> Any:
         """The value a reply carries; _Thrown for an exception the program raised."""
         kind = reply[0] if type(reply) is tuple and reply else None
-        if kind == "shared" and request[0] == "call" and len(reply) == 3:
+        if kind == "shared" and request[0] == "call" and len(reply) == 4:
+            self.given = _containers(self.arguments)
+            if reply[3] != len(self.given):  # the two walks disagree: the call's by value only
+                self.given = []
+                return self.decode(reply[1], request)
             self.restore(reply[2])
             return self.decode(reply[1], request)
         if kind == "ref" and len(reply) == 2 and type(reply[1]) is int:
@@ -887,7 +939,7 @@ class _Link:
         if kind == "raise" and request[0] in ("call", "getattr", "iter", "setattr", "method"):
             if (
                 request[0] == "getattr"
-                and request[2] in _PROBED
+                and (request[2] in _PROBED or request[2] in _NAMED)
                 and reply[1:2] == ("AttributeError",)
             ):
                 raise _Missing(request[2])  # `dict()` or `hasattr` probing an object

@@ -9,7 +9,7 @@ in either common form:
 - stdin/stdout: a list of {"input": str, "output": str}; the program reads the input on stdin
   and passes when it exits cleanly and its stdout gives the output as judges' usual checkers
   read it (`same_output`: line by line, each line's tokens however spaced, a number with a
-  fraction within 1e-6; its stderr is discarded);
+  fraction printed to other digits; its stderr is discarded);
 - assert-style: a string of Python test code (HumanEval's `test` followed by
   `check(<entry_point>)`; KodCode's pytest file, which imports the program as `solution`), or a
   list of them (MBPP's `test_list`). Each case runs under a
@@ -152,8 +152,9 @@ def same_output(printed: str, expected: str) -> bool:
     """Whether a program's stdout gives the expected one, as judges' usual checkers read it:
     line by line (trailing blank lines dropped), each line's whitespace-separated tokens, a
     token the same text, or where the expected one is a number with a fraction or an exponent
-    (`0.333333333`, `1.5e3`), a finite number within 1e-6 of it, absolute or relative
-    (`0.3333333333333333`); an integer's digits exactly, letters in their case."""
+    (`0.333333333`, `1.5e3`), a finite number that differs from it as printings of one value
+    do (by 1e-7, or 1e-9 of it: `0.3333333333333333`; not `1234567.00` for `1234567.89`, nor
+    `0` for `0.000001`); an integer's digits exactly, letters in their case."""
 
     def lines(text: str) -> list[list[str]]:
         tokens = [line.split() for line in text.splitlines()]
@@ -173,7 +174,7 @@ def _same_token(got: str, want: str) -> bool:
     if not (_FRACTIONAL_RE.fullmatch(want) and _NUMBER_RE.fullmatch(got)):
         return False
     a, b = float(got), float(want)
-    return math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
+    return math.isfinite(a) and math.isfinite(b) and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-7)
 
 
 # A printed number, and one with a fraction or an exponent (which a checker reads within a

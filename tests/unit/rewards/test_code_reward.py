@@ -115,17 +115,18 @@ def test_parse_tests_reads_both_forms_and_names_the_bad_item():
         parse_tests(3)
 
 
-def test_same_output_compares_each_lines_tokens_and_numbers_within_1e_6():
+def test_same_output_compares_each_lines_tokens_and_numbers_printed_to_other_digits():
     """As judges' usual checkers: each line's tokens, however spaced; a number with a fraction
-    within 1e-6 (absolute or relative) of the expected one, an integer exactly."""
+    printed to other digits (within 1e-7, or 1e-9 of it), no other; an integer exactly."""
     assert same_output("1 2  \n3\n\n", "1 2\n3")
     assert same_output("1  2\t\n 3", "1 2\n3")
     assert same_output("0.3333333333333333\n", "0.333333333\n")
     assert same_output("0.666666667", "0.6666666667")
-    assert same_output("2.0000004 1.5e3", "2.000000 1500.0")
+    assert same_output("2.00000004 1.5e3", "2.000000 1500.0")
     assert not same_output("\n1", "1")
     assert not same_output("0 1 2", "0\n1\n2")
     assert not same_output("2.00001", "2.0")
+    assert not same_output("1234567.00", "1234567.89") and not same_output("0", "0.000001")
     assert not same_output("1000001", "1000000")
     assert not same_output("1.0", "1")  # an integer asked for: its digits
     assert not same_output("YES", "Yes")
@@ -562,6 +563,29 @@ RIGHT_PROGRAMS = {
             "s = Stack()\nassert isinstance(s, Stack) and not isinstance(s, Queue)",
             "assert isinstance(make(), (int, Stack)) and issubclass(Queue, Stack)",
             "assert not isinstance(3, Stack) and not issubclass(Stack, Queue)",
+        ],
+    ),
+    "lists of deques, OrderedDicts and Counters, many times over, both ways": (
+        "from collections import deque, OrderedDict\n"
+        "def prefixes(n):\n    return [deque(range(i)) for i in range(n)]\n"
+        "def tagged(n):\n    return [OrderedDict([(i, i)]) for i in range(n)]\n"
+        "def sizes(ds):\n    return [sum(d.values()) for d in ds]\n",
+        [
+            "from collections import deque\nfor n in range(1, 40):\n"
+            "    assert prefixes(n) == [deque(range(i)) for i in range(n)], n",
+            "from collections import OrderedDict\nfor n in range(1, 40):\n"
+            "    assert tagged(n) == [OrderedDict([(i, i)]) for i in range(n)], n",
+            "from collections import Counter\nfor n in range(1, 40):\n"
+            "    assert sizes([Counter('x' * i) for i in range(n)]) == list(range(n)), n",
+        ],
+    ),
+    "an instance probed for a name it lacks": (
+        "import functools\nclass Scale:\n    def __call__(self, x):\n        return 2 * x\n"
+        "scale = Scale()\n",
+        [
+            "assert not hasattr(scale, '__name__') and getattr(scale, '__qualname__', 'n') == 'n'",
+            "import functools\nwrapped = functools.wraps(scale)(lambda x: scale(x))\n"
+            "assert wrapped(2) == 4",
         ],
     ),
     "a builtin type or function as an argument or a result (MBPP's remove_datatype)": (
