@@ -194,9 +194,12 @@ _RETRACTED_RE = re.compile(
     r"|alternatively|it\s+(?:might|could)\s+(?:also\s+)?be)\b"
     r"(?![,:\s]*(?:that\s+is\s+\$?\d|that's\s+(?:\$?\d|per\b)|which\s+is|i\.e\."
     r"|in\s+(?:other\s+)?words|written\s+out|equivalently|because|since))"
-    # a next line that is only another number (`18\nor 19`; not `18 dollars\nor 1800 cents`)
-    r"|[ \t]*\n\s*(?:or|maybe|perhaps|possibly)"
-    r"(?=\s+\$?[-−]?\d[\d,]*(?:\.\d+)?\s*[.!?]?[ \t]*(?:\n|$)))(?P<after>[^\n]{0,80})",
+    # a next line that is only another number, in a unit if any (`18\nor 19`, `18\nor perhaps
+    # 20`, `540 meters\nor 600 meters`; `_stated_answer` passes over another unit's: `18
+    # dollars\nor 1800 cents`)
+    r"|[ \t]*\n\s*(?P<line>(?:or\s+)?(?:maybe|perhaps|possibly)|or)"
+    r"(?=\s+\$?[-−]?\d[\d,]*(?:\.\d+)?(?P<unit>(?:\s+[a-zA-Z]+){0,2})\s*[.!?]?[ \t]*(?:\n|$)))"
+    r"(?P<after>[^\n]{0,80})",
     re.IGNORECASE,
 )
 # "The answer is East." / "The answer is (C)." / "**Answer:** B": a word or a choice's letter
@@ -309,13 +312,13 @@ _ALSO_ANSWER_RE = re.compile(
 # Words between a number and "also acceptable" that say it is (`19 would also be right`); any
 # other is its unit (`1800 cents is also correct`: the same amount)
 _SAYING_WORDS = frozenset(("is", "are", "was", "would", "could", "might", "may", "will", "be"))
-# After a condition or a reason, another number offered with "or" at the sentence's end (`18 if
-# she sells all, or 19`, `18, up from 16, or 19`); one with a unit, an operator or the same
-# value restates it (`540 meters, as 9 x 60 = 540, or 0.54 km`, `18, since ..., or 36/2`)
+# After a condition or a reason, another number offered with "or" at the sentence's end or
+# under a condition of its own (`18 if she sells all, or 19`, `18, up from 16, or 19`, `18 if
+# she sells all, or 16 if two break`); one with a unit, an operator or the same value restates it (`540 meters, as 9 x 60 = 540, or 0.54 km`, `18, since ..., or 36/2`)
 _OR_AFTER_CLAUSE_RE = re.compile(
     r"\b(?:if|since|because|as|when|from|unless|assuming|given)\b[^.;]{0,80}?,\s*or\s+"
     r"(?:(?:maybe|perhaps|possibly|even)\s+)?\$?(?P<other>[-−]?\d[\d,]*(?:\.\d+)?(?:/\d+)?)"
-    r"\$?\s*[.!?]?\s*$",
+    r"\$?\s*(?:[.!?]?\s*$|(?:if|when|with|unless|in|as|from|for)\b)",
     re.IGNORECASE,
 )
 # Right after a stated number, another one said near it or in brackets alone (`18, roughly
@@ -610,6 +613,10 @@ def _stated_answer(text: str) -> str | None:
     if found is not None:
         retracted = _RETRACTED_RE.match(text, found.end("number"))
         stated = stated_number(found["number"])
+        if retracted is not None and retracted["line"] is not None and retracted["unit"]:
+            unit = found["rest"].split("\n", 1)[0].split()[:1]
+            if [w.lower() for w in unit] != retracted["unit"].lower().split()[:1]:
+                retracted = None  # the same quantity in another unit on the next line
         if retracted is not None and any(
             stated_number(n) != stated for n in _NUMBER_RE.findall(retracted["after"])
         ):

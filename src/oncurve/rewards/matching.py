@@ -233,8 +233,8 @@ def answers_match(
             return pred_list is not None and sorted(pred_list) == sorted(gold_list)
     if not (looks_symbolic(pred) and looks_symbolic(ref) and _tame(pred) and _tame(ref)):
         return False
-    if strict and _bracketed(ref) and _UNORDERED_RE.search(pred):
-        return False  # a pair or an interval asked for, a set or a hedge given (`3 or 4`)
+    if strict and _bracketed(ref) and not _a_pair(pred):
+        return False  # a pair or an interval asked for, a set, a hedge or a list given
     if strict and (_undone(pred, ref) or (prompt and _restates(pred, prompt, ref))):
         return False
     from oncurve.rewards.math import symbolic_equal
@@ -296,8 +296,19 @@ def _false_equation(predicted: str, gold: str) -> bool:
     return False
 
 
-# A set's braces, or "or" between parts (normalised: `3or4`): no pair nor interval
-_UNORDERED_RE = re.compile(r"^\\\{|(?<![a-zA-Z])or(?![a-zA-Z])")
+# A set's braces, "or" between parts (normalised: `3or4`) or a plus-or-minus: no pair nor
+# interval
+_UNORDERED_RE = re.compile(r"^\\\{|(?<![a-zA-Z])or(?![a-zA-Z])|\\pm|±")
+_MEMBER_OF_RE = re.compile(r"^[a-zA-Z]\\in")
+
+
+def _a_pair(pred: str) -> bool:
+    """Whether the normalised answer `pred` may state a pair or an interval: in brackets (after
+    `x \\in`), or as named values (`x=1,y=3`); not a set, a hedge, a plus-or-minus or a bare
+    list (`1,3`)."""
+    if _UNORDERED_RE.search(pred):
+        return False
+    return _bracketed(_MEMBER_OF_RE.sub("", pred)) or "=" in pred
 
 
 def _bracketed(text: str) -> bool:

@@ -334,6 +334,16 @@ UNDONE = [
     case("p", "The answer is 20, 9 \u00d7 2 = 18.", "18", 0.0),
     case("p", "The answer is 18 + 2 = 18.", "18", 0.0),
     case("p", "\\boxed{\\text{wrong} = 4}", "4", 0.0),
+    # a second answer after a reason and a condition of its own, on a next line after "or
+    # perhaps" or in the same unit, and a list, a plus-or-minus or an unbracketed pair for a
+    # pair or an interval
+    *(case("p", f"The answer is 18{rest}", "18", 0.0) for rest in (
+        " if she sells all of them, or 16 if two break.", " since 9 \u00d7 2 = 18, or 20 if she sells 10.",
+        "\n\nor perhaps 20.", " eggs\nor 20 eggs.")),
+    case("p", "The answer is 540 meters\nor 600 meters.", "540", 0.0),
+    case("p", "The answer is $\\boxed{1, 3}$.", "(1,3)", 0.0),
+    case("p", "The solution is $\\boxed{x = \\pm 2}$.", "(-2,2)", 0.0),
+    case("p", "The range is $\\boxed{0, \\infty}$.", "(0,\\infty)", 0.0),
     # a constant, a fraction or a scale written right after the number
     case("p", "The answer is 2\u03c0.", "2", 0.0),
     case("p", "She needs 2\u00bd cups.", "2", 0.0),
