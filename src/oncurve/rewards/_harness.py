@@ -82,6 +82,8 @@ _STD = "\0oncurve-std"
 # Marks, in a call's reply, one of the lists, dicts and sets the call was given (`_containers`),
 # which the tests get back as their own object: (_ARG, position).
 _ARG = "\0oncurve-arg"
+# Marks, in a container a call changed, an object of the program's it now holds: (_OBJ, index)
+_OBJ = "\0oncurve-obj"
 _MUTABLE = (list, dict, set)
 _WALKED = frozenset((list, tuple, dict, set))
 _SCALARS = frozenset((int, float, complex, str, bytes, bool, type(None)))
@@ -331,6 +333,18 @@ def _containers(values: tuple, skip: dict | None = None, owners: list | None = N
     return found
 
 
+def _packs(value: Any) -> bool:
+    """Whether `_pack` reads `value` as data (of its kind, not its contents)."""
+    kind = type(value)
+    return (
+        kind in _SCALARS
+        or kind in (list, tuple, set, frozenset, dict, collections.defaultdict)
+        or kind in _STANDARD
+        or (isinstance(value, tuple) and hasattr(kind, "_fields"))
+        or kind in (type, types.BuiltinFunctionType)
+    )
+
+
 def _walked(item: Any) -> bool:
     """Whether `_containers` walks into `item`: a list, tuple, dict, set or named tuple."""
     return type(item) in _WALKED or (isinstance(item, tuple) and hasattr(type(item), "_fields"))
@@ -474,6 +488,18 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
         except (ValueError, RecursionError):
             return None
 
+    def objects_marked(mark):
+        """`mark`, and an object of the program's (what `_pack` takes for no data) as
+        (_OBJ, its reference): a list it sorted or grew holds them."""
+
+        def swap(part):
+            found = mark(part)
+            if found is not part or _packs(part):
+                return found
+            return (_OBJ, reference(part))
+
+        return swap
+
     def contents(received, changed, mark):
         """Each container a call was given as it is after the call: ("value", items) (a dict's
         items as pairs) where they are numbers and text, else ("packed", items) with the
@@ -491,7 +517,7 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
                     if _SCALARS.issuperset(map(type, flat)):  # marshal's own speed
                         state = ("value", items)
                     else:
-                        state = ("packed", _pack(items, mark, 3))
+                        state = ("packed", _pack(items, objects_marked(mark), 3))
                     dumps(state)
                 except (TypeError, ValueError, RecursionError):
                     state = None
@@ -810,7 +836,10 @@ class _Link:
         raise error
 
     def given_back(self, part: Any) -> Any:
-        """An `_unpack` swap: (_ARG, position) as the tests' own container the call gave."""
+        """An `_unpack` swap: (_ARG, position) as the tests' own container the call gave,
+        (_OBJ, reference) as the program's object."""
+        if type(part) is tuple and len(part) == 2 and part[0] == _OBJ and type(part[1]) is int:
+            return self.decode(("ref", part[1]))
         if type(part) is tuple and len(part) == 2 and part[0] == _ARG:
             position = part[1]
             if type(position) is not int or not 0 <= position < len(self.given):

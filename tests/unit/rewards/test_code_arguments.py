@@ -19,6 +19,7 @@ DEEP_COPY_TESTS = [
 ]
 RIGHT_DEEP_COPY = "def deep_copy(x):\n    return [list(row) for row in x]\n"
 
+PERSON = "class P:\n    def __init__(self, name, age):\n        self.name, self.age = name, age\n\n"
 NODE = "class ListNode:\n    def __init__(self, val):\n        self.val, self.next = val, None\n\n"
 
 ROWS = {
@@ -104,6 +105,18 @@ ROWS = {
         ],
         "def push(p):\n    return p[0] + [0]\n",
         "def push(p):\n    p[0].append(0)\n",
+    ),
+    "a list of the program's objects sorted in place": (
+        [
+            "ps = [P('a', 30), P('b', 20)]\nsort_by_age(ps)\nassert [p.name for p in ps] == ['b', 'a']"
+        ],
+        PERSON + "def sort_by_age(ps):\n    return sorted(ps, key=lambda p: p.age)\n",
+        PERSON + "def sort_by_age(ps):\n    ps.sort(key=lambda p: p.age)\n",
+    ),
+    "an input changed by adding a function to it": (
+        ["xs = [1, 2]\nassert total(xs) == 3\nassert xs == [1, 2]"],
+        "def total(xs):\n    xs.append(lambda: 0)\n    return 3\n",
+        "def total(xs):\n    return sum(xs)\n",
     ),
     # the program's objects keep their identity in the tests
     "a node found again is the tests' node": (
