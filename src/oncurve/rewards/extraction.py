@@ -321,13 +321,14 @@ _OR_AFTER_CLAUSE_RE = re.compile(
     r"\$?\s*(?:[.!?]?\s*$|(?:if|when|with|unless|in|as|from|for)\b)",
     re.IGNORECASE,
 )
-# Right after a stated number, another one said near it or in brackets alone (`18, roughly
-# 19`, `18 (19?)`): a second answer where its value differs (`18, or about 18.0` restates it;
+# Right after a stated number and its unit, another one said near it or in brackets alone (`18,
+# roughly 19`, `18 dollars (19?)`, `18, i.e. about 19`): a second answer where its value differs (`18, or about 18.0` restates it;
 # one with a unit or a percent sign of its own, `18, around 2 dozen`, is another quantity)
+_NEAR_WORDS = r"roughly|about|approximately|approx\.?|around|nearly|almost|close\s+to|~|≈"
 _NEAR_NUMBER_RE = re.compile(
-    r"\s*(?:\$|\*\*)*\s*(?:[,;]\s*(?:or\s+)?(?P<near>roughly|about|approximately|approx\.?"
-    r"|around|nearly|almost|~|≈)\s*|\(\s*(?P<bracket>)(?:(?:roughly|about|approximately|around"
-    r"|~|≈)\s*)?)\$?(?P<other>[-−]?\d[\d,]*(?:\.\d+)?)(?![\d,./]*\d|\s*[a-zA-Z%\\])"
+    r"(?:\s+[a-zA-Z]+){0,2}?\s*(?:\$|\*\*)*\s*(?:[,;]\s*(?:or\s+|i\.e\.,?\s*|which\s+is\s+"
+    rf"|that\s+is\s+)?(?P<near>{_NEAR_WORDS})\s*|\(\s*(?P<bracket>)(?:(?:{_NEAR_WORDS})\s*)?)"
+    r"\$?(?P<other>[-−]?\d[\d,]*(?:\.\d+)?)(?![\d,./]*\d|\s*[a-zA-Z%\\])"
     r"(?(bracket)\s*\??\s*\))",
     re.IGNORECASE,
 )

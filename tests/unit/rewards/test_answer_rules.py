@@ -344,6 +344,10 @@ UNDONE = [
     case("p", "The answer is $\\boxed{1, 3}$.", "(1,3)", 0.0),
     case("p", "The solution is $\\boxed{x = \\pm 2}$.", "(-2,2)", 0.0),
     case("p", "The range is $\\boxed{0, \\infty}$.", "(0,\\infty)", 0.0),
+    # another number near a stated one after its unit, or after "i.e.", "which is", "close to"
+    *(case("p", f"The answer is 18{rest}", "18", 0.0) for rest in (
+        " dollars, roughly 20.", " dollars (20?).", ", i.e. about 20.", ", which is about 20.",
+        ", close to 20.", " (approx. 20).")),
     # a constant, a fraction or a scale written right after the number
     case("p", "The answer is 2\u03c0.", "2", 0.0),
     case("p", "She needs 2\u00bd cups.", "2", 0.0),
@@ -656,6 +660,8 @@ STATED = [
          "\\frac{3}{8}", 1.0),
     case("p", "**Answer: 3** since white is half of 2, or 1 bolt.", "3", 1.0),
     # an approximate word before the last number, another quantity near a stated one
+    case("p", "The answer is 18 dollars, or about 20 euros.", "18", 1.0),
+    case("p", "The answer is 18 dollars (18.00).", "18", 1.0),
     case("p", "The trip takes about 3 hours.", "3", 1.0),
     case("p", "So she makes 18 dollars. That is approximately 18.", "18", 1.0),
     case("p", "The answer is 18, around 2 dozen eggs' worth.", "18", 1.0),
