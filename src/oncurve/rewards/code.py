@@ -13,15 +13,16 @@ in either common form:
 - assert-style: a string of Python test code (HumanEval's `test` followed by
   `check(<entry_point>)`; KodCode's pytest file, which imports the program as `solution`), or a
   list of them (MBPP's `test_list`). Each case runs under a
-  harness (`_harness.py`): the program in one process, the tests in another, as the main
-  script, that calls the program's functions through a pipe, with arguments and results by
-  value as exact built-in types (and a few standard-library types, named tuples and dates
-  among them, rebuilt from their contents; builtin types and functions by name), and evaluates every comparison and assert on its side. A case passes when that
-  side, having used the program, prints a secret made for the run, which the program never
-  sees; so no early exit, exit hook, always-equal object, patched builtin or printed verdict
-  passes it, and no test that never calls the program pays. An object of the program's that is
-  not plain data comes back as a reference: the tests may call it, read and set its
-  attributes, iterate it, pass it back and take its `len`, `str`, `repr`, items, `hash`, `abs`,
+  harness (`_harness.py`): the program in one process, the tests in another, as the main script,
+  that calls the program's functions through a pipe, with arguments and results by value as
+  exact built-in types (and a few standard-library types, named tuples and dates among them,
+  rebuilt from their contents; builtin types and functions by name), and evaluates every
+  comparison and assert on its side. A case passes when that side, having used the program,
+  prints a secret made for the run, which the program never sees; so no early exit, exit hook,
+  always-equal object, patched builtin or printed verdict passes it, and no test that never
+  calls the program pays. An object of the program's that is not plain data comes back as a
+  reference: the tests may call it, read and set its attributes, iterate it, pass it back and
+  take its `len`, `str`, `repr`, items, `hash`, `abs`,
   `int` and `float`, but it equals only itself (one object, however often it comes back), has
   no truth value, and an operator that would judge for the tests (`!=`, `<`, `in`,
   arithmetic) fails the case. The lists, dicts and sets a call is given are the tests' own:

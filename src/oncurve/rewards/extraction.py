@@ -215,19 +215,21 @@ _STATES_NUMBER_RE = re.compile(r"\b(?:is|are|was|were|equals?|be)\s+\\?\$?[-−]
 _LHS_NAME_RE = re.compile(r"\s*[a-zA-Z](?:_\{?[a-zA-Z0-9]+\}?)?\s*")
 _INLINE_MATH_RE = re.compile(r"(?<!\\)\$\$?((?:\\\$|[^$]){1,500})\$\$?")
 _JOINER_RE = re.compile(r"\s*(?:,|and|or|,\s*and|,\s*or)\s*", re.IGNORECASE)
+# Words that say a number is near another (`18, roughly 19`)
+_NEAR_WORDS = r"roughly|about|approximately|approx\.?|around|nearly|almost|close\s+to|~|≈"
 # Just before the last number, what makes it no answer: a hedge between it and another (`4 or 3`,
-# `19, or perhaps 18`, `3 (or 4)`, `3 apples or 4`, `x = 17 or x = 18`, `19 vs 18`, `between 17 and
-# 18`), a range (`3 to 4`, `3-4`; not a change, `_CHANGE_TO_RE`), a doubt (`possibly 4`, `maybe
-# 4`), an approximation of a number before (`18, roughly 19`), a bound (`at least 4`, `more than 4`, `up to 4`, `nearly 4`) or a negation (`not 18`, `can't
-# be 18`); just after it, a denial (`18 is wrong`) or an operator (`4×10^2`, whose power is no
-# number of its own).
+# `19, or perhaps 18`, `3 (or 4)`, `3 apples or 4`, `x = 17 or x = 18`, `19 vs 18`, `between 17
+# and 18`), a range (`3 to 4`, `3-4`; not a change, `_CHANGE_TO_RE`), a doubt (`possibly 4`,
+# `maybe 4`), an approximation of a number before (`18, roughly 19`), a bound (`at least 4`, `more
+# than 4`, `up to 4`, `nearly 4`) or a negation (`not 18`, `can't be 18`); just after it, a denial
+# (`18 is wrong`) or an operator (`4×10^2`, whose power is no number of its own).
 _HEDGE_RE = re.compile(
     r"(?:\d\s*(?:\$\s*)?(?:[,.(—–]|[a-zA-Z]+\s+(?=or\b))?\s*"
     r"(?:or|and/or|vs\.?|versus|(?P<to>to))\s*"
     r"(?:(?:maybe|perhaps|possibly|even|rather|else)\s+)?(?:[a-zA-Z]\s*=\s*)?"
     r"|\d\s*-\s*"
     r"|\bbetween\s+\S+\s+and\s+"
-    r"|\d\s*[,(]\s*(?:or\s+)?(?:roughly|about|approximately|around|nearly|almost)\s+"
+    rf"|\d\s*[,(]\s*(?:or\s+)?(?:{_NEAR_WORDS})\s+"
     r"|\b(?:maybe|perhaps|possibly|probably|i\s+guess|at\s+(?:least|most)|up\s+to|under|over"
     r"|below|above|nearly|almost|(?:more|less|fewer|greater|smaller)\s+than)\s+"
     r"|(?:\bnot|n't|\bnever|\bno)\s+(?:[a-zA-Z]+\s+){0,2})(?:\$\s*)?[-−]?$",
@@ -304,8 +306,8 @@ _STRONG_HEDGE_RE = re.compile(
 # Anywhere in the sentence, another number said to be an answer too (`18; 19 is also
 # acceptable`, `18 (19 would also be right)`, `$3$, with $4$ also possible`)
 _ALSO_ANSWER_RE = re.compile(
-    r"(?<![\w.])(?P<other>[-−]?\d[\d,]*(?:\.\d+)?)\$?\s+(?:instead\b|(?P<words>(?:[a-zA-Z]+\s+){0,2}?)"
-    r"also\s+(?:be\s+)?"
+    r"(?<![\w.])(?P<other>[-−]?\d[\d,]*(?:\.\d+)?)\$?\s+"
+    r"(?:instead\b|(?P<words>(?:[a-zA-Z]+\s+){0,2}?)also\s+(?:be\s+)?"
     r"(?:acceptable|possible|correct|right|valid|plausible|works?|an?\s+(?:\w+\s+)?answer)\b)",
     re.IGNORECASE,
 )
@@ -314,7 +316,8 @@ _ALSO_ANSWER_RE = re.compile(
 _SAYING_WORDS = frozenset(("is", "are", "was", "would", "could", "might", "may", "will", "be"))
 # After a condition or a reason, another number offered with "or" at the sentence's end or
 # under a condition of its own (`18 if she sells all, or 19`, `18, up from 16, or 19`, `18 if
-# she sells all, or 16 if two break`); one with a unit, an operator or the same value restates it (`540 meters, as 9 x 60 = 540, or 0.54 km`, `18, since ..., or 36/2`)
+# she sells all, or 16 if two break`); one with a unit, an operator or the same value restates
+# it (`540 meters, as 9 x 60 = 540, or 0.54 km`, `18, since ..., or 36/2`)
 _OR_AFTER_CLAUSE_RE = re.compile(
     r"\b(?:if|since|because|as|when|from|unless|assuming|given)\b[^.;]{0,80}?,\s*or\s+"
     r"(?:(?:maybe|perhaps|possibly|even)\s+)?\$?(?P<other>[-−]?\d[\d,]*(?:\.\d+)?(?:/\d+)?)"
@@ -322,9 +325,9 @@ _OR_AFTER_CLAUSE_RE = re.compile(
     re.IGNORECASE,
 )
 # Right after a stated number and its unit, another one said near it or in brackets alone (`18,
-# roughly 19`, `18 dollars (19?)`, `18, i.e. about 19`): a second answer where its value differs (`18, or about 18.0` restates it;
-# one with a unit or a percent sign of its own, `18, around 2 dozen`, is another quantity)
-_NEAR_WORDS = r"roughly|about|approximately|approx\.?|around|nearly|almost|close\s+to|~|≈"
+# roughly 19`, `18 dollars (19?)`, `18, i.e. about 19`): a second answer where its value differs
+# (`18, or about 18.0` restates it; one with a unit or a percent sign of its own, `18, around 2
+# dozen`, is another quantity)
 _NEAR_NUMBER_RE = re.compile(
     r"(?:\s+[a-zA-Z]+){0,2}?\s*(?:\$|\*\*)*\s*(?:[,;]\s*(?:or\s+|i\.e\.,?\s*|which\s+is\s+"
     rf"|that\s+is\s+)?(?P<near>{_NEAR_WORDS})\s*|\(\s*(?P<bracket>)(?:(?:{_NEAR_WORDS})\s*)?)"

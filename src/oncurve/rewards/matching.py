@@ -286,8 +286,8 @@ def _false_equation(predicted: str, gold: str) -> bool:
             continue
         left = _SUBSCRIPT_RE.sub("", sides[0])
         # a left side with a letter may be the gold equation's own (`2x + y = 5`); where the
-        # gold is a value, only a name (`x`, `AB`, `f(x)`, `f(2)`, `P(A)`, `\theta`, `(a, b)`) stands
-        # there: `2x = 2\sqrt{3}` or `1 \text{ cm} = 2\sqrt{3}` states another value
+        # gold is a value, only a name (`x`, `AB`, `f(x)`, `f(2)`, `P(A)`, `\theta`, `(a, b)`)
+        # stands there: `2x = 2\sqrt{3}` or `1 \text{ cm} = 2\sqrt{3}` states another value
         named = re.search(r"[a-zA-Z]", COMMAND_RE.sub("", left))
         if not named and _VALUE_RE.search(left):
             return True

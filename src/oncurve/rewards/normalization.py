@@ -179,11 +179,12 @@ def normalize_answer(text: str) -> str:
 
 def stated_number(text: str, *, reduced: bool = False) -> Fraction | None:
     """The value of `text` when it states one number: an integer, a decimal (`1e3`,
-    `1.5 \\times 10^3`, `0.\\overline{3}`, `0.\\bar{3}` too), a fraction (`3/4`, `\\frac{3}{4}`, `\\dfrac34`,
-    `\\frac{2}{-3}`) or a mixed number (`7\\frac{1}{2}`), with its dressing: sign, thousands
-    separators (`1,000`, `1{,}000`, `1\\,000`), a currency sign, `%`, degrees, units in words or
-    `\\text{}` (`72 apples`, `5\\text{ hours}`, `18\\text{ m}^2`), a leading `x =`, `AB =`,
-    `Total =`, `f(2) =`, `x_1 =` or `\\approx`, markdown emphasis, math delimiters, brackets, a box, a trailing period.
+    `1.5 \\times 10^3`, `0.\\overline{3}`, `0.\\bar{3}` too), a fraction (`3/4`, `\\frac{3}{4}`,
+    `\\dfrac34`, `\\frac{2}{-3}`) or a mixed number (`7\\frac{1}{2}`), with its dressing: sign,
+    thousands separators (`1,000`, `1{,}000`, `1\\,000`), a currency sign, `%`, degrees, units
+    in words or `\\text{}` (`72 apples`, `5\\text{ hours}`, `18\\text{ m}^2`), a leading `x =`,
+    `AB =`, `Total =`, `f(2) =`, `x_1 =` or `\\approx`, markdown emphasis, math delimiters,
+    brackets, a box, a trailing period.
     A percentage's value is the number as written (`answers_match` reads the `%`). With
     `reduced`, a fraction counts only in lowest terms with a denominator above 1 (`\\frac{58}{2}`
     is arithmetic left undone). None for anything else: words that change the value or deny it
