@@ -368,8 +368,9 @@ def _marker(received: list) -> Any:
     return mark
 
 
-def _send(fd: int, message: object) -> None:
-    data = marshal.dumps(message)
+def _send(fd: int, message: object, data: bytes | None = None) -> None:
+    """Writes `message`, or `data` where the caller has marshalled it already."""
+    data = marshal.dumps(message) if data is None else data
     data = len(data).to_bytes(4, "big") + data
     while data:
         data = data[os.write(fd, data) :]
@@ -629,15 +630,15 @@ class _Remote:
 
     def __call__(self, *args, **kwargs):
         arguments = (*args, *kwargs.values())
+        request = ("call", self._oncurve_ref, args, kwargs, False)
         try:
-            marshal.dumps((args, kwargs))
-            packed = False
+            data = marshal.dumps(request)  # what is sent: a large argument is written once
         except ValueError:  # objects of the program's among them, or of the standard library
             args, kwargs = self._oncurve_link.outgoing((args, kwargs))
-            packed = True
+            request, data = ("call", self._oncurve_ref, args, kwargs, True), None
         self._oncurve_link.arguments = arguments
         try:
-            return self._oncurve_link.ask("call", self._oncurve_ref, args, kwargs, packed)
+            return self._oncurve_link.ask(*request, data=data)
         finally:
             self._oncurve_link.arguments = ()
             self._oncurve_link.given = []
@@ -793,15 +794,17 @@ class _Link:
             self.raised = True
             raise ProgramRaised("the tests pass the program a value that cannot reach it") from None
 
-    def ask(self, *request: object) -> Any:
+    def ask(self, *request: object, data: bytes | None = None) -> Any:
+        """The child's answer to `request` (`data`: the request marshalled, where the caller
+        has it)."""
         self.used = True
         try:
-            marshal.dumps(request)
+            data = marshal.dumps(request) if data is None else data
         except ValueError:  # an argument of the tests' that is not plain data
             self.raised = True
             raise ProgramRaised("the tests pass the program a value that cannot reach it") from None
         try:
-            _send(self.requests, request)
+            _send(self.requests, request, data)
             result = self.decode(_receive(self.replies), request)
         except (ProgramRaised, _Missing):
             raise
