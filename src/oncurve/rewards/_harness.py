@@ -15,8 +15,9 @@ stdin a JSON object {"secret", "tests", "setup", "entry_point", "pytest"} ("pyte
   and rebuilt in the parent by its own constructors (a named tuple as one with its name and
   fields, a builtin type or function by its name); an object sent twice is one reference, so
   one object in the tests (`detect_cycle(a) is b`).
-  A call's arguments travel by value too, but the lists, dicts and sets among them stay the
-  tests' own (`_containers`): after the call each holds what the child's copy holds (a sort in
+  A call's arguments travel by value too, but the lists, dicts and sets among them (and the
+  standard library's deques, Counters, OrderedDicts and defaultdicts) stay the tests' own
+  (`_containers`): after the call each holds what the child's copy holds (a sort in
   place, a rotation), and one the call returns, or holds in what it returns, is the tests'
   object itself (so `deep_copy(x) is not x` fails for `return x`). A container the child kept
   from an earlier call is its own copy: later changes on either side do not reach the other;
@@ -79,13 +80,21 @@ _PLAIN = (int, float, complex, str, bytes, bool, type(None), tuple, list, dict, 
 _REF = "\0oncurve-ref"
 # Marks a standard-library object sent as its plain contents: (_STD, kind, contents).
 _STD = "\0oncurve-std"
-# Marks, in a call's reply, one of the lists, dicts and sets the call was given (`_containers`),
+# Marks, in a call's reply, one of the containers the call was given (`_containers`),
 # which the tests get back as their own object: (_ARG, position).
 _ARG = "\0oncurve-arg"
 # Marks, in a container a call changed, an object of the program's it now holds: (_OBJ, index)
 _OBJ = "\0oncurve-obj"
-_MUTABLE = (list, dict, set)
-_WALKED = frozenset((list, tuple, dict, set))
+# The standard library's containers a call may change in place, kept as lists, dicts and sets
+_STANDARD_MUTABLE = (
+    collections.Counter,
+    collections.OrderedDict,
+    collections.defaultdict,
+    collections.deque,
+)
+_MUTABLE = (list, dict, set, *_STANDARD_MUTABLE)
+_MAPPINGS = frozenset((dict, collections.Counter, collections.OrderedDict, collections.defaultdict))
+_WALKED = frozenset((list, tuple, dict, set, *_STANDARD_MUTABLE))
 _SCALARS = frozenset((int, float, complex, str, bytes, bool, type(None)))
 _STANDARD = {
     collections.Counter: ("Counter", dict, collections.Counter),
@@ -189,7 +198,7 @@ class _Thrown:
 def _pack(value: Any, swap: Any = lambda v: v, depth: int = 0, memo: dict | None = None) -> Any:
     """`value` as plain data: each standard-library object of `_STANDARD`, or a defaultdict with
     a builtin factory, as (_STD, kind, contents); a named tuple as a tuple; each part that
-    `swap` changes (a reference of the tests') swapped; a list, dict or set that is in two
+    `swap` changes (a reference of the tests') swapped; a container (`_MUTABLE`) that is in two
     places one object still, as marshal keeps it. TypeError for anything else."""
     if depth > 200:
         raise TypeError("nested too deep")
@@ -209,6 +218,8 @@ def _pack(value: Any, swap: Any = lambda v: v, depth: int = 0, memo: dict | None
             _pack(k, swap, depth + 1, memo): _pack(v, swap, depth + 1, memo)
             for k, v in value.items()
         }
+    elif kind in _STANDARD_MUTABLE:
+        packed = _pack_object(value, swap, depth, memo)
     else:
         return _pack_object(value, swap, depth, memo)
     if kind in _MUTABLE:  # kept beside its source, whose id no other object takes meanwhile
@@ -257,7 +268,7 @@ def _rebuild_builtin(name: Any) -> Any:
 
 def _unpack(value: Any, swap: Any = lambda v: v, depth: int = 0, memo: dict | None = None) -> Any:
     """`value` with each (_STD, kind, contents) rebuilt and each other part that `swap` changes
-    (a reference of the program's) swapped, a list, dict or set in two places one object still;
+    (a reference of the program's) swapped, a container (`_MUTABLE`) in two places one object still;
     ValueError for a mark that rebuilds nothing (and TypeError for a rebuilt object that cannot
     be a key or in a set)."""
     if depth > 200:
@@ -268,11 +279,16 @@ def _unpack(value: Any, swap: Any = lambda v: v, depth: int = 0, memo: dict | No
     kind = type(value)
     memo = {} if memo is None else memo
     if kind is tuple and len(value) == 3 and value[0] == _STD:
+        # one packed deque or Counter in two places is one object, as a list is
+        if (seen := memo.get(id(value))) is not None and seen[0] is value:
+            return seen[1]
         rebuild = _REBUILD.get(value[1])
         try:
-            return rebuild(_unpack(value[2], swap, depth + 1, memo))
+            rebuilt = rebuild(_unpack(value[2], swap, depth + 1, memo))
         except Exception as exc:
             raise ValueError(f"a malformed {value[1]!r}: {exc}") from None
+        memo[id(value)] = (value, rebuilt)
+        return rebuilt
     if kind in _MUTABLE and (seen := memo.get(id(value))) is not None and seen[0] is value:
         return seen[1]
     if kind in (list, tuple, set, frozenset):
@@ -290,12 +306,12 @@ def _unpack(value: Any, swap: Any = lambda v: v, depth: int = 0, memo: dict | No
 
 
 def _containers(values: tuple, skip: dict | None = None, owners: list | None = None) -> list:
-    """The lists, dicts and sets in `values` (a call's arguments, keyword ones last), each once,
-    in the order a walk first meets them (into lists, tuples, named tuples and dicts' values,
-    200 deep; not into the objects whose ids `skip` holds, the program's own): the same
-    positions in the tests' process and the program's, as marshal and `_pack`/`_unpack` keep
-    an object that is in two places one object, and a named tuple travels as a tuple. `owners`
-    gets, for each, the position in `values` of the argument it was met in."""
+    """The containers (`_MUTABLE`) in `values` (a call's arguments, keyword ones last), each
+    once, in the order a walk first meets them (into lists, tuples, named tuples, deques and the
+    mappings' values, 200 deep; not into the objects whose ids `skip` holds, the program's
+    own): the same positions in the tests' process and the program's, as marshal and
+    `_pack`/`_unpack` keep an object that is in two places one object, and a named tuple
+    travels as a tuple. `owners` gets, for each, the position in `values` of the argument it was met in."""
     found: list = []
     seen: dict[int, None] = {**(skip or {})}  # a dict: the program may have replaced `set`
 
@@ -308,10 +324,12 @@ def _containers(values: tuple, skip: dict | None = None, owners: list | None = N
             found.append(value)
         if depth >= 200 or kind is set:
             return
-        if kind is dict:
+        if kind in _MAPPINGS:
             items = [*value.values()]
-        else:  # a list, a tuple, or a named tuple as `_pack` reads one
-            items = value if kind in (list, tuple) else [*tuple.__iter__(value)]
+        elif kind in (list, tuple):
+            items = value
+        else:  # a deque, or a named tuple as `_pack` reads one
+            items = [*value] if kind is collections.deque else [*tuple.__iter__(value)]
         if _SCALARS.issuperset(map(type, items)):  # plain numbers and text: no loop in Python
             return
         for item in items:
@@ -346,7 +364,7 @@ def _packs(value: Any) -> bool:
 
 
 def _walked(item: Any) -> bool:
-    """Whether `_containers` walks into `item`: a list, tuple, dict, set or named tuple."""
+    """Whether `_containers` walks into `item`: a tuple, a named tuple or a `_MUTABLE`."""
     return type(item) in _WALKED or (isinstance(item, tuple) and hasattr(type(item), "_fields"))
 
 
@@ -483,10 +501,15 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
 
     def snapshot(container):
         # marshal's version 2 writes no references, whose flags follow reference counts: the
-        # same contents give the same bytes however many names hold them
+        # same contents give the same bytes however many names hold them; a deque or Counter
+        # in it as `_pack` writes it
         try:
             return marshal.dumps(container, 2)
         except (ValueError, RecursionError):
+            pass
+        try:
+            return marshal.dumps(_pack(container), 2)
+        except (TypeError, ValueError, RecursionError):
             return None
 
     def objects_marked(mark):
@@ -510,10 +533,9 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
         for container, moved in zip(received, changed, strict=True):
             state = None
             if moved:
-                items = list(container.items()) if type(container) is dict else list(container)
-                flat = (
-                    [*container.keys(), *container.values()] if type(container) is dict else items
-                )
+                mapping = type(container) in _MAPPINGS
+                items = list(container.items()) if mapping else list(container)
+                flat = [*container.keys(), *container.values()] if mapping else items
                 try:
                     if _SCALARS.issuperset(map(type, flat)):  # marshal's own speed
                         state = ("value", items)
@@ -770,7 +792,7 @@ class _Link:
         self.remotes: dict[int, Any] = {}
         # per iterator of the program's: (items fetched ahead, how it ended, next batch size)
         self.fetched: dict[int, tuple[list, tuple, int]] = {}
-        # the call being made: its arguments, and the lists, dicts and sets among them
+        # the call being made: its arguments, and the containers among them
         # (`_containers`), walked when its reply says it changed or returned one
         self.arguments: tuple = ()
         self.given: list = []
@@ -874,9 +896,13 @@ class _Link:
                 if type(container) is list:
                     container[:] = items
                     continue
-                rebuilt = dict(items) if type(container) is dict else set(items)
+                if type(container) is collections.deque:
+                    container.clear()
+                    container.extend(items)
+                    continue
+                rebuilt = dict(items) if type(container) in _MAPPINGS else set(items)
                 container.clear()
-                container.update(rebuilt)
+                container.update(rebuilt)  # a Counter's after `clear`: set, not added
         except Exception as exc:  # unhashable items, pairs that are not pairs
             self.raised = True
             raise ProgramRaised(

@@ -25,7 +25,8 @@ in either common form:
   take its `len`, `str`, `repr`, items, `hash`, `abs`,
   `int` and `float`, but it equals only itself (one object, however often it comes back), has
   no truth value, and an operator that would judge for the tests (`!=`, `<`, `in`,
-  arithmetic) fails the case. The lists, dicts and sets a call is given are the tests' own:
+  arithmetic) fails the case. The lists, dicts and sets a call is given (deques, Counters,
+  OrderedDicts and defaultdicts too) are the tests' own:
   what the program does to them in place the tests see, and one it returns is their object.
 
   A verdict depends only on what the program does when the tests call it. The tests see the

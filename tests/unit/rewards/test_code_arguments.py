@@ -128,6 +128,63 @@ ROWS = {
         NODE + "def detect_cycle(head):\n    seen = set()\n    while head not in seen:\n"
         "        seen.add(head)\n        head = head.next\n    return head\n",
     ),
+    # the standard library's containers, as lists, dicts and sets
+    "a defaultdict graph filled in place": (
+        [
+            "from collections import defaultdict\ng = defaultdict(list)\nadd_edge(g, 1, 2)\n"
+            "add_edge(g, 2, 3)\nassert g[2] == [1, 3] and g[1] == [2]\nassert g[9] == []"
+        ],
+        "def add_edge(g, u, v):\n    g = dict(g)\n    g.setdefault(u, []).append(v)\n",
+        "def add_edge(g, u, v):\n    g[u].append(v)\n    g[v].append(u)\n",
+    ),
+    "a Counter counted into": (
+        [
+            "from collections import Counter\nc = Counter(a=1)\ncount_into(c, ['a', 'b', 'a'])\n"
+            "assert c == Counter(a=3, b=1)\nassert c.most_common(1) == [('a', 3)]"
+        ],
+        "def count_into(c, words):\n    return c + type(c)(words)\n",
+        "def count_into(c, words):\n    c.update(words)\n",
+    ),
+    "a deque pushed to and rotated": (
+        [
+            "from collections import deque\nq = deque([1], maxlen=3)\npush_all(q, [2, 3, 4])\n"
+            "assert list(q) == [3, 4, 2] and q.maxlen == 3"
+        ],
+        "def push_all(q, xs):\n    q = q + type(q)(xs)\n    q.rotate(-1)\n",
+        "def push_all(q, xs):\n    q.extend(xs)\n    q.rotate(-1)\n",
+    ),
+    "an OrderedDict reordered": (
+        [
+            "from collections import OrderedDict\nd = OrderedDict(a=1, b=2, c=3)\ntouch(d, 'a')\n"
+            "assert list(d) == ['b', 'c', 'a']"
+        ],
+        "def touch(d, k):\n    d = dict(d)\n    d[k] = d.pop(k)\n",
+        "def touch(d, k):\n    d.move_to_end(k)\n",
+    ),
+    "a deque kept while its first item is read": (
+        [
+            "from collections import deque\nq = deque([1, 2])\nassert first(q) == 1\n"
+            "assert list(q) == [1, 2]"
+        ],
+        "def first(q):\n    return q.popleft()\n",
+        "def first(q):\n    return q[0]\n",
+    ),
+    "a deque returned for a copy": (
+        [
+            "from collections import deque\nq = deque([[1], [2]])\nc = copy_queue(q)\n"
+            "assert c == q and c is not q and c[0] is q[0]\nassert same_queue(q) is q"
+        ],
+        "def copy_queue(q):\n    return q\n\ndef same_queue(q):\n    return q\n",
+        "def copy_queue(q):\n    return q.copy()\n\ndef same_queue(q):\n    return q\n",
+    ),
+    "a dict of deques, one of them shared": (
+        [
+            "from collections import deque\nq = deque()\nqs = {'a': q, 'b': q}\nenqueue(qs, 'a', 5)\n"
+            "assert qs['b'] is q and list(q) == [5]"
+        ],
+        "def enqueue(qs, k, x):\n    qs[k] = type(qs[k])([x])\n",
+        "def enqueue(qs, k, x):\n    qs[k].append(x)\n",
+    ),
     "a pytest file's in-place test": (
         "from solution import reverse_in_place\n\ndef test_reverse():\n    s = ['a', 'b', 'c']\n"
         "    reverse_in_place(s)\n    assert s == ['c', 'b', 'a']\n",
