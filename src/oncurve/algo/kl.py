@@ -28,8 +28,10 @@ def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 @registered(KL_ESTIMATORS, "k3")
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """k3 = exp(-d) - (-d) - 1 = pi_ref/pi - log(pi_ref/pi) - 1: unbiased, >= 0, 0 iff equal
-    (DeepSeekMath's choice). `-d` is clamped to +-20 against overflow."""
-    log_ratio = (ref_logprobs - logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    (DeepSeekMath's choice). `-d` is clamped to at most 20 against overflow; below, exp(-d)
+    goes to 0 and k3 keeps its gradient (1 - exp(-d)) where the policy has drifted furthest
+    above the reference."""
+    log_ratio = (ref_logprobs - logprobs).clamp(max=_MAX_LOG_RATIO)
     return log_ratio.exp() - log_ratio - 1
 
 

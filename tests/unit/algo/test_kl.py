@@ -43,6 +43,19 @@ def test_k3_padding_stays_finite():
     assert torch.isfinite(kl).all() and torch.isfinite(logp.grad).all()
 
 
+def test_k3_keeps_its_value_and_gradient_far_above_the_reference():
+    """Where the policy gives a token e^25 times the reference's probability, k3 is
+    e^-25 + 25 - 1 and its gradient in the policy's logprob 1 - e^-25 (a clamp of the log-ratio
+    from below zeroed both the pull and the logged KL there)."""
+    logp = torch.tensor([-0.5, -0.5], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([-25.5, -19.5], dtype=torch.float64)
+    kl = kl_k3(logp, ref)
+    kl.sum().backward()
+    d = torch.tensor([25.0, 19.0], dtype=torch.float64)
+    torch.testing.assert_close(kl.detach(), torch.exp(-d) + d - 1)
+    torch.testing.assert_close(logp.grad, 1 - torch.exp(-d))
+
+
 def test_lookup_by_table_or_name():
     assert lookup(KL_ESTIMATORS, "k3") is kl_k3
     assert lookup("KL estimator", "k1") is kl_k1
