@@ -13,8 +13,10 @@ stdin a JSON object {"secret", "tests", "setup", "entry_point", "pytest"} ("pyte
   types only: an object that always says equal, or any other subclass, comes back as an opaque
   reference), except a few standard-library types (`_STANDARD`), sent as their plain contents
   and rebuilt in the parent by its own constructors (a named tuple as one with its name and
-  fields, a builtin type or function by its name); an object sent twice is one reference, so
-  one object in the tests (`detect_cycle(a) is b`).
+  fields, a builtin type or function by its name), and containers of the program's objects,
+  which arrive as containers of references; an object sent twice is one reference, so one
+  object in the tests (`detect_cycle(a) is b`), and what a call both puts into an argument and
+  returns is one object there.
   A call's arguments travel by value too, but the lists, dicts and sets among them (and the
   standard library's deques, Counters, OrderedDicts and defaultdicts) stay the tests' own
   (`_containers`): after the call each holds what the child's copy holds (a sort in
@@ -195,7 +197,11 @@ class _Thrown:
         self.exception = exception
 
 
-def _pack(value: Any, swap: Any = lambda v: v, depth: int = 0, memo: dict | None = None) -> Any:
+def _unmarked(part: Any) -> Any:
+    return part
+
+
+def _pack(value: Any, swap: Any = _unmarked, depth: int = 0, memo: dict | None = None) -> Any:
     """`value` as plain data: each standard-library object of `_STANDARD`, or a defaultdict with
     a builtin factory, as (_STD, kind, contents); a named tuple as a tuple; each part that
     `swap` changes (a reference of the tests') swapped; a container (`_MUTABLE`) that is in two
@@ -266,7 +272,7 @@ def _rebuild_builtin(name: Any) -> Any:
     return found
 
 
-def _unpack(value: Any, swap: Any = lambda v: v, depth: int = 0, memo: dict | None = None) -> Any:
+def _unpack(value: Any, swap: Any = _unmarked, depth: int = 0, memo: dict | None = None) -> Any:
     """`value` with each (_STD, kind, contents) rebuilt and each other part that `swap` changes
     (a reference of the program's) swapped, a container (`_MUTABLE`) in two places one object still;
     ValueError for a mark that rebuilds nothing (and TypeError for a rebuilt object that cannot
@@ -468,28 +474,31 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
         }
         return ("raise", describe(type(exc)), str(exc)[:300], args, attributes)
 
-    def encode(value, mark=None):
+    def encode(value, mark=None, memo=None):
+        """A reply's value: plain data as it is; a standard-library object, or a container
+        holding the program's objects (as references), packed; else a reference. `mark`: a
+        call's result that may hold what the call was given, packed with `memo`, the packing
+        of the containers it sends back changed (an object in both is one object)."""
         if type(value) is types.ModuleType:  # the parent imports the real one by its name
             return ("module", value.__name__)
         if isinstance(value, type) and issubclass(value, BaseException):
             return ("exception class", describe(value))
-        if mark is not None:  # a call's result that holds what the call was given
+        if mark is None:
             try:
-                packed = _pack(value, mark)
-                dumps(packed)
-                return ("packed", packed)
-            except (TypeError, ValueError, RecursionError):
+                dumps(value)
+                return ("value", value)
+            except (ValueError, RecursionError):
                 pass
         try:
-            dumps(value)
-            return ("value", value)
-        except (ValueError, RecursionError):
-            pass
-        try:
-            packed = _pack(value)
+            packed = _pack(value, objects_marked(mark or _unmarked), 0, memo)
             dumps(packed)
             return ("packed", packed)
-        except (TypeError, ValueError, RecursionError):  # not plain data: a reference
+        except (TypeError, ValueError, RecursionError):
+            pass
+        try:  # deeper than `_pack` goes
+            dumps(value)
+            return ("value", value)
+        except (ValueError, RecursionError):  # not plain data: a reference
             return ("ref", reference(value))
 
     def deref(value):
@@ -524,7 +533,7 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
 
         return swap
 
-    def contents(received, changed, mark):
+    def contents(received, changed, mark, memo):
         """Each container a call was given as it is after the call: ("value", items) (a dict's
         items as pairs) where they are numbers and text, else ("packed", items) with the
         containers in them marked; None for one in an argument the call left as it was, or
@@ -540,7 +549,7 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
                     if _SCALARS.issuperset(map(type, flat)):  # marshal's own speed
                         state = ("value", items)
                     else:
-                        state = ("packed", _pack(items, objects_marked(mark), 3))
+                        state = ("packed", _pack(items, objects_marked(mark), 3, memo))
                     dumps(state)
                 except (TypeError, ValueError, RecursionError):
                     state = None
@@ -586,13 +595,15 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
                     }
                     if not (changed or (returned and _walked(value))):
                         received = []  # nothing given came back changed, nor could be returned
-                    mark = _marker(received)
+                    mark, memo = _marker(received), {}
                     if returned:
-                        gives_back = bool(received) and _holds(value, received)
-                        reply = encode(value, mark if gives_back else None)
+                        # packed with the containers sent back changed: a row it added to one
+                        # and returned is one row in the tests
+                        gives_back = bool(changed) or (bool(received) and _holds(value, received))
+                        reply = encode(value, mark if gives_back else None, memo)
                     if received:
                         moved = [k in changed for k in owners]
-                        states = contents(received, moved, mark)
+                        states = contents(received, moved, mark, memo)
                         reply = ("shared", reply, states, len(received))
                 elif kind == "method":  # a protocol of its class (`len(x)`, `x < y`, `x[i]`)
                     name, args, packed = rest
@@ -796,6 +807,9 @@ class _Link:
         # (`_containers`), walked when its reply says it changed or returned one
         self.arguments: tuple = ()
         self.given: list = []
+        # while a call's reply is read: one unpacking of its value and the containers it sent
+        # back changed, so an object in both is one object
+        self.memo: dict | None = None
 
     def method(self, ref: int, name: str, args: tuple) -> Any:
         """What protocol `name` of the program's object `ref` gives for `args`."""
@@ -878,7 +892,7 @@ class _Link:
             return None
         if type(state) is not tuple or len(state) != 2 or state[0] not in ("value", "packed"):
             raise ValueError("a state that is no (kind, items)")
-        return state[1] if state[0] == "value" else _unpack(state[1], self.given_back)
+        return state[1] if state[0] == "value" else _unpack(state[1], self.given_back, 0, self.memo)
 
     def restore(self, states: Any) -> None:
         """Makes each container the call gave hold what the program's copy holds after it
@@ -976,8 +990,12 @@ class _Link:
             if reply[3] != len(self.given):  # the two walks disagree: the call's by value only
                 self.given = []
                 return self.decode(reply[1], request)
-            self.restore(reply[2])
-            return self.decode(reply[1], request)
+            self.memo = {}
+            try:
+                self.restore(reply[2])
+                return self.decode(reply[1], request)
+            finally:
+                self.memo = None
         if kind == "ref" and len(reply) == 2 and type(reply[1]) is int:
             if reply[1] not in self.remotes:
                 self.remotes[reply[1]] = _Remote(self, reply[1])
@@ -1009,7 +1027,7 @@ class _Link:
             if kind == "value":
                 return reply[1]
             try:
-                return _unpack(reply[1], self.given_back)
+                return _unpack(reply[1], self.given_back, 0, self.memo)
             except Exception as exc:  # an unhashable rebuilt into a set, too deep
                 self.raised = True
                 raise ProgramRaised(f"the program's process sent {exc}") from None

@@ -20,6 +20,7 @@ DEEP_COPY_TESTS = [
 RIGHT_DEEP_COPY = "def deep_copy(x):\n    return [list(row) for row in x]\n"
 
 PERSON = "class P:\n    def __init__(self, name, age):\n        self.name, self.age = name, age\n\n"
+ITEM = "class N:\n    def __init__(self, v):\n        self.v = v\n\n"
 NODE = "class ListNode:\n    def __init__(self, val):\n        self.val, self.next = val, None\n\n"
 
 ROWS = {
@@ -184,6 +185,42 @@ ROWS = {
         ],
         "def enqueue(qs, k, x):\n    qs[k] = type(qs[k])([x])\n",
         "def enqueue(qs, k, x):\n    qs[k].append(x)\n",
+    ),
+    # what a call both puts into an argument and returns is one object in the tests
+    "a child added to a dict tree and returned": (
+        [
+            "root = {'val': 1, 'children': []}\nc = add_child(root, 2)\nadd_child(c, 3)\n"
+            "assert root['children'][0]['children'][0]['val'] == 3\nassert root['children'][0] is c"
+        ],
+        "def add_child(node, val):\n    child = {'val': val, 'children': []}\n"
+        "    node['children'].append(child)\n    return dict(child)\n",
+        "def add_child(node, val):\n    child = {'val': val, 'children': []}\n"
+        "    node['children'].append(child)\n    return child\n",
+    ),
+    "a row appended and returned": (
+        ["m = [[1, 2]]\nr = add_row(m)\nr[0] = 5\nassert m == [[1, 2], [5, 0]]"],
+        "def add_row(m):\n    row = [0, 0]\n    m.append(row)\n    return list(row)\n",
+        "def add_row(m):\n    row = [0, 0]\n    m.append(row)\n    return row\n",
+    ),
+    # a list, dict or tuple of the program's objects is a list, dict or tuple in the tests
+    "a list of the program's objects": (
+        [
+            "ns = make(3)\nassert isinstance(ns, list) and len(ns) == 3\nassert [n.v for n in ns] == [0, 1, 2]"
+        ],
+        ITEM + "def make(k):\n    return tuple(N(i) for i in range(k))\n",
+        ITEM + "def make(k):\n    return [N(i) for i in range(k)]\n",
+    ),
+    "a dict of the program's objects": (
+        ["ns = make(3)\nassert type(ns) is dict and sorted(ns) == [0, 1, 2] and ns[1].v == 1"],
+        ITEM + "def make(k):\n    return [N(i) for i in range(k)]\n",
+        ITEM + "def make(k):\n    return {i: N(i) for i in range(k)}\n",
+    ),
+    "a pair of an object of the program's and a number": (
+        [
+            "r = make(3)\nassert type(r) is tuple and r[1] == 3 and r[0].v == 3\nassert make(2)[0] is not r[0]"
+        ],
+        ITEM + "def make(k):\n    return [N(k), k]\n",
+        ITEM + "def make(k):\n    return N(k), k\n",
     ),
     "a pytest file's in-place test": (
         "from solution import reverse_in_place\n\ndef test_reverse():\n    s = ['a', 'b', 'c']\n"
