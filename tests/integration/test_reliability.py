@@ -561,6 +561,16 @@ def test_overwrite_replaces_a_previous_run_but_never_deletes_foreign_files(
     assert main(["train", "--quiet", *args, "run.overwrite=true", "reward.functions=[corect]"]) == 2
     assert "corect" in capsys.readouterr().err
     assert sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")) == before
+    # so does one refused once the session is built: references `correct` cannot pay
+    config_before = (run_dir / "config.yaml").read_text()
+    solutions = tmp_path / "solutions.jsonl"
+    solution = "She sold 48/2 = <<48/2=24>>24 clips in May.\n#### 72"
+    solutions.write_text(json.dumps({"prompt": "How many clips?", "answer": solution}) + "\n")
+    refused = [f"data.path={solutions}", "data.answer_format=raw", "reward.functions=[correct]"]
+    assert main(["train", "--quiet", *args, "run.overwrite=true", *refused]) == 2
+    assert "correct" in capsys.readouterr().err
+    assert sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")) == before
+    assert (run_dir / "config.yaml").read_text() == config_before
 
     (run_dir / "notes.txt").write_text("mine")
     capsys.readouterr()

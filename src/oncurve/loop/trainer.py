@@ -122,14 +122,19 @@ def _train(config: Config, quiet: bool) -> TrainResult:
     announce = os.environ.get("RANK", "0") == "0"  # one acknowledgment for a torchrun job
     with guarded_output(), stop_on_signals(announce=announce) as stop:
         stop.where = first
-        s = setup(config)
-        cfg = s.config
-        stop.where = f"before step {s.start_step + 1}"
-        _stop_before_the_loop(s, stop)
-        if cfg.run.preflight and s.start_step == 0:
-            _check_gold(s)
-            _preflight(s)
+
+        def checks(s: Session) -> None:
+            # before the run replaces anything: a refused or stopped run leaves a previous one
+            stop.where = f"before step {s.start_step + 1}"
             _stop_before_the_loop(s, stop)
+            if s.config.run.preflight and s.start_step == 0:
+                _check_gold(s)
+                _preflight(s)
+                _stop_before_the_loop(s, stop)
+
+        s = setup(config, checks)
+        cfg = s.config
+        _stop_before_the_loop(s, stop)
         eval_before = eval_after = None
         if s.eval_data is not None and cfg.eval.at_start_end and s.start_step == 0:
             eval_before = _evaluate(s, step=0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +90,12 @@ from oncurve.update.policy import Policy
 from oncurve.update.step import LossFns
 
 
-def setup(config: Config) -> Session:
-    """Build the session: settle the config, load and assemble the run; resume if asked."""
+def setup(config: Config, checks: Callable[[Session], None] | None = None) -> Session:
+    """Build the session: settle the config, load and assemble the run; resume if asked.
+    `checks(session)` runs once the session is built, before the run's trackers start and
+    before anything it replaces is deleted or its config.yaml written: a run that a check
+    refuses (a reference the reward cannot pay, a failed preflight, a stop) leaves a previous
+    run in its directory as it was."""
     config = settle_paths(config)
     device, rank, world_size = start_devices(config)
     run_dir, resume_from, replaced = prepare_run_dir(config, rank)
@@ -155,7 +160,9 @@ def setup(config: Config) -> Session:
     )
     if resume_from is not None:
         _resume(s, resume_from)
-    # The run is set up; its trackers start before what it replaces goes, so that one that
+    if checks is not None:
+        checks(s)
+    # The run is set up and checked; its trackers start before what it replaces goes, so that one that
     # cannot start leaves a previous run whole.
     trackers = []
     if rank == 0:
