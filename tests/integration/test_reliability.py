@@ -324,9 +324,12 @@ def test_resume_from_a_given_checkpoint_and_refuse_another_world_size(
     assert setup(make_config(tiny_model_dir, data_file, run_dir, "run.resume=auto", overwrite,
                              "run.steps=4")).start_step == 3  # fmt: skip
     assert "note: run.resume=auto continues" in capsys.readouterr().err
+    assert (run_dir / "final" / "model.safetensors").is_file()  # refused: left as it was
     s = setup(make_config(tiny_model_dir, data_file, run_dir, f"run.resume={first}", overwrite))
     assert s.start_step == 1
     assert [p.name for p in (run_dir / "checkpoints").glob("step-*")] == ["step-000001"]
+    # the final model of the later steps goes with them: `oncurve eval --run` would score it
+    assert not (run_dir / "final").exists()
     assert [r["step"] for r in metric_rows(run_dir)] == [1]
     saved = load_file(first / "model.safetensors")
     for name, value in s.policy.model.state_dict().items():

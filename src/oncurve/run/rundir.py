@@ -6,8 +6,8 @@ there until the process exits; a second trainer on the directory is refused in o
 the holder. A run never deletes a file it did not write: `run.overwrite` replaces only a
 previous run's files (`RUN_FILES`), and `run.resume=auto` on a directory without a checkpoint
 restarts only when nothing foreign is there. `run.resume=PATH` writes into PATH's own run (a
-`step-NNNNNN` directory in its `checkpoints/`; its later checkpoints deleted only with
-`run.overwrite`), or into an empty directory, never into another run's.
+`step-NNNNNN` directory in its `checkpoints/`; its later checkpoints, and a final model
+written after them, deleted only with `run.overwrite`), or into an empty directory, never into another run's.
 """
 
 from __future__ import annotations
@@ -161,7 +161,9 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None, Replaced]:
                     "pass run.overwrite=true to continue from it and delete them, or resume "
                     "into an empty run.dir"
                 )
-        return run_dir, path, Replaced(checkpoints=later)
+        # the final model is of the later steps' run: it goes with them
+        final = [run_dir / "final"] if later and (run_dir / "final").exists() else []
+        return run_dir, path, Replaced(entries=final, checkpoints=later)
     if config.run.dir is None:
         if resume == "auto":
             raise UserError("run.resume=auto needs run.dir (the run to continue)")
