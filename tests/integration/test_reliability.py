@@ -586,12 +586,43 @@ def test_overwrite_replaces_a_previous_run_but_never_deletes_foreign_files(
     assert (run_dir / "final").is_dir()
     # nor files kept inside the run's checkpoints or final model
     (run_dir / "notes.txt").unlink()
-    for nested in ("final/notes.txt", "checkpoints/step-000002/my-eval.csv"):
+    mine = (
+        "final/notes.txt",
+        "checkpoints/step-000002/my-eval.csv",
+        "report/chapter1.tex",
+        "tensorboard/other_project/events.out",
+        "wandb/notes.md",
+    )
+    for nested in mine:
+        (run_dir / nested).parent.mkdir(parents=True, exist_ok=True)
         (run_dir / nested).write_text("mine")
         assert main(["train", "--quiet", *args, "run.overwrite=true"]) == 2
         assert f"holds files no run wrote ({nested})" in capsys.readouterr().err
         assert (run_dir / nested).read_text() == "mine"
         (run_dir / nested).unlink()
+    # what a run, its trackers and `oncurve report` write there is replaced
+    runs_own = (
+        "report/report.html",
+        "report/reward.png",
+        "tensorboard/events.out.tfevents.1764450000.host.4242.0",
+        "wandb/offline-run-20261129_220151-wmd0gjas/files/requirements.txt",
+        "wandb/debug.log",
+    )
+    for written in runs_own:
+        (run_dir / written).parent.mkdir(parents=True, exist_ok=True)
+        (run_dir / written).write_text("a run's")
+    assert main(["train", "--quiet", *args, "run.steps=2", "run.overwrite=true"]) == 0
+    assert not any((run_dir / written).exists() for written in runs_own)
+    capsys.readouterr()
+    # a config of yours kept in an empty run.dir is not a run's config.yaml
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "config.yaml").write_text("# my experiment\nrun:\n  steps: 2\n")
+    own_args = cli_args(tiny_model_dir, data_file, own)
+    for how in ("run.resume=auto", "run.overwrite=true"):
+        assert main(["train", "--quiet", str(own / "config.yaml"), *own_args, how]) == 2
+        assert "holds files no run wrote (config.yaml)" in capsys.readouterr().err
+    assert (own / "config.yaml").read_text() == "# my experiment\nrun:\n  steps: 2\n"
     # a resume replaces final/ at its end: a file of yours there refuses it before it trains
     (run_dir / "final" / "NOTES.md").write_text("mine")
     resume = [*args, "run.steps=3", "run.resume=auto"]

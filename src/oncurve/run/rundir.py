@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TextIO
 
 import torch
+import yaml
 
 from oncurve import distributed
 from oncurve.config import Config
@@ -37,7 +38,8 @@ LOCK_FILE = ".lock"
 # What a killed rewrite of metrics or samples (`metrics.truncate_after`) or a killed write of the
 # final model (`saving.save_final`) leaves: the run's own.
 _LEFTOVER = re.compile(r"\.(?:metrics|samples)\.jsonl\..+\.tmp$|\.final\.(?:partial|trash)-\d+$")
-# What a run writes inside its checkpoints and final model: `run.overwrite` deletes nothing else.
+# What a run writes inside its folders (checkpoints, final model, TensorBoard events, W&B's
+# offline runs, `oncurve report`'s page): `run.overwrite` deletes nothing else there.
 _RUN_WRITTEN = {
     "checkpoints": re.compile(
         r"(?:step-\d{6}|latest|\.(?:tmp|trash)-.+)"
@@ -48,7 +50,15 @@ _RUN_WRITTEN = {
         r"(?:adapter/)?(?:[\w.-]+\.(?:json|safetensors|jinja|model)|merges\.txt|vocab\.txt"
         r"|README\.md)"
     ),
+    "tensorboard": re.compile(r"events\.out\.tfevents\.[^/]+"),
+    "wandb": re.compile(
+        r"(?:(?:offline-)?run-\d{8}_\d{6}-\w+|latest-run)(?:/.+)?"
+        r"|debug(?:-internal|-core|-cli\.[\w.-]+)?\.log"
+    ),
+    "report": re.compile(r"[\w.-]+\.png|report\.html"),
 }
+# The sections every config.yaml a run writes holds (`save_config`: the whole settled config)
+_CONFIG_SECTIONS = {"model", "data", "rollout", "reward", "algo", "optim", "run"}
 # What a run (and `oncurve report` on it) writes: the only names a new run may delete.
 RUN_FILES = {
     LOCK_FILE,
@@ -186,25 +196,28 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None, Replaced]:
             # Neither resume=auto (restarting a run killed before its first checkpoint) nor
             # run.overwrite deletes files that no run wrote: run.dir may point at the wrong one.
             foreign = sorted(
-                p.name for p in contents if p.name not in RUN_FILES and not _LEFTOVER.match(p.name)
+                p.name
+                for p in contents
+                if (p.name not in RUN_FILES and not _LEFTOVER.match(p.name))
+                or (p.name == "config.yaml" and not _run_config(p))
             )
             foreign += [str(p.relative_to(run_dir)) for p in _foreign_inside(run_dir)][:3]
-            restart = resume == "auto" and not foreign
-            if config.run.overwrite and foreign:
+            if foreign and (config.run.overwrite or resume == "auto"):
                 raise UserError(
-                    f"run.dir {run_dir} holds files no run wrote ({', '.join(foreign[:3])}); "
-                    "run.overwrite only replaces a previous run, pick another run.dir"
-                )
-            if not (config.run.overwrite or restart):
-                raise UserError(
-                    f"run.dir {run_dir} is not empty; "
+                    f"run.dir {run_dir} "
+                    + ("" if config.run.overwrite else "is not empty, has no checkpoint and ")
+                    + f"holds files no run wrote ({', '.join(foreign[:3])}); "
                     + (
-                        "it has no checkpoint and holds files no run wrote; pass "
-                        "run.overwrite=true to start over"
-                        if resume == "auto"
-                        else "pass run.resume=auto to continue it or run.overwrite=true to "
-                        "start over"
+                        "run.overwrite only replaces a previous run"
+                        if config.run.overwrite
+                        else "run.resume=auto only continues or restarts a run"
                     )
+                    + ", pick another run.dir"
+                )
+            if not (config.run.overwrite or resume == "auto"):
+                raise UserError(
+                    f"run.dir {run_dir} is not empty; pass run.resume=auto to continue it or "
+                    "run.overwrite=true to start over"
                 )
     if resume == "auto":
         print(f"note: no checkpoint in {run_dir}; starting a new run", file=sys.stderr)
@@ -225,8 +238,24 @@ def _refuse_foreign_final(run_dir: Path) -> None:
         )
 
 
+def _run_config(path: Path) -> bool:
+    """Whether `path` is a config.yaml as a run writes it (every section, as `save_config`
+    dumps it), not a config of the user's kept in the directory (its comments and layout would
+    be lost to the run's)."""
+    try:
+        text = path.read_text()
+        loaded = yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return (
+        isinstance(loaded, dict)
+        and _CONFIG_SECTIONS.issubset(loaded)
+        and text == yaml.safe_dump(loaded, sort_keys=False)
+    )
+
+
 def _foreign_inside(run_dir: Path) -> list[Path]:
-    """Files in the run's checkpoints and final model that no run writes (a user's notes kept
+    """Files in the run's folders (`_RUN_WRITTEN`) that no run writes (a user's notes kept
     there), which `run.overwrite` must not delete."""
     found = []
     for name, written in _RUN_WRITTEN.items():
