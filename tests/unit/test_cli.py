@@ -286,6 +286,19 @@ def test_a_run_directory_given_as_the_model_points_to_run(tmp_path, capsys):
                         f"--run {tmp_path}, or its final/")  # fmt: skip
 
 
+def test_an_interrupt_before_the_run_handles_signals_is_one_line_and_exit_130(monkeypatch, capsys):
+    """Ctrl-C while `oncurve train` still imports torch and loads its config (before the run
+    takes signals over): one line, the status of a run stopped before step 1, no traceback."""
+    import oncurve.loop.trainer as trainer
+
+    def interrupted(config, quiet=False):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "train", interrupted)
+    assert main(["train", "run.steps=1"]) == 130
+    assert capsys.readouterr().err == "oncurve: stopped on request (an interrupt)\n"
+
+
 def test_a_rank_whose_peer_failed_says_so_in_one_line(monkeypatch, capsys):
     """A collective that fails on this rank (the other raised or died): one line that points
     at the other rank's own error, not a traceback; any other RuntimeError keeps its trace."""

@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except UserError as err:
         return report_error(f"oncurve: error: {err}", 2)
+    except KeyboardInterrupt:  # outside a run, which takes signals over: imports, eval, report
+        return report_error("oncurve: stopped on request (an interrupt)", 130)
     except (CheckpointError, TrainingError) as err:
         return report_error(f"oncurve: error: {err}", 1)
     except OSError as err:  # a full disk, a read-only or missing directory: the file and why
