@@ -21,7 +21,10 @@ answering at the package's top level) is what is called: `load_environment`, `ge
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
+import sys
+from collections.abc import Mapping
 from typing import Any
 
 from oncurve.errors import UserError
@@ -51,10 +54,48 @@ def load_environment(spec: str, env_args: dict[str, Any]) -> Any:
         vf = _verifiers(spec)
         try:
             _loaded[key] = vf.load_environment(spec.removeprefix(PREFIX), **env_args)
-        except (ImportError, AttributeError, TypeError, ValueError) as error:
-            message = str(error).splitlines()[0] if str(error) else type(error).__name__
-            raise UserError(f"rollout.env {spec}: {message}") from None
+        # the environment's own code fails in any way; it is the user's to fix, not a crash
+        except Exception as error:
+            raise UserError(_load_failure(spec, env_args, error)) from None
     return _loaded[key]
+
+
+def _load_failure(spec: str, env_args: dict[str, Any], error: Exception) -> str:
+    """The one line that says why `verifiers:NAME` did not load: `rollout.env_args` that its
+    `load_environment` does not take, or what the loading raised."""
+    # verifiers wraps what the environment's `load_environment` raised in a RuntimeError
+    cause = error.__cause__ if isinstance(error, RuntimeError) and error.__cause__ else error
+    if isinstance(cause, TypeError) and not _binds(spec, env_args):
+        return f"rollout.env_args do not fit rollout.env {spec}: {_first_line(cause)}"
+    if cause is error:  # verifiers' own message (an environment it cannot import, say)
+        return f"rollout.env {spec}: {_first_line(error)}"
+    return f"rollout.env {spec}: its load_environment raised {type(cause).__name__}: " + (
+        _first_line(cause)
+    )
+
+
+def _binds(spec: str, env_args: dict[str, Any]) -> bool:
+    """Whether the loaded module's `load_environment` takes `env_args` (True when there is no
+    such function to ask, as when its module did not import)."""
+    # the module verifiers imports for NAME (`org/my-env` -> `my_env`)
+    name = spec.removeprefix(PREFIX).replace("-", "_").split("/")[-1]
+    loader = getattr(sys.modules.get(name), "load_environment", None)
+    if not callable(loader):
+        return True
+    try:
+        signature = inspect.signature(loader)
+    except (TypeError, ValueError):  # no signature to read
+        return True
+    try:
+        signature.bind(**env_args)
+    except TypeError:
+        return False
+    return True
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 def environment_rows(spec: str, env_args: dict[str, Any], split: str) -> list[dict[str, Any]]:
@@ -76,7 +117,7 @@ def environment_rows(spec: str, env_args: dict[str, Any], split: str) -> list[di
         prompt = record.get("prompt")
         if not isinstance(prompt, list) or not prompt:
             raise UserError(f"{where}: its prompt is not a list of messages (a chat environment)")
-        messages = [{"role": m["role"], "content": _text(m["content"], where)} for m in prompt]
+        messages = [_message(m, where) for m in prompt]
         user = [m["content"] for m in messages if m["role"] == "user"]
         rows.append({
             "prompt": user[-1] if user else messages[-1]["content"],
@@ -97,10 +138,21 @@ def _openai_tool(tool: Any) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
+def _message(message: Any, where: str) -> dict[str, str]:
+    """A prompt message as {"role", "content"}; a one-line error naming the row when it is not
+    a mapping with a role and text content."""
+    if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+        raise UserError(f"{where}: a message of its prompt has no role")
+    return {"role": message["role"], "content": _text(message.get("content"), where)}
+
+
 def _text(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(p.get("type") == "text" for p in content):
+    if isinstance(content, list) and all(
+        isinstance(p, Mapping) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
         return "".join(p["text"] for p in content)
     raise UserError(f"{where}: a message's content is not text")
 

@@ -1,8 +1,8 @@
 """An environment's `step` called so that no environment can end or hang a run: each call on a
 daemon thread of its own, given what is left of its episode's time, its result checked. An
-exception, a call past the episode's time, or a result that is not (text or None, a finite
-number, a flag) is a fault, which the reward settings turn into the episode's score
-(`EnvFaults`)."""
+exception, a call past the episode's time, a result that is not (text or None, a finite
+number, a bool), or rewards whose sum is past float32's range is a fault, which the reward
+settings turn into the episode's score (`EnvFaults`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any
+
+import numpy
 
 from oncurve.errors import UserError
 
@@ -140,7 +142,24 @@ def _checked(result: Any, seconds: float) -> StepResult:
     if observation is not None and not isinstance(observation, str):
         why = f"step returned an observation of type {type(observation).__name__}, not text"
         return StepResult(fault=ERROR, why=why, seconds=seconds)
+    # a flag, not anything truthy: `done="no"` would end the episode
+    if not isinstance(done, bool | numpy.bool_):
+        why = f"step returned done={done!r}, not True or False"
+        return StepResult(fault=ERROR, why=_one_line(why), seconds=seconds)
     return StepResult(observation, float(reward), bool(done), seconds=seconds)
+
+
+def add_reward(total: float, result: StepResult) -> tuple[float, StepResult]:
+    """The episode's reward `total` with a faultless step's reward added, and the step's
+    result; an error fault instead when the sum is past float32's range (the episode's reward
+    would be infinite), the total then as it was. NaN sums to NaN: unscored, no fault."""
+    if result.fault is not None:
+        return total, result
+    summed = total + result.reward
+    if abs(summed) > _FLOAT32_MAX:
+        why = f"the episode's rewards sum to {summed:g}, not a finite float32"
+        return total, StepResult(fault=ERROR, why=why, seconds=result.seconds)
+    return summed, result
 
 
 def _one_line(text: str, limit: int = 300) -> str:

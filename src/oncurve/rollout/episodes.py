@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
-from oncurve.errors import UserError
+from oncurve.errors import UserError, error_line
 from oncurve.rollout.base import (
     FINISH_EOS,
     FINISH_LENGTH,
@@ -37,7 +38,7 @@ from oncurve.rollout.base import (
     SamplingParams,
     seeded_generator,
 )
-from oncurve.rollout.env_calls import EnvFaults, call_reset, call_steps
+from oncurve.rollout.env_calls import EnvFaults, add_reward, call_reset, call_steps
 from oncurve.rollout.harness import HarnessSettings, play_harness
 from oncurve.rollout.torch_sampler import COMPACT_FRACTION, TorchSampler, sample_tokens
 from oncurve.types import RolloutBatch
@@ -63,7 +64,9 @@ EnvFactory = Callable[[], Environment]
 def resolve_environment(spec: str, args: dict[str, Any] | None = None) -> EnvFactory:
     """A factory of fresh environments for `rollout.env`: a built-in name (`python_tool`), a
     library's game or server (`textarena:<id>`, `gem:<id>`, `openenv:<url>`: `LIBRARIES`) or
-    a `package.module:Class` path, called with `args` (`rollout.env_args`)."""
+    a `package.module:Class` path, called with `args` (`rollout.env_args`). One environment is
+    created here, so that a module that does not import, arguments its signature does not take
+    or a constructor that raises stop the run in one line (UserError) before it starts."""
     from oncurve.envs import ENVIRONMENTS, LIBRARIES
 
     library, _, game = spec.partition(":")
@@ -75,10 +78,16 @@ def resolve_environment(spec: str, args: dict[str, Any] | None = None) -> EnvFac
         module_name, _, attr = spec.partition(":")
         try:
             cls = getattr(importlib.import_module(module_name), attr, None)
-        except ImportError as e:
-            raise UserError(f"rollout.env {spec!r}: cannot import {module_name!r} ({e})") from None
+        # the user's module fails to import in any way (a missing package, a syntax error, an
+        # error in its top-level code): theirs to fix, said in one line
+        except Exception as e:
+            raise UserError(
+                f"rollout.env {spec!r}: cannot import {module_name!r} ({error_line(e)})"
+            ) from None
         if cls is None:
             raise UserError(f"rollout.env {spec!r}: module {module_name!r} has no {attr!r}")
+        if not callable(cls):
+            raise UserError(f"rollout.env {spec!r}: {attr!r} is not a class")
     else:
         raise UserError(
             f"rollout.env {spec!r}: not a built-in ({', '.join(ENVIRONMENTS)}), not "
@@ -86,9 +95,23 @@ def resolve_environment(spec: str, args: dict[str, Any] | None = None) -> EnvFac
         )
     kwargs = dict(args or {})
     try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):  # no signature to check the arguments against
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(**kwargs)
+        except TypeError as e:
+            raise UserError(f"rollout.env_args do not fit rollout.env {spec!r}: {e}") from None
+    try:
         cls(**kwargs)
-    except TypeError as e:
-        raise UserError(f"rollout.env_args do not fit {spec!r}: {e}") from None
+    except UserError:  # an adapter's own one line
+        raise
+    # the environment's own constructor fails: the run cannot play it
+    except Exception as e:
+        raise UserError(
+            f"rollout.env {spec!r}: creating the environment raised {error_line(e)}"
+        ) from None
     return functools.partial(cls, **kwargs)
 
 
@@ -426,12 +449,11 @@ class _EpisodeLoop:
         over = []
         for row, reason, result in zip(rows, reasons, results, strict=True):
             self.env_seconds[row] += result.seconds
+            self.rewards[row], result = add_reward(self.rewards[row], result)
             if result.fault is not None:
                 self.rewards[row] = faults.score(result.fault, result.why)
                 self.faults[row] = result.fault
                 self.fault_notes.append(result.why)
-            else:
-                self.rewards[row] += result.reward
             observation = result.observation
             last = result.fault is not None or result.done or observation is None
             last = last or reason == FINISH_LENGTH

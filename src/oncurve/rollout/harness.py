@@ -27,6 +27,7 @@ import asyncio
 import dataclasses
 import importlib
 import math
+import numbers
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -195,12 +196,14 @@ def _outcome(value: Any) -> Outcome:
         value = value.get("reward")
     if not _is_number(value):
         return None, ERROR, f"the harness returned the reward {value!r}", {}
-    return value, None, "", metrics
+    return None if value is None else float(value), None, "", metrics
 
 
 def _is_number(value: Any) -> bool:
+    """Whether `value` is None or a finite real number that is not a bool: numpy's scalars
+    (a rubric's float32) count as numbers."""
     return value is None or (
-        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
     )
 
 

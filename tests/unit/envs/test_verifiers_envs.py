@@ -192,6 +192,65 @@ def test_a_missing_extra_or_environment_is_one_line(monkeypatch):
         load_environment("verifiers:other", {})
 
 
+ENVIRONMENT_MODULES = {
+    "vf_needs_a_key": """
+def load_environment(**env_args):
+    raise RuntimeError("needs an API key for the judge")
+""",
+    "vf_buggy_loader": """
+def load_environment(level=1):
+    return len(level)  # a TypeError of the environment's own code, not of its arguments
+""",
+    "vf_no_role": """
+def load_environment():
+    import verifiers as vf
+    from datasets import Dataset
+    rows = [{"prompt": [{"role": "user", "content": "2+2="}], "answer": "4"},
+            {"prompt": [{"content": "1+1="}], "answer": "2"}]
+    return vf.SingleTurnEnv(dataset=Dataset.from_list(rows), rubric=vf.Rubric(funcs=[]))
+""",
+}
+
+
+@pytest.fixture
+def environment_modules(tmp_path, monkeypatch) -> None:
+    for name, source in ENVIRONMENT_MODULES.items():
+        (tmp_path / f"{name}.py").write_text(source)
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("spec", "env_args", "line"),
+    [
+        (SINGLE, {"difficulty": "easy"},
+         f"rollout.env_args do not fit rollout.env {SINGLE}: load_environment() got an "
+         "unexpected keyword argument 'difficulty'"),
+        ("verifiers:vf_needs_a_key", {},
+         "rollout.env verifiers:vf_needs_a_key: its load_environment raised RuntimeError: "
+         "needs an API key for the judge"),
+        ("verifiers:vf_buggy_loader", {"level": 2},
+         "rollout.env verifiers:vf_buggy_loader: its load_environment raised TypeError: "
+         "object of type 'int' has no len()"),
+    ],
+)  # fmt: skip
+def test_an_environment_that_does_not_load_is_one_line(environment_modules, spec, env_args, line):
+    """verifiers wraps what `load_environment` raised in a RuntimeError: the line names the
+    setting at fault and the cause, and calls the arguments wrong only when the loader's
+    signature does not take them."""
+    with pytest.raises(UserError) as raised:
+        load_environment(spec, env_args)
+    assert str(raised.value) == line
+
+
+def test_a_prompt_message_without_a_role_is_one_line_naming_its_row(environment_modules):
+    with pytest.raises(UserError) as raised:
+        environment_rows("verifiers:vf_no_role", {}, "train")
+    assert str(raised.value) == (
+        "rollout.env verifiers:vf_no_role train row 1: a message of its prompt has no role"
+    )
+
+
 def test_a_data_file_beside_the_environment_s_dataset_is_refused(
     tiny_model_dir, data_file, tmp_path
 ):

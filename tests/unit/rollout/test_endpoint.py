@@ -315,6 +315,10 @@ def test_tools_for_a_template_without_a_tool_call_format_are_refused():
         ('<tool_call>{"name": "f"}</tool_call><tool_call>{name: g}</tool_call>', None, None),
         ('<tool_call>["f"]</tool_call>', None, None),
         ('<tool_call>{"arguments": {}}</tool_call>', None, None),
+        # whitespace around a call is not the call's; a call ends at its first closing tag
+        (' A <tool_call>\n {"name": "f"} \t\n</tool_call>', "A", [("f", {})]),
+        ('<tool_call><tool_call>{"name": "f"}</tool_call>', None, None),
+        ('<tool_call>{"name": "f"}</tool_call></tool_call>', None, [("f", {})]),
     ],
 )  # fmt: skip
 def test_parse_tool_calls(text, content, calls):
@@ -326,6 +330,18 @@ def test_parse_tool_calls(text, content, calls):
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got_calls] \
         == calls  # fmt: skip
     assert [c["id"] for c in got_calls] == [f"call_x-{k}" for k in range(len(calls))]
+
+
+def test_tool_calls_around_long_whitespace_parse_in_linear_time():
+    """An opening tag followed by 20,000 spaces and no closing tag is text, not a call; the
+    regex it was once read with backtracked in cubic time on it (4,000 spaces: 132 s). The
+    whitespace around a call's JSON is not part of it, however long."""
+    spaces = " " * 20_000
+    for text in ("<tool_call>" + spaces, "<tool_call>{" + spaces, "<tool_call>" + spaces + "x"):
+        assert parse_tool_calls(text, "c") == (text, [])
+    text = f'Hi.<tool_call>{spaces}{{"name": "f"}}\n{spaces}</tool_call><tool_call>{spaces}'
+    content, calls = parse_tool_calls(text, "c")
+    assert content == "Hi." and [c["function"]["name"] for c in calls] == ["f"]
 
 
 def test_two_choices_making_the_same_call_are_each_their_own_turn():

@@ -9,12 +9,20 @@ import math
 import threading
 import time
 
+import numpy
 import pytest
 from helpers.episodes import load_qwen3_tokenizer, scripted_sampler, settings
 
 from oncurve.errors import UserError
 from oncurve.rollout import SamplingParams
-from oncurve.rollout.env_calls import ERROR, TIMEOUT, EnvFaults, call_steps
+from oncurve.rollout.env_calls import (
+    ERROR,
+    TIMEOUT,
+    EnvFaults,
+    StepResult,
+    add_reward,
+    call_steps,
+)
 from oncurve.rollout.episodes import run_episodes
 
 
@@ -42,6 +50,9 @@ MALFORMED = [
     (("x", 1e39, False), "the reward 1e+39, not a finite number or NaN"),
     (("x", True, False), "the reward True, not a finite number or NaN"),
     ((3, 1.0, False), "an observation of type int, not text"),
+    (("x", 1.0, "no"), "done='no', not True or False"),  # truthy: it would end the episode
+    (("x", 1.0, None), "done=None, not True or False"),
+    (("x", 1.0, 1), "done=1, not True or False"),
     (("x", 1.0), "returned tuple, not (observation, reward, done)"),
     (None, "returned NoneType, not (observation, reward, done)"),
     (ValueError("bad\nmove"), "step raised ValueError: bad move"),
@@ -60,6 +71,15 @@ def test_an_exception_or_a_malformed_result_is_an_error(result, why, seconds):
 def test_a_nan_reward_is_an_unscored_episode_not_a_fault():
     (outcome,) = call_steps([Scripted(("x", math.nan, True))], ["turn"], [None])
     assert outcome.fault is None and math.isnan(outcome.reward) and outcome.done
+
+
+def test_done_is_a_python_or_numpy_bool():
+    envs = [Scripted(("x", 0.5, numpy.bool_(True))), Scripted(("x", 0.5, numpy.bool_(False)))]
+    outcomes = call_steps(envs, ["a", "b"], [None, None])
+    assert [(o.fault, o.done, type(o.done)) for o in outcomes] == [
+        (None, True, bool),
+        (None, False, bool),
+    ]
 
 
 def test_a_step_past_its_episode_s_time_is_a_timeout_and_the_others_come_back():
@@ -114,6 +134,41 @@ def test_the_reward_settings_score_a_fault():
     assert math.isnan(EnvFaults(on_error="none").score(ERROR, "step raised X"))
     with pytest.raises(UserError, match=r"^rollout.env: step raised X \(reward.errors=none"):
         EnvFaults().score(ERROR, "step raised X")
+
+
+@pytest.mark.parametrize("on_error", ["none", "raise"])
+def test_rewards_that_sum_past_float32_s_range_are_a_fault(on_error):
+    """Each step's 3e38 is in float32's range, the episode's 6e38 after two steps is not (its
+    reward would be infinite): the episode ends on an error fault at the second step."""
+    tok = load_qwen3_tokenizer()
+    turn = tok("Hello.", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    episode_settings = dataclasses.replace(
+        settings(tok, lambda: Scripted(("obs", 3e38, False)), max_turns=3),
+        faults=EnvFaults(on_error=on_error),
+    )
+    feed = episode_settings.observation("obs", True)
+    sampler, _ = scripted_sampler(tok, [turn + feed + turn + feed + turn])
+
+    def play():
+        return run_episodes(
+            sampler, [{"prompt": "p"}], 1, SamplingParams(max_new_tokens=8), episode_settings
+        )
+
+    if on_error == "raise":
+        with pytest.raises(UserError, match=r"^rollout.env: the episode's rewards sum to 6e\+38,"):
+            play()
+        return
+    played = play()
+    assert math.isnan(played.rewards[0]) and played.faults == [ERROR]
+    assert played.turns.tolist() == [2]
+
+
+def test_a_nan_total_stays_unscored_and_a_fault_adds_nothing():
+    total, result = add_reward(math.nan, StepResult(reward=1.0))
+    assert math.isnan(total) and result.fault is None
+    assert add_reward(1.0, StepResult(reward=2.0)) == (3.0, StepResult(reward=2.0))
+    faulty = StepResult(fault=TIMEOUT, why="slow")
+    assert add_reward(1.0, faulty) == (1.0, faulty)
 
 
 def test_an_episode_ended_by_a_fault_is_unscored_and_counted(capsys):

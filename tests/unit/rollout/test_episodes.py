@@ -225,6 +225,54 @@ def test_environment_specs_are_checked():
         load_config(None, ["rollout.max_turns=3"])
 
 
+USER_ENVIRONMENTS = """
+class InitRaises:
+    def __init__(self, level=1):
+        raise RuntimeError("cannot open the game board")
+
+class InitTypeBug:
+    def __init__(self, level=1):
+        len(level)  # a TypeError of the environment's own code, not of its arguments
+"""
+
+
+@pytest.mark.parametrize(
+    ("spec", "args", "line"),
+    [
+        ("oncurve_test_syntax:Env", None,
+         "rollout.env 'oncurve_test_syntax:Env': cannot import 'oncurve_test_syntax' "
+         "(SyntaxError: invalid syntax (oncurve_test_syntax.py, line 1))"),
+        ("oncurve_test_envs:InitRaises", None,
+         "rollout.env 'oncurve_test_envs:InitRaises': creating the environment raised "
+         "RuntimeError: cannot open the game board"),
+        ("oncurve_test_envs:InitTypeBug", None,
+         "rollout.env 'oncurve_test_envs:InitTypeBug': creating the environment raised "
+         "TypeError: object of type 'int' has no len()"),
+        ("oncurve_test_envs:InitTypeBug", {"level": 2},
+         "rollout.env 'oncurve_test_envs:InitTypeBug': creating the environment raised "
+         "TypeError: object of type 'int' has no len()"),
+        ("oncurve_test_envs:InitTypeBug", {"size": 2},
+         "rollout.env_args do not fit rollout.env 'oncurve_test_envs:InitTypeBug': got an "
+         "unexpected keyword argument 'size'"),
+        ("oncurve_test_envs:USER_ENVIRONMENTS", None,
+         "rollout.env 'oncurve_test_envs:USER_ENVIRONMENTS': 'USER_ENVIRONMENTS' is not a class"),
+    ],
+)  # fmt: skip
+def test_an_environment_that_cannot_be_created_is_one_line(tmp_path, monkeypatch, spec, args, line):
+    """A user's module that does not import or a constructor that raises is one line naming
+    rollout.env and the cause; only arguments the signature does not take are called wrong."""
+    (tmp_path / "oncurve_test_syntax.py").write_text("x = = 1\n")
+    (tmp_path / "oncurve_test_envs.py").write_text(
+        USER_ENVIRONMENTS + f"USER_ENVIRONMENTS = {USER_ENVIRONMENTS!r}\n"
+    )
+    for name in ("oncurve_test_syntax", "oncurve_test_envs"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UserError) as raised:
+        resolve_environment(spec, args)
+    assert str(raised.value) == line
+
+
 def test_a_multi_turn_run_trains_checkpoints_and_resumes_exactly(
     tiny_model_dir, data_file, tmp_path
 ):

@@ -9,6 +9,7 @@ import asyncio
 import math
 import time
 
+import numpy
 import pytest
 import torch
 from helpers.configs import make_config
@@ -114,6 +115,30 @@ def test_a_harness_that_blocks_its_event_loop_times_out_alone(sampler, capsys):
     err = capsys.readouterr().err
     assert "2 of 4 harness episodes dropped from the loss (2 scored -1 by the fault" in err
     assert "blocked its event loop" in err
+
+
+def test_numpy_rewards_and_metrics_are_numbers(sampler):
+    """A rubric's numpy scalars (float32, int64) are rewards and metrics like Python's
+    numbers, as floats; a bool is neither."""
+
+    async def numpy_scores(client, model: str, row: dict) -> dict:
+        await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": row["prompt"]}]
+        )
+        if row["prompt"] == ROWS[0]["prompt"]:
+            return numpy.float32(0.75)
+        return {"reward": numpy.float32(0.5), "part": numpy.float32(0.25),
+                "turns": numpy.int64(1), "flag": True}  # fmt: skip
+
+    rows = [{**row, "prompt_ids": sampler.tokenizer(row["prompt"]).input_ids} for row in ROWS]
+    settings = HarnessSettings(numpy_scores, 2, 64, EnvFaults())
+    _, columns = play_harness(sampler, rows, 2, SamplingParams(max_new_tokens=6), settings)
+    assert columns["episode_fault"] == [None] * 4
+    assert columns["episode_reward"] == [0.75, 0.75, 0.5, 0.5]
+    assert all(type(r) is float for r in columns["episode_reward"])
+    assert columns["episode_metrics"] == [{}, {}] + [{"part": 0.25, "turns": 1.0}] * 2
+    metrics = columns["episode_metrics"][2]
+    assert all(type(v) is float for v in metrics.values())
 
 
 def test_a_harness_that_raises_cancelled_error_fails_its_episode(sampler):

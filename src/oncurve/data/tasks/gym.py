@@ -111,7 +111,9 @@ class GymTask:
     def score(
         self, prompts: list[str], completions: list[str], *, gym_entry: list[dict], **columns: Any
     ) -> list[float | None]:
-        """The dataset's `score_answer` on each completion's tagged answer (None if untagged)."""
+        """The dataset's `score_answer` on each completion's `<answer>` tag, as a float. An
+        untagged completion is handed to `score_answer` as None, which reasoning-gym's datasets
+        score 0.0: scored wrong, not unscored."""
         return [
             float(self._scorer.score_answer(extract_answer(completion, "tags"), entry))
             for completion, entry in zip(completions, gym_entry, strict=True)

@@ -20,7 +20,7 @@ def test_gym_task_scores_with_dataset_scorer(dataset):
     completions = [
         f"<think>ok</think><answer>{rows[0]['answer']}</answer>",
         f"<answer>{rows[1]['answer']}</answer>",
-        f"the answer is {rows[2]['answer']}",  # untagged: the dataset's scorer gets None
+        f"the answer is {rows[2]['answer']}",  # untagged: scored 0.0, not unscored (None)
         "<answer>not a number</answer>",
     ]
     columns = {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
