@@ -5,8 +5,9 @@ with the run's settings (a request may shorten `max_tokens` and add `stop` strin
 `n` choices; its temperature and the like are the run's, so that what trains is on-policy).
 Each response carries vLLM's extension fields: `prompt_token_ids`, and per choice `token_ids`
 and the sampler's logprobs. Requests that arrive within `max_wait_s` of each other are sampled
-in one call. The chat template is applied once, here: an assistant message whose text is a
-completion this endpoint sampled is spliced back as the tokens it sampled, so a conversation's
+in one call (a request that cannot be, a prompt too long, fails alone). The chat template is
+applied once, here: an assistant message whose text is a completion this endpoint sampled for
+the same episode is spliced back as the tokens it sampled, so a conversation's
 tokens are the ones the policy produced; one it did not sample (text a harness rewrote) is
 tokenized as text and its call marked `rewritten`. A request's `tools` are shown to the model
 through its chat template and its calls answered as OpenAI's `tool_calls`
@@ -89,7 +90,9 @@ class Endpoint:
         self.max_wait_s, self.seed = max_wait_s, seed
         self.calls: list[Call] = []
         self.sampler_calls = 0
-        self._sampled: dict[str, list[int]] = {}  # completion text -> its token ids
+        # (episode, a reply's text and tool calls) -> the token ids sampled for it: per episode,
+        # as two episodes may sample one text as different tokens
+        self._sampled: dict[tuple[int | None, Any], list[int]] = {}
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._lock = threading.Lock()
         self._server: _Server | None = None
@@ -126,11 +129,14 @@ class Endpoint:
     # -- prompts ------------------------------------------------------------------------------
 
     def chat_prompt(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        episode: int | None = None,
     ) -> tuple[list[int], bool]:
         """The token ids of `messages` in the chat template (showing `tools`), with a
         generation prompt: every assistant message whose text (and tool calls) this endpoint
-        sampled as the ids it sampled, and any other message that holds a special token's text
+        sampled for `episode` as the ids it sampled, and any other message that holds a special token's text
         (a tool that printed `<|im_end|>`) as that text's ids, so that it cannot end its message
         or forge a turn; and whether any assistant message was one it did not sample."""
         tokenizer = self.sampler.tokenizer
@@ -144,7 +150,7 @@ class Endpoint:
             calls = message.get("tool_calls")
             if message.get("role") == "assistant" and (isinstance(content, str) or calls):
                 with self._lock:
-                    sampled_ids = self._sampled.get(reply_key(content, calls))
+                    sampled_ids = self._sampled.get((episode, reply_key(content, calls)))
                 if sampled_ids is None:
                     rewritten = True
                     message = template_message(message) if calls else message
@@ -175,11 +181,14 @@ class Endpoint:
                 text = text[len(eos) :]  # the turn's end is the sampled EOS token
         return ids + self.encode_text(text), rewritten
 
-    def remember_reply(self, key: Any, completion_ids: list[int]) -> None:
+    def remember_reply(
+        self, key: Any, completion_ids: list[int], episode: int | None = None
+    ) -> None:
         """That an assistant message identified by `key` (`reply_key`: its text and tool calls
-        as answered) is `completion_ids`, which a later prompt holding it splices back."""
+        as answered) is `completion_ids`, which a later prompt of `episode` holding it splices
+        back."""
         with self._lock:
-            self._sampled[key] = completion_ids
+            self._sampled[episode, key] = completion_ids
 
     def encode_text(self, text: str) -> list[int]:
         """`text`'s token ids, no special tokens added (a template's are in its text)."""
@@ -217,11 +226,19 @@ class Endpoint:
             for request in batch:
                 by_params.setdefault(request.params, []).append(request)
             for params, requests in by_params.items():
-                try:
-                    self._sample(params, requests)
-                except Exception as error:  # the requests' failure, answered to their callers
-                    for request in requests:
-                        request.done.set_exception(error)
+                self._sample_or_fail(params, requests)
+
+    def _sample_or_fail(self, params: SamplingParams, requests: list[_Request]) -> None:
+        """`_sample`, or its error answered to the callers: to each request's alone where
+        several failed together (one prompt too long for the room left fails the whole call)."""
+        try:
+            self._sample(params, requests)
+        except Exception as error:
+            waiting = [request for request in requests if not request.done.done()]
+            if len(waiting) == 1:
+                waiting[0].done.set_exception(error)
+            for request in waiting if len(waiting) > 1 else []:
+                self._sample_or_fail(params, [request])
 
     def _sample(self, params: SamplingParams, requests: list[_Request]) -> None:
         prompts = [r.prompt_ids for r in requests for _ in range(r.n)]
@@ -250,7 +267,9 @@ class Endpoint:
                 row += 1
             with self._lock:
                 self.calls += calls
-                self._sampled.update((call.text, call.completion_ids) for call in calls)
+                self._sampled.update(
+                    ((call.episode, call.text), call.completion_ids) for call in calls
+                )
             request.done.set_result(calls)
 
     def request_params(self, body: dict[str, Any]) -> SamplingParams:
@@ -363,14 +382,16 @@ def respond(
         tokenizer = endpoint.sampler.tokenizer
         tools = _tools(body, tokenizer)
         messages = _text_messages(body.get("messages"))
-        prompt_ids, rewritten = endpoint.chat_prompt(messages, tools)
+        prompt_ids, rewritten = endpoint.chat_prompt(messages, tools, episode)
         calls = endpoint.sample(prompt_ids, rewritten, n, params, episode)
         choices = []
         for i, call in enumerate(calls):
             content, tool_calls = call.text, []
             if tools:
                 content, tool_calls = parse_tool_calls(call.text, f"call_{secrets.token_hex(6)}")
-                endpoint.remember_reply(reply_key(content, tool_calls), call.completion_ids)
+                endpoint.remember_reply(
+                    reply_key(content, tool_calls), call.completion_ids, episode
+                )
             message = {"role": "assistant", "content": content}
             choices.append(
                 {

@@ -6,6 +6,7 @@ error answer, and the endpoint is gone after its block."""
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import threading
 import urllib.error
@@ -13,7 +14,7 @@ import urllib.request
 
 import pytest
 import torch
-from helpers.episodes import load_qwen3_tokenizer, scripted_sampler
+from helpers.episodes import ScriptedDecoder, load_qwen3_tokenizer, scripted_sampler
 from helpers.models import tiny_qwen2
 
 from oncurve.rollout import SamplingParams, TorchSampler
@@ -171,6 +172,63 @@ def test_concurrent_requests_share_sampler_calls_and_each_gets_its_own(sampler):
     assert len(answers) == 6 and endpoint.sampler_calls < 6
     prompts = {tuple(a["prompt_token_ids"]) for a in answers}
     assert len(prompts) == 6 and all(len(a["choices"][0]["token_ids"]) <= 3 for a in answers)
+
+
+def test_a_prompt_too_long_fails_its_own_request_only():
+    """Requests sampled in one call: one whose prompt leaves no room for its tokens is answered
+    400, the short one sampled with it 200 (the call's length check failed both)."""
+    tokenizer = load_qwen3_tokenizer()
+    model = tiny_qwen2(len(tokenizer))
+    model.config.max_position_embeddings = 64
+    model.config.eos_token_id = tokenizer.eos_token_id
+    answers: dict[str, tuple[int, dict]] = {}
+    bodies = {
+        "short": {"messages": [{"role": "user", "content": "hi"}]},
+        "long": {"messages": [{"role": "user", "content": " word" * 60}]},
+    }
+    params = SamplingParams(max_new_tokens=8, seed=0)
+    with Endpoint(TorchSampler(model, tokenizer), params, max_wait_s=1.0) as endpoint:
+
+        def ask(name: str) -> None:
+            answers[name] = post(endpoint.base_url, "/chat/completions", bodies[name])
+
+        threads = [threading.Thread(target=ask, args=(name,)) for name in bodies]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert answers["short"][0] == 200 and answers["short"][1]["choices"][0]["token_ids"]
+    assert answers["long"][0] == 400
+    assert "max_new_tokens=8 does not fit" in answers["long"][1]["error"]["message"]
+
+
+def test_two_episodes_sampling_one_text_as_other_tokens_each_get_theirs_back():
+    """ "hello" sampled as one token in episode 0 and as "hel" + "lo" in episode 1: each
+    episode's next prompt holds the tokens it sampled (a text's tokens were kept across
+    episodes, and the later ones broke the earlier episode's chain)."""
+    tokenizer = load_qwen3_tokenizer()
+    encode = functools.partial(tokenizer, add_special_tokens=False)
+    one, two = encode("hello")["input_ids"], encode("hel")["input_ids"] + encode("lo")["input_ids"]
+    assert len(one) == 1 and len(two) == 2 and tokenizer.decode(two) == "hello"
+    eos = tokenizer.eos_token_id
+    model = tiny_qwen2(len(tokenizer))
+    model.config.eos_token_id = eos
+    scripts = iter([one + [eos], two + [eos]])
+
+    def make(model, rows, width, new, reserve):
+        return ScriptedDecoder([next(scripts)] * rows, model.config.vocab_size, eos)
+
+    sampler = TorchSampler(model, tokenizer, decoder=make)
+    with Endpoint(sampler, SamplingParams(max_new_tokens=4, seed=0)) as endpoint:
+        prompt, _ = endpoint.chat_prompt(QUESTION)
+        sampled = [endpoint.sample(prompt, False, 1, endpoint.params, k)[0] for k in (0, 1)]
+        assert [c.text for c in sampled] == ["hello", "hello"]
+        turn = [*QUESTION, {"role": "assistant", "content": "hello"}]
+        turn.append({"role": "user", "content": "sure?"})
+        for k, call in enumerate(sampled):
+            ids, rewritten = endpoint.chat_prompt(turn, episode=k)
+            assert not rewritten
+            assert ids[len(prompt) : len(prompt) + len(call.completion_ids)] == call.completion_ids
 
 
 def test_bad_requests_get_an_error_answer_and_the_endpoint_is_gone_after(sampler):
