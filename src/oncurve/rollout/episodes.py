@@ -188,6 +188,15 @@ class ObservationFormat:
             return False
 
 
+def feed_overhead(tokenizer: Any) -> int:
+    """The chat template's tokens around one message a harness adds after a turn (the turn's
+    end, the message's header, the next assistant header; a tool message's where the template
+    renders one, or a user's, whichever is longer); 0 without a chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return 0
+    return max(ObservationFormat(tokenizer, True, 1, role).overhead for role in (None, "user"))
+
+
 @dataclass
 class Episodes:
     """What `run_episodes` returns.

@@ -54,18 +54,22 @@ Outcome = tuple[float | None, str | None, str, dict[str, float]]
 @dataclasses.dataclass(frozen=True)
 class HarnessSettings:
     """The harness's function, the turns and observation tokens an episode may hold (its
-    budget), what a fault costs, and whether the function plays a row's G episodes at once."""
+    budget), what a fault costs, whether the function plays a row's G episodes at once, and the
+    chat template's tokens around a message between two turns (`feed_overhead`), which an
+    observation's budget holds beside its text."""
 
     play: Play
     max_turns: int
     max_observation_tokens: int
     faults: EnvFaults = EnvFaults()
     groups: bool = False
+    observation_overhead: int = 0
 
     def budget(self, max_new_tokens: int) -> int:
         """Completion columns an episode can fill: every turn at full length, every
-        observation at its longest."""
-        return self.max_turns * max_new_tokens + (self.max_turns - 1) * self.max_observation_tokens
+        observation at its longest with its template tokens."""
+        feeds = (self.max_turns - 1) * (self.max_observation_tokens + self.observation_overhead)
+        return self.max_turns * max_new_tokens + feeds
 
 
 def resolve_harness(spec: str) -> Play:

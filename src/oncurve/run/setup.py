@@ -62,6 +62,7 @@ from oncurve.rollout.env_calls import EnvFaults
 from oncurve.rollout.episodes import (
     EpisodeSettings,
     ObservationFormat,
+    feed_overhead,
     observation_role,
     resolve_environment,
 )
@@ -414,10 +415,14 @@ def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | Harnes
     faults = EnvFaults(r.env_timeout_s, config.reward.errors, config.reward.timeout_score)
     if r.env.startswith(HARNESS_PREFIX):
         play = resolve_harness(r.env)
-        return HarnessSettings(play, r.max_turns, r.max_observation_tokens, faults)
+        overhead = feed_overhead(tokenizer)
+        return HarnessSettings(
+            play, r.max_turns, r.max_observation_tokens, faults, observation_overhead=overhead
+        )
     if r.env.startswith(VERIFIERS_PREFIX):
         play = GroupPlay(load_environment(r.env, r.env_args))
-        return HarnessSettings(play, r.max_turns, r.max_observation_tokens, faults, groups=True)
+        overhead = feed_overhead(tokenizer)
+        return HarnessSettings(play, r.max_turns, r.max_observation_tokens, faults, True, overhead)
     make_env = resolve_environment(r.env, r.env_args)
     return EpisodeSettings(
         make_env=make_env,

@@ -13,7 +13,7 @@ import numpy
 import pytest
 import torch
 from helpers.configs import make_config
-from helpers.episodes import load_qwen3_tokenizer, settings
+from helpers.episodes import load_qwen3_tokenizer, scripted_sampler, settings
 from helpers.harnesses import FOLLOW_UP, digits, fails, rewrites_its_turn, two_turns
 from helpers.models import tiny_qwen2
 from helpers.rewards_for_tests import DigitsEnv
@@ -23,7 +23,7 @@ from oncurve.errors import UserError
 from oncurve.loop.trainer import train
 from oncurve.rollout import SamplingParams, TorchSampler
 from oncurve.rollout.env_calls import ERROR, TIMEOUT, EnvFaults
-from oncurve.rollout.episodes import run_episodes
+from oncurve.rollout.episodes import feed_overhead, run_episodes
 from oncurve.rollout.harness import HarnessSettings, play_harness
 from oncurve.rollout.hf_decoder import HFDecoder
 
@@ -47,6 +47,35 @@ def play(sampler, harness, faults: EnvFaults | None = None):
         sampler, rows, 2, SamplingParams(max_new_tokens=6, seed=1), settings
     )
     return rollout, columns["episode_reward"], columns["turns"], columns["episode_fault"]
+
+
+def test_an_observation_of_max_observation_tokens_fits_with_its_template_tokens():
+    """Two turns of max_new_tokens and, between them, a message of exactly
+    max_observation_tokens tokens of text: the episode fits its budget, the chat template's
+    tokens around the message counted in it (they were not, and the episode was dropped)."""
+    tokenizer = load_qwen3_tokenizer()
+    turn_tokens, observed = 8, 16
+    turn = tokenizer(" ok" * turn_tokens, add_special_tokens=False).input_ids[: turn_tokens - 1]
+    observation = " x" * observed
+    assert len(tokenizer(observation, add_special_tokens=False).input_ids) == observed
+    sampler, _ = scripted_sampler(tokenizer, [[*turn, tokenizer.eos_token_id]])
+
+    async def tells(client, model, row):
+        messages = [{"role": "user", "content": row["prompt"]}]
+        first = await client.chat.completions.create(model=model, messages=messages)
+        messages.append({"role": "assistant", "content": first.choices[0].message.content})
+        messages.append({"role": "user", "content": observation})
+        await client.chat.completions.create(model=model, messages=messages)
+        return 1.0
+
+    overhead = feed_overhead(tokenizer)
+    assert overhead > 5  # <|im_end|>, the user header, the assistant header
+    harness = HarnessSettings(tells, 2, observed, observation_overhead=overhead)
+    rows = [{"prompt": "go", "prompt_ids": tokenizer("go").input_ids}]
+    params = SamplingParams(max_new_tokens=turn_tokens, seed=0)
+    rollout, columns = play_harness(sampler, rows, 1, params, harness)
+    assert columns["episode_fault"] == [None] and columns["turns"] == [2]
+    assert columns["episode_reward"] == [1.0] and int(rollout.loss_mask.sum()) == 2 * turn_tokens
 
 
 def test_a_harness_s_episode_is_its_calls_chained_token_for_token(sampler):
