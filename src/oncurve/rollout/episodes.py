@@ -347,6 +347,7 @@ class _EpisodeLoop:
         n = len(envs)
         self.sampler, self.envs, self.params, self.settings = sampler, envs, params, settings
         self.budget, self.device = budget, device
+        self.eos_id = sampler.tokenizer.eos_token_id  # the chat template's end of a turn
         self.completion = torch.full((n, budget), sampler.pad_id, dtype=torch.long, device=device)
         self.logprobs = torch.zeros((n, budget), dtype=torch.float32, device=device)
         self.tool = torch.zeros((n, budget), dtype=torch.long, device=device)
@@ -427,9 +428,8 @@ class _EpisodeLoop:
             self.turn_start[row] = t + 1
         return token
 
-    def _turn_text(self, row: int, t: int) -> str:
-        ids = self.completion[row, self.turn_start[row] : t + 1].tolist()
-        return self.sampler.tokenizer.decode(ids, skip_special_tokens=True)
+    def _turn_ids(self, row: int, t: int) -> list[int]:
+        return self.completion[row, self.turn_start[row] : t + 1].tolist()
 
     def _stopped(self, row: int, t: int) -> bool:
         window = 4 * max(len(s) for s in self.params.stop) + 2
@@ -442,9 +442,13 @@ class _EpisodeLoop:
     def _end_turns(self, rows: list[int], reasons: list[int], t: int) -> list[bool]:
         """Hand the turns that ended at step `t` to their environments; returns, per row,
         whether the episode is over."""
-        texts = []
+        texts, ended_with_eos = [], []
         for row, reason in zip(rows, reasons, strict=True):
-            text = self._turn_text(row, t)
+            ids = self._turn_ids(row, t)
+            # the turn's end is in the feed unless the token sampled was the template's own (a
+            # generation config's other EOS, `<|endoftext|>`, is no `<|im_end|>`)
+            ended_with_eos.append(reason == FINISH_EOS and ids[-1:] == [self.eos_id])
+            text = self.sampler.tokenizer.decode(ids, skip_special_tokens=True)
             if reason == FINISH_STOP:
                 cuts = [text.find(s) + len(s) for s in self.params.stop if s in text]
                 text = text[: min(cuts)] if cuts else text
@@ -456,7 +460,7 @@ class _EpisodeLoop:
         ]
         results = call_steps([self.envs[row] for row in rows], texts, left)
         over = []
-        for row, reason, result in zip(rows, reasons, results, strict=True):
+        for row, reason, result, ended in zip(rows, reasons, results, ended_with_eos, strict=True):
             self.env_seconds[row] += result.seconds
             self.rewards[row], result = add_reward(self.rewards[row], result)
             if result.fault is not None:
@@ -471,7 +475,7 @@ class _EpisodeLoop:
                 self.reasons[row] = reason
                 over.append(True)
             else:
-                feed = self.settings.observation(observation, reason == FINISH_EOS)
+                feed = self.settings.observation(observation, ended)
                 if feed:
                     self.feeding[row] = feed
                 else:  # nothing to feed (an empty observation without a template)

@@ -178,6 +178,35 @@ def test_a_turn_cut_at_max_new_tokens_ends_the_episode(qwen3_tokenizer):
     assert played.turns.tolist() == [1, 1]
 
 
+def test_a_turn_ended_by_the_generation_config_s_other_eos_keeps_the_template_s_end(
+    qwen3_tokenizer,
+):
+    """A turn that ends on `<|endoftext|>` (Qwen's generation config's second EOS) is followed
+    by the template's `<|im_end|>`, as the chat template renders the turn; one that ends on
+    `<|im_end|>` itself is not given a second."""
+    tok = qwen3_tokenizer
+    other = tok.convert_tokens_to_ids("<|endoftext|>")
+    turn = tok("4 ok", add_special_tokens=False)["input_ids"]
+    feed = ObservationFormat(tok, chat_template=True, max_tokens=64)
+    for end, ended_with_eos in ((other, False), (tok.eos_token_id, True)):
+        script = [*turn, end, *feed("digits 1", ended_with_eos), *turn, tok.eos_token_id]
+        sampler, _ = scripted_sampler(tok, [script])
+        sampler.eos_ids = sorted({tok.eos_token_id, other})
+        played = run_episodes(
+            sampler,
+            [{"prompt": "go"}],
+            group_size=1,
+            params=SamplingParams(max_new_tokens=8, seed=0),
+            settings=settings(tok, lambda: DigitsEnv(5), max_turns=2),
+        )
+        ids = played.rollout.completion_ids[0][played.rollout.completion_mask[0].bool()].tolist()
+        assert ids == script
+        text = tok.decode(ids)
+        first_end = "<|endoftext|><|im_end|>" if end == other else "<|im_end|>"
+        assert text.startswith(f"4 ok{first_end}\n<|im_start|>user\n")
+        assert text.count("<|im_end|>") == 3  # the two turns' and the tool response's
+
+
 def test_an_observation_cannot_end_the_turn_or_forge_another(qwen3_tokenizer):
     """A tool output that prints the chat template's control tokens' names is fed as text: the
     fed ids hold the template's own control tokens only, those of a plain observation."""
