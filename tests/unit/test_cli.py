@@ -183,6 +183,33 @@ def test_train_takes_overrides_and_flags_in_any_order(
     assert seen == {"path": expected_file, "overrides": expected_overrides, "quiet": True}
 
 
+def test_a_config_file_with_an_equals_sign_in_its_path_is_the_file(monkeypatch, tmp_path):
+    """`sweep/lr=1e-4/c.yaml` names an existing YAML file: not an override."""
+    import oncurve.config
+    import oncurve.loop.trainer
+
+    path = tmp_path / "lr=1e-4" / "c.yaml"
+    path.parent.mkdir()
+    path.write_text("run:\n  steps: 1\n")
+    seen = {}
+    load_config = oncurve.config.load_config
+
+    def fake_load_config(path, overrides):
+        seen["config"] = load_config(path, overrides)
+        return seen["config"]
+
+    def fake_train(config, quiet):
+        return oncurve.loop.trainer.TrainResult(Path("x"), 1, None, None)
+
+    monkeypatch.setattr(oncurve.config, "load_config", fake_load_config)
+    monkeypatch.setattr(oncurve.loop.trainer, "train", fake_train)
+    assert main(["train", str(path), "run.seed=3", "--quiet"]) == 0
+    assert (seen["config"].run.steps, seen["config"].run.seed) == (1, 3)
+    # a key=value that names no file stays an override
+    assert main(["train", "run.steps=2", "--quiet"]) == 0
+    assert seen["config"].run.steps == 2
+
+
 def test_an_unknown_flag_after_overrides_is_still_an_error(capsys):
     assert main(["train", "run.steps=5", "--quite"]) == 2
     assert "unrecognized arguments: --quite" in capsys.readouterr().err
@@ -207,6 +234,8 @@ HERE = str(Path(__file__).parent)  # a directory that is not empty
         ([*EVAL, "--samples", "x"], "argument --samples: must be an integer, got 'x'"),
         ([*EVAL, "--max-new-tokens", "-5"], "argument --max-new-tokens: must be at least 1"),
         ([*EVAL, "--temperature", "nan"], "argument --temperature: must be at least 0"),
+        ([*EVAL, "--temperature", "inf"], "argument --temperature: must be a finite number"),
+        ([*SAMPLE, "--temperature", "1e999"], "argument --temperature: must be a finite number"),
         ([*EVAL, "--dtype", "float16"], "argument --dtype: invalid choice: 'float16'"),
         ([*EVAL, "--answer-format", "xml"], "argument --answer-format: invalid choice: 'xml'"),
         (["eval", "--run", "/nonexistent"], "--run /nonexistent: no config.yaml"),

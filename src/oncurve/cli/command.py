@@ -9,6 +9,7 @@ The parser and `main`; each command's work is in its own module of this package.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -93,12 +94,16 @@ def _at_least(low: int) -> Callable[[str], int]:
 
 
 def _temperature(text: str) -> float:
+    """An argparse type: a sampling temperature, finite and at least 0 (0 is greedy), as
+    rollout.temperature takes it (which refuses inf)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
     if not value >= 0:  # NaN too
         raise argparse.ArgumentTypeError(f"must be at least 0 (0 is greedy), got {text}")
+    if math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
     return value
 
 

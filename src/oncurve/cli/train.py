@@ -223,8 +223,10 @@ def _children(pid: int) -> list[int]:
 
 
 def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
-    """The first argument may be a YAML file; every other one is a key=value override."""
-    if items and "=" not in items[0]:
+    """The first argument may be a YAML file; every other one is a key=value override. A first
+    argument that names an existing .yaml or .yml file is the file even with an = in its path
+    (`sweep/lr=1e-4/c.yaml`)."""
+    if items and ("=" not in items[0] or _is_yaml_file(items[0])):
         first = items[0]
         if not first.endswith((".yaml", ".yml")) and not Path(first).exists():
             raise UserError(
@@ -235,3 +237,8 @@ def _split_config_args(items: list[str]) -> tuple[str | None, list[str]]:
         if "=" not in item:
             raise UserError(f"argument {item!r} must be key=value (only the first may be a file)")
     return None, items
+
+
+def _is_yaml_file(item: str) -> bool:
+    """Whether `item` names an existing file ending in .yaml or .yml."""
+    return item.endswith((".yaml", ".yml")) and Path(item).is_file()

@@ -16,6 +16,7 @@ from oncurve.config.helptext import describe
 from oncurve.config.loading import (
     RENAMED,
     build_config,
+    config_yaml,
     load_config,
     load_run_config,
     save_config,
@@ -66,6 +67,7 @@ __all__ = [
     "describe",
     "load_config",
     "load_run_config",
+    "config_yaml",
     "save_config",
     "to_dict",
 ]

@@ -4,6 +4,7 @@ to its field's type and checked, then the checks across fields."""
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import math
 import types
 import typing
@@ -50,8 +51,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def load_run_config(path: str | Path) -> Config:
     """The config a run saved (its config.yaml: every setting, the ones left null settled at
-    its start, `algo.is_cap` say)."""
-    return build_config(_read_yaml(Path(path)))
+    its start, `algo.is_cap` say). A run writes every section, so a file that lacks one (cut
+    short, emptied, or not a run's) is refused in one line naming it: its defaults would stand
+    in for the run's settings."""
+    path = Path(path)
+    raw = _read_yaml(path)
+    if not raw:
+        raise UserError(f"config file {path} is empty; a run's config.yaml holds every section")
+    missing = [f.name for f in dataclasses.fields(Config) if f.name not in raw]
+    if missing:
+        raise UserError(
+            f"config file {path} lacks {', '.join(missing)}; a run's config.yaml holds every "
+            "section (this one was cut short or edited)"
+        )
+    return build_config(raw)
 
 
 def build_config(raw: dict[str, Any]) -> Config:
@@ -65,7 +78,7 @@ def _defaults(raw: dict[str, Any]) -> dict[str, Any]:
     """What `raw`'s settings land on: the bundled model's (when `model.path` is `default`),
     the preset's and the estimator's defaults."""
     if not isinstance(raw, dict):
-        raise UserError(f"config must be a mapping of sections, got {type(raw).__name__}")
+        raise UserError(f"config must be a mapping of sections, got {_type_name(raw)}")
     _check_renamed(raw)
     algo = raw.get("algo")
     user_algo = algo if isinstance(algo, dict) else {}
@@ -142,8 +155,14 @@ def to_dict(config: Config) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
+def config_yaml(config: Config) -> str:
+    """`config` as the YAML a run's config.yaml holds (`to_dict`: every section)."""
+    return yaml.safe_dump(to_dict(config), sort_keys=False)
+
+
 def save_config(config: Config, path: Path) -> None:
-    path.write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    """Write `config` to `path` as YAML (`config_yaml`)."""
+    path.write_text(config_yaml(config))
 
 
 class _DuplicateKey(Exception):
@@ -154,14 +173,78 @@ class _DuplicateKey(Exception):
         self.key, self.line = key, line
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping (which `safe_load` would
-    read as the last one, dropping the first silently)."""
+class _IntText(int):
+    """An integer as YAML read it, with the text it was written as: a text field takes the
+    text (`run.dir: 007` is "007", `log.wandb.name: 12:30` is "12:30", not 7 and 750)."""
+
+    text: str
+
+    def __new__(cls, value: int, text: str) -> _IntText:
+        number = super().__new__(cls, value)
+        number.text = text
+        return number
+
+
+class _FloatText(float):
+    """A float as YAML read it, with the text it was written as (`_IntText`)."""
+
+    text: str
+
+    def __new__(cls, value: float, text: str) -> _FloatText:
+        number = super().__new__(cls, value)
+        number.text = text
+        return number
+
+
+class _TextKeepingLoader(yaml.SafeLoader):
+    """YAML's safe loader, whose numbers keep the text they were written as (`_IntText`,
+    `_FloatText`); `_plain` turns them back into ints and floats."""
+
+
+def _construct_int(loader: _TextKeepingLoader, node: yaml.ScalarNode) -> _IntText:
+    try:
+        value = loader.construct_yaml_int(node)
+    except ValueError:  # more digits than Python converts from text (4300); Decimal has no cap
+        value = int(decimal.Decimal(node.value.replace("_", "")))
+    return _IntText(value, node.value)
+
+
+def _construct_float(loader: _TextKeepingLoader, node: yaml.ScalarNode) -> _FloatText:
+    return _FloatText(loader.construct_yaml_float(node), node.value)
+
+
+_TextKeepingLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+_TextKeepingLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)
+
+
+def _plain(value: Any) -> Any:
+    """`value` with the numbers `_TextKeepingLoader` made (`_IntText`, `_FloatText`) as plain
+    ints and floats, in lists and mappings too (what a config holds and `yaml.safe_dump`
+    writes)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+class _UniqueKeyLoader(_TextKeepingLoader):
+    """`_TextKeepingLoader`, refusing a key given twice in one mapping (which `safe_load` would
+    read as the last one, dropping the first silently). Merge keys (`<<: *base`) work as in
+    `safe_load`: a key of the mapping's own wins over a merged one."""
 
 
 def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
     seen = set()
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # merged keys may repeat the mapping's own: those win, as in safe_load
         key = loader.construct_object(key_node, deep=deep)
         if not isinstance(key, typing.Hashable):
             continue  # construct_mapping refuses it
@@ -215,7 +298,7 @@ def _parse_override(item: str) -> tuple[str, Any]:
         raise UserError(f"override {item!r} must look like section.key=value")
     given = _Given(text)
     try:
-        given.parsed = yaml.safe_load(text) if text else ""
+        given.parsed = yaml.load(text, Loader=_TextKeepingLoader) if text else ""
     except yaml.YAMLError as err:
         given.parsed = text
         given.invalid = str(getattr(err, "problem", None) or err).splitlines()[0]
@@ -226,26 +309,52 @@ def _parse_override(item: str) -> tuple[str, Any]:
 
 
 def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    """Set dotted `key` of `raw` to `value`. A mapping given for a section (`run={steps: 5}`)
+    is merged into the section's settings so far, section by section, the mapping's keys
+    winning; any other value replaces what was there."""
     parts = key.split(".")
     node = raw
     for part in parts[:-1]:
         child = node.get(part)
         if child is None:  # a section left empty in YAML (`model:`) is an empty one
-            child = node[part] = {}
+            child = {}
         elif isinstance(child, _Given) and isinstance(child.parsed, dict):
-            child = node[part] = dict(child.parsed)
+            child = child.parsed
         if isinstance(child, list):
             raise UserError(f"{key}: {'.'.join(parts[:-1])} is a list; set it whole, [...]")
         if not isinstance(child, dict):
             raise UserError(f"{key}: {part} is not a section")
+        # a copy: a YAML alias (`trackio: *wandb`) shares one mapping between two places
+        node[part] = child = dict(child)
         node = child
+    mapping = value.parsed if isinstance(value, _Given) else value
+    if key in _SECTIONS and isinstance(mapping, dict):
+        below = node.get(parts[-1])
+        if isinstance(below, _Given) and isinstance(below.parsed, dict):
+            below = below.parsed
+        value = _merge_sections(below if isinstance(below, dict) else {}, mapping, key)
     node[parts[-1]] = value
+
+
+def _merge_sections(base: dict[str, Any], over: dict[str, Any], section: str) -> dict[str, Any]:
+    """`base` with `over`'s keys on top, both the settings of `section`: a subsection is
+    merged key by key, any setting (a mapping one such as `data.task_options` too) replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        below, name = out.get(key), f"{section}.{key}"
+        if isinstance(below, _Given) and isinstance(below.parsed, dict):
+            below = below.parsed
+        if name in _SECTIONS and isinstance(value, dict) and isinstance(below, dict):
+            out[key] = _merge_sections(below, value, name)
+        else:
+            out[key] = value
+    return out
 
 
 def _from_dict(cls: type, raw: Any, prefix: str) -> Any:
     where = prefix.rstrip(".") or "config"
     if not isinstance(raw, dict):
-        raise UserError(f"{where} must be a mapping, got {type(raw).__name__}")
+        raise UserError(f"{where} must be a mapping, got {_type_name(raw)}")
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}
     for key in raw:
@@ -258,7 +367,9 @@ def _from_dict(cls: type, raw: Any, prefix: str) -> Any:
     return cls(**values)
 
 
-def _coerce(hint: Any, value: Any, name: str, spec: dataclasses.Field) -> Any:
+def _coerce(hint: Any, value: Any, name: str, spec: dataclasses.Field, item: bool = False) -> Any:
+    """`value` as field `spec` (named `name`) takes it, type `hint`, checked; `item`: an item
+    of the list field `spec`. UserError naming the field for a value it refuses."""
     if isinstance(value, _Given):
         args = typing.get_args(hint)
         union = typing.get_origin(hint) in (typing.Union, types.UnionType)
@@ -275,58 +386,118 @@ def _coerce(hint: Any, value: Any, name: str, spec: dataclasses.Field) -> Any:
         else:
             value = value.parsed
     if dataclasses.is_dataclass(hint):
-        if isinstance(value, str) and hint is RewardFnConfig:
-            value = {"name": value}
+        if hint is RewardFnConfig:
+            # an item of reward.functions: null is no reward (a section's null is its defaults)
+            if value is None:
+                raise UserError(f"{name} must be a reward name or a mapping, got null")
+            if isinstance(value, str):
+                _check_text(value, name, spec, optional=False, item=item)
+                value = {"name": value}
         return _from_dict(hint, value if value is not None else {}, name + ".")
     origin = typing.get_origin(hint)
+    optional = False
     if origin in (typing.Union, types.UnionType):
         options = [a for a in typing.get_args(hint) if a is not type(None)]
         if value is None:
             return None
+        optional = True
         hint = options[0]
         origin = typing.get_origin(hint)
     if origin is dict:
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise UserError(f"{name} must be a mapping of names to values, got {value!r}")
+            raise UserError(f"{name} must be a mapping of names to values, got {_shown(value)}")
         # a dotted override into it (`data.task_options.counts=[3]`) is read as YAML reads it
-        return {k: v.parsed if isinstance(v, _Given) else v for k, v in value.items()}
+        return _plain({k: v.parsed if isinstance(v, _Given) else v for k, v in value.items()})
     if origin is list:
         (item_hint,) = typing.get_args(hint)
+        if value is None:  # `reward.functions:` left empty in YAML, or null
+            empty = spec.metadata.get("empty_list", "none")
+            raise UserError(f"{name} must be a list, got null; [] for {empty}")
         if isinstance(value, dict):
             # one reward spec as a mapping is a list of one; any other mapping is a dotted key
             # into the list (`reward.functions.weight=2`)
             if not (dataclasses.is_dataclass(item_hint) and "name" in value):
                 raise UserError(f"{name} is a list; set it whole: {name}=[...]")
             value = [value]
-        if not isinstance(value, list):
-            value = [value]
-        return [_coerce(item_hint, v, f"{name}[{i}]", spec) for i, v in enumerate(value)]
+        if not isinstance(value, list):  # one item given alone is named as the field
+            return [_coerce(item_hint, value, name, spec, item=True)]
+        return [_coerce(item_hint, v, f"{name}[{i}]", spec, item=True) for i, v in enumerate(value)]
     if dataclasses.is_dataclass(hint):
         return _coerce(hint, value, name, spec)
     value = _scalar(hint, value, name)
+    if isinstance(value, str):
+        _check_text(value, name, spec, optional, item)
     choices = spec.metadata.get("choices")
     if choices and value not in choices:
-        raise UserError(f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
+        raise UserError(
+            f"{name} must be one of {', '.join(map(str, choices))}, got {_shown(value)}"
+        )
     check = spec.metadata.get("check")
     problem = check(value) if check else None
     if problem:
-        raise UserError(f"{name} {problem}, got {value!r}")
+        raise UserError(f"{name} {problem}, got {_shown(value)}")
     if isinstance(value, float) and math.isnan(value):  # a check of its own lets nothing through
         raise UserError(f"{name} must be a number, got nan")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _INT_MAX:
+        # no setting counts past 64 bits (torch and numpy take none wider)
+        raise UserError(f"{name} must be between -(2**63 - 1) and 2**63 - 1, got {_shown(value)}")
     return value
 
 
+_INT_MAX = 2**63 - 1
+
+
+def _check_text(value: str, name: str, spec: dataclasses.Field, optional: bool, item: bool) -> None:
+    """A one-line error for empty text where the field refuses it (its `blank` metadata:
+    whitespace-only text too, unless `whitespace`), saying what to give instead: null for an
+    `optional` field, [] for a list's `item`."""
+    blank = spec.metadata.get("blank", "refuse")
+    if blank == "allow" or (value.strip() if blank == "refuse" else value):
+        return
+    if item:
+        instead = f" ([] for {spec.metadata.get('empty_list', 'none')})"
+    elif optional:
+        instead = " (null for the default)" if spec.default is None else " (null for none)"
+    else:
+        instead = ""
+    raise UserError(f"{name} must not be empty{instead}, got {value!r}")
+
+
+def _shown(value: Any) -> str:
+    """`value` as an error line shows it: repr, but the size of an integer too long to read
+    (Python refuses to print one of over 4300 digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return f"a {int(math.log10(abs(value))) + 1}-digit number"
+    return repr(_plain(value))
+
+
+def _type_name(value: Any) -> str:
+    """The YAML-ish type name of `value`: a number read from YAML is an int or a float."""
+    for kind in (bool, int, float):
+        if isinstance(value, kind):
+            return kind.__name__
+    return type(value).__name__
+
+
 def _scalar(hint: type, value: Any, name: str) -> Any:
+    number = isinstance(value, int | float) and not isinstance(value, bool)
     if hint is float and isinstance(value, str):
         # YAML 1.1 reads `1e-5` (no dot) as a string; users mean the number.
         try:
             return float(value)
         except ValueError:
             pass
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if hint is str and isinstance(value, int | float) and not isinstance(value, bool):
-        return str(value)
+    if hint is float and number:
+        try:
+            return float(value)
+        except OverflowError:  # an integer beyond float's range
+            raise UserError(f"{name} must be a finite number, got {_shown(value)}") from None
+    if hint is str and number:
+        # a number in a YAML file keeps the text it was written as (`run.dir: 007`)
+        text = getattr(value, "text", None)
+        if text is None:
+            raise UserError(f"{name} must be text, got the number {_shown(value)}")
+        return text
     if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
-        raise UserError(f"{name} must be {hint.__name__}, got {type(value).__name__} {value!r}")
-    return value
+        raise UserError(f"{name} must be {hint.__name__}, got {_type_name(value)} {_shown(value)}")
+    return int(value) if hint is int else value

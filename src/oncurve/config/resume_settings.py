@@ -4,8 +4,9 @@ A checkpoint keeps the settings the run trained with (`config`, as config.yaml h
 history of the changes made on earlier resumes. On a resume every setting is compared with
 them: a change that cannot apply within one run (`FIXED`: the model, what the data is and how
 it is drawn, the group size, the seed; and fewer steps than are done) is refused in one line
-naming it, unless `run.force_changes` names it (`FORCEABLE`); any other change is in effect from the resumed step and said, the optimizer's own
-hyperparameters included (its saved state would otherwise keep the old ones).
+naming it, unless `run.force_changes` names it (`FORCEABLE`); any other change is in effect
+from the resumed step and said, the optimizer's own hyperparameters included (its saved state
+would otherwise keep the old ones).
 """
 
 from __future__ import annotations

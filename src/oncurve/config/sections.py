@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from oncurve.algo.registry import (
     ADVANTAGE_ESTIMATORS,
@@ -20,8 +20,22 @@ from oncurve.config.presets import PRESETS
 Check = Callable[[Any], str | None]
 
 
-def _opt(default: Any, help: str, check: Check | None = None, choices: tuple | None = None):
+def _opt(
+    default: Any,
+    help: str,
+    check: Check | None = None,
+    choices: tuple | None = None,
+    blank: Literal["refuse", "whitespace", "allow"] = "refuse",
+    empty_list: str = "none",
+) -> Any:
+    """A field with its default, help text and the checks a value alone must pass (`check`
+    returns the problem, None when there is none; `choices` the values allowed). `blank` is what
+    loading does with empty text (for a list of text, an item): `refuse` refuses it, and
+    whitespace-only text too; `whitespace` refuses "" only (a stop string "\\n" is text);
+    `allow` takes it, for a field where "" means something. `empty_list` says what [] gives a
+    list field, in the line that refuses null for it."""
     meta = {"help": help, "check": check, "choices": choices}
+    meta |= {"blank": blank, "empty_list": empty_list}
     if isinstance(default, list | dict):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -37,7 +51,9 @@ def _range(low: float | None, high: float | None, low_open: bool = False, high_o
     def check(value: Any) -> str | None:
         if value is None:
             return None
-        if not math.isfinite(value):  # nan passes every comparison; inf is no setting's value
+        # nan passes every comparison; inf is no setting's value (an int, however large, is
+        # finite and compares exactly: math.isfinite would overflow on it)
+        if isinstance(value, float) and not math.isfinite(value):
             return f"must be in {text}"
         too_low = low is not None and (value <= low if low_open else value < low)
         too_high = high is not None and (value >= high if high_open else value > high)
@@ -51,15 +67,6 @@ POSITIVE = _range(0, None, low_open=True)
 
 def _finite(value: Any) -> str | None:
     return None if value is None or math.isfinite(value) else "must be a finite number"
-
-
-def _not_blank(value: Any) -> str | None:
-    """A check that a path is not empty text (`run.dir=` would be the current directory)."""
-    return (
-        "must not be empty (null for the default)"
-        if value is not None and not value.strip()
-        else None
-    )
 
 
 def _device_check(value: str) -> str | None:
@@ -172,7 +179,6 @@ class DataConfig:
         None,
         "JSONL/CSV/Parquet file, saved dataset dir, or Hugging Face Hub dataset id (owner/name, "
         "extra `data`; a local path wins); overrides task",
-        _not_blank,
     )
     config: str | None = _opt(None, "config name of a Hub dataset (e.g. main for openai/gsm8k)")
     split: str = _opt("train", "split of a Hub dataset to train on")
@@ -202,7 +208,9 @@ class DataConfig:
     )
     prompts_per_step: int = _opt(16, "prompts (groups) per training step, B", POSITIVE)
     num_train: int = _opt(20000, "examples a built-in task generates for training", POSITIVE)
-    system_prompt: str | None = _opt(None, "system message placed before each prompt")
+    system_prompt: str | None = _opt(
+        None, "system message placed before each prompt; null or empty: none", blank="allow"
+    )
     chat_template: bool = _opt(False, "format prompts with the tokenizer's chat template")
     max_prompt_tokens: int = _opt(512, "longest prompt accepted; longer is an error", POSITIVE)
     task_options: dict[str, Any] = _opt(
@@ -212,10 +220,10 @@ class DataConfig:
     )
     curriculum: str = _opt(
         "none",
-        "which prompts a step samples (oncurve.data.curriculum): none, the seeded order; pass_rate, "
-        "fewer of those that every completion or none solved in their last visits; difficulty, "
-        "the task's easiest level first, one up each time the rolling sampled accuracy reaches "
-        "data.curriculum_threshold",
+        "which prompts a step samples (oncurve.data.curriculum): none, the seeded order; "
+        "pass_rate, fewer of those that every completion or none solved in their last visits; "
+        "difficulty, the task's easiest level first, one up each time the rolling sampled "
+        "accuracy reaches data.curriculum_threshold",
         choices=("none", "pass_rate", "difficulty"),
     )
     curriculum_threshold: float = _opt(
@@ -245,7 +253,9 @@ class RolloutConfig:
     top_k: int = _opt(0, "keep the k most likely tokens; 0 keeps all", NON_NEGATIVE)
     min_p: float = _opt(0.0, "drop tokens below min_p x the top probability", _range(0, 1))
     stop: list[str] = _opt(
-        [], "stop strings that end a completion, matched in its text without special tokens"
+        [],
+        "stop strings that end a completion, matched in its text without special tokens",
+        blank="whitespace",
     )
     backend: str = _opt(
         "auto",
@@ -275,7 +285,8 @@ class RolloutConfig:
         None,
         "multi-turn environment: python_tool, a game `textarena:<id>` or `gem:<id>`, an OpenEnv "
         "server `openenv:<url>`, an agent harness `harness:module:function` (plays against "
-        "oncurve's OpenAI-compatible endpoint), a verifiers environment `verifiers:NAME` (its dataset, rollouts and rubric), or a "
+        "oncurve's OpenAI-compatible endpoint), a verifiers environment `verifiers:NAME` (its "
+        "dataset, rollouts and rubric), or a "
         "`module:Class` path (docs/environments.md); null samples one completion per episode",
     )
     env_args: dict[str, Any] = _opt(
@@ -285,7 +296,11 @@ class RolloutConfig:
         1, "policy turns per episode with rollout.env; max_new_tokens bounds each", POSITIVE
     )
     max_observation_tokens: int = _opt(
-        256, "an observation's text is cut to this many tokens before it is fed", POSITIVE
+        256,
+        "an observation's text is cut to this many tokens before it is fed (a harness's messages "
+        "between turns are its own, not cut: an episode whose are longer, beyond the template's "
+        "tokens around them, is dropped)",
+        POSITIVE,
     )
     env_timeout_s: float | None = _opt(
         60.0,
@@ -313,6 +328,9 @@ class RewardConfig:
         [],
         "reward functions with weights; empty: the environment's or the task's own rewards, "
         "or for data.path the correct reward (the answer column decides)",
+        empty_list=(
+            "the environment's or the task's own rewards, or the correct reward for data.path"
+        ),
     )
     timeout: float | None = _opt(
         10.0, "seconds a reward call may take before it is stopped; null waits forever", POSITIVE
@@ -469,9 +487,10 @@ class OptimConfig:
     grad_clip: float = _opt(1.0, "clip the global gradient norm to this; 0 off", NON_NEGATIVE)
     stochastic_rounding: bool = _opt(
         True,
-        "bfloat16 weights: write each AdamW update stochastically rounded (oncurve.update.adamw), so "
-        "that updates below bfloat16's precision add up instead of being lost; false uses "
-        "torch's AdamW, which rounds to nearest (not under FSDP, which always does)",
+        "bfloat16 weights: write each AdamW update stochastically rounded "
+        "(oncurve.update.adamw), so that updates below bfloat16's precision add up instead of "
+        "being lost; false uses torch's AdamW, which rounds to nearest (not under FSDP, which "
+        "always does)",
     )
     schedule: str = _opt(
         "constant",
@@ -557,7 +576,7 @@ class LogConfig:
 class RunConfig:
     steps: int = _opt(150, "training steps", POSITIVE)
     seed: int = _opt(0, "seed for data order, sampling and initialisation", _range(0, 2**63 - 1))
-    dir: str | None = _opt(None, "run directory; default runs/<timestamp>", _not_blank)
+    dir: str | None = _opt(None, "run directory; default runs/<timestamp>")
     save_every: int = _opt(
         0, "checkpoint every N steps (and at the end); 0 only at the end", NON_NEGATIVE
     )

@@ -24,6 +24,7 @@ from oncurve.config import (
     build_config,
     describe,
     load_config,
+    load_run_config,
     save_config,
     to_dict,
 )
@@ -107,7 +108,8 @@ from oncurve.errors import UserError
         (["eval.path=x.jsonl"], "eval.path has no effect here: a built-in task or a verifiers"),
         (
             ["data.path=x.jsonl", "eval.every=5"],
-            "eval.every has no effect here: data.path has no held-out rows of its own; set eval.path",
+            "eval.every has no effect here: data.path has no held-out rows of its own; set "
+            "eval.path",
         ),
         (["algo.preset=cispo", "algo.dual_clip=3"], "algo.dual_clip has no effect here"),
         (["algo.norm_len=7"], "algo.norm_len has no effect here: only algo.loss_agg=seq-mean"),
@@ -137,6 +139,38 @@ from oncurve.errors import UserError
         (["algo.epsilon=nan"], "algo.epsilon must be in (0, 1], got nan"),
         (["rollout.temperature=nan"], "rollout.temperature must be in (0, inf), got nan"),
         (["algo.is_correction=tis"], "algo.is_correction must be one of token_truncate, "),
+        # empty text where a field needs some (`run.dir=` and `data.path=` above)
+        (["rollout.stop="], "rollout.stop must not be empty ([] for none), got ''"),
+        (['rollout.stop=[""]'], "rollout.stop[0] must not be empty ([] for none), got ''"),
+        (["data.task="], "data.task must not be empty (null for none), got ''"),
+        (["data.prompt_template="], "data.prompt_template must not be empty (null for the"),
+        (["data.prompt_template=  "], "data.prompt_template must not be empty"),
+        (["model.path="], "model.path must not be empty, got ''"),
+        (["model.revision="], "model.revision must not be empty (null for the default)"),
+        (["data.split= "], "data.split must not be empty, got ' '"),
+        (["data.prompt_field="], "data.prompt_field must not be empty"),
+        (["rollout.env="], "rollout.env must not be empty (null for the default)"),
+        (["run.resume="], "run.resume must not be empty (null for the default)"),
+        (["log.wandb.project="], "log.wandb.project must not be empty"),
+        (["eval.path="], "eval.path must not be empty"),
+        (["model.lora.target_modules=[q_proj, '']"], "model.lora.target_modules[1] must not be"),
+        (["reward.functions="], "reward.functions must not be empty ([] for the environment's"),
+        (["reward.functions=[{name: ''}]"], "reward.functions[0].name must not be empty"),
+        # a list field's null is no list: reward.functions' would be the correct reward
+        (
+            ["reward.functions=null"],
+            "reward.functions must be a list, got null; [] for the environment's or the task's "
+            "own rewards, or the correct reward for data.path",
+        ),
+        (["reward.functions=[null]"], "reward.functions[0] must be a reward name or a mapping"),
+        (["rollout.stop=~"], "rollout.stop must be a list, got null; [] for none"),
+        # numbers past float's range or 64 bits
+        (["run.steps=1" + "0" * 400], "run.steps must be between -(2**63 - 1) and 2**63 - 1, "),
+        (["run.steps=1" + "0" * 5000], "run.steps must be between -(2**63 - 1) and 2**63 - 1"),
+        (["run.seed=1" + "0" * 400], "run.seed must be in [0, 9223372036854775807], got a 401-"),
+        (["optim.lr=1" + "0" * 400], "optim.lr must be a finite number, got a 401-digit number"),
+        (["optim.lr=-1" + "0" * 5000], "optim.lr must be a finite number, got a 5001-digit"),
+        (["algo.beta=1" + "0" * 400], "algo.beta must be a finite number, got a 401-digit number"),
     ],
 )
 def test_invalid_values_give_one_line_naming_the_field(overrides, message):
@@ -459,3 +493,109 @@ def test_every_number_setting_refuses_nan_in_one_line_naming_it(name):
     with pytest.raises(UserError) as err:
         load_config(None, [f"{name}=nan"])
     assert str(err.value).startswith(f"{name} must be") and "\n" not in str(err.value)
+
+
+def test_empty_text_is_taken_where_it_means_something(tmp_path):
+    """A system prompt may be empty (none, as null); a stop string may be whitespace alone."""
+    config = load_config(None, ["data.system_prompt=", 'rollout.stop=[" ", "\\n"]'])
+    assert (config.data.system_prompt, config.rollout.stop) == ("", [" ", "\n"])
+    path = tmp_path / "c.yaml"
+    path.write_text('rollout:\n  stop: ["</answer>", ""]\n')
+    with pytest.raises(UserError, match=r"^rollout.stop\[1\] must not be empty \(\[\] for none"):
+        load_config(path)
+
+
+def test_a_list_left_empty_in_yaml_is_refused_not_defaulted(tmp_path):
+    """`functions:` with nothing after it is null in YAML, which would have been [correct]."""
+    path = tmp_path / "c.yaml"
+    path.write_text("reward:\n  functions:\n")
+    with pytest.raises(UserError, match=r"^reward.functions must be a list, got null; \[\] for"):
+        load_config(path)
+    path.write_text("reward:\n  functions: []\n")
+    assert load_config(path).reward.functions == []
+
+
+def test_a_section_given_as_a_mapping_keeps_the_files_other_keys(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "model:\n  lora: {r: 4, alpha: 8}\n"
+        "data:\n  task: countdown\n  task_options: {counts: [4], max_number: 50}\n"
+        "run:\n  steps: 30\n  dir: mine\n  seed: 7\n"
+    )
+    config = load_config(path, ["run={steps: 5}"])
+    assert (config.run.steps, config.run.dir, config.run.seed) == (5, "mine", 7)
+    # in order with dotted overrides, and a subsection merged key by key too
+    config = load_config(path, ["run.seed=9", "run={steps: 5, dir: 007}", "model={lora: {r: 8}}"])
+    assert (config.run.steps, config.run.dir, config.run.seed) == (5, "007", 9)
+    assert (config.model.lora.r, config.model.lora.alpha) == (8, 8.0)
+    # a mapping setting is one value: given whole, it replaces the file's
+    config = load_config(path, ["data={task_options: {counts: [3]}}"])
+    assert (config.data.task, config.data.task_options) == ("countdown", {"counts": [3]})
+
+
+def test_an_override_into_an_aliased_mapping_changes_that_place_only(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("log:\n  wandb: &tracker\n    name: exp1\n  trackio: *tracker\n")
+    config = load_config(path, ["log.wandb.name=exp2"])
+    assert (config.log.wandb.name, config.log.trackio.name) == ("exp2", "exp1")
+
+
+def test_yaml_merge_keys_work_and_real_duplicates_are_still_refused(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "log:\n  wandb: &tracker\n    name: exp1\n    project: p\n"
+        "  trackio:\n    <<: *tracker\n    name: exp2\n"
+    )
+    trackio = load_config(path).log.trackio
+    assert (trackio.project, trackio.name) == ("p", "exp2")  # its own key wins, as in safe_load
+    path.write_text(
+        "log:\n  wandb: &tracker\n    name: exp1\n  trackio:\n    <<: *tracker\n"
+        "    project: p\n    project: q\n"
+    )
+    with pytest.raises(UserError, match=r"c.yaml line 7: 'project' is given twice"):
+        load_config(path)
+
+
+def test_a_number_in_yaml_for_a_text_setting_keeps_its_text(tmp_path):
+    """YAML 1.1 reads `007` as 7, `0123456` as an octal and `12:30` as 750: a text setting takes
+    what was written, as it does from the command line; number settings stay numbers."""
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "model:\n  revision: 0123456\ndata:\n  system_prompt: 1.50\n"
+        "rollout:\n  stop: [42, 0x1F]\n  temperature: 0.5\n"
+        "log:\n  wandb:\n    name: 12:30\n    project: 1_000\n"
+        "run:\n  dir: 007\n  steps: 3\n  seed: 7\n"
+    )
+    config = load_config(path)
+    assert (config.model.revision, config.data.system_prompt) == ("0123456", "1.50")
+    assert (config.log.wandb.name, config.log.wandb.project) == ("12:30", "1_000")
+    assert (config.run.dir, config.rollout.stop) == ("007", ["42", "0x1F"])
+    assert load_config(None, ["rollout.stop=[42, 007]"]).rollout.stop == ["42", "007"]
+    # the numbers are plain ones, which a run's config.yaml is written with
+    assert type(config.run.steps) is int and type(config.rollout.temperature) is float
+    options = load_config(path, ["data.task=countdown", "data.task_options={counts: [3]}"])
+    assert [type(n) for n in options.data.task_options["counts"]] == [int]
+    save_config(options, tmp_path / "config.yaml")
+    assert load_config(tmp_path / "config.yaml") == options
+    path.write_text("run:\n  steps: 1" + "0" * 400 + "\n")
+    with pytest.raises(UserError, match=r"^run.steps must be between .*, got a 401-digit number$"):
+        load_config(path)
+
+
+def test_a_run_config_that_lacks_a_section_is_refused_naming_the_file(tmp_path):
+    """A cut-short config.yaml would have run `oncurve eval --run` with the defaults."""
+    config = load_config(None, ["run.seed=3", "eval.num_prompts=2"])
+    path = tmp_path / "config.yaml"
+    save_config(config, path)
+    assert load_run_config(path) == config
+    text = path.read_text()
+    path.write_text(text[: text.index("\nalgo:")])
+    with pytest.raises(UserError) as err:
+        load_run_config(path)
+    assert str(err.value) == (
+        f"config file {path} lacks algo, optim, eval, log, run, dist; a run's config.yaml holds "
+        "every section (this one was cut short or edited)"
+    )
+    path.write_text("")
+    with pytest.raises(UserError, match=r"^config file .*config.yaml is empty; a run's config"):
+        load_run_config(path)
