@@ -2,6 +2,7 @@
 fsynced, then renamed into place with its directory fsynced; their sha256, so that damage done
 later (flipped bits, a truncated copy) shows when they are read back."""
 
+import functools
 import hashlib
 import os
 from collections.abc import Callable
@@ -38,6 +39,18 @@ def replace_file(src: Path, dst: Path) -> None:
     """Rename `src` to `dst` and fsync their directory so that the rename itself is durable."""
     os.replace(src, dst)
     fsync(dst.parent)
+
+
+def replace_text(path: Path, text: str) -> None:
+    """`path` holding `text`, whole or not at all: written beside it (the umask's mode,
+    fsynced), then renamed over it; a failed write leaves the old file and no other."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write_file(tmp, functools.partial(write_text, text))
+        replace_file(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_text(text: str, path: Path) -> None:

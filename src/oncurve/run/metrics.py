@@ -15,10 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import stat
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +23,7 @@ from typing import Any
 import torch
 
 from oncurve.errors import UserError
+from oncurve.run.durable_files import replace_text
 from oncurve.types import RolloutBatch
 
 METRICS_FILE = "metrics.jsonl"
@@ -146,18 +144,8 @@ def truncate_after(run_dir: Path, step: int, drop_evaluation: bool = False) -> N
 
 
 def _rewrite(path: Path, lines: list[str]) -> None:
-    """`path` holding `lines`, atomically: written beside it, then renamed over it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))  # mkstemp's 0600 is no run file's mode
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.writelines(lines)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """`path` holding `lines`, atomically (`replace_text`)."""
+    replace_text(path, "".join(lines))
 
 
 def _iter_lines(path: Path) -> Iterator[tuple[str, dict]]:

@@ -35,9 +35,11 @@ from oncurve.errors import UserError
 from oncurve.run import checkpoint
 
 LOCK_FILE = ".lock"
-# What a killed rewrite of metrics or samples (`metrics.truncate_after`) or a killed write of the
-# final model (`saving.save_final`) leaves: the run's own.
-_LEFTOVER = re.compile(r"\.(?:metrics|samples)\.jsonl\..+\.tmp$|\.final\.(?:partial|trash)-\d+$")
+# What a killed rewrite of metrics, samples (`metrics.truncate_after`) or config.yaml, or a killed
+# write of the final model (`saving.save_final`) leaves: the run's own.
+_LEFTOVER = re.compile(
+    r"\.(?:metrics\.jsonl|samples\.jsonl|config\.yaml)\..+\.tmp$|\.final\.(?:partial|trash)-\d+$"
+)
 # What a run writes inside its folders (checkpoints, final model, TensorBoard events, W&B's
 # offline runs, `oncurve report`'s page): `run.overwrite` deletes nothing else there.
 _RUN_WRITTEN = {
@@ -52,7 +54,7 @@ _RUN_WRITTEN = {
     ),
     "tensorboard": re.compile(r"events\.out\.tfevents\.[^/]+"),
     "wandb": re.compile(
-        r"(?:(?:offline-)?run-\d{8}_\d{6}-\w+|latest-run)(?:/.+)?"
+        r"(?:(?:offline-)?run-[\w.-]+|latest-run)(?:/.+)?"
         r"|debug(?:-internal|-core|-cli\.[\w.-]+)?\.log"
     ),
     "report": re.compile(r"[\w.-]+\.png|report\.html"),

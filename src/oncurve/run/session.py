@@ -15,7 +15,7 @@ import torch
 
 from oncurve.advantages.sources import AdvantageSource
 from oncurve.algo.truncation import Truncation
-from oncurve.config import Config, save_config
+from oncurve.config import Config, config_yaml
 from oncurve.data.curriculum import Curriculum
 from oncurve.data.prompts import PromptData
 from oncurve.model.kv_cache import microbatch_tokens
@@ -25,6 +25,7 @@ from oncurve.rollout import Sampler
 from oncurve.rollout.episodes import EpisodeSettings
 from oncurve.rollout.harness import HarnessSettings
 from oncurve.run import oom
+from oncurve.run.durable_files import replace_text
 from oncurve.run.memory_plan import ModelShape, forward_only_tokens
 from oncurve.run.metrics import MetricsLogger
 from oncurve.update.microbatches import ForwardSettings
@@ -87,6 +88,9 @@ class Session:
     data_fingerprint: str = ""
     config_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     recorded: Config | None = None  # what config.yaml holds, as this process last wrote it
+    # whether the run has taken its directory over (`setup`, once its checks passed): a run
+    # refused before writes no config.yaml over the previous run's
+    writes_run_dir: bool = False
 
     def adopt(self, config: Config) -> None:
         """Make `config`, with smaller memory settings (`oncurve.run.oom`), the session's from the
@@ -111,9 +115,11 @@ class Session:
         self.record_settings()
 
     def record_settings(self) -> None:
-        """config.yaml holds the settings in effect (written by rank 0, when they changed)."""
-        if self.rank == 0 and self.config != self.recorded:
-            save_config(self.config, self.run_dir / "config.yaml")
+        """config.yaml holds the settings in effect (written by rank 0, when they changed,
+        once the run writes its directory)."""
+        if self.rank == 0 and self.writes_run_dir and self.config != self.recorded:
+            # whole or not at all: a resume and `oncurve eval --run` read it
+            replace_text(self.run_dir / "config.yaml", config_yaml(self.config))
             self.recorded = self.config
 
     def _apply_memory_settings(self, config: Config) -> None:

@@ -188,6 +188,7 @@ def setup(config: Config, checks: Callable[[Session], None] | None = None) -> Se
         start_step=s.start_step,
     )
     policy.release()
+    s.writes_run_dir = True
     s.record_settings()
     return s
 
