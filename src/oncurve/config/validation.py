@@ -191,6 +191,18 @@ def check_given_settings(config: Config, given: set[str]) -> None:
             f"rollout.{name}": (config.rollout.env is None, "rollout.env is not set")
             for name in ("env_args", "env_timeout_s", "max_observation_tokens")
         },
+        **{
+            f"eval.{name}": (config.eval.num_prompts == 0, "eval.num_prompts=0 evaluates nothing")
+            for name in ("every", "samples", "batch_rows")
+        },
+        **{
+            f"log.{tracker}.{name}": (
+                getattr(config.log, tracker).project is None,
+                f"log.{tracker}.project is not set, so nothing is logged there",
+            )
+            for tracker, names in (("wandb", ("name", "mode")), ("trackio", ("name",)))
+            for name in names
+        },
     }
     for key in sorted(given):
         ignored, why = unused.get(key, (False, ""))

@@ -106,6 +106,11 @@ from oncurve.errors import UserError
             "the length reward measures a completion against rollout.max_new_tokens",
         ),
         (["eval.path=x.jsonl"], "eval.path has no effect here: a built-in task or a verifiers"),
+        (["eval.num_prompts=0", "eval.every=5"], "eval.every has no effect here: eval.num_prom"),
+        (["eval.num_prompts=0", "eval.samples=4"], "eval.samples has no effect here: eval.num"),
+        (["log.wandb.name=x"], "log.wandb.name has no effect here: log.wandb.project is not set"),
+        (["log.wandb.mode=offline"], "log.wandb.mode has no effect here: log.wandb.project is"),
+        (["log.trackio.name=x"], "log.trackio.name has no effect here: log.trackio.project"),
         (
             ["data.path=x.jsonl", "eval.every=5"],
             "eval.every has no effect here: data.path has no held-out rows of its own; set "
@@ -535,7 +540,9 @@ def test_a_section_given_as_a_mapping_keeps_the_files_other_keys(tmp_path):
 
 def test_an_override_into_an_aliased_mapping_changes_that_place_only(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("log:\n  wandb: &tracker\n    name: exp1\n  trackio: *tracker\n")
+    path.write_text(
+        "log:\n  wandb: &tracker\n    name: exp1\n    project: p\n  trackio: *tracker\n"
+    )
     config = load_config(path, ["log.wandb.name=exp2"])
     assert (config.log.wandb.name, config.log.trackio.name) == ("exp2", "exp1")
 
