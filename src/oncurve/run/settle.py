@@ -185,9 +185,9 @@ def settle(config: Config, facts: RunFacts) -> Settled:
     cannot run)."""
     config, plan = settle_memory(config, facts)
     config = settle_is_cap(config, facts)
-    config = settle_cuda_graphs(config, facts)
+    config, graphs_note = settle_cuda_graphs(config, facts)
     config, packing_note = settle_pack_rows(config, facts)
-    report = []
+    report = [graphs_note] if graphs_note else []
     if plan is not None:
         report.append(plan.describe())
         if not plan.fits:
@@ -291,17 +291,29 @@ def settle_is_cap(config: Config, facts: RunFacts) -> Config:
     return dataclasses.replace(config, algo=dataclasses.replace(config.algo, is_cap=cap))
 
 
-def settle_cuda_graphs(config: Config, facts: RunFacts) -> Config:
+def settle_cuda_graphs(config: Config, facts: RunFacts) -> tuple[Config, str]:
     """`config` with `rollout.cuda_graphs` and `rollout.compile` filled in where null: on with
-    a sampler that `compiles_steps` on CUDA, else off."""
-    on = facts.sampler.compiles_steps and facts.device_type == "cuda"
+    a sampler that `compiles_steps` on CUDA, else off; and turned off where set but the sampler
+    cannot (graphs need CUDA too), with the note that says so ("" for none), so that
+    config.yaml and the `rollout/compiled` metric say what runs."""
+    can = {
+        "compile": facts.sampler.compiles_steps,
+        "cuda_graphs": facts.sampler.compiles_steps and facts.device_type == "cuda",
+    }
+    on = can["cuda_graphs"]
     r = config.rollout
-    rollout = dataclasses.replace(
-        r,
-        cuda_graphs=on if r.cuda_graphs is None else r.cuda_graphs,
-        compile=on if r.compile is None else r.compile,
-    )
-    return dataclasses.replace(config, rollout=rollout)
+    given = {"cuda_graphs": r.cuda_graphs, "compile": r.compile}
+    ignored = [name for name, value in given.items() if value and not can[name]]
+    settled = {name: on if value is None else value and can[name] for name, value in given.items()}
+    note = ""
+    if ignored:
+        names = " and ".join(f"rollout.{name}=true" for name in ignored)
+        verb = "have" if len(ignored) > 1 else "has"
+        note = (
+            f"note: {names} {verb} no effect here (rollout.backend={r.backend} on "
+            f"{facts.device_type}): off"
+        )
+    return dataclasses.replace(config, rollout=dataclasses.replace(r, **settled)), note
 
 
 def settle_pack_rows(config: Config, facts: RunFacts) -> tuple[Config, str]:
