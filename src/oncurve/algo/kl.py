@@ -9,8 +9,10 @@ import torch
 from oncurve.algo.registry import KL_ESTIMATORS, registered
 
 # exp(20) ~ 5e8: bounds k3 so that a padding position with unrelated logprobs cannot overflow to
-# inf, which a mask multiply would turn into NaN.
+# inf, which a mask multiply would turn into NaN; below, a bound far enough that k3's gradient
+# there is 1 to the last bit, and a reference logprob of -inf still gives a finite value.
 _MAX_LOG_RATIO = 20.0
+_MIN_LOG_RATIO = -1e4
 
 
 @registered(KL_ESTIMATORS, "k1")
@@ -28,10 +30,10 @@ def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 @registered(KL_ESTIMATORS, "k3")
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """k3 = exp(-d) - (-d) - 1 = pi_ref/pi - log(pi_ref/pi) - 1: unbiased, >= 0, 0 iff equal
-    (DeepSeekMath's choice). `-d` is clamped to at most 20 against overflow; below, exp(-d)
-    goes to 0 and k3 keeps its gradient (1 - exp(-d)) where the policy has drifted furthest
-    above the reference."""
-    log_ratio = (ref_logprobs - logprobs).clamp(max=_MAX_LOG_RATIO)
+    (DeepSeekMath's choice). `-d` is clamped to [-1e4, 20] against overflow and infinities:
+    exp(-d) goes to 0 long before the lower bound, so k3 keeps its gradient (1 - exp(-d))
+    where the policy has drifted furthest above the reference."""
+    log_ratio = (ref_logprobs - logprobs).clamp(_MIN_LOG_RATIO, _MAX_LOG_RATIO)
     return log_ratio.exp() - log_ratio - 1
 
 

@@ -41,6 +41,11 @@ def test_k3_padding_stays_finite():
     kl = kl_k3(logp, torch.zeros(2))
     (kl * torch.tensor([0.0, 1.0])).sum().backward()
     assert torch.isfinite(kl).all() and torch.isfinite(logp.grad).all()
+    # a reference that gives a padding position no probability at all
+    logp = torch.tensor([-1.0, -1.0], requires_grad=True)
+    kl = kl_k3(logp, torch.tensor([-float("inf"), -1.0]))
+    (kl * torch.tensor([0.0, 1.0])).sum().backward()
+    assert torch.isfinite(kl).all() and logp.grad.tolist() == [0.0, 0.0]
 
 
 def test_k3_keeps_its_value_and_gradient_far_above_the_reference():
