@@ -13,10 +13,9 @@ stdin a JSON object {"secret", "tests", "setup", "entry_point", "pytest"} ("pyte
   types only: an object that always says equal, or any other subclass, comes back as an opaque
   reference), except a few standard-library types (`_STANDARD`), sent as their plain contents
   and rebuilt in the parent by its own constructors (a named tuple as one with its name and
-  fields, a builtin type or function by its name), and containers of the program's objects,
-  which arrive as containers of references; an object sent twice is one reference, so one
-  object in the tests (`detect_cycle(a) is b`), and what a call both puts into an argument and
-  returns is one object there.
+  fields, a builtin type or function by its name); an object sent twice is one reference, so
+  one object in the tests (`detect_cycle(a) is b`), and what a call both puts into an argument
+  and returns is one object there.
   A call's arguments travel by value too, but the lists, dicts and sets among them (and the
   standard library's deques, Counters, OrderedDicts and defaultdicts) stay the tests' own
   (`_containers`): after the call each holds what the child's copy holds (a sort in
@@ -365,7 +364,11 @@ def _packs(value: Any) -> bool:
         or kind in (list, tuple, set, frozenset, dict, collections.defaultdict)
         or kind in _STANDARD
         or (isinstance(value, tuple) and hasattr(kind, "_fields"))
-        or kind in (type, types.BuiltinFunctionType)
+        # a builtin by its name; a class of the program's (or `math.sqrt`) is its object
+        or (
+            kind in (type, types.BuiltinFunctionType)
+            and getattr(builtins, getattr(value, "__name__", None) or "", None) is value
+        )
     )
 
 
@@ -475,30 +478,31 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
         return ("raise", describe(type(exc)), str(exc)[:300], args, attributes)
 
     def encode(value, mark=None, memo=None):
-        """A reply's value: plain data as it is; a standard-library object, or a container
-        holding the program's objects (as references), packed; else a reference. `mark`: a
-        call's result that may hold what the call was given, packed with `memo`, the packing
-        of the containers it sends back changed (an object in both is one object)."""
+        """A reply's value: plain data as it is, a standard-library object packed, anything
+        else (a list of the program's objects too: one live object) a reference. `mark`: a
+        call's result that holds what the call was given, or shares a container it sends back
+        changed, packed with `memo`, those containers' packing (an object in both is one)."""
         if type(value) is types.ModuleType:  # the parent imports the real one by its name
             return ("module", value.__name__)
         if isinstance(value, type) and issubclass(value, BaseException):
             return ("exception class", describe(value))
-        if mark is None:
+        if mark is not None:
             try:
-                dumps(value)
-                return ("value", value)
-            except (ValueError, RecursionError):
+                packed = _pack(value, mark, 0, memo)
+                dumps(packed)
+                return ("packed", packed)
+            except (TypeError, ValueError, RecursionError):
                 pass
         try:
-            packed = _pack(value, objects_marked(mark or _unmarked), 0, memo)
-            dumps(packed)
-            return ("packed", packed)
-        except (TypeError, ValueError, RecursionError):
-            pass
-        try:  # deeper than `_pack` goes
             dumps(value)
             return ("value", value)
-        except (ValueError, RecursionError):  # not plain data: a reference
+        except (ValueError, RecursionError):
+            pass
+        try:
+            packed = _pack(value)
+            dumps(packed)
+            return ("packed", packed)
+        except (TypeError, ValueError, RecursionError):  # not plain data: a reference
             return ("ref", reference(value))
 
     def deref(value):
@@ -597,9 +601,12 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
                         received = []  # nothing given came back changed, nor could be returned
                     mark, memo = _marker(received), {}
                     if returned:
-                        # packed with the containers sent back changed: a row it added to one
-                        # and returned is one row in the tests
-                        gives_back = bool(changed) or (bool(received) and _holds(value, received))
+                        # packed with the containers sent back changed where it shares one: a
+                        # row it added to an argument and returned is one row in the tests
+                        now = tuple(arguments[k] for k in changed)
+                        shares = bool(now) and _walked(value)
+                        shares = shares and _holds(value, _containers(now, dereferenced))
+                        gives_back = shares or (bool(received) and _holds(value, received))
                         reply = encode(value, mark if gives_back else None, memo)
                     if received:
                         moved = [k in changed for k in owners]

@@ -20,7 +20,11 @@ DEEP_COPY_TESTS = [
 RIGHT_DEEP_COPY = "def deep_copy(x):\n    return [list(row) for row in x]\n"
 
 PERSON = "class P:\n    def __init__(self, name, age):\n        self.name, self.age = name, age\n\n"
-ITEM = "class N:\n    def __init__(self, v):\n        self.v = v\n\n"
+SHAPES = "class Square:\n    pass\n\nclass Circle:\n    pass\n\n"
+TREE = (
+    "class Node:\n    def __init__(self, v):\n        self.v, self.children = v, []\n"
+    "    def add(self, c):\n        self.children.append(c)\n"
+)
 NODE = "class ListNode:\n    def __init__(self, val):\n        self.val, self.next = val, None\n\n"
 
 ROWS = {
@@ -202,25 +206,32 @@ ROWS = {
         "def add_row(m):\n    row = [0, 0]\n    m.append(row)\n    return list(row)\n",
         "def add_row(m):\n    row = [0, 0]\n    m.append(row)\n    return row\n",
     ),
-    # a list, dict or tuple of the program's objects is a list, dict or tuple in the tests
-    "a list of the program's objects": (
+    "a list of the program's classes sorted in place": (
         [
-            "ns = make(3)\nassert isinstance(ns, list) and len(ns) == 3\nassert [n.v for n in ns] == [0, 1, 2]"
+            "kinds = [Square, Circle]\nassert names(kinds) == ['Circle', 'Square']\n"
+            "assert kinds[0] is Square"
         ],
-        ITEM + "def make(k):\n    return tuple(N(i) for i in range(k))\n",
-        ITEM + "def make(k):\n    return [N(i) for i in range(k)]\n",
+        SHAPES + "def names(ks):\n    ks.sort(key=lambda k: k.__name__)\n"
+        "    return [k.__name__ for k in ks]\n",
+        SHAPES + "def names(ks):\n    return sorted(k.__name__ for k in ks)\n",
     ),
-    "a dict of the program's objects": (
-        ["ns = make(3)\nassert type(ns) is dict and sorted(ns) == [0, 1, 2] and ns[1].v == 1"],
-        ITEM + "def make(k):\n    return [N(i) for i in range(k)]\n",
-        ITEM + "def make(k):\n    return {i: N(i) for i in range(k)}\n",
-    ),
-    "a pair of an object of the program's and a number": (
+    # a list of the program's objects is one live object of the program's
+    "a list of the program's objects given out for a copy": (
         [
-            "r = make(3)\nassert type(r) is tuple and r[1] == 3 and r[0].v == 3\nassert make(2)[0] is not r[0]"
+            "r = Node(1)\nr.add(Node(2))\nkids = r.get_children()\nkids.append(Node(3))\n"
+            "assert len(r.get_children()) == 1"
         ],
-        ITEM + "def make(k):\n    return [N(k), k]\n",
-        ITEM + "def make(k):\n    return N(k), k\n",
+        TREE + "    def get_children(self):\n        return self.children\n",
+        TREE + "    def get_children(self):\n        return list(self.children)\n",
+    ),
+    "a list of the program's objects the tests add to": (
+        [
+            "r = Node(1)\nr.add(Node(2))\nr.children.append(Node(3))\nr.children[0].add(Node(5))\n"
+            "kids = r.children\nr.add(Node(4))\n"
+            "assert count(r) == 5 and len(kids) == 3 and r.children is r.children"
+        ],
+        TREE + "def count(n):\n    return 1 + len(n.children)\n",
+        TREE + "def count(n):\n    return 1 + sum(count(c) for c in n.children)\n",
     ),
     "a pytest file's in-place test": (
         "from solution import reverse_in_place\n\ndef test_reverse():\n    s = ['a', 'b', 'c']\n"
