@@ -293,18 +293,16 @@ def settle_is_cap(config: Config, facts: RunFacts) -> Config:
 
 def settle_cuda_graphs(config: Config, facts: RunFacts) -> tuple[Config, str]:
     """`config` with `rollout.cuda_graphs` and `rollout.compile` filled in where null: on with
-    a sampler that `compiles_steps` on CUDA, else off; and turned off where set but the sampler
-    cannot (graphs need CUDA too), with the note that says so ("" for none), so that
-    config.yaml and the `rollout/compiled` metric say what runs."""
-    can = {
-        "compile": facts.sampler.compiles_steps,
-        "cuda_graphs": facts.sampler.compiles_steps and facts.device_type == "cuda",
-    }
-    on = can["cuda_graphs"]
+    a sampler that `compiles_steps` on CUDA, else off; and turned off where set for a sampler
+    that compiles and captures nothing (the torch sampler's), with the note that says so (""
+    for none), so that config.yaml and the `rollout/compiled` metric say what runs. (A sampler
+    that compiles tries graphs on any device: a capture that fails is a warning of its own.)"""
+    can = facts.sampler.compiles_steps
+    on = can and facts.device_type == "cuda"
     r = config.rollout
     given = {"cuda_graphs": r.cuda_graphs, "compile": r.compile}
-    ignored = [name for name, value in given.items() if value and not can[name]]
-    settled = {name: on if value is None else value and can[name] for name, value in given.items()}
+    ignored = [name for name, value in given.items() if value and not can]
+    settled = {name: on if value is None else value and can for name, value in given.items()}
     note = ""
     if ignored:
         names = " and ".join(f"rollout.{name}=true" for name in ignored)
