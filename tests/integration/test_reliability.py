@@ -272,11 +272,17 @@ def test_a_non_empty_run_dir_is_refused_without_resume_or_overwrite(
 ):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "notes.txt").write_text("mine")
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "kl": 0.5}\n')  # a run's
     assert main(["train", *cli_args(tiny_model_dir, data_file, run_dir)]) == 2
     assert capsys.readouterr().err.splitlines() == [
         f"oncurve: error: run.dir {run_dir} is not empty; pass run.resume=auto to continue it "
         "or run.overwrite=true to start over"
+    ]
+    (run_dir / "notes.txt").write_text("mine")  # not a run's: neither would take it
+    assert main(["train", *cli_args(tiny_model_dir, data_file, run_dir)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"oncurve: error: run.dir {run_dir} holds files no run wrote (notes.txt); neither "
+        "run.resume=auto nor run.overwrite=true takes it, pick another run.dir"
     ]
     assert (run_dir / "notes.txt").read_text() == "mine"
 

@@ -227,10 +227,10 @@ def _plain(value: Any) -> Any:
         return int(value)
     if isinstance(value, float):
         return float(value)
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
+    if isinstance(value, list | tuple | set | frozenset):
+        return type(value)(_plain(v) for v in value)
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {_plain(k): _plain(v) for k, v in value.items()}
     return value
 
 

@@ -59,8 +59,9 @@ _RUN_WRITTEN = {
     ),
     "report": re.compile(r"[\w.-]+\.png|report\.html"),
 }
-# The sections every config.yaml a run writes holds (`save_config`: the whole settled config)
-_CONFIG_SECTIONS = {"model", "data", "rollout", "reward", "algo", "optim", "run"}
+# Sections every config.yaml a run writes holds, older versions' too (`config_yaml`: the whole
+# settled config)
+_CONFIG_SECTIONS = {"model", "data", "run"}
 # What a run (and `oncurve report` on it) writes: the only names a new run may delete.
 RUN_FILES = {
     LOCK_FILE,
@@ -204,15 +205,17 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None, Replaced]:
                 or (p.name == "config.yaml" and not _run_config(p))
             )
             foreign += [str(p.relative_to(run_dir)) for p in _foreign_inside(run_dir)][:3]
-            if foreign and (config.run.overwrite or resume == "auto"):
+            if foreign:
                 raise UserError(
                     f"run.dir {run_dir} "
-                    + ("" if config.run.overwrite else "is not empty, has no checkpoint and ")
+                    + ("is not empty, has no checkpoint and " if resume == "auto" else "")
                     + f"holds files no run wrote ({', '.join(foreign[:3])}); "
                     + (
                         "run.overwrite only replaces a previous run"
                         if config.run.overwrite
                         else "run.resume=auto only continues or restarts a run"
+                        if resume == "auto"
+                        else "neither run.resume=auto nor run.overwrite=true takes it"
                     )
                     + ", pick another run.dir"
                 )

@@ -584,6 +584,12 @@ def test_a_number_in_yaml_for_a_text_setting_keeps_its_text(tmp_path):
     assert [type(n) for n in options.data.task_options["counts"]] == [int]
     save_config(options, tmp_path / "config.yaml")
     assert load_config(tmp_path / "config.yaml") == options
+    # keys too: a mapping of an environment's arguments keyed by numbers
+    keyed = load_config(None, ["rollout.env=python_tool", "rollout.env_args={scores: {0: 1.5}}"])
+    ((key, value),) = keyed.rollout.env_args["scores"].items()
+    assert (type(key), type(value)) == (int, float)
+    save_config(keyed, tmp_path / "keyed.yaml")
+    assert load_config(tmp_path / "keyed.yaml") == keyed
     path.write_text("run:\n  steps: 1" + "0" * 400 + "\n")
     with pytest.raises(UserError, match=r"^run.steps must be between .*, got a 401-digit number$"):
         load_config(path)
