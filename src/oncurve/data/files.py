@@ -141,13 +141,11 @@ def load_rows(
                 f"{location}: field {prompt_field!r} must be text or a list of "
                 f"{{role, content}} messages, got {type(prompt).__name__}"
             )
-        # TRL's rewards read the gold by its name, `solution`: it stays for them
-        raw = (
-            record.get(answer_field)
-            if answer_field == "solution"
-            else record.pop(answer_field, None)
-        )
-        if prompt_template is None:
+        # the columns stay, named as in the data: TRL's rewards read the gold by its name
+        # (`solution`, `ground_truth`) and may read the prompt's column; `answer` is replaced
+        # by the answer text, and `prompt` by the prompt
+        raw = record.pop("answer", None) if answer_field == "answer" else record.get(answer_field)
+        if prompt_template is None and prompt_field == "prompt":
             record.pop(prompt_field, None)
         row = Row(record, prompt=prompt)
         if messages is not None:

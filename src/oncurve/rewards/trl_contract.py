@@ -124,8 +124,19 @@ class TrlReward:
                 **columns,
             },
         )
-        if _binds(self.signature, ("prompts", "completions", *context)):
-            return self.fn(prompts=prompts, completions=completions, **context)
+        keywords = {"prompts": prompts, "completions": completions, **context}
+        if _binds(self.signature, tuple(keywords)):
+            return self.fn(**keywords)
+        parameters = self.signature.parameters if self.signature is not None else {}
+        if "completions" in parameters or "prompts" in parameters:  # TRL's names: by keyword
+            taken = _accepted(self.signature, keywords)
+            missing = [name for name in _required(self.signature) if name not in taken]
+            if missing:  # called positionally, it would take the completions for it
+                raise TypeError(
+                    f"its argument {missing[0]!r} is no column of the data nor anything the "
+                    "trainer passes"
+                )
+            return self.fn(**taken)
         return self.fn(prompts, completions, **context)
 
 
@@ -147,11 +158,23 @@ def _accepted(signature: inspect.Signature | None, context: dict[str, Any]) -> d
     return {name: value for name, value in context.items() if name in named}
 
 
+def _required(signature: inspect.Signature) -> list[str]:
+    """The parameters of `signature` a keyword call must give (no default)."""
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [
+        name
+        for name, parameter in signature.parameters.items()
+        if parameter.kind in kinds and parameter.default is inspect.Parameter.empty
+    ]
+
+
 def _binds(signature: inspect.Signature | None, names: tuple[str, ...]) -> bool:
     """Whether a function of `signature` takes every one of `names` by keyword, as TRL calls a
     reward (a parameter list of its own, `**kwargs` alone, or a wrapper's `*args, **kwargs`);
-    else it is called positionally, as `fn(prompts, completions, **columns)`, whatever its first
-    two parameters are named. A callable without a signature is called as TRL calls it."""
+    else one that names `completions` or `prompts` is called with the keywords it takes (one it
+    needs and no column holds is an error), and any other positionally, as `fn(prompts,
+    completions, **columns)`, whatever its first two parameters are named. A callable without a
+    signature is called as TRL calls it."""
     if signature is None:
         return True
     try:

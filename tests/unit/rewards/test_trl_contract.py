@@ -202,6 +202,20 @@ def test_a_value_that_is_no_number_is_one_line_naming_the_reward(timeout_s):
         scorer.score(["p"], ["c"], {})
 
 
+def test_a_keyword_no_column_holds_is_one_line_not_the_completions_in_its_place():
+    """A function written with TRL's names that takes a column the data lacks fails naming
+    it (called positionally, it took the completions for `ground_truth`, the prompts for
+    `completions`, and scored garbage without a word)."""
+
+    def by_truth(completions, ground_truth, **kwargs):
+        return [float(c == g) for c, g in zip(completions, ground_truth, strict=True)]
+
+    runner = RewardRunner([("t", TrlReward(by_truth), 1.0)], timeout_s=None)
+    assert runner.score(["x"], ["2"], {"ground_truth": ["2"]}).per_fn[:, 0].tolist() == [1.0]
+    with pytest.raises(RewardError, match=r"'t' .*its argument 'ground_truth' is no column of"):
+        runner.score(["x"], ["2"], {})
+
+
 def test_a_log_value_that_cannot_leave_the_worker_is_one_line_naming_the_reward():
     def logs_a_function(completions, log_extra, **kwargs):
         log_extra("f", [len for _ in completions])
