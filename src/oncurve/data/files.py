@@ -58,7 +58,9 @@ ANSWER_FORMATS = ("auto", "raw", "gsm8k", "boxed", "last_number")
 # GSM8K's worked solutions end in a line `#### 72`; a markdown heading earlier in a solution
 # is no answer line.
 _FINAL_GSM8K = re.compile(r"(?:^|\n)####[ \t]*([^\n]*?)\s*$")
-_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# `{column}`: a name, or any other column's name as the data spells it (`{Question Text}`)
+_PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}\n]+)\}")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # JSON's whitespace; `str.strip` would also take the line separators a JSON string may hold
 _JSON_SPACE = " \t\r\n"
 
@@ -201,18 +203,40 @@ def final_answer(value: str, answer_format: str) -> str | None:
 
 
 def fill_template(template: str, record: dict[str, Any], where: str) -> str:
-    """`template` with each `{column}` replaced by the row's value of that column; `{{` and
-    `}}` are single braces, and braces around anything but a name (`\\boxed{}`) stay."""
+    """`template` with each `{column}` replaced by the row's value of that column (a name,
+    which the row must have, or any column's name as the data spells it); `{{` and `}}` are
+    single braces, and braces around anything else (`\\boxed{}`) stay. A template that uses no
+    column (every prompt the same), or a column whose value is null or not text or a number,
+    is a one-line error."""
+    used = []
 
     def fill(match: re.Match) -> str:
         name = match.group(1)
         if name is None:
             return match.group(0)[0]
         if name not in record:
+            if not _IDENTIFIER.fullmatch(name):
+                return match.group(0)  # LaTeX's braces, not a column
             _missing(where, name, record, what="data.prompt_template's column")
-        return str(record[name])
+        value = record[name]
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            _missing(where, name, record, what="data.prompt_template's column")
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise UserError(
+                f"{where}: data.prompt_template's column {name!r} holds "
+                f"{type(value).__name__}, not text or a number"
+            )
+        used.append(name)
+        return str(value)
 
-    return _PLACEHOLDER.sub(fill, template)
+    filled = _PLACEHOLDER.sub(fill, template)
+    if not used:
+        columns = ", ".join(record) or "none"
+        raise UserError(
+            f"data.prompt_template uses none of the data's columns ({columns}), so every "
+            "prompt would be the same; name one as {column}"
+        )
+    return filled
 
 
 def _messages(value: list, where: str, field: str) -> list[dict[str, Any]]:

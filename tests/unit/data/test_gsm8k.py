@@ -111,6 +111,31 @@ def test_a_prompt_template_fills_columns_and_keeps_latex_braces(tmp_path):
         load_rows(str(path), answer_field="solution", prompt_template="{question}")
 
 
+@pytest.mark.parametrize(
+    ("rows", "template", "prompt_or_error"),
+    [
+        ([{"Question Text": "1+1?"}], "Solve: {Question Text}", "Solve: 1+1?"),
+        ([{"problem-text": "1+1?"}], "{problem-text} Think.", "1+1? Think."),
+        # no column named: every prompt would be this text
+        ([{"question": "1+1?"}], "Q: { question }", "uses none of the data's columns (question,"),
+        ([{"question": None}], "Q: {question}", "column 'question' (its value is null)"),
+        ([{"question": [1, 2]}], "Q: {question}", "column 'question' holds list, not text"),
+    ],
+)
+def test_a_prompt_template_names_columns_as_the_data_spells_them(
+    tmp_path, rows, template, prompt_or_error
+):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({**row, "answer": "2"}) + "\n" for row in rows))
+    if "Q:" not in template:
+        (row,) = load_rows(str(path), prompt_template=template)
+        assert row["prompt"] == prompt_or_error
+        return
+    with pytest.raises(UserError) as refused:
+        load_rows(str(path), prompt_template=template)
+    assert prompt_or_error in str(refused.value)
+
+
 def test_the_answer_column_is_required_only_when_asked(tmp_path):
     path = tmp_path / "open.jsonl"
     path.write_text(json.dumps({"prompt": "Write a haiku."}) + "\n")
