@@ -376,7 +376,10 @@ def _json_array(p: Path, text: str) -> Iterator[Record]:
 
 
 def _csv(p: Path) -> Iterator[Record]:
-    reader = csv.DictReader(io.StringIO(_text(p), newline=""))
+    text = _text(p)
+    # a cell may hold a whole program or document: the csv module's default cap is 128 KiB
+    csv.field_size_limit(max(csv.field_size_limit(), len(text)))
+    reader = csv.DictReader(io.StringIO(text, newline=""))
     header = reader.fieldnames or []
     for name in header:
         if header.count(name) > 1:
@@ -415,6 +418,8 @@ def _saved_dataset(p: Path, split: str) -> Iterator[Record]:
         data = datasets.load_from_disk(str(p))
     except FileNotFoundError as e:
         raise UserError(f"{p}: not a directory saved by datasets.save_to_disk ({e})") from None
+    except Exception as e:  # a damaged dataset_info.json or Arrow file: the library's words
+        raise UserError(f"{p}: cannot read the saved dataset ({error_line(e)})") from None
     where = "row"
     if isinstance(data, datasets.DatasetDict):
         if split not in data:

@@ -2,6 +2,7 @@
 empty answers and the column names oncurve writes itself."""
 
 import json
+from pathlib import Path
 
 import pytest
 from helpers.dataset_rows import EXPECTED, EXPECTED_TEXT, ROWS
@@ -34,6 +35,21 @@ def test_a_saved_dataset_dict_reads_the_split_asked_for(saved_dict):
     assert row.where == f"{saved_dict} test row 1"
     message = _one_line_error("no split", saved_dict, "question", "result", split="dev")
     assert message == f"{saved_dict}: the saved dataset has no split 'dev' (splits: train, test)"
+
+
+def test_a_damaged_saved_dataset_is_one_line(saved_dict):
+    info = next(Path(saved_dict).glob("*/dataset_info.json"))
+    info.write_text("{not json")
+    message = _one_line_error("cannot read the saved dataset", saved_dict, "question", "result")
+    assert message.startswith(f"{saved_dict}: cannot read the saved dataset (JSONDecodeError")
+
+
+def test_a_csv_cell_past_the_csv_modules_cap_loads(tmp_path):
+    program = "x = 1\n" * 40_000  # 240 KB, past the csv module's 128 KiB default
+    path = tmp_path / "big.csv"
+    path.write_text(f'prompt,answer\n"{program}",1\n')
+    (row,) = load_rows(str(path))
+    assert row["prompt"] == program
 
 
 def test_a_saved_dataset_dicts_splits_reach_the_train_and_held_out_rows(saved_dict):
