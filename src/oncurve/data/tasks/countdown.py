@@ -46,7 +46,13 @@ class CountdownTask:
     reward_weights = {"correct": 1.0, "format": 0.1}
 
     def __init__(self, counts: tuple[int, ...] = (3, 4), max_number: int = 99) -> None:
-        self.counts = counts
+        # a problem needs two numbers to combine, and numbers above 1 to reach a target
+        ok = isinstance(counts, list | tuple) and counts
+        if not ok or not all(type(c) is int and 2 <= c <= 6 for c in counts):
+            raise ValueError(f"counts must be a list of whole numbers in [2, 6], got {counts!r}")
+        if type(max_number) is not int or not 2 <= max_number <= 1000:
+            raise ValueError(f"max_number must be a whole number in [2, 1000], got {max_number!r}")
+        self.counts = tuple(counts)
         self.max_number = max_number
         self.levels = len(counts)
 

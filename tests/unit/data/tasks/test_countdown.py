@@ -299,3 +299,23 @@ def test_the_test_split_holds_each_problem_once() -> None:
     rows = get_task("countdown").examples("test", 500, seed=0)
     problems = {(tuple(sorted(row["numbers"].split(","))), row["target"]) for row in rows}
     assert len(problems) == 500  # the same numbers in another order are the same problem
+
+
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [
+        ({"counts": []}, "counts must be a list of whole numbers in [2, 6], got []"),
+        ({"counts": [1]}, "counts must be a list of whole numbers in [2, 6], got [1]"),
+        ({"counts": [3.5]}, "counts must be a list of whole numbers in [2, 6], got [3.5]"),
+        ({"max_number": 0}, "max_number must be a whole number in [2, 1000], got 0"),
+        ({"max_number": 1, "counts": [3]}, "max_number must be a whole number in [2, 1000], got 1"),
+    ],
+)
+def test_task_options_that_make_no_problems_are_one_line(options: dict, why: str) -> None:
+    """Options that would crash the draw (an empty list, no numbers to pick from) or make
+    trivial problems (one number: its target is itself) name the option."""
+    from oncurve.errors import UserError
+
+    with pytest.raises(UserError) as refused:
+        get_task("countdown", options)
+    assert str(refused.value) == f"data.task_options {options} do not fit task countdown: {why}"
