@@ -765,6 +765,11 @@ def test_a_resume_applies_what_can_change_and_refuses_what_cannot(
     own_data.write_text("\n".join(reversed(lines)) + "\n")  # the same rows, shuffled
     with pytest.raises(UserError, match="the training rows differ from the ones the run started"):
         setup(make_config(tiny_model_dir, own_data, run_dir, *base, "run.resume=auto"))
+    # a column of their own edited (a hint, a program's tests): what the rewards read changed
+    hinted = [json.dumps({**json.loads(line), "hint": "think"}) for line in lines]
+    own_data.write_text("\n".join(hinted) + "\n")
+    with pytest.raises(UserError, match="the training rows differ from the ones the run started"):
+        setup(make_config(tiny_model_dir, own_data, run_dir, *base, "run.resume=auto"))
     own_data.write_text("\n".join(lines) + "\n")
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == files
     # what can change is put in effect, said, recorded in config.yaml and the checkpoints

@@ -12,6 +12,7 @@ would otherwise keep the old ones).
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -95,8 +96,22 @@ def refusal(
     return None
 
 
+# Marks a digest of whole rows; a checkpoint's digest without it is of prompt and answer alone
+ROWS_DIGEST = "rows:"
+
+
 def data_fingerprint(rows: Iterable[dict[str, Any]]) -> str:
-    """A digest of the training rows in their order: prompt and answer of each."""
+    """A digest of the training rows in their order, every column of each (an edited `tests`
+    or `hint` column changes what the rewards read), marked `ROWS_DIGEST`."""
+    digest = hashlib.sha256()
+    for row in rows:
+        text = json.dumps(row, sort_keys=True, default=repr, ensure_ascii=False)
+        digest.update(text.encode() + b"\0")
+    return ROWS_DIGEST + digest.hexdigest()
+
+
+def prompt_answer_fingerprint(rows: Iterable[dict[str, Any]]) -> str:
+    """The digest a checkpoint of an older version holds: prompt and answer of each row."""
     digest = hashlib.sha256()
     for row in rows:
         digest.update(f"{row.get('prompt')!r}\0{row.get('answer')!r}\0".encode())

@@ -28,9 +28,11 @@ from oncurve.algo.registry import (
 from oncurve.config import Config, check_ranks, to_dict
 from oncurve.config.resume_settings import (
     DATA_ROWS,
+    ROWS_DIGEST,
     apply_optimizer_settings,
     changed_settings,
     data_fingerprint,
+    prompt_answer_fingerprint,
     refusal,
 )
 from oncurve.data.curriculum import build_curriculum
@@ -348,7 +350,11 @@ def _changes(s: Session, state: dict, checkpoint_dir: Path) -> dict[str, list[An
     for setting in LOCAL_PATHS:
         if setting in changes and same_local_path(*changes[setting]):
             del changes[setting]
-    fingerprints = (state.get("data_fingerprint"), s.data_fingerprint)
+    saved = state.get("data_fingerprint")
+    current = s.data_fingerprint
+    if saved is not None and not saved.startswith(ROWS_DIGEST):  # an older version's digest
+        current = prompt_answer_fingerprint(s.data.rows)
+    fingerprints = (saved, current)
     forced = s.config.run.force_changes
     why = refusal(changes, s.start_step, s.config.run.steps, fingerprints, forced)
     if why is None and "reward.functions" in changes:
