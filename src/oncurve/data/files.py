@@ -143,6 +143,9 @@ def load_rows(
                 f"{location}: field {prompt_field!r} must be text or a list of "
                 f"{{role, content}} messages, got {type(prompt).__name__}"
             )
+        elif not prompt.strip():  # the model would be asked nothing (a BOS token alone)
+            what = "data.prompt_template" if prompt_template is not None else repr(prompt_field)
+            raise UserError(f"{location}: the prompt ({what}) is empty")
         # the columns stay, named as in the data: TRL's rewards read the gold by its name
         # (`solution`, `ground_truth`) and may read the prompt's column; `answer` is replaced
         # by the answer text, and `prompt` by the prompt

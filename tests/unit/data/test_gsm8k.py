@@ -111,29 +111,41 @@ def test_a_prompt_template_fills_columns_and_keeps_latex_braces(tmp_path):
         load_rows(str(path), answer_field="solution", prompt_template="{question}")
 
 
+def _rows_file(tmp_path, row: dict) -> str:
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({**row, "answer": "2"}) + "\n")
+    return str(path)
+
+
 @pytest.mark.parametrize(
-    ("rows", "template", "prompt_or_error"),
+    ("row", "template", "prompt"),
     [
-        ([{"Question Text": "1+1?"}], "Solve: {Question Text}", "Solve: 1+1?"),
-        ([{"problem-text": "1+1?"}], "{problem-text} Think.", "1+1? Think."),
-        # no column named: every prompt would be this text
-        ([{"question": "1+1?"}], "Q: { question }", "uses none of the data's columns (question,"),
-        ([{"question": None}], "Q: {question}", "column 'question' (its value is null)"),
-        ([{"question": [1, 2]}], "Q: {question}", "column 'question' holds list, not text"),
+        ({"Question Text": "1+1?"}, "Solve: {Question Text}", "Solve: 1+1?"),
+        ({"problem-text": "1+1?"}, "{problem-text} Think.", "1+1? Think."),
     ],
 )
-def test_a_prompt_template_names_columns_as_the_data_spells_them(
-    tmp_path, rows, template, prompt_or_error
+def test_a_prompt_template_names_columns_as_the_data_spells_them(tmp_path, row, template, prompt):
+    (loaded,) = load_rows(_rows_file(tmp_path, row), prompt_template=template)
+    assert loaded["prompt"] == prompt
+
+
+@pytest.mark.parametrize(
+    ("row", "template", "error"),
+    [
+        # no column named: every prompt would be this text
+        ({"question": "1+1?"}, "Q: { question }", "uses none of the data's columns (question,"),
+        ({"question": None}, "Q: {question}", "column 'question' (its value is null)"),
+        ({"question": [1, 2]}, "Q: {question}", "column 'question' holds list, not text"),
+        ({"question": " "}, "{question}", "line 1: the prompt (data.prompt_template) is empty"),
+        ({"prompt": ""}, None, "line 1: the prompt ('prompt') is empty"),
+    ],
+)
+def test_a_prompt_that_asks_nothing_or_the_same_of_every_row_is_one_line(
+    tmp_path, row, template, error
 ):
-    path = tmp_path / "rows.jsonl"
-    path.write_text("".join(json.dumps({**row, "answer": "2"}) + "\n" for row in rows))
-    if "Q:" not in template:
-        (row,) = load_rows(str(path), prompt_template=template)
-        assert row["prompt"] == prompt_or_error
-        return
     with pytest.raises(UserError) as refused:
-        load_rows(str(path), prompt_template=template)
-    assert prompt_or_error in str(refused.value)
+        load_rows(_rows_file(tmp_path, row), prompt_template=template)
+    assert error in str(refused.value) and "\n" not in str(refused.value)
 
 
 def test_the_answer_column_is_required_only_when_asked(tmp_path):
