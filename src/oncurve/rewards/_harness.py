@@ -493,11 +493,8 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
                 return ("packed", packed)
             except (TypeError, ValueError, RecursionError):
                 pass
-        try:
-            dumps(value)
+        if plain(value):  # marshal would send a bytearray or an array as bytes
             return ("value", value)
-        except (ValueError, RecursionError):
-            pass
         try:
             packed = _pack(value)
             dumps(packed)
@@ -656,6 +653,8 @@ def _plain(value: object, depth: int = 0) -> bool:
     if type(value) is dict:
         return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in value.items())
     if type(value) in (tuple, list, set, frozenset):
+        if _SCALARS.issuperset(map(type, value)):  # numbers and text: no call per item
+            return True
         return all(_plain(item, depth + 1) for item in value)
     return True
 
