@@ -75,7 +75,12 @@ import sys
 import types
 from typing import Any
 
-_PLAIN = (int, float, complex, str, bytes, bool, type(None), tuple, list, dict, set, frozenset)
+# Built-in data; a bytearray or memoryview travels as the bytes it equals (an array.array,
+# which equals no bytes, is no plain data)
+_PLAIN = (
+    *(int, float, complex, str, bytes, bytearray, memoryview, bool, type(None)),
+    *(tuple, list, dict, set, frozenset),
+)
 # Marks, in a call's arguments, a reference to an object of the program's (`Pair(5, 24)` made
 # by an earlier call and passed back): (_REF, index).
 _REF = "\0oncurve-ref"
@@ -493,7 +498,7 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
                 return ("packed", packed)
             except (TypeError, ValueError, RecursionError):
                 pass
-        if plain(value):  # marshal would send a bytearray or an array as bytes
+        if plain(value):  # marshal would send an array as the bytes it does not equal
             return ("value", value)
         try:
             packed = _pack(value)
