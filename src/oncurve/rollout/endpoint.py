@@ -337,6 +337,13 @@ def _text_messages(messages: Any) -> list[dict[str, Any]]:
             content = "".join(str(part.get("text", "")) for part in content)
         elif content is not None and not isinstance(content, str):
             raise ValueError(f"messages[{k}]: content must be text or a list of text parts")
+        calls = message.get("tool_calls")
+        if calls is not None and not (
+            isinstance(calls, list) and all(isinstance(c, dict) for c in calls)
+        ):
+            raise ValueError(f"messages[{k}].tool_calls: a list of tool calls is required")
+        if content is None and not (message["role"] == "assistant" and calls):
+            raise ValueError(f"messages[{k}]: content is required (null only beside tool_calls)")
         texts.append({**message, "content": content})
     return texts
 
@@ -448,6 +455,8 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             episode = int(route["episode"]) if route["episode"] else None
             try:
                 length = int(self.headers.get("Content-Length") or 0)
+                if length < 0:  # read(-1) would wait for the client to close
+                    raise ValueError("Content-Length must be at least 0")
                 body = json.loads(self.rfile.read(length) or b"{}")
                 if not isinstance(body, dict):
                     raise ValueError("the body must be a JSON object")

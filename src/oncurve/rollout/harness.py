@@ -207,7 +207,10 @@ def _is_number(value: Any) -> bool:
     """Whether `value` is None or a finite real number that is not a bool: numpy's scalars
     (a rubric's float32) count as numbers."""
     return value is None or (
-        isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and abs(value) <= torch.finfo(torch.float32).max  # rewards are float32: larger is inf
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import http.client
 import json
 import threading
 import urllib.error
@@ -246,6 +247,10 @@ def test_bad_requests_get_an_error_answer_and_the_endpoint_is_gone_after(sampler
             "messages": [{"messages": ["hi"]}, {"messages": [{"role": "user", "content": 3}]}],
             "content": [
                 {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+                {"messages": [{"role": "user", "content": None}]},  # null beside no tool call
+            ],
+            "tool_calls": [
+                {"messages": [*QUESTION, {"role": "assistant", "tool_calls": "add(1, 2)"}]},
             ],
         }
         for field, bodies in bad.items():
@@ -260,6 +265,14 @@ def test_bad_requests_get_an_error_answer_and_the_endpoint_is_gone_after(sampler
         status, answer = post(endpoint.episode_url(0), "/chat/completions",
                               {"messages": QUESTION, "n": 2})  # fmt: skip
         assert status == 400 and "n: an episode" in answer["error"]["message"]
+        # a negative length, which `read(-1)` would wait on until the client closes
+        host, port = url.split("//")[1].split("/")[0].split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        connection.putrequest("POST", "/v1/completions")
+        connection.putheader("Content-Length", "-1")
+        connection.endheaders()
+        assert connection.getresponse().status == 400
+        connection.close()
         with urllib.request.urlopen(f"{url}/models", timeout=10) as models:
             assert json.loads(models.read())["data"][0]["id"] == "oncurve"
     with pytest.raises(urllib.error.URLError):

@@ -170,6 +170,20 @@ def test_numpy_rewards_and_metrics_are_numbers(sampler):
     assert all(type(v) is float for v in metrics.values())
 
 
+def test_a_reward_past_float32_is_an_error_not_inf(sampler):
+    async def huge(client, model: str, row: dict) -> float:
+        await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": row["prompt"]}]
+        )
+        return 1e39
+
+    rows = [{**row, "prompt_ids": sampler.tokenizer(row["prompt"]).input_ids} for row in ROWS]
+    settings = HarnessSettings(huge, 2, 64, EnvFaults(on_error="none"))
+    _, columns = play_harness(sampler, rows, 1, SamplingParams(max_new_tokens=4), settings)
+    assert columns["episode_fault"] == [ERROR, ERROR]
+    assert all(math.isnan(r) for r in columns["episode_reward"])
+
+
 def test_a_harness_that_raises_cancelled_error_fails_its_episode(sampler):
     async def cancelled(client, model: str, row: dict) -> float:
         raise asyncio.CancelledError("the harness cancelled itself")
