@@ -357,6 +357,15 @@ def test_gsm8k_converter(tmp_path):
     bad = _write_jsonl(tmp_path / "bad.jsonl", [{"question": "Q", "answer": "no marker"}])
     with pytest.raises(ValueError, match=r"bad.jsonl line 1: field 'answer' has no '####"):
         gsm8k_rows(bad)
+    # an output directory that is not there: one line, exit 2
+    with pytest.raises(SystemExit) as ended:
+        main(["gsm8k", source, str(tmp_path / "missing" / "out.jsonl")])
+    assert ended.value.code == 2
+    math_dir = tmp_path / "math"
+    math_dir.mkdir()
+    (math_dir / "1.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match=r"1.json: not a MATH problem file \(a JSON object"):
+        math_rows(str(math_dir))
 
 
 def test_math_converter_file_and_directory(tmp_path):

@@ -76,9 +76,12 @@ def math_rows(path: str, config: str | None = None, split: str = "train") -> lis
         records = []
         for file in sorted(p.rglob("*.json")):
             try:
-                records.append((str(file), json.loads(file.read_text(encoding="utf-8"))))
+                record = json.loads(file.read_text(encoding="utf-8"))
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise UserError(f"{file}: not a MATH problem file ({e})") from None
+            if not isinstance(record, dict):
+                raise UserError(f"{file}: not a MATH problem file (a JSON object is required)")
+            records.append((str(file), record))
         if not records:
             raise UserError(f"{path}: no .json problem files found")
     else:
@@ -259,7 +262,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = CONVERTERS[args.kind](args.source, args.config, args.split)
     except UserError as e:
         parser.exit(2, f"error: {e}\n")
-    write_jsonl(args.dest, rows)
+    try:
+        write_jsonl(args.dest, rows)
+    except OSError as e:  # a missing or read-only directory
+        parser.exit(2, f"error: {args.dest}: {e.strerror or e}\n")
     print(f"wrote {len(rows)} rows to {args.dest}")
     return 0
 
