@@ -206,8 +206,8 @@ def _unmarked(part: Any) -> Any:
 
 
 def _pack(value: Any, swap: Any = _unmarked, depth: int = 0, memo: dict | None = None) -> Any:
-    """`value` as plain data: each standard-library object of `_STANDARD`, or a defaultdict with
-    a builtin factory, as (_STD, kind, contents); a named tuple as a tuple; each part that
+    """`value` as plain data: each standard-library object of `_STANDARD`, or a defaultdict
+    (with its factory where that is a builtin type), as (_STD, kind, contents); a named tuple as a tuple; each part that
     `swap` changes (a reference of the tests') swapped; a container (`_MUTABLE`) that is in two
     places one object still, as marshal keeps it. TypeError for anything else."""
     if depth > 200:
@@ -245,9 +245,10 @@ def _pack_object(value: Any, swap: Any, depth: int, memo: dict) -> Any:
         return (_STD, name, _pack(contents(value), swap, depth + 1, memo))
     if kind is collections.defaultdict:
         factory = value.default_factory
-        if factory is None or _FACTORIES.get(getattr(factory, "__name__", None)) is factory:
-            name = None if factory is None else factory.__name__
-            return (_STD, "defaultdict", (name, _pack(dict(value), swap, depth + 1, memo)))
+        builtin = _FACTORIES.get(getattr(factory, "__name__", None)) is factory
+        # a factory of the program's (a lambda) cannot travel: its mapping goes without one
+        name = factory.__name__ if factory is not None and builtin else None
+        return (_STD, "defaultdict", (name, _pack(dict(value), swap, depth + 1, memo)))
     if isinstance(value, tuple) and hasattr(kind, "_fields"):  # a named tuple, with its fields
         items = tuple(_pack(item, swap, depth + 1, memo) for item in tuple.__iter__(value))
         fields = getattr(kind, "_fields", None)

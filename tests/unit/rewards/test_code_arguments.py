@@ -142,6 +142,13 @@ ROWS = {
         "def add_edge(g, u, v):\n    g = dict(g)\n    g.setdefault(u, []).append(v)\n",
         "def add_edge(g, u, v):\n    g[u].append(v)\n    g[v].append(u)\n",
     ),
+    "a defaultdict of a lambda returned": (
+        ["assert count_words('a b a') == {'a': 2, 'b': 1}"],
+        "def count_words(s):\n    return {w: 1 for w in s.split()}\n",
+        "from collections import defaultdict\n\ndef count_words(s):\n"
+        "    counts = defaultdict(lambda: 0)\n    for w in s.split():\n        counts[w] += 1\n"
+        "    return counts\n",
+    ),
     "a Counter counted into": (
         [
             "from collections import Counter\nc = Counter(a=1)\ncount_into(c, ['a', 'b', 'a'])\n"
