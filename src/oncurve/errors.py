@@ -17,6 +17,12 @@ class CheckpointError(RuntimeError):
     """
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of `error`'s message; its type's name when it has none."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
 def error_line(error: BaseException) -> str:
     """`Type: first line` of `error`, for a one-line warning; for torch's compiler wrapper
     (`BackendCompilerFailed`, whose first line only names the backend), its inner error's."""

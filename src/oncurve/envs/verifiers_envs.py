@@ -27,7 +27,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from oncurve.errors import UserError
+from oncurve.errors import UserError, error_line, first_line
 
 PREFIX = "verifiers:"
 # The column that keeps a row as the environment gave it: what its rollout starts from.
@@ -66,12 +66,10 @@ def _load_failure(spec: str, env_args: dict[str, Any], error: Exception) -> str:
     # verifiers wraps what the environment's `load_environment` raised in a RuntimeError
     cause = error.__cause__ if isinstance(error, RuntimeError) and error.__cause__ else error
     if isinstance(cause, TypeError) and not _binds(spec, env_args):
-        return f"rollout.env_args do not fit rollout.env {spec}: {_first_line(cause)}"
+        return f"rollout.env_args do not fit rollout.env {spec}: {first_line(cause)}"
     if cause is error:  # verifiers' own message (an environment it cannot import, say)
-        return f"rollout.env {spec}: {_first_line(error)}"
-    return f"rollout.env {spec}: its load_environment raised {type(cause).__name__}: " + (
-        _first_line(cause)
-    )
+        return f"rollout.env {spec}: {first_line(error)}"
+    return f"rollout.env {spec}: its load_environment raised {error_line(cause)}"
 
 
 def _binds(spec: str, env_args: dict[str, Any]) -> bool:
@@ -91,11 +89,6 @@ def _binds(spec: str, env_args: dict[str, Any]) -> bool:
     except TypeError:
         return False
     return True
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
 
 
 def environment_rows(spec: str, env_args: dict[str, Any], split: str) -> list[dict[str, Any]]:

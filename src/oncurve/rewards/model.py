@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from oncurve.errors import UserError
+from oncurve.errors import UserError, first_line
 from oncurve.rewards.trl_contract import MESSAGES_COLUMN, RewardLog, TrainerState
 
 PREFIX = "model:"  # a `reward.functions` name with it is a reward model
@@ -175,7 +175,7 @@ def _load(
             if local.is_dir()
             else "neither a local directory nor a Hub model id that loads"
         )
-        raise UserError(f"{where}: {what} ({_first_line(err)})") from None
+        raise UserError(f"{where}: {what} ({first_line(err)})") from None
     architectures = getattr(config, "architectures", None) or []
     if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
         raise UserError(
@@ -198,7 +198,7 @@ def _load(
         )
     except (OSError, ValueError) as err:
         raise UserError(
-            f"{where}: cannot load a model from {location} ({_first_line(err)})"
+            f"{where}: cannot load a model from {location} ({first_line(err)})"
         ) from None
     missing = sorted(loading.get("missing_keys") or ())
     if missing:  # transformers initialises them at random: the scores would be noise
@@ -239,8 +239,3 @@ def _max_length(tokenizer: Any, config: Any) -> int | None:
     ]
     limits = [n for n in limits if isinstance(n, int) and 0 < n < _NO_LIMIT]
     return min(limits) if limits else None
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
