@@ -29,12 +29,12 @@ from helpers.first_step import capture_first_step, hand_assembled_grpo
 from helpers.models import tiny_qwen2
 from helpers.run_processes import finish
 from helpers.runs import cli_args, metric_rows, rewards_env, train_process
+from helpers.sessions import sessions_of
 from safetensors.torch import load_file
 
 from oncurve.algo.registry import AGGREGATIONS
 from oncurve.cli import main
-from oncurve.loop import trainer
-from oncurve.loop.trainer import Session, setup, train
+from oncurve.loop.trainer import setup, train
 from oncurve.loop.training_step import training_step
 from oncurve.model import forward as training_forward
 from oncurve.model import sources as model_sources
@@ -72,19 +72,6 @@ def assert_close_relative(got: torch.Tensor, want: torch.Tensor, rel: float, msg
     near 0 (where a relative difference means nothing)."""
     floor = rel * float(want.abs().max())
     torch.testing.assert_close(got, want, rtol=rel, atol=floor, msg=msg)
-
-
-def sessions_of(monkeypatch: pytest.MonkeyPatch) -> list[Session]:
-    """The sessions `trainer.train` builds from now on, to look at after it returns."""
-    made: list[Session] = []
-    real_setup = trainer.setup
-
-    def recording(config):
-        made.append(real_setup(config))
-        return made[-1]
-
-    monkeypatch.setattr(trainer, "setup", recording)
-    return made
 
 
 def trained_rows(run_dir: Path, steps: int) -> list[dict]:

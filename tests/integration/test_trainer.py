@@ -16,6 +16,7 @@ import transformers
 from helpers.configs import make_config
 from helpers.first_step import capture_first_step, hand_assembled_grpo
 from helpers.models import tiny_qwen2
+from helpers.sessions import sessions_of
 
 from oncurve.config import load_config
 from oncurve.loop import trainer
@@ -33,7 +34,13 @@ def test_three_steps_write_finite_metrics_samples_and_a_loadable_final_model(
     if not fused:  # the decode a larger model gets: q, k, v as the model's own three weights
         monkeypatch.setattr(cpu_llama, "FUSE_MAX_BYTES", 0)
     run_dir = tmp_path / "run"
+    sessions = sessions_of(monkeypatch)
     result = train(make_config(tiny_model_dir, data_file, run_dir), quiet=True)
+    (s,) = sessions  # the session the run built: the GPU tests read it the same way
+    # off CUDA the update keeps its gradients, zeroed (on CUDA they are freed: tests/gpu)
+    assert all(p.grad is not None and not p.grad.any() for p in s.policy.trainable())
+    trainable = [p for group in s.optimizer.param_groups for p in group["params"]]
+    assert {id(p) for p in trainable} == {id(p) for p in s.policy.trainable()}
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     for key in (
