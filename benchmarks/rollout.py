@@ -104,6 +104,12 @@ def cuda_row(model: Any, tokenizer: Any, shape: tuple, args: argparse.Namespace,
             "samplers": records, "logprob_gaps": gaps}  # fmt: skip
 
 
+def cuda_key(row: dict) -> str:
+    """A GPU scenario's section key: one section per scenario and GPU, so that a run on one
+    card never replaces another card's figures."""
+    return f"cuda-{row['scenario']}, {row['gpu']}"
+
+
 def record(key: str, row: dict) -> None:
     """Print the scenario's section and record it (it replaces that scenario's section)."""
     print(sampling.section(context() | row), flush=True)
@@ -146,7 +152,7 @@ def main() -> None:
         for shape in args.cuda_shapes:
             row = cuda_row(model, tokenizer, shape, args, backends, after)
             done += row["samplers"]
-            record(f"cuda-{row['scenario']}", row)
+            record(cuda_key(row), row)
     else:
         for name in [args.model] if args.model else ["tiny", "30m"]:
             record(name, cpu_row(name, args.repeats, backends))

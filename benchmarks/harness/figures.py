@@ -23,6 +23,7 @@ AREAS = (
     "the default job, 2 CPU cores",
     "a step against TRL, 1 x H100",
     "the sampler, 1 x H100",
+    "the sampler, 1 x H200",
     "an instruct model, 2 CPU cores",
     "RL on code, 2 CPU cores",
     "a multi-turn environment, 2 CPU cores",

@@ -215,6 +215,23 @@ def summary(row: dict[str, Any]) -> str:
     return f"{row['scenario']}: {samplers}"
 
 
+def headline(row: dict[str, Any]) -> dict[str, str] | None:
+    """The README's figure for a GPU scenario with forced lengths: `cuda_graph` as a run builds
+    it against static-cache `generate`, in an area of its own per GPU model."""
+    if "gpu" not in row or row["mean_length"] is not None:
+        return None
+    graphs = [s for s in row["samplers"] if s["sampler"] == "cuda_graph"]
+    if not graphs:
+        return None
+    card = row["gpu"].replace("NVIDIA ", "").split()[0]
+    return {
+        "area": f"the sampler, 1 x {card}",
+        "figure": f"{graphs[0]['vs_static']:.2f}x static-cache `generate` "
+        f"({row['rows']} x {row['new_tokens']})",
+        "command": "benchmarks/rollout.py --device cuda",
+    }
+
+
 def section(row: dict[str, Any]) -> str:
     """The section of `results/rollout.md` for one scenario's row, on the CPU or a GPU: how,
     when and with what it was measured (as far as a row imported from the hand-kept page says),

@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 import rollout
-from harness import sampling, tables
+from harness import records, sampling, tables
 from harness.checkout import RESULTS
 from harness.models import end_at_eos
 from helpers.models import TOKENIZER, make_model
@@ -83,3 +83,26 @@ def test_the_committed_page_is_the_one_its_record_renders(monkeypatch, tmp_path)
     monkeypatch.setattr(tables, "RESULTS", tmp_path)
     tables.render_page("rollout")
     assert (tmp_path / "rollout.md").read_text() == (RESULTS / "rollout.md").read_text()
+
+
+def test_a_scenario_on_another_gpu_is_a_section_of_its_own(monkeypatch, tmp_path):
+    monkeypatch.setattr(records, "RECORDS", tmp_path / "records")
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    sampler = {"scenario": "64x256", "sampler": "cuda_graph", "tokens": 16384, "mean_length": 256.0,
+               "best_s": 0.5, "tokens_per_s": 32768.0, "first_call_s": 12.0, "capture_s": 0.1,
+               "compile_s": 11.0, "vs_static": 2.5}  # fmt: skip
+    for gpu in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA H200"):
+        row = {"scenario": "64x256", "rows": 64, "group": 8, "new_tokens": 256,
+               "mean_length": None, "repeats": 1, "gpu": gpu, "samplers": [sampler],
+               "logprob_gaps": {}}  # fmt: skip
+        rollout.record(rollout.cuda_key(row), row)
+    page = (tmp_path / "rollout.md").read_text()
+    assert page.count("### cuda-64x256") == 2  # the second H200 run replaced the first
+    assert "NVIDIA H100 80GB HBM3;" in page and "NVIDIA H200;" in page
+    # the README's figure: an area per card; varying lengths are no headline
+    assert sampling.headline(row) == {
+        "area": "the sampler, 1 x H200",
+        "figure": "2.50x static-cache `generate` (64 x 256)",
+        "command": "benchmarks/rollout.py --device cuda",
+    }
+    assert sampling.headline(row | {"scenario": "64x1024~256", "mean_length": 256}) is None
