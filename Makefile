@@ -34,10 +34,10 @@ test: lint
 	$(PY) -m pytest -n 2
 
 # On a machine with a CUDA device and a CUDA build of torch: the `gpu` tests (skipped by `make
-# test` without one), the default job, the rollout, a step against TRL and the memory plan, each
-# stage with a time limit (8.5 minutes in all), one table in benchmarks/results/gpu_check.md.
-# `make gpu-check ARGS="--stages ppo"` or `ARGS="--stages profile"` runs one of the other two
-# (GRPO against PPO; where a step's time goes).
+# test` without one) and a step against TRL with the memory plan, each stage with a time limit
+# (8.5 minutes in all), one table in benchmarks/results/gpu_check.md. `make gpu-check
+# ARGS="--stages job,rollout"` is the second call (the default job on CUDA, the rollout against
+# `generate`); `ARGS="--stages ppo"` or `"--stages profile"` GRPO against PPO, a step's time.
 gpu-check: .venv/.installed-test
 	$(PY) benchmarks/gpu_check.py $(ARGS)
 
