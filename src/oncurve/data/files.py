@@ -16,6 +16,7 @@ import io
 import json
 import math
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -341,11 +342,13 @@ def _jsonl(p: Path) -> Iterator[Record]:
         if not line.strip(_JSON_SPACE):
             continue
         try:
-            record = json.loads(line, object_pairs_hook=_object)
+            record = json.loads(line, object_pairs_hook=_object, parse_int=_integer)
         except json.JSONDecodeError as e:
             raise UserError(f"{p} line {number}: invalid JSON ({e.msg})") from None
         except _RepeatedKey as e:
             raise UserError(f"{p} line {number}: key {e.args[0]!r} is given twice") from None
+        except _LongInteger as e:
+            raise UserError(f"{p} line {number}: {e}") from None
         if not isinstance(record, dict):
             raise UserError(
                 f"{p} line {number}: expected a JSON object, got {type(record).__name__}"
@@ -355,6 +358,20 @@ def _jsonl(p: Path) -> Iterator[Record]:
 
 class _RepeatedKey(ValueError):
     """A key given twice in one JSON object (`json` would keep the last value)."""
+
+
+class _LongInteger(ValueError):
+    """A JSON integer of more digits than Python converts from text."""
+
+
+def _integer(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > sys.get_int_max_str_digits():
+        raise _LongInteger(
+            f"an integer of {digits:,} digits, more than Python reads from text "
+            f"({sys.get_int_max_str_digits():,}): write it as a JSON string"
+        )
+    return int(text)
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -367,11 +384,13 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _json_array(p: Path, text: str) -> Iterator[Record]:
     try:
-        items = json.loads(text, object_pairs_hook=_object)
+        items = json.loads(text, object_pairs_hook=_object, parse_int=_integer)
     except json.JSONDecodeError as e:
         raise UserError(f"{p} line {e.lineno}: invalid JSON ({e.msg})") from None
     except _RepeatedKey as e:
         raise UserError(f"{p}: key {e.args[0]!r} is given twice in an object") from None
+    except _LongInteger as e:
+        raise UserError(f"{p}: {e}") from None
     for number, item in enumerate(items, start=1):
         if not isinstance(item, dict):
             raise UserError(f"{p} row {number}: expected a JSON object, got {type(item).__name__}")

@@ -161,6 +161,21 @@ def test_a_column_given_twice_is_refused(tmp_path):
         load_rows(str(keys))
 
 
+def test_an_integer_past_pythons_digit_limit_is_one_line_and_as_text_it_loads(tmp_path):
+    huge = "9" * 5000
+    for name, text in (
+        ("long.jsonl", f'{{"prompt": "q", "answer": "1"}}\n{{"prompt": "q", "answer": {huge}}}\n'),
+        ("long.json", f'[{{"prompt": "q", "answer": -{huge}}}]'),
+    ):
+        path = tmp_path / name
+        path.write_text(text)
+        with pytest.raises(UserError, match=r"an integer of 5,000 digits, .* JSON string$"):
+            load_rows(str(path))
+    quoted = tmp_path / "quoted.jsonl"
+    quoted.write_text(f'{{"prompt": "q", "answer": "{huge}"}}\n')
+    assert [row["answer"] for row in load_rows(str(quoted))] == [huge]
+
+
 def test_a_null_parquet_answer_is_a_missing_one(tmp_path):
     pa = pytest.importorskip("pyarrow", reason="pyarrow (extra `data`) not installed")
     import pyarrow.parquet as pq
