@@ -188,6 +188,11 @@ def settle(config: Config, facts: RunFacts) -> Settled:
     config, graphs_note = settle_cuda_graphs(config, facts)
     config, packing_note = settle_pack_rows(config, facts)
     report = [graphs_note] if graphs_note else []
+    if config.run.gpu_memory_gb is not None and facts.device_type != "cuda":
+        report.append(
+            f"note: run.gpu_memory_gb has no effect here (run.device={facts.device_type}): "
+            "it caps a CUDA device's memory"
+        )
     if plan is not None:
         report.append(plan.describe())
         if not plan.fits:

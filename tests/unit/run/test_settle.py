@@ -118,6 +118,17 @@ def test_graphs_or_compilation_asked_of_a_sampler_that_cannot_are_off_with_a_not
     assert settle(asked, on_cpu).config.rollout.cuda_graphs is True
 
 
+def test_a_gpu_memory_cap_off_cuda_is_a_note() -> None:
+    capped = load_config(None, ["run.gpu_memory_gb=8"])
+    on_cpu = dataclasses.replace(H100, device_type="cpu", budget_bytes=None)
+    assert settle(capped, on_cpu).report == [
+        "note: run.gpu_memory_gb has no effect here (run.device=cpu): it caps a CUDA device's "
+        "memory"
+    ]
+    assert settle(load_config(), on_cpu).report == []
+    assert not any("gpu_memory_gb" in line for line in settle(capped, H100).report)
+
+
 def test_a_resumed_run_settles_to_its_checkpoints_memory_settings() -> None:
     saved = {"microbatch_size": 5, "microbatch_tokens": 500, "gradient_checkpointing": True}
     c = settle(load_config(), dataclasses.replace(H100, saved_memory=saved)).config
