@@ -175,6 +175,13 @@ def chat_messages(
     return messages
 
 
+def prompt_source(data: DataConfig) -> str:
+    """Where a row's prompt comes from, as an error names it: the template, else the column."""
+    if data.prompt_template is not None:
+        return "the prompt (data.prompt_template)"
+    return f"field {data.prompt_field!r}"
+
+
 def encode_prompt(
     tokenizer: Any,
     prompt: str,
@@ -189,7 +196,7 @@ def encode_prompt(
     the row in the error for a prompt over `data.max_prompt_tokens`."""
     if messages is not None and not getattr(tokenizer, "chat_template", None):
         raise UserError(
-            f"{where}: field {data.prompt_field!r} is a list of messages, and the tokenizer has "
+            f"{where}: {prompt_source(data)} is a list of messages, and the tokenizer has "
             "no chat template to render them; give the prompt as text"
         )
     if data.chat_template and not getattr(tokenizer, "chat_template", None):
@@ -203,7 +210,7 @@ def encode_prompt(
     )
     if chars > data.max_prompt_tokens * MAX_CHARS_PER_TOKEN:  # refused before it costs
         raise UserError(
-            f"{where}: field {data.prompt_field!r} has {chars} characters, more than "
+            f"{where}: {prompt_source(data)} has {chars} characters, more than "
             f"data.max_prompt_tokens={data.max_prompt_tokens} tokens hold (at most "
             f"{MAX_CHARS_PER_TOKEN} characters each)"
         )
@@ -225,10 +232,10 @@ def encode_prompt(
         text = f"{data.system_prompt}\n\n{prompt}" if data.system_prompt else prompt
         ids = tokenizer(text)["input_ids"]
     if not ids:  # the forwards need a token before the first completion token
-        raise UserError(f"{where}: field {data.prompt_field!r} encodes to no tokens")
+        raise UserError(f"{where}: {prompt_source(data)} encodes to no tokens")
     if len(ids) > data.max_prompt_tokens:
         raise UserError(
-            f"{where}: field {data.prompt_field!r} has {len(ids)} tokens, more than "
+            f"{where}: {prompt_source(data)} has {len(ids)} tokens, more than "
             f"data.max_prompt_tokens={data.max_prompt_tokens}"
         )
     return ids

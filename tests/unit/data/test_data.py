@@ -197,6 +197,12 @@ def test_a_prompt_over_max_prompt_tokens_names_file_line_and_field(tmp_path):
         )
 
 
+def test_a_templated_prompt_over_max_prompt_tokens_names_the_template():
+    templated = DataConfig(prompt_field="q", prompt_template="{q}?", max_prompt_tokens=5)
+    with pytest.raises(ValueError, match=r"^row 1: the prompt \(data.prompt_template\) has 6 "):
+        encode_prompt(char_tokenizer(), "abcd?", templated, "row 1")
+
+
 def test_a_prompt_too_long_for_any_tokenizer_is_refused_before_tokenizing():
     seen: list[int] = []
 
