@@ -267,11 +267,12 @@ def test_two_runs_overlay_with_a_legend_by_run_name(tmp_path, monkeypatch):
 
 
 def test_figures_without_data_are_skipped_with_a_note(tmp_path):
-    run = tmp_path / "run"
+    run, evaluated = tmp_path / "run", tmp_path / "evaluated"
     make_run(run, eval_every=0, beta=0.0)
+    make_run(evaluated)
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "eval.png").write_bytes(b"stale")
+    write_report([evaluated], out)
+    assert (out / "eval.png").is_file()  # the earlier report's, which would mislead
     page = write_report([run], out).read_text()
     for name in ("eval", "kl"):
         assert not (out / f"{name}.png").exists()
@@ -287,6 +288,33 @@ def test_runs_with_the_same_name_are_told_apart(tmp_path):
         [tmp_path / "a" / "run", tmp_path / "b" / "run"], tmp_path / "out"
     ).read_text()
     assert "<td>a/run</td>" in page and "<td>b/run</td>" in page
+
+
+def test_a_report_replaces_no_file_a_report_did_not_write(tmp_path, capsys):
+    run = tmp_path / "run"
+    make_run(run, eval_every=0)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("eval.png", "reward.png", "report.html", "notes.txt"):
+        (mine / name).write_text(f"the user's {name}")
+    with pytest.raises(UserError, match=r"mine: holds reward.png, which no oncurve report wrote; "):
+        write_report([run], mine)
+    assert {p.name: p.read_text() for p in mine.iterdir()} == {
+        name: f"the user's {name}"
+        for name in ("eval.png", "reward.png", "report.html", "notes.txt")
+    }
+    (mine / "eval.png").unlink(), (mine / "reward.png").unlink(), (mine / "report.html").unlink()
+    write_report([run], mine)  # beside files of other names: written, those kept
+    assert (mine / "notes.txt").read_text() == "the user's notes.txt"
+    write_report([run], mine)  # and again: its own page marks the folder as a report's
+    assert main(["report", str(run), "--out", str(mine / "notes.txt")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"oncurve: error: {mine / 'notes.txt'}: is a file; name a directory for the report"
+    )
+    assert main(["report", str(run), str(mine / ".." / "run"), "--out", str(mine)]) == 2
+    assert (
+        capsys.readouterr().err.strip() == f"oncurve: error: {mine}/../run: given twice (as {run})"
+    )
 
 
 @pytest.mark.parametrize(

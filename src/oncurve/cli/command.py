@@ -301,7 +301,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = commands.add_parser("report", help="plots and an HTML page of one or more runs")
     report.add_argument("run_dirs", nargs="+")
-    report.add_argument("--out")
+    report.add_argument(
+        "--out",
+        help="directory for the figures and report.html (default: RUN/report for one run, "
+        "./report for several); it may hold a report's files only beside that report's page",
+    )
     report.set_defaults(run=report_command)
     return parser
 

@@ -16,6 +16,8 @@ from oncurve.report.figures import FIGURES, FigureSpec, metric_name
 from oncurve.report.runs import Run
 from oncurve.run.metrics import SAMPLES_FILE, iter_jsonl
 
+# how a report's page begins its title: what marks a folder's report.html as a report's
+PAGE_TITLE = b"<title>oncurve report: "
 SAMPLES_PER_STEP = 4  # rows shown for each of the early, middle and late steps
 
 
@@ -198,7 +200,7 @@ def page(runs: list[Run], figures: list[str], samples: list[str], config: str) -
     links += ' <a href="#samples">Samples</a> <a href="#config">Config</a>'
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>oncurve report: {html.escape(names)}</title><style>{STYLE}</style></head><body>"
+        f"{PAGE_TITLE.decode()}{html.escape(names)}</title><style>{STYLE}</style></head><body>"
         f"<h1>oncurve report</h1>{_summary_table(runs)}<nav>{links}</nav>"
         + "".join(figures)
         + '<section id="samples"><h2>Sample completions</h2><p class="caption">'

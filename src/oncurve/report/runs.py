@@ -12,7 +12,7 @@ from oncurve.errors import UserError
 from oncurve.run.metrics import METRICS_FILE, iter_jsonl
 
 
-@dataclass
+@dataclass(eq=False)  # a run is itself: its arrays have no truth value to compare by
 class Run:
     """The metrics of one run: metric name -> (steps [S], values [S]), sorted by step, and the
     names of the metrics logged with no finite value (null at every step)."""
