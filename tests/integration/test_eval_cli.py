@@ -215,3 +215,38 @@ def test_no_usable_reference_is_null_accuracy_in_strict_json(tmp_path, capsys):
     assert (summary["accuracy"], summary["unscored"]) == (None, 1.0)
     row = json.loads(out.read_text())
     assert (row["greedy_correct"], row["samples_correct"]) == (None, None)
+
+
+def test_eval_of_a_multi_turn_run_plays_its_episodes_as_the_trainer(
+    tiny_model_dir, data_file, tmp_path, capsys
+):
+    """A run with `rollout.env` is scored on the episodes it plays (the environment's reward),
+    as its trainer's evaluation scored it; single-turn completions would fail to score."""
+    run_dir = tmp_path / "run"
+    config = load_config(
+        None,
+        [f"model.path={tiny_model_dir}", f"data.path={data_file}", f"eval.path={data_file}",
+         "eval.num_prompts=6", "eval.samples=2", "data.prompts_per_step=2",
+         "rollout.group_size=2", "rollout.max_new_tokens=8", "rollout.stop=[1, 2, 3]",
+         "rollout.env=helpers.rewards_for_tests:DigitsEnv", "rollout.max_turns=2",
+         "rollout.max_observation_tokens=16", "reward.timeout=null", "run.steps=1",
+         "run.preflight=false", "run.device=cpu", f"run.dir={run_dir}"],
+    )  # fmt: skip
+    result = train(config, quiet=True)
+    got = eval_json(capsys, "--run", str(run_dir))
+    assert got["scorer"] == (
+        "rollout.env helpers.rewards_for_tests:DigitsEnv: the episode's reward"
+    )
+    assert got["n"] == 6
+    for metric in ("accuracy", "mean@2", "pass@2"):
+        assert got[metric] == pytest.approx(result.eval_after[metric], abs=1e-9)
+
+
+def test_a_tasks_scorer_needs_the_files_answers_before_anything_is_sampled(tmp_path, capsys):
+    data = tmp_path / "no_answers.jsonl"
+    data.write_text('{"prompt": "0012+0034="}\n')
+    argv = ["eval", "--device", "cpu", "--model", "default", "--task", "arith", "--data"]
+    assert main([*argv, str(data)]) == 2  # it read as accuracy 0.0
+    assert capsys.readouterr().err.strip() == (
+        f"oncurve: error: {data} line 1: missing field 'answer' (fields: prompt)"
+    )

@@ -232,7 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--config", help="config name of a Hub dataset (default: the run's)")
     ev.add_argument(
-        "--split", help="split of a Hub dataset (default: the run's eval.split, else test)"
+        "--split",
+        help="split of a Hub dataset or saved DatasetDict (default: test; with --run and no "
+        "--data, the run's eval.split)",
     )
     ev.add_argument("--prompt-field", help="column of the prompt (default: the run's, or prompt)")
     ev.add_argument("--answer-field", help="column of the answer (default: the run's, or answer)")

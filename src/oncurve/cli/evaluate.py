@@ -22,16 +22,20 @@ def eval_command(args: argparse.Namespace) -> int:
     from oncurve.data.prompts import PromptData
     from oncurve.loop.evaluate import evaluate
     from oncurve.rewards.extraction import extract_answer
-    from oncurve.rewards.registry import ANSWER_MATCH_REWARDS
+    from oncurve.rewards.registry import episode_reward
     from oncurve.rewards.runner import runner_settings
     from oncurve.run.metrics import json_value
+    from oncurve.run.setup import episode_settings
 
     config, config_file = run_config(args)
     chosen = sampling(args, config, config_file)
     sampler, model = load_sampler(args, config)
     data = prompt_format(args, config, sampler.tokenizer)
-    scorer, correct = _eval_scorer(args, config)
-    rows = _eval_rows(args, config, data, needs_answer=correct in ANSWER_MATCH_REWARDS)
+    scorer, correct, reads_answer = _eval_scorer(args, config)
+    rows = _eval_rows(args, config, data, needs_answer=reads_answer)
+    # a run trained on episodes is scored on the episodes it plays, as its trainer scored it
+    played = config is not None and config.rollout.env is not None and correct is episode_reward
+    episodes = episode_settings(config, sampler.tokenizer) if played else None
     rows = PromptData(rows, sampler.tokenizer, data, seed=0).rows
     longest = max(len(row["prompt_ids"]) for row in rows)
     max_new_tokens = fitted_new_tokens(chosen, longest, model.config)
@@ -44,6 +48,7 @@ def eval_command(args: argparse.Namespace) -> int:
         samples=args.samples or (config.eval.samples if config is not None else 1),
         batch_size=config.eval.batch_rows if config is not None else 256,
         records=records,
+        episodes=episodes,
         **runner_settings((config or Config()).reward),
     )
     if args.out:
@@ -67,28 +72,36 @@ def eval_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_scorer(args: argparse.Namespace, config) -> tuple[str, Callable]:
-    """(name, function) of the reward that decides correctness: `--reward`, else `--task`'s,
-    else the run's (`--run`), else the built-in `correct` (answers read as data.answer_format
-    says)."""
+def _eval_scorer(args: argparse.Namespace, config) -> tuple[str, Callable, bool]:
+    """(name, function, whether it reads a reference answer) of the reward that decides
+    correctness: `--reward`, else `--task`'s, else the run's (`--run`: with `rollout.env`, the
+    episode's reward), else the built-in `correct` (answers read as data.answer_format says)."""
     from oncurve.data.prompts import correctness_fn
     from oncurve.data.tasks import get_task
-    from oncurve.rewards.registry import BUILTINS, resolve_reward
+    from oncurve.rewards.registry import (
+        ANSWER_MATCH_REWARDS,
+        BUILTINS,
+        episode_reward,
+        resolve_reward,
+    )
 
     if args.reward:
-        return resolve_reward(args.reward)
+        name, fn = resolve_reward(args.reward)
+        return name, fn, fn in ANSWER_MATCH_REWARDS
     if args.task:
         task = get_task(args.task, given="--task")
-        return f"{args.task} task's correct", task.reward_fns()["correct"]
+        return f"{args.task} task's correct", task.reward_fns()["correct"], True
     if config is None:
-        return resolve_reward("correct")
+        return *resolve_reward("correct"), True
     on_task = config.data.task and not config.data.path
     task = get_task(config.data.task, config.data.task_options) if on_task else None
     fn = correctness_fn(config, task)
+    if fn is episode_reward:
+        return f"rollout.env {config.rollout.env}: the episode's reward", fn, False
     if task is not None and "correct" in task.reward_fns():
-        return f"{config.data.task} task's correct", fn
+        return f"{config.data.task} task's correct", fn, True
     builtin = next((name for name, f in BUILTINS.items() if f == fn), None)
-    return builtin or getattr(fn, "__name__", "the run's reward"), fn
+    return builtin or getattr(fn, "__name__", "the run's reward"), fn, fn in ANSWER_MATCH_REWARDS
 
 
 def _eval_rows(args: argparse.Namespace, config, data, needs_answer: bool) -> list[dict]:
@@ -96,11 +109,17 @@ def _eval_rows(args: argparse.Namespace, config, data, needs_answer: bool) -> li
     the run's eval.path, else the run's task's held-out problems."""
     from oncurve.data.prompts import held_out_examples, read_rows
     from oncurve.data.tasks import get_task
+    from oncurve.envs.verifiers_envs import PREFIX as VERIFIERS_PREFIX
+    from oncurve.envs.verifiers_envs import environment_rows
 
     if args.data is not None:
         return read_rows(args.data, data, args.split or "test", require_answer=needs_answer)
     if config is not None and config.eval.num_prompts == 0:
         raise UserError("the run evaluated no held-out prompts (eval.num_prompts=0): give --data")
+    env = config.rollout.env if config is not None else None
+    if env is not None and env.startswith(VERIFIERS_PREFIX):  # the environment's own rows
+        rows = environment_rows(env, config.rollout.env_args, "eval")
+        return rows[: config.eval.num_prompts]
     if config is not None and config.eval.path:
         split = args.split or config.eval.split
         rows = read_rows(config.eval.path, data, split, require_answer=needs_answer)
