@@ -27,9 +27,15 @@ def get_task(name: str, options: dict[str, Any] | None = None, *, given: str = "
     """The built-in task called `name`, built with the keyword arguments `options`
     (`data.task_options`); an unknown name is a UserError naming where it was `given`."""
     if name.startswith(_GYM_PREFIX):
-        from oncurve.data.tasks.gym import GymTask
+        from oncurve.data.tasks.gym import GymTask, UnknownDataset
 
-        make, args = GymTask, (name[len(_GYM_PREFIX) :],)
+        def make(dataset: str, **options: Any) -> Task:
+            try:
+                return GymTask(dataset, **options)
+            except UnknownDataset as err:
+                raise UserError(f"{given}: {err}") from None
+
+        args = (name[len(_GYM_PREFIX) :],)
     elif name in _TASKS:
         module, cls = _TASKS[name]
         make, args = getattr(importlib.import_module(module), cls), ()
@@ -39,6 +45,8 @@ def get_task(name: str, options: dict[str, Any] | None = None, *, given: str = "
         return make(*args)
     try:
         return make(*args, **options)
+    except UserError:
+        raise
     except (TypeError, ValueError) as err:
         raise UserError(f"data.task_options {options} do not fit task {name}: {err}") from None
 

@@ -27,6 +27,10 @@ def _reasoning_gym() -> Any:
     return reasoning_gym
 
 
+class UnknownDataset(UserError):
+    """A `gym:` name that reasoning-gym has no dataset of (`get_task` says where it was given)."""
+
+
 class GymTask:
     """The reasoning-gym dataset `dataset` (e.g. "basic_arithmetic", "leg_counting"), with
     `config` its dataset settings. Where reasoning-gym has a curriculum for the dataset, it is a
@@ -42,8 +46,8 @@ class GymTask:
         rg = _reasoning_gym()
         names = sorted(rg.factory.DATASETS)
         if dataset not in names:
-            raise UserError(
-                f"data.task=gym:{dataset}: unknown reasoning-gym dataset; choices: {', '.join(names)}"
+            raise UnknownDataset(
+                f"unknown reasoning-gym dataset {dataset!r}; choices: {', '.join(names)}"
             )
         self.name = f"gym:{dataset}"
         self.dataset_name = dataset

@@ -29,11 +29,13 @@ def test_gym_task_scores_with_dataset_scorer(dataset):
     assert result.total.tolist() == [1.0, 1.0, 0.0, 0.0]
 
 
-def test_unknown_gym_dataset_lists_choices():
+def test_unknown_gym_dataset_names_where_it_was_given_and_lists_choices():
     with pytest.raises(
-        ValueError, match=r"gym:no_such_set: unknown reasoning-gym dataset; .*leg_counting"
+        ValueError, match=r"^data.task: unknown reasoning-gym dataset 'no_such_set'; .*leg_counting"
     ):
         get_task("gym:no_such_set")
+    with pytest.raises(ValueError, match=r"^--task: unknown reasoning-gym dataset 'no_such_set'"):
+        get_task("gym:no_such_set", {"size": 3}, given="--task")
 
 
 def test_unknown_task_lists_choices():
