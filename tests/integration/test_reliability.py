@@ -639,6 +639,17 @@ def test_overwrite_replaces_a_previous_run_but_never_deletes_foreign_files(
     ]
     assert (run_dir / "final" / "NOTES.md").read_text() == "mine"
     assert [r["step"] for r in metric_rows(run_dir)] == [1, 2]
+    # a file of yours named as a run's folder is none of the run's
+    shutil.rmtree(run_dir / "final")
+    (run_dir / "final").write_text("mine")
+    assert main(["train", "--quiet", *resume]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"oncurve: error: {run_dir / 'final'} is a file no run wrote, and the resumed run "
+        "writes its final model there when it ends: move it out first"
+    ]
+    assert main(["train", "--quiet", *args, "run.overwrite=true"]) == 2
+    assert "holds files no run wrote (final)" in capsys.readouterr().err
+    assert (run_dir / "final").read_text() == "mine"
 
 
 def test_a_killed_rewrite_is_cleaned_at_the_next_start_and_modes_follow_the_umask(

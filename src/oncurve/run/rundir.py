@@ -74,6 +74,8 @@ RUN_FILES = {
     "final",
     "report",
 }
+# The folders among them (the others are files).
+_RUN_FOLDERS = set(_RUN_WRITTEN)
 
 
 @dataclass
@@ -198,12 +200,7 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None, Replaced]:
         if contents:
             # Neither resume=auto (restarting a run killed before its first checkpoint) nor
             # run.overwrite deletes files that no run wrote: run.dir may point at the wrong one.
-            foreign = sorted(
-                p.name
-                for p in contents
-                if (p.name not in RUN_FILES and not _LEFTOVER.match(p.name))
-                or (p.name == "config.yaml" and not _run_config(p))
-            )
+            foreign = sorted(p.name for p in contents if not _run_entry(p))
             foreign += [str(p.relative_to(run_dir)) for p in _foreign_inside(run_dir)][:3]
             if foreign:
                 raise UserError(
@@ -229,10 +226,28 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None, Replaced]:
     return run_dir, None, Replaced(entries=contents)
 
 
+def _run_entry(path: Path) -> bool:
+    """Whether `path`, an entry of a run directory, is what a run writes there: one of its
+    names, of the kind a run writes under it (a user's file named `final` is no final model),
+    and a config.yaml as a run writes it."""
+    if _LEFTOVER.match(path.name):
+        return True
+    if path.name not in RUN_FILES:
+        return False
+    if path.name == "config.yaml":
+        return _run_config(path)
+    return path.is_dir() == (path.name in _RUN_FOLDERS)
+
+
 def _refuse_foreign_final(run_dir: Path) -> None:
-    """UserError when the run's final/ holds files no run wrote: a resumed run replaces
-    final/ whole when it ends."""
+    """UserError when the run's final/ holds files no run wrote, or is a file: a resumed run
+    replaces final/ whole when it ends."""
     final = run_dir / "final"
+    if final.exists() and not final.is_dir():
+        raise UserError(
+            f"{final} is a file no run wrote, and the resumed run writes its final model "
+            "there when it ends: move it out first"
+        )
     foreign = [
         p.relative_to(final).as_posix() for p in _foreign_inside(run_dir) if final in p.parents
     ]
