@@ -14,10 +14,14 @@ nothing, and on a hard task most groups are such. Two samplers spend fewer rollo
   of its last `WINDOW` steps reaches `data.curriculum_threshold`.
 
 Both are weights over the training rows (`PromptData.rows`). A step's prompts are drawn from
-them without replacement by a generator seeded with (run seed, step), so every rank draws the
-same prompts and a resumed run draws what an uninterrupted one draws, given the state, which
+them by a generator seeded with (run seed, step), without replacement while rows with weight
+are left and then with replacement: a difficulty level with fewer rows than a step takes
+repeats prompts within the step (`curriculum_notes`, said at start). Every rank draws the same
+prompts and a resumed run draws what an uninterrupted one draws, given the state, which
 checkpoints keep (`state_dict`). The state moves once per step, from the pass rates of every
 group of every rank and sampling round (`gather_pass_rates`), so it is the same on every rank.
+A saved state is loaded only into the rows it fits (`load_state_dict`): pass rates of as many
+rows as the run has, a level its rows have, the same curriculum; else a `UserError`.
 
 The state and the pass rates live on the CPU whatever the model's device: they pick Python
 rows, are summed across ranks as lists, and go into the checkpoint's JSON.
@@ -36,6 +40,7 @@ import torch
 
 from oncurve import distributed
 from oncurve.config import Config
+from oncurve.errors import UserError
 
 # The weight of a visit's pass rate in a prompt's running rate: a prompt's last visits decide
 # whether it is set aside, as a model that learns leaves its old verdicts behind.
@@ -81,7 +86,7 @@ def pass_rate_weights(rates: torch.Tensor, group_size: int, floor: float) -> tor
 def draw_rows(weights: torch.Tensor, count: int, generator: torch.Generator) -> list[int]:
     """`count` indices of `weights` `[R]` drawn in proportion to them: without replacement
     while rows with weight are left, then the rest with replacement (so the first draws, a
-    step's first round, hold no row twice)."""
+    step's first round, hold no row twice unless fewer than they have weight)."""
     distinct = min(count, int((weights > 0).sum()))
     picks = torch.multinomial(weights, distinct, replacement=False, generator=generator)
     if count > distinct:
@@ -148,7 +153,9 @@ class Curriculum(abc.ABC):
         """The state, JSON-able (a checkpoint's `state.json` holds it)."""
 
     @abc.abstractmethod
-    def load_state_dict(self, state: dict) -> None: ...
+    def load_state_dict(self, state: dict) -> None:
+        """Take `state` (`state_dict`'s); a `UserError` naming the setting when it does not fit
+        these rows (a resume that forced other data or another curriculum)."""
 
     def draw(self, step: int, size: int, round_: int = 0, rounds_per_step: int = 1) -> list[int]:
         """The `size` row indices of sampling round `round_` of step `step`: a slice of one
@@ -203,13 +210,28 @@ class PassRateCurriculum(Curriculum):
 
     def state_dict(self) -> dict:
         tried = (~self.rates.isnan()).nonzero().flatten()
-        return {"rows": tried.tolist(), "rates": self.rates[tried].tolist()}
+        return {
+            "size": len(self.rates),
+            "rows": tried.tolist(),
+            "rates": self.rates[tried].tolist(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
+        if "rates" not in state:
+            raise other_curriculum("pass_rate", state)
+        rows = torch.tensor(state["rows"], dtype=torch.long)
+        count = len(self.rates)
+        saved = state.get("size")  # the states of older checkpoints lack it: their rows tell
+        if saved is None and len(rows) and not 0 <= int(rows.min()) <= int(rows.max()) < count:
+            saved = f"more than {count}"
+        if saved is not None and saved != count:
+            raise UserError(
+                f"data.curriculum=pass_rate: the checkpoint holds the pass rates of {saved} "
+                f"training rows and the run has {count}: resume with the training rows it had "
+                "(data.num_train, data.rows), or start a new run.dir"
+            )
         self.rates = torch.full_like(self.rates, math.nan)
-        self.rates[torch.tensor(state["rows"], dtype=torch.long)] = torch.tensor(
-            state["rates"], dtype=torch.float64
-        )
+        self.rates[rows] = torch.tensor(state["rates"], dtype=torch.float64)
 
 
 class DifficultyCurriculum(Curriculum):
@@ -247,8 +269,56 @@ class DifficultyCurriculum(Curriculum):
         return {"level": self.level, "window": [list(entry) for entry in self.window]}
 
     def load_state_dict(self, state: dict) -> None:
+        if "level" not in state:
+            raise other_curriculum("difficulty", state)
+        if not 0 <= int(state["level"]) < self.levels:
+            raise UserError(
+                f"data.curriculum=difficulty: the checkpoint is at level {state['level']} and the "
+                f"run's training rows have levels 0 to {self.levels - 1}: resume with the data "
+                "it had, or start a new run.dir"
+            )
         self.level = int(state["level"])
         self.window = [(float(total), int(count)) for total, count in state["window"]]
+
+
+def other_curriculum(kind: str, state: dict) -> UserError:
+    """The error for a saved curriculum state that is not `kind`'s (a resume that forced
+    `data.curriculum`): each curriculum's state means nothing to another."""
+    saved = "difficulty" if "level" in state else "pass_rate" if "rates" in state else None
+    if saved is None:
+        return UserError(
+            f"data.curriculum={kind}: the checkpoint's curriculum state is neither pass_rate's "
+            "nor difficulty's: resume from another checkpoint, or start a new run.dir"
+        )
+    return UserError(
+        f"data.curriculum={kind}: the checkpoint holds the state of data.curriculum={saved}, "
+        f"which does not fit it: resume with data.curriculum={saved}, or start a new run.dir"
+    )
+
+
+def curriculum_notes(config: Config, rows: list[dict]) -> list[str]:
+    """What the start-up report says of the curriculum over the training rows `rows`: the
+    difficulty levels with fewer rows than a step takes, whose steps repeat prompts (the draw
+    goes on with replacement once a level's rows are drawn)."""
+    data = config.data
+    if data.curriculum != "difficulty":
+        return []
+    per_step = data.prompts_per_step
+    counts = torch.tensor([row["level"] for row in rows]).bincount().tolist()
+    short = {level: count for level, count in enumerate(counts) if count < per_step}
+    if not short:
+        return []
+    if len(set(counts)) == 1:
+        return [
+            f"data.curriculum=difficulty: each of the {len(counts)} levels has {counts[0]} "
+            f"training rows, fewer than data.prompts_per_step={per_step}: each step repeats prompts"
+        ]
+    listed = ", ".join(f"level {level}: {count}" for level, count in short.items())
+    return [
+        f"data.curriculum=difficulty: {len(short)} of the {len(counts)} levels have fewer "
+        f"training rows than data.prompts_per_step={per_step} ({listed}): a step at one of them "
+        "repeats prompts"
+    ]
 
 
 def build_curriculum(config: Config, rows: list[dict]) -> Curriculum | None:

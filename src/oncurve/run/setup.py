@@ -35,7 +35,7 @@ from oncurve.config.resume_settings import (
     prompt_answer_fingerprint,
     refusal,
 )
-from oncurve.data.curriculum import build_curriculum
+from oncurve.data.curriculum import build_curriculum, curriculum_notes
 from oncurve.data.prompts import (
     PromptData,
     correctness_fn,
@@ -453,7 +453,8 @@ def startup_notes(
     task: Any = None,
 ) -> list[str]:
     """What the start-up report says of the run's choices beyond the settled ones: a LoRA
-    dropout (which no forward applies), fewer training rows than a step takes, held-out prompts
+    dropout (which no forward applies), fewer training rows than a step takes (or than a
+    difficulty level holds), held-out prompts
     that are training prompts too, fewer held-out problems in a task than eval.num_prompts
     asks, the column the reference answers were found in when the config does not name it and
     it is not `answer`, and which rewards the curriculum and dynamic sampling read."""
@@ -470,6 +471,7 @@ def startup_notes(
             f"data: {rows} training rows, fewer than data.prompts_per_step={per_step}: each step "
             "repeats prompts"
         )
+    notes.extend(curriculum_notes(config, data.rows))
     evaluates = config.eval.at_start_end or config.eval.every > 0
     if eval_data is not None and evaluates:
         seen = {tuple(row["prompt_ids"]) for row in data.rows}

@@ -18,6 +18,7 @@ from oncurve.data.curriculum import (
     WINDOW,
     DifficultyCurriculum,
     PassRateCurriculum,
+    curriculum_notes,
     draw_rows,
     gather_pass_rates,
     group_pass_rates,
@@ -192,6 +193,59 @@ def test_the_difficulty_curriculum_draws_its_level_and_moves_up_after_a_window()
         assert set(sampler.draw(1, 2)) == {2, 3}
 
 
+def test_a_saved_state_that_does_not_fit_the_rows_is_a_one_line_error_naming_the_setting():
+    """A resume that forced other data or another curriculum: the saved state is checked
+    against the rows it is loaded for, never indexed past them."""
+    six = PassRateCurriculum(6, seed=0, group_size=4, floor=0.1)
+    six.update(torch.tensor([0, 5]), torch.tensor([0.5, 1.0]))
+    saved = json.loads(json.dumps(six.state_dict()))
+    three = PassRateCurriculum(3, seed=0, group_size=4, floor=0.1)
+    with pytest.raises(UserError, match=r"^data.curriculum=pass_rate: .* of 6 training rows and "):
+        three.load_state_dict(saved)
+    fewer_tried = PassRateCurriculum(6, seed=0, group_size=4, floor=0.1)
+    fewer_tried.update(torch.tensor([0, 1]), torch.tensor([0.5, 1.0]))  # rows that would fit
+    with pytest.raises(UserError, match="of 6 training rows and the run has 3"):
+        three.load_state_dict(fewer_tried.state_dict())
+    # a state without its row count (older checkpoints) is checked by the rows it names
+    with pytest.raises(
+        UserError, match="pass rates of more than 3 training rows and the run has 3"
+    ):
+        three.load_state_dict({"rows": [0, 5], "rates": [0.5, 1.0]})
+    three.load_state_dict({"rows": [2], "rates": [0.25]})
+    same(three.rates, [NAN, NAN, 0.25])
+    levels = DifficultyCurriculum([0, 0, 1, 1], seed=0, threshold=0.5)
+    with pytest.raises(UserError, match="^data.curriculum=difficulty: .*data.curriculum=pass_rate"):
+        levels.load_state_dict(saved)
+    with pytest.raises(UserError, match="^data.curriculum=pass_rate: .*data.curriculum=difficulty"):
+        three.load_state_dict(levels.state_dict())
+    with pytest.raises(
+        UserError, match="at level 3 and the run's training rows have levels 0 to 1"
+    ):
+        levels.load_state_dict({"level": 3, "window": []})
+
+
+def test_a_level_with_fewer_rows_than_a_step_repeats_prompts_and_says_so_at_start():
+    """The draw goes on with replacement once a level's rows are drawn, unchanged so that runs
+    and resumes stay bit-identical; the start-up report names the levels it happens at."""
+    curriculum = DifficultyCurriculum([0, 0, 1, 1, 2, 2, 3, 3], seed=0, threshold=0.8)
+    picks = curriculum.draw(1, 4)
+    assert sorted(picks[:2]) == [0, 1] and set(picks) == {0, 1}  # both rows first, then again
+    config = load_config(None, ["data.curriculum=difficulty", "data.prompts_per_step=4"])
+    rows = [{"level": level} for level in (0, 0, 1, 1, 2, 2, 3, 3)]
+    assert curriculum_notes(config, rows) == [
+        "data.curriculum=difficulty: each of the 4 levels has 2 training rows, fewer than "
+        "data.prompts_per_step=4: each step repeats prompts"
+    ]
+    uneven = [{"level": level} for level in (0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2)]
+    assert curriculum_notes(config, uneven) == [
+        "data.curriculum=difficulty: 1 of the 3 levels have fewer training rows than "
+        "data.prompts_per_step=4 (level 1: 3): a step at one of them repeats prompts"
+    ]
+    assert curriculum_notes(config, [{"level": level} for level in (0,) * 4 + (1,) * 4]) == []
+    pass_rate = load_config(None, ["data.curriculum=pass_rate", "data.prompts_per_step=4"])
+    assert curriculum_notes(pass_rate, rows[:2]) == []  # the plain note on all rows says it
+
+
 # --- tasks: levels and options --------------------------------------------------------------
 
 
@@ -340,3 +394,16 @@ def test_a_resume_keeps_the_curriculum_it_was_saved_with(tiny_model_dir, tmp_pat
     forced = "run.force_changes=[data.curriculum]"
     with pytest.raises(UserError, match="written without data.curriculum=pass_rate"):
         setup(job(tiny_model_dir, run_dir, *resume, forced))
+
+
+def test_a_resume_that_forces_fewer_rows_under_a_curriculum_is_a_one_line_error(
+    tiny_model_dir, tmp_path
+):
+    run_dir = tmp_path / "run"
+    trainer.train(
+        job(tiny_model_dir, run_dir, "run.steps=1", "data.curriculum=pass_rate"), quiet=True
+    )
+    fewer = ("data.curriculum=pass_rate", "data.num_train=20", "run.resume=auto")
+    forced = "run.force_changes=[data.num_train,data.rows]"
+    with pytest.raises(UserError, match="pass rates of 40 training rows and the run has 20"):
+        setup(job(tiny_model_dir, run_dir, *fewer, forced))
