@@ -11,6 +11,7 @@ import math
 import os
 import re
 import shutil
+import struct
 import sys
 import tempfile
 from importlib import resources
@@ -34,7 +35,8 @@ GGUF_TRANSFORMERS = "5.18"
 
 # The top-level files of a Hub snapshot transformers loads a model from: config, safetensors
 # weights, tokenizer, chat template, custom code; not the ONNX, GGUF, original or other-framework
-# checkpoints many repositories hold besides (`*/*` leaves out every subfolder).
+# checkpoints many repositories hold besides (`*/*` leaves out every subfolder), nor PyTorch
+# `.bin` weights, which are pickles: loading one unpickles a file from the network.
 HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.jinja", "*.py"]
 
 
@@ -106,22 +108,17 @@ def require_gguf(subject: str) -> None:
 
 def _hub_snapshot(repo_id: str, revision: str | None, what: str, revision_name: str) -> Path:
     """The snapshot directory of Hub model `repo_id` in the Hugging Face cache, downloaded when
-    missing; PyTorch `.bin` weights only for a repository without safetensors ones."""
+    missing; a one-line error for a repository without safetensors weights."""
     import huggingface_hub
     from huggingface_hub import errors
 
-    def snapshot(patterns: list[str]) -> Path:
-        return Path(
-            huggingface_hub.snapshot_download(
-                repo_id, revision=revision, allow_patterns=patterns, ignore_patterns=HUB_SKIP
-            )
-        )
-
     network = _network_errors()
     try:
-        folder = snapshot(HUB_FILES)
-        if not any(folder.glob("*.safetensors")) and (folder / "config.json").is_file():
-            folder = snapshot([*HUB_FILES, "*.bin"])
+        folder = Path(
+            huggingface_hub.snapshot_download(
+                repo_id, revision=revision, allow_patterns=HUB_FILES, ignore_patterns=HUB_SKIP
+            )
+        )
     except errors.GatedRepoError:
         raise UserError(
             f"{what} {repo_id} is gated on the Hugging Face Hub: accept its terms at "
@@ -154,6 +151,12 @@ def _hub_snapshot(repo_id: str, revision: str | None, what: str, revision_name: 
         raise UserError(
             f"{what} {repo_id} on the Hugging Face Hub has no config.json (not a transformers "
             "model; for a GGUF repository download the .gguf file and give its path)"
+        )
+    if not any(folder.glob("*.safetensors")):
+        raise UserError(
+            f"{what} {repo_id} on the Hugging Face Hub has no safetensors weights; oncurve does "
+            "not load PyTorch .bin weights (pickles, which can run code when loaded): pick a "
+            f"revision or copy that has them, or {_CONVERT}"
         )
     return folder
 
@@ -204,14 +207,43 @@ def _pretrained_tokenizer(path: Path, trust_remote_code: bool) -> PreTrainedToke
         return AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code, **gguf)
     except errors as err:
         raise UserError(
-            f"cannot load a tokenizer from {path}: {str(err).splitlines()[0]}"
+            f"cannot load a tokenizer from {path}: {_load_failure(err, bool(gguf))}"
         ) from None
 
 
 # What a damaged weights file raises in `from_pretrained` (safetensors' header errors, a shape
-# mismatch), beside a missing or unreadable one; and a GGUF file without a field it needs.
+# mismatch), beside a missing or unreadable one; and a GGUF file without a field it needs, or
+# cut short (the gguf reader unpacks its header with `struct`).
 _LOAD_ERRORS = (OSError, ValueError, ImportError, RuntimeError, SafetensorError)
-_GGUF_ERRORS = (KeyError, TypeError, AttributeError)
+_GGUF_ERRORS = (KeyError, TypeError, AttributeError, struct.error)
+
+_CONVERT = (
+    "convert it to safetensors on a machine where you trust the file: load it with "
+    "transformers' AutoModelForCausalLM.from_pretrained(DIR) and save it with "
+    "save_pretrained(NEW_DIR, safe_serialization=True)"
+)
+_REMOTE_CODE_SETTING = "model.trust_remote_code=true (--trust-remote-code for oncurve sample/eval)"
+
+
+def _load_failure(err: BaseException, gguf: bool) -> str:
+    """Why `from_pretrained` failed, in one line: transformers' first line, or what it means."""
+    message = str(err)
+    if gguf and (isinstance(err, struct.error) or "cannot reshape array" in message):
+        # the gguf reader's view of a file that ends before its header or tensors do
+        return f"the GGUF file is truncated or damaged ({_first(err)})"
+    if "trust_remote_code" in message:
+        return (
+            f"it ships its own Python code (auto_map), which runs only with "
+            f"{_REMOTE_CODE_SETTING}; set that only for code you trust"
+        )
+    if "ignore_mismatched_sizes" in message:
+        return "a weight's shape is not the one its config.json gives"
+    return _first(err)
+
+
+def _first(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__
 
 
 def _pretrained_source(path: Path) -> tuple[Path, dict[str, Any]]:
@@ -243,12 +275,19 @@ def load_model(
     trust_remote_code: bool = False,
 ) -> torch.nn.Module:
     """A causal LM in eval mode (dropout off: RL's ratio must compare like with like), from a
-    model directory or a GGUF file (dequantized: its weights train like any other's)."""
+    model directory with safetensors weights (never pickled `.bin` ones) or a GGUF file
+    (dequantized: its weights train like any other's)."""
     path = Path(path)
     where, extra = _pretrained_source(path)
-    if extra:
+    gguf = bool(extra)
+    if gguf:
         extra.update(_dequantized_gguf())
-    errors = _LOAD_ERRORS + (_GGUF_ERRORS if extra else ())
+    else:
+        if path.is_dir():
+            _require_safetensors(path)
+        # never fall back on PyTorch `.bin` (pickle) or other-framework weights
+        extra["use_safetensors"] = True
+    errors = _LOAD_ERRORS + (_GGUF_ERRORS if gguf else ())
     try:
         model, loading = AutoModelForCausalLM.from_pretrained(
             where,
@@ -258,10 +297,7 @@ def load_model(
             **extra,
         )
     except errors as err:
-        why = str(err).splitlines()[0] if str(err) else type(err).__name__
-        if "ignore_mismatched_sizes" in why:
-            why = "a weight's shape is not the one its config.json gives"
-        raise UserError(f"cannot load a model from {path}: {why}") from None
+        raise UserError(f"cannot load a model from {path}: {_load_failure(err, gguf)}") from None
     # transformers initialises what the files lack at random and only logs it: a model that is
     # not the one named
     missing = loading.get("missing_keys") or loading.get("mismatched_keys")
@@ -271,9 +307,43 @@ def load_model(
             f"cannot load a model from {path}: its weight files are missing {len(names)} of its "
             f"tensors ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
         )
-    if extra:
+    if gguf:
         _drop_gguf_quantizer(model)
+    elif not trust_remote_code and _auto_map(path):
+        print(
+            f"note: {path} ships its own model code (auto_map in config.json), which does not "
+            f"run: this is transformers' own {type(model).__name__} (to run that code, for code "
+            f"you trust: {_REMOTE_CODE_SETTING})",
+            file=sys.stderr,
+        )
     return model.to(device).eval()
+
+
+def _require_safetensors(path: Path) -> None:
+    """A one-line error unless model directory `path` holds safetensors weights: the others
+    (`pytorch_model.bin`, `.pt`, `.ckpt`) are pickles, and oncurve unpickles no user's file."""
+    if any(path.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+    found = (
+        f", only {', '.join(pickles[:3])} (PyTorch pickles, which can run code when loaded: "
+        "oncurve loads none)"
+        if pickles
+        else " (no *.safetensors file)"
+    )
+    raise UserError(
+        f"cannot load a model from {path}: it has no safetensors weights{found}; {_CONVERT}"
+    )
+
+
+def _auto_map(path: Path) -> dict[str, Any]:
+    """The `auto_map` of model directory `path`'s config.json: the custom classes it names."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    auto_map = config.get("auto_map") if isinstance(config, dict) else None
+    return auto_map if isinstance(auto_map, dict) else {}
 
 
 def _dequantized_gguf() -> dict[str, Any]:

@@ -100,14 +100,45 @@ def add_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
     try:
         return peft.get_peft_model(model, config)
     except ValueError as err:
-        raise UserError(f"model.lora.target_modules: {str(err).splitlines()[0]}") from None
+        # peft's message may hold a module's multi-line repr: all of it, on one line
+        raise UserError(f"model.lora.target_modules: {' '.join(str(err).split())}") from None
+
+
+# The layer types peft's LoRA adapts (`torch.nn.MultiheadAttention` too, which no causal LM of
+# transformers uses); anything else, a block of layers (`mlp`) above all, peft refuses.
+_ADAPTABLE = (
+    torch.nn.Linear,
+    torch.nn.Embedding,
+    torch.nn.Conv1d,
+    torch.nn.Conv2d,
+    torch.nn.Conv3d,
+    torch.nn.MultiheadAttention,
+)
+
+
+def _adaptable(module: torch.nn.Module) -> bool:
+    from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
+
+    return isinstance(module, (*_ADAPTABLE, Conv1D))
+
+
+def _linear_names(model: torch.nn.Module) -> str:
+    """The names of `model`'s linear layers but the output head: what target_modules takes."""
+    head = model.get_output_embeddings()
+    names = {
+        name.rsplit(".", 1)[-1]
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and module is not head
+    }
+    return ", ".join(sorted(names))
 
 
 def _check_targets(model: torch.nn.Module, targets: list[str]) -> None:
     """UserError naming `model.lora.target_modules` when a name matches no module (a default
-    list on a model whose layers are named otherwise would adapt some and skip the rest), or
-    names the output head (the training forward reads its weight: an adapter there never
-    trains) or an input embedding tied to it (merged into final/, it would change the head)."""
+    list on a model whose layers are named otherwise would adapt some and skip the rest), or a
+    module LoRA cannot adapt (a block such as `mlp`, a norm), or names the output head (the
+    training forward reads its weight: an adapter there never trains) or an input embedding
+    tied to it (merged into final/, it would change the head)."""
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
     tied = head is not None and embed is not None and head.weight is embed.weight
     matched = set()
@@ -126,11 +157,14 @@ def _check_targets(model: torch.nn.Module, targets: list[str]) -> None:
                 f"model.lora.target_modules: {hits[0]!r} is an embedding tied to the output "
                 "head: merged into final/, its adapter would change the head too; leave it out"
             )
+        if not _adaptable(module):
+            raise UserError(
+                f"model.lora.target_modules: {hits[0]!r} is a {type(module).__name__}, which "
+                f"LoRA cannot adapt; name linear layers (this model's: {_linear_names(model)})"
+            )
     unmatched = [t for t in targets if t not in matched]
     if unmatched and matched:
-        leaves = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
-                         if isinstance(m, torch.nn.Linear)})  # fmt: skip
         raise UserError(
             f"model.lora.target_modules: {', '.join(unmatched)} match no module of this model "
-            f"(its linear layers: {', '.join(leaves)}); name the ones to adapt"
+            f"(its linear layers: {_linear_names(model)}); name the ones to adapt"
         )

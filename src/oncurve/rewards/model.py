@@ -195,6 +195,7 @@ def _load(
             dtype=dtype,
             trust_remote_code=trust_remote_code,
             output_loading_info=True,
+            use_safetensors=True,  # never PyTorch `.bin` weights: pickles, which can run code
         )
     except (OSError, ValueError) as err:
         raise UserError(

@@ -112,13 +112,20 @@ def test_checkpoints_hold_the_adapter_and_resume_restores_it(tiny_model_dir, dat
         ("[q_proj,lm_head]", r"'lm_head' is the output head, which an adapter cannot train"),
         ("[embed_tokens]", r"'embed_tokens' is an embedding tied to the output head"),
         ("[q_proj,qkv_proj]", r"qkv_proj match no module of this model \(its linear layers: "),
+        (
+            "[mlp]",
+            r"'mlp' is a Qwen2MLP, which LoRA cannot adapt; name linear layers \(this "
+            r"model's: down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj\)$",
+        ),
+        ("[q_proj,norm]", r"'norm' is a Qwen2RMSNorm, which LoRA cannot adapt; name linear "),
     ],
 )
 def test_targets_an_adapter_could_not_train_are_one_line(tiny_model_dir, data_file, tmp_path,
                                                          targets, message):  # fmt: skip
     """The head's weight is read by the forward itself (an adapter there never trains), a tied
-    embedding's adapter would change the head when merged, and a name that matches nothing
-    leaves part of the model without adapters."""
+    embedding's adapter would change the head when merged, a name that matches nothing leaves
+    part of the model without adapters, and a block or a norm is no layer peft adapts (its
+    refusal quotes the module's multi-line repr)."""
     config = make_config(
         tiny_model_dir, data_file, tmp_path / "run", *LORA, f"model.lora.target_modules={targets}"
     )

@@ -217,6 +217,24 @@ def test_gguf_with_a_transformers_that_misreads_its_special_tokens_is_one_line(
     assert "needs transformers 5.18 or later" in message and "(this is 5.17.0)" in message
 
 
+@pytest.mark.parametrize("keep", [10, 30, 2000, -100], ids=lambda n: f"cut at {n}")
+def test_a_truncated_gguf_file_is_one_line_naming_it(gguf_file, tmp_path, keep, capsys):
+    """Cut in its header (the gguf reader's struct.error) or in its tensors."""
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(gguf_file.read_bytes()[:keep])
+    for load in (load_tokenizer, load_model):
+        with pytest.raises(UserError) as err:
+            load(cut)
+        message = str(err.value)
+        assert "\n" not in message and str(cut) in message
+        assert "truncated or damaged" in message
+    out = tmp_path / "imported"
+    assert main(["models", "import", str(cut), "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and str(cut) in error and "truncated" in error
+    assert not out.exists()
+
+
 def test_a_missing_gguf_file_is_an_error_not_a_hub_lookup(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", _no_download)
     with pytest.raises(UserError, match="no such GGUF file"):
@@ -367,7 +385,8 @@ def test_hub_id_revision_and_file_patterns_reach_snapshot_download(tiny_model_di
     assert calls[0][1]["revision"] is None
 
 
-def test_pytorch_bin_weights_are_fetched_only_without_safetensors(tmp_path, monkeypatch):
+def test_a_hub_model_without_safetensors_is_refused_and_no_bin_is_fetched(tmp_path, monkeypatch):
+    """PyTorch `.bin` weights are pickles: never downloaded, never loaded."""
     folder = tmp_path / "snapshot"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
@@ -375,11 +394,16 @@ def test_pytorch_bin_weights_are_fetched_only_without_safetensors(tmp_path, monk
 
     def fake(repo_id, **kwargs):
         patterns.append(kwargs["allow_patterns"])
+        (folder / "pytorch_model.bin").write_bytes(b"pickle")  # what a *.bin pattern would fetch
         return str(folder)
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
-    resolve_model_path("old/model")
-    assert len(patterns) == 2 and "*.bin" in patterns[1]
+    with pytest.raises(UserError) as err:
+        resolve_model_path("old/model")
+    message = str(err.value)
+    assert "\n" not in message and "model.path old/model" in message
+    assert "no safetensors weights" in message and "safe_serialization=True" in message
+    assert len(patterns) == 1 and not any(".bin" in p for p in patterns[0])
 
 
 @pytest.mark.parametrize(

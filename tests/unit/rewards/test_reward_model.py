@@ -208,6 +208,22 @@ def test_a_head_of_two_labels_is_a_one_line_error(tmp_path):
     assert "\n" not in str(error.value)
 
 
+def test_pickled_weights_are_refused_unread(tmp_path, monkeypatch):
+    """`pytorch_model.bin` is a pickle: the reward model loads safetensors weights only."""
+    path = save_reward_model(tmp_path / "pickled")
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(path)
+    (path / "model.safetensors").unlink()
+    torch.save(model.state_dict(), path / "pytorch_model.bin")  # as older transformers saved
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a pickle was loaded")
+
+    monkeypatch.setattr(torch, "load", refuse)
+    with pytest.raises(UserError, match=r"cannot load a model from .*pickled") as error:
+        RewardModel(str(path))
+    assert "\n" not in str(error.value)
+
+
 def test_a_missing_or_empty_directory_is_a_one_line_error(tmp_path):
     with pytest.raises(UserError, match="is not a directory") as error:
         build_rewards(reward_config(tmp_path / "missing"), task=None)

@@ -1,0 +1,113 @@
+"""What `load_model` refuses to run or unpickle: a model directory with only PyTorch `.bin`
+weights (pickles) and custom model code without `model.trust_remote_code`. Each refusal is one
+line naming the directory and the way out; nothing of the user's files executes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from oncurve.cli import main
+from oncurve.errors import UserError
+from oncurve.model.sources import load_model, load_tokenizer
+
+
+class _Runs:
+    """Unpickled, it creates the file `marker`: the proof that a pickle ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture
+def pickled_model(tiny_model_dir, tmp_path) -> tuple[Path, Path]:
+    """(a copy of the tiny model whose weights are a pytorch_model.bin that runs code when
+    unpickled, the file that code creates)."""
+    target = tmp_path / "pickled"
+    shutil.copytree(tiny_model_dir, target)
+    weights = load_file(target / "model.safetensors")
+    (target / "model.safetensors").unlink()
+    marker = tmp_path / "ran"
+    torch.save({**weights, "x": _Runs(marker)}, target / "pytorch_model.bin")
+    return target, marker
+
+
+def test_pytorch_bin_weights_are_refused_unread(pickled_model, monkeypatch):
+    directory, marker = pickled_model
+
+    def no_unpickling(*args, **kwargs):
+        raise AssertionError("torch.load must not be called on a user's file")
+
+    monkeypatch.setattr(torch, "load", no_unpickling)
+    with pytest.raises(UserError) as err:
+        load_model(directory)
+    message = str(err.value)
+    assert "\n" not in message
+    assert str(directory) in message and "pytorch_model.bin" in message
+    assert "save_pretrained(NEW_DIR, safe_serialization=True)" in message
+    assert not marker.exists()
+
+
+def test_a_crafted_pickle_is_one_line_from_the_cli_and_never_runs(pickled_model, capsys):
+    directory, marker = pickled_model
+    argv = ["sample", "--model", str(directory), "--prompt", "1+1=", "--device", "cpu"]
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and str(directory) in error and "safetensors" in error
+    assert not marker.exists()
+
+
+def test_a_directory_without_weights_says_safetensors(tiny_model_dir, tmp_path):
+    target = tmp_path / "bare"
+    shutil.copytree(tiny_model_dir, target)
+    (target / "model.safetensors").unlink()
+    with pytest.raises(UserError, match=rf"^cannot load a model from {target}: .*safetensors"):
+        load_model(target)
+
+
+def _with_custom_code(source: Path, target: Path, model_type: str) -> Path:
+    """A copy of model `source` whose config.json maps its classes to custom.py, code that
+    creates the file `ran` beside `target` when it runs."""
+    shutil.copytree(source, target)
+    config = json.loads((target / "config.json").read_text())
+    config["model_type"] = model_type
+    config["auto_map"] = {
+        "AutoConfig": "custom.MyConfig",
+        "AutoModelForCausalLM": "custom.MyModel",
+    }
+    (target / "config.json").write_text(json.dumps(config))
+    (target / "custom.py").write_text(f"open({str(target.parent / 'ran')!r}, 'w').close()\n")
+    return target
+
+
+def test_custom_model_code_is_refused_naming_the_setting(tiny_model_dir, tmp_path):
+    directory = _with_custom_code(tiny_model_dir, tmp_path / "custom", "mycustom")
+    with pytest.raises(UserError) as err:
+        load_model(directory)
+    message = str(err.value)
+    assert "\n" not in message and str(directory) in message
+    assert "model.trust_remote_code=true" in message
+    assert not (tmp_path / "ran").exists()
+
+
+def test_custom_code_of_a_known_model_type_is_said_to_be_left_out(tiny_model_dir, tmp_path, capsys):
+    directory = _with_custom_code(tiny_model_dir, tmp_path / "known", "qwen2")
+    load_tokenizer(directory)
+    model = load_model(directory)
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert not (tmp_path / "ran").exists()
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1
+    assert str(directory) in notes[0] and "model.trust_remote_code=true" in notes[0]
+    assert "Qwen2ForCausalLM" in notes[0]
+    load_model(tiny_model_dir)  # no auto_map: no note
+    assert "note:" not in capsys.readouterr().err
