@@ -63,6 +63,16 @@ class RewardResult:
     logged: dict[str, list[float]] = field(default_factory=dict)
 
 
+# The `reward/` metrics the trainer logs of its own, beside one per reward function.
+TRAINER_REWARD_METRICS = {
+    "mean": "the total reward's mean",
+    "std": "the total reward's std",
+    "timeouts": "calls that ran out of time",
+    "errors": "calls that raised",
+    "slowest_row_s": "the slowest row's seconds",
+}
+
+
 class RewardRunner:
     """Scores completions with `fns`, a list of (name, fn, weight); `verifier` names the one
     among them that decides correctness, if any (see the module docstring). With a timeout it
@@ -85,6 +95,11 @@ class RewardRunner:
         names = [name for name, _, _ in fns]
         if len(set(names)) != len(names):
             raise UserError(f"reward names must be unique, got {names}")
+        if taken := [name for name in names if name in TRAINER_REWARD_METRICS]:
+            raise UserError(
+                f"reward {taken[0]!r}: its metric would be reward/{taken[0]}, a name the trainer "
+                f"logs itself ({TRAINER_REWARD_METRICS[taken[0]]}); rename the function"
+            )
         if verifier is not None and verifier not in names:
             raise UserError(f"reward verifier {verifier!r} is not one of the rewards {names}")
         self.fns = fns

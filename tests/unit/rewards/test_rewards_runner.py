@@ -340,3 +340,10 @@ def test_overlong_by_name_points_to_its_settings():
     overrides = ["data.path=d.jsonl", "reward.functions=[correct, overlong]"]
     with pytest.raises(UserError, match="overlong is set by reward.overlong_buffer"):
         build_rewards(load_config(None, overrides), task=None)
+
+
+@pytest.mark.parametrize("name", ["mean", "std", "timeouts", "errors", "slowest_row_s"])
+def test_a_reward_named_as_a_metric_of_the_trainers_is_refused(name):
+    """Its mean would be logged under reward/<name>, which the trainer's own value replaces."""
+    with pytest.raises(UserError, match=rf"^reward '{name}': its metric would be reward/{name}, "):
+        RewardRunner([(name, lambda p, c, **k: [0.5] * len(c), 1.0)], timeout_s=None)
