@@ -142,13 +142,19 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
         index = torch.arange(fewest * group_size, device=rewards.device)
         rollout, rewards = rollout.select(index), rewards[index]
     every_round = s.rewards.concat(results)
-    metrics = {**every_round.metrics, **reward_metrics(every_round.total, group_size)}
-    if turns:
-        metrics["episode/turns_mean"] = sum(turns) / len(turns)
+    names = [name for name, _, _ in s.rewards.fns]
+    metrics = {
+        **every_round.metrics,
+        **function_means(every_round.per_fn, names),
+        **reward_metrics(every_round.total, group_size),
+    }
+    if cfg.rollout.env is not None:
+        played, turns_total = distributed.all_sum([float(len(turns)), float(sum(turns))])
+        metrics["episode/turns_mean"] = turns_total / played if played else math.nan
         metrics["episode/errors"] = float(faults.count("error"))
         metrics["episode/timeouts"] = float(faults.count("timeout"))
     if dynamic:
-        mean, std = _mean_std(rewards)
+        mean, std = _pooled_mean_std(rewards)
         metrics |= {
             "kept/reward_mean": mean,
             "kept/reward_std": std,
@@ -179,23 +185,45 @@ def _prompt_rows(s: Session, step: int, size: int, round_: int, rounds_per_step:
 
 
 def reward_metrics(rewards: torch.Tensor, group_size: int) -> dict[str, float]:
-    """Mean and std of the finite rewards `[N]` and the fraction of groups whose finite rewards
-    are all equal (no gradient)."""
-    mean, std = _mean_std(rewards)
+    """Mean and population std of the finite rewards `[N]` and the fraction of groups whose
+    finite rewards are all equal (no gradient), of every rank's rows together: ranks may hold
+    different numbers of them (dynamic sampling stops sampling on a rank that is full), so
+    each row weighs alike, not each rank."""
     all_equal = ~_informative_groups(rewards, group_size)
+    counted = distributed.all_sum([float(all_equal.sum()), float(all_equal.numel())])
+    mean, std = _pooled_mean_std(rewards)
     return {
         "reward/mean": mean,
         "reward/std": std,
-        "groups/all_equal_frac": float(all_equal.float().mean()),
+        "groups/all_equal_frac": counted[0] / counted[1],
     }
 
 
-def _mean_std(rewards: torch.Tensor) -> tuple[float, float]:
-    """Mean and population std of the finite values of `rewards` `[N]`; NaN when none is."""
-    finite = rewards[torch.isfinite(rewards)]
-    if not len(finite):
+def function_means(per_fn: torch.Tensor, names: list[str]) -> dict[str, float]:
+    """`reward/<name>`: each function's mean score over the rows it scored (`per_fn`
+    `[N, n_fns]`, NaN where it gave none) of every rank together; NaN where none was scored."""
+    scored = ~torch.isnan(per_fn)
+    local = [float(scored.sum(0)[f]) for f in range(len(names))]
+    local += [float(per_fn[scored[:, f], f].double().sum()) for f in range(len(names))]
+    sums = distributed.all_sum(local)
+    counts, totals = sums[: len(names)], sums[len(names) :]
+    return {
+        f"reward/{name}": total / count if count else math.nan
+        for name, count, total in zip(names, counts, totals, strict=True)
+    }
+
+
+def _pooled_mean_std(rewards: torch.Tensor) -> tuple[float, float]:
+    """Mean and population std of the finite values of `rewards` `[N]` on every rank taken
+    together; NaN when none is."""
+    finite = rewards[torch.isfinite(rewards)].double()
+    count, total, squares = distributed.all_sum(
+        [float(finite.numel()), float(finite.sum()), float(finite.square().sum())]
+    )
+    if not count:
         return math.nan, math.nan
-    return float(finite.mean()), float(finite.std(unbiased=False))
+    mean = total / count
+    return mean, math.sqrt(max(squares / count - mean**2, 0.0))
 
 
 def draw_recovering(

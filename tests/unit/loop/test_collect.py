@@ -19,7 +19,7 @@ from oncurve import distributed
 from oncurve.config import Config
 from oncurve.errors import UserError
 from oncurve.loop import training_step as loop_step
-from oncurve.loop.collect import reward_metrics
+from oncurve.loop.collect import function_means, reward_metrics
 from oncurve.loop.trainer import MAXED, SUMMED
 from oncurve.loop.training_step import training_step
 from oncurve.rewards.runner import RewardRunner
@@ -230,3 +230,25 @@ def test_two_ranks_log_the_whole_batchs_statistics(two_ranks):
     assert (logged["reward/mean"], whole["reward/mean"]) == (0.5, 0.5)
     assert logged["reward/std"] == pytest.approx(whole["reward/std"]) and whole["reward/std"] == 0.5
     assert (logged["reward/timeouts"], logged["reward/slowest_row_s"]) == (3.0, 4.0)
+
+
+def _uneven_on_rank(rank: int, world_size: int) -> dict[str, float]:
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
+    rewards = torch.tensor([0.0, 1.0, 1.0, 1.0]) if rank == 0 else torch.tensor([0.0, 0.0])
+    per_fn = rewards.clone()[:, None]
+    per_fn[0, 0] = math.nan if rank == 0 else 0.0  # a row the function left unscored
+    metrics = reward_metrics(rewards, 2) | function_means(per_fn, ["f"])
+    return distributed.across_ranks(metrics, SUMMED, MAXED)
+
+
+def test_ranks_holding_different_numbers_of_rows_log_every_row_alike(two_ranks):
+    """Dynamic sampling can leave one rank with 2 groups and another with 1: rewards
+    [0, 1, 1, 1] and [0, 0] are the batch [0, 1, 1, 1, 0, 0] (mean 0.5, std 0.5, 2 of 3 groups
+    all equal), not the mean of the ranks' figures (0.375); the function's 3 + 2 scored rows
+    mean 0.6."""
+    logged, other = two_ranks.run(_uneven_on_rank)
+    assert logged["reward/mean"] == pytest.approx(0.5, abs=1e-12)
+    assert logged["reward/std"] == pytest.approx(0.5, abs=1e-12)
+    assert logged["groups/all_equal_frac"] == pytest.approx(2 / 3, abs=1e-12)
+    assert logged["reward/f"] == pytest.approx(0.6, abs=1e-12)
+    assert other == logged
