@@ -61,20 +61,25 @@ def solution(a: int, b: int, width: int) -> str:
 
 def exact_sum_reward(
     prompts: list[str], completions: list[str], *, answer: list[Any], **columns: Any
-) -> list[float]:
+) -> list[float | None]:
     """1.0 when the last `<answer>...</answer>` holds the sum as an integer, else 0.0. An
     untagged number, even the right one, earns nothing (the task asks for the tags), and so
     does an expression equal to the sum: a general matcher's symbolic equality would pay for
     the question copied into the tags (`<answer>0485+0037</answer>`), a hack far easier to
-    learn than addition."""
-    scores = []
+    learn than addition. A reference that is no integer (a data file's, scored by this task's
+    reward) leaves its row unscored (None)."""
+    scores: list[float | None] = []
     for completion, gold in zip(completions, answer, strict=True):
+        reference = "" if gold is None else str(gold).strip()
+        if len(reference) > MAX_ANSWER_CHARS or not _INTEGER_RE.fullmatch(reference):
+            scores.append(None)
+            continue
         found = extract_answer(completion, style="tags")
         right = (
             found is not None
             and len(found) <= MAX_ANSWER_CHARS  # int() refuses 4,300 digits or more
             and _INTEGER_RE.fullmatch(found)
-            and int(found) == int(gold)
+            and int(found) == int(reference)
         )
         scores.append(1.0 if right else 0.0)
     return scores

@@ -87,6 +87,9 @@ def test_correct_reward_pays_only_the_integer_sum():
     ]
     n = len(completions)
     assert correct(["0485+0037="] * n, completions, answer=["522"] * n) == [1.0] + [0.0] * 4
+    # a reference that is no integer (a data file's) leaves its row unscored, not a crash or 0
+    golds = ["x46", None, "", 522, " 522 "]
+    assert correct(["q"] * 5, [" <answer>522</answer>"] * 5, answer=golds) == [None] * 3 + [1.0] * 2
 
 
 @pytest.mark.parametrize(
