@@ -311,6 +311,8 @@ def test_a_report_replaces_no_file_a_report_did_not_write(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (
         f"oncurve: error: {mine / 'notes.txt'}: is a file; name a directory for the report"
     )
+    with pytest.raises(UserError, match=r"run: given twice \(as .*run\)$"):
+        write_report([run, run], mine)
     assert main(["report", str(run), str(mine / ".." / "run"), "--out", str(mine)]) == 2
     assert (
         capsys.readouterr().err.strip() == f"oncurve: error: {mine}/../run: given twice (as {run})"

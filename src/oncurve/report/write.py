@@ -39,8 +39,9 @@ def write_report(
     paths = [Path(d) for d in run_dirs]
     seen: dict[Path, Path] = {}
     for path in paths:
-        if (first := seen.setdefault(path.resolve(), path)) is not path:
+        if (first := seen.get(path.resolve())) is not None:
             raise UserError(f"{path}: given twice (as {first})")
+        seen[path.resolve()] = path
     runs = [load_run(p, name) for p, name in zip(paths, run_names(paths), strict=True)]
     if out_dir is None and len(paths) == 1:
         out_dir = paths[0] / "report"  # the run's own folder, which the run counts as its
