@@ -250,3 +250,12 @@ def test_a_tasks_scorer_needs_the_files_answers_before_anything_is_sampled(tmp_p
     assert capsys.readouterr().err.strip() == (
         f"oncurve: error: {data} line 1: missing field 'answer' (fields: prompt)"
     )
+
+
+def test_a_task_whose_reward_reads_no_answer_scores_a_file_without_one(tmp_path, capsys):
+    """countdown's reward reads a row's numbers and target: a file without answers is valid."""
+    data = tmp_path / "countdown.jsonl"
+    data.write_text('{"prompt": "Use 3 and 5 to make 8.", "numbers": [3, 5], "target": 8}\n')
+    argv = ["--model", "default", "--task", "countdown", "--data", str(data)]
+    got = eval_json(capsys, *argv, "--max-new-tokens", "4")
+    assert (got["n"], got["scorer"]) == (1, "countdown task's correct")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 from collections.abc import Callable
 
@@ -90,7 +91,8 @@ def _eval_scorer(args: argparse.Namespace, config) -> tuple[str, Callable, bool]
         return name, fn, fn in ANSWER_MATCH_REWARDS
     if args.task:
         task = get_task(args.task, given="--task")
-        return f"{args.task} task's correct", task.reward_fns()["correct"], True
+        fn = task.reward_fns()["correct"]
+        return f"{args.task} task's correct", fn, _reads_answer(fn)
     if config is None:
         return *resolve_reward("correct"), True
     on_task = config.data.task and not config.data.path
@@ -99,9 +101,15 @@ def _eval_scorer(args: argparse.Namespace, config) -> tuple[str, Callable, bool]
     if fn is episode_reward:
         return f"rollout.env {config.rollout.env}: the episode's reward", fn, False
     if task is not None and "correct" in task.reward_fns():
-        return f"{config.data.task} task's correct", fn, True
+        return f"{config.data.task} task's correct", fn, _reads_answer(task.reward_fns()["correct"])
     builtin = next((name for name, f in BUILTINS.items() if f == fn), None)
     return builtin or getattr(fn, "__name__", "the run's reward"), fn, fn in ANSWER_MATCH_REWARDS
+
+
+def _reads_answer(fn: Callable) -> bool:
+    """Whether a task's reward takes the `answer` column (countdown's reads its numbers and
+    target, the code task's its tests)."""
+    return "answer" in inspect.signature(fn).parameters
 
 
 def _eval_rows(args: argparse.Namespace, config, data, needs_answer: bool) -> list[dict]:
@@ -119,6 +127,10 @@ def _eval_rows(args: argparse.Namespace, config, data, needs_answer: bool) -> li
     env = config.rollout.env if config is not None else None
     if env is not None and env.startswith(VERIFIERS_PREFIX):  # the environment's own rows
         rows = environment_rows(env, config.rollout.env_args, "eval")
+        if not rows:
+            raise UserError(
+                f"rollout.env {env} has no eval dataset (the run evaluated nothing): give --data"
+            )
         return rows[: config.eval.num_prompts]
     if config is not None and config.eval.path:
         split = args.split or config.eval.split

@@ -5,7 +5,9 @@ scores each group together, and its parts are logged as `env/<name>`."""
 from __future__ import annotations
 
 import math
+import shutil
 import sys
+from pathlib import Path
 
 import pytest
 from helpers.configs import make_config
@@ -14,6 +16,10 @@ from helpers.models import tiny_qwen2
 from helpers.runs import metric_rows
 from helpers.vf_environments import FOLLOW_UP, QUESTIONS
 
+import oncurve
+from oncurve.cli import main
+from oncurve.config import load_config
+from oncurve.config.loading import config_yaml
 from oncurve.data.prompts import load_prompts
 from oncurve.envs.verifiers_envs import GroupPlay, environment_rows, load_environment
 from oncurve.errors import UserError
@@ -257,3 +263,19 @@ def test_a_data_file_beside_the_environment_s_dataset_is_refused(
     config = make_config(tiny_model_dir, data_file, tmp_path / "run", f"rollout.env={SINGLE}")
     with pytest.raises(UserError, match=r"^data.path: rollout.env verifiers:\S+ trains on its own"):
         load_prompts(config)
+
+
+def test_eval_of_a_run_on_an_environment_without_an_eval_dataset_is_one_line(tmp_path, capsys):
+    """`oncurve eval --run` takes a verifiers environment's run's held-out rows from the
+    environment's eval dataset; one that has none says so, and what to give instead."""
+    run = tmp_path / "run"
+    run.mkdir()
+    env = "verifiers:helpers.vf_environments"
+    config = load_config(None, ["model.path=default", f"rollout.env={env}", f"run.dir={run}"])
+    (run / "config.yaml").write_text(config_yaml(config))
+    shutil.copytree(Path(oncurve.__file__).parent / "assets" / "default", run / "final")
+    assert main(["eval", "--run", str(run), "--device", "cpu", "--max-new-tokens", "4"]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"oncurve: error: rollout.env {env} has no eval dataset (the run evaluated nothing): "
+        "give --data"
+    )
