@@ -365,11 +365,11 @@ class _LongInteger(ValueError):
 
 
 def _integer(text: str) -> int:
-    digits = len(text.lstrip("-"))
-    if digits > sys.get_int_max_str_digits():
+    digits, limit = len(text.lstrip("-")), sys.get_int_max_str_digits()  # 0: no limit
+    if limit and digits > limit:
         raise _LongInteger(
-            f"an integer of {digits:,} digits, more than Python reads from text "
-            f"({sys.get_int_max_str_digits():,}): write it as a JSON string"
+            f"an integer of {digits:,} digits, more than Python reads from text ({limit:,}): "
+            "write it as a JSON string"
         )
     return int(text)
 

@@ -2,6 +2,7 @@
 empty answers and the column names oncurve writes itself."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -174,6 +175,12 @@ def test_an_integer_past_pythons_digit_limit_is_one_line_and_as_text_it_loads(tm
     quoted = tmp_path / "quoted.jsonl"
     quoted.write_text(f'{{"prompt": "q", "answer": "{huge}"}}\n')
     assert [row["answer"] for row in load_rows(str(quoted))] == [huge]
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)  # no limit (PYTHONINTMAXSTRDIGITS=0): every integer reads
+    try:
+        assert [row["answer"] for row in load_rows(str(tmp_path / "long.jsonl"))] == ["1", huge]
+    finally:
+        sys.set_int_max_str_digits(limit)
 
 
 def test_a_null_parquet_answer_is_a_missing_one(tmp_path):
