@@ -15,6 +15,7 @@ from oncurve.cli import main
 from oncurve.errors import UserError
 from oncurve.loop.trainer import train
 from oncurve.report import FIGURES, auto_smoothing, ema, load_run, render_figures, write_report
+from oncurve.report import write as report_write
 from oncurve.report.figures import metric_name
 from oncurve.run.metrics import MetricsLogger
 
@@ -290,7 +291,7 @@ def test_runs_with_the_same_name_are_told_apart(tmp_path):
     assert "<td>a/run</td>" in page and "<td>b/run</td>" in page
 
 
-def test_a_report_replaces_no_file_a_report_did_not_write(tmp_path, capsys):
+def test_a_report_replaces_no_file_a_report_did_not_write(tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
     make_run(run, eval_every=0)
     mine = tmp_path / "mine"
@@ -307,6 +308,18 @@ def test_a_report_replaces_no_file_a_report_did_not_write(tmp_path, capsys):
     write_report([run], mine)  # beside files of other names: written, those kept
     assert (mine / "notes.txt").read_text() == "the user's notes.txt"
     write_report([run], mine)  # and again: its own page marks the folder as a report's
+    # a report stopped while drawing leaves a folder the next report writes again
+    interrupted = tmp_path / "interrupted"
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(report_write, "page", stop)
+        with pytest.raises(KeyboardInterrupt):
+            write_report([run], interrupted)
+    assert (interrupted / "reward.png").is_file()
+    assert "<title>oncurve report: " in write_report([run], interrupted).read_text()
     assert main(["report", str(run), "--out", str(mine / "notes.txt")]) == 2
     assert capsys.readouterr().err.strip() == (
         f"oncurve: error: {mine / 'notes.txt'}: is a file; name a directory for the report"

@@ -49,6 +49,11 @@ def write_report(
         out_dir = Path("report") if out_dir is None else Path(out_dir)
         _check_out_dir(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    report = out_dir / PAGE
+    if not _is_report_page(report):
+        # the figures are written before the page: a report stopped among them leaves a folder
+        # marked as a report's, which the next report writes again
+        report.write_text(f"<!DOCTYPE html>\n{PAGE_TITLE.decode()}(unfinished)</title>\n")
     sections = []
     for spec, fig in render_figures(runs, smoothing):
         png_path = out_dir / f"{spec.name}.png"
@@ -62,7 +67,6 @@ def write_report(
         png_path.write_bytes(png)
         sections.append(figure_section(spec, png, runs))
     text = page(runs, sections, [samples_section(run) for run in runs], config_section(runs))
-    report = out_dir / PAGE
     report.write_text(text, encoding="utf-8")
     return report
 
