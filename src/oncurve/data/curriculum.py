@@ -298,12 +298,17 @@ def other_curriculum(kind: str, state: dict) -> UserError:
 
 def curriculum_notes(config: Config, rows: list[dict]) -> list[str]:
     """What the start-up report says of the curriculum over the training rows `rows`: the
-    difficulty levels with fewer rows than a step takes, whose steps repeat prompts (the draw
-    goes on with replacement once a level's rows are drawn)."""
+    difficulty levels with fewer rows than a step takes (its prompts, times the sampling rounds
+    of dynamic sampling, which one draw covers), whose steps repeat prompts (the draw goes on
+    with replacement once a level's rows are drawn)."""
     data = config.data
     if data.curriculum != "difficulty":
         return []
-    per_step = data.prompts_per_step
+    rounds = 1 + config.algo.max_resample if config.algo.dynamic_sampling else 1
+    per_step = data.prompts_per_step * rounds
+    takes = f"data.prompts_per_step={data.prompts_per_step}" + (
+        f" x {rounds} sampling rounds" if rounds > 1 else ""
+    )
     counts = torch.tensor([row["level"] for row in rows]).bincount().tolist()
     short = {level: count for level, count in enumerate(counts) if count < per_step}
     if not short:
@@ -311,12 +316,12 @@ def curriculum_notes(config: Config, rows: list[dict]) -> list[str]:
     if len(set(counts)) == 1:
         return [
             f"data.curriculum=difficulty: each of the {len(counts)} levels has {counts[0]} "
-            f"training rows, fewer than data.prompts_per_step={per_step}: each step repeats prompts"
+            f"training rows, fewer than {takes}: each step repeats prompts"
         ]
     listed = ", ".join(f"level {level}: {count}" for level, count in short.items())
     return [
         f"data.curriculum=difficulty: {len(short)} of the {len(counts)} levels have fewer "
-        f"training rows than data.prompts_per_step={per_step} ({listed}): a step at one of them "
+        f"training rows than {takes} ({listed}): a step at one of them "
         "repeats prompts"
     ]
 

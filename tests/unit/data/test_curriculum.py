@@ -242,6 +242,16 @@ def test_a_level_with_fewer_rows_than_a_step_repeats_prompts_and_says_so_at_star
         "data.prompts_per_step=4 (level 1: 3): a step at one of them repeats prompts"
     ]
     assert curriculum_notes(config, [{"level": level} for level in (0,) * 4 + (1,) * 4]) == []
+    # with dynamic sampling one draw covers every sampling round: B x rounds rows a level
+    dynamic = load_config(
+        None,
+        ["data.curriculum=difficulty", "data.prompts_per_step=4", "algo.dynamic_sampling=true",
+         "algo.max_resample=2"],
+    )  # fmt: skip
+    assert curriculum_notes(dynamic, [{"level": level} for level in (0,) * 4 + (1,) * 4]) == [
+        "data.curriculum=difficulty: each of the 2 levels has 4 training rows, fewer than "
+        "data.prompts_per_step=4 x 3 sampling rounds: each step repeats prompts"
+    ]
     pass_rate = load_config(None, ["data.curriculum=pass_rate", "data.prompts_per_step=4"])
     assert curriculum_notes(pass_rate, rows[:2]) == []  # the plain note on all rows says it
 
