@@ -218,9 +218,9 @@ _LOAD_ERRORS = (OSError, ValueError, ImportError, RuntimeError, SafetensorError)
 _GGUF_ERRORS = (KeyError, TypeError, AttributeError, struct.error)
 
 _CONVERT = (
-    "convert it to safetensors on a machine where you trust the file: load it with "
-    "transformers' AutoModelForCausalLM.from_pretrained(DIR) and save it with "
-    "save_pretrained(NEW_DIR, safe_serialization=True)"
+    "convert it to safetensors on a machine where you trust the file: load it with its "
+    "transformers class's from_pretrained(DIR) (AutoModelForCausalLM for a policy) and save it "
+    "with save_pretrained(NEW_DIR, safe_serialization=True)"
 )
 _REMOTE_CODE_SETTING = "model.trust_remote_code=true (--trust-remote-code for oncurve sample/eval)"
 
@@ -284,7 +284,7 @@ def load_model(
         extra.update(_dequantized_gguf())
     else:
         if path.is_dir():
-            _require_safetensors(path)
+            require_safetensors(path)
         # never fall back on PyTorch `.bin` (pickle) or other-framework weights
         extra["use_safetensors"] = True
     errors = _LOAD_ERRORS + (_GGUF_ERRORS if gguf else ())
@@ -319,7 +319,7 @@ def load_model(
     return model.to(device).eval()
 
 
-def _require_safetensors(path: Path) -> None:
+def require_safetensors(path: Path) -> None:
     """A one-line error unless model directory `path` holds safetensors weights: the others
     (`pytorch_model.bin`, `.pt`, `.ckpt`) are pickles, and oncurve unpickles no user's file."""
     if any(path.glob("*.safetensors")):

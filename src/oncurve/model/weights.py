@@ -123,12 +123,15 @@ def _adaptable(module: torch.nn.Module) -> bool:
 
 
 def _linear_names(model: torch.nn.Module) -> str:
-    """The names of `model`'s linear layers but the output head: what target_modules takes."""
+    """The names of `model`'s linear layers (GPT-2's Conv1D too) but the output head: what
+    target_modules takes."""
+    from transformers.pytorch_utils import Conv1D
+
     head = model.get_output_embeddings()
     names = {
         name.rsplit(".", 1)[-1]
         for name, module in model.named_modules()
-        if isinstance(module, torch.nn.Linear) and module is not head
+        if isinstance(module, (torch.nn.Linear, Conv1D)) and module is not head
     }
     return ", ".join(sorted(names))
 

@@ -159,10 +159,16 @@ def _load(
     """(model, tokenizer) of `source`, checked to have one output and a pad token."""
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
+    from oncurve.model.sources import require_safetensors
+
     where = f"reward {PREFIX + source!r}"
     local = Path(source).expanduser()
     if local.is_dir():
         location = str(local)
+        try:
+            require_safetensors(local)
+        except UserError as err:
+            raise UserError(f"{where}: {err}") from None
     elif source.startswith(("/", ".", "~")) or local.exists():
         raise UserError(f"{where}: {source} is not a directory (a local Hugging Face model)")
     else:

@@ -72,6 +72,9 @@ def test_a_directory_without_weights_says_safetensors(tiny_model_dir, tmp_path):
     (target / "model.safetensors").unlink()
     with pytest.raises(UserError, match=rf"^cannot load a model from {target}: .*safetensors"):
         load_model(target)
+    # and says how to make them from weights one trusts
+    with pytest.raises(UserError, match=r"save_pretrained\(NEW_DIR, safe_serialization=True\)"):
+        load_model(target)
 
 
 def _with_custom_code(source: Path, target: Path, model_type: str) -> Path:
