@@ -347,9 +347,34 @@ def stages(args: argparse.Namespace) -> list[Stage]:
     return [made[name](LIMITS[name] * args.time_scale) for name in LIMITS if name in args.stages]
 
 
+# The rows a stage's one-line summary quotes, by check as the stages' readers name them, and how
+HEADLINES = {
+    "`pytest -m gpu`": "{}",
+    "held-out greedy accuracy before / after": "held-out {}",
+    "s/step (median, first step left out)": "{} s/step",
+    "s/step oncurve / TRL": "s/step vs TRL {}",
+    "peak GPU memory oncurve / TRL": "peak vs TRL {}",
+    "peak GPU memory GRPO / PPO": "peak vs PPO {}",
+    "TRL": "TRL: {}",
+    "PPO": "PPO: {}",
+}
+
+
 def summary(row: dict) -> str:
-    """The row in one line: each stage's verdict."""
-    return "; ".join(f"{r['name']} {status(r)}" for r in row["stages"])
+    """The row in one line: each stage's verdict and its headline figures (the tests' counts,
+    the job's accuracy and pace, the rollout's `cuda_graph` rate, a comparison's ratios or
+    which side did not finish)."""
+    parts = []
+    for stage in row["stages"]:
+        quoted = [
+            "`cuda_graph` " + result
+            if check.endswith("`cuda_graph`")
+            else HEADLINES[check].format(result)
+            for check, result in stage.get("rows", [])
+            if check in HEADLINES or check.endswith("`cuda_graph`")
+        ]
+        parts.append(f"{stage['name']} {status(stage)}" + "".join(f", {q}" for q in quoted))
+    return "; ".join(parts)
 
 
 def section(row: dict) -> str:

@@ -369,3 +369,20 @@ def test_dry_run_lists_the_curve_stages_command_and_runs_nothing(monkeypatch, ca
     assert line.startswith(f"curve (limit {LIMITS['curve']} s): ")
     assert line.endswith(f"gpu_curve.py --json {tmp_path / 'curve.json'}")
     assert list(tmp_path.iterdir()) == []  # nothing run, nothing written
+
+
+def test_a_checks_summary_quotes_each_stages_headline_figures():
+    job = {"name": "job", "code": 0, "seconds": 60, "limit": 90,
+           "rows": [["steps done", "150 of 150"],
+                    ["held-out greedy accuracy before / after", "36.6% / 68.4%"],
+                    ["s/step (median, first step left out)", "0.197"]]}  # fmt: skip
+    rollout = {"name": "rollout", "code": None, "seconds": 80, "limit": 80,
+               "rows": [["64x256 `cuda_graph`", "31,867 tokens/s (2.41x static generate)"]]}  # fmt: skip
+    trl = {"name": "trl", "code": None, "seconds": 160, "limit": 160,
+           "rows": [["TRL", "its run failed or did not finish (log below)"],
+                    ["memory plan: predicted / measured peak", "4.7 / 4.60 GiB (+0.10 GiB)"]]}  # fmt: skip
+    assert gpu_check.summary({"stages": [job, rollout, trl]}) == (
+        "job passed, held-out 36.6% / 68.4%, 0.197 s/step; rollout timed out at 80 s, "
+        "`cuda_graph` 31,867 tokens/s (2.41x static generate); trl timed out at 160 s, TRL: its "
+        "run failed or did not finish (log below)"
+    )
