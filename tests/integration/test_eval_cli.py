@@ -246,7 +246,7 @@ def test_a_tasks_scorer_needs_the_files_answers_before_anything_is_sampled(tmp_p
     data = tmp_path / "no_answers.jsonl"
     data.write_text('{"prompt": "0012+0034="}\n')
     argv = ["eval", "--device", "cpu", "--model", "default", "--task", "arith", "--data"]
-    assert main([*argv, str(data)]) == 2  # it read as accuracy 0.0
+    assert main([*argv, str(data)]) == 2  # arith's reward reads the answers the file lacks
     assert capsys.readouterr().err.strip() == (
         f"oncurve: error: {data} line 1: missing field 'answer' (fields: prompt)"
     )
