@@ -195,7 +195,20 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> PreTrai
         print(f"note: tokenizer in {path} has no pad token; using EOS for padding", file=sys.stderr)
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
+    if not trust_remote_code and path.is_dir() and _auto_map(path, "tokenizer_config.json"):
+        _say_code_left_out(path, "tokenizer", "tokenizer_config.json", type(tokenizer).__name__)
     return tokenizer
+
+
+def _say_code_left_out(path: Path, what: str, file: str, used: str) -> None:
+    """The start-up note for custom code a model directory ships and transformers' own class
+    stands in for (it runs only when trusted)."""
+    print(
+        f"note: {path} ships its own {what} code (auto_map in {file}), which does not run: this "
+        f"is transformers' own {used} (to run that code, for code you trust: "
+        f"{_REMOTE_CODE_SETTING})",
+        file=sys.stderr,
+    )
 
 
 def _pretrained_tokenizer(path: Path, trust_remote_code: bool) -> PreTrainedTokenizerBase:
@@ -310,12 +323,7 @@ def load_model(
     if gguf:
         _drop_gguf_quantizer(model)
     elif not trust_remote_code and _auto_map(path):
-        print(
-            f"note: {path} ships its own model code (auto_map in config.json), which does not "
-            f"run: this is transformers' own {type(model).__name__} (to run that code, for code "
-            f"you trust: {_REMOTE_CODE_SETTING})",
-            file=sys.stderr,
-        )
+        _say_code_left_out(path, "model", "config.json", type(model).__name__)
     return model.to(device).eval()
 
 
@@ -336,10 +344,11 @@ def require_safetensors(path: Path) -> None:
     )
 
 
-def _auto_map(path: Path) -> dict[str, Any]:
-    """The `auto_map` of model directory `path`'s config.json: the custom classes it names."""
+def _auto_map(path: Path, file: str = "config.json") -> dict[str, Any]:
+    """The `auto_map` of model directory `path`'s `file` (config.json, tokenizer_config.json):
+    the custom classes it names."""
     try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        config = json.loads((path / file).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     auto_map = config.get("auto_map") if isinstance(config, dict) else None

@@ -114,3 +114,24 @@ def test_custom_code_of_a_known_model_type_is_said_to_be_left_out(tiny_model_dir
     assert "Qwen2ForCausalLM" in notes[0]
     load_model(tiny_model_dir)  # no auto_map: no note
     assert "note:" not in capsys.readouterr().err
+
+
+def test_custom_tokenizer_code_of_a_known_class_is_said_to_be_left_out(
+    tiny_model_dir, tmp_path, capsys
+):
+    directory = tmp_path / "tokenizer_code"
+    shutil.copytree(tiny_model_dir, directory)
+    settings = json.loads((directory / "tokenizer_config.json").read_text())
+    settings["auto_map"] = {"AutoTokenizer": [None, "custom.MyTokenizer"]}
+    (directory / "tokenizer_config.json").write_text(json.dumps(settings))
+    (directory / "custom.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    capsys.readouterr()
+    tokenizer = load_tokenizer(directory)
+    assert not (tmp_path / "ran").exists()
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert notes == [
+        f"note: {directory} ships its own tokenizer code (auto_map in tokenizer_config.json), "
+        f"which does not run: this is transformers' own {type(tokenizer).__name__} (to run that "
+        "code, for code you trust: model.trust_remote_code=true (--trust-remote-code for oncurve "
+        "sample/eval))"
+    ]
