@@ -342,13 +342,13 @@ def _jsonl(p: Path) -> Iterator[Record]:
         if not line.strip(_JSON_SPACE):
             continue
         try:
-            record = json.loads(line, object_pairs_hook=_object, parse_int=_integer)
+            record = json.loads(line, object_pairs_hook=_object)
         except json.JSONDecodeError as e:
             raise UserError(f"{p} line {number}: invalid JSON ({e.msg})") from None
         except _RepeatedKey as e:
             raise UserError(f"{p} line {number}: key {e.args[0]!r} is given twice") from None
-        except _LongInteger as e:
-            raise UserError(f"{p} line {number}: {e}") from None
+        except ValueError:
+            raise UserError(f"{p} line {number}: {_long_integer(line)}") from None
         if not isinstance(record, dict):
             raise UserError(
                 f"{p} line {number}: expected a JSON object, got {type(record).__name__}"
@@ -360,18 +360,22 @@ class _RepeatedKey(ValueError):
     """A key given twice in one JSON object (`json` would keep the last value)."""
 
 
-class _LongInteger(ValueError):
-    """A JSON integer of more digits than Python converts from text."""
+def _long_integer(text: str) -> str:
+    """Why JSON `text` failed with a plain ValueError: the one `json` raises for an integer of
+    more digits than Python converts from text (`sys.set_int_max_str_digits`). Parsed again
+    with its integers kept as text, to name the longest; the normal parse converts them in C."""
+    longest = 0
 
+    def measure(digits: str) -> str:
+        nonlocal longest
+        longest = max(longest, len(digits.lstrip("-")))
+        return digits
 
-def _integer(text: str) -> int:
-    digits, limit = len(text.lstrip("-")), sys.get_int_max_str_digits()  # 0: no limit
-    if limit and digits > limit:
-        raise _LongInteger(
-            f"an integer of {digits:,} digits, more than Python reads from text ({limit:,}): "
-            "write it as a JSON string"
-        )
-    return int(text)
+    json.loads(text, parse_int=measure)
+    return (
+        f"an integer of {longest:,} digits, more than Python reads from text "
+        f"({sys.get_int_max_str_digits():,}): write it as a JSON string"
+    )
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -384,13 +388,13 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _json_array(p: Path, text: str) -> Iterator[Record]:
     try:
-        items = json.loads(text, object_pairs_hook=_object, parse_int=_integer)
+        items = json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as e:
         raise UserError(f"{p} line {e.lineno}: invalid JSON ({e.msg})") from None
     except _RepeatedKey as e:
         raise UserError(f"{p}: key {e.args[0]!r} is given twice in an object") from None
-    except _LongInteger as e:
-        raise UserError(f"{p}: {e}") from None
+    except ValueError:
+        raise UserError(f"{p}: {_long_integer(text)}") from None
     for number, item in enumerate(items, start=1):
         if not isinstance(item, dict):
             raise UserError(f"{p} row {number}: expected a JSON object, got {type(item).__name__}")
