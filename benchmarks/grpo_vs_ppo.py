@@ -1,36 +1,31 @@
-"""GRPO against PPO with a critic on one job (`harness.comparison.arith_job`): peak memory, seconds
-per step, held-out greedy accuracy after the same steps and after the same training time, and
-each peak's parts. Both trainers are oncurve (`algo.preset=grpo` and `=ppo`), alternating, each
-run a fresh `oncurve train` process; what is held equal and how it measures:
-benchmarks/README.md.
+"""GRPO against PPO with a critic, both oncurve (`algo.preset=grpo` and `=ppo`), alternating
+fresh `oncurve train` processes on one job (`harness.comparison.arith_job`): peak memory and its
+parts, seconds per step, held-out greedy accuracy after the same steps and at equal training
+time (`harness.equal_time`). What is held equal and how it measures: benchmarks/README.md.
 
     .venv/bin/python benchmarks/grpo_vs_ppo.py --model 30m     # ~30M params, 8 x 8, 128 tokens
     .venv/bin/python benchmarks/grpo_vs_ppo.py                 # the bundled default, 100 steps
     python3 benchmarks/grpo_vs_ppo.py --model qwen2.5-0.5b --device cuda --eval-n 0
 
 `--device cuda` (section `<model>-cuda`) adds the peak GPU memory and the memory plan's;
-`qwen2.5-0.5b` is `gpu_vs_trl.py`'s random 0.5B shape in bf16; `--eval-n 0` scores no accuracy;
-`--json PATH` writes {"pairs": [{"GRPO": run, "PPO": run}, ...]} after each run (`gpu_check.py`).
+`qwen2.5-0.5b` is `gpu_vs_trl.py`'s random 0.5B shape in bf16; `--json PATH` writes the runs
+after each one (`comparison.pairs_writer`, for `gpu_check.py`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import subprocess
-import sys
-from itertools import zip_longest
-from pathlib import Path
 
 from harness import comparison
-from harness.checkout import CACHE, checkout_env
+from harness.checkout import CACHE
 from harness.children import greedy_accuracy
+from harness.equal_time import equal_time_cell, equal_time_means, equal_time_note, score_equal_time
 from harness.machine import cpu_name, gpu_name, load_note, torch_threads
+from harness.memory_parts import breakdown, runtime_floor
 from harness.models import SHAPES, build_model, model_dir, tokenizer_dir
 from harness.spec import Job
-from harness.tables import cell, markdown_table, publish
+from harness.tables import cell, publish
 
 TITLE = (
     "GRPO vs PPO with a critic\n\nWritten by `benchmarks/grpo_vs_ppo.py`, one section per model "
@@ -67,74 +62,6 @@ def section_key(args: argparse.Namespace) -> str:
     return key + ("-cuda" if args.device == "cuda" else "")
 
 
-def runtime_floor(model_dir: str) -> float:
-    """Peak RSS in MB of a process that imports torch, transformers and oncurve's trainer and
-    builds `model_dir`'s model class on the meta device (no weights): the fixed cost inside
-    every run's peak. The model class matters: transformers' model code and loading machinery
-    import ~1,100 more modules (torch.distributed.tensor, sympy, dynamo), 87 MB at 30M."""
-    code = (
-        "import torch, transformers, oncurve.loop.trainer\n"
-        "from harness.children import own_peak_rss\n"
-        f"config = transformers.AutoConfig.from_pretrained({model_dir!r})\n"
-        "with torch.device('meta'):\n"
-        "    transformers.AutoModelForCausalLM.from_config(config)\n"
-        "print(own_peak_rss())\n"
-    )
-    # The first import in a fresh tree also compiles every module to bytecode, a peak no
-    # training run pays; the second process measures a warm import.
-    for _ in range(2):
-        command = [sys.executable, "-c", code]
-        out = subprocess.run(command, capture_output=True, text=True, env=checkout_env())
-        if out.returncode:
-            raise SystemExit(f"importing oncurve failed:\n{out.stderr[-2000:]}")
-    value = out.stdout.strip().splitlines()[-1]
-    return float(value) if value != "None" else 0.0  # no /proc: the breakdown shows no runtime
-
-
-def budget_step(fast: list[float], slow: list[float], save_every: int) -> tuple[float, int]:
-    """(the budget: the sum of `fast`'s seconds per step, the newest step the run of `slow`
-    seconds per step saved within it; 0 if none)."""
-    budget = sum(fast)
-    elapsed, best = 0.0, 0
-    for step, seconds in enumerate(slow, start=1):
-        elapsed += seconds
-        if elapsed > budget:
-            break
-        if step % save_every == 0 or step == len(slow):
-            best = step
-    return budget, best
-
-
-def score_equal_time(job: Job, runs: dict[str, list[dict]], test_file: Path, start: float) -> None:
-    """Add "equal_time" ({"step", "accuracy", "budget"}) to the runs of both trainers, pair by
-    pair. The budget is the faster run's training time for all its steps (the sum of its
-    `time/step`, without start-up, saving or logging); the faster run is scored at its last
-    step, the slower at its newest checkpoint within the budget (at most one save interval
-    short of the exact point, so the comparison never favours it; step 0: the starting model,
-    whose accuracy is `start`), that checkpoint evaluated as `oncurve eval` loads it."""
-    save_every, tokens = job.settings["run.save_every"], job.settings["rollout.max_new_tokens"]
-    for pair in zip(*runs.values(), strict=True):
-        fast, slow = sorted(pair, key=lambda run: sum(run["seconds"]))
-        budget, step = budget_step(fast["seconds"], slow["seconds"], save_every)
-        accuracy = slow["accuracy"] if step == len(slow["seconds"]) else start
-        if 0 < step < len(slow["seconds"]):
-            checkpoint = Path(slow["final"]).parent / "checkpoints" / f"step-{step:06d}"
-            accuracy = greedy_accuracy(checkpoint, test_file, tokens)
-        last = len(fast["seconds"])
-        fast["equal_time"] = {"step": last, "accuracy": fast["accuracy"], "budget": budget}
-        slow["equal_time"] = {"step": step, "accuracy": accuracy, "budget": budget}
-
-
-def equal_time_means(runs: list[dict]) -> dict[str, float | None]:
-    """One trainer's mean step and accuracy at equal time over its runs (None unscored)."""
-    if not all("equal_time" in r for r in runs):
-        return {"equal_step": None, "equal_acc": None}
-    return {
-        "equal_step": statistics.mean(r["equal_time"]["step"] for r in runs),
-        "equal_acc": statistics.mean(r["equal_time"]["accuracy"] for r in runs),
-    }
-
-
 def benchmark(args: argparse.Namespace) -> dict:
     """GRPO and PPO alternately, `args.runs` pairs; the row's figures."""
     import torch
@@ -158,16 +85,10 @@ def benchmark(args: argparse.Namespace) -> dict:
         done["accuracy"] = greedy_accuracy(done["final"], test, tokens) if test else None
         return comparison.printed(done | {"train_s": sum(done["seconds"])})
 
-    def write_json(runs: dict[str, list[dict]]) -> None:
-        if args.json:  # after each run: a caller's time limit may stop the next one
-            pairs = [zip(runs, pair, strict=True) for pair in zip_longest(*runs.values())]
-            Path(args.json).write_text(
-                json.dumps({"pairs": [{t: r for t, r in p if r} for p in pairs]})
-            )
-
+    write_json = comparison.pairs_writer(args.json)
     runs = comparison.alternate(TRAINERS, args.runs, run, write_json)
     if test:
-        score_equal_time(job, runs, test, start)
+        score_equal_time(runs, job.settings["run.save_every"], tokens, test, start)
         write_json(runs)  # again, with the equal-time scores
     cpu = f"{cpu_name()}, {os.cpu_count()} cores, torch threads {torch_threads()}"
     return {
@@ -183,38 +104,6 @@ def benchmark(args: argparse.Namespace) -> dict:
         "runs": runs,
         "trainers": {t: comparison.summary(rs) | equal_time_means(rs) for t, rs in runs.items()},
     }
-
-
-def breakdown(params: int, beta: float, floor: float, peaks: dict[str, tuple[float, bool]]) -> str:
-    """A table of each trainer's peak (`peaks`: label -> (peak RSS in MB, whether it trains a
-    critic)) split into the runtime `floor`, the states of a model of `params` parameters and
-    the rest, and the ratio of the first two trainers' peaks with no activations at all; with
-    what the parts are."""
-    size = params * 4 / 2**20  # MB of one fp32 copy; the critic (trunk + scalar head, tied
-    # embeddings) has the policy's count to within its head
-    reference = size if beta > 0 else 0.0
-
-    def states(critic: bool) -> list[float]:
-        # gradients are freed after each optimizer step, so one model's exist at a time
-        return [3 * size, reference, 3 * size if critic else 0.0, size]
-
-    rows = [
-        [label]
-        + [f"{x:,.0f}" for x in (rss, floor, *states(critic), rss - floor - sum(states(critic)))]
-        for label, (rss, critic) in peaks.items()
-    ]
-    first, second = (floor + sum(states(critic)) for _, critic in peaks.values())
-    header = ["trainer", "peak RSS", "runtime", "policy + AdamW", "reference", "critic + AdamW"]
-    return (
-        "Where the peak comes from (MB; states computed from parameter counts, runtime measured "
-        "as the peak RSS of a process that imports torch, transformers and oncurve and builds "
-        "the model class without weights; the rest is activations, logits, the rollout's cache "
-        f"and allocator slack):\n\n{markdown_table([*header, 'gradients', 'rest'], rows)}"
-        "\n\nWith no activations in either trainer the ratio would be (runtime + "
-        f"{list(peaks)[0]}'s states) / (runtime + {list(peaks)[1]}'s states) = "
-        f"**{first / second:.3f}x**; the measured ratio differs from it by the two rests (the "
-        "critic's own forward and backward and the allocator slack around them)."
-    )
 
 
 def section(row: dict) -> str:
@@ -249,13 +138,7 @@ def section(row: dict) -> str:
         if start == 0 and grpo["acc"] == 0 == ppo["acc"]:
             parts[0] += (" Random weights: accuracy is 0 for both after so few steps; the "
                          "accuracy comparison is the bundled default's.")  # fmt: skip
-        budget = statistics.mean(r["equal_time"]["budget"] for r in row["runs"]["GRPO"])
-        parts.append(
-            "Equal wall-clock time: the budget is the faster trainer's training time for "
-            f"{steps} steps (sum of `time/step`, mean {budget:.0f} s); the slower trainer is "
-            f"scored at its newest checkpoint (saved every {s['run.save_every']} steps) whose "
-            "cumulative `time/step` fits in it (step 0 = the starting model)."
-        )
+        parts.append(equal_time_note(row["runs"]["GRPO"], steps, s["run.save_every"]))
     if row["floor"] is not None:
         peaks = {"GRPO": (grpo["rss"], False), "PPO": (ppo["rss"], True)}
         parts.append(breakdown(row["params"], s["algo.beta"], row["floor"], peaks))
@@ -265,15 +148,9 @@ def section(row: dict) -> str:
         f"loss; PPO: k1 in the reward), epsilon {s['algo.epsilon']}, mu {s['algo.mu']}, "
         f"microbatch {s['optim.microbatch_size']} rows, {precision}"
     )
-
-    def at_equal_time(run: dict) -> str:
-        if "equal_time" not in run:
-            return "n/a"
-        return f"{run['equal_time']['step']} / {run['equal_time']['accuracy']:.1%}"
-
     more = {
         "train s": lambda run: f"{run['train_s']:.0f}",
-        "equal time: step / acc.": at_equal_time,
+        "equal time: step / acc.": equal_time_cell,
     }
     table = comparison.trainer_table(trainers, "PPO", columns)
     runs = comparison.run_table(row["runs"], most=10, more=more)
@@ -299,11 +176,8 @@ def headline(row: dict) -> dict | None:
         return None
     grpo, ppo = row["trainers"]["GRPO"], row["trainers"]["PPO"]
     figure = f"GRPO's peak RSS {grpo['rss'] / ppo['rss']:.2f}x PPO's (30M model, CPU)"
-    return {
-        "area": "memory against PPO with a critic",
-        "figure": figure,
-        "command": "benchmarks/grpo_vs_ppo.py",
-    }
+    area, command = "memory against PPO with a critic", "benchmarks/grpo_vs_ppo.py"
+    return {"area": area, "figure": figure, "command": command}
 
 
 def main() -> None:

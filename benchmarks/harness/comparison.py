@@ -7,6 +7,7 @@ figures."""
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 from collections.abc import Callable, Iterable
@@ -123,6 +124,19 @@ def alternate(
             if after:
                 after(done)
     return done
+
+
+def pairs_writer(path: str | None) -> Callable[[dict[str, list[dict]]], None]:
+    """An `after` for `alternate` that writes the runs so far to the JSON file `path` as
+    {"pairs": [{label: run, ...}, ...]} (nothing when `path` is None): a caller's time limit
+    may stop the next run."""
+
+    def write(runs: dict[str, list[dict]]) -> None:
+        if path:
+            pairs = [zip(runs, pair, strict=True) for pair in zip_longest(*runs.values())]
+            Path(path).write_text(json.dumps({"pairs": [{t: r for t, r in p if r} for p in pairs]}))
+
+    return write
 
 
 def printed(figures: dict[str, Any]) -> dict[str, Any]:

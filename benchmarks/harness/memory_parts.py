@@ -1,0 +1,67 @@
+"""Where a CPU trainer's peak RSS comes from (`grpo_vs_ppo.py`): the runtime, measured as the
+peak of a process that imports the trainer and builds the model class without weights, and the
+model states computed from the parameter count; the rest is activations and allocator slack."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from harness.checkout import checkout_env
+from harness.tables import markdown_table
+
+
+def runtime_floor(model_dir: str) -> float:
+    """Peak RSS in MB of a process that imports torch, transformers and oncurve's trainer and
+    builds `model_dir`'s model class on the meta device (no weights): the fixed cost inside
+    every run's peak. The model class matters: transformers' model code and loading machinery
+    import ~1,100 more modules (torch.distributed.tensor, sympy, dynamo), 87 MB at 30M."""
+    code = (
+        "import torch, transformers, oncurve.loop.trainer\n"
+        "from harness.children import own_peak_rss\n"
+        f"config = transformers.AutoConfig.from_pretrained({model_dir!r})\n"
+        "with torch.device('meta'):\n"
+        "    transformers.AutoModelForCausalLM.from_config(config)\n"
+        "print(own_peak_rss())\n"
+    )
+    # The first import in a fresh tree also compiles every module to bytecode, a peak no
+    # training run pays; the second process measures a warm import.
+    for _ in range(2):
+        command = [sys.executable, "-c", code]
+        out = subprocess.run(command, capture_output=True, text=True, env=checkout_env())
+        if out.returncode:
+            raise SystemExit(f"importing oncurve failed:\n{out.stderr[-2000:]}")
+    value = out.stdout.strip().splitlines()[-1]
+    return float(value) if value != "None" else 0.0  # no /proc: the breakdown shows no runtime
+
+
+def breakdown(params: int, beta: float, floor: float, peaks: dict[str, tuple[float, bool]]) -> str:
+    """A table of each trainer's peak (`peaks`: label -> (peak RSS in MB, whether it trains a
+    critic)) split into the runtime `floor`, the states of a model of `params` parameters and
+    the rest, and the ratio of the first two trainers' peaks with no activations at all; with
+    what the parts are."""
+    size = params * 4 / 2**20  # MB of one fp32 copy; the critic (trunk + scalar head, tied
+    # embeddings) has the policy's count to within its head
+    reference = size if beta > 0 else 0.0
+
+    def states(critic: bool) -> list[float]:
+        # gradients are freed after each optimizer step, so one model's exist at a time
+        return [3 * size, reference, 3 * size if critic else 0.0, size]
+
+    rows = [
+        [label]
+        + [f"{x:,.0f}" for x in (rss, floor, *states(critic), rss - floor - sum(states(critic)))]
+        for label, (rss, critic) in peaks.items()
+    ]
+    first, second = (floor + sum(states(critic)) for _, critic in peaks.values())
+    header = ["trainer", "peak RSS", "runtime", "policy + AdamW", "reference", "critic + AdamW"]
+    return (
+        "Where the peak comes from (MB; states computed from parameter counts, runtime measured "
+        "as the peak RSS of a process that imports torch, transformers and oncurve and builds "
+        "the model class without weights; the rest is activations, logits, the rollout's cache "
+        f"and allocator slack):\n\n{markdown_table([*header, 'gradients', 'rest'], rows)}"
+        "\n\nWith no activations in either trainer the ratio would be (runtime + "
+        f"{list(peaks)[0]}'s states) / (runtime + {list(peaks)[1]}'s states) = "
+        f"**{first / second:.3f}x**; the measured ratio differs from it by the two rests (the "
+        "critic's own forward and backward and the allocator slack around them)."
+    )
