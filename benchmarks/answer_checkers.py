@@ -1,31 +1,22 @@
 """Answer checkers against human labels: does oncurve's `correct` reward judge more completions
 right than the checkers other trainers and harnesses pay their policies with? (issue 51)
 
-The corpus, `data/answer_corpus.jsonl`, holds completions written by hand in the styles instruct
-models answer in (`The answer is 18.`, `**Answer:** $18`, `\\boxed{}`, `#### 18`, `<answer>`
-tags, the Llama-3 and Minerva final-answer sentences, units, dollars, percents, separators,
-intervals, tuples, matrices, multiple-choice letters, hedges, restated questions, decimal
-approximations of exact golds) for real GSM8K and MATH problems with their real golds, each
-labelled by hand: true when a careful human grader marks the final answer correct (stated,
-equal to the gold, simplified).
-
-What it measures, per set and checker: agreement with the labels; true positives (right rows
-paid), false positives (wrong rows paid: what a policy learns to exploit) and false negatives
-(right rows unpaid: signal lost). Checkers: oncurve's `correct`, strict and lenient
-(`reward.answer_match`), called as the trainer calls them, on one row with the gold as GSM8K and
-MATH write it, from this checkout's `src`; and the peers' (`CHECKERS`) from their own published
-packages, in a child (`harness.peer_child`, which says how each is called) in a virtual
-environment of their own, `benchmarks/.venv-peers` (gitignored; `--prepare` makes it from
-PyPI). No peer package is a dependency of oncurve, and none of their code is in this
-repository. GSM8K golds reach every peer without thousands separators, as verl's GSM8K
-preprocessing writes them. A peer that cannot be installed or imported is listed as not run,
-with the reason.
+The corpus, `data/answer_corpus.jsonl`: completions of real GSM8K and MATH problems with their
+real golds, hand-written in the styles instruct models answer in (`The answer is 18.`,
+`\\boxed{}`, `#### 18`, units, intervals, hedges...; each row's "note" names its style), each
+labelled true when a careful human grader marks its final answer correct (stated, equal to the
+gold, simplified). oncurve's `correct`, strict and lenient, is called from this checkout's `src`
+as the trainer calls it; the peers' (`CHECKERS`) from their published packages (none is a
+dependency of oncurve, none of their code is here) in a child (`harness.peer_child` says how
+each is called) in their own environment, `benchmarks/.venv-peers` (gitignored; `--prepare`
+makes it from PyPI). GSM8K golds reach every peer without thousands separators, as verl's GSM8K
+preprocessing writes them; a peer that cannot be installed or imported is listed as not run.
 
     .venv/bin/python benchmarks/answer_checkers.py --prepare   # once: the peers' environment
     .venv/bin/python benchmarks/answer_checkers.py             # score, print, write results/
 
-Records the counts (`results/answer_checkers.md`) and writes every row's verdicts to
-`results/answer_checkers.jsonl`.
+Records each set's figures (`LEGEND`) in `results/answer_checkers.md` and every row's verdicts
+in `results/answer_checkers.jsonl`.
 """
 
 from __future__ import annotations
@@ -40,7 +31,7 @@ from collections import Counter
 from typing import Any
 
 from harness.checkout import BENCHMARKS, CACHE, RESULTS, ROOT
-from harness.peer_child import score_row
+from harness.peer_child import oncurve_checks, score_row, tally
 from harness.tables import code_cell, markdown_table, publish
 
 NAME = "answer_checkers"
@@ -114,41 +105,29 @@ def read_corpus() -> list[dict[str, Any]]:
     return rows
 
 
-def score_oncurve(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """{row id: {"verdicts", "errors" (none), "seconds", "extracted"}} from oncurve's `correct`
-    reward, strict and lenient, called as the trainer calls it: one row, the `answer` column
-    holding the gold. No verdict (None) where the reward leaves the row unscored or its
-    comparison timed out; any other error is raised."""
+def score_oncurve(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row with its "verdicts", "errors" (none) and "seconds" from oncurve's `correct`,
+    strict and lenient (`oncurve_checks`; an error other than a timeout is raised), and what
+    `extract_answer` takes from its completion ("extracted")."""
     from oncurve.rewards.extraction import extract_answer
-    from oncurve.rewards.registry import answer_match_reward, lenient_answer_match_reward
 
-    def check(fn: Any) -> Any:
-        def verdict(row: dict[str, Any]) -> bool | None:
-            try:
-                (score,) = fn([row["prompt"]], [row["completion"]], answer=[row["gold"]])
-            except TimeoutError:
-                return None
-            return None if score is None else score == 1.0
-
-        return verdict
-
-    checks = {"oncurve_strict": check(answer_match_reward)}
-    checks["oncurve_lenient"] = check(lenient_answer_match_reward)
+    checks = {f"oncurve_{name}": check for name, check in oncurve_checks().items()}
     only = dict.fromkeys(checks)
-    return {
-        row["id"]: score_row(checks, only, row, catch=())
+    return [
+        row
+        | score_row(checks, only, row, catch=())
         | {"extracted": extract_answer(row["completion"])}
         for row in rows
-    }
+    ]
 
 
 def score_peers(rows: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """(per row id {"verdicts", "errors", "seconds"}, {"loaded", "failed", "versions"}) from the
+    """(per row id {"verdicts", "errors", "seconds"}, {"failed", "versions"}) from the
     peers' child, run in `.cache/answer_checkers`; every peer failed, with the reason, when the
-    environment is missing or the child dies. GSM8K golds go without thousands separators."""
+    environment is missing or the child dies."""
 
     def all_failed(reason: str) -> tuple[dict, dict[str, Any]]:
-        return {}, {"loaded": [], "failed": dict.fromkeys(PEERS, reason), "versions": {}}
+        return {}, {"failed": dict.fromkeys(PEERS, reason), "versions": {}}
 
     if not PEERS_PYTHON.exists():
         return all_failed(f"no peers' environment at {PEERS_VENV.relative_to(ROOT)} (--prepare)")
@@ -172,14 +151,10 @@ def score_peers(rows: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], 
     return scored, json.loads(out[0])
 
 
-def set_counts(
-    name: str, rows: list[dict[str, Any]], scored: dict[str, dict[str, Any]], failed: dict
-) -> dict[str, Any]:
-    """The figures of set `name` of the labelled `rows`: its rows, how many are right, and per
-    checker that runs on it {"not_run": reason} when it is in `failed`, else its counts against
-    the labels from `scored` ({row id: {"verdicts", "seconds"}}): tp (right rows paid), fp
-    (wrong rows paid), fn (right rows unpaid), tn, skipped (no verdict: unscored, an error, a
-    timeout; unpaid), and its mean milliseconds per row."""
+def set_counts(name: str, rows: list[dict[str, Any]], failed: dict) -> dict[str, Any]:
+    """The figures of set `name` of the scored `rows`: its rows, how many are right, and per
+    checker that runs on it {"not_run": reason} when it is in `failed`, else the `tally` of its
+    verdicts against the labels and its mean milliseconds per row."""
     subset = [row for row in rows if row["set"] == name]
     checkers: dict[str, dict[str, Any]] = {}
     for key, (_, only) in CHECKERS.items():
@@ -188,13 +163,8 @@ def set_counts(
         if key in failed:
             checkers[key] = {"not_run": failed[key]}
             continue
-        counts: dict[str, Any] = dict.fromkeys(("tp", "fp", "fn", "tn", "skipped"), 0)
-        for row in subset:
-            verdict = scored[row["id"]]["verdicts"][key]
-            paid = bool(verdict)
-            counts["skipped"] += verdict is None
-            counts[("t" if paid == row["label"] else "f") + ("p" if paid else "n")] += 1
-        seconds = sum(scored[row["id"]]["seconds"][key] for row in subset)
+        counts = tally((row["verdicts"][key], row["label"]) for row in subset)
+        seconds = sum(row["seconds"][key] for row in subset)
         checkers[key] = counts | {"ms_per_row": round(1000 * seconds / max(len(subset), 1), 2)}
     right = sum(row["label"] for row in subset)
     return {"rows": len(subset), "right": right, "checkers": checkers}
@@ -226,32 +196,31 @@ def main() -> None:
     if parser.parse_args().prepare:
         prepare()
         return
-    rows = read_corpus()
+    corpus = read_corpus()
     start = time.perf_counter()
-    scored = score_oncurve(rows)
-    peers, header = score_peers(rows)
+    rows = score_oncurve(corpus)
+    peers, header = score_peers(corpus)
     wall = time.perf_counter() - start
     for row in rows:
-        for key in ("verdicts", "errors", "seconds"):
-            scored[row["id"]].setdefault(key, {}).update(peers.get(row["id"], {}).get(key, {}))
-    sets = {name: set_counts(name, rows, scored, header["failed"]) for name in SETS}
+        for key, by_checker in peers.get(row["id"], {}).items():
+            row[key].update(by_checker)
+    sets = {name: set_counts(name, rows, header["failed"]) for name in SETS}
     disagreements = [
-        {**{k: row[k] for k in ("id", "gold", "label", "note")}, "extracted": item["extracted"]}
+        {k: row[k] for k in ("id", "gold", "label", "note", "extracted")}
         for row in rows
-        if bool((item := scored[row["id"]])["verdicts"]["oncurve_strict"]) != row["label"]
+        if bool(row["verdicts"]["oncurve_strict"]) != row["label"]
     ]
-    errors = Counter(key for item in scored.values() for key in item["errors"])
+    errors = Counter(key for row in rows for key in row["errors"])
     figures = {"wall_s": round(wall, 1), "corpus_rows": len(rows), "sets": sets}
     figures |= {"disagreements": disagreements, "peer_versions": header["versions"]}
     figures |= {"not_run": header["failed"], "errors": dict(sorted(errors.items()))}
     print(publish(NAME, TITLE, "", {"renderer": NAME, **figures}).read_text())
-    with (RESULTS / f"{NAME}.jsonl").open("w") as f:
+    path = RESULTS / f"{NAME}.jsonl"
+    with path.open("w") as f:
         for row in rows:
-            item = scored[row["id"]]
-            kept = {k: row[k] for k in ("id", "set", "gold", "label")}
-            kept |= {"extracted": item["extracted"], "verdicts": item["verdicts"]}
-            f.write(json.dumps({**kept, "errors": item["errors"]}, ensure_ascii=False) + "\n")
-    print(f"wrote {(RESULTS / f'{NAME}.jsonl').relative_to(ROOT)}")
+            kept = ("id", "set", "gold", "label", "extracted", "verdicts", "errors")
+            f.write(json.dumps({k: row[k] for k in kept}, ensure_ascii=False) + "\n")
+    print(f"wrote {path.relative_to(ROOT)}")
 
 
 def summary(row: dict[str, Any]) -> str:

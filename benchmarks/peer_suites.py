@@ -1,20 +1,15 @@
 """oncurve's answer checker against peers' own test suites: math-verify's, TRL's and verl's.
 
-The cases, as data only (none of the peers' code is copied), each suite's provenance and
-licence in its "source" in `data/peer_suites.json`: `data/math_verify_cases.jsonl`, the
-parametrized cases of tests/test_all.py of huggingface/Math-Verify (commit 5d148cfaaf99, MIT,
-Copyright (c) 2024 The HuggingFace Team), its repeated cases kept, written by `--extract` from a
-local bare git mirror (`--mirror`; the file is read with `ast`, never imported or run);
-`data/trl_cases.jsonl` (TRL's `accuracy_reward` tests) and `data/verl_cases.jsonl` (verl's
-`test_prime_math`), by hand, each completion as the prediction and its solution as the gold.
-
-For each case (a gold, a prediction, and the suite's expectation: 1 when it requires the pair to
-verify, 0 when it requires it not to): does oncurve's `correct` reward pay the prediction,
-strict and lenient, `answers_match(extract_answer(prediction), usable_gold(reference(gold)),
-prompt=None, strict=...)`, a TimeoutError unpaid. The options math-verify's tests pass
-(`precision`, ...) are kept in each case, not applied. Every disagreement is listed with its
-hand-made class and note from `data/peer_suites.json` (keyed `test#index`): by design, a
-notation oncurve does not read, or "to fix"; one without is "unclassified".
+The cases are data only (none of the peers' code is copied), each suite's provenance and licence
+in its "source" in `data/peer_suites.json`: math-verify's parametrized cases of tests/test_all.py,
+repeated ones kept, written by `--extract` from a local bare git mirror (`--mirror`; the file is
+read with `ast`, never imported or run); TRL's `accuracy_reward` and verl's `test_prime_math`
+cases by hand, each completion as the prediction and its solution as the gold. A case expects 1
+when its suite requires gold and prediction to verify, 0 when it requires them not to. oncurve's
+`correct`, strict and lenient (`oncurve_checks`), judges the prediction against
+`reference(gold)` without a prompt, a timeout unpaid; the options math-verify's tests pass
+(`precision`, ...) are kept in each case, not applied. Each disagreement is listed with its
+hand-made class and note from `data/peer_suites.json` (keyed `test#index`), or "unclassified".
 
     .venv/bin/python benchmarks/peer_suites.py            # score, print, write results/
     .venv/bin/python benchmarks/peer_suites.py --extract  # rebuild math-verify's data file first
@@ -28,12 +23,14 @@ import argparse
 import ast
 import json
 import math
+import re
 import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from harness.checkout import BENCHMARKS
+from harness.peer_child import oncurve_checks, tally
 from harness.tables import code_cell, markdown_table, publish
 
 NAME = "peer_suites"
@@ -59,22 +56,15 @@ def literal(node: ast.expr) -> Any:
         return ast.literal_eval(node)
     parts = []
     for part in node.values:
-        if isinstance(part, ast.Constant):
+        if isinstance(part, ast.FormattedValue):
+            call = part.value
+            name = ast.unparse(call.func) if isinstance(call, ast.Call) else ""
+            if not re.fullmatch(r"math\.\w+", name) or call.keywords:
+                raise ValueError(f"line {node.lineno}: unsupported f-string value")
+            value = getattr(math, name[5:])(*map(ast.literal_eval, call.args))
+            parts.append(format(value, literal(part.format_spec) if part.format_spec else ""))
+        else:
             parts.append(str(part.value))
-            continue
-        assert isinstance(part, ast.FormattedValue)
-        call = part.value
-        if not (
-            isinstance(call, ast.Call)
-            and isinstance(call.func, ast.Attribute)
-            and isinstance(call.func.value, ast.Name)
-            and call.func.value.id == "math"
-            and not call.keywords
-        ):
-            raise ValueError(f"line {node.lineno}: unsupported f-string value")
-        value = getattr(math, call.func.attr)(*(ast.literal_eval(a) for a in call.args))
-        spec = "".join(str(s.value) for s in getattr(part.format_spec, "values", []))
-        parts.append(format(value, spec))
     return "".join(parts)
 
 
@@ -94,22 +84,24 @@ def compare_options(func: ast.FunctionDef, row: dict[str, Any]) -> dict[str, Any
     return {}
 
 
-def extract_cases(source: str, suite: str) -> list[dict[str, Any]]:
-    """Every case of every `pytest.mark.parametrize` test in the test file `source` whose
-    parameters include gold, pred and expected, in file order: {"suite", "test", "index" (its
-    position in the list), "gold", "prediction", "expected" (0 or 1), and "options" where the
-    test passes `compare_strings` any (`compare_options`)}."""
+def extract_cases(mirror: Path, path: Path, suite: str) -> None:
+    """Write to `path`, one JSON line each, every case of every `pytest.mark.parametrize` test
+    in math-verify's tests/test_all.py at the HEAD of its bare git `mirror` whose parameters
+    include gold, pred and expected, in file order: {"suite", "test", "index" (its position in
+    the list), "gold", "prediction", "expected" (0 or 1), and "options" where the test passes
+    `compare_strings` any (`compare_options`)}; prints how many and from which commit."""
+    git = ["git", f"--git-dir={mirror}"]
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True)
+    show = [*git, "show", f"{commit.stdout.strip()}:{MATH_VERIFY_TESTS}"]
+    source = subprocess.run(show, check=True, capture_output=True, text=True).stdout
     cases = []
     for func in ast.parse(source).body:
         if not isinstance(func, ast.FunctionDef):
             continue
         for decorator in func.decorator_list:
-            if not (
-                isinstance(decorator, ast.Call)
-                and isinstance(decorator.func, ast.Attribute)
-                and decorator.func.attr == "parametrize"
-            ):
+            if not ast.unparse(decorator).startswith("pytest.mark.parametrize("):
                 continue
+            assert isinstance(decorator, ast.Call)
             names = [n.strip() for n in ast.literal_eval(decorator.args[0]).split(",")]
             if not {"gold", "pred", "expected"} <= set(names):
                 continue
@@ -123,17 +115,6 @@ def extract_cases(source: str, suite: str) -> list[dict[str, Any]]:
                 if options := compare_options(func, row):
                     case["options"] = options
                 cases.append(case)
-    return cases
-
-
-def write_math_verify_cases(mirror: Path, path: Path, suite: str) -> None:
-    """Write the cases of math-verify's tests/test_all.py at the HEAD of its bare git `mirror`
-    to `path`, one JSON line each, named `suite`; prints how many and from which commit."""
-    git = ["git", f"--git-dir={mirror}"]
-    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True)
-    show = [*git, "show", f"{commit.stdout.strip()}:{MATH_VERIFY_TESTS}"]
-    source = subprocess.run(show, check=True, capture_output=True, text=True).stdout
-    cases = extract_cases(source, suite)
     path.write_text("".join(json.dumps(case, ensure_ascii=False) + "\n" for case in cases))
     print(f"{len(cases)} cases from {MATH_VERIFY_TESTS} at {commit.stdout.strip()} -> {path}")
 
@@ -155,32 +136,28 @@ def score_suite(suite: dict[str, Any]) -> dict[str, Any]:
     """One suite's figures: cases, agreements of strict and lenient ([all, expected 1,
     expected 0]), timeouts, disagreements by class, and every disagreement."""
     from oncurve.rewards.extraction import extract_answer
-    from oncurve.rewards.matching import answers_match, usable_gold
+    from oncurve.rewards.matching import usable_gold
 
-    timeouts = Counter({"strict": 0, "lenient": 0})
+    checks = oncurve_checks()
     cases = [json.loads(line) for line in (BENCHMARKS / suite["cases"]).read_text().splitlines()]
-    wrong, agree = [], {"strict": [0, 0, 0], "lenient": [0, 0, 0]}
+    wrong = []
     for case in cases:
-        gold, extracted = usable_gold(reference(case["gold"])), extract_answer(case["prediction"])
-        paid = {}
-        for matching in agree:
-            strict = matching == "strict"
-            try:
-                paid[matching] = gold is not None and answers_match(
-                    extracted, gold, prompt=None, strict=strict
-                )
-            except TimeoutError:
-                timeouts[matching] += 1
-                paid[matching] = False
-            if paid[matching] == case["expected"]:
-                agree[matching][0] += 1
-                agree[matching][2 - case["expected"]] += 1
-        if any(paid[m] != case["expected"] for m in agree):
+        row = {"prompt": None, "completion": case["prediction"], "gold": reference(case["gold"])}
+        case["verdicts"] = {name: check(row) for name, check in checks.items()}
+        case["reference"] = usable_gold(row["gold"])
+        paid = {name: bool(verdict) for name, verdict in case["verdicts"].items()}
+        if any(verdict != case["expected"] for verdict in paid.values()):
             key = f"{case['test']}#{case['index']}"
             why, note = suite["why"].get(key, ("unclassified", ""))
             row = {"test": key, **{k: case[k] for k in ("gold", "prediction", "expected")}}
-            row |= {"reference": gold, "extracted": extracted, **paid}
-            wrong.append({**row, "why": why, "note": note})
+            row |= {"reference": case["reference"], "extracted": extract_answer(case["prediction"])}
+            wrong.append({**row, **paid, "why": why, "note": note})
+    unusable = sum(case["reference"] is None for case in cases)  # unscored, no verdict
+    agree, timeouts = {}, {}
+    for name in checks:
+        c = tally((case["verdicts"][name], case["expected"] == 1) for case in cases)
+        agree[name] = [c["tp"] + c["tn"], c["tp"], c["tn"]]
+        timeouts[name] = c["skipped"] - unusable  # no verdict on a usable gold: a timeout
     classes = Counter(row["why"] for row in wrong)
     order = [*SUITES["classes"], "unclassified"]
     return {
@@ -189,7 +166,7 @@ def score_suite(suite: dict[str, Any]) -> dict[str, Any]:
         "cases": len(cases),
         "must_verify": sum(case["expected"] for case in cases),
         "agree": agree,
-        "timeouts": dict(timeouts),
+        "timeouts": timeouts,
         "classes": {name: classes[name] for name in order if classes[name]},
         "disagreements": wrong,
     }
@@ -247,7 +224,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.extract:
         math_verify = SUITES["suites"][0]
-        write_math_verify_cases(args.mirror, BENCHMARKS / math_verify["cases"], math_verify["name"])
+        extract_cases(args.mirror, BENCHMARKS / math_verify["cases"], math_verify["name"])
     suites = [score_suite(suite) for suite in SUITES["suites"]]
     for suite in suites:
         n, (strict, lenient) = suite["cases"], suite["agree"].values()

@@ -1,20 +1,11 @@
-"""The peers' answer checkers, run as `python -m harness.peer_child WANTED` in the peers'
-environment (`answer_checkers.py`; no oncurve on its path): imports each checker named in
-`WANTED` (JSON, {checker: the set it runs on, or null for every set}) from its installed
-package, writes one JSON line saying which loaded ({"loaded", "failed", "versions"}), then
-reads {"id", "set", "gold", "prompt", "completion"} JSON lines on stdin and writes
-{"id", "verdicts", "errors", "seconds"} for each (`score_row`). A checker that cannot be
-imported is reported in "failed" and the others run; one that raises on a row gives no verdict
-there.
-
-How each is called: verl's package `__init__` imports torch and Ray, so verl's reward modules
-are imported without it (`verl_scores`); verl's `math_verify.compute_score` runs its check in a
-spawned process pool, so the child calls the function that pool runs with compute_score's own
-gold, `\\boxed{gold}`. TRL's `accuracy_reward` gets the gold as the last line of a MATH
-solution, `\\boxed{gold}` (a gold it cannot parse returns None: unpaid, and no verdict).
-math-verify gets `parse(\\boxed{gold})` against `parse(completion)`, as lm-eval's minerva_math
-passes the solution. lm-eval's gsm8k reference is `#### gold` (its `doc_to_target` is GSM8K's
-answer text, whose `#### ` its `regexes_to_ignore` strip)."""
+"""Answer checkers set against oncurve's `correct` reward: oncurve's own (`oncurve_checks`), a
+row's verdicts (`score_row`) and their tally against labels (`tally`); and the peers', run in
+their own environment (no oncurve on its path) as `python -m harness.peer_child WANTED`, WANTED
+a JSON {checker: the one set it runs on, or null for all}. The child imports each from its
+installed package (one that fails is reported in "failed", the others run), writes a JSON line
+{"failed", "versions"}, then one {"id", "verdicts", "errors", "seconds"} for each
+{"id", "set", "gold", "prompt", "completion"} line on stdin; a checker that raises on a row
+gives no verdict there. Each maker's docstring says how its checker is called."""
 
 from __future__ import annotations
 
@@ -24,7 +15,8 @@ import json
 import sys
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from functools import partial
 from importlib.resources import files
 from typing import Any
 
@@ -36,22 +28,21 @@ def boxed(gold: str) -> str:
     return "\\boxed{" + gold + "}"
 
 
-def verl_scores() -> types.ModuleType:
-    """verl's reward_score package without verl's `__init__`, which imports torch and Ray:
-    `verl`, `verl.utils` and `verl.utils.reward_score` registered as bare packages over the
-    installed folders, and `verl.utils.metric` (torch-only; prime_math's timeout helper wants a
-    type from it) as a stub."""
-    if "verl" not in sys.modules:
-        for name in ("verl", "verl.utils", "verl.utils.reward_score"):
-            spec = importlib.util.find_spec(name)
-            assert spec is not None and spec.submodule_search_locations is not None
-            module = types.ModuleType(name)
-            module.__path__ = list(spec.submodule_search_locations)
-            sys.modules[name] = module
-        metric = types.ModuleType("verl.utils.metric")
-        metric.Metric = type("Metric", (), {})  # type: ignore[attr-defined]
-        sys.modules["verl.utils.metric"] = metric
-    return importlib.import_module("verl.utils.reward_score")
+def verl_scores() -> None:
+    """Make verl's reward modules importable without verl's `__init__`, which imports torch and
+    Ray: its packages registered bare over the installed folders, `verl.utils.metric`
+    (torch-only; prime_math's timeout helper wants a type from it) as a stub."""
+    if "verl" in sys.modules:
+        return
+    for name in ("verl", "verl.utils", "verl.utils.reward_score"):
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.submodule_search_locations is not None
+        module = types.ModuleType(name)
+        module.__path__ = list(spec.submodule_search_locations)
+        sys.modules[name] = module
+    metric = types.ModuleType("verl.utils.metric")
+    metric.Metric = type("Metric", (), {})  # type: ignore[attr-defined]
+    sys.modules["verl.utils.metric"] = metric
 
 
 def math_verify() -> Check:
@@ -63,21 +54,17 @@ def math_verify() -> Check:
 
 
 def verl_math_verify() -> Check:
-    """The function compute_score's process pool runs (its workers would import verl's
-    `__init__`), with compute_score's own gold."""
+    """The function verl's `math_verify.compute_score` runs in a spawned process pool (whose
+    workers would import verl's `__init__`), with compute_score's own gold, `\\boxed{gold}`."""
     from verl.utils.reward_score import math_verify as module
 
     return lambda row: module._verify_in_subprocess(boxed(row["gold"]), row["completion"]) == 1.0
 
 
-def verl_module(name: str, paid: Callable[[Any], bool]) -> Callable[[], Check]:
+def verl_module(name: str, paid: Callable[[Any], bool]) -> Check:
     """verl's reward module `name`, its `compute_score(completion, gold)` read by `paid`."""
-
-    def make() -> Check:
-        module = importlib.import_module(f"verl.utils.reward_score.{name}")
-        return lambda row: paid(module.compute_score(row["completion"], row["gold"]))
-
-    return make
+    module = importlib.import_module(f"verl.utils.reward_score.{name}")
+    return lambda row: paid(module.compute_score(row["completion"], row["gold"]))
 
 
 def trl_accuracy() -> Check:
@@ -93,50 +80,45 @@ def trl_accuracy() -> Check:
     return check
 
 
-def lm_eval_gsm8k(filter_name: str) -> Callable[[], Check]:
+def lm_eval_gsm8k(filter_name: str) -> Check:
     """lm-eval's gsm8k filter `filter_name` and its `exact_match` metric, as the installed
-    task yaml configures them, against the reference `#### gold`."""
+    task yaml configures them, against the reference `#### gold` (its `doc_to_target` is
+    GSM8K's answer text, whose `#### ` its `regexes_to_ignore` strip)."""
+    import yaml
+    from lm_eval.api.metrics import exact_match_hf_evaluate
+    from lm_eval.filters.extraction import RegexFilter
+    from lm_eval.filters.selection import TakeFirstFilter
 
-    def make() -> Check:
-        import yaml
-        from lm_eval.api.metrics import exact_match_hf_evaluate
-        from lm_eval.filters.extraction import RegexFilter
-        from lm_eval.filters.selection import TakeFirstFilter
+    task = yaml.safe_load(files("lm_eval").joinpath("tasks/gsm8k/gsm8k.yaml").read_text())
+    (metric,) = [m for m in task["metric_list"] if m["metric"] == "exact_match"]
+    dropped = ("metric", "aggregation", "higher_is_better")
+    options = {k: v for k, v in metric.items() if k not in dropped}
+    (chosen,) = [f for f in task["filter_list"] if f["name"] == filter_name]
+    kinds = {"regex": RegexFilter, "take_first": TakeFirstFilter}
+    steps = [kinds[step.pop("function")](**step) for step in chosen["filter"]]
 
-        task = yaml.safe_load(files("lm_eval").joinpath("tasks/gsm8k/gsm8k.yaml").read_text())
-        (metric,) = [m for m in task["metric_list"] if m["metric"] == "exact_match"]
-        dropped = ("metric", "aggregation", "higher_is_better")
-        options = {k: v for k, v in metric.items() if k not in dropped}
-        (chosen,) = [f for f in task["filter_list"] if f["name"] == filter_name]
-        kinds = {"regex": RegexFilter, "take_first": TakeFirstFilter}
-        steps = [kinds[step.pop("function")](**step) for step in chosen["filter"]]
+    def check(row: dict[str, Any]) -> bool:
+        responses: Any = [[row["completion"]]]
+        for step in steps:
+            responses = list(step.apply(responses, [None]))
+        prediction = responses[0] if isinstance(responses[0], str) else responses[0][0]
+        reference = "#### " + row["gold"]
+        score = exact_match_hf_evaluate(predictions=[prediction], references=[reference], **options)
+        return score["exact_match"] == 1.0
 
-        def check(row: dict[str, Any]) -> bool:
-            responses: Any = [[row["completion"]]]
-            for step in steps:
-                responses = list(step.apply(responses, [None]))
-            prediction = responses[0] if isinstance(responses[0], str) else responses[0][0]
-            reference = "#### " + row["gold"]
-            score = exact_match_hf_evaluate(
-                predictions=[prediction], references=[reference], **options
-            )
-            return score["exact_match"] == 1.0
-
-        return check
-
-    return make
+    return check
 
 
 MAKERS: dict[str, Callable[[], Check]] = {
     "math_verify": math_verify,
     "verl_math_verify": verl_math_verify,
-    "verl_math_reward": verl_module("math_reward", lambda score: score == 1.0),
-    "verl_prime_math": verl_module("prime_math", lambda score: bool(score[0])),
-    "verl_math_dapo": verl_module("math_dapo", lambda score: bool(score["acc"])),
+    "verl_math_reward": partial(verl_module, "math_reward", lambda score: score == 1.0),
+    "verl_prime_math": partial(verl_module, "prime_math", lambda score: bool(score[0])),
+    "verl_math_dapo": partial(verl_module, "math_dapo", lambda score: bool(score["acc"])),
     "trl_accuracy": trl_accuracy,
-    "verl_gsm8k": verl_module("gsm8k", lambda score: score == 1.0),
-    "lm_eval_gsm8k_strict": lm_eval_gsm8k("strict-match"),
-    "lm_eval_gsm8k_flexible": lm_eval_gsm8k("flexible-extract"),
+    "verl_gsm8k": partial(verl_module, "gsm8k", lambda score: score == 1.0),
+    "lm_eval_gsm8k_strict": partial(lm_eval_gsm8k, "strict-match"),
+    "lm_eval_gsm8k_flexible": partial(lm_eval_gsm8k, "flexible-extract"),
 }
 
 
@@ -172,6 +154,35 @@ def score_row(
     return scored
 
 
+def tally(pairs: Iterable[tuple[bool | None, bool]]) -> dict[str, int]:
+    """Counts of (verdict, label) pairs, no verdict (None) unpaid: tp (right rows paid), fp
+    (wrong rows paid), fn (right rows unpaid), tn (wrong rows unpaid), skipped (no verdict)."""
+    counts = dict.fromkeys(("tp", "fp", "fn", "tn", "skipped"), 0)
+    for verdict, label in pairs:
+        counts["skipped"] += verdict is None
+        counts[("t" if bool(verdict) == label else "f") + ("p" if verdict else "n")] += 1
+    return counts
+
+
+def oncurve_checks() -> dict[str, Check]:
+    """oncurve's `correct` reward, "strict" and "lenient", called as the trainer calls it on
+    one row ({"prompt", "completion", "gold"}, the gold as its `answer` column): paid or not,
+    None where it leaves the row unscored (an unusable gold) or its comparison timed out."""
+    from oncurve.rewards.registry import answer_match_reward, lenient_answer_match_reward
+
+    def check(reward: Callable[..., list[float | None]]) -> Check:
+        def verdict(row: dict[str, Any]) -> bool | None:
+            try:
+                (score,) = reward([row["prompt"]], [row["completion"]], answer=[row["gold"]])
+            except TimeoutError:
+                return None
+            return None if score is None else score == 1.0
+
+        return verdict
+
+    return {"strict": check(answer_match_reward), "lenient": check(lenient_answer_match_reward)}
+
+
 def main() -> None:
     wanted: dict[str, str | None] = json.loads(sys.argv[1])
     peers: dict[str, Check] = {}
@@ -184,7 +195,7 @@ def main() -> None:
         except Exception as e:  # a peer that cannot be imported is reported, the others run
             failed[key] = f"{type(e).__name__}: {e}"
     versions = {dist: version(dist) for dist in VERSIONED}
-    print(json.dumps({"loaded": list(peers), "failed": failed, "versions": versions}), flush=True)
+    print(json.dumps({"failed": failed, "versions": versions}), flush=True)
     for line in sys.stdin:
         row = json.loads(line)
         print(json.dumps({"id": row["id"], **score_row(peers, wanted, row)}), flush=True)

@@ -1,11 +1,12 @@
-"""`harness.peer_child.score_row`, which scores a row for the peers' child and for oncurve's own
-checkers in `answer_checkers.py`: the checks of the row's set only, a verdict as a bool or
-None, a raising check unpaid with its error kept, or raised when it is not to be caught."""
+"""`harness.peer_child`, shared by the peers' child, `answer_checkers.py` and `peer_suites.py`:
+`score_row` runs the checks of the row's set only, a verdict as a bool or None, a raising check
+unpaid with its error kept, or raised when it is not to be caught; `tally` counts verdicts
+against labels; `oncurve_checks` judges a row as the trainer's `correct` reward does."""
 
 from __future__ import annotations
 
 import pytest
-from harness.peer_child import score_row
+from harness.peer_child import oncurve_checks, score_row, tally
 
 
 def refuse(row: dict) -> bool:
@@ -28,3 +29,16 @@ def test_a_row_gets_the_verdicts_of_its_sets_checks_and_a_raising_check_none():
 def test_an_error_not_to_be_caught_is_raised():
     with pytest.raises(ValueError, match="cannot read x"):
         score_row(CHECKS, ONLY, {"set": "math", "completion": "x"}, catch=())
+
+
+def test_tally_counts_verdicts_against_labels_no_verdict_unpaid():
+    pairs = [(True, True), (True, False), (False, True), (None, True), (None, False)]
+    assert tally(pairs) == {"tp": 1, "fp": 1, "fn": 2, "tn": 1, "skipped": 2}
+
+
+def test_oncurve_checks_pay_a_stated_answer_and_leave_an_unusable_gold_unscored():
+    row = {"prompt": "How many?", "completion": "So 9 * 2 = 18.\n\nThe answer is 18.", "gold": "18"}
+    for check in oncurve_checks().values():
+        assert check(row) is True
+        assert check(row | {"gold": "19"}) is False
+        assert check(row | {"gold": ""}) is None
