@@ -121,13 +121,13 @@ def score_oncurve(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def score_peers(rows: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """(per row id {"verdicts", "errors", "seconds"}, {"failed", "versions"}) from the
-    peers' child, run in `.cache/answer_checkers`; every peer failed, with the reason, when the
-    environment is missing or the child dies."""
+def score_peers(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Add the peers' "verdicts", "errors" and "seconds" to the scored `rows`, from the peers'
+    child run in `.cache/answer_checkers`; returns {"failed", "versions"}, every peer failed,
+    with the reason, when the environment is missing or the child dies."""
 
-    def all_failed(reason: str) -> tuple[dict, dict[str, Any]]:
-        return {}, {"failed": dict.fromkeys(PEERS, reason), "versions": {}}
+    def all_failed(reason: str) -> dict[str, Any]:
+        return {"failed": dict.fromkeys(PEERS, reason), "versions": {}}
 
     if not PEERS_PYTHON.exists():
         return all_failed(f"no peers' environment at {PEERS_VENV.relative_to(ROOT)} (--prepare)")
@@ -148,7 +148,10 @@ def score_peers(rows: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], 
     scored = {item.pop("id"): item for item in map(json.loads, out[1:])}
     if len(scored) != len(rows):
         raise RuntimeError(f"the peers' child scored {len(scored)} of {len(rows)} rows")
-    return scored, json.loads(out[0])
+    for row in rows:
+        for key, by_checker in scored[row["id"]].items():
+            row[key].update(by_checker)
+    return json.loads(out[0])
 
 
 def set_counts(name: str, rows: list[dict[str, Any]], failed: dict) -> dict[str, Any]:
@@ -199,11 +202,8 @@ def main() -> None:
     corpus = read_corpus()
     start = time.perf_counter()
     rows = score_oncurve(corpus)
-    peers, header = score_peers(corpus)
+    header = score_peers(rows)
     wall = time.perf_counter() - start
-    for row in rows:
-        for key, by_checker in peers.get(row["id"], {}).items():
-            row[key].update(by_checker)
     sets = {name: set_counts(name, rows, header["failed"]) for name in SETS}
     disagreements = [
         {k: row[k] for k in ("id", "gold", "label", "note", "extracted")}
