@@ -1,30 +1,17 @@
 """`make gpu-check`: one command that verifies a CUDA GPU, written as one table.
 
-Each stage is a child process with its own time limit (`LIMITS`, from what each took on an H200
-and an H100; `harness.stages` runs them): `tests` (`pytest -m gpu`, each outcome written as the
-test ends by `harness.pytest_outcomes`), `job` (the default job on CUDA), `rollout`
-(`rollout.py`'s 64 x 256 `cuda_graph` scenario), `trl` (`gpu_vs_trl.py` at 256 tokens; skipped
-with the line that says how to add TRL when neither the interpreter nor the GPU bundle has
-it), and not by default `ppo` (`grpo_vs_ppo.py` on the 0.5B shape), `profile`
-(`gpu_vs_trl.py --profile`) and the workloads `long` (`gpu_vs_trl.py --long`: long reasoning
-against TRL on the 1.5B shape) and `curve` (`gpu_curve.py`: time to accuracy against TRL on a
-30M model warm-started in the stage). The stages a GPU is checked with take two device calls
-of a 15-minute session: the default ones (`DEFAULT_STAGES`: the tests and the step against
-TRL) fit one 10-minute call with the machine's start, and `SECOND_STAGES` (the default job
-and the rollout) the call right after, on the machine still warm; `ppo` and `profile` each fit
-such a second call, and a workload (`WORKLOAD_STAGES`) fills a call of its own. A stage that
-fails or runs out of time gets its row all the same, with its log's tail.
-
-The table, a section per GPU (and per other choice of stages), is printed and recorded
-(`results/gpu_check.md`). Exit status: 0 when every stage run exited 0, 1 otherwise, 2 without a
-CUDA device. `--prepare` (`make gpu-bundle`), run where ../shared and PyPI are, puts what a GPU
-machine without internet access lacks into benchmarks/.gpu-bundle (`harness.gpu_bundle`).
+Each stage is a child process with its own time limit (`LIMITS`), run by `harness.stages`: by
+default the GPU tests and a step against TRL; `job` and `rollout` in the device call after;
+`ppo`, `profile` and the workloads `long` and `curve` when named. A stage against TRL is skipped
+with a line saying how to add TRL when neither the interpreter nor the GPU bundle has it; one
+that fails or runs out of time still gets its rows, and its log's tail. The table, a section per
+GPU (and per other choice of stages), is printed and recorded (`results/gpu_check.md`). Exit
+status: 0 when every stage run exited 0, 1 otherwise, 2 without a CUDA device.
 
     .venv/bin/python benchmarks/gpu_check.py --prepare        # or: make gpu-bundle
     python3 benchmarks/gpu_check.py                           # any Python with a CUDA torch
-    python3 benchmarks/gpu_check.py --stages profile          # the second call
-    python3 benchmarks/gpu_check.py --stages long             # a session's one call
-    python3 benchmarks/gpu_check.py --stages curve            # a session's one call
+    python3 benchmarks/gpu_check.py --stages job,rollout      # the second call (or ppo, profile)
+    python3 benchmarks/gpu_check.py --stages long             # a session's one call (or curve)
     .venv/bin/python benchmarks/gpu_check.py --dry-run        # the commands, nothing run
 """
 
@@ -33,9 +20,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import re
 import statistics
 import sys
+from functools import partial
 
 import yaml
 from harness import pytest_outcomes, run_logs
@@ -47,24 +36,26 @@ from harness.tables import cell, publish
 NAME = "gpu_check"
 TITLE = "GPU check\n\nWritten by `benchmarks/gpu_check.py` (`make gpu-check`), one section per GPU."
 WORK = CACHE / NAME
-TOTAL_LIMIT = 510  # seconds: a 10-minute device call, less the machine's start and transfers
-# seconds per stage, from what each took on an H200 and an H100 cold (benchmarks/LOG.md); the
-# default ones together under TOTAL_LIMIT, leaving 10 s for this process's own work, and the
-# second call's under SECOND_LIMIT
-# `long` and `curve`: estimates until their first GPU run (`long`: TRL's `generate` runs to
-# 4,096 tokens at every step, since one row of 128 almost always reaches the cap; `curve`: the
-# warm start, two budgets of `gpu_curve.SIZES` and scoring every checkpoint)
+# Seconds per stage, from what each took on an H200 and an H100 cold (benchmarks/LOG.md); `long`
+# and `curve` are estimates until their first GPU run (`long`: TRL generates 4,096 tokens every
+# step, as one row of 128 almost always reaches the cap). A GPU is checked in two device calls of
+# a 15-minute session: `DEFAULT_STAGES` in a 10-minute call (TOTAL_LIMIT, with 10 s left for this
+# process), then on the machine still warm `SECOND_STAGES`, `ppo` or `profile` (SECOND_LIMIT); a
+# workload (`WORKLOAD_STAGES`) fills a call of its own.
 LIMITS = {"tests": 270, "job": 90, "rollout": 120, "trl": 230, "ppo": 220, "profile": 210,
           "long": 500, "curve": 500}  # fmt: skip
+TOTAL_LIMIT = 510  # a 10-minute device call, less the machine's start and transfers
 DEFAULT_STAGES = ("tests", "trl")
-SECOND_STAGES = ("job", "rollout")  # the call right after, on the machine still warm
-SECOND_LIMIT = 230  # seconds: what a 15-minute session has left after the first call
-WORKLOAD_STAGES = ("long", "curve")  # each one device call of its own
+SECOND_STAGES = ("job", "rollout")
+SECOND_LIMIT = 230  # what a 15-minute session has left after the first call
+WORKLOAD_STAGES = ("long", "curve")
+TRL_STAGES = ("trl", "long", "curve")  # skipped with `TRL_MISSING` without TRL at hand
 TRL_MISSING = (
     "TRL is not importable and benchmarks/.gpu-bundle has no wheels: run `make gpu-bundle` "
     "where PyPI is reachable and carry benchmarks/.gpu-bundle"
-)  # a stage against TRL's line when it is skipped
+)
 COMPILE_CAPTURE_TARGET = 30  # seconds a run spends compiling and capturing its sampler, at most
+FAILED = "its run failed or did not finish (log below)"
 
 
 def gib(value: float | None) -> str:
@@ -72,9 +63,9 @@ def gib(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f} GiB"
 
 
-def met(done: bool) -> str:
-    """Whether a target was met, in a word."""
-    return "met" if done else "missed"
+def against(value: float, target: float, unit: str = "x") -> str:
+    """`(target <= 0.35x: met)`: whether `value` is within `target`."""
+    return f"(target <= {target}{unit}: {'met' if value <= target else 'missed'})"
 
 
 def phase_peaks(measured: dict[str, float], planned: dict[str, float]) -> str:
@@ -96,8 +87,7 @@ def compile_capture(seconds: float | None) -> str:
     """A run's compile plus capture seconds against `COMPILE_CAPTURE_TARGET`."""
     if seconds is None:
         return "n/a"
-    target = COMPILE_CAPTURE_TARGET
-    return f"{seconds:.1f} s (target <= {target} s: {met(seconds <= target)})"
+    return f"{seconds:.1f} s {against(seconds, COMPILE_CAPTURE_TARGET, ' s')}"
 
 
 def script(name: str, *args: str) -> list[str]:
@@ -154,8 +144,7 @@ def default_job_stage(limit: float, steps: int | None) -> Stage:
 
 
 def job_rows(rows: list[dict], log: str, config: dict) -> list[list[str]]:
-    """The default job's results from its metrics rows (training and evaluation), its log and
-    its config.yaml."""
+    """The default job's results from its metrics rows, its log and its config.yaml."""
     trained = [r for r in rows if "time/step" in r]
     evaluated = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     timed = [r["time/step"] for r in trained[1:] or trained]  # the first step warms up
@@ -191,130 +180,127 @@ def job_rows(rows: list[dict], log: str, config: dict) -> list[list[str]]:
     ]  # fmt: skip
 
 
-def rollout_stage(limit: float) -> Stage:
-    out = WORK / "rollout.json"
-
-    def command() -> list[str]:
-        return script("rollout.py", "--device", "cuda", "--backends", "cuda_graph", "--quick",
-                      "--cuda-shapes", "64x256", "--repeats", "1", "--no-gaps", "--json", str(out))  # fmt: skip
-
-    def read(outcome: Outcome) -> list[list[str]]:
-        rows = []
-        for r in json.loads(out.read_text()):
-            # within the first call: the sampler's own compiling and capturing, if it does
-            first = [f"{r['first_call_s']:.1f} s"] + [
-                f"{what} {r[f'{what}_s']:.1f} s"
-                for what in ("compile", "capture")
-                if r.get(f"{what}_s") is not None
-            ]
-            rows.append([f"{r['scenario']} `{r['sampler']}`",
-                         f"{r['tokens_per_s']:,.0f} tokens/s ({r['vs_static']:.2f}x static "
-                         f"generate); first call {', '.join(first)}"])  # fmt: skip
-        return rows
-
-    return Stage("rollout", "rollout (rows x tokens)", limit, command, read, (out,))
+def rollout_rows(results: list[dict]) -> list[list[str]]:
+    """`rollout.py --json`: each sampler's tokens/s, its first call's seconds and what of them
+    compiling and capturing took."""
+    rows = []
+    for r in results:
+        first = [f"{r['first_call_s']:.1f} s"] + [
+            f"{what} {r[f'{what}_s']:.1f} s"
+            for what in ("compile", "capture")
+            if r.get(f"{what}_s") is not None
+        ]
+        rate = f"{r['tokens_per_s']:,.0f} tokens/s ({r['vs_static']:.2f}x static generate)"
+        rows.append([f"{r['scenario']} `{r['sampler']}`", f"{rate}; first call {', '.join(first)}"])
+    return rows
 
 
-def against_trl_stage(name: str, title: str, limit: float, *args: str) -> Stage:
-    """A stage running `gpu_vs_trl.py` with `args`: s/step, phases, peaks and mean lengths of
-    both trainers, against the targets the run wrote."""
+def trl_rows(figures: dict) -> list[list[str]]:
+    """`gpu_vs_trl.py --json`: s/step, phases, peaks and mean lengths of both trainers against
+    the targets the run wrote, oncurve's memory plan against its peaks."""
+    stats, target = figures["stats"], figures["speed_target"]
+    if "TRL" not in stats:
+        return [["TRL", "not run: the interpreter could not import it"]]
+    ours, base = stats["oncurve"], stats["TRL"]  # None: that run failed
+    if ours is None:
+        return [["oncurve", FAILED]]
+    rows = [
+        ["memory plan: predicted / measured peak",
+         plan_against(ours["plan_gb"], ours["gpu_peak_gb"])],
+        ["oncurve peak by phase, measured / planned",
+         phase_peaks(ours.get("phase_peaks_gb", {}), ours.get("plan_phases_gb", {}))],
+        ["oncurve sampler's compile + capture", compile_capture(ours.get("compile_capture_s"))],
+    ]  # fmt: skip
+    if base is None:
+        return [["TRL", FAILED], *rows]
+    speed = ours["seconds"] / base["seconds"]
+    memory = ours["gpu_peak_gb"] / base["gpu_peak_gb"]
+    phases = ", ".join(
+        f"{name} {ours['phases'][name]:.2f} / {seconds:.2f}"
+        for name, seconds in base.get("phases", {}).items()
+        if name in ours.get("phases", {}) and name != "reward"
+    )
+    return [
+        ["s/step oncurve / TRL", f"{ours['seconds']:.2f} / {base['seconds']:.2f} s = "
+         f"{speed:.2f}x {against(speed, target)}"],
+        ["phases oncurve / TRL, s", phases or "n/a"],
+        ["peak GPU memory oncurve / TRL", f"{gib(ours['gpu_peak_gb'])} / "
+         f"{gib(base['gpu_peak_gb'])} = {memory:.2f}x {against(memory, 1)}"],
+        ["mean completion length oncurve / TRL, tokens",
+         f"{ours['length']:.1f} / {base['length']:.1f}"],
+        *rows,
+    ]  # fmt: skip
+
+
+def ppo_rows(figures: dict) -> list[list[str]]:
+    """`grpo_vs_ppo.py --json`: GRPO's peak against PPO's, each one's memory plan."""
+    (pair,) = figures["pairs"]
+    rows = [["PPO", "its run did not finish (log below)"]]  # stopped before PPO's ended
+    if "PPO" in pair:
+        grpo, ppo = pair["GRPO"]["cuda"] / 1024, pair["PPO"]["cuda"] / 1024
+        claim = f"the claim, 25-50% less than PPO: {'met' if grpo / ppo <= 0.75 else 'missed'}"
+        ratio = f"{gib(grpo)} / {gib(ppo)} = {grpo / ppo:.2f}x"
+        rows = [["peak GPU memory GRPO / PPO", f"{ratio} ({claim})"]]
+    return rows + [
+        [f"memory plan ({name}): predicted / measured peak",
+         plan_against(run["plan_gb"], run["cuda"] / 1024)]
+        for name, run in pair.items()
+    ]  # fmt: skip
+
+
+def curve_rows(row: dict) -> list[list[str]]:
+    """`gpu_curve.py --json`: each curve's accuracy before and after, oncurve's time to TRL's
+    final accuracy against `gpu_curve.TARGET`."""
+    from gpu_curve import TARGET
+
+    rows = [["warm start: held-out greedy accuracy", f"{row['warm_accuracy']:.1%}"]]
+    rows += [[f"{label}: held-out accuracy before / after",
+              f"{points[0][1]:.1%} / {points[-1][1]:.1%} ({len(points) - 1} checkpoints "
+              f"in {points[-1][0]:.0f} s of training)"]
+             for label, points in row["curves"].items()]  # fmt: skip
+    if row["trl_final"] is None:
+        return [*rows, ["TRL", "its run failed or did not run (log below)"]]
+    if row["trl_final"] <= row["warm_accuracy"]:
+        return [*rows, ["TRL", "it did not improve on the warm start: nothing to reach"]]
+    if row["reach_s"] is None:
+        reached, ratio = f"never, in {row['curves']['oncurve'][-1][0]:.0f} s", math.inf
+    else:
+        ratio = row["ratio"]
+        reached = f"{row['reach_s']:.0f} s of TRL's {row['trl_seconds']:.0f} s = {ratio:.2f}x"
+    time_to = f"oncurve's time to TRL's final {row['trl_final']:.1%}"
+    return [*rows, [time_to, f"{reached} {against(ratio, TARGET)}"]]
+
+
+# The stages whose benchmark script writes its results to `--json WORK/<name>.json`: each one's
+# title and reader of those results, and the script's command line before `--json`
+JSON_STAGES = {
+    "rollout": ("rollout (rows x tokens)", rollout_rows),
+    "trl": ("one step against TRL (256 tokens)", trl_rows),
+    "ppo": ("GRPO against PPO, 0.5B shape", ppo_rows),
+    "long": ("long reasoning against TRL (1.5B shape, EOS within 4,096 tokens)", trl_rows),
+    "curve": ("time to accuracy against TRL (30M, 6-digit sums)", curve_rows),
+}
+COMMANDS = {
+    "rollout": "rollout.py --device cuda --backends cuda_graph --quick --cuda-shapes 64x256 "
+    "--repeats 1 --no-gaps",
+    "trl": "gpu_vs_trl.py --tokens 256 --steps 3 --runs 1",
+    "ppo": "grpo_vs_ppo.py --model qwen2.5-0.5b --device cuda --eval-n 0 --microbatch 16",
+    "long": "gpu_vs_trl.py --long --runs 1",
+    "curve": "gpu_curve.py",
+}
+
+
+def json_stage(name: str, limit: float) -> Stage:
+    """The stage `name` of `JSON_STAGES`."""
+    title, reader = JSON_STAGES[name]
     out = WORK / f"{name}.json"
 
     def command() -> list[str] | str:
-        if not trl_at_hand():
+        if name in TRL_STAGES and not trl_at_hand():
             return TRL_MISSING
-        return script("gpu_vs_trl.py", *args, "--runs", "1", "--json", str(out))
+        return script(*COMMANDS[name].split(), "--json", str(out))
 
-    def read(outcome: Outcome) -> list[list[str]]:
-        figures = json.loads(out.read_text())
-        stats, target = figures["stats"], figures["speed_target"]
-        if "TRL" not in stats:
-            return [["TRL", "not run: the interpreter could not import it"]]
-        ours, base = stats["oncurve"], stats["TRL"]  # None: that run failed
-        if ours is None:
-            return [["oncurve", "its run failed or did not finish (log below)"]]
-        rows = [
-            ["memory plan: predicted / measured peak",
-             plan_against(ours["plan_gb"], ours["gpu_peak_gb"])],
-            ["oncurve peak by phase, measured / planned",
-             phase_peaks(ours.get("phase_peaks_gb", {}), ours.get("plan_phases_gb", {}))],
-            ["oncurve sampler's compile + capture", compile_capture(ours.get("compile_capture_s"))],
-        ]  # fmt: skip
-        if base is None:
-            return [["TRL", "its run failed or did not finish (log below)"], *rows]
-        speed = ours["seconds"] / base["seconds"]
-        memory = ours["gpu_peak_gb"] / base["gpu_peak_gb"]
-        lengths = f"{ours['length']:.1f} / {base['length']:.1f}"
-        phases = ", ".join(
-            f"{name} {ours['phases'][name]:.2f} / {seconds:.2f}"
-            for name, seconds in base.get("phases", {}).items()
-            if name in ours.get("phases", {}) and name != "reward"
-        )
-        return [
-            ["s/step oncurve / TRL", f"{ours['seconds']:.2f} / {base['seconds']:.2f} s = "
-             f"{speed:.2f}x (target <= {target}x: {met(speed <= target)})"],
-            ["phases oncurve / TRL, s", phases or "n/a"],
-            ["peak GPU memory oncurve / TRL", f"{gib(ours['gpu_peak_gb'])} / "
-             f"{gib(base['gpu_peak_gb'])} = {memory:.2f}x (target <= 1x: {met(memory <= 1)})"],
-            ["mean completion length oncurve / TRL, tokens", lengths],
-            *rows,
-        ]  # fmt: skip
-
-    return Stage(name, title, limit, command, read, (out,))
-
-
-def ppo_stage(limit: float) -> Stage:
-    out = WORK / "ppo.json"
-
-    def command() -> list[str]:
-        return script("grpo_vs_ppo.py", "--model", "qwen2.5-0.5b", "--device", "cuda",
-                      "--eval-n", "0", "--microbatch", "16", "--json", str(out))  # fmt: skip
-
-    def read(outcome: Outcome) -> list[list[str]]:
-        (pair,) = json.loads(out.read_text())["pairs"]
-        rows = [["PPO", "its run did not finish (log below)"]]  # stopped before PPO's ended
-        if "PPO" in pair:
-            grpo, ppo = pair["GRPO"]["cuda"] / 1024, pair["PPO"]["cuda"] / 1024
-            claim = f"the claim, 25-50% less than PPO: {met(grpo / ppo <= 0.75)}"
-            rows = [["peak GPU memory GRPO / PPO", f"{gib(grpo)} / {gib(ppo)} = {grpo / ppo:.2f}x ({claim})"]]  # fmt: skip
-        return rows + [
-            [f"memory plan ({name}): predicted / measured peak",
-             plan_against(run["plan_gb"], run["cuda"] / 1024)]
-            for name, run in pair.items()
-        ]  # fmt: skip
-
-    return Stage("ppo", "GRPO against PPO, 0.5B shape", limit, command, read, (out,))
-
-
-def curve_stage(limit: float) -> Stage:
-    out = WORK / "curve.json"
-
-    def command() -> list[str] | str:
-        if not trl_at_hand():
-            return TRL_MISSING
-        return script("gpu_curve.py", "--json", str(out))
-
-    def read(outcome: Outcome) -> list[list[str]]:
-        from gpu_curve import TARGET
-
-        row = json.loads(out.read_text())
-        rows = [["warm start: held-out greedy accuracy", f"{row['warm_accuracy']:.1%}"]]
-        rows += [[f"{label}: held-out accuracy before / after",
-                  f"{points[0][1]:.1%} / {points[-1][1]:.1%} ({len(points) - 1} checkpoints "
-                  f"in {points[-1][0]:.0f} s of training)"]
-                 for label, points in row["curves"].items()]  # fmt: skip
-        if row["trl_final"] is None:
-            return [*rows, ["TRL", "its run failed or did not run (log below)"]]
-        reach, ratio = row["reach_s"], row["ratio"]
-        if row["trl_final"] <= row["warm_accuracy"]:
-            return [*rows, ["TRL", "it did not improve on the warm start: nothing to reach"]]
-        reached = (f"never, in {row['curves']['oncurve'][-1][0]:.0f} s (target <= {TARGET}x: missed)"
-                   if reach is None else f"{reach:.0f} s of TRL's {row['trl_seconds']:.0f} s = "
-                   f"{ratio:.2f}x (target <= {TARGET}x: {met(ratio <= TARGET)})")  # fmt: skip
-        return [*rows, [f"oncurve's time to TRL's final {row['trl_final']:.1%}", reached]]
-
-    return Stage("curve", "time to accuracy against TRL (30M, 6-digit sums)", limit, command,
-                 read, (out,))  # fmt: skip
+    return Stage(name, title, limit, command, lambda _: reader(json.loads(out.read_text())), (out,))
 
 
 def profile_stage(limit: float) -> Stage:
@@ -336,14 +322,9 @@ def profile_stage(limit: float) -> Stage:
 
 def stages(args: argparse.Namespace) -> list[Stage]:
     """The stages `args.stages` names, in the order of `LIMITS`."""
-    made = {"tests": gpu_tests_stage, "job": lambda limit: default_job_stage(limit, args.steps),
-            "rollout": rollout_stage, "ppo": ppo_stage, "profile": profile_stage,
-            "curve": curve_stage,
-            "trl": lambda limit: against_trl_stage(
-                "trl", "one step against TRL (256 tokens)", limit, "--tokens", "256", "--steps", "3"),
-            "long": lambda limit: against_trl_stage(
-                "long", "long reasoning against TRL (1.5B shape, EOS within 4,096 tokens)", limit,
-                "--long")}  # fmt: skip
+    made = {name: partial(json_stage, name) for name in JSON_STAGES}
+    made |= {"tests": gpu_tests_stage, "profile": profile_stage}
+    made["job"] = partial(default_job_stage, steps=args.steps)
     return [made[name](LIMITS[name] * args.time_scale) for name in LIMITS if name in args.stages]
 
 
@@ -361,9 +342,8 @@ HEADLINES = {
 
 
 def summary(row: dict) -> str:
-    """The row in one line: each stage's verdict and its headline figures (the tests' counts,
-    the job's accuracy and pace, the rollout's `cuda_graph` rate, a comparison's ratios or
-    which side did not finish)."""
+    """The row in one line: each stage's status and the figures `HEADLINES` names, with the
+    rollout's `cuda_graph` rate."""
     parts = []
     for stage in row["stages"]:
         quoted = [

@@ -20,8 +20,7 @@ def main() -> None:
     parser.add_argument("benchmarks", nargs="*", help="record names (default: all)")
     names = parser.parse_args().benchmarks or sorted(p.stem for p in RECORDS.glob("*.jsonl"))
     for name in names:
-        path = render_page(name)
-        print(f"{name}: {path or 'no record'}")
+        print(f"{name}: {render_page(name) or 'no record'}")
     for path, text in rendered_pages().items():
         path.write_text(text)
         print(f"figures: {path}")

@@ -1,11 +1,8 @@
-"""Every record's figures in one line each: the table of recorded figures in
-benchmarks/README.md (each row with a summary, newest first), the README's Results table (the
-newest headline of each area) and the figures of benchmarks/LOG.md's entries (a row each,
-named by its record and date), written between their markers by `render.py`.
-
-A row's summary and headline come from its spec module's `summary(row)` and `headline(row)`
-(the module named by "renderer") where it has them, else from the row's own "summary" and
-"headline" fields (rows imported from the tables kept by hand before the records)."""
+"""Every record's figures in one line each, written between their markers by `render.py`: the
+recorded figures in benchmarks/README.md (newest first), the README's Results table (the newest
+headline of each area) and benchmarks/LOG.md's entries (a row each, by record and date). A
+row's summary and headline come from its spec module's `summary(row)` and `headline(row)` (the
+module named by "renderer"), else from its own fields (rows imported from hand-kept tables)."""
 
 from __future__ import annotations
 
@@ -57,27 +54,18 @@ def machine_label(row: dict[str, Any]) -> str:
 
 
 def all_rows() -> list[dict[str, Any]]:
-    """Every row of every record, newest first: by day, then by record name, then the record's
-    later row first."""
-    rows = [
-        (str(row.get("date", ""))[:10], path.stem, -index, row)
-        for path in sorted(RECORDS.glob("*.jsonl"))
-        for index, row in enumerate(read(path.stem))
-    ]
-    rows.sort(key=lambda entry: entry[:3])
-    rows.sort(key=lambda entry: entry[0], reverse=True)
-    return [row for *_, row in rows]
+    """Every row of every record: newest day first, then by record, a record's later row first."""
+    rows = [row for path in sorted(RECORDS.glob("*.jsonl")) for row in reversed(read(path.stem))]
+    return sorted(rows, key=lambda row: str(row.get("date", ""))[:10], reverse=True)  # stable
 
 
 def summary_of(row: dict[str, Any]) -> str | None:
-    """A row's figures in one line: an imported row's own line (not what its spec would sum
-    up), else its spec's `summary(row)`; None for a row without one."""
+    """A row's figures in one line (an imported row's own, else its spec's), or None."""
     return row.get("summary") if "imported" in row else _from_spec(row, "summary")
 
 
 def history_table(rows: list[dict[str, Any]]) -> str:
-    """The recorded figures: date, machine, commit, command and summary of each row with a
-    summary (an imported line left out where its measurement's figures row summarises it)."""
+    """Date, machine, commit, command and summary of each row with a summary."""
     lines = []
     # a measurement's figures row, once its spec summarises it, stands for its imported line
     summarised = {(r["benchmark"], r.get("commit")) for r in rows if "renderer" in r
@@ -94,8 +82,8 @@ def history_table(rows: list[dict[str, Any]]) -> str:
 
 
 def headline_table(rows: list[dict[str, Any]]) -> str:
-    """The newest headline of each area of `AREAS`: its figure and the command that measures
-    it. An area without one is an error: the README would lose a row."""
+    """The newest headline of each of `AREAS`: its figure and command. ValueError for an area
+    without one: the README would lose a row."""
     newest: dict[str, dict[str, str]] = {}
     for row in rows:
         headline = _from_spec(row, "headline")
@@ -117,29 +105,24 @@ def between_markers(text: str, name: str, table: str) -> str:
     return pattern.sub(lambda m: m.group(1) + table + m.group(2), text)
 
 
-def row_line(row: dict[str, Any]) -> str:
-    """A row's figures as a LOG entry gives them: its command, commit and summary."""
-    return f"`{row['command']}` at {row['commit']}: {summary_of(row)}."
-
-
 def log_rows(text: str, rows: list[dict[str, Any]]) -> str:
     """`text` with each `<!-- row: NAME DATE -->` ... `<!-- /row -->` block filled with the
-    `row_line` of record NAME's row measured at DATE; ValueError naming a marker that names
-    no row, or more than one."""
+    command, commit and summary of record NAME's row measured at DATE; ValueError for a marker
+    that names no row, or more than one."""
 
     def fill(match: re.Match[str]) -> str:
         indent, name, date = match.group(1), match.group(3), match.group(4)
         found = [row for row in rows if row["benchmark"] == name and str(row.get("date")) == date]
         if len(found) != 1:
             raise ValueError(f"<!-- row: {name} {date} --> names {len(found)} rows, not one")
-        return f"{indent}{match.group(2)}\n{indent}{row_line(found[0])}\n{indent}<!-- /row -->"
+        line = f"`{found[0]['command']}` at {found[0]['commit']}: {summary_of(found[0])}."
+        return f"{indent}{match.group(2)}\n{indent}{line}\n{indent}<!-- /row -->"
 
     return LOG_ROW.sub(fill, text)
 
 
 def rendered_pages() -> dict[Path, str]:
-    """README.md, benchmarks/README.md and benchmarks/LOG.md as `render.py` writes them from
-    the records."""
+    """README.md, benchmarks/README.md and benchmarks/LOG.md as the records make them."""
     rows = all_rows()
     return {
         HEADLINES: between_markers(HEADLINES.read_text(), "headlines", headline_table(rows)),

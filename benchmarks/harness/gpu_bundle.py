@@ -1,6 +1,6 @@
 """What a GPU machine without internet access lacks, prepared where ../shared and PyPI are
-(`gpu_check.py --prepare`, `make gpu-bundle`): the Qwen3 tokenizer and TRL's wheels in
-`checkout.GPU_BUNDLE`, which the device tool carries and the scripts use when present."""
+(`make gpu-bundle`): the Qwen3 tokenizer and TRL's wheels in `checkout.GPU_BUNDLE`, which the
+device tool carries and the scripts use when present."""
 
 from __future__ import annotations
 
@@ -30,20 +30,10 @@ def trl_at_hand() -> bool:
     return importlib.util.find_spec("trl") is not None or bool(wheels)
 
 
-def working_tree_bytes() -> int:
-    """The size of the files the device tool carries of the checkout: tracked and untracked,
-    ignored ones left out."""
-    listed = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard", "-z"],
-        cwd=ROOT, capture_output=True, check=True,
-    ).stdout.split(b"\0")  # fmt: skip
-    paths = [ROOT / p.decode() for p in listed if p]
-    return sum(p.stat().st_size for p in paths if p.is_file())
-
-
 def prepare() -> int:
-    """Fill `GPU_BUNDLE` with the Qwen3 tokenizer and TRL's wheels; print its size against what
-    the device tool carries. Returns the exit status: 2 without the tokenizer."""
+    """Fill `GPU_BUNDLE` with the Qwen3 tokenizer and TRL's wheels and print its size with the
+    working tree's (the files git tracks and does not ignore) against what the device tool
+    carries. Returns the exit status: 2 without the tokenizer."""
     from harness.models import SHARED_TOKENIZER, copy_files
 
     if not (SHARED_TOKENIZER / "tokenizer.json").is_file():
@@ -56,7 +46,9 @@ def prepare() -> int:
                 "manylinux2014_x86_64", "-d", str(GPU_BUNDLE / "wheels"), *TRL_WHEELS]  # fmt: skip
     subprocess.run(download, check=True)
     size = sum(p.stat().st_size for p in GPU_BUNDLE.rglob("*") if p.is_file())
-    tree = working_tree_bytes()
+    git = ["git", "ls-files", "-co", "--exclude-standard", "-z"]
+    listed = subprocess.run(git, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    tree = sum(p.stat().st_size for p in (ROOT / n for n in listed.split("\0")) if p.is_file())
     print(
         f"{GPU_BUNDLE.relative_to(ROOT)}: {size / 2**20:.1f} MiB (tokenizer and "
         f"{len(TRL_WHEELS)} wheels); with the working tree ({tree / 2**20:.1f} MiB) "

@@ -1,10 +1,8 @@
-"""Each test's outcome as it ends, and read back: a pytest plugin (`pytest -p
-harness.pytest_outcomes --results-jsonl PATH`) appends one JSON line per test as its result
-comes in, {"test": node id, "outcome": passed | failed | skipped, "seconds": its call's (its
-setup's when that ended it)}, with a failure's "message" (its error's line) and "detail" (the
-end of its report), so that a pytest stopped at a time limit still says what it got done and why
-a test failed (pytest writes its JUnit XML only at the end). With pytest-xdist the controller
-writes, not the workers. `read` takes the JUnit XML when there is one, else those lines."""
+"""Each test's outcome as it ends: a pytest plugin (`pytest -p harness.pytest_outcomes
+--results-jsonl PATH`; with pytest-xdist the controller writes) appends a JSON line per test,
+{"test": node id, "outcome", "seconds"}, with a failure's "message" and "detail" (its error's
+line, the end of its report), so that a pytest stopped at a time limit, before its JUnit XML,
+still says what it got done and why a test failed. `read` takes the XML, else those lines."""
 
 from __future__ import annotations
 
@@ -50,9 +48,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def read(junit_xml: Path, results_jsonl: Path) -> list[dict[str, Any]]:
-    """{"test", "outcome": passed | failed | skipped, and for a failure "message" and "detail"}
-    per test from pytest's JUnit XML, else from the lines the plugin wrote (pytest stopped
-    before its XML); tests named as `test_file::test_x`."""
+    """{"test": `test_file::test_x`, "outcome": passed | failed | skipped, and for a failure
+    "message" and "detail"} per test, from the JUnit XML, else from the plugin's lines."""
     if not junit_xml.is_file():
         lines = results_jsonl.read_text().splitlines() if results_jsonl.is_file() else []
         rows = list(map(json.loads, lines))
@@ -64,11 +61,8 @@ def read(junit_xml: Path, results_jsonl: Path) -> list[dict[str, Any]]:
         children = {child.tag: child for child in case}
         name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
         failure = children.get("failure", children.get("error"))
+        outcome = "skipped" if "skipped" in children else "passed"
+        found.append({"test": name, "outcome": outcome if failure is None else "failed"})
         if failure is not None:
-            found.append({"test": name, "outcome": "failed", "message": failure.get("message", ""),
-                          "detail": failure.text or ""})  # fmt: skip
-        else:
-            found.append(
-                {"test": name, "outcome": "skipped" if "skipped" in children else "passed"}
-            )
+            found[-1] |= {"message": failure.get("message", ""), "detail": failure.text or ""}
     return found

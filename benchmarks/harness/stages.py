@@ -1,11 +1,10 @@
-"""A check run as stages: each stage a child process with its own time limit, whose results are
-read from what it wrote whatever way it ended, and a markdown table of them all with the log
-tails of those that failed or ran out of time (`gpu_check.py`).
+"""A check run as stages (`gpu_check.py`): each a child process with its own time limit, whose
+results are read from what it wrote however it ended; a markdown table of them all, and the log
+tails of those that failed or ran out of time.
 
-A stage's report is a dict of figures that a result row keeps as it is: "name", "title",
-"limit" and "seconds" (None when it was skipped), its exit "code" (None when it ran out of
-time), its "rows" ([check, result]), and for a stage that did not pass its "log" and its last
-`TAIL_LINES` lines ("tail")."""
+A stage's report, kept as it is in a result row: "name", "title", "limit", "seconds" (None when
+skipped), exit "code" (None when out of time), "rows" ([check, result]), and for a stage that did
+not pass its "log" and that log's last `TAIL_LINES` lines ("tail")."""
 
 from __future__ import annotations
 
@@ -33,18 +32,11 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Stage:
-    """One child process of a check.
-
-    Attributes:
-        name: its key (`gpu_check.py --stages`).
-        title: its name in the table.
-        limit: seconds it may run.
-        command: called just before it runs: the command, or a line saying why it is skipped.
-        read: its result rows ([check, result]) from its outcome and what it wrote; called
-            whatever the outcome, so a failed or stopped stage shows what it got done.
-        outputs: files and folders it writes, deleted before it runs (a stale one would be
-            read as its result).
-    """
+    """One child process of a check, named `name` (`gpu_check.py --stages`) and `title` (in the
+    table), run for at most `limit` seconds. `command` is called just before it runs: the command,
+    or a line saying why it is skipped. `read` makes its rows ([check, result]) of its outcome and
+    what it wrote, however it ended. `outputs`, the files and folders it writes, are deleted
+    before it runs: a stale one would be read as its result."""
 
     name: str
     title: str
@@ -64,8 +56,8 @@ def status(report: dict[str, Any]) -> str:
 
 
 def run_stage(stage: Stage, env: dict[str, str], logs: Path, cwd: Path) -> dict[str, Any]:
-    """Run `stage` in `cwd` with its log in `logs`; its report (module docstring). A stage that
-    wrote nothing readable still gets one."""
+    """Run `stage` in `cwd` with its log in `logs`; its report (module docstring), rows included
+    when it wrote nothing readable."""
     report: dict[str, Any] = {"name": stage.name, "title": stage.title, "limit": stage.limit}
     command = stage.command()
     if isinstance(command, str):

@@ -29,7 +29,7 @@ from oncurve.run.memory_plan import MemoryPlan
 
 
 def trl_stage() -> Stage:
-    return gpu_check.against_trl_stage("trl", "one step against TRL", 10, "--tokens", "256")
+    return gpu_check.json_stage("trl", 10)
 
 
 def workload_stage(name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Stage:
@@ -203,7 +203,7 @@ def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
          "best_s": 1.1, "tokens_per_s": 14894.5, "first_call_s": 24.8, "capture_s": None,
          "vs_static": 1.0},
     ]))  # fmt: skip
-    assert gpu_check.rollout_stage(10).read(outcome) == [
+    assert gpu_check.json_stage("rollout", 10).read(outcome) == [
         ["64x256 `cuda_graph`", "16,384 tokens/s (1.10x static generate); first call 3.5 s, "
          "compile 0.5 s, capture 2.4 s"],
         ["64x256 `model.generate (static cache)`", "14,894 tokens/s (1.00x static generate); "
@@ -230,12 +230,12 @@ def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
     assert spent[1] == "23.0 s (target <= 30 s: met)"
     runs = {"GRPO": {"cuda": 4096.0, "plan_gb": 4.5}, "PPO": {"cuda": 8192.0, "plan_gb": None}}
     (tmp_path / "ppo.json").write_text(json.dumps({"pairs": [runs]}))
-    ratio, grpo, ppo = gpu_check.ppo_stage(10).read(outcome)
+    ratio, grpo, ppo = gpu_check.json_stage("ppo", 10).read(outcome)
     assert ratio[1] == "4.00 GiB / 8.00 GiB = 0.50x (the claim, 25-50% less than PPO: met)"
     assert grpo[1] == "4.5 / 4.00 GiB (+0.50 GiB)" and ppo[1] == "n/a / 8.00 GiB"
     # the stage's limit stopped PPO's run: GRPO's figures still come back
     (tmp_path / "ppo.json").write_text(json.dumps({"pairs": [{"GRPO": runs["GRPO"]}]}))
-    missing, grpo = gpu_check.ppo_stage(10).read(outcome)
+    missing, grpo = gpu_check.json_stage("ppo", 10).read(outcome)
     assert missing == ["PPO", "its run did not finish (log below)"]
     assert grpo[1] == "4.5 / 4.00 GiB (+0.50 GiB)"
     stats["TRL"] = None  # TRL's run cut short: oncurve's plan still reported
