@@ -346,14 +346,12 @@ def summary(row: dict) -> str:
     rollout's `cuda_graph` rate."""
     parts = []
     for stage in row["stages"]:
-        quoted = [
-            "`cuda_graph` " + result
-            if check.endswith("`cuda_graph`")
-            else HEADLINES[check].format(result)
+        quoted = "".join(
+            f", {HEADLINES.get(check, '`cuda_graph` {}').format(result)}"
             for check, result in stage.get("rows", [])
             if check in HEADLINES or check.endswith("`cuda_graph`")
-        ]
-        parts.append(f"{stage['name']} {status(stage)}" + "".join(f", {q}" for q in quoted))
+        )
+        parts.append(f"{stage['name']} {status(stage)}{quoted}")
     return "; ".join(parts)
 
 

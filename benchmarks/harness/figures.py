@@ -89,8 +89,7 @@ def headline_table(rows: list[dict[str, Any]]) -> str:
         headline = _from_spec(row, "headline")
         if headline and headline["area"] not in newest:
             newest[headline["area"]] = headline
-    missing = [area for area in AREAS if area not in newest]
-    if missing:
+    if missing := [area for area in AREAS if area not in newest]:
         raise ValueError(f"no record holds a headline for {missing}")
     lines = [[area, newest[area]["figure"], f"`{newest[area]['command']}`"] for area in AREAS]
     return markdown_table(["area", "figure", "command"], lines)
