@@ -9,7 +9,6 @@ from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parent.parent
 ROOT = BENCHMARKS.parent
-SRC = ROOT / "src"
 CACHE = BENCHMARKS / ".cache"
 RESULTS = BENCHMARKS / "results"
 # What a GPU machine without internet access lacks, in one gitignored folder that the device
@@ -18,16 +17,12 @@ RESULTS = BENCHMARKS / "results"
 GPU_BUNDLE = BENCHMARKS / ".gpu-bundle"
 
 
-def pythonpath() -> list[str]:
-    """The entries of this process's PYTHONPATH."""
-    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-
-
 def checkout_env(*first: str | Path, **extra: str) -> dict[str, str]:
     """This process's environment with `first`, the checkout's `src` and `benchmarks/` ahead of
     its PYTHONPATH (a Python without oncurve installed, such as a GPU image's, runs the
     checkout's), and `extra` variables set."""
-    path = [*map(str, first), str(SRC), str(BENCHMARKS), *pythonpath()]
+    path = [*map(str, first), str(ROOT / "src"), str(BENCHMARKS)]
+    path += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path), **extra}
 
 

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from harness.machine import nvidia_smi
 
 
 def run_child(
@@ -88,8 +89,7 @@ class _Sampled:
 
     def __exit__(self, *exc: object) -> None:
         self._done.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        self._thread.join()
 
 
 def _rss_bytes() -> int:
@@ -98,13 +98,10 @@ def _rss_bytes() -> int:
 
 
 def peak_memory(fn: Callable[[], Any], interval: float = 0.0005) -> tuple[Any, float]:
-    """Run `fn` and return (its result, peak resident memory above the start, in MB).
-
-    RSS is sampled by a thread every `interval` seconds, and the process's lifetime peak
-    (`ru_maxrss`) counts too when `fn` raised it. RSS follows torch tensors only when freed
-    memory goes back to the OS: run this in a fresh process started with
-    `MALLOC_MMAP_THRESHOLD_` set low (see `isolated_env`), after a small warm-up call.
-    """
+    """Run `fn` and return (its result, peak resident memory above the start, in MB): RSS
+    sampled by a thread every `interval` seconds, and the process's lifetime peak (`ru_maxrss`)
+    when `fn` raised it. RSS follows torch tensors only when freed memory goes back to the OS:
+    run this in a fresh process with `isolated_env`, after a small warm-up call."""
     base = _rss_bytes()
     lifetime_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     with _Sampled(_rss_bytes, interval) as sampled:
@@ -125,28 +122,19 @@ class GpuMemoryPeak(_Sampled):
 
     @staticmethod
     def _used_gb() -> float | None:
-        query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i"]
-        out = subprocess.run([*query, "0"], capture_output=True, text=True)
-        return float(out.stdout.strip()) / 1024 if out.returncode == 0 else None  # MiB
+        used = nvidia_smi("memory.used")  # MiB
+        return None if used is None else float(used) / 1024
 
     @property
     def peak_gb(self) -> float | None:
         return self.peak
 
-    def __enter__(self) -> GpuMemoryPeak:
-        if shutil.which("nvidia-smi"):
-            super().__enter__()
-        return self
-
 
 def own_peak_rss() -> float | None:
-    """This process's peak RSS in MB (Linux `VmHWM`), None elsewhere.
-
-    Not `ru_maxrss` as the parent's `wait4` reports it: Python starts children with vfork, and
-    Linux carries the parent's high-water mark into the child's `ru_maxrss` at exec, so a child
-    smaller than its parent would show the parent's peak. `VmHWM` belongs to the process's own
-    address space, created at exec.
-    """
+    """This process's peak RSS in MB (Linux `VmHWM`, of its own address space, created at
+    exec), None elsewhere. Not `ru_maxrss` as the parent's `wait4` reports it: Python starts
+    children with vfork, and Linux carries the parent's high-water mark into the child's
+    `ru_maxrss` at exec, so a child smaller than its parent would show the parent's peak."""
     try:
         match = re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text())
     except OSError:

@@ -20,13 +20,21 @@ def cpu_name() -> str:
     return "unknown CPU"
 
 
+def nvidia_smi(field: str) -> str | None:
+    """GPU 0's `field` as nvidia-smi reports it, without units (no CUDA context in this
+    process); None without nvidia-smi or when it fails."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    query = ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits", "-i", "0"]
+    out = subprocess.run(query, capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
 def gpu_name() -> str:
-    """The first GPU's name from nvidia-smi (no CUDA context in this process), else torch's."""
-    if shutil.which("nvidia-smi"):
-        query = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"]
-        out = subprocess.run(query, capture_output=True, text=True)
-        if out.returncode == 0:
-            return out.stdout.strip()
+    """The first GPU's name from nvidia-smi, else torch's."""
+    name = nvidia_smi("name")
+    if name is not None:
+        return name
     import torch
 
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (CPU)"

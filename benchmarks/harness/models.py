@@ -57,7 +57,7 @@ def load_model(name: str) -> tuple[Any, Any]:
 
     from oncurve.model.char_tokenizer import char_tokenizer
     from oncurve.model.sources import load_model as load_dir
-    from oncurve.model.sources import load_tokenizer, resolve_model_path
+    from oncurve.model.sources import load_tokenizer
 
     if name in QWEN2_SIZES:
         tokenizer = char_tokenizer()
@@ -68,9 +68,7 @@ def load_model(name: str) -> tuple[Any, Any]:
             settings.eos_token_id = tokenizer.eos_token_id
             settings.pad_token_id = tokenizer.pad_token_id
         return model, tokenizer
-    path = resolve_model_path(name)
-    if not (Path(path) / "config.json").is_file():
-        raise SystemExit(f"model {name}: {path} holds no model yet; use --model tiny")
+    path = model_dir(name)
     return load_dir(path), load_tokenizer(path)
 
 
@@ -164,11 +162,7 @@ def build_model(name: str, tokenizer_path: Path, eos_mean_length: float | None =
         return path
     print(f"building {path.name} in {path} ...", flush=True)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_path)
-    ids = {
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
-    }
+    ids = {key: getattr(tokenizer, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
     config = qwen2_config(
         SHAPES[name],
         VOCAB,

@@ -1,9 +1,8 @@
 """Results as data: each benchmark appends one JSON row per measurement to
-`results/records/<benchmark>.jsonl`, the source its `results/<benchmark>.md` is rendered from
-(`tables.render_page`). A row holds its context (date, commit, command, machine, load,
-versions) and either its figures, which the spec module named by "renderer" turns into markdown,
-or the markdown itself (rows imported from the earlier hand-kept tables, and benchmarks that
-format their own)."""
+`results/records/<benchmark>.jsonl`, which `tables.render_page` renders. A row holds its context
+(date, commit, command, machine, load, versions) and either its figures, which the module named
+by "renderer" turns into markdown, or the markdown itself (rows imported from the earlier
+hand-kept tables, and benchmarks that format their own)."""
 
 from __future__ import annotations
 
@@ -59,7 +58,4 @@ def read(benchmark: str) -> list[dict[str, Any]]:
 
 def latest(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The newest row of each section key, keys in the order they first appeared."""
-    sections: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        sections[row["key"]] = row
-    return sections
+    return {row["key"]: row for row in rows}

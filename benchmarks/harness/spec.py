@@ -12,7 +12,6 @@ default preset is: `loss_type="grpo"`, `scale_rewards="group"`, `mask_truncated_
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -78,11 +77,11 @@ class Job:
         micro = self.trl_microbatch or min(c.optim.microbatch_size or rows, rows)
         if rows % micro:
             raise SystemExit(f"prompts x G = {rows} must be a multiple of {micro}")
-        schedule = "cosine" if c.optim.schedule == "cosine" else "constant"
-        if schedule == "constant" and c.optim.warmup_steps:
-            schedule = "constant_with_warmup"
+        schedule = "constant_with_warmup" if c.optim.warmup_steps else "constant"
         min_tokens = c.rollout.min_new_tokens
         checkpointing = c.model.gradient_checkpointing
+        # oncurve's checkpoints every run.save_every steps, as TRL's (the model alone)
+        save = {"save_strategy": "steps", "save_steps": c.run.save_every, "save_only_model": True}
         return {
             "output_dir": str(out_dir / "trainer"),
             "use_cpu": not cuda,
@@ -100,7 +99,7 @@ class Job:
             "top_p": c.rollout.top_p,
             "top_k": c.rollout.top_k,
             "learning_rate": c.optim.lr,
-            "lr_scheduler_type": schedule,
+            "lr_scheduler_type": "cosine" if c.optim.schedule == "cosine" else schedule,
             "warmup_steps": c.optim.warmup_steps,
             "weight_decay": c.optim.weight_decay,
             "adam_beta1": c.optim.beta1,
@@ -116,26 +115,12 @@ class Job:
             "shuffle_dataset": False,
             "max_steps": c.run.steps,
             "logging_steps": 1,
-            # oncurve's checkpoints every run.save_every steps, as TRL's (the model alone)
-            **(
-                {"save_strategy": "steps", "save_steps": c.run.save_every, "save_only_model": True}
-                if c.run.save_every
-                else {"save_strategy": "no"}
-            ),
+            **(save if c.run.save_every else {"save_strategy": "no"}),
             "report_to": "none",
             "disable_tqdm": True,
             "seed": c.run.seed,
             "dataloader_num_workers": 0,
         }
-
-    def to_json(self) -> str:
-        """The job as JSON, which `from_json` reads back (the TRL child's input)."""
-        return json.dumps(dataclasses.asdict(self))
-
-    @classmethod
-    def from_json(cls, text: str) -> Job:
-        """The job `to_json` wrote."""
-        return cls(**json.loads(text))
 
 
 def chat_text(tokenizer: Any, prompt: str) -> str:

@@ -31,18 +31,6 @@ def trl_reward(name: str, fn: Callable, group: int, seen: list[list[str]]) -> Ca
     return reward
 
 
-def clock(sync: Callable[[], None] | None) -> Callable[[], float]:
-    """`time.perf_counter`, after `sync()` when given (for example `torch.cuda.synchronize`, so
-    that queued GPU work counts in the span that queued it)."""
-
-    def now() -> float:
-        if sync:
-            sync()
-        return time.perf_counter()
-
-    return now
-
-
 def timed(obj: object, method: str, into: list[float], now: Callable[[], float]) -> None:
     """Wrap `obj.method` so that each call's seconds by `now` are appended to `into`."""
     inner = getattr(obj, method)
@@ -55,28 +43,6 @@ def timed(obj: object, method: str, into: list[float], now: Callable[[], float])
             into.append(now() - start)
 
     setattr(obj, method, wrapper)
-
-
-def step_callback(
-    base: type, seconds: list[float], now: Callable[[], float], budget: float | None = None
-) -> Any:
-    """An instance of a `base` (transformers' `TrainerCallback`) subclass appending to
-    `seconds` the time from each on_step_begin to on_step_end: generation, rewards, the
-    reference forward and every microbatch's forward/backward up to the optimizer step; with
-    a `budget`, it stops the training (and saves) at the first step that brings the sum to it."""
-
-    class StepTimes(base):
-        start = 0.0
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            self.start = now()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            seconds.append(now() - self.start)
-            if budget is not None and sum(seconds) >= budget:
-                control.should_training_stop = control.should_save = True
-
-    return StepTimes()
 
 
 def train(job: Job, out: Path, save: bool) -> dict[str, Any]:
@@ -104,9 +70,7 @@ def train(job: Job, out: Path, save: bool) -> dict[str, Any]:
         for text, row in zip(texts, rows, strict=True):
             if tokenizer(text=text)["input_ids"] != row["prompt_ids"]:
                 raise SystemExit(f"TRL would tokenize {text!r} to other ids than oncurve")
-    dataset = Dataset.from_list(
-        [{"prompt": t, "answer": r["answer"]} for r, t in zip(rows, texts, strict=True)]
-    )
+    dataset = Dataset.from_dict({"prompt": texts, "answer": [r["answer"] for r in rows]})
     settings = job.trl_config(out)
     settings["model_init_kwargs"]["dtype"] = getattr(torch, settings["model_init_kwargs"]["dtype"])
     rewards = job.rewards()
@@ -118,20 +82,40 @@ def train(job: Job, out: Path, save: bool) -> dict[str, Any]:
         train_dataset=dataset,
         processing_class=tokenizer,
     )
-    now = clock(torch.cuda.synchronize if cuda else None)
+
+    def now() -> float:
+        if cuda:  # queued GPU work counts in the span that queued it
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     phases: dict[str, list[float]] = {"generate": [], "reward": [], "prepare": []}
     timed(trainer, "_generate_single_turn", phases["generate"], now)
     timed(trainer, "_calculate_rewards", phases["reward"], now)
     timed(trainer, "_generate_and_score_completions", phases["prepare"], now)
     seconds: list[float] = []
-    trainer.add_callback(step_callback(TrainerCallback, seconds, now, job.seconds_budget))
+
+    class StepTimes(TrainerCallback):
+        """Each step's seconds, on_step_begin to on_step_end (generation to optimizer step);
+        stops the training (and saves) at the first step that brings the sum to the budget."""
+
+        start = 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.start = now()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            seconds.append(now() - self.start)
+            if job.seconds_budget is not None and sum(seconds) >= job.seconds_budget:
+                control.should_training_stop = control.should_save = True
+
+    trainer.add_callback(StepTimes())
     trainer.train()
-    per_step, steps = config.data.prompts_per_step, config.run.steps
+    per_step = config.data.prompts_per_step
     drawn = [texts[i : i + per_step] for i in range(0, len(seconds) * per_step, per_step)]
     if seen[:: len(rewards)] != drawn:
         raise SystemExit("TRL's reward calls scored other prompts than oncurve's steps draw")
-    if job.seconds_budget is not None:  # stopped by its budget: the steps it took
-        steps = len(seconds)
+    # stopped by its budget, the steps it took
+    steps = config.run.steps if job.seconds_budget is None else len(seconds)
     if len(seconds) != steps or len(phases["prepare"]) != steps:
         raise SystemExit(
             f"expected {steps} steps of one generation each, timed {len(seconds)} steps and "
@@ -159,7 +143,7 @@ def main() -> None:
     parser.add_argument("out", type=Path, help="the folder holding job.json")
     parser.add_argument("--save", action="store_true", help="save the final model to OUT/final")
     args = parser.parse_args()
-    job = Job.from_json((args.out / "job.json").read_text())
+    job = Job(**json.loads((args.out / "job.json").read_text()))
     (args.out / "result.json").write_text(json.dumps(train(job, args.out, args.save)))
 
 

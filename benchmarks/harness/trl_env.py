@@ -1,12 +1,11 @@
-"""TRL's environment and its child, from the parent's side. TRL is never a dependency of
-oncurve: on a CPU machine it lives in its own virtual environment, `benchmarks/.venv-trl`
-(created on first use: the CPU torch wheel first, then whatever `pip install trl` resolves); on a
-GPU image it is the interpreter's own, or the GPU bundle's wheels installed offline beside it.
-The child (`harness.trl_child`) imports oncurve from the checkout only for the job's prompts and
-reward functions."""
+"""TRL's environment and its child (`harness.trl_child`), from the parent's side. TRL is never a
+dependency of oncurve: on a CPU machine it lives in `benchmarks/.venv-trl` (created on first use:
+the CPU torch wheel, then whatever `pip install trl` resolves); on a GPU image it is the
+interpreter's own, or the GPU bundle's wheels installed offline beside it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -87,7 +86,7 @@ def run_trl(
     `save`, "final" (the model directory). A failure raises SystemExit unless `check` is
     false (then the result has no figures)."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "job.json").write_text(job.to_json())
+    (out / "job.json").write_text(json.dumps(dataclasses.asdict(job)))  # the child's input
     command = [python, "-m", "harness.trl_child", str(out), *(["--save"] if save else [])]
     wall, rss, code = run_child(command, env, out / "log.txt", check)
     result: dict[str, Any] = {"wall": wall, "rss": rss, "code": code, "log": str(out / "log.txt")}

@@ -1,11 +1,9 @@
-"""The CPU comparison against TRL, held against a stored baseline: a regression a machine can
-catch. `vs_trl.py` on the tiny model, 3 steps x 2 runs of each trainer, alternating (about 3
-minutes on 2 cores), oncurve's s/step and peak RSS as fractions of TRL's, each at most the
-baseline plus its tolerance
-(`vs_trl_tiny_baseline.json`, which says where its figures come from). Peak RSS is held
-always; s/step only when the machine was quiet at the start (1-minute load below half its
-cores: the comparison's own runs then load every core), since other work on shared cores slows
-one trainer's run and not the other's."""
+"""The CPU comparison against TRL held against a stored baseline: `vs_trl.py` on the tiny model
+(about 3 minutes on 2 cores), oncurve's s/step and peak RSS as fractions of TRL's, each at most
+the baseline plus its tolerance (`vs_trl_tiny_baseline.json` says where its figures come from).
+Peak RSS is held always; s/step only when the machine was quiet at the start (1-minute load below
+half its cores: the comparison's own runs then load every core), since other work on shared
+cores slows one trainer's run and not the other's."""
 
 from __future__ import annotations
 
