@@ -1,7 +1,6 @@
 """The models the benchmarks train, built from a config (nothing is downloaded): random
-Qwen2-style models with the bundled character tokenizer (`tiny`, `30m`), the Qwen2.5-0.5B and
-1.5B shapes with the Qwen3 tokenizer for the GPU (optionally ending their completions at EOS
-after a set mean length: `end_at_eos`), and the bundled `default` or a model directory by path."""
+Qwen2-style models with the character tokenizer (`QWEN2_SIZES`) or the Qwen3 one for the GPU
+(`SHAPES`, optionally ending at EOS: `end_at_eos`), and the bundled `default` or a path."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
 """One GRPO job for both trainers, described once as oncurve settings: `Job` yields the
-`oncurve train` arguments, TRL's `GRPOConfig` fields, the prompt rows of every step in the order
-oncurve's trainer draws them, and the reward functions both score with.
-
-Held equal by construction: model, prompts of each step, G, completion lengths (and a forced
-minimum), sampling (temperature, top-p, top-k), learning rate and schedule, AdamW betas, weight
-decay, grad clip, beta (k3 KL in the loss), epsilon, mu, steps, seed, rows per forward/backward,
-gradient checkpointing, device and dtype. TRL runs the DeepSeekMath-style GRPO that oncurve's
-default preset is: `loss_type="grpo"`, `scale_rewards="group"`, `mask_truncated_completions=False`.
-"""
+`oncurve train` arguments, TRL's `GRPOConfig` fields (all that `trl_config` sets is held equal by
+construction), the prompt rows of every step in the order oncurve's trainer draws them, and the
+reward functions both score with."""
 
 from __future__ import annotations
 
@@ -69,7 +63,8 @@ class Job:
         return [row for s in range(1, config.run.steps + 1) for row in ordered.batch(s, per_step)]
 
     def trl_config(self, out_dir: Path) -> dict[str, Any]:
-        """The fields of TRL's `GRPOConfig` for this job, writing under `out_dir`."""
+        """The fields of TRL's `GRPOConfig` for this job, writing under `out_dir`. TRL runs the
+        DeepSeekMath-style GRPO that oncurve's default preset is (`loss_type` and the rest)."""
         c = self.config()
         cuda = c.run.device.startswith("cuda")
         dtype = "bfloat16" if cuda and c.model.dtype != "float32" else "float32"
