@@ -305,7 +305,7 @@ def json_stage(name: str, limit: float) -> Stage:
 
 def profile_stage(limit: float) -> Stage:
     def command() -> list[str]:
-        return script("gpu_vs_trl.py", "--profile", "--tokens", "256", "--steps", "3")
+        return script("profile_step.py", "--tokens", "256", "--steps", "3")
 
     def read(outcome: Outcome) -> list[list[str]]:
         lines = outcome.log.read_text().splitlines()

@@ -1,27 +1,20 @@
 """Time to accuracy against TRL on one GPU (`gpu_check.py`'s `curve` stage): a 30M-parameter model
 warm-started inside the command (`oncurve.warmstart` on 6-digit sums, stopped at the first check
-that finds it `STOP_AT` accurate, so that it leaves headroom whatever its learning speed), then
-GRPO on the same sums with oncurve and with TRL's GRPOTrainer (`harness.spec.Job`: the default
-job's settings), each for the size's budget of seconds of training steps by its own step timer
-(oncurve's `time/step`, TRL's step callback), with a checkpoint every `Size.save_every` steps and
-one where the budget ends it. oncurve is stopped with SIGTERM once its logged steps reach the
-budget (it finishes the step in progress, saves it and exits 0: its last point may lie a step
-past the budget, at that step's seconds); TRL stops itself at the step that reaches it
-(`Job.seconds_budget`). The warm start and every checkpoint are scored alike afterwards
-(`learning.held_out`: greedy, the same held-out problems, HF's eager decode: a fresh `cuda_graph`
-sampler would compile again for each checkpoint), giving held-out accuracy against training
-seconds: one figure (`results/gpu_curve.png`) and one table. Target: oncurve reaches TRL's final
-accuracy in at most `TARGET` x TRL's training seconds.
+that finds it `STOP_AT` accurate, leaving headroom whatever its learning speed), then GRPO on
+the same sums with oncurve and with TRL's GRPOTrainer (`harness.spec.Job`: the default job's
+settings), each for the size's budget of seconds of training steps by its own step timer
+(oncurve's `time/step`, TRL's step callback), with a checkpoint every `Size.save_every` steps
+and where the budget ends it. oncurve gets SIGTERM once its logged steps reach the budget (it
+finishes the step in progress, saves it and exits 0: its last point may lie a step past the
+budget); TRL stops itself at the step that reaches it (`Job.seconds_budget`). The warm start and
+every checkpoint are scored alike (`learning.held_out`: greedy, the same held-out problems, HF's
+eager decode: a fresh `cuda_graph` sampler would compile again for each checkpoint): held-out
+accuracy against training seconds, one figure (`results/gpu_curve.png`) and one table. Target:
+oncurve reaches TRL's final accuracy in at most `TARGET` x TRL's training seconds.
 
-The sizes are estimates until the first GPU run, planned to fit the stage's 500 s on an H100: a
-warm-start step (64 sums, a 30M model in float32) is about 0.7 TFLOP and a few hundred kernel
-launches, about 25 ms, so its bound of 1,500 steps with a check of 200 greedy completions every 25
-is about a minute and its likely stop a few hundred steps (checks this close, since accuracy on
-these sums rises from a few percent to its first tens within about 50 steps); each trainer takes its
-120 s budget plus about 40 s of start (imports; oncurve's compiling is inside its first step's
-seconds) and saving; scoring takes about 1 s a checkpoint, about 40 of them (the default job's shape
-at this size is about 0.2-0.4 s an oncurve step, about 1 s a TRL step, whose `generate` decodes
-eagerly). That leaves about 60 s of margin at worst.
+`SIZES` are estimates until the first GPU run, planned to fit the stage's 500 s on an H100: a warm
+start of a minute at most, each trainer's 120 s (oncurve's compiling in its first step) and about
+40 s of start and saving, about 40 checkpoints scored at 1 s each, and 60 s to spare.
 
     python3 benchmarks/gpu_curve.py                       # GPU machine
     .venv/bin/python benchmarks/gpu_curve.py --smoke      # here: a tiny model on the CPU
@@ -101,15 +94,13 @@ def make_job(model: Path, size: str, device: str) -> Job:
 
 
 def logged_seconds(run_dir: Path) -> list[float]:
-    """The `time/step` of each step an oncurve run has logged so far (a line being written is
-    left for the next read)."""
-    path, seconds = run_dir / "metrics.jsonl", []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            seconds.append(json.loads(line)["time/step"])
-        except (json.JSONDecodeError, KeyError):
-            continue
-    return seconds
+    """The `time/step` of each step an oncurve run has logged so far (`read_jsonl` leaves a line
+    being written for the next read)."""
+    from oncurve.run.metrics import read_jsonl
+
+    path = run_dir / "metrics.jsonl"
+    rows = read_jsonl(path) if path.is_file() else []
+    return [row["time/step"] for row in rows if "time/step" in row]
 
 
 def train_oncurve_for(job: Job, run_dir: Path) -> list[float]:
@@ -146,10 +137,9 @@ def curve(checkpoints: list[tuple[int, Path]], seconds: list[float], job: Job, d
           start: float) -> list[list[float]]:  # fmt: skip
     """[[training seconds, held-out accuracy]] from the start, one point per checkpoint
     ((step, path), in order) at the seconds of its steps."""
-    points = [[0.0, start]]
-    for step, path in checkpoints:
-        points.append([round(sum(seconds[:step]), 2), accuracy(path, job, device)])
-    return points
+    return [[0.0, start]] + [
+        [round(sum(seconds[:step]), 2), accuracy(path, job, device)] for step, path in checkpoints
+    ]
 
 
 def time_to_reach(points: list[list[float]], level: float) -> float | None:
@@ -215,16 +205,15 @@ def main() -> None:
     model = warm_model(size, device)
     job = make_job(model, size, device)
     warm = accuracy(model, job, device)
-    runs: dict[str, list[float]] = {"oncurve": train_oncurve_for(job, WORK / "oncurve" / "run")}
-    checkpoints = {"oncurve": numbered(WORK / "oncurve" / "run" / "checkpoints", "step-*")}
+    seconds = train_oncurve_for(job, WORK / "oncurve" / "run")
+    runs = {"oncurve": (seconds, numbered(WORK / "oncurve" / "run" / "checkpoints", "step-*"))}
     envs = environments(args.trl_python, trl_required=not args.smoke)
     shutil.rmtree(WORK / "trl", ignore_errors=True)  # an earlier run's checkpoints
     if "TRL" in envs and not (done := run_trl(job, WORK / "trl", args.trl_python, envs["TRL"],
                                                check=False))["code"]:  # fmt: skip
-        runs["TRL"] = done["seconds"]
-        checkpoints["TRL"] = numbered(WORK / "trl" / "trainer", "checkpoint-*")
-    curves = {label: curve(checkpoints[label], seconds, job, device, warm)
-              for label, seconds in runs.items()}  # fmt: skip
+        runs["TRL"] = (done["seconds"], numbered(WORK / "trl" / "trainer", "checkpoint-*"))
+    curves = {label: curve(saved, seconds, job, device, warm)
+              for label, (seconds, saved) in runs.items()}  # fmt: skip
     row = {"warm_accuracy": warm, "budget": job.seconds_budget, "curves": curves,
            "save_every": job.settings["run.save_every"],
            **figures(curves), "gpu": torch.cuda.get_device_name() if device == "cuda" else "CPU"}  # fmt: skip

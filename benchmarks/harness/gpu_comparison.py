@@ -1,7 +1,6 @@
-"""oncurve against TRL on one GPU, for `gpu_vs_trl.py`: its word-problem prompts, one trainer's
-run in a fresh process with its seconds per step and phase and its peak GPU memory (torch's and
-nvidia-smi's), the trainers alternating, a trainer's figures over its runs, and `section`, the
-markdown of a row."""
+"""oncurve against TRL on one GPU, for `gpu_vs_trl.py`: its prompts and model, one trainer's run
+in a fresh process (seconds per step and phase, peak GPU memory by torch and nvidia-smi), a
+trainer's figures over its runs, and the markdown of a row."""
 
 from __future__ import annotations
 
@@ -46,9 +45,8 @@ def word_problems(count: int) -> list[dict[str, str]]:
 def prepare(
     model: str, tokenizer_source: str | None, prompts: Path, eos_mean_length: float | None = None
 ) -> Path:
-    """The Qwen3 tokenizer in the cache (`tokenizer_dir`), 512 word problems in the JSONL
-    `prompts` (their mean length with the chat template printed) and the model `model` built
-    with that tokenizer (`build_model`, `eos_mean_length` passed on); returns its directory."""
+    """The Qwen3 tokenizer in the cache, 512 word problems in the JSONL `prompts` (their mean
+    length with the chat template printed) and the model `model` (`build_model`); its directory."""
     import transformers
 
     tokenizer_path = tokenizer_dir(tokenizer_source)
@@ -81,9 +79,8 @@ def oncurve_figures(rows: list[dict], log: str) -> dict[str, Any]:
 
 
 def environments(trl_python: str, trl_required: bool) -> dict[str, dict[str, str]]:
-    """The environment of each trainer's child: the checkout's oncurve, and TRL's where
-    `trl_python` imports trl (`trl_env`); without it, an error when `trl_required`, else a note
-    and oncurve alone."""
+    """Each trainer's child environment: oncurve's, and TRL's where `trl_python` imports trl
+    (`trl_env`); without it, an error when `trl_required`, else a note and oncurve alone."""
     envs = {"oncurve": checkout_env(TOKENIZERS_PARALLELISM="false")}
     if (trl := trl_env(trl_python)) is not None:
         envs["TRL"] = trl
@@ -98,9 +95,8 @@ def environments(trl_python: str, trl_required: bool) -> dict[str, dict[str, str
 
 
 def run_trainer(label: str, job: Job, out: Path, python: str, env: dict[str, str]) -> dict:
-    """One run of `label` (oncurve or TRL) in a fresh process: its status, wall seconds and
-    nvidia-smi's peak, and when it finished its figures (`oncurve_figures`, or TRL's seconds,
-    phases, peak GPU memory and lengths)."""
+    """One run of `label` (oncurve or TRL) in a fresh process: status, wall seconds, nvidia-smi's
+    peak and, when it finished, its figures (seconds, phases, peak GPU memory, lengths)."""
     with GpuMemoryPeak() as smi:
         if label == "oncurve":
             log = out / "log.txt"
@@ -156,10 +152,10 @@ def columns(summary: dict) -> dict[str, float | None]:
     return {"seconds": summary["seconds"], **summary["phases"], **peaks}
 
 
-def figures(stats: dict[str, dict | None], runs: dict[str, list[dict]]) -> dict[str, Any]:
-    """A row's figures from the trainers' summaries and runs: the summaries, each run's
-    `KEPT` figures, and when both trainers finished a run, oncurve's figures over TRL's."""
-    ratios = {}
+def figures(runs: dict[str, list[dict]]) -> dict[str, Any]:
+    """A row's figures from each trainer's runs: its summary, each run's `KEPT` figures, and
+    when both trainers finished a run, oncurve's figures over TRL's."""
+    stats, ratios = {label: summarize(done) for label, done in runs.items()}, {}
     if stats.get("oncurve") and stats.get("TRL"):
         ours, base = columns(stats["oncurve"]), columns(stats["TRL"])
         ratios = {
@@ -186,17 +182,15 @@ def summary(row: dict) -> str:
 
 
 def section(row: dict) -> str:
-    """The markdown section of one row: the trainers and their quotient, the targets, the
-    runs."""
+    """The markdown section of one row: the trainers and their quotient, targets, runs."""
     s, stats, ratios, results = row["settings"], row["stats"], row["ratios"], row["runs"]
     tokens, cap = s["rollout.max_new_tokens"], row["gpu_memory_gb"]
     keys = ("seconds", *PHASES, "gpu_peak_gb", "smi_peak_gb")
     table = []
     for label, runs in results.items():
         value = columns(stats[label]) if stats[label] else {}
-        table.append([label, *(cell(value.get(k), ".3f" if i < 5 else ".2f") if value else "n/a"
-                               for i, k in enumerate(keys)),
-                      f"{sum(r['ok'] for r in runs)}/{len(runs)}"])  # fmt: skip
+        shown = [cell(value.get(k), ".3f" if i < 5 else ".2f") for i, k in enumerate(keys)]
+        table.append([label, *shown, f"{sum(r['ok'] for r in runs)}/{len(runs)}"])
     if ratios:
         table.append(["oncurve / TRL", *(times(ratios.get(k)) for k in keys), ""])
     own_target = tokens == 256 or row.get("workload") == "long"

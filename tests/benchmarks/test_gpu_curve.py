@@ -38,10 +38,13 @@ def test_the_figures_hold_oncurves_time_to_trls_final_accuracy():
 
 def test_the_steps_seconds_are_read_while_a_line_is_being_written(tmp_path):
     assert gpu_curve.logged_seconds(tmp_path) == []  # no metrics yet
-    (tmp_path / "metrics.jsonl").write_text(
-        json.dumps({"step": 1, "time/step": 1.5}) + "\n" + json.dumps({"eval/accuracy": 0.3})
-        + "\n" + json.dumps({"step": 2, "time/step": 2.0}) + '\n{"step": 3, "time/st'
-    )  # fmt: skip
+    rows = [
+        {"step": 1, "time/step": 1.5},
+        {"step": 1, "eval/accuracy": 0.3},
+        {"step": 2, "time/step": 2.0},
+    ]
+    lines = "".join(json.dumps(row) + "\n" for row in rows)
+    (tmp_path / "metrics.jsonl").write_text(lines + '{"step": 3, "time/st')
     assert gpu_curve.logged_seconds(tmp_path) == [1.5, 2.0]
 
 

@@ -1,11 +1,13 @@
 """`benchmarks/gpu_vs_trl.py` and `harness.gpu_comparison` on the CPU, without training: its
 prompts, what an oncurve run's metrics and log give, the trainers alternating, a row's figures
 and section (both trainers, a failed run, a memory cap, the long workload), the long workload's
-model ending at EOS, and results/gpu_vs_trl.md rendered from its record. The runs themselves need a GPU (`gpu_check.py`'s `trl` stage)."""
+model ending at EOS, results/gpu_vs_trl.md rendered from its record, and `profile_step.py`'s
+settings. The runs themselves need a GPU (`gpu_check.py`'s `trl` and `profile` stages)."""
 
 from __future__ import annotations
 
 import gpu_vs_trl
+import profile_step
 import torch
 import transformers
 from harness import comparison, tables
@@ -55,10 +57,10 @@ def test_the_trainers_alternate_and_a_row_renders_both_with_targets_and_runs():
     results = comparison.alternate(["oncurve", "TRL"], 2, lambda label, i: runs[label][i],
                                    lambda got: done.append(sum(map(len, got.values()))))  # fmt: skip
     assert results == runs and done == [1, 2, 3, 4]
-    stats = {label: gpu.summarize(r) for label, r in results.items()}
+    figures = gpu.figures(results)
+    stats = figures["stats"]
     assert stats["oncurve"]["seconds"] == 3.0 and stats["oncurve"]["gpu_peak_gb"] == 5.5
     assert stats["TRL"]["seconds"] == 8.0  # the OOM run left out
-    figures = gpu.figures(stats, results)
     assert figures["ratios"]["seconds"] == 3.0 / 8.0
     assert figures["runs"]["TRL"][1] == {"status": "OOM", "ok": False, "smi_peak_gb": 7.0,
                                          "wall": 50.0}  # fmt: skip
@@ -80,7 +82,7 @@ def test_the_trainers_alternate_and_a_row_renders_both_with_targets_and_runs():
 
 def test_a_row_with_one_trainer_has_no_quotient_and_no_target():
     results = {"oncurve": [run([9.0, 3.0], 5.0)]}
-    figures = gpu.figures({"oncurve": gpu.summarize(results["oncurve"])}, results)
+    figures = gpu.figures(results)
     assert figures["ratios"] == {}
     row = {"model": "smoke", "gpu_memory_gb": None, "runs_per_trainer": 1, "prompt_tokens": 70.0,
            "gpu": "no GPU (CPU)", "date": "2026-11-28", "command": "x", "speed_target": 0.35,
@@ -96,6 +98,13 @@ def test_the_committed_page_is_the_one_its_record_renders(monkeypatch, tmp_path)
     monkeypatch.setattr(tables, "RESULTS", tmp_path)
     tables.render_page("gpu_vs_trl")
     assert (tmp_path / "gpu_vs_trl.md").read_text() == (RESULTS / "gpu_vs_trl.md").read_text()
+
+
+def test_every_profiled_variant_is_a_setting_oncurve_knows():
+    from oncurve.config import load_config
+
+    for settings in profile_step.VARIANTS.values():
+        load_config(None, settings)  # an unknown key or value raises UserError
 
 
 def test_a_random_model_made_to_end_at_eos_samples_it_once_in_mean_length_tokens_everywhere():
@@ -120,14 +129,13 @@ def test_a_random_model_made_to_end_at_eos_samples_it_once_in_mean_length_tokens
 
 def test_a_long_workload_row_says_its_lengths_end_at_eos_and_holds_its_own_target():
     results = {"oncurve": [run([90.0, 40.0], 30.0)], "TRL": [run([300.0, 150.0], 31.0)]}
-    stats = {label: gpu.summarize(r) for label, r in results.items()}
     row = {"model": "qwen2.5-1.5b", "gpu_memory_gb": None, "runs_per_trainer": 1,
            "prompt_tokens": 72.8, "gpu": "NVIDIA H100", "date": "2026-11-28", "command": "x",
            "speed_target": gpu_vs_trl.LONG_SPEED_TARGET, "workload": "long",
            "python_versions": {"oncurve": "torch 2", "TRL": "trl 1"},
            "settings": {"rollout.max_new_tokens": 4096, "rollout.min_new_tokens": 0,
                         "data.prompts_per_step": 16, "rollout.group_size": 8, "run.steps": 2},
-           **gpu.figures(stats, results)}  # fmt: skip
+           **gpu.figures(results)}  # fmt: skip
     text = gpu.section(row)
     assert text.startswith("### qwen2.5-1.5b-4096: 16 prompts x G=8, 4096 tokens, 2 steps")
     assert "completions ending at EOS, 4096 at most" in text
