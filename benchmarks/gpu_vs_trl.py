@@ -7,7 +7,8 @@ The trainers alternate, each run a fresh process; a failed run (OOM) is recorded
 `--long` (`gpu_check.py`'s `long` stage): the Qwen2.5-1.5B shape, 16 prompts x G=8, completions
 of up to 4,096 tokens ending where the model samples EOS, with probability 1/2,048 at every
 position (`harness.models.end_at_eos`: a mean of about 1,770 with the cap, the same draw in both
-trainers), target `LONG_SPEED_TARGET`. `--profile`: `profile_step.py` on the job instead.
+trainers), target `LONG_SPEED_TARGET`. The job (`harness.gpu_comparison.make_job`) is
+`profile_step.py`'s too.
 
     .venv/bin/python benchmarks/gpu_vs_trl.py --prepare      # here: tokenizer, prompts, model
     .venv/bin/python benchmarks/gpu_vs_trl.py --smoke        # here: 2-layer model, CPU, 16 tokens
@@ -27,16 +28,12 @@ from pathlib import Path
 
 from harness import comparison
 from harness import gpu_comparison as gpu
-from harness.checkout import CACHE
 from harness.machine import gpu_name, interpreter_versions
 from harness.models import TOKENIZER
 from harness.records import context
-from harness.spec import Job
 from harness.tables import publish
 from harness.trl_env import trl_versions
 
-WORK = CACHE / "gpu_vs_trl"
-PROMPTS_FILE = WORK / "prompts.jsonl"
 SPEED_TARGET = 0.35  # issue 39: oncurve's s/step <= 0.35x TRL's at 256 tokens
 LONG_SPEED_TARGET = 0.3  # the long-reasoning workload's
 TITLE = (
@@ -45,48 +42,11 @@ TITLE = (
 )
 
 
-def job_parser(doc: str) -> argparse.ArgumentParser:
-    """The command line's options that make the job, here and in `profile_step.py`."""
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    add = parser.add_argument
-    add("--tokens", type=int, help="completion tokens (default 256; 16 --smoke)")
-    add("--steps", type=int, help="steps per run (default 5; 3 over 256 tokens; 2 --smoke)")
-    add("--gpu-memory-gb", type=float, help="GiB both trainers are capped at (run.gpu_memory_gb)")
-    add("--tokenizer", help="Qwen3 tokenizer dir to copy into the cache")
-    add("--smoke", action="store_true", help="2-layer model on the CPU, 16 tokens (development)")
-    add("--long", action="store_true", help="the long-reasoning workload (gpu_vs_trl.py's doc)")
-    return parser
-
-
-def make_job(args: argparse.Namespace) -> tuple[str, Job]:
-    """The model's name and the job both trainers run, its model prepared."""
-    model = "smoke" if args.smoke else "qwen2.5-1.5b" if args.long else "qwen2.5-0.5b"
-    tokens = args.tokens or (32 if args.smoke and args.long else 16 if args.smoke else
-                             4096 if args.long else 256)  # fmt: skip
-    eos_mean_length = tokens / 2 if args.long else None
-    rewards = [{"name": f"{fn.__module__}:{fn.__qualname__}", "weight": w}
-               for _, fn, w in Job({}).rewards()]  # fmt: skip
-    path = gpu.prepare(model, args.tokenizer, PROMPTS_FILE, eos_mean_length)
-    settings = {
-        "run.device": "cpu" if args.smoke else "cuda", "run.seed": 0,
-        "run.steps": args.steps or (2 if args.smoke or args.long else 5 if tokens <= 256 else 3),
-        "model.path": str(path), "data.path": str(PROMPTS_FILE), "data.chat_template": True,
-        "data.prompts_per_step": 16 if args.long else 8,
-        "reward.functions": json.dumps(rewards), "rollout.group_size": 8,
-        "rollout.max_new_tokens": tokens, "rollout.min_new_tokens": 0 if args.long else tokens,
-        "rollout.temperature": 1.0, "algo.preset": "grpo", "algo.beta": 0.04, "algo.mu": 1,
-        "optim.lr": 1e-6, "optim.warmup_steps": 0, "eval.at_start_end": False,
-        "log.samples_per_step": 0,
-    }  # fmt: skip
-    # TRL's own default per_device_train_batch_size: 8 rows a forward/backward
-    return model, Job(settings, trl_microbatch=8, gpu_memory_gb=args.gpu_memory_gb)
-
-
 def benchmark(args: argparse.Namespace) -> tuple[str, dict]:
     """Run the trainers alternately; returns (section key, the row's figures)."""
     import transformers
 
-    model, job = make_job(args)
+    model, job = gpu.make_job(args)
     target = LONG_SPEED_TARGET if args.long else SPEED_TARGET
     tokenizer = transformers.AutoTokenizer.from_pretrained(job.settings["model.path"])
     prompt_tokens = statistics.mean(len(r["prompt_ids"]) for r in job.step_rows(tokenizer))
@@ -95,7 +55,7 @@ def benchmark(args: argparse.Namespace) -> tuple[str, dict]:
     envs = gpu.environments(args.trl_python, trl_required=not args.smoke)
     cap = f"-{args.gpu_memory_gb:g}gib" if args.gpu_memory_gb else ""
     key = f"{model}-{job.settings['rollout.max_new_tokens']}{cap}"
-    work = WORK / "runs" / key
+    work = gpu.WORK / "runs" / key
     shutil.rmtree(work, ignore_errors=True)
 
     def run_one(label: str, run: int) -> dict:  # each trainer makes its folder
@@ -126,7 +86,7 @@ def benchmark(args: argparse.Namespace) -> tuple[str, dict]:
 
 
 def main() -> None:
-    parser = job_parser(__doc__)
+    parser = gpu.job_parser(__doc__)
     add = parser.add_argument
     add("--runs", type=int, help="runs per trainer, alternating (default 2; 1 --smoke)")
     add("--oncurve-python", default=sys.executable, help="runs `-m oncurve`")
@@ -134,24 +94,17 @@ def main() -> None:
         "with the GPU bundle's wheels if it lacks trl)")  # fmt: skip
     add("--json", help="also write the summary of each trainer to this file")
     add("--prepare", action="store_true", help="copy the tokenizer, write prompts, build the model")
-    add("--profile", action="store_true", help="profile_step.py on this job: oncurve alone, its "
-        "seconds per phase and the ops with the most GPU and CPU time")  # fmt: skip
     args = parser.parse_args()
     args.runs = args.runs or (1 if args.smoke else 2)
     if args.prepare:
-        path = make_job(args)[1].settings["model.path"]
-        print(f"tokenizer {TOKENIZER}\nprompts {PROMPTS_FILE}\nmodel {path}")
+        path = gpu.make_job(args)[1].settings["model.path"]
+        print(f"tokenizer {TOKENIZER}\nprompts {gpu.PROMPTS_FILE}\nmodel {path}")
         return
     import torch
 
     if not args.smoke and not torch.cuda.is_available():
         print("gpu_vs_trl.py: no CUDA device (use --prepare or --smoke here)", file=sys.stderr)
         raise SystemExit(2)
-    if args.profile:
-        from profile_step import profile
-
-        profile(make_job(args)[1], WORK / "profile")
-        return
     key, row = benchmark(args)
     if args.smoke:
         print(gpu.section(context() | row) + "\n(--smoke: not written to results)")

@@ -1,7 +1,7 @@
-"""oncurve's step of `gpu_vs_trl.py`'s job under `torch.profiler`, with that script's job options
-(`gpu_check.py`'s `profile` stage; `gpu_vs_trl.py --profile` is the same): oncurve alone in this
-process under each of `VARIANTS`, the last step of each run profiled (the whole run would record
-every compile and capture, and summing that many events takes minutes). Prints each step's phases and
+"""oncurve's step of `gpu_vs_trl.py`'s job (`harness.gpu_comparison.make_job`, with its job
+options) under `torch.profiler`, `gpu_check.py`'s `profile` stage: oncurve alone in this process
+under each of `VARIANTS`, the last step of each run profiled (the whole run would record every
+compile and capture, and summing that many events takes minutes). Prints each step's phases and
 peak (`<variant>: step N: {...}, peak X GiB`), the last step's ops with the most GPU and CPU time,
 and on a GPU how long its kernels ran (`<variant>: the last step's kernels ran A s of its B s`).
 A variant that fails is a line, and the next one runs.
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-import gpu_vs_trl
+from harness import gpu_comparison
 from harness.spec import Job
 
 # The settings the job is profiled with, by name, the likeliest to explain the update's time
@@ -98,13 +98,13 @@ def profile(job: Job, out: Path) -> None:
 
 
 def main() -> None:
-    args = gpu_vs_trl.job_parser(__doc__).parse_args()
+    args = gpu_comparison.job_parser(__doc__).parse_args()
     import torch
 
     if not args.smoke and not torch.cuda.is_available():
         print("profile_step.py: no CUDA device (use --smoke here)", file=sys.stderr)
         raise SystemExit(2)
-    profile(gpu_vs_trl.make_job(args)[1], gpu_vs_trl.WORK / "profile")
+    profile(gpu_comparison.make_job(args)[1], gpu_comparison.WORK / "profile")
 
 
 if __name__ == "__main__":

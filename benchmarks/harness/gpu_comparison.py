@@ -4,6 +4,7 @@ trainer's figures over its runs, and the markdown of a row."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import statistics
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import run_logs
-from harness.checkout import BENCHMARKS, GPU_BUNDLE, checkout_env
+from harness.checkout import BENCHMARKS, CACHE, GPU_BUNDLE, checkout_env
 from harness.children import GpuMemoryPeak, train_oncurve
 from harness.comparison import steady_median
 from harness.models import build_model, tokenizer_dir
@@ -22,6 +23,8 @@ from harness.trl_env import run_trl, trl_env
 PHASES = ("generate", "reward", "reference", "train")
 WORD_PROBLEMS = BENCHMARKS / "data" / "word_problems.json"
 # what a row keeps of each run (the phases and lengths of each step are in its summary)
+WORK = CACHE / "gpu_vs_trl"
+PROMPTS_FILE = WORK / "prompts.jsonl"
 KEPT = ("status", "ok", "seconds", "gpu_peak_gb", "smi_peak_gb", "wall")
 
 
@@ -237,3 +240,40 @@ def section(row: dict) -> str:
                           "nvidia-smi GiB", "wall s"], per_run)
         + "\n"
     )  # fmt: skip
+
+
+def job_parser(doc: str) -> argparse.ArgumentParser:
+    """The options that make the job, of `gpu_vs_trl.py` and `profile_step.py`."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    add = parser.add_argument
+    add("--tokens", type=int, help="completion tokens (default 256; 16 --smoke)")
+    add("--steps", type=int, help="steps per run (default 5; 3 over 256 tokens; 2 --smoke)")
+    add("--gpu-memory-gb", type=float, help="GiB both trainers are capped at (run.gpu_memory_gb)")
+    add("--tokenizer", help="Qwen3 tokenizer dir to copy into the cache")
+    add("--smoke", action="store_true", help="2-layer model on the CPU, 16 tokens (development)")
+    add("--long", action="store_true", help="the long-reasoning workload (gpu_vs_trl.py's doc)")
+    return parser
+
+
+def make_job(args: argparse.Namespace) -> tuple[str, Job]:
+    """The model's name and the job both trainers run, its model prepared."""
+    model = "smoke" if args.smoke else "qwen2.5-1.5b" if args.long else "qwen2.5-0.5b"
+    tokens = args.tokens or (32 if args.smoke and args.long else 16 if args.smoke else
+                             4096 if args.long else 256)  # fmt: skip
+    eos_mean_length = tokens / 2 if args.long else None
+    rewards = [{"name": f"{fn.__module__}:{fn.__qualname__}", "weight": w}
+               for _, fn, w in Job({}).rewards()]  # fmt: skip
+    path = prepare(model, args.tokenizer, PROMPTS_FILE, eos_mean_length)
+    settings = {
+        "run.device": "cpu" if args.smoke else "cuda", "run.seed": 0,
+        "run.steps": args.steps or (2 if args.smoke or args.long else 5 if tokens <= 256 else 3),
+        "model.path": str(path), "data.path": str(PROMPTS_FILE), "data.chat_template": True,
+        "data.prompts_per_step": 16 if args.long else 8,
+        "reward.functions": json.dumps(rewards), "rollout.group_size": 8,
+        "rollout.max_new_tokens": tokens, "rollout.min_new_tokens": 0 if args.long else tokens,
+        "rollout.temperature": 1.0, "algo.preset": "grpo", "algo.beta": 0.04, "algo.mu": 1,
+        "optim.lr": 1e-6, "optim.warmup_steps": 0, "eval.at_start_end": False,
+        "log.samples_per_step": 0,
+    }  # fmt: skip
+    # TRL's own default per_device_train_batch_size: 8 rows a forward/backward
+    return model, Job(settings, trl_microbatch=8, gpu_memory_gb=args.gpu_memory_gb)
