@@ -203,7 +203,8 @@ def stated(text: str, *, reduced: bool = False) -> tuple[Fraction, bool, str] | 
     match = _STATED_RE.fullmatch(undress(text))
     if match is None or (match["sign"] and match["sign2"]):
         return None
-    if match["name"] and match["name"].lower() in NOT_UNITS:  # `wrong = 4`
+    # a word that denies the value names it (`wrong = 4`); one letter is a variable (`k = 4`)
+    if match["name"] and len(match["name"]) > 1 and match["name"].lower() in NOT_UNITS:
         return None
     words = (match["words"] or "").strip().lower()
     if changes_value(match["words"] or ""):

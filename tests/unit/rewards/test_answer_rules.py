@@ -676,6 +676,8 @@ STATED = [
     # a named value, a bar over a repeating digit, the empty set's other symbol, a worked sum
     case("p", "\\boxed{\\text{Total} = 18}", "18", 1.0),
     case("p", "\\boxed{f(2) = 4}", "4", 1.0),
+    case("p", "$k = \\frac{1}{3}$", "1/3", 1.0),
+    case("p", "The answer is $k = 12$.", "12", 1.0),
     case("p", "\\boxed{0.\\bar{1}}", "\\frac{1}{9}", 1.0),
     case("p", "\\boxed{\\varnothing}", "\\emptyset", 1.0),
     case("p", "The answer is 48 + 24 = 72.", "72", 1.0),
