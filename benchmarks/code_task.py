@@ -1,10 +1,5 @@
 """SmolLM2-135M-Instruct RL-fine-tuned on the built-in `code` task on the CPU: does the reward
-rise? (configs/code_smollm2.yaml; the job: benchmarks/README.md)
-
-Held out, before training and after: all test problems of the task, greedy (pass rate: all three
-tests passed; mean reward: mean fraction) and `--samples` per prompt at temperature 1 (their
-mean reward, what training maximises). Training: the per-step `reward/correct` in blocks of 5
-steps, and the trainer's own held-out accuracy (a program passing 2 of 3 tests counts).
+rise? (configs/code_smollm2.yaml; the job and what is measured: benchmarks/README.md)
 
     make smollm2                                     # once: fetch and import the model
     .venv/bin/python benchmarks/code_task.py --steps 10 --set optim.lr=5e-5
@@ -28,9 +23,9 @@ BLOCK = 5  # steps per line of the reward curve summary
 
 
 def held_out(model_dir: str, config: object, samples: int) -> dict:
-    """The model's held-out scores (`learning.held_out`): greedy pass rate and mean reward, the
-    trainer's accuracy (evaluation's threshold), the mean reward of `samples` completions per
-    prompt at temperature 1, and the first `SHOWN` greedy completions with their scores."""
+    """The model's held-out scores (`learning.held_out`): greedy pass rate (all tests passed) and
+    mean reward, the trainer's accuracy, the mean reward of `samples` completions per prompt at
+    temperature 1, and the first `SHOWN` greedy completions with their scores."""
     from oncurve.rewards.code import code_tests_reward
 
     result, rows, records = learning.held_out(model_dir, config, samples)

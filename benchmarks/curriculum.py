@@ -1,12 +1,8 @@
 """Curriculum against none (issue 29) on a task the bundled model starts below 10% on: held-out
 accuracy over training, time to accuracy, and the rollouts each run spent on all-equal groups.
 
-The job (benchmarks/README.md): the bundled model on 4+4-digit `arith`, rewarded for correctness
-alone, B=16 x G=8, a pool of `--train` problems. Arms (`data.curriculum`): `none`, `pass_rate`
-and `difficulty`, each over `--seeds` seeds, each run a fresh `oncurve train` process on one
-thread, `--parallel` at once, seeds outermost. Time to accuracy: the first evaluation reaching
-each `--targets` value. All-equal rollouts: the sum over steps of `groups/all_equal_frac` x B x
-G, completions whose group had no advantage.
+The job, the arms (`data.curriculum`, each over `--seeds` seeds, each run a fresh `oncurve train`
+process on one thread, `--parallel` at once) and the figures: benchmarks/README.md.
 
     .venv/bin/python benchmarks/curriculum.py --arms none pass_rate --steps 60 --seeds 1
 """
@@ -30,12 +26,13 @@ TITLE = (
 )
 PROMPTS, GROUP = 16, 8
 CORRECT_ONLY = "oncurve.data.tasks.arith:exact_sum_reward"  # the task's reward without format
-ALL_EQUAL = "groups/all_equal_frac"
+ALL_EQUAL, LEVEL = "groups/all_equal_frac", "curriculum/level"
 
 
 def train(arm: str, seed: int, args: argparse.Namespace) -> dict:
-    """One run in a fresh `oncurve train` process; its held-out curve [(step, accuracy)] and,
-    by step, its seconds, all-equal fraction and curriculum level."""
+    """One run in a fresh `oncurve train` process: its held-out curve [(step, accuracy)]; by
+    step, its seconds, all-equal fraction and curriculum level; the curve's figures
+    (`curve_figures`), its all-equal rollouts and the first step at each curriculum level."""
     from oncurve.run.metrics import read_jsonl
 
     run_dir = WORK / f"{arm}-seed{seed}"
@@ -50,25 +47,16 @@ def train(arm: str, seed: int, args: argparse.Namespace) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = train_oncurve(setting_args(settings), run_dir, run_dir.with_suffix(".log"), env)
     print(f"finished {arm} seed {seed}", flush=True)
-    kept = ("time/step", ALL_EQUAL, "curriculum/level")
+    kept = ("time/step", ALL_EQUAL, LEVEL)
     rows = read_jsonl(run_dir / "metrics.jsonl")
     curve = sorted((r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r)
     steps = {r["step"]: {k: r[k] for k in kept if k in r} for r in done["rows"]}
-    return {"curve": curve, "steps": steps}
-
-
-def run_figures(run: dict, args: argparse.Namespace) -> dict:
-    """A run's figures: its held-out curve's (`curve_figures`), its all-equal rollouts and the
-    first step at each curriculum level."""
-    steps = run["steps"]
-    levels: dict[int, int] = {}
-    for step in sorted(s for s in steps if "curriculum/level" in steps[s]):
-        levels.setdefault(int(steps[step]["curriculum/level"]), step)
+    # each level's first step (going down the steps, the earliest is written last)
+    levels = {int(r[LEVEL]): step for step, r in sorted(steps.items(), reverse=True) if LEVEL in r}
+    all_equal = sum(r[ALL_EQUAL] for r in steps.values()) * PROMPTS * GROUP
     seconds = {step: r["time/step"] for step, r in steps.items()}
-    return curve_figures(run["curve"], seconds, args.targets) | {
-        "all_equal": sum(r[ALL_EQUAL] for r in steps.values()) * PROMPTS * GROUP,
-        "levels": sorted(levels.items()),
-    }
+    run = {"curve": curve, "steps": steps} | curve_figures(curve, seconds, args.targets)
+    return run | {"all_equal": all_equal, "levels": sorted(levels.items())}
 
 
 def plot_arms(arms: dict[str, list[dict]], window: int = 10) -> None:
@@ -176,12 +164,11 @@ def main() -> None:
     jobs = [(arm, seed) for seed in range(args.seeds) for arm in args.arms]
     with ThreadPoolExecutor(args.parallel) as pool:  # in order, `--parallel` at a time
         runs = dict(zip(jobs, pool.map(lambda job: train(*job, args), jobs), strict=True))
-    figures = {job: run | run_figures(run, args) for job, run in runs.items()}
-    arms = {arm: [figures[(arm, seed)] for seed in range(args.seeds)] for arm in args.arms}
+    arms = {arm: [runs[(arm, seed)] for seed in range(args.seeds)] for arm in args.arms}
     plot_arms(arms)
     row = {"renderer": "curriculum", "args": vars(args), "cpu": cpu_name()}
     row["load_note"] = f"{before} at start, {load_note()} at the end"
-    row["runs"] = {f"{arm}/{seed}": run for (arm, seed), run in figures.items()}
+    row["runs"] = {f"{arm}/{seed}": run for (arm, seed), run in runs.items()}
     keys = ("after", "mean", "all_equal", "train_s")
     row["arms"] = {arm: over_seeds(runs, keys) for arm, runs in arms.items()}
     publish("curriculum", TITLE, f"arith-4x4-{args.steps}-{args.train}", row)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from harness import learning
 from harness.checkout import CACHE
-from harness.children import train_oncurve
 from harness.tables import markdown_table, publish
 
 NAME = "default_job"
@@ -18,19 +18,14 @@ TITLE = "The default job"
 
 
 def main() -> None:
-    from oncurve.run.metrics import read_jsonl
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("settings", nargs="*", help="oncurve settings (none: the default job)")
     args = parser.parse_args()
-    run_dir = CACHE / NAME / "run"
-    run = train_oncurve(args.settings, run_dir, CACHE / NAME / "train.log")
+    run = learning.train(args.settings, CACHE / NAME)
     # the held-out accuracies the run logged: before step 1, then after the last
-    accuracy = [
-        r["eval/accuracy"] for r in read_jsonl(run_dir / "metrics.jsonl") if "eval/accuracy" in r
-    ]
-    row = {"renderer": NAME, "steps": len(run["rows"]), "wall_s": round(run["wall"], 1)}
-    row |= {"rss_mb": run["rss"], "accuracy_before": accuracy[0], "accuracy_after": accuracy[-1]}
+    before, after = run["evals"][0][2], run["evals"][-1][2]
+    row = {"renderer": NAME, "steps": len(run["seconds"]), "wall_s": run["wall_s"]}
+    row |= {"rss_mb": run["rss_mb"], "accuracy_before": before, "accuracy_after": after}
     publish(NAME, TITLE, " ".join(args.settings) or "default", {**row, "cores": os.cpu_count()})
 
 

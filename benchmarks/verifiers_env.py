@@ -51,15 +51,16 @@ def same_tokens(count: int) -> tuple[int, int]:
     sampler = TorchSampler(load_model(MODEL), tokenizer)
     rows = environment_rows(ENV, {}, "eval")[:count]
     for row in rows:
-        row["prompt_ids"] = encode_prompt(tokenizer, row["prompt"], data, "", messages=row["prompt_messages"])  # fmt: skip
+        messages = row["prompt_messages"]
+        row["prompt_ids"] = encode_prompt(tokenizer, row["prompt"], data, "", messages=messages)
     params = SamplingParams(max_new_tokens=JOB["rollout.max_new_tokens"], temperature=0.0)
     observed = JOB["rollout.max_observation_tokens"]
     in_process = run_episodes(sampler, rows, 1, params, EpisodeSettings(
         SecondChance, 2, lambda text: encode_prompt(tokenizer, text, data, ""),
         ObservationFormat(tokenizer, True, observed, role="user"),
     )).rollout  # fmt: skip
-    play = GroupPlay(load_environment(ENV, {}))
-    through, _ = play_harness(sampler, rows, 1, params, HarnessSettings(play, 2, observed, groups=True))  # fmt: skip
+    harness = HarnessSettings(GroupPlay(load_environment(ENV, {})), 2, observed, groups=True)
+    through, _ = play_harness(sampler, rows, 1, params, harness)
 
     def tokens(rollout: Any, i: int) -> list[int]:
         return rollout.input_ids[i][rollout.attention_mask[i].bool()].tolist()
@@ -117,17 +118,15 @@ def main() -> None:
     learning.require(MODEL)
     same = same_tokens(args.compare)
     print(f"same tokens in-process and through the endpoint: {same[0]} of {same[1]}")
-    overrides = {**JOB, "run.steps": args.steps}
-    run = learning.train(
-        setting_args(overrides), CACHE / NAME, reward="env",
-        metrics=("env/first_try", "env/solved"),
-    )  # fmt: skip
+    overrides = setting_args({**JOB, "run.steps": args.steps})
+    run = learning.train(overrides, CACHE / NAME, "env", ("env/first_try", "env/solved"))
+    job = f"{args.steps} steps of 8 prompts x G=8, two turns of 32 tokens, lr 2e-5 (cosine), beta 0"
     publish(NAME, "SmolLM2-135M-Instruct on a multi-turn verifiers environment, 2 CPU cores", "", {
-        "renderer": NAME, "job": f"{args.steps} steps of 8 prompts x G=8, two turns of 32 tokens, lr 2e-5 (cosine), beta 0",
-        "load_note": load_note(), "same_tokens": list(same), "steps": args.steps,
-        "episodes": args.steps * 8 * 8, "wall_s": run["wall_s"], "s_per_step": run["s_per_step"],
-        "before": run["evals"][0][2], "after": run["evals"][-1][2], "evals": run["evals"],
-        "first_try": run["env/first_try"], "solved": run["env/solved"],
+        "renderer": NAME, "job": job, "load_note": load_note(), "same_tokens": list(same),
+        "steps": args.steps, "episodes": args.steps * 8 * 8, "wall_s": run["wall_s"],
+        "s_per_step": run["s_per_step"], "before": run["evals"][0][2],
+        "after": run["evals"][-1][2], "evals": run["evals"], "first_try": run["env/first_try"],
+        "solved": run["env/solved"],
     })  # fmt: skip
 
 

@@ -1,12 +1,12 @@
-"""Sums with a second chance, a two-turn environment in the two shapes oncurve trains on: a
-verifiers environment as the hub's are written (`load_environment`, for
-`rollout.env=verifiers:environments.sums_second_chance` with `benchmarks/` on the path) and
-oncurve's own protocol (`SecondChance`, for `rollout.env=environments.sums_second_chance:SecondChance`),
-one game behind both.
+"""Sums with a second chance, a two-turn environment in the two shapes oncurve trains on, one
+game behind both: a verifiers environment as the hub's are written (`load_environment`, for
+`rollout.env=verifiers:environments.sums_second_chance`, `benchmarks/` on the path) and oncurve's
+own protocol (`SecondChance`, `rollout.env=environments.sums_second_chance:SecondChance`).
 
 The policy is asked oncurve's `sums` problem; a wrong first answer gets `TRY_AGAIN` and a second
-turn, unless the first was cut at the length limit. The score is 1 for a right first answer, 0.75 for a right second one, else 0 (a score
-above 0.5 is a success); right or wrong is the strict `correct` reward's verdict."""
+turn, unless the first was cut at the length limit. The score is 1 for a right first answer,
+0.75 for a right second one, else 0 (above 0.5 is a success); right or wrong is the strict
+`correct` reward's verdict."""
 
 from __future__ import annotations
 
@@ -22,11 +22,6 @@ SCORES = (1.0, 0.75)  # a right answer at the first, the second turn
 def is_right(text: str, answer: str) -> bool:
     """Whether `text` states `answer` (the `correct` reward's verdict)."""
     return answer_match_reward([""], [text], answer=[answer])[0] == 1.0
-
-
-def problems(split: str, count: int, seed: int) -> list[dict[str, str]]:
-    """`count` problems of the `sums` task's `split`, {"prompt", "answer"}."""
-    return get_task("sums").examples(split, count, seed)
 
 
 class SecondChance:
@@ -54,9 +49,8 @@ def load_environment(num_train: int = 2000, num_eval: int = 50, seed: int = 0) -
     from datasets import Dataset
 
     def rows(split: str, count: int) -> Any:
-        return Dataset.from_list(
-            [{"question": p["prompt"], "answer": p["answer"]} for p in problems(split, count, seed)]
-        )
+        sums = get_task("sums").examples(split, count, seed)
+        return Dataset.from_list([{"question": p["prompt"], "answer": p["answer"]} for p in sums])
 
     def answers(completion: list) -> list[str]:
         return [m.content or "" for m in completion if m.role == "assistant"]

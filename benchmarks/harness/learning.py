@@ -1,8 +1,6 @@
-"""What the learning-curve studies share (`smollm2.py`, `gsm8k_smollm2.py`, `code_task.py`,
-`curriculum.py`): the settings a page states; a model's held-out greedy score on its task's test
-problems, prompted and scored as the trainer's evaluation does them; an `oncurve train` run of
-the checkout and the curve it logged; a held-out curve as figures, and an arm's over its seeds;
-curves drawn as a figure."""
+"""What the learning-curve studies share: the settings a page states, a model's held-out score as
+the trainer's evaluation gives it, an `oncurve train` run of the checkout and the curve it logged,
+a held-out curve as figures (a run's, an arm's over its seeds), curves drawn as a figure."""
 
 from __future__ import annotations
 
@@ -46,14 +44,13 @@ def require(*paths: Path) -> None:
 def held_out(
     model_dir: str, config: Any, samples: int = 1, device: str = "cpu", backend: str = "auto"
 ) -> tuple[dict[str, float], list[dict], list[dict]]:
-    """A model directory's (or a run's checkpoint's) held-out scores on `config.eval.num_prompts`
-    test problems of `config.data.task` with its `data.task_options`, on `device` in float32
-    with the sampler `backend` (`oncurve.rollout.build_sampler`'s names), as the trainer
-    evaluates: prompts formatted as it formats them, greedy with `rollout.max_new_tokens`
-    tokens, its held-out reward (`correctness_fn`, the task's settings applied), and with
-    `samples` > 1 that many completions per prompt at temperature 1. Returns `evaluate`'s
-    result, the rows (the task's fields with the prompt's ids) and one record per row (the
-    greedy completion and whether it is right; with samples, the sampled completions)."""
+    """A model directory's (or a run's checkpoint's) held-out scores as the trainer evaluates:
+    `config.eval.num_prompts` test problems of its task, prompted as it prompts, greedy with
+    `rollout.max_new_tokens` tokens, its held-out reward (`correctness_fn`), in float32 on
+    `device` with the sampler `backend` (`build_sampler`'s names), and with `samples` > 1 that
+    many completions per prompt at temperature 1. Returns `evaluate`'s result, the rows (the
+    task's fields, the prompt's ids) and a record per row (the greedy completion, whether it is
+    right; with samples, the sampled completions)."""
     from oncurve.data.prompts import PromptData, correctness_fn
     from oncurve.data.tasks import get_task
     from oncurve.loop.collect import sampling_params
@@ -90,10 +87,7 @@ def held_out(
 
 
 def train(
-    args: list[str],
-    out: Path,
-    reward: str = "correct",
-    metrics: tuple[str, ...] = (),
+    args: list[str], out: Path, reward: str = "correct", metrics: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """`oncurve train --quiet ARGS` of the checkout with its run in `out/run` (overwritten) and
     its output in `out/log.txt`: its wall seconds ("wall_s"), peak RSS in MB ("rss_mb"), final
