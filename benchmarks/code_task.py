@@ -49,15 +49,12 @@ def held_out(model_dir: str, config: object, samples: int) -> dict:
 def section(row: dict) -> str:
     """The page of one row: held-out scores before and after, the training reward and the
     trainer's evaluations, time, what the model writes."""
-
-    def pct(value: float) -> str:
-        return f"{100 * value:.1f}%"
-
     header = ["model", "greedy pass rate", "greedy mean reward",
               f"sampled mean reward (K={row['samples']})", "trainer's accuracy"]  # fmt: skip
     run, steps = row["run"], len(row["run"]["reward"])
     table = markdown_table(header, [
-        [name, pct(r["pass"]), f"{r['greedy']:.3f}", f"{r['sampled']:.3f}", pct(r["accuracy"])]
+        [name, f"{r['pass']:.1%}", f"{r['greedy']:.3f}", f"{r['sampled']:.3f}",
+         f"{r['accuracy']:.1%}"]
         for name, r in (("before", row["before"]), (f"after {steps} steps", row["after"]))
     ])  # fmt: skip
     blocks = "; ".join(f"steps {a}-{b}: {mean:.3f}" for a, b, mean in run["blocks"])
@@ -77,7 +74,7 @@ def section(row: dict) -> str:
         f"per block of {BLOCK} steps: {blocks}.\n\nPer step: "
         + ", ".join(f"{r:.2f}" for r in run["reward"])
         + ".\n\nThe trainer's held-out accuracy (step, accuracy): "
-        + ", ".join(f"{e[0]} {pct(e[-1])}" for e in run["evals"])
+        + ", ".join(f"{e[0]} {e[-1]:.1%}" for e in run["evals"])
         + f".\n\nTime: median {run['s_per_step']:.1f} s/step ({phases}); wall "
         f"{run['wall_s'] / 60:.1f} min; peak RSS {run['rss_mb']:.0f} MB.\n\n"
         f"## What the model writes (greedy)\n{shown}"

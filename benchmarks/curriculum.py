@@ -1,8 +1,7 @@
 """Curriculum against none (issue 29) on a task the bundled model starts below 10% on: held-out
 accuracy over training, time to accuracy, and the rollouts each run spent on all-equal groups.
 
-The job, the arms (`data.curriculum`, each over `--seeds` seeds, each run a fresh `oncurve train`
-process on one thread, `--parallel` at once) and the figures: benchmarks/README.md.
+The job, the arms (`data.curriculum`) and the figures: benchmarks/README.md.
 
     .venv/bin/python benchmarks/curriculum.py --arms none pass_rate --steps 60 --seeds 1
 """

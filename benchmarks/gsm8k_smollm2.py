@@ -1,9 +1,8 @@
 """The GSM8K recipe's CPU twin: SmolLM2-135M-Instruct RL-fine-tuned on the easiest GSM8K
 problems on 2 CPU cores (configs/gsm8k_smollm2.yaml), held-out accuracy before and after.
 
-`--prepare` (run by `make smollm2`) writes data/gsm8k/ (`prepare`). The run records the recipe's
-evaluations (greedy, before, every 5 steps and after), the training reward, the wall time and a
-few completions of the last step.
+`--prepare` (run by `make smollm2`) writes data/gsm8k/ (`prepare`). The job and the figures:
+benchmarks/README.md; the page adds a few completions of the last step.
 
     make smollm2                                       # once: model and data
     .venv/bin/python benchmarks/gsm8k_smollm2.py       # the run (about 25 minutes)

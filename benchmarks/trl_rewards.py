@@ -1,9 +1,7 @@
 """TRL's own reward functions, imported from an installed TRL, train through oncurve unchanged.
 
-`oncurve train` under the benchmarks' TRL venv (`harness.trl_env`, math-verify added) with
-`reward.functions=[trl.rewards:think_format_reward, trl.rewards:accuracy_reward]` on sums as
-TRL's `GRPOTrainer` takes them, on the random `smoke` model with the Qwen3 tokenizer: measured is
-that TRL's functions score every completion, not what they score (benchmarks/README.md).
+`oncurve train` in the TRL venv with TRL's `think_format_reward` and `accuracy_reward` on a
+dataset as TRL's `GRPOTrainer` takes it: is every completion scored? (benchmarks/README.md)
 
     .venv/bin/python benchmarks/trl_rewards.py [--steps 2]
 """
@@ -33,9 +31,8 @@ def trl_dataset(path: Path, rows: int = 16) -> Path:
     for i in range(rows):
         a, b = 3 * i + 1, 7 * i + 2
         prompt = f"What is {a} + {b}? Think in <think></think>, then put the answer in \\boxed{{}}."
-        lines.append(
-            json.dumps({"prompt": [{"role": "user", "content": prompt}], "solution": f"${a + b}$"})
-        )
+        row = {"prompt": [{"role": "user", "content": prompt}], "solution": f"${a + b}$"}
+        lines.append(json.dumps(row))
     path.write_text("\n".join(lines) + "\n")
     return path
 
