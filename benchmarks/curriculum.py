@@ -38,10 +38,11 @@ def train(arm: str, seed: int, args: argparse.Namespace) -> dict:
     settings = {"data.task": "arith", "data.task_options": "{min_digits: 4}",
                 "data.num_train": args.train, "data.prompts_per_step": PROMPTS,
                 "rollout.group_size": GROUP, "reward.functions": f"[{CORRECT_ONLY}]",
-                "data.curriculum": arm, "data.curriculum_threshold": args.threshold,
-                "run.steps": args.steps, "run.seed": seed, "eval.every": args.eval_every,
-                "eval.num_prompts": args.eval_n, "run.threads": 1,
+                "data.curriculum": arm, "run.steps": args.steps, "run.seed": seed,
+                "eval.every": args.eval_every, "eval.num_prompts": args.eval_n, "run.threads": 1,
                 "run.device": "cpu"}  # fmt: skip
+    if arm == "difficulty":  # oncurve refuses another curriculum's setting
+        settings["data.curriculum_threshold"] = args.threshold
     print(f"started {arm} seed {seed}", flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = train_oncurve(setting_args(settings), run_dir, run_dir.with_suffix(".log"), env)
