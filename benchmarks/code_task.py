@@ -111,8 +111,10 @@ def main() -> None:
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="config override"
     )
-    parser.add_argument("--samples", type=int, default=8, help="held-out samples per prompt")
+    parser.add_argument("--samples", type=int, default=8, help="held-out samples per prompt (2+)")
     args = parser.parse_args()
+    if args.samples < 2:  # one completion per prompt is the greedy one; none is sampled
+        parser.error("--samples: at least 2 completions per prompt at temperature 1")
     from oncurve.config import load_config
 
     model_dir = str(ROOT / load_config(CONFIG, args.set).model.path)

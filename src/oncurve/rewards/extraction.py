@@ -371,6 +371,12 @@ _DENIED_RE = re.compile(
 _LINE_RE = re.compile(r"[^\n]{0,200}")
 _THINK_CLOSE_RE = re.compile(r"</think>", re.IGNORECASE)
 # A fenced code block (to the end of the text when unclosed)
+# A chat template's end of a turn or start of the next, which a model may run on into: what
+# follows the first text is no part of its answer (`... is $(7, 6)$. <|im_start|>user ...`).
+_END_OF_TURN_RE = re.compile(
+    r"<\|(?:im_end|im_start|eot_id|start_header_id|endoftext|end|user|assistant)\|>"
+    r"|<end_of_turn>|<start_of_turn>"
+)
 _FENCED_CODE_RE = re.compile(
     r"```[ \t]*(?P<tag>[\w+#.-]*)[ \t]*\n(?P<body>.*?)(?:```|\Z)", re.DOTALL
 )
@@ -409,13 +415,15 @@ MAX_JOINED_BOXES = 16  # boxes offered together, read back from the last
 
 
 def extract_answer(text: str, style: str = "auto") -> str | None:
-    """The answer part of a completion, stripped, or None when `style` finds none; a dash
-    written for a minus is read as `-` (`SIGNS`). `auto` reads what follows the reasoning
-    (after the last `</think>`) outside fenced code: a number a program prints or a thought
-    states is not the answer the completion gives."""
+    """The answer part of a completion (its first text between chat template turn markers),
+    stripped, or None when `style` finds none; a dash written for a minus is read as `-`
+    (`SIGNS`). `auto` reads what follows the reasoning (after the last `</think>`) outside
+    fenced code: a number a program prints or a thought states is not the answer the
+    completion gives."""
     if style not in STYLES:
         raise ValueError(f"extract_answer: style must be one of {', '.join(STYLES)}, got {style!r}")
     text = text.translate(SIGNS)  # `–4` is -4, `4％` is 4%
+    text = next((part for part in _END_OF_TURN_RE.split(text) if part.strip()), "")
     if style == "auto":
         text, reasoning_only = _after_thinking(text)
         text = _FENCED_CODE_RE.sub(_outside_code, text)

@@ -677,6 +677,12 @@ STATED = [
     case("p", "\\boxed{\\text{Total} = 18}", "18", 1.0),
     case("p", "\\boxed{f(2) = 4}", "4", 1.0),
     case("p", "$k = \\frac{1}{3}$", "1/3", 1.0),
+    # a model that runs on into the chat template's next turn: its answer is before it
+    case("p", "The pair that solves it is $(7, 6)$. <|im_start|>user", "(7, 6)", 1.0),
+    case("p", "The answer is 18.<|im_end|>\n<|im_start|>user\nAnd 19?<|im_end|>", "18", 1.0),
+    case("p", "The answer is 18.<|im_end|>\n<|im_start|>user\nAnd 19?<|im_end|>", "19", 0.0),
+    case("p", "<|im_start|>assistant\nThe answer is 18.<|im_end|>", "18", 1.0),
+    case("p", "The answer is <s>17</s> 18.", "18", 1.0),
     case("p", "The answer is $k = 12$.", "12", 1.0),
     case("p", "\\boxed{0.\\bar{1}}", "\\frac{1}{9}", 1.0),
     case("p", "\\boxed{\\varnothing}", "\\emptyset", 1.0),
