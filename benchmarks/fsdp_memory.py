@@ -1,14 +1,8 @@
 """Per-rank peak memory of data parallelism (DDP) against FSDP2 on the same job.
 
-Both runs are `oncurve train` under torchrun on `--ranks` CPU ranks (gloo) with the same model,
-task, batch and steps; only `dist.fsdp` differs. Each rank reports its own peak RSS (Linux
-`VmHWM`, the Python, torch and transformers start-up included); the table shows the largest
-rank's and the ratio FSDP2 / DDP, recorded in `results/records/fsdp_memory.jsonl`.
-
-What to expect: FSDP2 divides the trained weights, their gradients and the AdamW state by the
-number of ranks, but every rank keeps a whole copy of the policy for sampling and the whole
-reference, and FSDP2 gathers each layer's weights around its forward and backward. With few
-ranks and a small model those costs can outweigh the saving; it grows with both.
+Both runs are `oncurve train` under torchrun on `--ranks` CPU ranks (gloo); only `dist.fsdp`
+differs. Each rank reports its own peak RSS (Linux `VmHWM`, start-up included). Why FSDP2 can
+take more at few ranks and a small model: docs/gpu.md.
 
     .venv/bin/python benchmarks/fsdp_memory.py --model 30m --gradient-checkpointing
 """
@@ -29,6 +23,7 @@ from harness.spec import Job
 from harness.tables import markdown_table, publish
 
 WORK = CACHE / "fsdp_memory"
+SIZES = {"ranks": 2, "prompts": 8, "group": 8, "tokens": 64, "microbatch": 8, "steps": 2}
 TITLE = (
     "Per-rank peak memory: DDP vs FSDP2\n\nWritten by `benchmarks/fsdp_memory.py`, one section "
     "per model and setting."
@@ -106,12 +101,8 @@ def summary(row: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="30m", help="default | tiny | 30m | PATH")
-    parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--microbatch", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=2)
+    for name, default in SIZES.items():
+        parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()

@@ -6,11 +6,8 @@
     python benchmarks/rollout.py --device cuda   # GPU: 0.5B model, the four scenarios below
     python benchmarks/rollout.py --device cuda --cuda-shapes 64x256,256x256 --repeats 1 --no-gaps
 
-Same model, prompts and sampling (temperature 1, no top-k/top-p) for every sampler. On the CPU
-they alternate over `--repeats` rounds (`harness.sampling.measure_cpu`); on CUDA each is warmed
-up and the best of `--repeats` counted (`harness.sampling.time_on_gpu`), static-cache `generate`
-the baseline, at each of `--cuda-shapes`. The scenarios, samplers and columns:
-benchmarks/README.md.
+Same model, prompts and sampling (temperature 1, no top-k/top-p) for every sampler; scenarios,
+samplers, how each device times them and the columns: benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -18,11 +15,8 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
-import json
 import subprocess
 import sys
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from harness import sampling
@@ -32,13 +26,13 @@ from harness.models import end_at_eos, load_model
 from harness.records import context
 from harness.tables import publish
 
-from oncurve.rollout import BACKENDS, SamplingParams, build_sampler
+from oncurve.rollout import BACKENDS, SamplingParams
 
 TITLE = (
     "Rollout benchmark\n\nWritten by `python benchmarks/rollout.py [--model NAME]`; each run "
     "replaces the sections of the models it ran."
 )
-# model -> (prompts, group size, new tokens, force full length)
+# model -> (prompts, group size, new tokens, force full length); a path takes 30m's
 SCENARIOS = {"tiny": (16, 8, 64, False), "default": (16, 8, 64, False), "30m": (8, 8, 128, True)}
 CUDA_SHAPES = "64x256,256x256,64x1024,64x1024~256"
 GROUP = 8  # G on CUDA
@@ -49,7 +43,7 @@ def cpu_calls(name: str, backends: list[str]) -> tuple[dict, dict, Any]:
     on a tiny job (one prompt, G=1, 2 tokens: imports and first-call allocations), the model."""
     prompts_n, group, new, force = SCENARIOS.get(name, SCENARIOS["30m"])
     model, tokenizer = load_model(name)
-    samplers = {backend: build_sampler(backend, model, tokenizer) for backend in backends}
+    samplers = sampling.samplers(model, tokenizer, backends)
 
     def calls(prompts: list[str], group: int, new: int) -> dict[str, sampling.Call]:
         params = SamplingParams(max_new_tokens=new, min_new_tokens=new if force else 0)
@@ -78,9 +72,10 @@ def cpu_row(name: str, repeats: int, backends: list[str]) -> dict:
 
 
 def cuda_row(model: Any, tokenizer: Any, shape: tuple, args: argparse.Namespace,
-             backends: list[str], after: Callable[[list[dict]], None]) -> dict:  # fmt: skip
+             backends: list[str], done: list[dict]) -> dict:  # fmt: skip
     """One GPU scenario (`sampling.cuda_shape`): static-cache `generate` first, the baseline,
-    then the samplers and, unless `--quick`, their variants and dynamic-cache `generate`."""
+    then the samplers and, unless `--quick`, their variants and dynamic-cache `generate`; the
+    records of this and the `done` scenarios go to `--json` after each sampler."""
     rows, new, mean_length = shape
     prompts = sampling.make_prompts(rows // GROUP)
     forced = new if mean_length is None else 0
@@ -88,14 +83,14 @@ def cuda_row(model: Any, tokenizer: Any, shape: tuple, args: argparse.Namespace,
     if not forced:  # a copy, so that the forced shapes' model stays as it is
         model = copy.deepcopy(model)
         end_at_eos(model, tokenizer.eos_token_id, mean_length)
-    samplers = sampling.gpu_samplers(model, tokenizer, backends, variants=not args.quick)
+    samplers = sampling.samplers(model, tokenizer, backends, variants=not args.quick)
     generate = functools.partial(sampling.generate_call, model, tokenizer, prompts, GROUP, params)
     calls = {"model.generate (static cache)": (generate("static"), None)}
     calls |= {k: (sampling.sampler_call(s, prompts, GROUP, params), s) for k, s in samplers.items()}
     if not args.quick:
         calls["model.generate (dynamic cache)"] = (generate(None), None)
     scenario = f"{rows}x{new}" + (f"~{mean_length}" if mean_length else "")
-    records = sampling.time_on_gpu(scenario, calls, args.repeats, rows, after)
+    records = sampling.time_on_gpu(scenario, calls, args.repeats, rows, args.json, done)
     gaps = {} if args.no_gaps else {
         k: sampling.logprob_gap(model, s, prompts, GROUP, params) for k, s in samplers.items()
     }  # fmt: skip
@@ -104,14 +99,9 @@ def cuda_row(model: Any, tokenizer: Any, shape: tuple, args: argparse.Namespace,
             "samplers": records, "logprob_gaps": gaps}  # fmt: skip
 
 
-def cuda_key(row: dict) -> str:
-    """A GPU scenario's section key: one section per scenario and GPU, so that a run on one
-    card never replaces another card's figures."""
-    return f"cuda-{row['scenario']}, {row['gpu']}"
-
-
-def record(key: str, row: dict) -> None:
-    """Print the scenario's section and record it (it replaces that scenario's section)."""
+def record(row: dict) -> None:
+    """Print the row's section and record it as its model's, on a GPU its scenario and card's."""
+    key = f"cuda-{row['scenario']}, {row['gpu']}" if "gpu" in row else row["scenario"]
     print(sampling.section(context() | row), flush=True)
     publish("rollout", TITLE, key, {"renderer": "harness.sampling", **row})
 
@@ -144,18 +134,13 @@ def main() -> None:
         print(peak_memory(calls[args.memory_of])[1])
     elif args.device == "cuda":
         (model, tokenizer), done = sampling.cuda_model(), []
-
-        def after(records: list[dict]) -> None:
-            if args.json:  # after each sampler: a later one may run out of time
-                Path(args.json).write_text(json.dumps(done + records))
-
         for shape in args.cuda_shapes:
-            row = cuda_row(model, tokenizer, shape, args, backends, after)
+            row = cuda_row(model, tokenizer, shape, args, backends, done)
             done += row["samplers"]
-            record(cuda_key(row), row)
+            record(row)
     else:
         for name in [args.model] if args.model else ["tiny", "30m"]:
-            record(name, cpu_row(name, args.repeats, backends))
+            record(cpu_row(name, args.repeats, backends))
 
 
 if __name__ == "__main__":

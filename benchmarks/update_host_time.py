@@ -2,14 +2,7 @@
 forward's layout and with the decoder layers compiled (`model.compile_layers`).
 
 What a GPU's update waits on when it is launch-bound (Python, the dispatcher, autograd),
-measured on the CPU, one thread. The model has the Qwen2.5-0.5B shape's 24 layers, 14 query and 2 key-value heads and
-gradient checkpointing (as the memory plan sets it for that model) at a width of 28 and a
-512-token vocabulary; the batch is 16 rows of 6 prompt and 8 completion tokens, two groups of
-8. Padded rows run whole (under gradient checkpointing the trainer shares no prompt); packed
-rows' variable-length attention is a one-op stand-in (`harness.updates.one_op_varlen`).
-Medians of `--repeats` updates after one warm-up, whose seconds for the compiled variant (its
-compilation) are reported apart; then the ops that are not views, counted (none compiled:
-compiled code does not run under a dispatch mode).
+measured on the CPU; what it runs: benchmarks/README.md.
 
     .venv/bin/python benchmarks/update_host_time.py [--repeats 7]
 """
@@ -18,21 +11,21 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 from harness import updates
+from harness.sampling import time_call
 from harness.tables import markdown_table, measured, publish
 
 from oncurve.model.compiled_layers import compile_decoder_layers
-from oncurve.model.forward import PolicyLogprobs
 from oncurve.model.weights import enable_gradient_checkpointing
 from oncurve.update.microbatches import ForwardSettings
 
 VOCAB = 512
 SHAPE = (28, 56, 24, 14, 2)  # Qwen2.5-0.5B's layers and heads, 2 dimensions a head
 ROWS, GROUP, PROMPT, COMPLETION = 16, 8, 6, 8
-# name, packed, each prompt once, compiled layers
+# name, packed, each prompt once, compiled layers; padded rows run whole: under gradient
+# checkpointing (as the memory plan sets it for that model) the trainer shares no prompt
 VARIANTS = (
     ("padded, every row whole (TRL's layout)", False, False, False),
     ("packed, every row whole", True, False, False),
@@ -44,33 +37,23 @@ VARIANTS = (
 def measure(repeats: int) -> dict:
     """Each variant's median seconds and ops (None compiled), and the compilation's seconds, on
     one thread (the host's share of a GPU's update is one thread's)."""
-    torch.set_num_threads(1)
-    updates.count_packed_as_on_cuda()
-    model = updates.random_model(SHAPE, VOCAB)
-    enable_gradient_checkpointing(model)
+    policy, fns = updates.setup(SHAPE, VOCAB, threads=1)
+    enable_gradient_checkpointing(policy.model)
     batch = updates.group_batch(
         torch.full((ROWS // GROUP,), PROMPT), GROUP, torch.full((ROWS,), COMPLETION), VOCAB
     )
-    policy, fns = PolicyLogprobs(model), updates.default_loss_fns()
     variants, compile_seconds = [], 0.0
     for name, packed, shared, compiled in VARIANTS:
-        step = updates.in_layout(model, batch, packed, shared)
+        step = updates.in_layout(policy.model, batch, packed, shared)
         if compiled:
-            compile_decoder_layers(model)
+            compile_decoder_layers(policy.model)
         forward = ForwardSettings(1.0, 256, ROWS, pack_rows=packed, compile_layers=compiled)
         update = updates.update_of(policy, step, forward, fns)
-        times = []
-        for _ in range(repeats + 1):  # the first warms up (and compiles)
-            start = time.perf_counter()
-            update()
-            times.append(time.perf_counter() - start)
+        times = [time_call(update)[1] for _ in range(repeats + 1)]  # the first warms up, compiles
         compile_seconds = times[0] if compiled else compile_seconds
         median = statistics.median(times[1:])
-        ops = None
-        if not compiled:  # under a dispatch mode compiled code does not run: no count
-            with updates.OpCount() as count:
-                update()
-            ops = count.kernels
+        # under a dispatch mode compiled code does not run: no count
+        ops = None if compiled else updates.OpCount.of(update).kernels
         variants.append({"name": name, "seconds": median, "ops": ops})
         print(f"{name}: {median * 1e3:.1f} ms, {ops} ops", flush=True)
     return {"repeats": repeats, "compile_seconds": compile_seconds, "variants": variants}

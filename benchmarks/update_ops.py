@@ -2,18 +2,8 @@
 padded or packed rows (`model.pack_rows`), every row whole (as TRL runs them) or each group's
 prompt once.
 
-On a GPU each op that is not a view is about one kernel launch, what an update far slower than
-its arithmetic waits on. The step is `gpu_vs_trl.py`'s: 8 prompts x G=8 of 67-83 tokens,
-completions of 256, its Qwen2.5-0.5B layers and vocabulary at a narrow width (which changes no
-count). Packed rows take CUDA's path with a stand-in for the variable-length
-attention of one op forward and three backward (two ops a layer too many); the logprob head
-runs its CPU path in every layout.
-
-A second table draws completions of sampled lengths (geometric, mean 256, at most 1,024) and
-cuts them as CUDA's memory plan for the 0.5B shape at 80 GiB does: its token budget alone, or
-also capped at the rows of the widest length (as before), padded and packed; it counts the
-microbatches, the tokens their forwards run and the update's ops, over `--batches` draws (ops
-of the first).
+Also the microbatches of sampled lengths under CUDA's memory plan. On a GPU each op that is not
+a view is about one kernel launch. The step and both tables: benchmarks/README.md.
 
     .venv/bin/python benchmarks/update_ops.py [--microbatch 16] [--chunk 256] [--batches 20]
 """
@@ -34,7 +24,8 @@ from oncurve.types import TrainBatch
 from oncurve.update.microbatches import ForwardSettings, batch_logprobs, microbatches
 from oncurve.update.step import LossFns
 
-# Qwen2.5-0.5B's layers (24, 14 heads, 2 key-value heads) at 112 wide instead of 896
+# Qwen2.5-0.5B's layers (24, 14 heads, 2 key-value heads) at 112 wide instead of 896: the width
+# changes no count
 NARROW = (112, 224, 24, 14, 2)
 PROMPTS, GROUP, COMPLETION = 8, 8, 256
 ROWS = PROMPTS * GROUP
@@ -62,66 +53,46 @@ def sampled_lengths(generator: torch.Generator) -> torch.Tensor:
     return lengths.ceil().long().clamp(1, MAX_NEW_TOKENS)
 
 
-def full_shape() -> ModelShape:
-    """The memory plan's `ModelShape` of the whole Qwen2.5-0.5B shape in bfloat16 (built on no
-    device)."""
-    with torch.device("meta"):
-        model = transformers.Qwen2ForCausalLM(qwen2_config(SHAPES["qwen2.5-0.5b"], VOCAB))
-    return ModelShape.of(model.to(torch.bfloat16))
-
-
 def tokens_run(batch: TrainBatch, max_rows: int, max_tokens: int, packed: bool) -> list[int]:
     """Each microbatch's tokens through the forward of `batch` cut as a run cuts it: padded,
     rows x (longest prompt + longest completion); packed, real tokens with each group's prompt
     once."""
-    cuts = microbatches(batch, max_rows, max_tokens, packed)
+    cuts = [cut.lengths for cut in microbatches(batch, max_rows, max_tokens, packed)]
     if not packed:
-        return [len(c.lengths.prompts) * (c.longest_prompt + c.longest_completion) for c in cuts]
-    out = []
-    for cut in cuts:
-        lengths = cut.lengths
-        prompts = dict(zip(lengths.groups or (), lengths.prompts, strict=True))
-        out.append(sum(prompts.values()) + sum(lengths.completions))
-    return out
+        return [len(c.prompts) * (max(c.prompts) + max(c.completions)) for c in cuts]
+    prompts = [dict(zip(c.groups, c.prompts, strict=True)) for c in cuts]  # a group's once
+    return [sum(p.values()) + sum(c.completions) for p, c in zip(prompts, cuts, strict=True)]
 
 
-def counts(
-    policy: PolicyLogprobs, step: TrainBatch, fns: LossFns, forward: ForwardSettings
-) -> list:
-    """Kernel-launching ops of the reference pass and of the update, and the update's ops."""
-    with updates.OpCount() as reference:
-        batch_logprobs(policy, step, forward)
-    one_update = updates.update_of(policy, step, forward, fns)
-    with updates.OpCount() as update:
-        one_update()
-    return [reference.kernels, update.kernels, update.ops]
-
-
-def layouts(model: torch.nn.Module, batch: TrainBatch, args: argparse.Namespace) -> list[list]:
-    """The first table's rows: (layout, reference ops, update ops, update ops with views)."""
-    fns, policy = updates.default_loss_fns(), PolicyLogprobs(model)
-    rows = []
+def layouts(policy: PolicyLogprobs, fns: LossFns, args: argparse.Namespace) -> list[list]:
+    """The first table's rows, completions of `COMPLETION` tokens: (layout, reference ops, update
+    ops, update ops with views)."""
+    batch, rows = a_batch(torch.full((ROWS,), COMPLETION)), []
     for name, packed, shared in LAYOUTS:
-        step = updates.in_layout(model, batch, packed, shared)
+        step = updates.in_layout(policy.model, batch, packed, shared)
         forward = ForwardSettings(1.0, args.chunk, args.microbatch, pack_rows=packed)
-        rows.append([name, *counts(policy, step, fns, forward)])
-        print(f"{name}: reference {rows[-1][1]}, update {rows[-1][2]}", flush=True)
+        reference = updates.OpCount.of(batch_logprobs, policy, step, forward)
+        update = updates.OpCount.of(updates.update_of(policy, step, forward, fns))
+        rows.append([name, reference.kernels, update.kernels, update.ops])
+        print(f"{name}: reference {reference.kernels}, update {update.kernels}", flush=True)
     return rows
 
 
 def sampled_microbatches(
-    model: torch.nn.Module, args: argparse.Namespace
+    policy: PolicyLogprobs, fns: LossFns, args: argparse.Namespace
 ) -> tuple[list[list], int, int]:
     """The second table's rows: (settings, microbatches, tokens run, update ops); and the plan's
-    token budget and rows of the widest length."""
+    token budget and rows of the widest length, for the whole 0.5B shape in bfloat16."""
     longest = LONGEST_PROMPT + MAX_NEW_TOKENS
-    plan = plan_memory(full_shape(), seq_len=longest, rows_per_step=ROWS, sample_rows=ROWS,
+    with torch.device("meta"):
+        full = transformers.Qwen2ForCausalLM(qwen2_config(SHAPES["qwen2.5-0.5b"], VOCAB))
+    shape = ModelShape.of(full.to(torch.bfloat16))
+    plan = plan_memory(shape, seq_len=longest, rows_per_step=ROWS, sample_rows=ROWS,
                        budget_bytes=80 * GIB, reference=True)  # fmt: skip
     budget = plan.microbatch_tokens
     widest = budget // longest
     generator = torch.Generator().manual_seed(0)
     batches = [a_batch(sampled_lengths(generator)) for _ in range(args.batches)]
-    fns, policy = updates.default_loss_fns(), PolicyLogprobs(model)
     rows = []
     for name, max_rows, packed in (
         (f"padded, at most {widest} rows (the plan before)", widest, False),
@@ -131,7 +102,7 @@ def sampled_microbatches(
     ):  # fmt: skip
         cuts = [tokens_run(batch, max_rows, budget, packed) for batch in batches]
         forward = ForwardSettings(1.0, args.chunk, max_rows, budget, pack_rows=packed)
-        update = counts(policy, batches[0], fns, forward)[1]
+        update = updates.OpCount.of(updates.update_of(policy, batches[0], forward, fns)).kernels
         count = sum(map(len, cuts)) / len(cuts)
         tokens = sum(map(sum, cuts)) / len(cuts)
         rows.append([name, count, tokens, update])
@@ -182,11 +153,9 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=256, help="logprob chunk (CUDA's at 152k)")
     parser.add_argument("--batches", type=int, default=20, help="draws of sampled lengths")
     args = parser.parse_args()
-    torch.set_num_threads(2)
-    updates.count_packed_as_on_cuda()
-    model = updates.random_model(NARROW, VOCAB)
-    rows = layouts(model, a_batch(torch.full((ROWS,), COMPLETION)), args)
-    sampled, budget, widest = sampled_microbatches(model, args)
+    policy, fns = updates.setup(NARROW, VOCAB, threads=2)
+    rows = layouts(policy, fns, args)
+    sampled, budget, widest = sampled_microbatches(policy, fns, args)
     row = {"renderer": "update_ops", "args": vars(args), "layouts": rows, "sampled": sampled}
     row |= {"budget": budget, "widest": widest}
     publish("update_ops", "Ops one GRPO update dispatches", "ops", row)

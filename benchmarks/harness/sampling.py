@@ -1,16 +1,17 @@
-"""Samplers against `model.generate`, for `rollout.py`: prompts, each sampler and `generate` as a
-call returning the completion tokens it generated, those calls timed on the CPU (alternating)
-and on a GPU (warmed up, best of a few), an output head that makes lengths vary as in a real
-run, a sampler's logprob gap to the training forward, and `section`, the markdown of a row."""
+"""Samplers against `model.generate`, for `rollout.py`: each as a call returning the completion
+tokens it generated, timed on the CPU (alternating) or a GPU (warmed up, best of a few), a
+sampler's logprob gap to the training forward, and `section`, the markdown of a row."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import statistics
 import string
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from harness.machine import load_note, matmul_gflops, torch_threads
@@ -40,9 +41,8 @@ def sampler_call(sampler: Any, prompts: list[str], group: int, params: Any) -> C
 
 def generate_call(model: Any, tokenizer: Any, prompts: list[str], group: int, params: Any,
                   cache: str | None = None) -> Call:  # fmt: skip
-    """`model.generate` as TRL calls it without vLLM (temperature 1, no top-k/top-p,
-    `num_return_sequences=group`) with the token limits of the `SamplingParams` `params` and
-    `cache` as its `cache_implementation` (None: the dynamic cache), as a call."""
+    """`model.generate` as TRL calls it without vLLM (temperature 1, no top-k/top-p), with the
+    token limits of `params` and `cache` as its `cache_implementation` (None: dynamic)."""
     import torch
 
     def call() -> int:
@@ -62,33 +62,29 @@ def generate_call(model: Any, tokenizer: Any, prompts: list[str], group: int, pa
     return call
 
 
-def time_call(call: Call, sync: Callable[[], None] = lambda: None) -> tuple[int, float]:
-    """(completion tokens, seconds) of one call; `sync` before each reading of the clock, so
+def time_call(call: Callable, sync: Callable[[], None] = lambda: None) -> tuple[Any, float]:
+    """(what `call` returns, seconds) of one call; `sync` before each reading of the clock, so
     that a device's queued work counts."""
     sync()
     start = time.perf_counter()
-    tokens = call()
+    result = call()
     sync()
-    return tokens, time.perf_counter() - start
+    return result, time.perf_counter() - start
 
 
 def measure_cpu(calls: dict[str, Call], repeats: int, model: Any, rows: int,
                 peak_mb: Callable[[str], float]) -> dict[str, Any]:  # fmt: skip
     """A CPU scenario: a warm-up call each, then `repeats` rounds of the calls alternating (drift
     in the machine's speed moves them alike; the last call is the baseline), between two
-    measurements of the fp32 matmul rate at the decode's largest matmul (`rows` x hidden x
-    intermediate) and of the load; then each call's peak MB (`peak_mb(label)`). Each call's
-    figures: mean tokens, median seconds and tokens/s, the ratio of median tokens/s to the
-    baseline's and the median ratio within a round, the FLOP floor (2 x parameters x tokens at
-    the better rate) and the median time over it, the peak MB."""
+    measurements of the load and of the fp32 matmul rate at the decode's largest matmul (`rows`
+    x hidden x intermediate); each call's figures: `CPU_COLUMNS` ("same repeat": the median
+    ratio within a round; the FLOP floor: 2 x parameters x tokens at the better rate)."""
     shape = [rows, model.config.hidden_size, model.config.intermediate_size]
     rate, load_before = matmul_gflops(*shape), load_note()
     for call in calls.values():
         call()
-    runs: dict[str, list[tuple[int, float]]] = {label: [] for label in calls}
-    for _ in range(repeats):
-        for label, call in calls.items():
-            runs[label].append(time_call(call))
+    rounds = [{label: time_call(call) for label, call in calls.items()} for _ in range(repeats)]
+    runs = {label: [timed[label] for timed in rounds] for label in calls}
     rate, load_after = max(rate, matmul_gflops(*shape)), load_note()
     speed = {label: statistics.median(n / s for n, s in timed) for label, timed in runs.items()}
     base = list(calls)[-1]
@@ -120,29 +116,29 @@ def cuda_model() -> tuple[Any, Any]:
     return model.to("cuda").eval(), tokenizer
 
 
-def gpu_samplers(model: Any, tokenizer: Any, backends: list[str], variants: bool) -> dict:
+def samplers(model: Any, tokenizer: Any, backends: list[str], variants: bool = False) -> dict:
     """The samplers of `backends` by name and, with `variants` where `cuda_graph` compiles its
     step per bucket (as a run does), that sampler uncompiled and compiled once for every bucket
     with symbolic sizes (`dynamic_compile`)."""
     from oncurve.rollout import build_sampler
     from oncurve.rollout.cuda_graph import GraphSampler
 
-    samplers = {backend: build_sampler(backend, model, tokenizer) for backend in backends}
-    if variants and "cuda_graph" in samplers and samplers["cuda_graph"].compile_step:
-        samplers["cuda_graph, uncompiled"] = GraphSampler(model, tokenizer, compile_step=False)
-        samplers["cuda_graph, one dynamic compile"] = GraphSampler(
+    made = {backend: build_sampler(backend, model, tokenizer) for backend in backends}
+    if variants and "cuda_graph" in made and made["cuda_graph"].compile_step:
+        made["cuda_graph, uncompiled"] = GraphSampler(model, tokenizer, compile_step=False)
+        made["cuda_graph, one dynamic compile"] = GraphSampler(
             model, tokenizer, dynamic_compile=True
         )
-    return samplers
+    return made
 
 
 def time_on_gpu(scenario: str, calls: dict[str, tuple[Call, Any]], repeats: int, rows: int,
-                after: Callable[[list[dict]], None]) -> list[dict[str, Any]]:  # fmt: skip
+                json_path: str | None, earlier: list[dict]) -> list[dict[str, Any]]:  # fmt: skip
     """A record per call of `calls` (label -> (call, its sampler or None)), in turn: its first
-    call timed apart (compiling and capturing: the sampler's own seconds of each where it keeps
-    them), then the best of `repeats` calls by tokens/s ("vs_static": over the first call's, the
-    baseline), and the mean completion length (`rows` a call). `after` gets the records after
-    each call (a run stopped at a time limit keeps them)."""
+    call timed apart (with the sampler's own compile and capture seconds where it keeps them),
+    then the best of `repeats` by tokens/s ("vs_static": over the first label's, the baseline)
+    and the mean completion length (`rows` a call); after each, `earlier` and the records so far
+    go to `json_path` if given (a run stopped at a time limit keeps them)."""
     import torch
 
     sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
@@ -160,7 +156,8 @@ def time_on_gpu(scenario: str, calls: dict[str, tuple[Call, Any]], repeats: int,
             "compile_s": getattr(sampler, "compile_seconds", None),
             "vs_static": tokens / seconds / base,
         })  # fmt: skip
-        after(records)
+        if json_path:
+            Path(json_path).write_text(json.dumps(earlier + records))
     return records
 
 
@@ -218,24 +215,22 @@ def summary(row: dict[str, Any]) -> str:
 def headline(row: dict[str, Any]) -> dict[str, str] | None:
     """The README's figure for a GPU scenario with forced lengths: `cuda_graph` as a run builds
     it against static-cache `generate`, in an area of its own per GPU model."""
-    if "gpu" not in row or row["mean_length"] is not None:
-        return None
-    graphs = [s for s in row["samplers"] if s["sampler"] == "cuda_graph"]
-    if not graphs:
+    graph = next((s for s in row["samplers"] if s["sampler"] == "cuda_graph"), None)
+    if "gpu" not in row or row["mean_length"] is not None or graph is None:
         return None
     card = row["gpu"].replace("NVIDIA ", "").split()[0]
     return {
         "area": f"the sampler, 1 x {card}",
-        "figure": f"{graphs[0]['vs_static']:.2f}x static-cache `generate` "
+        "figure": f"{graph['vs_static']:.2f}x static-cache `generate` "
         f"({row['rows']} x {row['new_tokens']})",
         "command": "benchmarks/rollout.py --device cuda",
     }
 
 
 def section(row: dict[str, Any]) -> str:
-    """The section of `results/rollout.md` for one scenario's row, on the CPU or a GPU: how,
-    when and with what it was measured (as far as a row imported from the hand-kept page says),
-    then a row per sampler, and on a GPU each sampler's logprob gap."""
+    """The section of `results/rollout.md` for one scenario's row, on the CPU or a GPU: how and
+    when it was measured (as far as an imported row says), a row per sampler, on a GPU each
+    sampler's logprob gap."""
     versions = row.get("versions")
     measured = f"measured {row['date']}" + (f" at {row['commit']}" if row.get("commit") else "")
     measured += f", `{row['command']}`" if row.get("command") else ""

@@ -1,14 +1,12 @@
 """One GRPO update for the micro-benchmarks (`update_ops.py`, `update_host_time.py`), through the
-package's public seams: a random model of a Qwen2 layer structure, a batch of groups that share
-their prompts, the batch in a layout of the training forward, the default objective's loss
-functions as training builds them, one update of a batch, counting the ops a call dispatches
-(about the kernels it would launch on a GPU), and a one-op stand-in for variable-length
-attention where torch has no CPU kernel for it, registered in the package's registry of such
-kernels (`count_packed_as_on_cuda`)."""
+package's public seams: a random Qwen2 model, a batch of groups in a layout of the training
+forward, one update of it, counting the ops a call dispatches (about the kernels it would launch
+on a GPU), and a one-op stand-in for CUDA's variable-length attention on the CPU."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +28,13 @@ class OpCount(TorchDispatchMode):
         self.kernels += not func.is_view
         return func(*args, **(kwargs or {}))
 
+    @classmethod
+    def of(cls, fn: Callable[..., object], *args: Any) -> OpCount:
+        """The count of the ops that `fn(*args)` dispatches."""
+        with cls() as count:
+            fn(*args)
+        return count
+
 
 class OneOpAttention(torch.autograd.Function):
     """Stands in for torch's variable-length attention on the CPU: one op forward, three
@@ -46,26 +51,23 @@ class OneOpAttention(torch.autograd.Function):
         return grad.clone(), torch.zeros_like(k), torch.zeros_like(v)
 
 
-def one_op_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_: object) -> torch.Tensor:
-    """A `packed_attention.VarlenKernel` of one op forward and three backward."""
-    return OneOpAttention.apply(q, k, v)
-
-
-def count_packed_as_on_cuda() -> None:
-    """Packed rows on the CPU take CUDA's path from here on, with `one_op_varlen` for its
-    kernel (`packed_attention.VARLEN_KERNELS`), so their ops count as CUDA's would."""
-    from oncurve.model.packed_attention import VARLEN_KERNELS
-
-    VARLEN_KERNELS["cpu"] = one_op_varlen
-
-
-def random_model(shape: tuple[int, int, int, int, int], vocab: int, seed: int = 0) -> Any:
-    """A random float32 `Qwen2ForCausalLM` of `shape` (`models.qwen2_config`) and `vocab`
-    tokens, seeded with `seed`, which also seeds the batches drawn after it."""
+def setup(shape: tuple[int, int, int, int, int], vocab: int, threads: int) -> tuple[Any, Any]:
+    """A `PolicyLogprobs` of a random float32 Qwen2 model (`models.qwen2_config`) seeded with 0,
+    as are the batches drawn after it, and the default objective's `LossFns` as a run builds
+    them. From here on torch runs `threads` threads, and packed rows on the CPU take CUDA's path
+    with `OneOpAttention` registered as its kernel: their ops count as CUDA's would."""
     import transformers
 
-    torch.manual_seed(seed)
-    return transformers.Qwen2ForCausalLM(qwen2_config(shape, vocab))
+    from oncurve import load_config
+    from oncurve.model.forward import PolicyLogprobs
+    from oncurve.model.packed_attention import VARLEN_KERNELS
+    from oncurve.run.setup import build_loss_fns
+
+    torch.set_num_threads(threads)
+    VARLEN_KERNELS["cpu"] = lambda q, k, v, *_: OneOpAttention.apply(q, k, v)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(qwen2_config(shape, vocab))
+    return PolicyLogprobs(model), build_loss_fns(load_config(None, []))
 
 
 def group_batch(prompt_lengths: torch.Tensor, group: int, lengths: torch.Tensor, vocab: int) -> Any:
@@ -81,13 +83,10 @@ def group_batch(prompt_lengths: torch.Tensor, group: int, lengths: torch.Tensor,
     completion_mask = (torch.arange(width) < lengths[:, None]).long()
     mask = torch.cat([prompt_mask, completion_mask], 1)
     ids = torch.cat([prompts, torch.randint(3, vocab, (rows, width))], 1) * mask
+    reference = torch.full((rows, width), -3.0) * completion_mask
+    advantages, index = torch.linspace(-1.0, 1.0, rows), torch.arange(rows) // group
     return TrainBatch(
-        ids,
-        mask,
-        completion_mask,
-        torch.linspace(-1.0, 1.0, rows),
-        ref_logprobs=torch.full((rows, width), -3.0) * completion_mask,
-        prompt_index=torch.arange(rows) // group,
+        ids, mask, completion_mask, advantages, ref_logprobs=reference, prompt_index=index
     )
 
 
@@ -102,27 +101,16 @@ def in_layout(model: Any, batch: Any, packed: bool, shared: bool) -> Any:
     return dataclasses.replace(batch, prompt_index=batch.prompt_index if shared else None)
 
 
-def default_loss_fns() -> Any:
-    """The `LossFns` of the default GRPO objective, as a run builds them from its config."""
-    from oncurve import load_config
-    from oncurve.run.setup import build_loss_fns
-
-    return build_loss_fns(load_config(None, []))
-
-
 def update_of(policy: Any, step: Any, forward: Any, fns: Any) -> Callable[[], None]:
-    """A call that runs one update of the `TrainBatch` `step` with the loss functions `fns` and
-    the `ForwardSettings` `forward`: every microbatch's forward and backward, gradients
-    accumulated in `policy` (a `PolicyLogprobs`) and then dropped. The step's token count is
-    read here, outside what a caller counts or times."""
+    """A call that runs one update of the `TrainBatch` `step` as training accumulates it (its
+    values left unread) into `policy`'s gradients, then drops them. The step's counts are read
+    here, outside what a caller counts or times."""
     from oncurve.update.step import accumulate, microbatch_loss
 
-    tokens, rows = float(step.completion_mask.sum()), float(step.num_rows)
-
-    def loss(micro: Any, _: torch.Tensor) -> tuple:
-        return microbatch_loss(
-            policy, micro, fns=fns, forward=forward, num_seqs=rows, num_tokens=tokens
-        )
+    rows, tokens = float(step.num_rows), float(step.completion_mask.sum())
+    loss = functools.partial(
+        microbatch_loss, policy, fns=fns, forward=forward, num_seqs=rows, num_tokens=tokens
+    )
 
     def update() -> None:
         accumulate(policy, step, forward, loss)

@@ -5,6 +5,7 @@ runs, on the CPU), `--cuda-shapes`, and results/rollout.md rendered from its rec
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 import rollout
@@ -47,7 +48,7 @@ def test_a_cpu_scenario_gives_every_figure_of_its_section():
     assert "| model.generate | 48 |" in text and "| 1.00x | 1.00x |" in text
 
 
-def test_the_gpu_scenario_code_times_eos_and_gaps_on_the_cpu():
+def test_the_gpu_scenario_code_times_eos_and_gaps_on_the_cpu(tmp_path):
     model = make_model("qwen2")
     end_at_eos(model, TOKENIZER.eos_token_id, mean_length=4)
     prompts = sampling.make_prompts(8)
@@ -62,9 +63,10 @@ def test_the_gpu_scenario_code_times_eos_and_gaps_on_the_cpu():
         ),
         "hf": (sampling.sampler_call(sampler, prompts, 8, params), sampler),
     }
-    seen = []
-    records = sampling.time_on_gpu("64x32~4", calls, 2, 64, lambda r: seen.append(len(r)))
-    assert seen == [1, 2] and records[0]["vs_static"] == 1.0
+    earlier = [{"scenario": "64x32"}]
+    records = sampling.time_on_gpu("64x32~4", calls, 2, 64, str(tmp_path / "r.json"), earlier)
+    assert json.loads((tmp_path / "r.json").read_text()) == earlier + records
+    assert len(records) == 2 and records[0]["vs_static"] == 1.0
     assert records[1]["compile_s"] is None and 1 < records[1]["mean_length"] < 32
     mean, largest = sampling.logprob_gap(model, sampler, prompts, 8, params)
     assert 0 <= mean <= largest < 1e-3
@@ -95,7 +97,7 @@ def test_a_scenario_on_another_gpu_is_a_section_of_its_own(monkeypatch, tmp_path
         row = {"scenario": "64x256", "rows": 64, "group": 8, "new_tokens": 256,
                "mean_length": None, "repeats": 1, "gpu": gpu, "samplers": [sampler],
                "logprob_gaps": {}}  # fmt: skip
-        rollout.record(rollout.cuda_key(row), row)
+        rollout.record(row)
     page = (tmp_path / "rollout.md").read_text()
     assert page.count("### cuda-64x256") == 2  # the second H200 run replaced the first
     assert "NVIDIA H100 80GB HBM3;" in page and "NVIDIA H200;" in page
