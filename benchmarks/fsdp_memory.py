@@ -23,7 +23,7 @@ from harness.spec import Job
 from harness.tables import markdown_table, publish
 
 WORK = CACHE / "fsdp_memory"
-SIZES = {"ranks": 2, "prompts": 8, "group": 8, "tokens": 64, "microbatch": 8, "steps": 2}
+INT_OPTIONS = {"ranks": 2, "prompts": 8, "group": 8, "tokens": 64, "microbatch": 8, "steps": 2}
 TITLE = (
     "Per-rank peak memory: DDP vs FSDP2\n\nWritten by `benchmarks/fsdp_memory.py`, one section "
     "per model and setting."
@@ -101,7 +101,7 @@ def summary(row: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="30m", help="default | tiny | 30m | PATH")
-    for name, default in SIZES.items():
+    for name, default in INT_OPTIONS.items():
         parser.add_argument(f"--{name}", type=int, default=default)
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
