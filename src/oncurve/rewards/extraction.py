@@ -430,6 +430,8 @@ def extract_answer(text: str, style: str = "auto") -> str | None:
         tagged = _last_tag(text)
         if tagged is not None:
             return _boxed(tagged) or tagged
+        if (after_box := _stated_after_last_box(text)) is not None:
+            return after_box
         finders = (_boxed, _gsm8k, _stated_answer, _final_math, _whole_math, _last_number)
         if reasoning_only:  # a reasoning's own numbers are its work: only what it states
             finders = (_boxed, _gsm8k, _stated_answer, _final_math, _plain_statement)
@@ -441,6 +443,16 @@ def extract_answer(text: str, style: str = "auto") -> str | None:
     return {"tags": _last_tag, "boxed": last_boxed, "gsm8k": _gsm8k, "last_number": _last_number}[
         style
     ](text)
+
+
+def _stated_after_last_box(text: str) -> str | None:
+    """The answer a "The final answer is $...$" statement after the completion's last box
+    states (`_stated_answer`), else None: a box of a step's result is no final answer that a
+    later sentence gives (`\\boxed{255} ... The final answer is $10,455$`)."""
+    boxes = list(BOX_RE.finditer(text))
+    if not boxes or _STATED_ANSWER_RE.search(text, boxes[-1].end()) is None:
+        return None
+    return _stated_answer(text[boxes[-1].end() :])
 
 
 def _last_tag(text: str) -> str | None:

@@ -683,6 +683,12 @@ STATED = [
     case("p", "The answer is 18.<|im_end|>\n<|im_start|>user\nAnd 19?<|im_end|>", "19", 0.0),
     case("p", "<|im_start|>assistant\nThe answer is 18.<|im_end|>", "18", 1.0),
     case("p", "The answer is <s>17</s> 18.", "18", 1.0),
+    # a step's result boxed, then the final answer stated in Minerva's form
+    case("p", "Interest: $\\boxed{255}$, so $10,455 in all. The final answer is $10,455$.",
+         "10455", 1.0),
+    case("p", "Interest: $\\boxed{255}$, so $10,455 in all. The final answer is $10,455$.",
+         "255", 0.0),
+    case("p", "\\boxed{5}. The final answer is $\\boxed{5}$.", "5", 1.0),
     case("p", "The answer is $k = 12$.", "12", 1.0),
     case("p", "\\boxed{0.\\bar{1}}", "\\frac{1}{9}", 1.0),
     case("p", "\\boxed{\\varnothing}", "\\emptyset", 1.0),
