@@ -235,7 +235,14 @@ def answers_match(
         return False
     if strict and _bracketed(ref) and not _a_pair(pred):
         return False  # a pair or an interval asked for, a set, a hedge or a list given
-    if strict and (_undone(pred, ref) or (prompt and _restates(pred, prompt, ref))):
+    if strict and prompt and _restates(pred, prompt, ref):
+        return False
+    pair = _MEMBER_OF_RE.sub("", pred)
+    if strict and _bracketed(pair) and (pair[0], pair[-1]) == (ref[0], ref[-1]):
+        parts = _pair_parts(pair), _pair_parts(ref)
+        if len(parts[0]) == len(parts[1]):  # each part paid as an answer: `(1, 4.5)`, `(1, 9/2)`
+            return all(answers_match(p, r, strict=True) for p, r in zip(*parts, strict=True))
+    if strict and _undone(pred, ref):
         return False
     from oncurve.rewards.math import symbolic_equal
 
@@ -327,6 +334,21 @@ def _bracketed(text: str) -> bool:
         elif char == "," and depth == 1:
             comma = True
     return comma and depth == 0
+
+
+def _pair_parts(text: str) -> list[str]:
+    """The parts of a pair or an interval (`_bracketed`) at its top commas: `(1,\\frac{9}{2})`
+    gives `1` and `\\frac{9}{2}`."""
+    parts, depth, start = [], 0, 1
+    for k, char in enumerate(text):
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif char == "," and depth == 1:
+            parts.append(text[start:k])
+            start = k + 1
+    return [*parts, text[start:-1]]
 
 
 def _top_level_parts(text: str) -> list[str]:
