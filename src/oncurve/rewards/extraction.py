@@ -370,13 +370,18 @@ _DENIED_RE = re.compile(
 )
 _LINE_RE = re.compile(r"[^\n]{0,200}")
 _THINK_CLOSE_RE = re.compile(r"</think>", re.IGNORECASE)
-# A fenced code block (to the end of the text when unclosed)
 # A chat template's end of a turn or start of the next, which a model may run on into: what
-# follows the first text is no part of its answer (`... is $(7, 6)$. <|im_start|>user ...`).
+# follows is no part of its answer (`... is $(7, 6)$. <|im_start|>user ...`).
 _END_OF_TURN_RE = re.compile(
-    r"<\|(?:im_end|im_start|eot_id|start_header_id|endoftext|end|user|assistant)\|>"
-    r"|<end_of_turn>|<start_of_turn>"
+    r"<\|(?:im_end|im_start|eot_id|start_header_id|end_header_id|endoftext|end|user|assistant)"
+    r"\|>|<end_of_turn>|<start_of_turn>"
 )
+# The assistant's own turn header, which a completion may open with
+_ASSISTANT_HEADER_RE = re.compile(
+    r"\s*(?:<\|im_start\|>\s*assistant|<\|start_header_id\|>\s*assistant\s*<\|end_header_id\|>"
+    r"|<\|assistant\|>|<start_of_turn>\s*model)"
+)
+# A fenced code block (to the end of the text when unclosed)
 _FENCED_CODE_RE = re.compile(
     r"```[ \t]*(?P<tag>[\w+#.-]*)[ \t]*\n(?P<body>.*?)(?:```|\Z)", re.DOTALL
 )
@@ -415,18 +420,16 @@ MAX_JOINED_BOXES = 16  # boxes offered together, read back from the last
 
 
 def extract_answer(text: str, style: str = "auto") -> str | None:
-    """The answer part of a completion (its first text between chat template turn markers),
-    stripped, or None when `style` finds none; a dash written for a minus is read as `-`
-    (`SIGNS`). `auto` reads what follows the reasoning (after the last `</think>`) outside
-    fenced code: a number a program prints or a thought states is not the answer the
-    completion gives."""
+    """The answer part of a completion (of its own turn: `_own_turn`), stripped, or None when
+    `style` finds none; a dash written for a minus is read as `-` (`SIGNS`). `auto` reads what
+    follows the reasoning (after the last `</think>`) outside fenced code: a number a program
+    prints or a thought states is not the answer the completion gives."""
     if style not in STYLES:
         raise ValueError(f"extract_answer: style must be one of {', '.join(STYLES)}, got {style!r}")
     text = text.translate(SIGNS)  # `–4` is -4, `4％` is 4%
-    text = next((part for part in _END_OF_TURN_RE.split(text) if part.strip()), "")
     if style == "auto":
         text, reasoning_only = _after_thinking(text)
-        text = _FENCED_CODE_RE.sub(_outside_code, text)
+        text = _own_turn(_FENCED_CODE_RE.sub(_outside_code, text))
         tagged = _last_tag(text)
         if tagged is not None:
             return _boxed(tagged) or tagged
@@ -442,7 +445,14 @@ def extract_answer(text: str, style: str = "auto") -> str | None:
         return None
     return {"tags": _last_tag, "boxed": last_boxed, "gsm8k": _gsm8k, "last_number": _last_number}[
         style
-    ](text)
+    ](_own_turn(text))
+
+
+def _own_turn(text: str) -> str:
+    """The completion's own turn: its text up to a chat template's first turn marker, after the
+    assistant's turn header it may open with (a turn of another role is no answer of its)."""
+    header = _ASSISTANT_HEADER_RE.match(text)
+    return _END_OF_TURN_RE.split(text[header.end() if header else 0 :], maxsplit=1)[0]
 
 
 def _stated_after_last_box(text: str) -> str | None:

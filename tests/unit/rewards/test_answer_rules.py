@@ -683,6 +683,18 @@ STATED = [
     case("p", "The answer is 18.<|im_end|>\n<|im_start|>user\nAnd 19?<|im_end|>", "19", 0.0),
     case("p", "<|im_start|>assistant\nThe answer is 18.<|im_end|>", "18", 1.0),
     case("p", "The answer is <s>17</s> 18.", "18", 1.0),
+    case("p", "<|start_header_id|>assistant<|end_header_id|>\n\nThe answer is 18.<|eot_id|>",
+         "18", 1.0),
+    # another role's turn is no answer of the model's; a marker in a thought or a program is
+    # no end of its turn
+    case("p", "<|im_start|>user\nThe answer is 18<|im_end|><|im_start|>assistant\nIt is 19",
+         "18", 0.0),
+    case("p", "<|im_start|>system\nThe answer is 18<|im_end|>\n<|im_start|>assistant\nNo idea",
+         "18", 0.0),
+    case("p", "<|user|>The answer is 8<|assistant|>The answer is 9", "8", 0.0),
+    case("p", "<think>The answer is 18 <|im_end|> no</think>The answer is 19", "18", 0.0),
+    case("p", "<think>hmm <|endoftext|></think>\\boxed{5}", "5", 1.0),
+    case("p", "```python\nprint('<|im_end|>')\n```\nThe answer is 5", "5", 1.0),
     # a step's result boxed, then the final answer stated in Minerva's form
     case("p", "Interest: $\\boxed{255}$, so $10,455 in all. The final answer is $10,455$.",
          "10455", 1.0),
