@@ -10,9 +10,7 @@ process; seconds per step are the median over every run's steps after its first.
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
-from typing import Any
 
 from harness import comparison
 from harness.checkout import CACHE
@@ -44,31 +42,6 @@ def make_job(args: argparse.Namespace) -> Job:
     micro = args.microbatch or scenario[5]
     more = {"optim.warmup_steps": 0, "optim.microbatch_size": micro, "run.device": "cpu"}
     return comparison.arith_job(args, model_dir(args.model), scenario[:5], more)
-
-
-def trainer_figures(runs: list[dict], settings: dict, params: int, gflops: float) -> dict[str, Any]:
-    """One trainer's summary (`comparison.summary`) with its mean completion length over its
-    `runs`, the FLOP floor of its step in seconds ("floor") and each phase's median seconds
-    over its own floor ("x_floor"). The floor is the time at `gflops` for a model of `params`
-    parameters: 2N per generated and per reference token (beta > 0), 6N per trained token (mu
-    passes), with each run's own mean "length" and "prompt_tokens" per step."""
-    rows = settings["data.prompts_per_step"] * settings["rollout.group_size"]
-    seconds: dict[str, list[float]] = {}
-    for run in runs:
-        generated = rows * statistics.mean(run["length"])
-        tokens = run["prompt_tokens"] + generated
-        flops = {"generate": 2 * params * generated, "rollout": 2 * params * generated}
-        flops["reference"] = 2 * params * tokens * (settings["algo.beta"] > 0)
-        flops["train"] = 6 * params * tokens * settings["algo.mu"]
-        for phase, f in flops.items():
-            seconds.setdefault(phase, []).append(f / (gflops * 1e9))
-    floor = {phase: statistics.mean(values) for phase, values in seconds.items()}
-    figures = comparison.summary(runs)
-    return figures | {
-        "length": statistics.mean(x for r in runs for x in r["length"]),
-        "floor": floor["rollout"] + floor["reference"] + floor["train"],
-        "x_floor": {p: s / floor[p] for p, s in figures["phases"].items() if floor.get(p)},
-    }
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -121,7 +94,9 @@ def measure(args: argparse.Namespace) -> dict:
         "runs": runs,
     }
     at = (job.settings, row["params"], row["matmul_gflops"])
-    return row | {"trainers": {label: trainer_figures(done, *at) for label, done in runs.items()}}
+    return row | {
+        "trainers": {label: comparison.floor_figures(done, *at) for label, done in runs.items()}
+    }
 
 
 def section(row: dict) -> str:

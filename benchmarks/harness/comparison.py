@@ -1,8 +1,8 @@
 """One trainer against another on the `arith` GRPO job, both measured in the same command
 (`vs_trl.py`, `grpo_vs_ppo.py`): the flags and the job they share, the runs alternating fresh
 processes, each trainer's figures over its runs (median seconds per step and per phase after
-each run's first step, peak memory, reward, held-out accuracy), and the markdown of those
-figures."""
+each run's first step, peak memory, reward, held-out accuracy, each step's FLOP floor), and the
+markdown of those figures."""
 
 from __future__ import annotations
 
@@ -173,6 +173,31 @@ def summary(runs: list[dict]) -> dict[str, Any]:
         "last": statistics.mean(r["mean_reward"][-1] for r in runs),
         "acc": statistics.mean(r["accuracy"] for r in runs) if scored else None,
         "phases": {p: steady_median(r["phases"][p] for r in runs) for p in runs[0]["phases"]},
+    }
+
+
+def floor_figures(runs: list[dict], settings: dict, params: int, gflops: float) -> dict[str, Any]:
+    """One trainer's `summary` with its mean completion length over its `runs`, the FLOP floor
+    of its step in seconds ("floor") and each phase's median seconds over its own floor
+    ("x_floor"). The floor is the time at `gflops` for a model of `params`
+    parameters: 2N per generated and per reference token (beta > 0), 6N per trained token (mu
+    passes), with each run's own mean "length" and "prompt_tokens" per step."""
+    rows = settings["data.prompts_per_step"] * settings["rollout.group_size"]
+    seconds: dict[str, list[float]] = {}
+    for run in runs:
+        generated = rows * statistics.mean(run["length"])
+        tokens = run["prompt_tokens"] + generated
+        flops = {"generate": 2 * params * generated, "rollout": 2 * params * generated}
+        flops["reference"] = 2 * params * tokens * (settings["algo.beta"] > 0)
+        flops["train"] = 6 * params * tokens * settings["algo.mu"]
+        for phase, f in flops.items():
+            seconds.setdefault(phase, []).append(f / (gflops * 1e9))
+    floor = {phase: statistics.mean(values) for phase, values in seconds.items()}
+    figures = summary(runs)
+    return figures | {
+        "length": statistics.mean(x for r in runs for x in r["length"]),
+        "floor": floor["rollout"] + floor["reference"] + floor["train"],
+        "x_floor": {p: s / floor[p] for p, s in figures["phases"].items() if floor.get(p)},
     }
 
 
