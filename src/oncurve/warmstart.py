@@ -15,6 +15,8 @@ directory that then replaces the bundled one:
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -168,6 +170,9 @@ def warmstart(
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise ValueError(f"warmstart: {out_dir} exists and is not an empty directory")
+    existing = next(p for p in out_dir.absolute().parents if p.exists())
+    if not out_dir.exists() and not existing.is_dir():
+        raise ValueError(f"warmstart: {existing} is a file: no directory {out_dir} can be made")
     if steps < 1:
         raise ValueError(f"warmstart: steps must be at least 1, got {steps}")
     if eval_prompts < 1:
@@ -227,9 +232,14 @@ def warmstart(
         max_new_tokens=MAX_NEW_TOKENS,
         do_sample=False,
     )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
+    # written beside it, then renamed into place: a rename onto a directory another writer
+    # filled meanwhile fails, where writing into it would replace that writer's files
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    written = out_dir.parent / f".{out_dir.name}.{os.getpid()}.partial"
+    shutil.rmtree(written, ignore_errors=True)  # an earlier process's of this number, crashed
+    written.mkdir()
+    model.save_pretrained(written, safe_serialization=True)
+    tokenizer.save_pretrained(written)
     recipe = {
         "steps": len(losses),
         "seed": seed,
@@ -247,7 +257,14 @@ def warmstart(
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
     }
-    (out_dir / "README.md").write_text(_card(recipe))
+    (written / "README.md").write_text(_card(recipe))
+    try:
+        written.rename(out_dir)
+    except OSError:
+        raise ValueError(
+            f"warmstart: {out_dir} was written meanwhile by something else, and is kept; this "
+            f"run's model is in {written}"
+        ) from None
     follow_umask(out_dir)
     return WarmstartResult(losses=losses, accuracy=accuracy, seconds=seconds)
 

@@ -15,6 +15,7 @@ import transformers
 from oncurve.cli import main
 from oncurve.cli.common import sampling
 from oncurve.config import load_config
+from oncurve.data.tasks import get_task
 from oncurve.model.sources import resolve_model_path
 from oncurve.rewards import extract_answer
 
@@ -52,6 +53,26 @@ def test_export_writes_correct_answers_and_the_same_file_for_the_same_seed(capsy
     assert [json.loads(line) for line in out.read_text().splitlines()] == rows
     other_seed = run_cli(capsys, "tasks", "export", "arith", "--seed", "6", "-n", "20")
     assert other_seed != rows
+
+
+def test_export_keeps_the_columns_the_tasks_rewards_read_and_a_small_split_whole(
+    capsys, tmp_path, monkeypatch
+):
+    countdown = run_cli(capsys, "tasks", "export", "countdown", "-n", "3")
+    assert all({"prompt", "answer", "numbers", "target"} <= row.keys() for row in countdown)
+    code = run_cli(capsys, "tasks", "export", "code")  # no -n: its 25 test problems, not 500
+    assert len(code) == 25 and all(row["tests"] for row in code)
+    monkeypatch.setenv("HOME", str(tmp_path))  # `~` in -o is the home directory, as checked
+    run_cli(capsys, "tasks", "export", "countdown", "-n", "2", "-o", "~/c.jsonl")
+    assert [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()] == (
+        countdown[:2]
+    )
+    # countdown's own reward scores an exported row from its columns: any right equation pays
+    row = countdown[0]
+    assert (row["numbers"], row["target"], row["answer"]) == ("16,7,79", "88", "(16 - 7) + 79")
+    correct = get_task("countdown").reward_fns()["correct"]
+    columns = {key: [row[key]] for key in ("answer", "numbers", "target")}
+    assert correct([row["prompt"]], ["<answer>79 + 16 - 7</answer>"], **columns) == [1.0]
 
 
 def test_eval_gives_the_known_accuracy_of_a_file_built_from_the_models_own_answers(

@@ -116,6 +116,32 @@ def test_a_directory_that_is_not_empty_is_refused_before_training(tmp_path):
     assert (tmp_path / "README.md").read_text() == "mine"
 
 
+def test_a_directory_filled_while_training_is_kept_and_the_model_is_kept_beside_it(
+    tmp_path, monkeypatch
+):
+    import oncurve.warmstart as recipe
+
+    out = tmp_path / "model"
+
+    def another_writer(model, tokenizer, rows):  # runs after training, before the save
+        out.mkdir(exist_ok=True)
+        (out / "model.safetensors").write_text("another run's")
+        return 0.5
+
+    monkeypatch.setattr(recipe, "greedy_accuracy", another_writer)
+    with pytest.raises(ValueError, match=r"written meanwhile by something else, and is kept"):
+        warmstart(out, steps=2, **TINY)
+    assert (out / "model.safetensors").read_text() == "another run's"
+    [kept] = [p for p in tmp_path.iterdir() if p.name.startswith(".model.")]
+    assert (kept / "model.safetensors").is_file() and (kept / "README.md").is_file()
+
+
+def test_a_directory_below_a_file_is_refused_before_training(tmp_path):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ValueError, match=r"afile is a file: no directory .*sub can be made"):
+        warmstart(tmp_path / "afile" / "sub", steps=10**6, **TINY)
+
+
 def test_max_digits_trains_and_evaluates_on_longer_sums(tmp_path, monkeypatch):
     import oncurve.warmstart as recipe
 

@@ -131,15 +131,19 @@ def _new_file(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text} exists; name a new file")
     if not path.parent.is_dir():
         raise argparse.ArgumentTypeError(f"no directory {path.parent} to write {path.name} in")
-    return text
+    return str(path)  # `~` expanded, as checked
 
 
 def _new_directory(text: str) -> str:
-    """An argparse type: a directory to write that does not exist yet or is empty."""
+    """An argparse type: a directory to write that does not exist yet or is empty, where one
+    can be made (no file in its path)."""
     path = Path(text).expanduser()
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise argparse.ArgumentTypeError(f"{text} is not an empty directory; name a new one")
-    return text
+    existing = next(p for p in path.absolute().parents if p.exists())
+    if not path.exists() and not existing.is_dir():
+        raise argparse.ArgumentTypeError(f"{existing} is a file: no directory {text} can be made")
+    return str(path)  # `~` expanded, as checked
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -285,7 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("name")
     export.add_argument("--split", choices=("train", "test"), default="test")
     export.add_argument("--seed", type=_seed, default=0)
-    export.add_argument("-n", type=_at_least(1), default=500)
+    export.add_argument(
+        "-n", type=_at_least(1), help="rows (default: 500, or the whole split where it has fewer)"
+    )
     export.add_argument("-o", "--output", type=_new_file, help="a new file (default: stdout)")
     export.set_defaults(run=export_command)
 

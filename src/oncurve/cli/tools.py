@@ -9,6 +9,8 @@ from pathlib import Path
 
 from oncurve.errors import UserError
 
+DEFAULT_EXPORT_ROWS = 500  # `tasks export` without -n: this many, or a smaller split whole
+
 
 def warmstart_command(args: argparse.Namespace) -> int:
     from oncurve.warmstart import warmstart
@@ -18,16 +20,25 @@ def warmstart_command(args: argparse.Namespace) -> int:
 
 
 def export_command(args: argparse.Namespace) -> int:
+    from oncurve.data.files import ROW_COLUMNS
     from oncurve.data.tasks import get_task
+    from oncurve.data.tasks.base import TooFewProblems
 
     task = get_task(args.name, given="NAME")
     try:
-        rows = task.examples(args.split, args.n, args.seed)
+        rows = task.examples(args.split, args.n or DEFAULT_EXPORT_ROWS, args.seed)
     except UserError:
         raise
-    except ValueError as err:  # a finite split asked for more problems than it has
+    except TooFewProblems as short:
+        if args.n is not None:
+            raise UserError(f"-n {args.n}: {short}") from None
+        rows = short.rows  # no -n: the whole split where it has fewer
+    except ValueError as err:
         raise UserError(f"-n {args.n}: {err}") from None
-    lines = "".join(json.dumps({"prompt": r["prompt"], "answer": r["answer"]}) + "\n" for r in rows)
+    # every column the task's rewards read (`tests`, `numbers` and `target`, ...) goes with it
+    lines = "".join(
+        json.dumps({k: v for k, v in r.items() if k not in ROW_COLUMNS}) + "\n" for r in rows
+    )
     if args.output:
         Path(args.output).write_text(lines)
     else:
