@@ -145,6 +145,19 @@ def test_a_task_with_fewer_test_problems_than_asked_says_so_at_start(tmp_path, c
     ) in capsys.readouterr().err
 
 
+def test_an_eval_file_longer_than_eval_num_prompts_says_so_at_start(
+    tiny_model_dir, data_file, tmp_path, capsys
+):
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text("".join(f'{{"prompt": "{i}+1=", "answer": "{i + 1}"}}\n' for i in range(7)))
+    options = [f"eval.path={held_out}", "eval.num_prompts=5"]
+    setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *options))
+    assert (
+        f"eval: {held_out} has 7 rows; each evaluation scores the first eval.num_prompts=5 "
+        "(null, or a larger number, for them all)"
+    ) in capsys.readouterr().err
+
+
 def test_beta_zero_never_builds_a_reference(tiny_model_dir, data_file, tmp_path, monkeypatch):
     copies = []
     monkeypatch.setattr(policy, "frozen_copy", lambda m: copies.append(m) or m)

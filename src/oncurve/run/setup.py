@@ -456,7 +456,7 @@ def startup_notes(
     dropout (which no forward applies), fewer training rows than a step takes (or than a
     difficulty level holds), held-out prompts
     that are training prompts too, fewer held-out problems in a task than eval.num_prompts
-    asks, the column the reference answers were found in when the config does not name it and
+    asks or more rows in eval.path than it takes, the column the reference answers were found in when the config does not name it and
     it is not `answer`, and which rewards the curriculum and dynamic sampling read."""
     notes = []
     if config.model.lora.r and config.model.lora.dropout:
@@ -487,6 +487,17 @@ def startup_notes(
         notes.append(
             f"eval: {task.name} has {len(eval_data.rows)} test problems, fewer than "
             f"eval.num_prompts={asked}: each evaluation scores them all"
+        )
+    if (
+        config.eval.path
+        and eval_data is not None
+        and evaluates
+        and asked
+        and len(eval_data.rows) > asked
+    ):
+        notes.append(
+            f"eval: {config.eval.path} has {len(eval_data.rows)} rows; each evaluation scores "
+            f"the first eval.num_prompts={asked} (null, or a larger number, for them all)"
         )
     found = data.rows[0].answer_field
     if config.data.answer_field is None and found not in ("", "answer"):
