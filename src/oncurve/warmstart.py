@@ -284,5 +284,10 @@ settings of the recipe below; with the bundled sizes, by:
 Measured at save time: greedy accuracy {recipe["test_accuracy"]:.3f} on {recipe["test_prompts"]}
 `arith` test problems (seed {recipe["seed"]}), final training loss {recipe["final_loss"]:.4f}.
 
+Trained by GRPO with the settings `model.path=default` gives the bundled model (its context has
+room for 64 new tokens; the field defaults are a real pretrained model's):
+
+    oncurve train model.path=THIS_DIR rollout.max_new_tokens=64 optim.lr=1e-4 eval.num_prompts=500
+
 Recipe: {json.dumps(recipe)}
 """

@@ -278,7 +278,13 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("-n", type=_at_least(1), default=4, help="completions to sample")
     sample.set_defaults(run=sample_command)
 
-    warm = commands.add_parser("warmstart", help="the supervised recipe of the bundled model")
+    warm = commands.add_parser(
+        "warmstart",
+        help="the supervised recipe of the bundled model",
+        description="The supervised recipe of the bundled model. Train its output with the "
+        "bundled model's settings: oncurve train model.path=DIR rollout.max_new_tokens=64 "
+        "optim.lr=1e-4 eval.num_prompts=500",
+    )
     warm.add_argument("--out", required=True, type=_new_directory, help="new (or empty) directory")
     warm.add_argument("--steps", type=_at_least(1), default=None)
     warm.add_argument("--seed", type=_seed, default=0)
