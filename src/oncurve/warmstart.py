@@ -26,6 +26,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase, Qwen2Config, Qwen2ForCausalLM
 
 from oncurve.data.tasks.arith import ArithTask
+from oncurve.errors import UserError
 from oncurve.model.char_tokenizer import char_tokenizer
 from oncurve.run.durable_files import follow_umask
 
@@ -169,10 +170,10 @@ def warmstart(
     steps = DEFAULT_STEPS if steps is None else steps
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise ValueError(f"warmstart: {out_dir} exists and is not an empty directory")
+        raise UserError(f"warmstart: {out_dir} exists and is not an empty directory")
     existing = next(p for p in out_dir.absolute().parents if p.exists())
     if not out_dir.exists() and not existing.is_dir():
-        raise ValueError(f"warmstart: {existing} is a file: no directory {out_dir} can be made")
+        raise UserError(f"warmstart: {existing} is a file: no directory {out_dir} can be made")
     if steps < 1:
         raise ValueError(f"warmstart: steps must be at least 1, got {steps}")
     if eval_prompts < 1:
@@ -232,10 +233,11 @@ def warmstart(
         max_new_tokens=MAX_NEW_TOKENS,
         do_sample=False,
     )
-    # written beside it, then renamed into place: a rename onto a directory another writer
-    # filled meanwhile fails, where writing into it would replace that writer's files
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    written = out_dir.parent / f".{out_dir.name}.{os.getpid()}.partial"
+    # written beside it, then linked into place file by file: a link never replaces a file,
+    # so a directory another writer filled meanwhile keeps its files (and its own mode)
+    target = out_dir.resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    written = target.parent / f".{target.name}.{os.getpid()}.partial"
     shutil.rmtree(written, ignore_errors=True)  # an earlier process's of this number, crashed
     written.mkdir()
     model.save_pretrained(written, safe_serialization=True)
@@ -258,14 +260,19 @@ def warmstart(
         "threads": torch.get_num_threads(),
     }
     (written / "README.md").write_text(_card(recipe))
+    follow_umask(written)
+    target.mkdir(exist_ok=True)
     try:
-        written.rename(out_dir)
-    except OSError:
-        raise ValueError(
+        if any(target.iterdir()):
+            raise FileExistsError
+        for path in sorted(written.iterdir()):
+            os.link(path, target / path.name)
+    except FileExistsError:
+        raise UserError(
             f"warmstart: {out_dir} was written meanwhile by something else, and is kept; this "
             f"run's model is in {written}"
         ) from None
-    follow_umask(out_dir)
+    shutil.rmtree(written)
     return WarmstartResult(losses=losses, accuracy=accuracy, seconds=seconds)
 
 

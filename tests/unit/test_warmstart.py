@@ -136,6 +136,18 @@ def test_a_directory_filled_while_training_is_kept_and_the_model_is_kept_beside_
     assert (kept / "model.safetensors").is_file() and (kept / "README.md").is_file()
 
 
+def test_an_empty_directory_keeps_its_mode_and_a_link_to_one_is_written_through(tmp_path):
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    warmstart(private, steps=1, **TINY)
+    assert (private.stat().st_mode & 0o777) == 0o700 and (private / "model.safetensors").is_file()
+    (tmp_path / "target").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    warmstart(tmp_path / "link", steps=1, **TINY)
+    assert (tmp_path / "target" / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "private", "target"]
+
+
 def test_a_directory_below_a_file_is_refused_before_training(tmp_path):
     (tmp_path / "afile").write_text("")
     with pytest.raises(ValueError, match=r"afile is a file: no directory .*sub can be made"):

@@ -710,6 +710,8 @@ STATED = [
     case("p", "\\boxed{(2, 1)}", "(1, 2)", 0.0),
     case("p", "\\boxed{(1, 3+1)}", "(1, 4)", 0.0),
     case("p", "\\boxed{(\\frac{2}{4}, 1)}", "(\\frac{1}{2}, 1)", 0.0),
+    case("p", "\\boxed{[0, +\\infty)}", "[0, \\infty)", 1.0),
+    case("p", "\\boxed{[1, +\\infty)}", "[0, \\infty)", 0.0),
     case("p", "The answer is $k = 12$.", "12", 1.0),
     case("p", "\\boxed{0.\\bar{1}}", "\\frac{1}{9}", 1.0),
     case("p", "\\boxed{\\varnothing}", "\\emptyset", 1.0),
