@@ -282,7 +282,11 @@ def undress(text: str) -> str:
             if wrapped and len(text) > len(opener) + len(closer):
                 text = text[len(opener) : -len(closer)].strip()
                 unwrapped = True
-    return text
+    return _INLINE_NUMBER_RE.sub(r"\1", text)  # `$125$ miles`: the unit outside the math
+
+
+# A number in inline math at the start, its unit in words after it
+_INLINE_NUMBER_RE = re.compile(r"^\$([^$]{1,40})\$(?=\s+[a-zA-Z])")
 
 
 def looks_symbolic(text: str) -> bool:

@@ -711,6 +711,10 @@ STATED = [
     case("p", "\\boxed{(1, 3+1)}", "(1, 4)", 0.0),
     case("p", "\\boxed{(\\frac{2}{4}, 1)}", "(\\frac{1}{2}, 1)", 0.0),
     case("p", "\\boxed{[0, +\\infty)}", "[0, \\infty)", 1.0),
+    # a reference with its number in inline math and its unit after it
+    case("p", "The distance is \\boxed{125 \\text{ miles}}.", "$125$ miles", 1.0),
+    case("p", "The answer is 125.", "$125$ miles", 1.0),
+    case("p", "The answer is 126.", "$125$ miles", 0.0),
     case("p", "\\boxed{[1, +\\infty)}", "[0, \\infty)", 0.0),
     case("p", "The answer is $k = 12$.", "12", 1.0),
     case("p", "\\boxed{0.\\bar{1}}", "\\frac{1}{9}", 1.0),
