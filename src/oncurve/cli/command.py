@@ -135,14 +135,11 @@ def _new_file(text: str) -> str:
 
 
 def _new_directory(text: str) -> str:
-    """An argparse type: a directory to write that does not exist yet or is empty, where one
-    can be made (no file in its path)."""
+    """An argparse type: a directory to write that does not exist yet or is empty (a file in
+    its path is the command's own one-line error, `warmstart`'s before it trains)."""
     path = Path(text).expanduser()
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise argparse.ArgumentTypeError(f"{text} is not an empty directory; name a new one")
-    existing = next(p for p in path.absolute().parents if p.exists())
-    if not path.exists() and not existing.is_dir():
-        raise argparse.ArgumentTypeError(f"{existing} is a file: no directory {text} can be made")
     return str(path)  # `~` expanded, as checked
 
 

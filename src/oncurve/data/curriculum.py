@@ -219,7 +219,7 @@ class PassRateCurriculum(Curriculum):
     def load_state_dict(self, state: dict) -> None:
         if "rates" not in state:
             raise other_curriculum("pass_rate", state)
-        rows = torch.tensor(state["rows"], dtype=torch.long)
+        rows = torch.tensor(state["rows"], dtype=torch.long, device=self.rates.device)
         count = len(self.rates)
         saved = state.get("size")  # the states of older checkpoints lack it: their rows tell
         if saved is None and len(rows) and not 0 <= int(rows.min()) <= int(rows.max()) < count:
@@ -231,7 +231,7 @@ class PassRateCurriculum(Curriculum):
                 "(data.num_train, data.rows), or start a new run.dir"
             )
         self.rates = torch.full_like(self.rates, math.nan)
-        self.rates[rows] = torch.tensor(state["rates"], dtype=torch.float64)
+        self.rates[rows] = torch.tensor(state["rates"], dtype=self.rates.dtype, device=rows.device)
 
 
 class DifficultyCurriculum(Curriculum):
@@ -309,7 +309,8 @@ def curriculum_notes(config: Config, rows: list[dict]) -> list[str]:
     takes = f"data.prompts_per_step={data.prompts_per_step}" + (
         f" x {rounds} sampling rounds" if rounds > 1 else ""
     )
-    counts = torch.tensor([row["level"] for row in rows]).bincount().tolist()
+    levels = [row["level"] for row in rows]
+    counts = [levels.count(level) for level in range(max(levels, default=-1) + 1)]
     short = {level: count for level, count in enumerate(counts) if count < per_step}
     if not short:
         return []

@@ -239,14 +239,14 @@ def answers_match(
         return False
     pair = _MEMBER_OF_RE.sub("", pred)
     if strict and _bracketed(pair) and (pair[0], pair[-1]) == (ref[0], ref[-1]):
-        parts = _pair_parts(pair), _pair_parts(ref)
-        try:
-            if len(parts[0]) == len(
-                parts[1]
-            ):  # each part paid as an answer: `(1, 4.5)`, `(1, 9/2)`
-                return all(answers_match(p, r, strict=True) for p, r in zip(*parts, strict=True))
-        except RuntimeError:
-            pass  # a part math-verify cannot compare alone (`+\\infty`): the pair is, whole
+        parts, ref_parts = _pair_parts(pair), _pair_parts(ref)
+        if len(parts) == len(ref_parts):  # each part paid as an answer: `(1, 4.5)`, `(1, 9/2)`
+            try:
+                return all(
+                    answers_match(p, r, strict=True) for p, r in zip(parts, ref_parts, strict=True)
+                )
+            except RuntimeError:
+                pass  # a part math-verify cannot compare alone (`+\\infty`): the pair is, whole
     if strict and _undone(pred, ref):
         return False
     from oncurve.rewards.math import symbolic_equal

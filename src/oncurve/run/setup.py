@@ -454,10 +454,10 @@ def startup_notes(
 ) -> list[str]:
     """What the start-up report says of the run's choices beyond the settled ones: a LoRA
     dropout (which no forward applies), fewer training rows than a step takes (or than a
-    difficulty level holds), held-out prompts
-    that are training prompts too, fewer held-out problems in a task than eval.num_prompts
-    asks or more rows in eval.path than it takes, the column the reference answers were found in when the config does not name it and
-    it is not `answer`, and which rewards the curriculum and dynamic sampling read."""
+    difficulty level holds), held-out prompts that are training prompts too, fewer held-out
+    problems in a task than eval.num_prompts asks or more rows in eval.path than it takes, the
+    column the reference answers were found in when the config does not name it and it is not
+    `answer`, and which rewards the curriculum and dynamic sampling read."""
     notes = []
     if config.model.lora.r and config.model.lora.dropout:
         notes.append(
