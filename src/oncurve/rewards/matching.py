@@ -225,6 +225,8 @@ def answers_match(
     if strict and gold_stated is not None:
         return False
     if gold_stated is not None:
+        if _number_list(predicted) is not None:
+            return False  # a list (`32, 349`) is not the one number asked for, read as digits
         ref = str(gold_stated[0])
     gold_list = _number_list(gold)
     if gold_list is not None:

@@ -248,6 +248,10 @@ def test_lenient_matching_pays_for_expressions_as_before() -> None:
     # the bounds hold in both modes
     assert lenient_answer_match_reward(["p"], ["\\boxed{9^{9^{9^{9}}}}"], answer=["5"]) == [0.0]
     assert lenient_answer_match_reward(["p"], ["\\boxed{1e999999999}"], answer=["1"]) == [0.0]
+    # a list of numbers is not the one number asked for, however its digits read together
+    assert lenient_answer_match_reward(["p"], ["\\boxed{32, 349}"], answer=["32349"]) == [0.0]
+    assert lenient_answer_match_reward(["p"], ["\\boxed{1, 000}"], answer=["1000"]) == [0.0]
+    assert lenient_answer_match_reward(["p"], ["\\boxed{32,349}"], answer=["32349"]) == [1.0]
 
 
 def test_reward_answer_match_picks_the_correct_reward_for_training_and_evaluation() -> None:
