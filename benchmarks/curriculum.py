@@ -17,12 +17,10 @@ from harness.checkout import CACHE, RESULTS
 from harness.children import setting_args, train_oncurve
 from harness.learning import curve_figures, over_seeds, plot
 from harness.machine import cpu_name, load_note
-from harness.tables import markdown_table, publish
+from harness.tables import markdown_table, page_title, publish
 
 WORK, CURVE = CACHE / "curriculum", RESULTS / "curriculum.png"
-TITLE = (
-    "Curriculum against none\n\nWritten by `benchmarks/curriculum.py`, one section per job setting."
-)
+TITLE = page_title("Curriculum against none", "curriculum", "job setting")
 PROMPTS, GROUP = 16, 8
 CORRECT_ONLY = "oncurve.data.tasks.arith:exact_sum_reward"  # the task's reward without format
 ALL_EQUAL, LEVEL = "groups/all_equal_frac", "curriculum/level"

@@ -20,14 +20,11 @@ from harness.children import own_peak_rss, run_child
 from harness.machine import cpu_name, load_note
 from harness.models import model_dir
 from harness.spec import Job
-from harness.tables import markdown_table, publish
+from harness.tables import markdown_table, page_title, publish
 
 WORK = CACHE / "fsdp_memory"
 INT_OPTIONS = {"ranks": 2, "prompts": 8, "group": 8, "tokens": 64, "microbatch": 8, "steps": 2}
-TITLE = (
-    "Per-rank peak memory: DDP vs FSDP2\n\nWritten by `benchmarks/fsdp_memory.py`, one section "
-    "per model and setting."
-)
+TITLE = page_title("Per-rank peak memory: DDP vs FSDP2", "fsdp_memory", "model and setting")
 
 
 def child(out: Path, overrides: list[str]) -> None:

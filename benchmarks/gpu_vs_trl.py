@@ -31,14 +31,13 @@ from harness import gpu_comparison as gpu
 from harness.machine import gpu_name, interpreter_versions
 from harness.models import TOKENIZER
 from harness.records import context
-from harness.tables import publish
+from harness.tables import page_title, publish
 from harness.trl_env import trl_versions
 
 SPEED_TARGET = 0.35  # issue 39: oncurve's s/step <= 0.35x TRL's at 256 tokens
 LONG_SPEED_TARGET = 0.3  # the long-reasoning workload's
-TITLE = (
-    "oncurve vs TRL's GRPOTrainer on one GPU\n\n"
-    "Written by `benchmarks/gpu_vs_trl.py`, one section per completion length and memory cap."
+TITLE = page_title(
+    "oncurve vs TRL's GRPOTrainer on one GPU", "gpu_vs_trl", "completion length and memory cap"
 )
 
 

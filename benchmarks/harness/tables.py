@@ -19,6 +19,12 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def page_title(heading: str, spec: str, sections: str) -> str:
+    """A page's title: `heading`, then that the spec `benchmarks/<spec>.py` writes the page, one
+    section per `sections`."""
+    return f"{heading}\n\nWritten by `benchmarks/{spec}.py`, one section per {sections}."
+
+
 def cell(value: float | None, spec: str = ".2f") -> str:
     """`value` formatted with `spec`, or "n/a" when it was not measured."""
     return "n/a" if value is None else format(value, spec)
