@@ -25,12 +25,9 @@ from harness.machine import cpu_name, gpu_name, load_note, torch_threads
 from harness.memory_parts import breakdown, runtime_floor
 from harness.models import SHAPES, build_model, model_dir, tokenizer_dir
 from harness.spec import Job
-from harness.tables import cell, publish
+from harness.tables import cell, page_title, publish
 
-TITLE = (
-    "GRPO vs PPO with a critic\n\nWritten by `benchmarks/grpo_vs_ppo.py`, one section per model "
-    "and setting."
-)
+TITLE = page_title("GRPO vs PPO with a critic", "grpo_vs_ppo", "model and setting")
 TRAINERS = ("GRPO", "PPO")
 # model -> (prompts per step, G, completion tokens, force full length, steps, save every)
 SCENARIOS = {
@@ -40,6 +37,11 @@ SCENARIOS = {
     "qwen2.5-0.5b": (8, 8, 256, True, 2, 2),  # gpu_vs_trl.py's job size, on a GPU
 }
 TARGET = 0.70  # GRPO peak memory <= TARGET x PPO's (issue 7, on the ~30M model)
+# the run table's columns beyond the harness's
+RUN_COLUMNS = {
+    "train s": lambda run: f"{run['train_s']:.0f}",
+    "equal time: step / acc.": equal_time_cell,
+}
 
 
 def make_job(name: str, args: argparse.Namespace) -> Job:
@@ -91,19 +93,10 @@ def benchmark(args: argparse.Namespace) -> dict:
         score_equal_time(runs, job.settings["run.save_every"], tokens, test, start)
         write_json(runs)  # again, with the equal-time scores
     cpu = f"{cpu_name()}, {os.cpu_count()} cores, torch threads {torch_threads()}"
-    return {
-        "model": args.model,
-        "settings": job.settings | {"algo.preset": "grpo | ppo", "run.seed": "0..runs-1"},
-        "runs_per_trainer": args.runs,
-        "eval_n": args.eval_n,
-        "params": params,
-        "floor": floor,
-        "start": start,
-        "load_note": f"{load} before, {load_note()} after",
-        "cpu": f"{gpu_name()} ({cpu})" if args.device == "cuda" else cpu,
-        "runs": runs,
-        "trainers": {t: comparison.summary(rs) | equal_time_means(rs) for t, rs in runs.items()},
-    }
+    return comparison.measured_row(
+        args, job.with_settings(algo__preset="grpo | ppo"), params, load, runs,
+        lambda done: comparison.summary(done) | equal_time_means(done), floor=floor, start=start,
+        cpu=f"{gpu_name()} ({cpu})" if args.device == "cuda" else cpu)  # fmt: skip
 
 
 def section(row: dict) -> str:
@@ -125,7 +118,7 @@ def section(row: dict) -> str:
                    f"**{grpo['cuda'] / ppo['cuda']:.3f}x** PPO's (the claim: 25-50% less, "
                    f"0.50-0.75x); peak RSS {memory:.3f}x.")  # fmt: skip
     else:
-        target = (f"target <= {TARGET}x: **{'met' if memory <= TARGET else 'missed'}**"
+        target = (f"target <= {TARGET}x: **{comparison.met(memory, TARGET)}**"
                   if row["key"].startswith("30m") else f"reported only (the {TARGET}x target "
                   "is for the ~30M model)")  # fmt: skip
         verdict = (f"Peak memory (process peak RSS, runtime included): GRPO **{memory:.3f}x** "
@@ -143,27 +136,19 @@ def section(row: dict) -> str:
         peaks = {"GRPO": (grpo["rss"], False), "PPO": (ppo["rss"], True)}
         parts.append(breakdown(row["params"], s["algo.beta"], row["floor"], peaks))
     precision = "fp32" if s["run.device"] == "cpu" else "model.dtype auto (bf16 on the GPU)"
-    details = (
-        f"lr {s['optim.lr']} (both; PPO's critic too), beta {s['algo.beta']} (GRPO: k3 in the "
-        f"loss; PPO: k1 in the reward), epsilon {s['algo.epsilon']}, mu {s['algo.mu']}, "
-        f"microbatch {s['optim.microbatch_size']} rows, {precision}"
-    )
-    more = {
-        "train s": lambda run: f"{run['train_s']:.0f}",
-        "equal time: step / acc.": equal_time_cell,
-    }
-    table = comparison.trainer_table(trainers, "PPO", columns)
-    runs = comparison.run_table(row["runs"], most=10, more=more)
+    notes = {"lr": "both; PPO's critic too", "beta": "GRPO: k3 in the loss; PPO: k1 in the reward"}
+    details = f"{comparison.grpo_settings(s, notes)}, microbatch {s['optim.microbatch_size']} rows"
     phases = "; PPO's `train` includes the critic's value forward and its update"
-    return comparison.section(row, details, table, parts, runs, phases)
+    return comparison.section(
+        row, f"{details}, {precision}", columns, parts, phases, 10, RUN_COLUMNS
+    )
 
 
 def summary(row: dict) -> str:
     """The comparison in one line: GRPO's peak RSS (CUDA peak on a GPU) and s/step as
     fractions of PPO's."""
     grpo, ppo = row["trainers"]["GRPO"], row["trainers"]["PPO"]
-    peak = "cuda" if grpo.get("cuda") else "rss"
-    memory = "peak GPU memory" if peak == "cuda" else "peak RSS"
+    peak, memory = ("cuda", "peak GPU memory") if grpo.get("cuda") else ("rss", "peak RSS")
     line = f"GRPO {memory} {grpo[peak] / ppo[peak]:.3f}x PPO's, s/step {grpo['s'] / ppo['s']:.2f}x"
     if grpo.get("acc") is None:
         return line
@@ -189,8 +174,7 @@ def main() -> None:
     args = p.parse_args()
     if args.device == "cuda" and args.eval_n:
         print("note: accuracy is scored by `oncurve eval` on the CPU (--eval-n 0 skips it)")
-    row = {"renderer": "grpo_vs_ppo", **benchmark(args)}
-    publish("grpo_vs_ppo", TITLE, section_key(args), row)
+    publish("grpo_vs_ppo", TITLE, section_key(args), {"renderer": "grpo_vs_ppo", **benchmark(args)})
 
 
 if __name__ == "__main__":

@@ -18,10 +18,10 @@ from harness.children import greedy_accuracy
 from harness.machine import cpu_name, load_note, matmul_gflops, torch_threads
 from harness.models import model_dir
 from harness.spec import Job
-from harness.tables import publish
+from harness.tables import page_title, publish
 from harness.trl_env import ensure_trl_venv, run_trl, trl_env, trl_versions
 
-TITLE = "oncurve vs TRL's GRPOTrainer\n\nWritten by `benchmarks/vs_trl.py`, one section per model."
+TITLE = page_title("oncurve vs TRL's GRPOTrainer", "vs_trl", "model")
 # model -> (prompts per step, G, completion tokens, force full length, steps, rows per
 # forward/backward). At 30M, 64 rows of 144 tokens put every MLP activation over glibc's 32 MB
 # mmap threshold and both trainers spend much of the update in page faults: 16 rows is faster.
@@ -78,25 +78,13 @@ def measure(args: argparse.Namespace) -> dict:
         return comparison.printed({k: done[k] for k in KEPT})
 
     runs = comparison.alternate(("oncurve", "TRL"), args.runs, run)
-    row = {
-        "model": args.model,
-        "params": model.num_parameters(),
-        "settings": job.settings | {"run.seed": "0..runs-1"},
-        "runs_per_trainer": args.runs,
-        "eval_n": args.eval_n,
-        "target": TARGETS.get(args.model, 0.8),
-        "matmul_gflops": max(rate, *(matmul_gflops(*s) for s in shapes)),
-        "matmul_shapes": shapes,
-        "token_cap": microbatch_tokens(model, None),
-        "cpu": f"{cpu_name()}, torch threads {torch_threads()}",
-        "trl_versions": trl_versions(python, env),
-        "load_note": f"{load} before, {load_note()} after",
-        "runs": runs,
-    }
-    at = (job.settings, row["params"], row["matmul_gflops"])
-    return row | {
-        "trainers": {label: comparison.floor_figures(done, *at) for label, done in runs.items()}
-    }
+    params, gflops = model.num_parameters(), max(rate, *(matmul_gflops(*s) for s in shapes))
+    return comparison.measured_row(
+        args, job, params, load, runs,
+        lambda done: comparison.floor_figures(done, job.settings, params, gflops),
+        target=TARGETS.get(args.model, 0.8), matmul_gflops=gflops, matmul_shapes=shapes,
+        token_cap=microbatch_tokens(model, None), trl_versions=trl_versions(python, env),
+        cpu=f"{cpu_name()}, torch threads {torch_threads()}")  # fmt: skip
 
 
 def section(row: dict) -> str:
@@ -125,25 +113,22 @@ def section(row: dict) -> str:
     cap = f" (oncurve also caps {row['token_cap']:,} tokens)" if row.get("token_cap") else ""
     details = (
         f"TRL's venv: {row['trl_versions']}; oncurve's: transformers "
-        f"{row['versions'].get('transformers', 'not recorded')}; lr {s['optim.lr']}, beta "
-        f"{s['algo.beta']}, epsilon {s['algo.epsilon']}, mu {s['algo.mu']}, fp32, "
-        f"{s['optim.microbatch_size']} rows per forward/backward{cap}, FLOP floor at "
+        f"{row['versions'].get('transformers', 'not recorded')}; {comparison.grpo_settings(s)}, "
+        f"fp32, {s['optim.microbatch_size']} rows per forward/backward{cap}, FLOP floor at "
         f"{row['matmul_gflops']:.1f} GFLOP/s (fp32 matmul, the best of "
         f"{', '.join('x'.join(map(str, shape)) for shape in row['matmul_shapes'])})"
     )
     verdict = (
         f"Targets: oncurve s/step <= {row['target']}x TRL's: **{speed:.2f}x, "
-        f"{'met' if speed <= row['target'] else 'missed'}**; peak RSS <= TRL's: **{memory:.2f}x, "
-        f"{'met' if memory <= 1 else 'missed'}**; held-out accuracy {accuracy}."
+        f"{comparison.met(speed, row['target'])}**; peak RSS <= TRL's: **{memory:.2f}x, "
+        f"{comparison.met(memory, 1)}**; held-out accuracy {accuracy}."
     )
     unmatched = (
         "Not matched: each trainer's sampling RNG; TRL's group std is unbiased (N-1, eps 1e-4), "
         "oncurve's the population std (eps 1e-6); oncurve's CPU token cap."
     )
-    table = comparison.trainer_table(trainers, "TRL", columns)
-    runs = comparison.run_table(row["runs"])
     phases = ", and each phase over its own FLOP floor" if ours.get("x_floor") else ""
-    return comparison.section(row, details, table, [verdict, unmatched], runs, phases)
+    return comparison.section(row, details, columns, [verdict, unmatched], phases)
 
 
 def summary(row: dict) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.children import export_task, train_oncurve
+from harness.machine import load_note
 from harness.run_logs import planned_peak_gb, step_phases
 from harness.spec import Job
 from harness.tables import cell, markdown_table
@@ -207,13 +208,62 @@ def two_errors(p: float, n: int) -> float:
     return 2 * (p * (1 - p) / n) ** 0.5
 
 
+def met(value: float, limit: float) -> str:
+    """A target's verdict: "met" when `value` is at most `limit`, else "missed"."""
+    return "met" if value <= limit else "missed"
+
+
+def grpo_settings(settings: dict[str, Any], notes: dict[str, str] | None = None) -> str:
+    """The GRPO settings a section states ("lr 0.0001, beta 0.04, epsilon 0.2, mu 1"), each
+    followed by its note in parentheses where `notes`, keyed by those names, has one."""
+    named = {"lr": "optim.lr", "beta": "algo.beta", "epsilon": "algo.epsilon", "mu": "algo.mu"}
+    notes = notes or {}
+    return ", ".join(
+        f"{name} {settings[key]}" + (f" ({notes[name]})" if name in notes else "")
+        for name, key in named.items()
+    )
+
+
+def measured_row(
+    args: argparse.Namespace,
+    job: Job,
+    params: int,
+    load: str,
+    runs: dict[str, list[dict]],
+    figures: Callable[[list[dict]], dict[str, Any]],
+    **more: Any,
+) -> dict[str, Any]:
+    """A comparison's row, what `section` reads: the model, the job's settings (run i of each
+    trainer has seed i), runs per trainer, held-out prompts, the parameter count, the load
+    (`load` before the runs, this machine's now after them), the `more` figures, each run's
+    figures by trainer (`runs`) and each trainer's `figures` over its runs ("trainers")."""
+    return {
+        "model": args.model,
+        "settings": job.settings | {"run.seed": "0..runs-1"},
+        "runs_per_trainer": args.runs,
+        "eval_n": args.eval_n,
+        "params": params,
+        "load_note": f"{load} before, {load_note()} after",
+        **more,
+        "runs": runs,
+        "trainers": {label: figures(done) for label, done in runs.items()},
+    }
+
+
 def section(
-    row: dict[str, Any], details: str, table: str, notes: list[str], runs: str, phases: str = ""
+    row: dict[str, Any],
+    details: str,
+    columns: list[tuple[str, str | Callable, str]],
+    notes: list[str],
+    phases: str = "",
+    most: int | None = None,
+    more: dict[str, Callable[[dict], str]] | None = None,
 ) -> str:
     """A comparison's markdown section: a heading (key, model size, job shape, steps and runs),
-    where it was measured with `details` (settings), the trainers' `table`, the `notes`, the
-    phase table (`phases` says more of it) and the `runs` table."""
-    s = row["settings"]
+    where it was measured with `details` (settings), the trainers' table of `columns` (against
+    the last trainer, `trainer_table`), the `notes`, the phase table (`phases` says more of it)
+    and the runs' table (`run_table` with `most` and `more`)."""
+    s, trainers = row["settings"], row["trainers"]
     forced = ", forced to full length" if s["rollout.min_new_tokens"] else ""
     checkpointing = "on" if s["model.gradient_checkpointing"] else "off"
     return "\n\n".join([
@@ -222,12 +272,12 @@ def section(
         f"{s['run.steps']} steps x {row['runs_per_trainer']} runs per trainer",
         f"Measured {row['date']} at {row['commit']} on {row['cpu']}; `{row['command']}`; "
         f"{details}, gradient checkpointing {checkpointing}; {row['load_note']}.",
-        table,
+        trainer_table(trainers, list(trainers)[-1], columns),
         *notes,
         f"Median seconds per phase (steps after the first{phases}):",
-        phase_table(row["trainers"]),
+        phase_table(trainers),
         "Per run (steps in order; wall includes start-up, saving and logging):",
-        runs,
+        run_table(row["runs"], most, more),
     ]) + "\n"  # fmt: skip
 
 
