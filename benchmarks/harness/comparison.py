@@ -1,8 +1,8 @@
 """One trainer against another on the `arith` GRPO job, both measured in the same command
 (`vs_trl.py`, `grpo_vs_ppo.py`): the flags and the job they share, the runs alternating fresh
 processes, each trainer's figures over its runs (median seconds per step and per phase after
-each run's first step, peak memory, reward, held-out accuracy, each step's FLOP floor), and the
-markdown of those figures."""
+each run's first step, peak memory, reward, held-out accuracy, each step's FLOP floor), the row
+they make and its markdown section."""
 
 from __future__ import annotations
 
