@@ -176,8 +176,17 @@ class ProgramRaised(BaseException):
 # Python's own protocols take these for a signal (an iteration's end, a missing attribute), so
 # one the program raised would end a loop, or answer a `getattr` or `hasattr`, that the tests
 # did not write for it: the program's fail its case. Every other exception (an Exception's
-# subclass) reaches the tests as the same builtin class, for them to expect or not.
-_SIGNALS = (StopIteration, StopAsyncIteration, AttributeError, BaseExceptionGroup)
+# subclass) reaches the tests as the same builtin class, for them to expect or not; a class that
+# is an exit or an interrupt as well (`class Bye(SystemExit, Exception)`) is one too.
+_SIGNALS = (
+    StopIteration,
+    StopAsyncIteration,
+    AttributeError,
+    BaseExceptionGroup,
+    SystemExit,
+    KeyboardInterrupt,
+    GeneratorExit,
+)
 _BUILTIN_EXCEPTIONS = {
     name: value
     for name, value in vars(builtins).items()
@@ -1268,7 +1277,9 @@ def _judge(link: _Link, verdict: int) -> None:
     try:
         exec(compile(job["tests"], "<tests>", "exec"), namespace)
     except SystemExit as exc:  # the tests ended themselves (`unittest.main()`): passed if 0
-        if not (exc.code is None or exc.code is False or (type(exc.code) is int and exc.code == 0)):
+        code = exc.code
+        passed = code is None or code is False or (type(code) is int and code == 0)
+        if type(exc) is not SystemExit or not passed:
             raise
     # what a pytest run of the file would run: its test functions and classes
     pytest.run_tests(namespace, unittest_ran=bool(unittest_results))

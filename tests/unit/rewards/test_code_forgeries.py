@@ -197,11 +197,40 @@ MODULES = {
     ),
 }
 
+# An exception of the program's that is also an exit (or an interrupt): not an error the tests
+# may catch, and not the tests ending themselves
+EXITS = {
+    f"{name}, {style}": (
+        tests,
+        f"class Bye({bases}):\n    pass\n\ndef f(x):\n    raise Bye({code})\n",
+        "",
+        PLUS_7,
+    )
+    for name, bases, code in (
+        ("SystemExit and Exception", "SystemExit, Exception", "0"),
+        ("SystemExit and ArithmeticError", "SystemExit, ArithmeticError", ""),
+        ("KeyboardInterrupt and Exception", "KeyboardInterrupt, Exception", ""),
+        ("GeneratorExit and Exception", "GeneratorExit, Exception", ""),
+    )
+    for style, tests in (
+        ("asserts", ["assert f(1) == 8", "assert f(2) == 9"]),
+        ("check(candidate)", ["def check(candidate):\n    assert candidate(1) == 8\n\ncheck(f)\n"]),
+        (
+            "pytest.main()",
+            [
+                "from solution import f\n\ndef test_f():\n    assert f(1) == 8\n\n"
+                "if __name__ == '__main__':\n    import pytest\n    pytest.main()\n"
+            ],
+        ),
+    )
+}
+
 TABLE = {
     **{f"builtin {k}": v for k, v in BUILTINS.items()},
     **{f"globals: {k}": v for k, v in GLOBALS.items()},
     **{f"StopIteration through {k}": v for k, v in STOP_ITERATION.items()},
     **{f"standard modules: {k}": v for k, v in MODULES.items()},
+    **{f"an exit that is an error: {k}": v for k, v in EXITS.items()},
 }
 
 
