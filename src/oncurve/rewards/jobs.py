@@ -11,7 +11,7 @@ from typing import Any
 
 from oncurve.errors import UserError
 from oncurve.rewards.registry import RewardFn
-from oncurve.rewards.trl_contract import REWARD_LOOP, RewardLog, TrainerState
+from oncurve.rewards.trl_contract import REWARD_LOOP, ColumnMissing, RewardLog, TrainerState
 
 # A job is (function index, row index or None for the whole batch). An outcome is
 # (kind, payload, exception, seconds the call took, what the call logged or None):
@@ -94,6 +94,8 @@ def _failed(name: str, e: Exception, seconds: float) -> Outcome:
         return ("timeout", f"{type(e).__name__}: {e}", None, seconds, None)
     if _FORKED_CUDA in str(e):  # not the row's fault: no row can be scored so
         return ("fatal", _forked_cuda_message(name), None, seconds, None)
+    if isinstance(e, ColumnMissing):
+        return ("fatal", f"reward {name!r}: {e}", None, seconds, None)
     return ("error", f"{type(e).__name__}: {e}", e, seconds, None)
 
 

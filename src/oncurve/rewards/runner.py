@@ -329,6 +329,12 @@ class _Logs:
     def add(self, name: str, log: RewardLog | None, row: int | None) -> None:
         if log is None:
             return
+        for logged, names in (("log_extra", log.extra), ("log_metric", log.metrics)):
+            if "step" in names:  # metrics.jsonl's and samples.jsonl's rows are numbered by it
+                raise RewardError(
+                    f"reward {name!r} logged 'step' with {logged}; the trainer numbers its rows "
+                    "with that name: choose another"
+                )
         for column, values in log.extra.items():
             expected = self.n if row is None else 1
             if len(values) != expected:

@@ -59,6 +59,11 @@ class RewardLog:
             self.metrics.setdefault(str(name), []).append(number)
 
 
+class ColumnMissing(TypeError):
+    """A reward function needs an argument that no column of the data holds: the function's
+    fault, not a row's, so no error policy scores it as a row's error."""
+
+
 class TrlReward:
     """A reward function with TRL's contract (see the module docstring), callable as a
     `RewardFn` that also takes the call's `log` and `state`. Attributes the runner reads
@@ -132,7 +137,7 @@ class TrlReward:
             taken = _accepted(self.signature, keywords)
             missing = [name for name in _required(self.signature) if name not in taken]
             if missing:  # called positionally, it would take the completions for it
-                raise TypeError(
+                raise ColumnMissing(
                     f"its argument {missing[0]!r} is no column of the data nor anything the "
                     "trainer passes"
                 )

@@ -212,8 +212,29 @@ def test_a_keyword_no_column_holds_is_one_line_not_the_completions_in_its_place(
 
     runner = RewardRunner([("t", TrlReward(by_truth), 1.0)], timeout_s=None)
     assert runner.score(["x"], ["2"], {"ground_truth": ["2"]}).per_fn[:, 0].tolist() == [1.0]
-    with pytest.raises(RewardError, match=r"'t' .*its argument 'ground_truth' is no column of"):
+    with pytest.raises(RewardError, match=r"reward 't': its argument 'ground_truth' is no column of"):
         runner.score(["x"], ["2"], {})
+    # the function's fault, not a row's: no error policy scores it as a row's error
+    lenient = RewardRunner([("t", TrlReward(by_truth), 1.0)], timeout_s=5.0, on_error="none")
+    with lenient, pytest.raises(RewardError, match=r"'t'.*'ground_truth' is no column of"):
+        lenient.score(["x", "y"], ["2", "3"], {})
+
+
+@pytest.mark.parametrize("logged", ["log_metric", "log_extra"])
+def test_a_log_named_step_is_one_line_not_the_trainers_step_replaced(logged):
+    """`step` numbers metrics.jsonl's and samples.jsonl's rows: a reward's log of that name
+    stops the run in one line (it replaced the step, and the run could not resume)."""
+
+    def logs_step(completions, log_metric, log_extra, **kwargs):
+        if logged == "log_metric":
+            log_metric("step", 5)
+        else:
+            log_extra("step", [5] * len(completions))
+        return [0.0] * len(completions)
+
+    runner = RewardRunner([("s", TrlReward(logs_step), 1.0)], timeout_s=None)
+    with pytest.raises(RewardError, match=rf"reward 's' logged 'step' with {logged}; the trainer"):
+        runner.score(["p", "q"], ["c", "d"], {})
 
 
 def test_a_log_value_that_cannot_leave_the_worker_is_one_line_naming_the_reward():
