@@ -100,6 +100,7 @@ def load_rows(
     consumed = {answer_field} - {"solution"} | (
         {prompt_field} if prompt_template is None else set()
     )
+    first_kind = None
     for where, record in records:
         location = f"{path} {where}"
         if clash := sorted((TRAINER_COLUMNS | ROW_COLUMNS).intersection(record) - consumed):
@@ -132,6 +133,13 @@ def load_rows(
             if prompt_template is not None
             else record[prompt_field]
         )
+        kind = "messages" if isinstance(prompt, list) else "text"
+        first_kind = first_kind or kind
+        if kind != first_kind:  # TRL's rewards take a batch's prompts as one or the other
+            raise UserError(
+                f"{location}: field {prompt_field!r} is {kind}, the first row's {first_kind}; a "
+                "dataset's prompts are all {role, content} messages or all text"
+            )
         messages = None
         if isinstance(prompt, list):
             messages = _messages(prompt, location, prompt_field)

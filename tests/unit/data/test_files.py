@@ -215,6 +215,23 @@ def test_the_prompt_column_may_be_called_prompt_messages(tmp_path):
     assert row == {"prompt": "2+2?", "prompt_messages": messages, "answer": "4"}
 
 
+@pytest.mark.parametrize("messages_first", [True, False])
+def test_prompts_mixing_messages_and_text_are_one_line(tmp_path, messages_first):
+    """A dataset's prompts are all messages or all text: a mix crashed the batching of the
+    rows, or handed a message row's prompt to TRL's rewards as text."""
+    rows = [
+        {"prompt": [{"role": "user", "content": "1+1="}], "solution": "2"},
+        {"prompt": "2+2=", "solution": "4"},
+    ]
+    path = tmp_path / "mixed.jsonl"
+    write_jsonl(str(path), rows if messages_first else rows[::-1])
+    first, then = ("messages", "text") if messages_first else ("text", "messages")
+    assert _one_line_error("field 'prompt'", str(path)) == (
+        f"{path} line 2: field 'prompt' is {then}, the first row's {first}; a dataset's prompts "
+        "are all {role, content} messages or all text"
+    )
+
+
 def test_a_byte_order_mark_is_no_part_of_the_first_field(tmp_path):
     bom = b"\xef\xbb\xbf"
     csv_path = tmp_path / "d.csv"
