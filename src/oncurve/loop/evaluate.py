@@ -33,7 +33,9 @@ def evaluate(
     state: TrainerState | None = None,
 ) -> dict[str, float]:
     """Score `rows` ({"prompt", "prompt_ids", "answer", ...}) with the `correct` reward; with
-    `episodes`, multi-turn episodes are played and `correct` reads their columns.
+    `episodes`, multi-turn episodes are played and `correct` reads their columns. A completion
+    is correct when its score is above 0.5, or at least the reward's `correct_at` where it has
+    one (`code_tests`: 1.0, every test passed).
 
     Completions decode as training's do (`params`: length, stop strings, truncation, seed); the
     greedy pass with temperature 0. Batches of `batch_size` rows draw apart (`first_row`: on
@@ -108,6 +110,7 @@ def _scores(
 ) -> tuple[torch.Tensor, list[str]]:
     """`[len(rows), group_size]` 1.0 where a completion is correct, and the completions (a
     row's `group_size` consecutive)."""
+    correct_at = getattr(runner.fns[0][1], "correct_at", None)
     per_call = max(1, batch_size // group_size)
     # chunks of equal size (within one prompt): the cuda_graph sampler decodes them all in one
     # workspace, and none of them mostly empty
@@ -124,6 +127,8 @@ def _scores(
             **outcomes,
         }
         values = runner.score(prompts, rollout.texts, columns, state).per_fn[:, 0]
-        scores.append((values > 0.5).float())  # NaN compares False: unscored is wrong
+        # NaN compares False: unscored is wrong
+        right = values >= correct_at if correct_at is not None else values > 0.5
+        scores.append(right.float())
         texts.extend(rollout.texts)
     return torch.cat(scores).view(len(rows), group_size), texts

@@ -216,6 +216,8 @@ class CodeTestsReward:
     built by `configure`, or at the first call."""
 
     runs_in_process = True  # RewardRunner calls it in the trainer's process (module docstring)
+    # evaluation's accuracy is pass@1: a program passing some of its cases is not correct
+    correct_at = 1.0
 
     def __init__(
         self, workers: int | None = None, timeout_s: float = 5.0, memory_mb: int = 512

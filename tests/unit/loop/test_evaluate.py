@@ -1,11 +1,13 @@
 """Held-out evaluation decodes as training does: its stop strings end the completions it scores,
-and batches of one evaluation draw apart."""
+and batches of one evaluation draw apart; a program is correct when it passes all its tests."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
+from helpers.episodes import load_qwen3_tokenizer, scripted_sampler
 
 from oncurve.config import load_config
 from oncurve.data.prompts import PromptData, correctness_fn
@@ -48,3 +50,19 @@ def test_batches_of_one_evaluation_draw_apart(setting):
     samples = [tuple(r["samples"]) for r in records]
     # two calls of two rows each: the second call's rows are not the first's again
     assert samples[2:] != samples[:2]
+
+
+@pytest.mark.parametrize(("body", "accuracy"), [("max(x, k)", 1.0), ("x", 0.0), ("k", 0.0)])
+def test_a_program_counts_correct_only_when_it_passes_every_test(body, accuracy):
+    """Held-out accuracy on code is pass@1: `return x` passes two of the three tests of "the
+    larger of x and k" (k and an input above it), and is wrong."""
+    tok = load_qwen3_tokenizer()
+    config = load_config(None, ["data.task=code", "run.device=cpu"])
+    task = get_task("code", {})
+    problem = next(r for r in task.examples("test", 25, 0) if "larger of x and" in r["prompt"])
+    k = re.search(r"max\(x, (\d+)\)", problem["answer"])[1]
+    program = f"```python\ndef f(x):\n    return {body.replace('k', k)}\n```"
+    sampler, _ = scripted_sampler(tok, [tok.encode(program) + [tok.eos_token_id]])
+    rows = PromptData([problem], tok, config.data, seed=0).rows
+    params = dataclasses.replace(sampling_params(config, seed=0), max_new_tokens=64)
+    assert evaluate(sampler, rows, correctness_fn(config, task), params) == {"accuracy": accuracy}

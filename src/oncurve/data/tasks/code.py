@@ -15,7 +15,7 @@ with the prompt, so the same problem always has the same tests. Problems are spl
 
 Reward: "correct" (weight 1.0), the `code_tests` reward (`oncurve.rewards.code`): the fraction
 of the three tests the completion's last ```python block passes. The held-out accuracy counts a
-program correct when it passes more than half of them (evaluation's threshold), i.e. 2 of 3.
+program correct when it passes all three.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _ints(rng: random.Random, k: Any) -> list[int]:
 
 
 def _around(rng: random.Random, k: int) -> list[int]:
-    # one each side of k and k itself: `return x` and `return k` each fail one
+    # one each side of k and k itself: `return x` and `return k` each fail one, and so are wrong
     return [k - rng.randint(1, 30), k + rng.randint(1, 30), k]
 
 
