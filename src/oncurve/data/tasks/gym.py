@@ -4,6 +4,7 @@ reward is the dataset's own `score_answer` on the completion's `<answer>...</ans
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 from oncurve.data.tasks.base import TooFewProblems, hash_split
@@ -72,11 +73,16 @@ class GymTask:
         )
         rows: list[dict[str, Any]] = []
         seen: set[str] = set()
+        failed: list[tuple[int, Exception]] = []
         budget = 50 * n + 1000
         for index in range(budget):
             if len(rows) == n:
                 break
-            entry = data[index]
+            try:
+                entry = data[index]
+            except Exception as exc:  # a generator's bug on a rare item (a division by zero)
+                failed.append((index, exc))
+                continue
             question = entry["question"]
             if hash_split(question) == split and not (split == "test" and question in seen):
                 seen.add(question)
@@ -87,6 +93,14 @@ class GymTask:
                         "gym_entry": entry,
                     }
                 )
+        if failed:
+            index, exc = failed[0]
+            warnings.warn(
+                f"{self.name}: reasoning-gym could not make {len(failed)} of the items drawn "
+                f"(item {index}: {type(exc).__name__}: {exc}); they are skipped",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         if len(rows) < n:
             why = f"{self.name}: found only {len(rows)} {split} examples in {budget} items"
             if split == "test":

@@ -43,3 +43,31 @@ def test_unknown_task_lists_choices():
         ValueError, match=r"unknown task 'nope'; choices: arith, countdown, sums, code, gym:"
     ):
         get_task("nope")
+
+
+def test_items_reasoning_gym_cannot_make_are_skipped_with_a_warning(monkeypatch):
+    """reasoning-gym's generators fail on rare items (basic_arithmetic: a division by zero,
+    about one in 40,000): the task draws past them and says how many it skipped."""
+    import reasoning_gym
+
+    made = reasoning_gym.create_dataset
+
+    class Failing:
+        def __init__(self, data):
+            self.data = data
+
+        def __getitem__(self, index):
+            if index in (2, 5):
+                raise ZeroDivisionError("integer division or modulo by zero")
+            return self.data[index]
+
+    monkeypatch.setattr(reasoning_gym, "create_dataset", lambda *a, **k: Failing(made(*a, **k)))
+    task = get_task("gym:basic_arithmetic")
+    with pytest.warns(RuntimeWarning, match=r"^gym:basic_arithmetic: reasoning-gym could not make"):
+        rows = task.examples("train", 20, seed=0)
+    monkeypatch.setattr(reasoning_gym, "create_dataset", made)
+    items = made("basic_arithmetic", seed=0, size=10)
+    skipped = {items[2]["question"], items[5]["question"]}
+    whole = task.examples("train", 40, seed=0)
+    kept = [r for r in whole if r["gym_entry"]["question"] not in skipped]
+    assert len(kept) < len(whole) and rows == kept[:20]
