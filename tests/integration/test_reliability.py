@@ -699,6 +699,53 @@ def test_one_trainer_per_run_dir_and_a_killed_one_leaves_no_stale_lock(
     assert [r["step"] for r in metric_rows(run_dir)][-1] == 3
 
 
+def locked_elsewhere(run_dir: Path) -> bool:
+    """Whether an open file of `run_dir`'s lock, other than one this call opens, holds its lock."""
+    import fcntl
+
+    with open(run_dir / ".lock") as file:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(file, fcntl.LOCK_UN)
+        return False
+
+
+def test_the_lock_ends_when_train_returns_and_no_forked_worker_keeps_it(
+    tiny_model_dir, data_file, tmp_path
+):
+    """`train()` unlocks its run directory as it returns (a notebook that trained blocked every
+    other process's resume); a process it forked (a reward worker, which may outlive a killed
+    trainer by a hung reward's duration) never held the lock: a flock is the open file's, which
+    a fork shares."""
+    import multiprocessing
+    import time
+
+    from oncurve.run.rundir import claim_run_dir, release_run_dirs
+
+    run_dir = tmp_path / "run"
+    train(make_config(tiny_model_dir, data_file, run_dir, "run.save_every=1"))
+    assert not locked_elsewhere(run_dir)
+    claim_run_dir(make_config(tiny_model_dir, data_file, run_dir, "run.resume=auto"))
+    assert locked_elsewhere(run_dir)
+    context = multiprocessing.get_context("fork")
+    running = context.Event()
+
+    def outlive_the_trainer() -> None:
+        running.set()
+        time.sleep(60)
+
+    child = context.Process(target=outlive_the_trainer, daemon=True)
+    child.start()
+    try:
+        assert running.wait(30)
+        release_run_dirs()
+        assert not locked_elsewhere(run_dir)
+    finally:
+        child.kill()
+
+
 def test_resume_from_another_runs_checkpoint_never_writes_into_a_third_run(
     tiny_model_dir, data_file, tmp_path
 ):

@@ -301,9 +301,28 @@ def clean_leftovers(run_dir: Path) -> None:
             path.unlink(missing_ok=True)
 
 
-# The lock files this process holds, by directory: open until the process ends, when the OS
-# releases their locks. A later run of the same process on the same directory reuses its lock.
+# The lock files this process holds, by directory: open until `release_run_dirs` or the
+# process's end, when the OS releases their locks. A later run of the same process on the same
+# directory reuses its lock.
 _HELD: dict[str, TextIO] = {}
+
+
+def release_run_dirs() -> None:
+    """Unlock every run directory this process has locked (`train` has returned: another
+    process may resume or overwrite the run)."""
+    while _HELD:
+        _HELD.popitem()[1].close()
+
+
+def _forget_locks_in_child() -> None:
+    # A flock belongs to the open file, which a fork shares: a forked child (a reward worker)
+    # closes its copies, so that the lock ends with the trainer, not with its longest-lived child
+    for file in _HELD.values():
+        file.close()
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_locks_in_child)
 
 
 @contextlib.contextmanager
