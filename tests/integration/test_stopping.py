@@ -248,3 +248,25 @@ def _quote(text: str) -> str:
     import shlex
 
     return shlex.quote(text)
+
+
+def test_only_the_announcing_rank_says_it_aborts():
+    """Every rank of a torchrun job gets the second signal; one line says the job aborts."""
+    program = (
+        "import os, signal, time\n"
+        "from oncurve.run.stopping import stop_on_signals\n"
+        "with stop_on_signals(announce={announce}):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(1.5)\n"  # past the window in which a repeat of the first is ignored
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(30)\n"
+    )
+    for announce, lines in ((True, 2), (False, 0)):
+        done = subprocess.run(
+            [sys.executable, "-c", program.format(announce=announce)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 128 + signal.SIGTERM
+        assert len(done.stderr.splitlines()) == lines

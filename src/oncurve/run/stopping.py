@@ -81,10 +81,11 @@ def stop_on_signals(
             return
         if signum == stop.signum and now - stop.at < REPEAT_S:
             return
-        write_stderr(
-            f"oncurve: {signal.Signals(signum).name} again: aborting (the checkpoints already "
-            "written are kept)"
-        )
+        if announce:
+            write_stderr(
+                f"oncurve: {signal.Signals(signum).name} again: aborting (the checkpoints "
+                "already written are kept)"
+            )
         for stream in (sys.stdout, sys.stderr):
             with suppress(OSError, ValueError, RuntimeError):
                 stream.flush()
