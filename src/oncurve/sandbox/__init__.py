@@ -1,9 +1,11 @@
 """Run a Python program a model wrote, confined, and report what it did.
 
-``run_python(source, stdin, timeout_s, memory_mb) -> SandboxResult`` runs ``source`` as
-``__main__`` with ``stdin`` as its input, in a fresh process of the base interpreter (standard
-library only), and returns its stdout and stderr (each cut at ``OUTPUT_LIMIT`` bytes), exit
-status, wall time and why it stopped. It never raises for anything the program does; it raises
+``run_python(source, stdin, timeout_s, memory_mb, *, output_bytes) -> SandboxResult`` runs
+``source`` as ``__main__`` with ``stdin`` as its input, in a fresh process of the base
+interpreter (standard library only), and returns its stdout (cut at ``output_bytes``, by default
+``OUTPUT_LIMIT``, 64 KiB; at most ``FILE_SIZE_LIMIT``, 16 MiB, since the trainer holds it in
+memory) and stderr (cut at ``OUTPUT_LIMIT``), exit status, wall time and why it stopped; output
+past its limit stops the run. It never raises for anything the program does; it raises
 ``ValueError`` for bad arguments and ``SandboxError`` when the sandbox itself cannot be set up.
 
 Each run gets, where the machine allows it (``isolation()`` says what it gave):
@@ -25,7 +27,7 @@ Each run gets, where the machine allows it (``isolation()`` says what it gave):
 - rlimits with soft = hard, so they cannot be raised back: CPU time, address space
   (``memory_mb``), file size, open files, processes, no core files; ``no_new_privs``;
 - a clean environment (PATH, HOME, TMPDIR, LANG: nothing of the trainer's, no credentials);
-- its own session and process group, killed whole at the wall time or the output limit.
+- its own session and process group, killed whole at the wall time or an output limit.
 
 Without namespaces (a container that forbids them, or a non-root user without user
 namespaces) it falls back to a host temporary directory and an audit hook that refuses sockets.
@@ -33,7 +35,8 @@ Whatever is missing (namespaces, the filter, a cgroup) it names in one warning p
 ``_boot.py`` is the first stage that builds all this; `docs/sandbox.md` has the
 attacks it was tested against.
 
-``SandboxPool(workers)`` runs many programs at once: threads that each wait on one sandbox.
+``SandboxPool(workers)`` runs many programs at once: threads that each wait on one sandbox;
+its ``map`` takes one ``output_bytes`` for all runs or one per source.
 
 The modules: ``limits`` (the limits, ``SandboxResult``, ``SandboxError``), ``probing``
 (``Isolation``, the probe, the warning), ``pool`` (``run_python``, ``SandboxPool``), ``launch``

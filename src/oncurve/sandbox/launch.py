@@ -100,7 +100,12 @@ def package_dirs() -> list[str]:
 
 
 def execute(
-    source: str, stdin: str, timeout_s: float, memory_mb: int, iso: Isolation
+    source: str,
+    stdin: str,
+    timeout_s: float,
+    memory_mb: int,
+    iso: Isolation,
+    output_bytes: int,
 ) -> SandboxResult:
     try:
         source.encode("utf-8")
@@ -173,7 +178,14 @@ def execute(
                     raise SandboxError(f"cannot make the run's cgroup: {exc}") from exc
                 spec["cgroup_procs"] = cgroup.procs
             stdin_bytes = stdin.encode("utf-8", "surrogatepass")  # as main.py's text (_boot.py)
-            run = Run(launcher, spec, stdin_bytes, namespaces=iso.namespaces, cgroup=cgroup)
+            run = Run(
+                launcher,
+                spec,
+                stdin_bytes,
+                namespaces=iso.namespaces,
+                output_bytes=output_bytes,
+                cgroup=cgroup,
+            )
             return run.finish()
         finally:
             if cgroup is not None:

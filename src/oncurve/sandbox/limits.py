@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
-OUTPUT_LIMIT = 64 * 1024  # bytes kept of stdout and of stderr; more stops the run
-FILE_SIZE_LIMIT = 16 * 1024 * 1024  # bytes, per file the program writes
+# bytes kept of stderr, and of stdout unless the run sets its own; more stops the run
+OUTPUT_LIMIT = 64 * 1024
+# bytes, per file the program writes; also the most stdout a run may keep (`output_bytes`)
+FILE_SIZE_LIMIT = 16 * 1024 * 1024
 OPEN_FILES_LIMIT = 64
 PROCESS_LIMIT = 32  # processes and threads of one run
 SCRATCH_MB = 64  # the tmpfs that holds everything a namespaced run writes

@@ -13,7 +13,7 @@ import threading
 import warnings
 
 from oncurve.sandbox import _cgroup, launch
-from oncurve.sandbox.limits import PROCESS_LIMIT, SCRATCH_MB, Isolation, SandboxError
+from oncurve.sandbox.limits import OUTPUT_LIMIT, PROCESS_LIMIT, SCRATCH_MB, Isolation, SandboxError
 
 _PROBE_SOURCE = (
     "for line in open('/proc/self/status'):\n"
@@ -94,7 +94,7 @@ def _try(candidate: Isolation) -> Isolation | str:
     if candidate.namespaces and shutil.which("unshare") is None:
         return "no unshare command"
     try:
-        result = launch.execute(_PROBE_SOURCE, "", 10.0, 256, candidate)
+        result = launch.execute(_PROBE_SOURCE, "", 10.0, 256, candidate, OUTPUT_LIMIT)
     except SandboxError as exc:
         return str(exc)
     if result.status != "ok":

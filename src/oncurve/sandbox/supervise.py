@@ -1,7 +1,7 @@
 """Supervising one run (`Run`): the bootstrap (`_boot.py`) started under its launcher, stdin
-fed, stdout, stderr and the bootstrap's status read (the output cut at its limit), the run
-stopped at its wall time, output limit or memory limit, its process tree reaped, and its
-`SandboxResult` made."""
+fed, stdout, stderr and the bootstrap's status read (stdout cut at the run's `output_bytes`,
+stderr at `OUTPUT_LIMIT`), the run stopped at its wall time, output limit or memory limit, its
+process tree reaped, and its `SandboxResult` made."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ _OOM_POLL_S = 0.05
 
 
 class Run:
-    """One sandboxed program, from launch to a reaped process tree."""
+    """One sandboxed program, from launch to a reaped process tree; its stdout is kept up to
+    ``output_bytes`` bytes, its stderr up to ``OUTPUT_LIMIT``, and a byte more stops it."""
 
     def __init__(
         self,
@@ -40,6 +41,7 @@ class Run:
         stdin: bytes,
         *,
         namespaces: bool,
+        output_bytes: int,
         cgroup: _cgroup.RunCgroup | None = None,
     ) -> None:
         self.namespaces = namespaces
@@ -47,6 +49,7 @@ class Run:
         self.spec = spec
         self.stdin = memoryview(stdin)
         self.out = {"stdout": bytearray(), "stderr": bytearray(), "status": bytearray()}
+        self.limits = {"stdout": output_bytes, "stderr": OUTPUT_LIMIT}
         self.stop_reason: str | None = None
         self.init_pidfd: int | None = None
         spec_fd = os.memfd_create("oncurve-sandbox-spec")
@@ -159,8 +162,9 @@ class Run:
             self._read_status()
             return
         # One byte past the limit is enough to know it was passed.
-        self.out[name] += data[: OUTPUT_LIMIT + 1 - len(self.out[name])]
-        if len(self.out[name]) > OUTPUT_LIMIT and self.stop_reason is None:
+        limit = self.limits[name]
+        self.out[name] += data[: limit + 1 - len(self.out[name])]
+        if len(self.out[name]) > limit and self.stop_reason is None:
             self._stop("output limit")
 
     def _feed(self, sel: selectors.BaseSelector) -> None:
@@ -282,8 +286,8 @@ class Run:
             status = "killed"
             reason = f"sandbox exited with {self.proc.returncode} and no report"
         return SandboxResult(
-            stdout=_text(self.out["stdout"]),
-            stderr=_text(self.out["stderr"]),
+            stdout=_text(self.out["stdout"], self.limits["stdout"]),
+            stderr=_text(self.out["stderr"], self.limits["stderr"]),
             returncode=returncode,
             status=status,
             reason=reason,
@@ -291,8 +295,8 @@ class Run:
         )
 
 
-def _text(data: bytearray) -> str:
-    return bytes(data[:OUTPUT_LIMIT]).decode("utf-8", errors="replace")
+def _text(data: bytearray, limit: int) -> str:
+    return bytes(data[:limit]).decode("utf-8", errors="replace")
 
 
 def _parent_of(pid: int) -> int | None:

@@ -207,6 +207,9 @@ def test_bad_arguments_raise() -> None:
         sandbox.run_python("pass", timeout_s=0)
     with pytest.raises(ValueError, match="memory_mb"):
         sandbox.run_python("pass", memory_mb=0)
+    for output_bytes in (0, sandbox.FILE_SIZE_LIMIT + 1, 1.5):
+        with pytest.raises(ValueError, match="output_bytes"):
+            sandbox.run_python("pass", output_bytes=output_bytes)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         sandbox.run_python(b"pass")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="workers"):
@@ -455,6 +458,25 @@ def test_printing_1gb_is_cut_and_stopped(host: str) -> None:
     result = sandbox.run_python(source, timeout_s=5.0)
     assert (result.status, result.reason, result.returncode) == ("killed", "output limit", None)
     assert result.stdout == "x" * sandbox.OUTPUT_LIMIT
+
+
+def test_a_larger_stdout_limit_keeps_that_much_and_stops_past_it(host: str) -> None:
+    limit = 3 * sandbox.OUTPUT_LIMIT
+    exact = f"import sys\nsys.stdout.write('x' * {limit})\n"
+    endless = "import sys\nwhile True:\n    sys.stdout.write('x' * 4096)\n"
+    with sandbox.SandboxPool(2) as pool:
+        kept, stopped = pool.map([exact, endless], timeout_s=5.0, output_bytes=[limit, limit])
+        default = pool.submit(exact, timeout_s=5.0).result()
+        with pytest.raises(ValueError, match="2 sources but 1 output_bytes"):
+            pool.map([exact, endless], output_bytes=[limit])
+    assert (kept.status, kept.stdout) == ("ok", "x" * limit)
+    assert (stopped.status, stopped.reason) == ("killed", "output limit")
+    assert stopped.stdout == "x" * limit
+    assert (default.reason, len(default.stdout)) == ("output limit", sandbox.OUTPUT_LIMIT)
+    # stderr keeps its own limit
+    noisy = "import sys\nwhile True:\n    sys.stderr.write('e' * 4096)\n"
+    result = sandbox.run_python(noisy, timeout_s=5.0, output_bytes=limit)
+    assert (result.reason, result.stderr) == ("output limit", "e" * sandbox.OUTPUT_LIMIT)
 
 
 def test_printing_to_stderr_is_cut_too(host: str) -> None:
