@@ -9,7 +9,10 @@ in either common form:
 - stdin/stdout: a list of {"input": str, "output": str}; the program reads the input on stdin
   and passes when it exits cleanly and its stdout gives the output as judges' usual checkers
   read it (`same_output`: line by line, each line's tokens however spaced, a number with a
-  fraction printed to other digits; its stderr is discarded);
+  fraction printed to other digits; its stderr is discarded). The sandbox stops it once its
+  stdout passes four times the expected output's UTF-8 bytes (at least the sandbox's
+  `OUTPUT_LIMIT`, 64 KiB; at most `FILE_SIZE_LIMIT`, 16 MiB, so an expected output over 4 MiB
+  can be too long to pass);
 - assert-style: a string of Python test code (HumanEval's `test` followed by
   `check(<entry_point>)`; KodCode's pytest file, which imports the program as `solution`), or a
   list of them (MBPP's `test_list`). Each case runs under a
@@ -91,6 +94,10 @@ _STDOUT_ONLY = (
     "sys.modules['__main__'] = main\n"
     "exec(compile({program!r}, 'main.py', 'exec'), main.__dict__)\n"
 )
+# How many times its expected output a stdin/stdout case's program may print: a right program
+# spaces its tokens its own way and prints a fraction to other digits (`0.49999999999999994`
+# for `0.500000`); a runaway one still stops at a few times the answer's size.
+_EXPECTED_ROOM = 4
 # A fence's language tag is the rest of its opening line; its block ends at the next fence.
 _FENCE_RE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
 
@@ -254,24 +261,25 @@ class CodeTestsReward:
         setups = _column(test_setup, "test_setup", len(tests))
         entries = _column(entry_point, "entry_point", len(tests))
         programs = [extract_program(completion) for completion in completions]
-        # each distinct run's (program, tests, stdin, setup, entry point), and each row's run
-        # per case (None: no run)
-        runs: dict[tuple[str, str, str, str, str], int] = {}
+        # each distinct run's (program, tests, stdin, setup, entry point, stdout limit), and each
+        # row's run per case (None: no run)
+        runs: dict[tuple[str, str, str, str, str, int], int] = {}
         row_runs: list[list[int] | None] = []
         for program, cases, setup, entry in zip(programs, row_cases, setups, entries, strict=True):
             if not cases or program is None or not compiles(program):
                 row_runs.append(None)
                 continue
-            keys = [(program, c.code, c.stdin, setup, entry) for c in cases]
+            keys = [(program, c.code, c.stdin, setup, entry, _stdout_bytes(c)) for c in cases]
             row_runs.append([runs.setdefault(key, len(runs)) for key in keys])
         if self._pool is None:
             self._pool = sandbox.SandboxPool(self.workers)
-        jobs = [_job(*key) for key in runs]
+        jobs = [_job(*key[:5]) for key in runs]
         results = self._pool.map(
             [source for source, _, _ in jobs],
             [stdin for _, stdin, _ in jobs],
             timeout_s=self.timeout_s,
             memory_mb=self.memory_mb,
+            output_bytes=[key[5] for key in runs],
         )
         scores: list[float | None] = []
         for cases, indices in zip(row_cases, row_runs, strict=True):
@@ -301,6 +309,17 @@ def _column(values: list[Any] | None, name: str, rows: int) -> list[str]:
             raise UserError(f"column 'entry_point' must be a Python name, got {value[:60]!r}")
         texts.append(value or "")
     return texts
+
+
+def _stdout_bytes(case: Case) -> int:
+    """The stdout a run of `case` may print before the sandbox stops it: `OUTPUT_LIMIT` for an
+    assert-style case; for a stdin/stdout case, that or `_EXPECTED_ROOM` times its expected
+    output's UTF-8 bytes, whichever is more, at most `FILE_SIZE_LIMIT`."""
+    if case.expected is None:
+        return sandbox.OUTPUT_LIMIT
+    # a prefix as long as the cap is enough to know the cap is reached
+    size = len(case.expected[: sandbox.FILE_SIZE_LIMIT].encode("utf-8", "surrogatepass"))
+    return min(sandbox.FILE_SIZE_LIMIT, max(sandbox.OUTPUT_LIMIT, _EXPECTED_ROOM * size))
 
 
 def _job(

@@ -156,6 +156,18 @@ def test_stdin_stdout_cases(reward):
     assert reward(["p"], [fenced(program)], tests=tests) == pytest.approx([2 / 3])
 
 
+def test_an_expected_output_over_the_sandboxs_output_limit_can_pass(reward):
+    n = 20000
+    squares = "\n".join(str(i * i) for i in range(n)) + "\n"
+    assert len(squares) > 2 * sandbox.OUTPUT_LIMIT
+    right = "n = int(input())\nprint('\\n'.join(str(i * i) for i in range(n)))\n"
+    wrong = "n = int(input())\nprint('\\n'.join(str(i * i + (i == n - 1)) for i in range(n)))\n"
+    endless = "while True:\n    print(0)\n"
+    tests = [[{"input": f"{n}\n", "output": squares}]] * 3
+    programs = [fenced(right), fenced(wrong), fenced(endless)]
+    assert reward(["p"] * 3, programs, tests=tests) == [1.0, 0.0, 0.0]
+
+
 def test_a_timeout_a_crash_and_too_much_memory_fail_their_case_alone():
     reward = CodeTestsReward(workers=3, timeout_s=0.5, memory_mb=256)
     program = (
