@@ -402,6 +402,60 @@ def test_a_synced_reference_is_checkpointed_and_restored(tiny_model_dir, data_fi
     assert not (plain / "checkpoints" / "step-000001" / "reference.safetensors").exists()
 
 
+def test_a_resume_that_starts_or_stops_syncing_the_reference_keeps_the_runs_reference(
+    tiny_model_dir, data_file, tmp_path, capsys
+):
+    """A reference the checkpoint does not hold (never synced, or none at algo.beta=0) is the
+    initial model; one it holds is restored and kept by later checkpoints, synced or not."""
+    run_dir = tmp_path / "run"
+    base = ("run.save_every=1", "run.keep_last=4")
+    train(make_config(tiny_model_dir, data_file, run_dir, *base, "run.steps=1"))
+    capsys.readouterr()
+    steps = [run_dir / "checkpoints" / f"step-00000{k}" for k in range(5)]
+    syncing = (*base, "run.resume=auto", "algo.ref_sync_every=2")
+    s = setup(make_config(tiny_model_dir, data_file, run_dir, *syncing, "run.steps=2"))
+    initial = load_file(tiny_model_dir / "model.safetensors")
+    restored = s.policy.reference.state_dict()
+    assert all(torch.equal(restored[name], value) for name, value in initial.items())
+    train(make_config(tiny_model_dir, data_file, run_dir, *syncing, "run.steps=3"))
+    assert "algo.ref_sync_every 0 -> 2" in capsys.readouterr().err
+    synced = load_file(steps[2] / "reference.safetensors")  # synced after step 2's update
+    assert same_weights(synced, load_file(steps[2] / "model.safetensors"))
+    assert same_weights(load_file(steps[3] / "reference.safetensors"), synced)
+    # syncing stopped: the synced reference stays, in this checkpoint and the next
+    stopped = (*base, "run.resume=auto", "algo.ref_sync_every=0", "run.steps=4")
+    train(make_config(tiny_model_dir, data_file, run_dir, *stopped))
+    assert same_weights(load_file(steps[4] / "reference.safetensors"), synced)
+    assert not same_weights(synced, load_file(steps[4] / "model.safetensors"))
+
+    # a checkpoint of algo.beta=0 holds no reference: a KL term added on resume starts one
+    no_kl = tmp_path / "no-kl"
+    train(make_config(tiny_model_dir, data_file, no_kl, *base, "run.steps=1", "algo.beta=0"))
+    kl = ("run.resume=auto", "algo.beta=0.04", "algo.ref_sync_every=1", "run.steps=2")
+    train(make_config(tiny_model_dir, data_file, no_kl, *base, *kl))
+    second = no_kl / "checkpoints" / "step-000002"
+    assert same_weights(
+        load_file(second / "reference.safetensors"), load_file(second / "model.safetensors")
+    )
+
+
+def test_a_resume_refuses_to_add_or_drop_a_critic(tiny_model_dir, data_file, tmp_path):
+    """`algo.estimator` may change between group estimators, not to or from gae: the value
+    model a critic trains is in the checkpoint or it is not."""
+    grpo, gae = tmp_path / "grpo", tmp_path / "gae"
+    base = ("run.save_every=1", "run.steps=1")
+    train(make_config(tiny_model_dir, data_file, grpo, *base))
+    train(make_config(tiny_model_dir, data_file, gae, *base, "algo.estimator=gae"))
+    resume = ("run.save_every=1", "run.steps=2", "run.resume=auto")
+    for run_dir, old, new in ((grpo, "grpo", "gae"), (gae, "gae", "grpo")):
+        config = make_config(tiny_model_dir, data_file, run_dir, *resume, f"algo.estimator={new}")
+        named = f"algo.estimator was '{old}' and is now '{new}'.*algo.estimator={old}"
+        with pytest.raises(UserError, match=f"cannot resume .*step-000001: {named}"):
+            setup(config)
+    s = setup(make_config(tiny_model_dir, data_file, grpo, *resume, "algo.estimator=rloo"))
+    assert "algo.estimator" in s.config_history[-1]["changed"]
+
+
 def without_token(model_dir: Path, out: Path, *keys: str) -> Path:
     shutil.copytree(model_dir, out)
     config_file = out / "tokenizer_config.json"

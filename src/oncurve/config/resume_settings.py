@@ -4,9 +4,10 @@ A checkpoint keeps the settings the run trained with (`config`, as config.yaml h
 history of the changes made on earlier resumes. On a resume every setting is compared with
 them: a change that cannot apply within one run (`FIXED`: the model, what the data is and how
 it is drawn, the group size, the seed; and fewer steps than are done) is refused in one line
-naming it, unless `run.force_changes` names it (`FORCEABLE`); any other change is in effect
-from the resumed step and said, the optimizer's own hyperparameters included (its saved state
-would otherwise keep the old ones).
+naming it, unless `run.force_changes` names it (`FORCEABLE`), and so is an `algo.estimator`
+changed to or from the critic's (a value model the checkpoint lacks or would drop); any other
+change is in effect from the resumed step and said, the optimizer's own hyperparameters
+included (its saved state would otherwise keep the old ones).
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ FIXED = (
 # fixed: the checkpoint's weights and optimizer state would not fit them.
 FORCEABLE = ("model.path", "model.revision", "data.", "rollout.group_size", "run.seed")
 DATA_ROWS = "data.rows"
+ESTIMATOR = "algo.estimator"
+# The estimator that trains a value model: a checkpoint holds one exactly when it was saved with
+# it, so a resume can neither switch to it (no value model to load) nor from it (a trained one
+# dropped)
+CRITIC_ESTIMATOR = "gae"
 # How this process was started, not what the run is.
 PROCEDURAL = ("run.resume", "run.overwrite", "run.dir", "run.force_changes")
 
@@ -73,9 +79,9 @@ def refusal(
     forced: Iterable[str] = (),
 ) -> str | None:
     """Why a resume with `changes` cannot continue its run (None when it can): a `FIXED`
-    setting changed and not `forced`, `run.steps` below the `done` steps, or the training rows'
-    fingerprint (saved, current) differing (a data file edited or shuffled between the runs)
-    without `data.rows` forced."""
+    setting changed and not `forced`, `algo.estimator` changed to or from `CRITIC_ESTIMATOR`,
+    `run.steps` below the `done` steps, or the training rows' fingerprint (saved, current)
+    differing (a data file edited or shuffled between the runs) without `data.rows` forced."""
     forced = set(forced)
     for key, (old, new) in changes.items():
         if (key.startswith(FIXED) or key in FIXED) and key not in forced:
@@ -83,6 +89,12 @@ def refusal(
             return (
                 f"{key} was {old!r} and is now {new!r}: it cannot change within a run; resume "
                 f"with {key}={_override(old)}{force}, or start a new run.dir"
+            )
+        if key == ESTIMATOR and (old == CRITIC_ESTIMATOR) != (new == CRITIC_ESTIMATOR):
+            return (
+                f"{key} was {old!r} and is now {new!r}: a run cannot gain or drop the value "
+                f"model of {CRITIC_ESTIMATOR}; resume with {key}={_override(old)}, or start a "
+                "new run.dir"
             )
     if steps < done:
         return f"run.steps={steps} is below the {done} steps the checkpoint has done"

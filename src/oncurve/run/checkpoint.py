@@ -229,6 +229,13 @@ def load_checkpoint(
     return state
 
 
+def saved_modules(path: Path) -> set[str]:
+    """The names of the extra modules checkpoint `path` holds: its `<name>.safetensors` files
+    besides the policy's."""
+    files = Path(path).glob("*.safetensors")
+    return {file.name.removesuffix(".safetensors") for file in files if file.name != MODEL_FILE}
+
+
 def read_state(path: Path) -> dict:
     """The trainer's counters of a complete checkpoint (`state.json`), without loading it;
     UserError naming the checkpoint when it is not complete, or the file when it is not a JSON

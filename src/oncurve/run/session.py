@@ -34,6 +34,9 @@ from oncurve.update.step import LossFns
 
 T = TypeVar("T")
 
+# The name a checkpoint keeps a synced reference under
+REFERENCE = "reference"
+
 
 @dataclass
 class Counts:
@@ -154,11 +157,12 @@ class Session:
     def checkpoint_extras(
         self,
     ) -> tuple[dict[str, torch.nn.Module], dict[str, torch.optim.Optimizer]]:
-        """Modules and optimizers a checkpoint keeps besides the policy's."""
+        """Modules and optimizers a checkpoint keeps besides the policy's: the advantage
+        source's, and the reference once it has been synced (before, it is the initial model,
+        which a resume builds again from `model.path`)."""
         modules, optimizers = self.advantage.checkpoint_state()
-        # The reference only differs from the initial weights once it has been synced.
-        if self.policy.reference is not None and self.config.algo.ref_sync_every:
-            modules = {"reference": self.policy.reference, **modules}
+        if self.policy.reference is not None and self.policy.reference_synced:
+            modules = {REFERENCE: self.policy.reference, **modules}
         return modules, optimizers
 
 

@@ -79,7 +79,7 @@ from oncurve.run.metrics import (
 )
 from oncurve.run.rewards import build_rewards
 from oncurve.run.rundir import prepare_run_dir
-from oncurve.run.session import Session, forward_settings
+from oncurve.run.session import REFERENCE, Session, forward_settings
 from oncurve.run.settle import (
     LOCAL_PATHS,
     RunFacts,
@@ -306,7 +306,14 @@ def _resume(s: Session, checkpoint_dir: Path) -> None:
     checkpoint.check_saved_ranks(checkpoint_dir, saved, s.world_size)
     s.start_step = int(saved["step"])
     changes = _changes(s, saved, checkpoint_dir)
-    modules, optimizers = s.checkpoint_extras()
+    # the checkpoint holds the source's state: `_changes` refused a switch to or from a critic
+    modules, optimizers = s.advantage.checkpoint_state()
+    # A reference the checkpoint does not hold was never synced (or the run had algo.beta=0):
+    # it is the initial model, as the policy's was built; one it holds is the run's, restored.
+    held = checkpoint.saved_modules(checkpoint_dir)
+    restores_reference = s.policy.reference is not None and REFERENCE in held
+    if restores_reference:
+        modules = {REFERENCE: s.policy.reference, **modules}
     state = checkpoint.load_checkpoint(
         checkpoint_dir,
         s.policy.whole_model,
@@ -316,6 +323,7 @@ def _resume(s: Session, checkpoint_dir: Path) -> None:
         optimizers=optimizers,
         trainable_only=s.config.model.lora.r > 0,
     )
+    s.policy.reference_synced = restores_reference
     if s.policy.fsdp:
         distributed.scatter_weights(s.policy.whole_model, s.policy.model)
     shrunk = state.get("oom_settings") or {}

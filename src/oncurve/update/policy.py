@@ -30,6 +30,8 @@ class Policy:
             the module the update calls.
         reference: the frozen pi_ref copy, or None (beta = 0, or LoRA: the adapter switched off);
             offloaded, its weights are in host memory but during `reference_logprobs`.
+        reference_synced: whether `reference` has left the initial weights (`sync_reference`,
+            or a resume that restored a synced one): only then does a checkpoint keep it.
         peft_model: the PEFT wrapper under LoRA, else None.
         forward: how every training-side forward runs (`ForwardSettings`).
     """
@@ -54,6 +56,7 @@ class Policy:
         self.device = next(model.parameters()).device
         self.reference = frozen_copy(model) if with_reference and self.peft_model is None else None
         self.reference_offloaded = offload_reference and self.reference is not None
+        self.reference_synced = False
         if self.reference_offloaded:
             offload_weights(self.reference)
         # Under FSDP2 each rank holds shards of the trained weights; sampling, evaluation,
@@ -93,6 +96,7 @@ class Policy:
         """pi_ref <- pi_theta (`algo.ref_sync_every`)."""
         with self.whole() as policy:
             self.reference.load_state_dict(policy.state_dict())
+        self.reference_synced = True
 
     def release(self) -> None:
         """Under FSDP2, empty the whole-weights copy until the next `whole()`."""
