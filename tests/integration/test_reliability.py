@@ -753,6 +753,12 @@ def test_one_trainer_per_run_dir_and_a_killed_one_leaves_no_stale_lock(
     assert [r["step"] for r in metric_rows(run_dir)][-1] == 3
 
 
+def run_files(root: Path) -> dict[Path, bytes]:
+    """Every file below `root` with its bytes, but the lock's holder line, which names whoever
+    locked the directory last (a refused start included)."""
+    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name != ".lock"}
+
+
 def locked_elsewhere(run_dir: Path) -> bool:
     """Whether an open file of `run_dir`'s lock, other than one this call opens, holds its lock."""
     import fcntl
@@ -806,11 +812,11 @@ def test_resume_from_another_runs_checkpoint_never_writes_into_a_third_run(
     source, finished = tmp_path / "a", tmp_path / "b"
     train(make_config(tiny_model_dir, data_file, source, "run.save_every=1", "run.keep_last=3"))
     train(make_config(tiny_model_dir, data_file, finished, "run.save_every=1", "run.keep_last=3"))
-    files = {p: p.read_bytes() for p in finished.rglob("*") if p.is_file()}
+    files = run_files(finished)
     step_1 = source / "checkpoints" / "step-000001"
     with pytest.raises(UserError, match=rf"run.resume {step_1} is a checkpoint of the run in"):
         setup(make_config(tiny_model_dir, data_file, finished, f"run.resume={step_1}"))
-    assert {p: p.read_bytes() for p in finished.rglob("*") if p.is_file()} == files
+    assert run_files(finished) == files
     # into an empty directory (a branch of the run), or its own run, it resumes
     branch = tmp_path / "branch"
     assert (
@@ -832,11 +838,11 @@ def test_a_checkpoint_outside_a_runs_checkpoints_needs_run_dir_and_never_writes_
     copy = project / "saved" / "mine"
     shutil.copytree(checkpoint.latest_checkpoint(source), copy)
     (project / "config.yaml").write_text("my: notes\n")
-    files = {p: p.read_bytes() for p in project.rglob("*") if p.is_file()}
+    files = run_files(project)
     config = make_config(tiny_model_dir, data_file, source, f"run.resume={copy}")
     with pytest.raises(UserError, match="names no run to continue; pass run.dir"):
         setup(dataclasses.replace(config, run=dataclasses.replace(config.run, dir=None)))
-    assert {p: p.read_bytes() for p in project.rglob("*") if p.is_file()} == files
+    assert run_files(project) == files
     # through a link, the checkpoint's own run is the one the link points into
     link = tmp_path / "elsewhere" / "ck"
     link.parent.mkdir()
@@ -868,7 +874,7 @@ def test_a_resume_applies_what_can_change_and_refuses_what_cannot(
         "model.dtype=bfloat16": "model.dtype was",
         "run.steps=1": "run.steps=1 is below the 2 steps the checkpoint has done",
     }
-    files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    files = run_files(run_dir)
     for override, named in refused.items():
         config = make_config(tiny_model_dir, own_data, run_dir, *base, "run.resume=auto", override)
         with pytest.raises(UserError, match=f"cannot resume .*step-000002: {named}"):
@@ -883,7 +889,7 @@ def test_a_resume_applies_what_can_change_and_refuses_what_cannot(
     with pytest.raises(UserError, match="the training rows differ from the ones the run started"):
         setup(make_config(tiny_model_dir, own_data, run_dir, *base, "run.resume=auto"))
     own_data.write_text("\n".join(lines) + "\n")
-    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == files
+    assert run_files(run_dir) == files
     # what can change is put in effect, said, recorded in config.yaml and the checkpoints
     changed = ("run.resume=auto", "optim.lr=0.5", "optim.weight_decay=0.25", "run.steps=4")
     train(make_config(tiny_model_dir, own_data, run_dir, *base, *changed))
