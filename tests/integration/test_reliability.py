@@ -437,6 +437,13 @@ def test_a_resume_that_starts_or_stops_syncing_the_reference_keeps_the_runs_refe
     assert same_weights(
         load_file(second / "reference.safetensors"), load_file(second / "model.safetensors")
     )
+    # and a resume without a KL term says it does not keep the synced reference it drops
+    capsys.readouterr()
+    without = ("run.resume=auto", "algo.beta=0", "algo.ref_sync_every=0", "run.steps=3")
+    train(make_config(tiny_model_dir, data_file, no_kl, *base, *without))
+    assert "holds a synced reference, which this run, without a KL term, does not keep" in (
+        capsys.readouterr().err
+    )
 
 
 def test_a_resume_refuses_to_add_or_drop_a_critic(tiny_model_dir, data_file, tmp_path):
@@ -782,13 +789,15 @@ def test_the_lock_ends_when_train_returns_and_no_forked_worker_keeps_it(
     import multiprocessing
     import time
 
-    from oncurve.run.rundir import claim_run_dir, release_run_dirs
+    from oncurve.run.rundir import claim_run_dir, run_dirs_unlocked_after
 
-    run_dir = tmp_path / "run"
-    train(make_config(tiny_model_dir, data_file, run_dir, "run.save_every=1"))
-    assert not locked_elsewhere(run_dir)
-    claim_run_dir(make_config(tiny_model_dir, data_file, run_dir, "run.resume=auto"))
-    assert locked_elsewhere(run_dir)
+    run_dir, other = tmp_path / "run", tmp_path / "other"
+    with run_dirs_unlocked_after():
+        claim_run_dir(make_config(tiny_model_dir, data_file, other))
+        # a train() returning unlocks its own run directory, not one locked before it began
+        train(make_config(tiny_model_dir, data_file, run_dir, "run.save_every=1"))
+        assert not locked_elsewhere(run_dir) and locked_elsewhere(other)
+    assert not locked_elsewhere(other)
     context = multiprocessing.get_context("fork")
     running = context.Event()
 
@@ -797,13 +806,16 @@ def test_the_lock_ends_when_train_returns_and_no_forked_worker_keeps_it(
         time.sleep(60)
 
     child = context.Process(target=outlive_the_trainer, daemon=True)
-    child.start()
     try:
-        assert running.wait(30)
-        release_run_dirs()
+        with run_dirs_unlocked_after():
+            claim_run_dir(make_config(tiny_model_dir, data_file, run_dir, "run.resume=auto"))
+            assert locked_elsewhere(run_dir)
+            child.start()
+            assert running.wait(30)
         assert not locked_elsewhere(run_dir)
     finally:
-        child.kill()
+        if child.is_alive():
+            child.kill()
 
 
 def test_resume_from_another_runs_checkpoint_never_writes_into_a_third_run(

@@ -133,13 +133,6 @@ def load_rows(
             if prompt_template is not None
             else record[prompt_field]
         )
-        kind = "messages" if isinstance(prompt, list) else "text"
-        first_kind = first_kind or kind
-        if kind != first_kind:  # TRL's rewards take a batch's prompts as one or the other
-            raise UserError(
-                f"{location}: field {prompt_field!r} is {kind}, the first row's {first_kind}; a "
-                "dataset's prompts are all {role, content} messages or all text"
-            )
         messages = None
         if isinstance(prompt, list):
             messages = _messages(prompt, location, prompt_field)
@@ -155,6 +148,13 @@ def load_rows(
         elif not prompt.strip():  # the model would be asked nothing (a BOS token alone)
             what = "data.prompt_template" if prompt_template is not None else repr(prompt_field)
             raise UserError(f"{location}: the prompt ({what}) is empty")
+        kind = "text" if messages is None else "messages"
+        first_kind = first_kind or kind
+        if kind != first_kind:  # TRL's rewards take a batch's prompts as one or the other
+            raise UserError(
+                f"{location}: field {prompt_field!r} is {kind}, the first row's {first_kind}; a "
+                "dataset's prompts are all {role, content} messages or all text"
+            )
         # the columns stay, named as in the data: TRL's rewards read the gold by its name
         # (`solution`, `ground_truth`) and may read the prompt's column; `answer` is replaced
         # by the answer text, and `prompt` by the prompt

@@ -34,7 +34,7 @@ from oncurve.rewards.runner import runner_settings
 from oncurve.rewards.trl_contract import TrainerState
 from oncurve.run import checkpoint, oom
 from oncurve.run.oom import OutOfMemoryStop
-from oncurve.run.rundir import release_run_dirs
+from oncurve.run.rundir import run_dirs_unlocked_after
 from oncurve.run.session import Session
 from oncurve.run.settle import memory_settings
 from oncurve.run.setup import setup
@@ -86,11 +86,8 @@ def train(
     elif reward_weights is not None:
         raise UserError("reward_weights: no reward_funcs to weigh")
     cuda = resolve_device(config.run.device).type == "cuda"
-    try:
-        with deterministic_kernels(cuda and config.run.deterministic):
-            return _train(config, quiet)
-    finally:
-        release_run_dirs()
+    with run_dirs_unlocked_after(), deterministic_kernels(cuda and config.run.deterministic):
+        return _train(config, quiet)
 
 
 def _with_given(

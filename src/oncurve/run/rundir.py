@@ -301,17 +301,23 @@ def clean_leftovers(run_dir: Path) -> None:
             path.unlink(missing_ok=True)
 
 
-# The lock files this process holds, by directory: open until `release_run_dirs` or the
+# The lock files this process holds, by directory: open until `run_dirs_unlocked_after` or the
 # process's end, when the OS releases their locks. A later run of the same process on the same
 # directory reuses its lock.
 _HELD: dict[str, TextIO] = {}
 
 
-def release_run_dirs() -> None:
-    """Unlock every run directory this process has locked (`train` has returned: another
-    process may resume or overwrite the run)."""
-    while _HELD:
-        _HELD.popitem()[1].close()
+@contextlib.contextmanager
+def run_dirs_unlocked_after() -> Iterator[None]:
+    """The run directories locked within stay locked until it ends, then are unlocked (`train`
+    has returned: another process may resume or overwrite the run); one this process held
+    before stays locked."""
+    before = set(_HELD)
+    try:
+        yield
+    finally:
+        for key in set(_HELD) - before:
+            _HELD.pop(key).close()
 
 
 def _forget_locks_in_child() -> None:

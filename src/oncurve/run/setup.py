@@ -324,6 +324,12 @@ def _resume(s: Session, checkpoint_dir: Path) -> None:
         trainable_only=s.config.model.lora.r > 0,
     )
     s.policy.reference_synced = restores_reference
+    if REFERENCE in held and not restores_reference and s.rank == 0:
+        print(
+            f"note: {checkpoint_dir} holds a synced reference, which this run, without a KL "
+            "term, does not keep: a later resume with one starts its reference from model.path",
+            file=sys.stderr,
+        )
     if s.policy.fsdp:
         distributed.scatter_weights(s.policy.whole_model, s.policy.model)
     shrunk = state.get("oom_settings") or {}

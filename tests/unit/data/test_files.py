@@ -230,6 +230,9 @@ def test_prompts_mixing_messages_and_text_are_one_line(tmp_path, messages_first)
         f"{path} line 2: field 'prompt' is {then}, the first row's {first}; a dataset's prompts "
         "are all {role, content} messages or all text"
     )
+    # a prompt that is neither is named for what it is
+    write_jsonl(str(path), [rows[0], {"prompt": None, "solution": "4"}])
+    assert _one_line_error("field 'prompt'", str(path)).endswith("messages, got NoneType")
 
 
 def test_a_byte_order_mark_is_no_part_of_the_first_field(tmp_path):
