@@ -37,6 +37,10 @@ def save_final(
         generation.save_pretrained(partial)
 
 
+# The keys of a generation config that name the model's special tokens
+_SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+
+
 def trained_generation(
     model: torch.nn.Module,
     *,
@@ -46,15 +50,14 @@ def trained_generation(
     top_k: int,
     min_p: float,
 ) -> GenerationConfig:
-    """The model's own generation config (its special tokens) with the sampling a run trained
-    with, which `transformers`' `generate` and `oncurve eval`/`sample --model` then use by
-    default. Temperature 0 is greedy; top_k 0 and min_p None keep every token, as the run
-    did."""
+    """The model's special tokens from its own generation config with the sampling a run
+    trained with, which `transformers`' `generate` and `oncurve eval`/`sample --model` then use
+    by default. Nothing else of the base's is kept: a logits processor it states
+    (`repetition_penalty`, `no_repeat_ngram_size`) was never applied in training. Temperature 0
+    is greedy; top_k 0 and min_p None keep every token, as the run did."""
     own = getattr(model, "generation_config", None)
-    settings = own.to_diff_dict() if own is not None else {}
-    settings.pop("transformers_version", None)
-    for key in ("temperature", "top_p", "top_k", "min_p", "max_length"):
-        settings.pop(key, None)
+    stated = own.to_diff_dict() if own is not None else {}
+    settings = {key: stated[key] for key in _SPECIAL_TOKENS if stated.get(key) is not None}
     settings.update(do_sample=temperature > 0, max_new_tokens=max_new_tokens)
     if temperature > 0:
         settings.update(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p or None)
