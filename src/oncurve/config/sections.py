@@ -547,9 +547,10 @@ class WandbConfig:
         None, "Weights & Biases project to log metrics and config to (extra `wandb`); null: off"
     )
     name: str | None = _opt(None, "the W&B run's name; null: the run directory's name")
-    mode: str = _opt(
-        "online",
-        "online, or offline: written under RUN/wandb only, for `wandb sync` later",
+    mode: str | None = _opt(
+        None,
+        "online, or offline: written under RUN/wandb only, for `wandb sync` later; null: W&B's "
+        "own choice (WANDB_MODE, else online)",
         choices=("online", "offline"),
     )
 

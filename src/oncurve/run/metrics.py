@@ -241,9 +241,12 @@ def start_trackers(
     return runs
 
 
-def _wandb_run(run_dir: Path, project: str, name: str | None, mode: str, config: dict) -> Any:
+def _wandb_run(
+    run_dir: Path, project: str, name: str | None, mode: str | None, config: dict
+) -> Any:
     """A W&B run writing under `run_dir/wandb`; each start of a run (a resume too) is its own
-    W&B run, named after the run directory unless `name` is given."""
+    W&B run, named after the run directory unless `name` is given; `mode` None leaves it to
+    W&B (WANDB_MODE, else online)."""
     try:
         import wandb
     except ImportError:
@@ -251,8 +254,9 @@ def _wandb_run(run_dir: Path, project: str, name: str | None, mode: str, config:
             "log.wandb.project needs the wandb package: pip install 'oncurve[wandb]'"
         ) from None
     try:
+        chosen = {} if mode is None else {"mode": mode}
         return wandb.init(
-            project=project, name=name or run_dir.name, mode=mode, dir=str(run_dir), config=config
+            project=project, name=name or run_dir.name, dir=str(run_dir), config=config, **chosen
         )
     except wandb.errors.Error as err:  # no API key, no network in online mode: W&B's words
         why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

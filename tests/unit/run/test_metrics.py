@@ -285,15 +285,23 @@ def tracked_run(model_dir, data_file, run_dir, *tracker: str):
     )
 
 
+@pytest.mark.parametrize("offline_by", ["log.wandb.mode", "WANDB_MODE"])
 def test_wandb_offline_gets_the_runs_config_and_every_metric(
-    tiny_model_dir, data_file, tmp_path, monkeypatch
+    tiny_model_dir, data_file, tmp_path, monkeypatch, offline_by
 ):
-    pytest.importorskip("wandb", reason="wandb (extra `wandb`) not installed")
+    """Offline by the setting, or by W&B's own environment variable with the setting unset."""
+    wandb = pytest.importorskip("wandb", reason="wandb (extra `wandb`) not installed")
     from oncurve.loop.trainer import train
 
     monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    wandb.teardown()  # W&B reads its environment once per process, at its first setup
     run_dir = tmp_path / "run"
-    tracker = ["log.wandb.project=oncurve-test", "log.wandb.mode=offline"]
+    tracker = ["log.wandb.project=oncurve-test"]
+    if offline_by == "WANDB_MODE":
+        monkeypatch.setenv("WANDB_MODE", "offline")
+    else:
+        tracker.append("log.wandb.mode=offline")
     train(tracked_run(tiny_model_dir, data_file, run_dir, *tracker), quiet=True)
     # wandb's service process may still be writing the file when finish() returns (under load):
     # it is whole once it holds the run's exit record
@@ -306,7 +314,8 @@ def test_wandb_offline_gets_the_runs_config_and_every_metric(
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert (run.project, run.display_name) == ("oncurve-test", "run")
     config = {item.key: json.loads(item.value_json) for item in run.config.update}
-    assert config["log"]["wandb"]["mode"] == "offline" and config["run"]["steps"] == 2
+    mode = "offline" if offline_by == "log.wandb.mode" else None
+    assert config["log"]["wandb"]["mode"] == mode and config["run"]["steps"] == 2
     logged = {}
     for record in records:
         if record.WhichOneof("record_type") == "history":
