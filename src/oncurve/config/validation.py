@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from oncurve.config.presets import PRESETS
 from oncurve.config.resume_settings import FORCEABLE, forceable
 from oncurve.config.sections import Config
 from oncurve.errors import UserError
@@ -32,9 +33,32 @@ def check_cross_fields(config: Config) -> None:
                 f"run.force_changes: {key!r} cannot be forced; choose among "
                 f"{', '.join(FORCEABLE)} (data.rows for the training rows)"
             )
+    _check_preset_applied(config)
     _check_algo(config)
     _check_reward(config)
     _check_data(config)
+
+
+def _check_preset_applied(config: Config) -> None:
+    """UserError when `config` names a preset but holds none of the settings it brings beyond
+    the field defaults: a Config made in Python keeps every field as given, and only loading
+    (`load_config`, `build_config`) applies the preset below the settings given."""
+    preset = config.algo.preset
+    defaults = Config()
+    brought = [
+        (section, key, value)
+        for section, keys in PRESETS[preset].items()
+        for key, value in keys.items()
+        if getattr(getattr(defaults, section), key) != value
+    ]
+    held = [getattr(getattr(config, section), key) == value for section, key, value in brought]
+    if brought and not any(held):
+        section, key, value = brought[0]
+        raise UserError(
+            f"algo.preset={preset} sets {section}.{key}={value!r} (and more), but the config holds "
+            f"{getattr(getattr(config, section), key)!r}: a Config made in Python applies no "
+            f"preset; build it with oncurve.load_config(overrides=['algo.preset={preset}', ...])"
+        )
 
 
 def check_ranks(config: Config, world_size: int) -> None:

@@ -22,6 +22,7 @@ from oncurve.config import (
     Config,
     RewardFnConfig,
     build_config,
+    check_cross_fields,
     describe,
     load_config,
     load_run_config,
@@ -612,3 +613,25 @@ def test_a_run_config_that_lacks_a_section_is_refused_naming_the_file(tmp_path):
     path.write_text("")
     with pytest.raises(UserError, match=r"^config file .*config.yaml is empty; a run's config"):
         load_run_config(path)
+
+
+@pytest.mark.parametrize("preset", ["dr_grpo", "dapo", "gspo", "cispo", "ppo"])
+def test_a_python_config_naming_a_preset_it_does_not_hold_is_refused_by_train(preset, tmp_path):
+    """Loading applies a preset below the settings given; a Config made in Python applies none,
+    so `train` refuses one that names a preset and holds none of its settings (it trained plain
+    GRPO, and its config.yaml said otherwise)."""
+    from oncurve.loop.trainer import train
+
+    config = load_config(None, [f"algo.preset={preset}", f"run.dir={tmp_path / 'run'}"])
+    base = Config()
+    made = dataclasses.replace(
+        base,
+        algo=dataclasses.replace(base.algo, preset=preset),
+        data=dataclasses.replace(base.data, task="arith"),
+        run=dataclasses.replace(base.run, dir=str(tmp_path / "run")),
+    )
+    with pytest.raises(UserError, match=rf"^algo.preset={preset} sets .*a Config made in Python"):
+        train(made)
+    assert not (tmp_path / "run").exists()
+    # one changed after loading keeps the preset's other settings: accepted
+    check_cross_fields(dataclasses.replace(config, algo=dataclasses.replace(config.algo, mu=2)))
