@@ -203,10 +203,13 @@ def check_given_settings(config: Config, given: set[str]) -> None:
             f"algo.{name}": (algo.estimator != "gae", "only algo.estimator=gae uses it")
             for name in ("gamma", "lam", "value_clip", "value_coef", "value_lr")
         },
-        **{
-            f"algo.{name}": (algo.estimator == "gae", "algo.estimator=gae scales by the critic")
-            for name in ("adv_scale", "adv_eps")
-        },
+        "algo.adv_scale": (algo.estimator == "gae", "algo.estimator=gae scales by the critic"),
+        "algo.adv_eps": (
+            (True, "algo.estimator=gae scales by the critic")
+            if algo.estimator == "gae"
+            else (algo.adv_scale == "none", "algo.adv_scale=none divides by no std")
+        ),
+        "algo.kl_in_reward": (algo.beta == 0, "algo.beta=0 puts no KL in the reward"),
         **{
             f"model.lora.{name}": (not lora.r, "model.lora.r=0 trains no adapter")
             for name in ("alpha", "dropout", "target_modules", "save_adapter")

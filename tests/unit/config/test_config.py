@@ -118,6 +118,18 @@ from oncurve.errors import UserError
             "eval.path",
         ),
         (["algo.preset=cispo", "algo.dual_clip=3"], "algo.dual_clip has no effect here"),
+        (
+            ["algo.preset=dr_grpo", "algo.adv_eps=0.001"],
+            "algo.adv_eps has no effect here: algo.adv_scale=none divides by no std",
+        ),
+        (
+            ["algo.estimator=rloo", "algo.adv_eps=0.001"],
+            "algo.adv_eps has no effect here: algo.adv_scale=none divides by no std",
+        ),
+        (
+            ["algo.estimator=gae", "algo.kl_in_reward=true", "algo.kl_estimator=k1", "algo.beta=0"],
+            "algo.kl_in_reward has no effect here: algo.beta=0 puts no KL in the reward",
+        ),
         (["algo.norm_len=7"], "algo.norm_len has no effect here: only algo.loss_agg=seq-mean"),
         (["algo.max_resample=9"], "algo.max_resample has no effect here: algo.dynamic_sampling"),
         (["algo.gamma=0.5"], "algo.gamma has no effect here: only algo.estimator=gae uses it"),
