@@ -4,10 +4,11 @@ The standard RLHF setup (Ouyang et al., 2022; Huang et al., "The N+ implementati
 RLHF with PPO", 2024):
   - the critic is a second, separate copy of the policy's decoder trunk with a scalar head,
     float32, trained with its own AdamW on the clipped value loss;
-  - the verifier's reward is given at the last completion token; with `algo.kl_in_reward` (the
-    `ppo` preset) every token also receives `-beta * kl(pi_old, pi_ref)` (estimator
-    `algo.kl_estimator`, k1 in the preset), so the KL penalty is credited through GAE instead of
-    being a term of the loss; otherwise the KL stays in the loss as in GRPO;
+  - the reward (the weighted total) is given at the last completion token; with
+    `algo.kl_in_reward` (the `ppo` preset) every token also receives `-beta * kl(pi_old,
+    pi_ref)` (estimator `algo.kl_estimator`, k1 in the preset), so the KL penalty is credited
+    through GAE instead of being a term of the loss; otherwise the KL stays in the loss as in
+    GRPO;
   - GAE over the completion tokens gives per-token advantages, whitened over the batch's tokens,
     and returns, the critic's targets.
 
@@ -259,7 +260,7 @@ def estimate_advantages(
 ) -> tuple[torch.Tensor, CriticTargets, dict[str, float]]:
     """Per-token advantages and the critic's targets for a scored rollout.
 
-    Token rewards are the verifier's reward at the last completion token minus, when
+    Token rewards are the reward (the weighted total) at the last completion token minus, when
     `kl_coef > 0`, `kl_coef * kl_fn(pi_old, pi_ref)` on every token (`batch.ref_logprobs` is
     then required; pi_old is `batch.old_logprobs`, or the sampler's when that is None).
     A row with a NaN reward is left out: advantage 0 and no value target.
@@ -267,7 +268,7 @@ def estimate_advantages(
     Args:
         critic: the value model, GAE's gamma and lambda, and the forward's microbatching.
         batch: the rollout, `[N, P+T]` ids and masks.
-        rewards: `[N]` verifier rewards, NaN where missing.
+        rewards: `[N]` total rewards, NaN where missing.
         kl_coef: beta of the in-reward KL penalty; 0 for none.
     Returns:
         (`[N, T]` whitened advantages, targets, metrics `value/mean`, `value/explained_var`,

@@ -459,7 +459,10 @@ class AlgoConfig:
         "reference is the adapter switched off, and with algo.beta=0, which holds none)",
         NON_NEGATIVE,
     )
-    dynamic_sampling: bool = _opt(False, "DAPO: drop all-equal groups and sample more")
+    dynamic_sampling: bool = _opt(
+        False,
+        "DAPO: drop groups whose correctness (the verifier's scores) is all equal; sample more",
+    )
     max_resample: int = _opt(4, "dynamic sampling: extra sampling rounds at most", NON_NEGATIVE)
     gamma: float = _opt(1.0, "PPO/GAE discount", _range(0, 1))
     lam: float = _opt(0.95, "PPO/GAE lambda", _range(0, 1))
