@@ -461,7 +461,7 @@ class AlgoConfig:
     )
     dynamic_sampling: bool = _opt(
         False,
-        "DAPO: drop groups whose correctness (the verifier's scores) is all equal; sample more",
+        "DAPO: drop groups whose verifier scores (else rewards) are all equal; sample more",
     )
     max_resample: int = _opt(4, "dynamic sampling: extra sampling rounds at most", NON_NEGATIVE)
     gamma: float = _opt(1.0, "PPO/GAE discount", _range(0, 1))
