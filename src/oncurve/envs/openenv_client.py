@@ -104,6 +104,7 @@ class OpenEnvSession:
         self.base_url, self.text_field, self.action_field = base_url, text_field, action_field
         self.connect_timeout_s = connect_timeout_s
         # a call is given up when the client's own timeouts failed to end it
+        self.message_timeout_s = message_timeout_s
         self.call_timeout_s = connect_timeout_s + message_timeout_s + 5.0
         self.client = client_module.GenericEnvClient(
             base_url=base_url,
@@ -151,8 +152,15 @@ class OpenEnvSession:
         try:
             return future.result(timeout=self.call_timeout_s)
         except concurrent.futures.TimeoutError:
-            future.cancel()
-            why = f"no answer in {self.call_timeout_s:g} s"
+            # one the client raised (its message timeout) is the future's own result
+            if future.done():
+                why = (
+                    f"no answer in {self.message_timeout_s:g} s "
+                    "(rollout.env_args.message_timeout_s)"
+                )
+            else:
+                future.cancel()
+                why = f"no answer in {self.call_timeout_s:g} s"
         except Exception as error:  # the client's ConnectionError, RuntimeError, OSError, ...
             why = f"{type(error).__name__}: {error}"
             if what == "reset" and type(error).__name__.startswith("ConnectionClosed"):

@@ -61,7 +61,7 @@ class GuessObservation(Observation):
 class GuessTheNumber(Environment):
     """Guess a number from 1 to 20 (`1 + seed % 20`) as `[n]`: each wrong guess is told
     "higher" or "lower", the right one ends the game with a reward of 1. `SEEDS` records the
-    seeds of the resets, `OPEN` the games whose session is open; "boom" raises."""
+    seeds of the resets, `OPEN` the games whose session is open; "boom" raises, "slow" takes 2 s."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
     SEEDS: list[int | None] = []
@@ -81,6 +81,8 @@ class GuessTheNumber(Environment):
     def step(self, action: GuessAction, timeout_s=None, **kwargs) -> GuessObservation:
         if action.message == "boom":
             raise ValueError("the game broke")
+        if action.message == "slow":
+            time.sleep(2)
         self.steps += 1
         found = re.search(r"\[(\d+)\]", action.message)
         guess = int(found.group(1)) if found else None
@@ -211,6 +213,16 @@ def test_a_missing_extra_a_bad_url_or_a_server_error_is_one_line(url, monkeypatc
     for session in [env, *full]:
         session.close()
     assert all_closed()
+
+
+def test_a_server_slower_than_the_message_timeout_is_named_by_that_timeout(url):
+    env = OpenEnvSession(url, message_timeout_s=0.5)
+    env.reset({"seed": 0})
+    (result,) = call_steps([env], ["slow"], [None])
+    assert result.fault == ERROR
+    assert "no answer in 0.5 s (rollout.env_args.message_timeout_s)" in result.why
+    env.close()
+    assert all_closed()  # the server's sessions are free again for the tests after
 
 
 def test_a_run_trains_on_an_openenv_server(url, chat_model_dir, data_file, tmp_path):
