@@ -212,7 +212,9 @@ def test_a_keyword_no_column_holds_is_one_line_not_the_completions_in_its_place(
 
     runner = RewardRunner([("t", TrlReward(by_truth), 1.0)], timeout_s=None)
     assert runner.score(["x"], ["2"], {"ground_truth": ["2"]}).per_fn[:, 0].tolist() == [1.0]
-    with pytest.raises(RewardError, match=r"reward 't': its argument 'ground_truth' is no column of"):
+    with pytest.raises(
+        RewardError, match=r"reward 't': its argument 'ground_truth' is no column of"
+    ):
         runner.score(["x"], ["2"], {})
     # the function's fault, not a row's: no error policy scores it as a row's error
     lenient = RewardRunner([("t", TrlReward(by_truth), 1.0)], timeout_s=5.0, on_error="none")
