@@ -14,6 +14,7 @@ def check_cross_fields(config: Config) -> None:
     if config.algo.kl_in_reward and config.algo.estimator != "gae":
         raise UserError(
             f"algo.kl_in_reward needs algo.estimator=gae (a critic), got {config.algo.estimator!r}"
+            + _set_by_preset(config, "algo", "kl_in_reward")
         )
     if config.data.task is None and config.data.path is None:
         raise UserError("data.task or data.path must be set")
@@ -37,6 +38,17 @@ def check_cross_fields(config: Config) -> None:
     _check_algo(config)
     _check_reward(config)
     _check_data(config)
+
+
+def _set_by_preset(config: Config, section: str, key: str) -> str:
+    """ " (algo.preset=P sets it)" when the preset sets `section.key` to the value the config
+    holds, so that an error says where a setting the user may never have given came from; ""
+    otherwise."""
+    preset = config.algo.preset
+    value = PRESETS[preset].get(section, {}).get(key)
+    if value is None or getattr(getattr(config, section), key) != value:
+        return ""
+    return f" (algo.preset={preset} sets it)"
 
 
 def _check_preset_applied(config: Config) -> None:
@@ -145,6 +157,7 @@ def _check_reward(config: Config) -> None:
         raise UserError(
             f"reward.overlong_buffer must be at most rollout.max_new_tokens "
             f"({config.rollout.max_new_tokens}), got {reward.overlong_buffer}"
+            + _set_by_preset(config, "reward", "overlong_buffer")
         )
     # both measure a completion against max_new_tokens, which bounds each turn, not an episode
     # of turns and observations

@@ -96,7 +96,13 @@ from oncurve.errors import UserError
         ),
         (
             ["algo.preset=dapo", "rollout.max_new_tokens=8"],
-            "reward.overlong_buffer must be at most rollout.max_new_tokens (8), got 16",
+            "reward.overlong_buffer must be at most rollout.max_new_tokens (8), got 16 "
+            "(algo.preset=dapo sets it)",
+        ),
+        (
+            ["algo.preset=ppo", "algo.estimator=rloo"],
+            "algo.kl_in_reward needs algo.estimator=gae (a critic), got 'rloo' (algo.preset=ppo "
+            "sets it)",
         ),
         (
             ["algo.preset=dapo", "rollout.env=python_tool", "rollout.max_turns=3"],
