@@ -40,7 +40,7 @@ from oncurve.config.sections import (
     TrackioConfig,
     WandbConfig,
 )
-from oncurve.config.validation import check_cross_fields, check_ranks
+from oncurve.config.validation import check_cross_fields, check_preset_applied, check_ranks
 
 __all__ = [
     "BUNDLED_MODEL_DEFAULTS",
@@ -64,6 +64,7 @@ __all__ = [
     "WandbConfig",
     "build_config",
     "check_cross_fields",
+    "check_preset_applied",
     "check_ranks",
     "describe",
     "load_config",

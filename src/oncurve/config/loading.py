@@ -13,7 +13,12 @@ from typing import Any
 
 import yaml
 
-from oncurve.config.presets import BUNDLED_MODEL_DEFAULTS, ESTIMATOR_DEFAULTS, PRESETS
+from oncurve.config.presets import (
+    BUNDLED_MODEL_DEFAULTS,
+    ESTIMATOR_DEFAULTS,
+    PRESETS,
+    mark_preset_applied,
+)
 from oncurve.config.sections import Config, RewardFnConfig
 from oncurve.config.validation import check_cross_fields, check_given_settings
 from oncurve.errors import UserError
@@ -71,6 +76,7 @@ def build_config(raw: dict[str, Any]) -> Config:
     """Config from a nested dict (YAML layout), with the preset applied below the user's keys."""
     config = _from_dict(Config, _merge(_defaults(raw), raw), "")
     check_cross_fields(config)
+    mark_preset_applied(config.algo)
     return config
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 # Each preset is a nested mapping of sections, as in a YAML file: it may set keys of any section.
@@ -98,3 +99,18 @@ BUNDLED_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
     "rollout": {"max_new_tokens": 64},
     "eval": {"num_prompts": 500},
 }
+
+
+# The algo sections loading built, whose preset it applied (below the settings given): a config
+# made or changed in Python with another algo section has had no preset applied.
+_APPLIED: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+def mark_preset_applied(algo: Any) -> None:
+    """Record that loading applied `algo.preset` to the config that holds `algo`."""
+    _APPLIED[id(algo)] = algo
+
+
+def preset_applied(algo: Any) -> bool:
+    """Whether `algo` is an algo section loading built (and applied its preset to)."""
+    return _APPLIED.get(id(algo)) is algo

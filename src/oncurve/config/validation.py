@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from oncurve.config.presets import PRESETS
+from oncurve.config.presets import PRESETS, preset_applied
 from oncurve.config.resume_settings import FORCEABLE, forceable
 from oncurve.config.sections import Config
 from oncurve.errors import UserError
@@ -34,7 +34,6 @@ def check_cross_fields(config: Config) -> None:
                 f"run.force_changes: {key!r} cannot be forced; choose among "
                 f"{', '.join(FORCEABLE)} (data.rows for the training rows)"
             )
-    _check_preset_applied(config)
     _check_algo(config)
     _check_reward(config)
     _check_data(config)
@@ -51,11 +50,16 @@ def _set_by_preset(config: Config, section: str, key: str) -> str:
     return f" (algo.preset={preset} sets it)"
 
 
-def _check_preset_applied(config: Config) -> None:
-    """UserError when `config` names a preset but holds none of the settings it brings beyond
-    the field defaults: a Config made in Python keeps every field as given, and only loading
-    (`load_config`, `build_config`) applies the preset below the settings given."""
+def check_preset_applied(config: Config) -> None:
+    """UserError when `config`'s algo section was not built by loading (`load_config`,
+    `build_config`, which apply the preset below the settings given) and holds none of the
+    settings its preset brings beyond the field defaults: a Config made in Python keeps every
+    field as given, so it would train without the preset it names."""
     preset = config.algo.preset
+    if preset not in PRESETS:
+        raise UserError(f"algo.preset must be one of {', '.join(PRESETS)}, got {preset!r}")
+    if preset_applied(config.algo):
+        return
     defaults = Config()
     brought = [
         (section, key, value)

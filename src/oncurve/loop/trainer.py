@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from oncurve import distributed
-from oncurve.config import Config, RewardFnConfig, build_config, check_cross_fields, to_dict
+from oncurve.config import (
+    Config,
+    RewardFnConfig,
+    build_config,
+    check_cross_fields,
+    check_preset_applied,
+    to_dict,
+)
 from oncurve.errors import TrainingError, UserError
 from oncurve.loop.collect import sampling_params
 from oncurve.loop.evaluate import evaluate
@@ -85,7 +92,9 @@ def train(
         )
     elif reward_weights is not None:
         raise UserError("reward_weights: no reward_funcs to weigh")
-    check_cross_fields(config)  # a Config made in Python has not been through loading's checks
+    # a Config made in Python has not been through loading's checks, nor had its preset applied
+    check_preset_applied(config)
+    check_cross_fields(config)
     cuda = resolve_device(config.run.device).type == "cuda"
     with run_dirs_unlocked_after(), deterministic_kernels(cuda and config.run.deterministic):
         return _train(config, quiet)

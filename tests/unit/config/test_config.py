@@ -22,7 +22,7 @@ from oncurve.config import (
     Config,
     RewardFnConfig,
     build_config,
-    check_cross_fields,
+    check_preset_applied,
     describe,
     load_config,
     load_run_config,
@@ -636,8 +636,8 @@ def test_a_run_config_that_lacks_a_section_is_refused_naming_the_file(tmp_path):
 @pytest.mark.parametrize("preset", ["dr_grpo", "dapo", "gspo", "cispo", "ppo"])
 def test_a_python_config_naming_a_preset_it_does_not_hold_is_refused_by_train(preset, tmp_path):
     """Loading applies a preset below the settings given; a Config made in Python applies none,
-    so `train` refuses one that names a preset and holds none of its settings (it trained plain
-    GRPO, and its config.yaml said otherwise)."""
+    so `train` refuses one that names a preset and holds none of its settings, rather than train
+    without it; a loaded one that overrides every setting its preset brings is the user's."""
     from oncurve.loop.trainer import train
 
     config = load_config(None, [f"algo.preset={preset}", f"run.dir={tmp_path / 'run'}"])
@@ -651,5 +651,12 @@ def test_a_python_config_naming_a_preset_it_does_not_hold_is_refused_by_train(pr
     with pytest.raises(UserError, match=rf"^algo.preset={preset} sets .*a Config made in Python"):
         train(made)
     assert not (tmp_path / "run").exists()
+    # an ablation loaded with every setting of its preset overridden is the user's
+    brought = {"dr_grpo": ["algo.adv_scale=group", "algo.loss_agg=token-mean", "algo.beta=0.04"]}
+    check_preset_applied(load_config(None, [f"algo.preset={preset}", *brought.get(preset, [])]))
+    with pytest.raises(UserError, match=r"^algo.preset must be one of grpo, .*got 'drgrpo'$"):
+        check_preset_applied(
+            dataclasses.replace(base, algo=dataclasses.replace(base.algo, preset="drgrpo"))
+        )
     # one changed after loading keeps the preset's other settings: accepted
-    check_cross_fields(dataclasses.replace(config, algo=dataclasses.replace(config.algo, mu=2)))
+    check_preset_applied(dataclasses.replace(config, algo=dataclasses.replace(config.algo, mu=2)))
