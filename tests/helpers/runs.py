@@ -1,5 +1,5 @@
 """`oncurve train` runs that tests start in their own processes, the test rewards importable
-there (`rewards_env`), and the metrics rows runs wrote."""
+there (`rewards_env`), the metrics rows runs wrote, and a run directory's files."""
 
 from __future__ import annotations
 
@@ -98,3 +98,9 @@ def tiny_job(model_dir: Path, data_file: Path) -> list[str]:
         "optim.lr=1e-4",  # the random 50k-parameter model moves visibly in a few steps
         "run.device=cpu",  # gloo ranks
     ]
+
+
+def run_files(root: Path) -> dict[Path, bytes]:
+    """Every file below `root` with its bytes, but the lock's holder line, which names whoever
+    locked the directory last (a refused start included)."""
+    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name != ".lock"}

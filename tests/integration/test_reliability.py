@@ -23,7 +23,7 @@ import torch
 import transformers
 import yaml
 from helpers.run_processes import finish, latest_step, wait_for
-from helpers.runs import STEPS, cli_args, metric_rows, rewards_env, train_process
+from helpers.runs import STEPS, cli_args, metric_rows, rewards_env, run_files, train_process
 from safetensors.torch import load_file
 
 from oncurve.algo import ppo_clip
@@ -758,12 +758,6 @@ def test_one_trainer_per_run_dir_and_a_killed_one_leaves_no_stale_lock(
     # the OS released the lock with the process: the run resumes (in this process)
     assert main(["train", "--quiet", *args[:-2], "run.steps=3", "run.resume=auto"]) == 0
     assert [r["step"] for r in metric_rows(run_dir)][-1] == 3
-
-
-def run_files(root: Path) -> dict[Path, bytes]:
-    """Every file below `root` with its bytes, but the lock's holder line, which names whoever
-    locked the directory last (a refused start included)."""
-    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name != ".lock"}
 
 
 def locked_elsewhere(run_dir: Path) -> bool:

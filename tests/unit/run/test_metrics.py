@@ -10,6 +10,7 @@ from pathlib import Path
 
 import huggingface_hub
 import pytest
+from helpers.runs import run_files
 
 from oncurve.config import load_config
 from oncurve.errors import UserError
@@ -353,7 +354,7 @@ def test_a_tracker_that_cannot_start_leaves_the_run_an_overwrite_would_replace(
 
     run_dir = tmp_path / "run"
     train(tracked_run(tiny_model_dir, data_file, run_dir), quiet=True)
-    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    before = run_files(run_dir)
 
     def refuse(**kwargs):
         raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
@@ -362,7 +363,7 @@ def test_a_tracker_that_cannot_start_leaves_the_run_an_overwrite_would_replace(
     tracker = ["run.overwrite=true", "log.wandb.project=p", "log.wandb.mode=online"]
     with pytest.raises(UserError, match="W&B could not start"):
         train(tracked_run(tiny_model_dir, data_file, run_dir, *tracker), quiet=True)
-    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+    assert run_files(run_dir) == before
 
 
 def test_an_overwrite_deletes_the_previous_runs_tracker_files_and_keeps_the_new_ones(
