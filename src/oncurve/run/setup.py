@@ -306,14 +306,13 @@ def _resume(s: Session, checkpoint_dir: Path) -> None:
     checkpoint.check_saved_ranks(checkpoint_dir, saved, s.world_size)
     s.start_step = int(saved["step"])
     changes = _changes(s, saved, checkpoint_dir)
-    # the checkpoint holds the source's state: `_changes` refused a switch to or from a critic
-    modules, optimizers = s.advantage.checkpoint_state()
     # A reference the checkpoint does not hold was never synced (or the run had algo.beta=0):
-    # it is the initial model, as the policy's was built; one it holds is the run's, restored.
-    held = checkpoint.saved_modules(checkpoint_dir)
-    restores_reference = s.policy.reference is not None and REFERENCE in held
-    if restores_reference:
-        modules = {REFERENCE: s.policy.reference, **modules}
+    # it is the initial model, as the policy's was built; one it holds is the run's, restored
+    # (`checkpoint_extras` then names it). `_changes` refused a switch to or from a critic, so
+    # the checkpoint holds the advantage source's state.
+    held_reference = REFERENCE in checkpoint.saved_modules(checkpoint_dir)
+    s.policy.reference_synced = held_reference and s.policy.reference is not None
+    modules, optimizers = s.checkpoint_extras()
     state = checkpoint.load_checkpoint(
         checkpoint_dir,
         s.policy.whole_model,
@@ -323,8 +322,7 @@ def _resume(s: Session, checkpoint_dir: Path) -> None:
         optimizers=optimizers,
         trainable_only=s.config.model.lora.r > 0,
     )
-    s.policy.reference_synced = restores_reference
-    if REFERENCE in held and not restores_reference and s.rank == 0:
+    if held_reference and s.policy.reference is None and s.rank == 0:
         print(
             f"note: {checkpoint_dir} holds a synced reference, which this run, without a KL "
             "term, does not keep: a later resume with one starts its reference from model.path",
