@@ -138,8 +138,9 @@ def _train(config: Config, quiet: bool) -> TrainResult:
             # before the run replaces anything: a refused or stopped run leaves a previous one
             stop.where = f"before step {s.start_step + 1}"
             _stop_before_the_loop(s, stop)
+            if s.start_step == 0:
+                _check_gold(s)  # the data's check, whatever run.preflight says
             if s.config.run.preflight and s.start_step == 0:
-                _check_gold(s)
                 _preflight(s)
                 _stop_before_the_loop(s, stop)
 

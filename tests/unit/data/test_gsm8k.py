@@ -273,6 +273,10 @@ def test_the_gsm8k_recipe_trains_end_to_end_from_the_hub_cache(
     with pytest.raises(UserError, match=r"train row 1: the correctness reward scores 0.0 for"):
         train(raw, quiet=True)
     assert not (tmp_path / "raw" / "metrics.jsonl").exists()
+    # the check is the data's, not the numerics preflight's: run.preflight=false keeps it
+    unchecked = replace(raw, run=replace(raw.run, dir=str(tmp_path / "unchecked"), preflight=False))
+    with pytest.raises(UserError, match=r"train row 1: the correctness reward scores 0.0 for"):
+        train(unchecked, quiet=True)
     # rewards of the run's own that do not read the answers train on the same rows; a note
     # says that held-out accuracy, which reads them, will not mean much
     own = replace(raw, reward=replace(raw.reward, functions=[RewardFnConfig("format")]))
