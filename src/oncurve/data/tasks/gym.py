@@ -34,9 +34,10 @@ class UnknownDataset(UserError):
 
 class GymTask:
     """The reasoning-gym dataset `dataset` (e.g. "basic_arithmetic", "leg_counting"), with
-    `config` its dataset settings. Where reasoning-gym has a curriculum for the dataset, it is a
-    `LeveledTask`: level k sets every attribute of that curriculum to its level k (or its
-    hardest), over `config`; `levels` is 0 where there is none.
+    `config` its dataset settings (a ValueError where reasoning-gym refuses them). Where
+    reasoning-gym has a curriculum for the dataset, it is a `LeveledTask`: level k sets every
+    attribute of that curriculum to its level k (or its hardest), over `config`; `levels` is 0
+    where there is none.
 
     Rows: "prompt" (the question and an answer-tag instruction), "answer", and "gym_entry"
     (the item itself, which `score_answer` reads). Train and test come from one seeded stream
@@ -53,7 +54,14 @@ class GymTask:
         self.name = f"gym:{dataset}"
         self.dataset_name = dataset
         self.config = config
-        self._scorer = rg.create_dataset(dataset, seed=0, size=1, **config)
+        try:
+            self._scorer = rg.create_dataset(dataset, seed=0, size=1, **config)
+        except AssertionError as err:
+            # reasoning-gym checks a dataset's settings with `assert`; `get_task` names
+            # data.task_options in a ValueError's message
+            raise ValueError(
+                str(err) or "reasoning-gym's check of the dataset's settings failed"
+            ) from None
         self._curriculum = (
             rg.factory.create_curriculum(dataset) if rg.factory.has_curriculum(dataset) else None
         )

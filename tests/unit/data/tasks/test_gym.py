@@ -1,6 +1,7 @@
 import pytest
 
 from oncurve.data.tasks import get_task
+from oncurve.errors import UserError
 from oncurve.rewards.runner import RewardRunner
 
 pytest.importorskip("reasoning_gym", reason="reasoning-gym (extra `gym`) not installed")
@@ -36,6 +37,30 @@ def test_unknown_gym_dataset_names_where_it_was_given_and_lists_choices():
         get_task("gym:no_such_set")
     with pytest.raises(ValueError, match=r"^--task: unknown reasoning-gym dataset 'no_such_set'"):
         get_task("gym:no_such_set", {"size": 3}, given="--task")
+
+
+def test_settings_reasoning_gym_refuses_are_one_line_naming_the_options(monkeypatch):
+    """reasoning-gym checks a dataset's settings with `assert`: its words (or, for a bare
+    assert, that its check failed) name data.task_options and the task."""
+    with pytest.raises(UserError) as refused:
+        get_task("gym:basic_arithmetic", {"min_terms": 0})
+    assert str(refused.value) == (
+        "data.task_options {'min_terms': 0} do not fit task gym:basic_arithmetic: "
+        "min_terms must be positive"
+    )
+
+    import reasoning_gym
+
+    def bare_assert(*args, **kwargs):
+        raise AssertionError
+
+    monkeypatch.setattr(reasoning_gym, "create_dataset", bare_assert)
+    with pytest.raises(UserError) as refused:
+        get_task("gym:leg_counting", {"min_animals": 9})
+    assert str(refused.value) == (
+        "data.task_options {'min_animals': 9} do not fit task gym:leg_counting: "
+        "reasoning-gym's check of the dataset's settings failed"
+    )
 
 
 def test_unknown_task_lists_choices():
