@@ -320,7 +320,7 @@ def test_task_options_build_the_task_and_a_bad_one_names_the_field():
     assert get_task("arith", {"max_digits": 6, "min_digits": 2}).min_digits == 2
     with pytest.raises(UserError, match="data.task_options .* do not fit task arith"):
         get_task("arith", {"digits": 6})
-    with pytest.raises(UserError, match="min_digits must be in"):
+    with pytest.raises(UserError, match="min_digits must be a whole number in"):
         get_task("arith", {"min_digits": 5})
 
 

@@ -107,11 +107,14 @@ class ArithTask:
     reward_weights = {"correct": 1.0, "format": 0.1}
 
     def __init__(self, max_digits: int = 4, min_digits: int = 1) -> None:
-        if max_digits < 1:
-            raise ValueError(f"arith: max_digits must be at least 1, got {max_digits}")
-        if not 1 <= min_digits <= max_digits:
+        # an int, not merely a number: a float or bool passes the bounds and then breaks the
+        # zero-padding format or the operand draw
+        if type(max_digits) is not int or max_digits < 1:
+            raise ValueError(f"max_digits must be a whole number of at least 1, got {max_digits!r}")
+        if type(min_digits) is not int or not 1 <= min_digits <= max_digits:
             raise ValueError(
-                f"arith: min_digits must be in [1, max_digits={max_digits}], got {min_digits}"
+                f"min_digits must be a whole number in [1, max_digits={max_digits}], "
+                f"got {min_digits!r}"
             )
         self.max_digits = max_digits
         self.min_digits = min_digits

@@ -3,6 +3,7 @@ import pytest
 from oncurve.data.tasks import get_task
 from oncurve.data.tasks.arith import ArithTask, prompt, solution
 from oncurve.data.tasks.base import hash_split
+from oncurve.errors import UserError
 from oncurve.model.char_tokenizer import char_tokenizer
 
 
@@ -102,6 +103,28 @@ def test_correct_reward_pays_only_the_integer_sum():
 def test_bad_arguments_name_the_field(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ArithTask().examples(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [
+        ({"max_digits": 0}, "max_digits must be a whole number of at least 1, got 0"),
+        ({"max_digits": 4.0}, "max_digits must be a whole number of at least 1, got 4.0"),
+        ({"max_digits": True}, "max_digits must be a whole number of at least 1, got True"),
+        ({"min_digits": 2.5}, "min_digits must be a whole number in [1, max_digits=4], got 2.5"),
+        ({"min_digits": 5}, "min_digits must be a whole number in [1, max_digits=4], got 5"),
+        (
+            {"max_digits": 3, "min_digits": False},
+            "min_digits must be a whole number in [1, max_digits=3], got False",
+        ),
+    ],
+)
+def test_task_options_that_are_no_digit_counts_are_one_line(options: dict, why: str) -> None:
+    """A digit count must be an int: a float or bool would pass a bounds check and then break
+    the zero-padding format or the operand draw."""
+    with pytest.raises(UserError) as refused:
+        get_task("arith", options)
+    assert str(refused.value) == f"data.task_options {options} do not fit task arith: {why}"
 
 
 def test_test_problems_are_distinct_and_train_problems_may_repeat():
