@@ -64,6 +64,11 @@ _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}\n]+)\}")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # JSON's whitespace; `str.strip` would also take the line separators a JSON string may hold
 _JSON_SPACE = " \t\r\n"
+# JSON text that may escape a UTF-16 surrogate (`\ud800`): `json` joins a pair into one
+# character and leaves one alone as a lone surrogate, which is no character (tokenizers and
+# UTF-8 writers refuse it). Only text that matches is searched for one, after parsing.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def load_rows(
@@ -361,6 +366,8 @@ def _jsonl(p: Path) -> Iterator[Record]:
             raise UserError(
                 f"{p} line {number}: expected a JSON object, got {type(record).__name__}"
             )
+        if _SURROGATE_ESCAPE.search(line):
+            _refuse_surrogates(f"{p} line {number}", record)
         yield f"line {number}", record
 
 
@@ -403,10 +410,36 @@ def _json_array(p: Path, text: str) -> Iterator[Record]:
         raise UserError(f"{p}: key {e.args[0]!r} is given twice in an object") from None
     except ValueError:
         raise UserError(f"{p}: {_long_integer(text)}") from None
+    escapes = _SURROGATE_ESCAPE.search(text) is not None
     for number, item in enumerate(items, start=1):
         if not isinstance(item, dict):
             raise UserError(f"{p} row {number}: expected a JSON object, got {type(item).__name__}")
+        if escapes:
+            _refuse_surrogates(f"{p} row {number}", item)
         yield f"row {number}", item
+
+
+def _refuse_surrogates(where: str, record: dict[str, Any]) -> None:
+    """A one-line error naming the first field of `record` whose name or value (at any depth:
+    a message's content) holds a lone surrogate."""
+    for key, value in record.items():
+        if found := _surrogate(key) or _surrogate(value):
+            raise UserError(
+                f"{where}: field {key!r} holds an unpaired surrogate \\u{ord(found):04x}, which "
+                "is no Unicode character"
+            )
+
+
+def _surrogate(value: Any) -> str:
+    """The first lone surrogate in a parsed JSON value's text, "" if there is none."""
+    if isinstance(value, str):
+        match = _SURROGATE.search(value)
+        return match.group() if match else ""
+    if isinstance(value, dict):
+        return next((c for k, v in value.items() if (c := _surrogate(k) or _surrogate(v))), "")
+    if isinstance(value, list):
+        return next((c for v in value if (c := _surrogate(v))), "")
+    return ""
 
 
 def _csv(p: Path) -> Iterator[Record]:

@@ -83,6 +83,36 @@ def test_line_separators_inside_json_strings_are_text_not_line_breaks(tmp_path):
     assert load_rows(str(crlf))[1].where == f"{crlf} line 3"
 
 
+def test_an_unpaired_surrogate_escape_in_json_is_one_line_naming_the_field(tmp_path):
+    """JSON may escape half of a UTF-16 pair alone (`\\ud800`), which decodes to no character:
+    a tokenizer or a UTF-8 writer would fail on it with no file or line. A whole pair is one
+    character, and an escaped backslash before `ud800` is plain text."""
+    path = tmp_path / "d.jsonl"
+    fine = [
+        r'{"prompt": "smile \ud83d\ude00", "answer": "1"}',
+        r'{"prompt": "a\\ud800b", "answer": "2"}',
+    ]
+    path.write_text("\n".join(fine) + "\n", encoding="utf-8")
+    assert [row["prompt"] for row in load_rows(str(path))] == ["smile \U0001f600", "a\\ud800b"]
+    for line, field, code in [
+        (r'{"prompt": "a\ud800b", "answer": "1"}', "prompt", "d800"),
+        (r'{"prompt": "a", "answer": "1\uDC00"}', "answer", "dc00"),
+        (r'{"prompt": [{"role": "user", "content": "\ude00\ud83d"}], "answer": "1"}', "prompt", "de00"),
+        (r'{"prompt": "a", "answer": "1", "note\udfff": 3}', "note\udfff", "dfff"),
+    ]:  # fmt: skip
+        path.write_text(fine[0] + "\n" + line + "\n", encoding="utf-8")
+        assert _one_line_error("surrogate", str(path)) == (
+            f"{path} line 2: field {field!r} holds an unpaired surrogate \\u{code}, which is no "
+            "Unicode character"
+        )
+    array = tmp_path / "d.json"
+    array.write_text('[{"prompt": "a", "answer": "1"},\n {"prompt": "b\\udbff", "answer": "2"}]')
+    assert _one_line_error("surrogate", str(array)) == (
+        f"{array} row 2: field 'prompt' holds an unpaired surrogate \\udbff, which is no Unicode "
+        "character"
+    )
+
+
 def test_a_file_that_is_not_parquet_is_one_line_naming_it(tmp_path):
     pytest.importorskip("pyarrow", reason="pyarrow (extra `data`) not installed")
     path = tmp_path / "d.parquet"
