@@ -7,6 +7,7 @@ from pathlib import Path
 from oncurve.config.presets import PRESETS, preset_applied
 from oncurve.config.resume_settings import FORCEABLE, forceable
 from oncurve.config.sections import Config
+from oncurve.data.files import one_saved_dataset
 from oncurve.errors import UserError
 
 
@@ -182,7 +183,9 @@ def check_given_settings(config: Config, given: set[str]) -> None:
     if it were honoured."""
     algo, lora = config.algo, config.model.lora
     from_file = config.data.path is not None
-    data_file, eval_file = _local_file(config.data.path), _local_file(config.eval.path)
+    data_file = _local_file(config.data.path)
+    data_unsplit = _without_splits(config.data.path)
+    eval_unsplit = _without_splits(config.eval.path)
     unused = {
         "algo.dual_clip": (algo.loss == "cispo", "algo.loss=cispo bounds its weight itself"),
         "algo.norm_len": (
@@ -201,13 +204,13 @@ def check_given_settings(config: Config, given: set[str]) -> None:
         ),
         "eval.split": (
             (config.eval.path is None, "it picks a split of eval.path, which is unset")
-            if not eval_file
-            else (True, f"eval.path {config.eval.path} is a file, which has no splits")
+            if not eval_unsplit
+            else (True, f"eval.path {config.eval.path} is {eval_unsplit}, which has no splits")
         ),
         "data.split": (
             (not from_file, "it picks a split of data.path, which is unset")
-            if not data_file
-            else (True, f"data.path {config.data.path} is a file, which has no splits")
+            if not data_unsplit
+            else (True, f"data.path {config.data.path} is {data_unsplit}, which has no splits")
         ),
         "data.config": (
             (not from_file, "it picks a config of data.path, which is unset")
@@ -264,3 +267,11 @@ def _local_file(path: str | None) -> bool:
     """Whether `path` is a data file here (JSONL, CSV, JSON, Parquet), which has neither splits
     nor configs, unlike a Hub dataset or a saved dataset's directory."""
     return path is not None and Path(path).is_file()
+
+
+def _without_splits(path: str | None) -> str:
+    """What `path` is when it is local data without splits to pick: "a file" or "the directory
+    of one saved Dataset" (a saved DatasetDict's and a Hub dataset have splits); else ""."""
+    if _local_file(path):
+        return "a file"
+    return "the directory of one saved Dataset" if one_saved_dataset(path) else ""

@@ -28,6 +28,9 @@ Record = tuple[str, dict[str, Any]]  # (location such as "line 3" or "row 3", ra
 # shape names a Hub dataset (here) or model (`sources.resolve_model_path`).
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 FILE_KINDS = (".jsonl", ".json", ".csv", ".parquet")
+# What `Dataset.save_to_disk` writes beside the data, and `datasets.load_from_disk` looks for to
+# read a directory as one Dataset (a DatasetDict's has `dataset_dict.json` and a folder per split)
+_SAVED_DATASET_FILES = ("dataset_info.json", "state.json")
 
 
 class Row(dict):
@@ -322,6 +325,12 @@ def read_records(path: str, config: str | None = None, split: str = "train") -> 
     if not records:
         raise UserError(f"{path}: empty, no rows")
     return records
+
+
+def one_saved_dataset(path: str | None) -> bool:
+    """Whether `path` is a directory `Dataset.save_to_disk` wrote: one dataset, without splits
+    (reading it ignores the split asked for). Told by its files, without loading `datasets`."""
+    return path is not None and all((Path(path) / name).is_file() for name in _SAVED_DATASET_FILES)
 
 
 def write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:

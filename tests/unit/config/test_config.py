@@ -225,6 +225,27 @@ def test_a_split_or_config_of_a_local_file_is_refused(tmp_path):
     assert load_config(None, [f"data.path={saved}", "data.split=test"]).data.split == "test"
 
 
+def test_a_split_of_one_saved_dataset_is_refused(tmp_path):
+    """`Dataset.save_to_disk` writes one dataset, without splits (a DatasetDict's directory
+    holds one per split): a split set for it would be said valid and do nothing."""
+    datasets = pytest.importorskip("datasets", reason="datasets (extra `data`) not installed")
+    rows = [{"prompt": "1+1=", "answer": "2"}]
+    one, split = tmp_path / "one", tmp_path / "split"
+    datasets.Dataset.from_list(rows).save_to_disk(str(one))
+    datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)}).save_to_disk(str(split))
+    for overrides, message in [
+        ([f"data.path={one}", "data.split=validation"], f"data.split has no effect here: "
+         f"data.path {one} is the directory of one saved Dataset, which has no splits"),
+        ([f"data.path={one}", f"eval.path={one}", "eval.split=train"], f"eval.split has no "
+         f"effect here: eval.path {one} is the directory of one saved Dataset, which has no "
+         "splits"),
+    ]:  # fmt: skip
+        with pytest.raises(UserError, match=f"^{re.escape(message)}; drop it$"):
+            load_config(None, overrides)
+    config = load_config(None, [f"data.path={one}", f"eval.path={split}", "eval.split=test"])
+    assert (config.data.split, config.eval.split) == ("train", "test")
+
+
 def test_overrides_are_typed_from_yaml_syntax():
     config = load_config(None, ["algo.beta=0.0", "rollout.stop=[</answer>]", "optim.lr=1e-5"])
     assert config.algo.beta == 0.0
