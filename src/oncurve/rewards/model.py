@@ -8,13 +8,17 @@ tokenizer. Each (prompt, completion) pair is scored by that logit, as a float:
   conversational row's messages, `prompt_messages`, with the system prompt the data section added;
   else `[{"role": "user", "content": prompt}]` after `system_prompt`, the data section's, when set)
   and then `{"role": "assistant", "content": completion}`, rendered by that template (no generation
-  prompt); without one, `prompt` tokenized as the tokenizer does by default (e.g. with its BOS) and
-  then the completion. The completion is tokenized as text: the policy decodes without special
-  tokens, so a control token spelled in it was sampled as ordinary tokens, and it stays so (a
-  completion cannot forge a turn the reward model reads);
+  prompt) with whatever it does to the answer (Qwen3's splits the reasoning off at `</think>` and
+  writes it again in `<think>\n...\n</think>\n\n`; others trim it, or drop the turn); without
+  one, `prompt` tokenized as the tokenizer does by default (e.g. with its BOS) and then the
+  completion. The completion is tokenized as text: the policy decodes without special tokens, so
+  a control token spelled in it was sampled as ordinary tokens, and it stays so (a completion
+  cannot forge a turn the reward model reads); only the template's own control tokens are
+  control tokens;
 - truncation: to `max_length` tokens, the smaller of the tokenizer's `model_max_length` and the
   model's `max_position_embeddings` (when either is set). A row over it loses the start of its
-  completion: the prompt, and the end of the completion where the head reads its score, stay;
+  completion (of the answer as the template renders it, past the text the template writes before
+  any answer): the prompt, and the end of the completion where the head reads its score, stay;
   when the prompt alone leaves the completion no room, the start of the whole text goes. The
   share of rows cut is logged as `<name>/cut_frac`;
 - batching: `batch_rows` rows per forward (rows sorted by length, so that a batch pads little),
@@ -34,6 +38,7 @@ forward, taken after sampling, do not.
 from __future__ import annotations
 
 import functools
+import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -80,6 +85,16 @@ class RewardModel:
         self.model, self.tokenizer = _load(source, self.name, dtype, trust_remote_code)
         self.model.to(self.device).eval().requires_grad_(False)
         self.chat_template = bool(getattr(self.tokenizer, "chat_template", None))
+        # the tokens `split_special_tokens` spells out as text
+        special = {
+            token_id: token.content
+            for token_id, token in self.tokenizer.added_tokens_decoder.items()
+            if token.special
+        }
+        self._special_ids = frozenset(special) | frozenset(self.tokenizer.all_special_ids)
+        self._special_tokens = sorted(  # longest first: one may hold another
+            set(special.values()) | set(self.tokenizer.all_special_tokens), key=len, reverse=True
+        )
         self.max_length = _max_length(self.tokenizer, self.model.config)
 
     def encode(
@@ -91,26 +106,87 @@ class RewardModel:
     def _pieces(
         self, prompt: str, completion: str, messages: list[dict[str, str]] | None
     ) -> tuple[list[int], list[int], list[int]]:
-        """Token ids before the completion, of it (as text), and after it."""
+        """Token ids before the completion's part of the text, of that part, and after it."""
         tokenizer = self.tokenizer
         body = tokenizer(completion, add_special_tokens=False, split_special_tokens=True)
         if not self.chat_template:
             return tokenizer(prompt)["input_ids"], body["input_ids"], []
-        mark = f"oncurve-completion-{secrets.token_hex(8)}"
         if messages is None:
             system = (
                 [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
             )
             messages = [*system, {"role": "user", "content": prompt}]
-        conversation = [*messages, {"role": "assistant", "content": mark}]
-        text = tokenizer.apply_chat_template(
+        # the template's text around an answer it leaves as it is (a random mark stands for it)
+        mark = f"oncurve-completion-{secrets.token_hex(8)}"
+        # all of it is `before` when the template dropped the answer
+        before, _, after = self._render(messages, mark).partition(mark)
+        # the control tokens the completion spells are replaced by random stand-ins while the
+        # template runs, so that every control token in its rendering is the template's own
+        stand_ins = {f"oncurve-special-{secrets.token_hex(8)}": t for t in self._special_tokens}
+        shielded = completion
+        for stand_in, token in stand_ins.items():
+            shielded = shielded.replace(token, stand_in)
+        rendered = self._render(messages, shielded)
+        if rendered == before + shielded + after:
+            encode = functools.partial(tokenizer, add_special_tokens=False)
+            return encode(before)["input_ids"], body["input_ids"], encode(after)["input_ids"]
+        # the template changed the answer (split off its reasoning, trimmed it, dropped it): the
+        # model reads the template's rendering, whose answer part is what differs from `before`
+        # and `after`
+        text, ids, spans = self._tokenize_rendering(rendered, stand_ins)
+        head = len(os.path.commonprefix([text, before]))
+        tail = len(os.path.commonprefix([text[head:][::-1], after[::-1]]))
+        head_ids = sum(1 for _, end in spans if end <= head)
+        tail_ids = sum(1 for start, _ in spans[head_ids:] if start >= len(text) - tail)
+        return ids[:head_ids], ids[head_ids : len(ids) - tail_ids], ids[len(ids) - tail_ids :]
+
+    def _render(self, messages: list[dict[str, str]], answer: str) -> str:
+        """The chat template's text of `messages` and then `answer` (no generation prompt)."""
+        conversation = [*messages, {"role": "assistant", "content": answer}]
+        return self.tokenizer.apply_chat_template(
             conversation, tokenize=False, add_generation_prompt=False
         )
-        before, found, after = text.partition(mark)
-        if not found:  # the template dropped the answer's turn: the model reads no completion
-            return tokenizer(text, add_special_tokens=False)["input_ids"], [], []
-        encode = functools.partial(tokenizer, add_special_tokens=False)
-        return encode(before)["input_ids"], body["input_ids"], encode(after)["input_ids"]
+
+    def _tokenize_rendering(
+        self, rendered: str, stand_ins: dict[str, str]
+    ) -> tuple[str, list[int], list[tuple[int, int]]]:
+        """The text of `rendered` with each stand-in back as the control token it stands for,
+        its token ids, and each token's character span in that text. The rendering's own control
+        tokens are control tokens; those the stand-ins bring back are tokenized as text, together
+        with the text around them (as the completion's body is)."""
+        tokenizer = self.tokenizer
+        # the tokenizer's own split finds the template's control tokens (with any whitespace
+        # they strip); the text between them is tokenized again with the control tokens back
+        encoded = tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)
+        pieces: list[tuple[str, int | None]] = []  # (text, the id of a control token or None)
+        done = 0
+        for token_id, (start, end) in zip(
+            encoded["input_ids"], encoded["offset_mapping"], strict=True
+        ):
+            if token_id in self._special_ids:
+                pieces += [(rendered[done:start], None), (rendered[start:end], token_id)]
+                done = end
+        pieces.append((rendered[done:], None))
+        text, ids, spans = "", [], []
+        for piece, token_id in pieces:
+            if token_id is not None:
+                ids.append(token_id)
+                spans.append((len(text), len(text) + len(piece)))
+                text += piece
+                continue
+            for stand_in, token in stand_ins.items():
+                piece = piece.replace(stand_in, token)
+            if piece:
+                plain = tokenizer(
+                    piece,
+                    add_special_tokens=False,
+                    split_special_tokens=True,
+                    return_offsets_mapping=True,
+                )
+                ids += plain["input_ids"]
+                spans += [(len(text) + a, len(text) + b) for a, b in plain["offset_mapping"]]
+                text += piece
+        return text, ids, spans
 
     def __call__(
         self,
