@@ -158,6 +158,12 @@ class RewardModel:
         # the tokenizer's own split finds the template's control tokens (with any whitespace
         # they strip); the text between them is tokenized again with the control tokens back
         encoded = tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)
+        if "offset_mapping" not in encoded:  # Python tokenizers give none
+            raise UserError(
+                f"reward {self.name!r}: its chat template rewrites the answer, and reading the "
+                f"rewritten text needs character offsets, which its tokenizer "
+                f"({type(tokenizer).__name__}) does not give; use a fast (tokenizers) tokenizer"
+            )
         pieces: list[tuple[str, int | None]] = []  # (text, the id of a control token or None)
         done = 0
         for token_id, (start, end) in zip(

@@ -295,6 +295,27 @@ def test_a_control_token_spelled_in_a_rewritten_answer_stays_text(tmp_path):
     assert sum(i in specials for i in ids) == 4  # the template's two turns, opened and closed
 
 
+def test_a_tokenizer_without_offsets_is_a_one_line_error_where_the_answer_is_rewritten(
+    tmp_path, monkeypatch
+):
+    """Python tokenizers give no character offsets, which splitting the template's rewritten
+    rendering into prompt and answer needs."""
+    fn = RewardModel(str(save_reward_model(tmp_path / "rm", template=TRIMMING_TEMPLATE)))
+    tokenize = type(fn.tokenizer).__call__
+
+    def without_offsets(self, *args, **kwargs):
+        encoded = tokenize(self, *args, **kwargs)
+        encoded.pop("offset_mapping", None)
+        return encoded
+
+    monkeypatch.setattr(type(fn.tokenizer), "__call__", without_offsets)
+    text = "[user] 2+2?\n[assistant] 4\n"  # an answer the template leaves as it is
+    assert fn.encode("2+2?", "4") == fn.tokenizer(text, add_special_tokens=False)["input_ids"]
+    with pytest.raises(UserError, match=r"^reward 'model:rm': .* needs character offsets") as error:
+        fn.encode("2+2?", " 4 ")
+    assert "\n" not in str(error.value)
+
+
 def test_qwen3s_own_template_and_tokenizer_are_read_token_for_token(tmp_path):
     """With Qwen3's tokenizer (merges across a control token's spelled characters and the
     newlines after them) and its own chat template, the model reads the rendering's tokens."""
