@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
-from oncurve.rewards.extraction import extract_answer
+from oncurve.rewards.extraction import answer_region, extract_answer
 from oncurve.rewards.normalization import last_boxed
 
 MAX_EXPRESSION_CHARS = 256
@@ -153,7 +153,9 @@ def countdown_reward(
     **columns: Any,
 ) -> list[float | None]:
     """1.0 when the completion's `<answer>` (or `\\boxed{}`) equation is a correct Countdown
-    solution for the row's `numbers` and `target` columns, else 0.0; None for a row whose
+    solution for the row's `numbers` and `target` columns, else 0.0. The equation is read where
+    `correct` reads an answer (`answer_region`): after the reasoning (the last `</think>`),
+    outside fenced programs; in the reasoning only when nothing follows it. None for a row whose
     columns cannot be read (`parse_numbers`, `parse_integer`), with one RuntimeWarning per call
     naming each such row and column."""
     if numbers is None or target is None:
@@ -170,8 +172,9 @@ def countdown_reward(
             problems.append(f"row {row} {column}: {e}")
             scores.append(None)
             continue
-        tagged = extract_answer(completion, "tags")
-        expression = (last_boxed(tagged) or tagged) if tagged else last_boxed(completion)
+        region, _ = answer_region(completion)
+        tagged = extract_answer(region, "tags")
+        expression = (last_boxed(tagged) or tagged) if tagged else last_boxed(region)
         ok = expression is not None and check_equation(expression, row_numbers, row_target)
         scores.append(1.0 if ok else 0.0)
     if problems:

@@ -428,8 +428,7 @@ def extract_answer(text: str, style: str = "auto") -> str | None:
         raise ValueError(f"extract_answer: style must be one of {', '.join(STYLES)}, got {style!r}")
     text = text.translate(SIGNS)  # `–4` is -4, `4％` is 4%
     if style == "auto":
-        text, reasoning_only = _after_thinking(text)
-        text = _own_turn(_FENCED_CODE_RE.sub(_outside_code, text))
+        text, reasoning_only = answer_region(text)
         tagged = _last_tag(text)
         if tagged is not None:
             return _boxed(tagged) or tagged
@@ -446,6 +445,16 @@ def extract_answer(text: str, style: str = "auto") -> str | None:
     return {"tags": _last_tag, "boxed": last_boxed, "gsm8k": _gsm8k, "last_number": _last_number}[
         style
     ](_own_turn(text))
+
+
+def answer_region(text: str) -> tuple[str, bool]:
+    """(The part of a completion where `extract_answer(style="auto")` looks for its answer,
+    whether that part is the reasoning): the text after the last `</think>` (all of it without
+    one), or the reasoning before it when nothing but space follows it, with fenced programs
+    left out (`_outside_code`), in the completion's own turn (`_own_turn`). From the reasoning,
+    `auto` takes only an answer it states."""
+    text, reasoning_only = _after_thinking(text)
+    return _own_turn(_FENCED_CODE_RE.sub(_outside_code, text)), reasoning_only
 
 
 def _own_turn(text: str) -> str:

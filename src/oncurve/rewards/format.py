@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from html.entities import html5
 from typing import Any
 
-from oncurve.rewards.extraction import extract_answer
+from oncurve.rewards.extraction import answer_region, extract_answer
 
 _TAG_RE = re.compile(r"</?(?:think|answer)>", re.IGNORECASE)
 _WELL_FORMED_TAGS = ["<think>", "</think>", "<answer>", "</answer>"]
@@ -143,18 +143,21 @@ def think_answer_format_reward(
 
 
 def boxed_format_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
-    """1.0 when the box `correct` reads (`extract_answer(style="boxed")`: the last outermost
-    balanced `\\boxed{...}`, `\\boxed{\\frac{1}{2}}` included) shows content, a letter, digit or
-    mathematical symbol (`_has_content`), else 0.0: `\\boxed{\\,}`, `\\boxed{\\phantom{x}}` and
-    `\\boxed{.}` score 0.0, `\\boxed{\\pi}` and `\\boxed{-1}` 1.0."""
-    return [_scores_content(extract_answer(c, "boxed")) for c in completions]
+    """1.0 when the last outermost balanced `\\boxed{...}` (`\\boxed{\\frac{1}{2}}` included) of
+    the part of the completion `correct` reads (`answer_region`: after the reasoning, outside
+    fenced programs) shows content, a letter, digit or mathematical symbol (`_has_content`),
+    else 0.0: `\\boxed{\\,}`, `\\boxed{\\phantom{x}}`, `\\boxed{.}` and a box in the reasoning
+    followed by an answer without one score 0.0, `\\boxed{\\pi}` and `\\boxed{-1}` 1.0."""
+    return [_scores_content(extract_answer(answer_region(c)[0], "boxed")) for c in completions]
 
 
 def tags_format_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
-    """1.0 when the completion's last `<answer>...</answer>` pair (the one `correct` reads) shows
-    content (`_has_content`), else 0.0: `<answer>&nbsp;</answer>`, `<answer>\\boxed{}</answer>`
-    and `<answer> . </answer>` score 0.0, `<answer>4</answer>` 1.0."""
-    return [_scores_content(extract_answer(c, "tags")) for c in completions]
+    """1.0 when the last `<answer>...</answer>` pair of the part of the completion `correct`
+    reads (`answer_region`: after the reasoning, outside fenced programs), the pair `correct`
+    takes its answer from, shows content (`_has_content`), else 0.0: `<answer>&nbsp;</answer>`,
+    `<answer>\\boxed{}</answer>`, `<answer> . </answer>` and a pair in the reasoning followed by
+    an answer without one score 0.0, `<answer>4</answer>` 1.0."""
+    return [_scores_content(extract_answer(answer_region(c)[0], "tags")) for c in completions]
 
 
 def _scores_content(answer: str | None) -> float:

@@ -147,6 +147,11 @@ CASES = [
     row("tags_format", "<answer></answer>", 0.0),
     row("tags_format", "<answer> \n </answer>", 0.0),
     row("tags_format", "<answer>4</answer>", 1.0),
+    # ... in the answer region `correct` reads: after the reasoning, outside fenced programs
+    row("tags_format", "<think>Let me check <answer>4</answer> hmm</think>The answer is 5.", 0.0),
+    row("tags_format", "<think>a</think>```python\nprint('<answer>4</answer>')\n```\nSo 4.", 0.0),
+    row("tags_format", "<think>hmm</think><answer>4</answer>", 1.0),
+    row("tags_format", "<think>so <answer>4</answer></think>", 1.0),  # nothing after it
     row("boxed_format", "\\boxed{ }", 0.0),
     row("boxed_format", "\\boxed{}", 0.0),
     row("boxed_format", "\\boxed{\\boxed{}}", 0.0),
@@ -154,6 +159,8 @@ CASES = [
     row("boxed_format", "\\boxed{\\frac{1}{2}}", 1.0),
     row("boxed_format", "\\boxed{x^{2}}", 1.0),
     row("boxed_format", "so \\boxed{72}.", 1.0),
+    row("boxed_format", "<think>\\boxed{4}</think>The answer is 5.", 0.0),
+    row("boxed_format", "<think>so \\boxed{4}</think>", 1.0),
     # -- countdown (held before: guards)
     row("countdown", "<answer>25 + 7*3</answer>", 1.0, **NUMBERS),
     # the notations an answer is written in: a box inside the tags, math delimiters, a period
@@ -169,6 +176,15 @@ CASES = [
     row("countdown", "<answer>(lambda: 46)()</answer>", 0.0, **NUMBERS),
     row("countdown", "<answer>25**7**3</answer>", 0.0, **NUMBERS),
     row("countdown", "<answer>25/(7-7)+3</answer>", 0.0, **NUMBERS),
+    # the answer after the reasoning, as `correct` reads it; the reasoning's only when nothing
+    # follows it
+    row("countdown", "<think>Try <answer>3*7+25</answer>.</think>So \\boxed{25+7-3}.", 0.0,
+        **NUMBERS),
+    row("countdown", "<think>Try <answer>25+7-3</answer>.</think>So \\boxed{3*7+25}.", 1.0,
+        **NUMBERS),
+    row("countdown", "<think><answer>3*7+25</answer></think>I am not sure.", 0.0, **NUMBERS),
+    row("countdown", "<think>So <answer>3*7+25</answer></think>", 1.0, **NUMBERS),
+    row("countdown", "<think>So \\boxed{3*7+25}</think>\n", 1.0, **NUMBERS),
     # -- length shaping: a huge completion is clipped, not an error
     row("overlong", "x" * KB128, -1.0, ident="overlong 128 KB"),
     row("length", "x" * KB128, -1.0, ident="length 128 KB"),
