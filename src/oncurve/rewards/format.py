@@ -47,30 +47,48 @@ _DIMEN = (
     r"(?:pt|pc|in|bp|cm|mm|dd|cc|sp|em|ex|mu|px|fil{1,3}+)?+"
 )
 _DIMENSION_RE = re.compile(rf"{_DIMEN}(?:\s*+(?:plus|minus){_DIMEN}){{0,2}}")
-# Commands that show nothing of their own: spacing, style and size switches, and wrappers
-# (`\text`, `\boxed`, `\frac`, accents) whose arguments are read as the rest of the text is.
-_SHOWS_NOTHING = _names(
-    "quad qquad enspace enskip thinspace medspace thickspace negthinspace negmedspace "
-    "negthickspace space nobreakspace hfill hfil hss vfill vfil newline linebreak nolinebreak "
-    "allowbreak nobreak break par relax strut mathstrut noindent indent cr crcr hline "
-    "displaystyle textstyle scriptstyle scriptscriptstyle limits nolimits displaylimits "
-    "tiny scriptsize footnotesize small normalsize large Large LARGE huge Huge "
-    "bf it rm sf tt sl sc em bfseries itshape rmfamily sffamily ttfamily mdseries upshape "
-    "normalfont boldmath unboldmath "
-    "text textrm textbf textit textsf texttt textup textsl textsc textmd textnormal emph "
-    "mathrm mathbf mathit mathsf mathtt mathcal mathbb mathbbm mathfrak mathscr mathnormal "
-    "boldsymbol bm pmb operatorname mbox hbox fbox boxed underline overline smash "
-    "llap rlap clap mathllap mathrlap mathclap mathop mathbin mathrel mathord mathpunct "
-    "mathopen mathclose mathinner ensuremath sqrt frac dfrac tfrac cfrac binom dbinom tbinom "
-    "hat widehat tilde widetilde bar vec dot ddot acute grave breve check mathring "
-    "overrightarrow overleftarrow underbrace overbrace cancel bcancel xcancel "
-    "ldots dots dotso dotsc textellipsis colon cdots vdots ddots dotsb dotsm dotsi hdots "
-    "null empty nonumber notag leavevmode bigskip medskip smallskip "
-    "underset overset stackrel substack vcenter mathchoice "
-    "ignorespaces protect unskip xspace"
+# The commands that show content of their own, a letter or a mathematical symbol (as plain text
+# shows, `_shows_characters`): Greek and other letters, operators, relations, arrows, bars,
+# big operators and operators' names. Any other command shows nothing itself: spacing, style
+# and size switches, page layout (`\newpage`, `\centering`), wrappers (`\text`, `\boxed`,
+# `\frac`, accents: their arguments are read as the rest of the text is), ellipses (`\cdots`),
+# punctuation and currency (`\S`, `\textdollar`) and commands of no known meaning (`\foo`).
+_SYMBOL_COMMANDS = _names(
+    "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa varkappa "
+    "lambda mu nu xi omicron pi varpi rho varrho sigma varsigma tau upsilon phi varphi chi psi "
+    "omega Gamma Delta Theta Lambda Xi Pi Sigma Upsilon Phi Psi Omega "
+    "varGamma varDelta varTheta varLambda varXi varPi varSigma varUpsilon varPhi varPsi varOmega "
+    "i j l L o O ss ae AE oe OE aa AA ell hbar imath jmath Re Im aleph beth wp TeX LaTeX "
+    "pm mp times div cdot ast star circ bullet cap cup wedge vee land lor oplus ominus otimes "
+    "oslash odot setminus uplus sqcap sqcup amalg bmod mod diamond "
+    "le leq ge geq leqslant geqslant lt gt ne neq approx equiv sim simeq cong propto ll gg "
+    "prec succ preceq succeq asymp doteq subset subseteq supset supseteq subsetneq supsetneq "
+    "in ni notin mid nmid parallel perp models vdash dashv vert Vert "
+    "to gets rightarrow leftarrow Rightarrow Leftarrow leftrightarrow Leftrightarrow iff "
+    "implies impliedby mapsto longmapsto longrightarrow longleftarrow Longrightarrow "
+    "Longleftarrow longleftrightarrow Longleftrightarrow uparrow downarrow updownarrow Uparrow "
+    "Downarrow Updownarrow nearrow searrow swarrow nwarrow hookrightarrow hookleftarrow "
+    "rightleftharpoons "
+    "infty emptyset varnothing nabla partial forall exists nexists neg lnot angle "
+    "measuredangle triangle top bot prime surd therefore because "
+    "sum prod coprod int iint iiint oint bigcup bigcap bigoplus bigotimes bigodot bigvee "
+    "bigwedge bigsqcup "
+    "sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh coth log ln lg exp lim liminf "
+    "limsup sup inf max min arg deg det dim gcd hom ker Pr"
 )
-# A colour or a scale that hides what it applies to: white text, a zero scale.
-_HIDING_COLOURS = frozenset(("white", "gray!0", "black!0"))
+# A colour that hides what it applies to: white or transparent, by name (xcolor's, or CSS's as
+# KaTeX reads them) or in a colour model (`\textcolor[rgb]{1,1,1}`); and a zero scale.
+_HIDING_COLOURS = frozenset(("white", "gray!0", "black!0", "transparent", "#fff", "#ffffff"))
+_WHITE_IN_MODEL = {
+    "rgb": (1.0, 1.0, 1.0),
+    "RGB": (255.0, 255.0, 255.0),
+    "gray": (1.0,),
+    "cmyk": (0.0, 0.0, 0.0, 0.0),
+    "cmy": (0.0, 0.0, 0.0),
+}
+_HTML_WHITE = "ffffff"
+_COMPONENT_SEPARATOR_RE = re.compile(r"\s*,\s*|\s+")
+_MAX_COLOUR_CHARS = 64  # a longer colour argument is no colour of a model's (and is not parsed)
 _ZERO_SCALE_RE = re.compile(r"\{\s*[-+]?0*\.?0*\s*\}")
 # Mathematical symbols that are not an answer alone: ellipses (`⋯`, `⋮`) and a bare minus.
 _NOT_CONTENT_SYMBOLS = frozenset("\u22ee\u22ef\u22f0\u22f1\u2212")
@@ -110,6 +128,14 @@ _HIDDEN_ARGUMENTS = {
     "href": 1,
     "begin": 1,
     "end": 1,
+    "index": 1,
+    "pagestyle": 1,
+    "thispagestyle": 1,
+    "newcommand": 2,
+    "renewcommand": 2,
+    "def": 2,
+    "setcounter": 2,
+    "setlength": 2,
 }
 # An environment whose column specification (`{c|c}`) follows its name.
 _COLUMN_SPEC_RE = re.compile(r"\{\s*(?:array|tabular|subarray)\s*\}")
@@ -183,13 +209,16 @@ def _think_then_answer(completion: str) -> bool:
 
 def _has_content(text: str) -> bool:
     """Whether `text` shows something: a letter, a digit or a mathematical symbol (Unicode's
-    letters, numbers and math symbols; `\\pi`, `\\infty`, `-1`, `yes`), once what shows nothing
-    is read past: LaTeX spacing (`\\,` `\\;` `\\quad` `~` `\\hspace{..}` `\\kern 3pt`), style,
-    size and wrapper commands around nothing (`\\displaystyle`, `\\left(\\right)`,
-    `\\text{ }`, `\\mathrm{}`, `\\boxed{}`), empty groups, phantoms with their argument,
-    format and space characters (U+200B, U+FEFF, no-break space), HTML comments, entities
-    (`&nbsp;`, `&#8203;`, `&#x200B;`) and tags (`<br>`), and punctuation (`.`, `,`). Each
-    character is read a bounded number of times."""
+    letters, numbers and math symbols; a symbol command, `_SYMBOL_COMMANDS`: `\\pi`, `\\le`,
+    `\\sin`; `-1`, `yes`), once what shows nothing is read past: LaTeX spacing (`\\,` `\\;`
+    `\\quad` `~` `\\hspace{..}` `\\kern 3pt`), every other command (`\\newpage`, `\\foo`), with
+    the arguments it does not show (`\\index{4}`, `\\newcommand{\\x}{4}`), style, size and
+    wrapper commands around nothing (`\\displaystyle`, `\\left(\\right)`, `\\text{ }`,
+    `\\mathrm{}`, `\\boxed{}`), white or transparent text, by name or in a colour model
+    (`\\textcolor[rgb]{1,1,1}{4}`, `_is_white`) and zero-scaled text, empty groups, phantoms
+    with their argument, format and space characters (U+200B, U+FEFF, no-break space), HTML
+    comments, entities (`&nbsp;`, `&#8203;`, `&#x200B;`) and tags (`<br>`), and punctuation
+    (`.`, `,`). Each character is read a bounded number of times."""
     pos, end = 0, len(text)
     while pos < end:
         construct = _CONSTRUCT_RE.search(text, pos)
@@ -254,8 +283,6 @@ def _read_command(text: str, pos: int) -> tuple[int, bool]:
         if symbol in _SHOWS_NOTHING_SYMBOLS:
             return after, False
         return after, _shows_characters(symbol, 0, 1)  # `\{`, `\%`, `\|`
-    if name in _SHOWS_NOTHING:
-        return after, False
     if name == "iffalse":  # skipped to its `\fi`
         close = text.find("\\fi", after)
         return (len(text) if close < 0 else close + 3), False
@@ -281,16 +308,40 @@ def _read_command(text: str, pos: int) -> tuple[int, bool]:
             return _skip_argument(text, after), False
         dimension = _DIMENSION_RE.match(text, after)
         return (after if dimension is None else dimension.end()), False
-    return after, True  # `\pi`, `\infty`, `\emptyset`: a symbol or an operator
+    return after, name in _SYMBOL_COMMANDS  # `\pi`, `\le`, `\sin`; not `\newpage`
 
 
 def _hides(name: str, text: str, pos: int) -> bool:
-    """Whether the colour or scale argument at `pos` hides what follows it."""
+    """Whether the colour or scale argument at `pos` (after its optional colour model, as in
+    `\\textcolor[rgb]{1,1,1}`) hides what follows it."""
+    pos = _SPACE_RE.match(text, pos).end()
+    option = _OPTION_RE.match(text, pos)
+    model = "" if option is None else option.group()[1:-1].strip()
     pos = _skip_options(text, pos)
     argument = text[pos : _skip_argument(text, pos)]
     if name == "scalebox":
         return _ZERO_SCALE_RE.fullmatch(argument.strip()) is not None
-    return argument.strip("{} \t\n").lower() in _HIDING_COLOURS
+    return _is_white(model, argument.strip("{} \t\n"))
+
+
+def _is_white(model: str, colour: str) -> bool:
+    """Whether `colour`, in xcolor's `model` ("" for a colour's name), is white or
+    transparent: `white`, `rgb` 1,1,1, `RGB` 255,255,255, `HTML` FFFFFF, `gray` 1, `cmyk`
+    0,0,0,0."""
+    if len(colour) > _MAX_COLOUR_CHARS:
+        return False
+    if not model:
+        return colour.lower() in _HIDING_COLOURS
+    if model == "HTML":
+        return colour.lower() == _HTML_WHITE
+    white = _WHITE_IN_MODEL.get(model)
+    if white is None:
+        return False
+    try:
+        components = tuple(float(c) for c in _COMPONENT_SEPARATOR_RE.split(colour))
+    except ValueError:
+        return False
+    return components == white
 
 
 def _group_end(text: str, pos: int) -> int:

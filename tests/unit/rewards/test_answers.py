@@ -222,6 +222,52 @@ CONTENT_FREE_CASES = [
             ("boxed-footnote", "\\footnote{7}"),
             ("boxed-textcolor-white", "\\textcolor{white}{7}"),
             ("boxed-scalebox-zero", "\\scalebox{0}{7}"),
+            # commands that are no symbol show nothing, whatever they do to the page
+            ("boxed-newpage", "\\newpage"),
+            ("boxed-centering", "\\centering"),
+            ("boxed-pagebreak", "\\pagebreak"),
+            ("boxed-clearpage", "\\clearpage"),
+            ("boxed-vbox", "\\vbox{}"),
+            ("boxed-fi", "\\fi"),
+            ("boxed-hfilneg", "\\hfilneg"),
+            ("boxed-unknown-command", "\\foo"),
+            ("boxed-langle", "\\langle\\rangle"),
+            ("boxed-section-sign", "\\S"),
+            ("boxed-degree", "\\degree"),
+            ("boxed-currency", "\\textdollar"),
+            # ... nor the arguments of an index entry, a definition or a setting
+            ("boxed-index", "\\index{4}"),
+            ("boxed-newcommand", "\\newcommand{\\x}{4}"),
+            ("boxed-renewcommand", "\\renewcommand{\\x}[1]{4}"),
+            ("boxed-def", "\\def\\x{4}"),
+            ("boxed-setcounter", "\\setcounter{page}{4}"),
+            ("boxed-setlength", "\\setlength{\\parindent}{4pt}"),
+            ("boxed-pagestyle", "\\pagestyle{empty}"),
+        )
+    ),
+    # white or transparent text in any colour model; the same text in another colour shows
+    *(
+        pytest.param(boxed_format_reward, f"\\boxed{{{white}}}", f"\\boxed{{{shown}}}", id=label)
+        for label, white, shown in (
+            ("boxed-rgb-white", "\\textcolor[rgb]{1,1,1}{4}", "\\textcolor[rgb]{1,0,0}{4}"),
+            (
+                "boxed-rgb-white-decimals",
+                "\\textcolor[rgb]{1.0, 1, 1.00}{4}",
+                "\\textcolor[rgb]{0.9,1,1}{4}",
+            ),
+            ("boxed-RGB-white", "\\textcolor[RGB]{255,255,255}{4}", "\\textcolor[RGB]{1,1,1}{4}"),
+            ("boxed-HTML-white", "\\textcolor[HTML]{FFFFFF}{4}", "\\textcolor[HTML]{FF0000}{4}"),
+            ("boxed-html-white", "\\textcolor[HTML]{ffffff}{4}", "\\textcolor[HTML]{000000}{4}"),
+            ("boxed-gray-white", "\\color[gray]{1}4", "\\color[gray]{0.5}4"),
+            ("boxed-cmyk-white", "\\textcolor[cmyk]{0,0,0,0}{4}", "\\textcolor[cmyk]{0,0,0,1}{4}"),
+            ("boxed-transparent", "\\color{transparent}4", "\\color{black}4"),
+            ("boxed-css-white", "\\textcolor{#FFF}{4}", "\\textcolor{#F00}{4}"),
+            ("boxed-css-white-long", "\\color{#ffffff}4", "\\color{#fffff0}4"),
+            (
+                "boxed-white-option-spaced",
+                "\\textcolor [ rgb ] {1,1,1}{4}",
+                "\\textcolor [ rgb ] {1,1,0}{4}",
+            ),
         )
     ),
     pytest.param(
@@ -417,9 +463,14 @@ def test_format_rewards_pay_content_not_structure(reward: Reward, empty: str, fi
     assert reward(["p", "p"], [empty, filled]) == [0.0, 1.0]
 
 
-@pytest.mark.parametrize("answer", ["-1", "x", "\\pi", "\\infty", "\\emptyset", "A", "yes", "<"])
+@pytest.mark.parametrize(
+    "answer",
+    ["-1", "x", "\\pi", "\\infty", "\\emptyset", "A", "yes", "<"]
+    + ["\\alpha", "\\Omega", "\\leq", "\\neq", "\\sin", "\\to", "\\ell", "\\aleph"],
+)
 def test_format_rewards_pay_short_answers(answer: str) -> None:
-    """A single letter, digit, word, symbol or symbol command is content in a box and in tags."""
+    """A single letter, digit, word, symbol or symbol command (a Greek letter, a relation, an
+    operator's name, an arrow) is content in a box and in tags."""
     assert boxed_format_reward(["p"], [f"\\boxed{{{answer}}}"]) == [1.0]
     assert tags_format_reward(["p"], [f"<answer>{answer}</answer>"]) == [1.0]
     completion = f"<think>so</think><answer>{answer}</answer>"
@@ -442,6 +493,8 @@ ADVERSARIAL_UNITS = {
     "thin-space": "\\,",
     "html-tag": "<b>",
     "zero-width-space": "\u200b",
+    "colour-model": "\\textcolor[rgb]{0.5, 0.5, 0.5}{}",
+    "unclosed-colour-model": "\\color[rgb]{",
 }
 
 
