@@ -11,7 +11,8 @@ operators they stand for: `\\times`, `\\cdot`, `×`, `·` as `*`; `\\div`, `÷` 
 The `numbers` and `target` columns come from datasets, not from the model: an integer may be
 written as a float (`46.0`, `"46.0"`, `"[3.0, 7.0, 25.0]"`) and is read as that integer; a row
 whose column is not an integer or a list of them (46.5, NaN, inf, None, a bool, an empty list,
-unparseable text) is left unscored (None), with one RuntimeWarning per call naming its rows.
+unparseable text) is left unscored (None), with one RuntimeWarning per call naming each such
+row's column and value, and its place in the call where the call holds several rows.
 """
 
 from __future__ import annotations
@@ -157,11 +158,11 @@ def countdown_reward(
     `correct` reads an answer (`answer_region`): after the reasoning (the last `</think>`),
     outside fenced programs; in the reasoning only when nothing follows it. None for a row whose
     columns cannot be read (`parse_numbers`, `parse_integer`), with one RuntimeWarning per call
-    naming each such row and column."""
+    naming each such row's column and value (`_unscored_message`)."""
     if numbers is None or target is None:
         raise ValueError("reward 'countdown' needs 'numbers' and 'target' columns in the data")
     scores: list[float | None] = []
-    problems: list[str] = []
+    problems: list[tuple[int, str, str]] = []  # (row, column, why it is unreadable)
     for row, (completion, nums, tgt) in enumerate(zip(completions, numbers, target, strict=True)):
         try:
             column = "numbers"
@@ -169,7 +170,7 @@ def countdown_reward(
             column = "target"
             row_target = parse_integer(tgt)
         except ColumnError as e:
-            problems.append(f"row {row} {column}: {e}")
+            problems.append((row, column, str(e)))
             scores.append(None)
             continue
         region, _ = answer_region(completion)
@@ -178,15 +179,24 @@ def countdown_reward(
         ok = expression is not None and check_equation(expression, row_numbers, row_target)
         scores.append(1.0 if ok else 0.0)
     if problems:
-        shown = "; ".join(problems[:_WARNED_ROWS])
-        more = f"; and {len(problems) - _WARNED_ROWS} more" if len(problems) > _WARNED_ROWS else ""
-        warnings.warn(
-            f"countdown: {len(problems)} of {len(scores)} rows left unscored, their numbers or "
-            f"target column unreadable: {shown}{more}",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        warnings.warn(_unscored_message(problems, len(scores)), RuntimeWarning, stacklevel=2)
     return scores
+
+
+def _unscored_message(problems: list[tuple[int, str, str]], rows: int) -> str:
+    """The warning for the rows of a call left unscored, each (row, column, why): each row
+    named by its place in the call where the call holds several rows; a call on one row (as the
+    runner makes, one per row of its batch) names its column and value alone, for its place in
+    the call, 0 of 1, is not its place in the batch."""
+    if rows == 1:
+        _, column, why = problems[0]
+        return f"countdown: a row left unscored, its {column} column unreadable: {why}"
+    shown = "; ".join(f"row {row} {column}: {why}" for row, column, why in problems[:_WARNED_ROWS])
+    more = f"; and {len(problems) - _WARNED_ROWS} more" if len(problems) > _WARNED_ROWS else ""
+    return (
+        f"countdown: {len(problems)} of {rows} rows left unscored, their numbers or target "
+        f"column unreadable: {shown}{more}"
+    )
 
 
 def _list_from_text(text: str) -> list[Any]:

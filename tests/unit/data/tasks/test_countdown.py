@@ -275,7 +275,7 @@ def test_other_latex_still_scores_zero(answer: str) -> None:
     assert check_equation(answer, [3, 7, 25], 46) is False
 
 
-@pytest.mark.filterwarnings("ignore:countdown. 1 of 1 rows left unscored:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:countdown. a row left unscored:RuntimeWarning")
 @pytest.mark.parametrize("timeout_s", [None, 5.0])
 def test_under_the_runner_a_malformed_row_is_unscored_not_an_error(timeout_s: float | None) -> None:
     # on_error="raise": a raise on data would stop training; the bad rows are left out instead
@@ -293,6 +293,31 @@ def test_under_the_runner_a_malformed_row_is_unscored_not_an_error(timeout_s: fl
     assert all(math.isnan(v) for v in result.per_fn[1:, 0].tolist())
     assert result.metrics["reward/errors"] == 0.0
     assert result.metrics["reward/countdown"] == 1.0
+
+
+def test_under_the_runner_each_warning_names_the_column_and_value_not_a_position() -> None:
+    """The runner calls countdown one row at a time: a row's place in its one-row call (0 of 1)
+    is not its place in the batch, so the warning names the row by its column and value."""
+    countdown = resolve_reward("countdown")[1]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with RewardRunner([("countdown", countdown, 1.0)], timeout_s=None) as runner:
+            result = runner.score(
+                ["p"] * 4,
+                [RIGHT] * 4,
+                {
+                    "numbers": [GOOD_NUMBERS, GOOD_NUMBERS, None, GOOD_NUMBERS],
+                    "target": [GOOD_TARGET, "46.5", GOOD_TARGET, GOOD_TARGET],
+                },
+            )
+    warned = [str(w.message) for w in caught if str(w.message).startswith("countdown")]
+    assert warned == [
+        "countdown: a row left unscored, its target column unreadable: '46.5' is not an integer",
+        "countdown: a row left unscored, its numbers column unreadable: None (NoneType) is not "
+        "a list of integers",
+    ]
+    scores = result.per_fn[:, 0].tolist()
+    assert scores[0] == scores[3] == 1.0 and math.isnan(scores[1]) and math.isnan(scores[2])
 
 
 def test_the_test_split_holds_each_problem_once() -> None:
