@@ -303,12 +303,15 @@ def _check_gold(s: Session) -> None:
     """`oncurve.loop.reward_signal.check_gold_answers` on a dataset run whose evaluation reads
     the `correct` reward (a built-in task's rows are made with their answers): a reference that
     reward cannot pay stops a run it trains, and is a note where `correct` is none of the run's
-    rewards (TRL's code recipes pass a `solution` column that is a whole program)."""
+    rewards (TRL's code recipes pass a `solution` column that is a whole program). It runs
+    whatever `run.preflight` says; its line on passing is printed with the preflight's."""
     cfg = s.config
     if cfg.data.path is None or s.correct not in ANSWER_MATCH_REWARDS:
         return
     try:
         line = check_gold_answers(s.data.rows, s.correct, s.data.rows[0].answer_field)
+        if not cfg.run.preflight:  # passing, it is one of the preflight's lines
+            return
     except UserError as error:
         if s.rewards.verifier is not None:
             raise
