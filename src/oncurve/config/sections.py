@@ -200,7 +200,8 @@ class DataConfig:
     )
     answer_format: str = _opt(
         "auto",
-        "how the reference answer is read off answer_field (the original stays in answer_raw): "
+        "how the reference answer is read off answer_field (the original, where that differs, "
+        "in answer_raw): "
         "gsm8k, the text after a last `#### ` line; boxed, the last \\boxed{}; last_number; "
         "raw, the whole value; auto: gsm8k when the value ends in a `#### x` line, boxed when "
         "it holds a \\boxed{}, else raw",
