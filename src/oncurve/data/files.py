@@ -97,7 +97,8 @@ def load_rows(
     under its own name too when that is "solution" (TRL's rewards read it). An answer that is
     null or blank text counts as missing: an error, or without `require_answer` an answer of
     None. A column named as one the trainer passes reward functions, or as one written here
-    (`ROW_COLUMNS`), is an error unless it is the prompt or answer field read here."""
+    (`ROW_COLUMNS`), is an error unless it is the prompt or answer field read here, and so is a
+    `prompt` column the prompt is not read from (the prompt would replace it)."""
     rows = []
     records = read_records(path, config, split)
     guessed = answer_field is None
@@ -109,6 +110,10 @@ def load_rows(
         {prompt_field} if prompt_template is None else set()
     )
     first_kind = None
+    # the columns the prompt is read from: a `prompt` column not among them would be replaced
+    prompt_columns = (
+        {prompt_field} if prompt_template is None else template_columns(prompt_template)
+    )
     for where, record in records:
         location = f"{path} {where}"
         if clash := sorted((TRAINER_COLUMNS | ROW_COLUMNS).intersection(record) - consumed):
@@ -118,6 +123,17 @@ def load_rows(
                 else "oncurve writes into each row"
             )
             raise UserError(f"{location}: column {clash[0]!r} is a name {owner} itself; rename it")
+        if "prompt" in record and "prompt" not in prompt_columns:
+            raise UserError(
+                f"{location}: column 'prompt' would be overwritten by the prompt, which "
+                + (
+                    f"data.prompt_field reads from {prompt_field!r}; rename the column, or read "
+                    "the prompt from it with data.prompt_field=prompt"
+                    if prompt_template is None
+                    else "data.prompt_template fills; rename the column, or use it in the "
+                    "template as {prompt}"
+                )
+            )
         if images := sorted(IMAGE_COLUMNS.intersection(record)):
             raise UserError(
                 f"{location}: column {images[0]!r} holds a vision-language model's images, which "
@@ -257,6 +273,11 @@ def fill_template(template: str, record: dict[str, Any], where: str) -> str:
             "prompt would be the same; name one as {column}"
         )
     return filled
+
+
+def template_columns(template: str) -> set[str]:
+    """The names `template` writes as `{column}` (`fill_template` fills those the row has)."""
+    return {name for name in _PLACEHOLDER.findall(template) if name}
 
 
 def _messages(value: list, where: str, field: str) -> list[dict[str, Any]]:

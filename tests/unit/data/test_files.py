@@ -346,3 +346,23 @@ def test_a_messages_other_keys_are_kept(tmp_path):
     bad = tmp_path / "bad.jsonl"
     write_jsonl(str(bad), [{"prompt": [{"role": "user", "content": None}], "answer": "1"}])
     assert "not of {role, content} messages" in _one_line_error("messages", str(bad))
+
+
+def test_a_prompt_column_the_prompt_is_not_read_from_is_refused(tmp_path):
+    """The prompt goes under "prompt": a column of that name read by neither data.prompt_field
+    nor data.prompt_template would be lost without a word."""
+    path = tmp_path / "d.jsonl"
+    write_jsonl(str(path), [{"question": "Q", "prompt": "P-col", "answer": "1"}])
+    assert _one_line_error("column 'prompt'", str(path), "question") == (
+        f"{path} line 1: column 'prompt' would be overwritten by the prompt, which "
+        "data.prompt_field reads from 'question'; rename the column, or read the prompt from it "
+        "with data.prompt_field=prompt"
+    )
+    assert _one_line_error("column 'prompt'", str(path), prompt_template="{question}?") == (
+        f"{path} line 1: column 'prompt' would be overwritten by the prompt, which "
+        "data.prompt_template fills; rename the column, or use it in the template as {prompt}"
+    )
+    # read by the setting, it is the prompt
+    assert load_rows(str(path))[0]["prompt"] == "P-col"
+    (row,) = load_rows(str(path), prompt_template="{question} {prompt}")
+    assert (row["prompt"], row["question"]) == ("Q P-col", "Q")
