@@ -91,14 +91,15 @@ def load_rows(
 
     The prompt is `prompt_template` filled from the row's columns, or the `prompt_field`
     column; a list of {"role", "content"} messages is kept under "prompt_messages" (for the chat
-    template), with its last user message as "prompt". The answer is read off `answer_field`
-    (None: "answer", else TRL's "solution", whichever the first row has) in `answer_format`
-    (`final_answer`), the original value kept as "answer_raw" when that changed any row's, and
-    under its own name too when that is "solution" (TRL's rewards read it). An answer that is
-    null or blank text counts as missing: an error, or without `require_answer` an answer of
-    None. A column named as one the trainer passes reward functions, or as one written here
-    (`ROW_COLUMNS`), is an error unless it is the prompt or answer field read here, and so is a
-    `prompt` column the prompt is not read from (the prompt would replace it)."""
+    template), with its last user message as "prompt": one whose messages hold no text is an
+    error, as an empty text prompt is. The answer is read off `answer_field` (None: "answer",
+    else TRL's "solution", whichever the first row has) in `answer_format` (`final_answer`),
+    the original value kept as "answer_raw" when that changed any row's, and under its own name
+    too when that is "solution" (TRL's rewards read it). An answer that is null or blank text
+    counts as missing: an error, or without `require_answer` an answer of None. A column named
+    as one the trainer passes reward functions, or as one written here (`ROW_COLUMNS`), is an
+    error unless it is the prompt or answer field read here, and so is a `prompt` column the
+    prompt is not read from (the prompt would replace it)."""
     rows = []
     records = read_records(path, config, split)
     guessed = answer_field is None
@@ -160,6 +161,10 @@ def load_rows(
         messages = None
         if isinstance(prompt, list):
             messages = _messages(prompt, location, prompt_field)
+            if all(_blank(m["content"]) and not m.get("tool_calls") for m in messages):
+                raise UserError(
+                    f"{location}: the prompt ({prompt_field!r}) is empty: its messages hold no text"
+                )
             prompt = next(
                 (m["content"] for m in reversed(messages) if m["role"] == "user"),
                 messages[-1]["content"] or "",

@@ -348,6 +348,28 @@ def test_a_messages_other_keys_are_kept(tmp_path):
     assert "not of {role, content} messages" in _one_line_error("messages", str(bad))
 
 
+def test_a_prompt_of_messages_with_no_text_is_refused_as_an_empty_text_prompt_is(tmp_path):
+    path = tmp_path / "d.jsonl"
+    blank = [{"role": "system", "content": " "}, {"role": "user", "content": ""}]
+    write_jsonl(str(path), [{"prompt": [{"role": "user", "content": "q"}], "answer": "1"},
+                            {"prompt": blank, "answer": "2"}])  # fmt: skip
+    assert _one_line_error("empty", str(path)) == (
+        f"{path} line 2: the prompt ('prompt') is empty: its messages hold no text"
+    )
+    write_jsonl(str(path), [{"q": "", "answer": "2"}])
+    assert _one_line_error("empty", str(path), prompt_template="{q}") == (
+        f"{path} line 1: the prompt (data.prompt_template) is empty"
+    )
+    # a system message's text is a prompt, as is a tool call with no text beside it
+    write_jsonl(str(path), [{"prompt": [blank[0] | {"content": "Say hi."}, blank[1]]}])
+    assert load_rows(str(path), require_answer=False)[0]["prompt"] == ""
+    call = {"type": "function", "function": {"name": "f", "arguments": "{}"}}
+    called = [{"role": "assistant", "content": None, "tool_calls": [call]},
+              {"role": "tool", "content": ""}]  # fmt: skip
+    write_jsonl(str(path), [{"prompt": called}])
+    assert len(load_rows(str(path), require_answer=False)) == 1
+
+
 def test_a_prompt_column_the_prompt_is_not_read_from_is_refused(tmp_path):
     """The prompt goes under "prompt": a column of that name read by neither data.prompt_field
     nor data.prompt_template would be lost without a word."""
