@@ -56,6 +56,9 @@ TRAINER_COLUMNS = frozenset(
 ROW_COLUMNS = frozenset(("answer_raw", "prompt_ids", "prompt_messages", "prompt_tools"))
 # The columns TRL builds multimodal prompts from.
 IMAGE_COLUMNS = frozenset(("image", "images"))
+# The roles a conversational prompt may end in, as TRL's `apply_chat_template` renders one: a
+# user's or a tool's message is answered in a new assistant turn, the assistant's is continued.
+ANSWERED_ROLES = ("user", "tool")
 
 
 ANSWER_FORMATS = ("auto", "raw", "gsm8k", "boxed", "last_number")
@@ -91,15 +94,16 @@ def load_rows(
 
     The prompt is `prompt_template` filled from the row's columns, or the `prompt_field`
     column; a list of {"role", "content"} messages is kept under "prompt_messages" (for the chat
-    template), with its last user message as "prompt": one whose messages hold no text is an
-    error, as an empty text prompt is. The answer is read off `answer_field` (None: "answer",
-    else TRL's "solution", whichever the first row has) in `answer_format` (`final_answer`),
-    the original value kept as "answer_raw" when that changed any row's, and under its own name
-    too when that is "solution" (TRL's rewards read it). An answer that is null or blank text
-    counts as missing: an error, or without `require_answer` an answer of None. A column named
-    as one the trainer passes reward functions, or as one written here (`ROW_COLUMNS`), is an
-    error unless it is the prompt or answer field read here, and so is a `prompt` column the
-    prompt is not read from (the prompt would replace it)."""
+    template), with its last user message as "prompt": one the chat template cannot end
+    (`chat_template_ending`) or whose messages hold no text is an error, as an empty text
+    prompt is. The answer is read off `answer_field` (None: "answer", else TRL's "solution",
+    whichever the first row has) in `answer_format` (`final_answer`), the original value kept
+    as "answer_raw" when that changed any row's, and under its own name too when that is
+    "solution" (TRL's rewards read it). An answer that is null or blank text counts as missing:
+    an error, or without `require_answer` an answer of None. A column named as one the trainer
+    passes reward functions, or as one written here (`ROW_COLUMNS`), is an error unless it is
+    the prompt or answer field read here, and so is a `prompt` column the prompt is not read
+    from (the prompt would replace it)."""
     rows = []
     records = read_records(path, config, split)
     guessed = answer_field is None
@@ -161,6 +165,8 @@ def load_rows(
         messages = None
         if isinstance(prompt, list):
             messages = _messages(prompt, location, prompt_field)
+            # a prompt the chat template cannot end (a system message last): refused on loading
+            chat_template_ending(messages, f"{location}: field {prompt_field!r}")
             if all(_blank(m["content"]) and not m.get("tool_calls") for m in messages):
                 raise UserError(
                     f"{location}: the prompt ({prompt_field!r}) is empty: its messages hold no text"
@@ -283,6 +289,23 @@ def fill_template(template: str, record: dict[str, Any], where: str) -> str:
 def template_columns(template: str) -> set[str]:
     """The names `template` writes as `{column}` (`fill_template` fills those the row has)."""
     return {name for name in _PLACEHOLDER.findall(template) if name}
+
+
+def chat_template_ending(messages: list[dict[str, Any]], where: str) -> dict[str, bool]:
+    """`apply_chat_template`'s settings for a conversational prompt, as TRL's
+    `apply_chat_template` renders one: the assistant's last message (a prefill, its text part of
+    the prompt's tokens) continued, a user's or a tool's followed by the generation prompt that
+    opens the assistant's turn; another last role is a one-line error after `where`."""
+    role = messages[-1]["role"]
+    if role == "assistant":
+        return {"add_generation_prompt": False, "continue_final_message": True}
+    if role not in ANSWERED_ROLES:
+        raise UserError(
+            f"{where} ends in a {role!r} message; a prompt ends in a user's or a tool's message "
+            "(the model answers in a new assistant turn) or in the assistant's (the model "
+            "continues it)"
+        )
+    return {"add_generation_prompt": True}
 
 
 def _messages(value: list, where: str, field: str) -> list[dict[str, Any]]:

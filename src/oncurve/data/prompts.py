@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from oncurve.config import Config, DataConfig
-from oncurve.data.files import Row, load_rows
+from oncurve.data.files import Row, chat_template_ending, load_rows
 from oncurve.data.tasks import get_task
 from oncurve.data.tasks.base import Task, TooFewProblems, leveled_examples
 from oncurve.envs.verifiers_envs import PREFIX as VERIFIERS_PREFIX
@@ -192,8 +192,9 @@ def encode_prompt(
 ) -> list[int]:
     """Token ids of a prompt after the optional system prompt and chat template; a
     conversational prompt (`messages`, which `prompt` then only names) always takes the chat
-    template, which shows `tools` (OpenAI's function definitions) where given. `where` locates
-    the row in the error for a prompt over `data.max_prompt_tokens`."""
+    template, which shows `tools` (OpenAI's function definitions) where given, and ends in the
+    generation prompt, or in the assistant's last message continued (`chat_template_ending`).
+    `where` locates the row in the error for a prompt over `data.max_prompt_tokens`."""
     if messages is not None and not getattr(tokenizer, "chat_template", None):
         raise UserError(
             f"{where}: {prompt_source(data)} is a list of messages, and the tokenizer has "
@@ -218,9 +219,10 @@ def encode_prompt(
     if messages is not None:
         # transformers 5 returns a BatchEncoding (a Mapping, not a dict) unless told otherwise
         shown = {"tools": tools} if tools else {}
+        ending = chat_template_ending(messages, f"{where}: {prompt_source(data)}")
         try:
             ids = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False, **shown
+                messages, tokenize=True, return_dict=False, **ending, **shown
             )
         except Exception as error:  # the template's own refusal (jinja's or its raise_exception)
             message = str(error).splitlines()[0] if str(error) else type(error).__name__

@@ -9,7 +9,8 @@ in one call (a request that cannot be, a prompt too long, fails alone). The chat
 applied once, here: an assistant message whose text is a completion this endpoint sampled for
 the same episode is spliced back as the tokens it sampled, so a conversation's
 tokens are the ones the policy produced; one it did not sample (text a harness rewrote) is
-tokenized as text and its call marked `rewritten`. A request's `tools` are shown to the model
+tokenized as text and its call marked `rewritten`. A last assistant message is continued, as a
+dataset's conversational prompt is (`oncurve.data.files.chat_template_ending`). A request's `tools` are shown to the model
 through its chat template and its calls answered as OpenAI's `tool_calls`
 (`oncurve.rollout.tool_calls`: the Hermes format). Every call is kept in `Endpoint.calls`.
 """
@@ -27,6 +28,7 @@ from concurrent.futures import Future
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from oncurve.data.files import chat_template_ending
 from oncurve.errors import UserError
 from oncurve.rollout.base import Sampler, SamplingParams
 from oncurve.rollout.tool_calls import (
@@ -134,17 +136,20 @@ class Endpoint:
         tools: list[dict[str, Any]] | None = None,
         episode: int | None = None,
     ) -> tuple[list[int], bool]:
-        """The token ids of `messages` in the chat template (showing `tools`), with a
-        generation prompt: every assistant message whose text (and tool calls) this endpoint
-        sampled for `episode` as the ids it sampled, and any other message that holds a special token's text
-        (a tool that printed `<|im_end|>`) as that text's ids, so that it cannot end its message
-        or forge a turn; and whether any assistant message was one it did not sample."""
+        """The token ids of `messages` in the chat template (showing `tools`), ended as a
+        dataset's conversational prompt is (`chat_template_ending`: a last assistant message
+        continued, else a generation prompt): every assistant message whose text (and tool
+        calls) this endpoint sampled for `episode` as the ids it sampled, and any other message
+        that holds a special token's text (a tool that printed `<|im_end|>`) as that text's ids,
+        so that it cannot end its message or forge a turn; and whether any assistant message
+        was one it did not sample."""
         tokenizer = self.sampler.tokenizer
         marked, spliced, rewritten = [], [], False
         # a mark no message holds: a tool's output that printed one would split the text there
         nonce = secrets.token_hex(8)
         specials = tokenizer.all_special_tokens
         shown = {"tools": tools} if tools else {}
+        ending = chat_template_ending(messages, "messages")
         for message in messages:
             content = message.get("content")
             calls = message.get("tool_calls")
@@ -165,9 +170,7 @@ class Endpoint:
                     ]
                 )
             marked.append(message)
-        text = tokenizer.apply_chat_template(
-            marked, add_generation_prompt=True, tokenize=False, **shown
-        )
+        text = tokenizer.apply_chat_template(marked, tokenize=False, **ending, **shown)
         ids: list[int] = []
         eos = tokenizer.eos_token or ""
         for k, sampled in enumerate(spliced):
@@ -175,7 +178,7 @@ class Endpoint:
             if not mark:  # the template dropped the turn: nothing of it to splice
                 whole = [template_message(m) if m.get("tool_calls") else m for m in messages]
                 return self.encode_text(tokenizer.apply_chat_template(
-                    whole, add_generation_prompt=True, tokenize=False, **shown)), True  # fmt: skip
+                    whole, tokenize=False, **ending, **shown)), True  # fmt: skip
             ids += self.encode_text(before) + sampled
             if eos and tokenizer.decode(sampled[-1:]) == eos and text.startswith(eos):
                 text = text[len(eos) :]  # the turn's end is the sampled EOS token

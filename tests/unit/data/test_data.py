@@ -286,6 +286,39 @@ def test_system_prompt_and_chat_template():
     )
 
 
+def test_a_prompt_ending_in_the_assistants_message_is_continued():
+    """As TRL's `apply_chat_template` renders a conversational prompt: after a user's or a
+    tool's message the generation prompt opens the assistant's turn; an assistant's last message
+    (a prefill) is continued, its text the end of the prompt's tokens and no new turn opened; a
+    prompt ending in another role's message is one line naming the row and field."""
+    tokenizer = char_tokenizer()
+    tokenizer.chat_template = (
+        "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant]{% endif %}"
+    )
+
+    def text(*messages: dict) -> str:
+        row = {"prompt": "q", "prompt_messages": list(messages), "answer": "2"}
+        ids = PromptData([row], tokenizer, DataConfig(system_prompt="S"), seed=0).rows[0]
+        return tokenizer.decode(ids["prompt_ids"])
+
+    user = {"role": "user", "content": "q"}
+    prefill = {"role": "assistant", "content": "Let me"}
+    assert text(user) == "[system]S\n[user]q\n[assistant]"
+    assert text(user, prefill) == "[system]S\n[user]q\n[assistant]Let me"
+    tool = {"role": "tool", "content": "4"}
+    assert (
+        text(user, prefill, tool) == "[system]S\n[user]q\n[assistant]Let me\n[tool]4\n[assistant]"
+    )
+    with pytest.raises(UserError) as err:
+        text(user, {"role": "system", "content": "s"})
+    assert str(err.value) == (
+        "row 0: field 'prompt' ends in a 'system' message; a prompt ends in a user's or a "
+        "tool's message (the model answers in a new assistant turn) or in the assistant's "
+        "(the model continues it)"
+    )
+
+
 def test_a_conversational_rows_messages_are_the_ones_the_policy_was_given():
     """Reward functions (TRL's, a reward model) read a conversational row's `prompt_messages`
     with the system prompt the policy was given; a text prompt has none, chat template or

@@ -348,6 +348,24 @@ def test_a_messages_other_keys_are_kept(tmp_path):
     assert "not of {role, content} messages" in _one_line_error("messages", str(bad))
 
 
+def test_a_prompt_may_end_in_the_assistants_message_and_not_in_another_roles(tmp_path):
+    """A prefill (the assistant's last message, which the model continues) loads as it is; a
+    last message of a role TRL refuses to end a prompt in is one line naming the row and field."""
+    user = {"role": "user", "content": "q"}
+    path = tmp_path / "d.jsonl"
+    write_jsonl(str(path), [{"prompt": [user, {"role": "assistant", "content": "Let me"}],
+                             "answer": "2"}])  # fmt: skip
+    (row,) = load_rows(str(path))
+    assert row["prompt_messages"][-1] == {"role": "assistant", "content": "Let me"}
+    for role in ("system", "developer"):
+        write_jsonl(str(path), [{"prompt": [user, {"role": role, "content": "s"}], "answer": "2"}])
+        assert _one_line_error("ends in", str(path)) == (
+            f"{path} line 1: field 'prompt' ends in a {role!r} message; a prompt ends in a "
+            "user's or a tool's message (the model answers in a new assistant turn) or in the "
+            "assistant's (the model continues it)"
+        )
+
+
 def test_a_prompt_of_messages_with_no_text_is_refused_as_an_empty_text_prompt_is(tmp_path):
     path = tmp_path / "d.jsonl"
     blank = [{"role": "system", "content": " "}, {"role": "user", "content": ""}]

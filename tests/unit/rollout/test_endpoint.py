@@ -101,6 +101,27 @@ def test_a_message_s_text_parts_are_its_text(sampler):
     assert answer["prompt_token_ids"] == list(prompt)
 
 
+def test_a_request_ending_in_the_assistants_message_continues_it(sampler):
+    """A last assistant message (a prefill) is continued, as a dataset's conversational prompt
+    is rendered for the policy: its text ends the prompt's tokens, no new turn opened; a
+    request ending in a system message is refused, as such a prompt is."""
+    prefill = [*QUESTION, {"role": "assistant", "content": "Let me think"}]
+    with Endpoint(sampler, SamplingParams(max_new_tokens=2)) as endpoint:
+        status, answer = post(endpoint.base_url, "/chat/completions", {"messages": prefill})
+        assert status == 200, answer
+        system = [*QUESTION, {"role": "system", "content": "Be brief."}]
+        refused, error = post(endpoint.base_url, "/chat/completions", {"messages": system})
+    prompt = sampler.tokenizer.apply_chat_template(
+        prefill, add_generation_prompt=False, continue_final_message=True, tokenize=True,
+        return_dict=False,
+    )  # fmt: skip
+    assert answer["prompt_token_ids"] == list(prompt)
+    text = sampler.tokenizer.decode(prompt)
+    assert text.endswith("Let me think") and text.count("<|im_start|>assistant") == 1
+    assert refused == 400
+    assert error["error"]["message"].startswith("messages ends in a 'system' message; a prompt")
+
+
 def test_a_conversation_s_earlier_turns_are_the_tokens_sampled(sampler):
     """A second turn's prompt begins with the first turn's prompt and the ids sampled for it,
     whatever re-tokenising the text would give; an assistant text the endpoint did not sample
