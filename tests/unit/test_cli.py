@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -302,30 +303,90 @@ def test_sample_on_an_unknown_device_is_a_one_line_user_error(capsys, device):
     assert err == f"oncurve: error: --device must be cpu, cuda, cuda:N or auto, got {device!r}"
 
 
-@pytest.mark.parametrize(("own", "trusted"), [(True, True), (False, False)])
-def test_a_runs_remote_code_setting_reaches_its_own_model_only(tmp_path, monkeypatch, own, trusted):
-    """`--run R --model OTHER`: R's model.trust_remote_code=true is R's model's, not OTHER's."""
-    import argparse
+def _remote_code_note(config_file) -> str:
+    return (
+        f"note: {config_file} sets model.trust_remote_code: true, which oncurve eval and sample "
+        "do not follow: --trust-remote-code runs the code the run's model ships (for code you "
+        "trust)"
+    )
 
+
+@pytest.mark.parametrize("named", ["--run", "final", "checkpoint", "other"])
+@pytest.mark.parametrize("flag", [False, True])
+def test_only_the_flag_trusts_a_models_code_and_a_run_that_does_is_noted(
+    tmp_path, monkeypatch, capsys, named, flag
+):
+    """A run's model.trust_remote_code: true does not carry over: `--trust-remote-code` alone
+    trusts the model's code, alike for `--run R`, `--model R/final` and a checkpoint of R; without
+    it one note names the run's config and the flag. Another model beside `--run R` (`other`) is
+    not the run's, so R's setting earns it no note."""
     import oncurve.model.sources as sources
+    import oncurve.run.checkpoint_model as checkpoint_model
     from oncurve.cli.common import load_sampler
-    from oncurve.config import load_config
 
+    run = tmp_path / "run"
+    checkpoint = run / "checkpoints" / "step-000001"
     seen = []
     monkeypatch.setattr(sources, "resolve_model_path", lambda path, *a, **k: path)
     monkeypatch.setattr(sources, "load_tokenizer", lambda path, trust: seen.append(trust))
     monkeypatch.setattr(
         sources, "load_model", lambda *a, trust_remote_code: seen.append(trust_remote_code)
     )
+    monkeypatch.setattr(
+        checkpoint_model,
+        "find_checkpoint",
+        lambda path: checkpoint if named == "checkpoint" else None,
+    )
+    monkeypatch.setattr(
+        checkpoint_model,
+        "load_checkpoint_model",
+        lambda *a, trust_remote_code: (seen.append(trust_remote_code), None),
+    )
     monkeypatch.setattr("oncurve.rollout.build_sampler", lambda *a, **k: None)
-    run = tmp_path / "run"
-    (run / "final").mkdir(parents=True)
     config = load_config(None, ["model.path=org/remote", "model.trust_remote_code=true"])
-    model = str(run / "final") if own else str(tmp_path / "other")
-    args = argparse.Namespace(model=model, run_dir=str(run), revision=None, device="cpu",
-                              dtype="float32", backend="hf", trust_remote_code=False)  # fmt: skip
-    load_sampler(args, config)
-    assert seen == [trusted, trusted]
+    model, run_dir, config_file = {
+        "--run": (run / "final", run, run / "config.yaml"),
+        "final": (run / "final", None, run / "config.yaml"),
+        "checkpoint": (checkpoint, None, checkpoint / "state.json"),
+        "other": (tmp_path / "other", run, run / "config.yaml"),
+    }[named]
+    args = argparse.Namespace(model=str(model), run_dir=run_dir and str(run_dir), revision=None,
+                              device="cpu", dtype="float32", backend="hf",
+                              trust_remote_code=flag)  # fmt: skip
+    load_sampler(args, config, str(config_file))
+    assert seen == [flag] * (1 if named == "checkpoint" else 2)
+    noted = not flag and named != "other"
+    assert capsys.readouterr().err.splitlines() == (
+        [_remote_code_note(config_file)] if noted else []
+    )
+
+
+def test_a_runs_own_code_runs_neither_for_run_nor_for_its_final_without_the_flag(
+    tiny_model_dir, tmp_path, capsys
+):
+    """`--run R` and `--model R/final` of a run that set model.trust_remote_code: true load the
+    same model, transformers' own class, and sample the same; the code final/ ships never runs."""
+    from oncurve.config import save_config
+
+    run = tmp_path / "run"
+    final = run / "final"
+    shutil.copytree(tiny_model_dir, final)
+    settings = json.loads((final / "config.json").read_text())
+    settings["auto_map"] = {"AutoConfig": "custom.MyConfig", "AutoModelForCausalLM": "custom.M"}
+    (final / "config.json").write_text(json.dumps(settings))
+    marker = tmp_path / "ran"
+    (final / "custom.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    overrides = [f"model.path={tiny_model_dir}", "model.trust_remote_code=true"]
+    save_config(load_config(None, overrides), run / "config.yaml")
+    prompt = ["--prompt", "1+1=", "--device", "cpu", "--temperature", "0", "--max-new-tokens", "4"]
+    outputs = []
+    for named in (["--run", str(run)], ["--model", str(final)]):
+        assert main(["sample", *named, *prompt]) == 0
+        captured = capsys.readouterr()
+        outputs.append(captured.out)
+        assert _remote_code_note(run / "config.yaml") in captured.err.splitlines()
+    assert outputs[0] == outputs[1] and outputs[0]
+    assert not marker.exists()
 
 
 def test_a_run_directory_given_as_the_model_points_to_run(tmp_path, capsys):

@@ -207,7 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
             "--min-p", type=_fraction(low_open=False), help="drop tokens below min_p x the top one"
         )
         p.add_argument("--seed", type=_seed, help="default: the run's run.seed, else 0")
-        p.add_argument("--trust-remote-code", action="store_true")
+        p.add_argument(
+            "--trust-remote-code",
+            action="store_true",
+            help="run the Python code the model ships (auto_map), for code you trust; a run's "
+            "model.trust_remote_code does not carry over (off without this flag)",
+        )
         p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (as run.device)")
         p.add_argument(
             "--dtype",

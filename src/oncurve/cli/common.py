@@ -174,14 +174,17 @@ def prompt_format(args: argparse.Namespace, config, tokenizer):
 
 
 def load_sampler(
-    args: argparse.Namespace, config: Config | None = None
+    args: argparse.Namespace, config: Config | None = None, config_file: str = ""
 ) -> tuple[Sampler, PreTrainedModel]:
-    """The `--backend` sampler of the `--model` model (a run's `config`: its remote-code
-    setting, for the run's own model only), and the model. A checkpoint's policy is loaded on
-    the base model its run started from (`load_checkpoint_model`)."""
+    """The `--backend` sampler of the `--model` model, and the model. The code a model ships
+    runs only with `--trust-remote-code`: a run's `model.trust_remote_code` (its `config`, read
+    from `config_file`) was trust for its training, and is said in one note when the flag is
+    absent. A checkpoint's policy is loaded on the base model its run started from
+    (`load_checkpoint_model`)."""
     from oncurve.model.devices import resolve_device, resolve_dtype
     from oncurve.model.sources import load_model, load_tokenizer, resolve_model_path
     from oncurve.rollout import build_sampler
+    from oncurve.run.checkpoint import STATE_FILE
     from oncurve.run.checkpoint_model import (
         checkpoint_config,
         find_checkpoint,
@@ -190,28 +193,42 @@ def load_sampler(
 
     device = resolve_device(args.device, what="--device")
     dtype = resolve_dtype(args.dtype, device)
+    trust = args.trust_remote_code
     checkpoint = find_checkpoint(args.model)
     if checkpoint is not None:
         if args.revision is not None:
             raise UserError(f"--revision applies to a Hub id; --model {args.model} is a checkpoint")
         # without --run, `config` is the checkpoint's own (`run_config`)
         saved = config if args.run_dir is None else checkpoint_config(checkpoint)
-        model, tokenizer = load_checkpoint_model(checkpoint, saved, dtype, device)
+        _note_untrusted_run_code(saved, str(checkpoint / STATE_FILE), trust)
+        model, tokenizer = load_checkpoint_model(
+            checkpoint, saved, dtype, device, trust_remote_code=trust
+        )
     else:
         path = resolve_model_path(args.model, args.revision, what="--model")
         if config is not None and _the_runs_model(args, config):
-            args.trust_remote_code = args.trust_remote_code or config.model.trust_remote_code
-        tokenizer = load_tokenizer(path, args.trust_remote_code)
-        model = load_model(path, dtype, device, trust_remote_code=args.trust_remote_code)
+            _note_untrusted_run_code(config, config_file, trust)
+        tokenizer = load_tokenizer(path, trust)
+        model = load_model(path, dtype, device, trust_remote_code=trust)
     return build_sampler(args.backend, model, tokenizer, name="--backend"), model
 
 
+def _note_untrusted_run_code(config: Config, config_file: str, trusted: bool) -> None:
+    """The note that the run (`config`, read from `config_file`) trusted its model's code and
+    this command, without `--trust-remote-code`, does not."""
+    if config.model.trust_remote_code and not trusted:
+        print(
+            f"note: {config_file} sets model.trust_remote_code: true, which oncurve eval and "
+            "sample do not follow: --trust-remote-code runs the code the run's model ships "
+            "(for code you trust)",
+            file=sys.stderr,
+        )
+
+
 def _the_runs_model(args: argparse.Namespace, config: Config) -> bool:
-    """Whether `--model` is the model of the `--run` run (its final/ or the model it started
-    from): a run's `model.trust_remote_code` is trust in its own model's code, no other's."""
-    if args.model == config.model.path:
+    """Whether `--model` (not a checkpoint) is the model of the run whose `config` the command
+    follows: the run's final/ (`--model RUN/final`, or `--run RUN`'s) or the model it started
+    from; a run's `model.trust_remote_code` was trust in its own model's code, no other's."""
+    if args.run_dir is None or args.model == config.model.path:
         return True
-    return (
-        args.run_dir is not None
-        and Path(args.model).resolve() == (Path(args.run_dir) / "final").resolve()
-    )
+    return Path(args.model).resolve() == (Path(args.run_dir) / "final").resolve()

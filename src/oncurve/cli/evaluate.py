@@ -30,7 +30,7 @@ def eval_command(args: argparse.Namespace) -> int:
 
     config, config_file = run_config(args)
     chosen = sampling(args, config, config_file)
-    sampler, model = load_sampler(args, config)
+    sampler, model = load_sampler(args, config, config_file)
     data = prompt_format(args, config, sampler.tokenizer)
     scorer, correct, reads_answer = _eval_scorer(args, config)
     rows = _eval_rows(args, config, data, needs_answer=reads_answer)

@@ -20,7 +20,7 @@ def sample_command(args: argparse.Namespace) -> int:
 
     config, config_file = run_config(args)
     chosen = sampling(args, config, config_file)
-    sampler, model = load_sampler(args, config)
+    sampler, model = load_sampler(args, config, config_file)
     data = prompt_format(args, config, sampler.tokenizer)
     ids = encode_prompt(sampler.tokenizer, args.prompt, data, "--prompt")
     max_new_tokens = fitted_new_tokens(chosen, len(ids), model.config)

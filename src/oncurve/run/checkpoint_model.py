@@ -58,17 +58,20 @@ def load_checkpoint_model(
     config: Config,
     dtype: str,
     device: str | torch.device,
+    trust_remote_code: bool = False,
 ) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     """The policy `path` holds, in eval mode, and its tokenizer: `config`'s base model (the run's
     `model.path`) with the checkpoint's weights, or its LoRA adapter merged in; the files'
     weights' checksum verified first (UserError naming the file when it does not match; the
-    optimizer's state, which a policy does not need, is not read)."""
+    optimizer's state, which a policy does not need, is not read). The code the base model
+    ships runs only with `trust_remote_code`, whatever the run's `model.trust_remote_code`:
+    that was trust for its training, not for whoever loads its checkpoint."""
     path = Path(path)
     verify_checksums(path, (MODEL_FILE,))
     model_config = config.model
     base = resolve_model_path(model_config.path, model_config.revision)
-    tokenizer = load_tokenizer(base, model_config.trust_remote_code)
-    model = load_model(base, dtype, device, model_config.trust_remote_code)
+    tokenizer = load_tokenizer(base, trust_remote_code)
+    model = load_model(base, dtype, device, trust_remote_code)
     if model_config.lora.r > 0:
         peft_model = add_lora(model, model_config.lora)
         load_trainable(path / MODEL_FILE, peft_model.get_base_model())

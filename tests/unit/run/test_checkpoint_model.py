@@ -99,3 +99,23 @@ def test_a_lora_checkpoint_loads_merged_as_the_final_model(tiny_model_dir, data_
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=0)
     assert any(not torch.equal(got[name], before[name]) for name in before)
+
+
+def test_the_base_models_code_runs_only_when_trusted_here_not_as_the_run_trusted_it(
+    two_step_run, tiny_model_dir, tmp_path
+):
+    """A run's model.trust_remote_code was trust for its training: its checkpoint loads on
+    transformers' own class of a base model that ships code, and that code does not run."""
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model_dir, base)
+    settings = json.loads((base / "config.json").read_text())
+    settings["auto_map"] = {"AutoConfig": "custom.MyConfig", "AutoModelForCausalLM": "custom.M"}
+    (base / "config.json").write_text(json.dumps(settings))
+    marker = tmp_path / "ran"
+    (base / "custom.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    path = two_step_run / "checkpoints" / "step-000002"
+    config = checkpoint_config(path)
+    config.model.path, config.model.trust_remote_code = str(base), True
+    model, _ = load_checkpoint_model(path, config, "float32", "cpu")
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert not marker.exists()
