@@ -389,6 +389,20 @@ def test_a_runs_own_code_runs_neither_for_run_nor_for_its_final_without_the_flag
     assert not marker.exists()
 
 
+def test_revision_with_a_run_names_the_run_not_a_model_never_given(
+    tiny_model_dir, tmp_path, capsys
+):
+    from oncurve.config import save_config
+
+    shutil.copytree(tiny_model_dir, tmp_path / "final")
+    save_config(load_config(None, [f"model.path={tiny_model_dir}"]), tmp_path / "config.yaml")
+    assert main(["eval", "--run", str(tmp_path), "--revision", "main", "--data", "x.jsonl"]) == 2
+    assert capsys.readouterr().err == (
+        f"oncurve: error: --revision applies to a Hugging Face Hub id only; --run {tmp_path} "
+        "loads its local final/\n"
+    )
+
+
 def test_a_run_directory_given_as_the_model_points_to_run(tmp_path, capsys):
     (tmp_path / "config.yaml").write_text("run: {steps: 1}\n")
     assert main(["sample", "--model", str(tmp_path), "--prompt", "1+1="]) == 2

@@ -21,9 +21,10 @@ if TYPE_CHECKING:
 def run_config(args: argparse.Namespace) -> tuple[Config | None, str]:
     """The resolved config of the run the command follows, and the file it was read from:
     `--run RUN_DIR`'s config.yaml (filling in `--model` with the run's final model when it is
-    not given); else, when `--model` is a checkpoint (`RUN/checkpoints/step-N`, or
-    `RUN/checkpoints/latest`), the config its state.json was saved with; else, when it is a
-    run's `final/` (`RUN/final` beside `RUN/config.yaml`), the run's config; else (None, "")."""
+    not given, a local one `--revision` does not apply to); else, when `--model` is a
+    checkpoint (`RUN/checkpoints/step-N`, or `RUN/checkpoints/latest`), the config its
+    state.json was saved with; else, when it is a run's `final/` (`RUN/final` beside
+    `RUN/config.yaml`), the run's config; else (None, "")."""
     from oncurve.config import load_run_config
     from oncurve.model.saving import missing_from_final
     from oncurve.run.checkpoint import STATE_FILE, latest_checkpoint
@@ -45,6 +46,11 @@ def run_config(args: argparse.Namespace) -> tuple[Config | None, str]:
         raise UserError(f"--run {args.run_dir}: no config.yaml (not a run directory)")
     config = load_run_config(path)
     if args.model is None:
+        if args.revision is not None:
+            raise UserError(
+                f"--revision applies to a Hugging Face Hub id only; --run {args.run_dir} loads "
+                "its local final/"
+            )
         final = Path(args.run_dir) / "final"
         if not final.exists():
             latest = latest_checkpoint(Path(args.run_dir))
