@@ -23,7 +23,8 @@ def supports_tool_calls(tokenizer: Any) -> bool:
 def parse_tool_calls(text: str, call_id: str) -> tuple[str | None, list[dict[str, Any]]]:
     """(content, tool_calls) of a completion: its text before the first call (None when
     empty) and each call as OpenAI writes one (`arguments` a JSON string, ids `call_id`-k).
-    A call that is not a JSON object with a name leaves the whole text as content and no
+    A call that is not a JSON object with a name (or is JSON that `json` cannot read: nested
+    past its recursion, a number too long for `int`) leaves the whole text as content and no
     call, as vLLM does: the policy's malformed call is its own answer to be scored."""
     found = _call_spans(text)
     if not found:
@@ -32,16 +33,16 @@ def parse_tool_calls(text: str, call_id: str) -> tuple[str | None, list[dict[str
     for k, (_, body) in enumerate(found):
         try:
             call = json.loads(body)
-        except json.JSONDecodeError:
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                return text, []
+            arguments = json.dumps(call.get("arguments", {}))
+        except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
             return text, []
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return text, []
-        arguments = call.get("arguments", {})
         calls.append(
             {
                 "id": f"{call_id}-{k}",
                 "type": "function",
-                "function": {"name": call["name"], "arguments": json.dumps(arguments)},
+                "function": {"name": call["name"], "arguments": arguments},
             }
         )
     content = text[: found[0][0]].strip()
@@ -90,10 +91,12 @@ def template_message(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def _parsed(arguments: Any) -> Any:
-    """A call's arguments as a mapping when they are JSON text of one, else as they are."""
+    """A call's arguments as a mapping when they are JSON text of one, else as they are (text
+    `json` cannot read, nested past its recursion or with a number too long for `int`,
+    included)."""
     if isinstance(arguments, str):
         try:
             return json.loads(arguments)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             return arguments
     return arguments

@@ -411,6 +411,11 @@ def test_tools_for_a_template_without_a_tool_call_format_are_refused():
         (' A <tool_call>\n {"name": "f"} \t\n</tool_call>', "A", [("f", {})]),
         ('<tool_call><tool_call>{"name": "f"}</tool_call>', None, None),
         ('<tool_call>{"name": "f"}</tool_call></tool_call>', None, [("f", {})]),
+        # JSON too deep for the parser's recursion, or a number too long for int(): text
+        ('<tool_call>{"name": "f", "arguments": {"x": ' + "[" * 100_000 + "]" * 100_000
+         + "}}</tool_call>", None, None),
+        ('<tool_call>{"name": "f", "arguments": {"x": ' + "9" * 5000 + "}}</tool_call>",
+         None, None),
     ],
 )  # fmt: skip
 def test_parse_tool_calls(text, content, calls):
@@ -476,3 +481,27 @@ def test_tool_choice_none_shows_no_tools_and_a_forced_choice_is_refused():
     assert answer["prompt_token_ids"] == list(plain)
     assert answer["choices"][0]["message"]["content"] == said
     assert status == 400 and refused["error"]["message"].startswith('tool_choice: "required"')
+
+
+def test_a_call_json_cannot_read_is_the_policy_s_answer_and_a_client_s_is_its_text():
+    """A completion whose call holds a number too long for `int` is answered as its text with
+    no call (not a server error); an assistant message sent back with arguments nested past
+    the JSON parser's recursion is a rewritten turn."""
+    tokenizer = load_qwen3_tokenizer()
+    said = '<tool_call>{"name": "add", "arguments": {"a": ' + "9" * 5000 + "}}</tool_call>"
+    ids = tokenizer(said, add_special_tokens=False)["input_ids"]
+    deep = "[" * 100_000 + "]" * 100_000
+    with Endpoint(OneCompletion(tokenizer, ids), SamplingParams(max_new_tokens=4)) as endpoint:
+        status, first = post(endpoint.base_url, "/chat/completions",
+                             {"messages": QUESTION, "tools": ADD})  # fmt: skip
+        assert status == 200, first
+        (choice,) = first["choices"]
+        assert choice["message"]["content"] == said and choice["finish_reason"] == "stop"
+        assert "tool_calls" not in choice["message"]
+        call = {"id": "c", "type": "function", "function": {"name": "add", "arguments": deep}}
+        sent_back = {"role": "assistant", "content": None, "tool_calls": [call]}
+        result = {"role": "tool", "tool_call_id": "c", "content": "3"}
+        status, second = post(endpoint.base_url, "/chat/completions",
+                              {"messages": [*QUESTION, sent_back, result], "tools": ADD})  # fmt: skip
+    assert status == 200, second
+    assert [call.rewritten for call in endpoint.calls] == [False, True]
