@@ -1,8 +1,9 @@
 """`python_tool`: the policy may run Python in the sandbox before it answers.
 
 A turn with a ```python fenced block is a tool call (a block tagged otherwise, or not at all, is
-not): the block runs in `oncurve.sandbox` and its output (stdout, and stderr's tail when it
-failed) comes back as the next message. A turn without one is the final answer, scored as the
+not): the block runs in `oncurve.sandbox` and its output comes back as the next message: the
+last 2,000 characters of stdout, and when it failed a `[status: reason]` line and the last
+1,000 characters of stderr. A turn without one is the final answer, scored as the
 `correct` reward scores it: 1.0 when its answer (`extract_answer`: the last `\\boxed{}`, else
 the last number) strictly matches the row's "answer" without restating the row's prompt
 (`answers_match`), else 0.0; NaN (unscored) for a row without a usable answer (`usable_gold`).
@@ -24,8 +25,10 @@ INSTRUCTIONS = (
     "comes back. When you know the answer, reply without a code block and put the final "
     "answer in \\boxed{}."
 )
-# What comes back of a long output: enough for an answer, not a flood of tokens.
-_OUTPUT_CHARS = 2000
+# What comes back of a long output: enough for an answer, not a flood of tokens. Each stream
+# has its own budget, so a long traceback cannot push out what the program printed.
+_STDOUT_CHARS = 2000
+_STDERR_CHARS = 1000
 
 
 class PythonToolEnv:
@@ -65,7 +68,7 @@ class PythonToolEnv:
             return None, 1.0 if right else 0.0, True
         self.calls += 1
         result = run_python(program, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
-        output = result.stdout
+        output = result.stdout[-_STDOUT_CHARS:]
         if result.status != "ok":
-            output += f"\n[{result.status}: {result.reason}]\n{result.stderr[-_OUTPUT_CHARS:]}"
-        return "Output:\n" + output[-_OUTPUT_CHARS:].strip(), 0.0, False
+            output += f"\n[{result.status}: {result.reason}]\n{result.stderr[-_STDERR_CHARS:]}"
+        return "Output:\n" + output.strip(), 0.0, False

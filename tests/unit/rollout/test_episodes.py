@@ -152,6 +152,19 @@ def test_python_tool_runs_python_blocks_only_and_scores_the_rest(turn, answer, s
     assert math.isnan(reward) if score is None else reward == score
 
 
+@pytest.mark.skipif(not isolation().namespaces, reason="the sandbox needs namespaces here")
+def test_python_tool_s_failure_keeps_stdout_its_status_and_stderr_s_tail():
+    """A program that prints, writes 5,000 characters to stderr and fails: the observation
+    holds its stdout, the `[error: ...]` line and the end of stderr, within its budget."""
+    env = PythonToolEnv(timeout_s=5.0)
+    env.reset({"prompt": "What is 6 * 7 + 1?", "answer": "43"})
+    program = "import sys\nprint('out' * 3)\nsys.stderr.write('e' * 4999 + 'E')\nsys.exit(1)"
+    observation, reward, done = env.step(f"```python\n{program}\n```")
+    assert (reward, done) == (0.0, False)
+    assert observation.startswith("Output:\noutoutout\n\n[error: exit]\n")
+    assert observation.endswith("eeeE") and len(observation) < 2000
+
+
 def test_max_turns_ends_the_episode_and_rewards_add_up(qwen3_tokenizer):
     """An environment that would go on for 5 turns is stopped after max_turns=2: two policy
     turns, one observation, and the two steps' rewards summed."""
