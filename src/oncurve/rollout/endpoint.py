@@ -4,15 +4,22 @@
 with the run's settings (a request may shorten `max_tokens` and add `stop` strings, and ask for
 `n` choices; its temperature and the like are the run's, so that what trains is on-policy).
 Each response carries vLLM's extension fields: `prompt_token_ids`, and per choice `token_ids`
-and the sampler's logprobs. Requests that arrive within `max_wait_s` of each other are sampled
-in one call (a request that cannot be, a prompt too long, fails alone). The chat template is
-applied once, here: an assistant message whose text is a completion this endpoint sampled for
-the same episode is spliced back as the tokens it sampled, so a conversation's
-tokens are the ones the policy produced; one it did not sample (text a harness rewrote) is
-tokenized as text and its call marked `rewritten`. A last assistant message is continued, as a
-dataset's conversational prompt is (`oncurve.data.files.chat_template_ending`). A request's `tools` are shown to the model
-through its chat template and its calls answered as OpenAI's `tool_calls`
-(`oncurve.rollout.tool_calls`: the Hermes format). Every call is kept in `Endpoint.calls`.
+and the sampler's logprobs. A choice's text ends before the stop string that ended it, as
+OpenAI's and vLLM's do, while its `token_ids` run to the token that completed the stop string
+(so they can decode to more than the text: stop "Hel" answers "Say " and the ids of
+"Say Hello"). With `stream: true` the answer comes as OpenAI's server-sent events
+(`stream_events`), each choice whole in one chunk. Requests that arrive within `max_wait_s` of
+each other are sampled in one call (a request that cannot be, a prompt too long, fails alone).
+
+The chat template is applied once, here: an assistant message whose text is a completion this
+endpoint sampled for the same episode (as answered, or with its stop string) is spliced back as
+the tokens it sampled, so a conversation's tokens are the ones the policy produced; one it did
+not sample (text a harness rewrote) is tokenized as text, a special token's name in it
+included, and its call marked `rewritten`. A last assistant message is continued, as a
+dataset's conversational prompt is (`oncurve.data.files.chat_template_ending`). A request's
+`tools` are shown to the model through its chat template and its calls answered as OpenAI's
+`tool_calls` (`oncurve.rollout.tool_calls`: the Hermes format). Every call is kept in
+`Endpoint.calls`.
 """
 
 from __future__ import annotations
@@ -54,14 +61,17 @@ class _Server(ThreadingHTTPServer):
 class Call:
     """One choice the endpoint sampled: the prompt's and the completion's token ids, the
     sampler's logprob of each completion token, its finish reason ("eos", "stop", "length"),
-    its text, whether its prompt held text the endpoint did not sample, and the episode whose
-    URL it came through (`Endpoint.episode_url`; None: `base_url`)."""
+    its text (the sampler's: cut after the stop string that ended it), the text answered (cut
+    before that stop string, as OpenAI and vLLM answer), whether its prompt held text the
+    endpoint did not sample, and the episode whose URL it came through
+    (`Endpoint.episode_url`; None: `base_url`)."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
     logprobs: list[float]
     finish_reason: str
     text: str
+    answer: str
     rewritten: bool
     episode: int | None = None
 
@@ -140,9 +150,9 @@ class Endpoint:
         dataset's conversational prompt is (`chat_template_ending`: a last assistant message
         continued, else a generation prompt): every assistant message whose text (and tool
         calls) this endpoint sampled for `episode` as the ids it sampled, and any other message
-        that holds a special token's text (a tool that printed `<|im_end|>`) as that text's ids,
-        so that it cannot end its message or forge a turn; and whether any assistant message
-        was one it did not sample."""
+        whose text holds a special token's (a tool that printed `<|im_end|>`, an assistant turn
+        a harness rewrote) as that text's ids, so that it cannot end its message or forge a
+        turn; and whether any assistant message was one it did not sample."""
         tokenizer = self.sampler.tokenizer
         marked, spliced, rewritten = [], [], False
         # a mark no message holds: a tool's output that printed one would split the text there
@@ -156,13 +166,15 @@ class Endpoint:
             if message.get("role") == "assistant" and (isinstance(content, str) or calls):
                 with self._lock:
                     sampled_ids = self._sampled.get((episode, reply_key(content, calls)))
-                if sampled_ids is None:
-                    rewritten = True
-                    message = template_message(message) if calls else message
-                else:
-                    message = {"role": "assistant", "content": _MARK.format(nonce, len(spliced))}
+                if sampled_ids is not None:
+                    marked.append(
+                        {"role": "assistant", "content": _MARK.format(nonce, len(spliced))}
+                    )
                     spliced.append(sampled_ids)
-            elif isinstance(content, str) and any(token in content for token in specials):
+                    continue
+                rewritten = True
+                message = template_message(message) if calls else message
+            if isinstance(content, str) and any(token in content for token in specials):
                 message = {**message, "content": _MARK.format(nonce, len(spliced))}
                 spliced.append(
                     tokenizer(content, add_special_tokens=False, split_special_tokens=True)[
@@ -255,14 +267,15 @@ class Endpoint:
         for request in requests:
             calls = []
             for _ in range(request.n):
-                length = lengths[row]
+                length, text, reason = lengths[row], out.texts[row], out.finish_reasons[row]
                 calls.append(
                     Call(
                         request.prompt_ids,
                         all_ids[row][:length],
                         all_logprobs[row][:length],
-                        out.finish_reasons[row],
-                        out.texts[row],
+                        reason,
+                        text,
+                        _before_stop(text, params.stop) if reason == "stop" else text,
                         request.rewritten,
                         request.episode,
                     )
@@ -270,27 +283,37 @@ class Endpoint:
                 row += 1
             with self._lock:
                 self.calls += calls
-                self._sampled.update(
-                    ((call.episode, call.text), call.completion_ids) for call in calls
-                )
+                # a turn sent back as answered, or with the stop string a harness put back
+                for call in calls:
+                    for said in (call.answer, call.text):
+                        self._sampled[call.episode, said] = call.completion_ids
             request.done.set_result(calls)
 
     def request_params(self, body: dict[str, Any]) -> SamplingParams:
         """The run's sampling settings, with the request's `max_tokens` (or
-        `max_completion_tokens`) when shorter and its `stop` strings added."""
+        `max_completion_tokens`) when shorter and its `stop` strings (a string or a list of
+        them) added; ValueError naming the field for another `stop`."""
         limit = None
         for key in ("max_completion_tokens", "max_tokens"):
             if body.get(key) is not None:
                 limit = _count(body, key)
                 break
         longest = self.params.max_new_tokens
-        stop = body.get("stop") or []
-        stop = [stop] if isinstance(stop, str) else list(stop)
+        stop = body.get("stop")
+        stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+            raise ValueError(f"stop: a non-empty string or a list of them, got {stop!r}")
         return dataclasses.replace(
             self.params,
             max_new_tokens=min(int(limit), longest) if limit else longest,
             stop=tuple(dict.fromkeys([*self.params.stop, *stop])),
         )
+
+
+def _before_stop(text: str, stops: tuple[str, ...]) -> str:
+    """`text` (the sampler's, cut after the first stop string to end in it) up to where the
+    first of `stops` in it begins."""
+    return text[: min((text.find(stop) for stop in stops if stop in text), default=len(text))]
 
 
 def _tools(body: dict[str, Any], tokenizer: Any) -> list[dict[str, Any]] | None:
@@ -379,8 +402,9 @@ def _usage(calls: list[Call]) -> dict[str, int]:
 def respond(
     endpoint: Endpoint, path: str, body: dict[str, Any], episode: int | None = None
 ) -> dict[str, Any]:
-    """The JSON answer to a POST of `body` to `path` (`CHAT` or `COMPLETIONS`) for `episode`;
-    ValueError for a request it cannot serve."""
+    """The JSON answer to a POST of `body` to `path` (`CHAT` or `COMPLETIONS`) for `episode`
+    (whole: a `stream` request is sent it as `stream_events`); ValueError for a request it
+    cannot serve."""
     n = _count(body, "n") if body.get("n") is not None else 1
     if n > 1 and episode is not None:
         raise ValueError(
@@ -396,9 +420,9 @@ def respond(
         calls = endpoint.sample(prompt_ids, rewritten, n, params, episode)
         choices = []
         for i, call in enumerate(calls):
-            content, tool_calls = call.text, []
+            content, tool_calls = call.answer, []
             if tools:
-                content, tool_calls = parse_tool_calls(call.text, f"call_{secrets.token_hex(6)}")
+                content, tool_calls = parse_tool_calls(call.answer, f"call_{secrets.token_hex(6)}")
                 endpoint.remember_reply(
                     reply_key(content, tool_calls), call.completion_ids, episode
                 )
@@ -428,7 +452,7 @@ def respond(
         choices = [
             {
                 "index": i,
-                "text": call.text,
+                "text": call.answer,
                 "finish_reason": _finish(call),
                 "token_ids": call.completion_ids,
                 "logprobs": {"token_logprobs": call.logprobs},
@@ -437,7 +461,7 @@ def respond(
         ]
         kind = "text_completion"
     return {
-        "id": f"oncurve-{len(endpoint.calls)}",
+        "id": f"{'chatcmpl' if path == CHAT else 'cmpl'}-{secrets.token_hex(12)}",
         "object": kind,
         "created": int(time.time()),
         "model": endpoint.model_name,
@@ -445,6 +469,52 @@ def respond(
         "choices": choices,
         "usage": _usage(calls),
     }
+
+
+def _streaming(body: dict[str, Any]) -> tuple[bool, bool]:
+    """Whether `body` asks for a stream (`stream`) and for its usage in a last chunk
+    (`stream_options.include_usage`); ValueError naming the field for anything else."""
+    stream, options = body.get("stream"), body.get("stream_options")
+    if stream is not None and not isinstance(stream, bool):
+        raise ValueError(f"stream: true or false, got {stream!r}")
+    if options is not None and not isinstance(options, dict):
+        raise ValueError(f"stream_options: an object is required, got {options!r}")
+    return bool(stream), bool((options or {}).get("include_usage"))
+
+
+def stream_events(answer: dict[str, Any], include_usage: bool) -> bytes:
+    """`answer` (`respond`'s) as the server-sent events of OpenAI's streamed answer: for each
+    choice one chunk with all of it (a chat choice's role, content and tool calls as a `delta`,
+    a completion's text) and its `token_ids` and logprobs, then one with its finish reason; the
+    first chunk carries `prompt_token_ids`, a last one with no choices the usage when
+    `include_usage`; then `data: [DONE]`. The choices are sampled whole before the first
+    event: a stream is the answer in OpenAI's wire format, not tokens as they are drawn."""
+    chat = answer["object"] == "chat.completion"
+    head = {
+        "id": answer["id"],
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": answer["created"],
+        "model": answer["model"],
+    }
+    chunks = []
+    for choice in answer["choices"]:
+        if chat:
+            message = choice["message"]
+            delta = {"role": "assistant", "content": message["content"]}
+            if calls := message.get("tool_calls"):
+                delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]
+            said, ended = {"delta": delta}, {"delta": {}}
+        else:
+            said, ended = {"text": choice["text"]}, {"text": ""}
+        sampled = {"token_ids": choice["token_ids"], "logprobs": choice["logprobs"]}
+        for part in ({**said, **sampled, "finish_reason": None},
+                     {**ended, "finish_reason": choice["finish_reason"]}):  # fmt: skip
+            chunks.append({**head, "choices": [{"index": choice["index"], **part}]})
+    chunks[0]["prompt_token_ids"] = answer["prompt_token_ids"]
+    if include_usage:
+        chunks.append({**head, "choices": [], "usage": answer["usage"]})
+    events = [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks]
+    return "".join([*events, "data: [DONE]\n\n"]).encode()
 
 
 def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
@@ -463,7 +533,13 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 if not isinstance(body, dict):
                     raise ValueError("the body must be a JSON object")
-                self._answer(200, respond(endpoint, route["path"], body, episode))
+                stream, include_usage = _streaming(body)
+                answer = respond(endpoint, route["path"], body, episode)
+                if stream:
+                    events = stream_events(answer, include_usage)
+                    self._send(200, "text/event-stream; charset=utf-8", events)
+                else:
+                    self._answer(200, answer)
             except (ValueError, TypeError, UserError) as error:
                 self._answer(400, {"error": {"message": str(error), "type": "invalid_request"}})
             except Exception as error:  # the sampler's: the harness gets an answer, not a hang
@@ -479,9 +555,11 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             self._answer(404, {"error": {"message": f"no route {self.path}"}})
 
         def _answer(self, status: int, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
+            self._send(status, "application/json", json.dumps(payload).encode())
+
+        def _send(self, status: int, content_type: str, data: bytes) -> None:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
