@@ -7,7 +7,7 @@ from pathlib import Path
 from oncurve.config.presets import PRESETS, preset_applied
 from oncurve.config.resume_settings import FORCEABLE, forceable
 from oncurve.config.sections import Config
-from oncurve.data.files import one_saved_dataset
+from oncurve.data.files import without_splits
 from oncurve.errors import UserError
 
 
@@ -183,9 +183,9 @@ def check_given_settings(config: Config, given: set[str]) -> None:
     if it were honoured."""
     algo, lora = config.algo, config.model.lora
     from_file = config.data.path is not None
-    data_file = _local_file(config.data.path)
-    data_unsplit = _without_splits(config.data.path)
-    eval_unsplit = _without_splits(config.eval.path)
+    configless = _without_configs(config.data.path, config.eval.path)
+    data_unsplit = without_splits(config.data.path)
+    eval_unsplit = without_splits(config.eval.path)
     unused = {
         "algo.dual_clip": (algo.loss == "cispo", "algo.loss=cispo bounds its weight itself"),
         "algo.norm_len": (
@@ -214,8 +214,8 @@ def check_given_settings(config: Config, given: set[str]) -> None:
         ),
         "data.config": (
             (not from_file, "it picks a config of data.path, which is unset")
-            if not data_file
-            else (True, f"data.path {config.data.path} is a file, which has no configs")
+            if not configless
+            else (True, configless)
         ),
         "data.num_train": (from_file, "data.path's rows are its own; it sizes a built-in task's"),
         "data.task_options": (from_file, "data.path overrides data.task"),
@@ -263,15 +263,19 @@ def check_given_settings(config: Config, given: set[str]) -> None:
         )
 
 
-def _local_file(path: str | None) -> bool:
-    """Whether `path` is a data file here (JSONL, CSV, JSON, Parquet), which has neither splits
-    nor configs, unlike a Hub dataset or a saved dataset's directory."""
-    return path is not None and Path(path).is_file()
-
-
-def _without_splits(path: str | None) -> str:
-    """What `path` is when it is local data without splits to pick: "a file" or "the directory
-    of one saved Dataset" (a saved DatasetDict's and a Hub dataset have splits); else ""."""
-    if _local_file(path):
-        return "a file"
-    return "the directory of one saved Dataset" if one_saved_dataset(path) else ""
+def _without_configs(data_path: str | None, eval_path: str | None) -> str:
+    """Why data.config, which picks the config of whichever of `data_path` and `eval_path` is a
+    Hub dataset, picks none: `data_path` and any `eval_path` are local data, a file or a
+    directory (a saved dataset's, of one Dataset or a DatasetDict); else ""."""
+    if data_path is None:
+        return ""
+    paths = {"data.path": data_path, "eval.path": eval_path}
+    local = {
+        name: "a file" if Path(path).is_file() else "a directory" if Path(path).is_dir() else ""
+        for name, path in paths.items()
+        if path is not None
+    }
+    if not all(local.values()):
+        return ""
+    said = " and ".join(f"{name} {paths[name]} is {kind}" for name, kind in local.items())
+    return f"{said}, {'which has no' if len(local) == 1 else 'neither of which has'} configs"

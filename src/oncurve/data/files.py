@@ -376,10 +376,17 @@ def read_records(path: str, config: str | None = None, split: str = "train") -> 
     return records
 
 
-def one_saved_dataset(path: str | None) -> bool:
-    """Whether `path` is a directory `Dataset.save_to_disk` wrote: one dataset, without splits
-    (reading it ignores the split asked for). Told by its files, without loading `datasets`."""
-    return path is not None and all((Path(path) / name).is_file() for name in _SAVED_DATASET_FILES)
+def without_splits(path: str | None) -> str:
+    """What `path` is when it is local data without splits to pick: "a file" or "the directory
+    of one saved Dataset", which `Dataset.save_to_disk` wrote (a saved DatasetDict's and a Hub
+    dataset have splits), told by its files without loading `datasets`; else ""."""
+    if path is None:
+        return ""
+    if Path(path).is_file():
+        return "a file"
+    if all((Path(path) / name).is_file() for name in _SAVED_DATASET_FILES):
+        return "the directory of one saved Dataset"
+    return ""
 
 
 def write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:

@@ -206,8 +206,8 @@ def test_invalid_values_give_one_line_naming_the_field(overrides, message):
 
 
 def test_a_split_or_config_of_a_local_file_is_refused(tmp_path):
-    """A JSONL, CSV, JSON or Parquet file has no splits nor configs (a Hub dataset and a saved
-    dataset directory do): the setting would be said valid and do nothing."""
+    """A JSONL, CSV, JSON or Parquet file has no splits nor configs (a Hub dataset has both, a
+    saved DatasetDict's directory splits): the setting would be said valid and do nothing."""
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"prompt": "1+1=", "answer": "2"}\n')
     for overrides, message in [
@@ -244,6 +244,32 @@ def test_a_split_of_one_saved_dataset_is_refused(tmp_path):
             load_config(None, overrides)
     config = load_config(None, [f"data.path={one}", f"eval.path={split}", "eval.split=test"])
     assert (config.data.split, config.eval.split) == ("train", "test")
+
+
+def test_a_config_of_a_local_directory_is_refused(tmp_path):
+    """A directory `save_to_disk` wrote, of one Dataset or a DatasetDict, has no configs, which
+    only a Hub dataset has: data.config, which picks one for data.path and eval.path alike,
+    would be said valid and do nothing unless one of them is a Hub dataset."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    for overrides, message in [
+        ([f"data.path={saved}", "data.config=main"], f"data.config has no effect here: "
+         f"data.path {saved} is a directory, which has no configs"),
+        ([f"data.path={saved}", f"eval.path={rows}", "data.config=main"], f"data.config has no "
+         f"effect here: data.path {saved} is a directory and eval.path {rows} is a file, neither "
+         "of which has configs"),
+    ]:  # fmt: skip
+        with pytest.raises(UserError, match=f"^{re.escape(message)}; drop it$"):
+            load_config(None, overrides)
+    # a Hub dataset's config, beside local data
+    for overrides in (
+        [f"data.path={saved}", "eval.path=acme/held-out", "data.config=main"],
+        [f"data.path={rows}", "eval.path=acme/held-out", "data.config=main"],
+        ["data.path=acme/train", f"eval.path={saved}", "data.config=main"],
+    ):
+        assert load_config(None, overrides).data.config == "main"
 
 
 def test_overrides_are_typed_from_yaml_syntax():

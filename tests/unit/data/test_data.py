@@ -435,3 +435,37 @@ def test_math_converter_file_and_directory(tmp_path):
     bad = _write_jsonl(tmp_path / "bad.jsonl", [{"problem": "P", "solution": "no box"}])
     with pytest.raises(ValueError, match=r"line 1: field 'solution' has no \\boxed"):
         math_rows(bad)
+
+
+def test_the_converter_refuses_a_split_or_config_local_data_lacks(tmp_path, capsys):
+    """--config picks a Hub dataset's config, --split a Hub dataset's or saved DatasetDict's
+    split: given for data without them, it would be ignored, so it is one line, exit 2."""
+    datasets = pytest.importorskip("datasets", reason="datasets (extra `data`) not installed")
+    records = [{"question": "Q1", "answer": "so 5\n#### 5"}]
+    source = _write_jsonl(tmp_path / "train.jsonl", records)
+    one, split = tmp_path / "one", tmp_path / "split"
+    datasets.Dataset.from_list(records).save_to_disk(str(one))
+    datasets.DatasetDict({"test": datasets.Dataset.from_list(records)}).save_to_disk(str(split))
+    problems = tmp_path / "MATH"
+    problems.mkdir()
+    (problems / "1.json").write_text(json.dumps({"problem": "P", "solution": "\\boxed{1}"}))
+    dest = str(tmp_path / "out.jsonl")
+    for argv, message in [
+        (["gsm8k", source, dest, "--config", "main"], f"--config: {source} is local data, "
+         "which has no configs"),
+        (["gsm8k", str(split), dest, "--config", "main"], f"--config: {split} is local data, "
+         "which has no configs"),
+        (["gsm8k", source, dest, "--split", "test"], f"--split: {source} is a file, which has "
+         "no splits"),
+        (["gsm8k", str(one), dest, "--split", "test"], f"--split: {one} is the directory of one "
+         "saved Dataset, which has no splits"),
+        (["math", str(problems), dest, "--split", "test"], f"--split: {problems} is a directory "
+         "of MATH problem files, which has no splits"),
+    ]:  # fmt: skip
+        with pytest.raises(SystemExit) as ended:
+            main(argv)
+        assert ended.value.code == 2
+        assert capsys.readouterr().err.endswith(f"error: {message}; drop it\n")
+    assert main(["gsm8k", str(split), dest, "--split", "test"]) == 0
+    assert main(["gsm8k", str(one), dest]) == 0
+    assert [row["answer"] for row in load_rows(dest)] == ["5"]

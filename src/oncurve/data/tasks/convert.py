@@ -38,7 +38,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from oncurve.data.files import read_records, write_jsonl
+from oncurve.data.files import read_records, without_splits, write_jsonl
 from oncurve.data.tasks.code import INSTRUCTION as CODE_INSTRUCTION
 from oncurve.errors import UserError
 from oncurve.rewards.extraction import extract_answer
@@ -67,14 +67,9 @@ def gsm8k_rows(path: str, config: str | None = None, split: str = "train") -> li
 def math_rows(path: str, config: str | None = None, split: str = "train") -> list[dict[str, Any]]:
     """{"prompt", "answer", "solution", "level", "type"} from MATH records (a file, or a
     directory of per-problem .json files)."""
-    p = Path(path)
-    if (
-        p.is_dir()
-        and not (p / "dataset_info.json").exists()
-        and not (p / "dataset_dict.json").exists()
-    ):
+    if _problem_directory(path):
         records = []
-        for file in sorted(p.rglob("*.json")):
+        for file in sorted(Path(path).rglob("*.json")):
             try:
                 record = json.loads(file.read_text(encoding="utf-8"))
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -102,6 +97,14 @@ def math_rows(path: str, config: str | None = None, split: str = "train") -> lis
             }
         )
     return rows
+
+
+def _problem_directory(path: str) -> bool:
+    """Whether `path` is a directory of MATH's per-problem .json files, not one that
+    `datasets.save_to_disk` wrote."""
+    p = Path(path)
+    saved = (p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists()
+    return p.is_dir() and not saved
 
 
 def mbpp_rows(path: str, config: str | None = None, split: str = "train") -> list[dict[str, Any]]:
@@ -248,6 +251,20 @@ def _fields(path: str, where: str, record: dict, *names: str) -> list[str]:
     return values
 
 
+def _unread_option(kind: str, source: str, config: str | None, split: str | None) -> str:
+    """Why `--config` or `--split`, where given, would be ignored for `source` (converted as
+    `kind`): a config is a Hub dataset's, a split a Hub dataset's or a saved DatasetDict's;
+    else ""."""
+    if config is not None and Path(source).exists():
+        return f"--config: {source} is local data, which has no configs"
+    if split is None:
+        return ""
+    if kind == "math" and _problem_directory(source):
+        return f"--split: {source} is a directory of MATH problem files, which has no splits"
+    unsplit = without_splits(source)
+    return f"--split: {source} is {unsplit}, which has no splits" if unsplit else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kind", choices=tuple(CONVERTERS))
@@ -256,10 +273,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("dest", help="output JSONL")
     parser.add_argument("--config", help="config name of a Hub dataset (main for openai/gsm8k)")
-    parser.add_argument("--split", default="train", help="split of a Hub dataset")
+    parser.add_argument(
+        "--split", help="split of a Hub dataset or saved DatasetDict (default: train)"
+    )
     args = parser.parse_args(argv)
+    unread = _unread_option(args.kind, args.source, args.config, args.split)
+    if unread:
+        parser.exit(2, f"error: {unread}; drop it\n")
     try:
-        rows = CONVERTERS[args.kind](args.source, args.config, args.split)
+        rows = CONVERTERS[args.kind](args.source, args.config, args.split or "train")
     except UserError as e:
         parser.exit(2, f"error: {e}\n")
     try:
