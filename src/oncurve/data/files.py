@@ -534,8 +534,32 @@ def _parquet(p: Path) -> Iterator[Record]:
         table = pq.read_table(p)
     except (pa.ArrowException, OSError) as e:  # not Parquet, truncated or corrupt
         raise UserError(f"{p}: cannot read it as Parquet ({error_line(e)})") from None
-    for number, record in enumerate(table.to_pylist(), start=1):
+    try:
+        records = table.to_pylist()
+    except UnicodeDecodeError:  # Arrow keeps a string's bytes as written, unchecked
+        raise UserError(_not_utf8(p, table, "row")) from None
+    for number, record in enumerate(records, start=1):
         yield f"row {number}", record
+
+
+def _not_utf8(p: Path, table: Any, row: str) -> str:
+    """The error for the pyarrow `table` of `p` (its rows named `row`: "row", "train row")
+    holding text, at any depth (a message's content), that is not valid UTF-8, naming the
+    first such row and column: the column found by Arrow's own check, the row by reading that
+    column's values one by one."""
+    import pyarrow as pa
+
+    for index, name in enumerate(table.column_names):
+        column = table.column(index)
+        try:
+            column.validate(full=True)
+        except pa.ArrowInvalid:
+            for number in range(len(column)):
+                try:
+                    column[number].as_py()
+                except UnicodeDecodeError:
+                    return f"{p} {row} {number + 1}: column {name!r} is not valid UTF-8 text"
+    return f"{p}: holds text that is not valid UTF-8"
 
 
 def _saved_dataset(p: Path, split: str) -> Iterator[Record]:
@@ -559,8 +583,12 @@ def _saved_dataset(p: Path, split: str) -> Iterator[Record]:
                 f"{p}: the saved dataset has no split {split!r} (splits: {', '.join(data)})"
             )
         data, where = data[split], f"{split} row"
-    for number, record in enumerate(data, start=1):
-        yield f"{where} {number}", dict(record)
+    try:
+        records = [dict(record) for record in data]
+    except UnicodeDecodeError:  # Arrow keeps a string's bytes as written, unchecked
+        raise UserError(_not_utf8(p, data.with_format("arrow")[:], where)) from None
+    for number, record in enumerate(records, start=1):
+        yield f"{where} {number}", record
 
 
 def _hub_dataset(path: str, config: str | None, split: str) -> Iterator[Record]:

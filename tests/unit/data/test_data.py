@@ -1,3 +1,4 @@
+import itertools
 import json
 import sys
 from types import SimpleNamespace
@@ -39,6 +40,43 @@ def test_parquet(tmp_path):
     path = tmp_path / "d.parquet"
     pq.write_table(pa.Table.from_pylist(ROWS), path)
     assert load_rows(str(path), "question", "result") == EXPECTED
+
+
+@pytest.mark.parametrize(
+    "column, values, where",
+    [
+        ("question", [b"a\xed\xa0\x80b", b"ok"], "row 1: column 'question'"),
+        ("level", [b"easy", b"\xff"], "row 2: column 'level'"),
+        ("question", [[b"1+1?"], [b"2*3?", b"\xff"]], "row 2: column 'question'"),
+    ],
+)
+def test_arrow_text_that_is_not_utf8_is_one_line(tmp_path, column, values, where):
+    """Parquet and a saved dataset's Arrow files store a string's bytes as written (an encoded
+    surrogate, a Latin-1 byte), in a column or a list: reading them is one line naming the
+    file, row and column."""
+    pa = pytest.importorskip("pyarrow", reason="pyarrow (extra `data`) not installed")
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist(ROWS)
+    if isinstance(values[0], list):  # a list column: its strings are one array beneath
+        strings = pa.array([v for value in values for v in value], pa.binary())
+        ends = [0, *itertools.accumulate(len(value) for value in values)]
+        text = pa.ListArray.from_arrays(pa.array(ends, pa.int32()), strings.view(pa.string()))
+    else:
+        text = pa.array(values, pa.binary()).view(pa.string())
+    table = table.set_column(table.column_names.index(column), column, text)
+    path = tmp_path / "d.parquet"
+    pq.write_table(table, path)
+    with pytest.raises(UserError) as err:
+        load_rows(str(path), "question", "result")
+    assert str(err.value) == f"{path} {where} is not valid UTF-8 text"
+    # a saved dataset's Arrow files the same, a DatasetDict's rows named by their split
+    datasets = pytest.importorskip("datasets", reason="datasets (extra `data`) not installed")
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"train": datasets.Dataset(table)}).save_to_disk(str(saved))
+    with pytest.raises(UserError) as err:
+        load_rows(str(saved), "question", "result")
+    assert str(err.value) == f"{saved} train {where} is not valid UTF-8 text"
 
 
 @pytest.mark.parametrize("as_dict", [False, True])
