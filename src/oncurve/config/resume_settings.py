@@ -3,7 +3,8 @@
 A checkpoint keeps the settings the run trained with (`config`, as config.yaml has them) and the
 history of the changes made on earlier resumes. On a resume every setting is compared with
 them: a change that cannot apply within one run (`FIXED`: the model, what the data is and how
-it is drawn, the group size, the seed; and fewer steps than are done) is refused in one line
+it is drawn, the group size, the seed, but not whether final/ holds a LoRA adapter alone; and
+fewer steps than are done) is refused in one line
 naming it, unless `run.force_changes` names it (`FORCEABLE`), and so is an `algo.estimator`
 changed to or from the critic's (a value model the checkpoint lacks or would drop); any other
 change is in effect from the resumed step and said, the optimizer's own hyperparameters
@@ -30,6 +31,10 @@ FIXED = (
     "rollout.group_size",
     "run.seed",
 )
+# Settings under a `FIXED` prefix that leave the weights and the optimizer's state as they are,
+# saying only what final/ holds: changed on a resume like any other setting (a finished run
+# resumed with it writes its final/ again).
+UNFIXED = ("model.lora.save_adapter",)
 # What `run.force_changes` may name: a moved or re-fetched model, other data (`data.rows`: the
 # training rows' fingerprint), another group size or seed. The model's dtype and adapters stay
 # fixed: the checkpoint's weights and optimizer state would not fit them.
@@ -84,7 +89,7 @@ def refusal(
     differing (a data file edited or shuffled between the runs) without `data.rows` forced."""
     forced = set(forced)
     for key, (old, new) in changes.items():
-        if (key.startswith(FIXED) or key in FIXED) and key not in forced:
+        if (key.startswith(FIXED) or key in FIXED) and key not in (*forced, *UNFIXED):
             force = f", force it with run.force_changes=[{key}]" if forceable(key) else ""
             return (
                 f"{key} was {old!r} and is now {new!r}: it cannot change within a run; resume "

@@ -80,6 +80,24 @@ def test_merged_final_generates_what_the_adapted_model_generates(
     assert not any("lora" in name for name in merged.state_dict())
 
 
+def test_resuming_a_finished_run_with_save_adapter_writes_the_adapter(
+    tiny_model_dir, data_file, tmp_path, capsys
+):
+    """model.lora.save_adapter changes neither the weights nor the optimizer's state, only what
+    final/ holds: a finished run resumed with it set writes final/adapter, and says so."""
+    run_dir = tmp_path / "run"
+    base = (*LORA, "run.steps=1", "run.save_every=1")
+    train(make_config(tiny_model_dir, data_file, run_dir, *base), quiet=True)
+    assert not (run_dir / "final" / "adapter").exists()
+    capsys.readouterr()
+    resume = ("run.resume=auto", "model.lora.save_adapter=true")
+    train(make_config(tiny_model_dir, data_file, run_dir, *base, *resume), quiet=True)
+    assert (run_dir / "final" / "adapter" / "adapter_config.json").is_file()
+    err = capsys.readouterr().err
+    assert "resuming at step 1 with changed settings: model.lora.save_adapter False -> True" in err
+    assert "save_adapter: true" in (run_dir / "config.yaml").read_text()
+
+
 def test_checkpoints_hold_the_adapter_and_resume_restores_it(tiny_model_dir, data_file, tmp_path):
     run_dir = tmp_path / "run"
     config = make_config(
