@@ -259,3 +259,17 @@ def test_a_task_whose_reward_reads_no_answer_scores_a_file_without_one(tmp_path,
     argv = ["--model", "default", "--task", "countdown", "--data", str(data)]
     got = eval_json(capsys, *argv, "--max-new-tokens", "4")
     assert (got["n"], got["scorer"]) == (1, "countdown task's correct")
+
+
+def test_a_config_or_split_local_data_lacks_is_one_line_before_anything_loads(tmp_path, capsys):
+    """--config picks a Hub dataset's config and --split a Hub dataset's or saved DatasetDict's
+    split: given for a file, they would be ignored, so eval stops in one line, exit 2."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"prompt": "0012+0034=", "answer": "46"}\n')
+    argv = ["eval", "--device", "cpu", "--model", "default", "--data", str(data)]
+    for flag, value, message in [
+        ("--config", "main", f"--config: {data} is local data, which has no configs"),
+        ("--split", "validation", f"--split: {data} is a file, which has no splits"),
+    ]:
+        assert main([*argv, flag, value]) == 2
+        assert capsys.readouterr().err == f"oncurve: error: {message}; drop it\n"

@@ -20,6 +20,7 @@ from oncurve.errors import UserError
 
 def eval_command(args: argparse.Namespace) -> int:
     from oncurve.config import Config
+    from oncurve.data.files import unread_options
     from oncurve.data.prompts import PromptData
     from oncurve.loop.evaluate import evaluate
     from oncurve.rewards.extraction import extract_answer
@@ -29,6 +30,9 @@ def eval_command(args: argparse.Namespace) -> int:
     from oncurve.run.setup import episode_settings
 
     config, config_file = run_config(args)
+    unread = unread_options(args.data, args.config, args.split) if args.data else ""
+    if unread:
+        raise UserError(f"{unread}; drop it")
     chosen = sampling(args, config, config_file)
     sampler, model = load_sampler(args, config, config_file)
     data = prompt_format(args, config, sampler.tokenizer)

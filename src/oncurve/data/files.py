@@ -389,6 +389,15 @@ def without_splits(path: str | None) -> str:
     return ""
 
 
+def unread_options(source: str, config: str | None, split: str | None) -> str:
+    """Why the `--config` or `--split` given for `source` would be ignored: a config is a Hub
+    dataset's, a split a Hub dataset's or a saved DatasetDict's; else ""."""
+    if config is not None and Path(source).exists():
+        return f"--config: {source} is local data, which has no configs"
+    unsplit = without_splits(source) if split is not None else ""
+    return f"--split: {source} is {unsplit}, which has no splits" if unsplit else ""
+
+
 def write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
     """One JSON object per line, UTF-8."""
     with open(path, "w", encoding="utf-8") as f:

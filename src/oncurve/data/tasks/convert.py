@@ -38,7 +38,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from oncurve.data.files import read_records, without_splits, write_jsonl
+from oncurve.data.files import read_records, unread_options, write_jsonl
 from oncurve.data.tasks.code import INSTRUCTION as CODE_INSTRUCTION
 from oncurve.errors import UserError
 from oncurve.rewards.extraction import extract_answer
@@ -255,14 +255,9 @@ def _unread_option(kind: str, source: str, config: str | None, split: str | None
     """Why `--config` or `--split`, where given, would be ignored for `source` (converted as
     `kind`): a config is a Hub dataset's, a split a Hub dataset's or a saved DatasetDict's;
     else ""."""
-    if config is not None and Path(source).exists():
-        return f"--config: {source} is local data, which has no configs"
-    if split is None:
-        return ""
-    if kind == "math" and _problem_directory(source):
+    if config is None and split is not None and kind == "math" and _problem_directory(source):
         return f"--split: {source} is a directory of MATH problem files, which has no splits"
-    unsplit = without_splits(source)
-    return f"--split: {source} is {unsplit}, which has no splits" if unsplit else ""
+    return unread_options(source, config, split)
 
 
 def main(argv: list[str] | None = None) -> int:
