@@ -7,20 +7,24 @@ tokenizer. Each (prompt, completion) pair is scored by that logit, as a float:
 - formatting: with a chat template in the reward tokenizer, the conversation the policy was given (a
   conversational row's messages, `prompt_messages`, with the system prompt the data section added;
   else `[{"role": "user", "content": prompt}]` after `system_prompt`, the data section's, when set)
-  and then `{"role": "assistant", "content": completion}`, rendered by that template (no generation
-  prompt) with whatever it does to the answer (Qwen3's splits the reasoning off at `</think>` and
-  writes it again in `<think>\n...\n</think>\n\n`; others trim it, or drop the turn); without
-  one, `prompt` tokenized as the tokenizer does by default (e.g. with its BOS) and then the
-  completion. The completion is tokenized as text: the policy decodes without special tokens, so
-  a control token spelled in it was sampled as ordinary tokens, and it stays so (a completion
-  cannot forge a turn the reward model reads); only the template's own control tokens are
-  control tokens;
+  and then `{"role": "assistant", "content": completion}` (where the messages end in the
+  assistant's, a prefill the policy continued, that one message with the completion after its
+  content instead), rendered by that template (no generation prompt) with whatever it does to
+  the answer (Qwen3's splits the reasoning off at `</think>` and writes it again in
+  `<think>\n...\n</think>\n\n`; others trim it, or drop the turn); without one, `prompt`
+  tokenized as the tokenizer does by default (e.g. with its BOS) and then the completion. The
+  completion is tokenized as text: the policy decodes without special tokens, so a control token
+  spelled in it was sampled as ordinary tokens, and it stays so (a completion cannot forge a turn
+  the reward model reads); only the template's own control tokens, and those the prompt's
+  messages (a prefill's too) hold, are control tokens;
 - truncation: to `max_length` tokens, the smaller of the tokenizer's `model_max_length` and the
   model's `max_position_embeddings` (when either is set). A row over it loses the start of its
   completion (of the answer as the template renders it, past the text the template writes before
-  any answer): the prompt, and the end of the completion where the head reads its score, stay;
-  when the prompt alone leaves the completion no room, the start of the whole text goes. The
-  share of rows cut is logged as `<name>/cut_frac`;
+  any answer, a prefill's included): the prompt, and the end of the completion where the head
+  reads its score, stay; a prefill the template rewrites with the completion (Qwen3's, when the
+  completion holds `</think>`) is part of that answer and may be cut with its start. When the
+  prompt alone leaves the completion no room, the start of the whole text goes. The share
+  of rows cut is logged as `<name>/cut_frac`;
 - batching: `batch_rows` rows per forward (rows sorted by length, so that a batch pads little),
   right-padded with the reward tokenizer's pad token (its EOS when it has none, which then also
   becomes the model config's `pad_token_id`: Hugging Face's head reads the last token that is not
@@ -141,8 +145,14 @@ class RewardModel:
         return ids[:head_ids], ids[head_ids : len(ids) - tail_ids], ids[len(ids) - tail_ids :]
 
     def _render(self, messages: list[dict[str, str]], answer: str) -> str:
-        """The chat template's text of `messages` and then `answer` (no generation prompt)."""
-        conversation = [*messages, {"role": "assistant", "content": answer}]
+        """The chat template's text (no generation prompt) of `messages` answered by `answer`:
+        in a new assistant message, or, where they end in the assistant's message (a prefill,
+        which the policy continued), in that message after its content."""
+        *context, last = messages
+        if last["role"] == "assistant":
+            conversation = [*context, {**last, "content": last["content"] + answer}]
+        else:
+            conversation = [*messages, {"role": "assistant", "content": answer}]
         return self.tokenizer.apply_chat_template(
             conversation, tokenize=False, add_generation_prompt=False
         )
