@@ -48,33 +48,85 @@ _DIMEN = (
 )
 _DIMENSION_RE = re.compile(rf"{_DIMEN}(?:\s*+(?:plus|minus){_DIMEN}){{0,2}}")
 # The commands that show content of their own, a letter or a mathematical symbol (as plain text
-# shows, `_shows_characters`): Greek and other letters, operators, relations, arrows, bars,
-# big operators and operators' names. Any other command shows nothing itself: spacing, style
-# and size switches, page layout (`\newpage`, `\centering`), wrappers (`\text`, `\boxed`,
-# `\frac`, accents: their arguments are read as the rest of the text is), ellipses (`\cdots`),
-# punctuation and currency (`\S`, `\textdollar`) and commands of no known meaning (`\foo`).
+# shows, `_shows_characters`): TeX's letters and logos, and KaTeX's math symbols (its
+# `symbols.js`, amssymb's among them) of the letter, ordinary, binary, relation and big-operator
+# classes, its operators' names and its macros for such symbols (`\R`, `\Alpha`, `\ne`,
+# `\rarr`), less those that show punctuation, currency or a unit (`\S`, `\P`, `\pounds`,
+# `\yen`, `\degree`, `\And`, `\backslash`) or an ellipsis. Any other command shows nothing
+# itself: spacing, style and size switches, page layout (`\newpage`, `\centering`), wrappers
+# (`\text`, `\boxed`, `\frac`, accents: their arguments are read as the rest of the text is),
+# delimiters (`\langle`), ellipses (`\cdots`), punctuation and currency (`\textdollar`) and
+# commands of no known meaning (`\foo`).
 _SYMBOL_COMMANDS = _names(
-    "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa varkappa "
-    "lambda mu nu xi omicron pi varpi rho varrho sigma varsigma tau upsilon phi varphi chi psi "
-    "omega Gamma Delta Theta Lambda Xi Pi Sigma Upsilon Phi Psi Omega "
-    "varGamma varDelta varTheta varLambda varXi varPi varSigma varUpsilon varPhi varPsi varOmega "
-    "i j l L o O ss ae AE oe OE aa AA ell hbar imath jmath Re Im aleph beth wp TeX LaTeX "
-    "pm mp times div cdot ast star circ bullet cap cup wedge vee land lor oplus ominus otimes "
-    "oslash odot setminus uplus sqcap sqcup amalg bmod mod diamond "
-    "le leq ge geq leqslant geqslant lt gt ne neq approx equiv sim simeq cong propto ll gg "
-    "prec succ preceq succeq asymp doteq subset subseteq supset supseteq subsetneq supsetneq "
-    "in ni notin mid nmid parallel perp models vdash dashv vert Vert "
-    "to gets rightarrow leftarrow Rightarrow Leftarrow leftrightarrow Leftrightarrow iff "
-    "implies impliedby mapsto longmapsto longrightarrow longleftarrow Longrightarrow "
-    "Longleftarrow longleftrightarrow Longleftrightarrow uparrow downarrow updownarrow Uparrow "
-    "Downarrow Updownarrow nearrow searrow swarrow nwarrow hookrightarrow hookleftarrow "
-    "rightleftharpoons "
-    "infty emptyset varnothing nabla partial forall exists nexists neg lnot angle "
-    "measuredangle triangle top bot prime surd therefore because "
-    "sum prod coprod int iint iiint oint bigcup bigcap bigoplus bigotimes bigodot bigvee "
-    "bigwedge bigsqcup "
-    "sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh coth log ln lg exp lim liminf "
-    "limsup sup inf max min arg deg det dim gcd hom ker Pr"
+    # Greek letters (KaTeX's capitals that are Latin letters, `\Alpha`, among them)
+    "alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta thetasym iota kappa "
+    "varkappa lambda mu nu xi omicron pi varpi rho varrho sigma varsigma tau upsilon phi varphi "
+    "chi psi omega digamma Alpha Beta Gamma varGamma Delta varDelta Epsilon Zeta Eta Theta "
+    "varTheta Iota Kappa Lambda varLambda Mu Nu Xi varXi Omicron Pi varPi Rho Sigma varSigma "
+    "Tau Upsilon varUpsilon Phi varPhi Chi Psi varPsi Omega varOmega "
+    # other letters (Latin, Hebrew, script, turned) and TeX's logos
+    "i j l L o O ss ae AE oe OE aa AA ell hbar hslash imath jmath eth Re Im real image wp "
+    "weierp Bbbk alef alefsym aleph beth gimel daleth Finv Game TeX LaTeX KaTeX "
+    # number sets (KaTeX's, and `\Q` `\C` as commonly defined)
+    "C cnums Complex N natnums Q R Reals reals Z "
+    # binary operators
+    "amalg ast barwedge bigcirc bigtriangledown bigtriangleup boxdot boxminus boxplus boxtimes "
+    "bull bullet Cap cap cdot centerdot circ circledast circledcirc circleddash Cup cup "
+    "curlyvee curlywedge Dagger dagger ddagger diamond div divideontimes dotplus doublebarwedge "
+    "doublecap doublecup gtrdot intercal land leftthreetimes lessdot lhd lor ltimes mp odot "
+    "ominus oplus oslash otimes plusmn pm rhd rightthreetimes rtimes sdot setminus "
+    "smallsetminus sqcap sqcup star times triangleleft triangleright unlhd unrhd uplus vee "
+    "veebar wedge wr "
+    # relations, negated relations among them
+    "approx approxcolon approxcoloncolon approxeq asymp backepsilon backsim backsimeq because "
+    "between blacktriangleleft blacktriangleright bowtie Bumpeq bumpeq circeq Colonapprox "
+    "colonapprox coloncolonapprox coloncolonequals coloncolonminus coloncolonsim Coloneq "
+    "coloneq Coloneqq coloneqq colonequals colonminus Colonsim colonsim cong curlyeqprec "
+    "curlyeqsucc dashv Doteq doteq doteqdot eqcirc Eqcolon eqcolon Eqqcolon eqqcolon eqsim "
+    "eqslantgtr eqslantless equalscolon equalscoloncolon equiv fallingdotseq frown ge geq geqq "
+    "geqslant gg ggg gggtr gnapprox gneq gneqq gnsim gt gtrapprox gtreqless gtreqqless gtrless "
+    "gtrsim gvertneqq imageof in isin Join le leq leqq leqslant lessapprox lesseqgtr lesseqqgtr "
+    "lessgtr lesssim ll lll llless lnapprox lneq lneqq lnsim lt lvertneqq mid minuscolon "
+    "minuscoloncolon models ncong ne neq ngeq ngeqq ngeqslant ngtr ni nleq nleqq nleqslant "
+    "nless nmid notin notni nparallel nprec npreceq nshortmid nshortparallel nsim nsubseteq "
+    "nsubseteqq nsucc nsucceq nsupseteq nsupseteqq ntriangleleft ntrianglelefteq ntriangleright "
+    "ntrianglerighteq nVDash nVdash nvDash nvdash origof owns parallel perp pitchfork prec "
+    "precapprox preccurlyeq preceq precnapprox precneqq precnsim precsim propto risingdotseq "
+    "shortmid shortparallel sim simcolon simcoloncolon simeq smallfrown smallsmile smile "
+    "sqsubset sqsubseteq sqsupset sqsupseteq sub sube Subset subset subseteq subseteqq "
+    "subsetneq subsetneqq succ succapprox succcurlyeq succeq succnapprox succneqq succnsim "
+    "succsim supe Supset supset supseteq supseteqq supsetneq supsetneqq therefore thickapprox "
+    "thicksim trianglelefteq triangleq trianglerighteq varpropto varsubsetneq varsubsetneqq "
+    "varsupsetneq varsupsetneqq vartriangle vartriangleleft vartriangleright Vdash vDash vdash "
+    "Vvdash "
+    # arrows
+    "circlearrowleft circlearrowright curvearrowleft curvearrowright Darr dArr darr "
+    "dashleftarrow dashrightarrow Downarrow downarrow downdownarrows downharpoonleft "
+    "downharpoonright gets Harr hArr harr hookleftarrow hookrightarrow iff impliedby implies "
+    "Larr lArr larr leadsto Leftarrow leftarrow leftarrowtail leftharpoondown leftharpoonup "
+    "leftleftarrows Leftrightarrow leftrightarrow leftrightarrows leftrightharpoons "
+    "leftrightsquigarrow Lleftarrow Longleftarrow longleftarrow Longleftrightarrow "
+    "longleftrightarrow longmapsto Longrightarrow longrightarrow looparrowleft looparrowright "
+    "Lrarr lrArr lrarr Lsh mapsto multimap nearrow nLeftarrow nleftarrow nLeftrightarrow "
+    "nleftrightarrow nRightarrow nrightarrow nwarrow Rarr rArr rarr restriction Rightarrow "
+    "rightarrow rightarrowtail rightharpoondown rightharpoonup rightleftarrows "
+    "rightleftharpoons rightrightarrows rightsquigarrow Rrightarrow Rsh searrow swarrow to "
+    "twoheadleftarrow twoheadrightarrow Uarr uArr uarr Uparrow uparrow Updownarrow updownarrow "
+    "upharpoonleft upharpoonright upuparrows "
+    # big operators
+    "bigcap bigcup bigodot bigoplus bigotimes bigsqcup biguplus bigvee bigwedge coprod iiint "
+    "iint int intop oiiint oiint oint prod smallint sum "
+    # other symbols
+    "angle backprime bigstar blacklozenge blacksquare blacktriangle blacktriangledown bot Box "
+    "checkmark circledR circledS clubs clubsuit complement dag ddag diagdown diagup Diamond "
+    "diamonds diamondsuit empty emptyset exist exists flat forall hearts heartsuit infin infty "
+    "lnot lozenge maltese measuredangle mho nabla natural neg nexists partial prime sharp "
+    "spades spadesuit sphericalangle square surd top triangle triangledown varnothing Vert vert "
+    # operators' names
+    "arccos arcctg arcsin arctan arctg arg argmax argmin bmod ch cos cosec cosh cot cotg coth "
+    "csc ctg cth deg det dim exp gcd hom inf injlim ker lg lim liminf limsup ln log max min mod "
+    "plim Pr projlim sec sh sin sinh sup tan tanh tg th varinjlim varliminf varlimsup "
+    "varprojlim"
 )
 # A colour that hides what it applies to: white or transparent, by name (xcolor's, or CSS's as
 # KaTeX reads them) or in a colour model (`\textcolor[rgb]{1,1,1}`); and a zero scale.

@@ -235,6 +235,9 @@ CONTENT_FREE_CASES = [
             ("boxed-section-sign", "\\S"),
             ("boxed-degree", "\\degree"),
             ("boxed-currency", "\\textdollar"),
+            ("boxed-pounds", "\\pounds"),
+            ("boxed-backslash", "\\backslash"),
+            ("boxed-ampersand", "\\And"),
             # ... nor the arguments of an index entry, a definition or a setting
             ("boxed-index", "\\index{4}"),
             ("boxed-newcommand", "\\newcommand{\\x}{4}"),
@@ -475,6 +478,30 @@ def test_format_rewards_pay_short_answers(answer: str) -> None:
     assert tags_format_reward(["p"], [f"<answer>{answer}</answer>"]) == [1.0]
     completion = f"<think>so</think><answer>{answer}</answer>"
     assert think_answer_format_reward(["p"], [completion]) == [1.0]
+
+
+# amssymb's and KaTeX's symbol commands, of each class: letters (KaTeX's capital Greek letters
+# and number sets among them), relations and their negations, binary operators, arrows, big
+# operators, other symbols and operators' names
+SYMBOL_COMMANDS = [
+    "Alpha", "Omicron", "digamma", "hslash", "eth", "beth", "gimel", "Bbbk",
+    "R", "N", "Z", "Q", "C", "Reals",
+    "geqq", "leqq", "nleq", "ngeq", "nleqq", "lesssim", "gtrsim", "ncong", "nsubseteq",
+    "varsubsetneq", "approxeq", "triangleq", "gtrless", "succcurlyeq", "eqslantgtr", "nparallel",
+    "coloneqq", "isin",
+    "rtimes", "ltimes", "dagger", "ddagger", "intercal", "barwedge", "bigtriangleup",
+    "twoheadrightarrow", "rightsquigarrow", "rArr", "iint", "biguplus",
+    "square", "Box", "checkmark", "complement", "sharp", "clubsuit", "bigstar", "blacksquare",
+    "vartriangle", "mho", "Finv", "argmax", "arcsin",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", SYMBOL_COMMANDS)
+def test_format_rewards_pay_symbol_commands(name: str) -> None:
+    """A symbol command of amssymb's or KaTeX's alone (a letter, a relation or its negation, an
+    operator, an arrow, another mathematical symbol, an operator's name) is content."""
+    assert boxed_format_reward(["p"], [f"\\boxed{{\\{name}}}"]) == [1.0]
+    assert tags_format_reward(["p"], [f"<answer>\\{name}</answer>"]) == [1.0]
 
 
 MEGABYTE = 1 << 20
