@@ -23,7 +23,6 @@ from oncurve.config import (
     Config,
     RewardFnConfig,
     build_config,
-    check_cross_fields,
     check_preset_applied,
     to_dict,
 )
@@ -92,9 +91,11 @@ def train(
         )
     elif reward_weights is not None:
         raise UserError("reward_weights: no reward_funcs to weigh")
-    # a Config made in Python has not been through loading's checks, nor had its preset applied
+    # a Config made or changed in Python has not had its preset applied, nor its fields checked:
+    # rebuilt from its dict form, each field is coerced and checked as loading does (the
+    # rebuilt algo section is marked as loaded, so the preset is checked on the one given)
     check_preset_applied(config)
-    check_cross_fields(config)
+    config = build_config(to_dict(config))
     cuda = resolve_device(config.run.device).type == "cuda"
     with run_dirs_unlocked_after(), deterministic_kernels(cuda and config.run.deterministic):
         return _train(config, quiet)

@@ -707,3 +707,34 @@ def test_a_python_config_naming_a_preset_it_does_not_hold_is_refused_by_train(pr
         )
     # one changed after loading keeps the preset's other settings: accepted
     check_preset_applied(dataclasses.replace(config, algo=dataclasses.replace(config.algo, mu=2)))
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "error"),
+    [
+        ("optim", "lr", "fast", "optim.lr must be float, got str 'fast'"),
+        ("run", "steps", "1", "run.steps must be int, got str '1'"),
+        ("rollout", "group_size", 1, "rollout.group_size must be in [2, inf), got 1"),
+        ("algo", "epsilon", 5.0, "algo.epsilon must be in (0, 1], got 5.0"),
+        (
+            "algo",
+            "loss_agg",
+            "token_mean",
+            "algo.loss_agg must be one of seq-mean-token-mean, token-mean, "
+            "seq-mean-token-sum-norm, got 'token_mean'",
+        ),
+    ],
+)
+def test_train_checks_every_field_of_a_config_changed_in_python(
+    section, key, value, error, tmp_path
+):
+    """A field set in Python skipped loading's checks of it: `train` checks every field as
+    loading does, refusing a bad one in the line loading gives, before the run starts."""
+    from oncurve.loop.trainer import train
+
+    config = load_config(None, ["run.preflight=false", f"run.dir={tmp_path / 'run'}"])
+    setattr(getattr(config, section), key, value)
+    with pytest.raises(UserError) as err:
+        train(config, quiet=True)
+    assert str(err.value) == error
+    assert not (tmp_path / "run").exists()
