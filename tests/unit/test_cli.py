@@ -149,6 +149,26 @@ def test_train_checks_the_longest_prompt_fits_before_the_first_step(capsys, tmp_
     assert "\n" not in err and not (run_dir / "metrics.jsonl").exists()
 
 
+def test_help_config_into_a_closed_pipe_exits_0_in_silence():
+    """`oncurve train --help-config | true`: a reader gone before the reference is printed
+    leaves it unread, as for the run's summary; no error, exit status 0."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to the pipe fails, as once `true` has exited
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "oncurve", "train", "--help-config"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (0, "")
+
+
 def test_the_public_api_imports_from_the_package_and_import_oncurve_stays_light():
     import oncurve
     import oncurve.config

@@ -26,10 +26,16 @@ def train_command(args: argparse.Namespace) -> int:
     from oncurve.config.helptext import reference_page
 
     if args.help_config:
-        print(
-            reference_page() if args.help_config == "markdown" else describe(),
-            end="\n" if args.help_config == "text" else "",
-        )
+        from oncurve.loop.progress import silence
+
+        try:
+            print(
+                reference_page() if args.help_config == "markdown" else describe(),
+                end="\n" if args.help_config == "text" else "",
+                flush=True,
+            )
+        except BrokenPipeError:  # `| head`: the reader has what it wanted
+            silence(sys.stdout)
         return 0
     config_path, overrides = _split_config_args(args.args)
     config = load_config(config_path, overrides)
