@@ -230,6 +230,7 @@ def check_given_settings(config: Config, given: set[str]) -> None:
             else (algo.adv_scale == "none", "algo.adv_scale=none divides by no std")
         ),
         "algo.kl_in_reward": (algo.beta == 0, "algo.beta=0 puts no KL in the reward"),
+        "algo.kl_estimator": (algo.beta == 0, "algo.beta=0 has no KL term to estimate"),
         **{
             f"model.lora.{name}": (not lora.r, "model.lora.r=0 trains no adapter")
             for name in ("alpha", "dropout", "target_modules", "save_adapter")

@@ -133,8 +133,12 @@ from oncurve.errors import UserError
             "algo.adv_eps has no effect here: algo.adv_scale=none divides by no std",
         ),
         (
-            ["algo.estimator=gae", "algo.kl_in_reward=true", "algo.kl_estimator=k1", "algo.beta=0"],
+            ["algo.estimator=gae", "algo.kl_in_reward=true", "algo.beta=0"],
             "algo.kl_in_reward has no effect here: algo.beta=0 puts no KL in the reward",
+        ),
+        (
+            ["algo.preset=dr_grpo", "algo.kl_estimator=k2"],
+            "algo.kl_estimator has no effect here: algo.beta=0 has no KL term to estimate; drop it",
         ),
         (["algo.norm_len=7"], "algo.norm_len has no effect here: only algo.loss_agg=seq-mean"),
         (["algo.max_resample=9"], "algo.max_resample has no effect here: algo.dynamic_sampling"),
@@ -423,9 +427,11 @@ def test_describe_lists_the_reward_keys():
 
 
 def test_the_algorithm_checks_accept_the_valid_neighbours():
-    # k1 with no KL term at all; gspo with its own aggregation; a buffer the whole completion
-    # long (the penalty then ramps from the first token); a synced reference without LoRA
-    assert load_config(None, ["algo.kl_estimator=k1", "algo.beta=0"]).algo.kl_estimator == "k1"
+    # k1 in the reward rather than the loss; gspo with its own aggregation; a buffer the whole
+    # completion long (the penalty then ramps from the first token); a synced reference without
+    # LoRA
+    in_reward = ["algo.kl_estimator=k1", "algo.estimator=gae", "algo.kl_in_reward=true"]
+    assert load_config(None, in_reward).algo.kl_estimator == "k1"
     assert load_config(None, ["algo.loss=gspo"]).algo.loss == "gspo"
     assert load_config(None, ["reward.overlong_buffer=64"]).reward.overlong_buffer == 64
     assert load_config(None, ["algo.ref_sync_every=10"]).algo.ref_sync_every == 10
