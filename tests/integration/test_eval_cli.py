@@ -273,3 +273,25 @@ def test_a_config_or_split_local_data_lacks_is_one_line_before_anything_loads(tm
     ]:
         assert main([*argv, flag, value]) == 2
         assert capsys.readouterr().err == f"oncurve: error: {message}; drop it\n"
+
+
+def test_a_runs_flags_its_rows_would_ignore_are_one_line(tmp_path, capsys):
+    """Without --data, eval reads the run's eval.path, or its task's held-out problems: a
+    --config or --split those do not read stops in one line, exit 2, as for --data."""
+    from oncurve.config import config_yaml
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "0012+0034=", "answer": "46"}\n')
+    runs = {"file": [f"data.path={rows}", f"eval.path={rows}"], "task": []}
+    for name, overrides in runs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.yaml").write_text(config_yaml(load_config(None, overrides)))
+    argv = ["eval", "--device", "cpu", "--model", "default", "--run"]
+    for run, flag, message in [
+        ("file", "--split", f"--split: {rows} is a file, which has no splits"),
+        ("file", "--config", f"--config: {rows} is local data, which has no configs"),
+        ("task", "--split", "--split: the run's held-out rows are its task's or environment's"),
+        ("task", "--config", "--config: the run's held-out rows are its task's or environment's"),
+    ]:
+        assert main([*argv, str(tmp_path / run), flag, "x"]) == 2
+        assert capsys.readouterr().err == f"oncurve: error: {message}; drop it\n"

@@ -20,7 +20,6 @@ from oncurve.errors import UserError
 
 def eval_command(args: argparse.Namespace) -> int:
     from oncurve.config import Config
-    from oncurve.data.files import unread_options
     from oncurve.data.prompts import PromptData
     from oncurve.loop.evaluate import evaluate
     from oncurve.rewards.extraction import extract_answer
@@ -30,7 +29,7 @@ def eval_command(args: argparse.Namespace) -> int:
     from oncurve.run.setup import episode_settings
 
     config, config_file = run_config(args)
-    unread = unread_options(args.data, args.config, args.split) if args.data else ""
+    unread = _unread_flags(args, config)
     if unread:
         raise UserError(f"{unread}; drop it")
     chosen = sampling(args, config, config_file)
@@ -114,6 +113,26 @@ def _reads_answer(fn: Callable) -> bool:
     """Whether a task's reward takes the `answer` column (countdown's reads its numbers and
     target, the code task's its tests)."""
     return "answer" in inspect.signature(fn).parameters
+
+
+def _unread_flags(args: argparse.Namespace, config) -> str:
+    """Why a `--config` or `--split` given would be ignored by the rows `_eval_rows` reads:
+    local data has no configs (and a file no splits), and a run's task or environment rows
+    come from no dataset; else ""."""
+    from oncurve.data.files import unread_options
+    from oncurve.envs.verifiers_envs import PREFIX as VERIFIERS_PREFIX
+
+    if args.data is not None:
+        return unread_options(args.data, args.config, args.split)
+    if config is None:
+        return ""  # no rows to read: _eval_rows asks for --data
+    env = config.rollout.env or ""
+    if config.eval.path and not env.startswith(VERIFIERS_PREFIX):
+        return unread_options(config.eval.path, args.config, args.split)
+    flag = next(
+        (f for f, v in (("--config", args.config), ("--split", args.split)) if v is not None), ""
+    )
+    return f"{flag}: the run's held-out rows are its task's or environment's" if flag else ""
 
 
 def _eval_rows(args: argparse.Namespace, config, data, needs_answer: bool) -> list[dict]:

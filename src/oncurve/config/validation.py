@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from oncurve.config.presets import PRESETS, preset_applied
 from oncurve.config.resume_settings import FORCEABLE, forceable
 from oncurve.config.sections import Config
-from oncurve.data.files import without_splits
+from oncurve.data.files import local_kind, without_splits
 from oncurve.errors import UserError
 
 
@@ -271,11 +269,7 @@ def _without_configs(data_path: str | None, eval_path: str | None) -> str:
     if data_path is None:
         return ""
     paths = {"data.path": data_path, "eval.path": eval_path}
-    local = {
-        name: "a file" if Path(path).is_file() else "a directory" if Path(path).is_dir() else ""
-        for name, path in paths.items()
-        if path is not None
-    }
+    local = {name: local_kind(path) for name, path in paths.items() if path is not None}
     if not all(local.values()):
         return ""
     said = " and ".join(f"{name} {paths[name]} is {kind}" for name, kind in local.items())

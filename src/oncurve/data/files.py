@@ -376,6 +376,12 @@ def read_records(path: str, config: str | None = None, split: str = "train") -> 
     return records
 
 
+def local_kind(path: str) -> str:
+    """What `path` is when it is local data: "a file" or "a directory" (a saved dataset's);
+    else "" (a Hub id)."""
+    return "a file" if Path(path).is_file() else "a directory" if Path(path).is_dir() else ""
+
+
 def without_splits(path: str | None) -> str:
     """What `path` is when it is local data without splits to pick: "a file" or "the directory
     of one saved Dataset", which `Dataset.save_to_disk` wrote (a saved DatasetDict's and a Hub
@@ -392,7 +398,7 @@ def without_splits(path: str | None) -> str:
 def unread_options(source: str, config: str | None, split: str | None) -> str:
     """Why the `--config` or `--split` given for `source` would be ignored: a config is a Hub
     dataset's, a split a Hub dataset's or a saved DatasetDict's; else ""."""
-    if config is not None and Path(source).exists():
+    if config is not None and local_kind(source):
         return f"--config: {source} is local data, which has no configs"
     unsplit = without_splits(source) if split is not None else ""
     return f"--split: {source} is {unsplit}, which has no splits" if unsplit else ""
