@@ -1,8 +1,13 @@
 """Tiny random models and the char tokenizer that tests across the suite build, sample and
 train: `make_model` of each architecture (with `TOKENIZER`'s `VOCAB`), `tiny_qwen2` of any
-vocabulary, `model_of` (adds Qwen3), `lora_model`."""
+vocabulary, `model_of` (adds Qwen3), `lora_model`, and `with_own_code` (a model directory that
+ships code)."""
 
 from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,3 +97,13 @@ def lora_model() -> torch.nn.Module:
         peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]),
     )
     return adapted.get_base_model()
+
+
+def with_own_code(model_dir: Path, dest: Path, marker: Path) -> None:
+    """A copy of `model_dir` at `dest` whose config.json names model code of its own
+    (`auto_map`): `custom.py`, which creates the file `marker` when it runs."""
+    shutil.copytree(model_dir, dest)
+    settings = json.loads((dest / "config.json").read_text())
+    settings["auto_map"] = {"AutoConfig": "custom.MyConfig", "AutoModelForCausalLM": "custom.M"}
+    (dest / "config.json").write_text(json.dumps(settings))
+    (dest / "custom.py").write_text(f"open({str(marker)!r}, 'w').close()\n")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import transformers
+from helpers.models import with_own_code
 
 from oncurve.cli import main
 from oncurve.cli.common import sampling
@@ -389,13 +390,8 @@ def test_a_runs_own_code_runs_neither_for_run_nor_for_its_final_without_the_flag
     from oncurve.config import save_config
 
     run = tmp_path / "run"
-    final = run / "final"
-    shutil.copytree(tiny_model_dir, final)
-    settings = json.loads((final / "config.json").read_text())
-    settings["auto_map"] = {"AutoConfig": "custom.MyConfig", "AutoModelForCausalLM": "custom.M"}
-    (final / "config.json").write_text(json.dumps(settings))
-    marker = tmp_path / "ran"
-    (final / "custom.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    final, marker = run / "final", tmp_path / "ran"
+    with_own_code(tiny_model_dir, final, marker)
     overrides = [f"model.path={tiny_model_dir}", "model.trust_remote_code=true"]
     save_config(load_config(None, overrides), run / "config.yaml")
     prompt = ["--prompt", "1+1=", "--device", "cpu", "--temperature", "0", "--max-new-tokens", "4"]

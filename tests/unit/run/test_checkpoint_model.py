@@ -10,6 +10,7 @@ import pytest
 import torch
 import transformers
 from helpers.configs import make_config
+from helpers.models import with_own_code
 
 from oncurve.errors import UserError
 from oncurve.loop.trainer import train
@@ -106,13 +107,8 @@ def test_the_base_models_code_runs_only_when_trusted_here_not_as_the_run_trusted
 ):
     """A run's model.trust_remote_code was trust for its training: its checkpoint loads on
     transformers' own class of a base model that ships code, and that code does not run."""
-    base = tmp_path / "base"
-    shutil.copytree(tiny_model_dir, base)
-    settings = json.loads((base / "config.json").read_text())
-    settings["auto_map"] = {"AutoConfig": "custom.MyConfig", "AutoModelForCausalLM": "custom.M"}
-    (base / "config.json").write_text(json.dumps(settings))
-    marker = tmp_path / "ran"
-    (base / "custom.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    base, marker = tmp_path / "base", tmp_path / "ran"
+    with_own_code(tiny_model_dir, base, marker)
     path = two_step_run / "checkpoints" / "step-000002"
     config = checkpoint_config(path)
     config.model.path, config.model.trust_remote_code = str(base), True
