@@ -27,10 +27,12 @@ def test_eval_of_a_run_gives_the_trainers_held_out_accuracy(tmp_path, capsys):
     """The bundled model on the arith task: `oncurve eval --run` with no other argument scores
     the run's final model on the run's held-out problems as the trainer's last evaluation."""
     run_dir = tmp_path / "run"
+    # a step of 2 groups of 2 still moves the model (and so the accuracy) off its start
     config = load_config(
         None,
-        ["run.steps=1", "eval.num_prompts=24", "eval.samples=3", "eval.batch_rows=24",
-         "run.seed=5", f"run.dir={run_dir}", "run.device=cpu"],
+        ["run.steps=1", "data.prompts_per_step=2", "rollout.group_size=2", "run.preflight=false",
+         "eval.num_prompts=24", "eval.samples=3", "eval.batch_rows=24", "run.seed=5",
+         f"run.dir={run_dir}", "run.device=cpu"],
     )  # fmt: skip
     result = train(config, quiet=True)
     got = eval_json(capsys, "--run", str(run_dir))
