@@ -14,17 +14,19 @@ each other are sampled in one call (a request that cannot be, a prompt too long,
 The chat template is applied once, here: an assistant message whose text is a completion this
 endpoint sampled for the same episode (as answered, or with its stop string) is spliced back as
 the tokens it sampled, so a conversation's tokens are the ones the policy produced; one it did
-not sample (text a harness rewrote) is tokenized as text, a special token's name in it
-included, and its call marked `rewritten`. A last assistant message is continued, as a
-dataset's conversational prompt is (`oncurve.data.files.chat_template_ending`). A request's
-`tools` are shown to the model through its chat template and its calls answered as OpenAI's
-`tool_calls` (`oncurve.rollout.tool_calls`: the Hermes format). Every call is kept in
-`Endpoint.calls`.
+not sample (text a harness rewrote) is tokenized as text, and its call marked `rewritten`; a
+special token's name in any string of a request that the template shows (a message's text, a
+tool call's name or arguments, a tool's definition) is tokenized as that name's text. A last
+assistant message is continued, as a dataset's conversational prompt is
+(`oncurve.data.files.chat_template_ending`). A request's `tools` are shown to the model through
+its chat template and its calls answered as OpenAI's `tool_calls` (`oncurve.rollout.tool_calls`:
+the Hermes format). Every call is kept in `Endpoint.calls`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import queue
 import re
@@ -48,7 +50,8 @@ from oncurve.rollout.tool_calls import (
 LOOPBACK = ("127.0.0.1", "::1")
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 _ROUTE = re.compile(r"(?:/e/(?P<episode>\d+))?(?P<path>/v1/(?:chat/)?completions)")
-_MARK = "\u2063oncurve-{}-{}\u2063"  # (a nonce of the prompt's, a turn's number)
+# (a nonce of the prompt's, the number of the ids it stands for)
+_MARK = "\u2063oncurve-{}-{}\u2063"
 
 
 class _Server(ThreadingHTTPServer):
@@ -149,17 +152,21 @@ class Endpoint:
         """The token ids of `messages` in the chat template (showing `tools`), ended as a
         dataset's conversational prompt is (`chat_template_ending`: a last assistant message
         continued, else a generation prompt): every assistant message whose text (and tool
-        calls) this endpoint sampled for `episode` as the ids it sampled, and any other message
-        whose text holds a special token's (a tool that printed `<|im_end|>`, an assistant turn
-        a harness rewrote) as that text's ids, so that it cannot end its message or forge a
-        turn; and whether any assistant message was one it did not sample."""
+        calls) this endpoint sampled for `episode` as the ids it sampled, and a special token's
+        name in any other string the template shows (a message's content or reasoning, a tool
+        call's name or arguments, a tool's definition: a tool that printed `<|im_end|>`, an
+        assistant turn a harness rewrote) as that name's text's ids, so that it cannot end its
+        message or forge a turn; and whether any assistant message was one it did not sample.
+        Where the template drops a sampled turn, the whole conversation is its text (each
+        special token's name in it still text), and counts as not sampled."""
         tokenizer = self.sampler.tokenizer
-        marked, spliced, rewritten = [], [], False
-        # a mark no message holds: a tool's output that printed one would split the text there
-        nonce = secrets.token_hex(8)
-        specials = tokenizer.all_special_tokens
-        shown = {"tools": tools} if tools else {}
         ending = chat_template_ending(messages, "messages")
+
+        def render(marked: list[dict[str, Any]], splices: _Splices) -> str:
+            shown = {"tools": splices.escaped(tools)} if tools else {}
+            return tokenizer.apply_chat_template(marked, tokenize=False, **ending, **shown)
+
+        splices, marked, rewritten = _Splices(tokenizer), [], False
         for message in messages:
             content = message.get("content")
             calls = message.get("tool_calls")
@@ -167,34 +174,17 @@ class Endpoint:
                 with self._lock:
                     sampled_ids = self._sampled.get((episode, reply_key(content, calls)))
                 if sampled_ids is not None:
-                    marked.append(
-                        {"role": "assistant", "content": _MARK.format(nonce, len(spliced))}
-                    )
-                    spliced.append(sampled_ids)
+                    marked.append({"role": "assistant", "content": splices.turn(sampled_ids)})
                     continue
                 rewritten = True
                 message = template_message(message) if calls else message
-            if isinstance(content, str) and any(token in content for token in specials):
-                message = {**message, "content": _MARK.format(nonce, len(spliced))}
-                spliced.append(
-                    tokenizer(content, add_special_tokens=False, split_special_tokens=True)[
-                        "input_ids"
-                    ]
-                )
-            marked.append(message)
-        text = tokenizer.apply_chat_template(marked, tokenize=False, **ending, **shown)
-        ids: list[int] = []
-        eos = tokenizer.eos_token or ""
-        for k, sampled in enumerate(spliced):
-            before, mark, text = text.partition(_MARK.format(nonce, k))
-            if not mark:  # the template dropped the turn: nothing of it to splice
-                whole = [template_message(m) if m.get("tool_calls") else m for m in messages]
-                return self.encode_text(tokenizer.apply_chat_template(
-                    whole, tokenize=False, **ending, **shown)), True  # fmt: skip
-            ids += self.encode_text(before) + sampled
-            if eos and tokenizer.decode(sampled[-1:]) == eos and text.startswith(eos):
-                text = text[len(eos) :]  # the turn's end is the sampled EOS token
-        return ids + self.encode_text(text), rewritten
+            marked.append(splices.escaped(message))
+        text = render(marked, splices)
+        if splices.shows_every_turn(text):
+            return splices.encode(text), rewritten
+        as_text = _Splices(tokenizer)
+        whole = [template_message(m) if m.get("tool_calls") else m for m in messages]
+        return as_text.encode(render(as_text.escaped(whole), as_text)), True
 
     def remember_reply(
         self, key: Any, completion_ids: list[int], episode: int | None = None
@@ -308,6 +298,81 @@ class Endpoint:
             max_new_tokens=min(int(limit), longest) if limit else longest,
             stop=tuple(dict.fromkeys([*self.params.stop, *stop])),
         )
+
+
+class _Splices:
+    """Marks put in a chat template's text where token ids go in its place: a sampled turn's
+    ids, or a special token's name as the ids of its text. A name is marked where it stands in
+    a string, not the string as a whole, so that it stays text whether the template shows the
+    string as it is or inside JSON (a tool call's arguments, a tool's definition)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        # a mark no message holds: a tool's output that printed one would split the text there
+        nonce = secrets.token_hex(8)
+        self._mark = functools.partial(_MARK.format, nonce)
+        before, after = _MARK.format(nonce, "\0").split("\0")
+        self._marks = re.compile(f"{re.escape(before)}(\\d+){re.escape(after)}")
+        names = sorted(tokenizer.all_special_tokens, key=len, reverse=True)
+        self._names = re.compile("|".join(map(re.escape, names))) if names else None
+        self._ids: list[list[int]] = []
+        self._turns: set[int] = set()
+        self._named: dict[str, str] = {}
+
+    def turn(self, ids: list[int]) -> str:
+        """The mark of a sampled turn of `ids`."""
+        self._turns.add(len(self._ids))
+        return self._splice(ids)
+
+    def escaped(self, value: Any) -> Any:
+        """`value` (text, or lists and mappings of it: a message, a tool) with every special
+        token's name in its text, a mapping's keys included, replaced by the mark of that
+        name's text's ids."""
+        if isinstance(value, str):
+            return self._names.sub(self._name, value) if self._names else value
+        if isinstance(value, dict):
+            return {self.escaped(key): self.escaped(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [self.escaped(item) for item in value]
+        return value
+
+    def shows_every_turn(self, text: str) -> bool:
+        """Whether `text` holds the mark of every sampled turn (a template may drop a turn)."""
+        return self._turns <= {int(number) for number in self._marks.findall(text)}
+
+    def encode(self, text: str) -> list[int]:
+        """The ids of `text` (a template's, so its special tokens' names are those tokens) with
+        each mark's ids in its place, a sampled turn's ending EOS standing for the template's
+        end of that turn."""
+        parts = self._marks.split(text)  # text, a mark's number, text, ..., text
+        numbers = [int(number) for number in parts[1::2]]
+        eos = self.tokenizer.eos_token or ""
+        ids = self._encode(parts[0])
+        for number, after in zip(numbers, parts[2::2], strict=True):
+            spliced = self._ids[number]
+            ids += spliced
+            ended = number in self._turns and self.tokenizer.decode(spliced[-1:]) == eos
+            if eos and ended and after.startswith(eos):
+                after = after[len(eos) :]  # the turn's end is the sampled EOS token
+            ids += self._encode(after)
+        return ids
+
+    def _name(self, match: re.Match[str]) -> str:
+        name = match[0]
+        if name not in self._named:
+            self._named[name] = self._splice(
+                self.tokenizer(name, add_special_tokens=False, split_special_tokens=True)[
+                    "input_ids"
+                ]
+            )
+        return self._named[name]
+
+    def _splice(self, ids: list[int]) -> str:
+        self._ids.append(ids)
+        return self._mark(len(self._ids) - 1)
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def _before_stop(text: str, stops: tuple[str, ...]) -> str:
