@@ -11,8 +11,8 @@ operators they stand for: `\\times`, `\\cdot`, `×`, `·` as `*`; `\\div`, `÷` 
 The `numbers` and `target` columns come from datasets, not from the model: an integer may be
 written as a float (`46.0`, `"46.0"`, `"[3.0, 7.0, 25.0]"`) and is read as that integer; a row
 whose column is not an integer or a list of them (46.5, NaN, inf, None, a bool, an empty list,
-unparseable text) is left unscored (None), with one RuntimeWarning per call naming each such
-row's column and value, and its place in the call where the call holds several rows.
+unparseable text) is left unscored (None), with a RuntimeWarning naming its column and value (the
+reward runner, which calls countdown one row at a time, names the row's place in the batch).
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from oncurve.rewards.normalization import last_boxed
 MAX_EXPRESSION_CHARS = 256
 # A dataset column longer than this is not a Countdown problem (and is not parsed).
 MAX_COLUMN_CHARS = 1000
-_WARNED_ROWS = 5  # rows a warning names, of those left unscored in one call
 _ALLOWED_CHARS_RE = re.compile(r"[\d+\-*/()\s]+")
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: None}
 # LaTeX and Unicode spellings of the operators and brackets; a command must end its name
@@ -157,20 +156,20 @@ def countdown_reward(
     solution for the row's `numbers` and `target` columns, else 0.0. The equation is read where
     `correct` reads an answer (`answer_region`): after the reasoning (the last `</think>`),
     outside fenced programs; in the reasoning only when nothing follows it. None for a row whose
-    columns cannot be read (`parse_numbers`, `parse_integer`), with one RuntimeWarning per call
-    naming each such row's column and value (`_unscored_message`)."""
+    columns cannot be read (`parse_numbers`, `parse_integer`), with a RuntimeWarning naming the
+    column and its value."""
     if numbers is None or target is None:
         raise ValueError("reward 'countdown' needs 'numbers' and 'target' columns in the data")
     scores: list[float | None] = []
-    problems: list[tuple[int, str, str]] = []  # (row, column, why it is unreadable)
-    for row, (completion, nums, tgt) in enumerate(zip(completions, numbers, target, strict=True)):
+    for completion, nums, tgt in zip(completions, numbers, target, strict=True):
         try:
             column = "numbers"
             row_numbers = parse_numbers(nums)
             column = "target"
             row_target = parse_integer(tgt)
         except ColumnError as e:
-            problems.append((row, column, str(e)))
+            message = f"a row left unscored, its {column} column unreadable: {e}"
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
             scores.append(None)
             continue
         region, _ = answer_region(completion)
@@ -178,25 +177,7 @@ def countdown_reward(
         expression = (last_boxed(tagged) or tagged) if tagged else last_boxed(region)
         ok = expression is not None and check_equation(expression, row_numbers, row_target)
         scores.append(1.0 if ok else 0.0)
-    if problems:
-        warnings.warn(_unscored_message(problems, len(scores)), RuntimeWarning, stacklevel=2)
     return scores
-
-
-def _unscored_message(problems: list[tuple[int, str, str]], rows: int) -> str:
-    """The warning for the rows of a call left unscored, each (row, column, why): each row
-    named by its place in the call where the call holds several rows; a call on one row (as the
-    runner makes, one per row of its batch) names its column and value alone, for its place in
-    the call, 0 of 1, is not its place in the batch."""
-    if rows == 1:
-        _, column, why = problems[0]
-        return f"countdown: a row left unscored, its {column} column unreadable: {why}"
-    shown = "; ".join(f"row {row} {column}: {why}" for row, column, why in problems[:_WARNED_ROWS])
-    more = f"; and {len(problems) - _WARNED_ROWS} more" if len(problems) > _WARNED_ROWS else ""
-    return (
-        f"countdown: {len(problems)} of {rows} rows left unscored, their numbers or target "
-        f"column unreadable: {shown}{more}"
-    )
 
 
 def _list_from_text(text: str) -> list[Any]:

@@ -1,11 +1,15 @@
 """One job of the reward runner: a reward function called on the whole batch or on one row,
-timed, and what it returned checked; the outcome says how it went, whichever process ran it."""
+timed, and what it returned checked; the outcome says how it went, whichever process ran it.
+A call on one row keeps the warnings it says (as the warning filters let them through) in its
+outcome instead of showing them: the runner says them with the row's place in the batch."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -14,12 +18,13 @@ from oncurve.rewards.registry import RewardFn
 from oncurve.rewards.trl_contract import REWARD_LOOP, ColumnMissing, RewardLog, TrainerState
 
 # A job is (function index, row index or None for the whole batch). An outcome is
-# (kind, payload, exception, seconds the call took, what the call logged or None):
-# ("ok", values, None, s, log), ("error", message, exc | None, s, None), ("fatal", message,
-# None, s, None) for a wrong return value, ("timeout", message | None, None, s, None). A batch
-# is (prompts, completions, columns, trainer state).
+# (kind, payload, exception, seconds the call took, what the call logged or None, what a call
+# on one row warned): ("ok", values, None, s, log, said), ("error", message, exc | None, s, None,
+# said), ("fatal", message, None, s, None, said) for a wrong return value, ("timeout",
+# message | None, None, s, None, said). A batch is (prompts, completions, columns, trainer state).
 Job = tuple[int, int | None]
-Outcome = tuple[str, Any, BaseException | None, float, RewardLog | None]
+Said = tuple[tuple[type[Warning], str], ...]  # (category, message) per warning, in order
+Outcome = tuple[str, Any, BaseException | None, float, RewardLog | None, Said]
 Batch = tuple[list[str], list[str], dict[str, Sequence[Any]], TrainerState]
 
 
@@ -63,16 +68,17 @@ async def _gather(
         try:
             values = await fn.coroutine(prompts, completions, log=log, state=state, **columns)
         except Exception as e:
-            return _failed(name, e, time.perf_counter() - start)
-        return _returned(name, values, len(completions), None, time.perf_counter() - start, log)
+            return _failed(name, e, time.perf_counter() - start, ())
+        return _returned(name, values, len(completions), None, time.perf_counter() - start, log, ())
 
     return list(await asyncio.gather(*(one(job) for job in jobs)))
 
 
 def run_job(fns: list[tuple[str, RewardFn, float]], job: Job, batch: Batch) -> Outcome:
     """Call function `job[0]` of `fns` on the batch, or on row `job[1]` alone, and time the
-    call; what it raised, returned or logged becomes the outcome. A function that takes the
-    call's context (`takes_context`: TRL's contract) also gets the trainer state and a log."""
+    call; what it raised, returned or logged, and on one row what it warned, becomes the outcome.
+    A function that takes the call's context (`takes_context`: TRL's contract) also gets the
+    trainer state and a log."""
     f, row = job
     name, fn, _ = fns[f]
     prompts, completions, columns, state = batch
@@ -82,32 +88,61 @@ def run_job(fns: list[tuple[str, RewardFn, float]], job: Job, batch: Batch) -> O
     log = RewardLog() if getattr(fn, "takes_context", False) else None
     context = {} if log is None else {"log": log, "state": state}
     start = time.perf_counter()
+    with _kept(row is not None) as said:
+        try:
+            values = fn(prompts, completions, **context, **columns)
+        except Exception as e:
+            return _failed(name, e, time.perf_counter() - start, tuple(said))
+    seconds = time.perf_counter() - start
+    return _returned(name, values, len(completions), row, seconds, log, tuple(said))
+
+
+@contextlib.contextmanager
+def _kept(keep: bool) -> Iterator[list[tuple[type[Warning], str]]]:
+    """The warnings said in the block, kept instead of shown when `keep`. Only the showing is
+    replaced: the filters and their registries still decide which warnings are said (ignored,
+    raised, once), and a filter the block adds (a library imported lazily) stays."""
+    said: list[tuple[type[Warning], str]] = []
+    if not keep:
+        yield said
+        return
+
+    def show(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
+        said.append((category, str(message)))
+
+    shown = warnings.showwarning
+    warnings.showwarning = show
     try:
-        values = fn(prompts, completions, **context, **columns)
-    except Exception as e:
-        return _failed(name, e, time.perf_counter() - start)
-    return _returned(name, values, len(completions), row, time.perf_counter() - start, log)
+        yield said
+    finally:
+        warnings.showwarning = shown
 
 
-def _failed(name: str, e: Exception, seconds: float) -> Outcome:
+def _failed(name: str, e: Exception, seconds: float, said: Said) -> Outcome:
     if isinstance(e, TimeoutError):
-        return ("timeout", f"{type(e).__name__}: {e}", None, seconds, None)
+        return ("timeout", f"{type(e).__name__}: {e}", None, seconds, None, said)
     if _FORKED_CUDA in str(e):  # not the row's fault: no row can be scored so
-        return ("fatal", _forked_cuda_message(name), None, seconds, None)
+        return ("fatal", _forked_cuda_message(name), None, seconds, None, said)
     if isinstance(e, ColumnMissing):
-        return ("fatal", f"reward {name!r}: {e}", None, seconds, None)
-    return ("error", f"{type(e).__name__}: {e}", e, seconds, None)
+        return ("fatal", f"reward {name!r}: {e}", None, seconds, None, said)
+    return ("error", f"{type(e).__name__}: {e}", e, seconds, None, said)
 
 
 def _returned(
-    name: str, values: Any, n: int, row: int | None, seconds: float, log: RewardLog | None
+    name: str,
+    values: Any,
+    n: int,
+    row: int | None,
+    seconds: float,
+    log: RewardLog | None,
+    said: Said,
 ) -> Outcome:
     try:
-        return ("ok", _check_values(name, values, n, row), None, seconds, log)
+        return ("ok", _check_values(name, values, n, row), None, seconds, log, said)
     except _TooLarge as e:  # a value of the row's, as an exception is: the error policy decides
-        return ("error", str(e), e, seconds, None)
+        return ("error", str(e), e, seconds, None, said)
     except RewardError as e:
-        return ("fatal", str(e), None, seconds, None)
+        return ("fatal", str(e), None, seconds, None, said)
 
 
 def _check_values(name: str, values: Any, n: int, row: int | None) -> list[float | None]:

@@ -14,6 +14,12 @@ How a batch is scored, per function:
 `reward/slowest_row_s` is the longest time one call on one row took, or for a function called on
 the whole batch, that call's time (a bound on each of its rows).
 
+A warning said in a call on one row cannot name the row's place in the batch: it is kept
+(`oncurve.rewards.jobs`) and said again once the batch is scored, naming the rows whose calls
+said it (`reward 'countdown' on rows 2, 5 of 8: ...`; the warning filters decide which calls say
+it, under Python's default filter the first), in its own category, each message of a function
+once a run. A whole batch call's warnings are shown as the function says them.
+
 With `timeout_s` set, the calls run in one persistent worker process (see worker.py: how it is
 forked, fed and replaced after a hang); with `timeout_s=None` everything runs in-process.
 
@@ -42,7 +48,7 @@ from typing import Any
 import torch
 
 from oncurve.errors import UserError
-from oncurve.rewards.jobs import Batch, Job, Outcome, RewardError, run_jobs
+from oncurve.rewards.jobs import Batch, Job, Outcome, RewardError, Said, run_jobs
 from oncurve.rewards.math import SYMBOLIC_BATCH_BUDGET_S, symbolic_budget
 from oncurve.rewards.registry import RewardFn
 from oncurve.rewards.trl_contract import RewardLog, TrainerState
@@ -157,10 +163,11 @@ class RewardRunner:
         budget = symbolic_budget(SYMBOLIC_BATCH_BUDGET_S)
         with budget, contextlib.closing(self._run(jobs, batch)) as outcomes:
             for (f, row), outcome in zip(jobs, outcomes, strict=True):
-                kind, payload, _, seconds, log = outcome
+                kind, payload, _, seconds, log, said = outcome
                 counts["slowest_row_s"] = max(counts["slowest_row_s"], seconds)
                 logs.add(self.fns[f][0], log, row)
                 if row is not None:
+                    logs.keep(f, row, said)
                     values[f][row] = self._row_score(f, row, outcome, counts)
                 elif kind == "ok":
                     values[f] = [math.nan if v is None else v for v in payload]
@@ -177,6 +184,8 @@ class RewardRunner:
         for f in retry:
             with symbolic_budget(SYMBOLIC_BATCH_BUDGET_S):
                 values[f] = self._score_rows(f, batch, counts, logs)
+        for (f, category, message), rows in logs.said.items():
+            self._warn_once(f, f"said {message}", f"on {_rows(rows, n)}: {message}", category)
         per_fn = torch.tensor(values, dtype=torch.float32).T.reshape(n, len(self.fns))
         return _result(per_fn, self.fns, counts, self._verifier_column, logs.extra, logs.metrics)
 
@@ -212,13 +221,14 @@ class RewardRunner:
             for (_, i), outcome in zip(jobs, outcomes, strict=True):
                 counts["slowest_row_s"] = max(counts["slowest_row_s"], outcome[3])
                 logs.add(self.fns[f][0], outcome[4], i)
+                logs.keep(f, i, outcome[5])
                 column.append(self._row_score(f, i, outcome, counts))
         return column
 
     def _row_score(self, f: int, i: int, outcome: Outcome, counts: dict[str, float]) -> float:
         """Row `i`'s score by function `f` from the outcome of its own call (NaN for None),
         under the error and timeout policy; counts its timeout or error."""
-        kind, payload, exc, _, _ = outcome
+        kind, payload, exc, *_ = outcome
         if kind == "ok":
             return math.nan if payload[0] is None else payload[0]
         if kind == "fatal":
@@ -240,12 +250,14 @@ class RewardRunner:
         counts["errors"] += 1
         return math.nan
 
-    def _warn_once(self, f: int, what: str, message: str) -> None:
+    def _warn_once(
+        self, f: int, what: str, message: str, category: type[Warning] = RuntimeWarning
+    ) -> None:
         """Say `message` about function `f` the first time `what` happens to it in the run."""
         name = self.fns[f][0]
         if (name, what) not in self._warned:
             self._warned.add((name, what))
-            warnings.warn(f"reward {name!r} {message}", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"reward {name!r} {message}", category, stacklevel=3)
 
     def memory_bytes(self) -> int:
         """Device bytes the reward functions hold (a reward model's weights), for the memory
@@ -298,13 +310,13 @@ class RewardRunner:
         if not worker.outcomes.poll(self.timeout_s):
             worker.stop(wait_s=0.0)
             self._worker = None
-            return ("timeout", None, None, self.timeout_s, None)
+            return ("timeout", None, None, self.timeout_s, None, ())
         try:
             return worker.outcomes.recv()
         except (EOFError, OSError):
             exit_code = worker.stop(wait_s=1.0)
             self._worker = None
-            return ("error", f"worker process died (exit code {exit_code})", None, 0.0, None)
+            return ("error", f"worker process died (exit code {exit_code})", None, 0.0, None, ())
 
 
 def runner_settings(reward: Any) -> dict[str, Any]:
@@ -319,12 +331,21 @@ def runner_settings(reward: Any) -> dict[str, Any]:
 
 class _Logs:
     """What the calls on one batch of N completions logged (`RewardLog`s), gathered: a whole
-    batch call's `log_extra` columns must hold N values, a call on one row's one."""
+    batch call's `log_extra` columns must hold N values, a call on one row's one; and what the
+    calls on one row warned, with the rows that warned it."""
 
     def __init__(self, n: int) -> None:
         self.n = n
         self.extra: dict[str, list[Any]] = {}
         self.metrics: dict[str, list[float]] = {}
+        # (function index, category, message) -> the rows whose calls said it, in order
+        self.said: dict[tuple[int, type[Warning], str], list[int]] = {}
+
+    def keep(self, f: int, row: int, said: Said) -> None:
+        for category, message in said:
+            rows = self.said.setdefault((f, category, message), [])
+            if row not in rows:  # a call may say a message twice
+                rows.append(row)
 
     def add(self, name: str, log: RewardLog | None, row: int | None) -> None:
         if log is None:
@@ -350,6 +371,15 @@ class _Logs:
                 kept[row] = values[0]
         for metric, numbers in log.metrics.items():
             self.metrics.setdefault(metric, []).extend(numbers)
+
+
+def _rows(rows: list[int], n: int) -> str:
+    """Rows of a batch of `n`, the first five named: "row 2 of 8", "rows 0, 1, 2, 3, 4 and 3
+    more of 8"."""
+    if len(rows) == 1:
+        return f"row {rows[0]} of {n}"
+    more = f" and {len(rows) - 5} more" if len(rows) > 5 else ""
+    return f"rows {', '.join(map(str, rows[:5]))}{more} of {n}"
 
 
 def _result(

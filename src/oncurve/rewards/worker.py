@@ -82,15 +82,15 @@ def _serve(requests: Any, outcomes: Any, parent_ends: tuple, fns: list) -> None:
         except EOFError:
             return
         with symbolic_budget(SYMBOLIC_BATCH_BUDGET_S):
-            for kind, payload, exc, seconds, log in run_jobs(fns, jobs, batch):
-                outcome = (kind, payload, None if exc is None else _picklable(exc), seconds, log)
+            for kind, payload, exc, seconds, log, said in run_jobs(fns, jobs, batch):
+                exc = None if exc is None else _picklable(exc)
                 try:
-                    outcomes.send(outcome)
+                    outcomes.send((kind, payload, exc, seconds, log, said))
                 except BrokenPipeError:
                     return
-                except Exception as err:  # a log value that does not pickle (a lambda)
+                except Exception as err:  # a log value or a warning class that does not pickle
                     why = f"it logged a value that cannot leave the worker ({err})"
-                    outcomes.send(("error", why, None, seconds, None))
+                    outcomes.send(("error", why, None, seconds, None, ()))
 
 
 def _picklable(exc: BaseException) -> BaseException | None:

@@ -1,6 +1,7 @@
 import math
 import os
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -176,6 +177,70 @@ def test_the_worker_keeps_its_state_across_batches_and_is_replaced_after_a_hang(
         _close(_score(runner, ["abcd"]).per_fn, [[1.0, 4.0]])
         _close(_score(runner, ["ab"]).per_fn, [[2.0, 2.0]])
     assert calls == []
+
+
+def warns_on_bad(prompts, completions, **columns):
+    """1.0 per row, and a RuntimeWarning for each row whose text starts with "bad"."""
+    for text in completions:
+        if text.startswith("bad"):
+            warnings.warn(f"cannot read {text!r}", RuntimeWarning, stacklevel=2)
+    return [1.0] * len(completions)
+
+
+warns_on_bad.rowwise = True
+
+
+def _warned(fn, *batches, timeout_s):
+    """The warnings said while a runner of `fn` scores each batch of completions in turn."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with RewardRunner([("warns", fn, 1.0)], timeout_s=timeout_s) as runner:
+            for completions in batches:
+                _close(_score(runner, completions).total, [1.0] * len(completions))
+    return [(w.category, str(w.message)) for w in caught]
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])
+def test_a_rowwise_reward_warning_is_said_with_its_row_in_the_batch(timeout_s):
+    # the reward sees one row per call; the runner says where that row is in the batch
+    said = _warned(warns_on_bad, ["a", "b", "bad", "c"], timeout_s=timeout_s)
+    assert said == [(RuntimeWarning, "reward 'warns' on row 2 of 4: cannot read 'bad'")]
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0])
+def test_a_rowwise_warning_is_said_once_a_run_naming_every_row_that_said_it(timeout_s):
+    batches = [["bad", "a", "bad", "bad-2"], ["bad", "bad-2", "bad-3"]]
+    assert _warned(warns_on_bad, *batches, timeout_s=timeout_s) == [
+        (RuntimeWarning, "reward 'warns' on rows 0, 2 of 4: cannot read 'bad'"),
+        (RuntimeWarning, "reward 'warns' on row 3 of 4: cannot read 'bad-2'"),
+        (RuntimeWarning, "reward 'warns' on row 2 of 3: cannot read 'bad-3'"),
+    ]
+
+
+def test_a_rowwise_warning_names_at_most_five_rows():
+    said = _warned(warns_on_bad, ["bad"] * 8, timeout_s=None)
+    assert said == [
+        (RuntimeWarning, "reward 'warns' on rows 0, 1, 2, 3, 4 and 3 more of 8: cannot read 'bad'")
+    ]
+
+
+def test_a_batched_reward_called_row_by_row_after_a_failure_warns_with_its_rows():
+    def fails_on_the_batch(prompts, completions, **columns):
+        if len(completions) > 1:
+            raise ValueError("compares rows")
+        return warns_on_bad(prompts, completions, **columns)
+
+    failed, *said = _warned(fails_on_the_batch, ["a", "bad", "b"], timeout_s=None)
+    assert failed[1].startswith("reward 'warns' failed on a whole batch (ValueError")
+    assert said == [(RuntimeWarning, "reward 'warns' on row 1 of 3: cannot read 'bad'")]
+
+
+def test_a_batched_reward_warning_is_left_as_the_reward_said_it():
+    def batched(prompts, completions, **columns):
+        return warns_on_bad(prompts, completions, **columns)
+
+    said = _warned(batched, ["a", "bad"], timeout_s=None)
+    assert said == [(RuntimeWarning, "cannot read 'bad'")]
 
 
 def test_a_batch_stopped_by_an_error_leaves_no_outcomes_for_the_next():

@@ -163,15 +163,21 @@ BAD_COLUMNS = [
 
 
 def _countdown(rows: list[tuple[Any, Any]]) -> tuple[list[float | None], list[str]]:
-    """The scores of RIGHT on each (numbers, target) row, and the RuntimeWarnings raised."""
+    """The scores of RIGHT on each (numbers, target) row, scored by the runner as in training,
+    and the RuntimeWarnings said."""
+    countdown = resolve_reward("countdown")[1]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        scores = countdown_reward(
-            ["p"] * len(rows),
-            [RIGHT] * len(rows),
-            numbers=[numbers for numbers, _ in rows],
-            target=[target for _, target in rows],
-        )
+        with RewardRunner([("countdown", countdown, 1.0)], timeout_s=None) as runner:
+            result = runner.score(
+                ["p"] * len(rows),
+                [RIGHT] * len(rows),
+                {
+                    "numbers": [numbers for numbers, _ in rows],
+                    "target": [target for _, target in rows],
+                },
+            )
+    scores = [None if math.isnan(v) else v for v in result.per_fn[:, 0].tolist()]
     return scores, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
 
 
@@ -200,7 +206,8 @@ def test_a_malformed_column_leaves_its_row_unscored_with_one_warning(
     scores, warned = _countdown([(GOOD_NUMBERS, GOOD_TARGET), _row(column, value)])
     assert scores == [1.0, None]
     assert len(warned) == 1
-    assert f"row 1 {column}" in warned[0]
+    prefix = f"reward 'countdown' on row 1 of 2: a row left unscored, its {column} column "
+    assert warned[0].startswith(prefix + "unreadable: ")
     assert "row 0" not in warned[0]
 
 
@@ -213,13 +220,36 @@ def test_the_list_in_text_is_not_read_digit_by_digit() -> None:
     assert scores == [0.0, 1.0]
 
 
-def test_several_bad_rows_give_one_warning_naming_each() -> None:
+def test_each_bad_row_warns_naming_its_row_in_the_batch() -> None:
     rows = [(None, 46), (GOOD_NUMBERS, 46), (GOOD_NUMBERS, 46.5), ("[3, 7, 25]", "46.0")]
     scores, warned = _countdown(rows)
     assert scores == [None, 1.0, None, 1.0]
-    assert len(warned) == 1
-    assert "row 0 numbers" in warned[0] and "row 2 target" in warned[0]
-    assert "row 1" not in warned[0] and "row 3" not in warned[0]
+    assert warned == [
+        "reward 'countdown' on row 0 of 4: a row left unscored, its numbers column unreadable: "
+        "None (NoneType) is not a list of integers",
+        "reward 'countdown' on row 2 of 4: a row left unscored, its target column unreadable: "
+        "46.5 is not an integer",
+    ]
+
+
+def test_called_on_several_rows_it_warns_once_per_bad_row_naming_column_and_value() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scores = countdown_reward(
+            ["p"] * 3, [RIGHT] * 3, numbers=[None, GOOD_NUMBERS, "[3, 7"], target=[46, 46, 46]
+        )
+    assert scores == [None, 1.0, None]
+    assert [(w.category, str(w.message)) for w in caught] == [
+        (
+            RuntimeWarning,
+            "a row left unscored, its numbers column unreadable: None (NoneType) is not a list "
+            "of integers",
+        ),
+        (
+            RuntimeWarning,
+            "a row left unscored, its numbers column unreadable: '[3, 7' is not a list of integers",
+        ),
+    ]
 
 
 @pytest.mark.parametrize(
@@ -275,7 +305,7 @@ def test_other_latex_still_scores_zero(answer: str) -> None:
     assert check_equation(answer, [3, 7, 25], 46) is False
 
 
-@pytest.mark.filterwarnings("ignore:countdown. a row left unscored:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:reward 'countdown' on row:RuntimeWarning")
 @pytest.mark.parametrize("timeout_s", [None, 5.0])
 def test_under_the_runner_a_malformed_row_is_unscored_not_an_error(timeout_s: float | None) -> None:
     # on_error="raise": a raise on data would stop training; the bad rows are left out instead
@@ -295,13 +325,16 @@ def test_under_the_runner_a_malformed_row_is_unscored_not_an_error(timeout_s: fl
     assert result.metrics["reward/countdown"] == 1.0
 
 
-def test_under_the_runner_each_warning_names_the_column_and_value_not_a_position() -> None:
-    """The runner calls countdown one row at a time: a row's place in its one-row call (0 of 1)
-    is not its place in the batch, so the warning names the row by its column and value."""
+@pytest.mark.parametrize("timeout_s", [None, 5.0])
+def test_under_the_runner_each_warning_names_the_row_in_the_batch_and_its_column_and_value(
+    timeout_s: float | None,
+) -> None:
+    """The runner calls countdown one row at a time: its warnings name the row's column and
+    value, and the runner names the row's place in the batch."""
     countdown = resolve_reward("countdown")[1]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with RewardRunner([("countdown", countdown, 1.0)], timeout_s=None) as runner:
+        with RewardRunner([("countdown", countdown, 1.0)], timeout_s=timeout_s) as runner:
             result = runner.score(
                 ["p"] * 4,
                 [RIGHT] * 4,
@@ -310,11 +343,12 @@ def test_under_the_runner_each_warning_names_the_column_and_value_not_a_position
                     "target": [GOOD_TARGET, "46.5", GOOD_TARGET, GOOD_TARGET],
                 },
             )
-    warned = [str(w.message) for w in caught if str(w.message).startswith("countdown")]
+    warned = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
     assert warned == [
-        "countdown: a row left unscored, its target column unreadable: '46.5' is not an integer",
-        "countdown: a row left unscored, its numbers column unreadable: None (NoneType) is not "
-        "a list of integers",
+        "reward 'countdown' on row 1 of 4: a row left unscored, its target column unreadable: "
+        "'46.5' is not an integer",
+        "reward 'countdown' on row 2 of 4: a row left unscored, its numbers column unreadable: "
+        "None (NoneType) is not a list of integers",
     ]
     scores = result.per_fn[:, 0].tolist()
     assert scores[0] == scores[3] == 1.0 and math.isnan(scores[1]) and math.isnan(scores[2])
