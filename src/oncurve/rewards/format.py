@@ -128,18 +128,30 @@ _SYMBOL_COMMANDS = _names(
     "plim Pr projlim sec sh sin sinh sup tan tanh tg th varinjlim varliminf varlimsup "
     "varprojlim"
 )
-# A colour that hides what it applies to: white or transparent, by name (xcolor's, or CSS's as
-# KaTeX reads them) or in a colour model (`\textcolor[rgb]{1,1,1}`); and a zero scale.
-_HIDING_COLOURS = frozenset(("white", "gray!0", "black!0", "transparent", "#fff", "#ffffff"))
-_WHITE_IN_MODEL = {
+# A colour that hides what it applies to: white or transparent, by name (xcolor's and CSS's),
+# in hexadecimal (`#fff`, `#ffffff80`, `#00000000`; KaTeX takes six digits without `#` too), as
+# an xcolor mix (`red!0`, `_mix_hides`) or in a colour model (`\textcolor[rgb]{1,1,1}`); and a
+# zero scale.
+_HIDING_NAMES = frozenset(("white", "transparent"))
+_HEX_COLOUR_RE = re.compile(r"#([0-9a-f]{3,4}|[0-9a-f]{6}|[0-9a-f]{8})|([0-9a-f]{6})")
+# Each colour model's white, channel by channel: a value at or above it when it is a range's
+# top (`rgb`'s 1, `HSB`'s brightness 240), at or below 0 (`cmyk`'s inks, a saturation), any
+# value where it is None (a hue). A value beyond a range counts as the range's end: PDF clamps
+# a colour to its range.
+_WHITE_IN_MODEL: dict[str, tuple[float | None, ...]] = {
     "rgb": (1.0, 1.0, 1.0),
     "RGB": (255.0, 255.0, 255.0),
     "gray": (1.0,),
+    "Gray": (15.0,),
     "cmyk": (0.0, 0.0, 0.0, 0.0),
     "cmy": (0.0, 0.0, 0.0),
+    "hsb": (None, 0.0, 1.0),
+    "Hsb": (None, 0.0, 1.0),
+    "tHsb": (None, 0.0, 1.0),
+    "HSB": (None, 0.0, 240.0),
 }
-_HTML_WHITE = "ffffff"
 _COMPONENT_SEPARATOR_RE = re.compile(r"\s*,\s*|\s+")
+_DECIMAL_RE = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")  # a mix's percentage
 _MAX_COLOUR_CHARS = 64  # a longer colour argument is no colour of a model's (and is not parsed)
 _ZERO_SCALE_RE = re.compile(r"\{\s*[-+]?0*\.?0*\s*\}")
 # Mathematical symbols that are not an answer alone: ellipses (`⋯`, `⋮`) and a bare minus.
@@ -188,6 +200,9 @@ _HIDDEN_ARGUMENTS = {
     "def": 2,
     "setcounter": 2,
     "setlength": 2,
+    "definecolor": 3,
+    "providecolor": 3,
+    "colorlet": 2,
 }
 # An environment whose column specification (`{c|c}`) follows its name.
 _COLUMN_SPEC_RE = re.compile(r"\{\s*(?:array|tabular|subarray)\s*\}")
@@ -266,11 +281,12 @@ def _has_content(text: str) -> bool:
     `\\quad` `~` `\\hspace{..}` `\\kern 3pt`), every other command (`\\newpage`, `\\foo`), with
     the arguments it does not show (`\\index{4}`, `\\newcommand{\\x}{4}`), style, size and
     wrapper commands around nothing (`\\displaystyle`, `\\left(\\right)`, `\\text{ }`,
-    `\\mathrm{}`, `\\boxed{}`), white or transparent text, by name or in a colour model
-    (`\\textcolor[rgb]{1,1,1}{4}`, `_is_white`) and zero-scaled text, empty groups, phantoms
-    with their argument, format and space characters (U+200B, U+FEFF, no-break space), HTML
-    comments, entities (`&nbsp;`, `&#8203;`, `&#x200B;`) and tags (`<br>`), and punctuation
-    (`.`, `,`). Each character is read a bounded number of times."""
+    `\\mathrm{}`, `\\boxed{}`), white or transparent text, by name, as an xcolor mix or in
+    a colour model (`\\textcolor[rgb]{1,1,1}{4}`, `\\textcolor{red!0}{4}`, `_is_white`) and
+    zero-scaled text, empty groups, phantoms with their argument, format and space characters
+    (U+200B, U+FEFF, no-break space), HTML comments, entities (`&nbsp;`, `&#8203;`,
+    `&#x200B;`) and tags (`<br>`), and punctuation (`.`, `,`). Each character is read a
+    bounded number of times."""
     pos, end = 0, len(text)
     while pos < end:
         construct = _CONSTRUCT_RE.search(text, pos)
@@ -377,23 +393,71 @@ def _hides(name: str, text: str, pos: int) -> bool:
 
 
 def _is_white(model: str, colour: str) -> bool:
-    """Whether `colour`, in xcolor's `model` ("" for a colour's name), is white or
-    transparent: `white`, `rgb` 1,1,1, `RGB` 255,255,255, `HTML` FFFFFF, `gray` 1, `cmyk`
-    0,0,0,0."""
+    """Whether `colour`, in xcolor's `model` ("" for a colour's name or mix), is white or
+    transparent: `white`, `#fff`, `red!0` (`_colour_hides`, `_mix_hides`), `rgb` 1,1,1, `RGB`
+    255,255,255, `HTML` FFFFFF, `gray` 1, `Gray` 15, `cmyk` 0,0,0,0, `hsb` ?,0,1, `HSB`
+    ?,0,240 (`_WHITE_IN_MODEL`)."""
     if len(colour) > _MAX_COLOUR_CHARS:
         return False
     if not model:
-        return colour.lower() in _HIDING_COLOURS
+        return _colour_hides(colour.lower()) or _mix_hides(colour.lower())
     if model == "HTML":
-        return colour.lower() == _HTML_WHITE
+        return _colour_hides(colour.lower())
     white = _WHITE_IN_MODEL.get(model)
     if white is None:
         return False
     try:
-        components = tuple(float(c) for c in _COMPONENT_SEPARATOR_RE.split(colour))
+        components = [float(c) for c in _COMPONENT_SEPARATOR_RE.split(colour)]
     except ValueError:
         return False
-    return components == white
+    return len(components) == len(white) and all(
+        end is None or (value <= end if end == 0 else value >= end)
+        for value, end in zip(components, white, strict=True)
+    )
+
+
+def _colour_hides(colour: str) -> bool:
+    """Whether the lower-case CSS or KaTeX colour `colour` is white or transparent: `white`,
+    `transparent`, hexadecimal white (`#fff`, `#ffffff`, `ffffff`, with any alpha) or any
+    hexadecimal colour of alpha 0 (`#0000`, `#00000000`)."""
+    if colour in _HIDING_NAMES:
+        return True
+    hexadecimal = _HEX_COLOUR_RE.fullmatch(colour)
+    if hexadecimal is None:
+        return False
+    digits = hexadecimal[1] or hexadecimal[2]
+    if len(digits) <= 4:
+        digits = "".join(digit * 2 for digit in digits)
+    return digits[:6] == "ffffff" or digits[6:] == "00"
+
+
+def _mix_hides(expression: str) -> bool:
+    """Whether xcolor's lower-case colour `expression` is white: `c!p` is p% of c and the rest
+    white, `c!p!d` p% of c and the rest d, a longer chain mixes its result so on left to right,
+    and a leading `-` takes the complement. The mix is white when each colour it takes a share
+    of is (`red!0`, `white!100`, `red!0!white`, `red!50!blue!0`); its complement when each is
+    black (`-black`, `-red!0!black`). A percentage beyond 0..100 counts as the range's end."""
+    complement = False
+    while expression.startswith("-"):
+        complement = not complement
+        expression = expression[1:]
+    parts = [part.strip() for part in expression.split("!")]
+    colours, percentages = parts[0::2], parts[1::2]
+    if len(percentages) == len(colours):  # `c!p`: the rest is white
+        colours.append("white")
+    if not all(_DECIMAL_RE.fullmatch(p) for p in percentages):
+        return False
+    shares = [min(max(float(p) / 100, 0.0), 1.0) for p in percentages]
+    # each colour's share of the result: the first takes every share, each later one the rest
+    # of the share before it, times every share after it
+    weights = [1.0] * len(colours)
+    for i, share in enumerate(shares):
+        weights[: i + 1] = [weight * share for weight in weights[: i + 1]]
+        weights[i + 1] = 1.0 - share
+    hiding = "black" if complement else "white"
+    return all(
+        colour == hiding for colour, weight in zip(colours, weights, strict=True) if weight > 0
+    )
 
 
 def _group_end(text: str, pos: int) -> int:

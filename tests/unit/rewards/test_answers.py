@@ -271,6 +271,46 @@ CONTENT_FREE_CASES = [
                 "\\textcolor [ rgb ] {1,1,1}{4}",
                 "\\textcolor [ rgb ] {1,1,0}{4}",
             ),
+            ("boxed-rgb-beyond-white", "\\textcolor[rgb]{2,1,1}{4}", "\\textcolor[rgb]{2,1,0}{4}"),
+            ("boxed-HSB-white", "\\textcolor[HSB]{0,0,240}{4}", "\\textcolor[HSB]{0,240,240}{4}"),
+            ("boxed-HSB-hue", "\\textcolor[HSB]{80,0,240}{4}", "\\textcolor[HSB]{80,0,239}{4}"),
+            ("boxed-hsb-white", "\\textcolor[hsb]{0.5,0,1}{4}", "\\textcolor[hsb]{0.5,1,1}{4}"),
+            ("boxed-Hsb-white", "\\textcolor[Hsb]{120,0,1}{4}", "\\textcolor[Hsb]{120,1,1}{4}"),
+            ("boxed-Gray-white", "\\color[Gray]{15}4", "\\color[Gray]{14}4"),
+            # KaTeX's hexadecimal colours: six digits without `#`, an alpha of 00 is transparent
+            ("boxed-katex-bare-hex", "\\textcolor{FFFFFF}{4}", "\\textcolor{FFFFF0}{4}"),
+            ("boxed-hex-alpha-white", "\\textcolor{#FFFF}{4}", "\\textcolor{#F00F}{4}"),
+            ("boxed-hex-transparent", "\\color{#00000000}4", "\\color{#000000FF}4"),
+            # xcolor's mixes: `c!p` is p% of c and the rest white, `c!p!d` p% of c and the
+            # rest d, left to right; a leading `-` takes the complement
+            ("boxed-mix-none-of-red", "\\textcolor{red!0}{4}", "\\textcolor{red!50}{4}"),
+            ("boxed-mix-all-white", "\\color{white!100}4", "\\color{white!99!black}4"),
+            ("boxed-mix-none-of-black", "\\textcolor{black!0}{4}", "\\textcolor{black!1}{4}"),
+            (
+                "boxed-mix-into-white",
+                "\\textcolor{red!0!white}{4}",
+                "\\textcolor{red!0!black}{4}",
+            ),
+            (
+                "boxed-mix-chain",
+                "\\textcolor{red!50!blue!0}{4}",
+                "\\textcolor{red!50!blue!1}{4}",
+            ),
+            (
+                "boxed-mix-chain-into-white",
+                "\\textcolor{red!30!black!0!white}{4}",
+                "\\textcolor{red!30!white!0!black}{4}",
+            ),
+            ("boxed-mix-beyond-range", "\\textcolor{red!-5}{4}", "\\textcolor{red!nan}{4}"),
+            ("boxed-complement-of-black", "\\textcolor{-black}{4}", "\\textcolor{-white}{4}"),
+            (
+                "boxed-complement-of-mixed-black",
+                "\\textcolor{-red!0!black}{4}",
+                "\\textcolor{-red!0}{4}",
+            ),
+            # a colour's definition shows nothing
+            ("boxed-definecolor", "\\definecolor{w}{rgb}{1,1,1}", "\\definecolor{w}{rgb}{1,1,1}1"),
+            ("boxed-colorlet", "\\colorlet{w}{white}", "\\colorlet{w}{white}x"),
         )
     ),
     pytest.param(
@@ -461,8 +501,9 @@ CONTENT_FREE_CASES = [
 @pytest.mark.parametrize(("reward", "empty", "filled"), CONTENT_FREE_CASES)
 def test_format_rewards_pay_content_not_structure(reward: Reward, empty: str, filled: str) -> None:
     """A box or tag holding only spacing, phantoms, empty groups or sizing commands, invisible
-    characters, HTML comments, entities or tags, or punctuation scores 0.0; the same structure
-    with a letter, digit or mathematical symbol in it, beside it in the batch, scores 1.0."""
+    characters, white or transparent text, HTML comments, entities or tags, or punctuation
+    scores 0.0; the same structure with a letter, digit or mathematical symbol in it, or the
+    same text shown, beside it in the batch, scores 1.0."""
     assert reward(["p", "p"], [empty, filled]) == [0.0, 1.0]
 
 
