@@ -11,6 +11,7 @@ import itertools
 import re
 import unicodedata
 from collections.abc import Sequence
+from html import unescape
 from html.entities import html5
 from typing import Any
 
@@ -217,6 +218,12 @@ _HTML_ELEMENTS = _names(
     "li mark nav ol p pre q s samp section small span strong sub summary sup table tbody td "
     "tfoot th thead tr tt u ul var wbr think answer"
 )
+# HTML elements whose content shows no text, and those that hold no content (`<br>`).
+_TEXTLESS_ELEMENTS = _names("script style template")
+_VOID_ELEMENTS = _names("area base br col embed hr img input link meta source track wbr")
+# An attribute of a tag, its value quoted or not (`hidden`, `style="color: white"`).
+_ATTRIBUTE_RE = re.compile(r"""([^\s"'<>/=]+)(?:\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'<>=`]+)))?""")
+_CSS_ZERO_RE = re.compile(r"[-+]?(?:0+(?:\.0*)?|\.0+)(?:[a-z]+|%)?")
 
 
 def think_answer_format_reward(
@@ -285,8 +292,9 @@ def _has_content(text: str) -> bool:
     a colour model (`\\textcolor[rgb]{1,1,1}{4}`, `\\textcolor{red!0}{4}`, `_is_white`) and
     zero-scaled text, empty groups, phantoms with their argument, format and space characters
     (U+200B, U+FEFF, no-break space), HTML comments, entities (`&nbsp;`, `&#8203;`,
-    `&#x200B;`) and tags (`<br>`), and punctuation (`.`, `,`). Each character is read a
-    bounded number of times."""
+    `&#x200B;`) and tags (`<br>`), HTML elements that hide what they hold, with it
+    (`<span style="display:none">4</span>`, `<span hidden>`, `<style>`, `_read_tag`), and
+    punctuation (`.`, `,`). Each character is read a bounded number of times."""
     pos, end = 0, len(text)
     while pos < end:
         construct = _CONSTRUCT_RE.search(text, pos)
@@ -334,9 +342,71 @@ def _read_construct(text: str, pos: int) -> tuple[int, bool]:
             return (len(text) if close < 0 else close + 3), False  # unclosed: hides the rest
         tag = _HTML_TAG_RE.match(text, pos)
         if tag is not None:  # an element shows its content, not its tags (`<img>` no text)
-            return tag.end(), False
+            return _read_tag(text, tag), False
         return pos + 1, True  # less-than
     return _read_command(text, pos)
+
+
+def _read_tag(text: str, tag: re.Match[str]) -> int:
+    """Where the HTML tag `tag` ends; where the element it opens ends (its closing tag, nested
+    elements of its name counted; unclosed, the text's end) when that element shows nothing of
+    what it holds: `<script>`, `<style>` and `<template>`, or one its attributes hide
+    (`_attributes_hide`)."""
+    name = tag[1].lower()
+    attributes = text[tag.end(1) : tag.end() - 1]
+    opens = text[tag.start() + 1] != "/" and name not in _VOID_ELEMENTS
+    hides = name in _TEXTLESS_ELEMENTS or (attributes != "" and _attributes_hide(name, attributes))
+    if not opens or not hides:
+        return tag.end()
+    depth = 0
+    same_name = re.compile(rf"<(/?){name}(?=[\s/>])[^<>]*>", re.IGNORECASE)
+    for same in same_name.finditer(text, tag.end()):
+        depth += -1 if same[1] else 1
+        if depth < 0:
+            return same.end()
+    return len(text)
+
+
+def _attributes_hide(name: str, attributes: str) -> bool:
+    """Whether `attributes` (a tag's text after its name) hide what the HTML element `name`
+    holds: the `hidden` attribute, `<font color="white">`, an inline style that hides
+    (`_style_hides`). Attribute values are read with their character references decoded
+    (`display&colon;none`), as a browser reads them; of a repeated attribute, the first."""
+    values: dict[str, str] = {}
+    for attribute in _ATTRIBUTE_RE.finditer(attributes):
+        value = next((v for v in attribute.groups()[1:] if v is not None), "")
+        values.setdefault(attribute[1].lower(), unescape(value))
+    return (
+        "hidden" in values
+        or (name == "font" and _colour_hides(values.get("color", "").lower()))
+        or ("style" in values and _style_hides(values["style"].lower()))
+    )
+
+
+def _style_hides(style: str) -> bool:
+    """Whether the lower-case inline CSS `style` hides its element's text: by the last
+    declaration of each property (an `!important` one before any other) `display: none`,
+    `visibility: hidden` or `collapse`, a zero `font-size` or `opacity`, or a white or
+    transparent `color` (`_colour_hides`)."""
+    values: dict[str, str] = {}
+    important: set[str] = set()
+    for declaration in style.split(";"):
+        prop, colon, value = (part.strip() for part in declaration.partition(":"))
+        before, bang, flag = value.rpartition("!")
+        is_important = bool(bang) and flag.strip() == "important"
+        if not colon or (not is_important and prop in important):
+            continue
+        if is_important:
+            value = before.strip()
+            important.add(prop)
+        values[prop] = value
+    return (
+        values.get("display") == "none"
+        or values.get("visibility") in ("hidden", "collapse")
+        or _CSS_ZERO_RE.fullmatch(values.get("font-size", "-")) is not None
+        or _CSS_ZERO_RE.fullmatch(values.get("opacity", "-")) is not None
+        or _colour_hides(values.get("color", ""))
+    )
 
 
 def _read_command(text: str, pos: int) -> tuple[int, bool]:

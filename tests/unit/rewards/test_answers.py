@@ -313,6 +313,89 @@ CONTENT_FREE_CASES = [
             ("boxed-colorlet", "\\colorlet{w}{white}", "\\colorlet{w}{white}x"),
         )
     ),
+    # HTML that hides an element (a style, the `hidden` attribute, a white font) or shows no
+    # text (`<style>`, `<script>`) hides what the element holds; the same element shown shows it
+    *(
+        pytest.param(
+            tags_format_reward,
+            f"<answer>{hidden}</answer>",
+            f"<answer>{shown}</answer>",
+            id=label,
+        )
+        for label, hidden, shown in (
+            (
+                "tags-display-none",
+                '<span style="display:none">4</span>',
+                '<span style="display:inline">4</span>',
+            ),
+            (
+                "tags-visibility-hidden",
+                '<span style="visibility: hidden">4</span>',
+                '<span style="visibility: visible">4</span>',
+            ),
+            (
+                "tags-font-size-zero",
+                '<span style="font-size:0">4</span>',
+                '<span style="font-size:10px">4</span>',
+            ),
+            (
+                "tags-font-size-zero-px",
+                "<span style='font-size: 0.0px'>4</span>",
+                "<span style='font-size: 0.5em'>4</span>",
+            ),
+            (
+                "tags-opacity-zero",
+                '<span style="opacity:0">4</span>',
+                '<span style="opacity:0.5">4</span>',
+            ),
+            (
+                "tags-color-white",
+                '<span style="color:white">4</span>',
+                '<span style="color:red">4</span>',
+            ),
+            (
+                "tags-color-short-hex",
+                '<span style="color: #fff">4</span>',
+                '<span style="color: #f00">4</span>',
+            ),
+            (
+                "tags-color-long-hex",
+                '<span style="color:#FFFFFF">4</span>',
+                '<span style="color:#FFFFF0">4</span>',
+            ),
+            ("tags-hidden-attribute", "<span hidden>4</span>", "<span title=hidden>4</span>"),
+            ("tags-unquoted-style", "<p style=display:none>4</p>", "<p style=display:block>4</p>"),
+            (
+                "tags-last-declaration-wins",
+                '<span style="display:inline; DISPLAY: none !important">4</span>',
+                '<span style="display:none;display:inline">4</span>',
+            ),
+            (
+                "tags-important-declaration-wins",
+                '<span style="display:none!important; display:inline">4</span>',
+                '<span style="display:none; display:inline ! important">4</span>',
+            ),
+            (
+                "tags-first-attribute-wins",
+                '<span style="display:none" style="">4</span>',
+                '<span style="" style="display:none">4</span>',
+            ),
+            (
+                "tags-style-entity",
+                '<span style="display&colon;none">4</span>',
+                '<span style="display&colon;block">4</span>',
+            ),
+            ("tags-font-color", '<font color="white">4</font>', '<font color="red">4</font>'),
+            (
+                "tags-hidden-nested",
+                "<div hidden><div>4</div>5</div>",
+                "<div hidden><div>4</div></div>5",
+            ),
+            ("tags-hidden-unclosed", "<span hidden>4", "<span>4"),
+            ("tags-style-element", "<style>4</style>", "<style></style>4"),
+            ("tags-script-element", "<SCRIPT>x=1</SCRIPT>", "<SCRIPT></SCRIPT>x=1"),
+        )
+    ),
     pytest.param(
         boxed_format_reward,
         "\\boxed{\\color{white}7}",
@@ -501,9 +584,9 @@ CONTENT_FREE_CASES = [
 @pytest.mark.parametrize(("reward", "empty", "filled"), CONTENT_FREE_CASES)
 def test_format_rewards_pay_content_not_structure(reward: Reward, empty: str, filled: str) -> None:
     """A box or tag holding only spacing, phantoms, empty groups or sizing commands, invisible
-    characters, white or transparent text, HTML comments, entities or tags, or punctuation
-    scores 0.0; the same structure with a letter, digit or mathematical symbol in it, or the
-    same text shown, beside it in the batch, scores 1.0."""
+    characters, white or transparent text, HTML comments, entities, tags or hidden elements, or
+    punctuation scores 0.0; the same structure with a letter, digit or mathematical symbol in
+    it, or the same text shown, beside it in the batch, scores 1.0."""
     assert reward(["p", "p"], [empty, filled]) == [0.0, 1.0]
 
 
@@ -560,6 +643,8 @@ ADVERSARIAL_UNITS = {
     "line-break": "\\\\",
     "thin-space": "\\,",
     "html-tag": "<b>",
+    "html-styled-tag": '<i style="color: red; opacity: .5" title=x>',
+    "html-hidden-element": "<s hidden>4</s>",
     "zero-width-space": "\u200b",
     "colour-model": "\\textcolor[rgb]{0.5, 0.5, 0.5}{}",
     "unclosed-colour-model": "\\color[rgb]{",
