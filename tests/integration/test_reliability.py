@@ -308,6 +308,44 @@ def test_resume_auto_without_a_checkpoint_starts_fresh_but_never_deletes_foreign
     assert (other / "notes.txt").read_text() == "mine"
 
 
+def test_a_refused_start_removes_only_a_run_dir_it_made_that_holds_no_file(
+    tiny_model_dir, data_file, tmp_path
+):
+    def refuse(s: trainer.Session) -> None:  # a refused preflight, after empty folders
+        (s.run_dir / "checkpoints" / "step-000001").mkdir(parents=True)
+        raise UserError("refused")
+
+    made = tmp_path / "made" / "run"
+    with pytest.raises(UserError, match="refused"):
+        setup(make_config(tiny_model_dir, data_file, made), refuse)
+    assert not (tmp_path / "made").exists()
+    # the next start into it is a new run's: no lock or run left to refuse it
+    assert setup(make_config(tiny_model_dir, data_file, made)).run_dir == made
+
+    def write_and_refuse(s: trainer.Session) -> None:
+        (s.run_dir / "notes.txt").write_text("a file")
+        refuse(s)
+
+    written = tmp_path / "written"
+    with pytest.raises(UserError, match="refused"):
+        setup(make_config(tiny_model_dir, data_file, written), write_and_refuse)
+    assert (written / "notes.txt").read_text() == "a file"
+    assert (written / "checkpoints" / "step-000001").is_dir()
+    # a directory that was there before is left, empty or holding a previous run
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UserError, match="refused"):
+        setup(make_config(tiny_model_dir, data_file, empty), refuse)
+    assert (empty / "checkpoints" / "step-000001").is_dir()
+    previous = tmp_path / "previous"
+    (previous / "tensorboard").mkdir(parents=True)
+    (previous / "metrics.jsonl").write_text('{"step": 1, "kl": 0.5}\n')
+    files = run_files(previous)
+    with pytest.raises(UserError, match="refused"):
+        setup(make_config(tiny_model_dir, data_file, previous, "run.overwrite=true"), refuse)
+    assert run_files(previous) == files and (previous / "tensorboard").is_dir()
+
+
 def test_resume_from_a_given_checkpoint_and_refuse_another_world_size(
     tiny_model_dir, data_file, tmp_path, capsys
 ):
@@ -558,10 +596,14 @@ def test_bad_config_data_or_reward_path_exits_2_with_one_line(
     if data is not None:
         data_file = tmp_path / "data.jsonl"
         data_file.write_text(data)
-    args = cli_args(tiny_model_dir, data_file, tmp_path / "run", *filter(None, [override]))
+    run_dir = tmp_path / "runs" / "run"
+    args = cli_args(tiny_model_dir, data_file, run_dir, *filter(None, [override]))
     assert main(["train", *args]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("oncurve: error: ") and message in err[0], err
+    # the bad data and rewards are found after the run directory was made and locked: it goes
+    # again, with the folder made for it, rather than pass for a run
+    assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="asks for CUDA where there is none")

@@ -8,6 +8,8 @@ previous run's files (`RUN_FILES`), and `run.resume=auto` on a directory without
 restarts only when nothing foreign is there. `run.resume=PATH` writes into PATH's own run (a
 `step-NNNNNN` directory in its `checkpoints/`; its later checkpoints, and a final model
 written after them, deleted only with `run.overwrite`), or into an empty directory, never into another run's.
+A run refused at start-up removes the directory it created while that holds no file but the
+lock (`removed_if_not_started`), so that it does not pass for a run.
 """
 
 from __future__ import annotations
@@ -305,6 +307,9 @@ def clean_leftovers(run_dir: Path) -> None:
 # process's end, when the OS releases their locks. A later run of the same process on the same
 # directory reuses its lock.
 _HELD: dict[str, TextIO] = {}
+# The held run directories this process created, by directory: the folders `mkdir` made for
+# it, the run directory first, each absolute.
+_CREATED: dict[str, list[Path]] = {}
 
 
 @contextlib.contextmanager
@@ -318,6 +323,7 @@ def run_dirs_unlocked_after() -> Iterator[None]:
     finally:
         for key in set(_HELD) - before:
             _HELD.pop(key).close()
+            _CREATED.pop(key, None)  # unlocked: another process's to claim now
 
 
 def _forget_locks_in_child() -> None:
@@ -326,6 +332,7 @@ def _forget_locks_in_child() -> None:
     for file in _HELD.values():
         file.close()
     _HELD.clear()
+    _CREATED.clear()
 
 
 os.register_at_fork(after_in_child=_forget_locks_in_child)
@@ -335,7 +342,10 @@ os.register_at_fork(after_in_child=_forget_locks_in_child)
 def _locked(run_dir: Path) -> Iterator[list[Path]]:
     """Lock `run_dir` for this process (creating it) and give its entries but the lock file;
     UserError naming the holder when another process holds it. On a UserError inside, a lock
-    file this call created is removed again, so a refused directory is left as it was."""
+    file this call created is removed again, and a directory it created (`_remove_if_new`), so
+    a refused directory is left as it was."""
+    absolute = run_dir.absolute()
+    missing = [p for p in (absolute, *absolute.parents) if not p.exists()]
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -347,14 +357,54 @@ def _locked(run_dir: Path) -> Iterator[list[Path]]:
     if held is None or not path.exists() or os.fstat(held.fileno()).st_ino != path.stat().st_ino:
         created = not path.exists()
         _HELD[key] = _lock(path)
+        _CREATED.pop(key, None)
+        if missing:
+            _CREATED[key] = missing
     clean_leftovers(run_dir)
     try:
         yield sorted(p for p in run_dir.iterdir() if p.name != LOCK_FILE)
     except UserError:
-        if created:
+        _remove_if_new(run_dir)
+        if created and key in _HELD:
             path.unlink(missing_ok=True)
             _HELD.pop(key).close()
+            _CREATED.pop(key, None)
         raise
+
+
+@contextlib.contextmanager
+def removed_if_not_started(run_dir: Path) -> Iterator[None]:
+    """A run's start-up in `run_dir`: should it fail (raise anything), `run_dir` is removed
+    when this process created it and it holds no file but its lock (`_remove_if_new`)."""
+    try:
+        yield
+    except BaseException:
+        _remove_if_new(run_dir)
+        raise
+
+
+def _remove_if_new(run_dir: Path) -> None:
+    """Remove `run_dir` when this process created it, holds its lock still, and it holds
+    nothing but the lock file and empty folders (what a run refused at start-up leaves), with
+    the folders created above it for it while they are empty. A directory that existed before,
+    or that holds any other file, is left as it is, locked."""
+    key = str(run_dir.resolve())
+    lock = run_dir / LOCK_FILE
+    if key not in _CREATED or key not in _HELD:
+        return
+    inside = [p for p in run_dir.rglob("*") if p != lock]
+    if any(p.is_symlink() or not p.is_dir() for p in inside):
+        return
+    # unlinked before the lock is released: a trainer that comes later makes a lock of its own
+    lock.unlink(missing_ok=True)
+    _HELD.pop(key).close()
+    created = _CREATED.pop(key)
+    # deepest first; rmdir removes no folder that is not empty, whatever appeared meanwhile
+    for folder in [*sorted(inside, key=lambda p: len(p.parts), reverse=True), *created]:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 def _lock(path: Path) -> TextIO:

@@ -78,7 +78,7 @@ from oncurve.run.metrics import (
     truncate_after,
 )
 from oncurve.run.rewards import build_rewards
-from oncurve.run.rundir import prepare_run_dir
+from oncurve.run.rundir import prepare_run_dir, removed_if_not_started
 from oncurve.run.session import REFERENCE, Session, forward_settings
 from oncurve.run.settle import (
     LOCAL_PATHS,
@@ -98,101 +98,103 @@ def setup(config: Config, checks: Callable[[Session], None] | None = None) -> Se
     `checks(session)` runs once the session is built, before the run's trackers start and
     before anything it replaces is deleted or its config.yaml written: a run that a check
     refuses (a reference the reward cannot pay, a failed preflight, a stop) leaves a previous
-    run in its directory as it was."""
+    run in its directory as it was; a start that fails in a run directory it created, before
+    writing a file there, removes that directory again (`removed_if_not_started`)."""
     config = settle_paths(config)
     device, rank, world_size = start_devices(config)
     run_dir, resume_from, replaced = prepare_run_dir(config, rank)
-    if config.run.threads:
-        torch.set_num_threads(config.run.threads)
-    torch.manual_seed(config.run.seed)
-    model_path = resolve_model_path(config.model.path, config.model.revision)
-    tokenizer = load_tokenizer(model_path, config.model.trust_remote_code)
-    check_stops(config.rollout.stop, tokenizer, "rollout.stop")
-    data, eval_data, task = prompt_data(config, tokenizer)
-    revision = hub_commit(model_path) if is_hub_id(config.model.path) else None
-    config = settle_loading(config, resolve_dtype("auto", device), revision)
-    model = load_model(model_path, config.model.dtype, device, config.model.trust_remote_code)
-    episodes = episode_settings(config, tokenizer)
-    longest = max(len(row["prompt_ids"]) for row in prompt_rows(data, eval_data))
-    seq_len = longest + completion_room(config, episodes, longest, model.config)
-    peft_model = add_lora(model, config.model.lora) if config.model.lora.r else None
-    if peft_model is not None:
-        model = peft_model.get_base_model()
-    # before the memory plan, which counts a reward model's weights
-    rewards = build_rewards(config, task, device)
-    facts = RunFacts.gather(
-        config,
-        model,
-        world_size,
-        seq_len=seq_len,
-        saved_memory=checkpoint.read_state(resume_from).get("memory") if resume_from else None,
-        evaluates=eval_data is not None and (config.eval.at_start_end or config.eval.every > 0),
-        reward_bytes=rewards.memory_bytes(),
-    )
-    settled = settle(config, facts)
-    config = settled.config
-    if rank == 0:
-        for line in settled.report + startup_notes(config, rewards, data, eval_data, task):
-            print(line, file=sys.stderr)
-    policy, advantage = assemble_policy(config, model, peft_model, world_size)
-    fsdp = config.dist.fsdp and world_size > 1
-    optimizer = build_optimizer(policy.trainable(), config, sharded=fsdp)
-    s = Session(
-        config=config,
-        run_dir=run_dir,
-        device=device,
-        policy=policy,
-        tokenizer=tokenizer,
-        sampler=make_sampler(config, policy.whole_model, tokenizer, longest),
-        data=data,
-        eval_data=eval_data,
-        rewards=rewards,
-        correct=correctness_fn(config, task),
-        optimizer=optimizer,
-        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(config)),
-        loss_fns=build_loss_fns(config),
-        advantage=advantage,
-        episodes=episodes,
-        curriculum=build_curriculum(config, data.rows),
-        # writes nothing: the run's own opens once a resume is settled (a refused one starts no
-        # tracker run) and knows the step its TensorBoard events continue from
-        logger=MetricsLogger(run_dir, enabled=False),
-        rank=rank,
-        world_size=world_size,
-        data_fingerprint=data_fingerprint(data.rows),
-    )
-    if resume_from is not None:
-        _resume(s, resume_from)
-    if checks is not None:
-        checks(s)
-    # The run is set up and checked; its trackers start before what it replaces goes, so that one that
-    # cannot start leaves a previous run whole.
-    trackers = []
-    if rank == 0:
-        if s.config.log.tensorboard:
-            require_tensorboard()
-        trackers = start_trackers(
-            run_dir, wandb=_wandb_settings(s.config), trackio=_trackio_settings(s.config)
+    with removed_if_not_started(run_dir):
+        if config.run.threads:
+            torch.set_num_threads(config.run.threads)
+        torch.manual_seed(config.run.seed)
+        model_path = resolve_model_path(config.model.path, config.model.revision)
+        tokenizer = load_tokenizer(model_path, config.model.trust_remote_code)
+        check_stops(config.rollout.stop, tokenizer, "rollout.stop")
+        data, eval_data, task = prompt_data(config, tokenizer)
+        revision = hub_commit(model_path) if is_hub_id(config.model.path) else None
+        config = settle_loading(config, resolve_dtype("auto", device), revision)
+        model = load_model(model_path, config.model.dtype, device, config.model.trust_remote_code)
+        episodes = episode_settings(config, tokenizer)
+        longest = max(len(row["prompt_ids"]) for row in prompt_rows(data, eval_data))
+        seq_len = longest + completion_room(config, episodes, longest, model.config)
+        peft_model = add_lora(model, config.model.lora) if config.model.lora.r else None
+        if peft_model is not None:
+            model = peft_model.get_base_model()
+        # before the memory plan, which counts a reward model's weights
+        rewards = build_rewards(config, task, device)
+        facts = RunFacts.gather(
+            config,
+            model,
+            world_size,
+            seq_len=seq_len,
+            saved_memory=checkpoint.read_state(resume_from).get("memory") if resume_from else None,
+            evaluates=eval_data is not None and (config.eval.at_start_end or config.eval.every > 0),
+            reward_bytes=rewards.memory_bytes(),
         )
-    # before the metrics are cut back to the resumed step: a crash between the two then leaves
-    # checkpoints and metrics that agree
-    replaced.remove()
-    if resume_from is not None and rank == 0:
-        # at the last step, an evaluation row is the final one's, which a stop cut short of the
-        # final save: the resume evaluates again
-        done = s.start_step == s.config.run.steps and s.config.eval.at_start_end
-        truncate_after(run_dir, s.start_step, drop_evaluation=done)
-    s.logger = MetricsLogger(
-        run_dir,
-        tensorboard=s.config.log.tensorboard,
-        enabled=rank == 0,
-        trackers=trackers,
-        start_step=s.start_step,
-    )
-    policy.release()
-    s.writes_run_dir = True
-    s.record_settings()
-    return s
+        settled = settle(config, facts)
+        config = settled.config
+        if rank == 0:
+            for line in settled.report + startup_notes(config, rewards, data, eval_data, task):
+                print(line, file=sys.stderr)
+        policy, advantage = assemble_policy(config, model, peft_model, world_size)
+        fsdp = config.dist.fsdp and world_size > 1
+        optimizer = build_optimizer(policy.trainable(), config, sharded=fsdp)
+        s = Session(
+            config=config,
+            run_dir=run_dir,
+            device=device,
+            policy=policy,
+            tokenizer=tokenizer,
+            sampler=make_sampler(config, policy.whole_model, tokenizer, longest),
+            data=data,
+            eval_data=eval_data,
+            rewards=rewards,
+            correct=correctness_fn(config, task),
+            optimizer=optimizer,
+            scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(config)),
+            loss_fns=build_loss_fns(config),
+            advantage=advantage,
+            episodes=episodes,
+            curriculum=build_curriculum(config, data.rows),
+            # writes nothing: the run's own opens once a resume is settled (a refused one starts no
+            # tracker run) and knows the step its TensorBoard events continue from
+            logger=MetricsLogger(run_dir, enabled=False),
+            rank=rank,
+            world_size=world_size,
+            data_fingerprint=data_fingerprint(data.rows),
+        )
+        if resume_from is not None:
+            _resume(s, resume_from)
+        if checks is not None:
+            checks(s)
+        # The run is set up and checked; its trackers start before what it replaces goes, so that one that
+        # cannot start leaves a previous run whole.
+        trackers = []
+        if rank == 0:
+            if s.config.log.tensorboard:
+                require_tensorboard()
+            trackers = start_trackers(
+                run_dir, wandb=_wandb_settings(s.config), trackio=_trackio_settings(s.config)
+            )
+        # before the metrics are cut back to the resumed step: a crash between the two then leaves
+        # checkpoints and metrics that agree
+        replaced.remove()
+        if resume_from is not None and rank == 0:
+            # at the last step, an evaluation row is the final one's, which a stop cut short of the
+            # final save: the resume evaluates again
+            done = s.start_step == s.config.run.steps and s.config.eval.at_start_end
+            truncate_after(run_dir, s.start_step, drop_evaluation=done)
+        s.logger = MetricsLogger(
+            run_dir,
+            tensorboard=s.config.log.tensorboard,
+            enabled=rank == 0,
+            trackers=trackers,
+            start_step=s.start_step,
+        )
+        policy.release()
+        s.writes_run_dir = True
+        s.record_settings()
+        return s
 
 
 def start_devices(config: Config) -> tuple[torch.device, int, int]:
