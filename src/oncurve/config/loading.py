@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import decimal
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -413,7 +414,9 @@ def _coerce(hint: Any, value: Any, name: str, spec: dataclasses.Field, item: boo
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             raise UserError(f"{name} must be a mapping of names to values, got {_shown(value)}")
         # a dotted override into it (`data.task_options.counts=[3]`) is read as YAML reads it
-        return _plain({k: v.parsed if isinstance(v, _Given) else v for k, v in value.items()})
+        mapping = _plain({k: v.parsed if isinstance(v, _Given) else v for k, v in value.items()})
+        _refuse_surrogate(mapping, name)
+        return mapping
     if origin is list:
         (item_hint,) = typing.get_args(hint)
         if value is None:  # `reward.functions:` left empty in YAML, or null
@@ -451,12 +454,17 @@ def _coerce(hint: Any, value: Any, name: str, spec: dataclasses.Field, item: boo
 
 
 _INT_MAX = 2**63 - 1
+# A UTF-16 surrogate: no Unicode character (tokenizers and UTF-8 writers refuse it), which YAML's
+# `\ud800` escape and a command line's undecodable byte give
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def _check_text(value: str, name: str, spec: dataclasses.Field, optional: bool, item: bool) -> None:
-    """A one-line error for empty text where the field refuses it (its `blank` metadata:
-    whitespace-only text too, unless `whitespace`), saying what to give instead: null for an
-    `optional` field, [] for a list's `item`."""
+    """A one-line error for text holding a surrogate (`_refuse_surrogate`), and for empty text
+    where the field refuses it (its `blank` metadata: whitespace-only text too, unless
+    `whitespace`), saying what to give instead: null for an `optional` field, [] for a list's
+    `item`."""
+    _refuse_surrogate(value, name)
     blank = spec.metadata.get("blank", "refuse")
     if blank == "allow" or (value.strip() if blank == "refuse" else value):
         return
@@ -467,6 +475,24 @@ def _check_text(value: str, name: str, spec: dataclasses.Field, optional: bool, 
     else:
         instead = ""
     raise UserError(f"{name} must not be empty{instead}, got {value!r}")
+
+
+def _refuse_surrogate(value: Any, name: str) -> None:
+    """A one-line error naming setting `name` when text in `value` (a mapping's keys and
+    values, a list's items, at any depth) holds a surrogate."""
+    if isinstance(value, str):
+        if found := _SURROGATE.search(value):
+            raise UserError(
+                f"{name} holds a surrogate \\u{ord(found.group()):04x}, which is no Unicode "
+                "character"
+            )
+    elif isinstance(value, dict):
+        for key, inner in value.items():
+            _refuse_surrogate(key, name)
+            _refuse_surrogate(inner, name)
+    elif isinstance(value, list):
+        for inner in value:
+            _refuse_surrogate(inner, name)
 
 
 def _shown(value: Any) -> str:

@@ -582,6 +582,36 @@ def test_empty_text_is_taken_where_it_means_something(tmp_path):
         load_config(path)
 
 
+def test_text_holding_a_surrogate_is_refused_naming_the_setting(tmp_path):
+    """YAML's `\\ud800` escape, and a command line's undecodable byte, give a surrogate:
+    no Unicode character, which a tokenizer and a UTF-8 writer refuse later."""
+    unpaired = "holds a surrogate \\ud800, which is no Unicode character"
+    path = tmp_path / "c.yaml"
+    path.write_text('data:\n  system_prompt: "Answer \\ud800"\n')
+    with pytest.raises(UserError) as err:
+        load_config(path)
+    assert str(err.value) == f"data.system_prompt {unpaired}"
+    refused = {
+        'data.system_prompt="\\ud800"': f"data.system_prompt {unpaired}",
+        "data.system_prompt=\ud800": f"data.system_prompt {unpaired}",
+        "run.dir=runs/\udcff": "run.dir holds a surrogate \\udcff",
+        'rollout.stop=["</answer>", "\\ud800"]': f"rollout.stop[1] {unpaired}",
+        'data.task_options={names: ["\\ud800"]}': f"data.task_options {unpaired}",
+        'reward.functions=["\\ud800"]': f"reward.functions[0] {unpaired}",
+    }
+    for override, message in refused.items():
+        with pytest.raises(UserError) as err:
+            load_config(None, ["data.task=countdown", override])
+        assert str(err.value).startswith(message) and "\n" not in str(err.value), override
+    # YAML's escapes are characters: UTF-16's pair for one is two surrogates, its \U escape
+    # the character
+    path.write_text('data:\n  system_prompt: "\\ud83d\\ude00"\n')
+    with pytest.raises(UserError, match=r"^data.system_prompt holds a surrogate \\ud83d,"):
+        load_config(path)
+    path.write_text('data:\n  system_prompt: "\\U0001F600"\n')
+    assert load_config(path).data.system_prompt == "\U0001f600"
+
+
 def test_a_list_left_empty_in_yaml_is_refused_not_defaulted(tmp_path):
     """`functions:` with nothing after it is null in YAML, which would have been [correct]."""
     path = tmp_path / "c.yaml"
