@@ -119,6 +119,35 @@ def test_fewer_rows_than_a_step_takes_are_said_at_start(tiny_model_dir, tmp_path
     assert "data: 3 training rows, fewer than data.prompts_per_step=4" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        (["algo.preset=gspo", "algo.minibatches=1"], "algo.loss=gspo's clip of the sequence ratio"),
+        (["algo.preset=cispo", "algo.minibatches=1"], "algo.loss=cispo's cap of the weight"),
+        (["algo.epsilon_high=0.28"], "algo.epsilon_high=0.28"),
+        (["algo.preset=dapo", "algo.minibatches=1"], "algo.epsilon_high=0.28"),
+        (["algo.preset=gspo"], None),  # 4 minibatches: the ratio moves after the first
+        (["algo.epsilon_high=0.28", "algo.mu=2"], None),
+        ([], None),  # DeepSeekMath's symmetric clip at mu=1 is GRPO as it is meant
+    ],
+)
+def test_a_clip_that_an_on_policy_update_never_reaches_is_said_at_start(
+    tiny_model_dir, data_file, tmp_path, capsys, settings, said
+):
+    """With algo.mu * algo.minibatches = 1 the old logprobs are the current ones: every ratio
+    is 1, so GSPO's clip, CISPO's cap and a clip-higher bound never bind."""
+    setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *settings))
+    err = capsys.readouterr().err
+    if said is None:
+        assert "never binds" not in err
+    else:
+        assert (
+            f"warning: {said} never binds with algo.mu=1 and algo.minibatches=1: the update "
+            "is on-policy, so every importance ratio is 1; set algo.minibatches or algo.mu "
+            "above 1\n"
+        ) in err
+
+
 def test_held_out_prompts_that_are_also_training_prompts_are_said_at_start(
     tiny_model_dir, tmp_path, capsys
 ):

@@ -25,7 +25,7 @@ from oncurve.algo.registry import (
     POLICY_LOSSES,
     lookup,
 )
-from oncurve.config import Config, check_ranks, to_dict
+from oncurve.config import AlgoConfig, Config, check_ranks, to_dict
 from oncurve.config.resume_settings import (
     DATA_ROWS,
     ROWS_DIGEST,
@@ -467,8 +467,9 @@ def startup_notes(
     task: Any = None,
 ) -> list[str]:
     """What the start-up report says of the run's choices beyond the settled ones: a LoRA
-    dropout (which no forward applies), fewer training rows than a step takes (or than a
-    difficulty level holds), held-out prompts that are training prompts too, fewer held-out
+    dropout (which no forward applies), a clip or cap that an on-policy update never reaches
+    (`_unreached_clip`), fewer training rows than a step takes (or than a difficulty level
+    holds), held-out prompts that are training prompts too, fewer held-out
     problems in a task than eval.num_prompts asks or more rows in eval.path than it takes, the
     column the reference answers were found in when the config does not name it and it is not
     `answer`, and which rewards the curriculum and dynamic sampling read."""
@@ -478,6 +479,13 @@ def startup_notes(
             f"warning: model.lora.dropout={config.model.lora.dropout} does nothing: every "
             "forward of a step runs without dropout, so that the update's ratios compare like "
             "with like"
+        )
+    unreached = _unreached_clip(config.algo)
+    if unreached:
+        notes.append(
+            f"warning: {unreached} never binds with algo.mu=1 and algo.minibatches=1: the "
+            "update is on-policy, so every importance ratio is 1; set algo.minibatches or "
+            "algo.mu above 1"
         )
     rows, per_step = len(data.rows), config.data.prompts_per_step
     if rows < per_step:
@@ -529,6 +537,22 @@ def startup_notes(
             + correct
         )
     return notes
+
+
+def _unreached_clip(algo: AlgoConfig) -> str:
+    """The bound of `algo`'s loss that only an off-policy ratio reaches, named, where the
+    update is on-policy (`algo.mu * algo.minibatches` = 1: the old logprobs are the current
+    ones, every ratio 1): GSPO's clip, CISPO's cap, a clip-higher bound; "" otherwise. A
+    symmetric PPO clip at mu=1 is DeepSeekMath's GRPO as meant, and not named."""
+    if algo.mu * algo.minibatches > 1:
+        return ""
+    if algo.loss == "gspo":
+        return "algo.loss=gspo's clip of the sequence ratio"
+    if algo.loss == "cispo":
+        return "algo.loss=cispo's cap of the weight"
+    if algo.loss == "ppo_clip" and algo.epsilon_high is not None:
+        return f"algo.epsilon_high={algo.epsilon_high}"
+    return ""
 
 
 def build_optimizer(
