@@ -176,9 +176,7 @@ def test_every_preset_trains_three_bfloat16_steps_on_cuda(
     tiny_model_dir, data_file, tmp_path, monkeypatch, preset
 ):
     run_dir = tmp_path / "run"
-    # DAPO's overlong window must fit in the 8 new tokens of these runs
-    extra = ("reward.overlong_buffer=4",) if preset == "dapo" else ()
-    config = make_config(tiny_model_dir, data_file, run_dir, *BF16, f"algo.preset={preset}", *extra)
+    config = make_config(tiny_model_dir, data_file, run_dir, *BF16, f"algo.preset={preset}")
     assert config.algo.dynamic_sampling == (preset == "dapo")
     sessions = sessions_of(monkeypatch)
     assert train(config, quiet=True).steps == 3

@@ -114,6 +114,9 @@ RUN_HERE = (
     "oncurve train --help-config",
 )
 SHORT = ["run.steps=1", "eval.at_start_end=false", "run.preflight=false", "data.prompts_per_step=2"]
+# what a preset's settings need besides SHORT's: DAPO's 4 minibatches take 4 prompts a step, and
+# 2 keep its update off-policy on SHORT's 2
+SHORT_FOR = {"configs/dapo.yaml": ["algo.minibatches=2"]}
 
 # What a test cannot run as shown: a command's start -> (why, the test that runs its kind).
 PARSED_ONLY = {
@@ -169,7 +172,7 @@ def test_the_readme_commands_run_as_shown(tmp_path, monkeypatch, capsys):
     for command in RUN_HERE:
         argv = shlex.split(command)[1:]
         if argv[0] == "train" and "--help-config" not in argv:
-            argv += SHORT
+            argv += SHORT + SHORT_FOR.get(argv[1], [])
         assert main(argv) == 0, f"{command}: {capsys.readouterr().err[-2000:]}"
         out, err = capsys.readouterr()
         assert "does not fit" not in err, f"{command}: {err}"
@@ -182,6 +185,7 @@ def test_the_readme_commands_run_as_shown(tmp_path, monkeypatch, capsys):
     assert len(printed[RUN_HERE[4]]) == 4
     dapo = load_config(tmp_path / "runs/b/config.yaml")
     assert (dapo.algo.loss_agg, dapo.rollout.group_size) == ("token-mean", 16)
+    assert (dapo.algo.minibatches, dapo.reward.overlong_buffer) == (2, 13)  # 20% of 64 tokens
     assert len(printed[RUN_HERE[5]]) == 4  # -n 4 by default
     assert Path(printed[RUN_HERE[7]][-1]).is_file()
     assert "rollout.max_new_tokens" in "\n".join(printed[RUN_HERE[8]])

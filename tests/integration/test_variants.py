@@ -198,14 +198,16 @@ def test_gspo_step_matches_the_hand_assembled_sequence_level_objective(
 ):
     """The gspo preset (sequence-level ratio s_i = exp(mean_t log ratio), clip 3e-4 / 4e-4,
     seq-mean-token-mean, no KL), assembled as GSPO states it: per row -min(s_i A_i,
-    clip(s_i) A_i), averaged over rows. mu=2 at lr 1e-4 moves some rows' s_i past a bound
-    and leaves others inside it, so the second pass checks both branches."""
+    clip(s_i) A_i), averaged over rows. mu=2 passes of one minibatch at lr 1e-4 move some
+    rows' s_i past a bound and leave others inside it, so the second pass checks both
+    branches."""
     config = raw_gradient_config(
         tiny_model_dir,
         data_file,
         tmp_path / "run",
         "algo.preset=gspo",
         "algo.mu=2",
+        "algo.minibatches=1",
         "optim.lr=1e-4",
     )
     a = config.algo

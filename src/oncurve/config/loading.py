@@ -17,10 +17,11 @@ import yaml
 from oncurve.config.presets import (
     BUNDLED_MODEL_DEFAULTS,
     ESTIMATOR_DEFAULTS,
+    PRESET_SHARES,
     PRESETS,
     mark_preset_applied,
 )
-from oncurve.config.sections import Config, RewardFnConfig
+from oncurve.config.sections import Config, RewardFnConfig, RolloutConfig
 from oncurve.config.validation import check_cross_fields, check_given_settings
 from oncurve.errors import UserError
 
@@ -83,7 +84,8 @@ def build_config(raw: dict[str, Any]) -> Config:
 
 def _defaults(raw: dict[str, Any]) -> dict[str, Any]:
     """What `raw`'s settings land on: the bundled model's (when `model.path` is `default`),
-    the preset's and the estimator's defaults."""
+    the preset's (its `PRESET_SHARES` sized by the rollout.max_new_tokens that `raw` comes
+    to) and the estimator's defaults."""
     if not isinstance(raw, dict):
         raise UserError(f"config must be a mapping of sections, got {_type_name(raw)}")
     _check_renamed(raw)
@@ -98,7 +100,26 @@ def _defaults(raw: dict[str, Any]) -> dict[str, Any]:
     estimator = user_algo.get("estimator", merged["algo"]["estimator"])
     if isinstance(estimator, str):
         merged = _merge(merged, {"algo": ESTIMATOR_DEFAULTS.get(estimator, {})})
-    return merged
+    return _merge(merged, _shares(PRESET_SHARES.get(preset, {}), raw, merged))
+
+
+def _shares(
+    shares: dict[str, dict[str, Any]], raw: dict[str, Any], below: dict[str, Any]
+) -> dict[str, dict[str, int]]:
+    """`shares` (a preset's `PRESET_SHARES`) as settings: each its share, rounded up, of the
+    rollout.max_new_tokens that `raw` over `below` comes to; none where the rollout section is
+    not valid (building the config then says why)."""
+    if not shares:
+        return {}
+    rollout = _merge(below, raw).get("rollout")
+    try:
+        tokens = _from_dict(RolloutConfig, {} if rollout is None else rollout, "rollout.")
+    except UserError:
+        return {}
+    return {
+        section: {key: math.ceil(share * tokens.max_new_tokens) for key, share in keys.items()}
+        for section, keys in shares.items()
+    }
 
 
 def _dotted_keys(raw: dict[str, Any], prefix: str = "") -> set[str]:

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import weakref
+from fractions import Fraction
 from typing import Any
 
 # Each preset is a nested mapping of sections, as in a YAML file: it may set keys of any section.
+# GSPO's clip, DAPO's clip-higher and CISPO's cap bind only where the policy has moved since
+# sampling: with algo.mu * algo.minibatches = 1 every importance ratio is 1. Their papers update
+# off-policy (GSPO: each rollout batch in 4 minibatches, as TRL's GSPO recipe's
+# steps_per_generation=4; DAPO: 16, 512 prompts in minibatches of 32; MiniMax-M1's CISPO too):
+# their presets take 4, which the default 16 prompts per step fill on up to 4 ranks.
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # DeepSeekMath: group z-score, per-sequence token mean, k3 KL in the loss, symmetric clip.
     "grpo": {
@@ -29,7 +35,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "epsilon": 0.2,
         },
     },
-    # DAPO: token-level loss, clip-higher, dynamic sampling, soft overlong penalty, no KL.
+    # DAPO: token-level loss, clip-higher, dynamic sampling, soft overlong penalty
+    # (`PRESET_SHARES`), no KL.
     "dapo": {
         "algo": {
             "estimator": "grpo",
@@ -40,8 +47,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "epsilon": 0.2,
             "epsilon_high": 0.28,
             "dynamic_sampling": True,
+            "minibatches": 4,
         },
-        "reward": {"overlong_buffer": 16},
     },
     # GSPO: sequence-level ratio with its much smaller clip range.
     "gspo": {
@@ -53,6 +60,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "beta": 0.0,
             "epsilon": 3e-4,
             "epsilon_high": 4e-4,
+            "minibatches": 4,
         },
     },
     # CISPO (MiniMax-M1): token-level REINFORCE with a stopped-gradient importance weight,
@@ -66,6 +74,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "beta": 0.0,
             "epsilon": 1.0,
             "epsilon_high": 4.0,
+            "minibatches": 4,
         },
     },
     # PPO with a learned critic (the baseline GRPO is measured against).
@@ -82,6 +91,14 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "kl_estimator": "k1",
         },
     },
+}
+
+
+# Settings a preset sizes as a share of rollout.max_new_tokens (rounded up), layered with the
+# preset once max_new_tokens is final (the user's, the bundled model's or the default): DAPO's
+# soft overlong penalty covers the last 4096 of its 20480 new tokens.
+PRESET_SHARES: dict[str, dict[str, dict[str, Fraction]]] = {
+    "dapo": {"reward": {"overlong_buffer": Fraction(1, 5)}},
 }
 
 

@@ -376,8 +376,10 @@ class RewardConfig:
 class AlgoConfig:
     preset: str = _opt(
         "grpo",
-        "named bundle of the fields below (dapo also sets reward.overlong_buffer): grpo "
-        "(DeepSeekMath), dr_grpo, dapo, gspo, cispo (MiniMax-M1), ppo",
+        "named bundle of the fields below (dapo also sets reward.overlong_buffer, to 20% of "
+        "rollout.max_new_tokens): grpo (DeepSeekMath), dr_grpo, dapo, gspo, cispo "
+        "(MiniMax-M1), ppo; dapo, gspo and cispo set algo.minibatches=4 (their clip binds "
+        "only off-policy)",
         choices=tuple(PRESETS),
     )
     estimator: str = _opt(

@@ -86,11 +86,17 @@ def check_ranks(config: Config, world_size: int) -> None:
             f"number of ranks (dist.nproc: {world_size}): each rank samples whole groups"
         )
     per_rank = config.data.prompts_per_step // world_size
-    if config.algo.minibatches > per_rank:
+    minibatches = config.algo.minibatches
+    if minibatches > per_rank:
+        preset = _set_by_preset(config, "algo", "minibatches")
+        fix = (
+            f": set algo.minibatches={per_rank}, or data.prompts_per_step="
+            f"{minibatches * world_size} or more"
+        )
         raise UserError(
             f"algo.minibatches must be at most data.prompts_per_step per rank "
-            f"({config.data.prompts_per_step} / {world_size} = {per_rank}), "
-            f"got {config.algo.minibatches}"
+            f"({config.data.prompts_per_step} / {world_size} = {per_rank}), got {minibatches}"
+            + (preset + fix if preset else "")
         )
 
 
@@ -160,7 +166,6 @@ def _check_reward(config: Config) -> None:
         raise UserError(
             f"reward.overlong_buffer must be at most rollout.max_new_tokens "
             f"({config.rollout.max_new_tokens}), got {reward.overlong_buffer}"
-            + _set_by_preset(config, "reward", "overlong_buffer")
         )
     # both measure a completion against max_new_tokens, which bounds each turn, not an episode
     # of turns and observations

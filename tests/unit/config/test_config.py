@@ -95,9 +95,8 @@ from oncurve.errors import UserError
             "reward.overlong_buffer must be at most rollout.max_new_tokens (64), got 65",
         ),
         (
-            ["algo.preset=dapo", "rollout.max_new_tokens=8"],
-            "reward.overlong_buffer must be at most rollout.max_new_tokens (8), got 16 "
-            "(algo.preset=dapo sets it)",
+            ["algo.preset=dapo", "rollout.max_new_tokens=8", "reward.overlong_buffer=9"],
+            "reward.overlong_buffer must be at most rollout.max_new_tokens (8), got 9",
         ),
         (
             ["algo.preset=ppo", "algo.estimator=rloo"],
@@ -380,19 +379,67 @@ def test_every_rename_names_a_setting_that_exists():
 
 
 def test_dapo_preset_sets_the_overlong_buffer_and_the_user_can_override_it(tmp_path):
-    assert load_config(None, ["algo.preset=dapo"]).reward.overlong_buffer == 16
+    """DAPO's soft overlong window is the last 4096 of its 20480 new tokens: the preset's is a
+    fifth of the final rollout.max_new_tokens (rounded up), whichever layer sets that."""
+    assert load_config(None, ["algo.preset=dapo"]).reward.overlong_buffer == 13  # 64 tokens
+    long = ["algo.preset=dapo", "rollout.max_new_tokens=20480"]
+    assert load_config(None, long).reward.overlong_buffer == 4096
+    assert load_config(None, ["algo.preset=dapo", "model.path=x"]).reward.overlong_buffer == 52
+    assert (
+        load_config(None, ["algo.preset=dapo", "rollout.max_new_tokens=1"]).reward.overlong_buffer
+        == 1
+    )
     assert load_config(None).reward.overlong_buffer == 0
     config = load_config(None, ["algo.preset=dapo", "reward.overlong_buffer=0"])
     assert config.reward.overlong_buffer == 0
     assert config.algo.epsilon_high == 0.28  # the rest of the preset still applies
     path = tmp_path / "c.yaml"
     path.write_text("algo:\n  preset: dapo\nreward:\n  overlong_buffer: 8\n  timeout: 2\n")
-    config = load_config(path)
+    config = load_config(path, ["rollout.max_new_tokens=100"])
     assert (config.reward.overlong_buffer, config.reward.timeout) == (8, 2.0)
+    path.write_text("algo:\n  preset: dapo\nrollout:\n  max_new_tokens: 100\n")
+    assert load_config(path).reward.overlong_buffer == 20
+    assert load_config(path, ["rollout.max_new_tokens=30"]).reward.overlong_buffer == 6
     # the preset's reward key sits below other reward keys the user sets
     config = load_config(None, ["algo.preset=dapo", "reward.functions=correct"])
-    assert config.reward.overlong_buffer == 16
+    assert config.reward.overlong_buffer == 13
     assert [f.name for f in config.reward.functions] == ["correct"]
+    # a run's config.yaml keeps the window it trained with
+    save_config(load_config(None, long), tmp_path / "config.yaml")
+    assert load_run_config(tmp_path / "config.yaml").reward.overlong_buffer == 4096
+
+
+@pytest.mark.parametrize("preset", ["gspo", "dapo", "cispo"])
+def test_the_clipped_presets_update_off_policy_in_four_minibatches(preset):
+    """GSPO's sequence-ratio clip, DAPO's clip-higher and CISPO's cap bind only once the
+    policy has moved since sampling: the presets split each step's groups in 4 minibatches,
+    which the default 16 prompts fill on up to 4 ranks. Where they do not fit, the error says
+    that the preset set it and what to change."""
+    algo = load_config(None, [f"algo.preset={preset}"]).algo
+    assert (algo.mu, algo.minibatches) == (1, 4)
+    assert load_config(None, [f"algo.preset={preset}", "dist.nproc=4"]).algo.minibatches == 4
+    for overrides, per_rank, fix in (
+        (
+            ["data.prompts_per_step=2"],
+            "(2 / 1 = 2)",
+            "algo.minibatches=2, or data.prompts_per_step=4",
+        ),
+        (["dist.nproc=8"], "(16 / 8 = 2)", "algo.minibatches=2, or data.prompts_per_step=32"),
+    ):
+        with pytest.raises(UserError) as err:
+            load_config(None, [f"algo.preset={preset}", *overrides])
+        assert str(err.value) == (
+            f"algo.minibatches must be at most data.prompts_per_step per rank {per_rank}, got 4 "
+            f"(algo.preset={preset} sets it): set {fix} or more"
+        )
+    fitted = ["data.prompts_per_step=2", "algo.minibatches=2"]
+    assert load_config(None, [f"algo.preset={preset}", *fitted]).algo.minibatches == 2
+    # a value the user gave is the user's to change: no preset is named
+    with pytest.raises(UserError) as err:
+        load_config(None, ["data.prompts_per_step=2", "algo.minibatches=3"])
+    assert str(err.value) == (
+        "algo.minibatches must be at most data.prompts_per_step per rank (2 / 1 = 2), got 3"
+    )
 
 
 def test_sections_follow_the_data_flow():
