@@ -100,6 +100,12 @@ class TextArenaGame:
                 self.env.reset(num_players=1, seed=seed)
         except AssertionError as err:  # TextArena's check of the number of players
             raise UserError(f"rollout.env textarena:{self.game}: {err} (one player only)") from None
+        # several games ignore `num_players` (a game for two) or take one player and never end
+        # (a game for several): TextArena's single-player games all keep this state
+        if not isinstance(self.env.state, self.textarena.SinglePlayerState):
+            raise UserError(
+                f"rollout.env textarena:{self.game}: not a single-player game (one player only)"
+            )
         return self._news()
 
     def step(self, turn: str) -> tuple[str | None, float, bool]:

@@ -115,6 +115,22 @@ def test_library_games_resolve_and_bad_ones_fail_in_one_line(monkeypatch):
         resolve_environment("gem:game:GuessTheNumber-v0-easy")
 
 
+@pytest.mark.parametrize(
+    "game",
+    ["QuantumTicTacToe-v0", "SpiteAndMalice-v0", "PublicGoodsGame-v0", "MarketEntryGame-v0"],
+)
+def test_a_game_for_several_players_is_refused_whatever_it_does_with_one(game):
+    """These games accept `num_players=1` and set up a game for two (or a game for several
+    that never ends with one): the policy would play every side and be paid for whichever
+    moved last. Its reset is a one-line error; a one-player game still starts."""
+    with pytest.raises(UserError) as refused:
+        TextArenaGame(game).reset({"seed": 0})
+    assert str(refused.value) == (
+        f"rollout.env textarena:{game}: not a single-player game (one player only)"
+    )
+    assert "Guess The Number" in TextArenaGame(GUESS).reset({"seed": 0})
+
+
 def test_a_played_game_is_a_chat_of_user_turns_and_the_win_is_the_reward():
     """A scripted model plays the binary search of seed 3: the transcript is the chat template's
     rendering of the game (its messages as user turns), and the episode's reward is the win."""
