@@ -23,8 +23,11 @@ from typing import Any
 from oncurve.errors import UserError
 
 # Python's and NumPy's process-wide generators, which the games draw from (a new 2048 tile, a
-# dealt card): one episode's calls hold them at a time.
+# dealt card): one episode's call holds them at a time, so that no other draws in between.
 _PROCESS_GENERATORS = threading.Lock()
+# Held only while the generators' states are swapped, so that a call that ends and the abandon
+# of that call do not both swap them back.
+_SWAPS = threading.Lock()
 
 
 def episode_seed(row: dict[str, Any]) -> int:
@@ -39,29 +42,63 @@ class OwnRandomness:
     """An episode's own state of the process-wide generators, swapped in for each of its calls
     (`with randomness(seed):` at reset seeds it, `with randomness():` continues it), so that
     a row's G episodes play the same game whatever order their steps run in, and the caller's
-    generators are as they were after each call."""
+    generators are as they were after each call.
+
+    `abandon()` lets the other episodes' calls go on while a call of this one is left running
+    past its episode's time: the caller's generators are put back, and the call, if it ever
+    returns, leaves them alone (until then what it draws is taken from whichever call holds
+    them: a game that hangs costs the others their reproducibility, not their time). The
+    episode's calls after that do not run."""
 
     def __init__(self) -> None:
         self.state: tuple[Any, Any] | None = None
+        self.abandoned = False
+        # while a call of this episode holds the generators: a token of that call's own, and
+        # the caller's states it puts back
+        self._holding: tuple[object, tuple[Any, Any]] | None = None
 
     @contextlib.contextmanager
     def __call__(self, seed: int | None = None) -> Iterator[None]:
         import numpy as np
 
-        with _PROCESS_GENERATORS:
-            outer = random.getstate(), np.random.get_state()
+        _PROCESS_GENERATORS.acquire()
+        call = object()
+        with _SWAPS:
+            if self.abandoned:
+                _PROCESS_GENERATORS.release()
+                raise RuntimeError("the episode was abandoned: its game does not play on")
+            self._holding = call, (random.getstate(), np.random.get_state())
             if seed is not None:
                 random.seed(seed)
                 np.random.seed(seed % 2**32)
             elif self.state is not None:
                 random.setstate(self.state[0])
                 np.random.set_state(self.state[1])
-            try:
-                yield
-            finally:
-                self.state = random.getstate(), np.random.get_state()
-                random.setstate(outer[0])
-                np.random.set_state(outer[1])
+        try:
+            yield
+        finally:
+            with _SWAPS:
+                if self._holding is not None and self._holding[0] is call:
+                    self.state = random.getstate(), np.random.get_state()
+                    self._hand_back(self._holding[1])
+
+    def abandon(self) -> None:
+        """The episode is over with a call of it left running: the generators are the caller's
+        again and free for the other episodes' calls."""
+        with _SWAPS:
+            self.abandoned = True
+            if self._holding is not None:
+                self._hand_back(self._holding[1])
+
+    def _hand_back(self, outer: tuple[Any, Any]) -> None:
+        """Puts the caller's generators (`outer`) back and lets the next call have them (under
+        _SWAPS, while a call of this episode holds them)."""
+        import numpy as np
+
+        random.setstate(outer[0])
+        np.random.set_state(outer[1])
+        self._holding = None
+        _PROCESS_GENERATORS.release()
 
 
 def _library(module: str, extra: str, spec: str) -> Any:
@@ -116,6 +153,10 @@ class TextArenaGame:
                 return None, float(rewards[self.player]), True
         return self._news(), 0.0, False
 
+    def abandon(self) -> None:
+        """A call of the episode was left running past its time: see `OwnRandomness.abandon`."""
+        self.randomness.abandon()
+
     def _news(self) -> str:
         """The game's messages since the policy's last turn, its own action left out (whoever
         a game logs it as sent by: several log it as the game's)."""
@@ -156,6 +197,10 @@ class GemEnv:
         if terminated or truncated:
             return None, float(reward), True
         return _with_suffix(observation, info), float(reward), False
+
+    def abandon(self) -> None:
+        """A call of the episode was left running past its time: see `OwnRandomness.abandon`."""
+        self.randomness.abandon()
 
 
 def _with_suffix(observation: str, info: dict[str, Any] | None) -> str:

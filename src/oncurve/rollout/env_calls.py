@@ -61,7 +61,8 @@ _FLOAT32_MAX = 3.4028234663852886e38
 def call_steps(envs: list[Any], turns: list[str], seconds: list[float | None]) -> list[StepResult]:
     """`envs[i].step(turns[i])` for every i at once, each on a daemon thread (a call that never
     returns is left running and cannot hold the process at exit), waiting at most `seconds[i]`
-    for it (None: as long as it takes)."""
+    for it (None: as long as it takes); the environment of a call left running is abandoned
+    (`abandon`) at its own limit."""
     results: list[StepResult | None] = [None] * len(envs)
 
     def call(i: int) -> None:
@@ -78,22 +79,27 @@ def call_steps(envs: list[Any], turns: list[str], seconds: list[float | None]) -
     start = time.perf_counter()
     for thread in threads:
         thread.start()
-    outcomes = []
-    for i, thread in enumerate(threads):
+    outcomes: dict[int, StepResult] = {}
+    # the soonest time limit first: a call left running is abandoned at its own limit, so that
+    # what it holds (the games' generators) is free for the calls with more time left
+    for i in sorted(range(len(envs)), key=lambda i: math.inf if seconds[i] is None else seconds[i]):
         limit = seconds[i]
+        thread = threads[i]
         thread.join(None if limit is None else max(0.0, start + limit - time.perf_counter()))
         result = results[i]
         if thread.is_alive() or result is None:
+            abandon(envs[i])
             why = f"step took longer than the {limit or 0:g} s left of its episode"
             result = StepResult(fault=TIMEOUT, why=why, seconds=limit or 0.0)
-        outcomes.append(result)
-    return outcomes
+        outcomes[i] = result
+    return [outcomes[i] for i in range(len(envs))]
 
 
 def call_reset(env: Any, row: dict[str, Any], seconds: float | None) -> str:
     """`env.reset(row)` on a daemon thread, waiting at most `seconds` (None: as long as it
-    takes): the episode's first message, or a one-line UserError when it raised, took longer or
-    returned something other than text (no episode can start: the run stops)."""
+    takes): the episode's first message, or a one-line UserError when it raised, took longer
+    (the environment then abandoned) or returned something other than text (no episode can
+    start: the run stops)."""
     outcome: list[Any] = []
 
     def call() -> None:
@@ -106,6 +112,7 @@ def call_reset(env: Any, row: dict[str, Any], seconds: float | None) -> str:
     thread.start()
     thread.join(seconds)
     if thread.is_alive():
+        abandon(env)
         raise UserError(
             f"rollout.env: reset took longer than {seconds:g} s (rollout.env_timeout_s)"
         )
@@ -122,6 +129,14 @@ def call_reset(env: Any, row: dict[str, Any], seconds: float | None) -> str:
             f"rollout.env: reset returned {type(first).__name__}, not the first message's text"
         )
     return first
+
+
+def abandon(env: Any) -> None:
+    """Tells `env` that a call of it is left running and its episode is over (its `abandon`,
+    where it has one), so that it frees what the call holds for the other episodes."""
+    hook = getattr(env, "abandon", None)
+    if hook is not None:
+        hook()
 
 
 def _checked(result: Any, seconds: float) -> StepResult:

@@ -51,6 +51,8 @@ class Environment(Protocol):
     message. `step(turn)` gets the text of the policy's latest turn (special tokens skipped, cut
     after a stop string) and returns (observation or None, reward, done); the episode ends when
     done is true or the observation is None. `step` may be called from a worker thread.
+    An environment may also have `abandon()`: called when a `reset` or `step` of it ran past the
+    episode's time and is left running (the episode is over), to free what that call holds.
     """
 
     def reset(self, row: dict[str, Any]) -> str: ...

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 import sys
+import threading
+import time
 
 import pytest
 from helpers.episodes import chat_ids, load_qwen3_tokenizer, scripted_sampler, settings
@@ -13,6 +15,7 @@ from helpers.episodes import chat_ids, load_qwen3_tokenizer, scripted_sampler, s
 from oncurve.envs.libraries import GemEnv, TextArenaGame, episode_seed
 from oncurve.errors import UserError
 from oncurve.rollout import SamplingParams
+from oncurve.rollout.env_calls import TIMEOUT, call_reset, call_steps
 from oncurve.rollout.episodes import observation_role, resolve_environment, run_episodes
 
 textarena = pytest.importorskip("textarena", reason="the textarena extra is not installed")
@@ -100,6 +103,45 @@ def test_a_rows_episodes_play_the_same_game_whatever_order_they_step_in(library,
             boards[i].append(envs[i].step(move)[0])
     assert boards[0] == boards[1] == boards[2] == boards[3]
     assert random.getstate() == before  # the caller's generator is as it was
+
+
+def test_a_game_that_hangs_past_its_time_holds_up_no_other_game():
+    """The games' calls take turns with the process-wide generators: a step that hangs is left
+    at its episode's time, and the other episodes' games, of this step and later, play on; when
+    the hung step returns at last, it leaves the generators as they are."""
+    games = [TextArenaGame(GUESS) for _ in range(3)]
+    first = {game.reset({"seed": 7}) for game in games}
+    hanging, released, hung_threads = threading.Event(), threading.Event(), []
+    inner, healthy = games[1].env.step, games[0].step
+
+    def hung(action: str):
+        hung_threads.append(threading.current_thread())
+        hanging.set()
+        released.wait(30.0)
+        return inner(action)
+
+    def after_the_hung_one(turn: str):
+        hanging.wait(5.0)
+        return healthy(turn)
+
+    games[1].env.step, games[0].step = hung, after_the_hung_one
+    start = time.perf_counter()
+    # the healthy games have more time left than the hung one, the first of them waited on
+    # first: each is waited on until its own time, whichever order they come in
+    results = call_steps(games, ["[10]"] * 3, [20.0, 0.5, 20.0])
+    assert time.perf_counter() - start < 10.0
+    assert results[1].fault == TIMEOUT
+    answers = [(r.fault, r.done, r.observation) for r in results[::2]]
+    assert answers[0] == answers[1] and answers[0][:2] == (None, False)
+    assert answers[0][2].startswith("The target number is ")
+    fresh = TextArenaGame(GUESS)
+    assert {call_reset(fresh, {"seed": 7}, 2.0)} == first  # seeded as before
+    assert call_steps([fresh], ["[10]"], [2.0])[0].observation == answers[0][2]
+    random.random()
+    before = random.getstate()
+    released.set()
+    hung_threads[0].join(10.0)
+    assert not hung_threads[0].is_alive() and random.getstate() == before
 
 
 def test_library_games_resolve_and_bad_ones_fail_in_one_line(monkeypatch):

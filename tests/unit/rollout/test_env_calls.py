@@ -27,11 +27,16 @@ from oncurve.rollout.episodes import run_episodes
 
 
 class Scripted:
-    """An environment whose `step` returns (or raises) `result`, after `delay` seconds."""
+    """An environment whose `step` returns (or raises) `result`, after `delay` seconds;
+    `abandoned` counts the calls of its `abandon`."""
 
     def __init__(self, result: object = ("next", 0.5, False), delay: float = 0.0) -> None:
         self.result, self.delay = result, delay
         self.released = threading.Event()
+        self.abandoned = 0
+
+    def abandon(self) -> None:
+        self.abandoned += 1
 
     def reset(self, row: dict) -> str:
         return "Say something."
@@ -82,15 +87,34 @@ def test_done_is_a_python_or_numpy_bool():
     ]
 
 
+class Plain:
+    """An environment with no `abandon`, whose `step` waits until it is released."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+
+    def reset(self, row: dict) -> str:
+        return "Say something."
+
+    def step(self, turn: str):
+        self.released.wait(30.0)
+        return "late", 0.0, False
+
+
 def test_a_step_past_its_episode_s_time_is_a_timeout_and_the_others_come_back():
-    hung, quick = Scripted(delay=30.0), Scripted(("next", 0.25, True))
+    """The environment of a step left running is told (`abandon`, where it has one), so that it
+    can free what the step holds; one whose step came back is not."""
+    hung, quick, plain = Scripted(delay=30.0), Scripted(("next", 0.25, True)), Plain()
     start = time.perf_counter()
-    outcomes = call_steps([hung, quick], ["a", "b"], [0.2, 0.2])
+    outcomes = call_steps([hung, quick, plain], ["a", "b", "c"], [0.2, 0.2, 0.2])
     assert time.perf_counter() - start < 5.0
     assert (outcomes[0].fault, outcomes[0].seconds) == (TIMEOUT, 0.2)
     assert "longer than the 0.2 s left of its episode" in outcomes[0].why
     assert (outcomes[1].fault, outcomes[1].reward, outcomes[1].done) == (None, 0.25, True)
+    assert outcomes[2].fault == TIMEOUT
+    assert (hung.abandoned, quick.abandoned) == (1, 0)
     hung.released.set()
+    plain.released.set()
 
 
 class Resets(Scripted):
@@ -125,6 +149,7 @@ def test_a_reset_that_hangs_or_gives_no_text_stops_the_run_in_one_line(env, mess
             sampler, [{"prompt": "p"}], 1, SamplingParams(max_new_tokens=4), episode_settings
         )
     assert time.perf_counter() - start < 5.0
+    assert env.abandoned == (1 if env.delay else 0)  # a reset left running is abandoned too
     env.released.set()
 
 
