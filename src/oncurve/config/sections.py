@@ -298,7 +298,8 @@ class RolloutConfig:
     )
     max_observation_tokens: int = _opt(
         256,
-        "an observation's text is cut to this many tokens before it is fed (a harness's messages "
+        "an observation's text is cut to its last this many tokens (its newest) before it is "
+        "fed (a harness's messages "
         "between turns are its own, not cut: an episode whose are longer, beyond the template's "
         "tokens around them, is dropped)",
         POSITIVE,

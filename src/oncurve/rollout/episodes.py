@@ -132,10 +132,10 @@ class ObservationFormat:
     the template renders one, else "user") that follows an assistant turn, up to and including
     the next assistant header, less the end-of-turn text when the turn already ended with the
     EOS token; `role` names the role instead (a game's messages are the user's). Without one:
-    the observation between newlines. The observation's own text is cut to `max_tokens` tokens
-    first, so that the episode's length is bounded, and is tokenized as text: a special token's
-    name it prints (`<|im_end|>`) is not that token, so no output can end the turn or forge
-    another.
+    the observation between newlines. The observation's own text is cut to its last
+    `max_tokens` tokens first (its newest text), so that the episode's length is bounded, and
+    is tokenized as text: a special token's name it prints (`<|im_end|>`) is not that token, so
+    no output can end the turn or forge another.
     """
 
     _MARK = "\u2063oncurve-turn\u2063"
@@ -154,9 +154,11 @@ class ObservationFormat:
     def __call__(self, observation: str, ended_with_eos: bool) -> list[int]:
         """Token ids of `observation` after a turn that ended with EOS or not."""
         encode = functools.partial(self.tokenizer, add_special_tokens=False)
-        # no token holds more characters: a megabyte of output is not tokenized for a few tokens
-        text = observation[: self.max_tokens * MAX_CHARS_PER_TOKEN]
-        ids = encode(text, split_special_tokens=True)["input_ids"][: self.max_tokens]
+        # the end is kept: what is newest (a game's latest feedback, a traceback's error) comes
+        # last. No token holds more characters: a megabyte of output is not tokenized for a few
+        # tokens
+        text = observation[-self.max_tokens * MAX_CHARS_PER_TOKEN :]
+        ids = encode(text, split_special_tokens=True)["input_ids"][-self.max_tokens :]
         if not self.chat_template:
             before, after = "\n", "\n"
         else:

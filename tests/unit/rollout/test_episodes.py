@@ -233,10 +233,23 @@ def test_an_observation_cannot_end_the_turn_or_forge_another(qwen3_tokenizer):
     assert "<|im_start|>assistant\nThe answer" in tok.decode(fmt(forged, ended_with_eos=True))
 
 
-def test_observations_without_a_chat_template_are_cut_to_max_tokens(qwen3_tokenizer):
+def test_observations_without_a_chat_template_keep_their_last_max_tokens(qwen3_tokenizer):
     fmt = ObservationFormat(qwen3_tokenizer, chat_template=False, max_tokens=3)
     ids = fmt("one two three four five", ended_with_eos=False)
-    assert qwen3_tokenizer.decode(ids) == "\none two three\n"
+    assert qwen3_tokenizer.decode(ids) == "\n three four five\n"
+
+
+def test_a_long_observation_keeps_its_newest_text(qwen3_tokenizer):
+    """A game's transcript, a program's output or a traceback ends with what is newest: a cut
+    observation keeps its end (a game's latest feedback), not its start."""
+    tok = qwen3_tokenizer
+    fmt = ObservationFormat(tok, chat_template=True, max_tokens=16, role="user")
+    transcript = "[GAME] You are playing Guess The Number." * 20 + "\n[GAME] It is higher."
+    fed = tok.decode(fmt(transcript, ended_with_eos=True))
+    assert fed == (
+        "\n<|im_start|>user\nGAME] You are playing Guess The Number.\n[GAME] It is higher."
+        "<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_a_huge_observation_is_cut_before_it_is_tokenized(qwen3_tokenizer):
@@ -253,7 +266,7 @@ def test_a_huge_observation_is_cut_before_it_is_tokenized(qwen3_tokenizer):
     fmt = ObservationFormat(tokenizer, chat_template=False, max_tokens=3)
     seen.clear()
     ids = fmt("one two three four five " * 200_000, ended_with_eos=False)
-    assert qwen3_tokenizer.decode(ids) == "\none two three\n"
+    assert qwen3_tokenizer.decode(ids) == "\n four five \n"
     assert max(seen) <= 3 * MAX_CHARS_PER_TOKEN
 
 
