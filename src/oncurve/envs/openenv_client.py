@@ -7,7 +7,10 @@ episode ends. The messages are OpenEnv's (its `GenericEnvClient`): `reset` sends
 (`episode_seed`; a server whose `reset` takes no seed leaves it out), `step` sends the action
 `{action_field: turn}`, and each answer is `{"observation": {...}, "reward": number or null,
 "done": flag}`. The observation's text is its `text_field`, else the newest of its `messages`'
-`content` (OpenEnv's TextArena environment's shape); the reward is the step's (null: 0).
+`content` (OpenEnv's TextArena environment's shape); the reward is the step's (null: 0). An
+observation that starts with the previous one and adds to it (a server that answers with the
+whole game so far, as OpenEnv's TextArena environment does) is sent from where the previous one
+ended, its leading newlines dropped: the chat holds the rest already.
 
 All of a process's sessions run on one event loop, on a daemon thread of its own, so that the
 episodes of a step overlap their waits on the server without a thread per session.
@@ -112,6 +115,7 @@ class OpenEnvSession:
             message_timeout_s=message_timeout_s,
         )
         self.closer: weakref.finalize | None = None  # set when the session opens
+        self.previous = ""  # the last observation's whole text
 
     def reset(self, row: dict[str, Any]) -> str:
         _SESSIONS.wait_for_closes(self.connect_timeout_s)
@@ -120,7 +124,8 @@ class OpenEnvSession:
         self.closer.atexit = False  # at exit the sockets close with the process
         try:
             result = self._call(self.client.reset(seed=episode_seed(row)), "reset")
-            return self._text(result.observation, "reset")
+            self.previous = self._text(result.observation, "reset")
+            return self.previous
         except RuntimeError as error:
             why = str(error)
         self.close()
@@ -138,7 +143,7 @@ class OpenEnvSession:
         if result.done:
             self.close()
             return None, float(reward), True
-        return self._text(result.observation, "step"), float(reward), False
+        return self._news(self._text(result.observation, "step")), float(reward), False
 
     def close(self) -> None:
         """Ends the session (the server closes its environment); without waiting for it."""
@@ -174,6 +179,14 @@ class OpenEnvSession:
         if what == "step":
             what = f"step (the action's field {self.action_field!r})"
         raise RuntimeError(" ".join(f"openenv:{self.base_url}: {what} failed: {why}".split()))
+
+    def _news(self, text: str) -> str:
+        """`text` from where the previous observation ended, when it starts with it and adds to
+        it; whole otherwise (a repeated message is news too)."""
+        previous, self.previous = self.previous, text
+        if previous and len(text) > len(previous) and text.startswith(previous):
+            return text[len(previous) :].lstrip("\n")
+        return text
 
     def _text(self, observation: Any, what: str) -> str:
         """The observation's text (its `text_field`, else its newest message's `content`)."""

@@ -56,12 +56,14 @@ class GuessAction(Action):
 class GuessObservation(Observation):
     messages: list[dict[str, str]] = Field(default_factory=list)
     hint: str = ""
+    transcript: str = ""
 
 
 class GuessTheNumber(Environment):
     """Guess a number from 1 to 20 (`1 + seed % 20`) as `[n]`: each wrong guess is told
-    "higher" or "lower", the right one ends the game with a reward of 1. `SEEDS` records the
-    seeds of the resets, `OPEN` the games whose session is open; "boom" raises, "slow" takes 2 s."""
+    "higher" or "lower", the right one ends the game with a reward of 1; `transcript` is the
+    whole game so far, as TextArena's observation wrapper writes it. `SEEDS` records the seeds of
+    the resets, `OPEN` the games whose session is open; "boom" raises, "slow" takes 2 s."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
     SEEDS: list[int | None] = []
@@ -69,14 +71,15 @@ class GuessTheNumber(Environment):
 
     def __init__(self) -> None:
         super().__init__()
-        self.target, self.steps, self.messages = 0, 0, []
+        self.target, self.steps, self.messages, self.transcript = 0, 0, [], ""
 
     def reset(self, seed=None, episode_id=None, **kwargs) -> GuessObservation:
         self.SEEDS.append(seed)
         self.OPEN.add(id(self))
         self.target = 1 + (seed or 0) % 20
         self.messages = [{"role": "game", "content": "Guess my number (1 to 20) as [n]."}]
-        return GuessObservation(messages=self.messages, hint="start")
+        self.transcript = "\n[GAME] Guess my number (1 to 20) as [n]."
+        return GuessObservation(messages=self.messages, hint="start", transcript=self.transcript)
 
     def step(self, action: GuessAction, timeout_s=None, **kwargs) -> GuessObservation:
         if action.message == "boom":
@@ -90,7 +93,10 @@ class GuessTheNumber(Environment):
             return GuessObservation(messages=self.messages, done=True, reward=1.0)
         news = "Write [n]." if guess is None else "higher" if guess < self.target else "lower"
         self.messages = [*self.messages, {"role": "game", "content": news}]
-        return GuessObservation(messages=self.messages, hint=f"not {guess}", reward=0.0)
+        self.transcript += f"\n[Player 0] {action.message}\n[GAME] {news}"
+        return GuessObservation(
+            messages=self.messages, hint=f"not {guess}", transcript=self.transcript, reward=0.0
+        )
 
     @property
     def state(self) -> State:
@@ -149,7 +155,23 @@ def test_an_episode_is_the_game_s_messages_rewards_and_end(url):
     assert other.reset({"prompt": "3+3="}) == "start"
     assert GuessTheNumber.SEEDS[-1] == zlib.crc32(b"3+3=")
     assert other.step("no number") == ("not None", 0.0, False)
+    assert other.step("no number") == ("not None", 0.0, False)  # a repeat is sent whole
     del other  # an episode that ends without the game's end closes its session when dropped
+    assert all_closed()
+
+
+def test_an_observation_that_repeats_the_last_one_sends_only_what_is_new(url):
+    """A server that answers with the whole game so far (OpenEnv's TextArena environment) has
+    each observation sent from where the previous one ended: the newest feedback, not a history
+    that grows until the observation's token budget cuts it."""
+    env = OpenEnvSession(url, text_field="transcript")
+    assert env.reset({"seed": 6}) == "\n[GAME] Guess my number (1 to 20) as [n]."
+    assert env.step("I say [10]") == ("[Player 0] I say [10]\n[GAME] lower", 0.0, False)
+    assert env.step("[3]") == ("[Player 0] [3]\n[GAME] higher", 0.0, False)
+    assert env.step("[7]") == (None, 1.0, True)
+    again = OpenEnvSession(url, text_field="transcript")  # a new episode starts from nothing
+    assert again.reset({"seed": 6}) == "\n[GAME] Guess my number (1 to 20) as [n]."
+    assert again.step("[7]") == (None, 1.0, True)
     assert all_closed()
 
 
@@ -191,7 +213,8 @@ def test_a_missing_extra_a_bad_url_or_a_server_error_is_one_line(url, monkeypatc
     assert "\n" not in message
     nobody.close()
     with pytest.raises(
-        UserError, match=r"has no text in its field 'text' \(.*its fields: messages, hint\)$"
+        UserError,
+        match=r"has no text in its field 'text' \(.*its fields: messages, hint, transcript\)$",
     ):
         OpenEnvSession(url, text_field="text").reset({"seed": 0})
     env = OpenEnvSession(url)
