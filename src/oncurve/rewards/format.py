@@ -212,12 +212,6 @@ _DIMENSIONED = frozenset(("kern", "mkern", "hskip", "vskip", "mskip", "hglue", "
 # follows them
 _SHOWS_NOTHING_SYMBOLS = frozenset(",;:!> \t\n\r/-@'\"`^~=.")
 _DELIMITER_SYMBOLS = frozenset("()[]|./<>")
-_HTML_ELEMENTS = _names(
-    "a abbr b bdi bdo big blockquote body br caption center cite code dd del details dfn div "
-    "dl dt em figcaption figure font footer h1 h2 h3 h4 h5 h6 head header hr html i ins kbd "
-    "li mark nav ol p pre q s samp section small span strong sub summary sup table tbody td "
-    "tfoot th thead tr tt u ul var wbr think answer"
-)
 # HTML elements whose content shows no text, and those that hold no content (`<br>`).
 _TEXTLESS_ELEMENTS = _names("script style template")
 _VOID_ELEMENTS = _names("area base br col embed hr img input link meta source track wbr")
