@@ -12,8 +12,9 @@ FOLLOW_UP = "Again:"
 
 def load_environment(kind: str = "single", eval_rows: int = 0):
     """The `kind` ("single", "multi", "down": "multi" whose second turn fails on its
-    infrastructure, or "tools": a ToolEnv) environment; its eval dataset the first `eval_rows` questions (none when
-    0)."""
+    infrastructure, "long": "multi" whose message before the second turn is longer than the
+    model's context, or "tools": a ToolEnv) environment; its eval dataset the first
+    `eval_rows` questions (none when 0)."""
     import verifiers as vf
     from datasets import Dataset
 
@@ -51,6 +52,8 @@ def load_environment(kind: str = "single", eval_rows: int = 0):
         async def env_response(self, messages, state, **_):
             if kind == "down":
                 raise vf.InfraError("the tool server is down")
+            if kind == "long":  # a search result, say, of 5000 tokens
+                return [vf.UserMessage(content=" word" * 5000)]
             return [vf.UserMessage(content=FOLLOW_UP)]
 
     return AskAgain(dataset=data, eval_dataset=held_out, rubric=rubric, max_turns=2)

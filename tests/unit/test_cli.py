@@ -138,7 +138,8 @@ def test_sample_beyond_the_models_positions_is_a_one_line_user_error(capsys):
     err = capsys.readouterr().err.strip()
     assert err == (
         "oncurve: error: --max-new-tokens=250 does not fit: the longest prompt has 7 tokens and "
-        "the model's max_position_embeddings is 256, which leaves room for 249 new tokens"
+        "the model's context length (max_position_embeddings) is 256, which leaves room for 249 "
+        "new tokens"
     )
 
 

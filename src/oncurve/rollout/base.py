@@ -127,13 +127,16 @@ def check_room(
     """A one-line error, naming the setting `name`, when the longest prompt (in tokens) plus
     `max_new_tokens` exceeds the model's `max_position_embeddings` (when it has one). The
     sampler checks each call; the trainer and the CLI check all prompts up front, so a run
-    fails at start, not at whichever step first draws the longest prompt."""
+    fails at start, not at whichever step first draws the longest prompt. The message says
+    "context length", as inference servers do: a harness's client (verifiers') reads the
+    endpoint's answer to a prompt too long as the episode outgrowing its context, not as the
+    endpoint failing."""
     limit = getattr(model_config, "max_position_embeddings", None)
     if limit is not None and longest_prompt + max_new_tokens > limit:
         raise UserError(
             f"{name}={max_new_tokens} does not fit: the longest prompt has {longest_prompt} "
-            f"tokens and the model's max_position_embeddings is {limit}, which leaves room for "
-            f"{max(limit - longest_prompt, 0)} new tokens"
+            f"tokens and the model's context length (max_position_embeddings) is {limit}, which "
+            f"leaves room for {max(limit - longest_prompt, 0)} new tokens"
         )
 
 

@@ -279,7 +279,7 @@ def test_the_longest_prompt_and_max_new_tokens_must_fit_the_models_positions():
         check_room(7, 10, positions)
     assert str(err.value) == (
         "rollout.max_new_tokens=10 does not fit: the longest prompt has 7 tokens and the "
-        "model's max_position_embeddings is 16, which leaves room for 9 new tokens"
+        "model's context length (max_position_embeddings) is 16, which leaves room for 9 new tokens"
     )
     with pytest.raises(ValueError, match=r"^--max-new-tokens=20 does not fit"):
         check_room(7, 20, positions, "--max-new-tokens")

@@ -104,6 +104,16 @@ def test_an_episode_the_environment_failed_gets_the_error_policy(sampler):
         play(sampler, "down")  # reward.errors=raise, the default
 
 
+def test_a_prompt_longer_than_the_context_is_verifiers_overlong_prompt(sampler):
+    """The endpoint's answer to a prompt past the model's context is one verifiers reads as
+    an overlong prompt: the rollout ends there and the rubric scores it (an episode that grew
+    too long is no failure of the environment's, so `reward.errors=raise` does not stop the
+    run)."""
+    _, _, columns = play(sampler, "long")
+    assert columns["episode_fault"] == [None] * 6 and columns["turns"] == [1] * 6
+    assert all(0.0 <= r <= 1.5 for r in columns["episode_reward"])
+
+
 class FakeEnvironment:
     """An environment whose rollouts end in the given states; its rubric pays 1."""
 
