@@ -8,10 +8,10 @@ into the sampler's calls. An episode's transcript is its calls chained token for
 call's prompt must begin with the previous call's prompt and completion, exactly as sampled (the
 endpoint splices earlier turns back as their tokens); what a later prompt adds (the harness's
 tool results, the environment's messages) is fed, read by the forward and out of the loss
-(`tool_mask`). An episode whose harness raised or returned a reward that is not a number is
-scored as `reward.errors` says (raise: the run stops in one line; none: unscored), one past
-`rollout.env_timeout_s` scores `reward.timeout_score`; one that asked nothing, rewrote a turn's
-text, broke the chain or outgrew its budget is unscored. Each of them is dropped (all its tokens
+(`tool_mask`). An episode whose harness raised, or returned a reward that is not a number or a
+mapping without "reward", is scored as `reward.errors` says (raise: the run stops in one line;
+none: unscored), one past `rollout.env_timeout_s` scores `reward.timeout_score`; one that asked
+nothing, rewrote a turn's text, broke the chain or outgrew its budget is unscored. Each of them is dropped (all its tokens
 out of the loss), with one warning line a step.
 
 A harness may return, instead of a number, a mapping with the reward under "reward" and other
@@ -184,14 +184,18 @@ def play_harness(
 
 def _outcome(value: Any) -> Outcome:
     """What a harness returned for one episode as its outcome: a number or None, a mapping with
-    the reward under "reward" and numbers beside it, or the exception that ended it (a
-    TimeoutError: the episode timed out)."""
+    the reward under "reward" and numbers beside it (one without that key is an error), or the
+    exception that ended it (a TimeoutError: the episode timed out)."""
     if isinstance(value, TimeoutError):
         return None, TIMEOUT, f"the harness's episode timed out: {value}", {}
     if isinstance(value, Exception):
         return None, ERROR, f"the harness raised {type(value).__name__}: {value}", {}
     metrics: dict[str, float] = {}
     if isinstance(value, Mapping):
+        if "reward" not in value:
+            keys = ", ".join(repr(k) for k in value)
+            why = f'the harness returned a mapping without a "reward" key (its keys: {keys})'
+            return None, ERROR, why, {}
         metrics = {
             str(k): float(v)
             for k, v in value.items()

@@ -146,6 +146,21 @@ def test_a_harness_that_blocks_its_event_loop_times_out_alone(sampler, capsys):
     assert "blocked its event loop" in err
 
 
+def test_a_mapping_without_a_reward_is_an_error_naming_its_keys(sampler, capsys):
+    async def scores(client, model: str, row: dict) -> dict:
+        await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": row["prompt"]}]
+        )
+        return {"score": 1.0, "turns": 1}
+
+    _, rewards, _, faults = play(sampler, scores, EnvFaults(on_error="none"))
+    assert faults == [ERROR] * 4 and all(math.isnan(r) for r in rewards)
+    assert (
+        "the harness returned a mapping without a \"reward\" key (its keys: 'score', 'turns')"
+        in capsys.readouterr().err
+    )
+
+
 def test_numpy_rewards_and_metrics_are_numbers(sampler):
     """A rubric's numpy scalars (float32, int64) are rewards and metrics like Python's
     numbers, as floats; a bool is neither."""
