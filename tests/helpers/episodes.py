@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import time
 
 import pytest
 import torch
@@ -85,6 +86,17 @@ class ToolUser(ScriptedDecoder):
         self.rows = list(range(len(self.scripts)))
         self.fed = [[] for _ in self.scripts]
         return super().prefill(prompt_ids, prompt_mask, group_size)
+
+
+class SlowSampler(TorchSampler):
+    """A sampler each of whose calls takes `seconds` longer (a large batch's long completions
+    on a real model)."""
+
+    seconds = 0.5
+
+    def generate_ids(self, *args, **kwargs):
+        time.sleep(self.seconds)
+        return super().generate_ids(*args, **kwargs)
 
 
 def tool_user_sampler(tokenizer) -> TorchSampler:

@@ -306,7 +306,8 @@ class RolloutConfig:
     )
     env_timeout_s: float | None = _opt(
         60.0,
-        "seconds an episode's environment steps may take in all; past it the episode ends and "
+        "seconds an episode's environment steps may take in all (a harness's: its time outside "
+        "its calls to the endpoint, whose sampling is not counted); past it the episode ends and "
         "scores reward.timeout_score (a reset past it stops the run); null waits forever",
         POSITIVE,
     )

@@ -20,19 +20,24 @@ tool call's name or arguments, a tool's definition) is tokenized as that name's 
 assistant message is continued, as a dataset's conversational prompt is
 (`oncurve.data.files.chat_template_ending`). A request's `tools` are shown to the model through
 its chat template and its calls answered as OpenAI's `tool_calls` (`oncurve.rollout.tool_calls`:
-the Hermes format). Every call is kept in `Endpoint.calls`.
+the Hermes format). Every call is kept in `Endpoint.calls`, and the time each episode's requests
+spent in the endpoint is counted (`Endpoint.seconds_in_calls`: the part of an episode's time
+that is the sampler's).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
+import math
 import queue
 import re
 import secrets
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -110,6 +115,8 @@ class Endpoint:
         self._sampled: dict[tuple[int | None, Any], list[int]] = {}
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._lock = threading.Lock()
+        # episode -> [start, end] (time.monotonic; end inf while in progress) of each of its calls
+        self._spans: dict[int, list[list[float]]] = {}
         self._server: _Server | None = None
 
     def episode_url(self, episode: int) -> str:
@@ -140,6 +147,32 @@ class Endpoint:
         for thread in self._threads:
             thread.join()
         self._server = None
+
+    def seconds_in_calls(self, episodes: Iterable[int]) -> float:
+        """Seconds so far during which at least one of `episodes` had a request in the endpoint
+        (read, queued, sampled, answered): the time its harness spent waiting on the sampler."""
+        now = time.monotonic()
+        with self._lock:
+            spans = sorted((a, min(b, now)) for k in episodes for a, b in self._spans.get(k, ()))
+        total, reached = 0.0, -math.inf
+        for start, end in spans:  # overlapping calls (a group's episodes at once) count once
+            if end > reached:
+                total += end - max(start, reached)
+                reached = end
+        return total
+
+    @contextlib.contextmanager
+    def _in_call(self, episode: int | None) -> Iterator[None]:
+        """Times a request of `episode` (none for `base_url`'s) for `seconds_in_calls`."""
+        span = [time.monotonic(), math.inf]
+        if episode is not None:
+            with self._lock:
+                self._spans.setdefault(episode, []).append(span)
+        try:
+            yield
+        finally:
+            with self._lock:
+                span[1] = time.monotonic()
 
     # -- prompts ------------------------------------------------------------------------------
 
@@ -591,6 +624,10 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             if route is None:
                 return self._answer(404, {"error": {"message": f"no route {self.path}"}})
             episode = int(route["episode"]) if route["episode"] else None
+            with endpoint._in_call(episode):
+                self._serve(route["path"], episode)
+
+        def _serve(self, path: str, episode: int | None) -> None:
             try:
                 length = int(self.headers.get("Content-Length") or 0)
                 if length < 0:  # read(-1) would wait for the client to close
@@ -599,7 +636,7 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                 if not isinstance(body, dict):
                     raise ValueError("the body must be a JSON object")
                 stream, include_usage = _streaming(body)
-                answer = respond(endpoint, route["path"], body, episode)
+                answer = respond(endpoint, path, body, episode)
                 if stream:
                     events = stream_events(answer, include_usage)
                     self._send(200, "text/event-stream; charset=utf-8", events)

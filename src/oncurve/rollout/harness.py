@@ -11,8 +11,13 @@ tool results, the environment's messages) is fed, read by the forward and out of
 (`tool_mask`). An episode whose harness raised, or returned a reward that is not a number or a
 mapping without "reward", is scored as `reward.errors` says (raise: the run stops in one line;
 none: unscored), one past `rollout.env_timeout_s` scores `reward.timeout_score`; one that asked
-nothing, rewrote a turn's text, broke the chain or outgrew its budget is unscored. Each of them is dropped (all its tokens
-out of the loss), with one warning line a step.
+nothing, rewrote a turn's text, broke the chain or outgrew its budget is unscored. Each of them
+is dropped (all its tokens out of the loss), with one warning line a step.
+
+`rollout.env_timeout_s` bounds the time an episode spends outside its calls to the endpoint
+(its environment's time, as the in-process loop counts only `step`): a play's clock stops while
+one of its episodes has a request in the endpoint (`Endpoint.seconds_in_calls`), so long
+completions cost it nothing, and a harness that neither calls nor returns still times out.
 
 A harness may return, instead of a number, a mapping with the reward under "reward" and other
 numbers beside it (the parts of a rubric, say), which are logged as `env/<name>` metrics. A
@@ -47,6 +52,9 @@ Play = Callable[[Any, str, dict[str, Any]], Awaitable[Any]]
 # batch, few enough that a thousand single episodes do not start a thousand threads
 MAX_PLAY_THREADS = 128
 PREFIX = "harness:"
+# Seconds between two looks at a play's clock while it waits on the endpoint (a timeout can
+# come this late)
+MIN_LOOK_S = 0.01
 # An episode's outcome: its reward (None: unscored), its fault and why, its metrics.
 Outcome = tuple[float | None, str | None, str, dict[str, float]]
 
@@ -113,13 +121,20 @@ def play_harness(
             row = rows[episodes.start // group_size]
             players = clients if settings.groups else clients[0]
             started = time.monotonic()
+
+            def own_seconds() -> float:
+                return time.monotonic() - started - endpoint.seconds_in_calls(episodes)
+
             try:
-                returned = await asyncio.wait_for(
-                    settings.play(players, endpoint.model_name, row), timeout_s
+                returned = await _within(
+                    settings.play(players, endpoint.model_name, row), timeout_s, own_seconds
                 )
-                if timeout_s is not None and time.monotonic() - started > timeout_s:
-                    # it blocked its loop, where wait_for could not interrupt it
-                    why = f"the harness took over {timeout_s:g} s and blocked its event loop"
+                if timeout_s is not None and own_seconds() > timeout_s:
+                    # it blocked its loop, where no timer could interrupt it
+                    why = (
+                        f"the harness took over {timeout_s:g} s outside its endpoint calls and "
+                        "blocked its event loop"
+                    )
                     return [(None, TIMEOUT, why, {})] * len(episodes)
                 if not settings.groups:
                     return [_outcome(returned)]
@@ -128,7 +143,7 @@ def play_harness(
                 why = f"the harness returned {type(returned).__name__}, not {group_size} outcomes"
                 return [(None, ERROR, why, {})] * group_size
             except TimeoutError:
-                why = f"the harness took over {timeout_s:g} s"
+                why = f"the harness took over {timeout_s:g} s outside its endpoint calls"
                 return [(None, TIMEOUT, why, {})] * len(episodes)
             except (Exception, asyncio.CancelledError) as error:  # the harness's own bug
                 return [_outcome(error)] * len(episodes)
@@ -180,6 +195,26 @@ def play_harness(
         "episode_fault": faults,
         "episode_metrics": [metrics for *_, metrics in outcomes],
     }
+
+
+async def _within(
+    play: Awaitable[Any], limit_s: float | None, own_seconds: Callable[[], float]
+) -> Any:
+    """What `play` returns; TimeoutError (`play` cancelled) once `own_seconds()`, the time it
+    has spent, passes `limit_s` (None: no limit)."""
+    task = asyncio.ensure_future(play)
+    if limit_s is None:
+        return await task
+    while not task.done():
+        left = limit_s - own_seconds()
+        if left <= 0:
+            task.cancel()
+            await asyncio.wait({task})  # its cleanup runs, as asyncio.wait_for's does
+            raise TimeoutError
+        # while a call is in progress the time left does not shrink: look again after a
+        # short while at least, not in a busy loop
+        await asyncio.wait({task}, timeout=max(left, MIN_LOOK_S))
+    return task.result()
 
 
 def _outcome(value: Any) -> Outcome:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from helpers.configs import make_config
-from helpers.episodes import load_qwen3_tokenizer, tool_user_sampler
+from helpers.episodes import SlowSampler, load_qwen3_tokenizer, tool_user_sampler
 from helpers.models import tiny_qwen2
 from helpers.runs import metric_rows
 from helpers.vf_environments import FOLLOW_UP, QUESTIONS
@@ -102,6 +102,14 @@ def test_an_episode_the_environment_failed_gets_the_error_policy(sampler):
     assert int(rollout.loss_mask.sum()) == 0
     with pytest.raises(UserError, match=r"verifiers: the tool server is down"):
         play(sampler, "down")  # reward.errors=raise, the default
+
+
+def test_the_time_limit_leaves_out_the_time_verifiers_waits_on_the_sampler(sampler):
+    """Two turns whose sampler calls each take over half a second play out under
+    `rollout.env_timeout_s` of 0.4 s: the limit is the environment's time."""
+    slow = SlowSampler(sampler.model, sampler.tokenizer)
+    _, _, columns = play(slow, "multi", EnvFaults(timeout_s=0.4))
+    assert columns["episode_fault"] == [None] * 6 and columns["turns"] == [2] * 6
 
 
 def test_a_prompt_longer_than_the_context_is_verifiers_overlong_prompt(sampler):

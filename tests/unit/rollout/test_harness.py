@@ -13,7 +13,7 @@ import numpy
 import pytest
 import torch
 from helpers.configs import make_config
-from helpers.episodes import load_qwen3_tokenizer, scripted_sampler, settings
+from helpers.episodes import SlowSampler, load_qwen3_tokenizer, scripted_sampler, settings
 from helpers.harnesses import FOLLOW_UP, digits, fails, rewrites_its_turn, two_turns
 from helpers.models import tiny_qwen2
 from helpers.rewards_for_tests import DigitsEnv
@@ -144,6 +144,42 @@ def test_a_harness_that_blocks_its_event_loop_times_out_alone(sampler, capsys):
     err = capsys.readouterr().err
     assert "2 of 4 harness episodes dropped from the loss (2 scored -1 by the fault" in err
     assert "blocked its event loop" in err
+
+
+async def asks_then_hangs(client, model: str, row: dict) -> float:
+    await client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": row["prompt"]}]
+    )
+    await asyncio.sleep(3600)
+    return 1.0
+
+
+def test_the_time_limit_counts_what_a_harness_does_outside_its_calls(sampler):
+    """`rollout.env_timeout_s` bounds an episode's own time, not the sampler's: two turns
+    that each wait over half a second on the sampler play out under a limit of 0.4 s, while a
+    harness that stops calling and never returns still times out once its own time is up."""
+    slow = SlowSampler(sampler.model, sampler.tokenizer)
+    faults = EnvFaults(timeout_s=0.4, timeout_score=-1.0)
+    _, rewards, turns, episode_faults = play(slow, two_turns, faults)
+    assert episode_faults == [None] * 4 and turns == [2] * 4
+    assert all(r in (0.0, 1.0) for r in rewards)
+    started = time.monotonic()
+    _, rewards, turns, episode_faults = play(slow, asks_then_hangs, faults)
+    assert episode_faults == [TIMEOUT] * 4 and rewards == [-1.0] * 4 and turns == [1] * 4
+    assert time.monotonic() - started < 60  # not the hour it would sleep
+
+
+def test_a_group_s_time_limit_counts_what_it_does_outside_its_episodes_calls(sampler):
+    """A group harness's clock stops while any of its episodes waits on the endpoint."""
+
+    async def group_of_two_turns(clients, model: str, row: dict) -> list:
+        return list(await asyncio.gather(*(two_turns(c, model, row) for c in clients)))
+
+    slow = SlowSampler(sampler.model, sampler.tokenizer)
+    rows = [{**row, "prompt_ids": sampler.tokenizer(row["prompt"]).input_ids} for row in ROWS]
+    settings = HarnessSettings(group_of_two_turns, 2, 64, EnvFaults(timeout_s=0.4), groups=True)
+    _, columns = play_harness(slow, rows, 2, SamplingParams(max_new_tokens=6, seed=1), settings)
+    assert columns["episode_fault"] == [None] * 4 and columns["turns"] == [2] * 4
 
 
 def test_a_mapping_without_a_reward_is_an_error_naming_its_keys(sampler, capsys):
