@@ -25,7 +25,8 @@ stdin a JSON object {"secret", "tests", "setup", "entry_point", "pytest"} ("pyte
 - the parent runs the setup code and the tests in a process of its own, where the program's
   names are references into the child: every comparison, builtin and assert runs here, on
   values the child sent, so nothing the program patches, prints or exits with reaches the
-  verdict. The tests run as the main script (what they print is discarded); when they finish,
+  verdict. The tests run as the main script (what they print, to stdout or stderr, is
+  discarded); when they finish,
   having used the program (called it, or read a value of its), it prints ``<secret> pass`` on
   the stdout that the child never held. The child never sees the secret or the tests: they
   arrive after the fork, and this process is not dumpable, so the child cannot read them
@@ -1314,13 +1315,15 @@ def run(source: str, setup: str = "") -> None:
         _serve(source, setup, requests_r, replies_w)
     os.close(requests_r)
     os.close(replies_w)
-    # what the tests print goes nowhere: only the verdict is written to the run's stdout
-    verdict = os.dup(1)
+    # what the tests print, on either stream, goes nowhere: only the verdict is written to the
+    # run's stdout, and only why the tests failed to its stderr, whose size the sandbox bounds
+    verdict, notes = os.dup(1), os.dup(2)
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)
+    os.dup2(null, 2)
     os.close(null)
     try:
         _judge(_Link(requests_w, replies_r), verdict)
     except BaseException as exc:
-        print(f"the tests failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        os.write(notes, f"the tests failed: {type(exc).__name__}: {exc}"[:2000].encode() + b"\n")
         sys.exit(1)

@@ -496,6 +496,27 @@ RIGHT_PROGRAMS = {
         ["for i in range(100):\n    assert f(i) == i + 1\n"],
     ),
     "tests that print their own success": (RIGHT_F, ["assert f(1) == 2\nprint('All passed!')\n"]),
+    # the tests' stderr is discarded as their stdout is, not counted against the run's output
+    "tests that print 100 KB to stderr, and warn": (
+        RIGHT_F,
+        [
+            "import sys, warnings\nprint('x' * 100000, file=sys.stderr)\n"
+            "for i in range(2000):\n    warnings.warn_explicit('w' * 40, UserWarning, 'x.py', i)\n"
+            "assert f(1) == 2\n"
+        ],
+    ),
+    "a unittest run that reports at length on stderr": (
+        RIGHT_F,
+        [
+            "import unittest\nclass T(unittest.TestCase):\n"
+            + "".join(
+                f"    def test_{i}(self):\n        '{'described at length ' * 100}'\n"
+                f"        self.assertEqual(f({i}), {i + 1})\n"
+                for i in range(50)
+            )
+            + "unittest.main(verbosity=2)\n"
+        ],
+    ),
     "a Counter compared with a dict": (
         "import collections\ndef freq(xs):\n    return collections.Counter(xs)\n",
         [
