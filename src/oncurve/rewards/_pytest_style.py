@@ -567,9 +567,10 @@ def _run_class(
 
 def _call_hook(owner: Any, name: str | None, *argument: Any) -> None:
     """Call `owner`'s xunit-style hook `name` (`owner` itself when None), with `argument` when
-    it takes one."""
+    it takes one, where the test file defines it: a star import's (the program's) is not the
+    file's."""
     hook = owner if name is None else getattr(owner, name, None)
-    if hook is not None:
+    if hook is not None and _defined_by_tests(_unbound(hook)):
         hook(*argument[: len(_parameters(hook))])
 
 

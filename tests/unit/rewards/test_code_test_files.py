@@ -171,6 +171,13 @@ PYTEST_FILES = {
         ADD,
         [SUB],
     ),
+    # xunit hooks are the file's: the program's, which a star import brings in, are neither
+    # run (nor asked for their signature) by the tests' runner
+    "a star import of a program with xunit hooks": (
+        "from solution import *\n\ndef test_add():\n    assert add(2, 5) == 7\n",
+        ADD + "def setup_module():\n    pass\n\ndef teardown_module():\n    pass\n",
+        [SUB + "def setup_module():\n    pass\n"],
+    ),
     "a test class with setup_method": (
         "from solution import add\n\nclass TestAdd:\n    def setup_method(self):\n"
         "        self.base = 10\n\n    def test_base(self):\n        assert add(self.base, 1) == 11\n"
@@ -353,6 +360,15 @@ NOTHING_PAID = {
     "a fixture the file does not define": (
         "from solution import add\n\ndef test_add(capsys):\n    assert add(1, 1) == 2\n",
         [ADD],
+    ),
+    # nor do the program's xunit hooks, called by the runner and not by the tests
+    "a star import of the program's xunit hooks, and skipped tests": (
+        "import pytest\nfrom solution import *\n\ndef test_add():\n"
+        "    pytest.importorskip('numpy')\n    assert add(1, 1) == 2\n",
+        [
+            ADD
+            + "def setup_module():\n    return None\n\ndef teardown_module(module=None):\n    pass\n"
+        ],
     ),
     # the program's own test functions are not the file's
     "a star import of the program's tests": (
