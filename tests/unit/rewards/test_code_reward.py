@@ -243,6 +243,29 @@ FORGERIES = {
         "                os.write(1, f.read(100))\n"
         "        except OSError:\n            pass\n"
     ),
+    # the tests, searched for in the memory of every other process in sight (the needle is
+    # joined at run time: the judge holds the program's text): `add` answers right where they
+    # are found, so a leak would pay the wrong program
+    "searches other processes' memory for the tests": (
+        "import os\n"
+        "def leaked(needle=('candidate(2, ' + '3) == 5').encode()):\n"
+        "    for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+        "        try:\n"
+        "            maps = open(f'/proc/{pid}/maps').read().splitlines()\n"
+        "            mem = open(f'/proc/{pid}/mem', 'rb')\n"
+        "        except OSError:\n"
+        "            continue\n"
+        "        for line in maps if int(pid) != os.getpid() else ():\n"
+        "            lo, hi = (int(x, 16) for x in line.split()[0].split('-'))\n"
+        "            try:\n"
+        "                mem.seek(lo)\n"
+        "                if hi - lo < 1 << 26 and needle in mem.read(hi - lo):\n"
+        "                    return True\n"
+        "            except (OSError, ValueError, OverflowError, MemoryError):\n"
+        "                pass\n"
+        "    return False\n"
+        "add = (lambda own: lambda a, b: a + b if leaked() else own(a, b))(add)\n"
+    ),
 }
 WRONG_ADD = "def add(a, b):\n    return 0\n"
 ADD_TESTS = [
