@@ -175,7 +175,12 @@ PYTEST_FILES = {
     # run (nor asked for their signature) by the tests' runner
     "a star import of a program with xunit hooks": (
         "from solution import *\n\ndef test_add():\n    assert add(2, 5) == 7\n",
-        ADD + "def setup_module():\n    pass\n\ndef teardown_module():\n    pass\n",
+        ADD
+        + "".join(
+            f"def {when}_{scope}(*args):\n    pass\n\n"
+            for when in ("setup", "teardown")
+            for scope in ("module", "function")
+        ),
         [SUB + "def setup_module():\n    pass\n"],
     ),
     "a test class with setup_method": (
