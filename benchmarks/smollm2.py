@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import statistics
 from itertools import accumulate
-from pathlib import Path
 
 from harness import learning
 from harness.checkout import CACHE, RESULTS, ROOT
@@ -32,10 +31,9 @@ def held_out(model_dir: str, job: Job) -> tuple[float, list[dict]]:
     """The model's held-out accuracy and its first `SAMPLES` greedy completions."""
     result, rows, records = learning.held_out(model_dir, job.config())
     shown = zip(rows[:SAMPLES], records, strict=False)
-    samples = [
+    return result["accuracy"], [
         {"prompt": r["prompt"], "answer": r["answer"], "completion": x["greedy"]} for r, x in shown
     ]
-    return result["accuracy"], samples
 
 
 def plot(trainers: dict[str, dict], before: float) -> None:
@@ -99,9 +97,8 @@ def headline(row: dict) -> dict[str, str]:
         f"{ours['steps']} steps"
     )
     if trl := row["trainers"].get("TRL"):
-        figure += (
-            f"; TRL {trl['after']:.0%}, at {ours['s_per_step'] / trl['s_per_step']:.2f}x its s/step"
-        )
+        ratio = ours["s_per_step"] / trl["s_per_step"]
+        figure += f"; TRL {trl['after']:.0%}, at {ratio:.2f}x its s/step"
     return {"area": "an instruct model, 2 CPU cores", "figure": figure,
             "command": "benchmarks/smollm2.py"}  # fmt: skip
 
@@ -117,8 +114,8 @@ def main() -> None:
     from oncurve.config import load_config
 
     config = load_config(CONFIG)  # the job, the same for both trainers
+    learning.require(ROOT / config.model.path / "config.json")
     model_dir = str(ROOT / config.model.path)
-    learning.require(Path(model_dir) / "config.json")
     settings = {"model.path": model_dir, "run.device": "cpu"}
     settings["run.steps"] = args.steps or config.run.steps
     job = Job(settings, config_file=str(CONFIG), reward_task="sums", trl_microbatch=16)
