@@ -78,11 +78,9 @@ def layouts(policy: PolicyLogprobs, fns: LossFns, args: argparse.Namespace) -> l
     return rows
 
 
-def sampled_microbatches(
-    policy: PolicyLogprobs, fns: LossFns, args: argparse.Namespace
-) -> tuple[list[list], int, int]:
-    """The second table's rows: (settings, microbatches, tokens run, update ops); and the plan's
-    token budget and rows of the widest length, for the whole 0.5B shape in bfloat16."""
+def sampled_microbatches(policy: PolicyLogprobs, fns: LossFns, args: argparse.Namespace) -> dict:
+    """The second table's rows ("sampled": settings, microbatches, tokens run, update ops), the
+    plan's token budget ("budget") and widest length's rows ("widest"), 0.5B shape in bfloat16."""
     longest = LONGEST_PROMPT + MAX_NEW_TOKENS
     with torch.device("meta"):
         full = transformers.Qwen2ForCausalLM(qwen2_config(SHAPES["qwen2.5-0.5b"], VOCAB))
@@ -107,7 +105,7 @@ def sampled_microbatches(
         tokens = sum(map(sum, cuts)) / len(cuts)
         rows.append([name, count, tokens, update])
         print(f"{name}: {count:.1f} microbatches, {tokens:,.0f} tokens, {update:,} ops", flush=True)
-    return rows, budget, widest
+    return {"sampled": rows, "budget": budget, "widest": widest}
 
 
 def section(row: dict) -> str:
@@ -154,10 +152,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=20, help="draws of sampled lengths")
     args = parser.parse_args()
     policy, fns = updates.setup(NARROW, VOCAB, threads=2)
-    rows = layouts(policy, fns, args)
-    sampled, budget, widest = sampled_microbatches(policy, fns, args)
-    row = {"renderer": "update_ops", "args": vars(args), "layouts": rows, "sampled": sampled}
-    row |= {"budget": budget, "widest": widest}
+    row = {"renderer": "update_ops", "args": vars(args), "layouts": layouts(policy, fns, args)}
+    row |= sampled_microbatches(policy, fns, args)
     publish("update_ops", "Ops one GRPO update dispatches", "ops", row)
 
 
