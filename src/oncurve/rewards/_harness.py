@@ -26,11 +26,10 @@ stdin a JSON object {"secret", "tests", "setup", "entry_point", "pytest"} ("pyte
   names are references into the child: every comparison, builtin and assert runs here, on
   values the child sent, so nothing the program patches, prints or exits with reaches the
   verdict. The tests run as the main script (what they print, to stdout or stderr, is
-  discarded); when they finish,
-  having used the program (called it, or read a value of its), it prints ``<secret> pass`` on
-  the stdout that the child never held. The child never sees the secret or the tests: they
-  arrive after the fork, and this process is not dumpable, so the child cannot read them
-  through /proc.
+  discarded); when they finish, having used the program (called it, or read a value of its),
+  it prints ``<secret> pass`` on the stdout that the child never held. The child never sees
+  the secret or the tests: they arrive after the fork, and this process is not dumpable, so
+  the child cannot read them through /proc.
 
 What the tests see (``_tests_namespace``): those of the program's names that they or the setup
 code read, except that a builtin's name is always the builtin, a standard module's name always
