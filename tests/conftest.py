@@ -5,6 +5,7 @@ device, and the `browser` marker, whose tests are skipped where no Chromium is i
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,16 @@ from helpers.models import tiny_qwen2
 from helpers.rank_pool import RankPool
 
 from oncurve.model.char_tokenizer import char_tokenizer
+
+# `pytest -n N` starts N workers on the machine's cores: each worker, and every process it
+# starts, takes its share of them as torch threads. A core's worth each would oversubscribe the
+# cores, and OpenMP's waiting threads spin on a core another worker needs.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _THREADS_PER_WORKER = max(
+        1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    )
+    os.environ["OMP_NUM_THREADS"] = str(_THREADS_PER_WORKER)
+    torch.set_num_threads(_THREADS_PER_WORKER)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
