@@ -406,7 +406,10 @@ def _serve(memory_bytes: int) -> None:
 def _relatively_apart(gold: Any, predicted: Any) -> bool:
     """Whether two exact numbers (sympy expressions without variables or floats) differ by more
     than 1e-20 of the larger (beside an exact zero, by more than 1e-40): math-verify compares
-    them within an absolute tolerance, which takes `2^{-60}` for `2^{-61}`."""
+    them within an absolute tolerance, which takes `2^{-60}` for `2^{-61}`. Where either value or
+    their difference does not evaluate to a finite number (`\\infty` and `+\\infty`, whose
+    difference is NaN; a `\\gcd` that evaluation leaves unevaluated), math-verify's equality
+    stands: such values cannot be ordered."""
     import sympy
 
     if not all(
@@ -414,8 +417,10 @@ def _relatively_apart(gold: Any, predicted: Any) -> bool:
         for x in (gold, predicted)
     ):
         return False
-    difference = abs((gold - predicted).evalf(60))
-    scale = max(abs(gold.evalf(60)), abs(predicted.evalf(60)))
+    values = [abs(x.evalf(60)) for x in (gold, predicted, gold - predicted)]
+    if not all(isinstance(v, sympy.Number) and v.is_finite for v in values):
+        return False
+    scale, difference = max(values[:2]), values[2]
     if gold.is_zero or predicted.is_zero:  # `\sin(\pi)`'s evaluation leaves 1e-100 or so
         return bool(difference > sympy.Rational(1, 10**40))
     return bool(difference > scale * sympy.Rational(1, 10**20))

@@ -723,6 +723,11 @@ STATED = [
     case("p", "\\boxed{(3, 4)}", "(3, 4)", 1.0),
     case("p", "\\boxed{[3, 4]}", "[3, 4]", 1.0),
     case("p", "\\boxed{2^{-60}}", "2^{-60}", 1.0),
+    # infinities, equal however signed: their difference is no number to compare
+    case("p", "\\boxed{+\\infty}", "\\infty", 1.0),
+    case("p", "\\boxed{\\infty}", "+\\infty", 1.0),
+    case("p", "\\boxed{(-\\infty, +\\infty)}", "(-\\infty, \\infty)", 1.0),
+    case("p", "\\boxed{-\\infty}", "+\\infty", 0.0),
 ]
 # fmt: on
 
