@@ -111,6 +111,7 @@ _CONVERSION_RE = re.compile(
 )
 # `\pm 3`, `±3`: a list of two numbers
 _PLUS_MINUS_RE = re.compile(r"(?:\\pm|±)\s*(?P<number>[^,;]+)")
+_PLUS_MINUS_SIGN_RE = re.compile(r"\\(?:pm|mp)(?![a-zA-Z])|[±∓]")
 # A set's braces (`\{2, 3\}`, `x \in \{2, 3\}`): its members are a list
 _SET_RE = re.compile(r"(?:[a-zA-Z]\s*\\in\s*)?\\\{(?P<members>[^{}]*)\\\}")
 _LIST_SEPARATOR_RE = re.compile(r"\s*(?:,(?!\d{3}(?!\d))|;|\bor\b|\band\b)\s*")
@@ -137,9 +138,12 @@ _COMMAND_NUMBER_RE = re.compile(
     r"\\(?:[dtc]?frac|sqrt|log|ln|lg|sin|cos|tan|sec|csc|cot|binom)(?![a-zA-Z])\s*\d"
 )
 _FRAC_RE = re.compile(r"\\[dtc]?frac\s*\{")
+# A function to evaluate: an elementary one, `e^`, a maximum, a divisor, a determinant, a floor
+# or an absolute value (`\max(1+\sqrt2, 1-\sqrt2)`, `|-2|\sqrt2`)
 _FUNCTION_RE = re.compile(
-    r"\\(?:log|ln|lg|exp|sin|cos|tan|cot|sec|csc|arcsin|arccos|arctan|sinh|cosh|tanh)(?![a-zA-Z])"
-    r"|(?<![a-zA-Z\\])e\s*\^"
+    r"\\(?:log|ln|lg|exp|sin|cos|tan|cot|sec|csc|arcsin|arccos|arctan|sinh|cosh|tanh|max|min"
+    r"|gcd|lcm|det|lfloor|lceil|[lr]?vert|[lr]?Vert)(?![a-zA-Z])"
+    r"|(?<![a-zA-Z\\])e\s*\^|\|"
 )
 _ROOT_PRODUCT_RE = re.compile(r"\\sqrt\s*(?:\{[^{}]*\}|\w)\s*(?:\\cdot|\\times|\*)?\s*\\sqrt")
 _NUMBER_POWER_RE = re.compile(r"(?<![\w\\.^])\d+\s*\^")  # `3^2`: a power of a number
@@ -499,8 +503,9 @@ def _undone(pred: str, ref: str) -> bool:
     product or power of brackets, a fraction with letters in its denominator where the
     reference has none, a fraction whose numerator's coefficients share a factor with its
     denominator (`\\frac{4\\sqrt{3}}{2}`), like terms not collected (`\\sqrt{3}+\\sqrt{3}`,
-    `x+0`), a power of a number (`3^2\\pi`), roots multiplied (`\\sqrt{2}\\sqrt{6}`), or a
-    function where the reference holds none (`x+\\log_2 2`, `x+e^0`; `\\tan^2 y+1` for
+    `x+0`, `x \\pm 0`), a power of a number (`3^2\\pi`), roots multiplied
+    (`\\sqrt{2}\\sqrt{6}`), or a function where the reference holds none (`x+\\log_2 2`,
+    `x+e^0`, `\\max(a, b)`, `|-2|`; `\\tan^2 y+1` for
     `\\sec^2 y` is another form, not work undone)."""
     checks = (
         _unreduced_fraction,
@@ -574,8 +579,9 @@ def _like_terms(text: str) -> bool:
 
 
 def _terms(text: str) -> list[str]:
-    """The terms of `text` split at its top-level `+` and `-` (not inside brackets, braces or
-    an exponent), signs dropped, empty ones left out."""
+    """The terms of `text` split at its top-level `+`, `-` and `\\pm` (not inside brackets,
+    braces or an exponent), signs dropped, empty ones left out: `\\pi \\pm 0` has a zero term."""
+    text = _PLUS_MINUS_SIGN_RE.sub("+", text)
     terms, depth, start = [], 0, 0
     for index, char in enumerate(text):
         depth += (char in "({[") - (char in ")}]")

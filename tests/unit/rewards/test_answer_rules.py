@@ -360,6 +360,16 @@ UNDONE = [
     case("p", "\\boxed{2^{-60}}", "2^{-61}", 0.0),
     case("p", "\\boxed{\\sqrt{2}\\cdot 2^{-60}}", "\\sqrt{3}\\cdot 2^{-60}", 0.0),
     case("p", "\\boxed{10^{-20}}", "0", 0.0),
+    # a zero added as a hedge (`\pm 0`), or a function still to evaluate: work undone
+    case("p", "\\boxed{\\pi \\pm 0}", "\\pi", 0.0),
+    case("p", "\\boxed{x \\mp 0}", "x", 0.0),
+    case("p", "\\boxed{1+\\sqrt{2} \u00b1 0}", "1+\\sqrt{2}", 0.0),
+    case("p", "\\boxed{\\max(1+\\sqrt{2}, 1-\\sqrt{2})}", "1+\\sqrt{2}", 0.0),
+    case("p", "\\boxed{\\min(1+\\sqrt{2}, 3)}", "1+\\sqrt{2}", 0.0),
+    case("p", "\\boxed{\\gcd(2,4)\\sqrt{2}}", "2\\sqrt{2}", 0.0),
+    case("p", "\\boxed{|-2|\\sqrt{2}}", "2\\sqrt{2}", 0.0),
+    case("p", "\\boxed{\\left|1-\\sqrt{2}\\right|}", "\\sqrt{2}-1", 0.0),
+    case("p", "\\boxed{\\det\\begin{pmatrix}2\\end{pmatrix}\\sqrt{2}}", "2\\sqrt{2}", 0.0),
 ]
 
 # Malformed golds are not scored: a policy repeating them learns nothing true.
@@ -728,6 +738,10 @@ STATED = [
     case("p", "\\boxed{\\infty}", "+\\infty", 1.0),
     case("p", "\\boxed{(-\\infty, +\\infty)}", "(-\\infty, \\infty)", 1.0),
     case("p", "\\boxed{-\\infty}", "+\\infty", 0.0),
+    # a sign or a bar the reference holds too
+    case("p", "\\boxed{\\pm\\sqrt{2}}", "\\pm\\sqrt{2}", 1.0),
+    case("p", "\\boxed{\\frac{1 \\pm \\sqrt{5}}{2}}", "\\frac{1 \\pm \\sqrt{5}}{2}", 1.0),
+    case("p", "\\boxed{|x|+1}", "|x|+1", 1.0),
 ]
 # fmt: on
 
