@@ -13,7 +13,8 @@ Extraction styles (`extract_answer`), each linear in the completion's length:
                not a power's base or exponent (`5^2`); none when it ends a hedge (`4 or 3`, `3
                to 4` but not `from 12 to 18`, `possibly 4`, `at least 4`), comes before a hedged
                power (`18 or 3²`) or is denied (`not 18`, `18 is wrong`)
-  auto         the first of tags, boxed (two boxes offered together as a list), gsm8k, the last
+  auto         the first of tags, boxed (two boxes offered together as a list; a `####` line
+               or an answer statement after the last box instead), gsm8k, the last
                stated answer in the completion's tail ("The final answer is $...$", "The answer
                is 18", "**Answer:** B"; the whole phrase where the sentence goes on to change,
                hedge or deny the number: "18 or 26", "18 squared", "3, but actually 4", not
@@ -465,13 +466,19 @@ def _own_turn(text: str) -> str:
 
 
 def _stated_after_last_box(text: str) -> str | None:
-    """The answer a "The final answer is $...$" statement after the completion's last box
-    states (`_stated_answer`), else None: a box of a step's result is no final answer that a
-    later sentence gives (`\\boxed{255} ... The final answer is $10,455$`)."""
+    """The answer a statement after the completion's last box gives, else None: its `####`
+    line (`_gsm8k`) or its "The final answer is $...$", "The answer is 47", "**Answer:** 47"
+    (`_stated_answer`). A box of a step's result is no final answer that a later sentence
+    gives (`\\boxed{255} ... The final answer is $10,455$`), and a box followed by another
+    answer is not paid as the box's (`\\boxed{46}. The answer is 47.`)."""
     boxes = list(BOX_RE.finditer(text))
-    if not boxes or _STATED_ANSWER_RE.search(text, boxes[-1].end()) is None:
+    if not boxes:
         return None
-    return _stated_answer(text[boxes[-1].end() :])
+    after = text[boxes[-1].end() :]
+    if (found := _gsm8k(after)) is not None:
+        return found
+    stated = _STATED_ANSWER_RE.search(after) or _ANSWER_NUMBER_RE.search(after)
+    return None if stated is None else _stated_answer(after)
 
 
 def _last_tag(text: str) -> str | None:

@@ -370,6 +370,13 @@ UNDONE = [
     case("p", "\\boxed{|-2|\\sqrt{2}}", "2\\sqrt{2}", 0.0),
     case("p", "\\boxed{\\left|1-\\sqrt{2}\\right|}", "\\sqrt{2}-1", 0.0),
     case("p", "\\boxed{\\det\\begin{pmatrix}2\\end{pmatrix}\\sqrt{2}}", "2\\sqrt{2}", 0.0),
+    # a box, then another answer stated after it: the box was a step, or a hedge
+    case("p", "\\boxed{46}. The answer is 47.", "46", 0.0),
+    case("p", "\\boxed{46}\n**Answer:** 47", "46", 0.0),
+    case("p", "\\boxed{46}\n\nFinal answer: 47", "46", 0.0),
+    case("p", "\\boxed{46}\n#### 47", "46", 0.0),
+    case("p", "\\boxed{\\frac{1}{2}}\n\nThe answer is 2.", "\\frac{1}{2}", 0.0),
+    case("p", "\\boxed{2\\sqrt{3}}. The answer is 3.", "2\\sqrt{3}", 0.0),
 ]
 
 # Malformed golds are not scored: a policy repeating them learns nothing true.
@@ -738,6 +745,12 @@ STATED = [
     case("p", "\\boxed{\\infty}", "+\\infty", 1.0),
     case("p", "\\boxed{(-\\infty, +\\infty)}", "(-\\infty, \\infty)", 1.0),
     case("p", "\\boxed{-\\infty}", "+\\infty", 0.0),
+    # the answer a statement after the last box gives
+    case("p", "\\boxed{46}. The answer is 47.", "47", 1.0),
+    case("p", "\\boxed{46}\n\nThe answer is 46 apples.", "46", 1.0),
+    case("p", "\\boxed{\\frac{1}{2}}\n\nThe answer is 0.5.", "\\frac{1}{2}", 1.0),
+    case("p", "#### 47\n\\boxed{46}", "46", 1.0),
+    case("p", "The answer is 47. \\boxed{46}", "46", 1.0),
     # a sign or a bar the reference holds too
     case("p", "\\boxed{\\pm\\sqrt{2}}", "\\pm\\sqrt{2}", 1.0),
     case("p", "\\boxed{\\frac{1 \\pm \\sqrt{5}}{2}}", "\\frac{1 \\pm \\sqrt{5}}{2}", 1.0),
