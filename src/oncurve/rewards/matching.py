@@ -160,6 +160,8 @@ _NAME_RE = re.compile(
 )
 # Runs of digits split by spaces, and those that are one number in thousands (`10 000`)
 _SPACED_DIGITS_RE = re.compile(r"\d+(?:\s+\d+)+")
+# A LaTeX space between two digits (`4\,6`, `10\;000`): read as a space
+_LATEX_DIGIT_SPACE_RE = re.compile(r"(?<=\d)\s*(?<!\\)\\[,;: ]\s*(?=\d)")
 _THOUSANDS_RE = re.compile(r"\d{1,3}(?:\s\d{3})+")
 _OVER_RE = re.compile(r"\s*/")
 # What `_restates` compares: commands, single digits, letters and operators; brackets, braces,
@@ -375,11 +377,12 @@ def _top_level_parts(text: str) -> list[str]:
 
 
 def _split_digits(text: str) -> bool:
-    """Whether digits of `text` are split by a space that is no thousands separator (`1 8`,
-    `10 00`; `10 000` is one number, `1 1/2` a mixed number)."""
+    """Whether digits of `text` are split by a space, a LaTeX one too (`\\,`, `\\;`, `\\ `),
+    that is no thousands separator (`1 8`, `4\\,6`, `10 00`; `10 000` and `10\\,000` are one
+    number, `1 1/2` a mixed number)."""
     if len(text) > MAX_ANSWER_CHARS:
         return False
-    text = _without_arguments(text)
+    text = _LATEX_DIGIT_SPACE_RE.sub(" ", _without_arguments(text))
     return any(
         not _THOUSANDS_RE.fullmatch(run[0])
         and not (len(run[0].split()) == 2 and _OVER_RE.match(text, run.end()))  # `1 1/2`

@@ -377,6 +377,12 @@ UNDONE = [
     case("p", "\\boxed{46}\n#### 47", "46", 0.0),
     case("p", "\\boxed{\\frac{1}{2}}\n\nThe answer is 2.", "\\frac{1}{2}", 0.0),
     case("p", "\\boxed{2\\sqrt{3}}. The answer is 3.", "2\\sqrt{3}", 0.0),
+    # digits split by a LaTeX space that groups no thousands
+    case("p", "\\boxed{4\\,6}", "46", 0.0),
+    case("p", "\\boxed{4\\;6}", "46", 0.0),
+    case("p", "\\boxed{4\\ 6}", "46", 0.0),
+    case("p", "\\boxed{1\\,00}", "100", 0.0),
+    case("p", "\\boxed{1\\,2345}", "12345", 0.0),
 ]
 
 # Malformed golds are not scored: a policy repeating them learns nothing true.
@@ -755,6 +761,10 @@ STATED = [
     case("p", "\\boxed{\\pm\\sqrt{2}}", "\\pm\\sqrt{2}", 1.0),
     case("p", "\\boxed{\\frac{1 \\pm \\sqrt{5}}{2}}", "\\frac{1 \\pm \\sqrt{5}}{2}", 1.0),
     case("p", "\\boxed{|x|+1}", "|x|+1", 1.0),
+    # thousands grouped by LaTeX spaces
+    case("p", "\\boxed{1\\,234\\,567}", "1234567", 1.0),
+    case("p", "\\boxed{10\\ 000}", "10000", 1.0),
+    case("p", "\\boxed{3\\,\\frac{1}{2}}", "3.5", 1.0),
 ]
 # fmt: on
 
