@@ -145,6 +145,16 @@ _FUNCTION_RE = re.compile(
     r"|gcd|lcm|det|lfloor|lceil|[lr]?vert|[lr]?Vert)(?![a-zA-Z])"
     r"|(?<![a-zA-Z\\])e\s*\^|\|"
 )
+# An operation that changes nothing: times or over one (`\sqrt{2}\cdot 1`, `1 \cdot x`, `/1`,
+# `\frac{x}{1}`), a coefficient one (`1\sqrt{2}`), a power one or zero (`x^{1}`, `\pi^0`), two
+# signs (`--x`, `-(-x)`)
+_IDENTITY_RE = re.compile(
+    r"(?:\\cdot|\\times|\*|/)\s*1(?![\d.])"
+    r"|(?<![\w.}{^_])1\s*(?:\\cdot|\\times|\*|\\sqrt|\\pi|[a-zA-Z](?![a-zA-Z]))"
+    r"|\}\s*\{\s*1\s*\}"  # a fraction's denominator
+    r"|\^\s*(?:[01]|\{\s*[01]\s*\}|\(\s*[01]\s*\))(?![\d.])"
+    r"|[-+]\s*\(?\s*-"
+)
 _ROOT_PRODUCT_RE = re.compile(r"\\sqrt\s*(?:\{[^{}]*\}|\w)\s*(?:\\cdot|\\times|\*)?\s*\\sqrt")
 _NUMBER_POWER_RE = re.compile(r"(?<![\w\\.^])\d+\s*\^")  # `3^2`: a power of a number
 _LEADING_COEFFICIENT_RE = re.compile(r"\s*(\d+)")
@@ -506,7 +516,8 @@ def _undone(pred: str, ref: str) -> bool:
     product or power of brackets, a fraction with letters in its denominator where the
     reference has none, a fraction whose numerator's coefficients share a factor with its
     denominator (`\\frac{4\\sqrt{3}}{2}`), like terms not collected (`\\sqrt{3}+\\sqrt{3}`,
-    `x+0`, `x \\pm 0`), a power of a number (`3^2\\pi`), roots multiplied
+    `x+0`, `x \\pm 0`), an operation that changes nothing (`x \\cdot 1`, `x^{1}`, `--x`), a
+    power of a number (`3^2\\pi`), roots multiplied
     (`\\sqrt{2}\\sqrt{6}`), or a function where the reference holds none (`x+\\log_2 2`,
     `x+e^0`, `\\max(a, b)`, `|-2|`; `\\tan^2 y+1` for
     `\\sec^2 y` is another form, not work undone)."""
@@ -516,6 +527,7 @@ def _undone(pred: str, ref: str) -> bool:
         _constant_arithmetic,
         _NUMBER_POWER_RE.search,
         _ROOT_PRODUCT_RE.search,
+        _IDENTITY_RE.search,
     )
     for undone in checks:
         if undone(pred) and not undone(ref):

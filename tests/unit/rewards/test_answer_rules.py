@@ -377,6 +377,17 @@ UNDONE = [
     case("p", "\\boxed{46}\n#### 47", "46", 0.0),
     case("p", "\\boxed{\\frac{1}{2}}\n\nThe answer is 2.", "\\frac{1}{2}", 0.0),
     case("p", "\\boxed{2\\sqrt{3}}. The answer is 3.", "2\\sqrt{3}", 0.0),
+    # an operation that changes nothing left in: times, over or to the power one, a power zero,
+    # two signs
+    case("p", "\\boxed{\\sqrt{2}\\cdot 1}", "\\sqrt{2}", 0.0),
+    case("p", "\\boxed{1 \\cdot \\sqrt{2}}", "\\sqrt{2}", 0.0),
+    case("p", "\\boxed{1\\sqrt{2}}", "\\sqrt{2}", 0.0),
+    case("p", "\\boxed{\\sqrt{2}/1}", "\\sqrt{2}", 0.0),
+    case("p", "\\boxed{\\frac{\\sqrt{2}}{1}}", "\\sqrt{2}", 0.0),
+    case("p", "\\boxed{\\sqrt{2}^{1}}", "\\sqrt{2}", 0.0),
+    case("p", "\\boxed{\\sqrt{2}\\cdot \\pi^0}", "\\sqrt{2}", 0.0),
+    case("p", "\\boxed{--\\sqrt{2}}", "\\sqrt{2}", 0.0),
+    case("p", "\\boxed{-(-\\sqrt{2})}", "\\sqrt{2}", 0.0),
     # digits split by a LaTeX space that groups no thousands
     case("p", "\\boxed{4\\,6}", "46", 0.0),
     case("p", "\\boxed{4\\;6}", "46", 0.0),
@@ -761,6 +772,12 @@ STATED = [
     case("p", "\\boxed{\\pm\\sqrt{2}}", "\\pm\\sqrt{2}", 1.0),
     case("p", "\\boxed{\\frac{1 \\pm \\sqrt{5}}{2}}", "\\frac{1 \\pm \\sqrt{5}}{2}", 1.0),
     case("p", "\\boxed{|x|+1}", "|x|+1", 1.0),
+    # a one or a zero that is the answer's own
+    case("p", "\\boxed{x^{10}+1}", "x^{10}+1", 1.0),
+    case("p", "\\boxed{e^{1/x}}", "e^{\\frac{1}{x}}", 1.0),
+    case("p", "\\boxed{\\frac{1}{\\sqrt{2}}x}", "\\frac{x}{\\sqrt{2}}", 1.0),
+    case("p", "\\boxed{(-1, 1)}", "(-1,1)", 1.0),
+    case("p", "\\boxed{x_1 - x_0}", "x_1-x_0", 1.0),
     # thousands grouped by LaTeX spaces
     case("p", "\\boxed{1\\,234\\,567}", "1234567", 1.0),
     case("p", "\\boxed{10\\ 000}", "10000", 1.0),
