@@ -139,10 +139,12 @@ _COMMAND_NUMBER_RE = re.compile(
 )
 _FRAC_RE = re.compile(r"\\[dtc]?frac\s*\{")
 # A function to evaluate: an elementary one, `e^`, a maximum, a divisor, a determinant, a floor
-# or an absolute value (`\max(1+\sqrt2, 1-\sqrt2)`, `|-2|\sqrt2`)
+# or an absolute value (`\max(1+\sqrt2, 1-\sqrt2)`, `|-2|\sqrt2`). Its name may have one letter
+# glued to it, its argument's (`\lne`: `normalize_answer` takes out the space of `\ln e`), not
+# two (`\lnot`).
 _FUNCTION_RE = re.compile(
     r"\\(?:log|ln|lg|exp|sin|cos|tan|cot|sec|csc|arcsin|arccos|arctan|sinh|cosh|tanh|max|min"
-    r"|gcd|lcm|det|lfloor|lceil|[lr]?vert|[lr]?Vert)(?![a-zA-Z])"
+    r"|gcd|lcm|det|lfloor|lceil|[lr]?vert|[lr]?Vert)(?![a-zA-Z]{2})"
     r"|(?<![a-zA-Z\\])e\s*\^|\|"
 )
 # An operation that changes nothing: times or over one (`\sqrt{2}\cdot 1`, `1 \cdot x`, `/1`,

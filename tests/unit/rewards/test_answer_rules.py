@@ -370,6 +370,8 @@ UNDONE = [
     case("p", "\\boxed{|-2|\\sqrt{2}}", "2\\sqrt{2}", 0.0),
     case("p", "\\boxed{\\left|1-\\sqrt{2}\\right|}", "\\sqrt{2}-1", 0.0),
     case("p", "\\boxed{\\det\\begin{pmatrix}2\\end{pmatrix}\\sqrt{2}}", "2\\sqrt{2}", 0.0),
+    case("p", "\\boxed{x+\\ln e}", "x+1", 0.0),
+    case("p", "\\boxed{\\sqrt{2}\\ln e}", "\\sqrt{2}", 0.0),
     # a box, then another answer stated after it: the box was a step, or a hedge
     case("p", "\\boxed{46}. The answer is 47.", "46", 0.0),
     case("p", "\\boxed{46}\n**Answer:** 47", "46", 0.0),
