@@ -125,10 +125,12 @@ _SQRT_RE = re.compile(r"\\sqrt(?:\s*\[\s*(?P<index>2)\s*\])?\s*|(?<![a-zA-Z\\])s
 _BRACKET_PRODUCT_RE = re.compile(r"\)\s*(?:\\cdot|\\times|\*)?\s*[(\^\da-zA-Z]|[\w}]\s*\(")
 # Arithmetic between two written numbers (`5-3`, `1+1`, `6/2`, `2\cdot 2`; not an exponent's,
 # a subscript's or a coefficient's number: `x^2+1`, `2+3x`, `1+2\sqrt{3}`), a factorial or a
-# binomial coefficient of numbers (`0!`, `\binom{5}{0}`): work left undone. A command's bare
-# numeric argument (`\sqrt 3+1`) and subscripts are taken out first (`_without_arguments`).
+# binomial coefficient of numbers (`0!`, `\binom{5}{0}`): work left undone, in a matrix's entry
+# too (`2-1 \\`, `\\ 3-1\end`). A command's bare numeric argument (`\sqrt 3+1`) and subscripts are
+# taken out first (`_without_arguments`).
 _CONSTANT_ARITHMETIC_RE = re.compile(
-    r"(?<![\w.^_\\])\d+(?:\.\d+)?\s*(?:[-+]\s*\d+(?:\.\d+)?(?![\w.\\^({])"
+    r"(?:(?<![\w.^_\\])|(?<=\\\\))\d+(?:\.\d+)?\s*"
+    r"(?:[-+]\s*\d+(?:\.\d+)?(?![\w.^({]|\\(?!\\|end\b))"
     r"|(?:[*/]|\\cdot|\\times)\s*\d+(?:\.\d+)?(?![\w.^]))"
     r"|(?<![\w.^_])\d+\s*!|\\[dt]?binom\s*\{\s*\d+\s*\}\s*\{\s*\d+\s*\}"
 )

@@ -390,6 +390,9 @@ UNDONE = [
     case("p", "\\boxed{\\sqrt{2}\\cdot \\pi^0}", "\\sqrt{2}", 0.0),
     case("p", "\\boxed{--\\sqrt{2}}", "\\sqrt{2}", 0.0),
     case("p", "\\boxed{-(-\\sqrt{2})}", "\\sqrt{2}", 0.0),
+    # arithmetic left in a matrix's entries, before a row break or the matrix's end
+    case("p", "\\boxed{\\begin{pmatrix}2-1\\\\2\\end{pmatrix}}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}", 0.0),
+    case("p", "\\boxed{\\begin{pmatrix}1\\\\3-1\\end{pmatrix}}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}", 0.0),
     # digits split by a LaTeX space that groups no thousands
     case("p", "\\boxed{4\\,6}", "46", 0.0),
     case("p", "\\boxed{4\\;6}", "46", 0.0),
@@ -780,6 +783,8 @@ STATED = [
     case("p", "\\boxed{\\frac{1}{\\sqrt{2}}x}", "\\frac{x}{\\sqrt{2}}", 1.0),
     case("p", "\\boxed{(-1, 1)}", "(-1,1)", 1.0),
     case("p", "\\boxed{x_1 - x_0}", "x_1-x_0", 1.0),
+    case("p", "\\boxed{\\begin{pmatrix}1\\\\2\\sqrt{3}\\end{pmatrix}}",
+         "\\begin{pmatrix}1\\\\2\\sqrt{3}\\end{pmatrix}", 1.0),
     # thousands grouped by LaTeX spaces
     case("p", "\\boxed{1\\,234\\,567}", "1234567", 1.0),
     case("p", "\\boxed{10\\ 000}", "10000", 1.0),
