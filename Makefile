@@ -29,9 +29,10 @@ lint: .venv/.installed-test
 	.venv/bin/ruff format --check src tests benchmarks
 
 # Two workers: much of the suite waits on child processes and time limits, which a second
-# worker overlaps with work even on two cores.
+# worker overlaps with work even on two cores. A worker that runs out of tests takes some of
+# the other's (worksteal), so that long tests queued last do not leave one worker idle.
 test: lint
-	$(PY) -m pytest -n 2
+	$(PY) -m pytest -n 2 --dist worksteal
 
 # On a machine with a CUDA device and a CUDA build of torch: the `gpu` tests (skipped by `make
 # test` without one) and a step against TRL with the memory plan, each stage with a time limit
