@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import decimal
 import math
-import re
 import types
 import typing
 from pathlib import Path
@@ -23,6 +22,7 @@ from oncurve.config.presets import (
 )
 from oncurve.config.sections import Config, RewardFnConfig, RolloutConfig
 from oncurve.config.validation import check_cross_fields, check_given_settings
+from oncurve.data.files import first_surrogate
 from oncurve.errors import UserError
 
 # Keys that were renamed or moved, old dotted key -> new dotted key: a config that still uses
@@ -475,9 +475,6 @@ def _coerce(hint: Any, value: Any, name: str, spec: dataclasses.Field, item: boo
 
 
 _INT_MAX = 2**63 - 1
-# A UTF-16 surrogate: no Unicode character (tokenizers and UTF-8 writers refuse it), which YAML's
-# `\ud800` escape and a command line's undecodable byte give
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def _check_text(value: str, name: str, spec: dataclasses.Field, optional: bool, item: bool) -> None:
@@ -500,20 +497,13 @@ def _check_text(value: str, name: str, spec: dataclasses.Field, optional: bool, 
 
 def _refuse_surrogate(value: Any, name: str) -> None:
     """A one-line error naming setting `name` when text in `value` (a mapping's keys and
-    values, a list's items, at any depth) holds a surrogate."""
-    if isinstance(value, str):
-        if found := _SURROGATE.search(value):
-            raise UserError(
-                f"{name} holds a surrogate \\u{ord(found.group()):04x}, which is no Unicode "
-                "character"
-            )
-    elif isinstance(value, dict):
-        for key, inner in value.items():
-            _refuse_surrogate(key, name)
-            _refuse_surrogate(inner, name)
-    elif isinstance(value, list):
-        for inner in value:
-            _refuse_surrogate(inner, name)
+    values, a list's items, at any depth) holds a surrogate: no Unicode character (tokenizers
+    and UTF-8 writers refuse it), which YAML's `\\ud800` escape and a command line's
+    undecodable byte give."""
+    if found := first_surrogate(value):
+        raise UserError(
+            f"{name} holds a surrogate \\u{ord(found):04x}, which is no Unicode character"
+        )
 
 
 def _shown(value: Any) -> str:

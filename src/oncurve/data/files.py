@@ -503,22 +503,25 @@ def _refuse_surrogates(where: str, record: dict[str, Any]) -> None:
     """A one-line error naming the first field of `record` whose name or value (at any depth:
     a message's content) holds a lone surrogate."""
     for key, value in record.items():
-        if found := _surrogate(key) or _surrogate(value):
+        if found := first_surrogate(key) or first_surrogate(value):
             raise UserError(
                 f"{where}: field {key!r} holds an unpaired surrogate \\u{ord(found):04x}, which "
                 "is no Unicode character"
             )
 
 
-def _surrogate(value: Any) -> str:
-    """The first lone surrogate in a parsed JSON value's text, "" if there is none."""
+def first_surrogate(value: Any) -> str:
+    """The first lone surrogate in `value`'s text (a mapping's keys and values, a list's items,
+    at any depth: a parsed JSON or YAML value), "" if there is none."""
     if isinstance(value, str):
         match = _SURROGATE.search(value)
         return match.group() if match else ""
     if isinstance(value, dict):
-        return next((c for k, v in value.items() if (c := _surrogate(k) or _surrogate(v))), "")
+        return next(
+            (c for k, v in value.items() if (c := first_surrogate(k) or first_surrogate(v))), ""
+        )
     if isinstance(value, list):
-        return next((c for v in value if (c := _surrogate(v))), "")
+        return next((c for v in value if (c := first_surrogate(v))), "")
     return ""
 
 
