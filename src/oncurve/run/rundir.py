@@ -159,10 +159,17 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None, Replaced]:
                 f"run.resume {resume} is not a step-NNNNNN directory in a run's checkpoints/, so "
                 "it names no run to continue; pass run.dir (that run, or an empty directory)"
             )
-        own = path.resolve().parent.parent
+        # the run a step directory of a run's checkpoints/ belongs to; any other checkpoint
+        # belongs to none (two levels up from a copy is a folder of the user's)
+        own = path.resolve().parent.parent if step is not None else None
         run_dir = Path(config.run.dir) if config.run.dir else own
         with _locked(run_dir) as contents:
             same = run_dir.resolve() == own
+            if contents and own is None:
+                raise UserError(
+                    f"run.resume {resume} is a checkpoint outside a run's checkpoints/, and "
+                    f"run.dir {run_dir} is not empty; resume it into an empty run.dir"
+                )
             if contents and not same:
                 raise UserError(
                     f"run.resume {resume} is a checkpoint of the run in {own}, and run.dir "
@@ -170,7 +177,7 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None, Replaced]:
                 )
             if same:
                 _refuse_foreign_final(run_dir)
-            later = checkpoint.later_checkpoints(own, step) if same and step is not None else []
+            later = checkpoint.later_checkpoints(own, step) if same else []
             if later and not config.run.overwrite:
                 names = ", ".join(d.name for d in later[:3]) + (", ..." if len(later) > 3 else "")
                 raise UserError(

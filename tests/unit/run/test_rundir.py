@@ -1,0 +1,49 @@
+"""Which run directory a run claims, and what it refuses to write into."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from oncurve.config import load_config
+from oncurve.errors import UserError
+from oncurve.run.rundir import claim_run_dir, run_dirs_unlocked_after
+
+
+def _complete_checkpoint(path: Path) -> Path:
+    """A directory with a checkpoint's COMPLETE marker, as much as claiming a run dir reads."""
+    path.mkdir(parents=True)
+    (path / "COMPLETE").write_text("2\n")
+    return path
+
+
+def test_a_checkpoint_outside_a_runs_checkpoints_never_resumes_into_its_non_empty_grandparent(
+    tmp_path: Path,
+) -> None:
+    """A copied checkpoint (`project/saved/mine`) names no run: the folder two levels up is
+    a directory of the user's, not the run's, so a run.dir there that is not empty is refused
+    like any other, its files left as they are."""
+    project = tmp_path / "project"
+    copy = _complete_checkpoint(project / "saved" / "mine")
+    (project / "config.yaml").write_text("my: notes\n")
+    config = load_config(None, [f"run.resume={copy}", f"run.dir={project}"])
+    with run_dirs_unlocked_after(), pytest.raises(UserError) as refused:
+        claim_run_dir(config)
+    assert "\n" not in str(refused.value)
+    assert f"run.dir {project}" in str(refused.value)
+    assert "empty run.dir" in str(refused.value)
+    assert (project / "config.yaml").read_text() == "my: notes\n"
+    assert sorted(p.name for p in project.iterdir()) == ["config.yaml", "saved"]
+
+
+def test_a_checkpoint_outside_a_runs_checkpoints_resumes_into_an_empty_run_dir(
+    tmp_path: Path,
+) -> None:
+    copy = _complete_checkpoint(tmp_path / "saved" / "mine")
+    target = tmp_path / "new-run"
+    config = load_config(None, [f"run.resume={copy}", f"run.dir={target}"])
+    with run_dirs_unlocked_after():
+        run_dir, resume_from, replaced = claim_run_dir(config)
+    assert (run_dir, resume_from) == (target, copy)
+    assert replaced.entries == [] and replaced.checkpoints == []
