@@ -158,6 +158,10 @@ def apply_optimizer_settings(
 
 
 def _override(value: Any) -> str:
+    """`value` as an override that gives it back: a text with a line break or a tab in double
+    quotes (an override reads a quoted text as YAML), which keeps the refusal one line."""
+    if isinstance(value, str) and not value.isprintable():
+        return json.dumps(value, ensure_ascii=False)
     if isinstance(value, list):
         return "[" + ",".join(str(v) for v in value) + "]"
     return "null" if value is None else str(value)
