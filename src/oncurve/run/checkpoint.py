@@ -310,6 +310,17 @@ def later_checkpoints(run_dir: Path, step: int) -> list[Path]:
     return [d for d in _complete_checkpoints(Path(run_dir) / CHECKPOINTS) if _step_of(d) > step]
 
 
+def incomplete_checkpoints(run_dir: Path) -> list[Path]:
+    """The `step-*` directories of `run_dir`'s checkpoints without their COMPLETE marker, oldest
+    first: never what a save leaves (it renames a whole checkpoint into place), so a copy cut
+    short or a damaged run."""
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    found = [d for d in root.iterdir() if _STEP_DIR.fullmatch(d.name) and d.is_dir()]
+    return sorted((d for d in found if not (d / COMPLETE).is_file()), key=_step_of)
+
+
 def remove_checkpoints(directories: list[Path]) -> None:
     """Delete checkpoint directories, each renamed first so that a kill mid-deletion cannot
     leave a half-deleted one; failures only warn."""

@@ -5,9 +5,11 @@ the OS releases when the process ends, however it ends) from before it reads or 
 there until the process exits; a second trainer on the directory is refused in one line naming
 the holder. A run never deletes a file it did not write: `run.overwrite` replaces only a
 previous run's files (`RUN_FILES`), and `run.resume=auto` on a directory without a checkpoint
-restarts only when nothing foreign is there. `run.resume=PATH` writes into PATH's own run (a
-`step-NNNNNN` directory in its `checkpoints/`; its later checkpoints, and a final model
-written after them, deleted only with `run.overwrite`), or into an empty directory, never into another run's.
+restarts only when nothing foreign is there, nor (without `run.overwrite`) a checkpoint that
+lacks its COMPLETE marker, which a save never leaves. `run.resume=PATH` writes into PATH's own
+run (a `step-NNNNNN` directory in its `checkpoints/`; its later checkpoints, and a final model
+written after them, deleted only with `run.overwrite`), or into an empty directory, never into
+another run's.
 A run refused at start-up removes the directory it created while that holds no file but the
 lock (`removed_if_not_started`), so that it does not pass for a run.
 """
@@ -206,6 +208,14 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None, Replaced]:
                         file=sys.stderr,
                     )
                 return run_dir, found, Replaced()
+            incomplete = checkpoint.incomplete_checkpoints(run_dir)
+            if incomplete and not config.run.overwrite:
+                raise UserError(
+                    f"run.dir {run_dir} has no complete checkpoint to resume: "
+                    f"{incomplete[-1].relative_to(run_dir)} lacks the {checkpoint.COMPLETE} "
+                    "marker a save writes last (a copy cut short?); restore it, or pass "
+                    "run.overwrite=true to start over"
+                )
         if contents:
             # Neither resume=auto (restarting a run killed before its first checkpoint) nor
             # run.overwrite deletes files that no run wrote: run.dir may point at the wrong one.

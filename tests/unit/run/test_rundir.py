@@ -47,3 +47,48 @@ def test_a_checkpoint_outside_a_runs_checkpoints_resumes_into_an_empty_run_dir(
         run_dir, resume_from, replaced = claim_run_dir(config)
     assert (run_dir, resume_from) == (target, copy)
     assert replaced.entries == [] and replaced.checkpoints == []
+
+
+def test_resume_auto_refuses_a_run_whose_checkpoints_are_there_but_none_complete(
+    tmp_path: Path,
+) -> None:
+    """A save never leaves a `step-NNNNNN` directory without its COMPLETE marker (it is renamed
+    into place whole), so one there is a copy cut short or a damaged run, not a run killed
+    before its first checkpoint: resume=auto says so in one line instead of deleting it and
+    the run's metrics to start over."""
+    run_dir = tmp_path / "run"
+    partial = run_dir / "checkpoints" / "step-000004"
+    partial.mkdir(parents=True)
+    (partial / "model.safetensors").write_bytes(b"weights")
+    (run_dir / "metrics.jsonl").write_text('{"step": 4, "kl": 0.5}\n')
+    config = load_config(None, [f"run.dir={run_dir}", "run.resume=auto"])
+    with run_dirs_unlocked_after(), pytest.raises(UserError) as refused:
+        claim_run_dir(config)
+    assert "\n" not in str(refused.value)
+    assert "step-000004" in str(refused.value) and "run.overwrite=true" in str(refused.value)
+    assert (partial / "model.safetensors").read_bytes() == b"weights"
+    assert (run_dir / "metrics.jsonl").is_file()
+
+
+def test_resume_auto_restarts_a_run_killed_before_its_first_checkpoint(tmp_path: Path) -> None:
+    """What a kill before the first checkpoint leaves (metrics, a save's hidden temp dir) is
+    the run's to start over."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / ".tmp-step-000001-123").mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "kl": 0.5}\n')
+    config = load_config(None, [f"run.dir={run_dir}", "run.resume=auto"])
+    with run_dirs_unlocked_after():
+        _, resume_from, replaced = claim_run_dir(config)
+    assert resume_from is None
+    assert sorted(p.name for p in replaced.entries) == ["checkpoints", "metrics.jsonl"]
+
+
+def test_resume_auto_with_overwrite_starts_over_past_an_incomplete_checkpoint(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "step-000004").mkdir(parents=True)
+    config = load_config(None, [f"run.dir={run_dir}", "run.resume=auto", "run.overwrite=true"])
+    with run_dirs_unlocked_after():
+        _, resume_from, replaced = claim_run_dir(config)
+    assert resume_from is None and [p.name for p in replaced.entries] == ["checkpoints"]
