@@ -363,6 +363,8 @@ def _locked(run_dir: Path) -> Iterator[list[Path]]:
     a refused directory is left as it was."""
     absolute = run_dir.absolute()
     missing = [p for p in (absolute, *absolute.parents) if not p.exists()]
+    if run_dir.exists() and not run_dir.is_dir():  # mkdir would say only "File exists"
+        raise UserError(f"run.dir {run_dir} is a file, not a directory; pick another run.dir")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:

@@ -92,3 +92,14 @@ def test_resume_auto_with_overwrite_starts_over_past_an_incomplete_checkpoint(
     with run_dirs_unlocked_after():
         _, resume_from, replaced = claim_run_dir(config)
     assert resume_from is None and [p.name for p in replaced.entries] == ["checkpoints"]
+
+
+@pytest.mark.parametrize("resume", [None, "auto"])
+def test_a_run_dir_that_is_a_file_is_one_line_saying_so(tmp_path: Path, resume) -> None:
+    file = tmp_path / "notes"
+    file.write_text("mine")
+    extra = [f"run.resume={resume}"] if resume else []
+    with run_dirs_unlocked_after(), pytest.raises(UserError) as refused:
+        claim_run_dir(load_config(None, [f"run.dir={file}", *extra]))
+    assert str(refused.value) == f"run.dir {file} is a file, not a directory; pick another run.dir"
+    assert file.read_text() == "mine"
