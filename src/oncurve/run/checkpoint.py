@@ -351,8 +351,8 @@ def _remove_leftovers(root: Path) -> None:
 
 def verify_checksums(path: Path, names: Iterable[str] | None = None) -> None:
     """UserError naming the first file of checkpoint `path` (of `names`, every file when None)
-    whose bytes are not those saved (flipped bits, a truncated copy), and the previous complete
-    checkpoint to resume from; a checkpoint saved without checksums passes."""
+    that is missing or whose bytes are not those saved (flipped bits, a truncated copy), and the
+    previous complete checkpoint to resume from; a checkpoint saved without checksums passes."""
     path = Path(path)
     sums_file = path / CHECKSUMS_FILE
     if not sums_file.is_file():
@@ -372,7 +372,8 @@ def verify_checksums(path: Path, names: Iterable[str] | None = None) -> None:
             if earlier
             else "no earlier complete checkpoint is kept"
         )
-        raise UserError(f"checkpoint file {file} is damaged (its checksum differs); {where}")
+        what = "is damaged (its checksum differs)" if file.is_file() else "is missing"
+        raise UserError(f"checkpoint file {file} {what}; {where}")
 
 
 # -- loading ---------------------------------------------------------------------------------

@@ -168,6 +168,21 @@ def test_a_damaged_file_is_refused_naming_the_previous_complete_checkpoint(tmp_p
         load_checkpoint(run / "checkpoints/step-000001", *make_setup(1))
 
 
+@pytest.mark.parametrize("name", ["model.safetensors", "optimizer.pt", "rng-rank0.json"])
+def test_a_file_gone_from_a_complete_checkpoint_is_named_missing(tmp_path: Path, name) -> None:
+    """A file the checksums list that is not there (a copy that skipped it) is called missing,
+    not damaged, with the previous complete checkpoint to resume from."""
+    run = saved_run(tmp_path, steps=(1, 2))
+    newest = run / "checkpoints/step-000002"
+    (newest / name).unlink()
+    with pytest.raises(UserError) as info:
+        load_checkpoint(newest, *make_setup(1))
+    assert str(info.value) == (
+        f"checkpoint file {newest / name} is missing; resume from the previous complete one: "
+        f"run.resume={run / 'checkpoints/step-000001'} run.overwrite=true (which deletes this one)"
+    )
+
+
 @pytest.mark.parametrize("saved", ["{}", '{"python": 3}', "[1, 2]"])
 def test_a_malformed_generator_state_is_one_line_naming_its_file(tmp_path: Path, saved) -> None:
     """A checkpoint without checksums (an older one) whose RNG file was edited."""
