@@ -48,7 +48,7 @@ _LEFTOVER = re.compile(
 # offline runs, `oncurve report`'s page): `run.overwrite` deletes nothing else there.
 _RUN_WRITTEN = {
     "checkpoints": re.compile(
-        r"(?:step-\d{6}|latest|\.(?:tmp|trash)-.+)"
+        r"(?:step-\d{6,}|latest|\.(?:tmp|trash)-.+)"
         r"(?:/(?:[\w.-]+\.safetensors|[\w.-]+\.pt|state\.json|checksums\.json"
         r"|rng-rank\d+\.json|COMPLETE))?"
     ),

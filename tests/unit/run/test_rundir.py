@@ -103,3 +103,18 @@ def test_a_run_dir_that_is_a_file_is_one_line_saying_so(tmp_path: Path, resume) 
         claim_run_dir(load_config(None, [f"run.dir={file}", *extra]))
     assert str(refused.value) == f"run.dir {file} is a file, not a directory; pick another run.dir"
     assert file.read_text() == "mine"
+
+
+def test_overwrite_replaces_a_previous_run_past_step_999999(tmp_path: Path) -> None:
+    """A checkpoint's directory takes as many digits as its step needs (`step-1000000`):
+    still the run's own, which run.overwrite replaces."""
+    run_dir = tmp_path / "run"
+    step = run_dir / "checkpoints" / "step-1000000"
+    step.mkdir(parents=True)
+    for name in ("COMPLETE", "model.safetensors", "state.json"):
+        (step / name).write_text("x")
+    (run_dir / "checkpoints" / "latest").write_text("step-1000000\n")
+    config = load_config(None, [f"run.dir={run_dir}", "run.overwrite=true"])
+    with run_dirs_unlocked_after():
+        _, resume_from, replaced = claim_run_dir(config)
+    assert resume_from is None and [p.name for p in replaced.entries] == ["checkpoints"]
