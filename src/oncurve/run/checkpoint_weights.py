@@ -52,15 +52,25 @@ def load_weights(file: Path, module: nn.Module) -> None:
             missing += names
     unexpected = sorted(saved.keys() - state.keys())
     if missing or unexpected:
+        differences = [
+            _few(names, what)
+            for names, what in ((missing, "missing"), (unexpected, "unexpected"))
+            if names
+        ]
         raise UserError(
-            f"checkpoint file {file} does not match the model: missing {missing}, "
-            f"unexpected {unexpected}"
+            f"checkpoint file {file} does not match the model: {', '.join(differences)}"
         )
     try:
         module.load_state_dict(found, strict=False)
     except RuntimeError as err:
         reason = " ".join(str(err).split())
         raise UserError(f"checkpoint file {file} does not match the model: {reason}") from None
+
+
+def _few(names: list[str], what: str) -> str:
+    """`names` counted, the first three named: another model's checkpoint differs in hundreds."""
+    more = ", ..." if len(names) > 3 else ""
+    return f"{len(names)} {what} ({', '.join(names[:3])}{more})"
 
 
 def trainable_tensors(module: nn.Module) -> dict[str, torch.Tensor]:

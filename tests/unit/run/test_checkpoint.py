@@ -32,6 +32,7 @@ from oncurve.run.checkpoint import (
     read_state,
     save_checkpoint,
 )
+from oncurve.run.checkpoint_weights import load_weights, save_weights
 
 
 def draw() -> list:
@@ -419,6 +420,23 @@ def test_mismatched_model_is_refused_with_file_name(tmp_path: Path) -> None:
     other = nn.Linear(4, 4)
     with pytest.raises(UserError, match=r"model\.safetensors does not match the model"):
         load_checkpoint(path, other, torch.optim.SGD(other.parameters(), lr=0.1), None)
+
+
+def test_a_model_of_other_names_is_refused_naming_a_few_and_counting_the_rest(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint of another architecture (a forced model.path) differs in every name: the
+    line names the first few of each side and counts them, not hundreds of names."""
+    file = tmp_path / "model.safetensors"
+    save_weights(nn.Sequential(*(nn.Linear(2, 2) for _ in range(60))), str(file))
+    other = nn.ModuleDict({f"layer{i}": nn.Linear(2, 2) for i in range(50)})
+    with pytest.raises(UserError) as info:
+        load_weights(file, other)
+    line = str(info.value)
+    assert line.startswith(f"checkpoint file {file} does not match the model: ")
+    assert "100 missing (layer0.weight, layer0.bias, layer1.weight, ...)" in line
+    assert "120 unexpected (0.bias, 0.weight, 1.bias, ...)" in line
+    assert len(line) < 300
 
 
 class Payload:
