@@ -155,15 +155,12 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None, Replaced]:
         path = Path(resume)
         if not (path / "COMPLETE").is_file():
             raise UserError(f"run.resume {resume} is not a complete checkpoint directory")
-        step = checkpoint.checkpoint_step(path.resolve())
+        own, step = _checkpoint_run(path)
         if step is None and config.run.dir is None:
             raise UserError(
                 f"run.resume {resume} is not a step-NNNNNN directory in a run's checkpoints/, so "
                 "it names no run to continue; pass run.dir (that run, or an empty directory)"
             )
-        # the run a step directory of a run's checkpoints/ belongs to; any other checkpoint
-        # belongs to none (two levels up from a copy is a folder of the user's)
-        own = path.resolve().parent.parent if step is not None else None
         run_dir = Path(config.run.dir) if config.run.dir else own
         with _locked(run_dir) as contents:
             same = run_dir.resolve() == own
@@ -243,6 +240,18 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None, Replaced]:
     if resume == "auto":
         print(f"note: no checkpoint in {run_dir}; starting a new run", file=sys.stderr)
     return run_dir, None, Replaced(entries=contents)
+
+
+def _checkpoint_run(path: Path) -> tuple[Path | None, int | None]:
+    """The run (resolved) a checkpoint directory belongs to and its step: a `step-NNNNNN`
+    directory in a run's checkpoints/, as named (a `checkpoints` linked to another disk is
+    still the run's) or where a link to it points; (None, None) for any other (two levels up
+    from a copy is a folder of the user's, not a run)."""
+    for candidate in (Path(os.path.abspath(path)), path.resolve()):
+        step = checkpoint.checkpoint_step(candidate)
+        if step is not None:
+            return candidate.parent.parent.resolve(), step
+    return None, None
 
 
 def _run_entry(path: Path) -> bool:

@@ -118,3 +118,20 @@ def test_overwrite_replaces_a_previous_run_past_step_999999(tmp_path: Path) -> N
     with run_dirs_unlocked_after():
         _, resume_from, replaced = claim_run_dir(config)
     assert resume_from is None and [p.name for p in replaced.entries] == ["checkpoints"]
+
+
+def test_resume_of_a_step_in_a_checkpoints_folder_linked_elsewhere_continues_its_run(
+    tmp_path: Path,
+) -> None:
+    """`RUN/checkpoints` a link to a larger disk: `RUN/checkpoints/step-000002` is RUN's
+    checkpoint, resumed into RUN (whose other files are its own)."""
+    run_dir, scratch = tmp_path / "run", tmp_path / "scratch" / "run-ckpts"
+    _complete_checkpoint(scratch / "step-000002")
+    run_dir.mkdir()
+    (run_dir / "checkpoints").symlink_to(scratch)
+    (run_dir / "metrics.jsonl").write_text('{"step": 2, "kl": 0.5}\n')
+    step = run_dir / "checkpoints" / "step-000002"
+    with run_dirs_unlocked_after():
+        resumed, resume_from, replaced = claim_run_dir(load_config(None, [f"run.resume={step}"]))
+    assert (resumed.resolve(), resume_from) == (run_dir.resolve(), step)
+    assert replaced.entries == [] and replaced.checkpoints == []
