@@ -25,11 +25,13 @@ def get_rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     """Restore the generators from a `get_rng_state()` dict; CUDA's only where it was saved
-    and a device is available."""
+    and a device is available, each device's that this process sees (a resume that sees fewer
+    devices than the save did skips the rest: no rank of it can use them)."""
     version, internal, gauss_next = state["python"]
     random.setstate((version, tuple(internal), gauss_next))
     kind, keys, pos, has_gauss, cached_gaussian = state["numpy"]
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+        for device, saved in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(torch.tensor(saved, dtype=torch.uint8), device)

@@ -33,6 +33,7 @@ from oncurve.run.checkpoint import (
     save_checkpoint,
 )
 from oncurve.run.checkpoint_weights import load_weights, save_weights
+from oncurve.run.rng_state import get_rng_state, set_rng_state
 
 
 def draw() -> list:
@@ -522,3 +523,25 @@ def test_distributed_ranks_save_and_restore_their_own_rng(tmp_path: Path, two_ra
         "state.json",
     ]
     assert latest_checkpoint(tmp_path / "run") == tmp_path / "run/checkpoints/step-000001"
+
+
+def test_a_resume_seeing_fewer_cuda_devices_restores_the_states_of_those_it_sees(monkeypatch):
+    """A checkpoint holds the CUDA generators of every device its process saw; a resume where
+    fewer are visible (another node, CUDA_VISIBLE_DEVICES) restores the devices that exist,
+    those a rank can use, and skips the rest."""
+    saved = [torch.full((16,), device, dtype=torch.uint8) for device in range(4)]
+    state = {**get_rng_state(), "cuda": [s.tolist() for s in saved]}
+    restored: dict[int, list[int]] = {}
+
+    def set_state(new_state: torch.Tensor, device: int | str = "cuda") -> None:
+        index = torch.device(device).index if not isinstance(device, int) else device
+        if index >= 2:
+            raise IndexError(f"device {index} of 2")
+        restored[index] = new_state.tolist()
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", set_state)
+    monkeypatch.setattr(torch.cuda.random, "set_rng_state", set_state)
+    set_rng_state(state)
+    assert restored == {0: saved[0].tolist(), 1: saved[1].tolist()}
