@@ -56,12 +56,13 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
 CURRICULUM = ("data.curriculum=pass_rate", "algo.beta_warmup_steps=4")
 
 
-def start_reference(
-    model_dir: Path, data_file: Path, run_dir: Path, *extra: str
-) -> Iterator[Callable[[], Path]]:
-    """An uninterrupted run of STEPS steps through the CLI, started at once so that it overlaps
-    the interrupted runs; calling what it yields waits for it and returns its directory."""
-    proc = train_process(*cli_args(model_dir, data_file, run_dir, *extra))
+@pytest.fixture(scope="module")
+def reference_run(tiny_model_dir, data_file, tmp_path_factory) -> Iterator[Callable[[], Path]]:
+    """An uninterrupted run of STEPS steps through the CLI, the curriculum and KL warmup on,
+    started at once so that it overlaps the interrupted runs; calling what it yields waits for
+    it and returns its directory."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    proc = train_process(*cli_args(tiny_model_dir, data_file, run_dir, *CURRICULUM))
 
     def finished() -> Path:
         if proc.returncode is None:
@@ -74,53 +75,15 @@ def start_reference(
     proc.wait()
 
 
-@pytest.fixture(scope="module")
-def reference_run(tiny_model_dir, data_file, tmp_path_factory) -> Iterator[Callable[[], Path]]:
-    run_dir = tmp_path_factory.mktemp("reference") / "run"
-    yield from start_reference(tiny_model_dir, data_file, run_dir)
-
-
-@pytest.fixture(scope="module")
-def curriculum_reference_run(
-    tiny_model_dir, data_file, tmp_path_factory
-) -> Iterator[Callable[[], Path]]:
-    run_dir = tmp_path_factory.mktemp("curriculum-reference") / "run"
-    yield from start_reference(tiny_model_dir, data_file, run_dir, *CURRICULUM)
-
-
-def kill_and_resume(model_dir: Path, data_file: Path, run_dir: Path, *extra: str) -> None:
-    """SIGKILL a run once it has a checkpoint half way, then resume it to the end."""
-    args = cli_args(model_dir, data_file, run_dir, "run.save_every=1", "run.keep_last=1", *extra)
-    proc = train_process(*args)
-    wait_for(lambda: latest_step(run_dir) >= STEPS // 2, proc, f"checkpoint {STEPS // 2}")
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
-    killed_at = latest_step(run_dir)
-    assert killed_at < STEPS and not (run_dir / "final").exists()
-
-    code, err = finish(train_process(*args, "run.resume=auto"))
-    assert code == 0, err
-
-
-def test_sigkill_then_resume_with_the_curriculum_and_kl_warmup_is_bit_identical(
-    tiny_model_dir, data_file, curriculum_reference_run, tmp_path
-):
-    kill_and_resume(tiny_model_dir, data_file, tmp_path / "run", *CURRICULUM)
-    assert_same_run(tmp_path / "run", curriculum_reference_run())
-    rows = metric_rows(tmp_path / "run")
-    assert [row["kl/beta"] for row in rows] == [0.01, 0.02, 0.03, 0.04, 0.04, 0.04]
-    assert all("curriculum/skipped" in row for row in rows)
-
-
 def test_sigterm_then_sigkill_each_resumed_from_is_bit_identical_to_an_uninterrupted_run(
     tiny_model_dir, data_file, reference_run, tmp_path
 ):
     """SIGTERM finishes the step, saves it and exits 0, and the run resumes; SIGKILL that
     resumed run once it has saved a step of its own, and `run.resume=auto` ends it as the run
-    never interrupted (one test, so that the resumed run is also the one killed: a process
-    start fewer)."""
+    never interrupted, the pass-rate curriculum's state and the KL warmup included (one test,
+    so that the resumed run is also the one killed: a process start fewer)."""
     run_dir = tmp_path / "run"
-    args = cli_args(tiny_model_dir, data_file, run_dir)
+    args = cli_args(tiny_model_dir, data_file, run_dir, *CURRICULUM)
     proc = train_process(*args)
     wait_for(lambda: (run_dir / "metrics.jsonl").is_file(), proc, "the first step")
     proc.send_signal(signal.SIGTERM)
@@ -148,6 +111,9 @@ def test_sigterm_then_sigkill_each_resumed_from_is_bit_identical_to_an_uninterru
     code, err = finish(train_process(*args))
     assert code == 0, err
     assert_same_run(run_dir, reference_run())
+    rows = metric_rows(run_dir)
+    assert [row["kl/beta"] for row in rows] == [0.01, 0.02, 0.03, 0.04, 0.04, 0.04]
+    assert all("curriculum/skipped" in row for row in rows)
 
 
 def make_config(model_dir: Path, data_file: Path, run_dir: Path, *extra: str):
