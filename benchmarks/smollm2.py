@@ -73,7 +73,7 @@ def section(row: dict) -> str:
     at = f" at {row['commit']}" if row["commit"] else ""
     return (
         f"# {row['title']}\n\nWritten by `benchmarks/smollm2.py` on {row['date']}{at}: "
-        f"{learning.describe(row['settings'])}; held-out: greedy on all 50 test problems. Load: "
+        f"{learning.describe(row['settings'])}; held-out: greedy on every test problem. Load: "
         f"{row['load_before']}; after: {row['load_after']}.\n\n{markdown_table(header, table)}"
         f"\n\noncurve's held-out accuracy during training (training seconds, accuracy): {curve}. "
         f"Curve: `{CURVE.name}`.\n\n## What the model writes\n{samples}"

@@ -169,7 +169,7 @@ def test_held_out_prompts_that_are_also_training_prompts_are_said_at_start(
 def test_a_task_with_fewer_test_problems_than_asked_says_so_at_start(tmp_path, capsys):
     setup(load_config(None, ["data.task=sums", f"run.dir={tmp_path / 'run'}", "run.device=cpu"]))
     assert (
-        "eval: sums has 50 test problems, fewer than eval.num_prompts=500: each evaluation "
+        "eval: sums has 43 test problems, fewer than eval.num_prompts=500: each evaluation "
         "scores them all"
     ) in capsys.readouterr().err
 

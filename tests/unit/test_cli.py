@@ -301,7 +301,7 @@ HERE = str(Path(__file__).parent)  # a directory that is not empty
         (["warmstart", "--out", HERE], f"argument --out: {HERE} is not an empty directory"),
         (["warmstart", "--out", "w", "--steps", "0"], "argument --steps: must be at least 1"),
         (["warmstart"], "the following arguments are required: --out"),
-        (["tasks", "export", "sums", "--split", "test", "-n", "200"], "only 50 test problems"),
+        (["tasks", "export", "sums", "--split", "test", "-n", "200"], "only 43 test problems"),
         (["tasks", "export", "arith", "-n", "-1"], "argument -n: must be at least 1, got -1"),
         (["tasks", "export", "arith", "--split", "val"], "argument --split: invalid choice"),
         (["tasks", "export", "nosuch"], "NAME: unknown task 'nosuch'"),

@@ -18,9 +18,10 @@ Operand values have `min_digits` (1) to `max_digits` digits (the count drawn uni
 Difficulty levels (`data.curriculum=difficulty`) are digit counts: level k has operands of up to
 k + 1 digits (exactly k + 1 while that is below `min_digits`), still written `max_digits` wide,
 so the last level is the task's own distribution. Train and test
-come from disjoint halves of the problem space: a problem belongs to the test split when a
+come from disjoint parts of the problem space: a problem belongs to the test split when a
 stable hash of its prompt (`hash_split`) says so, whatever the seed, so no seed of one split
-ever yields a prompt of the other.
+ever yields a prompt of the other; a test problem's commuted twin (`0037+0485=` of
+`0485+0037=`) is never a training prompt (`commuted_split`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import random
 import re
 from typing import Any
 
-from oncurve.data.tasks.base import TooFewProblems, hash_split
+from oncurve.data.tasks.base import TEST_BUCKETS, TooFewProblems, commuted_split
 from oncurve.rewards.extraction import extract_answer
 from oncurve.rewards.normalization import MAX_ANSWER_CHARS
 from oncurve.rewards.registry import RewardFn
@@ -143,13 +144,16 @@ class ArithTask:
         want_test = split == "test"
         rows, seen = [], set()
         # The attempt budget keeps an impossible `n` (more test problems than exist) from
-        # looping forever.
-        for _ in range(100 * n + 1000):
+        # looping forever; a test problem needs its twin's hash to say test too, about one
+        # draw in a hundred, so its budget is that many times larger.
+        budget = (100 * n + 1000) * (TEST_BUCKETS if want_test else 1)
+        for _ in range(budget):
             if len(rows) == n:
                 break
             a, b = self._operand(rng, *digits), self._operand(rng, *digits)
             text = prompt(a, b, self.max_digits)
-            if hash_split(text) != split or (want_test and text in seen):
+            twin = prompt(b, a, self.max_digits)
+            if commuted_split(text, twin) != split or (want_test and text in seen):
                 continue
             seen.add(text)
             rows.append(

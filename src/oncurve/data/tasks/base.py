@@ -101,3 +101,15 @@ def hash_split(key: str) -> str:
     key's CRC-32 falls in one bucket of `TEST_BUCKETS`. The hash depends on no seed, so every
     seed of one split avoids every problem of the other."""
     return "test" if zlib.crc32(key.encode()) % TEST_BUCKETS == 0 else "train"
+
+
+def commuted_split(key: str, twin: str | None) -> str | None:
+    """The split of a problem whose commuted twin (the same sum with its operands swapped, one
+    problem to learn) has the key `twin`, None when the twin is no problem of the task: "train"
+    when `hash_split(key)` says so, as for any problem; "test" when both keys hash to the test
+    split; None (neither split) for a problem whose own key hashes to test and its twin's to
+    train, so that no held-out problem is a training prompt's twin."""
+    split = hash_split(key)
+    if split == "test" and twin is not None and hash_split(twin) == "train":
+        return None
+    return split

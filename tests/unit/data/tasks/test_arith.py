@@ -135,3 +135,14 @@ def test_test_problems_are_distinct_and_train_problems_may_repeat():
         task.examples("test", 50, seed=0)
     rows = ArithTask().examples("test", 500, seed=0)
     assert len({r["prompt"] for r in rows}) == 500
+
+
+def test_no_held_out_problem_has_its_commuted_twin_in_training():
+    """`a+b=` and `b+a=` are one problem to learn: a held-out sum whose operands swapped are a
+    training prompt would measure recall, not addition."""
+    task = ArithTask()
+    train = {r["prompt"] for seed in range(3) for r in task.examples("train", 3000, seed)}
+    for row in task.examples("test", 500, seed=0):
+        a, b = (int(x) for x in row["prompt"].rstrip("=").split("+"))
+        twin = prompt(b, a, task.max_digits)
+        assert hash_split(twin) == "test" and twin not in train
