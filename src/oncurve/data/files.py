@@ -102,8 +102,8 @@ def load_rows(
     "solution" (TRL's rewards read it). An answer that is null or blank text counts as missing:
     an error, or without `require_answer` an answer of None. A column named as one the trainer
     passes reward functions, or as one written here (`ROW_COLUMNS`), is an error unless it is
-    the prompt or answer field read here, and so is a `prompt` column the prompt is not read
-    from (the prompt would replace it)."""
+    the prompt or answer field read here, and so are a `prompt` column the prompt is not read
+    from (the prompt would replace it) and an `answer` column the answer is not read from."""
     rows = []
     records = read_records(path, config, split)
     guessed = answer_field is None
@@ -157,6 +157,12 @@ def load_rows(
         # a null (JSON, Parquet, a short CSV row) or blank answer would leave the row unscored
         if require_answer and _blank(record.get(answer_field)):
             _missing(location, answer_field, record)
+        if "answer" in record and answer_field != "answer":
+            raise UserError(
+                f"{location}: column 'answer' would be overwritten by the reference answer, "
+                f"which data.answer_field reads from {answer_field!r}; rename the column, or "
+                "read the answers from it with data.answer_field=answer"
+            )
         prompt: Any = (
             fill_template(prompt_template, record, location)
             if prompt_template is not None

@@ -170,7 +170,10 @@ def test_an_answer_column_the_first_row_lacks_is_refused_when_the_column_is_gues
         f"{mixed} line 2: has a column 'answer' the first row lacks, whose 'solution' holds "
         "the answers; name the answers' column with data.answer_field"
     )
-    assert load_rows(str(mixed), answer_field="solution")[1]["answer"] == "3"
+    # named, the other column is the answers, and a row's `answer` column would be lost
+    _one_line_error(
+        "line 2: column 'answer' would be overwritten", str(mixed), answer_field="solution"
+    )
     # a later `solution` beside the answers' own column passes nothing over
     later = tmp_path / "later.jsonl"
     write_jsonl(str(later), [{"prompt": "a", "answer": "1"},
@@ -406,3 +409,20 @@ def test_a_prompt_column_the_prompt_is_not_read_from_is_refused(tmp_path):
     assert load_rows(str(path))[0]["prompt"] == "P-col"
     (row,) = load_rows(str(path), prompt_template="{question} {prompt}")
     assert (row["prompt"], row["question"]) == ("Q P-col", "Q")
+
+
+def test_an_answer_column_the_answer_is_not_read_from_is_refused(tmp_path):
+    """The reference answer goes under "answer": a column of that name beside the one
+    data.answer_field names would reach reward functions as the other column's answer, where
+    TRL passes them the column itself."""
+    path = tmp_path / "d.jsonl"
+    write_jsonl(str(path), [{"prompt": "P", "answer": "worked: 4", "solution": "4"}])
+    assert _one_line_error("column 'answer'", str(path), answer_field="solution") == (
+        f"{path} line 1: column 'answer' would be overwritten by the reference answer, which "
+        "data.answer_field reads from 'solution'; rename the column, or read the answers from "
+        "it with data.answer_field=answer"
+    )
+    # read by the setting, or guessed, it is the answer, and `solution` stays a column
+    for field in ("answer", None):
+        (row,) = load_rows(str(path), answer_field=field)
+        assert (row["answer"], row["solution"]) == ("worked: 4", "4")
