@@ -1,7 +1,7 @@
 """Dataset files and Hub datasets -> rows of {"prompt", "answer", other columns...}.
 
 Kinds, by extension: `.jsonl` (one JSON object per line), `.json` (the same, or one JSON array
-of objects), `.csv` (header row), `.parquet` (pyarrow, extra `data`), and a directory written by
+of objects), `.csv` (header row; values typed as `datasets` types them), `.parquet` (pyarrow, extra `data`), and a directory written by
 `datasets.save_to_disk` (extra `data`; of a DatasetDict, the split asked for). Text files are
 UTF-8, a byte-order mark at the start ignored. A path that does not exist locally and reads
 `owner/name` is a Hugging Face Hub dataset, loaded (downloaded into the Hugging Face cache, or
@@ -75,6 +75,16 @@ _JSON_SPACE = " \t\r\n"
 # UTF-8 writers refuse it). Only text that matches is searched for one, after parsing.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+# What pandas, and so `datasets`, reads in a CSV cell as missing (`read_csv`'s na_values), as a
+# whole number, as a number (Python's `float` would also take `1_000`) and as a boolean
+_CSV_NA = frozenset(
+    ("", "#N/A", "#N/A N/A", "#NA", "-1.#IND", "-1.#QNAN", "-NaN", "-nan", "1.#IND", "1.#QNAN",
+     "<NA>", "N/A", "NA", "NULL", "NaN", "None", "n/a", "nan", "null")
+)  # fmt: skip
+_CSV_INT = re.compile(r"\s*[+-]?\d+\s*")
+_CSV_FLOAT = re.compile(r"\s*[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|(?i:inf|infinity))\s*")
+_CSV_BOOL = {"True": True, "TRUE": True, "true": True, "False": False, "FALSE": False,
+             "false": False}  # fmt: skip
 
 
 def load_rows(
@@ -152,7 +162,8 @@ def load_rows(
                 f"{answer_field!r} holds the answers; name the answers' column with "
                 "data.answer_field"
             )
-        if prompt_template is None and prompt_field not in record:
+        # a null prompt (JSON's null, an empty CSV cell) is a missing one, as a null answer is
+        if prompt_template is None and record.get(prompt_field) is None:
             _missing(location, prompt_field, record)
         # a null (JSON, Parquet, a short CSV row) or blank answer would leave the row unscored
         if require_answer and _blank(record.get(answer_field)):
@@ -540,10 +551,46 @@ def _csv(p: Path) -> Iterator[Record]:
     for name in header:
         if header.count(name) > 1:
             raise UserError(f"{p}: column {name!r} is in the header twice")
+    records = []
     for record in reader:
         if None in record:
             raise UserError(f"{p} line {reader.line_num}: more values than header columns")
-        yield f"line {reader.line_num}", dict(record)
+        records.append((f"line {reader.line_num}", dict(record)))
+    for name in header:
+        typed = _csv_column([record.get(name) for _, record in records])
+        for (_, record), value in zip(records, typed, strict=True):
+            if name in record:
+                record[name] = value
+    yield from records
+
+
+def _csv_column(cells: list[str | None]) -> list[Any]:
+    """A CSV column's values as `datasets.load_dataset("csv")` types them (pandas' inference),
+    so that reward functions get what they get under TRL: a missing or NA cell (`""`, `NA`,
+    `null`, `None`, `nan`, ...) is None; a column of whole numbers is ints (floats when a cell
+    is None), of numbers floats, of true/false (`True`, `TRUE`, `true`) booleans; any other
+    column is text as written. Whole numbers past 64 bits (signed, or unsigned where none is
+    negative), which `datasets` cannot store, stay text."""
+    cells = [None if cell is None or cell in _CSV_NA else cell for cell in cells]
+    given = [cell for cell in cells if cell is not None]
+    if not given:
+        return cells
+    if all(_CSV_INT.fullmatch(cell) for cell in given):
+        # 20 digits bound 64 bits; `int` refuses thousands of them
+        if any(len(cell.strip().lstrip("+-")) > 20 for cell in given):
+            return cells
+        numbers = [int(cell) for cell in given]
+        signed = min(numbers) >= -(2**63) and max(numbers) < 2**63
+        if not signed and not (min(numbers) >= 0 and max(numbers) < 2**64):
+            return cells
+        if len(given) < len(cells):
+            return [None if cell is None else float(int(cell)) for cell in cells]
+        return numbers
+    if all(_CSV_FLOAT.fullmatch(cell) for cell in given):
+        return [None if cell is None else float(cell) for cell in cells]
+    if all(cell in _CSV_BOOL for cell in given):
+        return [None if cell is None else _CSV_BOOL[cell] for cell in cells]
+    return cells
 
 
 def _parquet(p: Path) -> Iterator[Record]:

@@ -1,10 +1,11 @@
+import csv
 import itertools
 import json
 import sys
 from types import SimpleNamespace
 
 import pytest
-from helpers.dataset_rows import EXPECTED, EXPECTED_TEXT, ROWS
+from helpers.dataset_rows import EXPECTED, ROWS
 
 from oncurve.config import DataConfig
 from oncurve.data.files import load_rows
@@ -30,7 +31,55 @@ def test_jsonl_with_field_mapping(tmp_path):
 def test_csv(tmp_path):
     path = tmp_path / "d.csv"
     path.write_text('question,result,level\n1+1?,2,easy\n"2*3?",6,hard\n', encoding="utf-8")
-    assert load_rows(str(path), "question", "result") == EXPECTED_TEXT
+    assert load_rows(str(path), "question", "result") == EXPECTED
+
+
+# A column's cells as written in a CSV file, and the values `datasets.load_dataset("csv")`
+# gives for them (pandas' inference), which reward functions written for TRL expect.
+CSV_COLUMNS = [
+    (["5", " 6 ", "+7", "007", "-0"], [5, 6, 7, 7, 0]),
+    (["3", "NA"], [3.0, None]),  # whole numbers with a gap are floats
+    (["1.10", "1e5", ".5", "5.", "-inf"], [1.1, 100000.0, 0.5, 5.0, float("-inf")]),
+    (["True", "FALSE", "true", ""], [True, False, True, None]),
+    (["1", "true"], ["1", "true"]),
+    (["1_000", "2"], ["1_000", "2"]),
+    (["1,000", "2"], ["1,000", "2"]),
+    (["0x10", "2"], ["0x10", "2"]),
+    (["yes", " ", "", "None", "null", "nan", "N/A"], ["yes", " ", None, None, None, None, None]),
+    (["", "NA"], [None, None]),
+    (["18446744073709551615", "1"], [18446744073709551615, 1]),
+    (["99999999999999999999999", "1"], ["99999999999999999999999", "1"]),
+    (["-1", "18446744073709551615"], ["-1", "18446744073709551615"]),
+    (["1" * 5000], ["1" * 5000]),
+]
+
+
+def _csv_file(path, columns: dict[str, list[str]]) -> str:
+    rows = max(len(values) for values in columns.values())
+    cells = {name: values + [""] * (rows - len(values)) for name, values in columns.items()}
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["prompt", "answer", *cells])
+        writer.writerows([f"p{i}", "1", *(c[i] for c in cells.values())] for i in range(rows))
+    return str(path)
+
+
+@pytest.mark.parametrize(("cells", "values"), CSV_COLUMNS, ids=lambda v: ",".join(map(str, v)))
+def test_csv_values_are_typed_as_datasets_reads_them(tmp_path, cells, values):
+    rows = load_rows(_csv_file(tmp_path / "d.csv", {"x": cells}))
+    assert [row["x"] for row in rows][: len(values)] == values
+    assert [type(row["x"]) for row in rows][: len(values)] == [type(v) for v in values]
+
+
+def test_csv_values_are_the_ones_datasets_gives(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="datasets (extra `data`) not installed")
+    # numbers past 64 bits break pyarrow (the other columns' padding turns a uint64 one to text)
+    readable = [cells for cells, _ in CSV_COLUMNS if all(len(cell) < 19 for cell in cells)]
+    path = _csv_file(tmp_path / "d.csv", {f"c{i}": cells for i, cells in enumerate(readable)})
+    theirs = datasets.load_dataset("csv", data_files=path, split="train", cache_dir=tmp_path)
+    ours = load_rows(path)
+    for name in theirs.column_names[2:]:
+        assert [row[name] for row in ours] == theirs[name], name
 
 
 def test_parquet(tmp_path):

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.dataset_rows import EXPECTED, EXPECTED_TEXT, ROWS
+from helpers.dataset_rows import EXPECTED, ROWS
 
 from oncurve.data.files import load_rows, write_jsonl
 from oncurve.errors import UserError
@@ -143,10 +143,10 @@ def test_a_null_or_empty_answer_is_a_missing_one(tmp_path):
         _one_line_error("missing field", str(short))
         == f"{short} line 3: missing field 'answer' (its value is null)"
     )
-    short.write_text("prompt,answer\na,1\nc,\n", encoding="utf-8")
+    short.write_text("prompt,answer\na,1\nc,\n", encoding="utf-8")  # an empty cell is null
     assert (
         _one_line_error("missing field", str(short))
-        == f"{short} line 3: missing field 'answer' (its value is empty)"
+        == f"{short} line 3: missing field 'answer' (its value is null)"
     )
 
 
@@ -263,16 +263,28 @@ def test_prompts_mixing_messages_and_text_are_one_line(tmp_path, messages_first)
         f"{path} line 2: field 'prompt' is {then}, the first row's {first}; a dataset's prompts "
         "are all {role, content} messages or all text"
     )
-    # a prompt that is neither is named for what it is
+    # a prompt that is neither is named for what it is, a null one as missing
+    write_jsonl(str(path), [rows[0], {"prompt": 4, "solution": "4"}])
+    assert _one_line_error("field 'prompt'", str(path)).endswith("messages, got int")
     write_jsonl(str(path), [rows[0], {"prompt": None, "solution": "4"}])
-    assert _one_line_error("field 'prompt'", str(path)).endswith("messages, got NoneType")
+    assert _one_line_error("prompt", str(path)).endswith(
+        "line 2: missing field 'prompt' (its value is null)"
+    )
+
+
+def test_an_empty_csv_prompt_cell_is_a_missing_prompt(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("prompt,answer\nfine,1\n,2\n", encoding="utf-8")
+    assert _one_line_error("prompt", str(path)) == (
+        f"{path} line 3: missing field 'prompt' (its value is null)"
+    )
 
 
 def test_a_byte_order_mark_is_no_part_of_the_first_field(tmp_path):
     bom = b"\xef\xbb\xbf"
     csv_path = tmp_path / "d.csv"
     csv_path.write_bytes(bom + b"question,result,level\n1+1?,2,easy\n2*3?,6,hard\n")
-    assert load_rows(str(csv_path), "question", "result") == EXPECTED_TEXT
+    assert load_rows(str(csv_path), "question", "result") == EXPECTED
     jsonl = tmp_path / "d.jsonl"
     jsonl.write_bytes(bom + "".join(json.dumps(r) + "\n" for r in ROWS).encode())
     assert load_rows(str(jsonl), "question", "result") == EXPECTED
