@@ -13,8 +13,10 @@ Extraction styles (`extract_answer`), each linear in the completion's length:
                not a power's base or exponent (`5^2`); none when it ends a hedge (`4 or 3`, `3
                to 4` but not `from 12 to 18`, `possibly 4`, `at least 4`), comes before a hedged
                power (`18 or 3²`) or is denied (`not 18`, `18 is wrong`)
-  auto         the first of tags, boxed (two boxes offered together as a list; a `####` line
-               or an answer statement after the last box instead), gsm8k, the last
+  auto         the first of tags (a box, a `####` line or an answer statement after the last
+               tags instead), boxed (two boxes offered together as a list; a `####` line,
+               an answer statement or a choice's letter stated after the last box
+               instead), gsm8k, the last
                stated answer in the completion's tail ("The final answer is $...$", "The answer
                is 18", "**Answer:** B"; the whole phrase where the sentence goes on to change,
                hedge or deny the number: "18 or 26", "18 squared", "3, but actually 4", not
@@ -203,6 +205,8 @@ _RETRACTED_RE = re.compile(
     r"(?P<after>[^\n]{0,80})",
     re.IGNORECASE,
 )
+# A multiple choice's letter, with or without its brackets
+_CHOICE_RE = re.compile(r"\(?[A-E]\)?")
 # "The answer is East." / "The answer is (C)." / "**Answer:** B": a word or a choice's letter
 _ANSWER_WORD_RE = re.compile(
     r"answer\s*(?:is|:)\s*(?:\*\*)?\s*(?P<word>\([A-Za-z]\)|[A-Za-z]+)\s*(?:\*\*)?\s*[.!]?\s*$",
@@ -430,9 +434,10 @@ def extract_answer(text: str, style: str = "auto") -> str | None:
     text = text.translate(SIGNS)  # `–4` is -4, `4％` is 4%
     if style == "auto":
         text, reasoning_only = answer_region(text)
-        tagged = _last_tag(text)
+        tagged = _last_tag_span(text)
         if tagged is not None:
-            return _boxed(tagged) or tagged
+            later = _stated_after_tags(text[tagged[1] :])
+            return later or _boxed(tagged[0]) or tagged[0]
         if (after_box := _stated_after_last_box(text)) is not None:
             return after_box
         finders = (_boxed, _gsm8k, _stated_answer, _final_math, _whole_math, _last_number)
@@ -468,22 +473,47 @@ def _own_turn(text: str) -> str:
 def _stated_after_last_box(text: str) -> str | None:
     """The answer a statement after the completion's last box gives, else None: its `####`
     line (`_gsm8k`) or its "The final answer is $...$", "The answer is 47", "**Answer:** 47"
-    (`_stated_answer`). A box of a step's result is no final answer that a later sentence
-    gives (`\\boxed{255} ... The final answer is $10,455$`), and a box followed by another
-    answer is not paid as the box's (`\\boxed{46}. The answer is 47.`)."""
+    (`_stated_answer`), or a choice's letter it states (`_later_statement`). A box of a step's
+    result is no final answer that a later sentence gives (`\\boxed{255} ... The final answer
+    is $10,455$`), and a box followed by another answer is not paid as the box's
+    (`\\boxed{46}. The answer is 47.`, `\\boxed{B}. The answer is C.`)."""
     boxes = list(BOX_RE.finditer(text))
     if not boxes:
         return None
-    after = text[boxes[-1].end() :]
+    return _later_statement(text[boxes[-1].end() :])
+
+
+def _later_statement(after: str) -> str | None:
+    """The answer `after` (what follows a box or answer tags) states, else None: its `####`
+    line, its "The final answer is $...$", "The answer is 47", "**Answer:** 47", or a choice's
+    letter it states last ("The answer is C."; no other word: "I hope this answer is
+    correct.")."""
     if (found := _gsm8k(after)) is not None:
         return found
-    stated = _STATED_ANSWER_RE.search(after) or _ANSWER_NUMBER_RE.search(after)
-    return None if stated is None else _stated_answer(after)
+    if _STATED_ANSWER_RE.search(after) or _ANSWER_NUMBER_RE.search(after):
+        return _stated_answer(after)
+    word = _ANSWER_WORD_RE.search(after)
+    return word["word"] if word is not None and _CHOICE_RE.fullmatch(word["word"]) else None
+
+
+def _stated_after_tags(after: str) -> str | None:
+    """The answer stated after a completion's last `<answer>...</answer>` pair (`after`), else
+    None: a box there, or a statement after it or without one (`_later_statement`). The last
+    statement is the answer, as after a box: `<answer>46</answer> then \\boxed{47}` answers
+    47."""
+    return _stated_after_last_box(after) or _boxed(after) or _later_statement(after)
 
 
 def _last_tag(text: str) -> str | None:
-    """The content of the last `<answer>...</answer>` pair with something in it: its closing
-    tag and the nearest opening tag before it. Empty pairs (a format quoted) are passed over."""
+    """The content of the last `<answer>...</answer>` pair with something in it (`_last_tag_span`)."""
+    found = _last_tag_span(text)
+    return None if found is None else found[0]
+
+
+def _last_tag_span(text: str) -> tuple[str, int] | None:
+    """(The content of the last `<answer>...</answer>` pair with something in it, where its
+    closing tag ends): its closing tag and the nearest opening tag before it. Empty pairs (a
+    format quoted) are passed over."""
     openings = [match.end() for match in _OPEN_TAG_RE.finditer(text)]
     for close in reversed(list(_CLOSE_TAG_RE.finditer(text))):
         before = bisect.bisect_right(openings, close.start()) - 1
@@ -491,7 +521,7 @@ def _last_tag(text: str) -> str | None:
             return None
         content = text[openings[before] : close.start()].strip()
         if content:
-            return content
+            return content, close.end()
     return None
 
 

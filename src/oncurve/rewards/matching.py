@@ -23,7 +23,8 @@ unscored. Otherwise, after a leading "The answer is":
     expanded where it is factored, letters in a denominator the reference has not, a fraction
     unreduced, like terms uncollected, a power of a number, a function evaluated), that
     restates the prompt, its expression reordered or renotated too (`_restates`), chains
-    equalities, or names another variable;
+    equalities, names another variable, or lists one member twice (`\\{\\sqrt{2}, \\sqrt{2}\\}`,
+    `\\pi, \\pi`: `_repeats_member`) where the reference does not;
   - `strict=False` (`reward.answer_match: lenient`) sends any pair that is not two equal numbers
     to math-verify and lets restated expressions match: the matching before strict existed.
 Numbers are bounded before they are built (MAX_ANSWER_CHARS, MAX_EXPONENT:
@@ -218,6 +219,7 @@ def answers_match(
         or _other_variable(predicted, gold)
         or _false_equation(predicted, gold)
         or _split_digits(predicted)
+        or (_repeats_member(predicted) and not _repeats_member(gold))
     ):
         return False
     if not _TEXT_COMMAND_RE.search(gold):
@@ -388,6 +390,33 @@ def _top_level_parts(text: str) -> list[str]:
             break
         text = collapsed
     return _LIST_SEPARATOR_RE.split(text)
+
+
+def _repeats_member(text: str) -> bool:
+    """Whether a list or a set (`\\{...\\}`) that `text` states names one member twice, as
+    written but for spacing and braces (`\\pi, \\pi`, `\\{\\sqrt2, \\sqrt{2}, 1\\}`,
+    `\\sqrt{2} \\text{ or } \\sqrt{2}`): the same answer given twice is no simplified one. Only
+    the top level is read: a pair's or an interval's equal parts (`(1, 1)`) are no repeat."""
+    if len(text) > MAX_ANSWER_CHARS:
+        return False
+    if BOX_RE.search(text):
+        text = last_boxed(text) or text
+    text = SPACING_RE.sub("", TEXT_RE.sub(r" \1 ", text)).strip().strip("$").strip()
+    text = re.sub(r"^[a-zA-Z]\s*\\in\s*", "", text)  # `x \in \{1, 2\}`: the set
+    depths, depth = [], 0
+    for char in text:
+        depth += (char in "([{") - (char in ")]}")
+        depths.append(depth)
+    if text.startswith("\\{") and text.endswith("\\}") and 0 not in depths[1:-1]:
+        return _repeats_member(text[2:-2])  # a set's members
+    parts, start = [], 0
+    for separator in _LIST_SEPARATOR_RE.finditer(text):
+        if separator.start() > 0 and depths[separator.start() - 1] == 0:
+            parts.append(text[start : separator.start()])
+            start = separator.end()
+    parts.append(text[start:])
+    seen = [_canonical(part) for part in parts]
+    return len(set(seen)) < len(seen)
 
 
 def _split_digits(text: str) -> bool:

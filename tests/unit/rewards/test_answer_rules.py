@@ -379,6 +379,20 @@ UNDONE = [
     case("p", "\\boxed{46}\n#### 47", "46", 0.0),
     case("p", "\\boxed{\\frac{1}{2}}\n\nThe answer is 2.", "\\frac{1}{2}", 0.0),
     case("p", "\\boxed{2\\sqrt{3}}. The answer is 3.", "2\\sqrt{3}", 0.0),
+    # tags, then another answer stated after them: the last statement is the answer
+    case("p", "<answer>46</answer> then \\boxed{47}", "46", 0.0),
+    case("p", "<answer>46</answer>\n\nThe answer is 47.", "46", 0.0),
+    case("p", "<answer>46</answer>\n#### 47", "46", 0.0),
+    # a choice's letter stated after a boxed one
+    case("p", "\\boxed{B}. The answer is C.", "B", 0.0),
+    case("p", "\\boxed{(B)}\n\n**Answer:** (C)", "(B)", 0.0),
+    case("p", "<answer>B</answer> The answer is C.", "B", 0.0),
+    # a list or a set that repeats a member: the same answer twice is not simplified
+    case("p", "\\boxed{\\{\\sqrt{2}, \\sqrt{2}, 1\\}}", "\\{1, \\sqrt{2}\\}", 0.0),
+    case("p", "\\boxed{\\sqrt{2} \\text{ or } \\sqrt{2}}", "\\sqrt{2}", 0.0),
+    case("p", "\\boxed{\\pi, \\pi}", "\\pi", 0.0),
+    case("p", "\\boxed{x^2+1, x^2+1}", "x^2+1", 0.0),
+    case("p", "\\boxed{\\{1, 1, 2\\}}", "\\{1, 2\\}", 0.0),
     # an operation that changes nothing left in: times, over or to the power one, a power zero,
     # two signs
     case("p", "\\boxed{\\sqrt{2}\\cdot 1}", "\\sqrt{2}", 0.0),
@@ -773,6 +787,16 @@ STATED = [
     case("p", "\\boxed{\\frac{1}{2}}\n\nThe answer is 0.5.", "\\frac{1}{2}", 1.0),
     case("p", "#### 47\n\\boxed{46}", "46", 1.0),
     case("p", "The answer is 47. \\boxed{46}", "46", 1.0),
+    case("p", "<answer>46</answer> then \\boxed{47}", "47", 1.0),
+    case("p", "\\boxed{47} then <answer>46</answer>", "46", 1.0),
+    case("p", "<answer>18</answer>\nI hope this answer is correct.", "18", 1.0),
+    case("p", "\\boxed{B}. The answer is C.", "C", 1.0),
+    case("p", "\\boxed{B}. I am sure this answer is correct.", "B", 1.0),
+    # members the reference repeats too, a pair's equal parts, a set in another order
+    case("p", "\\boxed{1, 1}", "1, 1", 1.0),
+    case("p", "\\boxed{(1, 1)}", "(1, 1)", 1.0),
+    case("p", "\\boxed{(\\sqrt{2}, \\sqrt{2})}", "(\\sqrt{2}, \\sqrt{2})", 1.0),
+    case("p", "\\boxed{\\{\\sqrt{2}, 1\\}}", "\\{1, \\sqrt{2}\\}", 1.0),
     # a sign or a bar the reference holds too
     case("p", "\\boxed{\\pm\\sqrt{2}}", "\\pm\\sqrt{2}", 1.0),
     case("p", "\\boxed{\\frac{1 \\pm \\sqrt{5}}{2}}", "\\frac{1 \\pm \\sqrt{5}}{2}", 1.0),
