@@ -40,7 +40,10 @@ The program is also the module `SOLUTION` (``from solution import f``; a star im
 none of the names the tests have bound), and ``import pytest`` gets `_pytest_style.py`, whose
 `run_tests` runs a pytest file's tests after its top level. An object of the program's equals
 only itself, and an operator that would judge for the tests, handed what they expect (`!=`,
-`<`, `in`, arithmetic: `_JUDGING`), fails the case.
+`<`, `in`, arithmetic: `_JUDGING`), fails the case; an instance of a subclass of a built-in
+scalar type (`_BASES`: an IntEnum's member) comes with its built-in value, taken through the
+built-in type's own slot, and its comparisons and hash are that value's here, whatever its
+methods say. A dict's keys and items views travel as `_STANDARD` objects.
 
 An exception the program raises reaches the tests as an instance of the same builtin class,
 made here from its arguments and plain attributes (`_Link.exception`; a class of the
@@ -122,8 +125,36 @@ _STANDARD = {
         lambda v: (v.days, v.seconds, v.microseconds),
         lambda c: datetime.timedelta(*c),
     ),
+    # a dict's views of its keys and items compare as sets: rebuilt as views of a dict here
+    type({}.keys()): ("dict_keys", list, lambda c: dict.fromkeys(c).keys()),
+    type({}.items()): ("dict_items", list, lambda c: dict(c).items()),
 }
 _REBUILD = {kind: rebuild for kind, _, rebuild in _STANDARD.values()}
+# The built-in types whose subclasses' instances (an IntEnum's members) travel as references
+# with their built-in value, which their comparisons and hash read (`_Remote`), and how that
+# value is taken: through the built-in type's own slot, which no method of the subclass replaces
+_BASES = {
+    int: int.__int__,
+    float: float.__float__,
+    complex: complex.__complex__,
+    str: str.__str__,
+    bytes: bytes.__bytes__,
+}
+# A reference's built-in value where it has none
+_NO_VALUE = object()
+
+
+def _base_value(value: Any) -> Any:
+    """The built-in value of an instance of a subclass of one of `_BASES` (`Color.GREEN`'s 2),
+    else `_NO_VALUE`."""
+    for base, slot in _BASES.items():
+        if issubclass(type(value), base) and type(value) is not base:
+            try:
+                found = slot(value)
+            except Exception:
+                return _NO_VALUE
+            return found if type(found) is base else _NO_VALUE
+    return _NO_VALUE
 
 
 def _quiet_decimal(value: decimal.Decimal) -> decimal.Decimal:
@@ -492,26 +523,40 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
         }
         return ("raise", describe(type(exc)), str(exc)[:300], args, attributes)
 
+    def based(value, mark=_unmarked):
+        """A `_pack` swap: `mark`, and an instance of a subclass of a built-in scalar type (an
+        IntEnum's member) as (_OBJ, its reference, its built-in value)."""
+        found = mark(value)
+        if found is not value or type(value) in _SCALARS:
+            return found
+        base = _base_value(value)
+        return value if base is _NO_VALUE else (_OBJ, reference(value), base)
+
     def encode(value, mark=None, memo=None):
-        """A reply's value: plain data as it is, a standard-library object packed, anything
-        else (a list of the program's objects too: one live object) a reference. `mark`: a
-        call's result that holds what the call was given, or shares a container it sends back
-        changed, packed with `memo`, those containers' packing (an object in both is one)."""
+        """A reply's value: plain data as it is, a standard-library object packed (an IntEnum's
+        member in it as a reference with its built-in value), anything else (a list of the
+        program's other objects too: one live object) a reference, with its built-in value
+        where it has one. `mark`: a call's result that holds what the call was given, or
+        shares a container it sends back changed, packed with `memo`, those containers'
+        packing (an object in both is one)."""
         if type(value) is types.ModuleType:  # the parent imports the real one by its name
             return ("module", value.__name__)
         if isinstance(value, type) and issubclass(value, BaseException):
             return ("exception class", describe(value))
         if mark is not None:
             try:
-                packed = _pack(value, mark, 0, memo)
+                packed = _pack(value, lambda part: based(part, mark), 0, memo)
                 dumps(packed)
                 return ("packed", packed)
             except (TypeError, ValueError, RecursionError):
                 pass
         if plain(value):  # marshal would send an array as the bytes it does not equal
             return ("value", value)
+        base = _base_value(value)
+        if base is not _NO_VALUE:
+            return ("ref", reference(value), base)
         try:
-            packed = _pack(value)
+            packed = _pack(value, based)
             dumps(packed)
             return ("packed", packed)
         except (TypeError, ValueError, RecursionError):  # not plain data: a reference
@@ -542,7 +587,7 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
         (_OBJ, its reference): a list it sorted or grew holds them."""
 
         def swap(part):
-            found = mark(part)
+            found = based(part, mark)
             if found is not part or _packs(part):
                 return found
             return (_OBJ, reference(part))
@@ -677,10 +722,12 @@ def _plain(value: object, depth: int = 0) -> bool:
 class _Remote:
     """An object of the program's: every use is a request to the child."""
 
-    __slots__ = ("_oncurve_link", "_oncurve_ref")
+    __slots__ = ("_oncurve_link", "_oncurve_ref", "_oncurve_value")
 
-    def __init__(self, link, ref):
+    def __init__(self, link, ref, value=_NO_VALUE):
         self._oncurve_link, self._oncurve_ref = link, ref
+        # an instance of a built-in scalar type's subclass: its built-in value (`_base_value`)
+        self._oncurve_value = value
 
     def __call__(self, *args, **kwargs):
         arguments = (*args, *kwargs.values())
@@ -741,8 +788,48 @@ class _Remote:
 
     def __eq__(self, other):
         # identity: an object that says it equals anything passes no `assert f(x) == y`, nor
-        # `f(x) == Point(4, 6)` with a point the program makes
-        return NotImplemented
+        # `f(x) == Point(4, 6)` with a point the program makes; an instance of a built-in
+        # scalar type's subclass (`Color.GREEN == 2`) compares its built-in value, whatever its
+        # own `__eq__` says
+        return self._compared(other, operator.eq)
+
+    def __ne__(self, other):
+        if self._oncurve_value is _NO_VALUE:
+            return _refused("__ne__")(self, other)
+        return self._compared(other, operator.ne)
+
+    def __lt__(self, other):
+        return self._ordered(other, "__lt__", operator.lt)
+
+    def __le__(self, other):
+        return self._ordered(other, "__le__", operator.le)
+
+    def __gt__(self, other):
+        return self._ordered(other, "__gt__", operator.gt)
+
+    def __ge__(self, other):
+        return self._ordered(other, "__ge__", operator.ge)
+
+    def __hash__(self):
+        if self._oncurve_value is _NO_VALUE:
+            return self._oncurve_link.method(self._oncurve_ref, "__hash__", ())
+        return hash(self._oncurve_value)
+
+    def _compared(self, other, compare):
+        """`compare` on the built-in values of this object and `other` (a reference with one, or
+        the tests' own value); NotImplemented where either reference has none."""
+        if type(other) is _Remote:
+            other = other._oncurve_value
+        if self._oncurve_value is _NO_VALUE or other is _NO_VALUE:
+            return NotImplemented
+        return compare(self._oncurve_value, other)
+
+    def _ordered(self, other, name, compare):
+        """An ordering by built-in values (`_compared`); refused for a reference without one."""
+        if self._oncurve_value is _NO_VALUE:
+            return _refused(name)(self, other)
+        found = self._compared(other, compare)
+        return _refused(name)(self, other) if found is NotImplemented else found
 
 
 def _forwarded(name: str) -> Any:
@@ -787,7 +874,7 @@ _OPERATIONS = {
     "__subclasscheck__": lambda cls, subclass: issubclass(subclass, cls),
 }
 _JUDGING = (
-    *("__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__contains__"),
+    "__contains__",
     *(
         f"__{kind}{op}__"
         for op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "divmod")
@@ -795,7 +882,7 @@ _JUDGING = (
     ),
     *(f"__{op}__" for op in ("and", "or", "xor", "lshift", "rshift", "rand", "ror", "rxor")),
 )
-for _name in _OPERATIONS:
+for _name in _OPERATIONS.keys() - {"__hash__"}:  # `_Remote.__hash__` forwards it itself
     setattr(_Remote, _name, _forwarded(_name))
 for _name in _JUDGING:
     setattr(_Remote, _name, _refused(_name))
@@ -898,8 +985,8 @@ class _Link:
     def given_back(self, part: Any) -> Any:
         """An `_unpack` swap: (_ARG, position) as the tests' own container the call gave,
         (_OBJ, reference) as the program's object."""
-        if type(part) is tuple and len(part) == 2 and part[0] == _OBJ and type(part[1]) is int:
-            return self.decode(("ref", part[1]))
+        if type(part) is tuple and len(part) in (2, 3) and part[0] == _OBJ and type(part[1]) is int:
+            return self.decode(("ref", *part[1:]))
         if type(part) is tuple and len(part) == 2 and part[0] == _ARG:
             position = part[1]
             if type(position) is not int or not 0 <= position < len(self.given):
@@ -1017,9 +1104,11 @@ class _Link:
                 return self.decode(reply[1], request)
             finally:
                 self.memo = None
-        if kind == "ref" and len(reply) == 2 and type(reply[1]) is int:
+        based = len(reply) == 3 and type(reply[2]) in _BASES if kind == "ref" else False
+        if kind == "ref" and (len(reply) == 2 or based) and type(reply[1]) is int:
             if reply[1] not in self.remotes:
-                self.remotes[reply[1]] = _Remote(self, reply[1])
+                value = reply[2] if based else _NO_VALUE
+                self.remotes[reply[1]] = _Remote(self, reply[1], value)
             return self.remotes[reply[1]]
         if kind == "exception class" and len(reply) == 2:
             found = self.exception_class(reply[1])

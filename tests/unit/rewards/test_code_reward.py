@@ -222,6 +222,17 @@ FORGERIES = {
         "    __hash__ = int.__hash__\n"
         "def add(a, b):\n    return Same(0)\n"
     ),
+    "str subclass that equals anything": (
+        "class Same(str):\n    def __eq__(self, other):\n        return True\n"
+        "    def __ne__(self, other):\n        return False\n"
+        "    __hash__ = str.__hash__\n"
+        "def add(a, b):\n    return Same('')\n"
+    ),
+    "int subclass with the hash of any number": (
+        "class Same(int):\n    def __eq__(self, other):\n        return True\n"
+        "    def __hash__(self):\n        return hash(3) if self else hash(4)\n"
+        "def add(a, b):\n    return [Same(0), Same(1)][a > 1]\n"
+    ),
     "truthy object for `assert add(...)`": (
         "class Yes:\n    def __bool__(self):\n        return True\n"
         "def add(a, b):\n    return Yes()\n"
@@ -673,6 +684,30 @@ RIGHT_PROGRAMS = {
     "a demo block that reads stdin": (
         RIGHT_F + "if __name__ == '__main__':\n    print(f(int(input())))\n",
         ["assert f(1) == 2"],
+    ),
+    "a view of a dict's keys or items": (
+        "def keys(d):\n    return d.keys()\n"
+        "def items(d):\n    return d.items()\n"
+        "def values(d):\n    return d.values()\n",
+        [
+            "assert keys({1: 2, 3: 4}) == {1, 3} and keys({'a': 1}) == {'a': 5}.keys()",
+            "assert items({1: 2}) == {(1, 2)} and 1 in keys({1: 2}) and len(keys({})) == 0",
+            "assert sorted(values({1: 2, 3: 4})) == [2, 4]",
+        ],
+    ),
+    "an IntEnum or a str Enum member, alone or in a list": (
+        "import enum\n"
+        "class Color(enum.IntEnum):\n    RED = 1\n    GREEN = 2\n"
+        "class Unit(str, enum.Enum):\n    METER = 'm'\n"
+        "def pick(x):\n    return Color.GREEN if x else Color.RED\n"
+        "def both():\n    return [Color.RED, Color.GREEN]\n"
+        "def unit():\n    return Unit.METER\n",
+        [
+            "assert pick(1) == 2 and 2 == pick(1) and pick(0) != 2 and pick(0) < pick(1)",
+            "assert pick(1) == Color.GREEN and pick(1) is Color.GREEN and pick(1).name == 'GREEN'",
+            "assert both() == [1, 2] and {pick(1): 'g'}[2] == 'g' and isinstance(pick(1), Color)",
+            "assert unit() == 'm' and unit() == Unit.METER",
+        ],
     ),
 }
 
