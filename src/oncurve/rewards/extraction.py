@@ -54,6 +54,8 @@ STYLES = ("auto", "tags", "boxed", "gsm8k", "last_number")
 GSM8K_LINES = 8  # `####` lines, from the last, that the gsm8k style reads
 TAIL_CHARS = 2000  # the end of a completion where a stated "final answer is $...$" is read
 
+# Whitespace longer than any pattern tells apart (`_short_run`)
+_WHITESPACE_RUN_RE = re.compile(r"\s{3,}")
 _OPEN_TAG_RE = re.compile(r"<answer>", re.IGNORECASE)
 _CLOSE_TAG_RE = re.compile(r"</answer>", re.IGNORECASE)
 _GSM8K_RE = re.compile(r"####\s*([^\n]*)")
@@ -431,7 +433,7 @@ def extract_answer(text: str, style: str = "auto") -> str | None:
     prints or a thought states is not the answer the completion gives."""
     if style not in STYLES:
         raise ValueError(f"extract_answer: style must be one of {', '.join(STYLES)}, got {style!r}")
-    text = text.translate(SIGNS)  # `–4` is -4, `4％` is 4%
+    text = _WHITESPACE_RUN_RE.sub(_short_run, text.translate(SIGNS))  # `–4` is -4, `4％` is 4%
     if style == "auto":
         text, reasoning_only = answer_region(text)
         tagged = _last_tag_span(text)
@@ -451,6 +453,15 @@ def extract_answer(text: str, style: str = "auto") -> str | None:
     return {"tags": _last_tag, "boxed": last_boxed, "gsm8k": _gsm8k, "last_number": _last_number}[
         style
     ](_own_turn(text))
+
+
+def _short_run(run: re.Match[str]) -> str:
+    """A run of whitespace of `_WHITESPACE_RUN_RE` as two spaces, or the line breaks it holds,
+    two at most: what the patterns read in it (a space, a line break, a paragraph's end) stays,
+    and no pattern that allows space at several places in a row (`answer\\s*(?:is|:)\\s*
+    (?:\\*\\*)?\\s*`) tries each split of a long run."""
+    breaks = min(run.group().count("\n"), 2)
+    return "\n" * breaks if breaks else "  "
 
 
 def answer_region(text: str) -> tuple[str, bool]:

@@ -213,6 +213,13 @@ ANSWER_SHAPES: dict[str, Callable[[], str]] = {
     "spaces after a number": lambda: "7 " + " " * KB128 + "x",
     "a stated number, then dollars": lambda: "The answer is 7" + " $" * (KB128 // 2),
     "negations": lambda: "It is not " * (KB128 // 10) + "7",
+    # a run of whitespace where a statement's patterns allow space at several places in a row
+    # (`answer\s*(?:is|:)\s*(?:\*\*)?\s*`): each split of the run was tried
+    "spaces after 'answer:'": lambda: "answer:" + " \n" * (KB128 // 2) + "x",
+    "spaces after 'The answer is'": lambda: "The answer is" + "\t" * KB128 + "$",
+    "spaces after a stated number": lambda: "The answer is 7" + " " * KB128 + "8 apples",
+    "spaces after stated math": lambda: "The answer is $\\frac{1}{2}$" + " " * KB128 + "x",
+    "spaces after tags": lambda: "<answer>7</answer>The answer is" + " " * KB128 + "x",
 }
 COLUMNS = {"correct": {"answer": ["72"]}, "countdown": {k: [v] for k, v in NUMBERS.items()}}
 CASES += [
