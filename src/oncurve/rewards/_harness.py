@@ -39,8 +39,8 @@ row's entry point, when given, is always the program's (MBPP's task 126 names it
 The program is also the module `SOLUTION` (``from solution import f``; a star import binds
 none of the names the tests have bound), and ``import pytest`` gets `_pytest_style.py`, whose
 `run_tests` runs a pytest file's tests after its top level. An object of the program's equals
-only itself, and an operator that would judge for the tests, handed what they expect (`!=`,
-`<`, `in`, arithmetic: `_JUDGING`), fails the case; an instance of a subclass of a built-in
+only itself, and an operator that would judge for the tests, handed what they expect (`==`
+with a value of the tests', `!=`, `<`, `in`, arithmetic: `_JUDGING`), fails the case; an instance of a subclass of a built-in
 scalar type (`_BASES`: an IntEnum's member) comes with its built-in value, taken through the
 built-in type's own slot, and its comparisons and hash are that value's here, whatever its
 methods say. A dict's keys and items views travel as `_STANDARD` objects.
@@ -787,10 +787,14 @@ class _Remote:
         raise ProgramRaised("an object of the program has no truth value in the tests")
 
     def __eq__(self, other):
-        # identity: an object that says it equals anything passes no `assert f(x) == y`, nor
-        # `f(x) == Point(4, 6)` with a point the program makes; an instance of a built-in
-        # scalar type's subclass (`Color.GREEN == 2`) compares its built-in value, whatever its
-        # own `__eq__` says
+        # identity among the program's objects: an object that says it equals anything passes
+        # no `f(x) == Point(4, 6)` with a point the program makes; against a value of the tests'
+        # it would judge for them (unequal to all: `assert f(x) not in [4, 5]`, `assert not
+        # f(x) == 4`), so the case fails, unless it is an instance of a built-in scalar type's
+        # subclass (`Color.GREEN == 2`), which compares its built-in value, whatever its own
+        # `__eq__` says
+        if self._oncurve_value is _NO_VALUE and type(other) is not _Remote:
+            return _refused("__eq__")(self, other)
         return self._compared(other, operator.eq)
 
     def __ne__(self, other):

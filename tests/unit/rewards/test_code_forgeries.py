@@ -225,8 +225,21 @@ EXITS = {
     )
 }
 
+# Tests that only say what an answer is not: an object of the program's compared with a value of
+# the tests' (`==`, `in`, a list's `!=`) would be unequal to every value, so a program that
+# returns one instead of its answer must fail them, not pass them all
+NEGATIVE = {
+    name: ([test], "def f(x):\n    return object()\n", "", PLUS_7)
+    for name, test in (
+        ("not in a list", "assert f(1) not in [7, 9]"),
+        ("not ==", "assert not f(1) == 7"),
+        ("a list's !=", "assert [f(1)] != [7]"),
+    )
+}
+
 TABLE = {
     **{f"builtin {k}": v for k, v in BUILTINS.items()},
+    **{f"negative: {k}": v for k, v in NEGATIVE.items()},
     **{f"globals: {k}": v for k, v in GLOBALS.items()},
     **{f"StopIteration through {k}": v for k, v in STOP_ITERATION.items()},
     **{f"standard modules: {k}": v for k, v in MODULES.items()},
