@@ -31,7 +31,10 @@ lint: .venv/.installed-test
 # Two workers: much of the suite waits on child processes and time limits, which a second
 # worker overlaps with work even on two cores. A worker that runs out of tests takes some of
 # the other's (worksteal), so that long tests queued last do not leave one worker idle.
+# The suite starts hundreds of Python processes; where PYTHONDONTWRITEBYTECODE is set (as on
+# the development machines) each would compile oncurve's modules again: compiled once first.
 test: lint
+	$(PY) -m compileall -q src tests benchmarks/harness > /dev/null
 	$(PY) -m pytest -n 2 --dist worksteal
 
 # On a machine with a CUDA device and a CUDA build of torch: the `gpu` tests (skipped by `make
