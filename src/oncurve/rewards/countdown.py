@@ -36,6 +36,7 @@ MAX_EXPRESSION_CHARS = 256
 # A dataset column longer than this is not a Countdown problem (and is not parsed).
 MAX_COLUMN_CHARS = 1000
 _ALLOWED_CHARS_RE = re.compile(r"[\d+\-*/()\s]+")
+_CLOSE_TAG = "</answer>"  # lower case: found in a lowered completion
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: None}
 # LaTeX and Unicode spellings of the operators and brackets; a command must end its name
 # (`\timesfoo` is not `\times`), so `\cdots` stays unreadable.
@@ -153,7 +154,8 @@ def countdown_reward(
     **columns: Any,
 ) -> list[float | None]:
     """1.0 when the completion's `<answer>` (or `\\boxed{}`) equation is a correct Countdown
-    solution for the row's `numbers` and `target` columns, else 0.0. The equation is read where
+    solution for the row's `numbers` and `target` columns, else 0.0; of both, the one stated
+    last (a box after the tags, or the tags after a box). The equation is read where
     `correct` reads an answer (`answer_region`): after the reasoning (the last `</think>`),
     outside fenced programs; in the reasoning only when nothing follows it. None for a row whose
     columns cannot be read (`parse_numbers`, `parse_integer`), with a RuntimeWarning naming the
@@ -174,7 +176,12 @@ def countdown_reward(
             continue
         region, _ = answer_region(completion)
         tagged = extract_answer(region, "tags")
-        expression = (last_boxed(tagged) or tagged) if tagged else last_boxed(region)
+        if tagged:
+            # the last equation stated is the answer, as for `correct`: a box after the tags
+            after = region[region.lower().rfind(_CLOSE_TAG) + len(_CLOSE_TAG) :]
+            expression = last_boxed(after) or last_boxed(tagged) or tagged
+        else:
+            expression = last_boxed(region)
         ok = expression is not None and check_equation(expression, row_numbers, row_target)
         scores.append(1.0 if ok else 0.0)
     return scores

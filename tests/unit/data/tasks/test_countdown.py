@@ -87,6 +87,20 @@ def test_countdown_reward_reads_answer_tags_and_columns() -> None:
         countdown_reward(["p"], ["x"], answer=["1"])
 
 
+@pytest.mark.parametrize(
+    ("completion", "score"),
+    [
+        # the last equation stated is the answer, as `correct` reads a box after the tags
+        ("<answer>(50 - 25) * 3 + 7</answer> or rather \\boxed{50 + 25 + 7}", 0.0),
+        ("<answer>50 + 25 + 7</answer> or rather \\boxed{(50 - 25) * 3 + 7}", 1.0),
+        ("\\boxed{50 + 25 + 7} so <answer>(50 - 25) * 3 + 7</answer>", 1.0),
+        ("\\boxed{(50 - 25) * 3 + 7} so <answer>50 + 25 + 7</answer>", 0.0),
+    ],
+)
+def test_the_last_equation_stated_is_the_answer(completion: str, score: float) -> None:
+    assert countdown_reward(["p"], [completion], numbers=["3,7,25,50"], target=["82"]) == [score]
+
+
 def test_task_is_seeded_solvable_and_splits_disjoint() -> None:
     task = get_task("countdown")
     train = task.examples("train", 300, seed=1)
