@@ -158,8 +158,19 @@ def resume_point(resume: str | None, run_dir: str | None) -> Path | None:
     if resume is None:
         return None
     if resume != "auto":
-        return Path(resume)
+        return named_checkpoint(Path(resume))
     return latest_checkpoint(Path(run_dir)) if run_dir is not None else None
+
+
+def named_checkpoint(path: Path) -> Path:
+    """The checkpoint `path` names: `path` itself, or for a run's `checkpoints/latest` pointer
+    the run's newest complete checkpoint (UserError naming the pointer when it has none)."""
+    if path.name == LATEST and path.is_file() and path.parent.name == CHECKPOINTS:
+        newest = latest_checkpoint(path.parent.parent)
+        if newest is None:
+            raise UserError(f"{path}: the run has no complete checkpoint")
+        return newest
+    return path
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

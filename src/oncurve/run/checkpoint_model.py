@@ -14,11 +14,9 @@ from oncurve.errors import UserError
 from oncurve.model.sources import load_model, load_tokenizer, resolve_model_path
 from oncurve.model.weights import add_lora
 from oncurve.run.checkpoint import (
-    CHECKPOINTS,
-    LATEST,
     MODEL_FILE,
     STATE_FILE,
-    latest_checkpoint,
+    named_checkpoint,
     read_state,
     verify_checksums,
 )
@@ -30,11 +28,8 @@ def find_checkpoint(path: str | Path) -> Path | None:
     (`RUN/checkpoints/step-N`, its `state.json` beside its weights, complete or not), or the
     `RUN/checkpoints/latest` pointer, the run's newest complete checkpoint."""
     path = Path(path)
-    if path.name == LATEST and path.is_file() and path.parent.name == CHECKPOINTS:
-        newest = latest_checkpoint(path.parent.parent)
-        if newest is None:
-            raise UserError(f"{path}: the run has no complete checkpoint")
-        return newest
+    if (named := named_checkpoint(path)) != path:
+        return named
     if (path / STATE_FILE).is_file() and (path / MODEL_FILE).is_file():
         return path
     return None

@@ -152,7 +152,7 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None, Replaced]:
     replaces comes back, not deleted yet."""
     resume = config.run.resume
     if resume not in (None, "auto"):
-        path = Path(resume)
+        path = checkpoint.named_checkpoint(Path(resume))
         if not (path / "COMPLETE").is_file():
             raise UserError(f"run.resume {resume} is not a complete checkpoint directory")
         own, step = _checkpoint_run(path)

@@ -135,3 +135,26 @@ def test_resume_of_a_step_in_a_checkpoints_folder_linked_elsewhere_continues_its
         resumed, resume_from, replaced = claim_run_dir(load_config(None, [f"run.resume={step}"]))
     assert (resumed.resolve(), resume_from) == (run_dir.resolve(), step)
     assert replaced.entries == [] and replaced.checkpoints == []
+
+
+def test_resume_of_a_runs_latest_pointer_continues_its_newest_complete_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """`run.resume=RUN/checkpoints/latest` (the path `oncurve eval` takes too) is the run's
+    newest complete checkpoint; a run with none is one line naming the pointer."""
+    run_dir = tmp_path / "run"
+    for step in ("step-000002", "step-000004"):
+        _complete_checkpoint(run_dir / "checkpoints" / step)
+    (run_dir / "checkpoints" / "latest").write_text("step-000004\n")
+    (run_dir / "metrics.jsonl").write_text('{"step": 4, "kl": 0.5}\n')
+    pointer = run_dir / "checkpoints" / "latest"
+    with run_dirs_unlocked_after():
+        resumed, resume_from, _ = claim_run_dir(load_config(None, [f"run.resume={pointer}"]))
+    assert (resumed, resume_from) == (run_dir.resolve(), run_dir / "checkpoints" / "step-000004")
+
+    empty = tmp_path / "empty"
+    (empty / "checkpoints").mkdir(parents=True)
+    (empty / "checkpoints" / "latest").write_text("step-000001\n")
+    config = load_config(None, [f"run.resume={empty / 'checkpoints' / 'latest'}"])
+    with run_dirs_unlocked_after(), pytest.raises(UserError, match="no complete checkpoint"):
+        claim_run_dir(config)
