@@ -1,12 +1,12 @@
 """Dataset files and Hub datasets -> rows of {"prompt", "answer", other columns...}.
 
-Kinds, by extension: `.jsonl` (one JSON object per line), `.json` (the same, or one JSON array
-of objects), `.csv` (header row; values typed as `datasets` types them), `.parquet` (pyarrow, extra `data`), and a directory written by
-`datasets.save_to_disk` (extra `data`; of a DatasetDict, the split asked for). Text files are
-UTF-8, a byte-order mark at the start ignored. A path that does not exist locally and reads
-`owner/name` is a Hugging Face Hub dataset, loaded (downloaded into the Hugging Face cache, or
-read from it) with `datasets.load_dataset` at a config and split (extra `data`). Every problem is
-reported in one line naming the file, the line (or row) and the field.
+Kinds, by extension: `.jsonl` (one JSON object per line), `.json` (the same, or one JSON array of
+objects), `.csv` (header row; values typed as `datasets` types them), `.parquet` (pyarrow, extra
+`data`), and a directory written by `datasets.save_to_disk` (extra `data`; of a DatasetDict, the
+split asked for). Text files are UTF-8, a byte-order mark at the start ignored. A path that does not
+exist locally and reads `owner/name` is a Hugging Face Hub dataset, loaded (downloaded into the
+Hugging Face cache, or read from it) with `datasets.load_dataset` at a config and split (extra
+`data`). Every problem is reported in one line naming the file, the line (or row) and the field.
 """
 
 from __future__ import annotations

@@ -38,12 +38,12 @@ row's entry point, when given, is always the program's (MBPP's task 126 names it
 `sum`), and a program that does not define it fails. Nothing the tests bind reaches the child.
 The program is also the module `SOLUTION` (``from solution import f``; a star import binds
 none of the names the tests have bound), and ``import pytest`` gets `_pytest_style.py`, whose
-`run_tests` runs a pytest file's tests after its top level. An object of the program's equals
-only itself, and an operator that would judge for the tests, handed what they expect (`==`
-with a value of the tests', `!=`, `<`, `in`, arithmetic: `_JUDGING`), fails the case; an instance of a subclass of a built-in
-scalar type (`_BASES`: an IntEnum's member) comes with its built-in value, taken through the
-built-in type's own slot, and its comparisons and hash are that value's here, whatever its
-methods say. A dict's keys and items views travel as `_STANDARD` objects.
+`run_tests` runs a pytest file's tests after its top level. An object of the program's equals only
+itself, and an operator that would judge for the tests, handed what they expect (`==` with a value
+of the tests', `!=`, `<`, `in`, arithmetic: `_JUDGING`), fails the case; an instance of a subclass
+of a built-in scalar type (`_BASES`: an IntEnum's member) comes with its built-in value, taken
+through the built-in type's own slot, and its comparisons and hash are that value's here, whatever
+its methods say. A dict's keys and items views travel as `_STANDARD` objects.
 
 An exception the program raises reaches the tests as an instance of the same builtin class,
 made here from its arguments and plain attributes (`_Link.exception`; a class of the

@@ -25,15 +25,15 @@ in either common form:
   always-equal object, patched builtin or printed verdict passes it, and no test that never
   calls the program pays. An object of the program's that is not plain data comes back as a
   reference: the tests may call it, read and set its attributes, iterate it, pass it back and
-  take its `len`, `str`, `repr`, items, `hash`, `abs`,
-  `int` and `float`, but it equals only itself (one object, however often it comes back), has
-  no truth value, and an operator that would judge for the tests (`==` with a value of the
-  tests', `!=`, `<`, `in`, arithmetic) fails the case; except that an instance of a subclass of `int`, `float`,
-  `complex`, `str` or `bytes` (an IntEnum's member) compares (`==`, `!=`, `<`, ...) and hashes
-  as its built-in value, whatever its own methods say. A dict's `keys()` and `items()` views
-  arrive as views, which compare as sets. The lists, dicts and sets a call is given (deques, Counters,
-  OrderedDicts and defaultdicts too) are the tests' own:
-  what the program does to them in place the tests see, and one it returns is their object.
+  take its `len`, `str`, `repr`, items, `hash`, `abs`, `int` and `float`, but it equals only itself
+  (one object, however often it comes back), has no truth value, and an operator that would judge
+  for the tests (`==` with a value of the tests', `!=`, `<`, `in`, arithmetic) fails the case;
+  except that an instance of a subclass of `int`, `float`, `complex`, `str` or `bytes` (an IntEnum's
+  member) compares (`==`, `!=`, `<`, ...) and hashes as its built-in value, whatever its own methods
+  say. A dict's `keys()` and `items()` views arrive as views, which compare as sets. The lists,
+  dicts and sets a call is given (deques, Counters, OrderedDicts and defaultdicts too) are the
+  tests' own: what the program does to them in place the tests see, and one it returns is their
+  object.
 
   A verdict depends only on what the program does when the tests call it. The tests see the
   real builtins and standard modules whatever names the program defines; the optional

@@ -516,7 +516,8 @@ def _stated_after_tags(after: str) -> str | None:
 
 
 def _last_tag(text: str) -> str | None:
-    """The content of the last `<answer>...</answer>` pair with something in it (`_last_tag_span`)."""
+    """The content of the last `<answer>...</answer>` pair with something in it
+    (`_last_tag_span`)."""
     found = _last_tag_span(text)
     return None if found is None else found[0]
 
