@@ -10,12 +10,14 @@ deadline works only on the main thread, while `correct` is also called on worker
     thread at a time uses it (a lock), so any thread may compare.
   - Each comparison waits for the answer at most SYMBOLIC_TIMEOUT_S (less inside a
     `symbolic_budget`); past it the worker is killed (SIGKILL) and reaped, the comparison raises
-    TimeoutError, and the next comparison starts a fresh worker. Starting one (~1 s) is not part
-    of a comparison's deadline but is charged to a budget; outside one, a call that finds the
-    worker busy waits at most SYMBOLIC_WAIT_S for it, the lock and any worker start after it
-    together (TimeoutError past it), so N threads each with a hostile comparison do not queue
-    behind each other's timeouts and restarts. A call that finds the worker free starts it if
-    need be (a process's first comparison, on a loaded machine, may take seconds to start one).
+    TimeoutError, and the next comparison starts a fresh worker. Starting one (~1 s) is not part of
+    a comparison's deadline but is charged to a budget, except a process's first start (a batch pays
+    for what its rows cost, not for the start every process pays once, seconds on a loaded machine);
+    outside a budget, a call that finds the worker busy waits at most SYMBOLIC_WAIT_S for it, the
+    lock and any worker start after it together (TimeoutError past it), so N threads each with a
+    hostile comparison do not queue behind each other's timeouts and restarts. A call that finds the
+    worker free starts it if need be (a process's first comparison, on a loaded machine, may take
+    seconds to start one).
   - The worker's address space is capped (SYMBOLIC_MEMORY_BYTES): a huge number fails there. A
     comparison that ends the worker (GMP aborts when it cannot allocate) raises TimeoutError too:
     to the reward runner both are a verifier that gave up on the row.
@@ -88,6 +90,8 @@ def symbolic_equal(predicted: str, gold: str) -> bool | None:
     if not has_math_verify():
         return None
     budgets = list(_budgets())
+    if budgets and not _state.started_once and min(b.left for b in budgets) > 0:
+        _start_first_worker()
     start = time.monotonic()
     if budgets:
         budget_end = start + min(b.left for b in budgets)
@@ -196,6 +200,7 @@ class _State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.worker: _Worker | None = None
+        self.started_once = False  # a worker of this process has been ready
         self.local = threading.local()
         self.stats = dict.fromkeys(
             ("workers", "comparisons", "timeouts", "gold_parses", "gold_hits"), 0
@@ -293,7 +298,21 @@ def _ready_worker(wait_end: float, waited: str) -> _Worker:
         _drop_worker()
         raise RuntimeError(f"math-verify does not import: {message['error']}")
     worker.ready = True
+    _state.started_once = True
     return worker
+
+
+def _start_first_worker() -> None:
+    """Start this process's first worker and wait for it outside any budget: within
+    SYMBOLIC_WAIT_S for the lock and _STARTUP_TIMEOUT_S for the start; past either the
+    comparison goes on, its wait charged to its budget."""
+    if not _state.lock.acquire(timeout=SYMBOLIC_WAIT_S):
+        return
+    try:
+        with contextlib.suppress(TimeoutError):
+            _ready_worker(math.inf, "the symbolic comparison worker did not start")
+    finally:
+        _state.lock.release()
 
 
 def _drop_worker(timed_out: bool = False) -> None:
@@ -305,8 +324,10 @@ def _drop_worker(timed_out: bool = False) -> None:
 
 
 def _close() -> None:
-    """Stop the worker (at exit): no process left running or unreaped."""
+    """Stop the worker (at exit): no process left running or unreaped; the next start is a
+    first start again."""
     worker, _state.worker = _state.worker, None
+    _state.started_once = False
     if worker is not None and worker.owner == os.getpid():
         worker.stop()
 
@@ -317,6 +338,7 @@ def _after_fork_in_child() -> None:
     worker = _state.worker
     _state.lock = threading.Lock()
     _state.worker = None
+    _state.started_once = False
     if worker is not None:
         for pipe in (worker.process.stdin, worker.process.stdout):
             with contextlib.suppress(OSError):

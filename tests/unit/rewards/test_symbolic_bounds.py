@@ -149,6 +149,28 @@ def test_a_spent_budget_starts_no_worker_and_binds_only_its_thread() -> None:
         assert (result, error) == (True, None)
 
 
+def test_a_processs_first_worker_start_is_not_charged_to_a_batch_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first batch of a process on a loaded machine: its worker takes longer to start than
+    the batch's whole budget, and the batch's comparisons are still made (a restart after a
+    hostile row stays charged: test_a_batch_budget_makes_hostile_rows_cost_one_timeout)."""
+    symbolic._close()
+    start_worker = symbolic._Worker.__init__
+
+    def slow_start(worker: Any) -> None:
+        time.sleep(1.0)
+        start_worker(worker)
+
+    monkeypatch.setattr(symbolic._Worker, "__init__", slow_start)
+    try:
+        with symbolic_budget(0.5):
+            assert symbolic_equal("\\frac{1}{2}", "0.5") is True
+            assert symbolic_equal("\\sqrt{4}", "3") is False
+    finally:
+        symbolic._close()
+
+
 def test_the_reference_is_parsed_once_per_group() -> None:
     gold = "\\frac{7}{13}"
     assert symbolic_equal("\\frac{14}{26}", gold) is True
