@@ -66,7 +66,9 @@ async def _gather(
         log = RewardLog()
         start = time.perf_counter()
         try:
-            values = await fn.coroutine(prompts, completions, log=log, state=state, **columns)
+            values = _listed(
+                await fn.coroutine(prompts, completions, log=log, state=state, **columns)
+            )
         except Exception as e:
             return _failed(name, e, time.perf_counter() - start, ())
         return _returned(name, values, len(completions), None, time.perf_counter() - start, log, ())
@@ -90,11 +92,18 @@ def run_job(fns: list[tuple[str, RewardFn, float]], job: Job, batch: Batch) -> O
     start = time.perf_counter()
     with _kept(row is not None) as said:
         try:
-            values = fn(prompts, completions, **context, **columns)
+            values = _listed(fn(prompts, completions, **context, **columns))
         except Exception as e:
             return _failed(name, e, time.perf_counter() - start, tuple(said))
     seconds = time.perf_counter() - start
     return _returned(name, values, len(completions), row, seconds, log, tuple(said))
+
+
+def _listed(values: Any) -> Any:
+    """An iterator's values (a generator's, a `map`'s) as a list, in the order it yields them,
+    as TRL takes a reward's return value; anything else as it is. Iterated inside the call, so
+    what the iterator raises is the call's error and its time the call's."""
+    return list(values) if isinstance(values, Iterator) else values
 
 
 @contextlib.contextmanager
@@ -147,8 +156,9 @@ def _returned(
 
 def _check_values(name: str, values: Any, n: int, row: int | None) -> list[float | None]:
     """Plain floats (None for None, NaN or inf) from an ordered sequence (a list, a tuple, a 1-D
-    array) of numbers or None; RewardError for anything else: a set, a dict or its views, or any
-    other iterable whose order is not the rows', a string, a value that is not a number; and
+    array; an iterator arrives listed, `_listed`) of numbers or None; RewardError for anything
+    else: a set, a dict or its views, or any other iterable whose order is not the rows', a
+    string, a value that is not a number; and
     `_TooLarge`, which the error policy handles as a row's error, for a number too large for a
     float (an int of 309 digits or more)."""
     where = "" if row is None else f" for sample {row} alone"

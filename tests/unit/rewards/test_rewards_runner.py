@@ -374,9 +374,8 @@ def test_an_int_too_large_for_a_float_is_a_reward_error_under_the_error_policy(t
         ({0: 1.0, 1: 2.0}.values(), "dict_values"),
         ({1.0: 2.0}.items(), "dict_items"),
         ({0: 1.0, 1: 2.0}, "dict"),
-        ((x for x in (1.0, 2.0)), "generator"),
     ],
-    ids=["set", "frozenset", "dict_keys", "dict_values", "dict_items", "dict", "generator"],
+    ids=["set", "frozenset", "dict_keys", "dict_values", "dict_items", "dict"],
 )
 def test_an_unordered_container_of_scores_is_a_reward_error(timeout_s, returned, kind):
     runner = RewardRunner([("unordered", lambda p, c, **k: returned, 1.0)], timeout_s=timeout_s)
@@ -386,10 +385,17 @@ def test_an_unordered_container_of_scores_is_a_reward_error(timeout_s, returned,
 
 @pytest.mark.parametrize(
     "returned",
-    [(1.0, 2.0), [1, 2.0], np.array([1.0, 2.0]), torch.tensor([1.0, 2.0])],
-    ids=["tuple", "list", "numpy", "tensor"],
+    [
+        (1.0, 2.0),
+        [1, 2.0],
+        np.array([1.0, 2.0]),
+        torch.tensor([1.0, 2.0]),
+        (x for x in (1.0, 2.0)),
+        map(float, (1, 2)),
+    ],
+    ids=["tuple", "list", "numpy", "tensor", "generator", "map"],
 )
-def test_ordered_scores_of_any_sequence_or_array_are_read(returned):
+def test_ordered_scores_of_any_sequence_array_or_iterator_are_read(returned):
     runner = RewardRunner([("ordered", lambda p, c, **k: returned, 1.0)], timeout_s=None)
     _close(_score(runner, ["a", "b"]).total, [1.0, 2.0])
 

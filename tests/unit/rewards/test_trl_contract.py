@@ -6,6 +6,7 @@ batch calls of several together."""
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 from helpers.rewards_for_tests import FIRST_LOOP
@@ -250,3 +251,41 @@ def test_a_log_value_that_cannot_leave_the_worker_is_one_line_naming_the_reward(
         pytest.raises(RewardError, match=r"reward 'l' failed on sample 0: it logged a value th"),
     ):
         scorer.score(["p"], ["c"], {})
+
+
+def lengths_generator(completions, **kwargs):
+    return (float(len(text)) for text in completions)
+
+
+def lengths_map(completions, **kwargs):
+    return map(float, map(len, completions))
+
+
+async def async_lengths_generator(completions, **kwargs):
+    return (float(len(text)) for text in completions)
+
+
+def generator_failing_on_b(completions, **kwargs):
+    return (float(len(text)) if text != "b" else 1 / 0 for text in completions)
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0], ids=["in-process", "worker"])
+@pytest.mark.parametrize("fn", [lengths_generator, lengths_map, async_lengths_generator])
+def test_a_generator_or_map_is_scored_in_the_order_it_yields_as_trl_takes_it(fn, timeout_s):
+    """TRL builds its list of scores by iterating what the function returns: a generator or a
+    `map` of one score per completion is as good as a list there."""
+    with RewardRunner([("g", TrlReward(fn), 1.0)], timeout_s=timeout_s) as scorer:
+        result = scorer.score(["p", "q", "r"], ["a", "bbb", "cc"], {})
+    assert result.per_fn[:, 0].tolist() == [1.0, 3.0, 2.0]
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0], ids=["in-process", "worker"])
+def test_a_generator_that_raises_is_the_rows_error_under_the_error_policy(timeout_s):
+    runner = RewardRunner(
+        [("g", TrlReward(generator_failing_on_b), 1.0)], timeout_s=timeout_s, on_error="none"
+    )
+    with runner as scorer, pytest.warns(RuntimeWarning, match="failed on a whole batch"):
+        result = scorer.score(["p", "q", "r"], ["a", "b", "cc"], {})
+    assert result.per_fn[:, 0].tolist()[::2] == [1.0, 2.0]
+    assert math.isnan(result.per_fn[1, 0])
+    assert result.metrics["reward/errors"] == 1.0
