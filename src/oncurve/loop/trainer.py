@@ -56,6 +56,8 @@ SUMMED = frozenset(
     + ("tokens_per_s",)
 )
 MAXED = frozenset(("reward/slowest_row_s",))
+# What TRL's `reward_funcs` holds: a reward function, or a reward model's directory or Hub id.
+RewardFunc = Callable[..., Any] | str
 
 
 @dataclass
@@ -72,15 +74,16 @@ def train(
     config: Config,
     *,
     quiet: bool = False,
-    reward_funcs: Callable[..., Any] | Sequence[Callable[..., Any]] = (),
+    reward_funcs: RewardFunc | Sequence[RewardFunc] = (),
     reward_weights: Sequence[float] | None = None,
 ) -> TrainResult:
     """Run GRPO as configured; returns the run directory and held-out accuracy before/after.
     `reward_funcs` (one or a list, weighted by `reward_weights`, else 1 each) are TRL's: reward
-    functions, called with TRL's keywords, after `reward.functions`, named `given:<name>` there
-    (a config that names them already, a resumed run's config.yaml, has them replaced); a
-    resumed run is given them again."""
-    if callable(reward_funcs):
+    functions, called with TRL's keywords, named `given:<name>` in `reward.functions`, and
+    reward models' directories or Hub ids, named `model:<path>` there; they come after the
+    config's (a config that names them already, a resumed run's config.yaml, has them
+    replaced); a resumed run is given them again."""
+    if callable(reward_funcs) or isinstance(reward_funcs, str):
         reward_funcs = [reward_funcs]
     if reward_funcs:
         config = replace(
@@ -102,7 +105,7 @@ def train(
 
 
 def _with_given(
-    config: Config, fns: Sequence[Callable[..., Any]], weights: Sequence[float] | None
+    config: Config, fns: Sequence[RewardFunc], weights: Sequence[float] | None
 ) -> list[RewardFnConfig]:
     """`reward.functions` with the functions given to `train` in place of any named before."""
     weights = [1.0] * len(fns) if weights is None else list(weights)
@@ -114,8 +117,13 @@ def _with_given(
         raise UserError(f"reward_weights: numbers are needed, got {weights!r}") from None
     if not all(math.isfinite(w) for w in weights):
         raise UserError(f"reward_weights: finite numbers are needed, got {weights}")
-    named = [f for f in config.reward.functions if not f.name.startswith(GIVEN_PREFIX)]
-    given = zip(give_rewards(fns), weights, strict=True)
+    specs = give_rewards(fns)
+    named = [
+        f
+        for f in config.reward.functions
+        if not f.name.startswith(GIVEN_PREFIX) and f.name not in specs
+    ]
+    given = zip(specs, weights, strict=True)
     return [*named, *(RewardFnConfig(spec, weight) for spec, weight in given)]
 
 

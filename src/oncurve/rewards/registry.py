@@ -137,13 +137,24 @@ GIVEN_PREFIX = "given:"
 _GIVEN: dict[str, RewardFn] = {}
 
 
-def give_rewards(fns: Sequence[Callable[..., Any]]) -> list[str]:
-    """Specs (`given:<name>`) that `resolve_reward` resolves to `fns`, callables passed as TRL's
-    `reward_funcs` are (a function, a factory's closure, an object with `__call__`), each named
-    by its `__name__` or its class's, numbered after the first where two of them share one; a
-    run given a function of a name an earlier run of the process was given takes its place."""
+def give_rewards(fns: Sequence[Callable[..., Any] | str]) -> list[str]:
+    """Specs that `resolve_reward` resolves to `fns`, passed as TRL's `reward_funcs` are: a
+    callable (a function, a factory's closure, an object with `__call__`) is `given:<name>`,
+    named by its `__name__` or its class's, numbered after the first where two of them share
+    one (a run given a function of a name an earlier run of the process was given takes its
+    place); a string is a reward model's directory or Hub id, `model:<string>`, as TRL loads
+    one. A model object is refused: TRL scores it with a tokenizer given apart, oncurve loads
+    a reward model with its own from its path."""
     specs = []
     for fn in fns:
+        if isinstance(fn, str):
+            specs.append(fn if fn.startswith(MODEL_PREFIX) else MODEL_PREFIX + fn)
+            continue
+        if isinstance(fn, torch.nn.Module):
+            raise UserError(
+                f"reward_funcs: a {type(fn).__name__} object; pass a reward model as its "
+                "directory or Hub id (a string), which oncurve loads with its tokenizer"
+            )
         if not callable(fn):
             raise UserError(f"reward_funcs: {fn!r} is not callable")
         name = getattr(fn, "__name__", None) or type(fn).__name__

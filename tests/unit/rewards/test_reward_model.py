@@ -520,6 +520,31 @@ def test_a_training_run_logs_the_reward_models_scores(tiny_model_dir, data_file,
     assert len(set(scores)) == 2  # the sampled completions, and so their scores, differ
 
 
+def test_a_path_given_to_train_is_a_reward_model_as_trl_takes_it(
+    tiny_model_dir, data_file, tmp_path
+):
+    """TRL's `reward_funcs` takes a model's directory or Hub id as a string and loads it as a
+    reward model: `train(reward_funcs=PATH)` trains as `reward.functions=[model:PATH]` does,
+    and a resumed run given it again replaces the one its config.yaml names."""
+    reward_dir = save_reward_model(tmp_path / "rm", template=TEMPLATE)
+    named, given = tmp_path / "named", tmp_path / "given"
+    train(train_config(tiny_model_dir, data_file, named, reward_dir), quiet=True)
+    config = train_config(tiny_model_dir, data_file, given, reward_dir, "reward.functions=[]")
+    train(config, quiet=True, reward_funcs=str(reward_dir))
+    assert logged_rewards(given) == logged_rewards(named)
+    resumed = load_config(given / "config.yaml", ["run.steps=3", "run.resume=auto"])
+    train(resumed, quiet=True, reward_funcs=[str(reward_dir)], reward_weights=[2.0])
+    (last,) = [json.loads(line) for line in (given / "metrics.jsonl").read_text().splitlines()][2:]
+    assert last["reward/mean"] == pytest.approx(2.0 * last["reward/model:rm"])
+
+
+def test_a_model_object_given_to_train_is_a_one_line_error(tmp_path):
+    reward_dir = save_reward_model(tmp_path / "rm", template=TEMPLATE)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(reward_dir)
+    with pytest.raises(UserError, match=r"^reward_funcs: a Qwen2ForSequenceClassification .*its "):
+        train(load_config(None, ["data.path=d.jsonl"]), reward_funcs=[model])
+
+
 @pytest.mark.gpu
 def test_on_cuda_the_reward_model_runs_on_the_trainers_device(tiny_model_dir, data_file, tmp_path):
     path = save_reward_model(tmp_path / "rm", template=TEMPLATE)
