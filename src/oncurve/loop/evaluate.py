@@ -64,6 +64,7 @@ def evaluate(
         timeout_s=timeout_s,
         timeout_score=timeout_score,
         on_error=on_error,
+        say_unscored=False,  # the rows of malformed references are counted apart
     )
     with runner:
         greedy, greedy_texts = _scores(

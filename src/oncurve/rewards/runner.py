@@ -30,7 +30,8 @@ on its whole batch is still retried row by row.
 
 Summing: `total` is the weighted sum over functions; a None from one function counts as 0 when
 another function scored that row, and the row's total is NaN when every function returned None
-(the trainer leaves NaN rows out of group statistics). With a `verifier` (the function that
+(the trainer leaves NaN rows out of group statistics), as TRL sums them; the first such rows
+of a run are said in one warning, as TRL warns of them. With a `verifier` (the function that
 decides whether an answer is right), a row it scored None is NaN whatever the others scored: a
 shaping term such as DAPO's overlong penalty would otherwise turn an unverifiable answer into a
 wrong one. NaN and inf values are treated as None.
@@ -81,8 +82,10 @@ TRAINER_REWARD_METRICS = {
 
 class RewardRunner:
     """Scores completions with `fns`, a list of (name, fn, weight); `verifier` names the one
-    among them that decides correctness, if any (see the module docstring). With a timeout it
-    owns a worker process: `close()` it, or use it as a context manager."""
+    among them that decides correctness, if any (see the module docstring). With
+    `say_unscored`, the first rows of a run that no function scored (each returned None, failed
+    or timed out) are said in one warning. With a timeout it owns a worker process: `close()`
+    it, or use it as a context manager."""
 
     def __init__(
         self,
@@ -91,6 +94,7 @@ class RewardRunner:
         on_error: str = "raise",
         timeout_score: float | None = None,
         verifier: str | None = None,
+        say_unscored: bool = True,
     ) -> None:
         if not fns:
             raise UserError("at least one reward function is needed")
@@ -116,6 +120,7 @@ class RewardRunner:
         self.timeout_score = timeout_score
         self._worker: Worker | None = None
         self._warned: set[tuple[str, str]] = set()  # (function, what) said once a run
+        self._say_unscored = say_unscored
 
     @property
     def filter_name(self) -> str:
@@ -187,6 +192,16 @@ class RewardRunner:
         for (f, category, message), rows in logs.said.items():
             self._warn_once(f, f"said {message}", f"on {_rows(rows, n)}: {message}", category)
         per_fn = torch.tensor(values, dtype=torch.float32).T.reshape(n, len(self.fns))
+        if self._say_unscored and (unscored := per_fn.isnan().all(1).nonzero().flatten().tolist()):
+            self._say_unscored = False
+            warnings.warn(
+                f"no reward function scored {_rows(unscored, n)} (prompt "
+                f"{prompts[unscored[0]][:60]!r}): each returned None, failed or timed out "
+                "there; a row no function scores gets no reward and is left out of its group's "
+                "statistics; check that some reward scores every row (said once a run)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         return _result(per_fn, self.fns, counts, self._verifier_column, logs.extra, logs.metrics)
 
     def concat(self, results: Sequence[RewardResult]) -> RewardResult:

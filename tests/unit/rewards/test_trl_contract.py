@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import warnings
 
 import pytest
 from helpers.rewards_for_tests import FIRST_LOOP
@@ -289,3 +290,28 @@ def test_a_generator_that_raises_is_the_rows_error_under_the_error_policy(timeou
     assert result.per_fn[:, 0].tolist()[::2] == [1.0, 2.0]
     assert math.isnan(result.per_fn[1, 0])
     assert result.metrics["reward/errors"] == 1.0
+
+
+def none_for_the_second(completions, **kwargs):
+    return [None if i == 1 else 1.0 for i in range(len(completions))]
+
+
+def none_for_the_second_and_third(completions, **kwargs):
+    return [None if i in (1, 2) else 0.5 for i in range(len(completions))]
+
+
+def test_a_row_no_reward_scored_is_left_out_and_said_once_as_trl_warns():
+    """TRL sums the functions' scores leaving out None (NaN), gives a row every function
+    returned None for no reward (NaN, out of its group's statistics) and warns; so here, once."""
+    fns = [
+        ("a", TrlReward(none_for_the_second), 1.0),
+        ("b", TrlReward(none_for_the_second_and_third), 2.0),
+    ]
+    runner = RewardRunner(fns, timeout_s=None)
+    with pytest.warns(RuntimeWarning, match=r"^no reward function scored row 1 of 3 \(prompt 'q'"):
+        result = runner.score(["p", "q", "r"], ["x", "y", "z"], {})
+    total = result.total.tolist()
+    assert total[0] == 2.0 and math.isnan(total[1]) and total[2] == 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        runner.score(["p", "q", "r"], ["x", "y", "z"], {})
