@@ -8,7 +8,8 @@ values land in samples.jsonl and the step's metrics. When the dataset's prompts 
 completion is one assistant message, `[{"role": "assistant", "content": text}]`, which is what
 `completion[0]["content"]` reads. An `async def` function is awaited on `REWARD_LOOP`, the one
 event loop that every async reward of the process shares for the run, as TRL's; the runner
-awaits the batch calls of several together (`oncurve.rewards.jobs.run_jobs`).
+awaits the batch calls of several together (`oncurve.rewards.jobs.run_jobs`), an object whose
+`__call__` is `async def` among them, as TRL does.
 
 A `module:function` reward is wrapped in `TrlReward`; the built-ins keep the plain protocol of
 `oncurve.rewards.registry` (texts, columns).
@@ -16,6 +17,7 @@ A `module:function` reward is wrapped in `TrlReward`; the built-ins keep the pla
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable, Coroutine
@@ -74,7 +76,7 @@ class TrlReward:
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
-        self.is_async = inspect.iscoroutinefunction(fn)
+        self.is_async = _is_async(fn)
         try:  # read once: every call of the function asks what it takes
             self.signature: inspect.Signature | None = inspect.signature(fn)
         except (TypeError, ValueError):  # a callable without one is called as TRL calls it
@@ -143,6 +145,14 @@ class TrlReward:
                 )
             return self.fn(**taken)
         return self.fn(prompts, completions, **context)
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """Whether calling `fn` returns a coroutine, as TRL tells: an `async def` function, a
+    `functools.partial` of one, or an object whose `__call__` is `async def`."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
 async def _awaited(result: Any) -> Any:

@@ -6,6 +6,7 @@ batch calls of several together."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import warnings
 
@@ -108,7 +109,22 @@ def test_a_function_taking_keywords_is_called_with_keywords_as_trl_calls_it(fn):
     assert result.per_fn[:, 0].tolist() == [2.0, 3.0]
 
 
-def test_async_rewards_are_awaited_together():
+class AsyncJudge:
+    """An object whose `__call__` is `async def`, as TRL takes an async reward."""
+
+    def __init__(self, reward):
+        self.reward = reward
+
+    async def __call__(self, completions, **kwargs):
+        return await self.reward(completions, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "form",
+    [lambda f: f, AsyncJudge, lambda f: functools.partial(AsyncJudge(f))],
+    ids=["async-def", "async-call-object", "partial-of-one"],
+)
+def test_async_rewards_are_awaited_together(form):
     """Two async rewards, each awaiting twice: both start before either finishes."""
     order: list[str] = []
 
@@ -120,7 +136,7 @@ def test_async_rewards_are_awaited_together():
             order.append(f"end {tag}")
             return [1.0] * len(completions)
 
-        return TrlReward(reward)
+        return TrlReward(form(reward))
 
     fns = [("a", make("a"), 1.0), ("b", make("b"), 1.0)]
     result = RewardRunner(fns, timeout_s=None).score(["p"], ["c"], {})
