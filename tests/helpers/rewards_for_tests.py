@@ -56,9 +56,10 @@ def accuracy_reward(completions, solution, **kwargs):
 
 def logging_reward(prompts, completions, completion_ids, trainer_state, log_extra, log_metric,
                    **kwargs):  # fmt: skip
-    """Every extra argument TRL passes: scores the completion's token count, logs the step, the
-    prompt's last message and a metric."""
+    """Every extra argument TRL passes: scores the completion's token count, logs the step and
+    the run's steps, the prompt's last message and a metric."""
     log_extra("step_seen", [trainer_state.global_step] * len(completions))
+    log_extra("of_steps", [trainer_state.max_steps] * len(completions))
     log_extra("asked", [prompt[-1]["content"] for prompt in prompts])
     log_metric("logging_reward/tokens", sum(map(len, completion_ids)) / len(completion_ids))
     return [float(len(ids)) for ids in completion_ids]

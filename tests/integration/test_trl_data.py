@@ -47,9 +47,14 @@ def test_a_trl_dataset_and_trl_rewards_train_unchanged(chat_model_dir, tmp_path,
 
     run = tmp_path / "b"
     rewards = f"reward.functions=[{TRL_REWARDS}]"
-    assert main(["train", f"data.path={data}", rewards, *short, f"run.dir={run}"]) == 0
+    # each step samples once and takes mu x minibatches = 4 optimizer steps: TRL's
+    # steps_per_generation=2 with gradient_accumulation_steps=1 and num_iterations=2
+    update = ["algo.mu=2", "algo.minibatches=2"]
+    assert main(["train", f"data.path={data}", rewards, *short, *update, f"run.dir={run}"]) == 0
     samples = read_jsonl(run / "samples.jsonl")
-    assert {s["step_seen"] for s in samples} == {0, 1}  # steps done before it, as TRL's
+    # optimizer steps done before the sampling, and in the run, as TRL's global_step and max_steps
+    assert {s["step_seen"] for s in samples} == {0, 4}
+    assert {s["of_steps"] for s in samples} == {8}
     assert all(s["asked"] == s["prompt"] for s in samples)
     metrics = read_jsonl(run / "metrics.jsonl")
     assert [m["step"] for m in metrics if "logging_reward/tokens" in m] == [1, 2]

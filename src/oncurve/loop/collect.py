@@ -77,7 +77,7 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
     rounds_per_step = 1 + cfg.algo.max_resample if dynamic else 1
     results: list[RewardResult] = []
     kept: list[tuple[RolloutBatch, torch.Tensor, list[dict], dict[str, list]]] = []
-    state = TrainerState(step - 1, cfg.run.steps)  # as TRL's: the steps done before this one
+    state = trainer_state(cfg, step - 1)
     turns: list[int] = []  # policy turns of every multi-turn episode sampled
     faults: list[str | None] = []  # and what ended each on its environment's fault
     visits: list[tuple[int, torch.Tensor]] = []  # (round, group pass rates) for the curriculum
@@ -254,6 +254,14 @@ def draw_recovering(
         return rollout, outcomes
 
     return s.recovering(sampling_round(len(rows)), attempt, on_retry=s.sampler.release)
+
+
+def trainer_state(config: Config, steps_done: int) -> TrainerState:
+    """What TRL's `trainer_state` says to a reward after `steps_done` steps: TRL counts
+    optimizer steps, and each step here takes `algo.mu` x `algo.minibatches` of them (TRL's
+    `num_iterations` x `steps_per_generation` / `gradient_accumulation_steps`)."""
+    per_step = config.algo.mu * config.algo.minibatches
+    return TrainerState(steps_done * per_step, config.run.steps * per_step)
 
 
 def sampling_params(config: Config, seed: int) -> SamplingParams:

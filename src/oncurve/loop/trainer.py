@@ -27,7 +27,7 @@ from oncurve.config import (
     to_dict,
 )
 from oncurve.errors import TrainingError, UserError
-from oncurve.loop.collect import sampling_params
+from oncurve.loop.collect import sampling_params, trainer_state
 from oncurve.loop.evaluate import evaluate
 from oncurve.loop.preflight import run_preflight
 from oncurve.loop.progress import Progress, guarded_output
@@ -37,7 +37,6 @@ from oncurve.model.devices import resolve_device
 from oncurve.model.saving import save_final, save_lora_final, trained_generation
 from oncurve.rewards.registry import ANSWER_MATCH_REWARDS, GIVEN_PREFIX, give_rewards
 from oncurve.rewards.runner import runner_settings
-from oncurve.rewards.trl_contract import TrainerState
 from oncurve.run import checkpoint, oom
 from oncurve.run.oom import OutOfMemoryStop
 from oncurve.run.rundir import run_dirs_unlocked_after
@@ -423,6 +422,6 @@ def _evaluation(s: Session, step: int) -> dict[str, float]:
         samples=cfg.eval.samples,
         batch_size=cfg.eval.batch_rows,
         episodes=s.episodes,
-        state=TrainerState(step, cfg.run.steps),
+        state=trainer_state(cfg, step),
         **runner_settings(cfg.reward),
     )

@@ -1,9 +1,9 @@
 """Reward functions written for TRL's `GRPOTrainer`, called as TRL calls them.
 
 TRL calls a reward function with keywords: `prompts`, `completions`, `completion_ids`, every other
-dataset column by its name, `trainer_state` (its `global_step` is the number of steps done before
-the one being trained, as TRL's), and `log_extra(column, values)` / `log_metric(name, value)`, whose
-values land in samples.jsonl and the step's metrics. When the dataset's prompts are messages,
+dataset column by its name, `trainer_state` (its `global_step` the optimizer steps done before
+the sampling, and `max_steps` the run's, as TRL counts them), and `log_extra(column, values)` /
+`log_metric(name, value)`, whose values land in samples.jsonl and the step's metrics. When the dataset's prompts are messages,
 `prompts` are the rows' message lists (after the system prompt the policy was given) and each
 completion is one assistant message, `[{"role": "assistant", "content": text}]`, which is what
 `completion[0]["content"]` reads. An `async def` function is awaited on `REWARD_LOOP`, the one
@@ -34,8 +34,9 @@ REWARD_LOOP = BackgroundLoop("oncurve-rewards")
 
 @dataclass(frozen=True)
 class TrainerState:
-    """What TRL's `trainer_state` offers a reward function: the steps done (0 while the first is
-    trained and in an evaluation before it) and the run's number of steps, when known."""
+    """What TRL's `trainer_state` offers a reward function: the optimizer steps done (0 while
+    the first step is sampled and in an evaluation before it) and the run's number of optimizer
+    steps, when known (`oncurve.loop.collect.trainer_state`)."""
 
     global_step: int
     max_steps: int | None = None

@@ -39,10 +39,10 @@ def test_trl_rewards_read_messages_and_log_beside_their_scores(timeout_s):
     names = ("think_format_reward", "accuracy_reward", "logging_reward", "async_length_reward")
     with runner(*names, timeout_s=timeout_s) as scorer:
         result = scorer.score(
-            ["2+2?", "3+3?"], ["<a>4</a>", "5"], COLUMNS, TrainerState(global_step=7)
+            ["2+2?", "3+3?"], ["<a>4</a>", "5"], COLUMNS, TrainerState(7, max_steps=20)
         )
     assert result.per_fn.tolist() == [[1.0, 1.0, 3.0, 8.0], [0.0, 0.0, 1.0, 1.0]]
-    assert result.extra == {"step_seen": [7, 7], "asked": ["2+2?", "3+3?"]}
+    assert result.extra == {"step_seen": [7, 7], "of_steps": [20, 20], "asked": ["2+2?", "3+3?"]}
     assert result.metrics["logging_reward/tokens"] == 2.0
     assert result.logged == {"logging_reward/tokens": [2.0]}
 
