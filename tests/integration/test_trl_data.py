@@ -146,3 +146,35 @@ def test_reward_functions_pass_to_train_as_trl_takes_them(chat_model_dir, tmp_pa
     again = dataclasses.replace(again, reward=dataclasses.replace(again.reward, functions=[]))
     with pytest.raises(UserError, match="had given:Constant, given:bonus, passed to oncurve.train"):
         oncurve.train(again, quiet=True, reward_funcs=accuracy_reward)
+
+
+def test_an_answer_column_read_otherwise_than_stored_is_said_to_trl_rewards(tmp_path):
+    """TRL passes the `answer` column as stored (a number stays a number); oncurve's rewards
+    get the reference text it reads off it, and the stored values as `answer_raw`: with a
+    `module:function` reward, the start-up report says so, with a row's two values."""
+    from oncurve.config import load_config
+    from oncurve.data.files import load_rows
+    from oncurve.data.prompts import PromptData
+    from oncurve.model.char_tokenizer import char_tokenizer
+    from oncurve.rewards.registry import resolve_reward
+    from oncurve.rewards.runner import RewardRunner
+    from oncurve.run.setup import startup_notes
+
+    def notes(records, reward):
+        path = tmp_path / "d.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        config = load_config(None, [f"data.path={path}", "data.prompts_per_step=1"])
+        data = PromptData(load_rows(str(path)), char_tokenizer(), config.data, seed=0)
+        runner = RewardRunner([resolve_reward(reward) + (1.0,)], timeout_s=None)
+        return [n for n in startup_notes(config, runner, data) if "answer_raw" in n]
+
+    numbers = [{"prompt": "2+2?", "answer": 4}, {"prompt": "3+3?", "answer": 6}]
+    trl = "helpers.rewards_for_tests:accuracy_reward"
+    assert notes(numbers, trl) == [
+        "data: column 'answer' reaches module:function rewards as the reference text oncurve "
+        "reads off it ('4' for the stored 4), where TRL passes it as stored; as stored, it is "
+        "column 'answer_raw'"
+    ]
+    assert notes(numbers, "correct") == []  # the built-ins read the text
+    texts = [{"prompt": "2+2?", "answer": "4"}, {"prompt": "3+3?", "answer": "6"}]
+    assert notes(texts, trl) == []  # read as stored

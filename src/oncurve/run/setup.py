@@ -58,6 +58,7 @@ from oncurve.model.sources import (
 from oncurve.model.weights import add_lora, enable_gradient_checkpointing
 from oncurve.rewards.registry import GIVEN_PREFIX
 from oncurve.rewards.runner import RewardRunner
+from oncurve.rewards.trl_contract import TrlReward
 from oncurve.rollout import Sampler, SamplerSettings, backend_named
 from oncurve.rollout.base import check_room, check_stops
 from oncurve.rollout.env_calls import EnvFaults
@@ -472,7 +473,8 @@ def startup_notes(
     holds), held-out prompts that are training prompts too, fewer held-out
     problems in a task than eval.num_prompts asks or more rows in eval.path than it takes, the
     column the reference answers were found in when the config does not name it and it is not
-    `answer`, and which rewards the curriculum and dynamic sampling read."""
+    `answer`, an `answer` column that `module:function` rewards get otherwise than stored (TRL
+    passes it as stored), and which rewards the curriculum and dynamic sampling read."""
     notes = []
     if config.model.lora.r and config.model.lora.dropout:
         notes.append(
@@ -524,6 +526,16 @@ def startup_notes(
     found = data.rows[0].answer_field
     if config.data.answer_field is None and found not in ("", "answer"):
         notes.append(f"data: reference answers from column {found!r} (there is no 'answer')")
+    if found == "answer" and any(isinstance(fn, TrlReward) for _, fn, _ in rewards.fns):
+        # TRL passes the column as stored; a reward comparing with a number or parsing the
+        # whole text would score otherwise here without a word
+        read = next((row for row in data.rows if _read_otherwise(row)), None)
+        if read is not None:
+            notes.append(
+                "data: column 'answer' reaches module:function rewards as the reference text "
+                f"oncurve reads off it ({read['answer']!r} for the stored {read['answer_raw']!r}), "
+                "where TRL passes it as stored; as stored, it is column 'answer_raw'"
+            )
     correct = "" if rewards.verifier else " (no reward is the one evaluation calls correct)"
     if config.data.curriculum != "none":
         notes.append(
@@ -537,6 +549,13 @@ def startup_notes(
             + correct
         )
     return notes
+
+
+def _read_otherwise(row: dict[str, Any]) -> bool:
+    """Whether `row`'s answer as stored (`answer_raw`, kept by `load_rows` where the answers
+    were read otherwise) is other than the text read off it."""
+    raw = row.get("answer_raw")
+    return raw is not None and (type(raw) is not str or raw != row["answer"])
 
 
 def _unreached_clip(algo: AlgoConfig) -> str:
