@@ -178,3 +178,28 @@ def test_an_answer_column_read_otherwise_than_stored_is_said_to_trl_rewards(tmp_
     assert notes(numbers, "correct") == []  # the built-ins read the text
     texts = [{"prompt": "2+2?", "answer": "4"}, {"prompt": "3+3?", "answer": "6"}]
     assert notes(texts, trl) == []  # read as stored
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0], ids=["in-process", "worker"])
+def test_columns_named_state_and_log_reach_trl_rewards_as_trl_passes_them(tmp_path, timeout_s):
+    """`state` and `log` are ordinary column names to TRL (a question's US state, a row's log
+    text): they load and reach a reward by name beside TRL's own `trainer_state`."""
+    from oncurve.data.files import load_rows
+    from oncurve.data.prompts import group_columns
+    from oncurve.rewards.runner import RewardRunner
+    from oncurve.rewards.trl_contract import TrainerState, TrlReward
+
+    def by_state(completions, state, log, trainer_state, log_metric, **kwargs):
+        log_metric("steps", trainer_state.global_step)
+        return [
+            float(c == s) + len(entry) for c, s, entry in zip(completions, state, log, strict=True)
+        ]
+
+    path = tmp_path / "states.jsonl"
+    rows = [{"prompt": "Capital of Ohio?", "answer": "Columbus", "state": "Ohio", "log": "ab"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts, columns = group_columns(load_rows(str(path)), 2)
+    with RewardRunner([("s", TrlReward(by_state), 1.0)], timeout_s=timeout_s) as runner:
+        result = runner.score(prompts, ["Ohio", "Texas"], columns, TrainerState(3, 10))
+    assert result.per_fn[:, 0].tolist() == [3.0, 2.0]
+    assert result.logged == {"steps": [3.0]}

@@ -45,11 +45,11 @@ class Row(dict):
 # Where the reference answer is when the data section does not say: oncurve's name, then TRL's.
 ANSWER_FIELDS = ("answer", "solution")
 # What the trainer itself passes reward functions by name: a column of the same name would
-# replace it (a `state` column breaks every TRL reward, a `completion_lengths` one fakes lengths).
+# replace it (a `trainer_state` column breaks every TRL reward, a `completion_lengths` one fakes
+# lengths).
 TRAINER_COLUMNS = frozenset(
     ("prompts", "completions", "completion_lengths", "completion_ids", "episode_reward",
-     "episode_metrics", "episode_fault", "turns", "log", "state", "trainer_state", "log_extra",
-     "log_metric")
+     "episode_metrics", "episode_fault", "turns", "trainer_state", "log_extra", "log_metric")
 )  # fmt: skip
 # What `load_rows` and `PromptData` write into each row: a column of the same name would be
 # overwritten (the original answer, the prompt's token ids, a conversational prompt's messages).

@@ -15,7 +15,13 @@ from typing import Any
 
 from oncurve.errors import UserError
 from oncurve.rewards.registry import RewardFn
-from oncurve.rewards.trl_contract import REWARD_LOOP, ColumnMissing, RewardLog, TrainerState
+from oncurve.rewards.trl_contract import (
+    REWARD_LOOP,
+    ColumnMissing,
+    RewardLog,
+    TrainerState,
+    call_context,
+)
 
 # A job is (function index, row index or None for the whole batch). An outcome is
 # (kind, payload, exception, seconds the call took, what the call logged or None, what a call
@@ -67,7 +73,7 @@ async def _gather(
         start = time.perf_counter()
         try:
             values = _listed(
-                await fn.coroutine(prompts, completions, log=log, state=state, **columns)
+                await fn.coroutine(prompts, completions, **call_context(log, state), **columns)
             )
         except Exception as e:
             return _failed(name, e, time.perf_counter() - start, ())
@@ -80,7 +86,7 @@ def run_job(fns: list[tuple[str, RewardFn, float]], job: Job, batch: Batch) -> O
     """Call function `job[0]` of `fns` on the batch, or on row `job[1]` alone, and time the
     call; what it raised, returned or logged, and on one row what it warned, becomes the outcome.
     A function that takes the call's context (`takes_context`: TRL's contract) also gets the
-    trainer state and a log."""
+    trainer state and the log's functions, by TRL's names (`call_context`)."""
     f, row = job
     name, fn, _ = fns[f]
     prompts, completions, columns, state = batch
@@ -88,7 +94,7 @@ def run_job(fns: list[tuple[str, RewardFn, float]], job: Job, batch: Batch) -> O
         prompts, completions = prompts[row : row + 1], completions[row : row + 1]
         columns = {key: values[row : row + 1] for key, values in columns.items()}
     log = RewardLog() if getattr(fn, "takes_context", False) else None
-    context = {} if log is None else {"log": log, "state": state}
+    context = {} if log is None else call_context(log, state)
     start = time.perf_counter()
     with _kept(row is not None) as said:
         try:

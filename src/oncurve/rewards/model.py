@@ -44,13 +44,14 @@ from __future__ import annotations
 import functools
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from oncurve.errors import UserError, first_line
-from oncurve.rewards.trl_contract import MESSAGES_COLUMN, RewardLog, TrainerState
+from oncurve.rewards.trl_contract import MESSAGES_COLUMN
 
 PREFIX = "model:"  # a `reward.functions` name with it is a reward model
 BATCH_ROWS = 32
@@ -68,7 +69,7 @@ class RewardModel:
     """A sequence-classification model called with the reward protocol (module docstring)."""
 
     runs_in_process = True  # RewardRunner calls it in the trainer's process, never in its worker
-    takes_context = True  # its log, for the share of rows cut
+    takes_context = True  # its log_metric, for the share of rows cut
 
     def __init__(
         self,
@@ -209,8 +210,7 @@ class RewardModel:
         prompts: list[str],
         completions: list[str],
         *,
-        log: RewardLog | None = None,
-        state: TrainerState | None = None,
+        log_metric: Callable[[str, float], None] | None = None,
         **columns: Any,
     ) -> list[float | None]:
         conversations = columns.get(MESSAGES_COLUMN) or [None] * len(prompts)
@@ -219,8 +219,8 @@ class RewardModel:
             for p, c, m in zip(prompts, completions, conversations, strict=True)
         ]
         encoded = [ids for ids, _ in fitted]
-        if log is not None and fitted:
-            log.log_metric(f"{self.name}/cut_frac", sum(cut for _, cut in fitted) / len(fitted))
+        if log_metric is not None and fitted:
+            log_metric(f"{self.name}/cut_frac", sum(cut for _, cut in fitted) / len(fitted))
         scores: list[float | None] = [None] * len(encoded)
         order = sorted((i for i, ids in enumerate(encoded) if ids), key=lambda i: len(encoded[i]))
         pad = self.tokenizer.pad_token_id

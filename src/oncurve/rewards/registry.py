@@ -29,7 +29,7 @@ from oncurve.rewards.format import (
 from oncurve.rewards.matching import answers_match, usable_gold
 from oncurve.rewards.model import PREFIX as MODEL_PREFIX
 from oncurve.rewards.model import RewardModel
-from oncurve.rewards.trl_contract import RewardLog, TrlReward
+from oncurve.rewards.trl_contract import TrlReward
 
 RewardFn = Callable[..., list[float | None]]
 
@@ -88,7 +88,7 @@ def episode_reward(
     *,
     episode_reward: list[float] | None = None,
     episode_metrics: list[dict[str, float]] | None = None,
-    log: RewardLog | None = None,
+    log_metric: Callable[[str, float], None] | None = None,
     **columns: Any,
 ) -> list[float | None]:
     """The environment's reward of each multi-turn episode: the `episode_reward` column that
@@ -97,14 +97,14 @@ def episode_reward(
     the episodes that have them."""
     if episode_reward is None:
         raise UserError("reward 'env' needs rollout.env: it reads the episodes' own rewards")
-    if log is not None:
+    if log_metric is not None:
         for metrics in episode_metrics or []:
             for name, value in metrics.items():
-                log.log_metric(f"env/{name}", value)
+                log_metric(f"env/{name}", value)
     return [float(v) for v in episode_reward]
 
 
-episode_reward.takes_context = True  # type: ignore[attr-defined]  # its log, for the metrics
+episode_reward.takes_context = True  # type: ignore[attr-defined]  # its log_metric, for the metrics
 
 
 # Built-ins that score each row alone: the runner calls them one row at a time, so that a slow

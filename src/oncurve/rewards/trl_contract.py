@@ -67,9 +67,16 @@ class ColumnMissing(TypeError):
     fault, not a row's, so no error policy scores it as a row's error."""
 
 
+def call_context(log: RewardLog, state: TrainerState) -> dict[str, Any]:
+    """The keywords a reward that takes the call's context (`takes_context`) gets beside the
+    columns: TRL's own names, which no column may take (`oncurve.data.files.TRAINER_COLUMNS`),
+    so that every other name stays free for the data's columns."""
+    return {"trainer_state": state, "log_extra": log.log_extra, "log_metric": log.log_metric}
+
+
 class TrlReward:
     """A reward function with TRL's contract (see the module docstring), callable as a
-    `RewardFn` that also takes the call's `log` and `state`. Attributes the runner reads
+    `RewardFn` that also takes the call's context (`call_context`). Attributes the runner reads
     (`rowwise`, `runs_in_process`) are the function's own."""
 
     takes_context = True
@@ -86,52 +93,24 @@ class TrlReward:
             if hasattr(fn, attribute):
                 setattr(self, attribute, getattr(fn, attribute))
 
-    def __call__(
-        self,
-        prompts: list[str],
-        completions: list[str],
-        *,
-        log: RewardLog,
-        state: TrainerState,
-        **columns: Any,
-    ) -> Any:
-        result = self._call(prompts, completions, log, state, columns)
+    def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> Any:
+        """The function's scores; `columns` hold the call's context (`call_context`) too."""
+        result = self._call(prompts, completions, columns)
         return REWARD_LOOP.run(_awaited(result)) if inspect.isawaitable(result) else result
 
     def coroutine(
-        self,
-        prompts: list[str],
-        completions: list[str],
-        *,
-        log: RewardLog,
-        state: TrainerState,
-        **columns: Any,
+        self, prompts: list[str], completions: list[str], **columns: Any
     ) -> Coroutine[Any, Any, Any]:
         """The call as a coroutine, to be awaited beside other async rewards."""
-        return _awaited(self._call(prompts, completions, log, state, columns))
+        return _awaited(self._call(prompts, completions, columns))
 
-    def _call(
-        self,
-        prompts: list[str],
-        completions: list[str],
-        log: RewardLog,
-        state: TrainerState,
-        columns: dict[str, Any],
-    ) -> Any:
+    def _call(self, prompts: list[str], completions: list[str], columns: dict[str, Any]) -> Any:
         columns = dict(columns)
         messages = columns.pop(MESSAGES_COLUMN, None)
         if messages is not None:
             prompts = messages
             completions = [[{"role": "assistant", "content": text}] for text in completions]
-        context = _accepted(
-            self.signature,
-            {
-                "trainer_state": state,
-                "log_extra": log.log_extra,
-                "log_metric": log.log_metric,
-                **columns,
-            },
-        )
+        context = _accepted(self.signature, columns)
         keywords = {"prompts": prompts, "completions": completions, **context}
         if _binds(self.signature, tuple(keywords)):
             return self.fn(**keywords)

@@ -246,7 +246,7 @@ def test_bad_files(tmp_path):
     with pytest.raises(ValueError, match=r"d.csv line 3: more values than header columns"):
         load_rows(str(csv_path))
 
-    for name in ("state", "completion_lengths", "trainer_state"):
+    for name in ("completion_lengths", "trainer_state", "log_metric"):
         clash = _write_jsonl(tmp_path / f"{name}.jsonl", [{"prompt": "a", "answer": "1", name: 1}])
         with pytest.raises(ValueError, match=rf"{name}.jsonl line 1: column '{name}' is a name"):
             load_rows(clash)

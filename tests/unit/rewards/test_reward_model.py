@@ -19,7 +19,7 @@ from oncurve.errors import UserError
 from oncurve.loop.trainer import train
 from oncurve.model.char_tokenizer import char_tokenizer
 from oncurve.rewards.model import RewardModel
-from oncurve.rewards.trl_contract import RewardLog, TrainerState
+from oncurve.rewards.trl_contract import RewardLog
 from oncurve.run.rewards import build_rewards
 
 TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
@@ -171,7 +171,7 @@ def test_the_chat_template_renders_the_conversation_and_long_rows_keep_the_promp
     tail = encode("p\n[assistant] the answer\n")["input_ids"]
     assert len(ids) == MAX_POSITIONS and ids[-len(tail) :] == tail
     log = RewardLog()
-    fn(["a", "b"], ["short", "y" * 300], log=log, state=TrainerState(1))
+    fn(["a", "b"], ["short", "y" * 300], log_metric=log.log_metric)
     assert log.metrics == {"model:rm/cut_frac": [0.5]}
     plain = RewardModel(str(save_reward_model(tmp_path / "plain")))
     assert plain.encode("hi", "yo")[0] == plain.tokenizer.bos_token_id
@@ -334,7 +334,11 @@ def test_a_rewritten_answer_over_the_limit_keeps_the_prompt_and_its_end(tmp_path
     tail = encode("p<|im_end|>\n<|im_start|>assistant\n<think>\nhm\n</think>\n\n4<|im_end|>\n")
     assert len(ids) == MAX_POSITIONS and ids[-len(tail["input_ids"]) :] == tail["input_ids"]
     log = RewardLog()
-    fn(["a", "b"], ["<think>x</think>4", "<think>" + "y" * 300 + "</think>4"], log=log)
+    fn(
+        ["a", "b"],
+        ["<think>x</think>4", "<think>" + "y" * 300 + "</think>4"],
+        log_metric=log.log_metric,
+    )
     assert log.metrics == {"model:rm/cut_frac": [0.5]}
 
 

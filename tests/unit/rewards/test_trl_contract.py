@@ -16,7 +16,7 @@ from helpers.rewards_for_tests import FIRST_LOOP
 from oncurve.rewards.jobs import RewardError
 from oncurve.rewards.registry import resolve_reward
 from oncurve.rewards.runner import RewardRunner
-from oncurve.rewards.trl_contract import RewardLog, TrainerState, TrlReward
+from oncurve.rewards.trl_contract import RewardLog, TrainerState, TrlReward, call_context
 
 MESSAGES = [
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
@@ -179,7 +179,7 @@ def test_async_rewards_run_on_one_event_loop_for_the_run(timeout_s):
         assert scorer.score(["p", "q"], ["a", "b"], {}).total.tolist() == [1.0, 1.0]
     fn = TrlReward(resolve_reward("helpers.rewards_for_tests:same_loop_reward")[1].fn)
     state = TrainerState(global_step=0)
-    assert fn(["p"], ["a"], log=RewardLog(), state=state) == [1.0]
+    assert fn(["p"], ["a"], **call_context(RewardLog(), state)) == [1.0]
 
     async def score_in_a_loop():  # a notebook's running loop is no obstacle
         return scorer.score(["p"], ["a"], {}).total.tolist()
