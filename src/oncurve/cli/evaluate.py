@@ -143,11 +143,13 @@ def _eval_rows(args: argparse.Namespace, config, data, needs_answer: bool) -> li
     from oncurve.envs.verifiers_envs import PREFIX as VERIFIERS_PREFIX
     from oncurve.envs.verifiers_envs import environment_rows
 
+    env = config.rollout.env if config is not None else None
+    episodes = env is not None
     if args.data is not None:
-        return read_rows(args.data, data, args.split or "test", require_answer=needs_answer)
+        split = args.split or "test"
+        return read_rows(args.data, data, split, require_answer=needs_answer, episodes=episodes)
     if config is not None and config.eval.num_prompts == 0:
         raise UserError("the run evaluated no held-out prompts (eval.num_prompts=0): give --data")
-    env = config.rollout.env if config is not None else None
     if env is not None and env.startswith(VERIFIERS_PREFIX):  # the environment's own rows
         rows = environment_rows(env, config.rollout.env_args, "eval")
         if not rows:
@@ -157,7 +159,9 @@ def _eval_rows(args: argparse.Namespace, config, data, needs_answer: bool) -> li
         return rows[: config.eval.num_prompts]
     if config is not None and config.eval.path:
         split = args.split or config.eval.split
-        rows = read_rows(config.eval.path, data, split, require_answer=needs_answer)
+        rows = read_rows(
+            config.eval.path, data, split, require_answer=needs_answer, episodes=episodes
+        )
         return rows[: config.eval.num_prompts]  # the rows the trainer evaluated
     if config is not None and config.data.task and config.data.path is None:
         return held_out_examples(get_task(config.data.task, config.data.task_options), config)

@@ -48,9 +48,11 @@ ANSWER_FIELDS = ("answer", "solution")
 # replace it (a `trainer_state` column breaks every TRL reward, a `completion_lengths` one fakes
 # lengths).
 TRAINER_COLUMNS = frozenset(
-    ("prompts", "completions", "completion_lengths", "completion_ids", "episode_reward",
-     "episode_metrics", "episode_fault", "turns", "trainer_state", "log_extra", "log_metric")
+    ("prompts", "completions", "completion_lengths", "completion_ids", "trainer_state",
+     "log_extra", "log_metric")
 )  # fmt: skip
+# What multi-turn episodes (`rollout.env`) add to those: free names in a run that plays none.
+EPISODE_COLUMNS = frozenset(("episode_reward", "episode_metrics", "episode_fault", "turns"))
 # What `load_rows` and `PromptData` write into each row: a column of the same name would be
 # overwritten (the original answer, the prompt's token ids, a conversational prompt's messages).
 ROW_COLUMNS = frozenset(("answer_raw", "prompt_ids", "prompt_messages", "prompt_tools"))
@@ -97,6 +99,7 @@ def load_rows(
     prompt_template: str | None = None,
     answer_format: str = "auto",
     require_answer: bool = True,
+    episodes: bool = False,
 ) -> list[dict[str, Any]]:
     """Rows (`Row`s) with the prompt under "prompt" and the answer under "answer"; other
     columns are kept and reach the reward functions by name. `config` and `split` pick the part
@@ -111,7 +114,8 @@ def load_rows(
     as "answer_raw" when that changed any row's, and under its own name too when that is
     "solution" (TRL's rewards read it). An answer that is null or blank text counts as missing:
     an error, or without `require_answer` an answer of None. A column named as one the trainer
-    passes reward functions, or as one written here (`ROW_COLUMNS`), is an error unless it is
+    passes reward functions (with `episodes`, a run's that plays multi-turn episodes, also as
+    one they add), or as one written here (`ROW_COLUMNS`), is an error unless it is
     the prompt or answer field read here, and so are a `prompt` column the prompt is not read
     from (the prompt would replace it) and an `answer` column the answer is not read from."""
     rows = []
@@ -129,12 +133,13 @@ def load_rows(
     prompt_columns = (
         {prompt_field} if prompt_template is None else template_columns(prompt_template)
     )
+    passed = TRAINER_COLUMNS | (EPISODE_COLUMNS if episodes else frozenset())
     for where, record in records:
         location = f"{path} {where}"
-        if clash := sorted((TRAINER_COLUMNS | ROW_COLUMNS).intersection(record) - consumed):
+        if clash := sorted((passed | ROW_COLUMNS).intersection(record) - consumed):
             owner = (
                 "the trainer passes reward functions"
-                if clash[0] in TRAINER_COLUMNS
+                if clash[0] in passed
                 else "oncurve writes into each row"
             )
             raise UserError(f"{location}: column {clash[0]!r} is a name {owner} itself; rename it")

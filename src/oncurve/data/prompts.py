@@ -51,18 +51,24 @@ def load_prompts(config: Config) -> tuple[list[dict], list[dict], Task | None]:
     scored = correctness_fn(config, None) in ANSWER_MATCH_REWARDS
     functions = config.reward.functions
     needed = any(s.name == "correct" for s in functions) or not (functions or config.rollout.env)
-    train = read_rows(data.path, data, data.split, require_answer=needed)
+    episodes = config.rollout.env is not None
+    train = read_rows(data.path, data, data.split, require_answer=needed, episodes=episodes)
     held_out = (
-        read_rows(config.eval.path, data, config.eval.split, require_answer=scored)
+        read_rows(
+            config.eval.path, data, config.eval.split, require_answer=scored, episodes=episodes
+        )
         if config.eval.path
         else []
     )
     return train, held_out, None
 
 
-def read_rows(path: str, data: DataConfig, split: str, *, require_answer: bool) -> list[dict]:
+def read_rows(
+    path: str, data: DataConfig, split: str, *, require_answer: bool, episodes: bool = False
+) -> list[dict]:
     """`oncurve.data.files.load_rows` of `path` (split `split` of a Hub dataset) as the data section
-    says: columns, Hub config, prompt template and answer format."""
+    says: columns, Hub config, prompt template and answer format; `episodes` for a run that
+    plays multi-turn episodes on the rows (the columns they add are reserved)."""
     return load_rows(
         path,
         data.prompt_field,
@@ -72,6 +78,7 @@ def read_rows(path: str, data: DataConfig, split: str, *, require_answer: bool) 
         prompt_template=data.prompt_template,
         answer_format=data.answer_format,
         require_answer=require_answer,
+        episodes=episodes,
     )
 
 

@@ -250,6 +250,12 @@ def test_bad_files(tmp_path):
         clash = _write_jsonl(tmp_path / f"{name}.jsonl", [{"prompt": "a", "answer": "1", name: 1}])
         with pytest.raises(ValueError, match=rf"{name}.jsonl line 1: column '{name}' is a name"):
             load_rows(clash)
+    # what multi-turn episodes add to the columns is a free name in a run that plays none (a
+    # TRL dataset's `turns`), and refused in one that does
+    turns = _write_jsonl(tmp_path / "turns.jsonl", [{"prompt": "a", "answer": "1", "turns": 2}])
+    assert load_rows(turns)[0]["turns"] == 2
+    with pytest.raises(ValueError, match=r"turns.jsonl line 1: column 'turns' is a name"):
+        load_rows(turns, episodes=True)
 
     with pytest.raises(ValueError, match=r"no such file"):
         load_rows(str(tmp_path / "nope.jsonl"))
