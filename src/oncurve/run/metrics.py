@@ -149,30 +149,33 @@ def _rewrite(path: Path, lines: list[str]) -> None:
 
 
 def _iter_lines(path: Path) -> Iterator[tuple[str, dict]]:
-    """(line with its newline, parsed row) for every complete line; blank lines are skipped;
-    UserError naming the file when it is not UTF-8 text."""
-    try:
-        yield from _iter_utf8_lines(path)
-    except UnicodeDecodeError as err:
-        raise UserError(f"{path}: not UTF-8 text (byte {err.start} of a line)") from None
-
-
-def _iter_utf8_lines(path: Path) -> Iterator[tuple[str, dict]]:
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    """(line with its newline, parsed row) for every complete line; blank lines are skipped.
+    A line is decoded on its own, so that a last line cut inside a character (a full disk)
+    is skipped as any cut row is; a complete line that is not UTF-8 is a UserError naming it."""
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            cut = not raw.endswith(b"\n")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                if cut:
+                    return
+                raise UserError(
+                    f"{path}:{number}: not UTF-8 text (byte {err.start} of the line)"
+                ) from None
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
-                if not line.endswith("\n"):
+                if cut:
                     return
                 raise UserError(f"{path}:{number}: not a JSON row ({err.msg})") from None
             if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-                if not line.endswith("\n"):
+                if cut:
                     return
                 raise UserError(f'{path}:{number}: expected an object with an integer "step"')
-            yield (line if line.endswith("\n") else line + "\n", row)
+            yield (line + "\n" if cut else line, row)
 
 
 def _append(path: Path, rows: list[dict]) -> None:

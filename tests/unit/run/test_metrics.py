@@ -131,6 +131,27 @@ def test_truncate_drops_a_row_cut_by_a_crash_and_ignores_missing_files(tmp_path)
     assert not (tmp_path / "samples.jsonl").exists()
 
 
+def test_a_row_cut_inside_a_character_by_a_full_disk_is_skipped_and_cut_away(tmp_path):
+    """A full disk stops a write at any byte, inside a character's UTF-8 bytes too: the file
+    reads, and a resume cuts it back, as with any cut row."""
+    logger = MetricsLogger(tmp_path)
+    logger.log_samples(1, [{"prompt": "p", "completion": "é"}])
+    whole = (tmp_path / "samples.jsonl").read_bytes()
+    with (tmp_path / "samples.jsonl").open("ab") as f:
+        f.write('{"step": 2, "completion": "éé'.encode()[:-1])
+    assert read_jsonl(tmp_path / "samples.jsonl") == [{"step": 1, "prompt": "p", "completion": "é"}]
+    truncate_after(tmp_path, 2)
+    assert (tmp_path / "samples.jsonl").read_bytes() == whole
+
+
+def test_a_line_that_is_not_utf8_names_its_line_and_byte(tmp_path):
+    path = tmp_path / "samples.jsonl"
+    path.write_bytes(b'{"step": 1}\n{"step": 2, "x": "\xff"}\n')
+    with pytest.raises(UserError) as info:
+        read_jsonl(path)
+    assert str(info.value) == f"{path}:2: not UTF-8 text (byte 18 of the line)"
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [
