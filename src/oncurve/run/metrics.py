@@ -1,5 +1,6 @@
 """Per-step metrics and sample completions as JSON lines, optionally mirrored to TensorBoard,
-Weights & Biases and trackio under the same names.
+Weights & Biases and trackio under the same names. TensorBoard holds each value as a 32-bit
+float (its default loader reads no other scalars), W&B and trackio as logged.
 
 `RUN/metrics.jsonl` holds one row per training step, {"step": 3, "reward/mean": 0.4, ...}, plus
 rows of evaluation metrics ({"step": 10, "eval/accuracy": ...}) that share the step they follow.
@@ -227,7 +228,11 @@ def require_tensorboard() -> type:
 
 
 def _summary_writer(log_dir: Path, start_step: int):
-    return require_tensorboard()(log_dir=str(log_dir), purge_step=start_step or None)
+    # Every start marks its beginning (a SessionLog START at its step), a fresh one too:
+    # TensorBoard's Python loader takes a run's first mark for its beginning and purges the
+    # later steps at each mark after it, so without a first start's mark the events that it
+    # wrote past a resume's step stay shown beside the resume's own.
+    return require_tensorboard()(log_dir=str(log_dir), purge_step=start_step)
 
 
 def start_trackers(
