@@ -14,9 +14,18 @@ import oncurve
 from oncurve.cli import main
 from oncurve.errors import UserError
 from oncurve.loop.trainer import train
-from oncurve.report import FIGURES, auto_smoothing, ema, load_run, render_figures, write_report
+from oncurve.report import (
+    FIGURES,
+    Run,
+    auto_smoothing,
+    ema,
+    load_run,
+    render_figures,
+    write_report,
+)
 from oncurve.report import write as report_write
 from oncurve.report.figures import metric_name
+from oncurve.report.page import config_section
 from oncurve.run.metrics import MetricsLogger
 
 FIGURE_NAMES = [
@@ -481,3 +490,21 @@ def test_a_one_step_run_has_whole_step_ticks(tmp_path):
             low, high = ax.get_xlim()
             ticks = [t for t in ax.get_xticks() if low <= t <= high]
             assert ticks == [1.0], spec.name
+
+
+def test_config_values_yaml_reads_as_dates_or_bytes_are_shown(tmp_path):
+    """A free-form setting (data.task_options, rollout.env_args) may hold what YAML reads as a
+    date, a time or bytes: config.yaml keeps it so, and the report shows it as text."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(
+        "data:\n  task_options:\n    since: 2024-01-01\n    at: 2024-01-01 12:30:00\n"
+        "    key: !!binary aGk=\n"
+    )
+    section = config_section([Run("run", run, {})])
+    cells = dict(re.findall(r"<td><code>([^<]+)</code></td><td>([^<]*)</td>", section))
+    assert cells == {
+        "data.task_options.at": "&quot;2024-01-01 12:30:00&quot;",
+        "data.task_options.key": "&quot;b&#x27;hi&#x27;&quot;",
+        "data.task_options.since": "&quot;2024-01-01&quot;",
+    }

@@ -157,8 +157,10 @@ def _config_value(config: dict, key: str) -> str:
     if key not in config:
         return "&ndash;"
     value = config[key]
-    # As YAML spells them (null, false), so that values can be pasted back as overrides.
-    return html.escape(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
+    # As YAML spells them (null, false), so that values can be pasted back as overrides; what
+    # JSON has no type for (YAML's dates and bytes, in a free-form setting) as its text.
+    shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return html.escape(shown)
 
 
 def _flatten(tree, prefix: str = "") -> dict:
