@@ -1,5 +1,6 @@
 import base64
 import json
+import os
 import random
 import re
 import struct
@@ -508,3 +509,19 @@ def test_config_values_yaml_reads_as_dates_or_bytes_are_shown(tmp_path):
         "data.task_options.key": "&quot;b&#x27;hi&#x27;&quot;",
         "data.task_options.since": "&quot;2024-01-01&quot;",
     }
+
+
+def test_a_run_directory_whose_name_is_not_utf8_is_shown_by_its_bytes(tmp_path):
+    """A file name on Linux is bytes: one that is not UTF-8 (held in Python as lone surrogates)
+    shows its odd bytes as \\xNN in legends and on the page, which is UTF-8 throughout."""
+    odd = tmp_path / os.fsdecode(b"run\xff")
+    for run in (odd, tmp_path / "good"):
+        log_rows(run, {step: {"reward/mean": step / 4} for step in (1, 2)})
+        (run / "config.yaml").write_text(yaml.safe_dump({"run": {"dir": str(run)}}))
+    runs = [load_run(odd), load_run(tmp_path / "good")]
+    figures = dict((s.name, f) for s, f in render_figures(runs, 0.0))
+    assert legend_texts(figures["reward"].axes[0]) == ["run\\xff", "good"]
+    page = write_report([odd, tmp_path / "good"], tmp_path / "out").read_bytes().decode("utf-8")
+    assert "<title>oncurve report: run\\xff, good</title>" in page
+    assert f"<td>run\\xff</td><td><code>{tmp_path}/run\\xff</code></td>" in page
+    assert f"<td>{tmp_path}/run\\xff</td>" in page  # run.dir in the config's table

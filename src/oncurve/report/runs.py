@@ -1,4 +1,5 @@
-"""The runs a report reads: each run directory's metrics as series, and the names it shows."""
+"""The runs a report reads: each run directory's metrics as series, and the names it shows
+(`readable`: the bytes of a name that is not UTF-8 as \\xNN)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,17 @@ def load_run(run_dir: Path, name: str | None = None) -> Run:
     for key, by_step in values.items():
         steps = np.array(sorted(by_step))
         series[key] = (steps, np.array([by_step[s] for s in steps.tolist()]))
-    return Run(name or run_dir.name, run_dir, series, nulls - set(values))
+    return Run(readable(name or run_dir.name), run_dir, series, nulls - set(values))
+
+
+def readable(text: str) -> str:
+    """`text` as UTF-8 can hold it: the bytes of a file name that is not UTF-8 (which Python
+    holds as lone surrogates) as \\xNN, any other lone surrogate as \\uNNNN."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that no file name's byte stands for
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
 
 
 def run_names(paths: list[Path]) -> list[str]:

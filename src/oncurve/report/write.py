@@ -14,7 +14,7 @@ from oncurve.report.page import (
     page,
     samples_section,
 )
-from oncurve.report.runs import load_run, run_names
+from oncurve.report.runs import load_run, readable, run_names
 
 PAGE = "report.html"
 
@@ -67,7 +67,8 @@ def write_report(
         png_path.write_bytes(png)
         sections.append(figure_section(spec, png, runs))
     text = page(runs, sections, [samples_section(run) for run in runs], config_section(runs))
-    report.write_text(text, encoding="utf-8")
+    # a run's path, and config.yaml's run.dir, may hold a name that is not UTF-8
+    report.write_text(readable(text), encoding="utf-8")
     return report
 
 
