@@ -67,10 +67,11 @@ class MetricsLogger:
                         self._write_scalars(row)
 
     def log(self, step: int, values: dict[str, float]) -> None:
-        """Append {"step": step, **values}; non-finite values become null."""
+        """Append {"step": step, **values}; non-finite values become null, a name's lone
+        surrogates escaped (as `json_value`'s)."""
         if not self.enabled:
             return
-        row = {"step": int(step), **{key: _finite(key, value) for key, value in values.items()}}
+        row = {"step": int(step), **{_text(k): _finite(k, v) for k, v in values.items()}}
         _append(self.run_dir / METRICS_FILE, [row])
         if self._writer is not None:
             self._write_scalars(row)
@@ -91,7 +92,10 @@ class MetricsLogger:
             return
         _append(
             self.run_dir / SAMPLES_FILE,
-            [{"step": int(step), **{k: json_value(v) for k, v in row.items()}} for row in rows],
+            [
+                {"step": int(step), **{_text(k): json_value(v) for k, v in row.items()}}
+                for row in rows
+            ],
         )
 
     def close(self) -> None:
@@ -199,21 +203,26 @@ def _finite(key: str, value: Any) -> float | None:
 
 def json_value(value: Any) -> Any:
     """`value` as plain JSON: non-finite floats null, numpy and torch values as numbers and
-    lists, a string's lone surrogates escaped (UTF-8 cannot hold them), any other object its
-    `str`. A reward's `log_extra` may hand any of them."""
+    lists, a string's (and a key's) lone surrogates escaped (UTF-8 cannot hold them), any other
+    object its `str`. A reward's `log_extra` may hand any of them."""
     if isinstance(value, bool | int | None):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, str):
-        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return _text(value)
     if isinstance(value, dict):
-        return {str(k): json_value(v) for k, v in value.items()}
+        return {_text(str(k)): json_value(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [json_value(v) for v in value]
     if hasattr(value, "tolist"):  # numpy and torch numbers and arrays
         return json_value(value.tolist())
     return str(value)
+
+
+def _text(text: str) -> str:
+    """`text` with its lone surrogates (what JSON a model wrote may decode to) as \\uNNNN."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def require_tensorboard() -> type:

@@ -48,7 +48,8 @@ class Opaque:
 
 def test_sample_values_a_reward_logged_are_written_as_plain_json(tmp_path):
     """What `log_extra` gives (numpy and torch numbers and arrays, NaN inside a list, a string
-    with a lone surrogate, any other object) reaches samples.jsonl as JSON, not a crash."""
+    with a lone surrogate, a key or column name with one (JSON a model wrote, parsed), any
+    other object) reaches samples.jsonl as JSON, not a crash."""
     import numpy as np
     import torch
 
@@ -56,13 +57,20 @@ def test_sample_values_a_reward_logged_are_written_as_plain_json(tmp_path):
     logger.log_samples(1, [{
         "np": np.float32(0.5), "array": np.array([1, 2]), "tensor": torch.tensor([0.25]),
         "nested": {"a": [1.0, float("nan")], "b": (np.int64(3),)}, "text": "2\ud800",
-        "object": Opaque(),
+        "object": Opaque(), "parsed": {"key\udc00": 1}, "column\ud800": 2,
     }])  # fmt: skip
     (row,) = read_jsonl(tmp_path / "samples.jsonl")
     assert row == {
         "step": 1, "np": 0.5, "array": [1, 2], "tensor": [0.25],
         "nested": {"a": [1.0, None], "b": [3]}, "text": "2\\ud800", "object": "opaque",
+        "parsed": {"key\\udc00": 1}, "column\\ud800": 2,
     }  # fmt: skip
+
+
+def test_a_metric_name_with_a_lone_surrogate_is_written_escaped(tmp_path):
+    logger = MetricsLogger(tmp_path)
+    logger.log(1, {"reward/a\ud800": 0.5})
+    assert read_jsonl(tmp_path / "metrics.jsonl") == [{"step": 1, "reward/a\\ud800": 0.5}]
 
 
 def test_non_number_metric_names_the_key(tmp_path):
