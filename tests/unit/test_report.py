@@ -525,3 +525,13 @@ def test_a_run_directory_whose_name_is_not_utf8_is_shown_by_its_bytes(tmp_path):
     assert "<title>oncurve report: run\\xff, good</title>" in page
     assert f"<td>run\\xff</td><td><code>{tmp_path}/run\\xff</code></td>" in page
     assert f"<td>{tmp_path}/run\\xff</td>" in page  # run.dir in the config's table
+
+
+def test_a_file_where_a_runs_own_report_folder_goes_is_one_line(tmp_path):
+    run = tmp_path / "run"
+    log_rows(run, {1: {"reward/mean": 0.5}})
+    (run / "report").write_text("the user's notes")
+    with pytest.raises(UserError) as info:
+        write_report([run])
+    assert str(info.value) == f"{run / 'report'}: is a file; name a directory for the report"
+    assert (run / "report").read_text() == "the user's notes"

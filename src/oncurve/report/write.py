@@ -45,6 +45,7 @@ def write_report(
     runs = [load_run(p, name) for p, name in zip(paths, run_names(paths), strict=True)]
     if out_dir is None and len(paths) == 1:
         out_dir = paths[0] / "report"  # the run's own folder, which the run counts as its
+        _check_is_no_file(out_dir)
     else:
         out_dir = Path("report") if out_dir is None else Path(out_dir)
         _check_out_dir(out_dir)
@@ -75,8 +76,7 @@ def write_report(
 def _check_out_dir(out_dir: Path) -> None:
     """Refuse an output directory where the report would replace or delete a file that no
     report wrote: a report's figures and page may be replaced only beside a page of its own."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"{out_dir}: is a file; name a directory for the report")
+    _check_is_no_file(out_dir)
     ours = [f"{spec.name}.png" for spec in FIGURES] + [PAGE]
     taken = [name for name in ours if (out_dir / name).exists()]
     if taken and not _is_report_page(out_dir / PAGE):
@@ -84,6 +84,11 @@ def _check_out_dir(out_dir: Path) -> None:
             f"{out_dir}: holds {taken[0]}, which no oncurve report wrote; name a new or empty "
             "directory for the report"
         )
+
+
+def _check_is_no_file(out_dir: Path) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{out_dir}: is a file; name a directory for the report")
 
 
 def _is_report_page(path: Path) -> bool:
