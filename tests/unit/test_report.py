@@ -26,7 +26,7 @@ from oncurve.report import (
 )
 from oncurve.report import write as report_write
 from oncurve.report.figures import metric_name
-from oncurve.report.page import config_section
+from oncurve.report.page import config_section, samples_section
 from oncurve.run.metrics import MetricsLogger
 
 FIGURE_NAMES = [
@@ -535,3 +535,19 @@ def test_a_file_where_a_runs_own_report_folder_goes_is_one_line(tmp_path):
         write_report([run])
     assert str(info.value) == f"{run / 'report'}: is a file; name a directory for the report"
     assert (run / "report").read_text() == "the user's notes"
+
+
+def test_controls_in_a_completion_show_as_code_points(tmp_path):
+    """A completion is model output: a bidirectional control would reorder what follows it
+    unseen (the model's 71 shown as 17) and a browser drops NUL, so each such character shows
+    as its code point; other text, right-to-left scripts too, is kept as written."""
+    logger = MetricsLogger(tmp_path)
+    logger.log_samples(
+        1, [{"prompt": "p\x1b[0m", "completion": "a \u202e71\u202c b\x00c\tשלום\n", "answer": "71"}]
+    )
+    section = samples_section(Run("run", tmp_path, {}))
+    assert (
+        '<div class="text">a <span class="control">U+202E</span>71'
+        '<span class="control">U+202C</span> b<span class="control">U+0000</span>c\tשלום\n</div>'
+    ) in section
+    assert '<div class="text">p<span class="control">U+001B</span>[0m</div>' in section

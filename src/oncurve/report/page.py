@@ -94,7 +94,19 @@ def _cell(value) -> str:
         return "&ndash;"
     if isinstance(value, float):
         return f"{value:.4g}"
-    return html.escape(str(value))
+    return UNSEEN.sub(_code_point, html.escape(str(value)))
+
+
+# What a browser acts on unseen in model output: C0 and C1 controls other than tab and line
+# ends (it drops NUL), and the bidirectional controls, which reorder the text after them (the
+# model's "71" shown as "17"). Each is shown as its code point.
+UNSEEN = re.compile(
+    r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]"
+)
+
+
+def _code_point(match: re.Match) -> str:
+    return f'<span class="control">U+{ord(match.group()):04X}</span>'
 
 
 def _summary_table(runs: list[Run]) -> str:
@@ -189,6 +201,8 @@ td.num { text-align: right; white-space: nowrap; }
 table.samples { width: 100%; table-layout: fixed; }
 table.samples th:nth-child(-n+3) { width: 6em; }
 table.samples th:nth-child(4) { width: 30%; }
+.control { color: #a00; font-size: 0.75em; border: 1px solid #dbb; border-radius: 2px;
+           padding: 0 0.15em; }
 .text { white-space: pre-wrap; word-break: break-word; font-family: ui-monospace, monospace;
         font-size: 0.85em; max-height: 16em; overflow: auto; }
 """
