@@ -26,7 +26,7 @@ from oncurve.report import (
 )
 from oncurve.report import write as report_write
 from oncurve.report.figures import metric_name
-from oncurve.report.page import config_section, samples_section
+from oncurve.report.page import config_section, figure_section, samples_section
 from oncurve.run.metrics import MetricsLogger
 
 FIGURE_NAMES = [
@@ -551,3 +551,26 @@ def test_controls_in_a_completion_show_as_code_points(tmp_path):
         '<span class="control">U+202C</span> b<span class="control">U+0000</span>c\tשלום\n</div>'
     ) in section
     assert '<div class="text">p<span class="control">U+001B</span>[0m</div>' in section
+
+
+def test_steps_where_a_drawn_metric_was_non_finite_are_named_under_its_figure(tmp_path):
+    """The line of a metric joins the finite values either side of a null (a NaN gradient
+    norm): the figure's section names those steps, which the drawing does not show."""
+    rows = {step: {"grad_norm": 1.0, "loss/policy": 0.5} for step in range(1, 16)}
+    for step in range(3, 15):
+        rows[step]["grad_norm"] = None
+    rows[2]["loss/policy"] = None
+    log_rows(tmp_path / "run", rows)
+    run = load_run(tmp_path / "run")
+    optim = next(spec for spec in FIGURES if spec.name == "optim")
+    section = figure_section(optim, b"png", [run])
+    assert (
+        '<p class="note">Non-finite (NaN or infinite), not drawn: grad_norm at 12 steps '
+        "(3, 4, 5, 6, 7, 8, 9, 10, 11, 12, ...); loss/policy at step 2.</p>"
+    ) in section
+    entropy = next(spec for spec in FIGURES if spec.name == "entropy")
+    assert '"note"' not in figure_section(entropy, b"png", [run])
+    log_rows(tmp_path / "other", {1: {"grad_norm": None}, 2: {"grad_norm": 1.0}})
+    section = figure_section(optim, b"png", [run, load_run(tmp_path / "other")])
+    assert "; run: loss/policy at step 2; other: grad_norm at step 1.</p>" in section
+    assert "run: grad_norm at 12 steps" in section

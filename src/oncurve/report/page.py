@@ -19,6 +19,7 @@ from oncurve.run.metrics import SAMPLES_FILE, iter_jsonl
 # how a report's page begins its title: what marks a folder's report.html as a report's
 PAGE_TITLE = b"<title>oncurve report: "
 SAMPLES_PER_STEP = 4  # rows shown for each of the early, middle and late steps
+GAP_STEPS_SHOWN = 10  # steps named where a drawn metric was non-finite
 
 
 def figure_section(spec: FigureSpec, png: bytes | None, runs: list[Run]) -> str:
@@ -31,7 +32,23 @@ def figure_section(spec: FigureSpec, png: bytes | None, runs: list[Run]) -> str:
         return head + caption + note + "</section>"
     data = base64.b64encode(png).decode("ascii")
     img = f'<img src="data:image/png;base64,{data}" alt="{html.escape(spec.title)}">'
-    return head + caption + img + "</section>"
+    gaps = _gaps_note(spec, runs)
+    note = f'<p class="note">{html.escape(gaps)}</p>' if gaps else ""
+    return head + caption + img + note + "</section>"
+
+
+def _gaps_note(spec: FigureSpec, runs: list[Run]) -> str:
+    """The steps where a drawn metric was non-finite, which its line passes over; "" if none."""
+    keys = [k for p in spec.panels for k in (*p.keys, *([p.band] if p.band else []))]
+    parts = []
+    for run in runs:
+        for name, steps in sorted(run.null_steps.items()):
+            if any(re.fullmatch(k, name) for k in keys):
+                shown = ", ".join(map(str, steps[:GAP_STEPS_SHOWN]))
+                more = ", ..." if len(steps) > GAP_STEPS_SHOWN else ""
+                at = f"step {shown}" if len(steps) == 1 else f"{len(steps)} steps ({shown}{more})"
+                parts.append(f"{run.name}: {name} at {at}" if len(runs) > 1 else f"{name} at {at}")
+    return f"Non-finite (NaN or infinite), not drawn: {'; '.join(parts)}." if parts else ""
 
 
 def _skipped_note(spec: FigureSpec, runs: list[Run]) -> str:

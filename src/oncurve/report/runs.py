@@ -15,13 +15,15 @@ from oncurve.run.metrics import METRICS_FILE, iter_jsonl
 
 @dataclass(eq=False)  # a run is itself: its arrays have no truth value to compare by
 class Run:
-    """The metrics of one run: metric name -> (steps [S], values [S]), sorted by step, and the
-    names of the metrics logged with no finite value (null at every step)."""
+    """The metrics of one run: metric name -> (steps [S], values [S]), sorted by step; the
+    names of the metrics logged with no finite value (null at every step); and, for a series,
+    the steps where it was null (non-finite), which it leaves out."""
 
     name: str
     path: Path
     series: dict[str, tuple[np.ndarray, np.ndarray]]
     non_finite: set[str] = field(default_factory=set)
+    null_steps: dict[str, list[int]] = field(default_factory=dict)
 
     def keys(self, pattern: str) -> list[str]:
         """The names of this run's series that `pattern` matches in full, sorted."""
@@ -38,13 +40,13 @@ def load_run(run_dir: Path, name: str | None = None) -> Run:
     if not path.is_file():
         raise UserError(f"{run_dir}: no {METRICS_FILE}; is it the run.dir of `oncurve train`?")
     values: dict[str, dict[int, float]] = {}
-    nulls: set[str] = set()
+    nulls: dict[str, set[int]] = {}
     for row in iter_jsonl(path):
         for key, value in row.items():
             if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
                 values.setdefault(key, {})[row["step"]] = float(value)
             elif value is None:
-                nulls.add(key)
+                nulls.setdefault(key, set()).add(row["step"])
     if not values:
         if nulls:
             raise UserError(f"{run_dir}: every value in {METRICS_FILE} is null (non-finite)")
@@ -53,7 +55,14 @@ def load_run(run_dir: Path, name: str | None = None) -> Run:
     for key, by_step in values.items():
         steps = np.array(sorted(by_step))
         series[key] = (steps, np.array([by_step[s] for s in steps.tolist()]))
-    return Run(readable(name or run_dir.name), run_dir, series, nulls - set(values))
+    null_steps = {
+        key: sorted(steps - values[key].keys())
+        for key, steps in nulls.items()
+        if key in values and steps - values[key].keys()
+    }
+    return Run(
+        readable(name or run_dir.name), run_dir, series, set(nulls) - set(values), null_steps
+    )
 
 
 def readable(text: str) -> str:
