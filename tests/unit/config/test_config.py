@@ -821,3 +821,13 @@ def test_train_checks_every_field_of_a_config_changed_in_python(
         train(config, quiet=True)
     assert str(err.value) == error
     assert not (tmp_path / "run").exists()
+
+
+def test_overrides_apply_in_order_so_a_later_one_wins():
+    """Overrides are ordered, as Hydra's are: a setting given again (a script's base arguments
+    with one changed after them) takes the later value, key by key into a section."""
+    assert load_config(None, ["run.steps=3", "run.steps=5"]).run.steps == 5
+    config = load_config(None, ["run={steps: 3, seed: 4}", "run.steps=5"])
+    assert (config.run.steps, config.run.seed) == (5, 4)
+    assert load_config(None, ["run.steps=5", "run={steps: 3}"]).run.steps == 3
+    assert load_config(None, ["run.steps=5", "run=null"]).run.steps == 150  # the section's reset
