@@ -514,6 +514,27 @@ def _shown(value: Any) -> str:
     return repr(_plain(value))
 
 
+def _refuse_yaml11_number(value: int | float, name: str) -> None:
+    """A one-line error naming setting `name` when `value` was written in a form only YAML 1.1
+    reads as that number (`_IntText`, `_FloatText` keep the text): a leading zero, octal there
+    (`010` is 8), or base 60 (`1:30` is 90). YAML 1.2 and a reader take `010` for ten and
+    `1:30` for no number; `0o10`, `0x10` and `0b10` say their base and stay numbers."""
+    text = getattr(value, "text", None)
+    if text is None:
+        return
+    digits = text.replace("_", "").lstrip("+-")
+    if ":" in text:
+        kind = "base 60"
+    elif len(digits) > 1 and digits[0] == "0" and digits.isdigit() and int(digits) != abs(value):
+        kind = "octal"
+    else:
+        return
+    raise UserError(
+        f"{name}: {text!r} is ambiguous (YAML 1.1 reads it as {kind}, {_shown(value)}); write "
+        "the number in decimal"
+    )
+
+
 def _type_name(value: Any) -> str:
     """The YAML-ish type name of `value`: a number read from YAML is an int or a float."""
     for kind in (bool, int, float):
@@ -524,6 +545,8 @@ def _type_name(value: Any) -> str:
 
 def _scalar(hint: type, value: Any, name: str) -> Any:
     number = isinstance(value, int | float) and not isinstance(value, bool)
+    if hint in (int, float) and number:
+        _refuse_yaml11_number(value, name)
     if hint is float and isinstance(value, str):
         # YAML 1.1 reads `1e-5` (no dot) as a string; users mean the number.
         try:

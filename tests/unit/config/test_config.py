@@ -831,3 +831,22 @@ def test_overrides_apply_in_order_so_a_later_one_wins():
     assert (config.run.steps, config.run.seed) == (5, 4)
     assert load_config(None, ["run.steps=5", "run={steps: 3}"]).run.steps == 3
     assert load_config(None, ["run.steps=5", "run=null"]).run.steps == 150  # the section's reset
+
+
+@pytest.mark.parametrize(
+    ("setting", "written"),
+    [("run.steps", "010"), ("run.seed", "0042"), ("run.steps", "1:30"), ("optim.lr", "010")],
+)
+def test_a_number_yaml_1_1_reads_as_octal_or_base_60_is_refused(tmp_path, setting, written):
+    """YAML 1.1 reads `010` as 8 and `1:30` as 90, YAML 1.2 and a reader's eye as 10 and an
+    error: a number setting refuses the ambiguity in one line, from a file and an override."""
+    section, key = setting.split(".")
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{section}:\n  {key}: {written}\n")
+    for args in ((path, None), (None, [f"{setting}={written}"])):
+        with pytest.raises(UserError) as err:
+            load_config(*args)
+        assert str(err.value).startswith(f"{setting}: {written!r} is ambiguous")
+    # the forms that mean one number each stay numbers
+    assert load_config(None, ["run.steps=10", "run.seed=0x10", "optim.lr=0.010"]).run.seed == 16
+    assert load_config(None, ["run.save_every=0", "optim.lr=1_000"]).optim.lr == 1000.0
