@@ -171,6 +171,37 @@ def test_help_config_into_a_closed_pipe_exits_0_in_silence():
     assert (done.returncode, done.stderr) == (0, "")
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["tasks", "export", "arith", "-n", "3"],
+        ["sample", "--model", "default", "--prompt", "1+1=", "-n", "2", "--max-new-tokens", "2"],
+        ["eval", "--model", "default", "--data", "ROWS", "--max-new-tokens", "2"],
+    ],
+    ids=["export", "sample", "eval"],
+)
+def test_a_commands_output_into_a_closed_pipe_exits_0_in_silence(argv, tmp_path, monkeypatch):
+    """`oncurve tasks export arith | head -0`, and sample's and eval's lines: the reader gone,
+    the output is left unread with no error line and exit status 0, as train's summary is."""
+    import io
+    import os
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to the pipe fails, as once the reader has exited
+    stdout = io.TextIOWrapper(os.fdopen(write_end, "wb", buffering=0), write_through=True)
+    errors = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    monkeypatch.setattr(sys, "stderr", errors)
+    try:
+        code = main([str(rows) if arg == "ROWS" else arg for arg in argv])
+    finally:
+        monkeypatch.undo()
+    assert (code, errors.getvalue()) == (0, "")
+    stdout.close()  # what the command left buffered went nowhere, without an error
+
+
 def test_the_public_api_imports_from_the_package_and_import_oncurve_stays_light():
     import oncurve
     import oncurve.config

@@ -1,4 +1,5 @@
-"""What `oncurve eval` and `oncurve sample` share: a run's config, the prompt format, the sampler."""
+"""What the commands share: a run's config, the prompt format and the sampler of `oncurve eval`
+and `oncurve sample`, and writing to stdout (`print_out`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,17 @@ if TYPE_CHECKING:
     from oncurve.config import Config
     from oncurve.rollout import Sampler
     from oncurve.rollout.base import SamplingParams
+
+
+def print_out(text: str, end: str = "\n") -> None:
+    """`text` and `end` to stdout, flushed. A reader gone (`| head`, a closed pipe) leaves the
+    rest unread, and the command goes on in silence to exit 0: the reader has what it wanted."""
+    from oncurve.loop.progress import silence
+
+    try:
+        print(text, end=end, flush=True)
+    except BrokenPipeError:
+        silence(sys.stdout)
 
 
 def run_config(args: argparse.Namespace) -> tuple[Config | None, str]:

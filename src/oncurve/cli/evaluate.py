@@ -10,6 +10,7 @@ from collections.abc import Callable
 from oncurve.cli.common import (
     fitted_new_tokens,
     load_sampler,
+    print_out,
     prompt_format,
     run_config,
     sampling,
@@ -72,7 +73,7 @@ def eval_command(args: argparse.Namespace) -> int:
         "answer_format": data.answer_format,
     }
     summary = {"n": len(rows), **result, "scorer": scorer, "prompt_format": prompts}
-    print(json.dumps(json_value(summary)))  # no rows scored: accuracy null, not NaN
+    print_out(json.dumps(json_value(summary)))  # no rows scored: accuracy null, not NaN
     return 0
 
 

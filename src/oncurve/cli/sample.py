@@ -8,6 +8,7 @@ import json
 from oncurve.cli.common import (
     fitted_new_tokens,
     load_sampler,
+    print_out,
     prompt_format,
     run_config,
     sampling,
@@ -27,5 +28,5 @@ def sample_command(args: argparse.Namespace) -> int:
     params = chosen.params(max_new_tokens, seed_of(args, config))
     batch = sampler.generate_ids([ids], args.n, params)
     for text, reason in zip(batch.texts, batch.finish_reasons, strict=True):
-        print(json.dumps({"completion": text, "finish_reason": reason}))
+        print_out(json.dumps({"completion": text, "finish_reason": reason}))
     return 0

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
+from oncurve.cli.common import print_out
 from oncurve.errors import UserError
 
 DEFAULT_EXPORT_ROWS = 500  # `tasks export` without -n: this many, or a smaller split whole
@@ -42,14 +42,14 @@ def export_command(args: argparse.Namespace) -> int:
     if args.output:
         Path(args.output).write_text(lines)
     else:
-        sys.stdout.write(lines)
+        print_out(lines, end="")
     return 0
 
 
 def import_model_command(args: argparse.Namespace) -> int:
     from oncurve.model.sources import import_gguf
 
-    print(import_gguf(args.file, args.out, args.dtype))
+    print_out(str(import_gguf(args.file, args.out, args.dtype)))
     return 0
 
 
@@ -64,5 +64,5 @@ def report_command(args: argparse.Namespace) -> int:
         ) from None
 
     path = write_report([Path(d) for d in args.run_dirs], Path(args.out) if args.out else None)
-    print(path)
+    print_out(str(path))
     return 0

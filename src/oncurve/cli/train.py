@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from oncurve.cli.common import print_out
 from oncurve.errors import UserError
 
 if TYPE_CHECKING:
@@ -26,16 +27,8 @@ def train_command(args: argparse.Namespace) -> int:
     from oncurve.config.helptext import reference_page
 
     if args.help_config:
-        from oncurve.loop.progress import silence
-
-        try:
-            print(
-                reference_page() if args.help_config == "markdown" else describe(),
-                end="\n" if args.help_config == "text" else "",
-                flush=True,
-            )
-        except BrokenPipeError:  # `| head`: the reader has what it wanted
-            silence(sys.stdout)
+        text = reference_page() if args.help_config == "markdown" else describe()
+        print_out(text, end="\n" if args.help_config == "text" else "")
         return 0
     config_path, overrides = _split_config_args(args.args)
     config = load_config(config_path, overrides)
@@ -43,7 +36,6 @@ def train_command(args: argparse.Namespace) -> int:
         _check_resumed_ranks(config)
         return _launch_torchrun(config.dist.nproc, args.argv)
     from oncurve import distributed
-    from oncurve.loop.progress import silence
     from oncurve.loop.trainer import train
     from oncurve.run.metrics import json_value
 
@@ -58,10 +50,7 @@ def train_command(args: argparse.Namespace) -> int:
     if result.eval_after:
         summary["accuracy_after"] = result.eval_after["accuracy"]
     if os.environ.get("RANK", "0") == "0":  # one summary for a torchrun job
-        try:
-            print(json.dumps(json_value(summary)), flush=True)
-        except BrokenPipeError:  # `| head -0`: the run is complete, its summary unread
-            silence(sys.stdout)
+        print_out(json.dumps(json_value(summary)))
     return 0
 
 
