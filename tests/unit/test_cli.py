@@ -505,3 +505,23 @@ def test_eval_and_sample_decode_with_the_runs_stop_strings_and_least_length():
     params = chosen.params(2, seed=5)
     assert params.stop == ("<answer>",) and params.seed == 5
     assert (params.max_new_tokens, params.min_new_tokens) == (2, 2)  # fitted under the length
+
+
+@pytest.mark.parametrize("named", ["--run", "--model"])
+def test_a_runs_final_model_cut_short_is_named_so_whether_by_run_or_by_model(
+    named, tmp_path, capsys
+):
+    """`--model RUN/final` says what `--run RUN` says of a final/ whose save was cut short (and
+    how to write it again), not that the weights need converting to safetensors."""
+    from oncurve.config import save_config
+
+    run = tmp_path / "run"
+    shutil.copytree(resolve_model_path("default"), run / "final")
+    (run / "final" / "model.safetensors").unlink()
+    save_config(load_config(None, []), run / "config.yaml")
+    given = str(run) if named == "--run" else str(run / "final")
+    assert main(["sample", named, given, "--prompt", "1+1="]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith(f"oncurve: error: {named} {given}: final/ is incomplete (no readable ")
+    assert err.rstrip().endswith(f"oncurve train run.resume=auto run.dir={run}")

@@ -36,9 +36,9 @@ def run_config(args: argparse.Namespace) -> tuple[Config | None, str]:
     not given, a local one `--revision` does not apply to); else, when `--model` is a
     checkpoint (`RUN/checkpoints/step-N`, or `RUN/checkpoints/latest`), the config its
     state.json was saved with; else, when it is a run's `final/` (`RUN/final` beside
-    `RUN/config.yaml`), the run's config; else (None, "")."""
+    `RUN/config.yaml`), the run's config; else (None, ""). A run's final/ whose save was cut
+    short, named either way, is a one-line error (`_check_final_whole`)."""
     from oncurve.config import load_run_config
-    from oncurve.model.saving import missing_from_final
     from oncurve.run.checkpoint import STATE_FILE, latest_checkpoint
     from oncurve.run.checkpoint_model import checkpoint_config, find_checkpoint
 
@@ -51,7 +51,9 @@ def run_config(args: argparse.Namespace) -> tuple[Config | None, str]:
         # a run's final model formats prompts and samples as its run did
         model = Path(args.model)
         if model.name == "final" and (model.parent / "config.yaml").is_file():
-            return load_run_config(model.parent / "config.yaml"), str(model.parent / "config.yaml")
+            config = load_run_config(model.parent / "config.yaml")
+            _check_final_whole(model, f"--model {args.model}", model.parent)
+            return config, str(model.parent / "config.yaml")
         return None, ""
     path = Path(args.run_dir) / "config.yaml"
     if not path.is_file():
@@ -70,14 +72,23 @@ def run_config(args: argparse.Namespace) -> tuple[Config | None, str]:
             raise UserError(
                 f"--run {args.run_dir}: no final/ model yet (the run has not finished){hint}"
             )
-        missing = missing_from_final(final)
-        if missing:
-            raise UserError(
-                f"--run {args.run_dir}: final/ is incomplete ({missing}; its save was cut "
-                f"short): write it again with oncurve train run.resume=auto run.dir={args.run_dir}"
-            )
+        _check_final_whole(final, f"--run {args.run_dir}", args.run_dir)
         args.model = str(final)
     return config, str(path)
+
+
+def _check_final_whole(final: Path, given: str, run_dir: str | Path) -> None:
+    """A one-line error, starting with `given` (the flag and its value), when the final/ model
+    of the run in `run_dir` lacks a file or ends early (its save was cut short), saying how to
+    write it again."""
+    from oncurve.model.saving import missing_from_final
+
+    missing = missing_from_final(final)
+    if missing:
+        raise UserError(
+            f"{given}: final/ is incomplete ({missing}; its save was cut short): write it "
+            f"again with oncurve train run.resume=auto run.dir={run_dir}"
+        )
 
 
 # the sampling settings besides max_new_tokens that a run or a model directory can carry
