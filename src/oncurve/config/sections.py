@@ -81,6 +81,9 @@ UNIT_OPEN = _range(0, 1, low_open=True, high_open=True)
 
 
 def _is_cap_check(value: float | None) -> str | None:
+    if value is not None and math.isinf(value):
+        # no cap: a ratio past float range (exp overflows) would weight its token's loss by inf
+        return "must be a finite number (0 is off)"
     if value is None or value == 0 or value >= 1:
         return None
     return (

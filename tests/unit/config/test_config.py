@@ -160,6 +160,9 @@ from oncurve.errors import UserError
         (["algo.is_cap=0.5"], "algo.is_cap must be 0 (off) or at least 1 (a cap below 1"),
         (["algo.is_cap=-1"], "algo.is_cap must be 0 (off) or at least 1"),
         (["algo.is_cap=.nan"], "algo.is_cap must be 0 (off) or at least 1"),
+        # no cap at all: a ratio past float range would weight its token's loss by inf
+        (["algo.is_cap=.inf"], "algo.is_cap must be a finite number (0 is off), got inf"),
+        (["algo.is_cap=1e400"], "algo.is_cap must be a finite number (0 is off), got inf"),
         (["optim.lr=nan"], "optim.lr must be in (0, inf), got nan"),
         (["optim.lr=inf"], "optim.lr must be in (0, inf), got inf"),
         (["algo.beta=.inf"], "algo.beta must be in [0, inf), got inf"),
