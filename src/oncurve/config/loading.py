@@ -301,12 +301,23 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"config file {path}{where} is not valid YAML") from None
+        raise UserError(
+            f"config file {path}{where} is not valid YAML ({_yaml_problem(err)})"
+        ) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise UserError(f"config file {path} must hold a mapping of sections")
     return data
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """What YAML found wrong in a config file, in one line; a tab, which YAML refuses as
+    indentation, said plainly."""
+    problem = str(getattr(err, "problem", None) or err).splitlines()[0]
+    if problem.startswith("found character '\\t'"):
+        return "a tab: YAML indents with spaces"
+    return problem
 
 
 class _Given(str):

@@ -853,3 +853,20 @@ def test_a_number_yaml_1_1_reads_as_octal_or_base_60_is_refused(tmp_path, settin
     # the forms that mean one number each stay numbers
     assert load_config(None, ["run.steps=10", "run.seed=0x10", "optim.lr=0.010"]).run.seed == 16
     assert load_config(None, ["run.save_every=0", "optim.lr=1_000"]).optim.lr == 1000.0
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("run:\n\tsteps: 5\n", "line 2 is not valid YAML (a tab: YAML indents with spaces)"),
+        ("run: {steps: 5\n", "line 2 is not valid YAML (expected ',' or '}', but got '<stream"),
+        ("optim: {lr: *rate}\n", "line 1 is not valid YAML (found undefined alias 'rate')"),
+    ],
+)
+def test_a_yaml_file_that_does_not_parse_is_named_with_its_line_and_why(tmp_path, text, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(UserError) as err:
+        load_config(path)
+    assert str(err.value).startswith(f"config file {path} {message}")
+    assert "\n" not in str(err.value)
