@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
+import difflib
 import math
 import types
 import typing
@@ -399,11 +400,38 @@ def _from_dict(cls: type, raw: Any, prefix: str) -> Any:
     for key in raw:
         if key not in known:
             choices = ", ".join(known)
-            raise UserError(f"unknown key {prefix}{key}; {where} has: {choices}")
+            hint = _meant(key, known, prefix)
+            raise UserError(f"unknown key {prefix}{key}{hint}; {where} has: {choices}")
     values = {}
     for name, value in raw.items():
         values[name] = _coerce(hints[name], value, f"{prefix}{name}", known[name])
     return cls(**values)
+
+
+def _settings(cls: type, prefix: str = "") -> dict[str, list[str]]:
+    """Each setting's name (a section's key) -> the dotted keys of the settings so named."""
+    names: dict[str, list[str]] = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        if dataclasses.is_dataclass(hint):
+            for setting, keys in _settings(hint, f"{prefix}{name}.").items():
+                names.setdefault(setting, []).extend(keys)
+        else:
+            names.setdefault(name, []).append(f"{prefix}{name}")
+    return names
+
+
+_SETTING_NAMES = _settings(Config)
+
+
+def _meant(key: Any, known: dict[str, Any], prefix: str) -> str:
+    """What an unknown `key` of the section at `prefix` (its keys `known`) likely meant, as
+    " (...)" for its error line: a key of the section spelled alike, else the settings of that
+    name in other sections; "" when neither."""
+    close = difflib.get_close_matches(str(key), list(known), n=1)
+    if close:
+        return f" (did you mean {prefix}{close[0]}?)"
+    elsewhere = _SETTING_NAMES.get(str(key), [])
+    return f" ({' or '.join(elsewhere)} has that name)" if elsewhere else ""
 
 
 def _coerce(hint: Any, value: Any, name: str, spec: dataclasses.Field, item: bool = False) -> Any:

@@ -870,3 +870,23 @@ def test_a_yaml_file_that_does_not_parse_is_named_with_its_line_and_why(tmp_path
         load_config(path)
     assert str(err.value).startswith(f"config file {path} {message}")
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("run.stepz=5", "unknown key run.stepz (did you mean run.steps?); run has: steps, seed,"),
+        ("algo.betta=0.1", "unknown key algo.betta (did you mean algo.beta?); algo has: preset,"),
+        ("rolout.group_size=8", "unknown key rolout (did you mean rollout?); config has: model,"),
+        # a setting given in the wrong section is named where it is
+        ("run.lr=1e-5", "unknown key run.lr (optim.lr has that name); run has: steps,"),
+        ("lr=1e-5", "unknown key lr (optim.lr has that name); config has: model,"),
+        ("rollout.seed=3", "unknown key rollout.seed (run.seed has that name); rollout has:"),
+        ("reward.functions=[{nme: x}]", "unknown key reward.functions[0].nme (did you mean "),
+        ("run.foo=1", "unknown key run.foo; run has: steps,"),
+    ],
+)
+def test_an_unknown_key_names_the_key_meant(override, message):
+    with pytest.raises(UserError) as err:
+        load_config(None, [override])
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
