@@ -291,12 +291,15 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise UserError(
             f"config file {path} is a directory (a YAML file comes first; settings as key=value)"
         )
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"config file {path} does not exist")
     try:
+        # a pipe too: bash's process substitution, `oncurve train <(sed ... base.yaml)`
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except UnicodeDecodeError:
         raise UserError(f"config file {path} is not UTF-8 text") from None
+    except OSError as err:  # no permission to read it, say
+        raise UserError(f"config file {path} cannot be read: {err.strerror or err}") from None
     except _DuplicateKey as err:
         raise UserError(f"config file {path} line {err.line}: {err.key!r} is given twice") from None
     except yaml.YAMLError as err:

@@ -890,3 +890,23 @@ def test_an_unknown_key_names_the_key_meant(override, message):
     with pytest.raises(UserError) as err:
         load_config(None, [override])
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_a_config_from_a_pipe_is_read_as_a_file_is(tmp_path):
+    """`oncurve train <(sed ... base.yaml)`: bash's process substitution names a pipe, which
+    is no regular file but is read as one."""
+    import os
+    import threading
+
+    fifo = tmp_path / "63"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text("run:\n  steps: 7\n"))
+    writer.start()
+    try:
+        config = load_config(fifo)
+    finally:
+        if writer.is_alive():  # never opened: let the writer finish
+            fifo.read_text()
+        writer.join()
+    assert config.run.steps == 7
+    assert load_config(os.devnull).run.steps == load_config(None).run.steps  # empty
