@@ -315,6 +315,14 @@ HERE = str(Path(__file__).parent)  # a directory that is not empty
         ([*EVAL, "--answer-format", "xml"], "argument --answer-format: invalid choice: 'xml'"),
         (["eval", "--run", "/nonexistent"], "--run /nonexistent: no config.yaml"),
         (["sample", "--model", "default"], "the following arguments are required: --prompt"),
+        # an undecodable byte of the command line (`--prompt "$(printf '\xff')"`) is no text
+        (
+            ["sample", "--model", "default", "--prompt", "1+\udcff"],
+            "argument --prompt: holds a surrogate \\udcff (an undecodable byte), which is no",
+        ),
+        ([*SAMPLE, "--system-prompt", "\udcff"], "argument --system-prompt: holds a surrogate"),
+        ([*EVAL, "--prompt-template", "{q}\udcff"], "argument --prompt-template: holds a"),
+        ([*EVAL, "--answer-field", "\udcff"], "argument --answer-field: holds a surrogate"),
         ([*SAMPLE, "-n", "0"], "argument -n: must be at least 1, got 0"),
         ([*SAMPLE, "-n", "two"], "argument -n: must be an integer, got 'two'"),
         ([*SAMPLE, "--max-new-tokens", "0"], "argument --max-new-tokens: must be at least 1"),

@@ -24,6 +24,7 @@ from oncurve.cli.tools import (
     warmstart_command,
 )
 from oncurve.cli.train import report_error, train_command
+from oncurve.data.files import first_surrogate
 from oncurve.errors import CheckpointError, TrainingError, UserError
 
 
@@ -123,6 +124,18 @@ def _fraction(low_open: bool) -> Callable[[str], float]:
     return parse
 
 
+def _text(text: str) -> str:
+    """An argparse type: text to tokenize or look up (a prompt, a column), which a surrogate
+    is not: Python gives one for each byte of the command line that is no UTF-8."""
+    found = first_surrogate(text)
+    if found:
+        raise argparse.ArgumentTypeError(
+            f"holds a surrogate \\u{ord(found):04x} (an undecodable byte), which is no Unicode "
+            "character"
+        )
+    return text
+
+
 def _new_file(text: str) -> str:
     """An argparse type: a file to write that does not exist yet, in a directory that does
     (checked before the command's work; an existing file is never overwritten)."""
@@ -182,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
             help="format prompts with the tokenizer's chat template (default: the run's setting, "
             "else whether the tokenizer has one)",
         )
-        p.add_argument("--system-prompt", help="system message before each prompt")
+        p.add_argument("--system-prompt", type=_text, help="system message before each prompt")
         p.add_argument(
             "--max-new-tokens",
             type=_at_least(1),
@@ -242,8 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="split of a Hub dataset or saved DatasetDict (default: test; with --run and no "
         "--data, the run's eval.split)",
     )
-    ev.add_argument("--prompt-field", help="column of the prompt (default: the run's, or prompt)")
-    ev.add_argument("--answer-field", help="column of the answer (default: the run's, or answer)")
+    ev.add_argument(
+        "--prompt-field", type=_text, help="column of the prompt (default: the run's, or prompt)"
+    )
+    ev.add_argument(
+        "--answer-field", type=_text, help="column of the answer (default: the run's, or answer)"
+    )
     ev.add_argument(
         "--answer-format",
         choices=("auto", "raw", "gsm8k", "boxed", "last_number"),
@@ -252,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument(
         "--prompt-template",
+        type=_text,
         help="the prompt as a format string over the columns, as data.prompt_template",
     )
     ev.add_argument(
@@ -276,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sample = commands.add_parser("sample", help="print completions of one prompt")
     model_args(sample)
-    sample.add_argument("--prompt", required=True)
+    sample.add_argument("--prompt", required=True, type=_text)
     sample.add_argument("-n", type=_at_least(1), default=4, help="completions to sample")
     sample.set_defaults(run=sample_command)
 
