@@ -88,3 +88,7 @@ def text_prompt_reward(prompts, completions, **kwargs):
     """A reward for TRL's standard format: prompts and completions are text."""
     assert all(isinstance(p, str) for p in prompts + completions), (prompts, completions)
     return [float(len(completion)) for completion in completions]
+
+
+def raises_value_error(prompts, completions, **columns):
+    raise ValueError("no score for these")

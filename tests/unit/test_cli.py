@@ -533,3 +533,16 @@ def test_a_runs_final_model_cut_short_is_named_so_whether_by_run_or_by_model(
     assert err.count("\n") == 1
     assert err.startswith(f"oncurve: error: {named} {given}: final/ is incomplete (no readable ")
     assert err.rstrip().endswith(f"oncurve train run.resume=auto run.dir={run}")
+
+
+def test_eval_names_the_reward_given_when_it_fails(tmp_path, capsys):
+    """`--reward module:function` that raises is named in the error line, not as `correct`."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    reward = "helpers.rewards_for_tests:raises_value_error"
+    argv = ["eval", "--model", "default", "--data", str(rows), "--reward", reward]
+    assert main([*argv, "--max-new-tokens", "2", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(
+        "oncurve: error: reward 'raises_value_error' failed on sample 0: ValueError"
+    )

@@ -55,6 +55,7 @@ def eval_command(args: argparse.Namespace) -> int:
         records=records,
         episodes=episodes,
         **runner_settings((config or Config()).reward),
+        name=scorer,
     )
     if args.out:
         with open(args.out, "w") as out:

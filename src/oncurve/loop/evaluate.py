@@ -31,6 +31,7 @@ def evaluate(
     timeout_score: float | None = 0.0,
     on_error: str = "raise",
     state: TrainerState | None = None,
+    name: str = "correct",
 ) -> dict[str, float]:
     """Score `rows` ({"prompt", "prompt_ids", "answer", ...}) with the `correct` reward; with
     `episodes`, multi-turn episodes are played and `correct` reads their columns. A completion
@@ -48,7 +49,7 @@ def evaluate(
     not scored by `correct`: they are counted apart ("unscored") and left out of every rate.
 
     `state` is the trainer's (at evaluation, the step trained so far), for the rewards that
-    take it (TRL's `trainer_state`).
+    take it (TRL's `trainer_state`). `name` is the reward's in the line that says it failed.
 
     With `records` (a list), one dict per row is appended to it: the greedy completion and its
     score, and with samples > 1 the sampled completions and their scores.
@@ -60,7 +61,7 @@ def evaluate(
     """
     greedy_params = dataclasses.replace(params, temperature=0.0)
     runner = RewardRunner(
-        [("correct", correct, 1.0)],
+        [(name, correct, 1.0)],
         timeout_s=timeout_s,
         timeout_score=timeout_score,
         on_error=on_error,
