@@ -541,7 +541,8 @@ def test_eval_names_the_reward_given_when_it_fails(tmp_path, capsys):
     rows.write_text('{"prompt": "1+1=", "answer": "2"}\n')
     reward = "helpers.rewards_for_tests:raises_value_error"
     argv = ["eval", "--model", "default", "--data", str(rows), "--reward", reward]
-    assert main([*argv, "--max-new-tokens", "2", "--device", "cpu"]) == 2
+    with pytest.warns(RuntimeWarning, match="reward 'raises_value_error' failed on a whole"):
+        assert main([*argv, "--max-new-tokens", "2", "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(
         "oncurve: error: reward 'raises_value_error' failed on sample 0: ValueError"
