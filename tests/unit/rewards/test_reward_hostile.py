@@ -252,9 +252,12 @@ def _math_verify_imported() -> None:
 def test_hostile_completion(
     name: str, prompt: Any, completion: Any, columns: dict, expected: float, bound: float
 ) -> None:
-    """The reward scores the completion as the trainer calls it, within the bound."""
+    """The reward scores the completion as the trainer calls it, within the bound (timed after
+    a first call on a short completion: a process's first call compiles patterns and imports,
+    once a run, which is no scan of the completion)."""
     if callable(completion):
         completion = completion()
+    reward_fn(name)([prompt], ["0"], **columns)
     start = time.perf_counter()
     scores = reward_fn(name)([prompt], [completion], **columns)
     elapsed = time.perf_counter() - start
