@@ -110,8 +110,12 @@ class ArithTask:
     def __init__(self, max_digits: int = 4, min_digits: int = 1) -> None:
         # an int, not merely a number: a float or bool passes the bounds and then breaks the
         # zero-padding format or the operand draw
-        if type(max_digits) is not int or max_digits < 1:
-            raise ValueError(f"max_digits must be a whole number of at least 1, got {max_digits!r}")
+        # a sum has up to max_digits + 1 digits, and `correct` reads none past MAX_ANSWER_CHARS
+        if type(max_digits) is not int or not 1 <= max_digits < MAX_ANSWER_CHARS:
+            raise ValueError(
+                f"max_digits must be a whole number in [1, {MAX_ANSWER_CHARS - 1}], "
+                f"got {max_digits!r}"
+            )
         if type(min_digits) is not int or not 1 <= min_digits <= max_digits:
             raise ValueError(
                 f"min_digits must be a whole number in [1, max_digits={max_digits}], "

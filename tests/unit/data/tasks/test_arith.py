@@ -108,9 +108,13 @@ def test_bad_arguments_name_the_field(kwargs, message):
 @pytest.mark.parametrize(
     ("options", "why"),
     [
-        ({"max_digits": 0}, "max_digits must be a whole number of at least 1, got 0"),
-        ({"max_digits": 4.0}, "max_digits must be a whole number of at least 1, got 4.0"),
-        ({"max_digits": True}, "max_digits must be a whole number of at least 1, got True"),
+        ({"max_digits": 0}, "max_digits must be a whole number in [1, 999], got 0"),
+        ({"max_digits": 4.0}, "max_digits must be a whole number in [1, 999], got 4.0"),
+        ({"max_digits": True}, "max_digits must be a whole number in [1, 999], got True"),
+        # a sum of 1,000 digits is past what `correct` reads (MAX_ANSWER_CHARS); 10^30 digits
+        # hung the operand draw at start-up
+        ({"max_digits": 1000}, "max_digits must be a whole number in [1, 999], got 1000"),
+        ({"max_digits": 10**30}, f"max_digits must be a whole number in [1, 999], got {10**30}"),
         ({"min_digits": 2.5}, "min_digits must be a whole number in [1, max_digits=4], got 2.5"),
         ({"min_digits": 5}, "min_digits must be a whole number in [1, max_digits=4], got 5"),
         (
@@ -121,7 +125,8 @@ def test_bad_arguments_name_the_field(kwargs, message):
 )
 def test_task_options_that_are_no_digit_counts_are_one_line(options: dict, why: str) -> None:
     """A digit count must be an int: a float or bool would pass a bounds check and then break
-    the zero-padding format or the operand draw."""
+    the zero-padding format or the operand draw; a sum must have fewer digits than an answer
+    `correct` reads."""
     with pytest.raises(UserError) as refused:
         get_task("arith", options)
     assert str(refused.value) == f"data.task_options {options} do not fit task arith: {why}"
