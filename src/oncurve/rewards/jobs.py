@@ -162,11 +162,10 @@ def _returned(
 
 def _check_values(name: str, values: Any, n: int, row: int | None) -> list[float | None]:
     """Plain floats (None for None, NaN or inf) from an ordered sequence (a list, a tuple, a 1-D
-    array; an iterator arrives listed, `_listed`) of numbers or None; RewardError for anything
-    else: a set, a dict or its views, or any other iterable whose order is not the rows', a
-    string, a value that is not a number; and
-    `_TooLarge`, which the error policy handles as a row's error, for a number too large for a
-    float (an int of 309 digits or more)."""
+    array; an iterator arrives listed, `_listed`) of numbers or None; RewardError for anything else:
+    a set, a dict or its views, or any other iterable whose order is not the rows', a string, a
+    value that is not a number; and `_TooLarge`, which the error policy handles as a row's error,
+    for a number too large for a float (an int of 309 digits or more)."""
     where = "" if row is None else f" for sample {row} alone"
     ordered = isinstance(values, Sequence) or hasattr(values, "__array__")  # numpy, torch
     try:

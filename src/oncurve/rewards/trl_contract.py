@@ -1,15 +1,16 @@
 """Reward functions written for TRL's `GRPOTrainer`, called as TRL calls them.
 
 TRL calls a reward function with keywords: `prompts`, `completions`, `completion_ids`, every other
-dataset column by its name, `trainer_state` (its `global_step` the optimizer steps done before
-the sampling, and `max_steps` the run's, as TRL counts them), and `log_extra(column, values)` /
-`log_metric(name, value)`, whose values land in samples.jsonl and the step's metrics. When the dataset's prompts are messages,
-`prompts` are the rows' message lists (after the system prompt the policy was given) and each
-completion is one assistant message, `[{"role": "assistant", "content": text}]`, which is what
-`completion[0]["content"]` reads. An `async def` function is awaited on `REWARD_LOOP`, the one
-event loop that every async reward of the process shares for the run, as TRL's; the runner
-awaits the batch calls of several together (`oncurve.rewards.jobs.run_jobs`), an object whose
-`__call__` is `async def` among them, as TRL does.
+dataset column by its name, `trainer_state` (its `global_step` the optimizer steps done before the
+sampling, and `max_steps` the run's, as TRL counts them), and `log_extra(column, values)` /
+`log_metric(name, value)`, whose values land in samples.jsonl and the step's metrics. When the
+dataset's prompts are messages, `prompts` are the rows' message lists (after the system prompt the
+policy was given) and each completion is one assistant message,
+`[{"role": "assistant", "content": text}]`, which is what `completion[0]["content"]` reads. An
+`async def` function is awaited on `REWARD_LOOP`, the one event loop that every async reward of the
+process shares for the run, as TRL's; the runner awaits the batch calls of several together
+(`oncurve.rewards.jobs.run_jobs`), an object whose `__call__` is `async def` among them, as TRL
+does.
 
 A `module:function` reward is wrapped in `TrlReward`; the built-ins keep the plain protocol of
 `oncurve.rewards.registry` (texts, columns).
