@@ -17,7 +17,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from oncurve.errors import CheckpointError, UserError
-from oncurve.run.durable_files import follow_umask
+from oncurve.run.durable_files import follow_umask, fsync
 
 GENERATION_FILE = "generation_config.json"
 
@@ -112,9 +112,10 @@ def missing_from_final(final: Path) -> str | None:
 
 @contextlib.contextmanager
 def _written_whole(out: Path) -> Iterator[Path]:
-    """A hidden directory beside `out` to write into, renamed to `out` when the block ends: a
-    full disk or a file-size limit never leaves a partial model at `out`, only a one-line
-    CheckpointError that says the run's checkpoints are kept."""
+    """A hidden directory beside `out` to write into, renamed to `out` when the block ends, its
+    files and itself flushed to the disk before (and the rename after): a full disk, a
+    file-size limit or a power loss never leaves a partial model at `out`; the first two give
+    a one-line CheckpointError that says the run's checkpoints are kept."""
     out = Path(out)
     partial = out.parent / f".{out.name}.partial-{os.getpid()}"
     trash = out.parent / f".{out.name}.trash-{os.getpid()}"
@@ -123,9 +124,13 @@ def _written_whole(out: Path) -> Iterator[Path]:
         partial.mkdir(parents=True)
         yield partial
         follow_umask(partial)
+        for path in sorted(partial.rglob("*")):  # files, and folders (a LoRA adapter's) too
+            fsync(path)
+        fsync(partial)
         if out.exists():
             os.replace(out, trash)
         os.replace(partial, out)
+        fsync(out.parent)
     except (OSError, RuntimeError, SafetensorError) as err:
         shutil.rmtree(partial, ignore_errors=True)
         if trash.exists() and not out.exists():

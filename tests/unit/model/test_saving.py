@@ -3,9 +3,14 @@ and the sampling the run trained with, nothing else of the base's."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import transformers
 from helpers.models import tiny_qwen2
 
+from oncurve.model import saving
+from oncurve.model.char_tokenizer import char_tokenizer
 from oncurve.model.saving import trained_generation
 
 TOKENS = {"bos_token_id": 1, "eos_token_id": [2, 3], "pad_token_id": 0}
@@ -29,3 +34,30 @@ def test_the_final_generation_config_is_the_runs_sampling_and_the_base_models_to
     sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
     assert saved(16, 1.0) == {**TOKENS, "do_sample": True, "max_new_tokens": 16, **sampling}
     assert saved(8, 0.0) == {**TOKENS, "do_sample": False, "max_new_tokens": 8}
+
+
+def test_the_final_model_is_on_the_disk_before_its_name_is(tmp_path, monkeypatch):
+    """Every file of `final/` is flushed to the disk before the directory is renamed into place,
+    and the rename after it: a power loss leaves the previous final model or the whole new one,
+    never a `final/` of empty files."""
+    events: list[tuple[str, str]] = []
+    real_replace = os.replace
+
+    def replace(src, dst) -> None:
+        events.append(("rename", Path(dst).name))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(saving, "fsync", lambda path: events.append(("fsync", str(path))))
+    monkeypatch.setattr(saving.os, "replace", replace)
+    model = tiny_qwen2(64)
+    generation = trained_generation(
+        model, max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0
+    )
+    out = tmp_path / "final"
+    saving.save_final(model, char_tokenizer(), out, generation)
+    renamed = events.index(("rename", "final"))
+    flushed = {Path(path).name for kind, path in events[:renamed] if kind == "fsync"}
+    files = {p.name for p in out.iterdir()}
+    assert "model.safetensors" in files and files <= flushed
+    assert events[renamed - 1] == ("fsync", str(tmp_path / f".final.partial-{os.getpid()}"))
+    assert events[renamed + 1 :] == [("fsync", str(tmp_path))]
