@@ -488,10 +488,8 @@ def _stated_after_last_box(text: str) -> str | None:
     result is no final answer that a later sentence gives (`\\boxed{255} ... The final answer
     is $10,455$`), and a box followed by another answer is not paid as the box's
     (`\\boxed{46}. The answer is 47.`, `\\boxed{B}. The answer is C.`)."""
-    boxes = list(BOX_RE.finditer(text))
-    if not boxes:
-        return None
-    return _later_statement(text[boxes[-1].end() :])
+    last = _last_match(BOX_RE, text, len(text))
+    return None if last is None else _later_statement(text[last.end() :])
 
 
 def _later_statement(after: str) -> str | None:
@@ -526,14 +524,16 @@ def _last_tag_span(text: str) -> tuple[str, int] | None:
     """(The content of the last `<answer>...</answer>` pair with something in it, where its
     closing tag ends): its closing tag and the nearest opening tag before it. Empty pairs (a
     format quoted) are passed over."""
+    # offsets, not match objects: thousands of tracked objects would set off the collector
     openings = [match.end() for match in _OPEN_TAG_RE.finditer(text)]
-    for close in reversed(list(_CLOSE_TAG_RE.finditer(text))):
-        before = bisect.bisect_right(openings, close.start()) - 1
+    closes = [match.start() for match in _CLOSE_TAG_RE.finditer(text)]
+    for close in reversed(closes):
+        before = bisect.bisect_right(openings, close) - 1
         if before < 0:
             return None
-        content = text[openings[before] : close.start()].strip()
+        content = text[openings[before] : close].strip()
         if content:
-            return content, close.end()
+            return content, _CLOSE_TAG_RE.match(text, close).end()
     return None
 
 
@@ -556,7 +556,7 @@ def _joined_boxes(text: str, answer: str) -> str | None:
     together (each joined to the next) with two answers or more among them, and the last one
     holds `answer`; else None. The same answer boxed twice is one answer; a chain longer than
     `MAX_JOINED_BOXES` is no one answer (it is read no further)."""
-    boxes = list(_FLAT_BOX_RE.finditer(text))
+    boxes = list(collections.deque(_FLAT_BOX_RE.finditer(text), maxlen=MAX_JOINED_BOXES + 2))
     if len(boxes) < 2 or boxes[-1]["content"].strip() != answer:
         return None
     if BOX_RE.search(text, boxes[-1].end()):

@@ -303,38 +303,43 @@ def last_boxed(text: str) -> str | None:
     first = BOX_RE.search(text)
     if first is None:
         return None
-    boxes: dict[int, tuple[int, int, int]] = {}  # box start -> (content start, end, box end)
+    # offsets in dicts of ints, not tuples: a text of thousands of boxes would make as many
+    # objects the garbage collector tracks, and set it off
+    content_starts: dict[int, int] = {}  # box start -> where its content starts
+    content_ends: dict[int, int] = {}  # box start -> where its content ends
+    box_ends: dict[int, int] = {}  # box start -> where the box ends
     last = None  # the box that closed last: it is outermost, since one around it closes later
-    open_braces: list[tuple[int, int] | None] = []  # (box start, content start) for a box's
+    open_braces: list[int] = []  # per open brace: its box's start, or -1 (a plain brace)
     for token in _BOX_TOKEN_RE.finditer(text, first.start()):  # braces before it hold no box
         if token.group() == "{":
-            open_braces.append(None)
+            open_braces.append(-1)
         elif token.group() == "}":
-            box = open_braces.pop() if open_braces else None
-            if box is not None:
-                boxes[box[0]] = (box[1], token.start(), token.end())
+            box = open_braces.pop() if open_braces else -1
+            if box >= 0:
+                content_ends[box], box_ends[box] = token.start(), token.end()
                 # an empty box (a prompt's `\boxed{}` quoted) is no answer: the one before
                 # it still is
-                if _NON_SPACE_RE.search(text, box[1], token.start()):
-                    last = box[0]
+                if _NON_SPACE_RE.search(text, content_starts[box], token.start()):
+                    last = box
         elif token.group(1):
-            open_braces.append((token.start(), token.end()))
+            open_braces.append(token.start())
+            content_starts[token.start()] = token.end()
         elif token.group(2):
             end = token.start(2) + len(token.group(2).rstrip("."))  # `\boxed 7.`
-            boxes[token.start()] = (token.start(2), end, token.end())
+            content_starts[token.start()] = token.start(2)
+            content_ends[token.start()], box_ends[token.start()] = end, token.end()
             last = token.start()
     if last is None:
         return None
-    start, end, _ = boxes[last]
+    start, end = content_starts[last], content_ends[last]
     while True:
         first = _NON_SPACE_RE.search(text, start, end)
-        if first is None or first.start() not in boxes:
+        if first is None or first.start() not in box_ends:
             break
-        inner_start, inner_end, inner_box_end = boxes[first.start()]
         stop = end
-        while stop > inner_box_end and text[stop - 1].isspace():
+        while stop > box_ends[first.start()] and text[stop - 1].isspace():
             stop -= 1
-        if stop != inner_box_end:
+        if stop != box_ends[first.start()]:
             break
-        start, end = inner_start, inner_end
+        start, end = content_starts[first.start()], content_ends[first.start()]
     return text[start:end].strip()

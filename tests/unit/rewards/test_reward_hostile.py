@@ -9,6 +9,7 @@ unbounded computations, not slowness.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections.abc import Callable
@@ -377,3 +378,26 @@ def test_evaluation_scores_under_the_training_timeout_and_error_policy(tmp_path,
     result = evaluate(None, rows, correct, SamplingParams(4), timeout_score=1.0, **kwargs)
     assert [r["greedy_correct"] for r in records] == [1.0, 1.0, 0.0]
     assert result == {"accuracy": pytest.approx(2 / 3)}
+
+
+@pytest.mark.parametrize("name", ["correct", "format", "tags_format", "boxed_format", "countdown"])
+@pytest.mark.parametrize("label", list(SHAPES))
+def test_a_text_of_many_boxes_or_tags_sets_off_no_garbage_collection(name: str, label: str) -> None:
+    """Scoring a text of thousands of boxes or tags keeps offsets, not an object per box the
+    collector tracks: such objects set off collections of every generation, a full one costing
+    as long as the process's heap is large (a trainer's: seconds under load)."""
+    completion = SHAPES[label]()
+    reward_fn(name)([SUM], ["0"], **COLUMNS.get(name, {}))
+    generations: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            generations.append(info["generation"])
+
+    gc.collect()
+    gc.callbacks.append(count)
+    try:
+        reward_fn(name)([SUM], [completion], **COLUMNS.get(name, {}))
+    finally:
+        gc.callbacks.remove(count)
+    assert 2 not in generations and generations.count(0) <= 2, generations
