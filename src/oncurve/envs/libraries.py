@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import numbers
 import random
 import threading
 import zlib
@@ -150,7 +151,10 @@ class TextArenaGame:
             done, _ = self.env.step(action=turn)
             if done:
                 rewards, _ = self.env.close()
-                return None, float(rewards[self.player]), True
+                # None: a game that ended without an outcome
+                reward = None if rewards is None else rewards.get(self.player)
+                where = f"textarena:{self.game}: the game ended with the reward"
+                return None, _number(reward, where), True
         return self._news(), 0.0, False
 
     def abandon(self) -> None:
@@ -179,6 +183,7 @@ class GemEnv:
 
     def __init__(self, env_id: str, **make_args: Any) -> None:
         gem = _library("gem", "gem", f"gem:{env_id}")
+        self.env_id = env_id
         try:
             self.env = gem.make(env_id, **make_args)
         except (KeyError, ValueError) as err:
@@ -194,13 +199,23 @@ class GemEnv:
     def step(self, turn: str) -> tuple[str | None, float, bool]:
         with self.randomness():
             observation, reward, terminated, truncated, info = self.env.step(turn)
+        reward = _number(reward, f"gem:{self.env_id}: the step's reward is")
         if terminated or truncated:
-            return None, float(reward), True
-        return _with_suffix(observation, info), float(reward), False
+            return None, reward, True
+        return _with_suffix(observation, info), reward, False
 
     def abandon(self) -> None:
         """A call of the episode was left running past its time: see `OwnRandomness.abandon`."""
         self.randomness.abandon()
+
+
+def _number(reward: Any, where: str) -> float:
+    """A game's `reward` as a float when it is a real number (NumPy's included), not a bool;
+    RuntimeError "`where` <the reward>, not a number" otherwise (not paid: a bool, None, text
+    such as a reason a game passed as its reward)."""
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
+        raise RuntimeError(f"{where} {reward!r}, not a number")
+    return float(reward)
 
 
 def _with_suffix(observation: str, info: dict[str, Any] | None) -> str:

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 from helpers.episodes import chat_ids, load_qwen3_tokenizer, scripted_sampler, settings
 
@@ -202,3 +203,44 @@ def test_a_played_game_is_a_chat_of_user_turns_and_the_win_is_the_reward():
     assert played.rewards.tolist() == [1.0] and played.turns.tolist() == [len(turns)]
     fed = tok.decode(out.completion_ids[0][out.tool_mask[0].bool()])
     assert "<|im_start|>user\nThe target number is" in fed and "tool_response" not in fed
+
+
+def test_a_textarena_reward_that_is_not_a_number_is_the_games_fault_not_paid():
+    """Countdown passes its arguments to `set_invalid_move` swapped, so invalid moves end the
+    game (at the second: it allows one) with the reason's text as the reward: a fault naming
+    the game and that text. A bool is not paid as 1, a missing reward not as anything; NumPy's
+    numbers are numbers."""
+    game = TextArenaGame("Countdown-v0")
+    game.reset({"seed": 1})
+    assert game.step("[")[2] is False
+    with pytest.raises(RuntimeError) as swapped:
+        game.step("[")
+    assert str(swapped.value).startswith(
+        "textarena:Countdown-v0: the game ended with the reward 'Invalid action format."
+    )
+    assert str(swapped.value).endswith("', not a number")
+    for rewards, paid in [({0: True}, None), (None, None), ({}, None), ({0: np.float32(0.5)}, 0.5)]:
+        game = TextArenaGame(GUESS)
+        game.reset({"seed": 3})
+        game.env.step = lambda action: (True, {})
+        game.env.close = lambda rewards=rewards: (rewards, {})
+        if paid is None:
+            with pytest.raises(RuntimeError, match=r"^textarena:GuessTheNumber-v0: the game "):
+                game.step("[10]")
+        else:
+            assert game.step("[10]") == (None, paid, True)
+
+
+@pytest.mark.parametrize("reward", ["1", True, None, [1.0]])
+def test_a_gem_reward_that_is_not_a_number_is_the_games_fault_not_paid(reward):
+    pytest.importorskip("gem", reason="the gem extra is not installed")
+    env = GemEnv("game:GuessTheNumber-v0-easy")
+    env.reset({"seed": 3})
+    env.env.step = lambda action: ("obs", reward, False, False, {})
+    with pytest.raises(RuntimeError) as refused:
+        env.step("\\boxed{1}")
+    assert str(refused.value) == (
+        f"gem:game:GuessTheNumber-v0-easy: the step's reward is {reward!r}, not a number"
+    )
+    env.env.step = lambda action: ("obs", np.float64(0.25), np.True_, False, {})
+    assert env.step("\\boxed{1}") == (None, 0.25, True)
