@@ -7,10 +7,11 @@ episode ends. The messages are OpenEnv's (its `GenericEnvClient`): `reset` sends
 (`episode_seed`; a server whose `reset` takes no seed leaves it out), `step` sends the action
 `{action_field: turn}`, and each answer is `{"observation": {...}, "reward": number or null,
 "done": flag}`. The observation's text is its `text_field`, else the newest of its `messages`'
-`content` (OpenEnv's TextArena environment's shape); the reward is the step's (null: 0). An
-observation that starts with the previous one and adds to it (a server that answers with the
-whole game so far, as OpenEnv's TextArena environment does) is sent from where the previous one
-ended, its leading newlines dropped: the chat holds the rest already.
+`content` (OpenEnv's TextArena environment's shape); the reward is the step's (null: 0; a
+reward that is not a number, `true` included, or a `done` that is not true or false is the
+step's fault). An observation that starts with the previous one and adds to it (a server that
+answers with the whole game so far, as OpenEnv's TextArena environment does) is sent from where
+the previous one ended, its leading newlines dropped: the chat holds the rest already.
 
 All of a process's sessions run on one event loop, on a daemon thread of its own, so that the
 episodes of a step overlap their waits on the server without a thread per session.
@@ -136,9 +137,14 @@ class OpenEnvSession:
         reward = result.reward
         if reward is None:
             reward = 0.0
-        elif not isinstance(reward, int | float):
+        elif isinstance(reward, bool) or not isinstance(reward, int | float):  # JSON's true
             raise RuntimeError(
                 f"openenv:{self.base_url}: the step's reward is {reward!r}, not a number"
+            )
+        # a flag, not anything truthy: "false" would end the episode
+        if not isinstance(result.done, bool):
+            raise RuntimeError(
+                f"openenv:{self.base_url}: the step's done is {result.done!r}, not true or false"
             )
         if result.done:
             self.close()

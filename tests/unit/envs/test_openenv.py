@@ -263,3 +263,27 @@ def test_a_run_trains_on_an_openenv_server(url, chat_model_dir, data_file, tmp_p
     seeds = GuessTheNumber.SEEDS[seen:]
     assert len(seeds) == 4 and len(set(seeds)) == 2  # a row's 2 episodes play one game
     assert all_closed()
+
+
+@pytest.mark.parametrize(
+    ("reward", "done", "why"),
+    [
+        (True, False, "the step's reward is True, not a number"),
+        ("1", True, "the step's reward is '1', not a number"),
+        (0.5, "false", "the step's done is 'false', not true or false"),
+        (0.5, 1, "the step's done is 1, not true or false"),
+    ],
+)
+def test_a_step_answer_whose_reward_or_done_is_not_its_type_is_refused(reward, done, why):
+    """A server's `true` is not a reward of 1, nor its `"false"` (truthy) an end that pays."""
+
+    class Answering:
+        async def step(self, action):
+            observation = {"messages": [{"content": "go on"}]}
+            return type("Answer", (), {"observation": observation, "reward": reward, "done": done})
+
+    env = OpenEnvSession("http://127.0.0.1:9")
+    env.client = Answering()
+    with pytest.raises(RuntimeError) as refused:
+        env.step("[1]")
+    assert str(refused.value) == f"openenv:http://127.0.0.1:9: {why}"
