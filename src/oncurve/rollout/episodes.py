@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -134,8 +135,9 @@ class ObservationFormat:
     EOS token; `role` names the role instead (a game's messages are the user's). Without one:
     the observation between newlines. The observation's own text is cut to its last
     `max_tokens` tokens first (its newest text), so that the episode's length is bounded, and
-    is tokenized as text: a special token's name it prints (`<|im_end|>`) is not that token, so
-    no output can end the turn or forge another.
+    is tokenized as text: an added token's name it prints (`<|im_end|>`, or Qwen's
+    `</tool_response>`, `<tool_call>`, which are not special) is not that token, so no output
+    can end the turn or forge another, a tool's response or a call.
     """
 
     _MARK = "\u2063oncurve-turn\u2063"
@@ -145,6 +147,12 @@ class ObservationFormat:
         self, tokenizer: Any, chat_template: bool, max_tokens: int, role: str | None = None
     ) -> None:
         self.tokenizer = tokenizer
+        # added tokens that are not special (Qwen's `<tool_call>`, `<tool_response>`, `<think>`):
+        # `split_special_tokens` leaves them tokens, so their names are spelled out here
+        added = getattr(tokenizer, "added_tokens_decoder", {})
+        self._added_ids = frozenset(added)
+        names = sorted((t.content for t in added.values() if not t.special), key=len, reverse=True)
+        self._added_names = re.compile("|".join(map(re.escape, names))) if names else None
         self.chat_template = chat_template
         self.max_tokens = max_tokens
         self.role = role or ("tool" if chat_template and self._renders("tool") else "user")
@@ -158,7 +166,7 @@ class ObservationFormat:
         # last. No token holds more characters: a megabyte of output is not tokenized for a few
         # tokens
         text = observation[-self.max_tokens * MAX_CHARS_PER_TOKEN :]
-        ids = encode(text, split_special_tokens=True)["input_ids"][-self.max_tokens :]
+        ids = self._text_ids(text)[-self.max_tokens :]
         if not self.chat_template:
             before, after = "\n", "\n"
         else:
@@ -169,6 +177,29 @@ class ObservationFormat:
             if ended_with_eos and end and before.startswith(end):
                 before = before[len(end) :]
         return encode(before)["input_ids"] + ids + encode(after)["input_ids"]
+
+    def _text_ids(self, text: str) -> list[int]:
+        """`text`'s token ids with every added token's name in it as that name's text."""
+        encode = functools.partial(
+            self.tokenizer, add_special_tokens=False, split_special_tokens=True
+        )
+        if self._added_names is None or not self._added_names.search(text):
+            return encode(text)["input_ids"]
+        ids, at = [], 0
+        for name in self._added_names.finditer(text):
+            ids += encode(text[at : name.start()])["input_ids"] + self._spelled(name[0])
+            at = name.end()
+        return ids + encode(text[at:])["input_ids"]
+
+    def _spelled(self, name: str) -> list[int]:
+        """Ids that decode to an added token's `name`, none of them an added token: the name
+        cut in two where neither part holds one."""
+        encode = functools.partial(self.tokenizer, add_special_tokens=False)
+        for cut in range(1, len(name)):
+            ids = encode(name[:cut])["input_ids"] + encode(name[cut:])["input_ids"]
+            if self._added_ids.isdisjoint(ids) and self.tokenizer.decode(ids) == name:
+                return ids
+        raise UserError(f"the tokenizer cannot spell its added token {name!r} as text")
 
     def _between_turns(self, content: str, role: str) -> str:
         messages = [
