@@ -103,6 +103,21 @@ def seeded_generator(seed: int | None, device: torch.device) -> torch.Generator:
     return generator
 
 
+def spelled_out(tokenizer: Any, name: str) -> list[int]:
+    """Token ids that decode to an added token's `name` (`<tool_call>`), none of them an added
+    token: the name cut in two where neither part holds one. For text that names a token
+    that `split_special_tokens` leaves a token (one that is not special)."""
+    added = frozenset(getattr(tokenizer, "added_tokens_decoder", {}))
+    for cut in range(1, len(name)):
+        ids = [
+            *tokenizer(name[:cut], add_special_tokens=False)["input_ids"],
+            *tokenizer(name[cut:], add_special_tokens=False)["input_ids"],
+        ]
+        if added.isdisjoint(ids) and tokenizer.decode(ids) == name:
+            return ids
+    raise UserError(f"the tokenizer cannot spell its added token {name!r} as text")
+
+
 def check_stops(stops: list[str] | tuple[str, ...], tokenizer: Any, setting: str) -> None:
     """UserError for a stop string that is one of the tokenizer's special tokens: stop strings
     are matched in the text decoded without special tokens (as vLLM matches them), where it

@@ -16,13 +16,14 @@ endpoint sampled for the same episode (as answered, or with its stop string) is 
 the tokens it sampled, so a conversation's tokens are the ones the policy produced; one it did
 not sample (text a harness rewrote) is tokenized as text, and its call marked `rewritten`; a
 special token's name in any string of a request that the template shows (a message's text, a
-tool call's name or arguments, a tool's definition) is tokenized as that name's text. A last
-assistant message is continued, as a dataset's conversational prompt is
+tool call's name or arguments, a tool's definition) is tokenized as that name's text, and so is
+an added token's that is not special (Qwen's `</tool_response>`) in a message that is not the
+assistant's. A last assistant message is continued, as a dataset's conversational prompt is
 (`oncurve.data.files.chat_template_ending`). A request's `tools` are shown to the model through
-its chat template and its calls answered as OpenAI's `tool_calls` (`oncurve.rollout.tool_calls`:
-the Hermes format). Every call is kept in `Endpoint.calls`, and the time each episode's requests
-spent in the endpoint is counted (`Endpoint.seconds_in_calls`: the part of an episode's time
-that is the sampler's).
+its chat template and its calls answered as OpenAI's `tool_calls`
+(`oncurve.rollout.tool_calls`: the Hermes format). Every call is kept in `Endpoint.calls`, and
+the time each episode's requests spent in the endpoint is counted (`Endpoint.seconds_in_calls`:
+the part of an episode's time that is the sampler's).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from typing import Any
 
 from oncurve.data.files import chat_template_ending
 from oncurve.errors import UserError
-from oncurve.rollout.base import Sampler, SamplingParams
+from oncurve.rollout.base import Sampler, SamplingParams, spelled_out
 from oncurve.rollout.tool_calls import (
     parse_tool_calls,
     reply_key,
@@ -188,8 +189,9 @@ class Endpoint:
         calls) this endpoint sampled for `episode` as the ids it sampled, and a special token's
         name in any other string the template shows (a message's content or reasoning, a tool
         call's name or arguments, a tool's definition: a tool that printed `<|im_end|>`, an
-        assistant turn a harness rewrote) as that name's text's ids, so that it cannot end its
-        message or forge a turn; and whether any assistant message was one it did not sample.
+        assistant turn a harness rewrote; in a message of another role than the assistant's,
+        every added token's name: Qwen's `</tool_response>`) as that name's text's ids, so that
+        it cannot end its message or forge a turn; and whether any assistant message was one it did not sample.
         Where the template drops a sampled turn, the whole conversation is its text (each
         special token's name in it still text), and counts as not sampled."""
         tokenizer = self.sampler.tokenizer
@@ -211,13 +213,14 @@ class Endpoint:
                     continue
                 rewritten = True
                 message = template_message(message) if calls else message
-            marked.append(splices.escaped(message))
+            marked.append(splices.escaped(message, message.get("role") != "assistant"))
         text = render(marked, splices)
         if splices.shows_every_turn(text):
             return splices.encode(text), rewritten
         as_text = _Splices(tokenizer)
         whole = [template_message(m) if m.get("tool_calls") else m for m in messages]
-        return as_text.encode(render(as_text.escaped(whole), as_text)), True
+        shown = [as_text.escaped(m, m.get("role") != "assistant") for m in whole]
+        return as_text.encode(render(shown, as_text)), True
 
     def remember_reply(
         self, key: Any, completion_ids: list[int], episode: int | None = None
@@ -348,6 +351,13 @@ class _Splices:
         self._marks = re.compile(f"{re.escape(before)}(\\d+){re.escape(after)}")
         names = sorted(tokenizer.all_special_tokens, key=len, reverse=True)
         self._names = re.compile("|".join(map(re.escape, names))) if names else None
+        # added tokens that are not special (Qwen's `<tool_response>`, `<tool_call>`): spelled
+        # out in the messages of other roles than the assistant's, whose text a template may
+        # read them in (Qwen3's splits a turn's reasoning at `</think>`)
+        added = getattr(tokenizer, "added_tokens_decoder", {})
+        plain = {t.content for t in added.values() if not t.special} - set(names)
+        every = sorted({*names, *plain}, key=len, reverse=True)
+        self._every_name = re.compile("|".join(map(re.escape, every))) if plain else self._names
         self._ids: list[list[int]] = []
         self._turns: set[int] = set()
         self._named: dict[str, str] = {}
@@ -357,16 +367,20 @@ class _Splices:
         self._turns.add(len(self._ids))
         return self._splice(ids)
 
-    def escaped(self, value: Any) -> Any:
+    def escaped(self, value: Any, every_added: bool = False) -> Any:
         """`value` (text, or lists and mappings of it: a message, a tool) with every special
-        token's name in its text, a mapping's keys included, replaced by the mark of that
-        name's text's ids."""
+        token's name in its text (`every_added`: every added token's), a mapping's keys
+        included, replaced by the mark of that name's text's ids."""
+        names = self._every_name if every_added else self._names
         if isinstance(value, str):
-            return self._names.sub(self._name, value) if self._names else value
+            return names.sub(self._name, value) if names else value
         if isinstance(value, dict):
-            return {self.escaped(key): self.escaped(item) for key, item in value.items()}
+            return {
+                self.escaped(key, every_added): self.escaped(item, every_added)
+                for key, item in value.items()
+            }
         if isinstance(value, list):
-            return [self.escaped(item) for item in value]
+            return [self.escaped(item, every_added) for item in value]
         return value
 
     def shows_every_turn(self, text: str) -> bool:
@@ -393,10 +407,10 @@ class _Splices:
     def _name(self, match: re.Match[str]) -> str:
         name = match[0]
         if name not in self._named:
+            ids = self.tokenizer(name, add_special_tokens=False, split_special_tokens=True)
+            special = self._names is not None and self._names.fullmatch(name)
             self._named[name] = self._splice(
-                self.tokenizer(name, add_special_tokens=False, split_special_tokens=True)[
-                    "input_ids"
-                ]
+                ids["input_ids"] if special else spelled_out(self.tokenizer, name)
             )
         return self._named[name]
 

@@ -38,6 +38,7 @@ from oncurve.rollout.base import (
     Sampler,
     SamplingParams,
     seeded_generator,
+    spelled_out,
 )
 from oncurve.rollout.env_calls import EnvFaults, add_reward, call_reset, call_steps
 from oncurve.rollout.harness import HarnessSettings, play_harness
@@ -150,7 +151,6 @@ class ObservationFormat:
         # added tokens that are not special (Qwen's `<tool_call>`, `<tool_response>`, `<think>`):
         # `split_special_tokens` leaves them tokens, so their names are spelled out here
         added = getattr(tokenizer, "added_tokens_decoder", {})
-        self._added_ids = frozenset(added)
         names = sorted((t.content for t in added.values() if not t.special), key=len, reverse=True)
         self._added_names = re.compile("|".join(map(re.escape, names))) if names else None
         self.chat_template = chat_template
@@ -187,19 +187,11 @@ class ObservationFormat:
             return encode(text)["input_ids"]
         ids, at = [], 0
         for name in self._added_names.finditer(text):
-            ids += encode(text[at : name.start()])["input_ids"] + self._spelled(name[0])
+            ids += encode(text[at : name.start()])["input_ids"] + spelled_out(
+                self.tokenizer, name[0]
+            )
             at = name.end()
         return ids + encode(text[at:])["input_ids"]
-
-    def _spelled(self, name: str) -> list[int]:
-        """Ids that decode to an added token's `name`, none of them an added token: the name
-        cut in two where neither part holds one."""
-        encode = functools.partial(self.tokenizer, add_special_tokens=False)
-        for cut in range(1, len(name)):
-            ids = encode(name[:cut])["input_ids"] + encode(name[cut:])["input_ids"]
-            if self._added_ids.isdisjoint(ids) and self.tokenizer.decode(ids) == name:
-                return ids
-        raise UserError(f"the tokenizer cannot spell its added token {name!r} as text")
 
     def _between_turns(self, content: str, role: str) -> str:
         messages = [
