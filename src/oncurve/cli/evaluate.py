@@ -82,11 +82,10 @@ def _eval_scorer(args: argparse.Namespace, config) -> tuple[str, Callable, bool]
     """(name, function, whether it reads a reference answer) of the reward that decides
     correctness: `--reward`, else `--task`'s, else the run's (`--run`: with `rollout.env`, the
     episode's reward), else the built-in `correct` (answers read as data.answer_format says)."""
-    from oncurve.data.prompts import correctness_fn
+    from oncurve.data.prompts import correctness_fn, correctness_name
     from oncurve.data.tasks import get_task
     from oncurve.rewards.registry import (
         ANSWER_MATCH_REWARDS,
-        BUILTINS,
         episode_reward,
         resolve_reward,
     )
@@ -102,13 +101,12 @@ def _eval_scorer(args: argparse.Namespace, config) -> tuple[str, Callable, bool]
         return *resolve_reward("correct"), True
     on_task = config.data.task and not config.data.path
     task = get_task(config.data.task, config.data.task_options) if on_task else None
-    fn = correctness_fn(config, task)
+    fn, name = correctness_fn(config, task), correctness_name(config, task)
     if fn is episode_reward:
-        return f"rollout.env {config.rollout.env}: the episode's reward", fn, False
+        return name, fn, False
     if task is not None and "correct" in task.reward_fns():
-        return f"{config.data.task} task's correct", fn, _reads_answer(task.reward_fns()["correct"])
-    builtin = next((name for name, f in BUILTINS.items() if f == fn), None)
-    return builtin or getattr(fn, "__name__", "the run's reward"), fn, fn in ANSWER_MATCH_REWARDS
+        return name, fn, _reads_answer(task.reward_fns()["correct"])
+    return name, fn, fn in ANSWER_MATCH_REWARDS
 
 
 def _reads_answer(fn: Callable) -> bool:

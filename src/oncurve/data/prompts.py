@@ -280,3 +280,15 @@ def correctness_fn(config: Config, task: Task | None) -> RewardFn:
     if any(spec.name == "code_tests" for spec in config.reward.functions):
         return resolve_reward("code_tests")[1]
     return with_answer_match(resolve_reward("correct")[1], config.reward.answer_match)
+
+
+def correctness_name(config: Config, task: Task | None) -> str:
+    """How an evaluation's warnings name `correctness_fn(config, task)`: the episode's reward
+    of `rollout.env`, the task's `correct`, `code_tests` or `correct`."""
+    if config.rollout.env is not None:
+        return f"rollout.env {config.rollout.env}: the episode's reward"
+    if task is not None and "correct" in task.reward_fns():
+        return f"{config.data.task} task's correct"
+    if any(spec.name == "code_tests" for spec in config.reward.functions):
+        return "code_tests"
+    return "correct"

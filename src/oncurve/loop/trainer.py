@@ -424,4 +424,5 @@ def _evaluation(s: Session, step: int) -> dict[str, float]:
         episodes=s.episodes,
         state=trainer_state(cfg, step),
         **runner_settings(cfg.reward),
+        name=s.correct_name,
     )

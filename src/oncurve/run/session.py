@@ -70,6 +70,7 @@ class Session:
     eval_data: PromptData | None
     rewards: RewardRunner
     correct: Any  # the reward evaluation calls correct
+    correct_name: str  # how evaluation's warnings name it
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     loss_fns: LossFns

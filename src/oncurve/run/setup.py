@@ -39,6 +39,7 @@ from oncurve.data.curriculum import build_curriculum, curriculum_notes
 from oncurve.data.prompts import (
     PromptData,
     correctness_fn,
+    correctness_name,
     encode_prompt,
     load_prompts,
 )
@@ -151,6 +152,7 @@ def setup(config: Config, checks: Callable[[Session], None] | None = None) -> Se
             eval_data=eval_data,
             rewards=rewards,
             correct=correctness_fn(config, task),
+            correct_name=correctness_name(config, task),
             optimizer=optimizer,
             scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(config)),
             loss_fns=build_loss_fns(config),

@@ -11,7 +11,8 @@ from helpers.paths import REPO
 
 from oncurve.config import DataConfig, RewardFnConfig, load_config
 from oncurve.data.files import final_answer, load_rows
-from oncurve.data.prompts import encode_prompt
+from oncurve.data.prompts import correctness_name, encode_prompt
+from oncurve.data.tasks import get_task
 from oncurve.errors import UserError
 from oncurve.loop.reward_signal import DeadStepWatch, check_gold_answers, stated_answer
 from oncurve.rewards.registry import resolve_reward
@@ -336,3 +337,25 @@ def test_the_converter_reads_a_hub_id_at_a_config_and_split(gsm8k_hub_cache, tmp
     assert [row["answer"] for row in rows] == ["600", "1200", "1800", "2400"]
     assert rows[0]["prompt"] == gsm8k_record(1)["question"] + INSTRUCTION
     assert capsys.readouterr().out == f"wrote 4 rows to {out}\n"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "name"),
+    [
+        (["data.path=d.jsonl"], "correct"),
+        (["data.path=d.jsonl", "reward.answer_match=lenient"], "correct"),
+        (["data.path=d.jsonl", "reward.functions=[code_tests]"], "code_tests"),
+        (["data.task=countdown"], "countdown task's correct"),
+        (
+            ["data.path=d.jsonl", "rollout.env=helpers.rewards_for_tests:DigitsEnv"],
+            "rollout.env helpers.rewards_for_tests:DigitsEnv: the episode's reward",
+        ),
+    ],
+)
+def test_evaluation_names_the_reward_that_decides_correctness(overrides, name) -> None:
+    """The name an evaluation's warnings give the reward `correctness_fn` picks: the
+    environment's episode reward, the task's `correct`, `code_tests` for a run its tests score,
+    else `correct` (strict or lenient)."""
+    config = load_config(None, overrides)
+    task = None if config.data.path else get_task(config.data.task)
+    assert correctness_name(config, task) == name
