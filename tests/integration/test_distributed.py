@@ -193,10 +193,6 @@ def test_on_torch_2_4_checkpoints_keep_their_tensors_and_fsdp_is_a_one_line_erro
         distributed.wrap(torch.nn.Linear(2, 2), "cpu", fsdp=True)
 
 
-def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return run_clis([list(args)], timeout)[0]
-
-
 @pytest.fixture(scope="module")
 def two_rank_runs(
     tiny_model_dir, data_file, tmp_path_factory
@@ -233,49 +229,25 @@ def test_two_rank_run_writes_one_log_one_checkpoint_set_and_resumes(two_rank_run
     # rank 0 alone reports: one progress line for the last step, one summary
     assert first.stderr.count("step 3/3") == 1
     assert len(first.stdout.strip().splitlines()) == 1
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    metrics = run_dir / "metrics.jsonl"
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3]
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").glob("step-*"))
     assert checkpoints == ["step-000001", "step-000002", "step-000003"]
     assert sorted(p.name for p in (run_dir / "checkpoints" / "step-000003").glob("rng-*")) == [
         "rng-rank0.json",
         "rng-rank1.json",
     ]
-    # resumed, and stopped by SIGTERM to the launcher once it has logged step 4 (what
-    # tests/integration/test_stopping.py's table says of the launcher): it forwards the signal to its
-    # ranks, both finish the step under way, one checkpoint holds both ranks' state (no
-    # periodic one: the stop's), every process of the job has ended and the launcher exits 0
+    # resumed, and its launcher killed outright once two steps more are logged: it forwards
+    # nothing, torchrun is sent SIGTERM by the kernel and the job stops (at a step's end, with
+    # its checkpoint) instead of training on orphaned (a SIGTERM to the launcher: the FSDP2
+    # test below)
     resume = [*common, f"run.steps={LONG}", "run.save_every=1000", "run.resume=auto"]
-    launcher = oncurve_process(resume)
-    metrics = run_dir / "metrics.jsonl"
+    launcher = oncurve_process(resume, stdout=subprocess.DEVNULL)
     job_pids: list[int] = []
     try:
-        wait_for(lambda: len(metrics.read_text().splitlines()) >= 4, launcher, "step 4")
+        wait_for(lambda: len(metrics.read_text().splitlines()) > 4, launcher, "two steps")
         job_pids = descendants(launcher.pid)
         assert len(job_pids) >= 3  # torchrun and two ranks
-        launcher.send_signal(signal.SIGTERM)
-        code, err = finish(launcher)
-        left = still_alive(job_pids, 10)
-    finally:
-        kill_all(job_pids)
-        launcher.kill()
-        launcher.wait()
-    assert code == 0, err[-3000:]
-    assert left == []
-    stopped_at = latest_step(run_dir)
-    assert 4 <= stopped_at < LONG
-    saved = run_dir / "checkpoints" / f"step-{stopped_at:06d}"
-    assert sorted(p.name for p in saved.glob("rng-*")) == ["rng-rank0.json", "rng-rank1.json"]
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, stopped_at + 1))
-    assert f"stopped at step {stopped_at} on request" in err
-    # a launcher killed outright forwards nothing: torchrun is sent SIGTERM by the kernel and
-    # the job stops (at a step's end, with its checkpoint) instead of training on orphaned
-    launcher = oncurve_process(resume, stdout=subprocess.DEVNULL)
-    try:
-        logged = stopped_at + 1
-        wait_for(lambda: len(metrics.read_text().splitlines()) > logged, launcher, "two steps")
-        job_pids = descendants(launcher.pid)
         launcher.kill()
         launcher.wait()
         left = still_alive(job_pids, 60)
@@ -290,11 +262,17 @@ def test_two_rank_run_writes_one_log_one_checkpoint_set_and_resumes(two_rank_run
     assert "written by 2 ranks" in capsys.readouterr().err
 
 
-def test_fsdp2_run_equals_the_data_parallel_run_and_resumes_exactly(two_rank_runs):
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks' pids in /proc")
+def test_fsdp2_run_equals_the_data_parallel_run_resumes_exactly_and_stops_on_sigterm(
+    two_rank_runs,
+):
     """`oncurve train dist.fsdp=true` on 2 ranks: the same weights and metrics as DDP after 3
     steps (sampling reads the gathered copy; the update and the pi_old pass of mu = 2 read the
     shards; checked by the fixture), a checkpoint in the single-process format, and a resume
-    from step 2 that reproduces step 3."""
+    from step 2 that reproduces step 3. SIGTERM to the launcher once the resumed job has logged
+    step 4 (what tests/integration/test_stopping.py's table says of the launcher): it forwards
+    the signal to its ranks, both finish the step under way, one checkpoint holds both ranks'
+    state, every process of the job has ended and the launcher exits 0."""
     sharded, _, common, _ = two_rank_runs
     final = load_file(sharded / "final" / "model.safetensors")
     resume_from = sharded / "checkpoints" / "step-000002"
@@ -302,12 +280,34 @@ def test_fsdp2_run_equals_the_data_parallel_run_and_resumes_exactly(two_rank_run
     shapes = sorted(tuple(s["exp_avg"].shape) for s in saved["state"].values())
     assert shapes == sorted(tuple(v.shape) for v in final.values())  # whole, not shards
 
-    resume = [f"run.dir={sharded}", "dist.fsdp=true", f"run.resume={resume_from}"]
-    resume.append("run.overwrite=true")  # step 3's checkpoint is written again
-    proc = run_cli(*common, *resume)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    for name, value in load_file(sharded / "final" / "model.safetensors").items():
+    resume = [*common, f"run.dir={sharded}", "dist.fsdp=true", f"run.resume={resume_from}"]
+    resume += ["run.overwrite=true", f"run.steps={LONG}", "run.save_every=3"]  # saves step 3
+    metrics = sharded / "metrics.jsonl"
+    launcher = oncurve_process(resume)
+    job_pids: list[int] = []
+    try:
+        wait_for(lambda: len(metrics.read_text().splitlines()) >= 4, launcher, "step 4")
+        job_pids = descendants(launcher.pid)
+        assert len(job_pids) >= 3  # torchrun and two ranks
+        launcher.send_signal(signal.SIGTERM)
+        code, err = finish(launcher)
+        left = still_alive(job_pids, 10)
+    finally:
+        kill_all(job_pids)
+        launcher.kill()
+        launcher.wait()
+    assert code == 0, err[-3000:]
+    assert left == []
+    step_3 = load_file(sharded / "checkpoints" / "step-000003" / "model.safetensors")
+    for name, value in step_3.items():
         torch.testing.assert_close(value, final[name], atol=1e-7, rtol=0, msg=name)
+    stopped_at = latest_step(sharded)
+    assert 4 <= stopped_at < LONG
+    stop = sharded / "checkpoints" / f"step-{stopped_at:06d}"
+    assert sorted(p.name for p in stop.glob("rng-*")) == ["rng-rank0.json", "rng-rank1.json"]
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, stopped_at + 1))
+    assert f"stopped at step {stopped_at} on request" in err
 
 
 @pytest.mark.slow  # the longest of the suite; FSDP2 against DDP is also held for GRPO above
