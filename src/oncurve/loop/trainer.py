@@ -223,7 +223,7 @@ def _train(config: Config, quiet: bool) -> TrainResult:
         if s.policy.peft_model is None:
             with s.policy.whole() as policy:
                 if s.rank == 0:
-                    generation = trained_generation(policy, **sampling)
+                    generation = trained_generation(policy, s.tokenizer, **sampling)
                     save_final(policy, s.tokenizer, s.run_dir / "final", generation)
         elif s.rank == 0:
             peft_model = s.policy.peft_model
@@ -232,7 +232,7 @@ def _train(config: Config, quiet: bool) -> TrainResult:
                 s.tokenizer,
                 s.run_dir / "final",
                 cfg.model.lora.save_adapter,
-                trained_generation(peft_model, **sampling),
+                trained_generation(peft_model, s.tokenizer, **sampling),
             )
         s.logger.close()
         if eval_before and eval_after and s.rank == 0:

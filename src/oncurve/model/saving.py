@@ -43,6 +43,7 @@ _SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_star
 
 def trained_generation(
     model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
     *,
     max_new_tokens: int,
     temperature: float,
@@ -54,10 +55,20 @@ def trained_generation(
     trained with, which `transformers`' `generate` and `oncurve eval`/`sample --model` then use
     by default. Nothing else of the base's is kept: a logits processor it states
     (`repetition_penalty`, `no_repeat_ngram_size`) was never applied in training. Temperature 0
-    is greedy; top_k 0 and min_p None keep every token, as the run did."""
+    is greedy; top_k 0 and min_p None keep every token, as the run did. The run's completions
+    ended at `tokenizer`'s EOS as well as the model's own, and were padded with its pad token:
+    the config's `eos_token_id` holds both, `pad_token_id` the tokenizer's where the model
+    states none."""
     own = getattr(model, "generation_config", None)
     stated = own.to_diff_dict() if own is not None else {}
     settings = {key: stated[key] for key in _SPECIAL_TOKENS if stated.get(key) is not None}
+    eos = settings.get("eos_token_id")
+    eos_ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
+        eos_ids = [*eos_ids, tokenizer.eos_token_id]
+        settings["eos_token_id"] = eos_ids if len(eos_ids) > 1 else eos_ids[0]
+    if "pad_token_id" not in settings and tokenizer.pad_token_id is not None:
+        settings["pad_token_id"] = tokenizer.pad_token_id
     settings.update(do_sample=temperature > 0, max_new_tokens=max_new_tokens)
     if temperature > 0:
         settings.update(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p or None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 import transformers
 from helpers.models import tiny_qwen2
 
@@ -26,14 +27,30 @@ def test_the_final_generation_config_is_the_runs_sampling_and_the_base_models_to
 
     def saved(max_new_tokens: int, temperature: float) -> dict:
         generation = trained_generation(
-            model, max_new_tokens=max_new_tokens, temperature=temperature, top_p=1.0, top_k=0,
-            min_p=0.0,
+            model, char_tokenizer(), max_new_tokens=max_new_tokens, temperature=temperature,
+            top_p=1.0, top_k=0, min_p=0.0,
         )  # fmt: skip
         return {k: v for k, v in generation.to_diff_dict().items() if k != "transformers_version"}
 
     sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
     assert saved(16, 1.0) == {**TOKENS, "do_sample": True, "max_new_tokens": 16, **sampling}
     assert saved(8, 0.0) == {**TOKENS, "do_sample": False, "max_new_tokens": 8}
+
+
+@pytest.mark.parametrize(
+    ("stated", "eos", "pad"),
+    [({}, 2, 0), ({"eos_token_id": 5, "pad_token_id": 7}, [5, 2], 7), (TOKENS, [2, 3], 0)],
+)
+def test_the_final_generation_config_stops_where_the_run_stopped(stated, eos, pad):
+    """The run's completions end at the tokenizer's EOS (2) as well as at the model's own (the
+    sampler stops at both), and are padded with its pad token (0): `generate` on the final
+    model stops at every one of them, also where the base states none."""
+    model = tiny_qwen2(64)
+    model.generation_config = transformers.GenerationConfig(**stated)
+    generation = trained_generation(
+        model, char_tokenizer(), max_new_tokens=8, temperature=0.0, top_p=1.0, top_k=0, min_p=0.0
+    )
+    assert (generation.eos_token_id, generation.pad_token_id) == (eos, pad)
 
 
 def test_the_final_model_is_on_the_disk_before_its_name_is(tmp_path, monkeypatch):
@@ -51,7 +68,7 @@ def test_the_final_model_is_on_the_disk_before_its_name_is(tmp_path, monkeypatch
     monkeypatch.setattr(saving.os, "replace", replace)
     model = tiny_qwen2(64)
     generation = trained_generation(
-        model, max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0
+        model, char_tokenizer(), max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0
     )
     out = tmp_path / "final"
     saving.save_final(model, char_tokenizer(), out, generation)
