@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 import transformers
+from huggingface_hub.errors import StrictDataclassError
 from packaging import version
 from safetensors import SafetensorError
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from oncurve.data.files import HUB_ID
 from oncurve.errors import UserError
@@ -217,7 +218,11 @@ def _pretrained_tokenizer(path: Path, trust_remote_code: bool) -> PreTrainedToke
     where, gguf = _pretrained_source(path)
     errors = (OSError, ValueError, ImportError) + (_GGUF_ERRORS if gguf else ())
     try:
+        if not gguf:
+            _check_config(path, trust_remote_code)
         return AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code, **gguf)
+    except UserError:
+        raise
     except errors as err:
         raise UserError(
             f"cannot load a tokenizer from {path}: {_load_failure(err, bool(gguf))}"
@@ -257,6 +262,25 @@ def _load_failure(err: BaseException, gguf: bool) -> str:
 def _first(err: BaseException) -> str:
     lines = str(err).strip().splitlines()
     return lines[0] if lines else type(err).__name__
+
+
+def _check_config(path: Path, trust_remote_code: bool) -> None:
+    """A one-line UserError naming model directory `path`'s config.json when it is not a JSON
+    object or transformers cannot build a config of it (a field of the wrong type, an unknown
+    dtype), which transformers raises as a TypeError, AttributeError or its dataclass error.
+    A missing or unparsable file, an unknown model type, custom code: what `from_pretrained`
+    raises for those (OSError, ValueError), which its caller words."""
+    file = path / "config.json"
+    try:
+        stated = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # `from_pretrained` says what is wrong with the file
+    if not isinstance(stated, dict):
+        raise UserError(f"{file}: not a JSON object")
+    try:
+        AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (TypeError, AttributeError, StrictDataclassError) as err:
+        raise UserError(f"{file}: {' '.join(str(err).split())}") from None
 
 
 def _pretrained_source(path: Path) -> tuple[Path, dict[str, Any]]:
@@ -302,6 +326,8 @@ def load_model(
         extra["use_safetensors"] = True
     errors = _LOAD_ERRORS + (_GGUF_ERRORS if gguf else ())
     try:
+        if not gguf:
+            _check_config(path, trust_remote_code)
         model, loading = AutoModelForCausalLM.from_pretrained(
             where,
             dtype=DTYPES[dtype],
@@ -309,6 +335,8 @@ def load_model(
             output_loading_info=True,
             **extra,
         )
+    except UserError:
+        raise
     except errors as err:
         raise UserError(f"cannot load a model from {path}: {_load_failure(err, gguf)}") from None
     # transformers initialises what the files lack at random and only logs it: a model that is

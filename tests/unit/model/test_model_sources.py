@@ -135,3 +135,28 @@ def test_custom_tokenizer_code_of_a_known_class_is_said_to_be_left_out(
         "code, for code you trust: model.trust_remote_code=true (--trust-remote-code for oncurve "
         "sample/eval))"
     ]
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda config: [config], "not a JSON object"),
+        (lambda config: {**config, "vocab_size": "many"}, "vocab_size"),
+        (lambda config: {**config, "dtype": "float99"}, "float99"),
+    ],
+)
+def test_a_config_json_transformers_cannot_build_is_one_line_naming_it(
+    tiny_model_dir, tmp_path, capsys, change, named
+):
+    target = tmp_path / "bad-config"
+    shutil.copytree(tiny_model_dir, target)
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps(change(config)))
+    for load in (load_tokenizer, load_model):
+        with pytest.raises(UserError) as err:
+            load(target)
+        assert str(err.value).startswith(f"{target / 'config.json'}: ")
+        assert named in str(err.value) and "\n" not in str(err.value)
+    argv = ["sample", "--model", str(target), "--prompt", "1+1=", "--device", "cpu"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.count("\n") == 1
