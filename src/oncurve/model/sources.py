@@ -182,7 +182,7 @@ def hub_commit(path: Path) -> str | None:
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
     """The tokenizer of a model directory or GGUF file, with a pad token and left padding for
-    prompts."""
+    prompts; a UserError when it has more tokens than the model's embedding has rows."""
     path = Path(path)
     tokenizer = _pretrained_tokenizer(path, trust_remote_code)
     # With no tokenizer files transformers 5 builds the model type's tokenizer class with an
@@ -190,6 +190,11 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> PreTrai
     if not tokenizer("a 1", add_special_tokens=False)["input_ids"]:
         raise UserError(f"tokenizer in {path} encodes text to no tokens: no tokenizer files there?")
     vocab = _model_vocab_size(path)
+    if len(tokenizer) > vocab:
+        raise UserError(
+            f"tokenizer in {path} has {len(tokenizer)} tokens, more than the {vocab} rows of the "
+            f"model's embedding (vocab_size in config.json): a token past id {vocab - 1} has none"
+        )
     if tokenizer.eos_token_id is None or tokenizer.eos_token_id >= vocab:
         raise UserError(f"tokenizer in {path} has no EOS token; completions could never end")
     if tokenizer.pad_token_id is None or tokenizer.pad_token_id >= vocab:

@@ -160,3 +160,25 @@ def test_a_config_json_transformers_cannot_build_is_one_line_naming_it(
     argv = ["sample", "--model", str(target), "--prompt", "1+1=", "--device", "cpu"]
     assert main(argv) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_tokenizer_with_ids_past_the_embedding_is_one_line(tmp_path, capsys):
+    """A prompt token with no embedding row would fail deep in the first forward: the
+    tokenizer's 102 ids against an embedding of 40 rows is refused where the model loads."""
+    from helpers.models import tiny_qwen2
+
+    from oncurve.model.char_tokenizer import char_tokenizer
+
+    target = tmp_path / "small-embedding"
+    tiny_qwen2(40).save_pretrained(target)
+    char_tokenizer().save_pretrained(target)
+    expected = (
+        f"tokenizer in {target} has 102 tokens, more than the 40 rows of the model's embedding "
+        "(vocab_size in config.json): a token past id 39 has none"
+    )
+    with pytest.raises(UserError) as err:
+        load_tokenizer(target)
+    assert str(err.value) == expected
+    argv = ["sample", "--model", str(target), "--prompt", "1+1=", "--device", "cpu"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"oncurve: error: {expected}\n"
