@@ -170,7 +170,10 @@ def save_lora_final(
     peft_model.to(device)
     with _written_whole(out) as partial:
         if adapter:
-            peft_model.save_pretrained(partial / "adapter")
+            # only the adapters train and the embedding is never resized: the adapter's weights
+            # are all there is to save, and peft's check for a resized vocabulary (which looks
+            # the base up on the Hub) has nothing to find
+            peft_model.save_pretrained(partial / "adapter", save_embedding_layers=False)
         merged.save_pretrained(partial, safe_serialization=True)
         tokenizer.save_pretrained(partial)
         generation.save_pretrained(partial)

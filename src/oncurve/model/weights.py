@@ -77,8 +77,16 @@ def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
             setattr(model.config, name, 0.0)
 
 
-def add_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
-    """Wrap `model` with LoRA adapters (peft); only the adapters train.
+def add_lora(
+    model: torch.nn.Module,
+    lora: LoraConfig,
+    hub_id: str | None = None,
+    revision: str | None = None,
+) -> torch.nn.Module:
+    """Wrap `model` with LoRA adapters (peft); only the adapters train. The adapter's config
+    names its base as Hugging Face Hub model `hub_id` at commit `revision` when given (peft's
+    `AutoPeftModelForCausalLM` loads the base from there), else as the directory the model
+    was loaded from.
 
     Returns the peft wrapper. Its `get_base_model()` is the same HF causal LM with adapter
     layers injected, which the sampler and the training forward use as any other model; the
@@ -98,10 +106,15 @@ def add_lora(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
         task_type="CAUSAL_LM",
     )
     try:
-        return peft.get_peft_model(model, config)
+        peft_model = peft.get_peft_model(model, config, revision=revision)
     except ValueError as err:
         # peft's message may hold a module's multi-line repr: all of it, on one line
         raise UserError(f"model.lora.target_modules: {' '.join(str(err).split())}") from None
+    if hub_id is not None:
+        # peft takes the folder the weights were read from: a Hub model's is this machine's
+        # cache, which a saved adapter's config would then point at
+        peft_model.peft_config["default"].base_model_name_or_path = hub_id
+    return peft_model
 
 
 # The layer types peft's LoRA adapts (`torch.nn.MultiheadAttention` too, which no causal LM of

@@ -119,7 +119,10 @@ def setup(config: Config, checks: Callable[[Session], None] | None = None) -> Se
         episodes = episode_settings(config, tokenizer)
         longest = max(len(row["prompt_ids"]) for row in prompt_rows(data, eval_data))
         seq_len = longest + completion_room(config, episodes, longest, model.config)
-        peft_model = add_lora(model, config.model.lora) if config.model.lora.r else None
+        hub_id = config.model.path if revision is not None else None
+        peft_model = (
+            add_lora(model, config.model.lora, hub_id, revision) if config.model.lora.r else None
+        )
         if peft_model is not None:
             model = peft_model.get_base_model()
         # before the memory plan, which counts a reward model's weights

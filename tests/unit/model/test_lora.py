@@ -3,6 +3,11 @@ merged final model behaves as the adapted one."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import warnings
+
+import huggingface_hub
 import pytest
 import torch
 import transformers
@@ -156,3 +161,34 @@ def test_a_lora_dropout_is_said_to_do_nothing(tiny_model_dir, data_file, tmp_pat
     like): a dropout set is said at start, not silently ignored."""
     setup(make_config(tiny_model_dir, data_file, tmp_path / "run", *LORA, "model.lora.dropout=0.1"))
     assert "warning: model.lora.dropout=0.1 does nothing" in capsys.readouterr().err
+
+
+def test_the_adapter_of_a_hub_model_names_its_id_and_commit(
+    tiny_model_dir, data_file, tmp_path, monkeypatch
+):
+    """final/adapter/adapter_config.json names the base as the Hub id at the commit the run
+    loaded, not the Hugging Face cache folder it was read from on this machine; peft's
+    `AutoPeftModelForCausalLM` loads the adapter on its base from there. Saving it asks the
+    Hub nothing."""
+    peft = pytest.importorskip("peft")
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hf-cache" / "models--acme--tiny"
+    shutil.copytree(tiny_model_dir, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    run_dir = tmp_path / "run"
+    extra = ("run.steps=1", "model.lora.save_adapter=true", "eval.at_start_end=false")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(make_config("acme/tiny", data_file, run_dir, *LORA, *extra), quiet=True)
+    # saving the adapter looks nothing up on the Hub (peft's check for a resized vocabulary)
+    assert not [w for w in caught if "acme/tiny" in str(w.message)]
+    adapter = run_dir / "final" / "adapter"
+    stated = json.loads((adapter / "adapter_config.json").read_text())
+    assert (stated["base_model_name_or_path"], stated["revision"]) == ("acme/tiny", commit)
+    loaded = peft.AutoPeftModelForCausalLM.from_pretrained(adapter).eval()
+    merged = transformers.AutoModelForCausalLM.from_pretrained(run_dir / "final").eval()
+    ids = torch.tensor([[1, 20, 30, 40]])
+    torch.testing.assert_close(loaded(ids).logits, merged(ids).logits, atol=1e-5, rtol=0)
