@@ -82,11 +82,14 @@ def _local_model(path: str, resolved: Path, what: str) -> Path:
             "Hugging Face Hub id (owner/name)"
         )
     if not (resolved / "config.json").is_file():
-        hint = (
-            f"; a run directory: --run {path}, or its final/"
-            if (resolved / "config.yaml").is_file()
-            else ""
-        )
+        hint = ""
+        if (resolved / "config.yaml").is_file():
+            hint = f"; a run directory: --run {path}, or its final/"
+        elif (resolved / "adapter_config.json").is_file():
+            hint = (
+                "; it is a LoRA adapter (adapter_config.json): give a model with the adapter "
+                "merged in (a LoRA run's final/ is one)"
+            )
         raise UserError(f"{what} {path} has no config.json (not a Hugging Face model dir){hint}")
     return resolved
 

@@ -182,3 +182,21 @@ def test_a_tokenizer_with_ids_past_the_embedding_is_one_line(tmp_path, capsys):
     argv = ["sample", "--model", str(target), "--prompt", "1+1=", "--device", "cpu"]
     assert main(argv) == 2
     assert capsys.readouterr().err == f"oncurve: error: {expected}\n"
+
+
+def test_a_lora_adapter_directory_as_the_model_says_what_it_is(tmp_path):
+    """A run's final/adapter (peft's files, no config.json) given as the model: the error says it
+    is an adapter and where its merged model is."""
+    from oncurve.model.sources import resolve_model_path
+
+    adapter = tmp_path / "final" / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"")
+    with pytest.raises(UserError) as err:
+        resolve_model_path(str(adapter))
+    assert str(err.value) == (
+        f"model.path {adapter} has no config.json (not a Hugging Face model dir); it is a LoRA "
+        "adapter (adapter_config.json): give a model with the adapter merged in (a LoRA run's "
+        "final/ is one)"
+    )
