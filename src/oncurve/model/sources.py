@@ -193,7 +193,9 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> PreTrai
     if not tokenizer("a 1", add_special_tokens=False)["input_ids"]:
         raise UserError(f"tokenizer in {path} encodes text to no tokens: no tokenizer files there?")
     vocab = _model_vocab_size(path)
-    if len(tokenizer) > vocab:
+    # the EOS and pad tokens transformers fills in past the embedding count as missing (below)
+    filled_in = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    if len(tokenizer) > vocab and set(range(vocab, len(tokenizer))) - filled_in:
         raise UserError(
             f"tokenizer in {path} has {len(tokenizer)} tokens, more than the {vocab} rows of the "
             f"model's embedding (vocab_size in config.json): a token past id {vocab - 1} has none"

@@ -184,6 +184,22 @@ def test_a_tokenizer_with_ids_past_the_embedding_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err == f"oncurve: error: {expected}\n"
 
 
+def test_the_pad_token_transformers_adds_past_the_embedding_is_a_missing_one(
+    tiny_model_dir, tmp_path, capsys
+):
+    """Without a pad token in the tokenizer files transformers adds Qwen2's default one at the
+    id past the embedding's last row: not a token a prompt holds, but a missing pad token,
+    which EOS stands in for."""
+    target = tmp_path / "no-pad"
+    shutil.copytree(tiny_model_dir, target)
+    settings = json.loads((target / "tokenizer_config.json").read_text())
+    del settings["pad_token"]
+    (target / "tokenizer_config.json").write_text(json.dumps(settings))
+    tokenizer = load_tokenizer(target)
+    assert (tokenizer.pad_token_id, tokenizer.eos_token_id) == (2, 2)
+    assert "has no pad token; using EOS for padding" in capsys.readouterr().err
+
+
 def test_a_lora_adapter_directory_as_the_model_says_what_it_is(tmp_path):
     """A run's final/adapter (peft's files, no config.json) given as the model: the error says it
     is an adapter and where its merged model is."""
