@@ -421,10 +421,14 @@ def _drop_gguf_quantizer(model: torch.nn.Module) -> None:
 def import_gguf(file: str | Path, out: str | Path, dtype: str = "float32") -> Path:
     """Write GGUF file `file` as a safetensors model directory `out` (config, weights in
     `dtype`, tokenizer with its chat template, generation config) that
-    `AutoModelForCausalLM.from_pretrained(out)` loads. `out` must not exist or be empty; the
-    directory appears whole or not at all."""
+    `AutoModelForCausalLM.from_pretrained(out)` loads. `out` must not exist or be empty (a
+    link to an empty directory is written through); the directory appears whole or not at
+    all."""
     source = Path(file).expanduser()
-    target = Path(out).expanduser()
+    # the directory behind a link: the new one is renamed over it (a rename over the link
+    # itself fails, a link not being a directory)
+    given = Path(out).expanduser()
+    target = given.resolve()
     if source.suffix != ".gguf":
         raise UserError(f"{file} is not a .gguf file")
     if not source.is_file():
@@ -451,4 +455,4 @@ def import_gguf(file: str | Path, out: str | Path, dtype: str = "float32") -> Pa
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    return target
+    return given

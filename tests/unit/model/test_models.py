@@ -281,6 +281,19 @@ def test_models_import_never_writes_into_a_non_empty_directory(gguf_file, tmp_pa
     assert (empty / "model.safetensors").is_file()
 
 
+def test_models_import_writes_where_a_link_to_an_empty_directory_points(gguf_file, tmp_path):
+    """`--out` a symbolic link to an empty directory (on a larger disk): the model is written
+    into that directory, and the link stays."""
+    disk = tmp_path / "disk" / "model"
+    disk.mkdir(parents=True)
+    link = tmp_path / "model"
+    link.symlink_to(disk)
+    assert main(["models", "import", str(gguf_file), "--out", str(link)]) == 0
+    assert link.is_symlink() and link.resolve() == disk
+    assert (disk / "model.safetensors").is_file() and (disk / "tokenizer.json").is_file()
+    assert not list(tmp_path.glob(".*partial")) and not list(disk.parent.glob(".*partial"))
+
+
 def test_a_run_from_a_gguf_saves_a_final_directory_that_loads_and_generates(
     gguf_file, data_file, tmp_path
 ):
