@@ -40,10 +40,10 @@ The program is also the module `SOLUTION` (``from solution import f``; a star im
 none of the names the tests have bound), and ``import pytest`` gets `_pytest_style.py`, whose
 `run_tests` runs a pytest file's tests after its top level. An object of the program's equals only
 itself, and an operator that would judge for the tests, handed what they expect (`==` with a value
-of the tests', `!=`, `<`, `in`, arithmetic: `_JUDGING`), fails the case; an instance of a subclass
-of a built-in scalar type (`_BASES`: an IntEnum's member) comes with its built-in value, taken
-through the built-in type's own slot, and its comparisons and hash are that value's here, whatever
-its methods say. A dict's keys and items views travel as `_STANDARD` objects.
+of the tests', `!=`, `<`, `in`, a set's or a dict's too, arithmetic: `_JUDGING`), fails the
+case; an instance of a subclass of a built-in scalar type (`_BASES`: an IntEnum's member) comes
+with its built-in value, taken through the built-in type's own slot, and its comparisons and hash
+are that value's here, whatever its methods say. A dict's keys and items views travel as `_STANDARD` objects.
 
 An exception the program raises reaches the tests as an instance of the same builtin class,
 made here from its arguments and plain attributes (`_Link.exception`; a class of the
@@ -816,6 +816,10 @@ class _Remote:
 
     def __hash__(self):
         if self._oncurve_value is _NO_VALUE:
+            # `x in s` with a set or a dict looks up the hash and compares only the items that
+            # share it: none would, and `f(x) not in {4, 5}` would pass whatever f returned
+            if _tests_membership(sys._getframe(1)):
+                return _refused("__contains__")(self)
             return self._oncurve_link.method(self._oncurve_ref, "__hash__", ())
         return hash(self._oncurve_value)
 
@@ -834,6 +838,15 @@ class _Remote:
             return _refused(name)(self, other)
         found = self._compared(other, compare)
         return _refused(name)(self, other) if found is NotImplemented else found
+
+
+_CONTAINS_OP = dis.opmap["CONTAINS_OP"]
+
+
+def _tests_membership(frame: types.FrameType) -> bool:
+    """Whether `frame` is at an `in` or `not in` (its code's CONTAINS_OP instruction)."""
+    code = frame.f_code.co_code
+    return 0 <= frame.f_lasti < len(code) and code[frame.f_lasti] == _CONTAINS_OP
 
 
 def _forwarded(name: str) -> Any:

@@ -27,7 +27,8 @@ in either common form:
   reference: the tests may call it, read and set its attributes, iterate it, pass it back and
   take its `len`, `str`, `repr`, items, `hash`, `abs`, `int` and `float`, but it equals only itself
   (one object, however often it comes back), has no truth value, and an operator that would judge
-  for the tests (`==` with a value of the tests', `!=`, `<`, `in`, arithmetic) fails the case;
+  for the tests (`==` with a value of the tests', `!=`, `<`, `in`, a set's or a dict's too,
+  arithmetic) fails the case;
   except that an instance of a subclass of `int`, `float`, `complex`, `str` or `bytes` (an IntEnum's
   member) compares (`==`, `!=`, `<`, ...) and hashes as its built-in value, whatever its own methods
   say. A dict's `keys()` and `items()` views arrive as views, which compare as sets. The lists,

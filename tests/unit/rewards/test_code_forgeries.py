@@ -234,8 +234,22 @@ NEGATIVE = {
         ("not in a list", "assert f(1) not in [7, 9]"),
         ("not ==", "assert not f(1) == 7"),
         ("a list's !=", "assert [f(1)] != [7]"),
+        # a set or a dict looks its hash up and compares only what shares it: none does
+        ("not in a set", "assert f(1) not in {7, 9}"),
+        ("not in a dict", "assert f(1) not in {7: 'a', 9: 'b'}"),
+        ("not in a dict's keys", "assert f(1) not in {7: 'a'}.keys()"),
+        ("not in a frozenset", "assert f(1) not in frozenset((7, 9))"),
     )
 }
+# the same, by an object whose hash is that of a value in the set, and which says unequal
+NEGATIVE["not in a set, by a hash that lies"] = (
+    ["assert f(1) not in {7, 9}"],
+    "class Liar:\n    def __hash__(self):\n        return 7\n\n"
+    "    def __eq__(self, other):\n        return False\n\n"
+    "def f(x):\n    return Liar()\n",
+    "",
+    PLUS_7,
+)
 
 TABLE = {
     **{f"builtin {k}": v for k, v in BUILTINS.items()},

@@ -709,6 +709,13 @@ RIGHT_PROGRAMS = {
             "assert unit() == 'm' and unit() == Unit.METER",
         ],
     ),
+    "objects of the program's hashed, in sets and as keys": (
+        "class Node:\n    pass\ndef nodes(n):\n    return [Node() for _ in range(n)]\n",
+        [
+            "a, b = nodes(2)\nassert hash(a) == hash(a) and len({a, b, a}) == 2",
+            "a, b = nodes(2)\nseen = {a: 1}\nassert seen[a] == 1 and seen.get(b) is None",
+        ],
+    ),
 }
 
 
