@@ -43,7 +43,9 @@ itself, and an operator that would judge for the tests, handed what they expect 
 of the tests', `!=`, `<`, `in`, a set's or a dict's too, arithmetic: `_JUDGING`), fails the
 case; an instance of a subclass of a built-in scalar type (`_BASES`: an IntEnum's member) comes
 with its built-in value, taken through the built-in type's own slot, and its comparisons and hash
-are that value's here, whatever its methods say. A dict's keys and items views travel as `_STANDARD` objects.
+are that value's here, whatever its methods say; so are those of an instance of a built-in
+container's subclass (`_CONTAINERS`) the contents it holds, read through the container's own
+methods each time it is compared. A dict's keys and items views travel as `_STANDARD` objects.
 
 An exception the program raises reaches the tests as an instance of the same builtin class,
 made here from its arguments and plain attributes (`_Link.exception`; a class of the
@@ -155,6 +157,32 @@ def _base_value(value: Any) -> Any:
                 return _NO_VALUE
             return found if type(found) is base else _NO_VALUE
     return _NO_VALUE
+
+
+# The built-in containers whose subclasses' instances (a `class Row(list)`, not a named tuple) travel
+# as references that compare and hash as their contents (`_Remote`), read at each comparison
+# (they change), and how those are taken: through the built-in type's own methods, which no method
+# of the subclass replaces
+_CONTAINERS = {
+    list: list.copy,
+    tuple: lambda v: tuple(tuple.__iter__(v)),
+    dict: lambda v: dict(dict.items(v)),
+    set: lambda v: set(set.__iter__(v)),
+    frozenset: lambda v: frozenset(frozenset.__iter__(v)),
+}
+_CONTAINER_NAMES = {base.__name__: base for base in _CONTAINERS}
+
+
+def _container_base(value: Any) -> type | None:
+    """The built-in container `value`'s class derives from (`_CONTAINERS`), where it is a
+    subclass of one that no other rule sends (not a named tuple, nor a Counter or the like);
+    None for any other value."""
+    kind = type(value)
+    if kind in _CONTAINERS or kind in _STANDARD or kind in _STANDARD_MUTABLE:
+        return None
+    if issubclass(kind, tuple) and hasattr(kind, "_fields"):
+        return None
+    return next((base for base in _CONTAINERS if issubclass(kind, base)), None)
 
 
 def _quiet_decimal(value: decimal.Decimal) -> decimal.Decimal:
@@ -524,13 +552,17 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
         return ("raise", describe(type(exc)), str(exc)[:300], args, attributes)
 
     def based(value, mark=_unmarked):
-        """A `_pack` swap: `mark`, and an instance of a subclass of a built-in scalar type (an
-        IntEnum's member) as (_OBJ, its reference, its built-in value)."""
+        """A `_pack` swap: `mark`, an instance of a subclass of a built-in scalar type (an
+        IntEnum's member) as (_OBJ, its reference, its built-in value), and one of a built-in
+        container's (`_container_base`) as (_OBJ, its reference, [that container's name])."""
         found = mark(value)
         if found is not value or type(value) in _SCALARS:
             return found
         base = _base_value(value)
-        return value if base is _NO_VALUE else (_OBJ, reference(value), base)
+        if base is not _NO_VALUE:
+            return (_OBJ, reference(value), base)
+        container = _container_base(value)
+        return value if container is None else (_OBJ, reference(value), [container.__name__])
 
     def encode(value, mark=None, memo=None):
         """A reply's value: plain data as it is, a standard-library object packed (an IntEnum's
@@ -560,7 +592,11 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
             dumps(packed)
             return ("packed", packed)
         except (TypeError, ValueError, RecursionError):  # not plain data: a reference
-            return ("ref", reference(value))
+            pass
+        container = _container_base(value)
+        if container is not None:  # its contents are read when the tests compare it
+            return ("ref", reference(value), [container.__name__])
+        return ("ref", reference(value))
 
     def deref(value):
         if type(value) is tuple and len(value) == 2 and value[0] == _REF:
@@ -676,6 +712,8 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
                     reply = encode(_OPERATIONS[name](target, *args))
                 elif kind == "getattr":
                     reply = encode(getattr(target, rest[0]))
+                elif kind == "contents":  # a container subclass's, as built-in data
+                    reply = encode(_CONTAINERS[_container_base(target)](target))
                 elif kind == "iter":
                     reply = ("ref", reference(iter(target)))
                 elif kind == "next":
@@ -722,12 +760,30 @@ def _plain(value: object, depth: int = 0) -> bool:
 class _Remote:
     """An object of the program's: every use is a request to the child."""
 
-    __slots__ = ("_oncurve_link", "_oncurve_ref", "_oncurve_value")
+    __slots__ = ("_oncurve_link", "_oncurve_ref", "_oncurve_value", "_oncurve_container")
 
-    def __init__(self, link, ref, value=_NO_VALUE):
+    def __init__(self, link, ref, value=_NO_VALUE, container=None):
         self._oncurve_link, self._oncurve_ref = link, ref
         # an instance of a built-in scalar type's subclass: its built-in value (`_base_value`)
         self._oncurve_value = value
+        # an instance of a built-in container's subclass: that container (`_container_base`)
+        self._oncurve_container = container
+
+    def _valued(self) -> bool:
+        """Whether this object compares as a built-in value (`_builtin`)."""
+        return self._oncurve_value is not _NO_VALUE or self._oncurve_container is not None
+
+    def _builtin(self) -> Any:
+        """The built-in value this object compares as: a scalar subclass's, or a container
+        subclass's contents as they are now, which must be built-in data of that container's
+        type (anything else fails the case); `_NO_VALUE` for an object without one."""
+        if self._oncurve_container is None:
+            return self._oncurve_value
+        contents = self._oncurve_link.ask("contents", self._oncurve_ref)
+        if type(contents) is not self._oncurve_container or not _plain(contents):
+            self._oncurve_link.raised = True
+            raise ProgramRaised("the program's process sent contents that are not built-in data")
+        return contents
 
     def __call__(self, *args, **kwargs):
         arguments = (*args, *kwargs.values())
@@ -793,12 +849,12 @@ class _Remote:
         # f(x) == 4`), so the case fails, unless it is an instance of a built-in scalar type's
         # subclass (`Color.GREEN == 2`), which compares its built-in value, whatever its own
         # `__eq__` says
-        if self._oncurve_value is _NO_VALUE and type(other) is not _Remote:
+        if not self._valued() and type(other) is not _Remote:
             return _refused("__eq__")(self, other)
         return self._compared(other, operator.eq)
 
     def __ne__(self, other):
-        if self._oncurve_value is _NO_VALUE:
+        if not self._valued():
             return _refused("__ne__")(self, other)
         return self._compared(other, operator.ne)
 
@@ -815,26 +871,28 @@ class _Remote:
         return self._ordered(other, "__ge__", operator.ge)
 
     def __hash__(self):
-        if self._oncurve_value is _NO_VALUE:
+        if not self._valued():
             # `x in s` with a set or a dict looks up the hash and compares only the items that
             # share it: none would, and `f(x) not in {4, 5}` would pass whatever f returned
             if _tests_membership(sys._getframe(1)):
                 return _refused("__contains__")(self)
             return self._oncurve_link.method(self._oncurve_ref, "__hash__", ())
-        return hash(self._oncurve_value)
+        return hash(self._builtin())
 
     def _compared(self, other, compare):
         """`compare` on the built-in values of this object and `other` (a reference with one, or
         the tests' own value); NotImplemented where either reference has none."""
         if type(other) is _Remote:
-            other = other._oncurve_value
-        if self._oncurve_value is _NO_VALUE or other is _NO_VALUE:
+            if not other._valued():
+                return NotImplemented
+            other = other._builtin()
+        if not self._valued():
             return NotImplemented
-        return compare(self._oncurve_value, other)
+        return compare(self._builtin(), other)
 
     def _ordered(self, other, name, compare):
         """An ordering by built-in values (`_compared`); refused for a reference without one."""
-        if self._oncurve_value is _NO_VALUE:
+        if not self._valued():
             return _refused(name)(self, other)
         found = self._compared(other, compare)
         return _refused(name)(self, other) if found is NotImplemented else found
@@ -1122,10 +1180,15 @@ class _Link:
             finally:
                 self.memo = None
         based = len(reply) == 3 and type(reply[2]) in _BASES if kind == "ref" else False
-        if kind == "ref" and (len(reply) == 2 or based) and type(reply[1]) is int:
+        # a container subclass's instance: ("ref", reference, [the container's name])
+        named = kind == "ref" and len(reply) == 3 and type(reply[2]) is list and len(reply[2]) == 1
+        container = (
+            _CONTAINER_NAMES.get(reply[2][0]) if named and type(reply[2][0]) is str else None
+        )
+        if kind == "ref" and (len(reply) == 2 or based or container) and type(reply[1]) is int:
             if reply[1] not in self.remotes:
                 value = reply[2] if based else _NO_VALUE
-                self.remotes[reply[1]] = _Remote(self, reply[1], value)
+                self.remotes[reply[1]] = _Remote(self, reply[1], value, container)
             return self.remotes[reply[1]]
         if kind == "exception class" and len(reply) == 2:
             found = self.exception_class(reply[1])

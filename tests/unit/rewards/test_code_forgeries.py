@@ -251,6 +251,43 @@ NEGATIVE["not in a set, by a hash that lies"] = (
     PLUS_7,
 )
 
+# A subclass of a built-in container compares as the contents it holds, whatever its methods say
+ONE_EIGHT = "def f(x):\n    return [x + 7]\n"
+CONTAINERS = {
+    "a list subclass that says equal": (
+        ["assert f(1) == [8]"],
+        "class L(list):\n    def __eq__(self, other):\n        return True\n\n"
+        "def f(x):\n    return L()\n",
+        "",
+        ONE_EIGHT,
+    ),
+    "a list subclass that iterates, counts and indexes as the answer": (
+        ["assert f(1) == [8]"],
+        "class L(list):\n    def __iter__(self):\n        return iter([8])\n\n"
+        "    def __len__(self):\n        return 1\n\n"
+        "    def __getitem__(self, i):\n        return 8\n\n"
+        "def f(x):\n    return L()\n",
+        "",
+        ONE_EIGHT,
+    ),
+    "a tuple subclass that orders as it likes": (
+        ["assert f(1) <= (8,) and f(1) >= (8,)"],
+        "class T(tuple):\n    def __le__(self, other):\n        return True\n\n"
+        "    __ge__ = __le__\n\n"
+        "def f(x):\n    return T((0,))\n",
+        "",
+        "def f(x):\n    return (x + 7,)\n",
+    ),
+    "an object whose __class__ says list": (
+        ["assert f(1) == [8]"],
+        "class Fake:\n    @property\n    def __class__(self):\n        return list\n\n"
+        "    def __eq__(self, other):\n        return True\n\n"
+        "def f(x):\n    return Fake()\n",
+        "",
+        ONE_EIGHT,
+    ),
+}
+
 TABLE = {
     **{f"builtin {k}": v for k, v in BUILTINS.items()},
     **{f"negative: {k}": v for k, v in NEGATIVE.items()},
@@ -258,6 +295,7 @@ TABLE = {
     **{f"StopIteration through {k}": v for k, v in STOP_ITERATION.items()},
     **{f"standard modules: {k}": v for k, v in MODULES.items()},
     **{f"an exit that is an error: {k}": v for k, v in EXITS.items()},
+    **{f"containers: {k}": v for k, v in CONTAINERS.items()},
 }
 
 

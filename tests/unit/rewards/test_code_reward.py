@@ -709,6 +709,28 @@ RIGHT_PROGRAMS = {
             "assert unit() == 'm' and unit() == Unit.METER",
         ],
     ),
+    "subclasses of list, tuple, dict, set and frozenset compared with their contents": (
+        "class Row(list):\n    def total(self):\n        return sum(self)\n"
+        "class Pair(tuple):\n    pass\n"
+        "class Table(dict):\n    pass\n"
+        "class Bag(set):\n    pass\n"
+        "class Frozen(frozenset):\n    pass\n"
+        "def row(n):\n    return Row(range(n))\n"
+        "def rows(n):\n    return [Row(range(i)) for i in range(n)]\n"
+        "def pair(a, b):\n    return Pair((a, b))\n"
+        "def table(n):\n    return Table({i: str(i) for i in range(n)})\n"
+        "def bag(xs):\n    return Bag(xs)\n"
+        "def frozen(xs):\n    return Frozen(xs)\n",
+        [
+            "r = row(3)\nassert r == [0, 1, 2] and [0, 1, 2] == r and r != [0] and r.total() == 3",
+            "r = row(2)\nr.append(5)\n"
+            "assert r == [0, 1, 5] and r < [0, 2] and rows(3) == [[], [0], [0, 1]]",
+            "assert pair(1, 2) == (1, 2) and {pair(1, 2): 'p'}[(1, 2)] == 'p'\n"
+            "assert (1, 2) in {pair(1, 2)} and pair(1, 2) in {(1, 2)}",
+            "assert table(2) == {0: '0', 1: '1'} and bag([1, 1, 2]) == {1, 2}",
+            "assert frozen([3]) == frozenset([3]) and frozen([3]) == {3}",
+        ],
+    ),
     "objects of the program's hashed, in sets and as keys": (
         "class Node:\n    pass\ndef nodes(n):\n    return [Node() for _ in range(n)]\n",
         [
