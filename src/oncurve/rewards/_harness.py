@@ -41,11 +41,12 @@ none of the names the tests have bound), and ``import pytest`` gets `_pytest_sty
 `run_tests` runs a pytest file's tests after its top level. An object of the program's equals only
 itself, and an operator that would judge for the tests, handed what they expect (`==` with a value
 of the tests', `!=`, `<`, `in`, a set's or a dict's too, arithmetic: `_JUDGING`), fails the
-case; an instance of a subclass of a built-in scalar type (`_BASES`: an IntEnum's member) comes
-with its built-in value, taken through the built-in type's own slot, and its comparisons and hash
-are that value's here, whatever its methods say; so are those of an instance of a built-in
-container's subclass (`_CONTAINERS`) the contents it holds, read through the container's own
-methods each time it is compared. A dict's keys and items views travel as `_STANDARD` objects.
+case, as does asking it for a truth value; an instance of a subclass of a built-in scalar type
+(`_BASES`: an IntEnum's member) comes with its built-in value, taken through the built-in type's
+own slot, and its comparisons, hash, truth value and `in` are that value's here, whatever its
+methods say; so are those of an instance of a built-in container's subclass (`_CONTAINERS`) the
+contents it holds, read through the container's own methods each time the tests use them. A
+dict's keys and items views travel as `_STANDARD` objects.
 
 An exception the program raises reaches the tests as an instance of the same builtin class,
 made here from its arguments and plain attributes (`_Link.exception`; a class of the
@@ -838,9 +839,18 @@ class _Remote:
         return self._oncurve_link.next_item(self._oncurve_ref)
 
     def __bool__(self):
-        # an object that calls itself true would pass `assert f(x)` whatever f computed
-        self._oncurve_link.raised = True
-        raise ProgramRaised("an object of the program has no truth value in the tests")
+        # an object that calls itself true would pass `assert f(x)` whatever f computed: only
+        # one with a built-in value has one, that value's
+        if not self._valued():
+            self._oncurve_link.raised = True
+            raise ProgramRaised("an object of the program has no truth value in the tests")
+        return bool(self._builtin())
+
+    def __contains__(self, item):
+        # `x in f(y)` would ask the program whether the tests' item is there
+        if not self._valued():
+            return _refused("__contains__")(self, item)
+        return item in self._builtin()
 
     def __eq__(self, other):
         # identity among the program's objects: an object that says it equals anything passes
@@ -949,7 +959,6 @@ _OPERATIONS = {
     "__subclasscheck__": lambda cls, subclass: issubclass(subclass, cls),
 }
 _JUDGING = (
-    "__contains__",
     *(
         f"__{kind}{op}__"
         for op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "divmod")

@@ -278,6 +278,20 @@ CONTAINERS = {
         "",
         "def f(x):\n    return (x + 7,)\n",
     ),
+    "a list subclass that says it holds anything": (
+        ["assert 8 in f(1) and 9 not in f(1)"],
+        "class L(list):\n    def __contains__(self, item):\n        return item == 8\n\n"
+        "def f(x):\n    return L()\n",
+        "",
+        ONE_EIGHT,
+    ),
+    "a list subclass that says it is true": (
+        ["assert not f(-7)"],
+        "class L(list):\n    def __bool__(self):\n        return self.x\n\n"
+        "def f(x):\n    r = L([x])\n    r.x = x > 0\n    return r\n",
+        "",
+        "def f(x):\n    return [x] if x > 0 else []\n",
+    ),
     "an object whose __class__ says list": (
         ["assert f(1) == [8]"],
         "class Fake:\n    @property\n    def __class__(self):\n        return list\n\n"

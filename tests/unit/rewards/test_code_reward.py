@@ -729,6 +729,7 @@ RIGHT_PROGRAMS = {
             "assert (1, 2) in {pair(1, 2)} and pair(1, 2) in {(1, 2)}",
             "assert table(2) == {0: '0', 1: '1'} and bag([1, 1, 2]) == {1, 2}",
             "assert frozen([3]) == frozenset([3]) and frozen([3]) == {3}",
+            "assert 2 in row(3) and 5 not in row(3) and 0 in table(1) and not row(0)",
         ],
     ),
     "objects of the program's hashed, in sets and as keys": (
