@@ -44,9 +44,12 @@ of the tests', `!=`, `<`, `in`, a set's or a dict's too, arithmetic: `_JUDGING`)
 case, as does asking it for a truth value; an instance of a subclass of a built-in scalar type
 (`_BASES`: an IntEnum's member) comes with its built-in value, taken through the built-in type's
 own slot, and its comparisons, hash, truth value and `in` are that value's here, whatever its
-methods say; so are those of an instance of a built-in container's subclass (`_CONTAINERS`) the
-contents it holds, read through the container's own methods each time the tests use them. A
-dict's keys and items views travel as `_STANDARD` objects.
+methods say; so are those of a container of the program's objects, or an instance of a built-in
+container's subclass (`_CONTAINERS`), the contents it holds, read through the container's own
+methods each time the tests use them. A dataclass instance of the program's equals another of
+its class, one of them made by the tests' call of the class with arguments its fields hold
+(`_Link.same_fields`), when their compared fields are equal (`_dataclass_fields`). A dict's
+keys and items views travel as `_STANDARD` objects.
 
 An exception the program raises reaches the tests as an instance of the same builtin class,
 made here from its arguments and plain attributes (`_Link.exception`; a class of the
@@ -184,6 +187,30 @@ def _container_base(value: Any) -> type | None:
     if issubclass(kind, tuple) and hasattr(kind, "_fields"):
         return None
     return next((base for base in _CONTAINERS if issubclass(kind, base)), None)
+
+
+def _dataclass_fields(value: Any) -> tuple[tuple, tuple, tuple] | None:
+    """For an instance of a dataclass whose `==` is the one `dataclasses` wrote (its class asked
+    for one and defines none of its own), without init-only fields: the fields its `__init__`
+    takes, in order, and the names and values of those `==` compares; None for any other value."""
+    kind = type(value)
+    fields = getattr(kind, "__dataclass_fields__", None)
+    params = getattr(kind, "__dataclass_params__", None)
+    equal = getattr(getattr(kind, "__eq__", None), "__code__", None)
+    if type(fields) is not dict or not getattr(params, "eq", False):
+        return None
+    if getattr(equal, "co_filename", None) != "<string>":  # not the one `dataclasses` wrote
+        return None
+    kinds = [getattr(getattr(f, "_field_type", None), "name", None) for f in fields.values()]
+    if "_FIELD_INITVAR" in kinds:  # its `__init__` takes arguments that are no field
+        return None
+    own = [f for f, k in zip(fields.values(), kinds, strict=True) if k == "_FIELD"]
+    compared = [f.name for f in own if f.compare]
+    return (
+        tuple(f.name for f in own if f.init),
+        tuple(compared),
+        tuple(getattr(value, name) for name in compared),
+    )
 
 
 def _quiet_decimal(value: decimal.Decimal) -> decimal.Decimal:
@@ -568,10 +595,10 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
     def encode(value, mark=None, memo=None):
         """A reply's value: plain data as it is, a standard-library object packed (an IntEnum's
         member in it as a reference with its built-in value), anything else (a list of the
-        program's other objects too: one live object) a reference, with its built-in value
-        where it has one. `mark`: a call's result that holds what the call was given, or
-        shares a container it sends back changed, packed with `memo`, those containers'
-        packing (an object in both is one)."""
+        program's other objects too: one live object, compared by its contents) a reference,
+        with its built-in value where it has one. `mark`: a call's result that holds what the
+        call was given, or shares a container it sends back changed, packed with `memo`, those
+        containers' packing (an object in both is one)."""
         if type(value) is types.ModuleType:  # the parent imports the real one by its name
             return ("module", value.__name__)
         if isinstance(value, type) and issubclass(value, BaseException):
@@ -594,8 +621,10 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
             return ("packed", packed)
         except (TypeError, ValueError, RecursionError):  # not plain data: a reference
             pass
-        container = _container_base(value)
-        if container is not None:  # its contents are read when the tests compare it
+        # a container subclass, or a container holding objects of the program's: its contents
+        # are read when the tests compare it
+        container = type(value) if type(value) in _CONTAINERS else _container_base(value)
+        if container is not None:
             return ("ref", reference(value), [container.__name__])
         return ("ref", reference(value))
 
@@ -713,8 +742,22 @@ def _serve(source: str, setup: str, requests: int, replies: int) -> None:
                     reply = encode(_OPERATIONS[name](target, *args))
                 elif kind == "getattr":
                     reply = encode(getattr(target, rest[0]))
-                elif kind == "contents":  # a container subclass's, as built-in data
-                    reply = encode(_CONTAINERS[_container_base(target)](target))
+                elif kind == "contents":  # a container's, with the program's objects marked
+                    base = type(target) if type(target) in _CONTAINERS else _container_base(target)
+                    found = _CONTAINERS[base](target)
+                    reply = ("packed", _pack(found, objects_marked(_unmarked)))
+                    dumps(reply)
+                elif kind == "fields":  # a dataclass instance's, for `==` in the tests
+                    found = _dataclass_fields(target)
+                    reply = ("value", None)
+                    try:
+                        if found is not None:
+                            init, names, values = found
+                            packed = _pack(values, objects_marked(_unmarked))
+                            dumps(packed)
+                            reply = ("packed", (reference(type(target)), init, names, packed))
+                    except (TypeError, ValueError, RecursionError):  # too deep: compared as one
+                        pass
                 elif kind == "iter":
                     reply = ("ref", reference(iter(target)))
                 elif kind == "next":
@@ -775,15 +818,15 @@ class _Remote:
         return self._oncurve_value is not _NO_VALUE or self._oncurve_container is not None
 
     def _builtin(self) -> Any:
-        """The built-in value this object compares as: a scalar subclass's, or a container
-        subclass's contents as they are now, which must be built-in data of that container's
-        type (anything else fails the case); `_NO_VALUE` for an object without one."""
+        """The built-in value this object compares as: a scalar subclass's, or a container's
+        contents as they are now, a container of that type (anything else fails the case) whose
+        objects of the program's are references; `_NO_VALUE` for an object without one."""
         if self._oncurve_container is None:
             return self._oncurve_value
         contents = self._oncurve_link.ask("contents", self._oncurve_ref)
-        if type(contents) is not self._oncurve_container or not _plain(contents):
+        if type(contents) is not self._oncurve_container:
             self._oncurve_link.raised = True
-            raise ProgramRaised("the program's process sent contents that are not built-in data")
+            raise ProgramRaised("the program's process sent contents of another type")
         return contents
 
     def __call__(self, *args, **kwargs):
@@ -792,11 +835,17 @@ class _Remote:
         try:
             data = marshal.dumps(request)  # what is sent: a large argument is written once
         except ValueError:  # objects of the program's among them, or of the standard library
-            args, kwargs = self._oncurve_link.outgoing((args, kwargs))
-            request, data = ("call", self._oncurve_ref, args, kwargs, True), None
+            packed_args, packed_kwargs = self._oncurve_link.outgoing((args, kwargs))
+            request = ("call", self._oncurve_ref, packed_args, packed_kwargs, True)
+            data = None
         self._oncurve_link.arguments = arguments
         try:
-            return self._oncurve_link.ask(*request, data=data)
+            made = self._oncurve_link.ask(*request, data=data)
+            if type(made) is _Remote and made._oncurve_ref not in self._oncurve_link.made:
+                # what the tests made by calling this object (a class): a dataclass instance
+                # that holds these arguments equals one of the program's with the same fields
+                self._oncurve_link.made[made._oncurve_ref] = (self._oncurve_ref, args, kwargs)
+            return made
         finally:
             self._oncurve_link.arguments = ()
             self._oncurve_link.given = []
@@ -861,6 +910,10 @@ class _Remote:
         # `__eq__` says
         if not self._valued() and type(other) is not _Remote:
             return _refused("__eq__")(self, other)
+        if other is not self and not self._valued() and not other._valued():
+            same = self._oncurve_link.same_fields(self, other)
+            if same is not None:
+                return same
         return self._compared(other, operator.eq)
 
     def __ne__(self, other):
@@ -1002,6 +1055,64 @@ class _Link:
         # while a call's reply is read: one unpacking of its value and the containers it sent
         # back changed, so an object in both is one object
         self.memo: dict | None = None
+        # each reference the tests' call of another made first: (that one, args, kwargs)
+        self.made: dict[int, tuple[int, tuple, dict]] = {}
+
+    def fields(self, remote: _Remote) -> tuple | None:
+        """(its class's reference, its `__init__`'s fields, the names and values of its compared
+        fields) for a dataclass instance of the program's (`_dataclass_fields`); None for any
+        other object."""
+        found = self.ask("fields", remote._oncurve_ref)
+        if found is None:
+            return None
+        if not (
+            type(found) is tuple
+            and len(found) == 4
+            and type(found[0]) is int
+            and all(type(part) is tuple for part in found[1:])
+            and all(type(name) is str for name in (*found[1], *found[2]))
+            and len(found[2]) == len(found[3])
+        ):
+            self.raised = True
+            raise ProgramRaised("the program's process sent malformed fields")
+        return found
+
+    def holds_what_was_given(self, remote: _Remote, fields: tuple) -> bool:
+        """Whether the tests made `remote` by calling the class `fields` names, and each
+        compared field they gave a value (by position, in `__init__`'s order, or by name) holds
+        it: the same object of the program's, or data (`_PLAIN`, `_STANDARD`) of the same type
+        and value."""
+        made = self.made.get(remote._oncurve_ref)
+        if made is None or made[0] != fields[0]:
+            return False
+        _, args, kwargs = made
+        init, names, values = fields[1:]
+        if len(args) > len(init):
+            return False
+        given = {**dict(zip(init, args, strict=False)), **kwargs}
+        compared = dict(zip(names, values, strict=True))
+        for name, argument in given.items():
+            if name not in compared:
+                continue
+            value = compared[name]
+            data = _plain(argument) or type(argument) in _STANDARD
+            if not (
+                value is argument or (data and type(value) is type(argument) and value == argument)
+            ):
+                return False
+        return True
+
+    def same_fields(self, a: _Remote, b: _Remote) -> bool | None:
+        """`a == b` for two dataclass instances of the program's, one of them made by the tests
+        with the fields they gave it (`holds_what_was_given`): the same class, and equal compared
+        fields; None (they are unequal unless one object) for any other two objects."""
+        found_a, found_b = self.fields(a), self.fields(b)
+        if found_a is None or found_b is None:
+            return None
+        if not (self.holds_what_was_given(a, found_a) or self.holds_what_was_given(b, found_b)):
+            return None
+        same_class = found_a[0] == found_b[0] and found_a[2] == found_b[2]
+        return same_class and found_a[3] == found_b[3]
 
     def method(self, ref: int, name: str, args: tuple) -> Any:
         """What protocol `name` of the program's object `ref` gives for `args`."""

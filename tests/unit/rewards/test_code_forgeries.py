@@ -302,6 +302,35 @@ CONTAINERS = {
     ),
 }
 
+# A dataclass's instance equals one the tests make by calling its class when their compared fields
+# are equal, and the one the tests made holds the arguments they gave it: no `__eq__` of the
+# program's, nor a `__post_init__` that forgets its arguments, judges for the tests
+POINT = "from dataclasses import dataclass\n\n@dataclass\nclass Point:\n    x: int\n    y: int\n"
+RIGHT_POINT = POINT + "\ndef f(x):\n    return Point(x, x + 1)\n"
+DATACLASSES = {
+    "its own __eq__": (
+        ["assert f(1) == Point(1, 2)"],
+        POINT + "\n    def __eq__(self, other):\n        return True\n\n"
+        "def f(x):\n    return Point(0, 0)\n",
+        "",
+        RIGHT_POINT,
+    ),
+    "a __post_init__ that forgets its arguments": (
+        ["assert f(1) == Point(1, 2)"],
+        POINT + "\n    def __post_init__(self):\n        self.x = self.y = 0\n\n"
+        "def f(x):\n    return Point(0, 0)\n",
+        "",
+        RIGHT_POINT,
+    ),
+    "another class's instance": (
+        ["assert f(1) == Point(1, 2)"],
+        POINT + "\n@dataclass\nclass Other:\n    x: int\n    y: int\n\n"
+        "def f(x):\n    return Other(1, 2)\n",
+        "",
+        RIGHT_POINT,
+    ),
+}
+
 TABLE = {
     **{f"builtin {k}": v for k, v in BUILTINS.items()},
     **{f"negative: {k}": v for k, v in NEGATIVE.items()},
@@ -310,6 +339,7 @@ TABLE = {
     **{f"standard modules: {k}": v for k, v in MODULES.items()},
     **{f"an exit that is an error: {k}": v for k, v in EXITS.items()},
     **{f"containers: {k}": v for k, v in CONTAINERS.items()},
+    **{f"dataclasses: {k}": v for k, v in DATACLASSES.items()},
 }
 
 

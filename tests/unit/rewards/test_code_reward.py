@@ -732,6 +732,22 @@ RIGHT_PROGRAMS = {
             "assert 2 in row(3) and 5 not in row(3) and 0 in table(1) and not row(0)",
         ],
     ),
+    "dataclass instances compared with those the tests make": (
+        "from dataclasses import dataclass, field\n"
+        "@dataclass\nclass Point:\n    x: int\n    y: int = 0\n"
+        "@dataclass(frozen=True)\nclass Line:\n    a: Point\n    b: Point\n"
+        "    label: str = field(default='', compare=False)\n"
+        "def mid(p, q):\n    return Point((p.x + q.x) // 2, (p.y + q.y) // 2)\n"
+        "def line(p, q):\n    return Line(p, q, 'drawn')\n"
+        "def points(n):\n    return [Point(i, i) for i in range(n)]\n",
+        [
+            "assert mid(Point(0, 0), Point(2, 4)) == Point(1, 2)\n"
+            "assert Point(1) == mid(Point(2), Point(0))",
+            "assert not mid(Point(0, 0), Point(2, 4)) == Point(x=1, y=3)",
+            "assert points(2) == [Point(0, 0), Point(1, y=1)]",
+            "p, q = Point(0, 0), Point(1, 1)\nassert line(p, q) == Line(p, q)",
+        ],
+    ),
     "objects of the program's hashed, in sets and as keys": (
         "class Node:\n    pass\ndef nodes(n):\n    return [Node() for _ in range(n)]\n",
         [
