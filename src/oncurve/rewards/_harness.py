@@ -937,8 +937,8 @@ class _Remote:
         if not self._valued():
             # `x in s` with a set or a dict looks up the hash and compares only the items that
             # share it: none would, and `f(x) not in {4, 5}` would pass whatever f returned
-            if _tests_membership(sys._getframe(1)):
-                return _refused("__contains__")(self)
+            if _judging_hash(sys._getframe(1)):
+                return _refused("__hash__")(self)
             return self._oncurve_link.method(self._oncurve_ref, "__hash__", ())
         return hash(self._builtin())
 
@@ -964,8 +964,15 @@ class _Remote:
 _CONTAINS_OP = dis.opmap["CONTAINS_OP"]
 
 
-def _tests_membership(frame: types.FrameType) -> bool:
-    """Whether `frame` is at an `in` or `not in` (its code's CONTAINS_OP instruction)."""
+def _judging_hash(frame: types.FrameType | None) -> bool:
+    """Whether a hash asked for by `frame` is for an `in` or `not in`: the first frame outside
+    this file (whose own code takes the hash of a container's contents) is at its CONTAINS_OP
+    instruction."""
+    here = _judging_hash.__code__.co_filename
+    while frame is not None and frame.f_code.co_filename == here:
+        frame = frame.f_back
+    if frame is None:
+        return False
     code = frame.f_code.co_code
     return 0 <= frame.f_lasti < len(code) and code[frame.f_lasti] == _CONTAINS_OP
 

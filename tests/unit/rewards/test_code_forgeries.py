@@ -241,6 +241,13 @@ NEGATIVE = {
         ("not in a frozenset", "assert f(1) not in frozenset((7, 9))"),
     )
 }
+# the same, by an object in a tuple
+NEGATIVE["not in a set, in a tuple"] = (
+    ["assert f(1) not in {(7,), (9,)}"],
+    "def f(x):\n    return (object(),)\n",
+    "",
+    "def f(x):\n    return (x + 7,)\n",
+)
 # the same, by an object whose hash is that of a value in the set, and which says unequal
 NEGATIVE["not in a set, by a hash that lies"] = (
     ["assert f(1) not in {7, 9}"],
