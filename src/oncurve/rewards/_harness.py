@@ -1085,10 +1085,11 @@ class _Link:
         return found
 
     def holds_what_was_given(self, remote: _Remote, fields: tuple) -> bool:
-        """Whether the tests made `remote` by calling the class `fields` names, and each
-        compared field they gave a value (by position, in `__init__`'s order, or by name) holds
-        it: the same object of the program's, or data (`_PLAIN`, `_STANDARD`) of the same type
-        and value."""
+        """Whether the tests made `remote` by calling the class `fields` names, its class
+        compares some field, and each field they gave a value (by position, in `__init__`'s
+        order, or by name) is one it compares that holds it: the same object of the program's,
+        or data (`_PLAIN`, `_STANDARD`) of the same type and value. (A field it does not compare
+        would make every instance equal whatever the tests gave it.)"""
         made = self.made.get(remote._oncurve_ref)
         if made is None or made[0] != fields[0]:
             return False
@@ -1098,9 +1099,11 @@ class _Link:
             return False
         given = {**dict(zip(init, args, strict=False)), **kwargs}
         compared = dict(zip(names, values, strict=True))
+        if not compared:
+            return False
         for name, argument in given.items():
             if name not in compared:
-                continue
+                return False
             value = compared[name]
             data = _plain(argument) or type(argument) in _STANDARD
             if not (

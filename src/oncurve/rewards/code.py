@@ -35,7 +35,7 @@ in either common form:
   contents it holds then (its objects compared by these rules), whatever its own methods say;
   and an instance of a dataclass (with the `==` that `dataclasses` writes) equals another of
   its class when their compared fields are equal and one of the two was made by the tests,
-  with arguments that its fields hold (no `__post_init__` made them other). A dict's `keys()`
+  with arguments that compared fields of its hold (no `__post_init__` made them other). A dict's `keys()`
   and `items()` views arrive as views, which compare as sets. The lists, dicts and sets a call
   is given (deques, Counters, OrderedDicts and defaultdicts too) are the tests' own: what the
   program does to them in place the tests see, and one it returns is their object.

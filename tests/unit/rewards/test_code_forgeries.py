@@ -329,6 +329,14 @@ DATACLASSES = {
         "",
         RIGHT_POINT,
     ),
+    "fields it does not compare": (
+        ["assert f(1) == Point(1, 2)"],
+        "from dataclasses import dataclass, field\n\n@dataclass\nclass Point:\n"
+        "    x: int = field(compare=False)\n    y: int = field(compare=False)\n\n"
+        "def f(x):\n    return Point(0, 0)\n",
+        "",
+        RIGHT_POINT,
+    ),
     "another class's instance": (
         ["assert f(1) == Point(1, 2)"],
         POINT + "\n@dataclass\nclass Other:\n    x: int\n    y: int\n\n"
