@@ -163,10 +163,10 @@ def _base_value(value: Any) -> Any:
     return _NO_VALUE
 
 
-# The built-in containers whose subclasses' instances (a `class Row(list)`, not a named tuple) travel
-# as references that compare and hash as their contents (`_Remote`), read at each comparison
-# (they change), and how those are taken: through the built-in type's own methods, which no method
-# of the subclass replaces
+# The built-in containers whose subclasses' instances (a `class Row(list)`, a named tuple with
+# methods of its own) travel as references that compare and hash as their contents (`_Remote`),
+# read at each comparison (they change), and how those are taken: through the built-in type's own
+# methods, which no method of the subclass replaces
 _CONTAINERS = {
     list: list.copy,
     tuple: lambda v: tuple(tuple.__iter__(v)),
@@ -177,14 +177,34 @@ _CONTAINERS = {
 _CONTAINER_NAMES = {base.__name__: base for base in _CONTAINERS}
 
 
+# What `collections.namedtuple` writes into a named tuple's class
+_NAMED_TUPLE_MADE = frozenset(
+    ("__new__", "_make", "_replace", "__repr__", "_asdict", "__getnewargs__")
+)
+
+
+def _named_tuple_methods(kind: type) -> bool:
+    """Whether named tuple class `kind`, or a class it derives from, defines a method or property
+    of its own: its instances then travel as references (`_container_base`), whose methods the
+    tests may call, not as their fields."""
+    own = (types.FunctionType, property, classmethod, staticmethod)
+    return any(
+        isinstance(member, own) and name not in _NAMED_TUPLE_MADE
+        for klass in kind.__mro__
+        if klass is not tuple and klass is not object
+        for name, member in vars(klass).items()
+    )
+
+
 def _container_base(value: Any) -> type | None:
     """The built-in container `value`'s class derives from (`_CONTAINERS`), where it is a
-    subclass of one that no other rule sends (not a named tuple, nor a Counter or the like);
+    subclass of one that no other rule sends (not a named tuple without methods of its own, nor
+    a Counter or the like);
     None for any other value."""
     kind = type(value)
     if kind in _CONTAINERS or kind in _STANDARD or kind in _STANDARD_MUTABLE:
         return None
-    if issubclass(kind, tuple) and hasattr(kind, "_fields"):
+    if issubclass(kind, tuple) and hasattr(kind, "_fields") and not _named_tuple_methods(kind):
         return None
     return next((base for base in _CONTAINERS if issubclass(kind, base)), None)
 
@@ -345,7 +365,8 @@ def _pack_object(value: Any, swap: Any, depth: int, memo: dict) -> Any:
         # a factory of the program's (a lambda) cannot travel: its mapping goes without one
         name = factory.__name__ if factory is not None and builtin else None
         return (_STD, "defaultdict", (name, _pack(dict(value), swap, depth + 1, memo)))
-    if isinstance(value, tuple) and hasattr(kind, "_fields"):  # a named tuple, with its fields
+    if isinstance(value, tuple) and hasattr(kind, "_fields") and not _named_tuple_methods(kind):
+        # a named tuple, with its fields
         items = tuple(_pack(item, swap, depth + 1, memo) for item in tuple.__iter__(value))
         fields = getattr(kind, "_fields", None)
         named = type(fields) is tuple and all(type(f) is str for f in fields)
@@ -465,7 +486,9 @@ def _packs(value: Any) -> bool:
         kind in _SCALARS
         or kind in (list, tuple, set, frozenset, dict, collections.defaultdict)
         or kind in _STANDARD
-        or (isinstance(value, tuple) and hasattr(kind, "_fields"))
+        or (
+            isinstance(value, tuple) and hasattr(kind, "_fields") and not _named_tuple_methods(kind)
+        )
         # a builtin by its name; a class of the program's (or `math.sqrt`) is its object
         or (
             kind in (type, types.BuiltinFunctionType)

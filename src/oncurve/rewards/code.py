@@ -31,13 +31,14 @@ in either common form:
   arithmetic) fails the case; except that an instance of a subclass of `int`, `float`,
   `complex`, `str` or `bytes` (an IntEnum's member) compares (`==`, `!=`, `<`, ...), hashes, is
   true or false and answers `in` as its built-in value, and a `list`, `tuple`, `dict`, `set` or
-  `frozenset` of the program's objects, or of a subclass of one (a named tuple aside), as the
-  contents it holds then (its objects compared by these rules), whatever its own methods say;
-  and an instance of a dataclass (with the `==` that `dataclasses` writes) equals another of
-  its class when their compared fields are equal and one of the two was made by the tests,
-  with arguments that compared fields of its hold (no `__post_init__` made them other). A dict's `keys()`
-  and `items()` views arrive as views, which compare as sets. The lists, dicts and sets a call
-  is given (deques, Counters, OrderedDicts and defaultdicts too) are the tests' own: what the
+  `frozenset` of the program's objects, or of a subclass of one (a named tuple only where its
+  class has methods of its own: else it arrives as one), as the contents it holds then (its
+  objects compared by these rules), whatever its own methods say; and an instance of a
+  dataclass (with the `==` that `dataclasses` writes) equals another of its class when their
+  compared fields are equal and one of the two was made by the tests, with arguments that
+  compared fields of its hold (no `__post_init__` made them other). A dict's `keys()` and
+  `items()` views arrive as views, which compare as sets. The lists, dicts and sets a call is
+  given (deques, Counters, OrderedDicts and defaultdicts too) are the tests' own: what the
   program does to them in place the tests see, and one it returns is their object.
 
   A verdict depends only on what the program does when the tests call it. The tests see the

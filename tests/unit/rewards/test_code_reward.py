@@ -732,6 +732,19 @@ RIGHT_PROGRAMS = {
             "assert 2 in row(3) and 5 not in row(3) and 0 in table(1) and not row(0)",
         ],
     ),
+    "named tuples with methods of their own": (
+        "from collections import namedtuple\nfrom typing import NamedTuple\n"
+        "class Pair(namedtuple('Pair', 'x y')):\n"
+        "    def total(self):\n        return self.x + self.y\n"
+        "class Span(NamedTuple):\n    lo: int\n    hi: int = 0\n"
+        "    @property\n    def width(self):\n        return self.hi - self.lo\n"
+        "def pair(x):\n    return Pair(x, x + 1)\n"
+        "def span(x):\n    return Span(x, 2 * x)\n",
+        [
+            "p = pair(1)\nassert p == (1, 2) and p == Pair(1, 2) and p.total() == 3 and p.x == 1",
+            "assert span(2) == (2, 4) and span(2).width == 2 and [span(1)] == [(1, 2)]",
+        ],
+    ),
     "dataclass instances compared with those the tests make": (
         "from dataclasses import dataclass, field\n"
         "@dataclass\nclass Point:\n    x: int\n    y: int = 0\n"
