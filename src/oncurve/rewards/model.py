@@ -249,6 +249,7 @@ def _load(
     source: str, name: str, dtype: torch.dtype, trust_remote_code: bool
 ) -> tuple[torch.nn.Module, Any]:
     """(model, tokenizer) of `source`, checked to have one output and a pad token."""
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
     from oncurve.model.sources import require_safetensors
@@ -274,6 +275,10 @@ def _load(
             else "neither a local directory nor a Hub model id that loads"
         )
         raise UserError(f"{where}: {what} ({first_line(err)})") from None
+    except (TypeError, AttributeError, StrictDataclassError) as err:
+        # a config.json transformers cannot build: not an object, a field of the wrong type,
+        # an unknown dtype
+        raise UserError(f"{where}: {location}'s config.json: {first_line(err)}") from None
     architectures = getattr(config, "architectures", None) or []
     if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
         raise UserError(

@@ -420,6 +420,21 @@ def test_a_head_of_two_labels_is_a_one_line_error(tmp_path):
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize(
+    "stated",
+    [[1, 2], {"vocab_size": "many"}, {"dtype": "float99"}],
+    ids=["a list", "a field of the wrong type", "an unknown dtype"],
+)
+def test_a_config_json_transformers_cannot_build_is_a_one_line_error(tmp_path, stated):
+    path = save_reward_model(tmp_path / "rm")
+    config = json.loads((path / "config.json").read_text())
+    broken = stated if isinstance(stated, list) else {**config, **stated}
+    (path / "config.json").write_text(json.dumps(broken))
+    with pytest.raises(UserError, match=r"^reward 'model:.*rm': .*config\.json") as error:
+        RewardModel(str(path))
+    assert "\n" not in str(error.value)
+
+
 def test_pickled_weights_are_refused_unread(tmp_path, monkeypatch):
     """`pytorch_model.bin` is a pickle: the reward model loads safetensors weights only."""
     path = save_reward_model(tmp_path / "pickled")
