@@ -77,9 +77,7 @@ def logged_steps(run_dir: Path) -> list[int]:
 MID_LOOP = [signal.SIGINT, signal.SIGHUP, signal.SIGUSR1]
 
 
-def test_each_stop_signal_mid_loop_saves_the_step_and_exits_0(
-    tiny_model_dir, data_file, tmp_path
-):
+def test_each_stop_signal_mid_loop_saves_the_step_and_exits_0(tiny_model_dir, data_file, tmp_path):
     """SIGINT, SIGHUP and SIGUSR1 (SIGTERM: see above) each stop a run at the end of the step
     under way: the first signal is acknowledged at once, the step is checkpointed and logged,
     and the run exits 0 with a line saying where it stopped (the resume from such a stop:
