@@ -1,16 +1,14 @@
 """Answer checkers against human labels: does oncurve's `correct` reward judge more completions
-right than the checkers other trainers and harnesses pay their policies with? (issue 51)
+right than the checkers other trainers and harnesses pay their policies with?
 
 The corpus, `data/answer_corpus.jsonl`: completions of real GSM8K and MATH problems with their
 real golds, hand-written in the styles instruct models answer in (`The answer is 18.`,
 `\\boxed{}`, `#### 18`, units, intervals, hedges...; each row's "note" names its style), each
 labelled true when a careful human grader marks its final answer correct (stated, equal to the
 gold, simplified). oncurve's `correct`, strict and lenient, is called from this checkout's `src`
-as the trainer calls it; the peers' (`CHECKERS`) from their published packages (none is a
-dependency of oncurve, none of their code is here) in a child (`harness.peer_child` says how
-each is called) in their own environment, `benchmarks/.venv-peers` (gitignored; `--prepare`
-makes it from PyPI). GSM8K golds reach every peer without thousands separators, as verl's GSM8K
-preprocessing writes them; a peer that cannot be installed or imported is listed as not run.
+as the trainer calls it; the peers' (`CHECKERS`) in their own environment (`harness.peer_child`).
+GSM8K golds reach every peer without thousands separators, as verl's GSM8K preprocessing writes
+them; a peer that cannot be installed or imported is listed as not run.
 
     .venv/bin/python benchmarks/answer_checkers.py --prepare   # once: the peers' environment
     .venv/bin/python benchmarks/answer_checkers.py             # score, print, write results/
@@ -22,16 +20,13 @@ in `results/answer_checkers.jsonl`.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from typing import Any
 
 from harness.checkout import BENCHMARKS, CACHE, RESULTS, ROOT
-from harness.peer_child import oncurve_checks, score_row, tally
+from harness.peer_child import oncurve_checks, prepare, score_in_peers, score_row, tally
+from harness.records import read_jsonl, write_jsonl
 from harness.tables import code_cell, markdown_table, publish
 
 NAME = "answer_checkers"
@@ -45,23 +40,6 @@ LEGEND = (
     "counted in FN or TN). ms/row: mean milliseconds per row of the call (verl `prime_math` "
     "forks a process per comparison). GSM8K-only checkers are not run on MATH."
 )
-PEERS_VENV = BENCHMARKS / ".venv-peers"
-PEERS_PYTHON = PEERS_VENV / "bin" / "python"
-# math-verify with the ANTLR runtime its LaTeX parser needs (latex2sympy2_extended's
-# `antlr4-13-2` extra pins it; math-verify 0.9 has no such extra), and what the peers' checker
-# modules import; the peers' own packages then without their dependencies (torch,
-# transformers, Ray, datasets...), which the checker modules do not need.
-PEER_REQUIREMENTS = [
-    "math-verify",
-    "antlr4-python3-runtime==4.13.2",
-    "pylatexenc",  # verl prime_math
-    "packaging",  # trl.import_utils
-    "numpy",  # verl py_functional, lm-eval metrics
-    "typing_extensions",
-    "sacrebleu",  # imported at the top of lm_eval.api.metrics
-    "pyyaml",  # to read lm-eval's gsm8k task yaml
-]
-PEER_PACKAGES_NO_DEPS = ["trl", "verl", "lm_eval"]
 # Every checker: key -> (label, the one set it runs on or None for all); oncurve's first.
 CHECKERS: dict[str, tuple[str, str | None]] = {
     "oncurve_strict": ("oncurve `correct` (strict, the default)", None),
@@ -79,79 +57,31 @@ CHECKERS: dict[str, tuple[str, str | None]] = {
 PEERS = {key: only for key, (_, only) in CHECKERS.items() if not key.startswith("oncurve")}
 
 
-def prepare() -> None:
-    """Create `benchmarks/.venv-peers` and install the peers' checkers into it from PyPI."""
-    if not PEERS_PYTHON.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
-    pip = [str(PEERS_PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, *PEER_REQUIREMENTS], check=True)
-    for package in PEER_PACKAGES_NO_DEPS:  # each alone: one that fails leaves the others
-        if subprocess.run([*pip, "--no-deps", package]).returncode:
-            print(f"could not install {package}; it will be reported as not run")
-    freeze = [str(PEERS_PYTHON), "-m", "pip", "list", "--format=freeze"]
-    print(f"peers' environment ready: {PEERS_VENV}")
-    print(subprocess.run(freeze, capture_output=True, text=True, check=True).stdout)
+def scored_corpus() -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The labelled rows (ValueError on a row missing a field, with an unknown set or a repeated
+    id), each with its "verdicts", "errors" and "seconds" by checker and what `extract_answer`
+    takes from its completion ("extracted"); and the peers' child's {"failed", "versions"}.
+    oncurve's checks raise any error but a timeout; the peers get GSM8K golds without commas."""
+    from oncurve.rewards.extraction import extract_answer
 
-
-def read_corpus() -> list[dict[str, Any]]:
-    """The labelled rows; raises ValueError on a row missing a field or with an unknown set."""
-    rows = [json.loads(line) for line in CORPUS.read_text().splitlines() if line.strip()]
+    rows = read_jsonl(CORPUS)
     for row in rows:
         missing = FIELDS - set(row)
         if missing or row["set"] not in SETS or not isinstance(row["label"], bool):
             raise ValueError(f"{CORPUS}: bad row {row.get('id')!r} (missing {sorted(missing)})")
     if len({row["id"] for row in rows}) != len(rows):
         raise ValueError(f"{CORPUS}: duplicate ids")
-    return rows
-
-
-def score_oncurve(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each row with its "verdicts", "errors" (none) and "seconds" from oncurve's `correct`,
-    strict and lenient (`oncurve_checks`; an error other than a timeout is raised), and what
-    `extract_answer` takes from its completion ("extracted")."""
-    from oncurve.rewards.extraction import extract_answer
-
     checks = {f"oncurve_{name}": check for name, check in oncurve_checks().items()}
-    only = dict.fromkeys(checks)
-    return [
-        row
-        | score_row(checks, only, row, catch=())
-        | {"extracted": extract_answer(row["completion"])}
-        for row in rows
-    ]
-
-
-def score_peers(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Add the peers' "verdicts", "errors" and "seconds" to the scored `rows`, from the peers'
-    child run in `.cache/answer_checkers`; returns {"failed", "versions"}, every peer failed,
-    with the reason, when the environment is missing or the child dies."""
-
-    def all_failed(reason: str) -> dict[str, Any]:
-        return {"failed": dict.fromkeys(PEERS, reason), "versions": {}}
-
-    if not PEERS_PYTHON.exists():
-        return all_failed(f"no peers' environment at {PEERS_VENV.relative_to(ROOT)} (--prepare)")
+    rows = [row | score_row(checks, dict.fromkeys(checks), row, catch=()) for row in rows]
     sent = [{k: row[k] for k in ("id", "set", "gold", "prompt", "completion")} for row in rows]
     for row in sent:
-        if row["set"] == "gsm8k":
-            row["gold"] = row["gold"].replace(",", "")
-    work = CACHE / NAME  # the child's cwd, for whatever a peer writes there
-    work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(BENCHMARKS), "TOKENIZERS_PARALLELISM": "false"}
-    command = [str(PEERS_PYTHON), "-m", "harness.peer_child", json.dumps(PEERS)]
-    stdin = "".join(json.dumps(row) + "\n" for row in sent)
-    result = subprocess.run(command, input=stdin, capture_output=True, text=True, env=env, cwd=work)
-    out = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    if result.returncode or not out:
-        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        return all_failed(f"the peers' child exited {result.returncode}: {last}")
-    scored = {item.pop("id"): item for item in map(json.loads, out[1:])}
-    if len(scored) != len(rows):
-        raise RuntimeError(f"the peers' child scored {len(scored)} of {len(rows)} rows")
+        row["gold"] = row["gold"].replace(",", "") if row["set"] == "gsm8k" else row["gold"]
+    header, scored = score_in_peers(sent, PEERS, CACHE / NAME)
     for row in rows:
-        for key, by_checker in scored[row["id"]].items():
+        row["extracted"] = extract_answer(row["completion"])
+        for key, by_checker in scored.get(row["id"], {}).items():
             row[key].update(by_checker)
-    return json.loads(out[0])
+    return rows, header
 
 
 def set_counts(name: str, rows: list[dict[str, Any]], failed: dict) -> dict[str, Any]:
@@ -160,17 +90,14 @@ def set_counts(name: str, rows: list[dict[str, Any]], failed: dict) -> dict[str,
     verdicts against the labels and its mean milliseconds per row."""
     subset = [row for row in rows if row["set"] == name]
     checkers: dict[str, dict[str, Any]] = {}
-    for key, (_, only) in CHECKERS.items():
-        if only not in (None, name):
-            continue
+    for key in (key for key, (_, only) in CHECKERS.items() if only in (None, name)):
         if key in failed:
             checkers[key] = {"not_run": failed[key]}
-            continue
-        counts = tally((row["verdicts"][key], row["label"]) for row in subset)
-        seconds = sum(row["seconds"][key] for row in subset)
-        checkers[key] = counts | {"ms_per_row": round(1000 * seconds / max(len(subset), 1), 2)}
-    right = sum(row["label"] for row in subset)
-    return {"rows": len(subset), "right": right, "checkers": checkers}
+        else:
+            ms = 1000 * sum(row["seconds"][key] for row in subset) / max(len(subset), 1)
+            counts = tally((row["verdicts"][key], row["label"]) for row in subset)
+            checkers[key] = counts | {"ms_per_row": round(ms, 2)}
+    return {"rows": len(subset), "right": sum(row["label"] for row in subset), "checkers": checkers}
 
 
 def checker_table(rows: int, right: int, checkers: dict[str, dict[str, Any]]) -> str:
@@ -199,10 +126,8 @@ def main() -> None:
     if parser.parse_args().prepare:
         prepare()
         return
-    corpus = read_corpus()
     start = time.perf_counter()
-    rows = score_oncurve(corpus)
-    header = score_peers(rows)
+    rows, header = scored_corpus()
     wall = time.perf_counter() - start
     sets = {name: set_counts(name, rows, header["failed"]) for name in SETS}
     disagreements = [
@@ -215,11 +140,8 @@ def main() -> None:
     figures |= {"disagreements": disagreements, "peer_versions": header["versions"]}
     figures |= {"not_run": header["failed"], "errors": dict(sorted(errors.items()))}
     print(publish(NAME, TITLE, "", {"renderer": NAME, **figures}).read_text())
-    path = RESULTS / f"{NAME}.jsonl"
-    with path.open("w") as f:
-        for row in rows:
-            kept = ("id", "set", "gold", "label", "extracted", "verdicts", "errors")
-            f.write(json.dumps({k: row[k] for k in kept}, ensure_ascii=False) + "\n")
+    path, kept = RESULTS / f"{NAME}.jsonl", ("id", "set", "gold", "label", "extracted")
+    write_jsonl(path, ({k: row[k] for k in (*kept, "verdicts", "errors")} for row in rows))
     print(f"wrote {path.relative_to(ROOT)}")
 
 

@@ -1,27 +1,49 @@
 """Answer checkers set against oncurve's `correct` reward: oncurve's own (`oncurve_checks`), a
 row's verdicts (`score_row`) and their tally against labels (`tally`); and the peers', run in
-their own environment (no oncurve on its path) as `python -m harness.peer_child WANTED`, WANTED
-a JSON {checker: the one set it runs on, or null for all}. The child imports each from its
-installed package (one that fails is reported in "failed", the others run), writes a JSON line
-{"failed", "versions"}, then one {"id", "verdicts", "errors", "seconds"} for each
-{"id", "set", "gold", "prompt", "completion"} line on stdin; a checker that raises on a row
-gives no verdict there. Each maker's docstring says how its checker is called."""
+their own environment, `benchmarks/.venv-peers` (`prepare` makes it; no oncurve on its path), as
+`python -m harness.peer_child WANTED` (`score_in_peers`), WANTED a JSON {checker: the one set it
+runs on, or null for all}. The child imports each from its installed package (one that fails is
+reported in "failed", the others run), writes a JSON line {"failed", "versions"}, then one
+{"id", "verdicts", "errors", "seconds"} for each {"id", "set", "gold", "prompt", "completion"}
+line on stdin; a checker that raises on a row gives no verdict there. Each maker's docstring
+says how its checker is called."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 import time
 import types
 from collections.abc import Callable, Iterable
 from functools import partial
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 Check = Callable[[dict[str, Any]], bool | None]
 VERSIONED = ("math-verify", "latex2sympy2_extended", "trl", "verl", "lm_eval", "sympy")
+BENCHMARKS = Path(__file__).resolve().parent.parent
+PEERS_VENV = BENCHMARKS / ".venv-peers"
+PEERS_PYTHON = PEERS_VENV / "bin" / "python"
+# math-verify with the ANTLR runtime its LaTeX parser needs (latex2sympy2_extended's
+# `antlr4-13-2` extra pins it; math-verify 0.9 has no such extra), and what the peers' checker
+# modules import; the peers' own packages then without their dependencies (torch,
+# transformers, Ray, datasets...), which the checker modules do not need.
+PEER_REQUIREMENTS = [
+    "math-verify",
+    "antlr4-python3-runtime==4.13.2",
+    "pylatexenc",  # verl prime_math
+    "packaging",  # trl.import_utils
+    "numpy",  # verl py_functional, lm-eval metrics
+    "typing_extensions",
+    "sacrebleu",  # imported at the top of lm_eval.api.metrics
+    "pyyaml",  # to read lm-eval's gsm8k task yaml
+]
+PEER_PACKAGES_NO_DEPS = ["trl", "verl", "lm_eval"]
 
 
 def boxed(gold: str) -> str:
@@ -181,6 +203,54 @@ def oncurve_checks() -> dict[str, Check]:
         return verdict
 
     return {"strict": check(answer_match_reward), "lenient": check(lenient_answer_match_reward)}
+
+
+def prepare() -> None:
+    """Create `PEERS_VENV` and install the peers' checkers into it from PyPI."""
+    if not PEERS_PYTHON.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
+    pip = [str(PEERS_PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, *PEER_REQUIREMENTS], check=True)
+    for package in PEER_PACKAGES_NO_DEPS:  # each alone: one that fails leaves the others
+        if subprocess.run([*pip, "--no-deps", package]).returncode:
+            print(f"could not install {package}; it will be reported as not run")
+    freeze = [str(PEERS_PYTHON), "-m", "pip", "list", "--format=freeze"]
+    print(f"peers' environment ready: {PEERS_VENV}")
+    print(subprocess.run(freeze, capture_output=True, text=True, check=True).stdout)
+
+
+def score_in_peers(
+    rows: list[dict[str, Any]],
+    wanted: dict[str, str | None],
+    work: Path,
+    python: Path = PEERS_PYTHON,
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The child's {"failed", "versions"} and each row's {"verdicts", "errors", "seconds"} by
+    its "id", from this module run by `python` in `work` (its cwd, for whatever a peer writes
+    there) on `rows` ({"id", "set", "gold", "prompt", "completion"}). Every `wanted` peer fails,
+    with the reason and no rows scored, when `python` is missing or the child dies;
+    RuntimeError when it scores another number of rows."""
+
+    def all_failed(reason: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+        return {"failed": dict.fromkeys(wanted, reason), "versions": {}}, {}
+
+    if not python.exists():
+        venv, root = python.parent.parent, BENCHMARKS.parent
+        shown = venv.relative_to(root) if venv.is_relative_to(root) else venv
+        return all_failed(f"no peers' environment at {shown} (--prepare)")
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(BENCHMARKS), "TOKENIZERS_PARALLELISM": "false"}
+    command = [str(python), "-m", "harness.peer_child", json.dumps(wanted)]
+    stdin = "".join(json.dumps(row) + "\n" for row in rows)
+    result = subprocess.run(command, input=stdin, capture_output=True, text=True, env=env, cwd=work)
+    out = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    if result.returncode or not out:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        return all_failed(f"the peers' child exited {result.returncode}: {last}")
+    scored = {item.pop("id"): item for item in map(json.loads, out[1:])}
+    if len(scored) != len(rows):
+        raise RuntimeError(f"the peers' child scored {len(scored)} of {len(rows)} rows")
+    return json.loads(out[0]), scored
 
 
 def main() -> None:

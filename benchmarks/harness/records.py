@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -51,9 +52,17 @@ def append(benchmark: str, title: str, key: str, row: dict[str, Any]) -> dict[st
 def read(benchmark: str) -> list[dict[str, Any]]:
     """Every row of `benchmark`'s record, oldest first."""
     path = record_path(benchmark)
-    if not path.is_file():
-        return []
+    return read_jsonl(path) if path.is_file() else []
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON object of each line of `path` that is not blank."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    """Write `rows` to `path`, a JSON line each, characters beyond ASCII as they are."""
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
 def latest(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

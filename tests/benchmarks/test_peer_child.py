@@ -1,12 +1,17 @@
 """`harness.peer_child`, shared by the peers' child, `answer_checkers.py` and `peer_suites.py`:
 `score_row` runs the checks of the row's set only, a verdict as a bool or None, a raising check
 unpaid with its error kept, or raised when it is not to be caught; `tally` counts verdicts
-against labels; `oncurve_checks` judges a row as the trainer's `correct` reward does."""
+against labels; `oncurve_checks` judges a row as the trainer's `correct` reward does;
+`score_in_peers` runs the child on rows and reads its verdicts back, every peer failed when the
+peers' environment is missing."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
-from harness.peer_child import oncurve_checks, score_row, tally
+from harness.peer_child import oncurve_checks, score_in_peers, score_row, tally
 
 
 def refuse(row: dict) -> bool:
@@ -42,3 +47,24 @@ def test_oncurve_checks_pay_a_stated_answer_and_leave_an_unusable_gold_unscored(
         assert check(row) is True
         assert check(row | {"gold": "19"}) is False
         assert check(row | {"gold": ""}) is None
+
+
+ROWS = [
+    {"id": "a", "set": "gsm8k", "gold": "18", "prompt": "How many?", "completion": "18"},
+    {"id": "b", "set": "math", "gold": "x", "prompt": "Solve.", "completion": "x"},
+]
+
+
+def test_the_child_scores_every_row_and_reports_a_peer_it_cannot_make(tmp_path):
+    header, scored = score_in_peers(ROWS, {"no_such_peer": None}, tmp_path, Path(sys.executable))
+    assert header["failed"] == {"no_such_peer": "KeyError: 'no_such_peer'"}
+    assert set(header["versions"]) >= {"math-verify", "trl", "verl", "lm_eval"}
+    assert scored == {key: {"verdicts": {}, "errors": {}, "seconds": {}} for key in ("a", "b")}
+
+
+def test_without_the_peers_environment_every_peer_fails_and_no_row_is_scored(tmp_path):
+    wanted = {"math_verify": None, "verl_gsm8k": "gsm8k"}
+    header, scored = score_in_peers(ROWS, wanted, tmp_path, tmp_path / "venv" / "bin" / "python")
+    reason = f"no peers' environment at {tmp_path / 'venv'} (--prepare)"
+    assert header == {"failed": dict.fromkeys(wanted, reason), "versions": {}}
+    assert scored == {}
