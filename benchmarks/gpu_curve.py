@@ -3,18 +3,17 @@ warm-started inside the command (`oncurve.warmstart` on 6-digit sums, stopped at
 that finds it `STOP_AT` accurate, leaving headroom whatever its learning speed), then GRPO on
 the same sums with oncurve and with TRL's GRPOTrainer (`harness.spec.Job`: the default job's
 settings), each for the size's budget of seconds of training steps by its own step timer
-(oncurve's `time/step`, TRL's step callback), with a checkpoint every `Size.save_every` steps
-and where the budget ends it. oncurve gets SIGTERM once its logged steps reach the budget (it
-finishes the step in progress, saves it and exits 0: its last point may lie a step past the
-budget); TRL stops itself at the step that reaches it (`Job.seconds_budget`). The warm start and
-every checkpoint are scored alike (`learning.held_out`: greedy, the same held-out problems, HF's
-eager decode: a fresh `cuda_graph` sampler would compile again for each checkpoint): held-out
-accuracy against training seconds, one figure (`results/gpu_curve.png`) and one table. Target:
-oncurve reaches TRL's final accuracy in at most `TARGET` x TRL's training seconds.
+(`Job.seconds_budget`: oncurve's stopped by `children.train_oncurve_for`, TRL's by its step
+callback), with a checkpoint every `save_every` steps and where the budget ends it. The warm
+start and every checkpoint are scored alike (`learning.held_out`: greedy, the same held-out
+problems, HF's eager decode: a fresh `cuda_graph` sampler would compile again for each
+checkpoint): held-out accuracy against training seconds, one figure (`results/gpu_curve.png`)
+and one table. Target: oncurve reaches TRL's final accuracy in at most `TARGET` x TRL's
+training seconds.
 
-`SIZES` are estimates until the first GPU run, planned to fit the stage's 500 s on an H100: a warm
-start of a minute at most, each trainer's 120 s (oncurve's compiling in its first step) and about
-40 s of start and saving, about 40 checkpoints scored at 1 s each, and 60 s to spare.
+`SIZES` are planned to fit the stage's 500 s on an H100: a warm start of a minute at most, each
+trainer's 120 s (oncurve's compiling in its first step) and about 40 s of start and saving,
+about 40 checkpoints scored at 1 s each, and 60 s to spare.
 
     python3 benchmarks/gpu_curve.py                       # GPU machine
     .venv/bin/python benchmarks/gpu_curve.py --smoke      # here: a tiny model on the CPU
@@ -26,15 +25,14 @@ import argparse
 import importlib.util
 import json
 import shutil
-import signal
-import subprocess
 import sys
-import time
+from collections import namedtuple
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from harness import learning
-from harness.checkout import CACHE, RESULTS, checkout_env
+from harness.checkout import CACHE, RESULTS
+from harness.children import train_oncurve_for
 from harness.gpu_comparison import environments
 from harness.spec import Job
 from harness.tables import markdown_table, publish
@@ -48,20 +46,11 @@ DIGITS = 6
 STOP_AT = 0.2  # the warm start's accuracy on its check problems that ends it
 
 
-class Size(NamedTuple):
-    """A model's shape, its warm start (at most `warm_steps`, checked every `check_every`),
-    the training budget in seconds, the checkpoint interval and the held-out problems."""
-
-    hidden: int
-    layers: int
-    intermediate: int
-    warm_steps: int
-    check_every: int
-    budget: float
-    save_every: int
-    held: int
-
-
+# a model's shape, its warm start (at most `warm_steps`, checked every `check_every`), the
+# training budget in seconds, the checkpoint interval and the held-out problems
+Size = namedtuple(
+    "Size", "hidden layers intermediate warm_steps check_every budget save_every held"
+)
 SIZES = {"30m": Size(512, 8, 1536, 1500, 25, 120, 20, 200),
          "smoke": Size(32, 2, 64, 20, 10, 30, 10, 16)}  # fmt: skip
 
@@ -91,35 +80,6 @@ def make_job(model: Path, size: str, device: str) -> Job:
                 "data.task_options": json.dumps({"max_digits": DIGITS}),
                 "eval.at_start_end": False, "eval.num_prompts": shape.held, "log.samples_per_step": 0}  # fmt: skip
     return Job(settings, seconds_budget=shape.budget)
-
-
-def logged_seconds(run_dir: Path) -> list[float]:
-    """The `time/step` of each step an oncurve run has logged so far (`read_jsonl` leaves a line
-    being written for the next read)."""
-    from oncurve.run.metrics import read_jsonl
-
-    path = run_dir / "metrics.jsonl"
-    rows = read_jsonl(path) if path.is_file() else []
-    return [row["time/step"] for row in rows if "time/step" in row]
-
-
-def train_oncurve_for(job: Job, run_dir: Path) -> list[float]:
-    """oncurve's run of `job`, stopped by SIGTERM once its steps' seconds reach the budget;
-    its steps' seconds."""
-    command = [sys.executable, "-m", "oncurve", "train", "--quiet", *job.oncurve_args(),
-               f"run.dir={run_dir}", "run.overwrite=true"]  # fmt: skip
-    shutil.rmtree(run_dir, ignore_errors=True)  # an earlier run's metrics would stop this one
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    with (run_dir.parent / "oncurve.log").open("w") as log:
-        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=checkout_env())
-        while child.poll() is None:
-            if sum(logged_seconds(run_dir)) >= job.seconds_budget:
-                child.send_signal(signal.SIGTERM)
-                child.wait()
-            time.sleep(0.2)
-    if child.returncode:
-        raise SystemExit(f"oncurve's run failed ({child.returncode}): {run_dir.parent}/oncurve.log")
-    return logged_seconds(run_dir)
 
 
 def numbered(folder: Path, pattern: str) -> list[tuple[int, Path]]:
@@ -205,8 +165,10 @@ def main() -> None:
     model = warm_model(size, device)
     job = make_job(model, size, device)
     warm = accuracy(model, job, device)
-    seconds = train_oncurve_for(job, WORK / "oncurve" / "run")
-    runs = {"oncurve": (seconds, numbered(WORK / "oncurve" / "run" / "checkpoints", "step-*"))}
+    run_dir = WORK / "oncurve" / "run"
+    seconds = train_oncurve_for(job.oncurve_args(), run_dir, WORK / "oncurve" / "oncurve.log",
+                                job.seconds_budget)  # fmt: skip
+    runs = {"oncurve": (seconds, numbered(run_dir / "checkpoints", "step-*"))}
     envs = environments(args.trl_python, trl_required=not args.smoke)
     shutil.rmtree(WORK / "trl", ignore_errors=True)  # an earlier run's checkpoints
     if "TRL" in envs and not (done := run_trl(job, WORK / "trl", args.trl_python, envs["TRL"],

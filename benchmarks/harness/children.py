@@ -1,6 +1,6 @@
 """Child processes: run one with its output in a log, with or without a time limit, and read
-its peak memory; `oncurve train`, `oncurve eval` and `oncurve tasks export` as children of the
-checkout's oncurve."""
+its peak memory; `oncurve train` (also for a budget of seconds of training steps), `oncurve eval`
+and `oncurve tasks export` as children of the checkout's oncurve."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from harness.checkout import checkout_env
 from harness.machine import nvidia_smi
 
 
@@ -173,6 +175,37 @@ def train_oncurve(
     metrics = run_dir / "metrics.jsonl"
     rows = [r for r in read_jsonl(metrics) if "time/step" in r] if metrics.is_file() else []
     return {"wall": wall, "rss": rss, "code": code, "rows": rows}
+
+
+def logged_step_seconds(run_dir: Path) -> list[float]:
+    """The `time/step` of each step an oncurve run in `run_dir` has logged so far (`read_jsonl`
+    leaves a line being written for the next read)."""
+    from oncurve.run.metrics import read_jsonl
+
+    path = run_dir / "metrics.jsonl"
+    rows = read_jsonl(path) if path.is_file() else []
+    return [row["time/step"] for row in rows if "time/step" in row]
+
+
+def train_oncurve_for(args: list[str], run_dir: Path, log: Path, budget: float) -> list[float]:
+    """`oncurve train --quiet ARGS` of the checkout with its run in `run_dir` (emptied first: an
+    earlier run's metrics would stop this one) and its output in `log`, sent SIGTERM once its
+    logged steps' seconds reach `budget` (it finishes the step in progress, saves it and exits
+    0: its last step may end past the budget); its steps' seconds. SystemExit when it fails."""
+    command = [sys.executable, "-m", "oncurve", "train", "--quiet", *args]
+    command += [f"run.dir={run_dir}", "run.overwrite=true"]
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=checkout_env())
+        while child.poll() is None:
+            if sum(logged_step_seconds(run_dir)) >= budget:
+                child.send_signal(signal.SIGTERM)
+                child.wait()
+            time.sleep(0.2)
+    if child.returncode:
+        raise SystemExit(f"oncurve's run failed ({child.returncode}): {log}")
+    return logged_step_seconds(run_dir)
 
 
 def export_task(task: str, split: str, count: int, path: Path) -> Path:
