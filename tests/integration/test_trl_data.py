@@ -1,5 +1,6 @@
 """A dataset prepared for TRL's `GRPOTrainer` (prompts as messages, the gold as `solution`,
-other columns for the rewards) trains with nothing but its path, and reward functions written
+other columns for the rewards) trains with nothing but its path, or passed to `oncurve.train`
+as TRL's `train_dataset` takes it, and reward functions written
 as TRL documents them train unchanged: their logged columns land in samples.jsonl, their
 logged metrics in metrics.jsonl."""
 
@@ -9,7 +10,9 @@ import dataclasses
 import json
 
 import pytest
+from helpers.runs import metric_rows
 
+import oncurve
 from oncurve.cli import main
 from oncurve.errors import UserError
 from oncurve.run.metrics import read_jsonl
@@ -203,3 +206,83 @@ def test_columns_named_state_and_log_reach_trl_rewards_as_trl_passes_them(tmp_pa
         result = runner.score(prompts, ["Ohio", "Texas"], columns, TrainerState(3, 10))
     assert result.per_fn[:, 0].tolist() == [3.0, 2.0]
     assert result.logged == {"steps": [3.0]}
+
+
+def _given_config(model_dir, run_dir, *extra: str):
+    """A one-step job of `helpers.configs.make_config`'s kind with no data.path: the rows are
+    passed to `train`."""
+    return oncurve.load_config(None, [
+        f"model.path={model_dir}", "data.prompts_per_step=2", "rollout.group_size=2",
+        "rollout.max_new_tokens=6", "reward.functions=[helpers.rewards_for_tests:count_digits]",
+        "reward.timeout=null", "run.steps=1", "run.device=cpu", "eval.at_start_end=false",
+        "run.preflight=false", f"run.dir={run_dir}", *extra,
+    ])  # fmt: skip
+
+
+def test_a_given_dataset_samples_step_1_as_its_rows_in_a_file_do(
+    tiny_model_dir, data_file, tmp_path
+):
+    """`train(config, train_dataset=rows)`, as `GRPOTrainer(train_dataset=...)` takes them,
+    trains as `data.path` naming a file of the same rows does, and config.yaml names them."""
+    rows = [json.loads(line) for line in data_file.read_text().splitlines()]
+    oncurve.train(_given_config(tiny_model_dir, tmp_path / "given"), quiet=True, train_dataset=rows)
+    filed = _given_config(tiny_model_dir, tmp_path / "file", f"data.path={data_file}")
+    oncurve.train(filed, quiet=True)
+    given, from_file = (tmp_path / name for name in ("given", "file"))
+    assert (given / "samples.jsonl").read_bytes() == (from_file / "samples.jsonl").read_bytes()
+    assert metric_rows(given) == metric_rows(from_file)
+    assert "  path: given:train_dataset\n" in (given / "config.yaml").read_text()
+
+
+def test_a_run_on_given_datasets_resumes_given_them_again(tiny_model_dir, data_file, tmp_path,
+                                                          capsys):  # fmt: skip
+    """A resume is given the datasets again: without them it is refused in one line saying
+    so, given other training rows it is refused as for an edited file, and `oncurve eval
+    --run` asks for the held-out rows as a file."""
+    rows = [json.loads(line) for line in data_file.read_text().splitlines()]
+    run = tmp_path / "run"
+    config = _given_config(tiny_model_dir, run)
+    oncurve.train(config, quiet=True, train_dataset=rows, eval_dataset=rows[:2])
+    saved = oncurve.load_config(run / "config.yaml", ["run.steps=2", "run.resume=auto"])
+    assert (saved.data.path, saved.eval.path) == ("given:train_dataset", "given:eval_dataset")
+    with pytest.raises(UserError) as err:
+        oncurve.train(saved, quiet=True)
+    assert str(err.value) == (
+        "data.path given:train_dataset: the train_dataset passed to oncurve.train, which is not "
+        "given here; pass it again: oncurve.train(config, train_dataset=...)"
+    )
+    resumed = dataclasses.replace(config, run=dataclasses.replace(config.run, resume="auto"))
+    with pytest.raises(UserError, match=r"data.path was the train_dataset passed to oncurve.tr"):
+        oncurve.train(resumed, quiet=True)  # the config's own data: the task
+    other = [{**row, "answer": "0"} for row in rows]
+    with pytest.raises(UserError, match=r"the training rows differ from the ones the run start"):
+        oncurve.train(saved, quiet=True, train_dataset=other, eval_dataset=rows[:2])
+    oncurve.train(saved, quiet=True, train_dataset=rows, eval_dataset=rows[:2])
+    assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == [1, 2]
+    capsys.readouterr()
+    assert main(["eval", "--device", "cpu", "--run", str(run)]) == 2
+    assert capsys.readouterr().err == (
+        "oncurve: error: the run's eval.path is the eval_dataset passed to oncurve.train, which "
+        "only that process held: give the rows with --data\n"
+    )
+
+
+def test_a_given_dataset_beside_a_path_or_a_task_is_refused_before_the_run(data_file, tmp_path):
+    rows = [json.loads(line) for line in data_file.read_text().splitlines()]
+    config = _given_config("default", tmp_path / "run", f"data.path={data_file}")
+    with pytest.raises(UserError) as err:
+        oncurve.train(config, train_dataset=rows)
+    assert str(err.value) == (
+        f"train_dataset: the config's data.path names {data_file} as well; give the rows one "
+        "way: unset data.path, or pass no train_dataset"
+    )
+    on_task = _given_config("default", tmp_path / "run")
+    with pytest.raises(UserError) as err:
+        oncurve.train(on_task, eval_dataset=rows)
+    assert str(err.value) == (
+        "eval_dataset: the run trains on the built-in task arith, which evaluates on its own "
+        "held-out problems; pass train_dataset (or set data.path) too"
+    )
+    with pytest.raises(UserError, match=r"^train_dataset: expected a datasets.Dataset or a list"):
+        oncurve.train(on_task, train_dataset=str(data_file))
+    assert not (tmp_path / "run").exists()

@@ -138,6 +138,7 @@ def _unread_flags(args: argparse.Namespace, config) -> str:
 def _eval_rows(args: argparse.Namespace, config, data, needs_answer: bool) -> list[dict]:
     """The prompts to score: `--data` (a file or a Hub id at `--config` and `--split`), else
     the run's eval.path, else the run's task's held-out problems."""
+    from oncurve.data.given import given_argument
     from oncurve.data.prompts import held_out_examples, read_rows
     from oncurve.data.tasks import get_task
     from oncurve.envs.verifiers_envs import PREFIX as VERIFIERS_PREFIX
@@ -157,6 +158,11 @@ def _eval_rows(args: argparse.Namespace, config, data, needs_answer: bool) -> li
                 f"rollout.env {env} has no eval dataset (the run evaluated nothing): give --data"
             )
         return rows[: config.eval.num_prompts]
+    if config is not None and given_argument(config.eval.path):
+        raise UserError(
+            f"the run's eval.path is the {given_argument(config.eval.path)} passed to "
+            "oncurve.train, which only that process held: give the rows with --data"
+        )
     if config is not None and config.eval.path:
         split = args.split or config.eval.split
         rows = read_rows(

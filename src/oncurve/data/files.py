@@ -1,4 +1,5 @@
-"""Dataset files and Hub datasets -> rows of {"prompt", "answer", other columns...}.
+"""Dataset files, Hub datasets and datasets passed to `oncurve.train` (`oncurve.data.given`)
+-> rows of {"prompt", "answer", other columns...}.
 
 Kinds, by extension: `.jsonl` (one JSON object per line), `.json` (the same, or one JSON array of
 objects), `.csv` (header row; values typed as `datasets` types them), `.parquet` (pyarrow, extra
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from oncurve.data.given import given_argument, given_records
 from oncurve.errors import UserError, error_line
 
 Record = tuple[str, dict[str, Any]]  # (location such as "line 3" or "row 3", raw record)
@@ -134,8 +136,10 @@ def load_rows(
         {prompt_field} if prompt_template is None else template_columns(prompt_template)
     )
     passed = TRAINER_COLUMNS | (EPISODE_COLUMNS if episodes else frozenset())
+    # a dataset passed to `oncurve.train` is named as its argument is (`train_dataset row 3`)
+    source = given_argument(path) or path
     for where, record in records:
-        location = f"{path} {where}"
+        location = f"{source} {where}"
         if clash := sorted((passed | ROW_COLUMNS).intersection(record) - consumed):
             owner = (
                 "the trainer passes reward functions"
@@ -372,9 +376,12 @@ def _blank(value: Any) -> bool:
 
 
 def read_records(path: str, config: str | None = None, split: str = "train") -> list[Record]:
-    """The raw records of a local dataset file, saved-dataset directory or (split `split` of
-    config `config` of) Hub dataset, each with its location for error messages; an error if
-    there are none."""
+    """The raw records of a local dataset file, saved-dataset directory, (split `split` of
+    config `config` of) Hub dataset or dataset passed to `oncurve.train` (`given:<argument>`,
+    `oncurve.data.given`), each with its location for error messages; an error if there are
+    none."""
+    if given_argument(path):
+        return given_records(path)
     p = Path(path)
     if not p.exists():
         if not HUB_ID.fullmatch(path) or p.suffix in FILE_KINDS:

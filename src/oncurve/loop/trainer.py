@@ -26,6 +26,7 @@ from oncurve.config import (
     check_preset_applied,
     to_dict,
 )
+from oncurve.data.given import SETTINGS, check_dataset, given_path, holding
 from oncurve.errors import TrainingError, UserError
 from oncurve.loop.collect import sampling_params, trainer_state
 from oncurve.loop.evaluate import evaluate
@@ -75,13 +76,22 @@ def train(
     quiet: bool = False,
     reward_funcs: RewardFunc | Sequence[RewardFunc] = (),
     reward_weights: Sequence[float] | None = None,
+    train_dataset: Any = None,
+    eval_dataset: Any = None,
 ) -> TrainResult:
     """Run GRPO as configured; returns the run directory and held-out accuracy before/after.
     `reward_funcs` (one or a list, weighted by `reward_weights`, else 1 each) are TRL's: reward
     functions, called with TRL's keywords, named `given:<name>` in `reward.functions`, and
     reward models' directories or Hub ids, named `model:<path>` there; they come after the
     config's (a config that names them already, a resumed run's config.yaml, has them
-    replaced); a resumed run is given them again."""
+    replaced); a resumed run is given them again.
+
+    `train_dataset` and `eval_dataset` are TRL's too: a `datasets.Dataset` or a list of dict
+    rows, read and checked as a file's rows are (`oncurve.data.files.load_rows`: the prompt
+    column or a list of messages, the answer column, every column reaching the rewards by
+    name), in place of `data.path` and `eval.path`, which name them `given:train_dataset` and
+    `given:eval_dataset` (a config whose path names a file or Hub id is refused); a resumed run
+    is given them again, and given other rows it is refused as for an edited file."""
     if callable(reward_funcs) or isinstance(reward_funcs, str):
         reward_funcs = [reward_funcs]
     if reward_funcs:
@@ -93,14 +103,47 @@ def train(
         )
     elif reward_weights is not None:
         raise UserError("reward_weights: no reward_funcs to weigh")
+    datasets = {
+        argument: dataset
+        for argument, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset))
+        if dataset is not None
+    }
+    config = _with_datasets(config, datasets)
     # a Config made or changed in Python has not had its preset applied, nor its fields checked:
     # rebuilt from its dict form, each field is coerced and checked as loading does (the
     # rebuilt algo section is marked as loaded, so the preset is checked on the one given)
     check_preset_applied(config)
     config = build_config(to_dict(config))
     cuda = resolve_device(config.run.device).type == "cuda"
-    with run_dirs_unlocked_after(), deterministic_kernels(cuda and config.run.deterministic):
+    with (
+        run_dirs_unlocked_after(),
+        deterministic_kernels(cuda and config.run.deterministic),
+        holding(datasets),
+    ):
         return _train(config, quiet)
+
+
+def _with_datasets(config: Config, datasets: dict[str, Any]) -> Config:
+    """`config` with `data.path` and `eval.path` naming the datasets given to `train` (by
+    argument), each checked (`check_dataset`); a one-line error where the config names a file
+    or Hub id there, or an `eval_dataset` beside a built-in task, which evaluates on its own."""
+    for argument, dataset in datasets.items():
+        setting = SETTINGS[argument]
+        name, key = setting.split(".")
+        section = getattr(config, name)
+        if section.path not in (None, given_path(argument)):
+            raise UserError(
+                f"{argument}: the config's {setting} names {section.path} as well; give the "
+                f"rows one way: unset {setting}, or pass no {argument}"
+            )
+        check_dataset(argument, dataset)
+        config = replace(config, **{name: replace(section, **{key: given_path(argument)})})
+    if "eval_dataset" in datasets and config.data.path is None:
+        raise UserError(
+            f"eval_dataset: the run trains on the built-in task {config.data.task}, which "
+            "evaluates on its own held-out problems; pass train_dataset (or set data.path) too"
+        )
+    return config
 
 
 def _with_given(

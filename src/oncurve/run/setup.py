@@ -36,6 +36,7 @@ from oncurve.config.resume_settings import (
     refusal,
 )
 from oncurve.data.curriculum import build_curriculum, curriculum_notes
+from oncurve.data.given import given_argument
 from oncurve.data.prompts import (
     PromptData,
     correctness_fn,
@@ -377,6 +378,12 @@ def _changes(s: Session, state: dict, checkpoint_dir: Path) -> dict[str, list[An
     fingerprints = (saved, current)
     forced = s.config.run.force_changes
     why = refusal(changes, s.start_step, s.config.run.steps, fingerprints, forced)
+    trained_on = given_argument(changes.get("data.path", [None])[0])
+    if trained_on and "data.path" not in forced:  # said before the setting's own refusal
+        why = (
+            f"data.path was the {trained_on} passed to oncurve.train: resume it from Python "
+            f"with it again, oncurve.train(config, {trained_on}=...)"
+        )
     if why is None and "reward.functions" in changes:
         saved, current = ({f["name"] for f in fns or []} for fns in changes["reward.functions"])
         if missing := sorted(n for n in saved - current if n.startswith(GIVEN_PREFIX)):

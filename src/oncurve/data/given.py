@@ -1,0 +1,113 @@
+"""Datasets passed to `oncurve.train(train_dataset=..., eval_dataset=...)` as TRL's
+`GRPOTrainer` takes them: a `datasets.Dataset` (or any object with a length that yields dict
+rows) or a list of dict rows.
+
+The config names one as `data.path: given:train_dataset` or `eval.path: given:eval_dataset`, as
+config.yaml records it; while `train` runs (`holding`), `oncurve.data.files.read_records` reads
+its records here, and `load_rows` puts them through a file's reading and checks. Nothing here
+imports `datasets`: a `Dataset` is told by what it has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from oncurve.errors import UserError
+
+# The arguments of `train` that take a dataset, and the setting that names each in the config
+SETTINGS = {"train_dataset": "data.path", "eval_dataset": "eval.path"}
+PREFIX = "given:"
+# The datasets of the `train` call under way, by argument
+_HELD: dict[str, Any] = {}
+
+
+def given_path(argument: str) -> str:
+    """How the config names the dataset passed as `argument`: `given:<argument>`."""
+    return PREFIX + argument
+
+
+def given_argument(path: str | None) -> str:
+    """The argument of `train` whose dataset `path` names (`given:train_dataset` ->
+    "train_dataset"); "" for a file, a Hub id or None."""
+    argument = (path or "").removeprefix(PREFIX)
+    return argument if path and path.startswith(PREFIX) and argument in SETTINGS else ""
+
+
+def check_dataset(argument: str, dataset: Any) -> None:
+    """A one-line error naming `argument` for what oncurve cannot train on: anything but rows
+    with a length (a `DatasetDict` of splits, a string, one row), an `IterableDataset` (rows
+    streamed one by one, without a length), and a `Dataset` with an image column (of its
+    `features`, at any depth: TRL's multimodal prompts)."""
+    kind = type(dataset).__name__
+    if isinstance(dataset, str | bytes | Mapping) or not hasattr(dataset, "__iter__"):
+        splits = ""
+        if kind.endswith("DatasetDict"):
+            splits = f": pass one split, {argument}=dataset[{next(iter(dataset), '')!r}]"
+        raise UserError(
+            f"{argument}: expected a datasets.Dataset or a list of dict rows, got {kind}{splits}"
+        )
+    if not hasattr(dataset, "__len__"):
+        raise UserError(
+            f"{argument} streams its rows ({kind}, no length), and oncurve reads them all "
+            "before training: pass a datasets.Dataset (load_dataset without streaming=True) or "
+            "a list of dicts"
+        )
+    features = getattr(dataset, "features", None)
+    for name, feature in (features or {}).items():
+        if _holds_images(feature):
+            raise UserError(
+                f"{argument}: column {name!r} holds a vision-language model's images, which "
+                "oncurve does not train on (text-only models); drop the column to train on the "
+                "text"
+            )
+
+
+def _holds_images(feature: Any) -> bool:
+    """Whether a `datasets` feature is an `Image`, or holds one (a list's, a struct's)."""
+    if type(feature).__name__ == "Image":
+        return True
+    if isinstance(feature, Mapping):
+        return any(_holds_images(inner) for inner in feature.values())
+    if isinstance(feature, list | tuple):
+        return any(_holds_images(inner) for inner in feature)
+    inner = getattr(feature, "feature", None)  # `List`, `Sequence`, `LargeList`
+    return inner is not None and _holds_images(inner)
+
+
+@contextmanager
+def holding(datasets: Mapping[str, Any]) -> Iterator[None]:
+    """`datasets` (by argument of `train`) readable by `given_records` within the block."""
+    _HELD.update(datasets)
+    try:
+        yield
+    finally:
+        for argument in datasets:
+            _HELD.pop(argument, None)
+
+
+def given_records(path: str) -> list[tuple[str, dict[str, Any]]]:
+    """The records of the dataset `path` names (`given_argument`), each a copy of its row with
+    its location ("row 3", counted from 1, as a Parquet file's); a one-line error where this
+    process was not given it (a resumed run, `oncurve eval --run`), where a row is not a dict
+    of named columns, or where there are none."""
+    argument = given_argument(path)
+    if argument not in _HELD:
+        raise UserError(
+            f"{SETTINGS[argument]} {path}: the {argument} passed to oncurve.train, which is not "
+            f"given here; pass it again: oncurve.train(config, {argument}=...)"
+        )
+    records = []
+    for number, row in enumerate(_HELD[argument], start=1):
+        if not isinstance(row, Mapping):
+            raise UserError(
+                f"{argument} row {number}: expected a dict of columns, got {type(row).__name__}"
+            )
+        if unnamed := [key for key in row if not isinstance(key, str)]:
+            raise UserError(f"{argument} row {number}: column {unnamed[0]!r} is not named by text")
+        # a copy: reading takes the prompt and answer columns out of a record
+        records.append((f"row {number}", dict(row)))
+    if not records:
+        raise UserError(f"{argument}: empty, no rows")
+    return records

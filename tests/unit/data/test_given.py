@@ -1,0 +1,156 @@
+"""Datasets passed to `oncurve.train` as TRL takes them (a `datasets.Dataset`, a list of dict
+rows): read through a file's reading and checks while held, named by their argument in errors,
+and refused in one line where oncurve cannot train on them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from oncurve.data.files import load_rows
+from oncurve.data.given import check_dataset, holding
+from oncurve.errors import UserError
+
+# TRL's conversational form, the gold as a GSM8K solution under TRL's `solution`, a column more
+TRL_ROWS = [
+    {
+        "prompt": [{"role": "user", "content": f"{i}+{i}="}],
+        "solution": f"{i} plus {i}\n#### {2 * i}",
+        "difficulty": i % 3,
+    }
+    for i in range(3)
+]
+
+
+def _given_rows(dataset, **kwargs) -> list[dict]:
+    with holding({"train_dataset": dataset}):
+        return load_rows("given:train_dataset", **kwargs)
+
+
+def _refusal(dataset, **kwargs) -> str:
+    with pytest.raises(UserError) as err:
+        _given_rows(dataset, **kwargs)
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+def _fake_refusal(dataset) -> str:
+    with pytest.raises(UserError) as err:
+        check_dataset("train_dataset", dataset)
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+def test_given_rows_read_as_the_same_rows_in_a_file(tmp_path):
+    path = tmp_path / "trl.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in TRL_ROWS))
+    from_file = load_rows(str(path))
+    given = _given_rows(TRL_ROWS)
+    assert given == from_file
+    assert [row["answer"] for row in given] == ["0", "2", "4"]  # answer_format auto: gsm8k
+    assert given[2]["solution"] == TRL_ROWS[2]["solution"]
+    assert given[1]["prompt_messages"] == TRL_ROWS[1]["prompt"]
+    assert [row.where for row in given] == ["train_dataset row 1", "train_dataset row 2",
+                                            "train_dataset row 3"]  # fmt: skip
+    assert {row.answer_field for row in given} == {"solution"}
+    # reading takes the prompt out of its copy of each row, not out of the caller's rows
+    assert TRL_ROWS[0]["prompt"] == [{"role": "user", "content": "0+0="}]
+
+
+def test_a_datasets_dataset_reads_as_its_list_of_rows():
+    datasets = pytest.importorskip("datasets", reason="datasets (extra `data`) not installed")
+    assert _given_rows(datasets.Dataset.from_list(TRL_ROWS)) == _given_rows(TRL_ROWS)
+
+
+def test_an_object_with_a_length_that_yields_rows_reads_as_they_do():
+    class Rows:
+        column_names = ["prompt", "solution", "difficulty"]
+
+        def __len__(self):
+            return len(TRL_ROWS)
+
+        def __iter__(self):
+            return iter(TRL_ROWS)
+
+    assert _given_rows(Rows()) == _given_rows(TRL_ROWS)
+
+
+def test_a_given_rows_problem_is_one_line_naming_the_argument_row_and_column():
+    rows = [{"question": "1+1=", "answer": "2"}, {"question": "2+2=", "answer": " "}]
+    assert _refusal(rows, prompt_field="question") == (
+        "train_dataset row 2: missing field 'answer' (its value is empty)"
+    )
+    assert _refusal(rows) == (
+        "train_dataset row 1: missing field 'prompt' (fields: question, answer)"
+    )
+    assert _refusal([{"prompt": "1+1=", "answer": "2", "image": None}]) == (
+        "train_dataset row 1: column 'image' holds a vision-language model's images, which "
+        "oncurve does not train on (text-only models); drop the column to train on the text"
+    )
+    assert _refusal([{"prompt": "1+1=", "answer": "2", "completions": 1}]).startswith(
+        "train_dataset row 1: column 'completions' is a name the trainer passes reward functions"
+    )
+    assert _refusal([{"prompt": "1+1=", "answer": "2"}, "2+2="]) == (
+        "train_dataset row 2: expected a dict of columns, got str"
+    )
+    assert _refusal([{"prompt": "1+1=", "answer": "2", 3: "x"}]) == (
+        "train_dataset row 1: column 3 is not named by text"
+    )
+    assert _refusal([]) == "train_dataset: empty, no rows"
+
+
+def test_a_dataset_not_held_is_one_line_saying_to_pass_it_again():
+    with holding({"eval_dataset": TRL_ROWS}):
+        assert len(load_rows("given:eval_dataset")) == 3
+        with pytest.raises(UserError) as err:  # held as another argument: not this one
+            load_rows("given:train_dataset")
+    assert str(err.value) == (
+        "data.path given:train_dataset: the train_dataset passed to oncurve.train, which is not "
+        "given here; pass it again: oncurve.train(config, train_dataset=...)"
+    )
+    with pytest.raises(UserError, match=r"^eval.path given:eval_dataset: the eval_dataset "):
+        load_rows("given:eval_dataset")  # the block has ended: released
+
+
+def test_what_oncurve_cannot_train_on_is_refused_before_reading():
+    class Streamed:  # an IterableDataset's shape: rows one by one, no length
+        column_names = ["prompt"]
+
+        def __iter__(self):
+            return iter(TRL_ROWS)
+
+    assert _fake_refusal(Streamed()) == (
+        "train_dataset streams its rows (Streamed, no length), and oncurve reads them all before "
+        "training: pass a datasets.Dataset (load_dataset without streaming=True) or a list of "
+        "dicts"
+    )
+    assert _fake_refusal("data.jsonl") == (
+        "train_dataset: expected a datasets.Dataset or a list of dict rows, got str"
+    )
+    assert _fake_refusal(TRL_ROWS[0]).endswith("rows, got dict")
+
+
+def test_a_dataset_dict_a_streamed_dataset_and_image_features_are_refused():
+    datasets = pytest.importorskip("datasets", reason="datasets (extra `data`) not installed")
+    train = datasets.Dataset.from_list(TRL_ROWS)
+    assert _fake_refusal(datasets.DatasetDict({"train": train})) == (
+        "train_dataset: expected a datasets.Dataset or a list of dict rows, got DatasetDict: "
+        "pass one split, train_dataset=dataset['train']"
+    )
+    assert _fake_refusal(train.to_iterable_dataset()).startswith(
+        "train_dataset streams its rows (IterableDataset, no length)"
+    )
+    images = {
+        "picture": datasets.Image(),
+        "pages": datasets.List(datasets.Image()),
+        "shot": {"frame": datasets.Image()},
+    }
+    for name, feature in images.items():
+        features = datasets.Features({"prompt": datasets.Value("string"), name: feature})
+        pictured = datasets.Dataset.from_dict({"prompt": ["1+1="], name: [None]}, features)
+        assert _fake_refusal(pictured) == (
+            f"train_dataset: column {name!r} holds a vision-language model's images, which "
+            "oncurve does not train on (text-only models); drop the column to train on the text"
+        )
+    check_dataset("train_dataset", train)  # text columns alone: taken
