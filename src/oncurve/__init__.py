@@ -1,7 +1,8 @@
 """oncurve: GRPO on verifiable rewards for Hugging Face causal LMs.
 
 The public API, importable from here: `train(config)` runs a job and returns a `TrainResult`
-(`train(config, reward_funcs=[...])` adds reward functions as TRL's `GRPOTrainer` takes them);
+(`train(config, reward_funcs=[...], train_dataset=..., eval_dataset=...)` takes reward
+functions and datasets as TRL's `GRPOTrainer` takes them);
 `load_config(path, overrides)` builds its `Config` (YAML plus dotted overrides, validated);
 `TorchSampler` and `SamplingParams` sample groups of completions from any causal LM. Each is
 imported on first use, so that `import oncurve` (and the CLI's `--help`) does not pay for

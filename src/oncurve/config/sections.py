@@ -181,7 +181,8 @@ class DataConfig:
     path: str | None = _opt(
         None,
         "JSONL/CSV/Parquet file, saved dataset dir, or Hugging Face Hub dataset id (owner/name, "
-        "extra `data`; a local path wins); overrides task",
+        "extra `data`; a local path wins); overrides task; given:train_dataset: the rows passed "
+        "to oncurve.train(train_dataset=...)",
     )
     config: str | None = _opt(None, "config name of a Hub dataset (e.g. main for openai/gsm8k)")
     split: str = _opt("train", "split of a Hub dataset to train on")
@@ -543,7 +544,7 @@ class EvalConfig:
     path: str | None = _opt(
         None,
         "held-out JSONL/CSV/Parquet file, or Hub dataset id (with data.config), when data.path "
-        "is used",
+        "is used; given:eval_dataset: the rows passed to oncurve.train(eval_dataset=...)",
     )
     split: str = _opt("test", "split of a Hub dataset eval.path")
     at_start_end: bool = _opt(True, "evaluate before the first and after the last step")
