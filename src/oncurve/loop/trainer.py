@@ -11,7 +11,7 @@ import contextlib
 import math
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
@@ -76,8 +76,8 @@ def train(
     quiet: bool = False,
     reward_funcs: RewardFunc | Sequence[RewardFunc] = (),
     reward_weights: Sequence[float] | None = None,
-    train_dataset: Any = None,
-    eval_dataset: Any = None,
+    train_dataset: Iterable[Mapping[str, Any]] | None = None,
+    eval_dataset: Iterable[Mapping[str, Any]] | None = None,
 ) -> TrainResult:
     """Run GRPO as configured; returns the run directory and held-out accuracy before/after.
     `reward_funcs` (one or a list, weighted by `reward_weights`, else 1 each) are TRL's: reward
