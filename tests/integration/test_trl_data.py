@@ -102,8 +102,6 @@ def test_reward_functions_pass_to_train_as_trl_takes_them(chat_model_dir, tmp_pa
     factory made, a callable object; each logged under its name."""
     from helpers.rewards_for_tests import accuracy_reward
 
-    import oncurve
-
     def length_bonus(scale):
         def bonus(completions, **kwargs):
             return [scale * len(c[0]["content"]) for c in completions]
