@@ -283,4 +283,11 @@ def test_a_given_dataset_beside_a_path_or_a_task_is_refused_before_the_run(data_
     )
     with pytest.raises(UserError, match=r"^train_dataset: expected a datasets.Dataset or a list"):
         oncurve.train(on_task, train_dataset=str(data_file))
+    # (without data.path, a data.split or data.config is refused as the config loads)
+    split = ("data.path=given:train_dataset", "data.split=test")
+    with pytest.raises(UserError) as err:
+        oncurve.train(_given_config("default", tmp_path / "run", *split), train_dataset=rows)
+    assert str(err.value) == (
+        "train_dataset: data.split picks a split of a Hub dataset, not of given rows; unset it"
+    )
     assert not (tmp_path / "run").exists()

@@ -136,6 +136,11 @@ def _with_datasets(config: Config, datasets: dict[str, Any]) -> Config:
                 f"{argument}: the config's {setting} names {section.path} as well; give the "
                 f"rows one way: unset {setting}, or pass no {argument}"
             )
+        if section.split != type(section)().split:
+            raise UserError(
+                f"{argument}: {name}.split picks a split of a Hub dataset, not of given rows; "
+                "unset it"
+            )
         check_dataset(argument, dataset)
         config = replace(config, **{name: replace(section, **{key: given_path(argument)})})
     if "eval_dataset" in datasets and config.data.path is None:
