@@ -6,6 +6,7 @@ server or a server's error is one line naming it, and `oncurve train` trains on 
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import socket
 import sys
@@ -25,16 +26,18 @@ from oncurve.loop.trainer import train
 from oncurve.rollout.env_calls import ERROR, EnvFaults, call_steps
 from oncurve.rollout.episodes import observation_role, resolve_environment
 
-pytest.importorskip("openenv.core", reason="the openenv extra is not installed")
+# looked up, not imported: `_server_parts` imports openenv.core without its web UI
+if importlib.util.find_spec("openenv") is None:
+    pytest.skip("the openenv extra is not installed", allow_module_level=True)
 uvicorn = pytest.importorskip("uvicorn", reason="openenv-core's server needs uvicorn")
 
 
 def _server_parts():
-    """openenv-core's server classes. Importing them imports its web UI (gradio) and its MCP
-    environments (fastmcp) when those are installed, seconds of CPU that this game needs
-    neither of: openenv-core goes without them when they are missing, so they are hidden
-    while it is imported (unless something imported them already)."""
-    hidden = [name for name in ("gradio", "fastmcp") if name not in sys.modules]
+    """openenv-core's server classes. Importing them imports its web UI (gradio) when it is
+    installed, seconds of CPU that this game does not need: openenv-core goes without it when
+    it is missing, so it is hidden while openenv-core is imported (unless something imported
+    it already)."""
+    hidden = [name for name in ("gradio",) if name not in sys.modules]
     sys.modules.update(dict.fromkeys(hidden))
     try:
         from openenv.core.env_server.http_server import create_fastapi_app
