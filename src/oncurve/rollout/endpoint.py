@@ -407,11 +407,11 @@ class _Splices:
     def _name(self, match: re.Match[str]) -> str:
         name = match[0]
         if name not in self._named:
-            ids = self.tokenizer(name, add_special_tokens=False, split_special_tokens=True)
-            special = self._names is not None and self._names.fullmatch(name)
-            self._named[name] = self._splice(
-                ids["input_ids"] if special else spelled_out(self.tokenizer, name)
-            )
+            if self._names is not None and self._names.fullmatch(name):  # a special token's
+                ids = self.tokenizer(name, add_special_tokens=False, split_special_tokens=True)
+                self._named[name] = self._splice(ids["input_ids"])
+            else:
+                self._named[name] = self._splice(spelled_out(self.tokenizer, name))
         return self._named[name]
 
     def _splice(self, ids: list[int]) -> str:

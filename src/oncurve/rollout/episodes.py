@@ -153,6 +153,7 @@ class ObservationFormat:
         added = getattr(tokenizer, "added_tokens_decoder", {})
         names = sorted((t.content for t in added.values() if not t.special), key=len, reverse=True)
         self._added_names = re.compile("|".join(map(re.escape, names))) if names else None
+        self._spelled: dict[str, list[int]] = {}  # each name's ids, spelled once a run
         self.chat_template = chat_template
         self.max_tokens = max_tokens
         self.role = role or ("tool" if chat_template and self._renders("tool") else "user")
@@ -187,9 +188,9 @@ class ObservationFormat:
             return encode(text)["input_ids"]
         ids, at = [], 0
         for name in self._added_names.finditer(text):
-            ids += encode(text[at : name.start()])["input_ids"] + spelled_out(
-                self.tokenizer, name[0]
-            )
+            if name[0] not in self._spelled:
+                self._spelled[name[0]] = spelled_out(self.tokenizer, name[0])
+            ids += encode(text[at : name.start()])["input_ids"] + self._spelled[name[0]]
             at = name.end()
         return ids + encode(text[at:])["input_ids"]
 
