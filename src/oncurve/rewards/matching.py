@@ -396,11 +396,14 @@ def _repeats_member(text: str) -> bool:
     """Whether a list or a set (`\\{...\\}`) that `text` states names one member twice, as
     written but for spacing and braces (`\\pi, \\pi`, `\\{\\sqrt2, \\sqrt{2}, 1\\}`,
     `\\sqrt{2} \\text{ or } \\sqrt{2}`): the same answer given twice is no simplified one. Only
-    the top level is read: a pair's or an interval's equal parts (`(1, 1)`) are no repeat."""
+    the top level is read: a pair's or an interval's equal parts (`(1, 1)`) are no repeat, nor
+    are a number's thousands (`11,\\! 111,\\! 100`)."""
     if len(text) > MAX_ANSWER_CHARS:
         return False
     if BOX_RE.search(text):
         text = last_boxed(text) or text
+    if stated(text) is not None:
+        return False
     text = SPACING_RE.sub("", TEXT_RE.sub(r" \1 ", text)).strip().strip("$").strip()
     text = re.sub(r"^[a-zA-Z]\s*\\in\s*", "", text)  # `x \in \{1, 2\}`: the set
     depths, depth = [], 0

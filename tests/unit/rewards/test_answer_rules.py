@@ -393,6 +393,7 @@ UNDONE = [
     case("p", "\\boxed{\\pi, \\pi}", "\\pi", 0.0),
     case("p", "\\boxed{x^2+1, x^2+1}", "x^2+1", 0.0),
     case("p", "\\boxed{\\{1, 1, 2\\}}", "\\{1, 2\\}", 0.0),
+    case("p", "\\boxed{1,000, 1,000}", "1,000", 0.0),
     # an operation that changes nothing left in: times, over or to the power one, a power zero,
     # two signs
     case("p", "\\boxed{\\sqrt{2}\\cdot 1}", "\\sqrt{2}", 0.0),
@@ -792,6 +793,8 @@ STATED = [
     case("p", "<answer>18</answer>\nI hope this answer is correct.", "18", 1.0),
     case("p", "\\boxed{B}. The answer is C.", "C", 1.0),
     case("p", "\\boxed{B}. I am sure this answer is correct.", "B", 1.0),
+    # a number whose thousands are set apart by `,\\!` and a space: one number, no list
+    case("p", "is $\\boxed{11,\\! 111,\\! 111,\\! 100}$", "11111111100", 1.0),
     # members the reference repeats too, a pair's equal parts, a set in another order
     case("p", "\\boxed{1, 1}", "1, 1", 1.0),
     case("p", "\\boxed{(1, 1)}", "(1, 1)", 1.0),
