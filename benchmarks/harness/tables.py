@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,10 @@ from harness.checkout import RESULTS
 from harness.records import append, latest, read
 
 
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    """A markdown table of string cells."""
+def markdown_table(header: list[str], rows: Iterable[Sequence[object]]) -> str:
+    """A markdown table, each cell as `str` writes it."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
     return "\n".join(lines)
 
 
