@@ -5,8 +5,9 @@ their own environment, `benchmarks/.venv-peers` (`prepare` makes it; no oncurve 
 runs on, or null for all}. The child imports each from its installed package (one that fails is
 reported in "failed", the others run), writes a JSON line {"failed", "versions"}, then one
 {"id", "verdicts", "errors", "seconds"} for each {"id", "set", "gold", "prompt", "completion"}
-line on stdin; a checker that raises on a row gives no verdict there. Each maker's docstring
-says how its checker is called."""
+line on stdin; a checker that raises on a row gives no verdict there. GSM8K golds reach every
+peer without thousands separators, as verl's GSM8K preprocessing writes them. Each maker's
+docstring says how its checker is called."""
 
 from __future__ import annotations
 
@@ -24,9 +25,11 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from harness.checkout import BENCHMARKS, ROOT
+
 Check = Callable[[dict[str, Any]], bool | None]
 VERSIONED = ("math-verify", "latex2sympy2_extended", "trl", "verl", "lm_eval", "sympy")
-BENCHMARKS = Path(__file__).resolve().parent.parent
+SENT = ("id", "set", "gold", "prompt", "completion")
 PEERS_VENV = BENCHMARKS / ".venv-peers"
 PEERS_PYTHON = PEERS_VENV / "bin" / "python"
 # math-verify with the ANTLR runtime its LaTeX parser needs (latex2sympy2_extended's
@@ -214,9 +217,8 @@ def prepare() -> None:
     for package in PEER_PACKAGES_NO_DEPS:  # each alone: one that fails leaves the others
         if subprocess.run([*pip, "--no-deps", package]).returncode:
             print(f"could not install {package}; it will be reported as not run")
-    freeze = [str(PEERS_PYTHON), "-m", "pip", "list", "--format=freeze"]
     print(f"peers' environment ready: {PEERS_VENV}")
-    print(subprocess.run(freeze, capture_output=True, text=True, check=True).stdout)
+    subprocess.run([*pip[:3], "list", "--format=freeze"], check=True)
 
 
 def score_in_peers(
@@ -224,33 +226,32 @@ def score_in_peers(
     wanted: dict[str, str | None],
     work: Path,
     python: Path = PEERS_PYTHON,
-) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """The child's {"failed", "versions"} and each row's {"verdicts", "errors", "seconds"} by
-    its "id", from this module run by `python` in `work` (its cwd, for whatever a peer writes
-    there) on `rows` ({"id", "set", "gold", "prompt", "completion"}). Every `wanted` peer fails,
-    with the reason and no rows scored, when `python` is missing or the child dies;
-    RuntimeError when it scores another number of rows."""
-
-    def all_failed(reason: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-        return {"failed": dict.fromkeys(wanted, reason), "versions": {}}, {}
-
+) -> dict[str, Any]:
+    """Score `rows` ({"id", "set", "gold", "prompt", "completion"}, more fields not sent) with
+    the `wanted` peers, this module run by `python` in `work` (its cwd, for whatever a peer
+    writes there): the peers' "verdicts", "errors" and "seconds" are added to each row's (made
+    when it has none); returns the child's {"failed", "versions"}. Every `wanted` peer fails,
+    with the reason and no row scored, when `python` is missing or the child dies; ValueError
+    when it answers another number of rows."""
     if not python.exists():
-        venv, root = python.parent.parent, BENCHMARKS.parent
-        shown = venv.relative_to(root) if venv.is_relative_to(root) else venv
-        return all_failed(f"no peers' environment at {shown} (--prepare)")
+        venv = python.parent.parent
+        shown = venv.relative_to(ROOT) if venv.is_relative_to(ROOT) else venv
+        failed = f"no peers' environment at {shown} (--prepare)"
+        return {"failed": dict.fromkeys(wanted, failed), "versions": {}}
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(BENCHMARKS), "TOKENIZERS_PARALLELISM": "false"}
     command = [str(python), "-m", "harness.peer_child", json.dumps(wanted)]
-    stdin = "".join(json.dumps(row) + "\n" for row in rows)
+    stdin = "".join(json.dumps({k: row[k] for k in SENT}) + "\n" for row in rows)
     result = subprocess.run(command, input=stdin, capture_output=True, text=True, env=env, cwd=work)
-    out = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    out = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     if result.returncode or not out:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        return all_failed(f"the peers' child exited {result.returncode}: {last}")
-    scored = {item.pop("id"): item for item in map(json.loads, out[1:])}
-    if len(scored) != len(rows):
-        raise RuntimeError(f"the peers' child scored {len(scored)} of {len(rows)} rows")
-    return json.loads(out[0]), scored
+        failed = f"the peers' child exited {result.returncode}: {last}"
+        return {"failed": dict.fromkeys(wanted, failed), "versions": {}}
+    for row, item in zip(rows, out[1:], strict=True):  # the child answers each row in turn
+        for key in ("verdicts", "errors", "seconds"):
+            row.setdefault(key, {}).update(item[key])
+    return out[0]
 
 
 def main() -> None:
@@ -268,6 +269,8 @@ def main() -> None:
     print(json.dumps({"failed": failed, "versions": versions}), flush=True)
     for line in sys.stdin:
         row = json.loads(line)
+        if row["set"] == "gsm8k":
+            row["gold"] = row["gold"].replace(",", "")
         print(json.dumps({"id": row["id"], **score_row(peers, wanted, row)}), flush=True)
 
 

@@ -2,8 +2,8 @@
 `score_row` runs the checks of the row's set only, a verdict as a bool or None, a raising check
 unpaid with its error kept, or raised when it is not to be caught; `tally` counts verdicts
 against labels; `oncurve_checks` judges a row as the trainer's `correct` reward does;
-`score_in_peers` runs the child on rows and reads its verdicts back, every peer failed when the
-peers' environment is missing."""
+`score_in_peers` runs the child on rows and adds its verdicts to theirs, every peer failed when
+the peers' environment is missing."""
 
 from __future__ import annotations
 
@@ -56,15 +56,19 @@ ROWS = [
 
 
 def test_the_child_scores_every_row_and_reports_a_peer_it_cannot_make(tmp_path):
-    header, scored = score_in_peers(ROWS, {"no_such_peer": None}, tmp_path, Path(sys.executable))
+    rows = [row | {"note": "not sent"} for row in ROWS]
+    header = score_in_peers(rows, {"no_such_peer": None}, tmp_path, Path(sys.executable))
     assert header["failed"] == {"no_such_peer": "KeyError: 'no_such_peer'"}
     assert set(header["versions"]) >= {"math-verify", "trl", "verl", "lm_eval"}
-    assert scored == {key: {"verdicts": {}, "errors": {}, "seconds": {}} for key in ("a", "b")}
+    assert rows == [
+        row | {"note": "not sent", "verdicts": {}, "errors": {}, "seconds": {}} for row in ROWS
+    ]
 
 
 def test_without_the_peers_environment_every_peer_fails_and_no_row_is_scored(tmp_path):
     wanted = {"math_verify": None, "verl_gsm8k": "gsm8k"}
-    header, scored = score_in_peers(ROWS, wanted, tmp_path, tmp_path / "venv" / "bin" / "python")
+    rows = [dict(row) for row in ROWS]
+    header = score_in_peers(rows, wanted, tmp_path, tmp_path / "venv" / "bin" / "python")
     reason = f"no peers' environment at {tmp_path / 'venv'} (--prepare)"
     assert header == {"failed": dict.fromkeys(wanted, reason), "versions": {}}
-    assert scored == {}
+    assert rows == ROWS
