@@ -28,7 +28,7 @@ from pathlib import Path
 
 from harness import comparison
 from harness import gpu_comparison as gpu
-from harness.machine import gpu_name, interpreter_versions
+from harness.machine import gpu_name, interpreter_versions, require_cuda
 from harness.models import TOKENIZER
 from harness.records import context
 from harness.tables import page_title, publish
@@ -99,11 +99,8 @@ def main() -> None:
         path = gpu.make_job(args)[1].settings["model.path"]
         print(f"tokenizer {TOKENIZER}\nprompts {gpu.PROMPTS_FILE}\nmodel {path}")
         return
-    import torch
-
-    if not args.smoke and not torch.cuda.is_available():
-        print("gpu_vs_trl.py: no CUDA device (use --prepare or --smoke here)", file=sys.stderr)
-        raise SystemExit(2)
+    if not args.smoke:
+        require_cuda("gpu_vs_trl.py", "--prepare or --smoke")
     key, row = benchmark(args)
     if args.smoke:
         print(gpu.section(context() | row) + "\n(--smoke: not written to results)")

@@ -12,12 +12,12 @@ A variant that fails is a line, and the next one runs.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 from harness import gpu_comparison
+from harness.machine import require_cuda
 from harness.spec import Job
 
 # The settings the job is profiled with, by name, the likeliest to explain the update's time
@@ -99,11 +99,8 @@ def profile(job: Job, out: Path) -> None:
 
 def main() -> None:
     args = gpu_comparison.job_parser(__doc__).parse_args()
-    import torch
-
-    if not args.smoke and not torch.cuda.is_available():
-        print("profile_step.py: no CUDA device (use --smoke here)", file=sys.stderr)
-        raise SystemExit(2)
+    if not args.smoke:
+        require_cuda("profile_step.py")
     profile(gpu_comparison.make_job(args)[1], gpu_comparison.WORK / "profile")
 
 

@@ -1,5 +1,5 @@
-"""The machine a figure was measured on: its CPU or GPU, load, library versions, and the fp32
-matmul rate that a FLOP floor divides by."""
+"""The machine a figure was measured on: its CPU or GPU (and a GPU script's exit without one),
+load, library versions, and the fp32 matmul rate that a FLOP floor divides by."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -38,6 +39,16 @@ def gpu_name() -> str:
     import torch
 
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU (CPU)"
+
+
+def require_cuda(script: str, instead: str = "--smoke") -> None:
+    """Exit 2 with a line saying so where torch sees no CUDA device: `script` names itself, and
+    `instead` what runs here."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"{script}: no CUDA device (use {instead} here)", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def torch_threads() -> int:
