@@ -29,7 +29,7 @@ from functools import partial
 import yaml
 from harness import pytest_outcomes, run_logs
 from harness.checkout import BENCHMARKS, CACHE, ROOT, checkout_env
-from harness.gpu_bundle import prepare, trl_at_hand
+from harness.gpu_bundle import TRL_MISSING, prepare, trl_at_hand
 from harness.stages import Outcome, Stage, run_stage, status, table, tails
 from harness.tables import cell, publish
 
@@ -50,10 +50,6 @@ SECOND_STAGES = ("job", "rollout")
 SECOND_LIMIT = 230  # what a 15-minute session has left after the first call
 WORKLOAD_STAGES = ("long", "curve")
 TRL_STAGES = ("trl", "long", "curve")  # skipped with `TRL_MISSING` without TRL at hand
-TRL_MISSING = (
-    "TRL is not importable and benchmarks/.gpu-bundle has no wheels: run `make gpu-bundle` "
-    "where PyPI is reachable and carry benchmarks/.gpu-bundle"
-)
 COMPILE_CAPTURE_TARGET = 30  # seconds a run spends compiling and capturing its sampler, at most
 FAILED = "its run failed or did not finish (log below)"
 
@@ -304,9 +300,6 @@ def json_stage(name: str, limit: float) -> Stage:
 
 
 def profile_stage(limit: float) -> Stage:
-    def command() -> list[str]:
-        return script("profile_step.py", "--tokens", "256", "--steps", "3")
-
     def read(outcome: Outcome) -> list[list[str]]:
         lines = outcome.log.read_text().splitlines()
         steps = [line for line in lines if re.match(r"[^:]+: step \d+: ", line)]
@@ -317,6 +310,7 @@ def profile_stage(limit: float) -> Stage:
             ["ops with the most GPU time, last step", f"in {outcome.log}"],
         ]
 
+    command = partial(script, "profile_step.py", "--tokens", "256", "--steps", "3")
     return Stage("profile", "oncurve's step profiled (256 tokens)", limit, command, read)
 
 

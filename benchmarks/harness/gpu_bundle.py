@@ -22,6 +22,10 @@ TRL_WHEELS = (
 )
 GPU_PYTHON = "3.12"  # the GPU image's python3 (/work/.library/device/KINDS.md)
 CARRY_LIMIT = 64 * 2**20  # what the device tool carries: working tree and carried paths
+TRL_MISSING = (
+    "TRL is not importable and benchmarks/.gpu-bundle has no wheels: run `make gpu-bundle` "
+    "where PyPI is reachable and carry benchmarks/.gpu-bundle"
+)
 
 
 def trl_at_hand() -> bool:

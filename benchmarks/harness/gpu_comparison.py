@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from harness import run_logs
-from harness.checkout import BENCHMARKS, CACHE, GPU_BUNDLE, checkout_env
+from harness.checkout import BENCHMARKS, CACHE, checkout_env
 from harness.children import GpuMemoryPeak, train_oncurve
 from harness.comparison import steady_median
+from harness.gpu_bundle import TRL_MISSING
 from harness.models import build_model, tokenizer_dir
 from harness.spec import Job, chat_text
 from harness.tables import cell, markdown_table
@@ -22,9 +23,9 @@ from harness.trl_env import run_trl, trl_env
 
 PHASES = ("generate", "reward", "reference", "train")
 WORD_PROBLEMS = BENCHMARKS / "data" / "word_problems.json"
-# what a row keeps of each run (the phases and lengths of each step are in its summary)
 WORK = CACHE / "gpu_vs_trl"
 PROMPTS_FILE = WORK / "prompts.jsonl"
+# what a row keeps of each run (the phases and lengths of each step are in its summary)
 KEPT = ("status", "ok", "seconds", "gpu_peak_gb", "smi_peak_gb", "wall")
 
 
@@ -88,10 +89,7 @@ def environments(trl_python: str, trl_required: bool) -> dict[str, dict[str, str
     if (trl := trl_env(trl_python)) is not None:
         envs["TRL"] = trl
     elif trl_required:
-        raise SystemExit(
-            f"{trl_python} cannot import trl and {GPU_BUNDLE / 'wheels'} holds no wheels: run "
-            "`make gpu-bundle` where PyPI is reachable and carry benchmarks/.gpu-bundle"
-        )
+        raise SystemExit(f"{trl_python}: {TRL_MISSING}")
     else:
         print(f"note: {trl_python} cannot import trl; oncurve only", flush=True)
     return envs
