@@ -1,19 +1,15 @@
 """Time to accuracy against TRL on one GPU (`gpu_check.py`'s `curve` stage): a 30M-parameter model
 warm-started inside the command (`oncurve.warmstart` on 6-digit sums, stopped at the first check
-that finds it `STOP_AT` accurate, leaving headroom whatever its learning speed), then GRPO on
-the same sums with oncurve and with TRL's GRPOTrainer (`harness.spec.Job`: the default job's
-settings), each for the size's budget of seconds of training steps by its own step timer
-(`Job.seconds_budget`: oncurve's stopped by `children.train_oncurve_for`, TRL's by its step
-callback), with a checkpoint every `save_every` steps and where the budget ends it. The warm
-start and every checkpoint are scored alike (`learning.held_out`: greedy, the same held-out
-problems, HF's eager decode: a fresh `cuda_graph` sampler would compile again for each
-checkpoint): held-out accuracy against training seconds, one figure (`results/gpu_curve.png`)
-and one table. Target: oncurve reaches TRL's final accuracy in at most `TARGET` x TRL's
-training seconds.
+that finds it `STOP_AT` accurate, leaving headroom whatever its learning speed), then GRPO on the
+same sums with oncurve and with TRL's GRPOTrainer, the default job's settings, each for the
+size's budget of seconds of training steps with a checkpoint every `save_every` steps and where
+the budget ends it (`learning.budget_curves`). The warm start and every checkpoint are scored
+alike: held-out accuracy against training seconds, one figure (`results/gpu_curve.png`) and one
+table. Target: oncurve reaches TRL's final accuracy in at most `TARGET` x TRL's training seconds.
 
-`SIZES` are planned to fit the stage's 500 s on an H100: a warm start of a minute at most, each
-trainer's 120 s (oncurve's compiling in its first step) and about 40 s of start and saving,
-about 40 checkpoints scored at 1 s each, and 60 s to spare.
+`SIZES` fit the stage's 500 s on an H100: a warm start of a minute at most, each trainer's 120 s
+(oncurve's compiling in its first step) and about 40 s of start and saving, about 40 checkpoints
+scored at 1 s each, and 60 s to spare.
 
     python3 benchmarks/gpu_curve.py                       # GPU machine
     .venv/bin/python benchmarks/gpu_curve.py --smoke      # here: a tiny model on the CPU
@@ -32,11 +28,10 @@ from typing import Any
 
 from harness import learning
 from harness.checkout import CACHE, RESULTS
-from harness.children import train_oncurve_for
 from harness.gpu_comparison import environments
+from harness.machine import gpu_name, require_cuda
 from harness.spec import Job
 from harness.tables import markdown_table, publish
-from harness.trl_env import run_trl
 
 NAME = "gpu_curve"
 WORK = CACHE / NAME
@@ -55,23 +50,18 @@ SIZES = {"30m": Size(512, 8, 1536, 1500, 25, 120, 20, 200),
          "smoke": Size(32, 2, 64, 20, 10, 30, 10, 16)}  # fmt: skip
 
 
-def warm_model(size: str, device: str) -> Path:
-    """The warm-started model of `size`, built afresh."""
+def warm_job(size: str, device: str) -> Job:
+    """The job from `size`'s model, warm-started afresh: the default job's settings
+    (configs/default.yaml) on 6-digit sums, with `size`'s checkpoints and budget (its steps a
+    bound the budget ends first), and gradient checkpointing off in both trainers (TRL's own
+    default turns it on on CUDA, oncurve's memory plan leaves a model of this size without it)."""
     from oncurve.warmstart import warmstart
 
-    shape, out = SIZES[size], WORK / f"model-{size}"
-    warmstart(out, shape.warm_steps, hidden_size=shape.hidden, num_layers=shape.layers,
+    shape, model = SIZES[size], WORK / f"model-{size}"
+    shutil.rmtree(model, ignore_errors=True)  # warmstart writes into an empty folder only
+    warmstart(model, shape.warm_steps, hidden_size=shape.hidden, num_layers=shape.layers,
               intermediate_size=shape.intermediate, max_digits=DIGITS, eval_prompts=shape.held,
               device=device, stop_at=STOP_AT, check_every=shape.check_every)  # fmt: skip
-    return out
-
-
-def make_job(model: Path, size: str, device: str) -> Job:
-    """The default job's settings (configs/default.yaml) on 6-digit sums from `model`, with
-    `size`'s checkpoints and budget (its steps a bound the budget ends first), and gradient
-    checkpointing off in both trainers (TRL's own default turns it on on CUDA, oncurve's memory
-    plan leaves a model of this size without it)."""
-    shape = SIZES[size]
     settings = {"model.path": str(model), "run.device": device, "run.steps": 4000,
                 "run.save_every": shape.save_every, "run.keep_last": 4000,
                 "model.gradient_checkpointing": False, "data.task": "arith",
@@ -82,32 +72,6 @@ def make_job(model: Path, size: str, device: str) -> Job:
     return Job(settings, seconds_budget=shape.budget)
 
 
-def numbered(folder: Path, pattern: str) -> list[tuple[int, Path]]:
-    """The checkpoints in `folder` whose names match `pattern` (`step-*`, `checkpoint-*`), as
-    (the step after the name's dash, path), in step order."""
-    return sorted((int(path.name.split("-")[1]), path) for path in folder.glob(pattern))
-
-
-def accuracy(model: Path, job: Job, device: str) -> float:
-    """The held-out greedy accuracy of a model directory or checkpoint on `job`'s problems."""
-    return learning.held_out(str(model), job.config(), device=device, backend="hf")[0]["accuracy"]
-
-
-def curve(checkpoints: list[tuple[int, Path]], seconds: list[float], job: Job, device: str,
-          start: float) -> list[list[float]]:  # fmt: skip
-    """[[training seconds, held-out accuracy]] from the start, one point per checkpoint
-    ((step, path), in order) at the seconds of its steps."""
-    return [[0.0, start]] + [
-        [round(sum(seconds[:step]), 2), accuracy(path, job, device)] for step, path in checkpoints
-    ]
-
-
-def time_to_reach(points: list[list[float]], level: float) -> float | None:
-    """The training seconds of the first checkpoint (the start left out) at `level` or above,
-    None if none is."""
-    return next((seconds for seconds, accuracy in points[1:] if accuracy >= level), None)
-
-
 def figures(curves: dict[str, list[list[float]]]) -> dict[str, Any]:
     """TRL's final accuracy and seconds, oncurve's seconds to reach that accuracy and the ratio
     (None where TRL did not run, did not improve on the start, or oncurve never reached it)."""
@@ -115,7 +79,9 @@ def figures(curves: dict[str, list[list[float]]]) -> dict[str, Any]:
         return {"trl_final": None, "trl_seconds": None, "reach_s": None, "ratio": None}
     trl_seconds, trl_final = curves["TRL"][-1]
     improved = trl_final > curves["TRL"][0][1]  # else there is nothing to reach
-    reach = time_to_reach(curves["oncurve"], trl_final) if improved else None
+    # the first checkpoint at TRL's final accuracy or above, the start left out
+    reached = [s for s, accuracy in curves["oncurve"][1:] if improved and accuracy >= trl_final]
+    reach = reached[0] if reached else None
     ratio = None if reach is None or not trl_seconds else reach / trl_seconds
     return {"trl_final": trl_final, "trl_seconds": trl_seconds, "reach_s": reach, "ratio": ratio}
 
@@ -133,10 +99,9 @@ def section(row: dict) -> str:
     table = [[label, f"{points[-1][0]:.0f}", f"{points[0][1]:.1%}", f"{points[-1][1]:.1%}",
               ", ".join(f"{s:.0f} s {a:.0%}" for s, a in points[1:])]
              for label, points in row["curves"].items()]  # fmt: skip
-    ratio, reach = row["ratio"], row["reach_s"]
-    start = row["warm_accuracy"]
-    holds = "n/a" if row["trl_final"] is None else (
-        "TRL did not improve on the start: nothing to reach" if row["trl_final"] <= start else
+    final, reach, ratio = row["trl_final"], row["reach_s"], row["ratio"]
+    holds = "n/a" if final is None else (
+        "TRL did not improve on the start: nothing to reach" if final <= row["warm_accuracy"] else
         "never reached: missed" if reach is None else
         f"{reach:.0f} s of TRL's {row['trl_seconds']:.0f} s = {ratio:.2f}x: "
         + ("met" if ratio <= TARGET else "missed"))  # fmt: skip
@@ -157,28 +122,16 @@ def main() -> None:
     parser.add_argument("--trl-python", default=sys.executable, help="runs the TRL child")
     parser.add_argument("--json", help="also write the row to this file")
     args = parser.parse_args()
-    import torch
-
     size, device = ("smoke", "cpu") if args.smoke else ("30m", "cuda")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("gpu_curve.py: no CUDA device (use --smoke here)")
-    model = warm_model(size, device)
-    job = make_job(model, size, device)
-    warm = accuracy(model, job, device)
-    run_dir = WORK / "oncurve" / "run"
-    seconds = train_oncurve_for(job.oncurve_args(), run_dir, WORK / "oncurve" / "oncurve.log",
-                                job.seconds_budget)  # fmt: skip
-    runs = {"oncurve": (seconds, numbered(run_dir / "checkpoints", "step-*"))}
+    if not args.smoke:
+        require_cuda("gpu_curve.py")
+    job = warm_job(size, device)
+    warm = learning.checkpoint_accuracy(job.settings["model.path"], job.config(), device)
     envs = environments(args.trl_python, trl_required=not args.smoke)
-    shutil.rmtree(WORK / "trl", ignore_errors=True)  # an earlier run's checkpoints
-    if "TRL" in envs and not (done := run_trl(job, WORK / "trl", args.trl_python, envs["TRL"],
-                                               check=False))["code"]:  # fmt: skip
-        runs["TRL"] = (done["seconds"], numbered(WORK / "trl" / "trainer", "checkpoint-*"))
-    curves = {label: curve(saved, seconds, job, device, warm)
-              for label, (seconds, saved) in runs.items()}  # fmt: skip
+    curves = learning.budget_curves(job, WORK, envs, args.trl_python, device, warm)
     row = {"warm_accuracy": warm, "budget": job.seconds_budget, "curves": curves,
-           "save_every": job.settings["run.save_every"],
-           **figures(curves), "gpu": torch.cuda.get_device_name() if device == "cuda" else "CPU"}  # fmt: skip
+           "save_every": job.settings["run.save_every"], **figures(curves),
+           "gpu": "CPU" if args.smoke else gpu_name()}  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(row))
     if args.smoke:
@@ -188,11 +141,9 @@ def main() -> None:
     if importlib.util.find_spec("matplotlib") is None:  # a GPU image may lack it
         print("note: matplotlib is not installed: no figure (the table has every point)")
         return
-    lines = [(label, [s for s, _ in points], [a for _, a in points], {})
-             for label, points in curves.items()]  # fmt: skip
-    plot_path = WORK / FIGURE.name if args.smoke else FIGURE
-    learning.plot(plot_path, [{"x": "training seconds", "y": "held-out greedy accuracy",
-                               "lines": lines, "base": warm}])  # fmt: skip
+    lines = [(label, *zip(*points, strict=True), {}) for label, points in curves.items()]
+    panel = {"x": "training seconds", "y": "held-out greedy accuracy", "lines": lines, "base": warm}
+    learning.plot(WORK / FIGURE.name if args.smoke else FIGURE, [panel])
 
 
 if __name__ == "__main__":

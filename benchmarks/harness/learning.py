@@ -1,17 +1,22 @@
 """What the learning-curve studies share: the settings a page states, a model's held-out score as
-the trainer's evaluation gives it, an `oncurve train` run of the checkout and the curve it logged,
-a held-out curve as figures (a run's, an arm's over its seeds), curves drawn as a figure."""
+the trainer's evaluation gives it, oncurve's and TRL's runs for a budget of seconds with their
+checkpoints scored against their training seconds, an `oncurve train` run of the checkout and the
+curve it logged, a held-out curve as figures (a run's, an arm's over its seeds), curves drawn as
+a figure."""
 
 from __future__ import annotations
 
 import functools
+import shutil
 import statistics
 from pathlib import Path
 from typing import Any
 
 from harness.checkout import checkout_env
-from harness.children import train_oncurve
+from harness.children import train_oncurve, train_oncurve_for
 from harness.run_logs import step_phases
+from harness.spec import Job
+from harness.trl_env import run_trl
 
 # the settings a study's page states, as `key=value` overrides name them
 SETTINGS = ("run.steps", "data.prompts_per_step", "rollout.group_size", "rollout.max_new_tokens",
@@ -84,6 +89,51 @@ def held_out(
         records=records,
     )
     return result, rows, records
+
+
+def checkpoint_accuracy(model_dir: str | Path, config: Any, device: str) -> float:
+    """A model directory's or checkpoint's held-out greedy accuracy (`held_out`) by HF's eager
+    decode: a fresh `cuda_graph` sampler would compile again for each checkpoint of a run."""
+    return held_out(str(model_dir), config, device=device, backend="hf")[0]["accuracy"]
+
+
+def checkpoint_curve(
+    folder: Path, pattern: str, step_seconds: list[float], config: Any, device: str, start: float
+) -> list[list[float]]:
+    """[[training seconds, held-out accuracy]] of a run: `start` at 0 s, then each checkpoint in
+    `folder` whose name matches `pattern` (`step-N`, `checkpoint-N`), in step order, at the
+    seconds of its N steps (`step_seconds`: each step's), scored by `checkpoint_accuracy`."""
+    saved = sorted((int(path.name.split("-")[1]), path) for path in folder.glob(pattern))
+    return [[0.0, start]] + [
+        [round(sum(step_seconds[:step]), 2), checkpoint_accuracy(path, config, device)]
+        for step, path in saved
+    ]
+
+
+def budget_curves(
+    job: Job,
+    work: Path,
+    envs: dict[str, dict[str, str]],
+    trl_python: str,
+    device: str,
+    start: float,
+) -> dict[str, list[list[float]]]:
+    """Each trainer's held-out curve (`checkpoint_curve`, from `start`) on `job`: oncurve's, and
+    TRL's under `trl_python` where `envs` has its environment and its run finished. Each trains
+    in `work` for `job.seconds_budget` seconds of steps by its own step timer, oncurve's stopped
+    by `train_oncurve_for`; their checkpoints are scored once both have trained."""
+    run_dir = work / "oncurve" / "run"
+    seconds = train_oncurve_for(
+        job.oncurve_args(), run_dir, work / "oncurve" / "oncurve.log", job.seconds_budget
+    )
+    runs = {"oncurve": (run_dir / "checkpoints", "step-*", seconds)}
+    shutil.rmtree(work / "trl", ignore_errors=True)  # an earlier run's checkpoints
+    if "TRL" in envs:
+        done = run_trl(job, work / "trl", trl_python, envs["TRL"], check=False)
+        if not done["code"]:
+            runs["TRL"] = (work / "trl" / "trainer", "checkpoint-*", done["seconds"])
+    config = job.config()
+    return {label: checkpoint_curve(*run, config, device, start) for label, run in runs.items()}
 
 
 def train(

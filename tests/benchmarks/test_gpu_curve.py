@@ -16,11 +16,12 @@ from harness.checkout import BENCHMARKS, checkout_env
 from harness.children import logged_step_seconds
 
 
-def test_the_time_to_an_accuracy_is_that_of_the_first_point_at_it_or_above():
-    points = [[0.0, 0.2], [30.0, 0.35], [60.0, 0.5], [90.0, 0.45], [120.0, 0.6]]
-    assert gpu_curve.time_to_reach(points, 0.5) == 60.0
-    assert gpu_curve.time_to_reach(points, 0.2) == 30.0  # the start is not a checkpoint
-    assert gpu_curve.time_to_reach(points, 0.61) is None
+def test_the_time_to_trls_final_is_that_of_oncurves_first_checkpoint_at_it_or_above():
+    trl = [[0.0, 0.2], [120.0, 0.5]]
+    oncurve = [[0.0, 0.5], [30.0, 0.35], [60.0, 0.5], [90.0, 0.45], [120.0, 0.6]]
+    assert gpu_curve.figures({"oncurve": oncurve, "TRL": trl})["reach_s"] == 60.0  # not the start
+    oncurve[2][1] = 0.49
+    assert gpu_curve.figures({"oncurve": oncurve, "TRL": trl})["reach_s"] == 120.0
 
 
 def test_the_figures_hold_oncurves_time_to_trls_final_accuracy():
