@@ -30,6 +30,7 @@ import yaml
 from harness import pytest_outcomes, run_logs
 from harness.checkout import BENCHMARKS, CACHE, ROOT, checkout_env
 from harness.gpu_bundle import TRL_MISSING, prepare, trl_at_hand
+from harness.machine import gpu_name
 from harness.stages import Outcome, Stage, run_stage, status, table, tails
 from harness.tables import cell, publish
 
@@ -394,8 +395,6 @@ def main() -> int:
         print(f"gpu_check: error: no CUDA device: this torch ({torch.__version__}) sees none; "
               "run it on a machine with an NVIDIA GPU and a CUDA build of torch", file=sys.stderr)  # fmt: skip
         return 2
-    from harness.machine import gpu_name
-
     budget = sum(stage.limit for stage in chosen)
     print(f"gpu_check: {len(chosen)} stages, time limits {budget:.0f} s in all (the whole "
           f"check's budget: {TOTAL_LIMIT} s)")  # fmt: skip
