@@ -10,73 +10,46 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 from concurrent.futures import ThreadPoolExecutor
 
 from harness.checkout import CACHE, RESULTS
-from harness.children import setting_args, train_oncurve
-from harness.learning import curve_figures, over_seeds, plot
+from harness.children import setting_args
+from harness.learning import curve_figures, over_seeds, plot_arms, train
 from harness.machine import cpu_name, load_note
 from harness.tables import markdown_table, page_title, publish
 
 WORK, CURVE = CACHE / "curriculum", RESULTS / "curriculum.png"
 TITLE = page_title("Curriculum against none", "curriculum", "job setting")
 PROMPTS, GROUP = 16, 8
-CORRECT_ONLY = "oncurve.data.tasks.arith:exact_sum_reward"  # the task's reward without format
+REWARD = "exact_sum_reward"  # the task's reward without format
+REWARD_PATH = f"oncurve.data.tasks.arith:{REWARD}"
 ALL_EQUAL, LEVEL = "groups/all_equal_frac", "curriculum/level"
 
 
-def train(arm: str, seed: int, args: argparse.Namespace) -> dict:
-    """One run in a fresh `oncurve train` process: its held-out curve [(step, accuracy)]; by
-    step, its seconds, all-equal fraction and curriculum level; the curve's figures
-    (`curve_figures`), its all-equal rollouts and the first step at each curriculum level."""
-    from oncurve.run.metrics import read_jsonl
-
-    run_dir = WORK / f"{arm}-seed{seed}"
+def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict:
+    """One run in a fresh `oncurve train` process (`learning.train`): its held-out curve
+    [(step, accuracy)] and each step's all-equal fraction; the curve's figures (`curve_figures`),
+    its all-equal rollouts and the first step at each curriculum level."""
     settings = {"data.task": "arith", "data.task_options": "{min_digits: 4}",
                 "data.num_train": args.train, "data.prompts_per_step": PROMPTS,
-                "rollout.group_size": GROUP, "reward.functions": f"[{CORRECT_ONLY}]",
+                "rollout.group_size": GROUP, "reward.functions": f"[{REWARD_PATH}]",
                 "data.curriculum": arm, "run.steps": args.steps, "run.seed": seed,
                 "eval.every": args.eval_every, "eval.num_prompts": args.eval_n, "run.threads": 1,
                 "run.device": "cpu"}  # fmt: skip
     if arm == "difficulty":  # oncurve refuses another curriculum's setting
         settings["data.curriculum_threshold"] = args.threshold
     print(f"started {arm} seed {seed}", flush=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = train_oncurve(setting_args(settings), run_dir, run_dir.with_suffix(".log"), env)
+    metrics = (ALL_EQUAL, LEVEL) if arm == "difficulty" else (ALL_EQUAL,)
+    done = train(setting_args(settings), WORK / f"{arm}-seed{seed}", REWARD, metrics)
     print(f"finished {arm} seed {seed}", flush=True)
-    kept = ("time/step", ALL_EQUAL, LEVEL)
-    rows = read_jsonl(run_dir / "metrics.jsonl")
-    curve = sorted((r["step"], r["eval/accuracy"]) for r in rows if "eval/accuracy" in r)
-    steps = {r["step"]: {k: r[k] for k in kept if k in r} for r in done["rows"]}
-    # each level's first step (going down the steps, the earliest is written last)
-    levels = {int(r[LEVEL]): step for step, r in sorted(steps.items(), reverse=True) if LEVEL in r}
-    all_equal = sum(r[ALL_EQUAL] for r in steps.values()) * PROMPTS * GROUP
-    seconds = {step: r["time/step"] for step, r in steps.items()}
-    run = {"curve": curve, "steps": steps} | curve_figures(curve, seconds, args.targets)
-    return run | {"all_equal": all_equal, "levels": sorted(levels.items())}
-
-
-def plot_arms(arms: dict[str, list[dict]], window: int = 10) -> None:
-    """`CURVE`: on the left each arm's held-out curves, every seed faint and their mean bold; on
-    the right the `window`-step mean of `groups/all_equal_frac` over the arm's runs."""
-    curves, smoothed = [], []
-    for index, (arm, runs) in enumerate(arms.items()):
-        color = {"color": f"C{index}"}
-        faint = {**color, "alpha": 0.25, "marker": None}
-        curves += [(None, *zip(*r["curve"], strict=True), faint) for r in runs]
-        steps = [s for s, _ in runs[0]["curve"]]
-        mean = [statistics.fmean(dict(r["curve"])[s] for r in runs) for s in steps]
-        curves.append((f"{arm} (mean of {len(runs)})", steps, mean, color))
-        values = [[r["steps"][s][ALL_EQUAL] for s in sorted(r["steps"])] for r in runs]
-        smooth = [
-            statistics.fmean(x for v in values for x in v[max(0, t + 1 - window) : t + 1])
-            for t in range(len(values[0]))
-        ]
-        smoothed.append((arm, range(1, len(smooth) + 1), smooth, color))
-    held = {"title": "4+4-digit arith, held out", "x": "step", "lines": curves}
-    held["y"] = "held-out greedy accuracy"
-    plot(CURVE, [held, {"x": "step", "y": f"{ALL_EQUAL} ({window}-step mean)", "lines": smoothed}])
+    curve = [(step, accuracy) for step, _, accuracy in done["evals"]]
+    levels: dict[int, int] = {}  # each level's first step
+    for step, level in enumerate(done.get(LEVEL, []), start=1):
+        levels.setdefault(int(level), step)
+    figures = curve_figures(curve, dict(enumerate(done["seconds"], start=1)), args.targets)
+    all_equal = sum(done[ALL_EQUAL]) * PROMPTS * GROUP
+    return {"curve": curve, ALL_EQUAL: done[ALL_EQUAL], **figures, "all_equal": all_equal,
+            "levels": sorted(levels.items())}  # fmt: skip
 
 
 def section(row: dict) -> str:
@@ -157,13 +130,13 @@ def main() -> None:
     parser.add_argument("--targets", type=float, nargs="+", default=[0.1, 0.2])
     parser.add_argument("--threshold", type=float, default=0.6, help="data.curriculum_threshold")
     args = parser.parse_args()
-    WORK.mkdir(parents=True, exist_ok=True)
+    os.environ["OMP_NUM_THREADS"] = "1"  # the runs' children: one thread each (`run.threads`)
     before = load_note()
     jobs = [(arm, seed) for seed in range(args.seeds) for arm in args.arms]
     with ThreadPoolExecutor(args.parallel) as pool:  # in order, `--parallel` at a time
-        runs = dict(zip(jobs, pool.map(lambda job: train(*job, args), jobs), strict=True))
+        runs = dict(zip(jobs, pool.map(lambda job: run_arm(*job, args), jobs), strict=True))
     arms = {arm: [runs[(arm, seed)] for seed in range(args.seeds)] for arm in args.arms}
-    plot_arms(arms)
+    plot_arms(CURVE, arms, "4+4-digit arith, held out", ALL_EQUAL)
     row = {"renderer": "curriculum", "args": vars(args), "cpu": cpu_name()}
     row["load_note"] = f"{before} at start, {load_note()} at the end"
     row["runs"] = {f"{arm}/{seed}": run for (arm, seed), run in runs.items()}

@@ -2,7 +2,7 @@
 the trainer's evaluation gives it, oncurve's and TRL's runs for a budget of seconds with their
 checkpoints scored against their training seconds, an `oncurve train` run of the checkout and the
 curve it logged, a held-out curve as figures (a run's, an arm's over its seeds), curves drawn as
-a figure."""
+a figure (an arm's over its seeds among them)."""
 
 from __future__ import annotations
 
@@ -233,3 +233,25 @@ def plot(path: Path, panels: list[dict[str, Any]]) -> None:
         axis.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def plot_arms(path: Path, arms: dict[str, list[dict]], title: str, metric: str) -> None:
+    """Write the PNG `path` of a study's arms (their runs, each with its held-out "curve" and
+    `metric` per step): on the left each arm's held-out curves, every seed faint and their mean
+    bold; on the right the 10-step mean of `metric` over the arm's runs."""
+    curves, smoothed, window = [], [], 10
+    for index, (arm, runs) in enumerate(arms.items()):
+        color = {"color": f"C{index}"}
+        faint = {**color, "alpha": 0.25, "marker": None}
+        curves += [(None, *zip(*r["curve"], strict=True), faint) for r in runs]
+        steps = [s for s, _ in runs[0]["curve"]]
+        mean = [statistics.fmean(dict(r["curve"])[s] for r in runs) for s in steps]
+        curves.append((f"{arm} (mean of {len(runs)})", steps, mean, color))
+        values = [r[metric] for r in runs]
+        smooth = [
+            statistics.fmean(x for v in values for x in v[max(0, t + 1 - window) : t + 1])
+            for t in range(len(values[0]))
+        ]
+        smoothed.append((arm, range(1, len(smooth) + 1), smooth, color))
+    held = {"title": title, "x": "step", "y": "held-out greedy accuracy", "lines": curves}
+    plot(path, [held, {"x": "step", "y": f"{metric} ({window}-step mean)", "lines": smoothed}])
