@@ -21,14 +21,6 @@ from harness.run_logs import planned_peak_gb, step_phases
 from harness.spec import Job
 from harness.tables import cell, markdown_table
 
-# the job's sizes, each defaulting to the model's scenario: flag -> help
-SIZES = {
-    "--steps": "steps per run",
-    "--prompts": "prompts per step",
-    "--group": "G",
-    "--tokens": "completion tokens",
-}
-
 
 def parser(doc: str, models: str, runs: int, microbatch: int | None) -> argparse.ArgumentParser:
     """The command line both comparisons take: the model (`models` lists the names), steps,
@@ -36,7 +28,8 @@ def parser(doc: str, models: str, runs: int, microbatch: int | None) -> argparse
     rows per forward/backward (default `microbatch`; None: per model) and checkpointing."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--model", default="default", help=f"{models} | PATH")
-    for flag, meaning in SIZES.items():
+    for flag, meaning in (("--steps", "steps per run"), ("--prompts", "prompts per step"),
+                          ("--group", "G"), ("--tokens", "completion tokens")):  # fmt: skip
         p.add_argument(flag, type=int, help=f"{meaning} (default: per model)")
     p.add_argument("--runs", type=int, default=runs, help="runs per trainer, alternating")
     p.add_argument("--lr", type=float, default=1e-4, help="both trainers (and PPO's critic)")

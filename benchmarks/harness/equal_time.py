@@ -1,27 +1,16 @@
 """Held-out accuracy at equal training time, for a comparison of two trainers whose runs save
 checkpoints (`grpo_vs_ppo.py`): the budget is the faster run's training time, and the slower run
-is scored at its newest checkpoint within it."""
+is scored at its newest checkpoint within it; the held-out figures as a section states them."""
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from pathlib import Path
+from typing import Any
 
+from harness import comparison
 from harness.children import greedy_accuracy
-
-
-def budget_step(fast: list[float], slow: list[float], save_every: int) -> tuple[float, int]:
-    """(the budget: the sum of `fast`'s seconds per step, the newest step the run of `slow`
-    seconds per step saved within it; 0 if none)."""
-    budget = sum(fast)
-    elapsed, best = 0.0, 0
-    for step, seconds in enumerate(slow, start=1):
-        elapsed += seconds
-        if elapsed > budget:
-            break
-        if step % save_every == 0 or step == len(slow):
-            best = step
-    return budget, best
 
 
 def score_equal_time(
@@ -36,24 +25,35 @@ def score_equal_time(
     `tokens` new tokens at most."""
     for pair in zip(*runs.values(), strict=True):
         fast, slow = sorted(pair, key=lambda run: sum(run["seconds"]))
-        budget, step = budget_step(fast["seconds"], slow["seconds"], save_every)
-        accuracy = slow["accuracy"] if step == len(slow["seconds"]) else start
-        if 0 < step < len(slow["seconds"]):
+        budget, last = sum(fast["seconds"]), len(slow["seconds"])
+        elapsed = list(itertools.accumulate(slow["seconds"]))
+        saved = [k for k in range(1, last + 1) if k % save_every == 0 or k == last]
+        step = max((k for k in saved if elapsed[k - 1] <= budget), default=0)
+        accuracy = slow["accuracy"] if step == last else start
+        if 0 < step < last:
             checkpoint = Path(slow["final"]).parent / "checkpoints" / f"step-{step:06d}"
             accuracy = greedy_accuracy(checkpoint, test_file, tokens)
-        last = len(fast["seconds"])
-        fast["equal_time"] = {"step": last, "accuracy": fast["accuracy"], "budget": budget}
+        whole = len(fast["seconds"])
+        fast["equal_time"] = {"step": whole, "accuracy": fast["accuracy"], "budget": budget}
         slow["equal_time"] = {"step": step, "accuracy": accuracy, "budget": budget}
 
 
-def equal_time_means(runs: list[dict]) -> dict[str, float | None]:
-    """One trainer's mean step and accuracy at equal time over its runs (None unscored)."""
-    if not all("equal_time" in r for r in runs):
-        return {"equal_step": None, "equal_acc": None}
-    return {
-        "equal_step": statistics.mean(r["equal_time"]["step"] for r in runs),
-        "equal_acc": statistics.mean(r["equal_time"]["accuracy"] for r in runs),
+# the trainers' table's columns of `summary`
+COLUMNS = [
+    ("step at equal time", "equal_step", "g"),
+    ("greedy acc. at equal time", "equal_acc", ".1%"),
+]
+
+
+def summary(runs: list[dict]) -> dict[str, Any]:
+    """One trainer's `comparison.summary` over its runs, with its mean step ("equal_step") and
+    accuracy ("equal_acc") at equal time (None unscored)."""
+    scored = all("equal_time" in r for r in runs)
+    means = {
+        name: statistics.mean(r["equal_time"][key] for r in runs) if scored else None
+        for name, key in (("equal_step", "step"), ("equal_acc", "accuracy"))
     }
+    return comparison.summary(runs) | means
 
 
 def equal_time_cell(run: dict) -> str:
@@ -63,13 +63,23 @@ def equal_time_cell(run: dict) -> str:
     return f"{run['equal_time']['step']} / {run['equal_time']['accuracy']:.1%}"
 
 
-def equal_time_note(runs: list[dict], steps: int, save_every: int) -> str:
-    """What the equal-time figures of `runs` (one trainer's, scored) mean, with their mean
-    budget, as a sentence of a section."""
-    budget = statistics.mean(r["equal_time"]["budget"] for r in runs)
-    return (
+def accuracy_notes(row: dict) -> tuple[str, str]:
+    """A comparison row's held-out accuracy as its section states it, for a row that scored
+    some: a sentence (prompts, the starting model's accuracy, two binomial standard errors of
+    the trainers' mean; that random weights score 0 for both) and a paragraph on what the
+    equal-time figures mean, with the first trainer's mean budget."""
+    s, n, start = row["settings"], row["eval_n"], row["start"]
+    first, second = (figures["acc"] for figures in row["trainers"].values())
+    noise = comparison.two_errors((first + second) / 2, n)
+    sentence = (f" Held-out greedy accuracy ({n} prompts, starting model {start:.1%}; two "
+                f"binomial standard errors {noise:.1%}).")  # fmt: skip
+    if start == 0 and first == 0 == second:
+        sentence += (" Random weights: accuracy is 0 for both after so few steps; the "
+                     "accuracy comparison is the bundled default's.")  # fmt: skip
+    budget = statistics.mean(r["equal_time"]["budget"] for r in next(iter(row["runs"].values())))
+    return sentence, (
         "Equal wall-clock time: the budget is the faster trainer's training time for "
-        f"{steps} steps (sum of `time/step`, mean {budget:.0f} s); the slower trainer is "
-        f"scored at its newest checkpoint (saved every {save_every} steps) whose "
+        f"{s['run.steps']} steps (sum of `time/step`, mean {budget:.0f} s); the slower trainer "
+        f"is scored at its newest checkpoint (saved every {s['run.save_every']} steps) whose "
         "cumulative `time/step` fits in it (step 0 = the starting model)."
     )
