@@ -220,6 +220,10 @@ _ANSWER_WORD_RE = re.compile(
 _SENTENCE_END_RE = re.compile(r"[.!?]\$*\s+|\n")
 _STATES_NUMBER_RE = re.compile(r"\b(?:is|are|was|were|equals?|be)\s+\\?\$?[-−]?\d")
 _LHS_NAME_RE = re.compile(r"\s*[a-zA-Z](?:_\{?[a-zA-Z0-9]+\}?)?\s*")
+# An environment from its `\\begin` to its `\\end`, the line breaks of its layout inside
+_ENVIRONMENT_SPAN_RE = re.compile(
+    r"\\begin\s*\{(?P<name>[a-zA-Z*]+)\}.*?\\end\s*\{(?P=name)\}", re.DOTALL
+)
 _INLINE_MATH_RE = re.compile(r"(?<!\\)\$\$?((?:\\\$|[^$]){1,500})\$\$?")
 _JOINER_RE = re.compile(r"\s*(?:,|and|or|,\s*and|,\s*or)\s*", re.IGNORECASE)
 # Words that say a number is near another (`18, roughly 19`)
@@ -859,12 +863,16 @@ def _math_answer(math_text: str) -> str | None:
 
 
 def _whole_math(text: str) -> str | None:
-    """A completion that is one short piece of math and nothing else (`\\frac{\\sqrt{505}}{7}`),
-    whole: its last number would be a denominator or an exponent; of one worked sum without
-    letters (`2 + 8 = 10`), the result it states, as `_final_math` reads the sum in a sentence."""
+    """A completion that is one short piece of math and nothing else (`\\frac{\\sqrt{505}}{7}`,
+    a matrix laid out over lines), whole: its last number would be a denominator, an exponent or
+    a matrix's last entry; of one worked sum without letters (`2 + 8 = 10`), the result it
+    states, as `_final_math` reads the sum in a sentence. A line break outside an environment
+    (`\\begin{bmatrix}...\\end{bmatrix}`) ends the piece: lines are steps, not one answer."""
     math_text = text.strip().strip("$").strip()
+    if not math_text or not looks_symbolic(math_text):
+        return None  # first: environments' spans are then looked for in short text only
     words = re.search(r"[a-zA-Z]{2,}|[,;]", COMMAND_RE.sub("", ENVIRONMENT_RE.sub("", math_text)))
-    if "\n" in math_text or not math_text or words or not looks_symbolic(math_text):
+    if words or "\n" in _ENVIRONMENT_SPAN_RE.sub(" ", math_text):
         return None  # "11H = 88000, so H = 8000.": a sentence, not one piece of math
     sides = EQUALS_RE.split(math_text)
     if len(sides) == 2 and not re.search(r"[a-zA-Z]", COMMAND_RE.sub("", sides[0])):

@@ -503,9 +503,32 @@ STATED = [
     case("p", "Final Answer: The largest $n$ is 34.", "34", 1.0),
     case("p", "So $x \\approx 11$.", "11", 1.0),
     case("p", "Thus $x <= 2$ is our answer.", "x \\leq 2", 1.0),
+    # a pair as a model writes it, and as math-verify's test writes it, each backslash doubled:
+    # `\\` is a line break in LaTeX, no command
+    case("p", "So it is $\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}.$", "(3, \\frac{\\pi}{2})", 1.0),
+    case("p", "So it is $\\\\boxed{\\\\left( 3, \\\\frac{\\\\pi}{2} \\\\right)}.$",
+         "(3, \\frac{\\pi}{2})", 0.0),
     # verl's prime_math tests: a completion that is one piece of math, whole
     case("p", "\\frac{\\sqrt{505}}{7}", "\\frac{\\sqrt{505}}{7}", 1.0),
     case("p", "x^2 + y^2 + 4x - 6y + 13", "(x + 2)^2 + (y - 3)^2", 0.0),
+    # a matrix laid out over lines is still one piece of math; lines outside it, a restated
+    # sum or words are not
+    case("p", "\\begin{bmatrix}\n -7 & 6 \\\\\n 11 & -9\n \\end{bmatrix}",
+         "\\begin{pmatrix} -7 & 6 \\\\ 11 & -9 \\end{pmatrix}", 1.0),
+    case("p", "\\begin{pmatrix}\n1 \\\\\n2\n\\end{pmatrix}",
+         "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", 1.0),
+    case("p", "\\begin{pmatrix}\n1 \\\\\n3\n\\end{pmatrix}",
+         "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", 0.0),
+    case("Compute $\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix} + \\begin{pmatrix} 3 \\\\ 4 \\end{pmatrix}$.",
+         "\\begin{pmatrix}\n1 \\\\\n2\n\\end{pmatrix} + \\begin{pmatrix}\n3 \\\\\n4\n\\end{pmatrix}",
+         "\\begin{pmatrix} 4 \\\\ 6 \\end{pmatrix}", 0.0),
+    case("p", "\\begin{pmatrix}\n1+3 \\\\\n2+4\n\\end{pmatrix}",
+         "\\begin{pmatrix} 4 \\\\ 6 \\end{pmatrix}", 0.0),
+    case("p", "\\begin{pmatrix} 4 \\\\ 5 \\end{pmatrix}\n\\begin{pmatrix} 4 \\\\ 6 \\end{pmatrix}",
+         "\\begin{pmatrix} 4 \\\\ 6 \\end{pmatrix}", 0.0),
+    case("p", "\\begin{cases}\nx = 4 \\\\\ny = 6\n\\end{cases}", "6", 0.0),
+    case("p", "\\begin{pmatrix}\n4 \\\\\n6\n\\end{pmatrix}\nor maybe the transpose",
+         "\\begin{pmatrix} 4 \\\\ 6 \\end{pmatrix}", 0.0),
     # a completion that is one worked sum states its result, as the same sum in a sentence does
     case("What is 2 + 8?", "2 + 8 = 10", "10", 1.0),
     case("What is 2 + 8?", "So 2 + 8 = 10.", "10", 1.0),
