@@ -54,7 +54,9 @@ TRAINER_COLUMNS = frozenset(
      "log_extra", "log_metric")
 )  # fmt: skip
 # What multi-turn episodes (`rollout.env`) add to those: free names in a run that plays none.
-EPISODE_COLUMNS = frozenset(("episode_reward", "episode_metrics", "episode_fault", "turns"))
+EPISODE_COLUMNS = frozenset(
+    ("episode_reward", "episode_metrics", "episode_fault", "episode_end", "turns")
+)
 # What `load_rows` and `PromptData` write into each row: a column of the same name would be
 # overwritten (the original answer, the prompt's token ids, a conversational prompt's messages).
 ROW_COLUMNS = frozenset(("answer_raw", "prompt_ids", "prompt_messages", "prompt_tools"))

@@ -20,6 +20,7 @@ from oncurve.loop.timer import Timer
 from oncurve.rewards.runner import RewardResult
 from oncurve.rewards.trl_contract import TrainerState
 from oncurve.rollout import SamplingParams
+from oncurve.rollout.env_calls import LENGTH, MAX_TURNS
 from oncurve.rollout.episodes import draw
 from oncurve.run.oom import sampling_round
 from oncurve.run.session import Session
@@ -60,8 +61,10 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
 
     Metrics: `reward/*` and `groups/all_equal_frac` (groups whose finite total rewards are all
     equal) cover every group sampled, in every round, as do `episode/turns_mean` (policy
-    turns per episode) and `episode/errors` and `episode/timeouts` (episodes ended on their
-    environment's fault) with `rollout.env`. With dynamic sampling also
+    turns per episode), `episode/errors` and `episode/timeouts` (episodes ended on their
+    environment's fault), `episode/truncated` (ended by a turn cut at `rollout.max_new_tokens`)
+    and `episode/max_turns` (ended by the turn limit) with `rollout.env`, whose `episode_end`
+    column joins the step's logged columns (samples.jsonl). With dynamic sampling also
     `kept/reward_mean` and `kept/reward_std` (the rows kept for the update), `kept/groups` (every
     rank's), `groups/dropped` (by the filter, this rank) and `groups/sampling_rounds`.
 
@@ -80,6 +83,7 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
     state = trainer_state(cfg, step - 1)
     turns: list[int] = []  # policy turns of every multi-turn episode sampled
     faults: list[str | None] = []  # and what ended each on its environment's fault
+    endings: list[str] = []  # and what ended each (`oncurve.rollout.episodes.ENDINGS`)
     visits: list[tuple[int, torch.Tensor]] = []  # (round, group pass rates) for the curriculum
     kept_groups = dropped = tokens = fewest = rounds = 0
     while rounds < rounds_per_step and fewest < share:
@@ -95,6 +99,10 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
             results.append(scored)
             turns.extend(outcomes.get("turns", []))
             faults.extend(outcomes.get("episode_fault", []))
+            endings.extend(outcomes.get("episode_end", []))
+            logged = scored.extra | {
+                column: outcomes[column] for column in ("episode_end",) if column in outcomes
+            }
             tokens += int(rollout.completion_mask.sum())
             # Rewards are scored on the CPU; the advantages they become index the rollout's rows.
             total = scored.total.to(rollout.completion_ids.device)
@@ -112,12 +120,12 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
                             rollout.select(index),
                             total[index],
                             [rows[i] for i in keep.tolist()],
-                            {k: [v[i] for i in picked] for k, v in scored.extra.items()},
+                            {k: [v[i] for i in picked] for k, v in logged.items()},
                         )
                     )
                     kept_groups += len(keep)
             else:
-                kept.append((rollout, total, rows, scored.extra))
+                kept.append((rollout, total, rows, logged))
                 kept_groups = share
         rounds += 1
         # Every rank learns the fewest groups any rank holds, in every round: ranks that stopped
@@ -153,6 +161,8 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
         metrics["episode/turns_mean"] = turns_total / played if played else math.nan
         metrics["episode/errors"] = float(faults.count("error"))
         metrics["episode/timeouts"] = float(faults.count("timeout"))
+        metrics["episode/truncated"] = float(endings.count(LENGTH))
+        metrics["episode/max_turns"] = float(endings.count(MAX_TURNS))
     if dynamic:
         mean, std = _pooled_mean_std(rewards)
         metrics |= {

@@ -53,7 +53,7 @@ __all__ = ["Session", "TrainResult", "setup", "train"]
 # A step's metrics that count or time something on each rank: summed or maxed over ranks.
 SUMMED = frozenset(
     ("reward/errors", "reward/timeouts", "episode/errors", "episode/timeouts", "groups/dropped")
-    + ("tokens_per_s",)
+    + ("episode/truncated", "episode/max_turns", "tokens_per_s")
 )
 MAXED = frozenset(("reward/slowest_row_s",))
 # What TRL's `reward_funcs` holds: a reward function, or a reward model's directory or Hub id.

@@ -18,6 +18,10 @@ import numpy
 from oncurve.errors import UserError
 
 ERROR, TIMEOUT = "error", "timeout"
+# What ended an episode that no fault ended: the environment (`done`, or no observation; a
+# harness that returned), a turn cut at the token limit, or the turn limit (`max_turns`).
+DONE, LENGTH, MAX_TURNS = "done", "length", "max_turns"
+ENDINGS = (DONE, LENGTH, MAX_TURNS)
 
 
 @dataclass(frozen=True)

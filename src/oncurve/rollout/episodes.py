@@ -3,11 +3,13 @@
 An episode starts from the first message of `Environment.reset(row)`, formatted like any prompt
 (chat template, system prompt). The policy samples a turn; the turn ends at EOS, a stop string
 or `max_new_tokens`; `Environment.step(turn)` answers with an observation, a reward and whether
-the episode is over. An observation becomes tokens (`ObservationFormat`: with a chat template,
-exactly what the template puts between the end of an assistant turn and the start of the next
-one) that are fed into the KV cache one decode step at a time, batched with the other rows'
-sampled tokens: the prompt and every earlier turn stay cached. After `max_turns` model turns
-the episode ends whatever the environment says.
+the episode is over. A turn cut at `max_new_tokens` is no finished action: it ends the episode
+without a `step` (the environment never sees it). An observation becomes tokens
+(`ObservationFormat`: with a chat template, exactly what the template puts between the end of an
+assistant turn and the start of the next one) that are fed into the KV cache one decode step
+at a time, batched with the other rows' sampled tokens: the prompt and every earlier turn stay
+cached. After `max_turns` model turns the episode ends whatever the environment says. Each
+episode records what ended it (`oncurve.rollout.env_calls.ENDINGS`, or its fault).
 
 The result is an ordinary `RolloutBatch` whose completion is the whole transcript after the
 prompt (turns and observations), with `tool_mask` marking the observation tokens: the trainer's
@@ -40,7 +42,15 @@ from oncurve.rollout.base import (
     seeded_generator,
     spelled_out,
 )
-from oncurve.rollout.env_calls import EnvFaults, add_reward, call_reset, call_steps
+from oncurve.rollout.env_calls import (
+    DONE,
+    LENGTH,
+    MAX_TURNS,
+    EnvFaults,
+    add_reward,
+    call_reset,
+    call_steps,
+)
 from oncurve.rollout.harness import HarnessSettings, play_harness
 from oncurve.rollout.torch_sampler import COMPACT_FRACTION, TorchSampler, sample_tokens
 from oncurve.types import RolloutBatch
@@ -51,8 +61,9 @@ class Environment(Protocol):
 
     `reset(row)` gets the dataset row ({"prompt", "answer", ...}) and returns the first user
     message. `step(turn)` gets the text of the policy's latest turn (special tokens skipped, cut
-    after a stop string) and returns (observation or None, reward, done); the episode ends when
-    done is true or the observation is None. `step` may be called from a worker thread.
+    after a stop string; a turn cut at `max_new_tokens` is given to none: the episode ends) and
+    returns (observation or None, reward, done); the episode ends when done is true or the
+    observation is None. `step` may be called from a worker thread.
     An environment may also have `abandon()`: called when a `reset` or `step` of it ran past the
     episode's time and is left running (the episode is over), to free what that call holds.
     """
@@ -235,12 +246,14 @@ class Episodes:
             fault, what `EnvFaults` scores it (NaN: unscored).
         turns: `[N]` policy turns per episode.
         faults: per episode None, or the fault that ended it ("error", "timeout").
+        endings: per episode what ended it: one of `env_calls.ENDINGS`, or its fault.
     """
 
     rollout: RolloutBatch
     rewards: torch.Tensor
     turns: torch.Tensor
     faults: list[str | None]
+    endings: list[str]
 
 
 @dataclass(frozen=True)
@@ -270,7 +283,8 @@ def draw(
 ) -> tuple[RolloutBatch, dict[str, list]]:
     """G completions of each of `rows`, or G multi-turn episodes (played here, or by a harness:
     `oncurve.rollout.harness`) with the columns they add for the rewards, one value per episode:
-    `episode_reward`, `turns`, `episode_fault` (and a harness's `episode_metrics`)."""
+    `episode_reward`, `turns`, `episode_fault`, `episode_end` (`Episodes.endings`) (and a
+    harness's `episode_metrics`)."""
     if episodes is None:
         return sampler.generate_ids([r["prompt_ids"] for r in rows], group_size, params), {}
     if isinstance(episodes, HarnessSettings):
@@ -284,6 +298,7 @@ def draw(
         "episode_reward": played.rewards.tolist(),
         "turns": played.turns.tolist(),
         "episode_fault": played.faults,
+        "episode_end": played.endings,
     }
 
 
@@ -354,6 +369,7 @@ def run_episodes(
         torch.tensor(loop.rewards, dtype=torch.float32),
         torch.tensor(loop.turns, dtype=torch.long),
         loop.faults,
+        loop.endings,
     )
 
 
@@ -384,6 +400,8 @@ class _EpisodeLoop:
         self.rewards = [0.0] * n
         self.env_seconds = [0.0] * n  # each episode's time in `step` so far
         self.faults: list[str | None] = [None] * n
+        # a row still playing when the budget runs out was cut mid-turn
+        self.endings = [LENGTH] * n
         self.fault_notes: list[str] = []
         self.turns = [1] * n
         self.turn_start = [0] * n
@@ -469,9 +487,18 @@ class _EpisodeLoop:
 
     def _end_turns(self, rows: list[int], reasons: list[int], t: int) -> list[bool]:
         """Hand the turns that ended at step `t` to their environments; returns, per row,
-        whether the episode is over."""
-        texts, ended_with_eos = [], []
+        whether the episode is over. A turn cut at `max_new_tokens` is handed to none: its
+        episode ends there with the rewards of its finished turns."""
+        over: dict[int, bool] = {}
+        finished = []  # (row, reason) of the turns handed to their environments
         for row, reason in zip(rows, reasons, strict=True):
+            if reason == FINISH_LENGTH:
+                self._end(row, t, reason, LENGTH)
+                over[row] = True
+            else:
+                finished.append((row, reason))
+        texts, ended_with_eos = [], []
+        for row, reason in finished:
             ids = self._turn_ids(row, t)
             # the turn's end is in the feed unless the token sampled was the template's own (a
             # generation config's other EOS, `<|endoftext|>`, is no `<|im_end|>`)
@@ -484,30 +511,35 @@ class _EpisodeLoop:
         faults = self.settings.faults
         left = [
             None if faults.timeout_s is None else faults.timeout_s - self.env_seconds[row]
-            for row in rows
+            for row, _ in finished
         ]
-        results = call_steps([self.envs[row] for row in rows], texts, left)
-        over = []
-        for row, reason, result, ended in zip(rows, reasons, results, ended_with_eos, strict=True):
+        results = call_steps([self.envs[row] for row, _ in finished], texts, left)
+        for (row, reason), result, ended in zip(finished, results, ended_with_eos, strict=True):
             self.env_seconds[row] += result.seconds
             self.rewards[row], result = add_reward(self.rewards[row], result)
             if result.fault is not None:
                 self.rewards[row] = faults.score(result.fault, result.why)
                 self.faults[row] = result.fault
                 self.fault_notes.append(result.why)
-            observation = result.observation
-            last = result.fault is not None or result.done or observation is None
-            last = last or reason == FINISH_LENGTH
-            if last or self.turns[row] >= self.settings.max_turns:
-                self.ends[row] = t + 1
-                self.reasons[row] = reason
-                over.append(True)
-            else:
-                feed = self.settings.observation(observation, ended)
-                if feed:
-                    self.feeding[row] = feed
-                else:  # nothing to feed (an empty observation without a template)
-                    self.turn_start[row] = t + 1
-                self.turns[row] += 1
-                over.append(False)
-        return over
+            ending = result.fault
+            if ending is None and (result.done or result.observation is None):
+                ending = DONE
+            elif ending is None and self.turns[row] >= self.settings.max_turns:
+                ending = MAX_TURNS
+            over[row] = ending is not None
+            if ending is not None:
+                self._end(row, t, reason, ending)
+                continue
+            feed = self.settings.observation(result.observation, ended)
+            if feed:
+                self.feeding[row] = feed
+            else:  # nothing to feed (an empty observation without a template)
+                self.turn_start[row] = t + 1
+            self.turns[row] += 1
+        return [over[row] for row in rows]
+
+    def _end(self, row: int, t: int, reason: int, ending: str) -> None:
+        """Ends `row`'s episode after step `t`, its last turn ended by `reason`."""
+        self.ends[row] = t + 1
+        self.reasons[row] = reason
+        self.endings[row] = ending

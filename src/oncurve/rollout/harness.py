@@ -44,7 +44,7 @@ import torch
 from oncurve.errors import UserError
 from oncurve.rollout.base import Sampler, SamplingParams
 from oncurve.rollout.endpoint import Call, Endpoint
-from oncurve.rollout.env_calls import ERROR, TIMEOUT, EnvFaults
+from oncurve.rollout.env_calls import DONE, ERROR, LENGTH, TIMEOUT, EnvFaults
 from oncurve.types import RolloutBatch
 
 Play = Callable[[Any, str, dict[str, Any]], Awaitable[Any]]
@@ -103,8 +103,9 @@ def play_harness(
 ) -> tuple[RolloutBatch, dict[str, list]]:
     """G episodes of each of `rows` (a row's G contiguous): the rollout, and per episode its
     reward (`episode_reward`, NaN: unscored), policy turns (`turns`), fault (`episode_fault`:
-    None, "error" or "timeout") and the numbers its harness returned beside the reward
-    (`episode_metrics`)."""
+    None, "error" or "timeout"), what ended it (`episode_end`: its fault, else "length" when its
+    last turn was cut at the token limit, else "done") and the numbers its harness returned
+    beside the reward (`episode_metrics`)."""
     import openai
 
     n = len(rows) * group_size
@@ -166,7 +167,7 @@ def play_harness(
         if call.episode is not None:  # every episode's client has its own URL
             calls[call.episode].append(call)
     budget = settings.budget(params.max_new_tokens)
-    rewards, faults, notes, chains = [], [], [], []
+    rewards, faults, notes, chains, endings = [], [], [], [], []
     for (reward, fault, why, _), episode in zip(outcomes, calls, strict=True):
         chain, broken = _chain(episode, budget)
         if fault is not None:  # the reward settings' to score (reward.errors=raise: stop)
@@ -178,6 +179,7 @@ def play_harness(
         rewards.append(math.nan if reward is None else float(reward))
         faults.append(fault)
         chains.append(chain if fault is None else None)
+        endings.append(fault or (LENGTH if chain.finish_reason == "length" else DONE))
     if notes:
         scored = [r for r, f in zip(rewards, faults, strict=True) if f and not math.isnan(r)]
         said = ", ".join(
@@ -193,6 +195,7 @@ def play_harness(
         "episode_reward": rewards,
         "turns": [len(episode) for episode in calls],
         "episode_fault": faults,
+        "episode_end": endings,
         "episode_metrics": [metrics for *_, metrics in outcomes],
     }
 

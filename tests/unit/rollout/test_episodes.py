@@ -3,6 +3,7 @@ the transcript, masks, rewards and the decoder's feed are checked token for toke
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import sys
@@ -24,6 +25,7 @@ from oncurve.loop.trainer import train
 from oncurve.report import write_report
 from oncurve.rollout import SamplingParams, episodes
 from oncurve.rollout.base import MAX_CHARS_PER_TOKEN
+from oncurve.rollout.env_calls import ENDINGS
 from oncurve.rollout.episodes import (
     Episodes,
     ObservationFormat,
@@ -119,9 +121,9 @@ def _spans(positions: list[int]):
         yield start, prev + 1
 
 
-def two_turn_episodes(tok, group_size: int) -> tuple[Episodes, list[int]]:
+def two_turn_episodes(tok, group_size: int, env_turns: int = 5) -> tuple[Episodes, list[int]]:
     """`group_size` scripted episodes of "4 ok" twice, with DigitsEnv's observation between,
-    stopped by max_turns=2 (the environment would go on for 5); and the script."""
+    with max_turns=2 (the environment goes on for `env_turns`); and the script."""
     turn = tok("4 ok", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     fmt = ObservationFormat(tok, chat_template=True, max_tokens=64)
     script = turn + fmt("digits 1", ended_with_eos=True) + turn
@@ -131,7 +133,7 @@ def two_turn_episodes(tok, group_size: int) -> tuple[Episodes, list[int]]:
         [{"prompt": "go"}],
         group_size=group_size,
         params=SamplingParams(max_new_tokens=8, seed=0),
-        settings=settings(tok, lambda: DigitsEnv(5), max_turns=2),
+        settings=settings(tok, lambda: DigitsEnv(env_turns), max_turns=2),
     )
     return played, script
 
@@ -167,28 +169,61 @@ def test_python_tool_s_failure_keeps_stdout_its_status_and_stderr_s_tail():
 
 def test_max_turns_ends_the_episode_and_rewards_add_up(qwen3_tokenizer):
     """An environment that would go on for 5 turns is stopped after max_turns=2: two policy
-    turns, one observation, and the two steps' rewards summed."""
+    turns, one observation, the two steps' rewards summed, and the episode marked as ended by
+    the turn limit."""
     played, script = two_turn_episodes(qwen3_tokenizer, group_size=2)
     assert played.turns.tolist() == [2, 2]
     assert played.rewards.tolist() == [0.5, 0.5]  # 1 digit in 4 characters, twice
     assert played.rollout.completion_ids[0, : len(script)].tolist() == script
     assert int(played.rollout.completion_mask[0].sum()) == len(script)
+    assert played.endings == ["max_turns", "max_turns"]
 
 
-def test_a_turn_cut_at_max_new_tokens_ends_the_episode(qwen3_tokenizer):
+def test_an_episode_the_environment_ends_at_the_last_turn_is_done(qwen3_tokenizer):
+    played, _ = two_turn_episodes(qwen3_tokenizer, group_size=1, env_turns=2)
+    assert played.turns.tolist() == [2] and played.endings == ["done"]
+
+
+class RecordingDigitsEnv(DigitsEnv):
+    """DigitsEnv that keeps every turn `step` was given."""
+
+    def __init__(self) -> None:
+        super().__init__(5)
+        self.seen: list[str] = []
+
+    def step(self, turn: str) -> tuple[str | None, float, bool]:
+        self.seen.append(turn)
+        return super().step(turn)
+
+
+def test_a_turn_cut_at_max_new_tokens_ends_the_episode_without_a_step(qwen3_tokenizer):
+    """A turn cut at max_new_tokens is no finished action: its environment never sees it, the
+    episode ends there marked "length" and keeps the rewards of its finished turns."""
     tok = qwen3_tokenizer
-    long_turn = tok("one two three four five six", add_special_tokens=False)["input_ids"]
-    sampler, _ = scripted_sampler(tok, [long_turn * 3] * 2)
+    turn = tok("4 ok", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    long_turn = tok("1 two three four five six", add_special_tokens=False)["input_ids"]
+    feed = ObservationFormat(tok, True, 64)("digits 1", ended_with_eos=True)
+    scripts = [long_turn * 3, turn + feed + long_turn * 3]
+    sampler, _ = scripted_sampler(tok, scripts)
+    envs: list[RecordingDigitsEnv] = []
+
+    def make() -> RecordingDigitsEnv:
+        envs.append(RecordingDigitsEnv())
+        return envs[-1]
+
     played = run_episodes(
         sampler,
         [{"prompt": "go"}],
         group_size=2,
         params=SamplingParams(max_new_tokens=4, seed=0),
-        settings=settings(tok, lambda: DigitsEnv(5), max_turns=3),
+        settings=settings(tok, make, max_turns=3),
     )
     assert played.rollout.finish_reasons == ["length", "length"]
-    assert played.rollout.completion_mask.sum(1).tolist() == [4, 4]
-    assert played.turns.tolist() == [1, 1]
+    assert played.rollout.completion_mask.sum(1).tolist() == [4, len(turn) + len(feed) + 4]
+    assert played.turns.tolist() == [1, 2]
+    assert [env.seen for env in envs[-2:]] == [[], ["4 ok"]]
+    assert played.rewards.tolist() == [0.0, 0.25]  # 1 digit in "4 ok"; the cut turn unpaid
+    assert played.endings == ["length", "length"]
 
 
 def test_a_turn_ended_by_the_generation_config_s_other_eos_keeps_the_template_s_end(
@@ -392,6 +427,11 @@ def test_a_multi_turn_run_trains_checkpoints_and_resumes_exactly(
     turns = [r["episode/turns_mean"] for r in rows]
     assert all(1 <= t <= 2 for t in turns) and max(turns) > 1
     assert all(r["reward/mean"] >= 0 for r in rows)
+    # what ended each episode: a count per step, and each sample's own
+    assert all(r["episode/truncated"] + r["episode/max_turns"] <= 8 for r in rows)
+    assert sum(r["episode/truncated"] for r in rows) > 0
+    logged = (tmp_path / "full" / "samples.jsonl").read_text().splitlines()
+    assert {json.loads(line)["episode_end"] for line in logged} <= set(ENDINGS)
     # the report shows the transcripts, observations included
     page = write_report([tmp_path / "full"]).read_text()
     samples = re.search('<section id="samples">(.*?)</section>', page, re.S).group(1)

@@ -76,6 +76,22 @@ def test_an_observation_of_max_observation_tokens_fits_with_its_template_tokens(
     rollout, columns = play_harness(sampler, rows, 1, params, harness)
     assert columns["episode_fault"] == [None] and columns["turns"] == [2]
     assert columns["episode_reward"] == [1.0] and int(rollout.loss_mask.sum()) == 2 * turn_tokens
+    assert columns["episode_end"] == ["done"]
+
+
+def test_a_harness_episode_whose_last_turn_was_cut_is_marked_length():
+    tokenizer = load_qwen3_tokenizer()
+    sampler, _ = scripted_sampler(tokenizer, [tokenizer(" ok" * 8).input_ids])
+
+    async def asks_once(client, model, row):
+        messages = [{"role": "user", "content": row["prompt"]}]
+        await client.chat.completions.create(model=model, messages=messages)
+        return 1.0
+
+    rows = [{"prompt": "go", "prompt_ids": tokenizer("go").input_ids}]
+    params = SamplingParams(max_new_tokens=4, seed=0)
+    _, columns = play_harness(sampler, rows, 1, params, HarnessSettings(asks_once, 2, 16))
+    assert columns["episode_end"] == ["length"] and columns["episode_reward"] == [1.0]
 
 
 def test_a_harness_s_episode_is_its_calls_chained_token_for_token(sampler):
