@@ -4,6 +4,7 @@ missing library, an unknown game or a game for two players is a one-line error."
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 import threading
@@ -16,7 +17,7 @@ from helpers.episodes import chat_ids, load_qwen3_tokenizer, scripted_sampler, s
 from oncurve.envs.libraries import GemEnv, TextArenaGame, episode_seed
 from oncurve.errors import UserError
 from oncurve.rollout import SamplingParams
-from oncurve.rollout.env_calls import TIMEOUT, call_reset, call_steps
+from oncurve.rollout.env_calls import ERROR, TIMEOUT, EnvFaults, call_reset, call_steps
 from oncurve.rollout.episodes import observation_role, resolve_environment, run_episodes
 
 textarena = pytest.importorskip("textarena", reason="the textarena extra is not installed")
@@ -229,6 +230,21 @@ def test_a_textarena_reward_that_is_not_a_number_is_the_games_fault_not_paid():
                 game.step("[10]")
         else:
             assert game.step("[10]") == (None, paid, True)
+
+
+def test_a_game_that_raises_on_the_policys_move_is_the_games_fault():
+    """GuessTheNumber reads a guess of 5,000 digits with `int`, which refuses it: the episode
+    ends on an error fault that `reward.errors` scores (raise: one line; none: unscored), as
+    Countdown's swapped reward is; no invalid move's reward is made up for it."""
+    game = TextArenaGame(GUESS)
+    game.reset({"seed": 3})
+    (result,) = call_steps([game], ["[" + "9" * 5000 + "]"], [None])
+    assert result.fault == ERROR
+    assert result.why.startswith("step raised ValueError: Exceeds the limit (4300 digits)")
+    with pytest.raises(UserError) as stopped:
+        EnvFaults().score(result.fault, result.why)
+    assert "\n" not in str(stopped.value) and "reward.errors=none" in str(stopped.value)
+    assert math.isnan(EnvFaults(on_error="none").score(result.fault, result.why))
 
 
 @pytest.mark.parametrize("reward", ["1", True, None, [1.0]])
