@@ -1,9 +1,7 @@
-"""The ops one GRPO update and one reference pass dispatch, by the training forward's layout:
-padded or packed rows (`model.pack_rows`), every row whole (as TRL runs them) or each group's
-prompt once.
-
-Also the microbatches of sampled lengths under CUDA's memory plan. On a GPU each op that is not
-a view is about one kernel launch. The step and both tables: benchmarks/README.md.
+"""The ops one GRPO update and one reference pass dispatch, by the training forward's layout
+(padded or packed rows, every row whole or each group's prompt once), and the microbatches of
+sampled lengths under CUDA's memory plan; on a GPU each op that is not a view is about one kernel
+launch. The step and both tables: benchmarks/README.md.
 
     .venv/bin/python benchmarks/update_ops.py [--microbatch 16] [--chunk 256] [--batches 20]
 """
@@ -21,7 +19,7 @@ from harness.tables import markdown_table, measured, publish
 from oncurve.model.forward import PolicyLogprobs
 from oncurve.run.memory_plan import GIB, ModelShape, plan_memory
 from oncurve.types import TrainBatch
-from oncurve.update.microbatches import ForwardSettings, batch_logprobs, microbatches
+from oncurve.update.microbatches import ForwardSettings, batch_logprobs
 from oncurve.update.step import LossFns
 
 # Qwen2.5-0.5B's layers (24, 14 heads, 2 key-value heads) at 112 wide instead of 896: the width
@@ -51,17 +49,6 @@ def sampled_lengths(generator: torch.Generator) -> torch.Tensor:
     draws = torch.rand(ROWS, generator=generator)
     lengths = torch.log1p(-draws) / torch.log1p(torch.tensor(-1.0 / MEAN_LENGTH))
     return lengths.ceil().long().clamp(1, MAX_NEW_TOKENS)
-
-
-def tokens_run(batch: TrainBatch, max_rows: int, max_tokens: int, packed: bool) -> list[int]:
-    """Each microbatch's tokens through the forward of `batch` cut as a run cuts it: padded,
-    rows x (longest prompt + longest completion); packed, real tokens with each group's prompt
-    once."""
-    cuts = [cut.lengths for cut in microbatches(batch, max_rows, max_tokens, packed)]
-    if not packed:
-        return [len(c.prompts) * (max(c.prompts) + max(c.completions)) for c in cuts]
-    prompts = [dict(zip(c.groups, c.prompts, strict=True)) for c in cuts]  # a group's once
-    return [sum(p.values()) + sum(c.completions) for p, c in zip(prompts, cuts, strict=True)]
 
 
 def layouts(policy: PolicyLogprobs, fns: LossFns, args: argparse.Namespace) -> list[list]:
@@ -98,7 +85,7 @@ def sampled_microbatches(policy: PolicyLogprobs, fns: LossFns, args: argparse.Na
         ("padded, the token budget alone (the plan now)", plan.microbatch_rows, False),
         ("packed, the token budget alone (the plan now, CUDA's default)", plan.microbatch_rows, True),
     ):  # fmt: skip
-        cuts = [tokens_run(batch, max_rows, budget, packed) for batch in batches]
+        cuts = [updates.tokens_run(batch, max_rows, budget, packed) for batch in batches]
         forward = ForwardSettings(1.0, args.chunk, max_rows, budget, pack_rows=packed)
         update = updates.OpCount.of(updates.update_of(policy, batches[0], forward, fns)).kernels
         count = sum(map(len, cuts)) / len(cuts)

@@ -1,7 +1,8 @@
 """One GRPO update for the micro-benchmarks (`update_ops.py`, `update_host_time.py`), through the
 package's public seams: a random Qwen2 model, a batch of groups in a layout of the training
-forward, one update of it, counting the ops a call dispatches (about the kernels it would launch
-on a GPU), and a one-op stand-in for CUDA's variable-length attention on the CPU."""
+forward, the tokens its microbatches run, one update of it, counting the ops a call dispatches
+(about the kernels it would launch on a GPU), and a one-op stand-in for CUDA's variable-length
+attention on the CPU."""
 
 from __future__ import annotations
 
@@ -11,9 +12,17 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.models import qwen2_config
+from oncurve import load_config
+from oncurve.model.forward import PolicyLogprobs
+from oncurve.model.packed_attention import VARLEN_KERNELS, use_packed_attention
+from oncurve.run.setup import build_loss_fns
+from oncurve.types import TrainBatch
+from oncurve.update.microbatches import microbatches
+from oncurve.update.step import accumulate, microbatch_loss
 
 
 class OpCount(TorchDispatchMode):
@@ -56,13 +65,6 @@ def setup(shape: tuple[int, int, int, int, int], vocab: int, threads: int) -> tu
     as are the batches drawn after it, and the default objective's `LossFns` as a run builds
     them. From here on torch runs `threads` threads, and packed rows on the CPU take CUDA's path
     with `OneOpAttention` registered as its kernel: their ops count as CUDA's would."""
-    import transformers
-
-    from oncurve import load_config
-    from oncurve.model.forward import PolicyLogprobs
-    from oncurve.model.packed_attention import VARLEN_KERNELS
-    from oncurve.run.setup import build_loss_fns
-
     torch.set_num_threads(threads)
     VARLEN_KERNELS["cpu"] = lambda q, k, v, *_: OneOpAttention.apply(q, k, v)
     torch.manual_seed(0)
@@ -74,8 +76,6 @@ def group_batch(prompt_lengths: torch.Tensor, group: int, lengths: torch.Tensor,
     """A `TrainBatch` of `len(prompt_lengths)` groups of `group` rows: each group's prompt of
     its `prompt_lengths` random tokens (left-padded), completions of `lengths` `[rows]` random
     tokens, advantages from -1 to 1, reference logprobs -3."""
-    from oncurve.types import TrainBatch
-
     prompt_lengths = prompt_lengths.repeat_interleave(group)
     rows, longest, width = len(prompt_lengths), int(prompt_lengths.max()), int(lengths.max())
     prompt_mask = (torch.arange(longest) >= longest - prompt_lengths[:, None]).long()
@@ -90,23 +90,30 @@ def group_batch(prompt_lengths: torch.Tensor, group: int, lengths: torch.Tensor,
     )
 
 
-def in_layout(model: Any, batch: Any, packed: bool, shared: bool) -> Any:
+def in_layout(model: Any, batch: TrainBatch, packed: bool, shared: bool) -> TrainBatch:
     """`batch` as the training forward of a layout takes it: each group's prompt once
     (`shared`) or every row whole. With `packed`, `model`'s attention is switched to packed
     rows' for good: a caller runs its padded layouts first."""
-    from oncurve.model.packed_attention import use_packed_attention
-
     if packed:
         use_packed_attention(model)
     return dataclasses.replace(batch, prompt_index=batch.prompt_index if shared else None)
+
+
+def tokens_run(batch: TrainBatch, max_rows: int, max_tokens: int, packed: bool) -> list[int]:
+    """Each microbatch's tokens through the forward of `batch` cut as a run cuts it: padded,
+    rows x (longest prompt + longest completion); packed, real tokens with each group's prompt
+    once."""
+    cuts = [cut.lengths for cut in microbatches(batch, max_rows, max_tokens, packed)]
+    if not packed:
+        return [len(c.prompts) * (max(c.prompts) + max(c.completions)) for c in cuts]
+    prompts = [dict(zip(c.groups, c.prompts, strict=True)) for c in cuts]  # a group's once
+    return [sum(p.values()) + sum(c.completions) for p, c in zip(prompts, cuts, strict=True)]
 
 
 def update_of(policy: Any, step: Any, forward: Any, fns: Any) -> Callable[[], None]:
     """A call that runs one update of the `TrainBatch` `step` as training accumulates it (its
     values left unread) into `policy`'s gradients, then drops them. The step's counts are read
     here, outside what a caller counts or times."""
-    from oncurve.update.step import accumulate, microbatch_loss
-
     rows, tokens = float(step.num_rows), float(step.completion_mask.sum())
     loss = functools.partial(
         microbatch_loss, policy, fns=fns, forward=forward, num_seqs=rows, num_tokens=tokens
