@@ -1,6 +1,6 @@
 """Completion tokens/s of each sampler backend against `model.generate(num_return_sequences=G)`.
 
-    python benchmarks/rollout.py                 # both scenarios of issue 3
+    python benchmarks/rollout.py                 # the tiny and 30m scenarios
     python benchmarks/rollout.py --model 30m     # one scenario: tiny|default|30m|PATH
     python benchmarks/rollout.py --backends hf   # some backends only
     python benchmarks/rollout.py --device cuda   # GPU: 0.5B model, the four scenarios below

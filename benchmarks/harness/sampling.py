@@ -14,9 +14,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+import transformers
+
 from harness.machine import load_note, matmul_gflops, torch_threads
 from harness.models import build_model, tokenizer_dir
 from harness.tables import markdown_table
+from oncurve.model.forward import completion_logprobs
+from oncurve.rollout import build_sampler
+from oncurve.rollout.cuda_graph import GraphSampler
 
 Call = Callable[[], int]  # one sampling call; returns the completion tokens it generated
 CPU_COLUMNS = {"sampler": "{sampler}", "tokens": "{tokens:.0f}", "median s": "{median_s:.3f}",
@@ -43,7 +49,6 @@ def generate_call(model: Any, tokenizer: Any, prompts: list[str], group: int, pa
                   cache: str | None = None) -> Call:  # fmt: skip
     """`model.generate` as TRL calls it without vLLM (temperature 1, no top-k/top-p), with the
     token limits of `params` and `cache` as its `cache_implementation` (None: dynamic)."""
-    import torch
 
     def call() -> int:
         enc = tokenizer(prompts, return_tensors="pt", padding=True).to(model.device)
@@ -107,9 +112,6 @@ def measure_cpu(calls: dict[str, Call], repeats: int, model: Any, rows: int,
 
 def cuda_model() -> tuple[Any, Any]:
     """`gpu_vs_trl.py`'s random Qwen2.5-0.5B shape in bf16 on the GPU, and its tokenizer."""
-    import torch
-    import transformers
-
     path = build_model("qwen2.5-0.5b", tokenizer_dir(None))
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
     tokenizer = transformers.AutoTokenizer.from_pretrained(path, padding_side="left")
@@ -120,9 +122,6 @@ def samplers(model: Any, tokenizer: Any, backends: list[str], variants: bool = F
     """The samplers of `backends` by name and, with `variants` where `cuda_graph` compiles its
     step per bucket (as a run does), that sampler uncompiled and compiled once for every bucket
     with symbolic sizes (`dynamic_compile`)."""
-    from oncurve.rollout import build_sampler
-    from oncurve.rollout.cuda_graph import GraphSampler
-
     made = {backend: build_sampler(backend, model, tokenizer) for backend in backends}
     if variants and "cuda_graph" in made and made["cuda_graph"].compile_step:
         made["cuda_graph, uncompiled"] = GraphSampler(model, tokenizer, compile_step=False)
@@ -139,8 +138,6 @@ def time_on_gpu(scenario: str, calls: dict[str, tuple[Call, Any]], repeats: int,
     then the best of `repeats` by tokens/s ("vs_static": over the first label's, the baseline)
     and the mean completion length (`rows` a call); after each, `earlier` and the records so far
     go to `json_path` if given (a run stopped at a time limit keeps them)."""
-    import torch
-
     sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
     records: list[dict[str, Any]] = []
     for label, (call, sampler) in calls.items():
@@ -165,10 +162,6 @@ def logprob_gap(model: Any, sampler: Any, prompts: list[str], group: int,
                 params: Any) -> tuple[float, float]:  # fmt: skip
     """Mean and max |sampler logprob - training forward logprob| over the completion tokens of
     one call (the TIS correction's input, `logprob_diff/*` in training)."""
-    import torch
-
-    from oncurve.model.forward import completion_logprobs
-
     batch = sampler.generate(prompts, group, params)
     with torch.no_grad():
         trained, _ = completion_logprobs(
@@ -231,10 +224,9 @@ def section(row: dict[str, Any]) -> str:
     """The section of `results/rollout.md` for one scenario's row, on the CPU or a GPU: how and
     when it was measured (as far as an imported row says), a row per sampler, on a GPU each
     sampler's logprob gap."""
-    versions = row.get("versions")
     measured = f"measured {row['date']}" + (f" at {row['commit']}" if row.get("commit") else "")
     measured += f", `{row['command']}`" if row.get("command") else ""
-    if versions:
+    if versions := row.get("versions"):
         measured += f" with torch {versions['torch']}, transformers {versions['transformers']}"
     measured += f"; {row['note']}" if row.get("note") else ""
     if "rows" not in row:
