@@ -69,10 +69,8 @@ def held_out(
     reward = correctness_fn(config, task)
     if hasattr(reward, "configure"):  # the code sandbox's settings, as a run applies them
         reward.configure(config.reward)
-    if (checkpoint := find_checkpoint(model_dir)) is not None:
-        model, tokenizer = load_checkpoint(
-            checkpoint, checkpoint_config(checkpoint), "float32", device
-        )
+    if (found := find_checkpoint(model_dir)) is not None:
+        model, tokenizer = load_checkpoint(found, checkpoint_config(found), "float32", device)
     else:
         tokenizer = load_tokenizer(model_dir)
         model = load_model(model_dir, "float32", device)
@@ -80,14 +78,9 @@ def held_out(
     examples = task.examples("test", config.eval.num_prompts, config.run.seed)
     rows = PromptData(examples, tokenizer, config.data, seed=config.run.seed).rows
     records: list[dict] = []
-    result = evaluate(
-        build_sampler(backend, model, tokenizer),
-        rows,
-        reward,
-        sampling_params(config, config.run.seed),
-        samples=samples,
-        records=records,
-    )
+    sampler = build_sampler(backend, model, tokenizer)
+    params = sampling_params(config, config.run.seed)
+    result = evaluate(sampler, rows, reward, params, samples=samples, records=records)
     return result, rows, records
 
 
