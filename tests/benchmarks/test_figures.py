@@ -1,6 +1,6 @@
 """The README's Results table, benchmarks/README.md's recorded figures and LOG.md's entries'
-figures are what the records give (`benchmarks/render.py` writes them), and each area keeps a
-headline."""
+figures are what the records give (`benchmarks/render.py` writes them), each area keeps a
+headline, and benchmarks/README.md's tables name every script and harness module."""
 
 from __future__ import annotations
 
@@ -78,8 +78,13 @@ def test_a_log_marker_is_filled_with_its_row_and_an_unknown_one_is_an_error():
         log_rows(empty, [row, {**row, "commit": "def"}])
 
 
-def test_every_script_is_in_the_benchmarks_tables():
-    listed = set(re.findall(r"^\| `(\w+\.py)` \|", HISTORY.read_text(), re.M))
+def test_every_script_and_harness_module_is_in_the_benchmarks_tables():
+    text = HISTORY.read_text()
+    listed = set(re.findall(r"^\| `(\w+\.py)` \|", text, re.M))
+    harness = {path.name for path in (HISTORY.parent / "harness").glob("*.py")} - {"__init__.py"}
     # render.py writes the pages and measures nothing
     scripts = {path.name for path in HISTORY.parent.glob("*.py")} - {"render.py"}
-    assert scripts == listed, f"not in benchmarks/README.md's tables: {scripts - listed}"
+    assert scripts == listed - harness, f"not in benchmarks/README.md's tables: {scripts - listed}"
+    rows = re.findall(r"^\| ((?:`\w+\.py`(?:, )?)+) \|", text, re.M)
+    named = {name for row in rows for name in re.findall(r"`(\w+\.py)`", row)}
+    assert harness <= named, f"not in the harness table: {harness - named}"
