@@ -836,6 +836,16 @@ class _Remote:
         # an instance of a built-in container's subclass: that container (`_container_base`)
         self._oncurve_container = container
 
+    @property
+    def __class__(self) -> type:
+        # what `isinstance` reads beside the type: an instance of a built-in type's subclass is
+        # an instance of that built-in type (`isinstance(row, list)`), as the child found it
+        if self._oncurve_container is not None:
+            return self._oncurve_container
+        if self._oncurve_value is not _NO_VALUE:
+            return type(self._oncurve_value)
+        return _Remote
+
     def _valued(self) -> bool:
         """Whether this object compares as a built-in value (`_builtin`)."""
         return self._oncurve_value is not _NO_VALUE or self._oncurve_container is not None

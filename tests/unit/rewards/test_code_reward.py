@@ -732,6 +732,19 @@ RIGHT_PROGRAMS = {
             "assert 2 in row(3) and 5 not in row(3) and 0 in table(1) and not row(0)",
         ],
     ),
+    "instances of a built-in type's subclass checked with isinstance": (
+        "import enum\n"
+        "class Row(list):\n    pass\n"
+        "class Color(enum.IntEnum):\n    RED = 1\n"
+        "def row(n):\n    return Row(range(n))\n"
+        "def red():\n    return Color.RED\n",
+        [
+            "assert isinstance(row(2), list) and row(2) == [0, 1]",
+            "assert not isinstance(row(2), (dict, tuple)) and type(row(2)) is not list",
+            "from collections.abc import Sequence\nassert isinstance(row(1), Sequence)",
+            "assert isinstance(red(), int) and not isinstance(red(), str) and red() == 1",
+        ],
+    ),
     "named tuples with methods of their own": (
         "from collections import namedtuple\nfrom typing import NamedTuple\n"
         "class Pair(namedtuple('Pair', 'x y')):\n"
