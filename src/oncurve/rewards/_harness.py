@@ -177,6 +177,21 @@ _CONTAINERS = {
 _CONTAINER_NAMES = {base.__name__: base for base in _CONTAINERS}
 
 
+def _public(kind: type) -> frozenset[str]:
+    return frozenset(name for name in dir(kind) if not name.startswith("_"))
+
+
+# The methods of the built-in types of `_BASES` and `_CONTAINERS` that read a value without
+# changing it: on an instance of a subclass, the built-in type's, applied to the value it
+# compares as (`_Remote.__getattr__`)
+_READERS = {
+    **{base: _public(base) for base in (*_BASES, tuple, frozenset)},
+    list: _public(tuple) | {"copy"},
+    dict: frozenset(("get", "keys", "values", "items", "copy")),
+    set: _public(frozenset),
+}
+
+
 # What `collections.namedtuple` writes into a named tuple's class
 _NAMED_TUPLE_MADE = frozenset(
     ("__new__", "_make", "_replace", "__repr__", "_asdict", "__getnewargs__")
@@ -889,7 +904,14 @@ class _Remote:
         # names are
         if name.startswith("__") and name not in _PROBED and name not in _NAMED:
             raise AttributeError(name)
-        return self._oncurve_link.ask("getattr", self._oncurve_ref, name)
+        found = self._oncurve_link.ask("getattr", self._oncurve_ref, name)
+        if type(found) is _Remote and name in _READERS.get(self.__class__, ()):
+            # code of the program's where its built-in type has a method that only reads it (a
+            # named tuple's field of that name is data): a subclass's `startswith` or `count`
+            # would answer whatever the tests ask, so the built-in type's answers, on the value
+            # this object compares as
+            return getattr(self._builtin(), name)
+        return found
 
     @property
     def __doc__(self):  # the program's object's, not this class's

@@ -309,6 +309,45 @@ CONTAINERS = {
     ),
 }
 
+
+# A built-in type's methods that only read it (`startswith`, `count`, `index`, `get`,
+# `isdisjoint`) are that type's on an instance of a subclass, read on the value it compares as:
+# one of the program's would answer whatever the tests ask it
+def answers(base: str, method: str, value: str) -> str:
+    return (
+        f"class Liar({base}):\n    def {method}(self, *args):\n        return {value}\n\n"
+        f"def f(x):\n    return Liar()\n"
+    )
+
+
+METHODS = {
+    "str.startswith": (
+        ["assert f(1).startswith('8')"],
+        answers("str", "startswith", "True"),
+        "",
+        "def f(x):\n    return str(x + 7)\n",
+    ),
+    "list.count": (["assert f(1).count(8) == 1"], answers("list", "count", "1"), "", ONE_EIGHT),
+    "tuple.index": (
+        ["assert f(1).index(8) == 0"],
+        answers("tuple", "index", "0"),
+        "",
+        "def f(x):\n    return (x + 7,)\n",
+    ),
+    "dict.get": (
+        ["assert f(1).get(8) == 'a'"],
+        answers("dict", "get", "'a'"),
+        "",
+        "def f(x):\n    return {x + 7: 'a'}\n",
+    ),
+    "set.isdisjoint": (
+        ["assert not f(1).isdisjoint({8})"],
+        answers("set", "isdisjoint", "False"),
+        "",
+        "def f(x):\n    return {x + 7}\n",
+    ),
+}
+
 # A dataclass's instance equals one the tests make by calling its class when their compared fields
 # are equal, and the one the tests made holds the arguments they gave it: no `__eq__` of the
 # program's, nor a `__post_init__` that forgets its arguments, judges for the tests
@@ -354,6 +393,7 @@ TABLE = {
     **{f"standard modules: {k}": v for k, v in MODULES.items()},
     **{f"an exit that is an error: {k}": v for k, v in EXITS.items()},
     **{f"containers: {k}": v for k, v in CONTAINERS.items()},
+    **{f"a subclass's own {k}": v for k, v in METHODS.items()},
     **{f"dataclasses: {k}": v for k, v in DATACLASSES.items()},
 }
 

@@ -732,17 +732,32 @@ RIGHT_PROGRAMS = {
             "assert 2 in row(3) and 5 not in row(3) and 0 in table(1) and not row(0)",
         ],
     ),
-    "instances of a built-in type's subclass checked with isinstance": (
-        "import enum\n"
+    "instances of a built-in type's subclass: isinstance, and its methods": (
+        "import collections, enum\n"
         "class Row(list):\n    pass\n"
+        "class Sorted(list):\n    def append(self, x):\n        super().append(x)\n"
+        "        self.sort()\n"
+        "class Table(dict):\n    pass\n"
         "class Color(enum.IntEnum):\n    RED = 1\n"
+        "class Unit(str, enum.Enum):\n    METER = 'm'\n"
+        "class Token(collections.namedtuple('Token', 'text index')):\n"
+        "    def width(self):\n        return len(self.text)\n"
         "def row(n):\n    return Row(range(n))\n"
-        "def red():\n    return Color.RED\n",
+        "def ordered(*xs):\n    return Sorted(xs)\n"
+        "def table(n):\n    return Table({i: str(i) for i in range(n)})\n"
+        "def red():\n    return Color.RED\n"
+        "def unit():\n    return Unit.METER\n"
+        "def word():\n    return Token('aa', 3)\n",
         [
             "assert isinstance(row(2), list) and row(2) == [0, 1]",
             "assert not isinstance(row(2), (dict, tuple)) and type(row(2)) is not list",
             "from collections.abc import Sequence\nassert isinstance(row(1), Sequence)",
             "assert isinstance(red(), int) and not isinstance(red(), str) and red() == 1",
+            "assert row(3).count(1) == 1 and row(3).index(2) == 2 and row(2).copy() == [0, 1]",
+            "r = ordered(5, 1)\nr.append(3)\nassert r == [1, 3, 5] and r.index(5) == 2",
+            "assert table(2).get(1) == '1' and table(2).keys() == {0, 1}",
+            "assert unit().upper() == 'M' and red().bit_length() == 1",
+            "assert word().index == 3 and word().count('aa') == 1 and word().width() == 2",
         ],
     ),
     "named tuples with methods of their own": (
