@@ -43,10 +43,11 @@ itself, and an operator that would judge for the tests, handed what they expect 
 of the tests', `!=`, `<`, `in`, a set's or a dict's too, arithmetic: `_JUDGING`), fails the
 case, as does asking it for a truth value; an instance of a subclass of a built-in scalar type
 (`_BASES`: an IntEnum's member) comes with its built-in value, taken through the built-in type's
-own slot, and its comparisons, hash, truth value and `in` are that value's here, whatever its
-methods say; so are those of a container of the program's objects, or an instance of a built-in
-container's subclass (`_CONTAINERS`), the contents it holds, read through the container's own
-methods each time the tests use them. A dataclass instance of the program's equals another of
+own slot, and its comparisons, hash, truth value, `in`, arithmetic and the built-in type's
+methods that only read it (`_READERS`: `startswith`, `count`) are that value's here, whatever its
+methods say, and `isinstance` finds it an instance of that type; so are those of a container of
+the program's objects, or an instance of a built-in container's subclass (`_CONTAINERS`), the
+contents it holds, read through the container's own methods each time the tests use them. A dataclass instance of the program's equals another of
 its class, one of them made by the tests' call of the class with arguments its fields hold
 (`_Link.same_fields`), when their compared fields are equal (`_dataclass_fields`). A dict's
 keys and items views travel as `_STANDARD` objects.
@@ -1049,12 +1050,30 @@ def _refused(name: str) -> Any:
     return protocol
 
 
+def _arithmetic(name: str, function: Any, reflected: bool) -> Any:
+    """Operator `name` of `_JUDGING` (`function`, its operands swapped where `reflected`) on a
+    reference with a built-in value: on that value (`Color.RED + 1`, `abs(half(3) - 1.5)`), and
+    the other operand's where it is such a reference too; refused for a reference without one."""
+    refused = _refused(name)
+
+    def protocol(self, *args):
+        if not self._valued():
+            return refused(self, *args)
+        value = self._builtin()
+        args = tuple(a._builtin() if type(a) is _Remote and a._valued() else a for a in args)
+        return function(*args, value) if reflected else function(value, *args)
+
+    protocol.__name__ = name
+    return protocol
+
+
 # The protocols of a program's object that give the tests a value to judge (`len`, `str`,
 # `repr`, `[]`, `hash`, `abs`, `int`): the child applies the operator itself, with Python's
 # fallbacks, and the result comes back as any reply does (an unsupported one as the TypeError
 # Python raises). The protocols that would judge for the tests, handed the value they expect
 # (`!=`, `<`, `in`, `-`: `abs(f(x) - y) < 1e-6` would ask the program's `__sub__` how far it
-# is from `y`), fail the case instead, as the TypeError the judge would raise could be caught.
+# is from `y`), fail the case instead, as the TypeError the judge would raise could be caught,
+# unless the object has a built-in value, which they are applied to here (`_arithmetic`).
 _OPERATIONS = {
     "__len__": len,
     "__getitem__": operator.getitem,
@@ -1073,18 +1092,21 @@ _OPERATIONS = {
     "__instancecheck__": lambda cls, instance: isinstance(instance, cls),
     "__subclasscheck__": lambda cls, subclass: issubclass(subclass, cls),
 }
-_JUDGING = (
-    *(
-        f"__{kind}{op}__"
-        for op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "divmod")
-        for kind in ("", "r")
-    ),
-    *(f"__{op}__" for op in ("and", "or", "xor", "lshift", "rshift", "rand", "ror", "rxor")),
-)
+_BINARY = {
+    **{op: getattr(operator, op) for op in ("add", "sub", "mul", "matmul", "truediv", "floordiv")},
+    **{"mod": operator.mod, "pow": pow, "divmod": divmod},
+    **{"and": operator.and_, "or": operator.or_, "xor": operator.xor},
+}
+_JUDGING = {
+    **{f"__{op}__": (function, False) for op, function in _BINARY.items()},
+    **{f"__r{op}__": (function, True) for op, function in _BINARY.items()},
+    "__lshift__": (operator.lshift, False),
+    "__rshift__": (operator.rshift, False),
+}
 for _name in _OPERATIONS.keys() - {"__hash__"}:  # `_Remote.__hash__` forwards it itself
     setattr(_Remote, _name, _forwarded(_name))
-for _name in _JUDGING:
-    setattr(_Remote, _name, _refused(_name))
+for _name, (_function, _reflected) in _JUDGING.items():
+    setattr(_Remote, _name, _arithmetic(_name, _function, _reflected))
 
 
 def _outgoing(value: Any) -> Any:

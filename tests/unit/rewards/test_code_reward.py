@@ -747,7 +747,9 @@ RIGHT_PROGRAMS = {
         "def table(n):\n    return Table({i: str(i) for i in range(n)})\n"
         "def red():\n    return Color.RED\n"
         "def unit():\n    return Unit.METER\n"
-        "def word():\n    return Token('aa', 3)\n",
+        "def word():\n    return Token('aa', 3)\n"
+        "class Half(float):\n    pass\n"
+        "def half(x):\n    return Half(x / 2)\n",
         [
             "assert isinstance(row(2), list) and row(2) == [0, 1]",
             "assert not isinstance(row(2), (dict, tuple)) and type(row(2)) is not list",
@@ -758,6 +760,9 @@ RIGHT_PROGRAMS = {
             "assert table(2).get(1) == '1' and table(2).keys() == {0, 1}",
             "assert unit().upper() == 'M' and red().bit_length() == 1",
             "assert word().index == 3 and word().count('aa') == 1 and word().width() == 2",
+            "assert abs(half(3) - 1.5) < 1e-9 and abs(1.5 - half(3)) < 1e-9 and 2 * half(1) == 1",
+            "assert red() + 1 == 2 and -red() == -1\n"
+            "assert row(1) + [5] == [0, 5] and [5] + row(1) == [5, 0]",
         ],
     ),
     "named tuples with methods of their own": (
