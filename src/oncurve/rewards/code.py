@@ -30,10 +30,12 @@ in either common form:
   for the tests (`==` with a value of the tests', `!=`, `<`, `in`, a set's or a dict's too,
   arithmetic) fails the case; except that an instance of a subclass of `int`, `float`,
   `complex`, `str` or `bytes` (an IntEnum's member) compares (`==`, `!=`, `<`, ...), hashes, is
-  true or false and answers `in` as its built-in value, and a `list`, `tuple`, `dict`, `set` or
+  true or false, answers `in`, takes arithmetic and answers its built-in type's reading methods
+  (`startswith`, `count`, `get`) as its built-in value, and a `list`, `tuple`, `dict`, `set` or
   `frozenset` of the program's objects, or of a subclass of one (a named tuple only where its
   class has methods of its own: else it arrives as one), as the contents it holds then (its
-  objects compared by these rules), whatever its own methods say; and an instance of a
+  objects compared by these rules), whatever its own methods say, either an instance of that
+  built-in type to `isinstance`; and an instance of a
   dataclass (with the `==` that `dataclasses` writes) equals another of its class when their
   compared fields are equal and one of the two was made by the tests, with arguments that
   compared fields of its hold (no `__post_init__` made them other). A dict's `keys()` and

@@ -257,6 +257,19 @@ NEGATIVE["not in a set, by a hash that lies"] = (
     "",
     PLUS_7,
 )
+# a set or a dict the tests build takes the object's hash; one that lies, to be that of the value
+# the tests hold, has the two compared, and fails the case
+LIAR_7 = (
+    "class Liar:\n    def __hash__(self):\n        return 7\n\n"
+    "    def __eq__(self, other):\n        return False\n\n"
+    "def f(x):\n    return Liar()\n"
+)
+for name, test in (
+    ("a set's !=", "assert {f(1)} != {7}"),
+    ("a set's isdisjoint", "assert {f(1)}.isdisjoint({7, 9})"),
+    ("a dict's get", "assert {7: 'a'}.get(f(1)) is None"),
+):
+    NEGATIVE[f"{name}, by a hash that lies"] = ([test], LIAR_7, "", PLUS_7)
 
 # A subclass of a built-in container compares as the contents it holds, whatever its methods say
 ONE_EIGHT = "def f(x):\n    return [x + 7]\n"
@@ -372,6 +385,15 @@ DATACLASSES = {
         ["assert f(1) == Point(1, 2)"],
         "from dataclasses import dataclass, field\n\n@dataclass\nclass Point:\n"
         "    x: int = field(compare=False)\n    y: int = field(compare=False)\n\n"
+        "def f(x):\n    return Point(0, 0)\n",
+        "",
+        RIGHT_POINT,
+    ),
+    # a class that is no dataclass: its instance equals only itself, whatever its `__eq__` says
+    "a plain class's own __eq__": (
+        ["assert f(1) == Point(1, 2)"],
+        "class Point:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n\n"
+        "    def __eq__(self, other):\n        return True\n\n"
         "def f(x):\n    return Point(0, 0)\n",
         "",
         RIGHT_POINT,
