@@ -1068,7 +1068,7 @@ def _arithmetic(name: str, function: Any, reflected: bool) -> Any:
 
 
 # The protocols of a program's object that give the tests a value to judge (`len`, `str`,
-# `repr`, `[]`, `hash`, `abs`, `int`): the child applies the operator itself, with Python's
+# `repr`, `[]`, `hash`, `abs`, `int`, `round`, `format`): the child applies the operator itself, with Python's
 # fallbacks, and the result comes back as any reply does (an unsupported one as the TypeError
 # Python raises). The protocols that would judge for the tests, handed the value they expect
 # (`!=`, `<`, `in`, `-`: `abs(f(x) - y) < 1e-6` would ask the program's `__sub__` how far it
@@ -1088,6 +1088,8 @@ _OPERATIONS = {
     "__int__": int,
     "__float__": float,
     "__index__": operator.index,
+    "__round__": round,
+    "__format__": format,
     # `isinstance(s, Stack)` with a class of the program's: its own answer, as in one process
     "__instancecheck__": lambda cls, instance: isinstance(instance, cls),
     "__subclasscheck__": lambda cls, subclass: issubclass(subclass, cls),

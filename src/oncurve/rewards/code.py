@@ -25,10 +25,10 @@ in either common form:
   always-equal object, patched builtin or printed verdict passes it, and no test that never
   calls the program pays. An object of the program's that is not plain data comes back as a
   reference: the tests may call it, read and set its attributes, iterate it, pass it back and
-  take its `len`, `str`, `repr`, items, `hash`, `abs`, `int` and `float`, but it equals only itself
-  (one object, however often it comes back), has no truth value, and an operator that would judge
-  for the tests (`==` with a value of the tests', `!=`, `<`, `in`, a set's or a dict's too,
-  arithmetic) fails the case; except that an instance of a subclass of `int`, `float`,
+  take its `len`, `str`, `repr`, `format`, items, `hash`, `abs`, `round`, `int` and `float`, but
+  it equals only itself (one object, however often it comes back), has no truth value, and an
+  operator that would judge for the tests (`==` with a value of the tests', `!=`, `<`, `in`, a
+  set's or a dict's too, arithmetic) fails the case; except that an instance of a subclass of `int`, `float`,
   `complex`, `str` or `bytes` (an IntEnum's member) compares (`==`, `!=`, `<`, ...), hashes, is
   true or false, answers `in`, takes arithmetic and answers its built-in type's reading methods
   (`startswith`, `count`, `get`) as its built-in value, and a `list`, `tuple`, `dict`, `set` or

@@ -761,6 +761,7 @@ RIGHT_PROGRAMS = {
             "assert unit().upper() == 'M' and red().bit_length() == 1",
             "assert word().index == 3 and word().count('aa') == 1 and word().width() == 2",
             "assert abs(half(3) - 1.5) < 1e-9 and abs(1.5 - half(3)) < 1e-9 and 2 * half(1) == 1",
+            "assert round(half(3), 0) == 2 and f'{half(3):.2f}' == '1.50' and round(half(3)) == 2",
             "assert red() + 1 == 2 and -red() == -1\n"
             "assert row(1) + [5] == [0, 5] and [5] + row(1) == [5, 0]",
         ],
