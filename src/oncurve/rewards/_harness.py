@@ -47,10 +47,11 @@ own slot, and its comparisons, hash, truth value, `in`, arithmetic and the built
 methods that only read it (`_READERS`: `startswith`, `count`) are that value's here, whatever its
 methods say, and `isinstance` finds it an instance of that type; so are those of a container of
 the program's objects, or an instance of a built-in container's subclass (`_CONTAINERS`), the
-contents it holds, read through the container's own methods each time the tests use them. A dataclass instance of the program's equals another of
-its class, one of them made by the tests' call of the class with arguments its fields hold
-(`_Link.same_fields`), when their compared fields are equal (`_dataclass_fields`). A dict's
-keys and items views travel as `_STANDARD` objects.
+contents it holds, read through the container's own methods each time the tests use them. A
+dataclass instance of the program's equals another of its class, one of them made by the tests'
+call of the class with arguments its fields hold (`_Link.same_fields`), when their compared
+fields are equal (`_dataclass_fields`). A dict's keys and items views travel as `_STANDARD`
+objects.
 
 An exception the program raises reaches the tests as an instance of the same builtin class,
 made here from its arguments and plain attributes (`_Link.exception`; a class of the
@@ -1068,11 +1069,11 @@ def _arithmetic(name: str, function: Any, reflected: bool) -> Any:
 
 
 # The protocols of a program's object that give the tests a value to judge (`len`, `str`,
-# `repr`, `[]`, `hash`, `abs`, `int`, `round`, `format`): the child applies the operator itself, with Python's
-# fallbacks, and the result comes back as any reply does (an unsupported one as the TypeError
-# Python raises). The protocols that would judge for the tests, handed the value they expect
-# (`!=`, `<`, `in`, `-`: `abs(f(x) - y) < 1e-6` would ask the program's `__sub__` how far it
-# is from `y`), fail the case instead, as the TypeError the judge would raise could be caught,
+# `repr`, `[]`, `hash`, `abs`, `int`, `round`, `format`): the child applies the operator itself,
+# with Python's fallbacks, and the result comes back as any reply does (an unsupported one as the
+# TypeError Python raises). The protocols that would judge for the tests, handed the value they
+# expect (`!=`, `<`, `in`, `-`: `abs(f(x) - y) < 1e-6` would ask the program's `__sub__` how far
+# it is from `y`), fail the case instead, as the TypeError the judge would raise could be caught,
 # unless the object has a built-in value, which they are applied to here (`_arithmetic`).
 _OPERATIONS = {
     "__len__": len,

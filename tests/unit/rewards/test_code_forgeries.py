@@ -324,8 +324,8 @@ CONTAINERS = {
 
 
 # A built-in type's methods that only read it (`startswith`, `count`, `index`, `get`,
-# `isdisjoint`) are that type's on an instance of a subclass, read on the value it compares as:
-# one of the program's would answer whatever the tests ask it
+# `isdisjoint`) are that type's on an instance of a subclass, or a list of the program's objects,
+# read on the value it compares as: one of the program's would answer whatever the tests ask it
 def answers(base: str, method: str, value: str) -> str:
     return (
         f"class Liar({base}):\n    def {method}(self, *args):\n        return {value}\n\n"
@@ -334,26 +334,39 @@ def answers(base: str, method: str, value: str) -> str:
 
 
 METHODS = {
-    "str.startswith": (
+    "a subclass's own str.startswith": (
         ["assert f(1).startswith('8')"],
         answers("str", "startswith", "True"),
         "",
         "def f(x):\n    return str(x + 7)\n",
     ),
-    "list.count": (["assert f(1).count(8) == 1"], answers("list", "count", "1"), "", ONE_EIGHT),
-    "tuple.index": (
+    "a subclass's own list.count": (
+        ["assert f(1).count(8) == 1"],
+        answers("list", "count", "1"),
+        "",
+        ONE_EIGHT,
+    ),
+    # a list of objects of the program's: its `count` compares them here, not in the program
+    "list.count of objects that say equal": (
+        ["assert f(1).count(8) == 1"],
+        "class Liar:\n    def __eq__(self, other):\n        return True\n\n"
+        "def f(x):\n    return [Liar()]\n",
+        "",
+        ONE_EIGHT,
+    ),
+    "a subclass's own tuple.index": (
         ["assert f(1).index(8) == 0"],
         answers("tuple", "index", "0"),
         "",
         "def f(x):\n    return (x + 7,)\n",
     ),
-    "dict.get": (
+    "a subclass's own dict.get": (
         ["assert f(1).get(8) == 'a'"],
         answers("dict", "get", "'a'"),
         "",
         "def f(x):\n    return {x + 7: 'a'}\n",
     ),
-    "set.isdisjoint": (
+    "a subclass's own set.isdisjoint": (
         ["assert not f(1).isdisjoint({8})"],
         answers("set", "isdisjoint", "False"),
         "",
@@ -415,7 +428,7 @@ TABLE = {
     **{f"standard modules: {k}": v for k, v in MODULES.items()},
     **{f"an exit that is an error: {k}": v for k, v in EXITS.items()},
     **{f"containers: {k}": v for k, v in CONTAINERS.items()},
-    **{f"a subclass's own {k}": v for k, v in METHODS.items()},
+    **{f"built-in methods: {k}": v for k, v in METHODS.items()},
     **{f"dataclasses: {k}": v for k, v in DATACLASSES.items()},
 }
 
