@@ -7,6 +7,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,16 @@ from oncurve.errors import CheckpointError, UserError
 from oncurve.run.durable_files import follow_umask, fsync
 
 GENERATION_FILE = "generation_config.json"
+# What a save writes in final/ (the model's config, weights and index; the tokenizer's files,
+# its vocabulary under the names causal LMs' tokenizers give it; peft's adapter): a file of
+# another name there is the user's (a model card, an eval result).
+SAVED_FILES = re.compile(
+    r"(?:generation_)?config\.json|model(?:-\d{5}-of-\d{5})?\.safetensors"
+    r"|model\.safetensors\.index\.json|tokenizer(?:_config)?\.json|special_tokens_map\.json"
+    r"|added_tokens\.json|chat_template\.(?:jinja|json)|additional_chat_templates/[\w.-]+\.jinja"
+    r"|vocab\.(?:json|txt)|merges\.txt|tekken\.json|[\w.-]+\.(?:model|tiktoken)"
+    r"|adapter/(?:adapter_config\.json|adapter_model\.safetensors|README\.md)"
+)
 
 
 def save_final(
@@ -126,17 +137,23 @@ def _written_whole(out: Path) -> Iterator[Path]:
     """A hidden directory beside `out` to write into, renamed to `out` when the block ends, its
     files and itself flushed to the disk before (and the rename after): a full disk, a
     file-size limit or a power loss never leaves a partial model at `out`; the first two give
-    a one-line CheckpointError that says the run's checkpoints are kept."""
-    out = Path(out)
-    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
-    trash = out.parent / f".{out.name}.trash-{os.getpid()}"
+    a one-line CheckpointError that says the run's checkpoints are kept. `out` a link (to
+    another disk) stays one: the directory it points to is the one replaced. The files of the
+    `out` it replaces that no save writes (`SAVED_FILES`) are in the new one too, as
+    `save_pretrained` keeps them; the previous save's own (a weight shard or an adapter this
+    save does not write) are not."""
+    out = _saved_at(out)
+    partial, trash = _scratch(out, "partial"), _scratch(out, "trash")
     try:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         yield partial
-        follow_umask(partial)
+        follow_umask(partial)  # before the user's files join: they keep their own modes
+        if out.is_dir():
+            _keep_users_files(out, partial)
         for path in sorted(partial.rglob("*")):  # files, and folders (a LoRA adapter's) too
-            fsync(path)
+            if not path.is_symlink():  # a user's link may point anywhere, or nowhere
+                fsync(path)
         fsync(partial)
         if out.exists():
             os.replace(out, trash)
@@ -152,6 +169,57 @@ def _written_whole(out: Path) -> Iterator[Path]:
             f"(resume with run.resume=auto run.dir={out.parent} to write it again)"
         ) from None
     shutil.rmtree(trash, ignore_errors=True)
+
+
+def _saved_at(out: Path) -> Path:
+    """Where a save to `out` writes: where `out` points when it is a link."""
+    out = Path(out)
+    return out.resolve() if out.is_symlink() else out
+
+
+def _scratch(out: Path, kind: str) -> Path:
+    """The hidden directory beside `out` a save of this process writes into (`partial`) or
+    moves the previous `out` to (`trash`)."""
+    return out.parent / f".{out.name}.{kind}-{os.getpid()}"
+
+
+def _keep_users_files(old: Path, new: Path) -> None:
+    """Link into `new` every file (or link) of `old` that no save writes and `new` lacks, in
+    its folder: linked, not moved, so that until `new` replaces `old` they are in `old` still."""
+    for path in sorted(old.rglob("*")):
+        relative = path.relative_to(old)
+        if (path.is_dir() and not path.is_symlink()) or SAVED_FILES.fullmatch(relative.as_posix()):
+            continue
+        kept = new / relative
+        if kept.exists() or kept.is_symlink():  # this save wrote it
+            continue
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_symlink():
+            os.symlink(os.readlink(path), kept)
+        else:
+            try:
+                os.link(path, kept)
+            except OSError:  # a file system without hard links
+                shutil.copy2(path, kept)
+
+
+def recover_interrupted_save(out: Path) -> None:
+    """Clear what a save to `out` killed midway (any process's) left beside it: the previous
+    model moved aside while the new one was not yet in its place is put back, the rest
+    removed, so that `out` is the old model or the new one, never neither."""
+    out = _saved_at(out)
+    if not out.parent.is_dir():
+        return
+    for path in sorted(out.parent.iterdir()):
+        kind = re.fullmatch(rf"\.{re.escape(out.name)}\.(partial|trash)-\d+", path.name)
+        if kind is None:
+            continue
+        if kind[1] == "trash" and not out.exists():
+            os.replace(path, out)
+        elif path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def save_lora_final(

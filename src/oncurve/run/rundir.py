@@ -36,6 +36,7 @@ import yaml
 from oncurve import distributed
 from oncurve.config import Config
 from oncurve.errors import UserError
+from oncurve.model.saving import SAVED_FILES, recover_interrupted_save
 from oncurve.run import checkpoint
 
 LOCK_FILE = ".lock"
@@ -52,10 +53,7 @@ _RUN_WRITTEN = {
         r"(?:/(?:[\w.-]+\.safetensors|[\w.-]+\.pt|state\.json|checksums\.json"
         r"|rng-rank\d+\.json|COMPLETE))?"
     ),
-    "final": re.compile(
-        r"(?:adapter/)?(?:[\w.-]+\.(?:json|safetensors|jinja|model)|merges\.txt|vocab\.txt"
-        r"|README\.md)"
-    ),
+    "final": SAVED_FILES,
     "tensorboard": re.compile(r"events\.out\.tfevents\.[^/]+"),
     "wandb": re.compile(
         r"(?:(?:offline-)?run-[\w.-]+|latest-run)(?:/.+)?"
@@ -97,18 +95,18 @@ class Replaced:
 
     def __post_init__(self) -> None:
         for path in self.entries:
-            inner = list(path.iterdir()) if path.is_dir() and not path.is_symlink() else []
+            inner = list(path.iterdir()) if path.is_dir() else []
             for found in (path, *inner):
                 self.claimed[found] = _identity(found)
 
     def remove(self) -> None:
         checkpoint.remove_checkpoints(self.checkpoints)
         for path in self.entries:  # the lock stays: it is this trainer's
-            if path.is_dir() and not path.is_symlink():
+            if path.is_dir():  # a folder linked to another disk stays linked, emptied
                 for inner in list(path.iterdir()):
                     if self.claimed.get(inner) == _identity(inner):
                         _delete(inner)
-                if not any(path.iterdir()):
+                if not path.is_symlink() and not any(path.iterdir()):
                     path.rmdir()
             elif self.claimed.get(path) == _identity(path):
                 _delete(path)
@@ -174,9 +172,9 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None, Replaced]:
                     f"run.resume {resume} is a checkpoint of the run in {own}, and run.dir "
                     f"{run_dir} holds another run; resume into {own} or into an empty run.dir"
                 )
-            if same:
-                _refuse_foreign_final(run_dir)
             later = checkpoint.later_checkpoints(own, step) if same else []
+            if same:
+                _refuse_foreign_final(run_dir, deleted=bool(later))
             if later and not config.run.overwrite:
                 names = ", ".join(d.name for d in later[:3]) + (", ..." if len(later) > 3 else "")
                 raise UserError(
@@ -197,7 +195,7 @@ def claim_run_dir(config: Config) -> tuple[Path, Path | None, Replaced]:
         if resume == "auto":
             found = checkpoint.latest_checkpoint(run_dir)
             if found is not None:
-                _refuse_foreign_final(run_dir)
+                _refuse_foreign_final(run_dir, deleted=False)
                 if config.run.overwrite:  # the two ask for opposite things: say which is done
                     print(
                         f"note: run.resume=auto continues {run_dir} from {found.name}; "
@@ -267,22 +265,25 @@ def _run_entry(path: Path) -> bool:
     return path.is_dir() == (path.name in _RUN_FOLDERS)
 
 
-def _refuse_foreign_final(run_dir: Path) -> None:
-    """UserError when the run's final/ holds files no run wrote, or is a file: a resumed run
-    replaces final/ whole when it ends."""
+def _refuse_foreign_final(run_dir: Path, deleted: bool) -> None:
+    """UserError when the run's final/ is a file (a resumed run writes its final model there
+    when it ends), or holds files no run wrote where the resume deletes final/ (`deleted`);
+    otherwise the final model a resumed run writes keeps them (`saving.save_final`)."""
     final = run_dir / "final"
     if final.exists() and not final.is_dir():
         raise UserError(
             f"{final} is a file no run wrote, and the resumed run writes its final model "
             "there when it ends: move it out first"
         )
+    if not deleted:
+        return
     foreign = [
         p.relative_to(final).as_posix() for p in _foreign_inside(run_dir) if final in p.parents
     ]
     if foreign:
         raise UserError(
-            f"{final} holds files no run wrote ({', '.join(foreign[:3])}), and the resumed run "
-            "replaces final/ when it ends: move them out first"
+            f"{final} holds files no run wrote ({', '.join(foreign[:3])}), and resuming from an "
+            "older checkpoint deletes final/: move them out first"
         )
 
 
@@ -319,7 +320,9 @@ def _foreign_inside(run_dir: Path) -> list[Path]:
 
 def clean_leftovers(run_dir: Path) -> None:
     """Remove what a killed rewrite of metrics or samples, or a killed write of the final model,
-    left in `run_dir` (the lock held, no other trainer can be writing them)."""
+    left in `run_dir` (the lock held, no other trainer can be writing them); a final model the
+    killed write had moved aside is put back (`saving.recover_interrupted_save`)."""
+    recover_interrupted_save(run_dir / "final")
     for path in run_dir.iterdir():
         if not _LEFTOVER.match(path.name):
             continue

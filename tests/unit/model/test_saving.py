@@ -78,3 +78,54 @@ def test_the_final_model_is_on_the_disk_before_its_name_is(tmp_path, monkeypatch
     assert "model.safetensors" in files and files <= flushed
     assert events[renamed - 1] == ("fsync", str(tmp_path / f".final.partial-{os.getpid()}"))
     assert events[renamed + 1 :] == [("fsync", str(tmp_path))]
+
+
+def _save(out: Path) -> None:
+    model = tiny_qwen2(64)
+    generation = trained_generation(
+        model, char_tokenizer(), max_new_tokens=8, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0
+    )
+    saving.save_final(model, char_tokenizer(), out, generation)
+
+
+def test_saving_final_again_keeps_the_users_files_and_drops_the_previous_saves_own(tmp_path):
+    """As `save_pretrained` into a folder keeps what it does not write: a model card, an eval
+    result, a link put in final/ are in the new one; the previous save's weight shards and
+    adapter, which this save does not write, are not (an index left beside them would load
+    the stale shards)."""
+    out = tmp_path / "final"
+    _save(out)
+    mine = {"README.md": "my card", "eval_results.json": "{}", "evals/gsm8k.jsonl": "{}\n"}
+    for name, text in mine.items():
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_text(text)
+    (out / "card").symlink_to("README.md")
+    stale = ["model-00001-of-00002.safetensors", "model.safetensors.index.json"]
+    stale += ["adapter/adapter_model.safetensors", "adapter/adapter_config.json"]
+    for name in stale:
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_text("{}")
+    _save(out)
+    assert {name: (out / name).read_text() for name in mine} == mine
+    assert os.readlink(out / "card") == "README.md"
+    assert not any((out / name).exists() for name in [*stale, "adapter"])
+    assert saving.missing_from_final(out) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]
+
+
+def test_a_final_that_is_a_link_stays_one_and_the_model_goes_where_it_points(tmp_path):
+    """final/ linked to a larger disk: the save replaces the directory it points to, whole or
+    not at all, beside it, and the link is left as the user made it."""
+    disk = tmp_path / "disk" / "run-final"
+    disk.mkdir(parents=True)
+    (disk / "README.md").write_text("my card")
+    out = tmp_path / "run" / "final"
+    out.parent.mkdir()
+    out.symlink_to(disk)
+    for _ in range(2):
+        _save(out)
+        assert out.is_symlink() and out.resolve() == disk.resolve()
+        assert saving.missing_from_final(disk) is None
+        assert (disk / "README.md").read_text() == "my card"
+        assert sorted(p.name for p in disk.parent.iterdir()) == ["run-final"]
+        assert sorted(p.name for p in out.parent.iterdir()) == ["final"]

@@ -158,3 +158,86 @@ def test_resume_of_a_runs_latest_pointer_continues_its_newest_complete_checkpoin
     config = load_config(None, [f"run.resume={empty / 'checkpoints' / 'latest'}"])
     with run_dirs_unlocked_after(), pytest.raises(UserError, match="no complete checkpoint"):
         claim_run_dir(config)
+
+
+def _refusal(*overrides: str) -> str:
+    """The one line claiming a run directory with `overrides` is refused with."""
+    with run_dirs_unlocked_after(), pytest.raises(UserError) as refused:
+        claim_run_dir(load_config(None, list(overrides)))
+    return str(refused.value)
+
+
+def _previous_run(run_dir: Path) -> None:
+    """A finished run's files, as much as claiming its directory reads."""
+    _complete_checkpoint(run_dir / "checkpoints" / "step-000002")
+    (run_dir / "final").mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer_config.json"):
+        (run_dir / "final" / name).write_text("{}")
+
+
+@pytest.mark.parametrize("name", ["README.md", "eval_results.json", "adapter/notes.json"])
+def test_overwrite_refuses_a_model_card_or_eval_result_of_yours_in_final(
+    tmp_path: Path, name: str
+) -> None:
+    """Only the files a save writes in final/ are a run's: a model card or an eval result kept
+    there is yours, which run.overwrite refuses to delete, in one line naming it."""
+    run_dir = tmp_path / "run"
+    _previous_run(run_dir)
+    (run_dir / "final" / name).parent.mkdir(exist_ok=True)
+    (run_dir / "final" / name).write_text("mine")
+    assert _refusal(f"run.dir={run_dir}", "run.overwrite=true") == (
+        f"run.dir {run_dir} holds files no run wrote (final/{name}); run.overwrite only "
+        "replaces a previous run, pick another run.dir"
+    )
+
+
+def test_a_resume_keeps_your_files_in_final_unless_it_deletes_final(tmp_path: Path) -> None:
+    """A resumed run's final model keeps the files of yours in final/ (`saving.save_final`): it
+    starts; one from an older checkpoint, which deletes final/ with the later checkpoints,
+    is refused in one line naming them."""
+    run_dir = tmp_path / "run"
+    _previous_run(run_dir)
+    (run_dir / "final" / "NOTES.md").write_text("mine")
+    with run_dirs_unlocked_after():
+        _, resume_from, replaced = claim_run_dir(
+            load_config(None, [f"run.dir={run_dir}", "run.resume=auto"])
+        )
+    assert resume_from == run_dir / "checkpoints" / "step-000002" and replaced.entries == []
+    older = _complete_checkpoint(run_dir / "checkpoints" / "step-000001")
+    assert _refusal(f"run.resume={older}", "run.overwrite=true") == (
+        f"{run_dir / 'final'} holds files no run wrote (NOTES.md), and resuming from an older "
+        "checkpoint deletes final/: move them out first"
+    )
+    assert (run_dir / "final" / "NOTES.md").read_text() == "mine"
+
+
+def test_overwrite_empties_run_folders_linked_to_another_disk_and_keeps_the_links(
+    tmp_path: Path,
+) -> None:
+    """`checkpoints/` and `final/` linked to a larger disk: the previous run's files there are
+    deleted and the links stay, so that the new run writes there too."""
+    run_dir, disk = tmp_path / "run", tmp_path / "disk"
+    _previous_run(disk)
+    run_dir.mkdir()
+    for name in ("checkpoints", "final"):
+        (run_dir / name).symlink_to(disk / name)
+    config = load_config(None, [f"run.dir={run_dir}", "run.overwrite=true"])
+    with run_dirs_unlocked_after():
+        _, _, replaced = claim_run_dir(config)
+        replaced.remove()
+    assert all((run_dir / name).is_symlink() for name in ("checkpoints", "final"))
+    assert sorted(p.name for p in disk.rglob("*")) == ["checkpoints", "final"]
+
+
+def test_a_final_model_a_killed_save_had_moved_aside_is_put_back(tmp_path: Path) -> None:
+    """Killed between moving the previous final/ aside and renaming the new one into place, a
+    save leaves both hidden: the next start puts the previous one back."""
+    run_dir = tmp_path / "run"
+    _previous_run(run_dir)
+    (run_dir / "final").rename(run_dir / ".final.trash-4242")
+    (run_dir / ".final.partial-4242").mkdir()
+    config = load_config(None, [f"run.dir={run_dir}", "run.resume=auto"])
+    with run_dirs_unlocked_after():
+        claim_run_dir(config)
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "checkpoints", "final"]
+    assert (run_dir / "final" / "model.safetensors").read_text() == "{}"
