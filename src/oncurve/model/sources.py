@@ -358,6 +358,17 @@ def load_model(
             f"cannot load a model from {path}: its weight files are missing {len(names)} of its "
             f"tensors ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
         )
+    # and drops what they hold beyond it (after its own list of what to ignore): a tensor of
+    # the network itself (a layer config.json leaves out) makes it another model; one outside
+    # it is a head of another task (TRL's value head), which a policy has no use for
+    body = f"{model.base_model_prefix}."
+    unused = sorted(key for key in loading.get("unexpected_keys") or () if key.startswith(body))
+    if unused:
+        raise UserError(
+            f"cannot load a model from {path}: its weight files hold {len(unused)} tensors its "
+            f"config.json has no place for ({', '.join(unused[:3])}"
+            f"{', ...' if len(unused) > 3 else ''}): it describes another model than they are"
+        )
     if gguf:
         _drop_gguf_quantizer(model)
     elif not trust_remote_code and _auto_map(path):

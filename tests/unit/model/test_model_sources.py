@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from oncurve.cli import main
 from oncurve.errors import UserError
@@ -215,4 +215,38 @@ def test_a_lora_adapter_directory_as_the_model_says_what_it_is(tmp_path):
         f"model.path {adapter} has no config.json (not a Hugging Face model dir); it is a LoRA "
         "adapter (adapter_config.json): give a model with the adapter merged in (a LoRA run's "
         "final/ is one)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("edit", "unused"),
+    [
+        # a config.json of fewer layers than the weights: the model would be cut short
+        (lambda config: config.update(num_hidden_layers=1, layer_types=["full_attention"]), 12),
+        # a head of another task (a value head, a classifier) is no part of the policy
+        (lambda config: None, 0),
+    ],
+)
+def test_weights_a_policy_has_no_place_for_are_refused_but_another_tasks_head(
+    tiny_model_dir, tmp_path, edit, unused
+):
+    """Transformers drops what the weight files hold beyond the model its config.json builds,
+    and only logs it: a weight of the network itself left out is another model than the one
+    named, refused in one line; one outside it (TRL's `v_head`) is a head the policy lacks."""
+    target = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, target)
+    config = json.loads((target / "config.json").read_text())
+    edit(config)
+    (target / "config.json").write_text(json.dumps(config))
+    weights = load_file(target / "model.safetensors")
+    weights["v_head.summary.weight"] = torch.zeros(1, config["hidden_size"])
+    save_file(weights, target / "model.safetensors", metadata={"format": "pt"})
+    if not unused:
+        assert load_model(target).config.num_hidden_layers == 2
+        return
+    with pytest.raises(UserError) as refused:
+        load_model(target)
+    assert str(refused.value).startswith(
+        f"cannot load a model from {target}: its weight files hold {unused} tensors its "
+        "config.json has no place for (model.layers.1."
     )
