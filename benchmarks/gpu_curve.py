@@ -29,6 +29,7 @@ from typing import Any
 from harness import learning
 from harness.checkout import CACHE, RESULTS
 from harness.gpu_comparison import environments
+from harness.gpu_stages import time_to_final
 from harness.machine import gpu_name, require_cuda
 from harness.spec import Job
 from harness.tables import markdown_table, publish
@@ -99,12 +100,6 @@ def section(row: dict) -> str:
     table = [[label, f"{points[-1][0]:.0f}", f"{points[0][1]:.1%}", f"{points[-1][1]:.1%}",
               ", ".join(f"{s:.0f} s {a:.0%}" for s, a in points[1:])]
              for label, points in row["curves"].items()]  # fmt: skip
-    final, reach, ratio = row["trl_final"], row["reach_s"], row["ratio"]
-    holds = "n/a" if final is None else (
-        "TRL did not improve on the start: nothing to reach" if final <= row["warm_accuracy"] else
-        "never reached: missed" if reach is None else
-        f"{reach:.0f} s of TRL's {row['trl_seconds']:.0f} s = {ratio:.2f}x: "
-        + ("met" if ratio <= TARGET else "missed"))  # fmt: skip
     return (
         f"### {row['key']}\n\nMeasured {row['date']} at {row['commit']} on {row['gpu']}; "
         f"`{row['command']}`; warm start {row['warm_accuracy']:.1%} held-out, budget "
@@ -112,7 +107,7 @@ def section(row: dict) -> str:
         "steps.\n\n"
         + markdown_table(["trainer", "training s", "before", "after", "checkpoints"], table)
         + f"\n\nTarget: oncurve reaches TRL's final accuracy in at most {TARGET}x its time: "
-        f"{holds}. Figure: `{FIGURE.name}`.\n"
+        f"{time_to_final(row, TARGET)}. Figure: `{FIGURE.name}`.\n"
     )
 
 
@@ -130,7 +125,7 @@ def main() -> None:
     envs = environments(args.trl_python, trl_required=not args.smoke)
     curves = learning.budget_curves(job, WORK, envs, args.trl_python, device, warm)
     row = {"warm_accuracy": warm, "budget": job.seconds_budget, "curves": curves,
-           "save_every": job.settings["run.save_every"], **figures(curves),
+           "save_every": job.settings["run.save_every"], "target": TARGET, **figures(curves),
            "gpu": "CPU" if args.smoke else gpu_name()}  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(row))

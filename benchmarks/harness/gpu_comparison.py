@@ -1,6 +1,7 @@
 """oncurve against TRL on one GPU, for `gpu_vs_trl.py`: its prompts and model, one trainer's run
 in a fresh process (seconds per step and phase, peak GPU memory by torch and nvidia-smi), a
-trainer's figures over its runs, and the markdown of a row."""
+trainer's figures over its runs, the markdown of a row and `gpu_check.py`'s rows of what a run
+wrote to `--json`."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from harness.checkout import BENCHMARKS, CACHE, checkout_env
 from harness.children import GpuMemoryPeak, train_oncurve
 from harness.comparison import steady_median
 from harness.gpu_bundle import TRL_MISSING
+from harness.gpu_stages import FAILED, against, compile_capture, gib, phase_peaks, plan_against
 from harness.models import build_model, tokenizer_dir
 from harness.spec import Job, chat_text
 from harness.tables import cell, markdown_table
@@ -238,6 +240,44 @@ def section(row: dict) -> str:
                           "nvidia-smi GiB", "wall s"], per_run)
         + "\n"
     )  # fmt: skip
+
+
+def trl_rows(figures: dict) -> list[list[str]]:
+    """`gpu_check.py`'s rows of `gpu_vs_trl.py --json`: s/step, phases, peaks and mean lengths
+    of both trainers against the targets the run wrote, oncurve's memory plan against its
+    peaks."""
+    stats, target = figures["stats"], figures["speed_target"]
+    if "TRL" not in stats:
+        return [["TRL", "not run: the interpreter could not import it"]]
+    ours, base = stats["oncurve"], stats["TRL"]  # None: that run failed
+    if ours is None:
+        return [["oncurve", FAILED]]
+    rows = [
+        ["memory plan: predicted / measured peak",
+         plan_against(ours["plan_gb"], ours["gpu_peak_gb"])],
+        ["oncurve peak by phase, measured / planned",
+         phase_peaks(ours.get("phase_peaks_gb", {}), ours.get("plan_phases_gb", {}))],
+        ["oncurve sampler's compile + capture", compile_capture(ours.get("compile_capture_s"))],
+    ]  # fmt: skip
+    if base is None:
+        return [["TRL", FAILED], *rows]
+    speed = ours["seconds"] / base["seconds"]
+    memory = ours["gpu_peak_gb"] / base["gpu_peak_gb"]
+    phases = ", ".join(
+        f"{name} {ours['phases'][name]:.2f} / {seconds:.2f}"
+        for name, seconds in base.get("phases", {}).items()
+        if name in ours.get("phases", {}) and name != "reward"
+    )
+    return [
+        ["s/step oncurve / TRL", f"{ours['seconds']:.2f} / {base['seconds']:.2f} s = "
+         f"{speed:.2f}x {against(speed, target)}"],
+        ["phases oncurve / TRL, s", phases or "n/a"],
+        ["peak GPU memory oncurve / TRL", f"{gib(ours['gpu_peak_gb'])} / "
+         f"{gib(base['gpu_peak_gb'])} = {memory:.2f}x {against(memory, 1)}"],
+        ["mean completion length oncurve / TRL, tokens",
+         f"{ours['length']:.1f} / {base['length']:.1f}"],
+        *rows,
+    ]  # fmt: skip
 
 
 def job_parser(doc: str) -> argparse.ArgumentParser:

@@ -1,6 +1,6 @@
 """`benchmarks/gpu_check.py` on the CPU: its stage runner (`harness.stages`), table and section
 with fake children (one that passes, one that fails, one that runs out of time, one skipped),
-and its readers of the results the real stages write. The stages themselves need a GPU (`make
+and its stages' readers of the results the real stages write (`harness.gpu_stages`). The stages themselves need a GPU (`make
 gpu-check`)."""
 
 from __future__ import annotations
@@ -20,25 +20,26 @@ from gpu_check import (
     SECOND_STAGES,
     TOTAL_LIMIT,
     WORKLOAD_STAGES,
-    job_rows,
 )
-from harness import gpu_bundle
+from harness import gpu_bundle, gpu_stages
+from harness.gpu_stages import job_rows
 from harness.stages import Outcome, Stage, run_stage, status, table, tails
 
 from oncurve.run.memory_plan import MemoryPlan
 
 
-def trl_stage() -> Stage:
-    return gpu_check.json_stage("trl", 10)
+def gpu_stage(name: str) -> Stage:
+    """The stage `name` as `--stages` makes it."""
+    args = type("Args", (), {"stages": [name], "time_scale": 1.0, "steps": None})
+    (stage,) = gpu_check.stages(args)
+    return stage
 
 
 def workload_stage(name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Stage:
     """The stage `name` as `--stages` makes it, writing under `tmp_path`, TRL at hand."""
-    monkeypatch.setattr(gpu_check, "WORK", tmp_path)
-    monkeypatch.setattr(gpu_check, "trl_at_hand", lambda: True)
-    args = type("Args", (), {"stages": [name], "time_scale": 1.0, "steps": None})
-    (stage,) = gpu_check.stages(args)
-    return stage
+    monkeypatch.setattr(gpu_stages, "WORK", tmp_path)
+    monkeypatch.setattr(gpu_stages, "trl_at_hand", lambda: True)
+    return gpu_stage(name)
 
 
 def python(code: str) -> list[str]:
@@ -144,7 +145,7 @@ def test_the_default_stages_fit_one_device_call_and_stages_picks_a_subset(monkey
     assert "run.steps=5" in chosen[0].command()
     monkeypatch.setattr(gpu_bundle, "GPU_BUNDLE", tmp_path)  # no wheels there
     monkeypatch.setattr(gpu_bundle.importlib.util, "find_spec", lambda name: None)
-    assert "make gpu-bundle" in trl_stage().command()
+    assert "make gpu-bundle" in gpu_stage("trl").command()
 
 
 def test_the_default_jobs_rows_from_its_metrics_and_memory_plan():
@@ -193,7 +194,7 @@ def test_the_default_jobs_rows_from_its_metrics_and_memory_plan():
 
 
 def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
-    monkeypatch.setattr(gpu_check, "WORK", tmp_path)
+    monkeypatch.setattr(gpu_stages, "WORK", tmp_path)
     outcome = Outcome(0, 1.0, 10, tmp_path / "log")
     (tmp_path / "rollout.json").write_text(json.dumps([
         {"scenario": "64x256", "sampler": "cuda_graph", "tokens": 16384, "best_s": 1.0,
@@ -203,7 +204,7 @@ def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
          "best_s": 1.1, "tokens_per_s": 14894.5, "first_call_s": 24.8, "capture_s": None,
          "vs_static": 1.0},
     ]))  # fmt: skip
-    assert gpu_check.json_stage("rollout", 10).read(outcome) == [
+    assert gpu_stage("rollout").read(outcome) == [
         ["64x256 `cuda_graph`", "16,384 tokens/s (1.10x static generate); first call 3.5 s, "
          "compile 0.5 s, capture 2.4 s"],
         ["64x256 `model.generate (static cache)`", "14,894 tokens/s (1.00x static generate); "
@@ -218,7 +219,7 @@ def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
                      "phases": {"generation": 6.0, "reward": 0.0, "reference": 0.4, "train": 1.6}}}  # fmt: skip
     stats["oncurve"]["length"], stats["TRL"]["length"] = 250.0, 256.0
     (tmp_path / "trl.json").write_text(json.dumps({"stats": stats, "speed_target": 0.35}))
-    speed, split, memory, lengths, plan, by_phase, spent = trl_stage().read(outcome)
+    speed, split, memory, lengths, plan, by_phase, spent = gpu_stage("trl").read(outcome)
     assert by_phase[1] == (
         "sampling 3.10 / 3.00 GiB, reference 4.00 / 5.20 GiB, update 3.90 / 4.60 GiB"
     )
@@ -230,17 +231,17 @@ def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
     assert spent[1] == "23.0 s (target <= 30 s: met)"
     runs = {"GRPO": {"cuda": 4096.0, "plan_gb": 4.5}, "PPO": {"cuda": 8192.0, "plan_gb": None}}
     (tmp_path / "ppo.json").write_text(json.dumps({"pairs": [runs]}))
-    ratio, grpo, ppo = gpu_check.json_stage("ppo", 10).read(outcome)
+    ratio, grpo, ppo = gpu_stage("ppo").read(outcome)
     assert ratio[1] == "4.00 GiB / 8.00 GiB = 0.50x (the claim, 25-50% less than PPO: met)"
     assert grpo[1] == "4.5 / 4.00 GiB (+0.50 GiB)" and ppo[1] == "n/a / 8.00 GiB"
     # the stage's limit stopped PPO's run: GRPO's figures still come back
     (tmp_path / "ppo.json").write_text(json.dumps({"pairs": [{"GRPO": runs["GRPO"]}]}))
-    missing, grpo = gpu_check.json_stage("ppo", 10).read(outcome)
+    missing, grpo = gpu_stage("ppo").read(outcome)
     assert missing == ["PPO", "its run did not finish (log below)"]
     assert grpo[1] == "4.5 / 4.00 GiB (+0.50 GiB)"
     stats["TRL"] = None  # TRL's run cut short: oncurve's plan still reported
     (tmp_path / "trl.json").write_text(json.dumps({"stats": stats, "speed_target": 0.35}))
-    cut, plan, _, _ = trl_stage().read(outcome)
+    cut, plan, _, _ = gpu_stage("trl").read(outcome)
     assert cut == ["TRL", "its run failed or did not finish (log below)"]
     assert plan[1] == "5.2 / 4.00 GiB (+1.20 GiB)"
     outcome.log.write_text(
@@ -248,7 +249,7 @@ def test_the_readers_of_the_rollout_trl_and_ppo_results(monkeypatch, tmp_path):
         "memory plan: step 1: {'rollout': 2.9}\none microbatch: step 1: {'rollout': 1.7}\n"
         "memory plan: the last step's kernels ran 0.91 s of its 3.40 s\n"
     )
-    phases, busy, ops = gpu_check.profile_stage(10).read(outcome)
+    phases, busy, ops = gpu_stage("profile").read(outcome)
     assert busy[1] == "memory plan: the last step's kernels ran 0.91 s of its 3.40 s"
     assert (
         phases[1]
@@ -289,8 +290,8 @@ def test_the_long_workload_stage_runs_gpu_vs_trl_long_and_holds_its_own_target(
 def test_the_tests_stage_reports_the_tests_that_ended_when_pytest_was_stopped(
     monkeypatch, tmp_path
 ):
-    monkeypatch.setattr(gpu_check, "WORK", tmp_path)
-    stage = gpu_check.gpu_tests_stage(10)
+    monkeypatch.setattr(gpu_stages, "WORK", tmp_path)
+    stage = gpu_stage("tests")
     assert "harness.pytest_outcomes" in stage.command()
     outcome = Outcome(None, 10.0, 10, tmp_path / "log")
     assert stage.read(outcome) == [["`pytest -m gpu`", "no test finished"]]
@@ -334,24 +335,21 @@ def test_the_curve_stage_reads_both_curves_and_times_oncurve_to_trls_final_accur
     curves = {"oncurve": [[0.0, 0.2], [40.0, 0.45], [80.0, 0.6], [150.0, 0.7]],
               "TRL": [[0.0, 0.2], [90.0, 0.4], [150.0, 0.5]]}  # fmt: skip
     row = {"warm_accuracy": 0.2, "curves": curves, "trl_final": 0.5, "trl_seconds": 150.0,
-           "reach_s": 80.0, "ratio": 80 / 150}  # fmt: skip
+           "reach_s": 80.0, "ratio": 80 / 150, "target": 0.5}  # fmt: skip
     (tmp_path / "curve.json").write_text(json.dumps(row))
     outcome = Outcome(0, 1.0, 10, tmp_path / "log")
     warm, ours, theirs, reached = stage.read(outcome)
     assert warm == ["warm start: held-out greedy accuracy", "20.0%"]
     assert ours[1] == "20.0% / 70.0% (3 checkpoints in 150 s of training)"
     assert theirs[1] == "20.0% / 50.0% (2 checkpoints in 150 s of training)"
-    assert reached == ["oncurve's time to TRL's final 50.0%",
-                       "80 s of TRL's 150 s = 0.53x (target <= 0.5x: missed)"]  # fmt: skip
+    assert reached == ["oncurve's time to TRL's final 50.0% (target <= 0.5x)",
+                       "80 s of TRL's 150 s = 0.53x: missed"]  # fmt: skip
     row |= {"reach_s": None, "ratio": None}  # oncurve never reached it
     (tmp_path / "curve.json").write_text(json.dumps(row))
-    assert stage.read(outcome)[-1][1] == "never, in 150 s (target <= 0.5x: missed)"
+    assert stage.read(outcome)[-1][1] == "never reached: missed"
     row |= {"trl_final": 0.2}  # TRL no better than the warm start
     (tmp_path / "curve.json").write_text(json.dumps(row))
-    assert stage.read(outcome)[-1] == [
-        "TRL",
-        "it did not improve on the warm start: nothing to reach",
-    ]
+    assert stage.read(outcome)[-1][1] == "TRL did not improve on the start: nothing to reach"
     del row["curves"]["TRL"]  # TRL's run failed: oncurve's curve still shown
     row |= {"trl_final": None, "trl_seconds": None}
     (tmp_path / "curve.json").write_text(json.dumps(row))
@@ -361,8 +359,8 @@ def test_the_curve_stage_reads_both_curves_and_times_oncurve_to_trls_final_accur
 
 
 def test_dry_run_lists_the_curve_stages_command_and_runs_nothing(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(gpu_check, "WORK", tmp_path)
-    monkeypatch.setattr(gpu_check, "trl_at_hand", lambda: True)
+    monkeypatch.setattr(gpu_stages, "WORK", tmp_path)
+    monkeypatch.setattr(gpu_stages, "trl_at_hand", lambda: True)
     monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--stages", "curve", "--dry-run"])
     assert gpu_check.main() == 0
     (line,) = capsys.readouterr().out.splitlines()
