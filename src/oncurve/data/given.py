@@ -21,6 +21,9 @@ SETTINGS = {"train_dataset": "data.path", "eval_dataset": "eval.path"}
 PREFIX = "given:"
 # The datasets of the `train` call under way, by argument
 _HELD: dict[str, Any] = {}
+# The formats of a `datasets.Dataset` (`set_format`, `with_transform`) whose rows hold Python
+# values; the others make columns tensors, arrays or tables
+PYTHON_FORMATS = (None, "python", "custom")
 
 
 def given_path(argument: str) -> str:
@@ -37,22 +40,36 @@ def given_argument(path: str | None) -> str:
 
 def check_dataset(argument: str, dataset: Any) -> None:
     """A one-line error naming `argument` for what oncurve cannot train on: anything but rows
-    with a length (a `DatasetDict` of splits, a string, one row), an `IterableDataset` (rows
-    streamed one by one, without a length), and a `Dataset` with an image column (of its
+    with a length (a `DatasetDict` of splits, a pandas or polars `DataFrame`, whose iteration
+    yields its column names, a string, one row), an `IterableDataset` (rows streamed one by
+    one, without a length), a `Dataset` formatted as tensors or arrays (`set_format("torch")`:
+    a number's text would be `tensor(2)`), and a `Dataset` with an image column (of its
     `features`, at any depth: TRL's multimodal prompts)."""
     kind = type(dataset).__name__
-    if isinstance(dataset, str | bytes | Mapping) or not hasattr(dataset, "__iter__"):
-        splits = ""
+    frame = kind.endswith("DataFrame")
+    if frame or isinstance(dataset, str | bytes | Mapping) or not hasattr(dataset, "__iter__"):
+        what_to_pass = ""
         if kind.endswith("DatasetDict"):
-            splits = f": pass one split, {argument}=dataset[{next(iter(dataset), '')!r}]"
+            what_to_pass = f": pass one split, {argument}=dataset[{next(iter(dataset), '')!r}]"
+        if frame:
+            library = type(dataset).__module__.split(".")[0]
+            what_to_pass = f": pass {argument}=datasets.Dataset.from_{library}(frame)"
         raise UserError(
-            f"{argument}: expected a datasets.Dataset or a list of dict rows, got {kind}{splits}"
+            f"{argument}: expected a datasets.Dataset or a list of dict rows, got {kind}"
+            + what_to_pass
         )
     if not hasattr(dataset, "__len__"):
         raise UserError(
             f"{argument} streams its rows ({kind}, no length), and oncurve reads them all "
             "before training: pass a datasets.Dataset (load_dataset without streaming=True) or "
             "a list of dicts"
+        )
+    formatting = getattr(dataset, "format", None)
+    format_type = formatting.get("type") if isinstance(formatting, Mapping) else None
+    if format_type not in PYTHON_FORMATS:
+        raise UserError(
+            f"{argument}: formatted as {format_type!r} (set_format), its columns come as tensors, "
+            f"arrays or tables; oncurve reads rows as stored: pass {argument}.with_format(None)"
         )
     features = getattr(dataset, "features", None)
     for name, feature in (features or {}).items():

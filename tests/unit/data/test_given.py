@@ -154,3 +154,29 @@ def test_a_dataset_dict_a_streamed_dataset_and_image_features_are_refused():
             "oncurve does not train on (text-only models); drop the column to train on the text"
         )
     check_dataset("train_dataset", train)  # text columns alone: taken
+
+
+@pytest.mark.parametrize("kind", ["torch", "numpy", "pandas", "arrow"])
+def test_a_dataset_formatted_as_arrays_is_refused_naming_its_format(kind):
+    """`set_format("torch")` makes a number column a tensor, whose text (`tensor(2)`) would be
+    read as the answer: refused in one line naming the format and what to pass."""
+    datasets = pytest.importorskip("datasets", reason="datasets (extra `data`) not installed")
+    pytest.importorskip("torch" if kind == "torch" else "numpy")
+    numbers = datasets.Dataset.from_list([{"prompt": "1+1=", "answer": 2}])
+    assert _fake_refusal(numbers.with_format(kind)) == (
+        f"train_dataset: formatted as {kind!r} (set_format), its columns come as tensors, arrays "
+        "or tables; oncurve reads rows as stored: pass train_dataset.with_format(None)"
+    )
+    custom = numbers.with_transform(lambda batch: batch)  # a transform of Python values: taken
+    check_dataset("train_dataset", custom)
+    assert [row["answer"] for row in _given_rows(custom)] == ["2"]
+    assert [row["answer"] for row in _given_rows(numbers.with_format(None))] == ["2"]
+
+
+def test_a_data_frame_is_refused_naming_the_dataset_to_make_of_it():
+    pandas = pytest.importorskip("pandas", reason="pandas not installed")
+    frame = pandas.DataFrame(TRL_ROWS)
+    assert _fake_refusal(frame) == (
+        "train_dataset: expected a datasets.Dataset or a list of dict rows, got DataFrame: pass "
+        "train_dataset=datasets.Dataset.from_pandas(frame)"
+    )
