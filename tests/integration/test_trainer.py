@@ -19,6 +19,7 @@ from helpers.models import tiny_qwen2
 from helpers.sessions import sessions_of
 
 from oncurve.config import load_config
+from oncurve.data.given import holding
 from oncurve.loop import trainer
 from oncurve.loop import training_step as loop_step
 from oncurve.loop.trainer import setup, train
@@ -184,6 +185,15 @@ def test_an_eval_file_longer_than_eval_num_prompts_says_so_at_start(
     assert (
         f"eval: {held_out} has 7 rows; each evaluation scores the first eval.num_prompts=5 "
         "(null, or a larger number, for them all)"
+    ) in capsys.readouterr().err
+    # rows passed to `oncurve.train` are named as they were passed, not as config.yaml names them
+    rows = [json.loads(line) for line in held_out.read_text().splitlines()]
+    given = ["eval.path=given:eval_dataset", "eval.num_prompts=5"]
+    with holding({"eval_dataset": rows}):
+        setup(make_config(tiny_model_dir, data_file, tmp_path / "given", *given))
+    assert (
+        "eval: eval_dataset has 7 rows; each evaluation scores the first "
+        "eval.num_prompts=5 (null, or a larger number, for them all)"
     ) in capsys.readouterr().err
 
 

@@ -532,7 +532,8 @@ def startup_notes(
         and len(eval_data.rows) > asked
     ):
         notes.append(
-            f"eval: {config.eval.path} has {len(eval_data.rows)} rows; each evaluation scores "
+            f"eval: {given_argument(config.eval.path) or config.eval.path} has "
+            f"{len(eval_data.rows)} rows; each evaluation scores "
             f"the first eval.num_prompts={asked} (null, or a larger number, for them all)"
         )
     found = data.rows[0].answer_field
