@@ -180,3 +180,45 @@ def test_a_data_frame_is_refused_naming_the_dataset_to_make_of_it():
         "train_dataset: expected a datasets.Dataset or a list of dict rows, got DataFrame: pass "
         "train_dataset=datasets.Dataset.from_pandas(frame)"
     )
+
+
+@pytest.mark.parametrize("conversational", [False, True], ids=["plain", "conversational"])
+def test_a_datasets_columns_reach_trl_rewards_as_stored(conversational):
+    """What TRL passes a reward for each column, `[row[column] for each completion]` of the
+    rows as the `Dataset` yields them (numbers, lists, dicts, None), reaches it here alike."""
+    datasets = pytest.importorskip("datasets", reason="datasets (extra `data`) not installed")
+    from oncurve.data.prompts import group_columns
+    from oncurve.rewards.runner import RewardRunner
+    from oncurve.rewards.trl_contract import TrainerState, TrlReward
+
+    stored = ["count", "ratio", "flag", "tags", "meta", "note"]
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"{i}+{i}="}] if conversational else f"{i}+{i}=",
+            "answer": str(2 * i),
+            "count": i,
+            "ratio": i / 2,
+            "flag": i == 1,
+            "tags": [i, i + 1],
+            "meta": {"k": i, "s": [0.5]},
+            "note": None if i == 0 else "seen",
+        }
+        for i in range(2)
+    ]
+    dataset = datasets.Dataset.from_list(rows)
+    passed = {}
+
+    def spy(prompts, completions, **kwargs):
+        passed.update(kwargs, prompts=prompts)
+        return [0.0] * len(completions)
+
+    prompts, columns = group_columns(_given_rows(dataset), 2)
+    completions = ["a", "b", "c", "d"]
+    if conversational:
+        completions = [[{"role": "assistant", "content": c}] for c in completions]
+    with RewardRunner([("spy", TrlReward(spy), 1.0)], timeout_s=None) as runner:
+        runner.score(prompts, completions, columns, TrainerState(0, 1))
+    for column in ["prompt", "answer", *stored]:
+        trl = [row[column] for row in dataset for _ in range(2)]
+        given = passed["prompts" if column == "prompt" else column]
+        assert given == trl and list(map(type, given)) == list(map(type, trl)), column
