@@ -235,8 +235,8 @@ def test_a_given_dataset_samples_step_1_as_its_rows_in_a_file_do(
 def test_a_run_on_given_datasets_resumes_given_them_again(tiny_model_dir, data_file, tmp_path,
                                                           capsys):  # fmt: skip
     """A resume is given the datasets again: without them it is refused in one line saying
-    so, given other training rows it is refused as for an edited file, and `oncurve eval
-    --run` asks for the held-out rows as a file."""
+    so, given other training rows it is refused as for an edited file, given other held-out
+    rows it says so, and `oncurve eval --run` asks for the held-out rows as a file."""
     rows = [json.loads(line) for line in data_file.read_text().splitlines()]
     run = tmp_path / "run"
     config = _given_config(tiny_model_dir, run)
@@ -255,14 +255,24 @@ def test_a_run_on_given_datasets_resumes_given_them_again(tiny_model_dir, data_f
     other = [{**row, "answer": "0"} for row in rows]
     with pytest.raises(UserError, match=r"the training rows differ from the ones the run start"):
         oncurve.train(saved, quiet=True, train_dataset=other, eval_dataset=rows[:2])
+    capsys.readouterr()
     oncurve.train(saved, quiet=True, train_dataset=rows, eval_dataset=rows[:2])
     assert [m["step"] for m in read_jsonl(run / "metrics.jsonl")] == [1, 2]
-    capsys.readouterr()
+    assert "changed settings: run.steps 1 -> 2\n" in capsys.readouterr().err
     assert main(["eval", "--device", "cpu", "--run", str(run)]) == 2
     assert capsys.readouterr().err == (
         "oncurve: error: the run's eval.path is the eval_dataset passed to oncurve.train, which "
         "only that process held: give the rows with --data\n"
     )
+    # other held-out rows are said, as eval.path naming another file is; none are eval.path unset
+    saved = oncurve.load_config(run / "config.yaml", ["run.steps=3", "run.resume=auto"])
+    oncurve.train(saved, quiet=True, train_dataset=rows, eval_dataset=rows[2:4])
+    assert "changed settings: run.steps 2 -> 3, eval.rows 'rows:" in capsys.readouterr().err
+    resumed = dataclasses.replace(
+        config, run=dataclasses.replace(config.run, resume="auto", steps=4)
+    )
+    oncurve.train(resumed, quiet=True, train_dataset=rows)
+    assert "eval.path 'given:eval_dataset' -> None" in capsys.readouterr().err
 
 
 def test_a_given_dataset_beside_a_path_or_a_task_is_refused_before_the_run(data_file, tmp_path):

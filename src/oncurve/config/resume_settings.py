@@ -2,13 +2,14 @@
 
 A checkpoint keeps the settings the run trained with (`config`, as config.yaml has them) and the
 history of the changes made on earlier resumes. On a resume every setting is compared with
-them: a change that cannot apply within one run (`FIXED`: the model, what the data is and how
-it is drawn, the group size, the seed, but not whether final/ holds a LoRA adapter alone; and
-fewer steps than are done) is refused in one line
-naming it, unless `run.force_changes` names it (`FORCEABLE`), and so is an `algo.estimator`
-changed to or from the critic's (a value model the checkpoint lacks or would drop); any other
-change is in effect from the resumed step and said, the optimizer's own hyperparameters
-included (its saved state would otherwise keep the old ones).
+them, and the held-out rows with the ones the run evaluated on (`EVAL_ROWS`): a change that
+cannot apply within one run (`FIXED`: the model, what the data is and how it is drawn, the
+group size, the seed, but not whether final/ holds a LoRA adapter alone; and fewer steps than
+are done) is refused in one line naming it, unless `run.force_changes` names it
+(`FORCEABLE`), and so is an `algo.estimator` changed to or from the critic's (a value model the
+checkpoint lacks or would drop); any other change is in effect from the resumed step and said,
+the optimizer's own hyperparameters included (its saved state would otherwise keep the old
+ones).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ UNFIXED = ("model.lora.save_adapter",)
 # fixed: the checkpoint's weights and optimizer state would not fit them.
 FORCEABLE = ("model.path", "model.revision", "data.", "rollout.group_size", "run.seed")
 DATA_ROWS = "data.rows"
+# The held-out rows' fingerprint, said as a changed setting where `eval.path` names other rows
+# than the checkpoint's under the same name (another `eval_dataset`, an edited file)
+EVAL_ROWS = "eval.rows"
 ESTIMATOR = "algo.estimator"
 # The estimator that trains a value model: a checkpoint holds one exactly when it was saved with
 # it, so a resume can neither switch to it (no value model to load) nor from it (a trained one
@@ -118,7 +122,7 @@ ROWS_DIGEST = "rows:"
 
 
 def data_fingerprint(rows: Iterable[dict[str, Any]]) -> str:
-    """A digest of the training rows in their order, every column of each (an edited `tests`
+    """A digest of the training (or held-out) rows in their order, every column of each (an edited `tests`
     or `hint` column changes what the rewards read), marked `ROWS_DIGEST`."""
     digest = hashlib.sha256()
     for row in rows:

@@ -91,7 +91,8 @@ def train(
     column or a list of messages, the answer column, every column reaching the rewards by
     name), in place of `data.path` and `eval.path`, which name them `given:train_dataset` and
     `given:eval_dataset` (a config whose path names a file or Hub id is refused); a resumed run
-    is given them again, and given other rows it is refused as for an edited file."""
+    is given them again: given other training rows it is refused as for an edited file, other
+    held-out rows are said as the changed setting `eval.rows`."""
     if callable(reward_funcs) or isinstance(reward_funcs, str):
         reward_funcs = [reward_funcs]
     if reward_funcs:
@@ -440,6 +441,7 @@ def _save(s: Session, step: int) -> None:
                 "config": to_dict(s.config),
                 "config_history": s.config_history,
                 "data_fingerprint": s.data_fingerprint,
+                "eval_fingerprint": s.eval_fingerprint,
                 **({} if s.curriculum is None else {"curriculum": s.curriculum.state_dict()}),
             },
             keep_last=s.config.run.keep_last,

@@ -85,11 +85,12 @@ class Session:
     # -- what the steps count
     counts: Counts = dataclasses.field(default_factory=Counts)
     # -- what checkpoints keep: the step resumed from; the settings made smaller after running
-    # out of memory, by dotted name (a resumed run starts from them); the training rows' digest
-    # and the settings changed on each resume
+    # out of memory, by dotted name (a resumed run starts from them); the training and held-out
+    # rows' digests ("" without held-out rows) and the settings changed on each resume
     start_step: int = 0
     shrunk: dict[str, Any] = dataclasses.field(default_factory=dict)
     data_fingerprint: str = ""
+    eval_fingerprint: str = ""
     config_history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     recorded: Config | None = None  # what config.yaml holds, as this process last wrote it
     # whether the run has taken its directory over (`setup`, once its checks passed): a run

@@ -28,6 +28,7 @@ from oncurve.algo.registry import (
 from oncurve.config import AlgoConfig, Config, check_ranks, to_dict
 from oncurve.config.resume_settings import (
     DATA_ROWS,
+    EVAL_ROWS,
     ROWS_DIGEST,
     apply_optimizer_settings,
     changed_settings,
@@ -169,6 +170,7 @@ def setup(config: Config, checks: Callable[[Session], None] | None = None) -> Se
             rank=rank,
             world_size=world_size,
             data_fingerprint=data_fingerprint(data.rows),
+            eval_fingerprint="" if eval_data is None else data_fingerprint(eval_data.rows),
         )
         if resume_from is not None:
             _resume(s, resume_from)
@@ -395,6 +397,10 @@ def _changes(s: Session, state: dict, checkpoint_dir: Path) -> dict[str, list[An
         raise UserError(f"cannot resume {checkpoint_dir}: {why}")
     if fingerprints[0] is not None and fingerprints[0] != fingerprints[1]:
         changes[DATA_ROWS] = list(fingerprints)  # forced: said and kept like any change
+    # other held-out rows under the same eval.path: said as another eval.path is
+    held_out = (state.get("eval_fingerprint"), s.eval_fingerprint)
+    if all(held_out) and held_out[0] != held_out[1] and "eval.path" not in changes:
+        changes[EVAL_ROWS] = list(held_out)
     return changes
 
 
