@@ -1,7 +1,7 @@
 """`benchmarks/gpu_check.py` on the CPU: its stage runner (`harness.stages`), table and section
 with fake children (one that passes, one that fails, one that runs out of time, one skipped),
-and its stages' readers of the results the real stages write (`harness.gpu_stages`). The stages themselves need a GPU (`make
-gpu-check`)."""
+and its stages' readers of the results the real stages write (`harness.gpu_stages`). The stages
+themselves need a GPU (`make gpu-check`)."""
 
 from __future__ import annotations
 

@@ -122,8 +122,8 @@ ROWS_DIGEST = "rows:"
 
 
 def data_fingerprint(rows: Iterable[dict[str, Any]]) -> str:
-    """A digest of the training (or held-out) rows in their order, every column of each (an edited `tests`
-    or `hint` column changes what the rewards read), marked `ROWS_DIGEST`."""
+    """A digest of the training (or held-out) rows in their order, every column of each (an
+    edited `tests` or `hint` column changes what the rewards read), marked `ROWS_DIGEST`."""
     digest = hashlib.sha256()
     for row in rows:
         text = json.dumps(row, sort_keys=True, default=repr, ensure_ascii=False)

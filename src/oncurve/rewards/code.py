@@ -29,9 +29,9 @@ in either common form:
   it equals only itself (one object, however often it comes back), has no truth value, and an
   operator that would judge for the tests (`==` with a value of the tests', `!=`, `<`, `in`, a
   set's or a dict's too, arithmetic) fails the case; except that an instance of a subclass of
-  `int`, `float`, `complex`, `str` or `bytes` (an IntEnum's member) compares (`==`, `!=`, `<`, ...), hashes, is
-  true or false, answers `in`, takes arithmetic and answers its built-in type's reading methods
-  (`startswith`, `count`, `get`) as its built-in value, and a `list`, `tuple`, `dict`, `set` or
+  `int`, `float`, `complex`, `str` or `bytes` (an IntEnum's member) compares (`==`, `!=`,
+  `<`, ...), hashes, is true or false, answers `in`, takes arithmetic and answers its built-in
+  type's reading methods (`startswith`, `count`, `get`) as its built-in value, and a `list`, `tuple`, `dict`, `set` or
   `frozenset` of the program's objects, or of a subclass of one (a named tuple only where its
   class has methods of its own: else it arrives as one), as the contents it holds then (its
   objects compared by these rules), whatever its own methods say, either an instance of that
