@@ -5,7 +5,7 @@ installed package, or a module NAME on the path with a `load_environment`), with
 `rollout.env_args` as that function's arguments. The environment's dataset is the run's prompts
 (its eval dataset, when it has one, the held-out ones), each row kept whole for its rollout
 (`INPUT`); its rollouts (single- or multi-turn, tools included: the endpoint shows the model
-its tools and reads its calls in the Hermes format, `oncurve.rollout.tool_calls`) play against
+its tools and reads its calls in its template's format, `oncurve.rollout.tool_calls`) play against
 oncurve's OpenAI-compatible endpoint, a row's G episodes at once, each with a client of its own
 (`oncurve.rollout.harness`, which records every turn token for token); its rubric scores the G
 together (group-wise reward functions see the group), the total trains and every part is logged

@@ -21,9 +21,9 @@ an added token's that is not special (Qwen's `</tool_response>`) in a message th
 assistant's. A last assistant message is continued, as a dataset's conversational prompt is
 (`oncurve.data.files.chat_template_ending`). A request's `tools` are shown to the model through
 its chat template and its calls answered as OpenAI's `tool_calls`
-(`oncurve.rollout.tool_calls`: the Hermes format). Every call is kept in `Endpoint.calls`, and
-the time each episode's requests spent in the endpoint is counted (`Endpoint.seconds_in_calls`:
-the part of an episode's time that is the sampler's).
+(`oncurve.rollout.tool_calls`: the Hermes and Llama 3 JSON formats). Every call is kept in
+`Endpoint.calls`, and the time each episode's requests spent in the endpoint is counted
+(`Endpoint.seconds_in_calls`: the part of an episode's time that is the sampler's).
 """
 
 from __future__ import annotations
@@ -47,10 +47,11 @@ from oncurve.data.files import chat_template_ending
 from oncurve.errors import UserError
 from oncurve.rollout.base import Sampler, SamplingParams, spelled_out
 from oncurve.rollout.tool_calls import (
+    FORMATS,
     parse_tool_calls,
     reply_key,
-    supports_tool_calls,
     template_message,
+    tool_call_format,
 )
 
 LOOPBACK = ("127.0.0.1", "::1")
@@ -428,14 +429,15 @@ def _before_stop(text: str, stops: tuple[str, ...]) -> str:
     return text[: min((text.find(stop) for stop in stops if stop in text), default=len(text))]
 
 
-def _tools(body: dict[str, Any], tokenizer: Any) -> list[dict[str, Any]] | None:
-    """The request's `tools` (OpenAI's function definitions), None without or with
-    `tool_choice` "none"; ValueError for another `tool_choice` than "auto" (forcing a call would
-    take the sampling out of the policy's hands), tools that are not a list of objects, or a
-    chat template that writes no tool calls this endpoint reads."""
+def _tools(body: dict[str, Any], tokenizer: Any) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """The request's `tools` (OpenAI's function definitions) and the format the chat template
+    writes calls in (`tool_call_format`), (None, None) without tools or with `tool_choice`
+    "none"; ValueError for another `tool_choice` than "auto" (forcing a call would take the
+    sampling out of the policy's hands), tools that are not a list of objects, or a chat
+    template that writes no tool calls this endpoint reads."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     if not tools or choice == "none":  # as vLLM: tools the model may not call are not shown
-        return None
+        return None, None
     if choice not in (None, "auto"):
         raise ValueError(
             f"tool_choice: {json.dumps(choice)} is not read here (sampling is the policy's own); "
@@ -443,12 +445,14 @@ def _tools(body: dict[str, Any], tokenizer: Any) -> list[dict[str, Any]] | None:
         )
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise ValueError("tools: a list of function definitions is required")
-    if not supports_tool_calls(tokenizer):
+    format = tool_call_format(tokenizer)
+    if format is None:
         raise ValueError(
-            "tools: the model's chat template shows no tools in the Hermes format "
-            "(<tool_call>, as Qwen2.5's, Qwen3's and Hermes models'), the one this endpoint reads"
+            "tools: the model's chat template shows no tools in a format this endpoint reads "
+            f"({', '.join(sorted(FORMATS))}: <tool_call> as Qwen2.5's, Qwen3's and Hermes "
+            "models', bare JSON as Llama 3.1's to 3.3's)"
         )
-    return tools
+    return tools, format
 
 
 def _count(body: dict[str, Any], key: str) -> int:
@@ -526,15 +530,16 @@ def respond(
     params = endpoint.request_params(body)
     if path == CHAT:
         tokenizer = endpoint.sampler.tokenizer
-        tools = _tools(body, tokenizer)
+        tools, format = _tools(body, tokenizer)
         messages = _text_messages(body.get("messages"))
         prompt_ids, rewritten = endpoint.chat_prompt(messages, tools, episode)
         calls = endpoint.sample(prompt_ids, rewritten, n, params, episode)
         choices = []
         for i, call in enumerate(calls):
             content, tool_calls = call.answer, []
-            if tools:
-                content, tool_calls = parse_tool_calls(call.answer, f"call_{secrets.token_hex(6)}")
+            if format:
+                call_id = f"call_{secrets.token_hex(6)}"
+                content, tool_calls = parse_tool_calls(call.answer, call_id, format)
                 endpoint.remember_reply(
                     reply_key(content, tool_calls), call.completion_ids, episode
                 )

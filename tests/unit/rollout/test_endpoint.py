@@ -17,6 +17,7 @@ import pytest
 import torch
 from helpers.episodes import ScriptedDecoder, load_qwen3_tokenizer, scripted_sampler
 from helpers.models import tiny_qwen2
+from helpers.paths import FIXTURES
 
 from oncurve.rollout import SamplingParams, TorchSampler
 from oncurve.rollout.endpoint import Endpoint
@@ -394,6 +395,59 @@ def test_a_tool_call_is_answered_as_openai_writes_it_and_its_turn_spliced_back()
     assert second_call.prompt_ids[: len(seen)] == seen
     fed = tokenizer.decode(second_call.prompt_ids[len(seen) :])
     assert "<tool_response>\n3\n</tool_response>" in fed
+
+
+def llama3_tokenizer():
+    """The Qwen3 tokenizer with Llama 3.1 Instruct's chat template and the special tokens it
+    writes (Llama's own tokenizer is a download)."""
+    tokenizer = load_qwen3_tokenizer()
+    special = ["<|start_header_id|>", "<|end_header_id|>", "<|python_tag|>"]
+    tokenizer.add_special_tokens({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"})
+    tokenizer.add_tokens(special, special_tokens=True)
+    tokenizer.chat_template = (FIXTURES / "chat_templates" / "llama3.1-instruct.jinja").read_text()
+    return tokenizer
+
+
+def test_a_llama3_json_tool_call_is_answered_and_its_turn_spliced_back():
+    """Llama 3.1's template: a completion's JSON call (after `<|python_tag|>`) is answered as
+    OpenAI's `tool_calls`; the turn sent back with the tool's result is the tokens sampled; a
+    call the model did not make is shown as the template writes one, and is rewritten."""
+    tokenizer = llama3_tokenizer()
+    said = '<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 2}}'
+    script = tokenizer(said, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    sampler, _ = scripted_sampler(tokenizer, [script])
+    with Endpoint(sampler, SamplingParams(max_new_tokens=64)) as endpoint:
+        status, first = post(endpoint.base_url, "/chat/completions",
+                             {"messages": QUESTION, "tools": ADD})  # fmt: skip
+        assert status == 200, first
+        (choice,) = first["choices"]
+        assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+        (call,) = choice["message"]["tool_calls"]
+        assert call["function"]["name"] == "add"
+        assert json.loads(call["function"]["arguments"]) == {"a": 1, "b": 2}
+        shown = tokenizer.apply_chat_template(QUESTION, tools=ADD, add_generation_prompt=True,
+                                              tokenize=True, return_dict=False)  # fmt: skip
+        assert first["prompt_token_ids"] == list(shown)
+        sent_back = {"role": "assistant", "content": None, "tool_calls": [
+            {**call, "function": {"name": "add", "arguments": '{"b": 2, "a": 1}'}}]}  # fmt: skip
+        result = {"role": "tool", "tool_call_id": call["id"], "content": "3"}
+        status, _ = post(endpoint.base_url, "/chat/completions",
+                         {"messages": [*QUESTION, sent_back, result], "tools": ADD})  # fmt: skip
+        assert status == 200
+        forged = {**sent_back, "tool_calls": [
+            {**call, "function": {"name": "add", "arguments": '{"a": 5}'}}]}  # fmt: skip
+        status, _ = post(endpoint.base_url, "/chat/completions",
+                         {"messages": [*QUESTION, forged, result], "tools": ADD})  # fmt: skip
+        assert status == 200
+    first_call, second_call, forged_call = endpoint.calls
+    assert not second_call.rewritten and forged_call.rewritten
+    seen = first_call.prompt_ids + first_call.completion_ids
+    assert second_call.prompt_ids[: len(seen)] == seen
+    fed = tokenizer.decode(second_call.prompt_ids[len(seen) :])
+    assert fed == '<|start_header_id|>ipython<|end_header_id|>\n\n"3"<|eot_id|>' \
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"  # fmt: skip
+    rewritten = tokenizer.decode(forged_call.prompt_ids[len(first_call.prompt_ids) :])
+    assert rewritten.startswith('{"name": "add", "parameters": {"a": 5}}<|eot_id|>')
 
 
 def test_tools_for_a_template_without_a_tool_call_format_are_refused():

@@ -1,0 +1,91 @@
+"""Tool calls per format: which format a chat template writes, and a completion's calls read
+as OpenAI's `tool_calls` (the Hermes format's table is in test_endpoint.py)."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+from helpers.episodes import load_qwen3_tokenizer
+from helpers.paths import FIXTURES
+
+from oncurve.rollout.tool_calls import HERMES, LLAMA3_JSON, parse_tool_calls, tool_call_format
+
+TEMPLATES = FIXTURES / "chat_templates"
+
+
+def _template(name: str) -> types.SimpleNamespace:
+    return types.SimpleNamespace(chat_template=(TEMPLATES / name).read_text())
+
+
+def test_the_format_is_the_chat_template_s():
+    """Qwen3's template writes Hermes calls, Llama 3.1's JSON ones; Mistral's (`[TOOL_CALLS]`,
+    a special token) and a template without tools write none this module reads."""
+    assert tool_call_format(load_qwen3_tokenizer()) == HERMES
+    assert tool_call_format(_template("llama3.1-instruct.jinja")) == LLAMA3_JSON
+    assert tool_call_format(_template("mistral-7b-instruct-v0.3.jinja")) is None
+    plain = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert tool_call_format(types.SimpleNamespace(chat_template=plain)) is None
+    assert tool_call_format(types.SimpleNamespace(chat_template=None)) is None
+    llama = _template("llama3.1-instruct.jinja").chat_template
+    named = {"default": plain, "tool_use": llama}  # a tokenizer's named templates
+    assert tool_call_format(types.SimpleNamespace(chat_template=named)) == LLAMA3_JSON
+
+
+CALL = '{"name": "f", "parameters": {"x": 1}}'
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        ("no call", "no call", []),
+        (CALL, None, [("f", {"x": 1})]),
+        ('{"name": "f", "arguments": {"x": 1}}', None, [("f", {"x": 1})]),
+        (' \n{"name":"f","parameters":{}} ', None, [("f", {})]),
+        # several calls, as vLLM's llama3_json reads them: `;`-separated or one after another
+        (CALL + '; {"name": "g", "parameters": {"y": [1, {"z": 2}]}}', None,
+         [("f", {"x": 1}), ("g", {"y": [1, {"z": 2}]})]),
+        (CALL + "\n" + CALL, None, [("f", {"x": 1}), ("f", {"x": 1})]),
+        # text before the first call is the content; braces inside a call's strings are its own
+        ("Let me add.\n" + CALL, "Let me add.", [("f", {"x": 1})]),
+        ('{"name": "f", "parameters": {"s": "a } { b"}}', None, [("f", {"s": "a } { b"})]),
+        # anything that is not a call leaves the whole text as content, no call
+        ("The set {1, 2}.", None, None),
+        ('{"a": 1}', None, None),
+        ('{"name": "f"}', None, None),
+        ('{"name": 3, "parameters": {}}', None, None),
+        (CALL + ' then {"x": 1}', None, None),
+        (CALL + " then {oops}", None, None),
+        ('{"name": "f", "parameters": {"x": 1}', None, None),
+        # JSON too deep for the parser's recursion, or a number too long for int(): text
+        ('{"name": "f", "parameters": {"x": ' + "[" * 100_000 + "]" * 100_000 + "}}",
+         None, None),
+        ('{"name": "f", "parameters": {"x": ' + "9" * 5000 + "}}", None, None),
+    ],
+)  # fmt: skip
+def test_parse_llama3_json_tool_calls(text, content, calls):
+    got_content, got_calls = parse_tool_calls(text, "call_x", LLAMA3_JSON)
+    if calls is None:
+        assert (got_content, got_calls) == (text, [])
+        return
+    assert got_content == content
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got_calls] \
+        == calls  # fmt: skip
+    assert [c["id"] for c in got_calls] == [f"call_x-{k}" for k in range(len(calls))]
+    assert all(c["type"] == "function" for c in got_calls)
+
+
+def test_llama3_json_calls_parse_in_linear_time():
+    """Many braces that open no call, or one call followed by many: read once each, not from
+    every brace again (the test would take minutes if each brace rescanned the rest)."""
+    braces = "{" * 200_000
+    assert parse_tool_calls(braces, "c", LLAMA3_JSON) == (braces, [])
+    many = "; ".join([CALL] * 20_000)
+    content, calls = parse_tool_calls(many, "c", LLAMA3_JSON)
+    assert content is None and len(calls) == 20_000
+
+
+def test_an_unknown_format_is_refused():
+    with pytest.raises(ValueError, match="format: 'xml'"):
+        parse_tool_calls(CALL, "c", "xml")
