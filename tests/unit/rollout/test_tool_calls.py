@@ -76,9 +76,10 @@ def test_parse_llama3_json_tool_calls(text, content, calls):
     assert all(c["type"] == "function" for c in got_calls)
 
 
-def test_llama3_json_calls_parse_in_linear_time():
-    """Many braces that open no call, or one call followed by many: read once each, not from
-    every brace again (the test would take minutes if each brace rescanned the rest)."""
+def test_long_llama3_json_texts_parse_whole():
+    """200,000 braces that open no call are text; 20,000 calls in a row are each read, from
+    where the one before ended (a reader copying the text after each call would copy
+    gigabytes)."""
     braces = "{" * 200_000
     assert parse_tool_calls(braces, "c", LLAMA3_JSON) == (braces, [])
     many = "; ".join([CALL] * 20_000)
