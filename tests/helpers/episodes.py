@@ -88,6 +88,37 @@ class ToolUser(ScriptedDecoder):
         return super().prefill(prompt_ids, prompt_mask, group_size)
 
 
+class Replier(ScriptedDecoder):
+    """A `Decoder` that answers each prompt with `reply(text)`, the prompt's text -> (the
+    answer, whether it ends with EOS: without, the turn runs to `max_new_tokens`)."""
+
+    def __init__(self, tokenizer, reply) -> None:
+        super().__init__([], len(tokenizer), tokenizer.eos_token_id)
+        self.tokenizer, self.reply = tokenizer, reply
+
+    def prefill(self, prompt_ids, prompt_mask, group_size):
+        self.scripts = []
+        for ids, mask in zip(prompt_ids.tolist(), prompt_mask.tolist(), strict=True):
+            said, ends = self.reply(
+                self.tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m])
+            )
+            script = self.tokenizer(said, add_special_tokens=False)["input_ids"]
+            self.scripts += [script + [self.eos] * ends] * group_size
+        self.rows = list(range(len(self.scripts)))
+        self.fed = [[] for _ in self.scripts]
+        return super().prefill(prompt_ids, prompt_mask, group_size)
+
+
+def replier_sampler(tokenizer, reply, sampler_class: type = TorchSampler) -> TorchSampler:
+    """A `sampler_class` whose every call is a `Replier`'s with `reply`."""
+    model = tiny_qwen2(len(tokenizer))
+    model.config.max_position_embeddings = 4096
+    model.config.eos_token_id = tokenizer.eos_token_id
+    return sampler_class(
+        model, tokenizer, decoder=lambda model, rows, width, new, reserve: Replier(tokenizer, reply)
+    )
+
+
 class SlowSampler(TorchSampler):
     """A sampler each of whose calls takes `seconds` longer (a large batch's long completions
     on a real model)."""

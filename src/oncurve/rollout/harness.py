@@ -20,7 +20,9 @@ one of its episodes has a request in the endpoint (`Endpoint.seconds_in_calls`),
 completions cost it nothing, and a harness that neither calls nor returns still times out.
 
 A harness may return, instead of a number, a mapping with the reward under "reward" and other
-numbers beside it (the parts of a rubric, say), which are logged as `env/<name>` metrics. A
+numbers beside it (the parts of a rubric, say), which are logged as `env/<name>` metrics, and
+what ended the episode under "episode_end" ("done", "length": it outgrew its room, "max_turns":
+its turn limit; a turn cut at `max_new_tokens` marks it "length" whatever it says). A
 harness that scores a group together (`HarnessSettings.groups`: `verifiers`' rubrics compare a
 prompt's episodes) is called once per row with the G episodes' clients, `play(clients, model,
 row)`, and returns G outcomes, an exception standing for an episode that failed.
@@ -44,7 +46,7 @@ import torch
 from oncurve.errors import UserError
 from oncurve.rollout.base import Sampler, SamplingParams
 from oncurve.rollout.endpoint import Call, Endpoint
-from oncurve.rollout.env_calls import DONE, ERROR, LENGTH, TIMEOUT, EnvFaults
+from oncurve.rollout.env_calls import DONE, ENDINGS, ERROR, LENGTH, TIMEOUT, EnvFaults
 from oncurve.types import RolloutBatch
 
 Play = Callable[[Any, str, dict[str, Any]], Awaitable[Any]]
@@ -55,8 +57,9 @@ PREFIX = "harness:"
 # Seconds between two looks at a play's clock while it waits on the endpoint (a timeout can
 # come this late)
 MIN_LOOK_S = 0.01
-# An episode's outcome: its reward (None: unscored), its fault and why, its metrics.
-Outcome = tuple[float | None, str | None, str, dict[str, float]]
+# An episode's outcome: its reward (None: unscored), its fault and why, its metrics, and what
+# its harness says ended it (`env_calls.ENDINGS`).
+Outcome = tuple[float | None, str | None, str, dict[str, float], str]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,9 +106,10 @@ def play_harness(
 ) -> tuple[RolloutBatch, dict[str, list]]:
     """G episodes of each of `rows` (a row's G contiguous): the rollout, and per episode its
     reward (`episode_reward`, NaN: unscored), policy turns (`turns`), fault (`episode_fault`:
-    None, "error" or "timeout"), what ended it (`episode_end`: its fault, else "length" when its
-    last turn was cut at the token limit, else "done") and the numbers its harness returned
-    beside the reward (`episode_metrics`)."""
+    None, "error" or "timeout"), what ended it (`episode_end`: its fault, else "length" when any
+    of its turns was cut at the token limit, else what its harness said, "done" unless it
+    returned another) and the numbers its harness returned beside the reward
+    (`episode_metrics`)."""
     import openai
 
     n = len(rows) * group_size
@@ -136,16 +140,16 @@ def play_harness(
                         f"the harness took over {timeout_s:g} s outside its endpoint calls and "
                         "blocked its event loop"
                     )
-                    return [(None, TIMEOUT, why, {})] * len(episodes)
+                    return [(None, TIMEOUT, why, {}, DONE)] * len(episodes)
                 if not settings.groups:
                     return [_outcome(returned)]
                 if isinstance(returned, list | tuple) and len(returned) == group_size:
                     return [_outcome(value) for value in returned]
                 why = f"the harness returned {type(returned).__name__}, not {group_size} outcomes"
-                return [(None, ERROR, why, {})] * group_size
+                return [(None, ERROR, why, {}, DONE)] * group_size
             except TimeoutError:
                 why = f"the harness took over {timeout_s:g} s outside its endpoint calls"
-                return [(None, TIMEOUT, why, {})] * len(episodes)
+                return [(None, TIMEOUT, why, {}, DONE)] * len(episodes)
             except (Exception, asyncio.CancelledError) as error:  # the harness's own bug
                 return [_outcome(error)] * len(episodes)
             finally:
@@ -168,7 +172,7 @@ def play_harness(
             calls[call.episode].append(call)
     budget = settings.budget(params.max_new_tokens)
     rewards, faults, notes, chains, endings = [], [], [], [], []
-    for (reward, fault, why, _), episode in zip(outcomes, calls, strict=True):
+    for (reward, fault, why, _, said), episode in zip(outcomes, calls, strict=True):
         chain, broken = _chain(episode, budget)
         if fault is not None:  # the reward settings' to score (reward.errors=raise: stop)
             reward = settings.faults.score(fault, why)
@@ -179,7 +183,7 @@ def play_harness(
         rewards.append(math.nan if reward is None else float(reward))
         faults.append(fault)
         chains.append(chain if fault is None else None)
-        endings.append(fault or (LENGTH if chain.finish_reason == "length" else DONE))
+        endings.append(fault or (LENGTH if chain.cut else said))
     if notes:
         scored = [r for r, f in zip(rewards, faults, strict=True) if f and not math.isnan(r)]
         said = ", ".join(
@@ -196,7 +200,7 @@ def play_harness(
         "turns": [len(episode) for episode in calls],
         "episode_fault": faults,
         "episode_end": endings,
-        "episode_metrics": [metrics for *_, metrics in outcomes],
+        "episode_metrics": [metrics for _, _, _, metrics, _ in outcomes],
     }
 
 
@@ -222,27 +226,35 @@ async def _within(
 
 def _outcome(value: Any) -> Outcome:
     """What a harness returned for one episode as its outcome: a number or None, a mapping with
-    the reward under "reward" and numbers beside it (one without that key is an error), or the
-    exception that ended it (a TimeoutError: the episode timed out)."""
+    the reward under "reward", optionally what ended the episode under "episode_end" (one of
+    `ENDINGS`; else `done`) and numbers beside them (a mapping without "reward", or with
+    another "episode_end", is an error), or the exception that ended it (a TimeoutError: the
+    episode timed out)."""
     if isinstance(value, TimeoutError):
-        return None, TIMEOUT, f"the harness's episode timed out: {value}", {}
+        return None, TIMEOUT, f"the harness's episode timed out: {value}", {}, DONE
     if isinstance(value, Exception):
-        return None, ERROR, f"the harness raised {type(value).__name__}: {value}", {}
+        return None, ERROR, f"the harness raised {type(value).__name__}: {value}", {}, DONE
     metrics: dict[str, float] = {}
+    ending = DONE
     if isinstance(value, Mapping):
         if "reward" not in value:
             keys = ", ".join(repr(k) for k in value)
             why = f'the harness returned a mapping without a "reward" key (its keys: {keys})'
-            return None, ERROR, why, {}
+            return None, ERROR, why, {}, DONE
+        ending = value.get("episode_end", DONE)
+        if ending not in ENDINGS:
+            named = f"{', '.join(ENDINGS[:-1])} or {ENDINGS[-1]}"
+            why = f"the harness returned the episode_end {ending!r} ({named})"
+            return None, ERROR, why, {}, DONE
         metrics = {
             str(k): float(v)
             for k, v in value.items()
-            if k != "reward" and v is not None and _is_number(v)
+            if k not in ("reward", "episode_end") and v is not None and _is_number(v)
         }
         value = value.get("reward")
     if not _is_number(value):
-        return None, ERROR, f"the harness returned the reward {value!r}", {}
-    return None if value is None else float(value), None, "", metrics
+        return None, ERROR, f"the harness returned the reward {value!r}", {}, DONE
+    return None if value is None else float(value), None, "", metrics, ending
 
 
 def _is_number(value: Any) -> bool:
@@ -259,13 +271,15 @@ def _is_number(value: Any) -> bool:
 @dataclasses.dataclass
 class _Chain:
     """An episode's tokens: its first prompt, then every later token with whether the policy
-    sampled it and its logprob."""
+    sampled it and its logprob; how its last turn ended, and whether any turn was cut at the
+    token limit."""
 
     prompt: list[int]
     tokens: list[int]
     sampled: list[bool]
     logprobs: list[float]
     finish_reason: str
+    cut: bool = False
 
 
 def _chain(calls: list[Call], budget: int) -> tuple[_Chain, str]:
@@ -286,6 +300,7 @@ def _chain(calls: list[Call], budget: int) -> tuple[_Chain, str]:
         chain.sampled += [False] * len(fed) + [True] * len(call.completion_ids)
         chain.logprobs += [0.0] * len(fed) + list(call.logprobs)
         chain.finish_reason = call.finish_reason
+        chain.cut = chain.cut or call.finish_reason == "length"
     if len(chain.tokens) > budget:
         return chain, f"the episode's {len(chain.tokens)} tokens exceed its budget of {budget}"
     return chain, ""

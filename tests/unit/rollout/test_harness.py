@@ -13,7 +13,13 @@ import numpy
 import pytest
 import torch
 from helpers.configs import make_config
-from helpers.episodes import SlowSampler, load_qwen3_tokenizer, scripted_sampler, settings
+from helpers.episodes import (
+    SlowSampler,
+    load_qwen3_tokenizer,
+    replier_sampler,
+    scripted_sampler,
+    settings,
+)
 from helpers.harnesses import FOLLOW_UP, digits, fails, rewrites_its_turn, two_turns
 from helpers.models import tiny_qwen2
 from helpers.rewards_for_tests import DigitsEnv
@@ -92,6 +98,51 @@ def test_a_harness_episode_whose_last_turn_was_cut_is_marked_length():
     params = SamplingParams(max_new_tokens=4, seed=0)
     _, columns = play_harness(sampler, rows, 1, params, HarnessSettings(asks_once, 2, 16))
     assert columns["episode_end"] == ["length"] and columns["episode_reward"] == [1.0]
+
+
+def test_a_harness_episode_with_a_turn_cut_before_its_last_is_marked_length():
+    """A turn cut at max_new_tokens that the harness answered and went on from still marks
+    the episode `length`, as a cut turn ends the in-process loop's episodes."""
+    tokenizer = load_qwen3_tokenizer()
+    sampler = replier_sampler(
+        tokenizer, lambda text: ("ok", True) if FOLLOW_UP in text else (" ok" * 8, False)
+    )
+    rows = [{"prompt": "go", "prompt_ids": tokenizer("go").input_ids}]
+    params = SamplingParams(max_new_tokens=4, seed=0)
+    _, columns = play_harness(sampler, rows, 1, params, HarnessSettings(two_turns, 2, 64))
+    assert columns["turns"] == [2] and columns["episode_fault"] == [None]
+    assert columns["episode_end"] == ["length"]
+
+
+@pytest.mark.parametrize(
+    ("said", "end", "fault"),
+    [
+        ("done", "done", None),
+        ("max_turns", "max_turns", None),
+        ("length", "length", None),
+        ("won", "error", ERROR),
+        (3, "error", ERROR),
+    ],
+)
+def test_a_harness_says_what_ended_its_episode_under_episode_end(said, end, fault, capsys):
+    tokenizer = load_qwen3_tokenizer()
+    sampler = replier_sampler(tokenizer, lambda text: ("ok", True))
+
+    async def ends(client, model, row):
+        messages = [{"role": "user", "content": row["prompt"]}]
+        await client.chat.completions.create(model=model, messages=messages)
+        return {"reward": 1.0, "episode_end": said}
+
+    rows = [{"prompt": "go", "prompt_ids": tokenizer("go").input_ids}]
+    settings = HarnessSettings(ends, 2, 16, EnvFaults(on_error="none"))
+    _, columns = play_harness(sampler, rows, 1, SamplingParams(max_new_tokens=4), settings)
+    assert columns["episode_end"] == [end] and columns["episode_fault"] == [fault]
+    assert columns["episode_metrics"] == [{}]
+    if fault:
+        assert (
+            f"the harness returned the episode_end {said!r} (done, length or max_turns)"
+            in capsys.readouterr().err
+        )
 
 
 def test_a_harness_s_episode_is_its_calls_chained_token_for_token(sampler):
