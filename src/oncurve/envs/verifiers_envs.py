@@ -11,7 +11,9 @@ oncurve's OpenAI-compatible endpoint, a row's G episodes at once, each with a cl
 together (group-wise reward functions see the group), the total trains and every part is logged
 as `env/<name>`. An episode that verifiers ended on the environment's error (a tool that
 failed, its infrastructure) gets the reward error policy; one it ended on the policy's (an empty
-or malformed answer) keeps the rubric's score.
+or malformed answer) keeps the rubric's score. A turn cut at the token limit ends its rollout
+before the environment answers it, as it ends an in-process episode, and each episode's
+`episode_end` is what verifiers says ended it: `length` (truncated), `max_turns` or `done`.
 
 The classic verifiers API (`verifiers.Environment`; in verifiers 0.3, `verifiers.legacy`,
 answering at the package's top level) is what is called: `load_environment`, `get_dataset`,
@@ -21,6 +23,7 @@ answering at the package's top level) is what is called: `load_environment`, `ge
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import sys
@@ -28,6 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from oncurve.errors import UserError, error_line, first_line
+from oncurve.rollout.env_calls import DONE, LENGTH, MAX_TURNS
 
 PREFIX = "verifiers:"
 # The column that keeps a row as the environment gave it: what its rollout starts from.
@@ -163,7 +167,7 @@ class GroupPlay:
         states = list(
             await asyncio.gather(
                 *(
-                    self.env.rollout(row[INPUT], vf.OpenAIChatCompletionsClient(client), model, {})
+                    self.env.rollout(row[INPUT], _stopping_client(vf)(client), model, {})
                     for client in clients
                 )
             )
@@ -174,16 +178,51 @@ class GroupPlay:
         # is verifiers' wrapping of any failed call (the endpoint down, refused, timed out): no
         # answer the policy gave.
         policy_faults = (vf.errors.InvalidModelResponseError, vf.errors.ToolParseError)
-        return [_outcome(state, policy_faults) for state in states]
+        single_turn = getattr(self.env, "max_turns", 0) == 1
+        return [_outcome(state, policy_faults, single_turn) for state in states]
 
 
-def _outcome(state: dict[str, Any], policy_faults: tuple[type, ...]) -> Any:
-    """One episode's outcome for the harness: a mapping of its reward and the rubric's parts,
-    or the exception that says why it has none."""
+def _outcome(state: dict[str, Any], policy_faults: tuple[type, ...], single_turn: bool) -> Any:
+    """One episode's outcome for the harness: a mapping of its reward, the rubric's parts and
+    what ended it (`episode_end`), or the exception that says why it has none."""
     error = state.get("error")
     if error and not isinstance(error, policy_faults):
         cause = f" ({type(error.__cause__).__name__}: {error.__cause__})" if error.__cause__ else ""
         return RuntimeError(f"verifiers: {str(error) or type(error).__name__}{cause}")
     if state.get("timed_out"):  # the environment's own rollout time limit
         return TimeoutError("verifiers: the rollout ran past the environment's timeout")
-    return {"reward": state["reward"], **(state.get("metrics") or {})}
+    return {
+        "reward": state["reward"],
+        **(state.get("metrics") or {}),
+        "episode_end": _ending(state, single_turn),
+    }
+
+
+def _ending(state: dict[str, Any], single_turn: bool) -> str:
+    """What ended a rollout, in `oncurve.rollout.env_calls.ENDINGS`: `length` when verifiers
+    marked it truncated (a turn cut at the token limit, a prompt past the context), `max_turns`
+    when its turn limit stopped it (but for a single-turn environment, whose one turn is its
+    whole episode), else `done` (the environment's own stop conditions)."""
+    if state.get("is_truncated"):
+        return LENGTH
+    if state.get("stop_condition") == "max_turns_reached" and not single_turn:
+        return MAX_TURNS
+    return DONE
+
+
+@functools.cache
+def _stopping_client(vf: Any) -> type:
+    """verifiers' OpenAI client class, made to end a rollout at a turn cut at the token limit,
+    before its environment answers it, as a cut turn ends an in-process episode: the client
+    marks the state `prompt_too_long`, verifiers' stop for a rollout with no room left, which it
+    checks before the next turn (the cut turn stays in the transcript the rubric scores)."""
+
+    class StopsAtCutTurn(vf.OpenAIChatCompletionsClient):
+        async def get_response(self, *args: Any, **kwargs: Any) -> Any:
+            response = await super().get_response(*args, **kwargs)
+            state = kwargs.get("state")
+            if response.message.is_truncated and state is not None:
+                state["prompt_too_long"] = True
+            return response
+
+    return StopsAtCutTurn

@@ -11,7 +11,12 @@ from pathlib import Path
 
 import pytest
 from helpers.configs import make_config
-from helpers.episodes import SlowSampler, load_qwen3_tokenizer, tool_user_sampler
+from helpers.episodes import (
+    SlowSampler,
+    load_qwen3_tokenizer,
+    replier_sampler,
+    tool_user_sampler,
+)
 from helpers.models import tiny_qwen2
 from helpers.runs import metric_rows
 from helpers.vf_environments import FOLLOW_UP, QUESTIONS
@@ -25,7 +30,7 @@ from oncurve.envs.verifiers_envs import GroupPlay, environment_rows, load_enviro
 from oncurve.errors import UserError
 from oncurve.loop.trainer import train
 from oncurve.rollout import SamplingParams, TorchSampler
-from oncurve.rollout.env_calls import ERROR, EnvFaults
+from oncurve.rollout.env_calls import DONE, ERROR, LENGTH, MAX_TURNS, EnvFaults
 from oncurve.rollout.harness import HarnessSettings, play_harness
 
 pytest.importorskip("verifiers", reason="the verifiers extra is not installed")
@@ -52,6 +57,19 @@ def play(sampler, kind: str, faults: EnvFaults | None = None, max_new_tokens: in
     settings = HarnessSettings(play, 2, 64, faults or EnvFaults(), groups=True)
     params = SamplingParams(max_new_tokens=max_new_tokens, seed=3)
     return rows, *play_harness(sampler, rows, 3, params, settings)
+
+
+def answers(cut: str | None = None):
+    """A reply for `replier_sampler`: "3" to a question, "7" to the environment's follow-up,
+    and to the question `cut` a run of "3"s that the token limit cuts."""
+
+    def reply(text: str) -> tuple[str, bool]:
+        last = text.split("<|im_start|>user")[-1]
+        if FOLLOW_UP in last:
+            return "7", True
+        return (" 3" * 40, False) if cut and cut in last else ("3", True)
+
+    return reply
 
 
 def test_the_environment_s_dataset_is_the_prompts():
@@ -82,7 +100,8 @@ def test_a_group_is_scored_by_the_rubric_on_the_tokens_the_policy_sampled(sample
     assert tok.decode(rollout.completion_ids[0][sampled[0]]) == rollout.texts[0]
 
 
-def test_a_multi_turn_environment_s_answers_are_fed_out_of_the_loss(sampler):
+def test_a_multi_turn_environment_s_answers_are_fed_out_of_the_loss():
+    sampler = replier_sampler(load_qwen3_tokenizer(), answers())
     _, rollout, columns = play(sampler, "multi")
     assert columns["turns"] == [2] * 6
     assert all(m["num_turns"] == 2.0 for m in columns["episode_metrics"])
@@ -93,9 +112,10 @@ def test_a_multi_turn_environment_s_answers_are_fed_out_of_the_loss(sampler):
         assert not bool((rollout.loss_mask[i][:width] & rollout.tool_mask[i][:width]).any())
 
 
-def test_an_episode_the_environment_failed_gets_the_error_policy(sampler):
+def test_an_episode_the_environment_failed_gets_the_error_policy():
     """verifiers records the environment's own error (its infrastructure down) in the
     episode's state: the episode is dropped, or the run stops, as `reward.errors` says."""
+    sampler = replier_sampler(load_qwen3_tokenizer(), answers())
     _, rollout, columns = play(sampler, "down", EnvFaults(on_error="none"))
     assert columns["episode_fault"] == [ERROR] * 6  # every episode reaches the failing turn
     assert all(math.isnan(r) for r in columns["episode_reward"])
@@ -104,22 +124,53 @@ def test_an_episode_the_environment_failed_gets_the_error_policy(sampler):
         play(sampler, "down")  # reward.errors=raise, the default
 
 
-def test_the_time_limit_leaves_out_the_time_verifiers_waits_on_the_sampler(sampler):
+def test_the_time_limit_leaves_out_the_time_verifiers_waits_on_the_sampler():
     """Two turns whose sampler calls each take over half a second play out under
     `rollout.env_timeout_s` of 0.4 s: the limit is the environment's time."""
-    slow = SlowSampler(sampler.model, sampler.tokenizer)
+    slow = replier_sampler(load_qwen3_tokenizer(), answers(), SlowSampler)
     _, _, columns = play(slow, "multi", EnvFaults(timeout_s=0.4))
     assert columns["episode_fault"] == [None] * 6 and columns["turns"] == [2] * 6
 
 
-def test_a_prompt_longer_than_the_context_is_verifiers_overlong_prompt(sampler):
+def test_a_prompt_longer_than_the_context_is_verifiers_overlong_prompt():
     """The endpoint's answer to a prompt past the model's context is one verifiers reads as
-    an overlong prompt: the rollout ends there and the rubric scores it (an episode that grew
-    too long is no failure of the environment's, so `reward.errors=raise` does not stop the
-    run)."""
-    _, _, columns = play(sampler, "long")
+    an overlong prompt: the rollout ends there, truncated (`length`, as an in-process episode
+    that outgrows its room), and the rubric scores it (an episode that grew too long is no
+    failure of the environment's, so `reward.errors=raise` does not stop the run)."""
+    _, _, columns = play(replier_sampler(load_qwen3_tokenizer(), answers()), "long")
     assert columns["episode_fault"] == [None] * 6 and columns["turns"] == [1] * 6
-    assert all(0.0 <= r <= 1.5 for r in columns["episode_reward"])
+    assert columns["episode_end"] == [LENGTH] * 6
+    # the rubric scored the first turn, "3": right for 1+2=, not for 3+4=
+    assert columns["episode_reward"] == [1.5] * 3 + [0.5] * 3
+
+
+@pytest.mark.parametrize(
+    ("kind", "cut", "ends", "turns"),
+    [
+        ("single", None, [DONE] * 6, [1] * 6),
+        ("single", "1+2=", [LENGTH] * 3 + [DONE] * 3, [1] * 6),
+        ("multi", None, [MAX_TURNS] * 6, [2] * 6),
+        ("multi", "1+2=", [LENGTH] * 3 + [MAX_TURNS] * 3, [1] * 3 + [2] * 3),
+        ("tools", None, [DONE] * 6, [2] * 6),
+    ],
+)
+def test_an_episode_ends_as_verifiers_ended_it(kind, cut, ends, turns):
+    """verifiers' turn limit is `max_turns` (a single-turn environment's one turn is its whole
+    episode: `done`), its truncated rollouts `length`, and a turn cut at `max_new_tokens`
+    ends the episode there, as it ends an in-process one: the environment never answers it."""
+    tokenizer = load_qwen3_tokenizer()
+    sampler = (
+        tool_user_sampler(tokenizer)
+        if kind == "tools"
+        else replier_sampler(tokenizer, answers(cut))
+    )
+    _, rollout, columns = play(sampler, kind, max_new_tokens=40 if kind == "tools" else 8)
+    assert columns["episode_fault"] == [None] * 6
+    assert columns["episode_end"] == ends and columns["turns"] == turns
+    if cut:  # the rubric scored the cut turn, its "3"s (has_answer: 1+2=3)
+        assert [m["has_answer"] for m in columns["episode_metrics"][:3]] == [1.0] * 3
+        fed = rollout.completion_ids[0][rollout.tool_mask[0].bool()]
+        assert FOLLOW_UP not in tokenizer.decode(fed)
 
 
 class FakeEnvironment:
@@ -157,7 +208,7 @@ def test_only_the_policys_own_faults_are_scored():
     played = asyncio.run(
         GroupPlay(FakeEnvironment(states))([None] * 5, "m", {"verifiers_input": {}})
     )
-    assert played[0] == played[1] == played[4] == {"reward": 1.0}
+    assert played[0] == played[1] == played[4] == {"reward": 1.0, "episode_end": DONE}
     assert isinstance(played[2], RuntimeError) and "ModelError" in str(played[2])
     assert isinstance(played[3], TimeoutError)
 
