@@ -59,7 +59,7 @@ def same_tokens(count: int) -> tuple[int, int]:
         SecondChance, 2, lambda text: encode_prompt(tokenizer, text, data, ""),
         ObservationFormat(tokenizer, True, observed, role="user"),
     )).rollout  # fmt: skip
-    harness = HarnessSettings(GroupPlay(load_environment(ENV, {})), 2, observed, groups=True)
+    harness = HarnessSettings(GroupPlay(load_environment(ENV, {}), 2), 2, observed, groups=True)
     through, _ = play_harness(sampler, rows, 1, params, harness)
 
     def tokens(rollout: Any, i: int) -> list[int]:

@@ -156,20 +156,19 @@ def _text(content: Any, where: str) -> str:
 
 class GroupPlay:
     """A row's G rollouts of the environment, each with its own client (an `openai.AsyncOpenAI`
-    on the endpoint), scored together by its rubric: per episode a mapping of the reward and
-    the rubric's parts, or the error verifiers recorded."""
+    on the endpoint) and at most `max_turns` policy turns (`rollout.max_turns`), scored together
+    by its rubric: per episode a mapping of the reward, the rubric's parts and what ended it,
+    or the error verifiers recorded."""
 
-    def __init__(self, env: Any) -> None:
-        self.env = env
+    def __init__(self, env: Any, max_turns: int) -> None:
+        self.env, self.max_turns = env, max_turns
 
     async def __call__(self, clients: list[Any], model: str, row: dict[str, Any]) -> list[Any]:
         vf = _verifiers(PREFIX)
+        episodes = [_episode_client(vf)(client, self.max_turns) for client in clients]
         states = list(
             await asyncio.gather(
-                *(
-                    self.env.rollout(row[INPUT], _stopping_client(vf)(client), model, {})
-                    for client in clients
-                )
+                *(self.env.rollout(row[INPUT], episode, model, {}) for episode in episodes)
             )
         )
         await self.env.rubric.score_group(states)
@@ -179,30 +178,32 @@ class GroupPlay:
         # answer the policy gave.
         policy_faults = (vf.errors.InvalidModelResponseError, vf.errors.ToolParseError)
         single_turn = getattr(self.env, "max_turns", 0) == 1
-        return [_outcome(state, policy_faults, single_turn) for state in states]
+        return [
+            _outcome(state, policy_faults, _ending(state, single_turn, episode.at_turn_limit))
+            for state, episode in zip(states, episodes, strict=True)
+        ]
 
 
-def _outcome(state: dict[str, Any], policy_faults: tuple[type, ...], single_turn: bool) -> Any:
+def _outcome(state: dict[str, Any], policy_faults: tuple[type, ...], ending: str) -> Any:
     """One episode's outcome for the harness: a mapping of its reward, the rubric's parts and
-    what ended it (`episode_end`), or the exception that says why it has none."""
+    what ended it (`episode_end`: `ending`), or the exception that says why it has none."""
     error = state.get("error")
     if error and not isinstance(error, policy_faults):
         cause = f" ({type(error.__cause__).__name__}: {error.__cause__})" if error.__cause__ else ""
         return RuntimeError(f"verifiers: {str(error) or type(error).__name__}{cause}")
     if state.get("timed_out"):  # the environment's own rollout time limit
         return TimeoutError("verifiers: the rollout ran past the environment's timeout")
-    return {
-        "reward": state["reward"],
-        **(state.get("metrics") or {}),
-        "episode_end": _ending(state, single_turn),
-    }
+    return {"reward": state["reward"], **(state.get("metrics") or {}), "episode_end": ending}
 
 
-def _ending(state: dict[str, Any], single_turn: bool) -> str:
-    """What ended a rollout, in `oncurve.rollout.env_calls.ENDINGS`: `length` when verifiers
-    marked it truncated (a turn cut at the token limit, a prompt past the context), `max_turns`
-    when its turn limit stopped it (but for a single-turn environment, whose one turn is its
-    whole episode), else `done` (the environment's own stop conditions)."""
+def _ending(state: dict[str, Any], single_turn: bool, at_turn_limit: bool) -> str:
+    """What ended a rollout, in `oncurve.rollout.env_calls.ENDINGS`: `max_turns` when
+    `rollout.max_turns` stopped it (`at_turn_limit`) or verifiers' turn limit did (but for a
+    single-turn environment, whose one turn is its whole episode), `length` when verifiers
+    marked it truncated (a turn cut at the token limit, a prompt past the context), else `done`
+    (the environment's own stop conditions)."""
+    if at_turn_limit:
+        return MAX_TURNS
     if state.get("is_truncated"):
         return LENGTH
     if state.get("stop_condition") == "max_turns_reached" and not single_turn:
@@ -211,18 +212,29 @@ def _ending(state: dict[str, Any], single_turn: bool) -> str:
 
 
 @functools.cache
-def _stopping_client(vf: Any) -> type:
-    """verifiers' OpenAI client class, made to end a rollout at a turn cut at the token limit,
-    before its environment answers it, as a cut turn ends an in-process episode: the client
-    marks the state `prompt_too_long`, verifiers' stop for a rollout with no room left, which it
-    checks before the next turn (the cut turn stays in the transcript the rubric scores)."""
+def _episode_client(vf: Any) -> type:
+    """verifiers' OpenAI client class, made to end a rollout as an in-process episode ends: at a
+    turn cut at the token limit, before its environment answers it (the client marks the state
+    `prompt_too_long`, verifiers' stop for a rollout with no room left, which it checks before
+    the next turn; the cut turn stays in the transcript the rubric scores), and after
+    `max_turns` turns, once the environment has answered the last (the next call is refused as
+    verifiers' `OverlongPromptError`, which ends the rollout truncated; `at_turn_limit` says so).
+    """
 
-    class StopsAtCutTurn(vf.OpenAIChatCompletionsClient):
+    class EpisodeClient(vf.OpenAIChatCompletionsClient):
+        def __init__(self, client: Any, max_turns: int) -> None:
+            super().__init__(client)
+            self.turns_left, self.at_turn_limit = max_turns, False
+
         async def get_response(self, *args: Any, **kwargs: Any) -> Any:
+            if self.turns_left == 0:
+                self.at_turn_limit = True
+                raise vf.OverlongPromptError("the episode played rollout.max_turns turns")
+            self.turns_left -= 1
             response = await super().get_response(*args, **kwargs)
             state = kwargs.get("state")
             if response.message.is_truncated and state is not None:
                 state["prompt_too_long"] = True
             return response
 
-    return StopsAtCutTurn
+    return EpisodeClient

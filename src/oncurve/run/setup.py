@@ -460,7 +460,7 @@ def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | Harnes
             play, r.max_turns, r.max_observation_tokens, faults, observation_overhead=overhead
         )
     if r.env.startswith(VERIFIERS_PREFIX):
-        play = GroupPlay(load_environment(r.env, r.env_args))
+        play = GroupPlay(load_environment(r.env, r.env_args), r.max_turns)
         overhead = feed_overhead(tokenizer)
         return HarnessSettings(play, r.max_turns, r.max_observation_tokens, faults, True, overhead)
     make_env = resolve_environment(r.env, r.env_args)

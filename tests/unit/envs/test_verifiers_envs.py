@@ -46,15 +46,15 @@ def sampler() -> TorchSampler:
     return TorchSampler(model, tokenizer)
 
 
-def play(sampler, kind: str, faults: EnvFaults | None = None, max_new_tokens: int = 6):
+def play(sampler, kind: str, faults: EnvFaults | None = None, max_new_tokens: int = 6, max_turns=2):
     env_args = {"kind": kind}
     rows = environment_rows(SINGLE, env_args, "train")[:2]
     for row in rows:
         row["prompt_ids"] = sampler.tokenizer.apply_chat_template(
             row["prompt_messages"], add_generation_prompt=True, tokenize=True, return_dict=False
         )
-    play = GroupPlay(load_environment(SINGLE, env_args))
-    settings = HarnessSettings(play, 2, 64, faults or EnvFaults(), groups=True)
+    play = GroupPlay(load_environment(SINGLE, env_args), max_turns)
+    settings = HarnessSettings(play, max_turns, 64, faults or EnvFaults(), groups=True)
     params = SamplingParams(max_new_tokens=max_new_tokens, seed=3)
     return rows, *play_harness(sampler, rows, 3, params, settings)
 
@@ -145,26 +145,30 @@ def test_a_prompt_longer_than_the_context_is_verifiers_overlong_prompt():
 
 
 @pytest.mark.parametrize(
-    ("kind", "cut", "ends", "turns"),
+    ("kind", "cut", "max_turns", "ends", "turns"),
     [
-        ("single", None, [DONE] * 6, [1] * 6),
-        ("single", "1+2=", [LENGTH] * 3 + [DONE] * 3, [1] * 6),
-        ("multi", None, [MAX_TURNS] * 6, [2] * 6),
-        ("multi", "1+2=", [LENGTH] * 3 + [MAX_TURNS] * 3, [1] * 3 + [2] * 3),
-        ("tools", None, [DONE] * 6, [2] * 6),
+        ("single", None, 2, [DONE] * 6, [1] * 6),
+        ("single", "1+2=", 2, [LENGTH] * 3 + [DONE] * 3, [1] * 6),
+        ("multi", None, 2, [MAX_TURNS] * 6, [2] * 6),
+        ("multi", "1+2=", 2, [LENGTH] * 3 + [MAX_TURNS] * 3, [1] * 3 + [2] * 3),
+        ("multi", None, 1, [MAX_TURNS] * 6, [1] * 6),
+        ("multi", "1+2=", 1, [LENGTH] * 3 + [MAX_TURNS] * 3, [1] * 6),
+        ("tools", None, 3, [DONE] * 6, [2] * 6),
     ],
 )
-def test_an_episode_ends_as_verifiers_ended_it(kind, cut, ends, turns):
-    """verifiers' turn limit is `max_turns` (a single-turn environment's one turn is its whole
-    episode: `done`), its truncated rollouts `length`, and a turn cut at `max_new_tokens`
-    ends the episode there, as it ends an in-process one: the environment never answers it."""
+def test_an_episode_ends_as_verifiers_ended_it(kind, cut, max_turns, ends, turns):
+    """verifiers' turn limit, or `rollout.max_turns` where it is lower, is `max_turns` (a
+    single-turn environment's one turn is its whole episode: `done`), its truncated rollouts
+    `length`, and a turn cut at `max_new_tokens` ends the episode there, as it ends an
+    in-process one: the environment never answers it."""
     tokenizer = load_qwen3_tokenizer()
     sampler = (
         tool_user_sampler(tokenizer)
         if kind == "tools"
         else replier_sampler(tokenizer, answers(cut))
     )
-    _, rollout, columns = play(sampler, kind, max_new_tokens=40 if kind == "tools" else 8)
+    max_new_tokens = 40 if kind == "tools" else 8
+    _, rollout, columns = play(sampler, kind, max_new_tokens=max_new_tokens, max_turns=max_turns)
     assert columns["episode_fault"] == [None] * 6
     assert columns["episode_end"] == ends and columns["turns"] == turns
     if cut:  # the rubric scored the cut turn, its "3"s (has_answer: 1+2=3)
@@ -206,7 +210,7 @@ def test_only_the_policys_own_faults_are_scored():
         {},
     ]
     played = asyncio.run(
-        GroupPlay(FakeEnvironment(states))([None] * 5, "m", {"verifiers_input": {}})
+        GroupPlay(FakeEnvironment(states), 2)([None] * 5, "m", {"verifiers_input": {}})
     )
     assert played[0] == played[1] == played[4] == {"reward": 1.0, "episode_end": DONE}
     assert isinstance(played[2], RuntimeError) and "ModelError" in str(played[2])
