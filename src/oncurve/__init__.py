@@ -1,8 +1,9 @@
 """oncurve: GRPO on verifiable rewards for Hugging Face causal LMs.
 
 The public API, importable from here: `train(config)` runs a job and returns a `TrainResult`
-(`train(config, reward_funcs=[...], train_dataset=..., eval_dataset=...)` takes reward
-functions and datasets as TRL's `GRPOTrainer` takes them);
+(`train(config, model=..., reward_funcs=[...], train_dataset=..., eval_dataset=...)` takes
+the model, reward functions and datasets as TRL's `GRPOTrainer` takes them; `config` may be a
+YAML file's path);
 `load_config(path, overrides)` builds its `Config` (YAML plus dotted overrides, validated);
 `TorchSampler` and `SamplingParams` sample groups of completions from any causal LM. Each is
 imported on first use, so that `import oncurve` (and the CLI's `--help`) does not pay for

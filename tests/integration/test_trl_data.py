@@ -10,6 +10,8 @@ import dataclasses
 import json
 
 import pytest
+import yaml
+from helpers.models import tiny_qwen2
 from helpers.runs import metric_rows
 
 import oncurve
@@ -301,3 +303,96 @@ def test_a_given_dataset_beside_a_path_or_a_task_is_refused_before_the_run(data_
         "train_dataset: data.split picks a split of a Hub dataset, not of given rows; unset it"
     )
     assert not (tmp_path / "run").exists()
+
+
+def test_a_model_passed_to_train_as_trl_takes_it_trains_as_model_path_does(
+    tiny_model_dir, data_file, tmp_path
+):
+    """`train(config, model=path)`, as `GRPOTrainer(model="Qwen/...")` takes it, trains as the
+    config naming it does, with a real model's defaults where the config, loaded for the
+    bundled model, set nothing (optim.lr); the config may be a YAML file's path."""
+    job, given, named = tmp_path / "job.yaml", tmp_path / "given", tmp_path / "named"
+    job.write_text(
+        yaml.safe_dump(
+            {
+                "data": {"path": str(data_file), "prompts_per_step": 2},
+                "rollout": {"group_size": 2, "max_new_tokens": 6},
+                "reward": {"timeout": None},
+                "eval": {"at_start_end": False},
+                "run": {"steps": 1, "device": "cpu", "preflight": False, "dir": str(given)},
+            }
+        )
+    )
+    oncurve.train(str(job), quiet=True, model=str(tiny_model_dir))
+    oncurve.train(oncurve.load_config(job, [f"model.path={tiny_model_dir}", f"run.dir={named}"]),
+                  quiet=True)  # fmt: skip
+    assert (given / "samples.jsonl").read_bytes() == (named / "samples.jsonl").read_bytes()
+    assert metric_rows(given) == metric_rows(named)
+    assert metric_rows(given)[0]["lr"] < 1e-5  # a real model's 1e-6 warming up, not 1e-4
+    assert f"  path: {tiny_model_dir}\n" in (given / "config.yaml").read_text()
+
+
+def test_a_model_passed_to_train_beside_another_path_or_as_an_object_is_refused(tmp_path):
+    config = _given_config("org/other", tmp_path / "run")
+    with pytest.raises(UserError) as err:
+        oncurve.train(config, model="org/model")
+    assert str(err.value) == (
+        "model: the config's model.path names org/other as well; give the model one way: "
+        "unset model.path, or pass no model"
+    )
+    loaded = tiny_qwen2(8)
+    loaded.name_or_path = "org/model"  # as from_pretrained("org/model") sets it
+    with pytest.raises(UserError) as err:
+        oncurve.train(_given_config("default", tmp_path / "run"), model=loaded)
+    assert str(err.value) == (
+        "model: a Qwen2ForCausalLM object; oncurve loads the model itself, at the start and "
+        "again to resume: pass its directory or Hub id, model='org/model' if it is unchanged "
+        "since loading, else save it (model.save_pretrained(directory)) and pass the directory"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_streamed_dataset_is_read_as_far_as_the_run_needs(tiny_model_dir, data_file, tmp_path,
+                                                            capsys):  # fmt: skip
+    """An endless `IterableDataset` trains as the list of its first data.prompts_per_step x
+    run.steps rows does, and a resume given it again reads the same rows; one that would read
+    others (run.steps raised) is refused in one line saying so; a streamed eval_dataset needs
+    eval.num_prompts, the rows read from it."""
+    datasets = pytest.importorskip("datasets", reason="datasets (extra `data`) not installed")
+    rows = [json.loads(line) for line in data_file.read_text().splitlines()]
+
+    def endless():
+        while True:
+            yield from rows
+
+    stream = datasets.IterableDataset.from_generator(endless)
+    run = tmp_path / "stream"
+    config = _given_config(tiny_model_dir, run, "run.steps=2", "run.save_every=1")
+    oncurve.train(config, quiet=True, train_dataset=stream)
+    listed = _given_config(tiny_model_dir, tmp_path / "listed", "run.steps=2")
+    oncurve.train(listed, quiet=True, train_dataset=rows[:4])
+    assert (run / "samples.jsonl").read_bytes() == (
+        tmp_path / "listed" / "samples.jsonl"
+    ).read_bytes()
+    trained = (run / "samples.jsonl").read_bytes()
+    step_1 = f"run.resume={run}/checkpoints/step-000001", "run.overwrite=true"
+    oncurve.train(oncurve.load_config(run / "config.yaml", [*step_1]), quiet=True,
+                  train_dataset=stream)  # fmt: skip
+    assert (run / "samples.jsonl").read_bytes() == trained  # step 2 again, on the same rows
+    longer = oncurve.load_config(run / "config.yaml", ["run.steps=3", "run.resume=auto"])
+    with pytest.raises(UserError) as err:
+        oncurve.train(longer, quiet=True, train_dataset=stream)
+    assert str(err.value) == (
+        f"cannot resume {run}/checkpoints/step-000002: run.steps was 2 and is now 3, and the "
+        "train_dataset streams its rows, of which a run reads data.prompts_per_step x run.steps: "
+        "it would train on others; resume with run.steps=2, force it with "
+        "run.force_changes=[data.rows] (the remaining steps draw from the 6 rows read then), or "
+        "start a new run.dir"
+    )
+    evaluated = _given_config(tiny_model_dir, tmp_path / "eval", f"data.path={data_file}")
+    with pytest.raises(UserError) as err:
+        oncurve.train(evaluated, quiet=True, eval_dataset=stream)
+    assert str(err.value) == (
+        "eval_dataset streams its rows (IterableDataset, no length), which may not end: set "
+        "eval.num_prompts, the held-out rows to read from it"
+    )

@@ -21,6 +21,7 @@ from oncurve.config.loading import (
     load_run_config,
     save_config,
     to_dict,
+    with_model_path,
 )
 from oncurve.config.presets import BUNDLED_MODEL_DEFAULTS, ESTIMATOR_DEFAULTS, PRESETS
 from oncurve.config.sections import (
@@ -72,4 +73,5 @@ __all__ = [
     "config_yaml",
     "save_config",
     "to_dict",
+    "with_model_path",
 ]

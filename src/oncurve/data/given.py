@@ -1,6 +1,8 @@
 """Datasets passed to `oncurve.train(train_dataset=..., eval_dataset=...)` as TRL's
 `GRPOTrainer` takes them: a `datasets.Dataset` (or any object with a length that yields dict
-rows) or a list of dict rows.
+rows), a list of dict rows, or an `IterableDataset` (`load_dataset(..., streaming=True)`, or
+any iterable of dict rows without a length), of which `train` reads the rows the run needs
+(`first_rows`).
 
 The config names one as `data.path: given:train_dataset` or `eval.path: given:eval_dataset`, as
 config.yaml records it; while `train` runs (`holding`), `oncurve.data.files.read_records` reads
@@ -10,7 +12,8 @@ imports `datasets`: a `Dataset` is told by what it has.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import itertools
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -39,12 +42,11 @@ def given_argument(path: str | None) -> str:
 
 
 def check_dataset(argument: str, dataset: Any) -> None:
-    """A one-line error naming `argument` for what oncurve cannot train on: anything but rows
-    with a length (a `DatasetDict` of splits, a pandas or polars `DataFrame`, whose iteration
-    yields its column names, a string, one row), an `IterableDataset` (rows streamed one by
-    one, without a length), a `Dataset` formatted as tensors or arrays (`set_format("torch")`:
-    a number's text would be `tensor(2)`), and a `Dataset` with an image column (of its
-    `features`, at any depth: TRL's multimodal prompts)."""
+    """A one-line error naming `argument` for what oncurve cannot train on: anything but an
+    iterable of rows (a `DatasetDict` of splits, a pandas or polars `DataFrame`, whose iteration
+    yields its column names, a string, one row), a `Dataset` formatted as tensors or arrays
+    (`set_format("torch")`: a number's text would be `tensor(2)`), and a `Dataset` with an image
+    column (of its `features`, at any depth: TRL's multimodal prompts)."""
     kind = type(dataset).__name__
     frame = kind.endswith("DataFrame")
     if frame or isinstance(dataset, str | bytes | Mapping) or not hasattr(dataset, "__iter__"):
@@ -57,12 +59,6 @@ def check_dataset(argument: str, dataset: Any) -> None:
         raise UserError(
             f"{argument}: expected a datasets.Dataset or a list of dict rows, got {kind}"
             + what_to_pass
-        )
-    if not hasattr(dataset, "__len__"):
-        raise UserError(
-            f"{argument} streams its rows ({kind}, no length), and oncurve reads them all "
-            "before training: pass a datasets.Dataset (load_dataset without streaming=True) or "
-            "a list of dicts"
         )
     formatting = getattr(dataset, "format", None)
     format_type = formatting.get("type") if isinstance(formatting, Mapping) else None
@@ -79,6 +75,29 @@ def check_dataset(argument: str, dataset: Any) -> None:
                 "oncurve does not train on (text-only models); drop the column to train on the "
                 "text"
             )
+
+
+def streams(dataset: Any) -> bool:
+    """Whether `dataset` yields its rows one by one without a length, as an `IterableDataset`
+    (`load_dataset(..., streaming=True)`) does: it may not end."""
+    return hasattr(dataset, "__iter__") and not hasattr(dataset, "__len__")
+
+
+class StreamedRows(list):
+    """The rows `first_rows` read from a dataset that `streams`."""
+
+
+def first_rows(dataset: Iterable[Any], count: int) -> StreamedRows:
+    """The first `count` rows a dataset that `streams` yields, or all of them where it ends
+    first: reading stops there, so an endless stream is read as far as a run needs. An
+    `IterableDataset` starts again at each reading, so a resumed run given it again reads the
+    same rows, where the stream yields the same ones each time."""
+    return StreamedRows(itertools.islice(dataset, count))
+
+
+def streamed(argument: str) -> bool:
+    """Whether the dataset held (`holding`) as `argument` was read from a stream."""
+    return isinstance(_HELD.get(argument), StreamedRows)
 
 
 def _holds_images(feature: Any) -> bool:

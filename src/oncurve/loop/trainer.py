@@ -24,9 +24,11 @@ from oncurve.config import (
     RewardFnConfig,
     build_config,
     check_preset_applied,
+    load_config,
     to_dict,
+    with_model_path,
 )
-from oncurve.data.given import SETTINGS, check_dataset, given_path, holding
+from oncurve.data.given import SETTINGS, check_dataset, first_rows, given_path, holding, streams
 from oncurve.errors import TrainingError, UserError
 from oncurve.loop.collect import sampling_params, trainer_state
 from oncurve.loop.evaluate import evaluate
@@ -71,8 +73,9 @@ class TrainResult:
 
 
 def train(
-    config: Config,
+    config: Config | str | os.PathLike[str] | None = None,
     *,
+    model: str | os.PathLike[str] | None = None,
     quiet: bool = False,
     reward_funcs: RewardFunc | Sequence[RewardFunc] = (),
     reward_weights: Sequence[float] | None = None,
@@ -80,6 +83,11 @@ def train(
     eval_dataset: Iterable[Mapping[str, Any]] | None = None,
 ) -> TrainResult:
     """Run GRPO as configured; returns the run directory and held-out accuracy before/after.
+    `config` is a `Config`, or a YAML file's path loaded as `load_config(path)` loads it (None:
+    the defaults). `model` is TRL's `model=` as a string: a directory or Hub id, in place of
+    `model.path` (a config that names another is refused); a config loaded for the bundled
+    model takes a real model's defaults where it set nothing (`with_model_path`). A loaded
+    model object is refused: oncurve loads the model itself, again to resume.
     `reward_funcs` (one or a list, weighted by `reward_weights`, else 1 each) are TRL's: reward
     functions, called with TRL's keywords, named `given:<name>` in `reward.functions`, and
     reward models' directories or Hub ids, named `model:<path>` there; they come after the
@@ -92,7 +100,14 @@ def train(
     name), in place of `data.path` and `eval.path`, which name them `given:train_dataset` and
     `given:eval_dataset` (a config whose path names a file or Hub id is refused); a resumed run
     is given them again: given other training rows it is refused as for an edited file, other
-    held-out rows are said as the changed setting `eval.rows`."""
+    held-out rows are said as the changed setting `eval.rows`. A dataset that streams its rows
+    (an `IterableDataset`) is read as far as the run needs: `data.prompts_per_step` x
+    `run.steps` training rows (then shuffled as a `Dataset`'s), `eval.num_prompts` held-out
+    ones (which it must set), so an endless stream trains."""
+    if config is None or isinstance(config, str | os.PathLike):
+        config = load_config(config)
+    if model is not None:
+        config = _with_model(config, model)
     if callable(reward_funcs) or isinstance(reward_funcs, str):
         reward_funcs = [reward_funcs]
     if reward_funcs:
@@ -115,6 +130,12 @@ def train(
     # rebuilt algo section is marked as loaded, so the preset is checked on the one given)
     check_preset_applied(config)
     config = build_config(to_dict(config))
+    datasets = {
+        argument: first_rows(dataset, _rows_to_read(config, argument, dataset))
+        if streams(dataset)
+        else dataset
+        for argument, dataset in datasets.items()
+    }
     cuda = resolve_device(config.run.device).type == "cuda"
     with (
         run_dirs_unlocked_after(),
@@ -122,6 +143,43 @@ def train(
         holding(datasets),
     ):
         return _train(config, quiet)
+
+
+def _with_model(config: Config, model: Any) -> Config:
+    """`config` training `model`, a directory or Hub id (`with_model_path`); a one-line error
+    for a model object, or where the config names another model."""
+    if isinstance(model, os.PathLike):
+        model = os.fspath(model)
+    if not isinstance(model, str):
+        name = getattr(model, "name_or_path", "")
+        unchanged = f"model={name!r} if it is unchanged since loading, else " if name else "or "
+        raise UserError(
+            f"model: a {type(model).__name__} object; oncurve loads the model itself, at the "
+            f"start and again to resume: pass its directory or Hub id, {unchanged}save it "
+            "(model.save_pretrained(directory)) and pass the directory"
+        )
+    if config.model.path == model:
+        return config
+    if config.model.path != type(config.model)().path:
+        raise UserError(
+            f"model: the config's model.path names {config.model.path} as well; give the "
+            "model one way: unset model.path, or pass no model"
+        )
+    return with_model_path(config, model)
+
+
+def _rows_to_read(config: Config, argument: str, dataset: Any) -> int:
+    """How many rows the run reads of a dataset that streams them, passed as `argument`: a
+    step's prompts for each step, or the held-out rows an evaluation scores (a one-line error
+    where eval.num_prompts does not say how many)."""
+    if argument == "train_dataset":
+        return config.data.prompts_per_step * config.run.steps
+    if not config.eval.num_prompts:
+        raise UserError(
+            f"{argument} streams its rows ({type(dataset).__name__}, no length), which may "
+            "not end: set eval.num_prompts, the held-out rows to read from it"
+        )
+    return config.eval.num_prompts
 
 
 def _with_datasets(config: Config, datasets: dict[str, Any]) -> Config:

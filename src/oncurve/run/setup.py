@@ -37,7 +37,7 @@ from oncurve.config.resume_settings import (
     refusal,
 )
 from oncurve.data.curriculum import build_curriculum, curriculum_notes
-from oncurve.data.given import given_argument
+from oncurve.data.given import given_argument, streamed
 from oncurve.data.prompts import (
     PromptData,
     correctness_fn,
@@ -380,6 +380,16 @@ def _changes(s: Session, state: dict, checkpoint_dir: Path) -> dict[str, list[An
     fingerprints = (saved, current)
     forced = s.config.run.force_changes
     why = refusal(changes, s.start_step, s.config.run.steps, fingerprints, forced)
+    rows_alone = refusal(changes, s.start_step, s.config.run.steps, (None, None), forced) is None
+    if why is not None and rows_alone and "run.steps" in changes and streamed("train_dataset"):
+        old, new = changes["run.steps"]
+        read = s.config.data.prompts_per_step * new
+        why = (
+            f"run.steps was {old} and is now {new}, and the train_dataset streams its rows, of "
+            "which a run reads data.prompts_per_step x run.steps: it would train on others; "
+            f"resume with run.steps={old}, force it with run.force_changes=[{DATA_ROWS}] (the "
+            f"remaining steps draw from the {read} rows read then), or start a new run.dir"
+        )
     trained_on = given_argument(changes.get("data.path", [None])[0])
     if trained_on and "data.path" not in forced:  # said before the setting's own refusal
         why = (

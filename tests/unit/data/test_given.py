@@ -4,12 +4,13 @@ and refused in one line where oncurve cannot train on them."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
 
 from oncurve.data.files import load_rows
-from oncurve.data.given import check_dataset, holding
+from oncurve.data.given import check_dataset, first_rows, holding, streams
 from oncurve.errors import UserError
 
 # TRL's conversational form, the gold as a GSM8K solution under TRL's `solution`, a column more
@@ -114,33 +115,20 @@ def test_a_dataset_not_held_is_one_line_saying_to_pass_it_again():
 
 
 def test_what_oncurve_cannot_train_on_is_refused_before_reading():
-    class Streamed:  # an IterableDataset's shape: rows one by one, no length
-        column_names = ["prompt"]
-
-        def __iter__(self):
-            return iter(TRL_ROWS)
-
-    assert _fake_refusal(Streamed()) == (
-        "train_dataset streams its rows (Streamed, no length), and oncurve reads them all before "
-        "training: pass a datasets.Dataset (load_dataset without streaming=True) or a list of "
-        "dicts"
-    )
     assert _fake_refusal("data.jsonl") == (
         "train_dataset: expected a datasets.Dataset or a list of dict rows, got str"
     )
     assert _fake_refusal(TRL_ROWS[0]).endswith("rows, got dict")
 
 
-def test_a_dataset_dict_a_streamed_dataset_and_image_features_are_refused():
+def test_a_dataset_dict_and_image_features_are_refused():
     datasets = pytest.importorskip("datasets", reason="datasets (extra `data`) not installed")
     train = datasets.Dataset.from_list(TRL_ROWS)
     assert _fake_refusal(datasets.DatasetDict({"train": train})) == (
         "train_dataset: expected a datasets.Dataset or a list of dict rows, got DatasetDict: "
         "pass one split, train_dataset=dataset['train']"
     )
-    assert _fake_refusal(train.to_iterable_dataset()).startswith(
-        "train_dataset streams its rows (IterableDataset, no length)"
-    )
+    check_dataset("train_dataset", train.to_iterable_dataset())  # streamed: read as needed
     images = {
         "picture": datasets.Image(),
         "pages": datasets.List(datasets.Image()),
@@ -222,3 +210,41 @@ def test_a_datasets_columns_reach_trl_rewards_as_stored(conversational):
         trl = [row[column] for row in dataset for _ in range(2)]
         given = passed["prompts" if column == "prompt" else column]
         assert given == trl and list(map(type, given)) == list(map(type, trl)), column
+
+
+def test_a_stream_is_read_as_far_as_the_run_needs_and_no_further():
+    """An `IterableDataset` (`load_dataset(..., streaming=True)`), endless here, yields the
+    rows a run needs and no more; one that ends first gives what it has; each reading starts
+    the stream again, so a resumed run given it again reads the same rows."""
+    datasets = pytest.importorskip("datasets", reason="datasets (extra `data`) not installed")
+    made = []
+
+    def endless():
+        for i in itertools.count():
+            made.append(i)
+            yield {"prompt": f"{i}+{i}=", "answer": str(2 * i)}
+
+    stream = datasets.IterableDataset.from_generator(endless)
+    assert streams(stream) and not streams(TRL_ROWS)
+    assert not streams(datasets.Dataset.from_list(TRL_ROWS))
+    check_dataset("train_dataset", stream)
+    rows = first_rows(stream, 5)
+    assert [row["answer"] for row in rows] == ["0", "2", "4", "6", "8"]
+    assert len(made) == 5  # nothing read past the rows needed
+    assert first_rows(stream, 5) == rows
+    assert _given_rows(rows) == _given_rows([dict(row) for row in rows])
+    ended = datasets.Dataset.from_list(TRL_ROWS).to_iterable_dataset()
+    assert first_rows(ended, 5) == TRL_ROWS
+
+
+def test_a_stream_that_is_not_a_datasets_one_is_read_as_one():
+    class Streamed:  # an IterableDataset's shape: rows one by one, no length
+        column_names = ["prompt"]
+
+        def __iter__(self):
+            return iter(TRL_ROWS)
+
+    assert streams(Streamed())
+    check_dataset("train_dataset", Streamed())
+    assert first_rows(Streamed(), 2) == TRL_ROWS[:2]
+    assert first_rows((row for row in TRL_ROWS), 9) == TRL_ROWS
