@@ -9,7 +9,6 @@ import difflib
 import math
 import types
 import typing
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +37,6 @@ RENAMED: dict[str, str] = {
     "algo.overlong_penalty": "reward.overlong_penalty",
     "algo.tis_cap": "algo.is_cap",
 }
-# The settings each config `build_config` built was given, with the config as built, by the id
-# of each of its sections (which a config changed with `dataclasses.replace` shares):
-# `with_model_path` builds it again for another model
-_BUILT_FROM: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
@@ -85,42 +80,28 @@ def build_config(raw: dict[str, Any]) -> Config:
     config = _from_dict(Config, _merge(_defaults(raw), raw), "")
     check_cross_fields(config)
     mark_preset_applied(config.algo)
-    built = (raw, to_dict(config))
-    for section in _top_sections(config):
-        _BUILT_FROM[id(section)] = built
-        weakref.finalize(section, _BUILT_FROM.pop, id(section), None)
     return config
 
 
-def _top_sections(config: Config) -> list[Any]:
-    return [getattr(config, field.name) for field in dataclasses.fields(config)]
-
-
 def with_model_path(config: Config, path: str) -> Config:
-    """`config`, whose `model.path` is `default` (the bundled model), training the model at
-    `path`: one that loading built is built again from its settings with `model.path` set, so
-    that the bundled model's defaults it took where they set nothing (`BUNDLED_MODEL_DEFAULTS`:
-    optim.lr 1e-4, rollout.max_new_tokens 64) give way to a real model's; one made in Python,
-    whose field defaults are a real model's, gets the path alone. A loaded config changed in
-    Python since, which holds a bundled model's default, is refused in one line: which of its
-    settings are the user's is not known."""
-    found = [_BUILT_FROM[id(s)] for s in _top_sections(config) if id(s) in _BUILT_FROM]
-    raw, built = found[0] if found else (None, None)
-    if raw is not None and built == to_dict(config):
-        raw = dict(raw)
-        _set_dotted(raw, "model.path", path)
-        return build_config(raw)
+    """`config` training the model at `path` in place of the bundled one (`model.path`
+    `default`). A config made in Python holds a real model's defaults and gets the path alone;
+    one that holds a bundled model's default (`BUNDLED_MODEL_DEFAULTS`: optim.lr 1e-4,
+    rollout.max_new_tokens 64, as loading gives where the file sets nothing) is refused in one
+    line: which of its settings are the user's is not known, and loading it with the path
+    gives a real model's defaults."""
     held = [
         f"{section}.{key}={value!r}"
         for section, keys in BUNDLED_MODEL_DEFAULTS.items()
         for key, value in keys.items()
         if getattr(getattr(config, section), key) == value
     ]
-    if raw is not None and held:
+    if held:
         raise UserError(
-            "model: the config, loaded for the bundled model (model.path default) and changed "
-            f"since, holds the bundled model's {held[0]}; load it with the model's path: "
-            f"oncurve.load_config(path, ['model.path={path}', ...])"
+            f"model: the config, loaded for the bundled model (model.path default), holds its "
+            f"{held[0]}; load it with the model's path: "
+            f"oncurve.load_config(path, ['model.path={path}', ...]), or pass train the YAML "
+            "file's path"
         )
     return dataclasses.replace(config, model=dataclasses.replace(config.model, path=path))
 

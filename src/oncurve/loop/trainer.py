@@ -86,8 +86,9 @@ def train(
     `config` is a `Config`, or a YAML file's path loaded as `load_config(path)` loads it (None:
     the defaults). `model` is TRL's `model=` as a string: a directory or Hub id, in place of
     `model.path` (a config that names another is refused); a config loaded for the bundled
-    model takes a real model's defaults where it set nothing (`with_model_path`). A loaded
-    model object is refused: oncurve loads the model itself, again to resume.
+    model (a YAML path) takes a real model's defaults where it sets nothing, a `Config` that
+    holds the bundled model's is refused (`with_model_path`). A loaded model object is
+    refused: oncurve loads the model itself, again to resume.
     `reward_funcs` (one or a list, weighted by `reward_weights`, else 1 each) are TRL's: reward
     functions, called with TRL's keywords, named `given:<name>` in `reward.functions`, and
     reward models' directories or Hub ids, named `model:<path>` there; they come after the
@@ -104,10 +105,15 @@ def train(
     (an `IterableDataset`) is read as far as the run needs: `data.prompts_per_step` x
     `run.steps` training rows (then shuffled as a `Dataset`'s), `eval.num_prompts` held-out
     ones (which it must set), so an endless stream trains."""
+    given_config = config
     if config is None or isinstance(config, str | os.PathLike):
         config = load_config(config)
-    if model is not None:
-        config = _with_model(config, model)
+    model = None if model is None else _model_path(config, model)
+    if model is not None and model != config.model.path:
+        if isinstance(given_config, Config):
+            config = with_model_path(config, model)
+        else:  # loaded again with the path: where the file sets nothing, a real model's defaults
+            config = load_config(given_config, [f"model.path={model}"])
     if callable(reward_funcs) or isinstance(reward_funcs, str):
         reward_funcs = [reward_funcs]
     if reward_funcs:
@@ -145,9 +151,9 @@ def train(
         return _train(config, quiet)
 
 
-def _with_model(config: Config, model: Any) -> Config:
-    """`config` training `model`, a directory or Hub id (`with_model_path`); a one-line error
-    for a model object, or where the config names another model."""
+def _model_path(config: Config, model: Any) -> str:
+    """`model` as the directory or Hub id it names; a one-line error for a model object, or
+    where the config names another model."""
     if isinstance(model, os.PathLike):
         model = os.fspath(model)
     if not isinstance(model, str):
@@ -158,14 +164,12 @@ def _with_model(config: Config, model: Any) -> Config:
             f"start and again to resume: pass its directory or Hub id, {unchanged}save it "
             "(model.save_pretrained(directory)) and pass the directory"
         )
-    if config.model.path == model:
-        return config
-    if config.model.path != type(config.model)().path:
+    if config.model.path not in (model, type(config.model)().path):
         raise UserError(
             f"model: the config's model.path names {config.model.path} as well; give the "
             "model one way: unset model.path, or pass no model"
         )
-    return with_model_path(config, model)
+    return model
 
 
 def _rows_to_read(config: Config, argument: str, dataset: Any) -> int:

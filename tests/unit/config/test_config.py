@@ -916,45 +916,27 @@ def test_a_config_from_a_pipe_is_read_as_a_file_is(tmp_path):
     assert load_config(os.devnull).run.steps == load_config(None).run.steps  # empty
 
 
-@pytest.mark.parametrize(
-    ("overrides", "lr"),
-    [
-        (["run.steps=3", "optim.lr=2e-5"], 2e-5),
-        (["optim.lr=1e-4"], 1e-4),  # the bundled model's value, given: the user's, kept
-        (["algo.preset=dapo"], 1e-6),  # settings the preset sizes by rollout.max_new_tokens
-    ],
-)
-def test_a_model_path_set_after_loading_takes_a_real_models_defaults(overrides, lr):
-    """A config loaded for the bundled model is loaded again with the model's path, so that the
-    bundled model's defaults (optim.lr 1e-4, rollout.max_new_tokens 64) give way to a real
-    model's where the file and overrides set nothing."""
-    loaded = load_config(None, overrides)
-    assert loaded.rollout.max_new_tokens == 64
-    given = with_model_path(loaded, "org/model")
-    assert given == load_config(None, [*overrides, "model.path=org/model"])
-    assert (given.rollout.max_new_tokens, given.eval.num_prompts) == (256, None)
-    assert given.optim.lr == lr
-
-
-def test_a_model_path_set_on_a_config_made_or_changed_in_python():
-    made = Config()  # its fields hold a real model's defaults
+def test_a_model_path_set_on_a_config_made_in_python_or_loaded_for_the_bundled_model():
+    """A config made in Python (a real model's defaults) gets the path alone; one that holds a
+    bundled model's default, as loading without a model path gives, is refused in one line."""
+    made = Config()
     given = with_model_path(made, "org/model")
     assert given == dataclasses.replace(
         made, model=dataclasses.replace(made.model, path="org/model")
     )
     loaded = load_config(None, ["optim.lr=2e-5", "rollout.max_new_tokens=32"])
-    changed = dataclasses.replace(loaded, run=dataclasses.replace(loaded.run, steps=5))
     with pytest.raises(UserError) as err:
-        with_model_path(changed, "org/model")
+        with_model_path(loaded, "org/model")
     assert str(err.value) == (
-        "model: the config, loaded for the bundled model (model.path default) and changed since, "
-        "holds the bundled model's eval.num_prompts=500; load it with the model's path: "
-        "oncurve.load_config(path, ['model.path=org/model', ...])"
+        "model: the config, loaded for the bundled model (model.path default), holds its "
+        "eval.num_prompts=500; load it with the model's path: "
+        "oncurve.load_config(path, ['model.path=org/model', ...]), or pass train the YAML "
+        "file's path"
     )
-    # changed since, holding none of the bundled model's defaults: its settings are the user's
+    # loaded for the bundled model, holding none of its defaults: its settings are the user's
     overridden = load_config(
         None, ["optim.lr=2e-5", "rollout.max_new_tokens=32", "eval.num_prompts=9"]
     )
-    steps = dataclasses.replace(overridden, run=dataclasses.replace(overridden.run, steps=5))
-    assert with_model_path(steps, "org/model").model.path == "org/model"
-    assert with_model_path(steps, "org/model").run.steps == 5
+    assert with_model_path(overridden, "org/model") == dataclasses.replace(
+        overridden, model=dataclasses.replace(overridden.model, path="org/model")
+    )
