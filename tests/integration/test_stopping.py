@@ -217,7 +217,7 @@ def test_a_closed_pipe_ends_the_output_not_the_run(tiny_model_dir, data_file, tm
     """`oncurve train ... 2>&1 | head -2`: once `head` has gone, the run's output goes nowhere
     and the run goes on to its end: every step logged, `final/` written, exit status 0."""
     run_dir = tmp_path / "run"
-    steps = 30
+    steps = 6
     args = job(tiny_model_dir, data_file, run_dir, f"run.steps={steps}")
     command = " ".join(map(_quote, [sys.executable, "-m", "oncurve", *args]))
     status = tmp_path / "status"
