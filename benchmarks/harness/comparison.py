@@ -1,8 +1,6 @@
-"""One trainer against another on the `arith` GRPO job, both measured in the same command
-(`vs_trl.py`, `grpo_vs_ppo.py`): the flags and the job they share, the runs alternating fresh
-processes, each trainer's figures over its runs (median seconds per step and per phase after
-each run's first step, peak memory, reward, held-out accuracy, each step's FLOP floor), the row
-they make and its markdown section."""
+"""One trainer against another on the `arith` GRPO job in one command (`vs_trl.py`,
+`grpo_vs_ppo.py`): shared flags and job, alternating runs, each trainer's figures, the row and
+its section."""
 
 from __future__ import annotations
 
@@ -23,9 +21,7 @@ from harness.tables import cell, markdown_table
 
 
 def parser(doc: str, models: str, runs: int, microbatch: int | None) -> argparse.ArgumentParser:
-    """The command line both comparisons take: the model (`models` lists the names), steps,
-    runs per trainer (default `runs`), the job's sizes and GRPO settings, held-out prompts,
-    rows per forward/backward (default `microbatch`; None: per model) and checkpointing."""
+    """The command line both comparisons take; `models` lists the model names for --help."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--model", default="default", help=f"{models} | PATH")
     for flag, meaning in (("--steps", "steps per run"), ("--prompts", "prompts per step"),
@@ -48,9 +44,8 @@ def arith_job(
     scenario: tuple[int, int, int, bool, int],
     more: dict[str, Any],
 ) -> Job:
-    """GRPO on `arith` with the model at `path`: the scenario's prompts per step, G, completion
-    tokens (all of them forced when its flag is set) and steps unless the command line sets
-    them, the command line's GRPO settings, and `more` settings (dotted keys) on top."""
+    """GRPO on `arith` with the model at `path`: the scenario's (prompts, G, tokens, forced,
+    steps) where the command line sets none, its GRPO settings, `more` (dotted keys) on top."""
     prompts, group, tokens, force, steps = scenario
     tokens = args.tokens or tokens
     return Job({
@@ -74,18 +69,15 @@ def arith_job(
 
 
 def fresh(work: Path, eval_n: int) -> tuple[Path, Path | None]:
-    """`work` emptied (a previous command's runs removed) and created, and `eval_n` held-out
-    `arith` prompts exported into it (None when `eval_n` is 0)."""
+    """`work` emptied, and `eval_n` held-out `arith` prompts exported into it (None for 0)."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     return work, export_task("arith", "test", eval_n, work / "test.jsonl") if eval_n else None
 
 
 def oncurve_run(job: Job, out: Path) -> dict[str, Any]:
-    """oncurve's run of `job` in a fresh `oncurve train` process writing into `out/run`: wall
-    seconds, peak RSS (MB, `ru_maxrss`), seconds, phases, mean reward and mean length of each
-    step, the steps' peak CUDA memory in MB and the memory plan's peak in GiB (None on the
-    CPU), and its final model's directory."""
+    """`job` in a fresh `oncurve train` into `out/run`: wall, RSS, per-step figures, peak CUDA
+    MB and the memory plan's GiB (None on the CPU), the final model's directory."""
     done = train_oncurve(job.oncurve_args(), out / "run", out / "log.txt")
     steps = done.pop("rows")
     cuda = [r["memory/gpu_peak_gb"] * 1024 for r in steps if "memory/gpu_peak_gb" in r]
@@ -106,10 +98,8 @@ def alternate(
     run: Callable[[str, int], dict],
     after: Callable[[dict[str, list[dict]]], None] | None = None,
 ) -> dict[str, list[dict]]:
-    """`run(label, index)` for each index below `runs`, the labels in turn within each (A, B,
-    A, B, ...: a slow patch of a shared machine falls on both trainers); each run's figures by
-    label, in order. `after` sees them after every run (a caller's time limit may stop the
-    next)."""
+    """`run(label, index)` for the labels in turn (A, B, A, B: a slow patch of the machine falls
+    on both), `runs` times; the figures by label. `after` sees them after every run."""
     done: dict[str, list[dict]] = {label: [] for label in labels}
     for index in range(runs):
         for label in done:
@@ -121,9 +111,7 @@ def alternate(
 
 
 def pairs_writer(path: str | None) -> Callable[[dict[str, list[dict]]], None]:
-    """An `after` for `alternate` that writes the runs so far to the JSON file `path` as
-    {"pairs": [{label: run, ...}, ...]} (nothing when `path` is None): a caller's time limit
-    may stop the next run."""
+    """An `after` for `alternate` writing {"pairs": [{label: run, ...}, ...]} to `path` (if any)."""
 
     def write(runs: dict[str, list[dict]]) -> None:
         if path:
@@ -143,16 +131,13 @@ def printed(figures: dict[str, Any]) -> dict[str, Any]:
 
 
 def steady_median(series: Iterable[list[float]]) -> float:
-    """The median over every series' values after its first (all of a one-value series): the
-    first step of a run pays its warm-up."""
+    """The median of every series' values after its first (its warm-up), or of a lone value."""
     return statistics.median(x for values in series for x in values[1:] or values)
 
 
 def summary(runs: list[dict]) -> dict[str, Any]:
-    """One trainer's figures over its runs (each with "seconds", "phases", "rss",
-    "mean_reward" and "accuracy"; "cuda" and "plan_gb" where kept): median seconds per step
-    ("s") and per phase after each run's first step, the highest peaks, the mean reward over
-    all steps and at the last, the mean accuracy (None unscored)."""
+    """One trainer's figures over its runs: steady median s/step ("s") and per phase, the
+    highest peaks, mean reward over all steps and at the last, mean accuracy (None unscored)."""
 
     def highest(key: str) -> float | None:
         return max((r[key] for r in runs if r.get(key) is not None), default=None)
@@ -171,11 +156,9 @@ def summary(runs: list[dict]) -> dict[str, Any]:
 
 
 def floor_figures(runs: list[dict], settings: dict, params: int, gflops: float) -> dict[str, Any]:
-    """One trainer's `summary` with its mean completion length over its `runs`, the FLOP floor
-    of its step in seconds ("floor") and each phase's median seconds over its own floor
-    ("x_floor"). The floor is the time at `gflops` for a model of `params`
-    parameters: 2N per generated and per reference token (beta > 0), 6N per trained token (mu
-    passes), with each run's own mean "length" and "prompt_tokens" per step."""
+    """`summary` with the mean length, the step's FLOP floor in seconds at `gflops` ("floor": 2N
+    per generated and reference token, 6N per trained token and epoch) and each phase's multiple
+    of its own floor ("x_floor")."""
     rows = settings["data.prompts_per_step"] * settings["rollout.group_size"]
     seconds: dict[str, list[float]] = {}
     for run in runs:
@@ -207,8 +190,7 @@ def met(value: float, limit: float) -> str:
 
 
 def grpo_settings(settings: dict[str, Any], notes: dict[str, str] | None = None) -> str:
-    """The GRPO settings a section states ("lr 0.0001, beta 0.04, epsilon 0.2, mu 1"), each
-    followed by its note in parentheses where `notes`, keyed by those names, has one."""
+    """ "lr 0.0001, beta 0.04, epsilon 0.2, mu 1", each with its note from `notes` in brackets."""
     named = {"lr": "optim.lr", "beta": "algo.beta", "epsilon": "algo.epsilon", "mu": "algo.mu"}
     notes = notes or {}
     return ", ".join(
@@ -226,10 +208,8 @@ def measured_row(
     figures: Callable[[list[dict]], dict[str, Any]],
     **more: Any,
 ) -> dict[str, Any]:
-    """A comparison's row, what `section` reads: the model, the job's settings (run i of each
-    trainer has seed i), runs per trainer, held-out prompts, the parameter count, the load
-    (`load` before the runs, this machine's now after them), the `more` figures, each run's
-    figures by trainer (`runs`) and each trainer's `figures` over its runs ("trainers")."""
+    """A comparison's row, what `section` reads: the job's settings, `load` before and after,
+    the `more` figures, the `runs` by trainer and each trainer's `figures` over them."""
     return {
         "model": args.model,
         "settings": job.settings | {"run.seed": "0..runs-1"},
@@ -252,10 +232,8 @@ def section(
     most: int | None = None,
     more: dict[str, Callable[[dict], str]] | None = None,
 ) -> str:
-    """A comparison's markdown section: a heading (key, model size, job shape, steps and runs),
-    where it was measured with `details` (settings), the trainers' table of `columns` (against
-    the last trainer, `trainer_table`), the `notes`, the phase table (`phases` says more of it)
-    and the runs' table (`run_table` with `most` and `more`)."""
+    """A comparison's markdown section: heading, where measured with `details`, the trainers'
+    table of `columns`, the `notes`, the phase table (`phases` adds to its title), the runs."""
     s, trainers = row["settings"], row["trainers"]
     forced = ", forced to full length" if s["rollout.min_new_tokens"] else ""
     checkpointing = "on" if s["model.gradient_checkpointing"] else "off"
@@ -277,9 +255,8 @@ def section(
 def trainer_table(
     trainers: dict[str, dict], base: str, columns: list[tuple[str, str | Callable, str]]
 ) -> str:
-    """One line per trainer: for each column (header, figure, spec) the trainer's figure (a key
-    of its figures, or a function of them) formatted with `spec` ("n/a" when None), or with
-    spec "x" as a multiple of the `base` trainer's ("0.75x")."""
+    """A line per trainer, a cell per column (header, key or function of the figures, format
+    spec); spec "x": a multiple of the `base` trainer's figure ("0.75x")."""
 
     def value(figures: dict, figure: str | Callable) -> Any:
         return figure(figures) if callable(figure) else figures[figure]
@@ -296,8 +273,8 @@ def trainer_table(
 
 
 def phase_table(trainers: dict[str, dict]) -> str:
-    """Each trainer's median seconds per phase and its share of the step; with a column for
-    each phase's multiple of its FLOP floor when the figures have one ("x_floor")."""
+    """Each trainer's median seconds per phase, its share of the step and its multiple of the
+    phase's FLOP floor where the figures have one."""
     floors = any(t.get("x_floor") for t in trainers.values())
     rows = []
     for label, t in trainers.items():
@@ -314,9 +291,8 @@ def run_table(
     most: int | None = None,
     more: dict[str, Callable[[dict], str]] | None = None,
 ) -> str:
-    """One line per run, in the order they ran: trainer, run number, seconds of each step
-    ("..." beyond `most` steps, or when none were kept), peak RSS, wall seconds, held-out
-    accuracy, and the `more` columns."""
+    """A line per run in the order they ran: each step's seconds ("..." beyond `most` steps or
+    none kept), peak RSS, wall seconds, accuracy and the `more` columns."""
 
     def steps(run: dict) -> str:
         seconds = run.get("seconds") or []
