@@ -1,6 +1,5 @@
-"""Child processes: run one with its output in a log, with or without a time limit, and read
-its peak memory; `oncurve train` (also for a budget of seconds of training steps), `oncurve eval`
-and `oncurve tasks export` as children of the checkout's oncurve."""
+"""Child processes with their output in a log, with or without a time limit; peak memory;
+`oncurve train` (also for a budget of seconds), `eval` and `tasks export` of the checkout."""
 
 from __future__ import annotations
 
@@ -26,9 +25,8 @@ from harness.machine import nvidia_smi
 def run_child(
     command: list[str], env: dict[str, str], log: Path, check: bool = True
 ) -> tuple[float, float, int]:
-    """Run `command` with its output in `log`; returns (wall seconds, peak RSS in MB of that
-    process alone, exit status). A failure raises SystemExit with the log's tail unless `check`
-    is false."""
+    """Run `command` with its output in `log`: (wall seconds, its peak RSS in MB, exit status).
+    A failure raises SystemExit with the log's tail unless `check` is false."""
     start = time.perf_counter()
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
@@ -43,10 +41,9 @@ def run_child(
 def run_limited(
     command: list[str], env: dict[str, str], log: Path, limit: float, cwd: Path | None = None
 ) -> tuple[int | None, float]:
-    """Run `command` (in `cwd`) with its output in `log` for at most `limit` seconds; returns
-    (its exit status, or None when it ran out of time, wall seconds). The child leads a process
-    group of its own, and on a timeout the whole group is killed: pytest's workers and a
-    trainer's reward workers would otherwise live on, holding the GPU."""
+    """Run `command` in `cwd` with its output in `log` for at most `limit` seconds: (exit status,
+    None on a timeout; wall seconds). A timeout kills the child's whole process group, lest
+    pytest's or the reward's workers live on holding the GPU."""
     start = time.perf_counter()
     with log.open("w") as out:
         process = subprocess.Popen(
@@ -64,14 +61,13 @@ def run_limited(
 
 def log_tail(log: Path, lines: int = 30) -> str:
     """The last `lines` lines of the text file `log` ("" when there is none)."""
-    if not log.is_file():
-        return ""
-    return "".join(log.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    return "".join(text.splitlines(keepends=True)[-lines:])
 
 
 class _Sampled:
-    """The largest value `read()` returns, sampled by a thread every `interval` seconds while
-    the `with` block runs (`peak`, None until a sample; a `read` returning None is skipped)."""
+    """`peak`: the largest value `read()` returns (None skipped) sampled by a thread every
+    `interval` seconds while the `with` block runs."""
 
     def __init__(self, read: Callable[[], float | None], interval: float) -> None:
         self.read, self.interval, self.peak = read, interval, None
@@ -100,10 +96,9 @@ def _rss_bytes() -> int:
 
 
 def peak_memory(fn: Callable[[], Any], interval: float = 0.0005) -> tuple[Any, float]:
-    """Run `fn` and return (its result, peak resident memory above the start, in MB): RSS
-    sampled by a thread every `interval` seconds, and the process's lifetime peak (`ru_maxrss`)
-    when `fn` raised it. RSS follows torch tensors only when freed memory goes back to the OS:
-    run this in a fresh process with `isolated_env`, after a small warm-up call."""
+    """(`fn()`, peak RSS above the start in MB): sampled every `interval` seconds, or the
+    lifetime peak when `fn` raised it. Run it in a fresh `isolated_env` process after a warm-up:
+    RSS follows torch tensors only when freed memory goes back to the OS."""
     base = _rss_bytes()
     lifetime_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     with _Sampled(_rss_bytes, interval) as sampled:
@@ -114,29 +109,17 @@ def peak_memory(fn: Callable[[], Any], interval: float = 0.0005) -> tuple[Any, f
 
 
 class GpuMemoryPeak(_Sampled):
-    """Peak `memory.used` of GPU 0 in GiB as nvidia-smi reports it, sampled every `interval`
-    seconds while the `with` block runs (a child's CUDA context and its allocator's cached
-    blocks included, which `torch.cuda.max_memory_allocated` leaves out); `peak_gb` stays None
-    without nvidia-smi."""
+    """Peak nvidia-smi `memory.used` of GPU 0 in GiB while the `with` block runs (`peak`; None
+    without nvidia-smi): unlike `torch.cuda.max_memory_allocated`, with CUDA context and cache."""
 
     def __init__(self, interval: float = 0.5) -> None:
-        super().__init__(self._used_gb, interval)
-
-    @staticmethod
-    def _used_gb() -> float | None:
-        used = nvidia_smi("memory.used")  # MiB
-        return None if used is None else float(used) / 1024
-
-    @property
-    def peak_gb(self) -> float | None:
-        return self.peak
+        used = lambda: None if (mib := nvidia_smi("memory.used")) is None else float(mib) / 1024  # noqa: E731
+        super().__init__(used, interval)
 
 
 def own_peak_rss() -> float | None:
-    """This process's peak RSS in MB (Linux `VmHWM`, of its own address space, created at
-    exec), None elsewhere. Not `ru_maxrss` as the parent's `wait4` reports it: Python starts
-    children with vfork, and Linux carries the parent's high-water mark into the child's
-    `ru_maxrss` at exec, so a child smaller than its parent would show the parent's peak."""
+    """This process's peak RSS in MB (Linux `VmHWM`), None elsewhere. Not `ru_maxrss`: a child
+    started by vfork inherits its parent's high-water mark there at exec."""
     try:
         match = re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text())
     except OSError:
@@ -145,8 +128,8 @@ def own_peak_rss() -> float | None:
 
 
 def isolated_env() -> dict[str, str]:
-    """Environment for a memory-measuring child: glibc returns every allocation over 64 KB to
-    the OS when freed, so RSS is the live memory rather than the heap's high-water mark."""
+    """Environment for a memory-measuring child: glibc frees allocations over 64 KB to the OS,
+    so RSS is the live memory."""
     return {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
@@ -163,35 +146,26 @@ def train_oncurve(
     python: str = sys.executable,
     check: bool = True,
 ) -> dict[str, Any]:
-    """`oncurve train --quiet ARGS` under `python` with its run in `run_dir` (overwritten) and
-    its output in `log`; returns its wall seconds, peak RSS in MB, exit status ("code") and the
-    metrics rows of its steps (none when it failed). A failure raises SystemExit with the log's
-    tail unless `check` is false."""
-    from oncurve.run.metrics import read_jsonl
-
+    """`oncurve train --quiet ARGS` under `python` into `run_dir` (overwritten), output in `log`:
+    {"wall", "rss" (MB), "code", "rows" (its steps' metrics)}. SystemExit on failure if `check`."""
     command = [python, "-m", "oncurve", "train", "--quiet", *args]
     command += [f"run.dir={run_dir}", "run.overwrite=true"]
     wall, rss, code = run_child(command, env or dict(os.environ), log, check)
-    metrics = run_dir / "metrics.jsonl"
-    rows = [r for r in read_jsonl(metrics) if "time/step" in r] if metrics.is_file() else []
-    return {"wall": wall, "rss": rss, "code": code, "rows": rows}
+    return {"wall": wall, "rss": rss, "code": code, "rows": logged_steps(run_dir)}
 
 
-def logged_step_seconds(run_dir: Path) -> list[float]:
-    """The `time/step` of each step an oncurve run in `run_dir` has logged so far (`read_jsonl`
-    leaves a line being written for the next read)."""
+def logged_steps(run_dir: Path) -> list[dict[str, Any]]:
+    """The metrics rows of the steps an oncurve run in `run_dir` has logged so far."""
     from oncurve.run.metrics import read_jsonl
 
     path = run_dir / "metrics.jsonl"
-    rows = read_jsonl(path) if path.is_file() else []
-    return [row["time/step"] for row in rows if "time/step" in row]
+    return [row for row in read_jsonl(path) if "time/step" in row] if path.is_file() else []
 
 
 def train_oncurve_for(args: list[str], run_dir: Path, log: Path, budget: float) -> list[float]:
-    """`oncurve train --quiet ARGS` of the checkout with its run in `run_dir` (emptied first: an
-    earlier run's metrics would stop this one) and its output in `log`, sent SIGTERM once its
-    logged steps' seconds reach `budget` (it finishes the step in progress, saves it and exits
-    0: its last step may end past the budget); its steps' seconds. SystemExit when it fails."""
+    """`oncurve train` of the checkout into `run_dir` (emptied), sent SIGTERM once its logged
+    steps' seconds reach `budget` (it saves the step in progress and exits 0); each step's
+    seconds. SystemExit when it fails."""
     command = [sys.executable, "-m", "oncurve", "train", "--quiet", *args]
     command += [f"run.dir={run_dir}", "run.overwrite=true"]
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -199,13 +173,13 @@ def train_oncurve_for(args: list[str], run_dir: Path, log: Path, budget: float) 
     with log.open("w") as out:
         child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=checkout_env())
         while child.poll() is None:
-            if sum(logged_step_seconds(run_dir)) >= budget:
+            if sum(r["time/step"] for r in logged_steps(run_dir)) >= budget:
                 child.send_signal(signal.SIGTERM)
                 child.wait()
             time.sleep(0.2)
     if child.returncode:
         raise SystemExit(f"oncurve's run failed ({child.returncode}): {log}")
-    return logged_step_seconds(run_dir)
+    return [r["time/step"] for r in logged_steps(run_dir)]
 
 
 def export_task(task: str, split: str, count: int, path: Path) -> Path:
@@ -216,8 +190,8 @@ def export_task(task: str, split: str, count: int, path: Path) -> Path:
 
 
 def greedy_accuracy(final: str | Path, test_file: Path, tokens: int) -> float:
-    """The greedy accuracy `oncurve eval` gives `final` (a model directory, or a run's
-    checkpoint) on `test_file`, on the CPU, with `tokens` new tokens at most."""
+    """`oncurve eval`'s greedy accuracy of `final` (model or checkpoint) on `test_file` on the
+    CPU, `tokens` new tokens at most."""
     command = [sys.executable, "-m", "oncurve", "eval", "--model", str(final), "--device", "cpu"]
     command += ["--data", str(test_file), "--max-new-tokens", str(tokens)]
     out = subprocess.run(command, capture_output=True, text=True)

@@ -111,7 +111,7 @@ def run_trainer(label: str, job: Job, out: Path, python: str, env: dict[str, str
         else:
             done = run_trl(job, out, python, env, check=False)
             log = Path(done.pop("log"))
-    result = done | {"smi_peak_gb": smi.peak_gb, "ok": not done["code"]}
+    result = done | {"smi_peak_gb": smi.peak, "ok": not done["code"]}
     text = log.read_text(errors="replace")
     result["status"] = "finished" if result["ok"] else (
         "OOM" if "out of memory" in text.lower() else f"failed ({done['code']})")  # fmt: skip

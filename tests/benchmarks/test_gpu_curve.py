@@ -1,6 +1,6 @@
 """`benchmarks/gpu_curve.py` on the CPU: the time to reach an accuracy on a curve, the row's
-figures with and without TRL, the steps' seconds read from a run being written
-(`children.logged_step_seconds`, which stops oncurve at its budget), and its page.
+figures with and without TRL, the steps read from a run being written
+(`children.logged_steps`, whose seconds stop oncurve at its budget), and its page.
 The comparison itself needs a GPU (`gpu_check.py`'s `curve` stage); its `--smoke` path on the
 CPU is the `slow` test."""
 
@@ -13,7 +13,7 @@ import sys
 import gpu_curve
 import pytest
 from harness.checkout import BENCHMARKS, checkout_env
-from harness.children import logged_step_seconds
+from harness.children import logged_steps
 
 
 def test_the_time_to_trls_final_is_that_of_oncurves_first_checkpoint_at_it_or_above():
@@ -39,8 +39,8 @@ def test_the_figures_hold_oncurves_time_to_trls_final_accuracy():
     assert set(gpu_curve.figures(curves).values()) == {None}
 
 
-def test_the_steps_seconds_are_read_while_a_line_is_being_written(tmp_path):
-    assert logged_step_seconds(tmp_path) == []  # no metrics yet
+def test_the_steps_are_read_while_a_line_is_being_written(tmp_path):
+    assert logged_steps(tmp_path) == []  # no metrics yet
     rows = [
         {"step": 1, "time/step": 1.5},
         {"step": 1, "eval/accuracy": 0.3},
@@ -48,7 +48,7 @@ def test_the_steps_seconds_are_read_while_a_line_is_being_written(tmp_path):
     ]
     lines = "".join(json.dumps(row) + "\n" for row in rows)
     (tmp_path / "metrics.jsonl").write_text(lines + '{"step": 3, "time/st')
-    assert logged_step_seconds(tmp_path) == [1.5, 2.0]
+    assert [r["time/step"] for r in logged_steps(tmp_path)] == [1.5, 2.0]
 
 
 def test_a_rows_page_gives_both_curves_and_the_target():
