@@ -1,8 +1,5 @@
-"""What the learning-curve studies share: the settings a page states, a model's held-out score as
-the trainer's evaluation gives it, oncurve's and TRL's runs for a budget of seconds with their
-checkpoints scored against their training seconds, an `oncurve train` run of the checkout and the
-curve it logged, a held-out curve as figures (a run's, an arm's over its seeds), curves drawn as
-a figure (an arm's over its seeds among them)."""
+"""What the learning-curve studies share: held-out scores as the trainer's evaluation gives
+them, runs (also for a budget of seconds) and their curves as figures and plots."""
 
 from __future__ import annotations
 
@@ -29,8 +26,7 @@ def settings(config: Any) -> dict[str, Any]:
 
 
 def describe(values: dict[str, Any]) -> str:
-    """`10 steps of 8 prompts x G=8, 32 new tokens, lr 2e-05 (cosine), beta 0.0`: the job's
-    settings (`settings`; the schedule where the row has it)."""
+    """`settings` as "10 steps of 8 prompts x G=8, 32 new tokens, lr 2e-05 (cosine), beta 0.0"."""
     schedule = f" ({values['optim.schedule']})" if "optim.schedule" in values else ""
     return (
         f"{values['run.steps']} steps of {values['data.prompts_per_step']} prompts x "
@@ -49,13 +45,9 @@ def require(*paths: Path) -> None:
 def held_out(
     model_dir: str, config: Any, samples: int = 1, device: str = "cpu", backend: str = "auto"
 ) -> tuple[dict[str, float], list[dict], list[dict]]:
-    """A model directory's (or a run's checkpoint's) held-out scores as the trainer evaluates:
-    `config.eval.num_prompts` test problems of its task, prompted as it prompts, greedy with
-    `rollout.max_new_tokens` tokens, its held-out reward (`correctness_fn`), in float32 on
-    `device` with the sampler `backend` (`build_sampler`'s names), and with `samples` > 1 that
-    many completions per prompt at temperature 1. Returns `evaluate`'s result, the rows (the
-    task's fields, the prompt's ids) and a record per row (the greedy completion, whether it is
-    right; with samples, the sampled completions)."""
+    """A model's or checkpoint's held-out scores as the trainer evaluates `config`'s task, in
+    float32 on `device` with sampler `backend` (`samples` > 1: that many more at temperature 1):
+    `evaluate`'s result, the prompt rows and a record per row."""
     from oncurve.data.prompts import PromptData, correctness_fn
     from oncurve.data.tasks import get_task
     from oncurve.loop.collect import sampling_params
@@ -85,17 +77,15 @@ def held_out(
 
 
 def checkpoint_accuracy(model_dir: str | Path, config: Any, device: str) -> float:
-    """A model directory's or checkpoint's held-out greedy accuracy (`held_out`) by HF's eager
-    decode: a fresh `cuda_graph` sampler would compile again for each checkpoint of a run."""
+    """`held_out` greedy accuracy by HF's decode (`cuda_graph` would compile per checkpoint)."""
     return held_out(str(model_dir), config, device=device, backend="hf")[0]["accuracy"]
 
 
 def checkpoint_curve(
     folder: Path, pattern: str, step_seconds: list[float], config: Any, device: str, start: float
 ) -> list[list[float]]:
-    """[[training seconds, held-out accuracy]] of a run: `start` at 0 s, then each checkpoint in
-    `folder` whose name matches `pattern` (`step-N`, `checkpoint-N`), in step order, at the
-    seconds of its N steps (`step_seconds`: each step's), scored by `checkpoint_accuracy`."""
+    """[[training seconds, accuracy]]: `start` at 0 s, then each `pattern` (`step-N`,
+    `checkpoint-N`) checkpoint in `folder` at the sum of its N `step_seconds`."""
     saved = sorted((int(path.name.split("-")[1]), path) for path in folder.glob(pattern))
     return [[0.0, start]] + [
         [round(sum(step_seconds[:step]), 2), checkpoint_accuracy(path, config, device)]
@@ -111,10 +101,8 @@ def budget_curves(
     device: str,
     start: float,
 ) -> dict[str, list[list[float]]]:
-    """Each trainer's held-out curve (`checkpoint_curve`, from `start`) on `job`: oncurve's, and
-    TRL's under `trl_python` where `envs` has its environment and its run finished. Each trains
-    in `work` for `job.seconds_budget` seconds of steps by its own step timer, oncurve's stopped
-    by `train_oncurve_for`; their checkpoints are scored once both have trained."""
+    """oncurve's and (where `envs` has "TRL" and its run finishes) TRL's held-out curve on `job`,
+    each trained for `job.seconds_budget` seconds of steps; checkpoints scored after both."""
     run_dir = work / "oncurve" / "run"
     seconds = train_oncurve_for(
         job.oncurve_args(), run_dir, work / "oncurve" / "oncurve.log", job.seconds_budget
@@ -132,12 +120,9 @@ def budget_curves(
 def train(
     args: list[str], out: Path, reward: str = "correct", metrics: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    """`oncurve train --quiet ARGS` of the checkout with its run in `out/run` (overwritten) and
-    its output in `out/log.txt`: its wall seconds ("wall_s"), peak RSS in MB ("rss_mb"), final
-    model ("final"), each step's "seconds", "phases", mean `reward` of its sampled completions
-    ("reward") and each of `metrics` (by its name), the median s/step with the first step left
-    out ("s_per_step"), and each evaluation as [step, training seconds so far, accuracy]
-    ("evals")."""
+    """`oncurve train` of the checkout into `out/run`: wall, RSS, final model, each step's
+    seconds, phases, `reward` and `metrics`, the steady median s/step and each evaluation as
+    [step, training seconds so far, accuracy] ("evals")."""
     from oncurve.run.metrics import read_jsonl
 
     done = train_oncurve(args, out / "run", out / "log.txt", env=checkout_env())
@@ -161,8 +146,7 @@ def train(
 
 
 def last_samples(run_dir: Path, count: int) -> list[dict[str, Any]]:
-    """The first `count` completions an oncurve run logged of its last step (`samples.jsonl`),
-    each with its prompt, gold answer and reward."""
+    """The first `count` samples a run logged of its last step, with prompt, answer, reward."""
     from oncurve.run.metrics import SAMPLES_FILE, read_jsonl
 
     rows = list(read_jsonl(run_dir / SAMPLES_FILE))
@@ -174,10 +158,8 @@ def last_samples(run_dir: Path, count: int) -> list[dict[str, Any]]:
 def curve_figures(
     curve: list[tuple[int, float]], seconds: dict[int, float], targets: list[float]
 ) -> dict[str, Any]:
-    """A run's held-out curve ([(step, accuracy)], the start first) as figures: the accuracy
-    before, after, at best and on average after the start (less noisy than one evaluation), per
-    target the first evaluated step reaching it and the training seconds to it ([step, seconds];
-    None unreached), and all its training seconds (`seconds`: each step's)."""
+    """A curve [(step, accuracy)] as figures: accuracy before, after, best, mean after the
+    start; per target [first step reaching it, seconds to it] or None; all training seconds."""
 
     def until(step: int) -> float:
         return sum(s for k, s in seconds.items() if k <= step)
@@ -194,8 +176,8 @@ def curve_figures(
 
 
 def over_seeds(runs: list[dict], keys: tuple[str, ...]) -> dict[str, Any]:
-    """An arm's figures over its seeds' runs (`curve_figures` and more): the mean of each of
-    `keys`, and per target the runs that reached it ([reached, runs, their mean first step])."""
+    """An arm's figures over its seeds' runs: the mean of each of `keys`, and per target
+    [runs reaching it, runs, their mean first step]."""
     firsts = [
         [r["reach"][i][0] for r in runs if r["reach"][i]] for i in range(len(runs[0]["reach"]))
     ]
@@ -204,10 +186,8 @@ def over_seeds(runs: list[dict], keys: tuple[str, ...]) -> dict[str, Any]:
 
 
 def plot(path: Path, panels: list[dict[str, Any]]) -> None:
-    """Write the PNG `path`, one axis per panel side by side: {"x", "y" (the axes' labels),
-    "lines": [(label or None, xs, ys, matplotlib's line options)] (marked when under 20
-    points unless the options say), and optionally "title", "points": {label: (x, y)}, marked,
-    and "base": a y drawn as a dotted line (the base model's)}."""
+    """The PNG `path`, panels side by side: {"x", "y", "lines": [(label, xs, ys, options)], and
+    optional "title", "points": {label: (x, y)}, "base": a dotted y (the base model's)}."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -229,9 +209,8 @@ def plot(path: Path, panels: list[dict[str, Any]]) -> None:
 
 
 def plot_arms(path: Path, arms: dict[str, list[dict]], title: str, metric: str) -> None:
-    """Write the PNG `path` of a study's arms (their runs, each with its held-out "curve" and
-    `metric` per step): on the left each arm's held-out curves, every seed faint and their mean
-    bold; on the right the 10-step mean of `metric` over the arm's runs."""
+    """The PNG `path` of a study's arms: each arm's held-out curves (seeds faint, their mean
+    bold), and beside them the 10-step mean of `metric` over its runs."""
     curves, smoothed, window = [], [], 10
     for index, (arm, runs) in enumerate(arms.items()):
         color = {"color": f"C{index}"}
