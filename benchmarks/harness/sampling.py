@@ -1,6 +1,5 @@
-"""Samplers against `model.generate`, for `rollout.py`: each as a call returning the completion
-tokens it generated, timed on the CPU (alternating) or a GPU (warmed up, best of a few), a
-sampler's logprob gap to the training forward, and `section`, the markdown of a row."""
+"""Samplers against `model.generate` for `rollout.py`: calls returning the tokens they made,
+timed on the CPU or a GPU; a sampler's logprob gap to the training forward; a row's section."""
 
 from __future__ import annotations
 
@@ -47,8 +46,8 @@ def sampler_call(sampler: Any, prompts: list[str], group: int, params: Any) -> C
 
 def generate_call(model: Any, tokenizer: Any, prompts: list[str], group: int, params: Any,
                   cache: str | None = None) -> Call:  # fmt: skip
-    """`model.generate` as TRL calls it without vLLM (temperature 1, no top-k/top-p), with the
-    token limits of `params` and `cache` as its `cache_implementation` (None: dynamic)."""
+    """`model.generate` as TRL calls it without vLLM, `params`' token limits, `cache` its
+    `cache_implementation` (None: dynamic)."""
 
     def call() -> int:
         enc = tokenizer(prompts, return_tensors="pt", padding=True).to(model.device)
@@ -68,8 +67,7 @@ def generate_call(model: Any, tokenizer: Any, prompts: list[str], group: int, pa
 
 
 def time_call(call: Callable, sync: Callable[[], None] = lambda: None) -> tuple[Any, float]:
-    """(what `call` returns, seconds) of one call; `sync` before each reading of the clock, so
-    that a device's queued work counts."""
+    """(`call()`, seconds), `sync` run before each reading of the clock."""
     sync()
     start = time.perf_counter()
     result = call()
@@ -79,11 +77,9 @@ def time_call(call: Callable, sync: Callable[[], None] = lambda: None) -> tuple[
 
 def measure_cpu(calls: dict[str, Call], repeats: int, model: Any, rows: int,
                 peak_mb: Callable[[str], float]) -> dict[str, Any]:  # fmt: skip
-    """A CPU scenario: a warm-up call each, then `repeats` rounds of the calls alternating (drift
-    in the machine's speed moves them alike; the last call is the baseline), between two
-    measurements of the load and of the fp32 matmul rate at the decode's largest matmul (`rows`
-    x hidden x intermediate); each call's figures: `CPU_COLUMNS` ("same repeat": the median
-    ratio within a round; the FLOP floor: 2 x parameters x tokens at the better rate)."""
+    """A CPU scenario: a warm-up call each, then `repeats` rounds alternating (the last call the
+    baseline) between two readings of the load and of the decode's matmul rate; each call's
+    `CPU_COLUMNS` figures (FLOP floor: 2 x parameters x tokens at the better rate)."""
     shape = [rows, model.config.hidden_size, model.config.intermediate_size]
     rate, load_before = matmul_gflops(*shape), load_note()
     for call in calls.values():
@@ -119,9 +115,8 @@ def cuda_model() -> tuple[Any, Any]:
 
 
 def samplers(model: Any, tokenizer: Any, backends: list[str], variants: bool = False) -> dict:
-    """The samplers of `backends` by name and, with `variants` where `cuda_graph` compiles its
-    step per bucket (as a run does), that sampler uncompiled and compiled once for every bucket
-    with symbolic sizes (`dynamic_compile`)."""
+    """The samplers of `backends` by name; with `variants`, a compiling `cuda_graph` also
+    uncompiled and compiled once with symbolic sizes."""
     made = {backend: build_sampler(backend, model, tokenizer) for backend in backends}
     if variants and "cuda_graph" in made and made["cuda_graph"].compile_step:
         made["cuda_graph, uncompiled"] = GraphSampler(model, tokenizer, compile_step=False)
@@ -133,11 +128,9 @@ def samplers(model: Any, tokenizer: Any, backends: list[str], variants: bool = F
 
 def time_on_gpu(scenario: str, calls: dict[str, tuple[Call, Any]], repeats: int, rows: int,
                 json_path: str | None, earlier: list[dict]) -> list[dict[str, Any]]:  # fmt: skip
-    """A record per call of `calls` (label -> (call, its sampler or None)), in turn: its first
-    call timed apart (with the sampler's own compile and capture seconds where it keeps them),
-    then the best of `repeats` by tokens/s ("vs_static": over the first label's, the baseline)
-    and the mean completion length (`rows` a call); after each, `earlier` and the records so far
-    go to `json_path` if given (a run stopped at a time limit keeps them)."""
+    """A `GPU_COLUMNS` record per call (label -> (call, sampler or None)): first call apart, best
+    of `repeats` by tokens/s against the first label's; `earlier` and the records so far written
+    to `json_path` (if given) after each."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
     records: list[dict[str, Any]] = []
     for label, (call, sampler) in calls.items():
@@ -160,8 +153,7 @@ def time_on_gpu(scenario: str, calls: dict[str, tuple[Call, Any]], repeats: int,
 
 def logprob_gap(model: Any, sampler: Any, prompts: list[str], group: int,
                 params: Any) -> tuple[float, float]:  # fmt: skip
-    """Mean and max |sampler logprob - training forward logprob| over the completion tokens of
-    one call (the TIS correction's input, `logprob_diff/*` in training)."""
+    """Mean and max |sampler - training forward logprob| over one call's completion tokens."""
     batch = sampler.generate(prompts, group, params)
     with torch.no_grad():
         trained, _ = completion_logprobs(
@@ -173,8 +165,7 @@ def logprob_gap(model: Any, sampler: Any, prompts: list[str], group: int,
 
 
 def cuda_shape(text: str) -> tuple[int, int, int | None]:
-    """`ROWSxTOKENS` or `ROWSxTOKENS~MEAN` (rows a positive multiple of G=8, 1 < MEAN <= TOKENS)
-    as (rows, tokens, mean length or None), for argparse."""
+    """argparse type: `ROWSxTOKENS[~MEAN]` as (rows, tokens, mean length or None)."""
     match = re.fullmatch(r"(\d+)x(\d+)(?:~(\d+))?", text.strip().lower())
     rows, tokens, mean = (int(n) if n else None for n in match.groups()) if match else (0, 0, 0)
     if not rows or rows % 8 or not tokens or (mean is not None and not 1 < mean <= tokens):
@@ -186,8 +177,7 @@ def cuda_shape(text: str) -> tuple[int, int, int | None]:
 
 
 def table(columns: dict[str, str], records: list[dict[str, Any]], missing: str) -> str:
-    """A markdown table with a row per record: each column's format filled from the record's
-    figures, `missing` where a figure it names is None."""
+    """A markdown table, a row per record, each column's format filled (`missing` for None)."""
 
     def fill(form: str, record: dict[str, Any]) -> str:
         names = [name for _, name, _, _ in string.Formatter().parse(form) if name]
@@ -197,8 +187,7 @@ def table(columns: dict[str, str], records: list[dict[str, Any]], missing: str) 
 
 
 def summary(row: dict[str, Any]) -> str:
-    """The row in one line: each sampler's tokens/s against the baseline (`generate`; on a
-    GPU, its static cache)."""
+    """Each sampler's tokens/s against the baseline `generate`, in one line."""
     key = "vs_static" if "gpu" in row else "vs_generate"
     samplers = "; ".join(f"`{s['sampler']}` {s['tokens_per_s']:,.0f} tokens/s = {s[key]:.2f}x"
                          for s in row["samplers"])  # fmt: skip
@@ -206,8 +195,8 @@ def summary(row: dict[str, Any]) -> str:
 
 
 def headline(row: dict[str, Any]) -> dict[str, str] | None:
-    """The README's figure for a GPU scenario with forced lengths: `cuda_graph` as a run builds
-    it against static-cache `generate`, in an area of its own per GPU model."""
+    """The README's figure of a forced-length GPU scenario: `cuda_graph` against static-cache
+    `generate`, an area per GPU model."""
     graph = next((s for s in row["samplers"] if s["sampler"] == "cuda_graph"), None)
     if "gpu" not in row or row["mean_length"] is not None or graph is None:
         return None
@@ -221,9 +210,8 @@ def headline(row: dict[str, Any]) -> dict[str, str] | None:
 
 
 def section(row: dict[str, Any]) -> str:
-    """The section of `results/rollout.md` for one scenario's row, on the CPU or a GPU: how and
-    when it was measured (as far as an imported row says), a row per sampler, on a GPU each
-    sampler's logprob gap."""
+    """A scenario's section of `results/rollout.md`: how it was measured, a line per sampler,
+    on a GPU their logprob gaps."""
     measured = f"measured {row['date']}" + (f" at {row['commit']}" if row.get("commit") else "")
     measured += f", `{row['command']}`" if row.get("command") else ""
     if versions := row.get("versions"):
