@@ -1,13 +1,7 @@
-"""Answer checkers set against oncurve's `correct` reward: oncurve's own (`oncurve_checks`), a
-row's verdicts (`score_row`) and their tally against labels (`tally`); and the peers', run in
-their own environment, `benchmarks/.venv-peers` (`prepare` makes it; no oncurve on its path), as
-`python -m harness.peer_child WANTED` (`score_in_peers`), WANTED a JSON {checker: the one set it
-runs on, or null for all}. The child imports each from its installed package (one that fails is
-reported in "failed", the others run), writes a JSON line {"failed", "versions"}, then one
-{"id", "verdicts", "errors", "seconds"} for each {"id", "set", "gold", "prompt", "completion"}
-line on stdin; a checker that raises on a row gives no verdict there. GSM8K golds reach every
-peer without thousands separators, as verl's GSM8K preprocessing writes them. Each maker's
-docstring says how its checker is called."""
+"""Answer checkers against oncurve's `correct` reward: oncurve's, and the peers' in their own
+venv (`prepare`) as `python -m harness.peer_child WANTED` (JSON {checker: its one set or null}).
+The child writes {"failed", "versions"}, then {"id", "verdicts", "errors", "seconds"} for each
+row on stdin; GSM8K golds reach the peers without thousands separators, as verl writes them."""
 
 from __future__ import annotations
 
@@ -54,9 +48,8 @@ def boxed(gold: str) -> str:
 
 
 def verl_scores() -> None:
-    """Make verl's reward modules importable without verl's `__init__`, which imports torch and
-    Ray: its packages registered bare over the installed folders, `verl.utils.metric`
-    (torch-only; prime_math's timeout helper wants a type from it) as a stub."""
+    """Make verl's reward modules importable without its `__init__` (torch, Ray): its packages
+    registered bare, `verl.utils.metric` (which prime_math wants a type from) a stub."""
     if "verl" in sys.modules:
         return
     for name in ("verl", "verl.utils", "verl.utils.reward_score"):
@@ -79,8 +72,7 @@ def math_verify() -> Check:
 
 
 def verl_math_verify() -> Check:
-    """The function verl's `math_verify.compute_score` runs in a spawned process pool (whose
-    workers would import verl's `__init__`), with compute_score's own gold, `\\boxed{gold}`."""
+    """What verl's `math_verify.compute_score` runs in its process pool, on `\\boxed{gold}`."""
     from verl.utils.reward_score import math_verify as module
 
     return lambda row: module._verify_in_subprocess(boxed(row["gold"]), row["completion"]) == 1.0
@@ -106,9 +98,8 @@ def trl_accuracy() -> Check:
 
 
 def lm_eval_gsm8k(filter_name: str) -> Check:
-    """lm-eval's gsm8k filter `filter_name` and its `exact_match` metric, as the installed
-    task yaml configures them, against the reference `#### gold` (its `doc_to_target` is
-    GSM8K's answer text, whose `#### ` its `regexes_to_ignore` strip)."""
+    """lm-eval's gsm8k filter `filter_name` and `exact_match`, as its task yaml sets them,
+    against the reference `#### gold`."""
     import yaml
     from lm_eval.api.metrics import exact_match_hf_evaluate
     from lm_eval.filters.extraction import RegexFilter
@@ -161,9 +152,8 @@ def score_row(
     row: dict[str, Any],
     catch: tuple[type[Exception], ...] = (Exception,),
 ) -> dict[str, dict[str, Any]]:
-    """{"verdicts", "errors", "seconds"}, each by checker, of the `checks` that run on `row`'s
-    set (`only`: the one set each runs on, or None for all): a verdict (None: no verdict), the
-    error of one that raised `catch` (no verdict), and the seconds of its call."""
+    """{"verdicts", "errors", "seconds"} by checker of the `checks` that run on `row`'s set
+    (`only`; None: all); one raising `catch` gives no verdict and its error."""
     scored: dict[str, dict[str, Any]] = {"verdicts": {}, "errors": {}, "seconds": {}}
     for key, check in checks.items():
         if only[key] not in (None, row["set"]):
@@ -180,8 +170,7 @@ def score_row(
 
 
 def tally(pairs: Iterable[tuple[bool | None, bool]]) -> dict[str, int]:
-    """Counts of (verdict, label) pairs, no verdict (None) unpaid: tp (right rows paid), fp
-    (wrong rows paid), fn (right rows unpaid), tn (wrong rows unpaid), skipped (no verdict)."""
+    """Counts tp, fp, fn, tn of (verdict, label) pairs, a None verdict unpaid and "skipped"."""
     counts = dict.fromkeys(("tp", "fp", "fn", "tn", "skipped"), 0)
     for verdict, label in pairs:
         counts["skipped"] += verdict is None
@@ -190,9 +179,8 @@ def tally(pairs: Iterable[tuple[bool | None, bool]]) -> dict[str, int]:
 
 
 def oncurve_checks() -> dict[str, Check]:
-    """oncurve's `correct` reward, "strict" and "lenient", called as the trainer calls it on
-    one row ({"prompt", "completion", "gold"}, the gold as its `answer` column): paid or not,
-    None where it leaves the row unscored (an unusable gold) or its comparison timed out."""
+    """oncurve's `correct` reward, "strict" and "lenient", as the trainer calls it on a row:
+    paid or not, None when it leaves the row unscored or times out."""
     from oncurve.rewards.registry import answer_match_reward, lenient_answer_match_reward
 
     def check(reward: Callable[..., list[float | None]]) -> Check:
@@ -227,12 +215,9 @@ def score_in_peers(
     work: Path,
     python: Path = PEERS_PYTHON,
 ) -> dict[str, Any]:
-    """Score `rows` ({"id", "set", "gold", "prompt", "completion"}, more fields not sent) with
-    the `wanted` peers, this module run by `python` in `work` (its cwd, for whatever a peer
-    writes there): the peers' "verdicts", "errors" and "seconds" are added to each row's (made
-    when it has none); returns the child's {"failed", "versions"}. Every `wanted` peer fails,
-    with the reason and no row scored, when `python` is missing or the child dies; ValueError
-    when it answers another number of rows."""
+    """Score `rows` with the `wanted` peers in this module's child under `python` in `work`,
+    adding to each row's "verdicts", "errors", "seconds"; the child's {"failed", "versions"}.
+    All fail when `python` is missing or the child dies; ValueError on a wrong row count."""
     if not python.exists():
         venv = python.parent.parent
         shown = venv.relative_to(ROOT) if venv.is_relative_to(ROOT) else venv
