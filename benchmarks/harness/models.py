@@ -31,20 +31,14 @@ SHARED_TOKENIZER = ROOT.parent / "shared" / "assets" / "qwen3-tokenizer"
 
 
 def qwen2_config(shape: tuple[int, int, int, int, int], vocab_size: int, **extra: Any) -> Any:
-    """A `transformers.Qwen2Config` with tied embeddings of `shape` (hidden, intermediate,
-    layers, heads, kv_heads, as in `QWEN2_SIZES`); `extra` are further config fields."""
+    """A tied-embedding `transformers.Qwen2Config` of `shape` (as in `QWEN2_SIZES`) and `extra`."""
     import transformers
 
-    hidden, intermediate, layers, heads, kv_heads = shape
+    names = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads")  # fmt: skip
+    fields = dict(zip(names, shape, strict=True))
     return transformers.Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        tie_word_embeddings=True,
-        **extra,
+        vocab_size=vocab_size, tie_word_embeddings=True, **fields, **extra
     )
 
 
@@ -72,8 +66,7 @@ def load_model(name: str) -> tuple[Any, Any]:
 
 
 def model_dir(name: str) -> Path:
-    """A model directory any trainer loads: the bundled default, a path, or a `QWEN2_SIZES`
-    model saved once under the cache."""
+    """A model directory: the bundled default, a path, or a `QWEN2_SIZES` model cached once."""
     from oncurve.model.sources import resolve_model_path
 
     if name not in QWEN2_SIZES:
@@ -90,16 +83,14 @@ def model_dir(name: str) -> Path:
 
 
 def copy_files(source: Path, dest: Path, pattern: str = "*") -> None:
-    """The files of `source` matching `pattern` into `dest`, contents only (the shared copy is
-    read-only)."""
+    """The files of `source` matching `pattern` into `dest`, contents only (not read-only)."""
     dest.mkdir(parents=True, exist_ok=True)
     for path in source.glob(pattern):
         shutil.copyfile(path, dest / path.name)
 
 
 def tokenizer_dir(source: str | None = None) -> Path:
-    """The Qwen3 tokenizer in the cache, copied there first from `source`, or from ../shared
-    or the GPU bundle when the cache has none yet."""
+    """The cached Qwen3 tokenizer, copied first from `source`, or ../shared or the GPU bundle."""
     if source or not (TOKENIZER / "tokenizer.json").is_file():
         found = [p for p in (SHARED_TOKENIZER, GPU_BUNDLE / "tokenizer") if p.is_dir()]
         origin = Path(source) if source else (found or [SHARED_TOKENIZER])[0]
@@ -149,10 +140,8 @@ def end_at_eos(model: Any, eos_id: int, mean_length: float) -> None:
 
 
 def build_model(name: str, tokenizer_path: Path, eos_mean_length: float | None = None) -> Path:
-    """The directory of the random model `name` of `SHAPES` (seed 0, saved in bf16, whole or
-    not at all) with the Qwen3 tokenizer beside it and its eos, pad and bos ids, built once
-    under the cache. With `eos_mean_length`, its completions end at EOS after that many tokens
-    on average (`end_at_eos`), in a folder of its own."""
+    """The cached random `SHAPES` model `name` (seed 0, bf16, saved whole or not at all) with the
+    Qwen3 tokenizer and its ids; `eos_mean_length`: ending at EOS (`end_at_eos`)."""
     import torch
     import transformers
 
