@@ -1,8 +1,6 @@
-"""One GRPO update for the micro-benchmarks (`update_ops.py`, `update_host_time.py`), through the
-package's public seams: a random Qwen2 model, a batch of groups in a layout of the training
-forward, the tokens its microbatches run, one update of it, counting the ops a call dispatches
-(about the kernels it would launch on a GPU), and a one-op stand-in for CUDA's variable-length
-attention on the CPU."""
+"""One GRPO update through the package's public seams, for `update_ops.py` and
+`update_host_time.py`: a random model, a batch in a layout, its microbatches' tokens, the update,
+the ops a call dispatches, and a one-op stand-in for CUDA's varlen attention on the CPU."""
 
 from __future__ import annotations
 
@@ -61,10 +59,8 @@ class OneOpAttention(torch.autograd.Function):
 
 
 def setup(shape: tuple[int, int, int, int, int], vocab: int, threads: int) -> tuple[Any, Any]:
-    """A `PolicyLogprobs` of a random float32 Qwen2 model (`models.qwen2_config`) seeded with 0,
-    as are the batches drawn after it, and the default objective's `LossFns` as a run builds
-    them. From here on torch runs `threads` threads, and packed rows on the CPU take CUDA's path
-    with `OneOpAttention` registered as its kernel: their ops count as CUDA's would."""
+    """A seeded random float32 Qwen2 `PolicyLogprobs` and the default `LossFns`; from here on
+    torch runs `threads` threads and packed rows take CUDA's path via `OneOpAttention`."""
     torch.set_num_threads(threads)
     VARLEN_KERNELS["cpu"] = lambda q, k, v, *_: OneOpAttention.apply(q, k, v)
     torch.manual_seed(0)
@@ -73,9 +69,8 @@ def setup(shape: tuple[int, int, int, int, int], vocab: int, threads: int) -> tu
 
 
 def group_batch(prompt_lengths: torch.Tensor, group: int, lengths: torch.Tensor, vocab: int) -> Any:
-    """A `TrainBatch` of `len(prompt_lengths)` groups of `group` rows: each group's prompt of
-    its `prompt_lengths` random tokens (left-padded), completions of `lengths` `[rows]` random
-    tokens, advantages from -1 to 1, reference logprobs -3."""
+    """A `TrainBatch` of groups of `group` random rows: prompts of `prompt_lengths`, completions
+    of `lengths` `[rows]`, advantages from -1 to 1, reference logprobs -3."""
     prompt_lengths = prompt_lengths.repeat_interleave(group)
     rows, longest, width = len(prompt_lengths), int(prompt_lengths.max()), int(lengths.max())
     prompt_mask = (torch.arange(longest) >= longest - prompt_lengths[:, None]).long()
@@ -91,18 +86,16 @@ def group_batch(prompt_lengths: torch.Tensor, group: int, lengths: torch.Tensor,
 
 
 def in_layout(model: Any, batch: TrainBatch, packed: bool, shared: bool) -> TrainBatch:
-    """`batch` as the training forward of a layout takes it: each group's prompt once
-    (`shared`) or every row whole. With `packed`, `model`'s attention is switched to packed
-    rows' for good: a caller runs its padded layouts first."""
+    """`batch` in a layout: each group's prompt once (`shared`) or every row whole; `packed`
+    switches `model` to packed attention for good (run padded layouts first)."""
     if packed:
         use_packed_attention(model)
     return dataclasses.replace(batch, prompt_index=batch.prompt_index if shared else None)
 
 
 def tokens_run(batch: TrainBatch, max_rows: int, max_tokens: int, packed: bool) -> list[int]:
-    """Each microbatch's tokens through the forward of `batch` cut as a run cuts it: padded,
-    rows x (longest prompt + longest completion); packed, real tokens with each group's prompt
-    once."""
+    """Each microbatch's tokens as a run cuts `batch`: padded rows x longest, or packed real
+    tokens with each group's prompt once."""
     cuts = [cut.lengths for cut in microbatches(batch, max_rows, max_tokens, packed)]
     if not packed:
         return [len(c.prompts) * (max(c.prompts) + max(c.completions)) for c in cuts]
@@ -111,9 +104,8 @@ def tokens_run(batch: TrainBatch, max_rows: int, max_tokens: int, packed: bool) 
 
 
 def update_of(policy: Any, step: Any, forward: Any, fns: Any) -> Callable[[], None]:
-    """A call that runs one update of the `TrainBatch` `step` as training accumulates it (its
-    values left unread) into `policy`'s gradients, then drops them. The step's counts are read
-    here, outside what a caller counts or times."""
+    """A call running one update of `step` into `policy`'s gradients, then dropping them; the
+    step's counts are read here, outside what a caller counts or times."""
     rows, tokens = float(step.num_rows), float(step.completion_mask.sum())
     loss = functools.partial(
         microbatch_loss, policy, fns=fns, forward=forward, num_seqs=rows, num_tokens=tokens
