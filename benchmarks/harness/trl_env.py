@@ -1,7 +1,6 @@
-"""TRL's environment and its child (`harness.trl_child`), from the parent's side. TRL is never a
-dependency of oncurve: on a CPU machine it lives in `benchmarks/.venv-trl` (created on first use:
-the CPU torch wheel, then whatever `pip install trl` resolves); on a GPU image it is the
-interpreter's own, or the GPU bundle's wheels installed offline beside it."""
+"""TRL's environment and its child (`harness.trl_child`), from the parent's side: on a CPU,
+`benchmarks/.venv-trl` (made on first use); on a GPU image the interpreter's own, or the GPU
+bundle's wheels installed offline."""
 
 from __future__ import annotations
 
@@ -42,9 +41,8 @@ def ensure_trl_venv() -> str:
 
 
 def trl_env(python: str) -> dict[str, str] | None:
-    """The environment in which `python` imports trl and the checkout's oncurve and harness:
-    its own packages, else the GPU bundle's wheels installed offline into `TRL_SITE` (once) and
-    put first on its path. None when neither gives trl."""
+    """The environment where `python` imports trl, oncurve and harness: its own packages, else
+    the bundle's wheels installed once into `TRL_SITE`; None when neither has trl."""
     env = checkout_env(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     env["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
     env.pop("VIRTUAL_ENV", None)
@@ -81,10 +79,8 @@ def trl_versions(python: str, env: dict[str, str]) -> str:
 def run_trl(
     job: Job, out: Path, python: str, env: dict[str, str], save: bool = False, check: bool = True
 ) -> dict[str, Any]:
-    """TRL's run of `job` in a fresh child writing into `out`: its result (`trl_child`) with
-    "wall", "rss" (peak MB), "code" (exit status), "log", "phases" (`trl_phases`) and, with
-    `save`, "final" (the model directory). A failure raises SystemExit unless `check` is
-    false (then the result has no figures)."""
+    """TRL's run of `job` in a fresh child into `out`: `trl_child`'s result with "wall", "rss",
+    "code", "log", "phases" and (`save`) "final". SystemExit on failure if `check`."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.json").write_text(json.dumps(dataclasses.asdict(job)))  # the child's input
     command = [python, "-m", "harness.trl_child", str(out), *(["--save"] if save else [])]
@@ -99,9 +95,8 @@ def run_trl(
 
 
 def trl_phases(result: dict[str, Any]) -> dict[str, list[float]]:
-    """Per-step seconds of TRL's phases from the child's timings: generate, reward, the
-    reference forward (the rest of its preparation: no old-logprob pass at mu = 1, with its
-    tokenising and advantage bookkeeping) and train (the rest of the step)."""
+    """Per-step seconds of TRL's generate, reward, reference (the rest of its preparation; no
+    old-logprob pass at mu = 1) and train (the rest of the step)."""
     seconds, prepare = result["seconds"], result["prepare"]
     generate, reward = result["generate"], result["reward"]
     return {
