@@ -18,10 +18,8 @@ GIB = 2**30
 
 
 def trl_reward(name: str, fn: Callable, group: int, seen: list[list[str]]) -> Callable:
-    """An oncurve reward fn as TRL calls it: keyword arguments, the dataset's columns included
-    (TRL also passes `completion_ids`, `trainer_state`, ...: the fn's **columns absorbs them).
-    Appends the prompt of each group of `group` rows of a call to `seen` (one per group, not
-    the distinct ones: a step may draw one prompt text twice)."""
+    """An oncurve reward fn as TRL calls it (keywords, extra columns absorbed); appends each
+    group's prompt to `seen` (per group: a step may draw one prompt text twice)."""
 
     def reward(prompts: list[str], completions: list[str], **columns) -> list[float | None]:
         seen.append(prompts[::group])
@@ -46,10 +44,8 @@ def timed(obj: object, method: str, into: list[float], now: Callable[[], float])
 
 
 def train(job: Job, out: Path, save: bool) -> dict[str, Any]:
-    """Train `job` with TRL's GRPOTrainer, timing its steps and phases (`generate`: each
-    generation call, `reward`: each reward call, `prepare`: generation + rewards + reference
-    forward); the result's fields. Checks that TRL tokenizes chat prompts to oncurve's ids and
-    that its reward calls scored the prompts of oncurve's steps, in order."""
+    """Train `job` with GRPOTrainer timing steps and phases (generate, reward, prepare); the
+    result's fields. Checks TRL's prompt ids and its steps' prompts equal oncurve's."""
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
