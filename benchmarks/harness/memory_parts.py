@@ -1,8 +1,5 @@
-"""Peak memory of GRPO against PPO (`grpo_vs_ppo.py`): the parameter count, and where a CPU
-trainer's peak RSS comes from: the runtime, measured as the peak of a process that imports the
-trainer and builds the model class without weights, and the model states computed from the
-parameter count; the rest is activations and allocator slack. The figures as a section states
-them."""
+"""Peak memory of GRPO against PPO (`grpo_vs_ppo.py`): a CPU peak split into the runtime
+(measured), the model states (from the parameter count) and the rest; as a section states it."""
 
 from __future__ import annotations
 
@@ -15,10 +12,8 @@ from harness.tables import markdown_table
 
 
 def runtime_floor(model_dir: str) -> float:
-    """Peak RSS in MB of a process that imports torch, transformers and oncurve's trainer and
-    builds `model_dir`'s model class on the meta device (no weights): the fixed cost inside
-    every run's peak. The model class matters: transformers' model code and loading machinery
-    import ~1,100 more modules (torch.distributed.tensor, sympy, dynamo), 87 MB at 30M."""
+    """Peak RSS in MB of a process importing oncurve's trainer and building `model_dir`'s model
+    on the meta device: the fixed cost in every run's peak (the model code imports much more)."""
     code = (
         "import torch, transformers, oncurve.loop.trainer\n"
         "from harness.children import own_peak_rss\n"
@@ -49,10 +44,8 @@ def parameter_count(model_dir: str) -> int:
 
 
 def breakdown(params: int, beta: float, floor: float, peaks: dict[str, tuple[float, bool]]) -> str:
-    """A table of each trainer's peak (`peaks`: label -> (peak RSS in MB, whether it trains a
-    critic)) split into the runtime `floor`, the states of a model of `params` parameters and
-    the rest, and the ratio of the first two trainers' peaks with no activations at all; with
-    what the parts are."""
+    """Each trainer's peak (`peaks`: label -> (MB, trains a critic)) split into `floor`, model
+    states of `params` parameters and the rest, and the first two's ratio without activations."""
     size = params * 4 / 2**20  # MB of one fp32 copy; the critic (trunk + scalar head, tied
     # embeddings) has the policy's count to within its head
     reference = size if beta > 0 else 0.0
@@ -81,10 +74,8 @@ def breakdown(params: int, beta: float, floor: float, peaks: dict[str, tuple[flo
 
 
 def peak_notes(row: dict, target: float, held: bool) -> tuple[str, str | None]:
-    """GRPO's peak memory against PPO's (the row's trainers; PPO's trains a critic) as its
-    section states it: a sentence (with a "cuda" peak, the peak GPU memory against the claim of
-    25-50% less, and the peak RSS; else the peak RSS, against `target` where `held` says it
-    applies) and, where the row has a runtime "floor", each peak's `breakdown` (else None)."""
+    """GRPO's peak against PPO's as a section states it: a sentence (GPU against the 25-50%
+    claim, else RSS against `target` if `held`) and, with a "floor", the `breakdown` (else None)."""
     grpo, ppo = row["trainers"]["GRPO"], row["trainers"]["PPO"]
     memory = grpo["rss"] / ppo["rss"]
     if ppo["cuda"] is not None:
