@@ -1,6 +1,5 @@
-"""Held-out accuracy at equal training time, for a comparison of two trainers whose runs save
-checkpoints (`grpo_vs_ppo.py`): the budget is the faster run's training time, and the slower run
-is scored at its newest checkpoint within it; the held-out figures as a section states them."""
+"""Held-out accuracy at equal training time (`grpo_vs_ppo.py`): the slower run scored at its
+newest checkpoint within the faster run's training time; as a section states it."""
 
 from __future__ import annotations
 
@@ -16,13 +15,9 @@ from harness.children import greedy_accuracy
 def score_equal_time(
     runs: dict[str, list[dict]], save_every: int, tokens: int, test_file: Path, start: float
 ) -> None:
-    """Add "equal_time" ({"step", "accuracy", "budget"}) to the runs of both trainers, pair by
-    pair. The budget is the faster run's training time for all its steps (the sum of its
-    `time/step`, without start-up, saving or logging); the faster run is scored at its last
-    step, the slower at its newest checkpoint within the budget (at most one save interval
-    short of the exact point, so the comparison never favours it; step 0: the starting model,
-    whose accuracy is `start`), that checkpoint evaluated as `oncurve eval` loads it with
-    `tokens` new tokens at most."""
+    """Add "equal_time" ({"step", "accuracy", "budget"}) to each pair of runs: the budget is the
+    faster run's summed `time/step`; the slower is scored at its newest checkpoint within it
+    (never favoured; step 0 scores `start`) by `oncurve eval` with `tokens` new tokens."""
     for pair in zip(*runs.values(), strict=True):
         fast, slow = sorted(pair, key=lambda run: sum(run["seconds"]))
         budget, last = sum(fast["seconds"]), len(slow["seconds"])
@@ -64,10 +59,8 @@ def equal_time_cell(run: dict) -> str:
 
 
 def accuracy_notes(row: dict) -> tuple[str, str]:
-    """A comparison row's held-out accuracy as its section states it, for a row that scored
-    some: a sentence (prompts, the starting model's accuracy, two binomial standard errors of
-    the trainers' mean; that random weights score 0 for both) and a paragraph on what the
-    equal-time figures mean, with the first trainer's mean budget."""
+    """A scored row's held-out accuracy as its section states it: a sentence (prompts, start,
+    two standard errors) and a paragraph on the equal-time figures."""
     s, n, start = row["settings"], row["eval_n"], row["start"]
     first, second = (figures["acc"] for figures in row["trainers"].values())
     noise = comparison.two_errors((first + second) / 2, n)
