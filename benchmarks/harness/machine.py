@@ -102,10 +102,8 @@ def describe() -> dict[str, object]:
 
 
 def matmul_gflops(rows: int, inner: int, cols: int, seconds: float = 0.5) -> float:
-    """fp32 GFLOP/s of torch's `[rows, inner] @ [inner, cols]` on this machine, best of a few
-    timed batches and of both orientations (the product or its transpose, `[cols, inner] @
-    [inner, rows]`: MKL is faster one way or the other depending on the shape, and a decode
-    step with few rows uses the faster one), i.e. the floor those matmuls could reach."""
+    """fp32 GFLOP/s of `[rows, inner] @ [inner, cols]`, best of a few batches and of both
+    orientations (MKL is faster one way depending on the shape)."""
     import torch
 
     flops = 2 * rows * inner * cols
