@@ -1,7 +1,5 @@
-"""oncurve against TRL on one GPU, for `gpu_vs_trl.py`: its prompts and model, one trainer's run
-in a fresh process (seconds per step and phase, peak GPU memory by torch and nvidia-smi), a
-trainer's figures over its runs, the markdown of a row and `gpu_check.py`'s rows of what a run
-wrote to `--json`."""
+"""oncurve against TRL on one GPU (`gpu_vs_trl.py`): prompts and model, a trainer's run in a
+fresh process, its figures over its runs, a row's section and `gpu_check.py`'s rows of it."""
 
 from __future__ import annotations
 
@@ -243,9 +241,8 @@ def section(row: dict) -> str:
 
 
 def trl_rows(figures: dict) -> list[list[str]]:
-    """`gpu_check.py`'s rows of `gpu_vs_trl.py --json`: s/step, phases, peaks and mean lengths
-    of both trainers against the targets the run wrote, oncurve's memory plan against its
-    peaks."""
+    """`gpu_check.py`'s rows of `gpu_vs_trl.py --json`: both trainers' figures against the
+    targets, oncurve's memory plan against its peaks."""
     stats, target = figures["stats"], figures["speed_target"]
     if "TRL" not in stats:
         return [["TRL", "not run: the interpreter could not import it"]]
