@@ -1,7 +1,5 @@
-"""The stages of `gpu_check.py` and its page: the GPU tests, the default job on CUDA, a benchmark
-script that writes its results to `--json`, the profiled step; the rows each makes of what its
-child wrote, the figures' formats the specs' readers share, and each check's section and
-one-line summary. Imports no oncurve: `gpu_check.py` runs in a Python that may lack it."""
+"""`gpu_check.py`'s stages, the rows each makes of what its child wrote, shared formats, and the
+page. Imports no oncurve: `gpu_check.py` runs in a Python that may lack it."""
 
 from __future__ import annotations
 
@@ -212,9 +210,8 @@ def curve_rows(row: dict) -> list[list[str]]:
 
 def json_stage(name: str, title: str, command: str, read: Callable[[Any], list[list[str]]],
                needs_trl: bool, limit: float) -> Stage:  # fmt: skip
-    """The benchmark script `command` (its file and arguments) with `--json WORK/<name>.json`,
-    whose results `read` makes into rows; skipped with `TRL_MISSING` when it `needs_trl` and
-    none is at hand."""
+    """The script `command` with `--json WORK/<name>.json`, read into rows by `read`; skipped
+    with `TRL_MISSING` when it `needs_trl` and there is none."""
     out = WORK / f"{name}.json"
 
     def run() -> list[str] | str:
