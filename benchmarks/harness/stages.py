@@ -32,11 +32,9 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Stage:
-    """One child process of a check, named `name` (`gpu_check.py --stages`) and `title` (in the
-    table), run for at most `limit` seconds. `command` is called just before it runs: the command,
-    or a line saying why it is skipped. `read` makes its rows ([check, result]) of its outcome and
-    what it wrote, however it ended. `outputs`, the files and folders it writes, are deleted
-    before it runs: a stale one would be read as its result."""
+    """A check's child, at most `limit` seconds: `command()` gives its command or why it is
+    skipped, `read` its rows however it ended; its `outputs` are deleted before it runs, lest a
+    stale one be read as its result."""
 
     name: str
     title: str
