@@ -1,7 +1,5 @@
-"""One GRPO job for both trainers, described once as oncurve settings: `Job` yields the
-`oncurve train` arguments, TRL's `GRPOConfig` fields (all that `trl_config` sets is held equal by
-construction), the prompt rows of every step in the order oncurve's trainer draws them, and the
-reward functions both score with."""
+"""One GRPO job for both trainers as oncurve settings: `Job` yields `oncurve train`'s arguments,
+TRL's `GRPOConfig` fields, every step's prompt rows in oncurve's order, and the rewards."""
 
 from __future__ import annotations
 
