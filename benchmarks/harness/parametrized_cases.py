@@ -65,10 +65,9 @@ def defaults(tree: ast.Module, name: str) -> dict[str, Any]:
 
 
 def parametrized_cases(source: str, fields: dict[str, str], callee: str) -> list[dict[str, Any]]:
-    """Every case, in file order, of every parametrized test in the Python `source` that has each
-    parameter `fields` names: {"test", "index" (its position in its test's list), each of those
-    parameters under the key `fields` maps it to, and "options" where the test passes `callee`,
-    a function `source` defines, keyword arguments that differ from their defaults: those}."""
+    """Every case in file order of each parametrized test in `source` with all of `fields`'
+    parameters: {"test", "index", those parameters under `fields`' keys, and "options": the
+    non-default keywords it passes `callee`, where it does}."""
     tree, cases = ast.parse(source), []
     unchanged = defaults(tree, callee)
     for func in tree.body:
