@@ -35,9 +35,8 @@ def trl_at_hand() -> bool:
 
 
 def prepare() -> int:
-    """Fill `GPU_BUNDLE` with the Qwen3 tokenizer and TRL's wheels and print its size with the
-    working tree's (the files git tracks and does not ignore) against what the device tool
-    carries. Returns the exit status: 2 without the tokenizer."""
+    """Fill `GPU_BUNDLE` with the Qwen3 tokenizer and TRL's wheels, print its and the working
+    tree's size against what the device tool carries; exit status 2 without the tokenizer."""
     from harness.models import SHARED_TOKENIZER, copy_files
 
     if not (SHARED_TOKENIZER / "tokenizer.json").is_file():
