@@ -18,18 +18,15 @@ GPU_BUNDLE = BENCHMARKS / ".gpu-bundle"
 
 
 def checkout_env(*first: str | Path, **extra: str) -> dict[str, str]:
-    """This process's environment with `first`, the checkout's `src` and `benchmarks/` ahead of
-    its PYTHONPATH (a Python without oncurve installed, such as a GPU image's, runs the
-    checkout's), and `extra` variables set."""
+    """This environment with `first`, the checkout's `src` and `benchmarks/` ahead on its
+    PYTHONPATH (for a Python without oncurve), and `extra` set."""
     path = [*map(str, first), str(ROOT / "src"), str(BENCHMARKS)]
     path += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path), **extra}
 
 
 def commit() -> str:
-    """The checkout's short commit, with `+dirty` when tracked code differs from it (src and
-    benchmarks, not the results a run writes before it records); "unknown" outside a git
-    checkout."""
+    """The short commit, `+dirty` when src or benchmarks code differs ("unknown" outside git)."""
 
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
