@@ -1,8 +1,6 @@
-"""Every record's figures in one line each, written between their markers by `render.py`: the
-recorded figures in benchmarks/README.md (newest first), the README's Results table (the newest
-headline of each area) and benchmarks/LOG.md's entries (a row each, by record and date). A
-row's summary and headline come from its spec module's `summary(row)` and `headline(row)` (the
-module named by "renderer"), else from its own fields (rows imported from hand-kept tables)."""
+"""Each record's figures in a line, written between markers by `render.py`: benchmarks/README.md's
+history, README.md's Results table and LOG.md's entries; from the renderer module's `summary`
+and `headline`, else the row's own fields."""
 
 from __future__ import annotations
 
@@ -105,9 +103,8 @@ def between_markers(text: str, name: str, table: str) -> str:
 
 
 def log_rows(text: str, rows: list[dict[str, Any]]) -> str:
-    """`text` with each `<!-- row: NAME DATE -->` ... `<!-- /row -->` block filled with the
-    command, commit and summary of record NAME's row measured at DATE; ValueError for a marker
-    that names no row, or more than one."""
+    """`text` with each `<!-- row: NAME DATE -->` block filled with that row's command, commit
+    and summary; ValueError for a marker naming no row or several."""
 
     def fill(match: re.Match[str]) -> str:
         indent, name, date = match.group(1), match.group(3), match.group(4)
