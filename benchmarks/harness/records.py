@@ -1,8 +1,5 @@
-"""Results as data: each benchmark appends one JSON row per measurement to
-`results/records/<benchmark>.jsonl`, which `tables.render_page` renders. A row holds its context
-(date, commit, command, machine, load, versions) and either its figures, which the module named
-by "renderer" turns into markdown, or the markdown itself (rows imported from the earlier
-hand-kept tables, and benchmarks that format their own)."""
+"""Results as data: a JSON row per measurement in `results/records/<benchmark>.jsonl`, with its
+context and either figures (rendered by the "renderer" module) or its own "markdown"."""
 
 from __future__ import annotations
 
