@@ -32,8 +32,8 @@ def cell(value: float | None, spec: str = ".2f") -> str:
 
 
 def code_cell(text: object, limit: int | None = None) -> str:
-    """`text` as one code cell: "(none)" for None, line breaks shown as `\\n`, whitespace
-    collapsed, cut to `limit` characters with "…", backticks and `|` escaped."""
+    """`text` as a code cell: "(none)" for None, line breaks as `\\n`, whitespace collapsed,
+    cut to `limit` with "…", backticks and `|` escaped."""
     if text is None:
         return "(none)"
     text = re.sub(r"\s*\n\s*", "\\\\n", str(text).strip())
@@ -44,8 +44,7 @@ def code_cell(text: object, limit: int | None = None) -> str:
 
 
 def measured(row: dict[str, Any]) -> str:
-    """Where a row was measured, for the top of its section: date, commit (none in a row
-    imported from a hand-kept page), command, torch and transformers."""
+    """Where a row was measured: date, commit (if any), command, torch and transformers."""
     versions, at = row["versions"], f" at {row['commit']}" if row["commit"] else ""
     return (
         f"{row['date']}{at}, `{row['command']}`, torch {versions['torch']}, "
@@ -54,18 +53,15 @@ def measured(row: dict[str, Any]) -> str:
 
 
 def section_text(row: dict[str, Any]) -> str:
-    """One row's markdown: its own "markdown", or what its spec module's `section(row)` makes
-    of its figures (the module named by "renderer", a script beside the harness)."""
+    """A row's own "markdown", or its "renderer" module's `section(row)`."""
     if "markdown" in row:
         return row["markdown"]
     return importlib.import_module(row["renderer"]).section(row)
 
 
 def render_page(benchmark: str) -> Path | None:
-    """Write `results/<benchmark>.md` from its record: the newest row's title, then each key's
-    newest section behind a `<!-- model: key -->` marker (a row keyed "" is the whole page).
-    Rows with a summary alone (imported one-line figures) have no section. None when the
-    benchmark has no record."""
+    """Write `results/<benchmark>.md`: the newest title, then each key's newest section behind a
+    `<!-- model: key -->` marker (key "": the whole page); None without a rendered row."""
     sections = latest([row for row in read(benchmark) if "markdown" in row or "renderer" in row])
     if not sections:
         return None
