@@ -108,13 +108,17 @@ def peak_memory(fn: Callable[[], Any], interval: float = 0.0005) -> tuple[Any, f
     return result, (peak - base) / 2**20
 
 
+def _gpu_used_gb() -> float | None:
+    used = nvidia_smi("memory.used")  # MiB
+    return None if used is None else float(used) / 1024
+
+
 class GpuMemoryPeak(_Sampled):
     """Peak nvidia-smi `memory.used` of GPU 0 in GiB while the `with` block runs (`peak`; None
     without nvidia-smi): unlike `torch.cuda.max_memory_allocated`, with CUDA context and cache."""
 
     def __init__(self, interval: float = 0.5) -> None:
-        used = lambda: None if (mib := nvidia_smi("memory.used")) is None else float(mib) / 1024  # noqa: E731
-        super().__init__(used, interval)
+        super().__init__(_gpu_used_gb, interval)
 
 
 def own_peak_rss() -> float | None:
