@@ -1,8 +1,9 @@
 """An environment's `step` called so that no environment can end or hang a run: each call on a
 daemon thread of its own, given what is left of its episode's time, its result checked. An
 exception, a call past the episode's time, a result that is not (text or None, a finite
-number, a bool), or rewards whose sum is past float32's range is a fault, which the reward
-settings turn into the episode's score (`EnvFaults`)."""
+number, a bool), an `episode_end` that is none of `ENDINGS`, or rewards whose sum is past
+float32's range is a fault, which the reward settings turn into the episode's score
+(`EnvFaults`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import math
 import numbers
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy
@@ -47,8 +48,9 @@ class EnvFaults:
 
 @dataclass(frozen=True)
 class StepResult:
-    """One `step` call's (observation, reward, done), or its fault ("error" or "timeout") and
-    why; `seconds` the call took (at most the time it was given)."""
+    """One `step` call's (observation, reward, done) and, when it ended the episode, what the
+    environment says ended it (`ending`, one of `ENDINGS`), or its fault ("error" or
+    "timeout") and why; `seconds` the call took (at most the time it was given)."""
 
     observation: str | None = None
     reward: float = 0.0
@@ -56,6 +58,7 @@ class StepResult:
     fault: str | None = None
     why: str = ""
     seconds: float = 0.0
+    ending: str = DONE
 
 
 # The largest float32: an episode's reward is summed in it.
@@ -66,13 +69,15 @@ def call_steps(envs: list[Any], turns: list[str], seconds: list[float | None]) -
     """`envs[i].step(turns[i])` for every i at once, each on a daemon thread (a call that never
     returns is left running and cannot hold the process at exit), waiting at most `seconds[i]`
     for it (None: as long as it takes); the environment of a call left running is abandoned
-    (`abandon`) at its own limit."""
+    (`abandon`) at its own limit. A step that ends its episode (done, or no observation) takes
+    its ending from the environment's `episode_end` (None or none at all: `done`)."""
     results: list[StepResult | None] = [None] * len(envs)
 
     def call(i: int) -> None:
         start = time.perf_counter()
         try:
-            results[i] = _checked(envs[i].step(turns[i]), time.perf_counter() - start)
+            result = _checked(envs[i].step(turns[i]), time.perf_counter() - start)
+            results[i] = _with_ending(envs[i], result)
         # an environment's own bug, `sys.exit` in a library's code included: its episode's
         # fault, not the run's (nor a timeout: the call ended)
         except BaseException as error:
@@ -166,6 +171,21 @@ def _checked(result: Any, seconds: float) -> StepResult:
         why = f"step returned done={done!r}, not True or False"
         return StepResult(fault=ERROR, why=_one_line(why), seconds=seconds)
     return StepResult(observation, float(reward), bool(done), seconds=seconds)
+
+
+def _with_ending(env: Any, result: StepResult) -> StepResult:
+    """`result` with what `env` says ended its episode, when the step ended it; an error when
+    what it says is none of `ENDINGS`."""
+    if result.fault is not None or not (result.done or result.observation is None):
+        return result
+    said = getattr(env, "episode_end", None)
+    if said is None:
+        return result
+    if said not in ENDINGS:
+        named = f"{', '.join(ENDINGS[:-1])} or {ENDINGS[-1]}"
+        why = _one_line(f"step ended the episode with episode_end={said!r}, not {named}")
+        return StepResult(fault=ERROR, why=why, seconds=result.seconds)
+    return replace(result, ending=said)
 
 
 def add_reward(total: float, result: StepResult) -> tuple[float, StepResult]:

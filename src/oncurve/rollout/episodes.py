@@ -43,7 +43,6 @@ from oncurve.rollout.base import (
     spelled_out,
 )
 from oncurve.rollout.env_calls import (
-    DONE,
     LENGTH,
     MAX_TURNS,
     EnvFaults,
@@ -65,7 +64,9 @@ class Environment(Protocol):
     returns (observation or None, reward, done); the episode ends when done is true or the
     observation is None. `step` may be called from a worker thread.
     An environment may also have `abandon()`: called when a `reset` or `step` of it ran past the
-    episode's time and is left running (the episode is over), to free what that call holds.
+    episode's time and is left running (the episode is over), to free what that call holds;
+    and `episode_end`, read after the `step` that ended the episode: what ended it, one of
+    `env_calls.ENDINGS` (`max_turns`: its own turn limit; None or none at all: `done`).
     """
 
     def reset(self, row: dict[str, Any]) -> str: ...
@@ -523,7 +524,7 @@ class _EpisodeLoop:
                 self.fault_notes.append(result.why)
             ending = result.fault
             if ending is None and (result.done or result.observation is None):
-                ending = DONE
+                ending = result.ending
             elif ending is None and self.turns[row] >= self.settings.max_turns:
                 ending = MAX_TURNS
             over[row] = ending is not None

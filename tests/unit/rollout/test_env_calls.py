@@ -87,6 +87,53 @@ def test_done_is_a_python_or_numpy_bool():
     ]
 
 
+class Ends(Scripted):
+    """A Scripted environment that says what ended its episode (`episode_end`)."""
+
+    def __init__(self, result: object, episode_end: object) -> None:
+        super().__init__(result)
+        self.episode_end = episode_end
+
+
+# (step's result, the environment's `episode_end`, the step's ending, its fault)
+ENDS = [
+    (("x", 0.5, True), "max_turns", "max_turns", None),  # the environment's own turn limit
+    ((None, 0.5, False), "length", "length", None),
+    (("x", 0.5, True), "done", "done", None),
+    (("x", 0.5, False), "max_turns", "done", None),  # read only once the episode ends
+    (("x", 0.5, True), "timeout", "done", ERROR),  # a fault is no environment's to say
+    (("x", 0.5, True), "truncated", "done", ERROR),
+    (("x", 0.5, True), None, "done", None),  # nothing said
+]
+
+
+@pytest.mark.parametrize(("result", "said", "ending", "fault"), ENDS)
+def test_an_environment_may_say_what_ended_its_episode(result, said, ending, fault):
+    (outcome,) = call_steps([Ends(result, said)], ["turn"], [None])
+    assert (outcome.ending, outcome.fault) == (ending, fault)
+    if fault is not None:
+        assert outcome.why == (
+            f"step ended the episode with episode_end={said!r}, not done, length or max_turns"
+        )
+
+
+def test_an_environment_s_ending_is_its_episode_s():
+    """Two episodes of one row end at their first step: one says its own turn limit ended it,
+    the other says nothing (done); the first is counted as ended by the turn limit."""
+    tok = load_qwen3_tokenizer()
+    turn = tok("Hello.", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    made = iter([Ends(("", 1.0, True), "max_turns"), Scripted(("", 1.0, True))])
+    sampler, _ = scripted_sampler(tok, [turn, turn])
+    played = run_episodes(
+        sampler,
+        [{"prompt": "p"}],
+        group_size=2,
+        params=SamplingParams(max_new_tokens=8, temperature=1.0, seed=0),
+        settings=settings(tok, lambda: next(made), max_turns=3),
+    )
+    assert played.endings == ["max_turns", "done"] and played.rewards.tolist() == [1.0, 1.0]
+
+
 class Plain:
     """An environment with no `abandon`, whose `step` waits until it is released."""
 
