@@ -7,7 +7,10 @@ Each dataset row is one game: the G episodes of a row play it with the same seed
 compares the policy's play, not the games' luck. The game's messages are the user's turns (the
 chat keeps the history, so each observation is only what is new since the policy's last
 turn), the policy's turns are the game's actions as written, and the game's rewards are the
-episode's: GEM's at every step, TextArena's when the game ends.
+episode's: GEM's at every step, TextArena's when the game ends. An episode that ends says what
+ended it (`episode_end`): `max_turns` when the game's own turn limit did (TextArena's
+`check_turn_limit` answered that it is reached; GEM's step returned `truncated`, but on the
+first turn, which single-turn environments mark truncated too), else `done`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from oncurve.errors import UserError
+from oncurve.rollout.env_calls import DONE, MAX_TURNS
 
 # Python's and NumPy's process-wide generators, which the games draw from (a new 2048 tile, a
 # dealt card): one episode's call holds them at a time, so that no other draws in between.
@@ -115,9 +119,14 @@ def _library(module: str, extra: str, spec: str) -> Any:
 class TextArenaGame:
     """A single-player TextArena game (`textarena.make(game)` without its wrappers, so that the
     policy's turn is the action as written and each observation is the game's new messages).
-    The reward is the game's at its end (1 for a win; part of it, in many games, for a loss)."""
+    The reward is the game's at its end (1 for a win; part of it, in many games, for a loss),
+    and `episode_end` what ended it: `max_turns` when the game's check of its turn limit
+    (`State.check_turn_limit`) answered that it is reached, else `done` (a win, a loss by the
+    game's rules, invalid moves past the game's allowance; a game that checks its limit on its
+    own, as Sokoban does, ends as `done` too)."""
 
     observation_role = "user"
+    episode_end: str | None = None
 
     def __init__(self, game: str, **make_args: Any) -> None:
         textarena = _library("textarena", "textarena", f"textarena:{game}")
@@ -144,12 +153,27 @@ class TextArenaGame:
             raise UserError(
                 f"rollout.env textarena:{self.game}: not a single-player game (one player only)"
             )
+        self.turn_limit_reached = False
+        self._watch_turn_limit(self.env.state)
         return self._news()
+
+    def _watch_turn_limit(self, state: Any) -> None:
+        """Makes `state.check_turn_limit` (each game's own check, which ends the game when it
+        answers True) record in `turn_limit_reached` that it answered True."""
+        check = state.check_turn_limit
+
+        def check_turn_limit() -> bool:
+            reached = check()
+            self.turn_limit_reached = self.turn_limit_reached or bool(reached)
+            return reached
+
+        state.check_turn_limit = check_turn_limit
 
     def step(self, turn: str) -> tuple[str | None, float, bool]:
         with self.randomness():
             done, _ = self.env.step(action=turn)
             if done:
+                self.episode_end = MAX_TURNS if self.turn_limit_reached else DONE
                 rewards, _ = self.env.close()
                 # None: a game that ended without an outcome
                 reward = None if rewards is None else rewards.get(self.player)
@@ -177,9 +201,12 @@ class GemEnv:
     """A GEM environment (`gem.make(env_id)`): its observation is the user's turn, with what GEM
     puts in `info["suffix"]` (the board, the instruction) as GEM's own observation wrapper adds
     it, the policy's turn its action; `terminated` or `truncated` ends the episode, and each
-    step's reward adds to the episode's."""
+    step's reward adds to the episode's. `episode_end` says what ended it: `max_turns` when
+    `truncated` (GEM's mark of its own turn limit) ended a turn after the first, else `done`
+    (GEM's single-turn environments, math, code, QA, mark their one answer truncated too)."""
 
     observation_role = "user"
+    episode_end: str | None = None
 
     def __init__(self, env_id: str, **make_args: Any) -> None:
         gem = _library("gem", "gem", f"gem:{env_id}")
@@ -194,13 +221,16 @@ class GemEnv:
         seed = episode_seed(row)
         with self.randomness(seed):
             observation, info = self.env.reset(seed=seed)
+        self.steps = 0
         return _with_suffix(observation, info)
 
     def step(self, turn: str) -> tuple[str | None, float, bool]:
         with self.randomness():
             observation, reward, terminated, truncated, info = self.env.step(turn)
+        self.steps += 1
         reward = _number(reward, f"gem:{self.env_id}: the step's reward is")
         if terminated or truncated:
+            self.episode_end = MAX_TURNS if truncated and self.steps > 1 else DONE
             return None, reward, True
         return _with_suffix(observation, info), reward, False
 

@@ -260,3 +260,77 @@ def test_a_gem_reward_that_is_not_a_number_is_the_games_fault_not_paid(reward):
     )
     env.env.step = lambda action: ("obs", np.float64(0.25), np.True_, False, {})
     assert env.step("\\boxed{1}") == (None, 0.25, True)
+
+
+def play_to_the_end(env, row: dict, moves: list[str]) -> tuple[int, float, str | None]:
+    """Plays `moves` on `env` until its episode ends: the steps played, the summed reward and
+    what the environment says ended it (`episode_end`, None: nothing)."""
+    env.reset(row)
+    total = 0.0
+    for played, move in enumerate(moves, start=1):
+        _, reward, done = env.step(move)
+        total += reward
+        if done:
+            return played, total, getattr(env, "episode_end", None)
+    raise AssertionError(f"{moves} did not end the episode")
+
+
+# (library, game, moves, steps played, reward, what ended it): a game's own turn limit is
+# `max_turns`; a win, a loss by the game's rules and a single-turn answer are `done`
+GAME_ENDINGS = [
+    # TextArena ends TowerOfHanoi at its turn limit (14 moves) and pays the disks placed
+    ("textarena", "TowerOfHanoi-v0", ["[A C]", "[C A]"] * 20, 15, 0.0, "max_turns"),
+    ("textarena", GUESS, ["[10]", "[5]", "[7]", "[8]"], 4, 1.0, "done"),  # seed 3's number: 8
+    # a second invalid move loses the game: the game's rules end it, with its reward
+    ("textarena", GUESS, ["no guess"] * 3, 2, 0.0, "done"),
+    # GEM marks its turn limit truncated (and terminated) and pays the last guess's closeness
+    (
+        "gem",
+        "game:GuessTheNumber-v0-easy",
+        ["\\boxed{1}"] + ["\\boxed{2}"] * 3,
+        4,
+        7 / 9,
+        "max_turns",
+    ),
+    # seed 3's number is 4: the fourth guess wins, at the turn limit, and is no turn limit's end
+    (
+        "gem",
+        "game:GuessTheNumber-v0-easy",
+        [f"\\boxed{{{n}}}" for n in range(1, 5)],
+        4,
+        1.0,
+        "done",
+    ),
+]
+
+
+@pytest.mark.parametrize(("library", "game", "moves", "steps", "reward", "ending"), GAME_ENDINGS)
+def test_a_game_says_what_ended_it(library, game, moves, steps, reward, ending):
+    pytest.importorskip(library, reason=f"the {library} extra is not installed")
+    env = GemEnv(game) if library == "gem" else TextArenaGame(game)
+    played, total, said = play_to_the_end(env, {"seed": 3}, moves)
+    assert (played, said) == (steps, ending)
+    assert total == pytest.approx(reward)
+
+
+@pytest.mark.parametrize(
+    ("first", "later", "ending"),
+    [
+        ((True, True), None, "done"),  # a single-turn environment marks its answer both
+        ((False, False), (True, True), "max_turns"),
+        ((False, False), (False, True), "max_turns"),  # truncated, not terminated
+        ((False, False), (True, False), "done"),
+    ],
+)
+def test_gem_s_truncated_is_its_turn_limit_after_the_first_turn(first, later, ending):
+    """GEM's single-turn environments (math, code, QA) return terminated and truncated on
+    their one answer; a multi-turn game returns truncated at its own turn limit."""
+    pytest.importorskip("gem", reason="the gem extra is not installed")
+    env = GemEnv("game:GuessTheNumber-v0-easy")
+    env.reset({"seed": 3})
+    results = iter([("obs", 0.0, *first, {}), ("obs", 0.5, *(later or first), {})])
+    env.env.step = lambda action: next(results)
+    done = env.step("\\boxed{1}")[2]
+    if not done:
+        assert env.step("\\boxed{2}") == (None, 0.5, True)
+    assert env.episode_end == ending
