@@ -29,7 +29,7 @@ from oncurve.rewards.format import (
 from oncurve.rewards.matching import answers_match, usable_gold
 from oncurve.rewards.model import PREFIX as MODEL_PREFIX
 from oncurve.rewards.model import RewardModel
-from oncurve.rewards.trl_contract import TrlReward
+from oncurve.rewards.trl_contract import TrlReward, reward_name
 
 RewardFn = Callable[..., list[float | None]]
 
@@ -140,7 +140,7 @@ _GIVEN: dict[str, RewardFn] = {}
 def give_rewards(fns: Sequence[Callable[..., Any] | str]) -> list[str]:
     """Specs that `resolve_reward` resolves to `fns`, passed as TRL's `reward_funcs` are: a
     callable (a function, a factory's closure, an object with `__call__`) is `given:<name>`,
-    named by its `__name__` or its class's, numbered after the first where two of them share
+    named as TRL names it (`reward_name`), numbered after the first where two of them share
     one (a run given a function of a name an earlier run of the process was given takes its
     place); a string is a reward model's directory or Hub id, `model:<string>`, as TRL loads
     one. A model object is refused: TRL scores it with a tokenizer given apart, oncurve loads
@@ -157,7 +157,7 @@ def give_rewards(fns: Sequence[Callable[..., Any] | str]) -> list[str]:
             )
         if not callable(fn):
             raise UserError(f"reward_funcs: {fn!r} is not callable")
-        name = getattr(fn, "__name__", None) or type(fn).__name__
+        name = reward_name(fn)
         spec, count = f"{GIVEN_PREFIX}{name}", 1
         while spec in specs:
             count += 1

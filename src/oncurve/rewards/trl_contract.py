@@ -84,7 +84,7 @@ class TrlReward:
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
-        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        self.__name__ = reward_name(fn)
         self.is_async = _is_async(fn)
         try:  # read once: every call of the function asks what it takes
             self.signature: inspect.Signature | None = inspect.signature(fn)
@@ -126,6 +126,14 @@ class TrlReward:
                 )
             return self.fn(**taken)
         return self.fn(prompts, completions, **context)
+
+
+def reward_name(fn: Callable[..., Any]) -> str:
+    """The name TRL logs a reward function under: its `__name__`, a `functools.partial`'s being
+    the function's it wraps, and an object's without one its class's."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__name__", None) or type(fn).__name__
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:

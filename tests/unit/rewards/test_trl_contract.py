@@ -14,7 +14,7 @@ import pytest
 from helpers.rewards_for_tests import FIRST_LOOP
 
 from oncurve.rewards.jobs import RewardError
-from oncurve.rewards.registry import resolve_reward
+from oncurve.rewards.registry import give_rewards, resolve_reward
 from oncurve.rewards.runner import RewardRunner
 from oncurve.rewards.trl_contract import RewardLog, TrainerState, TrlReward, call_context
 
@@ -331,3 +331,37 @@ def test_a_row_no_reward_scored_is_left_out_and_said_once_as_trl_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         runner.score(["p", "q", "r"], ["x", "y", "z"], {})
+
+
+def scaled_length(completions, scale=1.0, **kwargs):
+    return [scale * len(text) for text in completions]
+
+
+class Penalty:
+    """A callable object, as TRL's `get_repetition_penalty_reward` returns one."""
+
+    def __call__(self, completions, **kwargs):
+        return [0.0] * len(completions)
+
+
+class NamedPenalty(Penalty):
+    __name__ = "named_penalty"
+
+
+@pytest.mark.parametrize(
+    ("fn", "name"),
+    [
+        (scaled_length, "scaled_length"),
+        (functools.partial(scaled_length, scale=2.0), "scaled_length"),
+        (functools.partial(functools.partial(scaled_length), scale=2.0), "scaled_length"),
+        (Penalty(), "Penalty"),
+        (NamedPenalty(), "named_penalty"),
+        (functools.partial(NamedPenalty()), "named_penalty"),
+    ],
+    ids=["function", "partial", "partial-of-partial", "object", "named-object", "partial-of-obj"],
+)
+def test_a_reward_is_named_as_trl_names_it(fn, name):
+    """TRL logs a reward under its `__name__`, a `functools.partial`'s being its function's, and
+    an object's without one its class's."""
+    assert TrlReward(fn).__name__ == name
+    assert give_rewards([fn]) == [f"given:{name}"]
