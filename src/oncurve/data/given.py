@@ -43,11 +43,19 @@ def given_argument(path: str | None) -> str:
 
 def check_dataset(argument: str, dataset: Any) -> None:
     """A one-line error naming `argument` for what oncurve cannot train on: anything but an
-    iterable of rows (a `DatasetDict` of splits, a pandas or polars `DataFrame`, whose iteration
-    yields its column names, a string, one row), a `Dataset` formatted as tensors or arrays
+    iterable of rows (a `DatasetDict` of splits, a dict of datasets, which TRL evaluates one by
+    one, a pandas or polars `DataFrame`, whose iteration yields its column names, a string, one
+    row), a `Dataset` formatted as tensors or arrays
     (`set_format("torch")`: a number's text would be `tensor(2)`), and a `Dataset` with an image
     column (of its `features`, at any depth: TRL's multimodal prompts)."""
     kind = type(dataset).__name__
+    if not kind.endswith("DatasetDict") and _of_datasets(dataset):
+        names = ", ".join(map(repr, dataset))
+        raise UserError(
+            f"{argument}: a dict of {len(dataset)} datasets ({names}), each of which TRL "
+            f"evaluates; oncurve evaluates one held-out set: pass one, "
+            f"{argument}={argument}[{next(iter(dataset))!r}]"
+        )
     frame = kind.endswith("DataFrame")
     if frame or isinstance(dataset, str | bytes | Mapping) or not hasattr(dataset, "__iter__"):
         what_to_pass = ""
@@ -75,6 +83,22 @@ def check_dataset(argument: str, dataset: Any) -> None:
                 "oncurve does not train on (text-only models); drop the column to train on the "
                 "text"
             )
+
+
+def _of_datasets(value: Any) -> bool:
+    """Whether `value` is a dict of datasets, as TRL's `eval_dataset` may be: each a `datasets`
+    dataset or a list of rows (dicts, none of them a chat message, which a row's prompt holds)."""
+    if not isinstance(value, Mapping) or not value:
+        return False
+    return all(
+        hasattr(each, "column_names")
+        or (
+            isinstance(each, list | tuple)
+            and bool(each)
+            and all(isinstance(row, Mapping) and "role" not in row for row in each)
+        )
+        for each in value.values()
+    )
 
 
 def streams(dataset: Any) -> bool:

@@ -144,6 +144,17 @@ def test_a_dataset_dict_and_image_features_are_refused():
     check_dataset("train_dataset", train)  # text columns alone: taken
 
 
+def test_a_dict_of_eval_datasets_is_refused_naming_one_to_pass():
+    """TRL evaluates each dataset of a dict passed as `eval_dataset` (and of a `DatasetDict`);
+    oncurve evaluates one held-out set: refused in one line saying so and naming one."""
+    with pytest.raises(UserError) as err:
+        check_dataset("eval_dataset", {"easy": TRL_ROWS, "hard": TRL_ROWS[:1]})
+    assert str(err.value) == (
+        "eval_dataset: a dict of 2 datasets ('easy', 'hard'), each of which TRL evaluates; "
+        "oncurve evaluates one held-out set: pass one, eval_dataset=eval_dataset['easy']"
+    )
+
+
 @pytest.mark.parametrize("kind", ["torch", "numpy", "pandas", "arrow"])
 def test_a_dataset_formatted_as_arrays_is_refused_naming_its_format(kind):
     """`set_format("torch")` makes a number column a tensor, whose text (`tensor(2)`) would be
