@@ -104,6 +104,7 @@ def load_rows(
     answer_format: str = "auto",
     require_answer: bool = True,
     episodes: bool = False,
+    answer_use: str = "",
 ) -> list[dict[str, Any]]:
     """Rows (`Row`s) with the prompt under "prompt" and the answer under "answer"; other
     columns are kept and reach the reward functions by name. `config` and `split` pick the part
@@ -117,7 +118,8 @@ def load_rows(
     whichever the first row has) in `answer_format` (`final_answer`), the original value kept
     as "answer_raw" when that changed any row's, and under its own name too when that is
     "solution" (TRL's rewards read it). An answer that is null or blank text counts as missing:
-    an error, or without `require_answer` an answer of None. A column named as one the trainer
+    an error (ending with `answer_use`, what the answers are read for, where given), or
+    without `require_answer` an answer of None. A column named as one the trainer
     passes reward functions (with `episodes`, a run's that plays multi-turn episodes, also as
     one they add), or as one written here (`ROW_COLUMNS`), is an error unless it is
     the prompt or answer field read here, and so are a `prompt` column the prompt is not read
@@ -178,7 +180,7 @@ def load_rows(
             _missing(location, prompt_field, record)
         # a null (JSON, Parquet, a short CSV row) or blank answer would leave the row unscored
         if require_answer and _blank(record.get(answer_field)):
-            _missing(location, answer_field, record)
+            _missing(location, answer_field, record, use=answer_use)
         if "answer" in record and answer_field != "answer":
             raise UserError(
                 f"{location}: column 'answer' would be overwritten by the reference answer, "
@@ -361,13 +363,17 @@ def _messages(value: list, where: str, field: str) -> list[dict[str, Any]]:
     ]
 
 
-def _missing(where: str, field: str, record: dict[str, Any], what: str = "field") -> None:
+def _missing(
+    where: str, field: str, record: dict[str, Any], what: str = "field", use: str = ""
+) -> None:
+    """A one-line error for `field` missing from `record`, ending with `use` where given."""
     if field in record:
         found = record[field]
         value = "null" if found is None else "NaN" if isinstance(found, float) else "empty"
-        raise UserError(f"{where}: missing {what} {field!r} (its value is {value})")
-    present = ", ".join(record) or "none"
-    raise UserError(f"{where}: missing {what} {field!r} (fields: {present})")
+        found_as = f"its value is {value}"
+    else:
+        found_as = f"fields: {', '.join(record) or 'none'}"
+    raise UserError(f"{where}: missing {what} {field!r} ({found_as})" + (f"; {use}" if use else ""))
 
 
 def _blank(value: Any) -> bool:

@@ -10,6 +10,7 @@ import torch
 
 from oncurve.config import Config, DataConfig
 from oncurve.data.files import Row, chat_template_ending, load_rows
+from oncurve.data.given import given_argument
 from oncurve.data.tasks import get_task
 from oncurve.data.tasks.base import Task, TooFewProblems, leveled_examples
 from oncurve.envs.verifiers_envs import PREFIX as VERIFIERS_PREFIX
@@ -55,7 +56,12 @@ def load_prompts(config: Config) -> tuple[list[dict], list[dict], Task | None]:
     train = read_rows(data.path, data, data.split, require_answer=needed, episodes=episodes)
     held_out = (
         read_rows(
-            config.eval.path, data, config.eval.split, require_answer=scored, episodes=episodes
+            config.eval.path,
+            data,
+            config.eval.split,
+            require_answer=scored,
+            episodes=episodes,
+            answer_use=_held_out_answer_use(config.eval.path),
         )
         if config.eval.path
         else []
@@ -63,12 +69,30 @@ def load_prompts(config: Config) -> tuple[list[dict], list[dict], Task | None]:
     return train, held_out, None
 
 
+def _held_out_answer_use(path: str) -> str:
+    """What held-out rows' answers are read for, said where one lacks its answer: TRL scores
+    an `eval_dataset` with the reward functions, which needs none."""
+    fix = "pass no eval_dataset" if given_argument(path) else "unset eval.path"
+    return (
+        "held-out evaluation scores each row's greedy completion against its reference answer "
+        "('answer', 'solution' or data.answer_field) with the correctness reward, where TRL's "
+        f"eval_dataset is scored by the reward functions: add the answers, or {fix}"
+    )
+
+
 def read_rows(
-    path: str, data: DataConfig, split: str, *, require_answer: bool, episodes: bool = False
+    path: str,
+    data: DataConfig,
+    split: str,
+    *,
+    require_answer: bool,
+    episodes: bool = False,
+    answer_use: str = "",
 ) -> list[dict]:
     """`oncurve.data.files.load_rows` of `path` (split `split` of a Hub dataset) as the data section
     says: columns, Hub config, prompt template and answer format; `episodes` for a run that
-    plays multi-turn episodes on the rows (the columns they add are reserved)."""
+    plays multi-turn episodes on the rows (the columns they add are reserved); `answer_use`
+    ends the error for a row without its answer."""
     return load_rows(
         path,
         data.prompt_field,
@@ -79,6 +103,7 @@ def read_rows(
         answer_format=data.answer_format,
         require_answer=require_answer,
         episodes=episodes,
+        answer_use=answer_use,
     )
 
 

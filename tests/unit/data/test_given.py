@@ -259,3 +259,37 @@ def test_a_stream_that_is_not_a_datasets_one_is_read_as_one():
     check_dataset("train_dataset", Streamed())
     assert first_rows(Streamed(), 2) == TRL_ROWS[:2]
     assert first_rows((row for row in TRL_ROWS), 9) == TRL_ROWS
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["eval_dataset", "eval.path"])
+def test_held_out_rows_without_answers_are_refused_saying_what_evaluation_reads(given, tmp_path):
+    """TRL scores an `eval_dataset` with the reward functions; oncurve's evaluation is held-out
+    accuracy against each row's reference answer: rows without one are refused in one line
+    that says so, while the training rows need none for rewards of their own."""
+    from oncurve.config import load_config
+    from oncurve.data.prompts import load_prompts
+
+    rows = [{"prompt": f"Say {i}"} for i in range(3)]
+    path = tmp_path / "held_out.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = load_config(None, [
+        "data.path=given:train_dataset",
+        f"eval.path={'given:eval_dataset' if given else path}",
+        "reward.functions=[helpers.rewards_for_tests:think_format_reward]",
+    ])  # fmt: skip
+    source, fix = (
+        ("eval_dataset row", "pass no eval_dataset")
+        if given
+        else (f"{path} line", "unset eval.path")
+    )
+    with (
+        holding({"train_dataset": rows, "eval_dataset": rows}),
+        pytest.raises(UserError) as err,
+    ):
+        load_prompts(config)
+    assert str(err.value) == (
+        f"{source} 1: missing field 'answer' (fields: prompt); held-out evaluation scores "
+        "each row's greedy completion against its reference answer ('answer', 'solution' or "
+        "data.answer_field) with the correctness reward, where TRL's eval_dataset is scored by "
+        f"the reward functions: add the answers, or {fix}"
+    )
