@@ -17,11 +17,12 @@ from oncurve.data.curriculum import gather_pass_rates, group_pass_rates
 from oncurve.data.prompts import group_columns
 from oncurve.errors import TrainingError
 from oncurve.loop.timer import Timer
-from oncurve.rewards.runner import RewardResult
+from oncurve.rewards.runner import RewardResult, logged_columns
 from oncurve.rewards.trl_contract import TrainerState
 from oncurve.rollout import SamplingParams
 from oncurve.rollout.env_calls import LENGTH, MAX_TURNS
 from oncurve.rollout.episodes import draw
+from oncurve.run.metrics import SAMPLE_COLUMNS
 from oncurve.run.oom import sampling_round
 from oncurve.run.session import Session
 from oncurve.types import RolloutBatch
@@ -37,6 +38,8 @@ class Sampled:
         rows: the g dataset rows, one per group, in the rollout's order.
         metrics: what was sampled and what was kept (see `sample_groups`).
         tokens: completion tokens sampled on this rank in every round, kept or not.
+        scores: every round's scores together (`RewardRunner.concat`), with the metrics the
+            rewards logged, which join the step's (`oncurve.rewards.runner.logged_metrics`).
     """
 
     rollout: RolloutBatch
@@ -44,6 +47,7 @@ class Sampled:
     rows: list[dict]
     metrics: dict[str, float]
     tokens: int
+    scores: RewardResult
     # what rewards logged beside each kept completion (`log_extra`): column -> one value per row
     extra: dict[str, list[Any]] = field(default_factory=dict)
 
@@ -100,9 +104,10 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
             turns.extend(outcomes.get("turns", []))
             faults.extend(outcomes.get("episode_fault", []))
             endings.extend(outcomes.get("episode_end", []))
-            logged = scored.extra | {
+            episode = {
                 column: outcomes[column] for column in ("episode_end",) if column in outcomes
             }
+            logged = logged_columns(scored, SAMPLE_COLUMNS | episode.keys()) | episode
             tokens += int(rollout.completion_mask.sum())
             # Rewards are scored on the CPU; the advantages they become index the rollout's rows.
             total = scored.total.to(rollout.completion_ids.device)
@@ -139,12 +144,12 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
     rollout = RolloutBatch.concat([b for b, _, _, _ in kept], s.tokenizer.pad_token_id)
     rewards = torch.cat([r for _, r, _, _ in kept])
     rows = [row for _, _, rs, _ in kept for row in rs][:fewest]
-    logged_columns = dict.fromkeys(column for *_, logged in kept for column in logged)
+    kept_columns = dict.fromkeys(column for *_, logged in kept for column in logged)
     extra = {
         column: [v for b, _, _, logged in kept for v in logged.get(column, [None] * b.num_rows)][
             : fewest * group_size
         ]
-        for column in logged_columns
+        for column in kept_columns
     }
     if fewest < kept_groups:
         index = torch.arange(fewest * group_size, device=rewards.device)
@@ -175,7 +180,7 @@ def sample_groups(s: Session, step: int, timer: Timer) -> Sampled:
     if s.curriculum is not None:
         rates = gather_pass_rates(visits, rounds, mine, prompts)
         metrics |= s.curriculum.record(step, rounds_per_step, rates)
-    return Sampled(rollout, rewards, rows, metrics, tokens, extra)
+    return Sampled(rollout, rewards, rows, metrics, tokens, every_round, extra)
 
 
 def _verdicts(scored: RewardResult, total: torch.Tensor) -> torch.Tensor:

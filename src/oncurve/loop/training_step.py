@@ -23,6 +23,7 @@ from oncurve.algo.kl import warmup_beta
 from oncurve.errors import TrainingError
 from oncurve.loop.collect import Sampled, group_rows, sample_groups
 from oncurve.loop.timer import Timer, cuda_peak_reader
+from oncurve.rewards.runner import logged_metrics
 from oncurve.run import oom
 from oncurve.run.metrics import log_samples
 from oncurve.run.session import Session
@@ -94,7 +95,8 @@ def step_metrics(
     timer: Timer,
 ) -> dict[str, float]:
     """A step's metrics: the sampling's and the rollout's, the update's, the step's learning
-    rate (and KL weight, while it warms up), the sampler's and memory's, times and tokens."""
+    rate (and KL weight, while it warms up), the sampler's and memory's, times and tokens, and
+    the metrics the rewards logged, each under a name of its own (`logged_metrics`)."""
     cfg = s.config
     metrics = {
         **sampled.metrics,
@@ -116,7 +118,7 @@ def step_metrics(
         metrics |= {f"memory/{k}_peak_gb": v / 2**30 for k, v in timer.peak_bytes.items()}
     metrics["tokens_per_s"] = sampled.tokens / metrics["time/step"]
     metrics["tokens/total"] = float(s.counts.completion_tokens)
-    return metrics
+    return metrics | logged_metrics(sampled.scores, metrics)
 
 
 def train_batch(rollout: RolloutBatch) -> TrainBatch:

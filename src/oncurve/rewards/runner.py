@@ -42,7 +42,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,14 +60,16 @@ from oncurve.rewards.worker import Worker
 class RewardResult:
     total: torch.Tensor  # [N] weighted sum; NaN where the verifier or every function gave None
     per_fn: torch.Tensor  # [N, n_fns] each function's score; NaN for None
-    # reward/<name> (mean over non-None), reward/timeouts, reward/errors, reward/slowest_row_s,
-    # and the mean of each metric a reward logged (`log_metric`) under its own name
+    # reward/<name> (mean over non-None), reward/timeouts, reward/errors, reward/slowest_row_s
     metrics: dict[str, float]
     verifier_scores: torch.Tensor | None = None  # [N] the verifier's column of per_fn, if any
     # what rewards logged: `log_extra` column -> N values (None for rows it skipped), and
-    # `log_metric` name -> every value logged
+    # `log_metric` name -> every value logged (`logged_metrics` averages them)
     extra: dict[str, list[Any]] = field(default_factory=dict)
     logged: dict[str, list[float]] = field(default_factory=dict)
+    # the reward function that logged each `log_extra` column and, first, each `log_metric` name
+    extra_by: dict[str, str] = field(default_factory=dict)
+    logged_by: dict[str, str] = field(default_factory=dict)
 
 
 # The `reward/` metrics the trainer logs of its own, beside one per reward function.
@@ -202,7 +204,7 @@ class RewardRunner:
                 RuntimeWarning,
                 stacklevel=2,
             )
-        return _result(per_fn, self.fns, counts, self._verifier_column, logs.extra, logs.metrics)
+        return _result(per_fn, self.fns, counts, self._verifier_column, logs)
 
     def concat(self, results: Sequence[RewardResult]) -> RewardResult:
         """One result for the rows of `results` (batches this runner scored), in order: what one
@@ -214,17 +216,20 @@ class RewardRunner:
         counts["slowest_row_s"] = max(r.metrics["reward/slowest_row_s"] for r in results)
         per_fn = torch.cat([r.per_fn for r in results])
         sizes = [len(r.total) for r in results]
-        columns = {name: None for r in results for name in r.extra}
-        extra = {
+        logs = _Logs(sum(sizes))
+        for r in results:
+            for column, name in r.extra_by.items():
+                logs.own_column(column, name)
+            for metric, name in r.logged_by.items():
+                logs.metrics_by.setdefault(metric, name)
+            for metric, numbers in r.logged.items():
+                logs.metrics.setdefault(metric, []).extend(numbers)
+        logs.extra = {
             name: [v for r, size in zip(results, sizes, strict=True)
                    for v in r.extra.get(name, [None] * size)]
-            for name in columns
+            for name in logs.extra_by
         }  # fmt: skip
-        logged: dict[str, list[float]] = {}
-        for r in results:
-            for name, numbers in r.logged.items():
-                logged.setdefault(name, []).extend(numbers)
-        return _result(per_fn, self.fns, counts, self._verifier_column, extra, logged)
+        return _result(per_fn, self.fns, counts, self._verifier_column, logs)
 
     def _score_rows(
         self, f: int, batch: Batch, counts: dict[str, float], logs: _Logs
@@ -334,6 +339,38 @@ class RewardRunner:
             return ("error", f"worker process died (exit code {exit_code})", None, 0.0, None, ())
 
 
+def logged_metrics(result: RewardResult, taken: Collection[str]) -> dict[str, float]:
+    """The mean of each metric the rewards logged in `result` (`log_metric`), by its name. A
+    name among `taken` (the metrics the trainer logs in the same row) or under `eval/` (the
+    trainer's evaluation rows of the same step) is a RewardError naming the reward: one of
+    the two values would be lost, or read as the other."""
+    for name, owner in result.logged_by.items():
+        if name in taken or name.startswith("eval/"):
+            whose = (
+                "a metric the trainer logs in the step's row"
+                if name in taken
+                else "a metric of the trainer's evaluation rows"
+            )
+            raise RewardError(
+                f"reward {owner!r} logged {name!r} with log_metric, {whose}; choose another "
+                f"name, such as '{owner}/{name}'"
+            )
+    return {name: sum(numbers) / len(numbers) for name, numbers in result.logged.items()}
+
+
+def logged_columns(result: RewardResult, taken: Collection[str]) -> dict[str, list[Any]]:
+    """The columns the rewards logged in `result` (`log_extra`); one among `taken` (those
+    samples.jsonl writes itself) is a RewardError naming the reward: the trainer's value would
+    replace the reward's."""
+    for column, owner in result.extra_by.items():
+        if column in taken:
+            raise RewardError(
+                f"reward {owner!r} logged {column!r} with log_extra, a column samples.jsonl "
+                f"writes itself; choose another name, such as '{owner}/{column}'"
+            )
+    return result.extra
+
+
 def runner_settings(reward: Any) -> dict[str, Any]:
     """`RewardRunner`'s policy from a config's `reward` section (timeout, score of a timed-out
     row, errors): training and evaluation both score under it."""
@@ -353,6 +390,8 @@ class _Logs:
         self.n = n
         self.extra: dict[str, list[Any]] = {}
         self.metrics: dict[str, list[float]] = {}
+        self.extra_by: dict[str, str] = {}  # column -> the function that logged it
+        self.metrics_by: dict[str, str] = {}  # metric -> the first function that logged it
         # (function index, category, message) -> the rows whose calls said it, in order
         self.said: dict[tuple[int, type[Warning], str], list[int]] = {}
 
@@ -379,13 +418,26 @@ class _Logs:
                     f"reward {name!r} logged {len(values)} values of {column!r}{where}; "
                     f"log_extra takes one per completion ({expected})"
                 )
+            self.own_column(column, name)
             kept = self.extra.setdefault(column, [None] * self.n)
             if row is None:
                 kept[:] = values
             else:
                 kept[row] = values[0]
         for metric, numbers in log.metrics.items():
+            self.metrics_by.setdefault(metric, name)
             self.metrics.setdefault(metric, []).extend(numbers)
+
+    def own_column(self, column: str, name: str) -> None:
+        """Record that function `name` logged `column`; a column another function logged is a
+        RewardError: samples.jsonl holds one value of it per completion, and one would be lost.
+        (Two functions' metrics of one name are averaged together, as TRL averages them.)"""
+        owner = self.extra_by.setdefault(column, name)
+        if owner != name:
+            raise RewardError(
+                f"reward {name!r} logged {column!r} with log_extra, a column reward {owner!r} "
+                "logged too; choose another name"
+            )
 
 
 def _rows(rows: list[int], n: int) -> str:
@@ -402,11 +454,10 @@ def _result(
     fns: list[tuple[str, RewardFn, float]],
     counts: dict[str, float],
     verifier_column: int | None,
-    extra: dict[str, list[Any]],
-    logged: dict[str, list[float]],
+    logs: _Logs,
 ) -> RewardResult:
     """The weighted sum of `per_fn` `[N, n_fns]` (see the module docstring), its metrics and
-    what the rewards logged."""
+    what the rewards logged (`logs`)."""
     weights = torch.tensor([w for _, _, w in fns], dtype=torch.float32)
     scored = ~torch.isnan(per_fn)  # [N, n_fns]
     total = (torch.where(scored, per_fn, 0.0) * weights).sum(1)
@@ -418,7 +469,14 @@ def _result(
     }
     for kind in ("timeouts", "errors", "slowest_row_s"):
         metrics[f"reward/{kind}"] = float(counts[kind])
-    for name, numbers in logged.items():
-        metrics.setdefault(name, sum(numbers) / len(numbers))
     verifier_scores = None if verifier_column is None else per_fn[:, verifier_column]
-    return RewardResult(total, per_fn, metrics, verifier_scores, extra, logged)
+    return RewardResult(
+        total,
+        per_fn,
+        metrics,
+        verifier_scores,
+        logs.extra,
+        logs.metrics,
+        logs.extra_by,
+        logs.metrics_by,
+    )

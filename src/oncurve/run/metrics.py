@@ -29,6 +29,9 @@ from oncurve.types import RolloutBatch
 
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
+# The columns `log_samples` writes in each row of samples.jsonl of its own (`prompt_as_seen`
+# with a tokenizer's `decode`), beside the columns rewards log.
+SAMPLE_COLUMNS = frozenset(("step", "prompt", "completion", "reward", "answer", "prompt_as_seen"))
 
 
 class MetricsLogger:
@@ -315,8 +318,8 @@ def log_samples(
     prompt (`rows` holds one dataset row per group), reward and reference answer; with
     `decode` (the tokenizer's), also the prompt as the model saw it (`prompt_as_seen`: after
     the system prompt and chat template), so that a formatting mistake shows; with `extra`
-    (column -> N values: what rewards logged with `log_extra`), each column's value beside
-    its completion, unless the column is one of those."""
+    (column -> N values: what rewards logged with `log_extra`, none of `SAMPLE_COLUMNS`), each
+    column's value beside its completion."""
     count = min(count, rollout.num_rows)
     if not count:
         return

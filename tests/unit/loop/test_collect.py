@@ -22,7 +22,10 @@ from oncurve.loop import training_step as loop_step
 from oncurve.loop.collect import function_means, reward_metrics
 from oncurve.loop.trainer import MAXED, SUMMED
 from oncurve.loop.training_step import training_step
+from oncurve.rewards.jobs import RewardError
 from oncurve.rewards.runner import RewardRunner
+from oncurve.rewards.trl_contract import TrlReward
+from oncurve.run.metrics import read_jsonl
 from oncurve.run.rewards import build_rewards
 
 
@@ -150,6 +153,64 @@ def test_sampled_and_kept_metrics_are_logged_apart(tiny_model_dir, data_file, tm
     assert metrics["kept/reward_mean"] == pytest.approx(2.5)
     assert metrics["kept/reward_std"] == pytest.approx(0.5)
     assert metrics["kept/groups"] == 8 and metrics["groups/dropped"] == 24 - informative
+
+
+def logging(logged: str, name: str):
+    """A TRL reward that scores 1 and logs `name` with `logged` (`log_metric` or `log_extra`)."""
+
+    def logs(completions, log_metric, log_extra, **kwargs):
+        if logged == "log_metric":
+            log_metric(name, 7.0)
+        else:
+            log_extra(name, ["mine"] * len(completions))
+        return [1.0] * len(completions)
+
+    return TrlReward(logs)
+
+
+@pytest.mark.parametrize(
+    ("logged", "name", "whose"),
+    [
+        ("log_metric", "lr", "a metric the trainer logs in the step's row"),
+        ("log_metric", "reward/mean", "a metric the trainer logs in the step's row"),
+        ("log_metric", "reward/scripted", "a metric the trainer logs in the step's row"),
+        ("log_metric", "reward/timeouts", "a metric the trainer logs in the step's row"),
+        ("log_metric", "kl", "a metric the trainer logs in the step's row"),
+        ("log_metric", "eval/accuracy", "a metric of the trainer's evaluation rows"),
+        ("log_extra", "prompt", "a column samples.jsonl writes itself"),
+        ("log_extra", "completion", "a column samples.jsonl writes itself"),
+        ("log_extra", "reward", "a column samples.jsonl writes itself"),
+        ("log_extra", "answer", "a column samples.jsonl writes itself"),
+        ("log_extra", "prompt_as_seen", "a column samples.jsonl writes itself"),
+    ],
+)
+def test_a_log_named_as_the_trainers_own_is_one_line_naming_the_reward(
+    tiny_model_dir, data_file, tmp_path, logged, name, whose
+):
+    """A reward's logged metric or column of a name the trainer writes itself would lose to the
+    trainer's, or replace it: the first step that logs it stops the run in one line."""
+    config = make_config(tiny_model_dir, data_file, tmp_path / "run", "algo.beta=0.01")
+    s = scripted_session(config, reward=logging(logged, name))
+    with pytest.raises(
+        RewardError,
+        match=rf"^reward 'scripted' logged {name!r} with {logged}, {whose}; choose another name",
+    ):
+        training_step(s, 1)
+
+
+def test_a_rewards_own_names_land_beside_the_trainers(tiny_model_dir, data_file, tmp_path):
+    metric = scripted_session(
+        make_config(tiny_model_dir, data_file, tmp_path / "a"),
+        reward=logging("log_metric", "accuracy"),
+    )
+    assert training_step(metric, 1)["accuracy"] == 7.0
+    column = scripted_session(
+        make_config(tiny_model_dir, data_file, tmp_path / "b"),
+        reward=logging("log_extra", "golden"),
+    )
+    training_step(column, 1)
+    samples = read_jsonl(tmp_path / "b" / "samples.jsonl")
+    assert [row["golden"] for row in samples] == ["mine"] * 4
 
 
 def nines(prompt_ids: list[int], member: int) -> str:

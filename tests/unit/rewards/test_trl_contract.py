@@ -15,7 +15,7 @@ from helpers.rewards_for_tests import FIRST_LOOP
 
 from oncurve.rewards.jobs import RewardError
 from oncurve.rewards.registry import give_rewards, resolve_reward
-from oncurve.rewards.runner import RewardRunner
+from oncurve.rewards.runner import RewardRunner, logged_metrics
 from oncurve.rewards.trl_contract import RewardLog, TrainerState, TrlReward, call_context
 
 MESSAGES = [
@@ -43,8 +43,9 @@ def test_trl_rewards_read_messages_and_log_beside_their_scores(timeout_s):
         )
     assert result.per_fn.tolist() == [[1.0, 1.0, 3.0, 8.0], [0.0, 0.0, 1.0, 1.0]]
     assert result.extra == {"step_seen": [7, 7], "of_steps": [20, 20], "asked": ["2+2?", "3+3?"]}
-    assert result.metrics["logging_reward/tokens"] == 2.0
     assert result.logged == {"logging_reward/tokens": [2.0]}
+    assert logged_metrics(result, taken=result.metrics) == {"logging_reward/tokens": 2.0}
+    assert result.extra_by == dict.fromkeys(("step_seen", "of_steps", "asked"), "logging_reward")
 
 
 def test_a_text_dataset_passes_text_and_built_ins_keep_taking_text():
@@ -255,6 +256,31 @@ def test_a_log_named_step_is_one_line_not_the_trainers_step_replaced(logged):
     runner = RewardRunner([("s", TrlReward(logs_step), 1.0)], timeout_s=None)
     with pytest.raises(RewardError, match=rf"reward 's' logged 'step' with {logged}; the trainer"):
         runner.score(["p", "q"], ["c", "d"], {})
+
+
+@pytest.mark.parametrize("timeout_s", [None, 5.0], ids=["in-process", "worker"])
+def test_two_rewards_logging_one_column_is_one_line_not_one_column_lost(timeout_s):
+    """samples.jsonl holds one value of a column per completion: a second reward's log of the
+    column would replace the first's."""
+
+    def first(completions, log_extra, **kwargs):
+        log_extra("parsed", ["a"] * len(completions))
+        return [0.0] * len(completions)
+
+    def second(completions, log_extra, **kwargs):
+        log_extra("parsed", ["b"] * len(completions))
+        return [0.0] * len(completions)
+
+    fns = [("first", TrlReward(first), 1.0), ("second", TrlReward(second), 1.0)]
+    with (
+        RewardRunner(fns, timeout_s=timeout_s) as scorer,
+        pytest.raises(
+            RewardError,
+            match=r"^reward 'second' logged 'parsed' with log_extra, a column reward 'first' "
+            r"logged too; choose another name",
+        ),
+    ):
+        scorer.score(["p", "q"], ["c", "d"], {})
 
 
 def test_a_log_value_that_cannot_leave_the_worker_is_one_line_naming_the_reward():

@@ -386,6 +386,29 @@ def test_an_environment_that_cannot_be_created_is_one_line(tmp_path, monkeypatch
     assert str(raised.value) == line
 
 
+def test_a_rewards_column_named_as_the_episodes_end_is_one_line(
+    tiny_model_dir, data_file, tmp_path
+):
+    """With `rollout.env`, samples.jsonl's `episode_end` is the trainer's: a reward's column of
+    that name would be replaced by it."""
+
+    def ends(completions, log_extra, **kwargs):
+        log_extra("episode_end", ["mine"] * len(completions))
+        return [0.0] * len(completions)
+
+    config = load_config(None, [
+        f"model.path={tiny_model_dir}", f"data.path={data_file}", "data.prompts_per_step=2",
+        "rollout.group_size=2", "rollout.max_new_tokens=8", "reward.timeout=null",
+        "rollout.env=helpers.rewards_for_tests:DigitsEnv", "rollout.max_observation_tokens=16",
+        "reward.functions=[env]", "run.device=cpu", "eval.at_start_end=false", "run.steps=1",
+        "run.preflight=false", f"run.dir={tmp_path / 'run'}",
+    ])  # fmt: skip
+    with pytest.raises(
+        UserError, match=r"^reward 'ends' logged 'episode_end' with log_extra, a column samples"
+    ):
+        train(config, quiet=True, reward_funcs=[ends])
+
+
 def test_a_multi_turn_run_trains_checkpoints_and_resumes_exactly(
     tiny_model_dir, data_file, tmp_path
 ):
