@@ -13,6 +13,7 @@ imports `datasets`: a `Dataset` is told by what it has.
 from __future__ import annotations
 
 import itertools
+import numbers
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -24,6 +25,9 @@ SETTINGS = {"train_dataset": "data.path", "eval_dataset": "eval.path"}
 PREFIX = "given:"
 # The datasets of the `train` call under way, by argument
 _HELD: dict[str, Any] = {}
+# Libraries whose tensors and arrays a row may hold when its dataset is formatted for them; their
+# scalars that are numbers (NumPy's int64) read as those numbers
+ARRAY_LIBRARIES = ("torch", "numpy", "jax", "jaxlib", "tensorflow")
 # The formats of a `datasets.Dataset` (`set_format`, `with_transform`) whose rows hold Python
 # values; the others make columns tensors, arrays or tables
 PYTHON_FORMATS = (None, "python", "custom")
@@ -151,7 +155,9 @@ def given_records(path: str) -> list[tuple[str, dict[str, Any]]]:
     """The records of the dataset `path` names (`given_argument`), each a copy of its row with
     its location ("row 3", counted from 1, as a Parquet file's); a one-line error where this
     process was not given it (a resumed run, `oncurve eval --run`), where a row is not a dict
-    of named columns, or where there are none."""
+    of named columns or holds a tensor or array (`ARRAY_LIBRARIES`: a stream formatted with
+    `with_format("torch")`, which the dataset does not tell, or a transform's), or where there
+    are none."""
     argument = given_argument(path)
     if argument not in _HELD:
         raise UserError(
@@ -166,6 +172,15 @@ def given_records(path: str) -> list[tuple[str, dict[str, Any]]]:
             )
         if unnamed := [key for key in row if not isinstance(key, str)]:
             raise UserError(f"{argument} row {number}: column {unnamed[0]!r} is not named by text")
+        for column, value in row.items():
+            kind = type(value)
+            library = kind.__module__.split(".")[0]
+            if library in ARRAY_LIBRARIES and not isinstance(value, numbers.Number):
+                raise UserError(
+                    f"{argument} row {number}: column {column!r} holds a {library} "
+                    f"{kind.__name__} (rows formatted as tensors or arrays, with_format('torch') "
+                    f"say); oncurve reads rows as stored: pass {argument}.with_format(None)"
+                )
         # a copy: reading takes the prompt and answer columns out of a record
         records.append((f"row {number}", dict(row)))
     if not records:

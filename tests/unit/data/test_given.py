@@ -293,3 +293,27 @@ def test_held_out_rows_without_answers_are_refused_saying_what_evaluation_reads(
         "data.answer_field) with the correctness reward, where TRL's eval_dataset is scored by "
         f"the reward functions: add the answers, or {fix}"
     )
+
+
+def test_a_tensor_or_array_in_a_row_is_refused_as_formatted_rows_are():
+    """Rows that hold tensors or arrays (a stream formatted with `with_format("torch")`, whose
+    format is not told by the dataset, or a transform's) would read `tensor(4)` as the answer:
+    refused in one line naming the row and column; NumPy's scalars read as their numbers."""
+    torch = pytest.importorskip("torch")
+    numpy = pytest.importorskip("numpy")
+    assert _refusal([{"prompt": "2+2=", "answer": torch.tensor(4)}]) == (
+        "train_dataset row 1: column 'answer' holds a torch Tensor (rows formatted as tensors "
+        "or arrays, with_format('torch') say); oncurve reads rows as stored: pass "
+        "train_dataset.with_format(None)"
+    )
+    assert _refusal([{"prompt": "2+2=", "answer": "4", "ids": numpy.array([1, 2])}]).startswith(
+        "train_dataset row 1: column 'ids' holds a numpy ndarray"
+    )
+    rows = _given_rows([{"prompt": "2+2=", "answer": numpy.int64(4)}])
+    assert rows[0]["answer"] == "4"
+    datasets = pytest.importorskip("datasets", reason="datasets (extra `data`) not installed")
+    stream = datasets.Dataset.from_list([{"prompt": "2+2=", "answer": 4}]).to_iterable_dataset()
+    check_dataset("train_dataset", stream.with_format("torch"))  # not told by the dataset
+    assert _refusal(first_rows(stream.with_format("torch"), 1)).startswith(
+        "train_dataset row 1: column 'answer' holds a torch Tensor"
+    )
