@@ -21,7 +21,6 @@ from helpers.paths import FIXTURES
 
 from oncurve.rollout import SamplingParams, TorchSampler
 from oncurve.rollout.endpoint import Endpoint
-from oncurve.rollout.tool_calls import parse_tool_calls
 from oncurve.types import RolloutBatch
 
 QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -460,51 +459,6 @@ def test_tools_for_a_template_without_a_tool_call_format_are_refused():
         status, answer = post(endpoint.base_url, "/chat/completions",
                               {"messages": QUESTION, "tools": ADD})  # fmt: skip
     assert status == 400 and answer["error"]["message"].startswith("tools: the model's chat")
-
-
-@pytest.mark.parametrize(
-    ("text", "content", "calls"),
-    [
-        ("no call", "no call", []),
-        ('<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>', None, [("f", {"x": 1})]),
-        ('Two.\n<tool_call>{"name": "f"}</tool_call><tool_call>{"name": "g", "arguments": '
-         '{}}</tool_call> done', "Two.", [("f", {}), ("g", {})]),
-        # one call that does not parse: the whole text is the answer, as vLLM leaves it
-        ('<tool_call>{"name": "f"}</tool_call><tool_call>{name: g}</tool_call>', None, None),
-        ('<tool_call>["f"]</tool_call>', None, None),
-        ('<tool_call>{"arguments": {}}</tool_call>', None, None),
-        # whitespace around a call is not the call's; a call ends at its first closing tag
-        (' A <tool_call>\n {"name": "f"} \t\n</tool_call>', "A", [("f", {})]),
-        ('<tool_call><tool_call>{"name": "f"}</tool_call>', None, None),
-        ('<tool_call>{"name": "f"}</tool_call></tool_call>', None, [("f", {})]),
-        # JSON too deep for the parser's recursion, or a number too long for int(): text
-        ('<tool_call>{"name": "f", "arguments": {"x": ' + "[" * 100_000 + "]" * 100_000
-         + "}}</tool_call>", None, None),
-        ('<tool_call>{"name": "f", "arguments": {"x": ' + "9" * 5000 + "}}</tool_call>",
-         None, None),
-    ],
-)  # fmt: skip
-def test_parse_tool_calls(text, content, calls):
-    got_content, got_calls = parse_tool_calls(text, "call_x")
-    if calls is None:
-        assert (got_content, got_calls) == (text, [])
-        return
-    assert got_content == content
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got_calls] \
-        == calls  # fmt: skip
-    assert [c["id"] for c in got_calls] == [f"call_x-{k}" for k in range(len(calls))]
-
-
-def test_tool_calls_around_long_whitespace_parse_in_linear_time():
-    """An opening tag followed by 20,000 spaces and no closing tag is text, not a call; the
-    regex it was once read with backtracked in cubic time on it (4,000 spaces: 132 s). The
-    whitespace around a call's JSON is not part of it, however long."""
-    spaces = " " * 20_000
-    for text in ("<tool_call>" + spaces, "<tool_call>{" + spaces, "<tool_call>" + spaces + "x"):
-        assert parse_tool_calls(text, "c") == (text, [])
-    text = f'Hi.<tool_call>{spaces}{{"name": "f"}}\n{spaces}</tool_call><tool_call>{spaces}'
-    content, calls = parse_tool_calls(text, "c")
-    assert content == "Hi." and [c["function"]["name"] for c in calls] == ["f"]
 
 
 def test_two_choices_making_the_same_call_are_each_their_own_turn():

@@ -1,5 +1,5 @@
 """Tool calls per format: which format a chat template writes, and a completion's calls read
-as OpenAI's `tool_calls` (the Hermes format's table is in test_endpoint.py)."""
+as OpenAI's `tool_calls`."""
 
 from __future__ import annotations
 
@@ -65,7 +65,13 @@ CALL = '{"name": "f", "parameters": {"x": 1}}'
     ],
 )  # fmt: skip
 def test_parse_llama3_json_tool_calls(text, content, calls):
-    got_content, got_calls = parse_tool_calls(text, "call_x", LLAMA3_JSON)
+    _check_parse(text, LLAMA3_JSON, content, calls)
+
+
+def _check_parse(text: str, format: str, content: str | None, calls: list | None) -> None:
+    """`text` read in `format` gives `content` and `calls` (name, arguments) with ids
+    `call_x-k`; `calls` None: no call, the whole text the content."""
+    got_content, got_calls = parse_tool_calls(text, "call_x", format)
     if calls is None:
         assert (got_content, got_calls) == (text, [])
         return
@@ -90,3 +96,41 @@ def test_long_llama3_json_texts_parse_whole():
 def test_an_unknown_format_is_refused():
     with pytest.raises(ValueError, match="format: 'xml'"):
         parse_tool_calls(CALL, "c", "xml")
+
+
+@pytest.mark.parametrize(
+    ("text", "content", "calls"),
+    [
+        ("no call", "no call", []),
+        ('<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>', None, [("f", {"x": 1})]),
+        ('Two.\n<tool_call>{"name": "f"}</tool_call><tool_call>{"name": "g", "arguments": '
+         '{}}</tool_call> done', "Two.", [("f", {}), ("g", {})]),
+        # one call that does not parse: the whole text is the answer, as vLLM leaves it
+        ('<tool_call>{"name": "f"}</tool_call><tool_call>{name: g}</tool_call>', None, None),
+        ('<tool_call>["f"]</tool_call>', None, None),
+        ('<tool_call>{"arguments": {}}</tool_call>', None, None),
+        # whitespace around a call is not the call's; a call ends at its first closing tag
+        (' A <tool_call>\n {"name": "f"} \t\n</tool_call>', "A", [("f", {})]),
+        ('<tool_call><tool_call>{"name": "f"}</tool_call>', None, None),
+        ('<tool_call>{"name": "f"}</tool_call></tool_call>', None, [("f", {})]),
+        # JSON too deep for the parser's recursion, or a number too long for int(): text
+        ('<tool_call>{"name": "f", "arguments": {"x": ' + "[" * 100_000 + "]" * 100_000
+         + "}}</tool_call>", None, None),
+        ('<tool_call>{"name": "f", "arguments": {"x": ' + "9" * 5000 + "}}</tool_call>",
+         None, None),
+    ],
+)  # fmt: skip
+def test_parse_hermes_tool_calls(text, content, calls):
+    _check_parse(text, HERMES, content, calls)
+
+
+def test_tool_calls_around_long_whitespace_parse_in_linear_time():
+    """An opening tag followed by 20,000 spaces and no closing tag is text, not a call (a
+    backtracking regex takes cubic time on it); the whitespace around a call's JSON is not part
+    of it, however long."""
+    spaces = " " * 20_000
+    for text in ("<tool_call>" + spaces, "<tool_call>{" + spaces, "<tool_call>" + spaces + "x"):
+        assert parse_tool_calls(text, "c") == (text, [])
+    text = f'Hi.<tool_call>{spaces}{{"name": "f"}}\n{spaces}</tool_call><tool_call>{spaces}'
+    content, calls = parse_tool_calls(text, "c")
+    assert content == "Hi." and [c["function"]["name"] for c in calls] == ["f"]
