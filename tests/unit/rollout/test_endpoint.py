@@ -354,12 +354,11 @@ def test_an_earlier_turn_keeps_tokens_its_text_would_not_give():
     assert [call.rewritten for call in endpoint.calls] == [False, False]
 
 
-def test_a_tool_call_is_answered_as_openai_writes_it_and_its_turn_spliced_back():
-    """With `tools`, the model sees them through its chat template; a completion's Hermes
-    `<tool_call>` is answered as OpenAI's `tool_calls`; the turn sent back with the tool's
-    result (its arguments re-serialised, as clients do) is the tokens sampled."""
-    tokenizer = load_qwen3_tokenizer()
-    said = 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+def _tool_call_round_trip(tokenizer, said: str, content: str | None) -> list:
+    """`said` (a completion that calls `add`) sampled for QUESTION with ADD's tools and answered
+    as OpenAI's `tool_calls` with `content`, the prompt the template shows; then sent back with
+    the tool's result (its arguments re-serialised, as clients do), and once more with a call
+    the model did not make: the endpoint's three calls."""
     script = tokenizer(said, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     sampler, _ = scripted_sampler(tokenizer, [script])
     with Endpoint(sampler, SamplingParams(max_new_tokens=64)) as endpoint:
@@ -368,30 +367,37 @@ def test_a_tool_call_is_answered_as_openai_writes_it_and_its_turn_spliced_back()
         assert status == 200, first
         (choice,) = first["choices"]
         assert choice["finish_reason"] == "tool_calls"
-        assert choice["message"]["content"] == "Let me add."
+        assert choice["message"]["content"] == content
         (call,) = choice["message"]["tool_calls"]
         assert (call["type"], call["function"]["name"]) == ("function", "add")
         assert json.loads(call["function"]["arguments"]) == {"a": 1, "b": 2}
         shown = tokenizer.apply_chat_template(QUESTION, tools=ADD, add_generation_prompt=True,
                                               tokenize=True, return_dict=False)  # fmt: skip
         assert first["prompt_token_ids"] == list(shown)
-        sent_back = {"role": "assistant", "content": "Let me add.", "tool_calls": [
+        sent_back = {"role": "assistant", "content": content, "tool_calls": [
             {**call, "function": {"name": "add", "arguments": '{"b": 2, "a": 1}'}}]}  # fmt: skip
         result = {"role": "tool", "tool_call_id": call["id"], "content": "3"}
-        status, _ = post(endpoint.base_url, "/chat/completions",
-                         {"messages": [*QUESTION, sent_back, result], "tools": ADD})  # fmt: skip
-        assert status == 200
-        # a call the model did not make is a rewritten turn
-        forged = {
-            **sent_back,
-            "tool_calls": [{**call, "function": {"name": "add", "arguments": '{"a": 5}'}}],
-        }
-        post(endpoint.base_url, "/chat/completions",
-             {"messages": [*QUESTION, forged, result], "tools": ADD})  # fmt: skip
+        forged = {**sent_back, "tool_calls": [
+            {**call, "function": {"name": "add", "arguments": '{"a": 5}'}}]}  # fmt: skip
+        for turn in (sent_back, forged):
+            status, _ = post(endpoint.base_url, "/chat/completions",
+                             {"messages": [*QUESTION, turn, result], "tools": ADD})  # fmt: skip
+            assert status == 200
     first_call, second_call, forged_call = endpoint.calls
     assert not second_call.rewritten and forged_call.rewritten
     seen = first_call.prompt_ids + first_call.completion_ids
     assert second_call.prompt_ids[: len(seen)] == seen
+    return endpoint.calls
+
+
+def test_a_tool_call_is_answered_as_openai_writes_it_and_its_turn_spliced_back():
+    """With `tools`, the model sees them through its chat template; a completion's Hermes
+    `<tool_call>` is answered as OpenAI's `tool_calls`; the turn sent back with the tool's
+    result is the tokens sampled, and a call the model did not make is a rewritten turn."""
+    tokenizer = load_qwen3_tokenizer()
+    said = 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    first_call, second_call, _ = _tool_call_round_trip(tokenizer, said, "Let me add.")
+    seen = first_call.prompt_ids + first_call.completion_ids
     fed = tokenizer.decode(second_call.prompt_ids[len(seen) :])
     assert "<tool_response>\n3\n</tool_response>" in fed
 
@@ -413,35 +419,8 @@ def test_a_llama3_json_tool_call_is_answered_and_its_turn_spliced_back():
     call the model did not make is shown as the template writes one, and is rewritten."""
     tokenizer = llama3_tokenizer()
     said = '<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 2}}'
-    script = tokenizer(said, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    sampler, _ = scripted_sampler(tokenizer, [script])
-    with Endpoint(sampler, SamplingParams(max_new_tokens=64)) as endpoint:
-        status, first = post(endpoint.base_url, "/chat/completions",
-                             {"messages": QUESTION, "tools": ADD})  # fmt: skip
-        assert status == 200, first
-        (choice,) = first["choices"]
-        assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
-        (call,) = choice["message"]["tool_calls"]
-        assert call["function"]["name"] == "add"
-        assert json.loads(call["function"]["arguments"]) == {"a": 1, "b": 2}
-        shown = tokenizer.apply_chat_template(QUESTION, tools=ADD, add_generation_prompt=True,
-                                              tokenize=True, return_dict=False)  # fmt: skip
-        assert first["prompt_token_ids"] == list(shown)
-        sent_back = {"role": "assistant", "content": None, "tool_calls": [
-            {**call, "function": {"name": "add", "arguments": '{"b": 2, "a": 1}'}}]}  # fmt: skip
-        result = {"role": "tool", "tool_call_id": call["id"], "content": "3"}
-        status, _ = post(endpoint.base_url, "/chat/completions",
-                         {"messages": [*QUESTION, sent_back, result], "tools": ADD})  # fmt: skip
-        assert status == 200
-        forged = {**sent_back, "tool_calls": [
-            {**call, "function": {"name": "add", "arguments": '{"a": 5}'}}]}  # fmt: skip
-        status, _ = post(endpoint.base_url, "/chat/completions",
-                         {"messages": [*QUESTION, forged, result], "tools": ADD})  # fmt: skip
-        assert status == 200
-    first_call, second_call, forged_call = endpoint.calls
-    assert not second_call.rewritten and forged_call.rewritten
+    first_call, second_call, forged_call = _tool_call_round_trip(tokenizer, said, None)
     seen = first_call.prompt_ids + first_call.completion_ids
-    assert second_call.prompt_ids[: len(seen)] == seen
     fed = tokenizer.decode(second_call.prompt_ids[len(seen) :])
     assert fed == '<|start_header_id|>ipython<|end_header_id|>\n\n"3"<|eot_id|>' \
         "<|start_header_id|>assistant<|end_header_id|>\n\n"  # fmt: skip
