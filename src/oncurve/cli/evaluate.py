@@ -69,6 +69,7 @@ def eval_command(args: argparse.Namespace) -> int:
                 out.write(json.dumps(line) + "\n")
     prompts = {
         "chat_template": data.chat_template,
+        "chat_template_kwargs": data.chat_template_kwargs,
         "system_prompt": data.system_prompt,
         "prompt_template": data.prompt_template,
         "answer_format": data.answer_format,

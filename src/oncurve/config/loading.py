@@ -502,6 +502,10 @@ def _coerce(hint: Any, value: Any, name: str, spec: dataclasses.Field, item: boo
         # a dotted override into it (`data.task_options.counts=[3]`) is read as YAML reads it
         mapping = _plain({k: v.parsed if isinstance(v, _Given) else v for k, v in value.items()})
         _refuse_surrogate(mapping, name)
+        check = spec.metadata.get("check")
+        problem = check(mapping) if check else None
+        if problem:
+            raise UserError(f"{name} {problem}, got {_shown(mapping)}")
         return mapping
     if origin is list:
         (item_hint,) = typing.get_args(hint)

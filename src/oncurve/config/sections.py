@@ -92,6 +92,36 @@ def _is_cap_check(value: float | None) -> str | None:
     )
 
 
+# `apply_chat_template`'s own arguments and the variables its rendering sets: oncurve's rendering
+# decides them (the prompt's ending, tokenization, the tools shown), so a template variable by
+# one of these names would change or break it
+RESERVED_TEMPLATE_KWARGS = (
+    "conversation",
+    "messages",
+    "tools",
+    "documents",
+    "chat_template",
+    "add_generation_prompt",
+    "continue_final_message",
+    "tokenize",
+    "sanitize_control_tokens",
+    "padding",
+    "truncation",
+    "max_length",
+    "return_tensors",
+    "return_dict",
+    "return_assistant_tokens_mask",
+    "tokenizer_kwargs",
+)
+
+
+def _template_kwargs_check(value: dict[str, Any]) -> str | None:
+    reserved = [key for key in value if key in RESERVED_TEMPLATE_KWARGS]
+    if reserved:
+        return f"must not set {reserved[0]} (oncurve's own rendering sets it)"
+    return None
+
+
 @dataclass
 class LoraConfig:
     r: int = _opt(0, "LoRA rank; 0 trains every weight (extra `lora` installs peft)", NON_NEGATIVE)
@@ -217,6 +247,13 @@ class DataConfig:
         None, "system message placed before each prompt; null or empty: none", blank="allow"
     )
     chat_template: bool = _opt(False, "format prompts with the tokenizer's chat template")
+    chat_template_kwargs: dict[str, Any] = _opt(
+        {},
+        "variables the chat template is rendered with, for every prompt the policy is given "
+        "(training, held-out, an episode's turns, the endpoint's; TRL's chat_template_kwargs), "
+        "and a reward model's template, as TRL does: e.g. {enable_thinking: false} (Qwen3)",
+        _template_kwargs_check,
+    )
     max_prompt_tokens: int = _opt(512, "longest prompt accepted; longer is an error", POSITIVE)
     task_options: dict[str, Any] = _opt(
         {},

@@ -225,7 +225,8 @@ def encode_prompt(
     """Token ids of a prompt after the optional system prompt and chat template; a
     conversational prompt (`messages`, which `prompt` then only names) always takes the chat
     template, which shows `tools` (OpenAI's function definitions) where given, and ends in the
-    generation prompt, or in the assistant's last message continued (`chat_template_ending`).
+    generation prompt, or in the assistant's last message continued (`chat_template_ending`);
+    the template is rendered with `data.chat_template_kwargs`.
     `where` locates the row in the error for a prompt over `data.max_prompt_tokens`."""
     if messages is not None and not getattr(tokenizer, "chat_template", None):
         raise UserError(
@@ -254,7 +255,12 @@ def encode_prompt(
         ending = chat_template_ending(messages, f"{where}: {prompt_source(data)}")
         try:
             ids = tokenizer.apply_chat_template(
-                messages, tokenize=True, return_dict=False, **ending, **shown
+                messages,
+                tokenize=True,
+                return_dict=False,
+                **ending,
+                **shown,
+                **data.chat_template_kwargs,
             )
         except Exception as error:  # the template's own refusal (jinja's or its raise_exception)
             message = str(error).splitlines()[0] if str(error) else type(error).__name__

@@ -80,6 +80,7 @@ class RewardModel:
         trust_remote_code: bool = False,
         system_prompt: str | None = None,
         batch_rows: int = BATCH_ROWS,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if batch_rows < 1:
             raise ValueError(f"batch_rows must be positive, got {batch_rows}")
@@ -87,6 +88,8 @@ class RewardModel:
         self.device = torch.device(device)
         self.batch_rows = batch_rows
         self.system_prompt = system_prompt  # `data.system_prompt`: before a text prompt
+        # `data.chat_template_kwargs`: TRL renders a reward model's conversations with them too
+        self.chat_template_kwargs = chat_template_kwargs or {}
         self.model, self.tokenizer = _load(source, self.name, dtype, trust_remote_code)
         self.model.to(self.device).eval().requires_grad_(False)
         self.chat_template = bool(getattr(self.tokenizer, "chat_template", None))
@@ -155,7 +158,7 @@ class RewardModel:
         else:
             conversation = [*messages, {"role": "assistant", "content": answer}]
         return self.tokenizer.apply_chat_template(
-            conversation, tokenize=False, add_generation_prompt=False
+            conversation, tokenize=False, add_generation_prompt=False, **self.chat_template_kwargs
         )
 
     def _tokenize_rendering(

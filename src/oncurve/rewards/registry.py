@@ -174,13 +174,14 @@ def resolve_reward(
     dtype: torch.dtype = torch.float32,
     trust_remote_code: bool = False,
     system_prompt: str | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[str, RewardFn]:
     """(metric name, function) for a built-in name, a `package.module:function` path or a
     function given to `train` (`give_rewards`; either's metric name is the function's name;
     called with TRL's contract, `TrlReward`) or
     `model:PATH_OR_ID`, a reward model loaded on `device` in `dtype`, which reads a text prompt
-    after `system_prompt` (named `model:<last part of PATH_OR_ID>`; see
-    `oncurve.rewards.model`)."""
+    after `system_prompt` and renders its chat template with `chat_template_kwargs` (named
+    `model:<last part of PATH_OR_ID>`; see `oncurve.rewards.model`)."""
     if spec in BUILTINS:
         return spec, BUILTINS[spec]
     if spec.startswith(GIVEN_PREFIX):
@@ -200,6 +201,7 @@ def resolve_reward(
             dtype=dtype,
             trust_remote_code=trust_remote_code,
             system_prompt=system_prompt,
+            chat_template_kwargs=chat_template_kwargs,
         )
         return model.name, model
     if ":" not in spec:

@@ -11,7 +11,7 @@ OpenAI's and vLLM's do, while its `token_ids` run to the token that completed th
 (`stream_events`), each choice whole in one chunk. Requests that arrive within `max_wait_s` of
 each other are sampled in one call (a request that cannot be, a prompt too long, fails alone).
 
-The chat template is applied once, here: an assistant message whose text is a completion this
+The chat template is applied once, here, with the run's `data.chat_template_kwargs`: an assistant message whose text is a completion this
 endpoint sampled for the same episode (as answered, or with its stop string) is spliced back as
 the tokens it sampled, so a conversation's tokens are the ones the policy produced; one it did
 not sample (text a harness rewrote) is tokenized as text, and its call marked `rewritten`; a
@@ -107,9 +107,12 @@ class Endpoint:
         model_name: str = "oncurve",
         max_wait_s: float = 0.005,
         seed: int = 0,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.sampler, self.params, self.model_name = sampler, params, model_name
         self.max_wait_s, self.seed = max_wait_s, seed
+        # the run's `data.chat_template_kwargs`: a conversation is rendered as its prompt was
+        self.chat_template_kwargs = chat_template_kwargs or {}
         self.calls: list[Call] = []
         self.sampler_calls = 0
         # (episode, a reply's text and tool calls) -> the token ids sampled for it: per episode,
@@ -200,7 +203,9 @@ class Endpoint:
 
         def render(marked: list[dict[str, Any]], splices: _Splices) -> str:
             shown = {"tools": splices.escaped(tools)} if tools else {}
-            return tokenizer.apply_chat_template(marked, tokenize=False, **ending, **shown)
+            return tokenizer.apply_chat_template(
+                marked, tokenize=False, **ending, **shown, **self.chat_template_kwargs
+            )
 
         splices, marked, rewritten = _Splices(tokenizer), [], False
         for message in messages:

@@ -146,7 +146,8 @@ class ObservationFormat:
     the template renders one, else "user") that follows an assistant turn, up to and including
     the next assistant header, less the end-of-turn text when the turn already ended with the
     EOS token; `role` names the role instead (a game's messages are the user's). Without one:
-    the observation between newlines. The observation's own text is cut to its last
+    the observation between newlines. The template is rendered with `template_kwargs`
+    (`data.chat_template_kwargs`). The observation's own text is cut to its last
     `max_tokens` tokens first (its newest text), so that the episode's length is bounded, and
     is tokenized as text: an added token's name it prints (`<|im_end|>`, or Qwen's
     `</tool_response>`, `<tool_call>`, which are not special) is not that token, so no output
@@ -157,9 +158,15 @@ class ObservationFormat:
     _CONTENT = "\u2063oncurve-content\u2063"
 
     def __init__(
-        self, tokenizer: Any, chat_template: bool, max_tokens: int, role: str | None = None
+        self,
+        tokenizer: Any,
+        chat_template: bool,
+        max_tokens: int,
+        role: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
+        self.template_kwargs = template_kwargs or {}
         # added tokens that are not special (Qwen's `<tool_call>`, `<tool_response>`, `<think>`):
         # `split_special_tokens` leaves them tokens, so their names are spelled out here
         added = getattr(tokenizer, "added_tokens_decoder", {})
@@ -213,7 +220,7 @@ class ObservationFormat:
             {"role": role, "content": content},
         ]
         full = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
+            messages, add_generation_prompt=True, tokenize=False, **self.template_kwargs
         )
         at = full.rfind(self._MARK)
         if at < 0:
@@ -228,13 +235,17 @@ class ObservationFormat:
             return False
 
 
-def feed_overhead(tokenizer: Any) -> int:
+def feed_overhead(tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> int:
     """The chat template's tokens around one message a harness adds after a turn (the turn's
     end, the message's header, the next assistant header; a tool message's where the template
-    renders one, or a user's, whichever is longer); 0 without a chat template."""
+    renders one, or a user's, whichever is longer), rendered with `template_kwargs`; 0 without
+    a chat template."""
     if not getattr(tokenizer, "chat_template", None):
         return 0
-    return max(ObservationFormat(tokenizer, True, 1, role).overhead for role in (None, "user"))
+    return max(
+        ObservationFormat(tokenizer, True, 1, role, template_kwargs).overhead
+        for role in (None, "user")
+    )
 
 
 @dataclass

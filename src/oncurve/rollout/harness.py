@@ -65,9 +65,10 @@ Outcome = tuple[float | None, str | None, str, dict[str, float], str]
 @dataclasses.dataclass(frozen=True)
 class HarnessSettings:
     """The harness's function, the turns and observation tokens an episode may hold (its
-    budget), what a fault costs, whether the function plays a row's G episodes at once, and the
+    budget), what a fault costs, whether the function plays a row's G episodes at once, the
     chat template's tokens around a message between two turns (`feed_overhead`), which an
-    observation's budget holds beside its text."""
+    observation's budget holds beside its text, and the variables the endpoint renders the
+    template with (`data.chat_template_kwargs`)."""
 
     play: Play
     max_turns: int
@@ -75,6 +76,7 @@ class HarnessSettings:
     faults: EnvFaults = EnvFaults()
     groups: bool = False
     observation_overhead: int = 0
+    chat_template_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def budget(self, max_new_tokens: int) -> int:
         """Completion columns an episode can fill: every turn at full length, every
@@ -114,7 +116,10 @@ def play_harness(
 
     n = len(rows) * group_size
     timeout_s = settings.faults.timeout_s
-    with Endpoint(sampler, params, seed=params.seed or 0) as endpoint:
+    endpoint = Endpoint(
+        sampler, params, seed=params.seed or 0, chat_template_kwargs=settings.chat_template_kwargs
+    )
+    with endpoint:
 
         async def played(episodes: range) -> list[Outcome]:
             clients = [

@@ -29,7 +29,7 @@ def build_rewards(
     `rollout.max_new_tokens`. The runner's verifier is the reward among them that `correctness_fn`
     returns (what evaluation calls correct), if any. A `model:PATH_OR_ID` reward model is loaded on
     `device` (the trainer's) in `model.dtype`, with `model.trust_remote_code`, and reads
-    `data.system_prompt`. A reward with a `configure` method (the `code_tests` reward) is given the
+    `data.system_prompt` and `data.chat_template_kwargs`. A reward with a `configure` method (the `code_tests` reward) is given the
     `reward` section."""
     fns: list[tuple[str, RewardFn, float]] = []
     reward = config.reward
@@ -43,6 +43,7 @@ def build_rewards(
                 dtype=dtype,
                 trust_remote_code=config.model.trust_remote_code,
                 system_prompt=config.data.system_prompt,
+                chat_template_kwargs=config.data.chat_template_kwargs,
             )
             if fn is overlong_penalty:
                 raise UserError(

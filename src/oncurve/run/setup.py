@@ -463,16 +463,21 @@ def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | Harnes
     if r.env is None:
         return None
     faults = EnvFaults(r.env_timeout_s, config.reward.errors, config.reward.timeout_score)
-    if r.env.startswith(HARNESS_PREFIX):
-        play = resolve_harness(r.env)
-        overhead = feed_overhead(tokenizer)
+    template_kwargs = config.data.chat_template_kwargs
+    if r.env.startswith((HARNESS_PREFIX, VERIFIERS_PREFIX)):
+        if r.env.startswith(HARNESS_PREFIX):
+            play, groups = resolve_harness(r.env), False
+        else:
+            play, groups = GroupPlay(load_environment(r.env, r.env_args), r.max_turns), True
         return HarnessSettings(
-            play, r.max_turns, r.max_observation_tokens, faults, observation_overhead=overhead
+            play,
+            r.max_turns,
+            r.max_observation_tokens,
+            faults,
+            groups,
+            observation_overhead=feed_overhead(tokenizer, template_kwargs),
+            chat_template_kwargs=template_kwargs,
         )
-    if r.env.startswith(VERIFIERS_PREFIX):
-        play = GroupPlay(load_environment(r.env, r.env_args), r.max_turns)
-        overhead = feed_overhead(tokenizer)
-        return HarnessSettings(play, r.max_turns, r.max_observation_tokens, faults, True, overhead)
     make_env = resolve_environment(r.env, r.env_args)
     return EpisodeSettings(
         make_env=make_env,
@@ -483,6 +488,7 @@ def episode_settings(config: Config, tokenizer: Any) -> EpisodeSettings | Harnes
             config.data.chat_template,
             r.max_observation_tokens,
             role=observation_role(make_env),
+            template_kwargs=template_kwargs,
         ),
         faults=faults,
     )

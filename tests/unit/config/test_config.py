@@ -51,6 +51,15 @@ from oncurve.errors import UserError
             "data.prompts_per_step (3) must be divisible by the number of ranks (dist.nproc: 2)",
         ),
         (["optim.lr=-1"], "optim.lr must be in (0, inf), got -1.0"),
+        (
+            ["data.chat_template_kwargs={tools: []}"],
+            "data.chat_template_kwargs must not set tools (oncurve's own rendering sets it)",
+        ),
+        (
+            ["data.chat_template_kwargs.add_generation_prompt=false"],
+            "data.chat_template_kwargs must not set add_generation_prompt (oncurve's own",
+        ),
+        (["data.chat_template_kwargs=[1]"], "data.chat_template_kwargs must be a mapping of"),
         (["algo.beta=-0.1"], "algo.beta must be in [0, inf), got -0.1"),
         (["rollout.group_size=1"], "rollout.group_size must be in [2, inf), got 1"),
         (["rollout.group_size=abc"], "rollout.group_size must be int, got str 'abc'"),

@@ -28,3 +28,17 @@ def test_a_refused_text_setting_is_one_line_whose_override_restores_it(saved, gi
 def test_a_plain_text_setting_is_suggested_as_it_is() -> None:
     why = refusal({"data.path": ["data/train.jsonl", "other.jsonl"]}, 2, 4, (None, None))
     assert "resume with data.path=data/train.jsonl, force it" in why
+
+
+def test_changed_chat_template_kwargs_are_refused_as_data_settings() -> None:
+    """They change every prompt's tokens, as data.chat_template does: refused, forceable."""
+    from oncurve.config import to_dict
+    from oncurve.config.resume_settings import changed_settings
+
+    saved = to_dict(load_config(None, ["data.chat_template=true"]))
+    thinking = ["data.chat_template=true", "data.chat_template_kwargs.enable_thinking=false"]
+    changes = changed_settings(saved, to_dict(load_config(None, thinking)))
+    assert changes == {"data.chat_template_kwargs.enable_thinking": [None, False]}
+    why = refusal(changes, 2, 4, (None, None))
+    assert why is not None and why.startswith("data.chat_template_kwargs.enable_thinking was None")
+    assert "run.force_changes=[data.chat_template_kwargs.enable_thinking]" in why

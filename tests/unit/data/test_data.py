@@ -562,3 +562,47 @@ def test_the_converter_refuses_a_split_or_config_local_data_lacks(tmp_path, caps
     assert main(["gsm8k", str(split), dest, "--split", "test"]) == 0
     assert main(["gsm8k", str(one), dest]) == 0
     assert [row["answer"] for row in load_rows(dest)] == ["5"]
+
+
+def test_chat_template_kwargs_reach_every_prompt_the_policy_is_given():
+    """Qwen3's `enable_thinking: false` (data.chat_template_kwargs) closes an empty think block
+    after the generation prompt: in the training prompts, the held-out ones `oncurve eval --run`
+    encodes, an in-process episode's first prompt and the prompts after its observations, and
+    the endpoint's for harnesses, whose tokens equal the training prompt's."""
+    from helpers.episodes import load_qwen3_tokenizer
+
+    from oncurve.cli.common import prompt_format
+    from oncurve.config import load_config
+    from oncurve.rollout import SamplingParams
+    from oncurve.rollout.endpoint import Endpoint
+    from oncurve.run.setup import episode_settings
+
+    tokenizer = load_qwen3_tokenizer()
+    closed = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    question = "What is 2+2?"
+    rows = [{"prompt": question, "answer": "4"}]
+    kwargs = ["data.chat_template=true", "data.chat_template_kwargs.enable_thinking=false"]
+    config = load_config(None, kwargs)
+    assert config.data.chat_template_kwargs == {"enable_thinking": False}
+
+    def prompt(data: DataConfig) -> str:
+        return tokenizer.decode(PromptData(rows, tokenizer, data, seed=0).rows[0]["prompt_ids"])
+
+    trained = PromptData(rows, tokenizer, config.data, seed=0).rows[0]["prompt_ids"]
+    assert tokenizer.decode(trained).endswith(closed)
+    assert not prompt(DataConfig(chat_template=True)).endswith(closed)  # thinking: no block
+    no_flags = SimpleNamespace(chat_template=None, system_prompt=None)
+    assert prompt(prompt_format(no_flags, config, tokenizer)).endswith(closed)
+
+    endpoint = Endpoint(
+        SimpleNamespace(tokenizer=tokenizer),
+        SamplingParams(max_new_tokens=4),
+        chat_template_kwargs=config.data.chat_template_kwargs,
+    )
+    asked, rewritten = endpoint.chat_prompt([{"role": "user", "content": question}])
+    assert (asked, rewritten) == (trained, False)
+
+    played = load_config(None, [*kwargs, "rollout.env=python_tool"])
+    episode = episode_settings(played, tokenizer)
+    assert tokenizer.decode(episode.encode_prompt(question)).endswith(closed)
+    assert tokenizer.decode(episode.observation("out", ended_with_eos=True)).endswith(closed)

@@ -205,6 +205,19 @@ def test_the_model_reads_the_conversation_the_policy_was_given(tmp_path):
     )
 
 
+def test_the_model_s_template_is_rendered_with_data_chat_template_kwargs(tmp_path):
+    """As TRL renders a reward model's conversations: with the run's chat_template_kwargs."""
+    flavored = "{% if brief is defined and brief %}[brief]\n{% endif %}" + TEMPLATE
+    path = save_reward_model(tmp_path / "rm", template=flavored)
+    runner = build_rewards(reward_config(path, "data.chat_template_kwargs.brief=true"), task=None)
+    (_, fn, _) = runner.fns[0]
+    text = "[brief]\n[user] 2+2?\n[assistant] 4\n"
+    assert fn.encode("2+2?", "4") == fn.tokenizer(text, add_special_tokens=False)["input_ids"]
+    plain = RewardModel(str(path))
+    text = "[user] 2+2?\n[assistant] 4\n"
+    assert plain.encode("2+2?", "4") == fn.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
 PREFILLED = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "Let me"}]
 
 

@@ -362,3 +362,34 @@ def test_an_environment_through_the_endpoint_is_the_environment_played_in_proces
         assert in_process.tool_mask[i][:width].tolist() == through.tool_mask[i][:width].tolist()
         sampled = int(in_process.loss_mask[i].sum())
         assert sampled == int(through.loss_mask[i].sum()) == 3 * turn_tokens
+
+
+def test_a_harness_s_prompts_and_feeds_carry_data_chat_template_kwargs():
+    """Qwen3's `enable_thinking: false` closes an empty think block after each generation
+    prompt the endpoint renders for a harness, and the budget's feed overhead counts it."""
+    import dataclasses
+
+    from oncurve.config import load_config
+    from oncurve.rollout.episodes import feed_overhead
+    from oncurve.run.setup import episode_settings
+
+    tokenizer = load_qwen3_tokenizer()
+    sampler, _ = scripted_sampler(tokenizer, [tokenizer(" ok").input_ids])
+    asked = []
+
+    async def asks_once(client, model, row):
+        messages = [{"role": "user", "content": row["prompt"]}]
+        answer = await client.chat.completions.create(model=model, messages=messages)
+        asked.append(answer.model_extra["prompt_token_ids"])
+        return 1.0
+
+    options = ["rollout.env=harness:helpers.harnesses:digits", "data.chat_template=true"]
+    config = load_config(None, [*options, "data.chat_template_kwargs.enable_thinking=false"])
+    harness = dataclasses.replace(episode_settings(config, tokenizer), play=asks_once)
+    thinking = episode_settings(load_config(None, options), tokenizer)
+    # the block's four tokens: <think>, its blank line, </think>, the blank line after it
+    assert harness.observation_overhead == thinking.observation_overhead + 4
+    assert harness.observation_overhead == feed_overhead(tokenizer, {"enable_thinking": False})
+    rows = [{"prompt": "go", "prompt_ids": tokenizer("go").input_ids}]
+    play_harness(sampler, rows, 1, SamplingParams(max_new_tokens=2, seed=0), harness)
+    assert tokenizer.decode(asked[0]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
