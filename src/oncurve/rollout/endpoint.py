@@ -11,9 +11,9 @@ OpenAI's and vLLM's do, while its `token_ids` run to the token that completed th
 (`stream_events`), each choice whole in one chunk. Requests that arrive within `max_wait_s` of
 each other are sampled in one call (a request that cannot be, a prompt too long, fails alone).
 
-The chat template is applied once, here, with the run's `data.chat_template_kwargs`: an assistant message whose text is a completion this
-endpoint sampled for the same episode (as answered, or with its stop string) is spliced back as
-the tokens it sampled, so a conversation's tokens are the ones the policy produced; one it did
+The chat template is applied once, here, with the run's `data.chat_template_kwargs`: an
+assistant message whose text is a completion this endpoint sampled for the same episode (as
+answered, or with its stop string) is spliced back as the tokens it sampled, so a conversation's tokens are the ones the policy produced; one it did
 not sample (text a harness rewrote) is tokenized as text, and its call marked `rewritten`; a
 special token's name in any string of a request that the template shows (a message's text, a
 tool call's name or arguments, a tool's definition) is tokenized as that name's text, and so is

@@ -29,8 +29,8 @@ def build_rewards(
     `rollout.max_new_tokens`. The runner's verifier is the reward among them that `correctness_fn`
     returns (what evaluation calls correct), if any. A `model:PATH_OR_ID` reward model is loaded on
     `device` (the trainer's) in `model.dtype`, with `model.trust_remote_code`, and reads
-    `data.system_prompt` and `data.chat_template_kwargs`. A reward with a `configure` method (the `code_tests` reward) is given the
-    `reward` section."""
+    `data.system_prompt` and `data.chat_template_kwargs`. A reward with a `configure` method
+    (the `code_tests` reward) is given the `reward` section."""
     fns: list[tuple[str, RewardFn, float]] = []
     reward = config.reward
     if reward.functions:
