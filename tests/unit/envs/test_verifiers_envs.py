@@ -227,8 +227,10 @@ def test_a_run_trains_on_a_verifiers_environment(chat_model_dir, data_file, tmp_
     train(config, quiet=True)
     before, row, after = metric_rows(tmp_path / "run")
     assert before["eval/accuracy"] == after["eval/accuracy"] == 0.0  # on its 2 eval rows
-    # an empty answer ends an episode (verifiers' rule), else the environment asks again
-    assert 1.0 < row["episode/turns_mean"] <= 2.0 and row["episode/errors"] == 0.0
+    # a cut turn or an empty answer ends an episode, else the environment asks again: how many
+    # turns a random model's episodes play is the sampling's (turns are held with scripted
+    # replies in test_an_episode_ends_as_verifiers_ended_it)
+    assert 1.0 <= row["episode/turns_mean"] <= 2.0 and row["episode/errors"] == 0.0
     assert 1.0 <= row["env/num_turns"] <= 2.0 and 0.0 <= row["env/has_answer"] <= 1.0
     expected = row["env/has_answer"] + 0.5 * row["env/longest_in_group"]
     assert row["reward/env"] == pytest.approx(expected)
