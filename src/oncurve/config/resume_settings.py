@@ -86,11 +86,13 @@ def refusal(
     steps: int,
     fingerprints: tuple,
     forced: Iterable[str] = (),
+    rows_why: str | None = None,
 ) -> str | None:
     """Why a resume with `changes` cannot continue its run (None when it can): a `FIXED`
     setting changed and not `forced`, `algo.estimator` changed to or from `CRITIC_ESTIMATOR`,
     `run.steps` below the `done` steps, or the training rows' fingerprint (saved, current)
-    differing (a data file edited or shuffled between the runs) without `data.rows` forced."""
+    differing (a data file edited or shuffled between the runs, or what `rows_why` says where
+    the caller knows why) without `data.rows` forced."""
     forced = set(forced)
     for key, (old, new) in changes.items():
         if (key.startswith(FIXED) or key in FIXED) and key not in (*forced, *UNFIXED):
@@ -109,7 +111,7 @@ def refusal(
         return f"run.steps={steps} is below the {done} steps the checkpoint has done"
     saved, current = fingerprints
     if saved is not None and saved != current and DATA_ROWS not in forced:
-        return (
+        return rows_why or (
             "the training rows differ from the ones the run started with (the data was edited "
             f"or reordered): restore them, force it with run.force_changes=[{DATA_ROWS}], or "
             "start a new run.dir"

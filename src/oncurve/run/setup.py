@@ -379,17 +379,17 @@ def _changes(s: Session, state: dict, checkpoint_dir: Path) -> dict[str, list[An
         current = prompt_answer_fingerprint(s.data.rows)
     fingerprints = (saved, current)
     forced = s.config.run.force_changes
-    why = refusal(changes, s.start_step, s.config.run.steps, fingerprints, forced)
-    rows_alone = refusal(changes, s.start_step, s.config.run.steps, (None, None), forced) is None
-    if why is not None and rows_alone and "run.steps" in changes and streamed("train_dataset"):
+    rows_why = None
+    if "run.steps" in changes and streamed("train_dataset"):  # more steps read other rows
         old, new = changes["run.steps"]
         read = s.config.data.prompts_per_step * new
-        why = (
+        rows_why = (
             f"run.steps was {old} and is now {new}, and the train_dataset streams its rows, of "
             "which a run reads data.prompts_per_step x run.steps: it would train on others; "
             f"resume with run.steps={old}, force it with run.force_changes=[{DATA_ROWS}] (the "
             f"remaining steps draw from the {read} rows read then), or start a new run.dir"
         )
+    why = refusal(changes, s.start_step, s.config.run.steps, fingerprints, forced, rows_why)
     trained_on = given_argument(changes.get("data.path", [None])[0])
     if trained_on and "data.path" not in forced:  # said before the setting's own refusal
         why = (
